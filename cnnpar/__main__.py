@@ -1,0 +1,5 @@
+import sys
+
+from cnnpar.cli import main
+
+sys.exit(main())

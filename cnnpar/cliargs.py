@@ -1,0 +1,64 @@
+"""Command-line flags generated from the config dataclasses, so help text and fields cannot drift."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from cnnpar.config import SECTIONS, Config, cli_flag, from_dict, load_toml, to_dict
+from cnnpar.presets import PRESETS, get_preset
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="start from a named preset (see presets.py)")
+    parser.add_argument("--config", metavar="FILE", help="start from a TOML config (a run's config.toml works)")
+    base = Config()
+    for sec_name in SECTIONS:
+        group = parser.add_argument_group(sec_name)
+        for f in fields(getattr(base, sec_name)):
+            flag = "--" + cli_flag(f).replace("_", "-")
+            default = getattr(getattr(base, sec_name), f.name)
+            kw = dict(
+                dest=f"{sec_name}.{f.name}",
+                default=argparse.SUPPRESS,
+                help=f"{f.metadata.get('help', '')} (default: {default!r})",
+            )
+            if isinstance(default, bool):
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            else:
+                group.add_argument(flag, type=type(default), choices=f.metadata.get("choices"), **kw)
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Preset or file first, then every flag the user actually typed on top."""
+    if getattr(args, "config", None):
+        cfg = load_toml(args.config, get_preset(args.preset) if args.preset else None)
+    else:
+        cfg = get_preset(args.preset) if getattr(args, "preset", None) else Config()
+    overrides: dict[str, dict] = {}
+    for key, value in vars(args).items():
+        if "." in key:
+            sec, name = key.split(".", 1)
+            overrides.setdefault(sec, {})[name] = value
+    if not overrides:
+        return cfg
+    merged = to_dict(cfg)
+    for sec, values in overrides.items():
+        merged[sec].update(values)
+    return from_dict(merged, origin="command line")
+
+
+def passthrough_args(argv: list[str], drop: str) -> list[str]:
+    """argv without `--drop N` / `--drop=N` (used to re-launch under torchrun without --nproc)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == drop:
+            skip = True
+            continue
+        if a.startswith(drop + "="):
+            continue
+        out.append(a)
+    return out

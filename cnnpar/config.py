@@ -1,0 +1,293 @@
+"""The configuration tree: frozen dataclasses, validated on construction.
+
+Every field carries its help text in `metadata["help"]`; the CLI builds one flag per field from
+it (`cli_flag`), so the help a user reads and the field a run stores cannot drift apart. Values
+that depend on the machine ("auto") stay "auto" here and are resolved against the device by
+`resolve_for_device`; the resolved tree is what a run writes next to its results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from cnnpar.errors import ConfigError
+
+PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
+COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+TRISTATE = ("auto", "on", "off")
+AUGMENTS = ("auto", "none", "flip", "crop", "crop+flip")
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("onecycle", "cosine", "constant")
+LR_SCALINGS = ("none", "linear", "sqrt")
+LOADERS = ("fast", "textbook")
+STRATEGIES = ("ddp", "horovod")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _f(default: Any, help: str, flag: str | None = None, choices: tuple | None = None) -> Any:
+    meta = {"help": help, "flag": flag, "choices": choices}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{section}.{name} = {value!r}: expected one of {', '.join(map(str, choices))}")
+
+
+def _check_positive(section: str, name: str, value: Any, allow_zero: bool = False) -> None:
+    ok = value >= 0 if allow_zero else value > 0
+    if not ok:
+        raise ConfigError(f"{section}.{name} = {value!r}: expected a number {'>= 0' if allow_zero else '> 0'}")
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """'3x32x32' -> (3, 32, 32); '28x28' -> (1, 28, 28)."""
+    parts = text.lower().replace("×", "x").split("x")
+    try:
+        dims = [int(p) for p in parts]
+    except ValueError:
+        raise ConfigError(f"image shape {text!r}: expected CxHxW such as 3x32x32 (or HxW for grey)") from None
+    if len(dims) == 2:
+        dims = [1, *dims]
+    if len(dims) != 3 or min(dims) <= 0:
+        raise ConfigError(f"image shape {text!r}: expected CxHxW such as 3x32x32 (or HxW for grey)")
+    return dims[0], dims[1], dims[2]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = _f(
+        "digits", "data: 'digits' (built in), 'synthetic', a train.csv, an .npz, or an image folder", flag="data"
+    )
+    format: str = _f(
+        "auto",
+        "how to read --data: auto, digits, synthetic, csv, npz, folder",
+        choices=("auto", "digits", "synthetic", "csv", "npz", "folder"),
+    )
+    image_shape: str = _f("", "CxHxW of CSV rows (inferred for square grey images) or of synthetic data")
+    image_size: int = _f(0, "resize images to this side (folders, built-in digits); 0 keeps the source size")
+    num_classes: int = _f(10, "classes of synthetic data")
+    synthetic_samples: int = _f(4096, "training samples of synthetic data")
+    val_fraction: float = _f(0.2, "held-out fraction (seeded) when the data has no labelled test split")
+    loader: str = _f(
+        "fast",
+        "'fast': uint8 batches, device-side transforms; 'textbook': per-sample float "
+        "transforms and default collate (the baseline the benchmarks compare against)",
+        choices=LOADERS,
+    )
+    workers: int = _f(-1, "DataLoader worker processes; -1 sizes them to the machine and the source")
+    pin_memory: str = _f("auto", "page-locked host batches for faster copies (auto: on with CUDA)", choices=TRISTATE)
+    persistent_workers: bool = _f(True, "keep worker processes alive between epochs")
+    prefetch_factor: int = _f(4, "batches each worker prepares ahead")
+    prefetch_stream: str = _f(
+        "auto", "copy the next batch on a side CUDA stream while this one computes", choices=TRISTATE
+    )
+    resident: str = _f("auto", "keep the whole uint8 data set in device memory (auto: when it fits)", choices=TRISTATE)
+    augment: str = _f(
+        "auto", "device-side augmentation: none, flip, crop (pad 4 and crop), crop+flip", choices=AUGMENTS
+    )
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction = {self.val_fraction}: expected 0 <= value < 1")
+        if self.image_shape:
+            parse_shape(self.image_shape)
+        _check_positive("data", "num_classes", self.num_classes)
+        _check_positive("data", "synthetic_samples", self.synthetic_samples)
+        _check_positive("data", "image_size", self.image_size, allow_zero=True)
+        _check_positive("data", "prefetch_factor", self.prefetch_factor)
+        if self.workers < -1:
+            raise ConfigError(f"data.workers = {self.workers}: expected -1 (auto) or a count >= 0")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = _f("cnn3", "model from the registry (see `cnnpar models`)", flag="model")
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("model.name is empty: expected a name from `cnnpar models`")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    optimizer: str = _f("adamw", "sgd (Nesterov momentum) or adamw", choices=OPTIMIZERS)
+    lr: float = _f(2e-3, "peak learning rate for the per-process batch (see lr_scaling)")
+    weight_decay: float = _f(5e-4, "decoupled weight decay")
+    momentum: float = _f(0.9, "SGD momentum")
+    schedule: str = _f("onecycle", "learning-rate schedule", choices=SCHEDULES)
+    warmup: float = _f(0.15, "fraction of all steps spent warming up")
+    label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy loss")
+    grad_clip: float = _f(0.0, "clip the global gradient norm to this (0: off)")
+    grad_accum: int = _f(1, "micro-batches per optimizer step")
+    lr_scaling: str = _f(
+        "none", "scale lr with the global batch: none, linear or sqrt of world size x accum", choices=LR_SCALINGS
+    )
+
+    def __post_init__(self) -> None:
+        _check_choice("optim", "optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("optim", "schedule", self.schedule, SCHEDULES)
+        _check_choice("optim", "lr_scaling", self.lr_scaling, LR_SCALINGS)
+        _check_positive("optim", "lr", self.lr)
+        _check_positive("optim", "grad_accum", self.grad_accum)
+        _check_positive("optim", "grad_clip", self.grad_clip, allow_zero=True)
+        if not 0.0 <= self.warmup < 1.0:
+            raise ConfigError(f"optim.warmup = {self.warmup}: expected 0 <= value < 1")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"optim.label_smoothing = {self.label_smoothing}: expected 0 <= value < 1")
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    device: str = _f("auto", "cpu, cuda or auto", choices=DEVICES)
+    precision: str = _f("auto", "fp32, tf32, bf16, fp16 (with a GradScaler) or auto", choices=PRECISIONS)
+    channels_last: str = _f("auto", "NHWC memory format (auto: on with CUDA)", choices=TRISTATE)
+    compile: str = _f(
+        "auto", "torch.compile mode, or off (auto: from measurements, see presets.py)", choices=COMPILE_MODES
+    )
+    cudnn_benchmark: bool = _f(True, "let cuDNN time its algorithms for fixed shapes")
+
+    def __post_init__(self) -> None:
+        for name, choices in (
+            ("device", DEVICES),
+            ("precision", PRECISIONS),
+            ("channels_last", TRISTATE),
+            ("compile", COMPILE_MODES),
+        ):
+            _check_choice("speed", name, getattr(self, name), choices)
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    strategy: str = _f("ddp", "ddp (torchrun) or horovod (horovodrun)", choices=STRATEGIES)
+    nproc: int = _f(0, "start this many local processes through torchrun (0: run as launched)")
+    sync_bn: bool = _f(False, "convert BatchNorm to SyncBatchNorm under DDP")
+    debug_single: bool = _f(False, "ignore the torchrun environment and run one process (also CNNPAR_DEBUG_SINGLE=1)")
+    timeout_s: int = _f(600, "collective timeout in seconds")
+
+    def __post_init__(self) -> None:
+        _check_choice("dist", "strategy", self.strategy, STRATEGIES)
+        _check_positive("dist", "nproc", self.nproc, allow_zero=True)
+        _check_positive("dist", "timeout_s", self.timeout_s)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    epochs: int = _f(6, "training epochs")
+    batch_size: int = _f(64, "samples per process per micro-step")
+    seed: int = _f(0, "seed; each rank uses seed + rank for its augmentation")
+    out_dir: str = _f("runs", "folder that holds run folders")
+    name: str = _f("", "run folder name (default: model-date, or the torchrun job id)")
+    resume: str = _f("", "resume a run: its folder, a checkpoint file, or 'auto' (this run's folder)")
+    max_steps: int = _f(0, "stop each epoch after this many optimizer steps (0: whole epoch)")
+    eval_every: int = _f(1, "validate every N epochs (and after the last)")
+    progress: bool = _f(True, "show a progress bar (rank 0 only)")
+    monitor: bool = _f(False, "sample GPU/host telemetry into the run folder")
+
+    def __post_init__(self) -> None:
+        _check_positive("run", "epochs", self.epochs)
+        _check_positive("run", "batch_size", self.batch_size)
+        _check_positive("run", "max_steps", self.max_steps, allow_zero=True)
+        _check_positive("run", "eval_every", self.eval_every)
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+SECTIONS = tuple(f.name for f in fields(Config))
+
+
+def cli_flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or f.name
+
+
+def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(raw: dict[str, Any], base: Config | None = None, origin: str = "config") -> Config:
+    """Build a Config from nested dicts, naming the unknown key or wrong type precisely."""
+    base = base or Config()
+    sections = {}
+    for sec_name in SECTIONS:
+        sec = getattr(base, sec_name)
+        values = raw.get(sec_name, {})
+        if not isinstance(values, dict):
+            raise ConfigError(f"{origin}: [{sec_name}] must be a table of settings")
+        known = {f.name: f for f in fields(sec)}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"{origin}: unknown setting {sec_name}.{key}; known: {', '.join(known)}")
+            want = type(getattr(sec, key))
+            if want is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                raise ConfigError(f"{origin}: {sec_name}.{key} = {value!r}: expected a {want.__name__}")
+            values = {**values, key: value}
+        sections[sec_name] = replace(sec, **values)
+    unknown = set(raw) - set(SECTIONS)
+    if unknown:
+        raise ConfigError(f"{origin}: unknown section(s) {sorted(unknown)}; known: {', '.join(SECTIONS)}")
+    return Config(**sections)
+
+
+def load_toml(path: str | Path, base: Config | None = None) -> Config:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    return from_dict(raw, base, origin=str(path))
+
+
+def dumps_toml(cfg: Config | dict) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(cfg if isinstance(cfg, dict) else to_dict(cfg))
+
+
+def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool) -> Config:
+    """Replace every 'auto' that depends on the device with a concrete choice.
+
+    The choices for compile come from measurements kept in `presets.compile_default`, not from a
+    rule of thumb: compile slowed ResNet-18 at 32x32 on an H200 but sped up ResNet-50 at 224x224.
+    """
+    from cnnpar.presets import compile_default
+
+    cuda = device_type == "cuda"
+    speed = cfg.speed
+    precision = speed.precision
+    if precision == "auto":
+        precision = "bf16" if cuda and bf16_ok else "fp32"
+    channels_last = speed.channels_last
+    if channels_last == "auto":
+        channels_last = "on" if cuda else "off"
+    compile_mode = speed.compile
+    if compile_mode == "auto":
+        compile_mode = compile_default(cfg.model.name, device_type)
+    data = cfg.data
+    pin = data.pin_memory if data.pin_memory != "auto" else ("on" if cuda else "off")
+    stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")
+    return replace(
+        cfg,
+        speed=replace(
+            speed, device=device_type, precision=precision, channels_last=channels_last, compile=compile_mode
+        ),
+        data=replace(data, pin_memory=pin, prefetch_stream=stream),
+    )

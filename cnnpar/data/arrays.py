@@ -1,0 +1,66 @@
+"""Turning user arrays into the (N, C, H, W) uint8 layout, with errors that name what is wrong."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from cnnpar.errors import DataError
+
+
+def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
+    """Accept (N,H,W), (N,H,W,C) or (N,C,H,W) with C in {1,3}; uint8, or floats in [0,1] or [0,255]."""
+    if x.ndim == 3:
+        x = x[:, None]
+    elif x.ndim == 4:
+        if x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+            x = x.transpose(0, 3, 1, 2)
+        elif x.shape[1] not in (1, 3):
+            raise DataError(f"{where}: shape {x.shape}: expected (N,H,W), (N,H,W,C) or (N,C,H,W) with C 1 or 3")
+    else:
+        raise DataError(f"{where}: shape {x.shape}: expected (N,H,W), (N,H,W,C) or (N,C,H,W)")
+    if len(x) == 0:
+        raise DataError(f"{where}: holds no images")
+    if x.dtype != np.uint8:
+        if not np.issubdtype(x.dtype, np.number):
+            raise DataError(f"{where}: dtype {x.dtype}: expected uint8 or a numeric type")
+        lo, hi = float(x.min()), float(x.max())
+        if lo < 0 or hi > 255:
+            raise DataError(f"{where}: values span [{lo}, {hi}]: expected pixels in [0, 255] (or [0, 1])")
+        if np.issubdtype(x.dtype, np.floating) and hi <= 1.0:
+            x = x * 255.0
+        x = np.rint(x).astype(np.uint8)
+    return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def to_labels(y: np.ndarray, n: int, where: str, num_classes: int = 0) -> torch.Tensor:
+    if y.ndim != 1 or len(y) != n:
+        raise DataError(f"{where}: shape {y.shape}: expected ({n},), one label per image")
+    if not np.issubdtype(y.dtype, np.integer):
+        if np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
+            y = y.astype(np.int64)
+        else:
+            raise DataError(f"{where}: dtype {y.dtype}: expected integer class labels")
+    check_label_range(y, where, num_classes)
+    return torch.from_numpy(y.astype(np.int64))
+
+
+def check_label_range(y: np.ndarray, where: str, num_classes: int, row_offset: int | None = None) -> None:
+    """Labels must be 0..num_classes-1 (or merely >= 0 when the class count is inferred)."""
+    bad = y < 0 if num_classes <= 0 else (y < 0) | (y >= num_classes)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        pos = f"row {i + row_offset}" if row_offset is not None else f"index {i}"
+        want = "a label >= 0" if num_classes <= 0 else f"a label in 0..{num_classes - 1}"
+        raise DataError(f"{where}, {pos}: label {y[i]}: expected {want}")
+
+
+def resize_square(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Resize a uint8 batch (N,C,H,W) to size x size (bilinear, antialiased when shrinking)."""
+    if size <= 0 or x.shape[-2:] == (size, size):
+        return x
+    out = F.interpolate(
+        x.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=size < x.shape[-1]
+    )
+    return out.round_().clamp_(0, 255).to(torch.uint8)

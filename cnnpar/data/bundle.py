@@ -1,0 +1,70 @@
+"""What every source produces: uint8 images, int64 labels, and what the model needs to know."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.data import Dataset
+
+
+class ArrayDataset(Dataset):
+    """An in-memory data set of uint8 images (N, C, H, W) and int64 labels.
+
+    `__getitems__` lets the DataLoader fetch a whole batch with one vectorised index instead of
+    N Python calls and a collate, which is most of what a per-sample loader costs.
+    """
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor | None) -> None:
+        assert x.dtype == torch.uint8 and x.ndim == 4, (x.dtype, x.shape)
+        self.x = x
+        self.y = y if y is not None else torch.full((len(x),), -1, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def __getitems__(self, indices: list[int]):
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        return self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+    def subset(self, idx: torch.Tensor) -> ArrayDataset:
+        return ArrayDataset(self.x.index_select(0, idx), self.y.index_select(0, idx))
+
+
+@dataclass
+class DataBundle:
+    """A train split, an optional validation split, and the facts the model and transforms need."""
+
+    train: Dataset
+    val: Dataset | None
+    shape: tuple[int, int, int]  # C, H, W as the model sees it
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    origin: str
+    class_names: list[str] = field(default_factory=list)
+
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self.train, ArrayDataset)
+
+
+def channel_stats(x: torch.Tensor, max_samples: int = 10000) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std in [0, 1] units, from at most `max_samples` images."""
+    sample = x[:max_samples].to(torch.float32).div_(255.0)
+    mean = sample.mean(dim=(0, 2, 3))
+    std = sample.std(dim=(0, 2, 3)).clamp_min(1e-3)
+    return tuple(round(v, 5) for v in mean.tolist()), tuple(round(v, 5) for v in std.tolist())
+
+
+def split_val(ds: ArrayDataset, fraction: float, seed: int) -> tuple[ArrayDataset, ArrayDataset | None]:
+    """A seeded random hold-out; the same seed always holds out the same samples."""
+    if fraction <= 0:
+        return ds, None
+    n = len(ds)
+    n_val = max(1, int(round(n * fraction)))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return ds.subset(perm[n_val:].sort().values), ds.subset(perm[:n_val].sort().values)

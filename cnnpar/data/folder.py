@@ -1,0 +1,66 @@
+"""Image folders (`root/<class>/*.jpg|png`), decoded in worker processes with torchvision.io.
+
+Workers read and decode (libjpeg-turbo / libpng) and resize to the model's size; everything after
+that (float conversion, normalisation, flips, crops) happens on the device in batched ops.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from cnnpar.errors import DataError
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
+
+
+def scan_folder(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: not a folder: expected root/<class>/<image>.jpg|png")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png")
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        for f in sorted((root / name).rglob("*")):
+            if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file():
+                files.append(f)
+                labels.append(label)
+    if not files:
+        raise DataError(f"{root}: no .jpg, .jpeg or .png files under its class folders")
+    return files, labels, classes
+
+
+def decode_resized(path: Path, size: int) -> torch.Tensor:
+    """Decode one file to uint8 (3, size, size): shorter side to `size`, then a centre crop."""
+    from torchvision.io import ImageReadMode, decode_image, read_file
+    from torchvision.transforms.v2 import functional as TF
+
+    try:
+        img = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise DataError(
+            f"{path}: cannot decode as an image ({str(e).splitlines()[0]}): expected a readable JPEG or PNG file"
+        ) from None
+    img = TF.resize(img, size, antialias=True)
+    return TF.center_crop(img, [size, size])
+
+
+class ImageFolderDataset(Dataset):
+    def __init__(self, files: list[Path], labels: list[int], size: int) -> None:
+        self.files = files
+        self.labels = torch.as_tensor(labels, dtype=torch.int64)
+        self.size = size
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        return decode_resized(self.files[i], self.size), self.labels[i]
+
+    def subset(self, idx: torch.Tensor) -> ImageFolderDataset:
+        keep = idx.tolist()
+        return ImageFolderDataset([self.files[i] for i in keep], self.labels[idx].tolist(), self.size)

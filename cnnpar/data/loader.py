@@ -1,0 +1,178 @@
+"""Loaders: sampling, worker processes, host-to-device copies and device-side transforms.
+
+Every path hands the train step `(x, y)` already on the device, normalised and augmented.
+Sharding is always a `DistributedSampler` (world size 1 included), so single-process and
+distributed runs draw from the same code; `set_epoch` must be called every epoch or every epoch
+repeats the first permutation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
+
+from cnnpar.config import Config
+from cnnpar.data.bundle import ArrayDataset, DataBundle
+from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
+from cnnpar.dist import DistInfo
+
+RESIDENT_MEMORY_SHARE = 0.25  # use at most this share of free device memory for a resident data set
+
+
+class ShardSampler(Sampler[int]):
+    """rank, rank + world, ...: every sample exactly once over all ranks, no padding.
+
+    For evaluation: DistributedSampler pads the last shard with repeats, which would count some
+    samples twice and make distributed accuracy differ from a single-process evaluation.
+    """
+
+    def __init__(self, n: int, rank: int, world_size: int) -> None:
+        self.n, self.rank, self.world_size = n, rank, world_size
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.n, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.n, self.world_size))
+
+
+def auto_workers(dataset: Dataset, info: DistInfo) -> int:
+    """In-memory arrays are indexed a batch at a time in the main process (workers would only add
+    IPC); decoded sources get a share of the machine's cores per local process."""
+    if isinstance(dataset, ArrayDataset):
+        return 0
+    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(16, cores // max(1, local_procs) - 1))
+
+
+def wants_resident(cfg: Config, bundle: DataBundle, device: torch.device) -> bool:
+    mode = cfg.data.resident
+    if mode == "off" or not bundle.in_memory or cfg.data.loader == "textbook":
+        return False
+    if mode == "on":
+        return True
+    if device.type != "cuda":
+        return False
+    need = bundle.train.x.nbytes + (bundle.val.x.nbytes if bundle.val is not None else 0)
+    free, _ = torch.cuda.mem_get_info(device)
+    return need < RESIDENT_MEMORY_SHARE * free
+
+
+class ResidentLoader:
+    """The whole uint8 data set on the device; a batch is one index_select, no workers, no copies.
+
+    Indices come from the same DistributedSampler a host loader would use, so each rank draws
+    its own shard and every epoch is a new permutation.
+    """
+
+    def __init__(
+        self, ds: ArrayDataset, sampler: Sampler, batch_size: int, drop_last: bool, device: torch.device
+    ) -> None:
+        self.x = ds.x.to(device)
+        self.y = ds.y.to(device)
+        self.sampler, self.batch_size, self.drop_last, self.device = sampler, batch_size, drop_last, device
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self):
+        idx = torch.as_tensor(list(self.sampler), dtype=torch.int64).to(self.device, non_blocking=True)
+        for b in range(len(self)):
+            sel = idx[b * self.batch_size : (b + 1) * self.batch_size]
+            yield self.x.index_select(0, sel), self.y.index_select(0, sel)
+
+
+class DeviceFeeder:
+    """Iterate a host (or resident) loader and yield device-ready batches.
+
+    With a side stream, the copy and transform of batch i+1 are queued on their own CUDA stream
+    while batch i computes; `wait_stream` orders the use, `record_stream` keeps the caching
+    allocator from reusing the memory while the main stream still reads it.
+    """
+
+    def __init__(
+        self, loader, sampler, transform: DeviceTransform, device: torch.device, train: bool, side_stream: bool
+    ) -> None:
+        self.loader, self.sampler, self.transform = loader, sampler, transform
+        self.device, self.train = device, train
+        self.stream = torch.cuda.Stream(device) if side_stream and device.type == "cuda" else None
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _ready(self, x: torch.Tensor, y: torch.Tensor):
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        return self.transform(x, self.train), y
+
+    def __iter__(self):
+        if self.stream is None:
+            for x, y in self.loader:
+                yield self._ready(x, y)
+            return
+        main = torch.cuda.current_stream(self.device)
+        nxt = None
+        for x, y in self.loader:
+            with torch.cuda.stream(self.stream):
+                self.stream.wait_stream(main)  # the resident data set's index tensors were made on main
+                batch = self._ready(x, y)
+            if nxt is not None:
+                yield nxt
+            main.wait_stream(self.stream)
+            for t in batch:
+                t.record_stream(main)
+            nxt = batch
+        if nxt is not None:
+            yield nxt
+
+
+def _host_loader(
+    ds: Dataset, sampler: Sampler, batch_size: int, drop_last: bool, cfg: Config, info: DistInfo, textbook: bool
+):
+    workers = cfg.data.workers if cfg.data.workers >= 0 else auto_workers(ds, info)
+    common = dict(num_workers=workers, pin_memory=cfg.data.pin_memory == "on")
+    if workers > 0:
+        common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
+    if isinstance(ds, ArrayDataset) and not textbook:
+        # batch_size=None: the sampler yields whole index lists and the data set answers each
+        # with one vectorised index_select; no per-sample collate.
+        return DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler, batch_size, drop_last), **common)
+    # The sampler owns shuffling: passing shuffle=True beside a sampler raises in DataLoader.
+    return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
+
+
+def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -> DeviceFeeder:
+    """The train loader (shuffled, sharded with padding) or the eval loader (exact shards)."""
+    ds = bundle.train if train else bundle.val
+    batch_size = cfg.run.batch_size
+    augment = resolve_augment(cfg.data.augment, bundle.shape) if train else "none"
+    textbook = cfg.data.loader == "textbook"
+    if train:
+        sampler = DistributedSampler(ds, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.run.seed)
+        drop_last = len(sampler) >= batch_size
+    else:
+        sampler, drop_last = ShardSampler(len(ds), info.rank, info.world_size), False
+    transform = DeviceTransform(
+        bundle.mean,
+        bundle.std,
+        "none" if textbook else augment,
+        cfg.speed.channels_last == "on",
+        info.device,
+        seed=cfg.run.seed + info.rank,
+    )
+    if textbook:
+        ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train)
+    if wants_resident(cfg, bundle, info.device):
+        loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device)
+    else:
+        loader = _host_loader(ds, sampler, batch_size, drop_last, cfg, info, textbook)
+    return DeviceFeeder(loader, sampler, transform, info.device, train, side_stream=cfg.data.prefetch_stream == "on")

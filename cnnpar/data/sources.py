@@ -1,0 +1,180 @@
+"""Pick a reader for `--data` and return a DataBundle: train/val splits plus shape and statistics."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cnnpar.config import DataConfig, parse_shape
+from cnnpar.data.arrays import resize_square, to_labels, to_nchw_uint8
+from cnnpar.data.bundle import ArrayDataset, DataBundle, channel_stats, split_val
+from cnnpar.data.csv_source import read_pixel_csv
+from cnnpar.data.folder import ImageFolderDataset, scan_folder
+from cnnpar.errors import DataError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DIGITS_SIZE = 16
+FOLDER_SIZE = 224
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def detect_format(source: str, fmt: str) -> str:
+    if fmt != "auto":
+        return fmt
+    if source in ("digits", "synthetic"):
+        return source
+    p = Path(source)
+    if p.is_dir():
+        return "folder"
+    if p.suffix.lower() == ".csv":
+        return "csv"
+    if p.suffix.lower() == ".npz":
+        return "npz"
+    if not p.exists():
+        raise DataError(f"{source}: no such file or folder (or use 'digits' or 'synthetic')")
+    raise DataError(
+        f"{source}: cannot tell its format from the name: expected a .csv, an .npz or a folder (or give --format)"
+    )
+
+
+def _num_classes(y: torch.Tensor, given: int) -> int:
+    return given if given > 0 else int(y.max()) + 1
+
+
+def _bundle_from_arrays(
+    x, y, x_val, y_val, cfg: DataConfig, seed: int, origin: str, class_names: list[str] | None = None
+) -> DataBundle:
+    if cfg.image_size:
+        x = resize_square(x, cfg.image_size)
+        x_val = resize_square(x_val, cfg.image_size) if x_val is not None else None
+    train = ArrayDataset(x, y)
+    val = ArrayDataset(x_val, y_val) if x_val is not None else None
+    if val is None:
+        train, val = split_val(train, cfg.val_fraction, seed)
+    n_classes = _num_classes(torch.cat([y, y_val]) if y_val is not None else y, cfg.num_classes)
+    mean, std = channel_stats(train.x)
+    return DataBundle(
+        train, val, tuple(x.shape[1:]), n_classes, mean, std, origin, class_names or [str(i) for i in range(n_classes)]
+    )
+
+
+def load_digits(cfg: DataConfig, seed: int) -> DataBundle:
+    """scikit-learn's bundled 8x8 digits (1,797 images), scaled to 0..255 and upscaled."""
+    from sklearn.datasets import load_digits as sk_digits
+
+    d = sk_digits()
+    x = torch.from_numpy(np.rint(d.images * (255.0 / 16.0)).astype(np.uint8))[:, None]
+    y = torch.from_numpy(d.target.astype(np.int64))
+    size = cfg.image_size or DIGITS_SIZE
+    x = resize_square(x, size)
+    return _bundle_from_arrays(x, y, None, None, cfg, seed, "scikit-learn digits (built in)")
+
+
+def load_synthetic(cfg: DataConfig, seed: int) -> DataBundle:
+    """Random uint8 images with a class-dependent brightness offset, so a model can learn it."""
+    c, h, w = parse_shape(cfg.image_shape or "3x32x32")
+    n_classes = cfg.num_classes
+    g = torch.Generator().manual_seed(seed)
+    n = cfg.synthetic_samples
+    y = torch.randint(0, n_classes, (n,), generator=g)
+    x = torch.randint(0, 160, (n, c, h, w), generator=g, dtype=torch.uint8)
+    x += (y * (95 // max(1, n_classes - 1))).to(torch.uint8)[:, None, None, None]
+    return _bundle_from_arrays(x, y, None, None, cfg, seed, f"synthetic {c}x{h}x{w}")
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise DataError(f"{path}: not a readable .npz archive ({e}): expected numpy.savez output") from None
+
+
+def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
+    path = Path(cfg.source)
+    arrays = _read_npz(path)
+    missing = [k for k in ("x_train", "y_train") if k not in arrays]
+    if missing:
+        raise DataError(
+            f"{path}: missing key(s) {', '.join(missing)} (found {', '.join(arrays) or 'none'}): "
+            f"expected x_train, y_train[, x_test, y_test]"
+        )
+    if ("x_test" in arrays) != ("y_test" in arrays):
+        raise DataError(f"{path}: has only one of x_test / y_test: expected both or neither")
+    x = to_nchw_uint8(arrays["x_train"], f"{path}[x_train]")
+    y = to_labels(arrays["y_train"], len(x), f"{path}[y_train]", cfg.num_classes)
+    x_val = y_val = None
+    if "x_test" in arrays:
+        x_val = to_nchw_uint8(arrays["x_test"], f"{path}[x_test]")
+        y_val = to_labels(arrays["y_test"], len(x_val), f"{path}[y_test]", cfg.num_classes)
+        if x_val.shape[1:] != x.shape[1:]:
+            raise DataError(
+                f"{path}[x_test]: image shape {tuple(x_val.shape[1:])}: expected "
+                f"{tuple(x.shape[1:])}, the shape of x_train"
+            )
+    return _bundle_from_arrays(x, y, x_val, y_val, cfg, seed, str(path))
+
+
+def load_csv(cfg: DataConfig, seed: int) -> DataBundle:
+    x, y = read_pixel_csv(cfg.source, cfg.image_shape, require_label=True, num_classes=cfg.num_classes)
+    return _bundle_from_arrays(x, y, None, None, cfg, seed, cfg.source)
+
+
+def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
+    root = Path(cfg.source)
+    size = cfg.image_size or FOLDER_SIZE
+    split_dirs = [root / "train", next((root / n for n in ("val", "test") if (root / n).is_dir()), None)]
+    if split_dirs[0].is_dir() and split_dirs[1] is not None:
+        files, labels, classes = scan_folder(split_dirs[0])
+        vfiles, vlabels, vclasses = scan_folder(split_dirs[1])
+        if vclasses != classes:
+            raise DataError(f"{split_dirs[1]}: class folders {vclasses} differ from {split_dirs[0]}'s {classes}")
+        train, val = ImageFolderDataset(files, labels, size), ImageFolderDataset(vfiles, vlabels, size)
+    else:
+        files, labels, classes = scan_folder(root)
+        full = ImageFolderDataset(files, labels, size)
+        train, val = full, None
+        if cfg.val_fraction > 0 and len(files) > 1:
+            n_val = max(1, int(round(len(files) * cfg.val_fraction)))
+            perm = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed))
+            train, val = full.subset(perm[n_val:].sort().values), full.subset(perm[:n_val].sort().values)
+    n_classes = cfg.num_classes or len(classes)
+    return DataBundle(train, val, (3, size, size), n_classes, IMAGENET_MEAN, IMAGENET_STD, str(root), classes)
+
+
+READERS = {"digits": load_digits, "synthetic": load_synthetic, "npz": load_npz, "csv": load_csv, "folder": load_folder}
+
+
+def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
+    fmt = detect_format(cfg.source, cfg.format)
+    return READERS[fmt](cfg, seed)
+
+
+def load_predict_data(source: str, fmt: str = "auto", image_shape: str = "", image_size: int = 0):
+    """Unlabelled (or labelled) inputs for `cnnpar predict`: returns (dataset, row ids)."""
+    fmt = detect_format(source, fmt)
+    if fmt == "csv":
+        x, y = read_pixel_csv(source, image_shape, require_label=False)
+        return ArrayDataset(resize_square(x, image_size), y), [str(i + 1) for i in range(len(x))]
+    if fmt == "npz":
+        arrays = _read_npz(Path(source))
+        key = "x_test" if "x_test" in arrays else "x_train" if "x_train" in arrays else None
+        if key is None:
+            raise DataError(f"{source}: no x_test or x_train key (found {', '.join(arrays) or 'none'})")
+        x = resize_square(to_nchw_uint8(arrays[key], f"{source}[{key}]"), image_size)
+        return ArrayDataset(x, None), [str(i) for i in range(len(x))]
+    if fmt == "folder":
+        root = Path(source)
+        files = sorted(f for f in root.rglob("*") if f.suffix.lower() in {".jpg", ".jpeg", ".png"})
+        if not files:
+            raise DataError(f"{root}: no .jpg, .jpeg or .png files")
+        return ImageFolderDataset(files, [-1] * len(files), image_size or FOLDER_SIZE), [
+            str(f.relative_to(root)) for f in files
+        ]
+    raise DataError(f"{source}: predict reads a .csv, an .npz or an image folder, not {fmt!r}")

@@ -1,0 +1,112 @@
+"""Distributed state: the one module that knows rank, world size and device.
+
+A single process goes through the same code path with world_size 1, so nothing downstream
+branches on "am I distributed" except through `DistInfo`. Launch is torchrun's job (it sets
+RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT); cnnpar never starts its own transport.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+DEBUG_ENV = "CNNPAR_DEBUG_SINGLE"
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def debug_single_requested(flag: bool = False) -> bool:
+    return flag or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0", "false", "False")
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    from cnnpar.errors import ConfigError
+
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise ConfigError("speed.device = 'cuda' but no CUDA device is visible")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_distributed(device_request: str = "auto", debug_single: bool = False, timeout_s: int = 600) -> DistInfo:
+    """Join the process group torchrun prepared, or describe a single process.
+
+    The debug switch ignores the torchrun environment entirely: one process, rank 0, on the
+    first device. That is the "just run it locally" escape hatch, with no code change.
+    """
+    if debug_single_requested(debug_single) or not launched_by_torchrun():
+        device = pick_device(device_request, 0)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return DistInfo(0, 0, 1, device)
+
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_request, local_rank)
+    if world_size == 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return DistInfo(0, 0, 1, device)
+    # set_device before init_process_group: NCCL binds its communicator to the current device,
+    # and a wrong one makes every rank's first collective land on GPU 0.
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    return DistInfo(rank, local_rank, world_size, device)
+
+
+def destroy_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum a tensor over all ranks in place (a no-op for one process)."""
+    if info.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_max(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
+def broadcast_object(obj, info: DistInfo, src: int = 0):
+    if not info.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier(info: DistInfo) -> None:
+    if info.distributed:
+        dist.barrier()

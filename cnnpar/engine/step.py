@@ -1,0 +1,56 @@
+"""The train and eval steps: no .item(), no logging, no branches on tensor values.
+
+They return device tensors; the trainer decides when to read them (a host sync).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from cnnpar.parallel.precision import Precision
+
+
+def forward_backward(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision, label_smoothing: float, loss_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One micro-step: returns (summed loss, correct count), both detached, on the device."""
+    with precision.autocast():
+        logits = model(x)
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+    precision.backward(loss * loss_scale)
+    correct = (logits.detach().argmax(dim=1) == y).sum()
+    return loss.detach() * y.shape[0], correct
+
+
+def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, grad_clip: float) -> None:
+    """Clip (after DDP's all-reduce, so the norm is global and equal on every rank) and step.
+
+    DDP has already averaged the gradients when backward returns, so a plain clip_grad_norm_ on
+    each rank sees the same gradients and computes the same norm: a separate "distributed clip"
+    that all-reduces norms would only repeat that work.
+    """
+    if grad_clip > 0:
+        precision.unscale(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
+    precision.step(optimizer)
+    optimizer.zero_grad(set_to_none=True)
+
+
+def sync_context(ddp_module: nn.Module | None, last_micro_step: bool):
+    """Skip DDP's gradient all-reduce on all but the last micro-step of an accumulation."""
+    if ddp_module is None or last_micro_step:
+        return contextlib.nullcontext()
+    return ddp_module.no_sync()
+
+
+@torch.no_grad()
+def eval_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision):
+    """Summed loss (float64, so sums over ranks match one process) and correct count."""
+    with precision.autocast():
+        logits = model(x)
+    loss = F.cross_entropy(logits.float(), y, reduction="sum").double()
+    return loss, (logits.argmax(dim=1) == y).sum()

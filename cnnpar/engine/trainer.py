@@ -1,0 +1,313 @@
+"""The trainer owns set-up order and the loop.
+
+Set-up order: data first (bad input fails before any folder is made), then the device-resolved
+config, model, parallel wrappers, optimizer, schedule, loaders; the run folder last. The loop
+keeps host syncs to the places that read numbers: the progress display, the end of an epoch
+and evaluation.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from cnnpar.config import Config, dumps_toml, resolve_for_device, to_dict
+from cnnpar.data import DataBundle, load_data
+from cnnpar.data.loader import build_loader
+from cnnpar.dist import DistInfo, all_reduce_sum, barrier
+from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
+from cnnpar.engine.optim import build_optimizer, build_scheduler, scaled_lr
+from cnnpar.engine.rundir import resolve_run
+from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
+from cnnpar.models import build_model
+from cnnpar.parallel import Precision, parallelize
+from cnnpar.parallel.apply import unwrap
+from cnnpar.report.environment import environment
+from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
+from cnnpar.report.meters import EpochClock, sync
+
+METRIC_COLUMNS = [
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "lr",
+    "epoch_s",
+    "images_per_s",
+    "data_wait_share",
+    "peak_mem_mb",
+    "skipped_steps",
+]
+PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path | None
+    history: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
+    """Give every rank rank 0's BatchNorm statistics: each rank updated its own running stats on
+    its own last batch, so without this ranks would evaluate (and save) slightly different models."""
+    if info.distributed:
+        for b in model.buffers():
+            dist.broadcast(b, src=0)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, info: DistInfo, bundle: DataBundle | None = None, log=print) -> None:
+        self.info = info
+        self.log = log if info.is_main else (lambda *a, **k: None)
+        self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
+        bf16_ok = info.device.type != "cuda" or torch.cuda.is_bf16_supported()
+        self.cfg = cfg = resolve_for_device(cfg, info.device.type, bf16_ok)
+        torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
+        torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
+        c, h, _ = self.bundle.shape
+        self.meta = {
+            "model": cfg.model.name,
+            "in_channels": c,
+            "image_size": h,
+            "num_classes": self.bundle.num_classes,
+            "mean": list(self.bundle.mean),
+            "std": list(self.bundle.std),
+            "class_names": list(self.bundle.class_names),
+            "image_shape": list(self.bundle.shape),
+        }
+        self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h)
+        self.model = parallelize(
+            self.raw_model,
+            info,
+            sync_bn=cfg.dist.sync_bn,
+            channels_last=cfg.speed.channels_last == "on",
+            compile_mode=cfg.speed.compile,
+        )
+        self.raw_model = unwrap(self.model)  # SyncBN conversion may have replaced the module
+        ddp = getattr(self.model, "_orig_mod", self.model)
+        self.ddp = ddp if isinstance(ddp, DDP) else None
+        self.precision = Precision(cfg.speed.precision, info.device)
+        self.train_loader = build_loader(self.bundle, cfg, info, train=True)
+        self.val_loader = build_loader(self.bundle, cfg, info, train=False) if self.bundle.val else None
+        accum = cfg.optim.grad_accum
+        self.micro_steps = len(self.train_loader)
+        if cfg.run.max_steps:
+            self.micro_steps = min(self.micro_steps, cfg.run.max_steps * accum)
+        self.steps_per_epoch = -(-self.micro_steps // accum)
+        self.lr = scaled_lr(cfg.optim, info.world_size)
+        self.optimizer = build_optimizer(self.raw_model, cfg.optim, self.lr, info.device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.steps_per_epoch * cfg.run.epochs)
+        self.run_dir, resume_from = resolve_run(cfg, info)
+        self.history: list[dict] = []
+        self.start_epoch = 1
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.compile_s = 0.0
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def _state(self, epoch: int) -> dict:
+        return {
+            "model": self.raw_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "precision": self.precision.state_dict(),
+            "epoch": epoch,
+            "history": self.history,
+            "meta": self.meta,
+            "config": to_dict(self.cfg),
+        }
+
+    def _restore(self, path: Path) -> None:
+        state = load_checkpoint(path, map_location=self.info.device)
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state["precision"])
+        self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
+        self.start_epoch = int(state["epoch"]) + 1
+        self.log(f"resumed from {path} after epoch {state['epoch']}")
+
+    def _prepare_run_dir(self) -> None:
+        if self.info.is_main:
+            (self.run_dir / "ckpt").mkdir(parents=True, exist_ok=True)
+            env = environment(self.info.device, self.info.world_size)
+            header = "".join(f"# {k} = {v}\n" for k, v in env.items())
+            write_text_atomic(self.run_dir / "config.toml", header + dumps_toml(self.cfg))
+        barrier(self.info)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def warm_up_compile(self) -> None:
+        """Compile outside the timed epochs, without changing training: one forward/backward on a
+        real batch, then gradients dropped and BatchNorm buffers put back."""
+        if self.cfg.speed.compile == "off":
+            return
+        t0 = time.perf_counter()
+        saved = {k: v.clone() for k, v in self.raw_model.state_dict().items()}
+        self.model.train()
+        x, y = next(iter(self.train_loader))
+        with sync_context(self.ddp, last_micro_step=True):
+            forward_backward(self.model, x, y, self.precision, 0.0, 1.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.raw_model.load_state_dict(saved)
+        sync(self.info.device)
+        self.compile_s = time.perf_counter() - t0
+        self.log(f"compiled ({self.cfg.speed.compile}) in {self.compile_s:.1f} s, outside the timed epochs")
+
+    def train_epoch(self, epoch: int) -> dict:
+        from tqdm.auto import tqdm
+
+        cfg, info = self.cfg, self.info
+        self.train_loader.set_epoch(epoch)  # a new permutation (and shard) every epoch
+        self.model.train()
+        clock = EpochClock()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
+        correct = torch.zeros((), dtype=torch.int64, device=info.device)
+        accum = cfg.optim.grad_accum
+        bar = tqdm(
+            total=self.micro_steps,
+            desc=f"epoch {epoch}/{cfg.run.epochs}",
+            leave=False,
+            file=sys.stderr,
+            disable=not (info.is_main and cfg.run.progress),
+            dynamic_ncols=True,
+        )
+        it = iter(self.train_loader)
+        for i in range(self.micro_steps):
+            t0 = time.perf_counter()
+            x, y = next(it)
+            clock.waited(time.perf_counter() - t0, y.shape[0])
+            last = (i + 1) % accum == 0 or i + 1 == self.micro_steps
+            with sync_context(self.ddp, last):
+                loss, right = forward_backward(self.model, x, y, self.precision, cfg.optim.label_smoothing, 1.0 / accum)
+            loss_sum += loss
+            correct += right
+            if last:
+                optimizer_step(self.model, self.optimizer, self.precision, cfg.optim.grad_clip)
+                self.scheduler.step()
+            bar.update(1)
+            if not bar.disable and i % PROGRESS_EVERY == 0:
+                bar.set_postfix(loss=f"{loss_sum.item() / clock.images:.4f}")  # note: a CPU-GPU sync point
+        del it
+        bar.close()
+        sync(info.device)  # note: a CPU-GPU sync point, so the epoch time covers the device's work
+        timing = clock.summary()
+        totals = torch.tensor([loss_sum.item(), correct.item(), clock.images], dtype=torch.float64, device=info.device)
+        all_reduce_sum(totals, info)
+        images_per_s = float(totals[2]) / timing["epoch_s"]
+        return {
+            "train_loss": float(totals[0] / totals[2]),
+            "train_acc": float(totals[1] / totals[2]),
+            "epoch_s": timing["epoch_s"],
+            "images_per_s": images_per_s,
+            "data_wait_share": timing["data_wait_share"],
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Exact over all ranks: sums and counts all-reduced, each sample counted once."""
+        if self.val_loader is None:
+            return {}
+        broadcast_buffers(self.raw_model, self.info)
+        # The plain module, not the DDP wrapper: ranks may hold different numbers of eval batches
+        # and DDP's forward can issue collectives that would then never pair up.
+        model = self.raw_model
+        model.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
+        for x, y in self.val_loader:
+            loss, right = eval_batch(model, x, y, self.precision)
+            sums[0] += loss
+            sums[1] += right
+            sums[2] += y.shape[0]
+        all_reduce_sum(sums, self.info)
+        n = float(sums[2])  # note: a CPU-GPU sync point
+        return {"val_loss": float(sums[0]) / n, "val_acc": float(sums[1]) / n, "val_count": int(n)}
+
+    def fit(self) -> TrainResult:
+        cfg, info = self.cfg, self.info
+        self._prepare_run_dir()
+        global_batch = cfg.run.batch_size * info.world_size * cfg.optim.grad_accum
+        self.log(
+            f"cnnpar: {cfg.model.name} on {self.bundle.origin} | {info.world_size} process(es) on "
+            f"{info.device.type} | {cfg.speed.precision}, channels_last {cfg.speed.channels_last}, "
+            f"compile {cfg.speed.compile}"
+        )
+        self.log(
+            f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
+            f"accumulation = {global_batch} per step; lr {cfg.optim.lr:g} -> {self.lr:g} "
+            f"({cfg.optim.lr_scaling} scaling)"
+        )
+        self.log(f"run folder: {self.run_dir}")
+        if self.start_epoch > cfg.run.epochs:
+            self.log(f"nothing to do: the checkpoint already holds all {cfg.run.epochs} epochs")
+        self.warm_up_compile()
+        t_start = time.perf_counter()
+        for epoch in range(self.start_epoch, cfg.run.epochs + 1):
+            if info.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(info.device)
+            row = {"epoch": epoch, **self.train_epoch(epoch)}
+            if epoch % cfg.run.eval_every == 0 or epoch == cfg.run.epochs:
+                row.update(self.evaluate())
+            row["lr"] = self.optimizer.param_groups[0]["lr"]
+            row["peak_mem_mb"] = peak_memory_mb(info.device)
+            row["skipped_steps"] = self.precision.skipped_steps
+            self.history.append(row)
+            self._end_epoch(epoch, row)
+        summary = self._summary(time.perf_counter() - t_start)
+        if info.is_main:
+            write_json_atomic(self.run_dir / "summary.json", summary)
+        barrier(info)
+        return TrainResult(self.run_dir, self.history, summary)
+
+    def _end_epoch(self, epoch: int, row: dict) -> None:
+        if self.info.is_main:
+            write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
+            save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
+            val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
+            skipped = f"  skipped {row['skipped_steps']}" if self.precision.scaler is not None else ""
+            self.log(
+                f"epoch {epoch}/{self.cfg.run.epochs}  train loss {row['train_loss']:.4f} "
+                f"acc {100 * row['train_acc']:.2f}%{val}  {row['images_per_s']:,.0f} img/s  "
+                f"data wait {100 * row['data_wait_share']:.0f}%  {row['epoch_s']:.1f} s{skipped}"
+            )
+        barrier(self.info)  # no rank races ahead of the checkpoint it may have to resume from
+
+    def _summary(self, wall_s: float) -> dict:
+        rows = self.history
+        vals = [r for r in rows if "val_acc" in r]
+        best = max(vals, key=lambda r: r["val_acc"]) if vals else None
+        speeds = [r["images_per_s"] for r in rows]
+        steady = speeds[1:] if len(speeds) > 1 else speeds
+        return {
+            "model": self.cfg.model.name,
+            "data": self.bundle.origin,
+            "epochs": len(rows),
+            "best_val_acc": best["val_acc"] if best else None,
+            "best_epoch": best["epoch"] if best else None,
+            "final_val_acc": vals[-1]["val_acc"] if vals else None,
+            "images_per_s": sum(steady) / len(steady) if steady else None,
+            "train_s": wall_s,
+            "compile_s": self.compile_s,
+            "peak_mem_mb": max((r["peak_mem_mb"] for r in rows), default=None),
+            "skipped_steps": self.precision.skipped_steps,
+            "global_batch": self.cfg.run.batch_size * self.info.world_size * self.cfg.optim.grad_accum,
+            "precision": self.cfg.speed.precision,
+            "channels_last": self.cfg.speed.channels_last,
+            "compile": self.cfg.speed.compile,
+            "run_dir": str(self.run_dir),
+            **environment(self.info.device, self.info.world_size),
+        }

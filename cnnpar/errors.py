@@ -1,0 +1,20 @@
+"""User-facing errors.
+
+A `UserError` is bad input the user can fix (a malformed CSV row, an unknown model name, a
+missing file). The CLI prints its message and exits non-zero without a Python traceback; every
+other exception is a bug in cnnpar and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input: the message names the file, row or field and what was expected."""
+
+
+class ConfigError(UserError):
+    """A config field holds a value outside what it allows."""
+
+
+class DataError(UserError):
+    """A data file cannot be read as the format it claims to be."""

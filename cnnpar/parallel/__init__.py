@@ -1,0 +1,6 @@
+"""One-device and multi-device speed techniques, each an apply_* function, and Precision."""
+
+from cnnpar.parallel.apply import parallelize
+from cnnpar.parallel.precision import Precision
+
+__all__ = ["Precision", "parallelize"]

@@ -1,0 +1,58 @@
+"""apply_* functions, one per concern, and parallelize() which calls them in a fixed order.
+
+Order, and why:
+1. SyncBatchNorm conversion   - must see the plain BatchNorm modules, before anything wraps them.
+2. channels_last              - parameters get their memory format before compile traces them.
+3. move to device             - DDP requires the module on its device when it is wrapped.
+4. DDP                        - wraps the eager module; it broadcasts rank 0's weights.
+5. torch.compile              - compiling the DDP-wrapped module lets Dynamo split graphs at DDP
+                                bucket boundaries, so all-reduce still overlaps backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from cnnpar.dist import DistInfo
+
+
+def apply_sync_bn(model: nn.Module, info: DistInfo, enabled: bool) -> nn.Module:
+    if enabled and info.distributed:
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model
+
+
+def apply_channels_last(model: nn.Module, enabled: bool) -> nn.Module:
+    return model.to(memory_format=torch.channels_last) if enabled else model
+
+
+def apply_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
+    if not info.distributed:
+        return model
+    device_ids = [info.device.index] if info.device.type == "cuda" else None
+    # gradient_as_bucket_view: gradients alias the all-reduce buckets, saving a copy per step.
+    return DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+
+
+def apply_compile(model: nn.Module, mode: str) -> nn.Module:
+    if mode == "off":
+        return model
+    return torch.compile(model, mode=None if mode == "default" else mode)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module under compile and DDP wrappers (what a checkpoint stores)."""
+    model = getattr(model, "_orig_mod", model)
+    return model.module if isinstance(model, DDP) else model
+
+
+def parallelize(
+    model: nn.Module, info: DistInfo, *, sync_bn: bool, channels_last: bool, compile_mode: str
+) -> nn.Module:
+    model = apply_sync_bn(model, info, sync_bn)
+    model = apply_channels_last(model, channels_last)
+    model = model.to(info.device)
+    model = apply_ddp(model, info)
+    return apply_compile(model, compile_mode)

@@ -1,0 +1,57 @@
+"""Precision owns autocast, backward and the optimizer step.
+
+Only fp16 needs a GradScaler (its 5-bit exponent underflows small gradients); bf16 has fp32's
+range and needs none. The scaler's skipped steps (inf/nan gradients) are counted so a run can
+report them rather than silently train on fewer steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+class Precision:
+    def __init__(self, kind: str, device: torch.device) -> None:
+        self.kind, self.device = kind, device
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(kind)
+        # tf32 lets fp32 matmuls/convs use the tensor cores with a 10-bit mantissa; "fp32" keeps
+        # full precision, so set the flag explicitly either way.
+        if device.type == "cuda":
+            tf32 = kind in ("tf32", "bf16", "fp16")
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            torch.backends.cudnn.allow_tf32 = tf32
+        self.scaler = torch.amp.GradScaler(device.type) if kind == "fp16" else None
+        self.skipped_steps = 0
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring gradients to their true scale before clipping reads their norm."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is None:
+            optimizer.step()
+            return
+        before = self.scaler.get_scale()  # note: a CPU-GPU sync point, paid only with fp16
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        if self.scaler.get_scale() < before:  # the scale drops exactly when the step was skipped
+            self.skipped_steps += 1
+
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict() if self.scaler else {}, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))

@@ -1,0 +1,77 @@
+"""Named presets (functions returning a Config) and defaults that come from measurements.
+
+A preset is a starting point; flags given on the command line still override it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
+from cnnpar.errors import ConfigError
+
+# Which models torch.compile helps, by device. On one H200 (torch 2.11, bf16, channels_last),
+# the issue tracker's reference figures were: ResNet-50 at 224x224, batch 256: 4,671 -> 6,746
+# img/s with compile; ResNet-18 at 32x32, batch 512: 55,019 -> 38,882 img/s (slower). Small
+# inputs leave the GPU launch-bound and compile's own graph breaks and guards cost more than
+# its fusions win, so compile is on by default only for the large-input models. On the CPU the
+# compile time (tens of seconds) is rarely repaid in a short run.
+_COMPILE_HELPS_ON_CUDA = {"resnet50"}
+
+
+def compile_default(model_name: str, device_type: str) -> str:
+    if device_type == "cuda" and model_name in _COMPILE_HELPS_ON_CUDA:
+        return "default"
+    return "off"
+
+
+def default() -> Config:
+    """`cnnpar train` with no flags: cnn3 on the built-in digits, a short CPU-friendly run."""
+    return Config()
+
+
+def mnist() -> Config:
+    return Config(
+        data=DataConfig(source="mnist.npz", augment="none"),
+        run=RunConfig(epochs=3, batch_size=128),
+    )
+
+
+def cifar10_resnet18() -> Config:
+    return Config(
+        data=DataConfig(augment="crop+flip"),
+        model=ModelConfig(name="resnet18"),
+        optim=OptimConfig(optimizer="sgd", lr=0.2, weight_decay=5e-4, label_smoothing=0.1),
+        run=RunConfig(epochs=20, batch_size=512),
+    )
+
+
+def throughput() -> Config:
+    """Synthetic data, no validation between epochs: for measuring the train step alone."""
+    return Config(
+        data=DataConfig(source="synthetic", image_shape="3x224x224", synthetic_samples=8192),
+        model=ModelConfig(name="resnet50"),
+        speed=SpeedConfig(),
+        run=RunConfig(epochs=1, batch_size=256, eval_every=1000),
+    )
+
+
+PRESETS: dict[str, Callable[[], Config]] = {
+    "default": default,
+    "mnist": mnist,
+    "cifar10-resnet18": cifar10_resnet18,
+    "throughput": throughput,
+}
+
+
+def get_preset(name: str) -> Config:
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ConfigError(f"preset {name!r}: expected one of {', '.join(PRESETS)}") from None
+
+
+def with_overrides(cfg: Config, **sections: dict) -> Config:
+    """`with_overrides(cfg, run={"epochs": 1})` -> a new Config with those fields replaced."""
+    return replace(cfg, **{k: replace(getattr(cfg, k), **v) for k, v in sections.items()})

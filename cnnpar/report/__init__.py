@@ -1,0 +1,1 @@
+"""Reporting: run folders, metrics files, environment facts, timers, telemetry and plots."""

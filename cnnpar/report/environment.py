@@ -1,0 +1,67 @@
+"""Facts stored with every result: device, driver, torch version, git revision, date."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+
+def git_revision(cwd: str | Path | None = None) -> str:
+    here = Path(cwd) if cwd else Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if rev.returncode != 0:
+        return "unknown"
+    return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def driver_version() -> str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            v = pynvml.nvmlSystemGetDriverVersion()
+            return v.decode() if isinstance(v, bytes) else v
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML, no driver: this is metadata, never a reason to fail
+        return ""
+
+
+def environment(device: torch.device, world_size: int = 1) -> dict[str, str | int]:
+    import os
+
+    return {
+        "device": device_name(device),
+        "device_type": device.type,
+        "driver": driver_version() if device.type == "cuda" else "",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "",
+        "python": platform.python_version(),
+        "host_cpus": os.cpu_count() or 0,
+        "world_size": world_size,
+        "git_rev": git_revision(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }

@@ -1,0 +1,39 @@
+"""Timers for the host side of a loop, and a device sync helper that says where it syncs."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device: a deliberate CPU-GPU sync point, used only around measured regions."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class EpochClock:
+    """Wall time of an epoch and the part of it spent waiting for the next batch.
+
+    The data wait is host time inside `next(loader)`. With a GPU the host runs ahead of the
+    device, so a nonzero wait means the device may starve; the end of an epoch syncs before
+    reading the wall time so images/s is what the device achieved.
+    """
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.data_wait = 0.0
+        self.images = 0
+
+    def waited(self, seconds: float, images: int) -> None:
+        self.data_wait += seconds
+        self.images += images
+
+    def summary(self) -> dict[str, float]:
+        wall = time.perf_counter() - self.start
+        return {
+            "epoch_s": wall,
+            "images_per_s": self.images / wall if wall > 0 else 0.0,
+            "data_wait_share": self.data_wait / wall if wall > 0 else 0.0,
+        }
