@@ -1,0 +1,52 @@
+"""Shared test helpers: run the CLI in a subprocess against *this* checkout's package."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Environment for subprocesses: this checkout first on PYTHONPATH, small thread counts."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC", "CNNPAR_"))
+    }
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra)
+    return env
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    """`python -m cnnpar ARGS` in `cwd`; returns the completed process (never raises on exit code)."""
+    return subprocess.run(
+        [sys.executable, "-m", "cnnpar", *args],
+        cwd=cwd,
+        env=cli_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def torchrun_cmd(nproc: int = 2, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *extra]
+
+
+@pytest.fixture
+def cli(tmp_path):
+    """run_cli bound to a fresh temporary working folder."""
+
+    def _run(*args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+        return run_cli(list(args), tmp_path, timeout=timeout, **env)
+
+    _run.cwd = tmp_path
+    return _run
