@@ -1,0 +1,178 @@
+"""cnnpar's train step against hand-written plain PyTorch loops, side by side in one process.
+
+The plain loops are what a skilled engineer writes by hand: data already on the device, fused
+SGD, autocast, channels_last, optionally torch.compile. cnnpar runs its own Trainer (resident
+uint8 data, device-side normalisation, its default switches for the device). Each variant:
+warm-up (and compile) first, then `--repeats` timed runs of `--steps` steps between device
+synchronisations; the median images/s is reported.
+
+    python benchmarks/step_vs_plain.py --out benchmarks/results/step_vs_plain_h200.csv
+    python benchmarks/step_vs_plain.py --device cpu --cases cnn3:28:128 --steps 10   # a quick CPU check
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
+from cnnpar.dist import DistInfo  # noqa: E402
+from cnnpar.engine.trainer import Trainer  # noqa: E402
+from cnnpar.models import build_model  # noqa: E402
+from cnnpar.report.environment import environment  # noqa: E402
+from cnnpar.report.files import write_csv_atomic  # noqa: E402
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_plain(model_name, size, batch, device, precision, channels_last, compile_mode, steps, repeats, warmup):
+    torch.manual_seed(0)
+    chans = 1 if model_name == "cnn3" else 3
+    model = build_model(model_name, chans, 10, size).to(device)
+    mf = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=mf)
+    opt = torch.optim.SGD(
+        model.parameters(),
+        lr=0.01,
+        momentum=0.9,
+        nesterov=True,
+        **({"fused": True} if device.type == "cuda" else {"foreach": True}),
+    )
+    x = torch.randn(batch, chans, size, size, device=device).to(memory_format=mf)
+    y = torch.randint(0, 10, (batch,), device=device)
+    fwd = torch.compile(model, mode=None if compile_mode == "default" else compile_mode) if compile_mode else model
+    dtype = torch.bfloat16 if precision == "bf16" else None
+
+    def step():
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = F.cross_entropy(fwd(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync(device)
+    warm_s = time.perf_counter() - t0
+    rates = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync(device)
+        rates.append(steps * batch / (time.perf_counter() - t0))
+    return statistics.median(rates), warm_s
+
+
+def time_cnnpar(model_name, size, batch, device, steps, repeats, overrides):
+    chans = 1 if model_name == "cnn3" else 3
+    speed = SpeedConfig(device=device.type, **overrides.get("speed", {}))
+    cfg = Config(
+        data=DataConfig(
+            source="synthetic",
+            image_shape=f"{chans}x{size}x{size}",
+            synthetic_samples=batch * steps,
+            val_fraction=0.0,
+            augment="none",
+            **overrides.get("data", {}),
+        ),
+        model=ModelConfig(name=model_name),
+        optim=OptimConfig(optimizer="sgd", lr=0.01),
+        speed=speed,
+        run=RunConfig(epochs=repeats + 1, batch_size=batch, max_steps=steps, progress=False, out_dir="/tmp/cnnpar-b"),
+    )
+    info = DistInfo(0, 0, 1, device)
+    t0 = time.perf_counter()
+    tr = Trainer(cfg, info, log=lambda *a, **k: None)
+    tr.warm_up_compile()
+    tr.train_epoch(1)  # warm-up epoch: cuDNN autotuning, allocator growth
+    warm_s = time.perf_counter() - t0
+    rates = [tr.train_epoch(e)["images_per_s"] for e in range(2, repeats + 2)]
+    resolved = tr.cfg.speed
+    loader = type(tr.train_loader.loader).__name__
+    label = f"{resolved.precision} cl={resolved.channels_last} compile={resolved.compile} {loader}"
+    return statistics.median(rates), warm_s, label
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--cases", default="resnet50:224:256,resnet18:32:512", help="model:size:batch,...")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--out", default="benchmarks/results/step_vs_plain.csv")
+    ap.add_argument(
+        "--compile-modes",
+        default="default,off,max-autotune-no-cudagraphs,max-autotune",
+        help="cnnpar compile variants to run on CUDA besides its defaults",
+    )
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    torch.backends.cudnn.benchmark = True
+    env = environment(device)
+    rows = []
+    cuda = device.type == "cuda"
+    for case in args.cases.split(","):
+        name, size, batch = case.split(":")
+        size, batch = int(size), int(batch)
+        plain = [("plain fp32 NCHW", "fp32", False, None)]
+        if cuda:
+            plain += [
+                ("plain bf16 channels_last", "bf16", True, None),
+                ("plain bf16 channels_last compile", "bf16", True, "default"),
+            ]
+        for label, prec, cl, comp in plain:
+            if cuda and prec == "fp32":
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+            try:
+                ips, warm = time_plain(name, size, batch, device, prec, cl, comp, args.steps, args.repeats, args.warmup)
+                row = {"variant": label, "images_per_s": round(ips, 1), "warmup_s": round(warm, 1), "status": "ok"}
+            except Exception as e:  # a variant that fails is recorded, the rest still run
+                row = {"variant": label, "status": "failed", "error": repr(e)[:300]}
+            rows.append({"model": name, "image_size": size, "batch": batch, **row})
+            print(rows[-1], flush=True)
+            torch._dynamo.reset()
+        cnnpar_variants = [("cnnpar defaults", {})]
+        if cuda:
+            cnnpar_variants += [
+                (f"cnnpar compile={m}", {"speed": {"compile": m}}) for m in args.compile_modes.split(",") if m
+            ]
+        for label, ov in cnnpar_variants:
+            try:
+                ips, warm, resolved = time_cnnpar(name, size, batch, device, args.steps, args.repeats, ov)
+                row = {
+                    "variant": f"{label} ({resolved})",
+                    "images_per_s": round(ips, 1),
+                    "warmup_s": round(warm, 1),
+                    "status": "ok",
+                }
+            except Exception as e:
+                row = {"variant": label, "status": "failed", "error": repr(e)[:300]}
+            rows.append({"model": name, "image_size": size, "batch": batch, **row})
+            print(rows[-1], flush=True)
+            torch._dynamo.reset()
+    for r in rows:
+        r.update({k: env[k] for k in ("device", "driver", "torch", "world_size", "git_rev", "date")})
+        r["steps"], r["repeats"] = args.steps, args.repeats
+    write_csv_atomic(args.out, rows)
+    print(f"wrote {args.out}")
+    for r in rows:
+        print(f"{r['model']:>9} {r['image_size']:>4} b{r['batch']:<4} {r.get('images_per_s', '-'):>10}  {r['variant']}")
+
+
+if __name__ == "__main__":
+    main()
