@@ -90,6 +90,11 @@ class DataConfig:
         "auto", "copy the next batch on a side CUDA stream while this one computes", choices=TRISTATE
     )
     resident: str = _f("auto", "keep the whole uint8 data set in device memory (auto: when it fits)", choices=TRISTATE)
+    decode: str = _f(
+        "auto",
+        "where image-folder JPEGs are decoded: cpu (workers) or gpu (nvJPEG; auto: gpu with CUDA)",
+        choices=("auto", "cpu", "gpu"),
+    )
     augment: str = _f(
         "auto", "device-side augmentation: none, flip, crop (pad 4 and crop), crop+flip", choices=AUGMENTS
     )
@@ -153,6 +158,12 @@ class SpeedConfig:
         "auto", "torch.compile mode, or off (auto: from measurements, see presets.py)", choices=COMPILE_MODES
     )
     cudnn_benchmark: bool = _f(True, "let cuDNN time its algorithms for fixed shapes")
+    cuda_graphs: str = _f(
+        "auto",
+        "replay forward+backward as one CUDA graph (static shapes, one process, "
+        "no accumulation; auto: off until `cnnpar tune` measures it)",
+        choices=TRISTATE,
+    )
 
     def __post_init__(self) -> None:
         for name, choices in (
@@ -160,6 +171,7 @@ class SpeedConfig:
             ("precision", PRECISIONS),
             ("channels_last", TRISTATE),
             ("compile", COMPILE_MODES),
+            ("cuda_graphs", TRISTATE),
         ):
             _check_choice("speed", name, getattr(self, name), choices)
 
@@ -281,13 +293,24 @@ def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool) -> Config:
     compile_mode = speed.compile
     if compile_mode == "auto":
         compile_mode = compile_default(cfg.model.name, device_type)
+    graphs = speed.cuda_graphs
+    if graphs == "on" and not cuda:
+        raise ConfigError("speed.cuda_graphs = 'on' needs a CUDA device")
+    if graphs == "auto":
+        graphs = "off"
     data = cfg.data
     pin = data.pin_memory if data.pin_memory != "auto" else ("on" if cuda else "off")
+    decode = data.decode if data.decode != "auto" else ("gpu" if cuda else "cpu")
     stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")
     return replace(
         cfg,
         speed=replace(
-            speed, device=device_type, precision=precision, channels_last=channels_last, compile=compile_mode
+            speed,
+            device=device_type,
+            precision=precision,
+            channels_last=channels_last,
+            compile=compile_mode,
+            cuda_graphs=graphs,
         ),
-        data=replace(data, pin_memory=pin, prefetch_stream=stream),
+        data=replace(data, pin_memory=pin, prefetch_stream=stream, decode=decode),
     )

@@ -16,6 +16,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 from cnnpar.config import Config
 from cnnpar.data.bundle import ArrayDataset, DataBundle
+from cnnpar.data.folder import ImageFolderDataset
+from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.dist import DistInfo
 
@@ -96,9 +98,16 @@ class DeviceFeeder:
     """
 
     def __init__(
-        self, loader, sampler, transform: DeviceTransform, device: torch.device, train: bool, side_stream: bool
+        self,
+        loader,
+        sampler,
+        transform: DeviceTransform,
+        device: torch.device,
+        train: bool,
+        side_stream: bool,
+        decoder: GpuDecoder | None = None,
     ) -> None:
-        self.loader, self.sampler, self.transform = loader, sampler, transform
+        self.loader, self.sampler, self.transform, self.decoder = loader, sampler, transform, decoder
         self.device, self.train = device, train
         self.stream = torch.cuda.Stream(device) if side_stream and device.type == "cuda" else None
 
@@ -109,8 +118,8 @@ class DeviceFeeder:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def _ready(self, x: torch.Tensor, y: torch.Tensor):
-        x = x.to(self.device, non_blocking=True)
+    def _ready(self, x: torch.Tensor | EncodedBatch, y: torch.Tensor):
+        x = self.decoder(x) if isinstance(x, EncodedBatch) else x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         return self.transform(x, self.train), y
 
@@ -136,10 +145,19 @@ class DeviceFeeder:
 
 
 def _host_loader(
-    ds: Dataset, sampler: Sampler, batch_size: int, drop_last: bool, cfg: Config, info: DistInfo, textbook: bool
+    ds: Dataset,
+    sampler: Sampler,
+    batch_size: int,
+    drop_last: bool,
+    cfg: Config,
+    info: DistInfo,
+    textbook: bool,
+    collate_fn=None,
 ):
     workers = cfg.data.workers if cfg.data.workers >= 0 else auto_workers(ds, info)
     common = dict(num_workers=workers, pin_memory=cfg.data.pin_memory == "on")
+    if collate_fn is not None:
+        common["collate_fn"] = collate_fn
     if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
     if isinstance(ds, ArrayDataset) and not textbook:
@@ -169,10 +187,17 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         info.device,
         seed=cfg.run.seed + info.rank,
     )
+    decoder, collate = None, None
     if textbook:
         ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train)
+    elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "gpu":
+        # workers only read bytes; decoding, random-resized crop and resize happen on the device
+        decoder = GpuDecoder(ds.files, ds.size, info.device, train, seed=cfg.run.seed + info.rank)
+        ds, collate = EncodedFolderDataset(ds.files, ds.labels, ds.size), collate_encoded
     if wants_resident(cfg, bundle, info.device):
         loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device)
     else:
-        loader = _host_loader(ds, sampler, batch_size, drop_last, cfg, info, textbook)
-    return DeviceFeeder(loader, sampler, transform, info.device, train, side_stream=cfg.data.prefetch_stream == "on")
+        loader = _host_loader(ds, sampler, batch_size, drop_last, cfg, info, textbook, collate)
+    return DeviceFeeder(
+        loader, sampler, transform, info.device, train, side_stream=cfg.data.prefetch_stream == "on", decoder=decoder
+    )

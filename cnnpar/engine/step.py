@@ -26,7 +26,9 @@ def forward_backward(
     return loss.detach() * y.shape[0], correct
 
 
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, grad_clip: float) -> None:
+def optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, grad_clip: float, zero_grad: bool = True
+) -> None:
     """Clip (after DDP's all-reduce, so the norm is global and equal on every rank) and step.
 
     DDP has already averaged the gradients when backward returns, so a plain clip_grad_norm_ on
@@ -37,7 +39,8 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, precision
         precision.unscale(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
     precision.step(optimizer)
-    optimizer.zero_grad(set_to_none=True)
+    if zero_grad:  # a CUDA-graphed backward overwrites its gradients in place: they must stay allocated
+        optimizer.zero_grad(set_to_none=True)
 
 
 def sync_context(ddp_module: nn.Module | None, last_micro_step: bool):

@@ -29,6 +29,7 @@ from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, syn
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize
 from cnnpar.parallel.apply import unwrap
+from cnnpar.parallel.graphs import GraphedForwardBackward
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import EpochClock, sync
@@ -118,6 +119,25 @@ class Trainer:
         if resume_from is not None:
             self._restore(resume_from)
         self.compile_s = 0.0
+        self.graphed: GraphedForwardBackward | None = None
+        self.use_graphs = self._graphs_allowed()
+
+    def _graphs_allowed(self) -> bool:
+        cfg = self.cfg
+        if cfg.speed.cuda_graphs != "on":
+            return False
+        why = (
+            "several processes (DDP hooks are not captured)"
+            if self.info.distributed
+            else "gradient accumulation (replays overwrite gradients)"
+            if cfg.optim.grad_accum > 1
+            else "compile mode reduce-overhead already captures graphs"
+            if "reduce-overhead" in cfg.speed.compile or cfg.speed.compile == "max-autotune"
+            else ""
+        )
+        if why:
+            self.log(f"cuda graphs off: {why}")
+        return not why
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _state(self, epoch: int) -> dict:
@@ -168,6 +188,18 @@ class Trainer:
         self.compile_s = time.perf_counter() - t0
         self.log(f"compiled ({self.cfg.speed.compile}) in {self.compile_s:.1f} s, outside the timed epochs")
 
+    def _micro_step(self, x: torch.Tensor, y: torch.Tensor, last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of one micro-batch, replayed from a CUDA graph when one applies."""
+        smoothing = self.cfg.optim.label_smoothing
+        if self.use_graphs and self.graphed is None:
+            self.graphed = GraphedForwardBackward(self.model, self.precision, smoothing, x, y, forward_backward)
+        if self.graphed is not None:
+            if self.graphed.matches(x):
+                return self.graphed(x, y)
+            self.optimizer.zero_grad(set_to_none=False)  # odd shape: the gradients hold the last replay's
+        with sync_context(self.ddp, last):
+            return forward_backward(self.model, x, y, self.precision, smoothing, 1.0 / self.cfg.optim.grad_accum)
+
     def train_epoch(self, epoch: int) -> dict:
         from tqdm.auto import tqdm
 
@@ -192,12 +224,13 @@ class Trainer:
             x, y = next(it)
             clock.waited(time.perf_counter() - t0, y.shape[0])
             last = (i + 1) % accum == 0 or i + 1 == self.micro_steps
-            with sync_context(self.ddp, last):
-                loss, right = forward_backward(self.model, x, y, self.precision, cfg.optim.label_smoothing, 1.0 / accum)
+            loss, right = self._micro_step(x, y, last)
             loss_sum += loss
             correct += right
             if last:
-                optimizer_step(self.model, self.optimizer, self.precision, cfg.optim.grad_clip)
+                optimizer_step(
+                    self.model, self.optimizer, self.precision, cfg.optim.grad_clip, zero_grad=self.graphed is None
+                )
                 self.scheduler.step()
             bar.update(1)
             if not bar.disable and i % PROGRESS_EVERY == 0:
