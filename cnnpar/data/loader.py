@@ -18,6 +18,7 @@ from cnnpar.config import Config
 from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.dist import DistInfo
+from cnnpar.report.ranges import H2D_COPY, span
 
 RESIDENT_MEMORY_SHARE = 0.25  # use at most this share of free device memory for a resident data set
 
@@ -110,8 +111,9 @@ class DeviceFeeder:
         return len(self.loader)
 
     def _ready(self, x: torch.Tensor, y: torch.Tensor):
-        x = x.to(self.device, non_blocking=True)
-        y = y.to(self.device, non_blocking=True)
+        with span(H2D_COPY):
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
         return self.transform(x, self.train), y
 
     def __iter__(self):
