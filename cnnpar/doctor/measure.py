@@ -104,6 +104,28 @@ def measure_step(
     return _timed(name or "train step alone", trainer.info.device, warmup, steps, max_s, body)
 
 
+def measure_step_scaling(
+    trainer: Trainer, x: torch.Tensor, y: torch.Tensor, warmup: int, steps: int, max_s: float, rounds: int = 3
+) -> tuple[Phase, Phase]:
+    """The step at the full batch and at half of it, in alternating rounds; the best round of each.
+
+    Alternating exposes both sizes to the same background load, and the best round is the one a
+    busy machine disturbed least (noise only ever adds time), which the fixed-cost estimate
+    2 * t(B/2) - t(B) needs: it is a difference of two measurements.
+    """
+    half_n = y.shape[0] // 2
+    xh, yh = x[:half_n], y[:half_n]
+    measure_step(trainer, x, y, warmup, 0, max_s)
+    measure_step(trainer, xh, yh, warmup, 0, max_s)
+    per_round = max(1, steps // rounds)
+    full: list[Phase] = []
+    half: list[Phase] = []
+    for _ in range(rounds):
+        full.append(measure_step(trainer, x, y, 0, per_round, max_s / rounds))
+        half.append(measure_step(trainer, xh, yh, 0, per_round, max_s / rounds, "train step, half batch"))
+    return min(full, key=lambda p: p.s_per_batch), min(half, key=lambda p: p.s_per_batch)
+
+
 def measure_end_to_end(trainer: Trainer, warmup: int, steps: int, max_s: float, name: str = "") -> Phase:
     """The training loop as `Trainer.train_epoch` runs it: wait for a batch, then train on it."""
     trainer.model.train()

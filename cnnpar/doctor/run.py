@@ -28,6 +28,7 @@ from cnnpar.doctor.measure import (
     measure_end_to_end,
     measure_pipeline,
     measure_step,
+    measure_step_scaling,
     textbook_cost_ratio,
 )
 from cnnpar.engine.trainer import Trainer
@@ -148,18 +149,13 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
     x, y = first_batch(trainer)
     if info.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(info.device)
-    step = phase("train step", lambda: measure_step(trainer, x, y, warm, steps, max_s))
-    phases = [pipe, step]
-    fixed = None
-    if y.shape[0] >= 2 and rcfg.speed.compile == "off":  # a new batch shape would recompile
-        half = phase(
-            "train step, half batch",
-            lambda: measure_step(
-                trainer, x[: y.shape[0] // 2], y[: y.shape[0] // 2], warm, steps, max_s, "train step, half batch"
-            ),
-        )
-        phases.append(half)
+    if y.shape[0] >= 2 and rcfg.speed.compile == "off":  # (a new batch shape would recompile)
+        step, half = phase("train step", lambda: measure_step_scaling(trainer, x, y, warm, steps, max_s))
+        phases = [pipe, step, half]
         fixed = min(step.s_per_batch, max(0.0, 2 * half.s_per_batch - step.s_per_batch))
+    else:
+        step = phase("train step", lambda: measure_step(trainer, x, y, warm, steps, max_s))
+        phases, fixed = [pipe, step], None
     idle = None
     if info.device.type == "cuda":
         idle = phase("GPU idle share", lambda: gpu_idle_share(trainer, x, y, step.s_per_batch))
