@@ -143,6 +143,8 @@ def print_report(report: DoctorReport) -> None:
     from rich.table import Table
 
     console = Console()
+    if not console.is_terminal:  # a log file: wide enough that the basis column stays readable
+        console.width = 150
     table = Table(title="measurements (warm-up excluded, device synchronised)", title_justify="left")
     for col, just in (("phase", "left"), ("ms/batch", "right"), ("images/s", "right"), ("data wait", "right")):
         table.add_column(col, justify=just)
