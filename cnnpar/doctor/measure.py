@@ -167,10 +167,18 @@ def gpu_idle_share(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, step_s: f
         for i in range(GPU_IDLE_PROBE_STEPS):
             train_step(trainer, x, y, i)
         sync(trainer.info.device)  # note: a CPU-GPU sync point: every kernel must land in the capture
+    events = prof.events()
+    # Kineto mirrors every record_function range onto the GPU timeline as a "user annotation"
+    # that spans the gaps between its kernels; only kernels, copies and memsets are busy time.
+    # The annotations carry their CPU range's name (older torch has no is_user_annotation flag).
+    cpu_names = {e.name for e in events if e.device_type == DeviceType.CPU}
     spans = sorted(
         (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and e.time_range.end > e.time_range.start
+        and not getattr(e, "is_user_annotation", False)
+        and e.name not in cpu_names
     )
     if not spans:
         return None
