@@ -59,6 +59,38 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         destroy_distributed()
 
 
+def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
+    from cnnpar.cliargs import config_from_args
+    from cnnpar.dist import destroy_distributed, init_distributed
+    from cnnpar.doctor.profile import ProfileOptions, run_profile
+
+    cfg = config_from_args(args)
+    opts = ProfileOptions(args.prof_wait, args.prof_warmup, args.prof_active, args.row_limit, args.report_dir)
+    info = init_distributed(cfg.speed.device, cfg.dist.debug_single, cfg.dist.timeout_s)
+    try:
+        files = run_profile(cfg, info, opts)
+        if info.is_main:
+            print(files.table_md.read_text())
+            print(
+                f"trace: {files.trace} (open in https://ui.perfetto.dev); tables: {files.table_txt}, {files.table_md}"
+            )
+        return 0
+    finally:
+        destroy_distributed()
+
+
+def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
+    from cnnpar.cliargs import config_from_args
+    from cnnpar.doctor.render import print_report, write_report
+    from cnnpar.doctor.run import DoctorOptions, run_doctor
+
+    opts = DoctorOptions(args.warmup_steps, args.measure_steps, args.max_seconds, args.try_top, args.report_dir)
+    report = run_doctor(config_from_args(args), opts)
+    write_report(report)
+    print_report(report)
+    return 0
+
+
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.engine.predict import predict
 
@@ -85,6 +117,35 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model (defaults: cnn3 on the built-in digits)")
     add_config_flags(train)
     train.set_defaults(func=cmd_train)
+
+    prof = sub.add_parser("profile", help="a few train steps under torch.profiler: trace per rank, top operators")
+    add_config_flags(prof)
+    extra = prof.add_argument_group("profile")
+    extra.add_argument("--prof-wait", type=int, default=1, help="steps before the profiler starts (start-up, compile)")
+    extra.add_argument("--prof-warmup", type=int, default=2, help="profiled steps discarded (profiler start-up)")
+    extra.add_argument("--prof-active", type=int, default=5, help="steps recorded")
+    extra.add_argument("--row-limit", type=int, default=25, help="operators in the tables")
+    extra.add_argument("--report-dir", default="", help="output folder (default: profile/<model>-<date>)")
+    prof.set_defaults(func=cmd_profile)
+
+    doc = sub.add_parser("doctor", help="measure data vs step vs end to end, name the bottleneck, advise")
+    add_config_flags(doc)
+    extra = doc.add_argument_group("doctor")
+    extra.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps before each measurement")
+    extra.add_argument("--measure-steps", type=int, default=20, help="measured batches per phase")
+    extra.add_argument("--max-seconds", type=float, default=30.0, help="stop a phase after this long (min 2 batches)")
+    extra.add_argument(
+        "--try",
+        dest="try_top",
+        type=int,
+        nargs="?",
+        const=3,
+        default=0,
+        metavar="N",
+        help="re-measure the top N recommendations (default 3) with the config changed",
+    )
+    extra.add_argument("--report-dir", default="", help="output folder (default: doctor/<model>-<date>)")
+    doc.set_defaults(func=cmd_doctor)
 
     pred = sub.add_parser("predict", help="predict with a checkpoint; CSV input gives a Kaggle submission.csv")
     pred.add_argument("--checkpoint", required=True, help="a run folder, its ckpt/ folder, or a .pt file")

@@ -20,6 +20,7 @@ from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.dist import DistInfo
+from cnnpar.report.ranges import H2D_COPY, span
 
 RESIDENT_MEMORY_SHARE = 0.25  # use at most this share of free device memory for a resident data set
 
@@ -119,8 +120,9 @@ class DeviceFeeder:
         return len(self.loader)
 
     def _ready(self, x: torch.Tensor | EncodedBatch, y: torch.Tensor):
-        x = self.decoder(x) if isinstance(x, EncodedBatch) else x.to(self.device, non_blocking=True)
-        y = y.to(self.device, non_blocking=True)
+        with span(H2D_COPY):
+            x = self.decoder(x) if isinstance(x, EncodedBatch) else x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
         return self.transform(x, self.train), y
 
     def __iter__(self):

@@ -12,16 +12,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cnnpar.parallel.precision import Precision
+from cnnpar.report.ranges import BACKWARD, FORWARD, OPTIMIZER_STEP, span
 
 
 def forward_backward(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision, label_smoothing: float, loss_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-step: returns (summed loss, correct count), both detached, on the device."""
-    with precision.autocast():
+    with span(FORWARD), precision.autocast():
         logits = model(x)
         loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
-    precision.backward(loss * loss_scale)
+    with span(BACKWARD):
+        precision.backward(loss * loss_scale)
     correct = (logits.detach().argmax(dim=1) == y).sum()
     return loss.detach() * y.shape[0], correct
 
@@ -35,10 +37,11 @@ def optimizer_step(
     each rank sees the same gradients and computes the same norm: a separate "distributed clip"
     that all-reduces norms would only repeat that work.
     """
-    if grad_clip > 0:
-        precision.unscale(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
-    precision.step(optimizer)
+    with span(OPTIMIZER_STEP):
+        if grad_clip > 0:
+            precision.unscale(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
+        precision.step(optimizer)
     if zero_grad:  # a CUDA-graphed backward overwrites its gradients in place: they must stay allocated
         optimizer.zero_grad(set_to_none=True)
 

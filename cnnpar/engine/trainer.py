@@ -33,6 +33,8 @@ from cnnpar.parallel.graphs import GraphedForwardBackward
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import EpochClock, sync
+from cnnpar.report.ranges import DATA_WAIT, span
+from cnnpar.report.telemetry import monitor_run
 
 METRIC_COLUMNS = [
     "epoch",
@@ -221,7 +223,8 @@ class Trainer:
         it = iter(self.train_loader)
         for i in range(self.micro_steps):
             t0 = time.perf_counter()
-            x, y = next(it)
+            with span(DATA_WAIT):
+                x, y = next(it)
             clock.waited(time.perf_counter() - t0, y.shape[0])
             last = (i + 1) % accum == 0 or i + 1 == self.micro_steps
             loss, right = self._micro_step(x, y, last)
@@ -271,8 +274,12 @@ class Trainer:
         return {"val_loss": float(sums[0]) / n, "val_acc": float(sums[1]) / n, "val_count": int(n)}
 
     def fit(self) -> TrainResult:
-        cfg, info = self.cfg, self.info
         self._prepare_run_dir()
+        with monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log):  # stopped on any exit
+            return self._fit()
+
+    def _fit(self) -> TrainResult:
+        cfg, info = self.cfg, self.info
         global_batch = cfg.run.batch_size * info.world_size * cfg.optim.grad_accum
         self.log(
             f"cnnpar: {cfg.model.name} on {self.bundle.origin} | {info.world_size} process(es) on "

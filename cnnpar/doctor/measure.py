@@ -1,0 +1,218 @@
+"""The doctor's measurements: input pipeline alone, train step alone, end to end.
+
+Each is timed like the device is asynchronous: warm-up steps (worker start, cuDNN autotuning,
+compilation) run first and are not counted, and `sync()` closes the device's queue before the
+clock starts and again before it stops. A phase stops after `steps` batches or, past two, once
+`max_s` seconds have gone, so a very slow input still gives an answer in bounded time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from cnnpar.data.transforms import TextbookDataset, resolve_augment
+from cnnpar.doctor.loop import cycle_batches, train_step
+from cnnpar.engine.trainer import Trainer
+from cnnpar.report.meters import sync
+from cnnpar.report.ranges import DATA_WAIT, span
+
+GPU_IDLE_PROBE_STEPS = 5
+
+
+@dataclass
+class Phase:
+    name: str
+    batches: int
+    seconds: float
+    images: int
+    data_wait_s: float = 0.0
+
+    @property
+    def s_per_batch(self) -> float:
+        return self.seconds / max(1, self.batches)
+
+    @property
+    def s_per_image(self) -> float:
+        return self.seconds / max(1, self.images)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def data_wait_share(self) -> float:
+        return self.data_wait_s / self.seconds if self.seconds > 0 else 0.0
+
+    def row(self) -> dict:
+        return {
+            **asdict(self),
+            "ms_per_batch": round(1e3 * self.s_per_batch, 3),
+            "images_per_s": round(self.images_per_s, 2),
+            "data_wait_share": round(self.data_wait_share, 4),
+        }
+
+
+def _timed(name: str, device: torch.device, warmup: int, steps: int, max_s: float, body: Callable[[int], int]) -> Phase:
+    """body(i) runs one unit of work and returns how many images it handled."""
+    for i in range(warmup):
+        body(i)
+    sync(device)  # note: a CPU-GPU sync point: warm-up work must not leak into the measured window
+    t0 = time.perf_counter()
+    images = batches = 0
+    while batches < steps:
+        images += body(warmup + batches)
+        batches += 1
+        if batches >= 2 and time.perf_counter() - t0 > max_s:
+            break
+    sync(device)  # note: a CPU-GPU sync point: the window ends when the device's work does
+    return Phase(name, batches, time.perf_counter() - t0, images)
+
+
+def measure_pipeline(trainer: Trainer, warmup: int, steps: int, max_s: float) -> Phase:
+    """Batches delivered to the device (read, decode, copy, device transform), with no training."""
+    batches = cycle_batches(trainer.train_loader)
+    try:
+        return _timed(
+            "input pipeline alone", trainer.info.device, warmup, steps, max_s, lambda i: next(batches)[1].shape[0]
+        )
+    finally:
+        batches.close()  # ends the loader iterator (and non-persistent workers) now, not at GC time
+
+
+def first_batch(trainer: Trainer) -> tuple[torch.Tensor, torch.Tensor]:
+    batches = cycle_batches(trainer.train_loader)
+    try:
+        return next(batches)
+    finally:
+        batches.close()
+
+
+def measure_step(
+    trainer: Trainer, x: torch.Tensor, y: torch.Tensor, warmup: int, steps: int, max_s: float, name: str = ""
+) -> Phase:
+    """The train step alone on one batch already on the device, repeated."""
+    trainer.model.train()
+
+    def body(i: int) -> int:
+        train_step(trainer, x, y, i)
+        return y.shape[0]
+
+    return _timed(name or "train step alone", trainer.info.device, warmup, steps, max_s, body)
+
+
+def measure_step_scaling(
+    trainer: Trainer, x: torch.Tensor, y: torch.Tensor, warmup: int, steps: int, max_s: float, rounds: int = 3
+) -> tuple[Phase, Phase]:
+    """The step at the full batch and at half of it, in alternating rounds; the best round of each.
+
+    Alternating exposes both sizes to the same background load, and the best round is the one a
+    busy machine disturbed least (noise only ever adds time), which the fixed-cost estimate
+    2 * t(B/2) - t(B) needs: it is a difference of two measurements.
+    """
+    half_n = y.shape[0] // 2
+    xh, yh = x[:half_n], y[:half_n]
+    measure_step(trainer, x, y, warmup, 0, max_s)
+    measure_step(trainer, xh, yh, warmup, 0, max_s)
+    per_round = max(1, steps // rounds)
+    full: list[Phase] = []
+    half: list[Phase] = []
+    for _ in range(rounds):
+        full.append(measure_step(trainer, x, y, 0, per_round, max_s / rounds))
+        half.append(measure_step(trainer, xh, yh, 0, per_round, max_s / rounds, "train step, half batch"))
+    return min(full, key=lambda p: p.s_per_batch), min(half, key=lambda p: p.s_per_batch)
+
+
+def measure_end_to_end(trainer: Trainer, warmup: int, steps: int, max_s: float, name: str = "") -> Phase:
+    """The training loop as `Trainer.train_epoch` runs it: wait for a batch, then train on it."""
+    trainer.model.train()
+    batches = cycle_batches(trainer.train_loader)
+    waited = [0.0]
+
+    def body(i: int) -> int:
+        t0 = time.perf_counter()
+        with span(DATA_WAIT):
+            x, y = next(batches)
+        if i >= warmup:
+            waited[0] += time.perf_counter() - t0
+        train_step(trainer, x, y, i)
+        return y.shape[0]
+
+    try:
+        phase = _timed(name or "end to end", trainer.info.device, warmup, steps, max_s, body)
+    finally:
+        batches.close()
+    phase.data_wait_s = waited[0]
+    return phase
+
+
+def gpu_idle_share(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, step_s: float) -> float | None:
+    """Share of the step's wall time in which no kernel or copy runs on the GPU.
+
+    Kernel intervals come from a short torch.profiler capture (their union, so overlapping
+    streams count once); the wall time per step is the unprofiled `step_s`, so the profiler's
+    own host overhead cannot inflate the idle share.
+    """
+    if trainer.info.device.type != "cuda":
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    trainer.model.train()
+    sync(trainer.info.device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(GPU_IDLE_PROBE_STEPS):
+            train_step(trainer, x, y, i)
+        sync(trainer.info.device)  # note: a CPU-GPU sync point: every kernel must land in the capture
+    events = prof.events()
+    # Kineto mirrors every record_function range onto the GPU timeline as a "user annotation"
+    # that spans the gaps between its kernels; only kernels, copies and memsets are busy time.
+    # The annotations carry their CPU range's name (older torch has no is_user_annotation flag).
+    cpu_names = {e.name for e in events if e.device_type == DeviceType.CPU}
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and e.time_range.end > e.time_range.start
+        and not getattr(e, "is_user_annotation", False)
+        and e.name not in cpu_names
+    )
+    if not spans:
+        return None
+    busy, cur_start, cur_end = 0.0, *spans[0]
+    for s, e in spans[1:]:
+        if s > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = s, e
+        else:
+            cur_end = max(cur_end, e)
+    busy += cur_end - cur_start
+    busy_per_step_s = busy * 1e-6 / GPU_IDLE_PROBE_STEPS
+    return min(1.0, max(0.0, 1.0 - busy_per_step_s / step_s))
+
+
+def textbook_cost_ratio(trainer: Trainer, samples: int = 8) -> float | None:
+    """Per-sample cost of reading alone over reading plus the textbook float transform (<= 1).
+
+    Measures what switching `data.loader` from textbook to fast saves per sample on the host.
+    """
+    if trainer.cfg.data.loader != "textbook":
+        return None
+    base = trainer.bundle.train
+    n = min(samples, len(base))
+    augment = resolve_augment(trainer.cfg.data.augment, trainer.bundle.shape)
+    textbook = TextbookDataset(base, trainer.bundle.mean, trainer.bundle.std, augment, True)
+    for i in range(n):  # warm the page cache so neither timing below pays for the disk
+        base[i]
+
+    def clock(ds) -> float:
+        t0 = time.perf_counter()
+        for i in range(n):
+            ds[i]
+        return time.perf_counter() - t0
+
+    with_transform, plain = clock(textbook), clock(base)
+    return min(1.0, plain / with_transform) if with_transform > 0 else None

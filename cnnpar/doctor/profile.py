@@ -1,0 +1,47 @@
+"""`cnnpar profile`: the training loop for a bounded number of steps under torch.profiler.
+
+Runs under torchrun too: every rank profiles its own steps and writes trace_rank{R}.json.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from pathlib import Path
+
+from cnnpar.config import Config
+from cnnpar.dist import DistInfo, barrier, broadcast_object
+from cnnpar.doctor.loop import build_trainer, cycle_batches, train_step
+from cnnpar.report.profiler import ProfileFiles, profile_steps
+from cnnpar.report.ranges import DATA_WAIT, span
+
+
+@dataclass
+class ProfileOptions:
+    wait: int = 1
+    warmup: int = 2
+    active: int = 5
+    row_limit: int = 25
+    report_dir: str = ""
+
+
+def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFiles:
+    trainer = build_trainer(cfg, info)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(broadcast_object(opts.report_dir or f"profile/{cfg.model.name}-{stamp}", info))
+    batches = cycle_batches(trainer.train_loader)
+    trainer.model.train()
+
+    def step(i: int) -> None:
+        with span(DATA_WAIT):
+            x, y = next(batches)
+        train_step(trainer, x, y, i)
+
+    try:
+        files = profile_steps(
+            step, out, info.rank, info.device.type == "cuda", opts.wait, opts.warmup, opts.active, opts.row_limit
+        )
+    finally:
+        batches.close()
+    barrier(info)
+    return files

@@ -1,0 +1,170 @@
+"""The doctor's outputs: flat CSV rows, a JSON record, a Markdown report, a PNG and a terminal report.
+
+The plot is drawn from the rows in phases.csv, never from numbers held elsewhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cnnpar.config import dumps_toml, to_dict
+from cnnpar.doctor.run import DoctorReport
+from cnnpar.report.files import read_csv, write_csv_atomic, write_json_atomic, write_text_atomic
+
+PHASE_COLUMNS = ["name", "batches", "seconds", "images", "ms_per_batch", "images_per_s", "data_wait_share"]
+RECO_COLUMNS = ["rank", "key", "title", "action", "est_gain", "basis", "tried_images_per_s", "tried_gain"]
+
+
+def phase_rows(report: DoctorReport) -> list[dict]:
+    return [p.row() for p in report.phases] + [p.row() for _, _, p in report.tries]
+
+
+def reco_rows(report: DoctorReport) -> list[dict]:
+    rows = []
+    for i, r in enumerate(report.recommendations, 1):
+        row = r.row()
+        row.update(rank=i, est_gain=round(r.est_gain, 3))
+        if r.tried_gain is not None:
+            row.update(tried_gain=round(r.tried_gain, 3), tried_images_per_s=round(r.tried_images_per_s, 2))
+        rows.append(row)
+    return rows
+
+
+def _gain(g: float | None) -> str:
+    return "" if g is None else f"{g:.2f}x"
+
+
+def plot_phases(csv_path: Path, png_path: Path, verdict: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_csv(csv_path)
+    names = [r["name"] for r in rows][::-1]
+    values = [float(r["images_per_s"]) for r in rows][::-1]
+    colors = ["C2" if n.startswith("tried") else "C0" if n == "end to end" else "C7" for n in names]
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.4))
+    bars = ax.barh(names, values, color=colors)
+    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=3, fontsize=8)
+    ax.set_xlabel("images/s (higher is better)")
+    ax.set_title(f"cnnpar doctor: {verdict}", fontsize=10)
+    ax.margins(x=0.15)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+    return png_path
+
+
+def markdown(report: DoctorReport, pictures: list[str]) -> str:
+    f, cfg, e2e = report.facts, report.cfg, report.end_to_end
+    env = report.env
+    lines = [
+        f"# cnnpar doctor: {report.diagnosis.verdict}",
+        "",
+        f"{cfg.model.name} on {report.origin}, batch {cfg.run.batch_size}, {env['device']} ({env['device_type']}), "
+        f"{cfg.speed.precision}, channels_last {cfg.speed.channels_last}, compile {cfg.speed.compile}, "
+        f"loader {cfg.data.loader} with {f.workers} worker(s). torch {env['torch']}, git {env['git_rev']}, "
+        f"{env['date']}.",
+        "",
+        "## Verdict",
+        "",
+        *[f"- {r}" for r in report.diagnosis.reasons],
+        "",
+        "## Measurements",
+        "",
+        "Warm-up excluded; the device is synchronised before and after each measured window. The step "
+        "alone is the best of 3 rounds, alternating full and half batch.",
+        "",
+        "| phase | batches | ms/batch | images/s | data wait |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in phase_rows(report):
+        wait = f"{100 * r['data_wait_share']:.0f}%" if r["data_wait_s"] else ""
+        lines.append(f"| {r['name']} | {r['batches']} | {r['ms_per_batch']:.2f} | {r['images_per_s']:,.1f} | {wait} |")
+    extra = []
+    if f.fixed_share is not None:
+        extra.append(f"- fixed (batch-independent) share of the step: {100 * f.fixed_share:.0f}%")
+    if f.gpu_idle_share is not None:
+        extra.append(f"- GPU idle within the step: {100 * f.gpu_idle_share:.0f}%")
+    if f.peak_mem_share is not None:
+        extra.append(f"- peak device memory: {100 * f.peak_mem_share:.0f}% of the GPU")
+    if f.textbook_ratio is not None:
+        extra.append(f"- reading alone / reading + textbook transform, per sample: {100 * f.textbook_ratio:.0f}%")
+    lines += ["", *extra, "", "## Recommendations", ""]
+    if not report.recommendations:
+        lines.append("No change is estimated to gain more than a few per cent.")
+    else:
+        lines += [
+            "Estimated gains apply to the measured end-to-end speed "
+            f"({e2e.images_per_s:,.1f} images/s); 'tried' is measured here with the change applied.",
+            "",
+            "| # | recommendation | do | estimated | tried | basis |",
+            "| ---: | --- | --- | ---: | ---: | --- |",
+        ]
+        for i, r in enumerate(report.recommendations, 1):
+            tried = f"{_gain(r.tried_gain)} ({r.tried_images_per_s:,.0f}/s)" if r.tried_gain is not None else ""
+            lines.append(f"| {i} | {r.title}: {r.why} | `{r.action}` | {_gain(r.est_gain)} | {tried} | {r.basis} |")
+    combined = [t for t in report.tries if t[0].startswith("combined")]
+    for label, _, p in combined:
+        lines += ["", f"{label}: {p.images_per_s:,.1f} images/s ({p.images_per_s / e2e.images_per_s:.2f}x)."]
+    lines += ["", *[f"![{Path(p).stem}]({p})" for p in pictures], "", "## Resolved config", "", "```toml"]
+    lines += [dumps_toml(cfg).rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def write_report(report: DoctorReport) -> Path:
+    out = report.report_dir
+    write_csv_atomic(out / "phases.csv", phase_rows(report), PHASE_COLUMNS + ["data_wait_s"])
+    write_csv_atomic(out / "recommendations.csv", reco_rows(report), RECO_COLUMNS)
+    pictures = [plot_phases(out / "phases.csv", out / "doctor.png", report.diagnosis.verdict).name]
+    if (out / "telemetry.png").exists():
+        pictures.append("telemetry.png")
+    write_json_atomic(
+        out / "doctor.json",
+        {
+            "verdict": report.diagnosis.verdict,
+            "reasons": report.diagnosis.reasons,
+            "facts": report.facts.__dict__,
+            "phases": phase_rows(report),
+            "recommendations": reco_rows(report),
+            "tries": [{"label": label, "change": change, **p.row()} for label, change, p in report.tries],
+            "environment": report.env,
+            "config": to_dict(report.cfg),
+        },
+    )
+    write_text_atomic(out / "report.md", markdown(report, pictures))
+    return out / "report.md"
+
+
+def print_report(report: DoctorReport) -> None:
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:  # a log file: wide enough that the basis column stays readable
+        console.width = 150
+    table = Table(title="measurements (warm-up excluded, device synchronised)", title_justify="left")
+    for col, just in (("phase", "left"), ("ms/batch", "right"), ("images/s", "right"), ("data wait", "right")):
+        table.add_column(col, justify=just)
+    for r in phase_rows(report):
+        wait = f"{100 * r['data_wait_share']:.0f}%" if r["data_wait_s"] else ""
+        table.add_row(r["name"], f"{r['ms_per_batch']:.2f}", f"{r['images_per_s']:,.1f}", wait)
+    console.print(table)
+    style = {"data-bound": "yellow", "compute-bound": "green", "host-bound": "magenta"}.get(
+        report.diagnosis.verdict, "white"
+    )
+    console.print(
+        Panel("\n".join(report.diagnosis.reasons), title=f"verdict: {report.diagnosis.verdict}", border_style=style)
+    )
+    if report.recommendations:
+        recos = Table(title="recommendations, best first", title_justify="left")
+        for col in ("#", "recommendation", "do", "estimated", "tried", "basis"):
+            recos.add_column(col, overflow="fold")
+        for i, r in enumerate(report.recommendations, 1):
+            recos.add_row(str(i), r.title, r.action, _gain(r.est_gain), _gain(r.tried_gain), r.basis)
+        console.print(recos)
+    else:
+        console.print("no change is estimated to gain more than a few per cent")
+    console.print(f"report: {report.report_dir / 'report.md'}")

@@ -1,0 +1,198 @@
+"""`cnnpar doctor`: measure the user's own model and data, name the bottleneck, advise, optionally try.
+
+One process, no run folder: a `Trainer` is built for its parts only (its constructor creates
+nothing on disk), and the report goes to its own folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import gc
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from cnnpar.config import Config
+from cnnpar.data import load_data
+from cnnpar.dist import init_distributed
+from cnnpar.doctor.advise import MIN_GAIN, Diagnosis, Facts, Recommendation, diagnose, recommend
+from cnnpar.doctor.loop import build_trainer
+from cnnpar.doctor.measure import (
+    Phase,
+    first_batch,
+    gpu_idle_share,
+    measure_end_to_end,
+    measure_pipeline,
+    measure_step,
+    measure_step_scaling,
+    textbook_cost_ratio,
+)
+from cnnpar.engine.trainer import Trainer
+from cnnpar.presets import with_overrides
+from cnnpar.report.environment import environment
+from cnnpar.report.telemetry import TelemetrySampler, plot_telemetry
+
+
+@dataclass
+class DoctorOptions:
+    warmup: int = 3
+    steps: int = 20
+    max_s: float = 30.0
+    try_top: int = 0
+    report_dir: str = ""
+    telemetry_interval_s: float = 0.5
+
+
+@dataclass
+class DoctorReport:
+    cfg: Config
+    env: dict
+    origin: str
+    facts: Facts
+    diagnosis: Diagnosis
+    recommendations: list[Recommendation]
+    phases: list[Phase]
+    tries: list[tuple[str, dict, Phase]] = field(default_factory=list)  # (label, change, measured end to end)
+    marks: list[tuple[str, float, float]] = field(default_factory=list)
+    report_dir: Path = Path(".")
+    telemetry: Path | None = None
+
+    @property
+    def end_to_end(self) -> Phase:
+        return next(p for p in self.phases if p.name == "end to end")
+
+
+def loader_workers(trainer: Trainer) -> int:
+    return int(getattr(trainer.train_loader.loader, "num_workers", 0))
+
+
+def default_report_dir(cfg: Config) -> Path:
+    return Path("doctor") / f"{cfg.model.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _release_device_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _merge(changes: list[dict]) -> dict:
+    """Several config changes as one; the first to set a field keeps it (they come best first)."""
+    merged: dict[str, dict] = {}
+    for change in changes:
+        for sec, values in change.items():
+            for k, v in values.items():
+                merged.setdefault(sec, {}).setdefault(k, v)
+    return merged
+
+
+def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = print) -> DoctorReport:
+    info = init_distributed(cfg.speed.device, debug_single=True)  # the doctor measures one process
+    bundle = load_data(cfg.data, cfg.run.seed)
+    report_dir = Path(opts.report_dir) if opts.report_dir else default_report_dir(cfg)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    sampler = (
+        TelemetrySampler(report_dir / "telemetry.csv", opts.telemetry_interval_s, log=log) if cfg.run.monitor else None
+    )
+    marks: list[tuple[str, float, float]] = []
+
+    def phase(label: str, fn):
+        t0 = sampler.elapsed() if sampler else 0.0
+        log(f"doctor: measuring {label} ...")
+        out = fn()
+        if sampler:
+            marks.append((label, t0, sampler.elapsed()))
+        return out
+
+    with sampler if sampler else contextlib.nullcontext():
+        rcfg, phases, facts = _measure_baseline(cfg, info, bundle, opts, phase)
+        _release_device_memory()  # the baseline's trainer is gone; the tries build their own
+        e2e = phases[-1]
+        diagnosis = diagnose(facts)
+        recos = recommend(facts)
+        report = DoctorReport(
+            rcfg, environment(info.device, 1), bundle.origin, facts, diagnosis, recos, phases, report_dir=report_dir
+        )
+        tryable = [r for r in recos if r.change][: opts.try_top]
+        for r in tryable:
+            tried = phase(f"try: {r.title}", lambda r=r: _try(rcfg, r.change, info, bundle, opts, r.title))
+            r.tried_images_per_s = tried.images_per_s
+            r.tried_gain = tried.images_per_s / e2e.images_per_s
+            report.tries.append((r.title, r.change, tried))
+        winners = sorted((r for r in tryable if (r.tried_gain or 0) >= MIN_GAIN), key=lambda r: -r.tried_gain)
+        if len(winners) >= 2:
+            change = _merge([r.change for r in winners])
+            label = "combined: " + " + ".join(r.title for r in winners)
+            tried = phase(label, lambda: _try(rcfg, change, info, bundle, opts, label))
+            report.tries.append((label, change, tried))
+    report.marks = marks
+    if sampler:
+        report.telemetry = report_dir / "telemetry.csv"
+        try:
+            plot_telemetry(report.telemetry, report_dir / "telemetry.png", marks)
+        except Exception as e:  # the CSV is the record; a missing picture is not a failure
+            log(f"telemetry: no timeline PNG ({type(e).__name__}: {e})")
+    return report
+
+
+def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts]:
+    """Pipeline alone, step alone (full and half batch), GPU idle share, end to end; then the facts."""
+    warm, steps, max_s = opts.warmup, opts.steps, opts.max_s
+    trainer = build_trainer(cfg, info, bundle)
+    rcfg = trainer.cfg
+    batch = rcfg.run.batch_size
+    pipe = phase("input pipeline", lambda: measure_pipeline(trainer, warm, steps, max_s))
+    x, y = first_batch(trainer)
+    if info.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(info.device)
+    if y.shape[0] >= 2 and rcfg.speed.compile == "off":  # (a new batch shape would recompile)
+        step, half = phase("train step", lambda: measure_step_scaling(trainer, x, y, warm, steps, max_s))
+        phases = [pipe, step, half]
+        fixed = min(step.s_per_batch, max(0.0, 2 * half.s_per_batch - step.s_per_batch))
+    else:
+        step = phase("train step", lambda: measure_step(trainer, x, y, warm, steps, max_s))
+        phases, fixed = [pipe, step], None
+    idle = None
+    if info.device.type == "cuda":
+        idle = phase("GPU idle share", lambda: gpu_idle_share(trainer, x, y, step.s_per_batch))
+    peak_share = None
+    if info.device.type == "cuda":
+        total = torch.cuda.get_device_properties(info.device).total_memory
+        peak_share = torch.cuda.max_memory_allocated(info.device) / total
+    e2e = phase("end to end", lambda: measure_end_to_end(trainer, warm, steps, max_s))
+    phases.append(e2e)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    facts = Facts(
+        device_type=info.device.type,
+        batch_size=batch,
+        workers=loader_workers(trainer),
+        loader=rcfg.data.loader,
+        in_memory=bundle.in_memory,
+        resident=type(trainer.train_loader.loader).__name__ == "ResidentLoader",
+        precision=rcfg.speed.precision,
+        channels_last=rcfg.speed.channels_last,
+        compile=rcfg.speed.compile,
+        cores=cores,
+        data_s=pipe.s_per_image,
+        step_s=step.s_per_image,
+        e2e_s=e2e.s_per_image,
+        data_wait_share=e2e.data_wait_share,
+        fixed_step_s=fixed,
+        gpu_idle_share=idle,
+        textbook_ratio=textbook_cost_ratio(trainer),
+        bf16_supported=info.device.type == "cuda" and torch.cuda.is_bf16_supported(),
+        peak_mem_share=peak_share,
+    )
+    return rcfg, phases, facts
+
+
+def _try(cfg: Config, change: dict, info, bundle, opts: DoctorOptions, label: str) -> Phase:
+    trainer = build_trainer(with_overrides(cfg, **change), info, bundle)
+    phase = measure_end_to_end(trainer, opts.warmup, opts.steps, opts.max_s, name=f"tried: {label}")
+    del trainer
+    _release_device_memory()
+    return phase

@@ -1,0 +1,122 @@
+"""torch.profiler over a bounded number of steps: a Chrome/Perfetto trace and top-operator tables.
+
+The schedule skips `wait` steps (start-up, compilation), runs `warmup` steps with the profiler on
+but discarding (its own start-up cost), then records `active` steps. The trace opens in
+https://ui.perfetto.dev or chrome://tracing; the tables rank operators by self time on the
+device (CUDA) or the host (CPU) and list the memory they allocated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cnnpar.report.files import write_text_atomic
+from cnnpar.report.ranges import STEP_RANGES
+
+
+@dataclass
+class ProfileFiles:
+    trace: Path
+    table_txt: Path
+    table_md: Path
+
+
+def _attr(evt, *names: str) -> float:
+    """Event fields were renamed cuda -> device across torch versions; read whichever exists."""
+    for n in names:
+        if hasattr(evt, n):
+            return float(getattr(evt, n) or 0.0)
+    return 0.0
+
+
+def _self_device_us(e) -> float:
+    return _attr(e, "self_device_time_total", "self_cuda_time_total")
+
+
+def _device_us(e) -> float:
+    return _attr(e, "device_time_total", "cuda_time_total")
+
+
+def _self_device_mem(e) -> float:
+    return _attr(e, "self_device_memory_usage", "self_cuda_memory_usage")
+
+
+def top_ops_markdown(averages, on_device: bool, active_steps: int, row_limit: int = 25) -> str:
+    """Top operators as a Markdown table, plus the step-phase ranges (times per step, in ms)."""
+    key = _self_device_us if on_device else (lambda e: e.self_cpu_time_total)
+    rows = sorted((e for e in averages if e.key not in STEP_RANGES), key=key, reverse=True)[:row_limit]
+    per = 1e-3 / max(1, active_steps)
+    head = (
+        "| operator | calls | self CPU ms | CPU total ms | self CUDA ms | CUDA total ms | self CPU MB | self CUDA MB |"
+    )
+    lines = [
+        f"Top {len(rows)} operators by self {'CUDA' if on_device else 'CPU'} time, per step "
+        f"(averaged over {active_steps} recorded steps).",
+        "",
+        head,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for e in rows:
+        lines.append(
+            f"| `{e.key[:80]}` | {e.count / max(1, active_steps):g} | {e.self_cpu_time_total * per:.3f} | "
+            f"{e.cpu_time_total * per:.3f} | {_self_device_us(e) * per:.3f} | {_device_us(e) * per:.3f} | "
+            f"{e.self_cpu_memory_usage / 2**20 / max(1, active_steps):.1f} | "
+            f"{_self_device_mem(e) / 2**20 / max(1, active_steps):.1f} |"
+        )
+    phases = {e.key: e for e in averages if e.key in STEP_RANGES}
+    if phases:
+        lines += ["", "Step phases (cnnpar ranges), per step:", "", "| range | calls | CPU ms | CUDA ms |"]
+        lines.append("| --- | ---: | ---: | ---: |")
+        for name in STEP_RANGES:
+            if name in phases:
+                e = phases[name]
+                lines.append(
+                    f"| {name} | {e.count / max(1, active_steps):g} | {e.cpu_time_total * per:.3f} | "
+                    f"{_device_us(e) * per:.3f} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def profile_steps(
+    step: Callable[[int], None],
+    out_dir: str | Path,
+    rank: int,
+    on_cuda: bool,
+    wait: int = 1,
+    warmup: int = 2,
+    active: int = 5,
+    row_limit: int = 25,
+) -> ProfileFiles:
+    """Run `step(i)` wait + warmup + active times under torch.profiler and write this rank's files."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = ProfileFiles(
+        out / f"trace_rank{rank}.json", out / f"top_ops_rank{rank}.txt", out / f"top_ops_rank{rank}.md"
+    )
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    sort_key = "self_device_time_total" if on_cuda else "self_cpu_time_total"
+
+    def on_ready(prof) -> None:
+        prof.export_chrome_trace(str(files.trace))
+        averages = prof.key_averages()
+        try:
+            text = averages.table(sort_by=sort_key, row_limit=row_limit)
+        except (AttributeError, KeyError):  # older torch names the column self_cuda_time_total
+            text = averages.table(sort_by="self_cuda_time_total", row_limit=row_limit)
+        write_text_atomic(files.table_txt, text + "\n")
+        write_text_atomic(files.table_md, top_ops_markdown(averages, on_cuda, active, row_limit))
+
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=on_ready,
+        profile_memory=True,
+    ) as prof:
+        for i in range(wait + warmup + active):
+            step(i)
+            prof.step()
+    return files

@@ -1,0 +1,268 @@
+"""Background telemetry: GPU (NVML) and host (psutil) counters sampled into a CSV, then a PNG.
+
+One row per GPU per sample (one row with an empty `gpu` without NVML), appended and flushed as
+it is taken so a crashed run keeps what it measured. Sampling runs on its own thread and reads
+only driver counters: it never touches CUDA streams, so it adds no sync to the training loop.
+Without NVML (no driver, no GPU) the sampler says so once and records host CPU and memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from cnnpar.dist import DistInfo
+
+COLUMNS = [
+    "time_s",
+    "gpu",
+    "gpu_util_pct",
+    "gpu_mem_used_mb",
+    "gpu_mem_total_mb",
+    "gpu_power_w",
+    "gpu_sm_clock_mhz",
+    "pcie_tx_mb_s",
+    "pcie_rx_mb_s",
+    "host_cpu_pct",
+    "host_mem_used_mb",
+    "host_mem_pct",
+]
+DEFAULT_INTERVAL_S = 1.0
+
+
+def _visible_nvml_indices(count: int) -> list[int | str]:
+    """NVML numbers every GPU in the machine; CUDA_VISIBLE_DEVICES says which ones this job uses."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return list(range(count))
+    out: list[int | str] = []
+    for item in visible.split(","):
+        item = item.strip()
+        out.append(int(item) if item.isdigit() else item)  # an index or a GPU-/MIG- UUID
+    return out
+
+
+def _nvml_handles() -> list[tuple[str, object]]:
+    """(label, handle) for every GPU this process may use; raises when NVML is unusable."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handles = []
+    for ident in _visible_nvml_indices(pynvml.nvmlDeviceGetCount()):
+        if isinstance(ident, int):
+            handles.append((str(ident), pynvml.nvmlDeviceGetHandleByIndex(ident)))
+        else:
+            handles.append((ident, pynvml.nvmlDeviceGetHandleByUUID(ident)))
+    if not handles:
+        pynvml.nvmlShutdown()
+        raise RuntimeError("NVML sees no GPU")
+    return handles
+
+
+def _read(fn: Callable[[], float]) -> float | str:
+    """One counter; a GPU that does not report it (MIG, some boards) leaves the cell empty."""
+    try:
+        return round(float(fn()), 2)
+    except Exception:
+        return ""
+
+
+def _gpu_fields(handle) -> dict[str, float | str]:
+    import pynvml
+
+    mem = None
+    with contextlib.suppress(Exception):
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    return {
+        "gpu_util_pct": _read(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+        "gpu_mem_used_mb": round(mem.used / 2**20, 1) if mem else "",
+        "gpu_mem_total_mb": round(mem.total / 2**20, 1) if mem else "",
+        "gpu_power_w": _read(lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+        "gpu_sm_clock_mhz": _read(lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+        # NVML reports KB/s averaged over a short (~20 ms) window
+        "pcie_tx_mb_s": _read(
+            lambda: pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES) / 1024.0
+        ),
+        "pcie_rx_mb_s": _read(
+            lambda: pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES) / 1024.0
+        ),
+    }
+
+
+class TelemetrySampler:
+    """`with TelemetrySampler(path):` samples every `interval_s` until the block exits, however it exits."""
+
+    def __init__(
+        self, csv_path: str | Path, interval_s: float = DEFAULT_INTERVAL_S, log: Callable[[str], None] = print
+    ) -> None:
+        self.csv_path = Path(csv_path)
+        self.interval_s = interval_s
+        self.log = log
+        self.rows = 0
+        self.gpus: list[str] = []
+        self._handles: list[tuple[str, object]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._file = None
+        self._writer = None
+        self.t0 = 0.0
+
+    # ---- life cycle --------------------------------------------------------------------------
+    def start(self) -> TelemetrySampler:
+        import psutil
+
+        try:
+            self._handles = _nvml_handles()
+        except Exception as e:  # no driver, no GPU, no library: host counters still work
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            self.log(f"telemetry: no GPU counters (NVML: {reason}); sampling host CPU and memory only")
+            self._handles = []
+        self.gpus = [label for label, _ in self._handles]
+        psutil.cpu_percent(interval=None)  # primes the counter: the first real reading covers one interval
+        self.csv_path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.csv_path.open("w", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
+        self._writer.writeheader()
+        self.t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="cnnpar-telemetry", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._handles:
+            with contextlib.suppress(Exception):
+                import pynvml
+
+                pynvml.nvmlShutdown()
+            self._handles = []
+
+    def __enter__(self) -> TelemetrySampler:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def elapsed(self) -> float:
+        """Seconds since sampling began, on the clock the CSV's time_s uses (for phase marks)."""
+        return time.monotonic() - self.t0
+
+    # ---- sampling ----------------------------------------------------------------------------
+    def sample(self) -> None:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        host = {
+            "time_s": round(self.elapsed(), 3),
+            "host_cpu_pct": psutil.cpu_percent(interval=None),
+            "host_mem_used_mb": round(vm.used / 2**20, 1),
+            "host_mem_pct": vm.percent,
+        }
+        rows = [{**host, "gpu": label, **_gpu_fields(h)} for label, h in self._handles] or [{**host, "gpu": ""}]
+        self._writer.writerows(rows)
+        self._file.flush()
+        self.rows += len(rows)
+
+    def _run(self) -> None:
+        try:
+            self.sample()
+            while not self._stop.wait(self.interval_s):
+                self.sample()
+            self.sample()  # the last moments of the run
+        except Exception as e:  # telemetry must never take a training run down with it
+            self.log(f"telemetry: sampling stopped ({type(e).__name__}: {e})")
+
+
+def plot_telemetry(
+    csv_path: str | Path, png_path: str | Path, phases: list[tuple[str, float, float]] | None = None
+) -> Path | None:
+    """A timeline PNG from the CSV rows (never from numbers held elsewhere); phases are shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from cnnpar.report.files import read_csv
+
+    rows = read_csv(csv_path)
+    if not rows:
+        return None
+
+    def series(key: str, gpu: str) -> tuple[list[float], list[float]]:
+        pts = [(float(r["time_s"]), float(r[key])) for r in rows if r["gpu"] == gpu and r[key] not in ("", None)]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    gpus = list(dict.fromkeys(r["gpu"] for r in rows if r["gpu"]))
+    panels = [("host CPU %", ["host_cpu_pct"]), ("host memory (MB)", ["host_mem_used_mb"])]
+    if gpus:
+        panels = [
+            ("GPU utilisation %", ["gpu_util_pct"]),
+            ("GPU memory (MB)", ["gpu_mem_used_mb"]),
+            ("power (W)", ["gpu_power_w"]),
+            ("SM clock (MHz)", ["gpu_sm_clock_mhz"]),
+            ("PCIe (MB/s)", ["pcie_rx_mb_s", "pcie_tx_mb_s"]),
+            *panels,
+        ]
+    host_label = gpus[0] if gpus else ""  # host columns repeat on every GPU's row; plot them once
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.8 * len(panels)), sharex=True, squeeze=False)
+    for ax, (title, keys) in zip(axes[:, 0], panels):
+        for key in keys:
+            for gpu in [host_label] if key.startswith("host_") else gpus or [""]:
+                xs, ys = series(key, gpu)
+                if xs:
+                    label = key if len(keys) > 1 else None
+                    label = f"gpu {gpu} {label or ''}".strip() if gpu and not key.startswith("host_") else label
+                    ax.plot(xs, ys, lw=1.2, label=label)
+        for i, (name, a, b) in enumerate(phases or []):
+            ax.axvspan(a, b, color=f"C{i % 10}", alpha=0.12, lw=0, label=f"[{name}]" if ax is axes[-1, 0] else None)
+        ax.set_ylabel(title, fontsize=8)
+        ax.grid(alpha=0.3)
+        if phases and ax is axes[-1, 0]:
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3, frameon=False)
+        elif ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel(
+        "seconds since sampling began (shaded: measured phases)" if phases else "seconds since sampling began"
+    )
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return Path(png_path)
+
+
+@contextlib.contextmanager
+def monitor_run(enabled: bool, info: DistInfo, run_dir: Path, log: Callable[[str], None] = print) -> Iterator[None]:
+    """Sample while the block runs (one sampler per machine: local rank 0), then draw the timeline.
+
+    Rank 0 writes telemetry.csv beside metrics.csv; the first process of every other machine
+    writes telemetry_rank{R}.csv.
+    """
+    if not enabled or info.local_rank != 0:
+        yield
+        return
+    stem = "telemetry" if info.rank == 0 else f"telemetry_rank{info.rank}"
+    sampler = TelemetrySampler(Path(run_dir) / f"{stem}.csv", log=log)
+    sampler.start()
+    try:
+        yield
+    finally:
+        sampler.stop()
+        try:
+            plot_telemetry(sampler.csv_path, sampler.csv_path.with_suffix(".png"))
+        except Exception as e:  # a plot is a convenience; the CSV is the record
+            log(f"telemetry: no timeline PNG ({type(e).__name__}: {e})")

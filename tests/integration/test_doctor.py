@@ -1,0 +1,88 @@
+"""`cnnpar doctor` on the CPU: a slow image folder is data-bound, a heavy model on in-memory data is
+compute-bound, and the report files are written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from cnnpar.config import Config
+from cnnpar.presets import with_overrides
+
+
+@pytest.fixture(scope="module")
+def slow_folder(tmp_path_factory):
+    """24 1024x1024 noise PNGs (noise barely compresses: ~3 MB each, slow to decode) in 2 classes.
+
+    Four are encoded and the rest copied: decoding cost is per file, encoding them all would only
+    slow the test down.
+    """
+    from torchvision.io import write_png
+
+    root = tmp_path_factory.mktemp("noise")
+    g = torch.Generator().manual_seed(0)
+    sources = []
+    for i in range(4):
+        path = root / f"src{i}.png"
+        write_png(torch.randint(0, 256, (3, 1024, 1024), dtype=torch.uint8, generator=g), str(path), 1)
+        sources.append(path)
+    for cls in ("a", "b"):
+        (root / "data" / cls).mkdir(parents=True)
+        for i in range(12):
+            shutil.copy(sources[i % 4], root / "data" / cls / f"{i}.png")
+    return root / "data"
+
+
+def test_slow_png_folder_is_data_bound(cli, slow_folder):
+    r = cli(
+        "doctor", "--data", str(slow_folder), "--image-size", "32", "--workers", "0", "--batch-size", "4",
+        "--val-fraction", "0", "--model", "cnn3", "--device", "cpu",
+        "--warmup-steps", "1", "--measure-steps", "4", "--try", "1", "--report-dir", "rep",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = cli.cwd / "rep"
+    result = json.loads((out / "doctor.json").read_text())
+    assert result["verdict"] == "data-bound", result["reasons"]
+    assert "verdict: data-bound" in r.stdout
+    pipe, step = result["phases"][0], result["phases"][1]
+    assert pipe["name"] == "input pipeline alone" and step["name"] == "train step alone"
+    assert pipe["ms_per_batch"] > 2 * step["ms_per_batch"]
+    keys = [r["key"] for r in result["recommendations"]]
+    assert keys[0] == "pre-decode" and "workers" in keys  # the workers change is the first one that can be tried
+    tried = [r for r in result["recommendations"] if r["tried_gain"] is not None]
+    assert [r["key"] for r in tried] == ["workers"] and tried[0]["tried_images_per_s"] > 0
+    assert result["tries"][0]["change"] == tried[0]["change"] and tried[0]["change"]["data"]["workers"] >= 1
+    for name in ("report.md", "doctor.png", "phases.csv", "recommendations.csv"):
+        assert (out / name).stat().st_size > 0
+    assert "# cnnpar doctor: data-bound" in (out / "report.md").read_text()
+    assert not (cli.cwd / "runs").exists()  # the doctor makes no run folder
+
+
+def test_heavy_model_on_memory_is_compute_bound(tmp_path):
+    from cnnpar.doctor.run import DoctorOptions, run_doctor
+
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x128x128", "synthetic_samples": 32, "workers": 0},
+        model={"name": "resnet18"},
+        speed={"device": "cpu"},
+        run={"batch_size": 8},
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a shared 2-core host, OpenMP threads waiting on each other blur the split
+    try:
+        report = run_doctor(cfg, DoctorOptions(warmup=1, steps=3, report_dir=str(tmp_path / "rep")), log=print)
+    finally:
+        torch.set_num_threads(threads)
+    assert report.diagnosis.verdict == "compute-bound", report.diagnosis.reasons
+    f = report.facts
+    assert f.in_memory and f.data_s < 0.2 * f.step_s
+    assert f.fixed_share is not None and f.fixed_share < 0.5
+    assert [p.name for p in report.phases] == [
+        "input pipeline alone", "train step alone", "train step, half batch", "end to end",
+    ]  # fmt: skip
+    assert all(p.batches >= 1 and p.seconds > 0 for p in report.phases)
+    assert not any(r.key in ("workers", "pre-decode", "resident") for r in report.recommendations)

@@ -1,0 +1,50 @@
+"""The CUDA-only paths: GPU idle share, NVML telemetry, CUDA kernels in the profiler trace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from cnnpar.cli import main
+from cnnpar.config import Config
+from cnnpar.presets import with_overrides
+from cnnpar.report.files import read_csv
+from cnnpar.report.ranges import STEP_RANGES
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_doctor_on_cuda_measures_gpu_idle_share_and_telemetry(tmp_path):
+    from cnnpar.doctor.run import DoctorOptions, run_doctor
+
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x32x32", "synthetic_samples": 2048},
+        model={"name": "resnet18"},
+        speed={"device": "cuda", "compile": "off"},
+        run={"batch_size": 256, "monitor": True},
+    )
+    report = run_doctor(cfg, DoctorOptions(warmup=3, steps=10, try_top=1, report_dir=str(tmp_path)), log=print)
+    f = report.facts
+    assert f.device_type == "cuda" and f.gpu_idle_share is not None and 0.0 <= f.gpu_idle_share <= 1.0
+    assert f.peak_mem_share is not None and 0.0 < f.peak_mem_share < 1.0
+    rows = read_csv(tmp_path / "telemetry.csv")
+    assert rows and rows[0]["gpu"] != "" and any(float(r["gpu_util_pct"] or 0) > 0 for r in rows)
+    assert (tmp_path / "telemetry.png").exists()
+    assert len(report.tries) >= 1 and report.tries[0][2].images_per_s > 0
+
+
+def test_profile_on_cuda_records_kernels_and_ranges(tmp_path):
+    out = tmp_path / "prof"
+    rc = main(
+        ["profile", "--data", "synthetic", "--model", "resnet18", "--batch-size", "128", "--device", "cuda",
+         "--compile", "off", "--no-progress", "--report-dir", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    events = json.loads((out / "trace_rank0.json").read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert all(n in names for n in STEP_RANGES)
+    assert any(e.get("cat") == "kernel" for e in events)
+    assert "self CUDA ms" in (out / "top_ops_rank0.md").read_text()

@@ -1,0 +1,58 @@
+"""`cnnpar profile` writes a loadable trace with the step ranges; `cnnpar train --monitor` samples
+telemetry into the run folder and stops the sampler when the run ends or fails."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from cnnpar.cli import main
+from cnnpar.report.files import read_csv
+from cnnpar.report.ranges import STEP_RANGES
+
+SMALL = ["--epochs", "1", "--batch-size", "32", "--device", "cpu", "--no-progress"]
+
+
+def _sampler_alive() -> bool:
+    return any(t.name == "cnnpar-telemetry" for t in threading.enumerate())
+
+
+def test_profile_trace_has_the_step_ranges(tmp_path):
+    out = tmp_path / "prof"
+    rc = main(
+        ["profile", *SMALL, "--prof-wait", "1", "--prof-warmup", "1", "--prof-active", "2", "--report-dir", str(out)]
+    )
+    assert rc == 0
+    trace = json.loads((out / "trace_rank0.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    for name in STEP_RANGES:  # data_wait, h2d_copy, forward, backward, optimizer_step
+        assert name in names, name
+    assert "aten::convolution" in names
+    md = (out / "top_ops_rank0.md").read_text()
+    assert "| forward | 1 |" in md and "| operator | calls |" in md
+    assert (out / "top_ops_rank0.txt").stat().st_size > 0
+
+
+def test_train_monitor_writes_telemetry_beside_metrics(tmp_path):
+    rc = main(["train", *SMALL, "--max-steps", "3", "--monitor", "--out-dir", str(tmp_path), "--name", "mon"])
+    assert rc == 0
+    run = tmp_path / "mon"
+    rows = read_csv(run / "telemetry.csv")
+    assert rows and all(float(r["host_mem_used_mb"]) > 0 for r in rows)
+    assert (run / "telemetry.png").stat().st_size > 1000 and (run / "metrics.csv").exists()
+    assert not _sampler_alive()
+
+
+def test_monitor_stops_when_the_run_fails(tmp_path, monkeypatch):
+    from cnnpar.engine.trainer import Trainer
+
+    def broken(self, epoch):
+        raise RuntimeError("boom in epoch")
+
+    monkeypatch.setattr(Trainer, "train_epoch", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["train", *SMALL, "--monitor", "--out-dir", str(tmp_path), "--name", "bad"])
+    assert not _sampler_alive()
+    assert read_csv(tmp_path / "bad" / "telemetry.csv")  # what was sampled before the failure is kept

@@ -1,0 +1,64 @@
+"""The doctor's verdict and ranking rules on hand-made measurements (the measuring itself is tested
+end to end in tests/integration/test_doctor.py)."""
+
+from __future__ import annotations
+
+from cnnpar.doctor.advise import COMPUTE_BOUND, DATA_BOUND, HOST_BOUND, Facts, diagnose, recommend
+
+
+def facts(**kw) -> Facts:
+    base = dict(
+        device_type="cpu",
+        batch_size=64,
+        workers=0,
+        loader="fast",
+        in_memory=True,
+        resident=False,
+        precision="fp32",
+        channels_last="off",
+        compile="off",
+        cores=8,
+        data_s=1e-4,
+        step_s=1e-3,
+        e2e_s=1.1e-3,
+        data_wait_share=0.05,
+        fixed_step_s=0.1 * 64e-3,
+    )
+    return Facts(**{**base, **kw})
+
+
+def test_slow_folder_with_workers_is_data_bound_and_workers_rank_first():
+    f = facts(in_memory=False, workers=2, data_s=4e-3, step_s=1e-3, e2e_s=4e-3, data_wait_share=0.7)
+    assert diagnose(f).verdict == DATA_BOUND
+    recos = recommend(f)
+    assert recos[0].key in ("pre-decode", "workers")
+    workers = next(r for r in recos if r.key == "workers")
+    assert workers.change == {"data": {"workers": 7}}
+    assert abs(workers.est_gain - 4e-3 / (4e-3 * 2 / 7)) < 1e-9  # pipeline time x 2/7, still above the step
+
+
+def test_serial_loading_share_decides_without_workers():
+    assert diagnose(facts(data_s=5e-4, step_s=1e-3)).verdict == DATA_BOUND  # a third of each step
+    assert diagnose(facts(data_s=1e-4, step_s=1e-3)).verdict == COMPUTE_BOUND
+
+
+def test_fixed_overhead_or_idle_gpu_is_host_bound():
+    tiny = facts(fixed_step_s=0.7 * 64e-3)  # 70% of the step does not grow with the batch
+    assert diagnose(tiny).verdict == HOST_BOUND
+    batch = next(r for r in recommend(tiny) if r.key == "batch")
+    assert batch.change == {"run": {"batch_size": 128}}
+    # step(128) = 0.7 + 2 * 0.3 (in units of step(64)) for twice the images; serial data cost unchanged
+    assert abs(batch.est_gain - (1e-4 + 1e-3) / (1e-4 + 1e-3 * (0.7 + 0.6) / 2)) < 1e-9
+    gpu = facts(device_type="cuda", gpu_idle_share=0.5, bf16_supported=True)
+    assert diagnose(gpu).verdict == HOST_BOUND
+    keys = [r.key for r in recommend(gpu)]
+    assert "cuda-graphs" in keys and "bf16" in keys and "resident" in keys
+
+
+def test_compute_bound_gpu_gets_no_data_advice():
+    f = facts(device_type="cuda", resident=True, gpu_idle_share=0.05, bf16_supported=True, fixed_step_s=0.02 * 64e-3)
+    assert diagnose(f).verdict == COMPUTE_BOUND
+    recos = recommend(f)
+    assert {r.key for r in recos} <= {"bf16", "channels-last", "compile"}
+    assert recos[0].key == "bf16"
+    assert [r.est_gain for r in recos] == sorted((r.est_gain for r in recos), reverse=True)

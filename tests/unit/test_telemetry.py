@@ -1,0 +1,55 @@
+"""The telemetry sampler without NVML: says so once, writes host rows, and always stops its thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cnnpar.report import telemetry
+from cnnpar.report.files import read_csv
+
+
+def _no_nvml():
+    raise RuntimeError("NVML Shared Library Not Found")
+
+
+def _sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "cnnpar-telemetry"]
+
+
+def test_sampler_without_nvml_writes_host_rows_and_stops(tmp_path, monkeypatch):
+    monkeypatch.setattr(telemetry, "_nvml_handles", _no_nvml)
+    lines: list[str] = []
+    path = tmp_path / "telemetry.csv"
+    with telemetry.TelemetrySampler(path, interval_s=0.05, log=lines.append) as sampler:
+        time.sleep(0.4)
+        assert sampler.alive
+    assert not sampler.alive and not _sampler_threads()
+    assert len(lines) == 1 and "NVML" in lines[0] and "host CPU and memory only" in lines[0]
+    rows = read_csv(path)
+    assert len(rows) >= 4 and len(rows) == sampler.rows
+    assert all(r["gpu"] == "" and r["gpu_util_pct"] == "" for r in rows)
+    times = [float(r["time_s"]) for r in rows]
+    assert times == sorted(times) and times[-1] >= 0.3
+    assert all(0.0 <= float(r["host_cpu_pct"]) <= 100.0 and float(r["host_mem_used_mb"]) > 0 for r in rows)
+    png = telemetry.plot_telemetry(path, tmp_path / "telemetry.png", [("phase", 0.1, 0.2)])
+    assert png.stat().st_size > 1000
+
+
+def test_sampler_stops_when_the_block_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(telemetry, "_nvml_handles", _no_nvml)
+    sampler = telemetry.TelemetrySampler(tmp_path / "t.csv", interval_s=0.05, log=lambda s: None)
+    with pytest.raises(ZeroDivisionError), sampler:
+        time.sleep(0.1)
+        1 / 0  # noqa: B018
+    assert not sampler.alive and not _sampler_threads()
+    assert sampler.rows >= 2 and len(read_csv(tmp_path / "t.csv")) == sampler.rows
+
+
+def test_visible_devices_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-abc")
+    assert telemetry._visible_nvml_indices(4) == [2, "GPU-abc"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert telemetry._visible_nvml_indices(3) == [0, 1, 2]
