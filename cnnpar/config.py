@@ -73,7 +73,7 @@ class DataConfig:
     )
     image_shape: str = _f("", "CxHxW of CSV rows (inferred for square grey images) or of synthetic data")
     image_size: int = _f(0, "resize images to this side (folders, built-in digits); 0 keeps the source size")
-    num_classes: int = _f(10, "classes of synthetic data")
+    num_classes: int = _f(0, "number of classes; 0 infers it from the labels (synthetic data: 10)")
     synthetic_samples: int = _f(4096, "training samples of synthetic data")
     val_fraction: float = _f(0.2, "held-out fraction (seeded) when the data has no labelled test split")
     loader: str = _f(
@@ -104,7 +104,7 @@ class DataConfig:
             raise ConfigError(f"data.val_fraction = {self.val_fraction}: expected 0 <= value < 1")
         if self.image_shape:
             parse_shape(self.image_shape)
-        _check_positive("data", "num_classes", self.num_classes)
+        _check_positive("data", "num_classes", self.num_classes, allow_zero=True)
         _check_positive("data", "synthetic_samples", self.synthetic_samples)
         _check_positive("data", "image_size", self.image_size, allow_zero=True)
         _check_positive("data", "prefetch_factor", self.prefetch_factor)

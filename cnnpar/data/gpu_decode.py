@@ -46,9 +46,13 @@ class EncodedFolderDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int):
-        from torchvision.io import read_file
-
-        return read_file(str(self.files[i])), self.labels[i], i
+        # Plain bytes in ordinary tensor memory: a worker must be able to move the tensor through
+        # shared memory, which failed (silently, in the queue's feeder thread) for read_file's.
+        try:
+            data = self.files[i].read_bytes()
+        except OSError as e:
+            raise DataError(f"{self.files[i]}: cannot read ({e.strerror})") from None
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), self.labels[i], i
 
 
 def collate_encoded(batch):

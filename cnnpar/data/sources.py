@@ -77,7 +77,7 @@ def load_digits(cfg: DataConfig, seed: int) -> DataBundle:
 def load_synthetic(cfg: DataConfig, seed: int) -> DataBundle:
     """Random uint8 images with a class-dependent brightness offset, so a model can learn it."""
     c, h, w = parse_shape(cfg.image_shape or "3x32x32")
-    n_classes = cfg.num_classes
+    n_classes = cfg.num_classes or 10
     g = torch.Generator().manual_seed(seed)
     n = cfg.synthetic_samples
     y = torch.randint(0, n_classes, (n,), generator=g)
