@@ -99,6 +99,23 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
+    from pathlib import Path
+
+    from cnnpar.bench.tune import format_table, tune, write_tuned
+    from cnnpar.cliargs import config_from_args
+    from cnnpar.dist import init_distributed
+
+    cfg = config_from_args(args)
+    info = init_distributed(cfg.speed.device, debug_single=True)
+    best, trials = tune(cfg, info, args.budget_s, args.steps, args.repeats)
+    out = Path(args.out)
+    write_tuned(best, trials, out, info.device)
+    print(format_table(trials))
+    print(f"wrote {out} (and {out.with_suffix('.csv')}); train with: cnnpar train --config {out}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.models import describe_models
 
@@ -157,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--image-shape", default="", help="CxHxW of CSV rows when not square grey")
     pred.add_argument("--device", default="cpu")
     pred.set_defaults(func=cmd_predict)
+
+    tune_p = sub.add_parser("tune", help="measure speed switches on your model/data/device; write the fastest config")
+    add_config_flags(tune_p)
+    tune_p.add_argument("--budget-s", type=float, default=600, help="stop trying new switches after this long")
+    tune_p.add_argument("--steps", type=int, default=20, help="timed steps per epoch of a trial")
+    tune_p.add_argument("--repeats", type=int, default=3, help="timed epochs per trial (median counts)")
+    tune_p.add_argument("--out", default="tuned.toml", help="where the winning config goes")
+    tune_p.set_defaults(func=cmd_tune)
 
     models = sub.add_parser("models", help="list the registered models")
     models.set_defaults(func=cmd_models)

@@ -1,0 +1,1 @@
+"""Measuring: the benchmark ladder, claims, time-to-accuracy and the tuner."""
