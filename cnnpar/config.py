@@ -199,6 +199,7 @@ class RunConfig:
     name: str = _f("", "run folder name (default: model-date, or the torchrun job id)")
     resume: str = _f("", "resume a run: its folder, a checkpoint file, or 'auto' (this run's folder)")
     max_steps: int = _f(0, "stop each epoch after this many optimizer steps (0: whole epoch)")
+    tta_flip: bool = _f(False, "evaluate on each image and its mirror, averaging the logits")
     eval_every: int = _f(1, "validate every N epochs (and after the last)")
     progress: bool = _f(True, "show a progress bar (rank 0 only)")
     monitor: bool = _f(False, "sample GPU/host telemetry into the run folder")

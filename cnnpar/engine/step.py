@@ -54,9 +54,14 @@ def sync_context(ddp_module: nn.Module | None, last_micro_step: bool):
 
 
 @torch.no_grad()
-def eval_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision):
-    """Summed loss (float64, so sums over ranks match one process) and correct count."""
+def eval_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision, tta_flip: bool = False):
+    """Summed loss (float64, so sums over ranks match one process) and correct count.
+
+    With tta_flip the logits are averaged over the image and its mirror (test-time augmentation).
+    """
     with precision.autocast():
         logits = model(x)
+        if tta_flip:
+            logits = 0.5 * (logits + model(x.flip(-1)))
     loss = F.cross_entropy(logits.float(), y, reduction="sum").double()
     return loss, (logits.argmax(dim=1) == y).sum()

@@ -94,6 +94,8 @@ class Trainer:
             "image_shape": list(self.bundle.shape),
         }
         self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h)
+        if hasattr(self.raw_model, "init_from_data") and self.bundle.in_memory:
+            self.raw_model.init_from_data(self._normalised_sample())
         self.model = parallelize(
             self.raw_model,
             info,
@@ -140,6 +142,13 @@ class Trainer:
         if why:
             self.log(f"cuda graphs off: {why}")
         return not why
+
+    def _normalised_sample(self, n: int = 5000) -> torch.Tensor:
+        """The first n training images as the model sees them (for data-dependent initialisation)."""
+        x = self.bundle.train.x[:n].float().div_(255)
+        mean = torch.tensor(self.bundle.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.bundle.std).view(1, -1, 1, 1)
+        return (x - mean) / std
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _state(self, epoch: int) -> dict:
@@ -265,7 +274,7 @@ class Trainer:
         model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
         for x, y in self.val_loader:
-            loss, right = eval_batch(model, x, y, self.precision)
+            loss, right = eval_batch(model, x, y, self.precision, self.cfg.run.tta_flip)
             sums[0] += loss
             sums[1] += right
             sums[2] += y.shape[0]

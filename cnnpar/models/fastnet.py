@@ -55,6 +55,24 @@ class FastNet(nn.Module):
                 if m.out_channels > m.in_channels:
                     nn.init.kaiming_normal_(m.weight[m.in_channels :], nonlinearity="relu")
 
+    @torch.no_grad()
+    def init_from_data(self, x: torch.Tensor, eps: float = 5e-4) -> None:
+        """Whiten the stem: its filters become the eigenvectors of the 2x2 patch covariance of
+        the training images, scaled by 1/sqrt(eigenvalue), in +/- pairs. The first layer then
+        starts out decorrelating its input instead of learning to, which shortens training."""
+        c, k = self.stem.in_channels, self.stem.kernel_size[0]
+        patches = x.float().unfold(2, k, 1).unfold(3, k, 1)  # N, C, H', W', k, k
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * k * k)
+        patches = patches - patches.mean(dim=0)
+        cov = patches.T @ patches / len(patches)
+        eigval, eigvec = torch.linalg.eigh(cov.double())
+        filters = (eigvec.T / torch.sqrt(eigval.clamp_min(0) + eps)[:, None]).float().view(-1, c, k, k)
+        n = filters.shape[0]
+        if self.stem.out_channels >= 2 * n:
+            w = torch.cat([filters, -filters])
+            self.stem.weight[: 2 * n].copy_(w)
+            self.stem.bias.zero_()
+
     def forward(self, x):
         x = self.stages(self.stem_act(self.stem(x)))
         x = torch.amax(x, dim=(2, 3))
