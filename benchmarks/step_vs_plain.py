@@ -116,9 +116,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--out", default="benchmarks/results/step_vs_plain.csv")
     ap.add_argument(
-        "--compile-modes",
-        default="default,off,max-autotune-no-cudagraphs,max-autotune",
-        help="cnnpar compile variants to run on CUDA besides its defaults",
+        "--variants",
+        default="compile=default;compile=off;compile=default,cuda_graphs=on;compile=off,cuda_graphs=on",
+        help="cnnpar speed variants on CUDA besides its defaults: ';'-separated, each k=v,k=v",
     )
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -148,9 +148,9 @@ def main():
             torch._dynamo.reset()
         cnnpar_variants = [("cnnpar defaults", {})]
         if cuda:
-            cnnpar_variants += [
-                (f"cnnpar compile={m}", {"speed": {"compile": m}}) for m in args.compile_modes.split(",") if m
-            ]
+            for spec in filter(None, args.variants.split(";")):
+                speed = dict(kv.split("=") for kv in spec.split(","))
+                cnnpar_variants.append((f"cnnpar {spec}", {"speed": speed}))
         for label, ov in cnnpar_variants:
             try:
                 ips, warm, resolved = time_cnnpar(name, size, batch, device, args.steps, args.repeats, ov)
