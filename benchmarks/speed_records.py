@@ -146,20 +146,24 @@ def part_speedrun(args, info) -> list[dict]:
     loader = airbench.CifarLoader(
         args.airbench_data, train=True, batch_size=1024, aug={"flip": True, "translate": 2}, altflip=True
     )
+    test_loader = airbench.CifarLoader(args.airbench_data, train=False, batch_size=2000)
     airbench.warmup94(train_loader=loader, verbose=False)
     for run in range(args.seeds):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        acc = airbench.train94(train_loader=loader, run=run, verbose=False)
+        model = airbench.train94(train_loader=loader, run=run, verbose=False)
         torch.cuda.synchronize()
+        train_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        acc = airbench.evaluate(model, test_loader, tta_level=2)  # its own flip+translate test-time augmentation
         rows.append(
             {
                 "part": "speedrun",
-                "variant": f"airbench94 (PyPI airbench {getattr(airbench, '__version__', '')}) run={run}",
-                "train_s": round(time.perf_counter() - t0, 3),
+                "variant": f"airbench94 (PyPI airbench) run={run}",
+                "train_s": round(train_s, 3),
+                "eval_s": round(time.perf_counter() - t0, 3),
                 "val_acc": round(float(acc), 4),
                 "status": "ok",
-                "error": "train_s is airbench's whole train94 call, evaluation included",
             }
         )
         print(rows[-1], flush=True)
