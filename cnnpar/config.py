@@ -73,7 +73,9 @@ class DataConfig:
     )
     image_shape: str = _f("", "CxHxW of CSV rows (inferred for square grey images) or of synthetic data")
     image_size: int = _f(0, "resize images to this side (folders, built-in digits); 0 keeps the source size")
-    num_classes: int = _f(10, "classes of synthetic data")
+    num_classes: int = _f(
+        10, "classes: labels of CSV and .npz data must lie in 0..N-1; synthetic data has N (folders: one per subfolder)"
+    )
     synthetic_samples: int = _f(4096, "training samples of synthetic data")
     val_fraction: float = _f(0.2, "held-out fraction (seeded) when the data has no labelled test split")
     loader: str = _f(

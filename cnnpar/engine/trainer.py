@@ -9,6 +9,7 @@ and evaluation.
 from __future__ import annotations
 
 import resource
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
 from cnnpar.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from cnnpar.engine.rundir import resolve_run
 from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
+from cnnpar.errors import UserError
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize
 from cnnpar.parallel.apply import unwrap
@@ -238,8 +240,19 @@ class Trainer:
         return {"val_loss": float(sums[0]) / n, "val_acc": float(sums[1]) / n, "val_count": int(n)}
 
     def fit(self) -> TrainResult:
-        cfg, info = self.cfg, self.info
+        fresh = not self.run_dir.exists()
         self._prepare_run_dir()
+        try:
+            return self._train_all_epochs()
+        except UserError:
+            # Bad input found only once training runs (a corrupt image that a worker fails to
+            # decode): a folder this call made and that holds no finished epoch is removed.
+            if fresh and not self.history and self.info.is_main:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+
+    def _train_all_epochs(self) -> TrainResult:
+        cfg, info = self.cfg, self.info
         global_batch = cfg.run.batch_size * info.world_size * cfg.optim.grad_accum
         self.log(
             f"cnnpar: {cfg.model.name} on {self.bundle.origin} | {info.world_size} process(es) on "
