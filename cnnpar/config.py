@@ -238,7 +238,7 @@ def from_dict(raw: dict[str, Any], base: Config | None = None, origin: str = "co
             if want is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                raise ConfigError(f"{origin}: {sec_name}.{key} = {value!r}: expected a {want.__name__}")
+                raise ConfigError(f"{origin}: {sec_name}.{key} = {value!r}: expected a value of type {want.__name__}")
             values = {**values, key: value}
         sections[sec_name] = replace(sec, **values)
     unknown = set(raw) - set(SECTIONS)

@@ -44,7 +44,7 @@ def decode_resized(path: Path, size: int) -> torch.Tensor:
         img = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
     except (RuntimeError, ValueError, OSError) as e:
         # torchvision prefixes its messages with "function, /build/path/file.cpp:LINE, ": drop that.
-        reason = re.sub(r"^\w+, \S+:\d+, ", "", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        reason = re.sub(r"^[^,]*, \S+:\d+, ", "", str(e).splitlines()[0] if str(e) else type(e).__name__)
         raise DataError(f"{path}: cannot decode as an image ({reason}): expected a readable JPEG or PNG file") from None
     img = TF.resize(img, size, antialias=True)
     return TF.center_crop(img, [size, size])

@@ -240,15 +240,15 @@ class Trainer:
         return {"val_loss": float(sums[0]) / n, "val_acc": float(sums[1]) / n, "val_count": int(n)}
 
     def fit(self) -> TrainResult:
-        fresh = not self.run_dir.exists()
+        made = [d for d in (self.run_dir.parent, self.run_dir) if not d.exists()]
         self._prepare_run_dir()
         try:
             return self._train_all_epochs()
         except UserError:
             # Bad input found only once training runs (a corrupt image that a worker fails to
-            # decode): a folder this call made and that holds no finished epoch is removed.
-            if fresh and not self.history and self.info.is_main:
-                shutil.rmtree(self.run_dir, ignore_errors=True)
+            # decode): folders this call made are removed while they hold no finished epoch.
+            if made and not self.history and self.info.is_main:
+                shutil.rmtree(made[0], ignore_errors=True)
             raise
 
     def _train_all_epochs(self) -> TrainResult:
