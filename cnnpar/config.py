@@ -73,7 +73,9 @@ class DataConfig:
     )
     image_shape: str = _f("", "CxHxW of CSV rows (inferred for square grey images) or of synthetic data")
     image_size: int = _f(0, "resize images to this side (folders, built-in digits); 0 keeps the source size")
-    num_classes: int = _f(0, "number of classes; 0 infers it from the labels (synthetic data: 10)")
+    num_classes: int = _f(
+        0, "classes: labels must lie in 0..N-1; 0 infers N from the labels (folders: one per subfolder; synthetic: 10)"
+    )
     synthetic_samples: int = _f(4096, "training samples of synthetic data")
     val_fraction: float = _f(0.2, "held-out fraction (seeded) when the data has no labelled test split")
     loader: str = _f(
@@ -249,7 +251,7 @@ def from_dict(raw: dict[str, Any], base: Config | None = None, origin: str = "co
             if want is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                raise ConfigError(f"{origin}: {sec_name}.{key} = {value!r}: expected a {want.__name__}")
+                raise ConfigError(f"{origin}: {sec_name}.{key} = {value!r}: expected a value of type {want.__name__}")
             values = {**values, key: value}
         sections[sec_name] = replace(sec, **values)
     unknown = set(raw) - set(SECTIONS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -46,12 +48,17 @@ def to_labels(y: np.ndarray, n: int, where: str, num_classes: int = 0) -> torch.
     return torch.from_numpy(y.astype(np.int64))
 
 
-def check_label_range(y: np.ndarray, where: str, num_classes: int, row_offset: int | None = None) -> None:
-    """Labels must be 0..num_classes-1 (or merely >= 0 when the class count is inferred)."""
+def check_label_range(
+    y: np.ndarray, where: str, num_classes: int, position: Callable[[int], str] = lambda i: f"index {i}"
+) -> None:
+    """Labels must be 0..num_classes-1 (or merely >= 0 when the class count is inferred).
+
+    `position(i)` names the i-th label for the message (an array index, or a CSV line).
+    """
     bad = y < 0 if num_classes <= 0 else (y < 0) | (y >= num_classes)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        pos = f"row {i + row_offset}" if row_offset is not None else f"index {i}"
+        pos = position(i)
         want = "a label >= 0" if num_classes <= 0 else f"a label in 0..{num_classes - 1}"
         raise DataError(f"{where}, {pos}: label {y[i]}: expected {want}")
 

@@ -49,6 +49,11 @@ def infer_shape(n_pixels: int, image_shape: str, path: Path) -> tuple[int, int, 
     return 1, side, side
 
 
+def _line(row: int) -> str:
+    """Data row `row` (0-based) as the user's editor shows it: the header is line 1."""
+    return f"line {row + 2} (data row {row + 1})"
+
+
 def _diagnose(path: Path, columns: list[str], label_idx: int | None, cause: Exception) -> DataError:
     """Find the first line that breaks the format; called only after the fast parse failed."""
     n = len(columns)
@@ -56,7 +61,7 @@ def _diagnose(path: Path, columns: list[str], label_idx: int | None, cause: Exce
         reader = csv.reader(f)
         next(reader)
         for line_no, row in enumerate(reader, start=2):
-            where = f"{path}, line {line_no} (data row {line_no - 1})"
+            where = f"{path}, {_line(line_no - 2)}"
             if len(row) != n:
                 return DataError(f"{where}: {len(row)} values: expected {n}, one per column of the header")
             for j, value in enumerate(row):
@@ -106,16 +111,14 @@ def read_pixel_csv(
     for c in pixel_cols + ([LABEL] if label_idx is not None else []):
         if table.column(c).null_count:
             row = int(np.flatnonzero(table.column(c).is_null().to_numpy(zero_copy_only=False))[0])
-            raise DataError(
-                f"{path}, line {row + 2} (data row {row + 1}), column {c!r}: empty value: expected a number"
-            )
+            raise DataError(f"{path}, {_line(row)}, column {c!r}: empty value: expected a number")
     x = np.empty((table.num_rows, len(pixel_cols)), dtype=np.uint8)
     for j, c in enumerate(pixel_cols):
         x[:, j] = table.column(c).to_numpy()
     y = None
     if label_idx is not None:
         y = table.column(LABEL).to_numpy()
-        check_label_range(y, str(path), num_classes, row_offset=1)
+        check_label_range(y, str(path), num_classes, position=_line)
         y = torch.from_numpy(y.astype(np.int64))
     del table
     return torch.from_numpy(x).view(-1, *shape), y

@@ -6,6 +6,7 @@ that (float conversion, normalisation, flips, crops) happens on the device in ba
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -42,9 +43,9 @@ def decode_resized(path: Path, size: int) -> torch.Tensor:
     try:
         img = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
     except (RuntimeError, ValueError, OSError) as e:
-        raise DataError(
-            f"{path}: cannot decode as an image ({str(e).splitlines()[0]}): expected a readable JPEG or PNG file"
-        ) from None
+        # torchvision prefixes its messages with "function, /build/path/file.cpp:LINE, ": drop that.
+        reason = re.sub(r"^[^,]*, \S+:\d+, ", "", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        raise DataError(f"{path}: cannot decode as an image ({reason}): expected a readable JPEG or PNG file") from None
     img = TF.resize(img, size, antialias=True)
     return TF.center_crop(img, [size, size])
 

@@ -89,6 +89,8 @@ def load_synthetic(cfg: DataConfig, seed: int) -> DataBundle:
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
+    if not zipfile.is_zipfile(path):
+        raise DataError(f"{path}: not an .npz archive (not a zip file): expected numpy.savez output")
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
@@ -144,7 +146,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
             n_val = max(1, int(round(len(files) * cfg.val_fraction)))
             perm = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed))
             train, val = full.subset(perm[n_val:].sort().values), full.subset(perm[:n_val].sort().values)
-    n_classes = cfg.num_classes or len(classes)
+    n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
     return DataBundle(train, val, (3, size, size), n_classes, IMAGENET_MEAN, IMAGENET_STD, str(root), classes)
 
 

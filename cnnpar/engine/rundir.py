@@ -27,7 +27,13 @@ def default_name(cfg: Config, info: DistInfo) -> str:
     if run_id and run_id != "none":
         return f"{cfg.model.name}-{run_id[:12]}"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return broadcast_object(f"{cfg.model.name}-{stamp}", info)
+    name = f"{cfg.model.name}-{stamp}"
+    # Two runs started within the same second must not collide (the second would refuse to start).
+    n = 1
+    while (Path(cfg.run.out_dir) / name).exists():
+        n += 1
+        name = f"{cfg.model.name}-{stamp}-{n}"
+    return broadcast_object(name, info)
 
 
 def resolve_run(cfg: Config, info: DistInfo) -> tuple[Path, Path | None]:

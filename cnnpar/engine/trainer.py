@@ -9,6 +9,7 @@ and evaluation.
 from __future__ import annotations
 
 import resource
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
 from cnnpar.engine.optim import build_optimizer, build_scheduler, scaled_lr
 from cnnpar.engine.rundir import resolve_run
 from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
+from cnnpar.errors import UserError
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize
 from cnnpar.parallel.apply import unwrap
@@ -283,11 +285,19 @@ class Trainer:
         return {"val_loss": float(sums[0]) / n, "val_acc": float(sums[1]) / n, "val_count": int(n)}
 
     def fit(self) -> TrainResult:
+        made = [d for d in (self.run_dir.parent, self.run_dir) if not d.exists()]
         self._prepare_run_dir()
-        with monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log):  # stopped on any exit
-            return self._fit()
+        try:
+            with monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log):  # stopped on any exit
+                return self._train_all_epochs()
+        except UserError:
+            # Bad input found only once training runs (a corrupt image that a worker fails to
+            # decode): folders this call made are removed while they hold no finished epoch.
+            if made and not self.history and self.info.is_main:
+                shutil.rmtree(made[0], ignore_errors=True)
+            raise
 
-    def _fit(self) -> TrainResult:
+    def _train_all_epochs(self) -> TrainResult:
         cfg, info = self.cfg, self.info
         global_batch = cfg.run.batch_size * info.world_size * cfg.optim.grad_accum
         self.log(

@@ -8,7 +8,6 @@ stages need, as CIFAR ResNets do.
 from __future__ import annotations
 
 import torch.nn as nn
-from torchvision import models as tvm
 
 from cnnpar.models.registry import register
 
@@ -26,9 +25,13 @@ def _adapt(model: nn.Module, in_channels: int, image_size: int) -> nn.Module:
 
 @register("resnet18", "torchvision ResNet-18 (3x3 stem without max pool below 64 px)")
 def build_resnet18(in_channels: int, num_classes: int, image_size: int) -> nn.Module:
+    from torchvision import models as tvm  # here, not at the top: importing torchvision costs ~1 s
+
     return _adapt(tvm.resnet18(num_classes=num_classes), in_channels, image_size)
 
 
 @register("resnet50", "torchvision ResNet-50 (3x3 stem without max pool below 64 px)")
 def build_resnet50(in_channels: int, num_classes: int, image_size: int) -> nn.Module:
+    from torchvision import models as tvm
+
     return _adapt(tvm.resnet50(num_classes=num_classes), in_channels, image_size)

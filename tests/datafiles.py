@@ -1,0 +1,69 @@
+"""Tiny, learnable data files written by the tests themselves (nothing is ever downloaded).
+
+Every class k lights a horizontal bar at rows 2k..2k+1 of an otherwise dim image, so even one
+short epoch of cnn3 separates the classes and predictions can be checked against the truth.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+SIDE = 16  # 16x16 grey: cnn3's three 2x2 pools leave a 2x2 map
+CLASSES = 4
+
+
+def bar_images(n: int, classes: int = CLASSES, side: int = SIDE, channels: int = 1, seed: int = 0):
+    """(x uint8 (n, side, side) or (n, side, side, channels), y int64 (n,))."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % classes
+    rng.shuffle(y)
+    x = rng.integers(0, 40, size=(n, side, side), dtype=np.uint8)
+    for k in range(classes):
+        x[y == k, 2 * k : 2 * k + 2, :] = 230
+    if channels > 1:
+        x = np.repeat(x[..., None], channels, axis=-1)
+    return x, y.astype(np.int64)
+
+
+def pixel_header(n_pixels: int, label: bool = True) -> str:
+    cols = (["label"] if label else []) + [f"pixel{i}" for i in range(n_pixels)]
+    return ",".join(cols)
+
+
+def write_pixel_csv(path: Path, x: np.ndarray, y: np.ndarray | None) -> Path:
+    """Kaggle Digit Recognizer layout: label,pixel0..pixelN (test files have no label)."""
+    flat = x.reshape(len(x), -1).astype(np.int64)
+    rows = flat if y is None else np.concatenate([y[:, None], flat], axis=1)
+    np.savetxt(path, rows, fmt="%d", delimiter=",", header=pixel_header(flat.shape[1], y is not None), comments="")
+    return path
+
+
+def write_train_test_csv(folder: Path, n_train: int = 512, n_test: int = 64) -> tuple[Path, Path, np.ndarray]:
+    """train.csv (labelled) and test.csv (pixels only); returns the test labels for checking."""
+    x, y = bar_images(n_train + n_test)
+    train = write_pixel_csv(folder / "train.csv", x[:n_train], y[:n_train])
+    test = write_pixel_csv(folder / "test.csv", x[n_train:], None)
+    return train, test, y[n_train:]
+
+
+def write_npz(path: Path, n_train: int = 512, n_test: int | None = 128) -> Path:
+    x, y = bar_images(n_train + (n_test or 0))
+    arrays = {"x_train": x[:n_train], "y_train": y[:n_train]}
+    if n_test:
+        arrays.update(x_test=x[n_train:], y_test=y[n_train:])
+    np.savez(path, **arrays)
+    return path
+
+
+def write_image_folder(root: Path, per_class: int = 6, classes: int = 2, side: int = 20) -> Path:
+    """root/<class>/<i>.png|jpg, alternating PNG and JPEG, written with Pillow."""
+    from PIL import Image
+
+    x, y = bar_images(per_class * classes, classes=classes, side=side, channels=3)
+    for i, (img, label) in enumerate(zip(x, y)):
+        folder = root / f"class{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img).save(folder / f"{i}.{'png' if i % 2 else 'jpg'}")
+    return root

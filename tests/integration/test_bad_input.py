@@ -1,0 +1,199 @@
+"""Bad input stops with one line naming the file and the row or key, exit code 2, and nothing left behind.
+
+The whole matrix runs through `cnnpar.cli.main` in this process (the same code the console script
+runs, minus a 3 s interpreter start per case); a few representative cases, including the corrupt
+image that only a DataLoader worker discovers, run as real subprocesses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cnnpar.cli import main
+from tests.datafiles import bar_images, write_image_folder, write_pixel_csv
+
+
+def _csv_lines(tmp_path: Path) -> list[str]:
+    x, y = bar_images(20)
+    return write_pixel_csv(tmp_path / "good.csv", x, y).read_text().splitlines()
+
+
+def _write_csv(tmp_path: Path, name: str, edit) -> Path:
+    lines = _csv_lines(tmp_path)
+    edit(lines)
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _replace_first_bright(line: str, value: str) -> str:
+    return line.replace(",230,", f",{value},", 1)
+
+
+def _set(lines: list[str], i: int, text: str) -> None:
+    lines[i] = text
+
+
+# Line numbers in messages count the header as line 1, as an editor does: lines[5] is line 6, data row 5.
+CSV_CASES = {
+    "non_numeric_pixel": (
+        lambda ls: _set(ls, 5, _replace_first_bright(ls[5], "abc")),
+        ["line 6 (data row 5)", "column 'pixel32'", "'abc' is not an integer", "expected a pixel value 0..255"],
+    ),
+    "pixel_out_of_range": (
+        lambda ls: _set(ls, 4, _replace_first_bright(ls[4], "300")),
+        ["line 5 (data row 4)", "300: expected a pixel value 0..255"],
+    ),
+    "negative_pixel": (lambda ls: _set(ls, 4, _replace_first_bright(ls[4], "-3")), ["line 5 (data row 4)", "-3"]),
+    "empty_cell": (
+        lambda ls: _set(ls, 3, _replace_first_bright(ls[3], "")),
+        ["line 4 (data row 3)", "empty value: expected a number"],
+    ),
+    "extra_column": (lambda ls: _set(ls, 7, ls[7] + ",5"), ["line 8 (data row 7)", "258 values: expected 257"]),
+    "missing_column": (
+        lambda ls: _set(ls, 7, ls[7].rsplit(",", 1)[0]),
+        ["line 8 (data row 7)", "256 values: expected 257"],
+    ),
+    "missing_label_column": (
+        lambda ls: _set(ls, 0, ls[0].replace("label", "digit")),
+        ["no 'label' column", "expected label,pixel0,pixel1"],
+    ),
+    "label_out_of_range": (
+        lambda ls: _set(ls, 9, "12" + ls[9][1:]),
+        ["line 10 (data row 9)", "label 12: expected a label in 0..9"],
+    ),
+    "non_numeric_label": (
+        lambda ls: _set(ls, 2, "x" + ls[2][1:]),
+        ["line 3 (data row 2)", "column 'label'", "expected a class label"],
+    ),
+    "empty_file": (lambda ls: ls.clear(), ["the file is empty"]),
+    "header_only": (lambda ls: ls.__delitem__(slice(1, None)), ["has a header but no data rows"]),
+}
+
+
+def _npz(tmp_path: Path, name: str, **arrays) -> Path:
+    np.savez(tmp_path / name, **arrays)
+    return tmp_path / name
+
+
+def _npz_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
+    x, y = bar_images(20)
+    not_zip = tmp_path / "not_zip.npz"
+    not_zip.write_text("hello")
+    return {
+        "wrong_keys": (
+            _npz(tmp_path, "keys.npz", images=x, labels=y),
+            ["missing key(s) x_train, y_train", "found images, labels", "expected x_train, y_train"],
+        ),
+        "flat_images": (
+            _npz(tmp_path, "flat.npz", x_train=x.reshape(20, -1), y_train=y),
+            ["[x_train]", "shape (20, 256)", "expected (N,H,W)"],
+        ),
+        "label_count": (
+            _npz(tmp_path, "count.npz", x_train=x, y_train=y[:5]),
+            ["[y_train]", "shape (5,): expected (20,)"],
+        ),
+        "label_out_of_range": (
+            _npz(tmp_path, "range.npz", x_train=x, y_train=np.where(np.arange(20) == 6, 10, y)),
+            ["[y_train], index 6", "label 10: expected a label in 0..9"],
+        ),
+        "test_shape": (
+            _npz(tmp_path, "tshape.npz", x_train=x, y_train=y, x_test=x[:, :8, :8], y_test=y),
+            ["[x_test]", "image shape (1, 8, 8): expected (1, 16, 16)"],
+        ),
+        "x_test_without_y_test": (
+            _npz(tmp_path, "half.npz", x_train=x, y_train=y, x_test=x),
+            ["only one of x_test / y_test"],
+        ),
+        "not_a_zip": (not_zip, ["not an .npz archive"]),
+    }
+
+
+def _train_in_process(tmp_path: Path, capsys, monkeypatch, data: Path) -> tuple[int, str]:
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    rc = main(["train", "--data", str(data), "--epochs", "1", "--no-progress"])
+    return rc, capsys.readouterr().err
+
+
+def _assert_refused(rc: int, err: str, data: Path, fragments: list[str], cwd: Path) -> None:
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cnnpar: error: "), err
+    assert "Traceback" not in err
+    assert data.name in err, err
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+    assert not (cwd / "runs").exists(), "a run folder was left behind"
+
+
+@pytest.mark.parametrize("case", sorted(CSV_CASES))
+def test_bad_csv_is_refused(tmp_path, capsys, monkeypatch, case):
+    edit, fragments = CSV_CASES[case]
+    data = _write_csv(tmp_path, f"{case}.csv", edit)
+    rc, err = _train_in_process(tmp_path, capsys, monkeypatch, data)
+    _assert_refused(rc, err, data, fragments, tmp_path)
+
+
+NPZ_CASES = ["wrong_keys", "flat_images", "label_count", "label_out_of_range", "test_shape", "x_test_without_y_test"]
+
+
+@pytest.mark.parametrize("case", [*NPZ_CASES, "not_a_zip"])
+def test_bad_npz_is_refused(tmp_path, capsys, monkeypatch, case):
+    data, fragments = _npz_cases(tmp_path)[case]
+    rc, err = _train_in_process(tmp_path, capsys, monkeypatch, data)
+    _assert_refused(rc, err, data, fragments, tmp_path)
+
+
+def test_folder_without_images_is_refused(tmp_path, capsys, monkeypatch):
+    (tmp_path / "photos" / "cats").mkdir(parents=True)
+    (tmp_path / "photos" / "cats" / "notes.txt").write_text("no images here")
+    rc, err = _train_in_process(tmp_path, capsys, monkeypatch, tmp_path / "photos")
+    _assert_refused(rc, err, tmp_path / "photos", ["no .jpg, .jpeg or .png files"], tmp_path)
+
+
+def test_bad_config_value_names_the_field(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--epochs", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "run.epochs = 0: expected a number > 0" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+# ---- real subprocesses: the exit code and stderr a shell user sees -------------------------------
+
+
+def test_cli_refuses_bad_csv_row(cli):
+    data = _write_csv(cli.cwd, "train.csv", CSV_CASES["non_numeric_pixel"][0])
+    p = cli("train", "--data", "train.csv", "--no-progress")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith(f"cnnpar: error: {data.name}, line 6 (data row 5)")
+    assert not (cli.cwd / "runs").exists()
+
+
+def test_cli_refuses_wrong_npz_key(cli):
+    x, y = bar_images(8)
+    np.savez(cli.cwd / "d.npz", X=x, y_train=y)
+    p = cli("train", "--data", "d.npz", "--no-progress")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "d.npz: missing key(s) x_train (found X, y_train)" in p.stderr
+    assert not (cli.cwd / "runs").exists()
+
+
+def test_cli_refuses_corrupt_image_found_by_a_worker(cli):
+    """Decoding happens in DataLoader workers after the run folder exists; it must still vanish."""
+    root = write_image_folder(cli.cwd / "photos", per_class=6, classes=2, side=16)
+    jpg = sorted((root / "class0").glob("*.jpg"))[0]
+    jpg.write_bytes(b"this is not a jpeg")
+    png = sorted((root / "class1").glob("*.png"))[0]
+    png.write_bytes(png.read_bytes()[:60])  # truncated: the header survives, the pixels do not
+    p = cli("train", "--data", "photos", "--image-size", "16", "--epochs", "1", "--workers", "1", "--no-progress")
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("cnnpar: error: photos/class") and "cannot decode as an image" in last, last
+    assert f"{jpg.parent.name}/{jpg.name}" in last or f"{png.parent.name}/{png.name}" in last, last
+    assert not (cli.cwd / "runs").exists()

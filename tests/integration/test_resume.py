@@ -1,0 +1,51 @@
+"""A run killed with SIGKILL after its first checkpoint continues with --resume and loses no epoch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from cnnpar.report.files import read_csv
+from tests.conftest import cli_env
+
+EPOCHS = 4
+# Short epochs of 32 px digits still take far longer than the 10 ms polling below, so the kill
+# lands while later epochs are still to come.
+ARGS = ["train", "--epochs", str(EPOCHS), "--max-steps", "6", "--image-size", "32", "--no-progress", "--name", "killed"]
+
+
+def test_sigkill_after_first_checkpoint_then_resume_finishes_every_epoch_once(cli):
+    run = cli.cwd / "runs" / "killed"
+    ckpt = run / "ckpt" / "last.pt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cnnpar", *ARGS],
+        cwd=cli.cwd,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not ckpt.exists():
+            assert proc.poll() is None, f"the run ended before its first checkpoint:\n{proc.stdout.read()}"
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.01)
+        proc.kill()  # SIGKILL: no handler, no clean-up, as when a machine dies
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -9
+    assert not (run / "summary.json").exists(), "the run finished before the kill; the test proved nothing"
+    done_before = len(read_csv(run / "metrics.csv"))
+    assert 1 <= done_before < EPOCHS
+
+    p = cli(*ARGS, "--resume", "runs/killed")
+    assert p.returncode == 0, p.stderr
+    assert "resumed from" in p.stdout
+    epochs = [int(r["epoch"]) for r in read_csv(run / "metrics.csv")]
+    assert epochs == list(range(1, EPOCHS + 1))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["epochs"] == EPOCHS and summary["best_val_acc"] > 0.5  # it kept learning, not restarted

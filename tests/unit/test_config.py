@@ -1,0 +1,93 @@
+"""Config validation names the field; TOML out and back in gives the same config."""
+
+from __future__ import annotations
+
+import pytest
+
+from cnnpar.config import (
+    Config,
+    DataConfig,
+    OptimConfig,
+    RunConfig,
+    SpeedConfig,
+    dumps_toml,
+    from_dict,
+    load_toml,
+    parse_shape,
+    resolve_for_device,
+)
+from cnnpar.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    "build,field",
+    [
+        (lambda: DataConfig(val_fraction=1.0), "data.val_fraction"),
+        (lambda: DataConfig(workers=-2), "data.workers"),
+        (lambda: DataConfig(image_shape="3x32x32x1"), "image shape '3x32x32x1'"),
+        (lambda: OptimConfig(lr=0.0), "optim.lr"),
+        (lambda: OptimConfig(optimizer="lbfgs"), "optim.optimizer"),
+        (lambda: OptimConfig(label_smoothing=1.5), "optim.label_smoothing"),
+        (lambda: SpeedConfig(precision="fp8"), "speed.precision"),
+        (lambda: RunConfig(epochs=0), "run.epochs"),
+        (lambda: RunConfig(batch_size=-1), "run.batch_size"),
+    ],
+)
+def test_invalid_values_name_their_field(build, field):
+    with pytest.raises(ConfigError) as e:
+        build()
+    assert field in str(e.value) and "expected" in str(e.value)
+
+
+def test_choice_errors_list_the_allowed_values():
+    with pytest.raises(ConfigError, match=r"speed\.precision = 'fp8': expected one of auto, fp32, tf32, bf16, fp16"):
+        SpeedConfig(precision="fp8")
+
+
+def test_from_dict_names_unknown_keys_sections_and_wrong_types():
+    with pytest.raises(ConfigError, match=r"f\.toml: unknown setting run\.epoch; known: epochs"):
+        from_dict({"run": {"epoch": 3}}, origin="f.toml")
+    with pytest.raises(ConfigError, match=r"unknown section\(s\) \['training'\]"):
+        from_dict({"training": {}})
+    with pytest.raises(ConfigError, match=r"run\.epochs = '3': expected a value of type int"):
+        from_dict({"run": {"epochs": "3"}})
+    with pytest.raises(ConfigError, match=r"run\.progress = 1: expected a value of type bool"):
+        from_dict({"run": {"progress": 1}})
+    assert from_dict({"optim": {"lr": 1}}).optim.lr == 1.0  # an int where a float is wanted is fine
+
+
+def test_toml_round_trip_keeps_every_field(tmp_path):
+    cfg = Config(
+        data=DataConfig(source="train.csv", image_shape="3x32x32", val_fraction=0.1),
+        optim=OptimConfig(optimizer="sgd", lr=0.05, label_smoothing=0.1),
+        speed=SpeedConfig(precision="bf16", channels_last="on"),
+        run=RunConfig(epochs=3, batch_size=128, name="x"),
+    )
+    path = tmp_path / "config.toml"
+    # A run folder's config.toml starts with environment facts as comments; they must not matter.
+    path.write_text("# device = cpu\n# torch = 2.x\n" + dumps_toml(cfg))
+    assert load_toml(path) == cfg
+
+
+def test_load_toml_names_the_file_when_it_is_missing_or_broken(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.toml: config file not found"):
+        load_toml(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run\nepochs = 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
+        load_toml(bad)
+
+
+def test_parse_shape_accepts_grey_and_colour():
+    assert parse_shape("28x28") == (1, 28, 28)
+    assert parse_shape("3x32x32") == (3, 32, 32)
+    with pytest.raises(ConfigError):
+        parse_shape("0x4x4")
+
+
+def test_auto_resolves_to_cpu_friendly_choices():
+    cfg = resolve_for_device(Config(), "cpu", bf16_ok=True)
+    assert (cfg.speed.precision, cfg.speed.channels_last, cfg.speed.compile) == ("fp32", "off", "off")
+    assert cfg.data.pin_memory == "off" and cfg.data.prefetch_stream == "off"
+    gpu = resolve_for_device(Config(), "cuda", bf16_ok=True)
+    assert (gpu.speed.precision, gpu.speed.channels_last, gpu.data.pin_memory) == ("bf16", "on", "on")

@@ -1,0 +1,71 @@
+"""Precision: autocast dtypes, a GradScaler only for fp16, and bf16/fp16 training on the CPU."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig
+from cnnpar.dist import DistInfo
+from cnnpar.engine.trainer import Trainer
+from cnnpar.parallel.precision import Precision
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, as the CLI subprocesses get (conftest's OMP_NUM_THREADS=1): on a shared
+    2-core machine two OpenMP threads spin against other work and make tiny steps 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("kind", ["fp32", "tf32", "bf16", "fp16"])
+def test_grad_scaler_exists_only_for_fp16(kind):
+    p = Precision(kind, CPU)
+    assert (p.scaler is not None) == (kind == "fp16")
+    if kind == "fp16":
+        assert isinstance(p.scaler, torch.amp.GradScaler)
+
+
+@pytest.mark.parametrize("kind,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_autocast_runs_convolutions_in_the_chosen_dtype(kind, dtype):
+    conv = torch.nn.Conv2d(1, 2, 3)
+    with Precision(kind, CPU).autocast():
+        out = conv(torch.randn(1, 1, 5, 5))
+    assert out.dtype == dtype
+
+
+def _tiny_run(tmp_path, precision: str):
+    # Few small batches: the CPU has no fast fp16 convolutions, so fp16 steps are slow here.
+    cfg = Config(
+        data=DataConfig(source="synthetic", image_shape="1x16x16", num_classes=4, synthetic_samples=160),
+        speed=SpeedConfig(device="cpu", precision=precision),
+        run=RunConfig(epochs=2, batch_size=32, out_dir=str(tmp_path / "runs"), name=precision, progress=False),
+    )
+    return Trainer(cfg, DistInfo(0, 0, 1, CPU), log=lambda *a, **k: None).fit()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_trains_on_cpu_with_finite_loss(tmp_path, precision):
+    result = _tiny_run(tmp_path, precision)
+    losses = [row["train_loss"] for row in result.history]
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < losses[0]  # it learns, not merely runs
+    assert result.summary["precision"] == precision
+    assert result.summary["skipped_steps"] >= 0 and (result.run_dir / "ckpt" / "last.pt").is_file()
+
+
+def test_fp16_state_round_trips_scale_and_skipped_steps():
+    a = Precision("fp16", CPU)
+    a.skipped_steps = 3
+    a.scaler.scale(torch.ones(()))  # the scaler makes its scale tensor lazily, on first use
+    a.scaler.update(1024.0)
+    b = Precision("fp16", CPU)
+    b.load_state_dict(a.state_dict())
+    assert b.skipped_steps == 3 and b.scaler.get_scale() == 1024.0

@@ -1,0 +1,140 @@
+"""Each input format read correctly: pixels, labels, shapes, splits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cnnpar.config import DataConfig
+from cnnpar.data import load_data, load_predict_data
+from cnnpar.data.csv_source import read_pixel_csv
+from cnnpar.data.folder import ImageFolderDataset, scan_folder
+from cnnpar.data.sources import detect_format
+from cnnpar.errors import DataError
+from tests.datafiles import bar_images, write_image_folder, write_npz, write_pixel_csv, write_train_test_csv
+
+
+def test_csv_train_and_test_read_exact_pixels(tmp_path):
+    train, test, _ = write_train_test_csv(tmp_path, n_train=40, n_test=8)
+    x, y = read_pixel_csv(train)
+    want_x, want_y = bar_images(48)
+    assert x.dtype == torch.uint8 and x.shape == (40, 1, 16, 16)
+    assert torch.equal(x[:, 0], torch.from_numpy(want_x[:40]))
+    assert torch.equal(y, torch.from_numpy(want_y[:40]))
+    xt, yt = read_pixel_csv(test, require_label=False)
+    assert yt is None and torch.equal(xt[:, 0], torch.from_numpy(want_x[40:]))
+
+
+def test_csv_colour_rows_need_and_honour_image_shape(tmp_path):
+    x, y = bar_images(6, side=8, channels=3)  # (N, H, W, C)
+    chw = x.transpose(0, 3, 1, 2)
+    path = write_pixel_csv(tmp_path / "rgb.csv", chw, y)
+    with pytest.raises(DataError, match=r"rgb\.csv: 192 pixel columns is not a square grey image"):
+        read_pixel_csv(path)
+    got, _ = read_pixel_csv(path, image_shape="3x8x8")
+    assert torch.equal(got, torch.from_numpy(np.ascontiguousarray(chw)))
+    with pytest.raises(DataError, match=r"do not fit --image-shape 3x4x4"):
+        read_pixel_csv(path, image_shape="3x4x4")
+
+
+def test_csv_bundle_holds_out_a_seeded_fraction(tmp_path):
+    train, _, _ = write_train_test_csv(tmp_path, n_train=100, n_test=1)
+    cfg = DataConfig(source=str(train), val_fraction=0.25, num_classes=4)
+    a, b, c = load_data(cfg, seed=1), load_data(cfg, seed=1), load_data(cfg, seed=2)
+    assert (len(a.train), len(a.val)) == (75, 25)
+    assert a.shape == (1, 16, 16) and a.num_classes == 4
+    assert torch.equal(a.val.x, b.val.x)
+    assert not torch.equal(a.val.x, c.val.x)
+    # train and val together are exactly the file's rows
+    assert sorted(torch.cat([a.train.y, a.val.y]).tolist()) == sorted(read_pixel_csv(train)[1].tolist())
+
+
+def test_npz_with_test_split_uses_it_as_validation(tmp_path):
+    path = write_npz(tmp_path / "d.npz", n_train=64, n_test=16)
+    bundle = load_data(DataConfig(source=str(path)))
+    x, y = bar_images(80)
+    assert len(bundle.train) == 64 and len(bundle.val) == 16
+    assert torch.equal(bundle.val.x[:, 0], torch.from_numpy(x[64:]))
+    assert torch.equal(bundle.val.y, torch.from_numpy(y[64:]))
+
+
+def test_npz_without_test_split_holds_out_val_fraction(tmp_path):
+    path = write_npz(tmp_path / "d.npz", n_train=50, n_test=None)
+    bundle = load_data(DataConfig(source=str(path), val_fraction=0.2))
+    assert (len(bundle.train), len(bundle.val)) == (40, 10)
+
+
+def test_npz_channels_last_and_float_arrays_become_nchw_uint8(tmp_path):
+    x, y = bar_images(10, side=8, channels=3)
+    np.savez(tmp_path / "f.npz", x_train=x.astype(np.float32) / 255.0, y_train=y)
+    bundle = load_data(DataConfig(source=str(tmp_path / "f.npz"), val_fraction=0.0))
+    assert bundle.shape == (3, 8, 8) and bundle.train.x.dtype == torch.uint8
+    assert torch.equal(bundle.train.x, torch.from_numpy(x.transpose(0, 3, 1, 2).copy()))
+
+
+def test_synthetic_has_the_asked_shape_and_classes():
+    bundle = load_data(DataConfig(source="synthetic", image_shape="3x12x12", num_classes=5, synthetic_samples=100))
+    assert bundle.shape == (3, 12, 12) and bundle.num_classes == 5
+    labels = torch.cat([bundle.train.y, bundle.val.y])
+    assert len(labels) == 100 and 0 <= int(labels.min()) and int(labels.max()) < 5
+
+
+def test_digits_are_built_in_and_upscaled():
+    bundle = load_data(DataConfig(source="digits"))
+    assert bundle.shape == (1, 16, 16) and bundle.num_classes == 10
+    assert len(bundle.train) + len(bundle.val) == 1797
+    assert int(bundle.train.x.max()) > 200  # scaled from sklearn's 0..16 to 0..255
+
+
+def test_image_folder_decodes_png_and_jpeg_to_the_model_size(tmp_path):
+    root = write_image_folder(tmp_path / "imgs", per_class=3, classes=2, side=20)
+    files, labels, classes = scan_folder(root)
+    assert classes == ["class0", "class1"] and len(files) == 6
+    assert {f.suffix for f in files} == {".png", ".jpg"}
+    ds = ImageFolderDataset(files, labels, size=12)
+    for i in range(len(ds)):
+        img, label = ds[i]
+        assert img.dtype == torch.uint8 and img.shape == (3, 12, 12)
+        assert int(label) == labels[i]
+    bundle = load_data(DataConfig(source=str(root), image_size=12, val_fraction=0.5))
+    assert bundle.num_classes == 2 and bundle.shape == (3, 12, 12)
+    assert len(bundle.train) == 3 and len(bundle.val) == 3
+
+
+def test_image_folder_with_train_and_val_subfolders(tmp_path):
+    write_image_folder(tmp_path / "d" / "train", per_class=2, classes=3)
+    write_image_folder(tmp_path / "d" / "val", per_class=1, classes=3)
+    bundle = load_data(DataConfig(source=str(tmp_path / "d"), image_size=8))
+    assert (len(bundle.train), len(bundle.val), bundle.num_classes) == (6, 3, 3)
+
+
+def test_predict_inputs_keep_file_order(tmp_path):
+    _, test, _ = write_train_test_csv(tmp_path, n_train=4, n_test=5)
+    ds, ids = load_predict_data(str(test))
+    assert ids == ["1", "2", "3", "4", "5"] and ds.x.shape == (5, 1, 16, 16)
+
+
+def test_format_detection_and_unknown_paths(tmp_path):
+    assert detect_format("digits", "auto") == "digits"
+    assert detect_format(str(tmp_path), "auto") == "folder"
+    with pytest.raises(DataError, match="nothere.bin: no such file or folder"):
+        detect_format(str(tmp_path / "nothere.bin"), "auto")
+    (tmp_path / "x.bin").write_bytes(b"1")
+    with pytest.raises(DataError, match=r"x\.bin: cannot tell its format"):
+        detect_format(str(tmp_path / "x.bin"), "auto")
+
+
+@pytest.mark.parametrize("name,content", [("garbage.jpg", b"not an image"), ("cut.png", None)])
+def test_unreadable_images_raise_a_data_error_naming_the_file(tmp_path, name, content):
+    from cnnpar.data.folder import decode_resized
+
+    if content is None:
+        root = write_image_folder(tmp_path / "src", per_class=2, classes=1)
+        content = sorted(root.rglob("*.png"))[0].read_bytes()[:60]
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(DataError) as e:
+        decode_resized(path, 8)
+    message = str(e.value)
+    assert message.startswith(f"{path}: cannot decode as an image (") and ".cpp:" not in message
