@@ -9,11 +9,10 @@ that depend on the machine ("auto") stay "auto" here and are resolved against th
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from cnnpar.errors import ConfigError
 

@@ -63,5 +63,5 @@ def environment(device: torch.device, world_size: int = 1) -> dict[str, str | in
         "host_cpus": os.cpu_count() or 0,
         "world_size": world_size,
         "git_rev": git_revision(),
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }

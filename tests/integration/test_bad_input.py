@@ -115,7 +115,8 @@ def _npz_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
 def _train_in_process(tmp_path: Path, capsys, monkeypatch, data: Path) -> tuple[int, str]:
     monkeypatch.chdir(tmp_path)
     capsys.readouterr()
-    rc = main(["train", "--data", str(data), "--epochs", "1", "--no-progress"])
+    # --num-classes states the class range (without it the count is inferred from the labels)
+    rc = main(["train", "--data", str(data), "--epochs", "1", "--no-progress", "--num-classes", "10"])
     return rc, capsys.readouterr().err
 
 
