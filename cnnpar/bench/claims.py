@@ -56,7 +56,10 @@ class ClaimContext:
         return plan[name].cfg
 
     def rate(self, cfg: Config, bundle: DataBundle | None = None) -> dict:
-        return measure_config(cfg, bundle or self.bundle, self.info, self.timing)
+        try:
+            return measure_config(cfg, bundle or self.bundle, self.info, self.timing)
+        finally:
+            free_device_memory(self.device)  # before the second measurement of a pair
 
     def fast(self, cfg: Config | None = None, **sections: dict) -> Config:
         """The user's config with the fast loader and its own auto switches, plus `sections`."""
@@ -293,10 +296,10 @@ def run_claims(
     rows = []
     for claim in CLAIMS:
         row = {**meta, "claim": claim.id, "claim_text": claim.text, "claimed_ratio": claim.claimed_ratio}
-        if only is not None and claim.id not in only:
-            row.update(verdict="not measured", note="not selected (--only)")
-        elif claim.needs_cuda and info.device.type != "cuda":
+        if claim.needs_cuda and info.device.type != "cuda":
             row.update(verdict="not measurable here", note=f"needs CUDA: {claim.needs_cuda}")
+        elif only is not None and claim.id not in only:
+            row.update(verdict="not measured", note="not selected (--only)")
         else:
             log(f"bench: claim {claim.id}: {claim.text} ...")
             try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -70,8 +71,10 @@ def free_device_memory(device: torch.device) -> None:
 
 def reset_compiler() -> None:
     # Each rung compiles its own model; without a reset, Dynamo's cache (and its recompile limit)
-    # would carry guards from earlier rungs into later ones.
-    torch._dynamo.reset()
+    # would carry guards from earlier rungs into later ones. Nothing to reset (and a slow import
+    # to skip) when nothing has been compiled yet.
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
 
 
 def error_text(e: BaseException) -> str:
@@ -150,17 +153,17 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
 
 
 def measure_config(cfg: Config, bundle: DataBundle, info: DistInfo, timing: Timing) -> dict:
-    """Build, warm up and time one config; frees its memory and compiled graphs afterwards.
+    """Build, warm up and time one config.
 
     Exceptions propagate: the caller records them (the ladder as a failed row, a claim as
-    unmeasurable) and goes on.
+    unmeasurable), then calls `free_device_memory` once the traceback, which holds the failed
+    step's tensors, is gone.
     """
-    free_device_memory(info.device)
     reset_compiler()
-    trainer = None
+    if info.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(info.device)
+    trainer = build_trainer(cfg, bundle, info)
     try:
-        trainer = build_trainer(cfg, bundle, info)
         return measure_steps(trainer, timing)
     finally:
         del trainer
-        free_device_memory(info.device)

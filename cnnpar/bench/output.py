@@ -220,7 +220,7 @@ def claims_markdown(rows: list[dict]) -> str:
             _fmt(_num(r, "claimed_ratio"), ".2f", "x"),
             measured,
             r["verdict"],
-            r["method"],
+            r.get("method", ""),
             r.get("note", ""),
         ]
         lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")

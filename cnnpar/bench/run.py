@@ -59,12 +59,18 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
     if opts.mode == "compare":
         return _compare(opts)
     from . import output
-    from .ladder import RUNG_NAMES, parse_only
+    from .claims import CLAIM_IDS, run_claims
+    from .ladder import RUNG_NAMES, parse_only, run_ladder
+    from .tta import check_target, run_tta
 
+    # Bad flags fail before any data is loaded or anything is measured.
     if opts.mode == "tta":
-        from .tta import check_target, run_tta
-
-        check_target(opts.target)  # before loading data: a bad flag fails at once
+        check_target(opts.target)
+    only = (
+        parse_only(opts.only, CLAIM_IDS, "claim")
+        if opts.mode == "claims"
+        else parse_only(opts.only, RUNG_NAMES, "rung")
+    )
     info, bundle, meta = _measurement_setup(cfg, opts.timing)
     out = _out_dir(opts, info, cfg)
     print(
@@ -75,18 +81,11 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
     )
     log = lambda text: print(text, flush=True)  # noqa: E731
     if opts.mode == "claims":
-        from .claims import CLAIM_IDS, run_claims
-
-        rows = run_claims(cfg, bundle, info, opts.timing, meta, parse_only(opts.only, CLAIM_IDS, "claim"), log)
-        files = output.write_claims(out, rows)
+        files = output.write_claims(out, run_claims(cfg, bundle, info, opts.timing, meta, only, log))
     elif opts.mode == "tta":
-        rows = run_tta(cfg, bundle, info, opts.target, opts.timing.repeats, meta, log)
-        files = output.write_tta(out, rows)
+        files = output.write_tta(out, run_tta(cfg, bundle, info, opts.target, opts.timing.repeats, meta, log))
     else:
-        from .ladder import run_ladder
-
-        rows = run_ladder(cfg, bundle, info, opts.timing, meta, parse_only(opts.only, RUNG_NAMES, "rung"), log)
-        files = output.write_ladder(out, rows)
+        files = output.write_ladder(out, run_ladder(cfg, bundle, info, opts.timing, meta, only, log))
     print(files[1].read_text(), end="")
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
