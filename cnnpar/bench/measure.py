@@ -8,6 +8,7 @@ creates its run folder only in `fit()`, which the bench never calls.
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import sys
 import time
@@ -146,6 +147,8 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
         "step_ms": statistics.median(step_ms),
         "data_wait_share": statistics.median(waits),
         "main_cpu_pct": statistics.median(cpu_pct),
+        # Other processes on the host slow a CPU run down; the load says how busy it was.
+        "host_load_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else "",
         "peak_mem_mb": peak_mem,
         "mem_kind": mem_kind,
         "warmup_s": warmup_s,

@@ -36,6 +36,7 @@ RUNG_COLUMNS = [
     "step_ms",
     "data_wait_share",
     "main_cpu_pct",
+    "host_load_1m",
     "peak_mem_mb",
     "mem_kind",
     "mfu",
@@ -133,10 +134,14 @@ def ladder_markdown(rows: list[dict]) -> str:
             f"| {_fmt(_num(r, 'peak_mem_mb'), ',.0f')} | {_fmt(_num(r, 'mfu') and 100 * _num(r, 'mfu'), '.2f', '%')} "
             f"| {_fmt(_num(r, 'speedup_vs_baseline'), '.2f', 'x')} | {prev} |"
         )
+    loads = [v for v in (_num(r, "host_load_1m") for r in rows) if v is not None]
+    load = (
+        f" The host's 1-minute load average was {min(loads):.1f} to {max(loads):.1f} after the rungs." if loads else ""
+    )
     lines += [
         "",
         "Peak MB is `torch.cuda.max_memory_allocated` on CUDA and the process RSS on the CPU. "
-        "x previous compares with the nearest measured rung this one builds on.",
+        f"x previous compares with the nearest measured rung this one builds on.{load}",
     ]
     return "\n".join(lines) + "\n"
 
