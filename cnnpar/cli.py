@@ -78,8 +78,8 @@ def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
-    from cnnpar.bench.measure import Timing
     from cnnpar.bench.run import BenchOptions, run_bench
+    from cnnpar.bench.timing import Timing
     from cnnpar.cliargs import config_from_args
 
     claims = args.claims or args.preset == "claims"
@@ -93,7 +93,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def add_bench_parser(sub) -> None:
-    from cnnpar.bench.measure import Timing
+    from cnnpar.bench.timing import Timing
     from cnnpar.cliargs import add_config_flags
 
     bench = sub.add_parser(

@@ -20,7 +20,8 @@ from cnnpar.presets import with_overrides
 
 from . import probes
 from .ladder import BASELINE, plan_ladder
-from .measure import Timing, error_text, free_device_memory, measure_config
+from .measure import error_text, free_device_memory, measure_config
+from .timing import Timing
 
 CONFIRM_SHARE = 0.5  # share of the claimed effect a measurement must reach to confirm it
 

@@ -77,5 +77,5 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
 
 def default_compare_path(a_path: str | Path, b_path: str | Path) -> Path:
     """compare-<A's folder>-vs-<B's folder>.md in the current folder."""
-    label = lambda p: Path(p).resolve().parent.name or Path(p).stem  # noqa: E731
-    return Path(f"compare-{label(a_path)}-vs-{label(b_path)}.md")
+    a, b = (Path(p).resolve().parent.name or Path(p).stem for p in (a_path, b_path))
+    return Path(f"compare-{a}-vs-{b}.md")

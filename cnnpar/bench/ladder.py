@@ -20,7 +20,8 @@ from cnnpar.dist import DistInfo
 from cnnpar.errors import UserError
 from cnnpar.presets import with_overrides
 
-from .measure import Timing, error_text, free_device_memory, measure_config
+from .measure import error_text, free_device_memory, measure_config
+from .timing import Timing
 
 BASELINE = {
     "data": {

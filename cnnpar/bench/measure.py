@@ -13,7 +13,6 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import psutil
 import torch
@@ -25,26 +24,9 @@ from cnnpar.engine.step import forward_backward, optimizer_step
 from cnnpar.engine.trainer import Trainer
 from cnnpar.report.meters import sync
 
+from .timing import Timing
+
 ERROR_CHARS = 300
-
-
-@dataclass(frozen=True)
-class Timing:
-    warmup: int = 5  # steps run (and compiled) before any clock starts
-    steps: int = 30  # timed steps per repeat
-    repeats: int = 5  # the reported figures are medians over these
-
-    def __post_init__(self) -> None:
-        from cnnpar.errors import UserError
-
-        for name in ("steps", "repeats"):
-            if getattr(self, name) < 1:
-                raise UserError(
-                    f"bench --{'timed-steps' if name == 'steps' else name} = {getattr(self, name)}: "
-                    "expected a count >= 1"
-                )
-        if self.warmup < 0:
-            raise UserError(f"bench --warmup-steps = {self.warmup}: expected a count >= 0")
 
 
 def quiet(*args, **kwargs) -> None:

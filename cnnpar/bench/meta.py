@@ -22,6 +22,7 @@ META_COLUMNS = [
     "cuda",
     "python",
     "host_cpus",
+    "torch_threads",
     "world_size",
     "model",
     "data",
@@ -68,6 +69,7 @@ def run_metadata(
         "cuda": env["cuda"],
         "python": env["python"],
         "host_cpus": env["host_cpus"],
+        "torch_threads": torch.get_num_threads(),  # CPU figures depend on it (OMP_NUM_THREADS)
         "world_size": 1,
         "model": cfg.model.name,
         "data": bundle.origin,

@@ -105,7 +105,8 @@ def _round_floats(rows: list[dict], digits: int = 6) -> list[dict]:
 def metadata_lines(row: dict) -> list[str]:
     return [
         f"- device: {row.get('device', '')} ({row.get('device_type', '')}), driver {row.get('driver') or 'n/a'}, "
-        f"torch {row.get('torch', '')}, CUDA {row.get('cuda') or 'n/a'}, {row.get('host_cpus', '')} host CPUs, "
+        f"torch {row.get('torch', '')}, CUDA {row.get('cuda') or 'n/a'}, {row.get('host_cpus', '')} host CPUs "
+        f"({row.get('torch_threads', '')} torch threads), "
         f"world size {row.get('world_size', '')}",
         f"- model {row.get('model', '')} on {row.get('data', '')} ({row.get('image_shape', '')}), "
         f"batch {row.get('batch_size', '')}",

@@ -21,7 +21,8 @@ from cnnpar.models import build_model
 from cnnpar.parallel import Precision
 from cnnpar.report.meters import sync
 
-from .measure import Timing, endless_batches, free_device_memory, reset_compiler
+from .measure import endless_batches, free_device_memory, reset_compiler
+from .timing import Timing
 
 MAX_BATCH = 2**18  # the largest-batch search stops here: beyond it, memory is not what limits
 BISECT_STEPS = 4  # after the first failure: refine between the last fit and it to 1/16 of the gap

@@ -5,14 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from cnnpar.config import Config
-from cnnpar.data import load_data
-from cnnpar.dist import DistInfo, init_distributed
 from cnnpar.report.files import write_text_atomic
 
-from .measure import Timing
+from .timing import Timing
 
 
 @dataclass(frozen=True)
@@ -38,6 +34,9 @@ def _compare(opts: BenchOptions) -> int:
 
 def _measurement_setup(cfg: Config, timing: Timing):
     """Device, data and the run metadata (peak FLOP/s and model FLOPs measured here, now)."""
+    from cnnpar.data import load_data
+    from cnnpar.dist import init_distributed
+
     from .flops import flops_per_image, peak_flops
     from .meta import run_metadata
 
@@ -49,7 +48,7 @@ def _measurement_setup(cfg: Config, timing: Timing):
     return info, bundle, run_metadata(cfg, bundle, info.device, timing, peak, fpi)
 
 
-def _out_dir(opts: BenchOptions, info: DistInfo, cfg: Config) -> Path:
+def _out_dir(opts: BenchOptions, info, cfg: Config) -> Path:
     from .meta import default_out_dir
 
     return Path(opts.out) if opts.out else default_out_dir(info.device, cfg.model.name)
@@ -58,6 +57,8 @@ def _out_dir(opts: BenchOptions, info: DistInfo, cfg: Config) -> Path:
 def run_bench(cfg: Config, opts: BenchOptions) -> int:
     if opts.mode == "compare":
         return _compare(opts)
+    import torch
+
     from . import output
     from .claims import CLAIM_IDS, run_claims
     from .ladder import RUNG_NAMES, parse_only, run_ladder
