@@ -102,8 +102,8 @@ def _round_floats(rows: list[dict], digits: int = 6) -> list[dict]:
     return [{k: (round(v, digits) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
 
 
-def metadata_lines(row: dict) -> list[str]:
-    return [
+def metadata_lines(row: dict, timed_steps: bool = True) -> list[str]:
+    lines = [
         f"- device: {row.get('device', '')} ({row.get('device_type', '')}), driver {row.get('driver') or 'n/a'}, "
         f"torch {row.get('torch', '')}, CUDA {row.get('cuda') or 'n/a'}, {row.get('host_cpus', '')} host CPUs "
         f"({row.get('torch_threads', '')} torch threads), "
@@ -116,6 +116,7 @@ def metadata_lines(row: dict) -> list[str]:
         f"{row.get('gflops_per_image', '')} GFLOP per image (forward + backward)",
         f"- git {row.get('git_rev', '')}, {row.get('date', '')}",
     ]
+    return lines if timed_steps else [ln for ln in lines if "warm-up steps" not in ln]
 
 
 def ladder_markdown(rows: list[dict]) -> str:
@@ -248,7 +249,7 @@ def write_claims(out_dir: Path, rows: list[dict]) -> list[Path]:
 
 
 def tta_markdown(rows: list[dict]) -> str:
-    lines = ["# Time to accuracy", "", *metadata_lines(rows[0] if rows else {}), ""]
+    lines = ["# Time to accuracy", "", *metadata_lines(rows[0] if rows else {}, timed_steps=False), ""]
     lines += [
         "| seed | target | reached | epochs | wall s | wall s with compile | train s | eval s | final acc |",
         "|---|---|---|---|---|---|---|---|---|",
