@@ -126,6 +126,42 @@ def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
+    from cnnpar.bench.run import BenchOptions, run_bench
+    from cnnpar.bench.timing import Timing
+    from cnnpar.cliargs import config_from_args
+
+    claims = args.claims or args.preset == "claims"
+    if args.preset == "claims":
+        args.preset = None  # a bench mode, not a config preset
+    mode = "compare" if args.compare else "claims" if claims else "tta" if args.tta else "ladder"
+    repeats = args.repeats or (1 if mode == "tta" else Timing.repeats)
+    timing = Timing(args.warmup_steps, args.timed_steps, repeats)
+    opts = BenchOptions(mode, args.out, timing, args.only, args.target, tuple(args.compare or ("", "")))
+    return run_bench(config_from_args(args), opts)
+
+
+def add_bench_parser(sub) -> None:
+    from cnnpar.bench.timing import Timing
+    from cnnpar.cliargs import add_config_flags
+
+    bench = sub.add_parser(
+        "bench", help="measure each speed technique (a ladder), check the founding claims, or time to accuracy"
+    )
+    add_config_flags(bench, extra_presets=("claims",))
+    g = bench.add_argument_group("bench")
+    g.add_argument("--out", default="", help="results folder (default: benchmarks/results/<date>-<device>-<model>/)")
+    g.add_argument("--warmup-steps", type=int, default=Timing.warmup, help="untimed steps first (compile happens here)")
+    g.add_argument("--timed-steps", type=int, default=Timing.steps, help="timed steps per repeat")
+    g.add_argument("--repeats", type=int, default=0, help="repeats (medians are reported); tta: seeds (default 1)")
+    g.add_argument("--only", default="", help="comma-separated rung (or, with --claims, claim) names to measure")
+    g.add_argument("--claims", action="store_true", help="measure the founding document's claims (= --preset claims)")
+    g.add_argument("--tta", action="store_true", help="time to accuracy: train until --target validation accuracy")
+    g.add_argument("--target", type=float, default=0.0, help="tta: validation accuracy to reach, e.g. 0.99")
+    g.add_argument("--compare", nargs=2, metavar=("A.csv", "B.csv"), help="print two ladder CSVs side by side")
+    bench.set_defaults(func=cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cnnpar.cliargs import add_config_flags
 
@@ -185,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the registered models")
     models.set_defaults(func=cmd_models)
+    add_bench_parser(sub)
     return p
 
 

@@ -9,8 +9,11 @@ from cnnpar.config import SECTIONS, Config, cli_flag, from_dict, load_toml, to_d
 from cnnpar.presets import PRESETS, get_preset
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=sorted(PRESETS), help="start from a named preset (see presets.py)")
+def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, ...] = ()) -> None:
+    """One flag per config field; `extra_presets` are names a subcommand handles itself (bench's claims)."""
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS) + list(extra_presets), help="start from a named preset (see presets.py)"
+    )
     parser.add_argument("--config", metavar="FILE", help="start from a TOML config (a run's config.toml works)")
     base = Config()
     for sec_name in SECTIONS:

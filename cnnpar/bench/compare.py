@@ -1,0 +1,81 @@
+"""Two ladder CSVs side by side: rung by rung images/s and their ratio, and what differs in the setup."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from cnnpar.errors import UserError
+
+REQUIRED = ("name", "status", "images_per_s", "step_ms")
+SETUP_KEYS = (
+    "device",
+    "driver",
+    "torch",
+    "cuda",
+    "host_cpus",
+    "model",
+    "data",
+    "image_shape",
+    "batch_size",
+    "git_rev",
+    "date",
+)
+
+
+def read_ladder_csv(path: str | Path) -> list[dict[str, str]]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: file not found (expected a ladder.csv written by `cnnpar bench`)")
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            header = reader.fieldnames or []
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise UserError(f"{path}: not a readable CSV ({e})") from None
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise UserError(
+            f"{path}: missing column(s) {', '.join(missing)}: expected a ladder.csv written by `cnnpar bench`"
+        )
+    if not rows:
+        raise UserError(f"{path}: holds no rows: expected one row per ladder rung")
+    return rows
+
+
+def _rate(row: dict | None) -> float | None:
+    if row is None or row.get("status") != "ok" or not row.get("images_per_s"):
+        return None
+    return float(row["images_per_s"])
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    rate = _rate(row)
+    return f"{rate:,.0f}" if rate is not None else row.get("status", "")
+
+
+def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
+    a_rows, b_rows = read_ladder_csv(a_path), read_ladder_csv(b_path)
+    a_by, b_by = {r["name"]: r for r in a_rows}, {r["name"]: r for r in b_rows}
+    names = list(dict.fromkeys([r["name"] for r in a_rows] + [r["name"] for r in b_rows]))
+    lines = ["# Ladder comparison", "", f"- A: `{a_path}`", f"- B: `{b_path}`", ""]
+    lines += ["| setup | A | B |", "|---|---|---|"]
+    for key in SETUP_KEYS:
+        va, vb = a_rows[0].get(key, ""), b_rows[0].get(key, "")
+        mark = "" if va == vb else " (differs)"
+        lines.append(f"| {key}{mark} | {va} | {vb} |")
+    lines += ["", "| rung | A images/s | B images/s | B / A |", "|---|---|---|---|"]
+    for n in names:
+        ra, rb = _rate(a_by.get(n)), _rate(b_by.get(n))
+        ratio = f"{rb / ra:.2f}x" if ra and rb else ""
+        lines.append(f"| {n} | {_cell(a_by.get(n))} | {_cell(b_by.get(n))} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def default_compare_path(a_path: str | Path, b_path: str | Path) -> Path:
+    """compare-<A's folder>-vs-<B's folder>.md in the current folder."""
+    a, b = (Path(p).resolve().parent.name or Path(p).stem for p in (a_path, b_path))
+    return Path(f"compare-{a}-vs-{b}.md")

@@ -1,0 +1,224 @@
+"""The technique ladder: a textbook baseline, then one technique added per rung.
+
+Each rung is the user's base config with the baseline's switches, plus every earlier rung's
+change, plus its own. A rung marked `branch` (fp16 + GradScaler) is measured but later rungs do
+not build on it. Rungs that need CUDA are recorded as skipped (with the reason) on the CPU and
+contribute nothing to later rungs, so a CPU ladder has fewer measured rows but the same columns.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from cnnpar.config import Config, resolve_for_device
+from cnnpar.data import DataBundle
+from cnnpar.dist import DistInfo
+from cnnpar.errors import UserError
+from cnnpar.presets import with_overrides
+
+from .measure import error_text, free_device_memory, measure_config
+from .timing import Timing
+
+BASELINE = {
+    "data": {
+        "loader": "textbook",
+        "workers": 0,
+        "pin_memory": "off",
+        "persistent_workers": False,
+        "prefetch_stream": "off",
+        "resident": "off",
+    },
+    "speed": {"precision": "fp32", "channels_last": "off", "compile": "off"},
+}
+
+
+def ladder_workers(base: Config) -> int:
+    """The user's --workers when given, else the cores left after the main process (at most 8)."""
+    if base.data.workers > 0:
+        return base.data.workers
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cores - 1))
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    technique: str
+    changes: Callable[[Config], dict]  # base config -> {section: {field: value}}
+    needs_cuda: bool = False
+    branch: bool = False  # measured, but later rungs do not build on it
+
+
+RUNGS: tuple[Rung, ...] = (
+    Rung(
+        "baseline",
+        "textbook loader (per-sample float transforms, default collate), no workers, fp32, NCHW, eager",
+        lambda b: BASELINE,
+    ),
+    Rung("workers", "DataLoader worker processes", lambda b: {"data": {"workers": ladder_workers(b)}}),
+    Rung("pin_memory", "page-locked host batches", lambda b: {"data": {"pin_memory": "on"}}, needs_cuda=True),
+    Rung("persistent_workers", "workers kept alive between epochs", lambda b: {"data": {"persistent_workers": True}}),
+    Rung(
+        "uint8_device",
+        "uint8 batches, one index per batch, normalise/augment on the device",
+        lambda b: {"data": {"loader": "fast"}},
+    ),
+    Rung(
+        "prefetch_stream",
+        "next batch copied on a side CUDA stream",
+        lambda b: {"data": {"prefetch_stream": "on"}},
+        needs_cuda=True,
+    ),
+    Rung("bf16", "bf16 autocast", lambda b: {"speed": {"precision": "bf16"}}),
+    Rung(
+        "fp16_scaler",
+        "fp16 autocast + GradScaler (instead of bf16)",
+        lambda b: {"speed": {"precision": "fp16"}},
+        branch=True,
+    ),
+    Rung("channels_last", "NHWC memory format", lambda b: {"speed": {"channels_last": "on"}}),
+    Rung("compile", "torch.compile (default mode)", lambda b: {"speed": {"compile": "default"}}),
+    Rung(
+        "cuda_graphs",
+        "torch.compile mode reduce-overhead (CUDA graphs)",
+        lambda b: {"speed": {"compile": "reduce-overhead"}},
+        needs_cuda=True,
+    ),
+    Rung("resident", "whole uint8 data set in device memory", lambda b: {"data": {"resident": "on"}}, needs_cuda=True),
+)
+RUNG_NAMES = tuple(r.name for r in RUNGS)
+
+
+@dataclass(frozen=True)
+class PlannedRung:
+    index: int
+    rung: Rung
+    cfg: Config  # resolved for the device
+    builds_on: str  # the rung whose config this one extends ("" for the baseline)
+    skip_reason: str  # "" when the rung is to be measured
+
+
+def parse_only(only: str, known: tuple[str, ...], what: str) -> set[str] | None:
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    if not names:
+        return None
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UserError(
+            f"bench --only {only}: unknown {what}(s) {', '.join(unknown)}; expected any of {', '.join(known)}"
+        )
+    return set(names)
+
+
+def _skip_reason(rung: Rung, device: torch.device, bundle: DataBundle) -> str:
+    if rung.needs_cuda and device.type != "cuda":
+        return "needs CUDA"
+    if rung.name == "resident" and not bundle.in_memory:
+        return "data is not held in memory (image folder): nothing to make resident"
+    if rung.name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bf16"
+    return ""
+
+
+def plan_ladder(base: Config, device: torch.device, bundle: DataBundle) -> list[PlannedRung]:
+    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    current, parent, plan = base, "", []
+    for i, rung in enumerate(RUNGS):
+        reason = _skip_reason(rung, device, bundle)
+        cfg = with_overrides(current, **rung.changes(base))
+        if reason:
+            cfg = current
+        plan.append(PlannedRung(i, rung, resolve_for_device(cfg, device.type, bf16_ok), parent, reason))
+        if not reason and not rung.branch:
+            current, parent = cfg, rung.name
+    return plan
+
+
+def switches(cfg: Config) -> dict:
+    d, s = cfg.data, cfg.speed
+    return {
+        "loader": d.loader,
+        "workers": d.workers,
+        "pin_memory": d.pin_memory,
+        "persistent_workers": d.persistent_workers,
+        "prefetch_stream": d.prefetch_stream,
+        "resident": d.resident,
+        "precision": s.precision,
+        "channels_last": s.channels_last,
+        "compile": s.compile,
+        "cudnn_benchmark": s.cudnn_benchmark,
+    }
+
+
+def _speedups(row: dict, done: dict[str, dict], plan: dict[str, PlannedRung]) -> None:
+    """Speed-up over the baseline and over the nearest measured rung this one builds on."""
+    base = done.get("baseline")
+    if row["status"] != "ok":
+        return
+    if base is not None and base["status"] == "ok":
+        row["speedup_vs_baseline"] = row["images_per_s"] / base["images_per_s"]
+    prev = plan[row["name"]].builds_on
+    while prev and (prev not in done or done[prev]["status"] != "ok"):
+        prev = plan[prev].builds_on
+    if prev:
+        row["prev_rung"] = prev
+        row["speedup_vs_prev"] = row["images_per_s"] / done[prev]["images_per_s"]
+
+
+def run_ladder(
+    base: Config,
+    bundle: DataBundle,
+    info: DistInfo,
+    timing: Timing,
+    meta: dict,
+    only: set[str] | None = None,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """Measure every planned rung in order; a failing rung becomes a failed row and the ladder goes on."""
+    plan = plan_ladder(base, info.device, bundle)
+    by_name = {p.rung.name: p for p in plan}
+    done: dict[str, dict] = {}
+    rows = []
+    selected = [p for p in plan if only is None or p.rung.name in only]
+    for p in selected:
+        row = {
+            **meta,
+            "rung": p.index,
+            "name": p.rung.name,
+            "technique": p.rung.technique,
+            "builds_on": p.builds_on,
+            "needs": "cuda" if p.rung.needs_cuda else "",
+            **switches(p.cfg),
+            "status": "skipped" if p.skip_reason else "ok",
+            "error": p.skip_reason,
+        }
+        if not p.skip_reason:
+            log(f"bench: rung {p.index} {p.rung.name}: {p.rung.technique} ...")
+            try:
+                row.update(measure_config(p.cfg, bundle, info, timing))
+            except Exception as e:  # any failure (out of memory included) is a result, not the end
+                row.update(status="failed", error=error_text(e))
+            free_device_memory(info.device)  # after the traceback (and the tensors it holds) is gone
+        gflops = float(meta.get("gflops_per_image") or 0.0)
+        peak = float(meta.get("peak_tflops") or 0.0)
+        if row["status"] == "ok" and gflops and peak:
+            row["mfu"] = gflops * 1e9 * row["images_per_s"] / (peak * 1e12)
+        done[p.rung.name] = row
+        _speedups(row, done, by_name)
+        log(f"bench: rung {p.index} {p.rung.name}: {summary_line(row)}")
+        rows.append(row)
+    return rows
+
+
+def summary_line(row: dict) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']} ({row['error']})"
+    speed = f"  x{row['speedup_vs_baseline']:.2f} vs baseline" if "speedup_vs_baseline" in row else ""
+    return (
+        f"{row['images_per_s']:,.0f} img/s  {row['step_ms']:.1f} ms/step  "
+        f"data wait {100 * row['data_wait_share']:.0f}%{speed}"
+    )

@@ -1,0 +1,154 @@
+"""Time the train step of one Config: set-up and warm-up (compile) outside, medians over repeats.
+
+The set-up is the Trainer's own (data -> resolved config -> model -> parallel wrappers ->
+optimizer -> loaders), so a rung measures exactly what `cnnpar train` would run; the Trainer
+creates its run folder only in `fit()`, which the bench never calls.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+
+import psutil
+import torch
+
+from cnnpar.config import Config
+from cnnpar.data import DataBundle
+from cnnpar.dist import DistInfo
+from cnnpar.engine.step import forward_backward, optimizer_step
+from cnnpar.engine.trainer import Trainer
+from cnnpar.report.meters import sync
+
+from .timing import Timing
+
+ERROR_CHARS = 300
+
+
+def quiet(*args, **kwargs) -> None:
+    pass
+
+
+def endless_batches(loader) -> Iterator:
+    """Batches across epoch boundaries, calling set_epoch as training does, so the cost of
+    starting an epoch (worker start-up without persistent workers) is part of what is timed."""
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def free_device_memory(device: torch.device) -> None:
+    """Drop what a finished (or failed, e.g. out of memory) rung left behind before the next one."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def reset_compiler() -> None:
+    # Each rung compiles its own model; without a reset, Dynamo's cache (and its recompile limit)
+    # would carry guards from earlier rungs into later ones. Nothing to reset (and a slow import
+    # to skip) when nothing has been compiled yet.
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+
+
+def error_text(e: BaseException) -> str:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {first}"[:ERROR_CHARS]
+
+
+def build_trainer(cfg: Config, bundle: DataBundle, info: DistInfo) -> Trainer:
+    return Trainer(cfg, info, bundle=bundle, log=quiet)
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def measure_steps(trainer: Trainer, timing: Timing) -> dict:
+    """Warm-up steps, then `repeats` x `steps` timed steps with a device sync around each repeat only."""
+    cfg, device = trainer.cfg, trainer.info.device
+    model, precision, optimizer = trainer.model, trainer.precision, trainer.optimizer
+    cudagraphs = cfg.speed.compile == "reduce-overhead"
+    smoothing, clip = cfg.optim.label_smoothing, cfg.optim.grad_clip
+    proc = psutil.Process()
+    batches = endless_batches(trainer.train_loader)
+    model.train()
+
+    def step() -> tuple[float, int]:
+        t0 = time.perf_counter()
+        x, y = next(batches)
+        waited = time.perf_counter() - t0
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: graph outputs may be reused
+        forward_backward(model, x, y, precision, smoothing, 1.0)
+        optimizer_step(model, optimizer, precision, clip)
+        return waited, y.shape[0]
+
+    try:
+        t0 = time.perf_counter()
+        for _ in range(timing.warmup):
+            step()
+        sync(device)
+        warmup_s = time.perf_counter() - t0
+        rates, step_ms, waits, cpu_pct, rss = [], [], [], [], []
+        for _ in range(timing.repeats):
+            sync(device)  # note: a CPU-GPU sync point, before the clock starts
+            cpu0, start = _cpu_seconds(proc), time.perf_counter()
+            waited = images = 0
+            for _ in range(timing.steps):
+                w, n = step()
+                waited += w
+                images += n
+            sync(device)  # note: a CPU-GPU sync point, so the time covers the device's work
+            wall = time.perf_counter() - start
+            rates.append(images / wall)
+            step_ms.append(1000.0 * wall / timing.steps)
+            waits.append(waited / wall)
+            cpu_pct.append(100.0 * (_cpu_seconds(proc) - cpu0) / wall)
+            rss.append(proc.memory_info().rss / 2**20)
+    finally:
+        batches.close()
+    if device.type == "cuda":
+        peak_mem, mem_kind = torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+    else:
+        peak_mem, mem_kind = max(rss), "process_rss"
+    return {
+        "images_per_s": statistics.median(rates),
+        "images_per_s_min": min(rates),
+        "images_per_s_max": max(rates),
+        "step_ms": statistics.median(step_ms),
+        "data_wait_share": statistics.median(waits),
+        "main_cpu_pct": statistics.median(cpu_pct),
+        # Other processes on the host slow a CPU run down; the load says how busy it was.
+        "host_load_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else "",
+        "peak_mem_mb": peak_mem,
+        "mem_kind": mem_kind,
+        "warmup_s": warmup_s,
+    }
+
+
+def measure_config(cfg: Config, bundle: DataBundle, info: DistInfo, timing: Timing) -> dict:
+    """Build, warm up and time one config.
+
+    Exceptions propagate: the caller records them (the ladder as a failed row, a claim as
+    unmeasurable), then calls `free_device_memory` once the traceback, which holds the failed
+    step's tensors, is gone.
+    """
+    reset_compiler()
+    if info.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(info.device)
+    trainer = build_trainer(cfg, bundle, info)
+    try:
+        return measure_steps(trainer, timing)
+    finally:
+        del trainer

@@ -1,0 +1,94 @@
+"""Run metadata shared by every row of a bench run, and the default results folder."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from pathlib import Path
+
+import torch
+
+from cnnpar.config import Config
+from cnnpar.data import DataBundle
+from cnnpar.report.environment import environment
+
+META_COLUMNS = [
+    "date",
+    "git_rev",
+    "device",
+    "device_type",
+    "driver",
+    "torch",
+    "cuda",
+    "python",
+    "host_cpus",
+    "torch_threads",
+    "world_size",
+    "model",
+    "data",
+    "image_shape",
+    "batch_size",
+    "warmup_steps",
+    "timed_steps",
+    "repeats",
+    "peak_tflops",
+    "peak_kind",
+    "gflops_per_image",
+]
+
+
+def cpu_model_name() -> str:
+    """The CPU's marketing name (platform.processor() is often just 'x86_64' on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def device_label(device: torch.device) -> str:
+    env_name = environment(device)["device"] if device.type == "cuda" else ""
+    return env_name or cpu_model_name() or str(environment(device)["device"])
+
+
+def run_metadata(
+    cfg: Config, bundle: DataBundle, device: torch.device, timing, peak: tuple[float, str], flops_per_image: float
+) -> dict:
+    """Facts every row repeats, so one CSV row read alone still says where and how it was measured."""
+    env = environment(device, world_size=1)
+    c, h, w = bundle.shape
+    return {
+        "date": env["date"],
+        "git_rev": env["git_rev"],
+        "device": device_label(device),
+        "device_type": device.type,
+        "driver": env["driver"],
+        "torch": env["torch"],
+        "cuda": env["cuda"],
+        "python": env["python"],
+        "host_cpus": env["host_cpus"],
+        "torch_threads": torch.get_num_threads(),  # CPU figures depend on it (OMP_NUM_THREADS)
+        "world_size": 1,
+        "model": cfg.model.name,
+        "data": bundle.origin,
+        "image_shape": f"{c}x{h}x{w}",
+        "batch_size": cfg.run.batch_size,
+        "warmup_steps": timing.warmup,
+        "timed_steps": timing.steps,
+        "repeats": timing.repeats,
+        "peak_tflops": round(peak[0] / 1e12, 4),
+        "peak_kind": peak[1],
+        "gflops_per_image": round(flops_per_image / 1e9, 6),
+    }
+
+
+def slug(text: str, limit: int = 40) -> str:
+    text = re.sub(r"\((r|tm)\)", "", text.lower())
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")[:limit].strip("-") or "device"
+
+
+def default_out_dir(device: torch.device, model: str) -> Path:
+    date = _dt.date.today().isoformat()
+    return Path("benchmarks") / "results" / f"{date}-{slug(device_label(device))}-{slug(model)}"

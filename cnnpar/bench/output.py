@@ -1,0 +1,271 @@
+"""Bench results as files: flat CSV rows (schema in docs/bench.md), Markdown tables, PNG bar charts.
+
+Pictures are drawn from the rows, never from typed numbers. Matplotlib is used through its
+object API with the Agg canvas, so nothing here switches a global backend or needs a display.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cnnpar.report.files import atomic_write, write_csv_atomic, write_text_atomic
+
+from .meta import META_COLUMNS
+
+RUNG_COLUMNS = [
+    "rung",
+    "name",
+    "technique",
+    "builds_on",
+    "needs",
+    "loader",
+    "workers",
+    "pin_memory",
+    "persistent_workers",
+    "prefetch_stream",
+    "resident",
+    "precision",
+    "channels_last",
+    "compile",
+    "cudnn_benchmark",
+    "status",
+    "error",
+    "images_per_s",
+    "images_per_s_min",
+    "images_per_s_max",
+    "step_ms",
+    "data_wait_share",
+    "main_cpu_pct",
+    "host_load_1m",
+    "peak_mem_mb",
+    "mem_kind",
+    "mfu",
+    "warmup_s",
+    "speedup_vs_baseline",
+    "prev_rung",
+    "speedup_vs_prev",
+]
+LADDER_COLUMNS = META_COLUMNS + RUNG_COLUMNS
+
+CLAIM_COLUMNS = META_COLUMNS + [
+    "claim",
+    "claim_text",
+    "claimed_ratio",
+    "verdict",
+    "measured_ratio",
+    "baseline_value",
+    "variant_value",
+    "unit",
+    "method",
+    "note",
+]
+
+TTA_COLUMNS = META_COLUMNS + [
+    "seed",
+    "target",
+    "reached",
+    "epochs",
+    "max_epochs",
+    "steps",
+    "wall_s",
+    "wall_with_compile_s",
+    "train_s",
+    "eval_s",
+    "compile_s",
+    "final_val_acc",
+    "best_val_acc",
+    "acc_by_epoch",
+    "precision",
+    "channels_last",
+    "compile",
+    "loader",
+    "optimizer",
+    "lr",
+]
+
+
+def _num(row: dict, key: str) -> float | None:
+    v = row.get(key, "")
+    if v in ("", None):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _fmt(v: float | None, spec: str, suffix: str = "") -> str:
+    return "" if v is None else f"{format(v, spec)}{suffix}"
+
+
+def _round_floats(rows: list[dict], digits: int = 6) -> list[dict]:
+    return [{k: (round(v, digits) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+
+
+def metadata_lines(row: dict, timed_steps: bool = True) -> list[str]:
+    lines = [
+        f"- device: {row.get('device', '')} ({row.get('device_type', '')}), driver {row.get('driver') or 'n/a'}, "
+        f"torch {row.get('torch', '')}, CUDA {row.get('cuda') or 'n/a'}, {row.get('host_cpus', '')} host CPUs "
+        f"({row.get('torch_threads', '')} torch threads), "
+        f"world size {row.get('world_size', '')}",
+        f"- model {row.get('model', '')} on {row.get('data', '')} ({row.get('image_shape', '')}), "
+        f"batch {row.get('batch_size', '')}",
+        f"- {row.get('warmup_steps', '')} warm-up steps, then the median of {row.get('repeats', '')} repeats "
+        f"of {row.get('timed_steps', '')} timed steps",
+        f"- peak for MFU: {row.get('peak_tflops', '')} TFLOP/s ({row.get('peak_kind', '')}), measured in this run; "
+        f"{row.get('gflops_per_image', '')} GFLOP per image (forward + backward)",
+        f"- git {row.get('git_rev', '')}, {row.get('date', '')}",
+    ]
+    return lines if timed_steps else [ln for ln in lines if "warm-up steps" not in ln]
+
+
+def ladder_markdown(rows: list[dict]) -> str:
+    head = (
+        "| # | rung | technique | status | images/s | step ms | data wait | peak MB | MFU | x baseline | x previous |"
+    )
+    lines = ["# Technique ladder", "", *metadata_lines(rows[0] if rows else {}), "", head, "|" + "---|" * 11]
+    for r in rows:
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')}"
+        prev = _fmt(_num(r, "speedup_vs_prev"), ".2f", "x")
+        if prev and r.get("prev_rung") != r.get("builds_on"):
+            prev += f" (vs {r['prev_rung']})"
+        lines.append(
+            f"| {r['rung']} | {r['name']} | {r['technique']} | {status.replace('|', '/')} "
+            f"| {_fmt(_num(r, 'images_per_s'), ',.0f')} | {_fmt(_num(r, 'step_ms'), '.2f')} "
+            f"| {_fmt(_num(r, 'data_wait_share') and 100 * _num(r, 'data_wait_share'), '.0f', '%')} "
+            f"| {_fmt(_num(r, 'peak_mem_mb'), ',.0f')} | {_fmt(_num(r, 'mfu') and 100 * _num(r, 'mfu'), '.2f', '%')} "
+            f"| {_fmt(_num(r, 'speedup_vs_baseline'), '.2f', 'x')} | {prev} |"
+        )
+    loads = [v for v in (_num(r, "host_load_1m") for r in rows) if v is not None]
+    load = (
+        f" The host's 1-minute load average was {min(loads):.1f} to {max(loads):.1f} after the rungs." if loads else ""
+    )
+    lines += [
+        "",
+        "Peak MB is `torch.cuda.max_memory_allocated` on CUDA and the process RSS on the CPU. "
+        f"x previous compares with the nearest measured rung this one builds on.{load}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _save_figure(fig, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    atomic_write(path, lambda p: fig.savefig(p, format="png", dpi=120, bbox_inches="tight"))
+
+
+def _title(rows: list[dict]) -> str:
+    r = rows[0] if rows else {}
+    return f"{r.get('model', '')} {r.get('image_shape', '')} batch {r.get('batch_size', '')} on {r.get('device', '')}"
+
+
+def plot_throughput(rows: list[dict], path: Path) -> None:
+    """Images/s per rung; failed and skipped rungs keep their place with a label instead of a bar."""
+    from matplotlib.figure import Figure
+
+    names = [r["name"] for r in rows]
+    values = [_num(r, "images_per_s") or 0.0 for r in rows]
+    fig = Figure(figsize=(8, 0.45 * len(rows) + 1.5))
+    ax = fig.add_subplot()
+    ys = list(range(len(rows)))[::-1]
+    ax.barh(ys, values, color="#4c72b0")
+    top = max(values, default=0.0) or 1.0
+    for y, r, v in zip(ys, rows, values):
+        label = f"{v:,.0f}" if r["status"] == "ok" else r["status"]
+        sp = _num(r, "speedup_vs_baseline")
+        if sp is not None:
+            label += f"  ({sp:.2f}x)"
+        ax.text(v + 0.01 * top, y, label, va="center", fontsize=8)
+    ax.set_yticks(ys, names)
+    ax.set_xlim(0, top * 1.3)
+    ax.set_xlabel("images/s (median of repeats)")
+    ax.set_title(_title(rows), fontsize=9)
+    _save_figure(fig, path)
+
+
+def plot_step_time(rows: list[dict], path: Path) -> None:
+    """Step time split into waiting for data and the rest (compute, copies, optimizer)."""
+    from matplotlib.figure import Figure
+
+    names = [r["name"] for r in rows]
+    step = [_num(r, "step_ms") or 0.0 for r in rows]
+    wait = [s * (_num(r, "data_wait_share") or 0.0) for s, r in zip(step, rows)]
+    rest = [s - w for s, w in zip(step, wait)]
+    fig = Figure(figsize=(8, 0.45 * len(rows) + 1.5))
+    ax = fig.add_subplot()
+    ys = list(range(len(rows)))[::-1]
+    ax.barh(ys, wait, color="#dd8452", label="waiting for data")
+    ax.barh(ys, rest, left=wait, color="#4c72b0", label="compute and the rest")
+    ax.set_yticks(ys, names)
+    ax.set_xlabel("ms per step (median of repeats)")
+    ax.set_title(_title(rows), fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    _save_figure(fig, path)
+
+
+def write_ladder(out_dir: Path, rows: list[dict]) -> list[Path]:
+    out_dir = Path(out_dir)
+    files = [out_dir / n for n in ("ladder.csv", "ladder.md", "throughput.png", "step_time.png")]
+    write_csv_atomic(files[0], _round_floats(rows), LADDER_COLUMNS)
+    write_text_atomic(files[1], ladder_markdown(rows))
+    plot_throughput(rows, files[2])
+    plot_step_time(rows, files[3])
+    return files
+
+
+def claims_markdown(rows: list[dict]) -> str:
+    lines = ["# Founding-document claims, measured", "", *metadata_lines(rows[0] if rows else {}), ""]
+    lines += ["| claim | claimed | measured | verdict | how | note |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        measured = _fmt(_num(r, "measured_ratio"), ".2f", "x")
+        if measured and r.get("baseline_value") not in ("", None):
+            a, b = _fmt(_num(r, "baseline_value"), ".4g"), _fmt(_num(r, "variant_value"), ".4g")
+            measured += f" ({a} -> {b} {r['unit']})"
+        cells = [
+            r["claim_text"],
+            _fmt(_num(r, "claimed_ratio"), ".2f", "x"),
+            measured,
+            r["verdict"],
+            r.get("method", ""),
+            r.get("note", ""),
+        ]
+        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+    lines += [
+        "",
+        "A claim is *confirmed* when the measured effect (ratio - 1) is at least half the claimed effect, "
+        "in the claimed direction; otherwise *not reproduced*. Ratios are oriented so that the claim's "
+        "direction is > 1.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_claims(out_dir: Path, rows: list[dict]) -> list[Path]:
+    out_dir = Path(out_dir)
+    files = [out_dir / "claims.csv", out_dir / "claims.md"]
+    write_csv_atomic(files[0], _round_floats(rows), CLAIM_COLUMNS)
+    write_text_atomic(files[1], claims_markdown(rows))
+    return files
+
+
+def tta_markdown(rows: list[dict]) -> str:
+    lines = ["# Time to accuracy", "", *metadata_lines(rows[0] if rows else {}, timed_steps=False), ""]
+    lines += [
+        "| seed | target | reached | epochs | wall s | wall s with compile | train s | eval s | final acc |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['seed']} | {100 * float(r['target']):.2f}% | {r['reached']} | {r['epochs']}/{r['max_epochs']} "
+            f"| {float(r['wall_s']):.2f} | {float(r['wall_with_compile_s']):.2f} | {float(r['train_s']):.2f} "
+            f"| {float(r['eval_s']):.2f} | {100 * float(r['final_val_acc']):.2f}% |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_tta(out_dir: Path, rows: list[dict]) -> list[Path]:
+    out_dir = Path(out_dir)
+    files = [out_dir / "tta.csv", out_dir / "tta.md"]
+    write_csv_atomic(files[0], _round_floats(rows), TTA_COLUMNS)
+    write_text_atomic(files[1], tta_markdown(rows))
+    return files

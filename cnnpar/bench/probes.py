@@ -1,0 +1,174 @@
+"""Measurements that are not a whole train step: a host loader alone, a preprocessing function,
+compile wall time, and the largest batch that fits. Used by the claims."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from cnnpar.config import Config, resolve_for_device
+from cnnpar.data import DataBundle
+from cnnpar.data.loader import build_loader
+from cnnpar.data.transforms import CROP_PAD, random_crop, random_flip
+from cnnpar.dist import DistInfo
+from cnnpar.engine.optim import build_optimizer
+from cnnpar.engine.step import forward_backward, optimizer_step
+from cnnpar.models import build_model
+from cnnpar.parallel import Precision
+from cnnpar.report.meters import sync
+
+from .measure import endless_batches, free_device_memory, reset_compiler
+from .timing import Timing
+
+MAX_BATCH = 2**18  # the largest-batch search stops here: beyond it, memory is not what limits
+BISECT_STEPS = 4  # after the first failure: refine between the last fit and it to 1/16 of the gap
+
+
+def host_loader_rate(cfg: Config, bundle: DataBundle, timing: Timing) -> float:
+    """Images/s of the train loader alone, on the CPU (no device copy, no model): median of repeats."""
+    cpu = DistInfo(0, 0, 1, torch.device("cpu"))
+    loader = build_loader(bundle, resolve_for_device(cfg, "cpu", True), cpu, train=True)
+    batches = endless_batches(loader)
+    try:
+        for _ in range(timing.warmup):
+            next(batches)
+        rates = []
+        for _ in range(timing.repeats):
+            start, images = time.perf_counter(), 0
+            for _ in range(timing.steps):
+                images += next(batches)[1].shape[0]
+            rates.append(images / (time.perf_counter() - start))
+    finally:
+        batches.close()
+    return statistics.median(rates)
+
+
+def preprocess(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """The device-side transform as one function (uint8 -> normalised, pad-crop, flip), so it can be
+    compiled whole; the global RNG stands in for the loader's generator, which Dynamo cannot trace."""
+    x = torch.addcmul(shift, x.to(torch.float32), scale)
+    x = random_crop(x, CROP_PAD, None)
+    return random_flip(x, None)
+
+
+def time_calls(fn: Callable[[], object], device: torch.device, timing: Timing) -> float:
+    """Median milliseconds per call over repeats of `timing.steps` calls, after warm-up calls."""
+    for _ in range(max(3, timing.warmup)):
+        fn()
+    per_call = []
+    for _ in range(timing.repeats):
+        sync(device)  # note: a CPU-GPU sync point, before the clock starts
+        start = time.perf_counter()
+        for _ in range(timing.steps):
+            fn()
+        sync(device)
+        per_call.append(1000.0 * (time.perf_counter() - start) / timing.steps)
+    return statistics.median(per_call)
+
+
+def preprocess_ms(batch: torch.Tensor, compiled: bool, device: torch.device, timing: Timing) -> float:
+    reset_compiler()
+    c = batch.shape[1]
+    scale = torch.full((1, c, 1, 1), 1 / (255 * 0.25), device=device)
+    shift = torch.full((1, c, 1, 1), -2.0, device=device)
+    x = batch.to(device)
+    fn = torch.compile(preprocess) if compiled else preprocess
+    return time_calls(lambda: fn(x, scale, shift), device, timing)
+
+
+@contextlib.contextmanager
+def no_compile_caches():
+    """Compile from scratch: the on-disk FX-graph and autograd caches would otherwise make a
+    second run (or a second bench) look faster than a first compile is."""
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config, "force_disable_caches"):
+        with inductor_config.patch(force_disable_caches=True):
+            yield
+    else:  # older torch
+        with inductor_config.patch(fx_graph_cache=False):
+            yield
+
+
+def _fresh_step_parts(cfg: Config, shape: tuple[int, int, int], num_classes: int, device: torch.device):
+    c, h, _ = shape
+    model = build_model(cfg.model.name, c, num_classes, h).to(device)
+    if cfg.speed.channels_last == "on":
+        model = model.to(memory_format=torch.channels_last)
+    precision = Precision(cfg.speed.precision, device)
+    optimizer = build_optimizer(model, cfg.optim, cfg.optim.lr, device)
+    return model, precision, optimizer
+
+
+def _random_batch(batch: int, shape: tuple[int, int, int], num_classes: int, cfg: Config, device: torch.device):
+    x = torch.randn(batch, *shape, device=device)
+    if cfg.speed.channels_last == "on":
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, torch.randint(0, num_classes, (batch,), device=device)
+
+
+def warm_compiler(device: torch.device) -> None:
+    """Pay Inductor's one-time start-up (imports, worker pool) on a toy model, so the first timed
+    compile is not charged for it."""
+    reset_compiler()
+    toy = torch.compile(torch.nn.Linear(8, 8).to(device))
+    toy(torch.randn(4, 8, device=device)).sum().backward()
+    sync(device)
+
+
+def compile_seconds(cfg: Config, shape, num_classes: int, device: torch.device, dynamic: bool | None) -> float:
+    """Wall time of the first forward + backward of a freshly compiled model (the compile)."""
+    reset_compiler()
+    model, precision, _ = _fresh_step_parts(cfg, shape, num_classes, device)
+    compiled = torch.compile(model, dynamic=dynamic)
+    x, y = _random_batch(cfg.run.batch_size, shape, num_classes, cfg, device)
+    with no_compile_caches():
+        sync(device)
+        start = time.perf_counter()
+        forward_backward(compiled, x, y, precision, 0.0, 1.0)
+        sync(device)
+        return time.perf_counter() - start
+
+
+def _one_step(cfg: Config, shape, num_classes: int, device: torch.device, batch: int) -> None:
+    model, precision, optimizer = _fresh_step_parts(cfg, shape, num_classes, device)
+    x, y = _random_batch(batch, shape, num_classes, cfg, device)
+    forward_backward(model, x, y, precision, 0.0, 1.0)
+    optimizer_step(model, optimizer, precision, 0.0)
+    sync(device)
+
+
+def fits(cfg: Config, shape, num_classes: int, device: torch.device, batch: int, errors: list[str]) -> bool:
+    """Does one train step (model, optimizer state, activations) fit at this batch size?"""
+    ok = True
+    try:
+        _one_step(cfg, shape, num_classes, device, batch)
+    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one; a kernel's size limit is another
+        ok = False
+        if not isinstance(e, torch.cuda.OutOfMemoryError):
+            errors.append(f"batch {batch}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+    free_device_memory(device)  # after the failed step's frames (and their tensors) are gone
+    return ok
+
+
+def largest_batch(cfg: Config, shape, num_classes: int, device: torch.device) -> tuple[int, bool, list[str]]:
+    """Double from the config's batch until a step fails, then bisect. Returns (batch, capped, errors)."""
+    errors: list[str] = []
+    lo, hi = 0, cfg.run.batch_size
+    while hi <= MAX_BATCH and fits(cfg, shape, num_classes, device, hi, errors):
+        lo, hi = hi, hi * 2
+    if hi > MAX_BATCH:
+        return lo, True, errors
+    for _ in range(BISECT_STEPS):
+        mid = (lo + hi) // 2
+        if mid in (lo, hi):
+            break
+        if fits(cfg, shape, num_classes, device, mid, errors):
+            lo = mid
+        else:
+            hi = mid
+    return lo, False, errors

@@ -1,0 +1,104 @@
+"""Time to accuracy: train with the engine until validation accuracy first reaches a target.
+
+The Trainer's own epoch and evaluation are driven here (not `fit()`, which writes a run folder
+and checkpoints whose cost would be counted). The learning-rate schedule spans `run.epochs`, the
+most epochs allowed; the clock stops at the first evaluation that reaches the target. Compile
+happens in `warm_up_compile` before the clock starts and is reported separately.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from cnnpar.config import Config
+from cnnpar.data import DataBundle
+from cnnpar.dist import DistInfo
+from cnnpar.errors import UserError
+from cnnpar.presets import with_overrides
+
+from .measure import build_trainer, free_device_memory, reset_compiler
+
+
+def check_target(target: float) -> None:
+    if not 0.0 < target <= 1.0:
+        raise UserError(f"bench --target {target}: expected a validation accuracy in (0, 1], such as 0.99")
+
+
+def check_has_val(bundle: DataBundle) -> None:
+    if bundle.val is None:
+        raise UserError(
+            f"{bundle.origin}: no validation split to measure accuracy on: give data with a test split "
+            "or a --val-fraction above 0"
+        )
+
+
+def time_to_accuracy(cfg: Config, bundle: DataBundle, info: DistInfo, target: float, seed: int) -> dict:
+    cfg = with_overrides(cfg, run={"seed": seed, "progress": False})
+    free_device_memory(info.device)
+    reset_compiler()
+    trainer = build_trainer(cfg, bundle, info)
+    trainer.warm_up_compile()
+    accs: list[float] = []
+    train_s = eval_s = 0.0
+    start = time.perf_counter()
+    for epoch in range(1, cfg.run.epochs + 1):
+        train_s += trainer.train_epoch(epoch)["epoch_s"]
+        t0 = time.perf_counter()
+        accs.append(trainer.evaluate()["val_acc"])  # evaluate() ends on a host sync
+        eval_s += time.perf_counter() - t0
+        if accs[-1] >= target:
+            break
+    wall_s = time.perf_counter() - start
+    rc = trainer.cfg
+    row = {
+        "seed": seed,
+        "target": target,
+        "reached": accs[-1] >= target,
+        "epochs": len(accs),
+        "max_epochs": cfg.run.epochs,
+        "steps": len(accs) * trainer.steps_per_epoch,
+        "wall_s": wall_s,
+        "wall_with_compile_s": wall_s + trainer.compile_s,
+        "train_s": train_s,
+        "eval_s": eval_s,
+        "compile_s": trainer.compile_s,
+        "final_val_acc": accs[-1],
+        "best_val_acc": max(accs),
+        "acc_by_epoch": " ".join(f"{a:.4f}" for a in accs),
+        "precision": rc.speed.precision,
+        "channels_last": rc.speed.channels_last,
+        "compile": rc.speed.compile,
+        "loader": rc.data.loader,
+        "optimizer": rc.optim.optimizer,
+        "lr": trainer.lr,
+    }
+    del trainer
+    free_device_memory(info.device)
+    return row
+
+
+def run_tta(
+    cfg: Config,
+    bundle: DataBundle,
+    info: DistInfo,
+    target: float,
+    repeats: int,
+    meta: dict,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """One row per seed (seed, seed + 1, ...): time-to-accuracy varies with the seed, so report each."""
+    check_target(target)
+    check_has_val(bundle)
+    rows = []
+    for r in range(repeats):
+        seed = cfg.run.seed + r
+        log(f"bench: time to {100 * target:.2f}% accuracy, seed {seed} (at most {cfg.run.epochs} epochs) ...")
+        row = {**meta, **time_to_accuracy(cfg, bundle, info, target, seed)}
+        state = "reached" if row["reached"] else "NOT reached"
+        log(
+            f"bench: seed {seed}: {state} after {row['epochs']} epoch(s): {row['wall_s']:.2f} s "
+            f"({row['wall_with_compile_s']:.2f} s with compile), final acc {100 * row['final_val_acc']:.2f}%"
+        )
+        rows.append(row)
+    return rows

@@ -1,0 +1,127 @@
+"""`cnnpar bench` end to end on the CPU, tiny sizes: ladder files, --compare, the claims preset."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+import pytest
+
+from cnnpar.bench.claims import CLAIM_IDS
+from cnnpar.bench.output import CLAIM_COLUMNS, LADDER_COLUMNS
+from tests.conftest import REPO, run_cli
+
+TINY = ["--device", "cpu", "--image-size", "8", "--batch-size", "32", "--warmup-steps", "1", "--timed-steps", "2",
+        "--repeats", "2"]  # fmt: skip
+RUNGS = ["baseline", "workers", "pin_memory", "uint8_device", "bf16", "channels_last"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def documented_ladder_columns() -> list[str]:
+    text = (REPO / "docs" / "bench.md").read_text()
+    section = text.split("## Ladder CSV columns", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([a-z0-9_]+)` \|", section, flags=re.M)
+
+
+def read_rows(path) -> tuple[list[str], list[dict]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames), list(reader)
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ladder")
+    r = run_cli(["bench", *TINY, "--only", ",".join(RUNGS), "--out", str(out)], cwd=out, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, r
+
+
+def test_ladder_csv_has_documented_columns_and_one_row_per_rung(ladder):
+    out, _ = ladder
+    header, rows = read_rows(out / "ladder.csv")
+    assert header == documented_ladder_columns() == LADDER_COLUMNS
+    assert [r["name"] for r in rows] == RUNGS
+    by = {r["name"]: r for r in rows}
+    assert by["pin_memory"]["status"] == "skipped" and "CUDA" in by["pin_memory"]["error"]
+    for name in ("baseline", "workers", "uint8_device", "bf16", "channels_last"):
+        r = by[name]
+        assert r["status"] == "ok", r
+        assert float(r["images_per_s"]) > 0 and float(r["step_ms"]) > 0
+        assert 0 <= float(r["data_wait_share"]) <= 1 and 0 < float(r["mfu"]) < 1
+        assert float(r["images_per_s_min"]) <= float(r["images_per_s"]) <= float(r["images_per_s_max"])
+        assert r["device_type"] == "cpu" and r["model"] == "cnn3" and r["image_shape"] == "1x8x8"
+        assert r["batch_size"] == "32" and r["world_size"] == "1" and r["git_rev"] and r["torch"]
+    assert float(by["baseline"]["speedup_vs_baseline"]) == 1.0
+    # the switches are cumulative: each rung keeps what the ones before it added
+    assert (by["baseline"]["loader"], by["baseline"]["workers"], by["baseline"]["precision"]) == (
+        "textbook",
+        "0",
+        "fp32",
+    )
+    assert by["uint8_device"]["loader"] == "fast" and by["uint8_device"]["workers"] != "0"
+    assert (by["channels_last"]["precision"], by["channels_last"]["channels_last"]) == ("bf16", "on")
+    assert by["channels_last"]["prev_rung"] == "bf16"
+    ratio = float(by["channels_last"]["images_per_s"]) / float(by["bf16"]["images_per_s"])
+    assert float(by["channels_last"]["speedup_vs_prev"]) == pytest.approx(ratio, rel=1e-3)
+    md = (out / "ladder.md").read_text()
+    assert "x baseline" in md and "x previous" in md and "skipped: needs CUDA" in md
+
+
+def test_ladder_plots_are_valid_pngs(ladder):
+    from matplotlib.image import imread
+
+    out, _ = ladder
+    for name in ("throughput.png", "step_time.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_SIGNATURE
+        img = imread(out / name)
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_compare_shows_two_runs_side_by_side(ladder, tmp_path):
+    out, _ = ladder
+    header, rows = read_rows(out / "ladder.csv")
+    for r in rows:  # a second run: the same rows, twice as fast
+        if r["status"] == "ok":
+            r["images_per_s"] = str(2 * float(r["images_per_s"]))
+    b = tmp_path / "b" / "ladder.csv"
+    b.parent.mkdir()
+    with b.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(rows)
+    r = run_cli(["bench", "--compare", str(out / "ladder.csv"), str(b), "--out", str(tmp_path / "cmp")], tmp_path)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert md in r.stdout
+    line = next(ln for ln in md.splitlines() if ln.startswith("| bf16 |"))
+    assert line.rstrip().endswith("| 2.00x |")
+    assert re.search(r"^\| pin_memory \| skipped \| skipped \|", md, flags=re.M)
+
+
+def test_compare_names_a_csv_that_is_not_a_ladder(tmp_path):
+    bad = tmp_path / "x.csv"
+    bad.write_text("a,b\n1,2\n")
+    r = run_cli(["bench", "--compare", str(bad), str(bad)], tmp_path)
+    assert r.returncode == 2
+    assert "x.csv: missing column(s) name, status, images_per_s, step_ms" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_claims_preset_gives_every_claim_a_verdict(tmp_path):
+    out = tmp_path / "claims"
+    r = run_cli(["bench", "--preset", "claims", *TINY, "--only", "collate_speed", "--out", str(out)], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    header, rows = read_rows(out / "claims.csv")
+    assert header == CLAIM_COLUMNS
+    assert [row["claim"] for row in rows] == list(CLAIM_IDS)
+    verdicts = {row["claim"]: row["verdict"] for row in rows}
+    assert set(verdicts.values()) <= {"confirmed", "not reproduced", "not measurable here", "not measured"}
+    for cuda_only in ("pin_memory", "two_streams", "amp_batch", "cudnn_benchmark"):
+        assert verdicts[cuda_only] == "not measurable here"
+    collate = next(row for row in rows if row["claim"] == "collate_speed")
+    assert collate["verdict"] in ("confirmed", "not reproduced")
+    ratio = float(collate["variant_value"]) / float(collate["baseline_value"])
+    assert float(collate["measured_ratio"]) == pytest.approx(ratio, rel=1e-3)
+    assert (out / "claims.md").read_text().count("\n| ") == len(CLAIM_IDS) + 1

@@ -1,0 +1,99 @@
+"""The bench in-process on the CPU: a failing rung, time to accuracy, verdicts, the ladder plan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cnnpar.bench.measure as measure
+from cnnpar.bench.claims import verdict
+from cnnpar.bench.ladder import RUNG_NAMES, plan_ladder, run_ladder
+from cnnpar.bench.timing import Timing
+from cnnpar.bench.tta import run_tta
+from cnnpar.cli import main
+from cnnpar.config import Config
+from cnnpar.data import load_data
+from cnnpar.dist import DistInfo
+from cnnpar.presets import with_overrides
+
+CPU = DistInfo(0, 0, 1, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two OpenMP threads on a busy two-core host can run 20x slower than one; tests need not wait."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def digits8():
+    cfg = with_overrides(Config(), data={"image_size": 8}, speed={"device": "cpu"}, run={"batch_size": 32})
+    return cfg, load_data(cfg.data, cfg.run.seed)
+
+
+def test_a_failing_rung_is_recorded_and_the_ladder_goes_on(digits8, monkeypatch):
+    cfg, bundle = digits8
+    real = measure.forward_backward
+
+    def oom_under_fp16(model, x, y, precision, *args):
+        if precision.kind == "fp16":
+            raise RuntimeError("out of memory: tried to allocate 1 PiB (injected)")
+        return real(model, x, y, precision, *args)
+
+    monkeypatch.setattr(measure, "forward_backward", oom_under_fp16)
+    rows = run_ladder(cfg, bundle, CPU, Timing(1, 2, 1), {}, only={"baseline", "fp16_scaler", "channels_last"},
+                      log=lambda s: None)  # fmt: skip
+    by = {r["name"]: r for r in rows}
+    assert [r["name"] for r in rows] == ["baseline", "fp16_scaler", "channels_last"]
+    assert by["fp16_scaler"]["status"] == "failed"
+    assert by["fp16_scaler"]["error"].startswith("RuntimeError: out of memory")
+    assert "images_per_s" not in by["fp16_scaler"]
+    assert by["channels_last"]["status"] == "ok" and by["channels_last"]["images_per_s"] > 0
+    assert by["channels_last"]["precision"] == "bf16"  # built on bf16, not on the fp16 branch
+
+
+def test_cpu_plan_skips_cuda_rungs_without_carrying_them_forward(digits8):
+    cfg, bundle = digits8
+    plan = {p.rung.name: p for p in plan_ladder(cfg, torch.device("cpu"), bundle)}
+    assert list(plan) == list(RUNG_NAMES)
+    skipped = {n for n, p in plan.items() if p.skip_reason}
+    assert skipped == {"pin_memory", "prefetch_stream", "cuda_graphs", "resident"}
+    last = plan["compile"].cfg
+    assert last.data.pin_memory == "off" and last.data.prefetch_stream == "off" and last.data.resident == "off"
+    assert last.speed.compile == "default" and last.data.persistent_workers and last.data.loader == "fast"
+    assert plan["persistent_workers"].builds_on == "workers"  # pin_memory was skipped, so not its parent
+
+
+def test_tta_stops_at_the_first_epoch_that_reaches_the_target():
+    cfg = with_overrides(
+        Config(),
+        data={"image_size": 8},
+        optim={"schedule": "constant", "warmup": 0.0},
+        speed={"device": "cpu"},
+        run={"epochs": 30, "max_steps": 4, "batch_size": 32},
+    )
+    bundle = load_data(cfg.data, cfg.run.seed)
+    [row] = run_tta(cfg, bundle, CPU, 0.5, 1, {"model": "cnn3"}, log=lambda s: None)
+    accs = [float(a) for a in row["acc_by_epoch"].split()]
+    assert row["reached"] and row["final_val_acc"] >= 0.5
+    assert row["epochs"] == len(accs) < 30
+    assert all(a < 0.5 for a in accs[:-1])
+    assert row["wall_s"] >= row["train_s"] > 0 and row["wall_with_compile_s"] == row["wall_s"] + row["compile_s"]
+
+
+def test_verdict_needs_half_the_claimed_effect():
+    assert verdict(1.18, 1.10) == "confirmed"
+    assert verdict(1.18, 1.08) == "not reproduced"
+    assert verdict(3.0, 2.0) == "confirmed"
+    assert verdict(3.0, 0.9) == "not reproduced"
+
+
+def test_bad_target_is_one_line_user_error(capsys):
+    assert main(["bench", "--tta", "--target", "99"]) == 2
+    err = capsys.readouterr().err
+    assert "bench --target 99.0: expected a validation accuracy in (0, 1]" in err
+    assert main(["bench", "--only", "warp_drive", "--device", "cpu"]) == 2
+    assert "unknown rung(s) warp_drive" in capsys.readouterr().err
