@@ -26,18 +26,23 @@ def forward_backward(
     return loss.detach() * y.shape[0], correct
 
 
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, grad_clip: float) -> None:
+def optimizer_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, grad_clip: float
+) -> torch.Tensor | None:
     """Clip (after DDP's all-reduce, so the norm is global and equal on every rank) and step.
 
     DDP has already averaged the gradients when backward returns, so a plain clip_grad_norm_ on
     each rank sees the same gradients and computes the same norm: a separate "distributed clip"
-    that all-reduces norms would only repeat that work.
+    that all-reduces norms would only repeat that work. Returns the pre-clip norm (a device
+    tensor, not read here) when clipping is on, else None.
     """
+    norm = None
     if grad_clip > 0:
         precision.unscale(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
     precision.step(optimizer)
     optimizer.zero_grad(set_to_none=True)
+    return norm
 
 
 def sync_context(ddp_module: nn.Module | None, last_micro_step: bool):
@@ -49,8 +54,13 @@ def sync_context(ddp_module: nn.Module | None, last_micro_step: bool):
 
 @torch.no_grad()
 def eval_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision):
-    """Summed loss (float64, so sums over ranks match one process) and correct count."""
+    """Summed loss and correct count.
+
+    The per-sample losses are summed in float64: a float32 sum over a batch rounds differently
+    for each batch composition (about 1e-8 relative), so sharded sums would not match a
+    single-process evaluation of the same weights to the last digit.
+    """
     with precision.autocast():
         logits = model(x)
-    loss = F.cross_entropy(logits.float(), y, reduction="sum").double()
+    loss = F.cross_entropy(logits.double(), y, reduction="sum")
     return loss, (logits.argmax(dim=1) == y).sum()

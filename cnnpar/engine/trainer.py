@@ -23,8 +23,9 @@ from cnnpar.data import DataBundle, load_data
 from cnnpar.data.loader import build_loader
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
+from cnnpar.engine.fault import maybe_inject_fault
 from cnnpar.engine.optim import build_optimizer, build_scheduler, scaled_lr
-from cnnpar.engine.rundir import resolve_run
+from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
 from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize
@@ -99,6 +100,9 @@ class Trainer:
             compile_mode=cfg.speed.compile,
         )
         self.raw_model = unwrap(self.model)  # SyncBN conversion may have replaced the module
+        # Identical weights came from the shared seed; from here on each rank draws its own random
+        # numbers (dropout, DataLoader worker seeds, textbook augmentation): seed + rank.
+        torch.manual_seed(cfg.run.seed + info.rank)
         ddp = getattr(self.model, "_orig_mod", self.model)
         self.ddp = ddp if isinstance(ddp, DDP) else None
         self.precision = Precision(cfg.speed.precision, info.device)
@@ -191,6 +195,7 @@ class Trainer:
             t0 = time.perf_counter()
             x, y = next(it)
             clock.waited(time.perf_counter() - t0, y.shape[0])
+            maybe_inject_fault(epoch, i, self.micro_steps, info)  # test-only; see engine/fault.py
             last = (i + 1) % accum == 0 or i + 1 == self.micro_steps
             with sync_context(self.ddp, last):
                 loss, right = forward_backward(self.model, x, y, self.precision, cfg.optim.label_smoothing, 1.0 / accum)
@@ -252,6 +257,11 @@ class Trainer:
             f"({cfg.optim.lr_scaling} scaling)"
         )
         self.log(f"run folder: {self.run_dir}")
+        if restarts_cannot_find_run(cfg):
+            self.log(
+                "warning: torchrun may restart this job (--max-restarts) but it has no stable name: pass "
+                "--name or --rdzv-id, or a restart starts over in a new folder instead of resuming"
+            )
         if self.start_epoch > cfg.run.epochs:
             self.log(f"nothing to do: the checkpoint already holds all {cfg.run.epochs} epochs")
         self.warm_up_compile()
