@@ -249,7 +249,7 @@ class Trainer:
         self.log(
             f"cnnpar: {cfg.model.name} on {self.bundle.origin} | {info.world_size} process(es) on "
             f"{info.device.type} | {cfg.speed.precision}, channels_last {cfg.speed.channels_last}, "
-            f"compile {cfg.speed.compile}"
+            f"compile {cfg.speed.compile}{', SyncBatchNorm' if cfg.dist.sync_bn and info.distributed else ''}"
         )
         self.log(
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
