@@ -19,6 +19,9 @@ size, config and git revision.
     python benchmarks/ddp_scaling.py                                  # ResNet-50 224², bf16, 1 and 2 GPUs
     python benchmarks/ddp_scaling.py --world-sizes 1,2,4,8 --compile default
     python benchmarks/ddp_scaling.py --device cpu --model cnn3 --image-size 32 --steps 5 --batch-size 16
+
+Through the device tool, write into $OUT so the files come back:
+    python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --out $OUT/ddp_scaling_h200x2
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", default="off", help="torch.compile mode or off (compile adds minutes per size)")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))
     p.add_argument("--workers", type=int, default=-1, help="DataLoader workers (-1: cnnpar's choice)")
-    p.add_argument("--steps", type=int, default=50, help="steps per timed call")
+    p.add_argument("--steps", type=int, default=100, help="steps per timed call")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per world size (median reported)")
     p.add_argument("--warmup-calls", type=int, default=1, help="untimed calls of --steps steps first")
     p.add_argument("--real-samples", type=int, default=1024, help="distinct images held in memory per process")
