@@ -104,7 +104,7 @@ def attempt_store(world_size: int, timeout: timedelta) -> dist.Store | None:
     torchrun (its agent) serves one TCP store for the whole job and its workers connect to it
     without a prefix, so after `--max-restarts` restarts the new workers can read the dead
     ones' process-group keys (gloo peer addresses among them) and fail with "connection refused"
-    or hang in init (seen here with torch 2.14 and gloo in two of three restarts); a prefix per attempt
+    or hang in init (seen here with torch 2.14 and gloo in 4 of 7 restarts); a prefix per attempt
     (TORCHELASTIC_RESTART_COUNT) makes every attempt start from an empty key space.
     """
     init_no = next(_INIT_COUNT)

@@ -39,7 +39,7 @@ SAMPLER_N, SAMPLER_BATCH = 200, 20  # 100 samples a rank: 5 full batches, nothin
 ACCUM_K, ACCUM_B = 3, 4  # micro-steps and samples per micro-step per rank
 CLIP = 0.05  # far below the gradient norm of a fresh model, so clipping is active
 SMALL_RUN = ["--device", "cpu", "--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "128"]
-SMALL_RUN += ["--batch-size", "16", "--no-progress"]
+SMALL_RUN += ["--batch-size", "16", "--no-progress", "--timeout-s", "60"]  # a lost peer must not hang a test
 
 
 def digest(tensors) -> str:
