@@ -26,10 +26,12 @@ def _user_error_text(e: UserError) -> str:
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args, passthrough_args
-    from cnnpar.dist import destroy_distributed, init_distributed
+    from cnnpar.dist import debug_single_requested, destroy_distributed, init_distributed, surplus_debug_worker
 
     cfg = config_from_args(args)
-    if cfg.dist.nproc > 0 and "RANK" not in os.environ:
+    if surplus_debug_worker(cfg.dist.debug_single):
+        return 0  # the debug switch runs one process: global rank 0 alone
+    if cfg.dist.nproc > 0 and "RANK" not in os.environ and not debug_single_requested(cfg.dist.debug_single):
         # The convenience launcher: hand the same command to torchrun for this one machine.
         cmd = [
             sys.executable,
@@ -43,10 +45,10 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         ]
         print("cnnpar: launching", " ".join(cmd), flush=True)
         return subprocess.call(cmd)
-    info = init_distributed(cfg.speed.device, cfg.dist.debug_single, cfg.dist.timeout_s)
-    if not info.is_main:
-        warnings.filterwarnings("ignore")  # rank 0 speaks for the job; others speak only on failure
     try:
+        info = init_distributed(cfg.speed.device, cfg.dist.debug_single, cfg.dist.timeout_s)
+        if not info.is_main:
+            warnings.filterwarnings("ignore")  # rank 0 speaks for the job; others speak only on failure
         from cnnpar.engine.trainer import Trainer
 
         result = Trainer(cfg, info).fit()

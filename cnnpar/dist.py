@@ -7,6 +7,7 @@ RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT); cnnpar never starts its own tra
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,6 +16,9 @@ import torch
 import torch.distributed as dist
 
 DEBUG_ENV = "CNNPAR_DEBUG_SINGLE"
+# Counts process-group set-ups in this process (see attempt_store): a second init after a
+# destroy, which every rank does in step, gets fresh keys too.
+_INIT_COUNT = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,15 @@ def debug_single_requested(flag: bool = False) -> bool:
 
 def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def surplus_debug_worker(debug_single: bool = False) -> bool:
+    """True for every torchrun worker but global rank 0 when the debug switch is on.
+
+    `CNNPAR_DEBUG_SINGLE=1 torchrun --nproc_per_node=N ...` must run one process, not N copies
+    of a single-process run racing for the same run folder; the surplus workers exit at once.
+    """
+    return debug_single_requested(debug_single) and launched_by_torchrun() and int(os.environ["RANK"]) != 0
 
 
 def pick_device(requested: str, local_rank: int) -> torch.device:
@@ -76,14 +89,45 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    kwargs = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), **kwargs)
+    timeout = timedelta(seconds=timeout_s)
+    kwargs: dict = {"device_id": device} if device.type == "cuda" else {}
+    store = attempt_store(world_size, timeout)
+    if store is not None:
+        kwargs.update(store=store, rank=rank, world_size=world_size)
+    dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
     return DistInfo(rank, local_rank, world_size, device)
 
 
+def attempt_store(world_size: int, timeout: timedelta) -> dist.Store | None:
+    """torchrun's key-value store, with keys kept apart per restart attempt (None: use env://).
+
+    torchrun (its agent) serves one TCP store for the whole job and its workers connect to it
+    without a prefix, so after `--max-restarts` restarts the new workers can read the dead
+    ones' process-group keys (gloo peer addresses among them) and fail with "connection refused"
+    or hang in init (seen here with torch 2.14 and gloo in 4 of 7 restarts); a prefix per attempt
+    (TORCHELASTIC_RESTART_COUNT) makes every attempt start from an empty key space.
+    """
+    init_no = next(_INIT_COUNT)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None  # not torchrun's shared store: env:// makes rank 0 host a fresh one
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"cnnpar/attempt_{attempt}/init_{init_no}/", store)
+
+
 def destroy_distributed() -> None:
+    """Leave the process group; called from `finally`, so it runs on the error path too.
+
+    Never raises: after a peer died, tearing down can fail, and that second error must not hide
+    the first one, which is the one that names the rank and the cause.
+    """
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        except Exception:  # see the docstring
+            pass
 
 
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:

@@ -1,4 +1,9 @@
-"""Where a run's files go, and which checkpoint (if any) it resumes from."""
+"""Where a run's files go, and which checkpoint (if any) it resumes from.
+
+Rank 0 decides and broadcasts the decision, so every rank agrees on the folder and the
+checkpoint even when their clocks or their views of the file system differ; each rank then
+checks that it can see the checkpoint it must read.
+"""
 
 from __future__ import annotations
 
@@ -17,14 +22,25 @@ def elastic_restart() -> bool:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
-def default_name(cfg: Config, info: DistInfo) -> str:
-    """A name every rank agrees on and that survives torchrun restarts.
+def torchrun_job_id() -> str:
+    """torchrun's job id (--rdzv-id; --standalone makes one per launch), '' when there is none.
 
-    torchrun keeps one job id across restarts (--standalone makes a fresh one per launch), so a
-    restarted job finds its own folder again; otherwise rank 0's clock decides and is broadcast.
+    It is the same in every attempt of one launch, so a restarted job finds its folder again.
+    A multi-node launch without --rdzv-id gets the literal 'none', which names nothing.
     """
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if run_id and run_id != "none":
+    return "" if run_id in ("", "none") else run_id
+
+
+def restarts_cannot_find_run(cfg: Config) -> bool:
+    """torchrun may restart this job, but a restart would not know which folder to resume."""
+    may_restart = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+    return may_restart and not cfg.run.name and not torchrun_job_id()
+
+
+def default_name(cfg: Config) -> str:
+    run_id = torchrun_job_id()
+    if run_id:
         return f"{cfg.model.name}-{run_id[:12]}"
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     name = f"{cfg.model.name}-{stamp}"
@@ -33,11 +49,11 @@ def default_name(cfg: Config, info: DistInfo) -> str:
     while (Path(cfg.run.out_dir) / name).exists():
         n += 1
         name = f"{cfg.model.name}-{stamp}-{n}"
-    return broadcast_object(name, info)
+    return name
 
 
-def resolve_run(cfg: Config, info: DistInfo) -> tuple[Path, Path | None]:
-    """Return (run folder, checkpoint to resume from or None). Creates nothing."""
+def _decide(cfg: Config) -> tuple[str, str | None]:
+    """Rank 0's decision: (run folder, checkpoint or None). Raises UserError; creates nothing."""
     resume = cfg.run.resume
     if resume and resume != "auto":
         target = Path(resume)
@@ -47,15 +63,36 @@ def resolve_run(cfg: Config, info: DistInfo) -> tuple[Path, Path | None]:
                 f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt or a .pt file)"
             )
         run_dir = target if target.is_dir() else ckpt.parent.parent if ckpt.parent.name == "ckpt" else ckpt.parent
-        return run_dir, ckpt
-    name = cfg.run.name or default_name(cfg, info)
-    run_dir = Path(cfg.run.out_dir) / name
+        return str(run_dir), str(ckpt)
+    run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
     existing = find_checkpoint(run_dir) if run_dir.is_dir() else None
     if resume == "auto" or elastic_restart():
-        return run_dir, existing
+        return str(run_dir), str(existing) if existing else None
     if existing is not None:
         raise UserError(
             f"{run_dir}: already holds a run with a checkpoint: pass --resume auto to continue it, "
             f"or choose another --name"
         )
-    return run_dir, None
+    return str(run_dir), None
+
+
+def resolve_run(cfg: Config, info: DistInfo) -> tuple[Path, Path | None]:
+    """Return (run folder, checkpoint to resume from or None), the same on every rank."""
+    decision: tuple[str, str | None] | str
+    if info.is_main:
+        try:
+            decision = _decide(cfg)
+        except UserError as e:
+            decision = str(e)  # broadcast the refusal too, or the other ranks would wait for a folder
+    else:
+        decision = ""
+    decision = broadcast_object(decision, info)
+    if isinstance(decision, str):
+        raise UserError(decision)
+    run_dir, ckpt = decision
+    if ckpt is not None and not Path(ckpt).is_file():
+        raise UserError(
+            f"{ckpt}: rank 0 resumes from this checkpoint but rank {info.rank} cannot read it: every node "
+            f"must see --out-dir (a shared file system)"
+        )
+    return Path(run_dir), Path(ckpt) if ckpt is not None else None

@@ -30,20 +30,23 @@ def forward_backward(
 
 def optimizer_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, grad_clip: float, zero_grad: bool = True
-) -> None:
+) -> torch.Tensor | None:
     """Clip (after DDP's all-reduce, so the norm is global and equal on every rank) and step.
 
     DDP has already averaged the gradients when backward returns, so a plain clip_grad_norm_ on
     each rank sees the same gradients and computes the same norm: a separate "distributed clip"
-    that all-reduces norms would only repeat that work.
+    that all-reduces norms would only repeat that work. Returns the pre-clip norm (a device
+    tensor, not read here) when clipping is on, else None.
     """
+    norm = None
     with span(OPTIMIZER_STEP):
         if grad_clip > 0:
             precision.unscale(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
         precision.step(optimizer)
     if zero_grad:  # a CUDA-graphed backward overwrites its gradients in place: they must stay allocated
         optimizer.zero_grad(set_to_none=True)
+    return norm
 
 
 def sync_context(ddp_module: nn.Module | None, last_micro_step: bool):
@@ -55,13 +58,16 @@ def sync_context(ddp_module: nn.Module | None, last_micro_step: bool):
 
 @torch.no_grad()
 def eval_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision, tta_flip: bool = False):
-    """Summed loss (float64, so sums over ranks match one process) and correct count.
+    """Summed loss and correct count.
 
-    With tta_flip the logits are averaged over the image and its mirror (test-time augmentation).
+    The per-sample losses are summed in float64: a float32 sum over a batch rounds differently
+    for each batch composition (about 1e-8 relative), so sharded sums would not match a
+    single-process evaluation of the same weights to the last digit. With tta_flip the logits
+    are averaged over the image and its mirror (test-time augmentation).
     """
     with precision.autocast():
         logits = model(x)
         if tta_flip:
             logits = 0.5 * (logits + model(x.flip(-1)))
-    loss = F.cross_entropy(logits.float(), y, reduction="sum").double()
+    loss = F.cross_entropy(logits.double(), y, reduction="sum")
     return loss, (logits.argmax(dim=1) == y).sum()

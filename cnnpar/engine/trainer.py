@@ -24,8 +24,9 @@ from cnnpar.data import DataBundle, load_data
 from cnnpar.data.loader import build_loader
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
+from cnnpar.engine.fault import maybe_inject_fault
 from cnnpar.engine.optim import build_optimizer, build_scheduler, scaled_lr
-from cnnpar.engine.rundir import resolve_run
+from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
 from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
@@ -106,6 +107,9 @@ class Trainer:
             compile_mode=cfg.speed.compile,
         )
         self.raw_model = unwrap(self.model)  # SyncBN conversion may have replaced the module
+        # Identical weights came from the shared seed; from here on each rank draws its own random
+        # numbers (dropout, DataLoader worker seeds, textbook augmentation): seed + rank.
+        torch.manual_seed(cfg.run.seed + info.rank)
         ddp = getattr(self.model, "_orig_mod", self.model)
         self.ddp = ddp if isinstance(ddp, DDP) else None
         self.precision = Precision(cfg.speed.precision, info.device)
@@ -237,6 +241,7 @@ class Trainer:
             with span(DATA_WAIT):
                 x, y = next(it)
             clock.waited(time.perf_counter() - t0, y.shape[0])
+            maybe_inject_fault(epoch, i, self.micro_steps, info)  # test-only; see engine/fault.py
             last = (i + 1) % accum == 0 or i + 1 == self.micro_steps
             loss, right = self._micro_step(x, y, last)
             loss_sum += loss
@@ -303,7 +308,7 @@ class Trainer:
         self.log(
             f"cnnpar: {cfg.model.name} on {self.bundle.origin} | {info.world_size} process(es) on "
             f"{info.device.type} | {cfg.speed.precision}, channels_last {cfg.speed.channels_last}, "
-            f"compile {cfg.speed.compile}"
+            f"compile {cfg.speed.compile}{', SyncBatchNorm' if cfg.dist.sync_bn and info.distributed else ''}"
         )
         self.log(
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
@@ -311,6 +316,11 @@ class Trainer:
             f"({cfg.optim.lr_scaling} scaling)"
         )
         self.log(f"run folder: {self.run_dir}")
+        if restarts_cannot_find_run(cfg):
+            self.log(
+                "warning: torchrun may restart this job (--max-restarts) but it has no stable name: pass "
+                "--name or --rdzv-id, or a restart starts over in a new folder instead of resuming"
+            )
         if self.start_epoch > cfg.run.epochs:
             self.log(f"nothing to do: the checkpoint already holds all {cfg.run.epochs} epochs")
         self.warm_up_compile()

@@ -16,12 +16,24 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.dist import DistInfo
+from cnnpar.errors import ConfigError
 
 
 def apply_sync_bn(model: nn.Module, info: DistInfo, enabled: bool) -> nn.Module:
-    if enabled and info.distributed:
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return model
+    """BatchNorm statistics over the global batch instead of each rank's share of it.
+
+    One process has nothing to synchronise with, so the switch is then a no-op. On the CPU it is
+    refused up front: DDP rejects SyncBatchNorm outside GPU modules, and saying so here beats a
+    ValueError from inside DDP's constructor on every rank.
+    """
+    if not (enabled and info.distributed):
+        return model
+    if info.device.type != "cuda":
+        raise ConfigError(
+            f"dist.sync_bn = true: SyncBatchNorm needs CUDA devices, and this run is on {info.device.type} "
+            f"(gloo); drop --sync-bn or run on GPUs"
+        )
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def apply_channels_last(model: nn.Module, enabled: bool) -> nn.Module:

@@ -1,0 +1,113 @@
+"""DDP correctness on the CPU: one 2-process gloo job (tests/dist/checks.py), many assertions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import cli_env, torchrun_cmd
+
+CHECKS = Path(__file__).with_name("checks.py")
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    work = tmp_path_factory.mktemp("ddp_checks")
+    proc = subprocess.run(
+        [*torchrun_cmd(2, "--standalone"), str(CHECKS), str(work)],
+        cwd=work,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((work / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_both_ranks_ran_in_one_world(ranks):
+    assert [r["world_size"] for r in ranks] == [2, 2]
+
+
+def test_parameters_identical_on_both_ranks_after_trainer_steps(ranks):
+    assert ranks[0]["trainer"]["params"] == ranks[1]["trainer"]["params"]
+
+
+def test_batchnorm_statistics_identical_after_evaluation(ranks):
+    assert ranks[0]["trainer"]["buffers_after_eval"] == ranks[1]["trainer"]["buffers_after_eval"]
+
+
+def test_distributed_validation_equals_single_process_validation(ranks):
+    ref = ranks[0]["trainer"]["ref_eval"]
+    for r in ranks:
+        got = r["trainer"]["dist_eval"]
+        assert got["val_count"] == ref["count"] == 61  # no padded duplicates, nothing dropped
+        assert got["val_acc"] == ref["correct"] / ref["count"]
+        assert got["val_loss"] == pytest.approx(ref["loss_sum"] / ref["count"], rel=1e-9, abs=0)
+
+
+def test_training_shards_are_disjoint_cover_the_data_and_reshuffle_each_epoch(ranks):
+    for epoch in ("epoch1", "epoch2"):
+        a, b = (r["sampler"][epoch] for r in ranks)
+        assert len(a) == len(b) == 100
+        assert not set(a) & set(b)
+        assert sorted(a + b) == list(range(200))
+    for r in ranks:
+        assert r["sampler"]["epoch1"] != r["sampler"]["epoch2"]  # set_epoch gave a new permutation
+
+
+def test_each_rank_seeds_its_randomness_with_seed_plus_rank(ranks):
+    seed = 3
+    for rank, r in enumerate(ranks):
+        assert r["trainer"]["augment_seed"] == seed + rank
+        assert r["trainer"]["global_seed"] == seed + rank
+
+
+def test_lr_scaled_linearly_with_world_size(ranks):
+    assert ranks[0]["trainer"]["lr"] == pytest.approx(2e-3 * 2)
+
+
+def test_no_sync_accumulation_equals_one_large_batch(ranks):
+    for r in ranks:
+        acc = r["accumulation"]
+        assert acc["max_update"] > 1e-3  # the step moved the weights
+        assert acc["max_gap_to_reference"] <= 1e-5 * acc["max_update"] + 1e-7
+    a, b = (r["accumulation"] for r in ranks)
+    # inside no_sync each rank kept its own gradients; after the last micro-step they agree
+    assert a["grads_after_first_micro_step"] != b["grads_after_first_micro_step"]
+    assert a["grads_synced"] == b["grads_synced"]
+    assert a["params"] == b["params"]
+
+
+def test_gradient_clipping_sees_the_same_global_norm_on_every_rank(ranks):
+    a, b = (r["accumulation"] for r in ranks)
+    assert a["norm"] == b["norm"]
+    assert a["norm"] == pytest.approx(a["ref_norm"], rel=1e-5)
+    assert a["norm"] > 0.05  # above the clip threshold, so clipping acted on the update compared above
+
+
+def test_sync_batchnorm_on_cpu_is_refused_with_a_clear_message(ranks):
+    for r in ranks:
+        assert r["sync_bn_cpu"]["refused"]
+        assert "sync_bn" in r["sync_bn_cpu"]["message"] and "CUDA" in r["sync_bn_cpu"]["message"]
+
+
+def test_user_error_after_init_names_the_rank_and_destroys_the_group(ranks):
+    for rank, r in enumerate(ranks):
+        err = r["error_path"]
+        assert err["rc"] == 2
+        assert not err["initialized_after"]
+        assert f"[rank {rank}]" in err["stderr"] and "no-such-run" in err["stderr"]
+        assert "Traceback" not in err["stderr"]
+
+
+
+def test_a_failing_rank_is_named_and_every_rank_tears_down(ranks):
+    failing, other = ranks[1]["failure"], ranks[0]["failure"]
+    assert "cnnpar: rank 1 failed" in failing["stderr"]
+    assert "injected fault" in failing["exception"]
+    assert "cnnpar: rank 0 failed" in other["stderr"] and other["exception"]  # it lost its peer
+    assert not failing["initialized_after"] and not other["initialized_after"]

@@ -1,0 +1,38 @@
+"""benchmarks/ddp_scaling.py on the CPU: it launches torchrun per world size and writes its rows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cnnpar.report.files import read_csv
+from tests.conftest import REPO, cli_env
+
+
+def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
+    out = tmp_path / "scaling"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "ddp_scaling.py"), "--device", "cpu", "--model", "cnn3"]
+    cmd += ["--image-size", "16", "--num-classes", "10", "--batch-size", "8", "--steps", "2", "--repeats", "1"]
+    cmd += ["--real-samples", "32", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    rows = read_csv(out.with_suffix(".csv"))
+    assert [int(r["world_size"]) for r in rows] == [1, 2]
+    one, two = rows
+    assert float(one["speedup"]) == 1.0 and float(one["scaling_efficiency"]) == 1.0
+    ips1, ips2 = float(one["images_per_s"]), float(two["images_per_s"])
+    assert ips1 > 0 and ips2 > 0
+    assert float(two["speedup"]) == pytest.approx(ips2 / ips1, rel=1e-3)
+    assert float(two["scaling_efficiency"]) == pytest.approx(ips2 / (2 * ips1), rel=1e-3)
+    assert float(two["images_per_s_per_device"]) == pytest.approx(ips2 / 2, rel=1e-3)
+    for r in rows:  # the real host pipeline, not a resident data set; the facts every result carries
+        assert r["resident"] == "False"
+        assert r["torch"] and r["device"] and r["git_rev"] and r["model"] == "cnn3"
+
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["config"]["device"] == "cpu" and report["config"]["batch_size"] == 8
+    assert [w["environment"]["world_size"] for w in report["workers"]] == [1, 2]

@@ -1,0 +1,129 @@
+"""`cnnpar train` under real torchrun launches (CPU, gloo): restarts, two "nodes", the debug
+switch and who prints. (A failing rank being named is checked inside tests/dist/checks.py.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+from cnnpar.report.files import read_csv
+from tests.conftest import cli_env, torchrun_cmd
+
+TRAIN = [
+    "-m",
+    "cnnpar",
+    "train",
+    "--device",
+    "cpu",
+    "--data",
+    "synthetic",
+    "--image-shape",
+    "1x16x16",
+    "--synthetic-samples",
+    "256",
+    "--batch-size",
+    "16",
+    "--no-progress",
+]
+
+
+def run(cmd: list[str], cwd: Path, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def explain(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+
+
+def only_run_folder(cwd: Path) -> Path:
+    runs = sorted((cwd / "runs").iterdir())
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def worker_log(logs: Path, attempt: int, local_rank: int, stream: str) -> str:
+    """torchrun --redirects 3 --log-dir LOGS keeps LOGS/<job>/attempt_<n>/<local rank>/std{out,err}.log."""
+    (path,) = logs.glob(f"*/attempt_{attempt}/{local_rank}/{stream}.log")
+    return path.read_text()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_killed_worker_restarts_resumes_and_only_rank0_speaks(tmp_path):
+    """Rank 1 SIGKILLs itself half-way through epoch 2 of the first attempt (engine/fault.py);
+    torchrun restarts the group, which finds its run folder by the job id and resumes after
+    epoch 1. Every epoch lands in metrics.csv exactly once."""
+    logs = tmp_path / "logs"
+    proc = run(
+        [*torchrun_cmd(2, "--standalone", "--max-restarts=1", "--redirects=3", f"--log-dir={logs}"), *TRAIN]
+        + ["--epochs", "3", "--lr-scaling", "linear"],
+        tmp_path,
+        CNNPAR_FAULT_KILL_AT_EPOCH="2",
+    )
+    assert proc.returncode == 0, explain(proc)
+    run_dir = only_run_folder(tmp_path)
+    assert [row["epoch"] for row in read_csv(run_dir / "metrics.csv")] == ["1", "2", "3"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["epochs"] == 3 and summary["world_size"] == 2
+
+    first, second = worker_log(logs, 0, 0, "stdout"), worker_log(logs, 1, 0, "stdout")
+    assert "epoch 1/3" in first and "epoch 2/3" not in first  # killed during epoch 2
+    assert "resumed from" in second and "after epoch 1" in second
+    assert "epoch 2/3" in second and "epoch 3/3" in second and "epoch 1/3 " not in second
+    # the start-up banner: global batch and the lr scaling
+    assert "batch 16/process x 2 process(es) x 1 accumulation = 32 per step" in first
+    assert "lr 0.002 -> 0.004 (linear scaling)" in first
+    # rank 1 writes nothing to the terminal, in either attempt, unless it fails
+    for attempt in (0, 1):
+        assert worker_log(logs, attempt, 1, "stdout") == ""
+    assert worker_log(logs, 1, 1, "stderr") == ""
+
+
+def test_two_node_rendezvous_on_localhost_trains(tmp_path):
+    """Two torchrun invocations, one process each, meeting through the c10d rendezvous."""
+    port = free_port()
+    launch = torchrun_cmd(
+        1, "--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=cnnpar-2node"
+    )
+    cmd = [*launch, *TRAIN, "--epochs", "2"]
+    nodes = [
+        subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = []
+    try:
+        for node in nodes:
+            out, err = node.communicate(timeout=180)
+            outs.append((node.returncode, out, err))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    for rc, out, err in outs:
+        assert rc == 0, f"exit {rc}\n{out[-2000:]}\n{err[-2000:]}"
+    run_dir = only_run_folder(tmp_path)
+    assert run_dir.name == "cnn3-cnnpar-2node"  # named from the rendezvous id, the same on both nodes
+    assert [row["epoch"] for row in read_csv(run_dir / "metrics.csv")] == ["1", "2"]
+    assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
+    assert sum("2 process(es)" in out for _, out, _ in outs) == 1  # one node holds rank 0 and speaks
+
+
+def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
+    logs = tmp_path / "logs"
+    proc = run(
+        [*torchrun_cmd(2, "--standalone", "--redirects=3", f"--log-dir={logs}"), *TRAIN, "--epochs", "1"],
+        tmp_path,
+        CNNPAR_DEBUG_SINGLE="1",
+    )
+    assert proc.returncode == 0, explain(proc)
+    run_dir = only_run_folder(tmp_path)
+    assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 1
+    assert "| 1 process(es) on cpu" in worker_log(logs, 0, 0, "stdout")
+    assert worker_log(logs, 0, 1, "stdout") == ""  # the surplus worker left at once
+
