@@ -11,6 +11,12 @@ import torch
 
 
 def git_revision(cwd: str | Path | None = None) -> str:
+    """The checkout's revision (with -dirty when tracked files changed); CNNPAR_GIT_REV overrides it
+    for copies of a checkout that travel without their .git folder (a lent GPU machine)."""
+    import os
+
+    if os.environ.get("CNNPAR_GIT_REV"):
+        return os.environ["CNNPAR_GIT_REV"]
     here = Path(cwd) if cwd else Path(__file__).resolve().parent
     try:
         rev = subprocess.run(

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
+# usage: benchmarks/gpu_session.sh PHASE OUTDIR     (PHASE: smoke | main | extra)
+# Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
+# tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
+set -uo pipefail
+PHASE=$1; OUTDIR=$2
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p /tmp/site "$OUTDIR"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+for t in .whl/*.tar.gz; do tar xzf "$t" -C /tmp && cp -r /tmp/"$(basename "$t" .tar.gz)"/airbench /tmp/site/; done
+export PYTHONPATH="$PWD:/tmp/site"
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
+nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv
+
+# data: decoded CIFAR-10 (npz + airbench's train.pt/test.pt), the ImageNet photos, and a 20x
+# larger folder of hard links to the same photos so an epoch has enough batches to time
+[ -f .devdata/cifar10.npz ] || python3 benchmarks/prepare_cifar10.py --src .devdata/cifar10_jpeg.npz --out .devdata
+[ -d .devdata/imagenet_sample ] || tar xf .devdata/imagenet_sample_300.tar -C .devdata
+if [ ! -d .devdata/imagenet_rep ]; then
+  for k in $(seq 1 20); do
+    for d in .devdata/imagenet_sample/*/; do
+      c=$(basename "$d"); mkdir -p ".devdata/imagenet_rep/$c"
+      for f in "$d"*; do ln "$f" ".devdata/imagenet_rep/$c/${k}_$(basename "$f")"; done
+    done
+  done
+fi
+ln -sfn .devdata/cifar10 cifar10   # airbench's test loader reads ./cifar10/test.pt
+R="$OUTDIR/results"; mkdir -p "$R"
+run() { echo "=== $*"; timeout "$1" "${@:2}" 2>&1 | grep -v -E "Warning|warn\(" | tail -25; }
+
+case "$PHASE" in
+smoke)
+  run 120 python3 -m pytest -q -m gpu tests
+  run 120 python3 benchmarks/step_vs_plain.py --cases resnet18:32:512 --steps 5 --repeats 1 --warmup 3 \
+      --variants "compile=off,cuda_graphs=on" --out "$R/smoke_svp.csv"
+  run 150 python3 benchmarks/speed_records.py --parts cifar,jpeg,speedrun --seeds 1 --speed-epochs 2 --out "$R/smoke_sr.csv"
+  [ "$GPUS" -ge 2 ] && run 150 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --steps 10 --repeats 1 \
+      --out "$R/smoke_ddp"
+  run 120 python3 -m cnnpar bench --device cuda --model resnet18 --data .devdata/cifar10.npz --timed-steps 5 \
+      --warmup-steps 3 --repeats 1 --batch-size 256 --out "$R/smoke_bench"
+  ;;
+main)
+  [ "$GPUS" -ge 2 ] && run 170 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --out "$R/ddp_scaling_resnet50"
+  CUDA_VISIBLE_DEVICES=0 run 400 python3 benchmarks/step_vs_plain.py --out "$R/step_vs_plain.csv" > "$R/svp.log" &
+  CUDA_VISIBLE_DEVICES=1 run 400 python3 -m cnnpar bench --device cuda --model resnet18 --data .devdata/cifar10.npz \
+      --batch-size 512 --out "$R/ladder_resnet18_cifar10" > "$R/ladder18.log" &
+  wait; cat "$R/svp.log" "$R/ladder18.log"
+  ;;
+extra)
+  CUDA_VISIBLE_DEVICES=0 run 420 python3 benchmarks/speed_records.py --out "$R/speed_records.csv" > "$R/sr.log" &
+  CUDA_VISIBLE_DEVICES=1 bash -c "run() { timeout \$1 \"\${@:2}\" 2>&1 | tail -8; }; \
+      run 200 bash benchmarks/doctor_imagenet.sh '$R/doctor_imagenet'; \
+      run 220 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic --image-shape 3x224x224 \
+      --synthetic-samples 4096 --batch-size 256 --out '$R/ladder_resnet50_synthetic'" > "$R/other.log" 2>&1 &
+  wait; cat "$R/sr.log" "$R/other.log"
+  ;;
+esac
+tar czf "$OUTDIR/results.tgz" -C "$OUTDIR" results && echo "packed $(du -sh "$OUTDIR/results.tgz")"
