@@ -60,7 +60,7 @@ def throughput(cfg: Config, info: DistInfo, epochs: int, bundle=None) -> dict:
 
 def part_jpeg(args, info) -> list[dict]:
     rows = []
-    for decode, compile_mode in (("gpu", "default"), ("cpu", "default")):
+    for decode, compile_mode in (("gpu", args.jpeg_compile), ("cpu", args.jpeg_compile)):
         cfg = Config(
             data=DataConfig(
                 source=args.folder,
@@ -175,6 +175,7 @@ def main():
     ap.add_argument("--parts", default="jpeg,cifar,speedrun")
     ap.add_argument("--folder", default=".devdata/imagenet_rep")
     ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--jpeg-compile", default="default", help="compile mode of the JPEG part's ResNet-50")
     ap.add_argument("--cifar", default=".devdata/cifar10.npz")
     ap.add_argument("--airbench-data", default=".devdata/cifar10")
     ap.add_argument("--seeds", type=int, default=5)

@@ -27,13 +27,24 @@ RRC_RATIO = (3 / 4, 4 / 3)
 
 @dataclass
 class EncodedBatch:
-    """Compressed images of one batch and their data-set indices (to name a file that fails)."""
+    """Compressed images of one batch as one flat byte buffer with offsets, and their data-set
+    indices (to name a file that fails).
 
-    data: list[torch.Tensor]
+    One tensor per batch, not one per image: a worker hands each tensor to the main process
+    through its own shared-memory segment, and 256 segments per batch cost more than the decode.
+    """
+
+    flat: torch.Tensor
+    offsets: torch.Tensor
     index: torch.Tensor
 
+    @property
+    def data(self) -> list[torch.Tensor]:
+        bounds = self.offsets.tolist()
+        return [self.flat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
     def pin_memory(self) -> EncodedBatch:
-        return self  # variable-length byte buffers: nothing worth pinning
+        return self  # compressed bytes are small; nothing worth pinning
 
 
 class EncodedFolderDataset(Dataset):
@@ -57,7 +68,9 @@ class EncodedFolderDataset(Dataset):
 
 def collate_encoded(batch):
     data, labels, index = zip(*batch)
-    return EncodedBatch(list(data), torch.as_tensor(index)), torch.stack(labels)
+    offsets = torch.zeros(len(data) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.as_tensor([len(d) for d in data]), 0)
+    return EncodedBatch(torch.cat(data), offsets, torch.as_tensor(index)), torch.stack(labels)
 
 
 def _crop_box(h: int, w: int, train: bool, size: int, g: torch.Generator) -> tuple[int, int, int, int]:
@@ -96,22 +109,23 @@ class GpuDecoder:
     def decode(self, batch: EncodedBatch) -> list[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        jpeg = [i for i, b in enumerate(batch.data) if bytes(b[:2].tolist()) == JPEG_MAGIC]
-        images: list[torch.Tensor | None] = [None] * len(batch.data)
+        data = batch.data
+        jpeg = [i for i, b in enumerate(data) if bytes(b[:2].tolist()) == JPEG_MAGIC]
+        images: list[torch.Tensor | None] = [None] * len(data)
         if jpeg:
             try:
-                decoded = decode_jpeg([batch.data[i] for i in jpeg], mode=ImageReadMode.RGB, device=self.device)
+                decoded = decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB, device=self.device)
                 for i, img in zip(jpeg, decoded):
                     images[i] = img
             except RuntimeError:
                 pass  # one bad file fails the whole batched call: decode the rest one by one below
         for i, img in enumerate(images):
             if img is None:
-                images[i] = self._decode_cpu(batch.data[i], int(batch.index[i]))
+                images[i] = self._decode_cpu(data[i], int(batch.index[i]))
         return images
 
     def __call__(self, batch: EncodedBatch) -> torch.Tensor:
-        out = torch.empty(len(batch.data), 3, self.size, self.size, dtype=torch.uint8, device=self.device)
+        out = torch.empty(len(batch.index), 3, self.size, self.size, dtype=torch.uint8, device=self.device)
         for i, img in enumerate(self.decode(batch)):
             top, left, ch, cw = _crop_box(img.shape[1], img.shape[2], self.train, self.size, self.generator)
             crop = img[None, :, top : top + ch, left : left + cw].float()
