@@ -44,6 +44,18 @@ from cnnpar.models import build_model  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import read_csv, write_csv_atomic  # noqa: E402
 
+
+def cpu_model() -> str:
+    """The CPU's marketing name (environment() reports only the architecture for CPUs)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 RESULTS = REPO / "benchmarks" / "results" / "cpu_vs_textbook.csv"
 MNIST = REPO.parent.parent / "shared" / "data" / "mnist.npz"
 MNIST_FALLBACKS = (MNIST, Path("/work/shared/data/mnist.npz"))
@@ -171,7 +183,7 @@ def main() -> None:
                     results[key].append(row)
 
     resolved = cnnpar.cfg.speed
-    env = environment(torch.device("cpu"), 1)
+    env = {**environment(torch.device("cpu"), 1), "cpu_model": cpu_model()}
     base = statistics.median(row["images_per_s"] for row in results["textbook"])
     rows = []
     for key, runs in results.items():
