@@ -276,11 +276,15 @@ def dumps_toml(cfg: Config | dict) -> str:
     return tomli_w.dumps(cfg if isinstance(cfg, dict) else to_dict(cfg))
 
 
-def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool) -> Config:
+def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False) -> Config:
     """Replace every 'auto' that depends on the device with a concrete choice.
 
     The choices for compile come from measurements kept in `presets.compile_default`, not from a
     rule of thumb: compile slowed ResNet-18 at 32x32 on an H200 but sped up ResNet-50 at 224x224.
+    On the CPU, channels_last is on (oneDNN's convolutions and max pooling vectorise over NHWC
+    channels) and bf16 is chosen only where `cpu_bf16` says the CPU computes it natively (AVX512-BF16
+    or AMX): emulated bf16 is slower than fp32. benchmarks/results/cpu_vs_textbook.csv holds the
+    measurements (cnn3, MNIST, 2-core EPYC: NHWC 1.4x NCHW in fp32; bf16 on top of NHWC 1.3x more).
     """
     from cnnpar.presets import compile_default
 
@@ -288,10 +292,10 @@ def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool) -> Config:
     speed = cfg.speed
     precision = speed.precision
     if precision == "auto":
-        precision = "bf16" if cuda and bf16_ok else "fp32"
+        precision = "bf16" if (bf16_ok if cuda else cpu_bf16) else "fp32"
     channels_last = speed.channels_last
     if channels_last == "auto":
-        channels_last = "on" if cuda else "off"
+        channels_last = "on"
     compile_mode = speed.compile
     if compile_mode == "auto":
         compile_mode = compile_default(cfg.model.name, device_type)

@@ -33,6 +33,7 @@ from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize
 from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.graphs import GraphedForwardBackward
+from cnnpar.parallel.precision import cpu_has_native_bf16
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import EpochClock, sync
@@ -82,7 +83,7 @@ class Trainer:
         self.log = log if info.is_main else (lambda *a, **k: None)
         self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
         bf16_ok = info.device.type != "cuda" or torch.cuda.is_bf16_supported()
-        self.cfg = cfg = resolve_for_device(cfg, info.device.type, bf16_ok)
+        self.cfg = cfg = resolve_for_device(cfg, info.device.type, bf16_ok, cpu_bf16=cpu_has_native_bf16())
         torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
         torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
         c, h, _ = self.bundle.shape

@@ -12,6 +12,16 @@ import contextlib
 import torch
 
 
+def cpu_has_native_bf16() -> bool:
+    """True where the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX); elsewhere oneDNN
+    emulates it and bf16 autocast is slower than fp32. Private torch probes, so guarded."""
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    try:
+        return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+    except Exception:  # a probe that misbehaves on some build means "do not assume bf16"
+        return False
+
+
 class Precision:
     def __init__(self, kind: str, device: torch.device) -> None:
         self.kind, self.device = kind, device

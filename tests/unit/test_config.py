@@ -85,9 +85,13 @@ def test_parse_shape_accepts_grey_and_colour():
         parse_shape("0x4x4")
 
 
-def test_auto_resolves_to_cpu_friendly_choices():
+def test_auto_resolves_to_device_friendly_choices():
     cfg = resolve_for_device(Config(), "cpu", bf16_ok=True)
-    assert (cfg.speed.precision, cfg.speed.channels_last, cfg.speed.compile) == ("fp32", "off", "off")
+    assert (cfg.speed.precision, cfg.speed.channels_last, cfg.speed.compile) == ("fp32", "on", "off")
     assert cfg.data.pin_memory == "off" and cfg.data.prefetch_stream == "off"
+    assert resolve_for_device(Config(), "cpu", bf16_ok=True, cpu_bf16=True).speed.precision == "bf16"
+    explicit = Config(speed=SpeedConfig(precision="fp32", channels_last="off"))
+    kept = resolve_for_device(explicit, "cpu", bf16_ok=True, cpu_bf16=True).speed
+    assert (kept.precision, kept.channels_last) == ("fp32", "off")  # only "auto" is resolved
     gpu = resolve_for_device(Config(), "cuda", bf16_ok=True)
     assert (gpu.speed.precision, gpu.speed.channels_last, gpu.data.pin_memory) == ("bf16", "on", "on")

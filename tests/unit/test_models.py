@@ -65,3 +65,11 @@ def test_registry_lists_models_and_refuses_unknown_names():
     assert {"cnn3", "fastnet", "resnet18", "resnet50"} <= set(names)
     with pytest.raises(ConfigError, match=r"model 'vgg99': expected one of .*cnn3"):
         build_model("vgg99", 3, 10, 32)
+
+
+def test_cnnpar_models_prints_one_line_per_model(capsys):
+    from cnnpar.cli import main
+
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [ln.split()[0] for ln in lines] == [n for n, _ in describe_models()]

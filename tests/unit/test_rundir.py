@@ -1,0 +1,74 @@
+"""Run folders: unique default names, and what a mid-run input error leaves behind."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from cnnpar.config import Config, DataConfig, ModelConfig, RunConfig, SpeedConfig
+from cnnpar.data.bundle import DataBundle
+from cnnpar.dist import DistInfo
+from cnnpar.engine.rundir import default_name, resolve_run
+from cnnpar.engine.trainer import Trainer
+from cnnpar.errors import DataError, UserError
+
+CPU_INFO = DistInfo(0, 0, 1, torch.device("cpu"))
+
+
+def test_default_names_never_collide_with_an_existing_folder(tmp_path):
+    cfg = Config(run=RunConfig(out_dir=str(tmp_path)))
+    first = default_name(cfg, CPU_INFO)
+    (tmp_path / first).mkdir()
+    second = default_name(cfg, CPU_INFO)  # same second: gets a suffix; next second: a new stamp
+    assert second != first and second.startswith("cnn3-")
+
+
+def test_a_named_run_with_a_checkpoint_is_not_overwritten(tmp_path):
+    (tmp_path / "r" / "ckpt").mkdir(parents=True)
+    (tmp_path / "r" / "ckpt" / "last.pt").write_bytes(b"x")
+    cfg = Config(run=RunConfig(out_dir=str(tmp_path), name="r"))
+    with pytest.raises(UserError, match="already holds a run with a checkpoint: pass --resume auto"):
+        resolve_run(cfg, CPU_INFO)
+    with pytest.raises(UserError, match="--resume .*nothing: no checkpoint there"):
+        resolve_run(Config(run=RunConfig(resume=str(tmp_path / "nothing"))), CPU_INFO)
+
+
+class BreaksAfter(Dataset):
+    """Good samples until `limit` reads, then the kind of error a corrupt file raises in a worker."""
+
+    def __init__(self, n: int, limit: int) -> None:
+        self.n, self.limit, self.reads = n, limit, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        self.reads += 1
+        if self.reads > self.limit:
+            raise DataError(f"photos/bad{i}.jpg: cannot decode as an image")
+        return torch.full((1, 8, 8), i % 2 * 200, dtype=torch.uint8), torch.tensor(i % 2)
+
+
+def _trainer(tmp_path, limit: int, epochs: int) -> Trainer:
+    bundle = DataBundle(BreaksAfter(32, limit), None, (1, 8, 8), 2, (0.5,), (0.5,), "test")
+    cfg = Config(
+        data=DataConfig(workers=0),
+        model=ModelConfig(name="cnn3"),
+        speed=SpeedConfig(device="cpu", precision="fp32"),
+        run=RunConfig(epochs=epochs, batch_size=8, out_dir=str(tmp_path / "runs"), name="r", progress=False),
+    )
+    return Trainer(cfg, CPU_INFO, bundle=bundle, log=lambda *a, **k: None)
+
+
+def test_input_error_in_the_first_epoch_removes_the_new_run_folder(tmp_path):
+    with pytest.raises(DataError, match="bad"):
+        _trainer(tmp_path, limit=10, epochs=2).fit()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_input_error_after_a_finished_epoch_keeps_the_run_and_its_checkpoint(tmp_path):
+    with pytest.raises(DataError):
+        _trainer(tmp_path, limit=40, epochs=3).fit()  # epoch 1 reads 32 samples, epoch 2 fails
+    run = tmp_path / "runs" / "r"
+    assert (run / "ckpt" / "last.pt").is_file() and (run / "metrics.csv").is_file()
