@@ -43,7 +43,13 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         ]
         print("cnnpar: launching", " ".join(cmd), flush=True)
         return subprocess.call(cmd)
-    info = init_distributed(cfg.speed.device, cfg.dist.debug_single, cfg.dist.timeout_s)
+    if cfg.dist.strategy == "horovod":
+        from cnnpar.parallel.horovod import init_horovod, shutdown_horovod
+
+        info, teardown = init_horovod(cfg.speed.device), shutdown_horovod
+    else:
+        info = init_distributed(cfg.speed.device, cfg.dist.debug_single, cfg.dist.timeout_s)
+        teardown = destroy_distributed
     if not info.is_main:
         warnings.filterwarnings("ignore")  # rank 0 speaks for the job; others speak only on failure
     try:
@@ -56,7 +62,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"done: {best_text}run folder {result.run_dir}")
         return 0
     finally:
-        destroy_distributed()
+        teardown()
 
 
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
@@ -75,6 +81,12 @@ def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
     for name, desc in rows:
         print(f"{name:<{width}}  {desc}")
     return 0
+
+
+def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
+    from cnnpar.frameworks.compare import main_from_args
+
+    return main_from_args(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--image-shape", default="", help="CxHxW of CSV rows when not square grey")
     pred.add_argument("--device", default="cpu")
     pred.set_defaults(func=cmd_predict)
+
+    from cnnpar.frameworks.compare import add_compare_args
+
+    comp = sub.add_parser("compare", help="train cnn3 under other frameworks, each in its own process, side by side")
+    add_compare_args(comp)
+    comp.set_defaults(func=cmd_compare)
 
     models = sub.add_parser("models", help="list the registered models")
     models.set_defaults(func=cmd_models)
