@@ -50,6 +50,7 @@ SUMMARY_COLUMNS = [
     "note",
 ]
 VERSION_KEYS = ("torch", "keras", "tensorflow", "jax", "pytensor")
+EXTRAS = ("keras", "tensorflow", "jax", "pytensor")  # pyproject extras named after the package they install
 
 
 def add_compare_args(p: argparse.ArgumentParser) -> None:
@@ -235,7 +236,7 @@ def run_compare(frameworks: list[Framework], spec: RunSpec, timeout: float = 360
         stale.unlink(missing_ok=True)  # a failed run must not leave an older CSV looking current
         pkg = missing_package(fw)
         if pkg is not None:
-            hint = f'pip install "cnnpar[{fw.extra}]"' if fw.extra else f"pip install {pkg}"
+            hint = f'pip install "cnnpar[{pkg}]"' if pkg in EXTRAS else f"pip install {pkg}"
             note = f"{pkg} is not installed ({hint})"
             print(f"compare: skipping {fw.name}: {note}", flush=True)
             results.append((fw, "skipped", note))

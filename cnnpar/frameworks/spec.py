@@ -59,21 +59,18 @@ class Framework:
     backend: str  # second part of the CSV name
     module: str  # python -m cnnpar.frameworks.<module>
     needs: tuple[str, ...]  # importable packages; the first missing one is named when skipping
-    extra: str  # pip extra that installs it
     keras_backend: str = ""
 
 
 FRAMEWORKS: dict[str, Framework] = {
     f.name: f
     for f in (
-        Framework("torch", "torch", "cnnpar", "torch_runner", ("torch",), ""),
-        Framework(
-            "keras-tensorflow", "keras", "tensorflow", "keras_runner", ("keras", "tensorflow"), "keras", "tensorflow"
-        ),
-        Framework("keras-jax", "keras", "jax", "keras_runner", ("keras", "jax"), "keras", "jax"),
-        Framework("keras-torch", "keras", "torch", "keras_runner", ("keras", "torch"), "keras", "torch"),
-        Framework("tensorflow", "tensorflow", "graph", "tf_runner", ("tensorflow",), "tensorflow"),
-        Framework("pytensor", "pytensor", "c", "pytensor_runner", ("pytensor",), "pytensor"),
+        Framework("torch", "torch", "cnnpar", "torch_runner", ("torch",)),
+        Framework("keras-tensorflow", "keras", "tensorflow", "keras_runner", ("keras", "tensorflow"), "tensorflow"),
+        Framework("keras-jax", "keras", "jax", "keras_runner", ("keras", "jax"), "jax"),
+        Framework("keras-torch", "keras", "torch", "keras_runner", ("keras", "torch"), "torch"),
+        Framework("tensorflow", "tensorflow", "graph", "tf_runner", ("tensorflow",)),
+        Framework("pytensor", "pytensor", "c", "pytensor_runner", ("pytensor",)),
     )
 }
 
@@ -317,6 +314,8 @@ def base_header(fw: Framework, spec: RunSpec, data: Arrays | None = None) -> dic
                 "val_samples": str(len(data.x_val)),
             }
         )
+    # Other work on a shared machine skews the figures; the load average says how much there was.
+    header["load_avg_1_5_15"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
     header["git_rev"] = git_revision()
     header["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return header
