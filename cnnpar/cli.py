@@ -45,8 +45,14 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         ]
         print("cnnpar: launching", " ".join(cmd), flush=True)
         return subprocess.call(cmd)
+    teardown = destroy_distributed
     try:
-        info = init_distributed(cfg.speed.device, cfg.dist.debug_single, cfg.dist.timeout_s)
+        if cfg.dist.strategy == "horovod":
+            from cnnpar.parallel.horovod import init_horovod, shutdown_horovod
+
+            info, teardown = init_horovod(cfg.speed.device), shutdown_horovod
+        else:
+            info = init_distributed(cfg.speed.device, cfg.dist.debug_single, cfg.dist.timeout_s)
         if not info.is_main:
             warnings.filterwarnings("ignore")  # rank 0 speaks for the job; others speak only on failure
         from cnnpar.engine.trainer import Trainer
@@ -58,7 +64,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"done: {best_text}run folder {result.run_dir}")
         return 0
     finally:
-        destroy_distributed()
+        teardown()
 
 
 def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
@@ -164,6 +170,12 @@ def add_bench_parser(sub) -> None:
     bench.set_defaults(func=cmd_bench)
 
 
+def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
+    from cnnpar.frameworks.compare import main_from_args
+
+    return main_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cnnpar.cliargs import add_config_flags
 
@@ -220,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--repeats", type=int, default=3, help="timed epochs per trial (median counts)")
     tune_p.add_argument("--out", default="tuned.toml", help="where the winning config goes")
     tune_p.set_defaults(func=cmd_tune)
+
+    from cnnpar.frameworks.compare import add_compare_args
+
+    comp = sub.add_parser("compare", help="train cnn3 under other frameworks, each in its own process, side by side")
+    add_compare_args(comp)
+    comp.set_defaults(func=cmd_compare)
 
     models = sub.add_parser("models", help="list the registered models")
     models.set_defaults(func=cmd_models)

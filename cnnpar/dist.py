@@ -11,6 +11,7 @@ import itertools
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,8 @@ class DistInfo:
     local_rank: int
     world_size: int
     device: torch.device
+    # Another transport's collectives (cnnpar.parallel.horovod.HorovodCollectives); None: torch.distributed.
+    collectives: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -132,12 +135,16 @@ def destroy_distributed() -> None:
 
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
     """Sum a tensor over all ranks in place (a no-op for one process)."""
+    if info.distributed and info.collectives is not None:
+        return info.collectives.all_reduce_sum(t)
     if info.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
 def all_reduce_max(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.distributed and info.collectives is not None:
+        return info.collectives.all_reduce_max(t)
     if info.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t
@@ -146,11 +153,15 @@ def all_reduce_max(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
 def broadcast_object(obj, info: DistInfo, src: int = 0):
     if not info.distributed:
         return obj
+    if info.collectives is not None:
+        return info.collectives.broadcast_object(obj, src)
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
 
 
 def barrier(info: DistInfo) -> None:
-    if info.distributed:
+    if info.distributed and info.collectives is not None:
+        info.collectives.barrier()
+    elif info.distributed:
         dist.barrier()

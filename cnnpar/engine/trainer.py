@@ -72,7 +72,9 @@ def peak_memory_mb(device: torch.device) -> float:
 def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
     """Give every rank rank 0's BatchNorm statistics: each rank updated its own running stats on
     its own last batch, so without this ranks would evaluate (and save) slightly different models."""
-    if info.distributed:
+    if info.distributed and info.collectives is not None:
+        info.collectives.broadcast_buffers(model)
+    elif info.distributed:
         for b in model.buffers():
             dist.broadcast(b, src=0)
 
@@ -123,6 +125,10 @@ class Trainer:
         self.steps_per_epoch = -(-self.micro_steps // accum)
         self.lr = scaled_lr(cfg.optim, info.world_size)
         self.optimizer = build_optimizer(self.raw_model, cfg.optim, self.lr, info.device)
+        if cfg.dist.strategy == "horovod":
+            from cnnpar.parallel.horovod import apply_horovod
+
+            self.optimizer = apply_horovod(self.raw_model, self.optimizer, info, accum, cfg.optim.grad_clip)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.steps_per_epoch * cfg.run.epochs)
         self.run_dir, resume_from = resolve_run(cfg, info)
         self.history: list[dict] = []

@@ -41,7 +41,7 @@ def apply_channels_last(model: nn.Module, enabled: bool) -> nn.Module:
 
 
 def apply_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
-    if not info.distributed:
+    if not info.distributed or info.collectives is not None:  # Horovod averages in its optimizer instead
         return model
     device_ids = [info.device.index] if info.device.type == "cuda" else None
     # gradient_as_bucket_view: gradients alias the all-reduce buckets, saving a copy per step.

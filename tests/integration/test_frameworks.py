@@ -1,0 +1,70 @@
+"""`cnnpar compare` end to end: every installed framework trains cnn3 for one short epoch.
+
+Tiny data (the built-in digits, 64 training and 64 validation images, batch 32) keeps the whole
+file near a minute on 2 cores, most of it framework imports. PyTensor runs in FAST_COMPILE mode
+here: FAST_RUN's first C compilation takes minutes on a fresh machine (then it is cached).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from cnnpar.frameworks.spec import CSV_COLUMNS, FRAMEWORKS, csv_name, read_result_csv
+
+TINY = ["--max-train", "64", "--max-val", "64", "--batch-size", "32", "--epochs", "1"]
+HEADER_KEYS = {"framework", "backend", "device", "devices_used", "parallelism", "git_rev", "train_samples"}
+
+
+def installed(name: str) -> bool:
+    return all(importlib.util.find_spec(p) is not None for p in FRAMEWORKS[name].needs)
+
+
+def test_compare_every_framework_one_epoch(cli):
+    names = list(FRAMEWORKS)
+    args = ["compare", "--frameworks", ",".join(names), *TINY, "--out", "res"]
+    r = cli(*args, timeout=600, PYTENSOR_MODE="FAST_COMPILE")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = cli.cwd / "res"
+    table = (out / "cnn2d_3layer_fullconnected_3layer_summary.md").read_text()
+    losses = {}
+    for name in names:
+        fw = FRAMEWORKS[name]
+        if not installed(name):
+            assert f"| {name} | skipped |" in table
+            assert f"compare: skipping {name}:" in r.stdout
+            continue
+        assert f"| {name} | ok |" in table
+        header, rows = read_result_csv(out / csv_name(fw))
+        assert HEADER_KEYS <= set(header), (name, header)
+        assert header["train_samples"] == "64" and header["val_samples"] == "64"
+        assert len(rows) == 1 and list(rows[0]) == CSV_COLUMNS
+        row = rows[0]
+        assert float(row["epoch_s"]) > 0 and float(row["images_per_s"]) > 0
+        assert 0.0 <= float(row["val_acc"]) <= 1.0
+        losses[name] = float(row["train_loss"])
+    # Same initial weights, batch order and optimizer: the non-engine runners agree to rounding.
+    same_order = ("keras-tensorflow", "keras-jax", "keras-torch", "tensorflow", "pytensor")
+    shared = [losses[n] for n in same_order if n in losses]
+    assert max(shared, default=0) - min(shared, default=0) < 1e-2, losses
+    assert (out / "cnn2d_3layer_fullconnected_3layer_summary.png").stat().st_size > 1000
+
+
+@pytest.mark.skipif(
+    not installed("keras-jax"), reason="keras and jax are not installed (pip install 'cnnpar[keras,jax]')"
+)
+def test_keras_jax_data_parallel_on_two_virtual_devices(cli):
+    r = cli("compare", "--frameworks", "keras-jax", *TINY, "--devices", "2", "--out", "res", timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    header, rows = read_result_csv(cli.cwd / "res" / csv_name(FRAMEWORKS["keras-jax"]))
+    assert header["devices_used"] == "2"
+    assert header["parallelism"].startswith("keras.distribution.DataParallel over ")
+    assert header["parallelism"].count("CpuDevice") == 2 or header["parallelism"].count(",") == 1
+    assert len(rows) == 1 and float(rows[0]["images_per_s"]) > 0
+
+
+def test_compare_rejects_unknown_framework(cli):
+    r = cli("compare", "--frameworks", "torch,lasagne", "--out", "res")
+    assert r.returncode == 2
+    assert "unknown lasagne" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,76 @@
+"""The shared spec: weight layouts, the CSV format, and compare's table when frameworks are missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cnnpar.errors import ConfigError
+from cnnpar.frameworks import compare
+from cnnpar.frameworks.spec import (
+    CSV_COLUMNS,
+    FRAMEWORKS,
+    RunSpec,
+    csv_name,
+    epoch_row,
+    first_dense_for_nhwc,
+    initial_weights,
+    parse_frameworks,
+    read_result_csv,
+    write_result_csv,
+)
+
+
+def test_first_dense_reordered_for_nhwc_computes_the_same_output():
+    rng = np.random.default_rng(1)
+    c, side, out = 4, 3, 5
+    feat_nchw = rng.standard_normal((2, c, side, side)).astype(np.float32)
+    w = rng.standard_normal((out, c * side * side)).astype(np.float32)  # PyTorch (out, in), C,H,W flatten
+    expected = feat_nchw.reshape(2, -1) @ w.T
+    feat_nhwc = feat_nchw.transpose(0, 2, 3, 1).reshape(2, -1)
+    np.testing.assert_allclose(feat_nhwc @ first_dense_for_nhwc(w, c, side), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_initial_weights_are_he_normal_and_seeded():
+    a = initial_weights((1, 28, 28), 10, seed=3)
+    b = initial_weights((1, 28, 28), 10, seed=3)
+    assert all(np.array_equal(x, y) for x, y in zip(a["conv"], b["conv"]))
+    assert [k.shape for k in a["conv"]] == [(32, 1, 3, 3), (64, 32, 3, 3), (128, 64, 3, 3)]
+    assert [w.shape for w, _ in a["dense"]] == [(256, 128 * 3 * 3), (128, 256), (10, 128)]
+    big = a["conv"][2]
+    he_std = np.sqrt(2.0 / (64 * 9))
+    assert abs(big.std() - he_std) < 0.03 * he_std
+    assert all(not b.any() for _, b in a["dense"])
+
+
+def test_result_csv_round_trip(tmp_path):
+    path = tmp_path / "x.csv"
+    rows = [epoch_row(1, 0.5, 0.8, 0.6, 0.75, 2.0, 1000)]
+    write_result_csv(path, {"framework": "keras", "device": "cpu: x"}, rows)
+    header, back = read_result_csv(path)
+    assert header == {"framework": "keras", "device": "cpu: x"}
+    assert list(back[0]) == CSV_COLUMNS
+    assert float(back[0]["images_per_s"]) == 500.0
+
+
+def test_spec_rejects_a_batch_that_does_not_split_over_devices():
+    with pytest.raises(ConfigError, match="split evenly"):
+        RunSpec(batch_size=65, devices=2)
+    with pytest.raises(ConfigError, match="unknown lasagne"):
+        parse_frameworks("torch,lasagne")
+
+
+def test_compare_marks_missing_frameworks_skipped(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compare, "missing_package", lambda fw: fw.needs[-1])
+    asked = parse_frameworks("keras-jax,tensorflow,pytensor")
+    rows = compare.run_compare(asked, RunSpec(out=str(tmp_path)))
+    assert [r["framework"] for r in rows] == ["keras-jax", "tensorflow", "pytensor"]
+    assert all(r["status"] == "skipped" for r in rows)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("compare: skipping")]
+    assert lines[0] == 'compare: skipping keras-jax: jax is not installed (pip install "cnnpar[jax]")'
+    assert len(lines) == 3
+    table = (tmp_path / "cnn2d_3layer_fullconnected_3layer_summary.md").read_text()
+    for name in ("keras-jax", "tensorflow", "pytensor"):
+        assert f"| {name} | skipped |" in table
+    assert (tmp_path / "cnn2d_3layer_fullconnected_3layer_summary.png").stat().st_size > 1000
+    assert not any((tmp_path / csv_name(FRAMEWORKS[n])).exists() for n in ("keras-jax", "tensorflow"))
