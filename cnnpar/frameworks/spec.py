@@ -317,7 +317,7 @@ def base_header(fw: Framework, spec: RunSpec, data: Arrays | None = None) -> dic
     # Other work on a shared machine skews the figures; the load average says how much there was.
     header["load_avg_1_5_15"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
     header["git_rev"] = git_revision()
-    header["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    header["date"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     return header
 
 
