@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from cnnpar.cli import main as cli_main
-from cnnpar.config import Config, DataConfig, OptimConfig, RunConfig, resolve_for_device
+from cnnpar.config import SpeedConfig, Config, DataConfig, OptimConfig, RunConfig, resolve_for_device
 from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.loader import build_loader
 from cnnpar.data.transforms import DeviceTransform
@@ -96,6 +96,8 @@ def check_trainer(info: DistInfo, work: Path) -> dict:
         # 303 samples, 20 % held out: 61 validation samples, an odd count that 2 ranks split 31/30
         data=DataConfig(source="synthetic", image_shape="3x16x16", synthetic_samples=303, resident="off"),
         optim=OptimConfig(grad_clip=1.0, lr_scaling="linear"),
+        # fp32 NCHW, as the one-batch reference below computes (the CPU defaults may pick bf16/NHWC)
+        speed=SpeedConfig(precision="fp32", channels_last="off"),
         run=RunConfig(epochs=1, batch_size=16, max_steps=3, seed=3, out_dir=str(work), name="trainer", progress=False),
     )
     trainer = Trainer(cfg, info, log=lambda *a, **k: None)

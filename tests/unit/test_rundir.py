@@ -18,9 +18,9 @@ CPU_INFO = DistInfo(0, 0, 1, torch.device("cpu"))
 
 def test_default_names_never_collide_with_an_existing_folder(tmp_path):
     cfg = Config(run=RunConfig(out_dir=str(tmp_path)))
-    first = default_name(cfg, CPU_INFO)
+    first = default_name(cfg)
     (tmp_path / first).mkdir()
-    second = default_name(cfg, CPU_INFO)  # same second: gets a suffix; next second: a new stamp
+    second = default_name(cfg)  # same second: gets a suffix; next second: a new stamp
     assert second != first and second.startswith("cnn3-")
 
 
