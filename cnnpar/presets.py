@@ -11,13 +11,16 @@ from dataclasses import replace
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
 from cnnpar.errors import ConfigError
 
-# Which models torch.compile helps, by device. On one H200 (torch 2.11, bf16, channels_last),
-# the issue tracker's reference figures were: ResNet-50 at 224x224, batch 256: 4,671 -> 6,746
-# img/s with compile; ResNet-18 at 32x32, batch 512: 55,019 -> 38,882 img/s (slower). Small
-# inputs leave the GPU launch-bound and compile's own graph breaks and guards cost more than
-# its fusions win, so compile is on by default only for the large-input models. On the CPU the
-# compile time (tens of seconds) is rarely repaid in a short run.
-_COMPILE_HELPS_ON_CUDA = {"resnet50"}
+# Which models torch.compile helps, by device, from benchmarks/results/h200-2026-11-29 (one H200,
+# torch 2.11, bf16, channels_last, cnnpar's Trainer with resident data): ResNet-50 at 224, batch
+# 256: 4,660 img/s eager, 6,753 compiled, 6,854 compiled with CUDA graphs; ResNet-18 at 32, batch
+# 512: 59,258 eager, 37,872 compiled, 61,730 eager with CUDA graphs, 84,868 compiled with CUDA
+# graphs. Compile alone slowed the small-input model (its step is launch-bound and compile adds
+# host work per call); with the step captured as a graph the launches are gone and compile's
+# fusions pay. CUDA graphs are on by default for one CUDA process (see resolve_for_device), so
+# compile is on for both measured models. Models not measured stay eager. On the CPU the compile
+# time (tens of seconds) is rarely repaid in a short run.
+_COMPILE_HELPS_ON_CUDA = {"resnet18", "resnet50"}
 
 
 def compile_default(model_name: str, device_type: str) -> str:

@@ -32,7 +32,7 @@ BASELINE = {
         "prefetch_stream": "off",
         "resident": "off",
     },
-    "speed": {"precision": "fp32", "channels_last": "off", "compile": "off"},
+    "speed": {"precision": "fp32", "channels_last": "off", "compile": "off", "cuda_graphs": "off"},
 }
 
 

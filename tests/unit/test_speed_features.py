@@ -18,8 +18,9 @@ def test_cuda_graphs_on_a_cpu_is_refused_with_the_field_name():
         resolve_for_device(Config(speed=SpeedConfig(cuda_graphs="on")), "cpu", True)
 
 
-def test_cuda_graphs_auto_resolves_off_without_measurement():
-    assert resolve_for_device(Config(), "cuda", True).speed.cuda_graphs == "off"
+def test_cuda_graphs_auto_resolves_on_with_cuda_and_off_on_a_cpu():
+    assert resolve_for_device(Config(), "cuda", True).speed.cuda_graphs == "on"
+    assert resolve_for_device(Config(), "cpu", True).speed.cuda_graphs == "off"
 
 
 def test_whitened_stem_decorrelates_patches():
