@@ -41,6 +41,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             f"--nproc_per_node={cfg.dist.nproc}",
             "-m",
             "cnnpar",
+            "train",
             *passthrough_args(argv, "--nproc"),
         ]
         print("cnnpar: launching", " ".join(cmd), flush=True)

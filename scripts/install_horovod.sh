@@ -7,9 +7,10 @@
 #                                                      # seeing the system one
 #
 # Why a patch: 0.28.1 (June 2023) pins C++14, and current torch headers need C++17 (torch >= 2.14:
-# C++20); see scripts/horovod-0.28.1.patch. Why --no-build-isolation: Horovod's CMake imports torch
+# C++20); and a CUDA build of torch on a machine without a CUDA runtime sends its CMake looking for
+# the CUDA toolkit (HOROVOD_CPU_ONLY=1 stops that). See scripts/horovod-0.28.1.patch. Why --no-build-isolation: Horovod's CMake imports torch
 # to find its headers and ABI, so the build must see the torch it will run against, not a fresh one
-# pip would download into an isolated build environment. Takes about 4-6 minutes on 2 cores.
+# pip would download into an isolated build environment. Takes about 5-12 minutes on 2 cores.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"

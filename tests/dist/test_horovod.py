@@ -45,7 +45,7 @@ def metrics(run_dir: Path) -> list[tuple[float, float]]:
 
 @pytest.mark.skipif(
     HVD_PY is None,
-    reason="horovod.torch is not importable: build it with scripts/install_horovod.sh (about 5 minutes), "
+    reason="horovod.torch is not importable: build it with scripts/install_horovod.sh (5-12 minutes), "
     "or set CNNPAR_HOROVOD_PYTHON",
 )
 def test_horovod_strategy_matches_ddp(tmp_path):
