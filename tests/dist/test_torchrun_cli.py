@@ -127,3 +127,11 @@ def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
     assert "| 1 process(es) on cpu" in worker_log(logs, 0, 0, "stdout")
     assert worker_log(logs, 0, 1, "stdout") == ""  # the surplus worker left at once
 
+
+
+def test_nproc_starts_torchrun_for_this_machine(cli):
+    proc = cli("train", "--nproc", "2", "--epochs", "1", "--max-steps", "2", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "torch.distributed.run --standalone --nproc_per_node=2 -m cnnpar train" in proc.stdout
+    run_dir = only_run_folder(cli.cwd)
+    assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
