@@ -44,18 +44,7 @@ from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.models import build_model  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import read_csv, write_csv_atomic  # noqa: E402
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name (environment() reports only the architecture for CPUs)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
+from cnnpar.report.host import cpu_name  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "cpu_vs_textbook.csv"
 MNIST = REPO.parent.parent / "shared" / "data" / "mnist.npz"
@@ -184,7 +173,7 @@ def main() -> None:
                     results[key].append(row)
 
     resolved = cnnpar.cfg.speed
-    env = {**environment(torch.device("cpu"), 1), "cpu_model": cpu_model()}
+    env = {**environment(torch.device("cpu"), 1), "cpu_model": cpu_name()}
     base = statistics.median(row["images_per_s"] for row in results["textbook"])
     base_best = max(row["images_per_s"] for row in results["textbook"])
     rows = []

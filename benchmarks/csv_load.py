@@ -27,18 +27,7 @@ import torch  # noqa: E402
 
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic, write_json_atomic  # noqa: E402
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name (environment() reports only the architecture for CPUs)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
+from cnnpar.report.host import cpu_name  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 PEAK_LIMIT_MB = 1024
@@ -103,7 +92,7 @@ def main() -> None:
                 f"(after imports {r['rss_before_mb']:.0f} MB), images {tuple(r['shape'])}"
             )
             runs.append({"repeat": i + 1, "rows": args.rows, "file_mib": round(size_mb, 1), **r})
-    env = {**environment(torch.device("cpu"), 1), "cpu_model": cpu_model()}
+    env = {**environment(torch.device("cpu"), 1), "cpu_model": cpu_name()}
     load_s = statistics.median(r["load_s"] for r in runs)
     peak = max(r["peak_rss_mb"] for r in runs)
     summary = {

@@ -11,6 +11,7 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.report.environment import environment
+from cnnpar.report.host import cpu_name
 
 META_COLUMNS = [
     "date",
@@ -37,20 +38,9 @@ META_COLUMNS = [
 ]
 
 
-def cpu_model_name() -> str:
-    """The CPU's marketing name (platform.processor() is often just 'x86_64' on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def device_label(device: torch.device) -> str:
     env_name = environment(device)["device"] if device.type == "cuda" else ""
-    return env_name or cpu_model_name() or str(environment(device)["device"])
+    return env_name or cpu_name() or str(environment(device)["device"])
 
 
 def run_metadata(

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from cnnpar.errors import ConfigError
+from cnnpar.report.host import cpu_name as host_cpu_name
 
 CSV_PREFIX = "cnn2d_3layer_fullconnected_3layer"
 CSV_COLUMNS = ["epoch", "train_loss", "train_acc", "val_loss", "val_acc", "epoch_s", "images_per_s"]
@@ -276,14 +277,7 @@ def first_dense_for_nhwc(w_out_in: np.ndarray, channels: int, side: int) -> np.n
 
 # ---- results -------------------------------------------------------------------------------------
 def cpu_name() -> str:
-    """The CPU model as /proc/cpuinfo names it (platform.processor() is empty on most Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+    return host_cpu_name() or platform.processor() or platform.machine() or "cpu"
 
 
 def base_header(fw: Framework, spec: RunSpec, data: Arrays | None = None) -> dict[str, str]:

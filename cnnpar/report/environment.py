@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from cnnpar.report.host import cpu_name
+
 
 def git_revision(cwd: str | Path | None = None) -> str:
     """The checkout's revision (with -dirty when tracked files changed); CNNPAR_GIT_REV overrides it
@@ -39,7 +41,7 @@ def git_revision(cwd: str | Path | None = None) -> str:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"
+    return cpu_name() or platform.processor() or platform.machine() or "cpu"
 
 
 def driver_version() -> str:
