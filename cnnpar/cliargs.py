@@ -32,10 +32,47 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
                 group.add_argument(flag, type=type(default), choices=f.metadata.get("choices"), **kw)
 
 
+# Fields a run stores resolved for its machine; a resumed run resolves them again for its own.
+MACHINE_FIELDS = {
+    "speed": ("device", "precision", "channels_last", "compile", "cuda_graphs"),
+    "data": ("pin_memory", "prefetch_stream", "decode"),
+}
+
+
+def stored_run_config(resume: str) -> Config | None:
+    """The config.toml of the run that `--resume PATH` continues (None when it has none).
+
+    Resuming must train the same model on the same data as the run did, not the defaults;
+    the machine-dependent switches go back to "auto" so another machine can continue the run.
+    """
+    from pathlib import Path
+
+    from cnnpar.engine.checkpoint import find_checkpoint
+
+    ckpt = find_checkpoint(resume)
+    if ckpt is None:
+        return None
+    run_dir = ckpt.parent.parent if ckpt.parent.name == "ckpt" else ckpt.parent
+    stored = run_dir / "config.toml"
+    if not Path(stored).is_file():
+        return None
+    raw = to_dict(load_toml(stored))
+    defaults = to_dict(Config())
+    for sec, names in MACHINE_FIELDS.items():
+        for name in names:
+            raw[sec][name] = defaults[sec][name]
+    return from_dict(raw, origin=str(stored))
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Preset or file first, then every flag the user actually typed on top."""
+    """Preset or file first (or, for `--resume RUN`, that run's stored config), then every flag the
+    user actually typed on top."""
+    resume = vars(args).get("run.resume", "")
+    stored = stored_run_config(resume) if resume and resume != "auto" and not getattr(args, "config", None) else None
     if getattr(args, "config", None):
         cfg = load_toml(args.config, get_preset(args.preset) if args.preset else None)
+    elif stored is not None:
+        cfg = stored
     else:
         cfg = get_preset(args.preset) if getattr(args, "preset", None) else Config()
     overrides: dict[str, dict] = {}

@@ -49,3 +49,28 @@ def test_sigkill_after_first_checkpoint_then_resume_finishes_every_epoch_once(cl
     assert epochs == list(range(1, EPOCHS + 1))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["epochs"] == EPOCHS and summary["best_val_acc"] > 0.5  # it kept learning, not restarted
+
+
+def test_resume_alone_continues_the_runs_own_model_and_data(cli):
+    """`--resume RUN` with no other flags trains what the run trained (its stored config.toml),
+    not the defaults: here synthetic data, not the built-in digits of the same shape."""
+    first = cli(
+        "train",
+        "--data",
+        "synthetic",
+        "--synthetic-samples",
+        "256",
+        "--image-shape",
+        "1x16x16",
+        "--epochs",
+        "1",
+        "--name",
+        "r1",
+        "--no-progress",
+    )
+    assert first.returncode == 0, first.stderr
+    again = cli("train", "--resume", "runs/r1", "--epochs", "2", "--no-progress")
+    assert again.returncode == 0, again.stderr
+    assert "resumed from" in again.stdout
+    summary = json.loads((cli.cwd / "runs" / "r1" / "summary.json").read_text())
+    assert summary["data"] == "synthetic 1x16x16" and summary["epochs"] == 2
