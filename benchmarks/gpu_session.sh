@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
-# usage: benchmarks/gpu_session.sh PHASE OUTDIR     (PHASE: smoke | main | extra)
+# usage: benchmarks/gpu_session.sh PHASE OUTDIR     (PHASE: smoke | main | extra | rest | frameworks)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -55,6 +55,19 @@ extra)
       run 220 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic --image-shape 3x224x224 \
       --synthetic-samples 4096 --batch-size 256 --out '$R/ladder_resnet50_synthetic'" > "$R/other.log" 2>&1 &
   wait; cat "$R/sr.log" "$R/other.log"
+  ;;
+rest)
+  # issue 6's remaining GPU results: the ResNet-50 ladder and the claims table (split across GPUs)
+  CUDA_VISIBLE_DEVICES=0 run 560 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
+      --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --out "$R/ladder_resnet50_synthetic" \
+      > "$R/ladder50.log" &
+  CUDA_VISIBLE_DEVICES=1 run 560 python3 -m cnnpar bench --claims --device cuda --out "$R/claims" > "$R/claims.log" &
+  wait; cat "$R/ladder50.log" "$R/claims.log"
+  ;;
+frameworks)
+  # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/
+  run 560 python3 -m cnnpar compare --frameworks torch,keras-jax,keras-torch --data .devdata/mnist.npz \
+      --epochs 3 --batch-size 128 --out "$R/frameworks_h200"
   ;;
 esac
 tar czf "$OUTDIR/results.tgz" -C "$OUTDIR" results && echo "packed $(du -sh "$OUTDIR/results.tgz")"
