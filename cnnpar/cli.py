@@ -146,7 +146,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     mode = "compare" if args.compare else "claims" if claims else "tta" if args.tta else "ladder"
     repeats = args.repeats or (1 if mode == "tta" else Timing.repeats)
     timing = Timing(args.warmup_steps, args.timed_steps, repeats)
-    opts = BenchOptions(mode, args.out, timing, args.only, args.target, tuple(args.compare or ("", "")))
+    opts = BenchOptions(mode, args.out, timing, args.only, args.target, tuple(args.compare or ("", "")), args.ddp)
     return run_bench(config_from_args(args), opts)
 
 
@@ -167,6 +167,9 @@ def add_bench_parser(sub) -> None:
     g.add_argument("--claims", action="store_true", help="measure the founding document's claims (= --preset claims)")
     g.add_argument("--tta", action="store_true", help="time to accuracy: train until --target validation accuracy")
     g.add_argument("--target", type=float, default=0.0, help="tta: validation accuracy to reach, e.g. 0.99")
+    g.add_argument(
+        "--ddp", default="", help="ladder: also DDP rows at these world sizes, e.g. 1,2 (ddp/ .csv, .json in --out)"
+    )
     g.add_argument("--compare", nargs=2, metavar=("A.csv", "B.csv"), help="print two ladder CSVs side by side")
     bench.set_defaults(func=cmd_bench)
 

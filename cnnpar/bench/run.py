@@ -19,6 +19,37 @@ class BenchOptions:
     only: str = ""  # comma-separated rung or claim names
     target: float = 0.0  # tta: validation accuracy to reach
     compare: tuple[str, str] = ("", "")
+    ddp: str = ""  # ladder: also measure DDP at these world sizes ("1,2"), one torchrun launch each
+
+
+def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, image_size: int) -> None:
+    """DDP rows beside the ladder: the same model, image size and per-process batch at each world
+    size, through cnnpar's Trainer and host input pipeline (see bench/ddp_scaling.py)."""
+    from .ddp_scaling import main as ddp_main
+
+    argv = [
+        "--world-sizes",
+        opts.ddp,
+        "--device",
+        device_type,
+        "--model",
+        cfg.model.name,
+        "--image-size",
+        str(image_size),
+        "--batch-size",
+        str(cfg.run.batch_size),
+        "--steps",
+        str(opts.timing.steps),
+        "--repeats",
+        str(opts.timing.repeats),
+        "--out",
+        str(out / "ddp"),
+    ]
+    try:
+        ddp_main(argv)
+    except SystemExit as e:  # a failed launch: the ladder's files are already written
+        if e.code not in (0, None):
+            print(f"bench: DDP rows failed: {e.code}", flush=True)
 
 
 def _compare(opts: BenchOptions) -> int:
@@ -89,4 +120,6 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
         files = output.write_ladder(out, run_ladder(cfg, bundle, info, opts.timing, meta, only, log))
     print(files[1].read_text(), end="")
     print("wrote " + ", ".join(str(f) for f in files))
+    if opts.ddp and opts.mode == "ladder":
+        _ddp_rows(cfg, opts, out, info.device.type, bundle.shape[1])
     return 0

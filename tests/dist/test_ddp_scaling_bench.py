@@ -36,3 +36,17 @@ def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["config"]["device"] == "cpu" and report["config"]["batch_size"] == 8
     assert [w["environment"]["world_size"] for w in report["workers"]] == [1, 2]
+
+
+def test_bench_ddp_flag_adds_rows_beside_the_ladder(tmp_path):
+    from tests.conftest import run_cli
+
+    out = tmp_path / "bench"
+    args = ["bench", "--device", "cpu", "--image-size", "8", "--batch-size", "8", "--warmup-steps", "1"]
+    args += ["--timed-steps", "2", "--repeats", "1", "--only", "baseline", "--ddp", "1,2", "--out", str(out)]
+    proc = run_cli(args, tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "ladder.csv").is_file()
+    rows = read_csv(out / "ddp.csv")
+    assert [int(r["world_size"]) for r in rows] == [1, 2]
+    assert all(r["model"] == "cnn3" and int(r["batch_per_process"]) == 8 for r in rows)

@@ -1,0 +1,298 @@
+"""DDP scaling of cnnpar's own training step and input pipeline, at several world sizes in one run.
+
+For each world size N this module starts `torchrun --standalone --nproc_per_node=N` on itself.
+Each worker builds cnnpar's `Trainer` (model, DDP, precision, optimizer, loaders exactly as
+`cnnpar train` would) over an in-memory synthetic uint8 data set, kept on the host: every batch
+is gathered by the DataLoader, pinned, copied on the side stream and normalised/augmented on
+the device. Nothing is GPU-resident. A warm-up call of `Trainer.train_epoch` (cuDNN autotuning,
+allocator growth, compile if asked) is followed by `--repeats` timed calls of `--steps` steps,
+each ending in a device synchronisation; the median is reported.
+
+The data set holds `--real-samples` distinct images and is indexed modulo that count up to a
+length of exactly one timed call per rank, so no call crosses an epoch boundary (where the side
+stream's prefetch restarts) while memory stays small.
+
+Results: per world size, images/s (all GPUs and per GPU), step time, speed-up and scaling
+efficiency over world size 1, written as CSV + JSON with the device name, torch version, world
+size, config and git revision.
+
+    python benchmarks/ddp_scaling.py                                  # ResNet-50 224², bf16, 1 and 2 GPUs
+    python benchmarks/ddp_scaling.py --world-sizes 1,2,4,8 --compile default
+    python benchmarks/ddp_scaling.py --device cpu --model cnn3 --image-size 32 --steps 5 --batch-size 16
+    cnnpar bench --ddp 1,2 ...                                        # the same rows beside a ladder
+
+Through the device tool, write into $OUT so the files come back:
+    python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --out $OUT/ddp_scaling_h200x2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+TARGET_SPEEDUP_2 = 1.97  # issue 3: 2 GPUs must give at least this many times the images/s of 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world-sizes", default="1,2", help="comma-separated process counts, 1 first")
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=256, help="per process")
+    p.add_argument("--precision", default="auto", help="auto: bf16 on CUDA, fp32 on CPU")
+    p.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"))
+    p.add_argument("--compile", default="off", help="torch.compile mode or off (compile adds minutes per size)")
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))
+    p.add_argument("--workers", type=int, default=-1, help="DataLoader workers (-1: cnnpar's choice)")
+    p.add_argument("--steps", type=int, default=100, help="steps per timed call")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per world size (median reported)")
+    p.add_argument("--warmup-calls", type=int, default=1, help="untimed calls of --steps steps first")
+    p.add_argument("--real-samples", type=int, default=1024, help="distinct images held in memory per process")
+    p.add_argument("--threads", type=int, default=0, help="OMP threads per process (0: cores / largest size)")
+    p.add_argument("--out", default="", help="output prefix (default benchmarks/results/ddp_scaling_<device>)")
+    p.add_argument("--git-rev", default="", help="record this revision (default: this checkout's)")
+    p.add_argument("--launch-timeout", type=int, default=1200, help="seconds per torchrun launch")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", default="", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ---- worker: one process of one torchrun launch ------------------------------------------------
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+
+    from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
+    from cnnpar.data.bundle import ArrayDataset
+    from cnnpar.data.sources import load_synthetic
+    from cnnpar.dist import barrier, destroy_distributed, init_distributed
+    from cnnpar.engine.trainer import Trainer
+    from cnnpar.report.environment import environment
+
+    class CycledArrays(ArrayDataset):
+        """`length` samples read from fewer real images (index modulo their count)."""
+
+        def __init__(self, base: ArrayDataset, length: int) -> None:
+            super().__init__(base.x, base.y)
+            self.length = length
+
+        def __len__(self) -> int:
+            return self.length
+
+        def __getitem__(self, i):  # the DataLoader hands a whole index list (batch_size=None)
+            idx = torch.as_tensor(i, dtype=torch.int64) % len(self.x)
+            return self.x.index_select(0, idx), self.y.index_select(0, idx)
+
+        __getitems__ = __getitem__
+
+    info = init_distributed(args.device, timeout_s=args.launch_timeout)
+    try:
+        calls = args.warmup_calls + args.repeats
+        size = args.image_size
+        cfg = Config(
+            data=DataConfig(
+                source="synthetic",
+                image_shape=f"3x{size}x{size}",
+                num_classes=args.num_classes,
+                synthetic_samples=args.real_samples,
+                val_fraction=0.0,
+                resident="off",  # the point: batches travel from host memory every step
+                workers=args.workers,
+            ),
+            model=ModelConfig(name=args.model),
+            optim=OptimConfig(optimizer=args.optimizer, lr=0.1, schedule="constant", warmup=0.0),
+            speed=SpeedConfig(
+                device=info.device.type,
+                precision=args.precision,
+                channels_last=args.channels_last,
+                compile=args.compile,
+            ),
+            run=RunConfig(
+                epochs=calls,
+                batch_size=args.batch_size,
+                max_steps=args.steps,
+                out_dir=tempfile.gettempdir(),  # the Trainer's run folder is never created here
+                name="cnnpar-ddp-scaling-unused",
+                progress=False,
+            ),
+        )
+        bundle = load_synthetic(cfg.data, seed=0)
+        bundle.train = CycledArrays(bundle.train, args.steps * args.batch_size * info.world_size)
+        trainer = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
+        trainer.warm_up_compile()
+        rows = [trainer.train_epoch(epoch) for epoch in range(1, calls + 1)]
+        timed = rows[args.warmup_calls :]
+        epoch_s = statistics.median(r["epoch_s"] for r in timed)
+        images_per_s = statistics.median(r["images_per_s"] for r in timed)
+        if info.is_main:
+            peak = torch.cuda.max_memory_allocated(info.device) / 2**20 if info.device.type == "cuda" else 0.0
+            result = {
+                "world_size": info.world_size,
+                "images_per_s": images_per_s,
+                "images_per_s_per_device": images_per_s / info.world_size,
+                "step_ms": 1000 * epoch_s / args.steps,
+                "data_wait_share": statistics.median(r["data_wait_share"] for r in timed),
+                "images_per_s_all_repeats": [r["images_per_s"] for r in timed],
+                "peak_mem_mb": peak,
+                "resolved": {
+                    "precision": trainer.cfg.speed.precision,
+                    "channels_last": trainer.cfg.speed.channels_last,
+                    "compile": trainer.cfg.speed.compile,
+                    "pin_memory": trainer.cfg.data.pin_memory,
+                    "prefetch_stream": trainer.cfg.data.prefetch_stream,
+                    "resident": type(trainer.train_loader.loader).__name__ == "ResidentLoader",
+                    "loader_workers": getattr(trainer.train_loader.loader, "num_workers", None),
+                },
+                "environment": environment(info.device, info.world_size),
+            }
+            Path(args.result).write_text(json.dumps(result))
+        # Ranks leave together: a rank that tore its gloo group down while rank 0 was still writing
+        # was seen to abort at exit ("terminate called without an active exception").
+        barrier(info)
+    finally:
+        destroy_distributed()
+
+
+# ---- parent: one torchrun launch per world size --------------------------------------------------
+
+
+# What a worker needs from the parent's flags; everything else is the parent's business.
+WORKER_FLAGS = (
+    "device", "model", "image_size", "num_classes", "batch_size", "precision", "channels_last", "compile",
+    "optimizer", "workers", "steps", "repeats", "warmup_calls", "real_samples", "launch_timeout",
+)  # fmt: skip
+
+
+def launch(args: argparse.Namespace, world_size: int, threads: int, result: Path) -> dict:
+    flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in WORKER_FLAGS]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world_size}",
+        "-m",
+        "cnnpar.bench.ddp_scaling",
+        *flags,
+        "--worker",
+        f"--result={result}",
+    ]
+    env = dict(os.environ)
+    env.update(
+        NCCL_NVLS_ENABLE="0",  # NVLink multicast off: the device machines require it (KINDS.md)
+        OMP_NUM_THREADS=str(threads),  # the same per process at every size, so only N changes
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        PYTHONUNBUFFERED="1",
+    )
+    print(f"== world size {world_size}: {' '.join(cmd)}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.launch_timeout)
+    if proc.returncode != 0 or not result.is_file():
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-6000:])
+        raise SystemExit(f"ddp_scaling: world size {world_size} failed (exit {proc.returncode})")
+    out = json.loads(result.read_text())
+    out["launch_s"] = time.perf_counter() - t0
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    import torch
+
+    from cnnpar.report.environment import git_revision
+    from cnnpar.report.files import write_csv_atomic, write_json_atomic
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    args.device = device
+    sizes = [int(s) for s in args.world_sizes.split(",") if s.strip()]
+    if not sizes or sizes[0] != 1:
+        raise SystemExit("ddp_scaling: --world-sizes must start with 1 (the baseline), e.g. 1,2")
+    if device == "cuda" and max(sizes) > torch.cuda.device_count():
+        raise SystemExit(f"ddp_scaling: {max(sizes)} processes need as many GPUs; {torch.cuda.device_count()} visible")
+    threads = args.threads or max(1, min(8, (os.cpu_count() or 1) // max(sizes)))
+    rev = args.git_rev or git_revision(REPO)
+    config = {k: v for k, v in vars(args).items() if k not in ("worker", "result", "out", "git_rev", "launch_timeout")}
+    config["threads_per_process"] = threads
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ddp_scaling_") as tmp:
+        for n in sizes:
+            r = launch(args, n, threads, Path(tmp) / f"world{n}.json")
+            results.append(r)
+            print(
+                f"   {r['images_per_s']:,.0f} img/s ({r['images_per_s_per_device']:,.0f} per process), "
+                f"step {r['step_ms']:.1f} ms, data wait {100 * r['data_wait_share']:.1f} %",
+                flush=True,
+            )
+
+    base = results[0]["images_per_s"]
+    env = results[-1]["environment"]
+    rows = []
+    for r in results:
+        n = r["world_size"]
+        rows.append(
+            {
+                "world_size": n,
+                "images_per_s": round(r["images_per_s"], 2),
+                "images_per_s_per_device": round(r["images_per_s_per_device"], 2),
+                "step_ms": round(r["step_ms"], 3),
+                "speedup": round(r["images_per_s"] / base, 4),
+                "scaling_efficiency": round(r["images_per_s"] / (n * base), 4),
+                "data_wait_share": round(r["data_wait_share"], 4),
+                "peak_mem_mb": round(r["peak_mem_mb"], 1),
+                "device": env["device"],
+                "torch": env["torch"],
+                "cuda": env["cuda"],
+                "git_rev": rev,
+                "model": args.model,
+                "image_size": args.image_size,
+                "batch_per_process": args.batch_size,
+                "precision": r["resolved"]["precision"],
+                "channels_last": r["resolved"]["channels_last"],
+                "compile": r["resolved"]["compile"],
+                "pinned": r["resolved"]["pin_memory"],
+                "side_stream": r["resolved"]["prefetch_stream"],
+                "resident": r["resolved"]["resident"],
+                "steps": args.steps,
+                "repeats": args.repeats,
+                "date": env["date"],
+            }
+        )
+
+    prefix = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"ddp_scaling_{device}"
+    write_csv_atomic(prefix.with_suffix(".csv"), rows)
+    write_json_atomic(
+        prefix.with_suffix(".json"),
+        {"config": config, "git_rev": rev, "rows": rows, "workers": results, "target_speedup_2": TARGET_SPEEDUP_2},
+    )
+    print(f"\n{'N':>3} {'img/s':>10} {'per proc':>10} {'step ms':>8} {'speedup':>8} {'eff':>6}")
+    for row in rows:
+        print(
+            f"{row['world_size']:>3} {row['images_per_s']:>10,.0f} {row['images_per_s_per_device']:>10,.0f} "
+            f"{row['step_ms']:>8.1f} {row['speedup']:>7.3f}x {100 * row['scaling_efficiency']:>5.1f}%"
+        )
+    two = next((row for row in rows if row["world_size"] == 2), None)
+    if two is not None:
+        verdict = "meets" if two["speedup"] >= TARGET_SPEEDUP_2 else "misses"
+        print(f"2 processes: {two['speedup']:.3f}x of 1, {verdict} the {TARGET_SPEEDUP_2}x target ({env['device']})")
+    print(f"wrote {prefix.with_suffix('.csv')} and {prefix.with_suffix('.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
