@@ -68,4 +68,6 @@ class GraphedForwardBackward:
         self.static_x.copy_(x, non_blocking=True)
         self.static_y.copy_(y, non_blocking=True)
         self.graph.replay()
-        return self.loss.clone(), self.correct.clone()
+        # The graph's own output tensors, overwritten by the next replay: callers must consume
+        # them before that (the trainer adds them to its sums at once, on the same stream).
+        return self.loss, self.correct
