@@ -105,14 +105,17 @@ def measure_step(
 
 
 def measure_step_scaling(
-    trainer: Trainer, x: torch.Tensor, y: torch.Tensor, warmup: int, steps: int, max_s: float, rounds: int = 3
+    trainer: Trainer, x: torch.Tensor, y: torch.Tensor, warmup: int, steps: int, max_s: float, max_rounds: int = 10
 ) -> tuple[Phase, Phase]:
     """The step at the full batch and at half of it, in alternating rounds; the best round of each.
 
     Alternating exposes both sizes to the same background load, and the best round is the one a
     busy machine disturbed least (noise only ever adds time), which the fixed-cost estimate
-    2 * t(B/2) - t(B) needs: it is a difference of two measurements.
+    2 * t(B/2) - t(B) needs: it is a difference of two measurements. Many short rounds beat a few
+    long ones here: with 3 rounds a loaded 2-core host still disturbed every half-batch round now
+    and then, and the estimate crossed the host-bound line.
     """
+    rounds = max(3, min(steps, max_rounds))
     half_n = y.shape[0] // 2
     xh, yh = x[:half_n], y[:half_n]
     measure_step(trainer, x, y, warmup, 0, max_s)

@@ -74,7 +74,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         "## Measurements",
         "",
         "Warm-up excluded; the device is synchronised before and after each measured window. The step "
-        "alone is the best of 3 rounds, alternating full and half batch.",
+        "alone is the best of 3 to 10 short rounds, alternating full and half batch.",
         "",
         "| phase | batches | ms/batch | images/s | data wait |",
         "| --- | ---: | ---: | ---: | ---: |",

@@ -76,7 +76,7 @@ def test_heavy_model_on_memory_is_compute_bound(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # on a shared 2-core host, OpenMP threads waiting on each other blur the split
     try:
-        report = run_doctor(cfg, DoctorOptions(warmup=1, steps=6, report_dir=str(tmp_path / "rep")), log=print)
+        report = run_doctor(cfg, DoctorOptions(warmup=1, steps=8, report_dir=str(tmp_path / "rep")), log=print)
     finally:
         torch.set_num_threads(threads)
     assert report.diagnosis.verdict == "compute-bound", report.diagnosis.reasons
