@@ -107,6 +107,10 @@ def aa_weights(lengths: torch.Tensor, padded: int, size: int) -> torch.Tensor:
     return w / w.sum(-1, keepdim=True).clamp_(min=1e-12)
 
 
+def _round8(x: int) -> int:
+    return (x + 7) // 8 * 8
+
+
 def _chunks(area: list[int], rows: list[int], cols: list[int], budget: int) -> list[tuple[int, int]]:
     """Cut images (already sorted by crop area, largest first) into runs whose padded canvas
     (count x max rows x 3 x max cols) fits the budget; an image too big alone still gets a run."""
@@ -146,14 +150,15 @@ def resized_crops(
     # Per image, sorted: flat offset, width, top, left, crop height, crop width, plane size (H*W).
     params = torch.stack([base, hw[:, 1], boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], numel // 3], 1)[order]
     runs = _chunks((params[:, 4] * params[:, 5]).tolist(), params[:, 4].tolist(), params[:, 5].tolist(), canvas_budget)
-    max_cols = int(params[:, 5].max())
+    max_cols = _round8(int(params[:, 5].max()))
     # The tail pad lets every unfolded row window start at any pixel of the last image.
     flat = torch.cat([img.reshape(-1) for img in images] + [images[0].new_zeros(max_cols)])
     params_dev, order_dev = params.to(dev, non_blocking=True), order.to(dev, non_blocking=True)
     out = torch.empty(n, 3, size, size, dtype=torch.uint8, device=dev)
     for a, b in runs:
         m = b - a
-        rows, cols = int(params[a:b, 4].max()), int(params[a:b, 5].max())
+        # Multiples of 8 keep the fp16 products on tensor-core kernels; the extra weights are zero.
+        rows, cols = _round8(int(params[a:b, 4].max())), _round8(int(params[a:b, 5].max()))
         p = params_dev[a:b]
         base_, width, top, left, ch, cw, plane = (p[:, k].view(m, 1, 1) for k in range(7))
         y = torch.minimum(torch.arange(rows, device=dev).view(1, rows, 1), ch - 1)  # past the crop: repeat a row
