@@ -2,33 +2,53 @@
 
 CPU decoding is what starves a GPU training on photos: one core decodes a few hundred
 ImageNet-sized JPEGs per second, a ResNet-50 step on an H200 consumes thousands. Here worker
-processes only read file bytes; the batch crosses to the device still compressed, is decoded
-by `torchvision.io.decode_jpeg(list, device="cuda")` in one batched call, then cropped and
-resized on the device. PNGs (and any JPEG nvJPEG refuses) are decoded on the CPU instead, one by
-one, which also finds and names a corrupt file.
+processes only read file bytes (and look at each JPEG's header); the batch crosses to the device
+still compressed, is decoded by `torchvision.io.decode_jpeg(list, device="cuda")` in one batched
+call, then cropped and resized on the device in a few batched kernels (`crop_resize`).
+
+Files nvJPEG cannot take (PNGs, CMYK JPEGs: see `jpeg_header`) are decoded on the CPU, one by one;
+so is any file that makes the batched call fail, found by bisecting the batch, so that one odd
+file costs a few extra batched calls instead of a whole batch decoded on the CPU. A file the CPU
+cannot decode either is named in a DataError.
+
+What torchvision's batched CUDA decode does to the host and to streams (read in
+torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, torchvision 0.19 to 0.29):
+- It synchronises the host: `decode_images` calls cudaStreamSynchronize on the decoder's private
+  stream before and after the batch (and once per image on the path for progressive JPEGs), under
+  a global mutex. The caller's stream is not waited for, so a queued training step keeps the GPU
+  busy meanwhile, but the calling thread launches nothing while a batch decodes. (The op releases
+  the GIL, as torch.ops calls do, so a decode thread could overlap it with the Python of the step.)
+- It allocates its outputs on the caller's current stream, then has nvJPEG write them from its own
+  stream without waiting for the caller's: the caching allocator can hand it a block that kernels
+  queued on the caller's stream are still reading, and nvJPEG overwrites it (pytorch/vision
+  PR #9606, not merged; torchcodec #1634 fixed its own copy). `nvjpeg_decode` below allocates the
+  outputs on a private stream whose pool only ever holds earlier decode outputs, each marked with
+  `record_stream` for the stream that reads it, so a block is reused only once its readers are done.
+- It returns no partial results: one file that nvJPEG rejects fails the whole list.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from cnnpar.data.crop_resize import RRC_RATIO, RRC_SCALE, draw_crop_boxes, resized_crops, resized_crops_loop
+from cnnpar.data.jpeg_header import nvjpeg_friendly
 from cnnpar.errors import DataError
 
-JPEG_MAGIC = b"\xff\xd8"
-RRC_SCALE = (0.25, 1.0)  # random-resized-crop area range; 0.08 is ImageNet's classic lower bound
-RRC_RATIO = (3 / 4, 4 / 3)
+__all__ = ["RRC_RATIO", "RRC_SCALE", "EncodedBatch", "EncodedFolderDataset", "GpuDecoder", "collate_encoded"]
+
+BatchDecode = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
 
 
 @dataclass
 class EncodedBatch:
-    """Compressed images of one batch as one flat byte buffer with offsets, and their data-set
-    indices (to name a file that fails).
+    """Compressed images of one batch as one flat byte buffer with offsets, their data-set indices
+    (to name a file that fails) and, when the workers looked, which ones nvJPEG can take.
 
     One tensor per batch, not one per image: a worker hands each tensor to the main process
     through its own shared-memory segment, and 256 segments per batch cost more than the decode.
@@ -37,6 +57,7 @@ class EncodedBatch:
     flat: torch.Tensor
     offsets: torch.Tensor
     index: torch.Tensor
+    nvjpeg_ok: torch.Tensor | None = None  # bool per image; None: the decoder reads the headers itself
 
     @property
     def data(self) -> list[torch.Tensor]:
@@ -63,72 +84,117 @@ class EncodedFolderDataset(Dataset):
             data = self.files[i].read_bytes()
         except OSError as e:
             raise DataError(f"{self.files[i]}: cannot read ({e.strerror})") from None
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8), self.labels[i], i
+        # The header is read here, in the worker, so the main process does no per-file Python work.
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), self.labels[i], i, nvjpeg_friendly(data)
 
 
 def collate_encoded(batch):
-    data, labels, index = zip(*batch)
+    data, labels, index, ok = zip(*batch)
     offsets = torch.zeros(len(data) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.as_tensor([len(d) for d in data]), 0)
-    return EncodedBatch(torch.cat(data), offsets, torch.as_tensor(index)), torch.stack(labels)
+    encoded = EncodedBatch(torch.cat(data), offsets, torch.as_tensor(index), torch.as_tensor(ok, dtype=torch.bool))
+    return encoded, torch.stack(labels)
 
 
-def _crop_box(h: int, w: int, train: bool, size: int, g: torch.Generator) -> tuple[int, int, int, int]:
-    """(top, left, height, width): a random-resized crop for training, a centre square otherwise."""
-    if train:
-        area = h * w
-        for _ in range(10):
-            target = area * float(torch.empty(1).uniform_(*RRC_SCALE, generator=g))
-            log_r = torch.empty(1).uniform_(math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1]), generator=g)
-            ratio = math.exp(float(log_r))
-            cw, ch = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
-            if 0 < cw <= w and 0 < ch <= h:
-                top = int(torch.randint(0, h - ch + 1, (1,), generator=g))
-                left = int(torch.randint(0, w - cw + 1, (1,), generator=g))
-                return top, left, ch, cw
-    side = min(h, w)
-    return (h - side) // 2, (w - side) // 2, side, side
+_alloc_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def nvjpeg_decode(buffers: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """`decode_jpeg(buffers, RGB, device)` in one call: nvJPEG on CUDA, libjpeg-turbo on the CPU.
+
+    Raises RuntimeError (or ValueError) if any one buffer fails; returns (3, H, W) uint8 images.
+    """
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    if device.type != "cuda":
+        return decode_jpeg(buffers, mode=ImageReadMode.RGB, device=device)
+    # Outputs come from a private stream's pool (see the module docstring: torchvision lets nvJPEG
+    # write into blocks the caller's stream may still be reading); record_stream holds each block
+    # until the consumer stream has finished with it.
+    consumer = torch.cuda.current_stream(device)
+    key = torch.device("cuda", consumer.device_index)
+    if key not in _alloc_streams:
+        _alloc_streams[key] = torch.cuda.Stream(key)
+    with torch.cuda.stream(_alloc_streams[key]):
+        images = decode_jpeg(buffers, mode=ImageReadMode.RGB, device=key)  # note: host sync inside
+    for img in images:
+        img.record_stream(consumer)
+    return images
 
 
 class GpuDecoder:
-    def __init__(self, files: list[Path], size: int, device: torch.device, train: bool, seed: int = 0) -> None:
-        self.files, self.size, self.device, self.train = files, size, device, train
+    """Encoded batch in, (N, 3, size, size) uint8 batch on `device` out.
+
+    `batch_decode` is the batched decode (swappable, so tests can make it fail for chosen files);
+    `resize` picks the batched crop-and-resize ("batched", the default on CUDA) or the per-image
+    loop ("loop", the default on the CPU, where launches are cheap and the loop does less arithmetic).
+    """
+
+    def __init__(
+        self,
+        files: list[Path],
+        size: int,
+        device: torch.device,
+        train: bool,
+        seed: int = 0,
+        batch_decode: BatchDecode = nvjpeg_decode,
+        resize: str | None = None,
+    ) -> None:
+        self.files, self.size, self.device, self.train = files, size, torch.device(device), train
         self.generator = torch.Generator().manual_seed(seed)
+        self.batch_decode = batch_decode
+        self.resize = resize or ("batched" if self.device.type == "cuda" else "loop")
+        if self.resize not in ("batched", "loop"):
+            raise ValueError(f"resize: expected 'batched' or 'loop', got {self.resize!r}")
+        self.batched_calls = 0  # batched decode calls made, bisection included (for tests and benchmarks)
+        self.cpu_decoded = 0  # images decoded on the CPU
 
     def _decode_cpu(self, buf: torch.Tensor, index: int) -> torch.Tensor:
         from torchvision.io import ImageReadMode, decode_image
 
         try:
-            return decode_image(buf, mode=ImageReadMode.RGB).to(self.device, non_blocking=True)
+            img = decode_image(buf, mode=ImageReadMode.RGB)
         except (RuntimeError, ValueError) as e:
             raise DataError(
                 f"{self.files[index]}: cannot decode as an image ({str(e).splitlines()[0]}): "
                 f"expected a readable JPEG or PNG file"
             ) from None
+        self.cpu_decoded += 1
+        return img.to(self.device, non_blocking=True)
+
+    def _decode_batched(self, data: list[torch.Tensor], ids: list[int], images: list) -> None:
+        """Decode `ids` in one batched call; if it fails, bisect, so only the files that fail alone
+        are left undecoded (for the CPU). k culprits in n files cost about 2 k log2(n / k) calls."""
+        pending = [ids] if ids else []
+        while pending:
+            part = pending.pop()
+            self.batched_calls += 1
+            try:
+                decoded = self.batch_decode([data[i] for i in part], self.device)
+            except (RuntimeError, ValueError):
+                if len(part) > 1:
+                    mid = len(part) // 2
+                    pending += [part[mid:], part[:mid]]
+                continue
+            for i, img in zip(part, decoded):
+                images[i] = img
 
     def decode(self, batch: EncodedBatch) -> list[torch.Tensor]:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         data = batch.data
-        jpeg = [i for i, b in enumerate(data) if bytes(b[:2].tolist()) == JPEG_MAGIC]
+        ok = batch.nvjpeg_ok
+        ok = ok.tolist() if ok is not None else [nvjpeg_friendly(memoryview(b.numpy())) for b in data]
         images: list[torch.Tensor | None] = [None] * len(data)
-        if jpeg:
-            try:
-                decoded = decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB, device=self.device)
-                for i, img in zip(jpeg, decoded):
-                    images[i] = img
-            except RuntimeError:
-                pass  # one bad file fails the whole batched call: decode the rest one by one below
+        self._decode_batched(data, [i for i, fast in enumerate(ok) if fast], images)
         for i, img in enumerate(images):
             if img is None:
                 images[i] = self._decode_cpu(data[i], int(batch.index[i]))
         return images
 
     def __call__(self, batch: EncodedBatch) -> torch.Tensor:
-        out = torch.empty(len(batch.index), 3, self.size, self.size, dtype=torch.uint8, device=self.device)
-        for i, img in enumerate(self.decode(batch)):
-            top, left, ch, cw = _crop_box(img.shape[1], img.shape[2], self.train, self.size, self.generator)
-            crop = img[None, :, top : top + ch, left : left + cw].float()
-            resized = F.interpolate(crop, size=(self.size, self.size), mode="bilinear", antialias=True)
-            out[i] = resized[0].round_().clamp_(0, 255).to(torch.uint8)
-        return out
+        images = self.decode(batch)
+        # Shapes are host metadata: reading them does not wait for the device.
+        sizes = torch.tensor([img.shape[1:] for img in images], dtype=torch.int64).view(-1, 2)
+        boxes = draw_crop_boxes(sizes, self.train, self.generator)
+        if self.resize == "batched":
+            return resized_crops(images, boxes, self.size)
+        return resized_crops_loop(images, boxes, self.size)

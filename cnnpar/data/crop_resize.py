@@ -1,0 +1,180 @@
+"""Crop boxes and crop-then-resize for a whole batch of differently sized images, in few kernels.
+
+Per image, crop-then-resize costs about six kernel launches and a handful of host RNG calls; at
+256 photos a batch that is ~1,500 launches from one Python thread, more than the GPU needs to
+decode the batch. Here the boxes of a batch come from one vectorised draw on the host, and the
+resampling is two batched matrix products per chunk of images.
+
+How the resampling is done, and why this way:
+- A crop resized with `F.interpolate(mode="bilinear", antialias=True)` is separable: out =
+  Wy @ crop @ Wx^T, where Wy (size x crop height) and Wx (size x crop width) hold the
+  antialiasing triangle filter's weights (the PIL filter PyTorch uses; it widens with the
+  downscale factor). Building those matrices per image and applying them with `torch.bmm`
+  reproduces the old per-image path to float rounding, and runs on tensor cores in fp16.
+- The alternatives were worse: `torchvision.ops.roi_align` (adaptive sampling) only approximates
+  the filter (a box average of bilinear samples, narrower support) and needs the same padded
+  input; `F.grid_sample` with per-image affine grids has no antialiasing at all, and at
+  ImageNet's ~2x downscale that aliases; grouping by size for `F.interpolate` does not group
+  anything, as random crops all differ in size.
+- Images of different sizes go into one padded canvas per chunk, gathered in one kernel: the
+  decoded images are concatenated into one flat uint8 buffer, `unfold` views that buffer as
+  overlapping rows of the canvas width (no copy), and `index_select` picks each crop row's start.
+  Rows and columns past a crop's edge hold whatever bytes follow in the buffer; their weights are
+  zero, and uint8 bytes are finite, so they add nothing.
+- Memory stays bounded: the canvas is uint8 (then fp16 on CUDA), holds crops rather than whole
+  photos, and a batch is cut into chunks of at most `canvas_budget` elements (images sorted by
+  crop size first, so a chunk's padding stays small and one outsized photo gets a chunk alone).
+
+On the CPU kernel launches cost little and the dense product does far more arithmetic than the
+banded filter needs (most of each weight row is zero), so `GpuDecoder` keeps the per-image loop
+there; both are here so tests and `benchmarks/jpeg_decode.py` can compare them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+RRC_SCALE = (0.25, 1.0)  # random-resized-crop area range; 0.08 is ImageNet's classic lower bound
+RRC_RATIO = (3 / 4, 4 / 3)
+RRC_ATTEMPTS = 10  # draws per image before falling back to the centre crop, as torchvision does
+CANVAS_BUDGET = 1 << 26  # elements of one chunk's canvas: 64 MiB uint8, 128 MiB in fp16
+
+
+def draw_crop_boxes(sizes: torch.Tensor, train: bool, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(N, 4) int64 boxes (top, left, height, width) for images of `sizes` (N, 2: height, width).
+
+    Training: a random-resized crop, area a uniform fraction RRC_SCALE of the image, aspect ratio
+    log-uniform in RRC_RATIO, the first of RRC_ATTEMPTS draws that fits, else the centre square.
+    Otherwise: the centre square. All draws for the batch at once, on the host (no device sync).
+    """
+    sizes = sizes.to(torch.int64).cpu()
+    h, w = sizes[:, 0], sizes[:, 1]
+    side = torch.minimum(h, w)
+    boxes = torch.stack([(h - side) // 2, (w - side) // 2, side, side], 1)
+    if not train or len(sizes) == 0:
+        return boxes
+    n = len(sizes)
+    hf, wf = h.double()[:, None], w.double()[:, None]
+    target = hf * wf * torch.empty(n, RRC_ATTEMPTS, dtype=torch.float64).uniform_(*RRC_SCALE, generator=generator)
+    log_lo, log_hi = math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1])
+    ratio = torch.empty(n, RRC_ATTEMPTS, dtype=torch.float64).uniform_(log_lo, log_hi, generator=generator).exp_()
+    cw = torch.sqrt(target * ratio).round_()  # round half to even, like Python's round() before
+    ch = torch.sqrt(target / ratio).round_()
+    fits = (cw > 0) & (cw <= wf) & (ch > 0) & (ch <= hf)
+    first = fits.to(torch.uint8).argmax(1, keepdim=True)  # argmax returns the first of equal maxima
+    found = fits.any(1)
+    ch = ch.gather(1, first).squeeze(1).to(torch.int64)
+    cw = cw.gather(1, first).squeeze(1).to(torch.int64)
+    u = torch.rand(n, 2, dtype=torch.float64, generator=generator)
+    top = (u[:, 0] * (h - ch + 1)).floor().to(torch.int64).clamp_(max=(h - ch).clamp(min=0))
+    left = (u[:, 1] * (w - cw + 1)).floor().to(torch.int64).clamp_(max=(w - cw).clamp(min=0))
+    rrc = torch.stack([top, left, ch, cw], 1)
+    return torch.where(found[:, None], rrc, boxes)
+
+
+def resized_crops_loop(images: list[torch.Tensor], boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """The per-image reference: crop each (3, H, W) uint8 image, resize with antialiased bilinear."""
+    out = torch.empty(len(images), 3, size, size, dtype=torch.uint8, device=images[0].device)
+    for i, (img, (top, left, ch, cw)) in enumerate(zip(images, boxes.tolist())):
+        crop = img[None, :, top : top + ch, left : left + cw].float()
+        resized = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True)
+        out[i] = resized[0].round_().clamp_(0, 255).to(torch.uint8)
+    return out
+
+
+def aa_weights(lengths: torch.Tensor, padded: int, size: int) -> torch.Tensor:
+    """(N, size, padded) float32 resampling matrices: row i of image n holds the weights with which
+    input positions 0..lengths[n]-1 make output position i, zero beyond lengths[n].
+
+    The same formula as PyTorch's `_upsample_bilinear2d_aa` (align_corners=False): centre
+    scale * (i + 0.5), support max(scale, 1), triangle filter of width support, taps clipped to
+    the input and normalised to sum to one.
+    """
+    length = lengths.to(torch.float32).view(-1, 1, 1)
+    scale = length / size
+    support = scale.clamp(min=1.0)
+    inv_scale = 1.0 / support  # 1/scale when downscaling, 1 when upscaling
+    dev = lengths.device
+    centre = scale * (torch.arange(size, dtype=torch.float32, device=dev).view(1, -1, 1) + 0.5)
+    lo = (centre - support + 0.5).trunc_().clamp_(min=0)
+    hi = torch.minimum((centre + support + 0.5).trunc_(), length)
+    j = torch.arange(padded, dtype=torch.float32, device=dev).view(1, 1, -1)
+    w = (1 - ((j - centre + 0.5) * inv_scale).abs_()).clamp_(min=0)
+    w = torch.where((j >= lo) & (j < hi), w, torch.zeros((), device=dev))
+    return w / w.sum(-1, keepdim=True).clamp_(min=1e-12)
+
+
+def _round8(x: int) -> int:
+    return (x + 7) // 8 * 8
+
+
+def _chunks(area: list[int], rows: list[int], cols: list[int], budget: int) -> list[tuple[int, int]]:
+    """Cut images (already sorted by crop area, largest first) into runs whose padded canvas
+    (count x max rows x 3 x max cols) fits the budget; an image too big alone still gets a run."""
+    runs, start, max_r, max_c = [], 0, 0, 0
+    for i in range(len(area)):
+        r, c = max(max_r, rows[i]), max(max_c, cols[i])
+        if i > start and (i - start + 1) * r * 3 * c > budget:
+            runs.append((start, i))
+            start, r, c = i, rows[i], cols[i]
+        max_r, max_c = r, c
+    runs.append((start, len(area)))
+    return runs
+
+
+def resized_crops(
+    images: list[torch.Tensor],
+    boxes: torch.Tensor,
+    size: int,
+    canvas_budget: int = CANVAS_BUDGET,
+    compute_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Crop `boxes` (N, 4: top, left, height, width; on the host) out of (3, H, W) uint8 `images`
+    and resize each crop to size x size with antialiased bilinear filtering, batched.
+
+    About a dozen kernels per chunk, whatever N. `compute_dtype` defaults to fp16 on CUDA (pixel
+    values and their weighted sums fit fp16's 11-bit mantissa to ~0.1 of a level; tensor cores)
+    and float32 elsewhere.
+    """
+    dev = images[0].device
+    dtype = compute_dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
+    n = len(images)
+    boxes = boxes.to(torch.int64).cpu()
+    hw = torch.tensor([img.shape[1:] for img in images], dtype=torch.int64).view(n, 2)
+    numel = 3 * hw[:, 0] * hw[:, 1]
+    base = torch.cumsum(numel, 0) - numel
+    order = torch.argsort(boxes[:, 2] * boxes[:, 3], descending=True, stable=True)
+    # Per image, sorted: flat offset, width, top, left, crop height, crop width, plane size (H*W).
+    params = torch.stack([base, hw[:, 1], boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], numel // 3], 1)[order]
+    runs = _chunks((params[:, 4] * params[:, 5]).tolist(), params[:, 4].tolist(), params[:, 5].tolist(), canvas_budget)
+    max_cols = _round8(int(params[:, 5].max()))
+    # The tail pad lets every unfolded row window start at any pixel of the last image.
+    flat = torch.cat([img.reshape(-1) for img in images] + [images[0].new_zeros(max_cols)])
+    params_dev, order_dev = params.to(dev, non_blocking=True), order.to(dev, non_blocking=True)
+    out = torch.empty(n, 3, size, size, dtype=torch.uint8, device=dev)
+    for a, b in runs:
+        m = b - a
+        # Multiples of 8 keep the fp16 products on tensor-core kernels; the extra weights are zero.
+        rows, cols = _round8(int(params[a:b, 4].max())), _round8(int(params[a:b, 5].max()))
+        p = params_dev[a:b]
+        base_, width, top, left, ch, cw, plane = (p[:, k].view(m, 1, 1) for k in range(7))
+        y = torch.minimum(torch.arange(rows, device=dev).view(1, rows, 1), ch - 1)  # past the crop: repeat a row
+        c = torch.arange(3, device=dev).view(1, 1, 3)
+        starts = base_ + c * plane + (top + y) * width + left  # (m, rows, 3): canvas layout (m, rows, 3, cols)
+        canvas = flat.unfold(0, cols, 1).index_select(0, starts.reshape(-1)).view(m, rows, 3 * cols).to(dtype)
+        wy = aa_weights(p[:, 4], rows, size).to(dtype)  # (m, size, rows)
+        wx_t = aa_weights(p[:, 5], cols, size).to(dtype).transpose(1, 2)  # (m, cols, size)
+        # Either order gives the same result; the first product is the same size, the second
+        # costs size^2 * 3 * (rows or cols), so resize along the longer side first.
+        if rows <= cols:
+            tmp = torch.bmm(canvas.view(m, rows * 3, cols), wx_t)  # (m, rows*3, size)
+            res = torch.bmm(wy, tmp.view(m, rows, 3 * size)).view(m, size, 3, size)
+        else:
+            tmp = torch.bmm(wy, canvas)  # (m, size, 3*cols)
+            res = torch.bmm(tmp.view(m, size * 3, cols), wx_t).view(m, size, 3, size)
+        res = res.permute(0, 2, 1, 3).round_().clamp_(0, 255).to(torch.uint8)
+        out.index_copy_(0, order_dev[a:b], res)
+    return out

@@ -1,0 +1,75 @@
+"""Read a JPEG's frame header (size, components, coding) without decoding it.
+
+nvJPEG, as torchvision calls it, refuses some JPEGs that libjpeg-turbo on the CPU decodes: CMYK
+and YCCK files (4 components; torchvision never turns on `nvjpegDecodeParamsSetAllowCMYK`, and
+ImageNet's training set holds about 22 of them), 12-bit, lossless and arithmetic-coded files. A
+batched `decode_jpeg(list, device="cuda")` that meets one of them fails as a whole, so these are
+found here, from the header, and sent to the CPU before the batched call is tried. Walking the
+marker segments costs microseconds and runs in the DataLoader workers, not the main process.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# Start-of-frame markers: C0 baseline, C1 extended sequential, C2 progressive, C3 lossless,
+# C5-C7 hierarchical, C9-CB and CD-CF arithmetic coding. C4 (DHT), C8 (JPG) and CC (DAC) are not frames.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# Huffman-coded 8-bit baseline, extended and progressive frames: what nvJPEG decodes (progressive ones
+# on its hybrid path, which torchvision runs one image at a time, still on the GPU).
+_NVJPEG_SOF = frozenset({0xC0, 0xC1, 0xC2})
+_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM and RST0-7 carry no length field
+
+
+class JpegHeader(NamedTuple):
+    height: int
+    width: int
+    components: int
+    precision: int
+    sof: int  # the start-of-frame marker byte: 0xC0 baseline, 0xC2 progressive, ...
+
+
+def read_jpeg_header(data) -> JpegHeader | None:
+    """The frame header of a JPEG in `data` (bytes, bytearray or memoryview), or None when `data` is
+    not a JPEG or ends (or turns to scan data) before its frame header."""
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return None
+    i = 2
+    while i + 3 < n:
+        if data[i] != 0xFF:
+            return None  # garbage where a marker must be
+        while i < n and data[i] == 0xFF:  # any number of fill bytes may precede a marker
+            i += 1
+        if i >= n:
+            return None
+        marker = data[i]
+        if marker in _STANDALONE:
+            i += 1
+            continue
+        if marker in (0xD9, 0xDA) or i + 2 >= n:  # end of image or start of scan before any frame
+            return None
+        length = (data[i + 1] << 8) | data[i + 2]
+        if marker in _SOF:
+            if i + 8 >= n:
+                return None
+            precision = data[i + 3]
+            height = (data[i + 4] << 8) | data[i + 5]
+            width = (data[i + 6] << 8) | data[i + 7]
+            return JpegHeader(height, width, data[i + 8], precision, marker)
+        i += 1 + length
+    return None
+
+
+def nvjpeg_friendly(data) -> bool:
+    """True for a JPEG that torchvision's nvJPEG decode accepts in a batch: 8-bit Huffman-coded
+    (baseline, extended or progressive) with 1 (grey) or 3 components (YCbCr)."""
+    h = read_jpeg_header(data)
+    return (
+        h is not None
+        and h.sof in _NVJPEG_SOF
+        and h.precision == 8
+        and h.components in (1, 3)
+        and h.height > 0
+        and h.width > 0
+    )

@@ -1,0 +1,274 @@
+"""The encoded-bytes path for image folders: JPEG headers, crop boxes, batched crop-and-resize and
+the decoder's fall-backs. CPU decode stands in for nvJPEG; the CUDA path has its own marked test."""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from cnnpar.data.crop_resize import (
+    RRC_RATIO,
+    RRC_SCALE,
+    draw_crop_boxes,
+    resized_crops,
+    resized_crops_loop,
+)
+from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded, nvjpeg_decode
+from cnnpar.data.jpeg_header import nvjpeg_friendly, read_jpeg_header
+from cnnpar.errors import DataError
+
+# torchvision 0.29 deprecates its image codecs (for torchcodec) with a warning on every call.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+SIZES = [(375, 500), (500, 333), (120, 90), (64, 300), (224, 224), (31, 29)]
+
+
+def smooth_image(h: int, w: int, phase: float = 0.0) -> torch.Tensor:
+    """A smooth (3, h, w) uint8 picture: JPEG keeps it nearly intact and resampling it is well posed."""
+    y = torch.linspace(0, 1, h).view(h, 1)
+    x = torch.linspace(0, 1, w).view(1, w)
+    rgb = [127 + 100 * torch.sin(6 * x + 3 * y + phase), 127 + 100 * torch.cos(5 * x * y + phase), 60 + 150 * x * y]
+    return torch.stack([c.expand(h, w) for c in rgb]).round().to(torch.uint8)
+
+
+def jpeg_bytes(img: torch.Tensor) -> bytes:
+    from torchvision.io import encode_jpeg
+
+    return encode_jpeg(img, quality=90).numpy().tobytes()
+
+
+def pil_jpeg(mode: str, size=(30, 20), **save) -> bytes:
+    from PIL import Image
+
+    color = {"CMYK": (10, 200, 30, 5), "L": 90}.get(mode, (10, 200, 30))
+    buf = io.BytesIO()
+    Image.new(mode, size, color).save(buf, format="JPEG", **save)
+    return buf.getvalue()
+
+
+def encoded(blobs: list[bytes]) -> EncodedBatch:
+    """What collate_encoded makes of these files, without workers (nvjpeg_ok left for the decoder)."""
+    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
+    offsets = torch.zeros(len(data) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor([len(d) for d in data]), 0)
+    return EncodedBatch(torch.cat(data), offsets, torch.arange(len(data)))
+
+
+def decoded(blobs: list[bytes]) -> list[torch.Tensor]:
+    from torchvision.io import ImageReadMode, decode_image
+
+    return [decode_image(torch.frombuffer(bytearray(b), dtype=torch.uint8), mode=ImageReadMode.RGB) for b in blobs]
+
+
+def test_jpeg_header_reads_frames_and_flags_what_nvjpeg_refuses():
+    img = smooth_image(40, 60)
+    h = read_jpeg_header(jpeg_bytes(img))
+    assert (h.height, h.width, h.components, h.precision, h.sof) == (40, 60, 3, 8, 0xC0)
+    assert nvjpeg_friendly(jpeg_bytes(img))
+    assert read_jpeg_header(pil_jpeg("L")).components == 1 and nvjpeg_friendly(pil_jpeg("L"))
+    progressive = pil_jpeg("RGB", progressive=True)
+    assert read_jpeg_header(progressive).sof == 0xC2 and nvjpeg_friendly(progressive)
+    cmyk = pil_jpeg("CMYK")
+    assert read_jpeg_header(cmyk).components == 4 and not nvjpeg_friendly(cmyk)
+    from torchvision.io import encode_png
+
+    assert read_jpeg_header(encode_png(img).numpy().tobytes()) is None
+    assert read_jpeg_header(b"\xff\xd8 not really a jpeg") is None
+    assert read_jpeg_header(jpeg_bytes(img)[:20]) is None  # ends before its frame header
+    assert read_jpeg_header(memoryview(bytearray(jpeg_bytes(img)))) == h
+
+
+def test_train_crop_boxes_fit_and_follow_the_random_resized_crop_distribution():
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    sizes = torch.stack([torch.randint(200, 900, (n,), generator=g), torch.randint(200, 900, (n,), generator=g)], 1)
+    boxes = draw_crop_boxes(sizes, train=True, generator=g)
+    top, left, ch, cw = boxes.unbind(1)
+    h, w = sizes.unbind(1)
+    assert (top >= 0).all() and (left >= 0).all() and (ch >= 1).all() and (cw >= 1).all()
+    assert (top + ch <= h).all() and (left + cw <= w).all()
+    centre = (ch == cw) & (ch == torch.minimum(h, w)) & (top == (h - ch) // 2) & (left == (w - cw) // 2)
+    rrc = ~centre
+    near_square = (w / h > 0.8) & (w / h < 1.25)
+    # Ten draws fail in a row only for elongated images; near-square ones (almost) never fall back.
+    assert centre[near_square].float().mean() < 0.001 and centre[~near_square].float().mean() > 0.02
+    frac = (ch * cw).double()[rrc] / (h * w).double()[rrc]
+    ratio = cw.double()[rrc] / ch.double()[rrc]
+    # Rounding a side to whole pixels moves area and ratio by about 1/side (side >= ~100 here).
+    assert frac.min() > RRC_SCALE[0] * 0.98 and frac.max() <= 1.0
+    assert ratio.min() > RRC_RATIO[0] * 0.98 and ratio.max() < RRC_RATIO[1] * 1.02
+    # Same distribution as the per-image sampler it replaced (rebuilt below with Python's random):
+    # compare means, spreads and fall-back rates, each within ~5 standard errors.
+    ref = [reference_crop(hh, ww, random.Random(k)) for k, (hh, ww) in enumerate(sizes.tolist())]
+    ref_centre = torch.tensor([c for *_, c in ref])
+    ref_frac = torch.tensor([f for f, _, c in ref if not c])
+    ref_log_ratio = torch.tensor([r for _, r, c in ref if not c])
+    assert abs(centre.double().mean() - ref_centre.double().mean()) < 0.01
+    assert abs(frac.mean() - ref_frac.mean()) < 0.01 and abs(frac.std() - ref_frac.std()) < 0.01
+    assert abs(ratio.log().mean() - ref_log_ratio.mean()) < 0.01
+    assert abs(ratio.log().std() - ref_log_ratio.std()) < 0.01
+    # Positions spread over the free room: mean relative offset near 1/2.
+    room = (h - ch)[rrc].double()
+    rel = top[rrc].double()[room > 0] / room[room > 0]
+    assert abs(rel.mean() - 0.5) < 0.02
+
+
+def reference_crop(h: int, w: int, rng: random.Random) -> tuple[float, float, bool]:
+    """The former per-image random-resized crop: (area fraction, log ratio, fell back to centre)."""
+    for _ in range(10):
+        target = h * w * rng.uniform(*RRC_SCALE)
+        ratio = math.exp(rng.uniform(math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1])))
+        cw, ch = round(math.sqrt(target * ratio)), round(math.sqrt(target / ratio))
+        if 0 < cw <= w and 0 < ch <= h:
+            return ch * cw / (h * w), math.log(cw / ch), False
+    return 1.0, 0.0, True
+
+
+def test_crop_boxes_fall_back_to_centre_square_and_eval_uses_it():
+    g = torch.Generator().manual_seed(1)
+    sizes = torch.tensor([[10, 1000], [1000, 12], [375, 500], [7, 7]])
+    eval_boxes = draw_crop_boxes(sizes, train=False)
+    assert eval_boxes.tolist() == [[0, 495, 10, 10], [494, 0, 12, 12], [0, 62, 375, 375], [0, 0, 7, 7]]
+    train = draw_crop_boxes(sizes.repeat(50, 1), train=True, generator=g).view(50, 4, 4)
+    # A 1:100 strip never fits a crop of ratio 3/4..4/3 and area >= 1/4: always the centre square.
+    assert (train[:, 0] == eval_boxes[0]).all() and (train[:, 1] == eval_boxes[1]).all()
+    assert (train[:, 2] != eval_boxes[2]).any(dim=1).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batched_resize_matches_the_per_image_loop_on_real_jpegs(train):
+    images = decoded([jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES)])
+    g = torch.Generator().manual_seed(2)
+    boxes = draw_crop_boxes(torch.tensor([img.shape[1:] for img in images]), train, g)
+    for size in (64, 200):  # downscale for most, upscale for the smallest crops
+        reference = resized_crops_loop(images, boxes, size).int()
+        for budget in (1 << 26, 1):  # one chunk; one image per chunk
+            diff = (resized_crops(images, boxes, size, canvas_budget=budget).int() - reference).abs()
+            # Same filter in a different summation order: at most a one-level rounding flip, rarely.
+            assert diff.max() <= 1, (size, budget)
+            assert (diff > 0).float().mean() < 1e-3, (size, budget)
+    # fp16, as on CUDA: pixel sums keep ~0.1 of a level, so rounding flips a few percent of pixels.
+    diff = (resized_crops(images, boxes, 200, compute_dtype=torch.float16).int() - reference).abs()
+    assert diff.max() <= 1 and diff.float().mean() < 0.1
+
+
+def test_decoder_output_matches_loop_and_batched_paths():
+    blobs = [jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES)]
+    files = [Path(f"img{i}.jpg") for i in range(len(blobs))]
+    outs = [GpuDecoder(files, 48, torch.device("cpu"), False, resize=r)(encoded(blobs)) for r in ("loop", "batched")]
+    assert outs[0].shape == (len(blobs), 3, 48, 48) and outs[0].dtype == torch.uint8
+    assert (outs[0].int() - outs[1].int()).abs().max() <= 1
+    with pytest.raises(ValueError, match="resize"):
+        GpuDecoder(files, 48, torch.device("cpu"), False, resize="nearest")
+
+
+class FlakyDecode:
+    """A batched decode that fails, like nvJPEG, for the whole call when any buffer is in `bad`."""
+
+    def __init__(self, bad: set[bytes]) -> None:
+        self.bad, self.calls = bad, []
+
+    def __call__(self, buffers, device):
+        self.calls.append(len(buffers))
+        if any(b.numpy().tobytes() in self.bad for b in buffers):
+            raise RuntimeError("Error while decoding JPEG images: Failed to decode batch: 6")
+        return nvjpeg_decode(buffers, device)
+
+
+def test_one_file_the_batch_decode_rejects_is_bisected_out_and_decoded_alone():
+    blobs = [jpeg_bytes(smooth_image(40 + i, 50, phase=i)) for i in range(32)]
+    files = [Path(f"photos/{i}.jpg") for i in range(32)]
+    flaky = FlakyDecode({blobs[13]})
+    dec = GpuDecoder(files, 24, torch.device("cpu"), train=False, batch_decode=flaky)
+    out = dec(encoded(blobs))
+    clean = GpuDecoder(files, 24, torch.device("cpu"), train=False)(encoded(blobs))
+    assert torch.equal(out, clean)
+    assert dec.cpu_decoded == 1  # only the culprit went to the CPU
+    assert sum(flaky.calls[1:]) < 2 * 32 and len(flaky.calls) <= 2 * math.log2(32) + 1
+    assert flaky.calls[0] == 32
+
+
+def test_cmyk_jpeg_and_png_skip_the_batched_call_instead_of_failing_it():
+    from torchvision.io import encode_png
+
+    cmyk = pil_jpeg("CMYK", size=(48, 40))
+    png = encode_png(smooth_image(30, 30)).numpy().tobytes()
+    blobs = [jpeg_bytes(smooth_image(40, 50, phase=i)) for i in range(6)]
+    blobs[2:2] = [cmyk]
+    blobs.append(png)
+    flaky = FlakyDecode({cmyk})  # nvJPEG, as torchvision drives it, refuses CMYK
+    dec = GpuDecoder([Path(f"{i}.jpg") for i in range(len(blobs))], 16, torch.device("cpu"), False, batch_decode=flaky)
+    out = dec(encoded(blobs))
+    assert flaky.calls == [6]  # one batched call, the six plain JPEGs, nothing bisected
+    assert dec.cpu_decoded == 2
+    images = decoded(blobs)  # libjpeg-turbo on the CPU for all, PIL's inverted CMYK included
+    ref = resized_crops_loop(images, draw_crop_boxes(torch.tensor([img.shape[1:] for img in images]), False), 16)
+    assert torch.equal(out, ref)
+
+
+def test_a_corrupt_jpeg_in_a_batch_is_named():
+    blobs = [jpeg_bytes(smooth_image(40, 50, phase=i)) for i in range(8)]
+    blobs[5] = blobs[5][: len(blobs[5]) // 2]  # header intact, scan cut short: passes the header check
+    assert nvjpeg_friendly(blobs[5])
+    files = [Path(f"photos/c{i % 2}/{i}.jpg") for i in range(8)]
+    with pytest.raises(DataError, match=r"photos/c1/5\.jpg: cannot decode as an image"):
+        GpuDecoder(files, 16, torch.device("cpu"), train=True)(encoded(blobs))
+
+
+def test_workers_read_headers_into_the_batch(tmp_path):
+    from torchvision.io import encode_png
+
+    blobs = [jpeg_bytes(smooth_image(20, 30)), pil_jpeg("CMYK"), encode_png(smooth_image(8, 8)).numpy().tobytes()]
+    files = []
+    for i, b in enumerate(blobs):
+        files.append(tmp_path / f"{i}.img")
+        files[-1].write_bytes(b)
+    ds = EncodedFolderDataset(files, [0, 1, 0], 16)
+    batch, labels = collate_encoded([ds[i] for i in range(3)])
+    assert batch.nvjpeg_ok.tolist() == [True, False, False] and labels.tolist() == [0, 1, 0]
+    assert [d.numpy().tobytes() for d in batch.data] == blobs
+    flaky = FlakyDecode(set())
+    out = GpuDecoder(files, 16, torch.device("cpu"), True, batch_decode=flaky)(batch)
+    assert out.shape == (3, 3, 16, 16) and flaky.calls == [1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_decoder_matches_the_cpu_path_and_leaves_other_streams_memory_alone():
+    dev = torch.device("cuda")
+    blobs = [jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES * 8)]
+    blobs.insert(3, pil_jpeg("CMYK", size=(64, 48)))
+    files = [Path(f"{i}.jpg") for i in range(len(blobs))]
+    gpu = GpuDecoder(files, 64, dev, train=False)
+    assert gpu.resize == "batched"
+    out = gpu(encoded(blobs))
+    ref = GpuDecoder(files, 64, torch.device("cpu"), train=False, resize="loop")(encoded(blobs))
+    diff = (out.cpu().int() - ref.int()).abs()
+    # nvJPEG and libjpeg-turbo differ by a level or two (IDCT, chroma upsampling); fp16 adds ~0.1.
+    assert diff.float().mean() < 1.0 and diff.max() <= 12
+    assert gpu.batched_calls == 1 and gpu.cpu_decoded == 1
+    # Blocks freed on the current stream while kernels that read them are still queued must not
+    # be handed to nvJPEG (torchvision writes its outputs from another stream without waiting;
+    # vision PR #9606). The held tensors have the decoded images' byte sizes, so that a decode
+    # allocating on the current stream would be handed exactly these blocks.
+    shapes = [(3, h, w) for h, w in SIZES]
+    buffers = [torch.frombuffer(bytearray(jpeg_bytes(smooth_image(h, w))), dtype=torch.uint8) for h, w in SIZES]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bad = 0
+        for _ in range(20):
+            held = [torch.full(s, k + 1, dtype=torch.uint8, device=dev) for k, s in enumerate(shapes)]
+            torch.cuda.synchronize()
+            torch.cuda._sleep(20_000_000)  # keep the stream busy so the sums below stay queued
+            sums = [t.sum() for t in held]
+            del held
+            nvjpeg_decode(buffers, dev)
+            torch.cuda.synchronize()
+            bad += sum(int(t) != (k + 1) * math.prod(s) for k, (t, s) in enumerate(zip(sums, shapes)))
+    assert bad == 0
