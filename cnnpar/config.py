@@ -96,6 +96,12 @@ class DataConfig:
         "where image-folder JPEGs are decoded: cpu (workers) or gpu (nvJPEG; auto: gpu with CUDA)",
         choices=("auto", "cpu", "gpu"),
     )
+    gpu_resize: str = _f(
+        "loop",
+        "with --decode gpu, how crops are resized: loop (one image at a time, measured on an H200) or "
+        "batched (a few kernels per batch; not yet measured on a GPU)",
+        choices=("loop", "batched"),
+    )
     augment: str = _f(
         "auto", "device-side augmentation: none, flip, crop (pad 4 and crop), crop+flip", choices=AUGMENTS
     )

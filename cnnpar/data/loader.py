@@ -194,7 +194,9 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train)
     elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "gpu":
         # workers only read bytes; decoding, random-resized crop and resize happen on the device
-        decoder = GpuDecoder(ds.files, ds.size, info.device, train, seed=cfg.run.seed + info.rank)
+        decoder = GpuDecoder(
+            ds.files, ds.size, info.device, train, seed=cfg.run.seed + info.rank, resize=cfg.data.gpu_resize
+        )
         ds, collate = EncodedFolderDataset(ds.files, ds.labels, ds.size), collate_encoded
     if wants_resident(cfg, bundle, info.device):
         loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device)

@@ -245,8 +245,7 @@ def test_cuda_decoder_matches_the_cpu_path_and_leaves_other_streams_memory_alone
     blobs = [jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES * 8)]
     blobs.insert(3, pil_jpeg("CMYK", size=(64, 48)))
     files = [Path(f"{i}.jpg") for i in range(len(blobs))]
-    gpu = GpuDecoder(files, 64, dev, train=False)
-    assert gpu.resize == "batched"
+    gpu = GpuDecoder(files, 64, dev, train=False, resize="batched")
     out = gpu(encoded(blobs))
     ref = GpuDecoder(files, 64, torch.device("cpu"), train=False, resize="loop")(encoded(blobs))
     diff = (out.cpu().int() - ref.int()).abs()

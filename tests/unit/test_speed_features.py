@@ -87,6 +87,8 @@ def test_folder_decoded_from_bytes_on_the_device_path(cli, tmp_path):
     ]
     ok = cli(*args)
     assert ok.returncode == 0, ok.stderr
+    batched = cli(*args, "--gpu-resize", "batched", "--name", "batched")  # the switch reaches the decoder
+    assert batched.returncode == 0, batched.stderr
     (tmp_path / "pics" / "c0" / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     bad = cli(*args, "--val-fraction", "0", "--name", "bad")
     assert bad.returncode == 2
