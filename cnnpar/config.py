@@ -239,7 +239,7 @@ class RunConfig:
     resume: str = _f("", "resume a run: its folder, a checkpoint file, or 'auto' (this run's folder)")
     max_steps: int = _f(0, "stop each epoch after this many optimizer steps (0: whole epoch)")
     tta_flip: bool = _f(False, "evaluate on each image and its mirror, averaging the logits")
-    tta: str = _f(
+    tta_level: str = _f(
         "none",
         "test-time augmentation: none (or as --tta-flip says), flip (= --tta-flip), flip+translate "
         "(also the image shifted 1 px up-left and down-right, each with its mirror, weighted 1/4 each)",
@@ -254,12 +254,12 @@ class RunConfig:
         _check_positive("run", "batch_size", self.batch_size)
         _check_positive("run", "max_steps", self.max_steps, allow_zero=True)
         _check_positive("run", "eval_every", self.eval_every)
-        _check_choice("run", "tta", self.tta, TTA_LEVELS)
+        _check_choice("run", "tta_level", self.tta_level, TTA_LEVELS)
 
     @property
-    def tta_level(self) -> str:
-        """The test-time augmentation in effect: `tta`, or flip where only the older `tta_flip` asks."""
-        return self.tta if self.tta != "none" else ("flip" if self.tta_flip else "none")
+    def tta_in_effect(self) -> str:
+        """The test-time augmentation in effect: `tta_level`, or flip where only the older `tta_flip` asks."""
+        return self.tta_level if self.tta_level != "none" else ("flip" if self.tta_flip else "none")
 
 
 @dataclass(frozen=True)

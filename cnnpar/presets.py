@@ -84,7 +84,7 @@ def cifar10_speed() -> Config:
             whiten_bias_epochs=3,
             whiten_frozen=True,
         ),
-        run=RunConfig(epochs=10, batch_size=1024, tta="flip+translate", eval_every=10),
+        run=RunConfig(epochs=10, batch_size=1024, tta_level="flip+translate", eval_every=10),
     )
 
 

@@ -72,7 +72,7 @@ def tta_logits(model: nn.Module, x: torch.Tensor, flip: bool, translate: bool) -
         h, w = x.shape[-2:]
         s = TTA_SHIFT
         padded = F.pad(x, (s, s, s, s), mode="reflect")
-        shifted = [padded[..., : h, : w], padded[..., 2 * s :, 2 * s :]]
+        shifted = [padded[..., :h, :w], padded[..., 2 * s :, 2 * s :]]
         logits = 0.5 * logits + 0.25 * (views(shifted[0]) + views(shifted[1]))
     return logits
 

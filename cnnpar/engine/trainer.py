@@ -297,7 +297,7 @@ class Trainer:
         if model is not self.raw_model:
             broadcast_buffers(model, self.info)
         model.eval()
-        tta = self.cfg.run.tta_level
+        tta = self.cfg.run.tta_in_effect
         sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
         for x, y in self.val_loader:
             loss, right = eval_batch(model, x, y, self.precision, "flip" in tta, "translate" in tta)

@@ -9,8 +9,17 @@ import pytest
 import torch
 import torch.nn as nn
 
-from cnnpar.config import Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
-from cnnpar.config import from_dict, resolve_for_device
+from cnnpar.config import (
+    Config,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    SpeedConfig,
+    from_dict,
+    resolve_for_device,
+)
 from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.loader import build_loader
 from cnnpar.data.transforms import DeviceTransform
@@ -151,9 +160,7 @@ def _flips(resident: str, rank: int = 0, world: int = 1, epochs=(1, 2, 3)) -> di
     seen = {}
     for epoch in epochs:
         loader.set_epoch(epoch)
-        seen[epoch] = {
-            int(i): bool(img[0, 0, 0] > img[0, 0, -1]) for xb, yb in loader for img, i in zip(xb, yb)
-        }
+        seen[epoch] = {int(i): bool(img[0, 0, 0] > img[0, 0, -1]) for xb, yb in loader for img, i in zip(xb, yb)}
     return seen
 
 
@@ -210,9 +217,9 @@ def test_flip_translate_tta_averages_six_views_with_airbench_weights():
 
 
 def test_tta_level_keeps_the_older_tta_flip_switch():
-    assert RunConfig(tta_flip=True).tta_level == "flip"
-    assert RunConfig(tta="flip+translate").tta_level == "flip+translate"
-    assert RunConfig().tta_level == "none"
+    assert RunConfig(tta_flip=True).tta_in_effect == "flip"
+    assert RunConfig(tta_level="flip+translate").tta_in_effect == "flip+translate"
+    assert RunConfig().tta_in_effect == "none"
 
 
 # ---- whitening and bias switches -------------------------------------------------------------
@@ -251,5 +258,5 @@ def test_speed_preset_uses_the_new_switches():
 
     cfg = get_preset("cifar10-speed")
     assert cfg.model == ModelConfig(name="fastnet")
-    assert "altflip" in cfg.data.augment and cfg.run.tta_level == "flip+translate"
+    assert "altflip" in cfg.data.augment and cfg.run.tta_in_effect == "flip+translate"
     assert cfg.optim.ema > 0 and cfg.optim.lookahead and cfg.optim.whiten_bias_epochs > 0
