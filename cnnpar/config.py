@@ -19,7 +19,19 @@ from cnnpar.errors import ConfigError
 PRECISIONS = ("auto", "fp32", "tf32", "bf16", "fp16")
 COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 TRISTATE = ("auto", "on", "off")
-AUGMENTS = ("auto", "none", "flip", "crop", "crop+flip")
+AUGMENTS = (
+    "auto",
+    "none",
+    "flip",
+    "crop",
+    "crop+flip",
+    "altflip",
+    "crop+altflip",
+    "translate",
+    "translate+flip",
+    "translate+altflip",
+)
+TTA_LEVELS = ("none", "flip", "flip+translate")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("onecycle", "cosine", "constant")
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -103,10 +115,14 @@ class DataConfig:
         choices=("loop", "batched"),
     )
     augment: str = _f(
-        "auto", "device-side augmentation: none, flip, crop (pad 4 and crop), crop+flip", choices=AUGMENTS
+        "auto",
+        "device-side augmentation: crop (reflect-pad 4, random window) or translate (the same by 2 px), "
+        "with flip (random each epoch) or altflip (seeded per image in the first epoch, then alternating)",
+        choices=AUGMENTS,
     )
 
     def __post_init__(self) -> None:
+        _check_choice("data", "augment", self.augment, AUGMENTS)
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction = {self.val_fraction}: expected 0 <= value < 1")
         if self.image_shape:
@@ -142,6 +158,18 @@ class OptimConfig:
     lr_scaling: str = _f(
         "none", "scale lr with the global batch: none, linear or sqrt of world size x accum", choices=LR_SCALINGS
     )
+    bias_lr_scale: float = _f(1.0, "lr multiplier for biases and norm parameters (airbench: 64)")
+    ema: float = _f(
+        0.0, "average the weights: per-step decay of an exponential moving average, evaluated and saved (0: off)"
+    )
+    ema_every: int = _f(1, "optimizer steps between updates of the average (each update decays by ema ** this)")
+    ema_start: float = _f(0.0, "fraction of all steps trained before the average starts")
+    ema_warmup: float = _f(
+        0.0, "decay grows as (step / total steps) ** this: little averaging early, strong at the end (0: constant)"
+    )
+    lookahead: bool = _f(False, "copy the average back into the trained weights at every update (airbench)")
+    whiten_bias_epochs: int = _f(0, "train a whitened stem's bias only for this many epochs, then hold it (0: always)")
+    whiten_frozen: bool = _f(False, "keep a whitened stem's filters as the data set them (only its bias trains)")
 
     def __post_init__(self) -> None:
         _check_choice("optim", "optimizer", self.optimizer, OPTIMIZERS)
@@ -154,6 +182,16 @@ class OptimConfig:
             raise ConfigError(f"optim.warmup = {self.warmup}: expected 0 <= value < 1")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"optim.label_smoothing = {self.label_smoothing}: expected 0 <= value < 1")
+        if not 0.0 <= self.ema < 1.0:
+            raise ConfigError(f"optim.ema = {self.ema}: expected 0 (off) or a decay 0 < value < 1")
+        if not 0.0 <= self.ema_start < 1.0:
+            raise ConfigError(f"optim.ema_start = {self.ema_start}: expected 0 <= value < 1")
+        if self.lookahead and not self.ema:
+            raise ConfigError("optim.lookahead = true needs an average to copy back: set optim.ema (e.g. 0.95)")
+        _check_positive("optim", "ema_every", self.ema_every)
+        _check_positive("optim", "ema_warmup", self.ema_warmup, allow_zero=True)
+        _check_positive("optim", "bias_lr_scale", self.bias_lr_scale)
+        _check_positive("optim", "whiten_bias_epochs", self.whiten_bias_epochs, allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -207,6 +245,12 @@ class RunConfig:
     resume: str = _f("", "resume a run: its folder, a checkpoint file, or 'auto' (this run's folder)")
     max_steps: int = _f(0, "stop each epoch after this many optimizer steps (0: whole epoch)")
     tta_flip: bool = _f(False, "evaluate on each image and its mirror, averaging the logits")
+    tta_level: str = _f(
+        "none",
+        "test-time augmentation: none (or as --tta-flip says), flip (= --tta-flip), flip+translate "
+        "(also the image shifted 1 px up-left and down-right, each with its mirror, weighted 1/4 each)",
+        choices=TTA_LEVELS,
+    )
     eval_every: int = _f(1, "validate every N epochs (and after the last)")
     progress: bool = _f(True, "show a progress bar (rank 0 only)")
     monitor: bool = _f(False, "sample GPU/host telemetry into the run folder")
@@ -216,6 +260,12 @@ class RunConfig:
         _check_positive("run", "batch_size", self.batch_size)
         _check_positive("run", "max_steps", self.max_steps, allow_zero=True)
         _check_positive("run", "eval_every", self.eval_every)
+        _check_choice("run", "tta_level", self.tta_level, TTA_LEVELS)
+
+    @property
+    def tta_in_effect(self) -> str:
+        """The test-time augmentation in effect: `tta_level`, or flip where only the older `tta_flip` asks."""
+        return self.tta_level if self.tta_level != "none" else ("flip" if self.tta_flip else "none")
 
 
 @dataclass(frozen=True)

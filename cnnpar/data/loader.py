@@ -42,10 +42,14 @@ class ShardSampler(Sampler[int]):
         return len(range(self.rank, self.n, self.world_size))
 
 
+def _array_backed(ds: Dataset) -> bool:
+    return isinstance(ds.base if isinstance(ds, WithIndex) else ds, ArrayDataset)
+
+
 def auto_workers(dataset: Dataset, info: DistInfo) -> int:
     """In-memory arrays are indexed a batch at a time in the main process (workers would only add
     IPC); decoded sources get a share of the machine's cores per local process."""
-    if isinstance(dataset, ArrayDataset):
+    if _array_backed(dataset):
         return 0
     local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -65,19 +69,42 @@ def wants_resident(cfg: Config, bundle: DataBundle, device: torch.device) -> boo
     return need < RESIDENT_MEMORY_SHARE * free
 
 
+class WithIndex(Dataset):
+    """A data set whose items (or whole batches, for a list of indices) carry their sample indices,
+    for transforms that depend on which sample they see (the alternating flip)."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        return x, y, torch.as_tensor(i, dtype=torch.int64)
+
+
 class ResidentLoader:
     """The whole uint8 data set on the device; a batch is one index_select, no workers, no copies.
 
     Indices come from the same DistributedSampler a host loader would use, so each rank draws
-    its own shard and every epoch is a new permutation.
+    its own shard and every epoch is a new permutation. With `with_index` each batch also carries
+    its sample indices (already on the device).
     """
 
     def __init__(
-        self, ds: ArrayDataset, sampler: Sampler, batch_size: int, drop_last: bool, device: torch.device
+        self,
+        ds: ArrayDataset,
+        sampler: Sampler,
+        batch_size: int,
+        drop_last: bool,
+        device: torch.device,
+        with_index: bool = False,
     ) -> None:
         self.x = ds.x.to(device)
         self.y = ds.y.to(device)
         self.sampler, self.batch_size, self.drop_last, self.device = sampler, batch_size, drop_last, device
+        self.with_index = with_index
 
     def __len__(self) -> int:
         n = len(self.sampler)
@@ -87,7 +114,8 @@ class ResidentLoader:
         idx = torch.as_tensor(list(self.sampler), dtype=torch.int64).to(self.device, non_blocking=True)
         for b in range(len(self)):
             sel = idx[b * self.batch_size : (b + 1) * self.batch_size]
-            yield self.x.index_select(0, sel), self.y.index_select(0, sel)
+            batch = self.x.index_select(0, sel), self.y.index_select(0, sel)
+            yield (*batch, sel) if self.with_index else batch
 
 
 class DeviceFeeder:
@@ -115,27 +143,30 @@ class DeviceFeeder:
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
+        self.transform.set_epoch(epoch)  # the alternating flip's parity
 
     def __len__(self) -> int:
         return len(self.loader)
 
-    def _ready(self, x: torch.Tensor | EncodedBatch, y: torch.Tensor):
+    def _ready(self, x: torch.Tensor | EncodedBatch, y: torch.Tensor, index: torch.Tensor | None = None):
+        if isinstance(x, EncodedBatch):
+            index = x.index
         with span(H2D_COPY):
             x = self.decoder(x) if isinstance(x, EncodedBatch) else x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
-        return self.transform(x, self.train), y
+        return self.transform(x, self.train, index), y
 
     def __iter__(self):
         if self.stream is None:
-            for x, y in self.loader:
-                yield self._ready(x, y)
+            for batch in self.loader:
+                yield self._ready(*batch)
             return
         main = torch.cuda.current_stream(self.device)
         nxt = None
-        for x, y in self.loader:
+        for raw in self.loader:
             with torch.cuda.stream(self.stream):
                 self.stream.wait_stream(main)  # the resident data set's index tensors were made on main
-                batch = self._ready(x, y)
+                batch = self._ready(*raw)
             if nxt is not None:
                 yield nxt
             main.wait_stream(self.stream)
@@ -162,7 +193,7 @@ def _host_loader(
         common["collate_fn"] = collate_fn
     if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
-    if isinstance(ds, ArrayDataset) and not textbook:
+    if _array_backed(ds) and not textbook:
         # batch_size=None: the sampler yields whole index lists and the data set answers each
         # with one vectorised index_select; no per-sample collate.
         return DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler, batch_size, drop_last), **common)
@@ -188,6 +219,8 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         cfg.speed.channels_last == "on",
         info.device,
         seed=cfg.run.seed + info.rank,
+        num_samples=len(ds),
+        flip_seed=cfg.run.seed,  # not + rank: a sample's flip must not depend on the rank that draws it
     )
     decoder, collate = None, None
     if textbook:
@@ -199,8 +232,10 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         )
         ds, collate = EncodedFolderDataset(ds.files, ds.labels, ds.size), collate_encoded
     if wants_resident(cfg, bundle, info.device):
-        loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device)
+        loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device, with_index=transform.needs_index)
     else:
+        if transform.needs_index and decoder is None:  # nvJPEG batches carry their indices already
+            ds = WithIndex(ds)
         loader = _host_loader(ds, sampler, batch_size, drop_last, cfg, info, textbook, collate)
     return DeviceFeeder(
         loader, sampler, transform, info.device, train, side_stream=cfg.data.prefetch_stream == "on", decoder=decoder

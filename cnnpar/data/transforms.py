@@ -3,6 +3,16 @@
 One fused multiply-add turns uint8 into normalised floats; flips and crops are batched tensor
 ops (a mask, a gather) rather than per-image Python, so the host only ever moves uint8 bytes.
 The textbook per-sample transform lives here too, as the baseline the benchmarks measure against.
+
+`augment` is a '+'-joined set of tokens:
+- `crop`: reflect-pad 4 px and take a random window (a shift of up to 4 px each way);
+- `translate`: the same with 2 px, as airbench94 does (a milder shift suits short CIFAR-10 runs);
+- `flip`: mirror each image with probability 1/2, independently every epoch;
+- `altflip`: alternating flip (airbench): in the first epoch each image is mirrored or not by a
+  seeded coin of its own, and every later epoch does the opposite of the one before, so each
+  image is seen both ways in every two consecutive epochs instead of by chance. The decision is a
+  function of (sample index, epoch parity, seed) alone, so it needs the sample's index at
+  transform time (the loaders hand it over) and is the same whichever rank draws the sample.
 """
 
 from __future__ import annotations
@@ -12,6 +22,13 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 CROP_PAD = 4
+TRANSLATE_PAD = 2
+AUGMENT_TOKENS = ("crop", "translate", "flip", "altflip")
+
+
+def augment_tokens(augment: str) -> frozenset[str]:
+    """'crop+altflip' -> {'crop', 'altflip'}; 'none' -> {} (the config validates the spelling)."""
+    return frozenset(t for t in augment.split("+") if t in AUGMENT_TOKENS)
 
 
 def resolve_augment(augment: str, shape: tuple[int, int, int]) -> str:
@@ -24,6 +41,20 @@ def resolve_augment(augment: str, shape: tuple[int, int, int]) -> str:
 
 def random_flip(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     flip = torch.rand(x.shape[0], 1, 1, 1, device=x.device, generator=generator) < 0.5
+    return torch.where(flip, x.flip(-1), x)
+
+
+def alternating_flip_bits(n: int, seed: int) -> torch.Tensor:
+    """One seeded coin per sample (uint8 0/1): whether it is mirrored in odd-numbered epochs.
+
+    Drawn on the CPU from `seed` alone (not seed + rank): under DDP a sample moves between ranks
+    from epoch to epoch, and its flip must not depend on which rank draws it."""
+    return torch.randint(0, 2, (n,), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+
+
+def alternating_flip(x: torch.Tensor, bits: torch.Tensor, index: torch.Tensor, epoch: int) -> torch.Tensor:
+    """Mirror image k when bits[index[k]] XOR (epoch is even): epoch e + 1 undoes epoch e's choice."""
+    flip = (bits.index_select(0, index) ^ (1 - epoch % 2)).bool().view(-1, 1, 1, 1)
     return torch.where(flip, x.flip(-1), x)
 
 
@@ -41,23 +72,49 @@ def random_crop(x: torch.Tensor, pad: int, generator: torch.Generator | None) ->
 
 
 class DeviceTransform:
-    def __init__(self, mean, std, augment: str, channels_last: bool, device: torch.device, seed: int = 0) -> None:
+    def __init__(
+        self,
+        mean,
+        std,
+        augment: str,
+        channels_last: bool,
+        device: torch.device,
+        seed: int = 0,
+        num_samples: int = 0,
+        flip_seed: int = 0,
+    ) -> None:
         std_t = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
         mean_t = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
         # (x / 255 - mean) / std == x * scale + shift, one fused op over the batch
         self.scale = 1.0 / (255.0 * std_t)
         self.shift = -mean_t / std_t
-        self.flip = "flip" in augment
-        self.crop = "crop" in augment
+        tokens = augment_tokens(augment)
+        self.flip = "flip" in tokens
+        self.pad = CROP_PAD if "crop" in tokens else TRANSLATE_PAD if "translate" in tokens else 0
+        self.crop = self.pad > 0
+        # altflip: the per-sample coins live on the device beside the data (one byte a sample)
+        self.alt_bits = alternating_flip_bits(num_samples, flip_seed).to(device) if "altflip" in tokens else None
+        self.epoch = 0
         self.channels_last = channels_last
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
-    def __call__(self, x: torch.Tensor, train: bool) -> torch.Tensor:
+    @property
+    def needs_index(self) -> bool:
+        return self.alt_bits is not None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __call__(self, x: torch.Tensor, train: bool, index: torch.Tensor | None = None) -> torch.Tensor:
         x = torch.addcmul(self.shift, x.to(torch.float32), self.scale) if x.dtype == torch.uint8 else x
         if train and self.crop:
-            x = random_crop(x, CROP_PAD, self.generator)
+            x = random_crop(x, self.pad, self.generator)
         if train and self.flip:
             x = random_flip(x, self.generator)
+        if train and self.alt_bits is not None:
+            if index is None:
+                raise RuntimeError("alternating flip needs the batch's sample indices (the loader hands them over)")
+            x = alternating_flip(x, self.alt_bits, index.to(x.device, non_blocking=True), self.epoch)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x
@@ -65,13 +122,16 @@ class DeviceTransform:
 
 class TextbookDataset(Dataset):
     """What most tutorials write: per-sample float conversion, normalisation and augmentation on
-    the CPU, then the default collate stacks float tensors. Kept only as a measured baseline."""
+    the CPU, then the default collate stacks float tensors. Kept only as a measured baseline: it
+    sees neither the epoch nor a batch, so `altflip` is a plain random flip here."""
 
     def __init__(self, base: Dataset, mean, std, augment: str, train: bool) -> None:
         self.base, self.train = base, train
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
-        self.flip, self.crop = "flip" in augment, "crop" in augment
+        tokens = augment_tokens(augment)
+        self.flip = "flip" in tokens or "altflip" in tokens
+        self.pad = CROP_PAD if "crop" in tokens else TRANSLATE_PAD if "translate" in tokens else 0
 
     def __len__(self) -> int:
         return len(self.base)
@@ -79,8 +139,8 @@ class TextbookDataset(Dataset):
     def __getitem__(self, i: int):
         x, y = self.base[i]
         x = (x.float() / 255.0 - self.mean) / self.std
-        if self.train and self.crop:
-            x = random_crop(x[None], CROP_PAD, None)[0]
+        if self.train and self.pad:
+            x = random_crop(x[None], self.pad, None)[0]
         if self.train and self.flip and torch.rand(()) < 0.5:
             x = x.flip(-1)
         return x, y

@@ -8,6 +8,30 @@ import torch
 import torch.nn as nn
 
 from cnnpar.config import OptimConfig
+from cnnpar.errors import ConfigError
+
+WHITEN_BIAS = "whiten_bias"  # the name of the param group that whiten_bias_epochs holds still
+
+
+def whitening_params(model: nn.Module, cfg: OptimConfig) -> tuple[nn.Parameter, nn.Parameter] | None:
+    """(filters, bias) of a data-whitened stem when a whitening switch is on; the switch names the
+    field when the model has no such stem."""
+    if not (cfg.whiten_frozen or cfg.whiten_bias_epochs):
+        return None
+    if not hasattr(model, "whitening_params"):
+        field = "whiten_frozen" if cfg.whiten_frozen else "whiten_bias_epochs"
+        raise ConfigError(
+            f"optim.{field}: the model {type(model).__name__} has no data-whitened stem: expected fastnet, or the "
+            "switch off"
+        )
+    return model.whitening_params()
+
+
+def apply_frozen_whitening(model: nn.Module, cfg: OptimConfig) -> None:
+    """Stop the whitened stem's filters from training (before DDP, which records what trains)."""
+    found = whitening_params(model, cfg)
+    if found is not None and cfg.whiten_frozen:
+        found[0].requires_grad_(False)
 
 
 def scaled_lr(cfg: OptimConfig, world_size: int) -> float:
@@ -21,16 +45,26 @@ def scaled_lr(cfg: OptimConfig, world_size: int) -> float:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """SGD with Nesterov momentum or AdamW; no weight decay on biases and norm parameters.
+    """SGD with Nesterov momentum or AdamW; no weight decay on biases and norm parameters, whose lr
+    is `bias_lr_scale` times the rest (airbench: 64, BatchNorm biases learn fastest that way).
 
+    A whitened stem's bias gets a group of its own when `whiten_bias_epochs` will hold it still.
     On CUDA the fused implementation does the whole update in a few kernels; elsewhere the
     foreach (multi-tensor) path is the fast one.
     """
+    whiten = whitening_params(model, cfg)
+    held = whiten[1] if whiten is not None and cfg.whiten_bias_epochs else None
     decay, no_decay = [], []
     for p in model.parameters():
-        if p.requires_grad:
+        if p.requires_grad and p is not held:
             (decay if p.ndim > 1 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    bias_lr = lr * cfg.bias_lr_scale
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0, "lr": bias_lr},
+    ]
+    if held is not None:
+        groups.append({"params": [held], "weight_decay": 0.0, "lr": bias_lr, "name": WHITEN_BIAS})
     impl = {"fused": True} if device.type == "cuda" else {"foreach": True}
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=True, **impl)
@@ -49,5 +83,18 @@ def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:
     return max(0.0, 1.0 - progress)  # onecycle: linear up, linear down to zero
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, cfg.warmup, cfg.schedule))
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int, steps_per_epoch: int = 0):
+    """One schedule for every group; the whitened stem's bias group drops to lr 0 after
+    `whiten_bias_epochs` (an lr of 0, not requires_grad: a CUDA-graphed backward keeps computing
+    the gradient it captured, and the optimizer then simply does not move the bias)."""
+
+    def factor(step: int) -> float:
+        return lr_factor(step, total_steps, cfg.warmup, cfg.schedule)
+
+    hold_from = cfg.whiten_bias_epochs * steps_per_epoch
+
+    def held_factor(step: int) -> float:
+        return 0.0 if step >= hold_from else factor(step)
+
+    lambdas = [held_factor if g.get("name") == WHITEN_BIAS else factor for g in optimizer.param_groups]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)

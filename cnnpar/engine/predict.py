@@ -9,6 +9,7 @@ import torch
 from cnnpar.data.bundle import ArrayDataset
 from cnnpar.data.sources import detect_format, load_predict_data
 from cnnpar.data.transforms import DeviceTransform
+from cnnpar.engine.averaging import averaged_weights
 from cnnpar.engine.checkpoint import load_checkpoint
 from cnnpar.errors import DataError, UserError
 from cnnpar.models import build_model
@@ -43,7 +44,7 @@ def predict(
     if channels != c:
         raise DataError(f"{data}: images have {channels} channel(s): expected {c}, as the model was trained on")
     model = build_model(meta["model"], c, meta["num_classes"], h)
-    model.load_state_dict(state["model"])
+    model.load_state_dict(averaged_weights(state) or state["model"])  # the weights the run evaluated
     model.to(dev).eval()
     transform = DeviceTransform(meta["mean"], meta["std"], "none", False, dev)
     preds, confs = [], []

@@ -56,18 +56,45 @@ def sync_context(ddp_module: nn.Module | None, last_micro_step: bool):
     return ddp_module.no_sync()
 
 
+TTA_SHIFT = 1  # pixels the translated test-time views move
+
+
+def tta_logits(model: nn.Module, x: torch.Tensor, flip: bool, translate: bool) -> torch.Tensor:
+    """Logits averaged over test-time views: the image and (flip) its mirror; with translate also
+    the image shifted by one pixel up-left and down-right (reflect-padded), each with its mirror
+    when flipping, weighted so the unshifted views count half (airbench's level 2: six views)."""
+
+    def views(v: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (model(v) + model(v.flip(-1))) if flip else model(v)
+
+    logits = views(x)
+    if translate:
+        h, w = x.shape[-2:]
+        s = TTA_SHIFT
+        padded = F.pad(x, (s, s, s, s), mode="reflect")
+        shifted = [padded[..., :h, :w], padded[..., 2 * s :, 2 * s :]]
+        logits = 0.5 * logits + 0.25 * (views(shifted[0]) + views(shifted[1]))
+    return logits
+
+
 @torch.no_grad()
-def eval_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, precision: Precision, tta_flip: bool = False):
+def eval_batch(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    precision: Precision,
+    tta_flip: bool = False,
+    tta_translate: bool = False,
+):
     """Summed loss and correct count.
 
     The per-sample losses are summed in float64: a float32 sum over a batch rounds differently
     for each batch composition (about 1e-8 relative), so sharded sums would not match a
-    single-process evaluation of the same weights to the last digit. With tta_flip the logits
-    are averaged over the image and its mirror (test-time augmentation).
+    single-process evaluation of the same weights to the last digit. With tta_flip and
+    tta_translate the logits are averaged over test-time views (`tta_logits`); each sample's
+    views are its own, so a sharded evaluation still sees exactly what one process sees.
     """
     with precision.autocast():
-        logits = model(x)
-        if tta_flip:
-            logits = 0.5 * (logits + model(x.flip(-1)))
+        logits = tta_logits(model, x, tta_flip, tta_translate)
     loss = F.cross_entropy(logits.double(), y, reduction="sum")
     return loss, (logits.argmax(dim=1) == y).sum()

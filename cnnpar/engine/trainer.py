@@ -23,9 +23,10 @@ from cnnpar.config import Config, dumps_toml, resolve_for_device, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.loader import build_loader
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
+from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
 from cnnpar.engine.fault import maybe_inject_fault
-from cnnpar.engine.optim import build_optimizer, build_scheduler, scaled_lr
+from cnnpar.engine.optim import apply_frozen_whitening, build_optimizer, build_scheduler, scaled_lr
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
 from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
 from cnnpar.errors import UserError
@@ -102,6 +103,7 @@ class Trainer:
         self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h)
         if hasattr(self.raw_model, "init_from_data") and self.bundle.in_memory:
             self.raw_model.init_from_data(self._normalised_sample())
+        apply_frozen_whitening(self.raw_model, cfg.optim)
         self.model = parallelize(
             self.raw_model,
             info,
@@ -129,7 +131,9 @@ class Trainer:
             from cnnpar.parallel.horovod import apply_horovod
 
             self.optimizer = apply_horovod(self.raw_model, self.optimizer, info, accum, cfg.optim.grad_clip)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.steps_per_epoch * cfg.run.epochs)
+        total_steps = self.steps_per_epoch * cfg.run.epochs
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, total_steps, self.steps_per_epoch)
+        self.average = build_weight_average(self.raw_model, cfg.optim, total_steps)
         self.run_dir, resume_from = resolve_run(cfg, info)
         self.history: list[dict] = []
         self.start_epoch = 1
@@ -170,6 +174,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "precision": self.precision.state_dict(),
+            **({"average": self.average.state_dict()} if self.average is not None else {}),
             "epoch": epoch,
             "history": self.history,
             "meta": self.meta,
@@ -182,6 +187,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state["precision"])
+        if self.average is not None and "average" in state:
+            self.average.load_state_dict(state["average"])
         self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
         self.start_epoch = int(state["epoch"]) + 1
         self.log(f"resumed from {path} after epoch {state['epoch']}")
@@ -258,6 +265,8 @@ class Trainer:
                     self.model, self.optimizer, self.precision, cfg.optim.grad_clip, zero_grad=self.graphed is None
                 )
                 self.scheduler.step()
+                if self.average is not None:  # eager, after the step: never inside a captured graph
+                    self.average.after_step(self.scheduler.last_epoch)
             bar.update(1)
             if not bar.disable and i % PROGRESS_EVERY == 0:
                 bar.set_postfix(loss=f"{loss_sum.item() / clock.images:.4f}")  # note: a CPU-GPU sync point
@@ -281,14 +290,17 @@ class Trainer:
         """Exact over all ranks: sums and counts all-reduced, each sample counted once."""
         if self.val_loader is None:
             return {}
-        broadcast_buffers(self.raw_model, self.info)
         # The plain module, not the DDP wrapper: ranks may hold different numbers of eval batches
         # and DDP's forward can issue collectives that would then never pair up.
-        model = self.raw_model
+        model = self.average.eval_model() if self.average is not None else self.raw_model
+        broadcast_buffers(self.raw_model, self.info)
+        if model is not self.raw_model:
+            broadcast_buffers(model, self.info)
         model.eval()
+        tta = self.cfg.run.tta_in_effect
         sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
         for x, y in self.val_loader:
-            loss, right = eval_batch(model, x, y, self.precision, self.cfg.run.tta_flip)
+            loss, right = eval_batch(model, x, y, self.precision, "flip" in tta, "translate" in tta)
             sums[0] += loss
             sums[1] += right
             sums[2] += y.shape[0]

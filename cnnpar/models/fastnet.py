@@ -73,6 +73,10 @@ class FastNet(nn.Module):
             self.stem.weight[: 2 * n].copy_(w)
             self.stem.bias.zero_()
 
+    def whitening_params(self) -> tuple[nn.Parameter, nn.Parameter]:
+        """(filters, bias) of the data-whitened stem, for the optimizer's whitening switches."""
+        return self.stem.weight, self.stem.bias
+
     def forward(self, x):
         x = self.stages(self.stem_act(self.stem(x)))
         x = torch.amax(x, dim=(2, 3))

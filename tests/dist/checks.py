@@ -14,6 +14,7 @@ import hashlib
 import io
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,7 +28,7 @@ from cnnpar.data.loader import build_loader
 from cnnpar.data.transforms import DeviceTransform
 from cnnpar.dist import DistInfo, destroy_distributed, init_distributed
 from cnnpar.engine import fault
-from cnnpar.engine.step import forward_backward, optimizer_step, sync_context
+from cnnpar.engine.step import forward_backward, optimizer_step, sync_context, tta_logits
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
@@ -126,6 +127,37 @@ def check_trainer(info: DistInfo, work: Path) -> dict:
     return out
 
 
+def check_speed_recipe(info: DistInfo, work: Path) -> dict:
+    """Weight averaging, alternating flip and flip+translate TTA under DDP: the averages agree on
+    both ranks, and the sharded evaluation of the average equals a one-batch reference."""
+    cfg = Config(
+        data=DataConfig(source="synthetic", image_shape="3x16x16", synthetic_samples=303, augment="translate+altflip"),
+        optim=OptimConfig(ema=0.7, lookahead=True),
+        speed=SpeedConfig(precision="fp32", channels_last="off"),
+        run=RunConfig(epochs=1, batch_size=16, max_steps=3, seed=3, out_dir=str(work), name="recipe", progress=False),
+    )
+    trainer = Trainer(replace(cfg, run=replace(cfg.run, tta_level="flip+translate")), info, log=lambda *a, **k: None)
+    trainer.train_epoch(1)
+    metrics = trainer.evaluate()
+    model = trainer.average.eval_model()
+    out = {
+        "n_averaged": int(trainer.average.averaged.n_averaged),
+        "average": digest(model.state_dict().values()),
+        "dist_eval": metrics,
+    }
+    if info.is_main:
+        b = trainer.bundle
+        transform = DeviceTransform(b.mean, b.std, "none", False, info.device)
+        with torch.no_grad():
+            logits = tta_logits(model.eval(), transform(b.val.x, False), flip=True, translate=True)
+        out["ref_eval"] = {
+            "loss_sum": F.cross_entropy(logits.double(), b.val.y, reduction="sum").item(),
+            "correct": int((logits.argmax(1) == b.val.y).sum()),
+            "count": len(b.val),
+        }
+    return out
+
+
 def check_accumulation(info: DistInfo) -> dict:
     """k micro-steps under no_sync + a synced last one == one step on the whole global batch."""
     torch.manual_seed(11)
@@ -175,6 +207,7 @@ def main() -> None:
         results["world_size"] = info.world_size
         results["sampler"] = check_sampler(info, work)
         results["trainer"] = check_trainer(info, work)
+        results["speed_recipe"] = check_speed_recipe(info, work)
         results["accumulation"] = check_accumulation(info)
         results["sync_bn_cpu"] = check_sync_bn_on_cpu(info)
     finally:

@@ -49,6 +49,18 @@ def test_distributed_validation_equals_single_process_validation(ranks):
         assert got["val_loss"] == pytest.approx(ref["loss_sum"] / ref["count"], rel=1e-9, abs=0)
 
 
+def test_weight_average_and_flip_translate_tta_are_exact_under_ddp(ranks):
+    a, b = (r["speed_recipe"] for r in ranks)
+    assert a["n_averaged"] == b["n_averaged"] == 3
+    assert a["average"] == b["average"]  # identical parameters average identically; buffers broadcast
+    ref = ranks[0]["speed_recipe"]["ref_eval"]
+    for r in (a, b):
+        got = r["dist_eval"]
+        assert got["val_count"] == ref["count"] == 61
+        assert got["val_acc"] == ref["correct"] / ref["count"]
+        assert got["val_loss"] == pytest.approx(ref["loss_sum"] / ref["count"], rel=1e-9, abs=0)
+
+
 def test_training_shards_are_disjoint_cover_the_data_and_reshuffle_each_epoch(ranks):
     for epoch in ("epoch1", "epoch2"):
         a, b = (r["sampler"][epoch] for r in ranks)
