@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
-# usage: benchmarks/gpu_session.sh PHASE OUTDIR     (PHASE: smoke | main | extra | rest | frameworks)
+# usage: benchmarks/gpu_session.sh PHASE OUTDIR     (PHASE: smoke | main | extra | rest | verify | frameworks)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -64,9 +64,22 @@ rest)
   CUDA_VISIBLE_DEVICES=1 run 560 python3 -m cnnpar bench --claims --device cuda --out "$R/claims" > "$R/claims.log" &
   wait; cat "$R/ladder50.log" "$R/claims.log"
   ;;
+verify)
+  # what session 2 wrote without a GPU (notes/gpu.md): the CUDA tests (nvJPEG decode, batched
+  # resize, stream safety), loop vs batched resize per batch and end to end, the new cifar10-speed
+  # preset beside airbench94, and DDP with worker processes for in-memory data (issue 3's 1.97x)
+  run 150 python3 -m pytest -q -m gpu tests
+  run 120 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --out "$R/jpeg_decode_cuda.csv"
+  run 330 python3 benchmarks/speed_records.py --parts jpeg,speedrun --out "$R/speed_records_verify.csv"
+  [ "$GPUS" -ge 2 ] && run 200 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --workers 2 \
+      --out "$R/ddp_scaling_resnet50_workers2"
+  ;;
 frameworks)
-  # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/
-  run 560 python3 -m cnnpar compare --frameworks torch,keras-jax,keras-torch --data .devdata/mnist.npz \
+  # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.
+  # JAX cannot travel: jaxlib + the CUDA plugin and PJRT wheels are ~230 MB against the 64 MiB carry
+  # limit, so JAX on the GPU is out of reach of this tool; Keras runs on its torch backend there.
+  run 560 python3 -m cnnpar compare --frameworks torch,keras-torch --data .devdata/mnist.npz \
       --epochs 3 --batch-size 128 --out "$R/frameworks_h200"
   ;;
 esac

@@ -82,6 +82,9 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224, help="output side in pixels")
     ap.add_argument("--batches", type=int, default=2, help="distinct batches (files cycled if too few)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--out", type=Path, default=None, help="CSV path (default benchmarks/results/jpeg_decode_<device>.csv)"
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore", category=DeprecationWarning)  # torchvision 0.29's codec notice
     device = torch.device(args.device)
@@ -149,7 +152,7 @@ def main() -> None:
 
     env = environment(device, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"jpeg_decode_{device.type}.csv"
+    out = args.out or RESULTS / f"jpeg_decode_{device.type}.csv"
     write_csv_atomic(out, [{**r, "folder": args.folder.name, **env} for r in rows])
     print(f"-> {out.relative_to(REPO)}")
 

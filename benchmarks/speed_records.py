@@ -60,13 +60,16 @@ def throughput(cfg: Config, info: DistInfo, epochs: int, bundle=None) -> dict:
 
 def part_jpeg(args, info) -> list[dict]:
     rows = []
-    for decode, compile_mode in (("gpu", args.jpeg_compile), ("cpu", args.jpeg_compile)):
+    # nvJPEG with the per-image resize loop, nvJPEG with the batched resize, CPU decode in workers
+    for decode, resize in (("gpu", "loop"), ("gpu", "batched"), ("cpu", "loop")):
+        compile_mode = args.jpeg_compile
         cfg = Config(
             data=DataConfig(
                 source=args.folder,
                 image_size=224,
                 augment="flip",
                 decode=decode,
+                gpu_resize=resize,
                 val_fraction=0.0,
                 workers=args.workers,
             ),
@@ -77,9 +80,17 @@ def part_jpeg(args, info) -> list[dict]:
         )
         try:
             res = throughput(cfg, info, epochs=2)
-            rows.append({"part": "jpeg", "variant": f"resnet50 224 folder decode={decode}", **res, "status": "ok"})
+            variant = f"resnet50 224 folder decode={decode}" + (f" resize={resize}" if decode == "gpu" else "")
+            rows.append({"part": "jpeg", "variant": variant, **res, "status": "ok"})
         except Exception as e:
-            rows.append({"part": "jpeg", "variant": f"decode={decode}", "status": "failed", "error": repr(e)[:300]})
+            rows.append(
+                {
+                    "part": "jpeg",
+                    "variant": f"decode={decode} resize={resize}",
+                    "status": "failed",
+                    "error": repr(e)[:300],
+                }
+            )
         print(rows[-1], flush=True)
         torch._dynamo.reset()
     return rows
