@@ -36,11 +36,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from cnnpar.data.crop_resize import RRC_RATIO, RRC_SCALE, draw_crop_boxes, resized_crops, resized_crops_loop
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_loop
 from cnnpar.data.jpeg_header import nvjpeg_friendly
 from cnnpar.errors import DataError
-
-__all__ = ["RRC_RATIO", "RRC_SCALE", "EncodedBatch", "EncodedFolderDataset", "GpuDecoder", "collate_encoded"]
 
 BatchDecode = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
 
