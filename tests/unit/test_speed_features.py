@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import tomllib
+import types
 
 import pytest
 import torch
@@ -50,15 +52,45 @@ def test_flip_tta_averages_the_logits_of_image_and_mirror():
 
 def test_tune_writes_a_config_that_train_accepts(cli):
     out = cli.cwd / "tuned.toml"
-    res = cli("tune", "--budget-s", "3", "--steps", "2", "--repeats", "1", "--batch-size", "32", "--out", str(out))
+    # budget 0: the start point is measured, every switch after it is listed as skipped; the
+    # search itself is checked with a fake clock below, so nothing here depends on machine speed
+    res = cli("tune", "--budget-s", "0", "--steps", "2", "--repeats", "1", "--batch-size", "32", "--out", str(out))
     assert res.returncode == 0, res.stderr
     cfg = from_dict(tomllib.loads(out.read_text()))  # a valid config tree, every field checked
-    assert cfg.model.name == "cnn3"
-    rows = (cli.cwd / "tuned.csv").read_text().splitlines()
-    assert rows[0].startswith("switch,value,images_per_s") and len(rows) >= 3
-    assert "time budget spent" in res.stdout  # later switches are listed as skipped, not silently dropped
+    assert cfg.model.name == "cnn3" and cfg.run.batch_size == 32
+    rows = list(csv.DictReader((cli.cwd / "tuned.csv").open()))
+    assert rows[0]["switch"] == "start" and float(rows[0]["images_per_s"]) > 0
+    assert len(rows) >= 3 and all(r["status"] == "skipped" for r in rows[1:])
+    assert "time budget spent" in rows[1]["error"]
     train = cli("train", "--config", str(out), "--epochs", "1", "--max-steps", "2", "--no-progress")
     assert train.returncode == 0, train.stderr
+
+
+def test_tune_keeps_only_clear_gains_and_skips_what_the_budget_leaves(monkeypatch):
+    import cnnpar.bench.tune as tune_mod
+    from cnnpar.dist import DistInfo
+
+    clock = [0.0]
+    rates = {("fp32", True, 32): 100.0}  # (precision, channels_last, batch) -> img/s of the fake run
+    rates[("bf16", True, 32)] = 150.0  # a clear gain: kept
+    rates[("bf16", False, 32)] = 151.0  # within the 3 % margin: not kept
+
+    def fake_measure(cfg, info, bundle, steps, repeats):
+        clock[0] += 1.0  # each measurement costs one fake second
+        return rates[(cfg.speed.precision, cfg.speed.channels_last == "on", cfg.run.batch_size)], 0.1
+
+    monkeypatch.setattr(tune_mod, "measure", fake_measure)
+    monkeypatch.setattr(tune_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    start = Config(speed=SpeedConfig(precision="fp32", channels_last="on", compile="off"))
+    start = tune_mod.with_switch(start, "run", "batch_size", 32)
+    best, trials = tune_mod.tune(start, DistInfo(0, 0, 1, torch.device("cpu")), budget_s=2.5, log=lambda *a: None)
+    assert [(t.switch, t.value, t.status) for t in trials[:3]] == [
+        ("start", "resolved defaults", "ok"),
+        ("precision", "bf16", "kept"),
+        ("channels_last", "off", "ok"),
+    ]
+    assert best.speed.precision == "bf16" and best.speed.channels_last == "on"
+    assert trials[3:] and all(t.status == "skipped" and t.images_per_s is None for t in trials[3:])
 
 
 def test_folder_decoded_from_bytes_on_the_device_path(cli, tmp_path):
