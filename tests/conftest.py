@@ -25,16 +25,14 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_cmd(cmd: list[str], cwd: Path, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
+    """Any command (torchrun, horovodrun, a script) with the test environment; never raises on exit code."""
+    return subprocess.run(cmd, cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
     """`python -m cnnpar ARGS` in `cwd`; returns the completed process (never raises on exit code)."""
-    return subprocess.run(
-        [sys.executable, "-m", "cnnpar", *args],
-        cwd=cwd,
-        env=cli_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_cmd([sys.executable, "-m", "cnnpar", *args], cwd, timeout, **env)
 
 
 def torchrun_cmd(nproc: int = 2, *extra: str) -> list[str]:
@@ -50,3 +48,17 @@ def cli(tmp_path):
 
     _run.cwd = tmp_path
     return _run
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module's in-process training, as the CLI subprocesses get
+    (OMP_NUM_THREADS=1 above): on a shared 2-core machine two OpenMP threads spin against other
+    work and make tiny steps 10-20x slower. Modules take it with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

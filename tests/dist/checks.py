@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from cnnpar.cli import main as cli_main
-from cnnpar.config import SpeedConfig, Config, DataConfig, OptimConfig, RunConfig, resolve_for_device
+from cnnpar.config import Config, DataConfig, OptimConfig, RunConfig, SpeedConfig, resolve_for_device
 from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.loader import build_loader
 from cnnpar.data.transforms import DeviceTransform

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_env, torchrun_cmd
+from tests.conftest import run_cmd, torchrun_cmd
 
 CHECKS = Path(__file__).with_name("checks.py")
 
@@ -16,14 +15,7 @@ CHECKS = Path(__file__).with_name("checks.py")
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     work = tmp_path_factory.mktemp("ddp_checks")
-    proc = subprocess.run(
-        [*torchrun_cmd(2, "--standalone"), str(CHECKS), str(work)],
-        cwd=work,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = run_cmd([*torchrun_cmd(2, "--standalone"), str(CHECKS), str(work)], work, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((work / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -114,7 +106,6 @@ def test_user_error_after_init_names_the_rank_and_destroys_the_group(ranks):
         assert not err["initialized_after"]
         assert f"[rank {rank}]" in err["stderr"] and "no-such-run" in err["stderr"]
         assert "Traceback" not in err["stderr"]
-
 
 
 def test_a_failing_rank_is_named_and_every_rank_tears_down(ranks):

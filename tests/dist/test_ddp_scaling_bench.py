@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
 from cnnpar.report.files import read_csv
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO, run_cmd
 
 
 def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
@@ -17,7 +16,7 @@ def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
     cmd = [sys.executable, str(REPO / "benchmarks" / "ddp_scaling.py"), "--device", "cpu", "--model", "cnn3"]
     cmd += ["--image-size", "16", "--num-classes", "10", "--batch-size", "8", "--steps", "2", "--repeats", "1"]
     cmd += ["--real-samples", "32", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=240)
+    proc = run_cmd(cmd, tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     rows = read_csv(out.with_suffix(".csv"))

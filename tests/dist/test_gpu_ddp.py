@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from cnnpar.report.files import read_csv
-from tests.conftest import torchrun_cmd
-from tests.dist.test_torchrun_cli import explain, only_run_folder, run
+from tests.conftest import run_cmd, torchrun_cmd
+from tests.dist.test_torchrun_cli import explain, only_run_folder
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,7 +21,7 @@ GPU_TRAIN += ["--synthetic-samples", "2048", "--model", "resnet18", "--batch-siz
 
 
 def test_sync_batchnorm_trains_under_ddp_on_two_gpus(tmp_path):
-    proc = run(
+    proc = run_cmd(
         [*torchrun_cmd(2, "--standalone"), *GPU_TRAIN, "--epochs", "2", "--sync-bn"], tmp_path, NCCL_NVLS_ENABLE="0"
     )
     assert proc.returncode == 0, explain(proc)

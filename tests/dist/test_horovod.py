@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env, torchrun_cmd
+from tests.conftest import REPO, run_cmd, torchrun_cmd
 
 ARGS = ["train", "--epochs", "2", "--max-steps", "2", "--batch-size", "16", "--no-progress", "--name", "run"]
 
@@ -53,23 +53,10 @@ def test_horovod_strategy_matches_ddp(tmp_path):
     hvd_dir.mkdir()
     ddp_dir.mkdir()
     horovodrun = str(Path(HVD_PY).with_name("horovodrun"))
-    hvd = subprocess.run(
-        [horovodrun, "-np", "2", "-H", "localhost:2", HVD_PY, "-m", "cnnpar", *ARGS, "--strategy", "horovod"],
-        cwd=hvd_dir,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    hvd_cmd = [horovodrun, "-np", "2", "-H", "localhost:2", HVD_PY, "-m", "cnnpar", *ARGS, "--strategy", "horovod"]
+    hvd = run_cmd(hvd_cmd, hvd_dir, timeout=300)
     assert hvd.returncode == 0, hvd.stdout[-3000:] + hvd.stderr[-3000:]
-    ddp = subprocess.run(
-        [*torchrun_cmd(2, "--standalone"), "-m", "cnnpar", *ARGS],
-        cwd=ddp_dir,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    ddp = run_cmd([*torchrun_cmd(2, "--standalone"), "-m", "cnnpar", *ARGS], ddp_dir, timeout=300)
     assert ddp.returncode == 0, ddp.stdout[-3000:] + ddp.stderr[-3000:]
     got, want = metrics(hvd_dir / "runs" / "run"), metrics(ddp_dir / "runs" / "run")
     assert len(got) == len(want) == 2

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from cnnpar.report.files import read_csv
-from tests.conftest import cli_env, torchrun_cmd
+from tests.conftest import cli_env, run_cmd, torchrun_cmd
 
 TRAIN = [
     "-m",
@@ -27,10 +27,6 @@ TRAIN = [
     "16",
     "--no-progress",
 ]
-
-
-def run(cmd: list[str], cwd: Path, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, env=cli_env(**env), capture_output=True, text=True, timeout=timeout)
 
 
 def explain(proc: subprocess.CompletedProcess) -> str:
@@ -60,7 +56,7 @@ def test_killed_worker_restarts_resumes_and_only_rank0_speaks(tmp_path):
     torchrun restarts the group, which finds its run folder by the job id and resumes after
     epoch 1. Every epoch lands in metrics.csv exactly once."""
     logs = tmp_path / "logs"
-    proc = run(
+    proc = run_cmd(
         [*torchrun_cmd(2, "--standalone", "--max-restarts=1", "--redirects=3", f"--log-dir={logs}"), *TRAIN]
         + ["--epochs", "3", "--lr-scaling", "linear"],
         tmp_path,
@@ -116,7 +112,7 @@ def test_two_node_rendezvous_on_localhost_trains(tmp_path):
 
 def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
     logs = tmp_path / "logs"
-    proc = run(
+    proc = run_cmd(
         [*torchrun_cmd(2, "--standalone", "--redirects=3", f"--log-dir={logs}"), *TRAIN, "--epochs", "1"],
         tmp_path,
         CNNPAR_DEBUG_SINGLE="1",
@@ -126,7 +122,6 @@ def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 1
     assert "| 1 process(es) on cpu" in worker_log(logs, 0, 0, "stdout")
     assert worker_log(logs, 0, 1, "stdout") == ""  # the surplus worker left at once
-
 
 
 def test_nproc_starts_torchrun_for_this_machine(cli):

@@ -14,15 +14,7 @@ from cnnpar.engine.predict import predict
 from cnnpar.engine.trainer import Trainer
 from tests.datafiles import CLASSES, bar_images, write_npz, write_train_test_csv
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread, as the CLI subprocesses get (conftest's OMP_NUM_THREADS=1): on a shared
-    2-core machine two OpenMP threads spin against other work and make tiny steps 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

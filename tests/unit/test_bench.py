@@ -19,13 +19,7 @@ from cnnpar.presets import with_overrides
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two OpenMP threads on a busy two-core host can run 20x slower than one; tests need not wait."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

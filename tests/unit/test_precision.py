@@ -15,14 +15,7 @@ from cnnpar.parallel.precision import Precision
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, as the CLI subprocesses get (conftest's OMP_NUM_THREADS=1): on a shared
-    2-core machine two OpenMP threads spin against other work and make tiny steps 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("kind", ["fp32", "tf32", "bf16", "fp16"])
