@@ -1,7 +1,7 @@
 """Weight averaging: an exponential moving average of the weights, or airbench's lookahead.
 
-Built on `torch.optim.swa_utils.AveragedModel` (it keeps the copy, the count and the state dict)
-with an averaging function whose decay can change from update to update:
+Built on `torch.optim.swa_utils.AveragedModel`, which keeps the copy, the count and the state
+dict. The update itself is done here, with a decay that changes from update to update:
 
     decay_k = ema ** every * (step / total_steps) ** warmup
 
@@ -14,6 +14,10 @@ airbench and timm's model EMA do: the running statistics then describe roughly t
 network, where the live model's statistics would describe the live weights; re-estimating them
 with `swa_utils.update_bn` would cost a pass over the data. Integer buffers (BatchNorm's batch
 counter) are copied, not averaged.
+
+The update is two foreach kernels and a CPU counter increment. `AveragedModel.update_parameters`
+is not used: it copies its CPU counter to the device once per (device, dtype) group, a blocking
+host-to-device copy that synchronises the stream, every `ema_every` steps inside the epoch.
 
 All of this runs eagerly after the optimizer step, outside any captured CUDA graph: the lookahead
 copy writes into the parameters in place, so a graph that captured them replays with the new
@@ -38,15 +42,14 @@ class WeightAverage:
         self.total_steps = max(1, total_steps)
         self.start_step = int(cfg.ema_start * total_steps)
         self.decay = cfg.ema
-        self.averaged = AveragedModel(model, multi_avg_fn=self._average, use_buffers=True)
+        self.averaged = AveragedModel(model, use_buffers=True)
         self.averaged.requires_grad_(False)
 
-    @torch.no_grad()
-    def _average(self, averaged: list[torch.Tensor], current: list[torch.Tensor], _count) -> None:
-        if averaged[0].is_floating_point():
-            torch._foreach_lerp_(averaged, current, 1.0 - self.decay)
-        else:
-            torch._foreach_copy_(averaged, current)
+    def _pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(live, averaged) parameters then buffers, in the same order, detached."""
+        live = [t.detach() for t in (*self.model.parameters(), *self.model.buffers())]
+        avg = [t.detach() for t in (*self.averaged.module.parameters(), *self.averaged.module.buffers())]
+        return live, avg
 
     def decay_at(self, step: int) -> float:
         cfg = self.cfg
@@ -62,16 +65,24 @@ class WeightAverage:
         if step <= self.start_step or step % self.cfg.ema_every:
             return
         self.decay = self.decay_at(step)
-        self.averaged.update_parameters(self.model)  # the first update copies the weights
+        live, avg = self._pairs()
+        if not self.started:
+            torch._foreach_copy_(avg, live)  # the first update copies the weights
+        else:
+            floats = [i for i, t in enumerate(avg) if t.is_floating_point()]
+            ints = [i for i, t in enumerate(avg) if not t.is_floating_point()]
+            torch._foreach_lerp_([avg[i] for i in floats], [live[i] for i in floats], 1.0 - self.decay)
+            if ints:
+                torch._foreach_copy_([avg[i] for i in ints], [live[i] for i in ints])
+        self.averaged.n_averaged += 1  # stays on the CPU
         if self.cfg.lookahead:
             self.copy_back()
 
     @torch.no_grad()
     def copy_back(self) -> None:
         """The live weights (and buffers) become the average, in place."""
-        live = [*self.model.parameters(), *self.model.buffers()]
-        avg = [*self.averaged.module.parameters(), *self.averaged.module.buffers()]
-        torch._foreach_copy_([t.detach() for t in live], [t.detach() for t in avg])
+        live, avg = self._pairs()
+        torch._foreach_copy_(live, avg)
 
     def eval_model(self) -> nn.Module:
         """The module to evaluate and predict with: the average once it has started."""
