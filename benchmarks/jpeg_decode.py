@@ -36,14 +36,10 @@ from cnnpar.data.gpu_decode import (  # noqa: E402
 )
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
+from cnnpar.report.meters import sync  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 SUFFIXES = {".jpg", ".jpeg", ".png"}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # note: a CPU-GPU sync point, outside the measured call
 
 
 def timed(fn, device: torch.device, repeats: int, warmup: int = 1) -> tuple[float, float]:

@@ -29,11 +29,7 @@ from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.models import build_model  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from cnnpar.report.meters import sync  # noqa: E402
 
 
 def time_plain(model_name, size, batch, device, precision, channels_last, compile_mode, steps, repeats, warmup):

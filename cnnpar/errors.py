@@ -18,3 +18,9 @@ class ConfigError(UserError):
 
 class DataError(UserError):
     """A data file cannot be read as the format it claims to be."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, for a one-line report; its type when it has none."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

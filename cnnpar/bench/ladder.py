@@ -8,7 +8,6 @@ contribute nothing to later rungs, so a CPU ladder has fewer measured rows but t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
 from cnnpar.errors import UserError
 from cnnpar.presets import with_overrides
+from cnnpar.report.host import usable_cores
 
 from .measure import error_text, free_device_memory, measure_config
 from .timing import Timing
@@ -40,7 +40,7 @@ def ladder_workers(base: Config) -> int:
     """The user's --workers when given, else the cores left after the main process (at most 8)."""
     if base.data.workers > 0:
         return base.data.workers
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     return max(1, min(8, cores - 1))
 
 

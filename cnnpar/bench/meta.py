@@ -10,8 +10,7 @@ import torch
 
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
-from cnnpar.report.environment import environment
-from cnnpar.report.host import cpu_name
+from cnnpar.report.environment import device_name, environment
 
 META_COLUMNS = [
     "date",
@@ -38,11 +37,6 @@ META_COLUMNS = [
 ]
 
 
-def device_label(device: torch.device) -> str:
-    env_name = environment(device)["device"] if device.type == "cuda" else ""
-    return env_name or cpu_name() or str(environment(device)["device"])
-
-
 def run_metadata(
     cfg: Config, bundle: DataBundle, device: torch.device, timing, peak: tuple[float, str], flops_per_image: float
 ) -> dict:
@@ -52,7 +46,7 @@ def run_metadata(
     return {
         "date": env["date"],
         "git_rev": env["git_rev"],
-        "device": device_label(device),
+        "device": env["device"],
         "device_type": device.type,
         "driver": env["driver"],
         "torch": env["torch"],
@@ -81,4 +75,4 @@ def slug(text: str, limit: int = 40) -> str:
 
 def default_out_dir(device: torch.device, model: str) -> Path:
     date = _dt.date.today().isoformat()
-    return Path("benchmarks") / "results" / f"{date}-{slug(device_label(device))}-{slug(model)}"
+    return Path("benchmarks") / "results" / f"{date}-{slug(device_name(device))}-{slug(model)}"

@@ -17,6 +17,7 @@ from cnnpar.data.transforms import CROP_PAD, random_crop, random_flip
 from cnnpar.dist import DistInfo
 from cnnpar.engine.optim import build_optimizer
 from cnnpar.engine.step import forward_backward, optimizer_step
+from cnnpar.errors import first_line
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision
 from cnnpar.report.meters import sync
@@ -150,7 +151,7 @@ def fits(cfg: Config, shape, num_classes: int, device: torch.device, batch: int,
     except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one; a kernel's size limit is another
         ok = False
         if not isinstance(e, torch.cuda.OutOfMemoryError):
-            errors.append(f"batch {batch}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            errors.append(f"batch {batch}: {type(e).__name__}: {first_line(e)[:160]}")
     free_device_memory(device)  # after the failed step's frames (and their tensors) are gone
     return ok
 

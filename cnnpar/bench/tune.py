@@ -21,6 +21,7 @@ from cnnpar.config import Config, dumps_toml
 from cnnpar.data import DataBundle, load_data
 from cnnpar.dist import DistInfo
 from cnnpar.engine.trainer import Trainer
+from cnnpar.errors import first_line
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_text_atomic
 
@@ -98,7 +99,7 @@ def tune(
             try:
                 rate, warm = measure(trial_cfg, info, bundle, steps, repeats)
             except Exception as e:  # OOM, an unsupported mode: recorded, the search goes on
-                trials.append(Trial(label, str(value), None, 0.0, "failed", str(e).splitlines()[0][:200]))
+                trials.append(Trial(label, str(value), None, 0.0, "failed", first_line(e)[:200]))
                 log(f"{label}={value}: failed ({trials[-1].error})")
                 continue
             kept = rate > best * KEEP_MARGIN

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from cnnpar.errors import DataError
+from cnnpar.errors import DataError, first_line
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 
@@ -35,6 +35,13 @@ def scan_folder(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
     return files, labels, classes
 
 
+def decode_error(path: Path | str, e: BaseException) -> DataError:
+    """The error for a file that does not decode, on the CPU or on the device."""
+    # torchvision prefixes its messages with "function, /build/path/file.cpp:LINE, ": drop that.
+    reason = re.sub(r"^[^,]*, \S+:\d+, ", "", first_line(e))
+    return DataError(f"{path}: cannot decode as an image ({reason}): expected a readable JPEG or PNG file")
+
+
 def decode_resized(path: Path, size: int) -> torch.Tensor:
     """Decode one file to uint8 (3, size, size): shorter side to `size`, then a centre crop."""
     from torchvision.io import ImageReadMode, decode_image, read_file
@@ -43,9 +50,7 @@ def decode_resized(path: Path, size: int) -> torch.Tensor:
     try:
         img = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
     except (RuntimeError, ValueError, OSError) as e:
-        # torchvision prefixes its messages with "function, /build/path/file.cpp:LINE, ": drop that.
-        reason = re.sub(r"^[^,]*, \S+:\d+, ", "", str(e).splitlines()[0] if str(e) else type(e).__name__)
-        raise DataError(f"{path}: cannot decode as an image ({reason}): expected a readable JPEG or PNG file") from None
+        raise decode_error(path, e) from None
     img = TF.resize(img, size, antialias=True)
     return TF.center_crop(img, [size, size])
 

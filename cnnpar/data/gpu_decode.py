@@ -37,6 +37,7 @@ import torch
 from torch.utils.data import Dataset
 
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_loop
+from cnnpar.data.folder import decode_error
 from cnnpar.data.jpeg_header import nvjpeg_friendly
 from cnnpar.errors import DataError
 
@@ -161,10 +162,7 @@ class GpuDecoder:
         try:
             img = decode_image(buf, mode=ImageReadMode.RGB)
         except (RuntimeError, ValueError) as e:
-            raise DataError(
-                f"{self.files[index]}: cannot decode as an image ({str(e).splitlines()[0]}): "
-                f"expected a readable JPEG or PNG file"
-            ) from None
+            raise decode_error(self.files[index], e) from None
         self.cpu_decoded += 1
         return img.to(self.device, non_blocking=True)
 

@@ -20,6 +20,7 @@ from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.dist import DistInfo
+from cnnpar.report.host import usable_cores
 from cnnpar.report.ranges import H2D_COPY, span
 
 RESIDENT_MEMORY_SHARE = 0.25  # use at most this share of free device memory for a resident data set
@@ -52,7 +53,7 @@ def auto_workers(dataset: Dataset, info: DistInfo) -> int:
     if _array_backed(dataset):
         return 0
     local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     return max(1, min(16, cores // max(1, local_procs) - 1))
 
 

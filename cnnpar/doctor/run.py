@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import gc
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from cnnpar.doctor.measure import (
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
+from cnnpar.report.host import usable_cores
 from cnnpar.report.telemetry import TelemetrySampler, plot_telemetry
 
 
@@ -165,7 +165,7 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
         peak_share = torch.cuda.max_memory_allocated(info.device) / total
     e2e = phase("end to end", lambda: measure_end_to_end(trainer, warm, steps, max_s))
     phases.append(e2e)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     facts = Facts(
         device_type=info.device.type,
         batch_size=batch,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from cnnpar.errors import UserError
+from cnnpar.errors import UserError, first_line
 from cnnpar.report.files import atomic_write
 
 LAST = "last.pt"
@@ -39,4 +39,4 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     try:
         return torch.load(found, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises several types for truncated or foreign files
-        raise UserError(f"{found}: not a readable cnnpar checkpoint ({str(e).splitlines()[0]})") from None
+        raise UserError(f"{found}: not a readable cnnpar checkpoint ({first_line(e)})") from None

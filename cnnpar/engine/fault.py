@@ -15,6 +15,7 @@ import signal
 from functools import lru_cache
 
 from cnnpar.dist import DistInfo
+from cnnpar.engine.rundir import elastic_restart
 
 KILL_ENV = "CNNPAR_FAULT_KILL_AT_EPOCH"
 RAISE_ENV = "CNNPAR_FAULT_RAISE_AT_EPOCH"
@@ -22,7 +23,7 @@ RAISE_ENV = "CNNPAR_FAULT_RAISE_AT_EPOCH"
 
 @lru_cache(maxsize=1)
 def _plan() -> tuple[int, int]:
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+    if elastic_restart():
         return 0, 0
     return int(os.environ.get(KILL_ENV, "0") or 0), int(os.environ.get(RAISE_ENV, "0") or 0)
 

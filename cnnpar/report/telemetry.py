@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cnnpar.dist import DistInfo
+from cnnpar.errors import first_line
 
 COLUMNS = [
     "time_s",
@@ -119,8 +120,7 @@ class TelemetrySampler:
         try:
             self._handles = _nvml_handles()
         except Exception as e:  # no driver, no GPU, no library: host counters still work
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            self.log(f"telemetry: no GPU counters (NVML: {reason}); sampling host CPU and memory only")
+            self.log(f"telemetry: no GPU counters (NVML: {first_line(e)}); sampling host CPU and memory only")
             self._handles = []
         self.gpus = [label for label, _ in self._handles]
         psutil.cpu_percent(interval=None)  # primes the counter: the first real reading covers one interval
