@@ -8,11 +8,11 @@ creates its run folder only in `fit()`, which the bench never calls.
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 
 import psutil
 import torch
@@ -20,27 +20,13 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
-from cnnpar.engine.step import forward_backward, optimizer_step
+from cnnpar.engine.harness import build_trainer, cycle_batches, train_step
 from cnnpar.engine.trainer import Trainer
 from cnnpar.report.meters import sync
 
 from .timing import Timing
 
 ERROR_CHARS = 300
-
-
-def quiet(*args, **kwargs) -> None:
-    pass
-
-
-def endless_batches(loader) -> Iterator:
-    """Batches across epoch boundaries, calling set_epoch as training does, so the cost of
-    starting an epoch (worker start-up without persistent workers) is part of what is timed."""
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        yield from loader
-        epoch += 1
 
 
 def free_device_memory(device: torch.device) -> None:
@@ -65,10 +51,6 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}"[:ERROR_CHARS]
 
 
-def build_trainer(cfg: Config, bundle: DataBundle, info: DistInfo) -> Trainer:
-    return Trainer(cfg, info, bundle=bundle, log=quiet)
-
-
 def _cpu_seconds(proc: psutil.Process) -> float:
     t = proc.cpu_times()
     return t.user + t.system
@@ -77,12 +59,13 @@ def _cpu_seconds(proc: psutil.Process) -> float:
 def measure_steps(trainer: Trainer, timing: Timing) -> dict:
     """Warm-up steps, then `repeats` x `steps` timed steps with a device sync around each repeat only."""
     cfg, device = trainer.cfg, trainer.info.device
-    model, precision, optimizer = trainer.model, trainer.precision, trainer.optimizer
     cudagraphs = cfg.speed.compile == "reduce-overhead"
-    smoothing, clip = cfg.optim.label_smoothing, cfg.optim.grad_clip
     proc = psutil.Process()
-    batches = endless_batches(trainer.train_loader)
-    model.train()
+    # across epoch boundaries, calling set_epoch as training does, so the cost of starting an
+    # epoch (worker start-up without persistent workers) is part of what is timed
+    batches = cycle_batches(trainer.train_loader, first_epoch=0)
+    micro_steps = itertools.count()
+    trainer.model.train()
 
     def step() -> tuple[float, int]:
         t0 = time.perf_counter()
@@ -90,8 +73,7 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
         waited = time.perf_counter() - t0
         if cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new iteration: graph outputs may be reused
-        forward_backward(model, x, y, precision, smoothing, 1.0)
-        optimizer_step(model, optimizer, precision, clip)
+        train_step(trainer, x, y, next(micro_steps))
         return waited, y.shape[0]
 
     try:
@@ -147,7 +129,7 @@ def measure_config(cfg: Config, bundle: DataBundle, info: DistInfo, timing: Timi
     reset_compiler()
     if info.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(info.device)
-    trainer = build_trainer(cfg, bundle, info)
+    trainer = build_trainer(cfg, info, bundle)
     try:
         return measure_steps(trainer, timing)
     finally:

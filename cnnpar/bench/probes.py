@@ -15,6 +15,7 @@ from cnnpar.data import DataBundle
 from cnnpar.data.loader import build_loader
 from cnnpar.data.transforms import CROP_PAD, random_crop, random_flip
 from cnnpar.dist import DistInfo
+from cnnpar.engine.harness import cycle_batches
 from cnnpar.engine.optim import build_optimizer
 from cnnpar.engine.step import forward_backward, optimizer_step
 from cnnpar.errors import first_line
@@ -22,7 +23,7 @@ from cnnpar.models import build_model
 from cnnpar.parallel import Precision
 from cnnpar.report.meters import sync
 
-from .measure import endless_batches, free_device_memory, reset_compiler
+from .measure import free_device_memory, reset_compiler
 from .timing import Timing
 
 MAX_BATCH = 2**18  # the largest-batch search stops here: beyond it, memory is not what limits
@@ -33,7 +34,7 @@ def host_loader_rate(cfg: Config, bundle: DataBundle, timing: Timing) -> float:
     """Images/s of the train loader alone, on the CPU (no device copy, no model): median of repeats."""
     cpu = DistInfo(0, 0, 1, torch.device("cpu"))
     loader = build_loader(bundle, resolve_for_device(cfg, "cpu", True), cpu, train=True)
-    batches = endless_batches(loader)
+    batches = cycle_batches(loader, first_epoch=0)
     try:
         for _ in range(timing.warmup):
             next(batches)

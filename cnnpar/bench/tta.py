@@ -14,10 +14,11 @@ from collections.abc import Callable
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
+from cnnpar.engine.harness import build_trainer
 from cnnpar.errors import UserError
 from cnnpar.presets import with_overrides
 
-from .measure import build_trainer, free_device_memory, reset_compiler
+from .measure import free_device_memory, reset_compiler
 
 
 def check_target(target: float) -> None:
@@ -37,7 +38,7 @@ def time_to_accuracy(cfg: Config, bundle: DataBundle, info: DistInfo, target: fl
     cfg = with_overrides(cfg, run={"seed": seed, "progress": False})
     free_device_memory(info.device)
     reset_compiler()
-    trainer = build_trainer(cfg, bundle, info)
+    trainer = build_trainer(cfg, info, bundle)
     trainer.warm_up_compile()
     accs: list[float] = []
     train_s = eval_s = 0.0

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from cnnpar.data.transforms import TextbookDataset, resolve_augment
-from cnnpar.doctor.loop import cycle_batches, train_step
+from cnnpar.engine.harness import cycle_batches, train_step
 from cnnpar.engine.trainer import Trainer
 from cnnpar.report.meters import sync
 from cnnpar.report.ranges import DATA_WAIT, span

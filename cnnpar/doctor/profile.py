@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cnnpar.config import Config
 from cnnpar.dist import DistInfo, barrier, broadcast_object
-from cnnpar.doctor.loop import build_trainer, cycle_batches, train_step
+from cnnpar.engine.harness import build_trainer, cycle_batches, train_step
 from cnnpar.report.profiler import ProfileFiles, profile_steps
 from cnnpar.report.ranges import DATA_WAIT, span
 

@@ -19,7 +19,6 @@ from cnnpar.config import Config
 from cnnpar.data import load_data
 from cnnpar.dist import init_distributed
 from cnnpar.doctor.advise import MIN_GAIN, Diagnosis, Facts, Recommendation, diagnose, recommend
-from cnnpar.doctor.loop import build_trainer
 from cnnpar.doctor.measure import (
     Phase,
     first_batch,
@@ -30,6 +29,7 @@ from cnnpar.doctor.measure import (
     measure_step_scaling,
     textbook_cost_ratio,
 )
+from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment

@@ -1,4 +1,4 @@
-"""The pieces of the training loop the doctor and the profiler repeat outside `Trainer.fit`.
+"""The pieces of the training loop that the doctor, the profiler and the bench drive outside `Trainer.fit`.
 
 A `Trainer` builds everything (data, model, wrappers, optimizer, loaders) and creates no folder
 until `fit()`; these helpers drive its parts step by step. The step below is the trainer's own
