@@ -16,6 +16,7 @@ import torch
 from cnnpar.config import Config, parse_shape
 from cnnpar.data import DataBundle, load_data
 from cnnpar.dist import DistInfo
+from cnnpar.parallel import resolve_for
 from cnnpar.presets import with_overrides
 
 from . import probes
@@ -178,12 +179,10 @@ def amp_speed(ctx: ClaimContext) -> Measured:
 
 
 def amp_batch(ctx: ClaimContext) -> Measured:
-    from cnnpar.config import resolve_for_device
-
     shape, n = ctx.bundle.shape, ctx.bundle.num_classes
     found = {}
     for kind in ("fp32", "bf16"):
-        cfg = resolve_for_device(ctx.fast(speed={"precision": kind}), ctx.device.type, True)
+        cfg = resolve_for(ctx.fast(speed={"precision": kind}), ctx.device)
         found[kind] = probes.largest_batch(cfg, shape, n, ctx.device)
     (a, a_cap, a_err), (b, b_cap, b_err) = found["fp32"], found["bf16"]
     if a_cap or b_cap or a == 0:
@@ -209,9 +208,7 @@ def cudnn_benchmark(ctx: ClaimContext) -> Measured:
 
 
 def dynamic_compile(ctx: ClaimContext) -> Measured:
-    from cnnpar.config import resolve_for_device
-
-    cfg = resolve_for_device(ctx.fast(), ctx.device.type, ctx.device.type != "cuda" or torch.cuda.is_bf16_supported())
+    cfg = resolve_for(ctx.fast(), ctx.device)
     shape, n = ctx.bundle.shape, ctx.bundle.num_classes
     probes.warm_compiler(ctx.device)
     static = probes.compile_seconds(cfg, shape, n, ctx.device, dynamic=None)

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cnnpar.config import Config, resolve_for_device
+from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
 from cnnpar.errors import UserError
+from cnnpar.parallel import resolve_for
 from cnnpar.presets import with_overrides
 from cnnpar.report.host import usable_cores
 
@@ -125,14 +126,13 @@ def _skip_reason(rung: Rung, device: torch.device, bundle: DataBundle) -> str:
 
 
 def plan_ladder(base: Config, device: torch.device, bundle: DataBundle) -> list[PlannedRung]:
-    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
     current, parent, plan = base, "", []
     for i, rung in enumerate(RUNGS):
         reason = _skip_reason(rung, device, bundle)
         cfg = with_overrides(current, **rung.changes(base))
         if reason:
             cfg = current
-        plan.append(PlannedRung(i, rung, resolve_for_device(cfg, device.type, bf16_ok), parent, reason))
+        plan.append(PlannedRung(i, rung, resolve_for(cfg, device), parent, reason))
         if not reason and not rung.branch:
             current, parent = cfg, rung.name
     return plan

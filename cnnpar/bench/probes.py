@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from cnnpar.config import Config, resolve_for_device
+from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.data.loader import build_loader
 from cnnpar.data.transforms import CROP_PAD, random_crop, random_flip
@@ -20,7 +20,7 @@ from cnnpar.engine.optim import build_optimizer
 from cnnpar.engine.step import forward_backward, optimizer_step
 from cnnpar.errors import first_line
 from cnnpar.models import build_model
-from cnnpar.parallel import Precision
+from cnnpar.parallel import Precision, resolve_for
 from cnnpar.report.meters import sync
 
 from .measure import free_device_memory, reset_compiler
@@ -33,7 +33,7 @@ BISECT_STEPS = 4  # after the first failure: refine between the last fit and it 
 def host_loader_rate(cfg: Config, bundle: DataBundle, timing: Timing) -> float:
     """Images/s of the train loader alone, on the CPU (no device copy, no model): median of repeats."""
     cpu = DistInfo(0, 0, 1, torch.device("cpu"))
-    loader = build_loader(bundle, resolve_for_device(cfg, "cpu", True), cpu, train=True)
+    loader = build_loader(bundle, resolve_for(cfg, cpu.device), cpu, train=True)
     batches = cycle_batches(loader, first_epoch=0)
     try:
         for _ in range(timing.warmup):

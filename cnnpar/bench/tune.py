@@ -20,10 +20,13 @@ import torch
 from cnnpar.config import Config, dumps_toml
 from cnnpar.data import DataBundle, load_data
 from cnnpar.dist import DistInfo
-from cnnpar.engine.trainer import Trainer
+from cnnpar.engine.harness import build_trainer
 from cnnpar.errors import first_line
+from cnnpar.parallel import resolve_for
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_text_atomic
+
+from .measure import free_device_memory, reset_compiler
 
 KEEP_MARGIN = 1.03  # a change must be 3 % faster to be kept: smaller gains are within run-to-run noise
 
@@ -44,17 +47,18 @@ def with_switch(cfg: Config, section: str, name: str, value) -> Config:
 
 def measure(cfg: Config, info: DistInfo, bundle: DataBundle, steps: int, repeats: int) -> tuple[float, float]:
     """Median train images/s over `repeats` epochs of `steps` steps, after one warm-up epoch."""
-    cfg = replace(cfg, run=replace(cfg.run, max_steps=steps, epochs=repeats + 1, progress=False, eval_every=10**6))
+    cfg = replace(cfg, run=replace(cfg.run, max_steps=steps, epochs=repeats + 1, eval_every=10**6))
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
-    trainer.warm_up_compile()
-    trainer.train_epoch(1)
-    warm = time.perf_counter() - t0
-    rates = [trainer.train_epoch(e)["images_per_s"] for e in range(2, repeats + 2)]
-    del trainer
-    if info.device.type == "cuda":
-        torch.cuda.empty_cache()
-    torch._dynamo.reset()  # each trial compiles afresh; stale graphs would mix trials
+    trainer = build_trainer(cfg, info, bundle)
+    try:
+        trainer.warm_up_compile()
+        trainer.train_epoch(1)
+        warm = time.perf_counter() - t0
+        rates = [trainer.train_epoch(e)["images_per_s"] for e in range(2, repeats + 2)]
+    finally:  # a failed trial (out of memory, say) must not leave its memory or graphs to the next
+        del trainer
+        free_device_memory(info.device)
+        reset_compiler()  # each trial compiles afresh; stale graphs would mix trials
     return statistics.median(rates), warm
 
 
@@ -82,7 +86,7 @@ def tune(
 ) -> tuple[Config, list[Trial]]:
     bundle = load_data(cfg.data, cfg.run.seed)
     cuda = info.device.type == "cuda"
-    best_cfg = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None).cfg  # resolved for the device
+    best_cfg = resolve_for(cfg, info.device)
     started = time.perf_counter()
     best, warm = measure(best_cfg, info, bundle, steps, repeats)
     trials = [Trial("start", "resolved defaults", best, warm, "ok")]

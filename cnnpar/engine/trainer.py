@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cnnpar.config import Config, dumps_toml, resolve_for_device, to_dict
+from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.loader import build_loader
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
@@ -31,10 +31,9 @@ from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
 from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
-from cnnpar.parallel import Precision, parallelize
+from cnnpar.parallel import Precision, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.graphs import GraphedForwardBackward
-from cnnpar.parallel.precision import cpu_has_native_bf16
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import EpochClock, sync
@@ -85,8 +84,7 @@ class Trainer:
         self.info = info
         self.log = log if info.is_main else (lambda *a, **k: None)
         self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
-        bf16_ok = info.device.type != "cuda" or torch.cuda.is_bf16_supported()
-        self.cfg = cfg = resolve_for_device(cfg, info.device.type, bf16_ok, cpu_bf16=cpu_has_native_bf16())
+        self.cfg = cfg = resolve_for(cfg, info.device)
         torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
         torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
         c, h, _ = self.bundle.shape

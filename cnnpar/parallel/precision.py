@@ -11,6 +11,8 @@ import contextlib
 
 import torch
 
+from cnnpar.config import Config, resolve_for_device
+
 
 def cpu_has_native_bf16() -> bool:
     """True where the CPU multiplies bf16 in hardware (AVX512-BF16 or AMX); elsewhere oneDNN
@@ -20,6 +22,13 @@ def cpu_has_native_bf16() -> bool:
         return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
     except Exception:  # a probe that misbehaves on some build means "do not assume bf16"
         return False
+
+
+def resolve_for(cfg: Config, device: torch.device) -> Config:
+    """`resolve_for_device` with what this machine supports (bf16 on this GPU, native bf16 on this
+    CPU): the one resolution `cnnpar train`, the bench, the doctor and tune all use."""
+    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    return resolve_for_device(cfg, device.type, bf16_ok, cpu_bf16=cpu_has_native_bf16())
 
 
 class Precision:
