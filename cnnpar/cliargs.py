@@ -45,16 +45,13 @@ def stored_run_config(resume: str) -> Config | None:
     Resuming must train the same model on the same data as the run did, not the defaults;
     the machine-dependent switches go back to "auto" so another machine can continue the run.
     """
-    from pathlib import Path
-
-    from cnnpar.engine.checkpoint import find_checkpoint
+    from cnnpar.engine.checkpoint import find_checkpoint, run_dir_of
 
     ckpt = find_checkpoint(resume)
     if ckpt is None:
         return None
-    run_dir = ckpt.parent.parent if ckpt.parent.name == "ckpt" else ckpt.parent
-    stored = run_dir / "config.toml"
-    if not Path(stored).is_file():
+    stored = run_dir_of(ckpt) / "config.toml"
+    if not stored.is_file():
         return None
     raw = to_dict(load_toml(stored))
     defaults = to_dict(Config())

@@ -31,6 +31,11 @@ def find_checkpoint(path: str | Path) -> Path | None:
     return None
 
 
+def run_dir_of(ckpt: Path) -> Path:
+    """The run folder a checkpoint file belongs to: RUN for RUN/ckpt/last.pt, else its own folder."""
+    return ckpt.parent.parent if ckpt.parent.name == "ckpt" else ckpt.parent
+
+
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     path = Path(path)
     found = find_checkpoint(path)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cnnpar.config import Config
 from cnnpar.dist import DistInfo, broadcast_object
-from cnnpar.engine.checkpoint import find_checkpoint
+from cnnpar.engine.checkpoint import find_checkpoint, run_dir_of
 from cnnpar.errors import UserError
 
 
@@ -62,8 +62,7 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
             raise UserError(
                 f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt or a .pt file)"
             )
-        run_dir = target if target.is_dir() else ckpt.parent.parent if ckpt.parent.name == "ckpt" else ckpt.parent
-        return str(run_dir), str(ckpt)
+        return str(run_dir_of(ckpt)), str(ckpt)
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
     existing = find_checkpoint(run_dir) if run_dir.is_dir() else None
     if resume == "auto" or elastic_restart():

@@ -34,6 +34,15 @@ def test_a_named_run_with_a_checkpoint_is_not_overwritten(tmp_path):
         resolve_run(Config(run=RunConfig(resume=str(tmp_path / "nothing"))), CPU_INFO)
 
 
+def test_resume_names_the_run_folder_whichever_path_is_given(tmp_path):
+    (tmp_path / "r" / "ckpt").mkdir(parents=True)
+    ckpt = tmp_path / "r" / "ckpt" / "last.pt"
+    ckpt.write_bytes(b"x")
+    for given in (tmp_path / "r", tmp_path / "r" / "ckpt", ckpt):  # run folder, its ckpt folder, the file
+        run_dir, found = resolve_run(Config(run=RunConfig(resume=str(given))), CPU_INFO)
+        assert (run_dir, found) == (tmp_path / "r", ckpt), given
+
+
 class BreaksAfter(Dataset):
     """Good samples until `limit` reads, then the kind of error a corrupt file raises in a worker."""
 
