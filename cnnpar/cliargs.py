@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from cnnpar.config import SECTIONS, Config, cli_flag, from_dict, load_toml, to_dict
+from cnnpar.config import MACHINE_FIELDS, SECTIONS, Config, cli_flag, from_dict, load_toml, to_dict
 from cnnpar.presets import PRESETS, get_preset
 
 
@@ -30,13 +30,6 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
             else:
                 group.add_argument(flag, type=type(default), choices=f.metadata.get("choices"), **kw)
-
-
-# Fields a run stores resolved for its machine; a resumed run resolves them again for its own.
-MACHINE_FIELDS = {
-    "speed": ("device", "precision", "channels_last", "compile", "cuda_graphs"),
-    "data": ("pin_memory", "prefetch_stream", "decode"),
-}
 
 
 def stored_run_config(resume: str) -> Config | None:

@@ -332,6 +332,15 @@ def dumps_toml(cfg: Config | dict) -> str:
     return tomli_w.dumps(cfg if isinstance(cfg, dict) else to_dict(cfg))
 
 
+# The fields `resolve_for_device` fills in for the machine: a run stores them resolved, and a
+# resumed run sets them back to "auto" to resolve them again for its own machine. A new
+# device-dependent "auto" below belongs here too.
+MACHINE_FIELDS = {
+    "speed": ("device", "precision", "channels_last", "compile", "cuda_graphs"),
+    "data": ("pin_memory", "prefetch_stream", "decode"),
+}
+
+
 def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False) -> Config:
     """Replace every 'auto' that depends on the device with a concrete choice.
 

@@ -16,12 +16,13 @@ import torch
 from cnnpar.config import Config, parse_shape
 from cnnpar.data import DataBundle, load_data
 from cnnpar.dist import DistInfo
+from cnnpar.engine.harness import free_device_memory
 from cnnpar.parallel import resolve_for
 from cnnpar.presets import with_overrides
 
 from . import probes
 from .ladder import BASELINE, plan_ladder
-from .measure import error_text, free_device_memory, measure_config
+from .measure import error_text, measure_config
 from .timing import Timing
 
 CONFIRM_SHARE = 0.5  # share of the claimed effect a measurement must reach to confirm it

@@ -76,6 +76,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
     from cnnpar.data.bundle import ArrayDataset
+    from cnnpar.data.loader import ResidentLoader
     from cnnpar.data.sources import load_synthetic
     from cnnpar.dist import barrier, destroy_distributed, init_distributed
     from cnnpar.engine.trainer import Trainer
@@ -152,7 +153,7 @@ def worker(args: argparse.Namespace) -> None:
                     "compile": trainer.cfg.speed.compile,
                     "pin_memory": trainer.cfg.data.pin_memory,
                     "prefetch_stream": trainer.cfg.data.prefetch_stream,
-                    "resident": type(trainer.train_loader.loader).__name__ == "ResidentLoader",
+                    "resident": isinstance(trainer.train_loader.loader, ResidentLoader),
                     "loader_workers": getattr(trainer.train_loader.loader, "num_workers", None),
                 },
                 "environment": environment(info.device, info.world_size),

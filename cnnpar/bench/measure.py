@@ -7,11 +7,9 @@ creates its run folder only in `fit()`, which the bench never calls.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import os
 import statistics
-import sys
 import time
 
 import psutil
@@ -20,30 +18,13 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
-from cnnpar.engine.harness import build_trainer, cycle_batches, train_step
+from cnnpar.engine.harness import build_trainer, cycle_batches, reset_compiler, train_step
 from cnnpar.engine.trainer import Trainer
 from cnnpar.report.meters import sync
 
 from .timing import Timing
 
 ERROR_CHARS = 300
-
-
-def free_device_memory(device: torch.device) -> None:
-    """Drop what a finished (or failed, e.g. out of memory) rung left behind before the next one."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def reset_compiler() -> None:
-    # Each rung compiles its own model; without a reset, Dynamo's cache (and its recompile limit)
-    # would carry guards from earlier rungs into later ones. Nothing to reset (and a slow import
-    # to skip) when nothing has been compiled yet.
-    if "torch._dynamo" in sys.modules:
-        torch._dynamo.reset()
 
 
 def error_text(e: BaseException) -> str:

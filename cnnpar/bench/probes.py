@@ -15,7 +15,7 @@ from cnnpar.data import DataBundle
 from cnnpar.data.loader import build_loader
 from cnnpar.data.transforms import CROP_PAD, random_crop, random_flip
 from cnnpar.dist import DistInfo
-from cnnpar.engine.harness import cycle_batches
+from cnnpar.engine.harness import cycle_batches, free_device_memory, reset_compiler
 from cnnpar.engine.optim import build_optimizer
 from cnnpar.engine.step import forward_backward, optimizer_step
 from cnnpar.errors import first_line
@@ -23,7 +23,6 @@ from cnnpar.models import build_model
 from cnnpar.parallel import Precision, resolve_for
 from cnnpar.report.meters import sync
 
-from .measure import free_device_memory, reset_compiler
 from .timing import Timing
 
 MAX_BATCH = 2**18  # the largest-batch search stops here: beyond it, memory is not what limits

@@ -14,11 +14,9 @@ from collections.abc import Callable
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
-from cnnpar.engine.harness import build_trainer
+from cnnpar.engine.harness import build_trainer, free_device_memory, reset_compiler
 from cnnpar.errors import UserError
 from cnnpar.presets import with_overrides
-
-from .measure import free_device_memory, reset_compiler
 
 
 def check_target(target: float) -> None:

@@ -20,13 +20,11 @@ import torch
 from cnnpar.config import Config, dumps_toml
 from cnnpar.data import DataBundle, load_data
 from cnnpar.dist import DistInfo
-from cnnpar.engine.harness import build_trainer
+from cnnpar.engine.harness import build_trainer, free_device_memory, reset_compiler
 from cnnpar.errors import first_line
 from cnnpar.parallel import resolve_for
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_text_atomic
-
-from .measure import free_device_memory, reset_compiler
 
 KEEP_MARGIN = 1.03  # a change must be 3 % faster to be kept: smaller gains are within run-to-run noise
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 
 from cnnpar.config import Config
 from cnnpar.data import load_data
+from cnnpar.data.loader import ResidentLoader
 from cnnpar.dist import init_distributed
 from cnnpar.doctor.advise import MIN_GAIN, Diagnosis, Facts, Recommendation, diagnose, recommend
 from cnnpar.doctor.measure import (
@@ -29,7 +29,7 @@ from cnnpar.doctor.measure import (
     measure_step_scaling,
     textbook_cost_ratio,
 )
-from cnnpar.engine.harness import build_trainer
+from cnnpar.engine.harness import build_trainer, free_device_memory
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
@@ -74,12 +74,6 @@ def default_report_dir(cfg: Config) -> Path:
     return Path("doctor") / f"{cfg.model.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def _release_device_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def _merge(changes: list[dict]) -> dict:
     """Several config changes as one; the first to set a field keeps it (they come best first)."""
     merged: dict[str, dict] = {}
@@ -110,7 +104,7 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
 
     with sampler if sampler else contextlib.nullcontext():
         rcfg, phases, facts = _measure_baseline(cfg, info, bundle, opts, phase)
-        _release_device_memory()  # the baseline's trainer is gone; the tries build their own
+        free_device_memory(info.device)  # the baseline's trainer is gone; the tries build their own
         e2e = phases[-1]
         diagnosis = diagnose(facts)
         recos = recommend(facts)
@@ -172,7 +166,7 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
         workers=loader_workers(trainer),
         loader=rcfg.data.loader,
         in_memory=bundle.in_memory,
-        resident=type(trainer.train_loader.loader).__name__ == "ResidentLoader",
+        resident=isinstance(trainer.train_loader.loader, ResidentLoader),
         precision=rcfg.speed.precision,
         channels_last=rcfg.speed.channels_last,
         compile=rcfg.speed.compile,
@@ -194,5 +188,5 @@ def _try(cfg: Config, change: dict, info, bundle, opts: DoctorOptions, label: st
     trainer = build_trainer(with_overrides(cfg, **change), info, bundle)
     phase = measure_end_to_end(trainer, opts.warmup, opts.steps, opts.max_s, name=f"tried: {label}")
     del trainer
-    _release_device_memory()
+    free_device_memory(info.device)
     return phase

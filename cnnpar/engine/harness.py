@@ -8,6 +8,8 @@ learning-rate schedule is left alone because timing runs may take more steps tha
 
 from __future__ import annotations
 
+import gc
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -51,3 +53,20 @@ def train_step(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, micro_step: i
     if last:
         optimizer_step(trainer.model, trainer.optimizer, trainer.precision, cfg.optim.grad_clip)
     return loss
+
+
+def free_device_memory(device: torch.device) -> None:
+    """Drop what a finished (or failed, e.g. out of memory) measurement left behind before the next one."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def reset_compiler() -> None:
+    # Each rung compiles its own model; without a reset, Dynamo's cache (and its recompile limit)
+    # would carry guards from earlier rungs into later ones. Nothing to reset (and a slow import
+    # to skip) when nothing has been compiled yet.
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
