@@ -31,6 +31,11 @@ def augment_tokens(augment: str) -> frozenset[str]:
     return frozenset(t for t in augment.split("+") if t in AUGMENT_TOKENS)
 
 
+def augment_pad(tokens: frozenset[str]) -> int:
+    """Pixels of padding the crop (4) or the translate (2) draws its shifts from; 0 for neither."""
+    return CROP_PAD if "crop" in tokens else TRANSLATE_PAD if "translate" in tokens else 0
+
+
 def resolve_augment(augment: str, shape: tuple[int, int, int]) -> str:
     """auto: pad-and-crop plus flip for colour images, nothing for grey ones (digits read mirrored
     are other digits)."""
@@ -90,7 +95,7 @@ class DeviceTransform:
         self.shift = -mean_t / std_t
         tokens = augment_tokens(augment)
         self.flip = "flip" in tokens
-        self.pad = CROP_PAD if "crop" in tokens else TRANSLATE_PAD if "translate" in tokens else 0
+        self.pad = augment_pad(tokens)
         self.crop = self.pad > 0
         # altflip: the per-sample coins live on the device beside the data (one byte a sample)
         self.alt_bits = alternating_flip_bits(num_samples, flip_seed).to(device) if "altflip" in tokens else None
@@ -131,7 +136,7 @@ class TextbookDataset(Dataset):
         self.std = torch.tensor(std).view(-1, 1, 1)
         tokens = augment_tokens(augment)
         self.flip = "flip" in tokens or "altflip" in tokens
-        self.pad = CROP_PAD if "crop" in tokens else TRANSLATE_PAD if "translate" in tokens else 0
+        self.pad = augment_pad(tokens)
 
     def __len__(self) -> int:
         return len(self.base)
