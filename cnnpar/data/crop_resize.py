@@ -135,24 +135,54 @@ def resized_crops(
     """Crop `boxes` (N, 4: top, left, height, width; on the host) out of (3, H, W) uint8 `images`
     and resize each crop to size x size with antialiased bilinear filtering, batched.
 
-    About a dozen kernels per chunk, whatever N. `compute_dtype` defaults to fp16 on CUDA (pixel
-    values and their weighted sums fit fp16's 11-bit mantissa to ~0.1 of a level; tensor cores)
-    and float32 elsewhere.
+    The images are first concatenated into one flat buffer (one copy); `resized_crops_flat` does
+    the rest. A caller that already holds its images in one buffer calls that directly.
     """
-    dev = images[0].device
-    dtype = compute_dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
     n = len(images)
-    boxes = boxes.to(torch.int64).cpu()
     hw = torch.tensor([img.shape[1:] for img in images], dtype=torch.int64).view(n, 2)
     numel = 3 * hw[:, 0] * hw[:, 1]
-    base = torch.cumsum(numel, 0) - numel
+    starts = torch.cumsum(numel, 0) - numel
+    flat = torch.cat([img.reshape(-1) for img in images])
+    return resized_crops_flat(flat, starts, hw, boxes, size, False, canvas_budget, compute_dtype)
+
+
+def resized_crops_flat(
+    flat: torch.Tensor,
+    starts: torch.Tensor,
+    hw: torch.Tensor,
+    boxes: torch.Tensor,
+    size: int,
+    hwc: bool = False,
+    canvas_budget: int = CANVAS_BUDGET,
+    compute_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Crop-and-resize N images that lie in one flat uint8 buffer, to (N, 3, size, size) uint8.
+
+    `flat` is 1-D on the device the work runs on; image k starts at byte `starts[k]`, has height
+    and width `hw[k]` and is stored as 3 planes (CHW) or, with `hwc`, as interleaved RGB (HWC: what
+    JPEG decoders and the prepared store produce). `starts`, `hw` and `boxes` (N, 4: top, left,
+    height, width) are host tensors. The buffer need not be packed: a resident store passes its
+    whole pixel area and the batch's offsets into it, so a batch is resized without being gathered
+    first. About a dozen kernels per chunk, whatever N. `compute_dtype` defaults to fp16 on CUDA
+    (pixel values and their weighted sums fit fp16's 11-bit mantissa to ~0.1 of a level; tensor
+    cores) and float32 elsewhere.
+    """
+    dev = flat.device
+    dtype = compute_dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
+    n = len(starts)
+    boxes, hw, starts = boxes.to(torch.int64).cpu(), hw.to(torch.int64).cpu(), starts.to(torch.int64).cpu()
     order = torch.argsort(boxes[:, 2] * boxes[:, 3], descending=True, stable=True)
-    # Per image, sorted: flat offset, width, top, left, crop height, crop width, plane size (H*W).
-    params = torch.stack([base, hw[:, 1], boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], numel // 3], 1)[order]
+    # Per image, sorted: offset, width, top, left, crop height, crop width, plane size (H*W).
+    params = torch.stack([starts, hw[:, 1], boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], hw[:, 0] * hw[:, 1]], 1)
+    params = params[order]
     runs = _chunks((params[:, 4] * params[:, 5]).tolist(), params[:, 4].tolist(), params[:, 5].tolist(), canvas_budget)
+    # Every unfolded row window must lie inside the buffer: pad the tail (a copy) only when the
+    # caller left too little room after the last image.
     max_cols = _round8(int(params[:, 5].max()))
-    # The tail pad lets every unfolded row window start at any pixel of the last image.
-    flat = torch.cat([img.reshape(-1) for img in images] + [images[0].new_zeros(max_cols)])
+    window = 3 * max_cols if hwc else max_cols
+    need = int((starts + 3 * hw[:, 0] * hw[:, 1]).max()) + window
+    if flat.numel() < need:
+        flat = torch.cat([flat, flat.new_zeros(need - flat.numel())])
     params_dev, order_dev = params.to(dev, non_blocking=True), order.to(dev, non_blocking=True)
     out = torch.empty(n, 3, size, size, dtype=torch.uint8, device=dev)
     for a, b in runs:
@@ -162,9 +192,14 @@ def resized_crops(
         p = params_dev[a:b]
         base_, width, top, left, ch, cw, plane = (p[:, k].view(m, 1, 1) for k in range(7))
         y = torch.minimum(torch.arange(rows, device=dev).view(1, rows, 1), ch - 1)  # past the crop: repeat a row
-        c = torch.arange(3, device=dev).view(1, 1, 3)
-        starts = base_ + c * plane + (top + y) * width + left  # (m, rows, 3): canvas layout (m, rows, 3, cols)
-        canvas = flat.unfold(0, cols, 1).index_select(0, starts.reshape(-1)).view(m, rows, 3 * cols).to(dtype)
+        if hwc:
+            starts_ = (base_ + ((top + y) * width + left) * 3).view(-1)  # (m, rows): canvas (m, rows, cols, 3)
+            canvas = flat.unfold(0, 3 * cols, 1).index_select(0, starts_).to(dtype)
+            canvas = canvas.view(m, rows, cols, 3).permute(0, 1, 3, 2).reshape(m, rows, 3 * cols)
+        else:
+            c = torch.arange(3, device=dev).view(1, 1, 3)
+            starts_ = (base_ + c * plane + (top + y) * width + left).view(-1)  # (m, rows, 3): canvas (m, rows, 3, cols)
+            canvas = flat.unfold(0, cols, 1).index_select(0, starts_).view(m, rows, 3 * cols).to(dtype)
         wy = aa_weights(p[:, 4], rows, size).to(dtype)  # (m, size, rows)
         wx_t = aa_weights(p[:, 5], cols, size).to(dtype).transpose(1, 2)  # (m, cols, size)
         # Either order gives the same result; the first product is the same size, the second

@@ -271,3 +271,24 @@ def test_cuda_decoder_matches_the_cpu_path_and_leaves_other_streams_memory_alone
             torch.cuda.synchronize()
             bad += sum(int(t) != (k + 1) * math.prod(s) for k, (t, s) in enumerate(zip(sums, shapes)))
     assert bad == 0
+
+
+def test_flat_buffer_resize_reads_hwc_and_chw_layouts_alike_at_any_offsets():
+    from cnnpar.data.crop_resize import resized_crops_flat
+
+    images = [smooth_image(h, w, phase=i) for i, (h, w) in enumerate(SIZES)]
+    boxes = draw_crop_boxes(torch.tensor([img.shape[1:] for img in images]), True, torch.Generator().manual_seed(3))
+    reference = resized_crops(images, boxes, 40)
+    # Images interleaved (HWC), out of order, with gaps between them, and no room after the last.
+    hw = torch.tensor([img.shape[1:] for img in images])
+    parts, starts, pos = [], [], 0
+    for k in reversed(range(len(images))):
+        gap = torch.full((7 + k,), 255, dtype=torch.uint8)
+        parts += [gap, images[k].permute(1, 2, 0).reshape(-1)]
+        pos += len(gap)
+        starts.append(pos)
+        pos += images[k].numel()
+    flat = torch.cat(parts)
+    starts = torch.tensor(list(reversed(starts)))
+    out = resized_crops_flat(flat, starts, hw, boxes, 40, hwc=True)
+    assert torch.equal(out, reference)
