@@ -9,14 +9,14 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p /tmp/site "$OUTDIR"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-for t in .whl/*.tar.gz; do tar xzf "$t" -C /tmp && cp -r /tmp/"$(basename "$t" .tar.gz)"/airbench /tmp/site/; done
+for t in .whl/*.tar.gz; do [ -f "$t" ] || continue; tar xzf "$t" -C /tmp && cp -r /tmp/"$(basename "$t" .tar.gz)"/airbench /tmp/site/; done
 export PYTHONPATH="$PWD:/tmp/site"
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv
 
 # data: decoded CIFAR-10 (npz + airbench's train.pt/test.pt), the ImageNet photos, and a 20x
 # larger folder of hard links to the same photos so an epoch has enough batches to time
-[ -f .devdata/cifar10.npz ] || python3 benchmarks/prepare_cifar10.py --src .devdata/cifar10_jpeg.npz --out .devdata
+[ -f .devdata/cifar10.npz ] || [ ! -f .devdata/cifar10_jpeg.npz ] || python3 benchmarks/prepare_cifar10.py --src .devdata/cifar10_jpeg.npz --out .devdata
 [ -d .devdata/imagenet_sample ] || tar xf .devdata/imagenet_sample_300.tar -C .devdata
 if [ ! -d .devdata/imagenet_rep ]; then
   for k in $(seq 1 20); do
@@ -31,6 +31,16 @@ R="$OUTDIR/results"; mkdir -p "$R"
 run() { echo "=== $*"; timeout "$1" "${@:2}" 2>&1 | grep -v -E "Warning|warn\(" | tail -25; }
 
 case "$PHASE" in
+jpeg)
+  # issue 11: the CUDA decode tests, decode/crop/resize per batch, then ResNet-50 end to end from
+  # the photos (nvImageCodec, nvJPEG, CPU workers) and from a prepared store of them
+  run 150 python3 -m pytest -q -s -m gpu tests/unit/test_gpu_decode.py
+  run 120 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --out "$R/jpeg_decode_cuda.csv"
+  STORE=.devdata/imagenet_rep.cnnpar
+  [ -f "$STORE" ] || run 120 python3 -m cnnpar prepare .devdata/imagenet_rep --out "$STORE" --max-side 256
+  run 330 python3 benchmarks/speed_records.py --parts jpeg --store "$STORE" --out "$R/speed_records_jpeg.csv"
+  ;;
 smoke)
   run 120 python3 -m pytest -q -m gpu tests
   run 120 python3 benchmarks/step_vs_plain.py --cases resnet18:32:512 --steps 5 --repeats 1 --warmup 3 \

@@ -34,6 +34,7 @@ from cnnpar.data.gpu_decode import (  # noqa: E402
     collate_encoded,
     nvjpeg_decode,
 )
+from cnnpar.data.nvimgcodec_decode import nvimgcodec_available  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
@@ -132,9 +133,23 @@ def main() -> None:
             f"{args.batch_size / total:8.0f} img/s"
         )
 
-    probe = GpuDecoder(files, args.size, device, train=True)
-    record("decode", "batched", "-", lambda b: probe.decode(batches[b]))
-    images = [probe.decode(b) for b in batches]
+    backends = ["nvjpeg"] + (["nvimgcodec"] if nvimgcodec_available() else [])
+    print(f"GPU decode backends here: {', '.join(backends)}")
+    tensors = [batches[0].data, batches[-1].data]
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    # torchvision's batched call alone, as the reference measurement called it (no header check,
+    # no private stream): what any wrapper around it should approach
+    record("decode", "torchvision", "raw", lambda b: decode_jpeg(tensors[b % 2], mode=ImageReadMode.RGB, device=device))
+    for backend in backends:
+        for regions in (False, True) if backend == "nvimgcodec" else (False,):
+            dec = GpuDecoder(files, args.size, device, train=True, backend=backend)
+            if dec.nvimgcodec is not None:
+                dec.nvimgcodec.regions = regions
+            label = backend + ("-region" if regions else "")
+            record("decode", label, "train", lambda b, d=dec: d.decode(batches[b]))
+    probe = GpuDecoder(files, args.size, device, train=False)
+    images = [probe.decode(b)[0] for b in batches]
     sync(device)
     g = torch.Generator().manual_seed(0)
     for mode in ("train", "eval"):
@@ -142,15 +157,17 @@ def main() -> None:
         for method, resize in (("loop", resized_crops_loop), ("batched", resized_crops)):
             record("crop_resize", method, mode, lambda b, f=resize, bx=boxes: f(images[b], bx[b], args.size))
     images.clear()  # free the decoded batches before the whole-call rows
-    for resize in ("loop", "batched"):
-        dec = GpuDecoder(files, args.size, device, train=True, resize=resize)
-        record("gpu_decoder", resize, "train", lambda b, d=dec: d(batches[b]))
+    for backend in backends:
+        for resize in ("loop", "batched") if backend == "nvjpeg" else ("batched",):
+            for mode in ("train", "eval"):
+                dec = GpuDecoder(files, args.size, device, train=mode == "train", resize=resize, backend=backend)
+                record("gpu_decoder", f"{backend}/{resize}", mode, lambda b, d=dec: d(batches[b]))
 
     env = environment(device, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = args.out or RESULTS / f"jpeg_decode_{device.type}.csv"
     write_csv_atomic(out, [{**r, "folder": args.folder.name, **env} for r in rows])
-    print(f"-> {out.relative_to(REPO)}")
+    print(f"-> {out}")
 
 
 if __name__ == "__main__":

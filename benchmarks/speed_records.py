@@ -2,7 +2,8 @@
 
 Parts (choose with --parts):
   jpeg      ResNet-50 224x224, bf16, end to end from a JPEG image folder (random-resized crop +
-            flip): GPU nvJPEG decoding against CPU decoding in worker processes.
+            flip): nvImageCodec (where installed), torchvision's nvJPEG and CPU decoding in worker
+            processes, and the same photos from a `cnnpar prepare` store (--store).
   cifar     ResNet-18 32x32 on CIFAR-10, whole-epoch throughput including data (resident uint8 set,
             crop+flip on the device): CUDA graphs off and on.
   speedrun  cnnpar's cifar10-speed preset over several seeds (time to train, accuracy with flip
@@ -58,39 +59,33 @@ def throughput(cfg: Config, info: DistInfo, epochs: int, bundle=None) -> dict:
     }
 
 
+def jpeg_variants(args) -> list[tuple[str, str, str]]:
+    """(label, --data, --decode) of each way cnnpar reads the photos that this machine has."""
+    from cnnpar.data.nvimgcodec_decode import nvimgcodec_available
+
+    variants = [("nvimgcodec", args.folder, "nvimgcodec")] if nvimgcodec_available() else []
+    variants += [("nvjpeg", args.folder, "gpu"), ("cpu", args.folder, "cpu")]
+    if args.store and Path(args.store).exists():
+        variants.append(("store", args.store, "auto"))
+    return variants
+
+
 def part_jpeg(args, info) -> list[dict]:
     rows = []
-    # nvJPEG with the per-image resize loop, nvJPEG with the batched resize, CPU decode in workers
-    for decode, resize in (("gpu", "loop"), ("gpu", "batched"), ("cpu", "loop")):
-        compile_mode = args.jpeg_compile
+    for label, source, decode in jpeg_variants(args):
         cfg = Config(
-            data=DataConfig(
-                source=args.folder,
-                image_size=224,
-                augment="flip",
-                decode=decode,
-                gpu_resize=resize,
-                val_fraction=0.0,
-                workers=args.workers,
-            ),
+            data=DataConfig(source=source, image_size=224, decode=decode, val_fraction=0.0, workers=args.workers),
             model=ModelConfig(name="resnet50"),
             optim=OptimConfig(optimizer="sgd", lr=0.1),
-            speed=SpeedConfig(device="cuda", precision="bf16", channels_last="on", compile=compile_mode),
+            speed=SpeedConfig(device="cuda", precision="bf16", channels_last="on", compile=args.jpeg_compile),
             run=RunConfig(epochs=3, batch_size=256, progress=False, out_dir="/tmp/cnnpar-sr"),
         )
+        variant = f"resnet50 224 {label}: --data {Path(source).name} --decode {decode} --workers {args.workers}"
         try:
             res = throughput(cfg, info, epochs=2)
-            variant = f"resnet50 224 folder decode={decode}" + (f" resize={resize}" if decode == "gpu" else "")
             rows.append({"part": "jpeg", "variant": variant, **res, "status": "ok"})
         except Exception as e:
-            rows.append(
-                {
-                    "part": "jpeg",
-                    "variant": f"decode={decode} resize={resize}",
-                    "status": "failed",
-                    "error": repr(e)[:300],
-                }
-            )
+            rows.append({"part": "jpeg", "variant": variant, "status": "failed", "error": repr(e)[:300]})
         print(rows[-1], flush=True)
         torch._dynamo.reset()
     return rows
@@ -185,6 +180,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="jpeg,cifar,speedrun")
     ap.add_argument("--folder", default=".devdata/imagenet_rep")
+    ap.add_argument("--store", default="", help="a `cnnpar prepare` store of --folder, for the jpeg part")
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--jpeg-compile", default="default", help="compile mode of the JPEG part's ResNet-50")
     ap.add_argument("--cifar", default=".devdata/cifar10.npz")

@@ -36,6 +36,7 @@ OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("onecycle", "cosine", "constant")
 LR_SCALINGS = ("none", "linear", "sqrt")
 LOADERS = ("fast", "textbook")
+DECODERS = ("auto", "cpu", "gpu", "nvimgcodec")
 STRATEGIES = ("ddp", "horovod")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -105,13 +106,15 @@ class DataConfig:
     resident: str = _f("auto", "keep the whole uint8 data set in device memory (auto: when it fits)", choices=TRISTATE)
     decode: str = _f(
         "auto",
-        "where image-folder JPEGs are decoded: cpu (workers) or gpu (nvJPEG; auto: gpu with CUDA)",
-        choices=("auto", "cpu", "gpu"),
+        "where image-folder JPEGs are decoded: cpu (worker processes), gpu (torchvision's nvJPEG on the "
+        "device) or nvimgcodec (nvImageCodec: the GPU's JPEG engines, crop regions only; pip install "
+        "'cnnpar[nvimgcodec]'); auto: nvimgcodec with CUDA where it is installed, else gpu with CUDA, else cpu",
+        choices=DECODERS,
     )
     gpu_resize: str = _f(
-        "loop",
-        "with --decode gpu, how crops are resized: loop (one image at a time, measured on an H200) or "
-        "batched (a few kernels per batch; not yet measured on a GPU)",
+        "batched",
+        "with a GPU decoder, how crops are resized: batched (a few kernels per batch; 3.4x the loop on an "
+        "H200) or loop (one image at a time, the reference)",
         choices=("loop", "batched"),
     )
     augment: str = _f(
@@ -341,7 +344,20 @@ MACHINE_FIELDS = {
 }
 
 
-def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False) -> Config:
+def resolve_decode(requested: str, cuda: bool, nvimgcodec_ok: bool) -> tuple[str, str]:
+    """The image-folder decoder and why, for a printed line: the rule, not a guess per run."""
+    if requested != "auto":
+        return requested, "as asked"
+    if cuda and nvimgcodec_ok:
+        return "nvimgcodec", "auto: CUDA and nvImageCodec installed (hardware JPEG engines, crop regions only)"
+    if cuda:
+        return "gpu", "auto: CUDA without nvImageCodec (pip install 'cnnpar[nvimgcodec]' for the JPEG engines)"
+    return "cpu", "auto: no CUDA device"
+
+
+def resolve_for_device(
+    cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False, nvimgcodec_ok: bool = False
+) -> Config:
     """Replace every 'auto' that depends on the device with a concrete choice.
 
     The choices for compile come from measurements kept in `presets.compile_default`, not from a
@@ -373,7 +389,7 @@ def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: b
         graphs = "on" if cuda else "off"
     data = cfg.data
     pin = data.pin_memory if data.pin_memory != "auto" else ("on" if cuda else "off")
-    decode = data.decode if data.decode != "auto" else ("gpu" if cuda else "cpu")
+    decode, _ = resolve_decode(data.decode, cuda, nvimgcodec_ok)
     stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")
     return replace(
         cfg,

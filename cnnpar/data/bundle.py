@@ -46,6 +46,9 @@ class DataBundle:
     std: tuple[float, ...]
     origin: str
     class_names: list[str] = field(default_factory=list)
+    # the loader itself draws random-resized crops (photo folders, prepared stores): the device
+    # transform then only flips, rather than pad-and-crop a second time
+    loader_crops: bool = False
 
     @property
     def in_memory(self) -> bool:

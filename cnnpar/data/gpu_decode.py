@@ -36,9 +36,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_loop
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_flat, resized_crops_loop
 from cnnpar.data.folder import decode_error
-from cnnpar.data.jpeg_header import nvjpeg_friendly
+from cnnpar.data.jpeg_header import header_ok, read_jpeg_header
 from cnnpar.errors import DataError
 
 BatchDecode = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
@@ -57,6 +57,10 @@ class EncodedBatch:
     offsets: torch.Tensor
     index: torch.Tensor
     nvjpeg_ok: torch.Tensor | None = None  # bool per image; None: the decoder reads the headers itself
+    hw: torch.Tensor | None = None  # (N, 2) height, width from each JPEG's header; 0, 0 where unknown
+
+    def __len__(self) -> int:
+        return len(self.index)
 
     @property
     def data(self) -> list[torch.Tensor]:
@@ -83,15 +87,24 @@ class EncodedFolderDataset(Dataset):
             data = self.files[i].read_bytes()
         except OSError as e:
             raise DataError(f"{self.files[i]}: cannot read ({e.strerror})") from None
-        # The header is read here, in the worker, so the main process does no per-file Python work.
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8), self.labels[i], i, nvjpeg_friendly(data)
+        # The header is read here, in the worker, so the main process does no per-file Python work;
+        # its size lets the crop be drawn before decoding (and only the crop be decoded).
+        header = read_jpeg_header(data)
+        hw = (header.height, header.width) if header is not None else (0, 0)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), self.labels[i], i, header_ok(header), hw
 
 
 def collate_encoded(batch):
-    data, labels, index, ok = zip(*batch)
+    data, labels, index, ok, hw = zip(*batch)
     offsets = torch.zeros(len(data) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.as_tensor([len(d) for d in data]), 0)
-    encoded = EncodedBatch(torch.cat(data), offsets, torch.as_tensor(index), torch.as_tensor(ok, dtype=torch.bool))
+    encoded = EncodedBatch(
+        torch.cat(data),
+        offsets,
+        torch.as_tensor(index),
+        torch.as_tensor(ok, dtype=torch.bool),
+        torch.as_tensor(hw, dtype=torch.int64).view(-1, 2),
+    )
     return encoded, torch.stack(labels)
 
 
@@ -128,11 +141,17 @@ def nvjpeg_decode(buffers: list[torch.Tensor], device: torch.device) -> list[tor
 class GpuDecoder:
     """Encoded batch in, (N, 3, size, size) uint8 batch on `device` out.
 
-    `batch_decode` is the batched decode (swappable, so tests can make it fail for chosen files);
-    `resize` picks the per-image loop ("loop", the default: the path measured on an H200) or the
-    batched crop-and-resize ("batched": a few kernels per batch instead of ~6 per image, meant for
-    CUDA, where launches cost; on the CPU it does far more arithmetic than the loop). The config
-    switch is `data.gpu_resize` (`--gpu-resize`).
+    Per batch: files the GPU decoders cannot take (PNGs, CMYK: from the headers the workers read)
+    are decoded on the CPU first; then the crop boxes are drawn for the whole batch from the
+    image sizes (random-resized crops for training, the centre square for evaluation); then the
+    rest is decoded in one batched call, `backend` "nvjpeg" (torchvision's nvJPEG call; a failing
+    batch is bisected) or "nvimgcodec" (hardware engines; only the crop region, an undecodable
+    file comes back alone); a file the batched call did not decode goes to the CPU; finally all
+    crops are resized in one batched call ("batched", a few kernels per batch) or one at a time
+    ("loop", the reference). `batch_decode` replaces the nvJPEG call in tests.
+
+    The host waits for the device at most inside the decode call itself (torchvision synchronises
+    its decode stream); everything else is queued. `DeviceFeeder` runs this in its own thread.
     """
 
     def __init__(
@@ -144,15 +163,24 @@ class GpuDecoder:
         seed: int = 0,
         batch_decode: BatchDecode = nvjpeg_decode,
         resize: str | None = None,
+        backend: str = "nvjpeg",
     ) -> None:
         self.files, self.size, self.device, self.train = files, size, torch.device(device), train
         self.generator = torch.Generator().manual_seed(seed)
         self.batch_decode = batch_decode
-        # The loop is the default everywhere until the batched path is measured on a GPU: on the
-        # CPU the loop was 6-15x faster (benchmarks/results/jpeg_decode_cpu.csv).
-        self.resize = resize or "loop"
+        # batched: 33,557 img/s against the loop's 9,939 for 256 ImageNet photos on an H200
+        # (shared/measurements/h200-2026-11-30/jpeg_decode_cuda.log); on the CPU the loop was
+        # 6-15x faster (benchmarks/results/jpeg_decode_cpu.csv): launches are cheap there.
+        self.resize = resize or ("batched" if self.device.type == "cuda" else "loop")
         if self.resize not in ("batched", "loop"):
             raise ValueError(f"resize: expected 'batched' or 'loop', got {self.resize!r}")
+        if backend not in ("nvjpeg", "nvimgcodec"):
+            raise ValueError(f"backend: expected 'nvjpeg' or 'nvimgcodec', got {backend!r}")
+        self.nvimgcodec = None
+        if backend == "nvimgcodec":
+            from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode
+
+            self.nvimgcodec = NvImageCodecDecode(self.device)
         self.batched_calls = 0  # batched decode calls made, bisection included (for tests and benchmarks)
         self.cpu_decoded = 0  # images decoded on the CPU
 
@@ -183,22 +211,62 @@ class GpuDecoder:
             for i, img in zip(part, decoded):
                 images[i] = img
 
-    def decode(self, batch: EncodedBatch) -> list[torch.Tensor]:
+    def decode(self, batch: EncodedBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The batch's images, each (3, H, W) (a view, possibly of HWC memory), and the crop boxes
+        (N, 4) in each returned image's own coordinates."""
         data = batch.data
+        n = len(data)
         ok = batch.nvjpeg_ok
-        ok = ok.tolist() if ok is not None else [nvjpeg_friendly(memoryview(b.numpy())) for b in data]
-        images: list[torch.Tensor | None] = [None] * len(data)
-        self._decode_batched(data, [i for i, fast in enumerate(ok) if fast], images)
-        for i, img in enumerate(images):
-            if img is None:
+        if ok is None or batch.hw is None:  # batches made without workers: read the headers here
+            headers = [read_jpeg_header(memoryview(b.numpy())) for b in data]
+            ok = [header_ok(h) for h in headers]
+            hw = torch.tensor([(h.height, h.width) if h else (0, 0) for h in headers], dtype=torch.int64).view(n, 2)
+        else:
+            ok, hw = ok.tolist(), batch.hw.clone()
+        images: list[torch.Tensor | None] = [None] * n
+        for i in range(n):
+            if not ok[i]:  # no GPU decoder takes it; its size comes from decoding it
                 images[i] = self._decode_cpu(data[i], int(batch.index[i]))
-        return images
+                hw[i] = torch.tensor(images[i].shape[1:])
+        boxes = draw_crop_boxes(hw, self.train, self.generator)
+        fast = [i for i in range(n) if ok[i]]
+        if self.nvimgcodec is not None:
+            region = self.nvimgcodec.regions
+            decoded = self.nvimgcodec([data[i] for i in fast], boxes[fast] if fast else None)
+            self.batched_calls += 1
+            for i, img in zip(fast, decoded):
+                if img is not None:
+                    images[i] = img.permute(2, 0, 1)  # (3, H, W) view of interleaved memory
+                    if region:  # the image is the crop
+                        boxes[i] = torch.tensor([0, 0, boxes[i, 2], boxes[i, 3]])
+        else:
+            self._decode_batched(data, fast, images)
+        for i in range(n):
+            if images[i] is None:  # the batched decode refused it alone; the CPU decodes or names it
+                images[i] = self._decode_cpu(data[i], int(batch.index[i]))
+                if tuple(images[i].shape[1:]) != tuple(hw[i].tolist()):  # the header lied
+                    boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, self.generator)[0]
+        return images, boxes
 
     def __call__(self, batch: EncodedBatch) -> torch.Tensor:
-        images = self.decode(batch)
-        # Shapes are host metadata: reading them does not wait for the device.
-        sizes = torch.tensor([img.shape[1:] for img in images], dtype=torch.int64).view(-1, 2)
-        boxes = draw_crop_boxes(sizes, self.train, self.generator)
-        if self.resize == "batched":
-            return resized_crops(images, boxes, self.size)
-        return resized_crops_loop(images, boxes, self.size)
+        images, boxes = self.decode(batch)
+        if self.resize == "loop":
+            out = resized_crops_loop(images, boxes, self.size)
+        else:
+            out = resized_crops(images, boxes, self.size, hwc=self.nvimgcodec is not None)
+        if self.nvimgcodec is not None and self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+            self.nvimgcodec.copied(event)
+        return out
+
+
+def resized_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int, hwc: bool) -> torch.Tensor:
+    """`crop_resize.resized_crops_flat` over images given as (3, H, W) views: one copy gathers them
+    into a flat buffer in the layout most of them already have (interleaved for nvImageCodec's
+    outputs, planar for torchvision's), so that copy is the only pass over the decoded pixels."""
+    hw = torch.tensor([img.shape[1:] for img in images], dtype=torch.int64).view(-1, 2)
+    numel = 3 * hw[:, 0] * hw[:, 1]
+    starts = torch.cumsum(numel, 0) - numel
+    parts = [(img.permute(1, 2, 0) if hwc else img).reshape(-1) for img in images]
+    return resized_crops_flat(torch.cat(parts), starts, hw, boxes, size, hwc=hwc)

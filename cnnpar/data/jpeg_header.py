@@ -64,7 +64,11 @@ def read_jpeg_header(data) -> JpegHeader | None:
 def nvjpeg_friendly(data) -> bool:
     """True for a JPEG that torchvision's nvJPEG decode accepts in a batch: 8-bit Huffman-coded
     (baseline, extended or progressive) with 1 (grey) or 3 components (YCbCr)."""
-    h = read_jpeg_header(data)
+    return header_ok(read_jpeg_header(data))
+
+
+def header_ok(h: JpegHeader | None) -> bool:
+    """`nvjpeg_friendly` for a header already read."""
     return (
         h is not None
         and h.sof in _NVJPEG_SOF

@@ -8,16 +8,20 @@ repeats the first permutation.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
+import threading
 from collections.abc import Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
-from cnnpar.config import Config
+from cnnpar.config import Config, resolve_decode
 from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.folder import ImageFolderDataset
-from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
+from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
+from cnnpar.data.nvimgcodec_decode import nvimgcodec_available
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.dist import DistInfo
 from cnnpar.report.host import usable_cores
@@ -122,10 +126,21 @@ class ResidentLoader:
 class DeviceFeeder:
     """Iterate a host (or resident) loader and yield device-ready batches.
 
-    With a side stream, the copy and transform of batch i+1 are queued on their own CUDA stream
-    while batch i computes; `wait_stream` orders the use, `record_stream` keeps the caching
-    allocator from reusing the memory while the main stream still reads it.
+    Three ways, by what a batch needs before the step can use it:
+    - a copy (and transform): with a side stream, the copy and transform of batch i+1 are queued
+      on their own CUDA stream while batch i computes; `wait_stream` orders the use,
+      `record_stream` keeps the caching allocator from reusing the memory while the main stream
+      still reads it;
+    - a decoder (JPEG bytes, or a store's raw pixels, cropped and resized on the device), with
+      `threaded`: a thread of its own prepares up to QUEUE_DEPTH batches ahead on its own stream.
+      A GPU decode makes the calling thread wait for the decoder (torchvision synchronises its
+      decode stream) and crop boxes cost host work; in the training thread both would stall the
+      launch of the next step, in their own thread they overlap it. The training thread waits
+      for a batch's event on the device, never on the host;
+    - neither (the CPU): in line.
     """
+
+    QUEUE_DEPTH = 3
 
     def __init__(
         self,
@@ -135,11 +150,13 @@ class DeviceFeeder:
         device: torch.device,
         train: bool,
         side_stream: bool,
-        decoder: GpuDecoder | None = None,
+        decoder=None,
+        threaded: bool | None = None,
     ) -> None:
         self.loader, self.sampler, self.transform, self.decoder = loader, sampler, transform, decoder
         self.device, self.train = device, train
         self.stream = torch.cuda.Stream(device) if side_stream and device.type == "cuda" else None
+        self.threaded = threaded if threaded is not None else (decoder is not None and device.type == "cuda")
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
@@ -149,19 +166,24 @@ class DeviceFeeder:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def _ready(self, x: torch.Tensor | EncodedBatch, y: torch.Tensor, index: torch.Tensor | None = None):
-        if isinstance(x, EncodedBatch):
-            index = x.index
+    def _ready(self, x, y: torch.Tensor, index: torch.Tensor | None = None):
         with span(H2D_COPY):
-            x = self.decoder(x) if isinstance(x, EncodedBatch) else x.to(self.device, non_blocking=True)
+            if self.decoder is not None:  # a batch of encoded or raw images: its indices travel with it
+                index = x.index
+                x = self.decoder(x)
+            else:
+                x = x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
         return self.transform(x, self.train, index), y
 
     def __iter__(self):
+        if self.threaded:
+            return self._iter_threaded()
         if self.stream is None:
-            for batch in self.loader:
-                yield self._ready(*batch)
-            return
+            return (self._ready(*batch) for batch in self.loader)
+        return self._iter_side_stream()
+
+    def _iter_side_stream(self):
         main = torch.cuda.current_stream(self.device)
         nxt = None
         for raw in self.loader:
@@ -176,6 +198,58 @@ class DeviceFeeder:
             nxt = batch
         if nxt is not None:
             yield nxt
+
+    def _produce(self, source, out: queue.Queue, stop: threading.Event) -> None:
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        try:
+            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                for raw in source:
+                    batch = self._ready(*raw)
+                    event = None
+                    if cuda:
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                    while not stop.is_set():
+                        try:
+                            out.put((batch, event), timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+            out.put(None)
+        except BaseException as e:  # handed to the training thread, which raises it
+            out.put(e)
+
+    def _iter_threaded(self):
+        source = iter(self.loader)  # made here: DataLoader workers start from the calling thread
+        out: queue.Queue = queue.Queue(maxsize=self.QUEUE_DEPTH)
+        stop = threading.Event()
+        worker = threading.Thread(target=self._produce, args=(source, out, stop), name="cnnpar-feeder", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = out.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                batch, event = item
+                if event is not None:
+                    main = torch.cuda.current_stream(self.device)
+                    main.wait_event(event)  # on the device: the host does not wait here
+                    for t in batch:
+                        t.record_stream(main)
+                yield batch
+        finally:  # the consumer stopped (end, error, or an abandoned iterator): stop the thread too
+            stop.set()
+            while worker.is_alive():
+                try:
+                    out.get(timeout=0.1)
+                except queue.Empty:
+                    pass
+            worker.join()
 
 
 def _host_loader(
@@ -202,11 +276,20 @@ def _host_loader(
     return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
 
 
+def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
+    """Which decoder an image folder's photos get and why, for the run's log; empty otherwise."""
+    if not isinstance(bundle.train, ImageFolderDataset):
+        return ""
+    decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda", nvimgcodec_available())
+    what = {"cpu": "in worker processes", "gpu": "torchvision nvJPEG on the device", "nvimgcodec": "nvImageCodec"}
+    return f"decode: {decoder} ({what[decoder]}; {why})"
+
+
 def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -> DeviceFeeder:
     """The train loader (shuffled, sharded with padding) or the eval loader (exact shards)."""
     ds = bundle.train if train else bundle.val
     batch_size = cfg.run.batch_size
-    augment = resolve_augment(cfg.data.augment, bundle.shape) if train else "none"
+    augment = resolve_augment(cfg.data.augment, bundle.shape, bundle.loader_crops) if train else "none"
     textbook = cfg.data.loader == "textbook"
     if train:
         sampler = DistributedSampler(ds, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.run.seed)
@@ -226,10 +309,17 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
     decoder, collate = None, None
     if textbook:
         ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train)
-    elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "gpu":
+    elif isinstance(ds, ImageFolderDataset) and cfg.data.decode in ("gpu", "nvimgcodec"):
         # workers only read bytes; decoding, random-resized crop and resize happen on the device
+        backend = "nvimgcodec" if cfg.data.decode == "nvimgcodec" else "nvjpeg"
         decoder = GpuDecoder(
-            ds.files, ds.size, info.device, train, seed=cfg.run.seed + info.rank, resize=cfg.data.gpu_resize
+            ds.files,
+            ds.size,
+            info.device,
+            train,
+            seed=cfg.run.seed + info.rank,
+            resize=cfg.data.gpu_resize,
+            backend=backend,
         )
         ds, collate = EncodedFolderDataset(ds.files, ds.labels, ds.size), collate_encoded
     if wants_resident(cfg, bundle, info.device):

@@ -147,7 +147,9 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
             perm = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed))
             train, val = full.subset(perm[n_val:].sort().values), full.subset(perm[:n_val].sort().values)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
-    return DataBundle(train, val, (3, size, size), n_classes, IMAGENET_MEAN, IMAGENET_STD, str(root), classes)
+    return DataBundle(
+        train, val, (3, size, size), n_classes, IMAGENET_MEAN, IMAGENET_STD, str(root), classes, loader_crops=True
+    )
 
 
 READERS = {"digits": load_digits, "synthetic": load_synthetic, "npz": load_npz, "csv": load_csv, "folder": load_folder}

@@ -206,7 +206,7 @@ def textbook_cost_ratio(trainer: Trainer, samples: int = 8) -> float | None:
         return None
     base = trainer.bundle.train
     n = min(samples, len(base))
-    augment = resolve_augment(trainer.cfg.data.augment, trainer.bundle.shape)
+    augment = resolve_augment(trainer.cfg.data.augment, trainer.bundle.shape, trainer.bundle.loader_crops)
     textbook = TextbookDataset(base, trainer.bundle.mean, trainer.bundle.std, augment, True)
     for i in range(n):  # warm the page cache so neither timing below pays for the disk
         base[i]

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
-from cnnpar.data.loader import build_loader
+from cnnpar.data.loader import build_loader, decode_line
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
@@ -84,6 +84,7 @@ class Trainer:
         self.info = info
         self.log = log if info.is_main else (lambda *a, **k: None)
         self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
+        self.decode_line = decode_line(cfg, self.bundle, info.device)
         self.cfg = cfg = resolve_for(cfg, info.device)
         torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
         torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
@@ -332,6 +333,8 @@ class Trainer:
             f"accumulation = {global_batch} per step; lr {cfg.optim.lr:g} -> {self.lr:g} "
             f"({cfg.optim.lr_scaling} scaling)"
         )
+        if self.decode_line:
+            self.log(self.decode_line)
         self.log(f"run folder: {self.run_dir}")
         if restarts_cannot_find_run(cfg):
             self.log(

@@ -52,7 +52,9 @@ class GraphedForwardBackward:
         for p in model.parameters():
             p.grad = None  # let backward allocate the gradients inside the graph's pool
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: the feeder's thread keeps decoding meanwhile (nvJPEG synchronises its own
+        # stream, allocations happen); in the default "global" mode that would break the capture.
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.loss, self.correct = forward_backward(
                 model, self.static_x, self.static_y, precision, label_smoothing, 1.0
             )

@@ -1,0 +1,138 @@
+"""JPEG decoding with nvImageCodec (`pip install "cnnpar[nvimgcodec]"`): the GPU's hardware JPEG
+engines, and decoding of the crop region only.
+
+Why a second GPU decoder beside torchvision's nvJPEG call:
+- Where the GPU has JPEG engines (A100, H100, H200: NVJPG), nvImageCodec's hardware backend
+  decodes on them, not on the SMs that the training step needs; torchvision's batched call runs
+  its Huffman and IDCT kernels on the SMs, so every decoded image costs step time.
+- It decodes a region: a random-resized crop keeps 25-100 % of the photo (crop_resize.RRC_SCALE),
+  and the rest need not be decoded at all.
+- An image it cannot decode comes back as None in its place; the rest of the batch is kept (a
+  batched torchvision call fails as a whole).
+
+Backends are tried in order for each image: the hardware engines first, then nvJPEG on the SMs
+(hybrid CPU/GPU Huffman), then the CPU. Outputs are interleaved RGB (H, W, 3) uint8; crop_resize
+reads that layout directly.
+
+The library loads every codec extension it ships when imported and prints an error for each
+codec whose wheel is missing (JPEG 2000, TIFF). Unless the user set NVIMGCODEC_EXTENSIONS_PATH,
+it is pointed at a folder holding links to the JPEG extensions alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+JPEG_EXTENSIONS = ("libnvjpeg_ext", "libjpeg_turbo_ext")
+
+
+@functools.cache
+def nvimgcodec_available() -> bool:
+    return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+
+
+def _quiet_extension_path() -> None:
+    if "NVIMGCODEC_EXTENSIONS_PATH" in os.environ:
+        return
+    spec = importlib.util.find_spec("nvidia.nvimgcodec")
+    shipped = Path(spec.origin).parent / "extensions"
+    keep = [p for p in shipped.glob("*.so*") if p.name.split(".so")[0] in JPEG_EXTENSIONS]
+    if not keep:
+        return
+    folder = Path(tempfile.gettempdir()) / f"cnnpar-nvimgcodec-ext-{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    for p in keep:
+        link = folder / p.name
+        if not link.exists():
+            try:
+                link.symlink_to(p)
+            except FileExistsError:  # another process made it meanwhile
+                pass
+    os.environ["NVIMGCODEC_EXTENSIONS_PATH"] = str(folder)
+
+
+@functools.cache
+def _module():
+    _quiet_extension_path()
+    from nvidia import nvimgcodec
+
+    return nvimgcodec
+
+
+class NvImageCodecDecode:
+    """A batched decode: encoded buffers (and crop boxes) in, (H, W, 3) uint8 images or None out.
+
+    On a CUDA device: hardware engines, then nvJPEG on the SMs, then the CPU. On the CPU (tests,
+    and machines without a GPU) its libjpeg-turbo backend. With `regions`, only each box (top,
+    left, height, width) is decoded, so the image returned for it is the crop itself.
+    """
+
+    hwc = True
+
+    def __init__(self, device: torch.device, regions: bool = True) -> None:
+        n = _module()
+        self.device, self.regions = device, regions
+        if device.type == "cuda":
+            kinds = (n.BackendKind.HW_GPU_ONLY, n.BackendKind.HYBRID_CPU_GPU, n.BackendKind.CPU_ONLY)
+            device_id = device.index if device.index is not None else torch.cuda.current_device()
+        else:
+            kinds, device_id = (n.BackendKind.CPU_ONLY,), n.NVIMGCODEC_DEVICE_CPU_ONLY
+        self.decoder = n.Decoder(device_id=device_id, backends=[n.Backend(k) for k in kinds])
+        # sRGB, 8 bits, interleaved; no EXIF rotation, like torchvision's decode_jpeg and the CPU path
+        self.params = n.DecodeParams(
+            color_spec=n.ColorSpec.SRGB, sample_format=n.I_RGB, allow_any_depth=False, apply_exif_orientation=False
+        )
+        # The library's image buffers, each batch's kept with an event recorded after the copy
+        # that reads them (`copied`), and let go only once that event has passed.
+        self._held: list[tuple[list, torch.cuda.Event | None]] = []
+
+    def __call__(self, buffers: list[torch.Tensor], boxes: torch.Tensor | None) -> list[torch.Tensor | None]:
+        n = _module()
+        streams = []
+        for k, buf in enumerate(buffers):
+            try:
+                cs = n.CodeStream(buf.numpy())
+            except RuntimeError:  # not a parsable image: the caller decodes it on the CPU, or names it
+                cs = None
+            if cs is not None and self.regions and boxes is not None:
+                top, left, h, w = boxes[k].tolist()
+                cs = cs.get_sub_code_stream(region=n.Region(top, left, top + h, left + w))
+            streams.append(cs)
+        todo = [k for k, cs in enumerate(streams) if cs is not None]
+        out: list[torch.Tensor | None] = [None] * len(buffers)
+        if not todo:
+            return out
+        if self.device.type == "cuda":
+            stream = torch.cuda.current_stream(self.device)
+            # Decoded on the library's streams, then ordered before `stream`'s later work.
+            images = self.decoder.decode([streams[k] for k in todo], params=self.params, cuda_stream=stream.cuda_stream)
+            for k, img in zip(todo, images):
+                out[k] = torch.from_dlpack(img) if img is not None else None
+            # The tensors borrow the library's buffers: they must outlive the copy queued after this.
+            self._held.append((images, None))
+        else:
+            import numpy as np
+
+            images = self.decoder.decode([streams[k] for k in todo], params=self.params)
+            for k, img in zip(todo, images):
+                out[k] = torch.from_numpy(np.array(img, copy=True)) if img is not None else None
+        return out
+
+    def copied(self, event: torch.cuda.Event) -> None:
+        """The caller queued the copy of the latest batch's images and recorded `event` after it;
+        earlier batches' buffers whose copies have finished are let go."""
+        if not self._held:
+            return
+        self._held[-1] = (self._held[-1][0], event)
+        while len(self._held) > 1 and self._held[0][1] is not None and self._held[0][1].query():
+            self._held.pop(0)
+        if len(self._held) > 4:  # bounded: wait for the oldest rather than hold more
+            oldest = self._held.pop(0)[1]
+            if oldest is not None:  # None: its batch failed before any copy was queued
+                oldest.synchronize()
