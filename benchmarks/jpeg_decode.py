@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224, help="output side in pixels")
     ap.add_argument("--batches", type=int, default=2, help="distinct batches (files cycled if too few)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="also print a torch.profiler table of one decoder call")
     ap.add_argument(
         "--out", type=Path, default=None, help="CSV path (default benchmarks/results/jpeg_decode_<device>.csv)"
     )
@@ -162,6 +163,21 @@ def main() -> None:
             for mode in ("train", "eval"):
                 dec = GpuDecoder(files, args.size, device, train=mode == "train", resize=resize, backend=backend)
                 record("gpu_decoder", f"{backend}/{resize}", mode, lambda b, d=dec: d(batches[b]))
+
+    if args.profile:
+        # where one whole decoder call spends host and device time, for each backend
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        for backend in backends:
+            dec = GpuDecoder(files, args.size, device, train=True, backend=backend)
+            dec(batches[0])
+            sync(device)
+            with profile(activities=acts) as prof:
+                dec(batches[0])
+                sync(device)
+            print(f"--- profile: one GpuDecoder call, {backend}, batch {args.batch_size}")
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
 
     env = environment(device, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
