@@ -36,11 +36,13 @@ def augment_pad(tokens: frozenset[str]) -> int:
     return CROP_PAD if "crop" in tokens else TRANSLATE_PAD if "translate" in tokens else 0
 
 
-def resolve_augment(augment: str, shape: tuple[int, int, int]) -> str:
+def resolve_augment(augment: str, shape: tuple[int, int, int], loader_crops: bool = False) -> str:
     """auto: pad-and-crop plus flip for colour images, nothing for grey ones (digits read mirrored
-    are other digits)."""
+    are other digits); only the flip where the loader already drew random-resized crops (photos)."""
     if augment != "auto":
         return augment
+    if loader_crops:
+        return "flip"
     return "crop+flip" if shape[0] == 3 else "none"
 
 
