@@ -17,7 +17,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 from cnnpar.config import Config
 from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.folder import ImageFolderDataset
-from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
+from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
+from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.dist import DistInfo
 from cnnpar.report.host import usable_cores
@@ -44,7 +45,8 @@ class ShardSampler(Sampler[int]):
 
 
 def _array_backed(ds: Dataset) -> bool:
-    return isinstance(ds.base if isinstance(ds, WithIndex) else ds, ArrayDataset)
+    base = ds.base if isinstance(ds, WithIndex) else ds
+    return isinstance(base, ArrayDataset) or getattr(base, "in_memory", False)  # a resident store's index
 
 
 def auto_workers(dataset: Dataset, info: DistInfo) -> int:
@@ -135,7 +137,7 @@ class DeviceFeeder:
         device: torch.device,
         train: bool,
         side_stream: bool,
-        decoder: GpuDecoder | None = None,
+        decoder: GpuDecoder | StoreCropper | None = None,
     ) -> None:
         self.loader, self.sampler, self.transform, self.decoder = loader, sampler, transform, decoder
         self.device, self.train = device, train
@@ -149,11 +151,11 @@ class DeviceFeeder:
     def __len__(self) -> int:
         return len(self.loader)
 
-    def _ready(self, x: torch.Tensor | EncodedBatch, y: torch.Tensor, index: torch.Tensor | None = None):
-        if isinstance(x, EncodedBatch):
+    def _ready(self, x, y: torch.Tensor, index: torch.Tensor | None = None):
+        if self.decoder is not None:  # a batch of encoded or raw images: its indices travel with it
             index = x.index
         with span(H2D_COPY):
-            x = self.decoder(x) if isinstance(x, EncodedBatch) else x.to(self.device, non_blocking=True)
+            x = self.decoder(x) if self.decoder is not None else x.to(self.device, non_blocking=True)
             y = y.to(self.device, non_blocking=True)
         return self.transform(x, self.train, index), y
 
@@ -194,7 +196,7 @@ def _host_loader(
         common["collate_fn"] = collate_fn
     if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
-    if _array_backed(ds) and not textbook:
+    if (_array_backed(ds) or isinstance(ds, StoreDataset)) and not textbook:
         # batch_size=None: the sampler yields whole index lists and the data set answers each
         # with one vectorised index_select; no per-sample collate.
         return DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler, batch_size, drop_last), **common)
@@ -206,7 +208,7 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
     """The train loader (shuffled, sharded with padding) or the eval loader (exact shards)."""
     ds = bundle.train if train else bundle.val
     batch_size = cfg.run.batch_size
-    augment = resolve_augment(cfg.data.augment, bundle.shape) if train else "none"
+    augment = resolve_augment(cfg.data.augment, bundle.shape, bundle.loader_crops) if train else "none"
     textbook = cfg.data.loader == "textbook"
     if train:
         sampler = DistributedSampler(ds, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.run.seed)
@@ -232,6 +234,11 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
             ds.files, ds.size, info.device, train, seed=cfg.run.seed + info.rank, resize=cfg.data.gpu_resize
         )
         ds, collate = EncodedFolderDataset(ds.files, ds.labels, ds.size), collate_encoded
+    elif isinstance(ds, StoreDataset):
+        # workers copy raw pixels (or, resident, nothing: batches are offsets); crops resized on the device
+        resident = store_resident(cfg.data.resident, ds.store, info.device, RESIDENT_MEMORY_SHARE)
+        decoder = StoreCropper(ds, info.device, train, seed=cfg.run.seed + info.rank, resident=resident)
+        ds = ds.index_only() if resident else ds
     if wants_resident(cfg, bundle, info.device):
         loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device, with_index=transform.needs_index)
     else:
