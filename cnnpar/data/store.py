@@ -105,7 +105,7 @@ class StoreFile:
         self.count = self.header["count"]
         arrays = unpack_index(index, self.count)
         self.offsets, self.labels, self.splits = arrays["offsets"], arrays["labels"], arrays["splits"]
-        self.hw = np.stack([arrays["heights"], arrays["widths"]], 1)
+        self.hw = np.stack([arrays["heights"], arrays["widths"]], 1).astype(np.int64)  # 3*h*w overflows int32
         self.class_names: list[str] = self.header["class_names"]
         self._pixels: np.ndarray | None = None
         self._on_device: dict[str, torch.Tensor] = {}

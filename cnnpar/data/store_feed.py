@@ -77,7 +77,7 @@ class StoreDataset(Dataset):
         return StoreDataset(self.store, self.ids, self.size, with_pixels=False)
 
     def __getitem__(self, i):
-        if isinstance(i, (list, tuple, torch.Tensor)):
+        if isinstance(i, (list, tuple)):
             return self.__getitems__(i)
         # One image at a time (the textbook loader): the centre square at size x size, on the CPU.
         batch, y = self.__getitems__([i])
