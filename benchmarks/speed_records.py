@@ -59,28 +59,29 @@ def throughput(cfg: Config, info: DistInfo, epochs: int, bundle=None) -> dict:
     }
 
 
-def jpeg_variants(args) -> list[tuple[str, str, str]]:
-    """(label, --data, --decode) of each way cnnpar reads the photos that this machine has."""
+def jpeg_variants(args) -> list[tuple[str, str, str, int]]:
+    """(label, --data, --decode, --workers) of each way cnnpar reads the photos that this machine
+    has. The store's workers are cnnpar's own choice: none when its pixels sit on the GPU."""
     from cnnpar.data.nvimgcodec_decode import nvimgcodec_available
 
-    variants = [("nvimgcodec", args.folder, "nvimgcodec")] if nvimgcodec_available() else []
-    variants += [("nvjpeg", args.folder, "gpu"), ("cpu", args.folder, "cpu")]
+    variants = [("nvimgcodec", args.folder, "nvimgcodec", args.workers)] if nvimgcodec_available() else []
+    variants += [("nvjpeg", args.folder, "gpu", args.workers), ("cpu", args.folder, "cpu", args.workers)]
     if args.store and Path(args.store).exists():
-        variants.append(("store", args.store, "auto"))
+        variants.append(("store", args.store, "auto", -1))
     return variants
 
 
 def part_jpeg(args, info) -> list[dict]:
     rows = []
-    for label, source, decode in jpeg_variants(args):
+    for label, source, decode, workers in jpeg_variants(args):
         cfg = Config(
-            data=DataConfig(source=source, image_size=224, decode=decode, val_fraction=0.0, workers=args.workers),
+            data=DataConfig(source=source, image_size=224, decode=decode, val_fraction=0.0, workers=workers),
             model=ModelConfig(name="resnet50"),
             optim=OptimConfig(optimizer="sgd", lr=0.1),
             speed=SpeedConfig(device="cuda", precision="bf16", channels_last="on", compile=args.jpeg_compile),
             run=RunConfig(epochs=3, batch_size=256, progress=False, out_dir="/tmp/cnnpar-sr"),
         )
-        variant = f"resnet50 224 {label}: --data {Path(source).name} --decode {decode} --workers {args.workers}"
+        variant = f"resnet50 224 {label}: --data {Path(source).name} --decode {decode} --workers {workers}"
         try:
             res = throughput(cfg, info, epochs=2)
             rows.append({"part": "jpeg", "variant": variant, **res, "status": "ok"})

@@ -125,6 +125,49 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
+    if args.verify:
+        from cnnpar.data.store import verify_store
+
+        header = verify_store(args.src, progress=not args.no_progress)
+        print(f"{args.src}: ok ({header['count']} images, {header['pixel_bytes']:,} pixel bytes, checksums match)")
+        return 0
+    from cnnpar.data.store import default_store_path
+    from cnnpar.data.store_write import prepare_store
+
+    out = args.out or str(default_store_path(args.src))
+    header = prepare_store(args.src, out, args.max_side, args.workers, progress=not args.no_progress)
+    splits = header["splits"]
+    print(
+        f"wrote {out}: {header['count']} images ({splits['train']} train, {splits['val']} val), "
+        f"{len(header['class_names'])} classes, longer side <= {header['max_side']}, "
+        f"{header['pixel_bytes']:,} pixel bytes; train with: cnnpar train --data {out}"
+    )
+    return 0
+
+
+def add_prepare_parser(sub) -> None:
+    prep = sub.add_parser(
+        "prepare", help="decode an image folder once into a .cnnpar store (raw pixels, memory-mapped by training)"
+    )
+    prep.add_argument(
+        "src",
+        help="image folder (FOLDER/<class>/*.jpg|png, or FOLDER/train + FOLDER/val); with --verify, the store to check",
+    )
+    prep.add_argument("--out", default="", help="the store to write (default: SRC.cnnpar)")
+    prep.add_argument(
+        "--max-side",
+        type=int,
+        default=256,
+        help="longer side in pixels at most (never enlarged); ~1.15x the "
+        "model's input size leaves room for random crops (256 for 224)",
+    )
+    prep.add_argument("--workers", type=int, default=0, help="decoding processes (0: one per usable core)")
+    prep.add_argument("--verify", action="store_true", help="check SRC, a store, against its pixel checksum")
+    prep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    prep.set_defaults(func=cmd_prepare)
+
+
 def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.models import describe_models
 
@@ -246,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     models = sub.add_parser("models", help="list the registered models")
     models.set_defaults(func=cmd_models)
     add_bench_parser(sub)
+    add_prepare_parser(sub)
     return p
 
 

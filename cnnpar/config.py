@@ -76,15 +76,18 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 @dataclass(frozen=True)
 class DataConfig:
     source: str = _f(
-        "digits", "data: 'digits' (built in), 'synthetic', a train.csv, an .npz, or an image folder", flag="data"
+        "digits",
+        "data: 'digits' (built in), 'synthetic', a train.csv, an .npz, an image folder, or a .cnnpar store "
+        "(cnnpar prepare)",
+        flag="data",
     )
     format: str = _f(
         "auto",
-        "how to read --data: auto, digits, synthetic, csv, npz, folder",
-        choices=("auto", "digits", "synthetic", "csv", "npz", "folder"),
+        "how to read --data: auto, digits, synthetic, csv, npz, folder, store",
+        choices=("auto", "digits", "synthetic", "csv", "npz", "folder", "store"),
     )
     image_shape: str = _f("", "CxHxW of CSV rows (inferred for square grey images) or of synthetic data")
-    image_size: int = _f(0, "resize images to this side (folders, built-in digits); 0 keeps the source size")
+    image_size: int = _f(0, "resize images to this side (folders, stores, built-in digits); 0 keeps the source size")
     num_classes: int = _f(
         0, "classes: labels must lie in 0..N-1; 0 infers N from the labels (folders: one per subfolder; synthetic: 10)"
     )

@@ -67,7 +67,15 @@ def split_val(ds: ArrayDataset, fraction: float, seed: int) -> tuple[ArrayDatase
     """A seeded random hold-out; the same seed always holds out the same samples."""
     if fraction <= 0:
         return ds, None
-    n = len(ds)
+    train, val = holdout(len(ds), fraction, seed)
+    return ds.subset(train), ds.subset(val)
+
+
+def holdout(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sorted (train, val) indices of a seeded random hold-out of `fraction` (at least one sample).
+
+    Every source without a labelled test split (arrays, folders, prepared stores) calls this, so
+    the same seed holds out the same samples of the same files whichever way they are read."""
     n_val = max(1, int(round(n * fraction)))
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return ds.subset(perm[n_val:].sort().values), ds.subset(perm[:n_val].sort().values)
+    return perm[n_val:].sort().values, perm[:n_val].sort().values

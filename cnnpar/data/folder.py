@@ -35,6 +35,24 @@ def scan_folder(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
     return files, labels, classes
 
 
+def scan_splits(root: str | Path) -> tuple[list[Path], list[int], list[int], list[str]]:
+    """Files, labels, split ids (0 train, 1 val) and class names of an image folder.
+
+    `root/train` beside `root/val` (or `root/test`) are the two splits, with the same class folders;
+    anything else is one folder of class folders, all train (a seeded hold-out comes later).
+    """
+    root = Path(root)
+    val_dir = next((root / n for n in ("val", "test") if (root / n).is_dir()), None)
+    if not ((root / "train").is_dir() and val_dir is not None):
+        files, labels, classes = scan_folder(root)
+        return files, labels, [0] * len(files), classes
+    files, labels, classes = scan_folder(root / "train")
+    vfiles, vlabels, vclasses = scan_folder(val_dir)
+    if vclasses != classes:
+        raise DataError(f"{val_dir}: class folders {vclasses} differ from {root / 'train'}'s {classes}")
+    return files + vfiles, labels + vlabels, [0] * len(files) + [1] * len(vfiles), classes
+
+
 def decode_error(path: Path | str, e: BaseException) -> DataError:
     """The error for a file that does not decode, on the CPU or on the device."""
     # torchvision prefixes its messages with "function, /build/path/file.cpp:LINE, ": drop that.

@@ -22,6 +22,7 @@ from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.nvimgcodec_decode import nvimgcodec_available
+from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.dist import DistInfo
 from cnnpar.report.host import usable_cores
@@ -48,7 +49,8 @@ class ShardSampler(Sampler[int]):
 
 
 def _array_backed(ds: Dataset) -> bool:
-    return isinstance(ds.base if isinstance(ds, WithIndex) else ds, ArrayDataset)
+    base = ds.base if isinstance(ds, WithIndex) else ds
+    return isinstance(base, ArrayDataset) or getattr(base, "in_memory", False)  # a resident store's index
 
 
 def auto_workers(dataset: Dataset, info: DistInfo) -> int:
@@ -150,7 +152,7 @@ class DeviceFeeder:
         device: torch.device,
         train: bool,
         side_stream: bool,
-        decoder=None,
+        decoder: GpuDecoder | StoreCropper | None = None,
         threaded: bool | None = None,
     ) -> None:
         self.loader, self.sampler, self.transform, self.decoder = loader, sampler, transform, decoder
@@ -268,7 +270,7 @@ def _host_loader(
         common["collate_fn"] = collate_fn
     if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
-    if _array_backed(ds) and not textbook:
+    if (_array_backed(ds) or isinstance(ds, StoreDataset)) and not textbook:
         # batch_size=None: the sampler yields whole index lists and the data set answers each
         # with one vectorised index_select; no per-sample collate.
         return DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler, batch_size, drop_last), **common)
@@ -322,6 +324,11 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
             backend=backend,
         )
         ds, collate = EncodedFolderDataset(ds.files, ds.labels, ds.size), collate_encoded
+    elif isinstance(ds, StoreDataset):
+        # workers copy raw pixels (or, resident, nothing: batches are offsets); crops resized on the device
+        resident = store_resident(cfg.data.resident, ds.store, info.device, RESIDENT_MEMORY_SHARE)
+        decoder = StoreCropper(ds, info.device, train, seed=cfg.run.seed + info.rank, resident=resident)
+        ds = ds.index_only() if resident else ds
     if wants_resident(cfg, bundle, info.device):
         loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device, with_index=transform.needs_index)
     else:

@@ -10,9 +10,11 @@ import torch
 
 from cnnpar.config import DataConfig, parse_shape
 from cnnpar.data.arrays import resize_square, to_labels, to_nchw_uint8
-from cnnpar.data.bundle import ArrayDataset, DataBundle, channel_stats, split_val
+from cnnpar.data.bundle import ArrayDataset, DataBundle, channel_stats, holdout, split_val
 from cnnpar.data.csv_source import read_pixel_csv
-from cnnpar.data.folder import ImageFolderDataset, scan_folder
+from cnnpar.data.folder import ImageFolderDataset, scan_splits
+from cnnpar.data.store import StoreFile
+from cnnpar.data.store_feed import StoreDataset
 from cnnpar.errors import DataError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -34,10 +36,13 @@ def detect_format(source: str, fmt: str) -> str:
         return "csv"
     if p.suffix.lower() == ".npz":
         return "npz"
+    if p.name.lower().endswith((".cnnpar", ".cnnpar.partial")):
+        return "store"  # a .partial is refused by the store reader, with the reason
     if not p.exists():
         raise DataError(f"{source}: no such file or folder (or use 'digits' or 'synthetic')")
     raise DataError(
-        f"{source}: cannot tell its format from the name: expected a .csv, an .npz or a folder (or give --format)"
+        f"{source}: cannot tell its format from the name: "
+        "expected a .csv, an .npz, a .cnnpar store or a folder (or give --format)"
     )
 
 
@@ -131,28 +136,52 @@ def load_csv(cfg: DataConfig, seed: int) -> DataBundle:
 def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     root = Path(cfg.source)
     size = cfg.image_size or FOLDER_SIZE
-    split_dirs = [root / "train", next((root / n for n in ("val", "test") if (root / n).is_dir()), None)]
-    if split_dirs[0].is_dir() and split_dirs[1] is not None:
-        files, labels, classes = scan_folder(split_dirs[0])
-        vfiles, vlabels, vclasses = scan_folder(split_dirs[1])
-        if vclasses != classes:
-            raise DataError(f"{split_dirs[1]}: class folders {vclasses} differ from {split_dirs[0]}'s {classes}")
-        train, val = ImageFolderDataset(files, labels, size), ImageFolderDataset(vfiles, vlabels, size)
-    else:
-        files, labels, classes = scan_folder(root)
-        full = ImageFolderDataset(files, labels, size)
-        train, val = full, None
-        if cfg.val_fraction > 0 and len(files) > 1:
-            n_val = max(1, int(round(len(files) * cfg.val_fraction)))
-            perm = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed))
-            train, val = full.subset(perm[n_val:].sort().values), full.subset(perm[:n_val].sort().values)
+    files, labels, splits, classes = scan_splits(root)
+    full = ImageFolderDataset(files, labels, size)
+    train, val = _split(full, torch.as_tensor(splits), cfg.val_fraction, seed)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
     return DataBundle(
         train, val, (3, size, size), n_classes, IMAGENET_MEAN, IMAGENET_STD, str(root), classes, loader_crops=True
     )
 
 
-READERS = {"digits": load_digits, "synthetic": load_synthetic, "npz": load_npz, "csv": load_csv, "folder": load_folder}
+def load_store(cfg: DataConfig, seed: int) -> DataBundle:
+    """A store made by `cnnpar prepare`: the same splits, hold-out and classes as its folder."""
+    store = StoreFile(cfg.source)
+    size = cfg.image_size or FOLDER_SIZE
+    full = StoreDataset(store, torch.arange(store.count), size)
+    train, val = _split(full, torch.from_numpy(store.splits), cfg.val_fraction, seed)
+    return DataBundle(
+        train,
+        val,
+        (3, size, size),
+        len(store.class_names),
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        str(store.path),
+        store.class_names,
+        loader_crops=True,
+    )
+
+
+def _split(full, splits: torch.Tensor, fraction: float, seed: int):
+    """Train and val subsets of a folder's images: its own val split when it has one, else a seeded hold-out."""
+    if bool((splits == 1).any()):
+        return full.subset(torch.nonzero(splits == 0).view(-1)), full.subset(torch.nonzero(splits == 1).view(-1))
+    if fraction > 0 and len(full) > 1:
+        train, val = holdout(len(full), fraction, seed)
+        return full.subset(train), full.subset(val)
+    return full, None
+
+
+READERS = {
+    "digits": load_digits,
+    "synthetic": load_synthetic,
+    "npz": load_npz,
+    "csv": load_csv,
+    "folder": load_folder,
+    "store": load_store,
+}
 
 
 def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:

@@ -11,7 +11,10 @@ with measurements.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, field
+
+from cnnpar.data.store import default_store_path
 
 DATA_BOUND = "data-bound"
 COMPUTE_BOUND = "compute-bound"
@@ -46,6 +49,10 @@ class Facts:
     textbook_ratio: float | None = None
     bf16_supported: bool = False
     peak_mem_share: float | None = None  # peak allocated / device memory
+    data_source: str = ""  # --data as given
+    data_format: str = ""  # what it was read as: folder, store, npz, ...
+    input_size: int = 0  # the model's input side
+    model: str = ""
 
     @property
     def overlapped(self) -> bool:
@@ -136,6 +143,21 @@ def _compute_part(f: Facts, factor: float) -> float:
     return fixed + (f.step_s - fixed) / factor
 
 
+def prepare_side(input_size: int) -> int:
+    """The longer side to store photos at for a model input of `input_size`: ~8/7 of it, a multiple
+    of 8 (256 for 224, ImageNet's usual pair), so random-resized crops keep resolution to spare."""
+    return 8 * -(-input_size // 7)
+
+
+def prepare_command(f: Facts) -> str:
+    """`cnnpar prepare` for the folder measured, then `cnnpar train` from the store it writes."""
+    out = str(default_store_path(f.data_source))
+    train = ["cnnpar", "train", "--data", out] + (["--model", f.model] if f.model else [])
+    train += ["--image-size", str(f.input_size)] if f.input_size else []
+    prepare = ["cnnpar", "prepare", f.data_source, "--out", out, "--max-side", str(prepare_side(f.input_size or 224))]
+    return f"{shlex.join(prepare)} && {shlex.join(train)}"
+
+
 def recommend(f: Facts) -> list[Recommendation]:
     base = f.modelled()
     cuda = f.device_type == "cuda"
@@ -167,23 +189,24 @@ def recommend(f: Facts) -> list[Recommendation]:
             f"measured: per-sample read alone takes {100 * f.textbook_ratio:.0f}% of read + textbook transform",
             {"data": {"loader": "fast"}},
         )
-    if cuda and f.in_memory and not f.resident and f.loader == "fast":
+    if cuda and (f.in_memory or f.data_format == "store") and not f.resident and f.loader == "fast":
         add(
             "resident",
             "GPU-resident data set",
             "--resident on",
-            "the whole uint8 data set in device memory: a batch is one index_select, no host work, no copies",
+            "the whole uint8 data set in device memory: a batch is read where it lies, no host work, no copies",
             f.modelled(data_s=0.0, overlapped=False),
             "model: the input pipeline's cost removed (upper bound)",
             {"data": {"resident": "on"}},
         )
-    if not f.in_memory and f.data_s > 0.25 * f.step_s:
+    if f.data_format == "folder" and f.data_s > 0.25 * f.step_s:
         add(
             "pre-decode",
-            "decode once, train from memory",
-            "decode the images once to uint8 at the model's input size (an .npz) and pass that as --data",
-            "every epoch decodes and resizes every image again; pre-decoded uint8 arrays are indexed a batch at "
-            "a time (and kept on the GPU when they fit)",
+            "decode once into a store, train from it",
+            prepare_command(f),
+            "every epoch decodes every photo again; cnnpar prepare decodes them once into raw pixels that "
+            "training memory-maps (or keeps on the GPU when they fit) and crops on the device (keep your other "
+            "train flags)",
             f.modelled(data_s=0.0, overlapped=False),
             "model: the input pipeline's cost removed (upper bound)",
         )

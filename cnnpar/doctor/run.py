@@ -17,6 +17,7 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import load_data
 from cnnpar.data.loader import ResidentLoader
+from cnnpar.data.sources import detect_format
 from cnnpar.dist import init_distributed
 from cnnpar.doctor.advise import MIN_GAIN, Diagnosis, Facts, Recommendation, diagnose, recommend
 from cnnpar.doctor.measure import (
@@ -166,7 +167,9 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
         workers=loader_workers(trainer),
         loader=rcfg.data.loader,
         in_memory=bundle.in_memory,
-        resident=isinstance(trainer.train_loader.loader, ResidentLoader),
+        # a store's pixel area on the device is resident too: its cropper reads batches in place
+        resident=isinstance(trainer.train_loader.loader, ResidentLoader)
+        or getattr(trainer.train_loader.decoder, "resident", False),
         precision=rcfg.speed.precision,
         channels_last=rcfg.speed.channels_last,
         compile=rcfg.speed.compile,
@@ -180,6 +183,10 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
         textbook_ratio=textbook_cost_ratio(trainer),
         bf16_supported=info.device.type == "cuda" and torch.cuda.is_bf16_supported(),
         peak_mem_share=peak_share,
+        data_source=rcfg.data.source,
+        data_format=detect_format(rcfg.data.source, rcfg.data.format),
+        input_size=bundle.shape[-1],
+        model=rcfg.model.name,
     )
     return rcfg, phases, facts
 

@@ -127,6 +127,21 @@ def check_trainer(info: DistInfo, work: Path) -> dict:
     return out
 
 
+def check_store(info: DistInfo, work: Path) -> dict:
+    """Two ranks train from one prepared store (made by the test before the launch): the sample
+    indices each rank's batches carry, a few steps, and the sharded evaluation of its val split."""
+    cfg = Config(
+        data=DataConfig(source=str(work / "photos.cnnpar"), image_size=16, workers=0, val_fraction=0.25),
+        speed=SpeedConfig(precision="fp32", channels_last="off"),
+        run=RunConfig(epochs=1, batch_size=3, max_steps=2, seed=3, out_dir=str(work), name="store", progress=False),
+    )
+    trainer = Trainer(cfg, info, log=lambda *a, **k: None)
+    trainer.train_loader.set_epoch(1)
+    seen = [i for raw, _ in trainer.train_loader.loader for i in raw.index.tolist()]
+    trainer.train_epoch(1)
+    return {"seen": seen, "n_train": len(trainer.bundle.train), "dist_eval": trainer.evaluate()}
+
+
 def check_speed_recipe(info: DistInfo, work: Path) -> dict:
     """Weight averaging, alternating flip and flip+translate TTA under DDP: the averages agree on
     both ranks, and the sharded evaluation of the average equals a one-batch reference."""
@@ -208,6 +223,7 @@ def main() -> None:
         results["sampler"] = check_sampler(info, work)
         results["trainer"] = check_trainer(info, work)
         results["speed_recipe"] = check_speed_recipe(info, work)
+        results["store"] = check_store(info, work)
         results["accumulation"] = check_accumulation(info)
         results["sync_bn_cpu"] = check_sync_bn_on_cpu(info)
     finally:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from cnnpar.data.store_write import prepare_store
 from tests.conftest import run_cmd, torchrun_cmd
+from tests.datafiles import write_image_folder
 
 CHECKS = Path(__file__).with_name("checks.py")
 
@@ -15,6 +17,8 @@ CHECKS = Path(__file__).with_name("checks.py")
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     work = tmp_path_factory.mktemp("ddp_checks")
+    # 16 images, 4 held out: 12 train images, 6 a rank (check_store)
+    prepare_store(write_image_folder(work / "photos", per_class=8), work / "photos.cnnpar", 24, 1, progress=False)
     proc = run_cmd([*torchrun_cmd(2, "--standalone"), str(CHECKS), str(work)], work, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((work / f"rank{r}.json").read_text()) for r in range(2)]
@@ -61,6 +65,13 @@ def test_training_shards_are_disjoint_cover_the_data_and_reshuffle_each_epoch(ra
         assert sorted(a + b) == list(range(200))
     for r in ranks:
         assert r["sampler"]["epoch1"] != r["sampler"]["epoch2"]  # set_epoch gave a new permutation
+
+
+def test_two_ranks_train_from_one_store_on_disjoint_shards(ranks):
+    a, b = (r["store"] for r in ranks)
+    assert a["n_train"] == b["n_train"] == 12
+    assert len(a["seen"]) == len(b["seen"]) == 6 and sorted(a["seen"] + b["seen"]) == list(range(12))
+    assert a["dist_eval"]["val_count"] == b["dist_eval"]["val_count"] == 4
 
 
 def test_each_rank_seeds_its_randomness_with_seed_plus_rank(ranks):

@@ -52,6 +52,11 @@ def test_slow_png_folder_is_data_bound(cli, slow_folder):
     assert pipe["ms_per_batch"] > 2 * step["ms_per_batch"]
     keys = [r["key"] for r in result["recommendations"]]
     assert keys[0] == "pre-decode" and "workers" in keys  # the workers change is the first one that can be tried
+    store = f"{slow_folder}.cnnpar"  # the advice is a command to paste: prepare the folder, train from the store
+    assert result["recommendations"][0]["action"] == (
+        f"cnnpar prepare {slow_folder} --out {store} --max-side 40 && "
+        f"cnnpar train --data {store} --model cnn3 --image-size 32"
+    )
     tried = [r for r in result["recommendations"] if r["tried_gain"] is not None]
     assert [r["key"] for r in tried] == ["workers"] and tried[0]["tried_images_per_s"] > 0
     assert result["tries"][0]["change"] == tried[0]["change"] and tried[0]["change"]["data"]["workers"] >= 1

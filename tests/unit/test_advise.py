@@ -27,14 +27,40 @@ def facts(**kw) -> Facts:
     return Facts(**{**base, **kw})
 
 
+def slow_folder(**kw) -> Facts:
+    base = dict(in_memory=False, workers=2, data_s=4e-3, step_s=1e-3, e2e_s=4e-3, data_wait_share=0.7)
+    return facts(**{**base, "data_source": "photos", "data_format": "folder", "input_size": 224, **kw})
+
+
 def test_slow_folder_with_workers_is_data_bound_and_workers_rank_first():
-    f = facts(in_memory=False, workers=2, data_s=4e-3, step_s=1e-3, e2e_s=4e-3, data_wait_share=0.7)
+    f = slow_folder()
     assert diagnose(f).verdict == DATA_BOUND
     recos = recommend(f)
     assert recos[0].key in ("pre-decode", "workers")
     workers = next(r for r in recos if r.key == "workers")
     assert workers.change == {"data": {"workers": 7}}
     assert abs(workers.est_gain - 4e-3 / (4e-3 * 2 / 7)) < 1e-9  # pipeline time x 2/7, still above the step
+
+
+def test_pre_decode_names_the_prepare_and_train_commands():
+    (pre,) = [r for r in recommend(slow_folder(model="resnet50")) if r.key == "pre-decode"]
+    assert pre.action == (
+        "cnnpar prepare photos --out photos.cnnpar --max-side 256 && "
+        "cnnpar train --data photos.cnnpar --model resnet50 --image-size 224"
+    )
+    assert pre.change is None  # a new data file: the doctor cannot try it in place
+    (odd,) = [r for r in recommend(slow_folder(data_source="my photos/", input_size=32)) if r.key == "pre-decode"]
+    assert odd.action == (
+        "cnnpar prepare 'my photos/' --out 'my photos.cnnpar' --max-side 40 && "
+        "cnnpar train --data 'my photos.cnnpar' --image-size 32"
+    )
+
+
+def test_a_slow_store_gets_workers_not_pre_decode():
+    keys = [r.key for r in recommend(slow_folder(data_source="photos.cnnpar", data_format="store"))]
+    assert "workers" in keys and "pre-decode" not in keys
+    cuda = slow_folder(data_source="photos.cnnpar", data_format="store", device_type="cuda")
+    assert "resident" in [r.key for r in recommend(cuda)]
 
 
 def test_serial_loading_share_decides_without_workers():

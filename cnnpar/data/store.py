@@ -1,0 +1,205 @@
+"""The prepared image store (`cnnpar prepare`): photos decoded once, kept as raw pixels in one file.
+
+Decoding a JPEG costs a core a few milliseconds; reading the same pixels back costs a memcpy. A
+store holds every image of a folder decoded and resized so its longer side is at most `max_side`
+(aspect kept, never enlarged), RGB uint8 in HWC order (what decoders produce), back to back, so a
+training run only copies bytes and crops/resizes them on the device (`store_feed`).
+
+Layout of one file, little-endian:
+
+    PREFIX       magic (8 bytes), format version (uint32), header length (uint32)
+    header       JSON, padded with spaces to the header length
+    index        offsets int64[n] (byte offset into the pixel area), heights int32[n],
+                 widths int32[n], labels int64[n], splits uint8[n] (0 train, 1 val)
+    zeros        up to `data_start`, a multiple of 4096 (page-aligned pixels map cleanly)
+    pixel area   `pixel_bytes` bytes: image k is 3 * h * w bytes at data_start + offsets[k]
+
+The writer (`store_write`) fills the pixel area first and writes the prefix, header and index last,
+into `OUT.partial`, then renames it: a file named OUT is complete or absent. Opening checks the
+magic, the version, the size the header declares and a checksum of the header and index, and
+refuses anything else in one line. The pixels' own checksum is checked only on request
+(`verify_store`, `cnnpar prepare --verify`): a store can be hundreds of GB.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from cnnpar.errors import DataError
+
+MAGIC = b"CNNPSTOR"
+VERSION = 1
+PREFIX = struct.Struct("<8sII")  # magic, version, header length
+ALIGN = 4096
+INDEX_BYTES_PER_IMAGE = 8 + 4 + 4 + 8 + 1
+SPLITS = ("train", "val")
+PARTIAL_SUFFIX = ".partial"
+RERUN = "re-run cnnpar prepare"
+CHUNK_BYTES = 64 << 20
+
+
+def default_store_path(folder: str | Path) -> Path:
+    """FOLDER.cnnpar beside FOLDER: where `cnnpar prepare` writes unless told otherwise."""
+    p = Path(folder)
+    p = p.resolve() if p.name in ("", ".", "..") else p
+    return p.with_name(p.name + ".cnnpar")
+
+
+def partial_path(out: Path) -> Path:
+    """Where the writer builds `out` before renaming it; never a store."""
+    return out.with_name(out.name + PARTIAL_SUFFIX)
+
+
+def new_hash():
+    return hashlib.blake2b(digest_size=32)
+
+
+def align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def pack_index(offsets, heights, widths, labels, splits) -> bytes:
+    parts = [(offsets, np.int64), (heights, np.int32), (widths, np.int32), (labels, np.int64), (splits, np.uint8)]
+    return b"".join(np.ascontiguousarray(a, dtype=np.dtype(t).newbyteorder("<")).tobytes() for a, t in parts)
+
+
+def unpack_index(buf: bytes, n: int) -> dict[str, np.ndarray]:
+    out, pos = {}, 0
+    for name, t in (("offsets", "<i8"), ("heights", "<i4"), ("widths", "<i4"), ("labels", "<i8"), ("splits", "u1")):
+        dt = np.dtype(t)
+        out[name] = np.frombuffer(buf, dtype=dt, count=n, offset=pos).astype(dt.newbyteorder("="))
+        pos += n * dt.itemsize
+    return out
+
+
+def index_checksum(header: dict, index: bytes) -> str:
+    """blake2b of every header field but this one, and of the index: a damaged or mismatched header
+    or index is caught on open, before any pixel is read."""
+    fields = {k: v for k, v in header.items() if k != "index_checksum"}
+    h = new_hash()
+    h.update(json.dumps(fields, sort_keys=True).encode())
+    h.update(index)
+    return h.hexdigest()
+
+
+def encode_header(header: dict, length: int | None = None) -> bytes:
+    text = json.dumps(header, sort_keys=True).encode()
+    return text if length is None else text.ljust(length, b" ")
+
+
+class StoreFile:
+    """An opened, checked store: the header, the index in memory, the pixels mapped on first use.
+
+    Picklable for DataLoader workers: the mapping is dropped and each process maps the file itself.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.header, index = read_checked(self.path)
+        self.count = self.header["count"]
+        arrays = unpack_index(index, self.count)
+        self.offsets, self.labels, self.splits = arrays["offsets"], arrays["labels"], arrays["splits"]
+        self.hw = np.stack([arrays["heights"], arrays["widths"]], 1).astype(np.int64)  # 3*h*w overflows int32
+        self.class_names: list[str] = self.header["class_names"]
+        self._pixels: np.ndarray | None = None
+        self._on_device: dict[str, torch.Tensor] = {}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pixels": None, "_on_device": {}}
+
+    @property
+    def pixel_bytes(self) -> int:
+        return self.header["pixel_bytes"]
+
+    @property
+    def pixels(self) -> np.ndarray:
+        """The pixel area as a flat uint8 array mapped from the file (copy-on-write: never written)."""
+        if self._pixels is None:
+            self._pixels = np.memmap(
+                self.path, dtype=np.uint8, mode="c", offset=self.header["data_start"], shape=(self.pixel_bytes,)
+            )
+        return self._pixels
+
+    def tail_padding(self) -> int:
+        """Bytes after the last image that let `resized_crops_flat` read whole row windows in place."""
+        return 3 * (2 * self.header["max_side"] + 8)
+
+    def is_on(self, device: torch.device) -> bool:
+        return str(device) in self._on_device
+
+    def on_device(self, device: torch.device) -> torch.Tensor:
+        """The whole pixel area (plus tail padding) as one tensor on `device`, made once per process
+        and shared by the train and validation loaders."""
+        key = str(device)
+        if key not in self._on_device:
+            n = self.pixel_bytes
+            buf = torch.empty(n + self.tail_padding(), dtype=torch.uint8, device=device)
+            buf[n:].zero_()
+            for a in range(0, n, CHUNK_BYTES):  # bounded host staging for stores larger than RAM
+                b = min(n, a + CHUNK_BYTES)
+                buf[a:b].copy_(torch.from_numpy(np.asarray(self.pixels[a:b])))
+            self._on_device[key] = buf
+        return self._on_device[key]
+
+
+def _refuse(path: Path, what: str) -> DataError:
+    return DataError(f"{path}: {what}: {RERUN}")
+
+
+def read_checked(path: Path) -> tuple[dict, bytes]:
+    """The header and the raw index of the store at `path`, or a one-line DataError saying why not."""
+    if path.name.endswith(PARTIAL_SUFFIX):
+        raise _refuse(path, "half-written by a cnnpar prepare that did not finish (a .partial file is never read)")
+    if not path.is_file():
+        left = partial_path(path)
+        if left.exists():
+            raise _refuse(path, f"no such file; {left.name} beside it was left by a cnnpar prepare that did not finish")
+        raise DataError(f"{path}: no such file: make it with cnnpar prepare FOLDER --out {path}")
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        prefix = f.read(PREFIX.size)
+        if len(prefix) < PREFIX.size:
+            raise _refuse(path, f"{size} bytes, too short to be a cnnpar store")
+        magic, version, header_len = PREFIX.unpack(prefix)
+        if magic == bytes(len(MAGIC)):
+            raise _refuse(path, "incomplete: the header was never written (a cnnpar prepare that did not finish)")
+        if magic != MAGIC:
+            raise DataError(
+                f"{path}: not a cnnpar store (starts {magic!r}, expected {MAGIC!r}): make one with cnnpar prepare"
+            )
+        if version != VERSION:
+            raise _refuse(path, f"store format version {version}, this cnnpar reads version {VERSION}")
+        try:
+            header = json.loads(f.read(header_len))
+            index = f.read(header["index_bytes"])
+            declared = header["data_start"] + header["pixel_bytes"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise _refuse(path, f"unreadable header ({type(e).__name__}: {e})") from None
+    if size != declared:
+        raise _refuse(path, f"truncated or damaged: {size:,} bytes, its header declares {declared:,}")
+    if len(index) != header["index_bytes"] or index_checksum(header, index) != header.get("index_checksum"):
+        raise _refuse(path, "header/index checksum mismatch (the file is damaged)")
+    return header, index
+
+
+def verify_store(path: str | Path, progress: bool = True) -> dict:
+    """Check the pixel area against the data checksum taken while it was written; returns the header."""
+    from tqdm.auto import tqdm
+
+    store = StoreFile(path)
+    h = new_hash()
+    pixels = store.pixels
+    with tqdm(total=store.pixel_bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
+        for a in range(0, store.pixel_bytes, CHUNK_BYTES):
+            chunk = pixels[a : a + CHUNK_BYTES]
+            h.update(memoryview(chunk))
+            bar.update(len(chunk))
+    if h.hexdigest() != store.header["data_checksum"]:
+        raise _refuse(store.path, "pixel data checksum mismatch (the file is damaged)")
+    return store.header

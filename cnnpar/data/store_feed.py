@@ -1,0 +1,147 @@
+"""Training from a prepared store: raw pixels on the host, crops resized on the device.
+
+Host path: a DataLoader worker answers a whole batch of indices with one flat uint8 tensor (the
+batch's HWC images back to back, copied out of the memory-mapped file) and one small table (where
+each image starts, its height and width, its data-set index and its label): two shared-memory
+segments per batch, however many images it holds. `StoreCropper` copies the flat tensor to the
+device, draws the crop boxes on the host and crops and resizes on the device in a few batched
+kernels (`resized_crops_flat`), reading each image where it lies in the buffer.
+
+Resident path: the whole pixel area lives on the device (when it fits); a batch is only its images'
+offsets and sizes from the index, so nothing is gathered and nothing crosses the bus per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_flat
+from cnnpar.data.store import StoreFile
+
+
+@dataclass
+class RawBatch:
+    """A batch of stored images: `flat` holds them back to back (None when the pixel area is on
+    the device); `meta` is one (5, N) int64 table, so a worker ships two tensors per batch."""
+
+    flat: torch.Tensor | None
+    meta: torch.Tensor  # rows: start in `flat` (or in the pixel area), height, width, data-set index, label
+
+    @property
+    def starts(self) -> torch.Tensor:
+        return self.meta[0]
+
+    @property
+    def hw(self) -> torch.Tensor:
+        return self.meta[1:3].t()
+
+    @property
+    def index(self) -> torch.Tensor:
+        return self.meta[3]
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.meta[4]
+
+    def pin_memory(self) -> RawBatch:
+        # The DataLoader's pin thread calls this on custom batch types; the table stays pageable:
+        # the crop boxes are drawn from it on the host.
+        return self if self.flat is None else RawBatch(self.flat.pin_memory(), self.meta)
+
+
+class StoreDataset(Dataset):
+    """Images `ids` of a store, seen at `size` x `size`. Indexing with a list of indices answers
+    the whole batch at once (the DataLoader runs with batch_size=None and a BatchSampler)."""
+
+    def __init__(self, store: StoreFile, ids: torch.Tensor, size: int, with_pixels: bool = True) -> None:
+        self.store, self.size, self.with_pixels = store, size, with_pixels
+        self.ids = ids.to(torch.int64)
+        self.labels = torch.from_numpy(store.labels)[self.ids]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def in_memory(self) -> bool:
+        """True for index-only batches (a resident pixel area): a lookup, no worker processes needed."""
+        return not self.with_pixels
+
+    def subset(self, idx: torch.Tensor) -> StoreDataset:
+        return StoreDataset(self.store, self.ids[idx], self.size, self.with_pixels)
+
+    def index_only(self) -> StoreDataset:
+        return StoreDataset(self.store, self.ids, self.size, with_pixels=False)
+
+    def __getitem__(self, i):
+        if isinstance(i, (list, tuple)):
+            return self.__getitems__(i)
+        # One image at a time (the textbook loader): the centre square at size x size, on the CPU.
+        batch, y = self.__getitems__([i])
+        boxes = draw_crop_boxes(batch.hw, False)
+        return resized_crops_flat(batch.flat, batch.starts, batch.hw, boxes, self.size, hwc=True)[0], y[0]
+
+    def __getitems__(self, indices) -> tuple[RawBatch, torch.Tensor]:
+        sel = torch.as_tensor(indices, dtype=torch.int64).view(-1)
+        ids = self.ids[sel].numpy()
+        offsets, hw = self.store.offsets[ids], self.store.hw[ids]
+        meta = torch.empty(5, len(ids), dtype=torch.int64)
+        meta[1:3] = torch.from_numpy(hw.T)
+        meta[3], meta[4] = sel, self.labels[sel]
+        if not self.with_pixels:
+            meta[0] = torch.from_numpy(offsets)
+            return RawBatch(None, meta), meta[4]
+        nbytes = 3 * hw[:, 0] * hw[:, 1]
+        starts = np.cumsum(nbytes) - nbytes
+        meta[0] = torch.from_numpy(starts)
+        total = int(nbytes.sum())
+        # Tail room for `resized_crops_flat`'s row windows (3 x the widest row, rounded up to 8
+        # pixels), so it never has to copy the buffer to pad it.
+        flat = torch.empty(total + 3 * (int(hw[:, 1].max()) + 8), dtype=torch.uint8)
+        dst, src = flat.numpy(), self.store.pixels
+        dst[total:] = 0
+        for a, o, k in zip(starts.tolist(), offsets.tolist(), nbytes.tolist()):
+            dst[a : a + k] = src[o : o + k]
+        return RawBatch(flat, meta), meta[4]
+
+
+def store_resident(mode: str, store: StoreFile, device: torch.device, share: float) -> bool:
+    """Whether the store's pixel area goes to the device: `mode` 'on', or 'auto' on CUDA when it fits
+    in `share` of the free memory (or is there already: the train loader put it there)."""
+    if mode != "auto":
+        return mode == "on"
+    if device.type != "cuda":
+        return False
+    if store.is_on(device):
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return store.pixel_bytes + store.tail_padding() < share * free
+
+
+class StoreCropper:
+    """RawBatch in, (N, 3, size, size) uint8 on `device` out, as `GpuDecoder` answers an encoded
+    batch: a random-resized crop of each image when training, its centre square otherwise.
+
+    The boxes come from a host generator seeded `seed` (the caller passes seed + rank). With
+    `resident`, the store's whole pixel area is put on the device once and batches carry only
+    offsets into it.
+    """
+
+    def __init__(
+        self, ds: StoreDataset, device: torch.device, train: bool, seed: int = 0, resident: bool = False
+    ) -> None:
+        self.size, self.device, self.train = ds.size, torch.device(device), train
+        self.generator = torch.Generator().manual_seed(seed)
+        self.pixels = ds.store.on_device(self.device) if resident else None
+
+    @property
+    def resident(self) -> bool:
+        return self.pixels is not None
+
+    def __call__(self, batch: RawBatch) -> torch.Tensor:
+        boxes = draw_crop_boxes(batch.hw, self.train, self.generator)
+        flat = self.pixels if self.pixels is not None else batch.flat.to(self.device, non_blocking=True)
+        return resized_crops_flat(flat, batch.starts, batch.hw, boxes, self.size, hwc=True)

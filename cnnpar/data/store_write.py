@@ -1,0 +1,176 @@
+"""`cnnpar prepare`: decode an image folder once into a store (the format is described in `store`).
+
+Worker processes decode chunks of files with Pillow; the main process writes their pixels in the
+folder's order, so the store's index order is `scan_splits` order and a seeded hold-out picks the
+same images from the store as from the folder. A file that does not decode stops the whole run
+with its name, and nothing is left behind: the store is built as `OUT.partial`, made durable
+(fsync) and only then renamed to OUT.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from cnnpar.data.folder import decode_error, scan_splits
+from cnnpar.data.store import (
+    INDEX_BYTES_PER_IMAGE,
+    MAGIC,
+    PREFIX,
+    VERSION,
+    align,
+    encode_header,
+    index_checksum,
+    new_hash,
+    pack_index,
+    partial_path,
+)
+from cnnpar.errors import DataError
+from cnnpar.report.host import usable_cores
+
+MAX_CHUNK = 32  # files per task: enough to amortise the IPC, few enough to keep every worker busy
+IN_FLIGHT = 2  # chunks queued per worker: decoded pixels waiting for the writer stay bounded
+
+
+def fit_within(width: int, height: int, max_side: int) -> tuple[int, int]:
+    """(width, height) scaled so the longer side is at most `max_side`; aspect kept, never enlarged."""
+    longer = max(width, height)
+    if longer <= max_side:
+        return width, height
+    scale = max_side / longer
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def decode_for_store(path: Path, max_side: int) -> tuple[bytes, int, int]:
+    """RGB uint8 HWC bytes of one file, longer side at most `max_side`, and its height and width."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            target = fit_within(*im.size, max_side)
+            if max(im.size) > 2 * max_side:
+                # JPEG only (a no-op elsewhere): libjpeg decodes at 1/2, 1/4 or 1/8 scale in the DCT,
+                # never below `target`; far cheaper than decoding every pixel to throw most away.
+                im.draft("RGB", target)
+            rgb = im.convert("RGB")  # grey, CMYK, palette and RGBA files all become RGB
+        if rgb.size != target:
+            rgb = rgb.resize(target, Image.Resampling.BILINEAR)  # Pillow widens the filter: antialiased
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
+        raise decode_error(path, e) from None
+    return rgb.tobytes(), rgb.height, rgb.width
+
+
+def decode_chunk(paths: list[Path], max_side: int) -> list[tuple[bytes, int, int]]:
+    return [decode_for_store(p, max_side) for p in paths]
+
+
+class OrderedDecode:
+    """Every file's pixels, in order, decoded `workers` processes wide, a bounded window ahead.
+
+    A context manager: entering forks the workers and queues the first chunks, so they exist before
+    any thread does (tqdm's monitor; forking a threaded process can deadlock); leaving cancels what
+    is still queued, on the error path too.
+    """
+
+    def __init__(self, files: list[Path], max_side: int, workers: int) -> None:
+        self.files, self.max_side, self.workers = files, max_side, workers
+        size = max(1, min(MAX_CHUNK, -(-len(files) // (4 * workers))))
+        self.chunks = (files[i : i + size] for i in range(0, len(files), size))
+        self.pool, self.pending = None, deque()
+
+    def __enter__(self) -> OrderedDecode:
+        if self.workers > 1:
+            self.pool = ProcessPoolExecutor(self.workers)
+            for _ in range(IN_FLIGHT * self.workers):
+                self._submit()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _submit(self) -> None:
+        chunk = next(self.chunks, None)
+        if chunk is not None:
+            self.pending.append(self.pool.submit(decode_chunk, chunk, self.max_side))
+
+    def __iter__(self) -> Iterator[tuple[bytes, int, int]]:
+        if self.pool is None:
+            yield from (decode_for_store(f, self.max_side) for f in self.files)
+            return
+        while self.pending:
+            done = self.pending.popleft().result()  # re-raises a worker's DataError here
+            self._submit()
+            yield from done
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # makes the rename itself durable
+    finally:
+        os.close(fd)
+
+
+def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int = 0, progress: bool = True) -> dict:
+    """Decode the image folder `src` into the store `out`; returns the store's header."""
+    from tqdm.auto import tqdm
+
+    src, out = Path(src), Path(out)
+    if max_side < 1:
+        raise DataError(f"--max-side {max_side}: expected a side in pixels >= 1, such as 256")
+    files, labels, splits, classes = scan_splits(src)
+    n = len(files)
+    header = {
+        "format": "cnnpar image store",
+        "version": VERSION,
+        "count": n,
+        "max_side": max_side,
+        "layout": "HWC",
+        "class_names": classes,
+        "splits": {"train": n - sum(splits), "val": sum(splits)},
+        "source": str(src.resolve()),
+        "index_bytes": n * INDEX_BYTES_PER_IMAGE,
+        # placeholders as long as any real value: the header's length is fixed before the pixels
+        "data_start": 10**15,
+        "pixel_bytes": 10**19,
+        "data_checksum": "0" * 64,
+        "index_checksum": "0" * 64,
+    }
+    header_len = len(encode_header(header))
+    header["data_start"] = align(PREFIX.size + header_len + header["index_bytes"])
+    offsets, hw = np.zeros(n, np.int64), np.zeros((n, 2), np.int64)
+    digest, pos = new_hash(), 0
+    partial = partial_path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    workers = workers or usable_cores()
+    try:
+        with partial.open("wb") as f, OrderedDecode(files, max_side, workers) as images:
+            bar = tqdm(total=n, unit="img", desc=f"prepare {src.name}", file=sys.stderr, disable=not progress)
+            f.seek(header["data_start"])  # the pixels first; the prefix, header and index last
+            for k, (pixels, h, w) in enumerate(images):
+                f.write(pixels)
+                digest.update(pixels)
+                offsets[k], hw[k] = pos, (h, w)
+                pos += len(pixels)
+                bar.update(1)
+            bar.close()
+            header.update(pixel_bytes=pos, data_checksum=digest.hexdigest())
+            index = pack_index(offsets, hw[:, 0], hw[:, 1], labels, splits)
+            header["index_checksum"] = index_checksum(header, index)
+            f.seek(0)
+            f.write(PREFIX.pack(MAGIC, VERSION, header_len) + encode_header(header, header_len) + index)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    _fsync_folder(out.parent)
+    return header

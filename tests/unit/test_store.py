@@ -1,0 +1,264 @@
+"""The prepared image store (`cnnpar prepare`): what it holds, what it refuses, and training from it
+(host path, resident path, the crop on the device, the CLI end to end)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from cnnpar.cli import main as cli_main
+from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop
+from cnnpar.data.loader import build_loader
+from cnnpar.data.sources import detect_format, load_data
+from cnnpar.data.store import MAGIC, PREFIX, StoreFile, partial_path, verify_store
+from cnnpar.data.store_feed import RawBatch, StoreCropper
+from cnnpar.data.store_write import fit_within, prepare_store
+from cnnpar.dist import DistInfo
+from cnnpar.errors import DataError
+from tests.conftest import run_cmd
+from tests.datafiles import write_image_folder
+
+CPU = DistInfo(0, 0, 1, torch.device("cpu"))
+MAX_SIDE = 32
+
+
+def smooth(w: int, h: int, mode: str = "RGB", phase: float = 0.0) -> Image.Image:
+    """A smooth picture (JPEG keeps it nearly intact, so decoded-and-resized copies are comparable)."""
+    y, x = np.mgrid[0:h, 0:w] / max(w, h)
+    rgb = np.stack([127 + 100 * np.sin(6 * x + 3 * y + phase), 127 + 100 * np.cos(5 * x * y), 60 + 150 * x * y], -1)
+    return Image.fromarray(rgb.round().astype(np.uint8)).convert(mode)
+
+
+def photo_folder(root: Path) -> dict[str, tuple[str, Image.Image]]:
+    """Two classes of odd files: a big JPEG (decoded at reduced scale), small ones, grey, CMYK,
+    palette and RGBA PNGs. Returns {relative path: (how it was saved, the saved image)}."""
+    files = {
+        "cats/big.jpg": smooth(100, 60),
+        "cats/pal.png": smooth(30, 20).convert("P"),
+        "cats/small.png": smooth(20, 12, phase=1.0),
+        "dogs/cmyk.jpg": smooth(30, 20, "CMYK"),
+        "dogs/grey.jpg": smooth(40, 30, "L"),
+        "dogs/rgba.png": smooth(24, 40, "RGBA"),
+    }
+    for rel, img in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        img.save(root / rel, quality=95) if rel.endswith(".jpg") else img.save(root / rel)
+    return files
+
+
+def pillow_reference(path: Path) -> np.ndarray:
+    """What the store should hold: Pillow's full decode, RGB, resized so the longer side fits."""
+    rgb = Image.open(path).convert("RGB")
+    target = fit_within(*rgb.size, MAX_SIDE)
+    return np.asarray(rgb if rgb.size == target else rgb.resize(target, Image.Resampling.BILINEAR))
+
+
+def stored_image(store: StoreFile, k: int) -> np.ndarray:
+    h, w = store.hw[k]
+    return np.asarray(store.pixels[store.offsets[k] : store.offsets[k] + 3 * h * w]).reshape(h, w, 3)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("photos")
+    photo_folder(root / "photos")
+    out = root / "photos.cnnpar"
+    prepare_store(root / "photos", out, MAX_SIDE, workers=1, progress=False)
+    return root / "photos", out
+
+
+def data_cfg(source: Path, **kw) -> DataConfig:
+    return DataConfig(source=str(source), image_size=16, **kw)
+
+
+def one_line_error(fn, *names: str) -> str:
+    with pytest.raises(DataError) as e:
+        fn()
+    text = str(e.value)
+    assert "\n" not in text and all(n in text for n in names), text
+    return text
+
+
+def test_round_trip_holds_pillows_pixels_labels_and_classes(photos):
+    folder, out = photos
+    store = StoreFile(out)
+    rels = sorted(str(p.relative_to(folder)) for p in folder.rglob("*.*"))
+    assert store.class_names == ["cats", "dogs"] and store.header["layout"] == "HWC"
+    assert store.labels.tolist() == [0, 0, 0, 1, 1, 1] and store.splits.tolist() == [0] * 6
+    assert store.header["data_start"] % 4096 == 0
+    for k, rel in enumerate(rels):
+        got, want = stored_image(store, k), pillow_reference(folder / rel)
+        assert got.shape == want.shape, rel
+        assert max(got.shape[:2]) <= MAX_SIDE
+        if rel == "cats/big.jpg":  # more than 2x the side: libjpeg decoded it at half scale first
+            assert got.shape == (19, 32, 3) and np.abs(got.astype(int) - want).mean() < 2.0
+        else:
+            assert np.array_equal(got, want), rel
+    assert stored_image(store, rels.index("cats/small.png")).shape == (12, 20, 3)  # never enlarged
+    assert stored_image(store, rels.index("dogs/rgba.png")).shape == (32, 19, 3)  # aspect kept
+
+
+def test_train_and_val_folders_become_the_stores_splits(tmp_path):
+    write_image_folder(tmp_path / "p" / "train", per_class=3, classes=2)
+    write_image_folder(tmp_path / "p" / "val", per_class=2, classes=2)
+    header = prepare_store(tmp_path / "p", tmp_path / "p.cnnpar", MAX_SIDE, workers=1, progress=False)
+    assert header["splits"] == {"train": 6, "val": 4}
+    bundle = load_data(data_cfg(tmp_path / "p.cnnpar"), seed=0)
+    folder = load_data(data_cfg(tmp_path / "p"), seed=0)
+    assert (len(bundle.train), len(bundle.val)) == (len(folder.train), len(folder.val)) == (6, 4)
+    assert bundle.val.labels.tolist() == folder.val.labels.tolist()
+    assert bundle.shape == (3, 16, 16) and bundle.num_classes == 2 and bundle.class_names == folder.class_names
+
+
+def test_seeded_hold_out_is_the_folders(photos):
+    folder, out = photos
+    for seed in (0, 3):
+        cfg = dict(val_fraction=0.34)
+        store, plain = load_data(data_cfg(out, **cfg), seed), load_data(data_cfg(folder, **cfg), seed)
+        scanned = sorted(plain.train.files + plain.val.files)  # scan order: class folders, then names
+        held_out = [scanned.index(f) for f in plain.val.files]
+        assert store.val.ids.tolist() == held_out and len(held_out) == 2
+
+
+def test_damaged_stores_are_refused_in_one_line(photos, tmp_path):
+    _, out = photos
+    data = out.read_bytes()
+    cases = {
+        "cut.cnnpar": (data[:-100], "truncated"),
+        "magic.cnnpar": (b"NOTSTORE" + data[8:], "not a cnnpar store"),
+        "version.cnnpar": (PREFIX.pack(MAGIC, 99, struct.unpack_from("<I", data, 12)[0]) + data[16:], "version 99"),
+        "pixel.cnnpar": (data[:-1000] + bytes([data[-1000] ^ 1]) + data[-999:], None),  # not checked on open
+        "empty.cnnpar": (b"", "too short"),
+    }
+    header_len = struct.unpack_from("<I", data, 12)[0]
+    at = PREFIX.size + header_len + 3  # a byte of the index (offsets of image 0)
+    cases["label.cnnpar"] = (data[:at] + bytes([data[at] ^ 1]) + data[at + 1 :], "checksum mismatch")
+    for name, (content, reason) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        if reason is None:
+            StoreFile(path)  # opens: the pixels' checksum is --verify's job
+            continue
+        text = one_line_error(lambda p=path: load_data(data_cfg(p), 0), str(path), reason)
+        assert "re-run cnnpar prepare" in text or "make one with cnnpar prepare" in text
+
+
+def test_verify_finds_a_flipped_pixel(photos, tmp_path, capsys):
+    _, out = photos
+    assert verify_store(out, progress=False)["count"] == 6
+    data = bytearray(out.read_bytes())
+    data[-50] ^= 0x10
+    bad = tmp_path / "bad.cnnpar"
+    bad.write_bytes(bytes(data))
+    one_line_error(lambda: verify_store(bad, progress=False), str(bad), "pixel data checksum mismatch")
+    assert cli_main(["prepare", "--verify", str(bad), "--no-progress"]) == 2
+    assert "pixel data checksum mismatch" in capsys.readouterr().err
+    assert cli_main(["prepare", "--verify", str(out), "--no-progress"]) == 0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_file_that_does_not_decode_leaves_nothing(tmp_path, workers):
+    write_image_folder(tmp_path / "p", per_class=20, classes=2)
+    bad = tmp_path / "p" / "class1" / "zz.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    out = tmp_path / "p.cnnpar"
+    one_line_error(lambda: prepare_store(tmp_path / "p", out, MAX_SIDE, workers, progress=False), str(bad), "decode")
+    assert not out.exists() and not partial_path(out).exists()
+
+
+def test_a_killed_prepare_leaves_a_partial_that_is_refused(tmp_path):
+    """The writer is SIGKILLed mid-way (no clean-up can run): what it leaves is never read as data."""
+    write_image_folder(tmp_path / "p", per_class=4, classes=2, side=64)  # 12 KB each: past Python's write buffer
+    out = tmp_path / "p.cnnpar"
+    script = (
+        "import os, signal, sys\n"
+        "from cnnpar.data import store_write as w\n"
+        "real, seen = w.decode_for_store, []\n"
+        "def dying(path, side):\n"
+        "    seen.append(path)\n"
+        "    if len(seen) == 5: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return real(path, side)\n"
+        "w.decode_for_store = dying\n"
+        "w.prepare_store(sys.argv[1], sys.argv[2], 64, workers=1, progress=False)\n"
+    )
+    proc = run_cmd([sys.executable, "-c", script, str(tmp_path / "p"), str(out)], tmp_path, timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    partial = partial_path(out)
+    assert not out.exists() and partial.stat().st_size > 0
+    one_line_error(lambda: load_data(data_cfg(out), 0), str(out), partial.name, "re-run cnnpar prepare")
+    assert detect_format(str(partial), "auto") == "store"
+    one_line_error(lambda: load_data(data_cfg(partial), 0), str(partial), "half-written", "re-run cnnpar prepare")
+    renamed = tmp_path / "renamed.cnnpar"
+    partial.rename(renamed)
+    one_line_error(lambda: StoreFile(renamed), str(renamed), "header was never written", "re-run cnnpar prepare")
+
+
+def test_a_batch_is_one_flat_tensor_and_pickles_without_the_mapping(photos):
+    _, out = photos
+    bundle = load_data(data_cfg(out, val_fraction=0.0), 0)
+    ds = bundle.train
+    batch, labels = ds[[4, 0, 2]]  # what the DataLoader asks with batch_size=None and a BatchSampler
+    assert isinstance(batch, RawBatch) and batch.flat.dim() == 1 and batch.flat.dtype == torch.uint8
+    assert batch.index.tolist() == [4, 0, 2] and labels.tolist() == batch.labels.tolist() == [1, 0, 0]
+    for k, i in enumerate([4, 0, 2]):
+        h, w = batch.hw[k].tolist()
+        start = int(batch.starts[k])
+        got = batch.flat[start : start + 3 * h * w].numpy().reshape(h, w, 3)
+        assert np.array_equal(got, stored_image(ds.store, i))
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.store._pixels is None and ds.store._pixels is not None
+    assert torch.equal(again[[1]][0].flat, ds[[1]][0].flat)
+    image, label = ds[3]  # one image, the centre square at the bundle's size (the textbook loader)
+    assert image.shape == (3, 16, 16) and image.dtype == torch.uint8 and int(label) == 1
+
+
+def test_cropper_matches_the_per_image_reference(photos):
+    _, out = photos
+    ds = load_data(data_cfg(out, val_fraction=0.0), 0).train
+    ids = list(range(len(ds)))
+    batch, _ = ds[ids]
+    for train in (True, False):
+        got = StoreCropper(ds, torch.device("cpu"), train, seed=7)(batch)
+        boxes = draw_crop_boxes(batch.hw, train, torch.Generator().manual_seed(7))
+        images = [torch.from_numpy(stored_image(ds.store, i).copy()).permute(2, 0, 1) for i in ids]
+        want = resized_crops_loop(images, boxes, ds.size)
+        assert got.shape == want.shape == (len(ids), 3, 16, 16)
+        assert (got.int() - want.int()).abs().max() <= 1
+
+
+def test_resident_on_cpu_gives_the_host_paths_batches(photos):
+    _, out = photos
+    batches = {}
+    for resident in ("off", "on"):
+        cfg = Config(data=data_cfg(out, resident=resident, workers=0), run=RunConfig(batch_size=2, seed=5))
+        bundle = load_data(cfg.data, cfg.run.seed)
+        feeder = build_loader(bundle, resolve_for_device(cfg, "cpu", True), CPU, train=True)
+        assert feeder.decoder.resident == (resident == "on") and feeder.transform.flip and not feeder.transform.crop
+        feeder.set_epoch(1)
+        batches[resident] = list(feeder)
+    assert len(batches["on"]) == len(batches["off"]) == 2
+    for (xa, ya), (xb, yb) in zip(batches["on"], batches["off"]):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_prepare_then_train_through_the_cli(photos, cli):
+    folder, _ = photos
+    assert cli_main(["prepare", str(folder), "--out", str(cli.cwd / "x.cnnpar"), "--max-side", "40"]) == 0
+    header = StoreFile(cli.cwd / "x.cnnpar").header
+    assert header["max_side"] == 40 and header["source"] == str(folder.resolve())
+    p = cli("train", "--data", "x.cnnpar", "--epochs", "1", "--model", "cnn3", "--image-size", "32",
+            "--batch-size", "2", "--name", "store", "--no-progress")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    run = cli.cwd / "runs" / "store"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["images_per_s"] > 0 and (run / "metrics.csv").is_file() and (run / "ckpt" / "last.pt").is_file()
+    assert "x.cnnpar" in p.stdout
