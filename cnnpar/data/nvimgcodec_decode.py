@@ -14,52 +14,30 @@ Backends are tried in order for each image: the hardware engines first, then nvJ
 (hybrid CPU/GPU Huffman), then the CPU. Outputs are interleaved RGB (H, W, 3) uint8; crop_resize
 reads that layout directly.
 
-The library loads every codec extension it ships when imported and prints an error for each
-codec whose wheel is missing (JPEG 2000, TIFF). Unless the user set NVIMGCODEC_EXTENSIONS_PATH,
-it is pointed at a folder holding links to the JPEG extensions alone.
+The library loads every codec extension it ships and prints an error for each codec whose wheel
+is missing (JPEG 2000, TIFF): harmless for JPEG photos. (Pointing NVIMGCODEC_EXTENSIONS_PATH at
+links to the JPEG extensions alone would silence it, but the nvJPEG extension finds libnvjpeg
+through an $ORIGIN-relative run path, which a link's folder breaks.)
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import os
-import tempfile
-from pathlib import Path
 
 import torch
-
-JPEG_EXTENSIONS = ("libnvjpeg_ext", "libjpeg_turbo_ext")
 
 
 @functools.cache
 def nvimgcodec_available() -> bool:
-    return importlib.util.find_spec("nvidia.nvimgcodec") is not None
-
-
-def _quiet_extension_path() -> None:
-    if "NVIMGCODEC_EXTENSIONS_PATH" in os.environ:
-        return
-    spec = importlib.util.find_spec("nvidia.nvimgcodec")
-    shipped = Path(spec.origin).parent / "extensions"
-    keep = [p for p in shipped.glob("*.so*") if p.name.split(".so")[0] in JPEG_EXTENSIONS]
-    if not keep:
-        return
-    folder = Path(tempfile.gettempdir()) / f"cnnpar-nvimgcodec-ext-{os.getuid()}"
-    folder.mkdir(exist_ok=True)
-    for p in keep:
-        link = folder / p.name
-        if not link.exists():
-            try:
-                link.symlink_to(p)
-            except FileExistsError:  # another process made it meanwhile
-                pass
-    os.environ["NVIMGCODEC_EXTENSIONS_PATH"] = str(folder)
+    try:
+        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    except ModuleNotFoundError:  # no `nvidia` namespace package at all
+        return False
 
 
 @functools.cache
 def _module():
-    _quiet_extension_path()
     from nvidia import nvimgcodec
 
     return nvimgcodec
