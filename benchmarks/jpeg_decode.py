@@ -19,8 +19,8 @@ equal to host_s on the CPU). Rows go to benchmarks/results/jpeg_decode_<device t
 environment facts and the 1-minute load average (the host may be shared).
 
 DCT scaling pays for photos much larger than the crop; `--make-photos DIR --photo-size 1600x1200`
-writes `--photos` synthetic JPEGs (smooth colour waves plus noise, Pillow quality 90, about
-0.28 bytes a pixel) to DIR/photos/ and measures that folder too:
+writes `--photos` synthetic JPEGs (smooth colour waves plus `--photo-noise` noise, Pillow quality
+90; the default noise gives about 0.28 bytes a pixel) to DIR/photos/ and measures that folder too:
 
     python benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cpu --batch-size 128 \
         --repeats 3 --stages gpu,cpu
@@ -89,9 +89,10 @@ def failing_files(files: list[Path], device: torch.device) -> list[tuple[Path, s
     return bad
 
 
-def write_photos(folder: Path, n: int, width: int, height: int, seed: int = 0) -> Path:
+def write_photos(folder: Path, n: int, width: int, height: int, noise: float, seed: int = 0) -> Path:
     """n synthetic JPEGs of width x height in folder/photos/ (kept if already there): smooth colour
-    waves plus Gaussian noise (sigma 8), Pillow quality 90; about 0.28 bytes a pixel, near a camera's."""
+    waves plus Gaussian noise of sigma `noise` (8: about 0.28 bytes a pixel, near a camera's
+    photo; 0: smooth, 0.06 bytes a pixel), Pillow quality 90."""
     import numpy as np
     from PIL import Image
 
@@ -104,7 +105,7 @@ def write_photos(folder: Path, n: int, width: int, height: int, seed: int = 0) -
         if path.exists():
             continue
         waves = [127 + 90 * np.sin(2 * np.pi * (f * xx + g * yy) + ph) for f, g, ph in rng.uniform(0.5, 4, (3, 3))]
-        pixels = np.stack(waves, -1) + rng.normal(0, 8, (height, width, 3))
+        pixels = np.stack(waves, -1) + rng.normal(0, noise, (height, width, 3))
         Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, quality=90)
     return folder
 
@@ -125,7 +126,7 @@ def pillow_resize_batch(ds: CpuDecodedFolder, indices: list[int]) -> torch.Tenso
         got = im.draft("RGB", (width // r, im.height // r)) if r > 1 else None
         s = width / got[1][2] if got is not None else 1.0
         small = im.resize((ds.size, ds.size), Image.BILINEAR, box=(left / s, top / s, (left + cw) / s, (top + ch) / s))
-        out[k].copy_(torch.from_numpy(np.asarray(small.convert("RGB"))).permute(2, 0, 1))
+        out[k].copy_(torch.from_numpy(np.array(small.convert("RGB"))).permute(2, 0, 1))
     return out
 
 
@@ -150,6 +151,7 @@ def main() -> None:
     )
     ap.add_argument("--photo-size", default="1600x1200", help="WIDTHxHEIGHT of --make-photos")
     ap.add_argument("--photos", type=int, default=128, help="how many --make-photos writes")
+    ap.add_argument("--photo-noise", type=float, default=8.0, help="noise sigma of --make-photos (0: smooth)")
     ap.add_argument("--stages", default="gpu", help="comma list: gpu (GpuDecoder's stages), cpu (one worker's rows)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=256)
@@ -169,7 +171,7 @@ def main() -> None:
     folders = list(args.folder)
     if args.make_photos is not None:
         width, height = (int(v) for v in args.photo_size.lower().split("x"))
-        folders.append(write_photos(args.make_photos, args.photos, width, height))
+        folders.append(write_photos(args.make_photos, args.photos, width, height, args.photo_noise))
     if not folders:
         sys.exit("give --folder and/or --make-photos")
     rows = []
@@ -204,7 +206,7 @@ class Recorder:
 
     def __init__(self, args, device: torch.device, files: int, facts: dict, rows: list[dict]) -> None:
         self.args, self.device, self.files, self.facts, self.rows = args, device, files, facts, rows
-        self.refused = 0  # files decode_jpeg refuses alone, once the GPU stages have looked
+        self.refused: int | str = ""  # files decode_jpeg refuses alone, once the GPU stages have looked
 
     def __call__(self, stage: str, method: str, mode: str, fn) -> None:
         args = self.args
