@@ -145,7 +145,7 @@ class GpuDecoder:
         self.generator = torch.Generator().manual_seed(seed)
         self.batch_decode = batch_decode
         # The loop is the default everywhere until the batched path is measured on a GPU: on the
-        # CPU the loop was 6-15x faster (benchmarks/results/jpeg_decode_cpu.csv).
+        # CPU the loop was 5-12x faster (benchmarks/results/jpeg_decode_cpu.csv).
         self.resize = resize or "loop"
         if self.resize not in ("batched", "loop"):
             raise ValueError(f"resize: expected 'batched' or 'loop', got {self.resize!r}")
