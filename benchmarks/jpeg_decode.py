@@ -1,20 +1,37 @@
-"""Where the time of the GPU JPEG path goes, per batch: decode alone, crop+resize alone (the old
-per-image loop against the batched kernels), and the whole `GpuDecoder` call.
+"""Where the time of the JPEG paths goes, per batch.
 
-Reads an image folder once into encoded batches (as the DataLoader workers would hand them over,
-headers read), first checks which files torchvision's `decode_jpeg` refuses on the device when
-decoded alone, then times each stage on batches cycled from the folder: warm-up first, then
-`--repeats` timed runs, median reported. Two times per row: `host_s`, until the call returns
-(what the Python thread spends, launches included), and `total_s`, until the device is idle
-(torch.cuda.synchronize; equal to host_s on the CPU). Rows go to
-benchmarks/results/jpeg_decode_<device type>.csv with environment facts.
+`--stages gpu` (the default): the GPU path's decode alone, crop+resize alone (the per-image loop
+against the batched kernels) and the whole `GpuDecoder` call. Reads each folder once into encoded
+batches (as the DataLoader workers would hand them over, headers read), first checks which files
+torchvision's `decode_jpeg` refuses on the device when decoded alone, then times each stage.
 
-    python benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cpu --batch-size 64
+`--stages cpu`: what one DataLoader worker (one process, one thread) decodes per second for
+ResNet-50's input (`--size` 224): `today` is the per-image path (`ImageFolderDataset`: whole
+photo decoded, shorter side resized, centre crop; default collate), `batch` the batch-level
+`CpuDecodedFolder` with random-resized crops decoded at full size, `batch+draft` the same with
+JPEGs decoded reduced where the crop allows (what training runs), `pillow-resize` that with
+Pillow's `resize(box=...)` instead of torch's uint8 kernel (the design the module rejected).
+
+Each stage runs on batches cycled from the folder: warm-up first, then `--repeats` timed runs,
+median reported. Two times per row: `host_s`, until the call returns (what the Python thread
+spends, launches included), and `total_s`, until the device is idle (torch.cuda.synchronize;
+equal to host_s on the CPU). Rows go to benchmarks/results/jpeg_decode_<device type>.csv with
+environment facts and the 1-minute load average (the host may be shared).
+
+DCT scaling pays for photos much larger than the crop; `--make-photos DIR --photo-size 1600x1200`
+writes `--photos` synthetic JPEGs (smooth colour waves plus `--photo-noise` noise, Pillow quality
+90; the default noise gives about 0.28 bytes a pixel) to DIR/photos/ and measures that folder too:
+
+    python benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cpu --batch-size 128 \
+        --repeats 3 --stages gpu,cpu
+    python benchmarks/jpeg_decode.py --make-photos .devdata/photos_1600x1200 --device cpu \
+        --batch-size 128 --repeats 3 --stages cpu --append
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import statistics
 import sys
@@ -27,7 +44,9 @@ sys.path.insert(0, str(REPO))  # this checkout, not whichever cnnpar is installe
 
 import torch  # noqa: E402
 
+from cnnpar.data.cpu_decode import CpuDecodedFolder, reduction  # noqa: E402
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_loop  # noqa: E402
+from cnnpar.data.folder import ImageFolderDataset, read_encoded  # noqa: E402
 from cnnpar.data.gpu_decode import (  # noqa: E402
     EncodedFolderDataset,
     GpuDecoder,
@@ -36,7 +55,7 @@ from cnnpar.data.gpu_decode import (  # noqa: E402
 )
 from cnnpar.data.nvimgcodec_decode import nvimgcodec_available  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
-from cnnpar.report.files import write_csv_atomic  # noqa: E402
+from cnnpar.report.files import read_csv, write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -71,9 +90,70 @@ def failing_files(files: list[Path], device: torch.device) -> list[tuple[Path, s
     return bad
 
 
+def write_photos(folder: Path, n: int, width: int, height: int, noise: float, seed: int = 0) -> Path:
+    """n synthetic JPEGs of width x height in folder/photos/ (kept if already there): smooth colour
+    waves plus Gaussian noise of sigma `noise` (8: about 0.28 bytes a pixel, near a camera's
+    photo; 0: smooth, 0.06 bytes a pixel), Pillow quality 90."""
+    import numpy as np
+    from PIL import Image
+
+    out = folder / "photos"
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32) / max(width, height)
+    for i in range(n):
+        path = out / f"{i:04d}.jpg"
+        if path.exists():
+            continue
+        waves = [127 + 90 * np.sin(2 * np.pi * (f * xx + g * yy) + ph) for f, g, ph in rng.uniform(0.5, 4, (3, 3))]
+        pixels = np.stack(waves, -1) + rng.normal(0, noise, (height, width, 3))
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path, quality=90)
+    return folder
+
+
+def pillow_resize_batch(ds: CpuDecodedFolder, indices: list[int]) -> torch.Tensor:
+    """`CpuDecodedFolder` with draft, but Pillow decodes every JPEG and crops+resizes in one
+    `resize(box=...)` call: the alternative the module measured and rejected."""
+    import numpy as np
+    from PIL import Image
+
+    datas = [read_encoded(ds.files[i]) for i in indices]
+    opened = [Image.open(io.BytesIO(memoryview(d.numpy()))) for d in datas]
+    sizes = torch.tensor([(im.height, im.width) for im in opened])
+    boxes = draw_crop_boxes(sizes, ds.train, ds.generator()).tolist()
+    out = torch.empty(len(indices), 3, ds.size, ds.size, dtype=torch.uint8)
+    for k, (im, (top, left, ch, cw)) in enumerate(zip(opened, boxes)):
+        r, width = reduction(ch, cw, ds.size), im.width
+        got = im.draft("RGB", (width // r, im.height // r)) if r > 1 else None
+        s = width / got[1][2] if got is not None else 1.0
+        small = im.resize((ds.size, ds.size), Image.BILINEAR, box=(left / s, top / s, (left + cw) / s, (top + ch) / s))
+        out[k].copy_(torch.from_numpy(np.array(small.convert("RGB"))).permute(2, 0, 1))
+    return out
+
+
+def folder_facts(files: list[Path]) -> dict:
+    from PIL import Image
+
+    pixels = []
+    for f in files:
+        with Image.open(f) as im:
+            pixels.append(im.width * im.height)
+    return {
+        "mean_megapixels": round(statistics.mean(pixels) / 1e6, 3),
+        "mean_file_kb": round(statistics.mean(f.stat().st_size for f in files) / 1e3, 1),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--folder", type=Path, required=True, help="image folder (searched recursively)")
+    ap.add_argument("--folder", type=Path, nargs="*", default=[], help="image folder(s) (searched recursively)")
+    ap.add_argument(
+        "--make-photos", type=Path, default=None, metavar="DIR", help="write synthetic photos here, measure them"
+    )
+    ap.add_argument("--photo-size", default="1600x1200", help="WIDTHxHEIGHT of --make-photos")
+    ap.add_argument("--photos", type=int, default=128, help="how many --make-photos writes")
+    ap.add_argument("--photo-noise", type=float, default=8.0, help="noise sigma of --make-photos (0: smooth)")
+    ap.add_argument("--stages", default="gpu", help="comma list: gpu (GpuDecoder's stages), cpu (one worker's rows)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--size", type=int, default=224, help="output side in pixels")
@@ -83,35 +163,59 @@ def main() -> None:
     ap.add_argument(
         "--out", type=Path, default=None, help="CSV path (default benchmarks/results/jpeg_decode_<device>.csv)"
     )
+    ap.add_argument("--append", action="store_true", help="keep the rows already in --out, add these")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", category=DeprecationWarning)  # torchvision 0.29's codec notice
+    stages = set(args.stages.split(","))
+    if not stages <= {"gpu", "cpu"}:
+        sys.exit(f"--stages {args.stages}: expected a comma list of gpu and cpu")
     device = torch.device(args.device)
-    files = sorted(p for p in args.folder.rglob("*") if p.suffix.lower() in SUFFIXES)
-    if not files:
-        sys.exit(f"{args.folder}: no .jpg/.jpeg/.png files found")
-    print(f"{len(files)} files under {args.folder}, device {device}, batch {args.batch_size}, size {args.size}")
-
-    bad = failing_files(files, device)
-    print(f"decode_jpeg on {device.type} refuses {len(bad)} of {len(files)} files alone")
-    for f, why in bad:
-        print(f"  {f}: {why}")
-
-    ds = EncodedFolderDataset(files, [0] * len(files), args.size)
-    items = [ds[i] for i in range(len(files))]
-    batches = []
-    for b in range(args.batches):
-        idx = [(b * args.batch_size + k) % len(items) for k in range(args.batch_size)]
-        batches.append(collate_encoded([items[i] for i in idx])[0])
-    gpu_ok = sum(bool(x) for x in torch.cat([b.nvjpeg_ok for b in batches]).tolist())
-    print(f"header check: {gpu_ok} of {args.batches * args.batch_size} images go to the batched decode")
-
+    folders = list(args.folder)
+    if args.make_photos is not None:
+        width, height = (int(v) for v in args.photo_size.lower().split("x"))
+        folders.append(write_photos(args.make_photos, args.photos, width, height, args.photo_noise))
+    if not folders:
+        sys.exit("give --folder and/or --make-photos")
     rows = []
+    for folder in folders:
+        files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in SUFFIXES)
+        if not files:
+            sys.exit(f"{folder}: no .jpg/.jpeg/.png files found")
+        print(f"{len(files)} files under {folder}, device {device}, batch {args.batch_size}, size {args.size}")
+        facts = {"folder": folder.name, **folder_facts(files)}
+        print(f"  {facts['mean_megapixels']} megapixels, {facts['mean_file_kb']} kB a file on average")
+        indices = [
+            [(b * args.batch_size + k) % len(files) for k in range(args.batch_size)] for b in range(args.batches)
+        ]
+        recorder = Recorder(args, device, len(files), facts, rows)
+        if "gpu" in stages:
+            gpu_stages(files, indices, args, device, recorder)
+        if "cpu" in stages:
+            cpu_stages(files, indices, args, recorder)
 
-    def record(stage: str, method: str, mode: str, fn) -> None:
-        per_batch = [timed(lambda b=b: fn(b), device, args.repeats) for b in range(len(batches))]
+    env = environment(device, 1)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = args.out or RESULTS / f"jpeg_decode_{device.type}.csv"
+    rows = [{**r, **env} for r in rows]
+    if args.append and out.exists():
+        rows = read_csv(out) + rows
+    write_csv_atomic(out, rows)
+    print(f"-> {out}")
+
+
+class Recorder:
+    """Times `fn(b)` for each batch b and keeps one flat row per stage."""
+
+    def __init__(self, args, device: torch.device, files: int, facts: dict, rows: list[dict]) -> None:
+        self.args, self.device, self.files, self.facts, self.rows = args, device, files, facts, rows
+        self.refused: int | str = ""  # files decode_jpeg refuses alone, once the GPU stages have looked
+
+    def __call__(self, stage: str, method: str, mode: str, fn) -> None:
+        args = self.args
+        per_batch = [timed(lambda b=b: fn(b), self.device, args.repeats) for b in range(args.batches)]
         host = statistics.median(h for h, _ in per_batch)
         total = statistics.median(t for _, t in per_batch)
-        rows.append(
+        self.rows.append(
             {
                 "stage": stage,
                 "method": method,
@@ -121,18 +225,33 @@ def main() -> None:
                 "host_s": round(host, 6),
                 "total_s": round(total, 6),
                 "images_per_s": round(args.batch_size / total, 1),
-                "batches": len(batches),
+                "batches": args.batches,
                 "repeats": args.repeats,
-                "files": len(files),
-                "files_refused_alone": len(bad),
+                "files": self.files,
+                "files_refused_alone": self.refused,
                 "torch_threads": torch.get_num_threads(),
                 "load_avg_1m": round(os.getloadavg()[0], 2),  # the host is shared: context for CPU rows
+                **self.facts,
             }
         )
         print(
-            f"{stage:12s} {method:8s} {mode:5s} host {host * 1e3:8.1f} ms  total {total * 1e3:8.1f} ms  "
-            f"{args.batch_size / total:8.0f} img/s"
+            f"{stage:12s} {method:13s} {mode:5s} host {host * 1e3:8.1f} ms  total {total * 1e3:8.1f} ms  "
+            f"{args.batch_size / total:8.0f} img/s  (load {os.getloadavg()[0]:.2f})"
         )
+
+
+def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.device, record: Recorder) -> None:
+    bad = failing_files(files, device)
+    record.refused = len(bad)
+    print(f"decode_jpeg on {device.type} refuses {len(bad)} of {len(files)} files alone")
+    for f, why in bad:
+        print(f"  {f}: {why}")
+
+    ds = EncodedFolderDataset(files, [0] * len(files), args.size)
+    items = [ds[i] for i in range(len(files))]
+    batches = [collate_encoded([items[i] for i in idx])[0] for idx in indices]
+    gpu_ok = sum(bool(x) for x in torch.cat([b.nvjpeg_ok for b in batches]).tolist())
+    print(f"header check: {gpu_ok} of {args.batches * args.batch_size} images go to the batched decode")
 
     backends = ["nvjpeg"] + (["nvimgcodec"] if nvimgcodec_available() else [])
     print(f"GPU decode backends here: {', '.join(backends)}")
@@ -163,7 +282,6 @@ def main() -> None:
             for mode in ("train", "eval"):
                 dec = GpuDecoder(files, args.size, device, train=mode == "train", resize=resize, backend=backend)
                 record("gpu_decoder", f"{backend}/{resize}", mode, lambda b, d=dec: d(batches[b]))
-
     if args.profile:
         # where one whole decoder call spends host and device time, for each backend
         from torch.profiler import ProfilerActivity, profile
@@ -179,11 +297,27 @@ def main() -> None:
             print(f"--- profile: one GpuDecoder call, {backend}, batch {args.batch_size}")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
 
-    env = environment(device, 1)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = args.out or RESULTS / f"jpeg_decode_{device.type}.csv"
-    write_csv_atomic(out, [{**r, "folder": args.folder.name, **env} for r in rows])
-    print(f"-> {out}")
+
+def cpu_stages(files: list[Path], indices: list[list[int]], args, record: Recorder) -> None:
+    """One DataLoader worker's work per batch, in this process on one thread."""
+    from torch.utils.data import default_collate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a worker's share: the DataLoader sets 1 thread in each worker too
+    try:
+        labels = [0] * len(files)
+        today = ImageFolderDataset(files, labels, args.size)
+        # today's path has no random-resized crop: it resizes the whole photo, then takes the centre
+        record("cpu_worker", "today", "train", lambda b: default_collate([today[i] for i in indices[b]]))
+        for method, draft in (("batch", False), ("batch+draft", True)):
+            ds = CpuDecodedFolder(files, labels, args.size, train=True, draft=draft)
+            record("cpu_worker", method, "train", lambda b, d=ds: d[indices[b]])
+        ds = CpuDecodedFolder(files, labels, args.size, train=False)
+        record("cpu_worker", "batch+draft", "eval", lambda b: ds[indices[b]])
+        ds = CpuDecodedFolder(files, labels, args.size, train=True)
+        record("cpu_worker", "pillow-resize", "train", lambda b: pillow_resize_batch(ds, indices[b]))
+    finally:
+        torch.set_num_threads(threads)
 
 
 if __name__ == "__main__":

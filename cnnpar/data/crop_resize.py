@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -57,22 +58,28 @@ def draw_crop_boxes(sizes: torch.Tensor, train: bool, generator: torch.Generator
     if not train or len(sizes) == 0:
         return boxes
     n = len(sizes)
-    hf, wf = h.double()[:, None], w.double()[:, None]
-    target = hf * wf * torch.empty(n, RRC_ATTEMPTS, dtype=torch.float64).uniform_(*RRC_SCALE, generator=generator)
+    # The draws come from torch's generator (seeded per rank, reproducible); the arithmetic runs in
+    # NumPy: on a 16-core H200 host, torch's element-wise sqrt/round/exp on these (N, 10) float64
+    # tensors took ~28 ms per 256-image batch (profiled), NumPy's take microseconds.
+    scale = torch.empty(n, RRC_ATTEMPTS, dtype=torch.float64).uniform_(*RRC_SCALE, generator=generator).numpy()
     log_lo, log_hi = math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1])
-    ratio = torch.empty(n, RRC_ATTEMPTS, dtype=torch.float64).uniform_(log_lo, log_hi, generator=generator).exp_()
-    cw = torch.sqrt(target * ratio).round_()  # round half to even, like Python's round() before
-    ch = torch.sqrt(target / ratio).round_()
-    fits = (cw > 0) & (cw <= wf) & (ch > 0) & (ch <= hf)
-    first = fits.to(torch.uint8).argmax(1, keepdim=True)  # argmax returns the first of equal maxima
+    log_ratio = torch.empty(n, RRC_ATTEMPTS, dtype=torch.float64).uniform_(log_lo, log_hi, generator=generator).numpy()
+    u = torch.rand(n, 2, dtype=torch.float64, generator=generator).numpy()
+    hn, wn = h.numpy()[:, None], w.numpy()[:, None]
+    target = hn * wn * scale
+    ratio = np.exp(log_ratio)
+    cw = np.round(np.sqrt(target * ratio))  # round half to even, like Python's round() before
+    ch = np.round(np.sqrt(target / ratio))
+    fits = (cw > 0) & (cw <= wn) & (ch > 0) & (ch <= hn)
+    first = fits.argmax(1)[:, None]  # argmax returns the first of equal maxima
     found = fits.any(1)
-    ch = ch.gather(1, first).squeeze(1).to(torch.int64)
-    cw = cw.gather(1, first).squeeze(1).to(torch.int64)
-    u = torch.rand(n, 2, dtype=torch.float64, generator=generator)
-    top = (u[:, 0] * (h - ch + 1)).floor().to(torch.int64).clamp_(max=(h - ch).clamp(min=0))
-    left = (u[:, 1] * (w - cw + 1)).floor().to(torch.int64).clamp_(max=(w - cw).clamp(min=0))
-    rrc = torch.stack([top, left, ch, cw], 1)
-    return torch.where(found[:, None], rrc, boxes)
+    ch = np.take_along_axis(ch, first, 1)[:, 0].astype(np.int64)
+    cw = np.take_along_axis(cw, first, 1)[:, 0].astype(np.int64)
+    hn, wn = hn[:, 0], wn[:, 0]
+    top = np.minimum(np.floor(u[:, 0] * (hn - ch + 1)).astype(np.int64), np.maximum(hn - ch, 0))
+    left = np.minimum(np.floor(u[:, 1] * (wn - cw + 1)).astype(np.int64), np.maximum(wn - cw, 0))
+    rrc = torch.from_numpy(np.stack([top, left, ch, cw], 1))
+    return torch.where(torch.from_numpy(found)[:, None], rrc, boxes)
 
 
 def resized_crops_loop(images: list[torch.Tensor], boxes: torch.Tensor, size: int) -> torch.Tensor:

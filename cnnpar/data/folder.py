@@ -1,7 +1,10 @@
-"""Image folders (`root/<class>/*.jpg|png`), decoded in worker processes with torchvision.io.
+"""Image folders (`root/<class>/*.jpg|png`): scanning, reading, decoding one file, and the errors.
 
-Workers read and decode (libjpeg-turbo / libpng) and resize to the model's size; everything after
-that (float conversion, normalisation, flips, crops) happens on the device in batched ops.
+Training and evaluation decode on the CPU a batch at a time (`cpu_decode`) or on the GPU
+(`gpu_decode`); `ImageFolderDataset` (one file per item: shorter side resized, centre crop) is what
+`cnnpar predict` reads and what sources hand to the loader. `decode_rgb` is the one torchvision
+decode that every CPU decode of a file goes through, so odd files (grey, CMYK, palette, 16-bit)
+behave alike on all paths.
 """
 
 from __future__ import annotations
@@ -60,16 +63,48 @@ def decode_error(path: Path | str, e: BaseException) -> DataError:
     return DataError(f"{path}: cannot decode as an image ({reason}): expected a readable JPEG or PNG file")
 
 
+def empty_file_error(path: Path | str) -> DataError:
+    return DataError(f"{path}: empty file (0 bytes): expected a readable JPEG or PNG file")
+
+
+def read_encoded(path: Path) -> torch.Tensor:
+    """A file's bytes as a 1-D uint8 tensor in ordinary (shareable) memory; DataError if unreadable or empty."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    if not data:
+        raise empty_file_error(path)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def decode_rgb(data: torch.Tensor, path: Path | str) -> torch.Tensor:
+    """Encoded bytes (1-D uint8) to a (3, H, W) uint8 RGB image with libjpeg-turbo / libpng.
+
+    Grey, palette, alpha and CMYK files come out as RGB (alpha dropped). 16-bit PNGs decode to
+    uint16 (int32 in older torchvision): their top 8 bits are kept, as a uint8 cast would instead
+    clip almost every pixel to white. Anything that does not decode is a DataError naming `path`.
+    """
+    from torchvision.io import ImageReadMode, decode_image
+
+    if data.numel() == 0:
+        raise empty_file_error(path)
+    try:
+        img = decode_image(data, mode=ImageReadMode.RGB)
+    except (RuntimeError, ValueError) as e:
+        raise decode_error(path, e) from None
+    if img.ndim == 4:  # an animated GIF (torchvision reads those too): its first frame
+        img = img[0]
+    if img.dtype != torch.uint8:
+        img = (img.to(torch.int32) >> 8).to(torch.uint8)
+    return img
+
+
 def decode_resized(path: Path, size: int) -> torch.Tensor:
     """Decode one file to uint8 (3, size, size): shorter side to `size`, then a centre crop."""
-    from torchvision.io import ImageReadMode, decode_image, read_file
     from torchvision.transforms.v2 import functional as TF
 
-    try:
-        img = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
-    except (RuntimeError, ValueError, OSError) as e:
-        raise decode_error(path, e) from None
-    img = TF.resize(img, size, antialias=True)
+    img = TF.resize(decode_rgb(read_encoded(path), path), size, antialias=True)
     return TF.center_crop(img, [size, size])
 
 

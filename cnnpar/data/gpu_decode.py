@@ -37,9 +37,8 @@ import torch
 from torch.utils.data import Dataset
 
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_flat, resized_crops_loop
-from cnnpar.data.folder import decode_error
+from cnnpar.data.folder import decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import header_ok, read_jpeg_header
-from cnnpar.errors import DataError
 
 BatchDecode = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
 
@@ -83,15 +82,12 @@ class EncodedFolderDataset(Dataset):
     def __getitem__(self, i: int):
         # Plain bytes in ordinary tensor memory: a worker must be able to move the tensor through
         # shared memory, which failed (silently, in the queue's feeder thread) for read_file's.
-        try:
-            data = self.files[i].read_bytes()
-        except OSError as e:
-            raise DataError(f"{self.files[i]}: cannot read ({e.strerror})") from None
+        data = read_encoded(self.files[i])
         # The header is read here, in the worker, so the main process does no per-file Python work;
         # its size lets the crop be drawn before decoding (and only the crop be decoded).
-        header = read_jpeg_header(data)
+        header = read_jpeg_header(memoryview(data.numpy()))
         hw = (header.height, header.width) if header is not None else (0, 0)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8), self.labels[i], i, header_ok(header), hw
+        return data, self.labels[i], i, header_ok(header), hw
 
 
 def collate_encoded(batch):
@@ -185,12 +181,7 @@ class GpuDecoder:
         self.cpu_decoded = 0  # images decoded on the CPU
 
     def _decode_cpu(self, buf: torch.Tensor, index: int) -> torch.Tensor:
-        from torchvision.io import ImageReadMode, decode_image
-
-        try:
-            img = decode_image(buf, mode=ImageReadMode.RGB)
-        except (RuntimeError, ValueError) as e:
-            raise decode_error(self.files[index], e) from None
+        img = decode_rgb(buf, self.files[index])
         self.cpu_decoded += 1
         return img.to(self.device, non_blocking=True)
 

@@ -19,6 +19,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 from cnnpar.config import Config, resolve_decode
 from cnnpar.data.bundle import ArrayDataset, DataBundle
+from cnnpar.data.cpu_decode import CpuDecodedFolder
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.nvimgcodec_decode import nvimgcodec_available
@@ -270,9 +271,9 @@ def _host_loader(
         common["collate_fn"] = collate_fn
     if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
-    if (_array_backed(ds) or isinstance(ds, StoreDataset)) and not textbook:
+    if (_array_backed(ds) or isinstance(ds, (StoreDataset, CpuDecodedFolder))) and not textbook:
         # batch_size=None: the sampler yields whole index lists and the data set answers each
-        # with one vectorised index_select; no per-sample collate.
+        # with one vectorised index_select (or one decoded batch); no per-sample collate.
         return DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler, batch_size, drop_last), **common)
     # The sampler owns shuffling: passing shuffle=True beside a sampler raises in DataLoader.
     return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
@@ -329,10 +330,12 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         resident = store_resident(cfg.data.resident, ds.store, info.device, RESIDENT_MEMORY_SHARE)
         decoder = StoreCropper(ds, info.device, train, seed=cfg.run.seed + info.rank, resident=resident)
         ds = ds.index_only() if resident else ds
+    elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "cpu":
+        ds = CpuDecodedFolder(ds.files, ds.labels, ds.size, train)  # workers crop, resize and batch
     if wants_resident(cfg, bundle, info.device):
         loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device, with_index=transform.needs_index)
     else:
-        if transform.needs_index and decoder is None:  # nvJPEG batches carry their indices already
+        if transform.needs_index and decoder is None and not isinstance(ds, CpuDecodedFolder):  # batches carry them
             ds = WithIndex(ds)
         loader = _host_loader(ds, sampler, batch_size, drop_last, cfg, info, textbook, collate)
     return DeviceFeeder(

@@ -1,0 +1,204 @@
+"""Image folders decoded on the CPU, a whole batch per call, into one uint8 tensor.
+
+The worker-side twin of `gpu_decode`: a DataLoader built with `batch_size=None` and a
+`BatchSampler` hands each worker a list of indices; the worker reads the files, draws the batch's
+crop boxes in one call (`draw_crop_boxes`, the GPU path's distribution: random-resized crops for
+training, the centre square otherwise), decodes, crops and resizes each image straight into one
+preallocated (N, 3, S, S) uint8 tensor, and returns `(x, labels, index)`. One tensor per batch
+crosses to the main process (one shared-memory segment), and nothing leaves uint8.
+
+Why each step is done this way (timings per image on one core of a 2-core EPYC, ImageNet photos
+of about 500x375; benchmarks/jpeg_decode.py measures the whole):
+- JPEGs whose crop is at least 2x, 4x or 8x the output side are decoded at 1/2, 1/4 or 1/8 size
+  by libjpeg-turbo's DCT scaling (Pillow's `draft`): a smaller inverse DCT, and upsampling,
+  colour conversion and resizing on 1/4 to 1/64 of the pixels. The entropy (Huffman) decoding of
+  the whole file remains, so the gain shrinks as files get more detailed: on a smooth 1600x1200
+  picture a 1/2-size decode took 2.3 ms against 5.9 ms, on the same with noise (540 kB) 6.3 ms
+  against 8.2 ms. The largest reduction that leaves the crop >= S pixels on both sides is used,
+  so nothing the output could hold is lost beyond what the reduced IDCT's own filter does
+  (within a few levels of the full-size reference: tests/unit/test_cpu_decode.py).
+- Other images (crop < 2 S, PNGs, files Pillow cannot reduce) go through torchvision's
+  `decode_image`, a little faster than Pillow at full size (1.2 vs 1.3 ms), and shared with the
+  old path and the GPU path's CPU fall-back, so odd files behave alike everywhere.
+- Crop and resize are `F.interpolate(bilinear, antialias=True)` on a uint8 view of the crop. Both
+  decoders leave pixels interleaved (HWC), which torch's uint8 antialiased kernel takes as a
+  channels-last batch of one, without a copy: 0.23 ms, where Pillow's `resize(box=...)` on the
+  same crops took 0.72 ms and the same kernel on planar (CHW) input 0.49 ms. It is the filter of
+  the GPU path's `resized_crops_loop`, computed in integers (within one level of it).
+- Each photo is decoded only when its turn comes and freed after: a batch of decoded 12-megapixel
+  photos would not fit in a worker's share of memory.
+
+What it gains per worker over the per-image path (`ImageFolderDataset`: whole photo decoded and
+resized, centre crop, default collate), ResNet-50's 224 crops, one thread, 2-core EPYC
+(benchmarks/results/jpeg_decode_cpu.csv): 1.10x on ImageNet photos (0.2 megapixels; JPEG
+decoding is ~1.2 of the 1.5 ms an image takes, and their crops are too small to reduce), 1.31x on
+noisy 1600x1200 JPEGs (536 kB: entropy decoding dominates), 1.74x on smooth ones (113 kB).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from cnnpar.data.crop_resize import draw_crop_boxes
+from cnnpar.data.folder import decode_error, decode_rgb, read_encoded
+from cnnpar.data.jpeg_header import JpegHeader, read_jpeg_header
+from cnnpar.errors import DataError
+
+DCT_SCALES = (8, 4, 2)  # the reductions libjpeg-turbo's scaled IDCT offers through Pillow's draft
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_DRAFT_SOF = frozenset({0xC0, 0xC1, 0xC2})  # Huffman-coded baseline, extended and progressive frames
+
+
+def png_size(data) -> tuple[int, int] | None:
+    """(height, width) from a PNG's IHDR chunk, or None when `data` does not start like a PNG."""
+    if len(data) < 24 or bytes(data[:8]) != PNG_SIGNATURE or bytes(data[12:16]) != b"IHDR":
+        return None
+    w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    return (h, w) if h > 0 and w > 0 else None
+
+
+def reduction(crop_h: int, crop_w: int, size: int) -> int:
+    """The largest DCT scale-down (8, 4, 2, else 1) that leaves a crop at least `size` on each side."""
+    side = min(crop_h, crop_w)
+    return next((k for k in DCT_SCALES if side >= k * size), 1)
+
+
+def draftable(h: JpegHeader | None) -> bool:
+    """An 8-bit Huffman-coded JPEG with its size in the frame header: Pillow can decode it reduced."""
+    return h is not None and h.precision == 8 and h.sof in _DRAFT_SOF and h.height > 0 and h.width > 0
+
+
+def scaled_box(box: tuple[int, int, int, int], scale: float, h: int, w: int) -> tuple[int, int, int, int]:
+    """Box (top, left, height, width) in original pixels -> in an (h, w) decode made at 1/scale,
+    rounded to whole pixels: off by at most half a reduced pixel, under 0.25% of a crop side >= 224."""
+    top, left, ch, cw = box
+    if scale == 1.0:
+        return top, left, ch, cw
+    ch, cw = max(1, min(h, round(ch / scale))), max(1, min(w, round(cw / scale)))
+    return min(round(top / scale), h - ch), min(round(left / scale), w - cw), ch, cw
+
+
+def decode_reduced(
+    data: torch.Tensor, path: Path | str, k: int, h: int, w: int, box: tuple[int, int, int, int]
+) -> torch.Tensor:
+    """Decode the (h, w) JPEG in `data` at 1/k size with Pillow; return crop `box` (original
+    pixels) of it as a (3, h', w') uint8 view of interleaved (HWC) pixels."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(memoryview(data.numpy())), formats=["JPEG"]) as im:
+            got = im.draft("RGB", (w // k, h // k))
+            im.load()
+            # draft returns the original extent in reduced pixels (None if it could not reduce)
+            scale = w / got[1][2] if got is not None else 1.0
+            top, left, ch, cw = scaled_box(box, scale, im.height, im.width)
+            # Crop before copying out of Pillow: only the crop's pixels cross (and turn RGB).
+            crop = im.crop((left, top, left + cw, top + ch))
+            rgb = crop if crop.mode == "RGB" else crop.convert("RGB")  # grey and CMYK files
+            pixels = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
+    except (OSError, SyntaxError, ValueError) as e:  # PIL.UnidentifiedImageError is an OSError
+        raise decode_error(path, e) from None
+    return pixels.view(ch, cw, 3).permute(2, 0, 1)
+
+
+def decode_as_header_says(data: torch.Tensor, path: Path | str, h: int, w: int) -> torch.Tensor:
+    """Full-size decode of an image whose crop box was drawn from its header's size: a decode of
+    another size (a header that lies) would put the box outside the image, so it is refused."""
+    img = decode_rgb(data, path)
+    if tuple(img.shape[1:]) != (h, w):
+        raise DataError(
+            f"{path}: decodes to {img.shape[2]}x{img.shape[1]} pixels: expected {w}x{h}, as its header says"
+        )
+    return img
+
+
+def resize_into(out: torch.Tensor, crop: torch.Tensor) -> None:
+    """Resize a (3, h, w) uint8 crop to out's (3, S, S), antialiased bilinear, in uint8 (torch's
+    kernel for channels-last uint8 input: HWC views qualify as they are)."""
+    out.copy_(F.interpolate(crop[None], size=out.shape[1:], mode="bilinear", antialias=True)[0])
+
+
+def _shared_uint8(shape: tuple[int, ...]) -> torch.Tensor:
+    """An empty uint8 tensor, in shared memory inside a DataLoader worker (as default_collate
+    allocates its batches there) so that sending it to the main process copies nothing."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    elem = torch.empty(0, dtype=torch.uint8)
+    storage = elem._typed_storage()._new_shared(math.prod(shape), device=elem.device)
+    return elem.new(storage).view(shape)
+
+
+class CpuDecodedFolder(Dataset):
+    """Files and labels of an image folder; `dataset[list of indices]` is one decoded batch
+    `(x (N, 3, size, size) uint8, labels (N,) int64, index (N,) int64)`.
+
+    `train`: random-resized crops (else the centre square). `draft`: decode JPEGs reduced where
+    the crop allows (off only to measure what it gains). The crop boxes come from a generator
+    seeded with `torch.initial_seed()` of the process that decodes: DataLoader workers get a
+    fresh seed from the main process's generator each epoch (and each worker its own), so runs
+    seeded alike repeat, and epochs and workers differ.
+    """
+
+    def __init__(self, files: list[Path], labels, size: int, train: bool, draft: bool = True) -> None:
+        self.files = list(files)
+        self.labels = torch.as_tensor(labels, dtype=torch.int64)
+        self.size, self.train, self.draft = size, train, draft
+        self._generator: torch.Generator | None = None
+        self._seed: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_generator": None, "_seed": None}  # each process seeds its own
+
+    def generator(self) -> torch.Generator:
+        seed = torch.initial_seed()
+        if self._generator is None or self._seed != seed:
+            self._generator, self._seed = torch.Generator().manual_seed(seed), seed
+        return self._generator
+
+    def __getitem__(self, index):
+        # batch_size=None: the DataLoader passes the BatchSampler's whole list here
+        if isinstance(index, int):
+            x, y, _ = self.__getitems__([index])
+            return x[0], y[0]
+        return self.__getitems__(index)
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.int64)
+        n, size = len(indices), self.size
+        # Pass 1: bytes and sizes, from the headers (JPEG, PNG) or, for other formats, by decoding.
+        datas, sizes, images, reducible = [], [], [], []
+        for i in indices:
+            path = self.files[i]
+            data = read_encoded(path)
+            view = memoryview(data.numpy())
+            jpeg = read_jpeg_header(view)
+            hw = (jpeg.height, jpeg.width) if jpeg is not None and jpeg.height and jpeg.width else png_size(view)
+            img = decode_rgb(data, path) if hw is None else None
+            datas.append(data)
+            images.append(img)
+            sizes.append(hw or tuple(img.shape[1:]))
+            reducible.append(self.draft and draftable(jpeg))
+        boxes = draw_crop_boxes(torch.tensor(sizes, dtype=torch.int64).view(n, 2), self.train, self.generator())
+        x = _shared_uint8((n, 3, size, size))
+        # Pass 2: one image at a time (a batch of whole photos would not fit in a worker's share
+        # of memory), at the largest reduction its crop allows, then crop+resize into x.
+        for k, (i, box) in enumerate(zip(indices, boxes.tolist())):
+            img = images[k]
+            if img is None and reducible[k] and (r := reduction(box[2], box[3], size)) > 1:
+                crop = decode_reduced(datas[k], self.files[i], r, *sizes[k], box)
+            else:
+                if img is None:
+                    img = decode_as_header_says(datas[k], self.files[i], *sizes[k])
+                crop = img[:, box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
+            resize_into(x[k], crop)
+            datas[k] = images[k] = None  # free each photo as soon as it is used
+        return x, self.labels[index], index

@@ -1,0 +1,149 @@
+"""The batch-level CPU decoder for image folders (`CpuDecodedFolder`): the GPU path's crop boxes,
+its reference resize, JPEG DCT scaling, per-process seeding, and its place in `build_loader`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import cnnpar.data.cpu_decode as cpu_decode
+from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
+from cnnpar.data import load_data
+from cnnpar.data.cpu_decode import CpuDecodedFolder, png_size, reduction, scaled_box
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop
+from cnnpar.data.loader import build_loader
+from cnnpar.dist import DistInfo
+from tests.datafiles import write_image_folder
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchvision 0.29's codec notice
+
+SIZES = [(375, 500), (500, 333), (120, 90), (64, 300), (224, 224), (31, 29)]
+
+
+def smooth(h: int, w: int, phase: float = 0.0) -> np.ndarray:
+    """A smooth (h, w, 3) uint8 picture (as test_gpu_decode's): JPEG keeps it, resizing is well posed."""
+    y, x = np.linspace(0, 1, h)[:, None], np.linspace(0, 1, w)[None]
+    rgb = [127 + 100 * np.sin(6 * x + 3 * y + phase), 127 + 100 * np.cos(5 * x * y + phase), 60 + 150 * x * y]
+    return np.stack([np.broadcast_to(c, (h, w)) for c in rgb], -1).round().astype(np.uint8)
+
+
+def write_jpegs(folder: Path, sizes, quality: int = 90) -> list[Path]:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i, (h, w) in enumerate(sizes):
+        files.append(folder / f"{i}.jpg")
+        Image.fromarray(smooth(h, w, phase=i)).save(files[-1], quality=quality)
+    return files
+
+
+def reference(files: list[Path], train: bool, seed: int, size: int) -> torch.Tensor:
+    """The GPU path on the same files: full decode, `draw_crop_boxes` from a generator seeded as
+    the decoder seeds its own, `resized_crops_loop` (float antialiased bilinear)."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    images = [decode_image(str(f), mode=ImageReadMode.RGB) for f in files]
+    boxes = draw_crop_boxes(torch.tensor([img.shape[1:] for img in images]), train, torch.Generator().manual_seed(seed))
+    return resized_crops_loop(images, boxes, size)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batch_uses_the_gpu_paths_boxes_and_matches_its_resize_at_full_scale(tmp_path, train):
+    files = write_jpegs(tmp_path, SIZES)
+    labels = [3, 1, 4, 1, 5, 9]
+    ds = CpuDecodedFolder(files, labels, 48, train=train, draft=False)
+    torch.manual_seed(11)
+    order = [5, 0, 2, 1, 4, 3]
+    x, y, index = ds[order]  # what the DataLoader passes with batch_size=None
+    assert x.shape == (6, 3, 48, 48) and x.dtype == torch.uint8 and x.is_contiguous()
+    assert y.tolist() == [labels[i] for i in order] and index.tolist() == order
+    ref = reference([files[i] for i in order], train, 11, 48)
+    diff = (x.int() - ref.int()).abs()
+    # The same filter in integers (torch's uint8 kernel) and floats: a rounding flip at most.
+    assert diff.max() <= 1 and diff.float().mean() < 0.2
+    assert torch.equal(ds.__getitems__(order)[0], x) != train  # evaluation repeats; training draws anew
+
+
+def test_large_jpegs_decode_reduced_close_to_the_full_size_reference(tmp_path, monkeypatch):
+    files = write_jpegs(tmp_path, [(1200, 1600), (900, 700), (600, 800), (2000, 1500)])
+    used = []
+    real = cpu_decode.decode_reduced
+    monkeypatch.setattr(cpu_decode, "decode_reduced", lambda *a: used.append(a[2]) or real(*a))
+    for size, train in ((64, False), (112, True), (224, True)):
+        used.clear()
+        torch.manual_seed(size)
+        x, _, _ = CpuDecodedFolder(files, [0] * 4, size, train=train)[[0, 1, 2, 3]]
+        assert len(used) == 4 and all(k > 1 for k in used), used
+        diff = (x.int() - reference(files, train, size, size).int()).abs()
+        # libjpeg-turbo's scaled IDCT is a filter of its own: measured 0.2-1.0 mean, 5 max on
+        # these pictures at 1/2, 1/4 and 1/8 scale.
+        assert diff.float().mean() < 1.5 and diff.max() <= 8, (size, diff.float().mean(), diff.max())
+
+
+def test_reduction_leaves_the_crop_at_least_the_output_size():
+    assert [reduction(s, 2000, 224) for s in (223, 447, 448, 895, 896, 1791, 1792, 5000)] == [1, 1, 2, 2, 4, 4, 8, 8]
+    assert reduction(2000, 500, 224) == 2  # the shorter side decides
+    for box, scale, hw in [((10, 21, 500, 700), 2.0, (600, 800)), ((1190, 3, 9, 16), 8.0, (150, 200))]:
+        top, left, ch, cw = scaled_box(box, scale, *hw)
+        assert 0 <= top and top + ch <= hw[0] and 0 <= left and left + cw <= hw[1] and ch >= 1 and cw >= 1
+        assert abs(ch - box[2] / scale) <= 0.5 and abs(top - box[0] / scale) <= 1
+    assert png_size(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x01\x00\x00\x00\x00\x80") == (128, 256)
+    assert png_size(b"\xff\xd8\xff") is None
+
+
+def test_boxes_come_from_the_decoding_processes_seed(tmp_path):
+    """Seeded from torch.initial_seed() of the process that decodes: the same seed repeats a
+    batch, the next draw differs, and another seed (another worker, or the fresh workers of
+    another epoch) differs too."""
+    files = write_jpegs(tmp_path, SIZES)
+
+    def draws(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(seed)
+        ds = CpuDecodedFolder(files, [0] * 6, 32, train=True)
+        return ds[[0, 1, 2]][0], ds[[0, 1, 2]][0]
+
+    first, second = draws(0)
+    again, _ = draws(0)
+    other, _ = draws(1)
+    assert torch.equal(again, first) and not torch.equal(first, second) and not torch.equal(other, first)
+
+
+def test_workers_hand_over_whole_batches_reproducibly(tmp_path):
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+    files = write_jpegs(tmp_path, SIZES * 2)
+    ds = CpuDecodedFolder(files, list(range(12)), 24, train=True)
+
+    def epoch() -> list:
+        sampler = BatchSampler(SequentialSampler(ds), 4, drop_last=False)
+        return list(DataLoader(ds, batch_size=None, sampler=sampler, num_workers=2))
+
+    torch.manual_seed(5)
+    a, b = epoch(), epoch()
+    torch.manual_seed(5)
+    again = epoch()
+    assert [len(batch) for batch in a] == [3, 3, 3]  # (x, labels, index) per batch
+    assert [batch[2].tolist() for batch in a] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert all(x.shape == (4, 3, 24, 24) and x.dtype == torch.uint8 for x, _, _ in a)
+    assert all(torch.equal(p[0], q[0]) for p, q in zip(a, again))  # same seed, same crops
+    assert not all(torch.equal(p[0], q[0]) for p, q in zip(a, b))  # the next epoch draws anew
+
+
+@pytest.mark.parametrize("augment", ["flip", "altflip"])
+def test_build_loader_decodes_folders_a_batch_at_a_time_on_the_cpu(tmp_path, augment):
+    root = write_image_folder(tmp_path / "photos", per_class=6, classes=2, side=20)
+    bundle = load_data(DataConfig(source=str(root), image_size=16, val_fraction=0.25))
+    cfg = Config(data=DataConfig(augment=augment, decode="cpu", workers=0), run=RunConfig(batch_size=4, seed=3))
+    info = DistInfo(0, 0, 1, torch.device("cpu"))
+    for train in (True, False):
+        feeder = build_loader(bundle, resolve_for_device(cfg, "cpu", False), info, train=train)
+        assert isinstance(feeder.loader.dataset, CpuDecodedFolder) and feeder.loader.dataset.train is train
+        assert feeder.loader.batch_size is None
+        feeder.set_epoch(1)
+        batches = list(feeder)
+        assert batches and all(x.shape[1:] == (3, 16, 16) and x.dtype == torch.float32 for x, _ in batches)
+        assert sum(len(y) for _, y in batches) == (8 if train else len(bundle.val))
