@@ -45,13 +45,15 @@ jpeg)
       --out .devdata/imagenet_rep.cnnpar --max-side 256
   ;;
 jpeg_e2e)
-  # issue 11, second half: ResNet-50 end to end (a call of its own: the first half and this one
-  # together pass the 10 minutes a call may take)
+  # issue 11, second half: the per-batch figures again (after changes), then ResNet-50 end to end
+  # (a call of its own: with the tests, the two halves pass the 10 minutes a call may take)
   logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
              grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --profile --out "$R/jpeg_decode_cuda.csv"
   STORE=.devdata/imagenet_rep.cnnpar
   [ -f "$STORE" ] || logged prepare 120 python3 -m cnnpar prepare .devdata/imagenet_rep --out "$STORE" --max-side 256
-  logged speed_records 420 python3 benchmarks/speed_records.py --parts jpeg --store "$STORE" \
+  logged speed_records 380 python3 benchmarks/speed_records.py --parts jpeg --store "$STORE" \
       --out "$R/speed_records_jpeg.csv"
   ;;
 smoke)

@@ -5,8 +5,9 @@ Why a second GPU decoder beside torchvision's nvJPEG call:
 - Where the GPU has JPEG engines (A100, H100, H200: NVJPG), nvImageCodec's hardware backend
   decodes on them, not on the SMs that the training step needs; torchvision's batched call runs
   its Huffman and IDCT kernels on the SMs, so every decoded image costs step time.
-- It decodes a region: a random-resized crop keeps 25-100 % of the photo (crop_resize.RRC_SCALE),
-  and the rest need not be decoded at all.
+- It can decode a region (`regions`): a random-resized crop keeps 25-100 % of the photo
+  (crop_resize.RRC_SCALE). Off by default: on an H200 (nvJPEG 13.0) it was no faster, and the
+  library turns it off for images with interpolated chroma, warning once per image.
 - An image it cannot decode comes back as None in its place; the rest of the batch is kept (a
   batched torchvision call fails as a whole).
 
@@ -53,15 +54,17 @@ class NvImageCodecDecode:
 
     hwc = True
 
-    def __init__(self, device: torch.device, regions: bool = True) -> None:
+    def __init__(self, device: torch.device, regions: bool = False) -> None:
         n = _module()
         self.device, self.regions = device, regions
         if device.type == "cuda":
-            kinds = (n.BackendKind.HW_GPU_ONLY, n.BackendKind.HYBRID_CPU_GPU, n.BackendKind.CPU_ONLY)
+            # load_hint 1: every image the engines can take goes to them, none balanced away
+            backends = [n.Backend(n.BackendKind.HW_GPU_ONLY, load_hint=1.0)]
+            backends += [n.Backend(n.BackendKind.HYBRID_CPU_GPU), n.Backend(n.BackendKind.CPU_ONLY)]
             device_id = device.index if device.index is not None else torch.cuda.current_device()
         else:
-            kinds, device_id = (n.BackendKind.CPU_ONLY,), n.NVIMGCODEC_DEVICE_CPU_ONLY
-        self.decoder = n.Decoder(device_id=device_id, backends=[n.Backend(k) for k in kinds])
+            backends, device_id = [n.Backend(n.BackendKind.CPU_ONLY)], n.NVIMGCODEC_DEVICE_CPU_ONLY
+        self.decoder = n.Decoder(device_id=device_id, backends=backends)
         # sRGB, 8 bits, interleaved; no EXIF rotation, like torchvision's decode_jpeg and the CPU path
         self.params = n.DecodeParams(
             color_spec=n.ColorSpec.SRGB, sample_format=n.I_RGB, allow_any_depth=False, apply_exif_orientation=False
