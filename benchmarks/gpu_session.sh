@@ -56,6 +56,13 @@ jpeg_e2e)
   logged speed_records 380 python3 benchmarks/speed_records.py --parts jpeg --store "$STORE" \
       --out "$R/speed_records_jpeg.csv"
   ;;
+jpeg_pipeline)
+  # issue 11: the JPEG-folder loader alone against whole ResNet-50 epochs, a few variants
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  logged jpeg_pipeline 480 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep ${VARIANTS:+--variants $VARIANTS} \
+      --out "$R/jpeg_pipeline.csv"
+  ;;
 smoke)
   run 120 python3 -m pytest -q -m gpu tests
   run 120 python3 benchmarks/step_vs_plain.py --cases resnet18:32:512 --steps 5 --repeats 1 --warmup 3 \

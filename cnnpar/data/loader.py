@@ -144,6 +144,7 @@ class DeviceFeeder:
     """
 
     QUEUE_DEPTH = 3
+    STREAM_PRIORITY = 0  # of the decode thread's stream; benchmarks/jpeg_pipeline.py compares -1 (high)
 
     def __init__(
         self,
@@ -204,7 +205,7 @@ class DeviceFeeder:
 
     def _produce(self, source, out: queue.Queue, stop: threading.Event) -> None:
         cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(self.device) if cuda else None
+        stream = torch.cuda.Stream(self.device, priority=self.STREAM_PRIORITY) if cuda else None
         try:
             with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                 for raw in source:

@@ -1,0 +1,101 @@
+"""Where the JPEG-folder pipeline's time goes on a GPU: the loader alone (read, decode, crop, resize,
+flip; no step) against whole epochs of ResNet-50 with the same settings, for a few variants
+(decoder, worker count, the decode thread's stream priority).
+
+If the loader alone runs far faster than the epochs, the two compete (for the GPU, the GIL or
+the cores); if it runs at the epochs' pace, the loader itself is the limit. Rows go to --out with
+environment facts; nothing is typed in by hand.
+
+    python benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep --out jpeg_pipeline.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
+from cnnpar.data import load_data  # noqa: E402
+from cnnpar.data.loader import DeviceFeeder  # noqa: E402
+from cnnpar.dist import DistInfo  # noqa: E402
+from cnnpar.engine.trainer import Trainer  # noqa: E402
+from cnnpar.report.environment import environment  # noqa: E402
+from cnnpar.report.files import write_csv_atomic  # noqa: E402
+from cnnpar.report.meters import sync  # noqa: E402
+
+
+def loader_alone(tr: Trainer) -> float:
+    """Images/s of one epoch of the train loader, batches made and dropped, no step."""
+    tr.train_loader.set_epoch(99)
+    sync(tr.info.device)
+    t0, n = time.perf_counter(), 0
+    for _, y in tr.train_loader:
+        n += y.shape[0]
+    sync(tr.info.device)
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--folder", default=".devdata/imagenet_rep")
+    ap.add_argument(
+        "--variants", default="gpu:14:0,gpu:14:-1,gpu:6:-1,cpu:14:0,cpu:15:0", help="decode:workers:priority, ..."
+    )
+    ap.add_argument("--compile", default="default")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--out", default="benchmarks/results/jpeg_pipeline.csv")
+    args = ap.parse_args()
+    cuda = args.device == "cuda"
+    info = DistInfo(0, 0, 1, torch.device("cuda", 0) if cuda else torch.device("cpu"))
+    if cuda:
+        torch.cuda.set_device(info.device)
+    env = environment(info.device)
+    rows = []
+    bundle = None
+    for spec in args.variants.split(","):
+        decode, workers, priority = spec.split(":")
+        DeviceFeeder.STREAM_PRIORITY = int(priority)
+        cfg = Config(
+            data=DataConfig(
+                source=args.folder, image_size=args.image_size, decode=decode, val_fraction=0.0, workers=int(workers)
+            ),
+            model=ModelConfig(name=args.model),
+            optim=OptimConfig(optimizer="sgd", lr=0.1),
+            speed=SpeedConfig(device=args.device, precision="auto", channels_last="on", compile=args.compile),
+            run=RunConfig(epochs=4, batch_size=args.batch_size, progress=False, out_dir="/tmp/cnnpar-jp"),
+        )
+        row = {"variant": f"--decode {decode} --workers {workers}, decode-thread stream priority {priority}"}
+        try:
+            bundle = bundle or load_data(cfg.data, 0)
+            tr = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
+            tr.warm_up_compile()
+            tr.train_epoch(1)  # warm: workers started, cuDNN tuned, graph captured
+            row["loader_alone_images_per_s"] = round(loader_alone(tr), 1)
+            epochs = [tr.train_epoch(e) for e in (2, 3)]
+            row["end_to_end_images_per_s"] = round(statistics.median(r["images_per_s"] for r in epochs), 1)
+            row["data_wait_share"] = round(statistics.median(r["data_wait_share"] for r in epochs), 3)
+            row["status"] = "ok"
+            del tr
+        except Exception as e:  # one variant failing leaves the others' figures
+            row.update(status="failed", error=repr(e)[:300])
+        print(row, flush=True)
+        rows.append({**row, **{k: env[k] for k in ("device", "driver", "torch", "world_size", "git_rev", "date")}})
+        torch._dynamo.reset()
+        if cuda:
+            torch.cuda.empty_cache()
+    write_csv_atomic(args.out, rows)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
