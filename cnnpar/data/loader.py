@@ -22,7 +22,7 @@ from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.cpu_decode import CpuDecodedFolder
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
-from cnnpar.data.nvimgcodec_decode import nvimgcodec_available
+from cnnpar.data.store import prepare_command
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.dist import DistInfo
@@ -284,9 +284,12 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
     """Which decoder an image folder's photos get and why, for the run's log; empty otherwise."""
     if not isinstance(bundle.train, ImageFolderDataset):
         return ""
-    decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda", nvimgcodec_available())
+    decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda")
     what = {"cpu": "in worker processes", "gpu": "torchvision nvJPEG on the device", "nvimgcodec": "nvImageCodec"}
-    return f"decode: {decoder} ({what[decoder]}; {why})"
+    # ResNet-50 on an H200 (benchmarks/results/2026-11-30-h200/speed_records_jpeg.csv): 6,434 img/s
+    # from a prepared store against 3,584 decoding the same photos every epoch
+    tip = prepare_command(bundle.origin, bundle.shape[1], cfg.model.name)
+    return f"decode: {decoder} ({what[decoder]}; {why})\nphotos are decoded again every epoch; decode them once: {tip}"
 
 
 def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -> DeviceFeeder:

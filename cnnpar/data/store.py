@@ -51,6 +51,24 @@ def default_store_path(folder: str | Path) -> Path:
     return p.with_name(p.name + ".cnnpar")
 
 
+def prepare_side(input_size: int) -> int:
+    """The longer side to store photos at for a model input of `input_size`: ~8/7 of it, a multiple
+    of 8 (256 for 224, ImageNet's usual pair), so random-resized crops keep resolution to spare."""
+    return 8 * -(-input_size // 7)
+
+
+def prepare_command(source: str, input_size: int = 0, model: str = "") -> str:
+    """`cnnpar prepare` for a photo folder, then `cnnpar train` from the store it writes: the advice
+    the doctor and a run from a folder print, pasteable as it stands."""
+    import shlex
+
+    out = str(default_store_path(source))
+    train = ["cnnpar", "train", "--data", out] + (["--model", model] if model else [])
+    train += ["--image-size", str(input_size)] if input_size else []
+    prepare = ["cnnpar", "prepare", source, "--out", out, "--max-side", str(prepare_side(input_size or 224))]
+    return f"{shlex.join(prepare)} && {shlex.join(train)}"
+
+
 def partial_path(out: Path) -> Path:
     """Where the writer builds `out` before renaming it; never a store."""
     return out.with_name(out.name + PARTIAL_SUFFIX)

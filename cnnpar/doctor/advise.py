@@ -11,10 +11,9 @@ with measurements.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import asdict, dataclass, field
 
-from cnnpar.data.store import default_store_path
+from cnnpar.data.store import prepare_command as store_prepare_command
 
 DATA_BOUND = "data-bound"
 COMPUTE_BOUND = "compute-bound"
@@ -143,19 +142,9 @@ def _compute_part(f: Facts, factor: float) -> float:
     return fixed + (f.step_s - fixed) / factor
 
 
-def prepare_side(input_size: int) -> int:
-    """The longer side to store photos at for a model input of `input_size`: ~8/7 of it, a multiple
-    of 8 (256 for 224, ImageNet's usual pair), so random-resized crops keep resolution to spare."""
-    return 8 * -(-input_size // 7)
-
-
 def prepare_command(f: Facts) -> str:
     """`cnnpar prepare` for the folder measured, then `cnnpar train` from the store it writes."""
-    out = str(default_store_path(f.data_source))
-    train = ["cnnpar", "train", "--data", out] + (["--model", f.model] if f.model else [])
-    train += ["--image-size", str(f.input_size)] if f.input_size else []
-    prepare = ["cnnpar", "prepare", f.data_source, "--out", out, "--max-side", str(prepare_side(f.input_size or 224))]
-    return f"{shlex.join(prepare)} && {shlex.join(train)}"
+    return store_prepare_command(f.data_source, f.input_size, f.model)
 
 
 def recommend(f: Facts) -> list[Recommendation]:

@@ -26,13 +26,9 @@ def cpu_has_native_bf16() -> bool:
 
 def resolve_for(cfg: Config, device: torch.device) -> Config:
     """`resolve_for_device` with what this machine supports (bf16 on this GPU, native bf16 on this
-    CPU, nvImageCodec installed): the one resolution `cnnpar train`, the bench, the doctor and tune all use."""
-    from cnnpar.data.nvimgcodec_decode import nvimgcodec_available
-
+    CPU): the one resolution `cnnpar train`, the bench, the doctor and tune all use."""
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
-    return resolve_for_device(
-        cfg, device.type, bf16_ok, cpu_bf16=cpu_has_native_bf16(), nvimgcodec_ok=nvimgcodec_available()
-    )
+    return resolve_for_device(cfg, device.type, bf16_ok, cpu_bf16=cpu_has_native_bf16())
 
 
 class Precision:
