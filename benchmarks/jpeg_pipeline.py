@@ -1,6 +1,7 @@
 """Where the JPEG-folder pipeline's time goes on a GPU: the loader alone (read, decode, crop, resize,
 flip; no step) against whole epochs of ResNet-50 with the same settings, for a few variants
-(decoder, worker count, the decode thread's stream priority).
+(decoder, worker count, the share of each batch the workers decode on the CPU beside a GPU decoder;
+the decode thread's stream priority was a variant of an earlier run).
 
 If the loader alone runs far faster than the epochs, the two compete (for the GPU, the GIL or
 the cores); if it runs at the epochs' pace, the loader itself is the limit. Rows go to --out with
@@ -23,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
 from cnnpar.data import load_data  # noqa: E402
-from cnnpar.data.loader import DeviceFeeder  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
@@ -46,7 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", default=".devdata/imagenet_rep")
     ap.add_argument(
-        "--variants", default="gpu:14:0,gpu:14:-1,gpu:6:-1,cpu:14:0,cpu:15:0", help="decode:workers:priority, ..."
+        "--variants", default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0", help="decode:workers:cpu_share, ..."
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--device", default="cuda")
@@ -63,18 +63,22 @@ def main() -> None:
     rows = []
     bundle = None
     for spec in args.variants.split(","):
-        decode, workers, priority = spec.split(":")
-        DeviceFeeder.STREAM_PRIORITY = int(priority)
+        decode, workers, share = spec.split(":")
         cfg = Config(
             data=DataConfig(
-                source=args.folder, image_size=args.image_size, decode=decode, val_fraction=0.0, workers=int(workers)
+                source=args.folder,
+                image_size=args.image_size,
+                decode=decode,
+                val_fraction=0.0,
+                workers=int(workers),
+                cpu_share=float(share),
             ),
             model=ModelConfig(name=args.model),
             optim=OptimConfig(optimizer="sgd", lr=0.1),
             speed=SpeedConfig(device=args.device, precision="auto", channels_last="on", compile=args.compile),
             run=RunConfig(epochs=4, batch_size=args.batch_size, progress=False, out_dir="/tmp/cnnpar-jp"),
         )
-        row = {"variant": f"--decode {decode} --workers {workers}, decode-thread stream priority {priority}"}
+        row = {"variant": f"--decode {decode} --workers {workers} --cpu-share {share}"}
         try:
             bundle = bundle or load_data(cfg.data, 0)
             tr = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)

@@ -114,6 +114,11 @@ class DataConfig:
         "'cnnpar[nvimgcodec]'); auto: gpu with CUDA (measured fastest on an H200), else cpu",
         choices=DECODERS,
     )
+    cpu_share: float = _f(
+        0.0,
+        "with a GPU decoder: the share of each batch the worker processes decode on the CPU themselves, "
+        "beside the GPU (0..1; photos only)",
+    )
     gpu_resize: str = _f(
         "batched",
         "with a GPU decoder, how crops are resized: batched (a few kernels per batch; 3.4x the loop on an "
@@ -137,6 +142,8 @@ class DataConfig:
         _check_positive("data", "synthetic_samples", self.synthetic_samples)
         _check_positive("data", "image_size", self.image_size, allow_zero=True)
         _check_positive("data", "prefetch_factor", self.prefetch_factor)
+        if not 0.0 <= self.cpu_share <= 1.0:
+            raise ConfigError(f"data.cpu_share = {self.cpu_share}: expected 0 <= value <= 1")
         if self.workers < -1:
             raise ConfigError(f"data.workers = {self.workers}: expected -1 (auto) or a count >= 0")
 

@@ -239,7 +239,12 @@ class GpuDecoder:
                     boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, self.generator)[0]
         return images, boxes
 
-    def __call__(self, batch: EncodedBatch) -> torch.Tensor:
+    def __call__(self, batch) -> torch.Tensor:
+        if hasattr(batch, "decoded"):  # a HybridBatch: the workers decoded its first images
+            done = batch.decoded.to(self.device, non_blocking=True)
+            return torch.cat([done, self(batch.encoded)]) if len(batch.encoded) else done
+        if len(batch) == 0:
+            return torch.empty(0, 3, self.size, self.size, dtype=torch.uint8, device=self.device)
         images, boxes = self.decode(batch)
         if self.resize == "loop":
             out = resized_crops_loop(images, boxes, self.size)

@@ -22,6 +22,7 @@ from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.cpu_decode import CpuDecodedFolder
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
+from cnnpar.data.hybrid_decode import HybridFolder
 from cnnpar.data.store import prepare_command
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
@@ -272,7 +273,7 @@ def _host_loader(
         common["collate_fn"] = collate_fn
     if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
-    if (_array_backed(ds) or isinstance(ds, (StoreDataset, CpuDecodedFolder))) and not textbook:
+    if (_array_backed(ds) or isinstance(ds, (StoreDataset, CpuDecodedFolder, HybridFolder))) and not textbook:
         # batch_size=None: the sampler yields whole index lists and the data set answers each
         # with one vectorised index_select (or one decoded batch); no per-sample collate.
         return DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler, batch_size, drop_last), **common)
@@ -328,7 +329,10 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
             resize=cfg.data.gpu_resize,
             backend=backend,
         )
-        ds, collate = EncodedFolderDataset(ds.files, ds.labels, ds.size), collate_encoded
+        if cfg.data.cpu_share > 0:  # workers decode a share of every batch themselves
+            ds = HybridFolder(ds.files, ds.labels, ds.size, train, cfg.data.cpu_share)
+        else:
+            ds, collate = EncodedFolderDataset(ds.files, ds.labels, ds.size), collate_encoded
     elif isinstance(ds, StoreDataset):
         # workers copy raw pixels (or, resident, nothing: batches are offsets); crops resized on the device
         resident = store_resident(cfg.data.resident, ds.store, info.device, RESIDENT_MEMORY_SHARE)

@@ -1,0 +1,82 @@
+"""Each batch decoded by two hands at once: the DataLoader workers decode a share of its photos on
+the CPU (cropped and resized there), the GPU decoder the rest.
+
+Why: on an H200 with 16 host cores (benchmarks/results/2026-11-30-h200/), the GPU decoder alone
+delivers 5.2-6.0k img/s and 14 CPU workers alone 3.3k, but during training the GPU decode slows to
+the pace of the step beside it (ResNet-50 whole epochs: 3.3-3.6k img/s). Decoding part of every
+batch on the otherwise idle worker cores shortens what the GPU decoder must do per batch; the
+workers' share costs the GPU only its copy.
+
+A worker answers a whole batch of indices (`batch_size=None` with a `BatchSampler`): the first
+`round(share * n)` indices are decoded by `CpuDecodedFolder` (random-resized crop, DCT scaling),
+the rest are only read, as `EncodedFolderDataset` reads them. `GpuDecoder` decodes the encoded
+part and puts the two together in the batch's order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from cnnpar.data.cpu_decode import CpuDecodedFolder
+from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, collate_encoded
+
+
+@dataclass
+class HybridBatch:
+    """`decoded` (k, 3, S, S) uint8: the batch's first k images, done by a worker; `encoded`: the
+    rest, still compressed. `index` is the data-set index of every image, in batch order."""
+
+    decoded: torch.Tensor
+    encoded: EncodedBatch
+    decoded_index: torch.Tensor
+
+    @property
+    def index(self) -> torch.Tensor:
+        return torch.cat([self.decoded_index, self.encoded.index])
+
+    def __len__(self) -> int:
+        return len(self.decoded) + len(self.encoded)
+
+    def pin_memory(self) -> HybridBatch:
+        return HybridBatch(self.decoded.pin_memory(), self.encoded, self.decoded_index)
+
+
+class HybridFolder(Dataset):
+    """`dataset[list of indices]` -> `(HybridBatch, labels)`; `share` of each batch decoded here."""
+
+    def __init__(self, files: list[Path], labels, size: int, train: bool, share: float) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"share: expected 0 <= share <= 1, got {share}")
+        self.share = share
+        self.cpu = CpuDecodedFolder(files, labels, size, train)
+        self.encoded = EncodedFolderDataset(files, labels, size)
+
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    def encoded_batch(self, indices: list[int]) -> EncodedBatch:
+        """All of `indices` read as bytes, as the GPU decoder alone would get them (for comparisons)."""
+        return collate_encoded([self.encoded[i] for i in indices])[0]
+
+    def __getitem__(self, indices):
+        return self.__getitems__(indices)
+
+    def __getitems__(self, indices: list[int]) -> tuple[HybridBatch, torch.Tensor]:
+        k = round(self.share * len(indices))
+        on_cpu, on_gpu = list(indices[:k]), list(indices[k:])
+        if on_cpu:
+            decoded, cpu_labels, cpu_index = self.cpu[on_cpu]
+        else:
+            decoded = torch.empty(0, 3, self.cpu.size, self.cpu.size, dtype=torch.uint8)
+            cpu_labels = cpu_index = torch.empty(0, dtype=torch.int64)
+        if on_gpu:
+            encoded, gpu_labels = collate_encoded([self.encoded[i] for i in on_gpu])
+        else:
+            empty = torch.empty(0, dtype=torch.int64)
+            encoded = EncodedBatch(torch.empty(0, dtype=torch.uint8), torch.zeros(1, dtype=torch.int64), empty)
+            gpu_labels = empty
+        return HybridBatch(decoded, encoded, cpu_index), torch.cat([cpu_labels, gpu_labels])
