@@ -61,7 +61,7 @@ jpeg_pipeline)
   logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
              grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
   logged jpeg_pipeline 480 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep ${VARIANTS:+--variants $VARIANTS} \
-      --out "$R/jpeg_pipeline.csv"
+      ${GRAPHS:+--graphs $GRAPHS} --out "$R/jpeg_pipeline.csv"
   ;;
 smoke)
   run 120 python3 -m pytest -q -m gpu tests

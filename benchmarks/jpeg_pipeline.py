@@ -49,6 +49,7 @@ def main() -> None:
         "--variants", default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0", help="decode:workers:cpu_share, ..."
     )
     ap.add_argument("--compile", default="default")
+    ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--image-size", type=int, default=224)
@@ -75,10 +76,12 @@ def main() -> None:
             ),
             model=ModelConfig(name=args.model),
             optim=OptimConfig(optimizer="sgd", lr=0.1),
-            speed=SpeedConfig(device=args.device, precision="auto", channels_last="on", compile=args.compile),
+            speed=SpeedConfig(
+                device=args.device, precision="auto", channels_last="on", compile=args.compile, cuda_graphs=args.graphs
+            ),
             run=RunConfig(epochs=4, batch_size=args.batch_size, progress=False, out_dir="/tmp/cnnpar-jp"),
         )
-        row = {"variant": f"--decode {decode} --workers {workers} --cpu-share {share}"}
+        row = {"variant": f"--decode {decode} --workers {workers} --cpu-share {share} --cuda-graphs {args.graphs}"}
         try:
             bundle = bundle or load_data(cfg.data, 0)
             tr = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
