@@ -101,3 +101,33 @@ def test_a_run_from_photos_says_which_decoder_and_how_to_decode_once(tmp_path):
     assert f"cnnpar train --data {store} --model cnn3 --image-size 32" in line
     digits = Config()
     assert decode_line(digits, load_data(digits.data), torch.device("cpu")) == ""
+
+
+def test_cuda_graphs_left_on_auto_yield_to_a_gpu_jpeg_decoder():
+    """Measured on an H200: graph replays and the GPU decoder's waits hardly overlap. The rule is
+    checked here on the Trainer's method with stand-ins (graphs need CUDA)."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from cnnpar.data.gpu_decode import GpuDecoder
+    from cnnpar.engine.trainer import Trainer
+
+    said = []
+
+    def trainer(requested: str, decoder) -> SimpleNamespace:
+        cfg = SimpleNamespace(
+            speed=SimpleNamespace(cuda_graphs="on", compile="default"), optim=SimpleNamespace(grad_accum=1)
+        )
+        return SimpleNamespace(
+            cfg=cfg,
+            info=SimpleNamespace(distributed=False),
+            graphs_requested=requested,
+            train_loader=SimpleNamespace(decoder=decoder),
+            log=said.append,
+        )
+
+    jpeg = GpuDecoder([Path("a.jpg")], 32, torch.device("cpu"), train=True)
+    assert not Trainer._graphs_allowed(trainer("auto", jpeg))
+    assert "decoded on the GPU" in said[-1] and "--cuda-graphs on" in said[-1]
+    assert Trainer._graphs_allowed(trainer("on", jpeg))  # asked for: kept
+    assert Trainer._graphs_allowed(trainer("auto", None))  # arrays, stores: kept
