@@ -117,7 +117,7 @@ class DataConfig:
     cpu_share: float = _f(
         0.0,
         "with a GPU decoder: the share of each batch the worker processes decode on the CPU themselves, "
-        "beside the GPU (0..1; photos only)",
+        "beside the GPU (0..1; photos only; gained nothing on an H200 host with 16 cores)",
     )
     gpu_resize: str = _f(
         "batched",
@@ -358,9 +358,9 @@ def resolve_decode(requested: str, cuda: bool) -> tuple[str, str]:
     """The image-folder decoder and why, for a printed line: a rule from measurements, not a guess.
 
     On an H200 with 16 host cores, ResNet-50 from 6,000 ImageNet photos, whole epochs
-    (benchmarks/results/2026-11-30-h200/): torchvision's nvJPEG 3,320-3,584 img/s, CPU workers
-    2,760-2,946, nvImageCodec 2,561-2,705. So nvJPEG wherever there is CUDA, installed
-    nvImageCodec or not; nvImageCodec only when asked.
+    (benchmarks/results/2026-11-30-h200/, cnnpar's defaults): torchvision's nvJPEG 4,526 img/s,
+    CPU workers 3,009, nvImageCodec 2,718 (and in every other run of the three, the same order).
+    So nvJPEG wherever there is CUDA, installed nvImageCodec or not; nvImageCodec only when asked.
     """
     if requested != "auto":
         return requested, "as asked"

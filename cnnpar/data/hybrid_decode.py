@@ -1,11 +1,13 @@
 """Each batch decoded by two hands at once: the DataLoader workers decode a share of its photos on
 the CPU (cropped and resized there), the GPU decoder the rest.
 
-Why: on an H200 with 16 host cores (benchmarks/results/2026-11-30-h200/), the GPU decoder alone
-delivers 5.2-6.0k img/s and 14 CPU workers alone 3.3k, but during training the GPU decode slows to
-the pace of the step beside it (ResNet-50 whole epochs: 3.3-3.6k img/s). Decoding part of every
-batch on the otherwise idle worker cores shortens what the GPU decoder must do per batch; the
-workers' share costs the GPU only its copy.
+Why it exists: on an H200 with 16 host cores (benchmarks/results/2026-11-30-h200/), the GPU
+decoder alone delivers 5.2-7.3k img/s and 14 CPU workers alone 3.3k, but during training the GPU
+decode slows to the pace of the step beside it. Decoding part of every batch on otherwise idle
+worker cores was meant to shorten what the GPU decoder must do per batch. Measured there, it gained
+nothing (shares 0.3-0.7: 3,396-3,602 img/s against 3,734 with graphs; 0.5: 4,070 against 4,708
+without): the waits, not the amount of decoding, set the pace. Off by default (`--cpu-share 0`);
+kept for hosts where the GPU decoder's work, not its waits, is the limit.
 
 A worker answers a whole batch of indices (`batch_size=None` with a `BatchSampler`): the first
 `round(share * n)` indices are decoded by `CpuDecodedFolder` (random-resized crop, DCT scaling),

@@ -287,8 +287,8 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
         return ""
     decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda")
     what = {"cpu": "in worker processes", "gpu": "torchvision nvJPEG on the device", "nvimgcodec": "nvImageCodec"}
-    # ResNet-50 on an H200 (benchmarks/results/2026-11-30-h200/speed_records_jpeg.csv): 6,434 img/s
-    # from a prepared store against 3,584 decoding the same photos every epoch
+    # ResNet-50 on an H200 (benchmarks/results/2026-11-30-h200/speed_records_jpeg.csv): 6,592 img/s
+    # from a prepared store against 4,526 decoding the same photos every epoch (nvJPEG)
     tip = prepare_command(bundle.origin, bundle.shape[1], cfg.model.name)
     return f"decode: {decoder} ({what[decoder]}; {why})\nphotos are decoded again every epoch; decode them once: {tip}"
 
