@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 from cnnpar.errors import UserError
 
@@ -26,7 +27,13 @@ def _user_error_text(e: UserError) -> str:
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args, passthrough_args
-    from cnnpar.dist import debug_single_requested, destroy_distributed, init_distributed, surplus_debug_worker
+    from cnnpar.dist import (
+        debug_single_requested,
+        destroy_distributed,
+        init_distributed,
+        launcher_env,
+        surplus_debug_worker,
+    )
 
     cfg = config_from_args(args)
     if surplus_debug_worker(cfg.dist.debug_single):
@@ -44,8 +51,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             "train",
             *passthrough_args(argv, "--nproc"),
         ]
+        # NCCL's flight-recorder dumps land beside the runs, not in /tmp where nobody looks.
+        trace_dir = Path(cfg.run.out_dir) / "nccl_trace"
+        trace_dir.mkdir(parents=True, exist_ok=True)
         print("cnnpar: launching", " ".join(cmd), flush=True)
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=launcher_env(dict(os.environ), str(trace_dir / "rank_")))
     teardown = destroy_distributed
     try:
         if cfg.dist.strategy == "horovod":

@@ -40,6 +40,44 @@ class DistInfo:
         return self.world_size > 1
 
 
+# What `cnnpar train --nproc N` sets for its torchrun workers unless the user's environment
+# already holds the variable (under any spelling torch reads). Names, values and spellings
+# checked against the installed torch 2.14.1's ProcessGroupNCCL.hpp and FlightRecorder.hpp, not
+# against older releases' source: an older torch that lacks a variable ignores it, so setting it
+# is harmless there. 2.14 still reads NCCL_ASYNC_ERROR_HANDLING (the pre-TORCH_ spelling) as a
+# fallback and TORCH_FR_BUFFER_SIZE before TORCH_NCCL_TRACE_BUFFER_SIZE. Only the NCCL backend reads them;
+# gloo (the CPU) ignores them. The timeout itself is `dist.timeout_s`, passed to
+# init_process_group; these make its expiry say which collective stuck and end the job.
+NCCL_LAUNCH_DEFAULTS = {
+    # 3 (SkipCleanUp) is torch's own default when the variable is unset; torchrun sets 1
+    # (TearDown) when it is unset, whose communicator clean-up can itself hang after a peer
+    # died. Either way a failed or timed-out collective ends the process instead of hanging.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    # The flight recorder: the last N collectives of each rank (op, sequence number, sizes,
+    # state). 2.14 defaults to 2000 entries already; set for torches whose default is 0.
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    # On a watchdog timeout, write the flight recorder to TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>:
+    # which collective each rank was in, so the stuck one (and the rank that never joined) is named.
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+NCCL_TRACE_FILE_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"  # a path prefix; torch appends the rank
+_OTHER_SPELLINGS = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "TORCH_FR_BUFFER_SIZE",
+}
+
+
+def launcher_env(environ: dict[str, str], trace_prefix: str) -> dict[str, str]:
+    """The environment `cnnpar train --nproc N` hands torchrun: `environ` plus the NCCL defaults
+    above (and the flight-recorder dumps under `trace_prefix`) wherever the user set none."""
+    env = dict(environ)
+    for key, value in NCCL_LAUNCH_DEFAULTS.items():
+        if key not in env and _OTHER_SPELLINGS.get(key) not in env:
+            env[key] = value
+    env.setdefault(NCCL_TRACE_FILE_ENV, trace_prefix)
+    return env
+
+
 def debug_single_requested(flag: bool = False) -> bool:
     return flag or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0", "false", "False")
 
@@ -57,13 +95,26 @@ def surplus_debug_worker(debug_single: bool = False) -> bool:
     return debug_single_requested(debug_single) and launched_by_torchrun() and int(os.environ["RANK"]) != 0
 
 
-def pick_device(requested: str, local_rank: int) -> torch.device:
+def pick_device(requested: str, local_rank: int, local_world_size: int = 1) -> torch.device:
+    """The device of this process: GPU `local_rank` of this node, or the CPU.
+
+    More processes on a node than GPUs is refused rather than wrapped around (`local_rank %
+    count`): two ranks sharing a GPU run at half speed or die of memory, and NCCL refuses two
+    ranks of one communicator on one device, so the job would fail later and less clearly.
+    """
     from cnnpar.errors import ConfigError
 
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise ConfigError("speed.device = 'cuda' but no CUDA device is visible")
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
+        count = torch.cuda.device_count()
+        wanted = max(local_world_size, local_rank + 1)
+        if wanted > count:
+            raise ConfigError(
+                f"{wanted} processes on this node but {count} CUDA device(s) visible: expected --nproc "
+                f"(torchrun --nproc_per_node) <= {count}, one GPU per process"
+            )
+        return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
@@ -82,7 +133,9 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = pick_device(device_request, local_rank)
+    # LOCAL_WORLD_SIZE (set by torchrun): every rank of the node refuses, not only the surplus ones.
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device = pick_device(device_request, local_rank, local_world_size)
     if world_size == 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)

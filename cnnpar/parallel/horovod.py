@@ -59,7 +59,7 @@ class HorovodCollectives:
 def init_horovod(device_request: str = "auto") -> DistInfo:
     hvd = _hvd()
     hvd.init()
-    device = pick_device(device_request, hvd.local_rank())
+    device = pick_device(device_request, hvd.local_rank(), hvd.local_size())
     if device.type == "cuda":
         torch.cuda.set_device(device)
     return DistInfo(hvd.rank(), hvd.local_rank(), hvd.size(), device, collectives=HorovodCollectives(hvd))

@@ -1,0 +1,75 @@
+"""Item 12.7: one GPU per process, and the NCCL defaults `cnnpar train --nproc N` passes on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cnnpar import dist
+from cnnpar.errors import ConfigError
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_more_processes_than_gpus_is_refused(two_gpus):
+    with pytest.raises(ConfigError, match=r"3 processes on this node but 2 CUDA device.*<= 2"):
+        dist.pick_device("auto", 0, local_world_size=3)  # rank 0 refuses too, not only the surplus
+    with pytest.raises(ConfigError, match="<= 2"):
+        dist.pick_device("cuda", 2, local_world_size=3)
+
+
+def test_one_gpu_per_process(two_gpus):
+    assert dist.pick_device("auto", 1, local_world_size=2) == torch.device("cuda", 1)
+    assert dist.pick_device("cpu", 5, local_world_size=8) == torch.device("cpu")
+
+
+def test_init_distributed_reads_the_local_world_size(two_gpus, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.delenv(dist.DEBUG_ENV, raising=False)
+    with pytest.raises(ConfigError, match="4 processes on this node but 2"):
+        dist.init_distributed("auto")
+
+
+def test_launcher_env_sets_the_nccl_defaults():
+    env = dist.launcher_env({"PATH": "/bin"}, "runs/nccl_trace/rank_")
+    assert env["PATH"] == "/bin"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "runs/nccl_trace/rank_"
+
+
+def test_launcher_env_keeps_what_the_user_set():
+    user = {
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+        "NCCL_ASYNC_ERROR_HANDLING": "1",  # the old spelling torch still reads
+        "TORCH_FR_BUFFER_SIZE": "50",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/fr_",
+    }
+    env = dist.launcher_env(user, "runs/nccl_trace/rank_")
+    assert env == user
+
+
+def test_train_nproc_hands_torchrun_the_env(monkeypatch, tmp_path):
+    from cnnpar import cli
+
+    seen = {}
+
+    def fake_call(cmd, env=None):
+        seen.update(cmd=cmd, env=env)
+        return 0
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_DUMP_ON_TIMEOUT", raising=False)
+    monkeypatch.setattr(cli.subprocess, "call", fake_call)
+    assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
+    assert "--nproc_per_node=2" in seen["cmd"]
+    assert seen["env"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert seen["env"]["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl_trace" / "rank_")
