@@ -32,6 +32,7 @@ from cnnpar.data.store import (
     partial_path,
 )
 from cnnpar.errors import DataError
+from cnnpar.report.files import fsync_path
 from cnnpar.report.host import usable_cores
 
 MAX_CHUNK = 32  # files per task: enough to amortise the IPC, few enough to keep every worker busy
@@ -110,14 +111,6 @@ class OrderedDecode:
             yield from done
 
 
-def _fsync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # makes the rename itself durable
-    finally:
-        os.close(fd)
-
-
 def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int = 0, progress: bool = True) -> dict:
     """Decode the image folder `src` into the store `out`; returns the store's header."""
     from tqdm.auto import tqdm
@@ -172,5 +165,5 @@ def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int 
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    _fsync_folder(out.parent)
+    fsync_path(out.parent)  # makes the rename itself durable
     return header

@@ -5,24 +5,56 @@ from __future__ import annotations
 import csv
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
+def _create_temp(folder: Path, name: str) -> Path:
+    """A new empty file in `folder`, created with mode 0o666 so the kernel applies the umask.
+
+    Not tempfile.mkstemp: it creates 0o600 whatever the umask says, and the rename keeps that
+    mode, so every CSV, checkpoint and submission came out readable by its owner alone. Asking
+    the kernel for 0o666 gives exactly what `open(path, "w")` would, without reading the umask
+    (os.umask can only be read by setting it, which races with other threads creating files).
+    """
+    for _ in range(100):
+        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name for {folder / name}")
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's data, or a folder's entries (what makes a rename durable), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Call write(tmp_path) for a temp file in the same folder, then rename it over `path`."""
+    """Call write(tmp_path) for a temp file in the same folder, then rename it over `path`.
+
+    The file is fsynced before the rename and the folder after it: without the first, a crash
+    soon after can leave `path` renamed but empty; without the second, the rename itself can be lost.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    tmp = _create_temp(path.parent, path.name)
     try:
-        write(Path(tmp))
+        write(tmp)
+        fsync_path(tmp)
         os.replace(tmp, path)  # atomic on POSIX within one file system
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+    fsync_path(path.parent)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -1,0 +1,60 @@
+"""Item 12.8: atomic writes create files as the umask says and fsync the file and its folder."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+from cnnpar.engine.checkpoint import save_checkpoint
+from cnnpar.report import files
+from cnnpar.report.files import write_csv_atomic, write_text_atomic
+
+
+@pytest.fixture
+def umask():
+    old = os.umask(0o022)
+    yield os.umask
+    os.umask(old)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.mark.parametrize("mask, expected", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_follow_the_umask(tmp_path, umask, mask, expected):
+    umask(mask)
+    write_csv_atomic(tmp_path / "metrics.csv", [{"epoch": 1, "acc": 0.5}])
+    save_checkpoint(tmp_path / "ckpt" / "last.pt", {"w": torch.zeros(2)})
+    write_text_atomic(tmp_path / "submission.csv", "id,label\n")
+    for name in ("metrics.csv", "ckpt/last.pt", "submission.csv"):
+        assert mode(tmp_path / name) == expected, name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "metrics.csv", "submission.csv"]  # no temp left
+
+
+def test_atomic_write_fsyncs_the_file_then_its_folder(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    write_text_atomic(tmp_path / "summary.json", "{}")
+    assert len(synced) == 2
+    assert os.path.basename(synced[0]).startswith(".summary.json.")  # the temp file, before the rename
+    assert synced[1] == str(tmp_path)
+
+
+def test_a_failed_write_leaves_nothing(tmp_path):
+    def boom(p):
+        p.write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        files.atomic_write(tmp_path / "x.csv", boom)
+    assert list(tmp_path.iterdir()) == []
