@@ -212,7 +212,7 @@ def add_bench_parser(sub) -> None:
     )
     add_config_flags(bench, extra_presets=("claims",))
     g = bench.add_argument_group("bench")
-    g.add_argument("--out", default="", help="results folder (default: benchmarks/results/<date>-<device>-<model>/)")
+    g.add_argument("--out", default="", help="results folder (default: <--out-dir>/bench/<date>-<device>-<model>/)")
     g.add_argument("--warmup-steps", type=int, default=Timing.warmup, help="untimed steps first (compile happens here)")
     g.add_argument("--timed-steps", type=int, default=Timing.steps, help="timed steps per repeat")
     g.add_argument("--repeats", type=int, default=0, help="repeats (medians are reported); tta: seeds (default 1)")
@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument("--prof-warmup", type=int, default=2, help="profiled steps discarded (profiler start-up)")
     extra.add_argument("--prof-active", type=int, default=5, help="steps recorded")
     extra.add_argument("--row-limit", type=int, default=25, help="operators in the tables")
-    extra.add_argument("--report-dir", default="", help="output folder (default: profile/<model>-<date>)")
+    extra.add_argument("--report-dir", default="", help="output folder (default: <--out-dir>/profile/<model>-<date>)")
     prof.set_defaults(func=cmd_profile)
 
     doc = sub.add_parser("doctor", help="measure data vs step vs end to end, name the bottleneck, advise")
@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="re-measure the top N recommendations (default 3) with the config changed",
     )
-    extra.add_argument("--report-dir", default="", help="output folder (default: doctor/<model>-<date>)")
+    extra.add_argument("--report-dir", default="", help="output folder (default: <--out-dir>/doctor/<model>-<date>)")
     doc.set_defaults(func=cmd_doctor)
 
     pred = sub.add_parser("predict", help="predict with a checkpoint; CSV input gives a Kaggle submission.csv")

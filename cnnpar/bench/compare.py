@@ -75,7 +75,7 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def default_compare_path(a_path: str | Path, b_path: str | Path) -> Path:
-    """compare-<A's folder>-vs-<B's folder>.md in the current folder."""
+def default_compare_path(out_root: str | Path, a_path: str | Path, b_path: str | Path) -> Path:
+    """OUT_ROOT/bench/compare-<A's folder>-vs-<B's folder>.md, beside the bench results."""
     a, b = (Path(p).resolve().parent.name or Path(p).stem for p in (a_path, b_path))
-    return Path(f"compare-{a}-vs-{b}.md")
+    return Path(out_root) / "bench" / f"compare-{a}-vs-{b}.md"

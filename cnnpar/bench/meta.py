@@ -73,6 +73,9 @@ def slug(text: str, limit: int = 40) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-")[:limit].strip("-") or "device"
 
 
-def default_out_dir(device: torch.device, model: str) -> Path:
+def default_out_dir(out_root: str | Path, device: torch.device, model: str) -> Path:
+    """OUT_ROOT/bench/<date>-<device>-<model>: under run.out_dir (runs/ by default, git-ignored),
+    not `benchmarks/results/` of whatever folder the command runs in. Results worth keeping are
+    copied into the repository's benchmarks/results/ by hand, with their README."""
     date = _dt.date.today().isoformat()
-    return Path("benchmarks") / "results" / f"{date}-{slug(device_name(device))}-{slug(model)}"
+    return Path(out_root) / "bench" / f"{date}-{slug(device_name(device))}-{slug(model)}"

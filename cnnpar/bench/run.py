@@ -14,7 +14,7 @@ from .timing import Timing
 @dataclass(frozen=True)
 class BenchOptions:
     mode: str  # "ladder", "claims", "tta" or "compare"
-    out: str = ""  # results folder ("" -> benchmarks/results/<date>-<device>-<model>/)
+    out: str = ""  # results folder ("" -> <run.out_dir>/bench/<date>-<device>-<model>/)
     timing: Timing = Timing()
     only: str = ""  # comma-separated rung or claim names
     target: float = 0.0  # tta: validation accuracy to reach
@@ -52,11 +52,11 @@ def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, imag
             print(f"bench: DDP rows failed: {e.code}", flush=True)
 
 
-def _compare(opts: BenchOptions) -> int:
+def _compare(cfg: Config, opts: BenchOptions) -> int:
     from .compare import compare_markdown, default_compare_path
 
     text = compare_markdown(*opts.compare)
-    path = Path(opts.out) / "compare.md" if opts.out else default_compare_path(*opts.compare)
+    path = Path(opts.out) / "compare.md" if opts.out else default_compare_path(cfg.run.out_dir, *opts.compare)
     write_text_atomic(path, text)
     print(text, end="")
     print(f"wrote {path}")
@@ -82,12 +82,12 @@ def _measurement_setup(cfg: Config, timing: Timing):
 def _out_dir(opts: BenchOptions, info, cfg: Config) -> Path:
     from .meta import default_out_dir
 
-    return Path(opts.out) if opts.out else default_out_dir(info.device, cfg.model.name)
+    return Path(opts.out) if opts.out else default_out_dir(cfg.run.out_dir, info.device, cfg.model.name)
 
 
 def run_bench(cfg: Config, opts: BenchOptions) -> int:
     if opts.mode == "compare":
-        return _compare(opts)
+        return _compare(cfg, opts)
     import torch
 
     from . import output

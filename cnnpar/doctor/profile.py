@@ -28,7 +28,9 @@ class ProfileOptions:
 def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFiles:
     trainer = build_trainer(cfg, info)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(broadcast_object(opts.report_dir or f"profile/{cfg.model.name}-{stamp}", info))
+    # Under run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder.
+    default = Path(cfg.run.out_dir) / "profile" / f"{cfg.model.name}-{stamp}"
+    out = Path(broadcast_object(opts.report_dir or str(default), info))
     batches = cycle_batches(trainer.train_loader)
     trainer.model.train()
 

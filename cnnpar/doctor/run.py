@@ -72,7 +72,8 @@ def loader_workers(trainer: Trainer) -> int:
 
 
 def default_report_dir(cfg: Config) -> Path:
-    return Path("doctor") / f"{cfg.model.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    # Under run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder.
+    return Path(cfg.run.out_dir) / "doctor" / f"{cfg.model.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def _merge(changes: list[dict]) -> dict:

@@ -105,7 +105,7 @@ class RunSpec:
     lr: float = 1e-3
     seed: int = 0
     devices: int = 1
-    out: str = "compare-results"
+    out: str = "runs/compare"  # under runs/ (git-ignored) with every other output
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "devices"):

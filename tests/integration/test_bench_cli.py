@@ -98,6 +98,13 @@ def test_compare_shows_two_runs_side_by_side(ladder, tmp_path):
     line = next(ln for ln in md.splitlines() if ln.startswith("| bf16 |"))
     assert line.rstrip().endswith("| 2.00x |")
     assert re.search(r"^\| pin_memory \| skipped \| skipped \|", md, flags=re.M)
+    # without --out the Markdown goes under --out-dir's bench/, not the current folder
+    here = tmp_path / "here"
+    here.mkdir()
+    r = run_cli(["bench", "--compare", str(out / "ladder.csv"), str(b), "--out-dir", str(tmp_path / "o")], here)
+    assert r.returncode == 0, r.stderr
+    assert list(here.iterdir()) == []
+    assert (tmp_path / "o" / "bench" / f"compare-{out.name}-vs-b.md").read_text() == md
 
 
 def test_compare_names_a_csv_that_is_not_a_ladder(tmp_path):

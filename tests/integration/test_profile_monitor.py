@@ -56,3 +56,15 @@ def test_monitor_stops_when_the_run_fails(tmp_path, monkeypatch):
         main(["train", *SMALL, "--monitor", "--out-dir", str(tmp_path), "--name", "bad"])
     assert not _sampler_alive()
     assert read_csv(tmp_path / "bad" / "telemetry.csv")  # what was sampled before the failure is kept
+
+
+def test_profile_defaults_to_the_out_dir_not_the_current_folder(tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    rc = main(["profile", *SMALL, "--prof-wait", "0", "--prof-warmup", "1", "--prof-active", "1",
+               "--out-dir", str(tmp_path / "out")])  # fmt: skip
+    assert rc == 0
+    assert list(cwd.iterdir()) == []
+    (folder,) = (tmp_path / "out" / "profile").iterdir()
+    assert folder.name.startswith("cnn3-") and (folder / "trace_rank0.json").is_file()
