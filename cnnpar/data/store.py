@@ -213,7 +213,9 @@ def verify_store(path: str | Path, progress: bool = True) -> dict:
     store = StoreFile(path)
     h = new_hash()
     pixels = store.pixels
-    with tqdm(total=store.pixel_bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
+    # disable=None: a bar only on a terminal, never \r fragments in a log file
+    bar = tqdm(total=store.pixel_bytes, unit="B", unit_scale=True, desc="verify", disable=None if progress else True)
+    with bar:
         for a in range(0, store.pixel_bytes, CHUNK_BYTES):
             chunk = pixels[a : a + CHUNK_BYTES]
             h.update(memoryview(chunk))

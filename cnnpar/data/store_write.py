@@ -145,7 +145,10 @@ def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int 
     workers = workers or usable_cores()
     try:
         with partial.open("wb") as f, OrderedDecode(files, max_side, workers) as images:
-            bar = tqdm(total=n, unit="img", desc=f"prepare {src.name}", file=sys.stderr, disable=not progress)
+            # disable=None: a bar only on a terminal, never \r fragments in a log file
+            bar = tqdm(
+                total=n, unit="img", desc=f"prepare {src.name}", file=sys.stderr, disable=None if progress else True
+            )
             f.seek(header["data_start"])  # the pixels first; the prefix, header and index last
             for k, (pixels, h, w) in enumerate(images):
                 f.write(pixels)

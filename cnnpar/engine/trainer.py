@@ -250,7 +250,9 @@ class Trainer:
             desc=f"epoch {epoch}/{cfg.run.epochs}",
             leave=False,
             file=sys.stderr,
-            disable=not (info.is_main and cfg.run.progress),
+            # None: tqdm draws only on a terminal. Into a log file or a pipe its redraws arrive as
+            # \r-separated fragments; the one plain line per epoch (self.log) is what a log needs.
+            disable=None if info.is_main and cfg.run.progress else True,
             dynamic_ncols=True,
         )
         it = iter(self.train_loader)

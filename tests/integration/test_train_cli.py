@@ -3,12 +3,17 @@ re-running the stored config.toml."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import subprocess
+import sys
 
+from cnnpar.cli import main
 from cnnpar.config import load_toml
 from cnnpar.presets import with_overrides
 from cnnpar.report.files import read_csv
+from tests.conftest import cli_env
 
 
 def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
@@ -27,7 +32,7 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
     # per-epoch console lines: loss, accuracy, images/s and the data-wait share
     epoch_lines = [ln for ln in p.stdout.splitlines() if ln.startswith("epoch ")]
     assert len(epoch_lines) == 3 and all("img/s" in ln and "data wait" in ln for ln in epoch_lines)
-    assert "epoch 1/3" in p.stderr  # the progress bar (tqdm writes to stderr)
+    assert "it/s]" not in p.stderr  # through a pipe: no progress bar, only the epoch lines
 
     # The stored config re-runs: same settings, only what the command line overrides differs.
     again = cli("train", "--config", "runs/digits/config.toml", "--name", "again", "--epochs", "1", "--no-progress")
@@ -37,3 +42,22 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
     assert second == with_overrides(first, run={"name": "again", "epochs": 1, "progress": False})
     assert first.speed.device == "cpu"  # resolved, not "auto"
     assert first.speed.precision in ("fp32", "bf16") and first.speed.channels_last == "on"
+
+
+def test_a_piped_log_gets_plain_lines_and_a_terminal_gets_the_bar(monkeypatch, tmp_path):
+    # bytes, not text: text mode would turn tqdm's \r into \n and hide what a log file receives
+    cmd = [sys.executable, "-m", "cnnpar", "train", "--epochs", "1", "--name", "piped"]
+    p = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert b"\r" not in p.stdout and b"\r" not in p.stderr and b"it/s]" not in p.stderr
+    epochs = [ln for ln in p.stdout.decode().splitlines() if ln.startswith("epoch ")]
+    assert len(epochs) == 1 and epochs[0].startswith("epoch 1/1  train loss")
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert main(["train", "--epochs", "1", "--max-steps", "3", "--out-dir", str(tmp_path / "o"), "--name", "tty"]) == 0
+    assert "\repoch 1/1:" in term.getvalue()  # tqdm redraws in place on a terminal
