@@ -32,6 +32,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         destroy_distributed,
         init_distributed,
         launcher_env,
+        pick_device,
         surplus_debug_worker,
     )
 
@@ -40,6 +41,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         return 0  # the debug switch runs one process: global rank 0 alone
     if cfg.dist.nproc > 0 and "RANK" not in os.environ and not debug_single_requested(cfg.dist.debug_single):
         # The convenience launcher: hand the same command to torchrun for this one machine.
+        # Refuse too many processes here, once, rather than in each of the N workers.
+        pick_device(cfg.speed.device, 0, cfg.dist.nproc)
         cmd = [
             sys.executable,
             "-m",

@@ -73,3 +73,12 @@ def test_train_nproc_hands_torchrun_the_env(monkeypatch, tmp_path):
     assert "--nproc_per_node=2" in seen["cmd"]
     assert seen["env"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert seen["env"]["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl_trace" / "rank_")
+
+
+def test_train_nproc_refuses_before_launching(two_gpus, monkeypatch, tmp_path, capsys):
+    from cnnpar import cli
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(cli.subprocess, "call", lambda *a, **k: pytest.fail("launched torchrun"))
+    assert cli.main(["train", "--nproc", "3", "--out-dir", str(tmp_path)]) == 2
+    assert "3 processes on this node but 2 CUDA device(s) visible" in capsys.readouterr().err
