@@ -54,11 +54,12 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             "train",
             *passthrough_args(argv, "--nproc"),
         ]
-        # NCCL's flight-recorder dumps land beside the runs, not in /tmp where nobody looks.
-        trace_dir = Path(cfg.run.out_dir) / "nccl_trace"
-        trace_dir.mkdir(parents=True, exist_ok=True)
+        # NCCL's flight-recorder dumps land beside the runs, not in /tmp where nobody looks. A file
+        # prefix, not a folder: files appear only on a timeout, and run-folder scans see no new folder.
+        out_root = Path(cfg.run.out_dir)
+        out_root.mkdir(parents=True, exist_ok=True)
         print("cnnpar: launching", " ".join(cmd), flush=True)
-        return subprocess.call(cmd, env=launcher_env(dict(os.environ), str(trace_dir / "rank_")))
+        return subprocess.call(cmd, env=launcher_env(dict(os.environ), str(out_root / "nccl_trace_rank_")))
     teardown = destroy_distributed
     try:
         if cfg.dist.strategy == "horovod":

@@ -38,12 +38,12 @@ def test_init_distributed_reads_the_local_world_size(two_gpus, monkeypatch):
 
 
 def test_launcher_env_sets_the_nccl_defaults():
-    env = dist.launcher_env({"PATH": "/bin"}, "runs/nccl_trace/rank_")
+    env = dist.launcher_env({"PATH": "/bin"}, "runs/nccl_trace_rank_")
     assert env["PATH"] == "/bin"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
-    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "runs/nccl_trace/rank_"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "runs/nccl_trace_rank_"
 
 
 def test_launcher_env_keeps_what_the_user_set():
@@ -53,7 +53,7 @@ def test_launcher_env_keeps_what_the_user_set():
         "TORCH_FR_BUFFER_SIZE": "50",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/fr_",
     }
-    env = dist.launcher_env(user, "runs/nccl_trace/rank_")
+    env = dist.launcher_env(user, "runs/nccl_trace_rank_")
     assert env == user
 
 
@@ -72,7 +72,8 @@ def test_train_nproc_hands_torchrun_the_env(monkeypatch, tmp_path):
     assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
     assert "--nproc_per_node=2" in seen["cmd"]
     assert seen["env"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert seen["env"]["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl_trace" / "rank_")
+    assert seen["env"]["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl_trace_rank_")
+    assert list(tmp_path.iterdir()) == []  # nothing made beside the run folders until a timeout
 
 
 def test_train_nproc_refuses_before_launching(two_gpus, monkeypatch, tmp_path, capsys):
