@@ -49,9 +49,9 @@ class DistInfo:
 # gloo (the CPU) ignores them. The timeout itself is `dist.timeout_s`, passed to
 # init_process_group; these make its expiry say which collective stuck and end the job.
 NCCL_LAUNCH_DEFAULTS = {
-    # 3 (SkipCleanUp) is torch's own default when the variable is unset; torchrun sets 1
-    # (TearDown) when it is unset, whose communicator clean-up can itself hang after a peer
-    # died. Either way a failed or timed-out collective ends the process instead of hanging.
+    # A failed or timed-out collective ends the process instead of hanging. 3 (SkipCleanUp) ends
+    # it without ncclCommAbort, which the header says can itself hang; the header names 3 the
+    # default torch means to keep, but torchrun sets 1 (TearDown: abort, then end) when unset.
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
     # The flight recorder: the last N collectives of each rank (op, sequence number, sizes,
     # state). 2.14 defaults to 2000 entries already; set for torches whose default is 0.
