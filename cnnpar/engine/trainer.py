@@ -27,7 +27,13 @@ from cnnpar.dist import DistInfo, all_reduce_sum, barrier
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
 from cnnpar.engine.fault import maybe_inject_fault
-from cnnpar.engine.optim import apply_frozen_whitening, build_optimizer, build_scheduler, scaled_lr
+from cnnpar.engine.optim import (
+    apply_frozen_whitening,
+    build_optimizer,
+    build_scheduler,
+    rebuild_after_resume,
+    scaled_lr,
+)
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
 from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
 from cnnpar.errors import UserError
@@ -190,6 +196,13 @@ class Trainer:
         self.raw_model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        lrs = rebuild_after_resume(self.scheduler, self.optimizer)
+        planned = int(state.get("config", {}).get("run", {}).get("epochs", self.cfg.run.epochs))
+        if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
+            self.log(
+                f"schedule: {self.cfg.optim.schedule} rebuilt for {self.cfg.run.epochs} epochs (the run planned "
+                f"{planned}): epoch {int(state['epoch']) + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
+            )
         self.precision.load_state_dict(state["precision"])
         if self.average is not None and "average" in state:
             self.average.load_state_dict(state["average"])
