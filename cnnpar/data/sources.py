@@ -190,24 +190,35 @@ def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
 
 
 def load_predict_data(source: str, fmt: str = "auto", image_shape: str = "", image_size: int = 0):
-    """Unlabelled (or labelled) inputs for `cnnpar predict`: returns (dataset, row ids)."""
+    """Inputs for `cnnpar predict`: returns (dataset, row ids, where its labels came from or "").
+
+    Arrays keep their own size (predict compares it with the model's); image folders and the
+    built-in digits are resized to `image_size`, as training resizes them."""
     fmt = detect_format(source, fmt)
     if fmt == "csv":
         x, y = read_pixel_csv(source, image_shape, require_label=False)
-        return ArrayDataset(resize_square(x, image_size), y), [str(i + 1) for i in range(len(x))]
+        ids = [str(i + 1) for i in range(len(x))]
+        return ArrayDataset(x, y), ids, "its 'label' column" if y is not None else ""
     if fmt == "npz":
         arrays = _read_npz(Path(source))
         key = "x_test" if "x_test" in arrays else "x_train" if "x_train" in arrays else None
         if key is None:
             raise DataError(f"{source}: no x_test or x_train key (found {', '.join(arrays) or 'none'})")
-        x = resize_square(to_nchw_uint8(arrays[key], f"{source}[{key}]"), image_size)
-        return ArrayDataset(x, None), [str(i) for i in range(len(x))]
+        x = to_nchw_uint8(arrays[key], f"{source}[{key}]")
+        y_key = "y" + key[1:]
+        y = to_labels(arrays[y_key], len(x), f"{source}[{y_key}]", 0) if y_key in arrays else None
+        return ArrayDataset(x, y), [str(i) for i in range(len(x))], y_key if y is not None else ""
+    if fmt == "digits":
+        bundle = load_digits(DataConfig(image_size=image_size, val_fraction=0), 0)
+        return bundle.train, [str(i) for i in range(len(bundle.train))], "scikit-learn's digit labels"
     if fmt == "folder":
         root = Path(source)
         files = sorted(f for f in root.rglob("*") if f.suffix.lower() in {".jpg", ".jpeg", ".png"})
         if not files:
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
-        return ImageFolderDataset(files, [-1] * len(files), image_size or FOLDER_SIZE), [
-            str(f.relative_to(root)) for f in files
-        ]
-    raise DataError(f"{source}: predict reads a .csv, an .npz or an image folder, not {fmt!r}")
+        ids = [str(f.relative_to(root)) for f in files]
+        return ImageFolderDataset(files, [-1] * len(files), image_size or FOLDER_SIZE), ids, ""
+    raise DataError(
+        f"{source}: predict reads a .csv, an .npz, an image folder or 'digits', not {fmt!r} "
+        "(synthetic data has nothing to predict)"
+    )
