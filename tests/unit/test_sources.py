@@ -111,8 +111,8 @@ def test_image_folder_with_train_and_val_subfolders(tmp_path):
 
 def test_predict_inputs_keep_file_order(tmp_path):
     _, test, _ = write_train_test_csv(tmp_path, n_train=4, n_test=5)
-    ds, ids = load_predict_data(str(test))
-    assert ids == ["1", "2", "3", "4", "5"] and ds.x.shape == (5, 1, 16, 16)
+    ds, ids, labels_from = load_predict_data(str(test))
+    assert ids == ["1", "2", "3", "4", "5"] and ds.x.shape == (5, 1, 16, 16) and labels_from == ""
 
 
 def test_format_detection_and_unknown_paths(tmp_path):
