@@ -10,7 +10,7 @@ import torch
 
 from cnnpar.config import DataConfig, parse_shape
 from cnnpar.data.arrays import resize_square, to_labels, to_nchw_uint8
-from cnnpar.data.bundle import ArrayDataset, DataBundle, channel_stats, holdout, split_val
+from cnnpar.data.bundle import ArrayDataset, DataBundle, channel_stats, empty_classes, holdout, split_val
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, scan_splits
 from cnnpar.data.store import StoreFile
@@ -51,7 +51,7 @@ def _num_classes(y: torch.Tensor, given: int) -> int:
 
 
 def _bundle_from_arrays(
-    x, y, x_val, y_val, cfg: DataConfig, seed: int, origin: str, class_names: list[str] | None = None
+    x, y, x_val, y_val, cfg: DataConfig, seed: int, origin: str, classes_from: str = ""
 ) -> DataBundle:
     if cfg.image_size:
         x = resize_square(x, cfg.image_size)
@@ -60,10 +60,20 @@ def _bundle_from_arrays(
     val = ArrayDataset(x_val, y_val) if x_val is not None else None
     if val is None:
         train, val = split_val(train, cfg.val_fraction, seed)
-    n_classes = _num_classes(torch.cat([y, y_val]) if y_val is not None else y, cfg.num_classes)
+    y_all = torch.cat([y, y_val]) if y_val is not None else y
+    n_classes = _num_classes(y_all, cfg.num_classes)
     mean, std = channel_stats(train.x)
     return DataBundle(
-        train, val, tuple(x.shape[1:]), n_classes, mean, std, origin, class_names or [str(i) for i in range(n_classes)]
+        train,
+        val,
+        tuple(x.shape[1:]),
+        n_classes,
+        mean,
+        std,
+        origin,
+        [str(i) for i in range(n_classes)],
+        classes_from=classes_from or ("--num-classes" if cfg.num_classes > 0 else "labels' max + 1"),
+        empty_classes=empty_classes(y_all, n_classes),
     )
 
 
@@ -88,7 +98,8 @@ def load_synthetic(cfg: DataConfig, seed: int) -> DataBundle:
     y = torch.randint(0, n_classes, (n,), generator=g)
     x = torch.randint(0, 160, (n, c, h, w), generator=g, dtype=torch.uint8)
     x += (y * (95 // max(1, n_classes - 1))).to(torch.uint8)[:, None, None, None]
-    return _bundle_from_arrays(x, y, None, None, cfg, seed, f"synthetic {c}x{h}x{w}")
+    given = "--num-classes" if cfg.num_classes else "synthetic's default"
+    return _bundle_from_arrays(x, y, None, None, cfg, seed, f"synthetic {c}x{h}x{w}", given)
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -141,7 +152,17 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     train, val = _split(full, torch.as_tensor(splits), cfg.val_fraction, seed)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
     return DataBundle(
-        train, val, (3, size, size), n_classes, IMAGENET_MEAN, IMAGENET_STD, str(root), classes, loader_crops=True
+        train,
+        val,
+        (3, size, size),
+        n_classes,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        str(root),
+        classes,
+        loader_crops=True,
+        classes_from="the class folders",
+        empty_classes=empty_classes(torch.as_tensor(labels), n_classes),
     )
 
 
@@ -161,6 +182,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         str(store.path),
         store.class_names,
         loader_crops=True,
+        classes_from="the store's header",
     )
 
 

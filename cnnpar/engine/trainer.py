@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
+from cnnpar.data.bundle import class_lines
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
@@ -351,6 +352,8 @@ class Trainer:
             f"accumulation = {global_batch} per step; lr {cfg.optim.lr:g} -> {self.lr:g} "
             f"({cfg.optim.lr_scaling} scaling)"
         )
+        for line in class_lines(self.bundle):
+            self.log(line)
         if self.decode_line:
             self.log(self.decode_line)
         self.log(f"run folder: {self.run_dir}")

@@ -8,6 +8,7 @@ import torch
 
 from cnnpar.config import DataConfig
 from cnnpar.data import load_data, load_predict_data
+from cnnpar.data.bundle import class_lines
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, scan_folder
 from cnnpar.data.sources import detect_format
@@ -138,3 +139,22 @@ def test_unreadable_images_raise_a_data_error_naming_the_file(tmp_path, name, co
         decode_resized(path, 8)
     message = str(e.value)
     assert message.startswith(f"{path}: cannot decode as an image (") and ".cpp:" not in message
+
+
+def test_class_count_names_its_origin_and_warns_about_empty_classes(tmp_path):
+    """Labels 0..9 plus one stray 12 train as 13 classes: said, with 10 and 11 named as empty."""
+    x, _ = bar_images(60)
+    y = np.arange(60) % 10
+    y[7] = 12
+    np.savez(tmp_path / "stray.npz", x_train=x, y_train=y)
+    bundle = load_data(DataConfig(source=str(tmp_path / "stray.npz")))
+    assert class_lines(bundle) == [
+        "classes: 13 (labels' max + 1)",
+        "warning: 2 of 13 classes have no examples: 10, 11 (expected labels 0..K-1 with every class present; "
+        "pass --num-classes K or relabel)",
+    ]
+    given = load_data(DataConfig(source=str(tmp_path / "stray.npz"), num_classes=20))
+    assert class_lines(given)[0] == "classes: 20 (--num-classes)"
+    assert "9 of 20 classes have no examples: 10, 11, 13, 14, 15, ..." in class_lines(given)[1]
+    folder = load_data(DataConfig(source=str(write_image_folder(tmp_path / "photos"))))
+    assert class_lines(folder) == ["classes: 2 (the class folders)"]
