@@ -52,6 +52,7 @@ class DataBundle:
     # where num_classes came from ("labels' max + 1", "--num-classes", "the class folders", ...)
     classes_from: str = ""
     empty_classes: list[int] = field(default_factory=list)  # classes with no example in train or val
+    size_from: str = ""  # how a folder's or store's side was chosen (--image-size, or the rule of source_size)
 
     @property
     def in_memory(self) -> bool:

@@ -13,6 +13,7 @@ from cnnpar.data.arrays import resize_square, to_labels, to_nchw_uint8
 from cnnpar.data.bundle import ArrayDataset, DataBundle, channel_stats, empty_classes, holdout, split_val
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, scan_splits
+from cnnpar.data.source_size import folder_side, store_side
 from cnnpar.data.store import StoreFile
 from cnnpar.data.store_feed import StoreDataset
 from cnnpar.errors import DataError
@@ -146,8 +147,8 @@ def load_csv(cfg: DataConfig, seed: int) -> DataBundle:
 
 def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     root = Path(cfg.source)
-    size = cfg.image_size or FOLDER_SIZE
     files, labels, splits, classes = scan_splits(root)
+    size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else folder_side(files)
     full = ImageFolderDataset(files, labels, size)
     train, val = _split(full, torch.as_tensor(splits), cfg.val_fraction, seed)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
@@ -162,6 +163,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         classes,
         loader_crops=True,
         classes_from="the class folders",
+        size_from=size_from,
         empty_classes=empty_classes(torch.as_tensor(labels), n_classes),
     )
 
@@ -169,7 +171,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
 def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     """A store made by `cnnpar prepare`: the same splits, hold-out and classes as its folder."""
     store = StoreFile(cfg.source)
-    size = cfg.image_size or FOLDER_SIZE
+    size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
     full = StoreDataset(store, torch.arange(store.count), size)
     train, val = _split(full, torch.from_numpy(store.splits), cfg.val_fraction, seed)
     return DataBundle(
@@ -183,6 +185,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         store.class_names,
         loader_crops=True,
         classes_from="the store's header",
+        size_from=size_from,
     )
 
 

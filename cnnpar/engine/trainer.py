@@ -354,6 +354,8 @@ class Trainer:
         )
         for line in class_lines(self.bundle):
             self.log(line)
+        if self.bundle.size_from:
+            self.log(f"image size: {self.bundle.shape[1]} ({self.bundle.size_from})")
         if self.decode_line:
             self.log(self.decode_line)
         self.log(f"run folder: {self.run_dir}")

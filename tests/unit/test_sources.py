@@ -158,3 +158,26 @@ def test_class_count_names_its_origin_and_warns_about_empty_classes(tmp_path):
     assert "9 of 20 classes have no examples: 10, 11, 13, 14, 15, ..." in class_lines(given)[1]
     folder = load_data(DataConfig(source=str(write_image_folder(tmp_path / "photos"))))
     assert class_lines(folder) == ["classes: 2 (the class folders)"]
+
+
+def test_image_size_0_keeps_a_folders_and_a_stores_shared_source_size(tmp_path):
+    """32x32 PNGs stay 32x32 (not enlarged to 224); mixed sizes get the stated 224."""
+    from cnnpar.data.store_write import prepare_store
+
+    same = write_image_folder(tmp_path / "same", side=32)
+    bundle = load_data(DataConfig(source=str(same)))
+    assert bundle.shape == (3, 32, 32) and "all 12 images are 32x32" in bundle.size_from
+    x, _ = bundle.train[0]
+    assert tuple(x.shape) == (3, 32, 32)
+    store = tmp_path / "same.cnnpar"
+    prepare_store(same, store, 256, workers=1, progress=False)
+    assert load_data(DataConfig(source=str(store))).shape == (3, 32, 32)
+
+    mixed = write_image_folder(tmp_path / "mixed", side=20)
+    write_image_folder(tmp_path / "mixed2", side=40)
+    for f in (tmp_path / "mixed2").rglob("*.*"):
+        f.rename(f.parent.parent.parent / "mixed" / f.parent.name / f"big{f.name}")
+    bundle = load_data(DataConfig(source=str(mixed)))
+    assert bundle.shape == (3, 224, 224)
+    assert "mixed sizes (20x20 to 40x40): 224" in bundle.size_from
+    assert load_data(DataConfig(source=str(mixed), image_size=48)).shape == (3, 48, 48)
