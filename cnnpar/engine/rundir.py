@@ -52,6 +52,11 @@ def default_name(cfg: Config) -> str:
     return name
 
 
+def same_source(a: str, b: str) -> bool:
+    """The same --data, also when typed once as ./train.csv and once as train.csv."""
+    return a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve())
+
+
 def refuse_other_data(run_dir: Path, cfg: Config) -> None:
     """A run folder holds one data set's run: another data set's epochs, checkpoint and config.toml
     must not land on top of it (a `--resume auto` that lost its --data would do just that)."""
@@ -62,7 +67,7 @@ def refuse_other_data(run_dir: Path, cfg: Config) -> None:
         source = load_toml(stored).data.source
     except UserError:
         return  # an unreadable config.toml is not a run's record worth protecting
-    if source != cfg.data.source:
+    if not same_source(source, cfg.data.source):
         raise UserError(
             f"{run_dir}: holds a run on --data {source} (its config.toml), not {cfg.data.source}: "
             f"expected --data {source}, or another --name"

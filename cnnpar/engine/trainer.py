@@ -194,7 +194,16 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         state = load_checkpoint(path, map_location=self.info.device)
-        self.raw_model.load_state_dict(state["model"])
+        try:
+            self.raw_model.load_state_dict(state["model"])
+        except RuntimeError:  # torch lists every mismatching tensor: the user needs what differs in the data
+            was = state.get("meta", {})
+            raise UserError(
+                f"{path}: holds a {was.get('model')} for {was.get('num_classes')} classes of "
+                f"{'x'.join(map(str, was.get('image_shape', [])))} images; this run has {self.cfg.model.name} for "
+                f"{self.meta['num_classes']} classes of {'x'.join(map(str, self.meta['image_shape']))}: expected "
+                "the run's own --data, --image-size and --num-classes (or none of them)"
+            ) from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         lrs = rebuild_after_resume(self.scheduler, self.optimizer)

@@ -1,6 +1,9 @@
-"""Extending a finished one-cycle run rebuilds the schedule for the new total, and says so."""
+"""Resuming in process: a finished one-cycle run extended rebuilds its schedule (and says so);
+a checkpoint for another model shape is refused in one line."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -8,6 +11,7 @@ import torch
 from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig
 from cnnpar.dist import DistInfo
 from cnnpar.engine.trainer import Trainer
+from cnnpar.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,3 +37,11 @@ def test_one_more_epoch_after_a_finished_onecycle_trains_at_a_nonzero_lr(tmp_pat
     assert any("onecycle rebuilt for 3 epochs (the run planned 2)" in s for s in lines), lines
     same = Trainer(_cfg(tmp_path, 2, resume=str(tmp_path / "oc")), CPU_INFO, log=lambda s, **k: lines.append(s))
     assert same.optimizer.param_groups[0]["lr"] == 0.0  # nothing extended: the finished run stays finished
+
+
+def test_resuming_with_another_class_count_is_one_line_not_a_state_dict_traceback(tmp_path):
+    Trainer(_cfg(tmp_path, 1), CPU_INFO, log=lambda *a, **k: None).fit()
+    cfg = _cfg(tmp_path, 2, resume=str(tmp_path / "oc"))
+    cfg = Config(data=replace(cfg.data, num_classes=5), speed=cfg.speed, run=cfg.run)
+    with pytest.raises(UserError, match="holds a cnn3 for 10 classes of 1x16x16 images; this run has cnn3 for 5"):
+        Trainer(cfg, CPU_INFO, log=lambda *a, **k: None)
