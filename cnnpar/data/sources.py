@@ -186,6 +186,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         loader_crops=True,
         classes_from="the store's header",
         size_from=size_from,
+        empty_classes=empty_classes(torch.from_numpy(store.labels), len(store.class_names)),
     )
 
 

@@ -171,7 +171,8 @@ def test_image_size_0_keeps_a_folders_and_a_stores_shared_source_size(tmp_path):
     assert tuple(x.shape) == (3, 32, 32)
     store = tmp_path / "same.cnnpar"
     prepare_store(same, store, 256, workers=1, progress=False)
-    assert load_data(DataConfig(source=str(store))).shape == (3, 32, 32)
+    from_store = load_data(DataConfig(source=str(store)))
+    assert from_store.shape == (3, 32, 32) and class_lines(from_store) == ["classes: 2 (the store's header)"]
 
     mixed = write_image_folder(tmp_path / "mixed", side=20)
     write_image_folder(tmp_path / "mixed2", side=40)
