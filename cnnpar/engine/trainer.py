@@ -207,18 +207,18 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         lrs = rebuild_after_resume(self.scheduler, self.optimizer)
-        planned = int(state.get("config", {}).get("run", {}).get("epochs", self.cfg.run.epochs))
-        if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
-            self.log(
-                f"schedule: {self.cfg.optim.schedule} rebuilt for {self.cfg.run.epochs} epochs (the run planned "
-                f"{planned}): epoch {int(state['epoch']) + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
-            )
         self.precision.load_state_dict(state["precision"])
         if self.average is not None and "average" in state:
             self.average.load_state_dict(state["average"])
         self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
         self.start_epoch = int(state["epoch"]) + 1
         self.log(f"resumed from {path} after epoch {state['epoch']}")
+        planned = int(state.get("config", {}).get("run", {}).get("epochs", self.cfg.run.epochs))
+        if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
+            self.log(
+                f"schedule: {self.cfg.optim.schedule} rebuilt for {self.cfg.run.epochs} epochs (the run planned "
+                f"{planned}): epoch {int(state['epoch']) + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
+            )
 
     def _prepare_run_dir(self) -> None:
         if self.info.is_main:
