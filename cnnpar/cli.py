@@ -117,7 +117,7 @@ def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.engine.predict import predict
 
-    out = predict(args.checkpoint, args.data, args.out, args.batch_size, args.image_shape, args.device)
+    out = predict(args.checkpoint, args.data, args.out, args.batch_size, args.image_shape, args.device, args.resize)
     print(f"wrote {out}")
     return 0
 
@@ -277,13 +277,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     pred = sub.add_parser("predict", help="predict with a checkpoint; CSV input gives a Kaggle submission.csv")
     pred.add_argument("--checkpoint", required=True, help="a run folder, its ckpt/ folder, or a .pt file")
-    pred.add_argument("--data", required=True, help="test.csv (pixel columns), an .npz, or an image folder")
+    pred.add_argument(
+        "--data", required=True, help="test.csv (pixel columns), an .npz, an image folder, or digits (built in)"
+    )
     pred.add_argument(
         "--out", default="", help="output CSV (default: submission.csv for CSV input, else predictions.csv)"
     )
     pred.add_argument("--batch-size", type=int, default=256)
     pred.add_argument("--image-shape", default="", help="CxHxW of CSV rows when not square grey")
     pred.add_argument("--device", default="cpu")
+    pred.add_argument(
+        "--resize", action="store_true", help="resize CSV/npz images to the model's size (else another size is refused)"
+    )
     pred.set_defaults(func=cmd_predict)
 
     tune_p = sub.add_parser("tune", help="measure speed switches on your model/data/device; write the fastest config")

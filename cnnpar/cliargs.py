@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import fields
+from pathlib import Path
 
 from cnnpar.config import MACHINE_FIELDS, SECTIONS, Config, cli_flag, from_dict, load_toml, to_dict
 from cnnpar.presets import PRESETS, get_preset
@@ -32,39 +33,51 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
                 group.add_argument(flag, type=type(default), choices=f.metadata.get("choices"), **kw)
 
 
-def stored_run_config(resume: str) -> Config | None:
-    """The config.toml of the run that `--resume PATH` continues (None when it has none).
+def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config | None:
+    """The config.toml of the run that `--resume PATH` (or `--resume auto --name NAME`) continues,
+    None when there is none.
 
     Resuming must train the same model on the same data as the run did, not the defaults;
     the machine-dependent switches go back to "auto" so another machine can continue the run.
+    A run killed before its first checkpoint still has its config.toml: `auto` starts it again
+    from that, not from the defaults.
     """
     from cnnpar.engine.checkpoint import find_checkpoint, run_dir_of
 
-    ckpt = find_checkpoint(resume)
-    if ckpt is None:
-        return None
-    stored = run_dir_of(ckpt) / "config.toml"
+    if resume == "auto":
+        if not name:
+            return None  # a fresh default name: no earlier run to read
+        folder = Path(out_dir) / name
+        ckpt = find_checkpoint(folder) if folder.is_dir() else None
+    else:
+        ckpt = find_checkpoint(resume)
+        if ckpt is None:
+            return None
+    stored = run_dir_of(ckpt) / "config.toml" if ckpt is not None else folder / "config.toml"
     if not stored.is_file():
         return None
     raw = to_dict(load_toml(stored))
     defaults = to_dict(Config())
     for sec, names in MACHINE_FIELDS.items():
-        for name in names:
-            raw[sec][name] = defaults[sec][name]
+        for name_ in names:
+            raw[sec][name_] = defaults[sec][name_]
     return from_dict(raw, origin=str(stored))
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Preset or file first (or, for `--resume RUN`, that run's stored config), then every flag the
-    user actually typed on top."""
-    resume = vars(args).get("run.resume", "")
-    stored = stored_run_config(resume) if resume and resume != "auto" and not getattr(args, "config", None) else None
+    """Preset or file first (or, for `--resume RUN` and `--resume auto --name RUN`, that run's
+    stored config), then every flag the user actually typed on top."""
+    given = vars(args)
+    resume = given.get("run.resume", "")
     if getattr(args, "config", None):
         cfg = load_toml(args.config, get_preset(args.preset) if args.preset else None)
-    elif stored is not None:
-        cfg = stored
     else:
         cfg = get_preset(args.preset) if getattr(args, "preset", None) else Config()
+        if resume:
+            # `auto` names its folder by --out-dir/--name, typed or from the preset
+            out_dir = given.get("run.out_dir", cfg.run.out_dir)
+            stored = stored_run_config(resume, out_dir, given.get("run.name", cfg.run.name))
+            cfg = stored if stored is not None else cfg
     overrides: dict[str, dict] = {}
     for key, value in vars(args).items():
         if "." in key:

@@ -87,7 +87,11 @@ class DataConfig:
         choices=("auto", "digits", "synthetic", "csv", "npz", "folder", "store"),
     )
     image_shape: str = _f("", "CxHxW of CSV rows (inferred for square grey images) or of synthetic data")
-    image_size: int = _f(0, "resize images to this side (folders, stores, built-in digits); 0 keeps the source size")
+    image_size: int = _f(
+        0,
+        "resize images to this side (folders, stores, built-in digits); 0 keeps the source size (folders and "
+        "stores: the size their images share, else 224 for mixed sizes; digits: 16)",
+    )
     num_classes: int = _f(
         0, "classes: labels must lie in 0..N-1; 0 infers N from the labels (folders: one per subfolder; synthetic: 10)"
     )

@@ -49,10 +49,34 @@ class DataBundle:
     # the loader itself draws random-resized crops (photo folders, prepared stores): the device
     # transform then only flips, rather than pad-and-crop a second time
     loader_crops: bool = False
+    # where num_classes came from ("labels' max + 1", "--num-classes", "the class folders", ...)
+    classes_from: str = ""
+    empty_classes: list[int] = field(default_factory=list)  # classes with no example in train or val
+    size_from: str = ""  # how a folder's or store's side was chosen (--image-size, or the rule of source_size)
 
     @property
     def in_memory(self) -> bool:
         return isinstance(self.train, ArrayDataset)
+
+
+def class_lines(bundle: DataBundle) -> list[str]:
+    """What to tell the user about the class count: its value and origin, and a warning when some
+    classes have no example (labels 0..9 plus one stray 12 make 13 classes, 10 and 11 empty)."""
+    origin = f" ({bundle.classes_from})" if bundle.classes_from else ""
+    lines = [f"classes: {bundle.num_classes}{origin}"]
+    empty = bundle.empty_classes
+    if empty:
+        shown = ", ".join(str(k) for k in empty[:5]) + (", ..." if len(empty) > 5 else "")
+        lines.append(
+            f"warning: {len(empty)} of {bundle.num_classes} classes have no examples: {shown} "
+            "(expected labels 0..K-1 with every class present; pass --num-classes K or relabel)"
+        )
+    return lines
+
+
+def empty_classes(y: torch.Tensor, num_classes: int) -> list[int]:
+    counts = torch.bincount(y[y >= 0], minlength=num_classes)
+    return torch.nonzero(counts == 0).view(-1).tolist()
 
 
 def channel_stats(x: torch.Tensor, max_samples: int = 10000) -> tuple[tuple[float, ...], tuple[float, ...]]:

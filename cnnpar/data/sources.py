@@ -10,9 +10,10 @@ import torch
 
 from cnnpar.config import DataConfig, parse_shape
 from cnnpar.data.arrays import resize_square, to_labels, to_nchw_uint8
-from cnnpar.data.bundle import ArrayDataset, DataBundle, channel_stats, holdout, split_val
+from cnnpar.data.bundle import ArrayDataset, DataBundle, channel_stats, empty_classes, holdout, split_val
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, scan_splits
+from cnnpar.data.source_size import folder_side, store_side
 from cnnpar.data.store import StoreFile
 from cnnpar.data.store_feed import StoreDataset
 from cnnpar.errors import DataError
@@ -51,7 +52,7 @@ def _num_classes(y: torch.Tensor, given: int) -> int:
 
 
 def _bundle_from_arrays(
-    x, y, x_val, y_val, cfg: DataConfig, seed: int, origin: str, class_names: list[str] | None = None
+    x, y, x_val, y_val, cfg: DataConfig, seed: int, origin: str, classes_from: str = ""
 ) -> DataBundle:
     if cfg.image_size:
         x = resize_square(x, cfg.image_size)
@@ -60,10 +61,20 @@ def _bundle_from_arrays(
     val = ArrayDataset(x_val, y_val) if x_val is not None else None
     if val is None:
         train, val = split_val(train, cfg.val_fraction, seed)
-    n_classes = _num_classes(torch.cat([y, y_val]) if y_val is not None else y, cfg.num_classes)
+    y_all = torch.cat([y, y_val]) if y_val is not None else y
+    n_classes = _num_classes(y_all, cfg.num_classes)
     mean, std = channel_stats(train.x)
     return DataBundle(
-        train, val, tuple(x.shape[1:]), n_classes, mean, std, origin, class_names or [str(i) for i in range(n_classes)]
+        train,
+        val,
+        tuple(x.shape[1:]),
+        n_classes,
+        mean,
+        std,
+        origin,
+        [str(i) for i in range(n_classes)],
+        classes_from=classes_from or ("--num-classes" if cfg.num_classes > 0 else "labels' max + 1"),
+        empty_classes=empty_classes(y_all, n_classes),
     )
 
 
@@ -88,7 +99,8 @@ def load_synthetic(cfg: DataConfig, seed: int) -> DataBundle:
     y = torch.randint(0, n_classes, (n,), generator=g)
     x = torch.randint(0, 160, (n, c, h, w), generator=g, dtype=torch.uint8)
     x += (y * (95 // max(1, n_classes - 1))).to(torch.uint8)[:, None, None, None]
-    return _bundle_from_arrays(x, y, None, None, cfg, seed, f"synthetic {c}x{h}x{w}")
+    given = "--num-classes" if cfg.num_classes else "synthetic's default"
+    return _bundle_from_arrays(x, y, None, None, cfg, seed, f"synthetic {c}x{h}x{w}", given)
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -135,20 +147,31 @@ def load_csv(cfg: DataConfig, seed: int) -> DataBundle:
 
 def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     root = Path(cfg.source)
-    size = cfg.image_size or FOLDER_SIZE
     files, labels, splits, classes = scan_splits(root)
+    size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else folder_side(files)
     full = ImageFolderDataset(files, labels, size)
     train, val = _split(full, torch.as_tensor(splits), cfg.val_fraction, seed)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
     return DataBundle(
-        train, val, (3, size, size), n_classes, IMAGENET_MEAN, IMAGENET_STD, str(root), classes, loader_crops=True
+        train,
+        val,
+        (3, size, size),
+        n_classes,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        str(root),
+        classes,
+        loader_crops=True,
+        classes_from="the class folders",
+        size_from=size_from,
+        empty_classes=empty_classes(torch.as_tensor(labels), n_classes),
     )
 
 
 def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     """A store made by `cnnpar prepare`: the same splits, hold-out and classes as its folder."""
     store = StoreFile(cfg.source)
-    size = cfg.image_size or FOLDER_SIZE
+    size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
     full = StoreDataset(store, torch.arange(store.count), size)
     train, val = _split(full, torch.from_numpy(store.splits), cfg.val_fraction, seed)
     return DataBundle(
@@ -161,6 +184,9 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         str(store.path),
         store.class_names,
         loader_crops=True,
+        classes_from="the store's header",
+        size_from=size_from,
+        empty_classes=empty_classes(torch.from_numpy(store.labels), len(store.class_names)),
     )
 
 
@@ -190,24 +216,35 @@ def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
 
 
 def load_predict_data(source: str, fmt: str = "auto", image_shape: str = "", image_size: int = 0):
-    """Unlabelled (or labelled) inputs for `cnnpar predict`: returns (dataset, row ids)."""
+    """Inputs for `cnnpar predict`: returns (dataset, row ids, where its labels came from or "").
+
+    Arrays keep their own size (predict compares it with the model's); image folders and the
+    built-in digits are resized to `image_size`, as training resizes them."""
     fmt = detect_format(source, fmt)
     if fmt == "csv":
         x, y = read_pixel_csv(source, image_shape, require_label=False)
-        return ArrayDataset(resize_square(x, image_size), y), [str(i + 1) for i in range(len(x))]
+        ids = [str(i + 1) for i in range(len(x))]
+        return ArrayDataset(x, y), ids, "its 'label' column" if y is not None else ""
     if fmt == "npz":
         arrays = _read_npz(Path(source))
         key = "x_test" if "x_test" in arrays else "x_train" if "x_train" in arrays else None
         if key is None:
             raise DataError(f"{source}: no x_test or x_train key (found {', '.join(arrays) or 'none'})")
-        x = resize_square(to_nchw_uint8(arrays[key], f"{source}[{key}]"), image_size)
-        return ArrayDataset(x, None), [str(i) for i in range(len(x))]
+        x = to_nchw_uint8(arrays[key], f"{source}[{key}]")
+        y_key = "y" + key[1:]
+        y = to_labels(arrays[y_key], len(x), f"{source}[{y_key}]", 0) if y_key in arrays else None
+        return ArrayDataset(x, y), [str(i) for i in range(len(x))], y_key if y is not None else ""
+    if fmt == "digits":
+        bundle = load_digits(DataConfig(image_size=image_size, val_fraction=0), 0)
+        return bundle.train, [str(i) for i in range(len(bundle.train))], "scikit-learn's digit labels"
     if fmt == "folder":
         root = Path(source)
         files = sorted(f for f in root.rglob("*") if f.suffix.lower() in {".jpg", ".jpeg", ".png"})
         if not files:
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
-        return ImageFolderDataset(files, [-1] * len(files), image_size or FOLDER_SIZE), [
-            str(f.relative_to(root)) for f in files
-        ]
-    raise DataError(f"{source}: predict reads a .csv, an .npz or an image folder, not {fmt!r}")
+        ids = [str(f.relative_to(root)) for f in files]
+        return ImageFolderDataset(files, [-1] * len(files), image_size or FOLDER_SIZE), ids, ""
+    raise DataError(
+        f"{source}: predict reads a .csv, an .npz, an image folder or 'digits', not {fmt!r} "
+        "(synthetic data has nothing to predict)"
+    )

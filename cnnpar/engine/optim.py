@@ -98,3 +98,17 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
 
     lambdas = [held_factor if g.get("name") == WHITEN_BIAS else factor for g in optimizer.param_groups]
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
+
+
+def rebuild_after_resume(scheduler, optimizer: torch.optim.Optimizer) -> list[float]:
+    """Put every group's lr where this schedule (built for this run's total steps) stands at the
+    resumed step, and return them.
+
+    A checkpoint's optimizer holds the lr of the step it stopped at: after a finished one-cycle
+    or cosine run that is 0, and the next step would train at 0 even though the schedule, rebuilt
+    for more epochs, says otherwise (LambdaLR moves the lr only after each step)."""
+    lrs = [base * lam(scheduler.last_epoch) for base, lam in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+    return lrs

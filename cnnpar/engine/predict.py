@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
 
+from cnnpar.data.arrays import resize_square
 from cnnpar.data.bundle import ArrayDataset
 from cnnpar.data.sources import detect_format, load_predict_data
 from cnnpar.data.transforms import DeviceTransform
@@ -26,9 +28,58 @@ def _batches(ds, batch_size: int):
         yield x
 
 
+def range_warning(x: torch.Tensor, mean, std, data: str) -> str:
+    """A loud warning when the pixels sit far from the training data's (say 0..16 digits fed to a
+    model trained on 0..255): the model then predicts nearly one class, with no error anywhere.
+
+    Two cheap tests on at most 10,000 images: a channel mean more than 4 training stds away, or a
+    brightest pixel below a quarter of the training data's mean + std (a compressed range)."""
+    sample = x[:10000].float().div_(255)
+    seen_mean = sample.mean(dim=(0, 2, 3))
+    t_mean, t_std = torch.tensor(mean), torch.tensor(std)
+    brightest = float(sample.max())
+    far = bool(((seen_mean - t_mean).abs() > 4 * t_std).any())
+    dim = brightest < float((t_mean + t_std).max()) / 4
+    if not (far or dim):
+        return ""
+    seen = ", ".join(f"{v:.3f}" for v in seen_mean.tolist())
+    trained = ", ".join(f"{m:.3f} (std {s:.3f})" for m, s in zip(mean, std))
+    return (
+        f"warning: {data}: pixels unlike the training data's: channel mean {seen}, brightest pixel "
+        f"{round(255 * brightest)}; expected a mean near {trained} (0..1 units of 0..255 pixels): the "
+        "predictions are likely wrong (scale the pixels to 0..255 as in training)"
+    )
+
+
+def _check_size(ds: ArrayDataset, shape, data: str, resize: bool) -> ArrayDataset:
+    """Refuse images of another size than the model's unless --resize asks for it: a 16x16 model
+    runs on 28x28 rows without any error (global pooling) and quietly gets most of them wrong."""
+    _, h, w = shape
+    got = tuple(ds.x.shape[-2:])
+    if got == (h, w):
+        return ds
+    if not resize:
+        raise DataError(
+            f"{data}: images are {got[0]}x{got[1]}: expected {h}x{w}, as the model was trained on "
+            "(pass --resize to resize them to the model's size)"
+        )
+    if h != w:
+        raise DataError(f"{data}: --resize makes square images only: expected {h}x{w} images")
+    return ArrayDataset(resize_square(ds.x, h), ds.y)
+
+
 def predict(
-    checkpoint: str, data: str, out: str = "", batch_size: int = 256, image_shape: str = "", device: str = "cpu"
+    checkpoint: str,
+    data: str,
+    out: str = "",
+    batch_size: int = 256,
+    image_shape: str = "",
+    device: str = "cpu",
+    resize: bool = False,
+    log=print,
 ) -> Path:
+    """Write predictions; log the accuracy where the data has labels, and warn on stderr about
+    pixels that would make the predictions quietly wrong."""
     dev = torch.device(device)
     state = load_checkpoint(checkpoint, map_location="cpu")
     meta = state.get("meta") if isinstance(state, dict) else None
@@ -39,10 +90,15 @@ def predict(
     if not image_shape and c != 1:
         # Only square grey rows can be inferred from a column count; colour rows take the model's shape.
         image_shape = f"{c}x{h}x{w}"
-    ds, ids = load_predict_data(data, fmt, image_shape, image_size=h)
+    ds, ids, label_origin = load_predict_data(data, fmt, image_shape, image_size=h)
     channels = ds.x.shape[1] if isinstance(ds, ArrayDataset) else 3  # folders decode to RGB
     if channels != c:
         raise DataError(f"{data}: images have {channels} channel(s): expected {c}, as the model was trained on")
+    if isinstance(ds, ArrayDataset):
+        ds = _check_size(ds, (c, h, w), data, resize)
+        warning = range_warning(ds.x, meta["mean"], meta["std"], data)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     model = build_model(meta["model"], c, meta["num_classes"], h)
     model.load_state_dict(averaged_weights(state) or state["model"])  # the weights the run evaluated
     model.to(dev).eval()
@@ -55,6 +111,8 @@ def predict(
             preds += label.tolist()
             confs += conf.tolist()
     names = meta["class_names"]
+    if label_origin:
+        log(_accuracy_line(ds.y, preds, meta["num_classes"], data, label_origin))
     if fmt == "csv":
         target = Path(out or "submission.csv")
         rows = [{"ImageId": i, "Label": names[p] if names else p} for i, p in zip(ids, preds)]
@@ -67,3 +125,13 @@ def predict(
         ]
         write_csv_atomic(target, rows, ["id", "label", "class_name", "confidence"])
     return target
+
+
+def _accuracy_line(y: torch.Tensor, preds: list[int], num_classes: int, data: str, origin: str) -> str:
+    if int(y.min()) < 0 or int(y.max()) >= num_classes:
+        return (
+            f"{data}: ignoring {origin} as labels: values {int(y.min())}..{int(y.max())}, but the model "
+            f"knows classes 0..{num_classes - 1}"
+        )
+    right = int((torch.tensor(preds) == y).sum())
+    return f"accuracy {100 * right / len(preds):.2f}% ({right}/{len(preds)}) against {origin} of {data}"

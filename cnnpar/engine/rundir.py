@@ -11,7 +11,7 @@ import datetime as _dt
 import os
 from pathlib import Path
 
-from cnnpar.config import Config
+from cnnpar.config import Config, load_toml
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import find_checkpoint, run_dir_of
 from cnnpar.errors import UserError
@@ -52,6 +52,28 @@ def default_name(cfg: Config) -> str:
     return name
 
 
+def same_source(a: str, b: str) -> bool:
+    """The same --data, also when typed once as ./train.csv and once as train.csv."""
+    return a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve())
+
+
+def refuse_other_data(run_dir: Path, cfg: Config) -> None:
+    """A run folder holds one data set's run: another data set's epochs, checkpoint and config.toml
+    must not land on top of it (a `--resume auto` that lost its --data would do just that)."""
+    stored = run_dir / "config.toml"
+    if not stored.is_file():
+        return
+    try:
+        source = load_toml(stored).data.source
+    except UserError:
+        return  # an unreadable config.toml is not a run's record worth protecting
+    if not same_source(source, cfg.data.source):
+        raise UserError(
+            f"{run_dir}: holds a run on --data {source} (its config.toml), not {cfg.data.source}: "
+            f"expected --data {source}, or another --name"
+        )
+
+
 def _decide(cfg: Config) -> tuple[str, str | None]:
     """Rank 0's decision: (run folder, checkpoint or None). Raises UserError; creates nothing."""
     resume = cfg.run.resume
@@ -62,9 +84,11 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
             raise UserError(
                 f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt or a .pt file)"
             )
+        refuse_other_data(run_dir_of(ckpt), cfg)
         return str(run_dir_of(ckpt)), str(ckpt)
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
     existing = find_checkpoint(run_dir) if run_dir.is_dir() else None
+    refuse_other_data(run_dir, cfg)
     if resume == "auto" or elastic_restart():
         return str(run_dir), str(existing) if existing else None
     if existing is not None:

@@ -21,13 +21,20 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
+from cnnpar.data.bundle import class_lines
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
 from cnnpar.engine.fault import maybe_inject_fault
-from cnnpar.engine.optim import apply_frozen_whitening, build_optimizer, build_scheduler, scaled_lr
+from cnnpar.engine.optim import (
+    apply_frozen_whitening,
+    build_optimizer,
+    build_scheduler,
+    rebuild_after_resume,
+    scaled_lr,
+)
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
 from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
 from cnnpar.errors import UserError
@@ -187,15 +194,31 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         state = load_checkpoint(path, map_location=self.info.device)
-        self.raw_model.load_state_dict(state["model"])
+        try:
+            self.raw_model.load_state_dict(state["model"])
+        except RuntimeError:  # torch lists every mismatching tensor: the user needs what differs in the data
+            was = state.get("meta", {})
+            raise UserError(
+                f"{path}: holds a {was.get('model')} for {was.get('num_classes')} classes of "
+                f"{'x'.join(map(str, was.get('image_shape', [])))} images; this run has {self.cfg.model.name} for "
+                f"{self.meta['num_classes']} classes of {'x'.join(map(str, self.meta['image_shape']))}: expected "
+                "the run's own --data, --image-size and --num-classes (or none of them)"
+            ) from None
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        lrs = rebuild_after_resume(self.scheduler, self.optimizer)
         self.precision.load_state_dict(state["precision"])
         if self.average is not None and "average" in state:
             self.average.load_state_dict(state["average"])
         self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
         self.start_epoch = int(state["epoch"]) + 1
         self.log(f"resumed from {path} after epoch {state['epoch']}")
+        planned = int(state.get("config", {}).get("run", {}).get("epochs", self.cfg.run.epochs))
+        if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
+            self.log(
+                f"schedule: {self.cfg.optim.schedule} rebuilt for {self.cfg.run.epochs} epochs (the run planned "
+                f"{planned}): epoch {int(state['epoch']) + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
+            )
 
     def _prepare_run_dir(self) -> None:
         if self.info.is_main:
@@ -340,6 +363,10 @@ class Trainer:
             f"accumulation = {global_batch} per step; lr {cfg.optim.lr:g} -> {self.lr:g} "
             f"({cfg.optim.lr_scaling} scaling)"
         )
+        for line in class_lines(self.bundle):
+            self.log(line)
+        if self.bundle.size_from:
+            self.log(f"image size: {self.bundle.shape[1]} ({self.bundle.size_from})")
         if self.decode_line:
             self.log(self.decode_line)
         self.log(f"run folder: {self.run_dir}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,7 +13,7 @@ from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig
 from cnnpar.dist import DistInfo
 from cnnpar.engine.predict import predict
 from cnnpar.engine.trainer import Trainer
-from tests.datafiles import CLASSES, bar_images, write_npz, write_train_test_csv
+from tests.datafiles import CLASSES, bar_images, write_npz, write_pixel_csv, write_train_test_csv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -73,3 +74,43 @@ def test_predict_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypa
     assert "no checkpoint found" in capsys.readouterr().err
     assert not (tmp_path / "submission.csv").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["test.csv"]  # no temp files either
+
+
+def test_predict_refuses_another_image_size_unless_asked_to_resize(tmp_path, capsys, monkeypatch, trained):
+    """A 16x16 model runs on 28x28 rows without any error and gets most of them wrong: refused."""
+    _, run_dir, _, _ = trained
+    x, _ = bar_images(32, side=28)
+    big = write_pixel_csv(tmp_path / "big.csv", x, None)
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(big)]) == 2
+    err = capsys.readouterr().err
+    assert f"{big}: images are 28x28: expected 16x16" in err and "--resize" in err
+    assert not (tmp_path / "submission.csv").exists()
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(big), "--resize"]) == 0
+
+
+def test_predict_reports_accuracy_and_warns_on_a_foreign_pixel_range(tmp_path, capsys, monkeypatch, trained):
+    _, run_dir, _, _ = trained
+    monkeypatch.chdir(tmp_path)
+    x, y = bar_images(64, seed=3)
+    labelled = write_pixel_csv(tmp_path / "labelled.csv", x, y)
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(labelled)]) == 0
+    out, err = capsys.readouterr()
+    assert "against its 'label' column" in out and "warning" not in err
+    assert float(out.split("accuracy ")[1].split("%")[0]) >= 90
+
+    np.savez(tmp_path / "t.npz", x_train=x, y_train=y, x_test=x // 16, y_test=y)  # 0..14: sklearn's 0..16 scale
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(tmp_path / "t.npz")]) == 0
+    out, err = capsys.readouterr()
+    assert f"warning: {tmp_path / 't.npz'}: pixels unlike the training data's" in err
+    assert "against y_test" in out
+
+
+def test_predict_digits_runs_and_says_why_it_ignores_impossible_labels(capsys, monkeypatch, tmp_path, trained):
+    _, run_dir, _, _ = trained
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", "digits"]) == 0
+    out = capsys.readouterr().out
+    assert "ignoring scikit-learn's digit labels as labels: values 0..9, but the model knows classes 0..3" in out
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", "synthetic"]) == 2
+    assert "predict reads a .csv, an .npz, an image folder or 'digits'" in capsys.readouterr().err

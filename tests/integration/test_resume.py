@@ -74,3 +74,33 @@ def test_resume_alone_continues_the_runs_own_model_and_data(cli):
     assert "resumed from" in again.stdout
     summary = json.loads((cli.cwd / "runs" / "r1" / "summary.json").read_text())
     assert summary["data"] == "synthetic 1x16x16" and summary["epochs"] == 2
+
+
+SYNTH = ["--data", "synthetic", "--synthetic-samples", "256", "--image-shape", "1x16x16", "--no-progress"]
+
+
+def test_resume_auto_uses_the_runs_stored_config_and_never_mixes_data_sets(cli):
+    """`--resume auto --name X` continues X's own data like `--resume runs/X`, also when X was
+    killed before its first checkpoint; another data set is refused in X's folder."""
+    run = cli.cwd / "runs" / "x"
+    first = cli("train", *SYNTH, "--epochs", "1", "--name", "x")
+    assert first.returncode == 0, first.stderr
+    again = cli("train", "--resume", "auto", "--name", "x", "--epochs", "2", "--no-progress")
+    assert again.returncode == 0, again.stderr
+    assert "resumed from" in again.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["data"] == "synthetic 1x16x16" and summary["epochs"] == 2
+
+    # killed during epoch 1: a config.toml but no checkpoint yet
+    for f in (run / "ckpt").iterdir():
+        f.unlink()
+    (run / "summary.json").unlink()
+    restart = cli("train", "--resume", "auto", "--name", "x", "--epochs", "1", "--no-progress")
+    assert restart.returncode == 0, restart.stderr
+    assert json.loads((run / "summary.json").read_text())["data"] == "synthetic 1x16x16"
+
+    stored = (run / "config.toml").read_text()
+    other = cli("train", "--data", "digits", "--resume", "auto", "--name", "x", "--epochs", "1", "--no-progress")
+    assert other.returncode == 2
+    assert "holds a run on --data synthetic" in other.stderr and "Traceback" not in other.stderr
+    assert (run / "config.toml").read_text() == stored

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -81,3 +83,14 @@ def test_input_error_after_a_finished_epoch_keeps_the_run_and_its_checkpoint(tmp
         _trainer(tmp_path, limit=40, epochs=3).fit()  # epoch 1 reads 32 samples, epoch 2 fails
     run = tmp_path / "runs" / "r"
     assert (run / "ckpt" / "last.pt").is_file() and (run / "metrics.csv").is_file()
+
+
+def test_a_run_folder_refuses_another_data_set_but_not_the_same_file_spelt_differently(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.csv").write_text("label,pixel0\n0,1\n")
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "config.toml").write_text('[data]\nsource = "./d.csv"\n')
+    run = RunConfig(out_dir="runs", name="r", resume="auto")
+    assert resolve_run(Config(data=DataConfig(source="d.csv"), run=run), CPU_INFO) == (Path("runs/r"), None)
+    with pytest.raises(UserError, match=r"runs/r: holds a run on --data ./d.csv .*not digits: expected --data ./d.csv"):
+        resolve_run(Config(run=run), CPU_INFO)

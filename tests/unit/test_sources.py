@@ -8,6 +8,7 @@ import torch
 
 from cnnpar.config import DataConfig
 from cnnpar.data import load_data, load_predict_data
+from cnnpar.data.bundle import class_lines
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, scan_folder
 from cnnpar.data.sources import detect_format
@@ -111,8 +112,8 @@ def test_image_folder_with_train_and_val_subfolders(tmp_path):
 
 def test_predict_inputs_keep_file_order(tmp_path):
     _, test, _ = write_train_test_csv(tmp_path, n_train=4, n_test=5)
-    ds, ids = load_predict_data(str(test))
-    assert ids == ["1", "2", "3", "4", "5"] and ds.x.shape == (5, 1, 16, 16)
+    ds, ids, labels_from = load_predict_data(str(test))
+    assert ids == ["1", "2", "3", "4", "5"] and ds.x.shape == (5, 1, 16, 16) and labels_from == ""
 
 
 def test_format_detection_and_unknown_paths(tmp_path):
@@ -138,3 +139,46 @@ def test_unreadable_images_raise_a_data_error_naming_the_file(tmp_path, name, co
         decode_resized(path, 8)
     message = str(e.value)
     assert message.startswith(f"{path}: cannot decode as an image (") and ".cpp:" not in message
+
+
+def test_class_count_names_its_origin_and_warns_about_empty_classes(tmp_path):
+    """Labels 0..9 plus one stray 12 train as 13 classes: said, with 10 and 11 named as empty."""
+    x, _ = bar_images(60)
+    y = np.arange(60) % 10
+    y[7] = 12
+    np.savez(tmp_path / "stray.npz", x_train=x, y_train=y)
+    bundle = load_data(DataConfig(source=str(tmp_path / "stray.npz")))
+    assert class_lines(bundle) == [
+        "classes: 13 (labels' max + 1)",
+        "warning: 2 of 13 classes have no examples: 10, 11 (expected labels 0..K-1 with every class present; "
+        "pass --num-classes K or relabel)",
+    ]
+    given = load_data(DataConfig(source=str(tmp_path / "stray.npz"), num_classes=20))
+    assert class_lines(given)[0] == "classes: 20 (--num-classes)"
+    assert "9 of 20 classes have no examples: 10, 11, 13, 14, 15, ..." in class_lines(given)[1]
+    folder = load_data(DataConfig(source=str(write_image_folder(tmp_path / "photos"))))
+    assert class_lines(folder) == ["classes: 2 (the class folders)"]
+
+
+def test_image_size_0_keeps_a_folders_and_a_stores_shared_source_size(tmp_path):
+    """32x32 PNGs stay 32x32 (not enlarged to 224); mixed sizes get the stated 224."""
+    from cnnpar.data.store_write import prepare_store
+
+    same = write_image_folder(tmp_path / "same", side=32)
+    bundle = load_data(DataConfig(source=str(same)))
+    assert bundle.shape == (3, 32, 32) and "all 12 images are 32x32" in bundle.size_from
+    x, _ = bundle.train[0]
+    assert tuple(x.shape) == (3, 32, 32)
+    store = tmp_path / "same.cnnpar"
+    prepare_store(same, store, 256, workers=1, progress=False)
+    from_store = load_data(DataConfig(source=str(store)))
+    assert from_store.shape == (3, 32, 32) and class_lines(from_store) == ["classes: 2 (the store's header)"]
+
+    mixed = write_image_folder(tmp_path / "mixed", side=20)
+    write_image_folder(tmp_path / "mixed2", side=40)
+    for f in (tmp_path / "mixed2").rglob("*.*"):
+        f.rename(f.parent.parent.parent / "mixed" / f.parent.name / f"big{f.name}")
+    bundle = load_data(DataConfig(source=str(mixed)))
+    assert bundle.shape == (3, 224, 224)
+    assert "mixed sizes (20x20 to 40x40): 224" in bundle.size_from
+    assert load_data(DataConfig(source=str(mixed), image_size=48)).shape == (3, 48, 48)

@@ -1,0 +1,47 @@
+"""Resuming in process: a finished one-cycle run extended rebuilds its schedule (and says so);
+a checkpoint for another model shape is refused in one line."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig
+from cnnpar.dist import DistInfo
+from cnnpar.engine.trainer import Trainer
+from cnnpar.errors import UserError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CPU_INFO = DistInfo(0, 0, 1, torch.device("cpu"))
+
+
+def _cfg(tmp_path, epochs: int, resume: str = "") -> Config:
+    return Config(
+        data=DataConfig(source="synthetic", synthetic_samples=128, image_shape="1x16x16", workers=0),
+        speed=SpeedConfig(device="cpu", precision="fp32"),
+        run=RunConfig(
+            epochs=epochs, batch_size=32, max_steps=2, out_dir=str(tmp_path), name="oc", resume=resume, progress=False
+        ),
+    )
+
+
+def test_one_more_epoch_after_a_finished_onecycle_trains_at_a_nonzero_lr(tmp_path):
+    Trainer(_cfg(tmp_path, 2), CPU_INFO, log=lambda *a, **k: None).fit()
+    lines: list[str] = []
+    more = Trainer(_cfg(tmp_path, 3, resume=str(tmp_path / "oc")), CPU_INFO, log=lambda s, **k: lines.append(s))
+    # step 4 of a 6-step one-cycle (the first 2 of its linear descent done): 1/3 of the peak, not 0
+    assert more.optimizer.param_groups[0]["lr"] == pytest.approx(more.lr / 3, rel=0.05)
+    assert any("onecycle rebuilt for 3 epochs (the run planned 2)" in s for s in lines), lines
+    same = Trainer(_cfg(tmp_path, 2, resume=str(tmp_path / "oc")), CPU_INFO, log=lambda s, **k: lines.append(s))
+    assert same.optimizer.param_groups[0]["lr"] == 0.0  # nothing extended: the finished run stays finished
+
+
+def test_resuming_with_another_class_count_is_one_line_not_a_state_dict_traceback(tmp_path):
+    Trainer(_cfg(tmp_path, 1), CPU_INFO, log=lambda *a, **k: None).fit()
+    cfg = _cfg(tmp_path, 2, resume=str(tmp_path / "oc"))
+    cfg = Config(data=replace(cfg.data, num_classes=5), speed=cfg.speed, run=cfg.run)
+    with pytest.raises(UserError, match="holds a cnn3 for 10 classes of 1x16x16 images; this run has cnn3 for 5"):
+        Trainer(cfg, CPU_INFO, log=lambda *a, **k: None)
