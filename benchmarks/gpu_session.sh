@@ -61,10 +61,10 @@ final)
   # the log shows the decoder chosen and why, the graphs decision, and the prepare advice
   logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
              grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
-  logged gpu_tests 240 python3 -m pytest -q -m gpu tests
-  logged train_folder 150 python3 -m cnnpar train --data .devdata/imagenet_sample --model resnet50 --epochs 2 \
+  logged gpu_tests 200 python3 -m pytest -q -m gpu tests
+  logged train_folder 120 python3 -m cnnpar train --data .devdata/imagenet_sample --model resnet50 --epochs 2 \
       --batch-size 64 --out-dir /tmp/runs
-  logged train_store 150 bash -c "python3 -m cnnpar prepare .devdata/imagenet_sample --out /tmp/sample.cnnpar \
+  logged train_store 90 bash -c "python3 -m cnnpar prepare .devdata/imagenet_sample --out /tmp/sample.cnnpar \
       --max-side 256 && python3 -m cnnpar train --data /tmp/sample.cnnpar --model resnet50 --epochs 2 --batch-size 64 \
       --out-dir /tmp/runs"
   ;;
