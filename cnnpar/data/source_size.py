@@ -52,8 +52,9 @@ def pick_side(sizes: np.ndarray, sampled: bool) -> tuple[int, str]:
         side = min(h, w)
         crop = "" if h == w else ", square crops of the shorter side"
         return side, f"the source size: {which} are {h}x{w}{crop}"
+    which = f"the {len(sizes)} sampled images" if sampled else f"the {len(sizes)} images"
     return MIXED_SIDE, (
-        f"{which} have mixed sizes ({int(lo[0])}x{int(lo[1])} to {int(hi[0])}x{int(hi[1])}): {MIXED_SIDE}, "
+        f"{which} differ in size ({int(lo[0])}x{int(lo[1])} to {int(hi[0])}x{int(hi[1])}): {MIXED_SIDE}, "
         "the usual ImageNet input; --image-size N chooses another"
     )
 

@@ -180,5 +180,5 @@ def test_image_size_0_keeps_a_folders_and_a_stores_shared_source_size(tmp_path):
         f.rename(f.parent.parent.parent / "mixed" / f.parent.name / f"big{f.name}")
     bundle = load_data(DataConfig(source=str(mixed)))
     assert bundle.shape == (3, 224, 224)
-    assert "mixed sizes (20x20 to 40x40): 224" in bundle.size_from
+    assert "differ in size (20x20 to 40x40): 224" in bundle.size_from
     assert load_data(DataConfig(source=str(mixed), image_size=48)).shape == (3, 48, 48)
