@@ -136,21 +136,23 @@ def resized_crops(
     images: list[torch.Tensor],
     boxes: torch.Tensor,
     size: int,
+    hwc: bool = False,
     canvas_budget: int = CANVAS_BUDGET,
     compute_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Crop `boxes` (N, 4: top, left, height, width; on the host) out of (3, H, W) uint8 `images`
     and resize each crop to size x size with antialiased bilinear filtering, batched.
 
-    The images are first concatenated into one flat buffer (one copy); `resized_crops_flat` does
-    the rest. A caller that already holds its images in one buffer calls that directly.
+    One copy gathers the images into a flat buffer, in the layout most of them already have:
+    `hwc` for views of interleaved memory (nvImageCodec's outputs), planar otherwise (torchvision's),
+    so that copy is the only pass over the decoded pixels; `resized_crops_flat` does the rest.
     """
     n = len(images)
     hw = torch.tensor([img.shape[1:] for img in images], dtype=torch.int64).view(n, 2)
     numel = 3 * hw[:, 0] * hw[:, 1]
     starts = torch.cumsum(numel, 0) - numel
-    flat = torch.cat([img.reshape(-1) for img in images])
-    return resized_crops_flat(flat, starts, hw, boxes, size, False, canvas_budget, compute_dtype)
+    flat = torch.cat([(img.permute(1, 2, 0) if hwc else img).reshape(-1) for img in images])
+    return resized_crops_flat(flat, starts, hw, boxes, size, hwc, canvas_budget, compute_dtype)
 
 
 def resized_crops_flat(

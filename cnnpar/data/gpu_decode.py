@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_flat, resized_crops_loop
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_loop
 from cnnpar.data.folder import decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import header_ok, read_jpeg_header
 
@@ -255,14 +255,3 @@ class GpuDecoder:
             event.record()
             self.nvimgcodec.copied(event)
         return out
-
-
-def resized_crops(images: list[torch.Tensor], boxes: torch.Tensor, size: int, hwc: bool) -> torch.Tensor:
-    """`crop_resize.resized_crops_flat` over images given as (3, H, W) views: one copy gathers them
-    into a flat buffer in the layout most of them already have (interleaved for nvImageCodec's
-    outputs, planar for torchvision's), so that copy is the only pass over the decoded pixels."""
-    hw = torch.tensor([img.shape[1:] for img in images], dtype=torch.int64).view(-1, 2)
-    numel = 3 * hw[:, 0] * hw[:, 1]
-    starts = torch.cumsum(numel, 0) - numel
-    parts = [(img.permute(1, 2, 0) if hwc else img).reshape(-1) for img in images]
-    return resized_crops_flat(torch.cat(parts), starts, hw, boxes, size, hwc=hwc)
