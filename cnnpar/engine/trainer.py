@@ -32,6 +32,7 @@ from cnnpar.engine.optim import (
     apply_frozen_whitening,
     build_optimizer,
     build_scheduler,
+    describe_lr,
     rebuild_after_resume,
     scaled_lr,
 )
@@ -360,8 +361,7 @@ class Trainer:
         )
         self.log(
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
-            f"accumulation = {global_batch} per step; lr {cfg.optim.lr:g} -> {self.lr:g} "
-            f"({cfg.optim.lr_scaling} scaling)"
+            f"accumulation = {global_batch} per step; {describe_lr(cfg.optim, info.world_size)}"
         )
         for line in class_lines(self.bundle):
             self.log(line)
