@@ -161,8 +161,12 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def add_prepare_parser(sub) -> None:
+    from cnnpar.cliargs import DefaultsHelpFormatter
+
     prep = sub.add_parser(
-        "prepare", help="decode an image folder once into a .cnnpar store (raw pixels, memory-mapped by training)"
+        "prepare",
+        help="decode an image folder once into a .cnnpar store (raw pixels, memory-mapped by training)",
+        formatter_class=DefaultsHelpFormatter,
     )
     prep.add_argument(
         "src",
@@ -209,17 +213,24 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 def add_bench_parser(sub) -> None:
     from cnnpar.bench.timing import Timing
-    from cnnpar.cliargs import add_config_flags
+    from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags
 
     bench = sub.add_parser(
-        "bench", help="measure each speed technique (a ladder), check the founding claims, or time to accuracy"
+        "bench",
+        help="measure each speed technique (a ladder), check the founding claims, or time to accuracy",
+        formatter_class=DefaultsHelpFormatter,
     )
     add_config_flags(bench, extra_presets=("claims",))
     g = bench.add_argument_group("bench")
     g.add_argument("--out", default="", help="results folder (default: <--out-dir>/bench/<date>-<device>-<model>/)")
     g.add_argument("--warmup-steps", type=int, default=Timing.warmup, help="untimed steps first (compile happens here)")
     g.add_argument("--timed-steps", type=int, default=Timing.steps, help="timed steps per repeat")
-    g.add_argument("--repeats", type=int, default=0, help="repeats (medians are reported); tta: seeds (default 1)")
+    g.add_argument(
+        "--repeats",
+        type=int,
+        default=0,
+        help=f"repeats (medians are reported); 0: {Timing.repeats}, or for tta (seeds) 1",
+    )
     g.add_argument("--only", default="", help="comma-separated rung (or, with --claims, claim) names to measure")
     g.add_argument("--claims", action="store_true", help="measure the founding document's claims (= --preset claims)")
     g.add_argument("--tta", action="store_true", help="time to accuracy: train until --target validation accuracy")
@@ -238,25 +249,35 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cnnpar.cliargs import add_config_flags
+    from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags
 
     p = argparse.ArgumentParser(prog="cnnpar", description="Fast CNN training, measured.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    train = sub.add_parser("train", help="train a model (defaults: cnn3 on the built-in digits)")
+    train = sub.add_parser(
+        "train", help="train a model (defaults: cnn3 on the built-in digits)", formatter_class=DefaultsHelpFormatter
+    )
     add_config_flags(train)
     train.set_defaults(func=cmd_train)
 
-    prof = sub.add_parser("profile", help="a few train steps under torch.profiler: trace per rank, top operators")
+    prof = sub.add_parser(
+        "profile",
+        help="a few train steps under torch.profiler: trace per rank, top operators",
+        formatter_class=DefaultsHelpFormatter,
+    )
     add_config_flags(prof)
     extra = prof.add_argument_group("profile")
     extra.add_argument("--prof-wait", type=int, default=1, help="steps before the profiler starts (start-up, compile)")
     extra.add_argument("--prof-warmup", type=int, default=2, help="profiled steps discarded (profiler start-up)")
-    extra.add_argument("--prof-active", type=int, default=5, help="steps recorded")
+    extra.add_argument("--prof-active", type=int, default=5, help="profiled steps recorded")
     extra.add_argument("--row-limit", type=int, default=25, help="operators in the tables")
     extra.add_argument("--report-dir", default="", help="output folder (default: <--out-dir>/profile/<model>-<date>)")
     prof.set_defaults(func=cmd_profile)
 
-    doc = sub.add_parser("doctor", help="measure data vs step vs end to end, name the bottleneck, advise")
+    doc = sub.add_parser(
+        "doctor",
+        help="measure data vs step vs end to end, name the bottleneck, advise",
+        formatter_class=DefaultsHelpFormatter,
+    )
     add_config_flags(doc)
     extra = doc.add_argument_group("doctor")
     extra.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps before each measurement")
@@ -270,12 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
         const=3,
         default=0,
         metavar="N",
-        help="re-measure the top N recommendations (default 3) with the config changed",
+        help="re-measure the top N recommendations (N defaults to 3 when omitted; 0: none) with the config changed",
     )
     extra.add_argument("--report-dir", default="", help="output folder (default: <--out-dir>/doctor/<model>-<date>)")
     doc.set_defaults(func=cmd_doctor)
 
-    pred = sub.add_parser("predict", help="predict with a checkpoint; CSV input gives a Kaggle submission.csv")
+    pred = sub.add_parser(
+        "predict",
+        help="predict with a checkpoint; CSV input gives a Kaggle submission.csv",
+        formatter_class=DefaultsHelpFormatter,
+    )
     pred.add_argument("--checkpoint", required=True, help="a run folder, its ckpt/ folder, or a .pt file")
     pred.add_argument(
         "--data", required=True, help="test.csv (pixel columns), an .npz, an image folder, or digits (built in)"
@@ -283,15 +308,19 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument(
         "--out", default="", help="output CSV (default: submission.csv for CSV input, else predictions.csv)"
     )
-    pred.add_argument("--batch-size", type=int, default=256)
+    pred.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
     pred.add_argument("--image-shape", default="", help="CxHxW of CSV rows when not square grey")
-    pred.add_argument("--device", default="cpu")
+    pred.add_argument("--device", default="cpu", help="torch device to predict on, e.g. cuda")
     pred.add_argument(
         "--resize", action="store_true", help="resize CSV/npz images to the model's size (else another size is refused)"
     )
     pred.set_defaults(func=cmd_predict)
 
-    tune_p = sub.add_parser("tune", help="measure speed switches on your model/data/device; write the fastest config")
+    tune_p = sub.add_parser(
+        "tune",
+        help="measure speed switches on your model/data/device; write the fastest config",
+        formatter_class=DefaultsHelpFormatter,
+    )
     add_config_flags(tune_p)
     tune_p.add_argument("--budget-s", type=float, default=600, help="stop trying new switches after this long")
     tune_p.add_argument("--steps", type=int, default=20, help="timed steps per epoch of a trial")
@@ -301,7 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from cnnpar.frameworks.compare import add_compare_args
 
-    comp = sub.add_parser("compare", help="train cnn3 under other frameworks, each in its own process, side by side")
+    comp = sub.add_parser(
+        "compare",
+        help="train cnn3 under other frameworks, each in its own process, side by side",
+        formatter_class=DefaultsHelpFormatter,
+    )
     add_compare_args(comp)
     comp.set_defaults(func=cmd_compare)
 

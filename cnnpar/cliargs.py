@@ -10,6 +10,23 @@ from cnnpar.config import MACHINE_FIELDS, SECTIONS, Config, cli_flag, from_dict,
 from cnnpar.presets import PRESETS, get_preset
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to a flag's help unless the help already names its default
+    (the config flags, "--out ... (default: SRC.cnnpar)") or there is nothing to show
+    (an on/off switch, an empty string, a required flag)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.required or not action.option_strings:
+            return text
+        # identity, not ==: 0 is a default worth showing, False (a switch left off) is not
+        if action.default is None or action.default is False or action.default is argparse.SUPPRESS:
+            return text
+        if action.default == "" or isinstance(action, argparse._StoreTrueAction):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
 def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, ...] = ()) -> None:
     """One flag per config field; `extra_presets` are names a subcommand handles itself (bench's claims)."""
     parser.add_argument(

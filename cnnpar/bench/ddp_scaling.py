@@ -81,6 +81,7 @@ def worker(args: argparse.Namespace) -> None:
     from cnnpar.dist import barrier, destroy_distributed, init_distributed
     from cnnpar.engine.trainer import Trainer
     from cnnpar.report.environment import environment
+    from cnnpar.report.meters import peak_memory
 
     class CycledArrays(ArrayDataset):
         """`length` samples read from fewer real images (index modulo their count)."""
@@ -138,7 +139,7 @@ def worker(args: argparse.Namespace) -> None:
         epoch_s = statistics.median(r["epoch_s"] for r in timed)
         images_per_s = statistics.median(r["images_per_s"] for r in timed)
         if info.is_main:
-            peak = torch.cuda.max_memory_allocated(info.device) / 2**20 if info.device.type == "cuda" else 0.0
+            peak, peak_kind = peak_memory(info.device)  # rank 0's
             result = {
                 "world_size": info.world_size,
                 "images_per_s": images_per_s,
@@ -147,6 +148,7 @@ def worker(args: argparse.Namespace) -> None:
                 "data_wait_share": statistics.median(r["data_wait_share"] for r in timed),
                 "images_per_s_all_repeats": [r["images_per_s"] for r in timed],
                 "peak_mem_mb": peak,
+                "peak_mem_kind": peak_kind,
                 "resolved": {
                     "precision": trainer.cfg.speed.precision,
                     "channels_last": trainer.cfg.speed.channels_last,
@@ -256,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 "scaling_efficiency": round(r["images_per_s"] / (n * base), 4),
                 "data_wait_share": round(r["data_wait_share"], 4),
                 "peak_mem_mb": round(r["peak_mem_mb"], 1),
+                "peak_mem_kind": r["peak_mem_kind"],
                 "device": env["device"],
                 "torch": env["torch"],
                 "cuda": env["cuda"],

@@ -20,7 +20,7 @@ from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import build_trainer, cycle_batches, reset_compiler, train_step
 from cnnpar.engine.trainer import Trainer
-from cnnpar.report.meters import sync
+from cnnpar.report.meters import CPU_RSS, CUDA_PEAK, sync
 
 from .timing import Timing
 
@@ -82,9 +82,9 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
     finally:
         batches.close()
     if device.type == "cuda":
-        peak_mem, mem_kind = torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+        peak_mem, mem_kind = torch.cuda.max_memory_allocated(device) / 2**20, CUDA_PEAK
     else:
-        peak_mem, mem_kind = max(rss), "process_rss"
+        peak_mem, mem_kind = max(rss), CPU_RSS
     return {
         "images_per_s": statistics.median(rates),
         "images_per_s_min": min(rates),
@@ -95,7 +95,7 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
         # Other processes on the host slow a CPU run down; the load says how busy it was.
         "host_load_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else "",
         "peak_mem_mb": peak_mem,
-        "mem_kind": mem_kind,
+        "peak_mem_kind": mem_kind,
         "warmup_s": warmup_s,
     }
 

@@ -38,7 +38,7 @@ RUNG_COLUMNS = [
     "main_cpu_pct",
     "host_load_1m",
     "peak_mem_mb",
-    "mem_kind",
+    "peak_mem_kind",
     "mfu",
     "warmup_s",
     "speedup_vs_baseline",
@@ -119,9 +119,21 @@ def metadata_lines(row: dict, timed_steps: bool = True) -> list[str]:
     return lines if timed_steps else [ln for ln in lines if "warm-up steps" not in ln]
 
 
+def peak_mem_label(kinds: set[str]) -> str:
+    """A column heading that says what the peak-memory figures are."""
+    if kinds and all(k.startswith("process_") for k in kinds):
+        return "peak RSS MB"
+    if kinds == {"cuda_max_allocated"}:
+        return "peak CUDA alloc MB"
+    return "peak MB"
+
+
 def ladder_markdown(rows: list[dict]) -> str:
+    # older ladders named the kind column mem_kind
+    kinds = {k for k in (r.get("peak_mem_kind") or r.get("mem_kind") for r in rows) if k}
     head = (
-        "| # | rung | technique | status | images/s | step ms | data wait | peak MB | MFU | x baseline | x previous |"
+        "| # | rung | technique | status | images/s | step ms | data wait "
+        f"| {peak_mem_label(kinds)} | MFU | x baseline | x previous |"
     )
     lines = ["# Technique ladder", "", *metadata_lines(rows[0] if rows else {}), "", head, "|" + "---|" * 11]
     for r in rows:
@@ -142,7 +154,8 @@ def ladder_markdown(rows: list[dict]) -> str:
     )
     lines += [
         "",
-        "Peak MB is `torch.cuda.max_memory_allocated` on CUDA and the process RSS on the CPU. "
+        "Peak memory is `torch.cuda.max_memory_allocated` on CUDA (the tensors) and the process's "
+        "resident memory (RSS: Python, libraries and data included) on the CPU. "
         f"x previous compares with the nearest measured rung this one builds on.{load}",
     ]
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from cnnpar.data.tv_codecs import tv_codecs
 from cnnpar.errors import DataError, first_line
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
@@ -90,7 +91,8 @@ def decode_rgb(data: torch.Tensor, path: Path | str) -> torch.Tensor:
     if data.numel() == 0:
         raise empty_file_error(path)
     try:
-        img = decode_image(data, mode=ImageReadMode.RGB)
+        with tv_codecs():  # torchvision 0.29's deprecation notice: known, see docs/decoding.md
+            img = decode_image(data, mode=ImageReadMode.RGB)
     except (RuntimeError, ValueError) as e:
         raise decode_error(path, e) from None
     if img.ndim == 4:  # an animated GIF (torchvision reads those too): its first frame

@@ -39,6 +39,7 @@ from torch.utils.data import Dataset
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_loop
 from cnnpar.data.folder import decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import header_ok, read_jpeg_header
+from cnnpar.data.tv_codecs import tv_codecs
 
 BatchDecode = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
 
@@ -115,7 +116,8 @@ def nvjpeg_decode(buffers: list[torch.Tensor], device: torch.device) -> list[tor
     from torchvision.io import ImageReadMode, decode_jpeg
 
     if device.type != "cuda":
-        return decode_jpeg(buffers, mode=ImageReadMode.RGB, device=device)
+        with tv_codecs():  # torchvision 0.29's deprecation notice: known, see docs/decoding.md
+            return decode_jpeg(buffers, mode=ImageReadMode.RGB, device=device)
     # Outputs come from a private stream's pool (see the module docstring: torchvision lets nvJPEG
     # write into blocks the caller's stream may still be reading); record_stream holds each block
     # until the consumer stream has finished with it.
@@ -124,7 +126,7 @@ def nvjpeg_decode(buffers: list[torch.Tensor], device: torch.device) -> list[tor
     if key not in _alloc_streams:
         _alloc_streams[key] = torch.cuda.Stream(key)
     alloc = _alloc_streams[key]
-    with torch.cuda.stream(alloc):
+    with torch.cuda.stream(alloc), tv_codecs():  # tv_codecs: see docs/decoding.md
         images = decode_jpeg(buffers, mode=ImageReadMode.RGB, device=key)  # note: host sync inside
     # Any kernel torchvision queued on the then-current stream after its decode (a layout change,
     # say) ran on `alloc`: the consumer must not read the images before that work is done.

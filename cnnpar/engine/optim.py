@@ -44,6 +44,21 @@ def scaled_lr(cfg: OptimConfig, world_size: int) -> float:
     return cfg.lr
 
 
+def describe_lr(cfg: OptimConfig, world_size: int) -> str:
+    """The start-of-run lr line: the configured lr, the rule, and what it was multiplied by, e.g.
+    `lr 0.1 x 2 processes = 0.2 (--lr-scaling linear)`."""
+    lr = scaled_lr(cfg, world_size)
+    what = f"{world_size} process{'es' if world_size != 1 else ''}"
+    if cfg.grad_accum > 1:
+        what += f" x {cfg.grad_accum} accumulation steps"
+    if cfg.lr_scaling == "linear":
+        return f"lr {cfg.lr:g} x {what} = {lr:g} (--lr-scaling linear)"
+    if cfg.lr_scaling == "sqrt":
+        return f"lr {cfg.lr:g} x sqrt({what}) = {lr:g} (--lr-scaling sqrt)"
+    scale = "the world size" if cfg.grad_accum == 1 else "the world size or the accumulation"
+    return f"lr {cfg.lr:g} (not scaled with {scale}: --lr-scaling none)"
+
+
 def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float, device: torch.device) -> torch.optim.Optimizer:
     """SGD with Nesterov momentum or AdamW; no weight decay on biases and norm parameters, whose lr
     is `bias_lr_scale` times the rest (airbench: 64, BatchNorm biases learn fastest that way).

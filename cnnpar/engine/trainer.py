@@ -8,7 +8,6 @@ and evaluation.
 
 from __future__ import annotations
 
-import resource
 import shutil
 import sys
 import time
@@ -32,6 +31,7 @@ from cnnpar.engine.optim import (
     apply_frozen_whitening,
     build_optimizer,
     build_scheduler,
+    describe_lr,
     rebuild_after_resume,
     scaled_lr,
 )
@@ -44,7 +44,7 @@ from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.graphs import GraphedForwardBackward
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
-from cnnpar.report.meters import EpochClock, sync
+from cnnpar.report.meters import EpochClock, peak_memory, sync
 from cnnpar.report.ranges import DATA_WAIT, span
 from cnnpar.report.telemetry import monitor_run
 
@@ -59,6 +59,7 @@ METRIC_COLUMNS = [
     "images_per_s",
     "data_wait_share",
     "peak_mem_mb",
+    "peak_mem_kind",
     "skipped_steps",
 ]
 PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
@@ -69,12 +70,6 @@ class TrainResult:
     run_dir: Path | None
     history: list[dict] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
@@ -360,8 +355,7 @@ class Trainer:
         )
         self.log(
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
-            f"accumulation = {global_batch} per step; lr {cfg.optim.lr:g} -> {self.lr:g} "
-            f"({cfg.optim.lr_scaling} scaling)"
+            f"accumulation = {global_batch} per step; {describe_lr(cfg.optim, info.world_size)}"
         )
         for line in class_lines(self.bundle):
             self.log(line)
@@ -386,7 +380,7 @@ class Trainer:
             if epoch % cfg.run.eval_every == 0 or epoch == cfg.run.epochs:
                 row.update(self.evaluate())
             row["lr"] = self.optimizer.param_groups[0]["lr"]
-            row["peak_mem_mb"] = peak_memory_mb(info.device)
+            row["peak_mem_mb"], row["peak_mem_kind"] = peak_memory(info.device)
             row["skipped_steps"] = self.precision.skipped_steps
             self.history.append(row)
             self._end_epoch(epoch, row)
@@ -426,6 +420,7 @@ class Trainer:
             "train_s": wall_s,
             "compile_s": self.compile_s,
             "peak_mem_mb": max((r["peak_mem_mb"] for r in rows), default=None),
+            "peak_mem_kind": rows[-1].get("peak_mem_kind") if rows else None,  # rows from an older checkpoint lack it
             "skipped_steps": self.precision.skipped_steps,
             "global_batch": self.cfg.run.batch_size * self.info.world_size * self.cfg.optim.grad_accum,
             "precision": self.cfg.speed.precision,

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import resource
 import time
 
 import torch
+
+# What a `peak_mem_mb` figure measures, stored beside it as `peak_mem_kind`: on a GPU the tensors'
+# high-water mark; on the CPU the whole process's resident memory (Python, torch's libraries and
+# the data included), which is not comparable with the GPU figure.
+CUDA_PEAK = "cuda_max_allocated"
+CPU_PEAK_RSS = "process_peak_rss"  # ru_maxrss: the process's high-water mark since it started
+CPU_RSS = "process_rss"  # the largest RSS sampled during the measurement
+
+
+def peak_memory(device: torch.device) -> tuple[float, str]:
+    """(MB, kind): `torch.cuda.max_memory_allocated` since the caller's reset on CUDA, else the
+    process's peak resident set size, which has no reset."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, CUDA_PEAK
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, CPU_PEAK_RSS  # Linux reports KiB
 
 
 def sync(device: torch.device) -> None:

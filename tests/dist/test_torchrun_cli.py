@@ -74,7 +74,7 @@ def test_killed_worker_restarts_resumes_and_only_rank0_speaks(tmp_path):
     assert "epoch 2/3" in second and "epoch 3/3" in second and "epoch 1/3 " not in second
     # the start-up banner: global batch and the lr scaling
     assert "batch 16/process x 2 process(es) x 1 accumulation = 32 per step" in first
-    assert "lr 0.002 -> 0.004 (linear scaling)" in first
+    assert "lr 0.002 x 2 processes = 0.004 (--lr-scaling linear)" in first
     # rank 1 writes nothing to the terminal, in either attempt, unless it fails
     for attempt in (0, 1):
         assert worker_log(logs, attempt, 1, "stdout") == ""

@@ -52,6 +52,7 @@ def test_ladder_csv_has_documented_columns_and_one_row_per_rung(ladder):
         assert float(r["images_per_s_min"]) <= float(r["images_per_s"]) <= float(r["images_per_s_max"])
         assert r["device_type"] == "cpu" and r["model"] == "cnn3" and r["image_shape"] == "1x8x8"
         assert r["batch_size"] == "32" and r["world_size"] == "1" and r["git_rev"] and r["torch"]
+        assert float(r["peak_mem_mb"]) > 0 and r["peak_mem_kind"] == "process_rss"  # CPU: resident memory
     assert float(by["baseline"]["speedup_vs_baseline"]) == 1.0
     # the switches are cumulative: each rung keeps what the ones before it added
     assert (by["baseline"]["loader"], by["baseline"]["workers"], by["baseline"]["precision"]) == (
@@ -66,6 +67,7 @@ def test_ladder_csv_has_documented_columns_and_one_row_per_rung(ladder):
     assert float(by["channels_last"]["speedup_vs_prev"]) == pytest.approx(ratio, rel=1e-3)
     md = (out / "ladder.md").read_text()
     assert "x baseline" in md and "x previous" in md and "skipped: needs CUDA" in md
+    assert "| peak RSS MB |" in md
 
 
 def test_ladder_plots_are_valid_pngs(ladder):

@@ -26,6 +26,10 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
         assert summary[key] not in (None, ""), key
     rows = read_csv(run / "metrics.csv")
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
+    # on the CPU the memory figure is the process's resident memory, and the files say so
+    assert summary["peak_mem_kind"] == "process_peak_rss"
+    assert {r["peak_mem_kind"] for r in rows} == {"process_peak_rss"}
+    assert "lr 0.002 (not scaled with the world size: --lr-scaling none)" in p.stdout
     assert max(float(r["val_acc"]) for r in rows) == summary["best_val_acc"]
     assert all(math.isfinite(float(r["train_loss"])) and float(r["images_per_s"]) > 0 for r in rows)
     assert (run / "ckpt" / "last.pt").is_file() and (run / "config.toml").is_file()

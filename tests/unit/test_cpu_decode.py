@@ -15,10 +15,12 @@ from cnnpar.data import load_data
 from cnnpar.data.cpu_decode import CpuDecodedFolder, png_size, reduction, scaled_box
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop
 from cnnpar.data.loader import build_loader
+from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.dist import DistInfo
 from tests.datafiles import write_image_folder
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchvision 0.29's codec notice
+# the tests' own torchvision.io calls (references, encoders): only its codec notice is known
+pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
 
 SIZES = [(375, 500), (500, 333), (120, 90), (64, 300), (224, 224), (31, 29)]
 

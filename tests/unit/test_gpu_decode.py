@@ -21,10 +21,12 @@ from cnnpar.data.crop_resize import (
 )
 from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded, nvjpeg_decode
 from cnnpar.data.jpeg_header import nvjpeg_friendly, read_jpeg_header
+from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.errors import DataError
 
 # torchvision 0.29 deprecates its image codecs (for torchcodec) with a warning on every call.
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+# the tests' own torchvision.io calls (references, encoders): only its codec notice is known
+pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
 
 SIZES = [(375, 500), (500, 333), (120, 90), (64, 300), (224, 224), (31, 29)]
 

@@ -11,10 +11,12 @@ from cnnpar.data import load_data
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.hybrid_decode import HybridFolder
 from cnnpar.data.loader import build_loader
+from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.dist import DistInfo
 from cnnpar.errors import ConfigError
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+# the tests' own torchvision.io calls (references, encoders): only its codec notice is known
+pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
 
 
 def photo_folder(root, n: int = 12):

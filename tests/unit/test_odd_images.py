@@ -26,9 +26,11 @@ from cnnpar.data.cpu_decode import CpuDecodedFolder
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
+from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.errors import DataError
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torchvision 0.29's codec notice
+# the tests' own torchvision.io calls (references, encoders): only its codec notice is known
+pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
 
 SIZE = 32
 H, W = 60, 80

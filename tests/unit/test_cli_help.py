@@ -1,0 +1,44 @@
+"""Every subcommand's --help names the defaults of its own flags, not only of the config flags."""
+
+import argparse
+
+import pytest
+
+from cnnpar.cli import build_parser
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+@pytest.mark.parametrize(
+    "command, flag, shown",
+    [
+        ("doctor", "--warmup-steps", "(default: 3)"),
+        ("doctor", "--measure-steps", "(default: 20)"),
+        ("doctor", "--max-seconds", "(default: 30.0)"),
+        ("profile", "--prof-active", "(default: 5)"),
+        ("bench", "--timed-steps", "(default: 30)"),
+        ("bench", "--warmup-steps", "(default: 5)"),
+        ("tune", "--budget-s", "(default: 600)"),
+        ("tune", "--out", "(default: tuned.toml)"),
+        ("prepare", "--max-side", "(default: 256)"),
+        ("prepare", "--workers", "(default: 0)"),
+        ("predict", "--batch-size", "(default: 256)"),
+        ("compare", "--timeout", "(default: 3600.0)"),
+        ("train", "--epochs", "(default: "),
+    ],
+)
+def test_help_shows_default(command, flag, shown):
+    help_text = " ".join(_subparsers()[command].format_help().split())  # undo argparse's line wrapping
+    after = help_text.rsplit(flag + " ", 1)[1]  # the last mention is the option list, not the usage line
+    assert shown in after.split(" --", 1)[0], f"{command} {flag}: {after[:160]}"
+
+
+def test_help_does_not_repeat_a_stated_default():
+    help_text = " ".join(_subparsers()["prepare"].format_help().split())
+    assert help_text.count("(default: SRC.cnnpar)") == 1
+    assert "(default: SRC.cnnpar) (default:" not in help_text
+    assert "--verify check SRC, a store, against its pixel checksum --" in help_text  # switches: no "(default: False)"
