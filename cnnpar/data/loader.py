@@ -163,10 +163,16 @@ class DeviceFeeder:
         self.stream = torch.cuda.Stream(device) if side_stream and device.type == "cuda" else None
         self.threaded = threaded if threaded is not None else (decoder is not None and device.type == "cuda")
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, seed: int | None = None) -> None:
+        """`seed`: reseed the transform's and the decoder's generators, so what this epoch draws
+        depends on (seed, rank, epoch) alone (engine/rng.py), not on the epochs before it."""
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
         self.transform.set_epoch(epoch)  # the alternating flip's parity
+        if seed is not None:
+            self.transform.generator.manual_seed(seed)
+            if isinstance(getattr(self.decoder, "generator", None), torch.Generator):
+                self.decoder.generator.manual_seed(seed)
 
     def __len__(self) -> int:
         return len(self.loader)
