@@ -1,5 +1,6 @@
 """A run killed after epoch 2 and resumed ends bit-identical to one that ran 3 epochs straight:
-the same weights and the same metrics rows, alone and on 2 gloo ranks. The augmentation
+the same weights and the same metrics rows, alone (here) and on 2 gloo ranks
+(tests/dist/test_torchrun_resume.py). The augmentation
 (random crops and flips) draws random numbers every step, so any generator that restarts from
 its seed on resume, instead of where the epoch would have found it, changes epoch 3."""
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import torch
 
 from cnnpar.report.files import read_csv
-from tests.conftest import run_cmd, torchrun_cmd
+from tests.conftest import run_cmd
 
 TRAIN = [
     "train",
@@ -70,12 +71,19 @@ def test_one_process_resumed_after_a_kill_is_bit_identical(tmp_path):
     assert_identical(tmp_path / "runs" / "straight", tmp_path / "runs" / "k")
 
 
-def test_two_gloo_ranks_restarted_after_a_kill_are_bit_identical(tmp_path):
-    """torchrun restarts the group after rank 1 SIGKILLs itself in epoch 3 (engine/fault.py)."""
-    launch = [*torchrun_cmd(2, "--standalone", "--max-restarts=1"), "-m", "cnnpar"]
-    straight = run_cmd([*launch, *TRAIN, "--name", "straight"], tmp_path)
-    assert straight.returncode == 0, explain(straight)
-    restarted = run_cmd([*launch, *TRAIN, "--name", "k"], tmp_path, CNNPAR_FAULT_KILL_AT_EPOCH="3")
-    assert restarted.returncode == 0, explain(restarted)
-    assert "after epoch 2" in restarted.stdout, explain(restarted)
-    assert_identical(tmp_path / "runs" / "straight", tmp_path / "runs" / "k")
+def test_checkpoint_without_rng_scheme_still_resumes_with_a_note(tmp_path):
+    """A checkpoint written before per-epoch seeds (no "rng" key) resumes, and the log says its
+    resumed epochs cannot repeat an uninterrupted run."""
+    py = [sys.executable, "-m", "cnnpar"]
+    small = ["train", "--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--no-progress"]
+    first = run_cmd([*py, *small, "--epochs", "1", "--name", "old"], tmp_path)
+    assert first.returncode == 0, explain(first)
+    ckpt = tmp_path / "runs" / "old" / "ckpt" / "last.pt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    del state["rng"]
+    torch.save(state, ckpt)
+    again = run_cmd([*py, *small, "--epochs", "2", "--resume", "runs/old"], tmp_path)
+    assert again.returncode == 0, explain(again)
+    assert "after epoch 1" in again.stdout
+    assert "stores no RNG state" in again.stdout
+    assert len(read_csv(tmp_path / "runs" / "old" / "metrics.csv")) == 2
