@@ -263,6 +263,12 @@ class DeviceFeeder:
             worker.join()
 
 
+def draws_in_workers(ds: Dataset) -> bool:
+    """Whether worker processes draw random numbers for this data set (training augmentation)."""
+    ds = ds.cpu if isinstance(ds, HybridFolder) else ds
+    return isinstance(ds, (TextbookDataset, CpuDecodedFolder)) and ds.train
+
+
 def _host_loader(
     ds: Dataset,
     sampler: Sampler,
@@ -278,7 +284,12 @@ def _host_loader(
     if collate_fn is not None:
         common["collate_fn"] = collate_fn
     if workers > 0:
-        common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
+        # Workers that draw random numbers (crops, flips) start each epoch afresh, their base seed
+        # drawn from the torch generator the trainer has just reseeded from (seed, rank, epoch):
+        # persistent ones would carry their draws from epoch to epoch in processes a checkpoint
+        # cannot reach, and a resumed run would crop differently (engine/rng.py).
+        persistent = cfg.data.persistent_workers and not draws_in_workers(ds)
+        common.update(persistent_workers=persistent, prefetch_factor=cfg.data.prefetch_factor)
     if (_array_backed(ds) or isinstance(ds, (StoreDataset, CpuDecodedFolder, HybridFolder))) and not textbook:
         # batch_size=None: the sampler yields whole index lists and the data set answers each
         # with one vectorised index_select (or one decoded batch); no per-sample collate.

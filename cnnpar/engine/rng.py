@@ -11,9 +11,10 @@ Covered: the torch CPU and CUDA default generators (dropout, DataLoader worker b
 textbook loader's in-process augmentation, CPU-decode crop boxes in the main process), Python
 `random` and NumPy's global state, and, through `DeviceFeeder.set_epoch(epoch, seed)`, the
 device transform's and the photo decoders' own generators. The samplers were already functions
-of (seed, epoch). Not covered: persistent DataLoader workers whose data set draws random numbers
-in the worker (the textbook loader and CPU JPEG decode with workers > 0): their generators are
-seeded once when the workers start, so such runs repeat only with --no-persistent-workers.
+of (seed, epoch). DataLoader workers that draw random numbers (the textbook loader, CPU JPEG
+decode) are not kept between epochs (`data.loader.draws_in_workers`): started each epoch, their
+seeds come from the torch generator reseeded here; persistent ones would carry draws across epochs
+in processes no checkpoint reaches.
 """
 
 from __future__ import annotations

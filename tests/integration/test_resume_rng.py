@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from cnnpar.report.files import read_csv
@@ -57,14 +58,16 @@ def explain(proc) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
 
 
-def test_one_process_resumed_after_a_kill_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("loader", ["fast", "textbook"])
+def test_one_process_resumed_after_a_kill_is_bit_identical(tmp_path, loader):
+    """textbook: per-sample crops and flips drawn in DataLoader worker processes."""
     py = [sys.executable, "-m", "cnnpar"]
-    straight = run_cmd([*py, *TRAIN, "--name", "straight"], tmp_path)
+    straight = run_cmd([*py, *TRAIN, "--loader", loader, "--name", "straight"], tmp_path)
     assert straight.returncode == 0, explain(straight)
-    killed = run_cmd([*py, *TRAIN, "--name", "k"], tmp_path, CNNPAR_FAULT_KILL_AT_EPOCH="3")
+    killed = run_cmd([*py, *TRAIN, "--loader", loader, "--name", "k"], tmp_path, CNNPAR_FAULT_KILL_AT_EPOCH="3")
     assert killed.returncode == -9, explain(killed)  # SIGKILL half-way through epoch 3
     assert len(read_csv(tmp_path / "runs" / "k" / "metrics.csv")) == 2
-    resumed = run_cmd([*py, *TRAIN, "--name", "k", "--resume", "runs/k"], tmp_path)
+    resumed = run_cmd([*py, *TRAIN, "--loader", loader, "--name", "k", "--resume", "runs/k"], tmp_path)
     assert resumed.returncode == 0, explain(resumed)
     assert "resumed from" in resumed.stdout and "after epoch 2" in resumed.stdout
     assert "RNG" not in resumed.stdout  # this checkpoint is of the per-epoch seeds: no note
