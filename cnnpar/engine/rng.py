@@ -12,9 +12,8 @@ textbook loader's in-process augmentation, CPU-decode crop boxes in the main pro
 `random` and NumPy's global state, and, through `DeviceFeeder.set_epoch(epoch, seed)`, the
 device transform's and the photo decoders' own generators. The samplers were already functions
 of (seed, epoch). DataLoader workers that draw random numbers (the textbook loader, CPU JPEG
-decode) are not kept between epochs (`data.loader.draws_in_workers`): started each epoch, their
-seeds come from the torch generator reseeded here; persistent ones would carry draws across epochs
-in processes no checkpoint reaches.
+decode) get the epoch's seed with every index and reseed themselves at the first index of a new
+one (`data.loader.EpochSeeded`, `ReseedingWorkers`), persistent workers included.
 """
 
 from __future__ import annotations
