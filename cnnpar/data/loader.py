@@ -279,10 +279,12 @@ class EpochSeeded(Sampler):
     Persistent workers are seeded once, when they start, and would carry their draws from epoch
     to epoch in processes that no checkpoint reaches; `ReseedingWorkers` reseeds each worker at
     the first item of a new seed, so an epoch's crops and flips depend on (seed, rank, epoch)
-    alone (engine/rng.py) and the workers still stay alive between epochs."""
+    alone (engine/rng.py) and the workers still stay alive between epochs. Until a seed is set
+    (`DeviceFeeder.set_epoch(epoch, seed)`; the compile warm-up's batch comes before it) the
+    workers keep the DataLoader's own seeds, and the first epoch's seed is then always new."""
 
-    def __init__(self, base, seed: int) -> None:
-        self.base, self.seed = base, seed
+    def __init__(self, base) -> None:
+        self.base, self.seed = base, None
 
     def __iter__(self):
         seed = self.seed
@@ -305,7 +307,7 @@ class ReseedingWorkers(Dataset):
 
     def __getitem__(self, item_seed):
         item, seed = item_seed
-        if seed != self.seed:
+        if seed is not None and seed != self.seed:
             info = get_worker_info()
             worker_seed = (seed * self.WORKER_SPACING + (info.id if info is not None else 0)) % 2**63
             torch.manual_seed(worker_seed)  # CpuDecodedFolder follows torch.initial_seed()
@@ -337,10 +339,10 @@ def _host_loader(
         # with one vectorised index_select (or one decoded batch); no per-sample collate.
         batches = BatchSampler(sampler, batch_size, drop_last)
         if reseed:
-            ds, batches = ReseedingWorkers(ds), EpochSeeded(batches, cfg.run.seed + info.rank)
+            ds, batches = ReseedingWorkers(ds), EpochSeeded(batches)
         return DataLoader(ds, batch_size=None, sampler=batches, **common)
     if reseed:
-        ds, sampler = ReseedingWorkers(ds), EpochSeeded(sampler, cfg.run.seed + info.rank)
+        ds, sampler = ReseedingWorkers(ds), EpochSeeded(sampler)
     # The sampler owns shuffling: passing shuffle=True beside a sampler raises in DataLoader.
     return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
 
