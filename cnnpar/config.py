@@ -256,7 +256,7 @@ class DistConfig:
 class RunConfig:
     epochs: int = _f(6, "training epochs")
     batch_size: int = _f(64, "samples per process per micro-step")
-    seed: int = _f(0, "seed; each rank uses seed + rank for its augmentation")
+    seed: int = _f(0, "seed; each rank and epoch draws from seed + rank + a stride per epoch (resumes repeat exactly)")
     out_dir: str = _f("runs", "folder that holds run folders")
     name: str = _f("", "run folder name (default: model-date, or the torchrun job id)")
     resume: str = _f("", "resume a run: its folder, a checkpoint file, or 'auto' (this run's folder)")

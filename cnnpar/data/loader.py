@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import random
 import threading
 from collections.abc import Iterator
 
+import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
 
 from cnnpar.config import Config, resolve_decode
 from cnnpar.data.bundle import ArrayDataset, DataBundle
@@ -163,10 +165,18 @@ class DeviceFeeder:
         self.stream = torch.cuda.Stream(device) if side_stream and device.type == "cuda" else None
         self.threaded = threaded if threaded is not None else (decoder is not None and device.type == "cuda")
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, seed: int | None = None) -> None:
+        """`seed`: reseed the transform's and the decoder's generators, so what this epoch draws
+        depends on (seed, rank, epoch) alone (engine/rng.py), not on the epochs before it."""
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(epoch)
         self.transform.set_epoch(epoch)  # the alternating flip's parity
+        if seed is not None:
+            self.transform.generator.manual_seed(seed)
+            if isinstance(getattr(self.decoder, "generator", None), torch.Generator):
+                self.decoder.generator.manual_seed(seed)
+            if isinstance(getattr(self.loader, "sampler", None), EpochSeeded):  # to the worker processes
+                self.loader.sampler.seed = seed
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -257,6 +267,56 @@ class DeviceFeeder:
             worker.join()
 
 
+def draws_in_workers(ds: Dataset) -> bool:
+    """Whether worker processes draw random numbers for this data set (training augmentation)."""
+    ds = ds.cpu if isinstance(ds, HybridFolder) else ds
+    return isinstance(ds, (TextbookDataset, CpuDecodedFolder)) and ds.train
+
+
+class EpochSeeded(Sampler):
+    """Yields `(item, seed)`: the epoch's seed travels to the workers with every index.
+
+    Persistent workers are seeded once, when they start, and would carry their draws from epoch
+    to epoch in processes that no checkpoint reaches; `ReseedingWorkers` reseeds each worker at
+    the first item of a new seed, so an epoch's crops and flips depend on (seed, rank, epoch)
+    alone (engine/rng.py) and the workers still stay alive between epochs. Until a seed is set
+    (`DeviceFeeder.set_epoch(epoch, seed)`; the compile warm-up's batch comes before it) the
+    workers keep the DataLoader's own seeds, and the first epoch's seed is then always new."""
+
+    def __init__(self, base) -> None:
+        self.base, self.seed = base, None
+
+    def __iter__(self):
+        seed = self.seed
+        return ((item, seed) for item in self.base)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
+class ReseedingWorkers(Dataset):
+    """`ds[(item, seed)]` is `ds[item]`, after reseeding this worker's generators when `seed` is new."""
+
+    WORKER_SPACING = 1024  # worker w of a process draws from seed * 1024 + w: none meet below 1024 workers
+
+    def __init__(self, base: Dataset) -> None:
+        self.base, self.seed = base, None
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, item_seed):
+        item, seed = item_seed
+        if seed is not None and seed != self.seed:
+            info = get_worker_info()
+            worker_seed = (seed * self.WORKER_SPACING + (info.id if info is not None else 0)) % 2**63
+            torch.manual_seed(worker_seed)  # CpuDecodedFolder follows torch.initial_seed()
+            random.seed(worker_seed)
+            np.random.seed(worker_seed % 2**32)
+            self.seed = seed
+        return self.base[item]
+
+
 def _host_loader(
     ds: Dataset,
     sampler: Sampler,
@@ -273,10 +333,16 @@ def _host_loader(
         common["collate_fn"] = collate_fn
     if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
+    reseed = workers > 0 and draws_in_workers(ds)
     if (_array_backed(ds) or isinstance(ds, (StoreDataset, CpuDecodedFolder, HybridFolder))) and not textbook:
         # batch_size=None: the sampler yields whole index lists and the data set answers each
         # with one vectorised index_select (or one decoded batch); no per-sample collate.
-        return DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler, batch_size, drop_last), **common)
+        batches = BatchSampler(sampler, batch_size, drop_last)
+        if reseed:
+            ds, batches = ReseedingWorkers(ds), EpochSeeded(batches)
+        return DataLoader(ds, batch_size=None, sampler=batches, **common)
+    if reseed:
+        ds, sampler = ReseedingWorkers(ds), EpochSeeded(sampler)
     # The sampler owns shuffling: passing shuffle=True beside a sampler raises in DataLoader.
     return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
 

@@ -35,6 +35,7 @@ from cnnpar.engine.optim import (
     rebuild_after_resume,
     scaled_lr,
 )
+from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
 from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
 from cnnpar.errors import UserError
@@ -182,6 +183,7 @@ class Trainer:
             "precision": self.precision.state_dict(),
             **({"average": self.average.state_dict()} if self.average is not None else {}),
             "epoch": epoch,
+            "rng": RNG_SCHEME,
             "history": self.history,
             "meta": self.meta,
             "config": to_dict(self.cfg),
@@ -208,6 +210,11 @@ class Trainer:
         self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
         self.start_epoch = int(state["epoch"]) + 1
         self.log(f"resumed from {path} after epoch {state['epoch']}")
+        if state.get("rng") != RNG_SCHEME:
+            self.log(
+                "note: this checkpoint stores no RNG state (written before per-epoch seeds): the resumed "
+                "epochs draw other crops, flips and worker seeds than an uninterrupted run would have"
+            )
         planned = int(state.get("config", {}).get("run", {}).get("epochs", self.cfg.run.epochs))
         if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
             self.log(
@@ -257,7 +264,11 @@ class Trainer:
         from tqdm.auto import tqdm
 
         cfg, info = self.cfg, self.info
-        self.train_loader.set_epoch(epoch)  # a new permutation (and shard) every epoch
+        # Every generator this epoch draws from starts from (seed, rank, epoch), so a resumed run
+        # repeats the uninterrupted one bit for bit (engine/rng.py says why re-derived, not carried).
+        seed = epoch_seed(cfg.run.seed, info.rank, epoch)
+        init_epoch_rng(seed)
+        self.train_loader.set_epoch(epoch, seed)  # a new permutation (and shard) every epoch
         self.model.train()
         clock = EpochClock()
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)

@@ -17,6 +17,7 @@ from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop
 from cnnpar.data.loader import build_loader
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.dist import DistInfo
+from cnnpar.engine.rng import epoch_seed
 from tests.datafiles import write_image_folder
 
 # the tests' own torchvision.io calls (references, encoders): only its codec notice is known
@@ -149,3 +150,28 @@ def test_build_loader_decodes_folders_a_batch_at_a_time_on_the_cpu(tmp_path, aug
         batches = list(feeder)
         assert batches and all(x.shape[1:] == (3, 16, 16) and x.dtype == torch.float32 for x, _ in batches)
         assert sum(len(y) for _, y in batches) == (8 if train else len(bundle.val))
+
+
+def test_persistent_workers_draw_an_epoch_from_its_seed_alone(tmp_path):
+    """A resumed run's fresh workers start at epoch 3 where the uninterrupted run's kept
+    workers had decoded epochs 1 and 2 first: the epoch's seed travels with each index and
+    each worker reseeds on it, so both draw the same crops (engine/rng.py)."""
+    root = write_image_folder(tmp_path / "photos", per_class=6, classes=2, side=20)
+    bundle = load_data(DataConfig(source=str(root), image_size=16, val_fraction=0.25))
+    data = DataConfig(augment="flip", decode="cpu", workers=2, persistent_workers=True)
+    cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=3)), "cpu", False)
+    info = DistInfo(0, 0, 1, torch.device("cpu"))
+
+    def epochs(feeder, numbers) -> list[list[torch.Tensor]]:
+        out = []
+        for e in numbers:
+            feeder.set_epoch(e, epoch_seed(3, 0, e))
+            out.append([x for x, _ in feeder])
+        return out
+
+    kept = build_loader(bundle, cfg, info, train=True)
+    assert kept.loader.persistent_workers and kept.loader.num_workers == 2
+    first, second = epochs(kept, [1, 2])
+    (fresh,) = epochs(build_loader(bundle, cfg, info, train=True), [2])
+    assert all(torch.equal(a, b) for a, b in zip(second, fresh, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, second))

@@ -1,0 +1,38 @@
+"""Random numbers per epoch: every generator a training epoch draws from is reseeded at its start
+from (seed, rank, epoch) alone.
+
+Why re-derived, not carried in the checkpoint: what an epoch draws then depends on nothing that
+came before it (how many batches the compile warm-up or an earlier epoch took, how many workers
+drew base seeds), so a run resumed after epoch E draws exactly what the uninterrupted run drew in
+epoch E + 1, on every rank, and there is nothing to save, load or keep `weights_only`-safe.
+Carrying states could not do this for what lives outside the process (DataLoader workers).
+
+Covered: the torch CPU and CUDA default generators (dropout, DataLoader worker base seeds, the
+textbook loader's in-process augmentation, CPU-decode crop boxes in the main process), Python
+`random` and NumPy's global state, and, through `DeviceFeeder.set_epoch(epoch, seed)`, the
+device transform's and the photo decoders' own generators. The samplers were already functions
+of (seed, epoch). DataLoader workers that draw random numbers (the textbook loader, CPU JPEG
+decode) get the epoch's seed with every index and reseed themselves at the first index of a new
+one (`data.loader.EpochSeeded`, `ReseedingWorkers`), persistent workers included.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+EPOCH_STRIDE = 1 << 20  # seeds of one epoch's ranks never meet the next epoch's below 2**20 ranks
+RNG_SCHEME = "per-epoch seeds"  # stored in checkpoints; older ones lack it (their epochs drew on)
+
+
+def epoch_seed(seed: int, rank: int, epoch: int) -> int:
+    """seed + rank in epoch 1 (the seed every rank used before), moved by a stride each epoch."""
+    return (seed + rank + (epoch - 1) * EPOCH_STRIDE) % 2**63
+
+
+def init_epoch_rng(seed: int) -> None:
+    torch.manual_seed(seed)  # the CPU generator and every CUDA device's
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
