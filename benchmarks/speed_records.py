@@ -55,7 +55,7 @@ def throughput(cfg: Config, info: DistInfo, epochs: int, bundle=None) -> dict:
         "data_wait_share": round(statistics.median(r["data_wait_share"] for r in rows), 3),
         "warmup_s": round(warm, 1),
         "resolved": f"{tr.cfg.speed.precision} cl={tr.cfg.speed.channels_last} compile={tr.cfg.speed.compile} "
-        f"graphs={tr.cfg.speed.cuda_graphs} decode={tr.cfg.data.decode} workers={tr.cfg.data.workers}",
+        f"graphs={'on' if tr.use_graphs else 'off'} decode={tr.cfg.data.decode} workers={tr.cfg.data.workers}",
     }
 
 
