@@ -124,10 +124,10 @@ class DataConfig:
         "beside the GPU (0..1; photos only; gained nothing on an H200 host with 16 cores)",
     )
     gpu_resize: str = _f(
-        "batched",
+        "auto",
         "with a GPU decoder, how crops are resized: batched (a few kernels per batch; 3.4x the loop on an "
-        "H200) or loop (one image at a time, the reference)",
-        choices=("loop", "batched"),
+        "H200) or loop (one image at a time, the reference); auto: batched on CUDA, loop on the CPU",
+        choices=("auto", "loop", "batched"),
     )
     augment: str = _f(
         "auto",

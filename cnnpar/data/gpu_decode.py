@@ -169,7 +169,7 @@ class GpuDecoder:
         # batched: 33,557 img/s against the loop's 9,939 for 256 ImageNet photos on an H200
         # (shared/measurements/h200-2026-11-30/jpeg_decode_cuda.log); on the CPU the loop was
         # 6-15x faster (benchmarks/results/jpeg_decode_cpu.csv): launches are cheap there.
-        self.resize = resize or ("batched" if self.device.type == "cuda" else "loop")
+        self.resize = resize if resize not in (None, "auto") else ("batched" if self.device.type == "cuda" else "loop")
         if self.resize not in ("batched", "loop"):
             raise ValueError(f"resize: expected 'batched' or 'loop', got {self.resize!r}")
         if backend not in ("nvjpeg", "nvimgcodec"):

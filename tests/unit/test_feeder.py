@@ -131,3 +131,11 @@ def test_cuda_graphs_left_on_auto_yield_to_a_gpu_jpeg_decoder():
     assert "decoded on the GPU" in said[-1] and "--cuda-graphs on" in said[-1]
     assert Trainer._graphs_allowed(trainer("on", jpeg))  # asked for: kept
     assert Trainer._graphs_allowed(trainer("auto", None))  # arrays, stores: kept
+
+
+def test_photos_cropped_by_the_loader_get_only_the_flip():
+    from cnnpar.data.transforms import resolve_augment
+
+    assert resolve_augment("auto", (3, 224, 224), loader_crops=True) == "flip"
+    assert resolve_augment("auto", (3, 32, 32)) == "crop+flip"  # arrays: pad-and-crop as before
+    assert resolve_augment("crop+flip", (3, 224, 224), loader_crops=True) == "crop+flip"  # asked for
