@@ -145,6 +145,8 @@ class CpuDecodedFolder(Dataset):
     seeded alike repeat, and epochs and workers differ.
     """
 
+    answers_batches = True  # the loader hands it whole index lists (batch_size=None)
+
     def __init__(self, files: list[Path], labels, size: int, train: bool, draft: bool = True) -> None:
         self.files = list(files)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)

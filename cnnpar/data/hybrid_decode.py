@@ -50,6 +50,8 @@ class HybridBatch:
 class HybridFolder(Dataset):
     """`dataset[list of indices]` -> `(HybridBatch, labels)`; `share` of each batch decoded here."""
 
+    answers_batches = True  # the loader hands it whole index lists (batch_size=None)
+
     def __init__(self, files: list[Path], labels, size: int, train: bool, share: float) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"share: expected 0 <= share <= 1, got {share}")

@@ -334,7 +334,7 @@ def _host_loader(
     if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
     reseed = workers > 0 and draws_in_workers(ds)
-    if (_array_backed(ds) or isinstance(ds, (StoreDataset, CpuDecodedFolder, HybridFolder))) and not textbook:
+    if (_array_backed(ds) or getattr(ds, "answers_batches", False)) and not textbook:
         # batch_size=None: the sampler yields whole index lists and the data set answers each
         # with one vectorised index_select (or one decoded batch); no per-sample collate.
         batches = BatchSampler(sampler, batch_size, drop_last)

@@ -57,6 +57,8 @@ class StoreDataset(Dataset):
     """Images `ids` of a store, seen at `size` x `size`. Indexing with a list of indices answers
     the whole batch at once (the DataLoader runs with batch_size=None and a BatchSampler)."""
 
+    answers_batches = True  # the loader hands it whole index lists (batch_size=None)
+
     def __init__(self, store: StoreFile, ids: torch.Tensor, size: int, with_pixels: bool = True) -> None:
         self.store, self.size, self.with_pixels = store, size, with_pixels
         self.ids = ids.to(torch.int64)
