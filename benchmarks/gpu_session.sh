@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
-# usage: benchmarks/gpu_session.sh PHASE OUTDIR     (PHASE: smoke | main | extra | rest | verify | frameworks)
+# usage: benchmarks/gpu_session.sh PHASE OUTDIR     (PHASE: smoke | main | extra | rest | verify | frameworks | record)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -118,6 +118,14 @@ verify)
   run 330 python3 benchmarks/speed_records.py --parts jpeg,speedrun --out "$R/speed_records_verify.csv"
   [ "$GPUS" -ge 2 ] && run 200 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --workers 2 \
       --out "$R/ddp_scaling_resnet50_workers2"
+  ;;
+record)
+  # issue 13.1: the cifar10-record preset (a warm-up run, then 5 seeds) beside airbench94_muon (its
+  # warm-up run, then 5 runs), train + TTA eval timed as each times itself. Needs, carried along:
+  # .devdata/airbench/airbench94_muon.py (python benchmarks/cifar10_record.py --fetch-airbench GIT_DIR).
+  # RECORD_ARGS: more flags, e.g. --airbench-gpu 1 on two GPUs, --variant speed.compile=max-autotune-no-cudagraphs
+  run 540 python3 benchmarks/cifar10_record.py --seeds "${SEEDS:-5}" ${RECORD_ARGS:-} --out "$R/cifar10_record.csv"
+  cat "$R/cifar10_record.md"
   ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.

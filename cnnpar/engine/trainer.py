@@ -232,21 +232,27 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
     def warm_up_compile(self) -> None:
-        """Compile outside the timed epochs, without changing training: one forward/backward on a
-        real batch, then gradients dropped and BatchNorm buffers put back."""
-        if self.cfg.speed.compile == "off":
+        """Compile, and capture the CUDA graph, outside the timed epochs, without changing training:
+        one forward/backward on a real batch, then gradients dropped and BatchNorm buffers put back
+        (the capture puts them back itself)."""
+        if self.cfg.speed.compile == "off" and not self.use_graphs:
             return
         t0 = time.perf_counter()
-        saved = {k: v.clone() for k, v in self.raw_model.state_dict().items()}
-        self.model.train()
         x, y = next(iter(self.train_loader))
-        with sync_context(self.ddp, last_micro_step=True):
-            forward_backward(self.model, x, y, self.precision, 0.0, 1.0)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.raw_model.load_state_dict(saved)
+        if self.cfg.speed.compile != "off":
+            saved = {k: v.clone() for k, v in self.raw_model.state_dict().items()}
+            self.model.train()
+            with sync_context(self.ddp, last_micro_step=True):
+                forward_backward(self.model, x, y, self.precision, 0.0, 1.0)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.raw_model.load_state_dict(saved)
+        if self.use_graphs and self.graphed is None:  # else the first timed epoch pays for the capture
+            smoothing = self.cfg.optim.label_smoothing
+            self.graphed = GraphedForwardBackward(self.model, self.precision, smoothing, x, y, forward_backward)
         sync(self.info.device)
         self.compile_s = time.perf_counter() - t0
-        self.log(f"compiled ({self.cfg.speed.compile}) in {self.compile_s:.1f} s, outside the timed epochs")
+        what = f"compiled ({self.cfg.speed.compile})" if self.cfg.speed.compile != "off" else "captured"
+        self.log(f"{what} in {self.compile_s:.1f} s, outside the timed epochs")
 
     def _micro_step(self, x: torch.Tensor, y: torch.Tensor, last: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward of one micro-batch, replayed from a CUDA graph when one applies."""
@@ -332,6 +338,8 @@ class Trainer:
         if model is not self.raw_model:
             broadcast_buffers(model, self.info)
         model.eval()
+        if model is self.raw_model and self.cfg.speed.compile_eval and self.ddp is None:
+            model = self.model  # the compiled module around the same weights
         tta = self.cfg.run.tta_in_effect
         sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
         for x, y in self.val_loader:
