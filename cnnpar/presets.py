@@ -103,7 +103,13 @@ def cifar10_record() -> Config:
     lr 0.67 x 2000 x 9^2 / 256^2 = 1.656, and the biases are then at 106 / 1.656 = 64x. airbench's
     decay, coupled and set per group as 0.004 / lr, shrinks every group by 0.004 of the peak lr per
     step: weight decay 0.004 / 1.656 = 2.415e-3, and on the biases (--bias-decay) that / 64.
-    Point --data at a decoded CIFAR-10 .npz (benchmarks/prepare_cifar10.py); on a CPU add --compile off."""
+
+    Where it still differs from airbench94_muon: the stem's bias follows the shared schedule for its
+    3 epochs, then stops (airbench's falls to 0 over those epochs); fastnet pools the last 4x4 map
+    whole (airbench: a 3x3 window of it), starts its widening convs' extra filters He-normal (airbench:
+    torch's default uniform), centres the patches it whitens, and trains in bf16 autocast (airbench:
+    fp16 weights). Point --data at a decoded CIFAR-10 .npz (benchmarks/prepare_cifar10.py); on a CPU
+    add --compile off."""
     return Config(
         data=DataConfig(source=".devdata/cifar10.npz", augment="translate+altflip", resident="on"),
         model=ModelConfig(name="fastnet"),
@@ -124,7 +130,7 @@ def cifar10_record() -> Config:
             whiten_bias_epochs=3,
             whiten_frozen=True,
         ),
-        speed=SpeedConfig(compile="default"),
+        speed=SpeedConfig(compile="default", compile_eval=True),
         run=RunConfig(epochs=8, batch_size=2000, tta_level="flip+translate", eval_every=8),
     )
 

@@ -47,7 +47,12 @@ def scaled_lr(cfg: OptimConfig, world_size: int) -> float:
 
 def describe_lr(cfg: OptimConfig, world_size: int) -> str:
     """The start-of-run lr line: the configured lr, the rule, and what it was multiplied by, e.g.
-    `lr 0.1 x 2 processes = 0.2 (--lr-scaling linear)`."""
+    `lr 0.1 x 2 processes = 0.2 (--lr-scaling linear)`; with Muon, the filters' lr after it."""
+    line = _describe_lr(cfg, world_size)
+    return line + (f"; conv filters: Muon, lr {cfg.muon_lr:g}" if cfg.optimizer == "muon" else "")
+
+
+def _describe_lr(cfg: OptimConfig, world_size: int) -> str:
     lr = scaled_lr(cfg, world_size)
     what = f"{world_size} process{'es' if world_size != 1 else ''}"
     if cfg.grad_accum > 1:

@@ -20,7 +20,13 @@ from cnnpar.config import ConfigError, DataConfig, ModelConfig, OptimConfig, Run
 from cnnpar.data.loader import ShardSampler, epoch_indices
 from cnnpar.dist import DistInfo
 from cnnpar.engine.muon import MuonSGD, orthogonalize
-from cnnpar.engine.optim import apply_frozen_whitening, build_optimizer, muon_split, whitening_params
+from cnnpar.engine.optim import (
+    apply_frozen_whitening,
+    build_optimizer,
+    describe_lr,
+    muon_split,
+    whitening_params,
+)
 from cnnpar.engine.trainer import Trainer
 from cnnpar.models import build_model
 from cnnpar.presets import get_preset
@@ -162,6 +168,7 @@ def test_bias_decay_shrinks_every_group_by_the_same_share_per_step():
 
 
 def test_muon_settings_are_checked_and_a_model_without_filters_is_refused():
+    assert describe_lr(OptimConfig(optimizer="muon", lr=0.5, muon_lr=0.3), 1).endswith("; conv filters: Muon, lr 0.3")
     with pytest.raises(ConfigError, match="optim.muon_momentum"):
         OptimConfig(muon_momentum=1.0)
     with pytest.raises(ConfigError, match="optim.muon_ns_steps"):
