@@ -1,6 +1,6 @@
 """The CIFAR-10 record: cnnpar's `cifar10-record` preset beside airbench94_muon, in one call.
 
-cnnpar, for each variant (the preset, then the preset with `--variant` overrides):
+cnnpar, for the preset and then for each `--variant` of it (fields overridden):
 - one untimed warm-up run of the whole recipe (seed 100,000 + variant): it compiles, and it meets
   every first-time cost a process pays once (cuDNN autotuning of the train and the TTA eval shapes,
   cuBLAS and cuSOLVER handles, the allocator's growth), so seed 0 costs what seed 1 does;
@@ -380,8 +380,9 @@ def main() -> None:
         "--variant",
         action="append",
         default=None,
-        help="cnnpar runs with the preset changed: section.field=value[,...] (repeat for more; '' is the preset)",
+        help="after the preset's runs, runs with it changed: section.field=value[,...] (repeat for more)",
     )
+    ap.add_argument("--set", default="", help="change the preset for every cnnpar run: section.field=value[,...]")
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
         "--out", default="", help="CSV of every run (default benchmarks/results/<date>-<gpu>/cifar10_record.csv)"
@@ -393,6 +394,7 @@ def main() -> None:
     command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
     device = torch.device(args.device)
     if device.type == "cuda":
+        device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
         torch.cuda.set_device(device)
     env = environment(device)
     out = Path(args.out or default_out(env))
@@ -411,8 +413,9 @@ def main() -> None:
         info = DistInfo(0, 0, 1, device)
         base = cifar10_record()
         base = replace(base, data=replace(base.data, source=args.data), speed=replace(base.speed, device=device.type))
+        base = variant_config(base, args.set) if args.set else base
         bundle = load_data(base.data, 0)
-        for i, variant in enumerate(args.variant or [""]):
+        for i, variant in enumerate(["", *(args.variant or [])]):  # the preset itself first
             rows += cnnpar_runs(base, info, bundle, variant, i, args.seeds)
             if "torch._dynamo" in sys.modules:
                 torch._dynamo.reset()  # each variant compiles afresh (and under its own recompile limit)
