@@ -101,8 +101,9 @@ def cifar10_record() -> Config:
     Its BatchNorm biases: 0.053 x 2000 = 106. Its head computes (W / 256) x with W of std 1, fastnet's
     (W / 9) x with W of std 0.036 (the same logits at the start); the same steps in logit space need
     lr 0.67 x 2000 x 9^2 / 256^2 = 1.656, and the biases are then at 106 / 1.656 = 64x. airbench's
-    decay, coupled and set per group as 0.004 / lr, shrinks every group by 0.004 of the peak lr per
-    step: weight decay 0.004 / 1.656 = 2.415e-3, and on the biases (--bias-decay) that / 64.
+    decay is coupled and set per group as 0.004 / (the group's peak lr), so lr x decay, the share
+    every group shrinks by per step, is 0.004 x (lr / peak lr) for all of them: weight decay
+    0.004 / 1.656 = 2.415e-3, and on the biases (--bias-decay) that / 64.
 
     Where it still differs from airbench94_muon: the stem's bias follows the shared schedule for its
     3 epochs, then stops (airbench's falls to 0 over those epochs); fastnet pools the last 4x4 map
