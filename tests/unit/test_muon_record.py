@@ -334,3 +334,33 @@ def test_the_warm_up_captures_the_graph_so_the_first_epoch_replays_it(tmp_path):
     assert graph is not None
     tr.train_epoch(1)
     assert tr.graphed is graph
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_muon_sgd_on_cuda_takes_the_cpus_steps():
+    """Muon groups (torch.optim.Muon where torch has it) and fused SGD groups on CUDA against the
+    CPU's foreach path, three steps on the same gradients: the same weights to bf16's precision."""
+    cuda = torch.device("cuda", 0)
+
+    def build(device, impl):
+        params = [nn.Parameter(p.detach().to(device)) for p in _filters(channels_last=True)]
+        head = nn.Parameter(torch.linspace(-1, 1, 30).view(3, 10).to(device))
+        bias = nn.Parameter(torch.zeros(16, device=device))
+        groups = [
+            {"params": [head], "weight_decay": 1e-2},
+            {"params": [bias], "lr": 1.0, "weight_decay": 1e-4},
+            {"params": params, "muon": True, "lr": 0.1, "momentum": 0.6, "normalize": True},
+        ]
+        return [head, bias, *params], MuonSGD(groups, lr=0.5, momentum=0.85, impl=impl)
+
+    cpu_params, cpu_opt = build(CPU, {"foreach": True})
+    gpu_params, gpu_opt = build(cuda, {"fused": True})
+    for step in range(3):
+        for a, b, g in zip(cpu_params, gpu_params, _grads(cpu_params, step)):
+            a.grad = torch.empty_like(a).copy_(g)
+            b.grad = torch.empty_like(b).copy_(g.to(cuda))
+        cpu_opt.step()
+        gpu_opt.step()
+    for a, b in zip(cpu_params, gpu_params):
+        assert torch.allclose(a, b.cpu(), atol=5e-3, rtol=1e-3), (a - b.cpu()).abs().max()
