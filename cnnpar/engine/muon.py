@@ -82,8 +82,9 @@ def matrix_view(t: torch.Tensor, columns_last: bool) -> torch.Tensor:
 
 class MuonSGD(torch.optim.Optimizer):
     """Groups with `muon=True` take Muon's step (lr, momentum, Nesterov, `ns_steps` iterations,
-    optionally `normalize`d filters); every other group takes SGD with Nesterov momentum and its
-    own coupled weight decay. `impl`: {"fused": True} or {"foreach": True} for the SGD part."""
+    decoupled weight decay, optionally `normalize`d filters); every other group takes SGD with
+    Nesterov momentum and its own coupled weight decay. `impl`: {"fused": True} or
+    {"foreach": True} for the SGD part."""
 
     def __init__(
         self,
@@ -188,7 +189,13 @@ class MuonSGD(torch.optim.Optimizer):
     def _torch_muon_step(self, muon_groups: list[dict]) -> None:
         inner_groups = self._inner.param_groups
         for group, inner in zip(muon_groups, inner_groups):
-            inner.update(lr=group["lr"], momentum=group["momentum"], nesterov=True, ns_steps=group["ns_steps"])
+            inner.update(
+                lr=group["lr"],
+                momentum=group["momentum"],
+                weight_decay=group["weight_decay"],
+                nesterov=True,
+                ns_steps=group["ns_steps"],
+            )
             for p in group["params"]:
                 view = self._views[p]
                 if p.grad is None:
@@ -212,4 +219,6 @@ class MuonSGD(torch.optim.Optimizer):
             buf.lerp_(g, 1 - momentum)  # torch.optim.Muon's rule: an average, not a sum (same direction)
             update = orthogonalize(g.lerp(buf, momentum), group["ns_steps"])
             rows, cols = update.shape
+            if group["weight_decay"]:  # decoupled, as torch.optim.Muon's
+                p.mul_(1 - lr * group["weight_decay"])
             matrix_view(p, columns_last).add_(update, alpha=-lr * lr_ratio(rows, cols))

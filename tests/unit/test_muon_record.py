@@ -48,8 +48,9 @@ def _filters(channels_last: bool, seed: int = 0) -> list[nn.Parameter]:
     return out
 
 
-def _muon(params, use_torch: bool, normalize: bool = False, lr: float = 0.1) -> MuonSGD:
+def _muon(params, use_torch: bool, normalize: bool = False, lr: float = 0.1, decay: float = 0.0) -> MuonSGD:
     group = {"params": params, "muon": True, "lr": lr, "momentum": 0.6, "ns_steps": 3, "normalize": normalize}
+    group["weight_decay"] = decay
     return MuonSGD([group], use_torch_muon=use_torch)
 
 
@@ -67,8 +68,8 @@ def test_fallback_takes_torch_muons_step_on_the_same_gradients(channels_last):
     reshaped matrices puts them."""
     mine, theirs = _filters(channels_last), _filters(channels_last)
     plain = [nn.Parameter(p.detach().reshape(p.shape[0], -1).clone()) for p in _filters(False)]
-    fallback, with_torch = _muon(mine, use_torch=False), _muon(theirs, use_torch=True)
-    reference = torch.optim.Muon(plain, lr=0.1, weight_decay=0.0, momentum=0.6, nesterov=True, ns_steps=3)
+    fallback, with_torch = _muon(mine, use_torch=False, decay=0.5), _muon(theirs, use_torch=True, decay=0.5)
+    reference = torch.optim.Muon(plain, lr=0.1, weight_decay=0.5, momentum=0.6, nesterov=True, ns_steps=3)
     assert with_torch._inner is not None and fallback._inner is None
     for step in range(3):
         for group, opt in ((mine, fallback), (theirs, with_torch), (plain, reference)):
