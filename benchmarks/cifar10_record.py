@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -264,6 +265,16 @@ def prepare_airbench(folder: Path, data: Path, runs: int) -> Path:
     return copy
 
 
+CHILDREN: list[subprocess.Popen] = []
+
+
+def stop_children() -> None:
+    """Kill an airbench run still going (the call is ending: killed, failed, or out of budget)."""
+    for proc in CHILDREN:
+        if proc.poll() is None:
+            proc.kill()
+
+
 EVAL_ROW = re.compile(r"^\|\s*(\S*)\s*\|\s*eval\s*\|(.*)\|\s*$")
 
 
@@ -298,13 +309,13 @@ def airbench_runs(folder: Path, data: Path, runs: int, gpu: int | None, timeout:
     proc = subprocess.Popen(
         [sys.executable, script.name], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    CHILDREN.append(proc)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()
     found = 0
     tail: list[str] = []
     try:
         for line in proc.stdout:
-            print(f"airbench| {line}", end="", flush=True)
             tail = (tail + [line.strip()])[-5:]
             row = parse_eval_row(line)
             if row is not None:
@@ -314,11 +325,12 @@ def airbench_runs(folder: Path, data: Path, runs: int, gpu: int | None, timeout:
                     row["setup_s"] = time.perf_counter() - t0  # its start, compile and warm-up run
                 rows.append(row)
                 found += 1
+            print(f"airbench| {line}", end="", flush=True)  # after its row is kept: a kill now loses nothing
         rc = proc.wait()
     finally:
         timer.cancel()
     if rc != 0 or found < runs + 1:
-        why = "killed after --airbench-timeout" if rc < 0 else f"exit code {rc}"
+        why = f"killed after {timeout:.0f} s (--airbench-timeout, --budget-s)" if rc < 0 else f"exit code {rc}"
         rows.append(
             {**common, "run": "", "status": "failed", "error": f"{why}; {found} rows; last: {' / '.join(tail)}"[:300]}
         )
@@ -373,7 +385,13 @@ def main() -> None:
     ap.add_argument(
         "--airbench-gpu", type=int, default=None, help="run airbench there, beside cnnpar (default: after it, same GPU)"
     )
-    ap.add_argument("--airbench-timeout", type=float, default=330.0)
+    ap.add_argument("--airbench-timeout", type=float, default=330.0, help="seconds airbench may take, compile included")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=510.0,
+        help="stop starting parts (further variants, airbench's runs) that would end past this many seconds",
+    )
     ap.add_argument("--skip-airbench", action="store_true")
     ap.add_argument("--skip-cnnpar", action="store_true")
     ap.add_argument(
@@ -399,42 +417,64 @@ def main() -> None:
     env = environment(device)
     out = Path(args.out or default_out(env))
     log(f"{env['device']} | torch {env['torch']} | git {env['git_rev']} | {command}")
+    t0 = time.perf_counter()
+    deadline = t0 + args.budget_s
     rows: list[dict] = []
-    air_rows: list[dict] = []
+    air_rows: list[dict] = []  # filled by airbench_runs as its runs end (from a thread when beside)
+
+    def write() -> None:  # after every part, and on the way out: a killed call keeps what it measured
+        done = rows + air_rows
+        meta = {k: env[k] for k in ("device", "driver", "torch", "cuda", "git_rev", "date")}
+        for r in done:
+            r.update(meta, command=command)
+            for k in ("val_acc", "total_s", "whiten_s", "train_s", "eval_s", "setup_s", "compile_s"):
+                if isinstance(r.get(k), float):
+                    r[k] = round(r[k], 4)
+        write_csv_atomic(out, done, COLUMNS)
+        write_text_atomic(out.with_suffix(".md"), summary_md(done, command))
+
+    # `timeout` sends SIGTERM: leave through the finally below (rows written, airbench stopped)
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
     folder, data = Path(args.airbench_dir), Path(args.airbench_data)
     beside = args.airbench_gpu is not None and not args.skip_airbench
-    if beside:
-        air = threading.Thread(
-            target=airbench_runs, args=(folder, data, args.seeds, args.airbench_gpu, args.airbench_timeout, air_rows)
-        )
-        air.start()
-    t0 = time.perf_counter()
-    if not args.skip_cnnpar:
-        info = DistInfo(0, 0, 1, device)
-        base = cifar10_record()
-        base = replace(base, data=replace(base.data, source=args.data), speed=replace(base.speed, device=device.type))
-        base = variant_config(base, args.set) if args.set else base
-        bundle = load_data(base.data, 0)
-        for i, variant in enumerate(["", *(args.variant or [])]):  # the preset itself first
-            rows += cnnpar_runs(base, info, bundle, variant, i, args.seeds)
-            if "torch._dynamo" in sys.modules:
-                torch._dynamo.reset()  # each variant compiles afresh (and under its own recompile limit)
-        log(f"cnnpar done in {time.perf_counter() - t0:.0f} s")
-    if beside:
-        air.join()
-    elif not args.skip_airbench:
-        airbench_runs(folder, data, args.seeds, None, args.airbench_timeout, air_rows)
-    rows += air_rows
-    meta = {k: env[k] for k in ("device", "driver", "torch", "cuda", "git_rev", "date")}
-    for r in rows:
-        r.update(meta, command=command)
-        for k in ("val_acc", "total_s", "whiten_s", "train_s", "eval_s", "setup_s", "compile_s"):
-            if isinstance(r.get(k), float):
-                r[k] = round(r[k], 4)
-    write_csv_atomic(out, rows, COLUMNS)
-    md = summary_md(rows, command)
-    write_text_atomic(out.with_suffix(".md"), md)
-    log(md)
+    after = not args.skip_airbench and not beside
+    try:
+        if beside:
+            air = threading.Thread(
+                target=airbench_runs,
+                args=(folder, data, args.seeds, args.airbench_gpu, args.airbench_timeout, air_rows),
+                daemon=True,
+            )
+            air.start()
+        if not args.skip_cnnpar:
+            info = DistInfo(0, 0, 1, device)
+            base = cifar10_record()
+            base = replace(
+                base, data=replace(base.data, source=args.data), speed=replace(base.speed, device=device.type)
+            )
+            base = variant_config(base, args.set) if args.set else base
+            bundle = load_data(base.data, 0)
+            for i, variant in enumerate(["", *(args.variant or [])]):  # the preset itself first
+                reserve = args.airbench_timeout if after else 0.0
+                if i and deadline - time.perf_counter() < reserve + 60:
+                    why = f"skipped: under {reserve + 60:.0f} s of --budget-s left"
+                    rows.append({"system": "cnnpar", "variant": variant, "run": "", "status": why})
+                    log(f"cnnpar {variant}: {why}")
+                    continue
+                rows.extend(cnnpar_runs(base, info, bundle, variant, i, args.seeds))
+                write()
+                if "torch._dynamo" in sys.modules:
+                    torch._dynamo.reset()  # each variant compiles afresh (and under its own recompile limit)
+            log(f"cnnpar done in {time.perf_counter() - t0:.0f} s")
+        if beside:
+            air.join()
+        elif after:
+            timeout = max(1.0, min(args.airbench_timeout, deadline - time.perf_counter()))
+            airbench_runs(folder, data, args.seeds, None, timeout, air_rows)
+    finally:
+        stop_children()
+        write()
+    log(summary_md(rows + air_rows, command))
     log(f"wrote {out} and {out.with_suffix('.md')} in {time.perf_counter() - t0:.0f} s")
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import importlib.util
 import math
+import signal
+import subprocess
 import sys
 from dataclasses import replace
 
@@ -31,7 +33,7 @@ from cnnpar.engine.trainer import Trainer
 from cnnpar.models import build_model
 from cnnpar.presets import get_preset
 from cnnpar.report.files import read_csv
-from tests.conftest import REPO, run_cmd
+from tests.conftest import REPO, cli_env, run_cmd
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")
@@ -264,6 +266,27 @@ def test_airbench_rows_are_read_from_its_own_table(tmp_path):
     assert "sha256:" in rows[0]["airbench_source"] and "--skip-cnnpar" in rows[0]["command"]
     md = out.with_suffix(".md").read_text()
     assert "| airbench94_muon | as published | 3 | 91.00 % (90.00-92.00) | 1.400 (1.300-1.500) |" in md
+
+
+def test_a_call_killed_by_timeout_keeps_the_rows_it_has_and_stops_airbench(tmp_path):
+    folder, data = tmp_path / "airbench", tmp_path / "data"
+    folder.mkdir()
+    data.mkdir()
+    stuck = STAND_IN.replace('    main("warmup")\n', '    main("warmup")\n    import time; time.sleep(300)\n')
+    (folder / "airbench94_muon.py").write_text(stuck)
+    for name in ("train.pt", "test.pt"):
+        (data / name).write_bytes(b"")
+    out = tmp_path / "rec.csv"
+    cmd = [sys.executable, "-u", str(REPO / "benchmarks" / "cifar10_record.py"), "--device", "cpu", "--skip-cnnpar"]
+    cmd += ["--airbench-dir", str(folder), "--airbench-data", str(data), "--out", str(out)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # until its warm-up row is out, then what `timeout` does
+        if "|   eval  |" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    rows = read_csv(out)
+    assert [(r["system"], r["run"], r["status"]) for r in rows] == [("airbench94_muon", "warmup", "ok")]
 
 
 def test_airbench_without_its_runs_line_or_its_data_is_skipped_with_the_reason(tmp_path):
