@@ -362,7 +362,7 @@ def dumps_toml(cfg: Config | dict) -> str:
 # device-dependent "auto" below belongs here too.
 MACHINE_FIELDS = {
     "speed": ("device", "precision", "channels_last", "compile", "cuda_graphs"),
-    "data": ("pin_memory", "prefetch_stream", "decode"),
+    "data": ("pin_memory", "prefetch_stream", "decode", "workers", "resident", "gpu_resize"),
 }
 
 
