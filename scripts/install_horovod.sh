@@ -6,9 +6,10 @@
 #   HOROVOD_TORCH=2.13.0 scripts/install_horovod.sh   # put that torch into the venv instead of
 #                                                      # seeing the system one
 #
-# The venv sees the system site-packages (a system torch is used, not downloaded again); whatever
-# cnnpar needs and the system lacks (torch included, on a fresh machine) pip installs into the venv
-# first, because Horovod's build imports torch.
+# The venv sees the system site-packages and, when the script runs inside a virtualenv (the README's
+# .venv), that virtualenv's packages: a torch there is used, not installed again. Whatever cnnpar
+# needs and neither has (torch included, on a fresh machine) pip installs into the venv first,
+# because Horovod's build imports torch. An existing VENV is reused (the active .venv works too).
 #
 # Why a patch: 0.28.1 (June 2023) pins C++14, and current torch headers need C++17 (torch >= 2.14:
 # C++20); and a CUDA build of torch on a machine without a CUDA runtime sends its CMake looking for
@@ -32,9 +33,23 @@ CACHE_ROOT="${CNNPAR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cnnpar}/horovod"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
-echo "== virtualenv $VENV (sees the system site-packages)"
-"$PY" -m venv --system-site-packages "$VENV"
+OUTER_PREFIX="$("$PY" -c 'import sys; print(sys.prefix if sys.prefix != sys.base_prefix else "")')"
+if [[ -x "$VENV/bin/python" ]]; then
+    echo "== virtualenv $VENV (exists: reused)"
+else
+    echo "== virtualenv $VENV (sees the system site-packages)"
+    "$PY" -m venv --system-site-packages "$VENV"
+fi
 VPY="$VENV/bin/python"
+if [[ -n "$OUTER_PREFIX" && "$(cd "$OUTER_PREFIX" && pwd -P)" != "$(cd "$VENV" && pwd -P)" ]]; then
+    # Run from inside a virtualenv (the README's .venv), the new venv's "system" site-packages are
+    # the base interpreter's, not that venv's: a .pth makes it see the calling venv's packages too
+    # (torch and cnnpar's dependencies), so they are not installed a second time.
+    OUTER_SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    VENV_SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    echo "import site; site.addsitedir('$OUTER_SITE')" > "$VENV_SITE/_cnnpar_calling_venv.pth"
+    echo "== $VENV also sees $OUTER_SITE (the virtualenv this script was started from)"
+fi
 "$VPY" -m pip install -q --upgrade "setuptools<81" wheel packaging
 if [[ -n "${HOROVOD_TORCH:-}" ]]; then
     "$VPY" -m pip install -q "torch==$HOROVOD_TORCH"
