@@ -64,6 +64,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         "",
         f"{cfg.model.name} on {report.origin}, batch {cfg.run.batch_size}, {env['device']} ({env['device_type']}), "
         f"{cfg.speed.precision}, channels_last {cfg.speed.channels_last}, compile {cfg.speed.compile}, "
+        f"CUDA graphs {f.cuda_graphs}, "
         f"loader {cfg.data.loader} with {f.workers} worker(s). torch {env['torch']}, git {env['git_rev']}, "
         f"{env['date']}.",
         "",

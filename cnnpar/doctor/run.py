@@ -31,6 +31,7 @@ from cnnpar.doctor.measure import (
     textbook_cost_ratio,
 )
 from cnnpar.engine.harness import build_trainer, free_device_memory
+from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
@@ -188,6 +189,7 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
         data_format=detect_format(rcfg.data.source, rcfg.data.format),
         input_size=bundle.shape[-1],
         model=rcfg.model.name,
+        cuda_graphs="on" if trainer.use_graphs else "off" if not graphs_blocked_by(rcfg, False) else "n/a",
     )
     return rcfg, phases, facts
 
