@@ -7,7 +7,6 @@ creates its run folder only in `fit()`, which the bench never calls.
 
 from __future__ import annotations
 
-import itertools
 import os
 import statistics
 import time
@@ -18,7 +17,7 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
-from cnnpar.engine.harness import build_trainer, cycle_batches, reset_compiler, train_step
+from cnnpar.engine.harness import build_trainer, next_group, reset_compiler, run_step, training_batches
 from cnnpar.engine.trainer import Trainer
 from cnnpar.report.meters import CPU_RSS, CUDA_PEAK, sync
 
@@ -38,24 +37,22 @@ def _cpu_seconds(proc: psutil.Process) -> float:
 
 
 def measure_steps(trainer: Trainer, timing: Timing) -> dict:
-    """Warm-up steps, then `repeats` x `steps` timed steps with a device sync around each repeat only."""
-    cfg, device = trainer.cfg, trainer.info.device
-    cudagraphs = cfg.speed.compile == "reduce-overhead"
+    """Warm-up steps, then `repeats` x `steps` timed steps with a device sync around each repeat only.
+
+    A step is the Trainer's `TrainStep` on one accumulation group: with CUDA graphs where training
+    would replay them, and with `grad_accum` micro-batches per step."""
+    device = trainer.info.device
     proc = psutil.Process()
     # across epoch boundaries, calling set_epoch as training does, so the cost of starting an
     # epoch (worker start-up without persistent workers) is part of what is timed
-    batches = cycle_batches(trainer.train_loader, first_epoch=0)
-    micro_steps = itertools.count()
+    batches = training_batches(trainer, first_epoch=0)
     trainer.model.train()
 
     def step() -> tuple[float, int]:
         t0 = time.perf_counter()
-        x, y = next(batches)
+        group = next_group(trainer, batches)
         waited = time.perf_counter() - t0
-        if cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: graph outputs may be reused
-        train_step(trainer, x, y, next(micro_steps))
-        return waited, y.shape[0]
+        return waited, run_step(trainer, group)
 
     try:
         t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from cnnpar.data.transforms import CROP_PAD, random_crop, random_flip
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import cycle_batches, free_device_memory, reset_compiler
 from cnnpar.engine.optim import build_optimizer
-from cnnpar.engine.step import forward_backward, optimizer_step
+from cnnpar.engine.train_step import TrainStep
 from cnnpar.errors import first_line
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, resolve_for
@@ -124,13 +124,13 @@ def warm_compiler(device: torch.device) -> None:
 def compile_seconds(cfg: Config, shape, num_classes: int, device: torch.device, dynamic: bool | None) -> float:
     """Wall time of the first forward + backward of a freshly compiled model (the compile)."""
     reset_compiler()
-    model, precision, _ = _fresh_step_parts(cfg, shape, num_classes, device)
-    compiled = torch.compile(model, dynamic=dynamic)
+    model, precision, optimizer = _fresh_step_parts(cfg, shape, num_classes, device)
+    step = TrainStep(torch.compile(model, dynamic=dynamic), precision, optimizer)
     x, y = _random_batch(cfg.run.batch_size, shape, num_classes, cfg, device)
     with no_compile_caches():
         sync(device)
         start = time.perf_counter()
-        forward_backward(compiled, x, y, precision, 0.0, 1.0)
+        step.rehearse(x, y)  # the trainer's compile warm-up: forward and backward, nothing trained
         sync(device)
         return time.perf_counter() - start
 
@@ -138,8 +138,7 @@ def compile_seconds(cfg: Config, shape, num_classes: int, device: torch.device, 
 def _one_step(cfg: Config, shape, num_classes: int, device: torch.device, batch: int) -> None:
     model, precision, optimizer = _fresh_step_parts(cfg, shape, num_classes, device)
     x, y = _random_batch(batch, shape, num_classes, cfg, device)
-    forward_backward(model, x, y, precision, 0.0, 1.0)
-    optimizer_step(model, optimizer, precision, 0.0)
+    TrainStep(model, precision, optimizer)([(x, y)])
     sync(device)
 
 

@@ -58,6 +58,9 @@ class Facts:
     batch_from: str = ""  # "--batch-size", or the automatic search's line
     searched_batch: int | None = None  # the batch the search measured fastest per image (GPU)
     searched_gain: float | None = None  # its step speed per image over the current batch's, measured
+    # cnnpar's CUDA graphs: "on" (the measured step replays them), "off" (switched off, and
+    # `--cuda-graphs on` would turn them on) or "n/a" (they cannot apply, e.g. compile's own graphs)
+    cuda_graphs: str = "n/a"
 
     @property
     def overlapped(self) -> bool:
@@ -286,16 +289,18 @@ def recommend(f: Facts) -> list[Recommendation]:
             + (" (ResNet-50 at 224 px on an H200 measured 1.44x; small inputs can be slower)" if cuda else ""),
             {"speed": {"compile": "default"}},
         )
-    if cuda and f.gpu_idle_share is not None and f.gpu_idle_share >= 0.10 and f.compile != "reduce-overhead":
+    # cnnpar's own graphs, never compile's reduce-overhead: that mode makes the trainer turn its
+    # graphs off, so advising it could trade the measured step for a different one unseen.
+    if cuda and f.gpu_idle_share is not None and f.gpu_idle_share >= 0.10 and f.cuda_graphs == "off":
         add(
             "cuda-graphs",
             "CUDA graphs",
-            "--compile reduce-overhead",
+            "--cuda-graphs on",
             f"the GPU idles {100 * f.gpu_idle_share:.0f}% of the step between kernel launches; a captured graph "
             f"replays them with one launch",
             f.modelled(step_s=f.step_s * (1.0 - f.gpu_idle_share)),
             "measured: the GPU's idle share within the step (upper bound: all gaps closed)",
-            {"speed": {"compile": "reduce-overhead"}},
+            {"speed": {"cuda_graphs": "on"}},
         )
     out = [r for r in out if r.est_gain >= MIN_GAIN]
     return sorted(out, key=lambda r: r.est_gain, reverse=True)

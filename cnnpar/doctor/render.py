@@ -43,7 +43,7 @@ def setup_line(report: DoctorReport) -> str:
     return (
         f"{cfg.model.name} on {report.origin}, input {f.image_shape or '?'}, {batch}, {env['device']} "
         f"({env['device_type']}), {cfg.speed.precision}, channels_last {cfg.speed.channels_last}, compile "
-        f"{cfg.speed.compile}, loader {cfg.data.loader} with {f.workers} worker(s){mem}"
+        f"{cfg.speed.compile}, CUDA graphs {f.cuda_graphs}, loader {cfg.data.loader} with {f.workers} worker(s){mem}"
     )
 
 

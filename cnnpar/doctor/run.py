@@ -34,6 +34,7 @@ from cnnpar.doctor.measure import (
     textbook_cost_ratio,
 )
 from cnnpar.engine.harness import build_trainer, free_device_memory
+from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
@@ -208,6 +209,7 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
         mem_used_bytes=used,
         mem_total_bytes=total,
         batch_from=getattr(trainer, "batch_line", "") or "--batch-size",
+        cuda_graphs="on" if trainer.use_graphs else "off" if not graphs_blocked_by(rcfg, False) else "n/a",
     )
     return rcfg, phases, facts
 

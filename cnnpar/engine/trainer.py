@@ -1,9 +1,10 @@
 """The trainer owns set-up order and the loop.
 
 Set-up order: data first (bad input fails before any folder is made), then the device-resolved
-config, model, parallel wrappers, optimizer, schedule, loaders; the run folder last. The loop
-keeps host syncs to the places that read numbers: the progress display, the end of an epoch
-and evaluation.
+config, model, parallel wrappers, optimizer, schedule, loaders, the train step; the run folder
+last. The epoch loop groups the loader's batches into accumulation groups and hands each to the
+`TrainStep` (engine/train_step.py), the one step every tool times too. The loop keeps host syncs
+to the places that read numbers: the progress display, the end of an epoch and evaluation.
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ from cnnpar.engine.optim import (
 from cnnpar.engine.resolved import data_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
-from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
+from cnnpar.engine.step import eval_batch
+from cnnpar.engine.train_step import TrainStep, graphs_blocked_by
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
-from cnnpar.parallel.graphs import GraphedForwardBackward
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import EpochClock, peak_memory, sync
@@ -146,25 +147,25 @@ class Trainer:
         if resume_from is not None:
             self._restore(resume_from)
         self.compile_s = 0.0
-        self.graphed: GraphedForwardBackward | None = None
         self.use_graphs = self._graphs_allowed()
+        self.train_step = TrainStep(
+            self.model,
+            self.precision,
+            self.optimizer,
+            ddp=self.ddp,
+            scheduler=self.scheduler,
+            average=self.average,
+            label_smoothing=cfg.optim.label_smoothing,
+            grad_clip=cfg.optim.grad_clip,
+            cuda_graphs=self.use_graphs,
+            compile_mode=cfg.speed.compile,
+        )
 
     def _graphs_allowed(self) -> bool:
-        cfg = self.cfg
-        if cfg.speed.cuda_graphs != "on":
+        if self.cfg.speed.cuda_graphs != "on":
             return False
-        why = (
-            "several processes (DDP hooks are not captured)"
-            if self.info.distributed
-            else "gradient accumulation (replays overwrite gradients)"
-            if cfg.optim.grad_accum > 1
-            else "compile mode reduce-overhead already captures graphs"
-            if "reduce-overhead" in cfg.speed.compile or cfg.speed.compile == "max-autotune"
-            else "the photos are decoded on the GPU (its waits stall behind graph replays: ResNet-50 from "
-            "JPEGs on an H200, 4,708 img/s without graphs against 3,320-3,734 with; --cuda-graphs on to keep them)"
-            if self.graphs_requested == "auto" and isinstance(self.train_loader.decoder, GpuDecoder)
-            else ""
-        )
+        gpu_decoder = self.graphs_requested == "auto" and isinstance(self.train_loader.decoder, GpuDecoder)
+        why = graphs_blocked_by(self.cfg, self.info.distributed, gpu_decoder)
         if why:
             self.log(f"cuda graphs off: {why}")
         return not why
@@ -236,44 +237,29 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
     def warm_up_compile(self) -> None:
-        """Compile outside the timed epochs, without changing training: one forward/backward on a
-        real batch, then gradients dropped and BatchNorm buffers put back."""
+        """Compile outside the timed epochs, without changing training (`TrainStep.rehearse`)."""
         if self.cfg.speed.compile == "off":
             return
         t0 = time.perf_counter()
-        saved = {k: v.clone() for k, v in self.raw_model.state_dict().items()}
-        self.model.train()
         x, y = next(iter(self.train_loader))
-        with sync_context(self.ddp, last_micro_step=True):
-            forward_backward(self.model, x, y, self.precision, 0.0, 1.0)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.raw_model.load_state_dict(saved)
+        self.train_step.rehearse(x, y)
         sync(self.info.device)
         self.compile_s = time.perf_counter() - t0
         self.log(f"compiled ({self.cfg.speed.compile}) in {self.compile_s:.1f} s, outside the timed epochs")
 
-    def _micro_step(self, x: torch.Tensor, y: torch.Tensor, last: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward and backward of one micro-batch, replayed from a CUDA graph when one applies."""
-        smoothing = self.cfg.optim.label_smoothing
-        if self.use_graphs and self.graphed is None:
-            self.graphed = GraphedForwardBackward(self.model, self.precision, smoothing, x, y, forward_backward)
-        if self.graphed is not None:
-            if self.graphed.matches(x):
-                return self.graphed(x, y)
-            self.optimizer.zero_grad(set_to_none=False)  # odd shape: the gradients hold the last replay's
-        with sync_context(self.ddp, last):
-            return forward_backward(self.model, x, y, self.precision, smoothing, 1.0 / self.cfg.optim.grad_accum)
+    def begin_epoch(self, epoch: int) -> None:
+        """Every generator this epoch draws from starts from (seed, rank, epoch), so a resumed run
+        repeats the uninterrupted one bit for bit (engine/rng.py says why re-derived, not carried)."""
+        seed = epoch_seed(self.cfg.run.seed, self.info.rank, epoch)
+        init_epoch_rng(seed)
+        self.train_loader.set_epoch(epoch, seed)  # a new permutation (and shard) every epoch
+        self.model.train()
 
     def train_epoch(self, epoch: int) -> dict:
         from tqdm.auto import tqdm
 
         cfg, info = self.cfg, self.info
-        # Every generator this epoch draws from starts from (seed, rank, epoch), so a resumed run
-        # repeats the uninterrupted one bit for bit (engine/rng.py says why re-derived, not carried).
-        seed = epoch_seed(cfg.run.seed, info.rank, epoch)
-        init_epoch_rng(seed)
-        self.train_loader.set_epoch(epoch, seed)  # a new permutation (and shard) every epoch
-        self.model.train()
+        self.begin_epoch(epoch)
         clock = EpochClock()
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         correct = torch.zeros((), dtype=torch.int64, device=info.device)
@@ -289,25 +275,24 @@ class Trainer:
             dynamic_ncols=True,
         )
         it = iter(self.train_loader)
-        for i in range(self.micro_steps):
-            t0 = time.perf_counter()
-            with span(DATA_WAIT):
-                x, y = next(it)
-            clock.waited(time.perf_counter() - t0, y.shape[0])
-            maybe_inject_fault(epoch, i, self.micro_steps, info)  # test-only; see engine/fault.py
-            last = (i + 1) % accum == 0 or i + 1 == self.micro_steps
-            loss, right = self._micro_step(x, y, last)
-            loss_sum += loss
+        done = 0  # micro-batches taken this epoch
+        for step in range(self.steps_per_epoch):
+            # One accumulation group: `accum` micro-batches, fewer in an epoch's last group
+            # (TrainStep weights each by its real size).
+            group = []
+            for _ in range(min(accum, self.micro_steps - done)):
+                t0 = time.perf_counter()
+                with span(DATA_WAIT):
+                    x, y = next(it)
+                clock.waited(time.perf_counter() - t0, y.shape[0])
+                maybe_inject_fault(epoch, done, self.micro_steps, info)  # test-only; see engine/fault.py
+                group.append((x, y))
+                done += 1
+            loss, right = self.train_step(group)
+            loss_sum += loss  # at once: a graph replay's outputs are overwritten by the next one
             correct += right
-            if last:
-                optimizer_step(
-                    self.model, self.optimizer, self.precision, cfg.optim.grad_clip, zero_grad=self.graphed is None
-                )
-                self.scheduler.step()
-                if self.average is not None:  # eager, after the step: never inside a captured graph
-                    self.average.after_step(self.scheduler.last_epoch)
-            bar.update(1)
-            if not bar.disable and i % PROGRESS_EVERY == 0:
+            bar.update(len(group))
+            if not bar.disable and step % max(1, PROGRESS_EVERY // accum) == 0:
                 bar.set_postfix(loss=f"{loss_sum.item() / clock.images:.4f}")  # note: a CPU-GPU sync point
         del it
         bar.close()

@@ -75,10 +75,23 @@ def test_fixed_overhead_or_idle_gpu_is_host_bound():
     assert batch.change == {"run": {"batch_size": 128}}
     # step(128) = 0.7 + 2 * 0.3 (in units of step(64)) for twice the images; serial data cost unchanged
     assert abs(batch.est_gain - (1e-4 + 1e-3) / (1e-4 + 1e-3 * (0.7 + 0.6) / 2)) < 1e-9
-    gpu = facts(device_type="cuda", gpu_idle_share=0.5, bf16_supported=True)
+    gpu = facts(device_type="cuda", gpu_idle_share=0.5, bf16_supported=True, cuda_graphs="off")
     assert diagnose(gpu).verdict == HOST_BOUND
     keys = [r.key for r in recommend(gpu)]
     assert "cuda-graphs" in keys and "bf16" in keys and "resident" in keys
+
+
+def test_graph_advice_is_cnnpars_own_switch_and_only_where_it_would_take_effect():
+    """`--compile reduce-overhead` makes the trainer turn its own graphs off, so the doctor never
+    advises it; it advises `--cuda-graphs on` only when the graphs are off and could be on."""
+    idle = dict(device_type="cuda", gpu_idle_share=0.5, bf16_supported=True)
+    graphs = next(r for r in recommend(facts(**idle, cuda_graphs="off")) if r.key == "cuda-graphs")
+    assert graphs.action == "--cuda-graphs on" and graphs.change == {"speed": {"cuda_graphs": "on"}}
+    for state in ("on", "n/a"):  # already replayed, or blocked (accumulation, compile's own graphs)
+        assert "cuda-graphs" not in [r.key for r in recommend(facts(**idle, cuda_graphs=state))]
+    for state in ("on", "off", "n/a"):
+        for r in recommend(facts(**idle, cuda_graphs=state)):
+            assert "reduce-overhead" not in r.action and "reduce-overhead" not in str(r.change)
 
 
 def test_compute_bound_gpu_gets_no_data_advice():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import cnnpar.engine.harness as harness
+import cnnpar.engine.train_step as train_step
 from cnnpar.bench.claims import verdict
 from cnnpar.bench.ladder import RUNG_NAMES, plan_ladder, run_ladder
 from cnnpar.bench.timing import Timing
@@ -30,14 +30,14 @@ def digits8():
 
 def test_a_failing_rung_is_recorded_and_the_ladder_goes_on(digits8, monkeypatch):
     cfg, bundle = digits8
-    real = harness.forward_backward
+    real = train_step.forward_backward
 
     def oom_under_fp16(model, x, y, precision, *args):
         if precision.kind == "fp16":
             raise RuntimeError("out of memory: tried to allocate 1 PiB (injected)")
         return real(model, x, y, precision, *args)
 
-    monkeypatch.setattr(harness, "forward_backward", oom_under_fp16)  # the step the bench drives
+    monkeypatch.setattr(train_step, "forward_backward", oom_under_fp16)  # the step the bench drives
     rows = run_ladder(cfg, bundle, CPU, Timing(1, 2, 1), {}, only={"baseline", "fp16_scaler", "channels_last"},
                       log=lambda s: None)  # fmt: skip
     by = {r["name"]: r for r in rows}
