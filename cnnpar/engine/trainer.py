@@ -48,6 +48,7 @@ from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_
 from cnnpar.report.meters import EpochClock, peak_memory, sync
 from cnnpar.report.ranges import DATA_WAIT, span
 from cnnpar.report.telemetry import monitor_run
+from cnnpar.report.tensorboard import Board, open_board
 
 METRIC_COLUMNS = [
     "epoch",
@@ -146,6 +147,7 @@ class Trainer:
         self.compile_s = 0.0
         self.graphed: GraphedForwardBackward | None = None
         self.use_graphs = self._graphs_allowed()
+        self.board = Board()  # writes nothing until fit opens the run's (bench and tune call train_epoch alone)
 
     def _graphs_allowed(self) -> bool:
         cfg = self.cfg
@@ -303,6 +305,8 @@ class Trainer:
                 if self.average is not None:  # eager, after the step: never inside a captured graph
                     self.average.after_step(self.scheduler.last_epoch)
             bar.update(1)
+            if i % PROGRESS_EVERY == 0:  # the step this micro-batch's optimizer step completes
+                self.board.note_loss(loss_sum, clock.images, self.scheduler.last_epoch + (0 if last else 1))
             if not bar.disable and i % PROGRESS_EVERY == 0:
                 bar.set_postfix(loss=f"{loss_sum.item() / clock.images:.4f}")  # note: a CPU-GPU sync point
         del it
@@ -346,8 +350,15 @@ class Trainer:
     def fit(self) -> TrainResult:
         made = [d for d in (self.run_dir.parent, self.run_dir) if not d.exists()]
         self._prepare_run_dir()
+
+        def step_now() -> int:  # optimizer steps done: TensorBoard's x axis
+            return self.scheduler.last_epoch
+
         try:
-            with monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log):  # stopped on any exit
+            with (  # both stopped on any exit
+                open_board(self.cfg.run.tensorboard, self.info, self.run_dir, step_now, self.log) as self.board,
+                monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log, self.board.telemetry),
+            ):
                 return self._train_all_epochs()
         except UserError:
             # Bad input found only once training runs (a corrupt image that a worker fails to
@@ -375,6 +386,8 @@ class Trainer:
         if self.decode_line:
             self.log(self.decode_line)
         self.log(f"run folder: {self.run_dir}")
+        if self.board.line:
+            self.log(self.board.line)
         if restarts_cannot_find_run(cfg):
             self.log(
                 "warning: torchrun may restart this job (--max-restarts) but it has no stable name: pass "
@@ -404,6 +417,7 @@ class Trainer:
     def _end_epoch(self, epoch: int, row: dict) -> None:
         if self.info.is_main:
             write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
+            self.board.end_epoch(row, self.scheduler.last_epoch)  # on disk before the checkpoint it resumes from
             save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
             skipped = f"  skipped {row['skipped_steps']}" if self.precision.scaler is not None else ""
