@@ -229,10 +229,10 @@ class Board:
         with self._lock:
             while self._pending:
                 host, landed, images, step = self._pending[0]
-                if landed is not None and not wait and not landed.query():
-                    return
-                if landed is not None:
-                    landed.synchronize()  # returns at once after the epoch's sync
+                if landed is not None and not landed.query():
+                    if not wait:
+                        return
+                    landed.synchronize()
                 self._pending.pop(0)
                 total, seen = float(host), images
                 prev_total, prev_seen = self._window

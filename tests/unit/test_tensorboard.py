@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import sys
 
+import numpy as np
+import pytest
 import torch
 from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
@@ -107,3 +109,32 @@ def test_writing_event_files_never_loads_tensorflow(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
     assert len(event_files(tmp_path)) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_readouts_wait_for_nothing_and_land_in_order(tmp_path):
+    """The loss readouts behind queued GPU work: no host sync (sync debug mode would raise), some
+    still in flight when the loop ends, and every one written, right, once the epoch syncs."""
+    dev = torch.device("cuda")
+    x = torch.randn(4096, 4096, device=dev)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+    sums = []
+    with open_board(True, DistInfo(0, 0, 1, dev), tmp_path, lambda: 0) as board:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for step in range(1, 41):
+                loss_sum += (x @ x).abs().mean()  # a few ms of work per step, queued far ahead of the device
+                board.note_loss(loss_sum, 32 * step, step)
+                sums.append(loss_sum.clone())
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        in_flight = len(board._pending)
+        torch.cuda.synchronize()
+        board.end_epoch({"epoch": 1}, step=40)
+    assert in_flight > 0  # the host ran ahead: readouts waited for nothing
+    totals = [0.0] + [float(s) for s in sums]
+    got = read_scalars(tmp_path)["train/loss_recent"]
+    assert [s for s, _ in got] == list(range(1, 41))
+    want = [float(np.float32((totals[i] - totals[i - 1]) / 32)) for i in range(1, 41)]
+    assert [v for _, v in got] == pytest.approx(want, rel=1e-6)
