@@ -28,6 +28,7 @@ def _user_error_text(e: UserError) -> str:
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args, passthrough_args
     from cnnpar.dist import (
+        check_horovod_launch,
         debug_single_requested,
         destroy_distributed,
         init_distributed,
@@ -39,6 +40,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = config_from_args(args)
     if surplus_debug_worker(cfg.dist.debug_single):
         return 0  # the debug switch runs one process: global rank 0 alone
+    if cfg.dist.strategy == "horovod":
+        check_horovod_launch(cfg.dist.nproc)
     if cfg.dist.nproc > 0 and "RANK" not in os.environ and not debug_single_requested(cfg.dist.debug_single):
         # The convenience launcher: hand the same command to torchrun for this one machine.
         # Refuse too many processes here, once, rather than in each of the N workers.

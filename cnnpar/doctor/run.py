@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from cnnpar.cliargs import command_line
 from cnnpar.config import Config
 from cnnpar.data import load_data
 from cnnpar.data.loader import ResidentLoader
 from cnnpar.data.sources import detect_format
+from cnnpar.data.store import default_store_path, prepare_command
 from cnnpar.dist import init_distributed
 from cnnpar.doctor.advise import MIN_GAIN, Diagnosis, Facts, Recommendation, diagnose, recommend
 from cnnpar.doctor.measure import (
@@ -110,6 +113,8 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
         e2e = phases[-1]
         diagnosis = diagnose(facts)
         recos = recommend(facts)
+        for r in recos:
+            r.command = advice_command(cfg, facts, r)
         report = DoctorReport(
             rcfg, environment(info.device, 1), bundle.origin, facts, diagnosis, recos, phases, report_dir=report_dir
         )
@@ -135,6 +140,16 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
     return report
 
 
+def advice_command(cfg: Config, f: Facts, r: Recommendation) -> str:
+    """The user's own command line with the recommendation applied, ready to paste."""
+    if r.key == "pre-decode":
+        store = str(default_store_path(f.data_source))
+        size = {"image_size": f.input_size} if not cfg.data.image_size else {}
+        train = shlex.split(command_line(cfg, {"data": {"source": store, "format": "auto", **size}}))
+        return prepare_command(f.data_source, f.input_size, train=train)
+    return command_line(cfg, r.change) if r.change else r.action
+
+
 def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts]:
     """Pipeline alone, step alone (full and half batch), GPU idle share, end to end; then the facts."""
     warm, steps, max_s = opts.warmup, opts.steps, opts.max_s
@@ -155,10 +170,11 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
     idle = None
     if info.device.type == "cuda":
         idle = phase("GPU idle share", lambda: gpu_idle_share(trainer, x, y, step.s_per_batch))
-    peak_share = None
+    peak_share = used = total = None
     if info.device.type == "cuda":
         total = torch.cuda.get_device_properties(info.device).total_memory
-        peak_share = torch.cuda.max_memory_allocated(info.device) / total
+        used = torch.cuda.max_memory_allocated(info.device)
+        peak_share = used / total
     e2e = phase("end to end", lambda: measure_end_to_end(trainer, warm, steps, max_s))
     phases.append(e2e)
     cores = usable_cores()
@@ -188,6 +204,10 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
         data_format=detect_format(rcfg.data.source, rcfg.data.format),
         input_size=bundle.shape[-1],
         model=rcfg.model.name,
+        image_shape="x".join(map(str, bundle.shape)),
+        mem_used_bytes=used,
+        mem_total_bytes=total,
+        batch_from=getattr(trainer, "batch_line", "") or "--batch-size",
     )
     return rcfg, phases, facts
 

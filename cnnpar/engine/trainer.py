@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
-from cnnpar.data.bundle import class_lines
+from cnnpar.data.bundle import class_lines, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
@@ -35,6 +35,7 @@ from cnnpar.engine.optim import (
     rebuild_after_resume,
     scaled_lr,
 )
+from cnnpar.engine.resolved import data_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
 from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
@@ -91,6 +92,7 @@ class Trainer:
         self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
         self.decode_line = decode_line(cfg, self.bundle, info.device)
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
+        self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
         self.cfg = cfg = resolve_for(cfg, info.device)
         torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
         torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
@@ -229,7 +231,9 @@ class Trainer:
             (self.run_dir / "ckpt").mkdir(parents=True, exist_ok=True)
             env = environment(self.info.device, self.info.world_size)
             header = "".join(f"# {k} = {v}\n" for k, v in env.items())
-            write_text_atomic(self.run_dir / "config.toml", header + dumps_toml(self.cfg))
+            resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
+            header += "".join(line + "\n" for line in requested_lines(self.requested_cfg, resolved))
+            write_text_atomic(self.run_dir / "config.toml", header + dumps_toml(resolved))
         barrier(self.info)
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -379,6 +383,7 @@ class Trainer:
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
             f"accumulation = {global_batch} per step; {describe_lr(cfg.optim, info.world_size)}"
         )
+        self.log(split_line(self.bundle))
         for line in class_lines(self.bundle):
             self.log(line)
         if self.bundle.size_from:
