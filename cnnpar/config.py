@@ -279,6 +279,7 @@ class RunConfig:
     eval_every: int = _f(1, "validate every N epochs (and after the last)")
     progress: bool = _f(True, "show a progress bar (rank 0 only)")
     monitor: bool = _f(False, "sample GPU/host telemetry into the run folder")
+    tensorboard: bool = _f(True, 'TensorBoard scalars in the run folder (rank 0; pip install "cnnpar[tensorboard]")')
 
     def __post_init__(self) -> None:
         _check_positive("run", "epochs", self.epochs)

@@ -50,6 +50,7 @@ from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_
 from cnnpar.report.meters import EpochClock, peak_memory, sync
 from cnnpar.report.ranges import DATA_WAIT, span
 from cnnpar.report.telemetry import monitor_run
+from cnnpar.report.tensorboard import Board, open_board
 
 METRIC_COLUMNS = [
     "epoch",
@@ -160,6 +161,7 @@ class Trainer:
             cuda_graphs=self.use_graphs,
             compile_mode=cfg.speed.compile,
         )
+        self.board = Board()  # writes nothing until fit opens the run's (bench and tune call train_epoch alone)
 
     def _graphs_allowed(self) -> bool:
         if self.cfg.speed.cuda_graphs != "on":
@@ -292,6 +294,8 @@ class Trainer:
             loss_sum += loss  # at once: a graph replay's outputs are overwritten by the next one
             correct += right
             bar.update(len(group))
+            if step % max(1, PROGRESS_EVERY // accum) == 0:
+                self.board.note_loss(loss_sum, clock.images, self.scheduler.last_epoch)
             if not bar.disable and step % max(1, PROGRESS_EVERY // accum) == 0:
                 bar.set_postfix(loss=f"{loss_sum.item() / clock.images:.4f}")  # note: a CPU-GPU sync point
         del it
@@ -335,8 +339,15 @@ class Trainer:
     def fit(self) -> TrainResult:
         made = [d for d in (self.run_dir.parent, self.run_dir) if not d.exists()]
         self._prepare_run_dir()
+
+        def step_now() -> int:  # optimizer steps done: TensorBoard's x axis
+            return self.scheduler.last_epoch
+
         try:
-            with monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log):  # stopped on any exit
+            with (  # both stopped on any exit
+                open_board(self.cfg.run.tensorboard, self.info, self.run_dir, step_now, self.log) as self.board,
+                monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log, self.board.telemetry),
+            ):
                 return self._train_all_epochs()
         except UserError:
             # Bad input found only once training runs (a corrupt image that a worker fails to
@@ -365,6 +376,8 @@ class Trainer:
         if self.decode_line:
             self.log(self.decode_line)
         self.log(f"run folder: {self.run_dir}")
+        if self.board.line:
+            self.log(self.board.line)
         if restarts_cannot_find_run(cfg):
             self.log(
                 "warning: torchrun may restart this job (--max-restarts) but it has no stable name: pass "
@@ -394,6 +407,7 @@ class Trainer:
     def _end_epoch(self, epoch: int, row: dict) -> None:
         if self.info.is_main:
             write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
+            self.board.end_epoch(row, self.scheduler.last_epoch)  # on disk before the checkpoint it resumes from
             save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
             skipped = f"  skipped {row['skipped_steps']}" if self.precision.scaler is not None else ""
