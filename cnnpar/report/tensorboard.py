@@ -32,6 +32,7 @@ folder starts after S_k, since the attempt that wrote S_k's point already averag
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import os
 import socket
@@ -47,6 +48,7 @@ from cnnpar.dist import DistInfo
 
 INSTALL = 'pip install "cnnpar[tensorboard]"'
 FLUSH_S = 10.0  # TensorBoard re-reads a log folder every 5 s; flushing more often shows nothing sooner
+_FILE_SEQ = itertools.count()  # event-file names made in this process
 
 # metrics.csv column -> tag (peak_mem_mb goes under its kind: CUDA allocations and process RSS differ)
 EPOCH_TAGS = {
@@ -186,7 +188,9 @@ class Board:
         event_pb2, summary_pb2, RecordWriter, _ = _protos()
         try:
             if self._writer is None:  # made on the first write: a run that writes nothing leaves no file
-                name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.cnnpar"
+                # the sequence number keeps two attempts in one process and one second apart (a resume in tests, tune)
+                stamp = f"{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_SEQ)}"
+                name = f"events.out.tfevents.{stamp}.cnnpar"
                 self._file = (self.folder / name).open("ab")
                 self._writer = RecordWriter(self._file)
                 head = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
