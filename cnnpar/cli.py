@@ -123,18 +123,32 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
-    from pathlib import Path
+    import shlex
+    import time
 
-    from cnnpar.bench.tune import format_table, tune, write_tuned
-    from cnnpar.cliargs import config_from_args
-    from cnnpar.dist import init_distributed
+    import psutil
+
+    # the budget counts from the process's start (interpreter and imports included): the whole run
+    # ends within it plus 10 %
+    started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+    from cnnpar.bench.tune import format_table, stop_on_sigterm, tune
+    from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
-    info = init_distributed(cfg.speed.device, debug_single=True)
-    best, trials = tune(cfg, info, args.budget_s, args.steps, args.repeats)
+    stop_on_sigterm()
     out = Path(args.out)
-    write_tuned(best, trials, out, info.device)
+    best, trials = tune(cfg, args.budget_s, out, args.trial_s, args.steps, args.repeats, started=started)
     print(format_table(trials))
+    if best is None:
+        start = trials[0]
+        more = ["cnnpar", "tune", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{2 * args.budget_s:g}"]
+        why = (
+            f"the start needs more than {args.budget_s:.0f} s here; give it more: {shlex.join(more)}"
+            if start.status == "cut off"
+            else f"the start {start.status}: {start.note}"
+        )
+        print(f"tune: no {out} written ({why}); trials in {out.with_suffix('.csv')}", file=sys.stderr)
+        return 1
     print(f"wrote {out} (and {out.with_suffix('.csv')}); train with: cnnpar train --config {out}")
     return 0
 
@@ -322,7 +336,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=DefaultsHelpFormatter,
     )
     add_config_flags(tune_p)
-    tune_p.add_argument("--budget-s", type=float, default=600, help="stop trying new switches after this long")
+    tune_p.add_argument(
+        "--budget-s", type=float, default=600, help="the whole run ends within this (plus the last kill, a few s)"
+    )
+    tune_p.add_argument(
+        "--trial-s",
+        type=float,
+        default=0,
+        help="a trial running longer is killed and reported as cut off (0: the larger of a third of the "
+        "budget and 1.5x the start trial's time)",
+    )
     tune_p.add_argument("--steps", type=int, default=20, help="timed steps per epoch of a trial")
     tune_p.add_argument("--repeats", type=int, default=3, help="timed epochs per trial (median counts)")
     tune_p.add_argument("--out", default="tuned.toml", help="where the winning config goes")
