@@ -44,14 +44,21 @@ def child_command(spec_path: Path, result_path: Path) -> list[str]:
     return [sys.executable, "-m", "cnnpar.bench.trial", str(spec_path), str(result_path)]
 
 
+MARK = "trial: "  # starts every progress line a child prints itself (`say`), so warnings are not shown
+
+
+def say(text: str) -> None:
+    """A child's progress line: the parent shows the last one while it waits, and when it cuts off."""
+    print(MARK + text, flush=True)
+
+
 def _last_line(log: Path) -> str:
     try:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return ""
-    # skip Python's warning noise: the line worth showing is the child's own
-    useful = [ln for ln in lines if "Warning" not in ln and not ln.startswith("warnings.warn")]
-    return (useful or lines or [""])[-1][:200]
+    own = [ln.removeprefix(MARK) for ln in lines if ln.startswith(MARK)]
+    return (own or lines or [""])[-1][:200]
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

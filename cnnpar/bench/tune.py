@@ -30,7 +30,7 @@ from pathlib import Path
 from cnnpar.config import MACHINE_FIELDS, Config, dumps_toml, from_dict, to_dict
 from cnnpar.report.files import write_csv_atomic, write_text_atomic
 
-from .trial import OK, ChildResult, run_child
+from .trial import OK, ChildResult, run_child, say
 
 KEEP_MARGIN = 1.03  # a change must be 3 % faster to be kept: smaller gains are within run-to-run noise
 MIN_TRIAL_S = 5.0  # less than a child needs to import torch and build a model: no trial starts with less
@@ -128,8 +128,8 @@ def measure_in_child(spec: dict) -> dict:
     cfg = from_dict(spec["config"], origin="tune trial")
     info = init_distributed(cfg.speed.device, debug_single=True)
     bundle = load_data(cfg.data, cfg.run.seed)
-    print(f"data: {bundle.origin}, {len(bundle.train)} training samples", flush=True)
-    result = measure(cfg, info, bundle, spec["steps"], spec["repeats"], log=lambda s: print(s, flush=True))
+    say(f"data: {bundle.origin}, {len(bundle.train)} training samples")
+    result = measure(cfg, info, bundle, spec["steps"], spec["repeats"], log=say)
     cuda = info.device.type == "cuda"
     result["facts"] = {
         "device_type": info.device.type,
