@@ -41,7 +41,7 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
     """Warm-up steps, then `repeats` repeats of timed steps with a device sync around each repeat only
     (as many steps as `timing` sizes from one step's time, or `timing.steps`)."""
     cfg, device = trainer.cfg, trainer.info.device
-    cudagraphs = cfg.speed.compile == "reduce-overhead"
+    cudagraphs = cfg.speed.compile in ("reduce-overhead", "max-autotune")  # both capture CUDA graphs
     proc = psutil.Process()
     # across epoch boundaries, calling set_epoch as training does, so the cost of starting an
     # epoch (worker start-up without persistent workers) is part of what is timed

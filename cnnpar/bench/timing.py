@@ -18,7 +18,7 @@ class Timing:
     # timed seconds per measurement (all repeats together); the steps per repeat are sized from the
     # time of one step after the warm-up, so a 240 ms fp32 ResNet-50 step and a 6 ms graphed
     # ResNet-18 step cost about the same wall time. 0: always `steps` steps.
-    seconds: float = 2.0
+    seconds: float = 1.5
 
     def __post_init__(self) -> None:
         limits = (("warmup-steps", self.warmup, 0), ("timed-steps", self.steps, 1), ("repeats", self.repeats, 1))

@@ -116,6 +116,15 @@ def test_trials_go_batch_compile_data_precision_and_a_bf16_gpu_tries_no_fp32(tmp
     assert ("compile", "off") in tried and ("cuda_graphs", "off") in tried and ("resident", "off") in tried
 
 
+def test_a_gpu_started_in_fp32_tries_bf16_and_fp16(tmp_path):
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0)
+    _, trials = m.tune(with_overrides(resnet50(), speed={"precision": "fp32"}), 600, tmp_path / "tuned.toml")
+    assert [t.value for t in trials if t.switch == "precision"] == ["bf16", "fp16"]
+    no_bf16 = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0, facts={**CUDA_FACTS, "bf16_ok": False})
+    _, trials = no_bf16.tune(with_overrides(resnet50(), speed={"precision": "fp32"}), 600, tmp_path / "t2.toml")
+    assert [t.value for t in trials if t.switch == "precision"] == ["fp16"]
+
+
 def test_a_cpu_tries_the_other_precision_and_no_gpu_switches(tmp_path):
     facts = {**CUDA_FACTS, "device_type": "cpu"}
     m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0, facts=facts)
