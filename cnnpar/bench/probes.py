@@ -17,7 +17,6 @@ from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import cycle_batches, free_device_memory, reset_compiler
 from cnnpar.engine.optim import build_optimizer
 from cnnpar.engine.train_step import TrainStep
-from cnnpar.errors import first_line
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, resolve_for
 from cnnpar.report.meters import sync
