@@ -22,7 +22,15 @@ from cnnpar.data.loader import ResidentLoader
 from cnnpar.data.sources import detect_format
 from cnnpar.data.store import default_store_path, prepare_command
 from cnnpar.dist import init_distributed
-from cnnpar.doctor.advise import MIN_GAIN, Diagnosis, Facts, Recommendation, diagnose, recommend
+from cnnpar.doctor.advise import (
+    MIN_GAIN,
+    Diagnosis,
+    Facts,
+    Recommendation,
+    diagnose,
+    recommend,
+    wants_batch_search,
+)
 from cnnpar.doctor.measure import (
     Phase,
     first_batch,
@@ -33,6 +41,7 @@ from cnnpar.doctor.measure import (
     measure_step_scaling,
     textbook_cost_ratio,
 )
+from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget
 from cnnpar.engine.harness import build_trainer, free_device_memory
 from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.engine.trainer import Trainer
@@ -208,10 +217,29 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
         image_shape="x".join(map(str, bundle.shape)),
         mem_used_bytes=used,
         mem_total_bytes=total,
-        batch_from=getattr(trainer, "batch_line", "") or "--batch-size",
+        batch_from=trainer.batch_line
+        or ("--batch-size" if trainer.requested_cfg.run.batch_size else "auto: the CPU's fixed default"),
         cuda_graphs="on" if trainer.use_graphs else "off" if not graphs_blocked_by(rcfg, False) else "n/a",
     )
+    if wants_batch_search(facts) and not trainer.batch_line:  # (a searched batch needs no second search)
+        facts.searched_batch, facts.searched_gain = phase("batch sizes", lambda: _search_batch(trainer, bundle))
     return rcfg, phases, facts
+
+
+def _search_batch(trainer: Trainer, bundle) -> tuple[int | None, float | None]:
+    """The batch the search picks, and its step speed per image over the current batch's, both timed
+    with the same probe (the run's TrainStep on random inputs)."""
+    cfg, info = trainer.cfg, trainer.info
+    measure = device_probe(
+        trainer.raw_model, cfg, info, bundle.shape, bundle.num_classes, trainer.train_step.cuda_graphs
+    )
+    choice = choose_batch_size(measure, memory_budget(info.device), batch_cap(len(bundle.train), 1))
+    probes = {p.batch: p for p in choice.probes if not p.failed}
+    current = probes.get(cfg.run.batch_size) or measure(cfg.run.batch_size)
+    best = probes.get(choice.batch)
+    if best is None or current.failed or not current.images_per_s:
+        return None, None
+    return choice.batch, best.images_per_s / current.images_per_s
 
 
 def _try(cfg: Config, change: dict, info, bundle, opts: DoctorOptions, label: str) -> Phase:

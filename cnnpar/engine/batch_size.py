@@ -15,9 +15,22 @@ over its first 15 % of steps by default, which is what makes the larger lr safe 
 
 from __future__ import annotations
 
+import copy
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from cnnpar.config import Config
+from cnnpar.dist import DistInfo, all_reduce_max
+from cnnpar.engine.optim import build_optimizer
+from cnnpar.engine.train_step import TrainStep
+from cnnpar.parallel.apply import apply_channels_last
+from cnnpar.parallel.precision import Precision
+from cnnpar.report.meters import free_device_memory
 
 START = 64  # the CPU's fixed default, and the search's first size
 MIN_GAIN = 1.05  # a doubling must be 5 % faster per image to be kept: smaller gains are within run-to-run noise
@@ -25,6 +38,8 @@ MEMORY_SHARE = 0.5  # a probe step may use half the memory free at the search: r
 # different buffers and the allocator's fragmentation later in the run
 MIN_STEPS_PER_EPOCH = 16  # never so large a batch that an epoch has fewer optimizer steps than this
 REFERENCE_BATCH = START  # --lr is the lr at this batch when the batch is chosen automatically
+WARMUP_STEPS = 3  # cuDNN autotuning and the CUDA graph's capture happen here, untimed
+TIMED_STEPS = 6
 
 
 @dataclass
@@ -114,3 +129,65 @@ def lr_rule(optimizer: str) -> str:
 
 def gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
+
+
+def device_probe(
+    raw_model: nn.Module, cfg: Config, info: DistInfo, shape: tuple[int, int, int], num_classes: int, cuda_graphs: bool
+) -> Callable[[int], Probe]:
+    """Time the run's own step (`TrainStep`: precision, optimizer, CUDA graphs where the run will use
+    them) at a batch size, on a copy of its model and random inputs of its shape. Compile is left
+    out: a compile per candidate size would take minutes, and compiled steps scale with the batch
+    the same way."""
+    device = info.device
+    fmt = torch.channels_last if cfg.speed.channels_last == "on" else torch.contiguous_format
+
+    def measure(batch: int) -> Probe:
+        free_device_memory(device)
+        base = torch.cuda.memory_allocated(device)
+        model = apply_channels_last(copy.deepcopy(raw_model), cfg.speed.channels_last == "on").to(device)
+        optimizer = build_optimizer(model, cfg.optim, cfg.optim.lr, device)
+        step = TrainStep(model, Precision(cfg.speed.precision, device), optimizer, cuda_graphs=cuda_graphs)
+        try:
+            x = torch.randn(batch, *shape, device=device).contiguous(memory_format=fmt)
+            y = torch.randint(0, num_classes, (batch,), device=device)
+            for _ in range(WARMUP_STEPS):
+                step([(x, y)])
+            torch.cuda.synchronize(device)  # note: a CPU-GPU sync point, before the clock starts
+            t0 = time.perf_counter()
+            for _ in range(TIMED_STEPS):
+                step([(x, y)])
+            torch.cuda.synchronize(device)  # note: a CPU-GPU sync point, so the time covers the device's work
+            seconds = time.perf_counter() - t0
+            return Probe(batch, batch * TIMED_STEPS / seconds, torch.cuda.max_memory_allocated(device) - base)
+        except torch.cuda.OutOfMemoryError:
+            return Probe(batch, failed="out of memory")
+        finally:
+            del model, optimizer, step
+            free_device_memory(device)
+
+    return measure
+
+
+def memory_budget(device: torch.device) -> int:
+    return int(MEMORY_SHARE * torch.cuda.mem_get_info(device)[0])
+
+
+def search_on_device(
+    raw_model: nn.Module,
+    cfg: Config,
+    info: DistInfo,
+    shape: tuple[int, int, int],
+    num_classes: int,
+    train_samples: int,
+    cuda_graphs: bool,
+) -> BatchChoice:
+    """`choose_batch_size` with `device_probe`. Under DDP each rank searches its own GPU and all take
+    the smallest answer."""
+    measure = device_probe(raw_model, cfg, info, shape, num_classes, cuda_graphs)
+    cap = batch_cap(train_samples, info.world_size * cfg.optim.grad_accum)
+    choice = choose_batch_size(measure, memory_budget(info.device), cap)
+    if info.distributed:  # the smallest rank's answer, so every rank trains the same batch
+        agreed = -int(all_reduce_max(torch.tensor([-choice.batch], device=info.device), info).item())
+        if agreed != choice.batch:
+            choice = BatchChoice(agreed, f"{choice.stopped}; another rank's search ended at {agreed}", choice.probes)
+    return choice

@@ -9,7 +9,6 @@ where training would be), clip, optimizer, schedule and weight average. Past the
 
 from __future__ import annotations
 
-import gc
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,6 +21,7 @@ from cnnpar.dist import DistInfo
 from cnnpar.engine.train_step import Batch
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError
+from cnnpar.report.meters import free_device_memory  # noqa: F401 (the tools import it from here)
 
 
 def build_trainer(cfg: Config, info: DistInfo, bundle: DataBundle | None = None) -> Trainer:
@@ -64,15 +64,6 @@ def run_step(trainer: Trainer, group: list[Batch]) -> int:
     trained on. Reads nothing back from the device."""
     trainer.train_step(group)
     return group_images(group)
-
-
-def free_device_memory(device: torch.device) -> None:
-    """Drop what a finished (or failed, e.g. out of memory) measurement left behind before the next one."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
 
 
 def reset_compiler() -> None:

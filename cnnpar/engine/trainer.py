@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -22,10 +22,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, split_line
+from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
 from cnnpar.engine.averaging import build_weight_average
+from cnnpar.engine.batch_size import REFERENCE_BATCH, lr_factor, lr_rule, search_on_device
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
 from cnnpar.engine.fault import maybe_inject_fault
 from cnnpar.engine.optim import (
@@ -112,6 +114,9 @@ class Trainer:
         if hasattr(self.raw_model, "init_from_data") and self.bundle.in_memory:
             self.raw_model.init_from_data(self._normalised_sample())
         apply_frozen_whitening(self.raw_model, cfg.optim)
+        self.batch_line = ""
+        if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
+            self.cfg = cfg = self._choose_batch_size(cfg)
         self.model = parallelize(
             self.raw_model,
             info,
@@ -162,6 +167,30 @@ class Trainer:
             compile_mode=cfg.speed.compile,
         )
         self.board = Board()  # writes nothing until fit opens the run's (bench and tune call train_epoch alone)
+
+    def _choose_batch_size(self, cfg: Config) -> Config:
+        """The searched batch (engine/batch_size.py) and the lr scaled from batch 64 by its stated rule."""
+        gpu_decoder = (
+            self.graphs_requested == "auto"
+            and isinstance(self.bundle.train, ImageFolderDataset)
+            and cfg.data.decode in ("gpu", "nvimgcodec")
+        )
+        graphs = cfg.speed.cuda_graphs == "on" and not graphs_blocked_by(cfg, self.info.distributed, gpu_decoder)
+        choice = search_on_device(
+            self.raw_model,
+            cfg,
+            self.info,
+            self.bundle.shape,
+            self.bundle.num_classes,
+            len(self.bundle.train),
+            graphs,
+        )
+        lr = cfg.optim.lr * lr_factor(cfg.optim.optimizer, choice.batch)
+        self.batch_line = (
+            f"{choice.line()}; lr {cfg.optim.lr:g} at batch {REFERENCE_BATCH} x {lr_rule(cfg.optim.optimizer)} "
+            f"of {choice.batch}/{REFERENCE_BATCH} = {lr:.3g}"
+        )
+        return replace(cfg, run=replace(cfg.run, batch_size=choice.batch), optim=replace(cfg.optim, lr=lr))
 
     def _graphs_allowed(self) -> bool:
         if self.cfg.speed.cuda_graphs != "on":
@@ -368,6 +397,8 @@ class Trainer:
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
             f"accumulation = {global_batch} per step; {describe_lr(cfg.optim, info.world_size)}"
         )
+        if self.batch_line:
+            self.log(self.batch_line)
         self.log(split_line(self.bundle))
         for line in class_lines(self.bundle):
             self.log(line)

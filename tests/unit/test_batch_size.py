@@ -69,3 +69,61 @@ def test_auto_is_a_word_on_the_command_line_and_64_on_the_cpu():
     assert gpu.run.batch_size == 0  # measured by the trainer on the device
     fixed = resolve_for_device(Config(run=RunConfig(batch_size=32)), "cuda", bf16_ok=True)
     assert fixed.run.batch_size == 32
+
+
+def test_the_trainer_trains_the_searched_batch_with_the_lr_scaled(monkeypatch, tmp_path):
+    """The trainer's glue, with the device search replaced (it needs CUDA): the loaders, the lr and the
+    stored config follow the batch the search chose, and the start of the run says how it was chosen."""
+    import cnnpar.engine.trainer as trainer_mod
+    from cnnpar.dist import init_distributed
+    from cnnpar.engine.batch_size import BatchChoice
+    from cnnpar.presets import with_overrides
+
+    seen = {}
+
+    def fake_search(raw_model, cfg, info, shape, num_classes, train_samples, cuda_graphs):
+        seen.update(shape=shape, samples=train_samples, graphs=cuda_graphs)
+        return BatchChoice(256, "batch 512 is less than 5 % faster than 256", [Probe(64, 1000.0), Probe(256, 3000.0)])
+
+    real_resolve = trainer_mod.resolve_for
+    monkeypatch.setattr(
+        trainer_mod, "resolve_for", lambda cfg, device: with_overrides(real_resolve(cfg, device), run={"batch_size": 0})
+    )
+    monkeypatch.setattr(trainer_mod, "search_on_device", fake_search)
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x8x8", "synthetic_samples": 2048, "val_fraction": 0.25},
+        speed={"device": "cpu"},
+        run={"epochs": 1, "out_dir": str(tmp_path), "name": "auto", "progress": False},
+    )
+    lines = []
+    tr = trainer_mod.Trainer(cfg, init_distributed("cpu", debug_single=True), log=lambda *a, **k: lines.append(a[0]))
+    assert seen == {"shape": (3, 8, 8), "samples": 1536, "graphs": False}
+    assert tr.cfg.run.batch_size == 256 and len(tr.train_loader) == 1536 // 256
+    assert tr.cfg.optim.lr == pytest.approx(0.002 * 2)  # AdamW: sqrt(256 / 64)
+    tr.fit()
+    assert any(ln.startswith("batch size auto: 256 (measured 64: 1,000 img/s, 256: 3,000 img/s") for ln in lines)
+    assert any("lr 0.002 at batch 64 x square root (AdamW) of 256/64 = 0.004" in ln for ln in lines)
+    stored = (tmp_path / "auto" / "config.toml").read_text()
+    assert "batch_size = 256" in stored and "# requested: run.batch_size = auto" in stored
+    assert "# requested: optim.lr = 0.002" in stored
+
+
+@pytest.mark.gpu
+def test_the_search_on_a_real_gpu_measures_growing_batches():
+    import torch
+
+    from cnnpar.dist import init_distributed
+    from cnnpar.engine.batch_size import search_on_device
+    from cnnpar.models import build_model
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg = resolve_for_device(Config(), "cuda", bf16_ok=True)
+    info = init_distributed("cuda", debug_single=True)
+    model = build_model("resnet18", 3, 10, 32)
+    choice = search_on_device(model, cfg, info, (3, 32, 32), 10, 50_000, cuda_graphs=True)
+    assert choice.probes[0].batch == 64 and all(p.images_per_s > 0 for p in choice.probes if not p.failed)
+    assert choice.batch >= 128, choice.line()  # ResNet-18 at 32 px leaves an H200 idle at 64
+    assert all(p.peak_bytes > 0 for p in choice.probes if not p.failed)
+    print(choice.line())
