@@ -166,7 +166,11 @@ class ModelConfig:
 @dataclass(frozen=True)
 class OptimConfig:
     optimizer: str = _f("adamw", "sgd (Nesterov momentum) or adamw", choices=OPTIMIZERS)
-    lr: float = _f(2e-3, "peak learning rate for the per-process batch (see lr_scaling)")
+    lr: float = _f(
+        2e-3,
+        "peak learning rate for the per-process batch (see lr_scaling); with --batch-size auto, the lr at batch "
+        "64, scaled with the batch chosen (linear for sgd, square root for adamw)",
+    )
     weight_decay: float = _f(5e-4, "decoupled weight decay")
     momentum: float = _f(0.9, "SGD momentum")
     schedule: str = _f("onecycle", "learning-rate schedule", choices=SCHEDULES)
