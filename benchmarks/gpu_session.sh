@@ -121,6 +121,21 @@ verify)
   [ "$GPUS" -ge 2 ] && run 200 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --workers 2 \
       --out "$R/ddp_scaling_resnet50_workers2"
   ;;
+s5cifar)
+  # session 5, call A (two H200s, used independently): GPU 0 the batch-size search's GPU tests, a
+  # fixed batch 64 against --batch-size auto (issue 15 item 2), then the claims table (item 5);
+  # GPU 1 the CIFAR-10 record beside airbench94_muon (issue 13 item 1)
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  ( export CUDA_VISIBLE_DEVICES=0
+    logged gpu_tests_step 120 python3 -m pytest -q -s -m gpu tests/unit/test_batch_size.py tests/unit/test_train_step.py
+    TAIL=12 logged batch_auto 300 python3 benchmarks/batch_auto.py --data .devdata/cifar10.npz --model resnet18 \
+        --epochs 10 --cases 64,auto --target 0.80 --out "$R/batch_auto.csv"
+    TAIL=40 logged claims 200 python3 -m cnnpar bench --claims --device cuda --out "$R/claims" ) > "$R/gpu0.out" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    TAIL=40 logged record 500 python3 benchmarks/cifar10_record.py ${RECORD_ARGS:-} ) > "$R/gpu1.out" 2>&1 &
+  wait; cat "$R/gpu0.out" "$R/gpu1.out"
+  ;;
 claims_ladder)
   # issue 15 item 5: the claims table and the ResNet-50 ladder, one after the other on one H200, each
   # expected within 3 minutes (the claims keep a 170 s budget by default; the ladder is given one);
