@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50)
+#    claims_ladder | tune50 | record | s5cifar)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -155,6 +155,14 @@ tune50)
   logged tune50 240 python3 -m cnnpar tune --model resnet50 --data synthetic --image-shape 3x224x224 \
       --budget-s 200 --out "$R/tuned_resnet50.toml"
   echo "tune wall: $(( $(date +%s) - start )) s"; cat "$R/tuned_resnet50.toml" 2>/dev/null | head -16
+  ;;
+record)
+  # issue 13.1: the cifar10-record preset (a warm-up run, then 5 seeds) beside airbench94_muon (its
+  # warm-up run, then 5 runs), train + TTA eval timed as each times itself. Needs, carried along:
+  # .devdata/airbench/airbench94_muon.py (python benchmarks/cifar10_record.py --fetch-airbench GIT_DIR).
+  # RECORD_ARGS: more flags, e.g. --airbench-gpu 1 on two GPUs, --variant speed.compile=max-autotune-no-cudagraphs
+  run 540 python3 benchmarks/cifar10_record.py --seeds "${SEEDS:-5}" ${RECORD_ARGS:-} --out "$R/cifar10_record.csv"
+  cat "$R/cifar10_record.md"
   ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.

@@ -32,7 +32,7 @@ AUGMENTS = (
     "translate+altflip",
 )
 TTA_LEVELS = ("none", "flip", "flip+translate")
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "muon")
 SCHEDULES = ("onecycle", "cosine", "constant")
 LR_SCALINGS = ("none", "linear", "sqrt")
 LOADERS = ("fast", "textbook")
@@ -165,7 +165,12 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    optimizer: str = _f("adamw", "sgd (Nesterov momentum) or adamw", choices=OPTIMIZERS)
+    optimizer: str = _f(
+        "adamw",
+        "sgd (Nesterov momentum), adamw, or muon (Muon for the 4-D conv filters, SGD with Nesterov momentum "
+        "for the rest)",
+        choices=OPTIMIZERS,
+    )
     lr: float = _f(
         2e-3,
         "peak learning rate for the per-process batch (see lr_scaling); with --batch-size auto, the lr at batch "
@@ -193,6 +198,23 @@ class OptimConfig:
     lookahead: bool = _f(False, "copy the average back into the trained weights at every update (airbench)")
     whiten_bias_epochs: int = _f(0, "train a whitened stem's bias only for this many epochs, then hold it (0: always)")
     whiten_frozen: bool = _f(False, "keep a whitened stem's filters as the data set them (only its bias trains)")
+    bias_decay: bool = _f(
+        False,
+        "decay biases and norm parameters too, by weight_decay / bias_lr_scale: the same share per step as "
+        "the weights at their larger lr (airbench94_muon)",
+    )
+    muon_lr: float = _f(
+        0.24,
+        "--optimizer muon: the conv filters' peak lr, on the schedule --lr follows (not scaled with the world "
+        "size: a Muon step's size does not depend on the gradient's)",
+    )
+    muon_momentum: float = _f(0.6, "--optimizer muon: the filters' Nesterov momentum")
+    muon_ns_steps: int = _f(3, "--optimizer muon: Newton-Schulz iterations per step (torch's default is 5)")
+    muon_normalize: bool = _f(
+        False,
+        "--optimizer muon: rescale each filter bank to norm sqrt(out channels) before every step, in place of "
+        "weight decay (for filters that feed BatchNorm, as fastnet's do; airbench94_muon)",
+    )
 
     def __post_init__(self) -> None:
         _check_choice("optim", "optimizer", self.optimizer, OPTIMIZERS)
@@ -215,6 +237,11 @@ class OptimConfig:
         _check_positive("optim", "ema_warmup", self.ema_warmup, allow_zero=True)
         _check_positive("optim", "bias_lr_scale", self.bias_lr_scale)
         _check_positive("optim", "whiten_bias_epochs", self.whiten_bias_epochs, allow_zero=True)
+        _check_positive("optim", "muon_lr", self.muon_lr)
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ConfigError(f"optim.muon_momentum = {self.muon_momentum}: expected 0 <= value < 1")
+        if not 1 <= self.muon_ns_steps < 100:
+            raise ConfigError(f"optim.muon_ns_steps = {self.muon_ns_steps}: expected 1 <= value < 100")
 
 
 @dataclass(frozen=True)
@@ -226,6 +253,11 @@ class SpeedConfig:
         "auto", "torch.compile mode, or off (auto: from measurements, see presets.py)", choices=COMPILE_MODES
     )
     cudnn_benchmark: bool = _f(True, "let cuDNN time its algorithms for fixed shapes")
+    compile_eval: bool = _f(
+        False,
+        "evaluate through the compiled model too (one more compile, at the first evaluation; one process "
+        "without weight averaging, else the plain module evaluates)",
+    )
     cuda_graphs: str = _f(
         "auto",
         "replay forward+backward as one CUDA graph (static shapes, one process, "

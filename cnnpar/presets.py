@@ -88,6 +88,54 @@ def cifar10_speed() -> Config:
     )
 
 
+def cifar10_record() -> Config:
+    """airbench94_muon's recipe for fastnet (KellerJordan/cifar10-airbench), in cnnpar's switches:
+    8 epochs of 2,000 images; Muon for the conv filters (lr 0.24, Nesterov momentum 0.6, 3
+    Newton-Schulz steps, each filter bank rescaled to norm sqrt(out) before every step); SGD with
+    Nesterov momentum 0.85 for the rest; no warm-up, the lr falling linearly to 0; no weight
+    averaging; the frozen whitened stem with its bias trained 3 epochs; 2 px translate, alternating
+    flip, label smoothing 0.2, flip + translate TTA; fastnet compiled (warmed up outside the timed
+    epochs). Muon's step does not depend on the gradient's scale, so its values carry over as they are.
+
+    airbench sums its loss over the batch; cnnpar averages it, so an SGD lr is airbench's x 2000.
+    Its BatchNorm biases: 0.053 x 2000 = 106. Its head computes (W / 256) x with W of std 1, fastnet's
+    (W / 9) x with W of std 0.036 (the same logits at the start); the same steps in logit space need
+    lr 0.67 x 2000 x 9^2 / 256^2 = 1.656, and the biases are then at 106 / 1.656 = 64x. airbench's
+    decay is coupled and set per group as 0.004 / (the group's peak lr), so lr x decay, the share
+    every group shrinks by per step, is 0.004 x (lr / peak lr) for all of them: weight decay
+    0.004 / 1.656 = 2.415e-3, and on the biases (--bias-decay) that / 64.
+
+    Where it still differs from airbench94_muon: the stem's bias follows the shared schedule for its
+    3 epochs, then stops (airbench's falls to 0 over those epochs); fastnet pools the last 4x4 map
+    whole (airbench: a 3x3 window of it), starts its widening convs' extra filters He-normal (airbench:
+    torch's default uniform), centres the patches it whitens, and trains in bf16 autocast (airbench:
+    fp16 weights). Point --data at a decoded CIFAR-10 .npz (benchmarks/prepare_cifar10.py); on a CPU
+    add --compile off."""
+    return Config(
+        data=DataConfig(source=".devdata/cifar10.npz", augment="translate+altflip", resident="on"),
+        model=ModelConfig(name="fastnet"),
+        optim=OptimConfig(
+            optimizer="muon",
+            lr=1.656,
+            momentum=0.85,
+            weight_decay=2.415e-3,
+            bias_lr_scale=64.0,
+            bias_decay=True,
+            muon_lr=0.24,
+            muon_momentum=0.6,
+            muon_ns_steps=3,
+            muon_normalize=True,
+            label_smoothing=0.2,
+            warmup=0.0,
+            schedule="onecycle",
+            whiten_bias_epochs=3,
+            whiten_frozen=True,
+        ),
+        speed=SpeedConfig(compile="default", compile_eval=True),
+        run=RunConfig(epochs=8, batch_size=2000, tta_level="flip+translate", eval_every=8),
+    )
+
+
 def throughput() -> Config:
     """Synthetic data, no validation between epochs: for measuring the train step alone."""
     return Config(
@@ -103,6 +151,7 @@ PRESETS: dict[str, Callable[[], Config]] = {
     "mnist": mnist,
     "cifar10-resnet18": cifar10_resnet18,
     "cifar10-speed": cifar10_speed,
+    "cifar10-record": cifar10_record,
     "throughput": throughput,
 }
 

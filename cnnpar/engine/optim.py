@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from cnnpar.config import OptimConfig
+from cnnpar.engine.muon import MuonSGD
 from cnnpar.errors import ConfigError
 
 WHITEN_BIAS = "whiten_bias"  # the name of the param group that whiten_bias_epochs holds still
@@ -46,7 +47,12 @@ def scaled_lr(cfg: OptimConfig, world_size: int) -> float:
 
 def describe_lr(cfg: OptimConfig, world_size: int) -> str:
     """The start-of-run lr line: the configured lr, the rule, and what it was multiplied by, e.g.
-    `lr 0.1 x 2 processes = 0.2 (--lr-scaling linear)`."""
+    `lr 0.1 x 2 processes = 0.2 (--lr-scaling linear)`; with Muon, the filters' lr after it."""
+    line = _describe_lr(cfg, world_size)
+    return line + (f"; conv filters: Muon, lr {cfg.muon_lr:g}" if cfg.optimizer == "muon" else "")
+
+
+def _describe_lr(cfg: OptimConfig, world_size: int) -> str:
     lr = scaled_lr(cfg, world_size)
     what = f"{world_size} process{'es' if world_size != 1 else ''}"
     if cfg.grad_accum > 1:
@@ -60,8 +66,9 @@ def describe_lr(cfg: OptimConfig, world_size: int) -> str:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """SGD with Nesterov momentum or AdamW; no weight decay on biases and norm parameters, whose lr
-    is `bias_lr_scale` times the rest (airbench: 64, BatchNorm biases learn fastest that way).
+    """SGD with Nesterov momentum, AdamW, or Muon for the conv filters beside SGD for the rest; no
+    weight decay on biases and norm parameters unless `bias_decay`, and their lr `bias_lr_scale`
+    times the rest's (airbench: 64, BatchNorm biases learn fastest that way).
 
     A whitened stem's bias gets a group of its own when `whiten_bias_epochs` will hold it still.
     On CUDA the fused implementation does the whole update in a few kernels; elsewhere the
@@ -69,21 +76,50 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float, device: torch
     """
     whiten = whitening_params(model, cfg)
     held = whiten[1] if whiten is not None and cfg.whiten_bias_epochs else None
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad and p is not held:
-            (decay if p.ndim > 1 else no_decay).append(p)
+    filters, decay, no_decay = muon_split(model, held)
+    if cfg.optimizer != "muon":  # the filters decay with the other weights, in the order parameters() gives
+        decay = [p for p in model.parameters() if p.requires_grad and p is not held and p.ndim > 1]
     bias_lr = lr * cfg.bias_lr_scale
+    # with bias_decay, coupled decay x lr is the same for every group: each shrinks by the same share per step
+    bias_wd = cfg.weight_decay / cfg.bias_lr_scale if cfg.bias_decay else 0.0
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0, "lr": bias_lr},
+        {"params": no_decay, "weight_decay": bias_wd, "lr": bias_lr},
     ]
     if held is not None:
-        groups.append({"params": [held], "weight_decay": 0.0, "lr": bias_lr, "name": WHITEN_BIAS})
+        groups.append({"params": [held], "weight_decay": bias_wd, "lr": bias_lr, "name": WHITEN_BIAS})
     impl = {"fused": True} if device.type == "cuda" else {"foreach": True}
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=True, **impl)
-    return torch.optim.AdamW(groups, lr=lr, **impl)
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, **impl)
+    if not filters:
+        raise ConfigError(
+            f"optim.optimizer = 'muon': the model {type(model).__name__} has no trainable 4-D conv filters for "
+            "Muon: expected a convolutional model, or --optimizer sgd"
+        )
+    muon = {
+        "params": filters,
+        "muon": True,
+        "lr": cfg.muon_lr,
+        "momentum": cfg.muon_momentum,
+        "ns_steps": cfg.muon_ns_steps,
+        "normalize": cfg.muon_normalize,
+        "weight_decay": 0.0,
+    }
+    # last: param_groups[0] stays the group --lr names, the one a run's log reports
+    return MuonSGD([*groups, muon], lr=lr, momentum=cfg.momentum, impl=impl)
+
+
+def muon_split(model: nn.Module, held: nn.Parameter | None = None) -> tuple[list, list, list]:
+    """(4-D conv filters for Muon, other weights, biases and norm parameters) among the trainable
+    parameters, each exactly once (a parameter shared by two modules is listed once); `held` (a
+    whitened stem's bias with a group of its own) in none of them."""
+    filters, decay, no_decay = [], [], []
+    for p in model.parameters():  # parameters() yields a shared tensor once
+        if p.requires_grad and p is not held:
+            (filters if p.ndim == 4 else decay if p.ndim > 1 else no_decay).append(p)
+    return filters, decay, no_decay
 
 
 def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:

@@ -153,6 +153,11 @@ class TrainStep:
             self._bound = graph
         return graph
 
+    def capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Capture this batch shape's CUDA graph now (outside a timed region) instead of at its first
+        step; trains nothing (the capture's warm-up puts weights and buffers back). No-op without graphs."""
+        self._graph_for(x, y)
+
     def rehearse(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """One forward and backward that trains nothing: weights and BatchNorm buffers are put back and
         the gradients dropped. Compiles (torch.compile) outside the timed epochs."""

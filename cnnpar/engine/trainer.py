@@ -268,15 +268,19 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
     def warm_up_compile(self) -> None:
-        """Compile outside the timed epochs, without changing training (`TrainStep.rehearse`)."""
-        if self.cfg.speed.compile == "off":
+        """Compile, and capture the CUDA graph, outside the timed epochs, without changing training
+        (`TrainStep.rehearse` puts weights and BatchNorm buffers back; the capture does so itself)."""
+        if self.cfg.speed.compile == "off" and not self.use_graphs:
             return
         t0 = time.perf_counter()
         x, y = next(iter(self.train_loader))
-        self.train_step.rehearse(x, y)
+        if self.cfg.speed.compile != "off":
+            self.train_step.rehearse(x, y)
+        self.train_step.capture(x, y)  # else the first timed epoch pays for the capture
         sync(self.info.device)
         self.compile_s = time.perf_counter() - t0
-        self.log(f"compiled ({self.cfg.speed.compile}) in {self.compile_s:.1f} s, outside the timed epochs")
+        what = f"compiled ({self.cfg.speed.compile})" if self.cfg.speed.compile != "off" else "captured"
+        self.log(f"{what} in {self.compile_s:.1f} s, outside the timed epochs")
 
     def begin_epoch(self, epoch: int) -> None:
         """Every generator this epoch draws from starts from (seed, rank, epoch), so a resumed run
@@ -354,6 +358,8 @@ class Trainer:
         if model is not self.raw_model:
             broadcast_buffers(model, self.info)
         model.eval()
+        if model is self.raw_model and self.cfg.speed.compile_eval and self.ddp is None:
+            model = self.model  # the compiled module around the same weights
         tta = self.cfg.run.tta_in_effect
         sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
         for x, y in self.val_loader:

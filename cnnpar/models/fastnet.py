@@ -62,10 +62,12 @@ class FastNet(nn.Module):
         starts out decorrelating its input instead of learning to, which shortens training."""
         c, k = self.stem.in_channels, self.stem.kernel_size[0]
         patches = x.float().unfold(2, k, 1).unfold(3, k, 1)  # N, C, H', W', k, k
-        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * k * k)
+        # float64: on a GPU float32 products may run as TF32 (bf16 runs turn it on), whose 10-bit
+        # mantissa would blur the small eigenvalues the whitening divides by
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * k * k).double()
         patches = patches - patches.mean(dim=0)
         cov = patches.T @ patches / len(patches)
-        eigval, eigvec = torch.linalg.eigh(cov.double())
+        eigval, eigvec = torch.linalg.eigh(cov)
         filters = (eigvec.T / torch.sqrt(eigval.clamp_min(0) + eps)[:, None]).float().view(-1, c, k, k)
         n = filters.shape[0]
         if self.stem.out_channels >= 2 * n:
