@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
-# usage: benchmarks/gpu_session.sh PHASE OUTDIR     (PHASE: smoke | main | extra | rest | verify | frameworks | record)
+# usage: benchmarks/gpu_session.sh PHASE OUTDIR
+#   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
+#    claims_ladder | tune50 | record | s5cifar)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -118,6 +120,41 @@ verify)
   run 330 python3 benchmarks/speed_records.py --parts jpeg,speedrun --out "$R/speed_records_verify.csv"
   [ "$GPUS" -ge 2 ] && run 200 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --workers 2 \
       --out "$R/ddp_scaling_resnet50_workers2"
+  ;;
+s5cifar)
+  # session 5, call A (two H200s, used independently): GPU 0 the batch-size search's GPU tests, a
+  # fixed batch 64 against --batch-size auto (issue 15 item 2), then the claims table (item 5);
+  # GPU 1 the CIFAR-10 record beside airbench94_muon (issue 13 item 1)
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  ( export CUDA_VISIBLE_DEVICES=0
+    logged gpu_tests_step 120 python3 -m pytest -q -s -m gpu tests/unit/test_batch_size.py tests/unit/test_train_step.py
+    TAIL=12 logged batch_auto 300 python3 benchmarks/batch_auto.py --data .devdata/cifar10.npz --model resnet18 \
+        --epochs 10 --cases 64,auto --target 0.80 --out "$R/batch_auto.csv"
+    TAIL=40 logged claims 200 python3 -m cnnpar bench --claims --device cuda --out "$R/claims" ) > "$R/gpu0.out" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    TAIL=40 logged record 500 python3 benchmarks/cifar10_record.py ${RECORD_ARGS:-} ) > "$R/gpu1.out" 2>&1 &
+  wait; cat "$R/gpu0.out" "$R/gpu1.out"
+  ;;
+claims_ladder)
+  # issue 15 item 5: the claims table and the ResNet-50 ladder, one after the other on one H200, each
+  # expected within 3 minutes (the claims keep a 170 s budget by default; the ladder is given one);
+  # `timeout 200` only guards the call
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  TAIL=40 logged claims 200 python3 -m cnnpar bench --claims --device cuda --out "$R/claims"
+  TAIL=40 logged ladder50 200 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
+      --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --budget-s 170 \
+      --out "$R/ladder_resnet50_synthetic"
+  ;;
+tune50)
+  # issue 15 item 4: the tuner on ResNet-50, which must end by 220 s and leave tuned.toml
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-40}"; }
+  start=$(date +%s)
+  logged tune50 240 python3 -m cnnpar tune --model resnet50 --data synthetic --image-shape 3x224x224 \
+      --budget-s 200 --out "$R/tuned_resnet50.toml"
+  echo "tune wall: $(( $(date +%s) - start )) s"; cat "$R/tuned_resnet50.toml" 2>/dev/null | head -16
   ;;
 record)
   # issue 13.1: the cifar10-record preset (a warm-up run, then 5 seeds) beside airbench94_muon (its

@@ -28,6 +28,7 @@ def _user_error_text(e: UserError) -> str:
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args, passthrough_args
     from cnnpar.dist import (
+        check_horovod_launch,
         debug_single_requested,
         destroy_distributed,
         init_distributed,
@@ -39,6 +40,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = config_from_args(args)
     if surplus_debug_worker(cfg.dist.debug_single):
         return 0  # the debug switch runs one process: global rank 0 alone
+    if cfg.dist.strategy == "horovod":
+        check_horovod_launch(cfg.dist.nproc)
     if cfg.dist.nproc > 0 and "RANK" not in os.environ and not debug_single_requested(cfg.dist.debug_single):
         # The convenience launcher: hand the same command to torchrun for this one machine.
         # Refuse too many processes here, once, rather than in each of the N workers.
@@ -123,18 +126,32 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
-    from pathlib import Path
+    import shlex
+    import time
 
-    from cnnpar.bench.tune import format_table, tune, write_tuned
-    from cnnpar.cliargs import config_from_args
-    from cnnpar.dist import init_distributed
+    import psutil
+
+    # the budget counts from the process's start (interpreter and imports included): the whole run
+    # ends within it plus 10 %
+    started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+    from cnnpar.bench.tune import format_table, stop_on_sigterm, tune
+    from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
-    info = init_distributed(cfg.speed.device, debug_single=True)
-    best, trials = tune(cfg, info, args.budget_s, args.steps, args.repeats)
+    stop_on_sigterm()
     out = Path(args.out)
-    write_tuned(best, trials, out, info.device)
+    best, trials = tune(cfg, args.budget_s, out, args.trial_s, args.steps, args.repeats, started=started)
     print(format_table(trials))
+    if best is None:
+        start = trials[0]
+        more = ["cnnpar", "tune", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{2 * args.budget_s:g}"]
+        why = (
+            f"the start needs more than {args.budget_s:.0f} s here; give it more: {shlex.join(more)}"
+            if start.status == "cut off"
+            else f"the start {start.status}: {start.note}"
+        )
+        print(f"tune: no {out} written ({why}); trials in {out.with_suffix('.csv')}", file=sys.stderr)
+        return 1
     print(f"wrote {out} (and {out.with_suffix('.csv')}); train with: cnnpar train --config {out}")
     return 0
 
@@ -197,17 +214,33 @@ def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
+    import shlex
+    import time
+
+    import psutil
+
+    # the budget counts from the process's start, so `--budget-s 170` ends the command within 3 minutes
+    started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
     from cnnpar.bench.run import BenchOptions, run_bench
     from cnnpar.bench.timing import Timing
     from cnnpar.cliargs import config_from_args
 
+    if args.tta:
+        renamed = ["--time-to-accuracy" if a == "--tta" else a for a in argv]
+        raise UserError(
+            "bench --tta is now --time-to-accuracy (--tta-flip and --tta-level are test-time augmentation): "
+            + shlex.join(["cnnpar", "bench", *renamed])
+        )
     claims = args.claims or args.preset == "claims"
     if args.preset == "claims":
         args.preset = None  # a bench mode, not a config preset
-    mode = "compare" if args.compare else "claims" if claims else "tta" if args.tta else "ladder"
-    repeats = args.repeats or (1 if mode == "tta" else Timing.repeats)
-    timing = Timing(args.warmup_steps, args.timed_steps, repeats)
-    opts = BenchOptions(mode, args.out, timing, args.only, args.target, tuple(args.compare or ("", "")), args.ddp)
+    mode = (
+        "compare" if args.compare else "claims" if claims else "time_to_accuracy" if args.time_to_accuracy else "ladder"
+    )
+    repeats = args.repeats or (1 if mode == "time_to_accuracy" else Timing.repeats)
+    timing = Timing(args.warmup_steps, args.timed_steps, repeats, args.timed_s)
+    compare = tuple(args.compare or ("", ""))
+    opts = BenchOptions(mode, args.out, timing, args.only, args.target, compare, args.ddp, args.budget_s, started)
     return run_bench(config_from_args(args), opts)
 
 
@@ -224,17 +257,38 @@ def add_bench_parser(sub) -> None:
     g = bench.add_argument_group("bench")
     g.add_argument("--out", default="", help="results folder (default: <--out-dir>/bench/<date>-<device>-<model>/)")
     g.add_argument("--warmup-steps", type=int, default=Timing.warmup, help="untimed steps first (compile happens here)")
-    g.add_argument("--timed-steps", type=int, default=Timing.steps, help="timed steps per repeat")
+    g.add_argument(
+        "--timed-steps", type=int, default=Timing.steps, help="timed steps per repeat (the most, when sized by time)"
+    )
+    g.add_argument(
+        "--timed-s",
+        type=float,
+        default=Timing.seconds,
+        help="timed seconds per measurement (all repeats): the steps per repeat are sized from one step's "
+        "time, at least 3; 0: a fixed count, --timed-steps, per repeat",
+    )
     g.add_argument(
         "--repeats",
         type=int,
         default=0,
-        help=f"repeats (medians are reported); 0: {Timing.repeats}, or for tta (seeds) 1",
+        help=f"repeats (medians are reported); 0: {Timing.repeats}, or for --time-to-accuracy (seeds) 1",
     )
     g.add_argument("--only", default="", help="comma-separated rung (or, with --claims, claim) names to measure")
     g.add_argument("--claims", action="store_true", help="measure the founding document's claims (= --preset claims)")
-    g.add_argument("--tta", action="store_true", help="time to accuracy: train until --target validation accuracy")
-    g.add_argument("--target", type=float, default=0.0, help="tta: validation accuracy to reach, e.g. 0.99")
+    g.add_argument(
+        "--time-to-accuracy", action="store_true", help="train until --target validation accuracy; report the time"
+    )
+    g.add_argument("--tta", action="store_true", help=argparse.SUPPRESS)  # renamed: says so and stops
+    g.add_argument(
+        "--target", type=float, default=0.0, help="--time-to-accuracy: validation accuracy to reach, e.g. 0.99"
+    )
+    g.add_argument(
+        "--budget-s",
+        type=float,
+        default=0,
+        help="claims and ladder: start nothing after this many seconds (0: claims 170 with CUDA, so the "
+        "table ends within 3 minutes, 300 on a CPU; the ladder has no limit)",
+    )
     g.add_argument(
         "--ddp", default="", help="ladder: also DDP rows at these world sizes, e.g. 1,2 (ddp/ .csv, .json in --out)"
     )
@@ -322,7 +376,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=DefaultsHelpFormatter,
     )
     add_config_flags(tune_p)
-    tune_p.add_argument("--budget-s", type=float, default=600, help="stop trying new switches after this long")
+    tune_p.add_argument(
+        "--budget-s", type=float, default=600, help="the whole run ends within this (plus the last kill, a few s)"
+    )
+    tune_p.add_argument(
+        "--trial-s",
+        type=float,
+        default=0,
+        help="a trial running longer is killed and reported as cut off (0: the larger of a third of the "
+        "budget and 1.5x the start trial's time)",
+    )
     tune_p.add_argument("--steps", type=int, default=20, help="timed steps per epoch of a trial")
     tune_p.add_argument("--repeats", type=int, default=3, help="timed epochs per trial (median counts)")
     tune_p.add_argument("--out", default="tuned.toml", help="where the winning config goes")

@@ -27,6 +27,16 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
+def int_or_auto(text: str) -> int:
+    """A count, or `auto` (stored as 0: resolved when the run starts)."""
+    if text.strip().lower() == "auto":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number or auto") from None
+
+
 def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, ...] = ()) -> None:
     """One flag per config field; `extra_presets` are names a subcommand handles itself (bench's claims)."""
     parser.add_argument(
@@ -46,6 +56,8 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
             )
             if isinstance(default, bool):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            elif f.metadata.get("auto_zero"):
+                group.add_argument(flag, type=int_or_auto, metavar="N|auto", **kw)
             else:
                 group.add_argument(flag, type=type(default), choices=f.metadata.get("choices"), **kw)
 
@@ -122,3 +134,29 @@ def passthrough_args(argv: list[str], drop: str) -> list[str]:
             continue
         out.append(a)
     return out
+
+
+def command_line(cfg: Config, change: dict | None = None, command: str = "train") -> str:
+    """`cnnpar train ...` that runs `cfg` with `change` applied: one flag per field that differs from
+    the defaults, so advice printed by a tool can be pasted as it stands."""
+    import shlex
+
+    merged = to_dict(cfg)
+    for sec, values in (change or {}).items():
+        merged[sec].update(values)
+    defaults = to_dict(Config())
+    base = Config()
+    args = ["cnnpar", command]
+    for sec_name in SECTIONS:
+        for f in fields(getattr(base, sec_name)):
+            value = merged[sec_name][f.name]
+            if value == defaults[sec_name][f.name]:
+                continue
+            flag = "--" + cli_flag(f).replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + flag[2:])
+            elif f.metadata.get("auto_zero") and value == 0:
+                args += [flag, "auto"]
+            else:
+                args += [flag, str(value)]
+    return shlex.join(args)

@@ -86,6 +86,40 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+# What a Horovod launcher sets in each rank: horovodrun's Gloo launcher HOROVOD_RANK, mpirun (for a
+# Horovod built with MPI) Open MPI's or MPICH's rank. Without any of them hvd.init() quietly makes
+# a world of one.
+HOROVOD_LAUNCH_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+def horovod_command(n: int = 2) -> str:
+    return f"horovodrun -np {n} -H localhost:{n} python -m cnnpar train --strategy horovod"
+
+
+def launched_by_horovodrun() -> bool:
+    return any(k in os.environ for k in HOROVOD_LAUNCH_ENV)
+
+
+def check_horovod_launch(nproc: int) -> None:
+    """Refuse `--strategy horovod` where it would not run as a Horovod job: under cnnpar's own
+    launcher (--nproc starts torchrun, whose workers Horovod cannot join) or outside horovodrun
+    (each process would train alone, and several would race for one run folder)."""
+    from cnnpar.errors import ConfigError
+
+    venv = "(scripts/install_horovod.sh builds horovodrun and its python into .venv-horovod)"
+    if nproc > 0:
+        raise ConfigError(
+            f"dist.nproc = {nproc} launches torchrun, but dist.strategy = 'horovod' needs horovodrun: run "
+            f"`{horovod_command(nproc)}` instead {venv}"
+        )
+    if not launched_by_horovodrun():
+        raise ConfigError(
+            "dist.strategy = 'horovod' but this process was not started by horovodrun (none of "
+            f"{', '.join(HOROVOD_LAUNCH_ENV)} is set), so it would train alone: run `{horovod_command()}` "
+            f"{venv}, or leave out --strategy horovod"
+        )
+
+
 def surplus_debug_worker(debug_single: bool = False) -> bool:
     """True for every torchrun worker but global rank 0 when the debug switch is on.
 

@@ -8,6 +8,7 @@ contribute nothing to later rungs, so a CPU ladder has fewer measured rows but t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -178,8 +179,13 @@ def run_ladder(
     meta: dict,
     only: set[str] | None = None,
     log: Callable[[str], None] = print,
+    budget_s: float = 0.0,
+    started: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[dict]:
-    """Measure every planned rung in order; a failing rung becomes a failed row and the ladder goes on."""
+    """Measure every planned rung in order; a failing rung becomes a failed row and the ladder goes on.
+    With `budget_s`, a rung that would start after the budget is spent is skipped, saying so."""
+    t0 = clock() if started is None else started
     plan = plan_ladder(base, info.device, bundle)
     by_name = {p.rung.name: p for p in plan}
     done: dict[str, dict] = {}
@@ -197,7 +203,9 @@ def run_ladder(
             "status": "skipped" if p.skip_reason else "ok",
             "error": p.skip_reason,
         }
-        if not p.skip_reason:
+        if not p.skip_reason and budget_s and clock() - t0 > budget_s:
+            row.update(status="skipped", error=f"time budget spent ({budget_s:.0f} s, --budget-s)")
+        elif not p.skip_reason:
             log(f"bench: rung {p.index} {p.rung.name}: {p.rung.technique} ...")
             try:
                 row.update(measure_config(p.cfg, bundle, info, timing))
@@ -210,7 +218,7 @@ def run_ladder(
             row["mfu"] = gflops * 1e9 * row["images_per_s"] / (peak * 1e12)
         done[p.rung.name] = row
         _speedups(row, done, by_name)
-        log(f"bench: rung {p.index} {p.rung.name}: {summary_line(row)}")
+        log(f"bench: rung {p.index} {p.rung.name}: {summary_line(row)}  [{clock() - t0:.0f} s]")
         rows.append(row)
     return rows
 
@@ -220,6 +228,7 @@ def summary_line(row: dict) -> str:
         return f"{row['status']} ({row['error']})"
     speed = f"  x{row['speedup_vs_baseline']:.2f} vs baseline" if "speedup_vs_baseline" in row else ""
     return (
-        f"{row['images_per_s']:,.0f} img/s  {row['step_ms']:.1f} ms/step  "
+        f"{row['images_per_s']:,.0f} img/s ({row['images_per_s_min']:,.0f}-{row['images_per_s_max']:,.0f} "
+        f"over {row.get('repeats', '')} x {row.get('steps_per_repeat', '')} steps)  {row['step_ms']:.1f} ms/step  "
         f"data wait {100 * row['data_wait_share']:.0f}%{speed}"
     )

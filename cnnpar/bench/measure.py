@@ -7,7 +7,6 @@ creates its run folder only in `fit()`, which the bench never calls.
 
 from __future__ import annotations
 
-import itertools
 import os
 import statistics
 import time
@@ -18,7 +17,7 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
-from cnnpar.engine.harness import build_trainer, cycle_batches, reset_compiler, train_step
+from cnnpar.engine.harness import build_trainer, next_group, reset_compiler, run_step, training_batches
 from cnnpar.engine.trainer import Trainer
 from cnnpar.report.meters import CPU_RSS, CUDA_PEAK, sync
 
@@ -38,24 +37,23 @@ def _cpu_seconds(proc: psutil.Process) -> float:
 
 
 def measure_steps(trainer: Trainer, timing: Timing) -> dict:
-    """Warm-up steps, then `repeats` x `steps` timed steps with a device sync around each repeat only."""
-    cfg, device = trainer.cfg, trainer.info.device
-    cudagraphs = cfg.speed.compile == "reduce-overhead"
+    """Warm-up steps, then `repeats` repeats of timed steps with a device sync around each repeat only
+    (as many steps as `timing` sizes from one step's time, or `timing.steps`).
+
+    A step is the Trainer's `TrainStep` on one accumulation group: with CUDA graphs where training
+    would replay them, and with `grad_accum` micro-batches per step."""
+    device = trainer.info.device
     proc = psutil.Process()
     # across epoch boundaries, calling set_epoch as training does, so the cost of starting an
     # epoch (worker start-up without persistent workers) is part of what is timed
-    batches = cycle_batches(trainer.train_loader, first_epoch=0)
-    micro_steps = itertools.count()
+    batches = training_batches(trainer, first_epoch=0)
     trainer.model.train()
 
     def step() -> tuple[float, int]:
         t0 = time.perf_counter()
-        x, y = next(batches)
+        group = next_group(trainer, batches)
         waited = time.perf_counter() - t0
-        if cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: graph outputs may be reused
-        train_step(trainer, x, y, next(micro_steps))
-        return waited, y.shape[0]
+        return waited, run_step(trainer, group)
 
     try:
         t0 = time.perf_counter()
@@ -63,19 +61,25 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
             step()
         sync(device)
         warmup_s = time.perf_counter() - t0
+        steps = timing.steps
+        if timing.seconds > 0:  # one more untimed step, timed alone, sizes the repeats
+            t1 = time.perf_counter()
+            step()
+            sync(device)  # note: a CPU-GPU sync point, outside the measured region
+            steps = timing.steps_for(time.perf_counter() - t1)
         rates, step_ms, waits, cpu_pct, rss = [], [], [], [], []
         for _ in range(timing.repeats):
             sync(device)  # note: a CPU-GPU sync point, before the clock starts
             cpu0, start = _cpu_seconds(proc), time.perf_counter()
             waited = images = 0
-            for _ in range(timing.steps):
+            for _ in range(steps):
                 w, n = step()
                 waited += w
                 images += n
             sync(device)  # note: a CPU-GPU sync point, so the time covers the device's work
             wall = time.perf_counter() - start
             rates.append(images / wall)
-            step_ms.append(1000.0 * wall / timing.steps)
+            step_ms.append(1000.0 * wall / steps)
             waits.append(waited / wall)
             cpu_pct.append(100.0 * (_cpu_seconds(proc) - cpu0) / wall)
             rss.append(proc.memory_info().rss / 2**20)
@@ -92,11 +96,14 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
         "step_ms": statistics.median(step_ms),
         "data_wait_share": statistics.median(waits),
         "main_cpu_pct": statistics.median(cpu_pct),
+        "main_cpu_pct_min": min(cpu_pct),
+        "main_cpu_pct_max": max(cpu_pct),
         # Other processes on the host slow a CPU run down; the load says how busy it was.
         "host_load_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else "",
         "peak_mem_mb": peak_mem,
         "peak_mem_kind": mem_kind,
         "warmup_s": warmup_s,
+        "steps_per_repeat": steps,
     }
 
 

@@ -31,18 +31,16 @@ META_COLUMNS = [
     "warmup_steps",
     "timed_steps",
     "repeats",
+    "timed_s",
     "peak_tflops",
     "peak_kind",
     "gflops_per_image",
 ]
 
 
-def run_metadata(
-    cfg: Config, bundle: DataBundle, device: torch.device, timing, peak: tuple[float, str], flops_per_image: float
-) -> dict:
-    """Facts every row repeats, so one CSV row read alone still says where and how it was measured."""
+def device_metadata(device: torch.device, timing) -> dict:
+    """The facts about where and how a bench measured, whatever the model and data."""
     env = environment(device, world_size=1)
-    c, h, w = bundle.shape
     return {
         "date": env["date"],
         "git_rev": env["git_rev"],
@@ -55,17 +53,29 @@ def run_metadata(
         "host_cpus": env["host_cpus"],
         "torch_threads": torch.get_num_threads(),  # CPU figures depend on it (OMP_NUM_THREADS)
         "world_size": 1,
+        "warmup_steps": timing.warmup,
+        "timed_steps": timing.steps,
+        "repeats": timing.repeats,
+        "timed_s": timing.seconds,
+    }
+
+
+def run_metadata(
+    cfg: Config, bundle: DataBundle, device: torch.device, timing, peak: tuple[float, str], flops_per_image: float
+) -> dict:
+    """Facts every row repeats, so one CSV row read alone still says where and how it was measured."""
+    c, h, w = bundle.shape
+    meta = {
+        **device_metadata(device, timing),
         "model": cfg.model.name,
         "data": bundle.origin,
         "image_shape": f"{c}x{h}x{w}",
         "batch_size": cfg.run.batch_size,
-        "warmup_steps": timing.warmup,
-        "timed_steps": timing.steps,
-        "repeats": timing.repeats,
         "peak_tflops": round(peak[0] / 1e12, 4),
         "peak_kind": peak[1],
         "gflops_per_image": round(flops_per_image / 1e9, 6),
     }
+    return {k: meta[k] for k in META_COLUMNS}
 
 
 def slug(text: str, limit: int = 40) -> str:

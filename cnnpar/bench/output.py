@@ -34,6 +34,7 @@ RUNG_COLUMNS = [
     "images_per_s_min",
     "images_per_s_max",
     "step_ms",
+    "steps_per_repeat",
     "data_wait_share",
     "main_cpu_pct",
     "host_load_1m",
@@ -58,6 +59,16 @@ CLAIM_COLUMNS = META_COLUMNS + [
     "unit",
     "method",
     "note",
+    "workload",
+    "stand_in",
+    "ratio_low",
+    "ratio_high",
+    "baseline_min",
+    "baseline_max",
+    "variant_min",
+    "variant_max",
+    "steps_per_repeat",
+    "seconds",
 ]
 
 TTA_COLUMNS = META_COLUMNS + [
@@ -110,13 +121,26 @@ def metadata_lines(row: dict, timed_steps: bool = True) -> list[str]:
         f"world size {row.get('world_size', '')}",
         f"- model {row.get('model', '')} on {row.get('data', '')} ({row.get('image_shape', '')}), "
         f"batch {row.get('batch_size', '')}",
-        f"- {row.get('warmup_steps', '')} warm-up steps, then the median of {row.get('repeats', '')} repeats "
-        f"of {row.get('timed_steps', '')} timed steps",
+        timing_line(row),
         f"- peak for MFU: {row.get('peak_tflops', '')} TFLOP/s ({row.get('peak_kind', '')}), measured in this run; "
         f"{row.get('gflops_per_image', '')} GFLOP per image (forward + backward)",
         f"- git {row.get('git_rev', '')}, {row.get('date', '')}",
     ]
     return lines if timed_steps else [ln for ln in lines if "warm-up steps" not in ln]
+
+
+def timing_line(row: dict) -> str:
+    seconds = _num(row, "timed_s")
+    steps = (
+        f"timed steps sized so the repeats take about {seconds:g} s (at least 3, at most "
+        f"{row.get('timed_steps', '')} per repeat; each row's count is its steps_per_repeat)"
+        if seconds
+        else f"{row.get('timed_steps', '')} timed steps each"
+    )
+    return (
+        f"- {row.get('warmup_steps', '')} warm-up steps, then {row.get('repeats', '')} repeats, {steps}; "
+        "figures are medians, ranges the slowest and fastest repeat"
+    )
 
 
 def peak_mem_label(kinds: set[str]) -> str:
@@ -128,22 +152,41 @@ def peak_mem_label(kinds: set[str]) -> str:
     return "peak MB"
 
 
+def spread_text(row: dict, key: str = "images_per_s") -> str:
+    """The slowest and fastest repeat, and half their gap over the median: "6,610-6,720 (±0.8%)"."""
+    mid, low, high = (_num(row, k) for k in (key, f"{key}_min", f"{key}_max"))
+    if mid is None or low is None or high is None or not mid:
+        return ""
+    return f"{low:,.0f}-{high:,.0f} (±{50 * (high - low) / mid:.1f}%)"
+
+
+def inside_noise(a: dict, b: dict, key: str = "images_per_s") -> bool:
+    """Do the repeats of two rows overlap, so that their difference is inside the noise?"""
+    lo_a, hi_a, lo_b, hi_b = (_num(r, f"{key}_{e}") for r in (a, b) for e in ("min", "max"))
+    if None in (lo_a, hi_a, lo_b, hi_b):
+        return False
+    return lo_a <= hi_b and lo_b <= hi_a
+
+
 def ladder_markdown(rows: list[dict]) -> str:
     # older ladders named the kind column mem_kind
     kinds = {k for k in (r.get("peak_mem_kind") or r.get("mem_kind") for r in rows) if k}
+    by_name = {r["name"]: r for r in rows}
     head = (
-        "| # | rung | technique | status | images/s | step ms | data wait "
+        "| # | rung | technique | status | images/s | range of repeats | step ms | data wait "
         f"| {peak_mem_label(kinds)} | MFU | x baseline | x previous |"
     )
-    lines = ["# Technique ladder", "", *metadata_lines(rows[0] if rows else {}), "", head, "|" + "---|" * 11]
+    lines = ["# Technique ladder", "", *metadata_lines(rows[0] if rows else {}), "", head, "|" + "---|" * 12]
     for r in rows:
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')}"
         prev = _fmt(_num(r, "speedup_vs_prev"), ".2f", "x")
         if prev and r.get("prev_rung") != r.get("builds_on"):
             prev += f" (vs {r['prev_rung']})"
+        if prev and inside_noise(r, by_name.get(r.get("prev_rung"), {})):
+            prev += ", inside the noise"
         lines.append(
             f"| {r['rung']} | {r['name']} | {r['technique']} | {status.replace('|', '/')} "
-            f"| {_fmt(_num(r, 'images_per_s'), ',.0f')} | {_fmt(_num(r, 'step_ms'), '.2f')} "
+            f"| {_fmt(_num(r, 'images_per_s'), ',.0f')} | {spread_text(r)} | {_fmt(_num(r, 'step_ms'), '.2f')} "
             f"| {_fmt(_num(r, 'data_wait_share') and 100 * _num(r, 'data_wait_share'), '.0f', '%')} "
             f"| {_fmt(_num(r, 'peak_mem_mb'), ',.0f')} | {_fmt(_num(r, 'mfu') and 100 * _num(r, 'mfu'), '.2f', '%')} "
             f"| {_fmt(_num(r, 'speedup_vs_baseline'), '.2f', 'x')} | {prev} |"
@@ -156,7 +199,8 @@ def ladder_markdown(rows: list[dict]) -> str:
         "",
         "Peak memory is `torch.cuda.max_memory_allocated` on CUDA (the tensors) and the process's "
         "resident memory (RSS: Python, libraries and data included) on the CPU. "
-        f"x previous compares with the nearest measured rung this one builds on.{load}",
+        "x previous compares with the nearest measured rung this one builds on; *inside the noise* "
+        f"when the two rungs' ranges of repeats overlap.{load}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -228,15 +272,26 @@ def write_ladder(out_dir: Path, rows: list[dict]) -> list[Path]:
 
 
 def claims_markdown(rows: list[dict]) -> str:
-    lines = ["# Founding-document claims, measured", "", *metadata_lines(rows[0] if rows else {}), ""]
-    lines += ["| claim | claimed | measured | verdict | how | note |", "|---|---|---|---|---|---|"]
+    r0 = rows[0] if rows else {}
+    lines = ["# Founding-document claims, measured", "", metadata_lines(r0)[0], timing_line(r0)]
+    lines += [f"- git {r0.get('git_rev', '')}, {r0.get('date', '')}", ""]
+    lines += [
+        "| claim | workload | claimed | measured (median, range of repeats) | verdict | how | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         measured = _fmt(_num(r, "measured_ratio"), ".2f", "x")
+        if measured and _num(r, "ratio_low") is not None:
+            measured += f", {_num(r, 'ratio_low'):.2f}-{_num(r, 'ratio_high'):.2f}x"
         if measured and r.get("baseline_value") not in ("", None):
             a, b = _fmt(_num(r, "baseline_value"), ".4g"), _fmt(_num(r, "variant_value"), ".4g")
             measured += f" ({a} -> {b} {r['unit']})"
+        workload = r.get("workload", "")
+        if r.get("stand_in"):
+            workload += f" ({r['stand_in']})"
         cells = [
             r["claim_text"],
+            workload,
             _fmt(_num(r, "claimed_ratio"), ".2f", "x"),
             measured,
             r["verdict"],
@@ -244,12 +299,18 @@ def claims_markdown(rows: list[dict]) -> str:
             r.get("note", ""),
         ]
         lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+    took = [v for v in (_num(r, "seconds") for r in rows) if v is not None]
     lines += [
         "",
-        "A claim is *confirmed* when the measured effect (ratio - 1) is at least half the claimed effect, "
-        "in the claimed direction; otherwise *not reproduced*. Ratios are oriented so that the claim's "
-        "direction is > 1.",
+        "A claim is *confirmed* when the measured effect (median ratio - 1) is at least half the claimed "
+        "effect, in the claimed direction, and the whole range of the ratio (the worst and the best pairing "
+        "of the two sides' repeats) lies beyond 1; *inside the noise* when the median would confirm it but "
+        "the range reaches 1; otherwise *not reproduced*, with *(difference inside the noise)* when the "
+        "range reaches 1. Ratios are oriented so that the claim's direction is > 1. A claim with no range "
+        "was measured once per side (a compile time, a memory size).",
     ]
+    if took:
+        lines.append(f"Measuring took {sum(took):.0f} s in all.")
     return "\n".join(lines) + "\n"
 
 
@@ -278,7 +339,7 @@ def tta_markdown(rows: list[dict]) -> str:
 
 def write_tta(out_dir: Path, rows: list[dict]) -> list[Path]:
     out_dir = Path(out_dir)
-    files = [out_dir / "tta.csv", out_dir / "tta.md"]
+    files = [out_dir / "time_to_accuracy.csv", out_dir / "time_to_accuracy.md"]
     write_csv_atomic(files[0], _round_floats(rows), TTA_COLUMNS)
     write_text_atomic(files[1], tta_markdown(rows))
     return files

@@ -1,10 +1,9 @@
 """Measurements that are not a whole train step: a host loader alone, a preprocessing function,
-compile wall time, and the largest batch that fits. Used by the claims."""
+compile wall time, and the memory a train step takes. Used by the claims."""
 
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 from collections.abc import Callable
 
@@ -17,35 +16,50 @@ from cnnpar.data.transforms import CROP_PAD, random_crop, random_flip
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import cycle_batches, free_device_memory, reset_compiler
 from cnnpar.engine.optim import build_optimizer
-from cnnpar.engine.step import forward_backward, optimizer_step
-from cnnpar.errors import first_line
+from cnnpar.engine.train_step import TrainStep
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, resolve_for
 from cnnpar.report.meters import sync
 
-from .timing import Timing
-
-MAX_BATCH = 2**18  # the largest-batch search stops here: beyond it, memory is not what limits
-BISECT_STEPS = 4  # after the first failure: refine between the last fit and it to 1/16 of the gap
+from .timing import Spread, Timing
 
 
-def host_loader_rate(cfg: Config, bundle: DataBundle, timing: Timing) -> float:
-    """Images/s of the train loader alone, on the CPU (no device copy, no model): median of repeats."""
+class HostSide:
+    """The DataLoader under a feeder: the batches the host produces, before the device's transform."""
+
+    def __init__(self, feeder) -> None:
+        self.feeder = feeder
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.feeder.sampler, "set_epoch"):
+            self.feeder.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return iter(self.feeder.loader)
+
+
+def host_loader_rate(cfg: Config, bundle: DataBundle, timing: Timing, host_only: bool = False) -> Spread:
+    """Images/s of the train loader alone on the CPU (no device copy, no model): median and range of
+    repeats. `host_only`: stop before the device-side transform (normalise, crop, flip), which a GPU
+    run does on the GPU, so the figure is the host's work alone."""
     cpu = DistInfo(0, 0, 1, torch.device("cpu"))
-    loader = build_loader(bundle, resolve_for(cfg, cpu.device), cpu, train=True)
-    batches = cycle_batches(loader, first_epoch=0)
+    feeder = build_loader(bundle, resolve_for(cfg, cpu.device), cpu, train=True)
+    batches = cycle_batches(HostSide(feeder) if host_only else feeder, first_epoch=0)
     try:
         for _ in range(timing.warmup):
             next(batches)
+        t0 = time.perf_counter()
+        next(batches)
+        steps = timing.steps_for(time.perf_counter() - t0)
         rates = []
         for _ in range(timing.repeats):
             start, images = time.perf_counter(), 0
-            for _ in range(timing.steps):
+            for _ in range(steps):
                 images += next(batches)[1].shape[0]
             rates.append(images / (time.perf_counter() - start))
     finally:
         batches.close()
-    return statistics.median(rates)
+    return Spread.of(rates)
 
 
 def preprocess(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -56,22 +70,27 @@ def preprocess(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> tor
     return random_flip(x, None)
 
 
-def time_calls(fn: Callable[[], object], device: torch.device, timing: Timing) -> float:
-    """Median milliseconds per call over repeats of `timing.steps` calls, after warm-up calls."""
+def time_calls(fn: Callable[[], object], device: torch.device, timing: Timing) -> Spread:
+    """Milliseconds per call (median and range over repeats), after warm-up calls."""
     for _ in range(max(3, timing.warmup)):
         fn()
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)  # note: a CPU-GPU sync point, outside the measured region
+    steps = timing.steps_for(time.perf_counter() - t0)
     per_call = []
     for _ in range(timing.repeats):
         sync(device)  # note: a CPU-GPU sync point, before the clock starts
         start = time.perf_counter()
-        for _ in range(timing.steps):
+        for _ in range(steps):
             fn()
         sync(device)
-        per_call.append(1000.0 * (time.perf_counter() - start) / timing.steps)
-    return statistics.median(per_call)
+        per_call.append(1000.0 * (time.perf_counter() - start) / steps)
+    return Spread.of(per_call)
 
 
-def preprocess_ms(batch: torch.Tensor, compiled: bool, device: torch.device, timing: Timing) -> float:
+def preprocess_ms(batch: torch.Tensor, compiled: bool, device: torch.device, timing: Timing) -> Spread:
     reset_compiler()
     c = batch.shape[1]
     scale = torch.full((1, c, 1, 1), 1 / (255 * 0.25), device=device)
@@ -124,13 +143,13 @@ def warm_compiler(device: torch.device) -> None:
 def compile_seconds(cfg: Config, shape, num_classes: int, device: torch.device, dynamic: bool | None) -> float:
     """Wall time of the first forward + backward of a freshly compiled model (the compile)."""
     reset_compiler()
-    model, precision, _ = _fresh_step_parts(cfg, shape, num_classes, device)
-    compiled = torch.compile(model, dynamic=dynamic)
+    model, precision, optimizer = _fresh_step_parts(cfg, shape, num_classes, device)
+    step = TrainStep(torch.compile(model, dynamic=dynamic), precision, optimizer)
     x, y = _random_batch(cfg.run.batch_size, shape, num_classes, cfg, device)
     with no_compile_caches():
         sync(device)
         start = time.perf_counter()
-        forward_backward(compiled, x, y, precision, 0.0, 1.0)
+        step.rehearse(x, y)  # the trainer's compile warm-up: forward and backward, nothing trained
         sync(device)
         return time.perf_counter() - start
 
@@ -138,38 +157,32 @@ def compile_seconds(cfg: Config, shape, num_classes: int, device: torch.device, 
 def _one_step(cfg: Config, shape, num_classes: int, device: torch.device, batch: int) -> None:
     model, precision, optimizer = _fresh_step_parts(cfg, shape, num_classes, device)
     x, y = _random_batch(batch, shape, num_classes, cfg, device)
-    forward_backward(model, x, y, precision, 0.0, 1.0)
-    optimizer_step(model, optimizer, precision, 0.0)
+    TrainStep(model, precision, optimizer)([(x, y)])
     sync(device)
 
 
-def fits(cfg: Config, shape, num_classes: int, device: torch.device, batch: int, errors: list[str]) -> bool:
-    """Does one train step (model, optimizer state, activations) fit at this batch size?"""
-    ok = True
+def step_memory(cfg: Config, shape, num_classes: int, device: torch.device, batches: tuple[int, int]) -> dict:
+    """Peak CUDA memory of one train step (fresh model and optimizer) at two batch sizes, and the
+    largest batch that the free memory holds by the straight line through them: memory grows
+    linearly with the batch (activations) above a fixed part (weights, gradients, optimizer state).
+
+    Two steps instead of doubling until out of memory: a search on a 141 GB GPU takes a dozen
+    steps at batches of thousands (most of a minute for ResNet-50), the line two small ones.
+    cuDNN autotuning is off here: its trial workspaces would be counted as the step's memory."""
+    free, _ = torch.cuda.mem_get_info(device)
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    peaks = []
     try:
-        _one_step(cfg, shape, num_classes, device, batch)
-    except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one; a kernel's size limit is another
-        ok = False
-        if not isinstance(e, torch.cuda.OutOfMemoryError):
-            errors.append(f"batch {batch}: {type(e).__name__}: {first_line(e)[:160]}")
-    free_device_memory(device)  # after the failed step's frames (and their tensors) are gone
-    return ok
-
-
-def largest_batch(cfg: Config, shape, num_classes: int, device: torch.device) -> tuple[int, bool, list[str]]:
-    """Double from the config's batch until a step fails, then bisect. Returns (batch, capped, errors)."""
-    errors: list[str] = []
-    lo, hi = 0, cfg.run.batch_size
-    while hi <= MAX_BATCH and fits(cfg, shape, num_classes, device, hi, errors):
-        lo, hi = hi, hi * 2
-    if hi > MAX_BATCH:
-        return lo, True, errors
-    for _ in range(BISECT_STEPS):
-        mid = (lo + hi) // 2
-        if mid in (lo, hi):
-            break
-        if fits(cfg, shape, num_classes, device, mid, errors):
-            lo = mid
-        else:
-            hi = mid
-    return lo, False, errors
+        for b in batches:
+            free_device_memory(device)  # resets the peak too
+            base = torch.cuda.memory_allocated(device)
+            _one_step(cfg, shape, num_classes, device, b)
+            peaks.append(torch.cuda.max_memory_allocated(device) - base)
+    finally:
+        torch.backends.cudnn.benchmark = before
+        free_device_memory(device)
+    (b0, b1), (m0, m1) = batches, peaks
+    per_image = (m1 - m0) / (b1 - b0)
+    fixed = m0 - per_image * b0
+    return {"per_image": per_image, "fixed": fixed, "free": free, "largest": int((free - fixed) // per_image)}

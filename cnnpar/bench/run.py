@@ -1,4 +1,4 @@
-"""`cnnpar bench`: pick the mode (ladder, claims, time-to-accuracy, compare), run it, write its files."""
+"""`cnnpar bench`: pick the mode (ladder, claims, time to accuracy, compare), run it, write its files."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ from .timing import Timing
 
 @dataclass(frozen=True)
 class BenchOptions:
-    mode: str  # "ladder", "claims", "tta" or "compare"
+    mode: str  # "ladder", "claims", "time_to_accuracy" or "compare"
     out: str = ""  # results folder ("" -> <run.out_dir>/bench/<date>-<device>-<model>/)
     timing: Timing = Timing()
     only: str = ""  # comma-separated rung or claim names
-    target: float = 0.0  # tta: validation accuracy to reach
+    target: float = 0.0  # time to accuracy: validation accuracy to reach
     compare: tuple[str, str] = ("", "")
     ddp: str = ""  # ladder: also measure DDP at these world sizes ("1,2"), one torchrun launch each
+    budget_s: float = 0.0  # claims and ladder: nothing new starts after this (0: claims' default, ladder: none)
+    started: float | None = None  # time.monotonic() when the command started (the budget counts from it)
 
 
 def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, image_size: int) -> None:
@@ -85,24 +87,60 @@ def _out_dir(opts: BenchOptions, info, cfg: Config) -> Path:
     return Path(opts.out) if opts.out else default_out_dir(cfg.run.out_dir, info.device, cfg.model.name)
 
 
+def _claims(cfg: Config, opts: BenchOptions) -> int:
+    """Each claim builds its own workload: the user's --model and --data are not loaded."""
+    from cnnpar.dist import init_distributed
+
+    from . import output
+    from .claims import run_claims
+    from .meta import default_out_dir, device_metadata
+
+    info = init_distributed(cfg.speed.device, debug_single=True)
+    meta = device_metadata(info.device, opts.timing)
+    out = Path(opts.out) if opts.out else default_out_dir(cfg.run.out_dir, info.device, "claims")
+    print(
+        f"bench: claims on {meta['device']} ({info.device.type}), torch {meta['torch']}; each on the "
+        "workload it names (synthetic images of its shape; --model and --data are not used)",
+        flush=True,
+    )
+    log = lambda text: print(text, flush=True)  # noqa: E731
+    only = _only(opts)
+    rows = run_claims(cfg, info, opts.timing, meta, only, log, opts.budget_s, opts.started)
+    return _finish(output.write_claims(out, rows))
+
+
+def _only(opts: BenchOptions) -> set[str] | None:
+    from .claims import CLAIM_IDS
+    from .ladder import RUNG_NAMES, parse_only
+
+    if opts.mode == "claims":
+        return parse_only(opts.only, CLAIM_IDS, "claim")
+    return parse_only(opts.only, RUNG_NAMES, "rung")
+
+
+def _finish(files: list[Path]) -> int:
+    print(files[1].read_text(), end="")
+    print("wrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
 def run_bench(cfg: Config, opts: BenchOptions) -> int:
     if opts.mode == "compare":
         return _compare(cfg, opts)
+    from .tta import check_target
+
+    # Bad flags fail before any data is loaded or anything is measured.
+    if opts.mode == "time_to_accuracy":
+        check_target(opts.target)
+    only = _only(opts)
+    if opts.mode == "claims":
+        return _claims(cfg, opts)
     import torch
 
     from . import output
-    from .claims import CLAIM_IDS, run_claims
-    from .ladder import RUNG_NAMES, parse_only, run_ladder
-    from .tta import check_target, run_tta
+    from .ladder import run_ladder
+    from .tta import run_tta
 
-    # Bad flags fail before any data is loaded or anything is measured.
-    if opts.mode == "tta":
-        check_target(opts.target)
-    only = (
-        parse_only(opts.only, CLAIM_IDS, "claim")
-        if opts.mode == "claims"
-        else parse_only(opts.only, RUNG_NAMES, "rung")
-    )
     info, bundle, meta = _measurement_setup(cfg, opts.timing)
     out = _out_dir(opts, info, cfg)
     print(
@@ -112,14 +150,12 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
         flush=True,
     )
     log = lambda text: print(text, flush=True)  # noqa: E731
-    if opts.mode == "claims":
-        files = output.write_claims(out, run_claims(cfg, bundle, info, opts.timing, meta, only, log))
-    elif opts.mode == "tta":
+    if opts.mode == "time_to_accuracy":
         files = output.write_tta(out, run_tta(cfg, bundle, info, opts.target, opts.timing.repeats, meta, log))
     else:
-        files = output.write_ladder(out, run_ladder(cfg, bundle, info, opts.timing, meta, only, log))
-    print(files[1].read_text(), end="")
-    print("wrote " + ", ".join(str(f) for f in files))
+        rows = run_ladder(cfg, bundle, info, opts.timing, meta, only, log, opts.budget_s, opts.started)
+        files = output.write_ladder(out, rows)
+    _finish(files)
     if opts.ddp and opts.mode == "ladder":
         _ddp_rows(cfg, opts, out, info.device.type, bundle.shape[1])
     return 0

@@ -1,131 +1,383 @@
 """`cnnpar tune`: measure the speed switches on the user's model, data and device; keep the fastest.
 
-A greedy coordinate search: start from the user's config resolved for the device, try each
-alternative of one switch at a time (precision, channels_last, compile mode, CUDA graphs, data
-mode, workers, batch size), keep a change only when it is faster by more than the measured
-noise margin, move on to the next switch. Each trial runs the real Trainer for a warm-up epoch
-(compile and cuDNN autotuning happen there) and then timed epochs of `steps` steps; the median
-images/s counts. The winner is written as a TOML file that `cnnpar train --config` takes.
+A greedy coordinate search in order of expected gain: the batch size (doubled while it pays),
+then compile and CUDA graphs, then the data path (resident data, workers, decoder), then memory
+layout and precision. A change is kept only when it is faster than the best so far by more than
+the noise margin. Each trial is the real Trainer in a child process (bench/trial.py says why):
+a warm-up epoch (compile and cuDNN autotuning happen there), then timed epochs of `steps` steps;
+the median images/s counts.
+
+Time: the start trial may use the whole budget; every later trial gets at most `trial_s` (by
+default the larger of a third of the budget and 1.5x the start trial's wall time) and never more
+than what is left, and is killed at that limit and reported as cut off. No trial starts with
+less than MIN_TRIAL_S left. So the run ends within the budget plus the seconds a kill and the
+files take. `tuned.toml` (and the trials' CSV) is rewritten atomically after the start trial and
+after every trial that beats the best so far, so the best config measured is on disk whenever
+the run ends.
+
+This module imports no torch in the parent: the children measure, the parent plans and writes.
 """
 
 from __future__ import annotations
 
+import signal
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-
-from cnnpar.config import Config, dumps_toml
-from cnnpar.data import DataBundle, load_data
-from cnnpar.dist import DistInfo
-from cnnpar.engine.harness import build_trainer, free_device_memory, reset_compiler
-from cnnpar.errors import first_line
-from cnnpar.parallel import resolve_for
-from cnnpar.report.environment import environment
+from cnnpar.config import MACHINE_FIELDS, Config, dumps_toml, from_dict, to_dict
 from cnnpar.report.files import write_csv_atomic, write_text_atomic
 
+from .trial import OK, ChildResult, run_child, say
+
 KEEP_MARGIN = 1.03  # a change must be 3 % faster to be kept: smaller gains are within run-to-run noise
+MIN_TRIAL_S = 5.0  # less than a child needs to import torch and build a model: no trial starts with less
+TRIAL_SHARE = 1 / 3  # the default per-trial limit: this share of the budget ...
+START_FACTOR = 1.5  # ... or this many times the start trial's wall time, whichever is larger
+END_RESERVE = 0.03  # share of the budget held back for the last kill and the files
+GROUPS = ("batch size", "compile and CUDA graphs", "data", "layout and precision")
+START, KEPT, SKIPPED = "start", "kept", "skipped"
+
+TRIAL_COLUMNS = [
+    "group",
+    "switch",
+    "value",
+    "status",
+    "images_per_s",
+    "images_per_s_min",
+    "images_per_s_max",
+    "vs_start",
+    "warmup_s",
+    "wall_s",
+    "limit_s",
+    "note",
+]
 
 
 @dataclass
 class Trial:
+    group: str
     switch: str
     value: str
-    images_per_s: float | None
-    warmup_s: float
-    status: str
-    error: str = ""
+    status: str  # start, kept, ok (measured, not kept), failed, cut off, skipped
+    images_per_s: float | None = None
+    images_per_s_min: float | None = None
+    images_per_s_max: float | None = None
+    warmup_s: float | None = None
+    wall_s: float = 0.0
+    limit_s: float = 0.0
+    note: str = ""  # the lr rule of a batch trial, the error, the limit, or why it was skipped
 
 
 def with_switch(cfg: Config, section: str, name: str, value) -> Config:
     return replace(cfg, **{section: replace(getattr(cfg, section), **{name: value})})
 
 
-def measure(cfg: Config, info: DistInfo, bundle: DataBundle, steps: int, repeats: int) -> tuple[float, float]:
-    """Median train images/s over `repeats` epochs of `steps` steps, after one warm-up epoch."""
+# ---- the child's side ---------------------------------------------------------------------------
+def measure(cfg: Config, info, bundle, steps: int, repeats: int, log: Callable[[str], None] = print) -> dict:
+    """Median train images/s over `repeats` epochs of `steps` steps, after one warm-up epoch.
+
+    The one place the tuner drives the Trainer's step (build, compile warm-up, epochs)."""
+    from cnnpar.engine.harness import build_trainer
+
     cfg = replace(cfg, run=replace(cfg.run, max_steps=steps, epochs=repeats + 1, eval_every=10**6))
     t0 = time.perf_counter()
     trainer = build_trainer(cfg, info, bundle)
-    try:
-        trainer.warm_up_compile()
-        trainer.train_epoch(1)
-        warm = time.perf_counter() - t0
-        rates = [trainer.train_epoch(e)["images_per_s"] for e in range(2, repeats + 2)]
-    finally:  # a failed trial (out of memory, say) must not leave its memory or graphs to the next
-        del trainer
-        free_device_memory(info.device)
-        reset_compiler()  # each trial compiles afresh; stale graphs would mix trials
-    return statistics.median(rates), warm
+    log(f"built in {time.perf_counter() - t0:.1f} s; warming up (compile {trainer.cfg.speed.compile}) ...")
+    trainer.warm_up_compile()
+    trainer.train_epoch(1)
+    warm = time.perf_counter() - t0
+    log(f"warm-up done in {warm:.1f} s (compile {trainer.compile_s:.1f} s); timing {repeats} x {steps} steps")
+    rates = []
+    for e in range(2, repeats + 2):
+        rates.append(trainer.train_epoch(e)["images_per_s"])
+        log(f"repeat {e - 1}/{repeats}: {rates[-1]:,.0f} img/s")
+    return {
+        "images_per_s": statistics.median(rates),
+        "images_per_s_min": min(rates),
+        "images_per_s_max": max(rates),
+        "warmup_s": warm,
+        "compile_s": trainer.compile_s,
+        "resolved": resolved_switches(trainer),
+    }
 
 
-def candidates(cfg: Config, bundle: DataBundle, cuda: bool) -> list[tuple[str, str, str, list]]:
-    """(label, section, field, values to try) in the order they are tried."""
-    out = [("precision", "speed", "precision", ["bf16", "fp32"] + (["fp16"] if cuda else []))]
-    out.append(("channels_last", "speed", "channels_last", ["on", "off"]))
-    out.append(("compile", "speed", "compile", ["off", "default"] + (["max-autotune-no-cudagraphs"] if cuda else [])))
-    if cuda:
-        out.append(("cuda_graphs", "speed", "cuda_graphs", ["off", "on"]))
-    if bundle.in_memory and cuda:
-        out.append(("resident", "data", "resident", ["on", "off"]))
-    if not bundle.in_memory:
-        w = max(1, cfg.data.workers)
-        out.append(("workers", "data", "workers", sorted({w, 2 * w, 4 * w})))
-        if cuda:
-            out.append(("decode", "data", "decode", ["gpu", "cpu"]))
-    b = cfg.run.batch_size
-    out.append(("batch_size", "run", "batch_size", [b, 2 * b]))
+def resolved_switches(trainer) -> dict[str, dict]:
+    """What the trial really ran with ("auto" resolved), for tuned.toml and the next trials."""
+    from cnnpar.data.loader import ResidentLoader
+
+    cfg = to_dict(trainer.cfg)
+    out = {sec: {name: cfg[sec][name] for name in names} for sec, names in MACHINE_FIELDS.items()}
+    loader = trainer.train_loader.loader
+    out["data"]["resident"] = "on" if isinstance(loader, ResidentLoader) else "off"
+    out["data"]["workers"] = int(getattr(loader, "num_workers", 0))
+    out["run"] = {"batch_size": trainer.cfg.run.batch_size}
     return out
 
 
-def tune(
-    cfg: Config, info: DistInfo, budget_s: float, steps: int = 20, repeats: int = 3, log=print
-) -> tuple[Config, list[Trial]]:
+def measure_in_child(spec: dict) -> dict:
+    import torch
+
+    from cnnpar.data import load_data
+    from cnnpar.data.folder import ImageFolderDataset
+    from cnnpar.dist import init_distributed
+    from cnnpar.report.environment import environment
+
+    cfg = from_dict(spec["config"], origin="tune trial")
+    info = init_distributed(cfg.speed.device, debug_single=True)
     bundle = load_data(cfg.data, cfg.run.seed)
+    say(f"data: {bundle.origin}, {len(bundle.train)} training samples")
+    result = measure(cfg, info, bundle, spec["steps"], spec["repeats"], log=say)
     cuda = info.device.type == "cuda"
-    best_cfg = resolve_for(cfg, info.device)
-    started = time.perf_counter()
-    best, warm = measure(best_cfg, info, bundle, steps, repeats)
-    trials = [Trial("start", "resolved defaults", best, warm, "ok")]
-    log(f"start: {best:,.0f} img/s")
-    for label, section, name, values in candidates(best_cfg, bundle, cuda):
-        current = getattr(getattr(best_cfg, section), name)
-        for value in values:
-            if value == current:
-                continue
-            if time.perf_counter() - started > budget_s:
-                trials.append(Trial(label, str(value), None, 0.0, "skipped", "time budget spent"))
-                continue
-            trial_cfg = with_switch(best_cfg, section, name, value)
-            try:
-                rate, warm = measure(trial_cfg, info, bundle, steps, repeats)
-            except Exception as e:  # OOM, an unsupported mode: recorded, the search goes on
-                trials.append(Trial(label, str(value), None, 0.0, "failed", first_line(e)[:200]))
-                log(f"{label}={value}: failed ({trials[-1].error})")
-                continue
-            kept = rate > best * KEEP_MARGIN
-            trials.append(Trial(label, str(value), rate, warm, "kept" if kept else "ok"))
-            log(f"{label}={value}: {rate:,.0f} img/s ({rate / best:.2f}x){'  kept' if kept else ''}")
-            if kept:
-                best, best_cfg = rate, trial_cfg
-    return best_cfg, trials
+    result["facts"] = {
+        "device_type": info.device.type,
+        "bf16_ok": bool(torch.cuda.is_bf16_supported()) if cuda else True,
+        "in_memory": bundle.in_memory,
+        "folder": isinstance(bundle.train, ImageFolderDataset),
+        "train_samples": len(bundle.train),
+        "env": environment(info.device),
+    }
+    return result
 
 
-def write_tuned(cfg: Config, trials: list[Trial], out: Path, device: torch.device) -> None:
-    env = environment(device)
+# ---- the parent's side --------------------------------------------------------------------------
+def child_trial(steps: int, repeats: int, log: Callable[[str], None]) -> Callable[[Config, float], ChildResult]:
+    def run(cfg: Config, limit_s: float) -> ChildResult:
+        spec = {"kind": "train", "config": to_dict(cfg), "steps": steps, "repeats": repeats}
+        return run_child(spec, limit_s, log)
+
+    return run
+
+
+def batch_lr(cfg: Config, factor: int) -> tuple[float, str]:
+    """The lr for a batch `factor` times larger, by the config's own scaling rule (engine/optim.py's
+    `scaled_lr`: the batch grows the samples per optimizer step as accumulation does)."""
+    from cnnpar.engine.optim import scaled_lr
+
+    o = cfg.optim
+    lr = o.lr * scaled_lr(replace(o, grad_accum=o.grad_accum * factor), 1) / scaled_lr(o, 1)
+    if o.lr_scaling == "none":
+        return lr, f"lr {o.lr:g} kept (--lr-scaling none)"
+    return lr, f"lr {o.lr:g} -> {lr:g} (--lr-scaling {o.lr_scaling})"
+
+
+def switch_groups(cfg: Config, facts: dict) -> list[tuple[str, list[tuple[str, str, str, object]]]]:
+    """The trials after the batch size: (group, [(label, section, field, value), ...]) in order."""
+    cuda = facts["device_type"] == "cuda"
+    s, d = cfg.speed, cfg.data
+    comp = [("compile", "speed", "compile", "default" if s.compile == "off" else "off")]
+    if cuda:
+        comp.append(("cuda_graphs", "speed", "cuda_graphs", "off" if s.cuda_graphs == "on" else "on"))
+        if s.compile != "max-autotune-no-cudagraphs":  # the longest compile: last, and its limit applies
+            comp.append(("compile", "speed", "compile", "max-autotune-no-cudagraphs"))
+    data = []
+    if facts["in_memory"] and cuda:
+        data.append(("resident", "data", "resident", "off" if d.resident == "on" else "on"))
+    if not facts["in_memory"]:
+        w = max(1, d.workers)
+        data += [("workers", "data", "workers", v) for v in sorted({max(1, w // 2), 2 * w} - {d.workers})]
+        if facts["folder"] and cuda:
+            data.append(("decode", "data", "decode", "cpu" if d.decode != "cpu" else "gpu"))
+    last = [("channels_last", "speed", "channels_last", "off" if s.channels_last == "on" else "on")]
+    if cuda:
+        # bf16 where the GPU has it and fp16 with a GradScaler; never fp32: ResNet-50 on an H200 ran
+        # 1,008 img/s in fp32 against 5,388 in bf16 (tune at 5bfa0df, shared/measurements/h200-2026-11-30)
+        kinds = (["bf16"] if facts["bf16_ok"] else []) + ["fp16"]
+        last += [("precision", "speed", "precision", k) for k in kinds if k != s.precision]
+    else:
+        last.append(("precision", "speed", "precision", "fp32" if s.precision == "bf16" else "bf16"))
+    return [(GROUPS[1], comp), (GROUPS[2], data), (GROUPS[3], last)]
+
+
+class Tuner:
+    def __init__(
+        self,
+        budget_s: float,
+        out: Path,
+        trial_s: float,
+        run_trial: Callable[[Config, float], ChildResult],
+        clock: Callable[[], float],
+        started: float,
+        log: Callable[[str], None],
+    ) -> None:
+        self.budget_s, self.out, self.trial_s = budget_s, Path(out), trial_s
+        self.run_trial, self.clock, self.t0, self.log = run_trial, clock, started, log
+        self.deadline = started + budget_s * (1 - END_RESERVE)
+        self.trials: list[Trial] = []
+        self.best_cfg: Config | None = None
+        self.best = self.start_rate = 0.0
+        self.cap = trial_s
+        self.env: dict = {}
+        self.facts: dict = {}  # what the start trial found out about the device and the data
+
+    def left(self) -> float:
+        return self.deadline - self.clock()
+
+    def say(self, text: str) -> None:
+        self.log(f"tune [{self.clock() - self.t0:4.0f} s] {text}")
+
+    def attempt(self, group: str, label: str, value, cfg: Config, note: str = "") -> Trial:
+        """Measure `cfg` in a child within the time left; record the trial, keep it if it wins."""
+        left = self.left()
+        name = f"{label}={value}" if label != START else "start (your config, resolved here)"
+        if left < MIN_TRIAL_S:
+            t = Trial(group, label, str(value), SKIPPED, note=f"time budget spent ({max(0.0, left):.0f} s left)")
+            self.trials.append(t)
+            return t
+        limit = left if label == START else min(self.cap, left)
+        self.say(f"{name}{' (' + note + ')' if note else ''}, limit {limit:.0f} s ...")
+        r = self.run_trial(cfg, limit)
+        t = Trial(group, label, str(value), r.status, wall_s=r.wall_s, limit_s=limit, note=note)
+        if r.status != OK:
+            t.note = "; ".join(x for x in (note, r.error) if x)
+            self.trials.append(t)
+            self.say(f"{name}: {r.status} ({r.error})")
+            return t
+        v = r.value
+        t.images_per_s, t.images_per_s_min, t.images_per_s_max = (
+            v["images_per_s"],
+            v["images_per_s_min"],
+            v["images_per_s_max"],
+        )
+        t.warmup_s = v["warmup_s"]
+        spread = f"{t.images_per_s_min:,.0f}-{t.images_per_s_max:,.0f}"
+        if label == START:
+            t.status = START
+            self.start_rate = t.images_per_s
+            self.best_cfg = merge_resolved(cfg, v["resolved"])
+            self.best, self.facts = t.images_per_s, v.get("facts", {})
+            self.env = self.facts.get("env", {})
+            self.trials.append(t)
+            self.say(f"start: {t.images_per_s:,.0f} img/s ({spread}), warm-up {t.warmup_s:.1f} s")
+            self.write()
+            return t
+        kept = t.images_per_s > self.best * KEEP_MARGIN
+        ratio = t.images_per_s / self.best
+        self.trials.append(t)
+        if kept:
+            t.status = KEPT
+            self.best, self.best_cfg = t.images_per_s, merge_resolved(cfg, v["resolved"])
+            self.write()
+        self.say(
+            f"{name}: {t.images_per_s:,.0f} img/s ({spread}), {ratio:.2f}x the best so far"
+            + (f"; kept, wrote {self.out}" if kept else "")
+        )
+        return t
+
+    def start(self, cfg: Config) -> dict | None:
+        """The reference trial: the user's config as `cnnpar train` would resolve it here."""
+        t = self.attempt("start", START, "resolved defaults", cfg)
+        if t.status != START:
+            return None
+        if not self.cap:
+            self.cap = max(self.budget_s * TRIAL_SHARE, START_FACTOR * t.wall_s)
+        return self.facts
+
+    def batch_trials(self, facts: dict) -> None:
+        """Double the batch while it pays: stop at no clear gain, a failure (out of memory), a cut-off,
+        or when an epoch would hold fewer than two batches."""
+        base = self.best_cfg
+        b, factor = base.run.batch_size, 2
+        while b * factor <= facts["train_samples"] // 2:
+            lr, note = batch_lr(base, factor)
+            cfg = replace(base, run=replace(base.run, batch_size=b * factor), optim=replace(base.optim, lr=lr))
+            t = self.attempt(GROUPS[0], "batch_size", b * factor, cfg, note)
+            if t.status != KEPT:
+                return
+            factor *= 2
+
+    def write(self) -> None:
+        write_tuned(self.best_cfg, self.trials, self.out, self.env)
+
+
+def merge_resolved(cfg: Config, resolved: dict[str, dict]) -> Config:
+    raw = to_dict(cfg)
+    for sec, values in resolved.items():
+        raw[sec].update(values)
+    return from_dict(raw, origin="tune trial")
+
+
+def tune(
+    cfg: Config,
+    budget_s: float,
+    out: str | Path,
+    trial_s: float = 0.0,
+    steps: int = 20,
+    repeats: int = 3,
+    run_trial: Callable[[Config, float], ChildResult] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    started: float | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[Config | None, list[Trial]]:
+    """Search; returns the best config measured (None when not even the start finished) and the trials."""
+    run_trial = run_trial or child_trial(steps, repeats, log)
+    tuner = Tuner(budget_s, Path(out), trial_s, run_trial, clock, clock() if started is None else started, log)
+    limit = f"each trial at most {trial_s:.0f} s" if trial_s else "each trial at most a third of it"
+    log(
+        f"tune: budget {budget_s:.0f} s, {limit}; order of expected gain: {', '.join(GROUPS)}. "
+        f"{tuner.out} is rewritten after every trial that beats the best so far."
+    )
+    facts = tuner.start(cfg)
+    if facts is None:
+        write_csv_atomic(tuner.out.with_suffix(".csv"), trial_rows(tuner.trials, {}), CSV_COLUMNS)
+        return None, tuner.trials
+    tuner.batch_trials(facts)
+    for group, changes in switch_groups(tuner.best_cfg, facts):
+        for label, section, name, value in changes:
+            if getattr(getattr(tuner.best_cfg, section), name) == value:
+                continue  # a kept trial may have made this the current value already
+            tuner.attempt(group, label, value, with_switch(tuner.best_cfg, section, name, value))
+    tuner.write()  # the trials after the last improvement (skipped, cut off) go into the CSV too
+    return tuner.best_cfg, tuner.trials
+
+
+CSV_COLUMNS = TRIAL_COLUMNS + ["device", "torch", "git_rev", "date"]
+
+
+def trial_rows(trials: list[Trial], env: dict) -> list[dict]:
+    start = next((t.images_per_s for t in trials if t.status == START), None)
+    rows = []
+    for t in trials:
+        row = {**t.__dict__, **{k: env.get(k, "") for k in ("device", "torch", "git_rev", "date")}}
+        row["vs_start"] = round(t.images_per_s / start, 4) if t.images_per_s and start else ""
+        rows.append(row)
+    return rows
+
+
+def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict) -> None:
+    """tuned.toml (the best config so far, resolved) and tuned.csv (every trial), each atomically."""
+    best = max((t for t in trials if t.status in (START, KEPT)), key=lambda t: t.images_per_s)
+    start = next(t for t in trials if t.status == START)
     header = "".join(f"# {k} = {v}\n" for k, v in env.items())
-    header += "# written by `cnnpar tune`; train with: cnnpar train --config " + str(out) + "\n"
+    header += (
+        f"# best so far: {best.switch}={best.value}, {best.images_per_s:,.0f} img/s "
+        f"({best.images_per_s / start.images_per_s:.2f}x the start's {start.images_per_s:,.0f}), "
+        f"after {len(trials)} trial(s)\n"
+    )
+    header += f"# written by `cnnpar tune`; train with: cnnpar train --config {out}\n"
     write_text_atomic(out, header + dumps_toml(cfg))
-    rows = [{**t.__dict__, **{k: env[k] for k in ("device", "torch", "git_rev", "date")}} for t in trials]
-    write_csv_atomic(out.with_suffix(".csv"), rows)
+    write_csv_atomic(out.with_suffix(".csv"), trial_rows(trials, env), CSV_COLUMNS)
 
 
 def format_table(trials: list[Trial]) -> str:
-    base = trials[0].images_per_s or 1.0
-    lines = [f"{'switch':<14} {'value':<28} {'img/s':>10} {'vs start':>9}  status"]
+    start = next((t.images_per_s for t in trials if t.status == START), None)
+    lines = [f"{'group':<24} {'switch':<14} {'value':<28} {'img/s':>10} {'vs start':>9}  status"]
     for t in trials:
         rate = f"{t.images_per_s:,.0f}" if t.images_per_s else "-"
-        ratio = f"{t.images_per_s / base:.2f}x" if t.images_per_s else "-"
-        lines.append(f"{t.switch:<14} {t.value:<28} {rate:>10} {ratio:>9}  {t.status} {t.error}")
+        ratio = f"{t.images_per_s / start:.2f}x" if t.images_per_s and start else "-"
+        note = f"  ({t.note})" if t.note else ""
+        lines.append(f"{t.group:<24} {t.switch:<14} {t.value:<28} {rate:>10} {ratio:>9}  {t.status}{note}")
     return "\n".join(lines)
+
+
+def stop_on_sigterm() -> None:
+    """`timeout` and job schedulers send SIGTERM: raise, so the running child is killed in `run_child`
+    (it lives in its own session and would otherwise outlive the parent) and files stay whole."""
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    if hasattr(signal, "SIGTERM"):
+        signal.signal(signal.SIGTERM, handler)

@@ -53,6 +53,7 @@ class DataBundle:
     classes_from: str = ""
     empty_classes: list[int] = field(default_factory=list)  # classes with no example in train or val
     size_from: str = ""  # how a folder's or store's side was chosen (--image-size, or the rule of source_size)
+    val_from: str = ""  # which split validates: the data's own test/val split, a seeded hold-out, or none
 
     @property
     def in_memory(self) -> bool:
@@ -72,6 +73,18 @@ def class_lines(bundle: DataBundle) -> list[str]:
             "(expected labels 0..K-1 with every class present; pass --num-classes K or relabel)"
         )
     return lines
+
+
+def split_line(bundle: DataBundle) -> str:
+    """Input shape, train and validation sizes, and which split validates: the start of every run."""
+    n_val = len(bundle.val) if bundle.val is not None else 0
+    shape = "x".join(map(str, bundle.shape))
+    source = bundle.val_from or ("as given" if n_val else "none")
+    return f"data: input {shape}, train {len(bundle.train):,}, validation {n_val:,}: {source}"
+
+
+def holdout_label(fraction: float) -> str:
+    return f"a seeded {100 * fraction:g}% hold-out of the training data (--val-fraction {fraction:g})"
 
 
 def empty_classes(y: torch.Tensor, num_classes: int) -> list[int]:

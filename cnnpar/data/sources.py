@@ -10,7 +10,15 @@ import torch
 
 from cnnpar.config import DataConfig, parse_shape
 from cnnpar.data.arrays import resize_square, to_labels, to_nchw_uint8
-from cnnpar.data.bundle import ArrayDataset, DataBundle, channel_stats, empty_classes, holdout, split_val
+from cnnpar.data.bundle import (
+    ArrayDataset,
+    DataBundle,
+    channel_stats,
+    empty_classes,
+    holdout,
+    holdout_label,
+    split_val,
+)
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, scan_splits
 from cnnpar.data.source_size import folder_side, store_side
@@ -59,8 +67,10 @@ def _bundle_from_arrays(
         x_val = resize_square(x_val, cfg.image_size) if x_val is not None else None
     train = ArrayDataset(x, y)
     val = ArrayDataset(x_val, y_val) if x_val is not None else None
+    val_from = "the data's own test split"
     if val is None:
         train, val = split_val(train, cfg.val_fraction, seed)
+        val_from = holdout_label(cfg.val_fraction) if val is not None else "none: --val-fraction 0"
     y_all = torch.cat([y, y_val]) if y_val is not None else y
     n_classes = _num_classes(y_all, cfg.num_classes)
     mean, std = channel_stats(train.x)
@@ -75,6 +85,7 @@ def _bundle_from_arrays(
         [str(i) for i in range(n_classes)],
         classes_from=classes_from or ("--num-classes" if cfg.num_classes > 0 else "labels' max + 1"),
         empty_classes=empty_classes(y_all, n_classes),
+        val_from=val_from,
     )
 
 
@@ -150,7 +161,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     files, labels, splits, classes = scan_splits(root)
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else folder_side(files)
     full = ImageFolderDataset(files, labels, size)
-    train, val = _split(full, torch.as_tensor(splits), cfg.val_fraction, seed)
+    train, val, val_from = _split(full, torch.as_tensor(splits), cfg.val_fraction, seed)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
     return DataBundle(
         train,
@@ -165,6 +176,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         classes_from="the class folders",
         size_from=size_from,
         empty_classes=empty_classes(torch.as_tensor(labels), n_classes),
+        val_from=val_from,
     )
 
 
@@ -173,7 +185,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     store = StoreFile(cfg.source)
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
     full = StoreDataset(store, torch.arange(store.count), size)
-    train, val = _split(full, torch.from_numpy(store.splits), cfg.val_fraction, seed)
+    train, val, val_from = _split(full, torch.from_numpy(store.splits), cfg.val_fraction, seed)
     return DataBundle(
         train,
         val,
@@ -187,17 +199,19 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         classes_from="the store's header",
         size_from=size_from,
         empty_classes=empty_classes(torch.from_numpy(store.labels), len(store.class_names)),
+        val_from=val_from,
     )
 
 
 def _split(full, splits: torch.Tensor, fraction: float, seed: int):
     """Train and val subsets of a folder's images: its own val split when it has one, else a seeded hold-out."""
     if bool((splits == 1).any()):
-        return full.subset(torch.nonzero(splits == 0).view(-1)), full.subset(torch.nonzero(splits == 1).view(-1))
+        train, val = torch.nonzero(splits == 0).view(-1), torch.nonzero(splits == 1).view(-1)
+        return full.subset(train), full.subset(val), "the folder's own val/ split"
     if fraction > 0 and len(full) > 1:
         train, val = holdout(len(full), fraction, seed)
-        return full.subset(train), full.subset(val)
-    return full, None
+        return full.subset(train), full.subset(val), holdout_label(fraction)
+    return full, None, "none: --val-fraction 0"
 
 
 READERS = {

@@ -57,14 +57,16 @@ def prepare_side(input_size: int) -> int:
     return 8 * -(-input_size // 7)
 
 
-def prepare_command(source: str, input_size: int = 0, model: str = "") -> str:
+def prepare_command(source: str, input_size: int = 0, model: str = "", train: list[str] | None = None) -> str:
     """`cnnpar prepare` for a photo folder, then `cnnpar train` from the store it writes: the advice
-    the doctor and a run from a folder print, pasteable as it stands."""
+    the doctor and a run from a folder print, pasteable as it stands. `train` replaces the default
+    train command (the doctor passes the user's own flags); its --data must be `store_path(source)`."""
     import shlex
 
     out = str(default_store_path(source))
-    train = ["cnnpar", "train", "--data", out] + (["--model", model] if model else [])
-    train += ["--image-size", str(input_size)] if input_size else []
+    if train is None:
+        train = ["cnnpar", "train", "--data", out] + (["--model", model] if model else [])
+        train += ["--image-size", str(input_size)] if input_size else []
     prepare = ["cnnpar", "prepare", source, "--out", out, "--max-side", str(prepare_side(input_size or 224))]
     return f"{shlex.join(prepare)} && {shlex.join(train)}"
 

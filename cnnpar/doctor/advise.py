@@ -52,6 +52,15 @@ class Facts:
     data_format: str = ""  # what it was read as: folder, store, npz, ...
     input_size: int = 0  # the model's input side
     model: str = ""
+    image_shape: str = ""  # CxHxW as the model sees it
+    mem_used_bytes: int | None = None  # peak allocated by the step, GPU only
+    mem_total_bytes: int | None = None
+    batch_from: str = ""  # "--batch-size", or the automatic search's line
+    searched_batch: int | None = None  # the batch the search measured fastest per image (GPU)
+    searched_gain: float | None = None  # its step speed per image over the current batch's, measured
+    # cnnpar's CUDA graphs: "on" (the measured step replays them), "off" (switched off, and
+    # `--cuda-graphs on` would turn them on) or "n/a" (they cannot apply, e.g. compile's own graphs)
+    cuda_graphs: str = "n/a"
 
     @property
     def overlapped(self) -> bool:
@@ -85,6 +94,7 @@ class Recommendation:
     est_gain: float
     basis: str
     change: dict | None = None  # config sections to override when tried; None: cannot be tried here
+    command: str = ""  # the whole command line to paste (the user's flags with the change applied)
     tried_images_per_s: float | None = None
     tried_gain: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -147,6 +157,28 @@ def prepare_command(f: Facts) -> str:
     return store_prepare_command(f.data_source, f.input_size, f.model)
 
 
+BATCH_LR_NOTE = "with --batch-size auto cnnpar scales it; with a fixed batch, scale --lr yourself"
+
+
+def _idle_and_memory(f: Facts) -> str:
+    parts = []
+    if f.gpu_idle_share is not None:
+        parts.append(f"idle {100 * f.gpu_idle_share:.0f}% of the step")
+    if f.peak_mem_share is not None:
+        parts.append(f"{100 * f.peak_mem_share:.0f}% of its memory in use")
+    return ", ".join(parts) or "measured"
+
+
+def wants_batch_search(f: Facts) -> bool:
+    """The doctor searches for a batch when the GPU idles or most of the step is fixed overhead, and
+    memory is mostly free (under 45 % in use: a doubling at least fits)."""
+    if f.device_type != "cuda" or (f.peak_mem_share is not None and f.peak_mem_share >= 0.45):
+        return False
+    idle = f.gpu_idle_share is not None and f.gpu_idle_share >= 0.10
+    fixed = f.fixed_share is not None and f.fixed_share >= 0.15
+    return idle or fixed
+
+
 def recommend(f: Facts) -> list[Recommendation]:
     base = f.modelled()
     cuda = f.device_type == "cuda"
@@ -200,7 +232,18 @@ def recommend(f: Facts) -> list[Recommendation]:
             "model: the input pipeline's cost removed (upper bound)",
         )
     share = f.fixed_share
-    if share is not None and share >= 0.15 and (f.peak_mem_share is None or f.peak_mem_share < 0.45):
+    if f.searched_batch and f.searched_batch != f.batch_size and f.searched_gain:
+        add(
+            "batch",
+            "larger batch",
+            f"--batch-size {f.searched_batch}",
+            f"the GPU is underused at batch {f.batch_size} ({_idle_and_memory(f)}); batch {f.searched_batch} "
+            f"measured {f.searched_gain:.2f}x the step speed per image (the lr follows the batch: {BATCH_LR_NOTE})",
+            f.modelled(step_s=f.step_s / f.searched_gain),
+            f"measured: the batch search (train step at doubling batches, {f.batch_size} to {f.searched_batch})",
+            {"run": {"batch_size": f.searched_batch}},
+        )
+    elif share is not None and share >= 0.15 and (f.peak_mem_share is None or f.peak_mem_share < 0.45):
         b2 = 2 * f.batch_size
         new_step = (f.fixed_step_s + (f.step_s * f.batch_size - f.fixed_step_s) * 2) / b2
         add(
@@ -246,16 +289,18 @@ def recommend(f: Facts) -> list[Recommendation]:
             + (" (ResNet-50 at 224 px on an H200 measured 1.44x; small inputs can be slower)" if cuda else ""),
             {"speed": {"compile": "default"}},
         )
-    if cuda and f.gpu_idle_share is not None and f.gpu_idle_share >= 0.10 and f.compile != "reduce-overhead":
+    # cnnpar's own graphs, never compile's reduce-overhead: that mode makes the trainer turn its
+    # graphs off, so advising it could trade the measured step for a different one unseen.
+    if cuda and f.gpu_idle_share is not None and f.gpu_idle_share >= 0.10 and f.cuda_graphs == "off":
         add(
             "cuda-graphs",
             "CUDA graphs",
-            "--compile reduce-overhead",
+            "--cuda-graphs on",
             f"the GPU idles {100 * f.gpu_idle_share:.0f}% of the step between kernel launches; a captured graph "
             f"replays them with one launch",
             f.modelled(step_s=f.step_s * (1.0 - f.gpu_idle_share)),
             "measured: the GPU's idle share within the step (upper bound: all gaps closed)",
-            {"speed": {"compile": "reduce-overhead"}},
+            {"speed": {"cuda_graphs": "on"}},
         )
     out = [r for r in out if r.est_gain >= MIN_GAIN]
     return sorted(out, key=lambda r: r.est_gain, reverse=True)

@@ -8,6 +8,7 @@ clock starts and again before it stops. A phase stops after `steps` batches or, 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -15,7 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from cnnpar.data.transforms import TextbookDataset, resolve_augment
-from cnnpar.engine.harness import cycle_batches, train_step
+from cnnpar.engine.harness import next_group, run_step, training_batches
 from cnnpar.engine.trainer import Trainer
 from cnnpar.report.meters import sync
 from cnnpar.report.ranges import DATA_WAIT, span
@@ -74,7 +75,7 @@ def _timed(name: str, device: torch.device, warmup: int, steps: int, max_s: floa
 
 def measure_pipeline(trainer: Trainer, warmup: int, steps: int, max_s: float) -> Phase:
     """Batches delivered to the device (read, decode, copy, device transform), with no training."""
-    batches = cycle_batches(trainer.train_loader)
+    batches = training_batches(trainer)
     try:
         return _timed(
             "input pipeline alone", trainer.info.device, warmup, steps, max_s, lambda i: next(batches)[1].shape[0]
@@ -84,7 +85,7 @@ def measure_pipeline(trainer: Trainer, warmup: int, steps: int, max_s: float) ->
 
 
 def first_batch(trainer: Trainer) -> tuple[torch.Tensor, torch.Tensor]:
-    batches = cycle_batches(trainer.train_loader)
+    batches = training_batches(trainer)
     try:
         return next(batches)
     finally:
@@ -94,12 +95,13 @@ def first_batch(trainer: Trainer) -> tuple[torch.Tensor, torch.Tensor]:
 def measure_step(
     trainer: Trainer, x: torch.Tensor, y: torch.Tensor, warmup: int, steps: int, max_s: float, name: str = ""
 ) -> Phase:
-    """The train step alone on one batch already on the device, repeated."""
+    """The train step alone on one batch already on the device, repeated (an accumulation group
+    holds it `grad_accum` times)."""
     trainer.model.train()
+    group = next_group(trainer, itertools.repeat((x, y)))
 
     def body(i: int) -> int:
-        train_step(trainer, x, y, i)
-        return y.shape[0]
+        return run_step(trainer, group)
 
     return _timed(name or "train step alone", trainer.info.device, warmup, steps, max_s, body)
 
@@ -132,17 +134,16 @@ def measure_step_scaling(
 def measure_end_to_end(trainer: Trainer, warmup: int, steps: int, max_s: float, name: str = "") -> Phase:
     """The training loop as `Trainer.train_epoch` runs it: wait for a batch, then train on it."""
     trainer.model.train()
-    batches = cycle_batches(trainer.train_loader)
+    batches = training_batches(trainer)
     waited = [0.0]
 
     def body(i: int) -> int:
         t0 = time.perf_counter()
         with span(DATA_WAIT):
-            x, y = next(batches)
+            group = next_group(trainer, batches)
         if i >= warmup:
             waited[0] += time.perf_counter() - t0
-        train_step(trainer, x, y, i)
-        return y.shape[0]
+        return run_step(trainer, group)
 
     try:
         phase = _timed(name or "end to end", trainer.info.device, warmup, steps, max_s, body)
@@ -165,10 +166,12 @@ def gpu_idle_share(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, step_s: f
     from torch.profiler import ProfilerActivity, profile
 
     trainer.model.train()
+    group = next_group(trainer, itertools.repeat((x, y)))
+    run_step(trainer, group)  # outside the capture: a CUDA graph for this shape is captured on first use
     sync(trainer.info.device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for i in range(GPU_IDLE_PROBE_STEPS):
-            train_step(trainer, x, y, i)
+        for _ in range(GPU_IDLE_PROBE_STEPS):
+            run_step(trainer, group)
         sync(trainer.info.device)  # note: a CPU-GPU sync point: every kernel must land in the capture
     events = prof.events()
     # Kineto mirrors every record_function range onto the GPU timeline as a "user annotation"

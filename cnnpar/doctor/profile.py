@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cnnpar.config import Config
 from cnnpar.dist import DistInfo, barrier, broadcast_object
-from cnnpar.engine.harness import build_trainer, cycle_batches, train_step
+from cnnpar.engine.harness import build_trainer, next_group, run_step, training_batches
 from cnnpar.report.profiler import ProfileFiles, profile_steps
 from cnnpar.report.ranges import DATA_WAIT, span
 
@@ -31,13 +31,13 @@ def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFil
     # Under run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder.
     default = Path(cfg.run.out_dir) / "profile" / f"{cfg.model.name}-{stamp}"
     out = Path(broadcast_object(opts.report_dir or str(default), info))
-    batches = cycle_batches(trainer.train_loader)
+    batches = training_batches(trainer)
     trainer.model.train()
 
     def step(i: int) -> None:
         with span(DATA_WAIT):
-            x, y = next(batches)
-        train_step(trainer, x, y, i)
+            group = next_group(trainer, batches)
+        run_step(trainer, group)
 
     try:
         files = profile_steps(

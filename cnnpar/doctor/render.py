@@ -12,7 +12,7 @@ from cnnpar.doctor.run import DoctorReport
 from cnnpar.report.files import read_csv, write_csv_atomic, write_json_atomic, write_text_atomic
 
 PHASE_COLUMNS = ["name", "batches", "seconds", "images", "ms_per_batch", "images_per_s", "data_wait_share"]
-RECO_COLUMNS = ["rank", "key", "title", "action", "est_gain", "basis", "tried_images_per_s", "tried_gain"]
+RECO_COLUMNS = ["rank", "key", "title", "action", "command", "est_gain", "basis", "tried_images_per_s", "tried_gain"]
 
 
 def phase_rows(report: DoctorReport) -> list[dict]:
@@ -28,6 +28,23 @@ def reco_rows(report: DoctorReport) -> list[dict]:
             row.update(tried_gain=round(r.tried_gain, 3), tried_images_per_s=round(r.tried_images_per_s, 2))
         rows.append(row)
     return rows
+
+
+def setup_line(report: DoctorReport) -> str:
+    """What was measured: input shape, batch (and how it was chosen), workers, precision, GPU memory."""
+    f, cfg, env = report.facts, report.cfg, report.env
+    batch = f"batch {f.batch_size}" + (f" ({f.batch_from})" if f.batch_from else "")
+    mem = ""
+    if f.mem_used_bytes is not None and f.mem_total_bytes:
+        mem = (
+            f", GPU memory in use {f.mem_used_bytes / 2**30:.1f} of {f.mem_total_bytes / 2**30:.0f} GiB "
+            f"({100 * f.mem_used_bytes / f.mem_total_bytes:.0f}%, the step's peak)"
+        )
+    return (
+        f"{cfg.model.name} on {report.origin}, input {f.image_shape or '?'}, {batch}, {env['device']} "
+        f"({env['device_type']}), {cfg.speed.precision}, channels_last {cfg.speed.channels_last}, compile "
+        f"{cfg.speed.compile}, CUDA graphs {f.cuda_graphs}, loader {cfg.data.loader} with {f.workers} worker(s){mem}"
+    )
 
 
 def _gain(g: float | None) -> str:
@@ -62,10 +79,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
     lines = [
         f"# cnnpar doctor: {report.diagnosis.verdict}",
         "",
-        f"{cfg.model.name} on {report.origin}, batch {cfg.run.batch_size}, {env['device']} ({env['device_type']}), "
-        f"{cfg.speed.precision}, channels_last {cfg.speed.channels_last}, compile {cfg.speed.compile}, "
-        f"loader {cfg.data.loader} with {f.workers} worker(s). torch {env['torch']}, git {env['git_rev']}, "
-        f"{env['date']}.",
+        f"{setup_line(report)}. torch {env['torch']}, git {env['git_rev']}, {env['date']}.",
         "",
         "## Verdict",
         "",
@@ -104,7 +118,9 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         ]
         for i, r in enumerate(report.recommendations, 1):
             tried = f"{_gain(r.tried_gain)} ({r.tried_images_per_s:,.0f}/s)" if r.tried_gain is not None else ""
-            lines.append(f"| {i} | {r.title}: {r.why} | `{r.action}` | {_gain(r.est_gain)} | {tried} | {r.basis} |")
+            lines.append(
+                f"| {i} | {r.title}: {r.why} | `{r.command or r.action}` | {_gain(r.est_gain)} | {tried} | {r.basis} |"
+            )
     combined = [t for t in report.tries if t[0].startswith("combined")]
     for label, _, p in combined:
         lines += ["", f"{label}: {p.images_per_s:,.1f} images/s ({p.images_per_s / e2e.images_per_s:.2f}x)."]
@@ -145,6 +161,7 @@ def print_report(report: DoctorReport) -> None:
     console = Console()
     if not console.is_terminal:  # a log file: wide enough that the basis column stays readable
         console.width = 150
+    console.print(setup_line(report))
     table = Table(title="measurements (warm-up excluded, device synchronised)", title_justify="left")
     for col, just in (("phase", "left"), ("ms/batch", "right"), ("images/s", "right"), ("data wait", "right")):
         table.add_column(col, justify=just)
@@ -165,6 +182,8 @@ def print_report(report: DoctorReport) -> None:
         for i, r in enumerate(report.recommendations, 1):
             recos.add_row(str(i), r.title, r.action, _gain(r.est_gain), _gain(r.tried_gain), r.basis)
         console.print(recos)
+        for i, r in enumerate(report.recommendations, 1):  # whole lines, unwrapped, so they paste as they are
+            console.print(f"{i}. {r.command or r.action}", soft_wrap=True, highlight=False)
     else:
         console.print("no change is estimated to gain more than a few per cent")
     console.print(f"report: {report.report_dir / 'report.md'}")

@@ -8,18 +8,29 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from cnnpar.cliargs import command_line
 from cnnpar.config import Config
 from cnnpar.data import load_data
 from cnnpar.data.loader import ResidentLoader
 from cnnpar.data.sources import detect_format
+from cnnpar.data.store import default_store_path, prepare_command
 from cnnpar.dist import init_distributed
-from cnnpar.doctor.advise import MIN_GAIN, Diagnosis, Facts, Recommendation, diagnose, recommend
+from cnnpar.doctor.advise import (
+    MIN_GAIN,
+    Diagnosis,
+    Facts,
+    Recommendation,
+    diagnose,
+    recommend,
+    wants_batch_search,
+)
 from cnnpar.doctor.measure import (
     Phase,
     first_batch,
@@ -30,7 +41,9 @@ from cnnpar.doctor.measure import (
     measure_step_scaling,
     textbook_cost_ratio,
 )
+from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget
 from cnnpar.engine.harness import build_trainer, free_device_memory
+from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
@@ -110,6 +123,8 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
         e2e = phases[-1]
         diagnosis = diagnose(facts)
         recos = recommend(facts)
+        for r in recos:
+            r.command = advice_command(cfg, facts, r)
         report = DoctorReport(
             rcfg, environment(info.device, 1), bundle.origin, facts, diagnosis, recos, phases, report_dir=report_dir
         )
@@ -135,6 +150,16 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
     return report
 
 
+def advice_command(cfg: Config, f: Facts, r: Recommendation) -> str:
+    """The user's own command line with the recommendation applied, ready to paste."""
+    if r.key == "pre-decode":
+        store = str(default_store_path(f.data_source))
+        size = {"image_size": f.input_size} if not cfg.data.image_size else {}
+        train = shlex.split(command_line(cfg, {"data": {"source": store, "format": "auto", **size}}))
+        return prepare_command(f.data_source, f.input_size, train=train)
+    return command_line(cfg, r.change) if r.change else r.action
+
+
 def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts]:
     """Pipeline alone, step alone (full and half batch), GPU idle share, end to end; then the facts."""
     warm, steps, max_s = opts.warmup, opts.steps, opts.max_s
@@ -155,10 +180,11 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
     idle = None
     if info.device.type == "cuda":
         idle = phase("GPU idle share", lambda: gpu_idle_share(trainer, x, y, step.s_per_batch))
-    peak_share = None
+    peak_share = used = total = None
     if info.device.type == "cuda":
         total = torch.cuda.get_device_properties(info.device).total_memory
-        peak_share = torch.cuda.max_memory_allocated(info.device) / total
+        used = torch.cuda.max_memory_allocated(info.device)
+        peak_share = used / total
     e2e = phase("end to end", lambda: measure_end_to_end(trainer, warm, steps, max_s))
     phases.append(e2e)
     cores = usable_cores()
@@ -188,8 +214,32 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
         data_format=detect_format(rcfg.data.source, rcfg.data.format),
         input_size=bundle.shape[-1],
         model=rcfg.model.name,
+        image_shape="x".join(map(str, bundle.shape)),
+        mem_used_bytes=used,
+        mem_total_bytes=total,
+        batch_from=trainer.batch_line
+        or ("--batch-size" if trainer.requested_cfg.run.batch_size else "auto: the CPU's fixed default"),
+        cuda_graphs="on" if trainer.use_graphs else "off" if not graphs_blocked_by(rcfg, False) else "n/a",
     )
+    if wants_batch_search(facts) and not trainer.batch_line:  # (a searched batch needs no second search)
+        facts.searched_batch, facts.searched_gain = phase("batch sizes", lambda: _search_batch(trainer, bundle))
     return rcfg, phases, facts
+
+
+def _search_batch(trainer: Trainer, bundle) -> tuple[int | None, float | None]:
+    """The batch the search picks, and its step speed per image over the current batch's, both timed
+    with the same probe (the run's TrainStep on random inputs)."""
+    cfg, info = trainer.cfg, trainer.info
+    measure = device_probe(
+        trainer.raw_model, cfg, info, bundle.shape, bundle.num_classes, trainer.train_step.cuda_graphs
+    )
+    choice = choose_batch_size(measure, memory_budget(info.device), batch_cap(len(bundle.train), 1))
+    probes = {p.batch: p for p in choice.probes if not p.failed}
+    current = probes.get(cfg.run.batch_size) or measure(cfg.run.batch_size)
+    best = probes.get(choice.batch)
+    if best is None or current.failed or not current.images_per_s:
+        return None, None
+    return choice.batch, best.images_per_s / current.images_per_s
 
 
 def _try(cfg: Config, change: dict, info, bundle, opts: DoctorOptions, label: str) -> Phase:

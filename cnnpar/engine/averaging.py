@@ -53,7 +53,9 @@ class WeightAverage:
 
     def decay_at(self, step: int) -> float:
         cfg = self.cfg
-        return cfg.ema**cfg.ema_every * (step / self.total_steps) ** cfg.ema_warmup
+        # Capped at the planned end: a timing tool may step past it, and a decay above 1 would
+        # push the average away from the weights instead of towards them.
+        return cfg.ema**cfg.ema_every * (min(step, self.total_steps) / self.total_steps) ** cfg.ema_warmup
 
     @property
     def started(self) -> bool:

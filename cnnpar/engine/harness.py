@@ -1,14 +1,14 @@
 """The pieces of the training loop that the doctor, the profiler and the bench drive outside `Trainer.fit`.
 
-A `Trainer` builds everything (data, model, wrappers, optimizer, loaders) and creates no folder
-until `fit()`; these helpers drive its parts step by step. The step below is the trainer's own
-micro-step (the same `forward_backward` and `optimizer_step`, the same accumulation rule); the
-learning-rate schedule is left alone because timing runs may take more steps than it was built for.
+A `Trainer` builds everything (data, model, wrappers, optimizer, loaders, its `TrainStep`) and
+creates no folder until `fit()`; these helpers drive its parts step by step. A step here is the
+Trainer's own `TrainStep` call on one accumulation group: the same forward and backward (CUDA-graphed
+where training would be), clip, optimizer, schedule and weight average. Past the end of the schedule
+(a timing run may take more steps than it was built for) the lr stays at the schedule's last value.
 """
 
 from __future__ import annotations
 
-import gc
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,9 +18,10 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
-from cnnpar.engine.step import forward_backward, optimizer_step, sync_context
+from cnnpar.engine.train_step import Batch
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError
+from cnnpar.report.meters import free_device_memory  # noqa: F401 (the tools import it from here)
 
 
 def build_trainer(cfg: Config, info: DistInfo, bundle: DataBundle | None = None) -> Trainer:
@@ -29,11 +30,12 @@ def build_trainer(cfg: Config, info: DistInfo, bundle: DataBundle | None = None)
     return Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
 
 
-def cycle_batches(loader, first_epoch: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Device-ready batches without end: a new permutation every pass, like successive epochs."""
+def cycle_batches(loader, first_epoch: int = 1, begin_epoch=None) -> Iterator[Batch]:
+    """Device-ready batches without end: a new permutation every pass, like successive epochs.
+    `begin_epoch(epoch)` starts each pass (default: the loader's `set_epoch`)."""
     epoch = first_epoch
     while True:
-        loader.set_epoch(epoch)
+        (begin_epoch or loader.set_epoch)(epoch)
         n = 0
         for batch in loader:
             n += 1
@@ -43,25 +45,25 @@ def cycle_batches(loader, first_epoch: int = 1) -> Iterator[tuple[torch.Tensor, 
         epoch += 1
 
 
-def train_step(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, micro_step: int) -> torch.Tensor:
-    """One micro-step as `Trainer.train_epoch` takes it; returns the detached loss (no host sync)."""
-    cfg = trainer.cfg
-    accum = cfg.optim.grad_accum
-    last = (micro_step + 1) % accum == 0
-    with sync_context(trainer.ddp, last):
-        loss, _ = forward_backward(trainer.model, x, y, trainer.precision, cfg.optim.label_smoothing, 1.0 / accum)
-    if last:
-        optimizer_step(trainer.model, trainer.optimizer, trainer.precision, cfg.optim.grad_clip)
-    return loss
+def training_batches(trainer: Trainer, first_epoch: int = 1) -> Iterator[Batch]:
+    """The batches `Trainer.train_epoch` would see, epoch after epoch, seeded as it seeds them."""
+    return cycle_batches(trainer.train_loader, first_epoch, trainer.begin_epoch)
 
 
-def free_device_memory(device: torch.device) -> None:
-    """Drop what a finished (or failed, e.g. out of memory) measurement left behind before the next one."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+def next_group(trainer: Trainer, batches: Iterator[Batch]) -> list[Batch]:
+    """The micro-batches of one optimizer step (`grad_accum` of them), as `Trainer.train_epoch` groups them."""
+    return [next(batches) for _ in range(trainer.cfg.optim.grad_accum)]
+
+
+def group_images(group: list[Batch]) -> int:
+    return sum(y.shape[0] for _, y in group)
+
+
+def run_step(trainer: Trainer, group: list[Batch]) -> int:
+    """One optimizer step on `group` through the Trainer's `TrainStep`; returns the images it
+    trained on. Reads nothing back from the device."""
+    trainer.train_step(group)
+    return group_images(group)
 
 
 def reset_compiler() -> None:

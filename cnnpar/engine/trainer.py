@@ -1,9 +1,10 @@
 """The trainer owns set-up order and the loop.
 
 Set-up order: data first (bad input fails before any folder is made), then the device-resolved
-config, model, parallel wrappers, optimizer, schedule, loaders; the run folder last. The loop
-keeps host syncs to the places that read numbers: the progress display, the end of an epoch
-and evaluation.
+config, model, parallel wrappers, optimizer, schedule, loaders, the train step; the run folder
+last. The epoch loop groups the loader's batches into accumulation groups and hands each to the
+`TrainStep` (engine/train_step.py), the one step every tool times too. The loop keeps host syncs
+to the places that read numbers: the progress display, the end of an epoch and evaluation.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -20,11 +21,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
-from cnnpar.data.bundle import class_lines
+from cnnpar.data.bundle import class_lines, split_line
+from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
 from cnnpar.engine.averaging import build_weight_average
+from cnnpar.engine.batch_size import REFERENCE_BATCH, lr_factor, lr_rule, search_on_device
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
 from cnnpar.engine.fault import maybe_inject_fault
 from cnnpar.engine.optim import (
@@ -35,19 +38,21 @@ from cnnpar.engine.optim import (
     rebuild_after_resume,
     scaled_lr,
 )
+from cnnpar.engine.resolved import data_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
-from cnnpar.engine.step import eval_batch, forward_backward, optimizer_step, sync_context
+from cnnpar.engine.step import eval_batch
+from cnnpar.engine.train_step import TrainStep, graphs_blocked_by
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
-from cnnpar.parallel.graphs import GraphedForwardBackward
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import EpochClock, peak_memory, sync
 from cnnpar.report.ranges import DATA_WAIT, span
 from cnnpar.report.telemetry import monitor_run
+from cnnpar.report.tensorboard import Board, open_board
 
 METRIC_COLUMNS = [
     "epoch",
@@ -90,6 +95,7 @@ class Trainer:
         self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
         self.decode_line = decode_line(cfg, self.bundle, info.device)
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
+        self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
         self.cfg = cfg = resolve_for(cfg, info.device)
         torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
         torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
@@ -108,6 +114,9 @@ class Trainer:
         if hasattr(self.raw_model, "init_from_data") and self.bundle.in_memory:
             self.raw_model.init_from_data(self._normalised_sample())
         apply_frozen_whitening(self.raw_model, cfg.optim)
+        self.batch_line = ""
+        if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
+            self.cfg = cfg = self._choose_batch_size(cfg)
         self.model = parallelize(
             self.raw_model,
             info,
@@ -144,25 +153,50 @@ class Trainer:
         if resume_from is not None:
             self._restore(resume_from)
         self.compile_s = 0.0
-        self.graphed: GraphedForwardBackward | None = None
         self.use_graphs = self._graphs_allowed()
+        self.train_step = TrainStep(
+            self.model,
+            self.precision,
+            self.optimizer,
+            ddp=self.ddp,
+            scheduler=self.scheduler,
+            average=self.average,
+            label_smoothing=cfg.optim.label_smoothing,
+            grad_clip=cfg.optim.grad_clip,
+            cuda_graphs=self.use_graphs,
+            compile_mode=cfg.speed.compile,
+        )
+        self.board = Board()  # writes nothing until fit opens the run's (bench and tune call train_epoch alone)
+
+    def _choose_batch_size(self, cfg: Config) -> Config:
+        """The searched batch (engine/batch_size.py) and the lr scaled from batch 64 by its stated rule."""
+        gpu_decoder = (
+            self.graphs_requested == "auto"
+            and isinstance(self.bundle.train, ImageFolderDataset)
+            and cfg.data.decode in ("gpu", "nvimgcodec")
+        )
+        graphs = cfg.speed.cuda_graphs == "on" and not graphs_blocked_by(cfg, self.info.distributed, gpu_decoder)
+        choice = search_on_device(
+            self.raw_model,
+            cfg,
+            self.info,
+            self.bundle.shape,
+            self.bundle.num_classes,
+            len(self.bundle.train),
+            graphs,
+        )
+        lr = cfg.optim.lr * lr_factor(cfg.optim.optimizer, choice.batch)
+        self.batch_line = (
+            f"{choice.line()}; lr {cfg.optim.lr:g} at batch {REFERENCE_BATCH} x {lr_rule(cfg.optim.optimizer)} "
+            f"of {choice.batch}/{REFERENCE_BATCH} = {lr:.3g}"
+        )
+        return replace(cfg, run=replace(cfg.run, batch_size=choice.batch), optim=replace(cfg.optim, lr=lr))
 
     def _graphs_allowed(self) -> bool:
-        cfg = self.cfg
-        if cfg.speed.cuda_graphs != "on":
+        if self.cfg.speed.cuda_graphs != "on":
             return False
-        why = (
-            "several processes (DDP hooks are not captured)"
-            if self.info.distributed
-            else "gradient accumulation (replays overwrite gradients)"
-            if cfg.optim.grad_accum > 1
-            else "compile mode reduce-overhead already captures graphs"
-            if "reduce-overhead" in cfg.speed.compile or cfg.speed.compile == "max-autotune"
-            else "the photos are decoded on the GPU (its waits stall behind graph replays: ResNet-50 from "
-            "JPEGs on an H200, 4,708 img/s without graphs against 3,320-3,734 with; --cuda-graphs on to keep them)"
-            if self.graphs_requested == "auto" and isinstance(self.train_loader.decoder, GpuDecoder)
-            else ""
-        )
+        gpu_decoder = self.graphs_requested == "auto" and isinstance(self.train_loader.decoder, GpuDecoder)
+        why = graphs_blocked_by(self.cfg, self.info.distributed, gpu_decoder)
         if why:
             self.log(f"cuda graphs off: {why}")
         return not why
@@ -227,55 +261,40 @@ class Trainer:
             (self.run_dir / "ckpt").mkdir(parents=True, exist_ok=True)
             env = environment(self.info.device, self.info.world_size)
             header = "".join(f"# {k} = {v}\n" for k, v in env.items())
-            write_text_atomic(self.run_dir / "config.toml", header + dumps_toml(self.cfg))
+            resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
+            header += "".join(line + "\n" for line in requested_lines(self.requested_cfg, resolved))
+            write_text_atomic(self.run_dir / "config.toml", header + dumps_toml(resolved))
         barrier(self.info)
 
     # ---- the loop ----------------------------------------------------------------------------
     def warm_up_compile(self) -> None:
-        """Compile, and capture the CUDA graph, outside the timed epochs, without changing training:
-        one forward/backward on a real batch, then gradients dropped and BatchNorm buffers put back
-        (the capture puts them back itself)."""
+        """Compile, and capture the CUDA graph, outside the timed epochs, without changing training
+        (`TrainStep.rehearse` puts weights and BatchNorm buffers back; the capture does so itself)."""
         if self.cfg.speed.compile == "off" and not self.use_graphs:
             return
         t0 = time.perf_counter()
         x, y = next(iter(self.train_loader))
         if self.cfg.speed.compile != "off":
-            saved = {k: v.clone() for k, v in self.raw_model.state_dict().items()}
-            self.model.train()
-            with sync_context(self.ddp, last_micro_step=True):
-                forward_backward(self.model, x, y, self.precision, 0.0, 1.0)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.raw_model.load_state_dict(saved)
-        if self.use_graphs and self.graphed is None:  # else the first timed epoch pays for the capture
-            smoothing = self.cfg.optim.label_smoothing
-            self.graphed = GraphedForwardBackward(self.model, self.precision, smoothing, x, y, forward_backward)
+            self.train_step.rehearse(x, y)
+        self.train_step.capture(x, y)  # else the first timed epoch pays for the capture
         sync(self.info.device)
         self.compile_s = time.perf_counter() - t0
         what = f"compiled ({self.cfg.speed.compile})" if self.cfg.speed.compile != "off" else "captured"
         self.log(f"{what} in {self.compile_s:.1f} s, outside the timed epochs")
 
-    def _micro_step(self, x: torch.Tensor, y: torch.Tensor, last: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward and backward of one micro-batch, replayed from a CUDA graph when one applies."""
-        smoothing = self.cfg.optim.label_smoothing
-        if self.use_graphs and self.graphed is None:
-            self.graphed = GraphedForwardBackward(self.model, self.precision, smoothing, x, y, forward_backward)
-        if self.graphed is not None:
-            if self.graphed.matches(x):
-                return self.graphed(x, y)
-            self.optimizer.zero_grad(set_to_none=False)  # odd shape: the gradients hold the last replay's
-        with sync_context(self.ddp, last):
-            return forward_backward(self.model, x, y, self.precision, smoothing, 1.0 / self.cfg.optim.grad_accum)
+    def begin_epoch(self, epoch: int) -> None:
+        """Every generator this epoch draws from starts from (seed, rank, epoch), so a resumed run
+        repeats the uninterrupted one bit for bit (engine/rng.py says why re-derived, not carried)."""
+        seed = epoch_seed(self.cfg.run.seed, self.info.rank, epoch)
+        init_epoch_rng(seed)
+        self.train_loader.set_epoch(epoch, seed)  # a new permutation (and shard) every epoch
+        self.model.train()
 
     def train_epoch(self, epoch: int) -> dict:
         from tqdm.auto import tqdm
 
         cfg, info = self.cfg, self.info
-        # Every generator this epoch draws from starts from (seed, rank, epoch), so a resumed run
-        # repeats the uninterrupted one bit for bit (engine/rng.py says why re-derived, not carried).
-        seed = epoch_seed(cfg.run.seed, info.rank, epoch)
-        init_epoch_rng(seed)
-        self.train_loader.set_epoch(epoch, seed)  # a new permutation (and shard) every epoch
-        self.model.train()
+        self.begin_epoch(epoch)
         clock = EpochClock()
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         correct = torch.zeros((), dtype=torch.int64, device=info.device)
@@ -291,25 +310,26 @@ class Trainer:
             dynamic_ncols=True,
         )
         it = iter(self.train_loader)
-        for i in range(self.micro_steps):
-            t0 = time.perf_counter()
-            with span(DATA_WAIT):
-                x, y = next(it)
-            clock.waited(time.perf_counter() - t0, y.shape[0])
-            maybe_inject_fault(epoch, i, self.micro_steps, info)  # test-only; see engine/fault.py
-            last = (i + 1) % accum == 0 or i + 1 == self.micro_steps
-            loss, right = self._micro_step(x, y, last)
-            loss_sum += loss
+        done = 0  # micro-batches taken this epoch
+        for step in range(self.steps_per_epoch):
+            # One accumulation group: `accum` micro-batches, fewer in an epoch's last group
+            # (TrainStep weights each by its real size).
+            group = []
+            for _ in range(min(accum, self.micro_steps - done)):
+                t0 = time.perf_counter()
+                with span(DATA_WAIT):
+                    x, y = next(it)
+                clock.waited(time.perf_counter() - t0, y.shape[0])
+                maybe_inject_fault(epoch, done, self.micro_steps, info)  # test-only; see engine/fault.py
+                group.append((x, y))
+                done += 1
+            loss, right = self.train_step(group)
+            loss_sum += loss  # at once: a graph replay's outputs are overwritten by the next one
             correct += right
-            if last:
-                optimizer_step(
-                    self.model, self.optimizer, self.precision, cfg.optim.grad_clip, zero_grad=self.graphed is None
-                )
-                self.scheduler.step()
-                if self.average is not None:  # eager, after the step: never inside a captured graph
-                    self.average.after_step(self.scheduler.last_epoch)
-            bar.update(1)
-            if not bar.disable and i % PROGRESS_EVERY == 0:
+            bar.update(len(group))
+            if step % max(1, PROGRESS_EVERY // accum) == 0:
+                self.board.note_loss(loss_sum, clock.images, self.scheduler.last_epoch)
+            if not bar.disable and step % max(1, PROGRESS_EVERY // accum) == 0:
                 bar.set_postfix(loss=f"{loss_sum.item() / clock.images:.4f}")  # note: a CPU-GPU sync point
         del it
         bar.close()
@@ -354,8 +374,15 @@ class Trainer:
     def fit(self) -> TrainResult:
         made = [d for d in (self.run_dir.parent, self.run_dir) if not d.exists()]
         self._prepare_run_dir()
+
+        def step_now() -> int:  # optimizer steps done: TensorBoard's x axis
+            return self.scheduler.last_epoch
+
         try:
-            with monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log):  # stopped on any exit
+            with (  # both stopped on any exit
+                open_board(self.cfg.run.tensorboard, self.info, self.run_dir, step_now, self.log) as self.board,
+                monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log, self.board.telemetry),
+            ):
                 return self._train_all_epochs()
         except UserError:
             # Bad input found only once training runs (a corrupt image that a worker fails to
@@ -376,6 +403,9 @@ class Trainer:
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
             f"accumulation = {global_batch} per step; {describe_lr(cfg.optim, info.world_size)}"
         )
+        if self.batch_line:
+            self.log(self.batch_line)
+        self.log(split_line(self.bundle))
         for line in class_lines(self.bundle):
             self.log(line)
         if self.bundle.size_from:
@@ -383,6 +413,8 @@ class Trainer:
         if self.decode_line:
             self.log(self.decode_line)
         self.log(f"run folder: {self.run_dir}")
+        if self.board.line:
+            self.log(self.board.line)
         if restarts_cannot_find_run(cfg):
             self.log(
                 "warning: torchrun may restart this job (--max-restarts) but it has no stable name: pass "
@@ -412,6 +444,7 @@ class Trainer:
     def _end_epoch(self, epoch: int, row: dict) -> None:
         if self.info.is_main:
             write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
+            self.board.end_epoch(row, self.scheduler.last_epoch)  # on disk before the checkpoint it resumes from
             save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
             skipped = f"  skipped {row['skipped_steps']}" if self.precision.scaler is not None else ""

@@ -7,11 +7,13 @@ the optimizer step (a few fused kernels; keeping it outside means the learning-r
 keeps working with a plain float lr on every torch version) and gradient clipping.
 
 Rules that make this safe:
-- shapes are static: the trainer only replays full batches (train loaders drop the last partial
-  batch) and falls back to the eager step for any other shape;
+- shapes are static: one graph per batch shape (train loaders drop the last partial batch, so
+  training needs one; `engine/train_step.py` keeps a second for the doctor's half-batch probe and
+  runs any other shape eagerly);
 - gradients live in the graph's memory pool and are *overwritten* by each replay, so the
   optimizer must not set them to None (`optimizer_step(..., zero_grad=False)`) and gradient
-  accumulation is not possible;
+  accumulation is not possible. Each graph keeps its own gradient tensors (`grads`); `bind_grads`
+  points the parameters' `.grad` back at them when another graph ran in between;
 - warm-up iterations (needed before capture: cuDNN autotuning, autocast caches, lazy
   allocations) run forward/backward only, and the module's parameters and BatchNorm buffers are
   put back afterwards in place, so capturing changes nothing about training;
@@ -62,9 +64,17 @@ class GraphedForwardBackward:
             for k, v in model.state_dict().items():
                 v.copy_(saved[k])  # in place: the graph holds these very tensors
         self.shape = tuple(x.shape)
+        # The tensors this graph's backward writes: held here so that another graph's capture
+        # (which sets .grad to None first) cannot free them.
+        self.grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
 
     def matches(self, x: torch.Tensor) -> bool:
         return tuple(x.shape) == self.shape
+
+    def bind_grads(self) -> None:
+        """Point every parameter's .grad at this graph's gradient tensors (what the optimizer reads)."""
+        for p, g in self.grads:
+            p.grad = g
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.static_x.copy_(x, non_blocking=True)

@@ -5,7 +5,7 @@ What Horovod replaces, and where:
   returns carries `HorovodCollectives`, so cnnpar.dist's reductions (epoch metrics, evaluation
   sums, the run-folder name) go through hvd.allreduce / hvd.broadcast_object;
 - gradient averaging: `apply_horovod` wraps the optimizer in hvd.DistributedOptimizer (instead of
-  wrapping the model in DDP) and broadcasts rank 0's parameters, buffers and optimizer state;
+  wrapping the model in DDP) and broadcasts rank 0's parameters and buffers;
 - sharding: unchanged, the loader's DistributedSampler already takes rank and size from DistInfo.
 
 Horovod 0.28.1 does not build against current PyTorch as released: scripts/install_horovod.sh
@@ -13,6 +13,10 @@ builds it, patched, into its own virtualenv. Nothing here imports horovod until 
 """
 
 from __future__ import annotations
+
+import itertools
+import os
+import sys
 
 import torch
 
@@ -31,34 +35,93 @@ def _hvd():
     return hvd
 
 
+class ContiguousGradients:
+    """A Horovod `Compression` that hands its collectives contiguous gradients.
+
+    Horovod's ops refuse any tensor that is not contiguous in the default (NCHW) layout, and
+    under channels_last (cnnpar's default) every conv weight and its gradient are NHWC. A
+    non-contiguous gradient is all-reduced as an NCHW copy and copied back into the gradient, so
+    the optimizer keeps seeing the parameter's layout. DistributedOptimizer calls these two as
+    `compression.compress(grad)` and `compression.decompress(output, ctx)`, then `grad.set_(...)`.
+    """
+
+    @staticmethod
+    def compress(tensor: torch.Tensor):
+        if tensor.is_contiguous():
+            return tensor, None
+        return tensor.contiguous(), tensor
+
+    @staticmethod
+    def decompress(tensor: torch.Tensor, ctx):
+        if ctx is None:
+            return tensor
+        return ctx.copy_(tensor)
+
+
+def broadcast_tensors(hvd, tensors: dict[str, torch.Tensor], prefix: str, root_rank: int = 0) -> None:
+    """hvd.broadcast_parameters for tensors of any layout: rank 0's values into every rank's
+    tensors, in place; a channels_last tensor goes through a contiguous copy (see above)."""
+    pending = []
+    for name, t in tensors.items():
+        buf = t if t.is_contiguous() else t.contiguous()
+        pending.append((t, buf, hvd.broadcast_async_(buf, root_rank, name=f"{prefix}.{name}")))
+    for t, buf, handle in pending:
+        hvd.synchronize(handle)
+        if buf is not t:
+            t.copy_(buf)
+
+
 class HorovodCollectives:
-    """The collectives cnnpar.dist needs, on Horovod (in place where dist's are in place)."""
+    """The collectives cnnpar.dist needs, on Horovod (in place where dist's are in place).
+
+    Horovod pairs the ranks' collectives by name, and its defaults do not suit: an unnamed
+    broadcast_object is named after the object's type, so rank 0 sending a tuple and rank 1 a
+    placeholder str wait for each other forever. Every call here gets a name from a counter that
+    all ranks advance in step, as they make the same calls in the same order (what torch.distributed
+    requires too).
+    """
 
     def __init__(self, hvd) -> None:
         self.hvd = hvd
+        self._calls = itertools.count()
+
+    def _name(self, kind: str) -> str:
+        return f"cnnpar.{kind}.{next(self._calls)}"
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
-        t.copy_(self.hvd.allreduce(t, op=self.hvd.Sum))
+        t.copy_(self.hvd.allreduce(t.contiguous(), op=self.hvd.Sum, name=self._name("sum")))
         return t
 
     def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
-        t.copy_(self.hvd.allreduce(t, op=self.hvd.Max))
+        t.copy_(self.hvd.allreduce(t.contiguous(), op=self.hvd.Max, name=self._name("max")))
         return t
 
     def broadcast_object(self, obj, src: int = 0):
-        return self.hvd.broadcast_object(obj, root_rank=src)
+        return self.hvd.broadcast_object(obj, root_rank=src, name=self._name("object"))
 
     def barrier(self) -> None:
         self.hvd.barrier()
 
     def broadcast_buffers(self, model: torch.nn.Module) -> None:
-        for name, b in model.named_buffers():
-            self.hvd.broadcast_(b, root_rank=0, name=f"buffer.{name}")
+        broadcast_tensors(self.hvd, dict(model.named_buffers()), self._name("buffers"))
 
 
 def init_horovod(device_request: str = "auto") -> DistInfo:
     hvd = _hvd()
     hvd.init()
+    if hvd.local_size() > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # torchrun's rule, which horovodrun lacks: N processes on a node each start one OpenMP thread
+        # per core, oversubscribe the cores, and (on the CPU) sum in another order than the same
+        # run under torchrun, so the two no longer agree to 1e-4.
+        os.environ["OMP_NUM_THREADS"] = "1"  # DataLoader workers and other children too
+        torch.set_num_threads(1)
+        if hvd.local_rank() == 0:
+            print(
+                f"cnnpar: OMP_NUM_THREADS=1 for each of the {hvd.local_size()} processes on this node, as torchrun "
+                "sets it; set OMP_NUM_THREADS to choose another count",
+                file=sys.stderr,
+                flush=True,
+            )
     device = pick_device(device_request, hvd.local_rank(), hvd.local_size())
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -89,6 +152,7 @@ def apply_horovod(
     wrapped = hvd.DistributedOptimizer(
         optimizer,
         named_parameters=model.named_parameters(),
+        compression=ContiguousGradients,  # channels_last gradients
         backward_passes_per_step=grad_accum,  # the all-reduce waits for the last micro-step
         op=hvd.Average,
     )
@@ -102,11 +166,10 @@ def apply_horovod(
         horovod_zero_grad()
 
     wrapped.zero_grad = zero_grad
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # parameters and BN buffers
-    if any(wrapped.state.values()):
-        hvd.broadcast_optimizer_state(wrapped, root_rank=0)
-    # A fresh optimizer has no state to send. hvd.broadcast_optimizer_state would first create
-    # some by taking a step with zero gradients, which for Adam(W) advances the step count (so
-    # every later bias correction is off by one) and applies one round of weight decay: training
-    # would then differ from the same run under DDP. Skipping it keeps the two identical.
+    broadcast_tensors(hvd, model.state_dict(), "state")  # parameters and BN buffers, any layout
+    # The optimizer is fresh here (a resumed run restores its checkpoint afterwards, on every rank
+    # from the same file), so it has no state to broadcast. hvd.broadcast_optimizer_state would
+    # first create some by taking a step with zero gradients, which for Adam(W) advances the step
+    # count (so every later bias correction is off by one) and applies one round of weight decay:
+    # training would then differ from the same run under DDP.
     return wrapped

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import resource
 import time
 
@@ -53,3 +54,12 @@ class EpochClock:
             "images_per_s": self.images / wall if wall > 0 else 0.0,
             "data_wait_share": self.data_wait / wall if wall > 0 else 0.0,
         }
+
+
+def free_device_memory(device: torch.device) -> None:
+    """Drop what a finished (or failed, e.g. out of memory) measurement left behind before the next one."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)

@@ -99,9 +99,14 @@ class TelemetrySampler:
     """`with TelemetrySampler(path):` samples every `interval_s` until the block exits, however it exits."""
 
     def __init__(
-        self, csv_path: str | Path, interval_s: float = DEFAULT_INTERVAL_S, log: Callable[[str], None] = print
+        self,
+        csv_path: str | Path,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        log: Callable[[str], None] = print,
+        on_sample: Callable[[list[dict]], None] | None = None,
     ) -> None:
         self.csv_path = Path(csv_path)
+        self.on_sample = on_sample  # also given each sample's rows (the run's TensorBoard scalars)
         self.interval_s = interval_s
         self.log = log
         self.rows = 0
@@ -177,6 +182,8 @@ class TelemetrySampler:
         self._writer.writerows(rows)
         self._file.flush()
         self.rows += len(rows)
+        if self.on_sample is not None:
+            self.on_sample(rows)
 
     def _run(self) -> None:
         try:
@@ -246,7 +253,13 @@ def plot_telemetry(
 
 
 @contextlib.contextmanager
-def monitor_run(enabled: bool, info: DistInfo, run_dir: Path, log: Callable[[str], None] = print) -> Iterator[None]:
+def monitor_run(
+    enabled: bool,
+    info: DistInfo,
+    run_dir: Path,
+    log: Callable[[str], None] = print,
+    on_sample: Callable[[list[dict]], None] | None = None,
+) -> Iterator[None]:
     """Sample while the block runs (one sampler per machine: local rank 0), then draw the timeline.
 
     Rank 0 writes telemetry.csv beside metrics.csv; the first process of every other machine
@@ -256,7 +269,7 @@ def monitor_run(enabled: bool, info: DistInfo, run_dir: Path, log: Callable[[str
         yield
         return
     stem = "telemetry" if info.rank == 0 else f"telemetry_rank{info.rank}"
-    sampler = TelemetrySampler(Path(run_dir) / f"{stem}.csv", log=log)
+    sampler = TelemetrySampler(Path(run_dir) / f"{stem}.csv", log=log, on_sample=on_sample)
     sampler.start()
     try:
         yield

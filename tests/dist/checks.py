@@ -29,6 +29,7 @@ from cnnpar.data.transforms import DeviceTransform
 from cnnpar.dist import DistInfo, destroy_distributed, init_distributed
 from cnnpar.engine import fault
 from cnnpar.engine.step import forward_backward, optimizer_step, sync_context, tta_logits
+from cnnpar.engine.train_step import TrainStep
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
@@ -206,6 +207,32 @@ def check_accumulation(info: DistInfo) -> dict:
     return out
 
 
+def check_step_groups(info: DistInfo) -> dict:
+    """The TrainStep under DDP: a group of two unequal micro-batches, then a short group of one,
+    each equal to one process's step on both ranks' samples as one batch (clipped, like above)."""
+    torch.manual_seed(13)
+    model = build_model("cnn3", 1, 10, 16).eval()  # eval-mode BN: outputs do not depend on the batch
+    ref = copy.deepcopy(model)
+    before = [p.detach().clone() for p in model.parameters()]
+    ddp = apply_ddp(model, info)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    step = TrainStep(ddp, Precision("fp32", info.device), opt, ddp=ddp, grad_clip=CLIP)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=1.0)
+    g = torch.Generator().manual_seed(14)
+    for sizes in ((5, 3), (4,)):  # samples per micro-batch, the same on every rank
+        xs = [torch.randn(info.world_size, n, 1, 16, 16, generator=g) for n in sizes]
+        ys = [torch.randint(0, 10, (info.world_size, n), generator=g) for n in sizes]
+        step([(x[info.rank], y[info.rank]) for x, y in zip(xs, ys)])
+        ref_opt.zero_grad()
+        x_all = torch.cat([x.flatten(0, 1) for x in xs])
+        F.cross_entropy(ref(x_all), torch.cat([y.flatten() for y in ys])).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), CLIP)
+        ref_opt.step()
+    update = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before))
+    gap = max(float((p.detach() - r.detach()).abs().max()) for p, r in zip(model.parameters(), ref.parameters()))
+    return {"params": digest(model.parameters()), "max_update": update, "max_gap_to_reference": gap}
+
+
 def check_sync_bn_on_cpu(info: DistInfo) -> dict:
     try:
         apply_sync_bn(build_model("cnn3", 1, 10, 16), info, True)
@@ -225,6 +252,7 @@ def main() -> None:
         results["speed_recipe"] = check_speed_recipe(info, work)
         results["store"] = check_store(info, work)
         results["accumulation"] = check_accumulation(info)
+        results["step_groups"] = check_step_groups(info)
         results["sync_bn_cpu"] = check_sync_bn_on_cpu(info)
     finally:
         destroy_distributed()

@@ -97,6 +97,14 @@ def test_no_sync_accumulation_equals_one_large_batch(ranks):
     assert a["params"] == b["params"]
 
 
+def test_train_step_groups_of_any_size_equal_one_large_batch_under_ddp(ranks):
+    for r in ranks:
+        got = r["step_groups"]
+        assert got["max_update"] > 1e-3
+        assert got["max_gap_to_reference"] <= 1e-5 * got["max_update"] + 1e-7
+    assert ranks[0]["step_groups"]["params"] == ranks[1]["step_groups"]["params"]
+
+
 def test_gradient_clipping_sees_the_same_global_norm_on_every_rank(ranks):
     a, b = (r["accumulation"] for r in ranks)
     assert a["norm"] == b["norm"]

@@ -30,6 +30,7 @@ def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
     assert float(two["images_per_s_per_device"]) == pytest.approx(ips2 / 2, rel=1e-3)
     for r in rows:  # the real host pipeline, not a resident data set; the facts every result carries
         assert r["resident"] == "False"
+        assert r["step"] == "eager"  # the same kind of step at world size 1 as under DDP
         assert r["torch"] and r["device"] and r["git_rev"] and r["model"] == "cnn3"
 
     report = json.loads(out.with_suffix(".json").read_text())

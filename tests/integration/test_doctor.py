@@ -60,6 +60,9 @@ def test_slow_png_folder_is_data_bound(cli, slow_folder):
         f"cnnpar prepare {slow_folder} --out {store} --max-side 40 && "
         f"cnnpar train --data {store} --model cnn3 --image-size 32"
     )
+    user = ["--data", str(slow_folder), "--image-size", "32", "--workers", "0", "--batch-size", "4"]
+    user += ["--val-fraction", "0", "--model", "cnn3", "--device", "cpu"]
+    assert_commands_run_the_change(result["recommendations"], user, slow_folder)
     tried = [r for r in result["recommendations"] if r["tried_gain"] is not None]
     assert [r["key"] for r in tried] == ["workers"] and tried[0]["tried_images_per_s"] > 0
     assert result["tries"][0]["change"] == tried[0]["change"] and tried[0]["change"]["data"]["workers"] >= 1
@@ -67,6 +70,29 @@ def test_slow_png_folder_is_data_bound(cli, slow_folder):
         assert (out / name).stat().st_size > 0
     assert "# cnnpar doctor: data-bound" in (out / "report.md").read_text()
     assert not (cli.cwd / "runs").exists()  # the doctor makes no run folder
+
+
+def assert_commands_run_the_change(recommendations: list[dict], user_args: list[str], folder) -> None:
+    """Each recommendation's command is the user's own train command with its change applied: parsed
+    back by cnnpar's CLI it gives exactly the user's config plus the change."""
+    import shlex
+
+    from cnnpar.cli import build_parser
+    from cnnpar.cliargs import config_from_args
+
+    def parsed(words: list[str]):
+        assert words[:2] == ["cnnpar", "train"], words
+        return config_from_args(build_parser().parse_args(words[1:]))
+
+    user = parsed(["cnnpar", "train", *user_args])
+    for r in recommendations:
+        if r["key"] == "pre-decode":
+            prepare, train = r["command"].split(" && ")
+            assert shlex.split(prepare)[:3] == ["cnnpar", "prepare", str(folder)]
+            assert parsed(shlex.split(train)) == with_overrides(user, data={"source": f"{folder}.cnnpar"})
+        else:
+            assert r["change"], r
+            assert parsed(shlex.split(r["command"])) == with_overrides(user, **r["change"]), r["command"]
 
 
 def test_heavy_model_on_memory_is_compute_bound(tmp_path):

@@ -46,6 +46,27 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
     assert second == with_overrides(first, run={"name": "again", "epochs": 1, "progress": False})
     assert first.speed.device == "cpu"  # resolved, not "auto"
     assert first.speed.precision in ("fp32", "bf16") and first.speed.channels_last == "on"
+    assert_nothing_left_auto(first)
+    text = (run / "config.toml").read_text()
+    assert "# requested: run.batch_size = auto" in text and "# requested: data.workers = -1" in text
+    assert first.run.batch_size == 64 and first.data.image_size == 16 and first.data.num_classes == 10
+    # the start of the run says what it trains on
+    assert "data: input 1x16x16, train 1,438, validation 359: a seeded 20% hold-out" in p.stdout
+    assert "classes: 10 (labels' max + 1)" in p.stdout and "batch 64/process" in p.stdout
+
+
+def assert_nothing_left_auto(cfg) -> None:
+    """Every field whose default is "auto" (or 0 meaning auto) holds what the run resolved it to."""
+    from dataclasses import fields
+
+    from cnnpar.config import SECTIONS, Config
+
+    for sec in SECTIONS:
+        for f in fields(getattr(Config(), sec)):
+            value = getattr(getattr(cfg, sec), f.name)
+            assert value != "auto", f"{sec}.{f.name}"
+            if f.metadata.get("auto_zero"):
+                assert value != 0, f"{sec}.{f.name}"
 
 
 def test_a_piped_log_gets_plain_lines_and_a_terminal_gets_the_bar(monkeypatch, tmp_path):

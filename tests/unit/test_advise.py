@@ -75,10 +75,23 @@ def test_fixed_overhead_or_idle_gpu_is_host_bound():
     assert batch.change == {"run": {"batch_size": 128}}
     # step(128) = 0.7 + 2 * 0.3 (in units of step(64)) for twice the images; serial data cost unchanged
     assert abs(batch.est_gain - (1e-4 + 1e-3) / (1e-4 + 1e-3 * (0.7 + 0.6) / 2)) < 1e-9
-    gpu = facts(device_type="cuda", gpu_idle_share=0.5, bf16_supported=True)
+    gpu = facts(device_type="cuda", gpu_idle_share=0.5, bf16_supported=True, cuda_graphs="off")
     assert diagnose(gpu).verdict == HOST_BOUND
     keys = [r.key for r in recommend(gpu)]
     assert "cuda-graphs" in keys and "bf16" in keys and "resident" in keys
+
+
+def test_graph_advice_is_cnnpars_own_switch_and_only_where_it_would_take_effect():
+    """`--compile reduce-overhead` makes the trainer turn its own graphs off, so the doctor never
+    advises it; it advises `--cuda-graphs on` only when the graphs are off and could be on."""
+    idle = dict(device_type="cuda", gpu_idle_share=0.5, bf16_supported=True)
+    graphs = next(r for r in recommend(facts(**idle, cuda_graphs="off")) if r.key == "cuda-graphs")
+    assert graphs.action == "--cuda-graphs on" and graphs.change == {"speed": {"cuda_graphs": "on"}}
+    for state in ("on", "n/a"):  # already replayed, or blocked (accumulation, compile's own graphs)
+        assert "cuda-graphs" not in [r.key for r in recommend(facts(**idle, cuda_graphs=state))]
+    for state in ("on", "off", "n/a"):
+        for r in recommend(facts(**idle, cuda_graphs=state)):
+            assert "reduce-overhead" not in r.action and "reduce-overhead" not in str(r.change)
 
 
 def test_compute_bound_gpu_gets_no_data_advice():
@@ -88,3 +101,19 @@ def test_compute_bound_gpu_gets_no_data_advice():
     assert {r.key for r in recos} <= {"bf16", "channels-last", "compile"}
     assert recos[0].key == "bf16"
     assert [r.est_gain for r in recos] == sorted((r.est_gain for r in recos), reverse=True)
+
+
+def test_an_idle_gpu_with_free_memory_gets_the_searched_batch():
+    from cnnpar.doctor.advise import wants_batch_search
+
+    idle = facts(device_type="cuda", precision="bf16", channels_last="on", gpu_idle_share=0.67, peak_mem_share=0.02)
+    assert wants_batch_search(idle)
+    assert not wants_batch_search(facts(device_type="cuda", gpu_idle_share=0.67, peak_mem_share=0.6))  # memory
+    assert not wants_batch_search(facts(device_type="cuda", gpu_idle_share=0.02, peak_mem_share=0.02, fixed_step_s=0))
+    assert not wants_batch_search(facts(gpu_idle_share=0.67, peak_mem_share=0.02))  # the CPU keeps its 64
+    assert not [r for r in recommend(idle) if r.key == "batch"]  # without a search, 10 % fixed cost: no advice
+    searched = facts(**{**idle.__dict__, "searched_batch": 256, "searched_gain": 2.5})
+    (batch,) = [r for r in recommend(searched) if r.key == "batch"]
+    assert batch.change == {"run": {"batch_size": 256}} and batch.action == "--batch-size 256"
+    assert "2.50x the step speed per image" in batch.why and "idle 67% of the step" in batch.why
+    assert batch.est_gain > 1.5  # the step is most of the loop here, and 2.5x faster per image

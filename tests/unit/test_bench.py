@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import cnnpar.engine.harness as harness
+import cnnpar.engine.train_step as train_step
 from cnnpar.bench.claims import verdict
 from cnnpar.bench.ladder import RUNG_NAMES, plan_ladder, run_ladder
 from cnnpar.bench.timing import Timing
@@ -30,14 +30,14 @@ def digits8():
 
 def test_a_failing_rung_is_recorded_and_the_ladder_goes_on(digits8, monkeypatch):
     cfg, bundle = digits8
-    real = harness.forward_backward
+    real = train_step.forward_backward
 
     def oom_under_fp16(model, x, y, precision, *args):
         if precision.kind == "fp16":
             raise RuntimeError("out of memory: tried to allocate 1 PiB (injected)")
         return real(model, x, y, precision, *args)
 
-    monkeypatch.setattr(harness, "forward_backward", oom_under_fp16)  # the step the bench drives
+    monkeypatch.setattr(train_step, "forward_backward", oom_under_fp16)  # the step the bench drives
     rows = run_ladder(cfg, bundle, CPU, Timing(1, 2, 1), {}, only={"baseline", "fp16_scaler", "channels_last"},
                       log=lambda s: None)  # fmt: skip
     by = {r["name"]: r for r in rows}
@@ -86,8 +86,35 @@ def test_verdict_needs_half_the_claimed_effect():
 
 
 def test_bad_target_is_one_line_user_error(capsys):
-    assert main(["bench", "--tta", "--target", "99"]) == 2
+    assert main(["bench", "--time-to-accuracy", "--target", "99"]) == 2
     err = capsys.readouterr().err
     assert "bench --target 99.0: expected a validation accuracy in (0, 1]" in err
     assert main(["bench", "--only", "warp_drive", "--device", "cpu"]) == 2
     assert "unknown rung(s) warp_drive" in capsys.readouterr().err
+
+
+def test_the_old_time_to_accuracy_flag_names_its_new_name(capsys):
+    # --tta meant time to accuracy and read like test-time augmentation (--tta-flip, --tta-level)
+    assert main(["bench", "--tta", "--target", "0.99", "--epochs", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "bench --tta is now --time-to-accuracy" in err
+    assert "cnnpar bench --time-to-accuracy --target 0.99 --epochs 3" in err
+
+
+def test_timed_steps_are_sized_from_one_steps_time():
+    t = Timing(warmup=3, steps=30, repeats=5, seconds=2.0)
+    assert t.steps_for(0.240) == 3  # a 240 ms fp32 ResNet-50 step: the floor of 3 per repeat
+    assert t.steps_for(0.040) == 10  # 2 s / 5 repeats / 40 ms
+    assert t.steps_for(0.006) == 30  # a 6 ms step: capped by --timed-steps
+    assert Timing(steps=30, seconds=0).steps_for(0.240) == 30  # --timed-s 0: a fixed count
+
+
+def test_a_rung_started_after_the_budget_is_skipped_and_says_why(digits8):
+    cfg, bundle = digits8
+    now = [0.0]
+    jump = lambda line: now.__setitem__(0, 999.0)  # noqa: E731  the first rung "takes" 999 s
+    rows = run_ladder(cfg, bundle, CPU, Timing(1, 2, 1), {}, only={"baseline", "bf16"}, log=jump, budget_s=10,
+                      clock=lambda: now[0])  # fmt: skip
+    by = {r["name"]: r for r in rows}
+    assert by["baseline"]["status"] == "ok"
+    assert by["bf16"]["status"] == "skipped" and "time budget spent (10 s" in by["bf16"]["error"]

@@ -21,7 +21,7 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
         ("doctor", "--max-seconds", "(default: 30.0)"),
         ("profile", "--prof-active", "(default: 5)"),
         ("bench", "--timed-steps", "(default: 30)"),
-        ("bench", "--warmup-steps", "(default: 5)"),
+        ("bench", "--warmup-steps", "(default: 3)"),
         ("tune", "--budget-s", "(default: 600)"),
         ("tune", "--out", "(default: tuned.toml)"),
         ("prepare", "--max-side", "(default: 256)"),

@@ -1,0 +1,149 @@
+"""One measurement in a child process that the parent kills at a hard time limit.
+
+A torch.compile (max-autotune above all) can spend minutes inside one Python call; no timer in
+the measuring process can stop it there. So the tuner's trials, and the claims whose compile has
+no known bound, run as `python -m cnnpar.bench.trial SPEC.json RESULT.json`, and at the limit the
+parent kills the child's whole process group.
+
+Why a subprocess and not multiprocessing spawn: the child starts in a session of its own, so one
+`killpg` stops it together with everything it started (Inductor's compile workers, DataLoader
+workers), and the driver takes its device memory back at once; spawn's children share the
+parent's group, would re-import the parent's `__main__` (the CLI), and need picklable arguments.
+The child's output goes to a log file, whose last line says what it was doing when it was cut
+off. Every trial also starts clean: no allocator fragments left by an earlier out-of-memory, no
+Dynamo caches or cuDNN and TF32 flags carried over from the trial before. The cost is a fresh
+`import torch` per trial (about 2 to 5 s), which the limit counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OK, FAILED, CUT_OFF = "ok", "failed", "cut off"
+POLL_S = 15.0  # how often a running child's progress (its last log line) is shown
+
+
+@dataclass
+class ChildResult:
+    status: str  # OK, FAILED or CUT_OFF
+    value: dict = field(default_factory=dict)  # what the child measured (OK only)
+    error: str = ""  # FAILED: the child's error line; CUT_OFF: the limit and the child's last line
+    wall_s: float = 0.0
+
+
+def child_command(spec_path: Path, result_path: Path) -> list[str]:
+    return [sys.executable, "-m", "cnnpar.bench.trial", str(spec_path), str(result_path)]
+
+
+MARK = "trial: "  # starts every progress line a child prints itself (`say`), so warnings are not shown
+
+
+def say(text: str) -> None:
+    """A child's progress line: the parent shows the last one while it waits, and when it cuts off."""
+    print(MARK + text, flush=True)
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    own = [ln.removeprefix(MARK) for ln in lines if ln.startswith(MARK)]
+    return (own or lines or [""])[-1][:200]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child and whatever it started (start_new_session)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_child(
+    spec: dict,
+    limit_s: float,
+    log: Callable[[str], None] = print,
+    poll_s: float = POLL_S,
+    command: Callable[[Path, Path], list[str]] = child_command,
+) -> ChildResult:
+    """Run `spec` in a child process; kill it (and its children) when `limit_s` seconds have passed."""
+    with tempfile.TemporaryDirectory(prefix="cnnpar-trial-") as tmp:
+        spec_path, result_path, log_path = Path(tmp, "spec.json"), Path(tmp, "result.json"), Path(tmp, "child.log")
+        spec_path.write_text(json.dumps(spec))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        start = time.monotonic()
+        with open(log_path, "wb") as out:
+            proc = subprocess.Popen(
+                command(spec_path, result_path), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+            try:
+                while True:
+                    left = limit_s - (time.monotonic() - start)
+                    if left <= 0:
+                        _kill_group(proc)
+                        wall = time.monotonic() - start
+                        last = _last_line(log_path)
+                        why = f"cut off at the {limit_s:.0f} s limit" + (f" (last: {last})" if last else "")
+                        return ChildResult(CUT_OFF, error=why, wall_s=wall)
+                    try:
+                        proc.wait(timeout=min(left, poll_s))
+                        break
+                    except subprocess.TimeoutExpired:
+                        log(f"  ... {time.monotonic() - start:.0f} s: {_last_line(log_path) or 'starting'}")
+            except BaseException:  # Ctrl-C in the parent: the child lives in its own session, so stop it here
+                _kill_group(proc)
+                raise
+        wall = time.monotonic() - start
+        if result_path.is_file():
+            value = json.loads(result_path.read_text())
+            if value.get("status") == OK:
+                return ChildResult(OK, value, wall_s=wall)
+            return ChildResult(FAILED, value, value.get("error", "") or _last_line(log_path), wall)
+        return ChildResult(FAILED, error=f"exit code {proc.returncode}: {_last_line(log_path)}", wall_s=wall)
+
+
+def _run(spec: dict) -> dict:
+    """The child's side: dispatch on the spec's kind; import only what that kind needs."""
+    kind = spec["kind"]
+    if kind == "train":
+        from .tune import measure_in_child
+
+        return measure_in_child(spec)
+    if kind == "claim":
+        from .claims import measure_claim_in_child
+
+        return measure_claim_in_child(spec)
+    raise ValueError(f"unknown trial kind {kind!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cnnpar.errors import first_line
+    from cnnpar.report.files import write_json_atomic
+
+    spec_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        value = {"status": OK, **_run(spec)}
+        code = 0
+    except Exception as e:  # out of memory, an unsupported mode: a result the parent reports
+        import torch
+
+        oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
+        value = {"status": FAILED, "error": f"{type(e).__name__}: {first_line(e)}"[:300], "oom": oom}
+        code = 1
+    write_json_atomic(result_path, value)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""`--batch-size auto`: the largest batch that fits with a margin and still raises measured throughput.
+
+The search doubles the batch from 64 (the CPU default, and what every run used before) and times
+a few steps at each size; it keeps doubling while a size fits within the memory margin and is at
+least `MIN_GAIN` faster per image than the size before it. Beyond the point where the device is
+saturated a larger batch buys no speed, only fewer optimizer steps per epoch (which costs accuracy
+per epoch), so the search stops at the first doubling that gains too little.
+
+The learning rate follows the batch by a stated rule (`lr_factor`): `--lr` is the lr for batch 64,
+and an automatically chosen batch B multiplies it by B / 64 for SGD (the linear scaling rule,
+Goyal et al. 2017) or by sqrt(B / 64) for AdamW (the square-root rule for adaptive optimizers,
+Malladi et al. 2022); the schedule's warm-up stays as configured (a one-cycle schedule warms up
+over its first 15 % of steps by default, which is what makes the larger lr safe early on).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from cnnpar.config import Config
+from cnnpar.dist import DistInfo, all_reduce_max
+from cnnpar.engine.optim import build_optimizer
+from cnnpar.engine.train_step import TrainStep
+from cnnpar.parallel.apply import apply_channels_last
+from cnnpar.parallel.precision import Precision
+from cnnpar.report.meters import free_device_memory
+
+START = 64  # the CPU's fixed default, and the search's first size
+MIN_GAIN = 1.05  # a doubling must be 5 % faster per image to be kept: smaller gains are within run-to-run noise
+MEMORY_SHARE = 0.5  # a probe step may use half the memory free at the search: room for resident data, compile's
+# different buffers and the allocator's fragmentation later in the run
+MIN_STEPS_PER_EPOCH = 16  # never so large a batch that an epoch has fewer optimizer steps than this
+REFERENCE_BATCH = START  # --lr is the lr at this batch when the batch is chosen automatically
+WARMUP_STEPS = 3  # cuDNN autotuning and the CUDA graph's capture happen here, untimed
+TIMED_STEPS = 6
+
+
+@dataclass
+class Probe:
+    """One size tried: throughput and peak memory of a few timed steps, or why it failed."""
+
+    batch: int
+    images_per_s: float = 0.0
+    peak_bytes: int = 0
+    failed: str = ""
+
+
+@dataclass
+class BatchChoice:
+    batch: int
+    stopped: str  # why the search ended where it did
+    probes: list[Probe] = field(default_factory=list)
+
+    def line(self) -> str:
+        tried = ", ".join(
+            f"{p.batch}: {p.failed}" if p.failed else f"{p.batch}: {p.images_per_s:,.0f} img/s" for p in self.probes
+        )
+        return f"batch size auto: {self.batch} (measured {tried}; stopped: {self.stopped})"
+
+
+def batch_cap(train_samples: int, world_size: int) -> int:
+    """The largest batch that still gives every process MIN_STEPS_PER_EPOCH steps an epoch."""
+    return max(1, train_samples // (world_size * MIN_STEPS_PER_EPOCH))
+
+
+def choose_batch_size(
+    measure: Callable[[int], Probe], memory_budget: int, cap: int, start: int = START, min_gain: float = MIN_GAIN
+) -> BatchChoice:
+    """Double from `start` while a size fits `memory_budget` bytes, stays within `cap` and gains `min_gain`.
+
+    A failure at the first size (out of memory) halves instead, down to 1, so a model too large for
+    64 still trains; a failure anywhere later ends the search at the last size that worked.
+    """
+    if cap <= start:
+        return BatchChoice(start, f"the data set allows no larger batch ({MIN_STEPS_PER_EPOCH} steps per epoch)")
+    probes: list[Probe] = []
+    batch = start
+    while True:  # the first size that fits: halve on failure
+        p = measure(batch)
+        probes.append(p)
+        if not p.failed and p.peak_bytes <= memory_budget:
+            break
+        if batch == 1:
+            why = p.failed or f"needs {gib(p.peak_bytes)} of the {gib(memory_budget)} allowed"
+            return BatchChoice(1, f"batch 1 {why}: expect the run to run out of memory", probes)
+        batch //= 2
+    best = p
+    if batch < start:
+        return BatchChoice(best.batch, f"batch {2 * batch} did not fit", probes)
+    while True:
+        batch *= 2
+        if batch > cap:
+            stopped = f"batch {batch} would leave fewer than {MIN_STEPS_PER_EPOCH} steps per epoch"
+            break
+        p = measure(batch)
+        probes.append(p)
+        if p.failed:
+            stopped = f"batch {batch} failed ({p.failed})"
+            break
+        if p.peak_bytes > memory_budget:
+            stopped = f"batch {batch} needs {gib(p.peak_bytes)}, over the margin of {gib(memory_budget)}"
+            break
+        if p.images_per_s < min_gain * best.images_per_s:
+            stopped = (
+                f"batch {batch} is less than {round(100 * (min_gain - 1))} % faster than {best.batch} "
+                "(the device is saturated)"
+            )
+            break
+        best = p
+    return BatchChoice(best.batch, stopped, probes)
+
+
+def lr_factor(optimizer: str, batch: int, reference: int = REFERENCE_BATCH) -> float:
+    """How much the lr grows with an automatically chosen batch (see the module's docstring)."""
+    ratio = batch / reference
+    return ratio if optimizer == "sgd" else math.sqrt(ratio)
+
+
+def lr_rule(optimizer: str) -> str:
+    return "linear (SGD)" if optimizer == "sgd" else "square root (AdamW)"
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def device_probe(
+    raw_model: nn.Module, cfg: Config, info: DistInfo, shape: tuple[int, int, int], num_classes: int, cuda_graphs: bool
+) -> Callable[[int], Probe]:
+    """Time the run's own step (`TrainStep`: precision, optimizer, CUDA graphs where the run will use
+    them) at a batch size, on a copy of its model and random inputs of its shape. Compile is left
+    out: a compile per candidate size would take minutes, and compiled steps scale with the batch
+    the same way."""
+    device = info.device
+    fmt = torch.channels_last if cfg.speed.channels_last == "on" else torch.contiguous_format
+
+    def measure(batch: int) -> Probe:
+        free_device_memory(device)
+        base = torch.cuda.memory_allocated(device)
+        model = apply_channels_last(copy.deepcopy(raw_model), cfg.speed.channels_last == "on").to(device)
+        optimizer = build_optimizer(model, cfg.optim, cfg.optim.lr, device)
+        step = TrainStep(model, Precision(cfg.speed.precision, device), optimizer, cuda_graphs=cuda_graphs)
+        try:
+            x = torch.randn(batch, *shape, device=device).contiguous(memory_format=fmt)
+            y = torch.randint(0, num_classes, (batch,), device=device)
+            for _ in range(WARMUP_STEPS):
+                step([(x, y)])
+            torch.cuda.synchronize(device)  # note: a CPU-GPU sync point, before the clock starts
+            t0 = time.perf_counter()
+            for _ in range(TIMED_STEPS):
+                step([(x, y)])
+            torch.cuda.synchronize(device)  # note: a CPU-GPU sync point, so the time covers the device's work
+            seconds = time.perf_counter() - t0
+            return Probe(batch, batch * TIMED_STEPS / seconds, torch.cuda.max_memory_allocated(device) - base)
+        except torch.cuda.OutOfMemoryError:
+            return Probe(batch, failed="out of memory")
+        finally:
+            del model, optimizer, step
+            free_device_memory(device)
+
+    return measure
+
+
+def memory_budget(device: torch.device) -> int:
+    return int(MEMORY_SHARE * torch.cuda.mem_get_info(device)[0])
+
+
+def search_on_device(
+    raw_model: nn.Module,
+    cfg: Config,
+    info: DistInfo,
+    shape: tuple[int, int, int],
+    num_classes: int,
+    train_samples: int,
+    cuda_graphs: bool,
+) -> BatchChoice:
+    """`choose_batch_size` with `device_probe`. Under DDP each rank searches its own GPU and all take
+    the smallest answer."""
+    measure = device_probe(raw_model, cfg, info, shape, num_classes, cuda_graphs)
+    cap = batch_cap(train_samples, info.world_size * cfg.optim.grad_accum)
+    choice = choose_batch_size(measure, memory_budget(info.device), cap)
+    if info.distributed:  # the smallest rank's answer, so every rank trains the same batch
+        agreed = -int(all_reduce_max(torch.tensor([-choice.batch], device=info.device), info).item())
+        if agreed != choice.batch:
+            choice = BatchChoice(agreed, f"{choice.stopped}; another rank's search ended at {agreed}", choice.probes)
+    return choice

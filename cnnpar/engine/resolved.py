@@ -1,0 +1,53 @@
+"""The config a run writes: every "auto" replaced by what the run actually does.
+
+`resolve_for_device` settles what depends on the machine; what depends on the data (its format,
+image size, class count, augmentation) or on the loader that was built (workers, resident data, the
+GPU decoder's resize) is only known once those exist, so it is filled in here. The values the user
+asked for stand beside the resolved ones as TOML comments: the file stays loadable with --config
+(which then repeats exactly this run) and still says what was chosen automatically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+from cnnpar.config import SECTIONS, Config
+from cnnpar.data import DataBundle
+from cnnpar.data.loader import DeviceFeeder, ResidentLoader
+from cnnpar.data.sources import detect_format
+from cnnpar.data.transforms import resolve_augment
+
+
+def data_resolved(cfg: Config, bundle: DataBundle, train_loader: DeviceFeeder, graphs: bool) -> Config:
+    """`graphs`: whether the step really runs as a CUDA graph (the trainer may turn a resolved "on"
+    off where graphs cannot apply, and says why)."""
+    decoder = train_loader.decoder
+    resident = isinstance(train_loader.loader, ResidentLoader) or bool(getattr(decoder, "resident", False))
+    d = cfg.data
+    return replace(
+        cfg,
+        speed=replace(cfg.speed, cuda_graphs="on" if graphs else "off"),
+        data=replace(
+            d,
+            format=detect_format(d.source, d.format),
+            image_size=bundle.shape[-1],
+            num_classes=bundle.num_classes,
+            workers=int(getattr(train_loader.loader, "num_workers", 0)),
+            resident="on" if resident else "off",
+            gpu_resize=getattr(decoder, "resize", None) or ("batched" if cfg.speed.device == "cuda" else "loop"),
+            augment=resolve_augment(d.augment, bundle.shape, bundle.loader_crops),
+        ),
+    )
+
+
+def requested_lines(requested: Config, resolved: Config) -> list[str]:
+    """`# requested: section.field = value` for each field the run resolved to something else."""
+    lines = []
+    for sec in SECTIONS:
+        want, got = getattr(requested, sec), getattr(resolved, sec)
+        for f in fields(want):
+            a, b = getattr(want, f.name), getattr(got, f.name)
+            if a != b:
+                shown = "auto" if f.metadata.get("auto_zero") and a == 0 else repr(a)
+                lines.append(f"# requested: {sec}.{f.name} = {shown}")
+    return lines

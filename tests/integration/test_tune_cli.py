@@ -1,0 +1,30 @@
+"""`cnnpar tune` end to end on the CPU: a real child per trial, the budget kept, a tuned.toml that
+`cnnpar train` accepts. The search's logic is tested on a fake clock in tests/unit/test_tune.py."""
+
+from __future__ import annotations
+
+import csv
+import time
+import tomllib
+
+from cnnpar.config import from_dict
+
+
+def test_tune_command_ends_within_its_budget_and_writes_a_config_train_accepts(cli):
+    out = cli.cwd / "tuned.toml"
+    start = time.monotonic()
+    # the start may take the whole budget (a child imports torch: 5-15 s on a loaded 2-core machine);
+    # later trials get 4 s each, so most are cut off: the run still ends on time with the best so far
+    res = cli("tune", "--budget-s", "25", "--trial-s", "4", "--steps", "2", "--repeats", "1", "--batch-size", "32",
+              "--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "256", "--device", "cpu",
+              "--out", str(out))  # fmt: skip
+    wall = time.monotonic() - start
+    assert res.returncode == 0, res.stderr
+    assert wall <= 25 * 1.1 + 1  # + 1: the test's own clock starts before the interpreter does
+    rows = list(csv.DictReader((cli.cwd / "tuned.csv").open()))
+    assert rows[0]["status"] == "start" and float(rows[0]["images_per_s"]) > 0
+    assert {r["status"] for r in rows[1:]} <= {"kept", "ok", "failed", "cut off", "skipped"}
+    cfg = from_dict(tomllib.loads(out.read_text()))  # a valid config tree, every field checked
+    assert cfg.model.name == "cnn3" and cfg.speed.precision != "auto"  # resolved, as the trial ran
+    train = cli("train", "--config", str(out), "--epochs", "1", "--max-steps", "2", "--no-progress")
+    assert train.returncode == 0, train.stderr

@@ -1,0 +1,129 @@
+"""The batch-size search's logic, driven by a fake measurement (throughput and memory by batch)."""
+
+import math
+
+import pytest
+
+from cnnpar.cliargs import int_or_auto
+from cnnpar.config import Config, RunConfig, resolve_for_device
+from cnnpar.engine.batch_size import Probe, batch_cap, choose_batch_size, lr_factor
+
+GIB = 2**30
+
+
+def fake_device(rates: dict[int, float], gib_per_image: float = 0.01, oom_above: int = 10**9):
+    calls = []
+
+    def measure(batch: int) -> Probe:
+        calls.append(batch)
+        if batch > oom_above:
+            return Probe(batch, failed="out of memory")
+        return Probe(batch, rates[batch], int(batch * gib_per_image * GIB))
+
+    return measure, calls
+
+
+def test_doubles_while_throughput_rises_and_stops_at_saturation():
+    measure, calls = fake_device({64: 30_000, 128: 50_000, 256: 70_000, 512: 80_000, 1024: 82_000})
+    choice = choose_batch_size(measure, memory_budget=100 * GIB, cap=10_000)
+    assert choice.batch == 512  # 1024 gains 2.5 %, under the 5 % a doubling must buy
+    assert calls == [64, 128, 256, 512, 1024]
+    assert "saturated" in choice.stopped and "1024" in choice.line() and "82,000" in choice.line()
+
+
+def test_memory_margin_and_oom_end_the_search_at_the_last_size_that_fitted():
+    rates = {b: float(b) for b in (64, 128, 256, 512, 1024)}  # always faster
+    by_margin = choose_batch_size(fake_device(rates, gib_per_image=0.1)[0], memory_budget=30 * GIB, cap=10_000)
+    assert by_margin.batch == 256 and "over the margin" in by_margin.stopped  # 512 images need 51 GiB
+    by_oom = choose_batch_size(fake_device(rates, oom_above=128)[0], memory_budget=100 * GIB, cap=10_000)
+    assert by_oom.batch == 128 and "out of memory" in by_oom.stopped
+
+
+def test_small_data_sets_keep_enough_steps_per_epoch():
+    assert batch_cap(50_000, 1) == 3125 and batch_cap(50_000, 4) == 781 and batch_cap(10, 1) == 1
+    measure, calls = fake_device({b: float(b) for b in (64, 128, 256, 512)})
+    choice = choose_batch_size(measure, memory_budget=100 * GIB, cap=batch_cap(6_000, 1))  # cap 375
+    assert choice.batch == 256 and calls == [64, 128, 256] and "steps per epoch" in choice.stopped
+    tiny = choose_batch_size(measure, memory_budget=100 * GIB, cap=batch_cap(1_000, 1))  # cap 62
+    assert tiny.batch == 64 and tiny.probes == []  # nothing measured: the data set decides
+
+
+def test_a_model_too_large_for_64_halves_until_it_fits():
+    measure, calls = fake_device({b: float(b) for b in (8, 16, 32, 64)}, oom_above=16)
+    choice = choose_batch_size(measure, memory_budget=100 * GIB, cap=10_000)
+    assert choice.batch == 16 and calls == [64, 32, 16]
+
+
+def test_lr_follows_the_batch_by_the_optimizers_rule():
+    assert lr_factor("sgd", 512) == 8.0
+    assert lr_factor("adamw", 512) == pytest.approx(math.sqrt(8))
+    assert lr_factor("adamw", 64) == 1.0
+
+
+def test_auto_is_a_word_on_the_command_line_and_64_on_the_cpu():
+    assert int_or_auto("auto") == 0 and int_or_auto("128") == 128
+    assert Config().run.batch_size == 0  # auto by default
+    cpu = resolve_for_device(Config(), "cpu", bf16_ok=False)
+    assert cpu.run.batch_size == 64
+    gpu = resolve_for_device(Config(), "cuda", bf16_ok=True)
+    assert gpu.run.batch_size == 0  # measured by the trainer on the device
+    fixed = resolve_for_device(Config(run=RunConfig(batch_size=32)), "cuda", bf16_ok=True)
+    assert fixed.run.batch_size == 32
+
+
+def test_the_trainer_trains_the_searched_batch_with_the_lr_scaled(monkeypatch, tmp_path):
+    """The trainer's glue, with the device search replaced (it needs CUDA): the loaders, the lr and the
+    stored config follow the batch the search chose, and the start of the run says how it was chosen."""
+    import cnnpar.engine.trainer as trainer_mod
+    from cnnpar.dist import init_distributed
+    from cnnpar.engine.batch_size import BatchChoice
+    from cnnpar.presets import with_overrides
+
+    seen = {}
+
+    def fake_search(raw_model, cfg, info, shape, num_classes, train_samples, cuda_graphs):
+        seen.update(shape=shape, samples=train_samples, graphs=cuda_graphs)
+        return BatchChoice(256, "batch 512 is less than 5 % faster than 256", [Probe(64, 1000.0), Probe(256, 3000.0)])
+
+    real_resolve = trainer_mod.resolve_for
+    monkeypatch.setattr(
+        trainer_mod, "resolve_for", lambda cfg, device: with_overrides(real_resolve(cfg, device), run={"batch_size": 0})
+    )
+    monkeypatch.setattr(trainer_mod, "search_on_device", fake_search)
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x8x8", "synthetic_samples": 2048, "val_fraction": 0.25},
+        speed={"device": "cpu"},
+        run={"epochs": 1, "out_dir": str(tmp_path), "name": "auto", "progress": False},
+    )
+    lines = []
+    tr = trainer_mod.Trainer(cfg, init_distributed("cpu", debug_single=True), log=lambda *a, **k: lines.append(a[0]))
+    assert seen == {"shape": (3, 8, 8), "samples": 1536, "graphs": False}
+    assert tr.cfg.run.batch_size == 256 and len(tr.train_loader) == 1536 // 256
+    assert tr.cfg.optim.lr == pytest.approx(0.002 * 2)  # AdamW: sqrt(256 / 64)
+    tr.fit()
+    assert any(ln.startswith("batch size auto: 256 (measured 64: 1,000 img/s, 256: 3,000 img/s") for ln in lines)
+    assert any("lr 0.002 at batch 64 x square root (AdamW) of 256/64 = 0.004" in ln for ln in lines)
+    stored = (tmp_path / "auto" / "config.toml").read_text()
+    assert "batch_size = 256" in stored and "# requested: run.batch_size = auto" in stored
+    assert "# requested: optim.lr = 0.002" in stored
+
+
+@pytest.mark.gpu
+def test_the_search_on_a_real_gpu_measures_growing_batches():
+    import torch
+
+    from cnnpar.dist import init_distributed
+    from cnnpar.engine.batch_size import search_on_device
+    from cnnpar.models import build_model
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg = resolve_for_device(Config(), "cuda", bf16_ok=True)
+    info = init_distributed("cuda", debug_single=True)
+    model = build_model("resnet18", 3, 10, 32)
+    choice = search_on_device(model, cfg, info, (3, 32, 32), 10, 50_000, cuda_graphs=True)
+    assert choice.probes[0].batch == 64 and all(p.images_per_s > 0 for p in choice.probes if not p.failed)
+    assert choice.batch >= 128, choice.line()  # ResNet-18 at 32 px leaves an H200 idle at 64
+    assert all(p.peak_bytes > 0 for p in choice.probes if not p.failed)
+    print(choice.line())

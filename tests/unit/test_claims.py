@@ -1,0 +1,224 @@
+"""The claims on the CPU without measuring: which workload each claim builds, what its two sides
+differ in, the verdict's noise rule, and the table's time budget on a fake clock."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+import torch
+
+import cnnpar.bench.claims as claims_mod
+import cnnpar.bench.probes as probes
+import cnnpar.parallel
+from cnnpar.bench.claims import (
+    BY_ID,
+    CLAIMS,
+    CNN3_16,
+    ClaimContext,
+    Measured,
+    Workload,
+    run_claims,
+    verdict,
+    workload_for,
+)
+from cnnpar.bench.timing import Spread, Timing
+from cnnpar.config import Config
+from cnnpar.dist import DistInfo
+from cnnpar.presets import with_overrides
+
+CUDA = DistInfo(0, 0, 1, torch.device("cuda"))  # a device object only: nothing here touches a GPU
+CPU = DistInfo(0, 0, 1, torch.device("cpu"))
+
+# (model, image shape, batch) each claim must build on CUDA: the workload it names
+NAMED = {
+    "pin_memory": ("resnet50", "3x224x224", 128),
+    "collate_speed": ("resnet50", "3x224x224", 128),
+    "collate_cpu": ("resnet50", "3x224x224", 128),
+    "compiled_preprocess": ("-", "3x32x32", 512),
+    "two_streams": ("resnet18", "3x32x32", 512),
+    "max_autotune": ("resnet18", "3x32x32", 512),
+    "amp_speed": ("resnet50", "3x224x224", 128),
+    "amp_batch": ("resnet50", "3x224x224", 128),
+    "cudnn_benchmark": ("resnet50", "3x224x224", 128),
+    "dynamic_compile": ("resnet18", "3x32x32", 512),
+}
+# what the two sides of each claim differ in, and nothing else
+SWITCH = {
+    "pin_memory": {("data", "pin_memory")},
+    "collate_speed": {("data", "loader")},
+    "collate_cpu": {("data", "loader")},
+    "two_streams": {("data", "prefetch_stream")},
+    "max_autotune": {("speed", "compile")},
+    "amp_speed": {("speed", "precision")},
+    "amp_batch": {("speed", "precision")},
+    "cudnn_benchmark": {("speed", "cudnn_benchmark")},
+}
+
+
+def differing(a: Config, b: Config) -> set[tuple[str, str]]:
+    return {
+        (sec.name, f.name)
+        for sec in fields(a)
+        for f in fields(getattr(a, sec.name))
+        if getattr(getattr(a, sec.name), f.name) != getattr(getattr(b, sec.name), f.name)
+    }
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """Run every claim's measure on a CUDA context whose measurements are stubs recording what they got."""
+    seen: dict[str, list] = {}
+    current = [""]
+
+    def note(item):
+        seen.setdefault(current[0], []).append(item)
+
+    rate = {"images_per_s": 100.0, "images_per_s_min": 99.0, "images_per_s_max": 101.0, "steps_per_repeat": 3}
+    rate.update(main_cpu_pct=50.0, main_cpu_pct_min=49.0, main_cpu_pct_max=51.0)
+    ctx = ClaimContext(Config(), CUDA, Timing(), log=lambda s: None)
+    ctx.rate = lambda cfg, w: (note(cfg), rate)[1]
+    ctx.bundle = lambda w: None
+    monkeypatch.setattr(
+        probes, "host_loader_rate", lambda cfg, bundle, timing, host_only=False: (note(cfg), Spread(1, 1, 1))[1]
+    )
+    monkeypatch.setattr(probes, "warm_compiler", lambda device: None)
+    monkeypatch.setattr(probes, "preprocess_ms", lambda batch, c, d, t: (note(tuple(batch.shape)), Spread(1, 1, 1))[1])
+    memory = {"per_image": 2.0**20, "fixed": 0.0, "free": 2.0**30, "largest": 1024}
+    monkeypatch.setattr(probes, "step_memory", lambda cfg, shape, n, device, batches: (note((cfg, shape)), memory)[1])
+    monkeypatch.setattr(probes, "compile_seconds", lambda cfg, shape, n, d, dynamic: (note((cfg, shape)), 1.0)[1])
+    monkeypatch.setattr(cnnpar.parallel, "resolve_for", lambda cfg, device: cfg)
+    for claim in CLAIMS:
+        current[0] = claim.id
+        claim.measure(ctx, workload_for(claim, "cuda"))
+    return seen
+
+
+def test_each_claim_builds_the_workload_it_names(recorded):
+    for claim_id, (model, shape, batch) in NAMED.items():
+        got = recorded[claim_id]
+        assert len(got) == 2, claim_id  # a baseline and a variant
+        for item in got:
+            if isinstance(item, tuple) and isinstance(item[0], int):  # a preprocessing batch's shape
+                assert item == (batch, *map(int, shape.split("x")))
+                continue
+            cfg, built_shape = item if isinstance(item, tuple) else (item, None)
+            assert (cfg.model.name, cfg.data.image_shape, cfg.run.batch_size) == (model, shape, batch), claim_id
+            if built_shape is not None:
+                assert built_shape == tuple(map(int, shape.split("x")))
+
+
+def test_the_two_sides_of_a_claim_differ_in_its_switch_alone(recorded):
+    for claim_id, switch in SWITCH.items():
+        a, b = (item[0] if isinstance(item, tuple) else item for item in recorded[claim_id])
+        assert differing(a, b) == switch, claim_id
+    pin = recorded["pin_memory"][0]
+    assert pin.data.loader == "textbook" and pin.data.workers > 0  # a DataLoader with worker processes
+    assert recorded["collate_speed"][0].data.workers == 0
+
+
+def test_on_a_cpu_claims_keep_their_workload_where_it_fits_and_name_their_stand_in():
+    for claim in CLAIMS:
+        w = workload_for(claim, "cpu")
+        assert workload_for(claim, "cuda") is claim.workload
+        if w is None:
+            assert claim.needs_cuda  # reported as not measurable here, with the reason
+        elif w is claim.workload:
+            assert not w.stand_in
+        else:
+            assert "stand-in" in w.stand_in  # the table names it as such
+    assert workload_for(BY_ID["dynamic_compile"], "cpu") is CNN3_16
+    assert workload_for(BY_ID["collate_speed"], "cpu") is BY_ID["collate_speed"].workload
+
+
+def test_the_verdict_says_when_a_difference_is_inside_the_noise():
+    assert verdict(1.18, 1.10, 1.05, 1.15) == "confirmed"
+    assert verdict(1.18, 1.10, 0.99, 1.20) == "inside the noise"
+    assert verdict(1.18, 1.01, 0.98, 1.03) == "not reproduced (difference inside the noise)"
+    assert verdict(1.18, 1.05, 1.02, 1.08) == "not reproduced"  # real, but a third of the claim
+    assert verdict(3.0, 2.0) == "confirmed"  # measured once per side: no range to judge
+
+
+def test_the_ratio_range_pairs_the_worst_and_best_repeats_in_the_claims_direction():
+    faster = Measured(Spread(100, 90, 110), Spread(150, 140, 160), "images/s", "x")
+    assert faster.ratio == 1.5 and faster.ratio_range == pytest.approx((140 / 110, 160 / 90))
+    shorter = Measured(Spread(10, 9, 11), Spread(5, 4, 6), "ms", "x", higher_is_better=False)
+    assert shorter.ratio == 2.0 and shorter.ratio_range == pytest.approx((9 / 6, 11 / 4))
+
+
+W = Workload("cnn3", "1x8x8", 8, 64, "tiny")
+
+
+def fake_claim(cid: str, cost: float, clock: list, isolate: int = 0, cpu: Workload | None = W):
+    def measure(ctx, w):
+        clock[0] += cost
+        return Measured(Spread(100, 99, 101), Spread(150, 149, 151), "images/s", "fake")
+
+    return claims_mod.Claim(cid, f"{cid} is 1.5x", 1.5, measure, W, cpu, "" if cpu else "a GPU", isolate)
+
+
+def test_the_table_keeps_its_budget_and_runs_unbounded_compiles_last_in_what_is_left(monkeypatch):
+    clock, limits, order = [0.0], {}, []
+    table = (
+        fake_claim("slow", 30, clock),
+        fake_claim("autotune", 1000, clock, isolate=2),
+        fake_claim("gpu_only", 1, clock, cpu=None),
+        fake_claim("fast", 20, clock),
+        fake_claim("dynamic", 25, clock, isolate=1),
+        fake_claim("late", 1, clock),
+    )
+    needs = {"autotune": 1000, "dynamic": 25}  # the isolated claims' compile time
+
+    def in_child(claim, ctx, limit_s):
+        limits[claim.id] = limit_s
+        order.append(claim.id)
+        if needs[claim.id] > limit_s:  # as run_child does: killed at the limit
+            clock[0] += limit_s
+            return {"verdict": "cut off", "note": f"cut off at the {limit_s:.0f} s limit"}
+        return claims_mod.measured_fields(claim, claim.measure(ctx, W))
+
+    monkeypatch.setattr(claims_mod, "_measure_in_child", in_child)
+    logged = []
+    rows = run_claims(Config(), CPU, Timing(), {}, None, logged.append, budget_s=100, clock=lambda: clock[0],
+                      claims=table)  # fmt: skip
+    assert [r["claim"] for r in rows] == [c.id for c in table]  # the table's order
+    by = {r["claim"]: r for r in rows}
+    assert order == ["dynamic", "autotune"]  # after every in-process claim, in their isolate order
+    # slow (30) + fast (20) + late (1) ran first: 49 s left, shared by the two isolated claims
+    assert limits["dynamic"] == pytest.approx(49 / 2)
+    assert by["dynamic"]["verdict"] == "cut off"  # needed 25 s, had 24.5
+    assert limits["autotune"] == pytest.approx(100 - 51 - 49 / 2)  # the last gets all that is left
+    assert by["autotune"]["verdict"] == "cut off" and clock[0] <= 100
+    assert by["slow"]["verdict"] == "confirmed" and by["slow"]["seconds"] == 30
+    assert by["gpu_only"]["verdict"] == "not measurable here" and "a GPU" in by["gpu_only"]["note"]
+    assert sum("bench: claim" in line and "->" in line for line in logged) == 3  # each printed as it ends
+
+
+def test_a_claim_that_would_start_after_the_budget_is_not_measured_and_says_how_to_measure_it(monkeypatch):
+    clock = [0.0]
+    table = (fake_claim("first", 98, clock), fake_claim("second", 1, clock))
+    rows = run_claims(Config(), CPU, Timing(), {}, None, lambda s: None, budget_s=100, clock=lambda: clock[0],
+                      claims=table)  # fmt: skip
+    assert rows[0]["verdict"] == "confirmed"
+    assert rows[1]["verdict"] == "not measured"
+    assert "cnnpar bench --claims --only second --device cpu" in rows[1]["note"]
+
+
+def test_an_isolated_claims_measurement_survives_the_trip_through_the_child(monkeypatch):
+    """The spec the parent writes and the value the child returns go through JSON files."""
+    import json
+
+    import cnnpar.bench.trial as trial
+
+    claim = fake_claim("iso", 1, [0.0], isolate=1)
+    monkeypatch.setitem(claims_mod.BY_ID, "iso", claim)
+
+    def child(spec, limit_s, log):
+        value = json.loads(json.dumps({"status": trial.OK, **trial._run(json.loads(json.dumps(spec)))}))
+        return trial.ChildResult(trial.OK, value, wall_s=1.0)
+
+    monkeypatch.setattr(trial, "run_child", child)
+    ctx = ClaimContext(with_overrides(Config(), speed={"device": "cpu"}), CPU, Timing(), log=lambda s: None)
+    row = claims_mod._measure_in_child(claim, ctx, 60.0)
+    assert row["verdict"] == "confirmed" and row["measured_ratio"] == pytest.approx(1.5)
+    assert (row["ratio_low"], row["ratio_high"]) == pytest.approx((149 / 101, 151 / 99))

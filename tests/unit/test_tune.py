@@ -1,0 +1,209 @@
+"""`cnnpar tune` on the CPU: time limits on a fake clock, the order of trials, tuned.toml written as it
+goes, and the child process really killed at its limit."""
+
+from __future__ import annotations
+
+import csv
+import sys
+import textwrap
+import time
+import tomllib
+
+import psutil
+import pytest
+
+import cnnpar.bench.tune as tune_mod
+from cnnpar.bench.trial import CUT_OFF, FAILED, OK, ChildResult, run_child
+from cnnpar.config import Config, from_dict
+from cnnpar.presets import with_overrides
+
+CUDA_FACTS = {"device_type": "cuda", "bf16_ok": True, "in_memory": True, "folder": False, "train_samples": 50_000}
+
+
+class FakeMachine:
+    """Trials that take `cost(cfg)` seconds of a fake clock and run at `rate(cfg)` img/s; a trial whose
+    cost passes its limit is cut off at the limit, as run_child does with a real child."""
+
+    def __init__(self, rate, cost, facts=CUDA_FACTS, fail=lambda cfg: ""):
+        self.now, self.rate, self.cost, self.facts, self.fail = 0.0, rate, cost, facts, fail
+        self.calls: list[tuple[float, float, Config]] = []  # (started at, limit, config)
+
+    def clock(self) -> float:
+        return self.now
+
+    def run_trial(self, cfg: Config, limit: float) -> ChildResult:
+        self.calls.append((self.now, limit, cfg))
+        cost = self.cost(cfg)
+        if cost > limit:
+            self.now += limit
+            return ChildResult(CUT_OFF, error=f"cut off at the {limit:.0f} s limit", wall_s=limit)
+        self.now += cost
+        if self.fail(cfg):
+            return ChildResult(FAILED, error=self.fail(cfg), wall_s=cost)
+        r = self.rate(cfg)
+        resolved = {
+            "speed": {
+                "precision": "bf16" if cfg.speed.precision == "auto" else cfg.speed.precision,
+                "channels_last": "on" if cfg.speed.channels_last == "auto" else cfg.speed.channels_last,
+                "compile": "default" if cfg.speed.compile == "auto" else cfg.speed.compile,
+                "cuda_graphs": "on" if cfg.speed.cuda_graphs == "auto" else cfg.speed.cuda_graphs,
+                "device": self.facts["device_type"],
+            },
+            "data": {"resident": "on" if cfg.data.resident == "auto" else cfg.data.resident, "workers": 0},
+        }
+        value = {
+            "images_per_s": r,
+            "images_per_s_min": 0.99 * r,
+            "images_per_s_max": 1.01 * r,
+            "warmup_s": 1.0,
+            "resolved": resolved,
+            "facts": {**self.facts, "env": {"device": "fake GPU", "torch": "x", "git_rev": "r", "date": "d"}},
+        }
+        return ChildResult(OK, value, wall_s=cost)
+
+    def tune(self, cfg: Config, budget_s: float, out, trial_s: float = 0.0):
+        return tune_mod.tune(
+            cfg, budget_s, out, trial_s, run_trial=self.run_trial, clock=self.clock, log=lambda s: None
+        )
+
+
+def resnet50(batch: int = 64) -> Config:
+    return with_overrides(Config(), model={"name": "resnet50"}, run={"batch_size": batch})
+
+
+def compiled_cost(cfg: Config) -> float:
+    """Like ResNet-50 on an H200 in a fresh process: 10 s to start, 45 s more for a compile,
+    and max-autotune's compile far longer than any limit."""
+    return {"off": 10.0, "max-autotune-no-cudagraphs": 10_000.0}.get(cfg.speed.compile, 55.0)
+
+
+def test_every_trial_is_limited_to_what_the_budget_leaves_and_the_run_ends_within_it(tmp_path):
+    m = FakeMachine(rate=lambda c: 1000.0 * min(c.run.batch_size, 256) / 64, cost=compiled_cost)
+    best, trials = m.tune(resnet50(), 200, tmp_path / "tuned.toml")
+    assert m.now <= 200 * 1.1
+    for started, limit, _ in m.calls:
+        assert started + limit <= 200 + 1e-9  # no trial may run past the budget
+    assert m.calls[0][1] == pytest.approx(200 * (1 - tune_mod.END_RESERVE))  # the start may use it all
+    cut = [t for t in trials if t.status == CUT_OFF]
+    assert cut, "the last batch trial meets the end of the budget"
+    assert all(t.images_per_s is None and "cut off at" in t.note for t in cut)
+    assert all(t.status == "skipped" for t in trials[trials.index(cut[-1]) + 1 :])
+    assert best.run.batch_size == 256  # 64 -> 128 -> 256 kept (55 s each), 512 cut off at 200 s
+    assert tomllib.loads((tmp_path / "tuned.toml").read_text())["run"]["batch_size"] == 256
+
+
+def test_a_trial_past_its_own_limit_is_cut_off_and_the_search_goes_on(tmp_path):
+    m = FakeMachine(rate=lambda c: 1000.0, cost=compiled_cost)
+    _, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml", trial_s=90)
+    autotune = next(t for t in trials if t.value == "max-autotune-no-cudagraphs")
+    assert autotune.status == CUT_OFF and autotune.limit_s == 90 and autotune.images_per_s is None
+    after = trials[trials.index(autotune) + 1 :]
+    assert after and all(t.status in ("ok", "kept") for t in after)  # the data and precision trials still ran
+    rows = list(csv.DictReader((tmp_path / "tuned.csv").open()))
+    assert [r["status"] for r in rows] == [t.status for t in trials]
+    assert next(r for r in rows if r["value"] == "max-autotune-no-cudagraphs")["images_per_s"] == ""
+
+
+def test_trials_go_batch_compile_data_precision_and_a_bf16_gpu_tries_no_fp32(tmp_path):
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0)
+    _, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+    groups = [t.group for t in trials[1:]]
+    assert groups == sorted(groups, key=tune_mod.GROUPS.index)  # in the order of expected gain
+    assert groups[0] == "batch size" and groups[-1] == "layout and precision"
+    tried = [(t.switch, t.value) for t in trials]
+    assert ("precision", "fp32") not in tried
+    assert tried[-1] == ("precision", "fp16")
+    assert ("compile", "off") in tried and ("cuda_graphs", "off") in tried and ("resident", "off") in tried
+
+
+def test_a_gpu_started_in_fp32_tries_bf16_and_fp16(tmp_path):
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0)
+    _, trials = m.tune(with_overrides(resnet50(), speed={"precision": "fp32"}), 600, tmp_path / "tuned.toml")
+    assert [t.value for t in trials if t.switch == "precision"] == ["bf16", "fp16"]
+    no_bf16 = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0, facts={**CUDA_FACTS, "bf16_ok": False})
+    _, trials = no_bf16.tune(with_overrides(resnet50(), speed={"precision": "fp32"}), 600, tmp_path / "t2.toml")
+    assert [t.value for t in trials if t.switch == "precision"] == ["fp16"]
+
+
+def test_a_cpu_tries_the_other_precision_and_no_gpu_switches(tmp_path):
+    facts = {**CUDA_FACTS, "device_type": "cpu"}
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0, facts=facts)
+    _, trials = m.tune(Config(), 600, tmp_path / "tuned.toml")
+    tried = {(t.switch, t.value) for t in trials}
+    assert ("precision", "fp32") in tried  # the fake resolved bf16
+    assert not {s for s, _ in tried} & {"cuda_graphs", "resident", "decode"}
+
+
+def test_tuned_toml_holds_the_best_so_far_before_the_next_trial_starts(tmp_path):
+    out = tmp_path / "tuned.toml"
+    seen_on_disk = []
+
+    def rate(cfg):
+        return {64: 100.0, 128: 150.0, 256: 151.0}[cfg.run.batch_size]  # 256: inside the 3 % margin
+
+    m = FakeMachine(rate=rate, cost=lambda c: 1.0)
+    real = m.run_trial
+
+    def spy(cfg, limit):
+        seen_on_disk.append(tomllib.loads(out.read_text())["run"]["batch_size"] if out.exists() else None)
+        return real(cfg, limit)
+
+    m.run_trial = spy
+    _, trials = m.tune(resnet50(), 600, out)
+    assert seen_on_disk[:4] == [None, 64, 128, 128]  # written after the start, then after the kept 128
+    assert [t.status for t in trials[:3]] == ["start", "kept", "ok"]
+    assert from_dict(tomllib.loads(out.read_text())).run.batch_size == 128
+    assert "# best so far: batch_size=128, 150 img/s (1.50x" in out.read_text()
+
+
+def test_batch_doubling_scales_lr_by_the_configs_rule_and_stops_at_out_of_memory(tmp_path):
+    cfg = with_overrides(resnet50(), optim={"lr": 0.1, "lr_scaling": "linear"})
+    m = FakeMachine(
+        rate=lambda c: float(c.run.batch_size),
+        cost=lambda c: 1.0,
+        fail=lambda c: "OutOfMemoryError: CUDA out of memory" if c.run.batch_size >= 512 else "",
+    )
+    best, trials = m.tune(cfg, 600, tmp_path / "tuned.toml")
+    batch = [t for t in trials if t.switch == "batch_size"]
+    assert [(t.value, t.status) for t in batch] == [("128", "kept"), ("256", "kept"), ("512", "failed")]
+    assert "out of memory" in batch[-1].note
+    lrs = {c.run.batch_size: c.optim.lr for _, _, c in m.calls}
+    assert lrs[128] == pytest.approx(0.2) and lrs[256] == pytest.approx(0.4)
+    assert best.run.batch_size == 256 and best.optim.lr == pytest.approx(0.4)
+
+
+def test_no_tuned_toml_when_not_even_the_start_finishes(tmp_path):
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 500.0)
+    best, trials = m.tune(resnet50(), 100, tmp_path / "tuned.toml")
+    assert best is None and [t.status for t in trials] == [CUT_OFF]
+    assert not (tmp_path / "tuned.toml").exists()
+    assert list(csv.DictReader((tmp_path / "tuned.csv").open()))[0]["status"] == CUT_OFF
+
+
+def test_the_child_and_its_own_children_are_killed_at_the_limit(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        g = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        open({str(pid_file)!r}, "w").write(str(g.pid))
+        print("compiling forever", flush=True)
+        time.sleep(120)
+        """
+    )
+    start = time.monotonic()
+    r = run_child({}, 2.0, log=lambda s: None, command=lambda spec, res: [sys.executable, "-c", script])
+    assert r.status == CUT_OFF and time.monotonic() - start < 10
+    assert "cut off at the 2 s limit" in r.error and "compiling forever" in r.error
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the grandchild outlived the kill"
+        time.sleep(0.1)
+
+
+def test_a_child_that_fails_reports_its_error_line(tmp_path):
+    r = run_child(
+        {}, 30.0, log=lambda s: None, command=lambda spec, res: [sys.executable, "-c", "raise SystemExit('boom')"]
+    )
+    assert r.status == FAILED and "boom" in r.error
