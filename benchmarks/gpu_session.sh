@@ -133,7 +133,8 @@ s5cifar)
         --epochs 10 --cases 64,auto --target 0.80 --out "$R/batch_auto.csv"
     TAIL=40 logged claims 200 python3 -m cnnpar bench --claims --device cuda --out "$R/claims" ) > "$R/gpu0.out" 2>&1 &
   ( export CUDA_VISIBLE_DEVICES=1
-    TAIL=40 logged record 500 python3 benchmarks/cifar10_record.py ${RECORD_ARGS:-} ) > "$R/gpu1.out" 2>&1 &
+    TAIL=40 logged record 500 python3 benchmarks/cifar10_record.py --budget-s 480 --out "$R/cifar10_record.csv" \
+        ${RECORD_ARGS:-} ) > "$R/gpu1.out" 2>&1 &
   wait; cat "$R/gpu0.out" "$R/gpu1.out"
   ;;
 claims_ladder)
