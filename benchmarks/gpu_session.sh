@@ -137,6 +137,32 @@ s5cifar)
         ${RECORD_ARGS:-} ) > "$R/gpu1.out" 2>&1 &
   wait; cat "$R/gpu0.out" "$R/gpu1.out"
   ;;
+s5b)
+  # session 5, call B (two H200s): GPU 0 the ResNet-50 ladder, the tuner, batch auto again (after its
+  # rule changed); GPU 1 the cifar10-record preset through the CLI with one switch changed at a time
+  # (call A measured 10 % accuracy on CUDA, 90.9 % on the CPU), then the doctor on the photos
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  ( export CUDA_VISIBLE_DEVICES=0
+    TAIL=30 logged ladder50 200 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
+        --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --budget-s 170 \
+        --out "$R/ladder_resnet50_synthetic"
+    start=$(date +%s)
+    TAIL=30 logged tune50 240 python3 -m cnnpar tune --model resnet50 --data synthetic --image-shape 3x224x224 \
+        --budget-s 200 --out "$R/tuned_resnet50.toml"
+    echo "tune wall: $(( $(date +%s) - start )) s"
+    TAIL=6 logged batch_auto2 120 python3 benchmarks/batch_auto.py --data .devdata/cifar10.npz --model resnet18 \
+        --epochs 10 --cases auto --target 0.80 --out "$R/batch_auto_rule10.csv" ) > "$R/gpu0.out" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    rec="python3 -m cnnpar train --preset cifar10-record --data .devdata/cifar10.npz --eval-every 1 --no-progress \
+        --out-dir /tmp/dbg"
+    TAIL=14 logged rec_as_is 100 $rec --name as_is
+    TAIL=14 logged rec_eager_eval 100 $rec --name eager_eval --no-compile-eval
+    TAIL=14 logged rec_no_compile 100 $rec --name no_compile --compile off --no-compile-eval
+    TAIL=40 logged doctor50 260 python3 -m cnnpar doctor --data .devdata/imagenet_rep --model resnet50 --try 1 \
+        --measure-steps 10 --report-dir "$R/doctor_resnet50_photos" ) > "$R/gpu1.out" 2>&1 &
+  wait; cat "$R/gpu0.out" "$R/gpu1.out"
+  ;;
 claims_ladder)
   # issue 15 item 5: the claims table and the ResNet-50 ladder, one after the other on one H200, each
   # expected within 3 minutes (the claims keep a 170 s budget by default; the ladder is given one);
