@@ -163,6 +163,26 @@ s5b)
         --measure-steps 10 --report-dir "$R/doctor_resnet50_photos" ) > "$R/gpu1.out" 2>&1 &
   wait; cat "$R/gpu0.out" "$R/gpu1.out"
   ;;
+s5c)
+  # session 5, call C (two H200s): DDP 1 -> 2 GPUs through the one train step (eager at both sizes);
+  # then GPU 0 `cnnpar compare` torch / keras-torch / keras-jax (issue 14; keras wheels in .whl/keras)
+  # beside GPU 1 the record preset eager (compile NaNs on CUDA: call B) with airbench94_muon; then
+  # compare --devices 2 where a framework has a data-parallel API
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/keras/*.whl
+  python3 -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tail -1
+  TAIL=14 logged ddp_scaling 180 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --out "$R/ddp_scaling_resnet50"
+  ( export CUDA_VISIBLE_DEVICES=0
+    TAIL=30 logged compare1 200 python3 -m cnnpar compare --frameworks torch,keras-torch,keras-jax \
+        --data .devdata/mnist.npz --epochs 3 --batch-size 128 --out "$R/frameworks_h200" ) > "$R/gpu0.out" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    TAIL=12 logged record_eager 230 python3 benchmarks/cifar10_record.py --seeds 5 --budget-s 220 \
+        --set speed.compile=off,speed.compile_eval=false --out "$R/cifar10_record_eager.csv" ) > "$R/gpu1.out" 2>&1 &
+  wait; cat "$R/gpu0.out" "$R/gpu1.out"
+  TAIL=20 logged compare2 100 python3 -m cnnpar compare --frameworks torch,keras-jax --devices 2 \
+      --data .devdata/mnist.npz --epochs 3 --batch-size 256 --out "$R/frameworks_h200x2"
+  ;;
 claims_ladder)
   # issue 15 item 5: the claims table and the ResNet-50 ladder, one after the other on one H200, each
   # expected within 3 minutes (the claims keep a 170 s budget by default; the ladder is given one);
