@@ -1,0 +1,141 @@
+"""The 2026-12-01 H200 figures as Markdown, read from the result files only (no figure typed in).
+
+Writes benchmarks/results/2026-12-01-h200/summary.md and replaces the README's block between
+`<!-- h200-2026-12-01 -->` markers with the same table, so the README's figures always come from
+the stored rows.
+
+    python benchmarks/summarize_h200.py
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "2026-12-01-h200"
+MARK = "<!-- h200-2026-12-01 -->"
+
+
+def rows(path: Path) -> list[dict]:
+    with path.open() as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(RESULTS))
+
+
+def batch_lines() -> list[str]:
+    a, b = RESULTS / "call-a" / "batch_auto.csv", RESULTS / "call-b" / "batch_auto_rule10.csv"
+    out = []
+    for path, rule in ((a, "5 % rule"), (b, "10 % rule, the default now")):
+        for r in rows(path):
+            label = "batch 64" if r["case"] == "64" else f"auto ({rule}): {r['batch_size']}"
+            reached = f"epoch {r['epoch_reached']}, {float(r['train_s_to_target']):.2f} s" if r["epoch_reached"] else "not reached"
+            out.append(
+                f"| ResNet-18 CIFAR-10, 10 epochs, {label} | {float(r['images_per_s']):,.0f} img/s | 80 % val: "
+                f"{reached}; best {100 * float(r['best_val_acc']):.2f} % | `{rel(path)}` |"
+            )
+    return out
+
+
+def record_lines() -> list[str]:
+    out = []
+    for path, what in (
+        (RESULTS / "call-a" / "cifar10_record.csv", "compile default"),
+        (RESULTS / "call-c" / "cifar10_record_eager.csv", "eager (compile off)"),
+    ):
+        by_system: dict[str, list[dict]] = {}
+        for r in rows(path):
+            if r["run"] != "warmup" and r.get("status", "ok") == "ok":
+                by_system.setdefault(r["system"], []).append(r)
+        for system, runs in by_system.items():
+            acc = statistics.mean(float(r["val_acc"]) for r in runs)
+            sec = statistics.mean(float(r["total_s"]) for r in runs)
+            name = f"cnnpar cifar10-record, {what}" if system == "cnnpar" else f"{system} (same call)"
+            out.append(
+                f"| CIFAR-10 record: {name}, {len(runs)} runs | {sec:.3f} s train + TTA eval (mean) | "
+                f"{100 * acc:.2f} % mean | `{rel(path)}` |"
+            )
+    return out
+
+
+def ddp_lines() -> list[str]:
+    path = RESULTS / "call-c" / "ddp_scaling_resnet50.csv"
+    rs = rows(path)
+    top = rs[-1]
+    return [
+        f"| DDP ResNet-50 224 b256/GPU, {top['step']} step, 1 -> {top['world_size']} GPUs | "
+        f"{float(rs[0]['images_per_s']):,.0f} -> {float(top['images_per_s']):,.0f} img/s | "
+        f"{float(top['speedup']):.3f}x | `{rel(path)}` |"
+    ]
+
+
+def tune_lines() -> list[str]:
+    path = RESULTS / "call-b" / "tuned_resnet50.csv"
+    rs = rows(path)
+    kept = [r for r in rs if r["status"] in ("start", "kept")]
+    best = max(kept, key=lambda r: float(r["images_per_s"]))
+    wall = max(float(r["wall_s"] or 0) for r in rs)
+    cut = [r["value"] for r in rs if r["status"] == "cut off"]
+    return [
+        f"| `cnnpar tune` ResNet-50 synthetic, --budget-s 200 | start {float(rs[0]['images_per_s']):,.0f}, best "
+        f"{float(best['images_per_s']):,.0f} img/s ({best['switch']}={best['value']}) | cut off: "
+        f"{', '.join(cut) or 'none'}; longest trial {wall:.0f} s | `{rel(path)}` |"
+    ]
+
+
+def framework_lines() -> list[str]:
+    out = []
+    for folder in ("frameworks_h200", "frameworks_h200x2"):
+        path = next((RESULTS / "call-c" / folder).glob("*_summary.csv"))
+        for r in rows(path):
+            out.append(
+                f"| cnn3 MNIST, {r['framework']}, {r['devices']} GPU(s) | {float(r['steady_images_per_s']):,.0f} img/s "
+                f"| val {100 * float(r['final_val_acc']):.2f} % | `{rel(path)}` |"
+            )
+    return out
+
+
+def claims_line() -> str:
+    path = RESULTS / "call-a" / "claims" / "claims.csv"
+    rs = rows(path)
+    verdicts = [r.get("verdict", "") for r in rs]
+    summary = ", ".join(f"{v}: {verdicts.count(v)}" for v in sorted(set(verdicts)))
+    text = (RESULTS / "call-a" / "claims.log").read_text()
+    took = re.search(r"Measuring took (\d+) s", text)
+    return f"| `cnnpar bench --claims --device cuda` | {took.group(1) if took else '?'} s | {summary} | `{rel(path)}` |"
+
+
+def main() -> None:
+    table = [
+        "| what | figure | outcome | file |",
+        "|---|---:|---|---|",
+        *batch_lines(),
+        *record_lines(),
+        *ddp_lines(),
+        *tune_lines(),
+        claims_line(),
+        *framework_lines(),
+    ]
+    block = "\n".join(table)
+    (RESULTS / "summary.md").write_text(
+        "# H200 figures, 2026-12-01 (generated by benchmarks/summarize_h200.py from the files named)\n\n"
+        + block
+        + "\n"
+    )
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if text.count(MARK) == 2:
+        head, _, rest = text.partition(MARK)
+        _, _, tail = rest.partition(MARK)
+        readme.write_text(f"{head}{MARK}\n{block}\n{MARK}{tail}")
+    print(block)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
