@@ -183,6 +183,17 @@ s5c)
   TAIL=20 logged compare2 100 python3 -m cnnpar compare --frameworks torch,keras-jax --devices 2 \
       --data .devdata/mnist.npz --epochs 3 --batch-size 256 --out "$R/frameworks_h200x2"
   ;;
+s5d)
+  # session 5, call D (one H200): the doctor on the README's CIFAR-10 ResNet-18 command with the old
+  # batch 64 (issue 15 item 3: it should search and recommend a batch), then, when RECORD=1, the
+  # record preset compiled again after the NaN fix, beside airbench94_muon
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  TAIL=40 logged doctor18 150 python3 -m cnnpar doctor --data .devdata/cifar10.npz --model resnet18 --batch-size 64 \
+      --try 1 --measure-steps 10 --report-dir "$R/doctor_resnet18_b64"
+  [ -n "${RECORD:-}" ] && TAIL=12 logged record 230 python3 benchmarks/cifar10_record.py --seeds 5 --budget-s 220 \
+      --out "$R/cifar10_record_fixed.csv"
+  ;;
 claims_ladder)
   # issue 15 item 5: the claims table and the ResNet-50 ladder, one after the other on one H200, each
   # expected within 3 minutes (the claims keep a 170 s budget by default; the ladder is given one);
