@@ -9,6 +9,7 @@ to the places that read numbers: the progress display, the end of an epoch and e
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
@@ -428,6 +429,7 @@ class Trainer:
             if info.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(info.device)
             row = {"epoch": epoch, **self.train_epoch(epoch)}
+            self._check_finite(epoch, row["train_loss"])
             if epoch % cfg.run.eval_every == 0 or epoch == cfg.run.epochs:
                 row.update(self.evaluate())
             row["lr"] = self.optimizer.param_groups[0]["lr"]
@@ -440,6 +442,25 @@ class Trainer:
             write_json_atomic(self.run_dir / "summary.json", summary)
         barrier(info)
         return TrainResult(self.run_dir, self.history, summary)
+
+    def _check_finite(self, epoch: int, train_loss: float) -> None:
+        """Stop a run whose weights have diverged, before its checkpoint overwrites the last good one
+        (the epochs already finished stay in the run folder). fp16 is the exception: its GradScaler
+        skips the overflowing steps on purpose (their losses are inf/nan) and lowers its scale."""
+        if math.isfinite(train_loss):
+            return
+        if self.precision.scaler is not None:
+            self.log(
+                f"warning: epoch {epoch}: train loss {train_loss} (fp16 overflows; the GradScaler skipped "
+                f"{self.precision.skipped_steps} steps so far); if it stays so, try --precision bf16 or --lr "
+                f"{self.cfg.optim.lr / 2:g}"
+            )
+            return
+        kept = f" (epochs 1-{epoch - 1} are kept in {self.run_dir})" if self.history else ""
+        raise UserError(
+            f"epoch {epoch}: train loss {train_loss} is not finite, training diverged{kept}: try a lower lr "
+            f"(--lr {self.cfg.optim.lr / 2:g}), --precision fp32 or --compile off"
+        )
 
     def _end_epoch(self, epoch: int, row: dict) -> None:
         if self.info.is_main:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from cnnpar.models.registry import register
 
@@ -79,10 +80,19 @@ class FastNet(nn.Module):
         """(filters, bias) of the data-whitened stem, for the optimizer's whitening switches."""
         return self.stem.weight, self.stem.bias
 
+    def classify(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits from the last stage's maps: the largest value of each map, then the head.
+
+        The max pool is adaptive_max_pool2d, whose backward sends the gradient to the index the
+        forward picked, not torch.amax, whose backward finds the maximum again by comparing the
+        input with the output. Under torch.compile with bf16 autocast Inductor keeps a fused
+        kernel's intermediates in fp32 without rounding them to bf16 (emulate_precision_casts is
+        off), so the input the backward recomputes need not equal the stored bf16 maximum: no
+        element matches, and every gradient became 0/0 = NaN from the first step on."""
+        return self.head(F.adaptive_max_pool2d(x, 1).flatten(1)) * LOGIT_SCALE
+
     def forward(self, x):
-        x = self.stages(self.stem_act(self.stem(x)))
-        x = torch.amax(x, dim=(2, 3))
-        return self.head(x) * LOGIT_SCALE
+        return self.classify(self.stages(self.stem_act(self.stem(x))))
 
 
 @register("fastnet", "small wide net for 32x32 images (3 conv stages, no residuals); fast on GPUs")

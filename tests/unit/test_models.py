@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from cnnpar.errors import ConfigError
 from cnnpar.models import build_model, describe_models
+from cnnpar.models.fastnet import LOGIT_SCALE
 
 # (name, channels, image size): the small sizes each model is meant for, plus the grey 64 px stem.
 CASES = [
@@ -66,3 +67,43 @@ def test_cnnpar_models_prints_one_line_per_model(capsys):
     assert main(["models"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [ln.split()[0] for ln in lines] == [n for n, _ in describe_models()]
+
+
+def test_fastnet_logits_have_finite_gradients_when_compiled_in_bf16():
+    """torch.compile + bf16 autocast on the CPU (Inductor's C++ backend) gave fastnet NaN gradients
+    on its first backward when the maps were pooled with torch.amax: every cifar10-record epoch
+    trained at loss nan. The layers in front of the pool are a conv and GELU, as in fastnet."""
+    torch.manual_seed(0)
+    model = build_model("fastnet", 3, 10, 32)
+    conv = torch.nn.Conv2d(8, model.head.in_features, 1)
+    x = torch.randn(4, 8, 4, 4, requires_grad=True)
+    y = torch.tensor([0, 3, 6, 9])
+
+    def logits(t):
+        return model.classify(F.gelu(conv(t)))
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.compile(logits)(x)
+    F.cross_entropy(out.float(), y).backward()
+    assert torch.isfinite(x.grad).all()
+    assert x.grad.abs().sum() > 0
+    # the same forward as the largest value of each map
+    with torch.no_grad():
+        maps = torch.randn(2, model.head.in_features, 4, 4)
+        assert torch.allclose(model.classify(maps), model.head(torch.amax(maps, dim=(2, 3))) * LOGIT_SCALE)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fastnet_compiled_in_bf16_on_cuda_has_finite_gradients():
+    """The whole of fastnet, as cifar10-record trains it (channels_last, compiled, bf16, batch 2000)."""
+    torch.manual_seed(0)
+    model = build_model("fastnet", 3, 10, 32).cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(2000, 3, 32, 32, device="cuda").contiguous(memory_format=torch.channels_last)
+    model.init_from_data(x[:500])
+    y = torch.randint(0, 10, (2000,), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = torch.compile(model)(x)
+    F.cross_entropy(out.float(), y, label_smoothing=0.2).backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
