@@ -189,9 +189,9 @@ s5d)
   # record preset compiled again after the NaN fix, beside airbench94_muon
   logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
              grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
-  TAIL=40 logged doctor18 150 python3 -m cnnpar doctor --data .devdata/cifar10.npz --model resnet18 --batch-size 64 \
+  [ "${DOCTOR:-1}" = 1 ] && TAIL=40 logged doctor18 150 python3 -m cnnpar doctor --data .devdata/cifar10.npz --model resnet18 --batch-size 64 \
       --try 1 --measure-steps 10 --report-dir "$R/doctor_resnet18_b64"
-  [ -n "${RECORD:-}" ] && TAIL=12 logged record 230 python3 benchmarks/cifar10_record.py --seeds 5 --budget-s 220 \
+  [ -n "${RECORD:-}" ] && TAIL=12 logged record 230 python3 benchmarks/cifar10_record.py --seeds 5 --budget-s "${RECORD_BUDGET:-220}" \
       --out "$R/cifar10_record_fixed.csv"
   ;;
 claims_ladder)
