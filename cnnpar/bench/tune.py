@@ -114,6 +114,7 @@ def resolved_switches(trainer) -> dict[str, dict]:
     out["data"]["resident"] = "on" if isinstance(loader, ResidentLoader) else "off"
     out["data"]["workers"] = int(getattr(loader, "num_workers", 0))
     out["run"] = {"batch_size": trainer.cfg.run.batch_size}
+    out["optim"] = {"lr": trainer.cfg.optim.lr}  # --batch-size auto scales it with the batch it found
     return out
 
 
@@ -152,14 +153,18 @@ def child_trial(steps: int, repeats: int, log: Callable[[str], None]) -> Callabl
 
 
 def batch_lr(cfg: Config, factor: int) -> tuple[float, str]:
-    """The lr for a batch `factor` times larger, by the config's own scaling rule (engine/optim.py's
-    `scaled_lr`: the batch grows the samples per optimizer step as accumulation does)."""
+    """The lr for a batch `factor` times larger: by the config's --lr-scaling rule where it names one
+    (engine/optim.py's `scaled_lr`: the batch grows the samples per step as accumulation does), else
+    by the rule `--batch-size auto` uses (engine/batch_size.py: linear for SGD, square root for
+    AdamW), so a tuned batch carries the lr a searched one would have."""
+    from cnnpar.engine.batch_size import lr_factor, lr_rule
     from cnnpar.engine.optim import scaled_lr
 
     o = cfg.optim
-    lr = o.lr * scaled_lr(replace(o, grad_accum=o.grad_accum * factor), 1) / scaled_lr(o, 1)
     if o.lr_scaling == "none":
-        return lr, f"lr {o.lr:g} kept (--lr-scaling none)"
+        lr = o.lr * lr_factor(o.optimizer, factor, reference=1)
+        return lr, f"lr {o.lr:g} -> {lr:.3g} ({lr_rule(o.optimizer)} of the batch ratio, as --batch-size auto)"
+    lr = o.lr * scaled_lr(replace(o, grad_accum=o.grad_accum * factor), 1) / scaled_lr(o, 1)
     return lr, f"lr {o.lr:g} -> {lr:g} (--lr-scaling {o.lr_scaling})"
 
 

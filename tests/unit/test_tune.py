@@ -207,3 +207,18 @@ def test_a_child_that_fails_reports_its_error_line(tmp_path):
         {}, 30.0, log=lambda s: None, command=lambda spec, res: [sys.executable, "-c", "raise SystemExit('boom')"]
     )
     assert r.status == FAILED and "boom" in r.error
+
+
+def test_a_tuned_batch_carries_the_lr_a_searched_batch_would():
+    import math
+
+    from cnnpar.bench.tune import batch_lr
+    from cnnpar.config import Config
+    from cnnpar.presets import with_overrides
+
+    adamw, note = batch_lr(Config(), 4)
+    assert math.isclose(adamw, 0.002 * 2) and "square root (AdamW)" in note
+    sgd, _ = batch_lr(with_overrides(Config(), optim={"optimizer": "sgd", "lr": 0.1}), 4)
+    assert math.isclose(sgd, 0.4)
+    linear, note = batch_lr(with_overrides(Config(), optim={"lr_scaling": "linear"}), 2)
+    assert math.isclose(linear, 0.004) and "--lr-scaling linear" in note
