@@ -265,7 +265,7 @@ def add_bench_parser(sub) -> None:
         type=float,
         default=Timing.seconds,
         help="timed seconds per measurement (all repeats): the steps per repeat are sized from one step's "
-        "time, at least 3; 0: a fixed count, --timed-steps, per repeat",
+        "time, at least 3 (1 for a step of a second or more); 0: a fixed count, --timed-steps, per repeat",
     )
     g.add_argument(
         "--repeats",

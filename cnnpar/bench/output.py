@@ -132,7 +132,7 @@ def metadata_lines(row: dict, timed_steps: bool = True) -> list[str]:
 def timing_line(row: dict) -> str:
     seconds = _num(row, "timed_s")
     steps = (
-        f"timed steps sized so the repeats take about {seconds:g} s (at least 3, at most "
+        f"timed steps sized so the repeats take about {seconds:g} s (at least 3, 1 for steps of 1 s or more, at most "
         f"{row.get('timed_steps', '')} per repeat; each row's count is its steps_per_repeat)"
         if seconds
         else f"{row.get('timed_steps', '')} timed steps each"

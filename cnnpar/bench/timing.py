@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 from cnnpar.errors import UserError
 
-MIN_STEPS = 3  # timed steps per repeat at least, however slow a step: one or two say little about a mean
+MIN_STEPS = 3  # timed steps per repeat at least: one or two short steps say little about a mean
+# ... except a step this slow (the fp32 textbook-loader baseline of the ResNet-50 ladder: 3.9 s on an
+# H200, 15 timed steps = 59 s of a 3-minute budget): it averages over a whole batch's host work
+# already, and one per repeat keeps the 5 repeats' spread while the later rungs still get their turn
+SLOW_STEP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class Timing:
         """Timed steps per repeat when one step takes `step_s` seconds."""
         if self.seconds <= 0 or step_s <= 0:
             return self.steps
+        if step_s >= SLOW_STEP_S:
+            return 1
         fit = int(self.seconds / (self.repeats * step_s))
         return max(min(MIN_STEPS, self.steps), min(self.steps, fit))
 

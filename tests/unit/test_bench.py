@@ -105,6 +105,7 @@ def test_timed_steps_are_sized_from_one_steps_time():
     t = Timing(warmup=3, steps=30, repeats=5, seconds=2.0)
     assert t.steps_for(0.240) == 3  # a 240 ms fp32 ResNet-50 step: the floor of 3 per repeat
     assert t.steps_for(0.040) == 10  # 2 s / 5 repeats / 40 ms
+    assert t.steps_for(3.9) == 1  # the ladder's fp32 textbook baseline: one step per repeat, 5 repeats
     assert t.steps_for(0.006) == 30  # a 6 ms step: capped by --timed-steps
     assert Timing(steps=30, seconds=0).steps_for(0.240) == 30  # --timed-s 0: a fixed count
 
