@@ -36,9 +36,10 @@ from cnnpar.config import Config, DataConfig, ModelConfig, RunConfig, SpeedConfi
 from cnnpar.data import load_data  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.doctor.measure import first_batch, measure_step  # noqa: E402
-from cnnpar.engine.harness import build_trainer, free_device_memory, reset_compiler  # noqa: E402
+from cnnpar.engine.harness import build_trainer, reset_compiler  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
+from cnnpar.report.meters import free_device_memory  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -134,7 +134,7 @@ class ClaimContext:
         return self.bundles[w]
 
     def rate(self, cfg: Config, w: Workload) -> dict:
-        from cnnpar.engine.harness import free_device_memory
+        from cnnpar.report.meters import free_device_memory
 
         from .measure import measure_config
 
@@ -476,7 +476,7 @@ def workload_fields(w: Workload) -> dict:
 
 def _measure_here(claim: Claim, ctx: ClaimContext, w: Workload) -> dict:
     """Measure in this process; any failure becomes a row, and the other claims go on."""
-    from cnnpar.engine.harness import free_device_memory
+    from cnnpar.report.meters import free_device_memory
 
     from .measure import error_text
 

@@ -17,11 +17,11 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
-from cnnpar.engine.harness import free_device_memory
 from cnnpar.errors import UserError
 from cnnpar.parallel import resolve_for
 from cnnpar.presets import with_overrides
 from cnnpar.report.host import usable_cores
+from cnnpar.report.meters import free_device_memory
 
 from .measure import error_text, measure_config
 from .timing import Timing

@@ -14,12 +14,12 @@ from cnnpar.data import DataBundle
 from cnnpar.data.loader import build_loader
 from cnnpar.data.transforms import CROP_PAD, random_crop, random_flip
 from cnnpar.dist import DistInfo
-from cnnpar.engine.harness import cycle_batches, free_device_memory, reset_compiler
+from cnnpar.engine.harness import cycle_batches, reset_compiler
 from cnnpar.engine.optim import build_optimizer
 from cnnpar.engine.train_step import TrainStep
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, resolve_for
-from cnnpar.report.meters import sync
+from cnnpar.report.meters import free_device_memory, sync
 
 from .timing import Spread, Timing
 

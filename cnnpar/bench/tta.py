@@ -14,9 +14,10 @@ from collections.abc import Callable
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
-from cnnpar.engine.harness import build_trainer, free_device_memory, reset_compiler
+from cnnpar.engine.harness import build_trainer, reset_compiler
 from cnnpar.errors import UserError
 from cnnpar.presets import with_overrides
+from cnnpar.report.meters import free_device_memory
 
 
 def check_target(target: float) -> None:

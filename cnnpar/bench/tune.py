@@ -105,14 +105,13 @@ def measure(cfg: Config, info, bundle, steps: int, repeats: int, log: Callable[[
 
 
 def resolved_switches(trainer) -> dict[str, dict]:
-    """What the trial really ran with ("auto" resolved), for tuned.toml and the next trials."""
-    from cnnpar.data.loader import ResidentLoader
+    """What the trial really ran with ("auto" resolved, as the run's config.toml stores it), for
+    tuned.toml and the next trials."""
+    from cnnpar.engine.resolved import data_resolved
 
-    cfg = to_dict(trainer.cfg)
+    ran = data_resolved(trainer.cfg, trainer.bundle, trainer.train_loader, trainer.use_graphs)
+    cfg = to_dict(ran)
     out = {sec: {name: cfg[sec][name] for name in names} for sec, names in MACHINE_FIELDS.items()}
-    loader = trainer.train_loader.loader
-    out["data"]["resident"] = "on" if isinstance(loader, ResidentLoader) else "off"
-    out["data"]["workers"] = int(getattr(loader, "num_workers", 0))
     out["run"] = {"batch_size": trainer.cfg.run.batch_size}
     out["optim"] = {"lr": trainer.cfg.optim.lr}  # --batch-size auto scales it with the batch it found
     return out

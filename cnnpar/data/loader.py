@@ -383,6 +383,15 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
     return f"decode: {decoder} ({what[decoder]}; {why})\nphotos are decoded again every epoch; decode them once: {tip}"
 
 
+def decodes_on_gpu(cfg: Config, bundle: DataBundle) -> bool:
+    """Whether the photos of this run are decoded on the GPU (a `GpuDecoder` in the train loader)."""
+    return (
+        cfg.data.loader != "textbook"  # the textbook loader decodes per sample on the host
+        and isinstance(bundle.train, ImageFolderDataset)
+        and cfg.data.decode in ("gpu", "nvimgcodec")
+    )
+
+
 def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -> DeviceFeeder:
     """The train loader (shuffled, sharded with padding) or the eval loader (exact shards)."""
     ds = bundle.train if train else bundle.val
@@ -407,7 +416,7 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
     decoder, collate = None, None
     if textbook:
         ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train)
-    elif isinstance(ds, ImageFolderDataset) and cfg.data.decode in ("gpu", "nvimgcodec"):
+    elif isinstance(ds, ImageFolderDataset) and decodes_on_gpu(cfg, bundle):
         # workers only read bytes; decoding, random-resized crop and resize happen on the device
         backend = "nvimgcodec" if cfg.data.decode == "nvimgcodec" else "nvjpeg"
         decoder = GpuDecoder(

@@ -18,7 +18,6 @@ import torch
 from cnnpar.cliargs import command_line
 from cnnpar.config import Config
 from cnnpar.data import load_data
-from cnnpar.data.loader import ResidentLoader
 from cnnpar.data.sources import detect_format
 from cnnpar.data.store import default_store_path, prepare_command
 from cnnpar.dist import init_distributed
@@ -42,12 +41,14 @@ from cnnpar.doctor.measure import (
     textbook_cost_ratio,
 )
 from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget
-from cnnpar.engine.harness import build_trainer, free_device_memory
+from cnnpar.engine.harness import build_trainer
+from cnnpar.engine.resolved import data_resolved
 from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
 from cnnpar.report.host import usable_cores
+from cnnpar.report.meters import free_device_memory
 from cnnpar.report.telemetry import TelemetrySampler, plot_telemetry
 
 
@@ -78,10 +79,6 @@ class DoctorReport:
     @property
     def end_to_end(self) -> Phase:
         return next(p for p in self.phases if p.name == "end to end")
-
-
-def loader_workers(trainer: Trainer) -> int:
-    return int(getattr(trainer.train_loader.loader, "num_workers", 0))
 
 
 def default_report_dir(cfg: Config) -> Path:
@@ -188,15 +185,15 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
     e2e = phase("end to end", lambda: measure_end_to_end(trainer, warm, steps, max_s))
     phases.append(e2e)
     cores = usable_cores()
+    ran = data_resolved(rcfg, bundle, trainer.train_loader, trainer.train_step.cuda_graphs).data
     facts = Facts(
         device_type=info.device.type,
         batch_size=batch,
-        workers=loader_workers(trainer),
+        workers=ran.workers,
         loader=rcfg.data.loader,
         in_memory=bundle.in_memory,
-        # a store's pixel area on the device is resident too: its cropper reads batches in place
-        resident=isinstance(trainer.train_loader.loader, ResidentLoader)
-        or getattr(trainer.train_loader.decoder, "resident", False),
+        # (a store's pixel area on the device counts as resident: its cropper reads batches in place)
+        resident=ran.resident == "on",
         precision=rcfg.speed.precision,
         channels_last=rcfg.speed.channels_last,
         compile=rcfg.speed.compile,

@@ -21,7 +21,6 @@ from cnnpar.dist import DistInfo
 from cnnpar.engine.train_step import Batch
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError
-from cnnpar.report.meters import free_device_memory  # noqa: F401 (the tools import it from here)
 
 
 def build_trainer(cfg: Config, info: DistInfo, bundle: DataBundle | None = None) -> Trainer:

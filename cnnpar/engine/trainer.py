@@ -23,9 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, split_line
-from cnnpar.data.folder import ImageFolderDataset
-from cnnpar.data.gpu_decode import GpuDecoder
-from cnnpar.data.loader import build_loader, decode_line
+from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.batch_size import REFERENCE_BATCH, lr_factor, lr_rule, search_on_device
@@ -171,11 +169,7 @@ class Trainer:
 
     def _choose_batch_size(self, cfg: Config) -> Config:
         """The searched batch (engine/batch_size.py) and the lr scaled from batch 64 by its stated rule."""
-        gpu_decoder = (
-            self.graphs_requested == "auto"
-            and isinstance(self.bundle.train, ImageFolderDataset)
-            and cfg.data.decode in ("gpu", "nvimgcodec")
-        )
+        gpu_decoder = self.graphs_requested == "auto" and decodes_on_gpu(cfg, self.bundle)
         graphs = cfg.speed.cuda_graphs == "on" and not graphs_blocked_by(cfg, self.info.distributed, gpu_decoder)
         choice = search_on_device(
             self.raw_model,
@@ -196,7 +190,7 @@ class Trainer:
     def _graphs_allowed(self) -> bool:
         if self.cfg.speed.cuda_graphs != "on":
             return False
-        gpu_decoder = self.graphs_requested == "auto" and isinstance(self.train_loader.decoder, GpuDecoder)
+        gpu_decoder = self.graphs_requested == "auto" and decodes_on_gpu(self.cfg, self.bundle)
         why = graphs_blocked_by(self.cfg, self.info.distributed, gpu_decoder)
         if why:
             self.log(f"cuda graphs off: {why}")
