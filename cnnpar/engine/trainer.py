@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, split_line
+from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier
 from cnnpar.engine.averaging import build_weight_average
@@ -190,7 +191,8 @@ class Trainer:
     def _graphs_allowed(self) -> bool:
         if self.cfg.speed.cuda_graphs != "on":
             return False
-        gpu_decoder = self.graphs_requested == "auto" and decodes_on_gpu(self.cfg, self.bundle)
+        # the loader exists here: ask it what it built (the batch search, earlier, asks decodes_on_gpu)
+        gpu_decoder = self.graphs_requested == "auto" and isinstance(self.train_loader.decoder, GpuDecoder)
         why = graphs_blocked_by(self.cfg, self.info.distributed, gpu_decoder)
         if why:
             self.log(f"cuda graphs off: {why}")
