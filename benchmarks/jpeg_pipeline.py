@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
 from cnnpar.data import load_data  # noqa: E402
+from cnnpar.data.loader import DeviceFeeder  # noqa: E402
+from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
@@ -46,7 +48,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", default=".devdata/imagenet_rep")
     ap.add_argument(
-        "--variants", default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0", help="decode:workers:cpu_share, ..."
+        "--variants",
+        default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
+        help="decode:workers:cpu_share[:threads=N][:pipe=0], ... (threads: nvImageCodec's host threads, "
+        "0 = one per core; pipe=0: decode and resize in one thread, as before the two-stage feeder)",
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")
@@ -64,7 +69,10 @@ def main() -> None:
     rows = []
     bundle = None
     for spec in args.variants.split(","):
-        decode, workers, share = spec.split(":")
+        decode, workers, share, *extra = spec.split(":")
+        opts = dict(kv.split("=") for kv in extra)
+        NvImageCodecDecode.CPU_THREADS = int(opts.get("threads", 0))
+        DeviceFeeder.PIPELINE = opts.get("pipe", "1") != "0"
         cfg = Config(
             data=DataConfig(
                 source=args.folder,
@@ -82,6 +90,8 @@ def main() -> None:
             run=RunConfig(epochs=4, batch_size=args.batch_size, progress=False, out_dir="/tmp/cnnpar-jp"),
         )
         row = {"variant": f"--decode {decode} --workers {workers} --cpu-share {share} --cuda-graphs {args.graphs}"}
+        if extra:
+            row["variant"] += f" (bench: {' '.join(extra)})"
         try:
             bundle = bundle or load_data(cfg.data, 0)
             tr = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
