@@ -160,6 +160,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224, help="output side in pixels")
     ap.add_argument("--batches", type=int, default=2, help="distinct batches (files cycled if too few)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--gil", action="store_true", help="also time each decoder beside a spinning Python thread")
     ap.add_argument("--pipeline-batches", type=int, default=24, help="batches per timed run of the pipelined rows")
     ap.add_argument("--profile", action="store_true", help="also print a torch.profiler table of one decoder call")
     ap.add_argument(
@@ -311,6 +312,13 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
             for mode in ("train", "eval"):
                 dec = GpuDecoder(files, args.size, device, train=mode == "train", resize=resize, backend=backend)
                 record("gpu_decoder", f"{backend}/{resize}", mode, lambda b, d=dec: d(batches[b]))
+    if "split" in backends:
+        dec = GpuDecoder(files, args.size, device, train=True, backend="split")
+        for b in range(6):
+            dec.decode(batches[b % len(batches)])
+        print("split (share to the engines, images, s, images to nvJPEG, s):", list(dec.split_log))
+    if args.gil:
+        gil_rows(files, batches, backends, args, device, record)
     # as training runs it: DeviceFeeder's two threads (decode batch i+1 while batch i is resized)
     for backend in backends:
         record.rate("pipelined", backend, "train", lambda d=backend: feed_all(files, batches, args, device, d))
@@ -328,6 +336,46 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
                 sync(device)
             print(f"--- profile: one GpuDecoder call, {backend}, batch {args.batch_size}")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
+
+
+class Spinner:
+    """A Python thread that keeps the interpreter busy (as a training thread's Python does), to
+    see how much a decoder's calls slow down when they must win the GIL back from it."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.spin, daemon=True)
+
+    def spin(self) -> None:
+        x = 0
+        while not self.stop.is_set():
+            for _ in range(1000):
+                x += 1
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def gil_rows(files, batches, backends, args, device, record) -> None:
+    """Each decoder's call alone, beside a spinning Python thread at the default GIL switch
+    interval (5 ms), and beside it at 0.2 ms."""
+    default = sys.getswitchinterval()
+    for backend in backends:
+        dec = GpuDecoder(files, args.size, device, train=True, backend=backend)
+        with Spinner():
+            record("decode_spin", backend, "train", lambda b, d=dec: d.decode(batches[b]))
+            sys.setswitchinterval(0.0002)
+            try:
+                record("decode_spin_0.2ms", backend, "train", lambda b, d=dec: d.decode(batches[b]))
+            finally:
+                sys.setswitchinterval(default)
 
 
 def feed_all(files: list[Path], batches: list, args, device: torch.device, backend: str) -> int:

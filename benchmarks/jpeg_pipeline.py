@@ -68,8 +68,9 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
-        help="decode:workers:cpu_share[:threads=N][:pipe=0], ... (threads: nvImageCodec's host threads, "
-        "0 = one per core; pipe=0: decode and resize in one thread, as before the two-stage feeder)",
+        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S], ... (threads: nvImageCodec's host "
+        "threads, 0 = one per core; pipe: decode and resize in two threads or one; switch: the GIL's switch "
+        "interval in seconds, Python's default 0.005)",
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")
@@ -96,7 +97,8 @@ def main() -> None:
         decode, workers, share, *extra = spec.split(":")
         opts = dict(kv.split("=") for kv in extra)
         NvImageCodecDecode.CPU_THREADS = int(opts.get("threads", 0))
-        DeviceFeeder.PIPELINE = opts.get("pipe", "1") != "0"
+        DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
+        sys.setswitchinterval(float(opts.get("switch", 0.005)))
         cfg = Config(
             data=DataConfig(
                 source=args.folder,

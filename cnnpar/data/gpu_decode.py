@@ -29,6 +29,7 @@ torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, torchvision 0.19 to 0.29):
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,8 +200,14 @@ class GpuDecoder:
         if backend not in GPU_BACKENDS:
             raise ValueError(f"backend: expected one of {', '.join(GPU_BACKENDS)}, got {backend!r}")
         self.backend = backend
+        # Whether DeviceFeeder runs the stages in two threads. On an H200 (benchmarks/results/
+        # 2026-12-01-h200/call-e/jpeg_decode_cuda.csv) two threads raised nvJPEG's batches from
+        # 8,284 to 8,830 img/s but dropped nvImageCodec's from 5,629 to 3,392 (its calls give the
+        # GIL back and take it again per image, and a second busy Python thread makes each retake wait).
+        self.two_stage = backend == "nvjpeg"
         self.nvimgcodec = None
         self.hw_share = HwShare() if backend == "split" else None
+        self.split_log: collections.deque = collections.deque(maxlen=16)  # (share, n_hw, s_hw, n_sm, s_sm)
         self._side = None  # the split's second thread
         if backend in ("nvimgcodec", "split"):
             from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode
@@ -269,7 +276,9 @@ class GpuDecoder:
             self._decode_batched(data, sm_ids, images)
         finally:
             t_hw = side.result()  # also when nvJPEG raised: the side thread must be done with `images`
-        self.hw_share.update(len(hw_ids), t_hw, len(sm_ids), time.perf_counter() - t)
+        t_sm = time.perf_counter() - t
+        self.split_log.append((round(self.hw_share.share, 3), len(hw_ids), round(t_hw, 4), len(sm_ids), round(t_sm, 4)))
+        self.hw_share.update(len(hw_ids), t_hw, len(sm_ids), t_sm)
 
     def decode(self, batch: EncodedBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The batch's images, each (3, H, W), and the crop boxes (N, 4) in each image's own

@@ -174,7 +174,7 @@ class DeviceFeeder:
 
     QUEUE_DEPTH = 3
     STREAM_PRIORITY = 0  # of the decode thread's stream; benchmarks/jpeg_pipeline.py compares -1 (high)
-    PIPELINE = True  # a JPEG decoder's stages in two threads; benchmarks/jpeg_pipeline.py compares one
+    PIPELINE: bool | None = None  # None: the decoder's own rule (GpuDecoder.two_stage); benchmarks force it
 
     def __init__(
         self,
@@ -192,7 +192,8 @@ class DeviceFeeder:
         self.stream = torch.cuda.Stream(device) if side_stream and device.type == "cuda" else None
         self.threaded = threaded if threaded is not None else (decoder is not None and device.type == "cuda")
         # a JPEG decoder's two stages in two threads (the store's cropper has one stage)
-        self.pipelined = self.PIPELINE and self.threaded and hasattr(decoder, "decode_stage")
+        two_stage = getattr(decoder, "two_stage", False) if self.PIPELINE is None else self.PIPELINE
+        self.pipelined = self.threaded and hasattr(decoder, "decode_stage") and two_stage
 
     def set_epoch(self, epoch: int, seed: int | None = None) -> None:
         """`seed`: reseed the transform's and the decoder's generators, so what this epoch draws
