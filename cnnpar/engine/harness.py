@@ -54,7 +54,9 @@ def continue_as(trainer: Trainer, cfg: Config) -> None:
     would use them (`Trainer._graphs_allowed`, which says why not)."""
     new = resolve_for(cfg, trainer.info.device)
     if new.run.batch_size == 0:  # --batch-size auto: the batch (and lr) the trainer measured for itself
-        new = replace(new, run=trainer.cfg.run, optim=trainer.cfg.optim)
+        new = replace(new, run=replace(new.run, batch_size=trainer.cfg.run.batch_size), optim=trainer.cfg.optim)
+    run = trainer.cfg.run  # what build_trainer set for measuring (no progress bar, resume or run name)
+    new = replace(new, run=replace(new.run, progress=run.progress, resume=run.resume, name=run.name))
     changed = changed_switches(trainer.cfg, new)
     if changed - IN_PLACE:
         names = ", ".join(f"{s}.{f}" for s, f in sorted(changed - IN_PLACE))
