@@ -203,3 +203,27 @@ def test_continuing_refuses_a_switch_that_needs_a_new_model_or_compile():
     for change in ({"speed": {"precision": "bf16"}}, {"speed": {"compile": "default"}}, {"run": {"batch_size": 16}}):
         with pytest.raises(ValueError, match="only .* can change in place"):
             continue_as(trainer, with_overrides(small_cpu("off"), **change))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphs_turned_on_in_place_capture_the_compiled_step_as_a_new_graphed_trainer_does():
+    gpu = DistInfo(0, 0, 1, torch.device("cuda"))
+
+    def cfg(graphs: str) -> Config:
+        return with_overrides(
+            small_cpu("off"), speed={"device": "cuda", "compile": "default", "cuda_graphs": graphs, "precision": "bf16"}
+        )
+
+    bundle = load_data(cfg("off").data, 5)
+    new = build_trainer(cfg("on"), gpu, bundle)
+    continued = build_trainer(cfg("off"), gpu, bundle)
+    continue_as(continued, cfg("on"))
+    expected, got = losses(new), losses(continued)
+    assert new.train_step.graphed and continued.train_step.graphed
+    assert got == pytest.approx(expected, rel=1e-3)  # the same compiled step, captured the same way
+    # as the ladder does it: compiled steps first, then the graphs captured from the warm module
+    ladder_like = build_trainer(cfg("off"), gpu, bundle)
+    losses(ladder_like, 2)
+    continue_as(ladder_like, cfg("on"))
+    assert all(torch.isfinite(torch.tensor(losses(ladder_like, 3)))) and ladder_like.train_step.graphed
