@@ -247,6 +247,8 @@ def run_ladder(
         _speedups(row, done, by_name)
         log(f"bench: rung {p.index} {p.rung.name}: {summary_line(row)}  [{clock() - t0:.0f} s]")
         rows.append(row)
+    kept = None
+    free_device_memory(info.device)  # the last Trainer's memory, before --ddp's processes want the GPU
     return rows
 
 
