@@ -144,6 +144,8 @@ def test_photos_cropped_by_the_loader_get_only_the_flip():
 class TwoStageDecoder(Decoder):
     """Stands in for GpuDecoder's two stages (decode, then resize): the feeder runs them in two threads."""
 
+    two_stage = True  # GpuDecoder's rule says so for nvJPEG
+
     def __init__(self, fail_at: int | None = None) -> None:
         super().__init__(fail_at)
         self.threads: set[str] = set()
@@ -189,3 +191,14 @@ def test_an_abandoned_two_stage_iterator_stops_both_threads():
     del it
     assert not stage_threads()
     assert dec.calls < 20  # both stages stopped: at most a few batches decoded ahead
+
+
+def test_only_the_nvjpeg_decoder_runs_its_stages_in_two_threads():
+    pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
+    from cnnpar.data.gpu_decode import GpuDecoder
+
+    transform = DeviceTransform((0.5,) * 3, (0.25,) * 3, "none", False, torch.device("cpu"))
+    for backend, two in (("nvjpeg", True), ("nvimgcodec", False), ("split", False)):
+        dec = GpuDecoder([], 8, torch.device("cpu"), train=True, backend=backend)
+        fed = DeviceFeeder([], None, transform, torch.device("cpu"), True, False, dec, threaded=True)
+        assert fed.pipelined is two, backend
