@@ -158,7 +158,8 @@ def main() -> None:
     ap.add_argument(
         "--stages",
         default="gpu",
-        help="comma list: gpu (GpuDecoder's stages), cpu (one worker's rows), cpu-profile (its time per image)",
+        help="comma list: gpu (GpuDecoder's stages), cpu (one worker's rows), cpu-profile (its time per "
+        "image), cpu-quality (pixel differences between the CPU decodes)",
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=256)
@@ -176,8 +177,8 @@ def main() -> None:
     # notice alone, rather than cnnpar's per-call tv_codecs(), keeps the timed calls bare.
     warnings.filterwarnings("ignore", message=TV_CODEC_DEPRECATION, category=DeprecationWarning)
     stages = set(args.stages.split(","))
-    if not stages <= {"gpu", "cpu", "cpu-profile"}:
-        sys.exit(f"--stages {args.stages}: expected a comma list of gpu, cpu and cpu-profile")
+    if not stages <= {"gpu", "cpu", "cpu-profile", "cpu-quality"}:
+        sys.exit(f"--stages {args.stages}: expected a comma list of gpu, cpu, cpu-profile and cpu-quality")
     device = torch.device(args.device)
     folders = list(args.folder)
     if args.make_photos is not None:
@@ -203,6 +204,8 @@ def main() -> None:
             cpu_stages(files, indices, args, recorder)
         if "cpu-profile" in stages:
             cpu_profile(files, args, recorder)
+        if "cpu-quality" in stages:
+            cpu_quality(files, indices, args, recorder)
 
     env = environment(device, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -430,6 +433,91 @@ def cpu_profile(files: list[Path], args, record: Recorder) -> None:
         record.interleaved("cpu_profile", cases, per=len(jpeg))
     finally:
         torch.set_num_threads(threads)
+
+
+def cpu_quality(files: list[Path], indices: list[list[int]], args, record: Recorder) -> None:
+    """How far the CPU decodes' pixels lie from today's training input. The same batches (one
+    seed, so the same crop boxes) through the simplejpeg path against the Pillow path and against
+    the GPU path's float reference (`resized_crops_loop` of torchvision's whole decode); and the
+    decodes left out of the CPU path (fast DCT + fast upsampling, nvImageCodec's region decode)
+    against simplejpeg's accurate whole decode. Rows: stage cpu_quality, the mean absolute
+    difference in levels (0-255) over all pixels, the worst image's mean, and the largest."""
+    import numpy as np
+
+    labels, rows = [0] * len(files), []
+
+    def compare(method: str, mode: str, pairs) -> None:
+        means, worst = [], 0
+        for a, b in pairs:
+            d = (a.int() - b.int()).abs()
+            means.append(d.float().mean().item())
+            worst = max(worst, int(d.max()))
+        rows.append((method, mode, len(means), statistics.mean(means), max(means), worst))
+
+    def batches(backend: str, train: bool):
+        if backend == "reference":
+            sizes = [[tuple(decode_rgb(read_encoded(files[i]), files[i]).shape[1:]) for i in idx] for idx in indices]
+        out = []
+        torch.manual_seed(0)  # the decoders seed their boxes from it: the same boxes on every path
+        for b, idx in enumerate(indices):
+            if backend == "reference":
+                gen = CpuDecodedFolder(files, labels, args.size, train=train).generator()
+                boxes = draw_crop_boxes(torch.tensor(sizes[b]), train, gen)
+                images = [decode_rgb(read_encoded(files[i]), files[i]) for i in idx]
+                out.append(resized_crops_loop(images, boxes, args.size))
+            else:
+                out.append(CpuDecodedFolder(files, labels, args.size, train=train, backend=backend)[idx][0])
+        return [img for x in out for img in x]
+
+    sj = simplejpeg_module()
+    for train, mode in ((True, "train"), (False, "eval")):
+        ref, pil = batches("reference", train), batches("pillow", train)
+        compare("pillow path vs float reference", mode, zip(pil, ref))
+        if sj is not None:
+            turbo = batches("simplejpeg", train)
+            compare("simplejpeg path vs float reference", mode, zip(turbo, ref))
+            compare("simplejpeg path vs pillow path", mode, zip(turbo, pil))
+    if sj is not None:
+        raws = [bytes(read_encoded(f).numpy()) for f in files if read_jpeg_header(f.read_bytes()) is not None]
+        accurate = [torch.from_numpy(sj.decode_jpeg(r)) for r in raws]
+        tv = (decode_rgb(torch.frombuffer(bytearray(r), dtype=torch.uint8), "-").permute(1, 2, 0) for r in raws)
+        compare("simplejpeg whole vs torchvision whole", "-", zip(accurate, tv))
+        fast = (torch.from_numpy(sj.decode_jpeg(r, fastdct=True, fastupsample=True)) for r in raws)
+        compare("simplejpeg fastdct+ups vs accurate", "-", zip(fast, accurate))
+        if nvimgcodec_available():
+            from nvidia import nvimgcodec as n
+
+            dec = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[n.Backend(n.BackendKind.CPU_ONLY)])
+            params = n.DecodeParams(color_spec=n.ColorSpec.SRGB, sample_format=n.I_RGB, apply_exif_orientation=False)
+            boxes = draw_crop_boxes(
+                torch.tensor([a.shape[:2] for a in accurate]), True, torch.Generator().manual_seed(0)
+            )
+            pairs = []
+            for r, a, (top, left, h, w) in zip(raws, accurate, boxes.tolist()):
+                cs = n.CodeStream(np.frombuffer(r, np.uint8)).get_sub_code_stream(
+                    region=n.Region(top, left, top + h, left + w)
+                )
+                pairs.append(
+                    (torch.from_numpy(np.array(dec.decode(cs, params=params))), a[top : top + h, left : left + w])
+                )
+            compare("nvimgcodec-cpu region vs simplejpeg crop", "train", pairs)
+    for method, mode, n_img, mean, worst_mean, worst in rows:
+        record.rows.append(
+            {
+                "stage": "cpu_quality",
+                "method": method,
+                "mode": mode,
+                "batch_size": args.batch_size,
+                "size": args.size,
+                "files": record.files,
+                "images": n_img,
+                "mean_abs_diff": round(mean, 4),
+                "worst_image_mean_abs_diff": round(worst_mean, 4),
+                "max_abs_diff": worst,
+                **record.facts,
+            }
+        )
+        print(f"cpu_quality  {method:42s} {mode:5s} mean {mean:.3f}  worst image {worst_mean:.3f}  max {worst}")
 
 
 def pillow_whole(raw) -> None:

@@ -167,7 +167,12 @@ class TurboDecoder:
             self.sj.decode_jpeg(raw, colorspace="RGB", min_height=oh, min_width=ow, buffer=self.buffer.numpy())
         except ValueError:  # libjpeg's errors and (strict) warnings
             return None
-        top, left, ch, cw = scaled_box(box, w / ow, oh, ow)
+        # libjpeg scales by M/8: output pixel i covers original pixels 8i/M .. 8(i+1)/M, so the box
+        # maps with 8/M exactly (w / ow would be off by the last, partly covered, pixel)
+        m = next((m for m in range(1, 9) if (-(-h * m // 8), -(-w * m // 8)) == (oh, ow)), None)
+        if m is None:
+            return None
+        top, left, ch, cw = scaled_box(box, 8 / m, oh, ow)
         img = self.buffer[: oh * ow * 3].view(oh, ow, 3)
         return img[top : top + ch, left : left + cw].permute(2, 0, 1)
 
