@@ -17,9 +17,16 @@ of about 500x375; benchmarks/jpeg_decode.py measures the whole):
   against 8.2 ms. The largest reduction that leaves the crop >= S pixels on both sides is used,
   so nothing the output could hold is lost beyond what the reduced IDCT's own filter does
   (within a few levels of the full-size reference: tests/unit/test_cpu_decode.py).
-- Other images (crop < 2 S, PNGs, files Pillow cannot reduce) go through torchvision's
-  `decode_image`, a little faster than Pillow at full size (1.2 vs 1.3 ms), and shared with the
-  old path and the GPU path's CPU fall-back, so odd files behave alike everywhere.
+- The JPEG decoder is simplejpeg where installed (`pip install "cnnpar[jpeg]"`): the same
+  libjpeg-turbo as Pillow and torchvision with the same pixels (identical on the ImageNet photos),
+  without their per-call objects, into one buffer reused by every photo of a worker (rather than
+  a fresh 5.8 MB array per 1600x1200 photo), cropped as a view. Whole photos: 1.10 ms against
+  1.32 through torchvision (`decode_rgb`) and 1.28 through Pillow. libjpeg's M/8 scales other than 1/2, 1/4, 1/8
+  have no SIMD code and are slower than a whole decode, so they are not used.
+- Without simplejpeg, and for what it declines (CMYK/YCCK and 12-bit files, files libjpeg warns
+  about, which simplejpeg run `strict` refuses), reduced decodes go through Pillow and whole ones
+  through torchvision's `decode_image` (`decode_rgb`), shared with the per-image path and the GPU
+  path's CPU fall-back, so odd files decode, or fail naming the file, alike everywhere.
 - Crop and resize are `F.interpolate(bilinear, antialias=True)` on a uint8 view of the crop. Both
   decoders leave pixels interleaved (HWC), which torch's uint8 antialiased kernel takes as a
   channels-last batch of one, without a copy: 0.23 ms, where Pillow's `resize(box=...)` on the
@@ -30,9 +37,10 @@ of about 500x375; benchmarks/jpeg_decode.py measures the whole):
 
 What it gains per worker over the per-image path (`ImageFolderDataset`: whole photo decoded and
 resized, centre crop, default collate), ResNet-50's 224 crops, one thread, 2-core EPYC
-(benchmarks/results/jpeg_decode_cpu.csv): 1.10x on ImageNet photos (0.2 megapixels; JPEG
-decoding is ~1.2 of the 1.5 ms an image takes, and their crops are too small to reduce), 1.31x on
-noisy 1600x1200 JPEGs (536 kB: entropy decoding dominates), 1.74x on smooth ones (113 kB).
+(benchmarks/results/jpeg_decode_cpu_simplejpeg.csv; docs/decoding.md has the table): with
+simplejpeg 1.19x on ImageNet photos (0.2 megapixels, 108 kB: the entropy decoding alone, a 1/8
+decode, takes 0.79 of the 1.67 ms an image took, so 2x is out of reach), 1.45x on noisy
+1600x1200 JPEGs (536 kB), 2.16x on smooth ones (113 kB); with Pillow 1.11x, 1.31x and 1.81x.
 """
 
 from __future__ import annotations
