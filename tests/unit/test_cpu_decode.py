@@ -237,9 +237,16 @@ def test_a_jpeg_simplejpeg_declines_is_decoded_the_checked_way(tmp_path, monkeyp
         return declines["decode_jpeg"](data, **kw)
 
     monkeypatch.setattr(sj, "decode_jpeg", refuse_the_second)
+    monkeypatch.setattr(cpu_decode, "KEEP_BUFFER_BYTES", 3 * 60 * 50)  # the 50x60 photo's fits, 300x400's not
     again = CpuDecodedFolder(files, [0] * 3, 32, train=False, backend="simplejpeg")[[0, 1, 2]][0]
     assert checked == [files[1]] and torch.equal(again[[0, 2]], whole[[0, 2]])
     assert torch.equal(again[1], pillow[1])
+    monkeypatch.setattr(sj, "decode_jpeg", declines["decode_jpeg"])
+    ds = CpuDecodedFolder(files, [0] * 3, 32, train=False, draft=False, backend="simplejpeg")
+    whole = CpuDecodedFolder(files, [0] * 3, 32, train=False, draft=False, backend="pillow")[[2, 1]][0]
+    assert torch.equal(ds[[2, 1]][0], whole)  # the whole 300x400 photo's buffer is too large to keep
+    assert ds._turbo.buffer.numel() == 0
+    assert torch.equal(ds[[2]][0], whole[[0]]) and ds._turbo.buffer.numel() == 3 * 60 * 50
 
 
 @pytest.mark.skipif(cpu_decode.simplejpeg_module() is None, reason="simplejpeg not installed")
