@@ -8,9 +8,17 @@ torchvision's `decode_jpeg` refuses on the device when decoded alone, then times
 `--stages cpu`: what one DataLoader worker (one process, one thread) decodes per second for
 ResNet-50's input (`--size` 224): `today` is the per-image path (`ImageFolderDataset`: whole
 photo decoded, shorter side resized, centre crop; default collate), `batch` the batch-level
-`CpuDecodedFolder` with random-resized crops decoded at full size, `batch+draft` the same with
-JPEGs decoded reduced where the crop allows (what training runs), `pillow-resize` that with
-Pillow's `resize(box=...)` instead of torch's uint8 kernel (the design the module rejected).
+`CpuDecodedFolder` with random-resized crops decoded at full size by Pillow / torchvision,
+`batch+draft` the same with JPEGs decoded reduced where the crop allows, `simplejpeg` the same
+through simplejpeg (what training runs where it is installed), `pillow-resize` Pillow's
+`resize(box=...)` instead of torch's uint8 kernel (the design the module rejected). All of them
+are timed in turn in each round, so that the shared host's changing load falls on each alike;
+rows carry the fastest and slowest round and the speed-up over `today`.
+
+`--stages cpu-profile`: one worker's time per image, step by step (reading, header, each JPEG
+decode whole and at libjpeg-turbo's M/8 scales, nvImageCodec's CPU region decode, crop+resize).
+`--stages cpu-quality`: the pixel differences between the CPU decodes and the GPU path's float
+reference, on the same crop boxes.
 
 Each stage runs on batches cycled from the folder: warm-up first, then `--repeats` timed runs,
 median reported. Two times per row: `host_s`, until the call returns (what the Python thread
@@ -26,6 +34,8 @@ writes `--photos` synthetic JPEGs (smooth colour waves plus `--photo-noise` nois
         --repeats 3 --stages gpu,cpu
     python benchmarks/jpeg_decode.py --make-photos .devdata/photos_1600x1200 --device cpu \
         --batch-size 128 --repeats 3 --stages cpu --append
+    python benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cpu --batch-size 128 \
+        --repeats 7 --stages cpu,cpu-profile,cpu-quality --out benchmarks/results/jpeg_decode_cpu_simplejpeg.csv
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def cpu_jpeg_backend() -> str:
 def cpu_jpeg_line() -> str:
     """What decodes JPEGs in the CPU workers, for the run's decode line."""
     if cpu_jpeg_backend() == "simplejpeg":
-        return "simplejpeg (libjpeg-turbo), whole or at 1/2, 1/4, 1/8 size; Pillow for CMYK and unreadable files"
+        return "simplejpeg (libjpeg-turbo, whole or at 1/2, 1/4, 1/8 size; Pillow and torchvision: files it declines)"
     return 'Pillow and torchvision (simplejpeg, faster, is not installed: pip install "cnnpar[jpeg]")'
 
 
