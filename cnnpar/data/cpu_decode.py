@@ -10,8 +10,8 @@ crosses to the main process (one shared-memory segment), and nothing leaves uint
 Why each step is done this way (timings per image on one core of a 2-core EPYC, ImageNet photos
 of about 500x375; benchmarks/jpeg_decode.py measures the whole):
 - JPEGs whose crop is at least 2x, 4x or 8x the output side are decoded at 1/2, 1/4 or 1/8 size
-  by libjpeg-turbo's DCT scaling (Pillow's `draft`): a smaller inverse DCT, and upsampling,
-  colour conversion and resizing on 1/4 to 1/64 of the pixels. The entropy (Huffman) decoding of
+  by libjpeg-turbo's DCT scaling (Pillow's `draft`, simplejpeg's minimum size): a smaller inverse
+  DCT, and upsampling, colour conversion and resizing on 1/4 to 1/64 of the pixels. The entropy (Huffman) decoding of
   the whole file remains, so the gain shrinks as files get more detailed: on a smooth 1600x1200
   picture a 1/2-size decode took 2.3 ms against 5.9 ms, on the same with noise (540 kB) 6.3 ms
   against 8.2 ms. The largest reduction that leaves the crop >= S pixels on both sides is used,
@@ -21,8 +21,8 @@ of about 500x375; benchmarks/jpeg_decode.py measures the whole):
   libjpeg-turbo as Pillow and torchvision with the same pixels (identical on the ImageNet photos),
   without their per-call objects, into one buffer reused by every photo of a worker (rather than
   a fresh 5.8 MB array per 1600x1200 photo), cropped as a view. Whole photos: 1.10 ms against
-  1.32 through torchvision (`decode_rgb`) and 1.28 through Pillow. libjpeg's M/8 scales other than 1/2, 1/4, 1/8
-  have no SIMD code and are slower than a whole decode, so they are not used.
+  1.32 through torchvision (`decode_rgb`) and 1.28 through Pillow. libjpeg's M/8 scales other
+  than 1/2, 1/4, 1/8 have no SIMD code and are slower than a whole decode: not used.
 - Without simplejpeg, and for what it declines (CMYK/YCCK and 12-bit files, files libjpeg warns
   about, which simplejpeg run `strict` refuses), reduced decodes go through Pillow and whole ones
   through torchvision's `decode_image` (`decode_rgb`), shared with the per-image path and the GPU
@@ -61,7 +61,8 @@ from cnnpar.errors import DataError
 
 DCT_SCALES = (8, 4, 2)  # the reductions libjpeg-turbo's scaled IDCT offers through Pillow's draft
 # libjpeg-turbo also scales by M/8 (3/8, 5/8, 3/4, 7/8), but only 1/2, 1/4 and 1/8 have SIMD code:
-# on the ImageNet photos 5/8, 6/8 and 7/8 took 1.31, 1.48 and 1.88 ms against 1.11 at full size.
+# on the ImageNet photos 5/8, 6/8 and 7/8 took 1.29, 1.46 and 1.86 ms against 1.10 at full size
+# (benchmarks/results/jpeg_decode_cpu_simplejpeg.csv, cpu_profile rows).
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A worker keeps its decode buffer between photos up to this size (a 12-megapixel photo's 36 MB
 # fits); the rare larger decode gets a buffer of its own, freed with it.
@@ -153,8 +154,8 @@ class TurboDecoder:
     """JPEG decodes through simplejpeg into one reused buffer, whole or at 1/2, 1/4, 1/8 size.
 
     Against Pillow (`decode_reduced`) and torchvision (`decode_rgb`) on the same libjpeg-turbo it
-    saves their per-call overheads (a file object and an image object, a fresh output buffer: the
-    page faults of a new 5.8 MB buffer per 1600x1200 photo) and crops a view, copying nothing.
+    saves their per-call overheads (a file object and an image object, a fresh output array per
+    photo) and crops a view, copying nothing.
     `strict`: libjpeg's warnings (a truncated file, corrupt data) raise, and the caller then
     decodes the file the old way, which either reads it as every other path does or names it.
     """
