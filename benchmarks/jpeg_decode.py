@@ -8,9 +8,17 @@ torchvision's `decode_jpeg` refuses on the device when decoded alone, then times
 `--stages cpu`: what one DataLoader worker (one process, one thread) decodes per second for
 ResNet-50's input (`--size` 224): `today` is the per-image path (`ImageFolderDataset`: whole
 photo decoded, shorter side resized, centre crop; default collate), `batch` the batch-level
-`CpuDecodedFolder` with random-resized crops decoded at full size, `batch+draft` the same with
-JPEGs decoded reduced where the crop allows (what training runs), `pillow-resize` that with
-Pillow's `resize(box=...)` instead of torch's uint8 kernel (the design the module rejected).
+`CpuDecodedFolder` with random-resized crops decoded at full size by Pillow / torchvision,
+`batch+draft` the same with JPEGs decoded reduced where the crop allows, `simplejpeg` the same
+through simplejpeg (what training runs where it is installed), `pillow-resize` Pillow's
+`resize(box=...)` instead of torch's uint8 kernel (the design the module rejected). All of them
+are timed in turn in each round, so that the shared host's changing load falls on each alike;
+rows carry the fastest and slowest round and the speed-up over `today`.
+
+`--stages cpu-profile`: one worker's time per image, step by step (reading, header, each JPEG
+decode whole and at libjpeg-turbo's M/8 scales, nvImageCodec's CPU region decode, crop+resize).
+`--stages cpu-quality`: the pixel differences between the CPU decodes and the GPU path's float
+reference, on the same crop boxes.
 
 Each stage runs on batches cycled from the folder: warm-up first, then `--repeats` timed runs,
 median reported. Two times per row: `host_s`, until the call returns (what the Python thread
@@ -26,6 +34,8 @@ writes `--photos` synthetic JPEGs (smooth colour waves plus `--photo-noise` nois
         --repeats 3 --stages gpu,cpu
     python benchmarks/jpeg_decode.py --make-photos .devdata/photos_1600x1200 --device cpu \
         --batch-size 128 --repeats 3 --stages cpu --append
+    python benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cpu --batch-size 128 \
+        --repeats 7 --stages cpu,cpu-profile,cpu-quality --out benchmarks/results/jpeg_decode_cpu_simplejpeg.csv
 """
 
 from __future__ import annotations
@@ -44,15 +54,16 @@ sys.path.insert(0, str(REPO))  # this checkout, not whichever cnnpar is installe
 
 import torch  # noqa: E402
 
-from cnnpar.data.cpu_decode import CpuDecodedFolder, reduction  # noqa: E402
+from cnnpar.data.cpu_decode import CpuDecodedFolder, reduction, resize_into, simplejpeg_module  # noqa: E402
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_loop  # noqa: E402
-from cnnpar.data.folder import ImageFolderDataset, read_encoded  # noqa: E402
+from cnnpar.data.folder import ImageFolderDataset, decode_rgb, read_encoded  # noqa: E402
 from cnnpar.data.gpu_decode import (  # noqa: E402
     EncodedFolderDataset,
     GpuDecoder,
     collate_encoded,
     nvjpeg_decode,
 )
+from cnnpar.data.jpeg_header import read_jpeg_header  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import nvimgcodec_available  # noqa: E402
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
@@ -154,7 +165,12 @@ def main() -> None:
     ap.add_argument("--photo-size", default="1600x1200", help="WIDTHxHEIGHT of --make-photos")
     ap.add_argument("--photos", type=int, default=128, help="how many --make-photos writes")
     ap.add_argument("--photo-noise", type=float, default=8.0, help="noise sigma of --make-photos (0: smooth)")
-    ap.add_argument("--stages", default="gpu", help="comma list: gpu (GpuDecoder's stages), cpu (one worker's rows)")
+    ap.add_argument(
+        "--stages",
+        default="gpu",
+        help="comma list: gpu (GpuDecoder's stages), cpu (one worker's rows), cpu-profile (its time per "
+        "image), cpu-quality (pixel differences between the CPU decodes)",
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--size", type=int, default=224, help="output side in pixels")
@@ -173,8 +189,8 @@ def main() -> None:
     # notice alone, rather than cnnpar's per-call tv_codecs(), keeps the timed calls bare.
     warnings.filterwarnings("ignore", message=TV_CODEC_DEPRECATION, category=DeprecationWarning)
     stages = set(args.stages.split(","))
-    if not stages <= {"gpu", "cpu"}:
-        sys.exit(f"--stages {args.stages}: expected a comma list of gpu and cpu")
+    if not stages <= {"gpu", "cpu", "cpu-profile", "cpu-quality"}:
+        sys.exit(f"--stages {args.stages}: expected a comma list of gpu, cpu, cpu-profile and cpu-quality")
     device = torch.device(args.device)
     folders = list(args.folder)
     if args.make_photos is not None:
@@ -198,6 +214,10 @@ def main() -> None:
             gpu_stages(files, indices, args, device, recorder)
         if "cpu" in stages:
             cpu_stages(files, indices, args, recorder)
+        if "cpu-profile" in stages:
+            cpu_profile(files, args, recorder)
+        if "cpu-quality" in stages:
+            cpu_quality(files, indices, args, recorder)
 
     env = environment(device, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -226,17 +246,18 @@ class Recorder:
 
         host, total = timed(run, self.device, self.args.repeats)
         per_batch = self.args.batch_size / counts[-1]
-        self.add(stage, method, mode, host * per_batch, total * per_batch)
+        self.keep(stage, method, mode, host * per_batch, total * per_batch)
 
     def __call__(self, stage: str, method: str, mode: str, fn) -> None:
         args = self.args
         per_batch = [timed(lambda b=b: fn(b), self.device, args.repeats) for b in range(args.batches)]
         host = statistics.median(h for h, _ in per_batch)
         total = statistics.median(t for _, t in per_batch)
-        self.add(stage, method, mode, host, total)
+        self.keep(stage, method, mode, host, total)
 
-    def add(self, stage: str, method: str, mode: str, host: float, total: float) -> None:
-        args = self.args
+    def keep(self, stage: str, method: str, mode: str, host: float, total: float, per: int = 0, **extra) -> None:
+        """One row: `per` items in `total` seconds (default a batch)."""
+        args, per = self.args, per or self.args.batch_size
         self.rows.append(
             {
                 "stage": stage,
@@ -246,20 +267,45 @@ class Recorder:
                 "size": args.size,
                 "host_s": round(host, 6),
                 "total_s": round(total, 6),
-                "images_per_s": round(args.batch_size / total, 1),
+                "images_per_s": round(per / total, 1),
                 "batches": args.batches,
                 "repeats": args.repeats,
                 "files": self.files,
                 "files_refused_alone": self.refused,
                 "torch_threads": torch.get_num_threads(),
                 "load_avg_1m": round(os.getloadavg()[0], 2),  # the host is shared: context for CPU rows
+                **extra,
                 **self.facts,
             }
         )
         print(
-            f"{stage:12s} {method:13s} {mode:5s} host {host * 1e3:8.1f} ms  total {total * 1e3:8.1f} ms  "
-            f"{args.batch_size / total:8.0f} img/s  (load {os.getloadavg()[0]:.2f})"
+            f"{stage:12s} {method:22s} {mode:5s} host {host * 1e3:8.2f} ms  total {total * 1e3:8.2f} ms  "
+            f"{per / total:8.0f} img/s  (load {os.getloadavg()[0]:.2f})"
+            + "".join(f"  {k} {v}" for k, v in extra.items())
         )
+
+    def interleaved(self, stage: str, cases: list[tuple[str, str, object]], per: int = 0, warmup: int = 1) -> None:
+        """Times each case's `fn(b)` for every batch b, all cases in turn in each of `repeats` rounds,
+        so that a change in the shared host's load falls on every case alike; one row per case:
+        the median round, its slowest and fastest (the noise), and the speed-up over the first case."""
+        args, rounds = self.args, {method + "/" + mode: [] for method, mode, _ in cases}
+        for r in range(warmup + args.repeats):
+            for method, mode, fn in cases:
+                t0 = time.perf_counter()
+                for b in range(args.batches):
+                    fn(b)
+                if r >= warmup:
+                    rounds[method + "/" + mode].append((time.perf_counter() - t0) / args.batches)
+        base = statistics.median(next(iter(rounds.values())))
+        for method, mode, _ in cases:
+            ts = rounds[method + "/" + mode]
+            med = statistics.median(ts)
+            extra = {"fastest_s": round(min(ts), 6), "slowest_s": round(max(ts), 6)}
+            if per:  # a profile: each case's own cost, per image
+                extra["ms_per_image"] = round(med / per * 1e3, 4)
+            else:
+                extra["speedup_vs_first"] = round(base / med, 3)
+            self.keep(stage, method, mode, med, med, per, **extra)
 
 
 def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.device, record: Recorder) -> None:
@@ -396,7 +442,8 @@ def feed_all(files: list[Path], batches: list, args, device: torch.device, backe
 
 
 def cpu_stages(files: list[Path], indices: list[list[int]], args, record: Recorder) -> None:
-    """One DataLoader worker's work per batch, in this process on one thread."""
+    """One DataLoader worker's work per batch, in this process on one thread; every method in
+    each round (`Recorder.interleaved`), `today` first, so each row carries its speed-up over it."""
     from torch.utils.data import default_collate
 
     threads = torch.get_num_threads()
@@ -405,16 +452,178 @@ def cpu_stages(files: list[Path], indices: list[list[int]], args, record: Record
         labels = [0] * len(files)
         today = ImageFolderDataset(files, labels, args.size)
         # today's path has no random-resized crop: it resizes the whole photo, then takes the centre
-        record("cpu_worker", "today", "train", lambda b: default_collate([today[i] for i in indices[b]]))
+        cases = [("today", "train", lambda b: default_collate([today[i] for i in indices[b]]))]
         for method, draft in (("batch", False), ("batch+draft", True)):
-            ds = CpuDecodedFolder(files, labels, args.size, train=True, draft=draft)
-            record("cpu_worker", method, "train", lambda b, d=ds: d[indices[b]])
-        ds = CpuDecodedFolder(files, labels, args.size, train=False)
-        record("cpu_worker", "batch+draft", "eval", lambda b: ds[indices[b]])
-        ds = CpuDecodedFolder(files, labels, args.size, train=True)
-        record("cpu_worker", "pillow-resize", "train", lambda b: pillow_resize_batch(ds, indices[b]))
+            ds = CpuDecodedFolder(files, labels, args.size, train=True, draft=draft, backend="pillow")
+            cases.append((method, "train", lambda b, d=ds: d[indices[b]]))
+        ds = CpuDecodedFolder(files, labels, args.size, train=False, backend="pillow")
+        cases.append(("batch+draft", "eval", lambda b, d=ds: d[indices[b]]))
+        if simplejpeg_module() is not None:
+            for mode in ("train", "eval"):
+                ds = CpuDecodedFolder(files, labels, args.size, train=mode == "train", backend="simplejpeg")
+                cases.append(("simplejpeg", mode, lambda b, d=ds: d[indices[b]]))
+        else:
+            print("simplejpeg not installed: no simplejpeg rows (pip install simplejpeg)")
+        ds = CpuDecodedFolder(files, labels, args.size, train=True, backend="pillow")
+        cases.append(("pillow-resize", "train", lambda b, d=ds: pillow_resize_batch(d, indices[b])))
+        record.interleaved("cpu_worker", cases)
     finally:
         torch.set_num_threads(threads)
+
+
+def cpu_profile(files: list[Path], args, record: Recorder) -> None:
+    """Where one worker's time goes per image (random-resized crops, one thread): reading, the
+    header, each JPEG decode (whole, at libjpeg-turbo's scales, and at 1/8, whose cost is nearly
+    all entropy decoding: the floor of any decode of the whole file), nvImageCodec's CPU decode of
+    the crop region alone (it stops after the crop's last row), and the crop+resize into the
+    batch. (Flips are done on the device, not in the workers.) Rows: stage cpu_profile, ms/image."""
+    import numpy as np
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        datas = [read_encoded(f) for f in files]
+        raws = [memoryview(d.numpy()) for d in datas]
+        sizes = [tuple(decode_rgb(d, f).shape[1:]) for d, f in zip(datas, files)]
+        boxes = draw_crop_boxes(torch.tensor(sizes), True, torch.Generator().manual_seed(0)).tolist()
+        jpeg = [k for k, d in enumerate(raws) if read_jpeg_header(d) is not None]
+        each = lambda fn: lambda b: [fn(k) for k in jpeg]  # noqa: E731
+        out = torch.empty(3, args.size, args.size, dtype=torch.uint8)
+        whole = [decode_rgb(d, f).permute(1, 2, 0).contiguous() for d, f in zip(datas, files)]
+
+        def crop_resize(k: int) -> None:
+            top, left, h, w = boxes[k]
+            resize_into(out, whole[k][top : top + h, left : left + w].permute(2, 0, 1))
+
+        cases = [
+            ("read file", "-", each(lambda k: read_encoded(files[k]))),
+            ("jpeg header", "-", each(lambda k: read_jpeg_header(raws[k]))),
+            ("torchvision whole", "-", each(lambda k: decode_rgb(datas[k], files[k]))),
+            ("pillow whole", "-", each(lambda k: pillow_whole(raws[k]))),
+            ("crop+resize into batch", "-", each(crop_resize)),
+        ]
+        sj = simplejpeg_module()
+        if sj is not None:
+            buf = np.empty(max(h * w for h, w in sizes) * 3, np.uint8)
+            for m in range(8, 0, -1):
+
+                def scaled(k: int, m: int = m) -> None:
+                    h, w = sizes[k]
+                    sj.decode_jpeg(raws[k], min_height=-(-h * m // 8), min_width=-(-w * m // 8), buffer=buf)
+
+                cases.append((f"simplejpeg {m}/8", "-", each(scaled)))
+            fast = lambda k: sj.decode_jpeg(raws[k], fastdct=True, fastupsample=True, buffer=buf)  # noqa: E731
+            cases.append(("simplejpeg whole fastdct+ups", "-", each(fast)))
+        if nvimgcodec_available():
+            from nvidia import nvimgcodec as n
+
+            dec = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[n.Backend(n.BackendKind.CPU_ONLY)])
+            params = n.DecodeParams(color_spec=n.ColorSpec.SRGB, sample_format=n.I_RGB, apply_exif_orientation=False)
+
+            def region(k: int, crop: bool) -> None:
+                cs = n.CodeStream(datas[k].numpy())
+                if crop:
+                    top, left, h, w = boxes[k]
+                    cs = cs.get_sub_code_stream(region=n.Region(top, left, top + h, left + w))
+                dec.decode(cs, params=params)
+
+            cases.append(("nvimgcodec-cpu whole", "-", each(lambda k: region(k, False))))
+            cases.append(("nvimgcodec-cpu crop region", "train", each(lambda k: region(k, True))))
+        record.interleaved("cpu_profile", cases, per=len(jpeg))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def cpu_quality(files: list[Path], indices: list[list[int]], args, record: Recorder) -> None:
+    """How far the CPU decodes' pixels lie from today's training input. The same batches (one
+    seed, so the same crop boxes) through the simplejpeg path against the Pillow path and against
+    the GPU path's float reference (`resized_crops_loop` of torchvision's whole decode); and the
+    decodes left out of the CPU path (fast DCT + fast upsampling, nvImageCodec's region decode)
+    against simplejpeg's accurate whole decode. Rows: stage cpu_quality, the mean absolute
+    difference in levels (0-255) over all pixels, the worst image's mean, and the largest."""
+    import numpy as np
+
+    labels, rows = [0] * len(files), []
+
+    def compare(method: str, mode: str, pairs) -> None:
+        means, worst = [], 0
+        for a, b in pairs:
+            d = (a.int() - b.int()).abs()
+            means.append(d.float().mean().item())
+            worst = max(worst, int(d.max()))
+        rows.append((method, mode, len(means), statistics.mean(means), max(means), worst))
+
+    def batches(backend: str, train: bool):
+        if backend == "reference":
+            sizes = [[tuple(decode_rgb(read_encoded(files[i]), files[i]).shape[1:]) for i in idx] for idx in indices]
+        out = []
+        torch.manual_seed(0)  # the decoders seed their boxes from it: the same boxes on every path
+        for b, idx in enumerate(indices):
+            if backend == "reference":
+                gen = CpuDecodedFolder(files, labels, args.size, train=train).generator()
+                boxes = draw_crop_boxes(torch.tensor(sizes[b]), train, gen)
+                images = [decode_rgb(read_encoded(files[i]), files[i]) for i in idx]
+                out.append(resized_crops_loop(images, boxes, args.size))
+            else:
+                out.append(CpuDecodedFolder(files, labels, args.size, train=train, backend=backend)[idx][0])
+        return [img for x in out for img in x]
+
+    sj = simplejpeg_module()
+    for train, mode in ((True, "train"), (False, "eval")):
+        ref, pil = batches("reference", train), batches("pillow", train)
+        compare("pillow path vs float reference", mode, zip(pil, ref))
+        if sj is not None:
+            turbo = batches("simplejpeg", train)
+            compare("simplejpeg path vs float reference", mode, zip(turbo, ref))
+            compare("simplejpeg path vs pillow path", mode, zip(turbo, pil))
+    if sj is not None:
+        raws = [bytes(read_encoded(f).numpy()) for f in files if read_jpeg_header(f.read_bytes()) is not None]
+        accurate = [torch.from_numpy(sj.decode_jpeg(r)) for r in raws]
+        tv = (decode_rgb(torch.frombuffer(bytearray(r), dtype=torch.uint8), "-").permute(1, 2, 0) for r in raws)
+        compare("simplejpeg whole vs torchvision whole", "-", zip(accurate, tv))
+        fast = (torch.from_numpy(sj.decode_jpeg(r, fastdct=True, fastupsample=True)) for r in raws)
+        compare("simplejpeg fastdct+ups vs accurate", "-", zip(fast, accurate))
+        if nvimgcodec_available():
+            from nvidia import nvimgcodec as n
+
+            dec = n.Decoder(device_id=n.NVIMGCODEC_DEVICE_CPU_ONLY, backends=[n.Backend(n.BackendKind.CPU_ONLY)])
+            params = n.DecodeParams(color_spec=n.ColorSpec.SRGB, sample_format=n.I_RGB, apply_exif_orientation=False)
+            boxes = draw_crop_boxes(
+                torch.tensor([a.shape[:2] for a in accurate]), True, torch.Generator().manual_seed(0)
+            )
+            pairs = []
+            for r, a, (top, left, h, w) in zip(raws, accurate, boxes.tolist()):
+                cs = n.CodeStream(np.frombuffer(r, np.uint8)).get_sub_code_stream(
+                    region=n.Region(top, left, top + h, left + w)
+                )
+                pairs.append(
+                    (torch.from_numpy(np.array(dec.decode(cs, params=params))), a[top : top + h, left : left + w])
+                )
+            compare("nvimgcodec-cpu region vs simplejpeg crop", "train", pairs)
+    for method, mode, n_img, mean, worst_mean, worst in rows:
+        record.rows.append(
+            {
+                "stage": "cpu_quality",
+                "method": method,
+                "mode": mode,
+                "batch_size": args.batch_size,
+                "size": args.size,
+                "files": record.files,
+                "images": n_img,
+                "mean_abs_diff": round(mean, 4),
+                "worst_image_mean_abs_diff": round(worst_mean, 4),
+                "max_abs_diff": worst,
+                **record.facts,
+            }
+        )
+        print(f"cpu_quality  {method:42s} {mode:5s} mean {mean:.3f}  worst image {worst_mean:.3f}  max {worst}")
+
+
+def pillow_whole(raw) -> None:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(raw)) as im:
+        im.load()
 
 
 if __name__ == "__main__":

@@ -10,16 +10,23 @@ crosses to the main process (one shared-memory segment), and nothing leaves uint
 Why each step is done this way (timings per image on one core of a 2-core EPYC, ImageNet photos
 of about 500x375; benchmarks/jpeg_decode.py measures the whole):
 - JPEGs whose crop is at least 2x, 4x or 8x the output side are decoded at 1/2, 1/4 or 1/8 size
-  by libjpeg-turbo's DCT scaling (Pillow's `draft`): a smaller inverse DCT, and upsampling,
-  colour conversion and resizing on 1/4 to 1/64 of the pixels. The entropy (Huffman) decoding of
+  by libjpeg-turbo's DCT scaling (Pillow's `draft`, simplejpeg's minimum size): a smaller inverse
+  DCT, and upsampling, colour conversion and resizing on 1/4 to 1/64 of the pixels. The entropy (Huffman) decoding of
   the whole file remains, so the gain shrinks as files get more detailed: on a smooth 1600x1200
   picture a 1/2-size decode took 2.3 ms against 5.9 ms, on the same with noise (540 kB) 6.3 ms
   against 8.2 ms. The largest reduction that leaves the crop >= S pixels on both sides is used,
   so nothing the output could hold is lost beyond what the reduced IDCT's own filter does
   (within a few levels of the full-size reference: tests/unit/test_cpu_decode.py).
-- Other images (crop < 2 S, PNGs, files Pillow cannot reduce) go through torchvision's
-  `decode_image`, a little faster than Pillow at full size (1.2 vs 1.3 ms), and shared with the
-  old path and the GPU path's CPU fall-back, so odd files behave alike everywhere.
+- The JPEG decoder is simplejpeg where installed (`pip install "cnnpar[jpeg]"`): the same
+  libjpeg-turbo as Pillow and torchvision with the same pixels (identical on the ImageNet photos),
+  without their per-call objects, into one buffer reused by every photo of a worker (rather than
+  a fresh 5.8 MB array per 1600x1200 photo), cropped as a view. Whole photos: 1.10 ms against
+  1.32 through torchvision (`decode_rgb`) and 1.28 through Pillow. libjpeg's M/8 scales other
+  than 1/2, 1/4, 1/8 have no SIMD code and are slower than a whole decode: not used.
+- Without simplejpeg, and for what it declines (CMYK/YCCK and 12-bit files, files libjpeg warns
+  about, which simplejpeg run `strict` refuses), reduced decodes go through Pillow and whole ones
+  through torchvision's `decode_image` (`decode_rgb`), shared with the per-image path and the GPU
+  path's CPU fall-back, so odd files decode, or fail naming the file, alike everywhere.
 - Crop and resize are `F.interpolate(bilinear, antialias=True)` on a uint8 view of the crop. Both
   decoders leave pixels interleaved (HWC), which torch's uint8 antialiased kernel takes as a
   channels-last batch of one, without a copy: 0.23 ms, where Pillow's `resize(box=...)` on the
@@ -30,13 +37,15 @@ of about 500x375; benchmarks/jpeg_decode.py measures the whole):
 
 What it gains per worker over the per-image path (`ImageFolderDataset`: whole photo decoded and
 resized, centre crop, default collate), ResNet-50's 224 crops, one thread, 2-core EPYC
-(benchmarks/results/jpeg_decode_cpu.csv): 1.10x on ImageNet photos (0.2 megapixels; JPEG
-decoding is ~1.2 of the 1.5 ms an image takes, and their crops are too small to reduce), 1.31x on
-noisy 1600x1200 JPEGs (536 kB: entropy decoding dominates), 1.74x on smooth ones (113 kB).
+(benchmarks/results/jpeg_decode_cpu_simplejpeg.csv; docs/decoding.md has the table): with
+simplejpeg 1.19x on ImageNet photos (0.2 megapixels, 108 kB: the entropy decoding alone, a 1/8
+decode, takes 0.79 of the 1.67 ms an image took, so 2x is out of reach), 1.45x on noisy
+1600x1200 JPEGs (536 kB), 2.16x on smooth ones (113 kB); with Pillow 1.11x, 1.31x and 1.81x.
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from pathlib import Path
@@ -51,7 +60,13 @@ from cnnpar.data.jpeg_header import JpegHeader, read_jpeg_header
 from cnnpar.errors import DataError
 
 DCT_SCALES = (8, 4, 2)  # the reductions libjpeg-turbo's scaled IDCT offers through Pillow's draft
+# libjpeg-turbo also scales by M/8 (3/8, 5/8, 3/4, 7/8), but only 1/2, 1/4 and 1/8 have SIMD code:
+# on the ImageNet photos 5/8, 6/8 and 7/8 took 1.29, 1.46 and 1.86 ms against 1.10 at full size
+# (benchmarks/results/jpeg_decode_cpu_simplejpeg.csv, cpu_profile rows).
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# A worker keeps its decode buffer between photos up to this size (a 12-megapixel photo's 36 MB
+# fits); the rare larger decode gets a buffer of its own, freed with it.
+KEEP_BUFFER_BYTES = 64 << 20
 _DRAFT_SOF = frozenset({0xC0, 0xC1, 0xC2})  # Huffman-coded baseline, extended and progressive frames
 
 
@@ -107,6 +122,75 @@ def decode_reduced(
     return pixels.view(ch, cw, 3).permute(2, 0, 1)
 
 
+@functools.cache
+def simplejpeg_module():
+    """simplejpeg (libjpeg-turbo's TurboJPEG API, bundled in its wheels), or None when not installed."""
+    try:
+        import simplejpeg
+    except ImportError:
+        return None
+    return simplejpeg
+
+
+def cpu_jpeg_backend() -> str:
+    """What decodes the JPEGs of a `CpuDecodedFolder` here: simplejpeg where installed, else Pillow."""
+    return "simplejpeg" if simplejpeg_module() is not None else "pillow"
+
+
+def cpu_jpeg_line() -> str:
+    """What decodes JPEGs in the CPU workers, for the run's decode line."""
+    if cpu_jpeg_backend() == "simplejpeg":
+        return "simplejpeg (libjpeg-turbo, whole or at 1/2, 1/4, 1/8 size; Pillow and torchvision: files it declines)"
+    return 'Pillow and torchvision (simplejpeg, faster, is not installed: pip install "cnnpar[jpeg]")'
+
+
+def turbo_ready(h: JpegHeader | None) -> bool:
+    """A JPEG simplejpeg decodes to RGB as the other paths do: 8-bit Huffman-coded, grey or YCbCr
+    (CMYK and YCCK files keep the Pillow / torchvision conversion the other paths use)."""
+    return draftable(h) and h.components in (1, 3)
+
+
+class TurboDecoder:
+    """JPEG decodes through simplejpeg into one reused buffer, whole or at 1/2, 1/4, 1/8 size.
+
+    Against Pillow (`decode_reduced`) and torchvision (`decode_rgb`) on the same libjpeg-turbo it
+    saves their per-call overheads (a file object and an image object, a fresh output array per
+    photo) and crops a view, copying nothing.
+    `strict`: libjpeg's warnings (a truncated file, corrupt data) raise, and the caller then
+    decodes the file the old way, which either reads it as every other path does or names it.
+    """
+
+    def __init__(self) -> None:
+        self.sj = simplejpeg_module()
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+
+    def __call__(self, data: torch.Tensor, k: int, h: int, w: int, box: tuple[int, int, int, int]):
+        """Crop `box` (original pixels) of the (h, w) JPEG in `data`, decoded at 1/k, as a (3, h', w')
+        uint8 view of interleaved pixels in the reused buffer; None where simplejpeg declines."""
+        raw = memoryview(data.numpy())
+        try:
+            full_h, full_w, _, _ = self.sj.decode_jpeg_header(raw)
+            if (full_h, full_w) != (h, w):
+                return None  # the header reader and libjpeg disagree: the checked path decides
+            # the smallest libjpeg scale whose output is at least 1/k of the photo: exactly 1/k
+            oh, ow, _, _ = self.sj.decode_jpeg_header(raw, min_height=-(-h // k), min_width=-(-w // k))
+            if self.buffer.numel() < oh * ow * 3:
+                self.buffer = torch.empty(oh * ow * 3, dtype=torch.uint8)
+            self.sj.decode_jpeg(raw, colorspace="RGB", min_height=oh, min_width=ow, buffer=self.buffer.numpy())
+        except ValueError:  # libjpeg's errors and (strict) warnings
+            return None
+        # libjpeg scales by M/8: output pixel i covers original pixels 8i/M .. 8(i+1)/M, so the box
+        # maps with 8/M exactly (w / ow would be off by the last, partly covered, pixel)
+        m = next((m for m in range(1, 9) if (-(-h * m // 8), -(-w * m // 8)) == (oh, ow)), None)
+        if m is None:
+            return None
+        top, left, ch, cw = scaled_box(box, 8 / m, oh, ow)
+        img = self.buffer[: oh * ow * 3].view(oh, ow, 3)
+        if self.buffer.numel() > KEEP_BUFFER_BYTES:  # the crop view holds it until it is resized
+            self.buffer = torch.empty(0, dtype=torch.uint8)
+        return img[top : top + ch, left : left + cw].permute(2, 0, 1)
+
+
 def decode_as_header_says(data: torch.Tensor, path: Path | str, h: int, w: int) -> torch.Tensor:
     """Full-size decode of an image whose crop box was drawn from its header's size: a decode of
     another size (a header that lies) would put the box outside the image, so it is refused."""
@@ -139,7 +223,9 @@ class CpuDecodedFolder(Dataset):
     `(x (N, 3, size, size) uint8, labels (N,) int64, index (N,) int64)`.
 
     `train`: random-resized crops (else the centre square). `draft`: decode JPEGs reduced where
-    the crop allows (off only to measure what it gains). The crop boxes come from a generator
+    the crop allows (off only to measure what it gains). `backend`: what decodes the JPEGs,
+    "simplejpeg" or "pillow" (Pillow reduced, torchvision at full size); None picks
+    `cpu_jpeg_backend()`. The crop boxes come from a generator
     seeded with `torch.initial_seed()` of the process that decodes: DataLoader workers get a
     fresh seed from the main process's generator each epoch (and each worker its own), so runs
     seeded alike repeat, and epochs and workers differ.
@@ -147,18 +233,27 @@ class CpuDecodedFolder(Dataset):
 
     answers_batches = True  # the loader hands it whole index lists (batch_size=None)
 
-    def __init__(self, files: list[Path], labels, size: int, train: bool, draft: bool = True) -> None:
+    def __init__(
+        self, files: list[Path], labels, size: int, train: bool, draft: bool = True, backend: str | None = None
+    ) -> None:
+        backend = backend or cpu_jpeg_backend()
+        if backend not in ("simplejpeg", "pillow"):
+            raise ValueError(f"backend {backend!r}: expected 'simplejpeg' or 'pillow'")
+        if backend == "simplejpeg" and simplejpeg_module() is None:
+            raise ValueError('backend "simplejpeg": not installed (pip install "cnnpar[jpeg]")')
         self.files = list(files)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
-        self.size, self.train, self.draft = size, train, draft
+        self.size, self.train, self.draft, self.backend = size, train, draft, backend
         self._generator: torch.Generator | None = None
         self._seed: int | None = None
+        self._turbo: TurboDecoder | None = None
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_generator": None, "_seed": None}  # each process seeds its own
+        # each process seeds its own generator and grows its own decode buffer
+        return {**self.__dict__, "_generator": None, "_seed": None, "_turbo": None}
 
     def generator(self) -> torch.Generator:
         seed = torch.initial_seed()
@@ -173,11 +268,20 @@ class CpuDecodedFolder(Dataset):
             return x[0], y[0]
         return self.__getitems__(index)
 
+    @staticmethod
+    def _crop_checked(data, img, path, r: int, hw: tuple[int, int], box) -> torch.Tensor:
+        """The crop through Pillow (reduced) or torchvision (whole): every odd file's way."""
+        if img is None and r > 1:
+            return decode_reduced(data, path, r, *hw, box)
+        if img is None:
+            img = decode_as_header_says(data, path, *hw)
+        return img[:, box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
+
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         index = torch.as_tensor(indices, dtype=torch.int64)
         n, size = len(indices), self.size
         # Pass 1: bytes and sizes, from the headers (JPEG, PNG) or, for other formats, by decoding.
-        datas, sizes, images, reducible = [], [], [], []
+        datas, sizes, images, reducible, turbo = [], [], [], [], []
         for i in indices:
             path = self.files[i]
             data = read_encoded(path)
@@ -189,18 +293,19 @@ class CpuDecodedFolder(Dataset):
             images.append(img)
             sizes.append(hw or tuple(img.shape[1:]))
             reducible.append(self.draft and draftable(jpeg))
+            turbo.append(self.backend == "simplejpeg" and turbo_ready(jpeg))
         boxes = draw_crop_boxes(torch.tensor(sizes, dtype=torch.int64).view(n, 2), self.train, self.generator())
         x = _shared_uint8((n, 3, size, size))
         # Pass 2: one image at a time (a batch of whole photos would not fit in a worker's share
         # of memory), at the largest reduction its crop allows, then crop+resize into x.
         for k, (i, box) in enumerate(zip(indices, boxes.tolist())):
-            img = images[k]
-            if img is None and reducible[k] and (r := reduction(box[2], box[3], size)) > 1:
-                crop = decode_reduced(datas[k], self.files[i], r, *sizes[k], box)
-            else:
-                if img is None:
-                    img = decode_as_header_says(datas[k], self.files[i], *sizes[k])
-                crop = img[:, box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
+            r = reduction(box[2], box[3], size) if reducible[k] else 1
+            crop = None
+            if turbo[k]:
+                self._turbo = self._turbo or TurboDecoder()
+                crop = self._turbo(datas[k], r, *sizes[k], box)  # None: the Pillow / torchvision way decides
+            if crop is None:
+                crop = self._crop_checked(datas[k], images[k], self.files[i], r, sizes[k], box)
             resize_into(x[k], crop)
             datas[k] = images[k] = None  # free each photo as soon as it is used
         return x, self.labels[index], index

@@ -21,7 +21,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 from cnnpar.config import Config, resolve_decode
 from cnnpar.data.bundle import ArrayDataset, DataBundle
-from cnnpar.data.cpu_decode import CpuDecodedFolder
+from cnnpar.data.cpu_decode import CpuDecodedFolder, cpu_jpeg_line
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.hybrid_decode import HybridFolder
@@ -451,7 +451,11 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
     # ResNet-50 on an H200 (benchmarks/results/2026-11-30-h200/speed_records_jpeg.csv): 6,592 img/s
     # from a prepared store against 4,526 decoding the same photos every epoch (nvJPEG)
     tip = prepare_command(bundle.origin, bundle.shape[1], cfg.model.name)
-    return f"decode: {decoder} ({what[decoder]}; {why})\nphotos are decoded again every epoch; decode them once: {tip}"
+    jpegs = f"; JPEGs: {cpu_jpeg_line()}" if decoder == "cpu" or cfg.data.cpu_share > 0 else ""
+    return (
+        f"decode: {decoder} ({what[decoder]}; {why}){jpegs}\n"
+        f"photos are decoded again every epoch; decode them once: {tip}"
+    )
 
 
 def decodes_on_gpu(cfg: Config, bundle: DataBundle) -> bool:

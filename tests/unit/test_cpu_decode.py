@@ -1,5 +1,6 @@
 """The batch-level CPU decoder for image folders (`CpuDecodedFolder`): the GPU path's crop boxes,
-its reference resize, JPEG DCT scaling, per-process seeding, and its place in `build_loader`."""
+its reference resize, JPEG DCT scaling, per-process seeding, and its place in `build_loader`;
+each with both JPEG backends (simplejpeg where installed, Pillow + torchvision)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ from tests.datafiles import write_image_folder
 pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
 
 SIZES = [(375, 500), (500, 333), (120, 90), (64, 300), (224, 224), (31, 29)]
+BACKENDS = [
+    "pillow",
+    pytest.param(
+        "simplejpeg",
+        marks=pytest.mark.skipif(cpu_decode.simplejpeg_module() is None, reason="simplejpeg not installed"),
+    ),
+]
 
 
 def smooth(h: int, w: int, phase: float = 0.0) -> np.ndarray:
@@ -54,11 +62,12 @@ def reference(files: list[Path], train: bool, seed: int, size: int) -> torch.Ten
     return resized_crops_loop(images, boxes, size)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("train", [True, False])
-def test_batch_uses_the_gpu_paths_boxes_and_matches_its_resize_at_full_scale(tmp_path, train):
+def test_batch_uses_the_gpu_paths_boxes_and_matches_its_resize_at_full_scale(tmp_path, train, backend):
     files = write_jpegs(tmp_path, SIZES)
     labels = [3, 1, 4, 1, 5, 9]
-    ds = CpuDecodedFolder(files, labels, 48, train=train, draft=False)
+    ds = CpuDecodedFolder(files, labels, 48, train=train, draft=False, backend=backend)
     torch.manual_seed(11)
     order = [5, 0, 2, 1, 4, 3]
     x, y, index = ds[order]  # what the DataLoader passes with batch_size=None
@@ -66,21 +75,35 @@ def test_batch_uses_the_gpu_paths_boxes_and_matches_its_resize_at_full_scale(tmp
     assert y.tolist() == [labels[i] for i in order] and index.tolist() == order
     ref = reference([files[i] for i in order], train, 11, 48)
     diff = (x.int() - ref.int()).abs()
-    # The same filter in integers (torch's uint8 kernel) and floats: a rounding flip at most.
+    # The same libjpeg-turbo decode (simplejpeg's or torchvision's), the same filter in integers
+    # (torch's uint8 kernel) and floats: a rounding flip at most.
     assert diff.max() <= 1 and diff.float().mean() < 0.2
     assert torch.equal(ds.__getitems__(order)[0], x) != train  # evaluation repeats; training draws anew
 
 
-def test_large_jpegs_decode_reduced_close_to_the_full_size_reference(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_large_jpegs_decode_reduced_close_to_the_full_size_reference(tmp_path, monkeypatch, backend):
     files = write_jpegs(tmp_path, [(1200, 1600), (900, 700), (600, 800), (2000, 1500)])
     used = []
-    real = cpu_decode.decode_reduced
-    monkeypatch.setattr(cpu_decode, "decode_reduced", lambda *a: used.append(a[2]) or real(*a))
+    if backend == "pillow":
+        real = cpu_decode.decode_reduced
+        monkeypatch.setattr(cpu_decode, "decode_reduced", lambda *a: used.append(a[2]) or real(*a))
+    else:
+        real = cpu_decode.TurboDecoder.__call__
+
+        def spy(self, data, k, h, w, box):
+            crop = real(self, data, k, h, w, box)
+            used.append(k if crop is not None else "declined")
+            # the decode really was reduced: the crop is 1/k of the box, to the rounding of a pixel
+            assert crop is None or (abs(crop.shape[1] - box[2] / k) <= 1 and abs(crop.shape[2] - box[3] / k) <= 1)
+            return crop
+
+        monkeypatch.setattr(cpu_decode.TurboDecoder, "__call__", spy)
     for size, train in ((64, False), (112, True), (224, True)):
         used.clear()
         torch.manual_seed(size)
-        x, _, _ = CpuDecodedFolder(files, [0] * 4, size, train=train)[[0, 1, 2, 3]]
-        assert len(used) == 4 and all(k > 1 for k in used), used
+        x, _, _ = CpuDecodedFolder(files, [0] * 4, size, train=train, backend=backend)[[0, 1, 2, 3]]
+        assert len(used) == 4 and all(k != "declined" and k > 1 for k in used), used
         diff = (x.int() - reference(files, train, size, size).int()).abs()
         # libjpeg-turbo's scaled IDCT is a filter of its own: measured 0.2-1.0 mean, 5 max on
         # these pictures at 1/2, 1/4 and 1/8 scale.
@@ -175,3 +198,75 @@ def test_persistent_workers_draw_an_epoch_from_its_seed_alone(tmp_path):
     (fresh,) = epochs(build_loader(bundle, cfg, info, train=True), [2])
     assert all(torch.equal(a, b) for a, b in zip(second, fresh, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_the_backend_is_simplejpeg_where_installed_else_pillow(tmp_path, monkeypatch):
+    files = write_jpegs(tmp_path, SIZES[:2])
+    installed = cpu_decode.simplejpeg_module() is not None
+    assert CpuDecodedFolder(files, [0, 0], 32, train=True).backend == ("simplejpeg" if installed else "pillow")
+    assert cpu_decode.cpu_jpeg_line().startswith("simplejpeg (libjpeg-turbo") is installed
+    monkeypatch.setattr(cpu_decode, "simplejpeg_module", lambda: None)
+    ds = CpuDecodedFolder(files, [0, 0], 32, train=True)
+    assert ds.backend == "pillow" and 'pip install "cnnpar[jpeg]"' in cpu_decode.cpu_jpeg_line()
+    assert ds[[0, 1]][0].shape == (2, 3, 32, 32)
+    with pytest.raises(ValueError, match=r'backend "simplejpeg": not installed'):
+        CpuDecodedFolder(files, [0, 0], 32, train=True, backend="simplejpeg")
+    with pytest.raises(ValueError, match=r"backend 'pil': expected 'simplejpeg' or 'pillow'"):
+        CpuDecodedFolder(files, [0, 0], 32, train=True, backend="pil")
+
+
+@pytest.mark.skipif(cpu_decode.simplejpeg_module() is None, reason="simplejpeg not installed")
+def test_a_jpeg_simplejpeg_declines_is_decoded_the_checked_way(tmp_path, monkeypatch):
+    """simplejpeg refuses what libjpeg only warns about (strict); those files, and files whose
+    header our reader and libjpeg read differently, go through Pillow / torchvision as on the
+    other paths. One reused buffer serves photos of every size in turn."""
+    files = write_jpegs(tmp_path, [(40, 30), (300, 400), (50, 60)])
+    torch.manual_seed(0)
+    whole = CpuDecodedFolder(files, [0] * 3, 32, train=False, backend="simplejpeg")[[0, 1, 2]][0]
+    pillow = CpuDecodedFolder(files, [0] * 3, 32, train=False, backend="pillow")[[0, 1, 2]][0]
+    assert (whole.int() - pillow.int()).abs().max() <= 1  # the same libjpeg-turbo decode (measured: equal)
+    checked = []
+    real = CpuDecodedFolder._crop_checked
+    monkeypatch.setattr(CpuDecodedFolder, "_crop_checked", staticmethod(lambda *a: checked.append(a[2]) or real(*a)))
+    sj = cpu_decode.simplejpeg_module()
+    declines = {"decode_jpeg": sj.decode_jpeg}
+
+    def refuse_the_second(data, **kw):
+        if len(data) == files[1].stat().st_size:
+            raise ValueError("Corrupt JPEG data: 1 extraneous bytes before marker 0xd9")
+        return declines["decode_jpeg"](data, **kw)
+
+    monkeypatch.setattr(sj, "decode_jpeg", refuse_the_second)
+    monkeypatch.setattr(cpu_decode, "KEEP_BUFFER_BYTES", 3 * 60 * 50)  # the 50x60 photo's fits, 300x400's not
+    again = CpuDecodedFolder(files, [0] * 3, 32, train=False, backend="simplejpeg")[[0, 1, 2]][0]
+    assert checked == [files[1]] and torch.equal(again[[0, 2]], whole[[0, 2]])
+    assert torch.equal(again[1], pillow[1])
+    monkeypatch.setattr(sj, "decode_jpeg", declines["decode_jpeg"])
+    ds = CpuDecodedFolder(files, [0] * 3, 32, train=False, draft=False, backend="simplejpeg")
+    whole = CpuDecodedFolder(files, [0] * 3, 32, train=False, draft=False, backend="pillow")[[2, 1]][0]
+    assert torch.equal(ds[[2, 1]][0], whole)  # the whole 300x400 photo's buffer is too large to keep
+    assert ds._turbo.buffer.numel() == 0
+    assert torch.equal(ds[[2]][0], whole[[0]]) and ds._turbo.buffer.numel() == 3 * 60 * 50
+
+
+@pytest.mark.skipif(cpu_decode.simplejpeg_module() is None, reason="simplejpeg not installed")
+def test_simplejpeg_and_pillow_paths_agree_on_odd_sized_photos_decoded_reduced(tmp_path):
+    """Both decode with libjpeg-turbo's 1/k IDCT, so on the same boxes their batches agree: the
+    box maps to the reduced grid by k itself, not by width over reduced width (which differ by the
+    partly covered last pixel of an odd side, and on a detailed picture a pixel's shift shows)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    files = []
+    for i, (h, w) in enumerate([(921, 613), (563, 845), (1001, 1203), (455, 999)]):
+        files.append(tmp_path / f"{i}.jpg")
+        pixels = smooth(h, w, phase=i).astype(np.int16) + rng.integers(-40, 40, (h, w, 3))
+        Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(files[-1], quality=90)
+    for train in (True, False):
+        for seed in range(3):
+            out = {}
+            for backend in ("simplejpeg", "pillow"):
+                torch.manual_seed(seed)
+                out[backend] = CpuDecodedFolder(files, [0] * 4, 56, train=train, backend=backend)[[0, 1, 2, 3]][0]
+            diff = (out["simplejpeg"].int() - out["pillow"].int()).abs()
+            assert diff.max() <= 1, (train, seed, diff.flatten(1).float().mean(1))

@@ -88,6 +88,7 @@ def test_a_run_from_photos_says_which_decoder_and_how_to_decode_once(tmp_path):
 
     from cnnpar.config import Config, DataConfig, ModelConfig
     from cnnpar.data import load_data
+    from cnnpar.data.cpu_decode import cpu_jpeg_line
     from cnnpar.data.loader import decode_line
 
     for c in ("cat", "dog"):
@@ -96,6 +97,7 @@ def test_a_run_from_photos_says_which_decoder_and_how_to_decode_once(tmp_path):
     cfg = Config(data=DataConfig(source=str(tmp_path / "photos"), image_size=32), model=ModelConfig(name="cnn3"))
     line = decode_line(cfg, load_data(cfg.data), torch.device("cpu"))
     assert line.startswith("decode: cpu (in worker processes; auto: no CUDA device)")
+    assert f"; JPEGs: {cpu_jpeg_line()}\n" in line  # simplejpeg or Pillow, whichever the workers use
     store = tmp_path / "photos.cnnpar"
     assert f"cnnpar prepare {tmp_path / 'photos'} --out {store} --max-side 40" in line
     assert f"cnnpar train --data {store} --model cnn3 --image-size 32" in line

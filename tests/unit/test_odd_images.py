@@ -1,7 +1,7 @@
 """Odd files in an image folder, through every decode path: the batch-level CPU decoder
-(`CpuDecodedFolder`, with and without DCT scaling), the per-image path (`ImageFolderDataset`, what
-`cnnpar predict` reads) and the GPU path with the CPU standing in for nvJPEG (`GpuDecoder` on
-batches the workers' `EncodedFolderDataset` reads).
+(`CpuDecodedFolder` with simplejpeg, and with Pillow with and without DCT scaling), the
+per-image path (`ImageFolderDataset`, what `cnnpar predict` reads) and the GPU path with the CPU
+standing in for nvJPEG (`GpuDecoder` on batches the workers' `EncodedFolderDataset` reads).
 
 Each file either decodes to the RGB picture it holds (compared with the GPU path's reference
 resize of that picture) or fails with a one-line DataError naming the file and what was expected.
@@ -129,8 +129,13 @@ def write(tmp_path: Path, name: str, data: bytes) -> list[Path]:
     return [plain, odd]
 
 
-def cpu_batch(files: list[Path], draft: bool = True) -> torch.Tensor:
-    return CpuDecodedFolder(files, [0, 1], SIZE, train=False, draft=draft)[[0, 1]][0]
+def cpu_batch(files: list[Path], draft: bool = True, backend: str | None = None) -> torch.Tensor:
+    return CpuDecodedFolder(files, [0, 1], SIZE, train=False, draft=draft, backend=backend)[[0, 1]][0]
+
+
+def cpu_batch_simplejpeg(files: list[Path]) -> torch.Tensor:
+    pytest.importorskip("simplejpeg")
+    return cpu_batch(files, backend="simplejpeg")
 
 
 def per_image(files: list[Path]) -> torch.Tensor:
@@ -145,8 +150,9 @@ def gpu_standin(files: list[Path]) -> torch.Tensor:
 
 
 PATHS: dict[str, Callable[[list[Path]], torch.Tensor]] = {
-    "cpu_batch": cpu_batch,
-    "cpu_batch_no_draft": lambda files: cpu_batch(files, draft=False),
+    "cpu_batch_pillow": lambda files: cpu_batch(files, backend="pillow"),
+    "cpu_batch_pillow_no_draft": lambda files: cpu_batch(files, draft=False, backend="pillow"),
+    "cpu_batch_simplejpeg": cpu_batch_simplejpeg,
     "per_image": per_image,
     "gpu_standin": gpu_standin,
 }
@@ -173,11 +179,15 @@ def test_odd_file_decodes_to_its_picture_or_is_named_in_one_line(tmp_path, name,
     assert diff.mean() <= case.tolerance[0] and diff.max() <= case.tolerance[1], (diff.mean(), diff.max())
 
 
-def test_a_truncated_photo_decoded_reduced_is_named_too(tmp_path):
-    """Pillow decodes the reduced JPEGs (DCT scaling): a cut file must fail there as well."""
+@pytest.mark.parametrize("backend", ["pillow", "simplejpeg"])
+def test_a_truncated_photo_decoded_reduced_is_named_too(tmp_path, backend):
+    """Pillow or simplejpeg decodes the reduced JPEGs (DCT scaling): a cut file must fail there as
+    well (simplejpeg refuses it, then Pillow names it)."""
+    if backend == "simplejpeg":
+        pytest.importorskip("simplejpeg")
     big = saved(picture(600, 800), "JPEG", quality=90)
     files = write(tmp_path, "cut", big[: len(big) * 2 // 3])
-    ds = CpuDecodedFolder(files, [0, 1], SIZE, train=False)
+    ds = CpuDecodedFolder(files, [0, 1], SIZE, train=False, backend=backend)
     with pytest.raises(DataError, match=rf"^{files[1]}: cannot decode as an image \(image file is truncated"):
         ds[[0, 1]]
 
