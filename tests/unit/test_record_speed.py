@@ -135,3 +135,35 @@ def test_the_warm_up_captures_a_graph_for_each_set_of_trainable_parameters(tmp_p
     assert tr.train_step.graphs == graphs  # replayed, not captured again
     for p, q in zip(tr.raw_model.parameters(), eager.raw_model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-3)
+
+
+def test_the_resident_loader_draws_the_next_epochs_indices_ahead_and_yields_the_samplers_batches(monkeypatch):
+    import threading
+
+    from torch.utils.data import DistributedSampler
+
+    import cnnpar.data.loader as loader_mod
+    from cnnpar.data.bundle import ArrayDataset
+    from cnnpar.data.loader import ResidentLoader
+
+    in_loop = []  # epochs whose indices the iterating thread drew itself
+
+    def counted(sampler):
+        if threading.current_thread() is threading.main_thread():
+            in_loop.append(sampler.epoch)
+        return loader_mod.epoch_indices.__wrapped__(sampler)
+
+    counted.__wrapped__ = loader_mod.epoch_indices
+    monkeypatch.setattr(loader_mod, "epoch_indices", counted)
+
+    n = 103
+    ds = ArrayDataset(torch.arange(n, dtype=torch.uint8).view(n, 1, 1, 1), torch.arange(n))
+    sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=7)
+    loader = ResidentLoader(ds, sampler, 10, True, CPU)
+    for epoch in (1, 2, 3, 3, 7, 8):  # in order, the same epoch twice, a jump (a resumed run)
+        sampler.set_epoch(epoch)
+        want = list(sampler)
+        got = [y.tolist() for _, y in loader]
+        assert got == [want[i : i + 10] for i in range(0, 100, 10)], epoch
+        assert loader._ahead is not None and loader._ahead[0] == epoch + 1  # drawn meanwhile
+    assert in_loop == [1, 3, 7]  # the first, the repeat and the jump; 2, 3 and 8 were drawn ahead
