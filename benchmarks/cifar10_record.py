@@ -175,7 +175,7 @@ def resolved_line(tr: Trainer) -> str:
     return (
         f"{s.precision} cl={s.channels_last} compile={s.compile} graphs={'on' if tr.use_graphs else 'off'} "
         f"compile_eval={s.compile_eval} optimizer={tr.cfg.optim.optimizer} muon={type(tr.optimizer).__name__}"
-        f"{'(torch.optim.Muon)' if getattr(tr.optimizer, 'use_torch_muon', False) else ''}"
+        f"{'(torch.optim.Muon)' if getattr(tr.optimizer, 'use_torch_muon', True) else '(batched)'}"
     )
 
 

@@ -64,10 +64,10 @@ def _grads(params, seed: int) -> list[torch.Tensor]:
 # ---- Muon ------------------------------------------------------------------------------------
 @pytest.mark.skipif(not HAS_TORCH_MUON, reason="this torch has no torch.optim.Muon")
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_fallback_takes_torch_muons_step_on_the_same_gradients(channels_last):
-    """Three steps (momentum builds up) on the same gradients: the fallback's filters end where
-    torch.optim.Muon (given 2-D views) puts them, and where a plain torch.optim.Muon over the
-    reshaped matrices puts them."""
+def test_the_batched_step_takes_torch_muons_step_on_the_same_gradients(channels_last):
+    """Three steps (momentum builds up) on the same gradients: the batched step's filters (one
+    padded batch of four shapes, a tall matrix among them) end where torch.optim.Muon (given 2-D
+    views) puts them, and where a plain torch.optim.Muon over the reshaped matrices puts them."""
     mine, theirs = _filters(channels_last), _filters(channels_last)
     plain = [nn.Parameter(p.detach().reshape(p.shape[0], -1).clone()) for p in _filters(False)]
     fallback, with_torch = _muon(mine, use_torch=False, decay=0.5), _muon(theirs, use_torch=True, decay=0.5)

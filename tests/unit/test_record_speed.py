@@ -167,3 +167,46 @@ def test_the_resident_loader_draws_the_next_epochs_indices_ahead_and_yields_the_
         assert got == [want[i : i + 10] for i in range(0, 100, 10)], epoch
         assert loader._ahead is not None and loader._ahead[0] == epoch + 1  # drawn meanwhile
     assert in_loop == [1, 3, 7]  # the first, the repeat and the jump; 2, 3 and 8 were drawn ahead
+
+
+def test_orthogonalize_many_pads_each_matrix_without_changing_its_iteration():
+    from cnnpar.engine.muon import orthogonalize, orthogonalize_many, pad_buckets
+
+    g = torch.Generator().manual_seed(0)
+    mats = [torch.randn(s, generator=g) for s in ((64, 216), (256, 576), (40, 3), (8, 8))]
+    for got, m in zip(orthogonalize_many(mats, 3), mats):
+        assert got.shape == m.shape and got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), orthogonalize(m, 3).float(), atol=2e-2, rtol=0)  # bf16 steps
+    fastnet = [(64, 216), (64, 576), (256, 576), (256, 2304), (256, 2304), (256, 2304)]
+    assert pad_buckets(fastnet) == [[3, 4, 5, 2, 1, 0]]  # one batch, the largest first
+    assert pad_buckets([(64, 27), (2048, 4608), (2048, 4608)]) == [[1, 2], [0]]  # no tiny one padded huge
+
+
+def test_the_batched_step_on_fastnets_filters_matches_torch_muon():
+    """cifar10-record's Muon group (normalised filters, momentum 0.6, 3 iterations) over three
+    steps, fastnet's six channels_last filters in one padded batch, against torch.optim.Muon."""
+    from cnnpar.engine.muon import MuonSGD, torch_muon_available
+
+    if not torch_muon_available():
+        pytest.skip("this torch has no torch.optim.Muon")
+
+    def build(use_torch):
+        torch.manual_seed(0)
+        model = build_model("fastnet", 3, 10, 32).to(memory_format=torch.channels_last)
+        filters = [p for n, p in model.named_parameters() if p.ndim == 4 and n != "stem.weight"]
+        group = {"params": filters, "muon": True, "lr": 0.24, "momentum": 0.6, "ns_steps": 3, "normalize": True}
+        return filters, MuonSGD([group], use_torch_muon=use_torch)
+
+    (mine, batched), (theirs, reference) = build(False), build(True)
+    assert len(mine) == 6
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        for a, b in zip(mine, theirs):
+            grad = torch.randn(a.shape, generator=g).contiguous(memory_format=torch.channels_last)
+            a.grad, b.grad = grad.clone(), grad.clone()
+        batched.step()
+        reference.step()
+    assert len(batched._buckets) == 1 and len(next(iter(batched._buckets.values()))) == 1  # one batch
+    for a, b in zip(mine, theirs):
+        assert a.stride() == b.stride()
+        torch.testing.assert_close(a, b, atol=2e-3, rtol=0)
