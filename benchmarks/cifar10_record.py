@@ -172,10 +172,12 @@ def build(cfg: Config, info: DistInfo, bundle, seed: int) -> Trainer:
 
 def resolved_line(tr: Trainer) -> str:
     s = tr.cfg.speed
+    muon = getattr(tr.optimizer, "use_torch_muon", None)  # MuonSGD's
+    muon_impl = "" if muon is None else "(torch.optim.Muon)" if muon else "(batched)"
     return (
         f"{s.precision} cl={s.channels_last} compile={s.compile} graphs={'on' if tr.use_graphs else 'off'} "
         f"compile_eval={s.compile_eval} optimizer={tr.cfg.optim.optimizer} muon={type(tr.optimizer).__name__}"
-        f"{'(torch.optim.Muon)' if getattr(tr.optimizer, 'use_torch_muon', True) else '(batched)'}"
+        f"{muon_impl}"
     )
 
 
