@@ -338,6 +338,7 @@ def test_cnnpar_runs_time_the_whole_recipe_on_a_tiny_set(tmp_path):
         assert r["status"] == "ok", r
         assert 0 <= r["val_acc"] <= 1 and r["whiten_s"] > 0 and r["train_s"] > 0 and r["eval_s"] > 0
         assert r["total_s"] == pytest.approx(r["whiten_s"] + r["train_s"] + r["eval_s"], rel=1e-6)
+        assert 0 < r["launch_lead_s"] < r["train_s"]  # the epochs' ends, after their last launches
         assert "optimizer=muon" in r["resolved"] and r["graphs_compiled"] == 0  # compile off here
 
 
