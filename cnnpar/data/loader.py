@@ -166,12 +166,12 @@ class ResidentLoader:
     def _draw_ahead(self, epoch: int) -> tuple[int, threading.Thread, list]:
         sampler = copy.copy(self.sampler)  # the loop sets the epoch of its own meanwhile
         sampler.set_epoch(epoch)
-        pin = self.device.type == "cuda"
         out: list = []
 
         def draw() -> None:  # randperm releases the GIL: the training thread keeps launching
-            idx = epoch_indices(sampler)
-            out.append(idx.pin_memory() if pin else idx)  # pinned: the copy below does not wait
+            # not pinned: the copy to the device comes after the sync that ends an epoch, with the
+            # device idle anyway, and no CUDA call here can meet a graph capture in the other thread
+            out.append(epoch_indices(sampler))
 
         thread = threading.Thread(target=draw, name="cnnpar-epoch-indices", daemon=True)
         thread.start()
