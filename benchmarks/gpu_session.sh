@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -204,6 +204,37 @@ claims_ladder)
   TAIL=40 logged ladder50 200 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
       --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --budget-s 170 \
       --out "$R/ladder_resnet50_synthetic"
+  ;;
+s6a)
+  # session 6, call A (one H200): issue 11's GPU decoder after the two-stage feeder and the split
+  # backend (nvImageCodec's engines + nvJPEG at once): the CUDA decode tests, decoder rows per batch
+  # and through the two-thread feeder, then ResNet-50 224 end to end from the photos per variant
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  TAIL=6 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py tests/unit/test_feeder.py
+  TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --out "$R/jpeg_decode_cuda.csv"
+  V=split:14:0,nvimgcodec:14:0,gpu:14:0,nvimgcodec:4:0,split:4:0,gpu:14:0:pipe=0,nvimgcodec:4:0:threads=4,split:14:0.3,nvimgcodec:14:0.3
+  TAIL=14 logged jpeg_pipeline 300 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --budget-s "${PIPE_BUDGET:-230}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
+  ;;
+s6b)
+  # session 6, call B (one H200): why nvImageCodec and the split lose during training (each decoder
+  # beside a spinning Python thread; the split's shares), end to end with one-thread stages and a
+  # short GIL switch interval; then the ResNet-50 ladder after its one-compile rework (issue 15)
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --gil --repeats 3 --out "$R/jpeg_decode_cuda.csv"
+  V=nvimgcodec:14:0,split:14:0,nvimgcodec:14:0:switch=0.0002,split:14:0:switch=0.0002,gpu:14:0:switch=0.0002
+  TAIL=8 logged jpeg_pipeline 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --budget-s "${PIPE_BUDGET:-140}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
+  start=$(date +%s)
+  TAIL=30 logged ladder50 200 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
+      --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --budget-s 170 \
+      --out "$R/ladder_resnet50_synthetic"
+  echo "ladder wall: $(( $(date +%s) - start )) s"
+  TAIL=4 logged ladder_gpu_test 120 python3 -m pytest -q -m gpu tests/unit/test_ladder_time.py
   ;;
 tune50)
   # issue 15 item 4: the tuner on ResNet-50, which must end by 220 s and leave tuned.toml

@@ -160,6 +160,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224, help="output side in pixels")
     ap.add_argument("--batches", type=int, default=2, help="distinct batches (files cycled if too few)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--gil", action="store_true", help="also time each decoder beside a spinning Python thread")
+    ap.add_argument("--pipeline-batches", type=int, default=24, help="batches per timed run of the pipelined rows")
     ap.add_argument("--profile", action="store_true", help="also print a torch.profiler table of one decoder call")
     ap.add_argument(
         "--out", type=Path, default=None, help="CSV path (default benchmarks/results/jpeg_decode_<device>.csv)"
@@ -214,11 +216,27 @@ class Recorder:
         self.args, self.device, self.files, self.facts, self.rows = args, device, files, facts, rows
         self.refused: int | str = ""  # files decode_jpeg refuses alone, once the GPU stages have looked
 
+    def rate(self, stage: str, method: str, mode: str, fn) -> None:
+        """A row for `fn()`, which makes many batches and returns how many images: the median time
+        per batch of its repeats (after one warm-up run)."""
+        counts = []
+
+        def run():
+            counts.append(fn())
+
+        host, total = timed(run, self.device, self.args.repeats)
+        per_batch = self.args.batch_size / counts[-1]
+        self.add(stage, method, mode, host * per_batch, total * per_batch)
+
     def __call__(self, stage: str, method: str, mode: str, fn) -> None:
         args = self.args
         per_batch = [timed(lambda b=b: fn(b), self.device, args.repeats) for b in range(args.batches)]
         host = statistics.median(h for h, _ in per_batch)
         total = statistics.median(t for _, t in per_batch)
+        self.add(stage, method, mode, host, total)
+
+    def add(self, stage: str, method: str, mode: str, host: float, total: float) -> None:
+        args = self.args
         self.rows.append(
             {
                 "stage": stage,
@@ -257,7 +275,7 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
     gpu_ok = sum(bool(x) for x in torch.cat([b.nvjpeg_ok for b in batches]).tolist())
     print(f"header check: {gpu_ok} of {args.batches * args.batch_size} images go to the batched decode")
 
-    backends = ["nvjpeg"] + (["nvimgcodec"] if nvimgcodec_available() else [])
+    backends = ["nvjpeg"] + (["nvimgcodec", "split"] if nvimgcodec_available() else [])
     print(f"GPU decode backends here: {', '.join(backends)}")
     tensors = [batches[0].data, batches[-1].data]
     from torchvision.io import ImageReadMode, decode_jpeg
@@ -265,6 +283,14 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
     # torchvision's batched call alone, as the reference measurement called it (no header check,
     # no private stream): what any wrapper around it should approach
     record("decode", "torchvision", "raw", lambda b: decode_jpeg(tensors[b % 2], mode=ImageReadMode.RGB, device=device))
+    if "nvimgcodec" in backends and device.type == "cuda":
+        # the library alone on its hardware engines, as the reference measurement called it (code
+        # streams made beforehand, no crop boxes, no tensors): what the nvimgcodec backend should approach
+        from nvidia import nvimgcodec as nic
+
+        hw_only = nic.Decoder(backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)])
+        streams = [[nic.CodeStream(t.numpy()) for t in ts] for ts in tensors]
+        record("decode", "nvimgcodec", "raw", lambda b: hw_only.decode(streams[b % 2]))
     for backend in backends:
         for regions in (False, True) if backend == "nvimgcodec" else (False,):
             dec = GpuDecoder(files, args.size, device, train=True, backend=backend)
@@ -286,6 +312,16 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
             for mode in ("train", "eval"):
                 dec = GpuDecoder(files, args.size, device, train=mode == "train", resize=resize, backend=backend)
                 record("gpu_decoder", f"{backend}/{resize}", mode, lambda b, d=dec: d(batches[b]))
+    if "split" in backends:
+        dec = GpuDecoder(files, args.size, device, train=True, backend="split")
+        for b in range(6):
+            dec.decode(batches[b % len(batches)])
+        print("split (share to the engines, images, s, images to nvJPEG, s):", list(dec.split_log))
+    if args.gil:
+        gil_rows(files, batches, backends, args, device, record)
+    # as training runs it: DeviceFeeder's two threads (decode batch i+1 while batch i is resized)
+    for backend in backends:
+        record.rate("pipelined", backend, "train", lambda d=backend: feed_all(files, batches, args, device, d))
     if args.profile:
         # where one whole decoder call spends host and device time, for each backend
         from torch.profiler import ProfilerActivity, profile
@@ -300,6 +336,63 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
                 sync(device)
             print(f"--- profile: one GpuDecoder call, {backend}, batch {args.batch_size}")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
+
+
+class Spinner:
+    """A Python thread that keeps the interpreter busy (as a training thread's Python does), to
+    see how much a decoder's calls slow down when they must win the GIL back from it."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.spin, daemon=True)
+
+    def spin(self) -> None:
+        x = 0
+        while not self.stop.is_set():
+            for _ in range(1000):
+                x += 1
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def gil_rows(files, batches, backends, args, device, record) -> None:
+    """Each decoder's call alone, beside a spinning Python thread at the default GIL switch
+    interval (5 ms), and beside it at 0.2 ms."""
+    default = sys.getswitchinterval()
+    for backend in backends:
+        dec = GpuDecoder(files, args.size, device, train=True, backend=backend)
+        with Spinner():
+            record("decode_spin", backend, "train", lambda b, d=dec: d.decode(batches[b]))
+            sys.setswitchinterval(0.0002)
+            try:
+                record("decode_spin_0.2ms", backend, "train", lambda b, d=dec: d.decode(batches[b]))
+            finally:
+                sys.setswitchinterval(default)
+
+
+def feed_all(files: list[Path], batches: list, args, device: torch.device, backend: str) -> int:
+    """Every batch of `--pipeline-batches` (cycled) through DeviceFeeder as training gets it:
+    decode and resize in their own threads, uint8 out (no normalisation); returns the image count."""
+    from cnnpar.data.loader import DeviceFeeder
+    from cnnpar.data.transforms import DeviceTransform
+
+    labels = torch.zeros(args.batch_size, dtype=torch.int64)
+    raw = [(batches[k % len(batches)], labels) for k in range(args.pipeline_batches)]
+    dec = GpuDecoder(files, args.size, device, train=True, backend=backend)
+    transform = DeviceTransform((0.0,) * 3, (1.0,) * 3, "none", False, device)
+    feeder = DeviceFeeder(raw, None, transform, device, True, False, dec, threaded=True)
+    n = 0
+    for x, _ in feeder:
+        n += x.shape[0]
+    return n
 
 
 def cpu_stages(files: list[Path], indices: list[list[int]], args, record: Recorder) -> None:

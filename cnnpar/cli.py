@@ -256,7 +256,12 @@ def add_bench_parser(sub) -> None:
     add_config_flags(bench, extra_presets=("claims",))
     g = bench.add_argument_group("bench")
     g.add_argument("--out", default="", help="results folder (default: <--out-dir>/bench/<date>-<device>-<model>/)")
-    g.add_argument("--warmup-steps", type=int, default=Timing.warmup, help="untimed steps first (compile happens here)")
+    g.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=Timing.warmup,
+        help="untimed steps first (compile happens here); when sized by time, 2 where the second takes 1 s or more",
+    )
     g.add_argument(
         "--timed-steps", type=int, default=Timing.steps, help="timed steps per repeat (the most, when sized by time)"
     )
@@ -264,8 +269,9 @@ def add_bench_parser(sub) -> None:
         "--timed-s",
         type=float,
         default=Timing.seconds,
-        help="timed seconds per measurement (all repeats): the steps per repeat are sized from one step's "
-        "time, at least 3 (1 for a step of a second or more); 0: a fixed count, --timed-steps, per repeat",
+        help="timed seconds per measurement (all repeats): the steps per repeat are sized from the last warm-up "
+        "step's time, at least 3 (1 for a step of a second or more), then, where that still takes longer, the "
+        "repeats (at least 3); 0: fixed counts (the timed steps and repeats given)",
     )
     g.add_argument(
         "--repeats",

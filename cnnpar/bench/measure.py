@@ -36,9 +36,33 @@ def _cpu_seconds(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
+def warm_up(step, timing: Timing, device: torch.device, clock=time.perf_counter) -> tuple[int, float, float]:
+    """Run the warm-up steps, each timed alone (device synchronised after it, outside any timed
+    region); returns (steps run, their wall time, the last step's time).
+
+    The last warm-up step's time sizes the repeats (`Timing.plan`); with no warm-up steps (or no
+    sizing) one more untimed step is run for it."""
+    done, total, last = 0, 0.0, 0.0
+    while done < timing.warmup:
+        t0 = clock()
+        step()
+        sync(device)  # note: a CPU-GPU sync point, outside the measured region
+        last = clock() - t0
+        total += last
+        done += 1
+        if timing.warm(done, last):
+            break
+    if timing.seconds > 0 and done == 0:
+        t0 = clock()
+        step()
+        sync(device)  # note: a CPU-GPU sync point, outside the measured region
+        last = clock() - t0
+    return done, total, last
+
+
 def measure_steps(trainer: Trainer, timing: Timing) -> dict:
-    """Warm-up steps, then `repeats` repeats of timed steps with a device sync around each repeat only
-    (as many steps as `timing` sizes from one step's time, or `timing.steps`).
+    """Warm-up steps, then repeats of timed steps with a device sync around each repeat only (steps
+    per repeat and repeats sized by `timing` from the last warm-up step's time).
 
     A step is the Trainer's `TrainStep` on one accumulation group: with CUDA graphs where training
     would replay them, and with `grad_accum` micro-batches per step."""
@@ -56,19 +80,10 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
         return waited, run_step(trainer, group)
 
     try:
-        t0 = time.perf_counter()
-        for _ in range(timing.warmup):
-            step()
-        sync(device)
-        warmup_s = time.perf_counter() - t0
-        steps = timing.steps
-        if timing.seconds > 0:  # one more untimed step, timed alone, sizes the repeats
-            t1 = time.perf_counter()
-            step()
-            sync(device)  # note: a CPU-GPU sync point, outside the measured region
-            steps = timing.steps_for(time.perf_counter() - t1)
+        warmup_steps, warmup_s, step_s = warm_up(step, timing, device)
+        steps, repeats = timing.plan(step_s)
         rates, step_ms, waits, cpu_pct, rss = [], [], [], [], []
-        for _ in range(timing.repeats):
+        for _ in range(repeats):
             sync(device)  # note: a CPU-GPU sync point, before the clock starts
             cpu0, start = _cpu_seconds(proc), time.perf_counter()
             waited = images = 0
@@ -103,8 +118,19 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
         "peak_mem_mb": peak_mem,
         "peak_mem_kind": mem_kind,
         "warmup_s": warmup_s,
+        "warmup_steps_run": warmup_steps,
         "steps_per_repeat": steps,
+        "repeats_run": repeats,
     }
+
+
+def fresh_trainer(cfg: Config, bundle: DataBundle, info: DistInfo) -> Trainer:
+    """A new Trainer for `cfg`, with Dynamo reset (no guards or recompile count carried over from an
+    earlier measurement) and the device's peak-memory statistics reset."""
+    reset_compiler()
+    if info.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(info.device)
+    return build_trainer(cfg, info, bundle)
 
 
 def measure_config(cfg: Config, bundle: DataBundle, info: DistInfo, timing: Timing) -> dict:
@@ -114,10 +140,7 @@ def measure_config(cfg: Config, bundle: DataBundle, info: DistInfo, timing: Timi
     unmeasurable), then calls `free_device_memory` once the traceback, which holds the failed
     step's tensors, is gone.
     """
-    reset_compiler()
-    if info.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(info.device)
-    trainer = build_trainer(cfg, info, bundle)
+    trainer = fresh_trainer(cfg, bundle, info)
     try:
         return measure_steps(trainer, timing)
     finally:

@@ -27,7 +27,9 @@ RUNG_COLUMNS = [
     "precision",
     "channels_last",
     "compile",
+    "cuda_graphs",
     "cudnn_benchmark",
+    "continues",
     "status",
     "error",
     "images_per_s",
@@ -35,6 +37,8 @@ RUNG_COLUMNS = [
     "images_per_s_max",
     "step_ms",
     "steps_per_repeat",
+    "repeats_run",
+    "warmup_steps_run",
     "data_wait_share",
     "main_cpu_pct",
     "host_load_1m",
@@ -131,15 +135,17 @@ def metadata_lines(row: dict, timed_steps: bool = True) -> list[str]:
 
 def timing_line(row: dict) -> str:
     seconds = _num(row, "timed_s")
-    steps = (
-        f"timed steps sized so the repeats take about {seconds:g} s (at least 3, 1 for steps of 1 s or more, at most "
-        f"{row.get('timed_steps', '')} per repeat; each row's count is its steps_per_repeat)"
-        if seconds
-        else f"{row.get('timed_steps', '')} timed steps each"
-    )
+    if not seconds:
+        return (
+            f"- {row.get('warmup_steps', '')} warm-up steps, then {row.get('repeats', '')} repeats, "
+            f"{row.get('timed_steps', '')} timed steps each; figures are medians, ranges the slowest and fastest repeat"
+        )
     return (
-        f"- {row.get('warmup_steps', '')} warm-up steps, then {row.get('repeats', '')} repeats, {steps}; "
-        "figures are medians, ranges the slowest and fastest repeat"
+        f"- {row.get('warmup_steps', '')} warm-up steps (2 where the second still takes 1 s or more), then "
+        f"{row.get('repeats', '')} repeats of timed steps sized from the last warm-up step so the repeats take about "
+        f"{seconds:g} s: at least 3 steps per repeat (1 for steps of 1 s or more), at most "
+        f"{row.get('timed_steps', '')}, and where even that takes longer, fewer repeats (at least 3); figures are "
+        "medians, ranges the slowest and fastest repeat (each row's counts are its repeats x steps)"
     )
 
 
@@ -173,10 +179,10 @@ def ladder_markdown(rows: list[dict]) -> str:
     kinds = {k for k in (r.get("peak_mem_kind") or r.get("mem_kind") for r in rows) if k}
     by_name = {r["name"]: r for r in rows}
     head = (
-        "| # | rung | technique | status | images/s | range of repeats | step ms | data wait "
+        "| # | rung | technique | status | images/s | range of repeats | repeats x steps | step ms | data wait "
         f"| {peak_mem_label(kinds)} | MFU | x baseline | x previous |"
     )
-    lines = ["# Technique ladder", "", *metadata_lines(rows[0] if rows else {}), "", head, "|" + "---|" * 12]
+    lines = ["# Technique ladder", "", *metadata_lines(rows[0] if rows else {}), "", head, "|" + "---|" * 13]
     for r in rows:
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error', '')}"
         prev = _fmt(_num(r, "speedup_vs_prev"), ".2f", "x")
@@ -184,9 +190,12 @@ def ladder_markdown(rows: list[dict]) -> str:
             prev += f" (vs {r['prev_rung']})"
         if prev and inside_noise(r, by_name.get(r.get("prev_rung"), {})):
             prev += ", inside the noise"
+        shape = f"{r['repeats_run']} x {r['steps_per_repeat']}" if r.get("repeats_run") not in ("", None) else ""
+        technique = r["technique"] + (f" (on {r['continues']}'s trainer)" if r.get("continues") else "")
         lines.append(
-            f"| {r['rung']} | {r['name']} | {r['technique']} | {status.replace('|', '/')} "
-            f"| {_fmt(_num(r, 'images_per_s'), ',.0f')} | {spread_text(r)} | {_fmt(_num(r, 'step_ms'), '.2f')} "
+            f"| {r['rung']} | {r['name']} | {technique} | {status.replace('|', '/')} "
+            f"| {_fmt(_num(r, 'images_per_s'), ',.0f')} | {spread_text(r)} | {shape} "
+            f"| {_fmt(_num(r, 'step_ms'), '.2f')} "
             f"| {_fmt(_num(r, 'data_wait_share') and 100 * _num(r, 'data_wait_share'), '.0f', '%')} "
             f"| {_fmt(_num(r, 'peak_mem_mb'), ',.0f')} | {_fmt(_num(r, 'mfu') and 100 * _num(r, 'mfu'), '.2f', '%')} "
             f"| {_fmt(_num(r, 'speedup_vs_baseline'), '.2f', 'x')} | {prev} |"
@@ -200,7 +209,9 @@ def ladder_markdown(rows: list[dict]) -> str:
         "Peak memory is `torch.cuda.max_memory_allocated` on CUDA (the tensors) and the process's "
         "resident memory (RSS: Python, libraries and data included) on the CPU. "
         "x previous compares with the nearest measured rung this one builds on; *inside the noise* "
-        f"when the two rungs' ranges of repeats overlap.{load}",
+        "when the two rungs' ranges of repeats overlap. A rung *on another's trainer* was measured on the "
+        "Trainer (model, compile, optimizer) of the rung it builds on, its own switch applied in place: "
+        f"the step a new Trainer would run, without a second compile.{load}",
     ]
     return "\n".join(lines) + "\n"
 

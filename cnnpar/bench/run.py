@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,10 +144,12 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
 
     info, bundle, meta = _measurement_setup(cfg, opts.timing)
     out = _out_dir(opts, info, cfg)
+    # the start-up (imports, data, peak and FLOP count) is part of a budgeted run's time: say how much
+    took = f"  [{time.monotonic() - opts.started:.0f} s]" if opts.started is not None else ""
     print(
         f"bench: {cfg.model.name} on {bundle.origin} ({meta['image_shape']}), batch {cfg.run.batch_size}, "
         f"{meta['device']} ({info.device.type}), torch {torch.__version__}; peak {meta['peak_tflops']} TFLOP/s "
-        f"({meta['peak_kind']}); {meta['gflops_per_image']} GFLOP/image",
+        f"({meta['peak_kind']}); {meta['gflops_per_image']} GFLOP/image{took}",
         flush=True,
     )
     log = lambda text: print(text, flush=True)  # noqa: E731

@@ -10,8 +10,12 @@ from cnnpar.errors import UserError
 MIN_STEPS = 3  # timed steps per repeat at least: one or two short steps say little about a mean
 # ... except a step this slow (the fp32 textbook-loader baseline of the ResNet-50 ladder: 3.9 s on an
 # H200, 15 timed steps = 59 s of a 3-minute budget): it averages over a whole batch's host work
-# already, and one per repeat keeps the 5 repeats' spread while the later rungs still get their turn
+# already, and one per repeat keeps a spread while the later rungs still get their turn. Such a step
+# is also warm after one step past the first (which autotunes or compiles): see `Timing.warm`.
 SLOW_STEP_S = 1.0
+# Repeats at least, where even the fewest steps per repeat would run past `seconds`: three give a
+# median with a repeat on either side of it, so a range (the noise) is still reported.
+MIN_REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,29 @@ class Timing:
             return 1
         fit = int(self.seconds / (self.repeats * step_s))
         return max(min(MIN_STEPS, self.steps), min(self.steps, fit))
+
+    def plan(self, step_s: float) -> tuple[int, int]:
+        """(timed steps per repeat, repeats) when one step takes `step_s` seconds.
+
+        The steps per repeat shrink first (`steps_for`); where even the fewest would take the repeats
+        past `seconds`, the repeats shrink too, to no fewer than MIN_REPEATS (never more than asked):
+        ResNet-50's 0.25 s eager fp32 steps get 3 x 3 steps, its 3.9 s textbook baseline 3 x 1."""
+        steps = self.steps_for(step_s)
+        if self.seconds <= 0 or step_s <= 0 or steps * self.repeats * step_s <= self.seconds:
+            return steps, self.repeats
+        fit = int(self.seconds / (steps * step_s))
+        return steps, max(min(MIN_REPEATS, self.repeats), min(self.repeats, fit))
+
+    def warm(self, done: int, last_step_s: float) -> bool:
+        """Whether the warm-up is over after `done` steps, the last of which took `last_step_s`.
+
+        `warmup` steps, or fewer where a step after the first is slow (>= SLOW_STEP_S): the first
+        step pays for cuDNN's autotuning, compile and CUDA-graph capture; a step that is still slow
+        after it is host-bound (the textbook loader's per-sample work), and one more such step costs
+        seconds without warming anything."""
+        if done >= self.warmup:
+            return True
+        return self.seconds > 0 and done >= 2 and last_step_s >= SLOW_STEP_S
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,9 @@ torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, torchvision 0.19 to 0.29):
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,6 +43,7 @@ from cnnpar.data.jpeg_header import header_ok, read_jpeg_header
 from cnnpar.data.tv_codecs import tv_codecs
 
 BatchDecode = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
+GPU_BACKENDS = ("nvjpeg", "nvimgcodec", "split")
 
 
 @dataclass
@@ -136,20 +138,43 @@ def nvjpeg_decode(buffers: list[torch.Tensor], device: torch.device) -> list[tor
     return images
 
 
+@dataclass
+class DecodedBatch:
+    """What the decode stage hands the resize stage: each image (3, H, W) (a view, possibly of
+    interleaved memory), its crop box, whether nvImageCodec owns its memory (kept alive by the
+    decoder until the resize's copy is done; allocator memory otherwise, held with record_stream),
+    images the workers already decoded (a HybridBatch's share), and an event after the decode."""
+
+    images: list[torch.Tensor]
+    boxes: torch.Tensor
+    library_owned: list[bool]
+    interleaved: list[bool]  # views of (H, W, 3) memory (nvImageCodec's outputs), else planes
+    holds: list = field(default_factory=list)  # nvImageCodec's buffers, let go after the resize's copy
+    done: torch.Tensor | None = None
+    ready: torch.cuda.Event | None = None
+
+
 class GpuDecoder:
-    """Encoded batch in, (N, 3, size, size) uint8 batch on `device` out.
+    """Encoded batch in, (N, 3, size, size) uint8 batch on `device` out, in two stages.
 
-    Per batch: files the GPU decoders cannot take (PNGs, CMYK: from the headers the workers read)
-    are decoded on the CPU first; then the crop boxes are drawn for the whole batch from the
+    `decode_stage`: files the GPU decoders cannot take (PNGs, CMYK: from the headers the workers
+    read) are decoded on the CPU first; then the crop boxes are drawn for the whole batch from the
     image sizes (random-resized crops for training, the centre square for evaluation); then the
-    rest is decoded in one batched call, `backend` "nvjpeg" (torchvision's nvJPEG call; a failing
-    batch is bisected) or "nvimgcodec" (hardware engines; only the crop region, an undecodable
-    file comes back alone); a file the batched call did not decode goes to the CPU; finally all
-    crops are resized in one batched call ("batched", a few kernels per batch) or one at a time
-    ("loop", the reference). `batch_decode` replaces the nvJPEG call in tests.
+    rest is decoded by `backend`:
+    - "nvjpeg": torchvision's batched nvJPEG call, on the SMs; a failing batch is bisected;
+    - "nvimgcodec": nvImageCodec, on the GPU's hardware JPEG engines (optionally the crop region
+      only); an undecodable file comes back alone;
+    - "split": both at once, each a share of the batch: nvImageCodec in a second thread (it
+      releases the GIL and waits for its engines), nvJPEG in this one. The share follows their
+      measured speeds (`HwShare`), so neither waits long for the other.
+    A file the batched calls did not decode goes to the CPU.
+    `resize_stage`: all crops resized in one batched call per memory layout ("batched", a few
+    kernels) or one at a time ("loop", the reference).
 
-    The host waits for the device at most inside the decode call itself (torchvision synchronises
-    its decode stream); everything else is queued. `DeviceFeeder` runs this in its own thread.
+    Both decode calls make the host wait for the device (torchvision synchronises its decode
+    stream; nvImageCodec waits for its engines), so `DeviceFeeder` runs the two stages in two
+    threads: batch i+1 decodes while batch i is resized, and neither blocks the training thread.
+    `__call__` runs both in the caller's thread. `batch_decode` replaces the nvJPEG call in tests.
     """
 
     def __init__(
@@ -172,10 +197,19 @@ class GpuDecoder:
         self.resize = resize if resize not in (None, "auto") else ("batched" if self.device.type == "cuda" else "loop")
         if self.resize not in ("batched", "loop"):
             raise ValueError(f"resize: expected 'batched' or 'loop', got {self.resize!r}")
-        if backend not in ("nvjpeg", "nvimgcodec"):
-            raise ValueError(f"backend: expected 'nvjpeg' or 'nvimgcodec', got {backend!r}")
+        if backend not in GPU_BACKENDS:
+            raise ValueError(f"backend: expected one of {', '.join(GPU_BACKENDS)}, got {backend!r}")
+        self.backend = backend
+        # Whether DeviceFeeder runs the stages in two threads. On an H200 (benchmarks/results/
+        # 2026-12-01-h200/call-e/jpeg_decode_cuda.csv) two threads raised nvJPEG's batches from
+        # 8,284 to 8,830 img/s but dropped nvImageCodec's from 5,629 to 3,392 (its calls give the
+        # GIL back and take it again per image, and a second busy Python thread makes each retake wait).
+        self.two_stage = backend == "nvjpeg"
         self.nvimgcodec = None
-        if backend == "nvimgcodec":
+        self.hw_share = HwShare() if backend == "split" else None
+        self.split_log: collections.deque = collections.deque(maxlen=16)  # (share, n_hw, s_hw, n_sm, s_sm)
+        self._side = None  # the split's second thread
+        if backend in ("nvimgcodec", "split"):
             from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode
 
             self.nvimgcodec = NvImageCodecDecode(self.device)
@@ -204,11 +238,63 @@ class GpuDecoder:
             for i, img in zip(part, decoded):
                 images[i] = img
 
+    def _decode_nvimgcodec(self, data, ids, boxes, images: list, owned: list, hwc: list, holds: list, stream) -> None:
+        if not ids:
+            return
+        region = self.nvimgcodec.regions
+        decoded = self.nvimgcodec([data[i] for i in ids], boxes[ids], stream=stream)
+        if self.device.type == "cuda":
+            holds.append(self.nvimgcodec.last_hold)
+        self.batched_calls += 1
+        for i, img in zip(ids, decoded):
+            if img is not None:
+                images[i] = img.permute(2, 0, 1)  # (3, H, W) view of interleaved memory
+                owned[i], hwc[i] = self.device.type == "cuda", True
+                if region:  # the image is the crop
+                    boxes[i] = torch.tensor([0, 0, boxes[i, 2], boxes[i, 3]])
+
+    def _decode_split(self, data, fast: list[int], boxes, images: list, owned: list, hwc: list, holds: list) -> None:
+        """nvImageCodec (hardware engines) on the first share of `fast` in a second thread, nvJPEG
+        (SMs) on the rest in this one, at the same time; each call's time feeds the next share."""
+        import time
+        from concurrent.futures import ThreadPoolExecutor
+
+        k = self.hw_share.count(len(fast))
+        hw_ids, sm_ids = fast[:k], fast[k:]
+        if self._side is None:
+            self._side = ThreadPoolExecutor(1, thread_name_prefix="cnnpar-nvimgcodec")
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+
+        def hw() -> float:
+            t = time.perf_counter()
+            self._decode_nvimgcodec(data, hw_ids, boxes, images, owned, hwc, holds, stream)
+            return time.perf_counter() - t
+
+        side = self._side.submit(hw)
+        t = time.perf_counter()
+        try:
+            self._decode_batched(data, sm_ids, images)
+        finally:
+            t_hw = side.result()  # also when nvJPEG raised: the side thread must be done with `images`
+        t_sm = time.perf_counter() - t
+        self.split_log.append((round(self.hw_share.share, 3), len(hw_ids), round(t_hw, 4), len(sm_ids), round(t_sm, 4)))
+        self.hw_share.update(len(hw_ids), t_hw, len(sm_ids), t_sm)
+
     def decode(self, batch: EncodedBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The batch's images, each (3, H, W) (a view, possibly of HWC memory), and the crop boxes
-        (N, 4) in each returned image's own coordinates."""
+        """The batch's images, each (3, H, W), and the crop boxes (N, 4) in each image's own
+        coordinates (the decode stage in the caller's thread, without its event)."""
+        d = self.decode_stage(batch)
+        return d.images, d.boxes
+
+    def decode_stage(self, batch) -> DecodedBatch:
+        if hasattr(batch, "decoded"):  # a HybridBatch: the workers decoded its first images
+            d = self.decode_stage(batch.encoded)
+            d.done = batch.decoded.to(self.device, non_blocking=True)
+            return d
         data = batch.data
         n = len(data)
+        if n == 0:
+            return DecodedBatch([], torch.empty(0, 4, dtype=torch.int64), [], [])
         ok = batch.nvjpeg_ok
         if ok is None or batch.hw is None:  # batches made without workers: read the headers here
             headers = [read_jpeg_header(memoryview(b.numpy())) for b in data]
@@ -217,21 +303,18 @@ class GpuDecoder:
         else:
             ok, hw = ok.tolist(), batch.hw.clone()
         images: list[torch.Tensor | None] = [None] * n
+        owned, hwc_, holds = [False] * n, [False] * n, []
         for i in range(n):
             if not ok[i]:  # no GPU decoder takes it; its size comes from decoding it
                 images[i] = self._decode_cpu(data[i], int(batch.index[i]))
                 hw[i] = torch.tensor(images[i].shape[1:])
         boxes = draw_crop_boxes(hw, self.train, self.generator)
         fast = [i for i in range(n) if ok[i]]
-        if self.nvimgcodec is not None:
-            region = self.nvimgcodec.regions
-            decoded = self.nvimgcodec([data[i] for i in fast], boxes[fast] if fast else None)
-            self.batched_calls += 1
-            for i, img in zip(fast, decoded):
-                if img is not None:
-                    images[i] = img.permute(2, 0, 1)  # (3, H, W) view of interleaved memory
-                    if region:  # the image is the crop
-                        boxes[i] = torch.tensor([0, 0, boxes[i, 2], boxes[i, 3]])
+        if self.backend == "split":
+            self._decode_split(data, fast, boxes, images, owned, hwc_, holds)
+        elif self.backend == "nvimgcodec":
+            stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+            self._decode_nvimgcodec(data, fast, boxes, images, owned, hwc_, holds, stream)
         else:
             self._decode_batched(data, fast, images)
         for i in range(n):
@@ -239,21 +322,71 @@ class GpuDecoder:
                 images[i] = self._decode_cpu(data[i], int(batch.index[i]))
                 if tuple(images[i].shape[1:]) != tuple(hw[i].tolist()):  # the header lied
                     boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, self.generator)[0]
-        return images, boxes
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        return DecodedBatch(images, boxes, owned, hwc_, holds, ready=ready)
 
-    def __call__(self, batch) -> torch.Tensor:
-        if hasattr(batch, "decoded"):  # a HybridBatch: the workers decoded its first images
-            done = batch.decoded.to(self.device, non_blocking=True)
-            return torch.cat([done, self(batch.encoded)]) if len(batch.encoded) else done
-        if len(batch) == 0:
-            return torch.empty(0, 3, self.size, self.size, dtype=torch.uint8, device=self.device)
-        images, boxes = self.decode(batch)
-        if self.resize == "loop":
-            out = resized_crops_loop(images, boxes, self.size)
+    def resize_stage(self, d: DecodedBatch) -> torch.Tensor:
+        """Crop and resize a decoded batch on the current stream (of this or another thread)."""
+        if d.ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(d.ready)  # on the device: the host does not wait
+            for img, lib in zip(d.images, d.library_owned):
+                if not lib:  # allocator memory: not reused while this stream still reads it
+                    img.record_stream(stream)
+        n = len(d.images)
+        if n == 0:
+            out = torch.empty(0, 3, self.size, self.size, dtype=torch.uint8, device=self.device)
+        elif self.resize == "loop":
+            out = resized_crops_loop(d.images, d.boxes, self.size)
         else:
-            out = resized_crops(images, boxes, self.size, hwc=self.nvimgcodec is not None)
-        if self.nvimgcodec is not None and self.device.type == "cuda":
+            out = self._resize_batched(d)
+        if d.holds:
             event = torch.cuda.Event()
             event.record()
-            self.nvimgcodec.copied(event)
+            for hold in d.holds:
+                self.nvimgcodec.copied(hold, event)
+        return torch.cat([d.done, out]) if d.done is not None else out
+
+    def _resize_batched(self, d: DecodedBatch) -> torch.Tensor:
+        """One batched call per memory layout: nvImageCodec's images are interleaved, nvJPEG's and
+        the CPU's planar; gathering both into one layout would cost another pass over the pixels."""
+        hwc = [i for i, flag in enumerate(d.interleaved) if flag]
+        if len(hwc) in (0, len(d.images)):
+            return resized_crops(d.images, d.boxes, self.size, hwc=bool(hwc))
+        chw = [i for i, flag in enumerate(d.interleaved) if not flag]
+        out = torch.empty(len(d.images), 3, self.size, self.size, dtype=torch.uint8, device=self.device)
+        for ids, layout in ((hwc, True), (chw, False)):
+            part = resized_crops([d.images[i] for i in ids], d.boxes[ids], self.size, hwc=layout)
+            out.index_copy_(0, torch.tensor(ids, device=self.device), part)
         return out
+
+    def __call__(self, batch) -> torch.Tensor:
+        if len(batch) == 0:
+            return torch.empty(0, 3, self.size, self.size, dtype=torch.uint8, device=self.device)
+        return self.resize_stage(self.decode_stage(batch))
+
+
+class HwShare:
+    """The share of each batch a split decode gives the hardware engines: the one at which both
+    decoders would finish together, from their last measured speeds (smoothed; 5-95 %).
+
+    Starts at 0.4: decode alone on an H200, nvImageCodec's engines ran 8,821 img/s and nvJPEG
+    14,301 on the same photos (shared/measurements/h200-2026-11-30/decode_only_nvjpeg_nvimgcodec.jsonl).
+    During training the SMs are busy with the step and nvJPEG slows, so the share moves up.
+    """
+
+    def __init__(self, share: float = 0.4, smoothing: float = 0.5) -> None:
+        self.share, self.smoothing = share, smoothing
+
+    def count(self, n: int) -> int:
+        return min(n, max(0, round(self.share * n)))
+
+    def update(self, n_hw: int, t_hw: float, n_sm: int, t_sm: float) -> None:
+        if n_hw == 0 or n_sm == 0 or t_hw <= 0 or t_sm <= 0:
+            return
+        r_hw, r_sm = n_hw / t_hw, n_sm / t_sm
+        target = r_hw / (r_hw + r_sm)
+        self.share = min(0.95, max(0.05, self.smoothing * self.share + (1 - self.smoothing) * target))

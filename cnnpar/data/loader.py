@@ -197,13 +197,16 @@ class DeviceFeeder:
       `threaded`: a thread of its own prepares up to QUEUE_DEPTH batches ahead on its own stream.
       A GPU decode makes the calling thread wait for the decoder (torchvision synchronises its
       decode stream) and crop boxes cost host work; in the training thread both would stall the
-      launch of the next step, in their own thread they overlap it. The training thread waits
-      for a batch's event on the device, never on the host;
+      launch of the next step, in their own thread they overlap it. A JPEG decoder runs in two
+      threads (`pipelined`): one decodes batch i+1 while the other crops and resizes batch i, so
+      the decoder's host waits overlap the resize's launches. The training thread waits for a
+      batch's event on the device, never on the host;
     - neither (the CPU): in line.
     """
 
     QUEUE_DEPTH = 3
     STREAM_PRIORITY = 0  # of the decode thread's stream; benchmarks/jpeg_pipeline.py compares -1 (high)
+    PIPELINE: bool | None = None  # None: the decoder's own rule (GpuDecoder.two_stage); benchmarks force it
 
     def __init__(
         self,
@@ -220,6 +223,9 @@ class DeviceFeeder:
         self.device, self.train = device, train
         self.stream = torch.cuda.Stream(device) if side_stream and device.type == "cuda" else None
         self.threaded = threaded if threaded is not None else (decoder is not None and device.type == "cuda")
+        # a JPEG decoder's two stages in two threads (the store's cropper has one stage)
+        two_stage = getattr(decoder, "two_stage", False) if self.PIPELINE is None else self.PIPELINE
+        self.pipelined = self.threaded and hasattr(decoder, "decode_stage") and two_stage
 
     def set_epoch(self, epoch: int, seed: int | None = None) -> None:
         """`seed`: reseed the transform's and the decoder's generators, so what this epoch draws
@@ -270,35 +276,94 @@ class DeviceFeeder:
         if nxt is not None:
             yield nxt
 
-    def _produce(self, source, out: queue.Queue, stop: threading.Event) -> None:
-        cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(self.device, priority=self.STREAM_PRIORITY) if cuda else None
+    def _decode_only(self, raw):
+        """The first of two stages: decode (the host waits for the decoder here)."""
+        x, y = raw
+        with span(H2D_COPY):
+            return x.index, self.decoder.decode_stage(x), y
+
+    def _resize_and_transform(self, decoded):
+        """The second stage: crop, resize and transform on this thread's stream."""
+        index, d, y = decoded
+        with span(H2D_COPY):
+            x = self.decoder.resize_stage(d)
+            y = y.to(self.device, non_blocking=True)
+        return self.transform(x, self.train, index), y
+
+    def _iter_threaded(self):
+        source = iter(self.loader)  # made here: DataLoader workers start from the calling thread
+        if self.pipelined:
+            # batch i+1 decodes in one thread while batch i is cropped and resized in another
+            decoded = _in_thread(
+                source, self._decode_only, self.device, 2, "cnnpar-decode", self.STREAM_PRIORITY, handoff=True
+            )
+            batches = _in_thread(decoded, self._resize_and_transform, self.device, self.QUEUE_DEPTH, "cnnpar-feeder")
+        else:
+            batches = _in_thread(source, lambda raw: self._ready(*raw), self.device, self.QUEUE_DEPTH, "cnnpar-feeder")
+        try:
+            for batch in batches:
+                if self.device.type == "cuda":
+                    main = torch.cuda.current_stream(self.device)
+                    for t in batch:
+                        t.record_stream(main)
+                yield batch
+        finally:
+            batches.close()
+
+
+class _Ready:
+    """A stage's output and the event after its device work (None on the CPU)."""
+
+    __slots__ = ("value", "event")
+
+    def __init__(self, value, event) -> None:
+        self.value, self.event = value, event
+
+
+def _in_thread(source, fn, device: torch.device, depth: int, name: str, priority: int = 0, handoff: bool = False):
+    """`fn(item)` for each item of `source`, computed in a thread of its own, up to `depth` ahead,
+    in order. On CUDA the thread works on a stream of its own, and whoever uses a result first
+    makes its stream wait (on the device, not the host) for the work behind it: the consumer's
+    current stream, or, with `handoff`, the next stage's thread (results then travel as `_Ready`).
+    An exception in the thread reaches the consumer; a consumer that stops (end, error, abandoned
+    generator) stops the thread, which closes `source`, so a stage before it stops in turn."""
+    cuda = device.type == "cuda"
+    out: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        stream = torch.cuda.Stream(device, priority=priority) if cuda else None
         try:
             with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-                for raw in source:
-                    batch = self._ready(*raw)
+                for item in source:
+                    if isinstance(item, _Ready):  # from the stage before: its work first, on the device
+                        if item.event is not None:
+                            stream.wait_event(item.event)
+                        item = item.value
+                    value = fn(item)
                     event = None
                     if cuda:
                         event = torch.cuda.Event()
                         event.record(stream)
                     while not stop.is_set():
                         try:
-                            out.put((batch, event), timeout=0.1)
+                            out.put(_Ready(value, event), timeout=0.1)
                             break
                         except queue.Full:
                             continue
                     if stop.is_set():
                         return
             out.put(None)
-        except BaseException as e:  # handed to the training thread, which raises it
+        except BaseException as e:  # handed to the consumer, which raises it
             out.put(e)
+        finally:
+            if hasattr(source, "close"):
+                source.close()
 
-    def _iter_threaded(self):
-        source = iter(self.loader)  # made here: DataLoader workers start from the calling thread
-        out: queue.Queue = queue.Queue(maxsize=self.QUEUE_DEPTH)
-        stop = threading.Event()
-        worker = threading.Thread(target=self._produce, args=(source, out, stop), name="cnnpar-feeder", daemon=True)
-        worker.start()
+    worker = threading.Thread(target=produce, name=name, daemon=True)
+    worker.start()
+
+    def consume():
         try:
             while True:
                 item = out.get()
@@ -306,14 +371,13 @@ class DeviceFeeder:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                batch, event = item
-                if event is not None:
-                    main = torch.cuda.current_stream(self.device)
-                    main.wait_event(event)  # on the device: the host does not wait here
-                    for t in batch:
-                        t.record_stream(main)
-                yield batch
-        finally:  # the consumer stopped (end, error, or an abandoned iterator): stop the thread too
+                if handoff:
+                    yield item
+                    continue
+                if item.event is not None:
+                    torch.cuda.current_stream(device).wait_event(item.event)
+                yield item.value
+        finally:
             stop.set()
             while worker.is_alive():
                 try:
@@ -321,6 +385,8 @@ class DeviceFeeder:
                 except queue.Empty:
                     pass
             worker.join()
+
+    return consume()
 
 
 def draws_in_workers(ds: Dataset) -> bool:
@@ -408,7 +474,12 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
     if not isinstance(bundle.train, ImageFolderDataset):
         return ""
     decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda")
-    what = {"cpu": "in worker processes", "gpu": "torchvision nvJPEG on the device", "nvimgcodec": "nvImageCodec"}
+    what = {
+        "cpu": "in worker processes",
+        "gpu": "torchvision nvJPEG on the device",
+        "nvimgcodec": "nvImageCodec",
+        "split": "nvImageCodec's hardware engines and nvJPEG at once, shares balanced by their speeds",
+    }
     # ResNet-50 on an H200 (benchmarks/results/2026-11-30-h200/speed_records_jpeg.csv): 6,592 img/s
     # from a prepared store against 4,526 decoding the same photos every epoch (nvJPEG)
     tip = prepare_command(bundle.origin, bundle.shape[1], cfg.model.name)
@@ -420,7 +491,7 @@ def decodes_on_gpu(cfg: Config, bundle: DataBundle) -> bool:
     return (
         cfg.data.loader != "textbook"  # the textbook loader decodes per sample on the host
         and isinstance(bundle.train, ImageFolderDataset)
-        and cfg.data.decode in ("gpu", "nvimgcodec")
+        and cfg.data.decode in ("gpu", "nvimgcodec", "split")
     )
 
 
@@ -450,7 +521,7 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train)
     elif isinstance(ds, ImageFolderDataset) and decodes_on_gpu(cfg, bundle):
         # workers only read bytes; decoding, random-resized crop and resize happen on the device
-        backend = "nvimgcodec" if cfg.data.decode == "nvimgcodec" else "nvjpeg"
+        backend = {"gpu": "nvjpeg", "nvimgcodec": "nvimgcodec", "split": "split"}[cfg.data.decode]
         decoder = GpuDecoder(
             ds.files,
             ds.size,

@@ -53,8 +53,18 @@ class NvImageCodecDecode:
     """
 
     hwc = True
+    # Host threads of the library's own pool (0: one per core). Benchmarks set it to compare.
+    CPU_THREADS = 0
+    MAX_HELD = 6  # batches whose buffers are kept for copies in flight (decode and resize threads, queues)
 
     def __init__(self, device: torch.device, regions: bool = False) -> None:
+        if not nvimgcodec_available():
+            from cnnpar.errors import ConfigError
+
+            raise ConfigError(
+                "data.decode: nvimgcodec and split need nvImageCodec, which is not installed: "
+                "pip install 'cnnpar[nvimgcodec]' (or choose --decode gpu)"
+            )
         n = _module()
         self.device, self.regions = device, regions
         if device.type == "cuda":
@@ -64,16 +74,21 @@ class NvImageCodecDecode:
             device_id = device.index if device.index is not None else torch.cuda.current_device()
         else:
             backends, device_id = [n.Backend(n.BackendKind.CPU_ONLY)], n.NVIMGCODEC_DEVICE_CPU_ONLY
-        self.decoder = n.Decoder(device_id=device_id, backends=backends)
+        self.decoder = n.Decoder(device_id=device_id, max_num_cpu_threads=self.CPU_THREADS, backends=backends)
         # sRGB, 8 bits, interleaved; no EXIF rotation, like torchvision's decode_jpeg and the CPU path
         self.params = n.DecodeParams(
             color_spec=n.ColorSpec.SRGB, sample_format=n.I_RGB, allow_any_depth=False, apply_exif_orientation=False
         )
         # The library's image buffers, each batch's kept with an event recorded after the copy
         # that reads them (`copied`), and let go only once that event has passed.
-        self._held: list[tuple[list, torch.cuda.Event | None]] = []
+        self._held: list[list] = []  # [images, event or None], in call order
+        self.last_hold: list | None = None
 
-    def __call__(self, buffers: list[torch.Tensor], boxes: torch.Tensor | None) -> list[torch.Tensor | None]:
+    def __call__(
+        self, buffers: list[torch.Tensor], boxes: torch.Tensor | None, stream: torch.cuda.Stream | None = None
+    ) -> list[torch.Tensor | None]:
+        """`stream`: the CUDA stream whose later work reads the images (default: the current one;
+        a caller decoding in a second thread passes its own)."""
         n = _module()
         streams = []
         for k, buf in enumerate(buffers):
@@ -90,13 +105,16 @@ class NvImageCodecDecode:
         if not todo:
             return out
         if self.device.type == "cuda":
-            stream = torch.cuda.current_stream(self.device)
-            # Decoded on the library's streams, then ordered before `stream`'s later work.
+            stream = stream or torch.cuda.current_stream(self.device)
+            # Decoded on the library's streams, then ordered before `stream`'s later work (from_dlpack
+            # orders the current stream after the image's: make that `stream` in any thread).
             images = self.decoder.decode([streams[k] for k in todo], params=self.params, cuda_stream=stream.cuda_stream)
-            for k, img in zip(todo, images):
-                out[k] = torch.from_dlpack(img) if img is not None else None
+            with torch.cuda.stream(stream):
+                for k, img in zip(todo, images):
+                    out[k] = torch.from_dlpack(img) if img is not None else None
             # The tensors borrow the library's buffers: they must outlive the copy queued after this.
-            self._held.append((images, None))
+            self.last_hold = [images, None]
+            self._held.append(self.last_hold)
         else:
             import numpy as np
 
@@ -105,15 +123,15 @@ class NvImageCodecDecode:
                 out[k] = torch.from_numpy(np.array(img, copy=True)) if img is not None else None
         return out
 
-    def copied(self, event: torch.cuda.Event) -> None:
-        """The caller queued the copy of the latest batch's images and recorded `event` after it;
-        earlier batches' buffers whose copies have finished are let go."""
-        if not self._held:
-            return
-        self._held[-1] = (self._held[-1][0], event)
-        while len(self._held) > 1 and self._held[0][1] is not None and self._held[0][1].query():
+    def copied(self, hold: list, event: torch.cuda.Event) -> None:
+        """The caller queued the copy of the images of `hold` (a call's `last_hold`) and recorded
+        `event` after it; buffers whose copies have finished are let go, oldest first. Holds stay
+        in call order, so with a decode thread ahead of the resize thread the newest may still
+        wait for its copy."""
+        hold[1] = event
+        while self._held and self._held[0][1] is not None and self._held[0][1].query():
             self._held.pop(0)
-        if len(self._held) > 4:  # bounded: wait for the oldest rather than hold more
-            oldest = self._held.pop(0)[1]
-            if oldest is not None:  # None: its batch failed before any copy was queued
-                oldest.synchronize()
+        # Bounded: wait for the oldest copy rather than hold more. A hold without an event is a batch
+        # still on its way to the resize (or one that failed): never let go of it here.
+        while len(self._held) > self.MAX_HELD and self._held[0][1] is not None:
+            self._held.pop(0)[1].synchronize()

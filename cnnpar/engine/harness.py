@@ -11,22 +11,67 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import torch
 
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
+from cnnpar.data.loader import build_loader
 from cnnpar.dist import DistInfo
 from cnnpar.engine.train_step import Batch
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError
+from cnnpar.parallel import resolve_for
+
+# Switches a built Trainer can take on in place: neither touches the model, its compile or the
+# optimizer. CUDA graphs are captured at the next step (from the compiled module, as `cnnpar train`
+# captures them after its compile); a resident data set only needs new loaders.
+IN_PLACE = frozenset({("speed", "cuda_graphs"), ("data", "resident")})
 
 
 def build_trainer(cfg: Config, info: DistInfo, bundle: DataBundle | None = None) -> Trainer:
     """A Trainer for measuring: no progress bar, no resume, a fresh run name (no folder is made)."""
     cfg = replace(cfg, run=replace(cfg.run, progress=False, resume="", name=""))
     return Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
+
+
+def changed_switches(a: Config, b: Config) -> set[tuple[str, str]]:
+    """(section, field) of every setting that differs between two configs."""
+    out = set()
+    for section in fields(a):
+        sa, sb = getattr(a, section.name), getattr(b, section.name)
+        out |= {(section.name, f.name) for f in fields(sa) if getattr(sa, f.name) != getattr(sb, f.name)}
+    return out
+
+
+def continue_as(trainer: Trainer, cfg: Config) -> None:
+    """Turn a built (warmed, maybe compiled) Trainer into the one `cfg` would build, where `cfg`
+    differs from its config only in IN_PLACE switches; the next step then runs what a new Trainer's
+    step would, without a second compile. Raises ValueError for any other difference.
+
+    CUDA graphs go only from off to on (graphs once captured stay), and only where a new Trainer
+    would use them (`Trainer._graphs_allowed`, which says why not)."""
+    new = resolve_for(cfg, trainer.info.device)
+    if new.run.batch_size == 0:  # --batch-size auto: the batch (and lr) the trainer measured for itself
+        new = replace(new, run=replace(new.run, batch_size=trainer.cfg.run.batch_size), optim=trainer.cfg.optim)
+    run = trainer.cfg.run  # what build_trainer set for measuring (no progress bar, resume or run name)
+    new = replace(new, run=replace(new.run, progress=run.progress, resume=run.resume, name=run.name))
+    changed = changed_switches(trainer.cfg, new)
+    if changed - IN_PLACE:
+        names = ", ".join(f"{s}.{f}" for s, f in sorted(changed - IN_PLACE))
+        raise ValueError(f"continue_as: {names} changed; only {sorted(IN_PLACE)} can change in place")
+    if ("speed", "cuda_graphs") in changed and new.speed.cuda_graphs != "on":
+        raise ValueError("continue_as: CUDA graphs can be turned on in place, not off")
+    trainer.requested_cfg, trainer.cfg = cfg, new
+    if any(section == "data" for section, _ in changed):
+        trainer.train_loader = build_loader(trainer.bundle, new, trainer.info, train=True)
+        val = trainer.bundle.val
+        trainer.val_loader = build_loader(trainer.bundle, new, trainer.info, train=False) if val else None
+    if ("speed", "cuda_graphs") in changed:
+        trainer.graphs_requested = cfg.speed.cuda_graphs
+        trainer.use_graphs = trainer._graphs_allowed()
+        trainer.train_step.cuda_graphs = trainer.use_graphs
 
 
 def cycle_batches(loader, first_epoch: int = 1, begin_epoch=None) -> Iterator[Batch]:

@@ -41,9 +41,9 @@ def batches(n: int = 6, size: int = 4):
         yield Raw(x, torch.arange(b * size, (b + 1) * size)), torch.arange(size) + b
 
 
-def feeder(decoder, threaded: bool) -> DeviceFeeder:
+def feeder(decoder, threaded: bool, n: int = 6) -> DeviceFeeder:
     transform = DeviceTransform((0.5,) * 3, (0.25,) * 3, "none", False, torch.device("cpu"))
-    return DeviceFeeder(list(batches()), None, transform, torch.device("cpu"), True, False, decoder, threaded)
+    return DeviceFeeder(list(batches(n)), None, transform, torch.device("cpu"), True, False, decoder, threaded)
 
 
 def feeder_threads() -> list[threading.Thread]:
@@ -139,3 +139,66 @@ def test_photos_cropped_by_the_loader_get_only_the_flip():
     assert resolve_augment("auto", (3, 224, 224), loader_crops=True) == "flip"
     assert resolve_augment("auto", (3, 32, 32)) == "crop+flip"  # arrays: pad-and-crop as before
     assert resolve_augment("crop+flip", (3, 224, 224), loader_crops=True) == "crop+flip"  # asked for
+
+
+class TwoStageDecoder(Decoder):
+    """Stands in for GpuDecoder's two stages (decode, then resize): the feeder runs them in two threads."""
+
+    two_stage = True  # GpuDecoder's rule says so for nvJPEG
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        super().__init__(fail_at)
+        self.threads: set[str] = set()
+
+    def decode_stage(self, raw: Raw):
+        self.threads.add(threading.current_thread().name)
+        return self(raw)  # counts calls and fails where asked
+
+    def resize_stage(self, decoded: torch.Tensor) -> torch.Tensor:
+        self.threads.add(threading.current_thread().name)
+        return decoded
+
+
+def stage_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name in ("cnnpar-feeder", "cnnpar-decode")]
+
+
+def test_a_two_stage_decoder_runs_in_two_threads_and_yields_the_inline_batches():
+    dec = TwoStageDecoder()
+    fed = feeder(dec, threaded=True)
+    assert fed.pipelined
+    piped = list(fed)
+    inline = list(feeder(Decoder(), threaded=False))
+    assert len(piped) == len(inline) == 6
+    for (x1, y1), (x2, y2) in zip(inline, piped):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert dec.threads == {"cnnpar-decode", "cnnpar-feeder"}
+    assert not stage_threads()
+
+
+def test_a_decode_stage_error_reaches_the_training_thread_and_stops_both_threads():
+    it = iter(feeder(TwoStageDecoder(fail_at=8), threaded=True))
+    next(it), next(it)
+    with pytest.raises(DataError, match=r"photos/8\.jpg"):
+        next(it)
+    assert not stage_threads()
+
+
+def test_an_abandoned_two_stage_iterator_stops_both_threads():
+    dec = TwoStageDecoder()
+    it = iter(feeder(dec, threaded=True, n=20))
+    next(it)
+    del it
+    assert not stage_threads()
+    assert dec.calls < 20  # both stages stopped: at most a few batches decoded ahead
+
+
+def test_only_the_nvjpeg_decoder_runs_its_stages_in_two_threads():
+    pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
+    from cnnpar.data.gpu_decode import GpuDecoder
+
+    transform = DeviceTransform((0.5,) * 3, (0.25,) * 3, "none", False, torch.device("cpu"))
+    for backend, two in (("nvjpeg", True), ("nvimgcodec", False), ("split", False)):
+        dec = GpuDecoder([], 8, torch.device("cpu"), train=True, backend=backend)
+        fed = DeviceFeeder([], None, transform, torch.device("cpu"), True, False, dec, threaded=True)
+        assert fed.pipelined is two, backend
