@@ -8,7 +8,9 @@ cnnpar, for the preset and then for each `--variant` of it (fields overridden):
   its CUDA graph outside the clock, as airbench resets its model and compiles outside its own; the
   clock runs, with the device synchronised at both ends, from the stem's whitening on the device
   (the Trainer whitened on the CPU already; this repeats it where airbench does it, so it is paid)
-  through the training epochs to the TTA accuracy: what airbench times.
+  through the training epochs to the TTA accuracy: what airbench times. `launch_lead_s` says who
+  set the pace: the seconds each epoch's end came after the host launched its last step, summed
+  (near 0: the host; tens of ms: the GPU).
 
 airbench94_muon (KellerJordan/cifar10-airbench; never copied into this repository) then runs in a
 subprocess from the git-ignored folder its source was put in (`--fetch-airbench` does that from a
@@ -69,6 +71,7 @@ COLUMNS = [
     "total_s",
     "whiten_s",
     "train_s",
+    "launch_lead_s",
     "eval_s",
     "setup_s",
     "compile_s",
@@ -144,13 +147,36 @@ def timed_run(tr: Trainer) -> dict:
         tr.raw_model.init_from_data(sample)
     sync(dev)
     t1 = time.perf_counter()
-    for epoch in range(1, tr.cfg.run.epochs + 1):
-        tr.train_epoch(epoch)
+    # Who sets the pace: the time from the host's last step launch of an epoch to that epoch's end
+    # (the device catching up), summed. A few ms over 8 epochs: the host launches no faster than
+    # the GPU runs (host-bound); tens of ms: the host runs ahead, the GPU is the limit.
+    step, lead = tr.train_step, 0.0
+    launched = [0.0]
+
+    def noting(group):
+        out = step(group)
+        launched[0] = time.perf_counter()
+        return out
+
+    tr.train_step = noting
+    try:
+        for epoch in range(1, tr.cfg.run.epochs + 1):
+            tr.train_epoch(epoch)  # ends on a device sync
+            lead += time.perf_counter() - launched[0]
+    finally:
+        tr.train_step = step
     t2 = time.perf_counter()
     acc = tr.evaluate()["val_acc"]  # reads the accuracy on the host: a sync point
     sync(dev)
     t3 = time.perf_counter()
-    return {"val_acc": acc, "total_s": t3 - t0, "whiten_s": t1 - t0, "train_s": t2 - t1, "eval_s": t3 - t2}
+    return {
+        "val_acc": acc,
+        "total_s": t3 - t0,
+        "whiten_s": t1 - t0,
+        "train_s": t2 - t1,
+        "launch_lead_s": lead,
+        "eval_s": t3 - t2,
+    }
 
 
 def graphs_compiled() -> int:
@@ -172,10 +198,12 @@ def build(cfg: Config, info: DistInfo, bundle, seed: int) -> Trainer:
 
 def resolved_line(tr: Trainer) -> str:
     s = tr.cfg.speed
+    muon = getattr(tr.optimizer, "use_torch_muon", None)  # MuonSGD's
+    muon_impl = "" if muon is None else "(torch.optim.Muon)" if muon else "(batched)"
     return (
         f"{s.precision} cl={s.channels_last} compile={s.compile} graphs={'on' if tr.use_graphs else 'off'} "
         f"compile_eval={s.compile_eval} optimizer={tr.cfg.optim.optimizer} muon={type(tr.optimizer).__name__}"
-        f"{'(torch.optim.Muon)' if getattr(tr.optimizer, 'use_torch_muon', False) else ''}"
+        f"{muon_impl}"
     )
 
 
@@ -212,6 +240,8 @@ def format_row(r: dict) -> str:
     parts = f"{100 * r['val_acc']:.2f} % in {r['total_s']:.3f} s"
     if "train_s" in r and r.get("train_s") != "":
         parts += f" (whiten {r['whiten_s']:.3f} + train {r['train_s']:.3f} + TTA eval {r['eval_s']:.3f})"
+        if r.get("launch_lead_s", "") != "":
+            parts += f"; the device ran {r['launch_lead_s']:.3f} s behind the last launches"
     return f"{r['system']} {r['variant']} run={r['run']}: {parts}"
 
 
@@ -427,7 +457,7 @@ def main() -> None:
         meta = {k: env[k] for k in ("device", "driver", "torch", "cuda", "git_rev", "date")}
         for r in done:
             r.update(meta, command=command)
-            for k in ("val_acc", "total_s", "whiten_s", "train_s", "eval_s", "setup_s", "compile_s"):
+            for k in ("val_acc", "total_s", "whiten_s", "train_s", "launch_lead_s", "eval_s", "setup_s", "compile_s"):
                 if isinstance(r.get(k), float):
                     r[k] = round(r[k], 4)
         write_csv_atomic(out, done, COLUMNS)

@@ -106,11 +106,10 @@ def cifar10_record() -> Config:
     0.004 / 1.656 = 2.415e-3, and on the biases (--bias-decay) that / 64.
 
     Where it still differs from airbench94_muon: the stem's bias follows the shared schedule for its
-    3 epochs, then stops (airbench's falls to 0 over those epochs); fastnet pools the last 4x4 map
-    whole (airbench: a 3x3 window of it), starts its widening convs' extra filters He-normal (airbench:
-    torch's default uniform), centres the patches it whitens, and trains in bf16 autocast (airbench:
-    fp16 weights). Point --data at a decoded CIFAR-10 .npz (benchmarks/prepare_cifar10.py); on a CPU
-    add --compile off."""
+    3 epochs, then stops (airbench's falls to 0 over those epochs); fastnet starts its widening
+    convs' extra filters He-normal (airbench: torch's default uniform), centres the patches it
+    whitens, and trains in bf16 autocast (airbench: fp16 weights). Point --data at a decoded
+    CIFAR-10 .npz (benchmarks/prepare_cifar10.py); on a CPU add --compile off."""
     return Config(
         data=DataConfig(source=".devdata/cifar10.npz", augment="translate+altflip", resident="on"),
         model=ModelConfig(name="fastnet"),

@@ -9,6 +9,7 @@ repeats the first permutation.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import queue
 import random
@@ -140,13 +141,44 @@ class ResidentLoader:
         self.y = ds.y.to(device)
         self.sampler, self.batch_size, self.drop_last, self.device = sampler, batch_size, drop_last, device
         self.with_index = with_index
+        self._ahead: tuple[int, threading.Thread, list] | None = None  # (epoch, thread, [its indices])
 
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
+    def _epoch_indices(self) -> torch.Tensor:
+        """This epoch's indices, drawn in a thread while the epoch before trained where it was the
+        next one. A shuffled epoch's permutation of CIFAR-10's 50,000 took 6-15 ms on this project's
+        CPU: at the start of an epoch, after the sync that ended the last one, the GPU waits for it."""
+        epoch = getattr(self.sampler, "epoch", None)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == epoch:
+            ahead[1].join()
+        if ahead is not None and ahead[0] == epoch and ahead[2]:
+            idx = ahead[2][0]
+        else:  # the first epoch, another one than the next (a resumed run, an epoch iterated twice), a failed draw
+            idx = epoch_indices(self.sampler)
+        if type(self.sampler) is DistributedSampler and self.sampler.shuffle:
+            self._ahead = self._draw_ahead(epoch + 1)
+        return idx
+
+    def _draw_ahead(self, epoch: int) -> tuple[int, threading.Thread, list]:
+        sampler = copy.copy(self.sampler)  # the loop sets the epoch of its own meanwhile
+        sampler.set_epoch(epoch)
+        out: list = []
+
+        def draw() -> None:  # randperm releases the GIL: the training thread keeps launching
+            # not pinned: the copy to the device comes after the sync that ends an epoch, with the
+            # device idle anyway, and no CUDA call here can meet a graph capture in the other thread
+            out.append(epoch_indices(sampler))
+
+        thread = threading.Thread(target=draw, name="cnnpar-epoch-indices", daemon=True)
+        thread.start()
+        return epoch, thread, out
+
     def __iter__(self):
-        idx = epoch_indices(self.sampler).to(self.device, non_blocking=True)
+        idx = self._epoch_indices().to(self.device, non_blocking=True)
         for b in range(len(self)):
             sel = idx[b * self.batch_size : (b + 1) * self.batch_size]
             batch = self.x.index_select(0, sel), self.y.index_select(0, sel)

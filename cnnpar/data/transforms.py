@@ -113,7 +113,9 @@ class DeviceTransform:
         self.epoch = epoch
 
     def __call__(self, x: torch.Tensor, train: bool, index: torch.Tensor | None = None) -> torch.Tensor:
-        x = torch.addcmul(self.shift, x.to(torch.float32), self.scale) if x.dtype == torch.uint8 else x
+        # Crops and flips only move pixels and the normalisation is the same affine map for every
+        # pixel of a channel, so augmenting first gives the same floats bit for bit: on uint8 each
+        # pass moves a quarter of the bytes (a 2,000-image CIFAR-10 batch: 6 MB, not 25 MB a pass).
         if train and self.crop:
             x = random_crop(x, self.pad, self.generator)
         if train and self.flip:
@@ -122,8 +124,12 @@ class DeviceTransform:
             if index is None:
                 raise RuntimeError("alternating flip needs the batch's sample indices (the loader hands them over)")
             x = alternating_flip(x, self.alt_bits, index.to(x.device, non_blocking=True), self.epoch)
-        if self.channels_last:
+        if self.channels_last:  # on uint8 too: the multiply-add below keeps the layout it is given
             x = x.contiguous(memory_format=torch.channels_last)
+        if x.dtype == torch.uint8:
+            x = torch.addcmul(self.shift, x.to(torch.float32), self.scale)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)  # a no-op where addcmul kept the layout
         return x
 
 

@@ -35,6 +35,28 @@ def apply_frozen_whitening(model: nn.Module, cfg: OptimConfig) -> None:
         found[0].requires_grad_(False)
 
 
+def bias_to_freeze(model: nn.Module, cfg: OptimConfig, epochs: int, distributed: bool) -> nn.Parameter | None:
+    """The whitened stem's bias, where it stops training during this run and may stop needing a
+    gradient then: `whiten_bias_epochs` below the run's epochs, one process (DDP and Horovod fix
+    at wrap time which parameters send gradients).
+
+    From then on the schedule holds its lr at 0, so it would not move anyway; with requires_grad
+    off the backward also skips everything that only fed its gradient: the first stage's first
+    conv no longer computes the gradient of its input, nor the stem's GELU its own (airbench94
+    detaches the bias then, for the same saving). The trainer turns it off and on per epoch
+    (`set_bias_trains`), so a resumed run freezes it too."""
+    if distributed or not 0 < cfg.whiten_bias_epochs < epochs:
+        return None
+    found = whitening_params(model, cfg)
+    return found[1] if found is not None else None
+
+
+def set_bias_trains(bias: nn.Parameter, trains: bool) -> None:
+    bias.requires_grad_(trains)
+    if not trains:
+        bias.grad = None  # the optimizer skips a parameter without a gradient
+
+
 def scaled_lr(cfg: OptimConfig, world_size: int) -> float:
     """The peak lr after scaling with the number of samples per optimizer step."""
     factor = world_size * cfg.grad_accum
@@ -136,8 +158,8 @@ def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int, steps_per_epoch: int = 0):
     """One schedule for every group; the whitened stem's bias group drops to lr 0 after
-    `whiten_bias_epochs` (an lr of 0, not requires_grad: a CUDA-graphed backward keeps computing
-    the gradient it captured, and the optimizer then simply does not move the bias)."""
+    `whiten_bias_epochs` (the lr is what holds it: where the trainer also turns its gradient off,
+    `bias_to_freeze`, a CUDA-graphed step replays a second graph captured for that)."""
 
     def factor(step: int) -> float:
         return lr_factor(step, total_steps, cfg.warmup, cfg.schedule)

@@ -33,9 +33,12 @@ from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.graphs import GraphedForwardBackward
 from cnnpar.parallel.precision import Precision
 
-# Batch shapes captured as CUDA graphs. Training needs one (train loaders drop the last partial
-# batch); the doctor's fixed-cost probe times a half batch beside the full one, and both must run
-# the way training would. Any further shape runs eagerly rather than holding a third memory pool.
+# Batch shapes captured as CUDA graphs per set of trainable parameters. Training needs one (train
+# loaders drop the last partial batch); the doctor's fixed-cost probe times a half batch beside the
+# full one, and both must run the way training would. Any further shape runs eagerly rather than
+# holding a third memory pool. A run whose whitened stem's bias stops training (whiten_bias_epochs)
+# changes which parameters train once, and gets a second graph for that: its backward no longer
+# computes the gradient into the stem (engine/optim.py, `bias_to_freeze`).
 MAX_GRAPHS = 2
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -89,7 +92,8 @@ class TrainStep:
         self.label_smoothing, self.grad_clip = label_smoothing, grad_clip
         self.cuda_graphs = cuda_graphs
         self.mark_steps = compile_captures_graphs(compile_mode)
-        self.graphs: dict[tuple, GraphedForwardBackward] = {}
+        self.graphs: dict[tuple, GraphedForwardBackward] = {}  # by (batch shape, which parameters train)
+        self._params = list(self.raw_model.parameters())
         self._bound: GraphedForwardBackward | None = None  # the graph whose gradients .grad holds
         self.steps = 0  # optimizer steps taken: the weight average's clock where there is no schedule
 
@@ -141,10 +145,12 @@ class TrainStep:
         capture's warm-up puts weights and buffers back, so the replay that follows trains on it once)."""
         if not self.cuda_graphs:
             return None
-        key = tuple(x.shape)
+        # a graph replays the backward it captured, gradients of frozen parameters included
+        trains = tuple(p.requires_grad for p in self._params)
+        key = (tuple(x.shape), trains)
         graph = self.graphs.get(key)
         if graph is None:
-            if len(self.graphs) >= MAX_GRAPHS:
+            if sum(k[1] == trains for k in self.graphs) >= MAX_GRAPHS:
                 return None
             graph = GraphedForwardBackward(self.model, self.precision, self.label_smoothing, x, y, forward_backward)
             self.graphs[key] = self._bound = graph  # the capture left .grad pointing at its gradients

@@ -32,11 +32,13 @@ from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
 from cnnpar.engine.fault import maybe_inject_fault
 from cnnpar.engine.optim import (
     apply_frozen_whitening,
+    bias_to_freeze,
     build_optimizer,
     build_scheduler,
     describe_lr,
     rebuild_after_resume,
     scaled_lr,
+    set_bias_trains,
 )
 from cnnpar.engine.resolved import data_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
@@ -147,6 +149,7 @@ class Trainer:
         total_steps = self.steps_per_epoch * cfg.run.epochs
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, total_steps, self.steps_per_epoch)
         self.average = build_weight_average(self.raw_model, cfg.optim, total_steps)
+        self.frozen_bias = bias_to_freeze(self.raw_model, cfg.optim, cfg.run.epochs, info.distributed)
         self.run_dir, resume_from = resolve_run(cfg, info)
         self.history: list[dict] = []
         self.start_epoch = 1
@@ -271,9 +274,13 @@ class Trainer:
             return
         t0 = time.perf_counter()
         x, y = next(iter(self.train_loader))
-        if self.cfg.speed.compile != "off":
-            self.train_step.rehearse(x, y)
-        self.train_step.capture(x, y)  # else the first timed epoch pays for the capture
+        # with a stem bias that stops training, both sets of trainable parameters (each recompiles)
+        for trains in (False, True) if self.frozen_bias is not None else (None,):
+            if trains is not None:
+                set_bias_trains(self.frozen_bias, trains)  # begin_epoch sets it for each epoch
+            if self.cfg.speed.compile != "off":
+                self.train_step.rehearse(x, y)
+            self.train_step.capture(x, y)  # else the first timed epoch pays for the capture
         sync(self.info.device)
         self.compile_s = time.perf_counter() - t0
         what = f"compiled ({self.cfg.speed.compile})" if self.cfg.speed.compile != "off" else "captured"
@@ -285,6 +292,8 @@ class Trainer:
         seed = epoch_seed(self.cfg.run.seed, self.info.rank, epoch)
         init_epoch_rng(seed)
         self.train_loader.set_epoch(epoch, seed)  # a new permutation (and shard) every epoch
+        if self.frozen_bias is not None:
+            set_bias_trains(self.frozen_bias, epoch <= self.cfg.optim.whiten_bias_epochs)
         self.model.train()
 
     def train_epoch(self, epoch: int) -> dict:

@@ -83,13 +83,17 @@ class FastNet(nn.Module):
     def classify(self, x: torch.Tensor) -> torch.Tensor:
         """Logits from the last stage's maps: the largest value of each map, then the head.
 
-        The max pool is adaptive_max_pool2d, whose backward sends the gradient to the index the
-        forward picked, not torch.amax, whose backward finds the maximum again by comparing the
-        input with the output. Under torch.compile with bf16 autocast Inductor keeps a fused
-        kernel's intermediates in fp32 without rounding them to bf16 (emulate_precision_casts is
-        off), so the input the backward recomputes need not equal the stored bf16 maximum: no
-        element matches, and every gradient became 0/0 = NaN from the first step on."""
-        return self.head(F.adaptive_max_pool2d(x, 1).flatten(1)) * LOGIT_SCALE
+        The max pool is max_pool2d with the window the size of the map (3x3 for 32x32 inputs, as
+        airbench's MaxPool2d(3)), whose backward sends the gradient to the index the forward
+        picked. Not torch.amax: its backward finds the maximum again by comparing the input with
+        the output, and under torch.compile with bf16 autocast Inductor keeps a fused kernel's
+        intermediates in fp32 without rounding them to bf16 (emulate_precision_casts is off), so
+        the recomputed input need not equal the stored bf16 maximum: no element matched, and every
+        gradient became 0/0 = NaN from the first step on. Not adaptive_max_pool2d either: the same
+        values and gradients, but Inductor runs its backward as a fallback kernel of its own (it
+        lowers max_pool2d's into the fused code), and on an H200 the record preset trained 1.41 s
+        with it against 1.36 s with amax (benchmarks/results/2026-12-01-h200, calls D and A)."""
+        return self.head(F.max_pool2d(x, x.shape[-2:]).flatten(1)) * LOGIT_SCALE
 
     def forward(self, x):
         return self.classify(self.stages(self.stem_act(self.stem(x))))

@@ -67,14 +67,19 @@ class GraphedForwardBackward:
         # The tensors this graph's backward writes: held here so that another graph's capture
         # (which sets .grad to None first) cannot free them.
         self.grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
+        # and those it computes none for (frozen since another graph's capture): the optimizer skips them
+        self.no_grads = [p for p in model.parameters() if p.grad is None]
 
     def matches(self, x: torch.Tensor) -> bool:
         return tuple(x.shape) == self.shape
 
     def bind_grads(self) -> None:
-        """Point every parameter's .grad at this graph's gradient tensors (what the optimizer reads)."""
+        """Point every parameter's .grad at this graph's gradient tensors (what the optimizer reads),
+        and to None where this graph computes none."""
         for p, g in self.grads:
             p.grad = g
+        for p in self.no_grads:
+            p.grad = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.static_x.copy_(x, non_blocking=True)

@@ -64,10 +64,10 @@ def _grads(params, seed: int) -> list[torch.Tensor]:
 # ---- Muon ------------------------------------------------------------------------------------
 @pytest.mark.skipif(not HAS_TORCH_MUON, reason="this torch has no torch.optim.Muon")
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_fallback_takes_torch_muons_step_on_the_same_gradients(channels_last):
-    """Three steps (momentum builds up) on the same gradients: the fallback's filters end where
-    torch.optim.Muon (given 2-D views) puts them, and where a plain torch.optim.Muon over the
-    reshaped matrices puts them."""
+def test_the_batched_step_takes_torch_muons_step_on_the_same_gradients(channels_last):
+    """Three steps (momentum builds up) on the same gradients: the batched step's filters (one
+    padded batch of four shapes, a tall matrix among them) end where torch.optim.Muon (given 2-D
+    views) puts them, and where a plain torch.optim.Muon over the reshaped matrices puts them."""
     mine, theirs = _filters(channels_last), _filters(channels_last)
     plain = [nn.Parameter(p.detach().reshape(p.shape[0], -1).clone()) for p in _filters(False)]
     fallback, with_torch = _muon(mine, use_torch=False, decay=0.5), _muon(theirs, use_torch=True, decay=0.5)
@@ -338,6 +338,7 @@ def test_cnnpar_runs_time_the_whole_recipe_on_a_tiny_set(tmp_path):
         assert r["status"] == "ok", r
         assert 0 <= r["val_acc"] <= 1 and r["whiten_s"] > 0 and r["train_s"] > 0 and r["eval_s"] > 0
         assert r["total_s"] == pytest.approx(r["whiten_s"] + r["train_s"] + r["eval_s"], rel=1e-6)
+        assert 0 < r["launch_lead_s"] < r["train_s"]  # the epochs' ends, after their last launches
         assert "optimizer=muon" in r["resolved"] and r["graphs_compiled"] == 0  # compile off here
 
 
@@ -355,7 +356,7 @@ def test_the_warm_up_captures_the_graph_so_the_first_epoch_replays_it(tmp_path):
     tr = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cuda", 0)), log=lambda *a, **k: None)
     tr.warm_up_compile()
     graphs = dict(tr.train_step.graphs)
-    assert list(graphs) == [(128, 3, 32, 32)]
+    assert [shape for shape, _ in graphs] == [(128, 3, 32, 32)]  # one epoch: the stem bias never freezes
     tr.train_epoch(1)
     assert tr.train_step.graphs == graphs  # replayed, not captured again
 
