@@ -29,6 +29,7 @@ from cnnpar.data.hybrid_decode import HybridFolder
 from cnnpar.data.store import prepare_command
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
+from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
 from cnnpar.dist import DistInfo
 from cnnpar.report.host import usable_cores
 from cnnpar.report.ranges import H2D_COPY, span
@@ -392,7 +393,7 @@ def _in_thread(source, fn, device: torch.device, depth: int, name: str, priority
 def draws_in_workers(ds: Dataset) -> bool:
     """Whether worker processes draw random numbers for this data set (training augmentation)."""
     ds = ds.cpu if isinstance(ds, HybridFolder) else ds
-    return isinstance(ds, (TextbookDataset, CpuDecodedFolder)) and ds.train
+    return isinstance(ds, (TextbookDataset, CpuDecodedFolder, WorkerGpuDecodedFolder)) and ds.train
 
 
 class EpochSeeded(Sampler):
@@ -451,6 +452,8 @@ def _host_loader(
 ):
     workers = cfg.data.workers if cfg.data.workers >= 0 else auto_workers(ds, info)
     common = dict(num_workers=workers, pin_memory=cfg.data.pin_memory == "on")
+    if workers > 0 and getattr(ds, "start_method", None):  # e.g. workers that use CUDA themselves
+        common["multiprocessing_context"] = ds.start_method
     if collate_fn is not None:
         common["collate_fn"] = collate_fn
     if workers > 0:
@@ -479,6 +482,7 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
         "gpu": "torchvision nvJPEG on the device",
         "nvimgcodec": "nvImageCodec",
         "split": "nvImageCodec's hardware engines and nvJPEG at once, shares balanced by their speeds",
+        "nvimgcodec-workers": "nvImageCodec's hardware engines, driven from the worker processes (a GIL each)",
     }
     # ResNet-50 on an H200 (benchmarks/results/2026-11-30-h200/speed_records_jpeg.csv): 6,592 img/s
     # from a prepared store against 4,526 decoding the same photos every epoch (nvJPEG)
@@ -546,10 +550,12 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         ds = ds.index_only() if resident else ds
     elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "cpu":
         ds = CpuDecodedFolder(ds.files, ds.labels, ds.size, train)  # workers crop, resize and batch
+    elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "nvimgcodec-workers":
+        ds = WorkerGpuDecodedFolder(ds.files, ds.labels, ds.size, train, info.device)  # workers use the GPU
     if wants_resident(cfg, bundle, info.device):
         loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device, with_index=transform.needs_index)
     else:
-        if transform.needs_index and decoder is None and not isinstance(ds, CpuDecodedFolder):  # batches carry them
+        if transform.needs_index and decoder is None and not getattr(ds, "answers_batches", False):  # they carry them
             ds = WithIndex(ds)
         loader = _host_loader(ds, sampler, batch_size, drop_last, cfg, info, textbook, collate)
     return DeviceFeeder(
