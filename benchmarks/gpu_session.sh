@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -235,6 +235,15 @@ s6b)
       --out "$R/ladder_resnet50_synthetic"
   echo "ladder wall: $(( $(date +%s) - start )) s"
   TAIL=4 logged ladder_gpu_test 120 python3 -m pytest -q -m gpu tests/unit/test_ladder_time.py
+  ;;
+s6c)
+  # session 6, call C (one H200): ResNet-50 end to end from the photos with nvImageCodec driven from
+  # spawned worker processes (a GIL each), beside nvJPEG in-process and the CPU workers, same call
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  V=nvimgcodec-workers:14:0,gpu:14:0,nvimgcodec-workers:8:0,cpu:14:0
+  TAIL=8 logged jpeg_pipeline 290 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --budget-s "${PIPE_BUDGET:-200}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
   ;;
 tune50)
   # issue 15 item 4: the tuner on ResNet-50, which must end by 220 s and leave tuned.toml
