@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -244,6 +244,18 @@ s6c)
   V=nvimgcodec-workers:14:0,gpu:14:0,nvimgcodec-workers:8:0,cpu:14:0
   TAIL=8 logged jpeg_pipeline 290 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --budget-s "${PIPE_BUDGET:-200}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
+  ;;
+s6d)
+  # session 6, call D (one H200): the doctor's batch advice for a user's fixed batch 64 (issue 15, on
+  # synthetic CIFAR-sized data: the carry limit leaves no room for CIFAR-10 beside the photos), then
+  # nvImageCodec in the workers handing over whole photos (crop and resize in the training process)
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  TAIL=24 logged doctor18 120 python3 -m cnnpar doctor --data synthetic --image-shape 3x32x32 --synthetic-samples 50000 \
+      --model resnet18 --batch-size 64 --try 1 --measure-steps 10 --report-dir "$R/doctor_resnet18_b64"
+  V=nvimgcodec-workers:14:0:raw=1,nvimgcodec-workers:8:0:raw=1
+  TAIL=6 logged jpeg_pipeline 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --budget-s "${PIPE_BUDGET:-120}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
   ;;
 tune50)
   # issue 15 item 4: the tuner on ResNet-50, which must end by 220 s and leave tuned.toml

@@ -29,7 +29,7 @@ from cnnpar.data.hybrid_decode import HybridFolder
 from cnnpar.data.store import prepare_command
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
-from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
+from cnnpar.data.worker_gpu_decode import RawCropper, WorkerGpuDecodedFolder
 from cnnpar.dist import DistInfo
 from cnnpar.report.host import usable_cores
 from cnnpar.report.ranges import H2D_COPY, span
@@ -393,7 +393,9 @@ def _in_thread(source, fn, device: torch.device, depth: int, name: str, priority
 def draws_in_workers(ds: Dataset) -> bool:
     """Whether worker processes draw random numbers for this data set (training augmentation)."""
     ds = ds.cpu if isinstance(ds, HybridFolder) else ds
-    return isinstance(ds, (TextbookDataset, CpuDecodedFolder, WorkerGpuDecodedFolder)) and ds.train
+    if isinstance(ds, WorkerGpuDecodedFolder):
+        return ds.train and not ds.raw  # raw: the crops are drawn in this process
+    return isinstance(ds, (TextbookDataset, CpuDecodedFolder)) and ds.train
 
 
 class EpochSeeded(Sampler):
@@ -552,6 +554,8 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         ds = CpuDecodedFolder(ds.files, ds.labels, ds.size, train)  # workers crop, resize and batch
     elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "nvimgcodec-workers":
         ds = WorkerGpuDecodedFolder(ds.files, ds.labels, ds.size, train, info.device)  # workers use the GPU
+        if ds.raw:  # the workers decode, this process crops and resizes
+            decoder = RawCropper(ds.size, info.device, train, seed=cfg.run.seed + info.rank)
     if wants_resident(cfg, bundle, info.device):
         loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device, with_index=transform.needs_index)
     else:
