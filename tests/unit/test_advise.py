@@ -109,7 +109,8 @@ def test_an_idle_gpu_with_free_memory_gets_the_searched_batch():
     idle = facts(device_type="cuda", precision="bf16", channels_last="on", gpu_idle_share=0.67, peak_mem_share=0.02)
     assert wants_batch_search(idle)
     assert not wants_batch_search(facts(device_type="cuda", gpu_idle_share=0.67, peak_mem_share=0.6))  # memory
-    assert not wants_batch_search(facts(device_type="cuda", gpu_idle_share=0.02, peak_mem_share=0.02, fixed_step_s=0))
+    # a busy GPU with memory free still searches: small batches underfill it (measured on an H200)
+    assert wants_batch_search(facts(device_type="cuda", gpu_idle_share=0.02, peak_mem_share=0.02, fixed_step_s=0))
     assert not wants_batch_search(facts(gpu_idle_share=0.67, peak_mem_share=0.02))  # the CPU keeps its 64
     assert not [r for r in recommend(idle) if r.key == "batch"]  # without a search, 10 % fixed cost: no advice
     searched = facts(**{**idle.__dict__, "searched_batch": 256, "searched_gain": 2.5})
