@@ -206,15 +206,15 @@ claims_ladder)
       --out "$R/ladder_resnet50_synthetic"
   ;;
 s6a)
-  # session 6, call A (one H200): issue 11's GPU decoder after the two-stage feeder and the split
-  # backend (nvImageCodec's engines + nvJPEG at once): the CUDA decode tests, decoder rows per batch
+  # session 6, call A (one H200): issue 11's GPU decoder after the two-stage feeder (and a split
+  # backend, since removed: it measured no faster than nvImageCodec alone): the CUDA decode tests, decoder rows per batch
   # and through the two-thread feeder, then ResNet-50 224 end to end from the photos per variant
   logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
              grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
   TAIL=6 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py tests/unit/test_feeder.py
   TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
       --out "$R/jpeg_decode_cuda.csv"
-  V=split:14:0,nvimgcodec:14:0,gpu:14:0,nvimgcodec:4:0,split:4:0,gpu:14:0:pipe=0,nvimgcodec:4:0:threads=4,split:14:0.3,nvimgcodec:14:0.3
+  V=nvimgcodec:14:0,gpu:14:0,nvimgcodec:4:0,gpu:14:0:pipe=0,nvimgcodec:4:0:threads=4,nvimgcodec:14:0.3
   TAIL=14 logged jpeg_pipeline 300 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --budget-s "${PIPE_BUDGET:-230}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
   ;;
@@ -226,7 +226,7 @@ s6b)
              grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$" "$R/$name.log" | tail -"${TAIL:-30}"; }
   TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
       --gil --repeats 3 --out "$R/jpeg_decode_cuda.csv"
-  V=nvimgcodec:14:0,split:14:0,nvimgcodec:14:0:switch=0.0002,split:14:0:switch=0.0002,gpu:14:0:switch=0.0002
+  V=nvimgcodec:14:0,nvimgcodec:14:0:switch=0.0002,gpu:14:0:switch=0.0002
   TAIL=8 logged jpeg_pipeline 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --budget-s "${PIPE_BUDGET:-140}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
   start=$(date +%s)
@@ -248,12 +248,13 @@ s6c)
 s6d)
   # session 6, call D (one H200): the doctor's batch advice for a user's fixed batch 64 (issue 15, on
   # synthetic CIFAR-sized data: the carry limit leaves no room for CIFAR-10 beside the photos), then
-  # nvImageCodec in the workers handing over whole photos (crop and resize in the training process)
+  # nvImageCodec in the workers (at the call, with raw=1: whole photos handed over, crop and resize
+  # in the training process; measured slower, since removed)
   logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
              grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$" "$R/$name.log" | tail -"${TAIL:-30}"; }
   TAIL=24 logged doctor18 120 python3 -m cnnpar doctor --data synthetic --image-shape 3x32x32 --synthetic-samples 50000 \
       --model resnet18 --batch-size 64 --try 1 --measure-steps 10 --report-dir "$R/doctor_resnet18_b64"
-  V=nvimgcodec-workers:14:0:raw=1,nvimgcodec-workers:8:0:raw=1
+  V=nvimgcodec-workers:14:0,nvimgcodec-workers:8:0
   TAIL=6 logged jpeg_pipeline 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --budget-s "${PIPE_BUDGET:-120}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
   ;;

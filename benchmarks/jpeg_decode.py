@@ -321,7 +321,7 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
     gpu_ok = sum(bool(x) for x in torch.cat([b.nvjpeg_ok for b in batches]).tolist())
     print(f"header check: {gpu_ok} of {args.batches * args.batch_size} images go to the batched decode")
 
-    backends = ["nvjpeg"] + (["nvimgcodec", "split"] if nvimgcodec_available() else [])
+    backends = ["nvjpeg"] + (["nvimgcodec"] if nvimgcodec_available() else [])
     print(f"GPU decode backends here: {', '.join(backends)}")
     tensors = [batches[0].data, batches[-1].data]
     from torchvision.io import ImageReadMode, decode_jpeg
@@ -358,11 +358,6 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
             for mode in ("train", "eval"):
                 dec = GpuDecoder(files, args.size, device, train=mode == "train", resize=resize, backend=backend)
                 record("gpu_decoder", f"{backend}/{resize}", mode, lambda b, d=dec: d(batches[b]))
-    if "split" in backends:
-        dec = GpuDecoder(files, args.size, device, train=True, backend="split")
-        for b in range(6):
-            dec.decode(batches[b % len(batches)])
-        print("split (share to the engines, images, s, images to nvJPEG, s):", list(dec.split_log))
     if args.gil:
         gil_rows(files, batches, backends, args, device, record)
     # as training runs it: DeviceFeeder's two threads (decode batch i+1 while batch i is resized)

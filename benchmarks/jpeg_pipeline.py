@@ -26,7 +26,6 @@ from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfi
 from cnnpar.data import load_data  # noqa: E402
 from cnnpar.data.loader import DeviceFeeder  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode  # noqa: E402
-from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
@@ -69,8 +68,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
-        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:raw=1], ... (raw: nvimgcodec-workers "
-        "hand over whole photos; threads: nvImageCodec's host "
+        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S], ... (threads: nvImageCodec's host "
         "threads, 0 = one per core; pipe: decode and resize in two threads or one; switch: the GIL's switch "
         "interval in seconds, Python's default 0.005)",
     )
@@ -100,7 +98,6 @@ def main() -> None:
         opts = dict(kv.split("=") for kv in extra)
         NvImageCodecDecode.CPU_THREADS = int(opts.get("threads", 0))
         DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
-        WorkerGpuDecodedFolder.RAW = opts.get("raw", "0") == "1"
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         cfg = Config(
             data=DataConfig(

@@ -36,7 +36,7 @@ OPTIMIZERS = ("sgd", "adamw", "muon")
 SCHEDULES = ("onecycle", "cosine", "constant")
 LR_SCALINGS = ("none", "linear", "sqrt")
 LOADERS = ("fast", "textbook")
-DECODERS = ("auto", "cpu", "gpu", "nvimgcodec", "split", "nvimgcodec-workers")
+DECODERS = ("auto", "cpu", "gpu", "nvimgcodec", "nvimgcodec-workers")
 STRATEGIES = ("ddp", "horovod")
 DEVICES = ("auto", "cpu", "cuda")
 CPU_BATCH = 64  # --batch-size auto on the CPU
@@ -117,8 +117,8 @@ class DataConfig:
         "auto",
         "where image-folder JPEGs are decoded: cpu (worker processes), gpu (torchvision's nvJPEG on the "
         "device) or nvimgcodec (nvImageCodec: the GPU's hardware JPEG engines; pip install "
-        "'cnnpar[nvimgcodec]') or split (both GPU decoders at once, each a share of every batch) or "
-        "nvimgcodec-workers (nvImageCodec driven from the worker processes); auto: gpu "
+        "'cnnpar[nvimgcodec]') or nvimgcodec-workers (nvImageCodec driven from the worker processes, "
+        "each with its own CUDA context); auto: gpu "
         "with CUDA (measured fastest on an H200), else cpu",
         choices=DECODERS,
     )

@@ -29,7 +29,6 @@ torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, torchvision 0.19 to 0.29):
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +42,7 @@ from cnnpar.data.jpeg_header import header_ok, read_jpeg_header
 from cnnpar.data.tv_codecs import tv_codecs
 
 BatchDecode = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
-GPU_BACKENDS = ("nvjpeg", "nvimgcodec", "split")
+GPU_BACKENDS = ("nvjpeg", "nvimgcodec")
 
 
 @dataclass
@@ -164,17 +163,15 @@ class GpuDecoder:
     - "nvjpeg": torchvision's batched nvJPEG call, on the SMs; a failing batch is bisected;
     - "nvimgcodec": nvImageCodec, on the GPU's hardware JPEG engines (optionally the crop region
       only); an undecodable file comes back alone;
-    - "split": both at once, each a share of the batch: nvImageCodec in a second thread (it
-      releases the GIL and waits for its engines), nvJPEG in this one. The share follows their
-      measured speeds (`HwShare`), so neither waits long for the other.
     A file the batched calls did not decode goes to the CPU.
     `resize_stage`: all crops resized in one batched call per memory layout ("batched", a few
     kernels) or one at a time ("loop", the reference).
 
     Both decode calls make the host wait for the device (torchvision synchronises its decode
-    stream; nvImageCodec waits for its engines), so `DeviceFeeder` runs the two stages in two
-    threads: batch i+1 decodes while batch i is resized, and neither blocks the training thread.
-    `__call__` runs both in the caller's thread. `batch_decode` replaces the nvJPEG call in tests.
+    stream; nvImageCodec waits for its engines), so `DeviceFeeder` runs the decoder in a thread of
+    its own, and for nvJPEG (`two_stage`) the two stages in two threads: batch i+1 decodes while
+    batch i is resized. `__call__` runs both in the caller's thread. `batch_decode` replaces the
+    nvJPEG call in tests.
     """
 
     def __init__(
@@ -206,10 +203,7 @@ class GpuDecoder:
         # GIL back and take it again per image, and a second busy Python thread makes each retake wait).
         self.two_stage = backend == "nvjpeg"
         self.nvimgcodec = None
-        self.hw_share = HwShare() if backend == "split" else None
-        self.split_log: collections.deque = collections.deque(maxlen=16)  # (share, n_hw, s_hw, n_sm, s_sm)
-        self._side = None  # the split's second thread
-        if backend in ("nvimgcodec", "split"):
+        if backend == "nvimgcodec":
             from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode
 
             self.nvimgcodec = NvImageCodecDecode(self.device)
@@ -253,33 +247,6 @@ class GpuDecoder:
                 if region:  # the image is the crop
                     boxes[i] = torch.tensor([0, 0, boxes[i, 2], boxes[i, 3]])
 
-    def _decode_split(self, data, fast: list[int], boxes, images: list, owned: list, hwc: list, holds: list) -> None:
-        """nvImageCodec (hardware engines) on the first share of `fast` in a second thread, nvJPEG
-        (SMs) on the rest in this one, at the same time; each call's time feeds the next share."""
-        import time
-        from concurrent.futures import ThreadPoolExecutor
-
-        k = self.hw_share.count(len(fast))
-        hw_ids, sm_ids = fast[:k], fast[k:]
-        if self._side is None:
-            self._side = ThreadPoolExecutor(1, thread_name_prefix="cnnpar-nvimgcodec")
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-
-        def hw() -> float:
-            t = time.perf_counter()
-            self._decode_nvimgcodec(data, hw_ids, boxes, images, owned, hwc, holds, stream)
-            return time.perf_counter() - t
-
-        side = self._side.submit(hw)
-        t = time.perf_counter()
-        try:
-            self._decode_batched(data, sm_ids, images)
-        finally:
-            t_hw = side.result()  # also when nvJPEG raised: the side thread must be done with `images`
-        t_sm = time.perf_counter() - t
-        self.split_log.append((round(self.hw_share.share, 3), len(hw_ids), round(t_hw, 4), len(sm_ids), round(t_sm, 4)))
-        self.hw_share.update(len(hw_ids), t_hw, len(sm_ids), t_sm)
-
     def decode(self, batch: EncodedBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The batch's images, each (3, H, W), and the crop boxes (N, 4) in each image's own
         coordinates (the decode stage in the caller's thread, without its event)."""
@@ -310,9 +277,7 @@ class GpuDecoder:
                 hw[i] = torch.tensor(images[i].shape[1:])
         boxes = draw_crop_boxes(hw, self.train, self.generator)
         fast = [i for i in range(n) if ok[i]]
-        if self.backend == "split":
-            self._decode_split(data, fast, boxes, images, owned, hwc_, holds)
-        elif self.backend == "nvimgcodec":
+        if self.backend == "nvimgcodec":
             stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
             self._decode_nvimgcodec(data, fast, boxes, images, owned, hwc_, holds, stream)
         else:
@@ -367,26 +332,3 @@ class GpuDecoder:
         if len(batch) == 0:
             return torch.empty(0, 3, self.size, self.size, dtype=torch.uint8, device=self.device)
         return self.resize_stage(self.decode_stage(batch))
-
-
-class HwShare:
-    """The share of each batch a split decode gives the hardware engines: the one at which both
-    decoders would finish together, from their last measured speeds (smoothed; 5-95 %).
-
-    Starts at 0.4: decode alone on an H200, nvImageCodec's engines ran 8,821 img/s and nvJPEG
-    14,301 on the same photos (shared/measurements/h200-2026-11-30/decode_only_nvjpeg_nvimgcodec.jsonl).
-    During training the SMs are busy with the step and nvJPEG slows, so the share moves up.
-    """
-
-    def __init__(self, share: float = 0.4, smoothing: float = 0.5) -> None:
-        self.share, self.smoothing = share, smoothing
-
-    def count(self, n: int) -> int:
-        return min(n, max(0, round(self.share * n)))
-
-    def update(self, n_hw: int, t_hw: float, n_sm: int, t_sm: float) -> None:
-        if n_hw == 0 or n_sm == 0 or t_hw <= 0 or t_sm <= 0:
-            return
-        r_hw, r_sm = n_hw / t_hw, n_sm / t_sm
-        target = r_hw / (r_hw + r_sm)
-        self.share = min(0.95, max(0.05, self.smoothing * self.share + (1 - self.smoothing) * target))

@@ -29,7 +29,7 @@ from cnnpar.data.hybrid_decode import HybridFolder
 from cnnpar.data.store import prepare_command
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
-from cnnpar.data.worker_gpu_decode import RawCropper, WorkerGpuDecodedFolder
+from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
 from cnnpar.dist import DistInfo
 from cnnpar.report.host import usable_cores
 from cnnpar.report.ranges import H2D_COPY, span
@@ -393,9 +393,7 @@ def _in_thread(source, fn, device: torch.device, depth: int, name: str, priority
 def draws_in_workers(ds: Dataset) -> bool:
     """Whether worker processes draw random numbers for this data set (training augmentation)."""
     ds = ds.cpu if isinstance(ds, HybridFolder) else ds
-    if isinstance(ds, WorkerGpuDecodedFolder):
-        return ds.train and not ds.raw  # raw: the crops are drawn in this process
-    return isinstance(ds, (TextbookDataset, CpuDecodedFolder)) and ds.train
+    return isinstance(ds, (TextbookDataset, CpuDecodedFolder, WorkerGpuDecodedFolder)) and ds.train
 
 
 class EpochSeeded(Sampler):
@@ -483,7 +481,6 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
         "cpu": "in worker processes",
         "gpu": "torchvision nvJPEG on the device",
         "nvimgcodec": "nvImageCodec",
-        "split": "nvImageCodec's hardware engines and nvJPEG at once, shares balanced by their speeds",
         "nvimgcodec-workers": "nvImageCodec's hardware engines, driven from the worker processes (a GIL each)",
     }
     # ResNet-50 on an H200 (benchmarks/results/2026-11-30-h200/speed_records_jpeg.csv): 6,592 img/s
@@ -501,7 +498,7 @@ def decodes_on_gpu(cfg: Config, bundle: DataBundle) -> bool:
     return (
         cfg.data.loader != "textbook"  # the textbook loader decodes per sample on the host
         and isinstance(bundle.train, ImageFolderDataset)
-        and cfg.data.decode in ("gpu", "nvimgcodec", "split")
+        and cfg.data.decode in ("gpu", "nvimgcodec")
     )
 
 
@@ -531,7 +528,7 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train)
     elif isinstance(ds, ImageFolderDataset) and decodes_on_gpu(cfg, bundle):
         # workers only read bytes; decoding, random-resized crop and resize happen on the device
-        backend = {"gpu": "nvjpeg", "nvimgcodec": "nvimgcodec", "split": "split"}[cfg.data.decode]
+        backend = {"gpu": "nvjpeg", "nvimgcodec": "nvimgcodec"}[cfg.data.decode]
         decoder = GpuDecoder(
             ds.files,
             ds.size,
@@ -554,8 +551,6 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         ds = CpuDecodedFolder(ds.files, ds.labels, ds.size, train)  # workers crop, resize and batch
     elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "nvimgcodec-workers":
         ds = WorkerGpuDecodedFolder(ds.files, ds.labels, ds.size, train, info.device)  # workers use the GPU
-        if ds.raw:  # the workers decode, this process crops and resizes
-            decoder = RawCropper(ds.size, info.device, train, seed=cfg.run.seed + info.rank)
     if wants_resident(cfg, bundle, info.device):
         loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device, with_index=transform.needs_index)
     else:

@@ -62,7 +62,7 @@ class NvImageCodecDecode:
             from cnnpar.errors import ConfigError
 
             raise ConfigError(
-                "data.decode: nvimgcodec and split need nvImageCodec, which is not installed: "
+                "data.decode: nvimgcodec and nvimgcodec-workers need nvImageCodec, which is not installed: "
                 "pip install 'cnnpar[nvimgcodec]' (or choose --decode gpu)"
             )
         n = _module()

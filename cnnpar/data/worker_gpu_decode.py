@@ -27,7 +27,6 @@ from torch.utils.data import Dataset
 
 from cnnpar.data.cpu_decode import _shared_uint8
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
-from cnnpar.data.store_feed import RawBatch, StoreCropper
 
 # nvImageCodec's own host threads per worker: the workers already run one per core between them
 WORKER_CODEC_THREADS = 2
@@ -39,10 +38,6 @@ class WorkerGpuDecodedFolder(Dataset):
 
     answers_batches = True  # the loader hands it whole index lists (batch_size=None)
     start_method = "spawn"  # workers use CUDA: not from a fork of a process that already does
-    # raw: hand over the decoded photos whole (HWC, back to back, as a prepared store's batches) and
-    # leave crop and resize to the training process (`RawCropper`), so a worker's CUDA context
-    # runs one copy kernel per batch instead of the resize's dozens. Benchmarks compare both.
-    RAW = False
 
     def __init__(
         self, files: list[Path], labels, size: int, train: bool, device: torch.device, backend: str = "nvimgcodec"
@@ -53,7 +48,6 @@ class WorkerGpuDecodedFolder(Dataset):
         self.encoded = EncodedFolderDataset(self.files, self.labels, size)
         self._decoder: GpuDecoder | None = None
         self._seed: int | None = None
-        self.raw = self.RAW
 
     def __len__(self) -> int:
         return len(self.files)
@@ -78,44 +72,10 @@ class WorkerGpuDecodedFolder(Dataset):
     def __getitem__(self, indices):
         return self.__getitems__(indices)
 
-    def __getitems__(self, indices: list[int]):
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         index = torch.as_tensor(indices, dtype=torch.int64)
         encoded, labels = collate_encoded([self.encoded[i] for i in indices])
-        if self.raw:
-            return self._raw(encoded, labels, index), labels
         out = self.decoder()(encoded)
         x = _shared_uint8(tuple(out.shape))
         x.copy_(out)  # device to host, into the memory the main process will read: one copy
         return x, labels, index
-
-    def _raw(self, encoded, labels: torch.Tensor, index: torch.Tensor) -> RawBatch:
-        """The batch's photos decoded whole, HWC, back to back in one shared host buffer."""
-        dec = self.decoder()
-        d = dec.decode_stage(encoded)
-        # nvImageCodec's images are (3, H, W) views of HWC memory: permuted back, they flatten
-        # without a copy; the CPU's fallbacks (PNG, CMYK) are planar and are copied once here
-        flat_dev = torch.cat([img.permute(1, 2, 0).reshape(-1) for img in d.images])
-        hw = torch.tensor([img.shape[1:] for img in d.images], dtype=torch.int64).view(-1, 2)
-        nbytes = 3 * hw[:, 0] * hw[:, 1]
-        meta = torch.stack([torch.cumsum(nbytes, 0) - nbytes, hw[:, 0], hw[:, 1], index, labels])
-        total = int(nbytes.sum())
-        tail = 3 * (int(hw[:, 1].max()) + 8)  # room for resized_crops_flat's row windows (store_feed)
-        flat = _shared_uint8((total + tail,))
-        flat[:total].copy_(flat_dev)  # one copy to the host; it waits, so the library's buffers are free after
-        flat[total:] = 0
-        if d.holds:
-            done = torch.cuda.Event()
-            done.record()
-            for hold in d.holds:
-                dec.nvimgcodec.copied(hold, done)
-        return RawBatch(flat, meta)
-
-
-class RawCropper(StoreCropper):
-    """`RawBatch` from the workers in, (N, 3, size, size) uint8 on `device` out: a prepared store's
-    host path (random-resized crop when training, else the centre square), without a store."""
-
-    def __init__(self, size: int, device: torch.device, train: bool, seed: int = 0) -> None:
-        self.size, self.device, self.train = size, torch.device(device), train
-        self.generator = torch.Generator().manual_seed(seed)
-        self.pixels = None  # never resident: each batch brings its pixels

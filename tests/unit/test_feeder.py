@@ -200,7 +200,7 @@ def test_only_the_nvjpeg_decoder_runs_its_stages_in_two_threads():
     from cnnpar.data.gpu_decode import GpuDecoder
 
     transform = DeviceTransform((0.5,) * 3, (0.25,) * 3, "none", False, torch.device("cpu"))
-    for backend, two in (("nvjpeg", True), ("nvimgcodec", False), ("split", False)):
+    for backend, two in (("nvjpeg", True), ("nvimgcodec", False)):
         dec = GpuDecoder([], 8, torch.device("cpu"), train=True, backend=backend)
         fed = DeviceFeeder([], None, transform, torch.device("cpu"), True, False, dec, threaded=True)
         assert fed.pipelined is two, backend

@@ -23,7 +23,6 @@ from cnnpar.data.gpu_decode import (
     EncodedBatch,
     EncodedFolderDataset,
     GpuDecoder,
-    HwShare,
     collate_encoded,
     nvjpeg_decode,
 )
@@ -365,42 +364,23 @@ def test_nvimgcodec_backend_decodes_only_the_crop_and_matches_the_nvjpeg_path():
         assert diff.max() <= 1
 
 
-def test_split_backend_decodes_a_share_with_each_decoder_and_matches_the_nvjpeg_path():
+def test_batched_resize_takes_interleaved_and_planar_images_in_one_batch():
+    """nvImageCodec's images are views of interleaved memory, the CPU's fallbacks (CMYK, PNG)
+    planar: the batched resize handles each layout in its own call, into one batch in order."""
     pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
     from torchvision.io import encode_png
 
-    blobs = [jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES * 2)]
+    blobs = [jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES)]
     blobs[2:2] = [pil_jpeg("CMYK", size=(48, 40)), encode_png(smooth_image(30, 30)).numpy().tobytes()]
     files = [Path(f"{i}.jpg") for i in range(len(blobs))]
     cpu = torch.device("cpu")
     for train in (True, False):
-        # batched resize on the CPU too: the split hands it both memory layouts at once
         ref = GpuDecoder(files, 32, cpu, train, seed=5, resize="batched")
-        split = GpuDecoder(files, 32, cpu, train, seed=5, resize="batched", backend="split")
-        d = split.decode_stage(encoded(blobs))
-        fast = len(blobs) - 2  # CMYK and PNG go to the CPU
-        assert sum(d.interleaved) == round(0.4 * fast)  # nvImageCodec's share, interleaved
-        assert split.cpu_decoded == 2 and split.batched_calls == 2  # one call to each decoder
-        ref_d = ref.decode_stage(encoded(blobs))
-        assert torch.equal(d.boxes, ref_d.boxes)  # the same crops
-        diff = (split.resize_stage(d).int() - ref.resize_stage(ref_d).int()).abs()
+        nvi = GpuDecoder(files, 32, cpu, train, seed=5, resize="batched", backend="nvimgcodec")
+        d = nvi.decode_stage(encoded(blobs))
+        assert d.interleaved == [k not in (2, 3) for k in range(len(blobs))]  # the fallbacks are planar
+        diff = (nvi.resize_stage(d).int() - ref(encoded(blobs)).int()).abs()
         assert diff.max() <= 1
-        assert 0.05 <= split.hw_share.share <= 0.95  # moved by the measured times, within its bounds
-
-
-def test_the_hardware_share_moves_to_where_both_decoders_finish_together():
-    share = HwShare(0.4, smoothing=0.0)
-    share.update(100, 1.0, 100, 3.0)  # engines 3x as fast: they should take 3/4
-    assert share.share == pytest.approx(0.75)
-    assert share.count(256) == 192
-    share.update(0, 1.0, 100, 1.0)  # nothing measured for one of them: unchanged
-    assert share.share == pytest.approx(0.75)
-    share.update(100, 100.0, 100, 1.0)
-    assert share.share == 0.05  # never starves either decoder entirely
-    smooth = HwShare(0.4, smoothing=0.5)
-    for _ in range(20):
-        smooth.update(100, 1.0, 100, 1.0)
-    assert smooth.share == pytest.approx(0.5, abs=1e-3)
 
 
 def test_nvimgcodec_backend_names_a_corrupt_file():

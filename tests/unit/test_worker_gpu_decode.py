@@ -55,29 +55,3 @@ def test_spawned_workers_hand_over_batches_that_follow_the_epoch_seed(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(second, again, strict=True))  # the epoch's seed alone
     assert not all(torch.equal(a, b) for a, b in zip(first, second))
     assert first[0].shape == (4, 3, 16, 16) and first[0].dtype == torch.float32
-
-
-def test_raw_workers_hand_over_whole_photos_and_this_process_crops_them(tmp_path, monkeypatch):
-    from cnnpar.data.worker_gpu_decode import RawCropper
-
-    root = write_image_folder(tmp_path / "photos", per_class=5, classes=2, side=24)
-    bundle = load_data(DataConfig(source=str(root), image_size=16, val_fraction=0.0))
-    files, labels = bundle.train.files, bundle.train.labels
-    monkeypatch.setattr(WorkerGpuDecodedFolder, "RAW", True)
-    ds = WorkerGpuDecodedFolder(files, labels, 16, False, CPU)
-    batch, y = ds[[4, 1, 8]]
-    ref = GpuDecoder(files, 16, CPU, False, backend="nvimgcodec")
-    whole, _ = ref.decode(collate_encoded([ds.encoded[i] for i in [4, 1, 8]])[0])
-    for k, img in enumerate(whole):  # each photo whole, HWC, where the table says
-        start, h, w = batch.meta[0:3, k].tolist()
-        assert (h, w) == tuple(img.shape[1:])
-        assert torch.equal(batch.flat[start : start + 3 * h * w].view(h, w, 3), img.permute(1, 2, 0))
-    assert batch.index.tolist() == [4, 1, 8] and torch.equal(batch.labels, y)
-    out = RawCropper(16, CPU, train=False)(batch)  # centre squares, as the in-process decoder's
-    assert (out.int() - ref(collate_encoded([ds.encoded[i] for i in [4, 1, 8]])[0]).int()).abs().max() <= 1
-
-    data = DataConfig(decode="nvimgcodec-workers", workers=0)
-    cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=3)), "cpu", False)
-    feeder = build_loader(bundle, cfg, DistInfo(0, 0, 1, CPU), train=True)
-    assert isinstance(feeder.decoder, RawCropper)  # crops drawn here, seeded seed + rank
-    assert next(iter(feeder))[0].shape == (4, 3, 16, 16)
