@@ -338,13 +338,19 @@ def test_flat_buffer_resize_reads_hwc_and_chw_layouts_alike_at_any_offsets():
     assert torch.equal(out, reference)
 
 
-def test_nvimgcodec_backend_decodes_only_the_crop_and_matches_the_nvjpeg_path():
-    pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
+def jpegs_with_fallbacks() -> tuple[list[bytes], list[Path]]:
+    """JPEGs of SIZES with a CMYK JPEG and a PNG at positions 2 and 3: files the GPU decoders leave
+    to the CPU's planar decode."""
     from torchvision.io import encode_png
 
     blobs = [jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES)]
     blobs[2:2] = [pil_jpeg("CMYK", size=(48, 40)), encode_png(smooth_image(30, 30)).numpy().tobytes()]
-    files = [Path(f"{i}.jpg") for i in range(len(blobs))]
+    return blobs, [Path(f"{i}.jpg") for i in range(len(blobs))]
+
+
+def test_nvimgcodec_backend_decodes_only_the_crop_and_matches_the_nvjpeg_path():
+    pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
+    blobs, files = jpegs_with_fallbacks()
     cpu = torch.device("cpu")
     for train in (True, False):
         ref = GpuDecoder(files, 32, cpu, train, seed=5)
@@ -368,11 +374,7 @@ def test_batched_resize_takes_interleaved_and_planar_images_in_one_batch():
     """nvImageCodec's images are views of interleaved memory, the CPU's fallbacks (CMYK, PNG)
     planar: the batched resize handles each layout in its own call, into one batch in order."""
     pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
-    from torchvision.io import encode_png
-
-    blobs = [jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES)]
-    blobs[2:2] = [pil_jpeg("CMYK", size=(48, 40)), encode_png(smooth_image(30, 30)).numpy().tobytes()]
-    files = [Path(f"{i}.jpg") for i in range(len(blobs))]
+    blobs, files = jpegs_with_fallbacks()
     cpu = torch.device("cpu")
     for train in (True, False):
         ref = GpuDecoder(files, 32, cpu, train, seed=5, resize="batched")
