@@ -208,7 +208,7 @@ def resize_into(out: torch.Tensor, crop: torch.Tensor) -> None:
     out.copy_(F.interpolate(crop[None], size=out.shape[1:], mode="bilinear", antialias=True)[0])
 
 
-def _shared_uint8(shape: tuple[int, ...]) -> torch.Tensor:
+def shared_uint8(shape: tuple[int, ...]) -> torch.Tensor:
     """An empty uint8 tensor, in shared memory inside a DataLoader worker (as default_collate
     allocates its batches there) so that sending it to the main process copies nothing."""
     if torch.utils.data.get_worker_info() is None:
@@ -295,7 +295,7 @@ class CpuDecodedFolder(Dataset):
             reducible.append(self.draft and draftable(jpeg))
             turbo.append(self.backend == "simplejpeg" and turbo_ready(jpeg))
         boxes = draw_crop_boxes(torch.tensor(sizes, dtype=torch.int64).view(n, 2), self.train, self.generator())
-        x = _shared_uint8((n, 3, size, size))
+        x = shared_uint8((n, 3, size, size))
         # Pass 2: one image at a time (a batch of whole photos would not fit in a worker's share
         # of memory), at the largest reduction its crop allows, then crop+resize into x.
         for k, (i, box) in enumerate(zip(indices, boxes.tolist())):

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from cnnpar.data.cpu_decode import _shared_uint8
+from cnnpar.data.cpu_decode import shared_uint8
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
 
 # nvImageCodec's own host threads per worker: the workers already run one per core between them
@@ -76,6 +76,6 @@ class WorkerGpuDecodedFolder(Dataset):
         index = torch.as_tensor(indices, dtype=torch.int64)
         encoded, labels = collate_encoded([self.encoded[i] for i in indices])
         out = self.decoder()(encoded)
-        x = _shared_uint8(tuple(out.shape))
+        x = shared_uint8(tuple(out.shape))
         x.copy_(out)  # device to host, into the memory the main process will read: one copy
         return x, labels, index
