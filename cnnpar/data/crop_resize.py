@@ -37,6 +37,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch._utils import _flatten_dense_tensors  # cat of flattened tensors in one call (DDP's own helper)
 
 RRC_SCALE = (0.25, 1.0)  # random-resized-crop area range; 0.08 is ImageNet's classic lower bound
 RRC_RATIO = (3 / 4, 4 / 3)
@@ -151,7 +152,10 @@ def resized_crops(
     hw = torch.tensor([img.shape[1:] for img in images], dtype=torch.int64).view(n, 2)
     numel = 3 * hw[:, 0] * hw[:, 1]
     starts = torch.cumsum(numel, 0) - numel
-    flat = torch.cat([(img.permute(1, 2, 0) if hwc else img).reshape(-1) for img in images])
+    # One call gathers the planar images (a per-image reshape is a GIL round trip each, which a decode
+    # thread pays dearly beside a busy training thread: docs/decoding.md); interleaved views are
+    # permuted back to their memory order first, so that gather copies each pixel once.
+    flat = _flatten_dense_tensors([img.permute(1, 2, 0) for img in images] if hwc else images)
     return resized_crops_flat(flat, starts, hw, boxes, size, hwc, canvas_budget, compute_dtype)
 
 
