@@ -143,7 +143,8 @@ class DecodedBatch:
     """What the decode stage hands the resize stage: each image (3, H, W) (a view, possibly of
     interleaved memory), its crop box, whether nvImageCodec owns its memory (kept alive by the
     decoder until the resize's copy is done; allocator memory otherwise, held with record_stream),
-    images the workers already decoded (a HybridBatch's share), and an event after the decode."""
+    images the workers already decoded (a HybridBatch's share), and the CUDA stream it was decoded
+    on (the resize, on another stream, must hold the allocator's images for its own)."""
 
     images: list[torch.Tensor]
     boxes: torch.Tensor
@@ -151,7 +152,7 @@ class DecodedBatch:
     interleaved: list[bool]  # views of (H, W, 3) memory (nvImageCodec's outputs), else planes
     holds: list = field(default_factory=list)  # nvImageCodec's buffers, let go after the resize's copy
     done: torch.Tensor | None = None
-    ready: torch.cuda.Event | None = None
+    stream: torch.cuda.Stream | None = None
 
 
 class GpuDecoder:
@@ -185,6 +186,7 @@ class GpuDecoder:
         batch_decode: BatchDecode = nvjpeg_decode,
         resize: str | None = None,
         backend: str = "nvjpeg",
+        codec_threads: int | None = None,
     ) -> None:
         self.files, self.size, self.device, self.train = files, size, torch.device(device), train
         self.generator = torch.Generator().manual_seed(seed)
@@ -207,7 +209,7 @@ class GpuDecoder:
         if backend == "nvimgcodec":
             from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode
 
-            self.nvimgcodec = NvImageCodecDecode(self.device)
+            self.nvimgcodec = NvImageCodecDecode(self.device, cpu_threads=codec_threads)
         self.batched_calls = 0  # batched decode calls made, bisection included (for tests and benchmarks)
         self.cpu_decoded = 0  # images decoded on the CPU
 
@@ -288,20 +290,18 @@ class GpuDecoder:
                 images[i] = self._decode_cpu(data[i], int(batch.index[i]))
                 if tuple(images[i].shape[1:]) != tuple(hw[i].tolist()):  # the header lied
                     boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, self.generator)[0]
-        ready = None
-        if self.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
-        return DecodedBatch(images, boxes, owned, hwc_, holds, ready=ready)
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        return DecodedBatch(images, boxes, owned, hwc_, holds, stream=stream)
 
     def resize_stage(self, d: DecodedBatch) -> torch.Tensor:
-        """Crop and resize a decoded batch on the current stream (of this or another thread)."""
-        if d.ready is not None:
+        """Crop and resize a decoded batch on the current stream. On another thread's stream, the
+        caller has already ordered it after the decode (DeviceFeeder's hand-over event does)."""
+        if d.stream is not None:
             stream = torch.cuda.current_stream(self.device)
-            stream.wait_event(d.ready)  # on the device: the host does not wait
-            for img, lib in zip(d.images, d.library_owned):
-                if not lib:  # allocator memory: not reused while this stream still reads it
-                    img.record_stream(stream)
+            if stream != d.stream:  # on the decode's own stream the decode already held them
+                for img, lib in zip(d.images, d.library_owned):
+                    if not lib:  # allocator memory: not reused while this stream still reads it
+                        img.record_stream(stream)
         n = len(d.images)
         if n == 0:
             out = torch.empty(0, 3, self.size, self.size, dtype=torch.uint8, device=self.device)

@@ -53,11 +53,12 @@ class NvImageCodecDecode:
     """
 
     hwc = True
-    # Host threads of the library's own pool (0: one per core). Benchmarks set it to compare.
+    # Host threads of the library's own pool (0: one per core), where the caller gives none.
+    # Benchmarks set it to compare.
     CPU_THREADS = 0
     MAX_HELD = 6  # batches whose buffers are kept for copies in flight (decode and resize threads, queues)
 
-    def __init__(self, device: torch.device, regions: bool = False) -> None:
+    def __init__(self, device: torch.device, regions: bool = False, cpu_threads: int | None = None) -> None:
         if not nvimgcodec_available():
             from cnnpar.errors import ConfigError
 
@@ -74,7 +75,8 @@ class NvImageCodecDecode:
             device_id = device.index if device.index is not None else torch.cuda.current_device()
         else:
             backends, device_id = [n.Backend(n.BackendKind.CPU_ONLY)], n.NVIMGCODEC_DEVICE_CPU_ONLY
-        self.decoder = n.Decoder(device_id=device_id, max_num_cpu_threads=self.CPU_THREADS, backends=backends)
+        threads = self.CPU_THREADS if cpu_threads is None else cpu_threads
+        self.decoder = n.Decoder(device_id=device_id, max_num_cpu_threads=threads, backends=backends)
         # sRGB, 8 bits, interleaved; no EXIF rotation, like torchvision's decode_jpeg and the CPU path
         self.params = n.DecodeParams(
             color_spec=n.ColorSpec.SRGB, sample_format=n.I_RGB, allow_any_depth=False, apply_exif_orientation=False

@@ -57,12 +57,11 @@ class WorkerGpuDecodedFolder(Dataset):
 
     def decoder(self) -> GpuDecoder:
         if self._decoder is None:
-            from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode
-
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            NvImageCodecDecode.CPU_THREADS = WORKER_CODEC_THREADS
-            self._decoder = GpuDecoder(self.files, self.size, self.device, self.train, backend=self.backend)
+            self._decoder = GpuDecoder(
+                self.files, self.size, self.device, self.train, backend=self.backend, codec_threads=WORKER_CODEC_THREADS
+            )
         seed = torch.initial_seed()
         if seed != self._seed:  # a new epoch (or worker): crops drawn from this process's seed
             self._decoder.generator.manual_seed(seed)

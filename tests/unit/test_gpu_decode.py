@@ -419,3 +419,12 @@ def test_the_resize_default_is_batched_on_cuda_and_the_loop_elsewhere():
     assert GpuDecoder(files, 8, torch.device("cuda"), True).resize == "batched"  # a device name, no GPU needed
     assert GpuDecoder(files, 8, torch.device("cpu"), True, resize="auto").resize == "loop"
     assert GpuDecoder(files, 8, torch.device("cuda"), True, resize="loop").resize == "loop"
+
+
+def test_asking_for_nvimgcodec_without_it_installed_names_the_field_and_the_install(monkeypatch):
+    from cnnpar.data import nvimgcodec_decode
+    from cnnpar.errors import ConfigError
+
+    monkeypatch.setattr(nvimgcodec_decode, "nvimgcodec_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"data\.decode: nvimgcodec .*pip install 'cnnpar\[nvimgcodec\]'"):
+        GpuDecoder([Path("a.jpg")], 16, torch.device("cpu"), train=True, backend="nvimgcodec")
