@@ -52,6 +52,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout, not whichever cnnpar is installed
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from cnnpar.data.cpu_decode import CpuDecodedFolder, reduction, resize_into, simplejpeg_module  # noqa: E402
@@ -65,6 +66,7 @@ from cnnpar.data.gpu_decode import (  # noqa: E402
 )
 from cnnpar.data.jpeg_header import read_jpeg_header  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import nvimgcodec_available  # noqa: E402
+from cnnpar.data.nvjpeg_hw import hardware_decoder_available  # noqa: E402
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import read_csv, write_csv_atomic  # noqa: E402
@@ -179,6 +181,7 @@ def main() -> None:
     ap.add_argument("--gil", action="store_true", help="also time each decoder beside a spinning Python thread")
     ap.add_argument("--pipeline-batches", type=int, default=24, help="batches per timed run of the pipelined rows")
     ap.add_argument("--profile", action="store_true", help="also print a torch.profiler table of one decoder call")
+    ap.add_argument("--backends", default="", help="GPU decoders to measure, comma list (default: every one available)")
     ap.add_argument(
         "--out", type=Path, default=None, help="CSV path (default benchmarks/results/jpeg_decode_<device>.csv)"
     )
@@ -322,7 +325,11 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
     print(f"header check: {gpu_ok} of {args.batches * args.batch_size} images go to the batched decode")
 
     backends = ["nvjpeg"] + (["nvimgcodec"] if nvimgcodec_available() else [])
-    print(f"GPU decode backends here: {', '.join(backends)}")
+    why_not_hw = hardware_decoder_available(device.index or 0) if device.type == "cuda" else "no CUDA"
+    backends += [] if why_not_hw else ["hardware"]
+    if args.backends:
+        backends = [b for b in backends if b in args.backends.split(",")]
+    print(f"GPU decode backends here: {', '.join(backends)}" + (f" (hardware: {why_not_hw})" if why_not_hw else ""))
     tensors = [batches[0].data, batches[-1].data]
     from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -337,6 +344,21 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
         hw_only = nic.Decoder(backends=[nic.Backend(nic.BackendKind.HW_GPU_ONLY)])
         streams = [[nic.CodeStream(t.numpy()) for t in ts] for ts in tensors]
         record("decode", "nvimgcodec", "raw", lambda b: hw_only.decode(streams[b % 2]))
+    if "hardware" in backends:
+        # the JPEG engines through nvJPEG's hardware backend alone: one library call per batch,
+        # whole images into one flat buffer (no crop boxes, no resize)
+        from cnnpar.data.nvjpeg_hw import HardwareJpegDecoder
+
+        engines = HardwareJpegDecoder(device)
+        stream = torch.cuda.current_stream(device)
+        record(
+            "decode",
+            "hardware",
+            "raw",
+            lambda b: engines.decode(
+                batches[b].flat, batches[b].offsets.numpy(), np.arange(len(batches[b])), batches[b].hw.numpy(), stream
+            ),
+        )
     for backend in backends:
         for regions in (False, True) if backend == "nvimgcodec" else (False,):
             dec = GpuDecoder(files, args.size, device, train=True, backend=backend)

@@ -68,9 +68,9 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
-        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S], ... (threads: nvImageCodec's host "
-        "threads, 0 = one per core; pipe: decode and resize in two threads or one; switch: the GIL's switch "
-        "interval in seconds, Python's default 0.005)",
+        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G], ... (threads: nvImageCodec's "
+        "host threads, 0 = one per core; pipe: decode and resize in two threads or one; switch: the GIL's switch "
+        "interval in seconds, Python's default 0.005; graphs: --cuda-graphs for this variant)",
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")
@@ -99,6 +99,8 @@ def main() -> None:
         NvImageCodecDecode.CPU_THREADS = int(opts.get("threads", 0))
         DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
+        graphs = opts.pop("graphs", args.graphs)
+        extra = [kv for kv in extra if not kv.startswith("graphs=")]
         cfg = Config(
             data=DataConfig(
                 source=args.folder,
@@ -111,11 +113,11 @@ def main() -> None:
             model=ModelConfig(name=args.model),
             optim=OptimConfig(optimizer="sgd", lr=0.1),
             speed=SpeedConfig(
-                device=args.device, precision="auto", channels_last="on", compile=args.compile, cuda_graphs=args.graphs
+                device=args.device, precision="auto", channels_last="on", compile=args.compile, cuda_graphs=graphs
             ),
             run=RunConfig(epochs=4, batch_size=args.batch_size, progress=False, out_dir="/tmp/cnnpar-jp"),
         )
-        row = {"variant": f"--decode {decode} --workers {workers} --cpu-share {share} --cuda-graphs {args.graphs}"}
+        row = {"variant": f"--decode {decode} --workers {workers} --cpu-share {share} --cuda-graphs {graphs}"}
         if extra:
             row["variant"] += f" (bench: {' '.join(extra)})"
         try:

@@ -36,7 +36,7 @@ OPTIMIZERS = ("sgd", "adamw", "muon")
 SCHEDULES = ("onecycle", "cosine", "constant")
 LR_SCALINGS = ("none", "linear", "sqrt")
 LOADERS = ("fast", "textbook")
-DECODERS = ("auto", "cpu", "gpu", "nvimgcodec", "nvimgcodec-workers")
+DECODERS = ("auto", "cpu", "gpu", "hardware", "nvimgcodec", "nvimgcodec-workers")
 STRATEGIES = ("ddp", "horovod")
 DEVICES = ("auto", "cpu", "cuda")
 CPU_BATCH = 64  # --batch-size auto on the CPU
@@ -116,7 +116,8 @@ class DataConfig:
     decode: str = _f(
         "auto",
         "where image-folder JPEGs are decoded: cpu (worker processes), gpu (torchvision's nvJPEG on the "
-        "device) or nvimgcodec (nvImageCodec: the GPU's hardware JPEG engines; pip install "
+        "device), hardware (the GPU's JPEG engines through nvJPEG's hardware backend: A100, H100, H200; "
+        "files they cannot take go the gpu way) or nvimgcodec (nvImageCodec: the GPU's hardware JPEG engines; pip install "
         "'cnnpar[nvimgcodec]') or nvimgcodec-workers (nvImageCodec driven from the worker processes, "
         "each with its own CUDA context); auto: gpu "
         "with CUDA (measured fastest on an H200), else cpu",

@@ -36,13 +36,13 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
-from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_loop
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_flat, resized_crops_loop
 from cnnpar.data.folder import decode_rgb, read_encoded
-from cnnpar.data.jpeg_header import header_ok, read_jpeg_header
+from cnnpar.data.jpeg_header import decode_route, hardware_ok, header_ok, read_jpeg_header
 from cnnpar.data.tv_codecs import tv_codecs
 
 BatchDecode = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
-GPU_BACKENDS = ("nvjpeg", "nvimgcodec")
+GPU_BACKENDS = ("nvjpeg", "nvimgcodec", "hardware")
 
 
 @dataclass
@@ -59,6 +59,7 @@ class EncodedBatch:
     index: torch.Tensor
     nvjpeg_ok: torch.Tensor | None = None  # bool per image; None: the decoder reads the headers itself
     hw: torch.Tensor | None = None  # (N, 2) height, width from each JPEG's header; 0, 0 where unknown
+    hardware_ok: torch.Tensor | None = None  # bool per image: the GPU's JPEG engines take it
 
     def __len__(self) -> int:
         return len(self.index)
@@ -90,19 +91,21 @@ class EncodedFolderDataset(Dataset):
         # its size lets the crop be drawn before decoding (and only the crop be decoded).
         header = read_jpeg_header(memoryview(data.numpy()))
         hw = (header.height, header.width) if header is not None else (0, 0)
-        return data, self.labels[i], i, header_ok(header), hw
+        return data, self.labels[i], i, decode_route(header), hw
 
 
 def collate_encoded(batch):
-    data, labels, index, ok, hw = zip(*batch)
+    data, labels, index, route, hw = zip(*batch)
     offsets = torch.zeros(len(data) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.as_tensor([len(d) for d in data]), 0)
+    route = torch.as_tensor(route, dtype=torch.int64)
     encoded = EncodedBatch(
         torch.cat(data),
         offsets,
         torch.as_tensor(index),
-        torch.as_tensor(ok, dtype=torch.bool),
+        route >= 1,
         torch.as_tensor(hw, dtype=torch.int64).view(-1, 2),
+        route == 2,
     )
     return encoded, torch.stack(labels)
 
@@ -153,6 +156,12 @@ class DecodedBatch:
     holds: list = field(default_factory=list)  # nvImageCodec's buffers, let go after the resize's copy
     done: torch.Tensor | None = None
     stream: torch.cuda.Stream | None = None
+    # the hardware decoder's images (their `images` entries are None): one flat device buffer of
+    # interleaved RGB, the batch positions it holds, each one's start and (height, width)
+    flat: torch.Tensor | None = None
+    flat_ids: list[int] = field(default_factory=list)
+    flat_starts: torch.Tensor | None = None
+    flat_hw: torch.Tensor | None = None
 
 
 class GpuDecoder:
@@ -165,6 +174,9 @@ class GpuDecoder:
     - "nvjpeg": torchvision's batched nvJPEG call, on the SMs; a failing batch is bisected;
     - "nvimgcodec": nvImageCodec, on the GPU's hardware JPEG engines (optionally the crop region
       only); an undecodable file comes back alone;
+    - "hardware": nvJPEG's hardware backend through ctypes (`nvjpeg_hw`): the files the workers
+      found the engines take, in one call into one flat buffer; the others, and a whole batch the
+      engines refuse, go the "nvjpeg" way;
     A file the batched calls did not decode goes to the CPU.
     `resize_stage`: all crops resized in one batched call per memory layout ("batched", a few
     kernels) or one at a time ("loop", the reference).
@@ -187,6 +199,7 @@ class GpuDecoder:
         resize: str | None = None,
         backend: str = "nvjpeg",
         codec_threads: int | None = None,
+        hardware_decoder=None,
     ) -> None:
         self.files, self.size, self.device, self.train = files, size, torch.device(device), train
         self.generator = torch.Generator().manual_seed(seed)
@@ -204,14 +217,24 @@ class GpuDecoder:
         # 2026-12-01-h200/call-e/jpeg_decode_cuda.csv) two threads raised nvJPEG's batches from
         # 8,284 to 8,830 img/s but dropped nvImageCodec's from 5,629 to 3,392 (its calls give the
         # GIL back and take it again per image, and a second busy Python thread makes each retake wait).
-        self.two_stage = backend == "nvjpeg"
-        self.nvimgcodec = None
+        self.two_stage = backend in ("nvjpeg", "hardware")
+        self.nvimgcodec = self.hardware = None
         if backend == "nvimgcodec":
             from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode
 
             self.nvimgcodec = NvImageCodecDecode(self.device, cpu_threads=codec_threads)
+        if backend == "hardware":  # `hardware_decoder` replaces the engines in tests
+            from cnnpar.data.nvjpeg_hw import HardwareDecoderUnavailable, HardwareJpegDecoder
+            from cnnpar.errors import ConfigError
+
+            try:
+                self.hardware = hardware_decoder or HardwareJpegDecoder(self.device)
+            except HardwareDecoderUnavailable as e:
+                raise ConfigError(f"data.decode = 'hardware': {e} (choose --decode gpu or cpu)") from e
         self.batched_calls = 0  # batched decode calls made, bisection included (for tests and benchmarks)
         self.cpu_decoded = 0  # images decoded on the CPU
+        self.hardware_decoded = 0  # images decoded by the JPEG engines ("hardware")
+        self.hardware_refused = 0  # batches the engines refused (then decoded the "nvjpeg" way)
 
     def _decode_cpu(self, buf: torch.Tensor, index: int) -> torch.Tensor:
         img = decode_rgb(buf, self.files[index])
@@ -261,37 +284,68 @@ class GpuDecoder:
             d = self.decode_stage(batch.encoded)
             d.done = batch.decoded.to(self.device, non_blocking=True)
             return d
-        data = batch.data
-        n = len(data)
+        n = len(batch)
         if n == 0:
             return DecodedBatch([], torch.empty(0, 4, dtype=torch.int64), [], [])
-        ok = batch.nvjpeg_ok
+        data = None if self.hardware is not None else batch.data  # the hardware path reads the flat buffer
+        ok, hard = batch.nvjpeg_ok, batch.hardware_ok
         if ok is None or batch.hw is None:  # batches made without workers: read the headers here
+            data = batch.data
             headers = [read_jpeg_header(memoryview(b.numpy())) for b in data]
-            ok = [header_ok(h) for h in headers]
+            ok, hard = [header_ok(h) for h in headers], [hardware_ok(h) for h in headers]
             hw = torch.tensor([(h.height, h.width) if h else (0, 0) for h in headers], dtype=torch.int64).view(n, 2)
         else:
             ok, hw = ok.tolist(), batch.hw.clone()
+            hard = hard.tolist() if hard is not None else [False] * n
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         images: list[torch.Tensor | None] = [None] * n
         owned, hwc_, holds = [False] * n, [False] * n, []
+        if not all(ok) and data is None:
+            data = batch.data
         for i in range(n):
             if not ok[i]:  # no GPU decoder takes it; its size comes from decoding it
                 images[i] = self._decode_cpu(data[i], int(batch.index[i]))
                 hw[i] = torch.tensor(images[i].shape[1:])
         boxes = draw_crop_boxes(hw, self.train, self.generator)
         fast = [i for i in range(n) if ok[i]]
+        d = DecodedBatch(images, boxes, owned, hwc_, holds, stream=stream)
+        if self.hardware is not None:
+            fast = self._decode_hardware(batch, [i for i in fast if hard[i]], hw, d, stream) + [
+                i for i in fast if not hard[i]
+            ]
+            fast.sort()
+        if (fast or any(img is None for img in images)) and data is None:
+            data = batch.data
         if self.backend == "nvimgcodec":
-            stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
             self._decode_nvimgcodec(data, fast, boxes, images, owned, hwc_, holds, stream)
         else:
             self._decode_batched(data, fast, images)
+        engines = set(d.flat_ids)
         for i in range(n):
-            if images[i] is None:  # the batched decode refused it alone; the CPU decodes or names it
+            if images[i] is None and i not in engines:  # the batched decode refused it alone: the CPU decodes or names it
                 images[i] = self._decode_cpu(data[i], int(batch.index[i]))
                 if tuple(images[i].shape[1:]) != tuple(hw[i].tolist()):  # the header lied
                     boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, self.generator)[0]
-        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        return DecodedBatch(images, boxes, owned, hwc_, holds, stream=stream)
+        return d
+
+    def _decode_hardware(self, batch: EncodedBatch, ids: list[int], hw: torch.Tensor, d: DecodedBatch, stream) -> list[int]:
+        """Decode `ids` on the JPEG engines into `d.flat`; returns the ids left for the other decoders
+        (none, or all of them when the engines refused the batch)."""
+        if not ids:
+            return []
+        sizes = hw[ids].numpy()
+        # resized_crops_flat reads a row window of up to 3 x (crop width rounded up to 8) bytes past
+        # an image's last row start: room for it after the last image saves a copy of the buffer
+        tail = 3 * ((int(sizes[:, 1].max()) + 7) // 8 * 8)
+        try:
+            flat, starts = self.hardware.decode(batch.flat, batch.offsets.numpy(), ids, sizes, stream, tail)
+        except RuntimeError:
+            self.hardware_refused += 1
+            return ids
+        d.flat, d.flat_ids = flat, list(ids)
+        d.flat_starts, d.flat_hw = torch.from_numpy(starts), torch.from_numpy(sizes)
+        self.hardware_decoded += len(ids)
+        return []
 
     def resize_stage(self, d: DecodedBatch) -> torch.Tensor:
         """Crop and resize a decoded batch on the current stream. On another thread's stream, the
@@ -300,13 +354,22 @@ class GpuDecoder:
             stream = torch.cuda.current_stream(self.device)
             if stream != d.stream:  # on the decode's own stream the decode already held them
                 for img, lib in zip(d.images, d.library_owned):
-                    if not lib:  # allocator memory: not reused while this stream still reads it
+                    if img is not None and not lib:  # allocator memory: not reused while this stream reads it
                         img.record_stream(stream)
+                if d.flat is not None:
+                    d.flat.record_stream(stream)
         n = len(d.images)
+        if d.flat is not None and self.resize == "loop":  # the reference path: views of the flat buffer
+            for i, start, (h, w) in zip(d.flat_ids, d.flat_starts.tolist(), d.flat_hw.tolist()):
+                d.images[i] = d.flat[start : start + 3 * h * w].view(h, w, 3).permute(2, 0, 1)
+                d.interleaved[i] = True
+            d.flat = None
         if n == 0:
             out = torch.empty(0, 3, self.size, self.size, dtype=torch.uint8, device=self.device)
         elif self.resize == "loop":
             out = resized_crops_loop(d.images, d.boxes, self.size)
+        elif d.flat is not None:
+            out = self._resize_with_flat(d)
         else:
             out = self._resize_batched(d)
         if d.holds:
@@ -327,6 +390,22 @@ class GpuDecoder:
         for ids, layout in ((hwc, True), (chw, False)):
             part = resized_crops([d.images[i] for i in ids], d.boxes[ids], self.size, hwc=layout)
             out.index_copy_(0, torch.tensor(ids, device=self.device), part)
+        return out
+
+    def _resize_with_flat(self, d: DecodedBatch) -> torch.Tensor:
+        """The engines' images straight from their flat buffer (no gather), the rest as usual."""
+        ids = d.flat_ids
+        engine = resized_crops_flat(d.flat, d.flat_starts, d.flat_hw, d.boxes[ids], self.size, hwc=True)
+        if len(ids) == len(d.images):
+            return engine
+        taken = set(ids)
+        rest = [i for i in range(len(d.images)) if i not in taken]
+        others = self._resize_batched(
+            DecodedBatch([d.images[i] for i in rest], d.boxes[rest], [False] * len(rest), [d.interleaved[i] for i in rest])
+        )
+        out = torch.empty(len(d.images), 3, self.size, self.size, dtype=torch.uint8, device=self.device)
+        out.index_copy_(0, torch.tensor(ids, device=self.device), engine)
+        out.index_copy_(0, torch.tensor(rest, device=self.device), others)
         return out
 
     def __call__(self, batch) -> torch.Tensor:

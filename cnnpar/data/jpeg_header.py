@@ -27,6 +27,7 @@ class JpegHeader(NamedTuple):
     components: int
     precision: int
     sof: int  # the start-of-frame marker byte: 0xC0 baseline, 0xC2 progressive, ...
+    sampling: tuple[int, ...] = ()  # per component, horizontal << 4 | vertical sampling factor
 
 
 def read_jpeg_header(data) -> JpegHeader | None:
@@ -56,7 +57,10 @@ def read_jpeg_header(data) -> JpegHeader | None:
             precision = data[i + 3]
             height = (data[i + 4] << 8) | data[i + 5]
             width = (data[i + 6] << 8) | data[i + 7]
-            return JpegHeader(height, width, data[i + 8], precision, marker)
+            components = data[i + 8]
+            # each component: id, sampling factors (H << 4 | V), quantisation table
+            sampling = tuple(data[i + 10 + 3 * c] for c in range(components) if i + 10 + 3 * c < n)
+            return JpegHeader(height, width, components, precision, marker, sampling)
         i += 1 + length
     return None
 
@@ -65,6 +69,29 @@ def nvjpeg_friendly(data) -> bool:
     """True for a JPEG that torchvision's nvJPEG decode accepts in a batch: 8-bit Huffman-coded
     (baseline, extended or progressive) with 1 (grey) or 3 components (YCbCr)."""
     return header_ok(read_jpeg_header(data))
+
+
+# Luma sampling factors (H << 4 | V, chroma at 1x1) the GPU's JPEG engines take: 4:4:4, 4:4:0, 4:2:2,
+# 4:2:0. nvjpeg.h: "NVJPEG_BACKEND_HARDWARE: supports baseline JPEG bitstream with single scan. 410
+# and 411 sub-samplings are not supported".
+_HARDWARE_LUMA = frozenset({0x11, 0x12, 0x21, 0x22})
+
+
+def hardware_ok(h: JpegHeader | None) -> bool:
+    """True for a JPEG that nvJPEG's hardware backend (the GPU's JPEG engines) decodes: 8-bit
+    baseline, grey or YCbCr with 4:4:4, 4:4:0, 4:2:2 or 4:2:0 chroma. The header does not say how many
+    scans follow; a rare multi-scan baseline file fails the batch, which then goes the slower way."""
+    if not header_ok(h) or h.sof != 0xC0:
+        return False
+    if h.components == 1:
+        return True
+    return len(h.sampling) == 3 and h.sampling[0] in _HARDWARE_LUMA and h.sampling[1] == h.sampling[2] == 0x11
+
+
+def decode_route(h: JpegHeader | None) -> int:
+    """Which decoders take the file, for the workers to tell the main process in one byte:
+    0 only the CPU, 1 nvJPEG on the SMs too, 2 the hardware engines too."""
+    return 2 if hardware_ok(h) else int(header_ok(h))
 
 
 def header_ok(h: JpegHeader | None) -> bool:

@@ -480,6 +480,7 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
     what = {
         "cpu": "in worker processes",
         "gpu": "torchvision nvJPEG on the device",
+        "hardware": "the GPU's JPEG engines, nvJPEG's hardware backend",
         "nvimgcodec": "nvImageCodec",
         "nvimgcodec-workers": "nvImageCodec's hardware engines, driven from the worker processes (a GIL each)",
     }
@@ -498,7 +499,7 @@ def decodes_on_gpu(cfg: Config, bundle: DataBundle) -> bool:
     return (
         cfg.data.loader != "textbook"  # the textbook loader decodes per sample on the host
         and isinstance(bundle.train, ImageFolderDataset)
-        and cfg.data.decode in ("gpu", "nvimgcodec")
+        and cfg.data.decode in ("gpu", "hardware", "nvimgcodec")
     )
 
 
@@ -528,7 +529,7 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train)
     elif isinstance(ds, ImageFolderDataset) and decodes_on_gpu(cfg, bundle):
         # workers only read bytes; decoding, random-resized crop and resize happen on the device
-        backend = {"gpu": "nvjpeg", "nvimgcodec": "nvimgcodec"}[cfg.data.decode]
+        backend = {"gpu": "nvjpeg", "hardware": "hardware", "nvimgcodec": "nvimgcodec"}[cfg.data.decode]
         decoder = GpuDecoder(
             ds.files,
             ds.size,

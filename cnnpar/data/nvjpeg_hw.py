@@ -1,0 +1,237 @@
+"""nvJPEG's hardware backend, called through ctypes: a batch of baseline JPEGs decoded on the GPU's
+JPEG engines (A100, H100, H200 and others have them) in one library call, with the GIL released
+for that call and the decoded pixels written into one flat device buffer.
+
+Why not the two decoders cnnpar had (measured on an H200, docs/decoding.md):
+- torchvision's `decode_jpeg(list, device="cuda")` runs nvJPEG's default backend on the SMs, the
+  processors the training step needs: end to end it reached the rate of the two run one after the
+  other (4,546 img/s for a step alone at 6,809);
+- nvImageCodec reaches the same engines, but its Python API takes the GIL back several times per
+  image, and the training thread holds it most of the time: 38 ms for a batch alone, 10,530 ms beside
+  a busy Python thread. From spawned worker processes it needs a CUDA context each, and the GPU
+  time-slices between contexts (3,915 img/s end to end).
+Here the main process does a handful of calls per batch whatever its size (one allocation, one
+decode call), and the engines' outputs land in the training process's own context, on the stream
+the caller passes, so the crop and resize that follow are ordinary kernels of that stream.
+
+Which files the engines take is decided in the worker processes from each JPEG's header
+(`jpeg_header.hardware_ok`); the rest go the slower ways. libnvjpeg comes from torchvision's wheel
+(it bundles one for its own decoder), a `nvidia-nvjpeg` wheel, or the system, in that order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+from collections import deque
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+BACKEND_HARDWARE = 3  # nvjpegBackend_t
+OUTPUT_RGBI = 5  # nvjpegOutputFormat_t: interleaved RGB, written to channel[0] only
+MAX_COMPONENT = 4
+ALIGN = 256
+STATUS = {
+    0: "success",
+    1: "not initialized",
+    2: "invalid parameter",
+    3: "bad JPEG",
+    4: "JPEG not supported",
+    5: "allocator failure",
+    6: "execution failed",
+    7: "architecture mismatch (no hardware JPEG decoder on this GPU)",
+    8: "internal error",
+    9: "implementation not supported",
+    10: "incomplete bitstream",
+}
+
+
+class HardwareDecoderUnavailable(RuntimeError):
+    """No libnvjpeg could be loaded, or this GPU has no JPEG engines for it."""
+
+
+def library_candidates() -> list[str]:
+    """Where libnvjpeg may be, in the order tried: torchvision's own copy (built for the CUDA that
+    torch uses), the nvidia-nvjpeg wheels, then the system's loader path."""
+    found = []
+    try:
+        import torchvision
+
+        site = os.path.dirname(os.path.dirname(torchvision.__file__))
+        found += sorted(glob.glob(os.path.join(site, "torchvision.libs", "libnvjpeg*.so*")))
+        found += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libnvjpeg.so*")))
+    except ImportError:
+        pass
+    system = ctypes.util.find_library("nvjpeg")
+    return found + ([system] if system else [])
+
+
+@lru_cache(maxsize=1)
+def load_library() -> ctypes.CDLL:
+    tried = []
+    for path in library_candidates():
+        try:
+            lib = ctypes.CDLL(path)  # CDLL, not PyDLL: each call runs with the GIL released
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+            continue
+        _declare(lib)
+        return lib
+    raise HardwareDecoderUnavailable(
+        "no libnvjpeg found (torchvision bundles one on Linux; or pip install nvidia-nvjpeg)"
+        + (f"; tried: {'; '.join(tried)}" if tried else "")
+    )
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i, u = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
+    signatures = {
+        "nvjpegCreateEx": [i, p, p, u, ctypes.POINTER(p)],
+        "nvjpegJpegStateCreate": [p, ctypes.POINTER(p)],
+        "nvjpegJpegStateDestroy": [p],
+        "nvjpegDestroy": [p],
+        "nvjpegDecodeBatchedInitialize": [p, p, i, i, i],
+        "nvjpegDecodeBatched": [p, p, p, p, p, p],
+        "nvjpegGetProperty": [i, ctypes.POINTER(i)],
+    }
+    for name, args in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+
+
+def library_version(lib: ctypes.CDLL) -> str:
+    parts = []
+    for prop in range(3):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+        v = ctypes.c_int()
+        lib.nvjpegGetProperty(prop, ctypes.byref(v))
+        parts.append(str(v.value))
+    return ".".join(parts)
+
+
+def _check(status: int, call: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{call}: nvJPEG status {status} ({STATUS.get(status, 'unknown')})")
+
+
+class HardwareJpegDecoder:
+    """One nvJPEG handle on the hardware backend and one decode state (so: one thread at a time).
+
+    `decode` takes the encoded batch as it arrives from the workers (one flat host buffer with
+    offsets) and returns one flat uint8 device buffer holding the chosen images as interleaved RGB,
+    one after another, with each image's start: what `crop_resize.resized_crops_flat` reads.
+    """
+
+    KEEP = 8  # encoded batches kept alive until the device is done with them (checked per batch)
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise HardwareDecoderUnavailable("the hardware JPEG decoder needs a CUDA device")
+        self.lib = load_library()
+        with torch.cuda.device(self.device):
+            torch.cuda.init()  # the library uses the context torch made current for this thread
+            handle = ctypes.c_void_p()
+            status = self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
+            if status != 0:
+                raise HardwareDecoderUnavailable(
+                    f"nvJPEG {library_version(self.lib)} has no hardware backend on "
+                    f"{torch.cuda.get_device_name(self.device)}: status {status} ({STATUS.get(status, 'unknown')})"
+                )
+            self.handle = handle
+            self.state = ctypes.c_void_p()
+            _check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
+        self.version = library_version(self.lib)
+        self._batch = 0  # the batch size the state was initialised for
+        self._inflight: deque = deque()
+        self.calls = 0
+
+    def decode(
+        self,
+        flat: torch.Tensor,
+        offsets: np.ndarray,
+        ids: np.ndarray,
+        hw: np.ndarray,
+        stream: torch.cuda.Stream,
+        tail: int = 0,
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Decode the files `ids` of the encoded batch (`flat`, host uint8; file k is bytes
+        offsets[k]:offsets[k+1]) whose (height, width) are `hw` (len(ids), 2), on `stream`.
+
+        Returns (out, starts): `out` a device uint8 buffer with image j at out[starts[j]:] as
+        (H, W, 3), and `tail` spare bytes after the last image (for readers that look past it).
+        Raises RuntimeError if the library refuses the batch (one bad file fails all of it).
+        """
+        n = len(ids)
+        ids = np.asarray(ids, dtype=np.int64)
+        hw = np.asarray(hw, dtype=np.int64).reshape(n, 2)
+        sizes = 3 * hw[:, 0] * hw[:, 1]
+        # each image starts on a 256-byte boundary, the alignment cudaMalloc gives a lone image
+        spans = (sizes + ALIGN - 1) // ALIGN * ALIGN
+        starts = np.cumsum(spans) - spans
+        with torch.cuda.stream(stream):  # allocated on the stream that writes it
+            out = torch.empty(int(starts[-1] + sizes[-1]) + tail, dtype=torch.uint8, device=self.device)
+        # nvjpegImage_t: unsigned char *channel[4]; size_t pitch[4]. RGBI uses channel[0] alone.
+        dest = np.zeros((n, 2 * MAX_COMPONENT), dtype=np.uint64)
+        dest[:, 0] = np.uint64(out.data_ptr()) + starts.astype(np.uint64)
+        dest[:, MAX_COMPONENT] = (3 * hw[:, 1]).astype(np.uint64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        pointers = (np.uint64(flat.data_ptr()) + offsets[ids].astype(np.uint64)).astype(np.uint64)
+        lengths = (offsets[ids + 1] - offsets[ids]).astype(np.uint64)
+        if n != self._batch:
+            _check(
+                self.lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, OUTPUT_RGBI),
+                "nvjpegDecodeBatchedInitialize",
+            )
+            self._batch = n
+        status = self.lib.nvjpegDecodeBatched(
+            self.handle,
+            self.state,
+            pointers.ctypes.data,
+            lengths.ctypes.data,
+            dest.ctypes.data,
+            ctypes.c_void_p(stream.cuda_stream),
+        )
+        self.calls += 1
+        if status != 0:
+            self._batch = 0  # nvjpeg.h: initialise again to reset a failed batch
+            raise RuntimeError(f"nvjpegDecodeBatched (hardware, {n} files): status {status} ({STATUS.get(status, 'unknown')})")
+        self._hold(flat, stream)
+        return out, starts
+
+    def _hold(self, flat: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        """Keep the encoded bytes alive until the device has done with them: the library may still
+        read them after its call returns. An event per batch; finished ones are let go."""
+        event = torch.cuda.Event()
+        event.record(stream)
+        self._inflight.append((event, flat))
+        while self._inflight and (len(self._inflight) > self.KEEP or self._inflight[0][0].query()):
+            event, _ = self._inflight.popleft()
+            event.synchronize()  # a no-op once queried; bounds the held batches otherwise
+
+    def close(self) -> None:
+        if getattr(self, "state", None):
+            self.lib.nvjpegJpegStateDestroy(self.state)
+            self.state = None
+        if getattr(self, "handle", None):
+            self.lib.nvjpegDestroy(self.handle)
+            self.handle = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+
+@lru_cache(maxsize=None)
+def hardware_decoder_available(device_index: int = 0) -> str:
+    """'' when nvJPEG's hardware backend works on this GPU, else why not (for the printed line)."""
+    try:
+        HardwareJpegDecoder(torch.device("cuda", device_index)).close()
+    except (HardwareDecoderUnavailable, RuntimeError) as e:
+        return str(e)
+    return ""

@@ -1,0 +1,233 @@
+"""The GPU's JPEG engines as a GpuDecoder backend ("hardware": nvJPEG's hardware backend through
+ctypes). On the CPU a stand-in decodes the files the engines would get into the same flat buffer
+the library fills; the real library runs in the CUDA-marked test."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
+from cnnpar.data.jpeg_header import decode_route, hardware_ok, read_jpeg_header
+from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
+from cnnpar.errors import ConfigError
+
+pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
+
+
+def photo(h: int, w: int, phase: float = 0.0, mode: str = "RGB", **save) -> bytes:
+    """A smooth picture as JPEG bytes, saved by Pillow with `save` (subsampling, progressive...)."""
+    from PIL import Image
+
+    y, x = np.mgrid[0:h, 0:w] / max(h, w)
+    rgb = np.stack([127 + 100 * np.sin(6 * x + 3 * y + phase), 127 + 100 * np.cos(5 * x * y + phase), 60 + 150 * x * y], -1)
+    img = Image.fromarray(rgb.round().astype(np.uint8)).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=90, **save)
+    return buf.getvalue()
+
+
+def with_luma_sampling(blob: bytes, factors: int) -> bytes:
+    """The same file with its luma sampling factors in the frame header changed (header only)."""
+    data = bytearray(blob)
+    i = data.index(b"\xff\xc0") + 1  # the marker byte; the first component's factors are 10 bytes on
+    data[i + 10] = factors
+    return bytes(data)
+
+
+def encoded(blobs: list[bytes]) -> EncodedBatch:
+    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
+    offsets = torch.zeros(len(data) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(torch.tensor([len(d) for d in data]), 0)
+    return EncodedBatch(torch.cat(data), offsets, torch.arange(len(data)))
+
+
+class StandInEngines:
+    """Decodes like HardwareJpegDecoder.decode (same arguments, same flat interleaved output), on
+    the CPU with Pillow; refuses every batch when `refuse` is set, as the library refuses a batch."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse, self.calls = refuse, []
+
+    def decode(self, flat, offsets, ids, hw, stream, tail=0):
+        from PIL import Image
+
+        self.calls.append(list(ids))
+        if self.refuse:
+            raise RuntimeError("nvjpegDecodeBatched (hardware): status 4 (JPEG not supported)")
+        parts, starts, pos = [], [], 0
+        for k, (h, w) in zip(ids, hw):
+            img = np.asarray(Image.open(io.BytesIO(flat[offsets[k] : offsets[k + 1]].numpy().tobytes())).convert("RGB"))
+            assert img.shape == (h, w, 3)  # the sizes the workers read from the headers
+            parts.append(img.reshape(-1))
+            starts.append(pos)
+            pos += img.size
+        out = torch.from_numpy(np.concatenate(parts + [np.zeros(tail, np.uint8)]))
+        return out, np.array(starts, dtype=np.int64)
+
+
+def test_the_header_says_which_files_the_engines_take():
+    baseline = photo(40, 60)  # Pillow's default: 4:2:0
+    assert hardware_ok(read_jpeg_header(baseline)) and decode_route(read_jpeg_header(baseline)) == 2
+    assert read_jpeg_header(baseline).sampling == (0x22, 0x11, 0x11)
+    for kind in ("4:4:4", "4:2:2"):
+        assert hardware_ok(read_jpeg_header(photo(40, 60, subsampling=kind))), kind
+    assert hardware_ok(read_jpeg_header(photo(40, 60, mode="L")))  # grey
+    progressive = photo(40, 60, progressive=True)  # nvJPEG on the SMs takes it, the engines do not
+    assert not hardware_ok(read_jpeg_header(progressive)) and decode_route(read_jpeg_header(progressive)) == 1
+    cmyk = photo(40, 60, mode="CMYK")
+    assert decode_route(read_jpeg_header(cmyk)) == 0
+    for factors in (0x41, 0x42):  # 4:1:1 and 4:1:0: "not supported" by the hardware backend
+        assert not hardware_ok(read_jpeg_header(with_luma_sampling(baseline, factors)))
+    assert decode_route(None) == 0
+
+
+def test_workers_mark_the_engines_files_in_the_batch(tmp_path):
+    blobs = [photo(30, 40), photo(30, 40, progressive=True), photo(30, 40, mode="CMYK")]
+    files = []
+    for i, b in enumerate(blobs):
+        files.append(tmp_path / f"{i}.jpg")
+        files[-1].write_bytes(b)
+    ds = EncodedFolderDataset(files, [0, 1, 0], 16)
+    batch, _ = collate_encoded([ds[i] for i in range(3)])
+    assert batch.nvjpeg_ok.tolist() == [True, True, False]
+    assert batch.hardware_ok.tolist() == [True, False, False]
+
+
+@pytest.mark.parametrize("resize", ["batched", "loop"])
+def test_engines_decode_their_files_and_the_rest_go_the_nvjpeg_way(resize):
+    from torchvision.io import encode_png
+
+    blobs = [photo(48 + 3 * i, 64 - 2 * i, phase=i) for i in range(9)]
+    blobs[2] = photo(50, 40, progressive=True)
+    blobs[5] = photo(40, 52, mode="CMYK")
+    blobs[7] = encode_png(torch.zeros(3, 20, 30, dtype=torch.uint8)).numpy().tobytes()
+    files = [Path(f"photos/{i}.jpg") for i in range(len(blobs))]
+    engines = StandInEngines()
+    dec = GpuDecoder(files, 24, torch.device("cpu"), True, seed=5, resize=resize, backend="hardware", hardware_decoder=engines)
+    assert dec.two_stage  # the feeder runs decode and resize in two threads, as for nvJPEG
+    out = dec(encoded(blobs))
+    assert engines.calls == [[0, 1, 3, 4, 6, 8]]  # one call for every file the engines take
+    assert dec.hardware_decoded == 6 and dec.cpu_decoded == 2  # CMYK and PNG; the progressive one: nvJPEG's way
+    ref = GpuDecoder(files, 24, torch.device("cpu"), True, seed=5, resize=resize)(encoded(blobs))
+    # the same crops from the same pixels (Pillow and libjpeg-turbo agree here): resize rounding only
+    assert out.shape == ref.shape == (9, 3, 24, 24)
+    assert (out.int() - ref.int()).abs().max() <= 1
+
+
+def test_a_batch_the_engines_refuse_is_decoded_the_nvjpeg_way():
+    blobs = [photo(40, 50, phase=i) for i in range(6)]
+    files = [Path(f"{i}.jpg") for i in range(6)]
+    engines = StandInEngines(refuse=True)
+    dec = GpuDecoder(files, 16, torch.device("cpu"), False, backend="hardware", hardware_decoder=engines)
+    out = dec(encoded(blobs))
+    assert dec.hardware_refused == 1 and dec.hardware_decoded == 0 and dec.batched_calls == 1
+    assert torch.equal(out, GpuDecoder(files, 16, torch.device("cpu"), False)(encoded(blobs)))
+
+
+def test_no_hardware_decoder_is_a_config_error_naming_the_field():
+    with pytest.raises(ConfigError, match=r"data\.decode = 'hardware': .*CUDA device.*--decode gpu"):
+        GpuDecoder([Path("a.jpg")], 16, torch.device("cpu"), True, backend="hardware")
+
+
+def test_the_library_is_found_and_loaded_where_torchvision_bundles_it():
+    from cnnpar.data import nvjpeg_hw
+
+    candidates = nvjpeg_hw.library_candidates()
+    if not candidates:
+        pytest.skip("no libnvjpeg on this machine (torchvision without CUDA)")
+    lib = nvjpeg_hw.load_library()
+    major, minor, _ = nvjpeg_hw.library_version(lib).split(".")
+    assert int(major) >= 11 and int(minor) >= 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_engines_match_the_nvjpeg_path_and_keep_the_batch_order():
+    from cnnpar.data.nvjpeg_hw import hardware_decoder_available
+
+    why = hardware_decoder_available(0)
+    if why:
+        pytest.skip(why)
+    dev = torch.device("cuda")
+    blobs = [photo(60 + 7 * i, 90 - 3 * i, phase=i, **({"subsampling": "4:4:4"} if i % 3 else {})) for i in range(40)]
+    blobs[4] = photo(50, 40, progressive=True)
+    blobs[9] = photo(40, 52, mode="CMYK")
+    blobs[11] = photo(41, 37, mode="L")
+    files = [Path(f"{i}.jpg") for i in range(len(blobs))]
+    hw = GpuDecoder(files, 32, dev, train=False, backend="hardware")
+    out = hw(encoded(blobs))
+    torch.cuda.synchronize()
+    assert hw.hardware_refused == 0 and hw.hardware_decoded == 38 and hw.cpu_decoded == 1
+    ref = GpuDecoder(files, 32, dev, train=False)(encoded(blobs))
+    diff = (out.int() - ref.int()).abs()
+    # both decoders are nvJPEG's (engines against SMs): IDCT and colour rounding, resized
+    assert diff.float().mean() < 1.0 and diff.max() <= 8, (diff.float().mean(), diff.max())
+    for _ in range(3):  # the state initialised once per batch size; repeated batches stay right
+        again = hw(encoded(blobs))
+    assert torch.equal(again, out)
+
+
+class LibraryStandIn:
+    """Reads nvjpegDecodeBatched's arguments the way libnvjpeg does (pointer arrays, lengths,
+    nvjpegImage_t destinations with channel[0] and pitch[0]) and writes Pillow's pixels through them."""
+
+    def __init__(self) -> None:
+        self.initialised = []
+
+    def nvjpegDecodeBatchedInitialize(self, handle, state, n, threads, fmt):
+        self.initialised.append((n, fmt))
+        return 0
+
+    def nvjpegDecodeBatched(self, handle, state, data, lengths, destinations, stream):
+        import ctypes
+
+        from PIL import Image
+
+        n = self.initialised[-1][0]
+        pointers = (ctypes.c_void_p * n).from_address(data)
+        sizes = (ctypes.c_size_t * n).from_address(lengths)
+
+        class Image_t(ctypes.Structure):
+            _fields_ = [("channel", ctypes.c_void_p * 4), ("pitch", ctypes.c_size_t * 4)]
+
+        dest = (Image_t * n).from_address(destinations)
+        for k in range(n):
+            blob = ctypes.string_at(pointers[k], sizes[k])
+            img = np.ascontiguousarray(np.asarray(Image.open(io.BytesIO(blob)).convert("RGB")))
+            h, w, _ = img.shape
+            for row in range(h):  # row by row at the destination's pitch
+                ctypes.memmove(dest[k].channel[0] + row * dest[k].pitch[0], img[row].ctypes.data, 3 * w)
+        return 0
+
+
+def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvjpeg_h_says(monkeypatch):
+    from cnnpar.data import nvjpeg_hw
+
+    blobs = [photo(30 + i, 41 - i, phase=i) for i in range(5)]
+    batch = encoded(blobs)
+    dec = object.__new__(nvjpeg_hw.HardwareJpegDecoder)  # no GPU here: the library's side is a stand-in
+    dec.lib, dec.handle, dec.state, dec.device = LibraryStandIn(), None, None, torch.device("cpu")
+    dec._batch, dec.calls = 0, 0
+    monkeypatch.setattr(dec, "_hold", lambda flat, stream: None)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    stream = types.SimpleNamespace(cuda_stream=0)  # the null stream's handle
+    ids = np.array([4, 1, 3])
+    hw = np.array([[30 + i, 41 - i] for i in ids])
+    out, starts = dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream, tail=64)
+    assert dec.lib.initialised == [(3, nvjpeg_hw.OUTPUT_RGBI)]
+    assert (starts % nvjpeg_hw.ALIGN == 0).all() and out.numel() >= starts[-1] + 3 * hw[-1].prod() + 64
+    from PIL import Image
+
+    for j, k in enumerate(ids):
+        h, w = hw[j]
+        got = out[starts[j] : starts[j] + 3 * h * w].view(h, w, 3)
+        assert torch.equal(got, torch.from_numpy(np.array(Image.open(io.BytesIO(blobs[k])).convert("RGB"))))
+    dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream)
+    assert len(dec.lib.initialised) == 1  # the same batch size: no second initialisation
