@@ -275,6 +275,20 @@ record)
   run 540 python3 benchmarks/cifar10_record.py --seeds "${SEEDS:-5}" ${RECORD_ARGS:-} --out "$R/cifar10_record.csv"
   cat "$R/cifar10_record.md"
   ;;
+s7a)
+  # session 7, call A (one H200): nvJPEG's hardware backend through ctypes (--decode hardware): its CUDA
+  # test beside the decode/feeder tests, decode-only rows (raw, whole call, beside a spinning Python
+  # thread, pipelined) against torchvision's nvJPEG, then ResNet-50 end to end from the photos
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  TAIL=15 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py \
+      tests/unit/test_gpu_decode.py tests/unit/test_feeder.py
+  TAIL=45 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --backends "${BACKENDS:-nvjpeg,hardware}" --gil --out "$R/jpeg_decode_cuda.csv"
+  TAIL=12 logged jpeg_pipeline "${E2E_S:-330}" python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0,hardware:14:0:graphs=on,gpu:14:0}" --budget-s "${E2E_BUDGET:-240}" \
+      --out "$R/jpeg_pipeline.csv"
+  ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.
   # JAX cannot travel: jaxlib + the CUDA plugin and PJRT wheels are ~230 MB against the 64 MiB carry

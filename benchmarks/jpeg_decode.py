@@ -350,6 +350,7 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
         from cnnpar.data.nvjpeg_hw import HardwareJpegDecoder
 
         engines = HardwareJpegDecoder(device)
+        print(f"hardware decoder: nvJPEG {engines.version} from {engines.lib.path}")
         stream = torch.cuda.current_stream(device)
         record(
             "decode",

@@ -25,6 +25,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import sys
 from collections import deque
 from functools import lru_cache
 
@@ -63,11 +64,12 @@ def library_candidates() -> list[str]:
 
         site = os.path.dirname(os.path.dirname(torchvision.__file__))
         found += sorted(glob.glob(os.path.join(site, "torchvision.libs", "libnvjpeg*.so*")))
-        found += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib", "libnvjpeg.so*")))
     except ImportError:
         pass
+    for entry in sys.path:  # nvidia-nvjpeg (CUDA 13: nvidia/cu13/lib; CUDA 12: nvidia/nvjpeg/lib)
+        found += sorted(glob.glob(os.path.join(entry or ".", "nvidia", "*", "lib", "libnvjpeg.so*")))
     system = ctypes.util.find_library("nvjpeg")
-    return found + ([system] if system else [])
+    return list(dict.fromkeys(found + ([system] if system else [])))
 
 
 @lru_cache(maxsize=1)
@@ -80,6 +82,7 @@ def load_library() -> ctypes.CDLL:
             tried.append(f"{path}: {e}")
             continue
         _declare(lib)
+        lib.path = path
         return lib
     raise HardwareDecoderUnavailable(
         "no libnvjpeg found (torchvision bundles one on Linux; or pip install nvidia-nvjpeg)"
