@@ -279,6 +279,7 @@ def test_chroma_upsampling_alone_moves_small_smooth_jpegs_by_up_to_20_levels():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_decoder_matches_the_cpu_path_and_leaves_other_streams_memory_alone():
+    pytest.importorskip("nvidia.nvimgcodec", reason="the reference decode (chroma repeated) is nvImageCodec's CPU one")
     dev = torch.device("cuda")
     blobs = [jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES * 8)]
     blobs.insert(3, pil_jpeg("CMYK", size=(64, 48)))
