@@ -188,33 +188,42 @@ def resized_crops_flat(
     # Per image, sorted: offset, width, top, left, crop height, crop width, plane size (H*W).
     params = torch.stack([starts, hw[:, 1], boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], hw[:, 0] * hw[:, 1]], 1)
     params = params[order]
-    runs = _chunks((params[:, 4] * params[:, 5]).tolist(), params[:, 4].tolist(), params[:, 5].tolist(), canvas_budget)
+    crop_h, crop_w = params[:, 4].tolist(), params[:, 5].tolist()
+    runs = _chunks([a * b for a, b in zip(crop_h, crop_w)], crop_h, crop_w, canvas_budget)
     # Every unfolded row window must lie inside the buffer: pad the tail (a copy) only when the
     # caller left too little room after the last image.
-    max_cols = _round8(int(params[:, 5].max()))
+    max_rows, max_cols = _round8(max(crop_h)), _round8(max(crop_w))
     window = 3 * max_cols if hwc else max_cols
     need = int((starts + 3 * hw[:, 0] * hw[:, 1]).max()) + window
     if flat.numel() < need:
         flat = torch.cat([flat, flat.new_zeros(need - flat.numel())])
-    params_dev, order_dev = params.to(dev, non_blocking=True), order.to(dev, non_blocking=True)
+    # Everything that does not depend on a chunk's padded size is computed once for the batch, so a
+    # batch costs a few dozen torch calls, not ~140 per chunk: in a decode thread each call is a GIL
+    # round trip against the training thread (docs/decoding.md).
+    p = params.to(dev, non_blocking=True).t().reshape(7, n, 1, 1)
+    base_, width, top, left, ch, cw, plane = p.unbind(0)
+    order_dev = order.to(dev, non_blocking=True)
+    y = torch.minimum(torch.arange(max_rows, device=dev).view(1, max_rows, 1), ch - 1)  # past the crop: repeat a row
+    if hwc:
+        row_starts = (base_ + ((top + y) * width + left) * 3).view(n, max_rows)  # canvas (m, rows, cols, 3)
+    else:
+        c = torch.arange(3, device=dev).view(1, 1, 3)
+        row_starts = base_ + c * plane + (top + y) * width + left  # (n, rows, 3): canvas (m, rows, 3, cols)
+    # heights and widths through one filter call: (2n, size, padded) rows of weights
+    weights = aa_weights(p[4:6].reshape(2 * n), max(max_rows, max_cols), size).to(dtype)
+    wy_all, wx_all = weights[:n], weights[n:].transpose(1, 2)  # (n, size, padded), (n, padded, size)
     out = torch.empty(n, 3, size, size, dtype=torch.uint8, device=dev)
     for a, b in runs:
         m = b - a
         # Multiples of 8 keep the fp16 products on tensor-core kernels; the extra weights are zero.
-        rows, cols = _round8(int(params[a:b, 4].max())), _round8(int(params[a:b, 5].max()))
-        p = params_dev[a:b]
-        base_, width, top, left, ch, cw, plane = (p[:, k].view(m, 1, 1) for k in range(7))
-        y = torch.minimum(torch.arange(rows, device=dev).view(1, rows, 1), ch - 1)  # past the crop: repeat a row
+        rows, cols = _round8(max(crop_h[a:b])), _round8(max(crop_w[a:b]))
         if hwc:
-            starts_ = (base_ + ((top + y) * width + left) * 3).view(-1)  # (m, rows): canvas (m, rows, cols, 3)
-            canvas = flat.unfold(0, 3 * cols, 1).index_select(0, starts_).to(dtype)
+            canvas = flat.unfold(0, 3 * cols, 1).index_select(0, row_starts[a:b, :rows].reshape(-1)).to(dtype)
             canvas = canvas.view(m, rows, cols, 3).permute(0, 1, 3, 2).reshape(m, rows, 3 * cols)
         else:
-            c = torch.arange(3, device=dev).view(1, 1, 3)
-            starts_ = (base_ + c * plane + (top + y) * width + left).view(-1)  # (m, rows, 3): canvas (m, rows, 3, cols)
-            canvas = flat.unfold(0, cols, 1).index_select(0, starts_).view(m, rows, 3 * cols).to(dtype)
-        wy = aa_weights(p[:, 4], rows, size).to(dtype)  # (m, size, rows)
-        wx_t = aa_weights(p[:, 5], cols, size).to(dtype).transpose(1, 2)  # (m, cols, size)
+            canvas = flat.unfold(0, cols, 1).index_select(0, row_starts[a:b, :rows].reshape(-1))
+            canvas = canvas.view(m, rows, 3 * cols).to(dtype)
+        wy, wx_t = wy_all[a:b, :, :rows], wx_all[a:b, :cols]  # (m, size, rows), (m, cols, size)
         # Either order gives the same result; the first product is the same size, the second
         # costs size^2 * 3 * (rows or cols), so resize along the longer side first.
         if rows <= cols:

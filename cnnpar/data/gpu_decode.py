@@ -314,21 +314,25 @@ class GpuDecoder:
                 i for i in fast if not hard[i]
             ]
             fast.sort()
-        if (fast or any(img is None for img in images)) and data is None:
+        engines = set(d.flat_ids)
+        if data is None and (fast or any(images[i] is None for i in range(n) if i not in engines)):
             data = batch.data
         if self.backend == "nvimgcodec":
             self._decode_nvimgcodec(data, fast, boxes, images, owned, hwc_, holds, stream)
         else:
             self._decode_batched(data, fast, images)
-        engines = set(d.flat_ids)
         for i in range(n):
-            if images[i] is None and i not in engines:  # the batched decode refused it alone: the CPU decodes or names it
+            if (
+                images[i] is None and i not in engines
+            ):  # the batched decode refused it alone: the CPU decodes or names it
                 images[i] = self._decode_cpu(data[i], int(batch.index[i]))
                 if tuple(images[i].shape[1:]) != tuple(hw[i].tolist()):  # the header lied
                     boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, self.generator)[0]
         return d
 
-    def _decode_hardware(self, batch: EncodedBatch, ids: list[int], hw: torch.Tensor, d: DecodedBatch, stream) -> list[int]:
+    def _decode_hardware(
+        self, batch: EncodedBatch, ids: list[int], hw: torch.Tensor, d: DecodedBatch, stream
+    ) -> list[int]:
         """Decode `ids` on the JPEG engines into `d.flat`; returns the ids left for the other decoders
         (none, or all of them when the engines refused the batch)."""
         if not ids:
@@ -401,7 +405,9 @@ class GpuDecoder:
         taken = set(ids)
         rest = [i for i in range(len(d.images)) if i not in taken]
         others = self._resize_batched(
-            DecodedBatch([d.images[i] for i in rest], d.boxes[rest], [False] * len(rest), [d.interleaved[i] for i in rest])
+            DecodedBatch(
+                [d.images[i] for i in rest], d.boxes[rest], [False] * len(rest), [d.interleaved[i] for i in rest]
+            )
         )
         out = torch.empty(len(d.images), 3, self.size, self.size, dtype=torch.uint8, device=self.device)
         out.index_copy_(0, torch.tensor(ids, device=self.device), engine)

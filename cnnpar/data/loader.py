@@ -472,11 +472,12 @@ def _host_loader(
     return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
 
 
-def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
-    """Which decoder an image folder's photos get and why, for the run's log; empty otherwise."""
+def decode_line(cfg: Config, bundle: DataBundle, device: torch.device, jpeg_engines: bool = False) -> str:
+    """Which decoder an image folder's photos get and why, for the run's log; empty otherwise.
+    `cfg` as the user asked (an auto decode shows its reason); `jpeg_engines` as probed for it."""
     if not isinstance(bundle.train, ImageFolderDataset):
         return ""
-    decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda")
+    decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda", jpeg_engines)
     what = {
         "cpu": "in worker processes",
         "gpu": "torchvision nvJPEG on the device",

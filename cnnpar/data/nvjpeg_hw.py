@@ -27,7 +27,7 @@ import glob
 import os
 import sys
 from collections import deque
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
 import torch
@@ -175,8 +175,8 @@ class HardwareJpegDecoder:
         # each image starts on a 256-byte boundary, the alignment cudaMalloc gives a lone image
         spans = (sizes + ALIGN - 1) // ALIGN * ALIGN
         starts = np.cumsum(spans) - spans
-        with torch.cuda.stream(stream):  # allocated on the stream that writes it
-            out = torch.empty(int(starts[-1] + sizes[-1]) + tail, dtype=torch.uint8, device=self.device)
+        # allocated on the caller's current stream, which must be `stream` (the one that writes it)
+        out = torch.empty(int(starts[-1] + sizes[-1]) + tail, dtype=torch.uint8, device=self.device)
         # nvjpegImage_t: unsigned char *channel[4]; size_t pitch[4]. RGBI uses channel[0] alone.
         dest = np.zeros((n, 2 * MAX_COMPONENT), dtype=np.uint64)
         dest[:, 0] = np.uint64(out.data_ptr()) + starts.astype(np.uint64)
@@ -201,7 +201,9 @@ class HardwareJpegDecoder:
         self.calls += 1
         if status != 0:
             self._batch = 0  # nvjpeg.h: initialise again to reset a failed batch
-            raise RuntimeError(f"nvjpegDecodeBatched (hardware, {n} files): status {status} ({STATUS.get(status, 'unknown')})")
+            raise RuntimeError(
+                f"nvjpegDecodeBatched (hardware, {n} files): status {status} ({STATUS.get(status, 'unknown')})"
+            )
         self._hold(flat, stream)
         return out, starts
 
@@ -230,7 +232,7 @@ class HardwareJpegDecoder:
             pass
 
 
-@lru_cache(maxsize=None)
+@cache
 def hardware_decoder_available(device_index: int = 0) -> str:
     """'' when nvJPEG's hardware backend works on this GPU, else why not (for the printed line)."""
     try:

@@ -47,7 +47,7 @@ from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import TrainStep, graphs_blocked_by
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
-from cnnpar.parallel import Precision, parallelize, resolve_for
+from cnnpar.parallel import Precision, jpeg_engines, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
@@ -95,7 +95,7 @@ class Trainer:
         self.info = info
         self.log = log if info.is_main else (lambda *a, **k: None)
         self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
-        self.decode_line = decode_line(cfg, self.bundle, info.device)
+        self.decode_line = decode_line(cfg, self.bundle, info.device, jpeg_engines(cfg, info.device))
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
         self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
         self.cfg = cfg = resolve_for(cfg, info.device)

@@ -77,10 +77,28 @@ def test_an_abandoned_iterator_stops_its_thread():
 
 
 def test_decode_rule():
-    # nvJPEG measured fastest on an H200, nvImageCodec installed or not
+    # the JPEG engines where the GPU has them, else nvJPEG (both measured on an H200), else the CPU
+    assert resolve_decode("auto", cuda=True, jpeg_engines=True)[0] == "hardware"
     assert resolve_decode("auto", cuda=True)[0] == "gpu"
-    assert resolve_decode("auto", cuda=False)[0] == "cpu"
+    assert resolve_decode("auto", cuda=False, jpeg_engines=True)[0] == "cpu"
     assert resolve_decode("nvimgcodec", cuda=True) == ("nvimgcodec", "as asked")
+    assert resolve_decode("gpu", cuda=True, jpeg_engines=True) == ("gpu", "as asked")
+
+
+def test_the_engines_are_probed_only_for_an_open_choice_on_a_gpu(monkeypatch):
+    from cnnpar.config import Config, DataConfig
+    from cnnpar.data import nvjpeg_hw
+    from cnnpar.parallel import jpeg_engines
+
+    probed = []
+    monkeypatch.setattr(nvjpeg_hw, "hardware_decoder_available", lambda i: probed.append(i) or "")
+    cuda = torch.device("cuda", 0)
+    assert jpeg_engines(Config(data=DataConfig(decode="auto")), cuda) and probed == [0]
+    assert not jpeg_engines(Config(data=DataConfig(decode="gpu")), cuda)
+    assert not jpeg_engines(Config(data=DataConfig(decode="auto")), torch.device("cpu"))
+    assert probed == [0]
+    monkeypatch.setattr(nvjpeg_hw, "hardware_decoder_available", lambda i: "no engines")
+    assert not jpeg_engines(Config(data=DataConfig(decode="auto")), cuda)
 
 
 def test_a_run_from_photos_says_which_decoder_and_how_to_decode_once(tmp_path):
