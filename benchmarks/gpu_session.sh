@@ -289,6 +289,20 @@ s7a)
       --variants "${VARIANTS:-hardware:14:0,hardware:14:0:graphs=on,gpu:14:0}" --budget-s "${E2E_BUDGET:-240}" \
       --out "$R/jpeg_pipeline.csv"
   ;;
+s7b)
+  # session 7, call B (one H200): after call A, the resize in fewer torch calls and the engines as the
+  # default. The engines' CUDA test, decode-only rows, end to end (two threads against one), then the
+  # user's command with every default (the decode line, batch auto, graphs decision) on the photos
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  TAIL=6 logged gpu_tests 100 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py
+  TAIL=20 logged jpeg_decode 100 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --backends nvjpeg,hardware --out "$R/jpeg_decode_cuda.csv"
+  TAIL=12 logged jpeg_pipeline 230 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0,hardware:14:0:pipe=0,gpu:14:0}" --budget-s 170 --out "$R/jpeg_pipeline.csv"
+  TAIL=25 logged train_default 150 python3 -m cnnpar train --data .devdata/imagenet_rep --model resnet50 --epochs 3 \
+      --out-dir /tmp/runs --no-progress
+  ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.
   # JAX cannot travel: jaxlib + the CUDA plugin and PJRT wheels are ~230 MB against the 64 MiB carry
