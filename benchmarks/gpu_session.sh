@@ -303,6 +303,19 @@ s7b)
   TAIL=25 logged train_default 150 python3 -m cnnpar train --data .devdata/imagenet_rep --model resnet50 --epochs 3 \
       --out-dir /tmp/runs --no-progress
   ;;
+s7c)
+  # session 7, call C (one H200): call B's end-to-end benchmark printed nothing in 230 s and the default
+  # train run hung after its last line. With watchdogs that print every thread's stack: the engines'
+  # lifecycle in child processes, then end to end, then the user's default command
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  TAIL=60 logged lifecycle 120 python3 benchmarks/hw_lifecycle.py --folder .devdata/imagenet_sample --timeout-s 20
+  TAIL=60 logged jpeg_pipeline 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0,gpu:14:0,hardware:14:0:pipe=0}" --budget-s 120 --watchdog-s 185 \
+      --out "$R/jpeg_pipeline.csv"
+  TAIL=40 logged train_default 130 timeout -s ABRT 120 python3 -X faulthandler -m cnnpar train \
+      --data .devdata/imagenet_rep --model resnet50 --epochs 2 --out-dir /tmp/runs --no-progress
+  ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.
   # JAX cannot travel: jaxlib + the CUDA plugin and PJRT wheels are ~230 MB against the 64 MiB carry

@@ -80,7 +80,14 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--out", default="benchmarks/results/jpeg_pipeline.csv")
     ap.add_argument("--budget-s", type=float, default=0, help="start no variant after this many seconds (0: all)")
+    ap.add_argument(
+        "--watchdog-s", type=float, default=0, help="print every thread's stack and exit after this many seconds"
+    )
     args = ap.parse_args()
+    if args.watchdog_s:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.watchdog_s, exit=True)
     cuda = args.device == "cuda"
     info = DistInfo(0, 0, 1, torch.device("cuda", 0) if cuda else torch.device("cpu"))
     if cuda:

@@ -209,21 +209,22 @@ def resized_crops_flat(
     else:
         c = torch.arange(3, device=dev).view(1, 1, 3)
         row_starts = base_ + c * plane + (top + y) * width + left  # (n, rows, 3): canvas (m, rows, 3, cols)
-    # heights and widths through one filter call: (2n, size, padded) rows of weights
-    weights = aa_weights(p[4:6].reshape(2 * n), max(max_rows, max_cols), size).to(dtype)
-    wy_all, wx_all = weights[:n], weights[n:].transpose(1, 2)  # (n, size, padded), (n, padded, size)
+    lengths = p[4:6].view(2, n)  # crop heights, crop widths
     out = torch.empty(n, 3, size, size, dtype=torch.uint8, device=dev)
     for a, b in runs:
         m = b - a
         # Multiples of 8 keep the fp16 products on tensor-core kernels; the extra weights are zero.
         rows, cols = _round8(max(crop_h[a:b])), _round8(max(crop_w[a:b]))
+        # heights and widths through one filter call, padded to this chunk's sizes only (one large
+        # photo must not widen every image's weights): (2m, size, padded)
+        weights = aa_weights(lengths[:, a:b].reshape(2 * m), max(rows, cols), size).to(dtype)
+        wy, wx_t = weights[:m, :, :rows], weights[m:, :, :cols].transpose(1, 2)  # (m, size, rows), (m, cols, size)
         if hwc:
             canvas = flat.unfold(0, 3 * cols, 1).index_select(0, row_starts[a:b, :rows].reshape(-1)).to(dtype)
             canvas = canvas.view(m, rows, cols, 3).permute(0, 1, 3, 2).reshape(m, rows, 3 * cols)
         else:
             canvas = flat.unfold(0, cols, 1).index_select(0, row_starts[a:b, :rows].reshape(-1))
             canvas = canvas.view(m, rows, 3 * cols).to(dtype)
-        wy, wx_t = wy_all[a:b, :, :rows], wx_all[a:b, :cols]  # (m, size, rows), (m, cols, size)
         # Either order gives the same result; the first product is the same size, the second
         # costs size^2 * 3 * (rows or cols), so resize along the longer side first.
         if rows <= cols:

@@ -226,9 +226,13 @@ class HardwareJpegDecoder:
             self.handle = None
 
     def __del__(self) -> None:
+        # Not at interpreter shutdown: daemon threads are frozen then, one may hold a lock inside the
+        # library, and the process's end frees the handle anyway.
+        if sys.is_finalizing():
+            return
         try:
             self.close()
-        except Exception:  # interpreter shutdown: the library may be gone already
+        except Exception:  # a library already unloaded: nothing left to free
             pass
 
 
