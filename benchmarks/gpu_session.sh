@@ -316,6 +316,17 @@ s7c)
   TAIL=40 logged train_default 130 timeout -s ABRT 120 python3 -X faulthandler -m cnnpar train \
       --data .devdata/imagenet_rep --model resnet50 --epochs 2 --out-dir /tmp/runs --no-progress
   ;;
+s7d)
+  # session 7, call D (one H200): every nvJPEG call on one thread per decoder (call C: the shared state
+  # hung inside nvjpegDecodeBatched). The same three checks as call C, shorter
+  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  TAIL=20 logged lifecycle 90 python3 benchmarks/hw_lifecycle.py --folder .devdata/imagenet_sample --timeout-s 15
+  TAIL=8 logged jpeg_pipeline 170 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0,gpu:14:0}" --budget-s 100 --watchdog-s 160 --out "$R/jpeg_pipeline.csv"
+  TAIL=12 logged train_default 125 timeout -s ABRT 115 python3 -X faulthandler -m cnnpar train \
+      --data .devdata/imagenet_rep --model resnet50 --epochs 2 --out-dir /tmp/runs --no-progress
+  ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.
   # JAX cannot travel: jaxlib + the CUDA plugin and PJRT wheels are ~230 MB against the 64 MiB carry

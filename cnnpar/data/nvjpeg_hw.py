@@ -27,6 +27,7 @@ import glob
 import os
 import sys
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache, lru_cache
 
 import numpy as np
@@ -121,7 +122,15 @@ def _check(status: int, call: str) -> None:
 
 
 class HardwareJpegDecoder:
-    """One nvJPEG handle on the hardware backend and one decode state (so: one thread at a time).
+    """One nvJPEG handle on the hardware backend and one decode state, used from one thread of their
+    own for their whole life.
+
+    Why a thread of their own: nvjpeg.h asks for a decode state per thread, and cnnpar's decode
+    threads are new each epoch. Shared across threads in turn, the state hung inside
+    nvjpegDecodeBatched on an H200 (benchmarks/results/2026-12-01-h200/call-l/jpeg_pipeline.log),
+    and a process that had used it from several threads hung at exit; used from one thread it did
+    neither. So every library call (create, decode, destroy) runs on `self._library`, a single
+    long-lived worker; `decode` hands it the call and waits (the GIL released while it waits).
 
     `decode` takes the encoded batch as it arrives from the workers (one flat host buffer with
     offsets) and returns one flat uint8 device buffer holding the chosen images as interleaved RGB,
@@ -135,22 +144,31 @@ class HardwareJpegDecoder:
         if self.device.type != "cuda":
             raise HardwareDecoderUnavailable("the hardware JPEG decoder needs a CUDA device")
         self.lib = load_library()
-        with torch.cuda.device(self.device):
-            torch.cuda.init()  # the library uses the context torch made current for this thread
-            handle = ctypes.c_void_p()
-            status = self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
-            if status != 0:
-                raise HardwareDecoderUnavailable(
-                    f"nvJPEG {library_version(self.lib)} has no hardware backend on "
-                    f"{torch.cuda.get_device_name(self.device)}: status {status} ({STATUS.get(status, 'unknown')})"
-                )
-            self.handle = handle
-            self.state = ctypes.c_void_p()
-            _check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(self.state)), "nvjpegJpegStateCreate")
+        self.handle = self.state = None
+        self._library = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cnnpar-nvjpeg")
+        try:
+            self._library.submit(self._create).result()
+        except BaseException:
+            self._library.shutdown(wait=False)
+            raise
         self.version = library_version(self.lib)
         self._batch = 0  # the batch size the state was initialised for
         self._inflight: deque = deque()
         self.calls = 0
+
+    def _create(self) -> None:
+        torch.cuda.set_device(self.device)  # the library works in the context current on its thread
+        handle = ctypes.c_void_p()
+        status = self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
+        if status != 0:
+            raise HardwareDecoderUnavailable(
+                f"nvJPEG {library_version(self.lib)} has no hardware backend on "
+                f"{torch.cuda.get_device_name(self.device)}: status {status} ({STATUS.get(status, 'unknown')})"
+            )
+        self.handle = handle
+        state = ctypes.c_void_p()
+        _check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state)), "nvjpegJpegStateCreate")
+        self.state = state
 
     def decode(
         self,
@@ -162,7 +180,8 @@ class HardwareJpegDecoder:
         tail: int = 0,
     ) -> tuple[torch.Tensor, np.ndarray]:
         """Decode the files `ids` of the encoded batch (`flat`, host uint8; file k is bytes
-        offsets[k]:offsets[k+1]) whose (height, width) are `hw` (len(ids), 2), on `stream`.
+        offsets[k]:offsets[k+1]) whose (height, width) are `hw` (len(ids), 2), on `stream`, the
+        caller's current stream.
 
         Returns (out, starts): `out` a device uint8 buffer with image j at out[starts[j]:] as
         (H, W, 3), and `tail` spare bytes after the last image (for readers that look past it).
@@ -175,7 +194,8 @@ class HardwareJpegDecoder:
         # each image starts on a 256-byte boundary, the alignment cudaMalloc gives a lone image
         spans = (sizes + ALIGN - 1) // ALIGN * ALIGN
         starts = np.cumsum(spans) - spans
-        # allocated on the caller's current stream, which must be `stream` (the one that writes it)
+        # allocated here, on the caller's stream (the one the library writes it on), so the caching
+        # allocator's stream bookkeeping stays the caller's
         out = torch.empty(int(starts[-1] + sizes[-1]) + tail, dtype=torch.uint8, device=self.device)
         # nvjpegImage_t: unsigned char *channel[4]; size_t pitch[4]. RGBI uses channel[0] alone.
         dest = np.zeros((n, 2 * MAX_COMPONENT), dtype=np.uint64)
@@ -184,6 +204,13 @@ class HardwareJpegDecoder:
         offsets = np.asarray(offsets, dtype=np.int64)
         pointers = (np.uint64(flat.data_ptr()) + offsets[ids].astype(np.uint64)).astype(np.uint64)
         lengths = (offsets[ids + 1] - offsets[ids]).astype(np.uint64)
+        self._library.submit(self._decode_batched, n, pointers, lengths, dest, stream.cuda_stream).result()
+        self.calls += 1
+        self._hold((flat, pointers, lengths, dest), stream)
+        return out, starts
+
+    def _decode_batched(self, n: int, pointers, lengths, dest, cuda_stream: int) -> None:
+        """On the library's thread: (re)initialise the state for `n` files, then one batched call."""
         if n != self._batch:
             _check(
                 self.lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, OUTPUT_RGBI),
@@ -196,38 +223,47 @@ class HardwareJpegDecoder:
             pointers.ctypes.data,
             lengths.ctypes.data,
             dest.ctypes.data,
-            ctypes.c_void_p(stream.cuda_stream),
+            ctypes.c_void_p(cuda_stream),
         )
-        self.calls += 1
         if status != 0:
             self._batch = 0  # nvjpeg.h: initialise again to reset a failed batch
             raise RuntimeError(
                 f"nvjpegDecodeBatched (hardware, {n} files): status {status} ({STATUS.get(status, 'unknown')})"
             )
-        self._hold(flat, stream)
-        return out, starts
 
-    def _hold(self, flat: torch.Tensor, stream: torch.cuda.Stream) -> None:
-        """Keep the encoded bytes alive until the device has done with them: the library may still
-        read them after its call returns. An event per batch; finished ones are let go."""
+    def _hold(self, inputs: tuple, stream: torch.cuda.Stream) -> None:
+        """Keep the encoded bytes and the call's arrays alive until the device has done with them:
+        the library may still read them after its call returns. An event per batch; finished ones
+        are let go."""
         event = torch.cuda.Event()
         event.record(stream)
-        self._inflight.append((event, flat))
+        self._inflight.append((event, inputs))
         while self._inflight and (len(self._inflight) > self.KEEP or self._inflight[0][0].query()):
             event, _ = self._inflight.popleft()
             event.synchronize()  # a no-op once queried; bounds the held batches otherwise
 
-    def close(self) -> None:
-        if getattr(self, "state", None):
+    def _destroy(self) -> None:
+        if self.state:
             self.lib.nvjpegJpegStateDestroy(self.state)
             self.state = None
-        if getattr(self, "handle", None):
+        if self.handle:
             self.lib.nvjpegDestroy(self.handle)
             self.handle = None
 
+    def close(self) -> None:
+        """Free the library's handle and state, on the thread that made them."""
+        library = getattr(self, "_library", None)
+        if library is None:
+            return
+        self._library = None
+        try:
+            library.submit(self._destroy).result()
+        finally:
+            library.shutdown(wait=True)
+
     def __del__(self) -> None:
-        # Not at interpreter shutdown: daemon threads are frozen then, one may hold a lock inside the
-        # library, and the process's end frees the handle anyway.
+        # Not at interpreter shutdown: the process's end frees the handle anyway, and the library's
+        # thread may already be gone.
         if sys.is_finalizing():
             return
         try:

@@ -5,6 +5,7 @@ the library fills; the real library runs in the CUDA-marked test."""
 from __future__ import annotations
 
 import io
+import threading
 import types
 from pathlib import Path
 
@@ -215,9 +216,15 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
 
     blobs = [photo(30 + i, 41 - i, phase=i) for i in range(5)]
     batch = encoded(blobs)
+    from concurrent.futures import ThreadPoolExecutor
+
     dec = object.__new__(nvjpeg_hw.HardwareJpegDecoder)  # no GPU here: the library's side is a stand-in
     dec.lib, dec.handle, dec.state, dec.device = LibraryStandIn(), None, None, torch.device("cpu")
     dec._batch, dec.calls = 0, 0
+    dec._library = ThreadPoolExecutor(max_workers=1)
+    callers = []
+    real = dec._decode_batched
+    monkeypatch.setattr(dec, "_decode_batched", lambda *a: callers.append(threading.get_ident()) or real(*a))
     monkeypatch.setattr(dec, "_hold", lambda flat, stream: None)
     stream = types.SimpleNamespace(cuda_stream=0)  # the null stream's handle
     ids = np.array([4, 1, 3])
@@ -231,5 +238,10 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
         h, w = hw[j]
         got = out[starts[j] : starts[j] + 3 * h * w].view(h, w, 3)
         assert torch.equal(got, torch.from_numpy(np.array(Image.open(io.BytesIO(blobs[k])).convert("RGB"))))
-    dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream)
+    other = threading.Thread(target=dec.decode, args=(batch.flat, batch.offsets.numpy(), ids, hw, stream))
+    other.start()
+    other.join()
     assert len(dec.lib.initialised) == 1  # the same batch size: no second initialisation
+    # every library call ran on the decoder's own thread, whichever thread asked for it
+    assert len(callers) == 2 and len(set(callers)) == 1 and callers[0] != threading.get_ident()
+    dec._library.shutdown()
