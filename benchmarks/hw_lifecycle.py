@@ -60,7 +60,7 @@ def child(name: str, folder: str, timeout_s: float) -> None:
     t.join()
     mark(f"decoded 5 batches in a thread ({dec.hardware_decoded} images by the engines)")
     if name == "close_after_thread":
-        dec.hardware.close()
+        dec.close()
         mark("closed")
     elif name == "del_after_thread":
         del dec

@@ -120,8 +120,8 @@ class DataConfig:
         "files they cannot take go the gpu way) or nvimgcodec (nvImageCodec: the GPU's hardware JPEG "
         "engines; pip install 'cnnpar[nvimgcodec]') or nvimgcodec-workers (nvImageCodec driven from the "
         "worker processes, "
-        "each with its own CUDA context); auto: hardware where the GPU has JPEG engines, else gpu with "
-        "CUDA, else cpu (the order measured on an H200)",
+        "each with its own CUDA context); auto: gpu with CUDA (measured fastest of the defaults on an "
+        "H200; hardware ran faster but hung at exit there), else cpu",
         choices=DECODERS,
     )
     cpu_share: float = _f(
@@ -407,31 +407,24 @@ MACHINE_FIELDS = {
 }
 
 
-def resolve_decode(requested: str, cuda: bool, jpeg_engines: bool = False) -> tuple[str, str]:
+def resolve_decode(requested: str, cuda: bool) -> tuple[str, str]:
     """The image-folder decoder and why, for a printed line: a rule from measurements, not a guess.
 
-    `jpeg_engines`: this GPU has JPEG engines that nvJPEG's hardware backend can drive (the caller
-    probes; A100, H100, H200 have them). On an H200 with 16 host cores, ResNet-50 from 6,000 ImageNet
-    photos, whole epochs, 14 workers (benchmarks/results/2026-12-01-h200/call-j/jpeg_pipeline.csv):
-    the engines 4,944 img/s, torchvision's nvJPEG 4,560; in earlier calls (2026-11-30-h200/) nvJPEG
-    4,526, CPU workers 3,009, nvImageCodec 2,718. So the engines where there are any, else nvJPEG
-    wherever there is CUDA; nvImageCodec only when asked.
+    On an H200 with 16 host cores, ResNet-50 from 6,000 ImageNet photos, whole epochs, 14 workers:
+    torchvision's nvJPEG 4,526 img/s, CPU workers 3,009, nvImageCodec 2,718 (2026-11-30-h200/; the
+    same order in every other run of the three). The GPU's JPEG engines (`hardware`) ran faster, 4,944
+    and 4,570 against nvJPEG's 4,560 and 4,318 in the same calls (2026-12-01-h200/call-j, call-m), but
+    `cnnpar train` with them hung at exit in all three runs (call-k to call-m), so they are not the
+    default: nvJPEG wherever there is CUDA; the engines and nvImageCodec only when asked.
     """
     if requested != "auto":
         return requested, "as asked"
-    if cuda and jpeg_engines:
-        return (
-            "hardware",
-            "auto: the GPU has JPEG engines; measured fastest on an H200 (4,944 img/s against nvJPEG's 4,560)",
-        )
     if cuda:
-        return "gpu", "auto: CUDA without JPEG engines for nvJPEG; nvJPEG measured fastest of gpu, cpu and nvimgcodec"
+        return "gpu", "auto: CUDA; nvJPEG measured fastest of gpu, cpu and nvimgcodec on an H200"
     return "cpu", "auto: no CUDA device"
 
 
-def resolve_for_device(
-    cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False, jpeg_engines: bool = False
-) -> Config:
+def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False) -> Config:
     """Replace every 'auto' that depends on the device with a concrete choice.
 
     The choices for compile come from measurements kept in `presets.compile_default`, not from a
@@ -463,7 +456,7 @@ def resolve_for_device(
         graphs = "on" if cuda else "off"
     data = cfg.data
     pin = data.pin_memory if data.pin_memory != "auto" else ("on" if cuda else "off")
-    decode, _ = resolve_decode(data.decode, cuda, jpeg_engines)
+    decode, _ = resolve_decode(data.decode, cuda)
     stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")
     # batch size auto: measured on a GPU by the trainer (engine/batch_size.py), which needs the model
     # on the device; the CPU keeps the fixed 64 it always had (no search: its throughput barely grows)

@@ -414,6 +414,13 @@ class GpuDecoder:
         out.index_copy_(0, torch.tensor(rest, device=self.device), others)
         return out
 
+    def close(self) -> None:
+        """Free the JPEG engines' library handle now (on the thread that made it), not whenever the
+        garbage collector gets to it: a closed handle is the end a GPU run was seen to exit cleanly
+        from (benchmarks/hw_lifecycle.py). Later batches would fail; a run closes at its end."""
+        if self.hardware is not None and hasattr(self.hardware, "close"):
+            self.hardware.close()
+
     def __call__(self, batch) -> torch.Tensor:
         if len(batch) == 0:
             return torch.empty(0, 3, self.size, self.size, dtype=torch.uint8, device=self.device)

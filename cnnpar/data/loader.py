@@ -26,6 +26,7 @@ from cnnpar.data.cpu_decode import CpuDecodedFolder, cpu_jpeg_line
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.hybrid_decode import HybridFolder
+from cnnpar.data.nvjpeg_hw import HARDWARE_CAVEAT
 from cnnpar.data.store import prepare_command
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
@@ -243,6 +244,11 @@ class DeviceFeeder:
 
     def __len__(self) -> int:
         return len(self.loader)
+
+    def close(self) -> None:
+        """Release what the decoder holds outside Python (the JPEG engines' handle); the run is over."""
+        if hasattr(self.decoder, "close"):
+            self.decoder.close()
 
     def _ready(self, x, y: torch.Tensor, index: torch.Tensor | None = None):
         with span(H2D_COPY):
@@ -472,12 +478,11 @@ def _host_loader(
     return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
 
 
-def decode_line(cfg: Config, bundle: DataBundle, device: torch.device, jpeg_engines: bool = False) -> str:
-    """Which decoder an image folder's photos get and why, for the run's log; empty otherwise.
-    `cfg` as the user asked (an auto decode shows its reason); `jpeg_engines` as probed for it."""
+def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
+    """Which decoder an image folder's photos get and why, for the run's log; empty otherwise."""
     if not isinstance(bundle.train, ImageFolderDataset):
         return ""
-    decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda", jpeg_engines)
+    decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda")
     what = {
         "cpu": "in worker processes",
         "gpu": "torchvision nvJPEG on the device",
@@ -489,6 +494,8 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device, jpeg_engi
     # from a prepared store against 4,526 decoding the same photos every epoch (nvJPEG)
     tip = prepare_command(bundle.origin, bundle.shape[1], cfg.model.name)
     jpegs = f"; JPEGs: {cpu_jpeg_line()}" if decoder == "cpu" or cfg.data.cpu_share > 0 else ""
+    if decoder == "hardware":
+        jpegs += f"\nwarning: {HARDWARE_CAVEAT}"
     return (
         f"decode: {decoder} ({what[decoder]}; {why}){jpegs}\n"
         f"photos are decoded again every epoch; decode them once: {tip}"

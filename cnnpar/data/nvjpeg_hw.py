@@ -52,6 +52,13 @@ STATUS = {
 }
 
 
+# What a user choosing the engines must know (printed with the run's decode line, docs/decoding.md).
+HARDWARE_CAVEAT = (
+    "--decode hardware is experimental: on an H200, cnnpar train with it finished its epochs and wrote its "
+    "results, then hung at exit in all three runs (2026-12-01); a fix is not yet verified on a GPU"
+)
+
+
 class HardwareDecoderUnavailable(RuntimeError):
     """No libnvjpeg could be loaded, or this GPU has no JPEG engines for it."""
 
@@ -140,9 +147,11 @@ class HardwareJpegDecoder:
     KEEP = 8  # encoded batches kept alive until the device is done with them (checked per batch)
 
     def __init__(self, device: torch.device) -> None:
-        self.device = torch.device(device)
-        if self.device.type != "cuda":
+        device = torch.device(device)
+        if device.type != "cuda":
             raise HardwareDecoderUnavailable("the hardware JPEG decoder needs a CUDA device")
+        # an index: the library's thread makes that device current (torch.cuda.set_device needs one)
+        self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.lib = load_library()
         self.handle = self.state = None
         self._library = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cnnpar-nvjpeg")

@@ -9,6 +9,7 @@ to the places that read numbers: the progress display, the end of an epoch and e
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 import sys
@@ -47,7 +48,7 @@ from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import TrainStep, graphs_blocked_by
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
-from cnnpar.parallel import Precision, jpeg_engines, parallelize, resolve_for
+from cnnpar.parallel import Precision, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
@@ -90,12 +91,23 @@ def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
             dist.broadcast(b, src=0)
 
 
+@contextlib.contextmanager
+def closing_feeders(*feeders):
+    """Close the feeders (their decoders' outside resources) when the run ends, however it ends."""
+    try:
+        yield
+    finally:
+        for feeder in feeders:
+            if feeder is not None:
+                feeder.close()
+
+
 class Trainer:
     def __init__(self, cfg: Config, info: DistInfo, bundle: DataBundle | None = None, log=print) -> None:
         self.info = info
         self.log = log if info.is_main else (lambda *a, **k: None)
         self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
-        self.decode_line = decode_line(cfg, self.bundle, info.device, jpeg_engines(cfg, info.device))
+        self.decode_line = decode_line(cfg, self.bundle, info.device)
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
         self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
         self.cfg = cfg = resolve_for(cfg, info.device)
@@ -388,6 +400,7 @@ class Trainer:
             with (  # both stopped on any exit
                 open_board(self.cfg.run.tensorboard, self.info, self.run_dir, step_now, self.log) as self.board,
                 monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log, self.board.telemetry),
+                closing_feeders(self.train_loader, self.val_loader),
             ):
                 return self._train_all_epochs()
         except UserError:

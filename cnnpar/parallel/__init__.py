@@ -1,6 +1,6 @@
 """One-device and multi-device speed techniques, each an apply_* function, and Precision."""
 
 from cnnpar.parallel.apply import parallelize
-from cnnpar.parallel.precision import Precision, jpeg_engines, resolve_for
+from cnnpar.parallel.precision import Precision, resolve_for
 
-__all__ = ["Precision", "jpeg_engines", "parallelize", "resolve_for"]
+__all__ = ["Precision", "parallelize", "resolve_for"]

@@ -28,19 +28,7 @@ def resolve_for(cfg: Config, device: torch.device) -> Config:
     """`resolve_for_device` with what this machine supports (bf16 on this GPU, native bf16 on this
     CPU): the one resolution `cnnpar train`, the bench, the doctor and tune all use."""
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
-    return resolve_for_device(
-        cfg, device.type, bf16_ok, cpu_bf16=cpu_has_native_bf16(), jpeg_engines=jpeg_engines(cfg, device)
-    )
-
-
-def jpeg_engines(cfg: Config, device: torch.device) -> bool:
-    """Whether `data.decode = auto` may pick the GPU's JPEG engines: probed (an nvJPEG handle made
-    and dropped, cached per GPU) only when the choice is open and there is a GPU."""
-    if device.type != "cuda" or cfg.data.decode != "auto":
-        return False
-    from cnnpar.data.nvjpeg_hw import hardware_decoder_available
-
-    return hardware_decoder_available(device.index if device.index is not None else torch.cuda.current_device()) == ""
+    return resolve_for_device(cfg, device.type, bf16_ok, cpu_bf16=cpu_has_native_bf16())
 
 
 class Precision:

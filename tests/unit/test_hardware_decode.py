@@ -55,7 +55,10 @@ class StandInEngines:
     the CPU with Pillow; refuses every batch when `refuse` is set, as the library refuses a batch."""
 
     def __init__(self, refuse: bool = False) -> None:
-        self.refuse, self.calls = refuse, []
+        self.refuse, self.calls, self.closed = refuse, [], False
+
+    def close(self) -> None:
+        self.closed = True
 
     def decode(self, flat, offsets, ids, hw, stream, tail=0):
         from PIL import Image
@@ -119,6 +122,8 @@ def test_engines_decode_their_files_and_the_rest_go_the_nvjpeg_way(resize):
     out = dec(encoded(blobs))
     assert engines.calls == [[0, 1, 3, 4, 6, 8]]  # one call for every file the engines take
     assert dec.hardware_decoded == 6 and dec.cpu_decoded == 2  # CMYK and PNG; the progressive one: nvJPEG's way
+    dec.close()  # the run's end: the engines' handle goes with it
+    assert engines.closed
     ref = GpuDecoder(files, 24, torch.device("cpu"), True, seed=5, resize=resize)(encoded(blobs))
     # the same crops from the same pixels (Pillow and libjpeg-turbo agree here): resize rounding only
     assert out.shape == ref.shape == (9, 3, 24, 24)
