@@ -171,7 +171,8 @@ class GpuDecoder:
     read) are decoded on the CPU first; then the crop boxes are drawn for the whole batch from the
     image sizes (random-resized crops for training, the centre square for evaluation); then the
     rest is decoded by `backend`:
-    - "nvjpeg": torchvision's batched nvJPEG call, on the SMs; a failing batch is bisected;
+    - "nvjpeg": torchvision's batched nvJPEG call (the JPEG engines for baseline files where the GPU
+      has them, the SMs otherwise); a failing batch is bisected;
     - "nvimgcodec": nvImageCodec, on the GPU's hardware JPEG engines (optionally the crop region
       only); an undecodable file comes back alone;
     - "hardware": nvJPEG's hardware backend through ctypes (`nvjpeg_hw`): the files the workers

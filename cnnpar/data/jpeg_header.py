@@ -90,7 +90,7 @@ def hardware_ok(h: JpegHeader | None) -> bool:
 
 def decode_route(h: JpegHeader | None) -> int:
     """Which decoders take the file, for the workers to tell the main process in one byte:
-    0 only the CPU, 1 nvJPEG on the SMs too, 2 the hardware engines too."""
+    0 only the CPU, 1 torchvision's nvJPEG call too, 2 `--decode hardware`'s one-call path too."""
     return 2 if hardware_ok(h) else int(header_ok(h))
 
 

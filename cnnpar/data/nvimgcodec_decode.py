@@ -3,8 +3,9 @@ engines, and decoding of the crop region only.
 
 Why a second GPU decoder beside torchvision's nvJPEG call:
 - Where the GPU has JPEG engines (A100, H100, H200: NVJPG), nvImageCodec's hardware backend
-  decodes on them, not on the SMs that the training step needs; torchvision's batched call runs
-  its Huffman and IDCT kernels on the SMs, so every decoded image costs step time.
+  decodes on them, not on the SMs that the training step needs. (This was the reason it was added;
+  torchvision's batched call, it turned out later, uses the same engines for baseline JPEGs:
+  docs/decoding.md.)
 - It can decode a region (`regions`): a random-resized crop keeps 25-100 % of the photo
   (crop_resize.RRC_SCALE). Off by default: on an H200 (nvJPEG 13.0) it was no faster, and the
   library turns it off for images with interpolated chroma, warning once per image.

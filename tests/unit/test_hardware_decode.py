@@ -230,12 +230,17 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
     callers = []
     real = dec._decode_batched
     monkeypatch.setattr(dec, "_decode_batched", lambda *a: callers.append(threading.get_ident()) or real(*a))
-    monkeypatch.setattr(dec, "_hold", lambda flat, stream: None)
-    stream = types.SimpleNamespace(cuda_stream=0)  # the null stream's handle
+    order = []
+    stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: order.append("synchronize"))
+    library_call = dec.lib.nvjpegDecodeBatched
+    dec.lib.nvjpegDecodeBatched = lambda *a: order.append("decode") or library_call(*a)
     ids = np.array([4, 1, 3])
     hw = np.array([[30 + i, 41 - i] for i in ids])
     out, starts = dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream, tail=64)
     assert dec.lib.initialised == [(3, nvjpeg_hw.OUTPUT_RGBI)]
+    # the stream's queued work first (the engines would not wait for it: torchcodec PR #1634), and
+    # the call's end before the inputs may go
+    assert order == ["synchronize", "decode", "synchronize"]
     assert (starts % nvjpeg_hw.ALIGN == 0).all() and out.numel() >= starts[-1] + 3 * hw[-1].prod() + 64
     from PIL import Image
 
