@@ -325,7 +325,7 @@ s7d)
   TAIL=8 logged jpeg_pipeline 170 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --variants "${VARIANTS:-hardware:14:0,gpu:14:0}" --budget-s 100 --watchdog-s 160 --out "$R/jpeg_pipeline.csv"
   TAIL=12 logged train_default 125 timeout -s ABRT 115 python3 -X faulthandler -m cnnpar train \
-      --data .devdata/imagenet_rep --model resnet50 --epochs 2 --out-dir /tmp/runs --no-progress
+      --data .devdata/imagenet_rep --model resnet50 --epochs 2 --out-dir /tmp/runs --no-progress ${TRAIN_ARGS:---decode hardware}
   ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.
