@@ -182,3 +182,24 @@ def test_image_size_0_keeps_a_folders_and_a_stores_shared_source_size(tmp_path):
     assert bundle.shape == (3, 224, 224)
     assert "differ in size (20x20 to 40x40): 224" in bundle.size_from
     assert load_data(DataConfig(source=str(mixed), image_size=48)).shape == (3, 48, 48)
+
+
+def test_channel_stats_read_a_bounded_number_of_pixels(monkeypatch):
+    """Large images: the statistics come from the first images that fit STATS_MAX_VALUES values
+    (a float copy of 10,000 ImageNet-sized images took seconds of start-up); small ones: the first
+    10,000 images, as always."""
+    from cnnpar.data import bundle
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (40, 3, 16, 16), dtype=torch.uint8, generator=g)
+    x[:10] //= 4  # the first images are darker: which images were read shows in the mean
+    full = bundle.channel_stats(x)
+    monkeypatch.setattr(bundle, "STATS_MAX_VALUES", 10 * 3 * 16 * 16)
+    first_ten = bundle.channel_stats(x)
+    assert first_ten == bundle.channel_stats(x[:10]) and first_ten[0][0] < full[0][0] / 2
+    monkeypatch.setattr(bundle, "STATS_MAX_VALUES", 1)  # never fewer than one image
+    assert bundle.channel_stats(x) == bundle.channel_stats(x[:1])
+    monkeypatch.undo()
+    cifar_sized = torch.zeros(10001, 3, 32, 32, dtype=torch.uint8)
+    cifar_sized[10000] = 255  # the 10,001st image is beyond the 10,000 read
+    assert bundle.channel_stats(cifar_sized)[0] == (0.0, 0.0, 0.0)
