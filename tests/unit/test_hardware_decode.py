@@ -255,3 +255,22 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
     # every library call ran on the decoder's own thread, whichever thread asked for it
     assert len(callers) == 2 and len(set(callers)) == 1 and callers[0] != threading.get_ident()
     dec._library.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_engines_name_a_truncated_file_as_the_other_paths_do():
+    """Issue 11 item 7 on the engines' path: a file cut short passes the header check, so it goes to
+    the engines; the batch must still end in the one-line error naming it, not in pixels made up."""
+    from cnnpar.data.nvjpeg_hw import hardware_decoder_available
+    from cnnpar.errors import DataError
+
+    why = hardware_decoder_available(0)
+    if why:
+        pytest.skip(why)
+    blobs = [photo(60, 80, phase=i) for i in range(8)]
+    blobs[5] = blobs[5][: len(blobs[5]) // 2]
+    assert hardware_ok(read_jpeg_header(blobs[5]))
+    files = [Path(f"photos/c{i % 2}/{i}.jpg") for i in range(8)]
+    with pytest.raises(DataError, match=r"photos/c1/5\.jpg"):
+        GpuDecoder(files, 16, torch.device("cuda"), train=True, backend="hardware")(encoded(blobs))
