@@ -83,7 +83,11 @@ def main() -> None:
     for name in SCENARIOS:
         t0 = time.perf_counter()
         cmd = [sys.executable, __file__, "--child", name, "--folder", args.folder, "--timeout-s", str(args.timeout_s)]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s + 30)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s + 30)
+        except subprocess.TimeoutExpired:  # hung after the watchdog's time, late in its exit
+            print(f"{name}: HUNG past {args.timeout_s + 30:.0f} s, killed", flush=True)
+            continue
         hung = "Timeout" in r.stderr or "most recent call first" in r.stderr
         print(f"{name}: rc {r.returncode}, {time.perf_counter() - t0:.1f} s{', HUNG' if hung else ''}", flush=True)
         print(r.stdout.rstrip(), flush=True)

@@ -352,12 +352,14 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
         engines = HardwareJpegDecoder(device)
         print(f"hardware decoder: nvJPEG {engines.version} from {engines.lib.path}")
         stream = torch.cuda.current_stream(device)
+        # the files the engines take (a progressive, CMYK or PNG file would make the library refuse the batch)
+        engine_ids = [np.flatnonzero(b.hardware_ok.numpy()) for b in batches]
         record(
             "decode",
             "hardware",
             "raw",
             lambda b: engines.decode(
-                batches[b].flat, batches[b].offsets.numpy(), np.arange(len(batches[b])), batches[b].hw.numpy(), stream
+                batches[b].flat, batches[b].offsets.numpy(), engine_ids[b], batches[b].hw.numpy()[engine_ids[b]], stream
             ),
         )
     for backend in backends:

@@ -96,12 +96,18 @@ STATS_MAX_VALUES = 1 << 26  # pixel values the statistics read at most (256 MB a
 
 
 def channel_stats(x: torch.Tensor, max_samples: int = 10000) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and std in [0, 1] units, from the first `max_samples` images, fewer where
-    they would exceed STATS_MAX_VALUES values: 10,000 images of 3x224x224 made a 6 GB float copy
-    and 6-17 s of start-up for the synthetic ResNet-50 data; CIFAR- and MNIST-sized sets keep
-    their 10,000 images."""
+    """Per-channel mean and std in [0, 1] units, from the first `max_samples` images, or, where those
+    would exceed STATS_MAX_VALUES values, from as many images as fit, spread evenly over the set:
+    10,000 images of 3x224x224 made a 6 GB float copy and 6-17 s of start-up for the synthetic
+    ResNet-50 data. CIFAR- and MNIST-sized sets keep their first 10,000 images."""
     per_image = max(1, x[0].numel()) if len(x) else 1
-    sample = x[: max(1, min(max_samples, STATS_MAX_VALUES // per_image))].to(torch.float32).div_(255.0)
+    fits = max(1, STATS_MAX_VALUES // per_image)
+    if fits < min(len(x), max_samples):
+        # images spread over the whole set, not the first few hundred (arrays in class order)
+        sample = x[torch.linspace(0, len(x) - 1, fits).round().long()]
+    else:
+        sample = x[:max_samples]
+    sample = sample.to(torch.float32).div_(255.0)
     mean = sample.mean(dim=(0, 2, 3))
     std = sample.std(dim=(0, 2, 3)).clamp_min(1e-3)
     return tuple(round(v, 5) for v in mean.tolist()), tuple(round(v, 5) for v in std.tolist())

@@ -141,6 +141,17 @@ def nvjpeg_decode(buffers: list[torch.Tensor], device: torch.device) -> list[tor
     return images
 
 
+def _flat_to_views(d: DecodedBatch) -> None:
+    """Put the engines' images into `d.images` as (3, H, W) views of the flat buffer (one torch
+    call each: for the per-image paths, not the batched resize, which reads the buffer directly)."""
+    if d.flat is None:
+        return
+    for i, start, (h, w) in zip(d.flat_ids, d.flat_starts.tolist(), d.flat_hw.tolist()):
+        d.images[i] = d.flat[start : start + 3 * h * w].view(h, w, 3).permute(2, 0, 1)
+        d.interleaved[i] = True
+    d.flat = None
+
+
 @dataclass
 class DecodedBatch:
     """What the decode stage hands the resize stage: each image (3, H, W) (a view, possibly of
@@ -230,7 +241,7 @@ class GpuDecoder:
 
             try:
                 self.hardware = hardware_decoder or HardwareJpegDecoder(self.device)
-            except HardwareDecoderUnavailable as e:
+            except (HardwareDecoderUnavailable, RuntimeError) as e:
                 raise ConfigError(f"data.decode = 'hardware': {e} (choose --decode gpu or cpu)") from e
         self.batched_calls = 0  # batched decode calls made, bisection included (for tests and benchmarks)
         self.cpu_decoded = 0  # images decoded on the CPU
@@ -278,6 +289,7 @@ class GpuDecoder:
         """The batch's images, each (3, H, W), and the crop boxes (N, 4) in each image's own
         coordinates (the decode stage in the caller's thread, without its event)."""
         d = self.decode_stage(batch)
+        _flat_to_views(d)
         return d.images, d.boxes
 
     def decode_stage(self, batch) -> DecodedBatch:
@@ -364,11 +376,8 @@ class GpuDecoder:
                 if d.flat is not None:
                     d.flat.record_stream(stream)
         n = len(d.images)
-        if d.flat is not None and self.resize == "loop":  # the reference path: views of the flat buffer
-            for i, start, (h, w) in zip(d.flat_ids, d.flat_starts.tolist(), d.flat_hw.tolist()):
-                d.images[i] = d.flat[start : start + 3 * h * w].view(h, w, 3).permute(2, 0, 1)
-                d.interleaved[i] = True
-            d.flat = None
+        if self.resize == "loop":  # the reference path, image by image: views of the flat buffer
+            _flat_to_views(d)
         if n == 0:
             out = torch.empty(0, 3, self.size, self.size, dtype=torch.uint8, device=self.device)
         elif self.resize == "loop":

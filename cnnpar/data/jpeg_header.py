@@ -79,8 +79,10 @@ _HARDWARE_LUMA = frozenset({0x11, 0x12, 0x21, 0x22})
 
 def hardware_ok(h: JpegHeader | None) -> bool:
     """True for a JPEG that nvJPEG's hardware backend (the GPU's JPEG engines) decodes: 8-bit
-    baseline, grey or YCbCr with 4:4:4, 4:4:0, 4:2:2 or 4:2:0 chroma. The header does not say how many
-    scans follow; a rare multi-scan baseline file fails the batch, which then goes the slower way."""
+    baseline, 1 or 3 components, with 4:4:4, 4:4:0, 4:2:2 or 4:2:0 chroma. The header does not say how
+    many scans follow; a rare multi-scan baseline file fails the batch, which then goes the slower way.
+    Three components are taken as YCbCr, as torchvision's nvJPEG path takes them: a rare file coded in
+    RGB (an Adobe marker with transform 0) is not told apart by either."""
     if not header_ok(h) or h.sof != 0xC0:
         return False
     if h.components == 1:

@@ -27,6 +27,7 @@ import ctypes.util
 import glob
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache, lru_cache
 
@@ -132,12 +133,17 @@ class HardwareJpegDecoder:
     """One nvJPEG handle on the hardware backend and one decode state, used from one thread of their
     own for their whole life.
 
-    Why a thread of their own: nvjpeg.h asks for a decode state per thread, and cnnpar's decode
-    threads are new each epoch. Shared across threads in turn, the state hung inside
-    nvjpegDecodeBatched on an H200 (benchmarks/results/2026-12-01-h200/call-l/jpeg_pipeline.log),
-    and a process that had used it from several threads hung at exit; used from one thread it did
-    neither. So every library call (create, decode, destroy) runs on `self._library`, a single
-    long-lived worker; `decode` hands it the call and waits (the GIL released while it waits).
+    Why a thread of their own (for every call that touches the handle or the state): nvjpeg.h asks
+    for a decode state per thread, and cnnpar's decode threads are new each epoch. With the state
+    shared by threads in turn, a decode hung inside nvjpegDecodeBatched on an H200
+    (benchmarks/results/2026-12-01-h200/call-l/jpeg_pipeline.log); with this thread the same
+    benchmark completed (call M), but `cnnpar train` still hung at exit (HARDWARE_CAVEAT). `decode`
+    hands the call to `self._library`, a single long-lived worker, and waits (the GIL released).
+
+    Known limit: each output image is sized from the (height, width) the workers read in its frame
+    header (`jpeg_header`), not from nvJPEG's own parse (torchvision asks nvjpegGetImageInfo per
+    image); both read the same SOF segment, and a file whose header the reader cannot read goes
+    another way.
 
     `decode` takes the encoded batch as it arrives from the workers (one flat host buffer with
     offsets) and returns one flat uint8 device buffer holding the chosen images as interleaved RGB,
@@ -152,6 +158,7 @@ class HardwareJpegDecoder:
         self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.lib = load_library()
         self.handle = self.state = None
+        self._library_thread = None  # ident of the thread every handle/state call runs on
         self._library = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cnnpar-nvjpeg")
         try:
             self._library.submit(self._create).result()
@@ -163,17 +170,22 @@ class HardwareJpegDecoder:
         self.calls = 0
 
     def _create(self) -> None:
+        self._library_thread = threading.get_ident()
         torch.cuda.set_device(self.device)  # the library works in the context current on its thread
         handle = ctypes.c_void_p()
         status = self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
         if status != 0:
             raise HardwareDecoderUnavailable(
-                f"nvJPEG {library_version(self.lib)} has no hardware backend on "
+                f"nvJPEG {library_version(self.lib)} could not start its hardware backend on "
                 f"{torch.cuda.get_device_name(self.device)}: status {status} ({STATUS.get(status, 'unknown')})"
             )
         self.handle = handle
         state = ctypes.c_void_p()
-        _check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state)), "nvjpegJpegStateCreate")
+        try:
+            _check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state)), "nvjpegJpegStateCreate")
+        except RuntimeError:
+            self._destroy()  # the handle made above goes with the failed start
+            raise
         self.state = state
 
     def decode(
@@ -210,8 +222,11 @@ class HardwareJpegDecoder:
         offsets = np.asarray(offsets, dtype=np.int64)
         pointers = (np.uint64(flat.data_ptr()) + offsets[ids].astype(np.uint64)).astype(np.uint64)
         lengths = (offsets[ids + 1] - offsets[ids]).astype(np.uint64)
+        library = self._library
+        if library is None:
+            raise RuntimeError("the hardware JPEG decoder is closed")
         # the call returns once the engines are done with `flat` and the arrays (it synchronises)
-        self._library.submit(self._decode_batched, n, pointers, lengths, dest, stream).result()
+        library.submit(self._decode_batched, n, pointers, lengths, dest, stream).result()
         self.calls += 1
         return out, starts
 
@@ -225,27 +240,31 @@ class HardwareJpegDecoder:
         allocator handed out, freed by kernels still queued on this stream, would be overwritten
         under them. After: the encoded bytes (the workers' shared memory) and the pointer arrays may
         be freed once this returns."""
+        if self.handle is None or self.state is None:  # closed while this call waited in the queue
+            raise RuntimeError("the hardware JPEG decoder is closed")
         stream.synchronize()
-        if n != self._batch:
-            _check(
-                self.lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, OUTPUT_RGBI),
-                "nvjpegDecodeBatchedInitialize",
+        try:
+            if n != self._batch:
+                _check(
+                    self.lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, OUTPUT_RGBI),
+                    "nvjpegDecodeBatchedInitialize",
+                )
+                self._batch = n
+            status = self.lib.nvjpegDecodeBatched(
+                self.handle,
+                self.state,
+                pointers.ctypes.data,
+                lengths.ctypes.data,
+                dest.ctypes.data,
+                ctypes.c_void_p(stream.cuda_stream),
             )
-            self._batch = n
-        status = self.lib.nvjpegDecodeBatched(
-            self.handle,
-            self.state,
-            pointers.ctypes.data,
-            lengths.ctypes.data,
-            dest.ctypes.data,
-            ctypes.c_void_p(stream.cuda_stream),
-        )
-        if status != 0:
-            self._batch = 0  # nvjpeg.h: initialise again to reset a failed batch
-            raise RuntimeError(
-                f"nvjpegDecodeBatched (hardware, {n} files): status {status} ({STATUS.get(status, 'unknown')})"
-            )
-        stream.synchronize()
+            if status != 0:
+                self._batch = 0  # nvjpeg.h: initialise again to reset a failed batch
+                raise RuntimeError(
+                    f"nvjpegDecodeBatched (hardware, {n} files): status {status} ({STATUS.get(status, 'unknown')})"
+                )
+        finally:  # also after a refused batch: the caller frees the output and the arrays next
+            stream.synchronize()
 
     def _destroy(self) -> None:
         if self.state:
@@ -256,11 +275,18 @@ class HardwareJpegDecoder:
             self.handle = None
 
     def close(self) -> None:
-        """Free the library's handle and state, on the thread that made them."""
+        """Free the library's handle and state, on the thread that made them. Decodes asked for
+        afterwards raise RuntimeError (GpuDecoder then decodes the nvJPEG way)."""
         library = getattr(self, "_library", None)
         if library is None:
             return
         self._library = None
+        if threading.get_ident() == self._library_thread:
+            # on the library's own thread (a last reference dropped there): waiting for a job
+            # queued behind this one would never end
+            self._destroy()
+            library.shutdown(wait=False)
+            return
         try:
             library.submit(self._destroy).result()
         finally:

@@ -14,6 +14,7 @@ import math
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -93,13 +94,18 @@ def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
 
 @contextlib.contextmanager
 def closing_feeders(*feeders):
-    """Close the feeders (their decoders' outside resources) when the run ends, however it ends."""
+    """Close the feeders (their decoders' outside resources) when the run ends, however it ends;
+    one that fails to close is reported without hiding the run's own error or the other feeder."""
     try:
         yield
     finally:
         for feeder in feeders:
-            if feeder is not None:
+            if feeder is None:
+                continue
+            try:
                 feeder.close()
+            except Exception as e:  # noqa: BLE001 - a warning, then the next feeder
+                warnings.warn(f"closing a data feeder failed: {e!r}", stacklevel=2)
 
 
 class Trainer:
@@ -316,7 +322,6 @@ class Trainer:
         clock = EpochClock()
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         correct = torch.zeros((), dtype=torch.int64, device=info.device)
-        accum = cfg.optim.grad_accum
         bar = tqdm(
             total=self.micro_steps,
             desc=f"epoch {epoch}/{cfg.run.epochs}",
@@ -328,6 +333,34 @@ class Trainer:
             dynamic_ncols=True,
         )
         it = iter(self.train_loader)
+        try:
+            self._train_steps(it, epoch, clock, loss_sum, correct, bar)
+        finally:
+            # an error mid-epoch must not leave the feeder's threads decoding ahead (the run's end
+            # then closes the decoders under them): the iterator stops them as it closes
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+            del it
+        bar.close()
+        sync(info.device)  # note: a CPU-GPU sync point, so the epoch time covers the device's work
+        timing = clock.summary()
+        totals = torch.tensor([loss_sum.item(), correct.item(), clock.images], dtype=torch.float64, device=info.device)
+        all_reduce_sum(totals, info)
+        images_per_s = float(totals[2]) / timing["epoch_s"]
+        return {
+            "train_loss": float(totals[0] / totals[2]),
+            "train_acc": float(totals[1] / totals[2]),
+            "epoch_s": timing["epoch_s"],
+            "images_per_s": images_per_s,
+            "data_wait_share": timing["data_wait_share"],
+        }
+
+    def _train_steps(
+        self, it, epoch: int, clock: EpochClock, loss_sum: torch.Tensor, correct: torch.Tensor, bar
+    ) -> None:
+        """One epoch's steps from the batch iterator `it`; sums accumulate in place."""
+        info, accum = self.info, self.cfg.optim.grad_accum
         done = 0  # micro-batches taken this epoch
         for step in range(self.steps_per_epoch):
             # One accumulation group: `accum` micro-batches, fewer in an epoch's last group
@@ -349,20 +382,6 @@ class Trainer:
                 self.board.note_loss(loss_sum, clock.images, self.scheduler.last_epoch)
             if not bar.disable and step % max(1, PROGRESS_EVERY // accum) == 0:
                 bar.set_postfix(loss=f"{loss_sum.item() / clock.images:.4f}")  # note: a CPU-GPU sync point
-        del it
-        bar.close()
-        sync(info.device)  # note: a CPU-GPU sync point, so the epoch time covers the device's work
-        timing = clock.summary()
-        totals = torch.tensor([loss_sum.item(), correct.item(), clock.images], dtype=torch.float64, device=info.device)
-        all_reduce_sum(totals, info)
-        images_per_s = float(totals[2]) / timing["epoch_s"]
-        return {
-            "train_loss": float(totals[0] / totals[2]),
-            "train_acc": float(totals[1] / totals[2]),
-            "epoch_s": timing["epoch_s"],
-            "images_per_s": images_per_s,
-            "data_wait_share": timing["data_wait_share"],
-        }
 
     @torch.no_grad()
     def evaluate(self) -> dict:

@@ -230,3 +230,60 @@ def test_only_the_nvjpeg_decoder_runs_its_stages_in_two_threads():
         dec = GpuDecoder([], 8, torch.device("cpu"), train=True, backend=backend)
         fed = DeviceFeeder([], None, transform, torch.device("cpu"), True, False, dec, threaded=True)
         assert fed.pipelined is two, backend
+
+
+def test_an_epoch_that_fails_stops_its_feeder_before_the_run_closes_the_decoders(tmp_path, monkeypatch):
+    """An error mid-epoch (out of memory, Ctrl-C) must not leave the feeder decoding ahead while the
+    run's end closes its decoders: the epoch closes its batch iterator on the way out."""
+    from cnnpar.config import Config, DataConfig, ModelConfig, RunConfig
+    from cnnpar.dist import DistInfo
+    from cnnpar.engine.trainer import Trainer
+
+    cfg = Config(
+        data=DataConfig(source="synthetic", synthetic_samples=96, val_fraction=0.0, workers=0),
+        model=ModelConfig(name="cnn3"),
+        run=RunConfig(epochs=1, batch_size=16, progress=False, out_dir=str(tmp_path)),
+    )
+    tr = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None)
+    events, plain_iter = [], DeviceFeeder.__iter__
+
+    def batches(feeder):
+        try:
+            yield from plain_iter(feeder)
+        finally:
+            events.append("iterator closed")
+
+    monkeypatch.setattr(DeviceFeeder, "__iter__", batches)
+    steps = []
+
+    def failing_step(group):
+        steps.append(len(group))
+        if len(steps) == 2:
+            raise RuntimeError("CUDA out of memory (stand-in)")
+        return torch.zeros(()), torch.zeros((), dtype=torch.int64)
+
+    monkeypatch.setattr(tr, "train_step", failing_step)
+    with pytest.raises(RuntimeError, match="stand-in") as failure:
+        tr.train_epoch(1)
+    # the traceback (kept here, as a caller handling the error keeps it) holds the epoch's frame
+    assert steps == [1, 1] and events == ["iterator closed"] and failure.tb is not None
+
+
+def test_a_feeder_that_fails_to_close_is_reported_and_the_other_still_closes():
+    from cnnpar.engine.trainer import closing_feeders
+
+    class Feeder:
+        def __init__(self, fails: bool) -> None:
+            self.fails, self.closed = fails, False
+
+        def close(self) -> None:
+            self.closed = True
+            if self.fails:
+                raise RuntimeError("nvjpegDestroy: status 8 (internal error)")
+
+    first, second = Feeder(fails=True), Feeder(fails=False)
+    with pytest.warns(UserWarning, match="closing a data feeder failed: .*status 8"):
+        with pytest.raises(ValueError, match="the run's own error"):  # not replaced by the close's
+            with closing_feeders(first, None, second):
+                raise ValueError("the run's own error")
+    assert first.closed and second.closed

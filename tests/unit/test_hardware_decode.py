@@ -152,8 +152,8 @@ def test_the_library_is_found_and_loaded_where_torchvision_bundles_it():
     if not candidates:
         pytest.skip("no libnvjpeg on this machine (torchvision without CUDA)")
     lib = nvjpeg_hw.load_library()
-    major, minor, _ = nvjpeg_hw.library_version(lib).split(".")
-    assert int(major) >= 11 and int(minor) >= 0
+    major, minor, patch = nvjpeg_hw.library_version(lib).split(".")
+    assert int(major) >= 11 and minor.isdigit() and patch.isdigit()  # batched hardware decode: CUDA 11+
 
 
 @pytest.mark.gpu
@@ -188,7 +188,15 @@ class LibraryStandIn:
     nvjpegImage_t destinations with channel[0] and pitch[0]) and writes Pillow's pixels through them."""
 
     def __init__(self) -> None:
-        self.initialised = []
+        self.initialised, self.destroyed = [], []
+
+    def nvjpegJpegStateDestroy(self, state):
+        self.destroyed.append(state)
+        return 0
+
+    def nvjpegDestroy(self, handle):
+        self.destroyed.append(handle)
+        return 0
 
     def nvjpegDecodeBatchedInitialize(self, handle, state, n, threads, fmt):
         self.initialised.append((n, fmt))
@@ -224,7 +232,7 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
     from concurrent.futures import ThreadPoolExecutor
 
     dec = object.__new__(nvjpeg_hw.HardwareJpegDecoder)  # no GPU here: the library's side is a stand-in
-    dec.lib, dec.handle, dec.state, dec.device = LibraryStandIn(), None, None, torch.device("cpu")
+    dec.lib, dec.handle, dec.state, dec.device = LibraryStandIn(), "handle", "state", torch.device("cpu")
     dec._batch, dec.calls = 0, 0
     dec._library = ThreadPoolExecutor(max_workers=1)
     callers = []
@@ -274,3 +282,36 @@ def test_cuda_engines_name_a_truncated_file_as_the_other_paths_do():
     files = [Path(f"photos/c{i % 2}/{i}.jpg") for i in range(8)]
     with pytest.raises(DataError, match=r"photos/c1/5\.jpg"):
         GpuDecoder(files, 16, torch.device("cuda"), train=True, backend="hardware")(encoded(blobs))
+
+
+def stand_in_decoder():
+    """A HardwareJpegDecoder whose library is LibraryStandIn (no GPU here), with its own thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cnnpar.data import nvjpeg_hw
+
+    dec = object.__new__(nvjpeg_hw.HardwareJpegDecoder)
+    dec.lib, dec.handle, dec.state, dec.device = LibraryStandIn(), "handle", "state", torch.device("cpu")
+    dec._batch, dec.calls = 0, 0
+    dec._library = ThreadPoolExecutor(max_workers=1)
+    dec._library_thread = dec._library.submit(threading.get_ident).result()
+    return dec
+
+
+def test_closing_the_engines_frees_them_once_from_any_thread_and_later_decodes_are_refused():
+    blobs = [photo(30, 40)]
+    batch, stream = encoded(blobs), types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
+    args = (batch.flat, batch.offsets.numpy(), np.array([0]), np.array([[30, 40]]), stream)
+    dec = stand_in_decoder()
+    library = dec._library
+    library.submit(dec.close).result(timeout=10)  # from the library's own thread: no wait on itself
+    assert dec.lib.destroyed == ["state", "handle"]
+    with pytest.raises(RuntimeError, match="closed"):  # GpuDecoder then decodes the nvJPEG way
+        dec.decode(*args)
+    dec.close()  # again: nothing left to free
+    assert dec.lib.destroyed == ["state", "handle"]
+    other = stand_in_decoder()
+    other.close()  # from another thread: the library's thread frees them, then ends
+    assert other.lib.destroyed == ["state", "handle"]
+    with pytest.raises(RuntimeError, match="closed"):
+        other._decode_batched(1, None, None, None, stream)  # a call that was queued behind the close
