@@ -31,14 +31,18 @@ fi
 ln -sfn .devdata/cifar10 cifar10   # airbench's test loader reads ./cifar10/test.pt
 R="$OUTDIR/results"; mkdir -p "$R"
 run() { echo "=== $*"; timeout "$1" "${@:2}" 2>&1 | grep -v -E "Warning|warn\(" | tail -25; }
+# logged NAME SECONDS CMD...: CMD's whole output into $R/NAME.log, its exit code
+# and the end of the log printed, without the libraries' known noise (LOG_FILTER, LOG_TAIL or TAIL)
+logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+           grep -v -E "${LOG_FILTER:-Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode}" "$R/$name.log" \
+             | tail -"${TAIL:-${LOG_TAIL:-30}}"; }
 
 case "$PHASE" in
 jpeg)
   # issue 11: the CUDA decode tests, decode/crop/resize per batch, then ResNet-50 end to end from
   # the photos (nvImageCodec, nvJPEG, CPU workers) and from a prepared store of them. Full logs
   # under $R (at most 8 files come back), their ends printed.
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If'  # this phase's log display
   logged gpu_tests 200 python3 -m pytest -q -s -m gpu tests/unit/test_gpu_decode.py
   TAIL=60 logged jpeg_decode 240 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
       --profile --out "$R/jpeg_decode_cuda.csv"
@@ -49,8 +53,7 @@ jpeg)
 jpeg_e2e)
   # issue 11, second half: the per-batch figures again (after changes), then ResNet-50 end to end
   # (a call of its own: with the tests, the two halves pass the 10 minutes a call may take)
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If'  # this phase's log display
   [ -n "${E2E_ONLY:-}" ] || TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py \
       --folder .devdata/imagenet_sample --device cuda --profile --out "$R/jpeg_decode_cuda.csv"
   STORE=.devdata/imagenet_rep.cnnpar
@@ -61,8 +64,6 @@ jpeg_e2e)
 final)
   # the CUDA tests, then the README's photo commands as a user runs them (defaults, one epoch each):
   # the log shows the decoder chosen and why, the graphs decision, and the prepare advice
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
   logged gpu_tests 200 python3 -m pytest -q -m gpu tests
   logged train_folder 120 python3 -m cnnpar train --data .devdata/imagenet_sample --model resnet50 --epochs 2 \
       --batch-size 64 --out-dir /tmp/runs
@@ -72,8 +73,6 @@ final)
   ;;
 jpeg_pipeline)
   # issue 11: the JPEG-folder loader alone against whole ResNet-50 epochs, a few variants
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
   logged jpeg_pipeline 480 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep ${VARIANTS:+--variants $VARIANTS} \
       ${GRAPHS:+--graphs $GRAPHS} --out "$R/jpeg_pipeline.csv"
   ;;
@@ -125,8 +124,7 @@ s5cifar)
   # session 5, call A (two H200s, used independently): GPU 0 the batch-size search's GPU tests, a
   # fixed batch 64 against --batch-size auto (issue 15 item 2), then the claims table (item 5);
   # GPU 1 the CIFAR-10 record beside airbench94_muon (issue 13 item 1)
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  LOG_FILTER='Warning|warn\('  # this phase's log display
   ( export CUDA_VISIBLE_DEVICES=0
     logged gpu_tests_step 120 python3 -m pytest -q -s -m gpu tests/unit/test_batch_size.py tests/unit/test_train_step.py
     TAIL=12 logged batch_auto 300 python3 benchmarks/batch_auto.py --data .devdata/cifar10.npz --model resnet18 \
@@ -141,8 +139,7 @@ s5b)
   # session 5, call B (two H200s): GPU 0 the ResNet-50 ladder, the tuner, batch auto again (after its
   # rule changed); GPU 1 the cifar10-record preset through the CLI with one switch changed at a time
   # (call A measured 10 % accuracy on CUDA, 90.9 % on the CPU), then the doctor on the photos
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  LOG_FILTER='Warning|warn\('  # this phase's log display
   ( export CUDA_VISIBLE_DEVICES=0
     TAIL=30 logged ladder50 200 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
         --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --budget-s 170 \
@@ -168,8 +165,7 @@ s5c)
   # then GPU 0 `cnnpar compare` torch / keras-torch / keras-jax (issue 14; keras wheels in .whl/keras)
   # beside GPU 1 the record preset eager (compile NaNs on CUDA: call B) with airbench94_muon; then
   # compare --devices 2 where a framework has a data-parallel API
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  LOG_FILTER='Warning|warn\('  # this phase's log display
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/keras/*.whl
   python3 -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tail -1
   TAIL=14 logged ddp_scaling 180 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --out "$R/ddp_scaling_resnet50"
@@ -187,8 +183,7 @@ s5d)
   # session 5, call D (one H200): the doctor on the README's CIFAR-10 ResNet-18 command with the old
   # batch 64 (issue 15 item 3: it should search and recommend a batch), then, when RECORD=1, the
   # record preset compiled again after the NaN fix, beside airbench94_muon
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  LOG_FILTER='Warning|warn\('  # this phase's log display
   [ "${DOCTOR:-1}" = 1 ] && TAIL=40 logged doctor18 150 python3 -m cnnpar doctor --data .devdata/cifar10.npz --model resnet18 --batch-size 64 \
       --try 1 --measure-steps 10 --report-dir "$R/doctor_resnet18_b64"
   [ -n "${RECORD:-}" ] && TAIL=12 logged record 230 python3 benchmarks/cifar10_record.py --seeds 5 --budget-s "${RECORD_BUDGET:-220}" \
@@ -198,8 +193,7 @@ claims_ladder)
   # issue 15 item 5: the claims table and the ResNet-50 ladder, one after the other on one H200, each
   # expected within 3 minutes (the claims keep a 170 s budget by default; the ladder is given one);
   # `timeout 200` only guards the call
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  LOG_FILTER='Warning|warn\('  # this phase's log display
   TAIL=40 logged claims 200 python3 -m cnnpar bench --claims --device cuda --out "$R/claims"
   TAIL=40 logged ladder50 200 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
       --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --budget-s 170 \
@@ -209,8 +203,6 @@ s6a)
   # session 6, call A (one H200): issue 11's GPU decoder after the two-stage feeder (and a split
   # backend, since removed: it measured no faster than nvImageCodec alone): the CUDA decode tests, decoder rows per batch
   # and through the two-thread feeder, then ResNet-50 224 end to end from the photos per variant
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
   TAIL=6 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py tests/unit/test_feeder.py
   TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
       --out "$R/jpeg_decode_cuda.csv"
@@ -222,8 +214,7 @@ s6b)
   # session 6, call B (one H200): why nvImageCodec and the split lose during training (each decoder
   # beside a spinning Python thread; the split's shares), end to end with one-thread stages and a
   # short GIL switch interval; then the ResNet-50 ladder after its one-compile rework (issue 15)
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$'  # this phase's log display
   TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
       --gil --repeats 3 --out "$R/jpeg_decode_cuda.csv"
   V=nvimgcodec:14:0,nvimgcodec:14:0:switch=0.0002,gpu:14:0:switch=0.0002
@@ -239,8 +230,7 @@ s6b)
 s6c)
   # session 6, call C (one H200): ResNet-50 end to end from the photos with nvImageCodec driven from
   # spawned worker processes (a GIL each), beside nvJPEG in-process and the CPU workers, same call
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$'  # this phase's log display
   V=nvimgcodec-workers:14:0,gpu:14:0,nvimgcodec-workers:8:0,cpu:14:0
   TAIL=8 logged jpeg_pipeline 290 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --budget-s "${PIPE_BUDGET:-200}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
@@ -250,8 +240,7 @@ s6d)
   # synthetic CIFAR-sized data: the carry limit leaves no room for CIFAR-10 beside the photos), then
   # nvImageCodec in the workers (at the call, with raw=1: whole photos handed over, crop and resize
   # in the training process; measured slower, since removed)
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$" "$R/$name.log" | tail -"${TAIL:-30}"; }
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$'  # this phase's log display
   TAIL=24 logged doctor18 120 python3 -m cnnpar doctor --data synthetic --image-shape 3x32x32 --synthetic-samples 50000 \
       --model resnet18 --batch-size 64 --try 1 --measure-steps 10 --report-dir "$R/doctor_resnet18_b64"
   V=nvimgcodec-workers:14:0,nvimgcodec-workers:8:0
@@ -260,8 +249,7 @@ s6d)
   ;;
 tune50)
   # issue 15 item 4: the tuner on ResNet-50, which must end by 220 s and leave tuned.toml
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(" "$R/$name.log" | tail -"${TAIL:-40}"; }
+  LOG_FILTER='Warning|warn\('; LOG_TAIL=40  # this phase's log display
   start=$(date +%s)
   logged tune50 240 python3 -m cnnpar tune --model resnet50 --data synthetic --image-shape 3x224x224 \
       --budget-s 200 --out "$R/tuned_resnet50.toml"
@@ -279,8 +267,6 @@ s7a)
   # session 7, call A (one H200): nvJPEG's hardware backend through ctypes (--decode hardware): its CUDA
   # test beside the decode/feeder tests, decode-only rows (raw, whole call, beside a spinning Python
   # thread, pipelined) against torchvision's nvJPEG, then ResNet-50 end to end from the photos
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
   TAIL=15 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py \
       tests/unit/test_gpu_decode.py tests/unit/test_feeder.py
   TAIL=45 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
@@ -293,8 +279,6 @@ s7b)
   # session 7, call B (one H200): after call A, the resize in fewer torch calls and the engines as the
   # default. The engines' CUDA test, decode-only rows, end to end (two threads against one), then the
   # user's command with every default (the decode line, batch auto, graphs decision) on the photos
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
   TAIL=6 logged gpu_tests 100 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py
   TAIL=20 logged jpeg_decode 100 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
       --backends nvjpeg,hardware --out "$R/jpeg_decode_cuda.csv"
@@ -307,8 +291,6 @@ s7c)
   # session 7, call C (one H200): call B's end-to-end benchmark printed nothing in 230 s and the default
   # train run hung after its last line. With watchdogs that print every thread's stack: the engines'
   # lifecycle in child processes, then end to end, then the user's default command
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
   TAIL=60 logged lifecycle 120 python3 benchmarks/hw_lifecycle.py --folder .devdata/imagenet_sample --timeout-s 20
   TAIL=60 logged jpeg_pipeline 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --variants "${VARIANTS:-hardware:14:0,gpu:14:0,hardware:14:0:pipe=0}" --budget-s 120 --watchdog-s 185 \
@@ -319,8 +301,6 @@ s7c)
 s7d)
   # session 7, call D (one H200): every nvJPEG call on one thread per decoder (call C: the shared state
   # hung inside nvjpegDecodeBatched). The same three checks as call C, shorter
-  logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
-             grep -v -E "Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode" "$R/$name.log" | tail -"${TAIL:-30}"; }
   TAIL=20 logged lifecycle 90 python3 benchmarks/hw_lifecycle.py --folder .devdata/imagenet_sample --timeout-s 15
   TAIL=8 logged jpeg_pipeline 170 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --variants "${VARIANTS:-hardware:14:0,gpu:14:0}" --budget-s 100 --watchdog-s 160 --out "$R/jpeg_pipeline.csv"

@@ -121,6 +121,15 @@ SHARED = ROOT.parent / "shared" / "measurements" / "h200-2026-11-30"
 JPEG_MARK = "<!-- h200-jpeg-2026-12-01 -->"
 
 
+def end_to_end_row(label: str, r: dict, path: Path, note: str = "") -> str:
+    """A table row for one `benchmarks/jpeg_pipeline.py` variant."""
+    return (
+        f"| {label}: {r['variant']} | {float(r['end_to_end_images_per_s']):,.0f} img/s | loader alone "
+        f"{float(r['loader_alone_images_per_s']):,.0f}, step alone {float(r['step_alone_images_per_s']):,.0f}, "
+        f"data wait {100 * float(r['data_wait_share']):.0f} %{note} | `{rel(path)}` |"
+    )
+
+
 def jpeg_lines() -> list[str]:
     """ResNet-50 224 from the photos: the reference run at 5bfa0df beside session 6's, and the
     decoder's rows per batch of 256 (call E: one thread, two threads, the libraries alone)."""
@@ -143,11 +152,7 @@ def jpeg_lines() -> list[str]:
                 note = "; two threads" if "pipe=0" not in r["variant"] else "; one thread"
             if "split" in r["variant"]:
                 note += "; a backend removed since (no faster)"
-            out.append(
-                f"| end to end: {r['variant']} | {float(r['end_to_end_images_per_s']):,.0f} img/s | loader alone "
-                f"{float(r['loader_alone_images_per_s']):,.0f}, step alone {float(r['step_alone_images_per_s']):,.0f}, "
-                f"data wait {100 * float(r['data_wait_share']):.0f} %{note} | `{rel(path)}` |"
-            )
+            out.append(end_to_end_row("end to end", r, path, note))
     path = RESULTS / "call-e" / "jpeg_decode_cuda.csv"
     for r in rows(path):
         if r["mode"] == "eval" or r["stage"] == "crop_resize":
@@ -175,12 +180,7 @@ def hardware_lines() -> list[str]:
         for r in rows(path):
             if r["status"] != "ok":
                 continue
-            out.append(
-                f"| end to end ({call[-1].upper()}, {r['git_rev']}): {r['variant']} | "
-                f"{float(r['end_to_end_images_per_s']):,.0f} img/s | loader alone "
-                f"{float(r['loader_alone_images_per_s']):,.0f}, step alone {float(r['step_alone_images_per_s']):,.0f}, "
-                f"data wait {100 * float(r['data_wait_share']):.0f} % | `{rel(path)}` |"
-            )
+            out.append(end_to_end_row(f"end to end ({call[-1].upper()}, {r['git_rev']})", r, path))
     for call, note in (("call-j", ""), ("call-k", "; resize weights at the largest photo's size (undone)")):
         path = RESULTS / call / "jpeg_decode_cuda.csv"
         for r in rows(path):

@@ -119,6 +119,13 @@ def _round8(x: int) -> int:
     return (x + 7) // 8 * 8
 
 
+def tail_room(max_width: int) -> int:
+    """Bytes a flat buffer of interleaved (HWC) images should hold after its last image so that
+    `resized_crops_flat` reads every row window in place (3 x the widest row rounded up to 8
+    pixels) instead of copying the buffer to pad it."""
+    return 3 * _round8(max_width)
+
+
 def _chunks(area: list[int], rows: list[int], cols: list[int], budget: int) -> list[tuple[int, int]]:
     """Cut images (already sorted by crop area, largest first) into runs whose padded canvas
     (count x max rows x 3 x max cols) fits the budget; an image too big alone still gets a run."""
@@ -193,13 +200,13 @@ def resized_crops_flat(
     # Every unfolded row window must lie inside the buffer: pad the tail (a copy) only when the
     # caller left too little room after the last image.
     max_rows, max_cols = _round8(max(crop_h)), _round8(max(crop_w))
-    window = 3 * max_cols if hwc else max_cols
+    window = tail_room(max(crop_w)) if hwc else max_cols
     need = int((starts + 3 * hw[:, 0] * hw[:, 1]).max()) + window
     if flat.numel() < need:
         flat = torch.cat([flat, flat.new_zeros(need - flat.numel())])
-    # Everything that does not depend on a chunk's padded size is computed once for the batch, so a
-    # batch costs a few dozen torch calls, not ~140 per chunk: in a decode thread each call is a GIL
-    # round trip against the training thread (docs/decoding.md).
+    # What does not depend on a chunk's padded size is computed once for the batch, and each chunk's
+    # height and width weights in one call: fewer torch calls per chunk, and in a decode thread each
+    # call is a GIL round trip against the training thread (docs/decoding.md).
     p = params.to(dev, non_blocking=True).t().reshape(7, n, 1, 1)
     base_, width, top, left, ch, cw, plane = p.unbind(0)
     order_dev = order.to(dev, non_blocking=True)

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
-from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_flat, resized_crops_loop
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_flat, resized_crops_loop, tail_room
 from cnnpar.data.folder import decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import decode_route, hardware_ok, header_ok, read_jpeg_header
 from cnnpar.data.tv_codecs import tv_codecs
@@ -64,10 +65,11 @@ class EncodedBatch:
     def __len__(self) -> int:
         return len(self.index)
 
-    @property
+    @cached_property
     def data(self) -> list[torch.Tensor]:
         # one call for the whole batch: a decode thread that takes the GIL back once per image
-        # waits behind the training thread's Python each time (docs/decoding.md)
+        # waits behind the training thread's Python each time (docs/decoding.md). Made on first use
+        # only: the JPEG engines read `flat` itself and most batches never need these views.
         return list(torch.split(self.flat, torch.diff(self.offsets).tolist()))
 
     def pin_memory(self) -> EncodedBatch:
@@ -300,11 +302,9 @@ class GpuDecoder:
         n = len(batch)
         if n == 0:
             return DecodedBatch([], torch.empty(0, 4, dtype=torch.int64), [], [])
-        data = None if self.hardware is not None else batch.data  # the hardware path reads the flat buffer
         ok, hard = batch.nvjpeg_ok, batch.hardware_ok
         if ok is None or batch.hw is None:  # batches made without workers: read the headers here
-            data = batch.data
-            headers = [read_jpeg_header(memoryview(b.numpy())) for b in data]
+            headers = [read_jpeg_header(memoryview(b.numpy())) for b in batch.data]
             ok, hard = [header_ok(h) for h in headers], [hardware_ok(h) for h in headers]
             hw = torch.tensor([(h.height, h.width) if h else (0, 0) for h in headers], dtype=torch.int64).view(n, 2)
         else:
@@ -313,11 +313,9 @@ class GpuDecoder:
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         images: list[torch.Tensor | None] = [None] * n
         owned, hwc_, holds = [False] * n, [False] * n, []
-        if not all(ok) and data is None:
-            data = batch.data
         for i in range(n):
             if not ok[i]:  # no GPU decoder takes it; its size comes from decoding it
-                images[i] = self._decode_cpu(data[i], int(batch.index[i]))
+                images[i] = self._decode_cpu(batch.data[i], int(batch.index[i]))
                 hw[i] = torch.tensor(images[i].shape[1:])
         boxes = draw_crop_boxes(hw, self.train, self.generator)
         fast = [i for i in range(n) if ok[i]]
@@ -327,18 +325,14 @@ class GpuDecoder:
                 i for i in fast if not hard[i]
             ]
             fast.sort()
+        if fast and self.backend == "nvimgcodec":
+            self._decode_nvimgcodec(batch.data, fast, boxes, images, owned, hwc_, holds, stream)
+        elif fast:
+            self._decode_batched(batch.data, fast, images)
         engines = set(d.flat_ids)
-        if data is None and (fast or any(images[i] is None for i in range(n) if i not in engines)):
-            data = batch.data
-        if self.backend == "nvimgcodec":
-            self._decode_nvimgcodec(data, fast, boxes, images, owned, hwc_, holds, stream)
-        else:
-            self._decode_batched(data, fast, images)
         for i in range(n):
-            if (
-                images[i] is None and i not in engines
-            ):  # the batched decode refused it alone: the CPU decodes or names it
-                images[i] = self._decode_cpu(data[i], int(batch.index[i]))
+            if images[i] is None and i not in engines:  # refused alone: the CPU decodes it or names it
+                images[i] = self._decode_cpu(batch.data[i], int(batch.index[i]))
                 if tuple(images[i].shape[1:]) != tuple(hw[i].tolist()):  # the header lied
                     boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, self.generator)[0]
         return d
@@ -351,11 +345,10 @@ class GpuDecoder:
         if not ids:
             return []
         sizes = hw[ids].numpy()
-        # resized_crops_flat reads a row window of up to 3 x (crop width rounded up to 8) bytes past
-        # an image's last row start: room for it after the last image saves a copy of the buffer
-        tail = 3 * ((int(sizes[:, 1].max()) + 7) // 8 * 8)
         try:
-            flat, starts = self.hardware.decode(batch.flat, batch.offsets.numpy(), ids, sizes, stream, tail)
+            flat, starts = self.hardware.decode(
+                batch.flat, batch.offsets.numpy(), ids, sizes, stream, tail_room(int(sizes[:, 1].max()))
+            )
         except RuntimeError:
             self.hardware_refused += 1
             return ids

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_flat
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_flat, tail_room
 from cnnpar.data.store import StoreFile
 
 
@@ -100,9 +100,8 @@ class StoreDataset(Dataset):
         starts = np.cumsum(nbytes) - nbytes
         meta[0] = torch.from_numpy(starts)
         total = int(nbytes.sum())
-        # Tail room for `resized_crops_flat`'s row windows (3 x the widest row, rounded up to 8
-        # pixels), so it never has to copy the buffer to pad it.
-        flat = torch.empty(total + 3 * (int(hw[:, 1].max()) + 8), dtype=torch.uint8)
+        # tail room for `resized_crops_flat`'s row windows, so it never copies the buffer to pad it
+        flat = torch.empty(total + tail_room(int(hw[:, 1].max())), dtype=torch.uint8)
         dst, src = flat.numpy(), self.store.pixels
         dst[total:] = 0
         for a, o, k in zip(starts.tolist(), offsets.tolist(), nbytes.tolist()):
