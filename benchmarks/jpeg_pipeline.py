@@ -13,14 +13,18 @@ environment facts; nothing is typed in by hand.
 from __future__ import annotations
 
 import argparse
+import gzip
+import shutil
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # trace_summary
 
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
 from cnnpar.data import load_data  # noqa: E402
@@ -31,6 +35,7 @@ from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
+from cnnpar.report.ranges import span  # noqa: E402
 
 
 def loader_alone(tr: Trainer) -> float:
@@ -42,6 +47,46 @@ def loader_alone(tr: Trainer) -> float:
         n += y.shape[0]
     sync(tr.info.device)
     return n / (time.perf_counter() - t0)
+
+
+def trace_epoch(tr: Trainer, epoch: int, path: Path) -> str:
+    """One more epoch under torch.profiler, every thread's ops and ranges recorded (where this torch
+    can), written to `path` (gzipped Chrome trace) with a summary beside it; returns the summary."""
+    import trace_summary
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if tr.info.device.type == "cuda" else [])
+    extra = {}
+    try:  # torch >= 2.8 or so: the feeder's threads too, not only this one
+        extra["experimental_config"] = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    except TypeError:
+        pass
+    names: dict[int, str] = {}
+    done = threading.Event()
+
+    def watch() -> None:  # the feeder's threads live only inside the epoch: their names, while they do
+        while not done.wait(0.05):
+            names.update({t.native_id: t.name for t in threading.enumerate()})
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    span.all_threads = True
+    try:
+        with profile(activities=activities, **extra) as prof:
+            tr.train_epoch(epoch)
+    finally:
+        span.all_threads = False
+        done.set()
+        watcher.join()
+    raw = path.with_suffix("")  # trace.json.gz -> trace.json
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    events = trace_summary.load_events(raw)
+    raw.unlink()
+    text = trace_summary.report(trace_summary.summarize(events, names))
+    path.with_name(path.name.replace(".json.gz", ".txt")).write_text(text + "\n")
+    return text
 
 
 def step_alone(tr: Trainer, steps: int = 20) -> float:
@@ -68,9 +113,11 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
-        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G], ... (threads: nvImageCodec's "
-        "host threads, 0 = one per core; pipe: decode and resize in two threads or one; switch: the GIL's switch "
-        "interval in seconds, Python's default 0.005; graphs: --cuda-graphs for this variant)",
+        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G][:prio=P][:trace=1], ... (threads: "
+        "nvImageCodec's host threads, 0 = one per core; pipe: decode and resize in two threads or one; switch: the "
+        "GIL's switch interval in seconds, Python's default 0.005; graphs: --cuda-graphs for this variant; prio: "
+        "the feeder threads' CUDA stream priority, -1 high; trace: one more epoch under torch.profiler, its trace "
+        "and summary beside --out)",
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")
@@ -106,6 +153,7 @@ def main() -> None:
         NvImageCodecDecode.CPU_THREADS = int(opts.get("threads", 0))
         DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
+        DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
         graphs = opts.pop("graphs", args.graphs)
         extra = [kv for kv in extra if not kv.startswith("graphs=")]
         cfg = Config(
@@ -136,6 +184,9 @@ def main() -> None:
             epochs = [tr.train_epoch(e) for e in (2, 3)]
             row["end_to_end_images_per_s"] = round(statistics.median(r["images_per_s"] for r in epochs), 1)
             row["data_wait_share"] = round(statistics.median(r["data_wait_share"] for r in epochs), 3)
+            if opts.get("trace") == "1":
+                trace = Path(args.out).with_name(f"trace_{len(rows)}_{decode}.json.gz")
+                print(f"{spec}: epoch 4 under the profiler -> {trace}\n{trace_epoch(tr, 4, trace)}", flush=True)
             row["step_alone_images_per_s"] = round(step_alone(tr), 1)
             row["status"] = "ok"
             del tr

@@ -41,6 +41,7 @@ from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crop
 from cnnpar.data.folder import decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import decode_route, hardware_ok, header_ok, read_jpeg_header
 from cnnpar.data.tv_codecs import tv_codecs
+from cnnpar.report.ranges import CROP_RESIZE, JPEG_DECODE, span
 
 BatchDecode = Callable[[list[torch.Tensor], torch.device], list[torch.Tensor]]
 GPU_BACKENDS = ("nvjpeg", "nvimgcodec", "hardware")
@@ -295,8 +296,12 @@ class GpuDecoder:
         return d.images, d.boxes
 
     def decode_stage(self, batch) -> DecodedBatch:
+        with span(JPEG_DECODE):
+            return self._decode_stage(batch)
+
+    def _decode_stage(self, batch) -> DecodedBatch:
         if hasattr(batch, "decoded"):  # a HybridBatch: the workers decoded its first images
-            d = self.decode_stage(batch.encoded)
+            d = self._decode_stage(batch.encoded)
             d.done = batch.decoded.to(self.device, non_blocking=True)
             return d
         n = len(batch)
@@ -360,6 +365,10 @@ class GpuDecoder:
     def resize_stage(self, d: DecodedBatch) -> torch.Tensor:
         """Crop and resize a decoded batch on the current stream. On another thread's stream, the
         caller has already ordered it after the decode (DeviceFeeder's hand-over event does)."""
+        with span(CROP_RESIZE):
+            return self._resize_stage(d)
+
+    def _resize_stage(self, d: DecodedBatch) -> torch.Tensor:
         if d.stream is not None:
             stream = torch.cuda.current_stream(self.device)
             if stream != d.stream:  # on the decode's own stream the decode already held them

@@ -207,7 +207,7 @@ class DeviceFeeder:
     """
 
     QUEUE_DEPTH = 3
-    STREAM_PRIORITY = 0  # of the decode thread's stream; benchmarks/jpeg_pipeline.py compares -1 (high)
+    STREAM_PRIORITY = 0  # of the feeder threads' streams; benchmarks/jpeg_pipeline.py's prio= compares -1 (high)
     PIPELINE: bool | None = None  # None: the decoder's own rule (GpuDecoder.two_stage); benchmarks force it
 
     def __init__(
@@ -304,9 +304,23 @@ class DeviceFeeder:
             decoded = _in_thread(
                 source, self._decode_only, self.device, 2, "cnnpar-decode", self.STREAM_PRIORITY, handoff=True
             )
-            batches = _in_thread(decoded, self._resize_and_transform, self.device, self.QUEUE_DEPTH, "cnnpar-feeder")
+            batches = _in_thread(
+                decoded,
+                self._resize_and_transform,
+                self.device,
+                self.QUEUE_DEPTH,
+                "cnnpar-feeder",
+                self.STREAM_PRIORITY,
+            )
         else:
-            batches = _in_thread(source, lambda raw: self._ready(*raw), self.device, self.QUEUE_DEPTH, "cnnpar-feeder")
+            batches = _in_thread(
+                source,
+                lambda raw: self._ready(*raw),
+                self.device,
+                self.QUEUE_DEPTH,
+                "cnnpar-feeder",
+                self.STREAM_PRIORITY,
+            )
         try:
             for batch in batches:
                 if self.device.type == "cuda":

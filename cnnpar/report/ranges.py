@@ -15,6 +15,8 @@ H2D_COPY = "h2d_copy"
 FORWARD = "forward"
 BACKWARD = "backward"
 OPTIMIZER_STEP = "optimizer_step"
+JPEG_DECODE = "jpeg_decode"  # a GPU decoder's decode stage (the feeder's thread)
+CROP_RESIZE = "crop_resize"  # its crop and resize stage
 STEP_RANGES = (DATA_WAIT, H2D_COPY, FORWARD, BACKWARD, OPTIMIZER_STEP)
 
 _nvtx: bool | None = None  # decided on first use: importing cnnpar must not initialise CUDA
@@ -31,6 +33,9 @@ class span:
     """`with span(name):` marks a region for whichever profiler is listening."""
 
     __slots__ = ("name", "_rf", "_pushed")
+    # Set while a profiler records every thread (`profile_all_threads`, benchmarks/jpeg_pipeline.py):
+    # the check below answers only for the thread that started the profiler.
+    all_threads = False
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -38,7 +43,7 @@ class span:
         self._pushed = False
 
     def __enter__(self) -> span:
-        if torch._C._autograd._profiler_enabled():
+        if span.all_threads or torch._C._autograd._profiler_enabled():
             self._rf = torch.profiler.record_function(self.name)
             self._rf.__enter__()
         if _nvtx_on():

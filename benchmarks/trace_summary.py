@@ -1,0 +1,182 @@
+"""Read a torch.profiler Chrome trace (JSON, or JSON.gz) of training steps and print where the time
+went: how busy the GPU was and on which streams, how much of the side streams' work ran beside the
+step's, and, per host thread, the named ranges and the CUDA runtime calls that waited.
+
+Made for the question the JPEG pipeline leaves open (benchmarks/jpeg_pipeline.py's `trace=1`): the
+loader alone and the step alone each run faster than the two together; is it the GPU they share,
+or the host? Nothing here is timed: it reads what the profiler recorded.
+
+    python benchmarks/trace_summary.py trace.json.gz [--threads threads.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# runtime calls in which a host thread waits for the device or the allocator's driver calls
+WAITS = (
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaStreamWaitEvent",
+    "cudaMalloc",
+    "cudaFree",
+    "cudaHostAlloc",
+    "cudaMemcpyAsync",
+    "cudaLaunchKernel",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaGraphLaunch",
+)
+
+
+def load_events(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by (start, end) intervals, overlaps counted once."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
+def overlap_length(a: list[tuple[float, float]], b_merged: list[tuple[float, float]]) -> float:
+    """How much of the intervals `a` (merged here) lies inside `b_merged`."""
+    total, j = 0.0, 0
+    for s, e in merged(a):
+        while j < len(b_merged) and b_merged[j][1] <= s:
+            j += 1
+        k = j
+        while k < len(b_merged) and b_merged[k][0] < e:
+            total += min(e, b_merged[k][1]) - max(s, b_merged[k][0])
+            k += 1
+    return total
+
+
+def summarize(events: list[dict], thread_names: dict[int, str] | None = None) -> dict:
+    """The figures `report` prints (microseconds, as the trace keeps them)."""
+    thread_names = thread_names or {}
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
+    if gpu:
+        t0 = min(e["ts"] for e in gpu)
+        t1 = max(e["ts"] + e["dur"] for e in gpu)
+    else:
+        xs = [e for e in events if e.get("ph") == "X" and "dur" in e]
+        t0, t1 = min(e["ts"] for e in xs), max(e["ts"] + e["dur"] for e in xs)
+    window = max(t1 - t0, 1e-9)
+    by_stream: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    names: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for e in gpu:
+        stream = int(e.get("args", {}).get("stream", -1))
+        by_stream[stream].append((e["ts"], e["ts"] + e["dur"]))
+        names[stream][e["name"][:60]] += e["dur"]
+    streams = {}
+    main = max(by_stream, key=lambda s: union_length(by_stream[s])) if by_stream else None
+    main_busy = merged(by_stream[main]) if main is not None else []
+    for s, iv in by_stream.items():
+        busy = union_length(iv)
+        top = sorted(names[s].items(), key=lambda kv: -kv[1])[:4]
+        streams[s] = {
+            "ops": len(iv),
+            "busy_us": busy,
+            "busy_share": busy / window,
+            "beside_main_share": (overlap_length(iv, main_busy) / busy if busy and s != main else None),
+            "top": top,
+        }
+    gaps = [b[0] - a[1] for a, b in zip(main_busy, main_busy[1:])]
+    threads: dict[int, dict] = defaultdict(
+        lambda: {"ranges": defaultdict(float), "calls": defaultdict(float), "counts": defaultdict(int), "ops_us": []}
+    )
+    for e in events:
+        if e.get("ph") != "X" or "tid" not in e or not isinstance(e.get("tid"), int):
+            continue
+        if not (t0 <= e["ts"] <= t1):
+            continue
+        th = threads[e["tid"]]
+        cat = e.get("cat")
+        if cat == "user_annotation":
+            th["ranges"][e["name"]] += e["dur"]
+        elif cat in ("cuda_runtime", "cuda_driver") and e["name"] in WAITS:
+            th["calls"][e["name"]] += e["dur"]
+            th["counts"][e["name"]] += 1
+        elif cat == "cpu_op":
+            th["ops_us"].append((e["ts"], e["ts"] + e["dur"]))
+    out_threads = {}
+    for tid, th in threads.items():
+        busy = union_length(th["ops_us"])
+        if not th["ranges"] and not th["calls"] and busy < 0.01 * window:
+            continue
+        out_threads[tid] = {
+            "name": thread_names.get(tid, str(tid)),
+            "torch_ops_share": busy / window,
+            "ranges": dict(th["ranges"]),
+            "calls": {k: (th["counts"][k], v) for k, v in th["calls"].items()},
+        }
+    return {
+        "window_us": window,
+        "gpu_busy_share": union_length([iv for s in by_stream.values() for iv in s]) / window,
+        "main_stream": main,
+        "main_gaps_over_1ms": (sum(1 for g in gaps if g > 1000), sum(g for g in gaps if g > 1000)),
+        "main_gaps_all_us": sum(gaps),
+        "streams": streams,
+        "threads": out_threads,
+    }
+
+
+def report(s: dict) -> str:
+    w = s["window_us"]
+    lines = [
+        f"window {w / 1e3:.1f} ms; GPU busy (any stream) {100 * s['gpu_busy_share']:.1f} %",
+        f"main stream {s['main_stream']}: idle between its ops {s['main_gaps_all_us'] / 1e3:.1f} ms, of which "
+        f"{s['main_gaps_over_1ms'][0]} gaps over 1 ms = {s['main_gaps_over_1ms'][1] / 1e3:.1f} ms",
+    ]
+    for sid, st in sorted(s["streams"].items(), key=lambda kv: -kv[1]["busy_us"]):
+        beside = st["beside_main_share"]
+        lines.append(
+            f"  stream {sid}: {st['ops']} ops, busy {st['busy_us'] / 1e3:.1f} ms ({100 * st['busy_share']:.1f} %)"
+            + (f", {100 * beside:.0f} % of it beside the main stream's work" if beside is not None else "")
+        )
+        for name, us in st["top"]:
+            lines.append(f"      {us / 1e3:8.1f} ms  {name}")
+    for tid, th in sorted(s["threads"].items(), key=lambda kv: kv[1]["name"]):
+        lines.append(f"thread {th['name']} ({tid}): torch ops {100 * th['torch_ops_share']:.1f} % of the window")
+        for name, us in sorted(th["ranges"].items(), key=lambda kv: -kv[1])[:8]:
+            lines.append(f"      range {name}: {us / 1e3:.1f} ms")
+        for name, (n, us) in sorted(th["calls"].items(), key=lambda kv: -kv[1][1]):
+            lines.append(f"      {name}: {n} calls, {us / 1e3:.1f} ms, {us / max(n, 1) / 1e3:.3f} ms each")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace", type=Path)
+    ap.add_argument("--threads", type=Path, help="JSON {native thread id: Python thread name}")
+    args = ap.parse_args()
+    names = {int(k): v for k, v in json.loads(args.threads.read_text()).items()} if args.threads else None
+    print(report(summarize(load_events(args.trace), names)))
+
+
+if __name__ == "__main__":
+    main()

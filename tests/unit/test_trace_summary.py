@@ -1,0 +1,50 @@
+"""benchmarks/trace_summary.py reads a profiler trace: its interval arithmetic and its attribution
+of GPU work to streams and of waits to host threads, on a trace made up here."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import trace_summary  # noqa: E402
+
+
+def test_union_and_overlap_count_shared_time_once():
+    assert trace_summary.union_length([(0, 10), (5, 15), (20, 25)]) == 20
+    assert trace_summary.union_length([(0, 10), (2, 3)]) == 10
+    main = trace_summary.merged([(0, 10), (20, 30)])
+    assert trace_summary.overlap_length([(5, 25)], main) == 10  # 5-10 and 20-25
+    assert trace_summary.overlap_length([(10, 20)], main) == 0
+
+
+def _kernel(ts, dur, stream, name="k"):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+
+def test_summary_finds_the_step_stream_its_gaps_and_each_threads_waits():
+    events = [
+        _kernel(0, 400, 7, "conv"),
+        _kernel(1400, 600, 7, "conv"),  # a 1 ms gap on the step's stream
+        _kernel(300, 200, 13, "resize"),  # half of it beside the step's kernels
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 500, "dur": 800, "tid": 2},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 5, "tid": 1},
+        {"ph": "X", "cat": "user_annotation", "name": "data_wait", "ts": 420, "dur": 900, "tid": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 1000, "tid": 1},
+    ]
+    s = trace_summary.summarize(events, {1: "MainThread", 2: "cnnpar-decode"})
+    assert s["window_us"] == 2000
+    assert s["main_stream"] == 7
+    assert s["gpu_busy_share"] == pytest.approx((400 + 100 + 600) / 2000)
+    assert s["main_gaps_over_1ms"] == (0, 0)  # 1,000 us exactly is not over 1 ms
+    assert s["main_gaps_all_us"] == 1000
+    assert s["streams"][13]["beside_main_share"] == pytest.approx(0.5)
+    assert s["streams"][7]["beside_main_share"] is None
+    threads = s["threads"]
+    assert threads[2]["name"] == "cnnpar-decode"
+    assert threads[2]["calls"]["cudaStreamSynchronize"] == (1, 800)
+    assert threads[1]["ranges"] == {"data_wait": 900}
+    assert threads[1]["torch_ops_share"] == pytest.approx(0.5)
+    text = trace_summary.report(s)
+    assert "cnnpar-decode" in text and "stream 13" in text
