@@ -2,7 +2,326 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | frameworks)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a)
+# Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
+# tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
+set -uo pipefail
+PHASE=$1; OUTDIR=$2
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p /tmp/site "$OUTDIR"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+for t in .whl/*.tar.gz; do [ -f "$t" ] || continue; tar xzf "$t" -C /tmp && cp -r /tmp/"$(basename "$t" .tar.gz)"/airbench /tmp/site/; done
+export PYTHONPATH="$PWD:/tmp/site"
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
+nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv
+
+# data: decoded CIFAR-10 (npz + airbench's train.pt/test.pt), the ImageNet photos, and a 20x
+# larger folder of hard links to the same photos so an epoch has enough batches to time
+[ -f .devdata/cifar10.npz ] || [ ! -f .devdata/cifar10_jpeg.npz ] || python3 benchmarks/prepare_cifar10.py --src .devdata/cifar10_jpeg.npz --out .devdata
+[ -d .devdata/imagenet_sample ] || tar xf .devdata/imagenet_sample_300.tar -C .devdata
+if [ ! -d .devdata/imagenet_rep ]; then
+  for k in $(seq 1 20); do
+    for d in .devdata/imagenet_sample/*/; do
+      c=$(basename "$d"); mkdir -p ".devdata/imagenet_rep/$c"
+      for f in "$d"*; do ln "$f" ".devdata/imagenet_rep/$c/${k}_$(basename "$f")"; done
+    done
+  done
+fi
+ln -sfn .devdata/cifar10 cifar10   # airbench's test loader reads ./cifar10/test.pt
+R="$OUTDIR/results"; mkdir -p "$R"
+run() { echo "=== $*"; timeout "$1" "${@:2}" 2>&1 | grep -v -E "Warning|warn\(" | tail -25; }
+# logged NAME SECONDS CMD...: CMD's whole output into $R/NAME.log, its exit code
+# and the end of the log printed, without the libraries' known noise (LOG_FILTER, LOG_TAIL or TAIL)
+logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
+           grep -v -E "${LOG_FILTER:-Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode}" "$R/$name.log" \
+             | tail -"${TAIL:-${LOG_TAIL:-30}}"; }
+
+case "$PHASE" in
+jpeg)
+  # issue 11: the CUDA decode tests, decode/crop/resize per batch, then ResNet-50 end to end from
+  # the photos (nvImageCodec, nvJPEG, CPU workers) and from a prepared store of them. Full logs
+  # under $R (at most 8 files come back), their ends printed.
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If'  # this phase's log display
+  logged gpu_tests 200 python3 -m pytest -q -s -m gpu tests/unit/test_gpu_decode.py
+  TAIL=60 logged jpeg_decode 240 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --profile --out "$R/jpeg_decode_cuda.csv"
+  # the store for jpeg_e2e, made now while the machine is warm (kept between calls until it goes back)
+  [ -f .devdata/imagenet_rep.cnnpar ] || logged prepare 120 python3 -m cnnpar prepare .devdata/imagenet_rep \
+      --out .devdata/imagenet_rep.cnnpar --max-side 256
+  ;;
+jpeg_e2e)
+  # issue 11, second half: the per-batch figures again (after changes), then ResNet-50 end to end
+  # (a call of its own: with the tests, the two halves pass the 10 minutes a call may take)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If'  # this phase's log display
+  [ -n "${E2E_ONLY:-}" ] || TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py \
+      --folder .devdata/imagenet_sample --device cuda --profile --out "$R/jpeg_decode_cuda.csv"
+  STORE=.devdata/imagenet_rep.cnnpar
+  [ -f "$STORE" ] || logged prepare 120 python3 -m cnnpar prepare .devdata/imagenet_rep --out "$STORE" --max-side 256
+  logged speed_records 380 python3 benchmarks/speed_records.py --parts jpeg --store "$STORE" \
+      --out "$R/speed_records_jpeg.csv"
+  ;;
+final)
+  # the CUDA tests, then the README's photo commands as a user runs them (defaults, one epoch each):
+  # the log shows the decoder chosen and why, the graphs decision, and the prepare advice
+  logged gpu_tests 200 python3 -m pytest -q -m gpu tests
+  logged train_folder 120 python3 -m cnnpar train --data .devdata/imagenet_sample --model resnet50 --epochs 2 \
+      --batch-size 64 --out-dir /tmp/runs
+  logged train_store 90 bash -c "python3 -m cnnpar prepare .devdata/imagenet_sample --out /tmp/sample.cnnpar \
+      --max-side 256 && python3 -m cnnpar train --data /tmp/sample.cnnpar --model resnet50 --epochs 2 --batch-size 64 \
+      --out-dir /tmp/runs"
+  ;;
+jpeg_pipeline)
+  # issue 11: the JPEG-folder loader alone against whole ResNet-50 epochs, a few variants
+  logged jpeg_pipeline 480 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep ${VARIANTS:+--variants $VARIANTS} \
+      ${GRAPHS:+--graphs $GRAPHS} --out "$R/jpeg_pipeline.csv"
+  ;;
+smoke)
+  run 120 python3 -m pytest -q -m gpu tests
+  run 120 python3 benchmarks/step_vs_plain.py --cases resnet18:32:512 --steps 5 --repeats 1 --warmup 3 \
+      --variants "compile=off,cuda_graphs=on" --out "$R/smoke_svp.csv"
+  run 150 python3 benchmarks/speed_records.py --parts cifar,jpeg,speedrun --seeds 1 --speed-epochs 2 --out "$R/smoke_sr.csv"
+  [ "$GPUS" -ge 2 ] && run 150 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --steps 10 --repeats 1 \
+      --out "$R/smoke_ddp"
+  run 120 python3 -m cnnpar bench --device cuda --model resnet18 --data .devdata/cifar10.npz --timed-steps 5 \
+      --warmup-steps 3 --repeats 1 --batch-size 256 --out "$R/smoke_bench"
+  ;;
+main)
+  [ "$GPUS" -ge 2 ] && run 170 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --out "$R/ddp_scaling_resnet50"
+  CUDA_VISIBLE_DEVICES=0 run 400 python3 benchmarks/step_vs_plain.py --out "$R/step_vs_plain.csv" > "$R/svp.log" &
+  CUDA_VISIBLE_DEVICES=1 run 400 python3 -m cnnpar bench --device cuda --model resnet18 --data .devdata/cifar10.npz \
+      --batch-size 512 --out "$R/ladder_resnet18_cifar10" > "$R/ladder18.log" &
+  wait; cat "$R/svp.log" "$R/ladder18.log"
+  ;;
+extra)
+  CUDA_VISIBLE_DEVICES=0 run 420 python3 benchmarks/speed_records.py --out "$R/speed_records.csv" > "$R/sr.log" &
+  CUDA_VISIBLE_DEVICES=1 bash -c "run() { timeout \$1 \"\${@:2}\" 2>&1 | tail -8; }; \
+      run 200 bash benchmarks/doctor_imagenet.sh '$R/doctor_imagenet'; \
+      run 220 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic --image-shape 3x224x224 \
+      --synthetic-samples 4096 --batch-size 256 --out '$R/ladder_resnet50_synthetic'" > "$R/other.log" 2>&1 &
+  wait; cat "$R/sr.log" "$R/other.log"
+  ;;
+rest)
+  # issue 6's remaining GPU results: the ResNet-50 ladder and the claims table (split across GPUs)
+  CUDA_VISIBLE_DEVICES=0 run 560 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
+      --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --out "$R/ladder_resnet50_synthetic" \
+      > "$R/ladder50.log" &
+  CUDA_VISIBLE_DEVICES=1 run 560 python3 -m cnnpar bench --claims --device cuda --out "$R/claims" > "$R/claims.log" &
+  wait; cat "$R/ladder50.log" "$R/claims.log"
+  ;;
+verify)
+  # what session 2 wrote without a GPU (notes/gpu.md): the CUDA tests (nvJPEG decode, batched
+  # resize, stream safety), loop vs batched resize per batch and end to end, the new cifar10-speed
+  # preset beside airbench94, and DDP with worker processes for in-memory data (issue 3's 1.97x)
+  run 150 python3 -m pytest -q -m gpu tests
+  run 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda --profile \
+      --out "$R/jpeg_decode_cuda.csv"
+  run 330 python3 benchmarks/speed_records.py --parts jpeg,speedrun --out "$R/speed_records_verify.csv"
+  [ "$GPUS" -ge 2 ] && run 200 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --workers 2 \
+      --out "$R/ddp_scaling_resnet50_workers2"
+  ;;
+s5cifar)
+  # session 5, call A (two H200s, used independently): GPU 0 the batch-size search's GPU tests, a
+  # fixed batch 64 against --batch-size auto (issue 15 item 2), then the claims table (item 5);
+  # GPU 1 the CIFAR-10 record beside airbench94_muon (issue 13 item 1)
+  LOG_FILTER='Warning|warn\('  # this phase's log display
+  ( export CUDA_VISIBLE_DEVICES=0
+    logged gpu_tests_step 120 python3 -m pytest -q -s -m gpu tests/unit/test_batch_size.py tests/unit/test_train_step.py
+    TAIL=12 logged batch_auto 300 python3 benchmarks/batch_auto.py --data .devdata/cifar10.npz --model resnet18 \
+        --epochs 10 --cases 64,auto --target 0.80 --out "$R/batch_auto.csv"
+    TAIL=40 logged claims 200 python3 -m cnnpar bench --claims --device cuda --out "$R/claims" ) > "$R/gpu0.out" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    TAIL=40 logged record 500 python3 benchmarks/cifar10_record.py --budget-s 480 --out "$R/cifar10_record.csv" \
+        ${RECORD_ARGS:-} ) > "$R/gpu1.out" 2>&1 &
+  wait; cat "$R/gpu0.out" "$R/gpu1.out"
+  ;;
+s5b)
+  # session 5, call B (two H200s): GPU 0 the ResNet-50 ladder, the tuner, batch auto again (after its
+  # rule changed); GPU 1 the cifar10-record preset through the CLI with one switch changed at a time
+  # (call A measured 10 % accuracy on CUDA, 90.9 % on the CPU), then the doctor on the photos
+  LOG_FILTER='Warning|warn\('  # this phase's log display
+  ( export CUDA_VISIBLE_DEVICES=0
+    TAIL=30 logged ladder50 200 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
+        --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --budget-s 170 \
+        --out "$R/ladder_resnet50_synthetic"
+    start=$(date +%s)
+    TAIL=30 logged tune50 240 python3 -m cnnpar tune --model resnet50 --data synthetic --image-shape 3x224x224 \
+        --budget-s 200 --out "$R/tuned_resnet50.toml"
+    echo "tune wall: $(( $(date +%s) - start )) s"
+    TAIL=6 logged batch_auto2 120 python3 benchmarks/batch_auto.py --data .devdata/cifar10.npz --model resnet18 \
+        --epochs 10 --cases auto --target 0.80 --out "$R/batch_auto_rule10.csv" ) > "$R/gpu0.out" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    rec="python3 -m cnnpar train --preset cifar10-record --data .devdata/cifar10.npz --eval-every 1 --no-progress \
+        --out-dir /tmp/dbg"
+    TAIL=14 logged rec_as_is 100 $rec --name as_is
+    TAIL=14 logged rec_eager_eval 100 $rec --name eager_eval --no-compile-eval
+    TAIL=14 logged rec_no_compile 100 $rec --name no_compile --compile off --no-compile-eval
+    TAIL=40 logged doctor50 260 python3 -m cnnpar doctor --data .devdata/imagenet_rep --model resnet50 --try 1 \
+        --measure-steps 10 --report-dir "$R/doctor_resnet50_photos" ) > "$R/gpu1.out" 2>&1 &
+  wait; cat "$R/gpu0.out" "$R/gpu1.out"
+  ;;
+s5c)
+  # session 5, call C (two H200s): DDP 1 -> 2 GPUs through the one train step (eager at both sizes);
+  # then GPU 0 `cnnpar compare` torch / keras-torch / keras-jax (issue 14; keras wheels in .whl/keras)
+  # beside GPU 1 the record preset eager (compile NaNs on CUDA: call B) with airbench94_muon; then
+  # compare --devices 2 where a framework has a data-parallel API
+  LOG_FILTER='Warning|warn\('  # this phase's log display
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/keras/*.whl
+  python3 -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tail -1
+  TAIL=14 logged ddp_scaling 180 python3 benchmarks/ddp_scaling.py --world-sizes 1,2 --out "$R/ddp_scaling_resnet50"
+  ( export CUDA_VISIBLE_DEVICES=0
+    TAIL=30 logged compare1 200 python3 -m cnnpar compare --frameworks torch,keras-torch,keras-jax \
+        --data .devdata/mnist.npz --epochs 3 --batch-size 128 --out "$R/frameworks_h200" ) > "$R/gpu0.out" 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1
+    TAIL=12 logged record_eager 230 python3 benchmarks/cifar10_record.py --seeds 5 --budget-s 220 \
+        --set speed.compile=off,speed.compile_eval=false --out "$R/cifar10_record_eager.csv" ) > "$R/gpu1.out" 2>&1 &
+  wait; cat "$R/gpu0.out" "$R/gpu1.out"
+  TAIL=20 logged compare2 100 python3 -m cnnpar compare --frameworks torch,keras-jax --devices 2 \
+      --data .devdata/mnist.npz --epochs 3 --batch-size 256 --out "$R/frameworks_h200x2"
+  ;;
+s5d)
+  # session 5, call D (one H200): the doctor on the README's CIFAR-10 ResNet-18 command with the old
+  # batch 64 (issue 15 item 3: it should search and recommend a batch), then, when RECORD=1, the
+  # record preset compiled again after the NaN fix, beside airbench94_muon
+  LOG_FILTER='Warning|warn\('  # this phase's log display
+  [ "${DOCTOR:-1}" = 1 ] && TAIL=40 logged doctor18 150 python3 -m cnnpar doctor --data .devdata/cifar10.npz --model resnet18 --batch-size 64 \
+      --try 1 --measure-steps 10 --report-dir "$R/doctor_resnet18_b64"
+  [ -n "${RECORD:-}" ] && TAIL=12 logged record 230 python3 benchmarks/cifar10_record.py --seeds 5 --budget-s "${RECORD_BUDGET:-220}" \
+      --out "$R/cifar10_record_fixed.csv"
+  ;;
+claims_ladder)
+  # issue 15 item 5: the claims table and the ResNet-50 ladder, one after the other on one H200, each
+  # expected within 3 minutes (the claims keep a 170 s budget by default; the ladder is given one);
+  # `timeout 200` only guards the call
+  LOG_FILTER='Warning|warn\('  # this phase's log display
+  TAIL=40 logged claims 200 python3 -m cnnpar bench --claims --device cuda --out "$R/claims"
+  TAIL=40 logged ladder50 200 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
+      --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --budget-s 170 \
+      --out "$R/ladder_resnet50_synthetic"
+  ;;
+s6a)
+  # session 6, call A (one H200): issue 11's GPU decoder after the two-stage feeder (and a split
+  # backend, since removed: it measured no faster than nvImageCodec alone): the CUDA decode tests, decoder rows per batch
+  # and through the two-thread feeder, then ResNet-50 224 end to end from the photos per variant
+  TAIL=6 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py tests/unit/test_feeder.py
+  TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --out "$R/jpeg_decode_cuda.csv"
+  V=nvimgcodec:14:0,gpu:14:0,nvimgcodec:4:0,gpu:14:0:pipe=0,nvimgcodec:4:0:threads=4,nvimgcodec:14:0.3
+  TAIL=14 logged jpeg_pipeline 300 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --budget-s "${PIPE_BUDGET:-230}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
+  ;;
+s6b)
+  # session 6, call B (one H200): why nvImageCodec and the split lose during training (each decoder
+  # beside a spinning Python thread; the split's shares), end to end with one-thread stages and a
+  # short GIL switch interval; then the ResNet-50 ladder after its one-compile rework (issue 15)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$'  # this phase's log display
+  TAIL=40 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --gil --repeats 3 --out "$R/jpeg_decode_cuda.csv"
+  V=nvimgcodec:14:0,nvimgcodec:14:0:switch=0.0002,gpu:14:0:switch=0.0002
+  TAIL=8 logged jpeg_pipeline 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --budget-s "${PIPE_BUDGET:-140}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
+  start=$(date +%s)
+  TAIL=30 logged ladder50 200 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
+      --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --budget-s 170 \
+      --out "$R/ladder_resnet50_synthetic"
+  echo "ladder wall: $(( $(date +%s) - start )) s"
+  TAIL=4 logged ladder_gpu_test 120 python3 -m pytest -q -m gpu tests/unit/test_ladder_time.py
+  ;;
+s6c)
+  # session 6, call C (one H200): ResNet-50 end to end from the photos with nvImageCodec driven from
+  # spawned worker processes (a GIL each), beside nvJPEG in-process and the CPU workers, same call
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$'  # this phase's log display
+  V=nvimgcodec-workers:14:0,gpu:14:0,nvimgcodec-workers:8:0,cpu:14:0
+  TAIL=8 logged jpeg_pipeline 290 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --budget-s "${PIPE_BUDGET:-200}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
+  ;;
+s6d)
+  # session 6, call D (one H200): the doctor's batch advice for a user's fixed batch 64 (issue 15, on
+  # synthetic CIFAR-sized data: the carry limit leaves no room for CIFAR-10 beside the photos), then
+  # nvImageCodec in the workers (at the call, with raw=1: whole photos handed over, crop and resize
+  # in the training process; measured slower, since removed)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^.?\[|^\s*$'  # this phase's log display
+  TAIL=24 logged doctor18 120 python3 -m cnnpar doctor --data synthetic --image-shape 3x32x32 --synthetic-samples 50000 \
+      --model resnet18 --batch-size 64 --try 1 --measure-steps 10 --report-dir "$R/doctor_resnet18_b64"
+  V=nvimgcodec-workers:14:0,nvimgcodec-workers:8:0
+  TAIL=6 logged jpeg_pipeline 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --budget-s "${PIPE_BUDGET:-120}" --variants "${VARIANTS:-$V}" --out "$R/jpeg_pipeline.csv"
+  ;;
+tune50)
+  # issue 15 item 4: the tuner on ResNet-50, which must end by 220 s and leave tuned.toml
+  LOG_FILTER='Warning|warn\('; LOG_TAIL=40  # this phase's log display
+  start=$(date +%s)
+  logged tune50 240 python3 -m cnnpar tune --model resnet50 --data synthetic --image-shape 3x224x224 \
+      --budget-s 200 --out "$R/tuned_resnet50.toml"
+  echo "tune wall: $(( $(date +%s) - start )) s"; cat "$R/tuned_resnet50.toml" 2>/dev/null | head -16
+  ;;
+record)
+  # issue 13.1: the cifar10-record preset (a warm-up run, then 5 seeds) beside airbench94_muon (its
+  # warm-up run, then 5 runs), train + TTA eval timed as each times itself. Needs, carried along:
+  # .devdata/airbench/airbench94_muon.py (python benchmarks/cifar10_record.py --fetch-airbench GIT_DIR).
+  # RECORD_ARGS: more flags, e.g. --airbench-gpu 1 on two GPUs, --variant speed.compile=max-autotune-no-cudagraphs
+  run 540 python3 benchmarks/cifar10_record.py --seeds "${SEEDS:-5}" ${RECORD_ARGS:-} --out "$R/cifar10_record.csv"
+  cat "$R/cifar10_record.md"
+  ;;
+s7a)
+  # session 7, call A (one H200): nvJPEG's hardware backend through ctypes (--decode hardware): its CUDA
+  # test beside the decode/feeder tests, decode-only rows (raw, whole call, beside a spinning Python
+  # thread, pipelined) against torchvision's nvJPEG, then ResNet-50 end to end from the photos
+  TAIL=15 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py \
+      tests/unit/test_gpu_decode.py tests/unit/test_feeder.py
+  TAIL=45 logged jpeg_decode 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --backends "${BACKENDS:-nvjpeg,hardware}" --gil --out "$R/jpeg_decode_cuda.csv"
+  TAIL=12 logged jpeg_pipeline "${E2E_S:-330}" python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0,hardware:14:0:graphs=on,gpu:14:0}" --budget-s "${E2E_BUDGET:-240}" \
+      --out "$R/jpeg_pipeline.csv"
+  ;;
+s7b)
+  # session 7, call B (one H200): after call A, the resize in fewer torch calls and the engines as the
+  # default. The engines' CUDA test, decode-only rows, end to end (two threads against one), then the
+  # user's command with every default (the decode line, batch auto, graphs decision) on the photos
+  TAIL=6 logged gpu_tests 100 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py
+  TAIL=20 logged jpeg_decode 100 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --backends nvjpeg,hardware --out "$R/jpeg_decode_cuda.csv"
+  TAIL=12 logged jpeg_pipeline 230 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0,hardware:14:0:pipe=0,gpu:14:0}" --budget-s 170 --out "$R/jpeg_pipeline.csv"
+  TAIL=25 logged train_default 150 python3 -m cnnpar train --data .devdata/imagenet_rep --model resnet50 --epochs 3 \
+      --out-dir /tmp/runs --no-progress
+  ;;
+s7c)
+  # session 7, call C (one H200): call B's end-to-end benchmark printed nothing in 230 s and the default
+  # train run hung after its last line. With watchdogs that print every thread's stack: the engines'
+  # lifecycle in child processes, then end to end, then the user's default command
+  TAIL=60 logged lifecycle 120 python3 benchmarks/hw_lifecycle.py --folder .devdata/imagenet_sample --timeout-s 20
+  TAIL=60 logged jpeg_pipeline 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0,gpu:14:0,hardware:14:0:pipe=0}" --budget-s 120 --watchdog-s 185 \
+      --out "$R/jpeg_pipeline.csv"
+  TAIL=40 logged train_default 130 timeout -s ABRT 120 python3 -X faulthandler -m cnnpar train \
+      --data .devdata/imagenet_rep --model resnet50 --epochs 2 --out-dir /tmp/runs --no-progress
+  ;;
+s7d)
+  # session 7, call D (one H200): every nvJPEG call on one thread per decoder (call C: the shared state
+  # hung inside nvjpegDecodeBatched). The same three checks as call C, shorter
+  TAIL=20 logged lifecycle 90 python3 benchmarks/hw_lifecycle.py --folder .devdata/imagenet_sample --timeout-s 15
+  TAIL=8 logged jpeg_pipeline 170 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0,gpu:14:0}" --budget-s 100 --watchdog-s 160 --out "$R/jpeg_pipeline.csv"
+  TAIL=12 logged train_default 125 timeout -s ABRT 115 python3 -X faulthandler -m cnnpar train \
+      --data .devdata/imagenet_rep --model resnet50 --epochs 2 --out-dir /tmp/runs --no-progress ${TRAIN_ARGS:---decode hardware}
+  ;;
+s8a)
+  # session 8, call A (one H200): the engines' lifecycle and CUDA tests after the stream syncs and the
+  # closing of decoders; end to end with one epoch of each decoder under the profiler (where the time
+  # goes when loader and step run together), one thread against two, high-priority feeder streams;
+  # then the user's command with --decode hardware under a watchdog (does it exit now?)
+  TAIL=20 logged lifecycle 90 python3 benchmarks/hw_lifecycle.py --folder .devdata/imagenet_sample --timeout-s 15
+  TAIL=12 logged gpu_tests 100 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py
+  TAIL=120 logged jpeg_pipeline 300 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0:trace=1,gpu:14:0:trace=1,hardware:14:0:pipe=0,hardware:14:0:prio=-1}" \
+      --budget-s "${E2E_BUDGET:-210}" --watchdog-s 290 --out "$R/jpeg_pipeline.csv"
+  mv "$R"/trace_*.json.gz "$OUTDIR"/ 2>/dev/null  # files of their own: results.tgz stays small
+  TAIL=12 logged train_hardware 110 timeout -s ABRT 100 python3 -X faulthandler -m cnnpar train \
+      --data .devdata/imagenet_rep --model resnet50 --epochs 2 --out-dir /tmp/runs --no-progress --decode hardware
+  ;;
+frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.
   # JAX cannot travel: jaxlib + the CUDA plugin and PJRT wheels are ~230 MB against the 64 MiB carry
   # limit, so JAX on the GPU is out of reach of this tool; Keras runs on its torch backend there.
