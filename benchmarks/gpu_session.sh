@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -320,6 +320,19 @@ s8a)
   mv "$R"/trace_*.json.gz "$OUTDIR"/ 2>/dev/null  # files of their own: results.tgz stays small
   TAIL=12 logged train_hardware 110 timeout -s ABRT 100 python3 -X faulthandler -m cnnpar train \
       --data .devdata/imagenet_rep --model resnet50 --epochs 2 --out-dir /tmp/runs --no-progress --decode hardware
+  ;;
+s8c)
+  # session 8, call C (one H200): call A's trace showed the GPU idle 39 % of an epoch, waiting for launches
+  # from a training thread that shares the GIL with the resize thread. The resize moved into the training
+  # thread (one batch ahead, side stream) against the two-thread feeder in the same call; graphs on with
+  # it, traced; the engines' CUDA tests (a cut file now kept from them); the decode-only rows
+  TAIL=6 logged gpu_tests 100 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py
+  TAIL=150 logged jpeg_pipeline 330 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0:resize=training:trace=1,hardware:14:0,gpu:14:0:resize=training,hardware:14:0:graphs=on:resize=training:trace=1}" \
+      --budget-s "${E2E_BUDGET:-230}" --watchdog-s 320 --out "$R/jpeg_pipeline.csv"
+  mv "$R"/trace_*.json.gz "$OUTDIR"/ 2>/dev/null
+  TAIL=20 logged jpeg_decode 100 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --backends nvjpeg,hardware --out "$R/jpeg_decode_cuda.csv"
   ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.

@@ -39,7 +39,7 @@ from torch.utils.data import Dataset
 
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_flat, resized_crops_loop, tail_room
 from cnnpar.data.folder import decode_rgb, read_encoded
-from cnnpar.data.jpeg_header import decode_route, hardware_ok, header_ok, read_jpeg_header
+from cnnpar.data.jpeg_header import decode_route, header_ok, read_jpeg_header
 from cnnpar.data.tv_codecs import tv_codecs
 from cnnpar.report.ranges import CROP_RESIZE, JPEG_DECODE, span
 
@@ -92,9 +92,10 @@ class EncodedFolderDataset(Dataset):
         data = read_encoded(self.files[i])
         # The header is read here, in the worker, so the main process does no per-file Python work;
         # its size lets the crop be drawn before decoding (and only the crop be decoded).
-        header = read_jpeg_header(memoryview(data.numpy()))
+        view = memoryview(data.numpy())
+        header = read_jpeg_header(view)
         hw = (header.height, header.width) if header is not None else (0, 0)
-        return data, self.labels[i], i, decode_route(header), hw
+        return data, self.labels[i], i, decode_route(header, view), hw
 
 
 def collate_encoded(batch):
@@ -309,8 +310,10 @@ class GpuDecoder:
             return DecodedBatch([], torch.empty(0, 4, dtype=torch.int64), [], [])
         ok, hard = batch.nvjpeg_ok, batch.hardware_ok
         if ok is None or batch.hw is None:  # batches made without workers: read the headers here
-            headers = [read_jpeg_header(memoryview(b.numpy())) for b in batch.data]
-            ok, hard = [header_ok(h) for h in headers], [hardware_ok(h) for h in headers]
+            views = [memoryview(b.numpy()) for b in batch.data]
+            headers = [read_jpeg_header(v) for v in views]
+            ok = [header_ok(h) for h in headers]
+            hard = [decode_route(h, v) == 2 for h, v in zip(headers, views)]
             hw = torch.tensor([(h.height, h.width) if h else (0, 0) for h in headers], dtype=torch.int64).view(n, 2)
         else:
             ok, hw = ok.tolist(), batch.hw.clone()

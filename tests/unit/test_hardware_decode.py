@@ -79,18 +79,30 @@ class StandInEngines:
 
 def test_the_header_says_which_files_the_engines_take():
     baseline = photo(40, 60)  # Pillow's default: 4:2:0
-    assert hardware_ok(read_jpeg_header(baseline)) and decode_route(read_jpeg_header(baseline)) == 2
+    assert hardware_ok(read_jpeg_header(baseline)) and decode_route(read_jpeg_header(baseline), baseline) == 2
     assert read_jpeg_header(baseline).sampling == (0x22, 0x11, 0x11)
     for kind in ("4:4:4", "4:2:2"):
         assert hardware_ok(read_jpeg_header(photo(40, 60, subsampling=kind))), kind
     assert hardware_ok(read_jpeg_header(photo(40, 60, mode="L")))  # grey
     progressive = photo(40, 60, progressive=True)  # nvJPEG on the SMs takes it, the engines do not
-    assert not hardware_ok(read_jpeg_header(progressive)) and decode_route(read_jpeg_header(progressive)) == 1
+    assert not hardware_ok(read_jpeg_header(progressive))
+    assert decode_route(read_jpeg_header(progressive), progressive) == 1
     cmyk = photo(40, 60, mode="CMYK")
-    assert decode_route(read_jpeg_header(cmyk)) == 0
+    assert decode_route(read_jpeg_header(cmyk), cmyk) == 0
     for factors in (0x41, 0x42):  # 4:1:1 and 4:1:0: "not supported" by the hardware backend
         assert not hardware_ok(read_jpeg_header(with_luma_sampling(baseline, factors)))
-    assert decode_route(None) == 0
+    assert decode_route(None, b"") == 0
+
+
+def test_a_file_cut_short_or_padded_past_its_end_marker_is_kept_from_the_engines():
+    """The engines decode a truncated file without an error (seen on an H200): one whose end-of-image
+    marker is missing goes the nvJPEG way, which names it."""
+    whole = photo(40, 60)
+    cut = whole[: len(whole) // 2]
+    assert hardware_ok(read_jpeg_header(cut))  # its header alone looks fine
+    assert decode_route(read_jpeg_header(cut), cut) == 1
+    assert decode_route(read_jpeg_header(whole), whole + b"\0" * 16) == 2  # a little padding after the marker
+    assert decode_route(read_jpeg_header(whole), whole + b"\0" * 1000) == 1  # a long trailer: the slower way
 
 
 def test_workers_mark_the_engines_files_in_the_batch(tmp_path):
