@@ -39,7 +39,7 @@ from torch.utils.data import Dataset
 
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_flat, resized_crops_loop, tail_room
 from cnnpar.data.folder import decode_rgb, read_encoded
-from cnnpar.data.jpeg_header import decode_route, header_ok, read_jpeg_header
+from cnnpar.data.jpeg_header import decode_route, read_jpeg_header
 from cnnpar.data.tv_codecs import tv_codecs
 from cnnpar.report.ranges import CROP_RESIZE, JPEG_DECODE, span
 
@@ -312,8 +312,8 @@ class GpuDecoder:
         if ok is None or batch.hw is None:  # batches made without workers: read the headers here
             views = [memoryview(b.numpy()) for b in batch.data]
             headers = [read_jpeg_header(v) for v in views]
-            ok = [header_ok(h) for h in headers]
-            hard = [decode_route(h, v) == 2 for h, v in zip(headers, views)]
+            routes = [decode_route(h, v) for h, v in zip(headers, views)]
+            ok, hard = [r >= 1 for r in routes], [r == 2 for r in routes]
             hw = torch.tensor([(h.height, h.width) if h else (0, 0) for h in headers], dtype=torch.int64).view(n, 2)
         else:
             ok, hw = ok.tolist(), batch.hw.clone()

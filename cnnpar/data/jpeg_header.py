@@ -90,23 +90,27 @@ def hardware_ok(h: JpegHeader | None) -> bool:
     return len(h.sampling) == 3 and h.sampling[0] in _HARDWARE_LUMA and h.sampling[1] == h.sampling[2] == 0x11
 
 
-EOI_SEARCH = 64  # bytes at a file's end searched for its end-of-image marker (some writers pad after it)
-
-
 def ends_whole(data) -> bool:
-    """Whether the file's end-of-image marker (FF D9) lies in its last EOI_SEARCH bytes. The JPEG
-    engines decode a file cut short without an error (what is missing comes out as made-up pixels,
-    seen on an H200), so such a file must go a way that says so; a file with more than that after
-    its marker merely goes the slower way."""
-    tail = bytes(data[-EOI_SEARCH:])
-    return b"\xff\xd9" in tail
+    """Whether the file still holds its end-of-image marker (FF D9) after its first scan marker
+    (FF DA): a file cut short lacks it. Inside a scan the coder stuffs every FF byte, so only a real
+    marker reads FF D9 there; an EXIF thumbnail's own end marker comes before the scan. The GPU's
+    JPEG engines, which torchvision's nvJPEG call also uses for baseline files, decode a cut file
+    without an error (what is missing comes out as made-up pixels; seen on an H200)."""
+    tail = bytes(data[-64:])
+    if b"\xff\xd9" in tail:  # nearly every file: its marker is its last two bytes
+        return True
+    whole = bytes(data)
+    sos = whole.find(b"\xff\xda")
+    return sos >= 0 and whole.rfind(b"\xff\xd9") > sos
 
 
 def decode_route(h: JpegHeader | None, data) -> int:
     """Which decoders take the file `data` with header `h`, for the workers to tell the main process
     in one byte: 0 only the CPU, 1 torchvision's nvJPEG call too, 2 `--decode hardware`'s one-call
-    path too (whole files only: `ends_whole`)."""
-    return 2 if hardware_ok(h) and ends_whole(data) else int(header_ok(h))
+    path too. A file cut short goes to the CPU, which names it (`ends_whole`)."""
+    if not ends_whole(data):
+        return 0
+    return 2 if hardware_ok(h) else int(header_ok(h))
 
 
 def header_ok(h: JpegHeader | None) -> bool:

@@ -94,15 +94,20 @@ def test_the_header_says_which_files_the_engines_take():
     assert decode_route(None, b"") == 0
 
 
-def test_a_file_cut_short_or_padded_past_its_end_marker_is_kept_from_the_engines():
-    """The engines decode a truncated file without an error (seen on an H200): one whose end-of-image
-    marker is missing goes the nvJPEG way, which names it."""
+def test_a_file_cut_short_goes_to_the_cpu_which_names_it():
+    """The engines (torchvision's nvJPEG call uses them too) decode a truncated file without an error,
+    seen on an H200: a file without its end marker after the scan goes to the CPU decoder."""
     whole = photo(40, 60)
     cut = whole[: len(whole) // 2]
     assert hardware_ok(read_jpeg_header(cut))  # its header alone looks fine
-    assert decode_route(read_jpeg_header(cut), cut) == 1
-    assert decode_route(read_jpeg_header(whole), whole + b"\0" * 16) == 2  # a little padding after the marker
-    assert decode_route(read_jpeg_header(whole), whole + b"\0" * 1000) == 1  # a long trailer: the slower way
+    assert decode_route(read_jpeg_header(cut), cut) == 0
+    assert decode_route(read_jpeg_header(whole), whole + b"\0" * 1000) == 2  # data after the marker: whole
+    # an end marker before the scan (an embedded thumbnail's) does not make a cut file whole
+    sos = whole.index(b"\xff\xda")
+    thumb = whole[:sos] + b"\xff\xfe\x00\x04\xff\xd9" + whole[sos:]  # a comment segment holding FF D9
+    assert decode_route(read_jpeg_header(thumb), thumb) == 2
+    cut_thumb = thumb[: len(thumb) - 200]
+    assert decode_route(read_jpeg_header(cut_thumb), cut_thumb) == 0
 
 
 def test_workers_mark_the_engines_files_in_the_batch(tmp_path):
@@ -280,8 +285,9 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_engines_name_a_truncated_file_as_the_other_paths_do():
-    """Issue 11 item 7 on the engines' path: a file cut short passes the header check, so it goes to
-    the engines; the batch must still end in the one-line error naming it, not in pixels made up."""
+    """Issue 11 item 7 on the engines' path: a file cut short passes the header check; the batch must
+    still end in the one-line error naming it, not in pixels made up (the engines decode it silently:
+    the end-marker check sends it to the CPU)."""
     from cnnpar.data.nvjpeg_hw import hardware_decoder_available
     from cnnpar.errors import DataError
 

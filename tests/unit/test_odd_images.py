@@ -200,3 +200,22 @@ def test_an_empty_buffer_in_an_encoded_batch_is_named():
     files = [Path("a/ok.jpg"), Path("a/empty.jpg")]
     with pytest.raises(DataError, match=r"^a/empty\.jpg: empty file \(0 bytes\)"):
         GpuDecoder(files, SIZE, torch.device("cpu"), train=False)(batch)
+
+
+def test_a_cut_file_never_reaches_a_gpu_decoder_that_would_decode_it_silently(tmp_path):
+    """On an H200 torchvision's nvJPEG call (the JPEG engines, for baseline files) decoded a file cut
+    in half without an error. The workers' end-marker check sends such a file to the CPU, which names
+    it: here a batched decoder that never fails stands in for the engines."""
+    jpeg = saved(picture(), "JPEG")
+    files = write(tmp_path, "cut", jpeg[: len(jpeg) // 2])
+    seen: list[int] = []
+
+    def lenient(buffers, device):  # decodes whatever it is given, as the engines did
+        seen.extend(len(b) for b in buffers)
+        return [torch.zeros(3, 8, 8, dtype=torch.uint8) for _ in buffers]
+
+    ds = EncodedFolderDataset(files, [0, 1], SIZE)
+    batch, _ = collate_encoded([ds[i] for i in range(len(ds))])
+    with pytest.raises(DataError, match=rf"^{re.escape(str(files[1]))}: cannot decode as an image \(.*truncated"):
+        GpuDecoder(files, SIZE, torch.device("cpu"), train=False, batch_decode=lenient)(batch)
+    assert len(jpeg) // 2 not in seen  # the cut file never went to the batched decoder
