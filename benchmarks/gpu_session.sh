@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -333,6 +333,15 @@ s8c)
   mv "$R"/trace_*.json.gz "$OUTDIR"/ 2>/dev/null
   TAIL=20 logged jpeg_decode 100 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
       --backends nvjpeg,hardware --out "$R/jpeg_decode_cuda.csv"
+  ;;
+s8d)
+  # session 8, call D (one H200): calls A and C point at the host: the compiled step's Python launches
+  # (each Triton launch hands the GIL over) against the feeder's. Inductor's C++ wrapper launches the
+  # step's kernels without Python: against the plain wrapper in the same call; the cut-file CUDA test
+  TAIL=6 logged gpu_tests 100 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py
+  TAIL=40 logged jpeg_pipeline 400 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-hardware:14:0:cpp=1,hardware:14:0,gpu:14:0:cpp=1,hardware:14:0:cpp=1:resize=training}" \
+      --budget-s "${E2E_BUDGET:-300}" --watchdog-s 390 --out "$R/jpeg_pipeline.csv"
   ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.

@@ -113,12 +113,13 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
-        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G][:prio=P][:resize=R][:trace=1], "
-        "... (threads: nvImageCodec's host threads, 0 = one per core; pipe: decode and resize in two threads or "
-        "one; switch: the GIL's switch interval in seconds, Python's default 0.005; graphs: --cuda-graphs for this "
-        "variant; prio: the feeder threads' CUDA stream priority, -1 high; resize: where a pipelined decoder crops "
-        "and resizes, feeder (its own thread) or training (the step's thread, one batch ahead); trace: one more "
-        "epoch under torch.profiler, its trace and summary beside --out)",
+        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G][:prio=P][:resize=R][:cpp=1]"
+        "[:trace=1], ... (threads: nvImageCodec's host threads, 0 = one per core; pipe: decode and resize in two "
+        "threads or one; switch: the GIL's switch interval in seconds, Python's default 0.005; graphs: --cuda-graphs "
+        "for this variant; prio: the feeder threads' CUDA stream priority, -1 high; resize: where a pipelined "
+        "decoder crops and resizes, feeder (its own thread) or training (the step's thread, one batch ahead); cpp: "
+        "inductor's C++ wrapper launches the step's kernels; trace: one more epoch under torch.profiler, its trace "
+        "and summary beside --out)",
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")
@@ -156,6 +157,8 @@ def main() -> None:
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
         DeviceFeeder.RESIZE_IN = opts.get("resize", "feeder")
+        # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)
+        torch._inductor.config.cpp_wrapper = opts.get("cpp") == "1"
         graphs = opts.pop("graphs", args.graphs)
         extra = [kv for kv in extra if not kv.startswith("graphs=")]
         cfg = Config(
