@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import shutil
 import statistics
 import sys
@@ -86,6 +87,8 @@ def trace_epoch(tr: Trainer, epoch: int, path: Path) -> str:
     raw.unlink()
     text = trace_summary.report(trace_summary.summarize(events, names))
     path.with_name(path.name.replace(".json.gz", ".txt")).write_text(text + "\n")
+    # the names travel with the trace, for trace_summary.py --threads later
+    path.with_name(path.name.replace(".json.gz", ".threads.json")).write_text(json.dumps(names))
     return text
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -75,6 +76,39 @@ def overlap_length(a: list[tuple[float, float]], b_merged: list[tuple[float, flo
     return total
 
 
+KERNEL_CLASSES = (  # (label, pattern on the kernel's name), first match wins
+    ("BatchNorm (+ReLU/add), Triton-fused", re.compile(r"^triton_.*batch_norm")),
+    ("other Triton-fused", re.compile(r"^triton_")),
+    ("convolution / matmul (cuDNN, cuBLAS)", re.compile(r"xmma|nvjet|implicit_gemm|cudnn|conv|gemm|wgrad|dgrad", re.I)),
+    ("optimizer (foreach)", re.compile(r"multi_tensor|foreach")),
+)
+
+
+def kernel_class(name: str) -> str:
+    for label, pattern in KERNEL_CLASSES:
+        if pattern.search(name):
+            return label
+    return "other"
+
+
+def late_launches(kernels: list[dict], launches: dict, names: dict[int, str]) -> tuple[float, float, dict]:
+    """Split the idle time between consecutive kernels of one stream: gaps whose next kernel was
+    launched only after the previous one had ended (the device waited for the host: whose thread
+    launched it), and gaps whose next kernel was already queued (it waited for something else)."""
+    host, queued, by_thread = 0.0, 0.0, defaultdict(float)
+    for a, b in zip(kernels, kernels[1:]):
+        gap = b["ts"] - (a["ts"] + a["dur"])
+        launch = launches.get(b.get("args", {}).get("correlation"))
+        if gap <= 0 or launch is None:
+            continue
+        if launch["ts"] + launch["dur"] > a["ts"] + a["dur"]:
+            host += gap
+            by_thread[names.get(launch["tid"], str(launch["tid"]))] += gap
+        else:
+            queued += gap
+    return host, queued, dict(by_thread)
+
+
 def summarize(events: list[dict], thread_names: dict[int, str] | None = None) -> dict:
     """The figures `report` prints (microseconds, as the trace keeps them)."""
     thread_names = thread_names or {}
@@ -106,6 +140,21 @@ def summarize(events: list[dict], thread_names: dict[int, str] | None = None) ->
             "top": top,
         }
     gaps = [b[0] - a[1] for a, b in zip(main_busy, main_busy[1:])]
+    main_kernels = sorted(
+        (e for e in gpu if e.get("cat") == "kernel" and int(e.get("args", {}).get("stream", -1)) == main),
+        key=lambda e: e["ts"],
+    )
+    classes: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in main_kernels:
+        c = classes[kernel_class(e["name"])]
+        c[0] += e["dur"]
+        c[1] += 1
+    launches = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    host_wait, queued_wait, host_by_thread = late_launches(main_kernels, launches, thread_names)
     threads: dict[int, dict] = defaultdict(
         lambda: {"ranges": defaultdict(float), "calls": defaultdict(float), "counts": defaultdict(int), "ops_us": []}
     )
@@ -140,6 +189,10 @@ def summarize(events: list[dict], thread_names: dict[int, str] | None = None) ->
         "main_stream": main,
         "main_gaps_over_1ms": (sum(1 for g in gaps if g > 1000), sum(g for g in gaps if g > 1000)),
         "main_gaps_all_us": sum(gaps),
+        "main_kernel_classes": {k: (v[0], int(v[1])) for k, v in classes.items()},
+        "main_idle_waiting_for_launch_us": host_wait,
+        "main_idle_queued_us": queued_wait,
+        "main_idle_by_launching_thread_us": host_by_thread,
         "streams": streams,
         "threads": out_threads,
     }
@@ -152,6 +205,17 @@ def report(s: dict) -> str:
         f"main stream {s['main_stream']}: idle between its ops {s['main_gaps_all_us'] / 1e3:.1f} ms, of which "
         f"{s['main_gaps_over_1ms'][0]} gaps over 1 ms = {s['main_gaps_over_1ms'][1] / 1e3:.1f} ms",
     ]
+    lines.append(
+        f"  of its idle time, {s['main_idle_waiting_for_launch_us'] / 1e3:.1f} ms before a kernel launched only after "
+        f"the one before had ended (the device waiting for the host), {s['main_idle_queued_us'] / 1e3:.1f} ms with "
+        "the next kernel already queued"
+    )
+    for name, us in sorted(s["main_idle_by_launching_thread_us"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"      waiting for launches from {name}: {us / 1e3:.1f} ms")
+    busy = sum(us for us, _ in s["main_kernel_classes"].values()) or 1.0
+    lines.append("  the main stream's kernels by kind:")
+    for label, (us, n) in sorted(s["main_kernel_classes"].items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"      {us / 1e3:8.1f} ms {100 * us / busy:5.1f} %  {n} kernels  {label}")
     for sid, st in sorted(s["streams"].items(), key=lambda kv: -kv[1]["busy_us"]):
         beside = st["beside_main_share"]
         lines.append(
@@ -173,9 +237,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", type=Path)
     ap.add_argument("--threads", type=Path, help="JSON {native thread id: Python thread name}")
+    ap.add_argument("--json", type=Path, help="also write the figures there (a few kB, unlike the trace)")
     args = ap.parse_args()
     names = {int(k): v for k, v in json.loads(args.threads.read_text()).items()} if args.threads else None
-    print(report(summarize(load_events(args.trace), names)))
+    s = summarize(load_events(args.trace), names)
+    if args.json:
+        args.json.write_text(json.dumps({"trace": args.trace.name, **s}, indent=1, default=str) + "\n")
+    print(report(s))
 
 
 if __name__ == "__main__":

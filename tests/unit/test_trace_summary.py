@@ -48,3 +48,43 @@ def test_summary_finds_the_step_stream_its_gaps_and_each_threads_waits():
     assert threads[1]["torch_ops_share"] == pytest.approx(0.5)
     text = trace_summary.report(s)
     assert "cnnpar-decode" in text and "stream 13" in text
+
+
+def test_idle_time_is_split_by_whether_the_next_kernel_was_launched_late():
+    def launch(ts, dur, corr, tid):
+        return {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cuLaunchKernel",
+            "ts": ts,
+            "dur": dur,
+            "tid": tid,
+            "args": {"correlation": corr},
+        }
+
+    def kernel(ts, dur, corr, name):
+        return {
+            "ph": "X",
+            "cat": "kernel",
+            "name": name,
+            "ts": ts,
+            "dur": dur,
+            "args": {"stream": 7, "correlation": corr},
+        }
+
+    events = [
+        launch(0, 5, 1, 1),
+        kernel(10, 100, 1, "triton_red_fused__native_batch_norm_legit_functional_3"),
+        launch(20, 5, 2, 1),
+        kernel(150, 100, 2, "sm90_xmma_dgrad_implicit_gemm_bf16"),  # queued: waited 40 us
+        launch(400, 5, 3, 2),
+        kernel(410, 50, 3, "triton_poi_fused_add_7"),  # launched late: 160 us idle
+    ]
+    s = trace_summary.summarize(events, {1: "MainThread", 2: "backward"})
+    assert s["main_idle_queued_us"] == 40
+    assert s["main_idle_waiting_for_launch_us"] == 160
+    assert s["main_idle_by_launching_thread_us"] == {"backward": 160}
+    classes = s["main_kernel_classes"]
+    assert classes["BatchNorm (+ReLU/add), Triton-fused"] == (100, 1)
+    assert classes["convolution / matmul (cuDNN, cuBLAS)"] == (100, 1)
+    assert classes["other Triton-fused"] == (50, 1)
