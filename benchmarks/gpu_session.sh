@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -342,6 +342,36 @@ s8d)
   TAIL=40 logged jpeg_pipeline 400 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --variants "${VARIANTS:-hardware:14:0:cpp=1,hardware:14:0,gpu:14:0:cpp=1,hardware:14:0:cpp=1:resize=training}" \
       --budget-s "${E2E_BUDGET:-300}" --watchdog-s 390 --out "$R/jpeg_pipeline.csv"
+  ;;
+s8e)
+  # session 8, call E (one H200): where `cnnpar train --decode hardware` hangs at exit. Each case runs in
+  # the background; 8 s after its "done:" line, a process still alive gets its native stacks read by
+  # cuda-gdb (faulthandler printed none of the main process's), then is killed. A: as a user runs it;
+  # B: no validation split (one decoder fewer); C: the engines' handles never closed
+  hang_case() {
+    local name=$1 t=0 seen=""; shift
+    "$@" > "$R/$name.log" 2>&1 &
+    local pid=$!
+    while kill -0 "$pid" 2>/dev/null && [ "$t" -lt "${HANG_LIMIT:-100}" ]; do
+      [ -z "$seen" ] && grep -q "^done:" "$R/$name.log" && seen=$t
+      [ -n "$seen" ] && [ $((t - seen)) -ge 8 ] && break
+      sleep 1; t=$((t + 1))
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "$name: still running at ${t} s (done: at ${seen:-never} s); native stacks:"
+      timeout 60 cuda-gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 25" > "$R/${name}_stacks.log" 2>&1
+      grep -E "^\*? *[0-9]+ +Thread|^Thread|^#" "$R/${name}_stacks.log" | cut -c1-160 | head -"${STACK_LINES:-70}"
+      kill -9 "$pid"; wait "$pid" 2>/dev/null
+    else
+      wait "$pid"; echo "$name: exited rc=$? at ${t} s (done: at ${seen:-never} s)"
+    fi
+    grep -E "^epoch|^done|rror" "$R/$name.log" | head -5
+  }
+  ARGS="train --data .devdata/imagenet_rep --model resnet50 --epochs 1 --out-dir /tmp/runs --no-progress --decode hardware"
+  hang_case exit_a python3 -m cnnpar $ARGS
+  hang_case exit_b python3 -m cnnpar $ARGS --val-fraction 0
+  hang_case exit_c python3 -c "import sys; import cnnpar.data.nvjpeg_hw as h; h.HardwareJpegDecoder.close = lambda self: None; \
+from cnnpar.cli import main; sys.exit(main(sys.argv[1:]))" $ARGS
   ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.
