@@ -344,10 +344,9 @@ s8d)
       --budget-s "${E2E_BUDGET:-300}" --watchdog-s 390 --out "$R/jpeg_pipeline.csv"
   ;;
 s8e)
-  # session 8, call E (one H200): where `cnnpar train --decode hardware` hangs at exit. Each case runs in
-  # the background; 8 s after its "done:" line, a process still alive gets its native stacks read by
-  # cuda-gdb (faulthandler printed none of the main process's), then is killed. A: as a user runs it;
-  # B: no validation split (one decoder fewer); C: the engines' handles never closed
+  # session 8, call E (one H200): which part of `cnnpar train --decode hardware` hangs at exit. Each case
+  # runs in the background; a process still alive 8 s after its "done:" line is reported and killed.
+  # A: as a user runs it; B: no validation split (one decoder fewer); C: the engines' handles never closed
   hang_case() {
     local name=$1 t=0 seen=""; shift
     "$@" > "$R/$name.log" 2>&1 &
@@ -358,9 +357,14 @@ s8e)
       sleep 1; t=$((t + 1))
     done
     if kill -0 "$pid" 2>/dev/null; then
-      echo "$name: still running at ${t} s (done: at ${seen:-never} s); native stacks:"
-      timeout 60 cuda-gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 25" > "$R/${name}_stacks.log" 2>&1
-      grep -E "^\*? *[0-9]+ +Thread|^Thread|^#" "$R/${name}_stacks.log" | cut -c1-160 | head -"${STACK_LINES:-70}"
+      echo "$name: still running at ${t} s (done: at ${seen:-never} s)"
+      # NATIVE_STACKS=1: cuda-gdb's stacks. In call R it failed to attach (CUDBG_ERROR_COMMUNICATION_FAILURE)
+      # and ignored its timeout's TERM until the call's limit: off by default, KILLed after 40 s
+      if [ -n "${NATIVE_STACKS:-}" ]; then
+        timeout -s KILL 40 cuda-gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 25" \
+          > "$R/${name}_stacks.log" 2>&1
+        grep -E "^\*? *[0-9]+ +Thread|^Thread|^#" "$R/${name}_stacks.log" | cut -c1-160 | head -"${STACK_LINES:-70}"
+      fi
       kill -9 "$pid"; wait "$pid" 2>/dev/null
     else
       wait "$pid"; echo "$name: exited rc=$? at ${t} s (done: at ${seen:-never} s)"
