@@ -325,7 +325,8 @@ s8c)
   # session 8, call C (one H200): call A's trace showed the GPU idle 39 % of an epoch, waiting for launches
   # from a training thread that shares the GIL with the resize thread. The resize moved into the training
   # thread (one batch ahead, side stream) against the two-thread feeder in the same call; graphs on with
-  # it, traced; the engines' CUDA tests (a cut file now kept from them); the decode-only rows
+  # it, traced; the engines' CUDA tests (a cut file now kept from them); the decode-only rows.
+  # (resize=training was removed after call Q, no faster: this phase ran at a56a9be and now stops at it)
   TAIL=6 logged gpu_tests 100 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py
   TAIL=150 logged jpeg_pipeline 330 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --variants "${VARIANTS:-hardware:14:0:resize=training:trace=1,hardware:14:0,gpu:14:0:resize=training,hardware:14:0:graphs=on:resize=training:trace=1}" \
@@ -338,6 +339,7 @@ s8d)
   # session 8, call D (one H200): calls A and C point at the host: the compiled step's Python launches
   # (each Triton launch hands the GIL over) against the feeder's. Inductor's C++ wrapper launches the
   # step's kernels without Python: against the plain wrapper in the same call; the cut-file CUDA test
+  # (ran at af67c20; its last variant's resize=training has been removed since)
   TAIL=6 logged gpu_tests 100 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py
   TAIL=40 logged jpeg_pipeline 400 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --variants "${VARIANTS:-hardware:14:0:cpp=1,hardware:14:0,gpu:14:0:cpp=1,hardware:14:0:cpp=1:resize=training}" \

@@ -38,6 +38,8 @@ from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
 from cnnpar.report.ranges import span  # noqa: E402
 
+VARIANT_KEYS = {"threads", "pipe", "switch", "graphs", "prio", "cpp", "trace"}
+
 
 def loader_alone(tr: Trainer) -> float:
     """Images/s of one epoch of the train loader, batches made and dropped, no step."""
@@ -116,13 +118,12 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
-        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G][:prio=P][:resize=R][:cpp=1]"
+        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G][:prio=P][:cpp=1]"
         "[:trace=1], ... (threads: nvImageCodec's host threads, 0 = one per core; pipe: decode and resize in two "
         "threads or one; switch: the GIL's switch interval in seconds, Python's default 0.005; graphs: --cuda-graphs "
-        "for this variant; prio: the feeder threads' CUDA stream priority, -1 high; resize: where a pipelined "
-        "decoder crops and resizes, feeder (its own thread) or training (the step's thread, one batch ahead); cpp: "
-        "inductor's C++ wrapper launches the step's kernels; trace: one more epoch under torch.profiler, its trace "
-        "and summary beside --out)",
+        "for this variant; prio: the feeder threads' CUDA stream priority, -1 high; cpp: inductor's C++ wrapper "
+        "launches the step's kernels; trace: one more epoch under torch.profiler, its trace and summary beside "
+        "--out; any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")
@@ -155,11 +156,16 @@ def main() -> None:
             continue
         decode, workers, share, *extra = spec.split(":")
         opts = dict(kv.split("=") for kv in extra)
+        unknown = set(opts) - VARIANT_KEYS  # a knob removed since must not run as the plain variant, mislabelled
+        if unknown:
+            raise SystemExit(
+                f"--variants {spec}: unknown key(s) {', '.join(sorted(unknown))}; known: "
+                f"{', '.join(sorted(VARIANT_KEYS))}"
+            )
         NvImageCodecDecode.CPU_THREADS = int(opts.get("threads", 0))
         DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
-        DeviceFeeder.RESIZE_IN = opts.get("resize", "feeder")
         # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)
         torch._inductor.config.cpp_wrapper = opts.get("cpp") == "1"
         graphs = opts.pop("graphs", args.graphs)

@@ -209,9 +209,6 @@ class DeviceFeeder:
     QUEUE_DEPTH = 3
     STREAM_PRIORITY = 0  # of the feeder threads' streams; benchmarks/jpeg_pipeline.py's prio= compares -1 (high)
     PIPELINE: bool | None = None  # None: the decoder's own rule (GpuDecoder.two_stage); benchmarks force it
-    # Where a pipelined decoder's second stage (crop, resize, transform) runs: "feeder", a thread of
-    # its own; "training", the thread that launches the step, one batch ahead on a side stream.
-    RESIZE_IN: str = "feeder"
 
     def __init__(
         self,
@@ -307,9 +304,6 @@ class DeviceFeeder:
             decoded = _in_thread(
                 source, self._decode_only, self.device, 2, "cnnpar-decode", self.STREAM_PRIORITY, handoff=True
             )
-            if self.RESIZE_IN == "training":
-                yield from self._resize_ahead(decoded)
-                return
             batches = _in_thread(
                 decoded,
                 self._resize_and_transform,
@@ -336,41 +330,6 @@ class DeviceFeeder:
                 yield batch
         finally:
             batches.close()
-
-    def _resize_ahead(self, decoded):
-        """Crop and resize in the training thread, one batch ahead, on a side stream: the kernels of
-        batch i+1 are queued just before step i's and run beside them. One thread launching
-        instead of two taking turns at the GIL: a trace of ResNet-50 from the JPEG engines showed
-        the GPU idle 39 % of an epoch, nearly all of it waiting for launches from a training thread
-        that each Triton launch hands the GIL to the resize thread (benchmarks/trace_summary.py)."""
-        cuda = self.device.type == "cuda"
-        side = torch.cuda.Stream(self.device, priority=self.STREAM_PRIORITY) if cuda else None
-        pending = None
-        try:
-            for item in decoded:
-                with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
-                    if item.event is not None:
-                        side.wait_event(item.event)
-                    batch = self._resize_and_transform(item.value)
-                    done = None
-                    if cuda:
-                        done = torch.cuda.Event()
-                        done.record(side)
-                if pending is not None:
-                    yield self._hand_over(*pending)
-                pending = batch, done
-            if pending is not None:
-                yield self._hand_over(*pending)
-        finally:
-            decoded.close()
-
-    def _hand_over(self, batch, done: torch.cuda.Event | None):
-        if done is not None:
-            main = torch.cuda.current_stream(self.device)
-            main.wait_event(done)
-            for t in batch:  # made on the side stream, read on main
-                t.record_stream(main)
-        return batch
 
 
 class _Ready:

@@ -221,35 +221,6 @@ def test_an_abandoned_two_stage_iterator_stops_both_threads():
     assert dec.calls < 20  # both stages stopped: at most a few batches decoded ahead
 
 
-def test_resizing_in_the_training_thread_yields_the_same_batches_one_decode_thread_behind(monkeypatch):
-    monkeypatch.setattr(DeviceFeeder, "RESIZE_IN", "training")
-    dec = TwoStageDecoder()
-    fed = feeder(dec, threaded=True)
-    piped = list(fed)
-    inline = list(feeder(Decoder(), threaded=False))
-    assert len(piped) == len(inline) == 6
-    for (x1, y1), (x2, y2) in zip(inline, piped):
-        assert torch.equal(x1, x2) and torch.equal(y1, y2)
-    # the second stage ran here, in the consumer's thread; no resize thread was started
-    assert dec.threads == {"cnnpar-decode", threading.current_thread().name}
-    assert not stage_threads()
-
-
-def test_resizing_in_the_training_thread_passes_errors_on_and_stops_the_decode_thread(monkeypatch):
-    monkeypatch.setattr(DeviceFeeder, "RESIZE_IN", "training")
-    it = iter(feeder(TwoStageDecoder(fail_at=8), threaded=True))
-    next(it)
-    with pytest.raises(DataError, match=r"photos/8\.jpg"):
-        next(it), next(it)
-    assert not stage_threads()
-    dec = TwoStageDecoder()
-    it = iter(feeder(dec, threaded=True, n=20))
-    next(it)
-    it.close()  # abandoned after one batch: the decode thread stops too
-    assert not stage_threads()
-    assert dec.calls < 20
-
-
 def test_only_the_nvjpeg_decoder_runs_its_stages_in_two_threads():
     pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
     from cnnpar.data.gpu_decode import GpuDecoder
