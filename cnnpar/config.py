@@ -412,10 +412,11 @@ def resolve_decode(requested: str, cuda: bool) -> tuple[str, str]:
 
     On an H200 with 16 host cores, ResNet-50 from 6,000 ImageNet photos, whole epochs, 14 workers:
     torchvision's nvJPEG 4,526 img/s, CPU workers 3,009, nvImageCodec 2,718 (2026-11-30-h200/; the
-    same order in every other run of the three). The GPU's JPEG engines (`hardware`) ran faster, 4,944
-    and 4,570 against nvJPEG's 4,560 and 4,318 in the same calls (2026-12-01-h200/call-j, call-m), but
-    `cnnpar train` with them hung at exit in all three runs (call-k to call-m), so they are not the
-    default: nvJPEG wherever there is CUDA; the engines and nvImageCodec only when asked.
+    same order in every other run of the three). The GPU's JPEG engines (`hardware`) ran faster, 4,944,
+    4,570 and 4,967 against nvJPEG's 4,560, 4,318 and 4,457 in the same calls (2026-12-01-h200/call-j,
+    call-m, call-n), but `cnnpar train` with them hung at exit in all five
+    runs (call-k to call-n, call-r), so they are not the default: nvJPEG wherever there is CUDA; the
+    engines and nvImageCodec only when asked.
     """
     if requested != "auto":
         return requested, "as asked"

@@ -56,7 +56,8 @@ STATUS = {
 # What a user choosing the engines must know (printed with the run's decode line, docs/decoding.md).
 HARDWARE_CAVEAT = (
     "--decode hardware is experimental: on an H200, cnnpar train with it finished its epochs and wrote its "
-    "results, then hung at exit in all three runs (2026-12-01); a fix is not yet verified on a GPU"
+    "results, then hung at exit in all five runs (2026-12-01), also with its decoders closed at the run's "
+    "end; the cause is not found"
 )
 
 
