@@ -38,7 +38,36 @@ from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
 from cnnpar.report.ranges import span  # noqa: E402
 
-VARIANT_KEYS = {"threads", "pipe", "switch", "graphs", "prio", "cpp", "trace"}
+# each knob and the values it takes (None: any number); a knob removed since, or a value out of its set,
+# must stop the run before it starts, not run the plain variant under a label that says otherwise
+VARIANT_KEYS = {
+    "threads": None,
+    "pipe": {"0", "1"},
+    "switch": None,
+    "graphs": {"auto", "on", "off"},
+    "prio": None,
+    "cpp": {"0", "1"},
+    "trace": {"0", "1"},
+}
+
+
+def parse_variant(spec: str) -> tuple[list[str], dict[str, str]]:
+    """`decode:workers:cpu_share[:key=value...]` -> ([decode, workers, cpu_share], {key: value})."""
+    head, extra = spec.split(":")[:3], spec.split(":")[3:]
+    if len(head) < 3:
+        raise SystemExit(f"--variants {spec}: expected decode:workers:cpu_share[:key=value...]")
+    opts = {}
+    for kv in extra:
+        key, eq, value = kv.partition("=")
+        if not eq or key not in VARIANT_KEYS:
+            raise SystemExit(f"--variants {spec}: {kv!r} is not one of {', '.join(k + '=' for k in VARIANT_KEYS)}")
+        allowed = VARIANT_KEYS[key]
+        if allowed is not None and value not in allowed:
+            raise SystemExit(f"--variants {spec}: {key}={value}, expected one of {', '.join(sorted(allowed))}")
+        if allowed is None:
+            float(value)  # a number, or ValueError naming it
+        opts[key] = value
+    return head, opts
 
 
 def loader_alone(tr: Trainer) -> float:
@@ -149,19 +178,16 @@ def main() -> None:
     rows = []
     bundle = None
     started = time.perf_counter()
-    for spec in args.variants.split(","):
+    specs = args.variants.split(",")
+    for spec in specs:  # all checked before the first one spends device time
+        parse_variant(spec)
+    for spec in specs:
         if args.budget_s and time.perf_counter() - started > args.budget_s:
             print(f"skipped (--budget-s {args.budget_s:g} spent): {spec}", flush=True)
             rows.append({"variant": spec, "status": "skipped: budget spent"})
             continue
         decode, workers, share, *extra = spec.split(":")
-        opts = dict(kv.split("=") for kv in extra)
-        unknown = set(opts) - VARIANT_KEYS  # a knob removed since must not run as the plain variant, mislabelled
-        if unknown:
-            raise SystemExit(
-                f"--variants {spec}: unknown key(s) {', '.join(sorted(unknown))}; known: "
-                f"{', '.join(sorted(VARIANT_KEYS))}"
-            )
+        opts = parse_variant(spec)[1]
         NvImageCodecDecode.CPU_THREADS = int(opts.get("threads", 0))
         DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
@@ -200,7 +226,10 @@ def main() -> None:
             row["data_wait_share"] = round(statistics.median(r["data_wait_share"] for r in epochs), 3)
             if opts.get("trace") == "1":
                 trace = Path(args.out).with_name(f"trace_{len(rows)}_{decode}.json.gz")
-                print(f"{spec}: epoch 4 under the profiler -> {trace}\n{trace_epoch(tr, 4, trace)}", flush=True)
+                try:  # the epochs above are measured already: a failed trace must not void them
+                    print(f"{spec}: epoch 4 under the profiler -> {trace}\n{trace_epoch(tr, 4, trace)}", flush=True)
+                except Exception as e:
+                    row["trace_error"] = repr(e)[:300]
             row["step_alone_images_per_s"] = round(step_alone(tr), 1)
             row["status"] = "ok"
             del tr

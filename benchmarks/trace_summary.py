@@ -91,22 +91,32 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
-def late_launches(kernels: list[dict], launches: dict, names: dict[int, str]) -> tuple[float, float, dict]:
-    """Split the idle time between consecutive kernels of one stream: gaps whose next kernel was
-    launched only after the previous one had ended (the device waited for the host: whose thread
-    launched it), and gaps whose next kernel was already queued (it waited for something else)."""
-    host, queued, by_thread = 0.0, 0.0, defaultdict(float)
-    for a, b in zip(kernels, kernels[1:]):
-        gap = b["ts"] - (a["ts"] + a["dur"])
-        launch = launches.get(b.get("args", {}).get("correlation"))
-        if gap <= 0 or launch is None:
-            continue
-        if launch["ts"] + launch["dur"] > a["ts"] + a["dur"]:
-            host += gap
-            by_thread[names.get(launch["tid"], str(launch["tid"]))] += gap
-        else:
-            queued += gap
-    return host, queued, dict(by_thread)
+def late_launches(ops: list[dict], launches: dict, names: dict[int, str]) -> tuple[float, float, float, dict]:
+    """Split the idle time between consecutive operations of one stream (kernels, copies, memsets, in
+    order): gaps whose next operation was launched only after the previous one had ended (the device
+    waited for the host: whose thread launched it), gaps whose next operation was already queued (it
+    waited for something else), and gaps whose launch is not in the trace."""
+    host = queued = unknown = 0.0
+    by_thread: dict[str, float] = defaultdict(float)
+    end = None
+    for e in ops:
+        if end is not None and e["ts"] > end:
+            gap = e["ts"] - end
+            launch = launches.get(e.get("args", {}).get("correlation"))
+            if launch is None:
+                unknown += gap
+            elif launch["ts"] + launch["dur"] > end:
+                host += gap
+                by_thread[names.get(launch["tid"], str(launch["tid"]))] += gap
+            else:
+                queued += gap
+        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
+    return host, queued, unknown, dict(by_thread)
+
+
+def clipped(ts: float, dur: float, t0: float, t1: float) -> float:
+    """How much of [ts, ts + dur] lies inside [t0, t1]."""
+    return max(0.0, min(ts + dur, t1) - max(ts, t0))
 
 
 def summarize(events: list[dict], thread_names: dict[int, str] | None = None) -> dict:
@@ -127,7 +137,8 @@ def summarize(events: list[dict], thread_names: dict[int, str] | None = None) ->
         by_stream[stream].append((e["ts"], e["ts"] + e["dur"]))
         names[stream][e["name"][:60]] += e["dur"]
     streams = {}
-    main = max(by_stream, key=lambda s: union_length(by_stream[s])) if by_stream else None
+    known = [s for s in by_stream if s >= 0] or list(by_stream)  # -1: an operation without its stream
+    main = max(known, key=lambda s: union_length(by_stream[s])) if by_stream else None
     main_busy = merged(by_stream[main]) if main is not None else []
     for s, iv in by_stream.items():
         busy = union_length(iv)
@@ -140,12 +151,9 @@ def summarize(events: list[dict], thread_names: dict[int, str] | None = None) ->
             "top": top,
         }
     gaps = [b[0] - a[1] for a, b in zip(main_busy, main_busy[1:])]
-    main_kernels = sorted(
-        (e for e in gpu if e.get("cat") == "kernel" and int(e.get("args", {}).get("stream", -1)) == main),
-        key=lambda e: e["ts"],
-    )
+    main_ops = sorted((e for e in gpu if int(e.get("args", {}).get("stream", -1)) == main), key=lambda e: e["ts"])
     classes: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in main_kernels:
+    for e in (e for e in main_ops if e.get("cat") == "kernel"):
         c = classes[kernel_class(e["name"])]
         c[0] += e["dur"]
         c[1] += 1
@@ -154,24 +162,25 @@ def summarize(events: list[dict], thread_names: dict[int, str] | None = None) ->
         for e in events
         if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
-    host_wait, queued_wait, host_by_thread = late_launches(main_kernels, launches, thread_names)
+    host_wait, queued_wait, unknown_wait, host_by_thread = late_launches(main_ops, launches, thread_names)
     threads: dict[int, dict] = defaultdict(
         lambda: {"ranges": defaultdict(float), "calls": defaultdict(float), "counts": defaultdict(int), "ops_us": []}
     )
     for e in events:
         if e.get("ph") != "X" or "tid" not in e or not isinstance(e.get("tid"), int):
             continue
-        if not (t0 <= e["ts"] <= t1):
+        inside = clipped(e["ts"], e.get("dur", 0.0), t0, t1)  # the part within the GPU's window
+        if inside <= 0:
             continue
         th = threads[e["tid"]]
         cat = e.get("cat")
         if cat == "user_annotation":
-            th["ranges"][e["name"]] += e["dur"]
+            th["ranges"][e["name"]] += inside
         elif cat in ("cuda_runtime", "cuda_driver") and e["name"] in WAITS:
-            th["calls"][e["name"]] += e["dur"]
+            th["calls"][e["name"]] += inside
             th["counts"][e["name"]] += 1
         elif cat == "cpu_op":
-            th["ops_us"].append((e["ts"], e["ts"] + e["dur"]))
+            th["ops_us"].append((max(e["ts"], t0), min(e["ts"] + e["dur"], t1)))
     out_threads = {}
     for tid, th in threads.items():
         busy = union_length(th["ops_us"])
@@ -192,6 +201,7 @@ def summarize(events: list[dict], thread_names: dict[int, str] | None = None) ->
         "main_kernel_classes": {k: (v[0], int(v[1])) for k, v in classes.items()},
         "main_idle_waiting_for_launch_us": host_wait,
         "main_idle_queued_us": queued_wait,
+        "main_idle_launch_not_traced_us": unknown_wait,
         "main_idle_by_launching_thread_us": host_by_thread,
         "streams": streams,
         "threads": out_threads,
@@ -206,9 +216,10 @@ def report(s: dict) -> str:
         f"{s['main_gaps_over_1ms'][0]} gaps over 1 ms = {s['main_gaps_over_1ms'][1] / 1e3:.1f} ms",
     ]
     lines.append(
-        f"  of its idle time, {s['main_idle_waiting_for_launch_us'] / 1e3:.1f} ms before a kernel launched only after "
-        f"the one before had ended (the device waiting for the host), {s['main_idle_queued_us'] / 1e3:.1f} ms with "
-        "the next kernel already queued"
+        f"  of its idle time, {s['main_idle_waiting_for_launch_us'] / 1e3:.1f} ms before an operation launched only "
+        f"after the one before had ended (the device waiting for the host), {s['main_idle_queued_us'] / 1e3:.1f} ms with "
+        f"the next one already queued, {s['main_idle_launch_not_traced_us'] / 1e3:.1f} ms whose launch the trace "
+        "lacks"
     )
     for name, us in sorted(s["main_idle_by_launching_thread_us"].items(), key=lambda kv: -kv[1]):
         lines.append(f"      waiting for launches from {name}: {us / 1e3:.1f} ms")

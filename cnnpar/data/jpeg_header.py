@@ -90,18 +90,46 @@ def hardware_ok(h: JpegHeader | None) -> bool:
     return len(h.sampling) == 3 and h.sampling[0] in _HARDWARE_LUMA and h.sampling[1] == h.sampling[2] == 0x11
 
 
+def first_scan(data) -> int:
+    """The offset of the image's first start-of-scan marker (FF DA), found by walking the marker
+    segments from the start (so an EXIF thumbnail's own scan, inside its APP1 segment, is skipped),
+    or -1 when there is none."""
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return -1
+    i = 2
+    while i + 3 < n:
+        if data[i] != 0xFF:
+            return -1
+        while i < n and data[i] == 0xFF:
+            i += 1
+        if i >= n:
+            return -1
+        marker = data[i]
+        if marker in _STANDALONE:
+            i += 1
+            continue
+        if marker == 0xDA:
+            return i - 1
+        if marker == 0xD9:
+            return -1
+        i += 1 + ((data[i + 1] << 8) | data[i + 2])
+    return -1
+
+
 def ends_whole(data) -> bool:
-    """Whether the file still holds its end-of-image marker (FF D9) after its first scan marker
-    (FF DA): a file cut short lacks it. Inside a scan the coder stuffs every FF byte, so only a real
-    marker reads FF D9 there; an EXIF thumbnail's own end marker comes before the scan. The GPU's
-    JPEG engines, which torchvision's nvJPEG call also uses for baseline files, decode a cut file
-    without an error (what is missing comes out as made-up pixels; seen on an H200)."""
-    tail = bytes(data[-64:])
-    if b"\xff\xd9" in tail:  # nearly every file: its marker is its last two bytes
+    """Whether the file still holds an end-of-image marker (FF D9) after its first scan marker: a
+    file cut short lacks it. Inside a scan the coder stuffs every FF byte, so only a real marker reads
+    FF D9 there; an EXIF thumbnail's markers lie in a segment before the scan. The GPU's JPEG engines,
+    which torchvision's nvJPEG call also uses for baseline files, decode a cut file without an error
+    (what is missing comes out as made-up pixels; seen on an H200)."""
+    sos = first_scan(data)
+    if sos < 0:
+        return False
+    n = len(data)
+    if b"\xff\xd9" in bytes(data[max(sos, n - 64) :]):  # nearly every file: its last two bytes
         return True
-    whole = bytes(data)
-    sos = whole.find(b"\xff\xda")
-    return sos >= 0 and whole.rfind(b"\xff\xd9") > sos
+    return bytes(data[sos:]).rfind(b"\xff\xd9") >= 0
 
 
 def decode_route(h: JpegHeader | None, data) -> int:

@@ -102,12 +102,17 @@ def test_a_file_cut_short_goes_to_the_cpu_which_names_it():
     assert hardware_ok(read_jpeg_header(cut))  # its header alone looks fine
     assert decode_route(read_jpeg_header(cut), cut) == 0
     assert decode_route(read_jpeg_header(whole), whole + b"\0" * 1000) == 2  # data after the marker: whole
-    # an end marker before the scan (an embedded thumbnail's) does not make a cut file whole
+    # an EXIF thumbnail: a whole JPEG (its own scan and end marker) inside an APP1 segment before the
+    # image's scan; cut anywhere after it, the photo must still count as cut
+    thumb = photo(16, 24)
+    app1 = b"Exif\0\0" + thumb
     sos = whole.index(b"\xff\xda")
-    thumb = whole[:sos] + b"\xff\xfe\x00\x04\xff\xd9" + whole[sos:]  # a comment segment holding FF D9
-    assert decode_route(read_jpeg_header(thumb), thumb) == 2
-    cut_thumb = thumb[: len(thumb) - 200]
-    assert decode_route(read_jpeg_header(cut_thumb), cut_thumb) == 0
+    camera = whole[:2] + b"\xff\xe1" + (len(app1) + 2).to_bytes(2, "big") + app1 + whole[2:]
+    assert decode_route(read_jpeg_header(camera), camera) == 2
+    after_app1 = 2 + 4 + len(app1)
+    for cut_at in (after_app1, after_app1 + sos, len(camera) // 2, len(camera) - 100):
+        piece = camera[:cut_at]
+        assert decode_route(read_jpeg_header(piece), piece) == 0, cut_at
 
 
 def test_workers_mark_the_engines_files_in_the_batch(tmp_path):

@@ -219,3 +219,23 @@ def test_a_cut_file_never_reaches_a_gpu_decoder_that_would_decode_it_silently(tm
     with pytest.raises(DataError, match=rf"^{re.escape(str(files[1]))}: cannot decode as an image \(.*truncated"):
         GpuDecoder(files, SIZE, torch.device("cpu"), train=False, batch_decode=lenient)(batch)
     assert len(jpeg) // 2 not in seen  # the cut file never went to the batched decoder
+
+
+def test_a_cut_file_in_a_batch_made_without_workers_is_named_too():
+    """Batches made without DataLoader workers carry no routes: the decoder reads the headers and
+    checks the end markers itself, with the same outcome."""
+    jpeg = saved(picture(), "JPEG")
+    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in (jpeg, jpeg[: len(jpeg) // 2])]
+    offsets = torch.tensor([0, len(data[0]), len(data[0]) + len(data[1])])
+    batch = EncodedBatch(torch.cat(data), offsets, torch.arange(2))
+    assert batch.nvjpeg_ok is None  # no routes: the decoder decides
+    seen: list[int] = []
+
+    def lenient(buffers, device):
+        seen.extend(len(b) for b in buffers)
+        return [torch.zeros(3, 8, 8, dtype=torch.uint8) for _ in buffers]
+
+    files = [Path("a/ok.jpg"), Path("a/cut.jpg")]
+    with pytest.raises(DataError, match=r"^a/cut\.jpg: cannot decode as an image \(.*truncated"):
+        GpuDecoder(files, SIZE, torch.device("cpu"), train=False, batch_decode=lenient)(batch)
+    assert len(jpeg) // 2 not in seen

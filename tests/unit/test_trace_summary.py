@@ -88,3 +88,39 @@ def test_idle_time_is_split_by_whether_the_next_kernel_was_launched_late():
     assert classes["BatchNorm (+ReLU/add), Triton-fused"] == (100, 1)
     assert classes["convolution / matmul (cuDNN, cuBLAS)"] == (100, 1)
     assert classes["other Triton-fused"] == (50, 1)
+
+
+def test_a_copy_between_two_kernels_is_work_not_idle_and_untraced_launches_are_counted_apart():
+    def op(cat, ts, dur, corr):
+        return {"ph": "X", "cat": cat, "name": "x", "ts": ts, "dur": dur, "args": {"stream": 7, "correlation": corr}}
+
+    events = [
+        op("kernel", 0, 100, 1),
+        op("gpu_memcpy", 100, 100, 2),  # back to back: no idle time at all
+        op("kernel", 200, 100, 3),
+        op("kernel", 350, 50, 4),  # 50 us idle, and no launch of correlation 4 in the trace
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "ts": 250,
+            "dur": 5,
+            "tid": 1,
+            "args": {"correlation": 3},
+        },
+    ]
+    s = trace_summary.summarize(events)
+    assert s["main_gaps_all_us"] == 50
+    assert s["main_idle_waiting_for_launch_us"] == 0  # correlation 3 came late, but no gap preceded it
+    assert s["main_idle_launch_not_traced_us"] == 50
+    assert s["main_idle_queued_us"] == 0
+
+
+def test_host_figures_count_only_the_part_of_a_range_inside_the_gpu_window():
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k", "ts": 100, "dur": 100, "args": {"stream": 7}},
+        {"ph": "X", "cat": "user_annotation", "name": "data_wait", "ts": 0, "dur": 150, "tid": 1},  # half inside
+        {"ph": "X", "cat": "user_annotation", "name": "late", "ts": 500, "dur": 10, "tid": 1},  # outside
+    ]
+    s = trace_summary.summarize(events)
+    assert s["threads"][1]["ranges"] == {"data_wait": 50}
