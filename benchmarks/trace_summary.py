@@ -216,10 +216,10 @@ def report(s: dict) -> str:
         f"{s['main_gaps_over_1ms'][0]} gaps over 1 ms = {s['main_gaps_over_1ms'][1] / 1e3:.1f} ms",
     ]
     lines.append(
-        f"  of its idle time, {s['main_idle_waiting_for_launch_us'] / 1e3:.1f} ms before an operation launched only "
-        f"after the one before had ended (the device waiting for the host), {s['main_idle_queued_us'] / 1e3:.1f} ms with "
-        f"the next one already queued, {s['main_idle_launch_not_traced_us'] / 1e3:.1f} ms whose launch the trace "
-        "lacks"
+        f"  of its idle time, {s['main_idle_waiting_for_launch_us'] / 1e3:.1f} ms before an operation launched "
+        "only after the one before had ended (the device waiting for the host), "
+        f"{s['main_idle_queued_us'] / 1e3:.1f} ms with the next one already queued, "
+        f"{s['main_idle_launch_not_traced_us'] / 1e3:.1f} ms whose launch the trace lacks"
     )
     for name, us in sorted(s["main_idle_by_launching_thread_us"].items(), key=lambda kv: -kv[1]):
         lines.append(f"      waiting for launches from {name}: {us / 1e3:.1f} ms")
