@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # trace_summary
 
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
 from cnnpar.data import load_data  # noqa: E402
@@ -36,6 +35,7 @@ from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
+from cnnpar.report.profiler import all_threads_options  # noqa: E402
 from cnnpar.report.ranges import span  # noqa: E402
 
 # each knob and the values it takes (None: any number); a knob removed since, or a value out of its set,
@@ -84,15 +84,12 @@ def loader_alone(tr: Trainer) -> float:
 def trace_epoch(tr: Trainer, epoch: int, path: Path) -> str:
     """One more epoch under torch.profiler, every thread's ops and ranges recorded (where this torch
     can), written to `path` (gzipped Chrome trace) with a summary beside it; returns the summary."""
-    import trace_summary
     from torch.profiler import ProfilerActivity, profile
 
+    from cnnpar.report import trace_reading
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if tr.info.device.type == "cuda" else [])
-    extra = {}
-    try:  # torch >= 2.8 or so: the feeder's threads too, not only this one
-        extra["experimental_config"] = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
-    except TypeError:
-        pass
+    extra = all_threads_options()  # the feeder's threads too, not only this one
     names: dict[int, str] = {}
     done = threading.Event()
 
@@ -114,9 +111,9 @@ def trace_epoch(tr: Trainer, epoch: int, path: Path) -> str:
     prof.export_chrome_trace(str(raw))
     with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
         shutil.copyfileobj(src, dst)
-    events = trace_summary.load_events(raw)
+    events = trace_reading.load_events(raw)
     raw.unlink()
-    text = trace_summary.report(trace_summary.summarize(events, names))
+    text = trace_reading.report(trace_reading.summarize(events, names))
     path.with_name(path.name.replace(".json.gz", ".txt")).write_text(text + "\n")
     # the names travel with the trace, for trace_summary.py --threads later
     path.with_name(path.name.replace(".json.gz", ".threads.json")).write_text(json.dumps(names))

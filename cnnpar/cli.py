@@ -91,14 +91,18 @@ def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.doctor.profile import ProfileOptions, run_profile
 
     cfg = config_from_args(args)
-    opts = ProfileOptions(args.prof_wait, args.prof_warmup, args.prof_active, args.row_limit, args.report_dir)
+    opts = ProfileOptions(
+        args.prof_wait, args.prof_warmup, args.prof_active, args.row_limit, args.report_dir, args.all_threads
+    )
     info = init_distributed(cfg.speed.device, cfg.dist.debug_single, cfg.dist.timeout_s)
     try:
         files = run_profile(cfg, info, opts)
         if info.is_main:
             print(files.table_md.read_text())
+            print("Where the recorded steps' time went:\n" + files.reading.read_text())
             print(
-                f"trace: {files.trace} (open in https://ui.perfetto.dev); tables: {files.table_txt}, {files.table_md}"
+                f"trace: {files.trace} (open in https://ui.perfetto.dev); tables: {files.table_txt}, {files.table_md}; "
+                f"reading: {files.reading}"
             )
         return 0
     finally:
@@ -331,6 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument("--prof-active", type=int, default=5, help="profiled steps recorded")
     extra.add_argument("--row-limit", type=int, default=25, help="operators in the tables")
     extra.add_argument("--report-dir", default="", help="output folder (default: <--out-dir>/profile/<model>-<date>)")
+    extra.add_argument(
+        "--all-threads",
+        action="store_true",
+        help="record every thread's operators (a GPU decoder's threads, autograd's), where torch can; off by "
+        "default: torch's global profiler callbacks have crashed with the DataLoader's pin-memory thread "
+        "(pytorch/pytorch#185741)",
+    )
     prof.set_defaults(func=cmd_profile)
 
     doc = sub.add_parser(

@@ -23,6 +23,7 @@ class ProfileOptions:
     active: int = 5
     row_limit: int = 25
     report_dir: str = ""
+    all_threads: bool = False
 
 
 def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFiles:
@@ -41,7 +42,15 @@ def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFil
 
     try:
         files = profile_steps(
-            step, out, info.rank, info.device.type == "cuda", opts.wait, opts.warmup, opts.active, opts.row_limit
+            step,
+            out,
+            info.rank,
+            info.device.type == "cuda",
+            opts.wait,
+            opts.warmup,
+            opts.active,
+            opts.row_limit,
+            opts.all_threads,
         )
     finally:
         batches.close()

@@ -8,12 +8,16 @@ device (CUDA) or the host (CPU) and list the memory they allocated.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from cnnpar.report.files import write_text_atomic
-from cnnpar.report.ranges import STEP_RANGES
+from cnnpar.report.ranges import STEP_RANGES, span
+from cnnpar.report.trace_reading import load_events, report, summarize
 
 
 @dataclass
@@ -21,6 +25,18 @@ class ProfileFiles:
     trace: Path
     table_txt: Path
     table_md: Path
+    reading: Path  # where the recorded steps' time went (trace_reading)
+
+
+def all_threads_options() -> dict:
+    """torch.profiler.profile keyword arguments that record every thread's operators and ranges, not
+    only the calling thread's (a GPU decoder's feeder threads, the autograd thread), where this torch
+    can (`profile_all_threads`); {} where it cannot. CUDA runtime calls and kernels are recorded from
+    every thread either way."""
+    try:
+        return {"experimental_config": torch._C._profiler._ExperimentalConfig(profile_all_threads=True)}
+    except (TypeError, AttributeError):
+        return {}
 
 
 def _attr(evt, *names: str) -> float:
@@ -88,14 +104,19 @@ def profile_steps(
     warmup: int = 2,
     active: int = 5,
     row_limit: int = 25,
+    all_threads: bool = False,
 ) -> ProfileFiles:
-    """Run `step(i)` wait + warmup + active times under torch.profiler and write this rank's files."""
+    """Run `step(i)` wait + warmup + active times under torch.profiler and write this rank's files.
+    `all_threads`: record the operators of every thread, not only this one's (`all_threads_options`)."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = ProfileFiles(
-        out / f"trace_rank{rank}.json", out / f"top_ops_rank{rank}.txt", out / f"top_ops_rank{rank}.md"
+        out / f"trace_rank{rank}.json",
+        out / f"top_ops_rank{rank}.txt",
+        out / f"top_ops_rank{rank}.md",
+        out / f"where_time_went_rank{rank}.txt",
     )
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     sort_key = "self_device_time_total" if on_cuda else "self_cpu_time_total"
@@ -109,14 +130,23 @@ def profile_steps(
             text = averages.table(sort_by="self_cuda_time_total", row_limit=row_limit)
         write_text_atomic(files.table_txt, text + "\n")
         write_text_atomic(files.table_md, top_ops_markdown(averages, on_cuda, active, row_limit))
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        reading = report(summarize(load_events(files.trace), names))
+        write_text_atomic(files.reading, f"{active} recorded steps; times are totals over them\n{reading}\n")
 
-    with profile(
-        activities=activities,
-        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-        on_trace_ready=on_ready,
-        profile_memory=True,
-    ) as prof:
-        for i in range(wait + warmup + active):
-            step(i)
-            prof.step()
+    extra = all_threads_options() if all_threads else {}
+    span.all_threads = bool(extra)  # the ranges of the other threads too
+    try:
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+            on_trace_ready=on_ready,
+            profile_memory=True,
+            **extra,
+        ) as prof:
+            for i in range(wait + warmup + active):
+                step(i)
+                prof.step()
+    finally:
+        span.all_threads = False
     return files

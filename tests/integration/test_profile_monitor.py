@@ -33,6 +33,9 @@ def test_profile_trace_has_the_step_ranges(tmp_path):
     md = (out / "top_ops_rank0.md").read_text()
     assert "| forward | 1 |" in md and "| operator | calls |" in md
     assert (out / "top_ops_rank0.txt").stat().st_size > 0
+    reading = (out / "where_time_went_rank0.txt").read_text()
+    assert "no GPU activity in the trace" in reading  # a CPU run
+    assert "thread MainThread" in reading and "range forward:" in reading
 
 
 def test_train_monitor_writes_telemetry_beside_metrics(tmp_path):

@@ -1,14 +1,9 @@
-"""benchmarks/trace_summary.py reads a profiler trace: its interval arithmetic and its attribution
-of GPU work to streams and of waits to host threads, on a trace made up here."""
-
-import sys
-from pathlib import Path
+"""cnnpar.report.trace_reading reads a profiler trace: its interval arithmetic and its attribution
+of GPU work to streams and of waits to host threads, on traces made up here."""
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import trace_summary  # noqa: E402
+from cnnpar.report import trace_reading as trace_summary
 
 
 def test_union_and_overlap_count_shared_time_once():
@@ -124,3 +119,16 @@ def test_host_figures_count_only_the_part_of_a_range_inside_the_gpu_window():
     ]
     s = trace_summary.summarize(events)
     assert s["threads"][1]["ranges"] == {"data_wait": 50}
+
+
+def test_a_cpu_trace_is_read_as_host_threads_only():
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "forward", "ts": 0, "dur": 40, "tid": 5},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::conv2d", "ts": 0, "dur": 30, "tid": 5},
+        {"ph": "X", "cat": "user_annotation", "name": "data_wait", "ts": 40, "dur": 60, "tid": 5},
+    ]
+    s = trace_summary.summarize(events, {5: "MainThread"})
+    assert s["main_stream"] is None and s["window_us"] == 100
+    text = trace_summary.report(s)
+    assert text.startswith("window 0.1 ms; no GPU activity in the trace")
+    assert "thread MainThread (5): torch ops 30.0 %" in text and "range data_wait: 0.1 ms" in text
