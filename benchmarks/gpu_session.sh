@@ -349,7 +349,7 @@ s8e)
   # session 8, call E (one H200): which part of `cnnpar train --decode hardware` hangs at exit. Each case
   # runs in the background; a process still alive 8 s after its "done:" line is reported and killed.
   # A: as a user runs it; B: no validation split (one decoder fewer); C: the engines' handles never closed;
-  # D: no worker processes (none forked after the engines started)
+  # D: no worker processes (none forked after the engines started); E: no batch search, no TensorBoard
   hang_case() {
     local name=$1 t=0 seen=""; shift
     "$@" > "$R/$name.log" 2>&1 &
@@ -380,6 +380,7 @@ s8e)
   hang_case exit_c python3 -c "import sys; import cnnpar.data.nvjpeg_hw as h; h.HardwareJpegDecoder.close = lambda self: None; \
 from cnnpar.cli import main; sys.exit(main(sys.argv[1:]))" $ARGS
   hang_case exit_d python3 -m cnnpar $ARGS --workers 0
+  hang_case exit_e python3 -m cnnpar $ARGS --batch-size 128 --no-tensorboard
   ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.
