@@ -167,9 +167,11 @@ def resized_crops(
 
 
 # A torch.compile backend ("inductor") for the per-chunk work below, or None to run it eagerly (the
-# default). Compiled, a chunk's ~27 kernels become about six, and its ~100 torch calls one: in a
-# decode thread each eager call holds the GIL that the training thread's launches need (docs/
-# decoding.md). benchmarks/jpeg_pipeline.py's `cchunk=1` sets it; not yet measured on a GPU.
+# default). Compiled, a chunk's ~27 kernels should become about six, and its ~100 torch calls one: in
+# a decode thread each eager call holds the GIL that the training thread's launches need (docs/
+# decoding.md). Sizes are dynamic: on the CPU, 30 batches of interleaved crops of every size made two
+# graphs, and chunks of one crop or planar layouts a few more (each layout has its own cache of 8).
+# benchmarks/jpeg_pipeline.py's `cchunk=1` sets it; not yet measured on a GPU.
 COMPILE_CHUNKS = None
 _compiled: dict = {}
 
@@ -208,12 +210,19 @@ def _resize_chunk(
     ((m, rows) interleaved, (m, rows, 3) planar) in `flat`, crop heights then widths in `lengths`
     (2m,), padded to rows x `cols` (`padded` = the larger), resized to (m, 3, size, size) uint8."""
     m, rows = row_starts.shape[0], row_starts.shape[1]
-    # heights and widths through one filter call, padded to this chunk's sizes only (one large
-    # photo must not widen every image's weights): (2m, size, padded)
-    weights = aa_weights(lengths, padded, size).to(dtype)
-    wy, wx_t = weights[:m, :, :rows], weights[m:, :, :cols].transpose(1, 2)  # (m, size, rows), (m, cols, size)
+    compiled = torch.compiler.is_compiling()
+    if compiled:
+        # each side's filter at its own padding, and one order of the products below: no relation
+        # between rows and cols for the graph to guard on (each relation would cost a graph)
+        wy = aa_weights(lengths[:m], rows, size).to(dtype)  # (m, size, rows)
+        wx_t = aa_weights(lengths[m:], cols, size).to(dtype).transpose(1, 2)  # (m, cols, size)
+    else:
+        # heights and widths through one filter call (fewer launches), padded to this chunk's sizes
+        # only (one large photo must not widen every image's weights): (2m, size, padded)
+        weights = aa_weights(lengths, padded, size).to(dtype)
+        wy, wx_t = weights[:m, :, :rows], weights[m:, :, :cols].transpose(1, 2)
     width = 3 * cols if hwc else cols  # bytes of one canvas row window
-    if torch.compiler.is_compiling():
+    if compiled:
         # compiled: the gather's index computed in the kernel that reads (unfold's window size would
         # be specialised, one graph per canvas width)
         canvas = flat[row_starts.unsqueeze(-1) + torch.arange(width, device=flat.device)]
@@ -224,8 +233,8 @@ def _resize_chunk(
     else:
         canvas = canvas.view(m, rows, 3 * cols).to(dtype)
     # Either order gives the same result; the first product is the same size, the second
-    # costs size^2 * 3 * (rows or cols), so resize along the longer side first.
-    if rows <= cols:
+    # costs size^2 * 3 * (rows or cols), so eagerly the longer side goes first.
+    if compiled or rows <= cols:
         tmp = torch.bmm(canvas.view(m, rows * 3, cols), wx_t)  # (m, rows*3, size)
         res = torch.bmm(wy, tmp.view(m, rows, 3 * size)).view(m, size, 3, size)
     else:
@@ -293,7 +302,7 @@ def resized_crops_flat(
         # each argument its own contiguous tensor: fewer size and stride relations for a compiled
         # chunk to guard on (four graphs in all, not one per chunk shape)
         starts_ab = row_starts[a:b, :rows]
-        starts_ab = starts_ab.contiguous() if COMPILE_CHUNKS is not None else starts_ab
+        starts_ab = starts_ab.clone() if COMPILE_CHUNKS is not None else starts_ab  # offset 0, own strides
         res = chunk(flat, starts_ab, lengths[:, a:b].reshape(-1), cols, max(rows, cols), size, dtype)
         out.index_copy_(0, order_dev[a:b], res)
     return out

@@ -341,8 +341,8 @@ def test_flat_buffer_resize_reads_hwc_and_chw_layouts_alike_at_any_offsets():
 
 def test_compiled_chunks_resize_as_the_eager_ones_in_a_few_graphs_whatever_the_shapes(monkeypatch):
     """`crop_resize.COMPILE_CHUNKS` (benchmarks/jpeg_pipeline.py's cchunk=1): the compiled chunk
-    reads its canvas with a computed gather instead of unfold's windows; both give the same pixels,
-    and batches of every shape share a handful of dynamic graphs (aot_eager here: the graph capture
+    reads its canvas with a computed gather instead of unfold's windows; both give the same pixels
+    to one level, and batches of every shape share a handful of dynamic graphs (aot_eager here: the graph capture
     and its guards are what is tested, not inductor's kernels)."""
     import torch._dynamo
 
@@ -368,7 +368,9 @@ def test_compiled_chunks_resize_as_the_eager_ones_in_a_few_graphs_whatever_the_s
         eager = cr.resized_crops_flat(flat, starts, hw, boxes, 24, hwc=hwc, canvas_budget=1 << 15)
         monkeypatch.setattr(cr, "COMPILE_CHUNKS", counting)
         compiled = cr.resized_crops_flat(flat, starts, hw, boxes, 24, hwc=hwc, canvas_budget=1 << 15)
-        assert torch.equal(compiled, eager), i
+        # compiled, the products run width first always (eagerly the longer side goes first): float
+        # rounding may move a pixel by one level
+        assert (compiled.int() - eager.int()).abs().max() <= 1, i
     # per layout: rows <= cols or not, one crop in a chunk or more, ...: a handful, not one per shape
     # (5 interleaved, 3 planar when written; each layout has its own cache of 8)
     assert 0 < len(graphs) <= 10
