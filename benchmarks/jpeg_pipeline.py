@@ -48,6 +48,7 @@ VARIANT_KEYS = {
     "prio": None,
     "cpp": {"0", "1"},
     "cchunk": {"0", "1"},
+    "dthreads": {"1", "2", "3", "4"},
     "trace": {"0", "1"},
 }
 
@@ -146,11 +147,12 @@ def main() -> None:
         "--variants",
         default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
         help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G][:prio=P][:cpp=1][:cchunk=1]"
-        "[:trace=1], ... (threads: nvImageCodec's host threads, 0 = one per core; pipe: decode and resize in two "
-        "threads or one; switch: the GIL's switch interval in seconds, Python's default 0.005; graphs: --cuda-graphs "
-        "for this variant; prio: the feeder threads' CUDA stream priority, -1 high; cpp: inductor's C++ wrapper "
-        "launches the step's kernels; cchunk: the crop-resize's chunks compiled; trace: one more epoch under "
-        "torch.profiler, its trace and summary beside --out; any other key is refused)",
+        "[:dthreads=N][:trace=1], ... (threads: nvImageCodec's host threads, 0 = one per core; pipe: decode and "
+        "resize in two threads or one; switch: the GIL's switch interval in seconds, Python's default 0.005; "
+        "graphs: --cuda-graphs for this variant; prio: the feeder threads' CUDA stream priority, -1 high; cpp: "
+        "inductor's C++ wrapper launches the step's kernels; cchunk: the crop-resize's chunks compiled; dthreads: "
+        "decode threads at once; trace: one more epoch under torch.profiler, its trace and summary beside --out; "
+        "any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")
@@ -190,6 +192,7 @@ def main() -> None:
         DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
+        DeviceFeeder.DECODE_THREADS = int(opts.get("dthreads", 1))
         # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)
         torch._inductor.config.cpp_wrapper = opts.get("cpp") == "1"
         # cchunk=1: each chunk of the batched crop-resize compiled (a few kernels instead of ~27)

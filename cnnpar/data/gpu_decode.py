@@ -29,6 +29,7 @@ torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, torchvision 0.19 to 0.29):
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -216,6 +217,7 @@ class GpuDecoder:
         backend: str = "nvjpeg",
         codec_threads: int | None = None,
         hardware_decoder=None,
+        hardware_factory: Callable | None = None,
     ) -> None:
         self.files, self.size, self.device, self.train = files, size, torch.device(device), train
         self.generator = torch.Generator().manual_seed(seed)
@@ -239,12 +241,18 @@ class GpuDecoder:
             from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode
 
             self.nvimgcodec = NvImageCodecDecode(self.device, cpu_threads=codec_threads)
-        if backend == "hardware":  # `hardware_decoder` replaces the engines in tests
+        # One engines handle per decode thread (nvjpeg.h: a decode state per thread): the first thread
+        # takes `self.hardware`, others get theirs from the factory (DeviceFeeder.DECODE_THREADS).
+        self._engines_by_thread: dict[int, object] = {}
+        self._lock = threading.Lock()  # the handles above and the counters below, from decode threads
+        self._closed = False
+        if backend == "hardware":  # `hardware_decoder` / `hardware_factory` replace the engines in tests
             from cnnpar.data.nvjpeg_hw import HardwareDecoderUnavailable, HardwareJpegDecoder
             from cnnpar.errors import ConfigError
 
+            self._engines_factory = hardware_factory or (lambda: HardwareJpegDecoder(self.device))
             try:
-                self.hardware = hardware_decoder or HardwareJpegDecoder(self.device)
+                self.hardware = hardware_decoder or self._engines_factory()
             except (HardwareDecoderUnavailable, RuntimeError) as e:
                 raise ConfigError(f"data.decode = 'hardware': {e} (choose --decode gpu or cpu)") from e
         self.batched_calls = 0  # batched decode calls made, bisection included (for tests and benchmarks)
@@ -252,9 +260,32 @@ class GpuDecoder:
         self.hardware_decoded = 0  # images decoded by the JPEG engines ("hardware")
         self.hardware_refused = 0  # batches the engines refused (then decoded the "nvjpeg" way)
 
+    def _count(self, name: str, k: int = 1) -> None:
+        with self._lock:  # decode threads may run at once
+            setattr(self, name, getattr(self, name) + k)
+
+    def _engines(self):
+        """The calling thread's JPEG-engines handle (made on its first batch)."""
+        me = threading.get_ident()
+        with self._lock:
+            engines = self._engines_by_thread.get(me)
+            if engines is None and self._closed:  # refuses, and the batch goes the nvJPEG way
+                return self.hardware
+            if engines is None:
+                taken = any(e is self.hardware for e in self._engines_by_thread.values())
+                engines = self._engines_factory() if taken else self.hardware
+                self._engines_by_thread[me] = engines
+            return engines
+
+    def batch_generator(self) -> torch.Generator:
+        """A generator for one batch's crop boxes, seeded from the decoder's own: decode threads that
+        run at once take one each, in batch order, so the crops do not depend on which finishes first."""
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        return torch.Generator().manual_seed(seed)
+
     def _decode_cpu(self, buf: torch.Tensor, index: int) -> torch.Tensor:
         img = decode_rgb(buf, self.files[index])
-        self.cpu_decoded += 1
+        self._count("cpu_decoded")
         return img.to(self.device, non_blocking=True)
 
     def _decode_batched(self, data: list[torch.Tensor], ids: list[int], images: list) -> None:
@@ -263,7 +294,7 @@ class GpuDecoder:
         pending = [ids] if ids else []
         while pending:
             part = pending.pop()
-            self.batched_calls += 1
+            self._count("batched_calls")
             try:
                 decoded = self.batch_decode([data[i] for i in part], self.device)
             except (RuntimeError, ValueError):
@@ -281,7 +312,7 @@ class GpuDecoder:
         decoded = self.nvimgcodec([data[i] for i in ids], boxes[ids], stream=stream)
         if self.device.type == "cuda":
             holds.append(self.nvimgcodec.last_hold)
-        self.batched_calls += 1
+        self._count("batched_calls")
         for i, img in zip(ids, decoded):
             if img is not None:
                 images[i] = img.permute(2, 0, 1)  # (3, H, W) view of interleaved memory
@@ -296,13 +327,14 @@ class GpuDecoder:
         _flat_to_views(d)
         return d.images, d.boxes
 
-    def decode_stage(self, batch) -> DecodedBatch:
+    def decode_stage(self, batch, generator: torch.Generator | None = None) -> DecodedBatch:
+        """`generator`: this batch's own for its crop boxes (`batch_generator`), else the decoder's."""
         with span(JPEG_DECODE):
-            return self._decode_stage(batch)
+            return self._decode_stage(batch, generator or self.generator)
 
-    def _decode_stage(self, batch) -> DecodedBatch:
+    def _decode_stage(self, batch, generator: torch.Generator) -> DecodedBatch:
         if hasattr(batch, "decoded"):  # a HybridBatch: the workers decoded its first images
-            d = self._decode_stage(batch.encoded)
+            d = self._decode_stage(batch.encoded, generator)
             d.done = batch.decoded.to(self.device, non_blocking=True)
             return d
         n = len(batch)
@@ -325,7 +357,7 @@ class GpuDecoder:
             if not ok[i]:  # no GPU decoder takes it; its size comes from decoding it
                 images[i] = self._decode_cpu(batch.data[i], int(batch.index[i]))
                 hw[i] = torch.tensor(images[i].shape[1:])
-        boxes = draw_crop_boxes(hw, self.train, self.generator)
+        boxes = draw_crop_boxes(hw, self.train, generator)
         fast = [i for i in range(n) if ok[i]]
         d = DecodedBatch(images, boxes, owned, hwc_, holds, stream=stream)
         if self.hardware is not None:
@@ -342,7 +374,7 @@ class GpuDecoder:
             if images[i] is None and i not in engines:  # refused alone: the CPU decodes it or names it
                 images[i] = self._decode_cpu(batch.data[i], int(batch.index[i]))
                 if tuple(images[i].shape[1:]) != tuple(hw[i].tolist()):  # the header lied
-                    boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, self.generator)[0]
+                    boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, generator)[0]
         return d
 
     def _decode_hardware(
@@ -354,15 +386,15 @@ class GpuDecoder:
             return []
         sizes = hw[ids].numpy()
         try:
-            flat, starts = self.hardware.decode(
+            flat, starts = self._engines().decode(
                 batch.flat, batch.offsets.numpy(), ids, sizes, stream, tail_room(int(sizes[:, 1].max()))
             )
         except RuntimeError:
-            self.hardware_refused += 1
+            self._count("hardware_refused")
             return ids
         d.flat, d.flat_ids = flat, list(ids)
         d.flat_starts, d.flat_hw = torch.from_numpy(starts), torch.from_numpy(sizes)
-        self.hardware_decoded += len(ids)
+        self._count("hardware_decoded", len(ids))
         return []
 
     def resize_stage(self, d: DecodedBatch) -> torch.Tensor:
@@ -433,8 +465,13 @@ class GpuDecoder:
         """Free the JPEG engines' library handle now (on the thread that made it), not whenever the
         garbage collector gets to it: a closed handle is the end a GPU run was seen to exit cleanly
         from (benchmarks/hw_lifecycle.py). Later batches would fail; a run closes at its end."""
-        if self.hardware is not None and hasattr(self.hardware, "close"):
-            self.hardware.close()
+        with self._lock:
+            handles = {id(e): e for e in [self.hardware, *self._engines_by_thread.values()] if e is not None}
+            self._engines_by_thread.clear()
+            self._closed = True
+        for engines in handles.values():
+            if hasattr(engines, "close"):
+                engines.close()
 
     def __call__(self, batch) -> torch.Tensor:
         if len(batch) == 0:

@@ -152,6 +152,40 @@ def test_engines_decode_their_files_and_the_rest_go_the_nvjpeg_way(resize):
     assert (out.int() - ref.int()).abs().max() <= 1
 
 
+def test_decode_threads_at_once_each_get_their_own_engines_and_the_same_crops(monkeypatch):
+    """DeviceFeeder.DECODE_THREADS > 1: each decode thread decodes with a handle of its own (nvjpeg.h:
+    a decode state per thread), every handle is closed with the decoder, and a seeded run gives the
+    same batches whichever thread decodes which batch."""
+    from cnnpar.data.loader import DeviceFeeder
+    from cnnpar.data.transforms import DeviceTransform
+
+    monkeypatch.setattr(DeviceFeeder, "DECODE_THREADS", 3)
+    files = [Path(f"photos/{i}.jpg") for i in range(48)]
+    blobs = [photo(40 + i % 7, 52 - i % 5, phase=i) for i in range(48)]
+    raw = []
+    for b in range(8):
+        batch = encoded(blobs[6 * b : 6 * b + 6])
+        batch.index = torch.arange(6 * b, 6 * b + 6)
+        raw.append((batch, torch.arange(6)))
+    runs = []
+    for _ in range(2):
+        made: list[StandInEngines] = []
+
+        def factory(made=made):
+            made.append(StandInEngines())
+            return made[-1]
+
+        dec = GpuDecoder(files, 16, torch.device("cpu"), True, seed=3, backend="hardware", hardware_factory=factory)
+        transform = DeviceTransform((0.5,) * 3, (0.25,) * 3, "none", False, torch.device("cpu"))
+        fed = DeviceFeeder(raw, None, transform, torch.device("cpu"), True, False, dec, threaded=True)
+        runs.append([x for x, _ in fed])
+        assert 1 <= len(made) <= 3 and dec.hardware_decoded == 48
+        assert sum(len(c) for e in made for c in e.calls) == 48  # every file once, by some thread's handle
+        dec.close()
+        assert all(e.closed for e in made)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 def test_a_batch_the_engines_refuse_is_decoded_the_nvjpeg_way():
     blobs = [photo(40, 50, phase=i) for i in range(6)]
     files = [Path(f"{i}.jpg") for i in range(6)]
