@@ -69,6 +69,8 @@ def parse_variant(spec: str) -> tuple[list[str], dict[str, str]]:
         if allowed is None:
             float(value)  # a number, or ValueError naming it
         opts[key] = value
+    if int(opts.get("dthreads", 1)) > 1 and (head[0] not in ("gpu", "hardware") or opts.get("pipe") == "0"):
+        raise SystemExit(f"--variants {spec}: dthreads needs a pipelined GPU decoder (gpu or hardware, not pipe=0)")
     return head, opts
 
 

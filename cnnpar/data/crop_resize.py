@@ -171,7 +171,8 @@ def resized_crops(
 # a decode thread each eager call holds the GIL that the training thread's launches need (docs/
 # decoding.md). Sizes are dynamic: on the CPU, 30 batches of interleaved crops of every size made two
 # graphs, and chunks of one crop or planar layouts a few more (each layout has its own cache of 8).
-# benchmarks/jpeg_pipeline.py's `cchunk=1` sets it; not yet measured on a GPU.
+# benchmarks/jpeg_pipeline.py's `cchunk=1` sets it; not yet measured on a GPU. Inductor only: it fuses
+# the computed gather, where other backends would build its int64 index (8x the canvas).
 COMPILE_CHUNKS = None
 _compiled: dict = {}
 

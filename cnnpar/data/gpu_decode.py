@@ -180,6 +180,16 @@ class DecodedBatch:
     flat_hw: torch.Tensor | None = None
 
 
+class _NoEngines:
+    """Stands where a decode thread's engines handle could not be made: refuses every batch."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def decode(self, *args, **kwargs):
+        raise RuntimeError(f"no JPEG-engines handle for this thread: {self.why}")
+
+
 class GpuDecoder:
     """Encoded batch in, (N, 3, size, size) uint8 batch on `device` out, in two stages.
 
@@ -243,7 +253,7 @@ class GpuDecoder:
             self.nvimgcodec = NvImageCodecDecode(self.device, cpu_threads=codec_threads)
         # One engines handle per decode thread (nvjpeg.h: a decode state per thread): the first thread
         # takes `self.hardware`, others get theirs from the factory (DeviceFeeder.DECODE_THREADS).
-        self._engines_by_thread: dict[int, object] = {}
+        self._engines_by_thread: dict[str, object] = {}
         self._lock = threading.Lock()  # the handles above and the counters below, from decode threads
         self._closed = False
         if backend == "hardware":  # `hardware_decoder` / `hardware_factory` replace the engines in tests
@@ -265,16 +275,21 @@ class GpuDecoder:
             setattr(self, name, getattr(self, name) + k)
 
     def _engines(self):
-        """The calling thread's JPEG-engines handle (made on its first batch)."""
-        me = threading.get_ident()
+        """The calling thread's JPEG-engines handle, made on its first batch. Keyed by the thread's
+        name: the feeder makes its decode threads anew every epoch under the same names, so each
+        name keeps one handle for the decoder's life (nvjpeg.h: one decode state per thread)."""
+        key = threading.current_thread().name
         with self._lock:
-            engines = self._engines_by_thread.get(me)
+            engines = self._engines_by_thread.get(key)
             if engines is None and self._closed:  # refuses, and the batch goes the nvJPEG way
                 return self.hardware
             if engines is None:
                 taken = any(e is self.hardware for e in self._engines_by_thread.values())
-                engines = self._engines_factory() if taken else self.hardware
-                self._engines_by_thread[me] = engines
+                try:
+                    engines = self._engines_factory() if taken else self.hardware
+                except RuntimeError as e:  # no second handle: this thread's batches go the nvJPEG way
+                    engines = _NoEngines(str(e))
+                self._engines_by_thread[key] = engines
             return engines
 
     def batch_generator(self) -> torch.Generator:

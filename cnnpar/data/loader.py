@@ -307,7 +307,7 @@ class DeviceFeeder:
         source = iter(self.loader)  # made here: DataLoader workers start from the calling thread
         if self.pipelined:
             # batch i+1 decodes in one thread while batch i is cropped and resized in another
-            if self.DECODE_THREADS > 1 and hasattr(self.decoder, "batch_generator"):
+            if self.DECODE_THREADS > 1 and getattr(self.decoder, "backend", None) in ("nvjpeg", "hardware"):
                 # each batch draws its crops from a generator taken in batch order, whichever thread decodes it
                 decoded = _in_threads(
                     source,
@@ -432,18 +432,19 @@ def _in_threads(source, fn, device: torch.device, workers: int, name: str, prior
     """`_in_thread` with `workers` threads at once: each takes the next item of `source` (under a lock,
     where `prepare(item)` also runs, so whatever it draws is drawn in source order), computes `fn` on a
     CUDA stream of its own and hands the result on as `_Ready` (the next stage's thread waits for its
-    event on the device). Results come out in source order; at most `2 * workers` are taken and not yet
-    handed on. An error reaches the consumer; a consumer that stops stops the threads and closes `source`."""
+    event on the device). Results, and an error, come out in source order; at most `2 * workers` are
+    taken and not yet handed on. A consumer that stops stops the threads, then closes `source`."""
     cuda = device.type == "cuda"
     lock = threading.Lock()
     results: queue.Queue = queue.Queue()
     slots = threading.Semaphore(2 * workers)
     stop = threading.Event()
     counter = [0]  # items taken so far: the next one's position
-    end: list[int] = []  # the number of items, once `source` is exhausted
+    end: list[int] = []  # the number of items, once `source` is exhausted or fails
 
     def work() -> None:
         stream = torch.cuda.Stream(device, priority=priority) if cuda else None
+        seq = -1
         try:
             with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                 while not stop.is_set():
@@ -452,44 +453,50 @@ def _in_threads(source, fn, device: torch.device, workers: int, name: str, prior
                     with lock:
                         if end or stop.is_set():
                             return
+                        seq = counter[0]
                         try:
                             item = next(source)
+                            item = prepare(item) if prepare is not None else item
                         except StopIteration:
-                            end.append(counter[0])
-                            results.put((counter[0], None))
+                            end.append(seq)
+                            results.put((seq, None))
                             return
-                        seq = counter[0]
+                        except BaseException:
+                            end.append(seq + 1)  # no thread takes another item
+                            raise
                         counter[0] += 1
-                        item = prepare(item) if prepare is not None else item
                     value = fn(item)
                     event = None
                     if cuda:
                         event = torch.cuda.Event()
                         event.record(stream)
                     results.put((seq, _Ready(value, event)))
-        except BaseException as e:  # handed to the consumer, which raises it
+                    seq = -1
+        except BaseException as e:  # in its item's place (the batches before it still come out), or at once
             stop.set()
-            results.put((-1, e))
-
-    threads = [threading.Thread(target=work, name=f"{name}-{k}", daemon=True) for k in range(workers)]
-    for t in threads:
-        t.start()
+            results.put((seq, e))
 
     def consume():
-        waiting: dict[int, _Ready] = {}
+        threads = [threading.Thread(target=work, name=f"{name}-{k}", daemon=True) for k in range(workers)]
+        waiting: dict[int, object] = {}
         nxt = 0
         try:
-            while not end or nxt < end[0]:
+            for t in threads:
+                t.start()
+            while True:
                 while nxt not in waiting:
+                    if end and nxt >= end[0] and not any(k >= nxt for k in waiting):
+                        return
                     seq, item = results.get()
-                    if isinstance(item, BaseException):
-                        raise item
-                    if item is None:  # the end: everything before it still comes out
-                        if nxt >= seq:
-                            return
+                    if item is None:  # the end sentinel: go on until every item before it is out
                         continue
+                    if seq < 0:  # a thread failed outside any item (its stream, say)
+                        raise item
                     waiting[seq] = item
-                yield waiting.pop(nxt)
+                item = waiting.pop(nxt)
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
                 nxt += 1
                 slots.release()
         finally:
@@ -497,7 +504,8 @@ def _in_threads(source, fn, device: torch.device, workers: int, name: str, prior
             for _ in threads:
                 slots.release()  # wakes a thread waiting for a slot, which then sees `stop`
             for t in threads:
-                t.join()
+                if t.is_alive():
+                    t.join()
             if hasattr(source, "close"):
                 source.close()
 

@@ -225,6 +225,8 @@ class SlowUnevenDecoder(TwoStageDecoder):
     """A two-stage decoder whose decode stage takes uneven times (later batches can finish first) and
     records the generator each batch got, as GpuDecoder's `batch_generator` hands them out."""
 
+    backend = "nvjpeg"  # several decode threads only for nvJPEG and the engines
+
     def __init__(self, fail_at: int | None = None) -> None:
         super().__init__(fail_at)
         self.generator = torch.Generator().manual_seed(7)

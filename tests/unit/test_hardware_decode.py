@@ -181,6 +181,9 @@ def test_decode_threads_at_once_each_get_their_own_engines_and_the_same_crops(mo
         runs.append([x for x, _ in fed])
         assert 1 <= len(made) <= 3 and dec.hardware_decoded == 48
         assert sum(len(c) for e in made for c in e.calls) == 48  # every file once, by some thread's handle
+        for _ in fed:  # a second epoch: new threads under the same names keep their handles
+            pass
+        assert len(made) <= 3 and dec.hardware_decoded == 96
         dec.close()
         assert all(e.closed for e in made)
     assert all(torch.equal(a, b) for a, b in zip(*runs))
