@@ -30,27 +30,40 @@ class JpegHeader(NamedTuple):
     sampling: tuple[int, ...] = ()  # per component, horizontal << 4 | vertical sampling factor
 
 
+def _markers(data):
+    """(marker, i) for each marker segment of a JPEG from its start, i the index of the marker byte;
+    stops where a marker should stand and does not, or where the data ends before the segment's
+    length. The one walk both the header reader and `first_scan` follow."""
+    n = len(data)
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return
+    i = 2
+    while i + 3 < n:
+        if data[i] != 0xFF:
+            return  # garbage where a marker must be
+        while i < n and data[i] == 0xFF:  # any number of fill bytes may precede a marker
+            i += 1
+        if i >= n:
+            return
+        marker = data[i]
+        yield marker, i
+        if marker in _STANDALONE:
+            i += 1
+            continue
+        if i + 2 >= n:
+            return
+        i += 1 + ((data[i + 1] << 8) | data[i + 2])
+
+
 def read_jpeg_header(data) -> JpegHeader | None:
     """The frame header of a JPEG in `data` (bytes, bytearray or memoryview), or None when `data` is
     not a JPEG or ends (or turns to scan data) before its frame header."""
     n = len(data)
-    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        return None
-    i = 2
-    while i + 3 < n:
-        if data[i] != 0xFF:
-            return None  # garbage where a marker must be
-        while i < n and data[i] == 0xFF:  # any number of fill bytes may precede a marker
-            i += 1
-        if i >= n:
-            return None
-        marker = data[i]
+    for marker, i in _markers(data):
         if marker in _STANDALONE:
-            i += 1
             continue
         if marker in (0xD9, 0xDA) or i + 2 >= n:  # end of image or start of scan before any frame
             return None
-        length = (data[i + 1] << 8) | data[i + 2]
         if marker in _SOF:
             if i + 8 >= n:
                 return None
@@ -61,7 +74,6 @@ def read_jpeg_header(data) -> JpegHeader | None:
             # each component: id, sampling factors (H << 4 | V), quantisation table
             sampling = tuple(data[i + 10 + 3 * c] for c in range(components) if i + 10 + 3 * c < n)
             return JpegHeader(height, width, components, precision, marker, sampling)
-        i += 1 + length
     return None
 
 
@@ -94,26 +106,11 @@ def first_scan(data) -> int:
     """The offset of the image's first start-of-scan marker (FF DA), found by walking the marker
     segments from the start (so an EXIF thumbnail's own scan, inside its APP1 segment, is skipped),
     or -1 when there is none."""
-    n = len(data)
-    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        return -1
-    i = 2
-    while i + 3 < n:
-        if data[i] != 0xFF:
-            return -1
-        while i < n and data[i] == 0xFF:
-            i += 1
-        if i >= n:
-            return -1
-        marker = data[i]
-        if marker in _STANDALONE:
-            i += 1
-            continue
+    for marker, i in _markers(data):
         if marker == 0xDA:
             return i - 1
         if marker == 0xD9:
             return -1
-        i += 1 + ((data[i + 1] << 8) | data[i + 2])
     return -1
 
 
