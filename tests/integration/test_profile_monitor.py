@@ -38,6 +38,14 @@ def test_profile_trace_has_the_step_ranges(tmp_path):
     assert "thread MainThread" in reading and "range forward:" in reading
 
 
+def test_profile_with_every_thread_still_reads_its_trace(tmp_path):
+    out = tmp_path / "prof"
+    args = ["--prof-wait", "1", "--prof-warmup", "1", "--prof-active", "1", "--report-dir", str(out)]
+    assert main(["profile", *SMALL, *args, "--all-threads"]) == 0
+    reading = (out / "where_time_went_rank0.txt").read_text()
+    assert reading.startswith("1 recorded steps") and "range forward:" in reading
+
+
 def test_train_monitor_writes_telemetry_beside_metrics(tmp_path):
     rc = main(["train", *SMALL, "--max-steps", "3", "--monitor", "--out-dir", str(tmp_path), "--name", "mon"])
     assert rc == 0

@@ -115,6 +115,14 @@ def test_a_file_cut_short_goes_to_the_cpu_which_names_it():
         assert decode_route(read_jpeg_header(piece), piece) == 0, cut_at
 
 
+def test_a_file_cut_inside_its_marker_fill_bytes_is_routed_not_raised():
+    """The end-marker check walks the segments the header reader walks: a file that ends between
+    fill bytes and a segment's length goes to the CPU (which names it) instead of failing the worker."""
+    for cut in (b"\xff\xd8" + b"\xff" * 5 + b"\xe1", b"\xff\xd8\xff\xe1\x00", b"\xff\xd8\xff"):
+        assert read_jpeg_header(cut) is None
+        assert decode_route(read_jpeg_header(cut), cut) == 0
+
+
 def test_workers_mark_the_engines_files_in_the_batch(tmp_path):
     blobs = [photo(30, 40), photo(30, 40, progressive=True), photo(30, 40, mode="CMYK")]
     files = []
@@ -187,6 +195,44 @@ def test_decode_threads_at_once_each_get_their_own_engines_and_the_same_crops(mo
         dec.close()
         assert all(e.closed for e in made)
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_a_decode_thread_without_an_engines_handle_decodes_the_nvjpeg_way(monkeypatch):
+    """A second handle that cannot be made (the library's limit, say) leaves that thread's batches to
+    the nvJPEG way, and is not tried again for every batch."""
+    from cnnpar.data.loader import DeviceFeeder
+    from cnnpar.data.transforms import DeviceTransform
+
+    monkeypatch.setattr(DeviceFeeder, "DECODE_THREADS", 3)
+    files = [Path(f"photos/{i}.jpg") for i in range(24)]
+    blobs = [photo(40, 52, phase=i) for i in range(24)]
+    raw = []
+    for b in range(6):
+        batch = encoded(blobs[4 * b : 4 * b + 4])
+        batch.index = torch.arange(4 * b, 4 * b + 4)
+        raw.append((batch, torch.arange(4)))
+    tries = []
+
+    def failing_factory():
+        tries.append(1)
+        raise RuntimeError("status 5 (allocator failure)")
+
+    engines = StandInEngines()
+    dec = GpuDecoder(  # the first handle is there; no other can be made
+        files,
+        16,
+        torch.device("cpu"),
+        True,
+        backend="hardware",
+        hardware_decoder=engines,
+        hardware_factory=failing_factory,
+    )
+    transform = DeviceTransform((0.5,) * 3, (0.25,) * 3, "none", False, torch.device("cpu"))
+    fed = DeviceFeeder(raw, None, transform, torch.device("cpu"), True, False, dec, threaded=True)
+    out = [x for x, _ in fed]
+    assert len(out) == 6 and all(x.shape == (4, 3, 16, 16) for x in out)
+    assert dec.hardware_decoded + 4 * dec.hardware_refused == 24  # every batch one way or the other
+    assert len(tries) <= 2  # once per thread that had no handle, not once per batch
 
 
 def test_a_batch_the_engines_refuse_is_decoded_the_nvjpeg_way():
