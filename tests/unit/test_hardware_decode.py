@@ -50,6 +50,16 @@ def encoded(blobs: list[bytes]) -> EncodedBatch:
     return EncodedBatch(torch.cat(data), offsets, torch.arange(len(data)))
 
 
+def encoded_batches(blobs: list[bytes], size: int) -> list[tuple[EncodedBatch, torch.Tensor]]:
+    """(encoded batch, labels) pairs as a DataLoader would yield them, each batch indexed by its files."""
+    out = []
+    for start in range(0, len(blobs), size):
+        batch = encoded(blobs[start : start + size])
+        batch.index = torch.arange(start, start + len(batch))
+        out.append((batch, torch.arange(len(batch))))
+    return out
+
+
 class StandInEngines:
     """Decodes like HardwareJpegDecoder.decode (same arguments, same flat interleaved output), on
     the CPU with Pillow; refuses every batch when `refuse` is set, as the library refuses a batch."""
@@ -170,11 +180,7 @@ def test_decode_threads_at_once_each_get_their_own_engines_and_the_same_crops(mo
     monkeypatch.setattr(DeviceFeeder, "DECODE_THREADS", 3)
     files = [Path(f"photos/{i}.jpg") for i in range(48)]
     blobs = [photo(40 + i % 7, 52 - i % 5, phase=i) for i in range(48)]
-    raw = []
-    for b in range(8):
-        batch = encoded(blobs[6 * b : 6 * b + 6])
-        batch.index = torch.arange(6 * b, 6 * b + 6)
-        raw.append((batch, torch.arange(6)))
+    raw = encoded_batches(blobs, 6)
     runs = []
     for _ in range(2):
         made: list[StandInEngines] = []
@@ -206,11 +212,7 @@ def test_a_decode_thread_without_an_engines_handle_decodes_the_nvjpeg_way(monkey
     monkeypatch.setattr(DeviceFeeder, "DECODE_THREADS", 3)
     files = [Path(f"photos/{i}.jpg") for i in range(24)]
     blobs = [photo(40, 52, phase=i) for i in range(24)]
-    raw = []
-    for b in range(6):
-        batch = encoded(blobs[4 * b : 4 * b + 4])
-        batch.index = torch.arange(4 * b, 4 * b + 4)
-        raw.append((batch, torch.arange(4)))
+    raw = encoded_batches(blobs, 4)
     tries = []
 
     def failing_factory():
