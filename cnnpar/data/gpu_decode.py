@@ -477,9 +477,10 @@ class GpuDecoder:
         return out
 
     def close(self) -> None:
-        """Free the JPEG engines' library handle now (on the thread that made it), not whenever the
-        garbage collector gets to it: a closed handle is the end a GPU run was seen to exit cleanly
-        from (benchmarks/hw_lifecycle.py). Later batches would fail; a run closes at its end."""
+        """Free the JPEG engines' handles now (each on the thread that made it), not whenever the
+        garbage collector gets to them: in benchmarks/hw_lifecycle.py's child processes a closed
+        handle exits cleanly, though `cnnpar train`, which closes them too, still hung at exit
+        (nvjpeg_hw.HARDWARE_CAVEAT). Later batches are refused and go the nvJPEG way."""
         with self._lock:
             handles = {id(e): e for e in [self.hardware, *self._engines_by_thread.values()] if e is not None}
             self._engines_by_thread.clear()

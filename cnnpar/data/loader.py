@@ -292,8 +292,7 @@ class DeviceFeeder:
         """The first of two stages: decode (the host waits for the decoder here)."""
         x, y = raw
         with span(H2D_COPY):
-            stage = self.decoder.decode_stage(x, generator) if generator is not None else self.decoder.decode_stage(x)
-            return x.index, stage, y
+            return x.index, self.decoder.decode_stage(x, generator), y
 
     def _resize_and_transform(self, decoded):
         """The second stage: crop, resize and transform on this thread's stream."""
@@ -485,7 +484,7 @@ def _in_threads(source, fn, device: torch.device, workers: int, name: str, prior
                 t.start()
             while True:
                 while nxt not in waiting:
-                    if end and nxt >= end[0] and not any(k >= nxt for k in waiting):
+                    if end and nxt >= end[0]:  # every item before the end is out (none comes after it)
                         return
                     seq, item = results.get()
                     if item is None:  # the end sentinel: go on until every item before it is out

@@ -178,7 +178,7 @@ class TwoStageDecoder(Decoder):
         super().__init__(fail_at)
         self.threads: set[str] = set()
 
-    def decode_stage(self, raw: Raw):
+    def decode_stage(self, raw: Raw, generator=None):
         self.threads.add(threading.current_thread().name)
         return self(raw)  # counts calls and fails where asked
 
