@@ -300,8 +300,8 @@ def resized_crops_flat(
     for a, b in runs:
         # Multiples of 8 keep the fp16 products on tensor-core kernels; the extra weights are zero.
         rows, cols = _round8(max(crop_h[a:b])), _round8(max(crop_w[a:b]))
-        # each argument its own contiguous tensor: fewer size and stride relations for a compiled
-        # chunk to guard on (four graphs in all, not one per chunk shape)
+        # compiled, each argument its own tensor (offset 0, own strides): fewer size and stride
+        # relations to guard on, so a handful of graphs rather than one per chunk shape
         starts_ab = row_starts[a:b, :rows]
         starts_ab = starts_ab.clone() if COMPILE_CHUNKS is not None else starts_ab  # offset 0, own strides
         res = chunk(flat, starts_ab, lengths[:, a:b].reshape(-1), cols, max(rows, cols), size, dtype)
