@@ -85,6 +85,7 @@ COLUMNS = [
     "driver",
     "torch",
     "cuda",
+    "world_size",
     "git_rev",
     "date",
     "airbench_source",
@@ -454,7 +455,7 @@ def main() -> None:
 
     def write() -> None:  # after every part, and on the way out: a killed call keeps what it measured
         done = rows + air_rows
-        meta = {k: env[k] for k in ("device", "driver", "torch", "cuda", "git_rev", "date")}
+        meta = {k: env[k] for k in ("device", "driver", "torch", "cuda", "world_size", "git_rev", "date")}
         for r in done:
             r.update(meta, command=command)
             for k in ("val_acc", "total_s", "whiten_s", "train_s", "launch_lead_s", "eval_s", "setup_s", "compile_s"):
