@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -381,6 +381,68 @@ s8e)
 from cnnpar.cli import main; sys.exit(main(sys.argv[1:]))" $ARGS
   hang_case exit_d python3 -m cnnpar $ARGS --workers 0
   hang_case exit_e python3 -m cnnpar $ARGS --batch-size 128 --no-tensorboard
+  ;;
+s9a)
+  # session 9, call A (one H200): the default GPU paths after session 8's refactors (CUDA tests), then
+  # issue 11 end to end with graphs on beside the engines: call P saw nvJPEG's per-image event waits
+  # stall behind the step's replays. High-priority feeder streams (their kernels jump the replay's
+  # queue) and several decodes in flight (each waiting on its own) are the two cures tried, alone and
+  # together; the compiled resize chunks without graphs; nvJPEG (the default decoder) as it is and cured
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  TAIL=6 logged gpu_tests 120 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py \
+      tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
+  V=hardware:14:0,hardware:14:0:graphs=on:prio=-1,hardware:14:0:graphs=on:dthreads=3
+  V=$V,hardware:14:0:graphs=on:dthreads=3:prio=-1,hardware:14:0:cchunk=1,gpu:14:0,gpu:14:0:graphs=on:dthreads=3:prio=-1
+  TAIL=40 logged jpeg_pipeline 430 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-$V}" --budget-s "${E2E_BUDGET:-300}" --watchdog-s 420 --out "$R/jpeg_pipeline.csv"
+  ;;
+s9b)
+  # session 9, call B (one H200): which part of `cnnpar train --decode hardware` hangs at exit, the cases
+  # side by side (each its own process; 16 cores shared). A process still alive 10 s after its "done:"
+  # line has its threads' states, kernel wait channels and kernel stacks read from /proc (cuda-gdb could
+  # not attach in call R), then a plain gdb's native stacks where gdb exists, then it is killed.
+  # A: as a user runs it; B: no validation split; C: the engines' handles never closed; D: no worker
+  # processes; E: fixed batch, no TensorBoard; F: the process leaves by os._exit once main() returns
+  hang_case() {
+    local name=$1 t=0 seen=""; shift
+    "$@" > "$R/$name.log" 2>&1 &
+    local pid=$!
+    while kill -0 "$pid" 2>/dev/null && [ "$t" -lt "${HANG_LIMIT:-250}" ]; do
+      [ -z "$seen" ] && grep -q "^done:" "$R/$name.log" && seen=$t
+      [ -n "$seen" ] && [ $((t - seen)) -ge 10 ] && break
+      sleep 1; t=$((t + 1))
+    done
+    {
+      if kill -0 "$pid" 2>/dev/null; then
+        echo "$name: still running at ${t} s (done: at ${seen:-never} s)"
+        for task in /proc/"$pid"/task/*; do
+          echo "  task $(basename "$task") $(cat "$task"/comm 2>/dev/null) state=$(awk '{print $3}' "$task"/stat 2>/dev/null)" \
+            "wchan=$(cat "$task"/wchan 2>/dev/null)"
+          sed 's/^/      /' "$task"/stack 2>/dev/null | head -12
+        done
+        echo "  children: $(pgrep -P "$pid" | tr '\n' ' ')"
+        if command -v gdb > /dev/null; then
+          timeout -s KILL 30 gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 20" > "$R/${name}_gdb.log" 2>&1
+          grep -E "^Thread|^#[0-5] " "$R/${name}_gdb.log" | sed -E 's/ \(.*//' | cut -c1-110 | head -80
+        fi
+        kill -9 "$pid"; pkill -9 -P "$pid"; wait "$pid" 2>/dev/null
+      else
+        wait "$pid"; echo "$name: exited rc=$? at ${t} s (done: at ${seen:-never} s)"
+      fi
+      grep -E "^epoch|^done|rror" "$R/$name.log" | head -4
+    } > "$R/$name.summary" 2>&1
+  }
+  ARGS="train --data .devdata/imagenet_rep --model resnet50 --epochs 1 --out-dir /tmp/runs --no-progress --decode hardware"
+  hang_case exit_a python3 -m cnnpar $ARGS --out-dir /tmp/runs_a &
+  hang_case exit_b python3 -m cnnpar $ARGS --out-dir /tmp/runs_b --val-fraction 0 &
+  hang_case exit_c python3 -c "import sys; import cnnpar.data.nvjpeg_hw as h; h.HardwareJpegDecoder.close = lambda self: None; \
+from cnnpar.cli import main; sys.exit(main(sys.argv[1:]))" $ARGS --out-dir /tmp/runs_c &
+  hang_case exit_d python3 -m cnnpar $ARGS --out-dir /tmp/runs_d --workers 0 &
+  hang_case exit_e python3 -m cnnpar $ARGS --out-dir /tmp/runs_e --batch-size 128 --no-tensorboard &
+  hang_case exit_f python3 -c "import os, sys; from cnnpar.cli import main; rc = main(sys.argv[1:]); \
+sys.stdout.flush(); sys.stderr.flush(); os._exit(rc or 0)" $ARGS --out-dir /tmp/runs_f &
+  wait
+  cat "$R"/exit_*.summary
   ;;
 frameworks)
   # issue 5 on the GPU: needs .devdata/mnist.npz and keras, namex, optree wheels (cp312) in .whl/.
