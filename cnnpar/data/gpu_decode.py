@@ -260,7 +260,8 @@ class GpuDecoder:
             from cnnpar.data.nvjpeg_hw import HardwareDecoderUnavailable, HardwareJpegDecoder
             from cnnpar.errors import ConfigError
 
-            self._engines_factory = hardware_factory or (lambda: HardwareJpegDecoder(self.device))
+            device = self.device  # not `self` in the closure: no reference cycle keeps a decoder for the collector
+            self._engines_factory = hardware_factory or (lambda: HardwareJpegDecoder(device))
             try:
                 self.hardware = hardware_decoder or self._engines_factory()
             except (HardwareDecoderUnavailable, RuntimeError) as e:

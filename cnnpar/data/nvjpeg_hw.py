@@ -27,8 +27,9 @@ import ctypes.util
 import glob
 import os
 import sys
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from functools import cache, lru_cache
 
 import numpy as np
@@ -130,6 +131,47 @@ def _check(status: int, call: str) -> None:
         raise RuntimeError(f"{call}: nvJPEG status {status} ({STATUS.get(status, 'unknown')})")
 
 
+class LibraryThread:
+    """One long-lived daemon thread that runs the calls handed to it, in order (`submit` -> Future).
+
+    Not a ThreadPoolExecutor: an executor's worker leaves when the executor object becomes garbage
+    (a weak-reference callback), and the garbage collector runs those callbacks before any `__del__`.
+    A decoder caught in a reference cycle with its executor therefore closed itself into a queue no
+    thread served, and waited for ever: on an H200 a benchmark hung inside a compile whose garbage
+    collection reached such a decoder (benchmarks/results/2026-12-01-h200/call-s/). This thread's loop
+    holds only its queue, so it serves until `shutdown`; as a daemon it never holds up the process's
+    exit."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=_serve, args=(self._jobs,), name=name, daemon=True)
+        self._thread.start()
+        self.ident = self._thread.ident
+
+    def submit(self, fn, *args) -> Future:
+        done: Future = Future()
+        self._jobs.put((done, fn, args))
+        return done
+
+    def shutdown(self, wait: bool = True) -> None:
+        """The thread ends after the calls already queued; `wait`: until it has."""
+        self._jobs.put(None)
+        if wait and threading.get_ident() != self.ident:
+            self._thread.join()
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    while (job := jobs.get()) is not None:
+        done, fn, args = job
+        if not done.set_running_or_notify_cancel():
+            continue
+        try:
+            done.set_result(fn(*args))
+        except BaseException as e:  # handed to the caller, who raises it
+            done.set_exception(e)
+        del job, done, fn, args  # nothing of the caller's kept alive between calls
+
+
 class HardwareJpegDecoder:
     """One nvJPEG handle on the hardware backend and one decode state, used from one thread of their
     own for their whole life.
@@ -159,8 +201,8 @@ class HardwareJpegDecoder:
         self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.lib = load_library()
         self.handle = self.state = None
-        self._library_thread = None  # ident of the thread every handle/state call runs on
-        self._library = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cnnpar-nvjpeg")
+        self._library = LibraryThread("cnnpar-nvjpeg")  # every handle/state call runs on it
+        self._library_thread = self._library.ident
         try:
             self._library.submit(self._create).result()
         except BaseException:
@@ -171,7 +213,6 @@ class HardwareJpegDecoder:
         self.calls = 0
 
     def _create(self) -> None:
-        self._library_thread = threading.get_ident()
         torch.cuda.set_device(self.device)  # the library works in the context current on its thread
         handle = ctypes.c_void_p()
         status = self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
@@ -275,9 +316,11 @@ class HardwareJpegDecoder:
             self.lib.nvjpegDestroy(self.handle)
             self.handle = None
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Free the library's handle and state, on the thread that made them. Decodes asked for
-        afterwards raise RuntimeError (GpuDecoder then decodes the nvJPEG way)."""
+        afterwards raise RuntimeError (GpuDecoder then decodes the nvJPEG way). `timeout`: give up
+        waiting for the library's thread after that many seconds (the handle is then left to the
+        process's end) instead of waiting as long as a decode queued before the close takes."""
         library = getattr(self, "_library", None)
         if library is None:
             return
@@ -289,18 +332,18 @@ class HardwareJpegDecoder:
             library.shutdown(wait=False)
             return
         try:
-            library.submit(self._destroy).result()
+            library.submit(self._destroy).result(timeout)
         finally:
-            library.shutdown(wait=True)
+            library.shutdown(wait=False)
 
     def __del__(self) -> None:
         # Not at interpreter shutdown: the process's end frees the handle anyway, and the library's
-        # thread may already be gone.
+        # thread may already be gone. A finalizer never waits long: it may run inside any call.
         if sys.is_finalizing():
             return
         try:
-            self.close()
-        except Exception:  # a library already unloaded: nothing left to free
+            self.close(timeout=10)
+        except Exception:  # a library already unloaded, or its thread busy: left to the process's end
             pass
 
 

@@ -336,12 +336,7 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
 
     blobs = [photo(30 + i, 41 - i, phase=i) for i in range(5)]
     batch = encoded(blobs)
-    from concurrent.futures import ThreadPoolExecutor
-
-    dec = object.__new__(nvjpeg_hw.HardwareJpegDecoder)  # no GPU here: the library's side is a stand-in
-    dec.lib, dec.handle, dec.state, dec.device = LibraryStandIn(), "handle", "state", torch.device("cpu")
-    dec._batch, dec.calls = 0, 0
-    dec._library = ThreadPoolExecutor(max_workers=1)
+    dec = stand_in_decoder()  # no GPU here: the library's side is a stand-in
     callers = []
     real = dec._decode_batched
     monkeypatch.setattr(dec, "_decode_batched", lambda *a: callers.append(threading.get_ident()) or real(*a))
@@ -394,16 +389,55 @@ def test_cuda_engines_name_a_truncated_file_as_the_other_paths_do():
 
 def stand_in_decoder():
     """A HardwareJpegDecoder whose library is LibraryStandIn (no GPU here), with its own thread."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from cnnpar.data import nvjpeg_hw
 
     dec = object.__new__(nvjpeg_hw.HardwareJpegDecoder)
     dec.lib, dec.handle, dec.state, dec.device = LibraryStandIn(), "handle", "state", torch.device("cpu")
     dec._batch, dec.calls = 0, 0
-    dec._library = ThreadPoolExecutor(max_workers=1)
-    dec._library_thread = dec._library.submit(threading.get_ident).result()
+    dec._library = nvjpeg_hw.LibraryThread("test-nvjpeg")
+    dec._library_thread = dec._library.ident
+    assert dec._library.submit(threading.get_ident).result(timeout=10) == dec._library_thread
     return dec
+
+
+def test_a_decoder_in_a_reference_cycle_is_closed_by_the_collector_without_waiting_for_ever():
+    """On an H200 a benchmark hung in a compile whose garbage collection reached a decoder in a
+    reference cycle: the collector had already ended its executor's thread (a weak-reference callback,
+    run before any __del__), and the close waited on a queue no thread served. The library's thread
+    must outlive the collection, and the handles be freed on it."""
+    import gc
+
+    dec = stand_in_decoder()
+    lib, thread = dec.lib, dec._library._thread
+    holder = types.SimpleNamespace(decoder=dec)
+    holder.me = holder  # the cycle: only the collector frees the decoder
+    dec.holder = holder
+    del dec, holder
+    finished = threading.Event()
+    collector = threading.Thread(target=lambda: (gc.collect(), finished.set()), daemon=True)
+    collector.start()
+    assert finished.wait(15), "the collection hung closing the decoder"
+    assert lib.destroyed == ["state", "handle"]  # freed, on the library's thread
+    thread.join(10)
+    assert not thread.is_alive()  # and the thread ended after the close
+
+
+def test_a_decoder_made_by_gpu_decoder_is_not_held_in_a_cycle_by_its_factory():
+    """GpuDecoder's engines factory must not close over the decoder: the handles then go with the
+    last reference, not whenever the cycle collector runs."""
+    import gc
+    import weakref
+
+    dec = GpuDecoder(
+        [Path("a.jpg")], 8, torch.device("cpu"), train=True, backend="hardware", hardware_decoder=stand_in_decoder()
+    )
+    gone = weakref.ref(dec)
+    gc.disable()
+    try:
+        del dec
+        assert gone() is None
+    finally:
+        gc.enable()
 
 
 def test_closing_the_engines_frees_them_once_from_any_thread_and_later_decodes_are_refused():
