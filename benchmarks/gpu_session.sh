@@ -2,20 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9c)
-  # session 9, call C (one H200): call A (call-s/) hung in its third variant: the garbage collector
-  # closed a JPEG-engines decoder whose executor thread it had already ended (nvjpeg_hw.LibraryThread
-  # now). Again after the fix: the CUDA tests, then the variants call A did not reach, with the plain
-  # engines row for comparison in the same call
-  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
-  TAIL=6 logged gpu_tests 120 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py \
-      tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
-  V=hardware:14:0,hardware:14:0:graphs=on:dthreads=3,hardware:14:0:cchunk=1,gpu:14:0
-  V=$V,hardware:14:0:graphs=on:dthreads=3:cchunk=1
-  TAIL=40 logged jpeg_pipeline 400 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
-      --variants "${VARIANTS:-$V}" --budget-s "${E2E_BUDGET:-250}" --watchdog-s 380 --out "$R/jpeg_pipeline.csv"
-  ;;
-s9b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -408,6 +395,19 @@ s9a)
   V=$V,hardware:14:0:graphs=on:dthreads=3:prio=-1,hardware:14:0:cchunk=1,gpu:14:0,gpu:14:0:graphs=on:dthreads=3:prio=-1
   TAIL=40 logged jpeg_pipeline 430 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --variants "${VARIANTS:-$V}" --budget-s "${E2E_BUDGET:-300}" --watchdog-s 420 --out "$R/jpeg_pipeline.csv"
+  ;;
+s9c)
+  # session 9, call C (one H200): call A (call-s/) hung in its third variant: the garbage collector
+  # closed a JPEG-engines decoder whose executor thread it had already ended (nvjpeg_hw.LibraryThread
+  # now). Again after the fix: the CUDA tests, then the variants call A did not reach, with the plain
+  # engines row for comparison in the same call
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  TAIL=6 logged gpu_tests 120 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py \
+      tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
+  V=hardware:14:0,hardware:14:0:graphs=on:dthreads=3,hardware:14:0:cchunk=1,gpu:14:0
+  V=$V,hardware:14:0:graphs=on:dthreads=3:cchunk=1
+  TAIL=40 logged jpeg_pipeline 400 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants "${VARIANTS:-$V}" --budget-s "${E2E_BUDGET:-250}" --watchdog-s 380 --out "$R/jpeg_pipeline.csv"
   ;;
 s9b)
   # session 9, call B (one H200): which part of `cnnpar train --decode hardware` hangs at exit, the cases
