@@ -389,7 +389,7 @@ s9a)
   # queue) and several decodes in flight (each waiting on its own) are the two cures tried, alone and
   # together; the compiled resize chunks without graphs; nvJPEG (the default decoder) as it is and cured
   LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
-  TAIL=6 logged gpu_tests 120 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py \
+  TAIL=14 logged gpu_tests 120 python3 -m pytest -v -m gpu tests/unit/test_gpu_decode.py \
       tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
   V=hardware:14:0,hardware:14:0:graphs=on:prio=-1,hardware:14:0:graphs=on:dthreads=3
   V=$V,hardware:14:0:graphs=on:dthreads=3:prio=-1,hardware:14:0:cchunk=1,gpu:14:0,gpu:14:0:graphs=on:dthreads=3:prio=-1
