@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -36,6 +36,39 @@ run() { echo "=== $*"; timeout "$1" "${@:2}" 2>&1 | grep -v -E "Warning|warn\(" 
 logged() { local name=$1; shift; echo "=== $*"; timeout "$1" "${@:2}" > "$R/$name.log" 2>&1; echo "rc=$?";
            grep -v -E "${LOG_FILTER:-Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode}" "$R/$name.log" \
              | tail -"${TAIL:-${LOG_TAIL:-30}}"; }
+
+# hang_case NAME CMD...: CMD in the background; one still alive AFTER_DONE s (10) after its "done:" line,
+# or at HANG_LIMIT s (250), has its threads' states, kernel wait channels and kernel stacks read from /proc
+# (and gdb's native stacks where gdb exists), then is killed; a summary goes to $R/NAME.summary
+hang_case() {
+  local name=$1 t=0 seen=""; shift
+  "$@" > "$R/$name.log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null && [ "$t" -lt "${HANG_LIMIT:-250}" ]; do
+    [ -z "$seen" ] && grep -q "^done:" "$R/$name.log" && seen=$t
+    [ -n "$seen" ] && [ $((t - seen)) -ge "${AFTER_DONE:-10}" ] && break
+    sleep 1; t=$((t + 1))
+  done
+  {
+    if kill -0 "$pid" 2>/dev/null; then
+      echo "$name: still running at ${t} s (done: at ${seen:-never} s)"
+      for task in /proc/"$pid"/task/*; do
+        echo "  task $(basename "$task") $(cat "$task"/comm 2>/dev/null) state=$(awk '{print $3}' "$task"/stat 2>/dev/null)" \
+          "wchan=$(cat "$task"/wchan 2>/dev/null)"
+        sed 's/^/      /' "$task"/stack 2>/dev/null | head -12
+      done
+      echo "  children: $(pgrep -P "$pid" | tr '\n' ' ')"
+      if command -v gdb > /dev/null; then
+        timeout -s KILL 30 gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 20" > "$R/${name}_gdb.log" 2>&1
+        grep -E "^Thread|^#[0-5] " "$R/${name}_gdb.log" | sed -E 's/ \(.*//' | cut -c1-110 | head -80
+      fi
+      kill -9 "$pid"; pkill -9 -P "$pid"; wait "$pid" 2>/dev/null
+    else
+      wait "$pid"; echo "$name: exited rc=$? at ${t} s (done: at ${seen:-never} s)"
+    fi
+    grep -E "^epoch|^done|rror" "$R/$name.log" | head -4
+  } > "$R/$name.summary" 2>&1
+}
 
 case "$PHASE" in
 jpeg)
@@ -409,6 +442,24 @@ s9c)
   TAIL=40 logged jpeg_pipeline 400 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --variants "${VARIANTS:-$V}" --budget-s "${E2E_BUDGET:-250}" --watchdog-s 380 --out "$R/jpeg_pipeline.csv"
   ;;
+s9d)
+  # session 9, call D (one H200): call B (call-u/) found the exit hang only where the run had worker
+  # processes and searched its batch or wrote TensorBoard files (D and E exited). The main thread sat in
+  # poll(). Now each process writes its own Python stacks once its command is done and it has not left
+  # 15 s later (CNNPAR_EXIT_STACKS), and is given 150 s to leave. A: as a user runs it; G: the default
+  # decoder (nvJPEG) as a user runs it; H: fixed batch 64, TensorBoard on; I: batch search, no TensorBoard
+  ARGS="train --data .devdata/imagenet_rep --model resnet50 --epochs 1 --no-progress"
+  export AFTER_DONE=${AFTER_DONE:-150} HANG_LIMIT=${HANG_LIMIT:-330}
+  CNNPAR_EXIT_STACKS=$R/exit_a_stacks.txt hang_case exit_a python3 -m cnnpar $ARGS --out-dir /tmp/runs_a --decode hardware &
+  CNNPAR_EXIT_STACKS=$R/exit_g_stacks.txt hang_case exit_g python3 -m cnnpar $ARGS --out-dir /tmp/runs_g &
+  CNNPAR_EXIT_STACKS=$R/exit_h_stacks.txt hang_case exit_h python3 -m cnnpar $ARGS --out-dir /tmp/runs_h --decode hardware \
+      --batch-size 64 &
+  CNNPAR_EXIT_STACKS=$R/exit_i_stacks.txt hang_case exit_i python3 -m cnnpar $ARGS --out-dir /tmp/runs_i --decode hardware \
+      --no-tensorboard &
+  wait
+  for f in "$R"/exit_*.summary; do head -2 "$f"; tail -2 "$f"; done
+  for f in "$R"/exit_*_stacks.txt; do [ -s "$f" ] && { echo "== $f"; grep -v -E "threading.py|^\s*$" "$f" | head -60; }; done
+  ;;
 s9b)
   # session 9, call B (one H200): which part of `cnnpar train --decode hardware` hangs at exit, the cases
   # side by side (each its own process; 16 cores shared). A process still alive 10 s after its "done:"
@@ -416,35 +467,6 @@ s9b)
   # not attach in call R), then a plain gdb's native stacks where gdb exists, then it is killed.
   # A: as a user runs it; B: no validation split; C: the engines' handles never closed; D: no worker
   # processes; E: fixed batch, no TensorBoard; F: the process leaves by os._exit once main() returns
-  hang_case() {
-    local name=$1 t=0 seen=""; shift
-    "$@" > "$R/$name.log" 2>&1 &
-    local pid=$!
-    while kill -0 "$pid" 2>/dev/null && [ "$t" -lt "${HANG_LIMIT:-250}" ]; do
-      [ -z "$seen" ] && grep -q "^done:" "$R/$name.log" && seen=$t
-      [ -n "$seen" ] && [ $((t - seen)) -ge 10 ] && break
-      sleep 1; t=$((t + 1))
-    done
-    {
-      if kill -0 "$pid" 2>/dev/null; then
-        echo "$name: still running at ${t} s (done: at ${seen:-never} s)"
-        for task in /proc/"$pid"/task/*; do
-          echo "  task $(basename "$task") $(cat "$task"/comm 2>/dev/null) state=$(awk '{print $3}' "$task"/stat 2>/dev/null)" \
-            "wchan=$(cat "$task"/wchan 2>/dev/null)"
-          sed 's/^/      /' "$task"/stack 2>/dev/null | head -12
-        done
-        echo "  children: $(pgrep -P "$pid" | tr '\n' ' ')"
-        if command -v gdb > /dev/null; then
-          timeout -s KILL 30 gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 20" > "$R/${name}_gdb.log" 2>&1
-          grep -E "^Thread|^#[0-5] " "$R/${name}_gdb.log" | sed -E 's/ \(.*//' | cut -c1-110 | head -80
-        fi
-        kill -9 "$pid"; pkill -9 -P "$pid"; wait "$pid" 2>/dev/null
-      else
-        wait "$pid"; echo "$name: exited rc=$? at ${t} s (done: at ${seen:-never} s)"
-      fi
-      grep -E "^epoch|^done|rror" "$R/$name.log" | head -4
-    } > "$R/$name.summary" 2>&1
-  }
   ARGS="train --data .devdata/imagenet_rep --model resnet50 --epochs 1 --out-dir /tmp/runs --no-progress --decode hardware"
   hang_case exit_a python3 -m cnnpar $ARGS --out-dir /tmp/runs_a &
   hang_case exit_b python3 -m cnnpar $ARGS --out-dir /tmp/runs_b --val-fraction 0 &
