@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -459,6 +459,19 @@ s9d)
   wait
   for f in "$R"/exit_*.summary; do head -2 "$f"; tail -2 "$f"; done
   for f in "$R"/exit_*_stacks.txt; do [ -s "$f" ] && { echo "== $f"; grep -v -E "threading.py|^\s*$" "$f" | head -60; }; done
+  ;;
+s9e)
+  # session 9, call E (one H200): the slow exit found in call D (call-v/: torch's exit hook joining each
+  # persistent worker for 5 s) after the fix (the run stops its loaders' workers when it ends). The user's
+  # command, 3 epochs, one after the other: the JPEG engines, then the default decoder (nvJPEG); each must
+  # leave within a few seconds of its last line (stacks written if it has not after 15 s)
+  ARGS="train --data .devdata/imagenet_rep --model resnet50 --epochs 3 --no-progress"
+  export AFTER_DONE=${AFTER_DONE:-45} HANG_LIMIT=${HANG_LIMIT:-200}
+  CNNPAR_EXIT_STACKS=$R/exit_a_stacks.txt hang_case exit_a python3 -m cnnpar $ARGS --out-dir /tmp/runs_a --decode hardware
+  CNNPAR_EXIT_STACKS=$R/exit_g_stacks.txt hang_case exit_g python3 -m cnnpar $ARGS --out-dir /tmp/runs_g
+  for f in "$R"/exit_*.summary; do head -1 "$f"; tail -4 "$f"; done
+  for f in "$R"/exit_*_stacks.txt; do [ -s "$f" ] && { echo "== $f"; grep -v -E "threading.py|_feed|^\s*$" "$f" | head -40; }; done
+  grep -h -E "^decode|^batch size|^cuda graphs" "$R"/exit_a.log "$R"/exit_g.log
   ;;
 s9b)
   # session 9, call B (one H200): which part of `cnnpar train --decode hardware` hangs at exit, the cases

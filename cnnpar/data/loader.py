@@ -251,7 +251,9 @@ class DeviceFeeder:
         return len(self.loader)
 
     def close(self) -> None:
-        """Release what the decoder holds outside Python (the JPEG engines' handle); the run is over."""
+        """The run is over: stop the host loader's worker processes and release what the decoder holds
+        outside Python (the JPEG engines' handle)."""
+        shutdown_workers(self.loader)
         if hasattr(self.decoder, "close"):
             self.decoder.close()
 
@@ -559,6 +561,23 @@ class ReseedingWorkers(Dataset):
             np.random.seed(worker_seed % 2**32)
             self.seed = seed
         return self.base[item]
+
+
+def shutdown_workers(loader) -> None:
+    """Stop a DataLoader's persistent worker processes now, not at the interpreter's exit.
+
+    Why: with persistent workers and pinned memory, torch registers an exit hook per worker that joins
+    it with a 5 s timeout before killing it; a loader still alive then (a run object kept by a reference
+    cycle until the collector's last pass) costs 5 s a worker. On an H200, `cnnpar train` with 14
+    workers a loader took over 150 s to leave after its last line, its main thread in that hook
+    (benchmarks/results/2026-12-01-h200/call-v/). Shut down here, the workers are told to stop and
+    leave at once, and the hook finds them gone. Lightning stops its loaders' workers the same way
+    (`_shutdown_workers` on the loader's cached iterator); torch has no public call for it."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    if hasattr(loader, "_iterator"):
+        loader._iterator = None
 
 
 def _host_loader(
