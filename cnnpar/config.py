@@ -120,8 +120,8 @@ class DataConfig:
         "files they cannot take go the gpu way) or nvimgcodec (nvImageCodec: the GPU's hardware JPEG "
         "engines; pip install 'cnnpar[nvimgcodec]') or nvimgcodec-workers (nvImageCodec driven from the "
         "worker processes, "
-        "each with its own CUDA context); auto: gpu with CUDA (measured fastest of the defaults on an "
-        "H200; hardware ran faster but hung at exit there), else cpu",
+        "each with its own CUDA context); auto: hardware where the GPU has JPEG engines (measured fastest "
+        "on an H200), else gpu with CUDA, else cpu",
         choices=DECODERS,
     )
     cpu_share: float = _f(
@@ -407,26 +407,40 @@ MACHINE_FIELDS = {
 }
 
 
-def resolve_decode(requested: str, cuda: bool) -> tuple[str, str]:
+def resolve_decode(requested: str, cuda: bool, engines: str | None = None) -> tuple[str, str]:
     """The image-folder decoder and why, for a printed line: a rule from measurements, not a guess.
+
+    `engines`: whether this GPU's JPEG engines work for nvJPEG's hardware backend ('' yes, else why
+    not; None: not asked, e.g. the data is not a folder of photos).
 
     On an H200 with 16 host cores, ResNet-50 from 6,000 ImageNet photos, whole epochs, 14 workers:
     torchvision's nvJPEG 4,526 img/s, CPU workers 3,009, nvImageCodec 2,718 (2026-11-30-h200/; the
-    same order in every other run of the three). The GPU's JPEG engines (`hardware`) ran faster, 4,944,
-    4,570 and 4,967 against nvJPEG's 4,560, 4,318 and 4,457 in the same calls (2026-12-01-h200/call-j,
-    call-m, call-n), but `cnnpar train` with them hung at exit in all five
-    runs (call-k to call-n, call-r), so they are not the default: nvJPEG wherever there is CUDA; the
-    engines and nvImageCodec only when asked.
+    same order in every other run of the three). The GPU's JPEG engines (`hardware`) ran faster than
+    nvJPEG in each of four calls that ran both: 4,944, 4,570, 4,967 and 4,939 img/s against 4,560,
+    4,318, 4,457 and 4,340 (2026-12-01-h200/call-j, call-m, call-n, call-t). So: the engines where the
+    GPU has them, nvJPEG on other GPUs, CPU workers without CUDA. (The engines were opt-in until
+    `cnnpar train` was seen to take minutes to exit; the cause was torch's exit hook for persistent
+    workers, with either decoder: call-v, fixed in loader.shutdown_workers, call-w.)
     """
     if requested != "auto":
         return requested, "as asked"
-    if cuda:
-        return "gpu", "auto: CUDA; nvJPEG measured fastest of gpu, cpu and nvimgcodec on an H200"
-    return "cpu", "auto: no CUDA device"
+    if not cuda:
+        return "cpu", "auto: no CUDA device"
+    if engines == "":
+        return "hardware", (
+            "auto: this GPU has JPEG engines; ResNet-50 from photos on an H200: 4,939-4,967 img/s against "
+            "nvJPEG's 4,340-4,457 in the same calls"
+        )
+    if engines:
+        return "gpu", f"auto: CUDA without JPEG engines for nvJPEG ({engines}); nvJPEG measured next fastest"
+    return "gpu", "auto: CUDA; nvJPEG measured fastest of gpu, cpu and nvimgcodec on an H200"
 
 
-def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False) -> Config:
-    """Replace every 'auto' that depends on the device with a concrete choice.
+def resolve_for_device(
+    cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False, jpeg_engines: str | None = None
+) -> Config:
+    """Replace every 'auto' that depends on the device with a concrete choice (`jpeg_engines`: see
+    `resolve_decode`; the caller asks the GPU, this module does not touch devices).
 
     The choices for compile come from measurements kept in `presets.compile_default`, not from a
     rule of thumb: compile slowed ResNet-18 at 32x32 on an H200 but sped up ResNet-50 at 224x224.
@@ -457,7 +471,7 @@ def resolve_for_device(cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: b
         graphs = "on" if cuda else "off"
     data = cfg.data
     pin = data.pin_memory if data.pin_memory != "auto" else ("on" if cuda else "off")
-    decode, _ = resolve_decode(data.decode, cuda)
+    decode, _ = resolve_decode(data.decode, cuda, jpeg_engines)
     stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")
     # batch size auto: measured on a GPU by the trainer (engine/batch_size.py), which needs the model
     # on the device; the CPU keeps the fixed 64 it always had (no search: its throughput barely grows)

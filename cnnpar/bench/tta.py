@@ -50,6 +50,7 @@ def time_to_accuracy(cfg: Config, bundle: DataBundle, info: DistInfo, target: fl
         if accs[-1] >= target:
             break
     wall_s = time.perf_counter() - start
+    trainer.close()
     rc = trainer.cfg
     row = {
         "seed": seed,

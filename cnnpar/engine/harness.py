@@ -65,6 +65,7 @@ def continue_as(trainer: Trainer, cfg: Config) -> None:
         raise ValueError("continue_as: CUDA graphs can be turned on in place, not off")
     trainer.requested_cfg, trainer.cfg = cfg, new
     if any(section == "data" for section, _ in changed):
+        trainer.close()  # the old loaders' workers and decoders go now, not at the interpreter's exit
         trainer.train_loader = build_loader(trainer.bundle, new, trainer.info, train=True)
         val = trainer.bundle.val
         trainer.val_loader = build_loader(trainer.bundle, new, trainer.info, train=False) if val else None

@@ -12,6 +12,7 @@ import contextlib
 import torch
 
 from cnnpar.config import Config, resolve_for_device
+from cnnpar.data.nvjpeg_hw import jpeg_engines
 
 
 def cpu_has_native_bf16() -> bool:
@@ -26,9 +27,11 @@ def cpu_has_native_bf16() -> bool:
 
 def resolve_for(cfg: Config, device: torch.device) -> Config:
     """`resolve_for_device` with what this machine supports (bf16 on this GPU, native bf16 on this
-    CPU): the one resolution `cnnpar train`, the bench, the doctor and tune all use."""
+    CPU, JPEG engines on this GPU): the one resolution `cnnpar train`, the bench, the doctor and tune
+    all use."""
     bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
-    return resolve_for_device(cfg, device.type, bf16_ok, cpu_bf16=cpu_has_native_bf16())
+    engines = jpeg_engines(cfg.data.decode, cfg.data.source, device)
+    return resolve_for_device(cfg, device.type, bf16_ok, cpu_bf16=cpu_has_native_bf16(), jpeg_engines=engines)
 
 
 class Precision:
