@@ -421,6 +421,7 @@ s9a)
   # stall behind the step's replays. High-priority feeder streams (their kernels jump the replay's
   # queue) and several decodes in flight (each waiting on its own) are the two cures tried, alone and
   # together; the compiled resize chunks without graphs; nvJPEG (the default decoder) as it is and cured
+  # (ran at 9f30f42; dthreads= and cchunk= were removed after call T, no faster: this phase now stops at them)
   LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
   TAIL=14 logged gpu_tests 120 python3 -m pytest -v -m gpu tests/unit/test_gpu_decode.py \
       tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
@@ -433,7 +434,7 @@ s9c)
   # session 9, call C (one H200): call A (call-s/) hung in its third variant: the garbage collector
   # closed a JPEG-engines decoder whose executor thread it had already ended (nvjpeg_hw.LibraryThread
   # now). Again after the fix: the CUDA tests, then the variants call A did not reach, with the plain
-  # engines row for comparison in the same call
+  # engines row for comparison in the same call (ran at fb9d371; dthreads= and cchunk= removed since)
   LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
   TAIL=6 logged gpu_tests 120 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py \
       tests/unit/test_hardware_decode.py tests/unit/test_feeder.py

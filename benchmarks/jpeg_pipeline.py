@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
-from cnnpar.data import crop_resize, load_data  # noqa: E402
+from cnnpar.data import load_data  # noqa: E402
 from cnnpar.data.loader import DeviceFeeder  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
@@ -47,8 +47,6 @@ VARIANT_KEYS = {
     "graphs": {"auto", "on", "off"},
     "prio": None,
     "cpp": {"0", "1"},
-    "cchunk": {"0", "1"},
-    "dthreads": {"1", "2", "3", "4"},
     "trace": {"0", "1"},
 }
 
@@ -69,8 +67,6 @@ def parse_variant(spec: str) -> tuple[list[str], dict[str, str]]:
         if allowed is None:
             float(value)  # a number, or ValueError naming it
         opts[key] = value
-    if int(opts.get("dthreads", 1)) > 1 and (head[0] not in ("gpu", "hardware") or opts.get("pipe") == "0"):
-        raise SystemExit(f"--variants {spec}: dthreads needs a pipelined GPU decoder (gpu or hardware, not pipe=0)")
     return head, opts
 
 
@@ -148,13 +144,12 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
-        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G][:prio=P][:cpp=1][:cchunk=1]"
-        "[:dthreads=N][:trace=1], ... (threads: nvImageCodec's host threads, 0 = one per core; pipe: decode and "
+        help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G][:prio=P][:cpp=1]"
+        "[:trace=1], ... (threads: nvImageCodec's host threads, 0 = one per core; pipe: decode and "
         "resize in two threads or one; switch: the GIL's switch interval in seconds, Python's default 0.005; "
         "graphs: --cuda-graphs for this variant; prio: the feeder threads' CUDA stream priority, -1 high; cpp: "
-        "inductor's C++ wrapper launches the step's kernels; cchunk: the crop-resize's chunks compiled; dthreads: "
-        "decode threads at once; trace: one more epoch under torch.profiler, its trace and summary beside --out; "
-        "any other key is refused)",
+        "inductor's C++ wrapper launches the step's kernels; trace: one more epoch under torch.profiler, "
+        "its trace and summary beside --out; any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")
@@ -194,11 +189,8 @@ def main() -> None:
         DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
-        DeviceFeeder.DECODE_THREADS = int(opts.get("dthreads", 1))
         # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)
         torch._inductor.config.cpp_wrapper = opts.get("cpp") == "1"
-        # cchunk=1: each chunk of the batched crop-resize compiled (a few kernels instead of ~27)
-        crop_resize.COMPILE_CHUNKS = "inductor" if opts.get("cchunk") == "1" else None
         graphs = opts.pop("graphs", args.graphs)
         extra = [kv for kv in extra if not kv.startswith("graphs=")]
         cfg = Config(

@@ -166,84 +166,6 @@ def resized_crops(
     return resized_crops_flat(flat, starts, hw, boxes, size, hwc, canvas_budget, compute_dtype)
 
 
-# A torch.compile backend ("inductor") for the per-chunk work below, or None to run it eagerly (the
-# default). Compiled, a chunk's ~27 kernels should become about six, and its ~100 torch calls one: in
-# a decode thread each eager call holds the GIL that the training thread's launches need (docs/
-# decoding.md). Sizes are dynamic: on the CPU, 30 batches of interleaved crops of every size made two
-# graphs, and chunks of one crop or planar layouts a few more (each layout has its own cache of 8).
-# benchmarks/jpeg_pipeline.py's `cchunk=1` sets it; not yet measured on a GPU. Inductor only: it fuses
-# the computed gather, where other backends would build its int64 index (8x the canvas).
-COMPILE_CHUNKS = None
-_compiled: dict = {}
-
-
-def _chunk_fn(hwc: bool):
-    """The per-chunk function for this layout: eager, or compiled with dynamic sizes (a handful of
-    graphs, not one per chunk shape); each layout has its own wrapper, so its own graph cache."""
-    layout = _hwc_chunk if hwc else _planar_chunk
-    if COMPILE_CHUNKS is None:
-        return layout
-    key = (COMPILE_CHUNKS, hwc)
-    if key not in _compiled:
-        _compiled[key] = torch.compile(layout, dynamic=True, backend=COMPILE_CHUNKS)
-    return _compiled[key]
-
-
-def _hwc_chunk(flat, row_starts, lengths, cols: int, padded: int, size: int, dtype: torch.dtype) -> torch.Tensor:
-    return _resize_chunk(flat, row_starts, lengths, cols, padded, size, True, dtype)
-
-
-def _planar_chunk(flat, row_starts, lengths, cols: int, padded: int, size: int, dtype: torch.dtype) -> torch.Tensor:
-    return _resize_chunk(flat, row_starts, lengths, cols, padded, size, False, dtype)
-
-
-def _resize_chunk(
-    flat: torch.Tensor,
-    row_starts: torch.Tensor,
-    lengths: torch.Tensor,
-    cols: int,
-    padded: int,
-    size: int,
-    hwc: bool,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """One chunk of `resized_crops_flat`: its m crops, whose canvas rows start at `row_starts`
-    ((m, rows) interleaved, (m, rows, 3) planar) in `flat`, crop heights then widths in `lengths`
-    (2m,), padded to rows x `cols` (`padded` = the larger), resized to (m, 3, size, size) uint8."""
-    m, rows = row_starts.shape[0], row_starts.shape[1]
-    compiled = torch.compiler.is_compiling()
-    if compiled:
-        # each side's filter at its own padding, and one order of the products below: no relation
-        # between rows and cols for the graph to guard on (each relation would cost a graph)
-        wy = aa_weights(lengths[:m], rows, size).to(dtype)  # (m, size, rows)
-        wx_t = aa_weights(lengths[m:], cols, size).to(dtype).transpose(1, 2)  # (m, cols, size)
-    else:
-        # heights and widths through one filter call (fewer launches), padded to this chunk's sizes
-        # only (one large photo must not widen every image's weights): (2m, size, padded)
-        weights = aa_weights(lengths, padded, size).to(dtype)
-        wy, wx_t = weights[:m, :, :rows], weights[m:, :, :cols].transpose(1, 2)
-    width = 3 * cols if hwc else cols  # bytes of one canvas row window
-    if compiled:
-        # compiled: the gather's index computed in the kernel that reads (unfold's window size would
-        # be specialised, one graph per canvas width)
-        canvas = flat[row_starts.unsqueeze(-1) + torch.arange(width, device=flat.device)]
-    else:  # eager: overlapping row windows of the buffer (a view), one index_select
-        canvas = flat.unfold(0, width, 1).index_select(0, row_starts.reshape(-1))
-    if hwc:
-        canvas = canvas.to(dtype).view(m, rows, cols, 3).permute(0, 1, 3, 2).reshape(m, rows, 3 * cols)
-    else:
-        canvas = canvas.view(m, rows, 3 * cols).to(dtype)
-    # Either order gives the same result; the first product is the same size, the second
-    # costs size^2 * 3 * (rows or cols), so eagerly the longer side goes first.
-    if compiled or rows <= cols:
-        tmp = torch.bmm(canvas.view(m, rows * 3, cols), wx_t)  # (m, rows*3, size)
-        res = torch.bmm(wy, tmp.view(m, rows, 3 * size)).view(m, size, 3, size)
-    else:
-        tmp = torch.bmm(wy, canvas)  # (m, size, 3*cols)
-        res = torch.bmm(tmp.view(m, size * 3, cols), wx_t).view(m, size, 3, size)
-    return res.permute(0, 2, 1, 3).round_().clamp_(0, 255).to(torch.uint8)
-
-
 def resized_crops_flat(
     flat: torch.Tensor,
     starts: torch.Tensor,
@@ -296,14 +218,28 @@ def resized_crops_flat(
         row_starts = base_ + c * plane + (top + y) * width + left  # (n, rows, 3): canvas (m, rows, 3, cols)
     lengths = p[4:6].view(2, n)  # crop heights, crop widths
     out = torch.empty(n, 3, size, size, dtype=torch.uint8, device=dev)
-    chunk = _chunk_fn(hwc)
     for a, b in runs:
+        m = b - a
         # Multiples of 8 keep the fp16 products on tensor-core kernels; the extra weights are zero.
         rows, cols = _round8(max(crop_h[a:b])), _round8(max(crop_w[a:b]))
-        # compiled, each argument its own tensor (offset 0, own strides): fewer size and stride
-        # relations to guard on, so a handful of graphs rather than one per chunk shape
-        starts_ab = row_starts[a:b, :rows]
-        starts_ab = starts_ab.clone() if COMPILE_CHUNKS is not None else starts_ab  # offset 0, own strides
-        res = chunk(flat, starts_ab, lengths[:, a:b].reshape(-1), cols, max(rows, cols), size, dtype)
+        # heights and widths through one filter call, padded to this chunk's sizes only (one large
+        # photo must not widen every image's weights): (2m, size, padded)
+        weights = aa_weights(lengths[:, a:b].reshape(2 * m), max(rows, cols), size).to(dtype)
+        wy, wx_t = weights[:m, :, :rows], weights[m:, :, :cols].transpose(1, 2)  # (m, size, rows), (m, cols, size)
+        if hwc:
+            canvas = flat.unfold(0, 3 * cols, 1).index_select(0, row_starts[a:b, :rows].reshape(-1)).to(dtype)
+            canvas = canvas.view(m, rows, cols, 3).permute(0, 1, 3, 2).reshape(m, rows, 3 * cols)
+        else:
+            canvas = flat.unfold(0, cols, 1).index_select(0, row_starts[a:b, :rows].reshape(-1))
+            canvas = canvas.view(m, rows, 3 * cols).to(dtype)
+        # Either order gives the same result; the first product is the same size, the second
+        # costs size^2 * 3 * (rows or cols), so resize along the longer side first.
+        if rows <= cols:
+            tmp = torch.bmm(canvas.view(m, rows * 3, cols), wx_t)  # (m, rows*3, size)
+            res = torch.bmm(wy, tmp.view(m, rows, 3 * size)).view(m, size, 3, size)
+        else:
+            tmp = torch.bmm(wy, canvas)  # (m, size, 3*cols)
+            res = torch.bmm(tmp.view(m, size * 3, cols), wx_t).view(m, size, 3, size)
+        res = res.permute(0, 2, 1, 3).round_().clamp_(0, 255).to(torch.uint8)
         out.index_copy_(0, order_dev[a:b], res)
     return out

@@ -251,8 +251,9 @@ class GpuDecoder:
             from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode
 
             self.nvimgcodec = NvImageCodecDecode(self.device, cpu_threads=codec_threads)
-        # One engines handle per decode thread (nvjpeg.h: a decode state per thread): the first thread
-        # takes `self.hardware`, others get theirs from the factory (DeviceFeeder.DECODE_THREADS).
+        # One engines handle per calling thread (nvjpeg.h: a decode state per thread): the first thread
+        # takes `self.hardware`, another (the feeder's decode thread beside a direct call, say) gets
+        # its own from the factory.
         self._engines_by_thread: dict[str, object] = {}
         self._lock = threading.Lock()  # the handles above and the counters below, from decode threads
         self._closed = False
@@ -292,12 +293,6 @@ class GpuDecoder:
                     engines = _NoEngines(str(e))
                 self._engines_by_thread[key] = engines
             return engines
-
-    def batch_generator(self) -> torch.Generator:
-        """A generator for one batch's crop boxes, seeded from the decoder's own: decode threads that
-        run at once take one each, in batch order, so the crops do not depend on which finishes first."""
-        seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
-        return torch.Generator().manual_seed(seed)
 
     def _decode_cpu(self, buf: torch.Tensor, index: int) -> torch.Tensor:
         img = decode_rgb(buf, self.files[index])
@@ -343,10 +338,9 @@ class GpuDecoder:
         _flat_to_views(d)
         return d.images, d.boxes
 
-    def decode_stage(self, batch, generator: torch.Generator | None = None) -> DecodedBatch:
-        """`generator`: this batch's own for its crop boxes (`batch_generator`), else the decoder's."""
+    def decode_stage(self, batch) -> DecodedBatch:
         with span(JPEG_DECODE):
-            return self._decode_stage(batch, generator or self.generator)
+            return self._decode_stage(batch, self.generator)
 
     def _decode_stage(self, batch, generator: torch.Generator) -> DecodedBatch:
         if hasattr(batch, "decoded"):  # a HybridBatch: the workers decoded its first images

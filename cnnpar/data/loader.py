@@ -209,11 +209,6 @@ class DeviceFeeder:
     QUEUE_DEPTH = 3
     STREAM_PRIORITY = 0  # of the feeder threads' streams; benchmarks/jpeg_pipeline.py's prio= compares -1 (high)
     PIPELINE: bool | None = None  # None: the decoder's own rule (GpuDecoder.two_stage); benchmarks force it
-    # Decode stages run at once, each in its own thread with its own stream and JPEG-engines handle,
-    # batches still in order. With CUDA graphs replaying the step, the engines' per-image waits took
-    # 3.6x longer (benchmarks/results/2026-12-01-h200/call-p): several decodes in flight hide that wait.
-    # benchmarks/jpeg_pipeline.py's dthreads= sets it; not yet measured on a GPU.
-    DECODE_THREADS = 1
 
     def __init__(
         self,
@@ -290,11 +285,11 @@ class DeviceFeeder:
         if nxt is not None:
             yield nxt
 
-    def _decode_only(self, raw, generator: torch.Generator | None = None):
+    def _decode_only(self, raw):
         """The first of two stages: decode (the host waits for the decoder here)."""
         x, y = raw
         with span(H2D_COPY):
-            return x.index, self.decoder.decode_stage(x, generator), y
+            return x.index, self.decoder.decode_stage(x), y
 
     def _resize_and_transform(self, decoded):
         """The second stage: crop, resize and transform on this thread's stream."""
@@ -308,21 +303,9 @@ class DeviceFeeder:
         source = iter(self.loader)  # made here: DataLoader workers start from the calling thread
         if self.pipelined:
             # batch i+1 decodes in one thread while batch i is cropped and resized in another
-            if self.DECODE_THREADS > 1 and getattr(self.decoder, "backend", None) in ("nvjpeg", "hardware"):
-                # each batch draws its crops from a generator taken in batch order, whichever thread decodes it
-                decoded = _in_threads(
-                    source,
-                    lambda raw_gen: self._decode_only(*raw_gen),
-                    self.device,
-                    self.DECODE_THREADS,
-                    "cnnpar-decode",
-                    self.STREAM_PRIORITY,
-                    prepare=lambda raw: (raw, self.decoder.batch_generator()),
-                )
-            else:
-                decoded = _in_thread(
-                    source, self._decode_only, self.device, 2, "cnnpar-decode", self.STREAM_PRIORITY, handoff=True
-                )
+            decoded = _in_thread(
+                source, self._decode_only, self.device, 2, "cnnpar-decode", self.STREAM_PRIORITY, handoff=True
+            )
             batches = _in_thread(
                 decoded,
                 self._resize_and_transform,
@@ -425,90 +408,6 @@ def _in_thread(source, fn, device: torch.device, depth: int, name: str, priority
                 except queue.Empty:
                     pass
             worker.join()
-
-    return consume()
-
-
-def _in_threads(source, fn, device: torch.device, workers: int, name: str, priority: int = 0, prepare=None):
-    """`_in_thread` with `workers` threads at once: each takes the next item of `source` (under a lock,
-    where `prepare(item)` also runs, so whatever it draws is drawn in source order), computes `fn` on a
-    CUDA stream of its own and hands the result on as `_Ready` (the next stage's thread waits for its
-    event on the device). Results, and an error, come out in source order; at most `2 * workers` are
-    taken and not yet handed on. A consumer that stops stops the threads, then closes `source`."""
-    cuda = device.type == "cuda"
-    lock = threading.Lock()
-    results: queue.Queue = queue.Queue()
-    slots = threading.Semaphore(2 * workers)
-    stop = threading.Event()
-    counter = [0]  # items taken so far: the next one's position
-    end: list[int] = []  # the number of items, once `source` is exhausted or fails
-
-    def work() -> None:
-        stream = torch.cuda.Stream(device, priority=priority) if cuda else None
-        seq = -1
-        try:
-            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-                while not stop.is_set():
-                    if not slots.acquire(timeout=0.1):
-                        continue
-                    with lock:
-                        if end or stop.is_set():
-                            return
-                        seq = counter[0]
-                        try:
-                            item = next(source)
-                            item = prepare(item) if prepare is not None else item
-                        except StopIteration:
-                            end.append(seq)
-                            results.put((seq, None))
-                            return
-                        except BaseException:
-                            end.append(seq + 1)  # no thread takes another item
-                            raise
-                        counter[0] += 1
-                    value = fn(item)
-                    event = None
-                    if cuda:
-                        event = torch.cuda.Event()
-                        event.record(stream)
-                    results.put((seq, _Ready(value, event)))
-                    seq = -1
-        except BaseException as e:  # in its item's place (the batches before it still come out), or at once
-            stop.set()
-            results.put((seq, e))
-
-    def consume():
-        threads = [threading.Thread(target=work, name=f"{name}-{k}", daemon=True) for k in range(workers)]
-        waiting: dict[int, object] = {}
-        nxt = 0
-        try:
-            for t in threads:
-                t.start()
-            while True:
-                while nxt not in waiting:
-                    if end and nxt >= end[0]:  # every item before the end is out (none comes after it)
-                        return
-                    seq, item = results.get()
-                    if item is None:  # the end sentinel: go on until every item before it is out
-                        continue
-                    if seq < 0:  # a thread failed outside any item (its stream, say)
-                        raise item
-                    waiting[seq] = item
-                item = waiting.pop(nxt)
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                nxt += 1
-                slots.release()
-        finally:
-            stop.set()
-            for _ in threads:
-                slots.release()  # wakes a thread waiting for a slot, which then sees `stop`
-            for t in threads:
-                if t.is_alive():
-                    t.join()
-            if hasattr(source, "close"):
-                source.close()
 
     return consume()
 

@@ -294,60 +294,6 @@ def test_an_abandoned_two_stage_iterator_stops_both_threads():
     assert dec.calls < 20  # both stages stopped: at most a few batches decoded ahead
 
 
-class SlowUnevenDecoder(TwoStageDecoder):
-    """A two-stage decoder whose decode stage takes uneven times (later batches can finish first) and
-    records the generator each batch got, as GpuDecoder's `batch_generator` hands them out."""
-
-    backend = "nvjpeg"  # several decode threads only for nvJPEG and the engines
-
-    def __init__(self, fail_at: int | None = None) -> None:
-        super().__init__(fail_at)
-        self.generator = torch.Generator().manual_seed(7)
-        self.seen: dict[int, int] = {}
-
-    def batch_generator(self) -> torch.Generator:
-        return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=self.generator)))
-
-    def decode_stage(self, raw, generator=None):
-        import time
-
-        first = int(raw.index[0])
-        time.sleep(0.02 if first % 8 == 0 else 0.001)  # batch 0, 2, 4 ... slow: the next ones overtake
-        self.seen[first] = int(torch.randint(0, 1000, (1,), generator=generator))
-        return super().decode_stage(raw)
-
-
-def test_decode_threads_at_once_keep_the_batch_order_and_each_batch_its_own_draws(monkeypatch):
-    monkeypatch.setattr(DeviceFeeder, "DECODE_THREADS", 3)
-    runs = []
-    for _ in range(2):
-        dec = SlowUnevenDecoder()
-        out = list(feeder(dec, threaded=True, n=10))
-        runs.append((out, dict(dec.seen)))
-        assert len({t for t in dec.threads if t.startswith("cnnpar-decode-")}) > 1  # several decoded
-    inline = list(feeder(Decoder(), threaded=False, n=10))
-    for (x1, y1), (x2, y2) in zip(inline, runs[0][0]):
-        assert torch.equal(x1, x2) and torch.equal(y1, y2)
-    assert len(runs[0][0]) == 10
-    assert runs[0][1] == runs[1][1]  # each batch's draws depend on its place, not on thread timing
-    assert not stage_threads()
-
-
-def test_decode_threads_at_once_pass_errors_on_and_stop_when_abandoned(monkeypatch):
-    monkeypatch.setattr(DeviceFeeder, "DECODE_THREADS", 3)
-    it = iter(feeder(SlowUnevenDecoder(fail_at=16), threaded=True, n=10))
-    with pytest.raises(DataError, match=r"photos/16\.jpg"):
-        for _ in range(10):
-            next(it)
-    assert not stage_threads()
-    dec = SlowUnevenDecoder()
-    it = iter(feeder(dec, threaded=True, n=40))
-    next(it)
-    it.close()
-    assert not stage_threads()
-    assert dec.calls < 40  # at most a few batches taken ahead
-
-
 def test_only_the_nvjpeg_decoder_runs_its_stages_in_two_threads():
     pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
     from cnnpar.data.gpu_decode import GpuDecoder

@@ -339,45 +339,6 @@ def test_flat_buffer_resize_reads_hwc_and_chw_layouts_alike_at_any_offsets():
     assert torch.equal(out, reference)
 
 
-def test_compiled_chunks_resize_as_the_eager_ones_in_a_few_graphs_whatever_the_shapes(monkeypatch):
-    """`crop_resize.COMPILE_CHUNKS` (benchmarks/jpeg_pipeline.py's cchunk=1): the compiled chunk
-    reads its canvas with a computed gather instead of unfold's windows; both give the same pixels
-    to one level, and batches of every shape share a handful of dynamic graphs (aot_eager here: the graph capture
-    and its guards are what is tested, not inductor's kernels)."""
-    import torch._dynamo
-
-    from cnnpar.data import crop_resize as cr
-
-    graphs = []
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    g = torch.Generator().manual_seed(5)
-    for i in range(10):
-        n = int(torch.randint(1, 30, (1,), generator=g))
-        hw = torch.stack([torch.randint(20, 90, (n,), generator=g), torch.randint(20, 90, (n,), generator=g)], 1)
-        sizes = 3 * hw[:, 0] * hw[:, 1]
-        starts = torch.cumsum(sizes, 0) - sizes
-        flat = torch.randint(0, 256, (int(sizes.sum()) + cr.tail_room(90),), dtype=torch.uint8, generator=g)
-        boxes = draw_crop_boxes(hw, True, g)
-        hwc = i % 3 != 0
-        monkeypatch.setattr(cr, "COMPILE_CHUNKS", None)
-        eager = cr.resized_crops_flat(flat, starts, hw, boxes, 24, hwc=hwc, canvas_budget=1 << 15)
-        monkeypatch.setattr(cr, "COMPILE_CHUNKS", counting)
-        compiled = cr.resized_crops_flat(flat, starts, hw, boxes, 24, hwc=hwc, canvas_budget=1 << 15)
-        # compiled, the products run width first always (eagerly the longer side goes first): float
-        # rounding may move a pixel by one level
-        assert (compiled.int() - eager.int()).abs().max() <= 1, i
-    # per layout: rows <= cols or not, one crop in a chunk or more, ...: a handful, not one per shape
-    # (5 interleaved, 3 planar when written; each layout has its own cache of 8)
-    assert 0 < len(graphs) <= 10
-    cr._compiled.clear()
-    torch._dynamo.reset()
-
-
 def jpegs_with_fallbacks() -> tuple[list[bytes], list[Path]]:
     """JPEGs of SIZES with a CMYK JPEG and a PNG at positions 2 and 3: files the GPU decoders leave
     to the CPU's planar decode."""

@@ -170,71 +170,66 @@ def test_engines_decode_their_files_and_the_rest_go_the_nvjpeg_way(resize):
     assert (out.int() - ref.int()).abs().max() <= 1
 
 
-def test_decode_threads_at_once_each_get_their_own_engines_and_the_same_crops(monkeypatch):
-    """DeviceFeeder.DECODE_THREADS > 1: each decode thread decodes with a handle of its own (nvjpeg.h:
-    a decode state per thread), every handle is closed with the decoder, and a seeded run gives the
-    same batches whichever thread decodes which batch."""
-    from cnnpar.data.loader import DeviceFeeder
-    from cnnpar.data.transforms import DeviceTransform
-
-    monkeypatch.setattr(DeviceFeeder, "DECODE_THREADS", 3)
-    files = [Path(f"photos/{i}.jpg") for i in range(48)]
-    blobs = [photo(40 + i % 7, 52 - i % 5, phase=i) for i in range(48)]
-    raw = encoded_batches(blobs, 6)
-    runs = []
-    for _ in range(2):
-        made: list[StandInEngines] = []
-
-        def factory(made=made):
-            made.append(StandInEngines())
-            return made[-1]
-
-        dec = GpuDecoder(files, 16, torch.device("cpu"), True, seed=3, backend="hardware", hardware_factory=factory)
-        transform = DeviceTransform((0.5,) * 3, (0.25,) * 3, "none", False, torch.device("cpu"))
-        fed = DeviceFeeder(raw, None, transform, torch.device("cpu"), True, False, dec, threaded=True)
-        runs.append([x for x, _ in fed])
-        assert 1 <= len(made) <= 3 and dec.hardware_decoded == 48
-        assert sum(len(c) for e in made for c in e.calls) == 48  # every file once, by some thread's handle
-        for _ in fed:  # a second epoch: new threads under the same names keep their handles
-            pass
-        assert len(made) <= 3 and dec.hardware_decoded == 96
-        dec.close()
-        assert all(e.closed for e in made)
-    assert all(torch.equal(a, b) for a, b in zip(*runs))
+def in_thread(name: str, fn, *args):
+    """fn(*args) in a new thread called `name`; its result."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn(*args)), name=name)
+    t.start()
+    t.join()
+    return out[0]
 
 
-def test_a_decode_thread_without_an_engines_handle_decodes_the_nvjpeg_way(monkeypatch):
+def test_each_calling_thread_gets_its_own_engines_handle_and_keeps_it_and_all_close_with_the_decoder():
+    """nvjpeg.h: a decode state per thread. The feeder's decode thread is made anew every epoch under
+    the same name: it keeps its handle (keyed by name), and every handle is closed with the decoder."""
+    files = [Path(f"photos/{i}.jpg") for i in range(12)]
+    blobs = [photo(40 + i % 7, 52 - i % 5, phase=i) for i in range(12)]
+    (b1, _), (b2, _), (b3, _) = encoded_batches(blobs, 4)
+    made: list[StandInEngines] = []
+
+    def factory():
+        made.append(StandInEngines())
+        return made[-1]
+
+    first = StandInEngines()
+    dec = GpuDecoder(
+        files, 16, torch.device("cpu"), True, backend="hardware", hardware_decoder=first, hardware_factory=factory
+    )
+    assert dec(b1).shape == (4, 3, 16, 16)  # this thread: the first handle
+    assert in_thread("cnnpar-decode", dec, b2).shape == (4, 3, 16, 16)  # another thread: its own
+    assert in_thread("cnnpar-decode", dec, b3).shape == (4, 3, 16, 16)  # the next epoch's thread, same name
+    assert len(first.calls) == 1 and len(made) == 1 and len(made[0].calls) == 2
+    assert dec.hardware_decoded == 12
+    dec.close()
+    assert first.closed and made[0].closed
+
+
+def test_a_thread_without_an_engines_handle_decodes_the_nvjpeg_way_and_is_not_retried_every_batch():
     """A second handle that cannot be made (the library's limit, say) leaves that thread's batches to
     the nvJPEG way, and is not tried again for every batch."""
-    from cnnpar.data.loader import DeviceFeeder
-    from cnnpar.data.transforms import DeviceTransform
-
-    monkeypatch.setattr(DeviceFeeder, "DECODE_THREADS", 3)
-    files = [Path(f"photos/{i}.jpg") for i in range(24)]
-    blobs = [photo(40, 52, phase=i) for i in range(24)]
-    raw = encoded_batches(blobs, 4)
+    files = [Path(f"photos/{i}.jpg") for i in range(12)]
+    blobs = [photo(40, 52, phase=i) for i in range(12)]
+    (b1, _), (b2, _), (b3, _) = encoded_batches(blobs, 4)
     tries = []
 
     def failing_factory():
         tries.append(1)
         raise RuntimeError("status 5 (allocator failure)")
 
-    engines = StandInEngines()
     dec = GpuDecoder(  # the first handle is there; no other can be made
         files,
         16,
         torch.device("cpu"),
         True,
         backend="hardware",
-        hardware_decoder=engines,
+        hardware_decoder=StandInEngines(),
         hardware_factory=failing_factory,
     )
-    transform = DeviceTransform((0.5,) * 3, (0.25,) * 3, "none", False, torch.device("cpu"))
-    fed = DeviceFeeder(raw, None, transform, torch.device("cpu"), True, False, dec, threaded=True)
-    out = [x for x, _ in fed]
-    assert len(out) == 6 and all(x.shape == (4, 3, 16, 16) for x in out)
-    assert dec.hardware_decoded + 4 * dec.hardware_refused == 24  # every batch one way or the other
-    assert len(tries) <= 2  # once per thread that had no handle, not once per batch
+    assert dec(b1).shape == (4, 3, 16, 16)
+    for batch in (b2, b3):
+        assert in_thread("cnnpar-decode", dec, batch).shape == (4, 3, 16, 16)
+    assert dec.hardware_decoded == 4 and dec.hardware_refused == 2  # the other thread's two batches
+    assert len(tries) == 1  # once for that thread, not once per batch
 
 
 def test_a_batch_the_engines_refuse_is_decoded_the_nvjpeg_way():
