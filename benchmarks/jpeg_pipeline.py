@@ -212,6 +212,7 @@ def main() -> None:
         row = {"variant": f"--decode {decode} --workers {workers} --cpu-share {share} --cuda-graphs {graphs}"}
         if extra:
             row["variant"] += f" (bench: {' '.join(extra)})"
+        tr = None
         try:
             bundle = bundle or load_data(cfg.data, 0)
             tr = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
@@ -229,9 +230,12 @@ def main() -> None:
                     row["trace_error"] = repr(e)[:300]
             row["step_alone_images_per_s"] = round(step_alone(tr), 1)
             row["status"] = "ok"
-            del tr
         except Exception as e:  # one variant failing leaves the others' figures
             row.update(status="failed", error=repr(e)[:300])
+        finally:  # its workers and decoders go before the next variant is measured
+            if tr is not None:
+                tr.close()
+            tr = None
         print(row, flush=True)
         rows.append({**row, **{k: env[k] for k in ("device", "driver", "torch", "world_size", "git_rev", "date")}})
         torch._dynamo.reset()

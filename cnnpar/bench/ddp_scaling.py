@@ -139,8 +139,11 @@ def worker(args: argparse.Namespace) -> None:
         bundle = load_synthetic(cfg.data, seed=0)
         bundle.train = CycledArrays(bundle.train, args.steps * args.batch_size * info.world_size)
         trainer = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
-        trainer.warm_up_compile()
-        rows = [trainer.train_epoch(epoch) for epoch in range(1, calls + 1)]
+        try:
+            trainer.warm_up_compile()
+            rows = [trainer.train_epoch(epoch) for epoch in range(1, calls + 1)]
+        finally:
+            trainer.close()  # its loader's workers: now, not in the interpreter's exit hooks
         timed = rows[args.warmup_calls :]
         epoch_s = statistics.median(r["epoch_s"] for r in timed)
         images_per_s = statistics.median(r["images_per_s"] for r in timed)

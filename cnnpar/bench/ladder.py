@@ -227,6 +227,7 @@ def run_ladder(
         if kept is not None and row["status"] == "ok" and p.rung.in_place and kept[0] == p.builds_on:
             carried = kept[1]
         elif kept is not None:
+            kept[1].close()  # its loaders' workers and decoders go now, not at the interpreter's exit
             kept = None
             free_device_memory(info.device)  # what the kept Trainer held: this rung does not continue it
         kept = None
@@ -247,6 +248,8 @@ def run_ladder(
         _speedups(row, done, by_name)
         log(f"bench: rung {p.index} {p.rung.name}: {summary_line(row)}  [{clock() - t0:.0f} s]")
         rows.append(row)
+    if kept is not None:
+        kept[1].close()
     kept = None
     free_device_memory(info.device)  # the last Trainer's memory, before --ddp's processes want the GPU
     return rows

@@ -144,4 +144,5 @@ def measure_config(cfg: Config, bundle: DataBundle, info: DistInfo, timing: Timi
     try:
         return measure_steps(trainer, timing)
     finally:
+        trainer.close()
         del trainer

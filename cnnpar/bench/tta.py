@@ -38,19 +38,21 @@ def time_to_accuracy(cfg: Config, bundle: DataBundle, info: DistInfo, target: fl
     free_device_memory(info.device)
     reset_compiler()
     trainer = build_trainer(cfg, info, bundle)
-    trainer.warm_up_compile()
-    accs: list[float] = []
-    train_s = eval_s = 0.0
-    start = time.perf_counter()
-    for epoch in range(1, cfg.run.epochs + 1):
-        train_s += trainer.train_epoch(epoch)["epoch_s"]
-        t0 = time.perf_counter()
-        accs.append(trainer.evaluate()["val_acc"])  # evaluate() ends on a host sync
-        eval_s += time.perf_counter() - t0
-        if accs[-1] >= target:
-            break
-    wall_s = time.perf_counter() - start
-    trainer.close()
+    try:
+        trainer.warm_up_compile()
+        accs: list[float] = []
+        train_s = eval_s = 0.0
+        start = time.perf_counter()
+        for epoch in range(1, cfg.run.epochs + 1):
+            train_s += trainer.train_epoch(epoch)["epoch_s"]
+            t0 = time.perf_counter()
+            accs.append(trainer.evaluate()["val_acc"])  # evaluate() ends on a host sync
+            eval_s += time.perf_counter() - t0
+            if accs[-1] >= target:
+                break
+        wall_s = time.perf_counter() - start
+    finally:
+        trainer.close()
     rc = trainer.cfg
     row = {
         "seed": seed,

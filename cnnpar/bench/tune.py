@@ -85,16 +85,18 @@ def measure(cfg: Config, info, bundle, steps: int, repeats: int, log: Callable[[
     cfg = replace(cfg, run=replace(cfg.run, max_steps=steps, epochs=repeats + 1, eval_every=10**6))
     t0 = time.perf_counter()
     trainer = build_trainer(cfg, info, bundle)
-    log(f"built in {time.perf_counter() - t0:.1f} s; warming up (compile {trainer.cfg.speed.compile}) ...")
-    trainer.warm_up_compile()
-    trainer.train_epoch(1)
-    warm = time.perf_counter() - t0
-    log(f"warm-up done in {warm:.1f} s (compile {trainer.compile_s:.1f} s); timing {repeats} x {steps} steps")
-    rates = []
-    for e in range(2, repeats + 2):
-        rates.append(trainer.train_epoch(e)["images_per_s"])
-        log(f"repeat {e - 1}/{repeats}: {rates[-1]:,.0f} img/s")
-    trainer.close()
+    try:
+        log(f"built in {time.perf_counter() - t0:.1f} s; warming up (compile {trainer.cfg.speed.compile}) ...")
+        trainer.warm_up_compile()
+        trainer.train_epoch(1)
+        warm = time.perf_counter() - t0
+        log(f"warm-up done in {warm:.1f} s (compile {trainer.compile_s:.1f} s); timing {repeats} x {steps} steps")
+        rates = []
+        for e in range(2, repeats + 2):
+            rates.append(trainer.train_epoch(e)["images_per_s"])
+            log(f"repeat {e - 1}/{repeats}: {rates[-1]:,.0f} img/s")
+    finally:
+        trainer.close()
     return {
         "images_per_s": statistics.median(rates),
         "images_per_s_min": min(rates),

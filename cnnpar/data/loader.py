@@ -471,7 +471,11 @@ def shutdown_workers(loader) -> None:
     workers a loader took over 150 s to leave after its last line, its main thread in that hook
     (benchmarks/results/2026-12-01-h200/call-v/). Shut down here, the workers are told to stop and
     leave at once, and the hook finds them gone. Lightning stops its loaders' workers the same way
-    (`_shutdown_workers` on the loader's cached iterator); torch has no public call for it."""
+    (`_shutdown_workers` on the loader's cached iterator); torch has no public call for it.
+
+    Call it when nothing iterates the loader any more: a thread still waiting in `next()` on it would
+    wait for ever (torch marks the workers stopped and no longer checks on them). Every epoch's
+    iteration ends (and its feeder threads are joined) before a run closes its feeders."""
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()

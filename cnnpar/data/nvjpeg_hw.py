@@ -136,18 +136,27 @@ class LibraryThread:
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()  # a call queued is queued before the end marker, or refused
+        self._stopped = False
         self._thread = threading.Thread(target=_serve, args=(self._jobs,), name=name, daemon=True)
         self._thread.start()
         self.ident = self._thread.ident
 
     def submit(self, fn, *args) -> Future:
+        """Queue fn(*args); RuntimeError once `shutdown` was called (no thread would ever run it)."""
         done: Future = Future()
-        self._jobs.put((done, fn, args))
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("the hardware JPEG decoder is closed")
+            self._jobs.put((done, fn, args))
         return done
 
     def shutdown(self, wait: bool = True) -> None:
         """The thread ends after the calls already queued; `wait`: until it has."""
-        self._jobs.put(None)
+        with self._lock:
+            if not self._stopped:
+                self._stopped = True
+                self._jobs.put(None)
         if wait and threading.get_ident() != self.ident:
             self._thread.join()
 
@@ -199,6 +208,7 @@ class HardwareJpegDecoder:
             self._library.submit(self._create).result()
         except BaseException:
             self._library.shutdown(wait=False)
+            self._library = None  # nothing to close: the half-made decoder's finalizer has no thread to wait for
             raise
         self.version = library_version(self.lib)
         self._batch = 0  # the batch size the state was initialised for

@@ -159,8 +159,15 @@ def advice_command(cfg: Config, f: Facts, r: Recommendation) -> str:
 
 def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts]:
     """Pipeline alone, step alone (full and half batch), GPU idle share, end to end; then the facts."""
-    warm, steps, max_s = opts.warmup, opts.steps, opts.max_s
     trainer = build_trainer(cfg, info, bundle)
+    try:
+        return _baseline_of(trainer, info, bundle, opts, phase)
+    finally:
+        trainer.close()  # its workers and decoders go now, not in the interpreter's exit hooks
+
+
+def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts]:
+    warm, steps, max_s = opts.warmup, opts.steps, opts.max_s
     rcfg = trainer.cfg
     batch = rcfg.run.batch_size
     pipe = phase("input pipeline", lambda: measure_pipeline(trainer, warm, steps, max_s))
@@ -220,7 +227,6 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
     )
     if wants_batch_search(facts) and not trainer.batch_line:  # (a searched batch needs no second search)
         facts.searched_batch, facts.searched_gain = phase("batch sizes", lambda: _search_batch(trainer, bundle))
-    trainer.close()
     return rcfg, phases, facts
 
 
@@ -242,8 +248,10 @@ def _search_batch(trainer: Trainer, bundle) -> tuple[int | None, float | None]:
 
 def _try(cfg: Config, change: dict, info, bundle, opts: DoctorOptions, label: str) -> Phase:
     trainer = build_trainer(with_overrides(cfg, **change), info, bundle)
-    phase = measure_end_to_end(trainer, opts.warmup, opts.steps, opts.max_s, name=f"tried: {label}")
-    trainer.close()
+    try:
+        phase = measure_end_to_end(trainer, opts.warmup, opts.steps, opts.max_s, name=f"tried: {label}")
+    finally:
+        trainer.close()
     del trainer
     free_device_memory(info.device)
     return phase

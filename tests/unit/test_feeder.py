@@ -251,7 +251,7 @@ class TwoStageDecoder(Decoder):
         super().__init__(fail_at)
         self.threads: set[str] = set()
 
-    def decode_stage(self, raw: Raw, generator=None):
+    def decode_stage(self, raw: Raw):
         self.threads.add(threading.current_thread().name)
         return self(raw)  # counts calls and fails where asked
 

@@ -395,15 +395,58 @@ def stand_in_decoder():
     return dec
 
 
-def test_a_decoder_in_a_reference_cycle_is_closed_by_the_collector_without_waiting_for_ever():
+class FakeLibrary:
+    """libnvjpeg's handle and state calls as HardwareJpegDecoder.__init__ and close make them, recording
+    the thread each destroy runs on; `create_status` != 0 answers as a GPU without JPEG engines does."""
+
+    def __init__(self, create_status: int = 0) -> None:
+        self.create_status, self.destroyed = create_status, []
+
+    def nvjpegCreateEx(self, backend, dev_alloc, pinned_alloc, flags, handle):
+        if self.create_status == 0:
+            handle._obj.value = 11
+        return self.create_status
+
+    def nvjpegJpegStateCreate(self, handle, state):
+        state._obj.value = 22
+        return 0
+
+    def nvjpegJpegStateDestroy(self, state):
+        self.destroyed.append(("state", threading.get_ident()))
+
+    def nvjpegDestroy(self, handle):
+        self.destroyed.append(("handle", threading.get_ident()))
+
+
+def fake_cuda(monkeypatch, lib: FakeLibrary) -> None:
+    """HardwareJpegDecoder(torch.device("cuda", 0)) made with `lib` on this machine without a GPU."""
+    from cnnpar.data import nvjpeg_hw
+
+    monkeypatch.setattr(nvjpeg_hw, "load_library", lambda: lib)
+    monkeypatch.setattr(nvjpeg_hw, "library_version", lambda lib: "13.0.0")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU without JPEG engines")
+
+
+def library_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "cnnpar-nvjpeg"]
+
+
+def test_a_decoder_in_a_reference_cycle_is_closed_by_the_collector_without_waiting_for_ever(monkeypatch):
     """On an H200 a benchmark hung in a compile whose garbage collection reached a decoder in a
     reference cycle: the collector had already ended its executor's thread (a weak-reference callback,
     run before any __del__), and the close waited on a queue no thread served. The library's thread
     must outlive the collection, and the handles be freed on it."""
     import gc
 
-    dec = stand_in_decoder()
-    lib, thread = dec.lib, dec._library._thread
+    from cnnpar.data import nvjpeg_hw
+
+    lib = FakeLibrary()
+    fake_cuda(monkeypatch, lib)
+    before = set(library_threads())
+    dec = nvjpeg_hw.HardwareJpegDecoder(torch.device("cuda", 0))
+    (thread,) = set(library_threads()) - before
+    library_thread = dec._library_thread
     holder = types.SimpleNamespace(decoder=dec)
     holder.me = holder  # the cycle: only the collector frees the decoder
     dec.holder = holder
@@ -412,9 +455,39 @@ def test_a_decoder_in_a_reference_cycle_is_closed_by_the_collector_without_waiti
     collector = threading.Thread(target=lambda: (gc.collect(), finished.set()), daemon=True)
     collector.start()
     assert finished.wait(15), "the collection hung closing the decoder"
-    assert lib.destroyed == ["state", "handle"]  # freed, on the library's thread
+    assert lib.destroyed == [("state", library_thread), ("handle", library_thread)]  # on the library's thread
     thread.join(10)
     assert not thread.is_alive()  # and the thread ended after the close
+
+
+def test_a_gpu_without_engines_is_answered_at_once_and_leaves_no_thread_behind(monkeypatch):
+    """The decode rule asks every GPU run from photos whether the engines start: on a GPU without them
+    the answer must come at once (a half-made decoder once waited 10 s in its finalizer for a thread
+    that had already ended) and name the status."""
+    import time
+
+    from cnnpar.data import nvjpeg_hw
+
+    fake_cuda(monkeypatch, FakeLibrary(create_status=7))
+    before = set(library_threads())
+    t0 = time.perf_counter()
+    why = nvjpeg_hw.hardware_decoder_available.__wrapped__(0)  # (uncached)
+    assert time.perf_counter() - t0 < 2
+    assert "status 7 (architecture mismatch" in why and "a GPU without JPEG engines" in why
+    for t in set(library_threads()) - before:
+        t.join(5)
+        assert not t.is_alive()
+
+
+def test_a_library_thread_refuses_calls_once_shut_down_instead_of_queueing_them_for_ever():
+    from cnnpar.data.nvjpeg_hw import LibraryThread
+
+    library = LibraryThread("cnnpar-nvjpeg")
+    assert library.submit(lambda a, b: a + b, 2, 3).result(5) == 5
+    library.shutdown()
+    with pytest.raises(RuntimeError, match="closed"):  # GpuDecoder then decodes the nvJPEG way
+        library.submit(lambda: None)
+    library.shutdown()  # again: nothing more
 
 
 def test_a_decoder_made_by_gpu_decoder_is_not_held_in_a_cycle_by_its_factory():
