@@ -287,11 +287,34 @@ class DistConfig:
     sync_bn: bool = _f(False, "convert BatchNorm to SyncBatchNorm under DDP")
     debug_single: bool = _f(False, "ignore the torchrun environment and run one process (also CNNPAR_DEBUG_SINGLE=1)")
     timeout_s: int = _f(600, "collective timeout in seconds")
+    # DDP's own switches (issue 13: scale-out like plain DDP): benchmarks/ddp_scaling.py measures them
+    ddp_bucket_mb: float = _f(
+        0.0,
+        "DDP gradient bucket size in MiB (0: torch's own, 25): larger buckets, fewer all-reduce calls; "
+        "smaller, the first starts earlier beside the backward",
+    )
+    ddp_static_graph: bool = _f(
+        False, "tell DDP the model uses the same parameters every step (it then skips its per-step bookkeeping)"
+    )
+    ddp_broadcast_buffers: bool = _f(
+        True,
+        "DDP sends rank 0's buffers (BatchNorm statistics) to every rank before each forward; off: one "
+        "collective less a step, each rank keeps its own until the epoch's end (cnnpar broadcasts them "
+        "then, before evaluation and checkpoints)",
+    )
 
     def __post_init__(self) -> None:
         _check_choice("dist", "strategy", self.strategy, STRATEGIES)
         _check_positive("dist", "nproc", self.nproc, allow_zero=True)
         _check_positive("dist", "timeout_s", self.timeout_s)
+        if self.ddp_bucket_mb < 0:
+            raise ConfigError(f"dist.ddp_bucket_mb = {self.ddp_bucket_mb}: expected 0 (torch's own) or a size in MiB")
+        changed = self.ddp_bucket_mb or self.ddp_static_graph or not self.ddp_broadcast_buffers
+        if self.strategy == "horovod" and changed:
+            raise ConfigError(
+                "dist.ddp_bucket_mb / ddp_static_graph / ddp_broadcast_buffers are DDP's switches; "
+                "dist.strategy = 'horovod' averages in its optimizer instead"
+            )
 
 
 @dataclass(frozen=True)
@@ -342,6 +365,15 @@ class Config:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        if self.dist.ddp_static_graph and self.optim.grad_accum > 1:
+            # seen on torch 2.14 with gloo: "expect_autograd_hooks_ INTERNAL ASSERT FAILED" (reducer.cpp)
+            raise ConfigError(
+                f"dist.ddp_static_graph with optim.grad_accum = {self.optim.grad_accum}: DDP records its static "
+                "graph on the first step, which accumulation runs under no_sync, and torch refuses that; "
+                "drop one of the two"
+            )
 
 
 SECTIONS = tuple(f.name for f in fields(Config))

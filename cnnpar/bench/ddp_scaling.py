@@ -60,6 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", default="off", help="torch.compile mode or off (compile adds minutes per size)")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))
     p.add_argument("--workers", type=int, default=-1, help="DataLoader workers (-1: cnnpar's choice)")
+    p.add_argument("--ddp-bucket-mb", type=float, default=0.0, help="DDP gradient bucket MiB (0: torch's own, 25)")
+    p.add_argument("--ddp-static-graph", choices=("on", "off"), default="off", help="DDP static_graph")
+    p.add_argument(
+        "--ddp-broadcast-buffers", choices=("on", "off"), default="on", help="DDP's buffer broadcast every forward"
+    )
     p.add_argument("--steps", type=int, default=100, help="steps per timed call")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per world size (median reported)")
     p.add_argument("--warmup-calls", type=int, default=1, help="untimed calls of --steps steps first")
@@ -79,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def worker(args: argparse.Namespace) -> None:
     import torch
 
-    from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
+    from cnnpar.config import Config, DataConfig, DistConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
     from cnnpar.data.bundle import ArrayDataset
     from cnnpar.data.loader import ResidentLoader
     from cnnpar.data.sources import load_synthetic
@@ -127,6 +132,11 @@ def worker(args: argparse.Namespace) -> None:
                 compile=args.compile,
                 cuda_graphs="off",  # as DDP must run: one kind of step at every world size (see above)
             ),
+            dist=DistConfig(
+                ddp_bucket_mb=args.ddp_bucket_mb,
+                ddp_static_graph=args.ddp_static_graph == "on",
+                ddp_broadcast_buffers=args.ddp_broadcast_buffers == "on",
+            ),
             run=RunConfig(
                 epochs=calls,
                 batch_size=args.batch_size,
@@ -167,6 +177,14 @@ def worker(args: argparse.Namespace) -> None:
                     "prefetch_stream": trainer.cfg.data.prefetch_stream,
                     "resident": isinstance(trainer.train_loader.loader, ResidentLoader),
                     "loader_workers": getattr(trainer.train_loader.loader, "num_workers", None),
+                    # read off the DDP module the steps ran through (none in one process)
+                    "ddp": None
+                    if trainer.ddp is None
+                    else {
+                        "bucket_mb": trainer.ddp.bucket_bytes_cap / 2**20,
+                        "static_graph": trainer.ddp.static_graph,
+                        "broadcast_buffers": trainer.ddp.broadcast_buffers,
+                    },
                 },
                 "environment": environment(info.device, info.world_size),
             }
@@ -185,6 +203,7 @@ def worker(args: argparse.Namespace) -> None:
 WORKER_FLAGS = (
     "device", "model", "image_size", "num_classes", "batch_size", "precision", "channels_last", "compile",
     "optimizer", "workers", "steps", "repeats", "warmup_calls", "real_samples", "launch_timeout",
+    "ddp_bucket_mb", "ddp_static_graph", "ddp_broadcast_buffers",
 )  # fmt: skip
 
 
@@ -283,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                 "pinned": r["resolved"]["pin_memory"],
                 "side_stream": r["resolved"]["prefetch_stream"],
                 "resident": r["resolved"]["resident"],
+                # what the DDP module ran with ("" in one process, where there is none)
+                "ddp_bucket_mb": (r["resolved"]["ddp"] or {}).get("bucket_mb", ""),
+                "ddp_static_graph": (r["resolved"]["ddp"] or {}).get("static_graph", ""),
+                "ddp_broadcast_buffers": (r["resolved"]["ddp"] or {}).get("broadcast_buffers", ""),
                 "steps": args.steps,
                 "repeats": args.repeats,
                 "date": env["date"],

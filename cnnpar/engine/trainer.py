@@ -143,6 +143,9 @@ class Trainer:
             sync_bn=cfg.dist.sync_bn,
             channels_last=cfg.speed.channels_last == "on",
             compile_mode=cfg.speed.compile,
+            ddp_bucket_mb=cfg.dist.ddp_bucket_mb,
+            ddp_static_graph=cfg.dist.ddp_static_graph,
+            ddp_broadcast_buffers=cfg.dist.ddp_broadcast_buffers,
         )
         self.raw_model = unwrap(self.model)  # SyncBN conversion may have replaced the module
         # Identical weights came from the shared seed; from here on each rank draws its own random
@@ -450,6 +453,12 @@ class Trainer:
         )
         if self.batch_line:
             self.log(self.batch_line)
+        if self.ddp is not None:  # what DDP itself runs with (its buckets and switches, dist.ddp_*)
+            d = self.ddp
+            graph = "on" if d.static_graph else "off"
+            buffers = "sent from rank 0 every forward" if d.broadcast_buffers else "per rank until the epoch ends"
+            mib = d.bucket_bytes_cap / 2**20
+            self.log(f"ddp: gradient buckets {mib:g} MiB, static graph {graph}, buffers {buffers}")
         self.log(split_line(self.bundle))
         for line in class_lines(self.bundle):
             self.log(line)

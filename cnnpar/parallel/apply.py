@@ -40,12 +40,28 @@ def apply_channels_last(model: nn.Module, enabled: bool) -> nn.Module:
     return model.to(memory_format=torch.channels_last) if enabled else model
 
 
-def apply_ddp(model: nn.Module, info: DistInfo) -> nn.Module:
+def apply_ddp(
+    model: nn.Module,
+    info: DistInfo,
+    bucket_mb: float = 0.0,
+    static_graph: bool = False,
+    broadcast_buffers: bool = True,
+) -> nn.Module:
+    """DDP with cnnpar's settings; `bucket_mb` (0: torch's own), `static_graph` and `broadcast_buffers`
+    are config.DistConfig's ddp_* switches."""
     if not info.distributed or info.collectives is not None:  # Horovod averages in its optimizer instead
         return model
     device_ids = [info.device.index] if info.device.type == "cuda" else None
+    extra = {"bucket_cap_mb": bucket_mb} if bucket_mb else {}
     # gradient_as_bucket_view: gradients alias the all-reduce buckets, saving a copy per step.
-    return DDP(model, device_ids=device_ids, gradient_as_bucket_view=True)
+    return DDP(
+        model,
+        device_ids=device_ids,
+        gradient_as_bucket_view=True,
+        static_graph=static_graph,
+        broadcast_buffers=broadcast_buffers,
+        **extra,
+    )
 
 
 def apply_compile(model: nn.Module, mode: str) -> nn.Module:
@@ -61,10 +77,18 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def parallelize(
-    model: nn.Module, info: DistInfo, *, sync_bn: bool, channels_last: bool, compile_mode: str
+    model: nn.Module,
+    info: DistInfo,
+    *,
+    sync_bn: bool,
+    channels_last: bool,
+    compile_mode: str,
+    ddp_bucket_mb: float = 0.0,
+    ddp_static_graph: bool = False,
+    ddp_broadcast_buffers: bool = True,
 ) -> nn.Module:
     model = apply_sync_bn(model, info, sync_bn)
     model = apply_channels_last(model, channels_last)
     model = model.to(info.device)
-    model = apply_ddp(model, info)
+    model = apply_ddp(model, info, ddp_bucket_mb, ddp_static_graph, ddp_broadcast_buffers)
     return apply_compile(model, compile_mode)

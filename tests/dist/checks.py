@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from cnnpar.cli import main as cli_main
-from cnnpar.config import Config, DataConfig, OptimConfig, RunConfig, SpeedConfig, resolve_for_device
+from cnnpar.config import Config, DataConfig, DistConfig, OptimConfig, RunConfig, SpeedConfig, resolve_for_device
 from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.loader import build_loader
 from cnnpar.data.transforms import DeviceTransform
@@ -174,13 +174,14 @@ def check_speed_recipe(info: DistInfo, work: Path) -> dict:
     return out
 
 
-def check_accumulation(info: DistInfo) -> dict:
-    """k micro-steps under no_sync + a synced last one == one step on the whole global batch."""
+def check_accumulation(info: DistInfo, **ddp_switches) -> dict:
+    """k micro-steps under no_sync + a synced last one == one step on the whole global batch (with
+    `ddp_switches`: apply_ddp's bucket size, static graph and buffer broadcast, as the config sets them)."""
     torch.manual_seed(11)
     model = build_model("cnn3", 1, 10, 16).eval()  # eval-mode BN: outputs do not depend on the batch
     ref = copy.deepcopy(model)
     before = [p.detach().clone() for p in model.parameters()]
-    ddp = apply_ddp(model, info)
+    ddp = apply_ddp(model, info, **ddp_switches)
     precision = Precision("fp32", info.device)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     g = torch.Generator().manual_seed(12)
@@ -204,7 +205,36 @@ def check_accumulation(info: DistInfo) -> dict:
     update = max(float((p.detach() - b).abs().max()) for p, b in zip(model.parameters(), before))
     gap = max(float((p.detach() - r.detach()).abs().max()) for p, r in zip(model.parameters(), ref.parameters()))
     out.update(max_update=update, max_gap_to_reference=gap)
+    out["ddp"] = {
+        "bucket_bytes_cap": ddp.bucket_bytes_cap,
+        "static_graph": ddp.static_graph,
+        "broadcast_buffers": ddp.broadcast_buffers,
+    }
     return out
+
+
+def check_ddp_switches_in_the_trainer(info: DistInfo, work: Path) -> dict:
+    """The config's ddp_* switches reach the Trainer's DDP module, and its ranks still end an epoch with
+    one model (the epoch's end broadcasts rank 0's BatchNorm statistics when DDP no longer does)."""
+    cfg = Config(
+        data=DataConfig(source="synthetic", image_shape="3x16x16", synthetic_samples=96, resident="off"),
+        speed=SpeedConfig(precision="fp32", channels_last="off"),
+        dist=DistConfig(ddp_bucket_mb=2.0, ddp_static_graph=True, ddp_broadcast_buffers=False),
+        run=RunConfig(epochs=1, batch_size=8, max_steps=3, seed=5, out_dir=str(work), name="switches", progress=False),
+    )
+    trainer = Trainer(cfg, info, log=lambda *a, **k: None)
+    ddp = trainer.ddp
+    trainer.train_epoch(1)
+    buffers_after_steps = digest(trainer.raw_model.buffers())  # each rank's own: DDP did not send them
+    trainer.evaluate()
+    return {
+        "bucket_bytes_cap": ddp.bucket_bytes_cap,
+        "static_graph": ddp.static_graph,
+        "broadcast_buffers": ddp.broadcast_buffers,
+        "params": digest(trainer.raw_model.parameters()),
+        "buffers_after_steps": buffers_after_steps,
+        "buffers_after_eval": digest(trainer.raw_model.buffers()),
+    }
 
 
 def check_step_groups(info: DistInfo) -> dict:
@@ -252,6 +282,10 @@ def main() -> None:
         results["speed_recipe"] = check_speed_recipe(info, work)
         results["store"] = check_store(info, work)
         results["accumulation"] = check_accumulation(info)
+        # a 1 KiB bucket: several; no static graph (config.Config refuses it beside accumulation)
+        switches = dict(bucket_mb=0.001, static_graph=False, broadcast_buffers=False)
+        results["accumulation_switches"] = check_accumulation(info, **switches)
+        results["ddp_switches"] = check_ddp_switches_in_the_trainer(info, work)
         results["step_groups"] = check_step_groups(info)
         results["sync_bn_cpu"] = check_sync_bn_on_cpu(info)
     finally:

@@ -97,6 +97,32 @@ def test_no_sync_accumulation_equals_one_large_batch(ranks):
     assert a["params"] == b["params"]
 
 
+def test_ddp_switches_keep_accumulation_exact_and_reach_ddp(ranks):
+    """Issue 13's DDP switches (small buckets, no per-forward buffer broadcast): the same exact no_sync
+    accumulation, and DDP built with them."""
+    for r in ranks:
+        acc = r["accumulation_switches"]
+        expected = {"bucket_bytes_cap": int(0.001 * 1024 * 1024), "static_graph": False, "broadcast_buffers": False}
+        assert acc["ddp"] == expected
+        assert r["accumulation"]["ddp"]["broadcast_buffers"] is True  # the default
+        assert acc["max_update"] > 1e-3
+        assert acc["max_gap_to_reference"] <= 1e-5 * acc["max_update"] + 1e-7
+    a, b = (r["accumulation_switches"] for r in ranks)
+    assert a["grads_synced"] == b["grads_synced"] and a["params"] == b["params"]
+
+
+def test_ddp_switches_from_the_config_reach_the_trainer_and_the_ranks_end_with_one_model(ranks):
+    a, b = (r["ddp_switches"] for r in ranks)
+    for r in (a, b):
+        assert r["bucket_bytes_cap"] == 2 * 1024 * 1024 and r["static_graph"] is True
+        assert r["broadcast_buffers"] is False
+    assert a["params"] == b["params"]
+    # each rank's BatchNorm statistics follow its own batches until the epoch's end gives every rank
+    # rank 0's, before evaluation and checkpoints
+    assert a["buffers_after_steps"] != b["buffers_after_steps"]
+    assert a["buffers_after_eval"] == b["buffers_after_eval"]
+
+
 def test_train_step_groups_of_any_size_equal_one_large_batch_under_ddp(ranks):
     for r in ranks:
         got = r["step_groups"]

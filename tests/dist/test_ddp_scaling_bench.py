@@ -16,6 +16,7 @@ def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
     cmd = [sys.executable, str(REPO / "benchmarks" / "ddp_scaling.py"), "--device", "cpu", "--model", "cnn3"]
     cmd += ["--image-size", "16", "--num-classes", "10", "--batch-size", "8", "--steps", "2", "--repeats", "1"]
     cmd += ["--real-samples", "32", "--out", str(out)]
+    cmd += ["--ddp-bucket-mb", "0.5", "--ddp-static-graph", "on", "--ddp-broadcast-buffers", "off"]  # issue 13's
     proc = run_cmd(cmd, tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -32,6 +33,10 @@ def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
         assert r["resident"] == "False"
         assert r["step"] == "eager"  # the same kind of step at world size 1 as under DDP
         assert r["torch"] and r["device"] and r["git_rev"] and r["model"] == "cnn3"
+
+    # DDP's switches, as read off the module the two ranks ran through (one process has none)
+    assert (one["ddp_bucket_mb"], one["ddp_static_graph"], one["ddp_broadcast_buffers"]) == ("", "", "")
+    assert (two["ddp_bucket_mb"], two["ddp_static_graph"], two["ddp_broadcast_buffers"]) == ("0.5", "True", "False")
 
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["config"]["device"] == "cpu" and report["config"]["batch_size"] == 8

@@ -128,5 +128,7 @@ def test_nproc_starts_torchrun_for_this_machine(cli):
     proc = cli("train", "--nproc", "2", "--epochs", "1", "--max-steps", "2", "--no-progress")
     assert proc.returncode == 0, proc.stderr
     assert "torch.distributed.run --standalone --nproc_per_node=2 -m cnnpar train" in proc.stdout
+    # what DDP runs with, read off the module: torch's own bucket size and switches by default
+    assert "ddp: gradient buckets 25 MiB, static graph off, buffers sent from rank 0 every forward" in proc.stdout
     run_dir = only_run_folder(cli.cwd)
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2

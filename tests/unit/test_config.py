@@ -95,3 +95,16 @@ def test_auto_resolves_to_device_friendly_choices():
     assert (kept.precision, kept.channels_last) == ("fp32", "off")  # only "auto" is resolved
     gpu = resolve_for_device(Config(), "cuda", bf16_ok=True)
     assert (gpu.speed.precision, gpu.speed.channels_last, gpu.data.pin_memory) == ("bf16", "on", "on")
+
+
+def test_ddp_switches_are_checked_where_they_cannot_apply():
+    from cnnpar.config import Config, DistConfig, OptimConfig
+
+    with pytest.raises(ConfigError, match=r"dist.ddp_bucket_mb = -1.0: expected 0 \(torch's own\) or a size in MiB"):
+        DistConfig(ddp_bucket_mb=-1.0)
+    with pytest.raises(ConfigError, match="DDP's switches; dist.strategy = 'horovod' averages in its optimizer"):
+        DistConfig(strategy="horovod", ddp_broadcast_buffers=False)
+    # DDP's static graph is recorded on its first step, which accumulation would run under no_sync
+    with pytest.raises(ConfigError, match=r"dist.ddp_static_graph with optim.grad_accum = 2: .* drop one"):
+        Config(dist=DistConfig(ddp_static_graph=True), optim=OptimConfig(grad_accum=2))
+    assert Config(dist=DistConfig(ddp_static_graph=True, ddp_bucket_mb=50.0)).dist.ddp_bucket_mb == 50.0
