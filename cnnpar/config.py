@@ -299,8 +299,8 @@ class DistConfig:
     ddp_broadcast_buffers: bool = _f(
         True,
         "DDP sends rank 0's buffers (BatchNorm statistics) to every rank before each forward; off: one "
-        "collective less a step, each rank keeps its own until the epoch's end (cnnpar broadcasts them "
-        "then, before evaluation and checkpoints)",
+        "collective less a step, each rank keeps its own until the next evaluation (which gives every "
+        "rank rank 0's; a checkpoint holds rank 0's)",
     )
 
     def __post_init__(self) -> None:

@@ -456,7 +456,7 @@ class Trainer:
         if self.ddp is not None:  # what DDP itself runs with (its buckets and switches, dist.ddp_*)
             d = self.ddp
             graph = "on" if d.static_graph else "off"
-            buffers = "sent from rank 0 every forward" if d.broadcast_buffers else "per rank until the epoch ends"
+            buffers = "sent from rank 0 every forward" if d.broadcast_buffers else "per rank until each evaluation"
             mib = d.bucket_bytes_cap / 2**20
             self.log(f"ddp: gradient buckets {mib:g} MiB, static graph {graph}, buffers {buffers}")
         self.log(split_line(self.bundle))

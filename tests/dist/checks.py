@@ -214,8 +214,8 @@ def check_accumulation(info: DistInfo, **ddp_switches) -> dict:
 
 
 def check_ddp_switches_in_the_trainer(info: DistInfo, work: Path) -> dict:
-    """The config's ddp_* switches reach the Trainer's DDP module, and its ranks still end an epoch with
-    one model (the epoch's end broadcasts rank 0's BatchNorm statistics when DDP no longer does)."""
+    """The config's ddp_* switches reach the Trainer's DDP module, and its ranks still evaluate one model
+    (evaluation broadcasts rank 0's BatchNorm statistics when DDP no longer does before each forward)."""
     cfg = Config(
         data=DataConfig(source="synthetic", image_shape="3x16x16", synthetic_samples=96, resident="off"),
         speed=SpeedConfig(precision="fp32", channels_last="off"),

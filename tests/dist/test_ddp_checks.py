@@ -117,8 +117,7 @@ def test_ddp_switches_from_the_config_reach_the_trainer_and_the_ranks_end_with_o
         assert r["bucket_bytes_cap"] == 2 * 1024 * 1024 and r["static_graph"] is True
         assert r["broadcast_buffers"] is False
     assert a["params"] == b["params"]
-    # each rank's BatchNorm statistics follow its own batches until the epoch's end gives every rank
-    # rank 0's, before evaluation and checkpoints
+    # each rank's BatchNorm statistics follow its own batches until evaluation gives every rank rank 0's
     assert a["buffers_after_steps"] != b["buffers_after_steps"]
     assert a["buffers_after_eval"] == b["buffers_after_eval"]
 
