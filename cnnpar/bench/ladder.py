@@ -265,7 +265,11 @@ def _measure(p: PlannedRung, carried, row: dict, bundle: DataBundle, info: DistI
         trainer = carried
     else:
         trainer = fresh_trainer(p.cfg, bundle, info)
-    row.update(measure_steps(trainer, timing))
+    try:
+        row.update(measure_steps(trainer, timing))
+    except BaseException:
+        trainer.close()  # a failed rung's Trainer is not kept: its workers and decoders go now
+        raise
     return trainer
 
 

@@ -69,6 +69,10 @@ def test_without_sizing_every_warm_up_step_runs_and_without_warm_up_one_step_siz
 class FakeTrainer:
     def __init__(self, cfg):
         self.cfgs = [cfg]
+        self.closed = 0
+
+    def close(self):
+        self.closed += 1
 
 
 def fake_gpu_ladder(monkeypatch, fail: frozenset = frozenset()):
@@ -134,6 +138,8 @@ def test_graphs_and_resident_continue_the_compile_rungs_trainer_and_say_so(monke
     assert (graphs.speed.compile, graphs.speed.cuda_graphs, graphs.data.resident) == ("default", "on", "off")
     assert (resident.speed.cuda_graphs, resident.data.resident) == ("on", "on")
     assert by["cuda_graphs"]["cuda_graphs"] == "on" and by["compile"]["cuda_graphs"] == "off"
+    # every Trainer closed once, when the ladder let go of it (its workers and decoders go then)
+    assert all(t.closed == 1 for t in trainer_of.values())
 
 
 def test_a_rung_measured_alone_or_after_a_failed_parent_builds_its_own_trainer(monkeypatch, synthetic):
@@ -146,6 +152,7 @@ def test_a_rung_measured_alone_or_after_a_failed_parent_builds_its_own_trainer(m
     trainer_of = dict(measured)
     assert trainer_of["cuda_graphs"] is not trainer_of["compile"]  # a new Trainer (it compiles for itself)
     assert trainer_of["resident"] is trainer_of["cuda_graphs"]  # ... which resident then continues
+    assert trainer_of["compile"].closed == 1 and trainer_of["resident"].closed == 1  # the failed one's too
 
     measured = fake_gpu_ladder(monkeypatch)
     [row] = ladder.run_ladder(cfg, bundle, GPU, Timing(), {}, only={"cuda_graphs"}, log=lambda s: None)
