@@ -383,30 +383,9 @@ s8e)
   # runs in the background; a process still alive 8 s after its "done:" line is reported and killed.
   # A: as a user runs it; B: no validation split (one decoder fewer); C: the engines' handles never closed;
   # D: no worker processes (none forked after the engines started); E: no batch search, no TensorBoard
-  hang_case() {
-    local name=$1 t=0 seen=""; shift
-    "$@" > "$R/$name.log" 2>&1 &
-    local pid=$!
-    while kill -0 "$pid" 2>/dev/null && [ "$t" -lt "${HANG_LIMIT:-100}" ]; do
-      [ -z "$seen" ] && grep -q "^done:" "$R/$name.log" && seen=$t
-      [ -n "$seen" ] && [ $((t - seen)) -ge 8 ] && break
-      sleep 1; t=$((t + 1))
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-      echo "$name: still running at ${t} s (done: at ${seen:-never} s)"
-      # NATIVE_STACKS=1: cuda-gdb's stacks. In call R it failed to attach (CUDBG_ERROR_COMMUNICATION_FAILURE)
-      # and ignored its timeout's TERM until the call's limit: off by default, KILLed after 40 s
-      if [ -n "${NATIVE_STACKS:-}" ]; then
-        timeout -s KILL 40 cuda-gdb -p "$pid" -batch -ex "info threads" -ex "thread apply all bt 25" \
-          > "$R/${name}_stacks.log" 2>&1
-        grep -E "^\*? *[0-9]+ +Thread|^Thread|^#" "$R/${name}_stacks.log" | cut -c1-160 | head -"${STACK_LINES:-70}"
-      fi
-      kill -9 "$pid"; wait "$pid" 2>/dev/null
-    else
-      wait "$pid"; echo "$name: exited rc=$? at ${t} s (done: at ${seen:-never} s)"
-    fi
-    grep -E "^epoch|^done|rror" "$R/$name.log" | head -5
-  }
+  # (ran at f3f45eb with a hang_case of its own that could also attach cuda-gdb, which failed to attach in
+  # call R; now the shared hang_case above, stacks from /proc)
+  export AFTER_DONE=8 HANG_LIMIT=100
   ARGS="train --data .devdata/imagenet_rep --model resnet50 --epochs 1 --out-dir /tmp/runs --no-progress --decode hardware"
   hang_case exit_a python3 -m cnnpar $ARGS
   hang_case exit_b python3 -m cnnpar $ARGS --val-fraction 0
@@ -414,6 +393,7 @@ s8e)
 from cnnpar.cli import main; sys.exit(main(sys.argv[1:]))" $ARGS
   hang_case exit_d python3 -m cnnpar $ARGS --workers 0
   hang_case exit_e python3 -m cnnpar $ARGS --batch-size 128 --no-tensorboard
+  cat "$R"/exit_*.summary
   ;;
 s9a)
   # session 9, call A (one H200): the default GPU paths after session 8's refactors (CUDA tests), then
