@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -453,6 +453,26 @@ s9e)
   for f in "$R"/exit_*.summary; do head -1 "$f"; tail -4 "$f"; done
   for f in "$R"/exit_*_stacks.txt; do [ -s "$f" ] && { echo "== $f"; grep -v -E "threading.py|_feed|^\s*$" "$f" | head -40; }; done
   grep -h -E "^decode|^batch size|^cuda graphs" "$R"/exit_a.log "$R"/exit_g.log
+  ;;
+s10a)
+  # for the next session (one H200; written in session 9, not yet run): the CUDA tests after session 9's
+  # changes (nvImageCodec's wheels carried, for the CPU-path comparison), then the user's command with no
+  # decode flag (the rule should choose the engines and say so) and its exit; notes/gpu.md has predictions
+  TAIL=14 logged gpu_tests 150 python3 -m pytest -v -m gpu tests/unit/test_gpu_decode.py \
+      tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
+  export AFTER_DONE=${AFTER_DONE:-30} HANG_LIMIT=${HANG_LIMIT:-220}
+  CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep \
+      --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
+  cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs" "$R"/default.log
+  ;;
+s10b)
+  # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
+  # against the default in the same call, ResNet-50 224 bf16 b256, host pipeline, compile off
+  for v in "" "--ddp-broadcast-buffers off" "--ddp-bucket-mb 100" "--ddp-static-graph on"; do
+    name=ddp${v// /_}; name=${name//--/_}
+    TAIL=6 logged "$name" 200 python3 benchmarks/ddp_scaling.py --world-sizes "${WORLD_SIZES:-1,2}" --steps 60 \
+        --repeats 3 $v --out "$R/$name"
+  done
   ;;
 s9b)
   # session 9, call B (one H200): which part of `cnnpar train --decode hardware` hangs at exit, the cases
