@@ -35,8 +35,7 @@ from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
-from cnnpar.report.profiler import all_threads_options  # noqa: E402
-from cnnpar.report.ranges import span  # noqa: E402
+from cnnpar.report.profiler import every_thread  # noqa: E402
 
 # each knob and the values it takes (None: any number); a knob removed since, or a value out of its set,
 # must stop the run before it starts, not run the plain variant under a label that says otherwise
@@ -89,7 +88,6 @@ def trace_epoch(tr: Trainer, epoch: int, path: Path) -> str:
     from cnnpar.report import trace_reading
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if tr.info.device.type == "cuda" else [])
-    extra = all_threads_options()  # the feeder's threads too, not only this one
     names: dict[int, str] = {}
     done = threading.Event()
 
@@ -99,12 +97,10 @@ def trace_epoch(tr: Trainer, epoch: int, path: Path) -> str:
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    span.all_threads = True
     try:
-        with profile(activities=activities, **extra) as prof:
+        with every_thread() as extra, profile(activities=activities, **extra) as prof:  # the feeder's threads too
             tr.train_epoch(epoch)
     finally:
-        span.all_threads = False
         done.set()
         watcher.join()
     raw = path.with_suffix("")  # trace.json.gz -> trace.json

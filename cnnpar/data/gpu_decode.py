@@ -340,11 +340,11 @@ class GpuDecoder:
 
     def decode_stage(self, batch) -> DecodedBatch:
         with span(JPEG_DECODE):
-            return self._decode_stage(batch, self.generator)
+            return self._decode_stage(batch)
 
-    def _decode_stage(self, batch, generator: torch.Generator) -> DecodedBatch:
+    def _decode_stage(self, batch) -> DecodedBatch:
         if hasattr(batch, "decoded"):  # a HybridBatch: the workers decoded its first images
-            d = self._decode_stage(batch.encoded, generator)
+            d = self._decode_stage(batch.encoded)
             d.done = batch.decoded.to(self.device, non_blocking=True)
             return d
         n = len(batch)
@@ -367,7 +367,7 @@ class GpuDecoder:
             if not ok[i]:  # no GPU decoder takes it; its size comes from decoding it
                 images[i] = self._decode_cpu(batch.data[i], int(batch.index[i]))
                 hw[i] = torch.tensor(images[i].shape[1:])
-        boxes = draw_crop_boxes(hw, self.train, generator)
+        boxes = draw_crop_boxes(hw, self.train, self.generator)
         fast = [i for i in range(n) if ok[i]]
         d = DecodedBatch(images, boxes, owned, hwc_, holds, stream=stream)
         if self.hardware is not None:
@@ -384,7 +384,7 @@ class GpuDecoder:
             if images[i] is None and i not in engines:  # refused alone: the CPU decodes it or names it
                 images[i] = self._decode_cpu(batch.data[i], int(batch.index[i]))
                 if tuple(images[i].shape[1:]) != tuple(hw[i].tolist()):  # the header lied
-                    boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, generator)[0]
+                    boxes[i] = draw_crop_boxes(torch.tensor([images[i].shape[1:]]), self.train, self.generator)[0]
         return d
 
     def _decode_hardware(

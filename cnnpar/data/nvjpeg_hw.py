@@ -181,8 +181,8 @@ class HardwareJpegDecoder:
     for a decode state per thread, and cnnpar's decode threads are new each epoch. With the state
     shared by threads in turn, a decode hung inside nvjpegDecodeBatched on an H200
     (benchmarks/results/2026-12-01-h200/call-l/jpeg_pipeline.log); with this thread the same
-    benchmark completed (call M). `decode`
-    hands the call to `self._library`, a single long-lived worker, and waits (the GIL released).
+    benchmark completed (call M). `decode` hands the call to `self._library`, a single long-lived
+    thread (`LibraryThread`), and waits (the GIL released).
 
     Known limit: each output image is sized from the (height, width) the workers read in its frame
     header (`jpeg_header`), not from nvJPEG's own parse (torchvision asks nvjpegGetImageInfo per

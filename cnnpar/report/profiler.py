@@ -8,6 +8,7 @@ device (CUDA) or the host (CPU) and list the memory they allocated.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,19 @@ def all_threads_options() -> dict:
         return {"experimental_config": torch._C._profiler._ExperimentalConfig(profile_all_threads=True)}
     except (TypeError, AttributeError):
         return {}
+
+
+@contextlib.contextmanager
+def every_thread(enabled: bool = True):
+    """Yields the torch.profiler.profile keyword arguments for recording every thread (`all_threads_options`,
+    {} when not `enabled` or not possible), with cnnpar's own ranges (`span`) recorded on every thread
+    meanwhile; `with every_thread() as extra: with profile(..., **extra): ...`."""
+    extra = all_threads_options() if enabled else {}
+    span.all_threads = bool(extra)  # the ranges of the other threads too
+    try:
+        yield extra
+    finally:
+        span.all_threads = False
 
 
 def _attr(evt, *names: str) -> float:
@@ -134,9 +148,7 @@ def profile_steps(
         reading = report(summarize(load_events(files.trace), names))
         write_text_atomic(files.reading, f"{active} recorded steps; times are totals over them\n{reading}\n")
 
-    extra = all_threads_options() if all_threads else {}
-    span.all_threads = bool(extra)  # the ranges of the other threads too
-    try:
+    with every_thread(all_threads) as extra:
         with profile(
             activities=activities,
             schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
@@ -147,6 +159,4 @@ def profile_steps(
             for i in range(wait + warmup + active):
                 step(i)
                 prof.step()
-    finally:
-        span.all_threads = False
     return files

@@ -41,17 +41,6 @@ def load_events(path: Path) -> list[dict]:
         return json.load(f)["traceEvents"]
 
 
-def union_length(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by (start, end) intervals, overlaps counted once."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
-
-
 def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     out: list[list[float]] = []
     for s, e in sorted(intervals):
@@ -60,6 +49,11 @@ def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
         else:
             out.append([s, e])
     return [(s, e) for s, e in out]
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by (start, end) intervals, overlaps counted once."""
+    return sum(e - s for s, e in merged(intervals))
 
 
 def overlap_length(a: list[tuple[float, float]], b_merged: list[tuple[float, float]]) -> float:
