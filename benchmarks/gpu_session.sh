@@ -14,7 +14,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 for t in .whl/*.tar.gz; do [ -f "$t" ] || continue; tar xzf "$t" -C /tmp && cp -r /tmp/"$(basename "$t" .tar.gz)"/airbench /tmp/site/; done
 export PYTHONPATH="$PWD:/tmp/site"
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
-nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv
+# the machine, torch and revision of every call, in its files too (the exit cases write no columns of their own)
+{ nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"
+  echo "git ${CNNPAR_GIT_REV:-$(git rev-parse --short HEAD 2>/dev/null)}"; } | tee "$OUTDIR/environment.txt"
 
 # data: decoded CIFAR-10 (npz + airbench's train.pt/test.pt), the ImageNet photos, and a 20x
 # larger folder of hard links to the same photos so an epoch has enough batches to time
