@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -23,14 +23,17 @@ GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 # larger folder of hard links to the same photos so an epoch has enough batches to time
 [ -f .devdata/cifar10.npz ] || [ ! -f .devdata/cifar10_jpeg.npz ] || python3 benchmarks/prepare_cifar10.py --src .devdata/cifar10_jpeg.npz --out .devdata
 [ -d .devdata/imagenet_sample ] || tar xf .devdata/imagenet_sample_300.tar -C .devdata
-if [ ! -d .devdata/imagenet_rep ]; then
-  for k in $(seq 1 20); do
-    for d in .devdata/imagenet_sample/*/; do
-      c=$(basename "$d"); mkdir -p ".devdata/imagenet_rep/$c"
-      for f in "$d"*; do ln "$f" ".devdata/imagenet_rep/$c/${k}_$(basename "$f")"; done
-    done
-  done
-fi
+# make_rep K DIR: a folder of K hard links to each photo (K x 300 files, no extra disk)
+make_rep() {
+  [ -d "$2" ] || python3 -c "
+import os, sys, pathlib
+k, dst = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+for f in sorted(pathlib.Path('.devdata/imagenet_sample').glob('*/*')):
+    (dst / f.parent.name).mkdir(parents=True, exist_ok=True)
+    for i in range(1, k + 1):
+        os.link(f, dst / f.parent.name / f'{i}_{f.name}')" "$1" "$2"
+}
+make_rep 20 .devdata/imagenet_rep
 ln -sfn .devdata/cifar10 cifar10   # airbench's test loader reads ./cifar10/test.pt
 R="$OUTDIR/results"; mkdir -p "$R"
 run() { echo "=== $*"; timeout "$1" "${@:2}" 2>&1 | grep -v -E "Warning|warn\(" | tail -25; }
@@ -467,6 +470,26 @@ s10a)
   CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep \
       --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
   cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs" "$R"/default.log
+  ;;
+s10c)
+  # session 10, call A (one H200): the CUDA tests after session 9's changes; the user's command with no
+  # decode flag on a folder 4x larger (24,000 photos: an epoch of ~90 batches rather than ~20, so the
+  # epoch's start and end weigh less); the engines end to end on that folder at batch 256 and 512 and
+  # nvJPEG at 256; the engines on the usual 6,000 photos for the same call's comparison.
+  # notes/gpu.md (session 10) has the predictions
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  TAIL=6 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py \
+      tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
+  make_rep 80 .devdata/imagenet_rep80
+  export AFTER_DONE=${AFTER_DONE:-30} HANG_LIMIT=${HANG_LIMIT:-170}
+  CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep80 \
+      --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
+  cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs|^epoch" "$R"/default.log
+  TAIL=8 logged jpeg_pipeline80 250 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0,hardware:14:0:batch=512,gpu:14:0}" --budget-s 170 --watchdog-s 245 \
+      --out "$R/jpeg_pipeline80.csv"
+  TAIL=4 logged jpeg_pipeline20 100 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants hardware:14:0 --watchdog-s 95 --out "$R/jpeg_pipeline20.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

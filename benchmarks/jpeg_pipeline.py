@@ -47,6 +47,7 @@ VARIANT_KEYS = {
     "prio": None,
     "cpp": {"0", "1"},
     "trace": {"0", "1"},
+    "batch": None,
 }
 
 
@@ -64,7 +65,10 @@ def parse_variant(spec: str) -> tuple[list[str], dict[str, str]]:
         if allowed is not None and value not in allowed:
             raise SystemExit(f"--variants {spec}: {key}={value}, expected one of {', '.join(sorted(allowed))}")
         if allowed is None:
-            float(value)  # a number, or ValueError naming it
+            try:
+                float(value)
+            except ValueError:
+                raise SystemExit(f"--variants {spec}: {key}={value}, expected a number") from None
         opts[key] = value
     return head, opts
 
@@ -141,11 +145,11 @@ def main() -> None:
         "--variants",
         default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
         help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G][:prio=P][:cpp=1]"
-        "[:trace=1], ... (threads: nvImageCodec's host threads, 0 = one per core; pipe: decode and "
+        "[:trace=1][:batch=N], ... (threads: nvImageCodec's host threads, 0 = one per core; pipe: decode and "
         "resize in two threads or one; switch: the GIL's switch interval in seconds, Python's default 0.005; "
         "graphs: --cuda-graphs for this variant; prio: the feeder threads' CUDA stream priority, -1 high; cpp: "
         "inductor's C++ wrapper launches the step's kernels; trace: one more epoch under torch.profiler, "
-        "its trace and summary beside --out; any other key is refused)",
+        "its trace and summary beside --out; batch: this variant's batch size instead of --batch-size; any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")
@@ -188,7 +192,8 @@ def main() -> None:
         # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)
         torch._inductor.config.cpp_wrapper = opts.get("cpp") == "1"
         graphs = opts.pop("graphs", args.graphs)
-        extra = [kv for kv in extra if not kv.startswith("graphs=")]
+        batch = int(opts.pop("batch", args.batch_size))
+        extra = [kv for kv in extra if not kv.startswith(("graphs=", "batch="))]
         cfg = Config(
             data=DataConfig(
                 source=args.folder,
@@ -203,14 +208,19 @@ def main() -> None:
             speed=SpeedConfig(
                 device=args.device, precision="auto", channels_last="on", compile=args.compile, cuda_graphs=graphs
             ),
-            run=RunConfig(epochs=4, batch_size=args.batch_size, progress=False, out_dir="/tmp/cnnpar-jp"),
+            run=RunConfig(epochs=4, batch_size=batch, progress=False, out_dir="/tmp/cnnpar-jp"),
         )
-        row = {"variant": f"--decode {decode} --workers {workers} --cpu-share {share} --cuda-graphs {graphs}"}
+        row = {
+            "variant": f"--decode {decode} --workers {workers} --cpu-share {share} --cuda-graphs {graphs} "
+            f"--batch-size {batch}",
+            "train_images": None,  # the folder's size sets how many batches an epoch has
+        }
         if extra:
             row["variant"] += f" (bench: {' '.join(extra)})"
         tr = None
         try:
             bundle = bundle or load_data(cfg.data, 0)
+            row["train_images"] = len(bundle.train)
             tr = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
             tr.warm_up_compile()
             tr.train_epoch(1)  # warm: workers started, cuDNN tuned, graph captured

@@ -12,9 +12,9 @@ from jpeg_pipeline import parse_variant  # noqa: E402
 
 
 def test_a_known_variant_parses_into_its_parts():
-    assert parse_variant("hardware:14:0:graphs=on:prio=-1:trace=1") == (
+    assert parse_variant("hardware:14:0:graphs=on:prio=-1:trace=1:batch=512") == (
         ["hardware", "14", "0"],
-        {"graphs": "on", "prio": "-1", "trace": "1"},
+        {"graphs": "on", "prio": "-1", "trace": "1", "batch": "512"},
     )
 
 
@@ -27,6 +27,7 @@ def test_a_known_variant_parses_into_its_parts():
         ("hardware:14:0:trace", "is not one of"),  # no value
         ("gpu:14:0:pipe=2", "pipe=2, expected one of 0, 1"),
         ("gpu:14", "expected decode:workers:cpu_share"),
+        ("gpu:14:0:batch=big", "batch=big, expected a number"),
     ],
 )
 def test_a_variant_that_would_run_mislabelled_is_refused(spec, says):
