@@ -149,7 +149,8 @@ def main() -> None:
         "resize in two threads or one; switch: the GIL's switch interval in seconds, Python's default 0.005; "
         "graphs: --cuda-graphs for this variant; prio: the feeder threads' CUDA stream priority, -1 high; cpp: "
         "inductor's C++ wrapper launches the step's kernels; trace: one more epoch under torch.profiler, "
-        "its trace and summary beside --out; batch: this variant's batch size instead of --batch-size; any other key is refused)",
+        "its trace and summary beside --out; batch: this variant's batch size instead of --batch-size; "
+        "any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
     ap.add_argument("--graphs", default="auto", help="CUDA graphs for the step: auto (on, one GPU), on, off")

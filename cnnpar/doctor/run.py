@@ -18,6 +18,7 @@ import torch
 from cnnpar.cliargs import command_line
 from cnnpar.config import Config
 from cnnpar.data import load_data
+from cnnpar.data.loader import decodes_on_gpu
 from cnnpar.data.sources import detect_format
 from cnnpar.data.store import default_store_path, prepare_command
 from cnnpar.dist import init_distributed
@@ -40,7 +41,7 @@ from cnnpar.doctor.measure import (
     measure_step_scaling,
     textbook_cost_ratio,
 )
-from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget
+from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget, search_start
 from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import data_resolved
 from cnnpar.engine.train_step import graphs_blocked_by
@@ -237,7 +238,9 @@ def _search_batch(trainer: Trainer, bundle) -> tuple[int | None, float | None]:
     measure = device_probe(
         trainer.raw_model, cfg, info, bundle.shape, bundle.num_classes, trainer.train_step.cuda_graphs
     )
-    choice = choose_batch_size(measure, memory_budget(info.device), batch_cap(len(bundle.train), 1))
+    cap = batch_cap(len(bundle.train), 1)
+    start, _ = search_start(decodes_on_gpu(cfg, bundle), cap)
+    choice = choose_batch_size(measure, memory_budget(info.device), cap, start=start)
     probes = {p.batch: p for p in choice.probes if not p.failed}
     current = probes.get(cfg.run.batch_size) or measure(cfg.run.batch_size)
     best = probes.get(choice.batch)

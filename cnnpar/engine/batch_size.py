@@ -40,6 +40,13 @@ START = 64  # the CPU's fixed default, and the search's first size
 MIN_GAIN = 1.10
 MEMORY_SHARE = 0.5  # a probe step may use half the memory free at the search: room for resident data, compile's
 # different buffers and the allocator's fragmentation later in the run
+# Photos decoded on the GPU (a decoder in the training process) start the search at 256. Such a pipeline
+# pays fixed costs per batch that the probe's step on device data does not see: the decode and resize
+# calls, the feeder's hand-over and the step's kernel launches, all competing for one process's GIL
+# (docs/decoding.md). ResNet-50 from 24,000 photos on an H200 with the JPEG engines: batch 128, which
+# the search chose (256 measured +8.3 % on device data), trained at 3,304-3,381 img/s end to end; batch
+# 256 ran at 5,177 (benchmarks/results/2026-12-01-h200/call-x).
+GPU_DECODER_START = 256
 MIN_STEPS_PER_EPOCH = 16  # never so large a batch that an epoch has fewer optimizer steps than this
 REFERENCE_BATCH = START  # --lr is the lr at this batch when the batch is chosen automatically
 WARMUP_STEPS = 3  # cuDNN autotuning and the CUDA graph's capture happen here, untimed
@@ -61,17 +68,27 @@ class BatchChoice:
     batch: int
     stopped: str  # why the search ended where it did
     probes: list[Probe] = field(default_factory=list)
+    started: str = ""  # why the search did not start at START, if it did not
 
     def line(self) -> str:
         tried = ", ".join(
             f"{p.batch}: {p.failed}" if p.failed else f"{p.batch}: {p.images_per_s:,.0f} img/s" for p in self.probes
         )
-        return f"batch size auto: {self.batch} (measured {tried}; stopped: {self.stopped})"
+        started = f"; started at {self.started}" if self.started else ""
+        return f"batch size auto: {self.batch} (measured {tried}{started}; stopped: {self.stopped})"
 
 
 def batch_cap(train_samples: int, world_size: int) -> int:
     """The largest batch that still gives every process MIN_STEPS_PER_EPOCH steps an epoch."""
     return max(1, train_samples // (world_size * MIN_STEPS_PER_EPOCH))
+
+
+def search_start(gpu_decoder: bool, cap: int) -> tuple[int, str]:
+    """The search's first size, and why where it is not START: GPU_DECODER_START for photos decoded
+    on the GPU, where the data set allows that many (`cap`)."""
+    if gpu_decoder and cap >= GPU_DECODER_START:
+        return GPU_DECODER_START, f"{GPU_DECODER_START}: the photos are decoded on the GPU, at a fixed cost per batch"
+    return START, ""
 
 
 def choose_batch_size(
@@ -82,8 +99,9 @@ def choose_batch_size(
     A failure at the first size (out of memory) halves instead, down to 1, so a model too large for
     64 still trains; a failure anywhere later ends the search at the last size that worked.
     """
-    if cap <= start:
-        return BatchChoice(start, f"the data set allows no larger batch ({MIN_STEPS_PER_EPOCH} steps per epoch)")
+    too_few = f"the data set allows no larger batch ({MIN_STEPS_PER_EPOCH} steps per epoch)"
+    if cap <= start == START:  # the fixed default: nothing to measure (a larger start is still checked for memory)
+        return BatchChoice(start, too_few)
     probes: list[Probe] = []
     batch = start
     while True:  # the first size that fits: halve on failure
@@ -98,6 +116,8 @@ def choose_batch_size(
     best = p
     if batch < start:
         return BatchChoice(best.batch, f"batch {2 * batch} did not fit", probes)
+    if cap <= start:
+        return BatchChoice(best.batch, too_few, probes)
     while True:
         batch *= 2
         if batch > cap:
@@ -184,12 +204,15 @@ def search_on_device(
     num_classes: int,
     train_samples: int,
     cuda_graphs: bool,
+    gpu_decoder: bool = False,
 ) -> BatchChoice:
-    """`choose_batch_size` with `device_probe`. Under DDP each rank searches its own GPU and all take
-    the smallest answer."""
+    """`choose_batch_size` with `device_probe`, from `search_start`. Under DDP each rank searches its
+    own GPU and all take the smallest answer."""
     measure = device_probe(raw_model, cfg, info, shape, num_classes, cuda_graphs)
     cap = batch_cap(train_samples, info.world_size * cfg.optim.grad_accum)
-    choice = choose_batch_size(measure, memory_budget(info.device), cap)
+    start, why = search_start(gpu_decoder, cap)
+    choice = choose_batch_size(measure, memory_budget(info.device), cap, start=start)
+    choice.started = why
     if info.distributed:  # the smallest rank's answer, so every rank trains the same batch
         agreed = -int(all_reduce_max(torch.tensor([-choice.batch], device=info.device), info).item())
         if agreed != choice.batch:

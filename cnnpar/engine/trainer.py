@@ -194,8 +194,10 @@ class Trainer:
 
     def _choose_batch_size(self, cfg: Config) -> Config:
         """The searched batch (engine/batch_size.py) and the lr scaled from batch 64 by its stated rule."""
-        gpu_decoder = self.graphs_requested == "auto" and decodes_on_gpu(cfg, self.bundle)
-        graphs = cfg.speed.cuda_graphs == "on" and not graphs_blocked_by(cfg, self.info.distributed, gpu_decoder)
+        gpu_decoder = decodes_on_gpu(cfg, self.bundle)
+        graphs = cfg.speed.cuda_graphs == "on" and not graphs_blocked_by(
+            cfg, self.info.distributed, gpu_decoder and self.graphs_requested == "auto"
+        )
         choice = search_on_device(
             self.raw_model,
             cfg,
@@ -204,6 +206,7 @@ class Trainer:
             self.bundle.num_classes,
             len(self.bundle.train),
             graphs,
+            gpu_decoder=gpu_decoder,
         )
         lr = cfg.optim.lr * lr_factor(cfg.optim.optimizer, choice.batch)
         self.batch_line = (

@@ -89,8 +89,8 @@ def test_the_trainer_trains_the_searched_batch_with_the_lr_scaled(monkeypatch, t
 
     seen = {}
 
-    def fake_search(raw_model, cfg, info, shape, num_classes, train_samples, cuda_graphs):
-        seen.update(shape=shape, samples=train_samples, graphs=cuda_graphs)
+    def fake_search(raw_model, cfg, info, shape, num_classes, train_samples, cuda_graphs, gpu_decoder):
+        seen.update(shape=shape, samples=train_samples, graphs=cuda_graphs, gpu_decoder=gpu_decoder)
         return BatchChoice(256, "batch 512 is less than 5 % faster than 256", [Probe(64, 1000.0), Probe(256, 3000.0)])
 
     real_resolve = trainer_mod.resolve_for
@@ -106,7 +106,7 @@ def test_the_trainer_trains_the_searched_batch_with_the_lr_scaled(monkeypatch, t
     )
     lines = []
     tr = trainer_mod.Trainer(cfg, init_distributed("cpu", debug_single=True), log=lambda *a, **k: lines.append(a[0]))
-    assert seen == {"shape": (3, 8, 8), "samples": 1536, "graphs": False}
+    assert seen == {"shape": (3, 8, 8), "samples": 1536, "graphs": False, "gpu_decoder": False}
     assert tr.cfg.run.batch_size == 256 and len(tr.train_loader) == 1536 // 256
     assert tr.cfg.optim.lr == pytest.approx(0.002 * 2)  # AdamW: sqrt(256 / 64)
     tr.fit()
@@ -135,3 +135,60 @@ def test_the_search_on_a_real_gpu_measures_growing_batches():
     assert choice.batch >= 128, choice.line()  # ResNet-18 at 32 px leaves an H200 idle at 64
     assert all(p.peak_bytes > 0 for p in choice.probes if not p.failed)
     print(choice.line())
+
+
+def test_photos_decoded_on_the_gpu_start_the_search_at_256():
+    from cnnpar.engine.batch_size import GPU_DECODER_START, search_start
+
+    assert search_start(False, 10_000) == (64, "")
+    start, why = search_start(True, 10_000)
+    assert start == GPU_DECODER_START == 256 and "decoded on the GPU" in why
+    assert search_start(True, 200)[0] == 64  # too few photos for 16 steps of 256: the usual search
+    # the device-data probe saw +8.3 % from 128 to 256 (call X): from 64 the search stops at 128
+    rates = {64: 3_837.0, 128: 4_358.0, 256: 4_719.0, 512: 4_950.0}
+    assert choose_batch_size(fake_device(rates)[0], memory_budget=100 * GIB, cap=1_200).batch == 128
+    measure, calls = fake_device(rates)
+    choice = choose_batch_size(measure, memory_budget=100 * GIB, cap=1_200, start=start)
+    assert choice.batch == 256 and calls == [256, 512]  # 512 gains 4.9 %: kept at 256
+    measure, calls = fake_device(rates, oom_above=128)  # a smaller GPU: halves until it fits
+    assert choose_batch_size(measure, memory_budget=100 * GIB, cap=1_200, start=start).batch == 128
+    assert calls == [256, 128]
+    measure, calls = fake_device(rates)  # just enough photos for 256: measured once, for its memory
+    edge = choose_batch_size(measure, memory_budget=100 * GIB, cap=256, start=start)
+    assert edge.batch == 256 and calls == [256] and "steps per epoch" in edge.stopped
+    measure, calls = fake_device(rates, gib_per_image=0.5)  # over the margin at 256: 128 is tried
+    assert choose_batch_size(measure, memory_budget=100 * GIB, cap=256, start=start).batch == 128
+
+
+@pytest.mark.parametrize("decode, gpu_decoder", [("gpu", True), ("cpu", False)])
+def test_the_trainer_tells_the_search_whether_a_gpu_decoder_feeds_the_step(monkeypatch, tmp_path, decode, gpu_decoder):
+    import cnnpar.engine.trainer as trainer_mod
+    from cnnpar.dist import init_distributed
+    from cnnpar.engine.batch_size import BatchChoice
+    from cnnpar.presets import with_overrides
+    from tests.unit.test_hybrid_decode import photo_folder
+
+    seen = {}
+
+    def fake_search(*args, gpu_decoder, **kw):
+        seen["gpu_decoder"] = gpu_decoder
+        return BatchChoice(4, "a stand-in", [Probe(4, 10.0)], started="4: a stand-in")
+
+    real_resolve = trainer_mod.resolve_for
+    monkeypatch.setattr(
+        trainer_mod, "resolve_for", lambda cfg, device: with_overrides(real_resolve(cfg, device), run={"batch_size": 0})
+    )
+    monkeypatch.setattr(trainer_mod, "search_on_device", fake_search)
+    cfg = with_overrides(
+        Config(),
+        data={"source": str(photo_folder(tmp_path / "photos")), "image_size": 24, "decode": decode, "workers": 0},
+        model={"name": "cnn3"},
+        speed={"device": "cpu"},
+        run={"epochs": 1, "out_dir": str(tmp_path / "runs"), "progress": False},
+    )
+    tr = trainer_mod.Trainer(cfg, init_distributed("cpu", debug_single=True), log=lambda *a, **k: None)
+    try:
+        assert seen == {"gpu_decoder": gpu_decoder}
+        assert tr.cfg.run.batch_size == 4 and "started at 4: a stand-in" in tr.batch_line
+    finally:
+        tr.close()
