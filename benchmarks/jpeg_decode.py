@@ -55,6 +55,7 @@ sys.path.insert(0, str(REPO))  # this checkout, not whichever cnnpar is installe
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from cnnpar.data import crop_resize  # noqa: E402
 from cnnpar.data.cpu_decode import CpuDecodedFolder, reduction, resize_into, simplejpeg_module  # noqa: E402
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_loop  # noqa: E402
 from cnnpar.data.folder import ImageFolderDataset, decode_rgb, read_encoded  # noqa: E402
@@ -311,6 +312,19 @@ class Recorder:
             self.keep(stage, method, mode, med, med, per, **extra)
 
 
+def with_kernel(kernel: str, fn):
+    """`fn` with crop_resize.KERNEL set to `kernel` while it runs (the resize's two implementations)."""
+
+    def run(*args):
+        crop_resize.KERNEL = kernel
+        try:
+            return fn(*args)
+        finally:
+            crop_resize.KERNEL = "auto"
+
+    return run
+
+
 def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.device, record: Recorder) -> None:
     bad = failing_files(files, device)
     record.refused = len(bad)
@@ -375,14 +389,26 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
     g = torch.Generator().manual_seed(0)
     for mode in ("train", "eval"):
         boxes = [draw_crop_boxes(torch.tensor([img.shape[1:] for img in imgs]), mode == "train", g) for imgs in images]
-        for method, resize in (("loop", resized_crops_loop), ("batched", resized_crops)):
-            record("crop_resize", method, mode, lambda b, f=resize, bx=boxes: f(images[b], bx[b], args.size))
+        # "batched": the matrix products (crop_resize.KERNEL = "matmul"); "fused": the Triton kernels
+        for method, resize, kernel in (
+            ("loop", resized_crops_loop, "auto"),
+            ("batched", resized_crops, "matmul"),
+            ("fused", resized_crops, "fused"),
+        ):
+            record(
+                "crop_resize",
+                method,
+                mode,
+                with_kernel(kernel, lambda b, f=resize, bx=boxes: f(images[b], bx[b], args.size)),
+            )
     images.clear()  # free the decoded batches before the whole-call rows
     for backend in backends:
-        for resize in ("loop", "batched") if backend == "nvjpeg" else ("batched",):
+        resizes = [("batched", "matmul"), ("fused", "fused")] + ([("loop", "auto")] if backend == "nvjpeg" else [])
+        for label, kernel in resizes:
             for mode in ("train", "eval"):
+                resize = "loop" if label == "loop" else "batched"
                 dec = GpuDecoder(files, args.size, device, train=mode == "train", resize=resize, backend=backend)
-                record("gpu_decoder", f"{backend}/{resize}", mode, lambda b, d=dec: d(batches[b]))
+                record("gpu_decoder", f"{backend}/{label}", mode, with_kernel(kernel, lambda b, d=dec: d(batches[b])))
     if args.gil:
         gil_rows(files, batches, backends, args, device, record)
     # as training runs it: DeviceFeeder's two threads (decode batch i+1 while batch i is resized)

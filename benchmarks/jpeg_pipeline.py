@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
-from cnnpar.data import load_data  # noqa: E402
+from cnnpar.data import crop_resize, load_data  # noqa: E402
 from cnnpar.data.loader import DeviceFeeder  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
@@ -48,6 +48,7 @@ VARIANT_KEYS = {
     "cpp": {"0", "1"},
     "trace": {"0", "1"},
     "batch": None,
+    "kernel": set(crop_resize.KERNELS),
 }
 
 
@@ -145,11 +146,13 @@ def main() -> None:
         "--variants",
         default="gpu:14:0,gpu:14:0.3,gpu:14:0.5,cpu:14:0",
         help="decode:workers:cpu_share[:threads=N][:pipe=0|1][:switch=S][:graphs=G][:prio=P][:cpp=1]"
-        "[:trace=1][:batch=N], ... (threads: nvImageCodec's host threads, 0 = one per core; pipe: decode and "
-        "resize in two threads or one; switch: the GIL's switch interval in seconds, Python's default 0.005; "
+        "[:trace=1][:batch=N][:kernel=K], ... (threads: nvImageCodec's host threads, 0 = one per core; "
+        "pipe: decode and resize in two threads or one; "
+        "switch: the GIL's switch interval in seconds, Python's default 0.005; "
         "graphs: --cuda-graphs for this variant; prio: the feeder threads' CUDA stream priority, -1 high; cpp: "
         "inductor's C++ wrapper launches the step's kernels; trace: one more epoch under torch.profiler, "
         "its trace and summary beside --out; batch: this variant's batch size instead of --batch-size; "
+        "kernel: the resize's, auto, fused (Triton) or matmul; "
         "any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
@@ -190,6 +193,7 @@ def main() -> None:
         DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
+        crop_resize.KERNEL = opts.get("kernel", "auto")  # the resize: Triton's fused kernels or matrix products
         # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)
         torch._inductor.config.cpp_wrapper = opts.get("cpp") == "1"
         graphs = opts.pop("graphs", args.graphs)

@@ -25,14 +25,17 @@ How the resampling is done, and why this way:
   photos, and a batch is cut into chunks of at most `canvas_budget` elements (images sorted by
   crop size first, so a chunk's padding stays small and one outsized photo gets a chunk alone).
 
-On the CPU kernel launches cost little and the dense product does far more arithmetic than the
-banded filter needs (most of each weight row is zero), so `GpuDecoder` keeps the per-image loop
-there; both are here so tests and `benchmarks/jpeg_decode.py` can compare them.
+On CUDA the same filter runs by default as two Triton kernels (`resize_kernel.py`: no canvas, no
+weight matrices, a few host calls per batch); `KERNEL` chooses. On the CPU kernel launches cost
+little and the dense product does far more arithmetic than the banded filter needs (most of each
+weight row is zero), so `GpuDecoder` keeps the per-image loop there; all three are here so tests and
+`benchmarks/jpeg_decode.py` can compare them.
 """
 
 from __future__ import annotations
 
 import math
+from functools import cache
 
 import numpy as np
 import torch
@@ -43,6 +46,34 @@ RRC_SCALE = (0.25, 1.0)  # random-resized-crop area range; 0.08 is ImageNet's cl
 RRC_RATIO = (3 / 4, 4 / 3)
 RRC_ATTEMPTS = 10  # draws per image before falling back to the centre crop, as torchvision does
 CANVAS_BUDGET = 1 << 26  # elements of one chunk's canvas: 64 MiB uint8, 128 MiB in fp16
+# Which kernels `resized_crops_flat` runs: "fused" (resize_kernel.py's two Triton kernels), "matmul"
+# (the batched products below), or "auto": fused on CUDA where Triton imports. Benchmarks set it.
+KERNELS = ("auto", "fused", "matmul")
+KERNEL = "auto"
+
+
+@cache
+def _triton_importable() -> bool:
+    try:
+        import cnnpar.data.resize_kernel  # noqa: F401  (Triton comes with torch's CUDA wheels)
+    except ImportError:
+        return False
+    return True
+
+
+def uses_fused_kernels(device: torch.device) -> bool:
+    """Whether `resized_crops_flat` runs the Triton kernels on `device` (see KERNEL)."""
+    if KERNEL not in KERNELS:
+        raise ValueError(f"crop_resize.KERNEL: expected one of {', '.join(KERNELS)}, got {KERNEL!r}")
+    if KERNEL == "matmul" or (KERNEL == "auto" and device.type != "cuda"):
+        return False
+    if not _triton_importable():
+        if KERNEL == "fused":
+            raise RuntimeError("crop_resize.KERNEL = 'fused' needs Triton, which does not import here")
+        return False
+    from cnnpar.data.resize_kernel import fused_available
+
+    return fused_available(device)
 
 
 def draw_crop_boxes(sizes: torch.Tensor, train: bool, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -188,6 +219,10 @@ def resized_crops_flat(
     cores) and float32 elsewhere.
     """
     dev = flat.device
+    if uses_fused_kernels(dev):
+        from cnnpar.data.resize_kernel import fused_resized_crops
+
+        return fused_resized_crops(flat, starts, hw, boxes, size, hwc)
     dtype = compute_dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
     n = len(starts)
     boxes, hw, starts = boxes.to(torch.int64).cpu(), hw.to(torch.int64).cpu(), starts.to(torch.int64).cpu()

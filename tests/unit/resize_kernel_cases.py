@@ -1,0 +1,117 @@
+"""Checks of the fused crop-and-resize kernels (cnnpar/data/resize_kernel.py), run by
+test_resize_kernel.py in a child process with TRITON_INTERPRET=1: Triton reads that variable when a
+kernel is defined, so it must be set before cnnpar's kernels are imported, and only in a process of
+their own (a CUDA test in the same session must get compiled kernels). Prints "ok NAME" per check."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+warnings.filterwarnings("ignore", category=DeprecationWarning)  # torchvision 0.29's codec notice
+
+import torch  # noqa: E402
+from torch._utils import _flatten_dense_tensors  # noqa: E402
+
+from cnnpar.data import crop_resize  # noqa: E402
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_loop  # noqa: E402
+from cnnpar.data.gpu_decode import GpuDecoder  # noqa: E402
+from cnnpar.data.resize_kernel import fused_resized_crops  # noqa: E402
+from tests.unit.test_gpu_decode import decoded, encoded, jpeg_bytes, smooth_image  # noqa: E402
+
+# small photos of the shapes photos have (landscape, portrait, a strip, one smaller than the output):
+# Triton's interpreter runs each program in NumPy, so a few rows each keep this to seconds
+SIZES = [(60, 80), (80, 54), (24, 18), (13, 60), (11, 9)]
+
+
+def flat_of(images: list[torch.Tensor], hwc: bool, gap: int = 0):
+    """The images in one flat buffer (interleaved or planar), `gap` unused bytes before each, and
+    their starts and sizes: what the JPEG engines, a prepared store or the gather hand over."""
+    parts, starts, at = [], [], 0
+    for img in images:
+        pixels = (img.permute(1, 2, 0) if hwc else img).contiguous().view(-1)
+        parts += [torch.full((gap,), 255, dtype=torch.uint8), pixels]
+        starts.append(at + gap)
+        at += gap + pixels.numel()
+    hw = torch.tensor([img.shape[1:] for img in images])
+    return _flatten_dense_tensors(parts), torch.tensor(starts), hw
+
+
+def check(name: str, ok: bool, detail: str = "") -> None:
+    if not ok:
+        raise AssertionError(f"{name}: {detail}")
+    print("ok", name, flush=True)
+
+
+def matches_the_per_image_reference() -> None:
+    """Both layouts, random-resized and centre crops, down- and upscaling: the same filter as the
+    per-image F.interpolate(antialias=True), to a one-level rounding flip now and then."""
+    images = decoded([jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES)])
+    g = torch.Generator().manual_seed(2)
+    for train, size in ((True, 16), (False, 12), (False, 20)):  # 20 upscales the 11 x 9 photo
+        boxes = draw_crop_boxes(torch.tensor([img.shape[1:] for img in images]), train, g)
+        reference = resized_crops_loop(images, boxes, size).int()
+        for hwc in (True, False):
+            flat, starts, hw = flat_of(images, hwc, gap=7)  # gaps: images need not be packed
+            out = fused_resized_crops(flat, starts, hw, boxes, size, hwc=hwc, tmp_dtype=torch.float32)
+            diff = (out.int() - reference).abs()
+            label = f"train={train} size={size} hwc={hwc}"
+            check(f"reference {label}", out.shape == reference.shape and out.dtype == torch.uint8, str(out.shape))
+            check(f"within one level {label}", diff.max() <= 1 and (diff > 0).float().mean() < 2e-3, str(diff.max()))
+        # fp16 rows, as on CUDA: sums keep ~0.1 of a level, so a few percent of pixels flip by one
+        out = fused_resized_crops(*flat_of(images, True), boxes, size, hwc=True)
+        diff = (out.int() - reference).abs()
+        check(f"fp16 rows size={size}", diff.max() <= 1 and diff.float().mean() < 0.1, str(diff.float().mean()))
+
+
+def an_empty_batch_is_empty() -> None:
+    nothing = torch.zeros(0, 4)
+    out = fused_resized_crops(torch.zeros(8, dtype=torch.uint8), nothing[:, 0], nothing[:, :2], nothing, 24)
+    check("empty batch", out.shape == (0, 3, 24, 24))
+
+
+def the_switch_routes_the_decoder_through_the_kernels() -> None:
+    """`KERNEL = "fused"` sends GpuDecoder's batched resize (and every `resized_crops_flat` caller)
+    through the kernels; "auto" keeps them to CUDA; a wrong name is refused."""
+    blobs = [jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES)]
+    files = [Path(f"img{i}.jpg") for i in range(len(blobs))]
+    cpu = torch.device("cpu")
+    check("auto keeps the CPU on the products", not crop_resize.uses_fused_kernels(cpu))
+    loop = GpuDecoder(files, 16, cpu, False, resize="loop")(encoded(blobs))
+    crop_resize.KERNEL = "fused"
+    try:
+        check("fused on request", crop_resize.uses_fused_kernels(cpu))
+        calls = []
+        import cnnpar.data.resize_kernel as rk
+
+        original = rk.fused_resized_crops
+        rk.fused_resized_crops = lambda *a, **k: calls.append(len(a[1])) or original(*a, **k)
+        try:
+            fused = GpuDecoder(files, 16, cpu, False, resize="batched")(encoded(blobs))
+        finally:
+            rk.fused_resized_crops = original
+        check("the decoder called the kernels", calls == [len(blobs)], str(calls))
+        check("the decoder's output", (fused.int() - loop.int()).abs().max() <= 1)
+        g = torch.Generator().manual_seed(0)
+        images = decoded(blobs)
+        boxes = draw_crop_boxes(torch.tensor([i.shape[1:] for i in images]), True, g)
+        mixed = resized_crops(images, boxes, 16)  # the planar gather, then the kernels
+        check("planar gather", (mixed.int() - resized_crops_loop(images, boxes, 16).int()).abs().max() <= 1)
+        crop_resize.KERNEL = "bilinear"
+        try:
+            crop_resize.uses_fused_kernels(cpu)
+            check("a wrong name is refused", False, "no error")
+        except ValueError as e:
+            check("a wrong name is refused", "expected one of auto, fused, matmul" in str(e), str(e))
+    finally:
+        crop_resize.KERNEL = "auto"
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run by test_resize_kernel.py, under Triton's interpreter"
+    matches_the_per_image_reference()
+    an_empty_batch_is_empty()
+    the_switch_routes_the_decoder_through_the_kernels()
