@@ -457,11 +457,18 @@ class Spinner:
 
 def gil_rows(files, batches, backends, args, device, record) -> None:
     """Each decoder's call alone, beside a spinning Python thread at the default GIL switch
-    interval (5 ms), and beside it at 0.2 ms."""
+    interval (5 ms), and beside it at 0.2 ms; then the resize stage of its decoded batches beside
+    the spinner, with the matrix products and with the fused kernels (each torch call of the
+    products takes the GIL back after its launch, so the count of calls is what the spinner costs)."""
     default = sys.getswitchinterval()
     for backend in backends:
         dec = GpuDecoder(files, args.size, device, train=True, backend=backend)
+        decoded = [dec.decode_stage(b) for b in batches]  # the batched resize reads these, changes nothing
+        sync(device)
         with Spinner():
+            for label, kernel in (("batched", "matmul"), ("fused", "fused")):
+                resize = with_kernel(kernel, lambda b, d=dec: d.resize_stage(decoded[b]))
+                record("resize_spin", f"{backend}/{label}", "train", resize)
             record("decode_spin", backend, "train", lambda b, d=dec: d.decode(batches[b]))
             sys.setswitchinterval(0.0002)
             try:
