@@ -203,6 +203,14 @@ def main() -> None:
     if not folders:
         sys.exit("give --folder and/or --make-photos")
     rows = []
+    env = environment(device, 1)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = args.out or RESULTS / f"jpeg_decode_{device.type}.csv"
+    earlier = read_csv(out) if args.append and out.exists() else []
+
+    def save() -> None:  # after every row: a run cut off by its time limit keeps what it measured
+        write_csv_atomic(out, earlier + [{**r, **env} for r in rows])
+
     for folder in folders:
         files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in SUFFIXES)
         if not files:
@@ -213,7 +221,7 @@ def main() -> None:
         indices = [
             [(b * args.batch_size + k) % len(files) for k in range(args.batch_size)] for b in range(args.batches)
         ]
-        recorder = Recorder(args, device, len(files), facts, rows)
+        recorder = Recorder(args, device, len(files), facts, rows, save)
         if "gpu" in stages:
             gpu_stages(files, indices, args, device, recorder)
         if "cpu" in stages:
@@ -223,21 +231,16 @@ def main() -> None:
         if "cpu-quality" in stages:
             cpu_quality(files, indices, args, recorder)
 
-    env = environment(device, 1)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = args.out or RESULTS / f"jpeg_decode_{device.type}.csv"
-    rows = [{**r, **env} for r in rows]
-    if args.append and out.exists():
-        rows = read_csv(out) + rows
-    write_csv_atomic(out, rows)
+    save()
     print(f"-> {out}")
 
 
 class Recorder:
     """Times `fn(b)` for each batch b and keeps one flat row per stage."""
 
-    def __init__(self, args, device: torch.device, files: int, facts: dict, rows: list[dict]) -> None:
+    def __init__(self, args, device: torch.device, files: int, facts: dict, rows: list[dict], save=None) -> None:
         self.args, self.device, self.files, self.facts, self.rows = args, device, files, facts, rows
+        self.save = save or (lambda: None)
         self.refused: int | str = ""  # files decode_jpeg refuses alone, once the GPU stages have looked
 
     def rate(self, stage: str, method: str, mode: str, fn) -> None:
@@ -287,6 +290,7 @@ class Recorder:
             f"{per / total:8.0f} img/s  (load {os.getloadavg()[0]:.2f})"
             + "".join(f"  {k} {v}" for k, v in extra.items())
         )
+        self.save()
 
     def interleaved(self, stage: str, cases: list[tuple[str, str, object]], per: int = 0, warmup: int = 1) -> None:
         """Times each case's `fn(b)` for every batch b, all cases in turn in each of `repeats` rounds,
@@ -467,7 +471,7 @@ def gil_rows(files, batches, backends, args, device, record) -> None:
         sync(device)
         with Spinner():
             for label, kernel in (("batched", "matmul"), ("fused", "fused")):
-                resize = with_kernel(kernel, lambda b, d=dec: d.resize_stage(decoded[b]))
+                resize = with_kernel(kernel, lambda b, d=dec, ds=decoded: d.resize_stage(ds[b]))
                 record("resize_spin", f"{backend}/{label}", "train", resize)
             record("decode_spin", backend, "train", lambda b, d=dec: d.decode(batches[b]))
             sys.setswitchinterval(0.0002)

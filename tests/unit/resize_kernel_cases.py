@@ -33,7 +33,7 @@ def flat_of(images: list[torch.Tensor], hwc: bool, gap: int = 0):
     parts, starts, at = [], [], 0
     for img in images:
         pixels = (img.permute(1, 2, 0) if hwc else img).contiguous().view(-1)
-        parts += [torch.full((gap,), 255, dtype=torch.uint8), pixels]
+        parts += [torch.full((gap,), 255, dtype=torch.uint8, device=img.device), pixels]
         starts.append(at + gap)
         at += gap + pixels.numel()
     hw = torch.tensor([img.shape[1:] for img in images])
