@@ -76,30 +76,34 @@ def uses_fused_kernels(device: torch.device) -> bool:
     return fused_available(device)
 
 
-def draw_crop_boxes(sizes: torch.Tensor, train: bool, generator: torch.Generator | None = None) -> torch.Tensor:
-    """(N, 4) int64 boxes (top, left, height, width) for images of `sizes` (N, 2: height, width).
+def draw_crop_boxes(sizes, train: bool, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(N, 4) int64 boxes (top, left, height, width) for images of `sizes` (N, 2: height, width; a
+    host tensor or array).
 
     Training: a random-resized crop, area a uniform fraction RRC_SCALE of the image, aspect ratio
     log-uniform in RRC_RATIO, the first of RRC_ATTEMPTS draws that fits, else the centre square.
     Otherwise: the centre square. All draws for the batch at once, on the host (no device sync).
+
+    Two torch calls whatever N (one draw from torch's generator, seeded per rank and reproducible;
+    one tensor made of the result); the arithmetic is NumPy's. In a decode thread every torch call
+    gives the GIL up and must win it back from the training thread: the torch version of this
+    function cost ~120 ms a batch beside a spinning Python thread, where it took 0.5 ms alone (on the
+    CPU; docs/decoding.md). NumPy's element-wise calls keep the GIL, and on a 16-core host torch's
+    took ~28 ms per 256-image batch besides.
     """
-    sizes = sizes.to(torch.int64).cpu()
-    h, w = sizes[:, 0], sizes[:, 1]
-    side = torch.minimum(h, w)
-    boxes = torch.stack([(h - side) // 2, (w - side) // 2, side, side], 1)
-    if not train or len(sizes) == 0:
-        return boxes
-    n = len(sizes)
-    # The draws come from torch's generator (seeded per rank, reproducible); the arithmetic runs in
-    # NumPy: on a 16-core H200 host, torch's element-wise sqrt/round/exp on these (N, 10) float64
-    # tensors took ~28 ms per 256-image batch (profiled), NumPy's take microseconds.
-    scale = torch.empty(n, RRC_ATTEMPTS, dtype=torch.float64).uniform_(*RRC_SCALE, generator=generator).numpy()
+    hw = (sizes.numpy() if isinstance(sizes, torch.Tensor) else np.asarray(sizes)).astype(np.int64).reshape(-1, 2)
+    h, w = hw[:, 0], hw[:, 1]
+    side = np.minimum(h, w)
+    boxes = np.stack([(h - side) // 2, (w - side) // 2, side, side], 1)
+    n = len(hw)
+    if not train or n == 0:
+        return torch.from_numpy(boxes)
+    u = torch.rand(n, 2 * RRC_ATTEMPTS + 2, dtype=torch.float64, generator=generator).numpy()
+    scale = RRC_SCALE[0] + (RRC_SCALE[1] - RRC_SCALE[0]) * u[:, :RRC_ATTEMPTS]
     log_lo, log_hi = math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1])
-    log_ratio = torch.empty(n, RRC_ATTEMPTS, dtype=torch.float64).uniform_(log_lo, log_hi, generator=generator).numpy()
-    u = torch.rand(n, 2, dtype=torch.float64, generator=generator).numpy()
-    hn, wn = h.numpy()[:, None], w.numpy()[:, None]
+    ratio = np.exp(log_lo + (log_hi - log_lo) * u[:, RRC_ATTEMPTS : 2 * RRC_ATTEMPTS])
+    hn, wn = h[:, None], w[:, None]
     target = hn * wn * scale
-    ratio = np.exp(log_ratio)
     cw = np.round(np.sqrt(target * ratio))  # round half to even, like Python's round() before
     ch = np.round(np.sqrt(target / ratio))
     fits = (cw > 0) & (cw <= wn) & (ch > 0) & (ch <= hn)
@@ -107,11 +111,10 @@ def draw_crop_boxes(sizes: torch.Tensor, train: bool, generator: torch.Generator
     found = fits.any(1)
     ch = np.take_along_axis(ch, first, 1)[:, 0].astype(np.int64)
     cw = np.take_along_axis(cw, first, 1)[:, 0].astype(np.int64)
-    hn, wn = hn[:, 0], wn[:, 0]
-    top = np.minimum(np.floor(u[:, 0] * (hn - ch + 1)).astype(np.int64), np.maximum(hn - ch, 0))
-    left = np.minimum(np.floor(u[:, 1] * (wn - cw + 1)).astype(np.int64), np.maximum(wn - cw, 0))
-    rrc = torch.from_numpy(np.stack([top, left, ch, cw], 1))
-    return torch.where(torch.from_numpy(found)[:, None], rrc, boxes)
+    top = np.minimum(np.floor(u[:, -2] * (h - ch + 1)).astype(np.int64), np.maximum(h - ch, 0))
+    left = np.minimum(np.floor(u[:, -1] * (w - cw + 1)).astype(np.int64), np.maximum(w - cw, 0))
+    rrc = np.stack([top, left, ch, cw], 1)
+    return torch.from_numpy(np.where(found[:, None], rrc, boxes))
 
 
 def resized_crops_loop(images: list[torch.Tensor], boxes: torch.Tensor, size: int) -> torch.Tensor:
@@ -212,7 +215,7 @@ def resized_crops_flat(
     `flat` is 1-D on the device the work runs on; image k starts at byte `starts[k]`, has height
     and width `hw[k]` and is stored as 3 planes (CHW) or, with `hwc`, as interleaved RGB (HWC: what
     JPEG decoders and the prepared store produce). `starts`, `hw` and `boxes` (N, 4: top, left,
-    height, width) are host tensors. The buffer need not be packed: a resident store passes its
+    height, width) are host tensors or arrays. The buffer need not be packed: a resident store passes its
     whole pixel area and the batch's offsets into it, so a batch is resized without being gathered
     first. About a dozen kernels per chunk, whatever N. `compute_dtype` defaults to fp16 on CUDA
     (pixel values and their weighted sums fit fp16's 11-bit mantissa to ~0.1 of a level; tensor
@@ -225,7 +228,7 @@ def resized_crops_flat(
         return fused_resized_crops(flat, starts, hw, boxes, size, hwc)
     dtype = compute_dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
     n = len(starts)
-    boxes, hw, starts = boxes.to(torch.int64).cpu(), hw.to(torch.int64).cpu(), starts.to(torch.int64).cpu()
+    boxes, hw, starts = (torch.as_tensor(t).to(torch.int64).cpu() for t in (boxes, hw, starts))
     order = torch.argsort(boxes[:, 2] * boxes[:, 3], descending=True, stable=True)
     # Per image, sorted: offset, width, top, left, crop height, crop width, plane size (H*W).
     params = torch.stack([starts, hw[:, 1], boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], hw[:, 0] * hw[:, 1]], 1)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -176,8 +177,8 @@ class DecodedBatch:
     # interleaved RGB, the batch positions it holds, each one's start and (height, width)
     flat: torch.Tensor | None = None
     flat_ids: list[int] = field(default_factory=list)
-    flat_starts: torch.Tensor | None = None
-    flat_hw: torch.Tensor | None = None
+    flat_starts: np.ndarray | None = None
+    flat_hw: np.ndarray | None = None
 
 
 class _NoEngines:
@@ -356,9 +357,11 @@ class GpuDecoder:
             headers = [read_jpeg_header(v) for v in views]
             routes = [decode_route(h, v) for h, v in zip(headers, views)]
             ok, hard = [r >= 1 for r in routes], [r == 2 for r in routes]
-            hw = torch.tensor([(h.height, h.width) if h else (0, 0) for h in headers], dtype=torch.int64).view(n, 2)
+            hw = np.array([(h.height, h.width) if h else (0, 0) for h in headers], dtype=np.int64).reshape(n, 2)
         else:
-            ok, hw = ok.tolist(), batch.hw.clone()
+            # NumPy from here: in a decode thread each torch call gives the GIL up and must win it back
+            # from the training thread (crop_resize.draw_crop_boxes says what that costs)
+            ok, hw = ok.tolist(), batch.hw.numpy().copy()
             hard = hard.tolist() if hard is not None else [False] * n
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         images: list[torch.Tensor | None] = [None] * n
@@ -366,7 +369,7 @@ class GpuDecoder:
         for i in range(n):
             if not ok[i]:  # no GPU decoder takes it; its size comes from decoding it
                 images[i] = self._decode_cpu(batch.data[i], int(batch.index[i]))
-                hw[i] = torch.tensor(images[i].shape[1:])
+                hw[i] = images[i].shape[1:]
         boxes = draw_crop_boxes(hw, self.train, self.generator)
         fast = [i for i in range(n) if ok[i]]
         d = DecodedBatch(images, boxes, owned, hwc_, holds, stream=stream)
@@ -388,13 +391,13 @@ class GpuDecoder:
         return d
 
     def _decode_hardware(
-        self, batch: EncodedBatch, ids: list[int], hw: torch.Tensor, d: DecodedBatch, stream
+        self, batch: EncodedBatch, ids: list[int], hw: np.ndarray, d: DecodedBatch, stream
     ) -> list[int]:
         """Decode `ids` on the JPEG engines into `d.flat`; returns the ids left for the other decoders
         (none, or all of them when the engines refused the batch)."""
         if not ids:
             return []
-        sizes = hw[ids].numpy()
+        sizes = hw[ids]
         try:
             flat, starts = self._engines().decode(
                 batch.flat, batch.offsets.numpy(), ids, sizes, stream, tail_room(int(sizes[:, 1].max()))
@@ -403,7 +406,7 @@ class GpuDecoder:
             self._count("hardware_refused")
             return ids
         d.flat, d.flat_ids = flat, list(ids)
-        d.flat_starts, d.flat_hw = torch.from_numpy(starts), torch.from_numpy(sizes)
+        d.flat_starts, d.flat_hw = starts, sizes  # host arrays: the resize reads them as they are
         self._count("hardware_decoded", len(ids))
         return []
 
@@ -456,7 +459,8 @@ class GpuDecoder:
     def _resize_with_flat(self, d: DecodedBatch) -> torch.Tensor:
         """The engines' images straight from their flat buffer (no gather), the rest as usual."""
         ids = d.flat_ids
-        engine = resized_crops_flat(d.flat, d.flat_starts, d.flat_hw, d.boxes[ids], self.size, hwc=True)
+        boxes = d.boxes if len(ids) == len(d.images) else d.boxes[ids]  # ids are sorted: all of them, in order
+        engine = resized_crops_flat(d.flat, d.flat_starts, d.flat_hw, boxes, self.size, hwc=True)
         if len(ids) == len(d.images):
             return engine
         taken = set(ids)

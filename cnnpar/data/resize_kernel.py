@@ -125,6 +125,14 @@ def _metadata(starts, hw, boxes, size: int, hwc: bool) -> tuple[np.ndarray, int]
     return np.concatenate([per.ravel(), np.repeat(np.arange(n, dtype=np.int64), ch)]), rows
 
 
+def _host(values) -> np.ndarray:
+    """A host tensor or array as an array, without a torch call (each one a GIL round trip in a
+    decode thread: crop_resize.draw_crop_boxes)."""
+    if isinstance(values, torch.Tensor):
+        return values.numpy() if values.device.type == "cpu" else values.cpu().numpy()
+    return np.asarray(values)
+
+
 def fused_resized_crops(
     flat: torch.Tensor,
     starts: torch.Tensor,
@@ -142,7 +150,7 @@ def fused_resized_crops(
     out = torch.empty(n, 3, size, size, dtype=torch.uint8, device=dev)
     if n == 0:
         return out
-    meta_host, rows = _metadata(starts.cpu().numpy(), hw.cpu().numpy(), boxes.cpu().numpy(), size, hwc)
+    meta_host, rows = _metadata(_host(starts), _host(hw), _host(boxes), size, hwc)
     meta = torch.from_numpy(meta_host).to(dev, non_blocking=True)
     tmp = torch.empty(rows * size * 3, dtype=tmp_dtype, device=dev)
     block = triton.next_power_of_2(3 * size)
