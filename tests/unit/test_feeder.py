@@ -360,3 +360,79 @@ def test_a_feeder_that_fails_to_close_is_reported_and_the_other_still_closes():
             with closing_feeders(first, None, second):
                 raise ValueError("the run's own error")
     assert first.closed and second.closed
+
+
+class SeededDecoder(Decoder):
+    """Draws from its generator per batch, as GpuDecoder draws crop boxes: the feeder reseeds it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __call__(self, raw: Raw) -> torch.Tensor:
+        self.calls += 1
+        return raw.pixels ^ torch.randint(0, 256, raw.pixels.shape, generator=self.generator, dtype=torch.uint8)
+
+
+def flipping_feeder(decoder, n: int = 6) -> DeviceFeeder:
+    transform = DeviceTransform((0.5,) * 3, (0.25,) * 3, "flip", False, torch.device("cpu"))
+    return DeviceFeeder(list(batches(n)), None, transform, torch.device("cpu"), True, False, decoder, True)
+
+
+def test_a_prepared_epoch_runs_ahead_and_yields_what_a_pipeline_started_at_the_epoch_yields():
+    fresh = flipping_feeder(SeededDecoder())
+    fresh.set_epoch(2, seed=42)
+    expected = list(fresh)
+    dec = SeededDecoder()
+    ahead = flipping_feeder(dec)
+    list(ahead)  # epoch 1 draws from the generators: the prepared epoch must not depend on that
+    ahead.prepare(2, seed=42)
+    for _ in range(200):  # the pipeline fills before anyone asks for a batch
+        if dec.calls > 6:
+            break
+        threading.Event().wait(0.01)
+    assert dec.calls > 6
+    ahead.set_epoch(2, seed=42)  # as begin_epoch does: the same epoch and seed change nothing
+    got = list(ahead)
+    assert len(got) == len(expected) == 6
+    for (x1, y1), (x2, y2) in zip(expected, got):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert dec.calls == 12  # the prepared pipeline was the one iterated: no batch decoded twice
+    assert not feeder_threads()
+
+
+def test_a_prepared_epoch_that_is_not_trained_is_stopped_and_replaced():
+    dec = SeededDecoder()
+    fed = flipping_feeder(dec)
+    fed.prepare(2, seed=42)
+    fed.set_epoch(3, seed=7)  # another epoch (a benchmark's loader-alone pass, say): the prepared one goes
+    assert not feeder_threads()
+    fresh = flipping_feeder(SeededDecoder())
+    fresh.set_epoch(3, seed=7)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(fresh, fed))
+    fed.prepare(4, seed=9)
+    fed.close()  # the run ends (or fails) with an epoch prepared: its threads stop
+    assert not feeder_threads()
+
+
+def test_each_epoch_but_the_last_prepares_the_next_with_the_seed_it_will_get(tmp_path, monkeypatch):
+    from cnnpar.config import Config
+    from cnnpar.dist import init_distributed
+    from cnnpar.engine.rng import epoch_seed
+    from cnnpar.engine.trainer import Trainer
+    from cnnpar.presets import with_overrides
+
+    prepared = []
+    real = DeviceFeeder.prepare
+    monkeypatch.setattr(
+        DeviceFeeder, "prepare", lambda self, e, seed=None: prepared.append((e, seed)) or real(self, e, seed)
+    )
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x8x8", "synthetic_samples": 256, "val_fraction": 0.25},
+        model={"name": "cnn3"},
+        speed={"device": "cpu"},
+        run={"epochs": 3, "batch_size": 32, "out_dir": str(tmp_path), "progress": False, "seed": 5},
+    )
+    Trainer(cfg, init_distributed("cpu", debug_single=True), log=lambda *a, **k: None).fit()
+    assert prepared == [(2, epoch_seed(5, 0, 2)), (3, epoch_seed(5, 0, 3))]  # the val loader prepares nothing
