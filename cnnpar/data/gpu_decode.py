@@ -56,14 +56,17 @@ class EncodedBatch:
 
     One tensor per batch, not one per image: a worker hands each tensor to the main process
     through its own shared-memory segment, and 256 segments per batch cost more than the decode.
+    The small per-image fields come from the workers as NumPy arrays (tensors made elsewhere work
+    too): arrays are pickled by value, where each tensor costs the main process a segment to map
+    and a dozen GIL round trips to rebuild, behind the training thread (docs/decoding.md).
     """
 
     flat: torch.Tensor
-    offsets: torch.Tensor
-    index: torch.Tensor
-    nvjpeg_ok: torch.Tensor | None = None  # bool per image; None: the decoder reads the headers itself
-    hw: torch.Tensor | None = None  # (N, 2) height, width from each JPEG's header; 0, 0 where unknown
-    hardware_ok: torch.Tensor | None = None  # bool per image: the GPU's JPEG engines take it
+    offsets: np.ndarray | torch.Tensor
+    index: np.ndarray | torch.Tensor
+    nvjpeg_ok: np.ndarray | torch.Tensor | None = None  # bool per image; None: the decoder reads the headers
+    hw: np.ndarray | torch.Tensor | None = None  # (N, 2) height, width from each JPEG's header; 0, 0 where unknown
+    hardware_ok: np.ndarray | torch.Tensor | None = None  # bool per image: the GPU's JPEG engines take it
 
     def __len__(self) -> int:
         return len(self.index)
@@ -73,7 +76,7 @@ class EncodedBatch:
         # one call for the whole batch: a decode thread that takes the GIL back once per image
         # waits behind the training thread's Python each time (docs/decoding.md). Made on first use
         # only: the JPEG engines read `flat` itself and most batches never need these views.
-        return list(torch.split(self.flat, torch.diff(self.offsets).tolist()))
+        return list(torch.split(self.flat, np.diff(np.asarray(self.offsets)).tolist()))
 
     def pin_memory(self) -> EncodedBatch:
         return self  # compressed bytes are small; nothing worth pinning
@@ -102,15 +105,15 @@ class EncodedFolderDataset(Dataset):
 
 def collate_encoded(batch):
     data, labels, index, route, hw = zip(*batch)
-    offsets = torch.zeros(len(data) + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(torch.as_tensor([len(d) for d in data]), 0)
-    route = torch.as_tensor(route, dtype=torch.int64)
+    offsets = np.zeros(len(data) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(d) for d in data])
+    route = np.asarray(route, dtype=np.int64)
     encoded = EncodedBatch(
         torch.cat(data),
         offsets,
-        torch.as_tensor(index),
+        np.asarray(index, dtype=np.int64),
         route >= 1,
-        torch.as_tensor(hw, dtype=torch.int64).view(-1, 2),
+        np.asarray(hw, dtype=np.int64).reshape(-1, 2),
         route == 2,
     )
     return encoded, torch.stack(labels)
@@ -361,7 +364,7 @@ class GpuDecoder:
         else:
             # NumPy from here: in a decode thread each torch call gives the GIL up and must win it back
             # from the training thread (crop_resize.draw_crop_boxes says what that costs)
-            ok, hw = ok.tolist(), batch.hw.numpy().copy()
+            ok, hw = ok.tolist(), np.array(batch.hw, dtype=np.int64)  # a copy: sizes the CPU finds go in
             hard = hard.tolist() if hard is not None else [False] * n
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         images: list[torch.Tensor | None] = [None] * n
@@ -400,7 +403,7 @@ class GpuDecoder:
         sizes = hw[ids]
         try:
             flat, starts = self._engines().decode(
-                batch.flat, batch.offsets.numpy(), ids, sizes, stream, tail_room(int(sizes[:, 1].max()))
+                batch.flat, np.asarray(batch.offsets), ids, sizes, stream, tail_room(int(sizes[:, 1].max()))
             )
         except RuntimeError:
             self._count("hardware_refused")

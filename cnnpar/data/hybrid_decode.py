@@ -38,7 +38,7 @@ class HybridBatch:
 
     @property
     def index(self) -> torch.Tensor:
-        return torch.cat([self.decoded_index, self.encoded.index])
+        return torch.cat([self.decoded_index, torch.as_tensor(self.encoded.index)])
 
     def __len__(self) -> int:
         return len(self.decoded) + len(self.encoded)

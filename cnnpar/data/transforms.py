@@ -123,6 +123,7 @@ class DeviceTransform:
         if train and self.alt_bits is not None:
             if index is None:
                 raise RuntimeError("alternating flip needs the batch's sample indices (the loader hands them over)")
+            index = torch.as_tensor(index)  # a JPEG batch's indices come as an array (gpu_decode.EncodedBatch)
             x = alternating_flip(x, self.alt_bits, index.to(x.device, non_blocking=True), self.epoch)
         if self.channels_last:  # on uint8 too: the multiply-add below keeps the layout it is given
             x = x.contiguous(memory_format=torch.channels_last)

@@ -246,6 +246,28 @@ def test_workers_read_headers_into_the_batch(tmp_path):
     assert out.shape == (3, 3, 16, 16) and flaky.calls == [1]
 
 
+def test_a_batch_crosses_from_a_worker_with_its_bytes_as_the_only_shared_tensor(tmp_path):
+    """The per-image fields travel as arrays (pickled by value): each tensor would be a shared-memory
+    segment for the main process to map and rebuild, a dozen GIL round trips behind the training thread."""
+    import numpy as np
+    from torch.utils.data import DataLoader
+
+    blobs = [jpeg_bytes(smooth_image(20 + i, 30, phase=i)) for i in range(4)]
+    files = []
+    for i, b in enumerate(blobs):
+        files.append(tmp_path / f"{i}.jpg")
+        files[-1].write_bytes(b)
+    ds = EncodedFolderDataset(files, [0, 1, 0, 1], 16)
+    loader = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=collate_encoded)
+    (batch, labels), *_ = list(loader)
+    arrays = (batch.offsets, batch.index, batch.nvjpeg_ok, batch.hw, batch.hardware_ok)
+    assert all(isinstance(a, np.ndarray) for a in arrays) and isinstance(batch.flat, torch.Tensor)
+    assert batch.hw.tolist() == [[20 + i, 30] for i in range(4)] and batch.index.tolist() == [0, 1, 2, 3]
+    assert [d.numpy().tobytes() for d in batch.data] == blobs and labels.tolist() == [0, 1, 0, 1]
+    whole = GpuDecoder(files, 16, torch.device("cpu"), False)(batch)
+    assert torch.equal(whole, GpuDecoder(files, 16, torch.device("cpu"), False)(encoded(blobs)))
+
+
 def plain_upsampling_decode(blobs: list[bytes]) -> list[torch.Tensor]:
     """libjpeg-turbo with "fancy" (triangle-filtered) chroma upsampling turned off: each chroma
     sample repeated over its 2x2 pixels, as nvJPEG does. Via nvImageCodec's CPU backend, which
