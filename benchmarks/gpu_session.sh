@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -523,6 +523,23 @@ s10e)
       --variants hardware:14:0 --watchdog-s 95 --out "$R/jpeg_pipeline20.csv"
   TAIL=30 logged jpeg_decode 100 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
       --backends hardware --gil --repeats 2 --out "$R/jpeg_decode_cuda.csv"
+  ;;
+s10f)
+  # session 10, call D (one H200): each epoch prepares the next (1cf04f3) and a batch's small fields cross
+  # from the workers as arrays (a886450): the engines end to end on the 24,000 and the 6,000 photos, then the
+  # user's command with no flags on the 6,000 (the issue's folder)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  TAIL=6 logged gpu_tests 120 python3 -m pytest -q -m gpu tests/unit/test_resize_kernel.py tests/unit/test_gpu_decode.py \
+      tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=4 logged jpeg_pipeline80 130 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants hardware:14:0 --watchdog-s 125 --out "$R/jpeg_pipeline80.csv"
+  TAIL=4 logged jpeg_pipeline20 100 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
+      --variants hardware:14:0 --watchdog-s 95 --out "$R/jpeg_pipeline20.csv"
+  export AFTER_DONE=${AFTER_DONE:-30} HANG_LIMIT=${HANG_LIMIT:-150}
+  CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep \
+      --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
+  cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs|^epoch" "$R"/default.log
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
