@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -540,6 +540,19 @@ s10f)
   CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep \
       --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
   cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs|^epoch" "$R"/default.log
+  ;;
+s10g)
+  # session 10, call E (one H200): at the same revision as call D, the user's command with no flags on the
+  # 24,000 photos (epochs of 75 batches: what a prepared epoch saves weighs little there), then the engines'
+  # benchmark row on them again, for the spread between calls (call D 5,194, call Z 5,484)
+  make_rep 80 .devdata/imagenet_rep80
+  export AFTER_DONE=${AFTER_DONE:-30} HANG_LIMIT=${HANG_LIMIT:-160}
+  CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep80 \
+      --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
+  cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs|^epoch" "$R"/default.log
+  cp /tmp/runs_default/*/summary.json "$R/default_summary.json" 2>/dev/null
+  TAIL=4 logged jpeg_pipeline80 130 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants hardware:14:0 --watchdog-s 125 --out "$R/jpeg_pipeline80.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
