@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -553,6 +553,14 @@ s10g)
   cp /tmp/runs_default/*/summary.json "$R/default_summary.json" 2>/dev/null
   TAIL=4 logged jpeg_pipeline80 130 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants hardware:14:0 --watchdog-s 125 --out "$R/jpeg_pipeline80.csv"
+  ;;
+s10h)
+  # session 10, call F (one H200, the last ~4 min of device time): calls D and E (5,194 and 5,120 img/s on the
+  # 24,000 photos) ran below call Z (5,484), one revision before the prepared epochs and the array fields:
+  # the prepared epochs off and on, in one call
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=4 logged jpeg_pipeline80 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants hardware:14:0:prepare=0,hardware:14:0:prepare=1 --watchdog-s 195 --out "$R/jpeg_pipeline80.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

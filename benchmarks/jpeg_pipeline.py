@@ -49,6 +49,7 @@ VARIANT_KEYS = {
     "trace": {"0", "1"},
     "batch": None,
     "kernel": set(crop_resize.KERNELS),
+    "prepare": {"0", "1"},
 }
 
 
@@ -152,7 +153,8 @@ def main() -> None:
         "graphs: --cuda-graphs for this variant; prio: the feeder threads' CUDA stream priority, -1 high; cpp: "
         "inductor's C++ wrapper launches the step's kernels; trace: one more epoch under torch.profiler, "
         "its trace and summary beside --out; batch: this variant's batch size instead of --batch-size; "
-        "kernel: the resize's, auto, fused (Triton) or matmul; "
+        "kernel: the resize's, auto, fused (Triton) or matmul; prepare: 0 = each epoch's pipeline starts with "
+        "the epoch, not at the end of the one before; "
         "any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
@@ -193,6 +195,7 @@ def main() -> None:
         DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
+        DeviceFeeder.PREPARE = opts.get("prepare", "1") == "1"  # each epoch starts the next one's pipeline
         crop_resize.KERNEL = opts.get("kernel", "auto")  # the resize: Triton's fused kernels or matrix products
         # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)
         torch._inductor.config.cpp_wrapper = opts.get("cpp") == "1"

@@ -207,6 +207,7 @@ class DeviceFeeder:
     """
 
     QUEUE_DEPTH = 3
+    PREPARE = True  # `prepare` starts the next epoch's pipeline early; benchmarks/jpeg_pipeline.py's prepare=0 compares
     STREAM_PRIORITY = 0  # of the feeder threads' streams; benchmarks/jpeg_pipeline.py's prio= compares -1 (high)
     PIPELINE: bool | None = None  # None: the decoder's own rule (GpuDecoder.two_stage); benchmarks force it
 
@@ -260,7 +261,7 @@ class DeviceFeeder:
         slower than epochs of ~90: docs/decoding.md). The batches are the ones a pipeline started at
         the epoch itself would make: the same seeds, set before the threads start."""
         self.set_epoch(epoch, seed)
-        if self.threaded and self._pending is None:
+        if self.threaded and self.PREPARE and self._pending is None:
             self._pending, self._pending_for = self._start_threaded(), (epoch, seed)
 
     def _discard_pending(self) -> None:
