@@ -271,14 +271,16 @@ def cli_line(log: Path, label: str) -> str:
 
 def session10_lines() -> list[str]:
     """Session 10: a 4x larger folder (24,000 photos, so an epoch's ends weigh less), batch 512, the batch
-    search's start beside a GPU decoder, the resize as two Triton kernels, the decode stage in NumPy (X, Y, Z)."""
+    search's start beside a GPU decoder, the resize as two Triton kernels, the decode stage in NumPy (X, Y, Z),
+    each epoch preparing the next and the array fields (ZA, ZB)."""
     out = []
-    for call in ("call-x", "call-y", "call-z"):
+    for call in ("call-x", "call-y", "call-z", "call-za", "call-zb"):
         for name in ("jpeg_pipeline20.csv", "jpeg_pipeline80.csv"):
             path = RESULTS / call / name
             for r in rows(path) if path.exists() else []:
                 if r["status"] == "ok":
-                    label = f"end to end ({call[-1].upper()}, {r['git_rev']}, {int(r['train_images']):,} photos)"
+                    tag = call.split("-", 1)[1].upper()
+                    label = f"end to end ({tag}, {r['git_rev']}, {int(r['train_images']):,} photos)"
                     out.append(end_to_end_row(label, r, path))
     out.append(
         cli_line(RESULTS / "call-x" / "default.log", "`cnnpar train --model resnet50`, no flags, 24,000 photos (X)")
@@ -286,6 +288,14 @@ def session10_lines() -> list[str]:
     out.append(
         cli_line(RESULTS / "call-y" / "default.log", "the same after the search's start and the fused resize (Y)")
     )
+    out.append(
+        cli_line(
+            RESULTS / "call-za" / "default.log",
+            "the same on the 6,000 photos, epochs prepared ahead (ZA; 18-batch epochs begin with batches made "
+            "during the validation before them: above the steady rate)",
+        )
+    )
+    out.append(cli_line(RESULTS / "call-zb" / "default.log", "the same on the 24,000 photos (ZB)"))
     path = RESULTS / "call-z" / "jpeg_decode_cuda.csv"
     for r in rows(path):
         if r["stage"] in ("crop_resize", "gpu_decoder", "resize_spin") and r["mode"] == "train":
