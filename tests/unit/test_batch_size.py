@@ -79,6 +79,18 @@ def test_auto_is_a_word_on_the_command_line_and_64_on_the_cpu():
     assert fixed.run.batch_size == 32
 
 
+def search_instead_of(monkeypatch, fake_search) -> None:
+    """The trainer searches its batch (as on a GPU) with `fake_search` in place of the device probe."""
+    import cnnpar.engine.trainer as trainer_mod
+    from cnnpar.presets import with_overrides
+
+    real_resolve = trainer_mod.resolve_for
+    monkeypatch.setattr(
+        trainer_mod, "resolve_for", lambda cfg, device: with_overrides(real_resolve(cfg, device), run={"batch_size": 0})
+    )
+    monkeypatch.setattr(trainer_mod, "search_on_device", fake_search)
+
+
 def test_the_trainer_trains_the_searched_batch_with_the_lr_scaled(monkeypatch, tmp_path):
     """The trainer's glue, with the device search replaced (it needs CUDA): the loaders, the lr and the
     stored config follow the batch the search chose, and the start of the run says how it was chosen."""
@@ -93,11 +105,7 @@ def test_the_trainer_trains_the_searched_batch_with_the_lr_scaled(monkeypatch, t
         seen.update(shape=shape, samples=train_samples, graphs=cuda_graphs, gpu_decoder=gpu_decoder)
         return BatchChoice(256, "batch 512 is less than 5 % faster than 256", [Probe(64, 1000.0), Probe(256, 3000.0)])
 
-    real_resolve = trainer_mod.resolve_for
-    monkeypatch.setattr(
-        trainer_mod, "resolve_for", lambda cfg, device: with_overrides(real_resolve(cfg, device), run={"batch_size": 0})
-    )
-    monkeypatch.setattr(trainer_mod, "search_on_device", fake_search)
+    search_instead_of(monkeypatch, fake_search)
     cfg = with_overrides(
         Config(),
         data={"source": "synthetic", "image_shape": "3x8x8", "synthetic_samples": 2048, "val_fraction": 0.25},
@@ -174,11 +182,7 @@ def test_the_trainer_tells_the_search_whether_a_gpu_decoder_feeds_the_step(monke
         seen["gpu_decoder"] = gpu_decoder
         return BatchChoice(4, "a stand-in", [Probe(4, 10.0)], started="4: a stand-in")
 
-    real_resolve = trainer_mod.resolve_for
-    monkeypatch.setattr(
-        trainer_mod, "resolve_for", lambda cfg, device: with_overrides(real_resolve(cfg, device), run={"batch_size": 0})
-    )
-    monkeypatch.setattr(trainer_mod, "search_on_device", fake_search)
+    search_instead_of(monkeypatch, fake_search)
     cfg = with_overrides(
         Config(),
         data={"source": str(photo_folder(tmp_path / "photos")), "image_size": 24, "decode": decode, "workers": 0},
