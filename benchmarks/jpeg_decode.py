@@ -339,7 +339,7 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
     ds = EncodedFolderDataset(files, [0] * len(files), args.size)
     items = [ds[i] for i in range(len(files))]
     batches = [collate_encoded([items[i] for i in idx])[0] for idx in indices]
-    gpu_ok = sum(bool(x) for x in torch.cat([b.nvjpeg_ok for b in batches]).tolist())
+    gpu_ok = int(sum(np.asarray(b.nvjpeg_ok).sum() for b in batches))
     print(f"header check: {gpu_ok} of {args.batches * args.batch_size} images go to the batched decode")
 
     backends = ["nvjpeg"] + (["nvimgcodec"] if nvimgcodec_available() else [])
@@ -371,13 +371,17 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
         print(f"hardware decoder: nvJPEG {engines.version} from {engines.lib.path}")
         stream = torch.cuda.current_stream(device)
         # the files the engines take (a progressive, CMYK or PNG file would make the library refuse the batch)
-        engine_ids = [np.flatnonzero(b.hardware_ok.numpy()) for b in batches]
+        engine_ids = [np.flatnonzero(np.asarray(b.hardware_ok)) for b in batches]
         record(
             "decode",
             "hardware",
             "raw",
             lambda b: engines.decode(
-                batches[b].flat, batches[b].offsets.numpy(), engine_ids[b], batches[b].hw.numpy()[engine_ids[b]], stream
+                batches[b].flat,
+                np.asarray(batches[b].offsets),
+                engine_ids[b],
+                np.asarray(batches[b].hw)[engine_ids[b]],
+                stream,
             ),
         )
     for backend in backends:

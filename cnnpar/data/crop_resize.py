@@ -35,6 +35,7 @@ weight row is zero), so `GpuDecoder` keeps the per-image loop there; all three a
 from __future__ import annotations
 
 import math
+import warnings
 from functools import cache
 
 import numpy as np
@@ -50,6 +51,10 @@ CANVAS_BUDGET = 1 << 26  # elements of one chunk's canvas: 64 MiB uint8, 128 MiB
 # (the batched products below), or "auto": fused on CUDA where Triton imports. Benchmarks set it.
 KERNELS = ("auto", "fused", "matmul")
 KERNEL = "auto"
+# Under "auto", the first batch proves the kernels (Triton compiles them then); if that fails (no C
+# compiler for Triton's launcher, a GPU its version does not know), the run says so once and resizes
+# with the products from then on instead of ending. A failure after they have worked is raised.
+_fused = {"proven": False, "failed": ""}
 
 
 @cache
@@ -65,7 +70,7 @@ def uses_fused_kernels(device: torch.device) -> bool:
     """Whether `resized_crops_flat` runs the Triton kernels on `device` (see KERNEL)."""
     if KERNEL not in KERNELS:
         raise ValueError(f"crop_resize.KERNEL: expected one of {', '.join(KERNELS)}, got {KERNEL!r}")
-    if KERNEL == "matmul" or (KERNEL == "auto" and device.type != "cuda"):
+    if KERNEL == "matmul" or (KERNEL == "auto" and (device.type != "cuda" or _fused["failed"])):
         return False
     if not _triton_importable():
         if KERNEL == "fused":
@@ -91,7 +96,9 @@ def draw_crop_boxes(sizes, train: bool, generator: torch.Generator | None = None
     CPU; docs/decoding.md). NumPy's element-wise calls keep the GIL, and on a 16-core host torch's
     took ~28 ms per 256-image batch besides.
     """
-    hw = (sizes.numpy() if isinstance(sizes, torch.Tensor) else np.asarray(sizes)).astype(np.int64).reshape(-1, 2)
+    if isinstance(sizes, torch.Tensor):  # a host tensor costs no torch call here; a device one is copied
+        sizes = sizes.numpy() if sizes.device.type == "cpu" else sizes.cpu().numpy()
+    hw = np.asarray(sizes).astype(np.int64).reshape(-1, 2)
     h, w = hw[:, 0], hw[:, 1]
     side = np.minimum(h, w)
     boxes = np.stack([(h - side) // 2, (w - side) // 2, side, side], 1)
@@ -225,7 +232,20 @@ def resized_crops_flat(
     if uses_fused_kernels(dev):
         from cnnpar.data.resize_kernel import fused_resized_crops
 
-        return fused_resized_crops(flat, starts, hw, boxes, size, hwc)
+        if _fused["proven"] or KERNEL == "fused":
+            return fused_resized_crops(flat, starts, hw, boxes, size, hwc)
+        try:
+            out = fused_resized_crops(flat, starts, hw, boxes, size, hwc)
+        except Exception as e:  # noqa: BLE001 - the first use only, said once, then the products
+            _fused["failed"] = repr(e)[:300]
+            warnings.warn(
+                f"the fused resize kernels (Triton) failed on {dev}: {_fused['failed']}; "
+                "resizing with batched matrix products instead",
+                stacklevel=2,
+            )
+        else:
+            _fused["proven"] = True
+            return out
     dtype = compute_dtype or (torch.float16 if dev.type == "cuda" else torch.float32)
     n = len(starts)
     boxes, hw, starts = (torch.as_tensor(t).to(torch.int64).cpu() for t in (boxes, hw, starts))

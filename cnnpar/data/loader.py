@@ -259,7 +259,9 @@ class DeviceFeeder:
         first step does not wait for the pipeline to fill (a GPU decoder's first batch waits for a
         worker's read, the decode and the resize; on an H200, epochs of ~23 batches of photos ran ~8 %
         slower than epochs of ~90: docs/decoding.md). The batches are the ones a pipeline started at
-        the epoch itself would make: the same seeds, set before the threads start."""
+        the epoch itself would make: the same seeds, set before the threads start. While it waits, the
+        pipeline holds its queues' batches on the device (a few decoded and a few resized batches) beside
+        the evaluation's own."""
         self.set_epoch(epoch, seed)
         if self.threaded and self.PREPARE and self._pending is None:
             self._pending, self._pending_for = self._start_threaded(), (epoch, seed)
@@ -289,8 +291,7 @@ class DeviceFeeder:
 
     def __iter__(self):
         if self.threaded:
-            pending, self._pending, self._pending_for = self._pending, None, None
-            return self._iter_threaded(pending)
+            return self._iter_threaded()
         if self.stream is None:
             return (self._ready(*batch) for batch in self.loader)
         return self._iter_side_stream()
@@ -352,7 +353,10 @@ class DeviceFeeder:
             )
         return batches
 
-    def _iter_threaded(self, batches: _Pipe | None = None):
+    def _iter_threaded(self):
+        # the prepared pipeline is taken only once iteration starts: an iterator closed before its first
+        # batch (a generator's `finally` does not run then) leaves it to the feeder, whose close stops it
+        batches, self._pending, self._pending_for = self._pending, None, None
         batches = batches if batches is not None else self._start_threaded()
         try:
             for batch in batches:

@@ -60,14 +60,15 @@ def _rows_kernel(flat, meta, row_meta, tmp, size, BLOCK: tl.constexpr, P: tl.con
         v = tl.load(src + (left + j) * sx, mask=inside, other=0).to(tl.float32)
         acc += w * v
         total += w
-    tl.store(tmp + r * size * 3 + lane, (acc / tl.maximum(total, 1e-12)).to(tmp.dtype.element_ty), mask=live)
+    row = r.to(tl.int64) * size * 3  # int64: a big evaluation batch's rows pass 2**31 values (~3.2M rows at 224)
+    tl.store(tmp + row + lane, (acc / tl.maximum(total, 1e-12)).to(tmp.dtype.element_ty), mask=live)
 
 
 @triton.jit(do_not_specialize=["size"])
 def _columns_kernel(tmp, meta, out, size, BLOCK: tl.constexpr, P: tl.constexpr):
     """Vertical pass: output row y of image i from its horizontally filtered rows, rounded to uint8
     into the planar (N, 3, size, size) output."""
-    i = tl.program_id(0)
+    i = tl.program_id(0).to(tl.int64)  # int64 offsets into `out` and `tmp`, as in the horizontal pass
     y = tl.program_id(1)
     p = meta + i * P
     ch, row0, taps = tl.load(p + 6), tl.load(p + 8), tl.load(p + 10)
@@ -85,7 +86,7 @@ def _columns_kernel(tmp, meta, out, size, BLOCK: tl.constexpr, P: tl.constexpr):
         j = lo + k
         inside = j < hi
         w = tl.where(inside, tl.maximum(1.0 - tl.abs((j.to(tl.float32) - centre + 0.5) * inv), 0.0), 0.0)
-        v = tl.load(tmp + (row0 + j) * size * 3 + lane, mask=live & inside, other=0.0).to(tl.float32)
+        v = tl.load(tmp + (row0 + j).to(tl.int64) * size * 3 + lane, mask=live & inside, other=0.0).to(tl.float32)
         acc += w * v
         total += w
     value = acc / tl.maximum(total, 1e-12)

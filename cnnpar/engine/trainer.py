@@ -355,13 +355,14 @@ class Trainer:
             if close is not None:
                 close()
             del it
-        if epoch < cfg.run.epochs and hasattr(self.train_loader, "prepare"):
-            # the next epoch's pipeline starts filling now, beside this epoch's last steps, the
-            # evaluation and the checkpoint (DeviceFeeder.prepare), from the seeds it would get then
-            self.train_loader.prepare(epoch + 1, epoch_seed(cfg.run.seed, info.rank, epoch + 1))
         bar.close()
         sync(info.device)  # note: a CPU-GPU sync point, so the epoch time covers the device's work
         timing = clock.summary()
+        if epoch < cfg.run.epochs and hasattr(self.train_loader, "prepare"):
+            # the next epoch's pipeline starts filling now, beside the evaluation and the checkpoint
+            # (DeviceFeeder.prepare), from the seeds it would get then; after the clock stopped, so
+            # that this epoch's time holds none of its start
+            self.train_loader.prepare(epoch + 1, epoch_seed(cfg.run.seed, info.rank, epoch + 1))
         totals = torch.tensor([loss_sum.item(), correct.item(), clock.images], dtype=torch.float64, device=info.device)
         all_reduce_sum(totals, info)
         images_per_s = float(totals[2]) / timing["epoch_s"]

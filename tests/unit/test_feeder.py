@@ -436,3 +436,30 @@ def test_each_epoch_but_the_last_prepares_the_next_with_the_seed_it_will_get(tmp
     )
     Trainer(cfg, init_distributed("cpu", debug_single=True), log=lambda *a, **k: None).fit()
     assert prepared == [(2, epoch_seed(5, 0, 2)), (3, epoch_seed(5, 0, 3))]  # the val loader prepares nothing
+
+
+def test_a_prepared_pipeline_survives_an_iterator_closed_before_its_first_batch_and_stops_with_the_feeder():
+    fed = flipping_feeder(SeededDecoder())
+    fed.prepare(2, seed=42)
+    it = iter(fed)
+    it.close()  # an error between iter() and the first next(): the generator's finally never runs
+    assert feeder_threads()  # still the feeder's to stop
+    fed.close()
+    assert not feeder_threads()
+
+
+def test_a_prepared_two_stage_pipeline_is_used_or_stopped_with_both_its_threads():
+    dec = TwoStageDecoder()
+    fed = feeder(dec, threaded=True)
+    assert fed.pipelined
+    fed.prepare(2, seed=3)
+    assert {t.name for t in stage_threads()} == {"cnnpar-decode", "cnnpar-feeder"}
+    fed.set_epoch(2, seed=3)
+    assert len(list(fed)) == 6 and dec.calls == 6  # the prepared pipeline, nothing decoded twice
+    assert not stage_threads()
+    fed.prepare(3, seed=4)
+    fed.set_epoch(5, seed=6)  # another epoch: both threads of the prepared one stop
+    assert not stage_threads()
+    fed.prepare(6, seed=7)
+    fed.close()
+    assert not stage_threads()

@@ -451,3 +451,38 @@ def test_asking_for_nvimgcodec_without_it_installed_names_the_field_and_the_inst
     monkeypatch.setattr(nvimgcodec_decode, "nvimgcodec_available", lambda: False)
     with pytest.raises(ConfigError, match=r"data\.decode: nvimgcodec .*pip install 'cnnpar\[nvimgcodec\]'"):
         GpuDecoder([Path("a.jpg")], 16, torch.device("cpu"), train=True, backend="nvimgcodec")
+
+
+def test_kernels_that_fail_on_first_use_give_way_to_the_products_once_and_say_so(monkeypatch):
+    from cnnpar.data import crop_resize, resize_kernel
+
+    images = decoded([jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES[:3])])
+    boxes = draw_crop_boxes(torch.tensor([img.shape[1:] for img in images]), False)
+    products = resized_crops(images, boxes, 32)  # on the CPU "auto" runs the products
+    calls = []
+
+    def broken(*a, **k):
+        calls.append(1)
+        raise RuntimeError("Triton: failed to compile the launcher (no C compiler)")
+
+    monkeypatch.setattr(crop_resize, "_fused", {"proven": False, "failed": ""})
+    monkeypatch.setattr(resize_kernel, "fused_resized_crops", broken)
+    monkeypatch.setattr(resize_kernel, "fused_available", lambda device: True)
+    monkeypatch.setattr(crop_resize, "KERNEL", "fused")  # asked for by name: the error is the caller's
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        resized_crops(images, boxes, 32)
+    monkeypatch.setattr(crop_resize, "KERNEL", "auto")
+    monkeypatch.setattr(crop_resize, "uses_fused_kernels", lambda device: not crop_resize._fused["failed"])
+    with pytest.warns(UserWarning, match="failed on cpu: RuntimeError.*no C compiler.*matrix products"):
+        first = resized_crops(images, boxes, 32)
+    assert torch.equal(first, products)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert torch.equal(resized_crops(images, boxes, 32), products)
+    assert len(calls) == 2  # the named request, then the first automatic use; not again
+    monkeypatch.undo()  # the real rule: after a failure "auto" leaves CUDA to the products too
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(crop_resize, "_fused", {"proven": False, "failed": ""})
+    assert crop_resize.uses_fused_kernels(cuda) == crop_resize._triton_importable()
+    monkeypatch.setattr(crop_resize, "_fused", {"proven": False, "failed": "RuntimeError('no C compiler')"})
+    assert not crop_resize.uses_fused_kernels(cuda)
