@@ -79,6 +79,12 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         if info.is_main:
             best = result.summary.get("best_val_acc")
             best_text = f"best val acc {100 * best:.2f}% | " if best is not None else ""
+            overall = result.summary.get("images_per_s_with_eval")
+            if overall:  # the epochs' lines leave out the evaluations and checkpoints between them
+                best_text += (
+                    f"{result.summary['images_trained']:,} images trained in {result.summary['train_s']:.1f} s "
+                    f"with the evaluations and checkpoints: {overall:,.0f} img/s | "
+                )
             print(f"done: {best_text}run folder {result.run_dir}")
         return 0
     finally:

@@ -543,6 +543,11 @@ class Trainer:
         best = max(vals, key=lambda r: r["val_acc"]) if vals else None
         speeds = [r["images_per_s"] for r in rows]
         steady = speeds[1:] if len(speeds) > 1 else speeds
+        # The epochs' own rates leave out what happens between them: the evaluation, the checkpoint, and
+        # the next epoch's pipeline started meanwhile (DeviceFeeder.prepare), whose head start a short
+        # epoch's rate then includes. The whole loop's rate is the figure that holds all of it.
+        ran = [r for r in rows if r["epoch"] >= self.start_epoch]  # this process's epochs (wall_s is theirs)
+        trained = sum(r["images_per_s"] * r["epoch_s"] for r in ran)
         return {
             "model": self.cfg.model.name,
             "data": self.bundle.origin,
@@ -552,6 +557,8 @@ class Trainer:
             "final_val_acc": vals[-1]["val_acc"] if vals else None,
             "images_per_s": sum(steady) / len(steady) if steady else None,
             "train_s": wall_s,
+            "images_trained": round(trained),
+            "images_per_s_with_eval": trained / wall_s if wall_s > 0 and ran else None,
             "compile_s": self.compile_s,
             "peak_mem_mb": max((r["peak_mem_mb"] for r in rows), default=None),
             "peak_mem_kind": rows[-1].get("peak_mem_kind") if rows else None,  # rows from an older checkpoint lack it

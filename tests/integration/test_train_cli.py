@@ -37,6 +37,14 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
     epoch_lines = [ln for ln in p.stdout.splitlines() if ln.startswith("epoch ")]
     assert len(epoch_lines) == 3 and all("img/s" in ln and "data wait" in ln for ln in epoch_lines)
     assert "it/s]" not in p.stderr  # through a pipe: no progress bar, only the epoch lines
+    # the whole loop's rate, evaluations and checkpoints included: 22 full batches of 64 an epoch (drop_last)
+    assert summary["images_trained"] == 3 * 22 * 64
+    overall = summary["images_per_s_with_eval"]
+    assert overall == summary["images_trained"] / summary["train_s"] and overall < max(
+        float(r["images_per_s"]) for r in rows
+    )
+    done = [ln for ln in p.stdout.splitlines() if ln.startswith("done:")]
+    assert len(done) == 1 and f"4,224 images trained in {summary['train_s']:.1f} s" in done[0], done
 
     # The stored config re-runs: same settings, only what the command line overrides differs.
     again = cli("train", "--config", "runs/digits/config.toml", "--name", "again", "--epochs", "1", "--no-progress")
