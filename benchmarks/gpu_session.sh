@@ -76,6 +76,17 @@ hang_case() {
   } > "$R/$name.summary" 2>&1
 }
 
+# user_run FOLDER LIMIT: `cnnpar train --model resnet50 --epochs 3` on FOLDER with no other flag, as a user
+# runs it, through hang_case (stacks written if it has not left 15 s after "done:"); its choices and epochs
+# printed, its summary.json kept
+user_run() {
+  AFTER_DONE=${AFTER_DONE:-30} HANG_LIMIT=${HANG_LIMIT:-$2} CNNPAR_EXIT_STACKS=$R/default_stacks.txt \
+      hang_case default python3 -m cnnpar train --data "$1" --model resnet50 --epochs 3 --no-progress \
+      --out-dir /tmp/runs_default
+  cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs|^epoch" "$R"/default.log
+  cp /tmp/runs_default/*/summary.json "$R/default_summary.json" 2>/dev/null
+}
+
 case "$PHASE" in
 jpeg)
   # issue 11: the CUDA decode tests, decode/crop/resize per batch, then ResNet-50 end to end from
@@ -466,10 +477,7 @@ s10a)
   # decode flag (the rule should choose the engines and say so) and its exit; notes/gpu.md has predictions
   TAIL=14 logged gpu_tests 150 python3 -m pytest -v -m gpu tests/unit/test_gpu_decode.py \
       tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
-  export AFTER_DONE=${AFTER_DONE:-30} HANG_LIMIT=${HANG_LIMIT:-220}
-  CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep \
-      --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
-  cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs" "$R"/default.log
+  user_run .devdata/imagenet_rep 220
   ;;
 s10c)
   # session 10, call A (one H200): the CUDA tests after session 9's changes; the user's command with no
@@ -481,10 +489,7 @@ s10c)
   TAIL=6 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_gpu_decode.py \
       tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
   make_rep 80 .devdata/imagenet_rep80
-  export AFTER_DONE=${AFTER_DONE:-30} HANG_LIMIT=${HANG_LIMIT:-170}
-  CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep80 \
-      --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
-  cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs|^epoch" "$R"/default.log
+  user_run .devdata/imagenet_rep80 170
   TAIL=8 logged jpeg_pipeline80 250 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants "${VARIANTS:-hardware:14:0,hardware:14:0:batch=512,gpu:14:0}" --budget-s 170 --watchdog-s 245 \
       --out "$R/jpeg_pipeline80.csv"
@@ -503,10 +508,7 @@ s10d)
   TAIL=8 logged jpeg_pipeline80 250 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants "${VARIANTS:-hardware:14:0:kernel=fused,hardware:14:0:kernel=matmul,gpu:14:0:kernel=fused}" \
       --budget-s 170 --watchdog-s 245 --out "$R/jpeg_pipeline80.csv"
-  export AFTER_DONE=${AFTER_DONE:-30} HANG_LIMIT=${HANG_LIMIT:-160}
-  CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep80 \
-      --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
-  cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs|^epoch" "$R"/default.log
+  user_run .devdata/imagenet_rep80 160
   TAIL=30 logged jpeg_decode 120 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
       --backends hardware,nvjpeg --gil --repeats 3 --out "$R/jpeg_decode_cuda.csv"
   ;;
@@ -536,21 +538,14 @@ s10f)
       --variants hardware:14:0 --watchdog-s 125 --out "$R/jpeg_pipeline80.csv"
   TAIL=4 logged jpeg_pipeline20 100 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep \
       --variants hardware:14:0 --watchdog-s 95 --out "$R/jpeg_pipeline20.csv"
-  export AFTER_DONE=${AFTER_DONE:-30} HANG_LIMIT=${HANG_LIMIT:-150}
-  CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep \
-      --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
-  cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs|^epoch" "$R"/default.log
+  user_run .devdata/imagenet_rep 150
   ;;
 s10g)
   # session 10, call E (one H200): at the same revision as call D, the user's command with no flags on the
   # 24,000 photos (epochs of 75 batches: what a prepared epoch saves weighs little there), then the engines'
   # benchmark row on them again, for the spread between calls (call D 5,194, call Z 5,484)
   make_rep 80 .devdata/imagenet_rep80
-  export AFTER_DONE=${AFTER_DONE:-30} HANG_LIMIT=${HANG_LIMIT:-160}
-  CNNPAR_EXIT_STACKS=$R/default_stacks.txt hang_case default python3 -m cnnpar train --data .devdata/imagenet_rep80 \
-      --model resnet50 --epochs 3 --no-progress --out-dir /tmp/runs_default
-  cat "$R"/default.summary; grep -E "^decode|^batch size|^cuda graphs|^epoch" "$R"/default.log
-  cp /tmp/runs_default/*/summary.json "$R/default_summary.json" 2>/dev/null
+  user_run .devdata/imagenet_rep80 160
   TAIL=4 logged jpeg_pipeline80 130 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants hardware:14:0 --watchdog-s 125 --out "$R/jpeg_pipeline80.csv"
   ;;

@@ -448,8 +448,9 @@ def resolve_decode(requested: str, cuda: bool, engines: str | None = None) -> tu
     On an H200 with 16 host cores, ResNet-50 from 6,000 ImageNet photos, whole epochs, 14 workers:
     torchvision's nvJPEG 4,526 img/s, CPU workers 3,009, nvImageCodec 2,718 (2026-11-30-h200/; the
     same order in every other run of the three). The GPU's JPEG engines (`hardware`) ran faster than
-    nvJPEG in each of four calls that ran both: 4,944, 4,570, 4,967 and 4,939 img/s against 4,560,
-    4,318, 4,457 and 4,340 (2026-12-01-h200/call-j, call-m, call-n, call-t). So: the engines where the
+    nvJPEG in each of seven calls that ran both: 4,944, 4,570, 4,967, 4,939, 5,177, 5,408 and 5,484
+    img/s against 4,560, 4,318, 4,457, 4,340, 4,736, 4,946 and 5,056 (2026-12-01-h200/call-j, call-m,
+    call-n, call-t, call-x, call-y, call-z). So: the engines where the
     GPU has them, nvJPEG on other GPUs, CPU workers without CUDA. (The engines were opt-in until
     `cnnpar train` was seen to take minutes to exit; the cause was torch's exit hook for persistent
     workers, with either decoder: call-v, fixed in loader.shutdown_workers, call-w.)

@@ -81,6 +81,14 @@ def uses_fused_kernels(device: torch.device) -> bool:
     return fused_available(device)
 
 
+def host_array(values) -> np.ndarray:
+    """A tensor or array as a NumPy array: a host tensor without a torch call (in a decode thread each
+    one is a GIL round trip, `draw_crop_boxes` says what that costs), a device tensor copied."""
+    if isinstance(values, torch.Tensor):
+        return values.numpy() if values.device.type == "cpu" else values.cpu().numpy()
+    return np.asarray(values)
+
+
 def draw_crop_boxes(sizes, train: bool, generator: torch.Generator | None = None) -> torch.Tensor:
     """(N, 4) int64 boxes (top, left, height, width) for images of `sizes` (N, 2: height, width; a
     host tensor or array).
@@ -96,9 +104,7 @@ def draw_crop_boxes(sizes, train: bool, generator: torch.Generator | None = None
     CPU; docs/decoding.md). NumPy's element-wise calls keep the GIL, and on a 16-core host torch's
     took ~28 ms per 256-image batch besides.
     """
-    if isinstance(sizes, torch.Tensor):  # a host tensor costs no torch call here; a device one is copied
-        sizes = sizes.numpy() if sizes.device.type == "cpu" else sizes.cpu().numpy()
-    hw = np.asarray(sizes).astype(np.int64).reshape(-1, 2)
+    hw = host_array(sizes).astype(np.int64).reshape(-1, 2)
     h, w = hw[:, 0], hw[:, 1]
     side = np.minimum(h, w)
     boxes = np.stack([(h - side) // 2, (w - side) // 2, side, side], 1)

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from cnnpar.data.crop_resize import host_array
+
 P = 12  # int64 parameters per image in the metadata buffer (see `_metadata`)
 
 
@@ -126,14 +128,6 @@ def _metadata(starts, hw, boxes, size: int, hwc: bool) -> tuple[np.ndarray, int]
     return np.concatenate([per.ravel(), np.repeat(np.arange(n, dtype=np.int64), ch)]), rows
 
 
-def _host(values) -> np.ndarray:
-    """A host tensor or array as an array, without a torch call (each one a GIL round trip in a
-    decode thread: crop_resize.draw_crop_boxes)."""
-    if isinstance(values, torch.Tensor):
-        return values.numpy() if values.device.type == "cpu" else values.cpu().numpy()
-    return np.asarray(values)
-
-
 def fused_resized_crops(
     flat: torch.Tensor,
     starts: torch.Tensor,
@@ -151,7 +145,7 @@ def fused_resized_crops(
     out = torch.empty(n, 3, size, size, dtype=torch.uint8, device=dev)
     if n == 0:
         return out
-    meta_host, rows = _metadata(_host(starts), _host(hw), _host(boxes), size, hwc)
+    meta_host, rows = _metadata(host_array(starts), host_array(hw), host_array(boxes), size, hwc)
     meta = torch.from_numpy(meta_host).to(dev, non_blocking=True)
     tmp = torch.empty(rows * size * 3, dtype=tmp_dtype, device=dev)
     block = triton.next_power_of_2(3 * size)

@@ -365,12 +365,13 @@ class Trainer:
             self.train_loader.prepare(epoch + 1, epoch_seed(cfg.run.seed, info.rank, epoch + 1))
         totals = torch.tensor([loss_sum.item(), correct.item(), clock.images], dtype=torch.float64, device=info.device)
         all_reduce_sum(totals, info)
-        images_per_s = float(totals[2]) / timing["epoch_s"]
+        loss_total, right_total, images = totals.tolist()  # one device read for the three
         return {
-            "train_loss": float(totals[0] / totals[2]),
-            "train_acc": float(totals[1] / totals[2]),
+            "images": int(images),  # trained this epoch, all ranks
+            "train_loss": loss_total / images,
+            "train_acc": right_total / images,
             "epoch_s": timing["epoch_s"],
-            "images_per_s": images_per_s,
+            "images_per_s": images / timing["epoch_s"],
             "data_wait_share": timing["data_wait_share"],
         }
 
@@ -547,7 +548,7 @@ class Trainer:
         # the next epoch's pipeline started meanwhile (DeviceFeeder.prepare), whose head start a short
         # epoch's rate then includes. The whole loop's rate is the figure that holds all of it.
         ran = [r for r in rows if r["epoch"] >= self.start_epoch]  # this process's epochs (wall_s is theirs)
-        trained = sum(r["images_per_s"] * r["epoch_s"] for r in ran)
+        trained = sum(r["images"] for r in ran)
         return {
             "model": self.cfg.model.name,
             "data": self.bundle.origin,
@@ -557,7 +558,7 @@ class Trainer:
             "final_val_acc": vals[-1]["val_acc"] if vals else None,
             "images_per_s": sum(steady) / len(steady) if steady else None,
             "train_s": wall_s,
-            "images_trained": round(trained),
+            "images_trained": trained,
             "images_per_s_with_eval": trained / wall_s if wall_s > 0 and ran else None,
             "compile_s": self.compile_s,
             "peak_mem_mb": max((r["peak_mem_mb"] for r in rows), default=None),
