@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 mkdir -p /tmp/site "$OUTDIR"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 for t in .whl/*.tar.gz; do [ -f "$t" ] || continue; tar xzf "$t" -C /tmp && cp -r /tmp/"$(basename "$t" .tar.gz)"/airbench /tmp/site/; done
-export PYTHONPATH="$PWD:/tmp/site"
+export PYTHONPATH="$PWD:/tmp/site" PATH="/tmp/site/bin:$PATH"  # bin: py-spy's binary, where its wheel travelled
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 # the machine, torch and revision of every call, in its files too (the exit cases write no columns of their own)
 { nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm --format=csv
@@ -556,6 +556,21 @@ s10h)
   make_rep 80 .devdata/imagenet_rep80
   TAIL=4 logged jpeg_pipeline80 200 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants hardware:14:0:prepare=0,hardware:14:0:prepare=1 --watchdog-s 195 --out "$R/jpeg_pipeline80.csv"
+  ;;
+s11a)
+  # session 11, call A (one H200): the CUDA tests (the kernels' int64 offsets among them); on the 24,000 photos
+  # the prepared epochs off and on (session 10's unrun call F), then the same engines run with py-spy sampling
+  # who holds the GIL in the timed epochs (carry py-spy's wheel in .whl/); jpeg_decode's GPU stage beside a
+  # spinning thread (its array-field fix). notes/gpu.md (session 11) has the predictions
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  TAIL=6 logged gpu_tests 120 python3 -m pytest -q -m gpu tests/unit/test_resize_kernel.py tests/unit/test_gpu_decode.py \
+      tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=40 logged jpeg_pipeline80 290 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0:prepare=0,hardware:14:0:prepare=1,hardware:14:0:gil=1}" \
+      --budget-s 200 --watchdog-s 285 --out "$R/jpeg_pipeline80.csv"
+  TAIL=12 logged jpeg_decode 80 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
+      --backends hardware --gil --repeats 2 --out "$R/jpeg_decode_cuda.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

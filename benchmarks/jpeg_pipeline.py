@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
 from cnnpar.data import crop_resize, load_data  # noqa: E402
@@ -36,6 +37,7 @@ from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
 from cnnpar.report.profiler import every_thread  # noqa: E402
+from gil_profile import GilProfile  # noqa: E402  (beside this script)
 
 # each knob and the values it takes (None: any number); a knob removed since, or a value out of its set,
 # must stop the run before it starts, not run the plain variant under a label that says otherwise
@@ -50,6 +52,7 @@ VARIANT_KEYS = {
     "batch": None,
     "kernel": set(crop_resize.KERNELS),
     "prepare": {"0", "1"},
+    "gil": {"0", "1"},
 }
 
 
@@ -154,7 +157,8 @@ def main() -> None:
         "inductor's C++ wrapper launches the step's kernels; trace: one more epoch under torch.profiler, "
         "its trace and summary beside --out; batch: this variant's batch size instead of --batch-size; "
         "kernel: the resize's, auto, fused (Triton) or matmul; prepare: 0 = each epoch's pipeline starts with "
-        "the epoch, not at the end of the one before; "
+        "the epoch, not at the end of the one before; gil: 1 = the timed epochs sampled by py-spy (who holds the GIL, "
+        "in what; each thread's CPU), written beside --out (its rate is then not comparable with the others'); "
         "any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
@@ -234,7 +238,13 @@ def main() -> None:
             tr.train_epoch(1)  # warm: workers started, cuDNN tuned, graph captured
             # each epoch prepares the next as `cnnpar train` does (DeviceFeeder.prepare); the loader-alone
             # pass comes after the timed epochs, so that it does not discard a prepared one
-            epochs = [tr.train_epoch(e) for e in (2, 3)]
+            if opts.get("gil") == "1":
+                gil = Path(args.out).with_name(f"gil_{len(rows)}_{decode}.txt")
+                with GilProfile(gil) as prof:
+                    epochs = [tr.train_epoch(e) for e in (2, 3)]
+                print(f"{spec}: the timed epochs' GIL -> {gil}\n{prof.summary()}", flush=True)
+            else:
+                epochs = [tr.train_epoch(e) for e in (2, 3)]
             row["loader_alone_images_per_s"] = round(loader_alone(tr), 1)
             row["end_to_end_images_per_s"] = round(statistics.median(r["images_per_s"] for r in epochs), 1)
             row["data_wait_share"] = round(statistics.median(r["data_wait_share"] for r in epochs), 3)

@@ -34,3 +34,22 @@ def test_a_variant_that_would_run_mislabelled_is_refused(spec, says):
     with pytest.raises(SystemExit) as e:
         parse_variant(spec)
     assert says in str(e.value)
+
+
+def test_the_gil_knob_parses_and_its_samples_are_read_per_thread():
+    from gil_profile import RATE_HZ, parse_raw, summarize
+
+    assert parse_variant("hardware:14:0:gil=1")[1] == {"gil": "1"}
+    raw = (
+        "thread (11): MainThread;main (jp.py:10);Trainer.train_epoch (trainer.py:5) 300\n"
+        "thread (12): cnnpar-feeder;produce (loader.py:9);fused_resized_crops (resize_kernel.py:150) 100\n"
+        "thread (11): MainThread;main (jp.py:10);step (train_step.py:99) 100\n"
+    )
+    rows = parse_raw(raw)
+    assert rows[1] == (12, ["cnnpar-feeder", "produce (loader.py:9)", "fused_resized_crops (resize_kernel.py:150)"], 100)
+    seconds = 500 / RATE_HZ  # 500 samples with the GIL held over as many sampling ticks: held all the time
+    text = summarize(rows, seconds, {11: 0.5 * seconds, 12: 0.2 * seconds}, {11: "MainThread", 12: "cnnpar-feeder"})
+    assert "500 samples with the GIL held (100% of the time" in text
+    assert "thread 11 MainThread: GIL held 80% of the time, CPU 50%" in text
+    assert "thread 12 cnnpar-feeder: GIL held 20% of the time, CPU 20%" in text
+    assert "60.0%  Trainer.train_epoch (trainer.py:5)" in text
