@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 
 RATE_HZ = 200
-_LINE = re.compile(r"^thread \((?P<tid>\d+)\): (?P<stack>.*) (?P<count>\d+)$")
+# "thread (TID): NAME;frame;frame COUNT", or "thread (TID);frame;... COUNT" for a thread Python did not start
+# (the autograd engine's, which runs compiled backwards)
+_LINE = re.compile(r"^thread \((?P<tid>\d+)\)(?P<stack>.*) (?P<count>\d+)$")
 
 
 def thread_cpu_seconds() -> dict[int, float]:
@@ -48,7 +50,7 @@ def parse_raw(text: str) -> list[tuple[int, list[str], int]]:
     for line in text.splitlines():
         m = _LINE.match(line.strip())
         if m:
-            rows.append((int(m["tid"]), m["stack"].split(";"), int(m["count"])))
+            rows.append((int(m["tid"]), m["stack"].lstrip(":; ").split(";"), int(m["count"])))
     return rows
 
 

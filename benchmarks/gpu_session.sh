@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -571,6 +571,17 @@ s11a)
       --budget-s 200 --watchdog-s 285 --out "$R/jpeg_pipeline80.csv"
   TAIL=12 logged jpeg_decode 80 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --device cuda \
       --backends hardware --gil --repeats 2 --out "$R/jpeg_decode_cuda.csv"
+  ;;
+s11b)
+  # session 11, call B (one H200): call A found the GIL held 67 % of the timed epochs, half of it by the step's
+  # own launches (main thread and autograd's); CUDA graphs take those away. The engines with graphs off (the
+  # default beside a GPU decoder), on, and with a 1 ms switch interval, each sampled by py-spy; nvJPEG with graphs
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=12 logged jpeg_pipeline80 400 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0:gil=1,hardware:14:0:graphs=on:gil=1,hardware:14:0:switch=0.001:gil=1,gpu:14:0:graphs=on:gil=1}" \
+      --budget-s 300 --watchdog-s 395 --out "$R/jpeg_pipeline80.csv"
+  for f in "$R"/gil_*.summary.txt; do echo "== $f"; head -14 "$f"; done
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

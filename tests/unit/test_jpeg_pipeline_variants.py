@@ -44,9 +44,12 @@ def test_the_gil_knob_parses_and_its_samples_are_read_per_thread():
         "thread (11): MainThread;main (jp.py:10);Trainer.train_epoch (trainer.py:5) 300\n"
         "thread (12): cnnpar-feeder;produce (loader.py:9);fused_resized_crops (resize_kernel.py:150) 100\n"
         "thread (11): MainThread;main (jp.py:10);step (train_step.py:99) 100\n"
+        "thread (13);BackwardCFunction.apply (function.py:3);Runner.call (x.py:7) 40\n"  # not started by Python
     )
     rows = parse_raw(raw)
     assert rows[1] == (12, ["cnnpar-feeder", "produce (loader.py:9)", "fused_resized_crops (resize_kernel.py:150)"], 100)
+    assert rows[3] == (13, ["BackwardCFunction.apply (function.py:3)", "Runner.call (x.py:7)"], 40)
+    rows = rows[:3]
     seconds = 500 / RATE_HZ  # 500 samples with the GIL held over as many sampling ticks: held all the time
     text = summarize(rows, seconds, {11: 0.5 * seconds, 12: 0.2 * seconds}, {11: "MainThread", 12: "cnnpar-feeder"})
     assert "500 samples with the GIL held (100% of the time" in text
