@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -582,6 +582,20 @@ s11b)
       --variants "${VARIANTS:-hardware:14:0:gil=1,hardware:14:0:graphs=on:gil=1,hardware:14:0:switch=0.001:gil=1,gpu:14:0:graphs=on:gil=1}" \
       --budget-s 300 --watchdog-s 395 --out "$R/jpeg_pipeline80.csv"
   for f in "$R"/gil_*.summary.txt; do echo "== $f"; head -14 "$f"; done
+  ;;
+s11c)
+  # session 11, call C (one H200): call B found the decoders starved beside graph replays with the GIL nearly
+  # free (14 %): nvJPEG's blocking streams synchronise with the legacy default stream the step ran on. The
+  # training thread now works on a non-blocking stream of its own beside a GPU decoder (parallel/streams.py):
+  # its CUDA test, then on the 24,000 photos the legacy stream (as before), the own stream with graphs off
+  # (the default) and on, and torchvision's nvJPEG with graphs on
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  TAIL=6 logged gpu_tests 90 python3 -m pytest -q -m gpu tests/unit/test_training_stream.py tests/unit/test_feeder.py
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=8 logged jpeg_pipeline80 400 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0:stream=legacy,hardware:14:0:gil=1,hardware:14:0:graphs=on:gil=1,gpu:14:0:graphs=on}" \
+      --budget-s 300 --watchdog-s 395 --out "$R/jpeg_pipeline80.csv"
+  for f in "$R"/gil_*.summary.txt; do echo "== $f"; head -6 "$f"; done
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

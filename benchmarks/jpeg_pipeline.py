@@ -33,6 +33,7 @@ from cnnpar.data.loader import DeviceFeeder  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
+from cnnpar.parallel import streams  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
@@ -53,6 +54,7 @@ VARIANT_KEYS = {
     "kernel": set(crop_resize.KERNELS),
     "prepare": {"0", "1"},
     "gil": {"0", "1"},
+    "stream": {"own", "legacy"},
 }
 
 
@@ -159,6 +161,8 @@ def main() -> None:
         "kernel: the resize's, auto, fused (Triton) or matmul; prepare: 0 = each epoch's pipeline starts with "
         "the epoch, not at the end of the one before; gil: 1 = the timed epochs sampled by py-spy (who holds the GIL, "
         "in what; each thread's CPU), written beside --out (its rate is then not comparable with the others'); "
+        "stream: own = the training thread on a non-blocking stream beside a GPU decoder (the default), legacy = on "
+        "the legacy default stream, which nvJPEG's blocking streams synchronise with; "
         "any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
@@ -199,6 +203,7 @@ def main() -> None:
         DeviceFeeder.PIPELINE = {"0": False, "1": True}.get(opts.get("pipe", ""))  # None: the default rule
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
+        streams.FOR_GPU_DECODERS = opts.get("stream", "own") == "own"
         DeviceFeeder.PREPARE = opts.get("prepare", "1") == "1"  # each epoch starts the next one's pipeline
         crop_resize.KERNEL = opts.get("kernel", "auto")  # the resize: Triton's fused kernels or matrix products
         # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)

@@ -51,6 +51,7 @@ from cnnpar.errors import UserError
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
+from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import EpochClock, peak_memory, sync
@@ -117,6 +118,10 @@ class Trainer:
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
         self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
         self.cfg = cfg = resolve_for(cfg, info.device)
+        # nvJPEG's streams block the default stream both ways: beside a GPU decoder the training thread
+        # works on a stream of its own, from here (the model's weights) to close (parallel/streams.py)
+        self.stream = TrainingStream(info.device, decodes_on_gpu(cfg, self.bundle))
+        self.stream.enter()
         torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
         torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
         c, h, _ = self.bundle.shape
@@ -297,6 +302,7 @@ class Trainer:
         `fit`. Left to the interpreter's exit, each persistent worker costs 5 s there (loader.shutdown_workers)."""
         with closing_feeders(self.train_loader, self.val_loader):
             pass
+        self.stream.exit()
 
     def warm_up_compile(self) -> None:
         """Compile, and capture the CUDA graph, outside the timed epochs, without changing training
@@ -447,6 +453,8 @@ class Trainer:
             if made and not self.history and self.info.is_main:
                 shutil.rmtree(made[0], ignore_errors=True)
             raise
+        finally:
+            self.stream.exit()  # the caller's stream again, after the training's work
 
     def _train_all_epochs(self) -> TrainResult:
         cfg, info = self.cfg, self.info
@@ -475,6 +483,8 @@ class Trainer:
             self.log(f"image size: {self.bundle.shape[1]} ({self.bundle.size_from})")
         if self.decode_line:
             self.log(self.decode_line)
+        if self.stream.describe():
+            self.log(f"training stream: {self.stream.describe()}")
         self.log(f"run folder: {self.run_dir}")
         if self.board.line:
             self.log(self.board.line)
