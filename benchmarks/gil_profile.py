@@ -81,8 +81,10 @@ class GilProfile:
     """Samples this process with py-spy while the `with` block runs; writes `path` (raw samples) and
     `path` with `.summary.txt` (see `summarize`)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Path, native: bool = False) -> None:
+        """`native`: C frames too (py-spy's --native), which needs the process paused at each sample:
+        for where a thread holds the GIL below its last Python frame, not for its rate."""
+        self.path, self.native = Path(path), native
         self.text = ""
         self._names: dict[int, str] = {}
         self._done = threading.Event()
@@ -92,7 +94,8 @@ class GilProfile:
         self._spy = None
         self._why = "" if exe else "py-spy is not on PATH"
         if exe:
-            cmd = [exe, "record", "--pid", str(os.getpid()), "--gil", "--threads", "--nonblocking"]
+            cmd = [exe, "record", "--pid", str(os.getpid()), "--gil", "--threads"]
+            cmd += ["--native"] if self.native else ["--nonblocking"]
             cmd += ["--rate", str(RATE_HZ), "--format", "raw", "-o", str(self.path)]
             self._spy = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             time.sleep(1.0)  # py-spy attaches before the block starts

@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -596,6 +596,18 @@ s11c)
       --variants "${VARIANTS:-hardware:14:0:stream=legacy,hardware:14:0:gil=1,hardware:14:0:graphs=on:gil=1,gpu:14:0:graphs=on}" \
       --budget-s 300 --watchdog-s 395 --out "$R/jpeg_pipeline80.csv"
   for f in "$R"/gil_*.summary.txt; do echo "== $f"; head -6 "$f"; done
+  ;;
+s11d)
+  # session 11, call D (one H200): `cnnpar train` with no flags on the 24,000 photos at the session's last
+  # revision (the training thread on its own stream), then one engines run with py-spy's native frames: what
+  # the decode thread holds the GIL for below its last Python frame (10 % of the wall time in calls ZC-ZE)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 170
+  grep -E "^training stream|^done" "$R"/default.log
+  TAIL=4 logged jpeg_pipeline80 150 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0:gil=native}" --watchdog-s 145 --out "$R/jpeg_pipeline80.csv"
+  for f in "$R"/gil_*.summary.txt; do echo "== $f"; head -40 "$f"; done
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

@@ -53,7 +53,7 @@ VARIANT_KEYS = {
     "batch": None,
     "kernel": set(crop_resize.KERNELS),
     "prepare": {"0", "1"},
-    "gil": {"0", "1"},
+    "gil": {"0", "1", "native"},
     "stream": {"own", "legacy"},
 }
 
@@ -160,7 +160,8 @@ def main() -> None:
         "its trace and summary beside --out; batch: this variant's batch size instead of --batch-size; "
         "kernel: the resize's, auto, fused (Triton) or matmul; prepare: 0 = each epoch's pipeline starts with "
         "the epoch, not at the end of the one before; gil: 1 = the timed epochs sampled by py-spy (who holds the GIL, "
-        "in what; each thread's CPU), written beside --out (its rate is then not comparable with the others'); "
+        "in what; each thread's CPU), written beside --out (its rate is then not comparable with the others'; native: C "
+        "frames too, the process paused at each sample); "
         "stream: own = the training thread on a non-blocking stream beside a GPU decoder (the default), legacy = on "
         "the legacy default stream, which nvJPEG's blocking streams synchronise with; "
         "any other key is refused)",
@@ -243,9 +244,9 @@ def main() -> None:
             tr.train_epoch(1)  # warm: workers started, cuDNN tuned, graph captured
             # each epoch prepares the next as `cnnpar train` does (DeviceFeeder.prepare); the loader-alone
             # pass comes after the timed epochs, so that it does not discard a prepared one
-            if opts.get("gil") == "1":
+            if opts.get("gil", "0") != "0":
                 gil = Path(args.out).with_name(f"gil_{len(rows)}_{decode}.txt")
-                with GilProfile(gil) as prof:
+                with GilProfile(gil, native=opts["gil"] == "native") as prof:
                     epochs = [tr.train_epoch(e) for e in (2, 3)]
                 print(f"{spec}: the timed epochs' GIL -> {gil}\n{prof.summary()}", flush=True)
             else:
