@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -608,6 +608,21 @@ s11d)
   TAIL=4 logged jpeg_pipeline80 150 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants "${VARIANTS:-hardware:14:0:gil=native}" --watchdog-s 145 --out "$R/jpeg_pipeline80.csv"
   for f in "$R"/gil_*.summary.txt; do echo "== $f"; head -40 "$f"; done
+  ;;
+s11e)
+  # session 11, call E (one H200): encoded batches in shared slots made once (data/byte_slots.py) instead of a
+  # segment per batch, unmapped with the GIL held in the decode thread (call ZF): the CUDA tests; on the 24,000
+  # photos the old way, slots pinned (the default) and slots unpinned; then `cnnpar train` with no flags
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  TAIL=6 logged gpu_tests 120 python3 -m pytest -q -m gpu tests/unit/test_byte_slots.py tests/unit/test_training_stream.py \
+      tests/unit/test_gpu_decode.py tests/unit/test_hardware_decode.py tests/unit/test_feeder.py
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=8 logged jpeg_pipeline80 300 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0:slots=0,hardware:14:0:gil=1,hardware:14:0:slots=unpinned}" \
+      --budget-s 220 --watchdog-s 295 --out "$R/jpeg_pipeline80.csv"
+  for f in "$R"/gil_*.summary.txt; do echo "== $f"; head -24 "$f"; done
+  user_run .devdata/imagenet_rep80 150
+  grep -E "^training stream|^done" "$R"/default.log
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

@@ -27,8 +27,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gil_profile import GilProfile  # noqa: E402  (beside this script)
+
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
-from cnnpar.data import crop_resize, load_data  # noqa: E402
+from cnnpar.data import byte_slots, crop_resize, load_data  # noqa: E402
 from cnnpar.data.loader import DeviceFeeder  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
@@ -38,7 +40,6 @@ from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
 from cnnpar.report.profiler import every_thread  # noqa: E402
-from gil_profile import GilProfile  # noqa: E402  (beside this script)
 
 # each knob and the values it takes (None: any number); a knob removed since, or a value out of its set,
 # must stop the run before it starts, not run the plain variant under a label that says otherwise
@@ -55,6 +56,7 @@ VARIANT_KEYS = {
     "prepare": {"0", "1"},
     "gil": {"0", "1", "native"},
     "stream": {"own", "legacy"},
+    "slots": {"0", "1", "unpinned"},
 }
 
 
@@ -160,10 +162,11 @@ def main() -> None:
         "its trace and summary beside --out; batch: this variant's batch size instead of --batch-size; "
         "kernel: the resize's, auto, fused (Triton) or matmul; prepare: 0 = each epoch's pipeline starts with "
         "the epoch, not at the end of the one before; gil: 1 = the timed epochs sampled by py-spy (who holds the GIL, "
-        "in what; each thread's CPU), written beside --out (its rate is then not comparable with the others'; native: C "
-        "frames too, the process paused at each sample); "
+        "in what; each thread's CPU), written beside --out (its rate is then not comparable with the others'; "
+        "native: C frames too, the process paused at each sample); "
         "stream: own = the training thread on a non-blocking stream beside a GPU decoder (the default), legacy = on "
-        "the legacy default stream, which nvJPEG's blocking streams synchronise with; "
+        "the legacy default stream, which nvJPEG's blocking streams synchronise with; slots: 0 = each encoded batch "
+        "in a shared segment of its own, as before data/byte_slots.py, unpinned = slots without cudaHostRegister; "
         "any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
@@ -205,6 +208,8 @@ def main() -> None:
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
         streams.FOR_GPU_DECODERS = opts.get("stream", "own") == "own"
+        byte_slots.ENABLED = opts.get("slots", "1") != "0"
+        byte_slots.PIN = opts.get("slots", "1") == "1"
         DeviceFeeder.PREPARE = opts.get("prepare", "1") == "1"  # each epoch starts the next one's pipeline
         crop_resize.KERNEL = opts.get("kernel", "auto")  # the resize: Triton's fused kernels or matrix products
         # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)

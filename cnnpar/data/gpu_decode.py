@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from cnnpar.data.byte_slots import ByteSlots
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_flat, resized_crops_loop, tail_room
 from cnnpar.data.folder import decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import decode_route, read_jpeg_header
@@ -61,12 +62,13 @@ class EncodedBatch:
     and a dozen GIL round trips to rebuild, behind the training thread (docs/decoding.md).
     """
 
-    flat: torch.Tensor
+    flat: torch.Tensor | None  # None while the bytes lie in a loader slot (byte_slots): the decoder maps it in
     offsets: np.ndarray | torch.Tensor
     index: np.ndarray | torch.Tensor
     nvjpeg_ok: np.ndarray | torch.Tensor | None = None  # bool per image; None: the decoder reads the headers
     hw: np.ndarray | torch.Tensor | None = None  # (N, 2) height, width from each JPEG's header; 0, 0 where unknown
     hardware_ok: np.ndarray | torch.Tensor | None = None  # bool per image: the GPU's JPEG engines take it
+    slot: int | None = None  # the loader's slot this batch holds (ByteSlots); its bytes lie there unless `flat` is set
 
     def __len__(self) -> int:
         return len(self.index)
@@ -103,20 +105,40 @@ class EncodedFolderDataset(Dataset):
         return data, self.labels[i], i, decode_route(header, view), hw
 
 
-def collate_encoded(batch):
+def collate_encoded(batch, slots: ByteSlots | None = None, slot: int | None = None):
+    """Items of `EncodedFolderDataset` -> (EncodedBatch, labels). With a `slot` of `slots` the bytes are
+    written there (the batch carries the slot's number); where they do not fit, into a tensor of their own."""
     data, labels, index, route, hw = zip(*batch)
     offsets = np.zeros(len(data) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(d) for d in data])
     route = np.asarray(route, dtype=np.int64)
+    written = slot is not None and slots.write(slot, [d.numpy() for d in data]) >= 0
     encoded = EncodedBatch(
-        torch.cat(data),
+        None if written else torch.cat(data),  # too big for its slot: a tensor of its own, the slot still its
         offsets,
         np.asarray(index, dtype=np.int64),
         route >= 1,
         np.asarray(hw, dtype=np.int64).reshape(-1, 2),
         route == 2,
+        slot=slot,
     )
     return encoded, torch.stack(labels)
+
+
+class SlottedEncodedFolder(EncodedFolderDataset):
+    """`EncodedFolderDataset` answering whole batches (`ds[indices]` or, from `SlottedBatches`,
+    `ds[(indices, slot)]`) and writing each into its slot of `slots` where the loader gave it one
+    (byte_slots says why). `slots` is set by the loader once it knows how many workers it has."""
+
+    answers_batches = True
+
+    def __init__(self, files: list[Path], labels, size: int) -> None:
+        super().__init__(files, labels, size)
+        self.slots: ByteSlots | None = None
+
+    def __getitem__(self, item):
+        indices, slot = item if isinstance(item, tuple) else (item, None)
+        return collate_encoded([super(SlottedEncodedFolder, self).__getitem__(i) for i in indices], self.slots, slot)
 
 
 _alloc_streams: dict[torch.device, torch.cuda.Stream] = {}
@@ -271,6 +293,7 @@ class GpuDecoder:
                 self.hardware = hardware_decoder or self._engines_factory()
             except (HardwareDecoderUnavailable, RuntimeError) as e:
                 raise ConfigError(f"data.decode = 'hardware': {e} (choose --decode gpu or cpu)") from e
+        self.slots: ByteSlots | None = None  # the train or eval loader's, where its batches come in slots
         self.batched_calls = 0  # batched decode calls made, bisection included (for tests and benchmarks)
         self.cpu_decoded = 0  # images decoded on the CPU
         self.hardware_decoded = 0  # images decoded by the JPEG engines ("hardware")
@@ -343,8 +366,20 @@ class GpuDecoder:
         return d.images, d.boxes
 
     def decode_stage(self, batch) -> DecodedBatch:
-        with span(JPEG_DECODE):
-            return self._decode_stage(batch)
+        slot = getattr(batch, "slot", None)
+        if slot is not None and batch.flat is None:  # the bytes lie in the loader's slot: read in place
+            self.slots.pin_once()
+            batch.flat = self.slots.view(slot, int(batch.offsets[-1]))
+        try:
+            with span(JPEG_DECODE):
+                return self._decode_stage(batch)
+        finally:
+            if slot is not None:
+                # every decoder has finished with the bytes here (each call synchronises); drop the views
+                # too, so nothing reads the slot once the loader hands it to another batch
+                batch.flat, batch.slot = None, None
+                batch.__dict__.pop("data", None)
+                self.slots.release(slot)
 
     def _decode_stage(self, batch) -> DecodedBatch:
         if hasattr(batch, "decoded"):  # a HybridBatch: the workers decoded its first images
@@ -488,6 +523,8 @@ class GpuDecoder:
         for engines in handles.values():
             if hasattr(engines, "close"):
                 engines.close()
+        if self.slots is not None:
+            self.slots.close()  # unpinned; the memory goes with the last reference
 
     def __call__(self, batch) -> torch.Tensor:
         if len(batch) == 0:

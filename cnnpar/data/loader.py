@@ -21,10 +21,12 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
 
 from cnnpar.config import Config, resolve_decode
+from cnnpar.data import byte_slots
 from cnnpar.data.bundle import ArrayDataset, DataBundle
+from cnnpar.data.byte_slots import ByteSlots, SlottedBatches
 from cnnpar.data.cpu_decode import CpuDecodedFolder, cpu_jpeg_line
 from cnnpar.data.folder import ImageFolderDataset
-from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
+from cnnpar.data.gpu_decode import GpuDecoder, SlottedEncodedFolder
 from cnnpar.data.hybrid_decode import HybridFolder
 from cnnpar.data.nvjpeg_hw import jpeg_engines
 from cnnpar.data.store import prepare_command
@@ -541,6 +543,19 @@ def shutdown_workers(loader) -> None:
         loader._iterator = None
 
 
+def encoded_slots(ds, batch_size: int, workers: int, cfg: Config, info: DistInfo) -> ByteSlots | None:
+    """Slots for a GPU decoder's encoded batches (data/byte_slots.py), or None where batches keep their
+    own shared segments: no workers (nothing crosses processes), workers started anew each pass (an old
+    pass's workers could still write into a slot the new pass handed out), nvImageCodec (whether it is done
+    with its inputs when its call returns is not stated), or no room for a slot."""
+    if not byte_slots.ENABLED or workers == 0 or not cfg.data.persistent_workers or cfg.data.decode == "nvimgcodec":
+        return None
+    count, slot_bytes, _ = byte_slots.plan_slots(ds.files, batch_size, workers * cfg.data.prefetch_factor + 2)
+    if count == 0:
+        return None
+    return ByteSlots(count, slot_bytes, pin=info.device.type == "cuda" and cfg.data.pin_memory == "on")
+
+
 def _host_loader(
     ds: Dataset,
     sampler: Sampler,
@@ -549,14 +564,11 @@ def _host_loader(
     cfg: Config,
     info: DistInfo,
     textbook: bool,
-    collate_fn=None,
 ):
     workers = cfg.data.workers if cfg.data.workers >= 0 else auto_workers(ds, info)
     common = dict(num_workers=workers, pin_memory=cfg.data.pin_memory == "on")
     if workers > 0 and getattr(ds, "start_method", None):  # e.g. workers that use CUDA themselves
         common["multiprocessing_context"] = ds.start_method
-    if collate_fn is not None:
-        common["collate_fn"] = collate_fn
     if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
     reseed = workers > 0 and draws_in_workers(ds)
@@ -564,6 +576,10 @@ def _host_loader(
         # batch_size=None: the sampler yields whole index lists and the data set answers each
         # with one vectorised index_select (or one decoded batch); no per-sample collate.
         batches = BatchSampler(sampler, batch_size, drop_last)
+        if isinstance(ds, SlottedEncodedFolder):
+            ds.slots = encoded_slots(ds, batch_size, workers, cfg, info)
+            if ds.slots is not None:
+                batches = SlottedBatches(batches, ds.slots)
         if reseed:
             ds, batches = ReseedingWorkers(ds), EpochSeeded(batches)
         return DataLoader(ds, batch_size=None, sampler=batches, **common)
@@ -626,7 +642,7 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         num_samples=len(ds),
         flip_seed=cfg.run.seed,  # not + rank: a sample's flip must not depend on the rank that draws it
     )
-    decoder, collate = None, None
+    decoder = None
     if textbook:
         ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train)
     elif isinstance(ds, ImageFolderDataset) and decodes_on_gpu(cfg, bundle):
@@ -644,7 +660,7 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         if cfg.data.cpu_share > 0:  # workers decode a share of every batch themselves
             ds = HybridFolder(ds.files, ds.labels, ds.size, train, cfg.data.cpu_share)
         else:
-            ds, collate = EncodedFolderDataset(ds.files, ds.labels, ds.size), collate_encoded
+            ds = SlottedEncodedFolder(ds.files, ds.labels, ds.size)  # whole batches, in slots where given
     elif isinstance(ds, StoreDataset):
         # workers copy raw pixels (or, resident, nothing: batches are offsets); crops resized on the device
         resident = store_resident(cfg.data.resident, ds.store, info.device, RESIDENT_MEMORY_SHARE)
@@ -659,7 +675,9 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
     else:
         if transform.needs_index and decoder is None and not getattr(ds, "answers_batches", False):  # they carry them
             ds = WithIndex(ds)
-        loader = _host_loader(ds, sampler, batch_size, drop_last, cfg, info, textbook, collate)
+        loader = _host_loader(ds, sampler, batch_size, drop_last, cfg, info, textbook)
+        if decoder is not None and isinstance(ds, SlottedEncodedFolder):
+            decoder.slots = ds.slots  # it reads the bytes in place and gives the slots back
     return DeviceFeeder(
         loader, sampler, transform, info.device, train, side_stream=cfg.data.prefetch_stream == "on", decoder=decoder
     )

@@ -47,7 +47,8 @@ def test_the_gil_knob_parses_and_its_samples_are_read_per_thread():
         "thread (13);BackwardCFunction.apply (function.py:3);Runner.call (x.py:7) 40\n"  # not started by Python
     )
     rows = parse_raw(raw)
-    assert rows[1] == (12, ["cnnpar-feeder", "produce (loader.py:9)", "fused_resized_crops (resize_kernel.py:150)"], 100)
+    feeder = ["cnnpar-feeder", "produce (loader.py:9)", "fused_resized_crops (resize_kernel.py:150)"]
+    assert rows[1] == (12, feeder, 100)
     assert rows[3] == (13, ["BackwardCFunction.apply (function.py:3)", "Runner.call (x.py:7)"], 40)
     rows = rows[:3]
     seconds = 500 / RATE_HZ  # 500 samples with the GIL held over as many sampling ticks: held all the time

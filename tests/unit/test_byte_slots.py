@@ -1,0 +1,169 @@
+"""Encoded batches in shared-memory slots made once per loader (data/byte_slots.py): the decoder reads the
+same bytes as from a segment of their own, gives each slot back, and a batch without a slot or too big for
+one travels the old way."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
+from cnnpar.data import byte_slots, load_data
+from cnnpar.data.byte_slots import ByteSlots, SlottedBatches
+from cnnpar.data.loader import build_loader
+from cnnpar.dist import DistInfo
+
+CPU = DistInfo(0, 0, 1, torch.device("cpu"))
+
+
+def photo_folder(root, n: int = 24):
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for i in range(n):
+        (root / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        pixels = torch.randint(0, 256, (40 + 4 * i, 56, 3), generator=g, dtype=torch.uint8).numpy()
+        Image.fromarray(pixels).save(root / f"c{i % 3}" / f"{i}.jpg", quality=90)
+    return root
+
+
+def test_a_slot_holds_what_was_written_and_refuses_what_does_not_fit():
+    slots = ByteSlots(3, 16)
+    assert slots.write(0, [np.full(16, 7, dtype=np.uint8)]) == 16
+    parts = [np.arange(5, dtype=np.uint8), np.arange(7, dtype=np.uint8) + 100]
+    assert slots.write(1, parts) == 12
+    assert slots.view(1, 12).tolist() == list(range(5)) + list(range(100, 107))
+    assert slots.view(0, 16).tolist() == [7] * 16  # the slot before untouched
+    assert slots.write(2, [np.zeros(17, dtype=np.uint8)]) == -1
+    taken = [slots.take() for _ in range(4)]
+    assert sorted(t for t in taken if t is not None) == [0, 1, 2] and taken[3] is None  # none left: None
+    slots.release(taken[0])
+    slots.release(taken[0])  # twice: still one slot
+    assert slots.free_count() == 1
+    batches = SlottedBatches([[0, 1], [2, 3]], slots)
+    assert list(batches) == [([0, 1], 2), ([2, 3], 1)]  # a pass starts with every slot free
+    assert slots.free_count() == 1  # two of three taken by the pass
+
+
+def epoch_batches(feeder, epoch: int, limit: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    feeder.set_epoch(epoch, 1000 + epoch)
+    out = []
+    for x, y in feeder:
+        out.append((x.clone(), y.clone()))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batches_from_slots_equal_those_from_segments_of_their_own_and_every_slot_comes_back(
+    tmp_path, monkeypatch, train
+):
+    root = photo_folder(tmp_path / "photos")
+    data = DataConfig(source=str(root), image_size=24, decode="gpu", workers=2, val_fraction=0.25)
+    cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=3)), "cpu", False)
+    bundle = load_data(cfg.data)
+    released = []
+    real_release = ByteSlots.release
+    monkeypatch.setattr(ByteSlots, "release", lambda self, s: (released.append(s), real_release(self, s)))
+
+    monkeypatch.setattr(byte_slots, "ENABLED", False)
+    plain = build_loader(bundle, cfg, CPU, train=train)
+    assert plain.decoder.slots is None
+    want = [epoch_batches(plain, e) for e in (1, 2)]
+    plain.close()
+
+    monkeypatch.setattr(byte_slots, "ENABLED", True)
+    feeder = build_loader(bundle, cfg, CPU, train=train)
+    slots = feeder.decoder.slots
+    assert slots is not None and slots.count == 2 * cfg.data.prefetch_factor + 2
+    got = [epoch_batches(feeder, e) for e in (1, 2)]
+    assert len(released) == sum(len(b) for b in got)  # every batch came in a slot and gave it back
+    assert slots.free_count() == slots.count
+    feeder.close()
+    for a, b in zip(want, got, strict=True):
+        assert len(a) == len(b) > 0
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_a_pass_left_early_hands_its_slots_to_the_next_and_oversized_batches_travel_the_old_way(tmp_path, monkeypatch):
+    root = photo_folder(tmp_path / "photos")
+    data = DataConfig(source=str(root), image_size=24, decode="gpu", workers=2, val_fraction=0.25)
+    cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=3)), "cpu", False)
+    bundle = load_data(cfg.data)
+    monkeypatch.setattr(byte_slots, "ENABLED", False)
+    plain = build_loader(bundle, cfg, CPU, train=True)
+    want = epoch_batches(plain, 2)
+    plain.close()
+
+    monkeypatch.setattr(byte_slots, "ENABLED", True)
+    # slots the size of an average batch: the batches of larger files go in segments of their own
+    sizes = [f.stat().st_size for f in bundle.train.files]
+    monkeypatch.setattr(byte_slots, "plan_slots", lambda files, b, wanted: (3, int(np.mean(sizes) * b), ""))
+    feeder = build_loader(bundle, cfg, CPU, train=True)
+    arrived = []  # per batch reaching the decoder: whether its bytes lay in its slot
+    real_stage = type(feeder.decoder).decode_stage
+    monkeypatch.setattr(
+        type(feeder.decoder), "decode_stage", lambda self, b: (arrived.append(b.flat is None), real_stage(self, b))[1]
+    )
+    assert epoch_batches(feeder, 1, limit=1)  # one batch, then the pass is left with batches in flight
+    got = epoch_batches(feeder, 2)
+    assert feeder.decoder.slots.free_count() == 3  # slots of the abandoned pass came back with the new pass
+    assert True in arrived and False in arrived  # some batches fitted their slot, some did not    feeder.close()
+    assert len(got) == len(want)
+    for (xa, ya), (xb, yb) in zip(want, got, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_no_slots_without_persistent_workers_or_without_workers(tmp_path):
+    root = photo_folder(tmp_path / "photos", n=12)
+    for workers, persistent in ((0, True), (2, False)):
+        data = DataConfig(source=str(root), image_size=24, decode="gpu", workers=workers, persistent_workers=persistent)
+        cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4)), "cpu", False)
+        feeder = build_loader(load_data(cfg.data), cfg, CPU, train=True)
+        assert feeder.decoder.slots is None
+        feeder.set_epoch(1)
+        assert sum(len(y) for _, y in feeder) > 0
+        feeder.close()
+
+
+def test_the_slot_plan_fits_the_memory_budget(tmp_path, monkeypatch):
+    files = []
+    for i in range(10):
+        f = tmp_path / f"{i}.jpg"
+        f.write_bytes(b"x" * 1000)
+        files.append(f)
+    monkeypatch.setattr(byte_slots, "host_memory_bytes", lambda: 1 << 40)
+    monkeypatch.setattr(byte_slots, "shm_free_bytes", lambda: 1 << 40)
+    count, slot, why = byte_slots.plan_slots(files, 100, wanted=6)
+    assert (count, slot, why) == (6, 151552, "")  # 100 x 1000 x 1.5, rounded up to whole pages
+    monkeypatch.setattr(byte_slots, "shm_free_bytes", lambda: 4 * 151552)  # half of it for the slots: two
+    count, _, why = byte_slots.plan_slots(files, 100, wanted=6)
+    assert count == 2 and why.startswith("2 of 6 slots")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("decode", ["gpu", "hardware"])
+def test_on_cuda_slotted_batches_are_pinned_and_decode_to_the_same_pixels(tmp_path, monkeypatch, decode):
+    from cnnpar.data.nvjpeg_hw import hardware_decoder_available
+
+    if decode == "hardware" and hardware_decoder_available(0):
+        pytest.skip("this GPU has no JPEG engines for nvJPEG's hardware backend")
+    root = photo_folder(tmp_path / "photos")
+    data = DataConfig(source=str(root), image_size=24, decode=decode, workers=2, val_fraction=0.25)
+    cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=3)), "cuda", False)
+    bundle = load_data(cfg.data)
+    info = DistInfo(0, 0, 1, torch.device("cuda", 0))
+    runs = []
+    for enabled in (False, True):
+        monkeypatch.setattr(byte_slots, "ENABLED", enabled)
+        feeder = build_loader(bundle, cfg, info, train=False)  # centre crops: the same pixels both ways
+        runs.append(epoch_batches(feeder, 1))
+        if enabled:
+            assert feeder.decoder.slots.pinned and feeder.decoder.slots.free_count() == feeder.decoder.slots.count
+        feeder.close()
+    for (xa, ya), (xb, yb) in zip(*runs, strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
