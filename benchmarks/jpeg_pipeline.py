@@ -265,6 +265,8 @@ def main() -> None:
                     print(f"{spec}: epoch 4 under the profiler -> {trace}\n{trace_epoch(tr, 4, trace)}", flush=True)
                 except Exception as e:
                     row["trace_error"] = repr(e)[:300]
+            slots = getattr(tr.train_loader.decoder, "slots", None)
+            row["slots"] = slots.describe() if slots is not None else "none"
             row["step_alone_images_per_s"] = round(step_alone(tr), 1)
             row["status"] = "ok"
         except Exception as e:  # one variant failing leaves the others' figures

@@ -126,6 +126,10 @@ class ByteSlots:
         start = slot * self.slot_bytes
         return self.buffer[start : start + nbytes]
 
+    def describe(self) -> str:
+        lock = "page-locked" if self.pinned else "page-locked on first use" if self.want_pin else "pageable"
+        return f"{self.count} shared slots of {self.slot_bytes / 2**20:.0f} MiB, made once, {lock}"
+
     def close(self) -> None:
         if self.pinned:
             torch.cuda.cudart().cudaHostUnregister(self.buffer.data_ptr())

@@ -485,6 +485,9 @@ class Trainer:
             self.log(self.decode_line)
         if self.stream.describe():
             self.log(f"training stream: {self.stream.describe()}")
+        slots = getattr(self.train_loader.decoder, "slots", None)
+        if slots is not None:  # data/byte_slots.py
+            self.log(f"encoded batches: {slots.describe()}")
         self.log(f"run folder: {self.run_dir}")
         if self.board.line:
             self.log(self.board.line)

@@ -78,6 +78,7 @@ def test_batches_from_slots_equal_those_from_segments_of_their_own_and_every_slo
     feeder = build_loader(bundle, cfg, CPU, train=train)
     slots = feeder.decoder.slots
     assert slots is not None and slots.count == 2 * cfg.data.prefetch_factor + 2
+    assert slots.describe().startswith(f"{slots.count} shared slots of ") and slots.describe().endswith("pageable")
     got = [epoch_batches(feeder, e) for e in (1, 2)]
     assert len(released) == sum(len(b) for b in got)  # every batch came in a slot and gave it back
     assert slots.free_count() == slots.count
