@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -623,6 +623,16 @@ s11e)
   for f in "$R"/gil_*.summary.txt; do echo "== $f"; head -24 "$f"; done
   user_run .devdata/imagenet_rep80 150
   grep -E "^training stream|^done" "$R"/default.log
+  ;;
+s11f)
+  # session 11, call F (one H200, the last ~8 min of device time): with the slots, batch 256 again (call ZG's
+  # 5,934 repeated?) and batch 512, whose launches per image are half of 256's (the step's launches now hold
+  # most of the GIL)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=4 logged jpeg_pipeline80 300 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0,hardware:14:0:batch=512}" --budget-s 200 --watchdog-s 295 \
+      --out "$R/jpeg_pipeline80.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
