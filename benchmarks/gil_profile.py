@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 RATE_HZ = 200
+ATTACH_S = 0.5  # py-spy's time to attach, inside the window the shares are of
 # "thread (TID): NAME;frame;frame COUNT", or "thread (TID);frame;... COUNT" for a thread Python did not start
 # (the autograd engine's, which runs compiled backwards)
 _LINE = re.compile(r"^thread \((?P<tid>\d+)\)(?P<stack>.*) (?P<count>\d+)$")
@@ -55,8 +56,9 @@ def parse_raw(text: str) -> list[tuple[int, list[str], int]]:
 
 
 def summarize(rows, seconds: float, cpu: dict[int, float], names: dict[int, str], top: int = 8) -> str:
-    """Per thread: its share of the block's wall time holding the GIL (samples / rate / seconds), its CPU
-    share, and the functions (innermost Python frame) where it held the GIL most."""
+    """Per thread: its share of the sampling window holding the GIL (samples / rate / seconds: the window
+    is the block plus py-spy's attach and stop), its CPU share over the block, and the functions
+    (innermost frame) where it held the GIL most."""
     held = collections.Counter()
     where: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
     for tid, frames, count in rows:
@@ -93,28 +95,32 @@ class GilProfile:
         exe = shutil.which("py-spy")
         self._spy = None
         self._why = "" if exe else "py-spy is not on PATH"
+        self._t0 = time.perf_counter()  # the window: from py-spy's start to its stop, the block inside it
         if exe:
             cmd = [exe, "record", "--pid", str(os.getpid()), "--gil", "--threads"]
             cmd += ["--native"] if self.native else ["--nonblocking"]
             cmd += ["--rate", str(RATE_HZ), "--format", "raw", "-o", str(self.path)]
             self._spy = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            time.sleep(1.0)  # py-spy attaches before the block starts
-        self._watch = threading.Thread(target=self._watch_names, daemon=True, name="gil-profile-names")
+            time.sleep(ATTACH_S)  # py-spy attaches before the block starts
+        self._cpu0 = thread_cpu_seconds()
+        self._cpu_last = dict(self._cpu0)
+        self._watch = threading.Thread(target=self._watch_threads, daemon=True, name="gil-profile-names")
         self._watch.start()
-        self._cpu0, self._t0 = thread_cpu_seconds(), time.perf_counter()
         return self
 
-    def _watch_names(self) -> None:  # threads made inside the block live only there: their names, while they do
+    def _watch_threads(self) -> None:
+        # threads made inside the block may also end there (the feeder's, every epoch): their names and
+        # CPU time are read while they live
         while not self._done.wait(0.05):
             self._names.update({t.native_id: t.name for t in threading.enumerate() if t.native_id})
+            self._cpu_last.update(thread_cpu_seconds())
 
     def __exit__(self, *exc) -> None:
-        seconds = time.perf_counter() - self._t0
-        cpu1 = thread_cpu_seconds()
+        self._cpu_last.update(thread_cpu_seconds())
         self._done.set()
         self._watch.join()
-        cpu = {tid: cpu1[tid] - self._cpu0.get(tid, 0.0) for tid in cpu1}
-        for tid in cpu1:  # native threads (CUDA's, nvJPEG's) by their kernel name
+        cpu = {tid: last - self._cpu0.get(tid, 0.0) for tid, last in self._cpu_last.items()}
+        for tid in cpu:  # native threads (CUDA's, nvJPEG's) by their kernel name
             if tid not in self._names:
                 try:
                     self._names[tid] = "native:" + Path(f"/proc/self/task/{tid}/comm").read_text().strip()
@@ -132,6 +138,7 @@ class GilProfile:
                 rows = parse_raw(self.path.read_text())
             else:
                 self._why = "py-spy wrote nothing: " + log.strip()[-300:]
+        seconds = time.perf_counter() - self._t0  # py-spy's whole window: its samples may come from all of it
         self.text = summarize(rows, seconds, cpu, self._names) + (f"\n({self._why})" if self._why else "")
         self.path.with_name(self.path.name + ".summary.txt").write_text(self.text + "\n")
 

@@ -56,7 +56,7 @@ VARIANT_KEYS = {
     "prepare": {"0", "1"},
     "gil": {"0", "1", "native"},
     "stream": {"own", "legacy"},
-    "slots": {"0", "1", "unpinned"},
+    "slots": {"0", "1"},
 }
 
 
@@ -166,7 +166,7 @@ def main() -> None:
         "native: C frames too, the process paused at each sample); "
         "stream: own = the training thread on a non-blocking stream beside a GPU decoder (the default), legacy = on "
         "the legacy default stream, which nvJPEG's blocking streams synchronise with; slots: 0 = each encoded batch "
-        "in a shared segment of its own, as before data/byte_slots.py, unpinned = slots without cudaHostRegister; "
+        "in a shared segment of its own, as before data/byte_slots.py; "
         "any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
@@ -208,8 +208,7 @@ def main() -> None:
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
         streams.FOR_GPU_DECODERS = opts.get("stream", "own") == "own"
-        byte_slots.ENABLED = opts.get("slots", "1") != "0"
-        byte_slots.PIN = opts.get("slots", "1") == "1"
+        byte_slots.ENABLED = opts.get("slots", "1") == "1"
         DeviceFeeder.PREPARE = opts.get("prepare", "1") == "1"  # each epoch starts the next one's pipeline
         crop_resize.KERNEL = opts.get("kernel", "auto")  # the resize: Triton's fused kernels or matrix products
         # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)

@@ -35,7 +35,12 @@ class HostSide:
             self.feeder.sampler.set_epoch(epoch)
 
     def __iter__(self):
-        return iter(self.feeder.loader)
+        slots = getattr(self.feeder.decoder, "slots", None)
+        for x, y in self.feeder.loader:
+            if slots is not None and getattr(x, "slot", None) is not None:  # never decoded: its slot goes back
+                slots.release(x.slot)
+                x.slot = None
+            yield x, y
 
 
 def host_loader_rate(cfg: Config, bundle: DataBundle, timing: Timing, host_only: bool = False) -> Spread:

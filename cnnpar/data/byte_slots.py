@@ -3,23 +3,23 @@
 Why: a DataLoader worker hands each batch's bytes to the main process as a new shared-memory segment,
 which the main process maps on arrival and unmaps when the batch is freed. On an H200 the unmapping of
 the ~28 MB a batch of 256 ImageNet photos takes ran in the decode thread, with the GIL held (it happens
-while Python frees the tensor): 10 % of the wall time of the timed epochs, ~5 ms a batch during which the
+while Python frees the tensor): about 9 % of the wall time of the timed epochs, ~5 ms a batch during which the
 training thread could launch nothing (py-spy with native frames, benchmarks/results/2026-12-01-h200/
-call-zf/). And nvJPEG copied each file from that pageable memory on its own: a staged copy per image.
+call-zf/).
 
 Here the main process makes one shared buffer of `count` slots before the workers start (forked or
-spawned, they map it once), pins it for the GPU once they run (`cudaHostRegister`), and hands each batch
-of indices a free slot as the DataLoader dispatches it (`SlottedBatches`). The worker writes the batch's
-files into that slot and sends back only the slot's number and offsets; the decoder reads the bytes in
-place and gives the slot back once the decode has consumed them (the decode call synchronises). A batch
-that finds no free slot, or does not fit one, travels the old way, so a slot count or size that is too
-small costs speed, never correctness.
+spawned, they map it once), and hands each batch of indices a free slot as the DataLoader dispatches it
+(`SlottedBatches`). The worker writes the batch's files into that slot and sends back only the slot's
+number and offsets; the decoder reads the bytes in place and gives the slot back once the decode has
+consumed them (the decode call synchronises). A batch that finds no free slot, or does not fit one,
+travels the old way, so a slot count or size that is too small costs speed, never correctness.
 
 Slots are taken and given back in the main process only. Each new pass over the loader starts with every
 slot free: by the time a pass draws its first batch of indices, the DataLoader has stopped the workers'
-tasks of the pass before (persistent workers acknowledge the new pass after their older tasks; others
-are new processes), and the decode thread of the pass before has been joined, so no batch of it is
-still being written or read. That also returns the slots of batches a pass dropped unread.
+tasks of the pass before (persistent workers acknowledge the new pass after their older tasks; the
+loader uses slots only with persistent workers), and the decode thread of the pass before has been
+joined, so no batch of it is still being written or read. That also returns the slots of batches a pass
+dropped unread.
 """
 
 from __future__ import annotations
@@ -31,10 +31,13 @@ import numpy as np
 import torch
 
 ENABLED = True  # benchmarks/jpeg_pipeline.py's slots=0 measures the old way
-PIN = True  # and slots=unpinned the slots without cudaHostRegister
+# Not page-locked: in one H200 call (call-zg) slots locked with cudaHostRegister ran 5,934 img/s end to end
+# against 5,877 left pageable, within the calls' noise, for up to 4 GiB of locked memory per loader and a
+# failed registration that would leave CUDA's last error set for the next kernel launch to report.
 
 # Budget for all slots of one loader: at most this share of the host's memory and half of /dev/shm's
-# free space; below what the prefetched batches need, the rest travel the old way
+# free space, split between the processes of this node (they plan at about the same time); below what the
+# prefetched batches need, the rest travel the old way
 MEMORY_SHARE = 1 / 32
 SHM_SHARE = 0.5
 MAX_BYTES = 4 << 30
@@ -69,7 +72,8 @@ def plan_slots(files, batch_size: int, wanted: int) -> tuple[int, int, str]:
         return 0, 0, "no file size could be read"
     slot = int(batch_size * float(np.mean(sizes)) * SIZE_MARGIN)
     slot = (slot + 4095) // 4096 * 4096
-    budget = min(MAX_BYTES, int(host_memory_bytes() * MEMORY_SHARE), int(shm_free_bytes() * SHM_SHARE))
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # set by torchrun
+    budget = min(MAX_BYTES, int(host_memory_bytes() * MEMORY_SHARE), int(shm_free_bytes() * SHM_SHARE)) // ranks
     count = min(wanted, budget // slot) if slot else 0
     why = "" if count == wanted else f"{count} of {wanted} slots of {slot / 2**20:.0f} MiB fit the memory budget"
     return count, slot, why
@@ -79,29 +83,17 @@ class ByteSlots:
     """`count` slots of `slot_bytes` in one shared uint8 buffer. Main process: `take`, `release`, `reset`,
     `view`; a worker: `write`."""
 
-    def __init__(self, count: int, slot_bytes: int, pin: bool = False) -> None:
+    def __init__(self, count: int, slot_bytes: int) -> None:
         self.count, self.slot_bytes = count, slot_bytes
         self.buffer = torch.empty(count * slot_bytes, dtype=torch.uint8).share_memory_()
         self._free = list(range(count))
         self._lock = threading.Lock()
-        self.want_pin, self.pinned = pin and PIN, False
-
-    def pin_once(self) -> None:
-        """Page-lock the buffer where it lies (`cudaHostRegister`), so that nvJPEG's copies go straight
-        from the slots instead of through a staging copy each. Called by the decoder on its first batch:
-        by then the workers that write the slots exist (they map the buffer from their parent, and are
-        not forked again while the loader lives), so none is forked from a process holding it locked."""
-        if not self.want_pin:
-            return
-        self.want_pin = False
-        err = torch.cuda.cudart().cudaHostRegister(self.buffer.data_ptr(), self.buffer.numel(), 0)
-        self.pinned = int(err) == 0  # else the copies stay staged: slower, not wrong
 
     def __getstate__(self) -> dict:  # to a spawned worker: the buffer (by handle), not the bookkeeping
         return {"count": self.count, "slot_bytes": self.slot_bytes, "buffer": self.buffer}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _free=[], _lock=threading.Lock(), want_pin=False, pinned=False)
+        self.__dict__.update(state, _free=[], _lock=threading.Lock())
 
     # ---- main process ----
     def take(self) -> int | None:
@@ -127,13 +119,7 @@ class ByteSlots:
         return self.buffer[start : start + nbytes]
 
     def describe(self) -> str:
-        lock = "page-locked" if self.pinned else "page-locked on first use" if self.want_pin else "pageable"
-        return f"{self.count} shared slots of {self.slot_bytes / 2**20:.0f} MiB, made once, {lock}"
-
-    def close(self) -> None:
-        if self.pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.buffer.data_ptr())
-            self.pinned = False
+        return f"{self.count} shared slots of {self.slot_bytes / 2**20:.0f} MiB, made once"
 
     # ---- a worker ----
     def write(self, slot: int, parts: list[np.ndarray]) -> int:

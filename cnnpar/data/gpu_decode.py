@@ -368,7 +368,6 @@ class GpuDecoder:
     def decode_stage(self, batch) -> DecodedBatch:
         slot = getattr(batch, "slot", None)
         if slot is not None and batch.flat is None:  # the bytes lie in the loader's slot: read in place
-            self.slots.pin_once()
             batch.flat = self.slots.view(slot, int(batch.offsets[-1]))
         try:
             with span(JPEG_DECODE):
@@ -523,10 +522,11 @@ class GpuDecoder:
         for engines in handles.values():
             if hasattr(engines, "close"):
                 engines.close()
-        if self.slots is not None:
-            self.slots.close()  # unpinned; the memory goes with the last reference
 
     def __call__(self, batch) -> torch.Tensor:
         if len(batch) == 0:
+            if getattr(batch, "slot", None) is not None:  # nothing to read in it: the slot goes back now
+                self.slots.release(batch.slot)
+                batch.slot = None
             return torch.empty(0, 3, self.size, self.size, dtype=torch.uint8, device=self.device)
         return self.resize_stage(self.decode_stage(batch))

@@ -543,7 +543,7 @@ def shutdown_workers(loader) -> None:
         loader._iterator = None
 
 
-def encoded_slots(ds, batch_size: int, workers: int, cfg: Config, info: DistInfo) -> ByteSlots | None:
+def encoded_slots(ds, batch_size: int, workers: int, cfg: Config) -> ByteSlots | None:
     """Slots for a GPU decoder's encoded batches (data/byte_slots.py), or None where batches keep their
     own shared segments: no workers (nothing crosses processes), workers started anew each pass (an old
     pass's workers could still write into a slot the new pass handed out), nvImageCodec (whether it is done
@@ -553,7 +553,10 @@ def encoded_slots(ds, batch_size: int, workers: int, cfg: Config, info: DistInfo
     count, slot_bytes, _ = byte_slots.plan_slots(ds.files, batch_size, workers * cfg.data.prefetch_factor + 2)
     if count == 0:
         return None
-    return ByteSlots(count, slot_bytes, pin=info.device.type == "cuda" and cfg.data.pin_memory == "on")
+    try:
+        return ByteSlots(count, slot_bytes)
+    except RuntimeError:  # /dev/shm filled up meanwhile (another process's loader): batches keep their segments
+        return None
 
 
 def _host_loader(
@@ -577,7 +580,7 @@ def _host_loader(
         # with one vectorised index_select (or one decoded batch); no per-sample collate.
         batches = BatchSampler(sampler, batch_size, drop_last)
         if isinstance(ds, SlottedEncodedFolder):
-            ds.slots = encoded_slots(ds, batch_size, workers, cfg, info)
+            ds.slots = encoded_slots(ds, batch_size, workers, cfg)
             if ds.slots is not None:
                 batches = SlottedBatches(batches, ds.slots)
         if reseed:

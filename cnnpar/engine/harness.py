@@ -17,12 +17,13 @@ import torch
 
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
-from cnnpar.data.loader import build_loader
+from cnnpar.data.loader import build_loader, decodes_on_gpu
 from cnnpar.dist import DistInfo
 from cnnpar.engine.train_step import Batch
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError
 from cnnpar.parallel import resolve_for
+from cnnpar.parallel.streams import TrainingStream
 
 # Switches a built Trainer can take on in place: neither touches the model, its compile or the
 # optimizer. CUDA graphs are captured at the next step (from the compiled module, as `cnnpar train`
@@ -65,10 +66,14 @@ def continue_as(trainer: Trainer, cfg: Config) -> None:
         raise ValueError("continue_as: CUDA graphs can be turned on in place, not off")
     trainer.requested_cfg, trainer.cfg = cfg, new
     if any(section == "data" for section, _ in changed):
-        trainer.close()  # the old loaders' workers and decoders go now, not at the interpreter's exit
+        trainer.close_loaders()  # the old loaders' workers and decoders go now, not at the interpreter's exit
         trainer.train_loader = build_loader(trainer.bundle, new, trainer.info, train=True)
         val = trainer.bundle.val
         trainer.val_loader = build_loader(trainer.bundle, new, trainer.info, train=False) if val else None
+        # the training stream as a new Trainer would choose it for the new decoder (parallel/streams.py)
+        trainer.stream.exit()
+        trainer.stream = TrainingStream(trainer.info.device, decodes_on_gpu(new, trainer.bundle))
+        trainer.stream.enter()
     if ("speed", "cuda_graphs") in changed:
         trainer.graphs_requested = cfg.speed.cuda_graphs
         trainer.use_graphs = trainer._graphs_allowed()

@@ -118,10 +118,6 @@ class Trainer:
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
         self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
         self.cfg = cfg = resolve_for(cfg, info.device)
-        # nvJPEG's streams block the default stream both ways: beside a GPU decoder the training thread
-        # works on a stream of its own, from here (the model's weights) to close (parallel/streams.py)
-        self.stream = TrainingStream(info.device, decodes_on_gpu(cfg, self.bundle))
-        self.stream.enter()
         torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
         torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
         c, h, _ = self.bundle.shape
@@ -196,6 +192,11 @@ class Trainer:
             compile_mode=cfg.speed.compile,
         )
         self.board = Board()  # writes nothing until fit opens the run's (bench and tune call train_epoch alone)
+        # nvJPEG's streams block the default stream both ways: beside a GPU decoder the training thread works
+        # on a stream of its own from here to close (parallel/streams.py). Entered last, so that a Trainer that
+        # fails to build leaves the thread's stream as it was; what was queued before is waited for.
+        self.stream = TrainingStream(info.device, decodes_on_gpu(cfg, self.bundle))
+        self.stream.enter()
 
     def _choose_batch_size(self, cfg: Config) -> Config:
         """The searched batch (engine/batch_size.py) and the lr scaled from batch 64 by its stated rule."""
@@ -300,9 +301,13 @@ class Trainer:
         """Stop the loaders' worker processes and free the decoders' outside resources, as `fit` does at
         its end: for the doctor, the profiler, the bench and the tuner, which drive a Trainer without
         `fit`. Left to the interpreter's exit, each persistent worker costs 5 s there (loader.shutdown_workers)."""
+        self.close_loaders()
+        self.stream.exit()
+
+    def close_loaders(self) -> None:
+        """Stop the loaders' workers and free their decoders (`close`, the training stream kept)."""
         with closing_feeders(self.train_loader, self.val_loader):
             pass
-        self.stream.exit()
 
     def warm_up_compile(self) -> None:
         """Compile, and capture the CUDA graph, outside the timed epochs, without changing training

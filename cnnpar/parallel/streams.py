@@ -47,8 +47,12 @@ class TrainingStream:
     def exit(self) -> None:
         if self._before is None:
             return
-        self._before.wait_stream(self.stream)  # and whatever comes after waits for the training's work
-        torch.cuda.set_stream(self._before)
+        current = torch.cuda.current_stream(self.device)
+        if current == self.stream:
+            self._before.wait_stream(self.stream)  # whatever comes after waits for the training's work
+            torch.cuda.set_stream(self._before)
+        else:  # a later switch (a second Trainer) is still in force: it stays, after this one's work
+            current.wait_stream(self.stream)
         self._before = None
 
     def describe(self) -> str:

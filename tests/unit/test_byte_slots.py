@@ -78,7 +78,7 @@ def test_batches_from_slots_equal_those_from_segments_of_their_own_and_every_slo
     feeder = build_loader(bundle, cfg, CPU, train=train)
     slots = feeder.decoder.slots
     assert slots is not None and slots.count == 2 * cfg.data.prefetch_factor + 2
-    assert slots.describe().startswith(f"{slots.count} shared slots of ") and slots.describe().endswith("pageable")
+    assert slots.describe().startswith(f"{slots.count} shared slots of ") and slots.describe().endswith("made once")
     got = [epoch_batches(feeder, e) for e in (1, 2)]
     assert len(released) == sum(len(b) for b in got)  # every batch came in a slot and gave it back
     assert slots.free_count() == slots.count
@@ -89,33 +89,62 @@ def test_batches_from_slots_equal_those_from_segments_of_their_own_and_every_slo
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
-def test_a_pass_left_early_hands_its_slots_to_the_next_and_oversized_batches_travel_the_old_way(tmp_path, monkeypatch):
+def slotted_loader(tmp_path, monkeypatch, count: int, slot_bytes):
+    """A train feeder over 24 photos whose decoder records, per batch it gets, whether the bytes lay in a slot."""
     root = photo_folder(tmp_path / "photos")
     data = DataConfig(source=str(root), image_size=24, decode="gpu", workers=2, val_fraction=0.25)
     cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=3)), "cpu", False)
     bundle = load_data(cfg.data)
-    monkeypatch.setattr(byte_slots, "ENABLED", False)
-    plain = build_loader(bundle, cfg, CPU, train=True)
-    want = epoch_batches(plain, 2)
-    plain.close()
-
     monkeypatch.setattr(byte_slots, "ENABLED", True)
-    # slots the size of an average batch: the batches of larger files go in segments of their own
-    sizes = [f.stat().st_size for f in bundle.train.files]
-    monkeypatch.setattr(byte_slots, "plan_slots", lambda files, b, wanted: (3, int(np.mean(sizes) * b), ""))
+    size = slot_bytes(bundle)
+    monkeypatch.setattr(byte_slots, "plan_slots", lambda files, b, wanted: (count, size, ""))
     feeder = build_loader(bundle, cfg, CPU, train=True)
-    arrived = []  # per batch reaching the decoder: whether its bytes lay in its slot
+    arrived = []
     real_stage = type(feeder.decoder).decode_stage
     monkeypatch.setattr(
         type(feeder.decoder), "decode_stage", lambda self, b: (arrived.append(b.flat is None), real_stage(self, b))[1]
     )
-    assert epoch_batches(feeder, 1, limit=1)  # one batch, then the pass is left with batches in flight
+    return feeder, arrived, bundle, cfg
+
+
+def test_a_pass_left_early_hands_its_slots_to_the_next(tmp_path, monkeypatch):
+    # 3 slots, fewer than the batches the loader dispatches at once (2 workers x 4 + ...): a pass's first
+    # three batches get one. The first pass takes one batch and is left with two slots still taken.
+    feeder, arrived, _, _ = slotted_loader(tmp_path, monkeypatch, 3, lambda bundle: 1 << 20)
+    assert epoch_batches(feeder, 1, limit=1)
+    arrived.clear()
     got = epoch_batches(feeder, 2)
-    assert feeder.decoder.slots.free_count() == 3  # slots of the abandoned pass came back with the new pass
-    assert True in arrived and False in arrived  # some batches fitted their slot, some did not    feeder.close()
+    assert len(got) == 4 and arrived == [True, True, True, False]  # without the pass's reset: one slot only
+    assert feeder.decoder.slots.free_count() == 3  # each decoded batch gave its slot back
+    feeder.close()
+
+
+def test_a_batch_too_big_for_its_slot_travels_the_old_way_with_the_same_pixels(tmp_path, monkeypatch):
+    def average_batch(bundle) -> int:  # slots the size of an average batch: the larger ones do not fit
+        return int(np.mean([f.stat().st_size for f in bundle.train.files]) * 4)
+
+    feeder, arrived, bundle, cfg = slotted_loader(tmp_path, monkeypatch, 40, average_batch)
+    got = epoch_batches(feeder, 2)
+    assert feeder.decoder.slots.free_count() == 40
+    feeder.close()
+    assert True in arrived and False in arrived  # some batches fitted their slot, some did not
+    monkeypatch.setattr(byte_slots, "ENABLED", False)
+    plain = build_loader(bundle, cfg, CPU, train=True)
+    want = epoch_batches(plain, 2)
+    plain.close()
     assert len(got) == len(want)
     for (xa, ya), (xb, yb) in zip(want, got, strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_the_host_side_probe_gives_back_the_slots_of_the_batches_it_reads(tmp_path, monkeypatch):
+    from cnnpar.bench.probes import HostSide
+
+    feeder, arrived, _, _ = slotted_loader(tmp_path, monkeypatch, 40, lambda bundle: 1 << 20)
+    feeder.set_epoch(1)
+    assert len(list(HostSide(feeder))) == 4 and arrived == []  # read, never decoded
+    assert feeder.decoder.slots.free_count() == 40  # before any new pass resets them
+    feeder.close()
 
 
 def test_no_slots_without_persistent_workers_or_without_workers(tmp_path):
@@ -148,7 +177,7 @@ def test_the_slot_plan_fits_the_memory_budget(tmp_path, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("decode", ["gpu", "hardware"])
-def test_on_cuda_slotted_batches_are_pinned_and_decode_to_the_same_pixels(tmp_path, monkeypatch, decode):
+def test_on_cuda_slotted_batches_decode_to_the_same_pixels_and_give_their_slots_back(tmp_path, monkeypatch, decode):
     from cnnpar.data.nvjpeg_hw import hardware_decoder_available
 
     if decode == "hardware" and hardware_decoder_available(0):
@@ -164,7 +193,35 @@ def test_on_cuda_slotted_batches_are_pinned_and_decode_to_the_same_pixels(tmp_pa
         feeder = build_loader(bundle, cfg, info, train=False)  # centre crops: the same pixels both ways
         runs.append(epoch_batches(feeder, 1))
         if enabled:
-            assert feeder.decoder.slots.pinned and feeder.decoder.slots.free_count() == feeder.decoder.slots.count
+            assert feeder.decoder.slots.free_count() == feeder.decoder.slots.count
         feeder.close()
     for (xa, ya), (xb, yb) in zip(*runs, strict=True):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_the_slot_budget_is_split_between_a_nodes_processes_and_a_full_shm_falls_back(tmp_path, monkeypatch):
+    from cnnpar.data import loader
+
+    files = []
+    for i in range(10):
+        f = tmp_path / f"{i}.jpg"
+        f.write_bytes(b"x" * 1000)
+        files.append(f)
+    monkeypatch.setattr(byte_slots, "host_memory_bytes", lambda: 1 << 40)
+    monkeypatch.setattr(byte_slots, "shm_free_bytes", lambda: 8 * 151552)  # half of it: four slots
+    assert byte_slots.plan_slots(files, 100, wanted=6)[0] == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks of this node plan at once: two each
+    assert byte_slots.plan_slots(files, 100, wanted=6)[0] == 2
+
+    def full(count, slot_bytes):
+        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1>: No space left on device (28)")
+
+    monkeypatch.setattr(loader, "ByteSlots", full)
+    root = photo_folder(tmp_path / "photos", n=12)
+    data = DataConfig(source=str(root), image_size=24, decode="gpu", workers=2)
+    cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4)), "cpu", False)
+    feeder = build_loader(load_data(cfg.data), cfg, CPU, train=True)
+    assert feeder.decoder.slots is None  # the old way, not a failed run
+    feeder.set_epoch(1)
+    assert sum(len(y) for _, y in feeder) > 0
+    feeder.close()

@@ -57,3 +57,26 @@ def test_the_gil_knob_parses_and_its_samples_are_read_per_thread():
     assert "thread 11 MainThread: GIL held 80% of the time, CPU 50%" in text
     assert "thread 12 cnnpar-feeder: GIL held 20% of the time, CPU 20%" in text
     assert "60.0%  Trainer.train_epoch (trainer.py:5)" in text
+
+
+def test_the_gil_profile_counts_the_cpu_of_a_thread_that_ends_inside_the_block(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import gil_profile
+
+    monkeypatch.setattr(gil_profile.shutil, "which", lambda name: None)  # no py-spy: the CPU side alone
+
+    def spin() -> None:
+        end = time.perf_counter() + 0.4
+        while time.perf_counter() < end:
+            pass
+
+    with gil_profile.GilProfile(tmp_path / "gil.txt") as prof:
+        worker = threading.Thread(target=spin, name="short-lived")
+        worker.start()
+        worker.join()
+        time.sleep(0.1)
+    line = next(line for line in prof.summary().splitlines() if "short-lived" in line)
+    assert int(line.split("CPU ")[1].rstrip("%")) >= 30  # ~0.4 s of the ~0.5 s block
+    assert "py-spy is not on PATH" in prof.summary()

@@ -234,3 +234,22 @@ def test_graphs_turned_on_in_place_capture_the_compiled_step_as_a_new_graphed_tr
     losses(ladder_like, 2)
     continue_as(ladder_like, cfg("on"))
     assert all(torch.isfinite(torch.tensor(losses(ladder_like, 3)))) and ladder_like.train_step.graphed
+
+
+def test_a_trainer_continued_with_other_loaders_chooses_its_training_stream_again(monkeypatch):
+    """Its loaders are rebuilt (`close_loaders`, not `close`): the stream a new Trainer would pick for the
+    new data settings (parallel/streams.py) replaces the old one, entered after it."""
+    from cnnpar.engine import harness
+    from cnnpar.engine import trainer as trainer_module
+    from tests.unit.test_training_stream import FakeStreams
+
+    fake = FakeStreams(monkeypatch)
+    bundle = load_data(small_cpu("off").data, 5)
+    monkeypatch.setattr(trainer_module, "decodes_on_gpu", lambda cfg, b: False)
+    continued = build_trainer(small_cpu("off"), CPU, bundle)
+    assert continued.stream.stream is None and fake.current is fake.default
+    monkeypatch.setattr(harness, "decodes_on_gpu", lambda cfg, b: True)  # as if the new settings decoded on a GPU
+    continue_as(continued, small_cpu("on"))
+    assert fake.current is continued.stream.stream and fake.current.waited == ["default"]
+    continued.close()
+    assert fake.current is fake.default
