@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -633,6 +633,16 @@ s11f)
   TAIL=4 logged jpeg_pipeline80 300 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants "${VARIANTS:-hardware:14:0,hardware:14:0:batch=512}" --budget-s 200 --watchdog-s 295 \
       --out "$R/jpeg_pipeline80.csv"
+  ;;
+s11g)
+  # session 11, call G (one H200, the last ~5 min): after the review's fixes (slots no longer page-locked, the
+  # training stream entered last): the CUDA tests, then `cnnpar train` with no flags on the 24,000 photos
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  TAIL=6 logged gpu_tests 90 python3 -m pytest -q -m gpu tests/unit/test_byte_slots.py tests/unit/test_training_stream.py \
+      tests/unit/test_feeder.py
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 140
+  grep -E "^training stream|^encoded|^done" "$R"/default.log
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
