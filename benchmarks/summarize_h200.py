@@ -342,6 +342,10 @@ def session11_lines() -> list[str]:
             "`cnnpar train --model resnet50`, no flags, 24,000 photos, the training thread on its own stream (ZF)",
         ),
         ("call-zg", "the same with the encoded batches in shared slots (ZG)"),
+        (
+            "call-zi",
+            "the same, the slots not page-locked, the stream entered last (ZI; epochs 2-3 start with up to 5 of 75 batches made during the validation)",
+        ),
     ):
         out.append(cli_line(RESULTS / call / "default.log", label))
     return out
