@@ -344,7 +344,8 @@ def session11_lines() -> list[str]:
         ("call-zg", "the same with the encoded batches in shared slots (ZG)"),
         (
             "call-zi",
-            "the same, the slots not page-locked, the stream entered last (ZI; epochs 2-3 start with up to 5 of 75 batches made during the validation)",
+            "the same, the slots not page-locked, the stream entered last (ZI; epochs 2-3 start with up to 5 of 75 "
+            "batches made during the validation)",
         ),
     ):
         out.append(cli_line(RESULTS / call / "default.log", label))
