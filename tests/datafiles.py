@@ -67,3 +67,17 @@ def write_image_folder(root: Path, per_class: int = 6, classes: int = 2, side: i
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(img).save(folder / f"{i}.{'png' if i % 2 else 'jpg'}")
     return root
+
+
+def write_noise_jpegs(root: Path, n: int = 12, first_height: int = 48, width: int = 64) -> Path:
+    """root/c<i % 3>/<i>.jpg: n JPEGs of seeded noise (quality 90), image i `first_height + 4 i` rows high,
+    so files and batches differ in size."""
+    import torch
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for i in range(n):
+        (root / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        pixels = torch.randint(0, 256, (first_height + 4 * i, width, 3), generator=g, dtype=torch.uint8).numpy()
+        Image.fromarray(pixels).save(root / f"c{i % 3}" / f"{i}.jpg", quality=90)
+    return root

@@ -13,19 +13,13 @@ from cnnpar.data import byte_slots, load_data
 from cnnpar.data.byte_slots import ByteSlots, SlottedBatches
 from cnnpar.data.loader import build_loader
 from cnnpar.dist import DistInfo
+from tests.datafiles import write_noise_jpegs
 
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 
 
 def photo_folder(root, n: int = 24):
-    from PIL import Image
-
-    g = torch.Generator().manual_seed(0)
-    for i in range(n):
-        (root / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
-        pixels = torch.randint(0, 256, (40 + 4 * i, 56, 3), generator=g, dtype=torch.uint8).numpy()
-        Image.fromarray(pixels).save(root / f"c{i % 3}" / f"{i}.jpg", quality=90)
-    return root
+    return write_noise_jpegs(root, n, first_height=40, width=56)
 
 
 def test_a_slot_holds_what_was_written_and_refuses_what_does_not_fit():
@@ -159,12 +153,14 @@ def test_no_slots_without_persistent_workers_or_without_workers(tmp_path):
         feeder.close()
 
 
+def kilobyte_files(folder, n: int = 10) -> list:
+    for i in range(n):
+        (folder / f"{i}.jpg").write_bytes(b"x" * 1000)
+    return [folder / f"{i}.jpg" for i in range(n)]
+
+
 def test_the_slot_plan_fits_the_memory_budget(tmp_path, monkeypatch):
-    files = []
-    for i in range(10):
-        f = tmp_path / f"{i}.jpg"
-        f.write_bytes(b"x" * 1000)
-        files.append(f)
+    files = kilobyte_files(tmp_path)
     monkeypatch.setattr(byte_slots, "host_memory_bytes", lambda: 1 << 40)
     monkeypatch.setattr(byte_slots, "shm_free_bytes", lambda: 1 << 40)
     count, slot, why = byte_slots.plan_slots(files, 100, wanted=6)
@@ -202,11 +198,7 @@ def test_on_cuda_slotted_batches_decode_to_the_same_pixels_and_give_their_slots_
 def test_the_slot_budget_is_split_between_a_nodes_processes_and_a_full_shm_falls_back(tmp_path, monkeypatch):
     from cnnpar.data import loader
 
-    files = []
-    for i in range(10):
-        f = tmp_path / f"{i}.jpg"
-        f.write_bytes(b"x" * 1000)
-        files.append(f)
+    files = kilobyte_files(tmp_path)
     monkeypatch.setattr(byte_slots, "host_memory_bytes", lambda: 1 << 40)
     monkeypatch.setattr(byte_slots, "shm_free_bytes", lambda: 8 * 151552)  # half of it: four slots
     assert byte_slots.plan_slots(files, 100, wanted=6)[0] == 4

@@ -14,20 +14,14 @@ from cnnpar.data.loader import build_loader
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.dist import DistInfo
 from cnnpar.errors import ConfigError
+from tests.datafiles import write_noise_jpegs
 
 # the tests' own torchvision.io calls (references, encoders): only its codec notice is known
 pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
 
 
 def photo_folder(root, n: int = 12):
-    from PIL import Image
-
-    g = torch.Generator().manual_seed(0)
-    for i in range(n):
-        (root / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
-        pixels = torch.randint(0, 256, (48 + 4 * i, 64, 3), generator=g, dtype=torch.uint8).numpy()
-        Image.fromarray(pixels).save(root / f"c{i % 3}" / f"{i}.jpg", quality=90)
-    return root
+    return write_noise_jpegs(root, n)
 
 
 @pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 1.0])
