@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 RATE_HZ = 200
 ATTACH_S = 0.5  # py-spy's time to attach, inside the window the shares are of
 # "thread (TID): NAME;frame;frame COUNT", or "thread (TID);frame;... COUNT" for a thread Python did not start
@@ -34,15 +36,7 @@ _LINE = re.compile(r"^thread \((?P<tid>\d+)\)(?P<stack>.*) (?P<count>\d+)$")
 
 def thread_cpu_seconds() -> dict[int, float]:
     """CPU seconds (user + system) of every thread of this process, by native thread id."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended between listing and reading
-            continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14, 15)
-    return out
+    return {t.id: t.user_time + t.system_time for t in psutil.Process().threads()}
 
 
 def parse_raw(text: str) -> list[tuple[int, list[str], int]]:

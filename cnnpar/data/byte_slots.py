@@ -28,6 +28,7 @@ import os
 import threading
 
 import numpy as np
+import psutil
 import torch
 
 ENABLED = True  # benchmarks/jpeg_pipeline.py's slots=0 measures the old way
@@ -46,15 +47,14 @@ SAMPLE_FILES = 512  # files whose sizes estimate the average
 
 
 def host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return psutil.virtual_memory().total
 
 
 def shm_free_bytes() -> int:
     try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
+        return psutil.disk_usage("/dev/shm").free
+    except OSError:  # no /dev/shm (not Linux): no slots
         return 0
-    return st.f_bavail * st.f_frsize
 
 
 def plan_slots(files, batch_size: int, wanted: int) -> tuple[int, int, str]:
@@ -147,7 +147,3 @@ class SlottedBatches:
         self.slots.reset()  # runs at the pass's first draw, once the pass before is over
         for indices in self.batches:
             yield indices, self.slots.take()
-
-    def set_epoch(self, epoch: int) -> None:  # passes through to a DistributedSampler below
-        if hasattr(self.batches, "set_epoch"):
-            self.batches.set_epoch(epoch)
