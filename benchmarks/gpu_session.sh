@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -643,6 +643,37 @@ s11g)
   make_rep 80 .devdata/imagenet_rep80
   user_run .devdata/imagenet_rep80 140
   grep -E "^training stream|^encoded|^done" "$R"/default.log
+  ;;
+s12a)
+  # session 12, call A (one H200): issue 11's end to end at the current revision, slots pageable since the
+  # review: the default, the same under py-spy (gil_profile after its window and CPU fixes), and without slots
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'  # this phase's log display
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=6 logged jpeg_pipeline80 330 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0,hardware:14:0:gil=1,hardware:14:0:slots=0}" --budget-s 230 \
+      --watchdog-s 325 --out "$R/jpeg_pipeline80.csv"
+  ;;
+s12b)
+  # session 12, call B (one H200): issue 13.2, where ResNet-50's step goes (cnnpar profile: the kernel
+  # classes' shares) and inductor levers against the defaults and the plain compiled loop, MFU beside img/s
+  TAIL=12 logged step_rn50_b256 300 python3 benchmarks/step_vs_plain.py --cases resnet50:224:256 --plain compile \
+      --variants "${VARIANTS:-inductor.conv_1x1_as_mm=1;inductor.coordinate_descent_tuning=1}" \
+      --out "$R/step_rn50_b256.csv"
+  TAIL=40 logged profile_rn50 120 python3 -m cnnpar profile --model resnet50 --format synthetic \
+      --image-shape 3x224x224 --batch-size 256 --synthetic-samples 4096 --report-dir "$R/profile_rn50" \
+      --prof-wait 3 --prof-active 5 --no-progress
+  gzip -f "$R"/profile_rn50/trace_rank0.json
+  TAIL=4 logged step_rn50_b512 100 python3 benchmarks/step_vs_plain.py --cases resnet50:224:512 --plain none \
+      --variants "" --out "$R/step_rn50_b512.csv"
+  ;;
+s12c)
+  # session 12, call C (one H200): issue 13.3, ResNet-18 at 32 px: inductor levers at batch 512, and larger
+  # batches with the defaults
+  TAIL=10 logged step_rn18_b512 330 python3 benchmarks/step_vs_plain.py --cases resnet18:32:512 --plain compile \
+      --variants "${VARIANTS:-inductor.coordinate_descent_tuning=1;compile=off;compile=max-autotune-no-cudagraphs}" \
+      --out "$R/step_rn18_b512.csv"
+  TAIL=5 logged step_rn18_big 120 python3 benchmarks/step_vs_plain.py --cases resnet18:32:1024,resnet18:32:2048 \
+      --plain none --variants "" --out "$R/step_rn18_big.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

@@ -4,9 +4,16 @@ The plain loops are what a skilled engineer writes by hand: data already on the 
 SGD, autocast, channels_last, optionally torch.compile. cnnpar runs its own Trainer (resident
 uint8 data, device-side normalisation, its default switches for the device). Each variant:
 warm-up (and compile) first, then `--repeats` timed runs of `--steps` steps between device
-synchronisations; the median images/s is reported.
+synchronisations; the median images/s is reported, with the model's FLOPs per image and the
+device's bf16 matmul peak, both measured in the same run (MFU = FLOPs x img/s / peak).
+
+A cnnpar variant is `k=v,k=v`: SpeedConfig fields (`compile=max-autotune-no-cudagraphs`), or
+`inductor.<option>=<value>` for an inductor setting patched around that variant's compile and
+timing (`inductor.coordinate_descent_tuning=1`): levers measured here before any becomes a switch.
 
     python benchmarks/step_vs_plain.py --out benchmarks/results/step_vs_plain_h200.csv
+    python benchmarks/step_vs_plain.py --plain compile --cases resnet18:32:512 \
+        --variants "inductor.coordinate_descent_tuning=1;compile=max-autotune-no-cudagraphs"
     python benchmarks/step_vs_plain.py --device cpu --cases cnn3:28:128 --steps 10   # a quick CPU check
 """
 
@@ -23,6 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cnnpar.bench.flops import flops_per_image, peak_flops  # noqa: E402
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
@@ -30,6 +38,46 @@ from cnnpar.models import build_model  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
+
+
+CUDA_VARIANTS = "compile=default;compile=off;compile=default,cuda_graphs=on;compile=off,cuda_graphs=on"
+PLAIN_LOOPS = {  # name -> (label, precision, channels_last, compile mode)
+    "fp32": ("plain fp32 NCHW", "fp32", False, None),
+    "bf16": ("plain bf16 channels_last", "bf16", True, None),
+    "compile": ("plain bf16 channels_last compile", "bf16", True, "default"),
+}
+
+
+def _value(text: str):
+    """A variant value as inductor expects it: booleans and integers typed, anything else a string."""
+    low = text.lower()
+    if low in ("1", "true", "on"):
+        return True
+    if low in ("0", "false", "off"):
+        return False
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def parse_variant(spec: str) -> tuple[dict, dict]:
+    """`k=v,k=v` -> (SpeedConfig overrides, inductor options); `inductor.` keys go to the second."""
+    speed, inductor = {}, {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--variants: {item!r} in {spec!r} is not key=value")
+        if key.startswith("inductor."):
+            name = key.removeprefix("inductor.")
+            import torch._inductor.config as inductor_config
+
+            if name not in inductor_config.get_config_copy():  # dotted names too: triton.cudagraphs
+                raise SystemExit(f"--variants: torch {torch.__version__} has no inductor option {name!r}")
+            inductor[name] = _value(value)
+        else:
+            speed[key] = value
+    return speed, inductor
 
 
 def time_plain(model_name, size, batch, device, precision, channels_last, compile_mode, steps, repeats, warmup):
@@ -74,6 +122,16 @@ def time_plain(model_name, size, batch, device, precision, channels_last, compil
 
 
 def time_cnnpar(model_name, size, batch, device, steps, repeats, overrides):
+    inductor = overrides.get("inductor", {})
+    if inductor:  # patched around the compile (at warm-up) and the timed steps alike
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(inductor):
+            return _time_cnnpar(model_name, size, batch, device, steps, repeats, overrides)
+    return _time_cnnpar(model_name, size, batch, device, steps, repeats, overrides)
+
+
+def _time_cnnpar(model_name, size, batch, device, steps, repeats, overrides):
     chans = 1 if model_name == "cnn3" else 3
     speed = SpeedConfig(device=device.type, **overrides.get("speed", {}))
     cfg = Config(
@@ -103,6 +161,14 @@ def time_cnnpar(model_name, size, batch, device, steps, repeats, overrides):
     return statistics.median(rates), warm_s, label
 
 
+def _with_mfu(row: dict, flops: float, peak: float) -> dict:
+    row["gflop_per_image"] = round(flops / 1e9, 3)
+    if "images_per_s" in row:
+        row["tflops"] = round(flops * row["images_per_s"] / 1e12, 1)
+        row["mfu"] = round(flops * row["images_per_s"] / peak, 4)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -112,25 +178,49 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--out", default="benchmarks/results/step_vs_plain.csv")
     ap.add_argument(
+        "--plain",
+        default="fp32,bf16,compile",
+        help="plain loops to run beside cnnpar's: a comma list of fp32, bf16, compile, or none",
+    )
+    ap.add_argument(
         "--variants",
-        default="compile=default;compile=off;compile=default,cuda_graphs=on;compile=off,cuda_graphs=on",
-        help="cnnpar speed variants on CUDA besides its defaults: ';'-separated, each k=v,k=v",
+        default=None,
+        help="cnnpar variants besides its defaults: ';'-separated, each k=v,k=v (SpeedConfig fields or "
+        "inductor.<option>); default on CUDA: " + CUDA_VARIANTS + "; none on the CPU",
     )
     args = ap.parse_args()
     device = torch.device(args.device)
     torch.backends.cudnn.benchmark = True
     env = environment(device)
-    rows = []
     cuda = device.type == "cuda"
+    wanted = [p for p in args.plain.split(",") if p and p != "none"]
+    unknown = sorted(set(wanted) - set(PLAIN_LOOPS))
+    if unknown:
+        raise SystemExit(f"--plain: {unknown} are not among {sorted(PLAIN_LOOPS)} or none")
+    cnnpar_variants = [("cnnpar defaults", {})]
+    specs = args.variants if args.variants is not None else (CUDA_VARIANTS if cuda else "")
+    for spec in filter(None, specs.split(";")):
+        speed, inductor = parse_variant(spec)
+        cnnpar_variants.append((f"cnnpar {spec}", {"speed": speed, "inductor": inductor}))
+    peak, peak_kind = peak_flops(device)
+    print(f"peak: {peak / 1e12:.1f} TFLOP/s ({peak_kind})", flush=True)
+    rows = []
+    stamp = {k: env[k] for k in ("device", "driver", "torch", "world_size", "git_rev", "date")}
+    stamp.update(steps=args.steps, repeats=args.repeats, peak_tflops=round(peak / 1e12, 1), peak_kind=peak_kind)
+
+    def keep(row: dict) -> None:
+        """Record a row and rewrite the file: a phase cut short keeps the rows it finished."""
+        rows.append({**row, **stamp})
+        print(rows[-1], flush=True)
+        write_csv_atomic(args.out, rows)
+
     for case in args.cases.split(","):
         name, size, batch = case.split(":")
         size, batch = int(size), int(batch)
-        plain = [("plain fp32 NCHW", "fp32", False, None)]
-        if cuda:
-            plain += [
-                ("plain bf16 channels_last", "bf16", True, None),
-                ("plain bf16 channels_last compile", "bf16", True, "default"),
-            ]
+        chans = 1 if name == "cnn3" else 3
+        flops = flops_per_image(name, (chans, size, size), 10, device)
+        print(f"{name} at {size}: {flops / 1e9:.2f} GFLOP an image, forward and backward", flush=True)
+        plain = [PLAIN_LOOPS[p] for p in wanted if cuda or PLAIN_LOOPS[p][1] == "fp32"]
         for label, prec, cl, comp in plain:
             if cuda and prec == "fp32":
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -139,14 +229,8 @@ def main():
                 row = {"variant": label, "images_per_s": round(ips, 1), "warmup_s": round(warm, 1), "status": "ok"}
             except Exception as e:  # a variant that fails is recorded, the rest still run
                 row = {"variant": label, "status": "failed", "error": repr(e)[:300]}
-            rows.append({"model": name, "image_size": size, "batch": batch, **row})
-            print(rows[-1], flush=True)
+            keep(_with_mfu({"model": name, "image_size": size, "batch": batch, **row}, flops, peak))
             torch._dynamo.reset()
-        cnnpar_variants = [("cnnpar defaults", {})]
-        if cuda:
-            for spec in filter(None, args.variants.split(";")):
-                speed = dict(kv.split("=") for kv in spec.split(","))
-                cnnpar_variants.append((f"cnnpar {spec}", {"speed": speed}))
         for label, ov in cnnpar_variants:
             try:
                 ips, warm, resolved = time_cnnpar(name, size, batch, device, args.steps, args.repeats, ov)
@@ -158,16 +242,15 @@ def main():
                 }
             except Exception as e:
                 row = {"variant": label, "status": "failed", "error": repr(e)[:300]}
-            rows.append({"model": name, "image_size": size, "batch": batch, **row})
-            print(rows[-1], flush=True)
+            keep(_with_mfu({"model": name, "image_size": size, "batch": batch, **row}, flops, peak))
             torch._dynamo.reset()
-    for r in rows:
-        r.update({k: env[k] for k in ("device", "driver", "torch", "world_size", "git_rev", "date")})
-        r["steps"], r["repeats"] = args.steps, args.repeats
-    write_csv_atomic(args.out, rows)
     print(f"wrote {args.out}")
     for r in rows:
-        print(f"{r['model']:>9} {r['image_size']:>4} b{r['batch']:<4} {r.get('images_per_s', '-'):>10}  {r['variant']}")
+        mfu = f"{r['mfu']:.1%}" if "mfu" in r else "-"
+        print(
+            f"{r['model']:>9} {r['image_size']:>4} b{r['batch']:<4} {r.get('images_per_s', '-'):>10} "
+            f"MFU {mfu:>6}  {r['variant']}"
+        )
 
 
 if __name__ == "__main__":
