@@ -20,6 +20,7 @@ timing (`inductor.coordinate_descent_tuning=1`): levers measured here before any
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -38,7 +39,6 @@ from cnnpar.models import build_model  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
-
 
 CUDA_VARIANTS = "compile=default;compile=off;compile=default,cuda_graphs=on;compile=off,cuda_graphs=on"
 PLAIN_LOOPS = {  # name -> (label, precision, channels_last, compile mode)
@@ -76,7 +76,10 @@ def parse_variant(spec: str) -> tuple[dict, dict]:
                 raise SystemExit(f"--variants: torch {torch.__version__} has no inductor option {name!r}")
             inductor[name] = _value(value)
         else:
-            speed[key] = value
+            kind = {f.name: type(f.default) for f in dataclasses.fields(SpeedConfig)}.get(key)
+            if kind is None:
+                raise SystemExit(f"--variants: {key!r} in {spec!r} is not a SpeedConfig field or inductor.<option>")
+            speed[key] = _value(value) if kind is bool else value  # compile_tuning=1; cuda_graphs=on stays a word
     return speed, inductor
 
 

@@ -257,6 +257,12 @@ class SpeedConfig:
         "auto", "torch.compile mode, or off (auto: from measurements, see presets.py)", choices=COMPILE_MODES
     )
     cudnn_benchmark: bool = _f(True, "let cuDNN time its algorithms for fixed shapes")
+    compile_tuning: bool = _f(
+        False,
+        "tune the block sizes of inductor's own kernels by timing them (coordinate descent) at compile time: "
+        "ResNet-18 at 32 px b512 ran 1.022x as fast on an H200 for a compile 85 s longer; ResNet-50's compile "
+        "did not finish within 4 minutes (benchmarks/results/2026-12-01-h200/call-zl)",
+    )
     compile_eval: bool = _f(
         False,
         "evaluate through the compiled model too (one more compile, at the first evaluation; one process "

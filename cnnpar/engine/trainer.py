@@ -147,6 +147,7 @@ class Trainer:
             ddp_bucket_mb=cfg.dist.ddp_bucket_mb,
             ddp_static_graph=cfg.dist.ddp_static_graph,
             ddp_broadcast_buffers=cfg.dist.ddp_broadcast_buffers,
+            compile_tuning=cfg.speed.compile_tuning,
         )
         self.raw_model = unwrap(self.model)  # SyncBN conversion may have replaced the module
         # Identical weights came from the shared seed; from here on each rank draws its own random

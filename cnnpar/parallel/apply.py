@@ -64,10 +64,24 @@ def apply_ddp(
     )
 
 
-def apply_compile(model: nn.Module, mode: str) -> nn.Module:
+def compile_options(mode: str, tuning: bool) -> dict:
+    """torch.compile's keyword arguments for a cnnpar compile mode.
+
+    torch.compile takes a mode or an options dict, not both; tuning spells the mode out as its inductor
+    options (`list_mode_options`) and adds coordinate-descent tuning, so that only this model's compile
+    is tuned (setting inductor's global config would tune every later compile in the process too).
+    """
+    if not tuning:
+        return {"mode": None if mode == "default" else mode}
+    from torch._inductor import list_mode_options
+
+    return {"options": {**list_mode_options(mode), "coordinate_descent_tuning": True}}
+
+
+def apply_compile(model: nn.Module, mode: str, tuning: bool = False) -> nn.Module:
     if mode == "off":
         return model
-    return torch.compile(model, mode=None if mode == "default" else mode)
+    return torch.compile(model, **compile_options(mode, tuning))
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -86,9 +100,10 @@ def parallelize(
     ddp_bucket_mb: float = 0.0,
     ddp_static_graph: bool = False,
     ddp_broadcast_buffers: bool = True,
+    compile_tuning: bool = False,
 ) -> nn.Module:
     model = apply_sync_bn(model, info, sync_bn)
     model = apply_channels_last(model, channels_last)
     model = model.to(info.device)
     model = apply_ddp(model, info, ddp_bucket_mb, ddp_static_graph, ddp_broadcast_buffers)
-    return apply_compile(model, compile_mode)
+    return apply_compile(model, compile_mode, compile_tuning)

@@ -125,6 +125,32 @@ def test_rehearsal_compiles_without_training():
     assert trainer.scheduler.last_epoch == 0 and trainer.train_step.steps == 0
 
 
+def test_compile_tuning_tunes_this_models_compile_and_no_other(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    from cnnpar.parallel import apply
+
+    seen = []
+    monkeypatch.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    for tuning in (False, True):
+        build_trainer(with_overrides(small(), speed={"compile": "default", "compile_tuning": tuning}), CPU).close()
+    assert seen == [{"mode": None}, {"options": {"coordinate_descent_tuning": True}}]
+    assert inductor_config.coordinate_descent_tuning is False  # the process's other compiles stay untuned
+    # a named mode keeps its own options beside the tuning (torch.compile takes a mode or options, not both)
+    assert apply.compile_options("reduce-overhead", True) == {
+        "options": {"triton.cudagraphs": True, "coordinate_descent_tuning": True}
+    }
+    assert apply.compile_options("max-autotune", False) == {"mode": "max-autotune"}
+
+
+def test_compile_tuning_options_are_ones_torch_compile_accepts():
+    from cnnpar.parallel.apply import apply_compile
+
+    # torch.compile checks an options dict when it is called: an option this torch lacks raises here
+    model = apply_compile(nn.Linear(2, 2), "default", tuning=True)
+    assert model(torch.ones(1, 2)).shape == (1, 2)
+
+
 def test_graphs_are_blocked_where_they_cannot_replay_the_step():
     base = small()
     assert graphs_blocked_by(base, distributed=False) == ""
