@@ -321,9 +321,10 @@ def gil_note(path: Path) -> str:
 
 def session11_lines() -> list[str]:
     """Session 11: who holds the GIL (py-spy, ZC-ZE), CUDA graphs beside the decoders (ZD, ZE), the training
-    thread's own stream (ZE), the encoded batches in shared slots made once (ZG, ZH)."""
+    thread's own stream (ZE), the encoded batches in shared slots made once (ZG, ZH); session 12: the same at
+    the revision after the review, slots pageable (ZJ)."""
     out = []
-    for call in ("call-zc", "call-zd", "call-ze", "call-zf", "call-zg", "call-zh"):
+    for call in ("call-zc", "call-zd", "call-ze", "call-zf", "call-zg", "call-zh", "call-zj"):
         path = RESULTS / call / "jpeg_pipeline80.csv"
         for i, r in enumerate(rows(path) if path.exists() else []):
             if r["status"] != "ok":
@@ -349,6 +350,44 @@ def session11_lines() -> list[str]:
         ),
     ):
         out.append(cli_line(RESULTS / call / "default.log", label))
+    return out
+
+
+STEP_FILES = (  # session 12, issue 13.2 and 13.3: the train step on data already on the GPU
+    "call-zk/step_rn50_b256.csv",
+    "call-zl/step_rn50_cdt.csv",
+    "call-zm/step_rn50_b512.csv",
+    "call-zl/step_rn18_b512.csv",
+    "call-zm/step_rn18_big.csv",
+    "call-zn/step_rn18_b2048_tuning.csv",
+)
+
+
+def step_lines() -> list[str]:
+    """Train-step rows (benchmarks/step_vs_plain.py) with MFU against the peak measured in the same run, and
+    the kernel kinds of the profiled ResNet-50 step (call ZK's `cnnpar profile` reading)."""
+    out = []
+    for name in STEP_FILES:
+        path = RESULTS / name
+        tag = name.split("/")[0].split("-", 1)[1].upper()
+        for r in rows(path):
+            if r["status"] != "ok":
+                continue
+            variant = r["variant"].split(" (")[0]
+            out.append(
+                f"| {r['model']} {r['image_size']} px b{r['batch']} train step ({tag}, {r['git_rev']}): {variant} | "
+                f"{float(r['images_per_s']):,.0f} img/s | MFU {100 * float(r['mfu']):.1f} % of "
+                f"{float(r['peak_tflops']):.1f} TFLOP/s ({r['peak_kind']}, same run); warm-up {float(r['warmup_s']):.0f} s"
+                f" | `{rel(path)}` |"
+            )
+    reading = RESULTS / "call-zk" / "profile_rn50" / "where_time_went_rank0.txt"
+    kinds = re.findall(r"^\s+[\d.]+ ms\s+([\d.]+) %\s+\d+ kernels\s+(.+)$", reading.read_text(), re.M)
+    if kinds:
+        shares = "; ".join(f"{kind} {share} %" for share, kind in kinds)
+        out.append(
+            f"| resnet50 224 px b256 step as `cnnpar profile` runs it (ZK: AdamW, CUDA graphs, under the profiler): "
+            f"the largest kind of kernel time | {kinds[0][1]}: {kinds[0][0]} % | {shares} | `{rel(reading)}` |"
+        )
     return out
 
 
@@ -387,6 +426,7 @@ def main() -> None:
         claims_line(),
         ladder_line(),
         doctor_line(),
+        *step_lines(),
         *framework_lines(),
     ]
     block = "\n".join(table)
