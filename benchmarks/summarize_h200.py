@@ -377,8 +377,8 @@ def step_lines() -> list[str]:
             out.append(
                 f"| {r['model']} {r['image_size']} px b{r['batch']} train step ({tag}, {r['git_rev']}): {variant} | "
                 f"{float(r['images_per_s']):,.0f} img/s | MFU {100 * float(r['mfu']):.1f} % of "
-                f"{float(r['peak_tflops']):.1f} TFLOP/s ({r['peak_kind']}, same run); warm-up {float(r['warmup_s']):.0f} s"
-                f" | `{rel(path)}` |"
+                f"{float(r['peak_tflops']):.1f} TFLOP/s ({r['peak_kind']}, same run); "
+                f"warm-up {float(r['warmup_s']):.0f} s | `{rel(path)}` |"
             )
     reading = RESULTS / "call-zk" / "profile_rn50" / "where_time_went_rank0.txt"
     kinds = re.findall(r"^\s+[\d.]+ ms\s+([\d.]+) %\s+\d+ kernels\s+(.+)$", reading.read_text(), re.M)
