@@ -119,3 +119,15 @@ def test_a_rung_started_after_the_budget_is_skipped_and_says_why(digits8):
     by = {r["name"]: r for r in rows}
     assert by["baseline"]["status"] == "ok"
     assert by["bf16"]["status"] == "skipped" and "time budget spent (10 s" in by["bf16"]["error"]
+
+
+def test_the_cpu_peak_is_the_faster_of_fp32_and_native_bf16(monkeypatch):
+    from cnnpar.bench import flops
+    from cnnpar.parallel import precision
+
+    rates = {torch.float32: 2.0, torch.bfloat16: 5.0}
+    monkeypatch.setattr(flops, "_matmul_flops", lambda device, dtype, n: (rates[dtype], str(dtype)))
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert flops.peak_flops(torch.device("cpu")) == (5.0, "torch.bfloat16")  # a bf16 step stays under 100 % MFU
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)  # emulated bf16 is no peak to quote
+    assert flops.peak_flops(torch.device("cpu")) == (2.0, "torch.float32")
