@@ -686,7 +686,7 @@ s12d)
 s12e)
   # session 12, call E (one H200, the last ~6 min): the new --compile-tuning switch (cnnpar's own step, not an
   # inductor patch) against the defaults at ResNet-18 32 px b2048, where the defaults ran 96,917 img/s (call D)
-  TAIL=5 logged step_rn18_b2048_tuning 270 python3 benchmarks/step_vs_plain.py --cases resnet18:32:2048 \
+  TAIL=5 logged step_rn18_b2048_tuning 270 python3 benchmarks/step_vs_plain.py --cases "${CASES:-resnet18:32:2048}" \
       --plain none --variants "compile_tuning=1" --out "$R/step_rn18_b2048_tuning.csv"
   ;;
 s10b)
