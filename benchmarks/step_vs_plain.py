@@ -5,7 +5,8 @@ SGD, autocast, channels_last, optionally torch.compile. cnnpar runs its own Trai
 uint8 data, device-side normalisation, its default switches for the device). Each variant:
 warm-up (and compile) first, then `--repeats` timed runs of `--steps` steps between device
 synchronisations; the median images/s is reported, with the model's FLOPs per image and the
-device's bf16 matmul peak, both measured in the same run (MFU = FLOPs x img/s / peak).
+device's matmul peak (bf16 on CUDA; cnnpar.bench.flops), both measured in the same run (MFU = FLOPs x
+img/s / peak).
 
 A cnnpar variant is `k=v,k=v`: SpeedConfig fields (`compile=max-autotune-no-cudagraphs`), or
 `inductor.<option>=<value>` for an inductor setting patched around that variant's compile and
@@ -48,22 +49,28 @@ PLAIN_LOOPS = {  # name -> (label, precision, channels_last, compile mode)
 }
 
 
-def _value(text: str):
-    """A variant value as inductor expects it: booleans and integers typed, anything else a string."""
-    low = text.lower()
-    if low in ("1", "true", "on"):
-        return True
-    if low in ("0", "false", "off"):
-        return False
-    try:
-        return int(text)
-    except ValueError:
-        return text
+BOOLEAN_WORDS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
+
+
+def _typed(value: str, like, what: str):
+    """`value` as the type of `like` (an option's default): a bool only from 1/0/true/false/on/off."""
+    if isinstance(like, bool):
+        if value.lower() not in BOOLEAN_WORDS:
+            raise SystemExit(f"--variants: {what}={value}, expected one of {', '.join(BOOLEAN_WORDS)}")
+        return BOOLEAN_WORDS[value.lower()]
+    if isinstance(like, (int, float)):
+        try:
+            return type(like)(value)
+        except ValueError:
+            raise SystemExit(f"--variants: {what}={value}, expected a {type(like).__name__}") from None
+    return value
 
 
 def parse_variant(spec: str) -> tuple[dict, dict]:
-    """`k=v,k=v` -> (SpeedConfig overrides, inductor options); `inductor.` keys go to the second."""
+    """`k=v,k=v` -> (SpeedConfig overrides, inductor options); `inductor.` keys go to the second. Each value
+    takes the type of the field's or option's default (inductor does not check the types it is patched with)."""
     speed, inductor = {}, {}
+    defaults = {f.name: f.default for f in dataclasses.fields(SpeedConfig)}
     for item in filter(None, spec.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -72,14 +79,14 @@ def parse_variant(spec: str) -> tuple[dict, dict]:
             name = key.removeprefix("inductor.")
             import torch._inductor.config as inductor_config
 
-            if name not in inductor_config.get_config_copy():  # dotted names too: triton.cudagraphs
+            options = inductor_config.get_config_copy()  # dotted names too: triton.cudagraphs
+            if name not in options:
                 raise SystemExit(f"--variants: torch {torch.__version__} has no inductor option {name!r}")
-            inductor[name] = _value(value)
+            inductor[name] = _typed(value, options[name], key)
+        elif key in defaults:
+            speed[key] = _typed(value, defaults[key], key)  # compile_tuning=1; cuda_graphs=on stays a word
         else:
-            kind = {f.name: type(f.default) for f in dataclasses.fields(SpeedConfig)}.get(key)
-            if kind is None:
-                raise SystemExit(f"--variants: {key!r} in {spec!r} is not a SpeedConfig field or inductor.<option>")
-            speed[key] = _value(value) if kind is bool else value  # compile_tuning=1; cuda_graphs=on stays a word
+            raise SystemExit(f"--variants: {key!r} in {spec!r} is not a SpeedConfig field or inductor.<option>")
     return speed, inductor
 
 
@@ -224,9 +231,12 @@ def main():
         flops = flops_per_image(name, (chans, size, size), 10, device)
         print(f"{name} at {size}: {flops / 1e9:.2f} GFLOP an image, forward and backward", flush=True)
         plain = [PLAIN_LOOPS[p] for p in wanted if cuda or PLAIN_LOOPS[p][1] == "fp32"]
+        if len(plain) < len(wanted):
+            print(f"--plain: on the CPU only the fp32 loop runs (asked: {','.join(wanted)})", flush=True)
         for label, prec, cl, comp in plain:
-            if cuda and prec == "fp32":
-                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+            # plain fp32 means fp32, not TF32; each plain loop sets the flags, so none inherits another's
+            tf32 = not (cuda and prec == "fp32")
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
             try:
                 ips, warm = time_plain(name, size, batch, device, prec, cl, comp, args.steps, args.repeats, args.warmup)
                 row = {"variant": label, "images_per_s": round(ips, 1), "warmup_s": round(warm, 1), "status": "ok"}

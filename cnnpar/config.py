@@ -259,7 +259,8 @@ class SpeedConfig:
     cudnn_benchmark: bool = _f(True, "let cuDNN time its algorithms for fixed shapes")
     compile_tuning: bool = _f(
         False,
-        "tune the block sizes of inductor's own kernels by timing them (coordinate descent) at compile time: "
+        "tune the block sizes of inductor's own kernels by timing them (coordinate descent) at compile time "
+        "(with --compile default or reduce-overhead; the max-autotune modes tune so already): "
         "ResNet-18 at 32 px ran 1.022x (b512) and 1.027x (b2048) as fast on an H200 for a compile 85-107 s longer; "
         "ResNet-50's compile did not finish within 4 minutes (benchmarks/results/2026-12-01-h200/call-zl, call-zn)",
     )

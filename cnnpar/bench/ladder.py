@@ -167,6 +167,7 @@ def switches(cfg: Config) -> dict:
         "precision": s.precision,
         "channels_last": s.channels_last,
         "compile": s.compile,
+        "compile_tuning": s.compile_tuning,
         "cuda_graphs": s.cuda_graphs,
         "cudnn_benchmark": s.cudnn_benchmark,
     }

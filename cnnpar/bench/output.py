@@ -27,6 +27,7 @@ RUNG_COLUMNS = [
     "precision",
     "channels_last",
     "compile",
+    "compile_tuning",
     "cuda_graphs",
     "cudnn_benchmark",
     "continues",
