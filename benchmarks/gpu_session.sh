@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -688,6 +688,14 @@ s12e)
   # inductor patch) against the defaults at ResNet-18 32 px b2048, where the defaults ran 96,917 img/s (call D)
   TAIL=5 logged step_rn18_b2048_tuning 270 python3 benchmarks/step_vs_plain.py --cases "${CASES:-resnet18:32:2048}" \
       --plain none --variants "compile_tuning=1" --out "$R/step_rn18_b2048_tuning.csv"
+  ;;
+s13a)
+  # for the next session (one H200, ~7 min with a cold start; built in session 12, CPU-tested): issue 13.2's first
+  # lever from call ZK's trace, the space-to-depth stem, against the defaults at ResNet-50 224 b256, then its
+  # CUDA test
+  TAIL=5 logged step_rn50_s2d 420 python3 benchmarks/step_vs_plain.py --cases "${CASES:-resnet50:224:256}" \
+      --plain none --variants "${VARIANTS:-stem_space_to_depth=1}" --out "$R/step_rn50_s2d.csv"
+  TAIL=4 logged gpu_tests 60 python3 -m pytest -q -m gpu tests/unit/test_stem.py
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

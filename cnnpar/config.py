@@ -264,6 +264,13 @@ class SpeedConfig:
         "ResNet-18 at 32 px ran 1.022x (b512) and 1.027x (b2048) as fast on an H200 for a compile 85-107 s longer; "
         "ResNet-50's compile did not finish within 4 minutes (benchmarks/results/2026-12-01-h200/call-zl, call-zn)",
     )
+    stem_space_to_depth: bool = _f(
+        False,
+        "compute a stride-2 stem convolution on at most 4 channels (ResNet's 7x7 at 64 px and up) as the same "
+        "function on 2x2 blocks of the input: a 4x4 stride-1 convolution on 12 channels, zero-padded to 16, "
+        "for tensor-core kernels that 3 channels do not get (parallel/stem.py); weights and checkpoints "
+        "unchanged. Equal to the plain convolution to rounding (CPU-tested); not yet timed on a GPU",
+    )
     compile_eval: bool = _f(
         False,
         "evaluate through the compiled model too (one more compile, at the first evaluation; one process "

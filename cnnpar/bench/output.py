@@ -28,6 +28,7 @@ RUNG_COLUMNS = [
     "channels_last",
     "compile",
     "compile_tuning",
+    "stem_space_to_depth",
     "cuda_graphs",
     "cudnn_benchmark",
     "continues",

@@ -51,6 +51,7 @@ from cnnpar.errors import UserError
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
+from cnnpar.parallel.stem import SpaceToDepthConv2d
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
@@ -148,6 +149,7 @@ class Trainer:
             ddp_static_graph=cfg.dist.ddp_static_graph,
             ddp_broadcast_buffers=cfg.dist.ddp_broadcast_buffers,
             compile_tuning=cfg.speed.compile_tuning,
+            stem_space_to_depth=cfg.speed.stem_space_to_depth,
         )
         self.raw_model = unwrap(self.model)  # SyncBN conversion may have replaced the module
         # Identical weights came from the shared seed; from here on each rank draws its own random
@@ -489,6 +491,14 @@ class Trainer:
             self.log(f"image size: {self.bundle.shape[1]} ({self.bundle.size_from})")
         if self.decode_line:
             self.log(self.decode_line)
+        if cfg.speed.stem_space_to_depth:
+            blocked = [n for n, m in self.raw_model.named_modules() if isinstance(m, SpaceToDepthConv2d)]
+            self.log(
+                f"stem: {', '.join(blocked)} computed on 2x2 blocks of its input (--stem-space-to-depth)"
+                if blocked
+                else "stem: --stem-space-to-depth changes nothing here (no stride-2 convolution of 5x5 or more on "
+                "at most 4 channels)"
+            )
         if self.stream.describe():
             self.log(f"training stream: {self.stream.describe()}")
         slots = getattr(self.train_loader.decoder, "slots", None)

@@ -1,6 +1,7 @@
 """apply_* functions, one per concern, and parallelize() which calls them in a fixed order.
 
 Order, and why:
+0. space-to-depth stem        - swaps a module for one holding the same Parameters, before anything wraps it.
 1. SyncBatchNorm conversion   - must see the plain BatchNorm modules, before anything wraps them.
 2. channels_last              - parameters get their memory format before compile traces them.
 3. move to device             - DDP requires the module on its device when it is wrapped.
@@ -17,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.dist import DistInfo
 from cnnpar.errors import ConfigError
+from cnnpar.parallel.stem import space_to_depth_stem
 
 
 def apply_sync_bn(model: nn.Module, info: DistInfo, enabled: bool) -> nn.Module:
@@ -101,7 +103,10 @@ def parallelize(
     ddp_static_graph: bool = False,
     ddp_broadcast_buffers: bool = True,
     compile_tuning: bool = False,
+    stem_space_to_depth: bool = False,
 ) -> nn.Module:
+    if stem_space_to_depth:
+        space_to_depth_stem(model)
     model = apply_sync_bn(model, info, sync_bn)
     model = apply_channels_last(model, channels_last)
     model = model.to(info.device)

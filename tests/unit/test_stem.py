@@ -1,0 +1,100 @@
+"""The space-to-depth stem (parallel/stem.py): the same function as the plain stride-2 convolution, values and
+gradients, with the module's own parameters, checkpoints unchanged, and only where it is meant to apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from cnnpar.config import Config
+from cnnpar.dist import DistInfo
+from cnnpar.engine.trainer import Trainer
+from cnnpar.models import build_model
+from cnnpar.parallel.stem import SpaceToDepthConv2d, space_to_depth_stem
+from cnnpar.presets import with_overrides
+
+CPU = DistInfo(0, 0, 1, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "channels, kernel, padding, height, width, bias",
+    [
+        (3, 7, 3, 64, 64, False),  # ResNet's stem
+        (3, 7, 3, 65, 47, True),  # odd sides: the block grid needs one more zero row or column
+        (1, 5, 2, 33, 40, False),
+        (4, 7, 0, 31, 30, True),  # no padding: rows no tap reads are cropped
+        (2, 6, 2, 17, 18, True),  # an even kernel
+    ],
+)
+def test_values_and_gradients_equal_the_plain_convolutions(channels, kernel, padding, height, width, bias):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(channels, 16, kernel, 2, padding, bias=bias)).double()
+    plain = model[0]
+    x = torch.randn(2, channels, height, width, dtype=torch.float64, requires_grad=True)
+    y = plain(x)
+    grad = torch.randn_like(y)
+    y.backward(grad)
+    want = [plain.weight.grad.clone(), x.grad.clone()] + ([plain.bias.grad.clone()] if bias else [])
+    plain.zero_grad(set_to_none=True)
+    x.grad = None
+
+    assert space_to_depth_stem(model) == ["0"]
+    blocked = model[0]
+    assert isinstance(blocked, SpaceToDepthConv2d) and blocked.weight is plain.weight  # the same Parameter
+    got_y = blocked(x)
+    got_y.backward(grad)
+    got = [blocked.weight.grad, x.grad] + ([blocked.bias.grad] if bias else [])
+    torch.testing.assert_close(got_y, y, rtol=0, atol=1e-12)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
+
+
+def test_resnet_stems_are_swapped_at_imagenet_sizes_only_and_checkpoints_stay_the_same():
+    torch.manual_seed(0)
+    big = build_model("resnet50", 3, 10, 64).eval()
+    keys = {k: v.shape for k, v in big.state_dict().items()}
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        before = big(x)
+    assert space_to_depth_stem(big) == ["conv1"]
+    assert {k: v.shape for k, v in big.state_dict().items()} == keys  # a checkpoint loads into a plain model
+    with torch.no_grad():
+        torch.testing.assert_close(big(x), before, rtol=1e-4, atol=1e-4)
+    small = build_model("resnet18", 3, 10, 32)  # the 3x3 stride-1 stem of small images: nothing to rewrite
+    assert space_to_depth_stem(small) == []
+    wide = nn.Sequential(nn.Conv2d(16, 8, 7, 2, 3))  # many channels map onto tensor cores already
+    assert space_to_depth_stem(wide) == []
+
+
+def test_a_run_with_the_switch_trains_the_stem_and_says_what_it_swapped(tmp_path):
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x64x64", "synthetic_samples": 10, "augment": "none"},
+        model={"name": "resnet18"},
+        speed={"device": "cpu", "precision": "fp32", "channels_last": "off", "stem_space_to_depth": True},
+        run={"batch_size": 4, "epochs": 1, "out_dir": str(tmp_path), "progress": False, "tensorboard": False},
+    )
+    lines = []
+    trainer = Trainer(cfg, CPU, log=lambda *a, **k: lines.append(" ".join(map(str, a))))
+    stem = trainer.raw_model.conv1
+    assert isinstance(stem, SpaceToDepthConv2d)
+    assert any(p is stem.weight for g in trainer.optimizer.param_groups for p in g["params"])
+    before = stem.weight.detach().clone()
+    trainer.fit()
+    assert not torch.equal(stem.weight, before)  # its gradient reached the 7x7 parameter
+    assert "stem: conv1 computed on 2x2 blocks of its input (--stem-space-to-depth)" in lines
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_in_bf16_channels_last_the_blocked_stem_stays_within_rounding_of_the_plain_one():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False)).cuda().to(memory_format=torch.channels_last)
+    x = torch.randn(8, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        want = model(x).float()
+        space_to_depth_stem(model)
+        got = model(x).float()
+    # bf16 inputs and products, fp32 sums in another order: a few bf16 steps of the outputs' size
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()
