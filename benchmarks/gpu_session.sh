@@ -690,11 +690,12 @@ s12e)
       --plain none --variants "compile_tuning=1" --out "$R/step_rn18_b2048_tuning.csv"
   ;;
 s13a)
-  # for the next session (one H200, ~7 min with a cold start; built in session 12, CPU-tested): issue 13.2's first
-  # lever from call ZK's trace, the space-to-depth stem, against the defaults at ResNet-50 224 b256, then its
-  # CUDA test
+  # for the next session (one H200, ~8 min with a cold start; built in session 12, CPU-tested): issue 13.2's two
+  # levers from call ZK's trace, the space-to-depth stem and aten's max-pool backward, each against the defaults
+  # at ResNet-50 224 b256, then the stem's CUDA test
   TAIL=5 logged step_rn50_s2d 420 python3 benchmarks/step_vs_plain.py --cases "${CASES:-resnet50:224:256}" \
-      --plain none --variants "${VARIANTS:-stem_space_to_depth=1}" --out "$R/step_rn50_s2d.csv"
+      --plain none --variants "${VARIANTS:-stem_space_to_depth=1;fallback.max_pool2d_with_indices_backward=1}" \
+      --out "$R/step_rn50_s2d.csv"
   TAIL=4 logged gpu_tests 60 python3 -m pytest -q -m gpu tests/unit/test_stem.py
   ;;
 s10b)

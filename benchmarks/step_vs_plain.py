@@ -21,6 +21,8 @@ timing (`inductor.coordinate_descent_tuning=1`): levers measured here before any
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import dataclasses
 import statistics
 import sys
@@ -66,10 +68,11 @@ def _typed(value: str, like, what: str):
     return value
 
 
-def parse_variant(spec: str) -> tuple[dict, dict]:
-    """`k=v,k=v` -> (SpeedConfig overrides, inductor options); `inductor.` keys go to the second. Each value
-    takes the type of the field's or option's default (inductor does not check the types it is patched with)."""
-    speed, inductor = {}, {}
+def parse_variant(spec: str) -> dict:
+    """`k=v,k=v` -> {"speed": SpeedConfig overrides, "inductor": inductor options, "fallback": aten op names}.
+    Each value takes the type of the field's or option's default (inductor does not check the types it is
+    patched with); `fallback.<aten op>=1` has inductor call aten's own kernel for that op (`aten_fallbacks`)."""
+    speed, inductor, fallback = {}, {}, []
     defaults = {f.name: f.default for f in dataclasses.fields(SpeedConfig)}
     for item in filter(None, spec.split(",")):
         key, sep, value = item.partition("=")
@@ -83,11 +86,71 @@ def parse_variant(spec: str) -> tuple[dict, dict]:
             if name not in options:
                 raise SystemExit(f"--variants: torch {torch.__version__} has no inductor option {name!r}")
             inductor[name] = _typed(value, options[name], key)
+        elif key.startswith("fallback."):
+            name = key.removeprefix("fallback.")
+            if not hasattr(torch.ops.aten, name) or not _typed(value, True, key):
+                raise SystemExit(f"--variants: {key}={value}: expected fallback.<an aten op>=1")
+            fallback.append(name)
         elif key in defaults:
             speed[key] = _typed(value, defaults[key], key)  # compile_tuning=1; cuda_graphs=on stays a word
         else:
-            raise SystemExit(f"--variants: {key!r} in {spec!r} is not a SpeedConfig field or inductor.<option>")
-    return speed, inductor
+            raise SystemExit(
+                f"--variants: {key!r} in {spec!r} is not a SpeedConfig field, inductor.<option> or fallback.<op>"
+            )
+    return {"speed": speed, "inductor": inductor, "fallback": fallback}
+
+
+@contextlib.contextmanager
+def aten_fallbacks(names: list[str]):
+    """While the variant compiles, inductor calls aten's own kernel (an extern kernel) for each named op instead
+    of decomposing it or generating one; yields a Counter of how often each was lowered so, so that a row can say
+    whether its fallback was used at all. A measuring tool only: it swaps entries of inductor's private
+    decomposition and lowering tables and puts them back, and turns the compile caches off meanwhile (their keys
+    do not see the tables: a cached graph would silently be the default's)."""
+    if not names:
+        yield collections.Counter()
+        return
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._inductor import decomposition, lowering
+
+    used: collections.Counter = collections.Counter()
+    saved: list[tuple[dict, object, object]] = []
+
+    def counted(name, overload):
+        handler = lowering.fallback_handler(overload, add_to_fallback_set=False)
+
+        def run(*args, **kwargs):
+            used[name] += 1
+            return handler(*args, **kwargs)
+
+        run._is_fallback_handler = True  # what inductor checks to treat a lowering as a fallback
+        return run
+
+    missing = object()
+    for name in names:
+        packet = getattr(torch.ops.aten, name)
+        overloads = [getattr(packet, o) for o in packet.overloads()]
+        for key, overload in [(packet, packet.default), *((o, o) for o in overloads)]:
+            saved.append((lowering.lowerings, key, lowering.lowerings.get(key, missing)))
+            lowering.lowerings[key] = counted(name, overload)
+            saved.append((decomposition.decompositions, key, decomposition.decompositions.pop(key, missing)))
+    # the table the compile reads is a cached copy of `decompositions` (functools.cache): made again both ways
+    cached_table = getattr(decomposition, "fast_random_decomps", None)
+    if cached_table is not None:
+        cached_table.cache_clear()
+    try:
+        caches = {"enable_autograd_cache": False} if hasattr(functorch_config, "enable_autograd_cache") else {}
+        with inductor_config.patch(fx_graph_cache=False, force_disable_caches=True), functorch_config.patch(caches):
+            yield used
+    finally:
+        for table, key, value in reversed(saved):
+            if value is missing:
+                table.pop(key, None)
+            else:
+                table[key] = value
+        if cached_table is not None:
+            cached_table.cache_clear()
 
 
 def time_plain(model_name, size, batch, device, precision, channels_last, compile_mode, steps, repeats, warmup):
@@ -132,13 +195,14 @@ def time_plain(model_name, size, batch, device, precision, channels_last, compil
 
 
 def time_cnnpar(model_name, size, batch, device, steps, repeats, overrides):
-    inductor = overrides.get("inductor", {})
-    if inductor:  # patched around the compile (at warm-up) and the timed steps alike
-        import torch._inductor.config as inductor_config
+    import torch._inductor.config as inductor_config
 
-        with inductor_config.patch(inductor):
-            return _time_cnnpar(model_name, size, batch, device, steps, repeats, overrides)
-    return _time_cnnpar(model_name, size, batch, device, steps, repeats, overrides)
+    # patched around the compile (at warm-up) and the timed steps alike
+    with inductor_config.patch(overrides.get("inductor", {})), aten_fallbacks(overrides.get("fallback", [])) as used:
+        ips, warm, label = _time_cnnpar(model_name, size, batch, device, steps, repeats, overrides)
+    for name in overrides.get("fallback", []):
+        label += f"; aten's {name} called {used[name]} time(s) in the compiled graphs"
+    return ips, warm, label
 
 
 def _time_cnnpar(model_name, size, batch, device, steps, repeats, overrides):
@@ -210,8 +274,7 @@ def main():
     cnnpar_variants = [("cnnpar defaults", {})]
     specs = args.variants if args.variants is not None else (CUDA_VARIANTS if cuda else "")
     for spec in filter(None, specs.split(";")):
-        speed, inductor = parse_variant(spec)
-        cnnpar_variants.append((f"cnnpar {spec}", {"speed": speed, "inductor": inductor}))
+        cnnpar_variants.append((f"cnnpar {spec}", parse_variant(spec)))
     peak, peak_kind = peak_flops(device)
     print(f"peak: {peak / 1e12:.1f} TFLOP/s ({peak_kind})", flush=True)
     rows = []

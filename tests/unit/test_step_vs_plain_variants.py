@@ -8,14 +8,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from step_vs_plain import parse_variant  # noqa: E402
+from step_vs_plain import aten_fallbacks, parse_variant  # noqa: E402
 
 
 def test_fields_and_inductor_options_take_their_defaults_types():
-    speed, inductor = parse_variant(
+    parsed = parse_variant(
         "compile=default,compile_tuning=1,cuda_graphs=on,inductor.coordinate_descent_search_radius=2,"
-        "inductor.triton.cudagraphs=off"
+        "inductor.triton.cudagraphs=off,fallback.max_pool2d_with_indices_backward=1"
     )
+    speed, inductor = parsed["speed"], parsed["inductor"]
+    assert parsed["fallback"] == ["max_pool2d_with_indices_backward"]
     assert speed == {"compile": "default", "compile_tuning": True, "cuda_graphs": "on"}
     assert inductor == {"coordinate_descent_search_radius": 2, "triton.cudagraphs": False}
     assert type(inductor["coordinate_descent_search_radius"]) is int  # not True, which 1 would also read as
@@ -28,9 +30,32 @@ def test_fields_and_inductor_options_take_their_defaults_types():
         ("inductor.coordinate_descent_search_radius=wide", "expected a int"),
         ("inductor.no_such_option=1", "has no inductor option 'no_such_option'"),
         ("batch=512", "is not a SpeedConfig field"),
+        ("fallback.no_such_op=1", "expected fallback.<an aten op>=1"),
+        ("fallback.max_pool2d_with_indices_backward=0", "expected fallback.<an aten op>=1"),
         ("compile", "is not key=value"),
     ],
 )
 def test_a_variant_that_would_not_run_as_labelled_is_refused(spec, says):
     with pytest.raises(SystemExit, match=says):
         parse_variant(spec)
+
+
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")  # the caches are off on purpose
+def test_a_fallback_variant_compiles_the_op_as_atens_call_and_counts_it():
+    import torch
+    import torch.nn as nn
+    from torch._inductor import decomposition, lowering
+
+    before = dict(lowering.lowerings), dict(decomposition.decompositions)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.MaxPool2d(3, 2, 1))
+    x = torch.randn(2, 3, 16, 16, requires_grad=True)
+    want = torch.autograd.grad(model(x).square().sum(), x)[0]
+    torch._dynamo.reset()
+    torch.autograd.grad(torch.compile(model)(x).square().sum(), x)  # a compile before: its tables are cached
+    torch._dynamo.reset()
+    with aten_fallbacks(["max_pool2d_with_indices_backward"]) as used:
+        got = torch.autograd.grad(torch.compile(model)(x).square().sum(), x)[0]
+    torch._dynamo.reset()
+    assert used["max_pool2d_with_indices_backward"] >= 1  # the backward's compile lowered it to aten's call
+    torch.testing.assert_close(got, want)
+    assert (lowering.lowerings, decomposition.decompositions) == before  # inductor's tables are as they were
