@@ -35,6 +35,16 @@ WAITS = (
 )
 
 
+TOP = 8  # kernels listed per stream, by total time
+NAME_HEAD, NAME_TAIL = 64, 24  # a long kernel name keeps its start and its distinguishing end
+
+
+def short_name(name: str) -> str:
+    if len(name) <= NAME_HEAD + NAME_TAIL + 3:
+        return name
+    return f"{name[:NAME_HEAD]}...{name[-NAME_TAIL:]}"
+
+
 def load_events(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
@@ -124,18 +134,22 @@ def summarize(events: list[dict], thread_names: dict[int, str] | None = None) ->
         t0, t1 = min(e["ts"] for e in xs), max(e["ts"] + e["dur"] for e in xs)
     window = max(t1 - t0, 1e-9)
     by_stream: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    names: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    # by whole name: inductor's kernels share long prefixes (`triton_red_fused__native_batch_norm_legit_...`) and
+    # differ at the end, so a cut name would sum different kernels into one line
+    names: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
     for e in gpu:
         stream = int(e.get("args", {}).get("stream", -1))
         by_stream[stream].append((e["ts"], e["ts"] + e["dur"]))
-        names[stream][e["name"][:60]] += e["dur"]
+        total = names[stream][e["name"]]
+        total[0] += e["dur"]
+        total[1] += 1
     streams = {}
     known = [s for s in by_stream if s >= 0] or list(by_stream)  # -1: an operation without its stream
     main = max(known, key=lambda s: union_length(by_stream[s])) if by_stream else None
     main_busy = merged(by_stream[main]) if main is not None else []
     for s, iv in by_stream.items():
         busy = union_length(iv)
-        top = sorted(names[s].items(), key=lambda kv: -kv[1])[:4]
+        top = [(name, us, int(n)) for name, (us, n) in sorted(names[s].items(), key=lambda kv: -kv[1][0])[:TOP]]
         streams[s] = {
             "ops": len(iv),
             "busy_us": busy,
@@ -228,8 +242,8 @@ def report(s: dict) -> str:
             f"  stream {sid}: {st['ops']} ops, busy {st['busy_us'] / 1e3:.1f} ms ({100 * st['busy_share']:.1f} %)"
             + (f", {100 * beside:.0f} % of it beside the main stream's work" if beside is not None else "")
         )
-        for name, us in st["top"]:
-            lines.append(f"      {us / 1e3:8.1f} ms  {name}")
+        for name, us, n in st["top"]:
+            lines.append(f"      {us / 1e3:8.1f} ms {n:5d} x {us / n:8.1f} us  {short_name(name)}")
     lines += _thread_lines(s)
     return "\n".join(lines)
 

@@ -132,3 +132,13 @@ def test_a_cpu_trace_is_read_as_host_threads_only():
     text = trace_summary.report(s)
     assert text.startswith("window 0.1 ms; no GPU activity in the trace")
     assert "thread MainThread (5): torch ops 30.0 %" in text and "range data_wait: 0.1 ms" in text
+
+
+def test_kernels_that_share_a_long_prefix_are_listed_apart_with_their_counts():
+    stem = "triton_red_fused__native_batch_norm_legit_functional_native_batch_norm_backward_threshold_backward_"
+    events = [_kernel(0, 100, 7, stem + "53"), _kernel(100, 100, 7, stem + "53"), _kernel(200, 700, 7, stem + "60")]
+    top = trace_summary.summarize(events)["streams"][7]["top"]
+    assert top == [(stem + "60", 700, 1), (stem + "53", 200, 2)]  # a 60-character cut would have made one line
+    text = trace_summary.report(trace_summary.summarize(events))
+    assert "1 x    700.0 us" in text and "2 x    100.0 us" in text
+    assert "threshold_backward_60" in text  # the distinguishing end of a long name is kept
