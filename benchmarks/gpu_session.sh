@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -690,13 +690,29 @@ s12e)
       --plain none --variants "compile_tuning=1" --out "$R/step_rn18_b2048_tuning.csv"
   ;;
 s13a)
-  # for the next session (one H200, ~8 min with a cold start; built in session 12, CPU-tested): issue 13.2's two
+  # session 13, calls C and D (ran at 2efb018, where the stem's switch was a bool: today it takes on/off/auto)
+  # (one H200, ~8 min with a cold start; built in session 12, CPU-tested): issue 13.2's two
   # levers from call ZK's trace, the space-to-depth stem and aten's max-pool backward, each against the defaults
   # at ResNet-50 224 b256, then the stem's CUDA test
   TAIL=5 logged step_rn50_s2d 420 python3 benchmarks/step_vs_plain.py --cases "${CASES:-resnet50:224:256}" \
       --plain none --variants "${VARIANTS:-stem_space_to_depth=1;fallback.max_pool2d_with_indices_backward=1}" \
       --out "$R/step_rn50_s2d.csv"
   TAIL=4 logged gpu_tests 60 python3 -m pytest -q -m gpu tests/unit/test_stem.py
+  ;;
+s13b)
+  # session 13, call E (one H200, ~7 min with a cold start): the space-to-depth stem as the CUDA default (auto:
+  # on with CUDA since call ZR): issue 11's photos with the stem off and at the new default; ResNet-50 b512 at the
+  # new default and with inductor's autotuned pointwise/reduction configs (+1.6 % at b256 in call ZR); then
+  # `cnnpar train` from the photos as a user runs it, for its printed lines (the stem's among them)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=6 logged jpeg_pipeline80 240 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0:stem=off,hardware:14:0}" --budget-s 160 \
+      --watchdog-s 235 --out "$R/jpeg_pipeline80.csv"
+  TAIL=5 logged step_rn50_b512 240 python3 benchmarks/step_vs_plain.py --cases resnet50:224:512 --plain none \
+      --variants "inductor.max_autotune_pointwise=1" --out "$R/step_rn50_b512.csv"
+  TAIL=30 logged train_photos 150 python3 -m cnnpar train --data .devdata/imagenet_rep --model resnet50 --epochs 1 \
+      --out-dir /tmp/runs --no-progress
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

@@ -57,6 +57,7 @@ VARIANT_KEYS = {
     "gil": {"0", "1", "native"},
     "stream": {"own", "legacy"},
     "slots": {"0", "1"},
+    "stem": {"auto", "on", "off"},
 }
 
 
@@ -157,7 +158,8 @@ def main() -> None:
         "[:trace=1][:batch=N][:kernel=K], ... (threads: nvImageCodec's host threads, 0 = one per core; "
         "pipe: decode and resize in two threads or one; "
         "switch: the GIL's switch interval in seconds, Python's default 0.005; "
-        "graphs: --cuda-graphs for this variant; prio: the feeder threads' CUDA stream priority, -1 high; cpp: "
+        "graphs: --cuda-graphs for this variant; stem: --stem-space-to-depth; "
+        "prio: the feeder threads' CUDA stream priority, -1 high; cpp: "
         "inductor's C++ wrapper launches the step's kernels; trace: one more epoch under torch.profiler, "
         "its trace and summary beside --out; batch: this variant's batch size instead of --batch-size; "
         "kernel: the resize's, auto, fused (Triton) or matmul; prepare: 0 = each epoch's pipeline starts with "
@@ -228,7 +230,12 @@ def main() -> None:
             model=ModelConfig(name=args.model),
             optim=OptimConfig(optimizer="sgd", lr=0.1),
             speed=SpeedConfig(
-                device=args.device, precision="auto", channels_last="on", compile=args.compile, cuda_graphs=graphs
+                device=args.device,
+                precision="auto",
+                channels_last="on",
+                compile=args.compile,
+                cuda_graphs=graphs,
+                stem_space_to_depth=opts.get("stem", "auto"),
             ),
             run=RunConfig(epochs=4, batch_size=batch, progress=False, out_dir="/tmp/cnnpar-jp"),
         )

@@ -231,7 +231,10 @@ def _time_cnnpar(model_name, size, batch, device, steps, repeats, overrides):
     rates = [tr.train_epoch(e)["images_per_s"] for e in range(2, repeats + 2)]
     resolved = tr.cfg.speed
     loader = type(tr.train_loader.loader).__name__
-    label = f"{resolved.precision} cl={resolved.channels_last} compile={resolved.compile} {loader}"
+    label = (
+        f"{resolved.precision} cl={resolved.channels_last} compile={resolved.compile} "
+        f"stem_s2d={resolved.stem_space_to_depth} {loader}"
+    )
     return statistics.median(rates), warm_s, label
 
 

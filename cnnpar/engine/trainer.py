@@ -149,7 +149,7 @@ class Trainer:
             ddp_static_graph=cfg.dist.ddp_static_graph,
             ddp_broadcast_buffers=cfg.dist.ddp_broadcast_buffers,
             compile_tuning=cfg.speed.compile_tuning,
-            stem_space_to_depth=cfg.speed.stem_space_to_depth,
+            stem_space_to_depth=cfg.speed.stem_space_to_depth == "on",
         )
         self.raw_model = unwrap(self.model)  # SyncBN conversion may have replaced the module
         # Identical weights came from the shared seed; from here on each rank draws its own random
@@ -491,14 +491,18 @@ class Trainer:
             self.log(f"image size: {self.bundle.shape[1]} ({self.bundle.size_from})")
         if self.decode_line:
             self.log(self.decode_line)
-        if cfg.speed.stem_space_to_depth:
+        if cfg.speed.stem_space_to_depth == "on":
             blocked = [n for n, m in self.raw_model.named_modules() if isinstance(m, SpaceToDepthConv2d)]
-            self.log(
-                f"stem: {', '.join(blocked)} computed on 2x2 blocks of its input (--stem-space-to-depth)"
-                if blocked
-                else "stem: --stem-space-to-depth changes nothing here (no stride-2 convolution of 5x5 or more on "
-                "at most 4 channels)"
-            )
+            why = "auto: on with CUDA" if self.requested_cfg.speed.stem_space_to_depth == "auto" else "as asked"
+            if blocked:
+                self.log(
+                    f"stem: {', '.join(blocked)} computed on 2x2 blocks of its input (--stem-space-to-depth; {why})"
+                )
+            elif why == "as asked":  # auto says nothing where nothing fits (a small CNN, a 3x3 CIFAR stem)
+                self.log(
+                    "stem: --stem-space-to-depth changes nothing here (no stride-2 convolution of 5x5 or more on "
+                    "at most 4 channels)"
+                )
         if self.stream.describe():
             self.log(f"training stream: {self.stream.describe()}")
         slots = getattr(self.train_loader.decoder, "slots", None)

@@ -28,6 +28,7 @@ def test_a_known_variant_parses_into_its_parts():
         ("gpu:14:0:pipe=2", "pipe=2, expected one of 0, 1"),
         ("gpu:14", "expected decode:workers:cpu_share"),
         ("gpu:14:0:batch=big", "batch=big, expected a number"),
+        ("hardware:14:0:stem=1", "stem=1, expected one of auto, off, on"),  # the switch is on/off/auto now
     ],
 )
 def test_a_variant_that_would_run_mislabelled_is_refused(spec, says):

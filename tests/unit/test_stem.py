@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from cnnpar.config import Config
+from cnnpar.config import Config, ConfigError, load_toml, resolve_for_device
 from cnnpar.dist import DistInfo
 from cnnpar.engine.trainer import Trainer
 from cnnpar.models import build_model
@@ -72,7 +72,7 @@ def test_a_run_with_the_switch_trains_the_stem_and_says_what_it_swapped(tmp_path
         Config(),
         data={"source": "synthetic", "image_shape": "3x64x64", "synthetic_samples": 10, "augment": "none"},
         model={"name": "resnet18"},
-        speed={"device": "cpu", "precision": "fp32", "channels_last": "off", "stem_space_to_depth": True},
+        speed={"device": "cpu", "precision": "fp32", "channels_last": "off", "stem_space_to_depth": "on"},
         run={"batch_size": 4, "epochs": 1, "out_dir": str(tmp_path), "progress": False, "tensorboard": False},
     )
     lines = []
@@ -83,7 +83,7 @@ def test_a_run_with_the_switch_trains_the_stem_and_says_what_it_swapped(tmp_path
     before = stem.weight.detach().clone()
     trainer.fit()
     assert not torch.equal(stem.weight, before)  # its gradient reached the 7x7 parameter
-    assert "stem: conv1 computed on 2x2 blocks of its input (--stem-space-to-depth)" in lines
+    assert "stem: conv1 computed on 2x2 blocks of its input (--stem-space-to-depth; as asked)" in lines
 
 
 @pytest.mark.gpu
@@ -98,3 +98,47 @@ def test_on_cuda_in_bf16_channels_last_the_blocked_stem_stays_within_rounding_of
         got = model(x).float()
     # bf16 inputs and products, fp32 sums in another order: a few bf16 steps of the outputs' size
     assert (got - want).abs().max() <= 0.02 * want.abs().max()
+
+
+def test_auto_is_on_with_cuda_and_off_on_the_cpu_and_an_explicit_choice_stands():
+    assert resolve_for_device(Config(), "cuda", bf16_ok=True).speed.stem_space_to_depth == "on"
+    assert resolve_for_device(Config(), "cpu", bf16_ok=False).speed.stem_space_to_depth == "off"
+    off = with_overrides(Config(), speed={"stem_space_to_depth": "off"})
+    assert resolve_for_device(off, "cuda", bf16_ok=True).speed.stem_space_to_depth == "off"
+    with pytest.raises(ConfigError, match=r"speed.stem_space_to_depth = '1': expected one of auto, on, off"):
+        with_overrides(Config(), speed={"stem_space_to_depth": "1"})
+
+
+def test_a_config_written_when_the_switch_was_a_bool_still_loads(tmp_path):
+    # session 12's run folders hold `stem_space_to_depth = true/false`; resuming one must not fail on the type
+    path = tmp_path / "config.toml"
+    path.write_text("[speed]\nstem_space_to_depth = true\n")
+    assert load_toml(path).speed.stem_space_to_depth == "on"
+    path.write_text("[speed]\nstem_space_to_depth = false\n")
+    assert load_toml(path).speed.stem_space_to_depth == "off"
+    path.write_text('[speed]\ncompile_tuning = "on"\n')  # a real bool field still takes only a bool
+    with pytest.raises(ConfigError, match="compile_tuning = 'on': expected a value of type bool"):
+        load_toml(path)
+
+
+def test_asked_for_where_nothing_fits_the_run_says_so_and_the_cpu_default_swaps_nothing(tmp_path):
+    base = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x32x32", "synthetic_samples": 8, "augment": "none"},
+        model={"name": "resnet18"},  # 32 px: the 3x3 stride-1 stem
+        speed={"device": "cpu", "precision": "fp32", "channels_last": "off"},
+        run={"batch_size": 4, "epochs": 1, "out_dir": str(tmp_path), "progress": False, "tensorboard": False},
+    )
+    for setting, expected in (("on", True), ("auto", False)):
+        lines: list[str] = []
+        cfg = with_overrides(base, speed={"stem_space_to_depth": setting})
+        trainer = Trainer(cfg, CPU, log=lambda *a, _lines=lines, **k: _lines.append(" ".join(map(str, a))))
+        assert not any(isinstance(m, SpaceToDepthConv2d) for m in trainer.raw_model.modules())
+        trainer.fit()  # the run's opening lines are written as it starts
+        said = any(line.startswith("stem: --stem-space-to-depth changes nothing here") for line in lines)
+        assert said is expected, (setting, lines)
+    big = with_overrides(base, data={"image_shape": "3x64x64"})  # the 7x7 stem fits, but auto is off on the CPU
+    trainer = Trainer(big, CPU, log=lambda *a, **k: None)
+    assert trainer.cfg.speed.stem_space_to_depth == "off"
+    assert not any(isinstance(m, SpaceToDepthConv2d) for m in trainer.raw_model.modules())
+    trainer.close()
