@@ -322,10 +322,24 @@ def gil_note(path: Path) -> str:
 def session11_lines() -> list[str]:
     """Session 11: who holds the GIL (py-spy, ZC-ZE), CUDA graphs beside the decoders (ZD, ZE), the training
     thread's own stream (ZE), the encoded batches in shared slots made once (ZG, ZH); session 12: the same at
-    the revision after the review, slots pageable (ZJ)."""
+    the revision after the review, slots pageable (ZJ); session 13: the feeder streams' priority (ZO), the
+    space-to-depth stem off and at its new CUDA default (ZS, ZT)."""
     out = []
-    for call in ("call-zc", "call-zd", "call-ze", "call-zf", "call-zg", "call-zh", "call-zj"):
+    for call in (
+        "call-zc",
+        "call-zd",
+        "call-ze",
+        "call-zf",
+        "call-zg",
+        "call-zh",
+        "call-zj",
+        "call-zo",
+        "call-zs",
+        "call-zt",
+    ):
         path = RESULTS / call / "jpeg_pipeline80.csv"
+        if not path.exists():
+            path = RESULTS / call / "jpeg_pipeline80_repeat.csv"
         for i, r in enumerate(rows(path) if path.exists() else []):
             if r["status"] != "ok":
                 continue
@@ -360,6 +374,10 @@ STEP_FILES = (  # session 12, issue 13.2 and 13.3: the train step on data alread
     "call-zl/step_rn18_b512.csv",
     "call-zm/step_rn18_big.csv",
     "call-zn/step_rn18_b2048_tuning.csv",
+    "call-zp/step_rn18_b4096_tuning.csv",  # session 13
+    "call-zq/step_rn50_s2d.csv",
+    "call-zr/step_rn50_s2d.csv",
+    "call-zs/step_rn50_b512.csv",
 )
 
 
