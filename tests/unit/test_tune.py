@@ -14,7 +14,9 @@ import pytest
 
 import cnnpar.bench.tune as tune_mod
 from cnnpar.bench.trial import CUT_OFF, FAILED, OK, ChildResult, run_child
-from cnnpar.config import Config, from_dict
+from cnnpar.config import Config, from_dict, load_toml
+from cnnpar.models import build_model
+from cnnpar.parallel.stem import space_to_depth_stem
 from cnnpar.presets import with_overrides
 
 CUDA_FACTS = {"device_type": "cuda", "bf16_ok": True, "in_memory": True, "folder": False, "train_samples": 50_000}
@@ -47,6 +49,11 @@ class FakeMachine:
                 "channels_last": "on" if cfg.speed.channels_last == "auto" else cfg.speed.channels_last,
                 "compile": "default" if cfg.speed.compile == "auto" else cfg.speed.compile,
                 "cuda_graphs": "on" if cfg.speed.cuda_graphs == "auto" else cfg.speed.cuda_graphs,
+                "stem_space_to_depth": (
+                    ("on" if self.facts["device_type"] == "cuda" else "off")
+                    if cfg.speed.stem_space_to_depth == "auto"
+                    else cfg.speed.stem_space_to_depth
+                ),
                 "device": self.facts["device_type"],
             },
             "data": {"resident": "on" if cfg.data.resident == "auto" else cfg.data.resident, "workers": 0},
@@ -222,3 +229,33 @@ def test_a_tuned_batch_carries_the_lr_a_searched_batch_would():
     assert math.isclose(sgd, 0.4)
     linear, note = batch_lr(with_overrides(Config(), optim={"lr_scaling": "linear"}), 2)
     assert math.isclose(linear, 0.004) and "--lr-scaling linear" in note
+
+
+def test_the_stem_is_tried_the_other_way_on_a_gpu_only_where_the_model_has_one_it_rewrites(tmp_path):
+    def tried(facts):
+        m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0, facts=facts)
+        _, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+        return [(t.group, t.value) for t in trials if t.switch == "stem_space_to_depth"]
+
+    assert tried({**CUDA_FACTS, "stem_fits": True}) == [("layout and precision", "off")]  # auto resolved on
+    assert tried({**CUDA_FACTS, "stem_fits": False}) == []  # the switch would change nothing
+    assert tried({**CUDA_FACTS, "device_type": "cpu", "stem_fits": True}) == []  # not measured on a CPU
+
+
+def test_a_stem_that_wins_off_is_kept_off_in_tuned_toml(tmp_path):
+    m = FakeMachine(
+        rate=lambda c: 1100.0 if c.speed.stem_space_to_depth == "off" else 1000.0,
+        cost=lambda c: 1.0,
+        facts={**CUDA_FACTS, "stem_fits": True},
+    )
+    best, _ = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+    assert best.speed.stem_space_to_depth == "off"
+    assert load_toml(tmp_path / "tuned.toml").speed.stem_space_to_depth == "off"
+
+
+def test_stem_fits_sees_the_7x7_stem_before_and_after_its_rewrite_and_not_a_3x3_one():
+    big = build_model("resnet50", 3, 10, 224)
+    assert tune_mod.stem_fits(big)
+    space_to_depth_stem(big)
+    assert tune_mod.stem_fits(big)
+    assert not tune_mod.stem_fits(build_model("resnet18", 3, 10, 32))
