@@ -79,6 +79,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         if info.is_main:
             best = result.summary.get("best_val_acc")
             best_text = f"best val acc {100 * best:.2f}% | " if best is not None else ""
+            if best is not None and result.summary.get("val_overlap"):  # the number must not travel alone
+                best_text = best_text[:-3] + " (validation holds training files: see the warning above) | "
             overall = result.summary.get("images_per_s_with_eval")
             if overall:  # the epochs' lines leave out the evaluations and checkpoints between them
                 best_text += (
@@ -184,6 +186,12 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
         f"{len(header['class_names'])} classes, longer side <= {header['max_side']}, "
         f"{header['pixel_bytes']:,} pixel bytes; train with: cnnpar train --data {out}"
     )
+    linked = header["same_file_groups"]
+    if linked:  # said now; a run warns again if its validation side gets one of them
+        print(
+            f"note: {sum(map(len, linked)):,} of the images are {len(linked):,} files under several names (hard "
+            "links): a hold-out from this store that puts one name on each side is warned about when it trains"
+        )
     return 0
 
 

@@ -21,6 +21,7 @@ from cnnpar.data.bundle import (
 )
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, scan_splits
+from cnnpar.data.overlap import folder_overlap, store_overlap
 from cnnpar.data.source_size import folder_side, store_side
 from cnnpar.data.store import StoreFile
 from cnnpar.data.store_feed import StoreDataset
@@ -163,6 +164,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     full = ImageFolderDataset(files, labels, size)
     train, val, val_from = _split(full, torch.as_tensor(splits), cfg.val_fraction, seed)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
+    overlap = folder_overlap(train.files, val.files if val is not None else [])
     return DataBundle(
         train,
         val,
@@ -177,6 +179,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         size_from=size_from,
         empty_classes=empty_classes(torch.as_tensor(labels), n_classes),
         val_from=val_from,
+        val_overlap=overlap,
     )
 
 
@@ -186,6 +189,8 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
     full = StoreDataset(store, torch.arange(store.count), size)
     train, val, val_from = _split(full, torch.from_numpy(store.splits), cfg.val_fraction, seed)
+    groups = store.header.get("same_file_groups", [])  # stores from before session 13 lack it: nothing known
+    overlap = store_overlap(groups, train.ids.tolist(), val.ids.tolist() if val is not None else [])
     return DataBundle(
         train,
         val,
@@ -200,6 +205,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         size_from=size_from,
         empty_classes=empty_classes(torch.from_numpy(store.labels), len(store.class_names)),
         val_from=val_from,
+        val_overlap=overlap,
     )
 
 

@@ -8,7 +8,10 @@ training run only copies bytes and crops/resizes them on the device (`store_feed
 Layout of one file, little-endian:
 
     PREFIX       magic (8 bytes), format version (uint32), header length (uint32)
-    header       JSON, padded with spaces to the header length
+    header       JSON, padded with spaces to the header length (count, max_side, class_names, splits,
+                 source, checksums, and `same_file_groups`: lists of image ids that were one file
+                 under several names, hard links, so that a hold-out drawn from the store is checked
+                 for them; absent in stores written before it, where nothing is known)
     index        offsets int64[n] (byte offset into the pixel area), heights int32[n],
                  widths int32[n], labels int64[n], splits uint8[n] (0 train, 1 val)
     zeros        up to `data_start`, a multiple of 4096 (page-aligned pixels map cleanly)

@@ -485,6 +485,8 @@ class Trainer:
             mib = d.bucket_bytes_cap / 2**20
             self.log(f"ddp: gradient buckets {mib:g} MiB, static graph {graph}, buffers {buffers}")
         self.log(split_line(self.bundle))
+        if self.bundle.val_overlap:
+            self.log(self.bundle.val_overlap)
         for line in class_lines(self.bundle):
             self.log(line)
         if self.bundle.size_from:
@@ -587,6 +589,7 @@ class Trainer:
             "data": self.bundle.origin,
             "epochs": len(rows),
             "best_val_acc": best["val_acc"] if best else None,
+            "val_overlap": self.bundle.val_overlap,  # non-empty: validation files are training files
             "best_epoch": best["epoch"] if best else None,
             "final_val_acc": vals[-1]["val_acc"] if vals else None,
             "images_per_s": sum(steady) / len(steady) if steady else None,
