@@ -26,7 +26,9 @@ from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import continue_as
 from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.errors import UserError
+from cnnpar.models import build_model
 from cnnpar.parallel import resolve_for
+from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.presets import with_overrides
 from cnnpar.report.host import usable_cores
 from cnnpar.report.meters import free_device_memory
@@ -43,7 +45,13 @@ BASELINE = {
         "prefetch_stream": "off",
         "resident": "off",
     },
-    "speed": {"precision": "fp32", "channels_last": "off", "compile": "off", "cuda_graphs": "off"},
+    "speed": {
+        "precision": "fp32",
+        "channels_last": "off",
+        "compile": "off",
+        "cuda_graphs": "off",
+        "stem_space_to_depth": "off",  # on by default with CUDA since session 13: a rung of its own below
+    },
 }
 GRAPHS = (
     "cnnpar's CUDA graph of the compiled forward+backward, replayed each step (what `cnnpar train` runs on one GPU)"
@@ -96,6 +104,12 @@ RUNGS: tuple[Rung, ...] = (
         branch=True,
     ),
     Rung("channels_last", "NHWC memory format", lambda b: {"speed": {"channels_last": "on"}}),
+    Rung(
+        "stem_space_to_depth",
+        "the stride-2 stem convolution on 2x2 blocks of its input (parallel/stem.py)",
+        lambda b: {"speed": {"stem_space_to_depth": "on"}},
+        needs_cuda=True,  # its default is on with CUDA only (not measured on a CPU)
+    ),
     Rung("compile", "torch.compile (default mode)", lambda b: {"speed": {"compile": "default"}}),
     Rung("cuda_graphs", GRAPHS, lambda b: {"speed": {"cuda_graphs": "on"}}, needs_cuda=True, in_place=True),
     Rung(
@@ -133,6 +147,10 @@ def parse_only(only: str, known: tuple[str, ...], what: str) -> set[str] | None:
 def _skip_reason(rung: Rung, cfg: Config, device: torch.device, bundle: DataBundle) -> str:
     if rung.needs_cuda and device.type != "cuda":
         return "needs CUDA"
+    if rung.name == "stem_space_to_depth":
+        c, h, _ = bundle.shape
+        if not has_stem_to_rewrite(build_model(cfg.model.name, c, bundle.num_classes, h)):
+            return "the model has no stride-2 stem convolution of 5x5 or more on at most 4 channels"
     if rung.name == "resident" and not bundle.in_memory:
         return "data is not held in memory (image folder): nothing to make resident"
     if rung.name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cnnpar.config import MACHINE_FIELDS, Config, dumps_toml, from_dict, to_dict
+from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.report.files import write_csv_atomic, write_text_atomic
 
 from .trial import OK, ChildResult, run_child, say
@@ -104,15 +105,8 @@ def measure(cfg: Config, info, bundle, steps: int, repeats: int, log: Callable[[
         "warmup_s": warm,
         "compile_s": trainer.compile_s,
         "resolved": resolved_switches(trainer),
-        "stem_fits": stem_fits(trainer.raw_model),
+        "stem_fits": has_stem_to_rewrite(trainer.raw_model),
     }
-
-
-def stem_fits(model) -> bool:
-    """Whether --stem-space-to-depth changes this model (a convolution it rewrites, or has rewritten)."""
-    from cnnpar.parallel.stem import SpaceToDepthConv2d, fits
-
-    return any(isinstance(m, SpaceToDepthConv2d) or fits(m) for m in model.modules())
 
 
 def resolved_switches(trainer) -> dict[str, dict]:

@@ -68,6 +68,11 @@ def fits(conv: nn.Module) -> bool:
     )
 
 
+def has_stem_to_rewrite(model: nn.Module) -> bool:
+    """Whether --stem-space-to-depth changes `model` (a convolution it rewrites, or has rewritten)."""
+    return any(isinstance(m, SpaceToDepthConv2d) or fits(m) for m in model.modules())
+
+
 def space_to_depth_stem(model: nn.Module) -> list[str]:
     """Swap every fitting convolution of `model` for a SpaceToDepthConv2d holding the same parameters (the
     same Parameter objects: an optimizer or EMA built afterwards sees them). Returns the swapped names."""

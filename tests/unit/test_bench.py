@@ -54,7 +54,7 @@ def test_cpu_plan_skips_cuda_rungs_without_carrying_them_forward(digits8):
     plan = {p.rung.name: p for p in plan_ladder(cfg, torch.device("cpu"), bundle)}
     assert list(plan) == list(RUNG_NAMES)
     skipped = {n for n, p in plan.items() if p.skip_reason}
-    assert skipped == {"pin_memory", "prefetch_stream", "cuda_graphs", "resident"}
+    assert skipped == {"pin_memory", "prefetch_stream", "stem_space_to_depth", "cuda_graphs", "resident"}
     last = plan["compile"].cfg
     assert last.data.pin_memory == "off" and last.data.prefetch_stream == "off" and last.data.resident == "off"
     assert last.speed.compile == "default" and last.data.persistent_workers and last.data.loader == "fast"

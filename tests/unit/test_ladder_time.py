@@ -127,9 +127,11 @@ def test_graphs_and_resident_continue_the_compile_rungs_trainer_and_say_so(monke
     rows = ladder.run_ladder(cfg, bundle, GPU, Timing(), {}, log=lambda s: None)
     by = {r["name"]: r for r in rows}
     trainer_of = dict(measured)
-    assert [r["status"] for r in rows] == ["ok"] * len(ladder.RUNG_NAMES)
+    # 16 px: ResNet-50's small-image stem (3x3, stride 1) has nothing for the space-to-depth rung to rewrite
+    assert by["stem_space_to_depth"]["status"] == "skipped"
+    assert [r["status"] for r in rows if r["name"] != "stem_space_to_depth"] == ["ok"] * (len(ladder.RUNG_NAMES) - 1)
     assert trainer_of["cuda_graphs"] is trainer_of["compile"] is trainer_of["resident"]  # compiled once
-    assert len({id(t) for t in trainer_of.values()}) == len(ladder.RUNG_NAMES) - 2  # every other rung: its own
+    assert len({id(t) for t in trainer_of.values()}) == len(ladder.RUNG_NAMES) - 3  # every other rung: its own
     assert (by["cuda_graphs"]["continues"], by["resident"]["continues"]) == ("compile", "cuda_graphs")
     assert all(by[n]["continues"] == "" for n in ladder.RUNG_NAMES if n not in ("cuda_graphs", "resident"))
     # the continued Trainer was given each rung's own config: graphs on over compile default, then resident
@@ -253,3 +255,16 @@ def test_a_trainer_continued_with_other_loaders_chooses_its_training_stream_agai
     assert fake.current is continued.stream.stream and fake.current.waited == ["default"]
     continued.close()
     assert fake.current is fake.default
+
+
+def test_the_stem_rung_runs_on_a_gpu_only_where_the_model_has_a_stem_it_rewrites():
+    cfg = with_overrides(Config(), model={"name": "resnet50"})
+    [rung] = [r for r in ladder.RUNGS if r.name == "stem_space_to_depth"]
+    big = load_data(with_overrides(cfg, data={"source": "synthetic", "image_shape": "3x64x64",
+                                               "synthetic_samples": 4}).data)  # fmt: skip
+    small = load_data(with_overrides(cfg, data={"source": "synthetic", "image_shape": "3x16x16",
+                                                 "synthetic_samples": 4}).data)  # fmt: skip
+    assert ladder._skip_reason(rung, cfg, torch.device("cuda"), big) == ""
+    assert ladder._skip_reason(rung, cfg, torch.device("cuda"), small).startswith("the model has no stride-2 stem")
+    assert ladder._skip_reason(rung, cfg, torch.device("cpu"), big) == "needs CUDA"
+    assert ladder.BASELINE["speed"]["stem_space_to_depth"] == "off"  # the textbook rung is the plain stem

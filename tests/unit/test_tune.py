@@ -16,7 +16,7 @@ import cnnpar.bench.tune as tune_mod
 from cnnpar.bench.trial import CUT_OFF, FAILED, OK, ChildResult, run_child
 from cnnpar.config import Config, from_dict, load_toml
 from cnnpar.models import build_model
-from cnnpar.parallel.stem import space_to_depth_stem
+from cnnpar.parallel.stem import has_stem_to_rewrite, space_to_depth_stem
 from cnnpar.presets import with_overrides
 
 CUDA_FACTS = {"device_type": "cuda", "bf16_ok": True, "in_memory": True, "folder": False, "train_samples": 50_000}
@@ -253,9 +253,9 @@ def test_a_stem_that_wins_off_is_kept_off_in_tuned_toml(tmp_path):
     assert load_toml(tmp_path / "tuned.toml").speed.stem_space_to_depth == "off"
 
 
-def test_stem_fits_sees_the_7x7_stem_before_and_after_its_rewrite_and_not_a_3x3_one():
+def test_the_stem_fact_sees_the_7x7_stem_before_and_after_its_rewrite_and_not_a_3x3_one():
     big = build_model("resnet50", 3, 10, 224)
-    assert tune_mod.stem_fits(big)
+    assert has_stem_to_rewrite(big)
     space_to_depth_stem(big)
-    assert tune_mod.stem_fits(big)
-    assert not tune_mod.stem_fits(build_model("resnet18", 3, 10, 32))
+    assert has_stem_to_rewrite(big)
+    assert not has_stem_to_rewrite(build_model("resnet18", 3, 10, 32))
