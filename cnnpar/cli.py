@@ -189,8 +189,9 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     linked = header["same_file_groups"]
     if linked:  # said now; a run warns again if its validation side gets one of them
         print(
-            f"note: {sum(map(len, linked)):,} of the images are {len(linked):,} files under several names (hard "
-            "links): a hold-out from this store that puts one name on each side is warned about when it trains"
+            f"note: {sum(map(len, linked)):,} of the images are {len(linked):,} files under several names ("
+            "hard or symbolic links): a hold-out from this store that puts one name on each side is warned "
+            "about when it trains"
         )
     return 0
 

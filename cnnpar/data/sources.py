@@ -190,7 +190,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     full = StoreDataset(store, torch.arange(store.count), size)
     train, val, val_from = _split(full, torch.from_numpy(store.splits), cfg.val_fraction, seed)
     groups = store.header.get("same_file_groups", [])  # stores from before session 13 lack it: nothing known
-    overlap = store_overlap(groups, train.ids.tolist(), val.ids.tolist() if val is not None else [])
+    overlap = store_overlap(groups, train.ids.tolist(), val.ids.tolist()) if groups and val is not None else ""
     return DataBundle(
         train,
         val,

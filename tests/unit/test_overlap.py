@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cnnpar.config import Config, DataConfig
 from cnnpar.data import load_data
-from cnnpar.data.overlap import shared_files
+from cnnpar.data.overlap import same_file_groups, shared_ids
 from tests.datafiles import write_image_folder
 
 
@@ -26,12 +26,31 @@ def test_a_hold_out_of_hard_linked_copies_is_named_with_a_count_and_an_example(t
     rep = linked_copies(src, tmp_path / "rep", copies=5)  # 40 paths, 8 files
     bundle = load_data(DataConfig(source=str(rep), val_fraction=0.5), seed=0)
     val, train = bundle.val.files, bundle.train.files
-    count, (v, t) = shared_files(train, val)
+    files = [*val, *train]
+    count, pair = shared_ids(same_file_groups(files), range(len(val), len(files)), range(len(val)))
+    v, t = files[pair[0]], files[pair[1]]
     inodes = {os.stat(p).st_ino for p in train}
     assert count == sum(os.stat(p).st_ino in inodes for p in val) > 0  # exactly the val files with a train twin
     assert os.path.samefile(v, t) and v in val and t in train
     assert bundle.val_overlap.startswith(f"warning: {count:,} of {len(val):,} validation files are the same files")
     assert str(v) in bundle.val_overlap and str(t) in bundle.val_overlap
+
+
+def test_symbolic_links_count_as_the_same_file_too(tmp_path):
+    src = write_image_folder(tmp_path / "src", per_class=4, classes=2)
+    for f in sorted(src.glob("*/*")):  # 5 symbolic links to each image
+        (tmp_path / "sym" / f.parent.name).mkdir(parents=True, exist_ok=True)
+        for i in range(5):
+            (tmp_path / "sym" / f.parent.name / f"{i}_{f.name}").symlink_to(f)
+    bundle = load_data(DataConfig(source=str(tmp_path / "sym"), val_fraction=0.5), seed=0)
+    assert bundle.val_overlap.startswith("warning: ") and "validation files are the same files" in bundle.val_overlap
+    # a val/ split that is a link to train/: every validation file is a training file
+    split = tmp_path / "split"
+    split.mkdir()
+    (split / "train").symlink_to(src)
+    (split / "val").symlink_to(src)
+    bundle = load_data(DataConfig(source=str(split)), seed=0)
+    assert bundle.val_overlap.startswith(f"warning: {len(bundle.val)} of {len(bundle.val)} validation files")
 
 
 def test_distinct_files_and_links_within_one_side_say_nothing(tmp_path):
@@ -67,7 +86,7 @@ def test_the_run_prints_the_warning_and_its_last_line_carries_it(tmp_path, cli):
         str(tmp_path / "runs"),
     )
     assert res.returncode == 0, res.stderr
-    assert "validation files are the same files as training ones (hard links" in res.stdout
+    assert "validation files are the same files as training ones (links" in res.stdout
     done = next(line for line in res.stdout.splitlines() if line.startswith("done:"))
     assert "(validation holds training files: see the warning above)" in done
     assert Config().data.val_fraction > 0  # the default hold-out is what put the links on both sides
@@ -78,7 +97,7 @@ def test_a_store_keeps_its_linked_files_and_a_hold_out_from_it_is_checked_like_t
     rep = linked_copies(src, tmp_path / "rep", copies=3)  # 24 names, 8 files
     res = cli("prepare", str(rep), "--out", str(tmp_path / "rep.cnnpar"), "--max-side", "32", "--no-progress")
     assert res.returncode == 0, res.stderr
-    assert "note: 24 of the images are 8 files under several names (hard links)" in res.stdout
+    assert "note: 24 of the images are 8 files under several names (hard or symbolic links)" in res.stdout
     folder = load_data(DataConfig(source=str(rep), val_fraction=0.5), seed=3)
     store = load_data(DataConfig(source=str(tmp_path / "rep.cnnpar"), val_fraction=0.5), seed=3)
     count = int(folder.val_overlap.split()[1])  # "warning: N of M validation files ..."
