@@ -690,12 +690,13 @@ s12e)
       --plain none --variants "compile_tuning=1" --out "$R/step_rn18_b2048_tuning.csv"
   ;;
 s13a)
-  # session 13, calls C and D (ran at 2efb018, where the stem's switch was a bool: today it takes on/off/auto)
+  # session 13, calls C and D (ran at 2efb018 with stem_space_to_depth=1, when the switch was a bool and off by
+  # default; since it is on by default with CUDA the defaults row has the stem and the variant turns it off)
   # (one H200, ~8 min with a cold start; built in session 12, CPU-tested): issue 13.2's two
   # levers from call ZK's trace, the space-to-depth stem and aten's max-pool backward, each against the defaults
   # at ResNet-50 224 b256, then the stem's CUDA test
   TAIL=5 logged step_rn50_s2d 420 python3 benchmarks/step_vs_plain.py --cases "${CASES:-resnet50:224:256}" \
-      --plain none --variants "${VARIANTS:-stem_space_to_depth=1;fallback.max_pool2d_with_indices_backward=1}" \
+      --plain none --variants "${VARIANTS:-stem_space_to_depth=off;fallback.max_pool2d_with_indices_backward=1}" \
       --out "$R/step_rn50_s2d.csv"
   TAIL=4 logged gpu_tests 60 python3 -m pytest -q -m gpu tests/unit/test_stem.py
   ;;
@@ -711,7 +712,7 @@ s13b)
       --watchdog-s 235 --out "$R/jpeg_pipeline80.csv"
   TAIL=5 logged step_rn50_b512 240 python3 benchmarks/step_vs_plain.py --cases resnet50:224:512 --plain none \
       --variants "inductor.max_autotune_pointwise=1" --out "$R/step_rn50_b512.csv"
-  TAIL=30 logged train_photos 150 python3 -m cnnpar train --data .devdata/imagenet_rep --model resnet50 --epochs 1 \
+  TAIL=30 logged train_photos 110 python3 -m cnnpar train --data .devdata/imagenet_rep --model resnet50 --epochs 1 \
       --out-dir /tmp/runs --no-progress
   ;;
 s10b)

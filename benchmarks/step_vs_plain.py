@@ -35,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cnnpar.bench.flops import flops_per_image, peak_flops  # noqa: E402
-from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
+from cnnpar.config import Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.models import build_model  # noqa: E402
@@ -97,6 +97,10 @@ def parse_variant(spec: str) -> dict:
             raise SystemExit(
                 f"--variants: {key!r} in {spec!r} is not a SpeedConfig field, inductor.<option> or fallback.<op>"
             )
+    try:  # a value out of a field's choices (stem_space_to_depth=1) stops the run before any device time
+        SpeedConfig(**speed)
+    except ConfigError as e:
+        raise SystemExit(f"--variants {spec!r}: {e}") from None
     return {"speed": speed, "inductor": inductor, "fallback": fallback}
 
 

@@ -271,7 +271,8 @@ class SpeedConfig:
         "for tensor-core kernels that 3 channels do not get (parallel/stem.py); weights and checkpoints "
         "unchanged, equal to the plain convolution to rounding. auto: on with CUDA (ResNet-50 224 b256 on an "
         "H200: 1.048x and 1.044x the plain stem's img/s, benchmarks/results/2026-12-01-h200/call-zq, call-zr), "
-        "off on the CPU (not measured there)",
+        "off on the CPU (not measured there). Other GPUs, models and precisions are not measured: `cnnpar tune` "
+        "tries it the other way",
         choices=TRISTATE,
     )
     compile_eval: bool = _f(

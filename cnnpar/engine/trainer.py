@@ -51,7 +51,7 @@ from cnnpar.errors import UserError
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
-from cnnpar.parallel.stem import SpaceToDepthConv2d
+from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
@@ -495,16 +495,9 @@ class Trainer:
             self.log(self.decode_line)
         if cfg.speed.stem_space_to_depth == "on":
             blocked = [n for n, m in self.raw_model.named_modules() if isinstance(m, SpaceToDepthConv2d)]
-            why = "auto: on with CUDA" if self.requested_cfg.speed.stem_space_to_depth == "auto" else "as asked"
-            if blocked:
-                self.log(
-                    f"stem: {', '.join(blocked)} computed on 2x2 blocks of its input (--stem-space-to-depth; {why})"
-                )
-            elif why == "as asked":  # auto says nothing where nothing fits (a small CNN, a 3x3 CIFAR stem)
-                self.log(
-                    "stem: --stem-space-to-depth changes nothing here (no stride-2 convolution of 5x5 or more on "
-                    "at most 4 channels)"
-                )
+            line = stem_line(blocked, self.requested_cfg.speed.stem_space_to_depth)
+            if line:
+                self.log(line)
         if self.stream.describe():
             self.log(f"training stream: {self.stream.describe()}")
         slots = getattr(self.train_loader.decoder, "slots", None)

@@ -73,6 +73,20 @@ def has_stem_to_rewrite(model: nn.Module) -> bool:
     return any(isinstance(m, SpaceToDepthConv2d) or fits(m) for m in model.modules())
 
 
+def stem_line(blocked: list[str], requested: str) -> str:
+    """The run's line about the stem, once the switch resolved on: what was swapped and why; where nothing was,
+    a line only if the user asked for it (auto says nothing for a small CNN or a 3x3 small-image stem)."""
+    why = "auto: on with CUDA" if requested == "auto" else "as asked"
+    if blocked:
+        return f"stem: {', '.join(blocked)} computed on 2x2 blocks of its input (--stem-space-to-depth; {why})"
+    if requested == "auto":
+        return ""
+    return (
+        "stem: --stem-space-to-depth changes nothing here (no stride-2 convolution of 5x5 or more on at most 4 "
+        "channels)"
+    )
+
+
 def space_to_depth_stem(model: nn.Module) -> list[str]:
     """Swap every fitting convolution of `model` for a SpaceToDepthConv2d holding the same parameters (the
     same Parameter objects: an optimizer or EMA built afterwards sees them). Returns the swapped names."""

@@ -11,7 +11,7 @@ from cnnpar.config import Config, ConfigError, load_toml, resolve_for_device
 from cnnpar.dist import DistInfo
 from cnnpar.engine.trainer import Trainer
 from cnnpar.models import build_model
-from cnnpar.parallel.stem import SpaceToDepthConv2d, space_to_depth_stem
+from cnnpar.parallel.stem import SpaceToDepthConv2d, space_to_depth_stem, stem_line
 from cnnpar.presets import with_overrides
 
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
@@ -142,3 +142,12 @@ def test_asked_for_where_nothing_fits_the_run_says_so_and_the_cpu_default_swaps_
     assert trainer.cfg.speed.stem_space_to_depth == "off"
     assert not any(isinstance(m, SpaceToDepthConv2d) for m in trainer.raw_model.modules())
     trainer.close()
+
+
+def test_the_stem_line_says_what_was_swapped_and_why_and_auto_stays_quiet_where_nothing_was():
+    assert stem_line(["conv1"], "auto") == (
+        "stem: conv1 computed on 2x2 blocks of its input (--stem-space-to-depth; auto: on with CUDA)"
+    )
+    assert stem_line(["conv1"], "on").endswith("(--stem-space-to-depth; as asked)")
+    assert stem_line([], "auto") == ""  # a ResNet-18 CIFAR run on a GPU: nothing to say
+    assert stem_line([], "on").startswith("stem: --stem-space-to-depth changes nothing here")

@@ -33,6 +33,8 @@ def test_fields_and_inductor_options_take_their_defaults_types():
         ("fallback.no_such_op=1", "expected fallback.<an aten op>=1"),
         ("fallback.max_pool2d_with_indices_backward=0", "expected fallback.<an aten op>=1"),
         ("compile", "is not key=value"),
+        ("stem_space_to_depth=1", "stem_space_to_depth = '1': expected one of auto, on, off"),  # on/off since s13
+        ("compile=fast", "compile = 'fast': expected one of"),
     ],
 )
 def test_a_variant_that_would_not_run_as_labelled_is_refused(spec, says):
