@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from cnnpar.parallel.precision import Precision
+from cnnpar.report.ranges import GRAPH_REPLAY, span
 
 WARMUP_ITERS = 3
 
@@ -84,7 +85,8 @@ class GraphedForwardBackward:
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.static_x.copy_(x, non_blocking=True)
         self.static_y.copy_(y, non_blocking=True)
-        self.graph.replay()
+        with span(GRAPH_REPLAY):
+            self.graph.replay()
         # The graph's own output tensors, overwritten by the next replay: callers must consume
         # them before that (the trainer adds them to its sums at once, on the same stream).
         return self.loss, self.correct

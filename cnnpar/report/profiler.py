@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from cnnpar.report.files import write_text_atomic
-from cnnpar.report.ranges import STEP_RANGES, span
+from cnnpar.report.ranges import ABSENT_BECAUSE, STEP_RANGES, span
 from cnnpar.report.trace_reading import load_events, report, summarize
 
 
@@ -106,6 +106,10 @@ def top_ops_markdown(averages, on_device: bool, active_steps: int, row_limit: in
                     f"| {name} | {e.count / max(1, active_steps):g} | {e.cpu_time_total * per:.3f} | "
                     f"{_device_us(e) * per:.3f} |"
                 )
+        absent = [name for name in STEP_RANGES if name not in phases]
+        if absent:
+            lines += ["", "Not recorded:", ""]
+            lines += [f"- {name}: {ABSENT_BECAUSE.get(name, 'not run in these steps')}" for name in absent]
     return "\n".join(lines) + "\n"
 
 

@@ -17,7 +17,16 @@ BACKWARD = "backward"
 OPTIMIZER_STEP = "optimizer_step"
 JPEG_DECODE = "jpeg_decode"  # a GPU decoder's decode stage (the feeder's thread)
 CROP_RESIZE = "crop_resize"  # its crop and resize stage
-STEP_RANGES = (DATA_WAIT, H2D_COPY, FORWARD, BACKWARD, OPTIMIZER_STEP)
+GRAPH_REPLAY = "forward_backward_graph"  # forward + backward replayed as one CUDA graph (parallel/graphs.py)
+STEP_RANGES = (DATA_WAIT, H2D_COPY, FORWARD, BACKWARD, GRAPH_REPLAY, OPTIMIZER_STEP)
+# why a step range can be absent from a profile that ran correctly (top_ops_markdown says it beside the table)
+ABSENT_BECAUSE = {
+    H2D_COPY: "no host-to-device copy in the training thread: the data is resident on the device, or a GPU "
+    "decoder's thread made the batch there",
+    FORWARD: f"replayed inside {GRAPH_REPLAY} (cnnpar's CUDA graph of forward + backward)",
+    BACKWARD: f"replayed inside {GRAPH_REPLAY}",
+    GRAPH_REPLAY: "the step is not replayed from a CUDA graph (CPU, --cuda-graphs off, or where graphs do not apply)",
+}
 
 _nvtx: bool | None = None  # decided on first use: importing cnnpar must not initialise CUDA
 
