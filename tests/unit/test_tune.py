@@ -259,3 +259,24 @@ def test_the_stem_fact_sees_the_7x7_stem_before_and_after_its_rewrite_and_not_a_
     space_to_depth_stem(big)
     assert has_stem_to_rewrite(big)
     assert not has_stem_to_rewrite(build_model("resnet18", 3, 10, 32))
+
+
+def test_a_gpu_tries_compile_tuning_on_a_compiled_best_and_keeps_it_in_tuned_toml(tmp_path):
+    m = FakeMachine(rate=lambda c: 1050.0 if c.speed.compile_tuning else 1000.0, cost=lambda c: 1.0)
+    best, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+    [t] = [t for t in trials if t.switch == "compile_tuning"]
+    assert (t.group, t.value, t.status) == ("compile and CUDA graphs", "True", tune_mod.KEPT)
+    assert best.speed.compile_tuning and load_toml(tmp_path / "tuned.toml").speed.compile_tuning
+
+
+def test_compile_tuning_is_skipped_saying_why_when_the_best_runs_uncompiled(tmp_path):
+    # compile off wins its trial: tuning has no compile to tune, so no device time goes to it
+    m = FakeMachine(rate=lambda c: 2000.0 if c.speed.compile == "off" else 1000.0, cost=lambda c: 1.0)
+    best, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+    [t] = [t for t in trials if t.switch == "compile_tuning"]
+    assert best.speed.compile == "off" and t.status == tune_mod.SKIPPED
+    assert t.note == "tunes a compile in default or reduce-overhead mode; the best so far has off"
+    assert not any(c.speed.compile_tuning for _, _, c in m.calls)  # never measured
+    cpu = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0, facts={**CUDA_FACTS, "device_type": "cpu"})
+    _, trials = cpu.tune(Config(), 600, tmp_path / "cpu.toml")
+    assert not [t for t in trials if t.switch == "compile_tuning"]  # a GPU lever (its measurements are a GPU's)
