@@ -67,11 +67,13 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
     None when there is none.
 
     Resuming must train the same model on the same data as the run did, not the defaults;
-    the machine-dependent switches go back to "auto" so another machine can continue the run.
+    the machine-dependent switches go back to what the user asked for ("auto" where it was auto) so another
+    machine can continue the run, and a switch the user set stays set.
     A run killed before its first checkpoint still has its config.toml: `auto` starts it again
     from that, not from the defaults.
     """
     from cnnpar.engine.checkpoint import find_checkpoint, run_dir_of
+    from cnnpar.engine.resolved import REQUESTED, read_requested
 
     if resume == "auto":
         if not name:
@@ -86,10 +88,17 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
     if not stored.is_file():
         return None
     raw = to_dict(load_toml(stored))
+    text = stored.read_text()
+    requested = read_requested(text)
     defaults = to_dict(Config())
     for sec, names in MACHINE_FIELDS.items():
         for name_ in names:
-            raw[sec][name_] = defaults[sec][name_]
+            if (sec, name_) in requested:  # what the user asked for, to be resolved again on this machine
+                raw[sec][name_] = requested[(sec, name_)]
+            elif REQUESTED not in text:  # written before the requested lines: choices unknown, so auto
+                raw[sec][name_] = defaults[sec][name_]
+            # else the stored value was the user's own choice (an "auto" is always written as a requested
+            # line): `--precision fp32` stays fp32 when the run resumes, not whatever auto picks there
     return from_dict(raw, origin=str(stored))
 
 

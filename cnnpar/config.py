@@ -452,7 +452,8 @@ def dumps_toml(cfg: Config | dict) -> str:
 
 
 # The fields `resolve_for_device` fills in for the machine: a run stores them resolved, and a
-# resumed run sets them back to "auto" to resolve them again for its own machine. A new
+# resumed run sets the ones that were "auto" back to "auto" (its `# requested:` lines say which) to
+# resolve them again for its own machine; the ones the user set stay set. A new
 # device-dependent "auto" below belongs here too.
 MACHINE_FIELDS = {
     "speed": ("device", "precision", "channels_last", "compile", "cuda_graphs", "stem_space_to_depth"),

@@ -40,8 +40,13 @@ def data_resolved(cfg: Config, bundle: DataBundle, train_loader: DeviceFeeder, g
     )
 
 
+REQUESTED = "# requested: "
+
+
 def requested_lines(requested: Config, resolved: Config) -> list[str]:
-    """`# requested: section.field = value` for each field the run resolved to something else."""
+    """`# requested: section.field = value` for each field the run resolved to something else (read back by
+    `read_requested`). An "auto" always resolves to something else, so a field without a line was the user's
+    own choice and is stored as chosen."""
     lines = []
     for sec in SECTIONS:
         want, got = getattr(requested, sec), getattr(resolved, sec)
@@ -49,5 +54,23 @@ def requested_lines(requested: Config, resolved: Config) -> list[str]:
             a, b = getattr(want, f.name), getattr(got, f.name)
             if a != b:
                 shown = "auto" if f.metadata.get("auto_zero") and a == 0 else repr(a)
-                lines.append(f"# requested: {sec}.{f.name} = {shown}")
+                lines.append(f"{REQUESTED}{sec}.{f.name} = {shown}")
     return lines
+
+
+def read_requested(text: str) -> dict[tuple[str, str], object]:
+    """{(section, field): value} from a stored config.toml's `# requested:` lines (`auto` of a 0-means-auto
+    field reads as 0)."""
+    import ast
+
+    out = {}
+    for line in text.splitlines():
+        if not line.startswith(REQUESTED):
+            continue
+        key, _, shown = line[len(REQUESTED) :].partition(" = ")
+        sec, _, name = key.partition(".")
+        try:
+            out[(sec, name)] = 0 if shown == "auto" else ast.literal_eval(shown)
+        except (ValueError, SyntaxError):
+            continue  # a value written by another version that does not read back: the stored one stands
+    return out
