@@ -78,9 +78,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         result = Trainer(cfg, info).fit()
         if info.is_main:
             best = result.summary.get("best_val_acc")
-            best_text = f"best val acc {100 * best:.2f}% | " if best is not None else ""
-            if best is not None and result.summary.get("val_overlap"):  # the number must not travel alone
-                best_text = best_text[:-3] + " (validation holds training files: see the warning above) | "
+            # an accuracy on validation files that are training files must not travel alone
+            caveat = (
+                " (validation holds training files: see the warning above)" if result.summary.get("val_overlap") else ""
+            )
+            best_text = f"best val acc {100 * best:.2f}%{caveat} | " if best is not None else ""
             overall = result.summary.get("images_per_s_with_eval")
             if overall:  # the epochs' lines leave out the evaluations and checkpoints between them
                 best_text += (

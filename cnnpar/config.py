@@ -261,8 +261,9 @@ class SpeedConfig:
         False,
         "tune the block sizes of inductor's own kernels by timing them (coordinate descent) at compile time "
         "(with --compile default or reduce-overhead; the max-autotune modes tune so already): "
-        "ResNet-18 at 32 px ran 1.022x (b512) and 1.027x (b2048) as fast on an H200 for a compile 85-107 s longer; "
-        "ResNet-50's compile did not finish within 4 minutes (benchmarks/results/2026-12-01-h200/call-zl, call-zn)",
+        "ResNet-18 at 32 px ran 1.022x (b512), 1.027x (b2048) and 1.044x (b4096) as fast on an H200 for a compile "
+        "85-120 s longer; ResNet-50's compile did not finish within 4 minutes "
+        "(benchmarks/results/2026-12-01-h200/call-zl, call-zn, call-zp)",
     )
     stem_space_to_depth: str = _f(
         "auto",

@@ -173,6 +173,13 @@ def batch_lr(cfg: Config, factor: int) -> tuple[float, str]:
     return lr, f"lr {o.lr:g} -> {lr:g} (--lr-scaling {o.lr_scaling})"
 
 
+def not_applicable(best: Config, name: str) -> str:
+    """Why a trial of `switch_groups` would measure nothing on top of the best config so far ("" if it would)."""
+    if name == "compile_tuning" and best.speed.compile not in ("default", "reduce-overhead"):
+        return f"tunes a compile in default or reduce-overhead mode; the best so far has {best.speed.compile}"
+    return ""
+
+
 def switch_groups(cfg: Config, facts: dict) -> list[tuple[str, list[tuple[str, str, str, object]]]]:
     """The trials after the batch size: (group, [(label, section, field, value), ...]) in order."""
     cuda = facts["device_type"] == "cuda"
@@ -345,9 +352,8 @@ def tune(
         for label, section, name, value in changes:
             if getattr(getattr(tuner.best_cfg, section), name) == value:
                 continue  # a kept trial may have made this the current value already
-            if name == "compile_tuning" and tuner.best_cfg.speed.compile not in ("default", "reduce-overhead"):
-                mode = tuner.best_cfg.speed.compile
-                why = f"tunes a compile in default or reduce-overhead mode; the best so far has {mode}"
+            why = not_applicable(tuner.best_cfg, name)
+            if why:  # recorded, not measured
                 tuner.trials.append(Trial(group, label, str(value), SKIPPED, note=why))
                 continue
             tuner.attempt(group, label, value, with_switch(tuner.best_cfg, section, name, value))

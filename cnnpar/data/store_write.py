@@ -130,7 +130,7 @@ def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int 
         "class_names": classes,
         "splits": {"train": n - sum(splits), "val": sum(splits)},
         "source": str(src.resolve()),
-        # files under two names (hard links): a hold-out drawn at train time is checked against them
+        # files under two names (hard or symbolic links): a hold-out drawn at train time is checked against them
         "same_file_groups": same_file_groups(files),
         "index_bytes": n * INDEX_BYTES_PER_IMAGE,
         # placeholders as long as any real value: the header's length is fixed before the pixels
