@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -714,6 +714,25 @@ s13b)
       --variants "inductor.max_autotune_pointwise=1" --out "$R/step_rn50_b512.csv"
   TAIL=30 logged train_photos 110 python3 -m cnnpar train --data .devdata/imagenet_rep --model resnet50 --epochs 1 \
       --out-dir /tmp/runs --no-progress
+  ;;
+s14a)
+  # session 14, call A (one H200, ~6 min with a cold start): every GPU-marked test at this revision (session 13's
+  # profile mend first runs here), then the ladder's stem rung beside channels_last and compile (never run on a GPU)
+  TAIL=12 logged gpu_tests 250 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=5
+  TAIL=16 logged ladder_rn50 220 python3 -m cnnpar bench --device cuda --model resnet50 --data synthetic \
+      --image-shape 3x224x224 --synthetic-samples 4096 --batch-size 256 --only channels_last,stem_space_to_depth,compile \
+      --out-dir "$R/bench"
+  ;;
+s14b)
+  # session 14, call B (one H200, ~7 min): issue 11 at this revision: `cnnpar train` from the 24,000 photos as a
+  # user runs it (the stem on since session 13; the validation-overlap caveat), then the benchmark's default with
+  # its fourth epoch under the profiler (where the GPU's time goes with the stem) and at batch 384
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 170
+  TAIL=40 logged jpeg_pipeline80 230 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0:trace=1,hardware:14:0:batch=384}" --budget-s 150 \
+      --watchdog-s 225 --out "$R/jpeg_pipeline80.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
