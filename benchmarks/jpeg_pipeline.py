@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -33,7 +34,7 @@ from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfi
 from cnnpar.data import byte_slots, crop_resize, load_data  # noqa: E402
 from cnnpar.data.loader import DeviceFeeder  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode  # noqa: E402
-from cnnpar.dist import DistInfo  # noqa: E402
+from cnnpar.dist import DEVICE_QUEUES_ENV, DistInfo, widen_device_queues  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.parallel import streams  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
@@ -187,6 +188,9 @@ def main() -> None:
         import faulthandler
 
         faulthandler.dump_traceback_later(args.watchdog_s, exit=True)
+    # as the cnnpar command does, before CUDA starts (a CUDA_DEVICE_MAX_CONNECTIONS of the caller's is kept: 8
+    # measures CUDA's default)
+    widen_device_queues()
     cuda = args.device == "cuda"
     info = DistInfo(0, 0, 1, torch.device("cuda", 0) if cuda else torch.device("cpu"))
     if cuda:
@@ -243,6 +247,7 @@ def main() -> None:
             "variant": f"--decode {decode} --workers {workers} --cpu-share {share} --cuda-graphs {graphs} "
             f"--batch-size {batch}",
             "train_images": None,  # the folder's size sets how many batches an epoch has
+            "device_queues": os.environ.get(DEVICE_QUEUES_ENV, "CUDA's default"),
         }
         if extra:
             row["variant"] += f" (bench: {' '.join(extra)})"

@@ -67,6 +67,45 @@ _OTHER_SPELLINGS = {
 }
 
 
+# CUDA's hardware work queues per context. Streams beyond that many share a queue, and a kernel
+# waits behind all work queued before it on its queue, whatever stream that work came from. A run
+# decoding photos on the GPU has a dozen streams (nvJPEG's own, the feeder's, the step's); with CUDA's
+# default 8 queues the decoder's work queued behind the step's (a whole graph replay, enqueued at
+# once). Measured, ResNet-50 from 24,000 photos on an H200, in separate calls (ZX with 8, ZY with 32):
+# 6,063 -> 6,524 img/s with graphs off (data wait 31 -> 3 %), 4,932 -> 6,733 with graphs on.
+# CUDA reads the variable when it starts, so it is set before any CUDA call, and a value the user
+# set is kept. 32 is the most CUDA accepts.
+DEVICE_QUEUES_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
+DEVICE_QUEUES = "32"
+CUDA_DEFAULT_QUEUES = "8"
+_queues_set_here = False
+
+
+def widen_device_queues(environ=None) -> None:
+    """Give CUDA contexts made after this call DEVICE_QUEUES hardware queues, unless the user chose a
+    number already or this process has started CUDA (too late then: see `device_queues_line`)."""
+    global _queues_set_here
+    environ = os.environ if environ is None else environ
+    if DEVICE_QUEUES_ENV in environ or torch.cuda.is_initialized():
+        return
+    environ[DEVICE_QUEUES_ENV] = DEVICE_QUEUES
+    _queues_set_here = environ is os.environ
+
+
+def device_queues_line(environ=None) -> str:
+    """The run's line on CUDA's hardware queues (for a CUDA run; the CPU has none)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(DEVICE_QUEUES_ENV)
+    if value is None:
+        return (
+            f"device queues: CUDA's default {CUDA_DEFAULT_QUEUES} (streams share them and wait on each other; "
+            f"the cnnpar command sets {DEVICE_QUEUES_ENV}={DEVICE_QUEUES} before CUDA starts: set it so yourself "
+            "when you build a Trainer in your own program)"
+        )
+    who = "set by cnnpar" if _queues_set_here and value == DEVICE_QUEUES else "yours"
+    return f"device queues: {value} ({DEVICE_QUEUES_ENV}, {who})"
+
+
 def launcher_env(environ: dict[str, str], trace_prefix: str) -> dict[str, str]:
     """The environment `cnnpar train --nproc N` hands torchrun: `environ` plus the NCCL defaults
     above (and the flight-recorder dumps under `trace_prefix`) wherever the user set none."""

@@ -27,7 +27,7 @@ from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
-from cnnpar.dist import DistInfo, all_reduce_sum, barrier
+from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.batch_size import REFERENCE_BATCH, lr_factor, lr_rule, search_on_device
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
@@ -500,6 +500,8 @@ class Trainer:
                 self.log(line)
         if self.stream.describe():
             self.log(f"training stream: {self.stream.describe()}")
+        if info.device.type == "cuda":
+            self.log(device_queues_line())
         slots = getattr(self.train_loader.decoder, "slots", None)
         if slots is not None:  # data/byte_slots.py
             self.log(f"encoded batches: {slots.describe()}")

@@ -83,3 +83,41 @@ def test_train_nproc_refuses_before_launching(two_gpus, monkeypatch, tmp_path, c
     monkeypatch.setattr(cli.subprocess, "call", lambda *a, **k: pytest.fail("launched torchrun"))
     assert cli.main(["train", "--nproc", "3", "--out-dir", str(tmp_path)]) == 2
     assert "3 processes on this node but 2 CUDA device(s) visible" in capsys.readouterr().err
+
+
+def _without_queue_setting(monkeypatch):
+    # set then deleted through monkeypatch, so the variable is absent again after the test
+    monkeypatch.setenv(dist.DEVICE_QUEUES_ENV, "x")
+    monkeypatch.delenv(dist.DEVICE_QUEUES_ENV)
+
+
+def test_the_device_queues_are_widened_before_cuda_starts_and_a_users_number_is_kept(monkeypatch):
+    env = {"PATH": "/bin"}
+    dist.widen_device_queues(env)
+    assert env[dist.DEVICE_QUEUES_ENV] == "32"
+    user = {dist.DEVICE_QUEUES_ENV: "4"}
+    dist.widen_device_queues(user)
+    assert user[dist.DEVICE_QUEUES_ENV] == "4"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # too late: the context has its queues
+    late = {}
+    dist.widen_device_queues(late)
+    assert late == {}
+    assert "CUDA's default 8" in dist.device_queues_line(late)
+    assert "set it so yourself" in dist.device_queues_line(late)
+    assert dist.device_queues_line(user) == "device queues: 4 (CUDA_DEVICE_MAX_CONNECTIONS, yours)"
+
+
+def test_every_cnnpar_command_widens_the_queues_and_torchruns_workers_inherit_them(monkeypatch, tmp_path):
+    from cnnpar import cli
+
+    seen = {}
+    monkeypatch.delenv("RANK", raising=False)
+    _without_queue_setting(monkeypatch)
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, env=None: seen.update(env=env) or 0)
+    assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
+    assert seen["env"][dist.DEVICE_QUEUES_ENV] == "32"
+    assert dist.device_queues_line() == "device queues: 32 (CUDA_DEVICE_MAX_CONNECTIONS, set by cnnpar)"
+    monkeypatch.setenv(dist.DEVICE_QUEUES_ENV, "16")
+    assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
+    assert seen["env"][dist.DEVICE_QUEUES_ENV] == "16"
+    assert dist.device_queues_line() == "device queues: 16 (CUDA_DEVICE_MAX_CONNECTIONS, yours)"
