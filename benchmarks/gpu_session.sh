@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -743,6 +743,17 @@ s14c)
   grep -E "^device queues" "$R"/default.log
   TAIL=6 logged jpeg_pipeline80 230 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants "${VARIANTS:-hardware:14:0,hardware:14:0:graphs=on}" --budget-s 150 \
+      --watchdog-s 225 --out "$R/jpeg_pipeline80.csv"
+  ;;
+s14d)
+  # session 14, call F (one H200, ~6 min): graphs kept beside the GPU decoder now that CUDA has 32 queues: `cnnpar
+  # train` from the 24,000 photos as a user runs it, then the benchmark's default (graphs on by auto) and graphs off
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 170
+  grep -E "^device queues|^cuda graphs" "$R"/default.log
+  TAIL=6 logged jpeg_pipeline80 230 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0,hardware:14:0:graphs=off}" --budget-s 150 \
       --watchdog-s 225 --out "$R/jpeg_pipeline80.csv"
   ;;
 s10b)

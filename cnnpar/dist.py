@@ -92,6 +92,12 @@ def widen_device_queues(environ=None) -> None:
     _queues_set_here = environ is os.environ
 
 
+def device_queues(environ=None) -> int:
+    """The hardware queues a CUDA context made now gets (CUDA's default where unset or unreadable)."""
+    value = (os.environ if environ is None else environ).get(DEVICE_QUEUES_ENV, CUDA_DEFAULT_QUEUES)
+    return int(value) if value.strip().isdigit() else int(CUDA_DEFAULT_QUEUES)
+
+
 def device_queues_line(environ=None) -> str:
     """The run's line on CUDA's hardware queues (for a CUDA run; the CPU has none)."""
     environ = os.environ if environ is None else environ

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from cnnpar.config import Config
+from cnnpar.dist import DEVICE_QUEUES, DEVICE_QUEUES_ENV, device_queues
 from cnnpar.engine.step import forward_backward, optimizer_step, sync_context
 from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.graphs import GraphedForwardBackward
@@ -52,7 +53,9 @@ def compile_captures_graphs(compile_mode: str) -> bool:
 def graphs_blocked_by(cfg: Config, distributed: bool, gpu_decoder_auto: bool = False) -> str:
     """Why cnnpar's CUDA graphs cannot replay this run's step ("" when they can).
 
-    `gpu_decoder_auto`: the photos are decoded on the GPU and the switch was left on auto.
+    `gpu_decoder_auto`: the photos are decoded on the GPU and the switch was left on auto. Graphs stay on
+    beside such a decoder only where CUDA has its most hardware queues (dist.DEVICE_QUEUES, which the cnnpar
+    command sets); with fewer, the decoder's work queues behind whole graph replays.
     """
     if distributed:
         return "several processes (DDP hooks are not captured)"
@@ -60,11 +63,14 @@ def graphs_blocked_by(cfg: Config, distributed: bool, gpu_decoder_auto: bool = F
         return "gradient accumulation (replays overwrite gradients)"
     if compile_captures_graphs(cfg.speed.compile):
         return f"compile mode {cfg.speed.compile} already captures graphs"
-    if gpu_decoder_auto:
+    if gpu_decoder_auto and device_queues() < int(DEVICE_QUEUES):
         return (
-            "the photos are decoded on the GPU (its waits stall behind graph replays: ResNet-50 from "
-            "JPEGs on an H200, nvJPEG 4,708 img/s without graphs against 3,320-3,734 with, the JPEG engines "
-            "4,944 against 4,195; --cuda-graphs on to keep them)"
+            f"the photos are decoded on the GPU and CUDA has {device_queues()} hardware queues "
+            f"({DEVICE_QUEUES_ENV}), so the decoder's work waits behind whole graph replays (ResNet-50 from "
+            "24,000 photos on an H200, the JPEG engines: 4,932 img/s with graphs against 6,063 without; with "
+            f"{DEVICE_QUEUES} queues 6,604-6,733 with graphs against 6,357-6,524 without): set "
+            f"{DEVICE_QUEUES_ENV}={DEVICE_QUEUES} before CUDA starts, as the cnnpar command does, or --cuda-graphs "
+            "on to keep them"
         )
     return ""
 

@@ -159,7 +159,19 @@ def test_graphs_are_blocked_where_they_cannot_replay_the_step():
     for mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
         why = graphs_blocked_by(with_overrides(base, speed={"compile": mode}), distributed=False)
         assert ("already captures graphs" in why) == (mode != "max-autotune-no-cudagraphs")
-    assert "decoded on the GPU" in graphs_blocked_by(base, distributed=False, gpu_decoder_auto=True)
+
+
+def test_graphs_stay_on_beside_a_gpu_decoder_only_where_cuda_has_its_32_queues(monkeypatch):
+    base = small()
+    for value, blocked in (("8", True), ("16", True), ("32", False), ("many", True)):
+        monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", value)
+        why = graphs_blocked_by(base, distributed=False, gpu_decoder_auto=True)
+        assert bool(why) == blocked, (value, why)
+        if blocked:
+            assert "decoded on the GPU" in why and "CUDA_DEVICE_MAX_CONNECTIONS=32" in why
+        assert graphs_blocked_by(base, distributed=False) == ""  # no GPU decoder: the queues do not matter
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
+    assert "CUDA has 8 hardware queues" in graphs_blocked_by(base, distributed=False, gpu_decoder_auto=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
