@@ -261,8 +261,12 @@ def session9_lines() -> list[str]:
 def cli_line(log: Path, label: str) -> str:
     """A table row for a `cnnpar train` log written by gpu_session.sh's hang_case (its .summary beside it)."""
     lines = log.read_text().splitlines()
-    rates = [line.split("img/s")[0].split()[-1] for line in lines if line.startswith("epoch ")]
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    rates = [line.split("img/s")[0].split()[-1] for line in epochs]
+    waits = [m[1] for m in (re.search(r"data wait (\d+)%", line) for line in epochs) if m]
     batch = next(line for line in lines if line.startswith("batch size auto:"))
+    if len(waits) == len(rates):
+        batch = f"data wait {', '.join(waits)} %; {batch}"
     first = log.with_suffix(".summary").read_text().splitlines()[0]
     m = re.search(r"exited rc=(\d+) at (\d+) s \(done: at (\d+) s\)", first)
     left = f"exited rc {m[1]}, {int(m[2]) - int(m[3])} s after its last line" if m else first
@@ -336,6 +340,11 @@ def session11_lines() -> list[str]:
         "call-zo",
         "call-zs",
         "call-zt",
+        "call-zw",  # session 14: the default traced, batch 384; graphs on with CUDA's 8 queues and 32
+        "call-zx",
+        "call-zy",
+        "call-zz",
+        "call-zza",
     ):
         path = RESULTS / call / "jpeg_pipeline80.csv"
         if not path.exists():
@@ -349,6 +358,10 @@ def session11_lines() -> list[str]:
                 note += ", paused at every sample: the rate is not comparable"
             if r.get("slots") and r["slots"] != "none":
                 note += f", {r['slots']}"
+            # the column came with cnnpar's own setting (ZZ on); ZY's caller set the variable for the process
+            queues = r.get("device_queues") or QUEUES_SET_BY_CALLER.get(call)
+            if queues:
+                note += f", device queues {queues}"
             label = f"end to end ({tag}, {r['git_rev']}, {int(r['train_images']):,} photos)"
             out.append(end_to_end_row(label, r, path, note))
     for call, label in (
@@ -362,10 +375,16 @@ def session11_lines() -> list[str]:
             "the same, the slots not page-locked, the stream entered last (ZI; epochs 2-3 start with up to 5 of 75 "
             "batches made during the validation)",
         ),
+        ("call-zw", "the same, the space-to-depth stem on (ZW, session 14)"),
+        ("call-zz", "the same, CUDA's 32 hardware queues set by cnnpar, graphs off for photos (ZZ)"),
+        ("call-zza", "the same, graphs kept beside the decoder with 32 queues: the default since ZZA"),
     ):
         out.append(cli_line(RESULTS / call / "default.log", label))
     return out
 
+
+# calls whose CSV predates the device_queues column but whose process had CUDA_DEVICE_MAX_CONNECTIONS set
+QUEUES_SET_BY_CALLER = {"call-zy": "32 (set by the caller)"}
 
 STEP_FILES = (  # session 12, issue 13.2 and 13.3: the train step on data already on the GPU
     "call-zk/step_rn50_b256.csv",
