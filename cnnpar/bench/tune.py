@@ -10,7 +10,10 @@ the median images/s counts.
 Time: the start trial may use the whole budget; every later trial gets at most `trial_s` (by
 default the larger of a third of the budget and 1.5x the start trial's wall time) and never more
 than what is left, and is killed at that limit and reported as cut off. No trial starts with
-less than MIN_TRIAL_S left. So the run ends within the budget plus the seconds a kill and the
+less than MIN_TRIAL_S left, nor, after the start, with less than the start trial's warm-up left:
+every trial builds, compiles and warms up its own Trainer, so it would be cut off before measuring
+(on an H200 a trial was started with 8 s of 200 left after a warm-up of 32 s: call ZZB).
+So the run ends within the budget plus the seconds a kill and the
 files take. `tuned.toml` (and the trials' CSV) is rewritten atomically after the start trial and
 after every trial that beats the best so far, so the best config measured is on disk whenever
 the run ends.
@@ -231,7 +234,7 @@ class Tuner:
         self.deadline = started + budget_s * (1 - END_RESERVE)
         self.trials: list[Trial] = []
         self.best_cfg: Config | None = None
-        self.best = self.start_rate = 0.0
+        self.best = self.start_rate = self.start_warmup_s = 0.0
         self.cap = trial_s
         self.env: dict = {}
         self.facts: dict = {}  # what the start trial found out about the device and the data
@@ -246,8 +249,11 @@ class Tuner:
         """Measure `cfg` in a child within the time left; record the trial, keep it if it wins."""
         left = self.left()
         name = f"{label}={value}" if label != START else "start (your config, resolved here)"
-        if left < MIN_TRIAL_S:
-            t = Trial(group, label, str(value), SKIPPED, note=f"time budget spent ({max(0.0, left):.0f} s left)")
+        if left < MIN_TRIAL_S or (label != START and left < self.start_warmup_s):
+            note = f"time budget spent ({max(0.0, left):.0f} s left"
+            if left >= MIN_TRIAL_S:
+                note += f", less than the start trial's warm-up of {self.start_warmup_s:.0f} s"
+            t = Trial(group, label, str(value), SKIPPED, note=note + ")")
             self.trials.append(t)
             return t
         limit = left if label == START else min(self.cap, left)
@@ -269,7 +275,7 @@ class Tuner:
         spread = f"{t.images_per_s_min:,.0f}-{t.images_per_s_max:,.0f}"
         if label == START:
             t.status = START
-            self.start_rate = t.images_per_s
+            self.start_rate, self.start_warmup_s = t.images_per_s, t.warmup_s
             self.best_cfg = merge_resolved(cfg, v["resolved"])
             self.best, self.facts = t.images_per_s, v.get("facts", {})
             self.env = self.facts.get("env", {})

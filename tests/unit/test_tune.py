@@ -26,8 +26,9 @@ class FakeMachine:
     """Trials that take `cost(cfg)` seconds of a fake clock and run at `rate(cfg)` img/s; a trial whose
     cost passes its limit is cut off at the limit, as run_child does with a real child."""
 
-    def __init__(self, rate, cost, facts=CUDA_FACTS, fail=lambda cfg: ""):
+    def __init__(self, rate, cost, facts=CUDA_FACTS, fail=lambda cfg: "", warmup_s=1.0):
         self.now, self.rate, self.cost, self.facts, self.fail = 0.0, rate, cost, facts, fail
+        self.warmup_s = warmup_s
         self.calls: list[tuple[float, float, Config]] = []  # (started at, limit, config)
 
     def clock(self) -> float:
@@ -62,7 +63,7 @@ class FakeMachine:
             "images_per_s": r,
             "images_per_s_min": 0.99 * r,
             "images_per_s_max": 1.01 * r,
-            "warmup_s": 1.0,
+            "warmup_s": self.warmup_s,
             "resolved": resolved,
             "facts": {**self.facts, "env": {"device": "fake GPU", "torch": "x", "git_rev": "r", "date": "d"}},
         }
@@ -97,6 +98,19 @@ def test_every_trial_is_limited_to_what_the_budget_leaves_and_the_run_ends_withi
     assert all(t.status == "skipped" for t in trials[trials.index(cut[-1]) + 1 :])
     assert best.run.batch_size == 256  # 64 -> 128 -> 256 kept (55 s each), 512 cut off at 200 s
     assert tomllib.loads((tmp_path / "tuned.toml").read_text())["run"]["batch_size"] == 256
+
+
+def test_no_trial_starts_with_less_time_left_than_the_start_trials_warm_up(tmp_path):
+    # as call ZZB: a 32 s warm-up, trials of ~45 s, and a budget that leaves a few seconds at the end
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 45.0, warmup_s=32.0)
+    _, trials = m.tune(resnet50(), 200, tmp_path / "tuned.toml")
+    started = [t for t in trials if t.status != "skipped"]
+    assert all(t.status != CUT_OFF for t in started)  # each one that started had room to measure
+    last = trials[len(started)]
+    assert last.status == "skipped" and "less than the start trial's warm-up of 32 s" in last.note
+    left = float(last.note.split("(")[1].split(" s left")[0])
+    assert tune_mod.MIN_TRIAL_S <= left < 32
+    assert len(m.calls) == len(started)  # the skipped ones never reached a child
 
 
 def test_a_trial_past_its_own_limit_is_cut_off_and_the_search_goes_on(tmp_path):
