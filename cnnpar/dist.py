@@ -78,18 +78,18 @@ _OTHER_SPELLINGS = {
 DEVICE_QUEUES_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 DEVICE_QUEUES = "32"
 CUDA_DEFAULT_QUEUES = "8"
-_queues_set_here = False
+# set beside it, so that the line can say who chose the number in torchrun's workers too (they inherit both)
+QUEUES_SET_BY_CNNPAR_ENV = "CNNPAR_SET_DEVICE_QUEUES"
 
 
 def widen_device_queues(environ=None) -> None:
     """Give CUDA contexts made after this call DEVICE_QUEUES hardware queues, unless the user chose a
     number already or this process has started CUDA (too late then: see `device_queues_line`)."""
-    global _queues_set_here
     environ = os.environ if environ is None else environ
     if DEVICE_QUEUES_ENV in environ or torch.cuda.is_initialized():
         return
     environ[DEVICE_QUEUES_ENV] = DEVICE_QUEUES
-    _queues_set_here = environ is os.environ
+    environ[QUEUES_SET_BY_CNNPAR_ENV] = DEVICE_QUEUES
 
 
 def device_queues(environ=None) -> int:
@@ -108,7 +108,7 @@ def device_queues_line(environ=None) -> str:
             f"the cnnpar command sets {DEVICE_QUEUES_ENV}={DEVICE_QUEUES} before CUDA starts: set it so yourself "
             "when you build a Trainer in your own program)"
         )
-    who = "set by cnnpar" if _queues_set_here and value == DEVICE_QUEUES else "yours"
+    who = "set by cnnpar" if environ.get(QUEUES_SET_BY_CNNPAR_ENV) == value else "yours"
     return f"device queues: {value} ({DEVICE_QUEUES_ENV}, {who})"
 
 

@@ -87,17 +87,19 @@ def test_train_nproc_refuses_before_launching(two_gpus, monkeypatch, tmp_path, c
 
 def _without_queue_setting(monkeypatch):
     # set then deleted through monkeypatch, so the variable is absent again after the test
-    monkeypatch.setenv(dist.DEVICE_QUEUES_ENV, "x")
-    monkeypatch.delenv(dist.DEVICE_QUEUES_ENV)
+    for name in (dist.DEVICE_QUEUES_ENV, dist.QUEUES_SET_BY_CNNPAR_ENV):
+        monkeypatch.setenv(name, "x")
+        monkeypatch.delenv(name)
 
 
 def test_the_device_queues_are_widened_before_cuda_starts_and_a_users_number_is_kept(monkeypatch):
     env = {"PATH": "/bin"}
     dist.widen_device_queues(env)
     assert env[dist.DEVICE_QUEUES_ENV] == "32"
+    assert dist.device_queues_line(env).endswith("set by cnnpar)")
     user = {dist.DEVICE_QUEUES_ENV: "4"}
     dist.widen_device_queues(user)
-    assert user[dist.DEVICE_QUEUES_ENV] == "4"
+    assert user == {dist.DEVICE_QUEUES_ENV: "4"}
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # too late: the context has its queues
     late = {}
     dist.widen_device_queues(late)
@@ -117,6 +119,8 @@ def test_every_cnnpar_command_widens_the_queues_and_torchruns_workers_inherit_th
     assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
     assert seen["env"][dist.DEVICE_QUEUES_ENV] == "32"
     assert dist.device_queues_line() == "device queues: 32 (CUDA_DEVICE_MAX_CONNECTIONS, set by cnnpar)"
+    # a torchrun worker inherits both variables and says the same
+    assert dist.device_queues_line(dict(seen["env"])).endswith("set by cnnpar)")
     monkeypatch.setenv(dist.DEVICE_QUEUES_ENV, "16")
     assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
     assert seen["env"][dist.DEVICE_QUEUES_ENV] == "16"
