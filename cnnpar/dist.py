@@ -82,34 +82,63 @@ CUDA_DEFAULT_QUEUES = "8"
 QUEUES_SET_BY_CNNPAR_ENV = "CNNPAR_SET_DEVICE_QUEUES"
 
 
+_UNSEEN = object()
+# the variable when torch started CUDA in this process (what its context got); _UNSEEN before that,
+# or for good where CUDA had started before this module was imported
+_at_cuda_start: object = _UNSEEN
+
+
+def _record_queues_at_cuda_start() -> None:
+    global _at_cuda_start
+    _at_cuda_start = os.environ.get(DEVICE_QUEUES_ENV)
+
+
 def widen_device_queues(environ=None) -> None:
     """Give CUDA contexts made after this call DEVICE_QUEUES hardware queues, unless the user chose a
     number already or this process has started CUDA (too late then: see `device_queues_line`)."""
     environ = os.environ if environ is None else environ
-    if DEVICE_QUEUES_ENV in environ or torch.cuda.is_initialized():
-        return
-    environ[DEVICE_QUEUES_ENV] = DEVICE_QUEUES
-    environ[QUEUES_SET_BY_CNNPAR_ENV] = DEVICE_QUEUES
+    if DEVICE_QUEUES_ENV not in environ and not torch.cuda.is_initialized():
+        environ[DEVICE_QUEUES_ENV] = DEVICE_QUEUES
+        environ[QUEUES_SET_BY_CNNPAR_ENV] = DEVICE_QUEUES
+
+
+def queues_setting(environ=None) -> tuple[str | None, str]:
+    """(the variable's value this process's CUDA context has, or will get, None for CUDA's default; a
+    caveat where the variable now says otherwise or cnnpar cannot tell)."""
+    environ = os.environ if environ is None else environ
+    now = environ.get(DEVICE_QUEUES_ENV)
+    if environ is not os.environ or not torch.cuda.is_initialized():
+        return now, ""
+    if _at_cuda_start is _UNSEEN:  # CUDA started before cnnpar was imported: counted as the default
+        if now is None:
+            return None, ""
+        return None, f"{DEVICE_QUEUES_ENV}={now} is set, but CUDA started before cnnpar could see whether in time"
+    if now != _at_cuda_start:
+        return _at_cuda_start, f"{DEVICE_QUEUES_ENV}={now} was set after CUDA started here: the context lacks it"
+    return now, ""
 
 
 def device_queues(environ=None) -> int:
-    """The hardware queues a CUDA context made now gets (CUDA's default where unset or unreadable)."""
-    value = (os.environ if environ is None else environ).get(DEVICE_QUEUES_ENV, CUDA_DEFAULT_QUEUES)
+    """The hardware queues this process's CUDA context has or will get (CUDA's default where unset,
+    unreadable, or set too late)."""
+    value = queues_setting(environ)[0] or CUDA_DEFAULT_QUEUES
     return int(value) if value.strip().isdigit() else int(CUDA_DEFAULT_QUEUES)
 
 
 def device_queues_line(environ=None) -> str:
     """The run's line on CUDA's hardware queues (for a CUDA run; the CPU has none)."""
     environ = os.environ if environ is None else environ
-    value = environ.get(DEVICE_QUEUES_ENV)
+    value, caveat = queues_setting(environ)
     if value is None:
-        return (
+        line = (
             f"device queues: CUDA's default {CUDA_DEFAULT_QUEUES} (streams share them and wait on each other; "
             f"the cnnpar command sets {DEVICE_QUEUES_ENV}={DEVICE_QUEUES} before CUDA starts: set it so yourself "
-            "when you build a Trainer in your own program)"
+            "before CUDA starts when you build a Trainer in your own program)"
         )
-    who = "set by cnnpar" if environ.get(QUEUES_SET_BY_CNNPAR_ENV) == value else "yours"
-    return f"device queues: {value} ({DEVICE_QUEUES_ENV}, {who})"
+    else:
+        who = "set by cnnpar" if environ.get(QUEUES_SET_BY_CNNPAR_ENV) == value else "yours"
+        line = f"device queues: {value} ({DEVICE_QUEUES_ENV}, {who})"
+    return f"{line}; {caveat}" if caveat else line
 
 
 def launcher_env(environ: dict[str, str], trace_prefix: str) -> dict[str, str]:
@@ -297,3 +326,8 @@ def barrier(info: DistInfo) -> None:
         info.collectives.barrier()
     elif info.distributed:
         dist.barrier()
+
+
+# torch runs queued calls when it starts CUDA: the variable's value then is what the context gets
+if not torch.cuda.is_initialized():
+    torch.cuda._lazy_call(_record_queues_at_cuda_start)

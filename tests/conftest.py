@@ -12,6 +12,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _no_device_queue_setting(monkeypatch):
+    """Every `cli.main` sets CUDA_DEVICE_MAX_CONNECTIONS in this process's environment (dist.widen_device_queues),
+    and graphs beside a GPU decoder depend on it: each test starts without it, as a fresh shell does."""
+    for name in ("CUDA_DEVICE_MAX_CONNECTIONS", "CNNPAR_SET_DEVICE_QUEUES"):
+        monkeypatch.setenv(name, "x")  # recorded, so that the test's own value is undone after it too
+        monkeypatch.delenv(name)
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """Environment for subprocesses: this checkout first on PYTHONPATH, small thread counts."""
     env = {

@@ -10,10 +10,10 @@ the median images/s counts.
 Time: the start trial may use the whole budget; every later trial gets at most `trial_s` (by
 default the larger of a third of the budget and 1.5x the start trial's wall time) and never more
 than what is left, and is killed at that limit and reported as cut off. No trial starts with
-less than MIN_TRIAL_S left, nor, after the start, with less than the start trial's warm-up left:
-every trial builds, compiles and warms up its own Trainer, so it would be cut off before measuring
-(on an H200 a trial was started with 8 s of 200 left after a warm-up of 32 s: call ZZB).
-So the run ends within the budget plus the seconds a kill and the
+less than MIN_TRIAL_S left, nor, after the start, with a limit shorter than the start trial took:
+every trial starts a process, builds, compiles, warms up and measures its own Trainer, so it would
+most likely be cut off before it measured (on an H200 a trial was started with 8 s of 200 left after a
+start trial of 42 s: call ZZB). So the run ends within the budget plus the seconds a kill and the
 files take. `tuned.toml` (and the trials' CSV) is rewritten atomically after the start trial and
 after every trial that beats the best so far, so the best config measured is on disk whenever
 the run ends.
@@ -234,7 +234,7 @@ class Tuner:
         self.deadline = started + budget_s * (1 - END_RESERVE)
         self.trials: list[Trial] = []
         self.best_cfg: Config | None = None
-        self.best = self.start_rate = self.start_warmup_s = 0.0
+        self.best = self.start_rate = self.start_wall_s = 0.0
         self.cap = trial_s
         self.env: dict = {}
         self.facts: dict = {}  # what the start trial found out about the device and the data
@@ -249,14 +249,14 @@ class Tuner:
         """Measure `cfg` in a child within the time left; record the trial, keep it if it wins."""
         left = self.left()
         name = f"{label}={value}" if label != START else "start (your config, resolved here)"
-        if left < MIN_TRIAL_S or (label != START and left < self.start_warmup_s):
-            note = f"time budget spent ({max(0.0, left):.0f} s left"
+        limit = left if label == START else min(self.cap, left)
+        if left < MIN_TRIAL_S or (label != START and limit < self.start_wall_s):
+            note = f"time budget spent ({max(0.0, left):.0f} s left)"
             if left >= MIN_TRIAL_S:
-                note += f", less than the start trial's warm-up of {self.start_warmup_s:.0f} s"
-            t = Trial(group, label, str(value), SKIPPED, note=note + ")")
+                note = f"a limit of {limit:.0f} s, shorter than the start trial's {self.start_wall_s:.0f} s"
+            t = Trial(group, label, str(value), SKIPPED, note=note)
             self.trials.append(t)
             return t
-        limit = left if label == START else min(self.cap, left)
         self.say(f"{name}{' (' + note + ')' if note else ''}, limit {limit:.0f} s ...")
         r = self.run_trial(cfg, limit)
         t = Trial(group, label, str(value), r.status, wall_s=r.wall_s, limit_s=limit, note=note)
@@ -275,7 +275,7 @@ class Tuner:
         spread = f"{t.images_per_s_min:,.0f}-{t.images_per_s_max:,.0f}"
         if label == START:
             t.status = START
-            self.start_rate, self.start_warmup_s = t.images_per_s, t.warmup_s
+            self.start_rate, self.start_wall_s = t.images_per_s, t.wall_s
             self.best_cfg = merge_resolved(cfg, v["resolved"])
             self.best, self.facts = t.images_per_s, v.get("facts", {})
             self.env = self.facts.get("env", {})

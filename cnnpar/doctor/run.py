@@ -224,11 +224,20 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         mem_total_bytes=total,
         batch_from=trainer.batch_line
         or ("--batch-size" if trainer.requested_cfg.run.batch_size else "auto: the CPU's fixed default"),
-        cuda_graphs="on" if trainer.use_graphs else "off" if not graphs_blocked_by(rcfg, False) else "n/a",
+        cuda_graphs=graphs_fact(trainer, rcfg, bundle),
     )
     if wants_batch_search(facts) and not trainer.batch_line:  # (a searched batch needs no second search)
         facts.searched_batch, facts.searched_gain = phase("batch sizes", lambda: _search_batch(trainer, bundle))
     return rcfg, phases, facts
+
+
+def graphs_fact(trainer: Trainer, rcfg: Config, bundle) -> str:
+    """ "on", "off" (could be on: the advice may suggest it) or "n/a", by the Trainer's own rule (a GPU
+    decoder with too few device queues included), so the advice never suggests what the run refused."""
+    if trainer.use_graphs:
+        return "on"
+    beside_decoder = trainer.graphs_requested == "auto" and decodes_on_gpu(rcfg, bundle)
+    return "n/a" if graphs_blocked_by(rcfg, False, beside_decoder) else "off"
 
 
 def _search_batch(trainer: Trainer, bundle) -> tuple[int | None, float | None]:

@@ -85,14 +85,8 @@ def test_train_nproc_refuses_before_launching(two_gpus, monkeypatch, tmp_path, c
     assert "3 processes on this node but 2 CUDA device(s) visible" in capsys.readouterr().err
 
 
-def _without_queue_setting(monkeypatch):
-    # set then deleted through monkeypatch, so the variable is absent again after the test
-    for name in (dist.DEVICE_QUEUES_ENV, dist.QUEUES_SET_BY_CNNPAR_ENV):
-        monkeypatch.setenv(name, "x")
-        monkeypatch.delenv(name)
-
-
 def test_the_device_queues_are_widened_before_cuda_starts_and_a_users_number_is_kept(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # as in a fresh `cnnpar` process
     env = {"PATH": "/bin"}
     dist.widen_device_queues(env)
     assert env[dist.DEVICE_QUEUES_ENV] == "32"
@@ -114,7 +108,7 @@ def test_every_cnnpar_command_widens_the_queues_and_torchruns_workers_inherit_th
 
     seen = {}
     monkeypatch.delenv("RANK", raising=False)
-    _without_queue_setting(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # as in a fresh `cnnpar` process
     monkeypatch.setattr(cli.subprocess, "call", lambda cmd, env=None: seen.update(env=env) or 0)
     assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
     assert seen["env"][dist.DEVICE_QUEUES_ENV] == "32"
@@ -125,3 +119,21 @@ def test_every_cnnpar_command_widens_the_queues_and_torchruns_workers_inherit_th
     assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
     assert seen["env"][dist.DEVICE_QUEUES_ENV] == "16"
     assert dist.device_queues_line() == "device queues: 16 (CUDA_DEVICE_MAX_CONNECTIONS, yours)"
+
+
+def test_the_queues_are_those_cuda_started_with_not_a_value_set_afterwards(monkeypatch):
+    # torch calls the recorder when it starts CUDA (registered at import where CUDA had not started)
+    assert not torch.cuda.is_initialized() or dist._at_cuda_start is not dist._UNSEEN
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setenv(dist.DEVICE_QUEUES_ENV, "32")
+    monkeypatch.setattr(dist, "_at_cuda_start", "32")  # set in time
+    assert dist.device_queues() == 32 and dist.device_queues_line().startswith("device queues: 32 (")
+    monkeypatch.setattr(dist, "_at_cuda_start", None)  # set after CUDA started with the default
+    assert dist.device_queues() == 8
+    assert "was set after CUDA started here" in dist.device_queues_line()
+    assert "CUDA's default 8" in dist.device_queues_line()
+    monkeypatch.setattr(dist, "_at_cuda_start", dist._UNSEEN)  # CUDA started before cnnpar was imported
+    assert dist.device_queues() == 8
+    assert "started before cnnpar could see" in dist.device_queues_line()
+    dist._record_queues_at_cuda_start()  # what torch's queued call does at the start
+    assert dist._at_cuda_start == "32" and dist.device_queues() == 32
