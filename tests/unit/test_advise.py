@@ -126,6 +126,8 @@ def test_the_graphs_fact_follows_the_trainers_rule_beside_a_gpu_decoder(monkeypa
     from pathlib import Path
     from types import SimpleNamespace
 
+    import torch
+
     from cnnpar.config import Config
     from cnnpar.data.folder import ImageFolderDataset
     from cnnpar.doctor.run import graphs_fact
@@ -135,6 +137,7 @@ def test_the_graphs_fact_follows_the_trainers_rule_beside_a_gpu_decoder(monkeypa
     photos = SimpleNamespace(train=ImageFolderDataset([Path("a.jpg")], [0], 224))
     arrays = SimpleNamespace(train=[])
     trainer = SimpleNamespace(use_graphs=False, graphs_requested="auto")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # the variable counts (dist.queues_setting)
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
     assert graphs_fact(trainer, cfg, photos) == "n/a"
     assert graphs_fact(trainer, cfg, arrays) == "off"  # no decoder: graphs could run, the advice may say so

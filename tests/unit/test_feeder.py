@@ -229,6 +229,7 @@ def test_cuda_graphs_left_on_auto_yield_to_a_gpu_jpeg_decoder_unless_cuda_has_32
         )
 
     jpeg = GpuDecoder([Path("a.jpg")], 32, torch.device("cpu"), train=True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # the variable counts (dist.queues_setting)
     for queues in (None, "8"):  # CUDA's default, unset or said
         if queues:
             monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", queues)

@@ -162,6 +162,7 @@ def test_graphs_are_blocked_where_they_cannot_replay_the_step():
 
 
 def test_graphs_stay_on_beside_a_gpu_decoder_only_where_cuda_has_its_32_queues(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # the variable counts (dist.queues_setting)
     base = small()
     for value, blocked in (("8", True), ("16", True), ("32", False), ("many", True)):
         monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", value)
