@@ -444,14 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from cnnpar.dist import widen_device_queues
-
-    widen_device_queues()  # before anything starts CUDA; torchrun's workers inherit it
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from cnnpar.dist import widen_device_queues  # (imports torch: not for --help)
+
+    widen_device_queues()  # before anything starts CUDA; torchrun's workers inherit it
     try:
         return args.func(args, argv[1:])
     except UserError as e:
