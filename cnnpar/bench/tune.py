@@ -251,10 +251,10 @@ class Tuner:
         name = f"{label}={value}" if label != START else "start (your config, resolved here)"
         limit = left if label == START else min(self.cap, left)
         if left < MIN_TRIAL_S or (label != START and limit < self.start_wall_s):
-            note = f"time budget spent ({max(0.0, left):.0f} s left)"
+            why = f"time budget spent ({max(0.0, left):.0f} s left)"
             if left >= MIN_TRIAL_S:
-                note = f"a limit of {limit:.0f} s, shorter than the start trial's {self.start_wall_s:.0f} s"
-            t = Trial(group, label, str(value), SKIPPED, note=note)
+                why = f"a limit of {limit:.0f} s, shorter than the start trial's {self.start_wall_s:.0f} s"
+            t = Trial(group, label, str(value), SKIPPED, note=why)
             self.trials.append(t)
             return t
         self.say(f"{name}{' (' + note + ')' if note else ''}, limit {limit:.0f} s ...")

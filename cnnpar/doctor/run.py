@@ -232,8 +232,9 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
 
 
 def graphs_fact(trainer: Trainer, rcfg: Config, bundle) -> str:
-    """ "on", "off" (could be on: the advice may suggest it) or "n/a", by the Trainer's own rule (a GPU
-    decoder with too few device queues included), so the advice never suggests what the run refused."""
+    """The CUDA-graph fact: on, off (they could run: the advice may suggest them) or n/a, by the Trainer's
+    own rule (a GPU decoder with too few device queues included), so the advice never suggests what the
+    run refused."""
     if trainer.use_graphs:
         return "on"
     beside_decoder = trainer.graphs_requested == "auto" and decodes_on_gpu(rcfg, bundle)
