@@ -137,3 +137,19 @@ def test_the_queues_are_those_cuda_started_with_not_a_value_set_afterwards(monke
     assert "started before cnnpar could see" in dist.device_queues_line()
     dist._record_queues_at_cuda_start()  # what torch's queued call does at the start
     assert dist._at_cuda_start == "32" and dist.device_queues() == 32
+
+
+def test_help_answers_without_importing_torch(tmp_path):
+    """The queue variable is set after the arguments are parsed, so `cnnpar --help` stays quick."""
+    import subprocess
+    import sys
+
+    from tests.conftest import cli_env
+
+    code = (
+        "import sys\nfrom cnnpar.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
