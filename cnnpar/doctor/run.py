@@ -44,7 +44,6 @@ from cnnpar.doctor.measure import (
 from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget, search_start
 from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import data_resolved
-from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
@@ -224,21 +223,20 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         mem_total_bytes=total,
         batch_from=trainer.batch_line
         or ("--batch-size" if trainer.requested_cfg.run.batch_size else "auto: the CPU's fixed default"),
-        cuda_graphs=graphs_fact(trainer, rcfg, bundle),
+        cuda_graphs=graphs_fact(trainer),
     )
     if wants_batch_search(facts) and not trainer.batch_line:  # (a searched batch needs no second search)
         facts.searched_batch, facts.searched_gain = phase("batch sizes", lambda: _search_batch(trainer, bundle))
     return rcfg, phases, facts
 
 
-def graphs_fact(trainer: Trainer, rcfg: Config, bundle) -> str:
+def graphs_fact(trainer: Trainer) -> str:
     """The CUDA-graph fact: on, off (they could run: the advice may suggest them) or n/a, by the Trainer's
     own rule (a GPU decoder with too few device queues included), so the advice never suggests what the
     run refused."""
     if trainer.use_graphs:
         return "on"
-    beside_decoder = trainer.graphs_requested == "auto" and decodes_on_gpu(rcfg, bundle)
-    return "n/a" if graphs_blocked_by(rcfg, False, beside_decoder) else "off"
+    return "n/a" if trainer.graphs_blocked_reason() else "off"
 
 
 def _search_batch(trainer: Trainer, bundle) -> tuple[int | None, float | None]:

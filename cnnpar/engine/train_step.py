@@ -63,9 +63,10 @@ def graphs_blocked_by(cfg: Config, distributed: bool, gpu_decoder_auto: bool = F
         return "gradient accumulation (replays overwrite gradients)"
     if compile_captures_graphs(cfg.speed.compile):
         return f"compile mode {cfg.speed.compile} already captures graphs"
-    if gpu_decoder_auto and device_queues() < int(DEVICE_QUEUES):
+    queues = device_queues() if gpu_decoder_auto else 0
+    if gpu_decoder_auto and queues < int(DEVICE_QUEUES):
         return (
-            f"the photos are decoded on the GPU and CUDA has {device_queues()} hardware queues "
+            f"the photos are decoded on the GPU and CUDA has {queues} hardware queues "
             f"({DEVICE_QUEUES_ENV}), so the decoder's work waits behind whole graph replays (ResNet-50 from "
             "24,000 photos on an H200, the JPEG engines: 4,932 img/s with graphs against 6,063 without; with "
             f"{DEVICE_QUEUES} queues 6,604-6,733 with graphs against 6,357-6,524 without): set "

@@ -224,12 +224,17 @@ class Trainer:
         )
         return replace(cfg, run=replace(cfg.run, batch_size=choice.batch), optim=replace(cfg.optim, lr=lr))
 
+    def graphs_blocked_reason(self) -> str:
+        """Why cnnpar's CUDA graphs cannot replay this run's step, whatever the switch says ("" when they
+        can): the one place that asks, for this run and for the doctor's advice."""
+        # the loader exists here: ask it what it built (the batch search, earlier, asks decodes_on_gpu)
+        gpu_decoder = self.graphs_requested == "auto" and isinstance(self.train_loader.decoder, GpuDecoder)
+        return graphs_blocked_by(self.cfg, self.info.distributed, gpu_decoder)
+
     def _graphs_allowed(self) -> bool:
         if self.cfg.speed.cuda_graphs != "on":
             return False
-        # the loader exists here: ask it what it built (the batch search, earlier, asks decodes_on_gpu)
-        gpu_decoder = self.graphs_requested == "auto" and isinstance(self.train_loader.decoder, GpuDecoder)
-        why = graphs_blocked_by(self.cfg, self.info.distributed, gpu_decoder)
+        why = self.graphs_blocked_reason()
         if why:
             self.log(f"cuda graphs off: {why}")
         return not why

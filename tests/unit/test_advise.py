@@ -129,18 +129,27 @@ def test_the_graphs_fact_follows_the_trainers_rule_beside_a_gpu_decoder(monkeypa
     import torch
 
     from cnnpar.config import Config
-    from cnnpar.data.folder import ImageFolderDataset
+    from cnnpar.data.gpu_decode import GpuDecoder
     from cnnpar.doctor.run import graphs_fact
-    from cnnpar.presets import with_overrides
+    from cnnpar.engine.trainer import Trainer
 
-    cfg = with_overrides(Config(), data={"decode": "hardware"})
-    photos = SimpleNamespace(train=ImageFolderDataset([Path("a.jpg")], [0], 224))
-    arrays = SimpleNamespace(train=[])
-    trainer = SimpleNamespace(use_graphs=False, graphs_requested="auto")
+    def trainer(decoder, use_graphs: bool = False) -> SimpleNamespace:
+        """A stand-in carrying what the Trainer's own rule reads (graphs need CUDA)."""
+        t = SimpleNamespace(
+            cfg=Config(),
+            info=SimpleNamespace(distributed=False),
+            graphs_requested="auto",
+            use_graphs=use_graphs,
+            train_loader=SimpleNamespace(decoder=decoder),
+        )
+        t.graphs_blocked_reason = lambda: Trainer.graphs_blocked_reason(t)
+        return t
+
+    photos = GpuDecoder([Path("a.jpg")], 32, torch.device("cpu"), train=True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # the variable counts (dist.queues_setting)
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
-    assert graphs_fact(trainer, cfg, photos) == "n/a"
-    assert graphs_fact(trainer, cfg, arrays) == "off"  # no decoder: graphs could run, the advice may say so
+    assert graphs_fact(trainer(photos)) == "n/a"
+    assert graphs_fact(trainer(None)) == "off"  # no decoder: graphs could run, the advice may say so
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-    assert graphs_fact(trainer, cfg, photos) == "off"
-    assert graphs_fact(SimpleNamespace(use_graphs=True, graphs_requested="auto"), cfg, photos) == "on"
+    assert graphs_fact(trainer(photos)) == "off"
+    assert graphs_fact(trainer(photos, use_graphs=True)) == "on"

@@ -220,13 +220,15 @@ def test_cuda_graphs_left_on_auto_yield_to_a_gpu_jpeg_decoder_unless_cuda_has_32
         cfg = SimpleNamespace(
             speed=SimpleNamespace(cuda_graphs="on", compile="default"), optim=SimpleNamespace(grad_accum=1)
         )
-        return SimpleNamespace(
+        t = SimpleNamespace(
             cfg=cfg,
             info=SimpleNamespace(distributed=False),
             graphs_requested=requested,
             train_loader=SimpleNamespace(decoder=decoder),
             log=said.append,
         )
+        t.graphs_blocked_reason = lambda: Trainer.graphs_blocked_reason(t)
+        return t
 
     jpeg = GpuDecoder([Path("a.jpg")], 32, torch.device("cpu"), train=True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # the variable counts (dist.queues_setting)
