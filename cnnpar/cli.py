@@ -85,9 +85,12 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             best_text = f"best val acc {100 * best:.2f}%{caveat} | " if best is not None else ""
             overall = result.summary.get("images_per_s_with_eval")
             if overall:  # the epochs' lines leave out the evaluations and checkpoints between them
+                s = result.summary
+                rest = s["train_s"] - s["epochs_s"] - s["eval_s"] - s["checkpoint_s"]
                 best_text += (
-                    f"{result.summary['images_trained']:,} images trained in {result.summary['train_s']:.1f} s "
-                    f"with the evaluations and checkpoints: {overall:,.0f} img/s | "
+                    f"{s['images_trained']:,} images trained in {s['train_s']:.1f} s with the evaluations and "
+                    f"checkpoints: {overall:,.0f} img/s (epochs {s['epochs_s']:.1f} s, evaluations "
+                    f"{s['eval_s']:.1f} s, checkpoints {s['checkpoint_s']:.1f} s, the rest {max(rest, 0.0):.1f} s) | "
                 )
             print(f"done: {best_text}run folder {result.run_dir}")
         return 0

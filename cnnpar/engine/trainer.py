@@ -73,6 +73,8 @@ METRIC_COLUMNS = [
     "peak_mem_mb",
     "peak_mem_kind",
     "skipped_steps",
+    "eval_s",
+    "checkpoint_s",
 ]
 PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
 
@@ -528,7 +530,9 @@ class Trainer:
             row = {"epoch": epoch, **self.train_epoch(epoch)}
             self._check_finite(epoch, row["train_loss"])
             if epoch % cfg.run.eval_every == 0 or epoch == cfg.run.epochs:
-                row.update(self.evaluate())
+                t_eval = time.perf_counter()
+                row.update(self.evaluate())  # ends on a device read, so the time holds the device's work
+                row["eval_s"] = time.perf_counter() - t_eval
             row["lr"] = self.optimizer.param_groups[0]["lr"]
             row["peak_mem_mb"], row["peak_mem_kind"] = peak_memory(info.device)
             row["skipped_steps"] = self.precision.skipped_steps
@@ -563,13 +567,19 @@ class Trainer:
         if self.info.is_main:
             write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
             self.board.end_epoch(row, self.scheduler.last_epoch)  # on disk before the checkpoint it resumes from
+            t_save = time.perf_counter()
             save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
+            # in the row from now on: the next epoch's metrics.csv and the summary hold it, this
+            # epoch's line shows it (the file above was written before the checkpoint, on purpose)
+            row["checkpoint_s"] = time.perf_counter() - t_save
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
+            between = f"eval {row['eval_s']:.2f} s, " if "eval_s" in row else ""
             skipped = f"  skipped {row['skipped_steps']}" if self.precision.scaler is not None else ""
             self.log(
                 f"epoch {epoch}/{self.cfg.run.epochs}  train loss {row['train_loss']:.4f} "
                 f"acc {100 * row['train_acc']:.2f}%{val}  {row['images_per_s']:,.0f} img/s  "
-                f"data wait {100 * row['data_wait_share']:.0f}%  {row['epoch_s']:.1f} s{skipped}"
+                f"data wait {100 * row['data_wait_share']:.0f}%  {row['epoch_s']:.1f} s{skipped}  "
+                f"({between}checkpoint {row['checkpoint_s']:.2f} s)"
             )
         barrier(self.info)  # no rank races ahead of the checkpoint it may have to resume from
 
@@ -596,6 +606,10 @@ class Trainer:
             "train_s": wall_s,
             "images_trained": trained,
             "images_per_s_with_eval": trained / wall_s if wall_s > 0 and ran else None,
+            # where the whole loop's time beyond the epochs went (rows from an older checkpoint lack them)
+            "eval_s": sum(r.get("eval_s", 0.0) for r in ran),
+            "checkpoint_s": sum(r.get("checkpoint_s", 0.0) for r in ran),
+            "epochs_s": sum(r["epoch_s"] for r in ran),
             "compile_s": self.compile_s,
             "peak_mem_mb": max((r["peak_mem_mb"] for r in rows), default=None),
             "peak_mem_kind": rows[-1].get("peak_mem_kind") if rows else None,  # rows from an older checkpoint lack it

@@ -45,6 +45,13 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
     )
     done = [ln for ln in p.stdout.splitlines() if ln.startswith("done:")]
     assert len(done) == 1 and f"4,224 images trained in {summary['train_s']:.1f} s" in done[0], done
+    # where the loop's time beyond the epochs went: each epoch's evaluation and checkpoint, timed and summed
+    assert all("(eval " in ln and " s, checkpoint " in ln for ln in epoch_lines), epoch_lines
+    assert summary["epochs_s"] == sum(float(r["epoch_s"]) for r in rows)
+    assert 0 < summary["eval_s"] and 0 < summary["checkpoint_s"]
+    assert summary["epochs_s"] + summary["eval_s"] + summary["checkpoint_s"] <= summary["train_s"]
+    assert all(float(r["eval_s"]) > 0 for r in rows) and all(float(r["checkpoint_s"]) > 0 for r in rows[:-1])
+    assert f"evaluations {summary['eval_s']:.1f} s, checkpoints {summary['checkpoint_s']:.1f} s" in done[0], done
 
     # The stored config re-runs: same settings, only what the command line overrides differs.
     again = cli("train", "--config", "runs/digits/config.toml", "--name", "again", "--epochs", "1", "--no-progress")
