@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -755,6 +755,34 @@ s14d)
   TAIL=6 logged jpeg_pipeline80 230 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants "${VARIANTS:-hardware:14:0,hardware:14:0:graphs=off}" --budget-s 150 \
       --watchdog-s 225 --out "$R/jpeg_pipeline80.csv"
+  ;;
+s15a)
+  # session 15, call A (one H200, ~5 min): `cnnpar train` from the 24,000 photos as a user runs it (the queue value
+  # recorded at CUDA's start; each epoch's evaluation and checkpoint timed), then a `cnnpar prepare` store of them
+  # and the same command from the store (issue 11.5)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 170
+  grep -E "^device queues|^cuda graphs" "$R"/default.log
+  TAIL=4 logged prepare80 150 python3 -m cnnpar prepare .devdata/imagenet_rep80 --out /tmp/rep80.cnnpar --max-side 256
+  TAIL=12 logged store80 170 python3 -m cnnpar train --data /tmp/rep80.cnnpar --model resnet50 --epochs 3 \
+      --no-progress --out-dir /tmp/runs_store
+  cp /tmp/runs_store/*/summary.json "$R/store80_summary.json" 2>/dev/null
+  ;;
+s15b)
+  # session 15, call B (one H200, ~6 min): every GPU-marked test at this revision, then the engines against
+  # torchvision's nvJPEG end to end with CUDA's 32 queues (the decode default's rule was measured with 8)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  TAIL=12 logged gpu_tests 200 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=5
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=6 logged jpeg_pipeline80 230 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0,gpu:14:0}" --budget-s 150 --watchdog-s 225 --out "$R/jpeg_pipeline80.csv"
+  ;;
+s15c)
+  # session 15, call C (one H200, ~9.5 min): the tuner with room for its compile_tuning trial (the floor rule of
+  # session 14 never ran on a GPU)
+  TAIL=30 logged tune18 570 python3 -m cnnpar tune --device cuda --model resnet18 --data synthetic \
+      --image-shape 3x32x32 --synthetic-samples 50000 --batch-size 2048 --budget-s 540 --out "$R/tuned_resnet18.toml"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
