@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -770,16 +770,26 @@ s15a)
   cp /tmp/runs_store/*/summary.json "$R/store80_summary.json" 2>/dev/null
   ;;
 s15b)
-  # session 15, call B (one H200, ~6 min): every GPU-marked test at this revision, then the engines against
-  # torchvision's nvJPEG end to end with CUDA's 32 queues (the decode default's rule was measured with 8)
-  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  # session 15, call B (one H200, ~2.5 min with a cold start; the nvImageCodec wheels carried, not the photos): every
+  # GPU-marked test at this revision
   TAIL=12 logged gpu_tests 200 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=5
+  ;;
+s15c)
+  # session 15, call C (one H200, ~6 min; the photos carried): the store with no flags (the batch search's start for
+  # photo-sized inputs; call A chose 64), then the engines against torchvision's nvJPEG end to end with CUDA's 32
+  # queues (the decode default's rule was measured with 8)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
   make_rep 80 .devdata/imagenet_rep80
+  [ -f /tmp/rep80.cnnpar ] || TAIL=2 logged prepare80 150 python3 -m cnnpar prepare .devdata/imagenet_rep80 \
+      --out /tmp/rep80.cnnpar --max-side 256
+  TAIL=6 logged store80 170 python3 -m cnnpar train --data /tmp/rep80.cnnpar --model resnet50 --epochs 3 \
+      --no-progress --out-dir /tmp/runs_store
+  grep -E "^batch size" "$R"/store80.log
   TAIL=6 logged jpeg_pipeline80 230 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants "${VARIANTS:-hardware:14:0,gpu:14:0}" --budget-s 150 --watchdog-s 225 --out "$R/jpeg_pipeline80.csv"
   ;;
-s15c)
-  # session 15, call C (one H200, ~9.5 min): the tuner with room for its compile_tuning trial (the floor rule of
+s15d)
+  # session 15, call D (one H200, ~9.5 min): the tuner with room for its compile_tuning trial (the floor rule of
   # session 14 never ran on a GPU)
   TAIL=30 logged tune18 570 python3 -m cnnpar tune --device cuda --model resnet18 --data synthetic \
       --image-shape 3x32x32 --synthetic-samples 50000 --batch-size 2048 --budget-s 540 --out "$R/tuned_resnet18.toml"

@@ -247,7 +247,7 @@ def _search_batch(trainer: Trainer, bundle) -> tuple[int | None, float | None]:
         trainer.raw_model, cfg, info, bundle.shape, bundle.num_classes, trainer.train_step.cuda_graphs
     )
     cap = batch_cap(len(bundle.train), 1)
-    start, _ = search_start(decodes_on_gpu(cfg, bundle), cap)
+    start, _ = search_start(decodes_on_gpu(cfg, bundle), cap, min(bundle.shape[1:]))
     choice = choose_batch_size(measure, memory_budget(info.device), cap, start=start)
     probes = {p.batch: p for p in choice.probes if not p.failed}
     current = probes.get(cfg.run.batch_size) or measure(cfg.run.batch_size)

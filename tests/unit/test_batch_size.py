@@ -145,13 +145,18 @@ def test_the_search_on_a_real_gpu_measures_growing_batches():
     print(choice.line())
 
 
-def test_photos_decoded_on_the_gpu_start_the_search_at_256():
-    from cnnpar.engine.batch_size import GPU_DECODER_START, search_start
+def test_photos_decoded_on_the_gpu_or_photo_sized_inputs_start_the_search_at_256():
+    from cnnpar.engine.batch_size import PHOTO_START, search_start
 
     assert search_start(False, 10_000) == (64, "")
+    assert search_start(False, 10_000, 32) == (64, "")  # CIFAR-sized: the search from 64, as before
     start, why = search_start(True, 10_000)
-    assert start == GPU_DECODER_START == 256 and "decoded on the GPU" in why
+    assert start == PHOTO_START == 256 and "decoded on the GPU" in why
     assert search_start(True, 200)[0] == 64  # too few photos for 16 steps of 256: the usual search
+    # a prepared store (or arrays) of 224-px photos: the same start, and the line says why
+    start, why = search_start(False, 10_000, 224)
+    assert start == 256 and "photo-sized (224 px)" in why
+    assert search_start(False, 200, 224)[0] == 64 and search_start(False, 10_000, 127)[0] == 64
     # the device-data probe saw +8.3 % from 128 to 256 (call X): from 64 the search stops at 128
     rates = {64: 3_837.0, 128: 4_358.0, 256: 4_719.0, 512: 4_950.0}
     assert choose_batch_size(fake_device(rates)[0], memory_budget=100 * GIB, cap=1_200).batch == 128
