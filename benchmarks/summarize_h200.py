@@ -267,10 +267,14 @@ def cli_line(log: Path, label: str) -> str:
     batch = next(line for line in lines if line.startswith("batch size auto:"))
     if len(waits) == len(rates):
         batch = f"data wait {', '.join(waits)} %; {batch}"
-    first = log.with_suffix(".summary").read_text().splitlines()[0]
+    summary = log.with_suffix(".summary")  # hang_case's; a plain `logged` run has none
+    first = summary.read_text().splitlines()[0] if summary.exists() else ""
     m = re.search(r"exited rc=(\d+) at (\d+) s \(done: at (\d+) s\)", first)
-    left = f"exited rc {m[1]}, {int(m[2]) - int(m[3])} s after its last line" if m else first
-    return f"| {label} | {', '.join(rates)} img/s (epochs 1-3) | {batch.split('; lr')[0]}; {left} | `{rel(log)}` |"
+    left = f"; exited rc {m[1]}, {int(m[2]) - int(m[3])} s after its last line" if m else (f"; {first}" if first else "")
+    split = re.search(r"\(epochs [\d.]+ s, evaluations [\d.]+ s, checkpoints [\d.]+ s, the rest [\d.]+ s\)", "\n".join(lines))
+    if split:  # since session 15 the last line says where the whole loop's time went
+        left += f"; whole loop {split[0][1:-1]}"
+    return f"| {label} | {', '.join(rates)} img/s (epochs 1-3) | {batch.split('; lr')[0]}{left} | `{rel(log)}` |"
 
 
 def session10_lines() -> list[str]:
@@ -327,7 +331,8 @@ def session11_lines() -> list[str]:
     """Session 11: who holds the GIL (py-spy, ZC-ZE), CUDA graphs beside the decoders (ZD, ZE), the training
     thread's own stream (ZE), the encoded batches in shared slots made once (ZG, ZH); session 12: the same at
     the revision after the review, slots pageable (ZJ); session 13: the feeder streams' priority (ZO), the
-    space-to-depth stem off and at its new CUDA default (ZS, ZT)."""
+    space-to-depth stem off and at its new CUDA default (ZS, ZT); sessions 14-15: CUDA's device queues, graphs
+    beside the decoder, the store's batch (ZW-ZZE)."""
     out = []
     for call in (
         "call-zc",
@@ -345,6 +350,7 @@ def session11_lines() -> list[str]:
         "call-zy",
         "call-zz",
         "call-zza",
+        "call-zze",  # session 15: the engines against nvJPEG with 32 queues
     ):
         path = RESULTS / call / "jpeg_pipeline80.csv"
         if not path.exists():
@@ -378,8 +384,14 @@ def session11_lines() -> list[str]:
         ("call-zw", "the same, the space-to-depth stem on (ZW, session 14)"),
         ("call-zz", "the same, CUDA's 32 hardware queues set by cnnpar, graphs off for photos (ZZ)"),
         ("call-zza", "the same, graphs kept beside the decoder with 32 queues: the default since ZZA"),
+        ("call-zzc", "the same, the queue value recorded at CUDA's start (ZZC, session 15)"),
     ):
         out.append(cli_line(RESULTS / call / "default.log", label))
+    for call, label in (  # session 15: issue 11.5, from a `cnnpar prepare` store of the same 24,000 photos
+        ("call-zzc", "`cnnpar train --model resnet50` from the store, no flags (ZZC: the search kept 64)"),
+        ("call-zze", "the same after photo-sized inputs start the batch search at 256 (ZZE)"),
+    ):
+        out.append(cli_line(RESULTS / call / "store80.log", label))
     return out
 
 
