@@ -2,7 +2,10 @@
 
 A greedy coordinate search in order of expected gain: the batch size (doubled while it pays),
 then compile and CUDA graphs, then the data path (resident data, workers, decoder), then memory
-layout and precision. A change is kept only when it is faster than the best so far by more than
+layout and precision; the long compiles (inductor's tuning, max-autotune) come last whatever they may
+gain, because a trial that cannot finish its compile within its limit takes that limit from every trial
+after it (an H200 tuning ResNet-18 spent 180 s on max-autotune, cut off, and three trials were then
+skipped for time: call ZZF). A change is kept only when it is faster than the best so far by more than
 the noise margin. Each trial is the real Trainer in a child process (bench/trial.py says why):
 a warm-up epoch (compile and cuDNN autotuning happen there), then timed epochs of `steps` steps;
 the median images/s counts.
@@ -41,7 +44,7 @@ MIN_TRIAL_S = 5.0  # less than a child needs to import torch and build a model: 
 TRIAL_SHARE = 1 / 3  # the default per-trial limit: this share of the budget ...
 START_FACTOR = 1.5  # ... or this many times the start trial's wall time, whichever is larger
 END_RESERVE = 0.03  # share of the budget held back for the last kill and the files
-GROUPS = ("batch size", "compile and CUDA graphs", "data", "layout and precision")
+GROUPS = ("batch size", "compile and CUDA graphs", "data", "layout and precision", "long compiles")
 START, KEPT, SKIPPED = "start", "kept", "skipped"
 
 TRIAL_COLUMNS = [
@@ -190,10 +193,12 @@ def switch_groups(cfg: Config, facts: dict) -> list[tuple[str, list[tuple[str, s
     comp = [("compile", "speed", "compile", "default" if s.compile == "off" else "off")]
     if cuda:
         comp.append(("cuda_graphs", "speed", "cuda_graphs", "off" if s.cuda_graphs == "on" else "on"))
+    long = []
+    if cuda:
         if not s.compile_tuning:  # ResNet-18 32 px on an H200: 1.022-1.044x, for a compile minutes longer
-            comp.append(("compile_tuning", "speed", "compile_tuning", True))
+            long.append(("compile_tuning", "speed", "compile_tuning", True))
         if s.compile != "max-autotune-no-cudagraphs":  # the longest compile: last, and its limit applies
-            comp.append(("compile", "speed", "compile", "max-autotune-no-cudagraphs"))
+            long.append(("compile", "speed", "compile", "max-autotune-no-cudagraphs"))
     data = []
     if facts["in_memory"] and cuda:
         data.append(("resident", "data", "resident", "off" if d.resident == "on" else "on"))
@@ -215,7 +220,7 @@ def switch_groups(cfg: Config, facts: dict) -> list[tuple[str, list[tuple[str, s
         last += [("precision", "speed", "precision", k) for k in kinds if k != s.precision]
     else:
         last.append(("precision", "speed", "precision", "fp32" if s.precision == "bf16" else "bf16"))
-    return [(GROUPS[1], comp), (GROUPS[2], data), (GROUPS[3], last)]
+    return [(GROUPS[1], comp), (GROUPS[2], data), (GROUPS[3], last), (GROUPS[4], long)]
 
 
 class Tuner:
@@ -346,7 +351,7 @@ def tune(
     tuner = Tuner(budget_s, Path(out), trial_s, run_trial, clock, clock() if started is None else started, log)
     limit = f"each trial at most {trial_s:.0f} s" if trial_s else "each trial at most a third of it"
     log(
-        f"tune: budget {budget_s:.0f} s, {limit}; order of expected gain: {', '.join(GROUPS)}. "
+        f"tune: budget {budget_s:.0f} s, {limit}; order of expected gain, the long compiles last: {', '.join(GROUPS)}. "
         f"{tuner.out} is rewritten after every trial that beats the best so far."
     )
     facts = tuner.start(cfg)
