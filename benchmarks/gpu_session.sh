@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -793,6 +793,14 @@ s15d)
   # session 14 never ran on a GPU)
   TAIL=30 logged tune18 570 python3 -m cnnpar tune --device cuda --model resnet18 --data synthetic \
       --image-shape 3x32x32 --synthetic-samples 50000 --batch-size 2048 --budget-s 540 --out "$R/tuned_resnet18.toml"
+  ;;
+s15e)
+  # session 15, call E (one H200, ~6 min with a cold start): issue 13.2, ResNet-50 224 b256 on device data, the
+  # cnnpar defaults against inductor's cooperative reductions (BatchNorm's statistics are ~half the step's kernel
+  # time, read at about a third of the memory bandwidth: call ZK), alone and with autotuned pointwise configs
+  TAIL=8 logged step_rn50_coop 420 python3 benchmarks/step_vs_plain.py --cases resnet50:224:256 --plain none \
+      --variants "${VARIANTS:-inductor.triton.cooperative_reductions=1;inductor.max_autotune_pointwise=1;inductor.triton.cooperative_reductions=1,inductor.max_autotune_pointwise=1}" \
+      --out "$R/step_rn50_coop.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
