@@ -409,6 +409,7 @@ STEP_FILES = (  # session 12, issue 13.2 and 13.3: the train step on data alread
     "call-zq/step_rn50_s2d.csv",
     "call-zr/step_rn50_s2d.csv",
     "call-zs/step_rn50_b512.csv",
+    "call-zzg/step_rn50_coop.csv",  # session 15: inductor's cooperative reductions
 )
 
 
