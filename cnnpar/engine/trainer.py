@@ -74,8 +74,7 @@ METRIC_COLUMNS = [
     "peak_mem_kind",
     "skipped_steps",
     "eval_s",
-    "checkpoint_s",
-]
+]  # the checkpoint's seconds are not a column: the file is written before the checkpoint (the summary sums them)
 PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
 
 
@@ -569,8 +568,8 @@ class Trainer:
             self.board.end_epoch(row, self.scheduler.last_epoch)  # on disk before the checkpoint it resumes from
             t_save = time.perf_counter()
             save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
-            # in the row from now on: the next epoch's metrics.csv and the summary hold it, this
-            # epoch's line shows it (the file above was written before the checkpoint, on purpose)
+            # the epoch's line shows it and the summary sums it; metrics.csv, written before the checkpoint
+            # on purpose, has no column for it
             row["checkpoint_s"] = time.perf_counter() - t_save
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
             between = f"eval {row['eval_s']:.2f} s, " if "eval_s" in row else ""

@@ -61,6 +61,7 @@ EPOCH_TAGS = {
     "images_per_s": "speed/images_per_s",
     "data_wait_share": "speed/data_wait_share",
     "epoch_s": "speed/epoch_s",
+    "eval_s": "speed/eval_s",
     "skipped_steps": "train/skipped_steps",
 }
 LOSS_RECENT = "train/loss_recent"

@@ -28,6 +28,7 @@ COLUMN_TAG = {
     "val_acc": "val/accuracy",
     "lr": "train/lr",
     "epoch_s": "speed/epoch_s",
+    "eval_s": "speed/eval_s",
     "images_per_s": "speed/images_per_s",
     "data_wait_share": "speed/data_wait_share",
     "peak_mem_mb": "memory/process_peak_rss_mb",  # on the CPU the figure is the process's peak RSS

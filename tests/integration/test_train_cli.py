@@ -50,7 +50,7 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
     assert summary["epochs_s"] == sum(float(r["epoch_s"]) for r in rows)
     assert 0 < summary["eval_s"] and 0 < summary["checkpoint_s"]
     assert summary["epochs_s"] + summary["eval_s"] + summary["checkpoint_s"] <= summary["train_s"]
-    assert all(float(r["eval_s"]) > 0 for r in rows) and all(float(r["checkpoint_s"]) > 0 for r in rows[:-1])
+    assert all(float(r["eval_s"]) > 0 for r in rows) and "checkpoint_s" not in rows[0]  # written before it
     assert f"evaluations {summary['eval_s']:.1f} s, checkpoints {summary['checkpoint_s']:.1f} s" in done[0], done
 
     # The stored config re-runs: same settings, only what the command line overrides differs.
