@@ -270,8 +270,11 @@ def cli_line(log: Path, label: str) -> str:
     summary = log.with_suffix(".summary")  # hang_case's; a plain `logged` run has none
     first = summary.read_text().splitlines()[0] if summary.exists() else ""
     m = re.search(r"exited rc=(\d+) at (\d+) s \(done: at (\d+) s\)", first)
-    left = f"; exited rc {m[1]}, {int(m[2]) - int(m[3])} s after its last line" if m else (f"; {first}" if first else "")
-    split = re.search(r"\(epochs [\d.]+ s, evaluations [\d.]+ s, checkpoints [\d.]+ s, the rest [\d.]+ s\)", "\n".join(lines))
+    left = f"; {first}" if first else ""
+    if m:
+        left = f"; exited rc {m[1]}, {int(m[2]) - int(m[3])} s after its last line"
+    whole = r"\(epochs [\d.]+ s, evaluations [\d.]+ s, checkpoints [\d.]+ s, the rest [\d.]+ s\)"
+    split = re.search(whole, "\n".join(lines))
     if split:  # since session 15 the last line says where the whole loop's time went
         left += f"; whole loop {split[0][1:-1]}"
     return f"| {label} | {', '.join(rates)} img/s (epochs 1-3) | {batch.split('; lr')[0]}{left} | `{rel(log)}` |"

@@ -50,8 +50,9 @@ MEMORY_SHARE = 0.5  # a probe step may use half the memory free at the search: r
 # Photo-sized inputs (PHOTO_SIDE px or more) start there too, wherever they come from. ResNet-50 at 224 px from
 # a prepared store on an H200 (call ZZC): the search from 64 measured 64 -> 128 at +9.4 %, just under the
 # rule's 10 %, and kept 64; the compiled run then trained at 5,614 img/s with 4 % data wait. Started at 256,
-# the same command trained at 7,092-7,122 img/s (call ZZE; the step alone 7,337 there). The probe's doublings of such a step sit at the rule's edge, and where they fall is noise;
-# 256 is what ImageNet-sized training runs per GPU anyway, and smaller images only need a larger batch.
+# the same command trained at 7,092-7,122 img/s (call ZZE; the step alone 7,337 there). The probe's
+# doublings of such a step sit at the rule's edge, and where they fall is noise; 256 is what ImageNet-sized
+# training runs per GPU anyway, and smaller images only need a larger batch.
 PHOTO_START = 256
 PHOTO_SIDE = 128
 MIN_STEPS_PER_EPOCH = 16  # never so large a batch that an epoch has fewer optimizer steps than this
