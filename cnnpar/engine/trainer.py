@@ -530,8 +530,9 @@ class Trainer:
             self._check_finite(epoch, row["train_loss"])
             if epoch % cfg.run.eval_every == 0 or epoch == cfg.run.epochs:
                 t_eval = time.perf_counter()
-                row.update(self.evaluate())  # ends on a device read, so the time holds the device's work
-                row["eval_s"] = time.perf_counter() - t_eval
+                evaluated = self.evaluate()  # ends on a device read, so the time holds the device's work
+                if evaluated:  # {} without a validation set: no evaluation, no time for one
+                    row.update(evaluated, eval_s=time.perf_counter() - t_eval)
             row["lr"] = self.optimizer.param_groups[0]["lr"]
             row["peak_mem_mb"], row["peak_mem_kind"] = peak_memory(info.device)
             row["skipped_steps"] = self.precision.skipped_steps

@@ -101,3 +101,15 @@ def test_a_piped_log_gets_plain_lines_and_a_terminal_gets_the_bar(monkeypatch, t
     monkeypatch.setattr(sys, "stderr", term)
     assert main(["train", "--epochs", "1", "--max-steps", "3", "--out-dir", str(tmp_path / "o"), "--name", "tty"]) == 0
     assert "\repoch 1/1:" in term.getvalue()  # tqdm redraws in place on a terminal
+
+
+def test_a_run_without_a_validation_set_reports_no_evaluation_time(tmp_path, capsys):
+    args = ["train", "--device", "cpu", "--no-progress", "--batch-size", "32", "--epochs", "2", "--max-steps", "2"]
+    assert main([*args, "--val-fraction", "0", "--out-dir", str(tmp_path), "--name", "noval"]) == 0
+    out = capsys.readouterr().out
+    epoch_lines = [ln for ln in out.splitlines() if ln.startswith("epoch ")]
+    assert len(epoch_lines) == 2 and all("(checkpoint " in ln and "eval " not in ln for ln in epoch_lines), out
+    summary = json.loads((tmp_path / "noval" / "summary.json").read_text())
+    assert summary["eval_s"] == 0 and summary["checkpoint_s"] > 0
+    assert [r["eval_s"] for r in read_csv(tmp_path / "noval" / "metrics.csv")] == ["", ""]
+    assert "evaluations 0.0 s" in out
