@@ -86,6 +86,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             overall = result.summary.get("images_per_s_with_eval")
             if overall:  # the epochs' lines leave out the evaluations and checkpoints between them
                 s = result.summary
+                # disjoint intervals inside train_s, so `rest` is >= 0 but for rounding
                 rest = s["train_s"] - s["epochs_s"] - s["eval_s"] - s["checkpoint_s"]
                 best_text += (
                     f"{s['images_trained']:,} images trained in {s['train_s']:.1f} s with the evaluations and "

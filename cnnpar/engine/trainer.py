@@ -606,7 +606,8 @@ class Trainer:
             "train_s": wall_s,
             "images_trained": trained,
             "images_per_s_with_eval": trained / wall_s if wall_s > 0 and ran else None,
-            # where the whole loop's time beyond the epochs went (rows from an older checkpoint lack them)
+            # where the whole loop's time beyond the epochs went (an epoch without an evaluation has no eval_s;
+            # only rank 0 writes checkpoints, so only its rows have checkpoint_s)
             "eval_s": sum(r.get("eval_s", 0.0) for r in ran),
             "checkpoint_s": sum(r.get("checkpoint_s", 0.0) for r in ran),
             "epochs_s": sum(r["epoch_s"] for r in ran),

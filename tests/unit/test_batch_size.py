@@ -157,6 +157,7 @@ def test_photos_decoded_on_the_gpu_or_photo_sized_inputs_start_the_search_at_256
     start, why = search_start(False, 10_000, 224)
     assert start == 256 and "photo-sized (224 px)" in why
     assert search_start(False, 200, 224)[0] == 64 and search_start(False, 10_000, 127)[0] == 64
+    assert search_start(False, 10_000, 128)[0] == 256  # the boundary is photo-sized
     # the device-data probe saw +8.3 % from 128 to 256 (call X): from 64 the search stops at 128
     rates = {64: 3_837.0, 128: 4_358.0, 256: 4_719.0, 512: 4_950.0}
     assert choose_batch_size(fake_device(rates)[0], memory_budget=100 * GIB, cap=1_200).batch == 128
@@ -171,6 +172,26 @@ def test_photos_decoded_on_the_gpu_or_photo_sized_inputs_start_the_search_at_256
     assert edge.batch == 256 and calls == [256] and "steps per epoch" in edge.stopped
     measure, calls = fake_device(rates, gib_per_image=0.5)  # over the margin at 256: 128 is tried
     assert choose_batch_size(measure, memory_budget=100 * GIB, cap=256, start=start).batch == 128
+
+
+def test_the_search_starts_from_the_shorter_side_of_the_models_input(monkeypatch):
+    # search_on_device, as the Trainer calls it: the input's shape decides the start, not a default
+    from cnnpar.engine import batch_size as bs
+
+    measured = []
+    monkeypatch.setattr(bs, "device_probe", lambda *a: fake_device({b: 1000.0 * b for b in (64, 128, 256, 512)})[0])
+    monkeypatch.setattr(bs, "memory_budget", lambda device: 100 * GIB)
+    monkeypatch.setattr(
+        bs,
+        "choose_batch_size",
+        lambda measure, budget, cap, start: measured.append(start) or bs.BatchChoice(start, "stub"),
+    )
+    info = type("Info", (), {"world_size": 1, "distributed": False, "device": None})()
+    for shape in ((3, 224, 160), (3, 96, 224), (3, 32, 32)):
+        choice = bs.search_on_device(None, Config(), info, shape, 10, 50_000, cuda_graphs=False)
+        assert choice.batch == measured[-1]
+    assert measured == [256, 64, 64]  # 160 px and 224 px -> photo-sized; 96 px is the shorter side; 32 px
+    assert "photo-sized (160 px)" in bs.search_on_device(None, Config(), info, (3, 224, 160), 10, 50_000, False).started
 
 
 @pytest.mark.parametrize("decode, gpu_decoder", [("gpu", True), ("cpu", False)])
