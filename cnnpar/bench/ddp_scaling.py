@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         # Leave without the interpreter's teardown. The result is on disk and the group is gone, yet a
         # worker has still aborted at exit, rarely ("terminate called without an active exception": rank 1
         # of 2 gloo processes in a CI run, after the barrier at the end of `worker` was added for the same
-        # message; 17 local runs did not repeat it). Where in the teardown was not found; nothing the
+        # message; 12 local runs did not repeat it). Where in the teardown was not found; nothing the
         # worker did needs the teardown.
         sys.stdout.flush()
         sys.stderr.flush()
