@@ -94,7 +94,7 @@ def batch_cap(train_samples: int, world_size: int) -> int:
     return max(1, train_samples // (world_size * MIN_STEPS_PER_EPOCH))
 
 
-def search_start(gpu_decoder: bool, cap: int, image_side: int = 0) -> tuple[int, str]:
+def search_start(gpu_decoder: bool, cap: int, image_side: int) -> tuple[int, str]:
     """The search's first size, and why where it is not START: PHOTO_START for photos decoded on the
     GPU or for photo-sized inputs (`image_side`, the smaller side of the model's input), where the data
     set allows that many (`cap`)."""

@@ -569,8 +569,7 @@ class Trainer:
             self.board.end_epoch(row, self.scheduler.last_epoch)  # on disk before the checkpoint it resumes from
             t_save = time.perf_counter()
             save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
-            # the epoch's line shows it and the summary sums it; metrics.csv, written before the checkpoint
-            # on purpose, has no column for it
+            # on the epoch's line and summed in the summary (not a metrics.csv column: see METRIC_COLUMNS)
             row["checkpoint_s"] = time.perf_counter() - t_save
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
             between = f"eval {row['eval_s']:.2f} s, " if "eval_s" in row else ""

@@ -148,11 +148,11 @@ def test_the_search_on_a_real_gpu_measures_growing_batches():
 def test_photos_decoded_on_the_gpu_or_photo_sized_inputs_start_the_search_at_256():
     from cnnpar.engine.batch_size import PHOTO_START, search_start
 
-    assert search_start(False, 10_000) == (64, "")
+    assert search_start(False, 10_000, 16) == (64, "")
     assert search_start(False, 10_000, 32) == (64, "")  # CIFAR-sized: the search from 64, as before
-    start, why = search_start(True, 10_000)
+    start, why = search_start(True, 10_000, 32)  # the decoder's rule, whatever the size
     assert start == PHOTO_START == 256 and "decoded on the GPU" in why
-    assert search_start(True, 200)[0] == 64  # too few photos for 16 steps of 256: the usual search
+    assert search_start(True, 200, 224)[0] == 64  # too few photos for 16 steps of 256: the usual search
     # a prepared store (or arrays) of 224-px photos: the same start, and the line says why
     start, why = search_start(False, 10_000, 224)
     assert start == 256 and "photo-sized (224 px)" in why
