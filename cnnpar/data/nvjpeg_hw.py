@@ -12,8 +12,9 @@ Why beside the two decoders cnnpar had (measured on an H200, docs/decoding.md):
   a busy Python thread. From spawned worker processes it needs a CUDA context each, and the GPU
   time-slices between contexts (3,915 img/s end to end).
 Here the main process does a handful of calls per batch whatever its size (one allocation, one
-decode call), and the engines' outputs land in the training process's own context, on the stream
-the caller passes, so the crop and resize that follow are ordinary kernels of that stream.
+decode call), and the engines' outputs land in the training process's own context, on a stream of
+the decoder's own that is waited for once per batch, so the crop and resize that follow are ordinary
+kernels of the caller's stream.
 
 Which files the engines take is decided in the worker processes from each JPEG's header
 (`jpeg_header.hardware_ok`); the rest go the slower ways. libnvjpeg comes from torchvision's wheel
@@ -22,6 +23,7 @@ Which files the engines take is decided in the worker processes from each JPEG's
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import glob
@@ -213,6 +215,8 @@ class HardwareJpegDecoder:
         self.version = library_version(self.lib)
         self._batch = 0  # the batch size the state was initialised for
         self.calls = 0
+        # the engines' stream, and the pool their outputs come from: see `decode`
+        self._stream = torch.cuda.Stream(self.device)
 
     def _create(self) -> None:
         torch.cuda.set_device(self.device)  # the library works in the context current on its thread
@@ -242,8 +246,8 @@ class HardwareJpegDecoder:
         tail: int = 0,
     ) -> tuple[torch.Tensor, np.ndarray]:
         """Decode the files `ids` of the encoded batch (`flat`, host uint8; file k is bytes
-        offsets[k]:offsets[k+1]) whose (height, width) are `hw` (len(ids), 2), on `stream`, the
-        caller's current stream.
+        offsets[k]:offsets[k+1]) whose (height, width) are `hw` (len(ids), 2), for `stream`, the
+        caller's current stream, which reads the output next (the engines write it on the decoder's own).
 
         Returns (out, starts): `out` a device uint8 buffer with image j at out[starts[j]:] as
         (H, W, 3), and `tail` spare bytes after the last image (for readers that look past it).
@@ -256,9 +260,16 @@ class HardwareJpegDecoder:
         # each image starts on a 256-byte boundary, the alignment cudaMalloc gives a lone image
         spans = (sizes + ALIGN - 1) // ALIGN * ALIGN
         starts = np.cumsum(spans) - spans
-        # allocated here, on the caller's stream (the one the library writes it on), so the caching
-        # allocator's stream bookkeeping stays the caller's
-        out = torch.empty(int(starts[-1] + sizes[-1]) + tail, dtype=torch.uint8, device=self.device)
+        # From the pool of the decoder's own stream, which holds nothing but its earlier outputs, each
+        # held by record_stream until the stream that read it is done with it: a block handed out here
+        # has no work queued on it anywhere. The engines do not wait for work queued on the stream they
+        # are given before writing (meta-pytorch/torchcodec PR #1634), so a block taken from the
+        # caller's pool, freed by kernels still queued there, could be overwritten under them; this
+        # way no wait is needed before the call, and the batch costs one wait on the GPU, after it.
+        with self._allocating_on_own_stream():
+            out = torch.empty(int(starts[-1] + sizes[-1]) + tail, dtype=torch.uint8, device=self.device)
+        if out.is_cuda:
+            out.record_stream(stream)  # the caller's crop and resize read it there
         # nvjpegImage_t: unsigned char *channel[4]; size_t pitch[4]. RGBI uses channel[0] alone.
         dest = np.zeros((n, 2 * MAX_COMPONENT), dtype=np.uint64)
         dest[:, 0] = np.uint64(out.data_ptr()) + starts.astype(np.uint64)
@@ -269,24 +280,27 @@ class HardwareJpegDecoder:
         library = self._library
         if library is None:
             raise RuntimeError("the hardware JPEG decoder is closed")
-        # the call returns once the engines are done with `flat` and the arrays (it synchronises)
-        library.submit(self._decode_batched, n, pointers, lengths, dest, stream).result()
+        # the call returns once the engines are done with `flat` and the arrays, and `out` is written
+        library.submit(self._decode_batched, n, pointers, lengths, dest).result()
         self.calls += 1
         return out, starts
 
-    def _decode_batched(self, n: int, pointers, lengths, dest, stream) -> None:
-        """On the library's thread: (re)initialise the state for `n` files, then one batched call.
+    def _allocating_on_own_stream(self):
+        if self.device.type != "cuda":  # a stand-in library in the tests writes host memory
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self._stream)
 
-        The stream is synchronised before and after the call, as torchvision does around the same
-        call on its own stream (decode_jpegs_cuda.cpp). Before: the engines do not wait for work
-        already queued on the stream they are given before writing their outputs
-        (meta-pytorch/torchcodec PR #1634 adds the same synchronisation), so a block the caching
-        allocator handed out, freed by kernels still queued on this stream, would be overwritten
-        under them. After: the encoded bytes (the workers' shared memory) and the pointer arrays may
-        be freed once this returns."""
+    def _decode_batched(self, n: int, pointers, lengths, dest) -> None:
+        """On the library's thread: (re)initialise the state for `n` files, then one batched call on
+        the decoder's own stream, waited for once, after the call: the encoded bytes (the workers'
+        shared memory) and the pointer arrays may be freed once this returns, and the caller's
+        kernels, queued after, read finished pixels. No wait before it (torchvision synchronises
+        there too): see `decode` for why the output needs none. What the library waits for inside its
+        own call (nvJPEG's hardware backend synchronises once per image, measured in session 8) is
+        outside cnnpar's reach."""
         if self.handle is None or self.state is None:  # closed while this call waited in the queue
             raise RuntimeError("the hardware JPEG decoder is closed")
-        stream.synchronize()
+        stream = self._stream
         try:
             if n != self._batch:
                 _check(

@@ -285,6 +285,40 @@ def test_cuda_engines_match_the_nvjpeg_path_and_keep_the_batch_order():
     assert torch.equal(again, out)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_engines_never_write_over_memory_the_callers_queued_kernels_still_read():
+    """The engines ignore the order of the stream they are given, and the call no longer waits for
+    the caller's stream first: a block freed on the caller's stream while a kernel still reads it
+    must not become the engines' output."""
+    from cnnpar.data import nvjpeg_hw
+
+    why = nvjpeg_hw.hardware_decoder_available(0)
+    if why:
+        pytest.skip(why)
+    dev = torch.device("cuda")
+    dec = nvjpeg_hw.HardwareJpegDecoder(dev)
+    blobs = [photo(96, 128, phase=i) for i in range(8)]
+    batch = encoded(blobs)
+    hw = np.array([[96, 128]] * len(blobs))
+    need = len(blobs) * 3 * 96 * 128
+    stream = torch.cuda.current_stream(dev)
+    for _ in range(3):
+        held = torch.full((need,), 7, dtype=torch.uint8, device=dev)
+        torch.cuda._sleep(50_000_000)  # ~tens of ms of queued work before the read below
+        copy = held.clone()  # queued behind the sleep, reads `held`
+        del held  # its block is free for the caller's stream at once
+        out, starts = dec.decode(batch.flat, batch.offsets.numpy(), np.arange(len(blobs)), hw, stream)
+        torch.cuda.synchronize()
+        assert bool((copy == 7).all()), "the engines wrote into a block a queued kernel was still reading"
+        first = out[: 3 * 96 * 128].view(96, 128, 3).cpu().int()
+        from PIL import Image
+
+        ref = torch.from_numpy(np.array(Image.open(io.BytesIO(blobs[0])).convert("RGB"))).int()
+        assert (first - ref).abs().float().mean() < 2.0
+    dec.close()
+
+
 class LibraryStandIn:
     """Reads nvjpegDecodeBatched's arguments the way libnvjpeg does (pointer arrays, lengths,
     nvjpegImage_t destinations with channel[0] and pitch[0]) and writes Pillow's pixels through them."""
@@ -336,16 +370,18 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
     real = dec._decode_batched
     monkeypatch.setattr(dec, "_decode_batched", lambda *a: callers.append(threading.get_ident()) or real(*a))
     order = []
-    stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: order.append("synchronize"))
+    stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: order.append("caller's stream waited for"))
+    dec._stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: order.append("synchronize"))
     library_call = dec.lib.nvjpegDecodeBatched
     dec.lib.nvjpegDecodeBatched = lambda *a: order.append("decode") or library_call(*a)
     ids = np.array([4, 1, 3])
     hw = np.array([[30 + i, 41 - i] for i in ids])
     out, starts = dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream, tail=64)
     assert dec.lib.initialised == [(3, nvjpeg_hw.OUTPUT_RGBI)]
-    # the stream's queued work first (the engines would not wait for it: torchcodec PR #1634), and
-    # the call's end before the inputs may go
-    assert order == ["synchronize", "decode", "synchronize"]
+    # one wait on the GPU per batch (issue 11.2): the call's end on the decoder's own stream, before the
+    # inputs may go; none before it (the output's block comes from that stream's pool, see `decode`), and
+    # none on the caller's stream
+    assert order == ["decode", "synchronize"]
     assert (starts % nvjpeg_hw.ALIGN == 0).all() and out.numel() >= starts[-1] + 3 * hw[-1].prod() + 64
     from PIL import Image
 
@@ -389,6 +425,7 @@ def stand_in_decoder():
     dec = object.__new__(nvjpeg_hw.HardwareJpegDecoder)
     dec.lib, dec.handle, dec.state, dec.device = LibraryStandIn(), "handle", "state", torch.device("cpu")
     dec._batch, dec.calls = 0, 0
+    dec._stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
     dec._library = nvjpeg_hw.LibraryThread("test-nvjpeg")
     dec._library_thread = dec._library.ident
     assert dec._library.submit(threading.get_ident).result(timeout=10) == dec._library_thread
@@ -426,6 +463,7 @@ def fake_cuda(monkeypatch, lib: FakeLibrary) -> None:
     monkeypatch.setattr(nvjpeg_hw, "library_version", lambda lib: "13.0.0")
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU without JPEG engines")
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
 
 
 def library_threads() -> list[threading.Thread]:
@@ -524,4 +562,4 @@ def test_closing_the_engines_frees_them_once_from_any_thread_and_later_decodes_a
     other.close()  # from another thread: the library's thread frees them, then ends
     assert other.lib.destroyed == ["state", "handle"]
     with pytest.raises(RuntimeError, match="closed"):
-        other._decode_batched(1, None, None, None, stream)  # a call that was queued behind the close
+        other._decode_batched(1, None, None, None)  # a call that was queued behind the close
