@@ -74,6 +74,7 @@ METRIC_COLUMNS = [
     "peak_mem_kind",
     "skipped_steps",
     "eval_s",
+    "eval_wait_s",
 ]  # the checkpoint's seconds are not a column: the file is written before the checkpoint (the summary sums them)
 PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
 
@@ -438,14 +439,28 @@ class Trainer:
             model = self.model  # the compiled module around the same weights
         tta = self.cfg.run.tta_in_effect
         sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
-        for x, y in self.val_loader:
+        waited = 0.0  # on the validation batches: the evaluation's own data wait (its loader's start included)
+        batches = iter(self.val_loader)
+        while True:
+            t0 = time.perf_counter()
+            with span(DATA_WAIT):
+                batch = next(batches, None)
+            waited += time.perf_counter() - t0
+            if batch is None:
+                break
+            x, y = batch
             loss, right = eval_batch(model, x, y, self.precision, "flip" in tta, "translate" in tta)
             sums[0] += loss
             sums[1] += right
             sums[2] += y.shape[0]
         all_reduce_sum(sums, self.info)
         n = float(sums[2])  # note: a CPU-GPU sync point
-        return {"val_loss": float(sums[0]) / n, "val_acc": float(sums[1]) / n, "val_count": int(n)}
+        return {
+            "val_loss": float(sums[0]) / n,
+            "val_acc": float(sums[1]) / n,
+            "val_count": int(n),
+            "eval_wait_s": waited,
+        }
 
     def fit(self) -> TrainResult:
         made = [d for d in (self.run_dir.parent, self.run_dir) if not d.exists()]
@@ -572,7 +587,9 @@ class Trainer:
             # on the epoch's line and summed in the summary (not a metrics.csv column: see METRIC_COLUMNS)
             row["checkpoint_s"] = time.perf_counter() - t_save
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
-            between = f"eval {row['eval_s']:.2f} s, " if "eval_s" in row else ""
+            between = (
+                f"eval {row['eval_s']:.2f} s incl. {row['eval_wait_s']:.2f} s data wait, " if "eval_s" in row else ""
+            )
             skipped = f"  skipped {row['skipped_steps']}" if self.precision.scaler is not None else ""
             self.log(
                 f"epoch {epoch}/{self.cfg.run.epochs}  train loss {row['train_loss']:.4f} "
@@ -608,6 +625,7 @@ class Trainer:
             # where the whole loop's time beyond the epochs went (an epoch without an evaluation has no eval_s;
             # only rank 0 writes checkpoints, so only its rows have checkpoint_s)
             "eval_s": sum(r.get("eval_s", 0.0) for r in ran),
+            "eval_wait_s": sum(r.get("eval_wait_s", 0.0) for r in ran),
             "checkpoint_s": sum(r.get("checkpoint_s", 0.0) for r in ran),
             "epochs_s": sum(r["epoch_s"] for r in ran),
             "compile_s": self.compile_s,

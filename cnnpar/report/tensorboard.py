@@ -62,6 +62,7 @@ EPOCH_TAGS = {
     "data_wait_share": "speed/data_wait_share",
     "epoch_s": "speed/epoch_s",
     "eval_s": "speed/eval_s",
+    "eval_wait_s": "speed/eval_wait_s",
     "skipped_steps": "train/skipped_steps",
 }
 LOSS_RECENT = "train/loss_recent"

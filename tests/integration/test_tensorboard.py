@@ -29,6 +29,7 @@ COLUMN_TAG = {
     "lr": "train/lr",
     "epoch_s": "speed/epoch_s",
     "eval_s": "speed/eval_s",
+    "eval_wait_s": "speed/eval_wait_s",
     "images_per_s": "speed/images_per_s",
     "data_wait_share": "speed/data_wait_share",
     "peak_mem_mb": "memory/process_peak_rss_mb",  # on the CPU the figure is the process's peak RSS

@@ -46,11 +46,16 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
     done = [ln for ln in p.stdout.splitlines() if ln.startswith("done:")]
     assert len(done) == 1 and f"4,224 images trained in {summary['train_s']:.1f} s" in done[0], done
     # where the loop's time beyond the epochs went: each epoch's evaluation and checkpoint, timed and summed
-    assert all("(eval " in ln and " s, checkpoint " in ln for ln in epoch_lines), epoch_lines
+    assert all("(eval " in ln and " data wait, checkpoint " in ln for ln in epoch_lines), epoch_lines
     assert summary["epochs_s"] == sum(float(r["epoch_s"]) for r in rows)
     assert 0 < summary["eval_s"] and 0 < summary["checkpoint_s"]
     assert summary["epochs_s"] + summary["eval_s"] + summary["checkpoint_s"] <= summary["train_s"]
     assert all(float(r["eval_s"]) > 0 for r in rows) and "checkpoint_s" not in rows[0]  # written before it
+    # the evaluation's own data wait, a part of its time, on the line and in the files
+    assert all(0 <= float(r["eval_wait_s"]) <= float(r["eval_s"]) for r in rows)
+    assert math.isclose(summary["eval_wait_s"], sum(float(r["eval_wait_s"]) for r in rows), rel_tol=1e-6)
+    for ln, r in zip(epoch_lines, rows):
+        assert f"(eval {float(r['eval_s']):.2f} s incl. {float(r['eval_wait_s']):.2f} s data wait, checkpoint" in ln, ln
     assert f"evaluations {summary['eval_s']:.1f} s, checkpoints {summary['checkpoint_s']:.1f} s" in done[0], done
 
     # The stored config re-runs: same settings, only what the command line overrides differs.
@@ -112,4 +117,5 @@ def test_a_run_without_a_validation_set_reports_no_evaluation_time(tmp_path, cap
     summary = json.loads((tmp_path / "noval" / "summary.json").read_text())
     assert summary["eval_s"] == 0 and summary["checkpoint_s"] > 0
     assert [r["eval_s"] for r in read_csv(tmp_path / "noval" / "metrics.csv")] == ["", ""]
+    assert summary["eval_wait_s"] == 0
     assert "evaluations 0.0 s" in out
