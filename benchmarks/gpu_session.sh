@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -801,6 +801,45 @@ s15e)
   TAIL=8 logged step_rn50_coop 420 python3 benchmarks/step_vs_plain.py --cases resnet50:224:256 --plain none \
       --variants "${VARIANTS:-inductor.triton.cooperative_reductions=1;inductor.max_autotune_pointwise=1;inductor.triton.cooperative_reductions=1,inductor.max_autotune_pointwise=1}" \
       --out "$R/step_rn50_coop.csv"
+  ;;
+s16a)
+  # session 16, call A (one H200, ~6 min with a cold start; the photos carried): the hardware decoder's CUDA tests
+  # (one wait on the GPU per batch now: outputs from the decoder's own stream's pool, no wait before the call),
+  # `cnnpar train` from the 24,000 photos as a user runs it (each evaluation's data wait on its epoch line), then
+  # ddp_scaling at world size 1 (its workers leave by os._exit since session 15)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  TAIL=8 logged gpu_tests 200 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py \
+      tests/unit/test_gpu_decode.py -p no:cacheprovider --durations=5
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 170
+  TAIL=8 logged ddp1 150 python3 benchmarks/ddp_scaling.py --world-sizes 1 --steps 60 --repeats 3 --out "$R/ddp1"
+  ls "$R"/ddp1*
+  ;;
+s16b)
+  # session 16, call B (one H200, ~8 min): issue 13.2, ResNet-50 224 b256 on device data: cnnpar's defaults beside
+  # inductor's N-d tiling and tiled reductions (BatchNorm's channels-last reductions: ~half the kernel time, call
+  # ZK), its mixed-order reductions, and aten's own BatchNorm kernels in place of the generated ones. An option
+  # this torch lacks is dropped here, with a line, rather than stopping the run.
+  V=$(python3 - "${VARIANTS:-inductor.triton.prefer_nd_tiling=1;inductor.triton.prefer_nd_tiling=1,inductor.triton.tile_reductions=1;inductor.triton.mix_order_reduction=1;fallback._native_batch_norm_legit_functional=1,fallback.native_batch_norm_backward=1}" <<'PY'
+import sys
+import torch._inductor.config as c
+have = c.get_config_copy()
+keep = []
+for v in sys.argv[1].split(";"):
+    missing = [k for k in (i.split("=")[0] for i in v.split(",")) if k.startswith("inductor.") and k[9:] not in have]
+    if missing:
+        print(f"dropped {v}: torch has no {missing}", file=sys.stderr)
+    elif any(i.startswith("inductor.") and str(have[i.split('=')[0][9:]]) in ("1", "True") and i.endswith("=1")
+             for i in v.split(",")) and len(v.split(",")) == 1:
+        print(f"dropped {v}: already this torch's default", file=sys.stderr)
+    else:
+        keep.append(v)
+print(";".join(keep))
+PY
+)
+  echo "variants: $V"
+  TAIL=8 logged step_rn50_bn 480 python3 benchmarks/step_vs_plain.py --cases resnet50:224:256 --plain none \
+      --variants "$V" --out "$R/step_rn50_bn.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
