@@ -183,6 +183,7 @@ class Trainer:
         if resume_from is not None:
             self._restore(resume_from)
         self.compile_s = 0.0
+        self.eval_wait_s = 0.0  # the last evaluation's wait for its batches (evaluate)
         self.use_graphs = self._graphs_allowed()
         self.train_step = TrainStep(
             self.model,
@@ -455,12 +456,8 @@ class Trainer:
             sums[2] += y.shape[0]
         all_reduce_sum(sums, self.info)
         n = float(sums[2])  # note: a CPU-GPU sync point
-        return {
-            "val_loss": float(sums[0]) / n,
-            "val_acc": float(sums[1]) / n,
-            "val_count": int(n),
-            "eval_wait_s": waited,
-        }
+        self.eval_wait_s = waited  # a timing, not a metric: kept apart so that equal models evaluate equal
+        return {"val_loss": float(sums[0]) / n, "val_acc": float(sums[1]) / n, "val_count": int(n)}
 
     def fit(self) -> TrainResult:
         made = [d for d in (self.run_dir.parent, self.run_dir) if not d.exists()]
@@ -547,7 +544,7 @@ class Trainer:
                 t_eval = time.perf_counter()
                 evaluated = self.evaluate()  # ends on a device read, so the time holds the device's work
                 if evaluated:  # {} without a validation set: no evaluation, no time for one
-                    row.update(evaluated, eval_s=time.perf_counter() - t_eval)
+                    row.update(evaluated, eval_s=time.perf_counter() - t_eval, eval_wait_s=self.eval_wait_s)
             row["lr"] = self.optimizer.param_groups[0]["lr"]
             row["peak_mem_mb"], row["peak_mem_kind"] = peak_memory(info.device)
             row["skipped_steps"] = self.precision.skipped_steps
