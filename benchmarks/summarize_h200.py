@@ -388,6 +388,7 @@ def session11_lines() -> list[str]:
         ("call-zz", "the same, CUDA's 32 hardware queues set by cnnpar, graphs off for photos (ZZ)"),
         ("call-zza", "the same, graphs kept beside the decoder with 32 queues: the default since ZZA"),
         ("call-zzc", "the same, the queue value recorded at CUDA's start (ZZC, session 15)"),
+        ("call-zzh", "the same, cnnpar waiting on the engines once per batch (ZZH, session 16)"),
     ):
         out.append(cli_line(RESULTS / call / "default.log", label))
     for call, label in (  # session 15: issue 11.5, from a `cnnpar prepare` store of the same 24,000 photos
@@ -413,6 +414,10 @@ STEP_FILES = (  # session 12, issue 13.2 and 13.3: the train step on data alread
     "call-zr/step_rn50_s2d.csv",
     "call-zs/step_rn50_b512.csv",
     "call-zzg/step_rn50_coop.csv",  # session 15: inductor's cooperative reductions
+    "call-zzi/step_rn50_bn.csv",  # session 16: inductor's N-d tiling (the call's third variant cut off at 480 s)
+    "call-zzj/step_rn50_bn.csv",  # the same again, and with tiled reductions
+    "call-zzk/step_rn50_bn.csv",  # tiling with autotuned pointwise configs: compile_tiling
+    "call-zzk/step_rn18_nd.csv",
 )
 
 

@@ -265,6 +265,14 @@ class SpeedConfig:
         "85-120 s longer; ResNet-50's compile did not finish within 4 minutes "
         "(benchmarks/results/2026-12-01-h200/call-zl, call-zn, call-zp)",
     )
+    compile_tiling: bool = _f(
+        False,
+        "generate inductor's kernels with N-d tiling (triton.prefer_nd_tiling) and pick each pointwise kernel's "
+        "config by timing (max_autotune_pointwise), for this model's compile only: ResNet-50 224 b256 on an H200 "
+        "1.057x as fast (7,545 against 7,139 img/s; tiling alone 1.034x in two calls) for a compile 2-2.5 min "
+        "longer; ResNet-18 32 px b512, tiling alone: 1.004x (benchmarks/results/2026-12-01-h200/call-zzi to "
+        "call-zzk). Off by default for that compile; `cnnpar tune` tries it",
+    )
     stem_space_to_depth: str = _f(
         "auto",
         "compute a stride-2 stem convolution on at most 4 channels (ResNet's 7x7 at 64 px and up) as the same "

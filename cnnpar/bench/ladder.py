@@ -186,6 +186,7 @@ def switches(cfg: Config) -> dict:
         "channels_last": s.channels_last,
         "compile": s.compile,
         "compile_tuning": s.compile_tuning,
+        "compile_tiling": s.compile_tiling,
         "stem_space_to_depth": s.stem_space_to_depth,
         "cuda_graphs": s.cuda_graphs,
         "cudnn_benchmark": s.cudnn_benchmark,

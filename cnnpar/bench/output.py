@@ -28,6 +28,7 @@ RUNG_COLUMNS = [
     "channels_last",
     "compile",
     "compile_tuning",
+    "compile_tiling",
     "stem_space_to_depth",
     "cuda_graphs",
     "cudnn_benchmark",

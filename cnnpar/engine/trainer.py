@@ -151,6 +151,7 @@ class Trainer:
             ddp_static_graph=cfg.dist.ddp_static_graph,
             ddp_broadcast_buffers=cfg.dist.ddp_broadcast_buffers,
             compile_tuning=cfg.speed.compile_tuning,
+            compile_tiling=cfg.speed.compile_tiling,
             stem_space_to_depth=cfg.speed.stem_space_to_depth == "on",
         )
         self.raw_model = unwrap(self.model)  # SyncBN conversion may have replaced the module

@@ -149,6 +149,41 @@ def test_compile_tuning_options_are_ones_torch_compile_accepts():
     # torch.compile checks an options dict when it is called: an option this torch lacks raises here
     model = apply_compile(nn.Linear(2, 2), "default", tuning=True)
     assert model(torch.ones(1, 2)).shape == (1, 2)
+    model = apply_compile(nn.Linear(2, 2), "default", tiling=True)
+    assert model(torch.ones(1, 2)).shape == (1, 2)
+
+
+def test_compile_tiling_changes_this_models_compile_and_no_other(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    from cnnpar.parallel import apply
+
+    seen = []
+    monkeypatch.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    build_trainer(with_overrides(small(), speed={"compile": "default", "compile_tiling": True}), CPU).close()
+    assert seen == [{"options": {"triton.prefer_nd_tiling": True, "max_autotune_pointwise": True}}]
+    assert inductor_config.triton.prefer_nd_tiling is False and inductor_config.max_autotune_pointwise is False
+    # beside tuning and a named mode: all three sets of options in one dict
+    assert apply.compile_options("reduce-overhead", True, True) == {
+        "options": {
+            "triton.cudagraphs": True,
+            "coordinate_descent_tuning": True,
+            "triton.prefer_nd_tiling": True,
+            "max_autotune_pointwise": True,
+        }
+    }
+
+
+def test_compile_tiling_on_a_torch_without_its_options_is_a_config_error_naming_the_field(monkeypatch):
+    from cnnpar.errors import ConfigError
+    from cnnpar.parallel import apply
+
+    have = apply.inductor_option_names()
+    assert "triton.prefer_nd_tiling" in have  # this torch has it; an older one is made up below
+    monkeypatch.setattr(apply, "inductor_option_names", lambda: have - {"triton.prefer_nd_tiling"})
+    with pytest.raises(ConfigError, match=r"speed.compile_tiling: .* no triton.prefer_nd_tiling option"):
+        apply.compile_options("default", False, True)
+    assert apply.compile_options("default", False, False) == {"mode": None}  # off: not asked
 
 
 def test_graphs_are_blocked_where_they_cannot_replay_the_step():

@@ -143,7 +143,12 @@ def test_trials_go_batch_compile_data_precision_and_a_bf16_gpu_tries_no_fp32(tmp
     assert groups[0] == "batch size" and groups[-1] == "long compiles"
     tried = [(t.switch, t.value) for t in trials]
     assert ("precision", "fp32") not in tried
-    assert tried[-3:] == [("precision", "fp16"), ("compile_tuning", "True"), ("compile", "max-autotune-no-cudagraphs")]
+    assert tried[-4:] == [
+        ("precision", "fp16"),
+        ("compile_tiling", "True"),
+        ("compile_tuning", "True"),
+        ("compile", "max-autotune-no-cudagraphs"),
+    ]
     assert ("compile", "off") in tried and ("cuda_graphs", "off") in tried and ("resident", "off") in tried
 
 
@@ -301,21 +306,28 @@ def test_compile_tuning_is_skipped_saying_why_when_the_best_runs_uncompiled(tmp_
     assert best.speed.compile == "off" and t.status == tune_mod.SKIPPED
     assert t.note == "tunes a compile in default or reduce-overhead mode; the best so far has off"
     assert not any(c.speed.compile_tuning for _, _, c in m.calls)  # never measured
+    [tiling] = [t for t in trials if t.switch == "compile_tiling"]  # nor inductor's tiling, with nothing compiled
+    assert (
+        tiling.status == tune_mod.SKIPPED
+        and tiling.note == "changes the compiled kernels; the best so far runs uncompiled"
+    )
+    assert not any(c.speed.compile_tiling for _, _, c in m.calls)
     cpu = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0, facts={**CUDA_FACTS, "device_type": "cpu"})
     _, trials = cpu.tune(Config(), 600, tmp_path / "cpu.toml")
-    assert not [t for t in trials if t.switch == "compile_tuning"]  # a GPU lever (its measurements are a GPU's)
+    assert not [t for t in trials if t.switch in ("compile_tuning", "compile_tiling")]  # GPU levers, GPU-measured
 
 
 def test_a_long_compile_cut_off_at_its_limit_costs_no_other_trial_its_time(tmp_path):
-    # as call ZZF (ResNet-18 32 px, 540 s): trials of ~40 s, inductor's tuning ~170 s, max-autotune past any limit;
-    # the cheap trials all measured before the long compiles, the last one alone cut off
+    # as call ZZF (ResNet-18 32 px, 540 s): trials of ~40 s, inductor's tuning ~170 s, max-autotune past any limit,
+    # and since session 16 inductor's tiling (~95 s, call ZZK) before them: the cheap trials all measured before
+    # the long compiles, the last one alone cut off
     def cost(cfg: Config) -> float:
         if cfg.speed.compile == "max-autotune-no-cudagraphs":
             return 10_000.0
-        return 170.0 if cfg.speed.compile_tuning else 40.0
+        return 40.0 + 130.0 * cfg.speed.compile_tuning + 55.0 * cfg.speed.compile_tiling
 
     m = FakeMachine(rate=lambda c: 1000.0, cost=cost)
-    _, trials = m.tune(resnet50(), 540, tmp_path / "tuned.toml")
+    _, trials = m.tune(resnet50(), 660, tmp_path / "tuned.toml")
     status = {(t.switch, t.value): t.status for t in trials}
     assert status[("compile", "max-autotune-no-cudagraphs")] == CUT_OFF  # it alone paid for its compile
     cheap = [t for t in trials[1:] if t.group != "long compiles"]
