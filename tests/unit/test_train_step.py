@@ -4,6 +4,7 @@ accumulation group of any size gives the gradient of one big batch of its sample
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -234,3 +235,27 @@ def test_graphed_steps_match_eager_ones_across_two_captured_shapes_and_an_eager_
     assert len(graphed.graphs) == 2
     for p, q in zip(graphed_model.parameters(), eager_model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_compile_tiling_compiles_with_triton_and_trains_as_the_default_compile_does():
+    # the options reach inductor's Triton kernels through torch.compile(options=...), not a global patch
+    CUDA = DistInfo(0, 0, 1, torch.device("cuda"))
+    cfg = with_overrides(
+        small(samples=256),
+        data={"image_shape": "3x32x32"},
+        model={"name": "resnet18"},
+        speed={"device": "cuda", "precision": "bf16", "channels_last": "on", "compile": "default"},
+        run={"batch_size": 32},
+    )
+    losses = {}
+    for tiling in (False, True):
+        trainer = build_trainer(with_overrides(cfg, speed={"compile_tiling": tiling}), CUDA)
+        try:
+            losses[tiling] = trainer.train_epoch(1)["train_loss"]
+        finally:
+            trainer.close()
+    assert all(math.isfinite(v) for v in losses.values())
+    # the same seed and data: other kernels, the same arithmetic up to bf16 rounding
+    assert abs(losses[True] - losses[False]) <= 0.05 * abs(losses[False]), losses
