@@ -22,8 +22,9 @@ torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, torchvision 0.19 to 0.29):
   stream without waiting for the caller's: the caching allocator can hand it a block that kernels
   queued on the caller's stream are still reading, and nvJPEG overwrites it (pytorch/vision
   PR #9606, not merged; torchcodec #1634 fixed its own copy). `nvjpeg_decode` below allocates the
-  outputs on a private stream whose pool only ever holds earlier decode outputs, each marked with
-  `record_stream` for the stream that reads it, so a block is reused only once its readers are done.
+  outputs on a stream of its own (`private_stream`: not one of torch's pool, which other stages share)
+  whose pool only ever holds earlier decode outputs, each marked with `record_stream` for the stream
+  that reads it, so a block is reused only once its readers are done.
 - It returns no partial results: one file that nvJPEG rejects fails the whole list.
 """
 
@@ -43,6 +44,7 @@ from cnnpar.data.byte_slots import ByteSlots
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops, resized_crops_flat, resized_crops_loop, tail_room
 from cnnpar.data.folder import decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import decode_route, read_jpeg_header
+from cnnpar.data.private_stream import private_stream
 from cnnpar.data.tv_codecs import tv_codecs
 from cnnpar.report.ranges import CROP_RESIZE, JPEG_DECODE, span
 
@@ -159,8 +161,8 @@ def nvjpeg_decode(buffers: list[torch.Tensor], device: torch.device) -> list[tor
     # until the consumer stream has finished with it.
     consumer = torch.cuda.current_stream(device)
     key = torch.device("cuda", consumer.device_index)
-    if key not in _alloc_streams:
-        _alloc_streams[key] = torch.cuda.Stream(key)
+    if key not in _alloc_streams:  # a pool stream only where the runtime makes none (other stages may share it)
+        _alloc_streams[key] = private_stream(key) or torch.cuda.Stream(key)
     alloc = _alloc_streams[key]
     with torch.cuda.stream(alloc), tv_codecs():  # tv_codecs: see docs/decoding.md
         images = decode_jpeg(buffers, mode=ImageReadMode.RGB, device=key)  # note: host sync inside

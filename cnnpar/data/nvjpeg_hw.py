@@ -37,6 +37,8 @@ from functools import cache, lru_cache
 import numpy as np
 import torch
 
+from cnnpar.data.private_stream import destroy_private_stream, private_stream
+
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
 OUTPUT_RGBI = 5  # nvjpegOutputFormat_t: interleaved RGB, written to channel[0] only
 MAX_COMPONENT = 4
@@ -204,6 +206,7 @@ class HardwareJpegDecoder:
         self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.lib = load_library()
         self.handle = self.state = None
+        self._stream = None  # the engines' own stream (`_create`; see `decode`), None where none could be made
         self._library = LibraryThread("cnnpar-nvjpeg")  # every handle/state call runs on it
         self._library_thread = self._library.ident
         try:
@@ -215,8 +218,6 @@ class HardwareJpegDecoder:
         self.version = library_version(self.lib)
         self._batch = 0  # the batch size the state was initialised for
         self.calls = 0
-        # the engines' stream, and the pool their outputs come from: see `decode`
-        self._stream = torch.cuda.Stream(self.device)
 
     def _create(self) -> None:
         torch.cuda.set_device(self.device)  # the library works in the context current on its thread
@@ -235,6 +236,7 @@ class HardwareJpegDecoder:
             self._destroy()  # the handle made above goes with the failed start
             raise
         self.state = state
+        self._stream = private_stream(self.device)
 
     def decode(
         self,
@@ -260,15 +262,17 @@ class HardwareJpegDecoder:
         # each image starts on a 256-byte boundary, the alignment cudaMalloc gives a lone image
         spans = (sizes + ALIGN - 1) // ALIGN * ALIGN
         starts = np.cumsum(spans) - spans
-        # From the pool of the decoder's own stream, which holds nothing but its earlier outputs, each
-        # held by record_stream until the stream that read it is done with it: a block handed out here
-        # has no work queued on it anywhere. The engines do not wait for work queued on the stream they
-        # are given before writing (meta-pytorch/torchcodec PR #1634), so a block taken from the
-        # caller's pool, freed by kernels still queued there, could be overwritten under them; this
-        # way no wait is needed before the call, and the batch costs one wait on the GPU, after it.
+        # The engines do not wait for work queued on the stream they are given before writing
+        # (meta-pytorch/torchcodec PR #1634): a block taken from the caller's pool, freed by kernels still
+        # queued there, could be overwritten under them. So the output comes from the pool of the
+        # decoder's own stream (`private_stream`: no kernel is ever queued on it), which holds nothing but
+        # its earlier outputs, each held by record_stream until the stream that read it is done with it: a
+        # block handed out there has no work queued on it anywhere, no wait is needed before the call, and
+        # the batch costs one wait on the GPU, after it. Without a stream of its own the decoder waits for
+        # the caller's stream before the call too (`_decode_batched`).
         with self._allocating_on_own_stream():
             out = torch.empty(int(starts[-1] + sizes[-1]) + tail, dtype=torch.uint8, device=self.device)
-        if out.is_cuda:
+        if out.is_cuda and self._stream is not None:
             out.record_stream(stream)  # the caller's crop and resize read it there
         # nvjpegImage_t: unsigned char *channel[4]; size_t pitch[4]. RGBI uses channel[0] alone.
         dest = np.zeros((n, 2 * MAX_COMPONENT), dtype=np.uint64)
@@ -281,26 +285,31 @@ class HardwareJpegDecoder:
         if library is None:
             raise RuntimeError("the hardware JPEG decoder is closed")
         # the call returns once the engines are done with `flat` and the arrays, and `out` is written
-        library.submit(self._decode_batched, n, pointers, lengths, dest).result()
+        library.submit(self._decode_batched, n, pointers, lengths, dest, stream).result()
         self.calls += 1
         return out, starts
 
     def _allocating_on_own_stream(self):
-        if self.device.type != "cuda":  # a stand-in library in the tests writes host memory
+        # on the CPU a stand-in library in the tests writes host memory
+        if self.device.type != "cuda" or self._stream is None:
             return contextlib.nullcontext()
         return torch.cuda.stream(self._stream)
 
-    def _decode_batched(self, n: int, pointers, lengths, dest) -> None:
+    def _decode_batched(self, n: int, pointers, lengths, dest, caller) -> None:
         """On the library's thread: (re)initialise the state for `n` files, then one batched call on
         the decoder's own stream, waited for once, after the call: the encoded bytes (the workers'
         shared memory) and the pointer arrays may be freed once this returns, and the caller's
         kernels, queued after, read finished pixels. No wait before it (torchvision synchronises
-        there too): see `decode` for why the output needs none. What the library waits for inside its
-        own call (nvJPEG's hardware backend synchronises once per image, measured in session 8) is
-        outside cnnpar's reach."""
+        there): see `decode` for why the output needs none. Without a stream of its own the call runs
+        on `caller`, the caller's stream, waited for before the call too. What the library waits for
+        inside its own call (nvJPEG's hardware backend synchronises once per image, measured in
+        session 8) is outside cnnpar's reach."""
         if self.handle is None or self.state is None:  # closed while this call waited in the queue
             raise RuntimeError("the hardware JPEG decoder is closed")
         stream = self._stream
+        if stream is None:
+            stream = caller
+            stream.synchronize()
         try:
             if n != self._batch:
                 _check(
@@ -325,6 +334,10 @@ class HardwareJpegDecoder:
             stream.synchronize()
 
     def _destroy(self) -> None:
+        # after its last call (`_decode_batched` waits for each before returning); only a stream it made
+        if isinstance(self._stream, torch.cuda.ExternalStream):
+            destroy_private_stream(self._stream)
+        self._stream = None
         if self.state:
             self.lib.nvjpegJpegStateDestroy(self.state)
             self.state = None

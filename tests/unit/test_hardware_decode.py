@@ -4,6 +4,7 @@ the library fills; the real library runs in the CUDA-marked test."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
 import types
@@ -289,8 +290,12 @@ def test_cuda_engines_match_the_nvjpeg_path_and_keep_the_batch_order():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_engines_never_write_over_memory_the_callers_queued_kernels_still_read():
     """The engines ignore the order of the stream they are given, and the call no longer waits for
-    the caller's stream first: a block freed on the caller's stream while a kernel still reads it
-    must not become the engines' output."""
+    the caller's stream first. (1) A block freed on the caller's stream while a kernel still reads it
+    must not become the engines' output; (2) an output the caller's kernels still read must not become
+    the next call's output. The caller works on a stream of its own, as cnnpar's stages do (nvJPEG's
+    blocking streams would wait for the legacy default stream and hide the race)."""
+    from PIL import Image
+
     from cnnpar.data import nvjpeg_hw
 
     why = nvjpeg_hw.hardware_decoder_available(0)
@@ -298,24 +303,32 @@ def test_cuda_engines_never_write_over_memory_the_callers_queued_kernels_still_r
         pytest.skip(why)
     dev = torch.device("cuda")
     dec = nvjpeg_hw.HardwareJpegDecoder(dev)
+    assert isinstance(dec._stream, torch.cuda.ExternalStream)  # a stream of its own, not one of torch's pool
     blobs = [photo(96, 128, phase=i) for i in range(8)]
     batch = encoded(blobs)
+    other = encoded([photo(96, 128, phase=3.0 + i) for i in range(8)])  # other pixels, same sizes
     hw = np.array([[96, 128]] * len(blobs))
     need = len(blobs) * 3 * 96 * 128
-    stream = torch.cuda.current_stream(dev)
-    for _ in range(3):
-        held = torch.full((need,), 7, dtype=torch.uint8, device=dev)
-        torch.cuda._sleep(50_000_000)  # ~tens of ms of queued work before the read below
-        copy = held.clone()  # queued behind the sleep, reads `held`
-        del held  # its block is free for the caller's stream at once
-        out, starts = dec.decode(batch.flat, batch.offsets.numpy(), np.arange(len(blobs)), hw, stream)
-        torch.cuda.synchronize()
-        assert bool((copy == 7).all()), "the engines wrote into a block a queued kernel was still reading"
-        first = out[: 3 * 96 * 128].view(96, 128, 3).cpu().int()
-        from PIL import Image
-
-        ref = torch.from_numpy(np.array(Image.open(io.BytesIO(blobs[0])).convert("RGB"))).int()
-        assert (first - ref).abs().float().mean() < 2.0
+    ref = torch.from_numpy(np.array(Image.open(io.BytesIO(blobs[0])).convert("RGB"))).int()
+    unlike = torch.from_numpy(np.array(Image.open(io.BytesIO(other.flat[: other.offsets[1]].numpy().tobytes()))))
+    assert (unlike.int() - ref).abs().float().mean() > 20  # an overwrite would show
+    caller = torch.cuda.Stream(dev)
+    with torch.cuda.stream(caller):
+        for _ in range(3):
+            held = torch.full((need,), 7, dtype=torch.uint8, device=dev)
+            torch.cuda._sleep(50_000_000)  # ~tens of ms of queued work before the read below
+            copy = held.clone()  # queued behind the sleep, reads `held`
+            del held  # its block is free for the caller's stream at once
+            out, _ = dec.decode(batch.flat, batch.offsets.numpy(), np.arange(len(blobs)), hw, caller)
+            torch.cuda._sleep(50_000_000)
+            first = out[: 3 * 96 * 128].clone()  # queued behind the sleep, reads `out`
+            del out  # freed while the read is queued: held for the caller's stream (record_stream)
+            # other photos: written into the block the read above still reads, they would show in `first`
+            dec.decode(other.flat, other.offsets.numpy(), np.arange(len(blobs)), hw, caller)
+            caller.synchronize()
+            assert bool((copy == 7).all()), "the engines wrote into a block a queued kernel was still reading"
+            got = first.view(96, 128, 3).cpu().int()
+            assert (got - ref).abs().float().mean() < 2.0, "an output was reused while a kernel still read it"
     dec.close()
 
 
@@ -371,9 +384,16 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
     monkeypatch.setattr(dec, "_decode_batched", lambda *a: callers.append(threading.get_ident()) or real(*a))
     order = []
     stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: order.append("caller's stream waited for"))
-    dec._stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: order.append("synchronize"))
+    dec._stream = types.SimpleNamespace(cuda_stream=77, synchronize=lambda: order.append("synchronize"))
     library_call = dec.lib.nvjpegDecodeBatched
-    dec.lib.nvjpegDecodeBatched = lambda *a: order.append("decode") or library_call(*a)
+    given_streams = []
+
+    def call(*a):
+        order.append("decode")
+        given_streams.append(a[-1].value)
+        return library_call(*a)
+
+    dec.lib.nvjpegDecodeBatched = call
     ids = np.array([4, 1, 3])
     hw = np.array([[30 + i, 41 - i] for i in ids])
     out, starts = dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream, tail=64)
@@ -382,6 +402,7 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
     # inputs may go; none before it (the output's block comes from that stream's pool, see `decode`), and
     # none on the caller's stream
     assert order == ["decode", "synchronize"]
+    assert given_streams == [dec._stream.cuda_stream]  # the engines ran on the decoder's own stream
     assert (starts % nvjpeg_hw.ALIGN == 0).all() and out.numel() >= starts[-1] + 3 * hw[-1].prod() + 64
     from PIL import Image
 
@@ -395,6 +416,49 @@ def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvj
     assert len(dec.lib.initialised) == 1  # the same batch size: no second initialisation
     # every library call ran on the decoder's own thread, whichever thread asked for it
     assert len(callers) == 2 and len(set(callers)) == 1 and callers[0] != threading.get_ident()
+    dec._library.shutdown()
+
+
+def test_the_engines_stream_is_made_for_them_with_the_cuda_runtime_not_drawn_from_torchs_pool(monkeypatch):
+    # torch.cuda.Stream() hands out a fixed pool's streams in turn, which other stages also get
+    from cnnpar.data import private_stream as streams
+
+    made = []
+
+    class Runtime:
+        def cudaStreamCreateWithFlags(self, handle, flags):
+            made.append(flags)
+            handle._obj.value = 4242
+            return 0
+
+    monkeypatch.setattr(streams, "_cuda_runtime", lambda: Runtime())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "ExternalStream", lambda ptr, device=None: ("external", ptr, device))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: pytest.fail("a pool stream was drawn"))
+    assert streams.private_stream(torch.device("cuda", 0)) == ("external", 4242, torch.device("cuda", 0))
+    assert made == [1]  # cudaStreamNonBlocking: it does not wait for the legacy default stream
+    monkeypatch.setattr(streams, "_cuda_runtime", lambda: None)  # no runtime found by its soname
+    assert streams.private_stream(torch.device("cuda", 0)) is None  # the caller then waits before the call
+
+
+def test_without_a_stream_of_its_own_the_call_waits_for_the_callers_stream_before_and_after():
+    blobs = [photo(30, 40)]
+    batch = encoded(blobs)
+    dec = stand_in_decoder()
+    dec._stream = None  # private_stream could not make one (no CUDA runtime found by its soname)
+    order, given = [], []
+    stream = types.SimpleNamespace(cuda_stream=5, synchronize=lambda: order.append("caller's stream"))
+    library_call = dec.lib.nvjpegDecodeBatched
+
+    def call(*a):
+        order.append("decode")
+        given.append(a[-1].value)
+        return library_call(*a)
+
+    dec.lib.nvjpegDecodeBatched = call
+    dec.decode(batch.flat, batch.offsets.numpy(), np.array([0]), np.array([[30, 40]]), stream)
+    # the engines would not wait for the caller's queued work (torchcodec PR #1634): waited for first
+    assert order == ["caller's stream", "decode", "caller's stream"] and given == [5]
     dec._library.shutdown()
 
 
@@ -463,7 +527,8 @@ def fake_cuda(monkeypatch, lib: FakeLibrary) -> None:
     monkeypatch.setattr(nvjpeg_hw, "library_version", lambda lib: "13.0.0")
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU without JPEG engines")
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
+    monkeypatch.setattr(nvjpeg_hw, "private_stream", lambda device: stream)
 
 
 def library_threads() -> list[threading.Thread]:
@@ -562,4 +627,4 @@ def test_closing_the_engines_frees_them_once_from_any_thread_and_later_decodes_a
     other.close()  # from another thread: the library's thread frees them, then ends
     assert other.lib.destroyed == ["state", "handle"]
     with pytest.raises(RuntimeError, match="closed"):
-        other._decode_batched(1, None, None, None)  # a call that was queued behind the close
+        other._decode_batched(1, None, None, None, stream)  # a call that was queued behind the close
