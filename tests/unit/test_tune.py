@@ -319,16 +319,22 @@ def test_compile_tuning_is_skipped_saying_why_when_the_best_runs_uncompiled(tmp_
 
 def test_a_long_compile_cut_off_at_its_limit_costs_no_other_trial_its_time(tmp_path):
     # as call ZZF (ResNet-18 32 px, 540 s): trials of ~40 s, inductor's tuning ~170 s, max-autotune past any limit,
-    # and since session 16 inductor's tiling (~95 s, call ZZK) before them: the cheap trials all measured before
-    # the long compiles, the last one alone cut off
+    # and since session 16 inductor's tiling (~95 s for ResNet-18, call ZZK) first among the long compiles, the
+    # shortest compile first. The cheap trials are all measured before any long compile, whatever the budget.
     def cost(cfg: Config) -> float:
         if cfg.speed.compile == "max-autotune-no-cudagraphs":
             return 10_000.0
         return 40.0 + 130.0 * cfg.speed.compile_tuning + 55.0 * cfg.speed.compile_tiling
 
-    m = FakeMachine(rate=lambda c: 1000.0, cost=cost)
-    _, trials = m.tune(resnet50(), 660, tmp_path / "tuned.toml")
-    status = {(t.switch, t.value): t.status for t in trials}
-    assert status[("compile", "max-autotune-no-cudagraphs")] == CUT_OFF  # it alone paid for its compile
-    cheap = [t for t in trials[1:] if t.group != "long compiles"]
-    assert cheap and all(t.status in ("ok", "kept") for t in cheap), [(t.switch, t.status, t.note) for t in cheap]
+    def long_compiles(budget: float) -> list[tuple[str, str]]:
+        m = FakeMachine(rate=lambda c: 1000.0, cost=cost)
+        _, trials = m.tune(resnet50(), budget, tmp_path / f"tuned{budget:g}.toml")
+        cheap = [t for t in trials[1:] if t.group != "long compiles"]
+        assert cheap and all(t.status in ("ok", "kept") for t in cheap), [(t.switch, t.status) for t in cheap]
+        return [(t.switch, t.status) for t in trials if t.group == "long compiles"]
+
+    # ZZF's budget: the tiling fits, the tuning is cut off at its limit, saying so, and max-autotune has no
+    # time left (the price of the tiling trial there: ZZF measured the tuning at 1.04x within 540 s)
+    assert long_compiles(540) == [("compile_tiling", "ok"), ("compile_tuning", CUT_OFF), ("compile", "skipped")]
+    # with a minute more both fit, and max-autotune alone pays for its compile
+    assert long_compiles(660) == [("compile_tiling", "ok"), ("compile_tuning", "ok"), ("compile", CUT_OFF)]
