@@ -143,7 +143,8 @@ class SlottedEncodedFolder(EncodedFolderDataset):
         return collate_encoded([super(SlottedEncodedFolder, self).__getitem__(i) for i in indices], self.slots, slot)
 
 
-_alloc_streams: dict[torch.device, torch.cuda.Stream] = {}
+_alloc_streams: dict[torch.device, torch.cuda.Stream | None] = {}  # torchvision's outputs' stream, per device
+_alloc_lock = threading.Lock()
 
 
 def nvjpeg_decode(buffers: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -161,9 +162,13 @@ def nvjpeg_decode(buffers: list[torch.Tensor], device: torch.device) -> list[tor
     # until the consumer stream has finished with it.
     consumer = torch.cuda.current_stream(device)
     key = torch.device("cuda", consumer.device_index)
-    if key not in _alloc_streams:  # a pool stream only where the runtime makes none (other stages may share it)
-        _alloc_streams[key] = private_stream(key) or torch.cuda.Stream(key)
-    alloc = _alloc_streams[key]
+    with _alloc_lock:
+        if key not in _alloc_streams:
+            _alloc_streams[key] = private_stream(key)
+        alloc = _alloc_streams[key]
+    if alloc is None:  # no stream of its own: the caller's queued work done first, then its pool is safe
+        consumer.synchronize()
+        alloc = consumer
     with torch.cuda.stream(alloc), tv_codecs():  # tv_codecs: see docs/decoding.md
         images = decode_jpeg(buffers, mode=ImageReadMode.RGB, device=key)  # note: host sync inside
     # Any kernel torchvision queued on the then-current stream after its decode (a layout change,

@@ -37,7 +37,7 @@ from functools import cache, lru_cache
 import numpy as np
 import torch
 
-from cnnpar.data.private_stream import destroy_private_stream, private_stream
+from cnnpar.data.private_stream import private_stream
 
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
 OUTPUT_RGBI = 5  # nvjpegOutputFormat_t: interleaved RGB, written to channel[0] only
@@ -334,10 +334,7 @@ class HardwareJpegDecoder:
             stream.synchronize()
 
     def _destroy(self) -> None:
-        # after its last call (`_decode_batched` waits for each before returning); only a stream it made
-        if isinstance(self._stream, torch.cuda.ExternalStream):
-            destroy_private_stream(self._stream)
-        self._stream = None
+        self._stream = None  # the CUDA stream itself is left alive: data/private_stream.py says why
         if self.state:
             self.lib.nvjpegJpegStateDestroy(self.state)
             self.state = None

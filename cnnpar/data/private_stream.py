@@ -5,7 +5,10 @@ and priority) in turn, and every stage of cnnpar's data pipeline draws its strea
 pool, so after some epochs two stages hold the same stream. That matters where a library ignores
 stream order, as nvJPEG does when it writes decoded images: the decoders allocate their outputs on
 a stream no kernel is ever queued on, so that the caching allocator's pool for that stream holds
-only their earlier outputs (data/nvjpeg_hw.py, data/gpu_decode.py).
+only their earlier outputs, each held by `record_stream` until its readers are done
+(data/nvjpeg_hw.py, data/gpu_decode.py). The JPEG engines' work on theirs is waited for before each
+call returns; on torchvision's path's stream runs whatever that library queues on the current stream
+(waits on events, in RGB mode).
 """
 
 from __future__ import annotations
@@ -20,23 +23,31 @@ STREAM_NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit wait on the legacy
 
 @cache
 def _cuda_runtime() -> ctypes.CDLL | None:
-    """The CUDA runtime torch itself loaded (libcudart, found again by its soname), None if not found."""
+    """The CUDA runtime torch itself loaded (libcudart, found again by its soname: libcudart.so.12 and
+    .13, libcudart.so.11.0 for CUDA 11), None if not found (a ROCm build, say)."""
     major = (torch.version.cuda or "").split(".")[0]
     if not major:
         return None
-    try:
-        cudart = ctypes.CDLL(f"libcudart.so.{major}")
-    except OSError:
-        return None
-    cudart.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
-    cudart.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
-    cudart.cudaStreamCreateWithFlags.restype = cudart.cudaStreamDestroy.restype = ctypes.c_int
-    return cudart
+    for name in (f"libcudart.so.{major}", f"libcudart.so.{major}.0"):
+        try:
+            cudart = ctypes.CDLL(name)
+        except OSError:
+            continue
+        cudart.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        cudart.cudaStreamCreateWithFlags.restype = ctypes.c_int
+        return cudart
+    return None
 
 
 def private_stream(device: torch.device) -> torch.cuda.Stream | None:
-    """A CUDA stream made for its caller alone (not one of torch's pool: the module's docstring says
-    why), or None where none could be made (no CUDA runtime found by its soname, or its call failed)."""
+    """A new CUDA stream for its caller alone (not one of torch's pool: the module's docstring says why);
+    None where none could be made (no CUDA runtime found by its soname, or its call failed): the callers
+    then wait for their own stream before the library's call.
+
+    Never destroyed: the caching allocator keeps each block's stream handle, and with expandable segments
+    or the cudaMallocAsync backend it calls CUDA on that stream when it frees the block, which on a
+    destroyed handle is undefined (a review of session 16's change). Callers make one per decoder and
+    keep it; a process holds a handful."""
     cudart = _cuda_runtime()
     if cudart is None:
         return None
@@ -46,11 +57,3 @@ def private_stream(device: torch.device) -> torch.cuda.Stream | None:
     if status != 0 or not handle.value:
         return None
     return torch.cuda.ExternalStream(handle.value, device=device)
-
-
-def destroy_private_stream(stream: torch.cuda.Stream) -> None:
-    """Free a stream `private_stream` made, once the work queued on it is done."""
-    stream.synchronize()
-    cudart = _cuda_runtime()
-    if cudart is not None:
-        cudart.cudaStreamDestroy(ctypes.c_void_p(stream.cuda_stream))
