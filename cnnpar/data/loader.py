@@ -29,6 +29,7 @@ from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import GpuDecoder, SlottedEncodedFolder
 from cnnpar.data.hybrid_decode import HybridFolder
 from cnnpar.data.nvjpeg_hw import jpeg_engines
+from cnnpar.data.private_stream import private_stream
 from cnnpar.data.store import prepare_command
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
@@ -233,6 +234,19 @@ class DeviceFeeder:
         self.pipelined = self.threaded and hasattr(decoder, "decode_stage") and two_stage
         self._pending = None  # an epoch's pipeline started ahead by `prepare`, and for which (epoch, seed)
         self._pending_for: tuple[int, int | None] | None = None
+        self._stage_streams: dict[str, torch.cuda.Stream] = {}  # `_stage_stream`
+
+    def _stage_stream(self, stage: str) -> torch.cuda.Stream | None:
+        """The stream of a pipeline stage's thread (None off CUDA), made on first use and kept: streams
+        drawn anew every epoch from torch's pool come round again after some epochs (32 per device), and
+        one of them is then the training thread's own, whose step the stage's work would queue behind
+        (data/private_stream.py)."""
+        if self.device.type != "cuda":
+            return None
+        if stage not in self._stage_streams:
+            made = private_stream(self.device, self.STREAM_PRIORITY)
+            self._stage_streams[stage] = made or torch.cuda.Stream(self.device, priority=self.STREAM_PRIORITY)
+        return self._stage_streams[stage]
 
     def set_epoch(self, epoch: int, seed: int | None = None) -> None:
         """`seed`: reseed the transform's and the decoder's generators, so what this epoch draws
@@ -334,7 +348,7 @@ class DeviceFeeder:
         if self.pipelined:
             # batch i+1 decodes in one thread while batch i is cropped and resized in another
             decoded = _in_thread(
-                source, self._decode_only, self.device, 2, "cnnpar-decode", self.STREAM_PRIORITY, handoff=True
+                source, self._decode_only, self.device, 2, "cnnpar-decode", self._stage_stream("decode"), handoff=True
             )
             batches = _in_thread(
                 decoded,
@@ -342,7 +356,7 @@ class DeviceFeeder:
                 self.device,
                 self.QUEUE_DEPTH,
                 "cnnpar-feeder",
-                self.STREAM_PRIORITY,
+                self._stage_stream("feed"),
             )
         else:
             batches = _in_thread(
@@ -351,7 +365,7 @@ class DeviceFeeder:
                 self.device,
                 self.QUEUE_DEPTH,
                 "cnnpar-feeder",
-                self.STREAM_PRIORITY,
+                self._stage_stream("feed"),
             )
         return batches
 
@@ -399,10 +413,10 @@ class _Ready:
 
 
 def _in_thread(
-    source, fn, device: torch.device, depth: int, name: str, priority: int = 0, handoff: bool = False
+    source, fn, device: torch.device, depth: int, name: str, stream: torch.cuda.Stream | None, handoff: bool = False
 ) -> _Pipe:
     """`fn(item)` for each item of `source`, computed in a thread of its own, up to `depth` ahead,
-    in order. On CUDA the thread works on a stream of its own, and whoever uses a result first
+    in order. On CUDA the thread works on `stream`, its stage's own, and whoever uses a result first
     makes its stream wait (on the device, not the host) for the work behind it: the consumer's
     current stream, or, with `handoff`, the next stage's thread (results then travel as `_Ready`).
     An exception in the thread reaches the consumer; a consumer that stops (end, error, abandoned
@@ -412,7 +426,6 @@ def _in_thread(
     stop = threading.Event()
 
     def produce() -> None:
-        stream = torch.cuda.Stream(device, priority=priority) if cuda else None
         try:
             with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                 for item in source:

@@ -2,7 +2,9 @@
 
 `torch.cuda.Stream()` does not make a stream: it hands out the streams of a fixed pool (32 per device
 and priority) in turn, and every stage of cnnpar's data pipeline draws its streams from the same
-pool, so after some epochs two stages hold the same stream. That matters where a library ignores
+pool, so after some epochs two stages hold the same stream: a feeder stage that draws the training
+thread's stream queues its work behind the step's, and the overlap is gone for that epoch (hence
+`DeviceFeeder`'s stage streams, made once). It matters more where a library ignores
 stream order, as nvJPEG does when it writes decoded images: the decoders allocate their outputs on
 a stream no kernel is ever queued on, so that the caching allocator's pool for that stream holds
 only their earlier outputs, each held by `record_stream` until its readers are done
@@ -33,27 +35,28 @@ def _cuda_runtime() -> ctypes.CDLL | None:
             cudart = ctypes.CDLL(name)
         except OSError:
             continue
-        cudart.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
-        cudart.cudaStreamCreateWithFlags.restype = ctypes.c_int
+        cudart.cudaStreamCreateWithPriority.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_int]
+        cudart.cudaStreamCreateWithPriority.restype = ctypes.c_int
         return cudart
     return None
 
 
-def private_stream(device: torch.device) -> torch.cuda.Stream | None:
+def private_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream | None:
     """A new CUDA stream for its caller alone (not one of torch's pool: the module's docstring says why);
     None where none could be made (no CUDA runtime found by its soname, or its call failed): the callers
     then wait for their own stream before the library's call.
 
     Never destroyed: the caching allocator keeps each block's stream handle, and with expandable segments
     or the cudaMallocAsync backend it calls CUDA on that stream when it frees the block, which on a
-    destroyed handle is undefined (a review of session 16's change). Callers make one per decoder and
-    keep it; a process holds a handful."""
+    destroyed handle is undefined (a review of session 16's change). Callers make one per decoder or
+    pipeline stage and keep it; a process holds a handful."""
     cudart = _cuda_runtime()
     if cudart is None:
         return None
     handle = ctypes.c_void_p()
     with torch.cuda.device(device):
-        status = cudart.cudaStreamCreateWithFlags(ctypes.byref(handle), STREAM_NON_BLOCKING)
+        # priority as torch.cuda.Stream's: 0 the default, lower numbers higher (CUDA clamps to its range)
+        status = cudart.cudaStreamCreateWithPriority(ctypes.byref(handle), STREAM_NON_BLOCKING, priority)
     if status != 0 or not handle.value:
         return None
     return torch.cuda.ExternalStream(handle.value, device=device)

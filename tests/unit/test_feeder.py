@@ -473,3 +473,20 @@ def test_a_prepared_two_stage_pipeline_is_used_or_stopped_with_both_its_threads(
     fed.prepare(6, seed=7)
     fed.close()
     assert not stage_threads()
+
+
+def test_each_pipeline_stage_keeps_one_stream_of_its_own_across_epochs(monkeypatch):
+    # streams drawn anew each epoch from torch's pool would come round to the training thread's own
+    from cnnpar.data import loader as loader_mod
+
+    made = []
+    monkeypatch.setattr(loader_mod, "private_stream", lambda device, priority=0: made.append(priority) or object())
+    feeder = object.__new__(loader_mod.DeviceFeeder)
+    feeder.device, feeder._stage_streams = torch.device("cuda", 0), {}
+    epochs = [(feeder._stage_stream("decode"), feeder._stage_stream("feed")) for _ in range(40)]
+    assert len(made) == 2 and made == [loader_mod.DeviceFeeder.STREAM_PRIORITY] * 2
+    assert len({id(d) for d, _ in epochs}) == 1 and len({id(f) for _, f in epochs}) == 1
+    assert epochs[0][0] is not epochs[0][1]
+    feeder.device = torch.device("cpu")
+    feeder._stage_streams = {}
+    assert feeder._stage_stream("feed") is None and len(made) == 2  # no streams off CUDA

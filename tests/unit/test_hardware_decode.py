@@ -426,8 +426,8 @@ def test_the_engines_stream_is_made_for_them_with_the_cuda_runtime_not_drawn_fro
     made = []
 
     class Runtime:
-        def cudaStreamCreateWithFlags(self, handle, flags):
-            made.append(flags)
+        def cudaStreamCreateWithPriority(self, handle, flags, priority):
+            made.append((flags, priority))
             handle._obj.value = 4242
             return 0
 
@@ -436,7 +436,7 @@ def test_the_engines_stream_is_made_for_them_with_the_cuda_runtime_not_drawn_fro
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda ptr, device=None: ("external", ptr, device))
     monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: pytest.fail("a pool stream was drawn"))
     assert streams.private_stream(torch.device("cuda", 0)) == ("external", 4242, torch.device("cuda", 0))
-    assert made == [1]  # cudaStreamNonBlocking: it does not wait for the legacy default stream
+    assert made == [(1, 0)]  # cudaStreamNonBlocking: it does not wait for the legacy default stream
     monkeypatch.setattr(streams, "_cuda_runtime", lambda: None)  # no runtime found by its soname
     assert streams.private_stream(torch.device("cuda", 0)) is None  # the caller then waits before the call
 
