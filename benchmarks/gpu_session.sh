@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -840,6 +840,19 @@ PY
   echo "variants: $V"
   TAIL=8 logged step_rn50_bn 480 python3 benchmarks/step_vs_plain.py --cases resnet50:224:256 --plain none \
       --variants "$V" --out "$R/step_rn50_bn.csv"
+  ;;
+s17a)
+  # for the next session (one H200, ~6 min with a cold start; the photos carried; written in session 16, not yet
+  # run): the decoders' private streams (made with the CUDA runtime, never torch's pool) through their CUDA tests,
+  # then `cnnpar train` from the 24,000 photos for 20 epochs with no flags: the feeder's stage streams are now kept
+  # for the run, so no epoch's stage should share the training thread's stream (each epoch's rate and data wait)
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  TAIL=8 logged gpu_tests 200 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py \
+      tests/unit/test_gpu_decode.py -p no:cacheprovider --durations=5
+  make_rep 80 .devdata/imagenet_rep80
+  AFTER_DONE=30 HANG_LIMIT=330 CNNPAR_EXIT_STACKS=$R/long_stacks.txt hang_case long python3 -m cnnpar train \
+      --data .devdata/imagenet_rep80 --model resnet50 --epochs 20 --no-progress --out-dir /tmp/runs_long
+  cat "$R"/long.summary; grep -E "^epoch|^done" "$R"/long.log
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
