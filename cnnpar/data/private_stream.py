@@ -2,9 +2,10 @@
 
 `torch.cuda.Stream()` does not make a stream: it hands out the streams of a fixed pool (32 per device
 and priority) in turn, and every stage of cnnpar's data pipeline draws its streams from the same
-pool, so after some epochs two stages hold the same stream: a feeder stage that draws the training
-thread's stream queues its work behind the step's, and the overlap is gone for that epoch (hence
-`DeviceFeeder`'s stage streams, made once). It matters more where a library ignores
+pool, so after some epochs two stages hold the same stream: with a two-stage JPEG decoder and an
+evaluation every epoch the feeders drew 4 pool streams an epoch, so every 8th epoch (or never,
+depending on where the run's draws began) a stage held the training thread's own stream and queued
+its work behind the step's (hence `DeviceFeeder`'s stage streams, made once per feeder). It matters more where a library ignores
 stream order, as nvJPEG does when it writes decoded images: the decoders allocate their outputs on
 a stream no kernel is ever queued on, so that the caching allocator's pool for that stream holds
 only their earlier outputs, each held by `record_stream` until its readers are done
@@ -49,7 +50,8 @@ def private_stream(device: torch.device, priority: int = 0) -> torch.cuda.Stream
     Never destroyed: the caching allocator keeps each block's stream handle, and with expandable segments
     or the cudaMallocAsync backend it calls CUDA on that stream when it frees the block, which on a
     destroyed handle is undefined (a review of session 16's change). Callers make one per decoder or
-    pipeline stage and keep it; a process holds a handful."""
+    pipeline stage and keep it: a training run holds a few (two stages per feeder, one per engines
+    handle); a process that builds many feeders (the ladder's rungs) holds two more for each."""
     cudart = _cuda_runtime()
     if cudart is None:
         return None

@@ -481,12 +481,27 @@ def test_each_pipeline_stage_keeps_one_stream_of_its_own_across_epochs(monkeypat
 
     made = []
     monkeypatch.setattr(loader_mod, "private_stream", lambda device, priority=0: made.append(priority) or object())
+    given = []  # the stream each stage thread was started with, epoch after epoch
+    monkeypatch.setattr(
+        loader_mod,
+        "_in_thread",
+        lambda source, fn, device, depth, name, stream, **kw: given.append((name, stream)) or iter(()),
+    )
     feeder = object.__new__(loader_mod.DeviceFeeder)
-    feeder.device, feeder._stage_streams = torch.device("cuda", 0), {}
-    epochs = [(feeder._stage_stream("decode"), feeder._stage_stream("feed")) for _ in range(40)]
-    assert len(made) == 2 and made == [loader_mod.DeviceFeeder.STREAM_PRIORITY] * 2
-    assert len({id(d) for d, _ in epochs}) == 1 and len({id(f) for _, f in epochs}) == 1
-    assert epochs[0][0] is not epochs[0][1]
-    feeder.device = torch.device("cpu")
+    feeder.loader, feeder.device, feeder._stage_streams, feeder.pipelined = [], torch.device("cuda", 0), {}, True
+    for _ in range(40):  # 40 epochs' pipelines
+        feeder._start_threaded()
+    assert len(made) == 2 and made == [loader_mod.DeviceFeeder.STREAM_PRIORITY] * 2  # one per stage, once
+    decode = {id(st) for name, st in given if name == "cnnpar-decode"}
+    feed = {id(st) for name, st in given if name == "cnnpar-feeder"}
+    assert len(given) == 80 and len(decode) == 1 and len(feed) == 1 and decode != feed
+    # where the runtime makes no stream: one pool stream per stage, drawn once, not every epoch
+    monkeypatch.setattr(loader_mod, "private_stream", lambda device, priority=0: None)
+    drawn = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None, priority=0: drawn.append(priority) or object())
     feeder._stage_streams = {}
-    assert feeder._stage_stream("feed") is None and len(made) == 2  # no streams off CUDA
+    for _ in range(40):
+        feeder._start_threaded()
+    assert len(drawn) == 2
+    feeder.device, feeder._stage_streams = torch.device("cpu"), {}
+    assert feeder._stage_stream("feed") is None and len(made) == 2 and len(drawn) == 2  # no streams off CUDA
