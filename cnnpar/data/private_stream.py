@@ -5,13 +5,14 @@ and priority) in turn, and every stage of cnnpar's data pipeline draws its strea
 pool, so after some epochs two stages hold the same stream: with a two-stage JPEG decoder and an
 evaluation every epoch the feeders drew 4 pool streams an epoch, so every 8th epoch (or never,
 depending on where the run's draws began) a stage held the training thread's own stream and queued
-its work behind the step's (hence `DeviceFeeder`'s stage streams, made once per feeder). It matters more where a library ignores
-stream order, as nvJPEG does when it writes decoded images: the decoders allocate their outputs on
-a stream no kernel is ever queued on, so that the caching allocator's pool for that stream holds
-only their earlier outputs, each held by `record_stream` until its readers are done
-(data/nvjpeg_hw.py, data/gpu_decode.py). The JPEG engines' work on theirs is waited for before each
-call returns; on torchvision's path's stream runs whatever that library queues on the current stream
-(waits on events, in RGB mode).
+its work behind the step's (hence `DeviceFeeder`'s stage streams, made once per feeder).
+
+It matters more where a library ignores stream order, as nvJPEG does when it writes decoded images:
+the decoders allocate their outputs on a stream no kernel is ever queued on, so that the caching
+allocator's pool for that stream holds only their earlier outputs, each held by `record_stream`
+until its readers are done (data/nvjpeg_hw.py, data/gpu_decode.py). The JPEG engines' work on
+theirs is waited for before each call returns; on torchvision's path's stream runs whatever that
+library queues on the current stream (waits on events, in RGB mode).
 """
 
 from __future__ import annotations
