@@ -441,12 +441,13 @@ class Trainer:
             model = self.model  # the compiled module around the same weights
         tta = self.cfg.run.tta_in_effect
         sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
-        waited = 0.0  # on the validation batches: the evaluation's own data wait (its loader's start included)
+        # the evaluation's own data wait (its loader's start included); not a DATA_WAIT range, which a
+        # profile reads as the train step's
+        waited = 0.0
         batches = iter(self.val_loader)
         while True:
             t0 = time.perf_counter()
-            with span(DATA_WAIT):
-                batch = next(batches, None)
+            batch = next(batches, None)
             waited += time.perf_counter() - t0
             if batch is None:
                 break
