@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -853,6 +853,40 @@ s17a)
   AFTER_DONE=30 HANG_LIMIT=330 CNNPAR_EXIT_STACKS=$R/long_stacks.txt hang_case long python3 -m cnnpar train \
       --data .devdata/imagenet_rep80 --model resnet50 --epochs 20 --no-progress --out-dir /tmp/runs_long
   cat "$R"/long.summary; grep -E "^epoch|^done" "$R"/long.log
+  cp /tmp/runs_long/*/metrics.csv "$R/long_metrics.csv" 2>/dev/null
+  # the first evaluation's ~2.5 s not waiting for data (ZZH): cuDNN timing its algorithms for the eval shapes
+  # (batch 256 and the last, partial batch) on first sight? The eager ResNet-50 forward, bf16, channels_last,
+  # first and second call at each shape, with cudnn.benchmark on and then off, each in a fresh process
+  for bench in 1 0; do
+    TAIL=6 logged first_eval_b$bench 90 python3 - "$bench" <<'PY'
+import sys, time, torch, torchvision
+torch.backends.cudnn.benchmark = sys.argv[1] == "1"
+m = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last).eval()
+torch.randn(8, 8, device="cuda").sum().item()  # the context made before any timing
+for b in (256, 256, 96, 96):
+    x = torch.randn(b, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+        m(x)
+    torch.cuda.synchronize()
+    print(f"cudnn.benchmark={torch.backends.cudnn.benchmark} eval forward b{b}: {time.perf_counter() - t0:.3f} s")
+PY
+  done
+  ;;
+s17b)
+  # session 17, call B (one H200, ~6 min): issue 13.2, ResNet-50 224 b256 on device data, cnnpar's defaults beside
+  # aten's own BatchNorm kernels (forward and backward as extern kernels in the compiled graph; ZZI was cut off
+  # before this variant). The caches are off for it (aten_fallbacks), so its compile is a cold one.
+  TAIL=8 logged step_rn50_atenbn 420 python3 benchmarks/step_vs_plain.py --cases resnet50:224:256 --plain none \
+      --variants "${VARIANTS:-fallback._native_batch_norm_legit_functional=1,fallback.native_batch_norm_backward=1}" \
+      --out "$R/step_rn50_atenbn.csv"
+  ;;
+s17c)
+  # session 17, call C (one H200, ~8 min): issue 13.2 at batch 512: cnnpar's defaults beside --compile-tiling
+  # (7,545 against 7,139 at b256 in ZZK; b512 added 1-2 % to the best b256 variant in ZS)
+  TAIL=8 logged step_rn50_b512_tiling 500 python3 benchmarks/step_vs_plain.py --cases resnet50:224:512 \
+      --plain none --variants "${VARIANTS:-compile_tiling=1}" --out "$R/step_rn50_b512_tiling.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
