@@ -687,7 +687,7 @@ s12e)
   # session 12, call E (one H200, the last ~6 min): the new --compile-tuning switch (cnnpar's own step, not an
   # inductor patch) against the defaults at ResNet-18 32 px b2048, where the defaults ran 96,917 img/s (call D)
   TAIL=5 logged step_rn18_b2048_tuning 270 python3 benchmarks/step_vs_plain.py --cases "${CASES:-resnet18:32:2048}" \
-      --plain none --variants "compile_tuning=1" --out "$R/step_rn18_b2048_tuning.csv"
+      --plain none --variants "compile_tuning=on" --out "$R/step_rn18_b2048_tuning.csv"
   ;;
 s13a)
   # session 13, calls C and D (ran at 2efb018 with stem_space_to_depth=1, when the switch was a bool and off by
@@ -886,7 +886,7 @@ s17c)
   # session 17, call C (one H200, ~8 min): issue 13.2 at batch 512: cnnpar's defaults beside --compile-tiling
   # (7,545 against 7,139 at b256 in ZZK; b512 added 1-2 % to the best b256 variant in ZS)
   TAIL=8 logged step_rn50_b512_tiling 500 python3 benchmarks/step_vs_plain.py --cases resnet50:224:512 \
-      --plain none --variants "${VARIANTS:-compile_tiling=1}" --out "$R/step_rn50_b512_tiling.csv"
+      --plain "${PLAIN:-none}" --variants "${VARIANTS:-compile_tiling=on}" --out "$R/step_rn50_b512_tiling.csv"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

@@ -92,7 +92,7 @@ def parse_variant(spec: str) -> dict:
                 raise SystemExit(f"--variants: {key}={value}: expected fallback.<an aten op>=1")
             fallback.append(name)
         elif key in defaults:
-            speed[key] = _typed(value, defaults[key], key)  # compile_tuning=1; cuda_graphs=on stays a word
+            speed[key] = _typed(value, defaults[key], key)  # compile_tuning=on, cuda_graphs=on: words
         else:
             raise SystemExit(
                 f"--variants: {key!r} in {spec!r} is not a SpeedConfig field, inductor.<option> or fallback.<op>"

@@ -277,7 +277,13 @@ def cli_line(log: Path, label: str) -> str:
     split = re.search(whole, "\n".join(lines))
     if split:  # since session 15 the last line says where the whole loop's time went
         left += f"; whole loop {split[0][1:-1]}"
-    return f"| {label} | {', '.join(rates)} img/s (epochs 1-3) | {batch.split('; lr')[0]}{left} | `{rel(log)}` |"
+    shown = f"{', '.join(rates)} img/s (epochs 1-{len(rates)})"
+    if len(rates) > 5:  # a long run: its first epoch, then the range of the rest
+        later = sorted(rates[1:], key=lambda r: float(r.replace(",", "")))
+        shown = f"{rates[0]}, then {later[0]}-{later[-1]} img/s (epochs 1, 2-{len(rates)})"
+        waits = sorted(waits[1:], key=int)
+        batch = f"data wait {waits[0]}-{waits[-1]} % in epochs 2-{len(rates)}; {batch.split('; ', 1)[-1]}"
+    return f"| {label} | {shown} | {batch.split('; lr')[0]}{left} | `{rel(log)}` |"
 
 
 def session10_lines() -> list[str]:
@@ -391,6 +397,8 @@ def session11_lines() -> list[str]:
         ("call-zzh", "the same, cnnpar waiting on the engines once per batch (ZZH, session 16)"),
     ):
         out.append(cli_line(RESULTS / call / "default.log", label))
+    label = "the same for 20 epochs, the decoders on streams of their own (ZZM, session 17)"
+    out.append(cli_line(RESULTS / "call-zzm" / "long.log", label))
     for call, label in (  # session 15: issue 11.5, from a `cnnpar prepare` store of the same 24,000 photos
         ("call-zzc", "`cnnpar train --model resnet50` from the store, no flags (ZZC: the search kept 64)"),
         ("call-zze", "the same after photo-sized inputs start the batch search at 256 (ZZE)"),
@@ -418,6 +426,10 @@ STEP_FILES = (  # session 12, issue 13.2 and 13.3: the train step on data alread
     "call-zzj/step_rn50_bn.csv",  # the same again, and with tiled reductions
     "call-zzk/step_rn50_bn.csv",  # tiling with autotuned pointwise configs: compile_tiling
     "call-zzk/step_rn18_nd.csv",
+    "call-zzn/step_rn50_atenbn.csv",  # session 17: aten's own BatchNorm kernels in the compiled graph
+    "call-zzo/step_rn50_b512_tiling.csv",  # compile_tiling at b512
+    "call-zzp/step_rn50_b512_tiling.csv",  # tiling with coordinate-descent tuning (compile_tuning) at b512
+    "call-zzq/step_rn50_b512_tiling.csv",  # the same again, the plain compiled loop beside it
 )
 
 

@@ -257,21 +257,26 @@ class SpeedConfig:
         "auto", "torch.compile mode, or off (auto: from measurements, see presets.py)", choices=COMPILE_MODES
     )
     cudnn_benchmark: bool = _f(True, "let cuDNN time its algorithms for fixed shapes")
-    compile_tuning: bool = _f(
-        False,
+    compile_tuning: str = _f(
+        "auto",
         "tune the block sizes of inductor's own kernels by timing them (coordinate descent) at compile time "
         "(with --compile default or reduce-overhead; the max-autotune modes tune so already): "
         "ResNet-18 at 32 px ran 1.022x (b512), 1.027x (b2048) and 1.044x (b4096) as fast on an H200 for a compile "
-        "85-120 s longer; ResNet-50's compile did not finish within 4 minutes "
-        "(benchmarks/results/2026-12-01-h200/call-zl, call-zn, call-zp)",
+        "85-120 s longer; ResNet-50 224 b512 with --compile-tiling on too: 1.088x and 1.085x the defaults in two "
+        "calls, for a compile of ~6 minutes (benchmarks/results/2026-12-01-h200/call-zn, call-zp, call-zzp, "
+        "call-zzq). auto: on with --compile-tiling's rule (presets.long_compiles_default)",
+        choices=TRISTATE,
     )
-    compile_tiling: bool = _f(
-        False,
+    compile_tiling: str = _f(
+        "auto",
         "generate inductor's kernels with N-d tiling (triton.prefer_nd_tiling) and pick each pointwise kernel's "
-        "config by timing (max_autotune_pointwise), for this model's compile only: ResNet-50 224 b256 on an H200 "
-        "1.057x as fast (7,545 against 7,139 img/s; tiling alone 1.034x in two calls) for a compile 2-2.5 min "
+        "config by timing (max_autotune_pointwise), for this model's compile only: ResNet-50 224 on an H200 "
+        "1.057x as fast at b256 (7,545 against 7,139 img/s) and 1.062x at b512, for a compile 2-2.5 min "
         "longer; ResNet-18 32 px b512, tiling alone: 1.004x (benchmarks/results/2026-12-01-h200/call-zzi to "
-        "call-zzk). Off by default for that compile; `cnnpar tune` tries it",
+        "call-zzo). auto: on, with --compile-tuning, for ResNet-50 compiled on CUDA when a process trains at "
+        "least 40 million images (epochs x its share of the training set), the run length at which the faster "
+        "step repays the longer compile; off otherwise. `cnnpar tune` tries it",
+        choices=TRISTATE,
     )
     stem_space_to_depth: str = _f(
         "auto",
@@ -304,6 +309,8 @@ class SpeedConfig:
             ("compile", COMPILE_MODES),
             ("cuda_graphs", TRISTATE),
             ("stem_space_to_depth", TRISTATE),
+            ("compile_tuning", TRISTATE),
+            ("compile_tiling", TRISTATE),
         ):
             _check_choice("speed", name, getattr(self, name), choices)
 
@@ -465,7 +472,16 @@ def dumps_toml(cfg: Config | dict) -> str:
 # resolve them again for its own machine; the ones the user set stay set. A new
 # device-dependent "auto" below belongs here too.
 MACHINE_FIELDS = {
-    "speed": ("device", "precision", "channels_last", "compile", "cuda_graphs", "stem_space_to_depth"),
+    "speed": (
+        "device",
+        "precision",
+        "channels_last",
+        "compile",
+        "cuda_graphs",
+        "stem_space_to_depth",
+        "compile_tuning",
+        "compile_tiling",
+    ),
     "data": ("pin_memory", "prefetch_stream", "decode", "workers", "resident", "gpu_resize"),
 }
 

@@ -29,6 +29,40 @@ def compile_default(model_name: str, device_type: str) -> str:
     return "off"
 
 
+# The long compiles (--compile-tiling and --compile-tuning together) by the length of the run. Measured for
+# ResNet-50 224 on one H200 (benchmarks/results/2026-12-01-h200/call-zzo to call-zzq, batch 512, data on the
+# GPU): 7,857 and 7,864 img/s against the defaults' 7,219 and 7,250 (1.085-1.088x), tiling alone 1.062x (and
+# 1.057x at b256, call-zzk). The pair's compile took 347 s against the defaults' 66 s cold; part of it may have
+# come from the previous call's cache, so the rule allows for up to 423 s more (tiling's own cold 208 s added).
+# The faster step saves 1/7,219 - 1/7,857 s an image, so 423 s are repaid after ~38 million images a process:
+# on from 40 million. ResNet-18 is left out: its tiling gained 0.4 % and its tuning 2-4 % (a step already near
+# 100,000 img/s, where 40 million images take minutes); other models were not measured.
+_LONG_COMPILES_PAY_ON_CUDA = {"resnet50"}
+LONG_RUN_IMAGES = 40_000_000
+
+
+def long_compiles_default(model_name: str, device_type: str, compile_mode: str, images: int) -> tuple[bool, str]:
+    """Whether `compile_tiling` and `compile_tuning` at "auto" turn on, and why (a printed line's reason).
+
+    `images`: what one process will train on (epochs x its batches x the batch size)."""
+    if device_type != "cuda":
+        return False, "auto: measured on CUDA only"
+    if compile_mode not in ("default", "reduce-overhead"):
+        return False, f"auto: compile {compile_mode}; the rule is for default and reduce-overhead"
+    if model_name not in _LONG_COMPILES_PAY_ON_CUDA:
+        return False, f"auto: measured to pay for {', '.join(sorted(_LONG_COMPILES_PAY_ON_CUDA))} only"
+    planned = f"{images:,} images a process"
+    if images < LONG_RUN_IMAGES:
+        return False, (
+            f"auto: {planned}, under the {LONG_RUN_IMAGES:,} from which ResNet-50's 1.085x faster step on an H200 "
+            "repays up to ~7 minutes more of compile"
+        )
+    return True, (
+        f"auto: {planned}, at least {LONG_RUN_IMAGES:,}: ResNet-50's step ran 1.085-1.088x as fast on an H200 "
+        "for up to ~7 minutes more of compile"
+    )
+
+
 def default() -> Config:
     """`cnnpar train` with no flags: cnn3 on the built-in digits, a short CPU-friendly run."""
     return Config()

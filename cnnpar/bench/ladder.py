@@ -24,6 +24,7 @@ from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import continue_as
+from cnnpar.engine.resolved import long_compiles_resolved
 from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
@@ -167,7 +168,10 @@ def plan_ladder(base: Config, device: torch.device, bundle: DataBundle) -> list[
         reason = _skip_reason(rung, cfg, device, bundle)
         if reason:
             cfg = current
-        plan.append(PlannedRung(i, rung, resolve_for(cfg, device), parent, reason))
+        # the long compiles' "auto" as the rung's Trainer settles it (a ladder's runs are short: off), so that the
+        # row says what ran
+        resolved, _ = long_compiles_resolved(resolve_for(cfg, device), len(bundle.train), 1)
+        plan.append(PlannedRung(i, rung, resolved, parent, reason))
         if not reason and not rung.branch:
             current, parent = cfg, rung.name
     return plan

@@ -196,10 +196,11 @@ def switch_groups(cfg: Config, facts: dict) -> list[tuple[str, list[tuple[str, s
     long = []  # tried after every other group (the module's docstring says why)
     if cuda:
         comp.append(("cuda_graphs", "speed", "cuda_graphs", "off" if s.cuda_graphs == "on" else "on"))
-        if not s.compile_tiling:  # ResNet-50 224 on an H200: 1.057x, for a compile 2-2.5 min longer
-            long.append(("compile_tiling", "speed", "compile_tiling", True))
-        if not s.compile_tuning:  # ResNet-18 32 px on an H200: 1.022-1.044x, for a compile minutes longer
-            long.append(("compile_tuning", "speed", "compile_tuning", True))
+        # the start trial resolved their "auto" as its own short run does (off): each is tried on here
+        if s.compile_tiling != "on":  # ResNet-50 224 on an H200: 1.057x, for a compile 2-2.5 min longer
+            long.append(("compile_tiling", "speed", "compile_tiling", "on"))
+        if s.compile_tuning != "on":  # ResNet-18 32 px on an H200: 1.022-1.044x, for a compile minutes longer
+            long.append(("compile_tuning", "speed", "compile_tuning", "on"))
         if s.compile != "max-autotune-no-cudagraphs":  # the longest compile of all: the very last trial
             long.append(("compile", "speed", "compile", "max-autotune-no-cudagraphs"))
     data = []

@@ -19,6 +19,7 @@ from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.data.loader import build_loader, decodes_on_gpu
 from cnnpar.dist import DistInfo
+from cnnpar.engine.resolved import long_compiles_resolved
 from cnnpar.engine.train_step import Batch
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError
@@ -58,6 +59,7 @@ def continue_as(trainer: Trainer, cfg: Config) -> None:
         new = replace(new, run=replace(new.run, batch_size=trainer.cfg.run.batch_size), optim=trainer.cfg.optim)
     run = trainer.cfg.run  # what build_trainer set for measuring (no progress bar, resume or run name)
     new = replace(new, run=replace(new.run, progress=run.progress, resume=run.resume, name=run.name))
+    new, _ = long_compiles_resolved(new, len(trainer.bundle.train), trainer.info.world_size)  # as the Trainer does
     changed = changed_switches(trainer.cfg, new)
     if changed - IN_PLACE:
         names = ", ".join(f"{s}.{f}" for s, f in sorted(changed - IN_PLACE))

@@ -40,6 +40,30 @@ def data_resolved(cfg: Config, bundle: DataBundle, train_loader: DeviceFeeder, g
     )
 
 
+def long_compiles_resolved(cfg: Config, train_samples: int, world_size: int) -> tuple[Config, str]:
+    """`compile_tiling` and `compile_tuning` at "auto" settled by the run's length (presets.long_compiles_default),
+    and a line saying why where the rule had something to weigh (a compiled run on CUDA); "" otherwise.
+
+    Known only once the data and the batch size are: a process trains epochs x its share of the samples, or
+    fewer where max_steps stops each epoch early."""
+    from cnnpar.presets import long_compiles_default
+
+    s, r = cfg.speed, cfg.run
+    auto = [name for name in ("compile_tiling", "compile_tuning") if getattr(s, name) == "auto"]
+    if not auto:
+        return cfg, ""
+    per_epoch = train_samples // max(1, world_size)
+    if r.max_steps:
+        per_epoch = min(per_epoch, r.max_steps * cfg.optim.grad_accum * r.batch_size)
+    images = per_epoch * r.epochs
+    on, why = long_compiles_default(cfg.model.name, s.device, s.compile, images)
+    cfg = replace(cfg, speed=replace(s, **{name: "on" if on else "off" for name in auto}))
+    if s.device != "cuda" or s.compile == "off":
+        return cfg, ""
+    names = " and ".join(f"--{name.replace('_', '-')}" for name in auto)
+    return cfg, f"long compiles: {names} {'on' if on else 'off'} ({why})"
+
+
 REQUESTED = "# requested: "
 
 

@@ -42,7 +42,7 @@ from cnnpar.engine.optim import (
     scaled_lr,
     set_bias_trains,
 )
-from cnnpar.engine.resolved import data_resolved, requested_lines
+from cnnpar.engine.resolved import data_resolved, long_compiles_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
 from cnnpar.engine.step import eval_batch
@@ -141,6 +141,8 @@ class Trainer:
         self.batch_line = ""
         if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
             self.cfg = cfg = self._choose_batch_size(cfg)
+        cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), info.world_size)
+        self.cfg = cfg
         self.model = parallelize(
             self.raw_model,
             info,
@@ -150,8 +152,8 @@ class Trainer:
             ddp_bucket_mb=cfg.dist.ddp_bucket_mb,
             ddp_static_graph=cfg.dist.ddp_static_graph,
             ddp_broadcast_buffers=cfg.dist.ddp_broadcast_buffers,
-            compile_tuning=cfg.speed.compile_tuning,
-            compile_tiling=cfg.speed.compile_tiling,
+            compile_tuning=cfg.speed.compile_tuning == "on",
+            compile_tiling=cfg.speed.compile_tiling == "on",
             stem_space_to_depth=cfg.speed.stem_space_to_depth == "on",
         )
         self.raw_model = unwrap(self.model)  # SyncBN conversion may have replaced the module
@@ -518,6 +520,8 @@ class Trainer:
             line = stem_line(blocked, self.requested_cfg.speed.stem_space_to_depth)
             if line:
                 self.log(line)
+        if self.long_compiles_line:
+            self.log(self.long_compiles_line)
         if self.stream.describe():
             self.log(f"training stream: {self.stream.describe()}")
         if info.device.type == "cuda":

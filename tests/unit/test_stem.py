@@ -116,8 +116,10 @@ def test_a_config_written_when_the_switch_was_a_bool_still_loads(tmp_path):
     assert load_toml(path).speed.stem_space_to_depth == "on"
     path.write_text("[speed]\nstem_space_to_depth = false\n")
     assert load_toml(path).speed.stem_space_to_depth == "off"
-    path.write_text('[speed]\ncompile_tuning = "on"\n')  # a real bool field still takes only a bool
-    with pytest.raises(ConfigError, match="compile_tuning = 'on': expected a value of type bool"):
+    path.write_text("[speed]\ncompile_tiling = true\n")  # a switch until session 17
+    assert load_toml(path).speed.compile_tiling == "on"
+    path.write_text('[speed]\ncudnn_benchmark = "on"\n')  # a real bool field still takes only a bool
+    with pytest.raises(ConfigError, match="cudnn_benchmark = 'on': expected a value of type bool"):
         load_toml(path)
 
 

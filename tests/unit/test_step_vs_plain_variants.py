@@ -13,12 +13,12 @@ from step_vs_plain import aten_fallbacks, parse_variant  # noqa: E402
 
 def test_fields_and_inductor_options_take_their_defaults_types():
     parsed = parse_variant(
-        "compile=default,compile_tuning=1,cuda_graphs=on,inductor.coordinate_descent_search_radius=2,"
+        "compile=default,compile_tuning=on,cuda_graphs=on,inductor.coordinate_descent_search_radius=2,"
         "inductor.triton.cudagraphs=off,fallback.max_pool2d_with_indices_backward=1"
     )
     speed, inductor = parsed["speed"], parsed["inductor"]
     assert parsed["fallback"] == ["max_pool2d_with_indices_backward"]
-    assert speed == {"compile": "default", "compile_tuning": True, "cuda_graphs": "on"}
+    assert speed == {"compile": "default", "compile_tuning": "on", "cuda_graphs": "on"}
     assert inductor == {"coordinate_descent_search_radius": 2, "triton.cudagraphs": False}
     assert type(inductor["coordinate_descent_search_radius"]) is int  # not True, which 1 would also read as
 
@@ -26,7 +26,8 @@ def test_fields_and_inductor_options_take_their_defaults_types():
 @pytest.mark.parametrize(
     "spec, says",
     [
-        ("compile_tuning=yes", "compile_tuning=yes, expected one of"),  # a string would read as true
+        ("cudnn_benchmark=yes", "cudnn_benchmark=yes, expected one of"),  # a string would read as true
+        ("compile_tuning=1", "compile_tuning = '1': expected one of auto, on, off"),  # on/off since session 17
         ("inductor.coordinate_descent_search_radius=wide", "expected a int"),
         ("inductor.no_such_option=1", "has no inductor option 'no_such_option'"),
         ("batch=512", "is not a SpeedConfig field"),

@@ -133,7 +133,7 @@ def test_compile_tuning_tunes_this_models_compile_and_no_other(monkeypatch):
 
     seen = []
     monkeypatch.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
-    for tuning in (False, True):
+    for tuning in ("off", "on"):
         build_trainer(with_overrides(small(), speed={"compile": "default", "compile_tuning": tuning}), CPU).close()
     assert seen == [{"mode": None}, {"options": {"coordinate_descent_tuning": True}}]
     assert inductor_config.coordinate_descent_tuning is False  # the process's other compiles stay untuned
@@ -161,7 +161,7 @@ def test_compile_tiling_changes_this_models_compile_and_no_other(monkeypatch):
 
     seen = []
     monkeypatch.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
-    build_trainer(with_overrides(small(), speed={"compile": "default", "compile_tiling": True}), CPU).close()
+    build_trainer(with_overrides(small(), speed={"compile": "default", "compile_tiling": "on"}), CPU).close()
     assert seen == [{"options": {"triton.prefer_nd_tiling": True, "max_autotune_pointwise": True}}]
     assert inductor_config.triton.prefer_nd_tiling is False and inductor_config.max_autotune_pointwise is False
     # beside tuning and a named mode: all three sets of options in one dict
@@ -250,7 +250,7 @@ def test_on_cuda_compile_tiling_compiles_with_triton_and_trains_as_the_default_c
         run={"batch_size": 32},
     )
     losses = {}
-    for tiling in (False, True):
+    for tiling in ("off", "on"):
         trainer = build_trainer(with_overrides(cfg, speed={"compile_tiling": tiling}), CUDA)
         try:
             losses[tiling] = trainer.train_epoch(1)["train_loss"]
@@ -258,4 +258,4 @@ def test_on_cuda_compile_tiling_compiles_with_triton_and_trains_as_the_default_c
             trainer.close()
     assert all(math.isfinite(v) for v in losses.values())
     # the same seed and data: other kernels, the same arithmetic up to bf16 rounding
-    assert abs(losses[True] - losses[False]) <= 0.05 * abs(losses[False]), losses
+    assert abs(losses["on"] - losses["off"]) <= 0.05 * abs(losses["off"]), losses

@@ -56,6 +56,9 @@ class FakeMachine:
                     else cfg.speed.stem_space_to_depth
                 ),
                 "device": self.facts["device_type"],
+                # a trial's run is short: the long compiles' "auto" is off there (presets.long_compiles_default)
+                "compile_tuning": "off" if cfg.speed.compile_tuning == "auto" else cfg.speed.compile_tuning,
+                "compile_tiling": "off" if cfg.speed.compile_tiling == "auto" else cfg.speed.compile_tiling,
             },
             "data": {"resident": "on" if cfg.data.resident == "auto" else cfg.data.resident, "workers": 0},
         }
@@ -145,8 +148,8 @@ def test_trials_go_batch_compile_data_precision_and_a_bf16_gpu_tries_no_fp32(tmp
     assert ("precision", "fp32") not in tried
     assert tried[-4:] == [
         ("precision", "fp16"),
-        ("compile_tiling", "True"),
-        ("compile_tuning", "True"),
+        ("compile_tiling", "on"),
+        ("compile_tuning", "on"),
         ("compile", "max-autotune-no-cudagraphs"),
     ]
     assert ("compile", "off") in tried and ("cuda_graphs", "off") in tried and ("resident", "off") in tried
@@ -291,11 +294,13 @@ def test_the_stem_fact_sees_the_7x7_stem_before_and_after_its_rewrite_and_not_a_
 
 
 def test_a_gpu_tries_compile_tuning_on_a_compiled_best_and_keeps_it_in_tuned_toml(tmp_path):
-    m = FakeMachine(rate=lambda c: 1050.0 if c.speed.compile_tuning else 1000.0, cost=lambda c: 1.0)
+    m = FakeMachine(rate=lambda c: 1050.0 if c.speed.compile_tuning == "on" else 1000.0, cost=lambda c: 1.0)
     best, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
     [t] = [t for t in trials if t.switch == "compile_tuning"]
-    assert (t.group, t.value, t.status) == ("long compiles", "True", tune_mod.KEPT)
-    assert best.speed.compile_tuning and load_toml(tmp_path / "tuned.toml").speed.compile_tuning
+    assert (t.group, t.value, t.status) == ("long compiles", "on", tune_mod.KEPT)
+    assert best.speed.compile_tuning == "on" and load_toml(tmp_path / "tuned.toml").speed.compile_tuning == "on"
+    # the tiling trial lost: the file pins the "off" the start ran with, not an "auto" a long run would turn on
+    assert best.speed.compile_tiling == "off" and load_toml(tmp_path / "tuned.toml").speed.compile_tiling == "off"
 
 
 def test_compile_tuning_is_skipped_saying_why_when_the_best_runs_uncompiled(tmp_path):
@@ -305,13 +310,13 @@ def test_compile_tuning_is_skipped_saying_why_when_the_best_runs_uncompiled(tmp_
     [t] = [t for t in trials if t.switch == "compile_tuning"]
     assert best.speed.compile == "off" and t.status == tune_mod.SKIPPED
     assert t.note == "tunes a compile in default or reduce-overhead mode; the best so far has off"
-    assert not any(c.speed.compile_tuning for _, _, c in m.calls)  # never measured
+    assert not any(c.speed.compile_tuning == "on" for _, _, c in m.calls)  # never measured
     [tiling] = [t for t in trials if t.switch == "compile_tiling"]  # nor inductor's tiling, with nothing compiled
     assert (
         tiling.status == tune_mod.SKIPPED
         and tiling.note == "changes the compiled kernels; the best so far runs uncompiled"
     )
-    assert not any(c.speed.compile_tiling for _, _, c in m.calls)
+    assert not any(c.speed.compile_tiling == "on" for _, _, c in m.calls)
     cpu = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0, facts={**CUDA_FACTS, "device_type": "cpu"})
     _, trials = cpu.tune(Config(), 600, tmp_path / "cpu.toml")
     assert not [t for t in trials if t.switch in ("compile_tuning", "compile_tiling")]  # GPU levers, GPU-measured
@@ -324,7 +329,7 @@ def test_a_long_compile_cut_off_at_its_limit_costs_no_other_trial_its_time(tmp_p
     def cost(cfg: Config) -> float:
         if cfg.speed.compile == "max-autotune-no-cudagraphs":
             return 10_000.0
-        return 40.0 + 130.0 * cfg.speed.compile_tuning + 55.0 * cfg.speed.compile_tiling
+        return 40.0 + 130.0 * (cfg.speed.compile_tuning == "on") + 55.0 * (cfg.speed.compile_tiling == "on")
 
     def long_compiles(budget: float) -> list[tuple[str, str]]:
         m = FakeMachine(rate=lambda c: 1000.0, cost=cost)

@@ -1,0 +1,118 @@
+"""The long compiles (--compile-tiling, --compile-tuning) at "auto": on only where a run is long enough to repay
+them (presets.long_compiles_default), settled once the data and batch size are known, said on a line, stored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cnnpar.config import Config, load_toml
+from cnnpar.dist import DistInfo
+from cnnpar.engine.harness import build_trainer
+from cnnpar.engine.resolved import long_compiles_resolved
+from cnnpar.presets import LONG_RUN_IMAGES, long_compiles_default, with_overrides
+
+CPU = DistInfo(0, 0, 1, torch.device("cpu"))
+
+
+def resnet50_on_cuda(epochs: int, batch: int = 256, **speed) -> Config:
+    return with_overrides(
+        Config(),
+        model={"name": "resnet50"},
+        speed={"device": "cuda", "compile": "default", **speed},
+        run={"epochs": epochs, "batch_size": batch},
+    )
+
+
+def test_the_rule_turns_them_on_only_for_a_long_compiled_resnet50_run_on_cuda():
+    long = LONG_RUN_IMAGES
+    assert long_compiles_default("resnet50", "cuda", "default", long)[0]
+    assert long_compiles_default("resnet50", "cuda", "reduce-overhead", 10 * long)[0]
+    assert not long_compiles_default("resnet50", "cuda", "default", long - 1)[0]
+    assert not long_compiles_default("resnet50", "cpu", "default", 10 * long)[0]
+    assert not long_compiles_default("resnet18", "cuda", "default", 10 * long)[0]  # measured not to pay there
+    assert not long_compiles_default("resnet50", "cuda", "max-autotune", 10 * long)[0]  # it tunes on its own
+    on, why = long_compiles_default("resnet50", "cuda", "default", 115_200_000)
+    assert on and why.startswith("auto: 115,200,000 images a process, at least 40,000,000: ResNet-50's step ran")
+    on, why = long_compiles_default("resnet50", "cuda", "default", 72_000)
+    assert not on and why.startswith("auto: 72,000 images a process, under the 40,000,000 from which")
+
+
+def test_a_process_counts_its_share_of_the_samples_over_all_epochs_or_what_max_steps_leaves():
+    imagenet = 1_281_167
+    cfg, line = long_compiles_resolved(resnet50_on_cuda(epochs=90), imagenet, world_size=1)
+    assert (cfg.speed.compile_tiling, cfg.speed.compile_tuning) == ("on", "on")
+    assert line == (
+        "long compiles: --compile-tiling and --compile-tuning on (auto: 115,305,030 images a process, at least "
+        "40,000,000: ResNet-50's step ran 1.085-1.088x as fast on an H200 for up to ~7 minutes more of compile)"
+    )
+    # the same 90 epochs over 8 processes: each trains an eighth, under the threshold
+    cfg, line = long_compiles_resolved(resnet50_on_cuda(epochs=90), imagenet, world_size=8)
+    assert (cfg.speed.compile_tiling, cfg.speed.compile_tuning) == ("off", "off")
+    assert "14,413,050 images a process" in line and " off (" in line
+    # max_steps stops each epoch early: 10 steps of 256 a process, 90 times
+    short = with_overrides(resnet50_on_cuda(epochs=90), run={"max_steps": 10})
+    cfg, line = long_compiles_resolved(short, imagenet, world_size=1)
+    assert cfg.speed.compile_tiling == "off" and "230,400 images a process" in line
+
+
+def test_a_choice_of_the_users_stands_and_only_the_auto_one_is_resolved():
+    cfg, line = long_compiles_resolved(resnet50_on_cuda(epochs=90, compile_tiling="off"), 1_281_167, 1)
+    assert (cfg.speed.compile_tiling, cfg.speed.compile_tuning) == ("off", "on")
+    assert line.startswith("long compiles: --compile-tuning on (auto: 115,305,030 images")
+    both = resnet50_on_cuda(epochs=1, compile_tiling="on", compile_tuning="off")
+    assert long_compiles_resolved(both, 1_281_167, 1) == (both, "")
+
+
+def test_nothing_is_said_where_there_is_nothing_to_weigh_but_auto_is_still_resolved():
+    for cfg in (
+        with_overrides(resnet50_on_cuda(epochs=90), speed={"device": "cpu"}),
+        with_overrides(resnet50_on_cuda(epochs=90), speed={"compile": "off"}),
+    ):
+        resolved, line = long_compiles_resolved(cfg, 1_281_167, 1)
+        assert line == ""
+        assert (resolved.speed.compile_tiling, resolved.speed.compile_tuning) == ("off", "off")
+
+
+def small_cpu(**speed) -> Config:
+    return with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x8x8", "synthetic_samples": 64},
+        model={"name": "cnn3"},
+        speed={"device": "cpu", "precision": "fp32", "channels_last": "off", "compile": "default", **speed},
+        run={"batch_size": 8, "epochs": 1},
+    )
+
+
+def test_a_run_the_rule_turns_them_on_for_compiles_with_both_and_stores_on_beside_the_requested_auto(
+    monkeypatch, tmp_path
+):
+    from cnnpar.parallel import apply
+
+    seen = []
+    monkeypatch.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    monkeypatch.setattr("cnnpar.presets.long_compiles_default", lambda *a: (True, "auto: on, a test's rule"))
+    trainer = build_trainer(with_overrides(small_cpu(), run={"out_dir": str(tmp_path)}), CPU)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    [kw] = seen
+    options = kw["options"]
+    assert options["coordinate_descent_tuning"] and options["triton.prefer_nd_tiling"]
+    stored = (trainer.run_dir / "config.toml").read_text()
+    assert "# requested: speed.compile_tiling = 'auto'" in stored
+    assert "# requested: speed.compile_tuning = 'auto'" in stored
+    assert load_toml(trainer.run_dir / "config.toml").speed.compile_tiling == "on"
+
+
+def test_a_short_run_compiles_as_before():
+    from cnnpar.parallel import apply
+
+    seen = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
+        trainer = build_trainer(small_cpu(), CPU)
+        trainer.close()
+    assert seen == [{"mode": None}]
+    assert (trainer.cfg.speed.compile_tiling, trainer.cfg.speed.compile_tuning) == ("off", "off")
