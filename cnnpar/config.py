@@ -486,6 +486,11 @@ MACHINE_FIELDS = {
 }
 
 
+# The speed fields whose "auto" the run's length settles, once its data and batch size are known
+# (engine/resolved.long_compiles_resolved); also in MACHINE_FIELDS, so a resumed run settles them again.
+LONG_COMPILES = ("compile_tiling", "compile_tuning")
+
+
 def resolve_decode(requested: str, cuda: bool, engines: str | None = None) -> tuple[str, str]:
     """The image-folder decoder and why, for a printed line: a rule from measurements, not a guess.
 

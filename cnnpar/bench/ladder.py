@@ -24,7 +24,7 @@ from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import continue_as
-from cnnpar.engine.resolved import long_compiles_resolved
+from cnnpar.engine.resolved import as_measured
 from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
@@ -168,10 +168,9 @@ def plan_ladder(base: Config, device: torch.device, bundle: DataBundle) -> list[
         reason = _skip_reason(rung, cfg, device, bundle)
         if reason:
             cfg = current
-        # the long compiles' "auto" as the rung's Trainer settles it (a ladder's runs are short: off), so that the
-        # row says what ran
-        resolved, _ = long_compiles_resolved(resolve_for(cfg, device), len(bundle.train), 1)
-        plan.append(PlannedRung(i, rung, resolved, parent, reason))
+        # as_measured: the long compiles' "auto" as the rung's Trainer (build_trainer) settles it, so that the row
+        # says what ran
+        plan.append(PlannedRung(i, rung, as_measured(resolve_for(cfg, device)), parent, reason))
         if not reason and not rung.branch:
             current, parent = cfg, rung.name
     return plan

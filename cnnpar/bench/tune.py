@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cnnpar.config import MACHINE_FIELDS, Config, dumps_toml, from_dict, to_dict
+from cnnpar.config import LONG_COMPILES, MACHINE_FIELDS, Config, dumps_toml, from_dict, to_dict
 from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.report.files import write_csv_atomic, write_text_atomic
 
@@ -332,9 +332,14 @@ class Tuner:
 
 
 def merge_resolved(cfg: Config, resolved: dict[str, dict]) -> Config:
+    """`cfg` with what its trial resolved, except the long compiles' "auto": a trial is a short run, where it is
+    off, and tuned.toml must not pin that off for the long run it is meant for (`tune` pins "off" only where a
+    trial measured "on" and did not keep it)."""
     raw = to_dict(cfg)
     for sec, values in resolved.items():
         raw[sec].update(values)
+    for name in LONG_COMPILES:
+        raw["speed"][name] = getattr(cfg.speed, name) if getattr(cfg.speed, name) == "auto" else raw["speed"][name]
     return from_dict(raw, origin="tune trial")
 
 
@@ -371,7 +376,9 @@ def tune(
             if why:  # recorded, not measured
                 tuner.trials.append(Trial(group, label, str(value), SKIPPED, note=why))
                 continue
-            tuner.attempt(group, label, value, with_switch(tuner.best_cfg, section, name, value))
+            t = tuner.attempt(group, label, value, with_switch(tuner.best_cfg, section, name, value))
+            if name in LONG_COMPILES and t.status == OK:  # measured, not faster enough to keep: off, not auto
+                tuner.best_cfg = with_switch(tuner.best_cfg, section, name, "off")
     tuner.write()  # the trials after the last improvement (skipped, cut off) go into the CSV too
     return tuner.best_cfg, tuner.trials
 

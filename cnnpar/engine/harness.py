@@ -19,7 +19,7 @@ from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.data.loader import build_loader, decodes_on_gpu
 from cnnpar.dist import DistInfo
-from cnnpar.engine.resolved import long_compiles_resolved
+from cnnpar.engine.resolved import as_measured
 from cnnpar.engine.train_step import Batch
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError
@@ -33,8 +33,9 @@ IN_PLACE = frozenset({("speed", "cuda_graphs"), ("data", "resident")})
 
 
 def build_trainer(cfg: Config, info: DistInfo, bundle: DataBundle | None = None) -> Trainer:
-    """A Trainer for measuring: no progress bar, no resume, a fresh run name (no folder is made)."""
-    cfg = replace(cfg, run=replace(cfg.run, progress=False, resume="", name=""))
+    """A Trainer for measuring: no progress bar, no resume, a fresh run name (no folder is made), and the long
+    compiles' "auto" off (`as_measured`)."""
+    cfg = as_measured(replace(cfg, run=replace(cfg.run, progress=False, resume="", name="")))
     return Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
 
 
@@ -54,12 +55,11 @@ def continue_as(trainer: Trainer, cfg: Config) -> None:
 
     CUDA graphs go only from off to on (graphs once captured stay), and only where a new Trainer
     would use them (`Trainer._graphs_allowed`, which says why not)."""
-    new = resolve_for(cfg, trainer.info.device)
+    new = resolve_for(as_measured(cfg), trainer.info.device)  # as build_trainer built it
     if new.run.batch_size == 0:  # --batch-size auto: the batch (and lr) the trainer measured for itself
         new = replace(new, run=replace(new.run, batch_size=trainer.cfg.run.batch_size), optim=trainer.cfg.optim)
     run = trainer.cfg.run  # what build_trainer set for measuring (no progress bar, resume or run name)
     new = replace(new, run=replace(new.run, progress=run.progress, resume=run.resume, name=run.name))
-    new, _ = long_compiles_resolved(new, len(trainer.bundle.train), trainer.info.world_size)  # as the Trainer does
     changed = changed_switches(trainer.cfg, new)
     if changed - IN_PLACE:
         names = ", ".join(f"{s}.{f}" for s, f in sorted(changed - IN_PLACE))

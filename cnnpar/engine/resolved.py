@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
-from cnnpar.config import SECTIONS, Config
+import torch
+
+from cnnpar.config import LONG_COMPILES, SECTIONS, Config
 from cnnpar.data import DataBundle
 from cnnpar.data.loader import DeviceFeeder, ResidentLoader
 from cnnpar.data.sources import detect_format
@@ -45,23 +47,39 @@ def long_compiles_resolved(cfg: Config, train_samples: int, world_size: int) -> 
     and a line saying why where the rule had something to weigh (a compiled run on CUDA); "" otherwise.
 
     Known only once the data and the batch size are: a process trains epochs x its share of the samples, or
-    fewer where max_steps stops each epoch early."""
+    fewer where max_steps stops each epoch early. A resumed run counts all its epochs, as the first start did, so
+    that both compile alike. Tiling stays off, saying so, on a torch whose inductor lacks its options (an "auto"
+    must not fail where an explicit "on" would)."""
+    from cnnpar.parallel.apply import TILING_OPTIONS, inductor_option_names
     from cnnpar.presets import long_compiles_default
 
     s, r = cfg.speed, cfg.run
-    auto = [name for name in ("compile_tiling", "compile_tuning") if getattr(s, name) == "auto"]
+    auto = [name for name in LONG_COMPILES if getattr(s, name) == "auto"]
     if not auto:
         return cfg, ""
     per_epoch = train_samples // max(1, world_size)
     if r.max_steps:
         per_epoch = min(per_epoch, r.max_steps * cfg.optim.grad_accum * r.batch_size)
-    images = per_epoch * r.epochs
-    on, why = long_compiles_default(cfg.model.name, s.device, s.compile, images)
-    cfg = replace(cfg, speed=replace(s, **{name: "on" if on else "off" for name in auto}))
+    on, why = long_compiles_default(cfg.model.name, s.device, s.compile, per_epoch * r.epochs)
+    chosen = {name: "on" if on else "off" for name in auto}
+    if on and "compile_tiling" in auto:
+        missing = sorted(set(TILING_OPTIONS) - inductor_option_names())
+        if missing:
+            chosen["compile_tiling"] = "off"
+            why += f"; tiling off: torch {torch.__version__}'s inductor has no {', '.join(missing)}"
+    cfg = replace(cfg, speed=replace(s, **chosen))
     if s.device != "cuda" or s.compile == "off":
         return cfg, ""
-    names = " and ".join(f"--{name.replace('_', '-')}" for name in auto)
-    return cfg, f"long compiles: {names} {'on' if on else 'off'} ({why})"
+    said = [f"--{name.replace('_', '-')} {value}" for name, value in chosen.items()]
+    return cfg, f"long compiles: {', '.join(said)} ({why})"
+
+
+def as_measured(cfg: Config) -> Config:
+    """The long compiles' "auto" as a measuring run resolves it: off. The doctor, bench, ladder, tuner and profiler
+    time a few steps, not the epochs the config names, so they never pay minutes of compile that a long run
+    would repay; an explicit "on" is measured as asked."""
+    off = {name: "off" for name in LONG_COMPILES if getattr(cfg.speed, name) == "auto"}
+    return replace(cfg, speed=replace(cfg.speed, **off))
 
 
 REQUESTED = "# requested: "

@@ -3,13 +3,13 @@ them (presets.long_compiles_default), settled once the data and batch size are k
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from cnnpar.config import Config, load_toml
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import long_compiles_resolved
+from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import LONG_RUN_IMAGES, long_compiles_default, with_overrides
 
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
@@ -43,13 +43,13 @@ def test_a_process_counts_its_share_of_the_samples_over_all_epochs_or_what_max_s
     cfg, line = long_compiles_resolved(resnet50_on_cuda(epochs=90), imagenet, world_size=1)
     assert (cfg.speed.compile_tiling, cfg.speed.compile_tuning) == ("on", "on")
     assert line == (
-        "long compiles: --compile-tiling and --compile-tuning on (auto: 115,305,030 images a process, at least "
+        "long compiles: --compile-tiling on, --compile-tuning on (auto: 115,305,030 images a process, at least "
         "40,000,000: ResNet-50's step ran 1.085-1.088x as fast on an H200 for up to ~7 minutes more of compile)"
     )
     # the same 90 epochs over 8 processes: each trains an eighth, under the threshold
     cfg, line = long_compiles_resolved(resnet50_on_cuda(epochs=90), imagenet, world_size=8)
     assert (cfg.speed.compile_tiling, cfg.speed.compile_tuning) == ("off", "off")
-    assert "14,413,050 images a process" in line and " off (" in line
+    assert "14,413,050 images a process" in line and "--compile-tiling off, --compile-tuning off (" in line
     # max_steps stops each epoch early: 10 steps of 256 a process, 90 times
     short = with_overrides(resnet50_on_cuda(epochs=90), run={"max_steps": 10})
     cfg, line = long_compiles_resolved(short, imagenet, world_size=1)
@@ -92,11 +92,8 @@ def test_a_run_the_rule_turns_them_on_for_compiles_with_both_and_stores_on_besid
     seen = []
     monkeypatch.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
     monkeypatch.setattr("cnnpar.presets.long_compiles_default", lambda *a: (True, "auto: on, a test's rule"))
-    trainer = build_trainer(with_overrides(small_cpu(), run={"out_dir": str(tmp_path)}), CPU)
-    try:
-        trainer.fit()
-    finally:
-        trainer.close()
+    trainer = Trainer(with_overrides(small_cpu(), run={"out_dir": str(tmp_path), "progress": False}), CPU)
+    trainer.fit()  # as `cnnpar train` runs it (cli.py)
     [kw] = seen
     options = kw["options"]
     assert options["coordinate_descent_tuning"] and options["triton.prefer_nd_tiling"]
@@ -106,13 +103,28 @@ def test_a_run_the_rule_turns_them_on_for_compiles_with_both_and_stores_on_besid
     assert load_toml(trainer.run_dir / "config.toml").speed.compile_tiling == "on"
 
 
-def test_a_short_run_compiles_as_before():
+def test_a_measuring_trainer_compiles_as_a_short_run_even_for_a_long_config_but_measures_an_explicit_on(monkeypatch):
+    # the doctor, bench, ladder, tuner and profiler time a few steps of the user's config (build_trainer)
     from cnnpar.parallel import apply
 
     seen = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
-        trainer = build_trainer(small_cpu(), CPU)
-        trainer.close()
-    assert seen == [{"mode": None}]
-    assert (trainer.cfg.speed.compile_tiling, trainer.cfg.speed.compile_tuning) == ("off", "off")
+    monkeypatch.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    monkeypatch.setattr("cnnpar.presets.long_compiles_default", lambda *a: (True, "auto: on, a test's rule"))
+    build_trainer(small_cpu(), CPU).close()
+    build_trainer(small_cpu(compile_tiling="on"), CPU).close()
+    assert seen == [{"mode": None}, {"options": {"triton.prefer_nd_tiling": True, "max_autotune_pointwise": True}}]
+    trainer = Trainer(small_cpu(), CPU, log=lambda *a: None)  # the same config trained: the rule decides
+    trainer.close()
+    assert seen[-1]["options"]["coordinate_descent_tuning"] and seen[-1]["options"]["triton.prefer_nd_tiling"]
+
+
+def test_an_auto_the_rule_turns_on_keeps_tiling_off_on_a_torch_without_its_options(monkeypatch):
+    from cnnpar.parallel import apply
+
+    have = apply.inductor_option_names()
+    monkeypatch.setattr(apply, "inductor_option_names", lambda: have - {"triton.prefer_nd_tiling"})
+    cfg, line = long_compiles_resolved(resnet50_on_cuda(epochs=90), 1_281_167, 1)
+    assert (cfg.speed.compile_tiling, cfg.speed.compile_tuning) == ("off", "on")
+    assert line.startswith("long compiles: --compile-tiling off, --compile-tuning on (auto: 115,305,030")
+    assert "; tiling off: torch " in line and "inductor has no triton.prefer_nd_tiling)" in line
+    # an explicit "on" still fails, naming the field (apply.compile_options), as before

@@ -341,5 +341,9 @@ def test_a_long_compile_cut_off_at_its_limit_costs_no_other_trial_its_time(tmp_p
     # ZZF's budget: the tiling fits, the tuning is cut off at its limit, saying so, and max-autotune has no
     # time left (the price of the tiling trial there: ZZF measured the tuning at 1.04x within 540 s)
     assert long_compiles(540) == [("compile_tiling", "ok"), ("compile_tuning", CUT_OFF), ("compile", "skipped")]
+    # tuned.toml: the tiling measured and not kept is pinned off; the tuning, never measured, keeps its "auto" for
+    # the long run the file is for (the start trial's short run resolved it off, which must not stick)
+    tuned = load_toml(tmp_path / "tuned540.toml").speed
+    assert (tuned.compile_tiling, tuned.compile_tuning) == ("off", "auto")
     # with a minute more both fit, and max-autotune alone pays for its compile
     assert long_compiles(660) == [("compile_tiling", "ok"), ("compile_tuning", "ok"), ("compile", CUT_OFF)]
