@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -887,6 +887,12 @@ s17c)
   # (7,545 against 7,139 at b256 in ZZK; b512 added 1-2 % to the best b256 variant in ZS)
   TAIL=8 logged step_rn50_b512_tiling 500 python3 benchmarks/step_vs_plain.py --cases resnet50:224:512 \
       --plain "${PLAIN:-none}" --variants "${VARIANTS:-compile_tiling=on}" --out "$R/step_rn50_b512_tiling.csv"
+  ;;
+s17d)
+  # session 17, call F (one H200, ~4 min with a cold start): the CUDA tests of the compile switches now auto/on/off:
+  # --compile-tiling on through torch.compile(options=...) on ResNet-18, and the long-run rule on a CUDA Trainer
+  TAIL=8 logged gpu_tests 300 python3 -m pytest -q -m gpu tests/unit/test_train_step.py \
+      tests/unit/test_long_compiles.py -p no:cacheprovider --durations=5
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

@@ -3,6 +3,7 @@ them (presets.long_compiles_default), settled once the data and batch size are k
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from cnnpar.config import Config, load_toml
@@ -128,3 +129,28 @@ def test_an_auto_the_rule_turns_on_keeps_tiling_off_on_a_torch_without_its_optio
     assert line.startswith("long compiles: --compile-tiling off, --compile-tuning on (auto: 115,305,030")
     assert "; tiling off: torch " in line and "inductor has no triton.prefer_nd_tiling)" in line
     # an explicit "on" still fails, naming the field (apply.compile_options), as before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_long_resnet50_run_resolves_both_on_says_so_and_compiles_with_both(monkeypatch):
+    # the rule on a real CUDA device's resolution (resolve_for: device, compile auto -> default); not compiled
+    from cnnpar.parallel import apply
+
+    seen = []
+    monkeypatch.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x64x64", "synthetic_samples": 512},
+        model={"name": "resnet50"},
+        run={"batch_size": 64, "epochs": 200_000, "progress": False},
+    )
+    trainer = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cuda")), log=lambda *a: None)
+    try:
+        assert (trainer.cfg.speed.compile, trainer.cfg.speed.compile_tiling) == ("default", "on")
+        assert trainer.cfg.speed.compile_tuning == "on"
+        assert trainer.long_compiles_line.startswith("long compiles: --compile-tiling on, --compile-tuning on (auto: ")
+        [kw] = seen
+        assert kw["options"]["coordinate_descent_tuning"] and kw["options"]["triton.prefer_nd_tiling"]
+    finally:
+        trainer.close()
