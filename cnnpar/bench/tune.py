@@ -379,6 +379,7 @@ def tune(
             t = tuner.attempt(group, label, value, with_switch(tuner.best_cfg, section, name, value))
             if name in LONG_COMPILES and t.status == OK:  # measured, not faster enough to keep: off, not auto
                 tuner.best_cfg = with_switch(tuner.best_cfg, section, name, "off")
+                tuner.write()  # on disk now: the next trial (max-autotune, the longest) may be interrupted
     tuner.write()  # the trials after the last improvement (skipped, cut off) go into the CSV too
     return tuner.best_cfg, tuner.trials
 

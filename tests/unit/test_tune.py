@@ -299,7 +299,7 @@ def test_a_gpu_tries_compile_tuning_on_a_compiled_best_and_keeps_it_in_tuned_tom
     [t] = [t for t in trials if t.switch == "compile_tuning"]
     assert (t.group, t.value, t.status) == ("long compiles", "on", tune_mod.KEPT)
     assert best.speed.compile_tuning == "on" and load_toml(tmp_path / "tuned.toml").speed.compile_tuning == "on"
-    # the tiling trial lost: the file pins the "off" the start ran with, not an "auto" a long run would turn on
+    # the tiling trial was measured and not kept: the file says off, not the "auto" a long run would turn on
     assert best.speed.compile_tiling == "off" and load_toml(tmp_path / "tuned.toml").speed.compile_tiling == "off"
 
 
@@ -347,3 +347,24 @@ def test_a_long_compile_cut_off_at_its_limit_costs_no_other_trial_its_time(tmp_p
     assert (tuned.compile_tiling, tuned.compile_tuning) == ("off", "auto")
     # with a minute more both fit, and max-autotune alone pays for its compile
     assert long_compiles(660) == [("compile_tiling", "ok"), ("compile_tuning", "ok"), ("compile", CUT_OFF)]
+
+
+def test_a_long_compile_measured_and_not_kept_is_off_on_disk_before_the_next_trial_starts(tmp_path):
+    # a tuner stopped during max-autotune (the longest trial; Ctrl-C, SIGTERM) leaves a tuned.toml that a long run
+    # loads: it must not say "auto" for a long compile this machine measured as not worth keeping
+    class Stopped(Exception):
+        pass
+
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0)
+    measure = m.run_trial
+
+    def run_trial(cfg: Config, limit: float):
+        if cfg.speed.compile == "max-autotune-no-cudagraphs":
+            raise Stopped
+        return measure(cfg, limit)
+
+    m.run_trial = run_trial
+    with pytest.raises(Stopped):
+        m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+    tuned = load_toml(tmp_path / "tuned.toml").speed
+    assert (tuned.compile_tiling, tuned.compile_tuning) == ("off", "off")
