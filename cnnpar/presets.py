@@ -33,7 +33,8 @@ def compile_default(model_name: str, device_type: str) -> str:
 # ResNet-50 224 on one H200 (benchmarks/results/2026-12-01-h200/call-zzo to call-zzq, batch 512, data on the
 # GPU): 7,857 and 7,864 img/s against the defaults' 7,219 and 7,250 (1.085-1.088x), tiling alone 1.062x (and
 # 1.057x at b256, call-zzk). The pair's compile took 347 s against the defaults' 66 s cold; part of it may have
-# come from the previous call's cache, so the rule allows for up to 423 s more (tiling's own cold 208 s added).
+# come from the previous call's cache, so the rule allows for up to 423 s more than the defaults' compile (ZZO's
+# cold tiling compile, 208 s, was 142 s over the defaults': 347 + 142 - 66).
 # The faster step saves 1/7,219 - 1/7,857 s an image, so 423 s are repaid after ~38 million images a process:
 # on from 40 million. ResNet-18 is left out: its tiling gained 0.4 % and its tuning 2-4 % (a step already near
 # 100,000 img/s, where 40 million images take minutes); other models were not measured.
