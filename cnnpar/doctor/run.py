@@ -10,13 +10,13 @@ import contextlib
 import datetime as _dt
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from cnnpar.cliargs import command_line
-from cnnpar.config import Config
+from cnnpar.config import LONG_COMPILES, Config
 from cnnpar.data import load_data
 from cnnpar.data.loader import decodes_on_gpu
 from cnnpar.data.sources import detect_format
@@ -43,7 +43,7 @@ from cnnpar.doctor.measure import (
 )
 from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget, search_start
 from cnnpar.engine.harness import build_trainer
-from cnnpar.engine.resolved import data_resolved
+from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
@@ -117,6 +117,9 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
     with sampler if sampler else contextlib.nullcontext():
         rcfg, phases, facts = _measure_baseline(cfg, info, bundle, opts, phase)
         free_device_memory(info.device)  # the baseline's trainer is gone; the tries build their own
+        note = long_compiles_note(cfg, rcfg, len(bundle.train))
+        if note:
+            log(note)
         e2e = phases[-1]
         diagnosis = diagnose(facts)
         recos = recommend(facts)
@@ -145,6 +148,19 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
         except Exception as e:  # the CSV is the record; a missing picture is not a failure
             log(f"telemetry: no timeline PNG ({type(e).__name__}: {e})")
     return report
+
+
+def long_compiles_note(asked: Config, measured: Config, train_samples: int) -> str:
+    """A line where `cnnpar train` would compile this config with a long compile that the doctor, timing a few
+    steps, left off (`harness.as_measured`): its figures are then those of the default compile; "" otherwise."""
+    wanted = {name: getattr(asked.speed, name) for name in LONG_COMPILES}
+    trained, line = long_compiles_resolved(replace(measured, speed=replace(measured.speed, **wanted)), train_samples, 1)
+    if not line or not any(getattr(trained.speed, n) == "on" != getattr(measured.speed, n) for n in LONG_COMPILES):
+        return ""
+    return (
+        "doctor: the figures below are the default compile's; `cnnpar train` with this config would compile "
+        f"longer, for a faster step: {line.removeprefix('long compiles: ')}"
+    )
 
 
 def advice_command(cfg: Config, f: Facts, r: Recommendation) -> str:

@@ -154,3 +154,39 @@ def test_on_cuda_a_long_resnet50_run_resolves_both_on_says_so_and_compiles_with_
         assert kw["options"]["coordinate_descent_tuning"] and kw["options"]["triton.prefer_nd_tiling"]
     finally:
         trainer.close()
+
+
+def test_the_doctor_says_when_train_would_compile_longer_than_what_it_timed():
+    from cnnpar.doctor.run import long_compiles_note
+
+    asked = resnet50_on_cuda(epochs=90)
+    measured = resnet50_on_cuda(epochs=90, compile_tiling="off", compile_tuning="off")  # as build_trainer ran it
+    note = long_compiles_note(asked, measured, 1_281_167)
+    assert note.startswith("doctor: the figures below are the default compile's; `cnnpar train` with this config")
+    assert note.endswith("--compile-tiling on, --compile-tuning on (auto: 115,305,030 images a process, at least "
+                         "40,000,000: ResNet-50's step ran 1.085-1.088x as fast on an H200 for up to ~7 minutes more "
+                         "of compile)")  # fmt: skip
+    short = resnet50_on_cuda(epochs=3, compile_tiling="off", compile_tuning="off")
+    assert long_compiles_note(resnet50_on_cuda(epochs=3), short, 1_281_167) == ""  # train would not either
+    off = resnet50_on_cuda(epochs=90, compile_tiling="off", compile_tuning="off")
+    assert long_compiles_note(off, measured, 1_281_167) == ""  # the user's own off: the doctor timed what runs
+    on = resnet50_on_cuda(epochs=90, compile_tiling="on", compile_tuning="on")
+    assert long_compiles_note(on, on, 1_281_167) == ""  # an explicit on is measured as asked
+
+
+def test_the_doctor_prints_the_note_after_its_baseline(monkeypatch, tmp_path):
+    from cnnpar.doctor import run as doctor_run
+
+    seen = []
+    monkeypatch.setattr(doctor_run, "long_compiles_note", lambda asked, measured, n: seen.append(n) or "NOTE")
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x16x16", "synthetic_samples": 32, "workers": 0},
+        model={"name": "cnn3"},
+        speed={"device": "cpu"},
+        run={"batch_size": 8},
+    )
+    lines = []
+    opts = doctor_run.DoctorOptions(warmup=1, steps=2, try_top=0, report_dir=str(tmp_path / "rep"))
+    doctor_run.run_doctor(cfg, opts, log=lines.append)
+    assert "NOTE" in lines and seen and seen[0] > 0
