@@ -154,7 +154,10 @@ def long_compiles_note(asked: Config, measured: Config, train_samples: int) -> s
     """A line where `cnnpar train` would compile this config with a long compile that the doctor, timing a few
     steps, left off (`harness.as_measured`): its figures are then those of the default compile; "" otherwise."""
     wanted = {name: getattr(asked.speed, name) for name in LONG_COMPILES}
-    trained, line = long_compiles_resolved(replace(measured, speed=replace(measured.speed, **wanted)), train_samples, 1)
+    # the processes `cnnpar train --nproc N` would start (one unless asked; a torchrun started by hand is not known)
+    processes = max(1, asked.dist.nproc)
+    as_trained = replace(measured, speed=replace(measured.speed, **wanted))
+    trained, line = long_compiles_resolved(as_trained, train_samples, processes)
     if not line or not any(getattr(trained.speed, n) == "on" != getattr(measured.speed, n) for n in LONG_COMPILES):
         return ""
     return (

@@ -172,13 +172,28 @@ def test_the_doctor_says_when_train_would_compile_longer_than_what_it_timed():
     assert long_compiles_note(off, measured, 1_281_167) == ""  # the user's own off: the doctor timed what runs
     on = resnet50_on_cuda(epochs=90, compile_tiling="on", compile_tuning="on")
     assert long_compiles_note(on, on, 1_281_167) == ""  # an explicit on is measured as asked
+    # tiling asked on (and measured on), tuning auto: only the tuning's auto is weighed, and only if it turns on
+    mixed = resnet50_on_cuda(epochs=90, compile_tiling="on")
+    mixed_measured = resnet50_on_cuda(epochs=90, compile_tiling="on", compile_tuning="off")
+    assert long_compiles_note(mixed, mixed_measured, 1_281_167).endswith("--compile-tuning on (auto: 115,305,030 "
+                                                                          "images a process, at least 40,000,000: "
+                                                                          "ResNet-50's step ran 1.085-1.088x as fast "
+                                                                          "on an H200 for up to ~7 minutes more of "
+                                                                          "compile)")  # fmt: skip
+    mixed_short = resnet50_on_cuda(epochs=3, compile_tiling="on", compile_tuning="off")
+    assert long_compiles_note(with_overrides(mixed, run={"epochs": 3}), mixed_short, 1_281_167) == ""
+    # `--nproc 8`: train would count an eighth of the samples a process, under the threshold
+    eight = with_overrides(asked, dist={"nproc": 8})
+    assert long_compiles_note(eight, with_overrides(measured, dist={"nproc": 8}), 1_281_167) == ""
 
 
 def test_the_doctor_prints_the_note_after_its_baseline(monkeypatch, tmp_path):
     from cnnpar.doctor import run as doctor_run
 
     seen = []
-    monkeypatch.setattr(doctor_run, "long_compiles_note", lambda asked, measured, n: seen.append(n) or "NOTE")
+    monkeypatch.setattr(
+        doctor_run, "long_compiles_note", lambda asked, measured, n: seen.append((asked, measured, n)) or "NOTE"
+    )
     cfg = with_overrides(
         Config(),
         data={"source": "synthetic", "image_shape": "3x16x16", "synthetic_samples": 32, "workers": 0},
@@ -189,4 +204,11 @@ def test_the_doctor_prints_the_note_after_its_baseline(monkeypatch, tmp_path):
     lines = []
     opts = doctor_run.DoctorOptions(warmup=1, steps=2, try_top=0, report_dir=str(tmp_path / "rep"))
     doctor_run.run_doctor(cfg, opts, log=lines.append)
-    assert "NOTE" in lines and seen and seen[0] > 0
+    assert "NOTE" in lines
+    [(asked, measured, n)] = seen
+    from cnnpar.data import load_data
+
+    # the user's config as asked, and the training split's samples (the rest of the 32 validates)
+    assert asked == cfg and n == len(load_data(cfg.data, cfg.run.seed).train) < 32
+    assert measured.speed.device == "cpu" and measured.run.batch_size == 8  # the measuring trainer's, resolved
+    assert (measured.speed.compile_tiling, measured.speed.compile_tuning) == ("off", "off")
