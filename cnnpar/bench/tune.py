@@ -339,7 +339,8 @@ def merge_resolved(cfg: Config, resolved: dict[str, dict]) -> Config:
     for sec, values in resolved.items():
         raw[sec].update(values)
     for name in LONG_COMPILES:
-        raw["speed"][name] = getattr(cfg.speed, name) if getattr(cfg.speed, name) == "auto" else raw["speed"][name]
+        if getattr(cfg.speed, name) == "auto":
+            raw["speed"][name] = "auto"
     return from_dict(raw, origin="tune trial")
 
 

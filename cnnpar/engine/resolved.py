@@ -50,7 +50,7 @@ def long_compiles_resolved(cfg: Config, train_samples: int, world_size: int) -> 
     fewer where max_steps stops each epoch early. A resumed run counts all its epochs, as the first start did, so
     that both compile alike. Tiling stays off, saying so, on a torch whose inductor lacks its options (an "auto"
     must not fail where an explicit "on" would)."""
-    from cnnpar.parallel.apply import TILING_OPTIONS, inductor_option_names
+    from cnnpar.parallel.apply import missing_tiling_options
     from cnnpar.presets import long_compiles_default
 
     s, r = cfg.speed, cfg.run
@@ -63,7 +63,7 @@ def long_compiles_resolved(cfg: Config, train_samples: int, world_size: int) -> 
     on, why = long_compiles_default(cfg.model.name, s.device, s.compile, per_epoch * r.epochs)
     chosen = {name: "on" if on else "off" for name in auto}
     if on and "compile_tiling" in auto:
-        missing = sorted(set(TILING_OPTIONS) - inductor_option_names())
+        missing = missing_tiling_options()
         if missing:
             chosen["compile_tiling"] = "off"
             why += f"; tiling off: torch {torch.__version__}'s inductor has no {', '.join(missing)}"

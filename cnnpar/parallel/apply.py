@@ -79,6 +79,12 @@ def inductor_option_names() -> set[str]:
     return set(inductor_config.get_config_copy())
 
 
+def missing_tiling_options() -> list[str]:
+    """The `TILING_OPTIONS` this torch's inductor lacks (an older torch), in their order; [] where it has all."""
+    have = inductor_option_names()
+    return [k for k in TILING_OPTIONS if k not in have]
+
+
 def compile_options(mode: str, tuning: bool, tiling: bool = False) -> dict:
     """torch.compile's keyword arguments for a cnnpar compile mode.
 
@@ -89,8 +95,7 @@ def compile_options(mode: str, tuning: bool, tiling: bool = False) -> dict:
     """
     extra = {"coordinate_descent_tuning": True} if tuning else {}
     if tiling:
-        have = inductor_option_names()
-        missing = [k for k in TILING_OPTIONS if k not in have]
+        missing = missing_tiling_options()
         if missing:
             raise ConfigError(
                 f"speed.compile_tiling: torch {torch.__version__}'s inductor has no {', '.join(missing)} option; "
