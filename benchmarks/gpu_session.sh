@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -893,6 +893,37 @@ s17d)
   # --compile-tiling on through torch.compile(options=...) on ResNet-18, and the long-run rule on a CUDA Trainer
   TAIL=8 logged gpu_tests 300 python3 -m pytest -q -m gpu tests/unit/test_train_step.py \
       tests/unit/test_long_compiles.py -p no:cacheprovider --durations=5
+  ;;
+s18a)
+  # session 18, call A (one H200, ~5 min with a cold start): issue 13.2, ResNet-50 224 b512 on device data, cnnpar's
+  # defaults with cuDNN's benchmark timing its default 10 algorithms per convolution, then (a process of its own:
+  # torch caches the plan it picks per shape) timing every algorithm its heuristics return (benchmark_limit 0)
+  for lim in 10 0; do
+    TAIL=4 logged "step_rn50_b512_lim$lim" 280 python3 benchmarks/step_vs_plain.py --cases resnet50:224:512 \
+        --plain none --variants "" --cudnn-benchmark-limit $lim --out "$R/step_rn50_b512_lim$lim.csv"
+  done
+  ;;
+s18b)
+  # session 18, call B (one H200, ~9 min, chained while warm): the pair of long compiles at b512 alone, after call
+  # A's default compile only: its warm-up is a compile without the tiled or tuned kernels in the caches
+  TAIL=6 logged step_rn50_b512_pair 540 python3 benchmarks/step_vs_plain.py --cases resnet50:224:512 --plain none \
+      --skip-defaults --variants "compile_tiling=on,compile_tuning=on" --cudnn-benchmark-limit "${LIMIT:-10}" \
+      --out "$R/step_rn50_b512_pair.csv"
+  ;;
+s18c)
+  # session 18, call C (one H200, ~4 min, chained): the pair from call B's caches with both cuDNN limits, each in
+  # a process of its own, the same call
+  for lim in 10 0; do
+    TAIL=4 logged "step_rn50_b512_pair_lim$lim" 250 python3 benchmarks/step_vs_plain.py --cases resnet50:224:512 \
+        --plain none --skip-defaults --variants "compile_tiling=on,compile_tuning=on" --cudnn-benchmark-limit $lim \
+        --out "$R/step_rn50_b512_pair_lim$lim.csv"
+  done
+  ;;
+s18d)
+  # session 18, call D (one H200, ~3 min): the doctor on a long ResNet-50 config (51 million images): it says that
+  # `cnnpar train` would turn the long compiles on, and times the default compile (written in session 17)
+  TAIL=40 logged doctor_long 300 python3 -m cnnpar doctor --model resnet50 --data synthetic --image-shape 3x224x224 \
+      --synthetic-samples 51200 --epochs 1000 --batch-size 256
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches

@@ -259,6 +259,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--out", default="benchmarks/results/step_vs_plain.csv")
     ap.add_argument(
+        "--cudnn-benchmark-limit",
+        type=int,
+        default=None,
+        help="cuDNN algorithms timed per convolution under cudnn.benchmark (torch's default 10; 0: every one the "
+        "heuristics return). For the whole process: torch caches the plan it picks per shape, so a variant cannot "
+        "change it after another ran",
+    )
+    ap.add_argument(
         "--plain",
         default="fp32,bf16,compile",
         help="plain loops to run beside cnnpar's: a comma list of fp32, bf16, compile, or none",
@@ -269,16 +277,26 @@ def main():
         help="cnnpar variants besides its defaults: ';'-separated, each k=v,k=v (SpeedConfig fields or "
         "inductor.<option>); default on CUDA: " + CUDA_VARIANTS + "; none on the CPU",
     )
+    ap.add_argument(
+        "--skip-defaults",
+        action="store_true",
+        help="time only --variants, not cnnpar's defaults (a phase whose time is short; the defaults' row then "
+        "comes from another process or call)",
+    )
     args = ap.parse_args()
     device = torch.device(args.device)
     torch.backends.cudnn.benchmark = True
+    if args.cudnn_benchmark_limit is not None:
+        if args.cudnn_benchmark_limit < 0:
+            raise SystemExit(f"--cudnn-benchmark-limit: {args.cudnn_benchmark_limit}, expected 0 or more")
+        torch.backends.cudnn.benchmark_limit = args.cudnn_benchmark_limit
     env = environment(device)
     cuda = device.type == "cuda"
     wanted = [p for p in args.plain.split(",") if p and p != "none"]
     unknown = sorted(set(wanted) - set(PLAIN_LOOPS))
     if unknown:
         raise SystemExit(f"--plain: {unknown} are not among {sorted(PLAIN_LOOPS)} or none")
-    cnnpar_variants = [("cnnpar defaults", {})]
+    cnnpar_variants = [] if args.skip_defaults else [("cnnpar defaults", {})]
     specs = args.variants if args.variants is not None else (CUDA_VARIANTS if cuda else "")
     for spec in filter(None, specs.split(";")):
         cnnpar_variants.append((f"cnnpar {spec}", parse_variant(spec)))
@@ -287,6 +305,7 @@ def main():
     rows = []
     stamp = {k: env[k] for k in ("device", "driver", "torch", "world_size", "git_rev", "date")}
     stamp.update(steps=args.steps, repeats=args.repeats, peak_tflops=round(peak / 1e12, 1), peak_kind=peak_kind)
+    stamp.update(cudnn_benchmark_limit=torch.backends.cudnn.benchmark_limit)
 
     def keep(row: dict) -> None:
         """Record a row and rewrite the file: a phase cut short keeps the rows it finished."""
