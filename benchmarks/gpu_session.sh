@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -931,6 +931,12 @@ s18e)
   TAIL=6 logged step_rn50_b512_pair_map 520 python3 benchmarks/step_vs_plain.py --cases resnet50:224:512 \
       --plain none --skip-defaults --out "$R/step_rn50_b512_pair_map.csv" \
       --variants "compile_tiling=on,compile_tuning=on;compile_tiling=on,compile_tuning=on,inductor.max_autotune_pointwise=1"
+  ;;
+s18f)
+  # session 18, call F (one H200, the last ~8 min, chained): the pair at b256 (the batch `--batch-size auto` picks
+  # for photos), a compile of its own (other shapes), 450 s limit
+  TAIL=6 logged step_rn50_b256_pair 450 python3 benchmarks/step_vs_plain.py --cases resnet50:224:256 \
+      --plain none --skip-defaults --out "$R/step_rn50_b256_pair.csv" --variants "compile_tiling=on,compile_tuning=on"
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
