@@ -430,6 +430,13 @@ STEP_FILES = (  # session 12, issue 13.2 and 13.3: the train step on data alread
     "call-zzo/step_rn50_b512_tiling.csv",  # compile_tiling at b512
     "call-zzp/step_rn50_b512_tiling.csv",  # tiling with coordinate-descent tuning (compile_tuning) at b512
     "call-zzq/step_rn50_b512_tiling.csv",  # the same again, the plain compiled loop beside it
+    "call-zzs/step_rn50_b512_lim10.csv",  # session 18: cuDNN timing 10 algorithms per convolution (torch's default)
+    "call-zzs/step_rn50_b512_lim0.csv",  # ... and every one its heuristics return
+    "call-zzt/step_rn50_b512_pair.csv",  # tiling + tuning at b512 without their kernels in the caches
+    "call-zzu/step_rn50_b512_vs_plain.csv",  # the plain compiled loop, the defaults and the pair, one process
+    "call-zzu/step_rn50_b256_plain.csv",  # the plain compiled loop at b256, issue 13's reference batch
+    "call-zzw/step_rn50_b512_pair_map.csv",  # the pair, and with autotuned pointwise configs
+    "call-zzx/step_rn50_b256_pair.csv",  # the pair at b256
 )
 
 
