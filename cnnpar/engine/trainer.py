@@ -280,8 +280,24 @@ class Trainer:
                 "the run's own --data, --image-size and --num-classes (or none of them)"
             ) from None
         self.optimizer.load_state_dict(state["optimizer"])
+        peaks = list(self.scheduler.base_lrs)  # this run's peak lrs (--lr-scaling by this run's processes)
         self.scheduler.load_state_dict(state["scheduler"])
+        finished = int(state["epoch"])
+        steps_before = self.scheduler.last_epoch
+        # The schedule's clock is the optimizer steps done. Another world size, batch or --grad-accum than the
+        # checkpoint's run changes the steps an epoch takes: the finished epochs are then finished * this run's
+        # steps per epoch into the rebuilt schedule, not the old run's step count (which would put the lr, and the
+        # weight average's clock, at another point of the run than its epochs).
+        self.scheduler.last_epoch = finished * self.steps_per_epoch
+        self.scheduler.base_lrs = peaks
         lrs = rebuild_after_resume(self.scheduler, self.optimizer)
+        if finished and steps_before != self.scheduler.last_epoch:
+            self.log(
+                f"schedule: the checkpoint's run took {steps_before / finished:g} optimizer steps an epoch, this "
+                f"one takes {self.steps_per_epoch} (processes, batch or --grad-accum differ): epoch {finished + 1} "
+                f"starts at step {self.scheduler.last_epoch} of {self.steps_per_epoch * self.cfg.run.epochs}, "
+                f"lr {lrs[0]:.3g} (peak {self.lr:g})"
+            )
         self.precision.load_state_dict(state["precision"])
         if self.average is not None and "average" in state:
             self.average.load_state_dict(state["average"])

@@ -10,6 +10,7 @@ import torch
 
 from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig
 from cnnpar.dist import DistInfo
+from cnnpar.engine.optim import lr_factor
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import UserError
 
@@ -45,3 +46,24 @@ def test_resuming_with_another_class_count_is_one_line_not_a_state_dict_tracebac
     cfg = Config(data=replace(cfg.data, num_classes=5), speed=cfg.speed, run=cfg.run)
     with pytest.raises(UserError, match="holds a cnn3 for 10 classes of 1x16x16 images; this run has cnn3 for 5"):
         Trainer(cfg, CPU_INFO, log=lambda *a, **k: None)
+
+
+def test_resuming_with_fewer_steps_an_epoch_puts_the_schedule_at_the_finished_epochs_and_this_runs_peak(tmp_path):
+    """Another world size, batch or --grad-accum changes the optimizer steps an epoch takes (torchrun's elastic
+    restart with fewer processes): the schedule resumes at finished epochs x this run's steps an epoch, from this
+    run's peak lr, not at the old run's step count from the old peak."""
+    first = _cfg(tmp_path, 2)
+    first = replace(first, run=replace(first.run, max_steps=0))
+    Trainer(first, CPU_INFO, log=lambda *a, **k: None).fit()  # 3 steps an epoch (batch 32)
+    cfg = _cfg(tmp_path, 4, resume=str(tmp_path / "oc"))
+    cfg = replace(cfg, run=replace(cfg.run, max_steps=0), optim=replace(cfg.optim, grad_accum=2, lr=2 * cfg.optim.lr))
+    lines: list[str] = []
+    more = Trainer(cfg, CPU_INFO, log=lambda s, **k: lines.append(s))
+    assert more.steps_per_epoch == 2
+    assert more.scheduler.last_epoch == 4  # 2 finished epochs x 2 steps, not the checkpoint's 6
+    assert more.scheduler.base_lrs[0] == pytest.approx(more.lr)  # this run's peak, not the checkpoint's
+    expected = more.lr * lr_factor(4, 8, cfg.optim.warmup, cfg.optim.schedule)
+    assert more.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+    assert any(
+        "took 3 optimizer steps an epoch, this one takes 2" in s and "starts at step 4 of 8" in s for s in lines
+    ), lines
