@@ -112,6 +112,14 @@ def closing_feeders(*feeders):
                 warnings.warn(f"closing a data feeder failed: {e!r}", stacklevel=2)
 
 
+# (section, field, why): what a resumed run must keep from the run it continues (Trainer._refuse_changed_fields)
+RESUME_FIXED = (
+    ("run", "seed", "the seed chose the validation hold-out, which would then hold images the run trained on"),
+    ("data", "val_fraction", "it chose the validation hold-out, which would then hold images the run trained on"),
+    ("optim", "optimizer", "the checkpoint holds that optimizer's state"),
+)
+
+
 class Trainer:
     def __init__(self, cfg: Config, info: DistInfo, bundle: DataBundle | None = None, log=print) -> None:
         self.info = info
@@ -279,7 +287,14 @@ class Trainer:
                 f"{self.meta['num_classes']} classes of {'x'.join(map(str, self.meta['image_shape']))}: expected "
                 "the run's own --data, --image-size and --num-classes (or none of them)"
             ) from None
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._refuse_changed_fields(path, state.get("config", {}))
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except ValueError as e:  # another parameter grouping (whitening, Muon's split) than the checkpoint's run
+            raise UserError(f"{path}: its optimizer state does not fit this run's parameter groups ({e})") from None
+        for group, settings in zip(self.optimizer.param_groups, fresh):
+            group.update(settings)  # this run's --weight-decay, --momentum, ... stand; the lr is set below
         peaks = list(self.scheduler.base_lrs)  # this run's peak lrs (--lr-scaling by this run's processes)
         self.scheduler.load_state_dict(state["scheduler"])
         finished = int(state["epoch"])
@@ -315,6 +330,20 @@ class Trainer:
                 f"schedule: {self.cfg.optim.schedule} rebuilt for {self.cfg.run.epochs} epochs (the run planned "
                 f"{planned}): epoch {int(state['epoch']) + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
             )
+
+    def _refuse_changed_fields(self, path: Path, stored: dict) -> None:
+        """A resumed run keeps the fields its checkpoint depends on: another --seed or --val-fraction would hold
+        out other images, so validation would score images the finished epochs trained on; another --optimizer
+        cannot take the checkpoint's optimizer state. Refused before anything in the run folder changes."""
+        now = to_dict(self.cfg)
+        for section, name, why in RESUME_FIXED:
+            was = stored.get(section, {}).get(name)
+            if was is not None and was != now[section][name]:
+                flag = "--" + name.replace("_", "-")
+                raise UserError(
+                    f"{path}: the run was started with {flag} {was}, this resume asks for {now[section][name]}: "
+                    f"{why}: expected {flag} {was} (or none), or a new run"
+                )
 
     def _prepare_run_dir(self) -> None:
         if self.info.is_main:

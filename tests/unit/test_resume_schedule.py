@@ -67,3 +67,32 @@ def test_resuming_with_fewer_steps_an_epoch_puts_the_schedule_at_the_finished_ep
     assert any(
         "took 3 optimizer steps an epoch, this one takes 2" in s and "starts at step 4 of 8" in s for s in lines
     ), lines
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"run": {"seed": 7}}, "started with --seed 0, this resume asks for 7: the seed chose the validation hold-out"),
+        ({"data": {"val_fraction": 0.5}}, "started with --val-fraction 0.2, this resume asks for 0.5"),
+        ({"optim": {"optimizer": "sgd"}}, "started with --optimizer adamw, this resume asks for sgd"),
+    ],
+)
+def test_resuming_with_another_hold_out_or_optimizer_is_refused_before_the_run_folder_changes(
+    tmp_path, change, message
+):
+    Trainer(_cfg(tmp_path, 1), CPU_INFO, log=lambda *a, **k: None).fit()
+    stored = (tmp_path / "oc" / "config.toml").read_text()
+    cfg = _cfg(tmp_path, 2, resume=str(tmp_path / "oc"))
+    cfg = replace(cfg, **{section: replace(getattr(cfg, section), **fields) for section, fields in change.items()})
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    assert (tmp_path / "oc" / "config.toml").read_text() == stored
+
+
+def test_a_resume_trains_with_this_runs_weight_decay_not_the_checkpoints(tmp_path):
+    Trainer(_cfg(tmp_path, 1), CPU_INFO, log=lambda *a, **k: None).fit()
+    cfg = _cfg(tmp_path, 2, resume=str(tmp_path / "oc"))
+    cfg = replace(cfg, optim=replace(cfg.optim, weight_decay=0.123))
+    more = Trainer(cfg, CPU_INFO, log=lambda *a, **k: None)
+    assert more.optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.123)
+    assert more.optimizer.state  # the checkpoint's moments were loaded all the same
