@@ -88,8 +88,10 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                 s = result.summary
                 # disjoint intervals inside train_s, so `rest` is >= 0 but for rounding
                 rest = s["train_s"] - s["epochs_s"] - s["eval_s"] - s["checkpoint_s"]
+                first, last = s["attempt_epochs"]
+                scope = f" (epochs {first}-{last}, resumed)" if first > 1 else ""
                 best_text += (
-                    f"{s['images_trained']:,} images trained in {s['train_s']:.1f} s with the evaluations and "
+                    f"{s['images_trained']:,} images trained{scope} in {s['train_s']:.1f} s with the evaluations and "
                     f"checkpoints: {overall:,.0f} img/s (epochs {s['epochs_s']:.1f} s, evaluations "
                     f"{s['eval_s']:.1f} s, checkpoints {s['checkpoint_s']:.1f} s, the rest {max(rest, 0.0):.1f} s) | "
                 )

@@ -602,7 +602,7 @@ class Trainer:
             self.history.append(row)
             self._end_epoch(epoch, row)
         summary = self._summary(time.perf_counter() - t_start)
-        if info.is_main:
+        if info.is_main and self.start_epoch <= cfg.run.epochs:  # a finished run's summary stays as it was
             write_json_atomic(self.run_dir / "summary.json", summary)
         barrier(info)
         return TrainResult(self.run_dir, self.history, summary)
@@ -652,7 +652,8 @@ class Trainer:
         vals = [r for r in rows if "val_acc" in r]
         best = max(vals, key=lambda r: r["val_acc"]) if vals else None
         speeds = [r["images_per_s"] for r in rows]
-        steady = speeds[1:] if len(speeds) > 1 else speeds
+        # without each process's first epoch (the warm-up: compile, cuDNN timing, workers starting)
+        steady = [r["images_per_s"] for r in rows[1:] if r["epoch"] != self.start_epoch] or speeds
         # The epochs' own rates leave out what happens between them: the evaluation, the checkpoint, and
         # the next epoch's pipeline started meanwhile (DeviceFeeder.prepare), whose head start a short
         # epoch's rate then includes. The whole loop's rate is the figure that holds all of it.
@@ -667,6 +668,8 @@ class Trainer:
             "best_epoch": best["epoch"] if best else None,
             "final_val_acc": vals[-1]["val_acc"] if vals else None,
             "images_per_s": sum(steady) / len(steady) if steady else None,
+            # from here to skipped_steps: this process's epochs (a resumed run's last attempt), not the whole run
+            "attempt_epochs": [ran[0]["epoch"], ran[-1]["epoch"]] if ran else None,
             "train_s": wall_s,
             "images_trained": trained,
             "images_per_s_with_eval": trained / wall_s if wall_s > 0 and ran else None,

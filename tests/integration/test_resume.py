@@ -74,6 +74,8 @@ def test_resume_alone_continues_the_runs_own_model_and_data(cli):
     assert "resumed from" in again.stdout
     summary = json.loads((cli.cwd / "runs" / "r1" / "summary.json").read_text())
     assert summary["data"] == "synthetic 1x16x16" and summary["epochs"] == 2
+    # the time and image counts are the resumed attempt's, and say so
+    assert summary["attempt_epochs"] == [2, 2] and "images trained (epochs 2-2, resumed) in" in again.stdout
 
 
 SYNTH = ["--data", "synthetic", "--synthetic-samples", "256", "--image-shape", "1x16x16", "--no-progress"]

@@ -96,3 +96,12 @@ def test_a_resume_trains_with_this_runs_weight_decay_not_the_checkpoints(tmp_pat
     more = Trainer(cfg, CPU_INFO, log=lambda *a, **k: None)
     assert more.optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.123)
     assert more.optimizer.state  # the checkpoint's moments were loaded all the same
+
+
+def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
+    Trainer(_cfg(tmp_path, 1), CPU_INFO, log=lambda *a, **k: None).fit()
+    before = (tmp_path / "oc" / "summary.json").read_text()
+    lines: list[str] = []
+    Trainer(_cfg(tmp_path, 1, resume=str(tmp_path / "oc")), CPU_INFO, log=lambda s, **k: lines.append(s)).fit()
+    assert any("nothing to do" in s for s in lines), lines
+    assert (tmp_path / "oc" / "summary.json").read_text() == before  # not rewritten with this call's zeros
