@@ -25,6 +25,14 @@ def _user_error_text(e: UserError) -> str:
     return text
 
 
+def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
+    """torchrun on this machine running `cnnpar train train_args` in each of nproc processes. The `--` ends
+    torchrun's own options: its parser reads every argument as a possible abbreviation of one of them, so
+    without it `--monitor` is refused as an ambiguous `--monitor-interval`."""
+    head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "--"]
+    return [*head, "cnnpar", "train", *train_args]
+
+
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args, passthrough_args
     from cnnpar.dist import (
@@ -46,17 +54,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         # The convenience launcher: hand the same command to torchrun for this one machine.
         # Refuse too many processes here, once, rather than in each of the N workers.
         pick_device(cfg.speed.device, 0, cfg.dist.nproc)
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={cfg.dist.nproc}",
-            "-m",
-            "cnnpar",
-            "train",
-            *passthrough_args(argv, "--nproc"),
-        ]
+        cmd = torchrun_command(cfg.dist.nproc, passthrough_args(argv, "--nproc"))
         # NCCL's flight-recorder dumps land beside the runs, not in /tmp where nobody looks. A file
         # prefix, not a folder: files appear only on a timeout, and run-folder scans see no new folder.
         out_root = Path(cfg.run.out_dir)

@@ -127,8 +127,22 @@ def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
 def test_nproc_starts_torchrun_for_this_machine(cli):
     proc = cli("train", "--nproc", "2", "--epochs", "1", "--max-steps", "2", "--no-progress")
     assert proc.returncode == 0, proc.stderr
-    assert "torch.distributed.run --standalone --nproc_per_node=2 -m cnnpar train" in proc.stdout
+    assert "torch.distributed.run --standalone --nproc_per_node=2 -m -- cnnpar train" in proc.stdout
     # what DDP runs with, read off the module: torch's own bucket size and switches by default
     assert "ddp: gradient buckets 25 MiB, static graph off, buffers sent from rank 0 every forward" in proc.stdout
     run_dir = only_run_folder(cli.cwd)
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
+
+
+def test_the_launcher_hands_every_train_flag_to_cnnpar_not_to_torchrun():
+    """torchrun's parser reads each argument as a possible abbreviation of its own options (`--monitor` of
+    `--monitor-interval`); after the launcher's `--` all of them reach `cnnpar train`."""
+    from torch.distributed.run import get_args_parser
+
+    from cnnpar.cli import torchrun_command
+
+    flags = ["--monitor", "--max-steps", "2", "--epochs", "1"]
+    parsed = get_args_parser().parse_args(torchrun_command(2, flags)[3:])
+    assert parsed.module and parsed.training_script == "cnnpar"
+    assert parsed.training_script_args == ["train", *flags]
+    assert parsed.monitor_interval == get_args_parser().parse_args(["x"]).monitor_interval  # torchrun's own default
