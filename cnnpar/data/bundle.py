@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import Dataset
 
+from cnnpar.errors import UserError
+
 
 class ArrayDataset(Dataset):
     """An in-memory data set of uint8 images (N, C, H, W) and int64 labels.
@@ -128,5 +130,10 @@ def holdout(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Ten
     Every source without a labelled test split (arrays, folders, prepared stores) calls this, so
     the same seed holds out the same samples of the same files whichever way they are read."""
     n_val = max(1, int(round(n * fraction)))
+    if n_val >= n:  # an epoch of no batches: nothing to train, and no rate to divide by
+        raise UserError(
+            f"--val-fraction {fraction:g} of {n} labelled image(s) holds out {n_val}, leaving none to train on: "
+            "expected a smaller --val-fraction, more images, or a labelled test split"
+        )
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return perm[n_val:].sort().values, perm[:n_val].sort().values

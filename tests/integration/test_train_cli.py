@@ -119,3 +119,11 @@ def test_a_run_without_a_validation_set_reports_no_evaluation_time(tmp_path, cap
     assert [r["eval_s"] for r in read_csv(tmp_path / "noval" / "metrics.csv")] == ["", ""]
     assert summary["eval_wait_s"] == 0
     assert "evaluations 0.0 s" in out
+
+
+def test_a_hold_out_that_leaves_nothing_to_train_is_one_line_and_no_run_folder(tmp_path, capsys):
+    args = ["train", "--device", "cpu", "--no-progress", "--val-fraction", "0.9999", "--out-dir", str(tmp_path)]
+    assert main([*args, "--name", "empty"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--val-fraction 0.9999 of 1797 labelled image(s) holds out 1797, leaving none to train on" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "empty").exists()
