@@ -590,12 +590,14 @@ class Trainer:
             if info.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(info.device)
             row = {"epoch": epoch, **self.train_epoch(epoch)}
-            self._check_finite(epoch, row["train_loss"])
+            self._check_finite(epoch, "train loss", row["train_loss"])
             if epoch % cfg.run.eval_every == 0 or epoch == cfg.run.epochs:
                 t_eval = time.perf_counter()
                 evaluated = self.evaluate()  # ends on a device read, so the time holds the device's work
                 if evaluated:  # {} without a validation set: no evaluation, no time for one
                     row.update(evaluated, eval_s=time.perf_counter() - t_eval, eval_wait_s=self.eval_wait_s)
+                    # weights that overflow only in the epoch's last steps leave its mean train loss finite
+                    self._check_finite(epoch, "val loss", row["val_loss"])
             row["lr"] = self.optimizer.param_groups[0]["lr"]
             row["peak_mem_mb"], row["peak_mem_kind"] = peak_memory(info.device)
             row["skipped_steps"] = self.precision.skipped_steps
@@ -607,22 +609,22 @@ class Trainer:
         barrier(info)
         return TrainResult(self.run_dir, self.history, summary)
 
-    def _check_finite(self, epoch: int, train_loss: float) -> None:
+    def _check_finite(self, epoch: int, what: str, loss: float) -> None:
         """Stop a run whose weights have diverged, before its checkpoint overwrites the last good one
         (the epochs already finished stay in the run folder). fp16 is the exception: its GradScaler
         skips the overflowing steps on purpose (their losses are inf/nan) and lowers its scale."""
-        if math.isfinite(train_loss):
+        if math.isfinite(loss):
             return
         if self.precision.scaler is not None:
             self.log(
-                f"warning: epoch {epoch}: train loss {train_loss} (fp16 overflows; the GradScaler skipped "
+                f"warning: epoch {epoch}: {what} {loss} (fp16 overflows; the GradScaler skipped "
                 f"{self.precision.skipped_steps} steps so far); if it stays so, try --precision bf16 or --lr "
                 f"{self.cfg.optim.lr / 2:g}"
             )
             return
         kept = f" (epochs 1-{epoch - 1} are kept in {self.run_dir})" if self.history else ""
         raise UserError(
-            f"epoch {epoch}: train loss {train_loss} is not finite, training diverged{kept}: try a lower lr "
+            f"epoch {epoch}: {what} {loss} is not finite, training diverged{kept}: try a lower lr "
             f"(--lr {self.cfg.optim.lr / 2:g}), --precision fp32 or --compile off"
         )
 

@@ -52,3 +52,23 @@ def test_fp16_warns_and_trains_on(tmp_path, monkeypatch, capsys):
     assert "warning: epoch 3: train loss nan (fp16 overflows" in out
     with open(tmp_path / "fp16" / "metrics.csv") as f:
         assert [row["epoch"] for row in csv.DictReader(f)] == ["1", "2", "3"]
+
+
+def test_weights_that_diverge_in_an_epochs_last_steps_stop_the_run_at_its_evaluation(tmp_path, monkeypatch, capsys):
+    """The epoch's mean train loss can stay finite while its last steps leave the weights overflowing
+    (--lr 1e30 did so): the validation loss is then not finite, and the run must not end as a success."""
+    evaluate, calls = trainer_mod.Trainer.evaluate, []
+
+    def evaluate_after_a_bad_last_step(self):
+        calls.append(1)
+        if len(calls) == 2:  # epoch 2's evaluation: its training ended finite, its weights did not
+            with torch.no_grad():
+                next(self.raw_model.parameters()).fill_(float("inf"))
+        return evaluate(self)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "evaluate", evaluate_after_a_bad_last_step)
+    assert main([*ARGS, "--out-dir", str(tmp_path), "--name", "late"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("cnnpar: error: epoch 2: val loss nan is not finite"), err
+    with open(tmp_path / "late" / "metrics.csv") as f:
+        assert [row["epoch"] for row in csv.DictReader(f)] == ["1"]  # epoch 2's checkpoint never replaced epoch 1's
