@@ -86,6 +86,12 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
             )
         refuse_other_data(run_dir_of(ckpt), cfg)
         return str(run_dir_of(ckpt)), str(ckpt)
+    if resume == "auto" and not cfg.run.name and not torchrun_job_id():
+        # the folder would be a new default name: a run that resumes nothing, where one was asked for
+        raise UserError(
+            "--resume auto: no --name to find the run by (a run without one gets a new folder each time): "
+            "expected --name NAME or --resume runs/NAME"
+        )
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
     existing = find_checkpoint(run_dir) if run_dir.is_dir() else None
     refuse_other_data(run_dir, cfg)

@@ -94,3 +94,13 @@ def test_a_run_folder_refuses_another_data_set_but_not_the_same_file_spelt_diffe
     assert resolve_run(Config(data=DataConfig(source="d.csv"), run=run), CPU_INFO) == (Path("runs/r"), None)
     with pytest.raises(UserError, match=r"runs/r: holds a run on --data ./d.csv .*not digits: expected --data ./d.csv"):
         resolve_run(Config(run=run), CPU_INFO)
+
+
+def test_resume_auto_without_a_name_is_refused_outside_torchrun_and_follows_torchruns_job_id(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    cfg = Config(run=RunConfig(out_dir=str(tmp_path), resume="auto"))
+    with pytest.raises(UserError, match="--resume auto: no --name to find the run by"):
+        resolve_run(cfg, CPU_INFO)
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")  # a torchrun job: its id names the folder of every attempt
+    assert resolve_run(cfg, CPU_INFO) == (tmp_path / "cnn3-job7", None)
