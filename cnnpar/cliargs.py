@@ -102,6 +102,19 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
     return from_dict(raw, origin=str(stored))
 
 
+def _data_as_requested(cfg: Config, text: str) -> Config:
+    """A run's stored config.toml given with another --data: what that run resolved from its own data (the
+    format, image size, class count, ...) goes back to what its user asked for, to be found again from the
+    new data, instead of being imposed on it."""
+    from cnnpar.engine.resolved import read_requested
+
+    raw = to_dict(cfg)
+    for (sec, name), value in read_requested(text).items():
+        if sec == "data" and name in raw["data"]:
+            raw["data"][name] = value
+    return from_dict(raw, origin="the config file with another --data")
+
+
 def config_from_args(args: argparse.Namespace) -> Config:
     """Preset or file first (or, for `--resume RUN` and `--resume auto --name RUN`, that run's
     stored config), then every flag the user actually typed on top."""
@@ -109,6 +122,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
     resume = given.get("run.resume", "")
     if getattr(args, "config", None):
         cfg = load_toml(args.config, get_preset(args.preset) if args.preset else None)
+        from cnnpar.engine.rundir import same_source
+
+        source = given.get("data.source")
+        if source is not None and not same_source(source, cfg.data.source):
+            cfg = _data_as_requested(cfg, Path(args.config).read_text())
     else:
         cfg = get_preset(args.preset) if getattr(args, "preset", None) else Config()
         if resume:

@@ -127,3 +127,17 @@ def test_a_hold_out_that_leaves_nothing_to_train_is_one_line_and_no_run_folder(t
     err = capsys.readouterr().err.strip()
     assert "--val-fraction 0.9999 of 1797 labelled image(s) holds out 1797, leaving none to train on" in err
     assert len(err.splitlines()) == 1 and not (tmp_path / "empty").exists()
+
+
+def test_a_runs_config_given_with_other_data_finds_the_new_datas_format_size_and_classes(tmp_path):
+    """The stored config.toml holds what the first run resolved from its digits (format digits, 8 px, 10 classes):
+    with another --data those go back to what the user asked for (auto), not imposed on the new data."""
+    common = ["--device", "cpu", "--no-progress", "--epochs", "1", "--max-steps", "2", "--out-dir", str(tmp_path)]
+    assert main(["train", *common, "--name", "first"]) == 0
+    rows = ["label," + ",".join(f"pixel{i}" for i in range(100))]
+    rows += [f"{i % 3}," + ",".join(str((i * 7 + j) % 256) for j in range(100)) for i in range(60)]
+    (tmp_path / "small.csv").write_text("\n".join(rows) + "\n")
+    again = ["train", *common, "--config", str(tmp_path / "first" / "config.toml"), "--name", "second"]
+    assert main([*again, "--data", str(tmp_path / "small.csv")]) == 0
+    second = load_toml(tmp_path / "second" / "config.toml").data
+    assert (second.format, second.image_size, second.num_classes) == ("csv", 10, 3)
