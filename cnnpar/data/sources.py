@@ -186,6 +186,11 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
 def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     """A store made by `cnnpar prepare`: the same splits, hold-out and classes as its folder."""
     store = StoreFile(cfg.source)
+    if len(store.class_names) < 2:  # made before prepare refused one class: it would train to a meaningless 100 %
+        raise DataError(
+            f"{store.path}: one class ({store.class_names[0]!r}) in its header: expected at least 2; "
+            "re-run cnnpar prepare on a folder of 2 or more class folders"
+        )
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
     full = StoreDataset(store, torch.arange(store.count), size)
     train, val, val_from = _split(full, torch.from_numpy(store.splits), cfg.val_fraction, seed)

@@ -110,6 +110,36 @@ def test_image_folder_with_train_and_val_subfolders(tmp_path):
     assert (len(bundle.train), len(bundle.val), bundle.num_classes) == (6, 3, 3)
 
 
+@pytest.mark.parametrize("val_name", ["valid", "validation", "test"])
+def test_split_folders_under_their_common_names_are_splits_not_classes(tmp_path, val_name):
+    write_image_folder(tmp_path / "d" / "train", per_class=2, classes=3)
+    write_image_folder(tmp_path / "d" / val_name, per_class=1, classes=3)
+    bundle = load_data(DataConfig(source=str(tmp_path / "d"), image_size=8))
+    assert bundle.class_names == ["class0", "class1", "class2"]
+    assert (len(bundle.train), len(bundle.val)) == (6, 3)
+
+
+def test_a_root_holding_only_train_is_that_folder_with_a_seeded_hold_out(tmp_path):
+    write_image_folder(tmp_path / "d" / "train", per_class=5, classes=2)
+    bundle = load_data(DataConfig(source=str(tmp_path / "d"), image_size=8, val_fraction=0.2), seed=0)
+    assert bundle.class_names == ["class0", "class1"]
+    assert (len(bundle.train), len(bundle.val)) == (8, 2) and bundle.val_from.startswith("a seeded 20% hold-out")
+
+
+def test_one_class_folder_is_refused_in_one_line_before_a_run_folder(tmp_path, capsys):
+    from cnnpar.cli import main
+
+    write_image_folder(tmp_path / "one" / "train", per_class=4, classes=1)
+    runs = tmp_path / "runs"
+    code = main(["train", "--data", str(tmp_path / "one"), "--out-dir", str(runs), "--no-progress", "--no-tensorboard"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not runs.exists()
+    assert err == (
+        f"cnnpar: error: {tmp_path / 'one' / 'train'}: one class folder ('class0'): expected at least 2 class "
+        "folders, <class>/<image>.jpg|png (or train/<class>/... beside val|valid|validation|test/<class>/...)"
+    )
+
+
 def test_predict_inputs_keep_file_order(tmp_path):
     _, test, _ = write_train_test_csv(tmp_path, n_train=4, n_test=5)
     ds, ids, labels_from = load_predict_data(str(test))

@@ -119,6 +119,23 @@ def test_train_and_val_folders_become_the_stores_splits(tmp_path):
     assert bundle.shape == (3, 16, 16) and bundle.num_classes == 2 and bundle.class_names == folder.class_names
 
 
+def test_prepare_reads_split_folders_by_their_common_names_and_refuses_one_class(tmp_path, monkeypatch):
+    write_image_folder(tmp_path / "p" / "train", per_class=3, classes=2)
+    write_image_folder(tmp_path / "p" / "valid", per_class=2, classes=2)
+    header = prepare_store(tmp_path / "p", tmp_path / "p.cnnpar", MAX_SIDE, workers=1, progress=False)
+    assert header["splits"] == {"train": 6, "val": 4} and header["class_names"] == ["class0", "class1"]
+    write_image_folder(tmp_path / "one" / "train", per_class=3, classes=1)
+    out = tmp_path / "one.cnnpar"
+    one_line_error(
+        lambda: prepare_store(tmp_path / "one", out, MAX_SIDE, workers=1, progress=False),
+        f"{tmp_path / 'one' / 'train'}: one class folder ('class0'): expected at least 2 class folders",
+    )
+    assert not out.exists() and not partial_path(out).exists()
+    monkeypatch.setattr("cnnpar.data.folder._check_classes", lambda *a: None)  # a store from before the check
+    prepare_store(tmp_path / "one", out, MAX_SIDE, workers=1, progress=False)
+    one_line_error(lambda: load_data(data_cfg(out), 0), f"{out}: one class ('class0') in its header: expected at least")
+
+
 def test_seeded_hold_out_is_the_folders(photos):
     folder, out = photos
     for seed in (0, 3):
