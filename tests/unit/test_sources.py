@@ -74,6 +74,26 @@ def test_npz_channels_last_and_float_arrays_become_nchw_uint8(tmp_path):
     assert torch.equal(bundle.train.x, torch.from_numpy(x.transpose(0, 3, 1, 2).copy()))
 
 
+def test_a_non_finite_pixel_is_named_with_its_file_key_and_index(tmp_path):
+    """One NaN made min/max NaN: the [0,1] data was not scaled and trained as pixels 0 and 1 only."""
+    x, y = bar_images(10, side=8, channels=3)
+    x = x.astype(np.float32) / 255.0
+    x[5, 0, 1, 2] = np.nan
+    np.savez(tmp_path / "nan.npz", x_train=x, y_train=y)
+    path = tmp_path / "nan.npz"
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(path)))
+    assert str(e.value) == (
+        f"{path}[x_train]: value nan at index (5, 0, 1, 2): expected finite pixel values (no NaN or inf)"
+    )
+    x[5, 0, 1, 2] = 0.5
+    x_test = x[:2].copy()
+    x_test[1, 7, 7, 0] = np.inf
+    np.savez(path, x_train=x, y_train=y, x_test=x_test, y_test=y[:2])
+    with pytest.raises(DataError, match=r"nan\.npz\[x_test\]: value inf at index \(1, 7, 7, 0\): expected finite"):
+        load_predict_data(str(path))
+
+
 def test_synthetic_has_the_asked_shape_and_classes():
     bundle = load_data(DataConfig(source="synthetic", image_shape="3x12x12", num_classes=5, synthetic_samples=100))
     assert bundle.shape == (3, 12, 12) and bundle.num_classes == 5
