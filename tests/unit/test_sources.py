@@ -108,6 +108,20 @@ def test_digits_are_built_in_and_upscaled():
     assert int(bundle.train.x.max()) > 200  # scaled from sklearn's 0..16 to 0..255
 
 
+def test_digits_with_too_few_classes_is_refused_in_one_line_before_a_run_folder(tmp_path, capsys):
+    """--num-classes 5 on labels 0..9 crashed mid-epoch (IndexError in the loss) and left a run folder."""
+    from cnnpar.cli import main
+
+    runs = tmp_path / "runs"
+    code = main(["train", "--num-classes", "5", "--out-dir", str(runs), "--no-progress", "--no-tensorboard"])
+    assert code == 2 and not runs.exists()
+    assert capsys.readouterr().err.strip() == (
+        "cnnpar: error: scikit-learn digits (labels 0..9) with --num-classes 5, index 5: label 5: "
+        "expected a label in 0..4"
+    )
+    assert load_data(DataConfig(source="digits", num_classes=12)).num_classes == 12  # more classes: allowed
+
+
 def test_image_folder_decodes_png_and_jpeg_to_the_model_size(tmp_path):
     root = write_image_folder(tmp_path / "imgs", per_class=3, classes=2, side=20)
     files, labels, classes = scan_folder(root)
