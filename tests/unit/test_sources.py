@@ -39,6 +39,22 @@ def test_csv_colour_rows_need_and_honour_image_shape(tmp_path):
         read_pixel_csv(path, image_shape="3x4x4")
 
 
+def test_csv_header_with_spaces_or_a_bom_reads_as_usual(tmp_path):
+    """`label, pixel0, ...` and Excel's "CSV UTF-8" (a BOM first) gave KeyError tracebacks."""
+    x, y = bar_images(6, side=8)
+    path = write_pixel_csv(tmp_path / "plain.csv", x, y)
+    header, body = path.read_text().split("\n", 1)
+    (tmp_path / "spaces.csv").write_text(header.replace(",", " , ") + "\n" + body)
+    (tmp_path / "bom.csv").write_text(header + "\n" + body, encoding="utf-8-sig")
+    test = write_pixel_csv(tmp_path / "test.csv", x, None)
+    (tmp_path / "test_bom.csv").write_text(test.read_text(), encoding="utf-8-sig")
+    for name in ("spaces.csv", "bom.csv"):
+        got_x, got_y = read_pixel_csv(tmp_path / name)
+        assert torch.equal(got_x[:, 0], torch.from_numpy(x)) and torch.equal(got_y, torch.from_numpy(y)), name
+    got_x, got_y = read_pixel_csv(tmp_path / "test_bom.csv", require_label=False)
+    assert got_y is None and torch.equal(got_x[:, 0], torch.from_numpy(x))
+
+
 def test_csv_bundle_holds_out_a_seeded_fraction(tmp_path):
     train, _, _ = write_train_test_csv(tmp_path, n_train=100, n_test=1)
     cfg = DataConfig(source=str(train), val_fraction=0.25, num_classes=4)
