@@ -192,6 +192,23 @@ def test_a_file_that_does_not_decode_leaves_nothing(tmp_path, workers):
     assert not out.exists() and not partial_path(out).exists()
 
 
+def test_an_out_that_is_a_folder_is_refused_before_decoding(tmp_path, capsys, monkeypatch):
+    """It decoded every image, then failed on the rename with IsADirectoryError."""
+    write_image_folder(tmp_path / "p", per_class=2, classes=2)
+    (tmp_path / "X").mkdir()
+
+    def no_decoding(*a):
+        raise AssertionError("decoded before refusing --out")
+
+    monkeypatch.setattr("cnnpar.data.store_write.decode_for_store", no_decoding)
+    assert cli_main(["prepare", str(tmp_path / "p"), "--out", str(tmp_path / "X"), "--workers", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"cnnpar: error: --out {tmp_path / 'X'}: is a folder: expected the store file to write, "
+        f"such as {tmp_path / 'X' / 'p'}.cnnpar"
+    )
+    assert list((tmp_path / "X").iterdir()) == [] and not partial_path(tmp_path / "X").exists()
+
+
 def test_a_killed_prepare_leaves_a_partial_that_is_refused(tmp_path):
     """The writer is SIGKILLed mid-way (no clean-up can run): what it leaves is never read as data."""
     write_image_folder(tmp_path / "p", per_class=4, classes=2, side=64)  # 12 KB each: past Python's write buffer
