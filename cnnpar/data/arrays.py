@@ -13,6 +13,11 @@ from cnnpar.errors import DataError
 
 def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
     """Accept (N,H,W), (N,H,W,C) or (N,C,H,W) with C in {1,3}; uint8, or floats in [0,1] or [0,255]."""
+    if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
+        # min/max of an array holding NaN are NaN: the range check and the [0,1] scaling would both skip
+        # it, and every pixel would silently round to 0 or 1
+        at = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
+        raise DataError(f"{where}: value {x[at]} at index {at}: expected finite pixel values (no NaN or inf)")
     if x.ndim == 3:
         x = x[:, None]
     elif x.ndim == 4:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,8 @@ LABEL = "label"
 
 def _header(path: Path) -> list[str]:
     try:
-        with path.open(newline="") as f:
+        # utf-8-sig: Excel's "CSV UTF-8" starts with a BOM, which would stick to the first name
+        with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
             first = f.readline()
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
@@ -49,32 +52,45 @@ def infer_shape(n_pixels: int, image_shape: str, path: Path) -> tuple[int, int, 
     return 1, side, side
 
 
-def _line(row: int) -> str:
-    """Data row `row` (0-based) as the user's editor shows it: the header is line 1."""
-    return f"line {row + 2} (data row {row + 1})"
+def _data_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line number in the file, values) of each data row; read only to name a bad row.
+
+    Blank lines are skipped, as pyarrow skips them, so the k-th row here is pyarrow's row k."""
+    with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
+        reader = csv.reader(f)
+        next(reader, None)
+        for row in reader:
+            if row:
+                yield reader.line_num, row
+
+
+def _where(line: int, row: int) -> str:
+    """Data row `row` (0-based) at `line` as the user's editor shows it: the header is line 1."""
+    return f"line {line} (data row {row + 1})"
+
+
+def _line(path: Path, row: int) -> str:
+    return _where(next(islice(_data_rows(path), row, None))[0], row)
 
 
 def _diagnose(path: Path, columns: list[str], label_idx: int | None, cause: Exception) -> DataError:
     """Find the first line that breaks the format; called only after the fast parse failed."""
     n = len(columns)
-    with path.open(newline="") as f:
-        reader = csv.reader(f)
-        next(reader)
-        for line_no, row in enumerate(reader, start=2):
-            where = f"{path}, {_line(line_no - 2)}"
-            if len(row) != n:
-                return DataError(f"{where}: {len(row)} values: expected {n}, one per column of the header")
-            for j, value in enumerate(row):
-                v = value.strip()
-                try:
-                    num = int(v)
-                except ValueError:
-                    return DataError(
-                        f"{where}, column {columns[j]!r}: {value!r} is not an integer: expected "
-                        + ("a class label" if j == label_idx else "a pixel value 0..255")
-                    )
-                if j != label_idx and not 0 <= num <= 255:
-                    return DataError(f"{where}, column {columns[j]!r}: {num}: expected a pixel value 0..255")
+    for k, (line_no, row) in enumerate(_data_rows(path)):
+        where = f"{path}, {_where(line_no, k)}"
+        if len(row) != n:
+            return DataError(f"{where}: {len(row)} values: expected {n}, one per column of the header")
+        for j, value in enumerate(row):
+            v = value.strip()
+            try:
+                num = int(v)
+            except ValueError:
+                return DataError(
+                    f"{where}, column {columns[j]!r}: {value!r} is not an integer: expected "
+                    + ("a class label" if j == label_idx else "a pixel value 0..255")
+                )
+            if j != label_idx and not 0 <= num <= 255:
+                return DataError(f"{where}, column {columns[j]!r}: {num}: expected a pixel value 0..255")
     return DataError(f"{path}: could not be parsed as CSV ({cause})")
 
 
@@ -89,6 +105,13 @@ def read_pixel_csv(
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     columns = _header(path)
+    repeated = next((c for i, c in enumerate(columns) if c in columns[:i]), None)
+    if repeated is not None:  # pyarrow would rename or merge them: which column is which is lost
+        where = [i + 1 for i, c in enumerate(columns) if c == repeated]
+        raise DataError(
+            f"{path}: column name {repeated!r} is repeated in the header (columns {', '.join(map(str, where))}): "
+            "expected each column name once"
+        )
     label_idx = columns.index(LABEL) if LABEL in columns else None
     if require_label and label_idx is None:
         raise DataError(
@@ -103,7 +126,9 @@ def read_pixel_csv(
     if label_idx is not None:
         types[LABEL] = pa.int64()
     try:
-        table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(column_types=types))
+        # the header's names as read above (spaces stripped, no BOM), not pyarrow's raw ones
+        read = pacsv.ReadOptions(column_names=columns, skip_rows=1)
+        table = pacsv.read_csv(path, read_options=read, convert_options=pacsv.ConvertOptions(column_types=types))
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise _diagnose(path, columns, label_idx, e) from None
     if table.num_rows == 0:
@@ -111,14 +136,14 @@ def read_pixel_csv(
     for c in pixel_cols + ([LABEL] if label_idx is not None else []):
         if table.column(c).null_count:
             row = int(np.flatnonzero(table.column(c).is_null().to_numpy(zero_copy_only=False))[0])
-            raise DataError(f"{path}, {_line(row)}, column {c!r}: empty value: expected a number")
+            raise DataError(f"{path}, {_line(path, row)}, column {c!r}: empty value: expected a number")
     x = np.empty((table.num_rows, len(pixel_cols)), dtype=np.uint8)
     for j, c in enumerate(pixel_cols):
         x[:, j] = table.column(c).to_numpy()
     y = None
     if label_idx is not None:
         y = table.column(LABEL).to_numpy()
-        check_label_range(y, str(path), num_classes, position=_line)
+        check_label_range(y, str(path), num_classes, position=lambda i: _line(path, i))
         y = torch.from_numpy(y.astype(np.int64))
     del table
     return torch.from_numpy(x).view(-1, *shape), y

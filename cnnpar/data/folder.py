@@ -39,22 +39,41 @@ def scan_folder(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
     return files, labels, classes
 
 
+VAL_NAMES = ("val", "valid", "validation", "test")  # the common names of a held-out split, in preference order
+
+
 def scan_splits(root: str | Path) -> tuple[list[Path], list[int], list[int], list[str]]:
     """Files, labels, split ids (0 train, 1 val) and class names of an image folder.
 
-    `root/train` beside `root/val` (or `root/test`) are the two splits, with the same class folders;
-    anything else is one folder of class folders, all train (a seeded hold-out comes later).
+    `root/train` beside `root/val` (or `valid`, `validation`, `test`) are the two splits, with the same
+    class folders; a root holding only `train/` is that folder, all train; anything else is one folder
+    of class folders, all train (a seeded hold-out comes later). Split names must never become classes.
     """
     root = Path(root)
-    val_dir = next((root / n for n in ("val", "test") if (root / n).is_dir()), None)
-    if not ((root / "train").is_dir() and val_dir is not None):
+    train_dir = root / "train"
+    val_dir = next((root / n for n in VAL_NAMES if (root / n).is_dir()), None)
+    subdirs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")] if root.is_dir() else []
+    if not train_dir.is_dir() or (val_dir is None and subdirs != [train_dir]):
         files, labels, classes = scan_folder(root)
+        _check_classes(root, classes)
         return files, labels, [0] * len(files), classes
-    files, labels, classes = scan_folder(root / "train")
+    files, labels, classes = scan_folder(train_dir)
+    _check_classes(train_dir, classes)
+    if val_dir is None:
+        return files, labels, [0] * len(files), classes
     vfiles, vlabels, vclasses = scan_folder(val_dir)
     if vclasses != classes:
-        raise DataError(f"{val_dir}: class folders {vclasses} differ from {root / 'train'}'s {classes}")
+        raise DataError(f"{val_dir}: class folders {vclasses} differ from {train_dir}'s {classes}")
     return files + vfiles, labels + vlabels, [0] * len(files) + [1] * len(vfiles), classes
+
+
+def _check_classes(folder: Path, classes: list[str]) -> None:
+    # one class trains to loss 0 and 100 % accuracy: a result that means nothing
+    if len(classes) < 2:
+        raise DataError(
+            f"{folder}: one class folder ({classes[0]!r}): expected at least 2 class folders, "
+            f"<class>/<image>.jpg|png (or train/<class>/... beside {'|'.join(VAL_NAMES)}/<class>/...)"
+        )
 
 
 def decode_error(path: Path | str, e: BaseException) -> DataError:

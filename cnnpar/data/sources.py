@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from cnnpar.config import DataConfig, parse_shape
-from cnnpar.data.arrays import resize_square, to_labels, to_nchw_uint8
+from cnnpar.data.arrays import check_label_range, resize_square, to_labels, to_nchw_uint8
 from cnnpar.data.bundle import (
     ArrayDataset,
     DataBundle,
@@ -96,6 +96,10 @@ def load_digits(cfg: DataConfig, seed: int) -> DataBundle:
 
     d = sk_digits()
     x = torch.from_numpy(np.rint(d.images * (255.0 / 16.0)).astype(np.uint8))[:, None]
+    # labels 0..9: a smaller --num-classes would fail mid-epoch in the loss (and leave a run folder)
+    check_label_range(
+        d.target, f"scikit-learn digits (labels 0..9) with --num-classes {cfg.num_classes}", cfg.num_classes
+    )
     y = torch.from_numpy(d.target.astype(np.int64))
     size = cfg.image_size or DIGITS_SIZE
     x = resize_square(x, size)
@@ -186,6 +190,11 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
 def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     """A store made by `cnnpar prepare`: the same splits, hold-out and classes as its folder."""
     store = StoreFile(cfg.source)
+    if len(store.class_names) < 2:  # made before prepare refused one class: it would train to a meaningless 100 %
+        raise DataError(
+            f"{store.path}: one class ({store.class_names[0]!r}) in its header: expected at least 2; "
+            "re-run cnnpar prepare on a folder of 2 or more class folders"
+        )
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
     full = StoreDataset(store, torch.arange(store.count), size)
     train, val, val_from = _split(full, torch.from_numpy(store.splits), cfg.val_fraction, seed)

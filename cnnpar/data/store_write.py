@@ -119,6 +119,8 @@ def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int 
     src, out = Path(src), Path(out)
     if max_side < 1:
         raise DataError(f"--max-side {max_side}: expected a side in pixels >= 1, such as 256")
+    if out.is_dir():  # refused now, not after decoding every image only to fail on the rename
+        raise DataError(f"--out {out}: is a folder: expected the store file to write, such as {out / src.name}.cnnpar")
     files, labels, splits, classes = scan_splits(src)
     n = len(files)
     header = {

@@ -131,7 +131,7 @@ class Trainer:
         self.cfg = cfg = resolve_for(cfg, info.device)
         torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
         torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
-        c, h, _ = self.bundle.shape
+        c, h, w = self.bundle.shape
         self.meta = {
             "model": cfg.model.name,
             "in_channels": c,
@@ -142,7 +142,7 @@ class Trainer:
             "class_names": list(self.bundle.class_names),
             "image_shape": list(self.bundle.shape),
         }
-        self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h)
+        self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h, w)
         if hasattr(self.raw_model, "init_from_data") and self.bundle.in_memory:
             self.raw_model.init_from_data(self._normalised_sample())
         apply_frozen_whitening(self.raw_model, cfg.optim)

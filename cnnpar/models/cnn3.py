@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from cnnpar.errors import ConfigError
 from cnnpar.models.registry import register
 
 CONV_CHANNELS = (32, 64, 128)
@@ -19,8 +20,11 @@ def flat_features(image_size: int) -> int:
     side = image_size
     for _ in CONV_CHANNELS:
         side //= 2
-    if side < 1:
-        raise ValueError(f"cnn3 needs images of at least 8x8, got {image_size}")
+    if side < 1:  # bad input (a small --image-size, --max-side or array), so a user error, raised before any run
+        raise ConfigError(
+            f"model cnn3: input images {image_size}x{image_size}: expected at least 8x8 (its three 2x2 max-pools); "
+            "give --image-size 8 or more"
+        )
     return CONV_CHANNELS[-1] * side * side
 
 
@@ -51,6 +55,6 @@ class CNN3(nn.Module):
         return self.classifier(self.features(x))
 
 
-@register("cnn3", "3x (conv3x3-BN-ReLU-maxpool) + 3 linear layers; the founding document's small CNN")
+@register("cnn3", "3x (conv3x3-BN-ReLU-maxpool) + 3 linear layers; the founding document's small CNN", square_only=True)
 def build_cnn3(in_channels: int, num_classes: int, image_size: int) -> nn.Module:
     return CNN3(in_channels, num_classes, image_size)

@@ -14,23 +14,30 @@ from cnnpar.errors import ConfigError
 class ModelEntry:
     build: Callable[[int, int, int], nn.Module]  # (in_channels, num_classes, image_size) -> model
     description: str
+    square_only: bool = False  # sized from one side (a linear head): a non-square input fails mid-epoch
 
 
 MODELS: dict[str, ModelEntry] = {}
 
 
-def register(name: str, description: str):
+def register(name: str, description: str, square_only: bool = False):
     def deco(fn):
-        MODELS[name] = ModelEntry(fn, description)
+        MODELS[name] = ModelEntry(fn, description, square_only)
         return fn
 
     return deco
 
 
-def build_model(name: str, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
+def build_model(name: str, in_channels: int, num_classes: int, image_size: int, width: int = 0) -> nn.Module:
+    """`image_size` is the input's height; `width`, when given, its width (0: square)."""
     _load_builtin()
     if name not in MODELS:
         raise ConfigError(f"model {name!r}: expected one of {', '.join(sorted(MODELS))} (see `cnnpar models`)")
+    if MODELS[name].square_only and width and width != image_size:
+        raise ConfigError(
+            f"model {name}: input images {image_size}x{width} (HxW): expected square images, as its linear head "
+            "is sized from one side; give --image-size N to resize them to NxN"
+        )
     return MODELS[name].build(in_channels, num_classes, image_size)
 
 

@@ -69,6 +69,23 @@ CSV_CASES = {
         lambda ls: _set(ls, 2, "x" + ls[2][1:]),
         ["line 3 (data row 2)", "column 'label'", "expected a class label"],
     ),
+    # blank lines (skipped, as pyarrow skips them) after the header and after data row 2: the real lines are named
+    "blank_lines_then_bad_label": (
+        lambda ls: (ls.insert(1, ""), ls.insert(4, ""), _set(ls, 11, "12" + ls[11][1:])),
+        ["line 12 (data row 9)", "label 12: expected a label in 0..9"],
+    ),
+    "blank_lines_then_bad_pixel": (
+        lambda ls: (ls.insert(1, ""), ls.insert(4, ""), _set(ls, 7, _replace_first_bright(ls[7], "300"))),
+        ["line 8 (data row 5)", "300: expected a pixel value 0..255"],
+    ),
+    "blank_lines_then_empty_cell": (
+        lambda ls: (ls.insert(1, ""), ls.insert(4, ""), _set(ls, 5, _replace_first_bright(ls[5], ""))),
+        ["line 6 (data row 3)", "empty value: expected a number"],
+    ),
+    "repeated_column": (
+        lambda ls: _set(ls, 0, ls[0].replace("pixel1,", "pixel0,", 1)),
+        ["column name 'pixel0' is repeated in the header (columns 2, 3): expected each column name once"],
+    ),
     "empty_file": (lambda ls: ls.clear(), ["the file is empty"]),
     "header_only": (lambda ls: ls.__delitem__(slice(1, None)), ["has a header but no data rows"]),
 }

@@ -69,6 +69,41 @@ def test_cnnpar_models_prints_one_line_per_model(capsys):
     assert [ln.split()[0] for ln in lines] == [n for n, _ in describe_models()]
 
 
+def test_inputs_cnn3_cannot_take_are_user_errors_naming_model_size_and_need():
+    with pytest.raises(ConfigError) as e:
+        build_model("cnn3", 1, 10, 4)
+    assert str(e.value) == (
+        "model cnn3: input images 4x4: expected at least 8x8 (its three 2x2 max-pools); give --image-size 8 or more"
+    )
+    with pytest.raises(ConfigError, match=r"^model cnn3: input images 8x16 \(HxW\): expected square images"):
+        build_model("cnn3", 1, 10, 8, 16)
+    assert build_model("resnet18", 1, 3, 8, 16)(torch.zeros(2, 1, 8, 16)).shape == (2, 3)  # pooled: any shape
+
+
+@pytest.mark.parametrize("data,extra,want", [
+    ("rect.npz", [], "model cnn3: input images 8x16 (HxW): expected square images"),
+    ("small.csv", [], "model cnn3: input images 4x4: expected at least 8x8"),
+    ("square.npz", ["--image-size", "4"], "model cnn3: input images 4x4: expected at least 8x8"),
+])  # fmt: skip
+def test_train_refuses_them_in_one_line_before_a_run_folder(tmp_path, capsys, data, extra, want):
+    """A non-square npz failed mid-epoch (mat1 and mat2 shapes) and left a run folder; small ones a traceback."""
+    import numpy as np
+
+    from cnnpar.cli import main
+    from tests.datafiles import write_pixel_csv
+
+    rng = np.random.default_rng(0)
+    y = np.arange(20) % 2
+    np.savez(tmp_path / "rect.npz", x_train=rng.integers(0, 256, (20, 8, 16), dtype=np.uint8), y_train=y)
+    np.savez(tmp_path / "square.npz", x_train=rng.integers(0, 256, (20, 8, 8), dtype=np.uint8), y_train=y)
+    write_pixel_csv(tmp_path / "small.csv", rng.integers(0, 256, (20, 4, 4)), y)
+    runs = tmp_path / "runs"
+    args = ["train", "--data", str(tmp_path / data), *extra, "--out-dir", str(runs), "--no-progress"]
+    assert main([*args, "--no-tensorboard"]) == 2 and not runs.exists()
+    err = capsys.readouterr().err
+    assert err.startswith(f"cnnpar: error: {want}") and err.count("\n") == 1
+
+
 def test_fastnet_logits_have_finite_gradients_when_compiled_in_bf16():
     """torch.compile + bf16 autocast on the CPU (Inductor's C++ backend) gave fastnet NaN gradients
     on its first backward when the maps were pooled with torch.amax: every cifar10-record epoch

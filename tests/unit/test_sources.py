@@ -39,6 +39,22 @@ def test_csv_colour_rows_need_and_honour_image_shape(tmp_path):
         read_pixel_csv(path, image_shape="3x4x4")
 
 
+def test_csv_header_with_spaces_or_a_bom_reads_as_usual(tmp_path):
+    """`label, pixel0, ...` and Excel's "CSV UTF-8" (a BOM first) gave KeyError tracebacks."""
+    x, y = bar_images(6, side=8)
+    path = write_pixel_csv(tmp_path / "plain.csv", x, y)
+    header, body = path.read_text().split("\n", 1)
+    (tmp_path / "spaces.csv").write_text(header.replace(",", " , ") + "\n" + body)
+    (tmp_path / "bom.csv").write_text(header + "\n" + body, encoding="utf-8-sig")
+    test = write_pixel_csv(tmp_path / "test.csv", x, None)
+    (tmp_path / "test_bom.csv").write_text(test.read_text(), encoding="utf-8-sig")
+    for name in ("spaces.csv", "bom.csv"):
+        got_x, got_y = read_pixel_csv(tmp_path / name)
+        assert torch.equal(got_x[:, 0], torch.from_numpy(x)) and torch.equal(got_y, torch.from_numpy(y)), name
+    got_x, got_y = read_pixel_csv(tmp_path / "test_bom.csv", require_label=False)
+    assert got_y is None and torch.equal(got_x[:, 0], torch.from_numpy(x))
+
+
 def test_csv_bundle_holds_out_a_seeded_fraction(tmp_path):
     train, _, _ = write_train_test_csv(tmp_path, n_train=100, n_test=1)
     cfg = DataConfig(source=str(train), val_fraction=0.25, num_classes=4)
@@ -74,6 +90,26 @@ def test_npz_channels_last_and_float_arrays_become_nchw_uint8(tmp_path):
     assert torch.equal(bundle.train.x, torch.from_numpy(x.transpose(0, 3, 1, 2).copy()))
 
 
+def test_a_non_finite_pixel_is_named_with_its_file_key_and_index(tmp_path):
+    """One NaN made min/max NaN: the [0,1] data was not scaled and trained as pixels 0 and 1 only."""
+    x, y = bar_images(10, side=8, channels=3)
+    x = x.astype(np.float32) / 255.0
+    x[5, 0, 1, 2] = np.nan
+    np.savez(tmp_path / "nan.npz", x_train=x, y_train=y)
+    path = tmp_path / "nan.npz"
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(path)))
+    assert str(e.value) == (
+        f"{path}[x_train]: value nan at index (5, 0, 1, 2): expected finite pixel values (no NaN or inf)"
+    )
+    x[5, 0, 1, 2] = 0.5
+    x_test = x[:2].copy()
+    x_test[1, 7, 7, 0] = np.inf
+    np.savez(path, x_train=x, y_train=y, x_test=x_test, y_test=y[:2])
+    with pytest.raises(DataError, match=r"nan\.npz\[x_test\]: value inf at index \(1, 7, 7, 0\): expected finite"):
+        load_predict_data(str(path))
+
+
 def test_synthetic_has_the_asked_shape_and_classes():
     bundle = load_data(DataConfig(source="synthetic", image_shape="3x12x12", num_classes=5, synthetic_samples=100))
     assert bundle.shape == (3, 12, 12) and bundle.num_classes == 5
@@ -86,6 +122,20 @@ def test_digits_are_built_in_and_upscaled():
     assert bundle.shape == (1, 16, 16) and bundle.num_classes == 10
     assert len(bundle.train) + len(bundle.val) == 1797
     assert int(bundle.train.x.max()) > 200  # scaled from sklearn's 0..16 to 0..255
+
+
+def test_digits_with_too_few_classes_is_refused_in_one_line_before_a_run_folder(tmp_path, capsys):
+    """--num-classes 5 on labels 0..9 crashed mid-epoch (IndexError in the loss) and left a run folder."""
+    from cnnpar.cli import main
+
+    runs = tmp_path / "runs"
+    code = main(["train", "--num-classes", "5", "--out-dir", str(runs), "--no-progress", "--no-tensorboard"])
+    assert code == 2 and not runs.exists()
+    assert capsys.readouterr().err.strip() == (
+        "cnnpar: error: scikit-learn digits (labels 0..9) with --num-classes 5, index 5: label 5: "
+        "expected a label in 0..4"
+    )
+    assert load_data(DataConfig(source="digits", num_classes=12)).num_classes == 12  # more classes: allowed
 
 
 def test_image_folder_decodes_png_and_jpeg_to_the_model_size(tmp_path):
@@ -108,6 +158,36 @@ def test_image_folder_with_train_and_val_subfolders(tmp_path):
     write_image_folder(tmp_path / "d" / "val", per_class=1, classes=3)
     bundle = load_data(DataConfig(source=str(tmp_path / "d"), image_size=8))
     assert (len(bundle.train), len(bundle.val), bundle.num_classes) == (6, 3, 3)
+
+
+@pytest.mark.parametrize("val_name", ["valid", "validation", "test"])
+def test_split_folders_under_their_common_names_are_splits_not_classes(tmp_path, val_name):
+    write_image_folder(tmp_path / "d" / "train", per_class=2, classes=3)
+    write_image_folder(tmp_path / "d" / val_name, per_class=1, classes=3)
+    bundle = load_data(DataConfig(source=str(tmp_path / "d"), image_size=8))
+    assert bundle.class_names == ["class0", "class1", "class2"]
+    assert (len(bundle.train), len(bundle.val)) == (6, 3)
+
+
+def test_a_root_holding_only_train_is_that_folder_with_a_seeded_hold_out(tmp_path):
+    write_image_folder(tmp_path / "d" / "train", per_class=5, classes=2)
+    bundle = load_data(DataConfig(source=str(tmp_path / "d"), image_size=8, val_fraction=0.2), seed=0)
+    assert bundle.class_names == ["class0", "class1"]
+    assert (len(bundle.train), len(bundle.val)) == (8, 2) and bundle.val_from.startswith("a seeded 20% hold-out")
+
+
+def test_one_class_folder_is_refused_in_one_line_before_a_run_folder(tmp_path, capsys):
+    from cnnpar.cli import main
+
+    write_image_folder(tmp_path / "one" / "train", per_class=4, classes=1)
+    runs = tmp_path / "runs"
+    code = main(["train", "--data", str(tmp_path / "one"), "--out-dir", str(runs), "--no-progress", "--no-tensorboard"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not runs.exists()
+    assert err == (
+        f"cnnpar: error: {tmp_path / 'one' / 'train'}: one class folder ('class0'): expected at least 2 class "
+        "folders, <class>/<image>.jpg|png (or train/<class>/... beside val|valid|validation|test/<class>/...)"
+    )
 
 
 def test_predict_inputs_keep_file_order(tmp_path):

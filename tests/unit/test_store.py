@@ -119,6 +119,23 @@ def test_train_and_val_folders_become_the_stores_splits(tmp_path):
     assert bundle.shape == (3, 16, 16) and bundle.num_classes == 2 and bundle.class_names == folder.class_names
 
 
+def test_prepare_reads_split_folders_by_their_common_names_and_refuses_one_class(tmp_path, monkeypatch):
+    write_image_folder(tmp_path / "p" / "train", per_class=3, classes=2)
+    write_image_folder(tmp_path / "p" / "valid", per_class=2, classes=2)
+    header = prepare_store(tmp_path / "p", tmp_path / "p.cnnpar", MAX_SIDE, workers=1, progress=False)
+    assert header["splits"] == {"train": 6, "val": 4} and header["class_names"] == ["class0", "class1"]
+    write_image_folder(tmp_path / "one" / "train", per_class=3, classes=1)
+    out = tmp_path / "one.cnnpar"
+    one_line_error(
+        lambda: prepare_store(tmp_path / "one", out, MAX_SIDE, workers=1, progress=False),
+        f"{tmp_path / 'one' / 'train'}: one class folder ('class0'): expected at least 2 class folders",
+    )
+    assert not out.exists() and not partial_path(out).exists()
+    monkeypatch.setattr("cnnpar.data.folder._check_classes", lambda *a: None)  # a store from before the check
+    prepare_store(tmp_path / "one", out, MAX_SIDE, workers=1, progress=False)
+    one_line_error(lambda: load_data(data_cfg(out), 0), f"{out}: one class ('class0') in its header: expected at least")
+
+
 def test_seeded_hold_out_is_the_folders(photos):
     folder, out = photos
     for seed in (0, 3):
@@ -173,6 +190,23 @@ def test_a_file_that_does_not_decode_leaves_nothing(tmp_path, workers):
     out = tmp_path / "p.cnnpar"
     one_line_error(lambda: prepare_store(tmp_path / "p", out, MAX_SIDE, workers, progress=False), str(bad), "decode")
     assert not out.exists() and not partial_path(out).exists()
+
+
+def test_an_out_that_is_a_folder_is_refused_before_decoding(tmp_path, capsys, monkeypatch):
+    """It decoded every image, then failed on the rename with IsADirectoryError."""
+    write_image_folder(tmp_path / "p", per_class=2, classes=2)
+    (tmp_path / "X").mkdir()
+
+    def no_decoding(*a):
+        raise AssertionError("decoded before refusing --out")
+
+    monkeypatch.setattr("cnnpar.data.store_write.decode_for_store", no_decoding)
+    assert cli_main(["prepare", str(tmp_path / "p"), "--out", str(tmp_path / "X"), "--workers", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"cnnpar: error: --out {tmp_path / 'X'}: is a folder: expected the store file to write, "
+        f"such as {tmp_path / 'X' / 'p'}.cnnpar"
+    )
+    assert list((tmp_path / "X").iterdir()) == [] and not partial_path(tmp_path / "X").exists()
 
 
 def test_a_killed_prepare_leaves_a_partial_that_is_refused(tmp_path):
