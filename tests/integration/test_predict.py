@@ -76,6 +76,30 @@ def test_predict_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == ["test.csv"]  # no temp files either
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--batch-size", "-1"], "--batch-size -1: expected a whole number > 0"),
+        (["--batch-size", "0"], "--batch-size 0: expected a whole number > 0"),
+        (["--device", "foo"], "--device 'foo': expected cpu, cuda or cuda:N"),
+        (["--device", "cuda"], "--device 'cuda' but no CUDA device is visible: expected --device cpu here"),
+        (["--out", "folder"], "--out folder: is a folder: expected the path of the CSV file to write"),
+    ],
+)
+def test_predict_refuses_bad_arguments_in_one_line_and_writes_nothing(
+    tmp_path, capsys, monkeypatch, trained, flags, expected
+):
+    """-1 wrote a header-only submission and exit 0; the others ended in tracebacks."""
+    _, run_dir, test, _ = trained
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # a CPU-only machine, even on a GPU one
+    (tmp_path / "folder").mkdir()
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(test), *flags]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"cnnpar: error: {expected}\n" and "wrote" not in out
+    assert [p.name for p in tmp_path.iterdir()] == ["folder"] and not any((tmp_path / "folder").iterdir())
+
+
 def test_predict_refuses_another_image_size_unless_asked_to_resize(tmp_path, capsys, monkeypatch, trained):
     """A 16x16 model runs on 28x28 rows without any error and gets most of them wrong: refused."""
     _, run_dir, _, _ = trained
