@@ -128,7 +128,15 @@ def predict(
     preds, confs = [], []
     with torch.no_grad():
         for x in _batches(ds, batch_size):
-            probs = model(transform(x.to(dev), train=False)).softmax(dim=1)
+            logits = model(transform(x.to(dev), train=False))
+            # Checked on the outputs, not the weights: a run that diverged can keep finite weights
+            # (lr 1e30) whose outputs still overflow, and argmax over NaN says class 0 with no error.
+            if not bool(torch.isfinite(logits).all()):
+                raise UserError(
+                    f"{checkpoint}: the model's outputs on {data} are not finite (NaN or inf): its weights "
+                    "come from a run that diverged; expected a checkpoint of a run that trained (try a lower --lr)"
+                )
+            probs = logits.softmax(dim=1)
             conf, label = probs.max(dim=1)
             preds += label.tolist()
             confs += conf.tolist()
