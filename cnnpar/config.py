@@ -9,6 +9,7 @@ that depend on the machine ("auto") stay "auto" here and are resolved against th
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -59,6 +60,15 @@ def _check_positive(section: str, name: str, value: Any, allow_zero: bool = Fals
     ok = value >= 0 if allow_zero else value > 0
     if not ok:
         raise ConfigError(f"{section}.{name} = {value!r}: expected a number {'>= 0' if allow_zero else '> 0'}")
+
+
+def _check_finite(section: str, cfg: Any) -> None:
+    """Refuse NaN and inf in every float field, first: NaN fails no comparison, so a range check
+    lets it through (momentum, weight_decay, ddp_bucket_mb have none), and inf passes `> 0` (lr)."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{section}.{f.name} = {value}: expected a finite number, not nan or inf")
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -143,6 +153,7 @@ class DataConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_finite("data", self)
         _check_choice("data", "augment", self.augment, AUGMENTS)
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction = {self.val_fraction}: expected 0 <= value < 1")
@@ -221,10 +232,14 @@ class OptimConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_finite("optim", self)
         _check_choice("optim", "optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("optim", "schedule", self.schedule, SCHEDULES)
         _check_choice("optim", "lr_scaling", self.lr_scaling, LR_SCALINGS)
         _check_positive("optim", "lr", self.lr)
+        # torch's optimizers refuse negative ones with a ValueError traceback at the run's start
+        _check_positive("optim", "weight_decay", self.weight_decay, allow_zero=True)
+        _check_positive("optim", "momentum", self.momentum, allow_zero=True)
         _check_positive("optim", "grad_accum", self.grad_accum)
         _check_positive("optim", "grad_clip", self.grad_clip, allow_zero=True)
         if not 0.0 <= self.warmup < 1.0:
@@ -339,6 +354,7 @@ class DistConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_finite("dist", self)
         _check_choice("dist", "strategy", self.strategy, STRATEGIES)
         _check_positive("dist", "nproc", self.nproc, allow_zero=True)
         _check_positive("dist", "timeout_s", self.timeout_s)
