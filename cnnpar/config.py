@@ -537,6 +537,12 @@ def resolve_decode(requested: str, cuda: bool, engines: str | None = None) -> tu
     return "gpu", "auto: CUDA; nvJPEG measured fastest of gpu, cpu and nvimgcodec on an H200"
 
 
+def resolve_batch_size(batch_size: int, device_type: str) -> int:
+    """--batch-size auto (0) stays 0 on a GPU, where the trainer measures it (engine/batch_size.py) with the
+    model on the device; the CPU keeps the fixed 64 it always had (no search: its throughput barely grows)."""
+    return batch_size or (0 if device_type == "cuda" else CPU_BATCH)
+
+
 def resolve_for_device(
     cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False, jpeg_engines: str | None = None
 ) -> Config:
@@ -576,9 +582,7 @@ def resolve_for_device(
     pin = data.pin_memory if data.pin_memory != "auto" else ("on" if cuda else "off")
     decode, _ = resolve_decode(data.decode, cuda, jpeg_engines)
     stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")
-    # batch size auto: measured on a GPU by the trainer (engine/batch_size.py), which needs the model
-    # on the device; the CPU keeps the fixed 64 it always had (no search: its throughput barely grows)
-    batch = cfg.run.batch_size or (0 if cuda else CPU_BATCH)
+    batch = resolve_batch_size(cfg.run.batch_size, device_type)
     return replace(
         cfg,
         run=replace(cfg.run, batch_size=batch),
