@@ -9,6 +9,7 @@ that depend on the machine ("auto") stay "auto" here and are resolved against th
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -59,6 +60,15 @@ def _check_positive(section: str, name: str, value: Any, allow_zero: bool = Fals
     ok = value >= 0 if allow_zero else value > 0
     if not ok:
         raise ConfigError(f"{section}.{name} = {value!r}: expected a number {'>= 0' if allow_zero else '> 0'}")
+
+
+def _check_finite(section: str, cfg: Any) -> None:
+    """Refuse NaN and inf in every float field, first: NaN fails no comparison, so a range check
+    lets it through (momentum, weight_decay, ddp_bucket_mb have none), and inf passes `> 0` (lr)."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{section}.{f.name} = {value}: expected a finite number, not nan or inf")
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -143,6 +153,7 @@ class DataConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_finite("data", self)
         _check_choice("data", "augment", self.augment, AUGMENTS)
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data.val_fraction = {self.val_fraction}: expected 0 <= value < 1")
@@ -221,10 +232,14 @@ class OptimConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_finite("optim", self)
         _check_choice("optim", "optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("optim", "schedule", self.schedule, SCHEDULES)
         _check_choice("optim", "lr_scaling", self.lr_scaling, LR_SCALINGS)
         _check_positive("optim", "lr", self.lr)
+        # torch's optimizers refuse negative ones with a ValueError traceback at the run's start
+        _check_positive("optim", "weight_decay", self.weight_decay, allow_zero=True)
+        _check_positive("optim", "momentum", self.momentum, allow_zero=True)
         _check_positive("optim", "grad_accum", self.grad_accum)
         _check_positive("optim", "grad_clip", self.grad_clip, allow_zero=True)
         if not 0.0 <= self.warmup < 1.0:
@@ -339,6 +354,7 @@ class DistConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_finite("dist", self)
         _check_choice("dist", "strategy", self.strategy, STRATEGIES)
         _check_positive("dist", "nproc", self.nproc, allow_zero=True)
         _check_positive("dist", "timeout_s", self.timeout_s)
@@ -521,6 +537,12 @@ def resolve_decode(requested: str, cuda: bool, engines: str | None = None) -> tu
     return "gpu", "auto: CUDA; nvJPEG measured fastest of gpu, cpu and nvimgcodec on an H200"
 
 
+def resolve_batch_size(batch_size: int, device_type: str) -> int:
+    """--batch-size auto (0) stays 0 on a GPU, where the trainer measures it (engine/batch_size.py) with the
+    model on the device; the CPU keeps the fixed 64 it always had (no search: its throughput barely grows)."""
+    return batch_size or (0 if device_type == "cuda" else CPU_BATCH)
+
+
 def resolve_for_device(
     cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False, jpeg_engines: str | None = None
 ) -> Config:
@@ -560,9 +582,7 @@ def resolve_for_device(
     pin = data.pin_memory if data.pin_memory != "auto" else ("on" if cuda else "off")
     decode, _ = resolve_decode(data.decode, cuda, jpeg_engines)
     stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")
-    # batch size auto: measured on a GPU by the trainer (engine/batch_size.py), which needs the model
-    # on the device; the CPU keeps the fixed 64 it always had (no search: its throughput barely grows)
-    batch = cfg.run.batch_size or (0 if cuda else CPU_BATCH)
+    batch = resolve_batch_size(cfg.run.batch_size, device_type)
     return replace(
         cfg,
         run=replace(cfg.run, batch_size=batch),

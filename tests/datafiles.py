@@ -81,3 +81,18 @@ def write_noise_jpegs(root: Path, n: int = 12, first_height: int = 48, width: in
         pixels = torch.randint(0, 256, (first_height + 4 * i, width, 3), generator=g, dtype=torch.uint8).numpy()
         Image.fromarray(pixels).save(root / f"c{i % 3}" / f"{i}.jpg", quality=90)
     return root
+
+
+def write_first_batch_failures(root: Path) -> dict[str, tuple[Path, str]]:
+    """Data that loads but fails at its first batch, with the start of each one's error: an .npz of one
+    image (no training batch) and a folder of files that are not images (found when decoded)."""
+    root.mkdir(parents=True, exist_ok=True)
+    x, y = bar_images(1)
+    np.savez(root / "one.npz", x_train=x, y_train=y)
+    folder = write_image_folder(root / "corrupt", per_class=2, side=16)
+    for f in folder.rglob("*.*"):
+        f.write_bytes(b"not an image")
+    return {
+        "one_image": (root / "one.npz", "the training split holds no batch"),
+        "corrupt_images": (folder, f"{folder}/class"),  # the file's name, then "cannot decode as an image"
+    }

@@ -291,6 +291,7 @@ def _measure(p: PlannedRung, carried, row: dict, bundle: DataBundle, info: DistI
         trainer = fresh_trainer(p.cfg, bundle, info)
     try:
         row.update(measure_steps(trainer, timing))
+        row["batch_size"] = trainer.cfg.run.batch_size  # the batch this rung ran: its own search's with auto on a GPU
     except BaseException:
         trainer.close()  # a failed rung's Trainer is not kept: its workers and decoders go now
         raise

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cnnpar.config import Config
+from cnnpar.config import Config, resolve_batch_size
 from cnnpar.report.files import write_text_atomic
 
 from .timing import Timing
@@ -25,7 +26,7 @@ class BenchOptions:
     started: float | None = None  # time.monotonic() when the command started (the budget counts from it)
 
 
-def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, image_size: int) -> None:
+def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, image_size: int, batch: int) -> None:
     """DDP rows beside the ladder: the same model, image size and per-process batch at each world
     size, through cnnpar's Trainer and host input pipeline (see bench/ddp_scaling.py)."""
     from .ddp_scaling import main as ddp_main
@@ -40,7 +41,7 @@ def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, imag
         "--image-size",
         str(image_size),
         "--batch-size",
-        str(cfg.run.batch_size),
+        str(batch),
         "--steps",
         str(opts.timing.steps),
         "--repeats",
@@ -79,6 +80,10 @@ def _measurement_setup(cfg: Config, timing: Timing):
     bundle = load_data(cfg.data, cfg.run.seed)
     peak = peak_flops(info.device)
     fpi = flops_per_image(cfg.model.name, bundle.shape, bundle.num_classes, info.device)
+    # resolved: --batch-size auto is the CPU's 64 here, not the 0 that stands for auto (still 0 on a GPU,
+    # where each Trainer searches its own batch and the ladder's rows record it)
+    batch = resolve_batch_size(cfg.run.batch_size, info.device.type)
+    cfg = replace(cfg, run=replace(cfg.run, batch_size=batch))
     return info, bundle, run_metadata(cfg, bundle, info.device, timing, peak, fpi)
 
 
@@ -146,8 +151,9 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
     out = _out_dir(opts, info, cfg)
     # the start-up (imports, data, peak and FLOP count) is part of a budgeted run's time: say how much
     took = f"  [{time.monotonic() - opts.started:.0f} s]" if opts.started is not None else ""
+    batch = meta["batch_size"] or "auto (searched on the device)"
     print(
-        f"bench: {cfg.model.name} on {bundle.origin} ({meta['image_shape']}), batch {cfg.run.batch_size}, "
+        f"bench: {cfg.model.name} on {bundle.origin} ({meta['image_shape']}), batch {batch}, "
         f"{meta['device']} ({info.device.type}), torch {torch.__version__}; peak {meta['peak_tflops']} TFLOP/s "
         f"({meta['peak_kind']}); {meta['gflops_per_image']} GFLOP/image{took}",
         flush=True,
@@ -159,6 +165,19 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
         rows = run_ladder(cfg, bundle, info, opts.timing, meta, only, log, opts.budget_s, opts.started)
         files = output.write_ladder(out, rows)
     _finish(files)
-    if opts.ddp and opts.mode == "ladder":
-        _ddp_rows(cfg, opts, out, info.device.type, bundle.shape[1])
+    if opts.mode != "ladder":
+        return 0
+    measured = [r for r in rows if r["status"] == "ok"]
+    failed = [r for r in rows if r["status"] == "failed"]
+    if failed and not measured:  # a table of failures is no measurement: say so in the exit code too
+        first = failed[0]
+        print(
+            f"bench: every rung run failed ({len(failed)} of {len(rows)}, the rest skipped); first, {first['name']}: "
+            f"{first['error']}; rows in {files[0]}",
+            file=sys.stderr,
+        )
+        return 1
+    if opts.ddp:
+        batch = measured[-1]["batch_size"] if measured else meta["batch_size"]  # the batch the ladder ran
+        _ddp_rows(cfg, opts, out, info.device.type, bundle.shape[1], batch)
     return 0

@@ -5,6 +5,7 @@ Runs under torchrun too: every rank profiles its own steps and writes trace_rank
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from cnnpar.config import Config
 from cnnpar.dist import DistInfo, barrier, broadcast_object
 from cnnpar.engine.harness import build_trainer, next_group, run_step, training_batches
+from cnnpar.report.files import removed_on_failure
 from cnnpar.report.profiler import ProfileFiles, profile_steps
 from cnnpar.report.ranges import DATA_WAIT, span
 
@@ -31,7 +33,15 @@ def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFil
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     # Under run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder.
     default = Path(cfg.run.out_dir) / "profile" / f"{cfg.model.name}-{stamp}"
-    out = Path(broadcast_object(opts.report_dir or str(default), info))
+    decided = Path(opts.report_dir) if opts.report_dir else default
+    # rank 0 makes the folder before the broadcast lets any rank write there, and removes it if the
+    # steps fail (data that fails at its first batch): no empty report folder is left behind
+    with removed_on_failure(decided) if info.is_main else contextlib.nullcontext():
+        out = Path(broadcast_object(str(decided), info))
+        return _profile(trainer, info, opts, out)
+
+
+def _profile(trainer, info: DistInfo, opts: ProfileOptions, out: Path) -> ProfileFiles:
     batches = training_batches(trainer)
     trainer.model.train()
 

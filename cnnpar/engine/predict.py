@@ -13,7 +13,7 @@ from cnnpar.data.sources import detect_format, load_predict_data
 from cnnpar.data.transforms import DeviceTransform
 from cnnpar.engine.averaging import averaged_weights
 from cnnpar.engine.checkpoint import load_checkpoint
-from cnnpar.errors import DataError, UserError
+from cnnpar.errors import ConfigError, DataError, UserError
 from cnnpar.models import build_model
 from cnnpar.report.files import write_csv_atomic
 
@@ -26,6 +26,23 @@ def _batches(ds, batch_size: int):
         return
     for x, _ in torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=False):
         yield x
+
+
+def _device(text: str) -> torch.device:
+    """--device as a torch device, refused in one line as `cnnpar train` refuses a CUDA it cannot see
+    (dist.pick_device), rather than with torch's traceback at the first tensor moved there."""
+    try:
+        dev = torch.device(text)
+    except RuntimeError:  # a name torch does not know at all
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {text!r}: expected cpu, cuda or cuda:N")
+    count = torch.cuda.device_count() if dev.type == "cuda" else 0  # 0, not an error, without a driver
+    if dev.type == "cuda" and not count:
+        raise ConfigError(f"--device {text!r} but no CUDA device is visible: expected --device cpu here")
+    if dev.type == "cuda" and (dev.index or 0) >= count:
+        raise ConfigError(f"--device {text!r}: {count} CUDA device(s) visible: expected cuda:0..cuda:{count - 1}")
+    return dev
 
 
 def range_warning(x: torch.Tensor, mean, std, data: str) -> str:
@@ -80,13 +97,18 @@ def predict(
 ) -> Path:
     """Write predictions; log the accuracy where the data has labels, and warn on stderr about
     pixels that would make the predictions quietly wrong."""
-    dev = torch.device(device)
+    dev = _device(device)
+    if batch_size < 1:  # a negative step makes an empty range: a header-only submission, "wrote", exit 0
+        raise ConfigError(f"--batch-size {batch_size}: expected a whole number > 0")
     state = load_checkpoint(checkpoint, map_location="cpu")
     meta = state.get("meta") if isinstance(state, dict) else None
     if meta is None:
         raise UserError(f"{checkpoint}: holds no model description ('meta'): expected a checkpoint of cnnpar train")
     c, h, w = meta["image_shape"]
     fmt = detect_format(data, "auto")
+    target = Path(out or ("submission.csv" if fmt == "csv" else "predictions.csv"))
+    if target.is_dir():  # refused before the work, not at the final rename
+        raise UserError(f"--out {target}: is a folder: expected the path of the CSV file to write")
     if not image_shape and c != 1:
         # Only square grey rows can be inferred from a column count; colour rows take the model's shape.
         image_shape = f"{c}x{h}x{w}"
@@ -106,7 +128,15 @@ def predict(
     preds, confs = [], []
     with torch.no_grad():
         for x in _batches(ds, batch_size):
-            probs = model(transform(x.to(dev), train=False)).softmax(dim=1)
+            logits = model(transform(x.to(dev), train=False))
+            # Checked on the outputs, not the weights: a run that diverged can keep finite weights
+            # (lr 1e30) whose outputs still overflow, and argmax over NaN says class 0 with no error.
+            if not bool(torch.isfinite(logits).all()):
+                raise UserError(
+                    f"{checkpoint}: the model's outputs on {data} are not finite (NaN or inf): its weights "
+                    "come from a run that diverged; expected a checkpoint of a run that trained (try a lower --lr)"
+                )
+            probs = logits.softmax(dim=1)
             conf, label = probs.max(dim=1)
             preds += label.tolist()
             confs += conf.tolist()
@@ -114,11 +144,9 @@ def predict(
     if label_origin:
         log(_accuracy_line(ds.y, preds, meta["num_classes"], data, label_origin))
     if fmt == "csv":
-        target = Path(out or "submission.csv")
         rows = [{"ImageId": i, "Label": names[p] if names else p} for i, p in zip(ids, preds)]
         write_csv_atomic(target, rows, ["ImageId", "Label"])
     else:
-        target = Path(out or "predictions.csv")
         rows = [
             {"id": i, "label": p, "class_name": names[p] if names else p, "confidence": f"{q:.5f}"}
             for i, p, q in zip(ids, preds, confs)

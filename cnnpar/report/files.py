@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import secrets
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +82,19 @@ def write_csv_atomic(path: str | Path, rows: list[dict], columns: list[str] | No
 def read_csv(path: str | Path) -> list[dict[str, str]]:
     with Path(path).open(newline="") as f:
         return list(csv.DictReader(f))
+
+
+@contextlib.contextmanager
+def removed_on_failure(folder: str | Path) -> Iterator[Path]:
+    """Make `folder` (and its missing parents) for the block; if the block raises, remove the folders
+    this made, with what they hold: a command that failed (bad data at the first batch) leaves no
+    empty or partial report folder behind. Folders that were there before are left as they were."""
+    folder = Path(folder)
+    made = [d for d in (*reversed(folder.parents), folder) if not d.exists()]  # outermost first
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:
+        if made:
+            shutil.rmtree(made[0], ignore_errors=True)
+        raise

@@ -181,6 +181,16 @@ def test_bad_config_value_names_the_field(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "runs").exists()
 
 
+def test_non_finite_config_values_are_refused_from_flags_and_toml(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--lr", "inf"]) == 2
+    assert capsys.readouterr().err == "cnnpar: error: optim.lr = inf: expected a finite number, not nan or inf\n"
+    (tmp_path / "c.toml").write_text("[optim]\nmomentum = nan\n")  # TOML has nan and inf literals
+    assert main(["train", "--config", "c.toml"]) == 2
+    assert capsys.readouterr().err == "cnnpar: error: optim.momentum = nan: expected a finite number, not nan or inf\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]  # no run folder
+
+
 # ---- real subprocesses: the exit code and stderr a shell user sees -------------------------------
 
 

@@ -9,8 +9,10 @@ import shutil
 import pytest
 import torch
 
+from cnnpar.cli import main
 from cnnpar.config import Config
 from cnnpar.presets import with_overrides
+from tests.datafiles import write_first_batch_failures
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +124,15 @@ def test_heavy_model_on_memory_is_compute_bound(tmp_path):
     ]  # fmt: skip
     assert all(p.batches >= 1 and p.seconds > 0 for p in report.phases)
     assert not any(r.key in ("workers", "pre-decode", "resident") for r in report.recommendations)
+
+
+@pytest.mark.parametrize("case", ["one_image", "corrupt_images"])
+def test_a_doctor_that_fails_at_the_first_batch_leaves_no_report_folder(tmp_path, capsys, case):
+    """The report folder (here with telemetry in it) was made before measuring and stayed, empty."""
+    data, error = write_first_batch_failures(tmp_path / "in")[case]
+    out = tmp_path / "out"
+    args = ["--data", str(data), "--device", "cpu", "--workers", "0", "--out-dir", str(out), "--monitor"]
+    assert main(["doctor", *args, "--warmup-steps", "1", "--measure-steps", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"cnnpar: error: {error}"), err
+    assert not out.exists()

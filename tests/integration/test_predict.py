@@ -76,6 +76,58 @@ def test_predict_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == ["test.csv"]  # no temp files either
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--batch-size", "-1"], "--batch-size -1: expected a whole number > 0"),
+        (["--batch-size", "0"], "--batch-size 0: expected a whole number > 0"),
+        (["--device", "foo"], "--device 'foo': expected cpu, cuda or cuda:N"),
+        (["--device", "cuda"], "--device 'cuda' but no CUDA device is visible: expected --device cpu here"),
+        (["--out", "folder"], "--out folder: is a folder: expected the path of the CSV file to write"),
+    ],
+)
+def test_predict_refuses_bad_arguments_in_one_line_and_writes_nothing(
+    tmp_path, capsys, monkeypatch, trained, flags, expected
+):
+    """-1 wrote a header-only submission and exit 0; the others ended in tracebacks."""
+    _, run_dir, test, _ = trained
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # a CPU-only machine, even on a GPU one
+    (tmp_path / "folder").mkdir()
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(test), *flags]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"cnnpar: error: {expected}\n" and "wrote" not in out
+    assert [p.name for p in tmp_path.iterdir()] == ["folder"] and not any((tmp_path / "folder").iterdir())
+
+
+@pytest.mark.parametrize("poison", ["nan", "huge"])
+def test_predict_refuses_a_diverged_checkpoint_and_writes_nothing(tmp_path, capsys, monkeypatch, trained, poison):
+    """NaN weights, or finite ones so large that the outputs overflow (what --lr 1e30 leaves): argmax
+    said class 0 for every image, 'wrote', exit 0, and labelled data got an accuracy with nan confidences."""
+    _, run_dir, test, _ = trained
+    state = torch.load(run_dir / "ckpt" / "last.pt", weights_only=True)
+    weight = state["model"]["classifier.5.weight"]
+    if poison == "nan":
+        weight.fill_(float("nan"))
+    else:
+        weight.fill_(3e38)  # the largest float32 is 3.4e38
+        assert torch.isfinite(weight).all()  # finite weights, outputs that overflow
+    bad = tmp_path / "diverged.pt"
+    torch.save(state, bad)
+    x, y = bar_images(16, seed=5)
+    labelled = write_pixel_csv(tmp_path / "labelled.csv", x, y)
+    monkeypatch.chdir(tmp_path)
+    for data in (test, labelled):
+        assert main(["predict", "--checkpoint", str(bad), "--data", str(data)]) == 2
+        out, err = capsys.readouterr()
+        assert err == (
+            f"cnnpar: error: {bad}: the model's outputs on {data} are not finite (NaN or inf): its weights come "
+            "from a run that diverged; expected a checkpoint of a run that trained (try a lower --lr)\n"
+        )
+        assert out == ""  # no accuracy line either
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["diverged.pt", "labelled.csv"]
+
+
 def test_predict_refuses_another_image_size_unless_asked_to_resize(tmp_path, capsys, monkeypatch, trained):
     """A 16x16 model runs on 28x28 rows without any error and gets most of them wrong: refused."""
     _, run_dir, _, _ = trained

@@ -11,6 +11,7 @@ import pytest
 from cnnpar.cli import main
 from cnnpar.report.files import read_csv
 from cnnpar.report.ranges import GRAPH_REPLAY, STEP_RANGES
+from tests.datafiles import write_first_batch_failures
 
 SMALL = ["--epochs", "1", "--batch-size", "32", "--device", "cpu", "--no-progress"]
 
@@ -81,3 +82,18 @@ def test_profile_defaults_to_the_out_dir_not_the_current_folder(tmp_path, monkey
     assert list(cwd.iterdir()) == []
     (folder,) = (tmp_path / "out" / "profile").iterdir()
     assert folder.name.startswith("cnn3-") and (folder / "trace_rank0.json").is_file()
+
+
+@pytest.mark.parametrize("case", ["one_image", "corrupt_images"])
+def test_a_profile_that_fails_at_the_first_batch_leaves_no_report_folder(tmp_path, capsys, case):
+    data, error = write_first_batch_failures(tmp_path / "in")[case]
+    args = ["profile", "--data", str(data), "--device", "cpu", "--workers", "0", "--no-progress"]
+    assert main([*args, "--out-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"cnnpar: error: {error}"), err
+    assert not (tmp_path / "out").exists()  # neither the report folder nor the out/profile/ made for it
+    kept = tmp_path / "kept"  # a --report-dir that was there before stays, as it was
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert main([*args, "--report-dir", str(kept)]) == 2
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]

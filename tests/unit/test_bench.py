@@ -131,3 +131,43 @@ def test_the_cpu_peak_is_the_faster_of_fp32_and_native_bf16(monkeypatch):
     assert flops.peak_flops(torch.device("cpu")) == (5.0, "torch.bfloat16")  # a bf16 step stays under 100 % MFU
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)  # emulated bf16 is no peak to quote
     assert flops.peak_flops(torch.device("cpu")) == (2.0, "torch.float32")
+
+
+BENCH = ["bench", "--device", "cpu", "--image-size", "8", "--warmup-steps", "1", "--timed-steps", "2", "--repeats", "1",
+         "--timed-s", "0"]  # fmt: skip
+
+
+def _ladder_rows(path) -> list[dict]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_bench_reports_the_batch_it_ran_not_auto_s_zero(tmp_path, capsys):
+    """--batch-size auto (the default) runs 64 on the CPU: the header said "batch 0" and ladder.csv 0."""
+    assert main([*BENCH, "--only", "baseline", "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "), batch 64, " in out.splitlines()[0]
+    [row] = _ladder_rows(tmp_path / "b" / "ladder.csv")
+    assert row["status"] == "ok" and row["batch_size"] == "64"
+
+
+def test_a_ladder_where_every_rung_failed_exits_non_zero_saying_so(tmp_path, capsys, monkeypatch):
+    def fail(*args):
+        raise RuntimeError("out of memory (injected)")
+
+    monkeypatch.setattr(train_step, "forward_backward", fail)
+    out = tmp_path / "b"
+    # pin_memory is skipped on the CPU: failed and skipped rows, none measured
+    assert main([*BENCH, "--batch-size", "16", "--only", "baseline,pin_memory,bf16", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "bench: every rung run failed (2 of 3, the rest skipped); first, baseline: RuntimeError: out of memory "
+        f"(injected); rows in {out / 'ladder.csv'}\n"
+    )
+    assert [(r["status"], r["batch_size"]) for r in _ladder_rows(out / "ladder.csv")] == [
+        ("failed", "16"),
+        ("skipped", "16"),
+        ("failed", "16"),
+    ]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
 from cnnpar.config import (
+    SECTIONS,
     Config,
     DataConfig,
     OptimConfig,
@@ -37,6 +40,29 @@ def test_invalid_values_name_their_field(build, field):
     with pytest.raises(ConfigError) as e:
         build()
     assert field in str(e.value) and "expected" in str(e.value)
+
+
+FLOAT_FIELDS = [
+    (sec, f.name)
+    for sec in SECTIONS
+    for f in fields(getattr(Config(), sec))
+    if isinstance(getattr(getattr(Config(), sec), f.name), float)
+]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize(("section", "name"), FLOAT_FIELDS)
+def test_every_float_field_refuses_nan_and_inf(section, name, value):
+    """NaN fails no comparison and inf passes `> 0`: lr=inf, momentum=nan, weight_decay=nan were taken."""
+    with pytest.raises(ConfigError) as e:
+        from_dict({section: {name: value}})
+    assert str(e.value) == f"{section}.{name} = {value}: expected a finite number, not nan or inf"
+
+
+@pytest.mark.parametrize("name", ["weight_decay", "momentum"])
+def test_negative_weight_decay_and_momentum_are_refused(name):
+    with pytest.raises(ConfigError, match=rf"optim\.{name} = -0\.1: expected a number >= 0"):
+        OptimConfig(**{name: -0.1})
 
 
 def test_choice_errors_list_the_allowed_values():

@@ -71,6 +71,10 @@ class FakeTrainer:
         self.cfgs = [cfg]
         self.closed = 0
 
+    @property
+    def cfg(self):  # as a real Trainer's: the config it was last given (continue_as)
+        return self.cfgs[-1]
+
     def close(self):
         self.closed += 1
 
@@ -159,6 +163,17 @@ def test_a_rung_measured_alone_or_after_a_failed_parent_builds_its_own_trainer(m
     measured = fake_gpu_ladder(monkeypatch)
     [row] = ladder.run_ladder(cfg, bundle, GPU, Timing(), {}, only={"cuda_graphs"}, log=lambda s: None)
     assert row["status"] == "ok" and row["continues"] == "" and len(measured[0][1].cfgs) == 1
+
+
+def test_a_rungs_row_records_the_batch_its_trainer_ran(monkeypatch, synthetic):
+    """--batch-size auto on a GPU: each Trainer searches its own batch; the row said the unresolved 0."""
+    cfg, bundle = synthetic
+    fake_gpu_ladder(monkeypatch)
+    searched = lambda c, bundle, info: FakeTrainer(with_overrides(c, run={"batch_size": 384}))  # noqa: E731
+    monkeypatch.setattr(ladder, "fresh_trainer", searched)
+    auto = with_overrides(cfg, run={"batch_size": 0})
+    [row] = ladder.run_ladder(auto, bundle, GPU, Timing(), {"batch_size": 0}, only={"bf16"}, log=lambda s: None)
+    assert row["status"] == "ok" and row["batch_size"] == 384
 
 
 def test_graphs_rung_is_skipped_saying_why_where_cnnpars_graphs_cannot_replay(monkeypatch, synthetic):
