@@ -96,5 +96,8 @@ def removed_on_failure(folder: str | Path) -> Iterator[Path]:
         yield folder
     except BaseException:
         if made:
-            shutil.rmtree(made[0], ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)  # the report folder, with what the command wrote into it
+            for parent in reversed(made[:-1]):  # innermost first; another command may have written there since
+                with contextlib.suppress(OSError):
+                    parent.rmdir()  # only while empty
         raise

@@ -58,3 +58,18 @@ def test_a_failed_write_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError):
         files.atomic_write(tmp_path / "x.csv", boom)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_block_removes_its_report_folder_and_only_the_parents_it_made_that_stayed_empty(tmp_path):
+    from cnnpar.report.files import removed_on_failure
+
+    report = tmp_path / "runs" / "doctor" / "r1"
+    with pytest.raises(RuntimeError), removed_on_failure(report):
+        (report / "telemetry.csv").write_text("t\n")
+        (tmp_path / "runs" / "cnn3-x").mkdir()  # another command's run, written meanwhile beside it
+        raise RuntimeError("bad data at the first batch")
+    assert not (tmp_path / "runs" / "doctor").exists()  # made by the block, empty again: removed
+    assert (tmp_path / "runs" / "cnn3-x").is_dir()  # not this command's: kept, and so its parent
+    with pytest.raises(RuntimeError), removed_on_failure(tmp_path / "new" / "r2"):
+        raise RuntimeError("again")
+    assert not (tmp_path / "new").exists()
