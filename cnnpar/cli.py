@@ -54,6 +54,10 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         # The convenience launcher: hand the same command to torchrun for this one machine.
         # Refuse too many processes here, once, rather than in each of the N workers.
         pick_device(cfg.speed.device, 0, cfg.dist.nproc)
+        if cfg.run.resume == "auto" and not cfg.run.name:  # --standalone's job id is new at every launch
+            from cnnpar.engine.rundir import NO_NAME_TO_RESUME
+
+            raise UserError(NO_NAME_TO_RESUME)
         cmd = torchrun_command(cfg.dist.nproc, passthrough_args(argv, "--nproc"))
         # NCCL's flight-recorder dumps land beside the runs, not in /tmp where nobody looks. A file
         # prefix, not a folder: files appear only on a timeout, and run-folder scans see no new folder.

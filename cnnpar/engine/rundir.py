@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import uuid
 from pathlib import Path
 
 from cnnpar.config import Config, load_toml
@@ -30,6 +31,25 @@ def torchrun_job_id() -> str:
     """
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
     return "" if run_id in ("", "none") else run_id
+
+
+NO_NAME_TO_RESUME = (
+    "--resume auto: no --name to find the run by (a run without one gets a new folder each time): "
+    "expected --name NAME or --resume runs/NAME"
+)
+
+
+def launch_stable_job_id() -> bool:
+    """A torchrun job id that a later launch can give again (--rdzv-id=myjob), not the random UUID that
+    --standalone makes for each launch: only the former can find an earlier launch's folder."""
+    run_id = torchrun_job_id()
+    if not run_id:
+        return False
+    try:
+        uuid.UUID(run_id)
+    except ValueError:
+        return True
+    return False
 
 
 def restarts_cannot_find_run(cfg: Config) -> bool:
@@ -86,12 +106,9 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
             )
         refuse_other_data(run_dir_of(ckpt), cfg)
         return str(run_dir_of(ckpt)), str(ckpt)
-    if resume == "auto" and not cfg.run.name and not torchrun_job_id():
+    if resume == "auto" and not cfg.run.name and not (elastic_restart() or launch_stable_job_id()):
         # the folder would be a new default name: a run that resumes nothing, where one was asked for
-        raise UserError(
-            "--resume auto: no --name to find the run by (a run without one gets a new folder each time): "
-            "expected --name NAME or --resume runs/NAME"
-        )
+        raise UserError(NO_NAME_TO_RESUME)
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
     existing = find_checkpoint(run_dir) if run_dir.is_dir() else None
     refuse_other_data(run_dir, cfg)

@@ -102,5 +102,25 @@ def test_resume_auto_without_a_name_is_refused_outside_torchrun_and_follows_torc
     with pytest.raises(UserError, match="--resume auto: no --name to find the run by"):
         resolve_run(cfg, CPU_INFO)
     assert not list(tmp_path.iterdir())
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")  # a torchrun job: its id names the folder of every attempt
+    # torchrun --standalone: a new random id for each launch, so no earlier launch's folder to find
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "3f1c2b9e-8d7a-4c6b-9e5f-0a1b2c3d4e5f")
+    with pytest.raises(UserError, match="--resume auto: no --name to find the run by"):
+        resolve_run(cfg, CPU_INFO)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # its own restart finds the attempt before it
+    assert resolve_run(cfg, CPU_INFO)[0] == tmp_path / "cnn3-3f1c2b9e-8d7"
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")  # --rdzv-id=job7: the same id at every launch
     assert resolve_run(cfg, CPU_INFO) == (tmp_path / "cnn3-job7", None)
+
+
+def test_the_nproc_launcher_refuses_resume_auto_without_a_name_before_starting_torchrun(tmp_path, capsys):
+    from cnnpar.cli import main
+
+    args = ["train", "--nproc", "2", "--resume", "auto", "--out-dir", str(tmp_path), "--device", "cpu"]
+    assert main(args) == 2  # torchrun --standalone would give each launch a new job id, so a new folder
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == "cnnpar: error: --resume auto: no --name to find the run by (a run without one gets a new "
+        "folder each time): expected --name NAME or --resume runs/NAME"
+    )
+    assert not list(tmp_path.iterdir())
