@@ -604,8 +604,10 @@ class Trainer:
             self.history.append(row)
             self._end_epoch(epoch, row)
         summary = self._summary(time.perf_counter() - t_start)
-        if info.is_main and self.start_epoch <= cfg.run.epochs:  # a finished run's summary stays as it was
-            write_json_atomic(self.run_dir / "summary.json", summary)
+        path = self.run_dir / "summary.json"
+        # a finished run's summary stays as it was; one that died before writing it gets it now
+        if info.is_main and (self.start_epoch <= cfg.run.epochs or not path.exists()):
+            write_json_atomic(path, summary)
         barrier(info)
         return TrainResult(self.run_dir, self.history, summary)
 

@@ -3,6 +3,7 @@ a checkpoint for another model shape is refused in one line."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -105,3 +106,6 @@ def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
     Trainer(_cfg(tmp_path, 1, resume=str(tmp_path / "oc")), CPU_INFO, log=lambda s, **k: lines.append(s)).fit()
     assert any("nothing to do" in s for s in lines), lines
     assert (tmp_path / "oc" / "summary.json").read_text() == before  # not rewritten with this call's zeros
+    (tmp_path / "oc" / "summary.json").unlink()  # an attempt that died after its last checkpoint, before this file
+    Trainer(_cfg(tmp_path, 1, resume=str(tmp_path / "oc")), CPU_INFO, log=lambda *a, **k: None).fit()
+    assert json.loads((tmp_path / "oc" / "summary.json").read_text())["epochs"] == 1
