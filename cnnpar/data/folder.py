@@ -45,20 +45,30 @@ VAL_NAMES = ("val", "valid", "validation", "test")  # the common names of a held
 def scan_splits(root: str | Path) -> tuple[list[Path], list[int], list[int], list[str]]:
     """Files, labels, split ids (0 train, 1 val) and class names of an image folder.
 
-    `root/train` beside `root/val` (or `valid`, `validation`, `test`) are the two splits, with the same
-    class folders; a root holding only `train/` is that folder, all train; anything else is one folder
-    of class folders, all train (a seeded hold-out comes later). Split names must never become classes.
+    `root/train` beside `root/val` (or `valid`, `validation`, `test`, the first found) are the two splits,
+    with the same class folders; `root/train` alone is all train (a seeded hold-out comes later); a root
+    without `train/` is one folder of class folders, all train. Split names never become classes: `train/`
+    beside any other folder is refused (hidden ones and `__MACOSX`-like `__` ones aside).
     """
     root = Path(root)
     train_dir = root / "train"
-    val_dir = next((root / n for n in VAL_NAMES if (root / n).is_dir()), None)
-    subdirs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")] if root.is_dir() else []
-    if not train_dir.is_dir() or (val_dir is None and subdirs != [train_dir]):
+    if not train_dir.is_dir():
         files, labels, classes = scan_folder(root)
-        _check_classes(root, classes)
+        _check_classes(root, classes, labels)
         return files, labels, [0] * len(files), classes
+    others = sorted(
+        p.name
+        for p in root.iterdir()
+        if p.is_dir() and p.name not in ("train", *VAL_NAMES) and not p.name.startswith((".", "__"))
+    )
+    if others:
+        raise DataError(
+            f"{root}: holds train/ beside {others}: expected train/ with at most one of "
+            f"{'|'.join(VAL_NAMES)}/ (class folders in each), or class folders alone"
+        )
     files, labels, classes = scan_folder(train_dir)
-    _check_classes(train_dir, classes)
+    _check_classes(train_dir, classes, labels)
+    val_dir = next((root / n for n in VAL_NAMES if (root / n).is_dir()), None)
     if val_dir is None:
         return files, labels, [0] * len(files), classes
     vfiles, vlabels, vclasses = scan_folder(val_dir)
@@ -67,12 +77,14 @@ def scan_splits(root: str | Path) -> tuple[list[Path], list[int], list[int], lis
     return files + vfiles, labels + vlabels, [0] * len(files) + [1] * len(vfiles), classes
 
 
-def _check_classes(folder: Path, classes: list[str]) -> None:
-    # one class trains to loss 0 and 100 % accuracy: a result that means nothing
-    if len(classes) < 2:
+def _check_classes(folder: Path, classes: list[str], labels: list[int]) -> None:
+    # one class trains to loss 0 and 100 % accuracy: a result that means nothing (empty class folders
+    # do not count: they hold nothing to tell apart)
+    holding = sorted({classes[i] for i in labels})
+    if len(holding) < 2:
         raise DataError(
-            f"{folder}: one class folder ({classes[0]!r}): expected at least 2 class folders, "
-            f"<class>/<image>.jpg|png (or train/<class>/... beside {'|'.join(VAL_NAMES)}/<class>/...)"
+            f"{folder}: images in one class folder ({holding[0]!r}): expected at least 2 class folders with "
+            f"images, <class>/<image>.jpg|png (or train/<class>/... beside {'|'.join(VAL_NAMES)}/<class>/...)"
         )
 
 

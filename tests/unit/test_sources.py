@@ -185,9 +185,30 @@ def test_one_class_folder_is_refused_in_one_line_before_a_run_folder(tmp_path, c
     err = capsys.readouterr().err.strip()
     assert code == 2 and not runs.exists()
     assert err == (
-        f"cnnpar: error: {tmp_path / 'one' / 'train'}: one class folder ('class0'): expected at least 2 class "
-        "folders, <class>/<image>.jpg|png (or train/<class>/... beside val|valid|validation|test/<class>/...)"
+        f"cnnpar: error: {tmp_path / 'one' / 'train'}: images in one class folder ('class0'): expected at least 2 "
+        "class folders with images, <class>/<image>.jpg|png (or train/<class>/... beside "
+        "val|valid|validation|test/<class>/...)"
     )
+
+
+def test_train_beside_another_folder_is_refused_and_an_empty_class_folder_does_not_make_a_second_class(tmp_path):
+    """`train/` beside `extra/` made the classes ['extra', 'train']; an empty `__MACOSX/` or class folder beside
+    one real class passed the one-class check."""
+    write_image_folder(tmp_path / "a" / "train", per_class=3, classes=3)
+    (tmp_path / "a" / "extra").mkdir()
+    (tmp_path / "a" / "__MACOSX").mkdir()
+    with pytest.raises(DataError, match=r"holds train/ beside \['extra'\]: expected train/ with at most one of"):
+        load_data(DataConfig(source=str(tmp_path / "a"), image_size=8), seed=0)
+    (tmp_path / "a" / "extra").rmdir()  # __MACOSX alone beside train/ is ignored
+    assert load_data(DataConfig(source=str(tmp_path / "a"), image_size=8), seed=0).class_names == [
+        "class0",
+        "class1",
+        "class2",
+    ]
+    write_image_folder(tmp_path / "b", per_class=3, classes=1)
+    (tmp_path / "b" / "empty").mkdir()
+    with pytest.raises(DataError, match=r"images in one class folder \('class0'\)"):
+        load_data(DataConfig(source=str(tmp_path / "b"), image_size=8), seed=0)
 
 
 def test_predict_inputs_keep_file_order(tmp_path):

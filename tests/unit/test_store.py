@@ -128,7 +128,7 @@ def test_prepare_reads_split_folders_by_their_common_names_and_refuses_one_class
     out = tmp_path / "one.cnnpar"
     one_line_error(
         lambda: prepare_store(tmp_path / "one", out, MAX_SIDE, workers=1, progress=False),
-        f"{tmp_path / 'one' / 'train'}: one class folder ('class0'): expected at least 2 class folders",
+        f"{tmp_path / 'one' / 'train'}: images in one class folder ('class0'): expected at least 2 class folders",
     )
     assert not out.exists() and not partial_path(out).exists()
     monkeypatch.setattr("cnnpar.data.folder._check_classes", lambda *a: None)  # a store from before the check
