@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
-from cnnpar.data.bundle import class_lines, split_line
+from cnnpar.data.bundle import class_lines, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line
@@ -336,7 +336,11 @@ class Trainer:
         out other images, so validation would score images the finished epochs trained on; another --optimizer
         cannot take the checkpoint's optimizer state. Refused before anything in the run folder changes."""
         now = to_dict(self.cfg)
+        # data with its own validation split (an npz's x_test, a folder's val/) holds nothing out: no leak to refuse
+        holds_out = self.bundle.val_from == holdout_label(self.cfg.data.val_fraction)
         for section, name, why in RESUME_FIXED:
+            if name in ("seed", "val_fraction") and not holds_out:
+                continue
             was = stored.get(section, {}).get(name)
             if was is not None and was != now[section][name]:
                 flag = "--" + name.replace("_", "-")
@@ -656,7 +660,8 @@ class Trainer:
         vals = [r for r in rows if "val_acc" in r]
         best = max(vals, key=lambda r: r["val_acc"]) if vals else None
         speeds = [r["images_per_s"] for r in rows]
-        # without each process's first epoch (the warm-up: compile, cuDNN timing, workers starting)
+        # without the run's first epoch and this process's first (warm-ups: compile, cuDNN timing, workers
+        # starting); an earlier resumed attempt's first epoch is not known from the rows, and stays in
         steady = [r["images_per_s"] for r in rows[1:] if r["epoch"] != self.start_epoch] or speeds
         # The epochs' own rates leave out what happens between them: the evaluation, the checkpoint, and
         # the next epoch's pipeline started meanwhile (DeviceFeeder.prepare), whose head start a short
@@ -672,7 +677,7 @@ class Trainer:
             "best_epoch": best["epoch"] if best else None,
             "final_val_acc": vals[-1]["val_acc"] if vals else None,
             "images_per_s": sum(steady) / len(steady) if steady else None,
-            # from here to skipped_steps: this process's epochs (a resumed run's last attempt), not the whole run
+            # from here to compile_s: this process's epochs (a resumed run's last attempt), not the whole run
             "attempt_epochs": [ran[0]["epoch"], ran[-1]["epoch"]] if ran else None,
             "train_s": wall_s,
             "images_trained": trained,

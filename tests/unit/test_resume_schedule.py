@@ -109,3 +109,17 @@ def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
     (tmp_path / "oc" / "summary.json").unlink()  # an attempt that died after its last checkpoint, before this file
     Trainer(_cfg(tmp_path, 1, resume=str(tmp_path / "oc")), CPU_INFO, log=lambda *a, **k: None).fit()
     assert json.loads((tmp_path / "oc" / "summary.json").read_text())["epochs"] == 1
+
+
+def test_data_with_its_own_validation_split_resumes_with_another_val_fraction(tmp_path):
+    """An npz's x_test validates: --val-fraction holds nothing out there, so another value leaks nothing."""
+    from tests.datafiles import write_npz
+
+    data = write_npz(tmp_path / "d.npz", n_train=96, n_test=32)
+    cfg = _cfg(tmp_path, 1)
+    cfg = replace(cfg, data=DataConfig(source=str(data), workers=0))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    more = replace(
+        cfg, data=replace(cfg.data, val_fraction=0.5), run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc"))
+    )
+    assert Trainer(more, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2
