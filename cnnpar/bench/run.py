@@ -177,7 +177,8 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
             file=sys.stderr,
         )
         return 1
-    if opts.ddp:
-        batch = measured[-1]["batch_size"] if measured else meta["batch_size"]  # the batch the ladder ran
-        _ddp_rows(cfg, opts, out, info.device.type, bundle.shape[1], batch)
+    if opts.ddp and not measured:  # no rung ran (the budget): no batch to run the DDP rows at (auto is 0 on a GPU)
+        print("bench: no DDP rows: no ladder rung was measured, so no batch to run them at", file=sys.stderr)
+    elif opts.ddp:
+        _ddp_rows(cfg, opts, out, info.device.type, bundle.shape[1], measured[-1]["batch_size"])  # the ladder's batch
     return 0

@@ -143,3 +143,12 @@ def test_claims_preset_gives_every_claim_a_verdict(tmp_path):
     md = (out / "claims.md").read_text()
     assert md.count("\n| ") == len(CLAIM_IDS) + 1
     assert "CPU stand-in for ResNet-18 at 32 px" in md  # dynamic_compile's row names its stand-in
+
+
+def test_a_ladder_whose_budget_ran_no_rung_runs_no_ddp_rows_and_says_why(tmp_path):
+    """No rung measured means no batch the ladder ran (auto stays 0 on a GPU): the DDP rows are not started."""
+    r = run_cli(["bench", *TINY, "--only", "baseline", "--budget-s", "0.001", "--ddp", "1", "--out", str(tmp_path)],
+                cwd=tmp_path, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "bench: no DDP rows: no ladder rung was measured" in r.stderr
+    assert not (tmp_path / "ddp").exists()
