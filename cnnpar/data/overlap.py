@@ -56,7 +56,7 @@ def overlap_warning(count: int, n_val: int, example: str) -> str:
     return (
         f"warning: {count:,} of {n_val:,} validation files are the same files as training ones (links, e.g. "
         f"{example}): validation accuracy measures memory, not generalisation; expected separate files on each "
-        "side (a folder of distinct photos, or its own val/ split)"
+        "side (a folder of distinct photos, or its own val/, valid/, validation/ or test/ split)"
     )
 
 

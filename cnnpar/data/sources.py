@@ -222,7 +222,11 @@ def _split(full, splits: torch.Tensor, fraction: float, seed: int):
     """Train and val subsets of a folder's images: its own val split when it has one, else a seeded hold-out."""
     if bool((splits == 1).any()):
         train, val = torch.nonzero(splits == 0).view(-1), torch.nonzero(splits == 1).view(-1)
-        return full.subset(train), full.subset(val), "the folder's own val/ split"
+        return (
+            full.subset(train),
+            full.subset(val),
+            "the folder's own validation split (its val/, valid/, validation/ or test/)",
+        )
     if fraction > 0 and len(full) > 1:
         train, val = holdout(len(full), fraction, seed)
         return full.subset(train), full.subset(val), holdout_label(fraction)

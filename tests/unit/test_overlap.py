@@ -61,7 +61,10 @@ def test_distinct_files_and_links_within_one_side_say_nothing(tmp_path):
     linked_copies(src, tmp_path / "split" / "train", copies=2)
     write_image_folder(tmp_path / "split" / "val", per_class=2, classes=2)
     bundle = load_data(DataConfig(source=str(tmp_path / "split")), seed=0)
-    assert bundle.val_from == "the folder's own val/ split" and bundle.val_overlap == ""
+    assert (
+        bundle.val_from == "the folder's own validation split (its val/, valid/, validation/ or test/)"
+        and bundle.val_overlap == ""
+    )
     assert load_data(DataConfig(source=str(plain), val_fraction=0.0), seed=0).val_overlap == ""
 
 
