@@ -63,6 +63,12 @@ def _num_classes(y: torch.Tensor, given: int) -> int:
 def _bundle_from_arrays(
     x, y, x_val, y_val, cfg: DataConfig, seed: int, origin: str, classes_from: str = ""
 ) -> DataBundle:
+    labels = torch.unique(y[y >= 0])
+    if len(labels) < 2:  # one class trains to loss 0 and 100 % accuracy: a result that means nothing
+        raise DataError(
+            f"{origin}: every training label is {labels.tolist()[0] if len(labels) else 'missing'}: expected at "
+            "least 2 classes to tell apart"
+        )
     if cfg.image_size:
         x = resize_square(x, cfg.image_size)
         x_val = resize_square(x_val, cfg.image_size) if x_val is not None else None

@@ -304,3 +304,11 @@ def test_channel_stats_read_a_bounded_number_of_pixels(monkeypatch):
     cifar_sized = torch.zeros(10001, 3, 32, 32, dtype=torch.uint8)
     cifar_sized[10000] = 255  # the 10,001st image is beyond the 10,000 read
     assert bundle.channel_stats(cifar_sized)[0] == (0.0, 0.0, 0.0)
+
+
+def test_arrays_whose_training_labels_are_all_one_class_are_refused(tmp_path):
+    """One label trains to loss 0 and 100 % accuracy (an npz of one image did, with --val-fraction 0)."""
+    x, _ = bar_images(6, side=8)
+    np.savez(tmp_path / "one.npz", x_train=x, y_train=np.full(6, 3))
+    with pytest.raises(DataError, match=r"one\.npz.*: every training label is 3: expected at least 2 classes"):
+        load_data(DataConfig(source=str(tmp_path / "one.npz"), val_fraction=0.0))
