@@ -85,7 +85,7 @@ def write_noise_jpegs(root: Path, n: int = 12, first_height: int = 48, width: in
 
 def write_first_batch_failures(root: Path) -> dict[str, tuple[Path, str]]:
     """Data that fails before or at its first batch, with the start of each one's error: an .npz of one
-    image (refused as it loads: its hold-out leaves no training image) and a folder of files that are not
+    image (refused as it loads: one label, and a hold-out that would leave no training image) and a folder of files that are not
     images (found only when decoded, after the command made its folders)."""
     root.mkdir(parents=True, exist_ok=True)
     x, y = bar_images(1)
@@ -94,6 +94,6 @@ def write_first_batch_failures(root: Path) -> dict[str, tuple[Path, str]]:
     for f in folder.rglob("*.*"):
         f.write_bytes(b"not an image")
     return {
-        "one_image": (root / "one.npz", "--val-fraction 0.2 of 1 labelled image(s) holds out 1"),
+        "one_image": (root / "one.npz", f"{root / 'one.npz'}: every training label is 0"),
         "corrupt_images": (folder, f"{folder}/class"),  # the file's name, then "cannot decode as an image"
     }
