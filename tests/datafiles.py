@@ -85,8 +85,8 @@ def write_noise_jpegs(root: Path, n: int = 12, first_height: int = 48, width: in
 
 def write_first_batch_failures(root: Path) -> dict[str, tuple[Path, str]]:
     """Data that fails before or at its first batch, with the start of each one's error: an .npz of one
-    image (refused as it loads: one label, and a hold-out that would leave no training image) and a folder of files that are not
-    images (found only when decoded, after the command made its folders)."""
+    image (refused as it loads: one label, and a hold-out that would leave no training image) and a folder of
+    files that are not images (found only when decoded, after the command made its folders)."""
     root.mkdir(parents=True, exist_ok=True)
     x, y = bar_images(1)
     np.savez(root / "one.npz", x_train=x, y_train=y)

@@ -368,3 +368,26 @@ def test_a_long_compile_measured_and_not_kept_is_off_on_disk_before_the_next_tri
         m.tune(resnet50(), 600, tmp_path / "tuned.toml")
     tuned = load_toml(tmp_path / "tuned.toml").speed
     assert (tuned.compile_tiling, tuned.compile_tuning) == ("off", "off")
+
+
+def test_a_faster_median_whose_repeats_overlap_the_bests_is_not_kept_and_says_so(tmp_path):
+    """On a busy host one config's repeats spread wide: a batch 128 "1.5x" whose slowest repeat is below the
+    start's fastest is noise, not a measurement of the batch: not kept, and the doubling stops there."""
+    spread = {64: (40.0, 100.0, 160.0), 128: (120.0, 150.0, 200.0)}
+    m = FakeMachine(rate=lambda cfg: spread[cfg.run.batch_size][1], cost=lambda c: 1.0)
+    real = m.run_trial
+
+    def wide(cfg, limit):
+        r = real(cfg, limit)
+        low, _, high = spread[cfg.run.batch_size]
+        r.value.update(images_per_s_min=low, images_per_s_max=high)
+        return r
+
+    m.run_trial = wide
+    _, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+    b128 = next(t for t in trials if t.switch == "batch_size")
+    assert b128.status == "ok"
+    assert "inside the noise: its slowest repeat 120 img/s is not above the best's fastest 160" in b128.note
+    # the doubling stops at a trial not kept (as at a failure): nothing after 128 is a batch trial
+    assert [t.value for t in trials if t.switch == "batch_size"] == ["128"]
+    assert from_dict(tomllib.loads((tmp_path / "tuned.toml").read_text())).run.batch_size == 64
