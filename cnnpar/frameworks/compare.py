@@ -131,7 +131,11 @@ def summary_row(fw: Framework, status: str, note: str, out: Path) -> dict[str, s
     header, rows = read_result_csv(path)
     epoch_s = [float(r["epoch_s"]) for r in rows]
     speeds = [float(r["images_per_s"]) for r in rows]
-    later = slice(1, None) if len(rows) > 1 else slice(0, None)  # epoch 1 carries tracing/compilation
+    # epoch 1 carries tracing/compilation: with it alone there is no steady figure to give (it would rank a
+    # framework's compile as its speed), and the note says why the columns are empty
+    steady = len(rows) > 1
+    if not steady:
+        note = "; ".join(x for x in (note, "one epoch: no steady rate (epoch 1 holds tracing and compile)") if x)
     last = rows[-1]
     row.update(
         csv=path.name,
@@ -140,8 +144,8 @@ def summary_row(fw: Framework, status: str, note: str, out: Path) -> dict[str, s
         versions=" ".join(f"{k} {header[k]}" for k in VERSION_KEYS if header.get(k)),
         epochs=str(len(rows)),
         first_epoch_s=_f(epoch_s[0], 2),
-        steady_epoch_s=_f(statistics.median(epoch_s[later]), 2),
-        steady_images_per_s=_f(statistics.median(speeds[later]), 1),
+        steady_epoch_s=_f(statistics.median(epoch_s[1:]), 2) if steady else "",
+        steady_images_per_s=_f(statistics.median(speeds[1:]), 1) if steady else "",
         final_train_loss=_f(last["train_loss"]),
         final_train_acc=_f(last["train_acc"]),
         final_val_loss=_f(last["val_loss"]),
@@ -195,10 +199,11 @@ def write_chart(path: Path, rows: list[dict[str, str]], out: Path, title: str) -
 
     fig, (ax_speed, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [r["framework"] for r in rows]
-    speeds = [float(r["steady_images_per_s"]) if r["status"] == "ok" else 0.0 for r in rows]
-    bars = ax_speed.barh(names, speeds, color=["tab:blue" if r["status"] == "ok" else "lightgrey" for r in rows])
-    for bar, r in zip(bars, rows):
-        label = f"{float(r['steady_images_per_s']):,.0f}" if r["status"] == "ok" else r["status"]
+    timed = [r["status"] == "ok" and r["steady_images_per_s"] != "" for r in rows]  # one epoch: no steady rate
+    speeds = [float(r["steady_images_per_s"]) if t else 0.0 for r, t in zip(rows, timed)]
+    bars = ax_speed.barh(names, speeds, color=["tab:blue" if t else "lightgrey" for t in timed])
+    for bar, r, t in zip(bars, rows, timed):
+        label = f"{float(r['steady_images_per_s']):,.0f}" if t else r["status"] if r["status"] != "ok" else "one epoch"
         ax_speed.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + label, va="center", fontsize=8)
     ax_speed.invert_yaxis()
     ax_speed.set_xlabel("training images/s (median of epochs after the first)")
@@ -255,7 +260,10 @@ def run_compare(frameworks: list[Framework], spec: RunSpec, timeout: float = 360
     title = f"cnn3 on {Path(spec.data).name}, {spec.epochs} epochs, batch {spec.batch_size}, {device}"
     write_chart(base.with_suffix(".png"), rows, out, title)
     for r in rows:
-        speed = f"{float(r['steady_images_per_s']):>10,.0f} img/s" if r["status"] == "ok" else f"{r['status']:>16}"
+        if r["status"] != "ok":
+            speed = f"{r['status']:>16}"
+        else:  # one epoch: no steady rate (the note says why)
+            speed = f"{float(r['steady_images_per_s']):>10,.0f} img/s" if r["steady_images_per_s"] else f"{'-':>16}"
         acc = f"val acc {100 * float(r['final_val_acc']):.2f}%" if r["status"] == "ok" else r["note"]
         print(f"{r['framework']:<18} {speed}  {acc}")
     print(f"compare: wrote {base}.csv, .md and .png")

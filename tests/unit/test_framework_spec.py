@@ -74,3 +74,19 @@ def test_compare_marks_missing_frameworks_skipped(tmp_path, monkeypatch, capsys)
         assert f"| {name} | skipped |" in table
     assert (tmp_path / "cnn2d_3layer_fullconnected_3layer_summary.png").stat().st_size > 1000
     assert not any((tmp_path / csv_name(FRAMEWORKS[n])).exists() for n in ("keras-jax", "tensorflow"))
+
+
+def test_a_one_epoch_run_gives_no_steady_rate_and_says_why(tmp_path):
+    """Epoch 1 holds tracing and compile: a one-epoch compare used to report it as the "median, later epochs"
+    rate, ranking a framework's compile as its speed."""
+    fw = FRAMEWORKS["torch"]
+    rows = [epoch_row(1, 0.5, 0.8, 0.6, 0.75, 20.0, 1000)]
+    write_result_csv(tmp_path / csv_name(fw), {"framework": fw.name}, rows)
+    one = compare.summary_row(fw, "ok", "", tmp_path)
+    assert one["steady_images_per_s"] == "" and one["steady_epoch_s"] == ""
+    assert "one epoch: no steady rate" in one["note"]
+    write_result_csv(
+        tmp_path / csv_name(fw), {"framework": fw.name}, [*rows, epoch_row(2, 0.4, 0.9, 0.5, 0.8, 2.0, 1000)]
+    )
+    two = compare.summary_row(fw, "ok", "", tmp_path)
+    assert float(two["steady_images_per_s"]) == 500.0 and two["note"] == ""
