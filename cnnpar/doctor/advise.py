@@ -308,3 +308,15 @@ def recommend(f: Facts) -> list[Recommendation]:
         )
     out = [r for r in out if r.est_gain >= MIN_GAIN]
     return sorted(out, key=lambda r: r.est_gain, reverse=True)
+
+
+def rank_after_tries(recos: list[Recommendation]) -> tuple[list[Recommendation], list[Recommendation]]:
+    """(advised, tried and not faster). A measured gain outranks an estimate: the tried recommendations
+    that gained at least MIN_GAIN come first, best measured first, then the untried ones by their estimate.
+    Those tried below MIN_GAIN are no longer advised: the measurement on the user's own setup overrules
+    the rule of thumb or model that put them in the list."""
+    tried = [r for r in recos if r.tried_gain is not None]
+    faster = sorted((r for r in tried if r.tried_gain >= MIN_GAIN), key=lambda r: r.tried_gain, reverse=True)
+    untried = sorted((r for r in recos if r.tried_gain is None), key=lambda r: r.est_gain, reverse=True)
+    slower = sorted((r for r in tried if r.tried_gain < MIN_GAIN), key=lambda r: r.tried_gain, reverse=True)
+    return faster + untried, slower

@@ -8,26 +8,41 @@ from __future__ import annotations
 from pathlib import Path
 
 from cnnpar.config import dumps_toml, to_dict
+from cnnpar.doctor.advise import MIN_GAIN
 from cnnpar.doctor.run import DoctorReport
 from cnnpar.report.files import read_csv, write_csv_atomic, write_json_atomic, write_text_atomic
 
 PHASE_COLUMNS = ["name", "batches", "seconds", "images", "ms_per_batch", "images_per_s", "data_wait_share"]
-RECO_COLUMNS = ["rank", "key", "title", "action", "command", "est_gain", "basis", "tried_images_per_s", "tried_gain"]
+RECO_COLUMNS = [
+    "rank", "key", "title", "action", "command", "est_gain", "basis", "tried_images_per_s", "tried_gain", "advised",
+]  # fmt: skip
 
 
 def phase_rows(report: DoctorReport) -> list[dict]:
     return [p.row() for p in report.phases] + [p.row() for _, _, p in report.tries]
 
 
-def reco_rows(report: DoctorReport) -> list[dict]:
+def reco_rows(report: DoctorReport, advised: bool = True) -> list[dict]:
+    """The advised recommendations, ranked; or (advised=False) those tried and not faster, unranked."""
     rows = []
-    for i, r in enumerate(report.recommendations, 1):
+    for i, r in enumerate(report.recommendations if advised else report.not_faster, 1):
         row = r.row()
-        row.update(rank=i, est_gain=round(r.est_gain, 3))
+        row.update(rank=i if advised else "", est_gain=round(r.est_gain, 3), advised=advised)
         if r.tried_gain is not None:
             row.update(tried_gain=round(r.tried_gain, 3), tried_images_per_s=round(r.tried_images_per_s, 2))
         rows.append(row)
     return rows
+
+
+def no_advice_line(report: DoctorReport) -> str:
+    """The summary when nothing is advised; it names the tries, so it never contradicts the list below it."""
+    if report.not_faster:
+        return "No change is advised: those tried were not measurably faster, and no other is estimated to gain more."
+    return "No change is estimated to gain more than a few per cent."
+
+
+def not_faster_line(r) -> str:
+    return f"{r.title} (`{r.action}`): estimated {_gain(r.est_gain)}, tried: {_gain(r.tried_gain)}, not advised"
 
 
 def setup_line(report: DoctorReport) -> str:
@@ -107,7 +122,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         extra.append(f"- reading alone / reading + textbook transform, per sample: {100 * f.textbook_ratio:.0f}%")
     lines += ["", *extra, "", "## Recommendations", ""]
     if not report.recommendations:
-        lines.append("No change is estimated to gain more than a few per cent.")
+        lines.append(no_advice_line(report))
     else:
         lines += [
             "Estimated gains apply to the measured end-to-end speed "
@@ -121,6 +136,9 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
             lines.append(
                 f"| {i} | {r.title}: {r.why} | `{r.command or r.action}` | {_gain(r.est_gain)} | {tried} | {r.basis} |"
             )
+    if report.not_faster:
+        lines += ["", f"Tried and not faster (measured here under {MIN_GAIN:g}x, so not advised):", ""]
+        lines += [f"- {not_faster_line(r)}" for r in report.not_faster]
     combined = [t for t in report.tries if t[0].startswith("combined")]
     for label, _, p in combined:
         lines += ["", f"{label}: {p.images_per_s:,.1f} images/s ({p.images_per_s / e2e.images_per_s:.2f}x)."]
@@ -132,7 +150,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
 def write_report(report: DoctorReport) -> Path:
     out = report.report_dir
     write_csv_atomic(out / "phases.csv", phase_rows(report), PHASE_COLUMNS + ["data_wait_s"])
-    write_csv_atomic(out / "recommendations.csv", reco_rows(report), RECO_COLUMNS)
+    write_csv_atomic(out / "recommendations.csv", reco_rows(report) + reco_rows(report, False), RECO_COLUMNS)
     pictures = [plot_phases(out / "phases.csv", out / "doctor.png", report.diagnosis.verdict).name]
     if (out / "telemetry.png").exists():
         pictures.append("telemetry.png")
@@ -144,6 +162,7 @@ def write_report(report: DoctorReport) -> Path:
             "facts": report.facts.__dict__,
             "phases": phase_rows(report),
             "recommendations": reco_rows(report),
+            "tried_not_faster": reco_rows(report, advised=False),
             "tries": [{"label": label, "change": change, **p.row()} for label, change, p in report.tries],
             "environment": report.env,
             "config": to_dict(report.cfg),
@@ -185,5 +204,9 @@ def print_report(report: DoctorReport) -> None:
         for i, r in enumerate(report.recommendations, 1):  # whole lines, unwrapped, so they paste as they are
             console.print(f"{i}. {r.command or r.action}", soft_wrap=True, highlight=False)
     else:
-        console.print("no change is estimated to gain more than a few per cent")
+        console.print(no_advice_line(report).lower(), highlight=False)
+    if report.not_faster:
+        console.print("tried and not faster (not advised):", highlight=False)
+        for r in report.not_faster:
+            console.print(f"- {not_faster_line(r).replace('`', '')}", soft_wrap=True, highlight=False)
     console.print(f"report: {report.report_dir / 'report.md'}")

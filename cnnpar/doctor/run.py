@@ -28,6 +28,7 @@ from cnnpar.doctor.advise import (
     Facts,
     Recommendation,
     diagnose,
+    rank_after_tries,
     recommend,
     wants_batch_search,
 )
@@ -73,6 +74,7 @@ class DoctorReport:
     recommendations: list[Recommendation]
     phases: list[Phase]
     tries: list[tuple[str, dict, Phase]] = field(default_factory=list)  # (label, change, measured end to end)
+    not_faster: list[Recommendation] = field(default_factory=list)  # tried here below MIN_GAIN: not advised
     marks: list[tuple[str, float, float]] = field(default_factory=list)
     report_dir: Path = Path(".")
     telemetry: Path | None = None
@@ -139,6 +141,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
             r.tried_images_per_s = tried.images_per_s
             r.tried_gain = tried.images_per_s / e2e.images_per_s
             report.tries.append((r.title, r.change, tried))
+        report.recommendations, report.not_faster = rank_after_tries(recos)
         winners = sorted((r for r in tryable if (r.tried_gain or 0) >= MIN_GAIN), key=lambda r: -r.tried_gain)
         if len(winners) >= 2:
             change = _merge([r.change for r in winners])

@@ -153,3 +153,72 @@ def test_the_graphs_fact_follows_the_trainers_rule_beside_a_gpu_decoder(monkeypa
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     assert graphs_fact(trainer(photos)) == "off"
     assert graphs_fact(trainer(photos, use_graphs=True)) == "on"
+
+
+def tried(recos, **gains):
+    """The recommendations with `--try` measurements set: key (dashes as underscores) = measured gain."""
+    for r in recos:
+        gain = gains.get(r.key.replace("-", "_"))
+        if gain is not None:
+            r.tried_gain, r.tried_images_per_s = gain, 1000.0 * gain
+    return recos
+
+
+def textbook_serial() -> Facts:
+    """The audit's case: textbook loader, no workers, serial loading on a CPU."""
+    return facts(loader="textbook", textbook_ratio=0.3, data_s=5e-4, step_s=1e-3, cores=8)
+
+
+def test_tries_below_the_minimum_gain_are_no_longer_advised_and_measured_gains_rank_first():
+    from cnnpar.doctor.advise import rank_after_tries
+
+    recos = recommend(textbook_serial())
+    assert [r.key for r in recos] == ["workers", "fast-loader", "compile"]  # by estimate, before any try
+    advised, not_faster = rank_after_tries(tried(recos, workers=0.94, fast_loader=1.26, compile=0.89))
+    assert [r.key for r in advised] == ["fast-loader"]
+    assert [(r.key, r.tried_gain) for r in not_faster] == [("workers", 0.94), ("compile", 0.89)]
+    # a measured gain outranks any estimate, and measured gains rank among themselves by measurement
+    advised, not_faster = rank_after_tries(tried(recommend(textbook_serial()), workers=1.05, fast_loader=1.26))
+    assert [r.key for r in advised] == ["fast-loader", "workers", "compile"] and not not_faster
+
+
+def doctor_report(recos: list, not_faster: list):
+    from cnnpar.config import Config
+    from cnnpar.doctor.advise import diagnose
+    from cnnpar.doctor.measure import Phase
+    from cnnpar.doctor.run import DoctorReport
+
+    f = textbook_serial()
+    env = {"device": "cpu", "device_type": "cpu", "torch": "2", "git_rev": "abc", "date": "today"}
+    phases = [Phase("end to end", batches=10, seconds=1.0, images=640)]
+    return DoctorReport(Config(), env, "synthetic", f, diagnose(f), recos, phases, not_faster=not_faster)
+
+
+def test_the_report_and_terminal_show_tries_that_were_not_faster_apart_from_the_advice(capsys):
+    from cnnpar.doctor.advise import rank_after_tries
+    from cnnpar.doctor.render import markdown, print_report
+
+    advised, not_faster = rank_after_tries(tried(recommend(textbook_serial()), workers=0.94, fast_loader=1.26))
+    report = doctor_report(advised, not_faster)
+    md = markdown(report, [])
+    table = [line for line in md.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert "uint8 batches" in table[0] and "torch.compile" in table[1] and "workers" not in "".join(table)
+    assert "- more loader workers (`--workers 7`): estimated 1.50x, tried: 0.94x, not advised" in md
+    print_report(report)
+    out = capsys.readouterr().out
+    pasted = [line for line in out.splitlines() if line[:3] in ("1. ", "2. ", "3. ")]
+    assert len(pasted) == 2 and "--loader fast" in pasted[0] and not any("--workers 7" in p for p in pasted)
+    assert "- more loader workers (--workers 7): estimated 1.50x, tried: 0.94x, not advised" in out
+
+
+def test_when_every_try_was_slower_the_summary_says_so():
+    from cnnpar.doctor.advise import rank_after_tries
+    from cnnpar.doctor.render import markdown
+
+    f = facts(compile="off")  # the audit's other run: compile, the only advice, tried at 0.17x
+    advised, not_faster = rank_after_tries(tried(recommend(f), compile=0.17))
+    assert not advised and [r.key for r in not_faster] == ["compile"]
+    md = markdown(doctor_report(advised, not_faster), [])
+    assert "No change is advised: those tried were not measurably faster" in md
+    assert "- torch.compile (`--compile default`): estimated 1.08x, tried: 0.17x, not advised" in md
+    assert "| 1 |" not in md
