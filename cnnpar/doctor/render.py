@@ -62,6 +62,13 @@ def setup_line(report: DoctorReport) -> str:
     )
 
 
+UNRELIABLE = "end to end does not match its parts measured alone; neither the verdict nor the estimates are settled."
+
+
+def load_text(f) -> str:
+    return "" if f.load_avg_1m is None else f", load average (1 min) {f.load_avg_1m:.2f} on {f.cores} usable core(s)"
+
+
 def _gain(g: float | None) -> str:
     return "" if g is None else f"{g:.2f}x"
 
@@ -94,10 +101,11 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
     lines = [
         f"# cnnpar doctor: {report.diagnosis.verdict}",
         "",
-        f"{setup_line(report)}. torch {env['torch']}, git {env['git_rev']}, {env['date']}.",
+        f"{setup_line(report)}. torch {env['torch']}, git {env['git_rev']}, {env['date']}{load_text(f)}.",
         "",
         "## Verdict",
         "",
+        *([] if report.diagnosis.reliable else [f"**Unreliable verdict:** {UNRELIABLE}", ""]),
         *[f"- {r}" for r in report.diagnosis.reasons],
         "",
         "## Measurements",
@@ -159,6 +167,7 @@ def write_report(report: DoctorReport) -> Path:
         {
             "verdict": report.diagnosis.verdict,
             "reasons": report.diagnosis.reasons,
+            "verdict_reliable": report.diagnosis.reliable,
             "facts": report.facts.__dict__,
             "phases": phase_rows(report),
             "recommendations": reco_rows(report),
@@ -188,12 +197,14 @@ def print_report(report: DoctorReport) -> None:
         wait = f"{100 * r['data_wait_share']:.0f}%" if r["data_wait_s"] else ""
         table.add_row(r["name"], f"{r['ms_per_batch']:.2f}", f"{r['images_per_s']:,.1f}", wait)
     console.print(table)
-    style = {"data-bound": "yellow", "compute-bound": "green", "host-bound": "magenta"}.get(
-        report.diagnosis.verdict, "white"
-    )
-    console.print(
-        Panel("\n".join(report.diagnosis.reasons), title=f"verdict: {report.diagnosis.verdict}", border_style=style)
-    )
+    style = {
+        "data-bound": "yellow",
+        "compute-bound": "green",
+        "host-bound": "magenta",
+        "measurements disagree": "red",
+    }.get(report.diagnosis.verdict, "white")
+    title = f"verdict: {report.diagnosis.verdict}" + ("" if report.diagnosis.reliable else " (unreliable)")
+    console.print(Panel("\n".join(report.diagnosis.reasons), title=title, border_style=style))
     if report.recommendations:
         recos = Table(title="recommendations, best first", title_justify="left")
         for col in ("#", "recommendation", "do", "estimated", "tried", "basis"):

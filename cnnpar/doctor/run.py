@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -251,10 +252,19 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         batch_from=trainer.batch_line
         or ("--batch-size" if trainer.requested_cfg.run.batch_size else "auto: the CPU's fixed default"),
         cuda_graphs=graphs_fact(trainer),
+        load_avg_1m=_load_avg(),
     )
     if wants_batch_search(facts) and not trainer.batch_line:  # (a searched batch needs no second search)
         facts.searched_batch, facts.searched_gain = phase("batch sizes", lambda: _search_batch(trainer, bundle))
     return rcfg, phases, facts
+
+
+def _load_avg() -> float | None:
+    """The 1-minute load average, for the report: a busy host explains figures that do not add up."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return None
 
 
 def graphs_fact(trainer: Trainer) -> str:

@@ -222,3 +222,26 @@ def test_when_every_try_was_slower_the_summary_says_so():
     assert "No change is advised: those tried were not measurably faster" in md
     assert "- torch.compile (`--compile default`): estimated 1.08x, tried: 0.17x, not advised" in md
     assert "| 1 |" not in md
+
+
+def test_an_end_to_end_far_slower_than_its_parts_gives_no_confident_verdict():
+    """The audit's loaded host: pipeline 16.1 ms and step 23.9 ms per batch, overlapped by workers, model
+    ~24 ms; end to end measured 245.9 ms with 5 % data wait, and the verdict was compute-bound."""
+    from dataclasses import replace
+
+    from cnnpar.doctor.advise import DISAGREE
+    from cnnpar.doctor.render import markdown
+
+    per_image = dict(data_s=16.1e-3 / 64, step_s=23.9e-3 / 64, data_wait_share=0.05, workers=1, loader="textbook")
+    loaded = facts(**per_image, e2e_s=245.9e-3 / 64, load_avg_1m=5.5, cores=2)
+    d = diagnose(loaded)
+    assert d.verdict == DISAGREE and not d.reliable
+    assert "end to end took 245.9 ms per batch, but the parts measured alone model 23.9 ms" in d.reasons[2]
+    assert "the host's load may have changed during the measurement" in d.reasons[2]
+    assert "unreliable (the parts alone would say compute-bound)" in d.reasons[3]
+    md = markdown(replace(doctor_report([], []), facts=loaded, diagnosis=d), [])
+    assert md.startswith("# cnnpar doctor: measurements disagree") and "**Unreliable verdict:**" in md
+    assert "load average (1 min) 5.50 on 2 usable core(s)" in md
+    agreeing = facts(**per_image, e2e_s=1.2 * 23.9e-3 / 64)  # end to end a little above the model: the usual case
+    assert diagnose(agreeing).reasons[2:] == diagnose(facts(**per_image, e2e_s=23.9e-3 / 64)).reasons[2:]
+    assert diagnose(agreeing).verdict == COMPUTE_BOUND and diagnose(agreeing).reliable
