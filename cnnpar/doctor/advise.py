@@ -18,6 +18,7 @@ from cnnpar.data.store import prepare_command as store_prepare_command
 DATA_BOUND = "data-bound"
 COMPUTE_BOUND = "compute-bound"
 HOST_BOUND = "host-bound"
+DISAGREE = "measurements disagree"
 
 # Thresholds, and why:
 PIPELINE_SLOWER = 1.10  # overlapped loading: the pipeline alone must be >10% slower than the step to starve it
@@ -25,6 +26,10 @@ SERIAL_DATA_SHARE = 0.30  # serial loading: reading a third of every step is wor
 GPU_IDLE_HOST_BOUND = 0.30  # a GPU idle 30% of the step is waiting on the host (launches, syncs)
 FIXED_SHARE_HOST_BOUND = 0.50  # half the step cost does not grow with the batch: per-step overhead dominates
 MIN_GAIN = 1.03  # smaller estimated gains are within measurement noise on a shared machine
+# End to end adds to the parts only what they leave out (collation, the copy to the device, the loop's own
+# Python), tens of per cent at most; 1.3x beyond the parts' model means the host changed under the
+# measurement (on a loaded 2-core host: 24 ms/batch modelled, 246 ms measured), not that the model is off.
+E2E_DISAGREES = 1.3
 
 
 @dataclass
@@ -61,6 +66,7 @@ class Facts:
     # cnnpar's CUDA graphs: "on" (the measured step replays them), "off" (switched off, and
     # `--cuda-graphs on` would turn them on) or "n/a" (they cannot apply, e.g. compile's own graphs)
     cuda_graphs: str = "n/a"
+    load_avg_1m: float | None = None  # the host's 1-minute load average after the end-to-end measurement
 
     @property
     def overlapped(self) -> bool:
@@ -83,6 +89,7 @@ class Facts:
 class Diagnosis:
     verdict: str
     reasons: list[str]
+    reliable: bool = True  # False: the end-to-end measurement contradicts the parts the verdict is read from
 
 
 @dataclass
@@ -104,6 +111,27 @@ class Recommendation:
 
 
 def diagnose(f: Facts) -> Diagnosis:
+    parts = _diagnose_parts(f)
+    modelled = f.modelled()
+    if modelled <= 0 or f.e2e_s <= E2E_DISAGREES * modelled:
+        return parts
+    how = "max(pipeline, step), overlapped" if f.overlapped else "pipeline + step, one after the other"
+    ms = 1e3 * f.batch_size
+    return Diagnosis(
+        DISAGREE,
+        [
+            *parts.reasons[:2],
+            f"the measurements disagree: end to end took {ms * f.e2e_s:.1f} ms per batch, but the parts measured "
+            f"alone model {ms * modelled:.1f} ms ({how}), {f.e2e_s / modelled:.1f}x less; the host's load may "
+            f"have changed during the measurement",
+            f"the verdict is unreliable (the parts alone would say {parts.verdict}); re-run the doctor on a quiet host",
+        ],
+        reliable=False,
+    )
+
+
+def _diagnose_parts(f: Facts) -> Diagnosis:
+    """The verdict read from the pipeline and the step measured alone (and the step's scaling)."""
     ratio = f.data_s / f.step_s if f.step_s > 0 else float("inf")
     serial_share = f.data_s / (f.data_s + f.step_s)
     reasons = [
@@ -308,3 +336,15 @@ def recommend(f: Facts) -> list[Recommendation]:
         )
     out = [r for r in out if r.est_gain >= MIN_GAIN]
     return sorted(out, key=lambda r: r.est_gain, reverse=True)
+
+
+def rank_after_tries(recos: list[Recommendation]) -> tuple[list[Recommendation], list[Recommendation]]:
+    """(advised, tried and not faster). A measured gain outranks an estimate: the tried recommendations
+    that gained at least MIN_GAIN come first, best measured first, then the untried ones by their estimate.
+    Those tried below MIN_GAIN are no longer advised: the measurement on the user's own setup overrules
+    the rule of thumb or model that put them in the list."""
+    tried = [r for r in recos if r.tried_gain is not None]
+    faster = sorted((r for r in tried if r.tried_gain >= MIN_GAIN), key=lambda r: r.tried_gain, reverse=True)
+    untried = sorted((r for r in recos if r.tried_gain is None), key=lambda r: r.est_gain, reverse=True)
+    slower = sorted((r for r in tried if r.tried_gain < MIN_GAIN), key=lambda r: r.tried_gain, reverse=True)
+    return faster + untried, slower

@@ -8,26 +8,41 @@ from __future__ import annotations
 from pathlib import Path
 
 from cnnpar.config import dumps_toml, to_dict
+from cnnpar.doctor.advise import MIN_GAIN
 from cnnpar.doctor.run import DoctorReport
 from cnnpar.report.files import read_csv, write_csv_atomic, write_json_atomic, write_text_atomic
 
 PHASE_COLUMNS = ["name", "batches", "seconds", "images", "ms_per_batch", "images_per_s", "data_wait_share"]
-RECO_COLUMNS = ["rank", "key", "title", "action", "command", "est_gain", "basis", "tried_images_per_s", "tried_gain"]
+RECO_COLUMNS = [
+    "rank", "key", "title", "action", "command", "est_gain", "basis", "tried_images_per_s", "tried_gain", "advised",
+]  # fmt: skip
 
 
 def phase_rows(report: DoctorReport) -> list[dict]:
     return [p.row() for p in report.phases] + [p.row() for _, _, p in report.tries]
 
 
-def reco_rows(report: DoctorReport) -> list[dict]:
+def reco_rows(report: DoctorReport, advised: bool = True) -> list[dict]:
+    """The advised recommendations, ranked; or (advised=False) those tried and not faster, unranked."""
     rows = []
-    for i, r in enumerate(report.recommendations, 1):
+    for i, r in enumerate(report.recommendations if advised else report.not_faster, 1):
         row = r.row()
-        row.update(rank=i, est_gain=round(r.est_gain, 3))
+        row.update(rank=i if advised else "", est_gain=round(r.est_gain, 3), advised=advised)
         if r.tried_gain is not None:
             row.update(tried_gain=round(r.tried_gain, 3), tried_images_per_s=round(r.tried_images_per_s, 2))
         rows.append(row)
     return rows
+
+
+def no_advice_line(report: DoctorReport) -> str:
+    """The summary when nothing is advised; it names the tries, so it never contradicts the list below it."""
+    if report.not_faster:
+        return "No change is advised: those tried were not measurably faster, and no other is estimated to gain more."
+    return "No change is estimated to gain more than a few per cent."
+
+
+def not_faster_line(r) -> str:
+    return f"{r.title} (`{r.action}`): estimated {_gain(r.est_gain)}, tried: {_gain(r.tried_gain)}, not advised"
 
 
 def setup_line(report: DoctorReport) -> str:
@@ -45,6 +60,13 @@ def setup_line(report: DoctorReport) -> str:
         f"({env['device_type']}), {cfg.speed.precision}, channels_last {cfg.speed.channels_last}, compile "
         f"{cfg.speed.compile}, CUDA graphs {f.cuda_graphs}, loader {cfg.data.loader} with {f.workers} worker(s){mem}"
     )
+
+
+UNRELIABLE = "end to end does not match its parts measured alone; neither the verdict nor the estimates are settled."
+
+
+def load_text(f) -> str:
+    return "" if f.load_avg_1m is None else f", load average (1 min) {f.load_avg_1m:.2f} on {f.cores} usable core(s)"
 
 
 def _gain(g: float | None) -> str:
@@ -79,10 +101,11 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
     lines = [
         f"# cnnpar doctor: {report.diagnosis.verdict}",
         "",
-        f"{setup_line(report)}. torch {env['torch']}, git {env['git_rev']}, {env['date']}.",
+        f"{setup_line(report)}. torch {env['torch']}, git {env['git_rev']}, {env['date']}{load_text(f)}.",
         "",
         "## Verdict",
         "",
+        *([] if report.diagnosis.reliable else [f"**Unreliable verdict:** {UNRELIABLE}", ""]),
         *[f"- {r}" for r in report.diagnosis.reasons],
         "",
         "## Measurements",
@@ -107,7 +130,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         extra.append(f"- reading alone / reading + textbook transform, per sample: {100 * f.textbook_ratio:.0f}%")
     lines += ["", *extra, "", "## Recommendations", ""]
     if not report.recommendations:
-        lines.append("No change is estimated to gain more than a few per cent.")
+        lines.append(no_advice_line(report))
     else:
         lines += [
             "Estimated gains apply to the measured end-to-end speed "
@@ -121,6 +144,9 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
             lines.append(
                 f"| {i} | {r.title}: {r.why} | `{r.command or r.action}` | {_gain(r.est_gain)} | {tried} | {r.basis} |"
             )
+    if report.not_faster:
+        lines += ["", f"Tried and not faster (measured here under {MIN_GAIN:g}x, so not advised):", ""]
+        lines += [f"- {not_faster_line(r)}" for r in report.not_faster]
     combined = [t for t in report.tries if t[0].startswith("combined")]
     for label, _, p in combined:
         lines += ["", f"{label}: {p.images_per_s:,.1f} images/s ({p.images_per_s / e2e.images_per_s:.2f}x)."]
@@ -132,7 +158,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
 def write_report(report: DoctorReport) -> Path:
     out = report.report_dir
     write_csv_atomic(out / "phases.csv", phase_rows(report), PHASE_COLUMNS + ["data_wait_s"])
-    write_csv_atomic(out / "recommendations.csv", reco_rows(report), RECO_COLUMNS)
+    write_csv_atomic(out / "recommendations.csv", reco_rows(report) + reco_rows(report, False), RECO_COLUMNS)
     pictures = [plot_phases(out / "phases.csv", out / "doctor.png", report.diagnosis.verdict).name]
     if (out / "telemetry.png").exists():
         pictures.append("telemetry.png")
@@ -141,9 +167,11 @@ def write_report(report: DoctorReport) -> Path:
         {
             "verdict": report.diagnosis.verdict,
             "reasons": report.diagnosis.reasons,
+            "verdict_reliable": report.diagnosis.reliable,
             "facts": report.facts.__dict__,
             "phases": phase_rows(report),
             "recommendations": reco_rows(report),
+            "tried_not_faster": reco_rows(report, advised=False),
             "tries": [{"label": label, "change": change, **p.row()} for label, change, p in report.tries],
             "environment": report.env,
             "config": to_dict(report.cfg),
@@ -169,12 +197,14 @@ def print_report(report: DoctorReport) -> None:
         wait = f"{100 * r['data_wait_share']:.0f}%" if r["data_wait_s"] else ""
         table.add_row(r["name"], f"{r['ms_per_batch']:.2f}", f"{r['images_per_s']:,.1f}", wait)
     console.print(table)
-    style = {"data-bound": "yellow", "compute-bound": "green", "host-bound": "magenta"}.get(
-        report.diagnosis.verdict, "white"
-    )
-    console.print(
-        Panel("\n".join(report.diagnosis.reasons), title=f"verdict: {report.diagnosis.verdict}", border_style=style)
-    )
+    style = {
+        "data-bound": "yellow",
+        "compute-bound": "green",
+        "host-bound": "magenta",
+        "measurements disagree": "red",
+    }.get(report.diagnosis.verdict, "white")
+    title = f"verdict: {report.diagnosis.verdict}" + ("" if report.diagnosis.reliable else " (unreliable)")
+    console.print(Panel("\n".join(report.diagnosis.reasons), title=title, border_style=style))
     if report.recommendations:
         recos = Table(title="recommendations, best first", title_justify="left")
         for col in ("#", "recommendation", "do", "estimated", "tried", "basis"):
@@ -185,5 +215,9 @@ def print_report(report: DoctorReport) -> None:
         for i, r in enumerate(report.recommendations, 1):  # whole lines, unwrapped, so they paste as they are
             console.print(f"{i}. {r.command or r.action}", soft_wrap=True, highlight=False)
     else:
-        console.print("no change is estimated to gain more than a few per cent")
+        console.print(no_advice_line(report).lower(), highlight=False)
+    if report.not_faster:
+        console.print("tried and not faster (not advised):", highlight=False)
+        for r in report.not_faster:
+            console.print(f"- {not_faster_line(r).replace('`', '')}", soft_wrap=True, highlight=False)
     console.print(f"report: {report.report_dir / 'report.md'}")

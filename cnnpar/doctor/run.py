@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,7 @@ from cnnpar.doctor.advise import (
     Facts,
     Recommendation,
     diagnose,
+    rank_after_tries,
     recommend,
     wants_batch_search,
 )
@@ -73,6 +75,7 @@ class DoctorReport:
     recommendations: list[Recommendation]
     phases: list[Phase]
     tries: list[tuple[str, dict, Phase]] = field(default_factory=list)  # (label, change, measured end to end)
+    not_faster: list[Recommendation] = field(default_factory=list)  # tried here below MIN_GAIN: not advised
     marks: list[tuple[str, float, float]] = field(default_factory=list)
     report_dir: Path = Path(".")
     telemetry: Path | None = None
@@ -139,6 +142,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
             r.tried_images_per_s = tried.images_per_s
             r.tried_gain = tried.images_per_s / e2e.images_per_s
             report.tries.append((r.title, r.change, tried))
+        report.recommendations, report.not_faster = rank_after_tries(recos)
         winners = sorted((r for r in tryable if (r.tried_gain or 0) >= MIN_GAIN), key=lambda r: -r.tried_gain)
         if len(winners) >= 2:
             change = _merge([r.change for r in winners])
@@ -248,10 +252,19 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         batch_from=trainer.batch_line
         or ("--batch-size" if trainer.requested_cfg.run.batch_size else "auto: the CPU's fixed default"),
         cuda_graphs=graphs_fact(trainer),
+        load_avg_1m=_load_avg(),
     )
     if wants_batch_search(facts) and not trainer.batch_line:  # (a searched batch needs no second search)
         facts.searched_batch, facts.searched_gain = phase("batch sizes", lambda: _search_batch(trainer, bundle))
     return rcfg, phases, facts
+
+
+def _load_avg() -> float | None:
+    """The 1-minute load average, for the report: a busy host explains figures that do not add up."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return None
 
 
 def graphs_fact(trainer: Trainer) -> str:

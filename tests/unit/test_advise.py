@@ -153,3 +153,95 @@ def test_the_graphs_fact_follows_the_trainers_rule_beside_a_gpu_decoder(monkeypa
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     assert graphs_fact(trainer(photos)) == "off"
     assert graphs_fact(trainer(photos, use_graphs=True)) == "on"
+
+
+def tried(recos, **gains):
+    """The recommendations with `--try` measurements set: key (dashes as underscores) = measured gain."""
+    for r in recos:
+        gain = gains.get(r.key.replace("-", "_"))
+        if gain is not None:
+            r.tried_gain, r.tried_images_per_s = gain, 1000.0 * gain
+    return recos
+
+
+def textbook_serial() -> Facts:
+    """The audit's case: textbook loader, no workers, serial loading on a CPU."""
+    return facts(loader="textbook", textbook_ratio=0.3, data_s=5e-4, step_s=1e-3, cores=8)
+
+
+def test_tries_below_the_minimum_gain_are_no_longer_advised_and_measured_gains_rank_first():
+    from cnnpar.doctor.advise import rank_after_tries
+
+    recos = recommend(textbook_serial())
+    assert [r.key for r in recos] == ["workers", "fast-loader", "compile"]  # by estimate, before any try
+    advised, not_faster = rank_after_tries(tried(recos, workers=0.94, fast_loader=1.26, compile=0.89))
+    assert [r.key for r in advised] == ["fast-loader"]
+    assert [(r.key, r.tried_gain) for r in not_faster] == [("workers", 0.94), ("compile", 0.89)]
+    # a measured gain outranks any estimate, and measured gains rank among themselves by measurement
+    advised, not_faster = rank_after_tries(tried(recommend(textbook_serial()), workers=1.05, fast_loader=1.26))
+    assert [r.key for r in advised] == ["fast-loader", "workers", "compile"] and not not_faster
+
+
+def doctor_report(recos: list, not_faster: list):
+    from cnnpar.config import Config
+    from cnnpar.doctor.advise import diagnose
+    from cnnpar.doctor.measure import Phase
+    from cnnpar.doctor.run import DoctorReport
+
+    f = textbook_serial()
+    env = {"device": "cpu", "device_type": "cpu", "torch": "2", "git_rev": "abc", "date": "today"}
+    phases = [Phase("end to end", batches=10, seconds=1.0, images=640)]
+    return DoctorReport(Config(), env, "synthetic", f, diagnose(f), recos, phases, not_faster=not_faster)
+
+
+def test_the_report_and_terminal_show_tries_that_were_not_faster_apart_from_the_advice(capsys):
+    from cnnpar.doctor.advise import rank_after_tries
+    from cnnpar.doctor.render import markdown, print_report
+
+    advised, not_faster = rank_after_tries(tried(recommend(textbook_serial()), workers=0.94, fast_loader=1.26))
+    report = doctor_report(advised, not_faster)
+    md = markdown(report, [])
+    table = [line for line in md.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert "uint8 batches" in table[0] and "torch.compile" in table[1] and "workers" not in "".join(table)
+    assert "- more loader workers (`--workers 7`): estimated 1.50x, tried: 0.94x, not advised" in md
+    print_report(report)
+    out = capsys.readouterr().out
+    pasted = [line for line in out.splitlines() if line[:3] in ("1. ", "2. ", "3. ")]
+    assert len(pasted) == 2 and "--loader fast" in pasted[0] and not any("--workers 7" in p for p in pasted)
+    assert "- more loader workers (--workers 7): estimated 1.50x, tried: 0.94x, not advised" in out
+
+
+def test_when_every_try_was_slower_the_summary_says_so():
+    from cnnpar.doctor.advise import rank_after_tries
+    from cnnpar.doctor.render import markdown
+
+    f = facts(compile="off")  # the audit's other run: compile, the only advice, tried at 0.17x
+    advised, not_faster = rank_after_tries(tried(recommend(f), compile=0.17))
+    assert not advised and [r.key for r in not_faster] == ["compile"]
+    md = markdown(doctor_report(advised, not_faster), [])
+    assert "No change is advised: those tried were not measurably faster" in md
+    assert "- torch.compile (`--compile default`): estimated 1.08x, tried: 0.17x, not advised" in md
+    assert "| 1 |" not in md
+
+
+def test_an_end_to_end_far_slower_than_its_parts_gives_no_confident_verdict():
+    """The audit's loaded host: pipeline 16.1 ms and step 23.9 ms per batch, overlapped by workers, model
+    ~24 ms; end to end measured 245.9 ms with 5 % data wait, and the verdict was compute-bound."""
+    from dataclasses import replace
+
+    from cnnpar.doctor.advise import DISAGREE
+    from cnnpar.doctor.render import markdown
+
+    per_image = dict(data_s=16.1e-3 / 64, step_s=23.9e-3 / 64, data_wait_share=0.05, workers=1, loader="textbook")
+    loaded = facts(**per_image, e2e_s=245.9e-3 / 64, load_avg_1m=5.5, cores=2)
+    d = diagnose(loaded)
+    assert d.verdict == DISAGREE and not d.reliable
+    assert "end to end took 245.9 ms per batch, but the parts measured alone model 23.9 ms" in d.reasons[2]
+    assert "the host's load may have changed during the measurement" in d.reasons[2]
+    assert "unreliable (the parts alone would say compute-bound)" in d.reasons[3]
+    md = markdown(replace(doctor_report([], []), facts=loaded, diagnosis=d), [])
+    assert md.startswith("# cnnpar doctor: measurements disagree") and "**Unreliable verdict:**" in md
+    assert "load average (1 min) 5.50 on 2 usable core(s)" in md
+    agreeing = facts(**per_image, e2e_s=1.2 * 23.9e-3 / 64)  # end to end a little above the model: the usual case
+    assert diagnose(agreeing).reasons[2:] == diagnose(facts(**per_image, e2e_s=23.9e-3 / 64)).reasons[2:]
+    assert diagnose(agreeing).verdict == COMPUTE_BOUND and diagnose(agreeing).reliable
