@@ -339,12 +339,11 @@ def recommend(f: Facts) -> list[Recommendation]:
 
 
 def rank_after_tries(recos: list[Recommendation]) -> tuple[list[Recommendation], list[Recommendation]]:
-    """(advised, tried and not faster). A measured gain outranks an estimate: the tried recommendations
-    that gained at least MIN_GAIN come first, best measured first, then the untried ones by their estimate.
-    Those tried below MIN_GAIN are no longer advised: the measurement on the user's own setup overrules
-    the rule of thumb or model that put them in the list."""
-    tried = [r for r in recos if r.tried_gain is not None]
-    faster = sorted((r for r in tried if r.tried_gain >= MIN_GAIN), key=lambda r: r.tried_gain, reverse=True)
-    untried = sorted((r for r in recos if r.tried_gain is None), key=lambda r: r.est_gain, reverse=True)
-    slower = sorted((r for r in tried if r.tried_gain < MIN_GAIN), key=lambda r: r.tried_gain, reverse=True)
-    return faster + untried, slower
+    """(advised, tried and not faster). Each recommendation ranks by its best figure: the gain measured on
+    the user's own setup where it was tried (it replaces the estimate), else its estimate; so pre-decoding
+    estimated at 5x, which `--try` cannot run, stays ahead of a tried 1.05x. Those tried below MIN_GAIN are
+    no longer advised: the measurement overrules the rule of thumb or model that put them in the list."""
+    advised = [r for r in recos if r.tried_gain is None or r.tried_gain >= MIN_GAIN]
+    advised.sort(key=lambda r: r.est_gain if r.tried_gain is None else r.tried_gain, reverse=True)
+    slower = [r for r in recos if r.tried_gain is not None and r.tried_gain < MIN_GAIN]
+    return advised, sorted(slower, key=lambda r: r.tried_gain, reverse=True)
