@@ -8,6 +8,7 @@ import torch
 import cnnpar.engine.train_step as train_step
 from cnnpar.bench.claims import verdict
 from cnnpar.bench.ladder import RUNG_NAMES, plan_ladder, run_ladder
+from cnnpar.bench.output import ladder_markdown, throughput_labels
 from cnnpar.bench.timing import Timing
 from cnnpar.bench.tta import run_tta
 from cnnpar.cli import main
@@ -171,3 +172,27 @@ def test_a_ladder_where_every_rung_failed_exits_non_zero_saying_so(tmp_path, cap
         ("skipped", "16"),
         ("failed", "16"),
     ]
+
+
+def _rung(name, ips, low, high, base_ratio=None, prev="", prev_ratio=None):
+    row = {"name": name, "rung": "0", "technique": name, "status": "ok", "builds_on": prev, "prev_rung": prev}
+    row.update(images_per_s=ips, images_per_s_min=low, images_per_s_max=high, repeats_run=3, steps_per_repeat=4)
+    if base_ratio is not None:
+        row["speedup_vs_baseline"] = base_ratio
+    if prev_ratio is not None:
+        row["speedup_vs_prev"] = prev_ratio
+    return row
+
+
+def test_x_baseline_is_marked_inside_the_noise_when_the_ranges_overlap():
+    # the audit's case: compile's 300-3,121 overlaps the baseline's 372-603; fast's 900-1,000 does not
+    rows = [
+        _rung("baseline", 480, 372, 603, base_ratio=1.0),
+        _rung("compile", 1258, 300, 3121, base_ratio=2.62, prev="baseline", prev_ratio=2.62),
+        _rung("fast", 950, 900, 1000, base_ratio=1.98, prev="baseline", prev_ratio=1.98),
+    ]
+    table = {ln.split(" | ")[1]: ln for ln in ladder_markdown(rows).splitlines() if ln.startswith("| 0 |")}
+    assert table["compile"].endswith("| 2.62x, inside the noise | 2.62x, inside the noise |")
+    assert table["fast"].endswith("| 1.98x | 1.98x |")
+    assert table["baseline"].endswith("| 1.00x |  |")
+    assert throughput_labels(rows) == ["480  (1.00x)", "1,258  (2.62x, inside the noise)", "950  (1.98x)"]
