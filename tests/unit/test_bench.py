@@ -7,6 +7,7 @@ import torch
 
 import cnnpar.engine.train_step as train_step
 from cnnpar.bench.claims import verdict
+from cnnpar.bench.compare import compare_markdown
 from cnnpar.bench.ladder import RUNG_NAMES, plan_ladder, run_ladder
 from cnnpar.bench.output import ladder_markdown, throughput_labels
 from cnnpar.bench.timing import Timing
@@ -196,3 +197,18 @@ def test_x_baseline_is_marked_inside_the_noise_when_the_ranges_overlap():
     assert table["fast"].endswith("| 1.98x | 1.98x |")
     assert table["baseline"].endswith("| 1.00x |  |")
     assert throughput_labels(rows) == ["480  (1.00x)", "1,258  (2.62x, inside the noise)", "950  (1.98x)"]
+
+
+def test_compare_shows_each_runs_host_load_and_marks_ratios_inside_the_noise(tmp_path):
+    # the audit's case: two runs of one config on a loaded host, 2.4-3.1 against 1.0-1.2
+    columns = ["name", "status", "images_per_s", "images_per_s_min", "images_per_s_max", "step_ms", "host_load_1m"]
+    a = [["baseline", "ok", 100, 90, 110, 5, 2.4], ["uint8_device", "ok", 200, 190, 210, 3, 3.1]]
+    b = [["baseline", "ok", 999, 105, 1100, 1, 1.0], ["uint8_device", "ok", 1760, 1700, 1800, 1, 1.2]]
+    paths = []
+    for name, rows in (("a", a), ("b", b)):
+        paths.append(tmp_path / f"{name}.csv")
+        paths[-1].write_text("\n".join(",".join(map(str, r)) for r in [columns, *rows]) + "\n")
+    md = compare_markdown(*paths).splitlines()
+    assert "| host load (1 min, over the rungs) (differs) | 2.4-3.1 | 1.0-1.2 |" in md
+    assert "| baseline | 100 (90-110) | 999 (105-1,100) | 9.99x, inside the noise |" in md
+    assert "| uint8_device | 200 (190-210) | 1,760 (1,700-1,800) | 8.80x |" in md
