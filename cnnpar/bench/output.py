@@ -337,7 +337,9 @@ def claims_markdown(rows: list[dict]) -> str:
         "of the two sides' repeats) lies beyond 1; *inside the noise* when the median would confirm it but "
         "the range reaches 1; otherwise *not reproduced*, with *(difference inside the noise)* when the "
         "range reaches 1. Ratios are oriented so that the claim's direction is > 1. A claim with no range "
-        "was measured once per side (a compile time, a memory size).",
+        "was measured once per side (a compile time, a memory size): its verdict says *(single sample each, "
+        "noise unknown)*. A claim measured on a stand-in for the model it names is *not comparable (measured "
+        "on a stand-in)*: its ratio is about another model, so it neither confirms nor refutes the claim.",
     ]
     if took:
         lines.append(f"Measuring took {sum(took):.0f} s in all.")

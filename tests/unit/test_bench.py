@@ -81,10 +81,10 @@ def test_tta_stops_at_the_first_epoch_that_reaches_the_target():
 
 
 def test_verdict_needs_half_the_claimed_effect():
-    assert verdict(1.18, 1.10) == "confirmed"
-    assert verdict(1.18, 1.08) == "not reproduced"
-    assert verdict(3.0, 2.0) == "confirmed"
-    assert verdict(3.0, 0.9) == "not reproduced"
+    assert verdict(1.18, 1.10, 1.09, 1.11) == "confirmed"
+    assert verdict(1.18, 1.08, 1.07, 1.09) == "not reproduced"
+    assert verdict(3.0, 2.0, 1.9, 2.1) == "confirmed"
+    assert verdict(3.0, 0.9, 0.85, 0.95) == "not reproduced"
 
 
 def test_bad_target_is_one_line_user_error(capsys):
