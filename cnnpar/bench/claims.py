@@ -6,8 +6,11 @@ ratio of two measurements taken in this run, each the median of repeats. The rep
 the ratio's range (worst pairing to best). *confirmed*: the median effect (ratio - 1) is at least
 half the claimed effect and the whole range lies above 1; *inside the noise*: the median effect
 would confirm it but the range reaches 1; *not reproduced*: the median effect falls short (the
-verdict adds whether the difference is inside the noise). A claim that needs hardware this run
-lacks is *not measurable here*, with the reason.
+verdict adds whether the difference is inside the noise). A claim measured once per side (a
+compile time, a memory size) has no range: its verdict adds *(single sample each, noise unknown)*.
+A claim measured on a CPU stand-in for the model it names is *not comparable (measured on a
+stand-in)*: the ratio is shown, but it is about another model. A claim that needs hardware this
+run lacks is *not measurable here*, with the reason.
 
 Each claim names its workload (`Claim.workload`): ResNet-18 at 32 px for the compile claims,
 ResNet-50 at 224 for cuDNN and AMP, a torch DataLoader of ImageNet-sized images for pinned memory
@@ -433,20 +436,36 @@ def workload_for(claim: Claim, device_type: str) -> Workload | None:
     return claim.workload if device_type == "cuda" else claim.cpu_workload
 
 
-def verdict(claimed_ratio: float, measured_ratio: float, low: float | None = None, high: float | None = None) -> str:
-    """confirmed / inside the noise / not reproduced (see the module's docstring)."""
+STAND_IN_VERDICT = "not comparable (measured on a stand-in)"
+SINGLE_SAMPLE = "single sample each, noise unknown"
+
+
+def verdict(
+    claimed_ratio: float,
+    measured_ratio: float,
+    low: float | None = None,
+    high: float | None = None,
+    stand_in: bool = False,
+) -> str:
+    """confirmed / inside the noise / not reproduced (see the module's docstring). No range (low, high
+    None): one sample per side, so the verdict says its noise is unknown rather than treat it as none.
+    A stand-in's ratio is about another model than the claim's, so it neither confirms nor refutes."""
+    if stand_in:
+        return STAND_IN_VERDICT
     enough = measured_ratio - 1 >= CONFIRM_SHARE * (claimed_ratio - 1)
-    noisy = low is not None and high is not None and low <= 1.0 <= high
+    if low is None or high is None:
+        return f"{'confirmed' if enough else 'not reproduced'} ({SINGLE_SAMPLE})"
+    noisy = low <= 1.0 <= high
     if enough:
         return "inside the noise" if noisy else "confirmed"
     return "not reproduced (difference inside the noise)" if noisy else "not reproduced"
 
 
-def measured_fields(claim: Claim, m: Measured) -> dict:
+def measured_fields(claim: Claim, m: Measured, stand_in: bool = False) -> dict:
     low, high = m.ratio_range
     single = m.baseline.low == m.baseline.high and m.variant.low == m.variant.high
     return {
-        "verdict": verdict(claim.claimed_ratio, m.ratio, None if single else low, None if single else high),
+        "verdict": verdict(claim.claimed_ratio, m.ratio, None if single else low, None if single else high, stand_in),
         "measured_ratio": m.ratio,
         "ratio_low": "" if single else low,
         "ratio_high": "" if single else high,
@@ -481,7 +500,7 @@ def _measure_here(claim: Claim, ctx: ClaimContext, w: Workload) -> dict:
     from .measure import error_text
 
     try:
-        return measured_fields(claim, claim.measure(ctx, w))
+        return measured_fields(claim, claim.measure(ctx, w), bool(w.stand_in))
     except NotMeasurable as e:
         return {"verdict": "not measurable here", "note": str(e)}
     except Exception as e:
@@ -503,7 +522,8 @@ def _measure_in_child(claim: Claim, ctx: ClaimContext, limit_s: float) -> dict:
     if r.status == OK:
         m = r.value["measured"]
         m = Measured(**{**m, "baseline": Spread(*m["baseline"]), "variant": Spread(*m["variant"])})
-        return measured_fields(claim, m)
+        w = workload_for(claim, ctx.device.type)  # the one the child measured (measure_claim_in_child)
+        return measured_fields(claim, m, bool(w and w.stand_in))
     if r.status == CUT_OFF:
         more = f"cnnpar bench --claims --only {claim.id} --device {ctx.device.type} --budget-s 900"
         return {"verdict": "cut off", "note": f"{r.error}; measure it alone with more time: {more}"}

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from cnnpar.errors import UserError
 
+from .output import _num, inside_noise
+
 REQUIRED = ("name", "status", "images_per_s", "step_ms")
 SETUP_KEYS = (
     "device",
@@ -54,7 +56,18 @@ def _cell(row: dict | None) -> str:
     if row is None:
         return "-"
     rate = _rate(row)
-    return f"{rate:,.0f}" if rate is not None else row.get("status", "")
+    if rate is None:
+        return row.get("status", "")
+    low, high = _num(row, "images_per_s_min"), _num(row, "images_per_s_max")
+    return f"{rate:,.0f}" + (f" ({low:,.0f}-{high:,.0f})" if low is not None and high is not None else "")
+
+
+def _load(rows: list[dict]) -> str:
+    """The 1-minute load average over a run's rungs: on a shared host the ratios move with it."""
+    loads = [v for v in (_num(r, "host_load_1m") for r in rows) if v is not None]
+    if not loads:
+        return "not recorded"
+    return f"{min(loads):.1f}" if min(loads) == max(loads) else f"{min(loads):.1f}-{max(loads):.1f}"
 
 
 def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
@@ -67,11 +80,20 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
         va, vb = a_rows[0].get(key, ""), b_rows[0].get(key, "")
         mark = "" if va == vb else " (differs)"
         lines.append(f"| {key}{mark} | {va} | {vb} |")
-    lines += ["", "| rung | A images/s | B images/s | B / A |", "|---|---|---|---|"]
+    la, lb = _load(a_rows), _load(b_rows)
+    lines.append(f"| host load (1 min, over the rungs){'' if la == lb else ' (differs)'} | {la} | {lb} |")
+    lines += ["", "| rung | A images/s (range) | B images/s (range) | B / A |", "|---|---|---|---|"]
     for n in names:
         ra, rb = _rate(a_by.get(n)), _rate(b_by.get(n))
         ratio = f"{rb / ra:.2f}x" if ra and rb else ""
+        if ratio and inside_noise(a_by[n], b_by[n]):
+            ratio += ", inside the noise"
         lines.append(f"| {n} | {_cell(a_by.get(n))} | {_cell(b_by.get(n))} | {ratio} |")
+    lines += [
+        "",
+        "Images/s are medians of repeats, in brackets the slowest and fastest repeat; a ratio is *inside the "
+        "noise* when the two runs' ranges overlap. The host load was read after each rung.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -193,6 +193,10 @@ def ladder_markdown(rows: list[dict]) -> str:
             prev += f" (vs {r['prev_rung']})"
         if prev and inside_noise(r, by_name.get(r.get("prev_rung"), {})):
             prev += ", inside the noise"
+        base = _fmt(_num(r, "speedup_vs_baseline"), ".2f", "x")
+        # the same overlap test as x previous: a ratio whose ranges overlap the baseline's is no measured gain
+        if base and r.get("name") != "baseline" and inside_noise(r, by_name.get("baseline", {})):
+            base += ", inside the noise"
         shape = f"{r['repeats_run']} x {r['steps_per_repeat']}" if r.get("repeats_run") not in ("", None) else ""
         technique = r["technique"] + (f" (on {r['continues']}'s trainer)" if r.get("continues") else "")
         lines.append(
@@ -201,7 +205,7 @@ def ladder_markdown(rows: list[dict]) -> str:
             f"| {_fmt(_num(r, 'step_ms'), '.2f')} "
             f"| {_fmt(_num(r, 'data_wait_share') and 100 * _num(r, 'data_wait_share'), '.0f', '%')} "
             f"| {_fmt(_num(r, 'peak_mem_mb'), ',.0f')} | {_fmt(_num(r, 'mfu') and 100 * _num(r, 'mfu'), '.2f', '%')} "
-            f"| {_fmt(_num(r, 'speedup_vs_baseline'), '.2f', 'x')} | {prev} |"
+            f"| {base} | {prev} |"
         )
     loads = [v for v in (_num(r, "host_load_1m") for r in rows) if v is not None]
     load = (
@@ -211,8 +215,9 @@ def ladder_markdown(rows: list[dict]) -> str:
         "",
         "Peak memory is `torch.cuda.max_memory_allocated` on CUDA (the tensors) and the process's "
         "resident memory (RSS: Python, libraries and data included) on the CPU. "
-        "x previous compares with the nearest measured rung this one builds on; *inside the noise* "
-        "when the two rungs' ranges of repeats overlap. A rung *on another's trainer* was measured on the "
+        "x previous compares with the nearest measured rung this one builds on; *inside the noise* (in either "
+        "x column, and on the throughput plot's labels) when the two rungs' ranges of repeats overlap. "
+        "A rung *on another's trainer* was measured on the "
         "Trainer (model, compile, optimizer) of the rung it builds on, its own switch applied in place: "
         f"the step a new Trainer would run, without a second compile.{load}",
     ]
@@ -231,6 +236,21 @@ def _title(rows: list[dict]) -> str:
     return f"{r.get('model', '')} {r.get('image_shape', '')} batch {r.get('batch_size', '')} on {r.get('device', '')}"
 
 
+def throughput_labels(rows: list[dict]) -> list[str]:
+    """The bar labels of the throughput plot: images/s (or the status) and the ratio to the baseline."""
+    base = next((r for r in rows if r["name"] == "baseline"), {})
+    labels = []
+    for r in rows:
+        label = f"{_num(r, 'images_per_s') or 0.0:,.0f}" if r["status"] == "ok" else r["status"]
+        sp = _num(r, "speedup_vs_baseline")
+        if sp is not None:
+            # marked as in the table's x baseline column, so the picture claims no more than the table
+            noise = ", inside the noise" if r is not base and inside_noise(r, base) else ""
+            label += f"  ({sp:.2f}x{noise})"
+        labels.append(label)
+    return labels
+
+
 def plot_throughput(rows: list[dict], path: Path) -> None:
     """Images/s per rung; failed and skipped rungs keep their place with a label instead of a bar."""
     from matplotlib.figure import Figure
@@ -242,11 +262,7 @@ def plot_throughput(rows: list[dict], path: Path) -> None:
     ys = list(range(len(rows)))[::-1]
     ax.barh(ys, values, color="#4c72b0")
     top = max(values, default=0.0) or 1.0
-    for y, r, v in zip(ys, rows, values):
-        label = f"{v:,.0f}" if r["status"] == "ok" else r["status"]
-        sp = _num(r, "speedup_vs_baseline")
-        if sp is not None:
-            label += f"  ({sp:.2f}x)"
+    for y, label, v in zip(ys, throughput_labels(rows), values):
         ax.text(v + 0.01 * top, y, label, va="center", fontsize=8)
     ax.set_yticks(ys, names)
     ax.set_xlim(0, top * 1.3)
@@ -321,7 +337,9 @@ def claims_markdown(rows: list[dict]) -> str:
         "of the two sides' repeats) lies beyond 1; *inside the noise* when the median would confirm it but "
         "the range reaches 1; otherwise *not reproduced*, with *(difference inside the noise)* when the "
         "range reaches 1. Ratios are oriented so that the claim's direction is > 1. A claim with no range "
-        "was measured once per side (a compile time, a memory size).",
+        "was measured once per side (a compile time, a memory size): its verdict says *(single sample each, "
+        "noise unknown)*. A claim measured on a stand-in for the model it names is *not comparable (measured "
+        "on a stand-in)*: its ratio is about another model, so it neither confirms nor refutes the claim.",
     ]
     if took:
         lines.append(f"Measuring took {sum(took):.0f} s in all.")

@@ -76,7 +76,9 @@ def _self_device_mem(e) -> float:
 def top_ops_markdown(averages, on_device: bool, active_steps: int, row_limit: int = 25) -> str:
     """Top operators as a Markdown table, plus the step-phase ranges (times per step, in ms)."""
     key = _self_device_us if on_device else (lambda e: e.self_cpu_time_total)
-    rows = sorted((e for e in averages if e.key not in STEP_RANGES), key=key, reverse=True)[:row_limit]
+    # ProfilerStep* is torch.profiler's range around a whole step, not an operator: ranked, it tops the table
+    ops = (e for e in averages if e.key not in STEP_RANGES and not e.key.startswith("ProfilerStep"))
+    rows = sorted(ops, key=key, reverse=True)[:row_limit]
     per = 1e-3 / max(1, active_steps)
     head = (
         "| operator | calls | self CPU ms | CPU total ms | self CUDA ms | CUDA total ms | self CPU MB | self CUDA MB |"

@@ -248,11 +248,24 @@ def report(s: dict) -> str:
     return "\n".join(lines)
 
 
+PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")  # torch.profiler's own range around each recorded step
+
+
+def merged_step_ranges(ranges: dict[str, float]) -> dict[str, float]:
+    """The ranges with torch.profiler's ProfilerStep#N summed into one entry: one per recorded step, and
+    each the longest, they would take the listed slots of cnnpar's own ranges (data_wait, h2d_copy)."""
+    steps = [us for name, us in ranges.items() if PROFILER_STEP.match(name)]
+    out = {name: us for name, us in ranges.items() if not PROFILER_STEP.match(name)}
+    if steps:
+        out[f"ProfilerStep#* ({len(steps)} steps)"] = sum(steps)
+    return out
+
+
 def _thread_lines(s: dict) -> list[str]:
     lines = []
     for tid, th in sorted(s["threads"].items(), key=lambda kv: kv[1]["name"]):
         lines.append(f"thread {th['name']} ({tid}): torch ops {100 * th['torch_ops_share']:.1f} % of the window")
-        for name, us in sorted(th["ranges"].items(), key=lambda kv: -kv[1])[:8]:
+        for name, us in sorted(merged_step_ranges(th["ranges"]).items(), key=lambda kv: -kv[1])[:8]:
             lines.append(f"      range {name}: {us / 1e3:.1f} ms")
         for name, (n, us) in sorted(th["calls"].items(), key=lambda kv: -kv[1][1]):
             lines.append(f"      {name}: {n} calls, {us / 1e3:.1f} ms, {us / max(n, 1) / 1e3:.3f} ms each")

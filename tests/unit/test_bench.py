@@ -7,7 +7,9 @@ import torch
 
 import cnnpar.engine.train_step as train_step
 from cnnpar.bench.claims import verdict
+from cnnpar.bench.compare import compare_markdown
 from cnnpar.bench.ladder import RUNG_NAMES, plan_ladder, run_ladder
+from cnnpar.bench.output import ladder_markdown, throughput_labels
 from cnnpar.bench.timing import Timing
 from cnnpar.bench.tta import run_tta
 from cnnpar.cli import main
@@ -79,10 +81,10 @@ def test_tta_stops_at_the_first_epoch_that_reaches_the_target():
 
 
 def test_verdict_needs_half_the_claimed_effect():
-    assert verdict(1.18, 1.10) == "confirmed"
-    assert verdict(1.18, 1.08) == "not reproduced"
-    assert verdict(3.0, 2.0) == "confirmed"
-    assert verdict(3.0, 0.9) == "not reproduced"
+    assert verdict(1.18, 1.10, 1.09, 1.11) == "confirmed"
+    assert verdict(1.18, 1.08, 1.07, 1.09) == "not reproduced"
+    assert verdict(3.0, 2.0, 1.9, 2.1) == "confirmed"
+    assert verdict(3.0, 0.9, 0.85, 0.95) == "not reproduced"
 
 
 def test_bad_target_is_one_line_user_error(capsys):
@@ -171,3 +173,42 @@ def test_a_ladder_where_every_rung_failed_exits_non_zero_saying_so(tmp_path, cap
         ("skipped", "16"),
         ("failed", "16"),
     ]
+
+
+def _rung(name, ips, low, high, base_ratio=None, prev="", prev_ratio=None):
+    row = {"name": name, "rung": "0", "technique": name, "status": "ok", "builds_on": prev, "prev_rung": prev}
+    row.update(images_per_s=ips, images_per_s_min=low, images_per_s_max=high, repeats_run=3, steps_per_repeat=4)
+    if base_ratio is not None:
+        row["speedup_vs_baseline"] = base_ratio
+    if prev_ratio is not None:
+        row["speedup_vs_prev"] = prev_ratio
+    return row
+
+
+def test_x_baseline_is_marked_inside_the_noise_when_the_ranges_overlap():
+    # the audit's case: compile's 300-3,121 overlaps the baseline's 372-603; fast's 900-1,000 does not
+    rows = [
+        _rung("baseline", 480, 372, 603, base_ratio=1.0),
+        _rung("compile", 1258, 300, 3121, base_ratio=2.62, prev="baseline", prev_ratio=2.62),
+        _rung("fast", 950, 900, 1000, base_ratio=1.98, prev="baseline", prev_ratio=1.98),
+    ]
+    table = {ln.split(" | ")[1]: ln for ln in ladder_markdown(rows).splitlines() if ln.startswith("| 0 |")}
+    assert table["compile"].endswith("| 2.62x, inside the noise | 2.62x, inside the noise |")
+    assert table["fast"].endswith("| 1.98x | 1.98x |")
+    assert table["baseline"].endswith("| 1.00x |  |")
+    assert throughput_labels(rows) == ["480  (1.00x)", "1,258  (2.62x, inside the noise)", "950  (1.98x)"]
+
+
+def test_compare_shows_each_runs_host_load_and_marks_ratios_inside_the_noise(tmp_path):
+    # the audit's case: two runs of one config on a loaded host, 2.4-3.1 against 1.0-1.2
+    columns = ["name", "status", "images_per_s", "images_per_s_min", "images_per_s_max", "step_ms", "host_load_1m"]
+    a = [["baseline", "ok", 100, 90, 110, 5, 2.4], ["uint8_device", "ok", 200, 190, 210, 3, 3.1]]
+    b = [["baseline", "ok", 999, 105, 1100, 1, 1.0], ["uint8_device", "ok", 1760, 1700, 1800, 1, 1.2]]
+    paths = []
+    for name, rows in (("a", a), ("b", b)):
+        paths.append(tmp_path / f"{name}.csv")
+        paths[-1].write_text("\n".join(",".join(map(str, r)) for r in [columns, *rows]) + "\n")
+    md = compare_markdown(*paths).splitlines()
+    assert "| host load (1 min, over the rungs) (differs) | 2.4-3.1 | 1.0-1.2 |" in md
+    assert "| baseline | 100 (90-110) | 999 (105-1,100) | 9.99x, inside the noise |" in md
+    assert "| uint8_device | 200 (190-210) | 1,760 (1,700-1,800) | 8.80x |" in md

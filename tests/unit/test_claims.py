@@ -136,7 +136,30 @@ def test_the_verdict_says_when_a_difference_is_inside_the_noise():
     assert verdict(1.18, 1.10, 0.99, 1.20) == "inside the noise"
     assert verdict(1.18, 1.01, 0.98, 1.03) == "not reproduced (difference inside the noise)"
     assert verdict(1.18, 1.05, 1.02, 1.08) == "not reproduced"  # real, but a third of the claim
-    assert verdict(3.0, 2.0) == "confirmed"  # measured once per side: no range to judge
+
+
+def test_a_verdict_from_one_sample_each_says_its_noise_is_unknown():
+    # a compile time or a memory size is measured once per side: no range, so no noise-free verdict
+    assert verdict(3.0, 2.0) == "confirmed (single sample each, noise unknown)"
+    assert verdict(7.42, 1.43) == "not reproduced (single sample each, noise unknown)"
+    once = Measured(Spread(10, 10, 10), Spread(7, 7, 7), "s", "compile", higher_is_better=False)
+    row = claims_mod.measured_fields(BY_ID["dynamic_compile"], once)
+    assert row["verdict"] == "not reproduced (single sample each, noise unknown)" and row["ratio_low"] == ""
+
+
+def test_a_claim_measured_on_a_stand_in_is_not_comparable_neither_confirmed_nor_refuted():
+    # the audit's case: dynamic_compile on cnn3 in place of ResNet-18, 1.43x against the claimed 7.42x
+    assert CNN3_16.stand_in and workload_for(BY_ID["dynamic_compile"], "cpu") is CNN3_16
+    assert verdict(7.42, 1.43, 1.40, 1.46, stand_in=True) == "not comparable (measured on a stand-in)"
+    assert verdict(7.42, 7.5, 7.4, 7.6, stand_in=True) == "not comparable (measured on a stand-in)"
+    stand_in = Workload("cnn3", "1x8x8", 8, 64, "tiny", stand_in="CPU stand-in for ResNet-18")
+    claim = claims_mod.Claim(
+        "sub", "sub is 7.42x", 7.42, lambda ctx, w: Measured(Spread(10, 9, 11), Spread(7, 6.5, 7.5), "s", "x"),
+        W, stand_in, "",
+    )  # fmt: skip
+    rows = run_claims(Config(), CPU, Timing(), {}, None, lambda s: None, claims=(claim,))
+    assert rows[0]["verdict"] == "not comparable (measured on a stand-in)"
+    assert rows[0]["measured_ratio"] == pytest.approx(0.7)  # the ratio is still shown
 
 
 def test_the_ratio_range_pairs_the_worst_and_best_repeats_in_the_claims_direction():

@@ -142,3 +142,31 @@ def test_kernels_that_share_a_long_prefix_are_listed_apart_with_their_counts():
     text = trace_summary.report(trace_summary.summarize(events))
     assert "1 x    700.0 us" in text and "2 x    100.0 us" in text
     assert "threshold_backward_60" in text  # the distinguishing end of a long name is kept
+
+
+def test_the_per_step_profiler_ranges_are_one_line_and_leave_room_for_data_wait():
+    # five ProfilerStep#N ranges, each the longest, took 5 of the 8 listed slots and pushed data_wait out
+    events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "ts": 100 * i, "dur": 100, "tid": 5}
+              for i in range(5)]  # fmt: skip
+    for i, name in enumerate(["forward", "backward", "optimizer_step", "zero_grad", "loss", "h2d_copy", "data_wait"]):
+        events.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": 10 * i, "dur": 9 - i, "tid": 5})
+    text = trace_summary.report(trace_summary.summarize(events, {5: "MainThread"}))
+    ranges = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("range ")]
+    assert ranges[0] == "range ProfilerStep#* (5 steps): 0.5 ms"
+    assert "range data_wait: 0.0 ms" in ranges and "range h2d_copy: 0.0 ms" in ranges
+    assert not any("ProfilerStep#0" in r for r in ranges)
+
+
+def test_the_top_operators_table_does_not_rank_the_profilers_step_range():
+    from types import SimpleNamespace
+
+    from cnnpar.report.profiler import top_ops_markdown
+
+    def avg(key, self_cpu_us):
+        return SimpleNamespace(key=key, count=5, self_cpu_time_total=self_cpu_us, cpu_time_total=self_cpu_us,
+                               self_cpu_memory_usage=0, self_device_time_total=0.0, device_time_total=0.0,
+                               self_device_memory_usage=0)  # fmt: skip
+
+    md = top_ops_markdown([avg("ProfilerStep*", 9000.0), avg("aten::conv2d", 500.0)], False, 5)
+    assert "Top 1 operators" in md and "| `aten::conv2d` |" in md
+    assert "ProfilerStep" not in md
