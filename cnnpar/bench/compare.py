@@ -7,7 +7,7 @@ from pathlib import Path
 
 from cnnpar.errors import UserError
 
-from .output import _num, inside_noise
+from .output import _num, has_range, inside_noise
 
 REQUIRED = ("name", "status", "images_per_s", "step_ms")
 SETUP_KEYS = (
@@ -81,18 +81,22 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
         mark = "" if va == vb else " (differs)"
         lines.append(f"| {key}{mark} | {va} | {vb} |")
     la, lb = _load(a_rows), _load(b_rows)
-    lines.append(f"| host load (1 min, over the rungs){'' if la == lb else ' (differs)'} | {la} | {lb} |")
+    differs = la != lb and "not recorded" not in (la, lb)  # a missing figure is unknown, not different
+    lines.append(f"| host load (1 min, over the rungs){' (differs)' if differs else ''} | {la} | {lb} |")
     lines += ["", "| rung | A images/s (range) | B images/s (range) | B / A |", "|---|---|---|---|"]
     for n in names:
         ra, rb = _rate(a_by.get(n)), _rate(b_by.get(n))
         ratio = f"{rb / ra:.2f}x" if ra and rb else ""
-        if ratio and inside_noise(a_by[n], b_by[n]):
+        if ratio and not (has_range(a_by[n]) and has_range(b_by[n])):  # a CSV from before the ranges were kept
+            ratio += ", noise unknown (no range)"
+        elif ratio and inside_noise(a_by[n], b_by[n]):
             ratio += ", inside the noise"
         lines.append(f"| {n} | {_cell(a_by.get(n))} | {_cell(b_by.get(n))} | {ratio} |")
     lines += [
         "",
         "Images/s are medians of repeats, in brackets the slowest and fastest repeat; a ratio is *inside the "
-        "noise* when the two runs' ranges overlap. The host load was read after each rung.",
+        "noise* when the two runs' ranges overlap, *noise unknown* where a run recorded none. The host load was "
+        "read after each rung.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -169,6 +169,11 @@ def spread_text(row: dict, key: str = "images_per_s") -> str:
     return f"{low:,.0f}-{high:,.0f} (±{50 * (high - low) / mid:.1f}%)"
 
 
+def has_range(row: dict, key: str = "images_per_s") -> bool:
+    """Does the row hold its repeats' slowest and fastest figures (rows of older ladders do not)?"""
+    return None not in (_num(row, f"{key}_min"), _num(row, f"{key}_max"))
+
+
 def inside_noise(a: dict, b: dict, key: str = "images_per_s") -> bool:
     """Do the repeats of two rows overlap, so that their difference is inside the noise?"""
     lo_a, hi_a, lo_b, hi_b = (_num(r, f"{key}_{e}") for r in (a, b) for e in ("min", "max"))

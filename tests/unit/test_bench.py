@@ -212,3 +212,17 @@ def test_compare_shows_each_runs_host_load_and_marks_ratios_inside_the_noise(tmp
     assert "| host load (1 min, over the rungs) (differs) | 2.4-3.1 | 1.0-1.2 |" in md
     assert "| baseline | 100 (90-110) | 999 (105-1,100) | 9.99x, inside the noise |" in md
     assert "| uint8_device | 200 (190-210) | 1,760 (1,700-1,800) | 8.80x |" in md
+
+
+def test_compare_with_a_ladder_from_before_the_ranges_says_its_noise_is_unknown(tmp_path):
+    """An unmarked ratio reads as outside the noise: where one run kept no range (an older CSV) it says so."""
+    old = tmp_path / "a.csv"
+    old.write_text("name,status,images_per_s,step_ms\nbaseline,ok,100,5\n")
+    new = tmp_path / "b.csv"
+    new.write_text(
+        "name,status,images_per_s,images_per_s_min,images_per_s_max,step_ms,host_load_1m\n"
+        "baseline,ok,200,190,210,3,1.5\n"
+    )
+    md = compare_markdown(old, new).splitlines()
+    assert "| baseline | 100 | 200 (190-210) | 2.00x, noise unknown (no range) |" in md
+    assert "| host load (1 min, over the rungs) | not recorded | 1.5 |" in md
