@@ -26,10 +26,11 @@ SERIAL_DATA_SHARE = 0.30  # serial loading: reading a third of every step is wor
 GPU_IDLE_HOST_BOUND = 0.30  # a GPU idle 30% of the step is waiting on the host (launches, syncs)
 FIXED_SHARE_HOST_BOUND = 0.50  # half the step cost does not grow with the batch: per-step overhead dominates
 MIN_GAIN = 1.03  # smaller estimated gains are within measurement noise on a shared machine
-# End to end adds to the parts only what they leave out (collation, the copy to the device, the loop's own
-# Python), tens of per cent at most; 1.3x beyond the parts' model means the host changed under the
+# End to end adds to the parts what they leave out (collation, the copy to the device, the loop's own Python),
+# and the step alone is its best round where end to end is a mean: 1.21-1.31x the model for cnn3 on a quiet
+# 2-core CPU host (the doctor test's config, three runs). Twice the model means the host changed under the
 # measurement (on a loaded 2-core host: 24 ms/batch modelled, 246 ms measured), not that the model is off.
-E2E_DISAGREES = 1.3
+E2E_DISAGREES = 2.0
 
 
 @dataclass

@@ -243,6 +243,7 @@ def test_an_end_to_end_far_slower_than_its_parts_gives_no_confident_verdict():
     md = markdown(replace(doctor_report([], []), facts=loaded, diagnosis=d), [])
     assert md.startswith("# cnnpar doctor: measurements disagree") and "**Unreliable verdict:**" in md
     assert "load average (1 min) 5.50 on 2 usable core(s)" in md
-    agreeing = facts(**per_image, e2e_s=1.2 * 23.9e-3 / 64)  # end to end a little above the model: the usual case
+    # end to end above the model, as on a quiet host (1.21-1.31x for cnn3 on the CPU): the usual case, agreeing
+    agreeing = facts(**per_image, e2e_s=1.4 * 23.9e-3 / 64)
     assert diagnose(agreeing).reasons[2:] == diagnose(facts(**per_image, e2e_s=23.9e-3 / 64)).reasons[2:]
     assert diagnose(agreeing).verdict == COMPUTE_BOUND and diagnose(agreeing).reliable
