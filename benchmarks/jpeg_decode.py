@@ -67,7 +67,7 @@ from cnnpar.data.gpu_decode import (  # noqa: E402
 )
 from cnnpar.data.jpeg_header import read_jpeg_header  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import nvimgcodec_available  # noqa: E402
-from cnnpar.data.nvjpeg_hw import hardware_decoder_available  # noqa: E402
+from cnnpar.data.nvjpeg_hw import EngineSettings, hardware_decoder_available  # noqa: E402
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import read_csv, write_csv_atomic  # noqa: E402
@@ -171,8 +171,15 @@ def main() -> None:
     ap.add_argument(
         "--stages",
         default="gpu",
-        help="comma list: gpu (GpuDecoder's stages), cpu (one worker's rows), cpu-profile (its time per "
-        "image), cpu-quality (pixel differences between the CPU decodes)",
+        help="comma list: gpu (GpuDecoder's stages), engines (the JPEG engines driven each --hw-variants way), "
+        "cpu (one worker's rows), cpu-profile (its time per image), cpu-quality (pixel differences between the "
+        "CPU decodes)",
+    )
+    ap.add_argument(
+        "--hw-variants",
+        default="bits=device;out=rgb;pools=1;bits=device+out=rgb+pools=1",
+        help="for --stages engines: ';'-separated ways to drive the engines besides the defaults "
+        "(nvjpeg_hw.EngineSettings: bits=host|device, out=rgbi|rgb, pools=0|1, '+'-joined)",
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=256)
@@ -193,8 +200,12 @@ def main() -> None:
     # notice alone, rather than cnnpar's per-call tv_codecs(), keeps the timed calls bare.
     warnings.filterwarnings("ignore", message=TV_CODEC_DEPRECATION, category=DeprecationWarning)
     stages = set(args.stages.split(","))
-    if not stages <= {"gpu", "cpu", "cpu-profile", "cpu-quality"}:
-        sys.exit(f"--stages {args.stages}: expected a comma list of gpu, cpu, cpu-profile and cpu-quality")
+    if not stages <= {"gpu", "engines", "cpu", "cpu-profile", "cpu-quality"}:
+        sys.exit(f"--stages {args.stages}: expected a comma list of gpu, engines, cpu, cpu-profile and cpu-quality")
+    try:
+        [EngineSettings.parse(v) for v in args.hw_variants.split(";") if v]
+    except ValueError as e:
+        sys.exit(f"--hw-variants: {e}")
     device = torch.device(args.device)
     folders = list(args.folder)
     if args.make_photos is not None:
@@ -224,6 +235,8 @@ def main() -> None:
         recorder = Recorder(args, device, len(files), facts, rows, save)
         if "gpu" in stages:
             gpu_stages(files, indices, args, device, recorder)
+        if "engines" in stages:
+            engine_stages(files, indices, args, device, recorder)
         if "cpu" in stages:
             cpu_stages(files, indices, args, recorder)
         if "cpu-profile" in stages:
@@ -436,6 +449,115 @@ def gpu_stages(files: list[Path], indices: list[list[int]], args, device: torch.
                 sync(device)
             print(f"--- profile: one GpuDecoder call, {backend}, batch {args.batch_size}")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=50))
+
+
+def engines_unavailable(device: torch.device) -> str:
+    """'' where the JPEG engines work on `device`, else why not."""
+    return hardware_decoder_available(device.index or 0) if device.type == "cuda" else "no CUDA"
+
+
+def engines_call_ok(engines, batch, ids, stream) -> None:
+    """One decode of `batch` (raises what the library raises), its output dropped."""
+    engines.decode(batch.flat, np.asarray(batch.offsets), ids, np.asarray(batch.hw)[ids], stream)
+
+
+# CUDA runtime calls that make the calling host thread wait for the GPU (cudaFree waits for the device;
+# a plain cudaMemcpy for its copy)
+HOST_WAITS = {
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaMemcpy",
+    "cudaMemcpy2D",
+    "cudaFree",
+    "cudaFreeHost",
+}
+
+
+def engine_stages(files: list[Path], indices: list[list[int]], args, device: torch.device, record: Recorder) -> None:
+    """`--stages engines`: the JPEG engines driven each way `--hw-variants` names (nvjpeg_hw.EngineSettings;
+    the defaults first), each one's whole-image decode alone (one library call per batch), its pixels
+    against the defaults', and what one call does on the host and the GPU, counted from torch.profiler's
+    CUDA activity (all threads, the library's own included): the calls that wait for the GPU
+    (HOST_WAITS), the copies and the kernels, per batch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from cnnpar.data.nvjpeg_hw import HardwareJpegDecoder
+
+    why_not = engines_unavailable(device)
+    if why_not:
+        print(f"engines: not measured ({why_not})")
+        return
+    ds = EncodedFolderDataset(files, [0] * len(files), args.size)
+    items = [ds[i] for i in range(len(files))]
+    batches = [collate_encoded([items[i] for i in idx])[0] for idx in indices]
+    engine_ids = [np.flatnonzero(np.asarray(b.hardware_ok)) for b in batches]
+    print(f"engines: {sum(len(i) for i in engine_ids)} of {sum(len(b) for b in batches)} images are theirs")
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    specs = [""] + [v for v in args.hw_variants.split(";") if v]
+    reference = None
+    for spec in specs:
+        settings = EngineSettings.parse(spec)
+        try:
+            engines = HardwareJpegDecoder(device, settings)
+            engines_call_ok(engines, batches[0], engine_ids[0], stream)
+        except Exception as e:  # noqa: BLE001 - one way the library refuses must not end the others' rows
+            print(f"  {settings.label}: not measured: {str(e)[:300]}")
+            record.keep("decode", f"hardware[{settings.label}]", "raw", float("nan"), float("nan"), status=str(e)[:300])
+            continue
+
+        def call(b: int, engines=engines):
+            hw = np.asarray(batches[b].hw)[engine_ids[b]]
+            return engines.decode(batches[b].flat, np.asarray(batches[b].offsets), engine_ids[b], hw, stream)
+
+        out, starts = call(0)
+        hw0 = np.asarray(batches[0].hw)[engine_ids[0]]
+        images = []
+        for j, (h, w) in enumerate(hw0.tolist()):
+            pixels = out[int(starts[j]) : int(starts[j]) + 3 * h * w]
+            images.append(pixels.view(h, w, 3).permute(2, 0, 1) if engines.interleaved else pixels.view(3, h, w))
+        images = [img.cpu() for img in images]
+        reference = reference or images
+        worst = max(int((a.int() - b.int()).abs().max()) for a, b in zip(reference, images))
+        del out, images
+        calls = 3
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for b in range(calls):
+                call(b % len(batches))
+            sync(device)
+        runtime, kernels, copies = {}, 0, 0
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                if e.name.startswith("Memcpy") or e.name.startswith("Memset"):
+                    copies += 1
+                else:
+                    kernels += 1
+            elif e.name.startswith("cuda"):
+                runtime[e.name] = runtime.get(e.name, 0) + 1
+        waits = sum(n for name, n in runtime.items() if name in HOST_WAITS)
+        busiest = sorted(runtime.items(), key=lambda kv: -kv[1])[:6]
+        record(
+            "decode",
+            f"hardware[{settings.label}]",
+            "raw",
+            call,
+        )
+        record.rows[-1].update(
+            {
+                "max_diff_vs_default": worst,
+                "host_waits_per_batch": round(waits / calls, 2),
+                "kernels_per_batch": round(kernels / calls, 2),
+                "copies_per_batch": round(copies / calls, 2),
+                "runtime_calls_per_batch": "; ".join(f"{k} {v / calls:g}" for k, v in busiest),
+            }
+        )
+        record.save()
+        busy = record.rows[-1]["runtime_calls_per_batch"]
+        print(
+            f"  {settings.label}: max diff vs default {worst}, per batch: {waits / calls:g} host waits, "
+            f"{kernels / calls:g} kernels, {copies / calls:g} copies; runtime calls: {busy}"
+        )
+        engines.close()
 
 
 class Spinner:

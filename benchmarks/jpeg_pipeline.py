@@ -31,9 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gil_profile import GilProfile  # noqa: E402  (beside this script)
 
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
-from cnnpar.data import byte_slots, crop_resize, load_data  # noqa: E402
+from cnnpar.data import (  # noqa: E402
+    byte_slots,
+    crop_resize,
+    load_data,
+    nvjpeg_hw,  # noqa: E402
+)
 from cnnpar.data.loader import DeviceFeeder  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode  # noqa: E402
+from cnnpar.data.nvjpeg_hw import EngineSettings  # noqa: E402
 from cnnpar.dist import DEVICE_QUEUES_ENV, DistInfo, widen_device_queues  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.parallel import streams  # noqa: E402
@@ -59,6 +65,7 @@ VARIANT_KEYS = {
     "stream": {"own", "legacy"},
     "slots": {"0", "1"},
     "stem": {"auto", "on", "off"},
+    "hw": EngineSettings.parse,  # how the JPEG engines are driven, e.g. hw=bits=device+out=rgb+pools=1
 }
 
 
@@ -73,7 +80,12 @@ def parse_variant(spec: str) -> tuple[list[str], dict[str, str]]:
         if not eq or key not in VARIANT_KEYS:
             raise SystemExit(f"--variants {spec}: {kv!r} is not one of {', '.join(k + '=' for k in VARIANT_KEYS)}")
         allowed = VARIANT_KEYS[key]
-        if allowed is not None and value not in allowed:
+        if callable(allowed):
+            try:
+                allowed(value)
+            except ValueError as e:
+                raise SystemExit(f"--variants {spec}: {key}={value}: {e}") from None
+        elif allowed is not None and value not in allowed:
             raise SystemExit(f"--variants {spec}: {key}={value}, expected one of {', '.join(sorted(allowed))}")
         if allowed is None:
             try:
@@ -215,6 +227,7 @@ def main() -> None:
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
         streams.FOR_GPU_DECODERS = opts.get("stream", "own") == "own"
         byte_slots.ENABLED = opts.get("slots", "1") == "1"
+        nvjpeg_hw.SETTINGS = EngineSettings.parse(opts.get("hw", ""))
         DeviceFeeder.PREPARE = opts.get("prepare", "1") == "1"  # each epoch starts the next one's pipeline
         crop_resize.KERNEL = opts.get("kernel", "auto")  # the resize: Triton's fused kernels or matrix products
         # cpp=1: inductor's C++ wrapper launches the compiled step's kernels (no Python per launch)

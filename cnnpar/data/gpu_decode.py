@@ -185,8 +185,9 @@ def _flat_to_views(d: DecodedBatch) -> None:
     if d.flat is None:
         return
     for i, start, (h, w) in zip(d.flat_ids, d.flat_starts.tolist(), d.flat_hw.tolist()):
-        d.images[i] = d.flat[start : start + 3 * h * w].view(h, w, 3).permute(2, 0, 1)
-        d.interleaved[i] = True
+        pixels = d.flat[start : start + 3 * h * w]
+        d.images[i] = pixels.view(h, w, 3).permute(2, 0, 1) if d.flat_hwc else pixels.view(3, h, w)
+        d.interleaved[i] = d.flat_hwc
     d.flat = None
 
 
@@ -206,8 +207,10 @@ class DecodedBatch:
     done: torch.Tensor | None = None
     stream: torch.cuda.Stream | None = None
     # the hardware decoder's images (their `images` entries are None): one flat device buffer of
-    # interleaved RGB, the batch positions it holds, each one's start and (height, width)
+    # interleaved RGB (planar where the engines' settings ask), the batch positions it holds, each
+    # one's start and (height, width)
     flat: torch.Tensor | None = None
+    flat_hwc: bool = True
     flat_ids: list[int] = field(default_factory=list)
     flat_starts: np.ndarray | None = None
     flat_hw: np.ndarray | None = None
@@ -442,14 +445,15 @@ class GpuDecoder:
         if not ids:
             return []
         sizes = hw[ids]
+        engines = self._engines()
         try:
-            flat, starts = self._engines().decode(
+            flat, starts = engines.decode(
                 batch.flat, np.asarray(batch.offsets), ids, sizes, stream, tail_room(int(sizes[:, 1].max()))
             )
         except RuntimeError:
             self._count("hardware_refused")
             return ids
-        d.flat, d.flat_ids = flat, list(ids)
+        d.flat, d.flat_ids, d.flat_hwc = flat, list(ids), getattr(engines, "interleaved", True)
         d.flat_starts, d.flat_hw = starts, sizes  # host arrays: the resize reads them as they are
         self._count("hardware_decoded", len(ids))
         return []
@@ -504,7 +508,7 @@ class GpuDecoder:
         """The engines' images straight from their flat buffer (no gather), the rest as usual."""
         ids = d.flat_ids
         boxes = d.boxes if len(ids) == len(d.images) else d.boxes[ids]  # ids are sorted: all of them, in order
-        engine = resized_crops_flat(d.flat, d.flat_starts, d.flat_hw, boxes, self.size, hwc=True)
+        engine = resized_crops_flat(d.flat, d.flat_starts, d.flat_hw, boxes, self.size, hwc=d.flat_hwc)
         if len(ids) == len(d.images):
             return engine
         taken = set(ids)

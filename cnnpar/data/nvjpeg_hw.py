@@ -32,6 +32,7 @@ import queue
 import sys
 import threading
 from concurrent.futures import Future
+from dataclasses import dataclass
 from functools import cache, lru_cache
 
 import numpy as np
@@ -40,7 +41,10 @@ import torch
 from cnnpar.data.private_stream import private_stream
 
 BACKEND_HARDWARE = 3  # nvjpegBackend_t
-OUTPUT_RGBI = 5  # nvjpegOutputFormat_t: interleaved RGB, written to channel[0] only
+BACKEND_HARDWARE_DEVICE = 5  # the same engines, the encoded bytes read from device memory
+OUTPUT_RGB = 3  # nvjpegOutputFormat_t: planar RGB, channel[0..2]
+OUTPUT_RGBI = 5  # interleaved RGB, written to channel[0] only
+FLAG_MEMORY_POOLS = 1 << 1  # NVJPEG_FLAGS_ENABLE_MEMORY_POOLS: the library keeps its buffers for reuse
 MAX_COMPONENT = 4
 ALIGN = 256
 STATUS = {
@@ -56,6 +60,48 @@ STATUS = {
     9: "implementation not supported",
     10: "incomplete bitstream",
 }
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the engines are driven. Each choice is a way to cut what the library waits for inside its
+    call (call P's trace, session 8: per image, a colour-conversion kernel, a copy from pageable memory
+    and a host wait on an event); benchmarks/jpeg_decode.py's `--hw-variants` times them and counts
+    the library's host waits per batch, jpeg_pipeline.py's `hw=` key runs them end to end.
+    - bitstreams "device": the batch's encoded bytes go to the GPU in one copy and the library reads
+      them there (backend HARDWARE_DEVICE), instead of copying each file from host memory itself;
+    - planar: planar RGB out (three planes per image) instead of interleaved; the resize reads either;
+    - pools: NVJPEG_FLAGS_ENABLE_MEMORY_POOLS (buffers kept for reuse rather than freed and made again)."""
+
+    bitstreams: str = "host"
+    planar: bool = False
+    pools: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bitstreams not in ("host", "device"):
+            raise ValueError(f"bitstreams={self.bitstreams!r}: expected 'host' or 'device'")
+
+    @classmethod
+    def parse(cls, spec: str) -> EngineSettings:
+        """'bits=device+out=rgb+pools=1' (any subset, '+'-separated; '' the defaults) -> settings."""
+        known = {"bits": ("host", "device"), "out": ("rgbi", "rgb"), "pools": ("0", "1")}
+        got = {}
+        for part in filter(None, spec.split("+")):
+            key, _, value = part.partition("=")
+            if value not in known.get(key, ()):
+                raise ValueError(
+                    f"engine setting {part!r}: expected one of "
+                    + ", ".join(f"{k}={'|'.join(v)}" for k, v in known.items())
+                )
+            got[key] = value
+        return cls(got.get("bits", "host"), got.get("out", "rgbi") == "rgb", got.get("pools", "0") == "1")
+
+    @property
+    def label(self) -> str:
+        return f"bits={self.bitstreams}+out={'rgb' if self.planar else 'rgbi'}+pools={int(self.pools)}"
+
+
+SETTINGS = EngineSettings()  # what a decoder made without settings uses; the benchmarks set it
 
 
 class HardwareDecoderUnavailable(RuntimeError):
@@ -198,7 +244,9 @@ class HardwareJpegDecoder:
     one after another, with each image's start: what `crop_resize.resized_crops_flat` reads.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, settings: EngineSettings | None = None) -> None:
+        self.settings = settings or SETTINGS
+        self.interleaved = not self.settings.planar  # the layout of `decode`'s output, for the resize
         device = torch.device(device)
         if device.type != "cuda":
             raise HardwareDecoderUnavailable("the hardware JPEG decoder needs a CUDA device")
@@ -222,7 +270,9 @@ class HardwareJpegDecoder:
     def _create(self) -> None:
         torch.cuda.set_device(self.device)  # the library works in the context current on its thread
         handle = ctypes.c_void_p()
-        status = self.lib.nvjpegCreateEx(BACKEND_HARDWARE, None, None, 0, ctypes.byref(handle))
+        backend = BACKEND_HARDWARE_DEVICE if self.settings.bitstreams == "device" else BACKEND_HARDWARE
+        flags = FLAG_MEMORY_POOLS if self.settings.pools else 0
+        status = self.lib.nvjpegCreateEx(backend, None, None, flags, ctypes.byref(handle))
         if status != 0:
             raise HardwareDecoderUnavailable(
                 f"nvJPEG {library_version(self.lib)} could not start its hardware backend on "
@@ -252,7 +302,8 @@ class HardwareJpegDecoder:
         caller's current stream, which reads the output next (the engines write it on the decoder's own).
 
         Returns (out, starts): `out` a device uint8 buffer with image j at out[starts[j]:] as
-        (H, W, 3), and `tail` spare bytes after the last image (for readers that look past it).
+        (H, W, 3), or (3, H, W) where the settings ask for planar output (`self.interleaved` False),
+        and `tail` spare bytes after the last image (for readers that look past it).
         Raises RuntimeError if the library refuses the batch (one bad file fails all of it).
         """
         n = len(ids)
@@ -274,20 +325,42 @@ class HardwareJpegDecoder:
             out = torch.empty(int(starts[-1] + sizes[-1]) + tail, dtype=torch.uint8, device=self.device)
         if out.is_cuda and self._stream is not None:
             out.record_stream(stream)  # the caller's crop and resize read it there
-        # nvjpegImage_t: unsigned char *channel[4]; size_t pitch[4]. RGBI uses channel[0] alone.
+        # nvjpegImage_t: unsigned char *channel[4]; size_t pitch[4]. RGBI uses channel[0] alone, RGB
+        # three planes of H x W, one after another
         dest = np.zeros((n, 2 * MAX_COMPONENT), dtype=np.uint64)
-        dest[:, 0] = np.uint64(out.data_ptr()) + starts.astype(np.uint64)
-        dest[:, MAX_COMPONENT] = (3 * hw[:, 1]).astype(np.uint64)
+        first = np.uint64(out.data_ptr()) + starts.astype(np.uint64)
+        if self.interleaved:
+            dest[:, 0] = first
+            dest[:, MAX_COMPONENT] = (3 * hw[:, 1]).astype(np.uint64)
+        else:
+            plane = (hw[:, 0] * hw[:, 1]).astype(np.uint64)
+            for c in range(3):
+                dest[:, c] = first + np.uint64(c) * plane
+                dest[:, MAX_COMPONENT + c] = hw[:, 1].astype(np.uint64)
         offsets = np.asarray(offsets, dtype=np.int64)
-        pointers = (np.uint64(flat.data_ptr()) + offsets[ids].astype(np.uint64)).astype(np.uint64)
+        encoded = self._encoded_where_read(flat, stream)
+        pointers = (np.uint64(encoded.data_ptr()) + offsets[ids].astype(np.uint64)).astype(np.uint64)
         lengths = (offsets[ids + 1] - offsets[ids]).astype(np.uint64)
         library = self._library
         if library is None:
             raise RuntimeError("the hardware JPEG decoder is closed")
-        # the call returns once the engines are done with `flat` and the arrays, and `out` is written
+        # the call returns once the engines are done with `encoded` and the arrays, and `out` is written
         library.submit(self._decode_batched, n, pointers, lengths, dest, stream).result()
+        del encoded  # a device copy goes back to its stream's pool only now, after the call's wait
         self.calls += 1
         return out, starts
+
+    def _encoded_where_read(self, flat: torch.Tensor, caller) -> torch.Tensor:
+        """The batch's encoded bytes where the library reads them: `flat` itself (host memory), or
+        with device bitstreams one copy of it on the GPU, queued on the stream the library's call
+        runs on (the engines' own, else the caller's), whose wait after the call covers it; allocated
+        from that stream's pool, like the output (see `decode`)."""
+        if self.settings.bitstreams != "device" or flat.device.type == self.device.type:
+            return flat
+        with torch.cuda.stream(self._stream if self._stream is not None else caller):
+            copy = torch.empty(flat.numel(), dtype=torch.uint8, device=self.device)
+            copy.copy_(flat, non_blocking=True)
+        return copy
 
     def _allocating_on_own_stream(self):
         # on the CPU a stand-in library in the tests writes host memory
@@ -313,7 +386,9 @@ class HardwareJpegDecoder:
         try:
             if n != self._batch:
                 _check(
-                    self.lib.nvjpegDecodeBatchedInitialize(self.handle, self.state, n, 1, OUTPUT_RGBI),
+                    self.lib.nvjpegDecodeBatchedInitialize(
+                        self.handle, self.state, n, 1, OUTPUT_RGBI if self.interleaved else OUTPUT_RGB
+                    ),
                     "nvjpegDecodeBatchedInitialize",
                 )
                 self._batch = n

@@ -65,8 +65,9 @@ class StandInEngines:
     """Decodes like HardwareJpegDecoder.decode (same arguments, same flat interleaved output), on
     the CPU with Pillow; refuses every batch when `refuse` is set, as the library refuses a batch."""
 
-    def __init__(self, refuse: bool = False) -> None:
+    def __init__(self, refuse: bool = False, planar: bool = False) -> None:
         self.refuse, self.calls, self.closed = refuse, [], False
+        self.interleaved = not planar  # as HardwareJpegDecoder says which layout it writes
 
     def close(self) -> None:
         self.closed = True
@@ -81,7 +82,7 @@ class StandInEngines:
         for k, (h, w) in zip(ids, hw):
             img = np.asarray(Image.open(io.BytesIO(flat[offsets[k] : offsets[k + 1]].numpy().tobytes())).convert("RGB"))
             assert img.shape == (h, w, 3)  # the sizes the workers read from the headers
-            parts.append(img.reshape(-1))
+            parts.append((img if self.interleaved else img.transpose(2, 0, 1)).reshape(-1))
             starts.append(pos)
             pos += img.size
         out = torch.from_numpy(np.concatenate(parts + [np.zeros(tail, np.uint8)]))
@@ -363,14 +364,117 @@ class LibraryStandIn:
         class Image_t(ctypes.Structure):
             _fields_ = [("channel", ctypes.c_void_p * 4), ("pitch", ctypes.c_size_t * 4)]
 
+        from cnnpar.data.nvjpeg_hw import OUTPUT_RGB, OUTPUT_RGBI
+
+        fmt = self.initialised[-1][1]
+        assert fmt in (OUTPUT_RGB, OUTPUT_RGBI)
         dest = (Image_t * n).from_address(destinations)
         for k in range(n):
             blob = ctypes.string_at(pointers[k], sizes[k])
             img = np.ascontiguousarray(np.asarray(Image.open(io.BytesIO(blob)).convert("RGB")))
             h, w, _ = img.shape
-            for row in range(h):  # row by row at the destination's pitch
-                ctypes.memmove(dest[k].channel[0] + row * dest[k].pitch[0], img[row].ctypes.data, 3 * w)
+            # RGBI: row by row at channel[0]'s pitch; RGB: each plane at its own channel and pitch
+            planes = (
+                [img.reshape(h, 3 * w)] if fmt == OUTPUT_RGBI else [np.ascontiguousarray(img[..., c]) for c in range(3)]
+            )
+            for c, plane in enumerate(planes):
+                for row in range(h):
+                    ctypes.memmove(dest[k].channel[c] + row * dest[k].pitch[c], plane[row].ctypes.data, plane.shape[1])
         return 0
+
+
+def test_planar_output_is_three_planes_per_image_and_the_library_is_asked_for_planar_rgb():
+    from PIL import Image
+
+    from cnnpar.data import nvjpeg_hw
+
+    blobs = [photo(30 + i, 41 - i, phase=i) for i in range(4)]
+    batch = encoded(blobs)
+    dec = stand_in_decoder(nvjpeg_hw.EngineSettings(planar=True))
+    assert not dec.interleaved
+    ids = np.array([3, 0, 2])
+    hw = np.array([[30 + i, 41 - i] for i in ids])
+    stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
+    out, starts = dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream)
+    assert dec.lib.initialised == [(3, nvjpeg_hw.OUTPUT_RGB)]
+    for j, k in enumerate(ids):
+        h, w = hw[j]
+        want = torch.from_numpy(np.array(Image.open(io.BytesIO(blobs[k])).convert("RGB"))).permute(2, 0, 1)
+        assert torch.equal(out[starts[j] : starts[j] + 3 * h * w].view(3, h, w), want)
+    dec._library.shutdown()
+
+
+@pytest.mark.parametrize("resize", ["batched", "loop"])
+def test_the_resize_reads_planar_engine_output_as_it_reads_interleaved(resize):
+    blobs = [photo(48 + 3 * i, 64 - 2 * i, phase=i) for i in range(6)]
+    blobs[2] = photo(40, 52, mode="CMYK")  # decoded on the CPU: the engines' planes beside another image
+    files = [Path(f"photos/{i}.jpg") for i in range(len(blobs))]
+    outs = []
+    for planar in (False, True):
+        engines = StandInEngines(planar=planar)
+        dec = GpuDecoder(
+            files, 24, torch.device("cpu"), True, seed=5, resize=resize, backend="hardware", hardware_decoder=engines
+        )
+        outs.append(dec(encoded(blobs)))
+        assert dec.hardware_decoded == 5 and dec.cpu_decoded == 1
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize(
+    "spec, backend, flags, interleaved",
+    [("", 3, 0, True), ("bits=device+pools=1", 5, 2, True), ("out=rgb", 3, 0, False)],
+)
+def test_engine_settings_choose_how_the_library_is_started(monkeypatch, spec, backend, flags, interleaved):
+    from cnnpar.data import nvjpeg_hw
+
+    lib = FakeLibrary()
+    fake_cuda(monkeypatch, lib)
+    settings = nvjpeg_hw.EngineSettings.parse(spec)
+    assert nvjpeg_hw.EngineSettings.parse(settings.label) == settings
+    dec = nvjpeg_hw.HardwareJpegDecoder(torch.device("cuda", 0), settings)
+    assert lib.created == (backend, flags) and dec.interleaved is interleaved
+    dec.close()
+    monkeypatch.setattr(nvjpeg_hw, "SETTINGS", settings)  # what a decoder made without settings uses
+    assert nvjpeg_hw.HardwareJpegDecoder(torch.device("cuda", 0)).settings == settings
+
+
+@pytest.mark.parametrize("spec", ["bits=gpu", "out=yuv", "pool=1", "bits"])
+def test_engine_settings_refuse_what_they_do_not_know_naming_what_is_expected(spec):
+    from cnnpar.data.nvjpeg_hw import EngineSettings
+
+    with pytest.raises(ValueError, match=r"expected one of bits=host\|device, out=rgbi\|rgb, pools=0\|1"):
+        EngineSettings.parse(spec)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("spec", ["bits=device", "out=rgb", "pools=1", "bits=device+out=rgb+pools=1"])
+def test_cuda_engine_settings_decode_the_default_settings_pixels(spec):
+    """Each way of driving the engines (benchmarks/jpeg_decode.py --hw-variants) must give the same
+    pixels as the default one, from a host batch as the workers hand it over."""
+    from cnnpar.data import nvjpeg_hw
+
+    why = nvjpeg_hw.hardware_decoder_available(0)
+    if why:
+        pytest.skip(why)
+    dev = torch.device("cuda", 0)
+    blobs = [photo(60 + 3 * i, 90 - 2 * i, phase=i, **({"subsampling": "4:4:4"} if i % 2 else {})) for i in range(12)]
+    batch = encoded(blobs)
+    ids = np.arange(len(blobs))
+    hw = np.array([[60 + 3 * i, 90 - 2 * i] for i in ids])
+    stream = torch.cuda.current_stream(dev)
+    results = []
+    for settings in (nvjpeg_hw.EngineSettings(), nvjpeg_hw.EngineSettings.parse(spec)):
+        dec = nvjpeg_hw.HardwareJpegDecoder(dev, settings)
+        out, starts = dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream)
+        images = []
+        for j, (h, w) in enumerate(hw.tolist()):
+            pixels = out[starts[j] : starts[j] + 3 * h * w]
+            images.append(pixels.view(h, w, 3).permute(2, 0, 1) if dec.interleaved else pixels.view(3, h, w))
+        results.append([img.cpu() for img in images])
+        dec.close()
+    for base, other in zip(*results):
+        assert torch.equal(base, other)
 
 
 def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvjpeg_h_says(monkeypatch):
@@ -482,11 +586,13 @@ def test_cuda_engines_name_a_truncated_file_as_the_other_paths_do():
         GpuDecoder(files, 16, torch.device("cuda"), train=True, backend="hardware")(encoded(blobs))
 
 
-def stand_in_decoder():
+def stand_in_decoder(settings=None):
     """A HardwareJpegDecoder whose library is LibraryStandIn (no GPU here), with its own thread."""
     from cnnpar.data import nvjpeg_hw
 
     dec = object.__new__(nvjpeg_hw.HardwareJpegDecoder)
+    dec.settings = settings or nvjpeg_hw.EngineSettings()
+    dec.interleaved = not dec.settings.planar
     dec.lib, dec.handle, dec.state, dec.device = LibraryStandIn(), "handle", "state", torch.device("cpu")
     dec._batch, dec.calls = 0, 0
     dec._stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
@@ -504,6 +610,7 @@ class FakeLibrary:
         self.create_status, self.destroyed = create_status, []
 
     def nvjpegCreateEx(self, backend, dev_alloc, pinned_alloc, flags, handle):
+        self.created = (backend, flags)
         if self.create_status == 0:
             handle._obj.value = 11
         return self.create_status

@@ -29,12 +29,20 @@ def test_a_known_variant_parses_into_its_parts():
         ("gpu:14", "expected decode:workers:cpu_share"),
         ("gpu:14:0:batch=big", "batch=big, expected a number"),
         ("hardware:14:0:stem=1", "stem=1, expected one of auto, off, on"),  # the switch is on/off/auto now
+        ("hardware:14:0:hw=bits=gpu", "hw=bits=gpu: engine setting 'bits=gpu': expected one of bits=host|device"),
     ],
 )
 def test_a_variant_that_would_run_mislabelled_is_refused(spec, says):
     with pytest.raises(SystemExit) as e:
         parse_variant(spec)
     assert says in str(e.value)
+
+
+def test_the_engines_knob_takes_their_settings_whole():
+    assert parse_variant("hardware:14:0:hw=bits=device+out=rgb:slots=0")[1] == {
+        "hw": "bits=device+out=rgb",
+        "slots": "0",
+    }
 
 
 def test_the_gil_knob_parses_and_its_samples_are_read_per_thread():
