@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -937,6 +937,32 @@ s18f)
   # for photos), a compile of its own (other shapes), 450 s limit
   TAIL=6 logged step_rn50_b256_pair 450 python3 benchmarks/step_vs_plain.py --cases resnet50:224:256 \
       --plain none --skip-defaults --out "$R/step_rn50_b256_pair.csv" --variants "compile_tiling=on,compile_tuning=on"
+  ;;
+s19a)
+  # session 19, call A (one H200, ~6 min with a cold start): issue 11.2, the ways to drive the JPEG engines
+  # (nvjpeg_hw.EngineSettings): the CUDA tests, each way's decode alone with its host waits, kernels and copies per
+  # batch, then the defaults against all three changes end to end in one process
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  TAIL=8 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py -p no:cacheprovider
+  TAIL=30 logged engines 150 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample --stages engines \
+      --batch-size 256 --batches 2 --repeats 5 --out "$R/engines.csv"
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=8 logged jpeg_pipeline80 230 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0,hardware:14:0:hw=bits=device+out=rgb+pools=1}" --budget-s 150 \
+      --watchdog-s 225 --out "$R/jpeg_pipeline80.csv"
+  ;;
+s19b)
+  # session 19, call B (one H200, ~6 min, chained): `cnnpar train` from the 24,000 photos as a user runs it, then
+  # session 18's device-agnostic code (resume, the doctor's tried changes) on ResNet-18 synthetic
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 170
+  TAIL=6 logged r18_train 120 python3 -m cnnpar train --model resnet18 --data synthetic --image-shape 3x32x32 \
+      --synthetic-samples 8192 --epochs 2 --name r --no-progress --out-dir /tmp/runs_r18
+  TAIL=8 logged r18_resume 120 python3 -m cnnpar train --resume auto --name r --epochs 3 --no-progress \
+      --out-dir /tmp/runs_r18
+  TAIL=40 logged r18_doctor 200 python3 -m cnnpar doctor --model resnet18 --data synthetic --image-shape 3x32x32 \
+      --synthetic-samples 8192 --try 2
   ;;
 s10b)
   # for the next session (two or four H200s; written in session 9, not yet run): issue 13.4, DDP's switches
