@@ -177,9 +177,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--hw-variants",
-        default="bits=device;out=rgb;pools=1;bits=device+out=rgb+pools=1",
+        default="bits=device;out=rgb;pools=1;pipe=0;pipe=0+pools=1",
         help="for --stages engines: ';'-separated ways to drive the engines besides the defaults "
-        "(nvjpeg_hw.EngineSettings: bits=host|device, out=rgbi|rgb, pools=0|1, '+'-joined)",
+        "(nvjpeg_hw.EngineSettings: bits=host|device, out=rgbi|rgb, pools=0|1, pipe=1|0, '+'-joined)",
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=256)

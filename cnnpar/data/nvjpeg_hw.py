@@ -44,6 +44,7 @@ BACKEND_HARDWARE = 3  # nvjpegBackend_t
 BACKEND_HARDWARE_DEVICE = 5  # the same engines, the encoded bytes read from device memory
 OUTPUT_RGB = 3  # nvjpegOutputFormat_t: planar RGB, channel[0..2]
 OUTPUT_RGBI = 5  # interleaved RGB, written to channel[0] only
+FLAG_HW_DECODE_NO_PIPELINE = 1  # NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE: the engines' work not pipelined per image
 FLAG_MEMORY_POOLS = 1 << 1  # NVJPEG_FLAGS_ENABLE_MEMORY_POOLS: the library keeps its buffers for reuse
 MAX_COMPONENT = 4
 ALIGN = 256
@@ -71,11 +72,17 @@ class EngineSettings:
     - bitstreams "device": the batch's encoded bytes go to the GPU in one copy and the library reads
       them there (backend HARDWARE_DEVICE), instead of copying each file from host memory itself;
     - planar: planar RGB out (three planes per image) instead of interleaved; the resize reads either;
-    - pools: NVJPEG_FLAGS_ENABLE_MEMORY_POOLS (buffers kept for reuse rather than freed and made again)."""
+    - pools: NVJPEG_FLAGS_ENABLE_MEMORY_POOLS (buffers kept for reuse rather than freed and made again);
+    - pipelined False: NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE.
+    Measured on an H200 (session 19, benchmarks/results/2026-12-01-h200/call-zzy): with the defaults a batch
+    of 256 photos costs 242 host waits on events, 256 copies and 256 kernels inside the library's call;
+    device bitstreams added copies and waits (582 and 569) and ran 20 % slower; planar output and the pools
+    changed none of the counts."""
 
     bitstreams: str = "host"
     planar: bool = False
     pools: bool = False
+    pipelined: bool = True
 
     def __post_init__(self) -> None:
         if self.bitstreams not in ("host", "device"):
@@ -84,7 +91,7 @@ class EngineSettings:
     @classmethod
     def parse(cls, spec: str) -> EngineSettings:
         """'bits=device+out=rgb+pools=1' (any subset, '+'-separated; '' the defaults) -> settings."""
-        known = {"bits": ("host", "device"), "out": ("rgbi", "rgb"), "pools": ("0", "1")}
+        known = {"bits": ("host", "device"), "out": ("rgbi", "rgb"), "pools": ("0", "1"), "pipe": ("1", "0")}
         got = {}
         for part in filter(None, spec.split("+")):
             key, _, value = part.partition("=")
@@ -94,11 +101,17 @@ class EngineSettings:
                     + ", ".join(f"{k}={'|'.join(v)}" for k, v in known.items())
                 )
             got[key] = value
-        return cls(got.get("bits", "host"), got.get("out", "rgbi") == "rgb", got.get("pools", "0") == "1")
+        return cls(
+            got.get("bits", "host"),
+            got.get("out", "rgbi") == "rgb",
+            got.get("pools", "0") == "1",
+            got.get("pipe", "1") == "1",
+        )
 
     @property
     def label(self) -> str:
-        return f"bits={self.bitstreams}+out={'rgb' if self.planar else 'rgbi'}+pools={int(self.pools)}"
+        out = "rgb" if self.planar else "rgbi"
+        return f"bits={self.bitstreams}+out={out}+pools={int(self.pools)}+pipe={int(self.pipelined)}"
 
 
 SETTINGS = EngineSettings()  # what a decoder made without settings uses; the benchmarks set it
@@ -271,7 +284,9 @@ class HardwareJpegDecoder:
         torch.cuda.set_device(self.device)  # the library works in the context current on its thread
         handle = ctypes.c_void_p()
         backend = BACKEND_HARDWARE_DEVICE if self.settings.bitstreams == "device" else BACKEND_HARDWARE
-        flags = FLAG_MEMORY_POOLS if self.settings.pools else 0
+        flags = (FLAG_MEMORY_POOLS if self.settings.pools else 0) | (
+            0 if self.settings.pipelined else FLAG_HW_DECODE_NO_PIPELINE
+        )
         status = self.lib.nvjpegCreateEx(backend, None, None, flags, ctypes.byref(handle))
         if status != 0:
             raise HardwareDecoderUnavailable(
