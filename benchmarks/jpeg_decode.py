@@ -179,7 +179,7 @@ def main() -> None:
         "--hw-variants",
         default="bits=device;out=rgb;pools=1;pipe=0;pipe=0+pools=1",
         help="for --stages engines: ';'-separated ways to drive the engines besides the defaults "
-        "(nvjpeg_hw.EngineSettings: bits=host|device, out=rgbi|rgb, pools=0|1, pipe=1|0, '+'-joined)",
+        "(nvjpeg_hw.EngineSettings: bits=host|device, out=rgbi|rgb, pools=0|1, pipe=1|0, on=engines|sms, '+'-joined)",
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=256)

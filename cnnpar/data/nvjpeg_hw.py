@@ -40,7 +40,9 @@ import torch
 
 from cnnpar.data.private_stream import private_stream
 
-BACKEND_HARDWARE = 3  # nvjpegBackend_t
+BACKEND_GPU_HYBRID = 2  # nvjpegBackend_t: Huffman decoding on the SMs for batches over 50 baseline files
+BACKEND_HARDWARE = 3
+BACKEND_GPU_HYBRID_DEVICE = 4  # the SMs' backend, the encoded bytes read from device memory
 BACKEND_HARDWARE_DEVICE = 5  # the same engines, the encoded bytes read from device memory
 OUTPUT_RGB = 3  # nvjpegOutputFormat_t: planar RGB, channel[0..2]
 OUTPUT_RGBI = 5  # interleaved RGB, written to channel[0] only
@@ -73,7 +75,9 @@ class EngineSettings:
       them there (backend HARDWARE_DEVICE), instead of copying each file from host memory itself;
     - planar: planar RGB out (three planes per image) instead of interleaved; the resize reads either;
     - pools: NVJPEG_FLAGS_ENABLE_MEMORY_POOLS (buffers kept for reuse rather than freed and made again);
-    - pipelined False: NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE.
+    - pipelined False: NVJPEG_FLAGS_HW_DECODE_NO_PIPELINE;
+    - sms: the same batched call on backend GPU_HYBRID (Huffman and all on the SMs, not the engines), for
+      its waits per batch.
     Measured on an H200 (session 19, benchmarks/results/2026-12-01-h200/call-zzy): with the defaults a batch
     of 256 photos costs 242 host waits on events, 256 copies and 256 kernels inside the library's call;
     device bitstreams added copies and waits (582 and 569) and ran 20 % slower; planar output and the pools
@@ -83,6 +87,7 @@ class EngineSettings:
     planar: bool = False
     pools: bool = False
     pipelined: bool = True
+    sms: bool = False
 
     def __post_init__(self) -> None:
         if self.bitstreams not in ("host", "device"):
@@ -91,7 +96,13 @@ class EngineSettings:
     @classmethod
     def parse(cls, spec: str) -> EngineSettings:
         """'bits=device+out=rgb+pools=1' (any subset, '+'-separated; '' the defaults) -> settings."""
-        known = {"bits": ("host", "device"), "out": ("rgbi", "rgb"), "pools": ("0", "1"), "pipe": ("1", "0")}
+        known = {
+            "bits": ("host", "device"),
+            "out": ("rgbi", "rgb"),
+            "pools": ("0", "1"),
+            "pipe": ("1", "0"),
+            "on": ("engines", "sms"),
+        }
         got = {}
         for part in filter(None, spec.split("+")):
             key, _, value = part.partition("=")
@@ -106,12 +117,14 @@ class EngineSettings:
             got.get("out", "rgbi") == "rgb",
             got.get("pools", "0") == "1",
             got.get("pipe", "1") == "1",
+            got.get("on", "engines") == "sms",
         )
 
     @property
     def label(self) -> str:
         out = "rgb" if self.planar else "rgbi"
-        return f"bits={self.bitstreams}+out={out}+pools={int(self.pools)}+pipe={int(self.pipelined)}"
+        on = "sms" if self.sms else "engines"
+        return f"bits={self.bitstreams}+out={out}+pools={int(self.pools)}+pipe={int(self.pipelined)}+on={on}"
 
 
 SETTINGS = EngineSettings()  # what a decoder made without settings uses; the benchmarks set it
@@ -283,7 +296,11 @@ class HardwareJpegDecoder:
     def _create(self) -> None:
         torch.cuda.set_device(self.device)  # the library works in the context current on its thread
         handle = ctypes.c_void_p()
-        backend = BACKEND_HARDWARE_DEVICE if self.settings.bitstreams == "device" else BACKEND_HARDWARE
+        device_bits = self.settings.bitstreams == "device"
+        if self.settings.sms:
+            backend = BACKEND_GPU_HYBRID_DEVICE if device_bits else BACKEND_GPU_HYBRID
+        else:
+            backend = BACKEND_HARDWARE_DEVICE if device_bits else BACKEND_HARDWARE
         flags = (FLAG_MEMORY_POOLS if self.settings.pools else 0) | (
             0 if self.settings.pipelined else FLAG_HW_DECODE_NO_PIPELINE
         )

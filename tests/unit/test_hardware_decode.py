@@ -422,7 +422,13 @@ def test_the_resize_reads_planar_engine_output_as_it_reads_interleaved(resize):
 
 @pytest.mark.parametrize(
     "spec, backend, flags, interleaved",
-    [("", 3, 0, True), ("bits=device+pools=1", 5, 2, True), ("out=rgb", 3, 0, False), ("pipe=0+pools=1", 3, 3, True)],
+    [
+        ("", 3, 0, True),
+        ("bits=device+pools=1", 5, 2, True),
+        ("out=rgb", 3, 0, False),
+        ("pipe=0+pools=1", 3, 3, True),
+        ("on=sms", 2, 0, True),
+    ],
 )
 def test_engine_settings_choose_how_the_library_is_started(monkeypatch, spec, backend, flags, interleaved):
     from cnnpar.data import nvjpeg_hw
@@ -442,13 +448,17 @@ def test_engine_settings_choose_how_the_library_is_started(monkeypatch, spec, ba
 def test_engine_settings_refuse_what_they_do_not_know_naming_what_is_expected(spec):
     from cnnpar.data.nvjpeg_hw import EngineSettings
 
-    with pytest.raises(ValueError, match=r"expected one of bits=host\|device, out=rgbi\|rgb, pools=0\|1, pipe=1\|0"):
+    with pytest.raises(
+        ValueError, match=r"expected one of bits=host\|device, out=rgbi\|rgb, pools=0\|1, pipe=1\|0, on=engines\|sms"
+    ):
         EngineSettings.parse(spec)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("spec", ["bits=device", "out=rgb", "pools=1", "pipe=0", "bits=device+out=rgb+pools=1"])
+@pytest.mark.parametrize(
+    "spec", ["bits=device", "out=rgb", "pools=1", "pipe=0", "on=sms", "bits=device+out=rgb+pools=1"]
+)
 def test_cuda_engine_settings_decode_the_default_settings_pixels(spec):
     """Each way of driving the engines (benchmarks/jpeg_decode.py --hw-variants) must give the same
     pixels as the default one, from a host batch as the workers hand it over."""
