@@ -461,7 +461,8 @@ def test_engine_settings_refuse_what_they_do_not_know_naming_what_is_expected(sp
 )
 def test_cuda_engine_settings_decode_the_default_settings_pixels(spec):
     """Each way of driving the engines (benchmarks/jpeg_decode.py --hw-variants) must give the same
-    pixels as the default one, from a host batch as the workers hand it over."""
+    pixels as the default one, from a host batch as the workers hand it over (the SMs' decoder: within
+    its rounding)."""
     from cnnpar.data import nvjpeg_hw
 
     why = nvjpeg_hw.hardware_decoder_available(0)
@@ -484,7 +485,11 @@ def test_cuda_engine_settings_decode_the_default_settings_pixels(spec):
         results.append([img.cpu() for img in images])
         dec.close()
     for base, other in zip(*results):
-        assert torch.equal(base, other)
+        if "on=sms" in spec:  # the SMs' decoder: another IDCT and colour conversion than the engines'
+            diff = (base.int() - other.int()).abs()
+            assert diff.float().mean() < 1.0 and diff.max() <= 8, (diff.float().mean(), diff.max())
+        else:  # the same engines driven another way: the same pixels
+            assert torch.equal(base, other)
 
 
 def test_the_library_call_gets_pointers_lengths_and_destinations_laid_out_as_nvjpeg_h_says(monkeypatch):
