@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import Dataset
 
-from cnnpar.errors import UserError
+from cnnpar.errors import DataError, UserError
 
 
 class ArrayDataset(Dataset):
@@ -21,6 +21,10 @@ class ArrayDataset(Dataset):
         assert x.dtype == torch.uint8 and x.ndim == 4, (x.dtype, x.shape)
         self.x = x
         self.y = y if y is not None else torch.full((len(x),), -1, dtype=torch.int64)
+
+    @property
+    def labels(self) -> torch.Tensor:  # the name the folder and store data sets give theirs
+        return self.y
 
     def __len__(self) -> int:
         return len(self.x)
@@ -90,6 +94,22 @@ def holdout_label(fraction: float) -> str:
     return f"a seeded {100 * fraction:g}% hold-out of the training data (--val-fraction {fraction:g})"
 
 
+def require_two_classes(labels: torch.Tensor, origin: str, names: list[str] | None = None, remedy: str = "") -> None:
+    """Refuse training labels of fewer than 2 classes: one class trains to loss 0 and 100 % accuracy, a
+    result that means nothing. Called for every source from sources._split, before a hold-out; an image
+    folder is also refused earlier, as it is scanned (folder._check_classes), so that `cnnpar prepare`
+    refuses it before decoding anything."""
+    present = torch.unique(labels[labels >= 0]).tolist()
+    if len(present) >= 2:
+        return
+    if present:
+        named = f" ({names[present[0]]!r})" if names else ""
+        found = f"every training label is {present[0]}{named}"
+    else:
+        found = "no training labels"
+    raise DataError(f"{origin}: {found}: expected at least 2 classes to tell apart{remedy}")
+
+
 def empty_classes(y: torch.Tensor, num_classes: int) -> list[int]:
     counts = torch.bincount(y[y >= 0], minlength=num_classes)
     return torch.nonzero(counts == 0).view(-1).tolist()
@@ -114,14 +134,6 @@ def channel_stats(x: torch.Tensor, max_samples: int = 10000) -> tuple[tuple[floa
     mean = sample.mean(dim=(0, 2, 3))
     std = sample.std(dim=(0, 2, 3)).clamp_min(1e-3)
     return tuple(round(v, 5) for v in mean.tolist()), tuple(round(v, 5) for v in std.tolist())
-
-
-def split_val(ds: ArrayDataset, fraction: float, seed: int) -> tuple[ArrayDataset, ArrayDataset | None]:
-    """A seeded random hold-out; the same seed always holds out the same samples."""
-    if fraction <= 0:
-        return ds, None
-    train, val = holdout(len(ds), fraction, seed)
-    return ds.subset(train), ds.subset(val)
 
 
 def holdout(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

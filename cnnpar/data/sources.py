@@ -17,7 +17,7 @@ from cnnpar.data.bundle import (
     empty_classes,
     holdout,
     holdout_label,
-    split_val,
+    require_two_classes,
 )
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, scan_splits
@@ -32,6 +32,8 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 DIGITS_SIZE = 16
 FOLDER_SIZE = 224
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+ARRAYS_OWN_VAL = "the data's own test split"
+FOLDER_OWN_VAL = "the folder's own validation split (its val/, valid/, validation/ or test/)"
 
 
 def detect_format(source: str, fmt: str) -> str:
@@ -63,21 +65,11 @@ def _num_classes(y: torch.Tensor, given: int) -> int:
 def _bundle_from_arrays(
     x, y, x_val, y_val, cfg: DataConfig, seed: int, origin: str, classes_from: str = ""
 ) -> DataBundle:
-    labels = torch.unique(y[y >= 0])
-    if len(labels) < 2:  # one class trains to loss 0 and 100 % accuracy: a result that means nothing
-        raise DataError(
-            f"{origin}: every training label is {labels.tolist()[0] if len(labels) else 'missing'}: expected at "
-            "least 2 classes to tell apart"
-        )
     if cfg.image_size:
         x = resize_square(x, cfg.image_size)
         x_val = resize_square(x_val, cfg.image_size) if x_val is not None else None
-    train = ArrayDataset(x, y)
-    val = ArrayDataset(x_val, y_val) if x_val is not None else None
-    val_from = "the data's own test split"
-    if val is None:
-        train, val = split_val(train, cfg.val_fraction, seed)
-        val_from = holdout_label(cfg.val_fraction) if val is not None else "none: --val-fraction 0"
+    own_val = ArrayDataset(x_val, y_val) if x_val is not None else None
+    train, val, val_from = _split(ArrayDataset(x, y), own_val, cfg.val_fraction, seed, origin, ARRAYS_OWN_VAL)
     y_all = torch.cat([y, y_val]) if y_val is not None else y
     n_classes = _num_classes(y_all, cfg.num_classes)
     mean, std = channel_stats(train.x)
@@ -171,8 +163,8 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     root = Path(cfg.source)
     files, labels, splits, classes = scan_splits(root)
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else folder_side(files)
-    full = ImageFolderDataset(files, labels, size)
-    train, val, val_from = _split(full, torch.as_tensor(splits), cfg.val_fraction, seed)
+    train, val = _own_split(ImageFolderDataset(files, labels, size), torch.as_tensor(splits))
+    train, val, val_from = _split(train, val, cfg.val_fraction, seed, str(root), FOLDER_OWN_VAL, classes)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
     overlap = folder_overlap(train.files, val.files if val is not None else [])
     return DataBundle(
@@ -196,14 +188,12 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
 def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     """A store made by `cnnpar prepare`: the same splits, hold-out and classes as its folder."""
     store = StoreFile(cfg.source)
-    if len(store.class_names) < 2:  # made before prepare refused one class: it would train to a meaningless 100 %
-        raise DataError(
-            f"{store.path}: one class ({store.class_names[0]!r}) in its header: expected at least 2; "
-            "re-run cnnpar prepare on a folder of 2 or more class folders"
-        )
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
-    full = StoreDataset(store, torch.arange(store.count), size)
-    train, val, val_from = _split(full, torch.from_numpy(store.splits), cfg.val_fraction, seed)
+    train, val = _own_split(StoreDataset(store, torch.arange(store.count), size), torch.from_numpy(store.splits))
+    # one class gets past prepare only in a store made before prepare refused it
+    remake = "; re-run cnnpar prepare on a folder of 2 or more class folders"
+    names = store.class_names
+    train, val, val_from = _split(train, val, cfg.val_fraction, seed, str(store.path), FOLDER_OWN_VAL, names, remake)
     groups = store.header.get("same_file_groups", [])  # stores from before session 13 lack it: nothing known
     overlap = store_overlap(groups, train.ids.tolist(), val.ids.tolist()) if groups and val is not None else ""
     return DataBundle(
@@ -224,19 +214,26 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     )
 
 
-def _split(full, splits: torch.Tensor, fraction: float, seed: int):
-    """Train and val subsets of a folder's images: its own val split when it has one, else a seeded hold-out."""
+def _own_split(full, splits: torch.Tensor):
+    """A folder's or store's train and val subsets by their split ids (0 train, 1 val); val None where none is val."""
     if bool((splits == 1).any()):
-        train, val = torch.nonzero(splits == 0).view(-1), torch.nonzero(splits == 1).view(-1)
-        return (
-            full.subset(train),
-            full.subset(val),
-            "the folder's own validation split (its val/, valid/, validation/ or test/)",
-        )
-    if fraction > 0 and len(full) > 1:
-        train, val = holdout(len(full), fraction, seed)
-        return full.subset(train), full.subset(val), holdout_label(fraction)
-    return full, None, "none: --val-fraction 0"
+        return full.subset(torch.nonzero(splits == 0).view(-1)), full.subset(torch.nonzero(splits == 1).view(-1))
+    return full, None
+
+
+def _split(train, val, fraction: float, seed: int, origin: str, own_val: str, names=None, remedy: str = ""):
+    """Train and val of any source, and which one validates: its own val split (`own_val` says what it is)
+    when it has one, else a seeded hold-out of `train`.
+
+    Every source passes here with its training labels before a hold-out takes some away, so the rule of
+    2 classes is checked here, once: on the labels the data gives, whatever the --val-fraction."""
+    require_two_classes(train.labels, origin, names, remedy)
+    if val is not None:
+        return train, val, own_val
+    if fraction > 0 and len(train) > 1:
+        kept, held = holdout(len(train), fraction, seed)
+        return train.subset(kept), train.subset(held), holdout_label(fraction)
+    return train, None, "none: --val-fraction 0"
 
 
 READERS = {

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import shutil
 import sys
 import time
 import warnings
@@ -54,7 +53,7 @@ from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import environment
-from cnnpar.report.files import write_csv_atomic, write_json_atomic, write_text_atomic
+from cnnpar.report.files import removed_on_failure, write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import EpochClock, peak_memory, sync
 from cnnpar.report.ranges import DATA_WAIT, span
 from cnnpar.report.telemetry import monitor_run
@@ -513,27 +512,29 @@ class Trainer:
         return {"val_loss": float(sums[0]) / n, "val_acc": float(sums[1]) / n, "val_count": int(n)}
 
     def fit(self) -> TrainResult:
-        made = [d for d in (self.run_dir.parent, self.run_dir) if not d.exists()]
-        self._prepare_run_dir()
-
         def step_now() -> int:  # optimizer steps done: TensorBoard's x axis
             return self.scheduler.last_epoch
 
-        try:
-            with (  # both stopped on any exit
-                open_board(self.cfg.run.tensorboard, self.info, self.run_dir, step_now, self.log) as self.board,
-                monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log, self.board.telemetry),
-                closing_feeders(self.train_loader, self.val_loader),
-            ):
-                return self._train_all_epochs()
-        except UserError:
-            # Bad input found only once training runs (a corrupt image that a worker fails to
-            # decode): folders this call made are removed while they hold no finished epoch.
-            if made and not self.history and self.info.is_main:
-                shutil.rmtree(made[0], ignore_errors=True)
-            raise
-        finally:
-            self.stream.exit()  # the caller's stream again, after the training's work
+        def before_any_epoch(e: BaseException) -> bool:
+            return isinstance(e, UserError) and not self.history
+
+        # Bad input found only once training runs (a corrupt image that a worker fails to decode) removes
+        # the folders this call made while they hold no finished epoch; a kill, a crash or an error after a
+        # finished epoch keeps them for --resume. Rank 0 alone makes them, so it alone removes them.
+        made_here = (
+            removed_on_failure(self.run_dir, before_any_epoch) if self.info.is_main else contextlib.nullcontext()
+        )
+        with made_here:
+            self._prepare_run_dir()
+            try:
+                with (  # both stopped on any exit
+                    open_board(self.cfg.run.tensorboard, self.info, self.run_dir, step_now, self.log) as self.board,
+                    monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log, self.board.telemetry),
+                    closing_feeders(self.train_loader, self.val_loader),
+                ):
+                    return self._train_all_epochs()
+            finally:
+                self.stream.exit()  # the caller's stream again, after the training's work
 
     def _train_all_epochs(self) -> TrainResult:
         cfg, info = self.cfg, self.info

@@ -85,17 +85,19 @@ def read_csv(path: str | Path) -> list[dict[str, str]]:
 
 
 @contextlib.contextmanager
-def removed_on_failure(folder: str | Path) -> Iterator[Path]:
-    """Make `folder` (and its missing parents) for the block; if the block raises, remove the folders
-    this made, with what they hold: a command that failed (bad data at the first batch) leaves no
-    empty or partial report folder behind. Folders that were there before are left as they were."""
+def removed_on_failure(folder: str | Path, when: Callable[[BaseException], bool] = lambda e: True) -> Iterator[Path]:
+    """Make `folder` (and its missing parents) for the block; if the block raises an error that `when`
+    accepts, remove the folders this made, with what they hold: a command that failed (bad data at the
+    first batch) leaves no empty or partial report folder behind. Folders that were there before are
+    left as they were, and a parent this made is removed only while empty: another command may have
+    made its own folder there meanwhile (two runs started at once under a new runs/)."""
     folder = Path(folder)
     made = [d for d in (*reversed(folder.parents), folder) if not d.exists()]  # outermost first
     folder.mkdir(parents=True, exist_ok=True)
     try:
         yield folder
-    except BaseException:
-        if made:
+    except BaseException as e:
+        if made and when(e):
             shutil.rmtree(folder, ignore_errors=True)  # the report folder, with what the command wrote into it
             for parent in reversed(made[:-1]):  # innermost first; another command may have written there since
                 with contextlib.suppress(OSError):

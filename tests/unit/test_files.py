@@ -73,3 +73,14 @@ def test_a_failed_block_removes_its_report_folder_and_only_the_parents_it_made_t
     with pytest.raises(RuntimeError), removed_on_failure(tmp_path / "new" / "r2"):
         raise RuntimeError("again")
     assert not (tmp_path / "new").exists()
+
+
+def test_a_failed_block_keeps_its_folders_for_an_error_that_when_refuses(tmp_path):
+    """Training keeps a run whose error came after a finished epoch (engine/trainer.py's fit): it resumes."""
+    from cnnpar.report.files import removed_on_failure
+
+    report = tmp_path / "runs" / "r1"
+    with pytest.raises(KeyboardInterrupt), removed_on_failure(report, lambda e: isinstance(e, RuntimeError)):
+        (report / "metrics.csv").write_text("epoch\n1\n")
+        raise KeyboardInterrupt
+    assert (report / "metrics.csv").is_file()

@@ -61,8 +61,22 @@ class BreaksAfter(Dataset):
         return torch.full((1, 8, 8), i % 2 * 200, dtype=torch.uint8), torch.tensor(i % 2)
 
 
-def _trainer(tmp_path, limit: int, epochs: int) -> Trainer:
-    bundle = DataBundle(BreaksAfter(32, limit), None, (1, 8, 8), 2, (0.5,), (0.5,), "test")
+class AnotherRunStartsThenBreaks(BreaksAfter):
+    """As BreaksAfter, but a second run's folder appears beside this one before the error: two runs
+    started at once under a new runs/, or one started while this one was loading."""
+
+    def __init__(self, n: int, limit: int, other: Path) -> None:
+        super().__init__(n, limit)
+        self.other = other
+
+    def __getitem__(self, i: int):
+        if self.reads == self.limit:
+            (self.other / "ckpt").mkdir(parents=True)
+        return super().__getitem__(i)
+
+
+def _trainer(tmp_path, limit: int, epochs: int, data: Dataset | None = None) -> Trainer:
+    bundle = DataBundle(data or BreaksAfter(32, limit), None, (1, 8, 8), 2, (0.5,), (0.5,), "test")
     cfg = Config(
         data=DataConfig(workers=0),
         model=ModelConfig(name="cnn3"),
@@ -76,6 +90,14 @@ def test_input_error_in_the_first_epoch_removes_the_new_run_folder(tmp_path):
     with pytest.raises(DataError, match="bad"):
         _trainer(tmp_path, limit=10, epochs=2).fit()
     assert not (tmp_path / "runs").exists()
+
+
+def test_input_error_in_the_first_epoch_keeps_a_parent_that_another_run_made_its_folder_in(tmp_path):
+    other = tmp_path / "runs" / "other"
+    with pytest.raises(DataError, match="bad"):
+        _trainer(tmp_path, limit=10, epochs=2, data=AnotherRunStartsThenBreaks(32, 10, other)).fit()
+    assert not (tmp_path / "runs" / "r").exists()  # this run's own folder: removed
+    assert (other / "ckpt").is_dir()  # the other run's: kept, and so runs/, though this run made it
 
 
 def test_input_error_after_a_finished_epoch_keeps_the_run_and_its_checkpoint(tmp_path):

@@ -312,3 +312,15 @@ def test_arrays_whose_training_labels_are_all_one_class_are_refused(tmp_path):
     np.savez(tmp_path / "one.npz", x_train=x, y_train=np.full(6, 3))
     with pytest.raises(DataError, match=r"one\.npz.*: every training label is 3: expected at least 2 classes"):
         load_data(DataConfig(source=str(tmp_path / "one.npz"), val_fraction=0.0))
+
+
+def test_the_two_class_rule_reads_the_training_labels_before_the_hold_out(tmp_path):
+    """A hold-out that happens to take every image of a class leaves one class to train on, but the data
+    itself has two: the seed did that, not the data, so the data is not refused for it."""
+    from cnnpar.data.bundle import holdout
+
+    x, _ = bar_images(6, side=8)
+    np.savez(tmp_path / "six.npz", x_train=x, y_train=np.array([0, 0, 0, 0, 0, 1]))
+    seed = next(s for s in range(100) if 5 in holdout(6, 0.2, s)[1].tolist())  # holds out the one label 1
+    bundle = load_data(DataConfig(source=str(tmp_path / "six.npz"), val_fraction=0.2), seed)
+    assert bundle.train.y.tolist() == [0, 0, 0, 0, 0] and bundle.val.y.tolist() == [1]

@@ -133,7 +133,27 @@ def test_prepare_reads_split_folders_by_their_common_names_and_refuses_one_class
     assert not out.exists() and not partial_path(out).exists()
     monkeypatch.setattr("cnnpar.data.folder._check_classes", lambda *a: None)  # a store from before the check
     prepare_store(tmp_path / "one", out, MAX_SIDE, workers=1, progress=False)
-    one_line_error(lambda: load_data(data_cfg(out), 0), f"{out}: one class ('class0') in its header: expected at least")
+    one_line_error(
+        lambda: load_data(data_cfg(out), 0),
+        f"{out}: every training label is 0 ('class0'): expected at least 2 classes to tell apart",
+        "; re-run cnnpar prepare on a folder of 2 or more class folders",
+    )
+
+
+def test_a_store_whose_header_names_two_classes_but_whose_training_images_are_one_class_is_refused(
+    tmp_path, monkeypatch
+):
+    """An empty class folder names a class that holds nothing to tell apart: the rule reads the labels."""
+    write_image_folder(tmp_path / "one", per_class=3, classes=1)
+    (tmp_path / "one" / "class1").mkdir()
+    out = tmp_path / "one.cnnpar"
+    monkeypatch.setattr("cnnpar.data.folder._check_classes", lambda *a: None)  # a store from before the check
+    prepare_store(tmp_path / "one", out, MAX_SIDE, workers=1, progress=False)
+    assert StoreFile(out).class_names == ["class0", "class1"]
+    one_line_error(
+        lambda: load_data(data_cfg(out), 0),
+        f"{out}: every training label is 0 ('class0'): expected at least 2 classes to tell apart",
+    )
 
 
 def test_seeded_hold_out_is_the_folders(photos):
