@@ -9,20 +9,11 @@ import sys
 import warnings
 from pathlib import Path
 
-from cnnpar.errors import UserError
+from cnnpar.errors import UserError, user_error_text
 
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
-
-
-def _user_error_text(e: UserError) -> str:
-    # A DataLoader worker re-raises our error with its own traceback folded into the message;
-    # the user needs only our last line.
-    text = str(e)
-    if "Original Traceback" in text:
-        text = [ln for ln in text.splitlines() if ln.strip()][-1].split(": ", 1)[-1]
-    return text
 
 
 def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
@@ -465,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, argv[1:])
     except UserError as e:
         prefix = f"[rank {_rank()}] " if "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1" else ""
-        print(f"cnnpar: error: {prefix}{_user_error_text(e)}", file=sys.stderr)
+        print(f"cnnpar: error: {prefix}{user_error_text(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("cnnpar: interrupted", file=sys.stderr)

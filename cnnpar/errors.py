@@ -20,6 +20,16 @@ class DataError(UserError):
     """A data file cannot be read as the format it claims to be."""
 
 
+def user_error_text(e: UserError) -> str:
+    """A UserError's message for the one line the user sees. A DataLoader worker re-raises our error with its
+    own traceback folded into the message ("Caught DataError in DataLoader worker process 0. Original
+    Traceback ..."); the user needs only our last line, which names the file."""
+    text = str(e)
+    if "Original Traceback" in text:
+        text = [ln for ln in text.splitlines() if ln.strip()][-1].split(": ", 1)[-1]
+    return text
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message, for a one-line report; its type when it has none."""
     text = str(e).strip()

@@ -10,7 +10,7 @@ verdict adds whether the difference is inside the noise). A claim measured once 
 compile time, a memory size) has no range: its verdict adds *(single sample each, noise unknown)*.
 A claim measured on a CPU stand-in for the model it names is *not comparable (measured on a
 stand-in)*: the ratio is shown, but it is about another model. A claim that needs hardware this
-run lacks is *not measurable here*, with the reason.
+run lacks is *not measurable here*, with the reason; one whose measurement raised is *failed*, with the error.
 
 Each claim names its workload (`Claim.workload`): ResNet-18 at 32 px for the compile claims,
 ResNet-50 at 224 for cuDNN and AMP, a torch DataLoader of ImageNet-sized images for pinned memory
@@ -437,6 +437,7 @@ def workload_for(claim: Claim, device_type: str) -> Workload | None:
 
 
 STAND_IN_VERDICT = "not comparable (measured on a stand-in)"
+FAILED = "failed"  # the measurement raised (the note gives the error): not to be read as "needs other hardware"
 SINGLE_SAMPLE = "single sample each, noise unknown"
 
 
@@ -504,7 +505,7 @@ def _measure_here(claim: Claim, ctx: ClaimContext, w: Workload) -> dict:
     except NotMeasurable as e:
         return {"verdict": "not measurable here", "note": str(e)}
     except Exception as e:
-        return {"verdict": "not measurable here", "note": f"measurement failed: {error_text(e)}"}
+        return {"verdict": FAILED, "note": f"measurement failed: {error_text(e)}"}
     finally:
         free_device_memory(ctx.device)  # after the traceback (and the tensors it holds) is gone
 
@@ -527,7 +528,7 @@ def _measure_in_child(claim: Claim, ctx: ClaimContext, limit_s: float) -> dict:
     if r.status == CUT_OFF:
         more = f"cnnpar bench --claims --only {claim.id} --device {ctx.device.type} --budget-s 900"
         return {"verdict": "cut off", "note": f"{r.error}; measure it alone with more time: {more}"}
-    return {"verdict": "not measurable here", "note": f"measurement failed: {r.error}"}
+    return {"verdict": FAILED, "note": f"measurement failed: {r.error}"}
 
 
 def measure_claim_in_child(spec: dict) -> dict:

@@ -112,7 +112,28 @@ def _claims(cfg: Config, opts: BenchOptions) -> int:
     log = lambda text: print(text, flush=True)  # noqa: E731
     only = _only(opts)
     rows = run_claims(cfg, info, opts.timing, meta, only, log, opts.budget_s, opts.started)
-    return _finish(output.write_claims(out, rows))
+    files = output.write_claims(out, rows)
+    _finish(files)
+    return _claims_exit(rows, files[0])
+
+
+def _claims_exit(rows: list[dict], csv_path: Path) -> int:
+    """1, saying so, when claims were started and none was measured (as the ladder: a table of failures is no
+    measurement); claims never started (needing CUDA, left out with --only, past the budget) are no failure."""
+    from .claims import FAILED
+
+    measured = [r for r in rows if r.get("measured_ratio", "") != ""]
+    failed = [r for r in rows if r["verdict"] in (FAILED, "cut off")]
+    if measured or not failed:
+        return 0
+    first = failed[0]
+    print(
+        f"bench: nothing was measured: every claim started failed or was cut off ({len(failed)} of {len(rows)}, "
+        f"the rest not measurable here or not measured); first, {first['claim']}: {first['verdict']} "
+        f"({first['note']}); rows in {csv_path}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _only(opts: BenchOptions) -> set[str] | None:
@@ -128,6 +149,20 @@ def _finish(files: list[Path]) -> int:
     print(files[1].read_text(), end="")
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
+
+
+def _tta_exit(rows: list[dict], csv_path: Path) -> int:
+    """1, saying so, when no seed reached the target: a run's time that ends short of it is no time to accuracy."""
+    if any(r["reached"] for r in rows):
+        return 0
+    best = max(r["best_val_acc"] for r in rows)
+    print(
+        f"bench: nothing was measured: no run reached the target {100 * rows[0]['target']:.2f}% (each of "
+        f"{len(rows)} seed(s) stopped after {rows[0]['max_epochs']} epoch(s), the best at {100 * best:.2f}%: more "
+        f"--epochs or a lower --target); rows in {csv_path}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def run_bench(cfg: Config, opts: BenchOptions) -> int:
@@ -160,13 +195,13 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
     )
     log = lambda text: print(text, flush=True)  # noqa: E731
     if opts.mode == "time_to_accuracy":
-        files = output.write_tta(out, run_tta(cfg, bundle, info, opts.target, opts.timing.repeats, meta, log))
-    else:
-        rows = run_ladder(cfg, bundle, info, opts.timing, meta, only, log, opts.budget_s, opts.started)
-        files = output.write_ladder(out, rows)
+        rows = run_tta(cfg, bundle, info, opts.target, opts.timing.repeats, meta, log)
+        files = output.write_tta(out, rows)
+        _finish(files)
+        return _tta_exit(rows, files[0])
+    rows = run_ladder(cfg, bundle, info, opts.timing, meta, only, log, opts.budget_s, opts.started)
+    files = output.write_ladder(out, rows)
     _finish(files)
-    if opts.mode != "ladder":
-        return 0
     measured = [r for r in rows if r["status"] == "ok"]
     failed = [r for r in rows if r["status"] == "failed"]
     if failed and not measured:  # a table of failures is no measurement: say so in the exit code too

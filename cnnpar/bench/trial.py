@@ -35,7 +35,7 @@ POLL_S = 15.0  # how often a running child's progress (its last log line) is sho
 @dataclass
 class ChildResult:
     status: str  # OK, FAILED or CUT_OFF
-    value: dict = field(default_factory=dict)  # what the child measured (OK only)
+    value: dict = field(default_factory=dict)  # what the child measured (OK); FAILED: "user_error" on bad input
     error: str = ""  # FAILED: the child's error line; CUT_OFF: the limit and the child's last line
     wall_s: float = 0.0
 
@@ -127,7 +127,7 @@ def _run(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cnnpar.errors import first_line
+    from cnnpar.errors import UserError, first_line, user_error_text
     from cnnpar.report.files import write_json_atomic
 
     spec_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
@@ -135,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         value = {"status": OK, **_run(spec)}
         code = 0
+    except UserError as e:  # bad input (data that does not load or decode): the parent may stop on it
+        text = user_error_text(e)  # the file's name, not the DataLoader worker's "Caught DataError in ..."
+        line = (text.strip().splitlines() or [""])[0]
+        value = {"status": FAILED, "error": f"{type(e).__name__}: {line}"[:300], "oom": False, "user_error": text}
+        code = 1
     except Exception as e:  # out of memory, an unsupported mode: a result the parent reports
         import torch
 

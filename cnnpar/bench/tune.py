@@ -34,8 +34,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cnnpar.config import LONG_COMPILES, MACHINE_FIELDS, Config, dumps_toml, from_dict, to_dict
+from cnnpar.errors import UserError
 from cnnpar.parallel.stem import has_stem_to_rewrite
-from cnnpar.report.files import write_csv_atomic, write_text_atomic
+from cnnpar.report.files import removed_on_failure, write_csv_atomic, write_text_atomic
 
 from .trial import OK, ChildResult, run_child, say
 
@@ -274,6 +275,10 @@ class Tuner:
         r = self.run_trial(cfg, limit)
         t = Trial(group, label, str(value), r.status, wall_s=r.wall_s, limit_s=limit, note=note)
         if r.status != OK:
+            if label == START and r.value.get("user_error"):
+                # bad input, not a speed that failed: every trial would fail on it, and a trials file of one
+                # failed row would measure nothing; the same one-line error as `cnnpar train` on this data
+                raise UserError(r.value["user_error"])
             t.note = "; ".join(x for x in (note, r.error) if x)
             self.trials.append(t)
             self.say(f"{name}: {r.status} ({r.error})")
@@ -369,7 +374,8 @@ def tune(
     started: float | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[Config | None, list[Trial]]:
-    """Search; returns the best config measured (None when not even the start finished) and the trials."""
+    """Search; returns the best config measured (None when not even the start finished) and the trials.
+    Raises UserError, writing no file, when the start fails on bad input (data that does not load or decode)."""
     run_trial = run_trial or child_trial(steps, repeats, log)
     tuner = Tuner(budget_s, Path(out), trial_s, run_trial, clock, clock() if started is None else started, log)
     limit = f"each trial at most {trial_s:.0f} s" if trial_s else "each trial at most a third of it"
@@ -377,7 +383,10 @@ def tune(
         f"tune: budget {budget_s:.0f} s, {limit}; in this order: {', '.join(GROUPS)}. "
         f"{tuner.out} is rewritten after every trial that beats the best so far."
     )
-    facts = tuner.start(cfg)
+    # a start that stops on bad input (or is interrupted) leaves no folder this command made; once it is
+    # measured, tuned.toml stays whatever happens after (a stopped run keeps the best config it measured)
+    with removed_on_failure(tuner.out.parent):
+        facts = tuner.start(cfg)
     if facts is None:
         write_csv_atomic(tuner.out.with_suffix(".csv"), trial_rows(tuner.trials, {}), CSV_COLUMNS)
         return None, tuner.trials

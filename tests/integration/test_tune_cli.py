@@ -7,7 +7,10 @@ import csv
 import time
 import tomllib
 
+import pytest
+
 from cnnpar.config import from_dict
+from tests.datafiles import write_first_batch_failures
 
 
 def test_tune_command_ends_within_its_budget_and_writes_a_config_train_accepts(cli):
@@ -28,3 +31,17 @@ def test_tune_command_ends_within_its_budget_and_writes_a_config_train_accepts(c
     assert cfg.model.name == "cnn3" and cfg.speed.precision != "auto"  # resolved, as the trial ran
     train = cli("train", "--config", str(out), "--epochs", "1", "--max-steps", "2", "--no-progress")
     assert train.returncode == 0, train.stderr
+
+
+@pytest.mark.parametrize("case", ["one_image", "corrupt_images"])
+def test_tune_on_data_that_fails_at_the_first_batch_stops_with_its_error_and_writes_nothing(cli, case):
+    """It exited 1 with a tuned.csv holding the failed start alone and, for images a DataLoader worker failed to
+    decode, "DataError: Caught DataError in DataLoader worker process 0." in place of the file's name."""
+    data, error = write_first_batch_failures(cli.cwd / "in")[case]
+    out = cli.cwd / "out" / "tuned.toml"
+    res = cli("tune", "--budget-s", "60", "--steps", "2", "--repeats", "1", "--batch-size", "4", "--workers", "1",
+              "--data", str(data), "--device", "cpu", "--out", str(out))  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"cnnpar: error: {error}"), err
+    assert not (cli.cwd / "out").exists()  # no trials file, nor the folder made for it

@@ -226,3 +226,98 @@ def test_compare_with_a_ladder_from_before_the_ranges_says_its_noise_is_unknown(
     md = compare_markdown(old, new).splitlines()
     assert "| baseline | 100 | 200 (190-210) | 2.00x, noise unknown (no range) |" in md
     assert "| host load (1 min, over the rungs) | not recorded | 1.5 |" in md
+
+
+CLAIMS = [*BENCH, "--claims", "--timed-s", "1"]
+
+
+def _bundle_out_of_memory(self, w):
+    raise RuntimeError("out of memory (injected)")
+
+
+def test_claims_where_every_claim_started_failed_exit_non_zero_saying_so(tmp_path, capsys, monkeypatch):
+    """The table said *not measurable here* (as for a claim needing CUDA) and the command exited 0."""
+    from cnnpar.bench.claims import ClaimContext
+
+    monkeypatch.setattr(ClaimContext, "bundle", _bundle_out_of_memory)
+    out = tmp_path / "c"
+    assert main([*CLAIMS, "--only", "collate_speed", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "bench: nothing was measured: every claim started failed or was cut off (1 of 10, the rest not measurable "
+        "here or not measured); first, collate_speed: failed (measurement failed: RuntimeError: out of memory "
+        f"(injected)); rows in {out / 'claims.csv'}\n"
+    )
+    by = {r["claim"]: r for r in _ladder_rows(out / "claims.csv")}
+    assert by["collate_speed"]["verdict"] == "failed"
+    assert by["collate_speed"]["note"] == "measurement failed: RuntimeError: out of memory (injected)"
+    assert by["pin_memory"]["verdict"] == "not measurable here"  # needs CUDA: no failure
+
+
+def test_claims_where_one_claim_failed_exit_zero_and_its_row_says_it_failed(tmp_path, capsys, monkeypatch):
+    from cnnpar.bench import probes
+    from cnnpar.bench.claims import ClaimContext
+    from cnnpar.bench.timing import Spread
+
+    monkeypatch.setattr(ClaimContext, "bundle", _bundle_out_of_memory)
+    monkeypatch.setattr(probes, "warm_compiler", lambda device: None)  # a measured claim without a CPU compile
+    monkeypatch.setattr(probes, "preprocess_ms", lambda b, compiled, d, t: Spread(1, 0.9, 1.1) if compiled
+                        else Spread(3, 2.9, 3.1))  # fmt: skip
+    out = tmp_path / "c"
+    assert main([*CLAIMS, "--only", "collate_speed,compiled_preprocess", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "nothing was measured" not in captured.err
+    by = {r["claim"]: r for r in _ladder_rows(out / "claims.csv")}
+    measured = by["compiled_preprocess"]
+    assert measured["verdict"] == "confirmed" and float(measured["measured_ratio"]) == 3
+    assert by["collate_speed"]["verdict"] == "failed" and "out of memory (injected)" in by["collate_speed"]["note"]
+    assert "| failed |  | measurement failed: RuntimeError: out of memory (injected) |" in captured.out  # claims.md
+
+
+def test_a_claims_table_exits_non_zero_only_when_claims_started_and_none_was_measured():
+    from pathlib import Path
+
+    from cnnpar.bench.run import _claims_exit
+
+    def row(claim, verdict, ratio=""):
+        return {"claim": claim, "verdict": verdict, "note": "n", "measured_ratio": ratio}
+
+    cut = [row("max_autotune", "cut off"), row("pin_memory", "not measurable here")]
+    assert _claims_exit(cut, Path("c.csv")) == 1  # started, killed at its limit: no measurement
+    assert _claims_exit([*cut, row("collate_speed", "confirmed", 3.1)], Path("c.csv")) == 0
+    # nothing started (CUDA claims on a CPU, --only, the budget): no failure, as the ladder's skipped rungs
+    assert _claims_exit([row("pin_memory", "not measurable here"), row("a", "not measured")], Path("c.csv")) == 0
+
+
+TTA = [*BENCH, "--time-to-accuracy", "--data", "synthetic", "--epochs", "1", "--max-steps", "2", "--batch-size", "16"]
+
+
+def test_time_to_accuracy_where_no_seed_reached_the_target_exits_non_zero_saying_so(tmp_path, capsys):
+    """Random images never reach 99 %: the rows hold the time of the epochs allowed, which is no time to accuracy."""
+    out = tmp_path / "t"
+    assert main([*TTA, "--target", "0.99", "--repeats", "2", "--out", str(out)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "bench: nothing was measured: no run reached the target 99.00% (each of 2 seed(s) stopped after 1 epoch(s), "
+        "the best at "
+    ), err
+    assert err[0].endswith(f"more --epochs or a lower --target); rows in {out / 'time_to_accuracy.csv'}")
+    assert [r["reached"] for r in _ladder_rows(out / "time_to_accuracy.csv")] == ["False", "False"]
+
+
+def test_time_to_accuracy_where_one_seed_reached_the_target_exits_zero(tmp_path, capsys, monkeypatch):
+    import cnnpar.bench.tta as tta
+
+    def fake(cfg, bundle, info, target, seed):
+        acc = 0.995 if seed == 0 else 0.5
+        keys = ("wall_s", "wall_with_compile_s", "train_s", "eval_s", "compile_s", "lr")
+        return {"seed": seed, "target": target, "reached": acc >= target, "epochs": 1, "max_epochs": 1,
+                "final_val_acc": acc, "best_val_acc": acc, **dict.fromkeys(keys, 1.0)}  # fmt: skip
+
+    monkeypatch.setattr(tta, "time_to_accuracy", fake)
+    out = tmp_path / "t"
+    assert main([*TTA, "--target", "0.99", "--repeats", "2", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "nothing was measured" not in captured.err
+    assert "bench: seed 1: NOT reached after 1 epoch(s)" in captured.out
+    assert [r["reached"] for r in _ladder_rows(out / "time_to_accuracy.csv")] == ["True", "False"]

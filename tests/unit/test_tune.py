@@ -391,3 +391,70 @@ def test_a_faster_median_whose_repeats_overlap_the_bests_is_not_kept_and_says_so
     # the doubling stops at a trial not kept (as at a failure): nothing after 128 is a batch trial
     assert [t.value for t in trials if t.switch == "batch_size"] == ["128"]
     assert from_dict(tomllib.loads((tmp_path / "tuned.toml").read_text())).run.batch_size == 64
+
+
+def bad_data_machine(fails: str) -> FakeMachine:
+    """A FakeMachine on an image folder where one trial, the start ("start") or the decoder's ("decode"), fails as a
+    child fails on bad input (trial.main: the error and the message, "user_error")."""
+    facts = {**CUDA_FACTS, "in_memory": False, "folder": True}
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 10.0, facts=facts)
+    measure = m.run_trial
+
+    def run_trial(cfg: Config, limit: float) -> ChildResult:
+        if fails == "start" or cfg.data.decode != "auto":  # the start, or the decoder's trial
+            m.now += 5.0
+            text = "photos/c1/2.jpg: cannot decode as an image: expected a readable JPEG or PNG file"
+            value = {"status": FAILED, "error": f"DataError: {text}", "oom": False, "user_error": text}
+            return ChildResult(FAILED, value, value["error"], 5.0)
+        return measure(cfg, limit)
+
+    m.run_trial = run_trial
+    return m
+
+
+def test_a_start_that_fails_on_bad_input_stops_with_its_error_and_leaves_no_file_or_folder(tmp_path):
+    """Exit 1 and a tuned.csv of one failed row: a trials file that measured nothing, for data no trial can read."""
+    from cnnpar.errors import UserError
+
+    out = tmp_path / "new" / "sub" / "tuned.toml"
+    with pytest.raises(UserError, match=r"^photos/c1/2\.jpg: cannot decode as an image: expected a readable"):
+        bad_data_machine("start").tune(resnet50(), 600, out)
+    assert list(tmp_path.iterdir()) == []  # neither the folder made for --out nor its parent
+    kept = tmp_path / "kept"  # a folder that was there before stays as it was
+    kept.mkdir()
+    (kept / "tuned.csv").write_text("an earlier run's trials\n")
+    with pytest.raises(UserError):
+        bad_data_machine("start").tune(resnet50(), 600, kept / "tuned.toml")
+    assert [p.name for p in kept.iterdir()] == ["tuned.csv"]
+    assert (kept / "tuned.csv").read_text() == "an earlier run's trials\n"
+
+
+def test_a_later_trial_failing_on_its_input_is_a_failed_row_and_the_search_goes_on(tmp_path):
+    """Only the start's bad input stops the run: a switch whose trial fails (the other decoder) is a result."""
+    best, trials = bad_data_machine("decode").tune(resnet50(), 600, tmp_path / "tuned.toml")
+    decode = next(t for t in trials if t.switch == "decode")
+    assert decode.status == FAILED and "DataError: photos/c1/2.jpg: cannot decode" in decode.note
+    assert trials.index(decode) < len(trials) - 1  # trials after it ran
+    rows = list(csv.DictReader((tmp_path / "tuned.csv").open()))
+    assert [r["status"] for r in rows if r["switch"] == "decode"] == [FAILED]
+    assert best is not None and best.data.decode == "auto"
+
+
+def test_a_child_that_fails_on_bad_data_reports_it_as_bad_input_naming_the_file(tmp_path):
+    """What the parent stops on: the child's own result says the error is bad input, and gives the message."""
+    import json
+
+    import numpy as np
+
+    from cnnpar.bench import trial
+    from cnnpar.config import to_dict
+
+    data = tmp_path / "d.npz"
+    np.savez(data, x_train=np.zeros((8, 8, 8), np.uint8), y_train=np.zeros(8, np.int64))  # one class
+    cfg = with_overrides(Config(), data={"source": str(data)}, speed={"device": "cpu"})
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"kind": "train", "config": to_dict(cfg), "steps": 1, "repeats": 1}))
+    assert trial.main([str(spec), str(tmp_path / "result.json")]) == 1
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == FAILED and result["user_error"].startswith(f"{data}: every training label is 0")
+    assert result["error"] == f"DataError: {result['user_error']}"
