@@ -198,6 +198,28 @@ def hardware_lines() -> list[str]:
     return out
 
 
+def engine_settings_lines() -> list[str]:
+    """Session 19: the JPEG engines driven each way `nvjpeg_hw.EngineSettings` offers, each one's whole-image
+    decode alone (`jpeg_decode.py --stages engines`) with what one library call waits for, launches and copies,
+    counted by torch.profiler (calls ZZY, ZZZA, ZZZB; the defaults' row first in each call)."""
+    out = []
+    for call, name in (
+        ("call-zzy", "engines.csv"),
+        ("call-zzza", "engines_pipe.csv"),
+        ("call-zzzb", "engines_sms.csv"),
+    ):
+        path = RESULTS / call / name
+        for r in rows(path) if path.exists() else []:
+            tag = call.split("-", 1)[1].upper()
+            out.append(
+                f"| engines alone ({tag}, {r['git_rev']}), batch {r['batch_size']}: {r['method']} | "
+                f"{float(r['images_per_s']):,.0f} img/s | a batch: {float(r['host_waits_per_batch']):g} host waits, "
+                f"{float(r['kernels_per_batch']):g} kernels, {float(r['copies_per_batch']):g} copies; "
+                f"pixels vs the defaults: max {r['max_diff_vs_default']} | `{rel(path)}` |"
+            )
+    return out
+
+
 def session8_lines() -> list[str]:
     """Session 8: end to end with the resize in the training thread, graphs, the C++ wrapper (calls N,
     P, Q, each beside the plain feeder of its own call), the decoder per batch (P), and where the
@@ -360,6 +382,8 @@ def session11_lines() -> list[str]:
         "call-zz",
         "call-zza",
         "call-zze",  # session 15: the engines against nvJPEG with 32 queues
+        "call-zzy",  # session 19: the engines driven other ways (nvjpeg_hw.EngineSettings)
+        "call-zzza",
     ):
         path = RESULTS / call / "jpeg_pipeline80.csv"
         if not path.exists():
@@ -395,6 +419,7 @@ def session11_lines() -> list[str]:
         ("call-zza", "the same, graphs kept beside the decoder with 32 queues: the default since ZZA"),
         ("call-zzc", "the same, the queue value recorded at CUDA's start (ZZC, session 15)"),
         ("call-zzh", "the same, cnnpar waiting on the engines once per batch (ZZH, session 16)"),
+        ("call-zzz", "the same (ZZZ, session 19)"),
     ):
         out.append(cli_line(RESULTS / call / "default.log", label))
     label = "the same for 20 epochs, the decoders on streams of their own (ZZM, session 17)"
@@ -519,6 +544,7 @@ def main() -> None:
             *head,
             *jpeg_lines(),
             *hardware_lines(),
+            *engine_settings_lines(),
             *session8_lines(),
             *session9_lines(),
             *session10_lines(),
