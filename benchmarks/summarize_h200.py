@@ -142,7 +142,7 @@ def jpeg_lines() -> list[str]:
             out.append(
                 f"| end to end, reference at {r['git_rev']}: {r['variant'].replace('resnet50 224 folder ', '')} | "
                 f"{float(r['images_per_s']):,.0f} img/s | data wait {100 * float(r['data_wait_share']):.0f} % | "
-                f"`shared/measurements/h200-2026-11-30/{ref.name}` |"
+                f"`../shared/measurements/h200-2026-11-30/{ref.name}` (outside the repository) |"
             )
     for call in ("call-e", "call-g"):
         path = RESULTS / call / "jpeg_pipeline.csv"

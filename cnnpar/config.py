@@ -267,7 +267,7 @@ class OptimConfig:
 class SpeedConfig:
     device: str = _f("auto", "cpu, cuda or auto", choices=DEVICES)
     precision: str = _f("auto", "fp32, tf32, bf16, fp16 (with a GradScaler) or auto", choices=PRECISIONS)
-    channels_last: str = _f("auto", "NHWC memory format (auto: on with CUDA)", choices=TRISTATE)
+    channels_last: str = _f("auto", "NHWC memory format (auto: on, CPU and CUDA alike)", choices=TRISTATE)
     compile: str = _f(
         "auto", "torch.compile mode, or off (auto: from measurements, see presets.py)", choices=COMPILE_MODES
     )

@@ -93,7 +93,8 @@ def run_child(
                         _kill_group(proc)
                         wall = time.monotonic() - start
                         last = _last_line(log_path)
-                        why = f"cut off at the {limit_s:.0f} s limit" + (f" (last: {last})" if last else "")
+                        # the log's last line quoted: it may hold brackets of its own ("warn_once(")
+                        why = f"cut off at the {limit_s:.0f} s limit" + (f" (its last line: {last!r})" if last else "")
                         return ChildResult(CUT_OFF, error=why, wall_s=wall)
                     try:
                         proc.wait(timeout=min(left, poll_s))
