@@ -19,7 +19,7 @@ from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import build_trainer, next_group, reset_compiler, run_step, training_batches
 from cnnpar.engine.trainer import Trainer
-from cnnpar.report.meters import CPU_RSS, CUDA_PEAK, sync
+from cnnpar.report.meters import CPU_RSS, CUDA_PEAK, DataWait, sync
 
 from .timing import Timing
 
@@ -73,11 +73,12 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
     batches = training_batches(trainer, first_epoch=0)
     trainer.model.train()
 
-    def step() -> tuple[float, int]:
-        t0 = time.perf_counter()
-        group = next_group(trainer, batches)
-        waited = time.perf_counter() - t0
-        return waited, run_step(trainer, group)
+    waited = DataWait(device)  # a new one for each repeat, below
+
+    def step() -> int:
+        with waited.waiting():
+            group = next_group(trainer, batches)
+        return run_step(trainer, group)
 
     try:
         warmup_steps, warmup_s, step_s = warm_up(step, timing, device)
@@ -86,16 +87,15 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
         for _ in range(repeats):
             sync(device)  # note: a CPU-GPU sync point, before the clock starts
             cpu0, start = _cpu_seconds(proc), time.perf_counter()
-            waited = images = 0
+            waited = DataWait(device)
+            images = 0
             for _ in range(steps):
-                w, n = step()
-                waited += w
-                images += n
+                images += step()
             sync(device)  # note: a CPU-GPU sync point, so the time covers the device's work
             wall = time.perf_counter() - start
             rates.append(images / wall)
             step_ms.append(1000.0 * wall / steps)
-            waits.append(waited / wall)
+            waits.append(min(1.0, waited.seconds() / wall))
             cpu_pct.append(100.0 * (_cpu_seconds(proc) - cpu0) / wall)
             rss.append(proc.memory_info().rss / 2**20)
     finally:

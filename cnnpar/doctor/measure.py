@@ -18,8 +18,7 @@ import torch
 from cnnpar.data.transforms import TextbookDataset, resolve_augment
 from cnnpar.engine.harness import next_group, run_step, training_batches
 from cnnpar.engine.trainer import Trainer
-from cnnpar.report.meters import sync
-from cnnpar.report.ranges import DATA_WAIT, span
+from cnnpar.report.meters import DataWait, sync
 
 GPU_IDLE_PROBE_STEPS = 5
 
@@ -135,21 +134,18 @@ def measure_end_to_end(trainer: Trainer, warmup: int, steps: int, max_s: float, 
     """The training loop as `Trainer.train_epoch` runs it: wait for a batch, then train on it."""
     trainer.model.train()
     batches = training_batches(trainer)
-    waited = [0.0]
+    waited = DataWait(trainer.info.device)
 
     def body(i: int) -> int:
-        t0 = time.perf_counter()
-        with span(DATA_WAIT):
+        with waited.waiting(counted=i >= warmup):
             group = next_group(trainer, batches)
-        if i >= warmup:
-            waited[0] += time.perf_counter() - t0
         return run_step(trainer, group)
 
     try:
         phase = _timed(name or "end to end", trainer.info.device, warmup, steps, max_s, body)
     finally:
         batches.close()
-    phase.data_wait_s = waited[0]
+    phase.data_wait_s = waited.seconds()  # after _timed's closing sync
     return phase
 
 

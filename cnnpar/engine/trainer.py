@@ -55,7 +55,6 @@ from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import environment
 from cnnpar.report.files import removed_on_failure, write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import EpochClock, peak_memory, sync
-from cnnpar.report.ranges import DATA_WAIT, span
 from cnnpar.report.telemetry import monitor_run
 from cnnpar.report.tensorboard import Board, open_board
 
@@ -405,7 +404,7 @@ class Trainer:
 
         cfg, info = self.cfg, self.info
         self.begin_epoch(epoch)
-        clock = EpochClock()
+        clock = EpochClock(info.device)
         loss_sum = torch.zeros((), dtype=torch.float64, device=info.device)
         correct = torch.zeros((), dtype=torch.int64, device=info.device)
         bar = tqdm(
@@ -459,10 +458,9 @@ class Trainer:
             # (TrainStep weights each by its real size).
             group = []
             for _ in range(min(accum, self.micro_steps - done)):
-                t0 = time.perf_counter()
-                with span(DATA_WAIT):
+                with clock.data_wait.waiting():
                     x, y = next(it)
-                clock.waited(time.perf_counter() - t0, y.shape[0])
+                clock.count(y.shape[0])
                 maybe_inject_fault(epoch, done, self.micro_steps, info)  # test-only; see engine/fault.py
                 group.append((x, y))
                 done += 1

@@ -1,0 +1,79 @@
+"""What every "data wait" figure measures (report/meters.py DataWait): on a GPU the device's wait
+between the step before and the batch, not host time in the loader; on the CPU host time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from cnnpar.report import meters
+from cnnpar.report.meters import DataWait, EpochClock
+
+
+class FakeEvent:
+    """A recorded CUDA event on a fake device clock (ms), as elapsed_time reads it."""
+
+    def __init__(self, at_ms: float) -> None:
+        self.at_ms = at_ms
+
+    def elapsed_time(self, later: FakeEvent) -> float:
+        return later.at_ms - self.at_ms
+
+
+def test_on_cuda_the_wait_is_the_device_gap_between_the_events_not_host_time(monkeypatch):
+    """A host that runs ahead blocks in the loader while the device is busy: 30 ms of host time here,
+    2 ms of device gap; only the gap is the device's wait. Warm-up calls are not counted."""
+    clock = iter([0.0, 2.0, 100.0, 103.0, 200.0, 210.0])  # device times of the events, in record order
+    monkeypatch.setattr(meters, "_timing_event", lambda: FakeEvent(next(clock)))
+    wait = DataWait(torch.device("cuda"))
+    with wait.waiting(counted=False):  # a warm-up step: no events, no time
+        time.sleep(0.01)
+    for _ in range(3):
+        with wait.waiting():
+            time.sleep(0.01)
+    assert wait.host_s >= 0.03
+    assert wait.seconds() == pytest.approx((2.0 + 3.0 + 10.0) / 1e3)
+
+
+def test_on_the_cpu_the_wait_is_host_time_in_the_loader():
+    wait = DataWait(torch.device("cpu"))
+    with wait.waiting():
+        time.sleep(0.02)
+    with wait.waiting(counted=False):
+        time.sleep(0.05)
+    assert 0.02 <= wait.seconds() < 0.05
+
+
+def test_the_epoch_share_is_the_wait_over_the_wall_time(monkeypatch):
+    clock = iter([0.0, 40.0])
+    monkeypatch.setattr(meters, "_timing_event", lambda: FakeEvent(next(clock)))
+    epoch = EpochClock(torch.device("cuda"))
+    with epoch.data_wait.waiting():
+        pass
+    epoch.count(8)
+    epoch.start = time.perf_counter() - 0.2  # a 0.2 s epoch
+    row = epoch.summary()
+    assert row["data_wait_share"] == pytest.approx(0.04 / row["epoch_s"], rel=0.05)
+    assert row["images_per_s"] == pytest.approx(8 / row["epoch_s"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_a_host_ahead_of_the_device_is_no_data_wait_and_an_idle_device_is():
+    """Host 50 ms in the loader while 200 ms of work is still queued: the device did not wait. Host 50 ms
+    in the loader with nothing queued: the device waited about 50 ms."""
+    dev = torch.device("cuda")
+    torch.cuda.synchronize(dev)
+    ahead = DataWait(dev)
+    torch.cuda._sleep(int(0.2 * 1.4e9))  # ~200 ms of queued work (cycles at ~1.4 GHz; a rough clock)
+    with ahead.waiting():
+        time.sleep(0.05)
+    torch.cuda.synchronize(dev)
+    idle = DataWait(dev)
+    with idle.waiting():
+        time.sleep(0.05)
+    torch.cuda.synchronize(dev)
+    assert ahead.host_s >= 0.05 and ahead.seconds() < 0.005
+    assert 0.04 <= idle.seconds() <= 0.2
