@@ -24,6 +24,18 @@ def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
     return [*head, "cnnpar", "train", *train_args]
 
 
+def horovod_train_args(argv: list[str], nproc: int) -> list[str]:
+    """The user's `cnnpar train` arguments for a horovodrun launch: without --nproc (horovodrun starts the
+    processes) and --strategy (dist.horovod_command adds its own), with `--nproc 0` where a config file or
+    preset set nproc (it would start torchrun again)."""
+    from cnnpar.cliargs import passthrough_args
+
+    args = passthrough_args(argv, "--nproc")
+    typed = len(args) < len(argv)
+    args = passthrough_args(args, "--strategy")
+    return args + ["--nproc", "0"] if nproc > 0 and not typed else args
+
+
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args, passthrough_args
     from cnnpar.dist import (
@@ -40,7 +52,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if surplus_debug_worker(cfg.dist.debug_single):
         return 0  # the debug switch runs one process: global rank 0 alone
     if cfg.dist.strategy == "horovod":
-        check_horovod_launch(cfg.dist.nproc)
+        check_horovod_launch(cfg.dist.nproc, horovod_train_args(argv, cfg.dist.nproc))
     if cfg.dist.nproc > 0 and "RANK" not in os.environ and not debug_single_requested(cfg.dist.debug_single):
         # The convenience launcher: hand the same command to torchrun for this one machine.
         # Refuse too many processes here, once, rather than in each of the N workers.

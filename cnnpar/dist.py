@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,29 +45,44 @@ class DistInfo:
 
 # What `cnnpar train --nproc N` sets for its torchrun workers unless the user's environment
 # already holds the variable (under any spelling torch reads). Names, values and spellings
-# checked against the installed torch 2.14.1's ProcessGroupNCCL.hpp and FlightRecorder.hpp, not
-# against older releases' source: an older torch that lacks a variable ignores it, so setting it
-# is harmless there. 2.14 still reads NCCL_ASYNC_ERROR_HANDLING (the pre-TORCH_ spelling) as a
-# fallback and TORCH_FR_BUFFER_SIZE before TORCH_NCCL_TRACE_BUFFER_SIZE. Only the NCCL backend reads them;
-# gloo (the CPU) ignores them. The timeout itself is `dist.timeout_s`, passed to
-# init_process_group; these make its expiry say which collective stuck and end the job.
+# checked against the installed torch 2.14.1's ProcessGroupNCCL.hpp and FlightRecorder.hpp. 2.14
+# still reads NCCL_ASYNC_ERROR_HANDLING (the pre-TORCH_ spelling) as a fallback. Only the NCCL
+# backend acts on them; gloo (the CPU) ignores them, but 2.14 builds its flight recorder for gloo
+# too, so a deprecated name warns on the CPU as well. The timeout itself is `dist.timeout_s`,
+# passed to init_process_group; these make its expiry say which collective stuck and end the job.
 NCCL_LAUNCH_DEFAULTS = {
     # A failed or timed-out collective ends the process instead of hanging. 3 (SkipCleanUp) ends
     # it without ncclCommAbort, which the header says can itself hang; the header names 3 the
     # default torch means to keep, but torchrun sets 1 (TearDown: abort, then end) when unset.
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-    # The flight recorder: the last N collectives of each rank (op, sequence number, sizes,
-    # state). 2.14 defaults to 2000 entries already; set for torches whose default is 0.
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-    # On a watchdog timeout, write the flight recorder to TORCH_NCCL_DEBUG_INFO_TEMP_FILE<rank>:
+    # On a watchdog timeout, write the flight recorder (below) to its dump file prefix + rank:
     # which collective each rank was in, so the stuck one (and the rank that never joined) is named.
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
 }
-NCCL_TRACE_FILE_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"  # a path prefix; torch appends the rank
-_OTHER_SPELLINGS = {
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING",
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "TORCH_FR_BUFFER_SIZE",
+# The flight recorder: the last N collectives of each rank (op, sequence number, sizes, state).
+# 2.14 defaults to 2000 entries already; set for torches whose default is 0 (2.8 among them).
+FLIGHT_RECORDER_ENTRIES = "2000"
+# Torch 2.8 renamed the flight recorder's variables (checked in the 2.7 and 2.8 wheels). 2.8 and later
+# read both names, the new first, and warn once per process about an old one ("... is deprecated; use
+# TORCH_FR_BUFFER_SIZE instead"); 2.5-2.7 read only the old ones. Each tuple: (name since 2.8, before).
+FR_BUFFER_SIZE_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_DUMP_FILE_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")  # a path prefix; torch adds the rank
+FR_NEW_NAMES_SINCE = "2.8"
+# each name cnnpar may set -> every name torch reads for that setting
+_SPELLINGS = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"),
+    **{names[0]: names for names in (FR_BUFFER_SIZE_ENV, FR_DUMP_FILE_ENV)},
+    **{names[1]: names for names in (FR_BUFFER_SIZE_ENV, FR_DUMP_FILE_ENV)},
 }
+
+
+def flight_recorder_env(version: str | None = None) -> tuple[str, str]:
+    """(buffer size, dump file prefix): the names of the flight recorder's variables that torch
+    `version` (this one's by default) reads without a deprecation warning."""
+    from torch.torch_version import TorchVersion
+
+    new = TorchVersion(version or torch.__version__) >= FR_NEW_NAMES_SINCE
+    return (FR_BUFFER_SIZE_ENV[0], FR_DUMP_FILE_ENV[0]) if new else (FR_BUFFER_SIZE_ENV[1], FR_DUMP_FILE_ENV[1])
 
 
 # CUDA's hardware work queues per context. Streams beyond that many share a queue, and a kernel
@@ -141,14 +159,16 @@ def device_queues_line(environ=None) -> str:
     return f"{line}; {caveat}" if caveat else line
 
 
-def launcher_env(environ: dict[str, str], trace_prefix: str) -> dict[str, str]:
+def launcher_env(environ: dict[str, str], trace_prefix: str, torch_version: str | None = None) -> dict[str, str]:
     """The environment `cnnpar train --nproc N` hands torchrun: `environ` plus the NCCL defaults
-    above (and the flight-recorder dumps under `trace_prefix`) wherever the user set none."""
+    above (and the flight-recorder dumps under `trace_prefix`) wherever the user set none, under
+    the names `torch_version` (the torch that runs the workers: this one) reads without a warning."""
+    buffer_size, dump_file = flight_recorder_env(torch_version)
+    wanted = {**NCCL_LAUNCH_DEFAULTS, buffer_size: FLIGHT_RECORDER_ENTRIES, dump_file: trace_prefix}
     env = dict(environ)
-    for key, value in NCCL_LAUNCH_DEFAULTS.items():
-        if key not in env and _OTHER_SPELLINGS.get(key) not in env:
+    for key, value in wanted.items():
+        if not any(name in env for name in _SPELLINGS.get(key, (key,))):
             env[key] = value
-    env.setdefault(NCCL_TRACE_FILE_ENV, trace_prefix)
     return env
 
 
@@ -166,30 +186,56 @@ def launched_by_torchrun() -> bool:
 HOROVOD_LAUNCH_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
-def horovod_command(n: int = 2) -> str:
-    return f"horovodrun -np {n} -H localhost:{n} python -m cnnpar train --strategy horovod"
+# scripts/install_horovod.sh builds Horovod, horovodrun and a python that imports both into .venv-horovod
+# in this checkout's root; bare `python` and `horovodrun` have no Horovod.
+CHECKOUT = Path(__file__).resolve().parents[1]
+HOROVOD_VENV = CHECKOUT / ".venv-horovod"
+
+
+def horovod_command(train_args: Sequence[str] = (), n: int = 2, venv: Path | None = None) -> str:
+    """The horovodrun line of README.md and docs/frameworks.md running `cnnpar train TRAIN_ARGS --strategy
+    horovod` in n processes on this machine, to paste where it is printed: paths relative to the working
+    folder where it holds them (from the checkout's root, as the docs write them), else absolute; led by
+    the install script while `venv` (the checkout's .venv-horovod) has no horovodrun."""
+    venv = venv or HOROVOD_VENV
+    here = Path.cwd()
+
+    def shown(path: Path) -> str:
+        return str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
+
+    horovodrun, python = venv / "bin" / "horovodrun", venv / "bin" / "python"
+    line = shlex.join(
+        [shown(horovodrun), "-np", str(n), "-H", f"localhost:{n}", shown(python), "-m", "cnnpar", "train"]
+        + [*train_args, "--strategy", "horovod"]
+    )
+    if horovodrun.is_file():
+        return line
+    install = [shown(CHECKOUT / "scripts" / "install_horovod.sh")] + ([] if venv == HOROVOD_VENV else [shown(venv)])
+    return f"{shlex.join(install)} && {line}"
 
 
 def launched_by_horovodrun() -> bool:
     return any(k in os.environ for k in HOROVOD_LAUNCH_ENV)
 
 
-def check_horovod_launch(nproc: int) -> None:
+def check_horovod_launch(nproc: int, train_args: Sequence[str] = ()) -> None:
     """Refuse `--strategy horovod` where it would not run as a Horovod job: under cnnpar's own
     launcher (--nproc starts torchrun, whose workers Horovod cannot join) or outside horovodrun
-    (each process would train alone, and several would race for one run folder)."""
+    (each process would train alone, and several would race for one run folder). The refusal gives
+    the horovodrun command, the user's other `cnnpar train` arguments (`train_args`) carried over."""
     from cnnpar.errors import ConfigError
 
-    venv = "(scripts/install_horovod.sh builds horovodrun and its python into .venv-horovod)"
+    built = (HOROVOD_VENV / "bin" / "horovodrun").is_file()
+    venv = "" if built else " (install_horovod.sh builds Horovod into .venv-horovod: 3-6 minutes the first time)"
     if nproc > 0:
         raise ConfigError(
             f"dist.nproc = {nproc} launches torchrun, but dist.strategy = 'horovod' needs horovodrun: run "
-            f"`{horovod_command(nproc)}` instead {venv}"
+            f"`{horovod_command(train_args, nproc)}` instead{venv}"
         )
     if not launched_by_horovodrun():
         raise ConfigError(
             "dist.strategy = 'horovod' but this process was not started by horovodrun (none of "
-            f"{', '.join(HOROVOD_LAUNCH_ENV)} is set), so it would train alone: run `{horovod_command()}` "
+            f"{', '.join(HOROVOD_LAUNCH_ENV)} is set), so it would train alone: run `{horovod_command(train_args)}`"
             f"{venv}, or leave out --strategy horovod"
         )
 

@@ -61,9 +61,25 @@ def apply_ddp(
         device_ids=device_ids,
         gradient_as_bucket_view=True,
         static_graph=static_graph,
-        broadcast_buffers=broadcast_buffers,
+        **ddp_buffer_kwargs(broadcast_buffers),
         **extra,
     )
+
+
+def ddp_buffer_kwargs(broadcast_buffers: bool, ddp_init=DDP.__init__) -> dict:
+    """DDP's keyword for sending rank 0's buffers before every forward, in the spelling this torch takes
+    without a warning: `forward_sync_buffers` where DDP has it (2.14 here; torch's docstring dates it 2.13)
+    and warns that `broadcast_buffers` is deprecated; `broadcast_buffers` where DDP has no other (2.7, 2.8).
+
+    The two differ only at the wrap: `broadcast_buffers=False` leaves the buffers out of DDP's start-up
+    broadcast, `forward_sync_buffers=False` still sends them. In cnnpar that copies equal values: every rank
+    builds its model from the same seed before the wrap (Trainer) and loads a checkpoint after it, and no
+    cnnpar model draws its buffers at random. Per step the two are the same."""
+    import inspect
+
+    if "forward_sync_buffers" in inspect.signature(ddp_init).parameters:
+        return {"forward_sync_buffers": broadcast_buffers}
+    return {"broadcast_buffers": broadcast_buffers}
 
 
 # inductor's N-d tiling of its generated kernels, and each pointwise kernel's config picked by timing: ResNet-50 224

@@ -1,4 +1,6 @@
-"""Horovod as a strategy for cnnpar's engine: `horovodrun -np N python -m cnnpar train --strategy horovod`.
+"""Horovod as a strategy for cnnpar's engine, run as
+`.venv-horovod/bin/horovodrun -np N -H localhost:N .venv-horovod/bin/python -m cnnpar train --strategy horovod`
+(scripts/install_horovod.sh builds that venv).
 
 What Horovod replaces, and where:
 - process set-up: `init_horovod` (hvd.init) instead of torchrun's process group; the DistInfo it

@@ -1,6 +1,9 @@
-"""Item 12.7: one GPU per process, and the NCCL defaults `cnnpar train --nproc N` passes on."""
+"""Item 12.7: one GPU per process, the NCCL defaults `cnnpar train --nproc N` passes on, DDP's switches and
+the horovodrun command, each in the spelling that the torch (or the checkout) in use takes."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -38,22 +41,43 @@ def test_init_distributed_reads_the_local_world_size(two_gpus, monkeypatch):
 
 
 def test_launcher_env_sets_the_nccl_defaults():
-    env = dist.launcher_env({"PATH": "/bin"}, "runs/nccl_trace_rank_")
-    assert env["PATH"] == "/bin"
-    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
-    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert int(env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
-    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "runs/nccl_trace_rank_"
+    env = dist.launcher_env({"PATH": "/bin"}, "runs/nccl_trace_rank_", torch_version="2.14.1+cu130")
+    assert env == {
+        "PATH": "/bin",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        # the names 2.14 reads without "TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated; use TORCH_FR_BUFFER_SIZE"
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": "runs/nccl_trace_rank_",
+    }
 
 
-def test_launcher_env_keeps_what_the_user_set():
+@pytest.mark.parametrize(
+    "version, names",
+    [
+        ("2.5.1+cu124", ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")),
+        ("2.7.1", ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")),  # reads only these
+        ("2.8.0", ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")),  # the first to read the new names
+        ("2.11.0+cu130", ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")),
+        ("2.14.1+cu130", ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE")),  # warns about the old ones
+    ],
+)
+def test_the_flight_recorder_names_are_those_each_torch_reads_without_a_warning(version, names):
+    assert dist.flight_recorder_env(version) == names
+    env = dist.launcher_env({}, "runs/nccl_trace_rank_", torch_version=version)
+    assert env[names[0]] == "2000" and env[names[1]] == "runs/nccl_trace_rank_"
+    assert set(env) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_DUMP_ON_TIMEOUT", *names}  # not both names
+
+
+@pytest.mark.parametrize("version", ["2.7.1", "2.14.1"])
+def test_launcher_env_keeps_what_the_user_set(version):
     user = {
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
         "NCCL_ASYNC_ERROR_HANDLING": "1",  # the old spelling torch still reads
         "TORCH_FR_BUFFER_SIZE": "50",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/fr_",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/fr_",  # under either name: nothing added beside it
     }
-    env = dist.launcher_env(user, "runs/nccl_trace_rank_")
+    env = dist.launcher_env(user, "runs/nccl_trace_rank_", torch_version=version)
     assert env == user
 
 
@@ -72,7 +96,7 @@ def test_train_nproc_hands_torchrun_the_env(monkeypatch, tmp_path):
     assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
     assert "--nproc_per_node=2" in seen["cmd"]
     assert seen["env"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert seen["env"]["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "nccl_trace_rank_")
+    assert seen["env"][dist.flight_recorder_env()[1]] == str(tmp_path / "nccl_trace_rank_")
     assert list(tmp_path.iterdir()) == []  # nothing made beside the run folders until a timeout
 
 
@@ -153,3 +177,120 @@ def test_help_answers_without_importing_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_ddp_takes_the_buffer_switch_under_the_name_each_torch_reads():
+    from cnnpar.parallel.apply import ddp_buffer_kwargs
+
+    def ddp_2_8(self, module, device_ids=None, broadcast_buffers=True, static_graph=False): ...
+
+    def ddp_2_14(self, module, device_ids=None, broadcast_buffers=None, forward_sync_buffers=None): ...
+
+    for flag in (True, False):
+        assert ddp_buffer_kwargs(flag, ddp_2_8) == {"broadcast_buffers": flag}
+        assert ddp_buffer_kwargs(flag, ddp_2_14) == {"forward_sync_buffers": flag}
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_this_torchs_ddp_takes_the_buffer_switch_without_a_warning(broadcast, tmp_path):
+    """apply_ddp's DDP on the installed torch, in a gloo group of one: no FutureWarning ("`broadcast_buffers`
+    is deprecated", torch 2.14), and the switch read back as DDP keeps it."""
+    import warnings
+
+    import torch.distributed as tdist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from cnnpar.parallel.apply import ddp_buffer_kwargs
+
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ddp = DDP(torch.nn.BatchNorm1d(3), **ddp_buffer_kwargs(broadcast))
+        assert not [str(w.message) for w in caught if "broadcast_buffers" in str(w.message)]
+        assert ddp.broadcast_buffers is broadcast
+    finally:
+        tdist.destroy_process_group()
+
+
+def docs_horovod_line(path: str) -> str:
+    """The horovodrun command README.md and docs/frameworks.md give (.venv-horovod/bin/horovodrun ...)."""
+    from tests.conftest import REPO
+
+    (line,) = {
+        m.group(0)
+        for m in re.finditer(r"\.venv-horovod/bin/horovodrun [^`\n]*", (REPO / path).read_text())
+        if "cnnpar train" in m.group(0)
+    }
+    return line
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/frameworks.md"])
+def test_the_horovodrun_command_is_the_docs_with_the_users_arguments(doc, tmp_path, monkeypatch):
+    venv = tmp_path / ".venv-horovod"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "horovodrun").touch()
+    monkeypatch.chdir(tmp_path)  # where the venv lies, as the checkout's root does for the docs
+    assert dist.horovod_command(venv=venv) == docs_horovod_line(doc)
+    got = dist.horovod_command(["--epochs", "1", "--name", "my run"], 4, venv=venv)
+    assert got == (
+        ".venv-horovod/bin/horovodrun -np 4 -H localhost:4 .venv-horovod/bin/python -m cnnpar train "
+        "--epochs 1 --name 'my run' --strategy horovod"
+    )
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # a folder without the venv: the paths in full
+    assert dist.horovod_command(venv=venv).startswith(f"{venv}/bin/horovodrun -np 2 -H localhost:2 {venv}/bin/python")
+
+
+def test_the_horovodrun_command_builds_horovod_first_where_it_is_missing(tmp_path, monkeypatch):
+    monkeypatch.chdir(dist.CHECKOUT)
+    monkeypatch.setattr(dist, "HOROVOD_VENV", tmp_path / "none")
+    install, run = dist.horovod_command().split(" && ")
+    assert install == "scripts/install_horovod.sh"
+    assert run.startswith(f"{tmp_path}/none/bin/horovodrun -np 2")
+
+
+@pytest.mark.parametrize(
+    "argv, nproc, expected",
+    [
+        (["--strategy", "horovod", "--epochs", "1"], 0, ["--epochs", "1"]),
+        (["--epochs", "1", "--strategy=horovod", "--nproc", "2"], 2, ["--epochs", "1"]),
+        (["--nproc=2", "--strategy", "horovod"], 2, []),
+        (["--config", "c.toml", "--strategy", "horovod"], 2, ["--config", "c.toml", "--nproc", "0"]),  # from the file
+    ],
+)
+def test_the_users_train_arguments_reach_the_horovodrun_command(argv, nproc, expected):
+    from cnnpar.cli import horovod_train_args
+
+    assert horovod_train_args(argv, nproc) == expected
+
+
+def test_the_refusal_gives_a_command_that_parses_to_the_same_run_under_horovodrun(capsys, tmp_path, monkeypatch):
+    """What `cnnpar train --strategy horovod ... --nproc 2` prints, pasted: the user's flags, Horovod's
+    strategy and no torchrun launcher (Horovod is not installed here, so that is as far as it can run)."""
+    import shlex
+
+    from cnnpar.cli import build_parser
+    from cnnpar.cliargs import config_from_args
+
+    monkeypatch.delenv("RANK", raising=False)
+    for name in dist.HOROVOD_LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    from cnnpar import cli
+
+    runs = tmp_path / "runs"
+    user = ["--strategy", "horovod", "--epochs", "1", "--max-steps", "2", "--name", "a b", "--out-dir", str(runs)]
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # outside the checkout: the paths in full
+
+    for extra in ([], ["--nproc", "2"]):
+        assert cli.main(["train", *user, *extra]) == 2
+        err = capsys.readouterr().err
+        (pasted,) = re.findall(r"run `([^`]*)`", err)
+        words = shlex.split(pasted.split(" && ")[-1])
+        assert words[:5] == [str(dist.HOROVOD_VENV / "bin" / "horovodrun"), "-np", "2", "-H", "localhost:2"]
+        assert words[5:8] == [str(dist.HOROVOD_VENV / "bin" / "python"), "-m", "cnnpar"]
+        cfg = config_from_args(build_parser().parse_args(words[8:]))
+        assert (cfg.dist.strategy, cfg.dist.nproc, cfg.run.epochs, cfg.run.max_steps) == ("horovod", 0, 1, 2)
+        assert (cfg.run.name, cfg.run.out_dir) == ("a b", str(runs))
+    assert not runs.exists()
