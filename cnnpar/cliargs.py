@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+import os
+import sys
+from dataclasses import fields, replace
 from pathlib import Path
 
 from cnnpar.config import MACHINE_FIELDS, SECTIONS, Config, cli_flag, from_dict, load_toml, to_dict
@@ -42,7 +44,12 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
     parser.add_argument(
         "--preset", choices=sorted(PRESETS) + list(extra_presets), help="start from a named preset (see presets.py)"
     )
-    parser.add_argument("--config", metavar="FILE", help="start from a TOML config (a run's config.toml works)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="start from a TOML config (a run's config.toml works: a new run with its settings; its resume line "
+        "is not used, --resume continues a run)",
+    )
     base = Config()
     for sec_name in SECTIONS:
         group = parser.add_argument_group(sec_name)
@@ -84,10 +91,15 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
         ckpt = find_checkpoint(resume)
         if ckpt is None:
             return None
-    stored = run_dir_of(ckpt) / "config.toml" if ckpt is not None else folder / "config.toml"
+    run_dir = run_dir_of(ckpt) if ckpt is not None else folder
+    stored = run_dir / "config.toml"
     if not stored.is_file():
         return None
     raw = to_dict(load_toml(stored))
+    if not _names_folder(raw["run"], run_dir):
+        # a folder renamed or moved since (or a default-named run, stored as name = ""): the run is the folder
+        # it resumes in, which the record written on this resume must name, not a run that may be another one
+        raw["run"]["out_dir"], raw["run"]["name"] = str(run_dir.resolve().parent), run_dir.resolve().name
     text = stored.read_text()
     requested = read_requested(text)
     defaults = to_dict(Config())
@@ -100,6 +112,37 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
             # else the stored value was the user's own choice (an "auto" is always written as a requested
             # line): `--precision fp32` stays fp32 when the run resumes, not whatever auto picks there
     return from_dict(raw, origin=str(stored))
+
+
+def _names_folder(run: dict, folder: Path) -> bool:
+    """A [run] table whose out_dir/name is `folder` (relative paths from this working folder)."""
+    return bool(run["name"]) and (Path(run["out_dir"]) / run["name"]).resolve() == folder.resolve()
+
+
+def _as_new_run(cfg: Config, file: str, given: dict) -> Config:
+    """A --config file's settings without the identity of the run it may be the record of.
+
+    A run's config.toml holds `resume = "runs/X"` once that run was resumed, and its own name: re-running it
+    must start a new run with those settings, not continue X (and rewrite X's config.toml) or collide with it.
+    So resume comes from the command line only, and a run's own config.toml (in out_dir/name) leaves the name
+    to --name or a new default one. A name in any other file (a hand-written one) stands: a second run under it
+    is refused, naming the fix, as for a typed --name.
+    """
+    run = to_dict(cfg)["run"]
+    own_record = _names_folder(run, Path(file).parent)
+    changes = {}
+    if "run.resume" not in given and run["resume"]:
+        changes["resume"] = ""
+        if not own_record and os.environ.get("RANK", "0") == "0":  # a run's own record resuming itself is no news
+            resumed = run["resume"]
+            print(
+                f'cnnpar: note: {file}: resume = "{resumed}" not used: a --config file gives settings; '
+                f"a run resumes with --resume on the command line",
+                file=sys.stderr,
+            )
+    if "run.resume" not in given and "run.name" not in given and own_record:
+        changes["name"] = ""
+    return replace(cfg, run=replace(cfg.run, **changes)) if changes else cfg
 
 
 def _data_as_requested(cfg: Config, text: str) -> Config:
@@ -121,7 +164,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     given = vars(args)
     resume = given.get("run.resume", "")
     if getattr(args, "config", None):
-        cfg = load_toml(args.config, get_preset(args.preset) if args.preset else None)
+        cfg = _as_new_run(load_toml(args.config, get_preset(args.preset) if args.preset else None), args.config, given)
         from cnnpar.engine.rundir import same_source
 
         source = given.get("data.source")

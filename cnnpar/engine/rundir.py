@@ -104,8 +104,17 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
             raise UserError(
                 f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt or a .pt file)"
             )
-        refuse_other_data(run_dir_of(ckpt), cfg)
-        return str(run_dir_of(ckpt)), str(ckpt)
+        run_dir = run_dir_of(ckpt)
+        name = cfg.run.name
+        if name and name != run_dir.resolve().name:
+            # its config.toml would then record another run's name (a re-run of a resumed run's config.toml did)
+            raise UserError(
+                f"--resume {resume}: continues the run in {run_dir}, not a run named {name} (--name or --config): "
+                f"expected no --name (a resume writes to its own run's folder only), or --name {name} without "
+                f"--resume for a new run"
+            )
+        refuse_other_data(run_dir, cfg)
+        return str(run_dir), str(ckpt)
     if resume == "auto" and not cfg.run.name and not (elastic_restart() or launch_stable_job_id()):
         # the folder would be a new default name: a run that resumes nothing, where one was asked for
         raise UserError(NO_NAME_TO_RESUME)

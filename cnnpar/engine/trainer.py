@@ -189,6 +189,7 @@ class Trainer:
         self.run_dir, resume_from = resolve_run(cfg, info)
         self.history: list[dict] = []
         self.start_epoch = 1
+        self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
         if resume_from is not None:
             self._restore(resume_from)
         self.compile_s = 0.0
@@ -304,6 +305,19 @@ class Trainer:
         self.scheduler.last_epoch = finished * self.steps_per_epoch
         self.scheduler.base_lrs = peaks
         lrs = rebuild_after_resume(self.scheduler, self.optimizer)
+        self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
+        self.start_epoch = finished + 1
+        self.precision.load_state_dict(state["precision"])
+        if self.average is not None and "average" in state:
+            self.average.load_state_dict(state["average"])
+        if finished >= self.cfg.run.epochs:
+            # no epoch to train: fit says so once and leaves the run folder as it is; a schedule "rebuilt" for
+            # fewer epochs than are done, or a resume that trains nothing, would only mislead
+            self.nothing_to_do = (
+                f"nothing to do: {path} holds {finished} epochs and --epochs {self.cfg.run.epochs} asks for no "
+                f"more (--epochs {finished + 1} or more trains on)"
+            )
+            return
         if finished and steps_before != self.scheduler.last_epoch:
             self.log(
                 f"schedule: the checkpoint's run took {steps_before / finished:g} optimizer steps an epoch, this "
@@ -311,11 +325,6 @@ class Trainer:
                 f"starts at step {self.scheduler.last_epoch} of {self.steps_per_epoch * self.cfg.run.epochs}, "
                 f"lr {lrs[0]:.3g} (peak {self.lr:g})"
             )
-        self.precision.load_state_dict(state["precision"])
-        if self.average is not None and "average" in state:
-            self.average.load_state_dict(state["average"])
-        self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
-        self.start_epoch = int(state["epoch"]) + 1
         self.log(f"resumed from {path} after epoch {state['epoch']}")
         if state.get("rng") != RNG_SCHEME:
             self.log(
@@ -326,7 +335,7 @@ class Trainer:
         if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
             self.log(
                 f"schedule: {self.cfg.optim.schedule} rebuilt for {self.cfg.run.epochs} epochs (the run planned "
-                f"{planned}): epoch {int(state['epoch']) + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
+                f"{planned}): epoch {finished + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
             )
 
     def _refuse_changed_fields(self, path: Path, stored: dict) -> None:
@@ -510,6 +519,9 @@ class Trainer:
         return {"val_loss": float(sums[0]) / n, "val_acc": float(sums[1]) / n, "val_count": int(n)}
 
     def fit(self) -> TrainResult:
+        if self.nothing_to_do:
+            return self._finished_already()
+
         def step_now() -> int:  # optimizer steps done: TensorBoard's x axis
             return self.scheduler.last_epoch
 
@@ -585,8 +597,6 @@ class Trainer:
                 "warning: torchrun may restart this job (--max-restarts) but it has no stable name: pass "
                 "--name or --rdzv-id, or a restart starts over in a new folder instead of resuming"
             )
-        if self.start_epoch > cfg.run.epochs:
-            self.log(f"nothing to do: the checkpoint already holds all {cfg.run.epochs} epochs")
         self.warm_up_compile()
         t_start = time.perf_counter()
         for epoch in range(self.start_epoch, cfg.run.epochs + 1):
@@ -607,12 +617,26 @@ class Trainer:
             self.history.append(row)
             self._end_epoch(epoch, row)
         summary = self._summary(time.perf_counter() - t_start)
-        path = self.run_dir / "summary.json"
-        # a finished run's summary stays as it was; one that died before writing it gets it now
-        if info.is_main and (self.start_epoch <= cfg.run.epochs or not path.exists()):
-            write_json_atomic(path, summary)
+        if info.is_main:
+            write_json_atomic(self.run_dir / "summary.json", summary)
         barrier(info)
         return TrainResult(self.run_dir, self.history, summary)
+
+    def _finished_already(self) -> TrainResult:
+        """A resume whose checkpoint holds every epoch --epochs asks for: its config.toml, summary, metrics
+        and TensorBoard files stay as they are, but for the summary of an attempt that died after its last
+        checkpoint, before writing one."""
+        try:
+            with closing_feeders(self.train_loader, self.val_loader):
+                self.log(self.nothing_to_do)
+                summary = self._summary(0.0)
+                path = self.run_dir / "summary.json"
+                if self.info.is_main and not path.exists():
+                    write_json_atomic(path, summary)
+                barrier(self.info)
+                return TrainResult(self.run_dir, self.history, summary)
+        finally:
+            self.stream.exit()  # entered in __init__, as fit's own run exits it
 
     def _check_finite(self, epoch: int, what: str, loss: float) -> None:
         """Stop a run whose weights have diverged, before its checkpoint overwrites the last good one

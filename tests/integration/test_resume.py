@@ -106,3 +106,27 @@ def test_resume_auto_uses_the_runs_stored_config_and_never_mixes_data_sets(cli):
     assert other.returncode == 2
     assert "holds a run on --data synthetic" in other.stderr and "Traceback" not in other.stderr
     assert (run / "config.toml").read_text() == stored
+
+
+def test_a_resumed_runs_config_toml_re_runs_as_a_new_run_and_leaves_that_run_alone(cli):
+    """A resumed run's config.toml holds `resume = "runs/r4"`: `--config` of it re-runs its settings as a new
+    run (r5, or a new default name), not "resumed from runs/r4 ... nothing to do" with r5 written into r4."""
+    runs = cli.cwd / "runs"
+    assert cli("train", *SYNTH, "--epochs", "1", "--name", "r4").returncode == 0
+    again = cli("train", "--resume", "runs/r4", "--epochs", "2", "--no-progress")
+    assert again.returncode == 0, again.stderr
+    record = runs / "r4" / "config.toml"
+    assert 'resume = "runs/r4"' in record.read_text()  # what makes the re-run below a test
+    before = record.read_bytes()
+
+    p = cli("train", "--config", "runs/r4/config.toml", "--name", "r5", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "resumed from" not in p.stdout and "nothing to do" not in p.stdout, p.stdout
+    assert json.loads((runs / "r5" / "summary.json").read_text())["epochs"] == 2  # r4's settings, trained anew
+    assert record.read_bytes() == before
+
+    p = cli("train", "--config", "runs/r4/config.toml", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert "resumed from" not in p.stdout and "runs/r4" not in p.stdout, p.stdout
+    assert len([d for d in runs.iterdir() if d.is_dir()]) == 3  # r4, r5 and one of a new default name
+    assert record.read_bytes() == before

@@ -3,6 +3,7 @@ config.toml says which: a `# requested:` line stands beside every field that was
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from cnnpar.cliargs import stored_run_config
@@ -54,3 +55,60 @@ def test_a_requested_value_the_run_could_not_keep_is_asked_for_again_and_an_old_
     assert read_requested("# requested: run.batch_size = auto\n# requested: x.y = <object>\n") == {
         ("run", "batch_size"): 0
     }
+
+
+def _parsed(*words: str) -> Config:
+    from cnnpar.cli import build_parser
+    from cnnpar.cliargs import config_from_args
+
+    return config_from_args(build_parser().parse_args(["train", *words]))
+
+
+def _record(tmp_path, resume: str) -> str:
+    """The config.toml of run r4 once it was resumed (`resume` is how its last attempt started)."""
+    run = tmp_path / "r4"
+    run.mkdir()
+    (run / "config.toml").write_text(f'[run]\nout_dir = "{tmp_path}"\nname = "r4"\nresume = "{resume}"\nepochs = 3\n')
+    return str(run / "config.toml")
+
+
+def test_a_runs_config_toml_re_run_with_config_is_a_new_run_not_that_run_resumed(tmp_path, capsys):
+    record = _record(tmp_path, str(tmp_path / "r4"))
+    named = _parsed("--config", record, "--name", "r5")
+    assert (named.run.name, named.run.resume, named.run.epochs) == ("r5", "", 3)  # its settings, not its identity
+    unnamed = _parsed("--config", record)
+    assert (unnamed.run.name, unnamed.run.resume) == ("", "")  # a new default name, not r4's folder
+    assert capsys.readouterr().err == ""  # a record's own resume dropped: nothing to say
+    # asked for on the command line, the run's identity stands
+    again = _parsed("--config", record, "--resume", "auto")
+    assert (again.run.name, again.run.resume) == ("r4", "auto")
+
+
+def test_a_resume_in_another_config_file_is_not_used_and_says_so(tmp_path, capsys):
+    _record(tmp_path, "auto")
+    copy = tmp_path / "copy.toml"
+    copy.write_text((tmp_path / "r4" / "config.toml").read_text())
+    cfg = _parsed("--config", str(copy))
+    assert (cfg.run.name, cfg.run.resume) == ("r4", "")  # a name in a file of its own stands (a second run is refused)
+    assert f'{copy}: resume = "auto" not used' in capsys.readouterr().err
+
+
+def test_a_resume_under_another_name_is_refused_and_a_renamed_folder_resumes_as_itself(tmp_path):
+    from cnnpar.engine.rundir import resolve_run
+    from cnnpar.errors import UserError
+
+    cfg = with_overrides(
+        Config(),
+        data={"source": "digits"},
+        speed={"device": "cpu", "precision": "fp32"},
+        run={"epochs": 1, "batch_size": 64, "max_steps": 1, "out_dir": str(tmp_path), "name": "r4",
+             "progress": False, "tensorboard": False},
+    )  # fmt: skip
+    Trainer(cfg, CPU, log=lambda *a, **k: None).fit()
+    record = (tmp_path / "r4" / "config.toml").read_bytes()
+    with pytest.raises(UserError, match="continues the run in .*r4, not a run named r5"):
+        resolve_run(_parsed("--resume", str(tmp_path / "r4"), "--name", "r5"), CPU)
+    assert (tmp_path / "r4" / "config.toml").read_bytes() == record
+    (tmp_path / "r4").rename(tmp_path / "r4b")
+    moved = _parsed("--resume", str(tmp_path / "r4b"))
+    assert moved.run.name == "r4b" and resolve_run(moved, CPU)[0] == tmp_path / "r4b"

@@ -111,6 +111,21 @@ def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
     assert json.loads((tmp_path / "oc" / "summary.json").read_text())["epochs"] == 1
 
 
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_resuming_with_no_more_epochs_than_done_says_so_once_and_leaves_the_run_folder_as_it_was(tmp_path, epochs):
+    Trainer(_cfg(tmp_path, 2), CPU_INFO, log=lambda *a, **k: None).fit()
+    run = tmp_path / "oc"
+    before = {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    lines: list[str] = []
+    Trainer(_cfg(tmp_path, epochs, resume=str(run)), CPU_INFO, log=lambda s, **k: lines.append(s)).fit()
+    assert lines == [
+        f"nothing to do: {run / 'ckpt' / 'last.pt'} holds 2 epochs and --epochs {epochs} asks for no more "
+        "(--epochs 3 or more trains on)"
+    ]  # no "schedule: onecycle rebuilt for 1 epochs ... starts at lr 0", no "resumed from"
+    after = {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    assert after == before  # config.toml keeps epochs = 2 and resume = "", summary.json and the rest unchanged
+
+
 def test_data_with_its_own_validation_split_resumes_with_another_val_fraction(tmp_path):
     """An npz's x_test validates: --val-fraction holds nothing out there, so another value leaks nothing."""
     from tests.datafiles import write_npz
