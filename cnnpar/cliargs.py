@@ -80,7 +80,7 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
     from that, not from the defaults.
     """
     from cnnpar.engine.checkpoint import find_checkpoint, run_dir_of
-    from cnnpar.engine.resolved import REQUESTED, read_requested
+    from cnnpar.engine.resolved import REQUESTED
 
     if resume == "auto":
         if not name:
@@ -101,17 +101,28 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
         # it resumes in, which the record written on this resume must name, not a run that may be another one
         raw["run"]["out_dir"], raw["run"]["name"] = str(run_dir.resolve().parent), run_dir.resolve().name
     text = stored.read_text()
+    if REQUESTED not in text:  # written before the requested lines: choices unknown, so auto
+        defaults = to_dict(Config())
+        for sec, names in MACHINE_FIELDS.items():
+            for name_ in names:
+                raw[sec][name_] = defaults[sec][name_]
+    _machine_fields_as_requested(raw, text)
+    return from_dict(raw, origin=str(stored))
+
+
+def _machine_fields_as_requested(raw: dict, text: str) -> None:
+    """In `raw` (a stored run's config as a dict), the switches the run resolved for its machine go back to
+    what its user asked for ("auto", its `# requested:` lines), to be resolved again on this machine: a CPU
+    run's record re-run, or resumed, on a GPU machine must not train on the CPU. A stored value without a
+    requested line was the user's own choice (an "auto" is always written as one) and stays: `--precision
+    fp32` stays fp32, not whatever auto picks here."""
+    from cnnpar.engine.resolved import read_requested
+
     requested = read_requested(text)
-    defaults = to_dict(Config())
     for sec, names in MACHINE_FIELDS.items():
         for name_ in names:
-            if (sec, name_) in requested:  # what the user asked for, to be resolved again on this machine
+            if (sec, name_) in requested:
                 raw[sec][name_] = requested[(sec, name_)]
-            elif REQUESTED not in text:  # written before the requested lines: choices unknown, so auto
-                raw[sec][name_] = defaults[sec][name_]
-            # else the stored value was the user's own choice (an "auto" is always written as a requested
-            # line): `--precision fp32` stays fp32 when the run resumes, not whatever auto picks there
-    return from_dict(raw, origin=str(stored))
 
 
 def _names_folder(run: dict, folder: Path) -> bool:
@@ -165,6 +176,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     resume = given.get("run.resume", "")
     if getattr(args, "config", None):
         cfg = _as_new_run(load_toml(args.config, get_preset(args.preset) if args.preset else None), args.config, given)
+        raw = to_dict(cfg)
+        _machine_fields_as_requested(raw, Path(args.config).read_text())
+        cfg = from_dict(raw, origin=args.config)
         from cnnpar.engine.rundir import same_source
 
         source = given.get("data.source")

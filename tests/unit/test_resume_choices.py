@@ -112,3 +112,27 @@ def test_a_resume_under_another_name_is_refused_and_a_renamed_folder_resumes_as_
     (tmp_path / "r4").rename(tmp_path / "r4b")
     moved = _parsed("--resume", str(tmp_path / "r4b"))
     assert moved.run.name == "r4b" and resolve_run(moved, CPU)[0] == tmp_path / "r4b"
+
+
+def test_a_runs_config_given_with_config_resolves_its_autos_again_and_keeps_what_its_user_set(tmp_path):
+    """A CPU run's config.toml re-run with --config on a GPU machine must not train on the CPU: the switches
+    the run resolved for its machine ("auto" in its requested lines) come back as "auto"; the ones its user
+    set stay set. A file without requested lines (hand-written, tuned.toml) is taken as written."""
+    cfg = with_overrides(
+        Config(),
+        data={"source": "digits"},
+        model={"name": "cnn3"},
+        speed={"precision": "fp32"},  # chosen; device, layout, compile... stay auto
+        run={"epochs": 1, "batch_size": 64, "max_steps": 2, "out_dir": str(tmp_path), "name": "r",
+             "progress": False, "tensorboard": False},
+    )  # fmt: skip
+    Trainer(cfg, CPU, log=lambda *a, **k: None).fit()
+    record = tmp_path / "r" / "config.toml"
+    assert 'device = "cpu"' in record.read_text()  # the run stored what auto chose on this machine
+    again = _parsed("--config", str(record), "--name", "r2")
+    assert (again.speed.device, again.speed.channels_last, again.speed.compile) == ("auto", "auto", "auto")
+    assert again.speed.precision == "fp32" and again.run.name == "r2"
+    written = tmp_path / "mine.toml"
+    written.write_text('[speed]\ndevice = "cpu"\nchannels_last = "off"\n')
+    mine = _parsed("--config", str(written))
+    assert (mine.speed.device, mine.speed.channels_last) == ("cpu", "off")
