@@ -438,6 +438,32 @@ def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
     return dataclasses.asdict(cfg)
 
 
+def command_line(cfg: Config, change: dict | None = None, command: str = "train") -> str:
+    """`cnnpar train ...` that runs `cfg` with `change` applied: one flag per field that differs from
+    the defaults, so advice printed by a tool can be pasted as it stands."""
+    import shlex
+
+    merged = to_dict(cfg)
+    for sec, values in (change or {}).items():
+        merged[sec].update(values)
+    defaults = to_dict(Config())
+    base = Config()
+    args = ["cnnpar", command]
+    for sec_name in SECTIONS:
+        for f in fields(getattr(base, sec_name)):
+            value = merged[sec_name][f.name]
+            if value == defaults[sec_name][f.name]:
+                continue
+            flag = "--" + cli_flag(f).replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + flag[2:])
+            elif f.metadata.get("auto_zero") and value == 0:
+                args += [flag, "auto"]
+            else:
+                args += [flag, str(value)]
+    return shlex.join(args)
+
+
 def from_dict(raw: dict[str, Any], base: Config | None = None, origin: str = "config") -> Config:
     """Build a Config from nested dicts, naming the unknown key or wrong type precisely."""
     base = base or Config()

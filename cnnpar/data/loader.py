@@ -30,7 +30,7 @@ from cnnpar.data.gpu_decode import GpuDecoder, SlottedEncodedFolder
 from cnnpar.data.hybrid_decode import HybridFolder
 from cnnpar.data.nvjpeg_hw import jpeg_engines
 from cnnpar.data.private_stream import private_stream
-from cnnpar.data.store import prepare_command
+from cnnpar.data.store import prepare_then_train
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
@@ -620,7 +620,7 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
     }
     # ResNet-50 on an H200 (benchmarks/results/2026-11-30-h200/speed_records_jpeg.csv): 6,592 img/s
     # from a prepared store against 4,526 decoding the same photos every epoch (nvJPEG)
-    tip = prepare_command(bundle.origin, bundle.shape[1], cfg.model.name)
+    tip = prepare_then_train(cfg, bundle.shape[1])
     jpegs = f"; JPEGs: {cpu_jpeg_line()}" if decoder == "cpu" or cfg.data.cpu_share > 0 else ""
     return (
         f"decode: {decoder} ({what[decoder]}; {why}){jpegs}\n"

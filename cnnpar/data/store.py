@@ -74,6 +74,21 @@ def prepare_command(source: str, input_size: int = 0, model: str = "", train: li
     return f"{shlex.join(prepare)} && {shlex.join(train)}"
 
 
+def prepare_then_train(cfg, input_size: int) -> str:
+    """`prepare_command` for `cfg`'s photo folder with the user's own run (`cfg`: every flag they gave) from
+    the store it writes: the advice a run from a folder and the doctor print. The run's name and resume are
+    left out: the pasted command is a new run, not one under a name already taken."""
+    import shlex
+
+    from cnnpar.config import command_line
+
+    source = cfg.data.source
+    size = {} if cfg.data.image_size else {"image_size": input_size}
+    change = {"data": {"source": str(default_store_path(source)), "format": "auto", **size}}
+    change["run"] = {"name": "", "resume": ""}
+    return prepare_command(source, input_size, train=shlex.split(command_line(cfg, change)))
+
+
 def partial_path(out: Path) -> Path:
     """Where the writer builds `out` before renaming it; never a store."""
     return out.with_name(out.name + PARTIAL_SUFFIX)

@@ -9,19 +9,17 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import os
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from cnnpar.cliargs import command_line
-from cnnpar.config import LONG_COMPILES, Config
+from cnnpar.config import LONG_COMPILES, Config, command_line
 from cnnpar.data import load_data
 from cnnpar.data.loader import decodes_on_gpu
 from cnnpar.data.sources import detect_format
-from cnnpar.data.store import default_store_path, prepare_command
+from cnnpar.data.store import prepare_then_train
 from cnnpar.dist import init_distributed
 from cnnpar.doctor.advise import (
     MIN_GAIN,
@@ -178,10 +176,7 @@ def long_compiles_note(asked: Config, measured: Config, train_samples: int) -> s
 def advice_command(cfg: Config, f: Facts, r: Recommendation) -> str:
     """The user's own command line with the recommendation applied, ready to paste."""
     if r.key == "pre-decode":
-        store = str(default_store_path(f.data_source))
-        size = {"image_size": f.input_size} if not cfg.data.image_size else {}
-        train = shlex.split(command_line(cfg, {"data": {"source": store, "format": "auto", **size}}))
-        return prepare_command(f.data_source, f.input_size, train=train)
+        return prepare_then_train(cfg, f.input_size)
     return command_line(cfg, r.change) if r.change else r.action
 
 

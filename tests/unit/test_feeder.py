@@ -4,7 +4,7 @@ abandoned iterator stops its thread. On the CPU the thread runs without streams 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -122,12 +122,14 @@ def test_a_run_from_photos_says_which_decoder_and_how_to_decode_once(tmp_path, m
         (tmp_path / "photos" / c).mkdir(parents=True)
         Image.new("RGB", (40, 30), (10, 200, 30)).save(tmp_path / "photos" / c / "a.jpg")
     cfg = Config(data=DataConfig(source=str(tmp_path / "photos"), image_size=32), model=ModelConfig(name="cnn3"))
+    cfg = replace(cfg, run=replace(cfg.run, epochs=7, name="mine"))  # the user's own flags, and a run name
     line = decode_line(cfg, load_data(cfg.data), torch.device("cpu"))
     assert line.startswith("decode: cpu (in worker processes; auto: no CUDA device)")
     assert f"; JPEGs: {cpu_jpeg_line()}\n" in line  # simplejpeg or Pillow, whichever the workers use
     store = tmp_path / "photos.cnnpar"
     assert f"cnnpar prepare {tmp_path / 'photos'} --out {store} --max-side 40" in line
-    assert f"cnnpar train --data {store} --model cnn3 --image-size 32" in line
+    # the user's run from the store: their flags kept, not their run's name (a new run, not one already there)
+    assert line.endswith(f"cnnpar train --data {store} --image-size 32 --epochs 7")  # cnn3: the default model
     digits = Config()
     assert decode_line(digits, load_data(digits.data), torch.device("cpu")) == ""
     # the engines, asked for: no warning any more (the slow exit was torch's worker hook, any decoder)
