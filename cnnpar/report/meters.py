@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
 import resource
@@ -46,10 +47,13 @@ class DataWait:
     and the idle time while the host had not yet queued it). Read them after a sync (`seconds`).
     On the CPU it is host time inside `next`."""
 
+    PENDING = 64  # event pairs held before the finished ones are read and let go (an epoch may be 10^5 steps)
+
     def __init__(self, device: torch.device) -> None:
         self.on_device = device.type == "cuda"
         self.host_s = 0.0
-        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._device_s = 0.0  # from the pairs already read
+        self._events: collections.deque[tuple[torch.cuda.Event, torch.cuda.Event]] = collections.deque()
 
     @contextlib.contextmanager
     def waiting(self, counted: bool = True) -> Iterator[None]:
@@ -64,12 +68,21 @@ class DataWait:
             self.host_s += time.perf_counter() - t0
             if before is not None:
                 self._events.append((before, _timing_event()))
+                if len(self._events) > self.PENDING:
+                    self._read(only_finished=True)
+
+    def _read(self, only_finished: bool) -> None:
+        # query() asks without waiting; elapsed_time needs both events finished
+        while self._events and (not only_finished or self._events[0][1].query()):
+            a, b = self._events.popleft()
+            self._device_s += a.elapsed_time(b) / 1e3
 
     def seconds(self) -> float:
         """The wait so far; on CUDA only after a sync that covers the steps measured."""
         if not self.on_device:
             return self.host_s
-        return sum(a.elapsed_time(b) for a, b in self._events) / 1e3  # note: reads finished events only
+        self._read(only_finished=False)
+        return self._device_s
 
 
 def _timing_event() -> torch.cuda.Event:

@@ -15,8 +15,11 @@ from cnnpar.report.meters import DataWait, EpochClock
 class FakeEvent:
     """A recorded CUDA event on a fake device clock (ms), as elapsed_time reads it."""
 
-    def __init__(self, at_ms: float) -> None:
-        self.at_ms = at_ms
+    def __init__(self, at_ms: float, done: bool = True) -> None:
+        self.at_ms, self.done = at_ms, done
+
+    def query(self) -> bool:
+        return self.done
 
     def elapsed_time(self, later: FakeEvent) -> float:
         return later.at_ms - self.at_ms
@@ -77,3 +80,24 @@ def test_cuda_a_host_ahead_of_the_device_is_no_data_wait_and_an_idle_device_is()
     torch.cuda.synchronize(dev)
     assert ahead.host_s >= 0.05 and ahead.seconds() < 0.005
     assert 0.04 <= idle.seconds() <= 0.2
+
+
+def test_a_long_epoch_holds_a_bounded_number_of_events_reading_the_finished_ones_as_it_goes(monkeypatch):
+    """An epoch of 10^5 steps must not hold 2 x 10^5 CUDA events until its end: finished pairs are read
+    (without waiting) once more than PENDING are held; unfinished ones wait for `seconds` after the sync."""
+    made = []
+
+    def event():
+        made.append(FakeEvent(len(made) * 1.0, done=len(made) < 300))  # the last pairs not finished yet
+        return made[-1]
+
+    monkeypatch.setattr(meters, "_timing_event", event)
+    wait = DataWait(torch.device("cuda"))
+    for _ in range(200):
+        with wait.waiting():
+            pass
+        assert len(wait._events) <= DataWait.PENDING + 1
+    for e in made:
+        e.done = True  # the caller's sync
+    assert wait.seconds() == pytest.approx(200 * 1.0 / 1e3)  # each pair 1 ms apart on the fake clock
+    assert len(wait._events) == 0
