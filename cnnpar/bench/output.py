@@ -99,6 +99,8 @@ TTA_COLUMNS = META_COLUMNS + [
     "loader",
     "optimizer",
     "lr",
+    "status",
+    "error",
 ]
 
 
@@ -366,6 +368,9 @@ def tta_markdown(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if r.get("status", "ok") != "ok":  # a seed whose run raised: no times, the error instead
+            lines.append(f"| {r['seed']} | {100 * float(r['target']):.2f}% | {r['status']}: {r['error']} |||||||")
+            continue
         lines.append(
             f"| {r['seed']} | {100 * float(r['target']):.2f}% | {r['reached']} | {r['epochs']}/{r['max_epochs']} "
             f"| {float(r['wall_s']):.2f} | {float(r['wall_with_compile_s']):.2f} | {float(r['train_s']):.2f} "

@@ -155,11 +155,20 @@ def _tta_exit(rows: list[dict], csv_path: Path) -> int:
     """1, saying so, when no seed reached the target: a run's time that ends short of it is no time to accuracy."""
     if any(r["reached"] for r in rows):
         return 0
-    best = max(r["best_val_acc"] for r in rows)
+    ran = [r for r in rows if r.get("status", "ok") == "ok"]
+    failed = len(rows) - len(ran)
+    if not ran:
+        why = f"every seed's run failed ({len(rows)}; first: {rows[0]['error']})"
+    else:
+        best = max(r["best_val_acc"] for r in ran)
+        why = (
+            f"each of {len(ran)} seed(s) {'that ran ' if failed else ''}stopped after {rows[0]['max_epochs']} "
+            f"epoch(s), the best at "
+            f"{100 * best:.2f}%: more --epochs or a lower --target" + (f"; {failed} failed" if failed else "")
+        )
     print(
-        f"bench: nothing was measured: no run reached the target {100 * rows[0]['target']:.2f}% (each of "
-        f"{len(rows)} seed(s) stopped after {rows[0]['max_epochs']} epoch(s), the best at {100 * best:.2f}%: more "
-        f"--epochs or a lower --target); rows in {csv_path}",
+        f"bench: nothing was measured: no run reached the target {100 * rows[0]['target']:.2f}% ({why}); "
+        f"rows in {csv_path}",
         file=sys.stderr,
     )
     return 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from cnnpar.bench.measure import error_text
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
@@ -97,7 +98,17 @@ def run_tta(
     for r in range(repeats):
         seed = cfg.run.seed + r
         log(f"bench: time to {100 * target:.2f}% accuracy, seed {seed} (at most {cfg.run.epochs} epochs) ...")
-        row = {**meta, **time_to_accuracy(cfg, bundle, info, target, seed)}
+        try:
+            row = {**meta, **time_to_accuracy(cfg, bundle, info, target, seed), "status": "ok"}
+        except UserError:
+            raise  # bad input: the one-line error, as for every command
+        except Exception as e:  # noqa: BLE001 - out of memory, say: a failed row, and the other seeds still run
+            row = {**meta, "seed": seed, "target": target, "reached": False, "max_epochs": cfg.run.epochs}
+            row.update(status="failed", error=error_text(e))
+            log(f"bench: seed {seed}: failed ({row['error']})")
+            rows.append(row)
+            free_device_memory(info.device)
+            continue
         state = "reached" if row["reached"] else "NOT reached"
         log(
             f"bench: seed {seed}: {state} after {row['epochs']} epoch(s): {row['wall_s']:.2f} s "

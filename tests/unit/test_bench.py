@@ -322,3 +322,36 @@ def test_time_to_accuracy_where_one_seed_reached_the_target_exits_zero(tmp_path,
     assert "nothing was measured" not in captured.err
     assert "bench: seed 1: NOT reached after 1 epoch(s)" in captured.out
     assert [r["reached"] for r in _ladder_rows(out / "time_to_accuracy.csv")] == ["True", "False"]
+
+
+def test_time_to_accuracy_goes_on_after_a_seed_that_fails_and_says_when_every_seed_failed(
+    tmp_path, capsys, monkeypatch
+):
+    """A seed whose run raised (out of memory, say) ended the command with a traceback, losing the seeds
+    measured before it: now it is a failed row and the other seeds run."""
+    import cnnpar.bench.tta as tta
+
+    def fake(cfg, bundle, info, target, seed):
+        if seed != 1:
+            raise RuntimeError("CUDA out of memory (injected)")
+        keys = ("wall_s", "wall_with_compile_s", "train_s", "eval_s", "compile_s", "lr")
+        return {"seed": seed, "target": target, "reached": True, "epochs": 1, "max_epochs": 1,
+                "final_val_acc": 0.995, "best_val_acc": 0.995, **dict.fromkeys(keys, 1.0)}  # fmt: skip
+
+    monkeypatch.setattr(tta, "time_to_accuracy", fake)
+    out = tmp_path / "t"
+    assert main([*TTA, "--target", "0.99", "--repeats", "3", "--out", str(out)]) == 0
+    rows = _ladder_rows(out / "time_to_accuracy.csv")
+    assert [(r["seed"], r["status"], r["reached"]) for r in rows] == [
+        ("0", "failed", "False"),
+        ("1", "ok", "True"),
+        ("2", "failed", "False"),
+    ]
+    assert rows[0]["error"] == "RuntimeError: CUDA out of memory (injected)"
+    assert "| 0 | 99.00% | failed: RuntimeError: CUDA out of memory (injected) |" in capsys.readouterr().out
+    out2 = tmp_path / "t2"
+    monkeypatch.setattr(tta, "time_to_accuracy", lambda *a: fake(*a[:4], seed=0))
+    assert main([*TTA, "--target", "0.99", "--repeats", "2", "--out", str(out2)]) == 1
+    assert "no run reached the target 99.00% (every seed's run failed (2; first: RuntimeError: CUDA out of memory" in (
+        capsys.readouterr().err
+    )
