@@ -498,12 +498,17 @@ def engine_stages(files: list[Path], indices: list[list[int]], args, device: tor
     reference = None
     for spec in specs:
         settings = EngineSettings.parse(spec)
+        engines = None
         try:
             engines = HardwareJpegDecoder(device, settings)
             engines_call_ok(engines, batches[0], engine_ids[0], stream)
         except Exception as e:  # noqa: BLE001 - one way the library refuses must not end the others' rows
             print(f"  {settings.label}: not measured: {str(e)[:300]}")
             record.keep("decode", f"hardware[{settings.label}]", "raw", float("nan"), float("nan"), status=str(e)[:300])
+            if engines is not None:
+                engines.close()
+            if not spec:  # the defaults: nothing to compare the other ways' pixels with
+                reference = []
             continue
 
         def call(b: int, engines=engines):
@@ -517,8 +522,10 @@ def engine_stages(files: list[Path], indices: list[list[int]], args, device: tor
             pixels = out[int(starts[j]) : int(starts[j]) + 3 * h * w]
             images.append(pixels.view(h, w, 3).permute(2, 0, 1) if engines.interleaved else pixels.view(3, h, w))
         images = [img.cpu() for img in images]
-        reference = reference or images
-        worst = max(int((a.int() - b.int()).abs().max()) for a, b in zip(reference, images))
+        if reference is None:  # the defaults' own pixels
+            reference = images
+        # "" where the defaults were not measured: no comparison, rather than one against another way
+        worst = max((int((a.int() - b.int()).abs().max()) for a, b in zip(reference, images)), default="")
         del out, images
         calls = 3
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

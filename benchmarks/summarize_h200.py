@@ -420,7 +420,10 @@ def session11_lines() -> list[str]:
         ("call-zzc", "the same, the queue value recorded at CUDA's start (ZZC, session 15)"),
         ("call-zzh", "the same, cnnpar waiting on the engines once per batch (ZZH, session 16)"),
         ("call-zzz", "the same (ZZZ, session 19)"),
-        ("call-zzzd", "the same, data wait measured on the device from here on (ZZZD, session 19)"),
+        (
+            "call-zzzd",
+            "the same (ZZZD, session 19: the only row here whose data wait is the device's; the others host time)",
+        ),
     ):
         out.append(cli_line(RESULTS / call / "default.log", label))
     label = "the same for 20 epochs, the decoders on streams of their own (ZZM, session 17)"

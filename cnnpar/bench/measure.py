@@ -95,7 +95,7 @@ def measure_steps(trainer: Trainer, timing: Timing) -> dict:
             wall = time.perf_counter() - start
             rates.append(images / wall)
             step_ms.append(1000.0 * wall / steps)
-            waits.append(min(1.0, waited.seconds() / wall))
+            waits.append(waited.seconds() / wall)
             cpu_pct.append(100.0 * (_cpu_seconds(proc) - cpu0) / wall)
             rss.append(proc.memory_info().rss / 2**20)
     finally:

@@ -106,6 +106,8 @@ class EngineSettings:
         got = {}
         for part in filter(None, spec.split("+")):
             key, _, value = part.partition("=")
+            if key in got:
+                raise ValueError(f"engine setting {key!r} given twice in {spec!r}: expected each key once")
             if value not in known.get(key, ()):
                 raise ValueError(
                     f"engine setting {part!r}: expected one of "

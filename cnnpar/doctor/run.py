@@ -131,6 +131,8 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
         recos = recommend(facts)
         for r in recos:
             r.command = advice_command(cfg, facts, r)
+            if r.key == "pre-decode":  # the table's "do" shows the same command as the line to paste
+                r.action = r.command
         report = DoctorReport(
             rcfg, environment(info.device, 1), bundle.origin, facts, diagnosis, recos, phases, report_dir=report_dir
         )

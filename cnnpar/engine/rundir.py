@@ -106,7 +106,9 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
             )
         run_dir = run_dir_of(ckpt)
         name = cfg.run.name
-        if name and name != run_dir.resolve().name:
+        # the name given must be this folder's: the same path once resolved (a folder reached through a link
+        # keeps its link's name), as cliargs._names_folder compares them
+        if name and (Path(cfg.run.out_dir) / name).resolve() != run_dir.resolve():
             # its config.toml would then record another run's name (a re-run of a resumed run's config.toml did)
             raise UserError(
                 f"--resume {resume}: continues the run in {run_dir}, not a run named {name} (--name or --config): "

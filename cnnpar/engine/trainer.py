@@ -54,7 +54,7 @@ from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import environment
 from cnnpar.report.files import removed_on_failure, write_csv_atomic, write_json_atomic, write_text_atomic
-from cnnpar.report.meters import EpochClock, peak_memory, sync
+from cnnpar.report.meters import DataWait, EpochClock, peak_memory, sync
 from cnnpar.report.telemetry import monitor_run
 from cnnpar.report.tensorboard import Board, open_board
 
@@ -498,14 +498,13 @@ class Trainer:
             model = self.model  # the compiled module around the same weights
         tta = self.cfg.run.tta_in_effect
         sums = torch.zeros(3, dtype=torch.float64, device=self.info.device)
-        # the evaluation's own data wait (its loader's start included); not a DATA_WAIT range, which a
-        # profile reads as the train step's
-        waited = 0.0
+        # the evaluation's own data wait (its loader's start included), measured as the training's is; not a
+        # DATA_WAIT range, which a profile reads as the train step's
+        waited = DataWait(self.info.device, range_name=None)
         batches = iter(self.val_loader)
         while True:
-            t0 = time.perf_counter()
-            batch = next(batches, None)
-            waited += time.perf_counter() - t0
+            with waited.waiting():
+                batch = next(batches, None)
             if batch is None:
                 break
             x, y = batch
@@ -515,7 +514,7 @@ class Trainer:
             sums[2] += y.shape[0]
         all_reduce_sum(sums, self.info)
         n = float(sums[2])  # note: a CPU-GPU sync point
-        self.eval_wait_s = waited  # a timing, not a metric: kept apart so that equal models evaluate equal
+        self.eval_wait_s = waited.seconds()  # a timing, not a metric: kept apart so that equal models evaluate equal
         return {"val_loss": float(sums[0]) / n, "val_acc": float(sums[1]) / n, "val_count": int(n)}
 
     def fit(self) -> TrainResult:

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 
 import torch
 
+from cnnpar.report.ranges import DATA_WAIT, span
+
 # What a `peak_mem_mb` figure measures, stored beside it as `peak_mem_kind`: on a GPU the tensors'
 # high-water mark; on the CPU the whole process's resident memory (Python, torch's libraries and
 # the data included), which is not comparable with the GPU figure.
@@ -49,8 +51,9 @@ class DataWait:
 
     PENDING = 64  # event pairs held before the finished ones are read and let go (an epoch may be 10^5 steps)
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, range_name: str | None = DATA_WAIT) -> None:
         self.on_device = device.type == "cuda"
+        self.range_name = range_name  # the profiler/NVTX range around each wait; None: none (the evaluation's)
         self.host_s = 0.0
         self._device_s = 0.0  # from the pairs already read
         self._events: collections.deque[tuple[torch.cuda.Event, torch.cuda.Event]] = collections.deque()
@@ -58,11 +61,9 @@ class DataWait:
     @contextlib.contextmanager
     def waiting(self, counted: bool = True) -> Iterator[None]:
         """Wrap the call that gets the next batch; `counted` False: a warm-up step, not measured."""
-        from cnnpar.report.ranges import DATA_WAIT, span
-
         before = _timing_event() if counted and self.on_device else None
         t0 = time.perf_counter()
-        with span(DATA_WAIT):
+        with span(self.range_name) if self.range_name else contextlib.nullcontext():
             yield
         if counted:
             self.host_s += time.perf_counter() - t0
@@ -78,9 +79,12 @@ class DataWait:
             self._device_s += a.elapsed_time(b) / 1e3
 
     def seconds(self) -> float:
-        """The wait so far; on CUDA only after a sync that covers the steps measured."""
+        """The wait so far. On CUDA it waits for the last event first: the callers read it after their own sync,
+        so that wait is none, but a reading before the device got there must not fail."""
         if not self.on_device:
             return self.host_s
+        if self._events:
+            self._events[-1][1].synchronize()  # note: a CPU-GPU sync point (a no-op after the caller's)
         self._read(only_finished=False)
         return self._device_s
 
@@ -109,7 +113,7 @@ class EpochClock:
         return {
             "epoch_s": wall,
             "images_per_s": self.images / wall if wall > 0 else 0.0,
-            "data_wait_share": min(1.0, waited / wall) if wall > 0 else 0.0,
+            "data_wait_share": waited / wall if wall > 0 else 0.0,
         }
 
 

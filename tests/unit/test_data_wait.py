@@ -21,6 +21,9 @@ class FakeEvent:
     def query(self) -> bool:
         return self.done
 
+    def synchronize(self) -> None:
+        self.done = True
+
     def elapsed_time(self, later: FakeEvent) -> float:
         return later.at_ms - self.at_ms
 
@@ -97,7 +100,91 @@ def test_a_long_epoch_holds_a_bounded_number_of_events_reading_the_finished_ones
         with wait.waiting():
             pass
         assert len(wait._events) <= DataWait.PENDING + 1
-    for e in made:
-        e.done = True  # the caller's sync
-    assert wait.seconds() == pytest.approx(200 * 1.0 / 1e3)  # each pair 1 ms apart on the fake clock
+    assert wait.seconds() == pytest.approx(200 * 1.0 / 1e3)  # each pair 1 ms apart; seconds() waits for the last
     assert len(wait._events) == 0
+
+
+class Batches:
+    """A loader whose batches take `slow_s` to arrive for the first `slow_first` calls (all when None)."""
+
+    def __init__(self, slow_s: float, slow_first: int | None = None) -> None:
+        self.slow_s, self.slow_first, self.calls = slow_s, slow_first, 0
+
+    def next_group(self, trainer, batches):
+        self.calls += 1
+        if self.slow_first is None or self.calls <= self.slow_first:
+            time.sleep(self.slow_s)
+        return [(None, torch.zeros(4))]
+
+    def close(self) -> None:
+        pass
+
+
+def fake_trainer():
+    from types import SimpleNamespace
+
+    from cnnpar.dist import DistInfo
+
+    return SimpleNamespace(info=DistInfo(0, 0, 1, torch.device("cpu")), model=torch.nn.Linear(1, 1))
+
+
+def step_taking(seconds: float):
+    def run_step(trainer, group):
+        time.sleep(seconds)
+        return 4
+
+    return run_step
+
+
+def test_the_doctors_end_to_end_counts_no_wait_of_its_warm_up_steps(monkeypatch):
+    from cnnpar.doctor import measure
+
+    loader = Batches(0.05, slow_first=3)  # the warm-up's batches are slow, the timed ones are not
+    monkeypatch.setattr(measure, "training_batches", lambda trainer: loader)
+    monkeypatch.setattr(measure, "next_group", loader.next_group)
+    monkeypatch.setattr(measure, "run_step", step_taking(0.005))
+    phase = measure.measure_end_to_end(fake_trainer(), warmup=3, steps=6, max_s=10)
+    assert phase.batches == 6 and phase.data_wait_s < 0.02, phase
+
+
+def test_the_bench_measures_each_repeats_wait_alone(monkeypatch):
+    """Each repeat's share is its own wait over its own wall time: a loader as slow as the step gives about
+    half in every repeat, not a share that grows with the warm-up and the repeats before it."""
+    from cnnpar.bench import measure
+    from cnnpar.bench.timing import Timing
+
+    loader = Batches(0.01)
+    monkeypatch.setattr(measure, "training_batches", lambda trainer, first_epoch=0: loader)
+    monkeypatch.setattr(measure, "next_group", loader.next_group)
+    monkeypatch.setattr(measure, "run_step", step_taking(0.01))
+    row = measure.measure_steps(fake_trainer(), Timing(warmup=2, steps=5, repeats=3, seconds=0))
+    assert 0.3 < row["data_wait_share"] < 0.7, row["data_wait_share"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_reading_as_it_goes_gives_the_sum_of_every_pair():
+    """More pairs than DataWait.PENDING, with work queued between them: the pairs read on the way (finished
+    ones only, without waiting) and the rest read after the sync add up to every pair's gap read at the end."""
+    dev = torch.device("cuda")
+    torch.cuda.synchronize(dev)
+    wait = DataWait(dev)
+    pairs = []
+    real = meters._timing_event
+
+    def kept():
+        pairs.append(real())
+        return pairs[-1]
+
+    meters._timing_event = kept
+    try:
+        for i in range(3 * DataWait.PENDING):
+            with wait.waiting():
+                if i % 7 == 0:
+                    time.sleep(0.002)  # the device idles while the host is away
+            torch.cuda._sleep(200_000)  # a step's worth of queued work
+    finally:
+        meters._timing_event = real
+    torch.cuda.synchronize(dev)
+    every = sum(a.elapsed_time(b) for a, b in zip(pairs[::2], pairs[1::2])) / 1e3
+    assert wait.seconds() == pytest.approx(every, rel=1e-6)

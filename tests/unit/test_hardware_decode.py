@@ -452,6 +452,8 @@ def test_engine_settings_refuse_what_they_do_not_know_naming_what_is_expected(sp
         ValueError, match=r"expected one of bits=host\|device, out=rgbi\|rgb, pools=0\|1, pipe=1\|0, on=engines\|sms"
     ):
         EngineSettings.parse(spec)
+    with pytest.raises(ValueError, match="'pools' given twice"):  # which would win is not for the reader to guess
+        EngineSettings.parse("pools=0+pools=1")
 
 
 @pytest.mark.gpu

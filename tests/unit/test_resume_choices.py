@@ -3,6 +3,8 @@ config.toml says which: a `# requested:` line stands beside every field that was
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -112,6 +114,27 @@ def test_a_resume_under_another_name_is_refused_and_a_renamed_folder_resumes_as_
     (tmp_path / "r4").rename(tmp_path / "r4b")
     moved = _parsed("--resume", str(tmp_path / "r4b"))
     assert moved.run.name == "r4b" and resolve_run(moved, CPU)[0] == tmp_path / "r4b"
+
+
+def test_a_run_made_through_a_link_to_its_folder_resumes_through_it(tmp_path):
+    """out_dir/name reached through a symbolic link (links/b -> real/exp123): the name is the link's, and the
+    resume must not be refused as "not a run named b" because the folder it resolves to is named otherwise."""
+    from cnnpar.engine.rundir import resolve_run
+
+    (tmp_path / "real" / "exp123").mkdir(parents=True)
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "b").symlink_to(tmp_path / "real" / "exp123")
+    cfg = with_overrides(
+        Config(),
+        data={"source": "digits"},
+        speed={"device": "cpu", "precision": "fp32"},
+        run={"epochs": 1, "batch_size": 64, "max_steps": 1, "out_dir": str(tmp_path / "links"), "name": "b",
+             "progress": False, "tensorboard": False},
+    )  # fmt: skip
+    Trainer(cfg, CPU, log=lambda *a, **k: None).fit()
+    again = _parsed("--resume", str(tmp_path / "links" / "b"), "--epochs", "2")
+    run_dir, ckpt = resolve_run(again, CPU)
+    assert Path(run_dir).resolve() == (tmp_path / "real" / "exp123").resolve() and ckpt is not None
 
 
 def test_a_runs_config_given_with_config_resolves_its_autos_again_and_keeps_what_its_user_set(tmp_path):
