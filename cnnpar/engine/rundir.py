@@ -108,11 +108,13 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
         name = cfg.run.name
         # the name given must be this folder's: the same path once resolved (a folder reached through a link
         # keeps its link's name), as cliargs._names_folder compares them
-        if name and (Path(cfg.run.out_dir) / name).resolve() != run_dir.resolve():
-            # its config.toml would then record another run's name (a re-run of a resumed run's config.toml did)
+        named = Path(cfg.run.out_dir) / name
+        if name and named.resolve() != run_dir.resolve():
+            # its config.toml would then record another run's folder (a re-run of a resumed run's config.toml
+            # did; so would --out-dir elsewhere)
             raise UserError(
-                f"--resume {resume}: continues the run in {run_dir}, not a run named {name} (--name or --config): "
-                f"expected no --name (a resume writes to its own run's folder only), or --name {name} without "
+                f"--resume {resume}: continues the run in {run_dir}, not {named} (--name, --out-dir or --config): "
+                f"expected neither (a resume writes to its own run's folder only), or --name {name} without "
                 f"--resume for a new run"
             )
         refuse_other_data(run_dir, cfg)

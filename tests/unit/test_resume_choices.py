@@ -108,8 +108,11 @@ def test_a_resume_under_another_name_is_refused_and_a_renamed_folder_resumes_as_
     )  # fmt: skip
     Trainer(cfg, CPU, log=lambda *a, **k: None).fit()
     record = (tmp_path / "r4" / "config.toml").read_bytes()
-    with pytest.raises(UserError, match="continues the run in .*r4, not a run named r5"):
+    with pytest.raises(UserError, match="continues the run in .*r4, not .*r5 "):
         resolve_run(_parsed("--resume", str(tmp_path / "r4"), "--name", "r5"), CPU)
+    other = tmp_path / "elsewhere"
+    with pytest.raises(UserError, match=f"continues the run in .*r4, not {other / 'r4'} "):
+        resolve_run(_parsed("--resume", str(tmp_path / "r4"), "--out-dir", str(other)), CPU)
     assert (tmp_path / "r4" / "config.toml").read_bytes() == record
     (tmp_path / "r4").rename(tmp_path / "r4b")
     moved = _parsed("--resume", str(tmp_path / "r4b"))
