@@ -106,23 +106,27 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
         for sec, names in MACHINE_FIELDS.items():
             for name_ in names:
                 raw[sec][name_] = defaults[sec][name_]
-    _machine_fields_as_requested(raw, text)
+    _as_requested(raw, text, _machine_field)
     return from_dict(raw, origin=str(stored))
 
 
-def _machine_fields_as_requested(raw: dict, text: str) -> None:
-    """In `raw` (a stored run's config as a dict), the switches the run resolved for its machine go back to
-    what its user asked for ("auto", its `# requested:` lines), to be resolved again on this machine: a CPU
-    run's record re-run, or resumed, on a GPU machine must not train on the CPU. A stored value without a
-    requested line was the user's own choice (an "auto" is always written as one) and stays: `--precision
-    fp32` stays fp32, not whatever auto picks here."""
+def _machine_field(sec: str, name: str) -> bool:
+    return name in MACHINE_FIELDS.get(sec, ())
+
+
+def _as_requested(raw: dict, text: str, which) -> None:
+    """In `raw` (a stored run's config as a dict), the fields `which(section, name)` picks go back to what the
+    run's user asked for (its `# requested:` lines: "auto", say), to be resolved again here.
+    - The switches resolved for the run's machine (`_machine_field`): a CPU run's record re-run, or resumed,
+      on a GPU machine must not train on the CPU.
+    - With another --data, what the run found in its own data (format, image size, class count, ...).
+    A stored value without a requested line was the user's own choice (a resolved "auto" is always written as
+    one) and stays: `--precision fp32` stays fp32, not whatever auto picks here."""
     from cnnpar.engine.resolved import read_requested
 
-    requested = read_requested(text)
-    for sec, names in MACHINE_FIELDS.items():
-        for name_ in names:
-            if (sec, name_) in requested:
-                raw[sec][name_] = requested[(sec, name_)]
+    for (sec, name), value in read_requested(text).items():
+        if sec in raw and name in raw[sec] and which(sec, name):
+            raw[sec][name] = value
 
 
 def _names_folder(run: dict, folder: Path) -> bool:
@@ -156,34 +160,23 @@ def _as_new_run(cfg: Config, file: str, given: dict) -> Config:
     return replace(cfg, run=replace(cfg.run, **changes)) if changes else cfg
 
 
-def _data_as_requested(cfg: Config, text: str) -> Config:
-    """A run's stored config.toml given with another --data: what that run resolved from its own data (the
-    format, image size, class count, ...) goes back to what its user asked for, to be found again from the
-    new data, instead of being imposed on it."""
-    from cnnpar.engine.resolved import read_requested
-
-    raw = to_dict(cfg)
-    for (sec, name), value in read_requested(text).items():
-        if sec == "data" and name in raw["data"]:
-            raw["data"][name] = value
-    return from_dict(raw, origin="the config file with another --data")
-
-
 def config_from_args(args: argparse.Namespace) -> Config:
     """Preset or file first (or, for `--resume RUN` and `--resume auto --name RUN`, that run's
     stored config), then every flag the user actually typed on top."""
     given = vars(args)
     resume = given.get("run.resume", "")
     if getattr(args, "config", None):
-        cfg = _as_new_run(load_toml(args.config, get_preset(args.preset) if args.preset else None), args.config, given)
-        raw = to_dict(cfg)
-        _machine_fields_as_requested(raw, Path(args.config).read_text())
-        cfg = from_dict(raw, origin=args.config)
         from cnnpar.engine.rundir import same_source
 
+        cfg = _as_new_run(load_toml(args.config, get_preset(args.preset) if args.preset else None), args.config, given)
         source = given.get("data.source")
-        if source is not None and not same_source(source, cfg.data.source):
-            cfg = _data_as_requested(cfg, Path(args.config).read_text())
+        # with another --data, what the run found in its own data is found again from the new data
+        other_data = source is not None and not same_source(source, cfg.data.source)
+        raw = to_dict(cfg)
+        _as_requested(
+            raw, Path(args.config).read_text(), lambda sec, n: _machine_field(sec, n) or (other_data and sec == "data")
+        )
+        cfg = from_dict(raw, origin=args.config)
     else:
         cfg = get_preset(args.preset) if getattr(args, "preset", None) else Config()
         if resume:
