@@ -1007,6 +1007,7 @@ s19g)
   # `cnnpar train` from the 24,000 photos as a user runs it; ~3 min with a cold start
   LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
   TAIL=4 logged gpu_tests 100 python3 -m pytest -q -m gpu tests/unit/test_data_wait.py -p no:cacheprovider
+  TAIL=3 logged data_wait_cost 60 python3 benchmarks/data_wait_cost.py --out "$R/data_wait_cost.csv"
   make_rep 80 .devdata/imagenet_rep80
   user_run .devdata/imagenet_rep80 170
   ;;
