@@ -1,10 +1,10 @@
-"""What measuring the data wait costs the host per step (`cnnpar.report.meters.DataWait`).
+"""What measuring the data wait costs the host per step (`cnnpar.report.meters.DataWait`), and its parts.
 
-On CUDA every counted `next(loader)` creates and records two timing events, and finished pairs are
-read and dropped as they go. This times `--calls` empty waits with the meter against the same loop
-without it, in turn for `--repeats` rounds, and prints microseconds per call, so the cost can be set
-against a step (ResNet-18 at 32 px, batch 512, is ~6 ms on an H200). The device is kept busy by a
-queued sleep kernel so that, as in training, the events are recorded behind queued work.
+On CUDA every counted `next(loader)` records two timing events, and finished pairs are read as they go.
+This times `--calls` empty waits under each variant below, in turn for `--repeats` rounds, and prints
+microseconds per call against the same loop with nothing around it, so the cost can be set against a step
+(ResNet-18 at 32 px, batch 512, is ~6 ms on an H200). The device is kept busy by a queued sleep kernel
+so that, as in training, the events are recorded behind queued work.
 
     python benchmarks/data_wait_cost.py --out benchmarks/results/data_wait_cost_h200.csv
     python benchmarks/data_wait_cost.py --device cpu --calls 2000   # host time only: the CPU meter
@@ -26,20 +26,64 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import DataWait, sync  # noqa: E402
+from cnnpar.report.ranges import DATA_WAIT, span  # noqa: E402
 
 
-def time_calls(device: torch.device, calls: int, meter: DataWait | None) -> float:
-    """Seconds per call of an empty `next` wrapped (or not) in the meter's `waiting`."""
+class UnpooledDataWait(DataWait):
+    """DataWait as it was before its pairs were reused: two new events a call, dropped once read."""
+
+    def _read(self, only_finished: bool) -> None:
+        super()._read(only_finished)
+        self._spare.clear()
+
+
+@contextlib.contextmanager
+def generator_only():
+    yield
+
+
+def new_event_pair():
+    for _ in range(2):
+        torch.cuda.Event(enable_timing=True).record()
+    return contextlib.nullcontext()
+
+
+def variants(device: torch.device) -> dict:
+    """name -> a function returning a fresh context for one call (the meters: one per round)."""
+    out = {
+        "nothing": lambda: contextlib.nullcontext,
+        "generator context": lambda: generator_only,
+        "span (NVTX range)": lambda: lambda: span(DATA_WAIT),
+    }
+    if device.type == "cuda":
+        kept = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+
+        def record_kept():
+            kept[0].record()
+            kept[1].record()
+            return contextlib.nullcontext()
+
+        out["two new events recorded"] = lambda: new_event_pair
+        out["two kept events recorded"] = lambda: record_kept
+    out["DataWait, new events a call"] = lambda: UnpooledDataWait(device).waiting
+    out["DataWait (cnnpar's)"] = lambda: DataWait(device).waiting
+    return out
+
+
+def time_calls(device: torch.device, calls: int, make) -> float:
+    """Seconds per call of an empty `next` wrapped in the context `make()` returns."""
     if device.type == "cuda":
         torch.cuda._sleep(int(calls * 20_000))  # queued device work the events land behind (~ cycles, not timed)
+    context = make()
+    meter = getattr(context, "__self__", None)
     t0 = time.perf_counter()
     for _ in range(calls):
-        with meter.waiting() if meter is not None else contextlib.nullcontext():
+        with context():
             pass
     host = time.perf_counter() - t0
     sync(device)
-    if meter is not None:
-        meter.seconds()  # reads (and drops) what is left, outside the timed loop as in an epoch's end
+    if isinstance(meter, DataWait):
+        meter.seconds()  # reads what is left, outside the timed loop as at an epoch's end
     return host / calls
 
 
@@ -51,24 +95,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="CSV to write (with the environment's columns)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    time_calls(device, 100, DataWait(device))  # warm-up: CUDA context, event pool
-    bare, metered = [], []
-    for _ in range(args.repeats):
-        bare.append(time_calls(device, args.calls, None))
-        metered.append(time_calls(device, args.calls, DataWait(device)))
-        print(f"round: bare {bare[-1] * 1e6:.2f} us, with DataWait {metered[-1] * 1e6:.2f} us a call", flush=True)
-    cost_us = (statistics.median(metered) - statistics.median(bare)) * 1e6
-    print(f"DataWait costs {cost_us:.2f} us of host time per counted call on {device} (median of {args.repeats})")
+    cases = variants(device)
+    for make in cases.values():  # warm-up: CUDA context, allocator, NVTX
+        time_calls(device, 100, make)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for r in range(args.repeats):
+        for name, make in cases.items():
+            times[name].append(time_calls(device, args.calls, make))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {t[-1] * 1e6:.2f}" for n, t in times.items()) + " us a call")
+    base = statistics.median(times["nothing"])
+    rows = []
+    for name, t in times.items():
+        us = statistics.median(t) * 1e6
+        print(f"{name:30s} {us:8.2f} us a call, {us - base * 1e6:8.2f} over nothing (median of {args.repeats})")
+        rows.append({"variant": name, "us_a_call": round(us, 3), "us_over_nothing": round(us - base * 1e6, 3)})
     if args.out is not None:
-        row = {
-            **environment(device),
-            "calls": args.calls,
-            "repeats": args.repeats,
-            "bare_us": round(statistics.median(bare) * 1e6, 3),
-            "with_data_wait_us": round(statistics.median(metered) * 1e6, 3),
-            "cost_us": round(cost_us, 3),
-        }
-        write_csv_atomic(args.out, [row])
+        env = environment(device)
+        write_csv_atomic(args.out, [{**env, "calls": args.calls, "repeats": args.repeats, **r} for r in rows])
         print(f"wrote {args.out}")
     return 0
 

@@ -57,26 +57,36 @@ class DataWait:
         self.host_s = 0.0
         self._device_s = 0.0  # from the pairs already read
         self._events: collections.deque[tuple[torch.cuda.Event, torch.cuda.Event]] = collections.deque()
+        # pairs already read, recorded again rather than two new CUDA events a step (their host cost:
+        # benchmarks/data_wait_cost.py); a pair is reused only once read
+        self._spare: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     @contextlib.contextmanager
     def waiting(self, counted: bool = True) -> Iterator[None]:
         """Wrap the call that gets the next batch; `counted` False: a warm-up step, not measured."""
-        before = _timing_event() if counted and self.on_device else None
+        pair = self._recorded_pair() if counted and self.on_device else None
         t0 = time.perf_counter()
         with span(self.range_name) if self.range_name else contextlib.nullcontext():
             yield
         if counted:
             self.host_s += time.perf_counter() - t0
-            if before is not None:
-                self._events.append((before, _timing_event()))
+            if pair is not None:
+                pair[1].record()
+                self._events.append(pair)
                 if len(self._events) > self.PENDING:
                     self._read(only_finished=True)
+
+    def _recorded_pair(self) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        pair = self._spare.pop() if self._spare else (_new_event(), _new_event())
+        pair[0].record()
+        return pair
 
     def _read(self, only_finished: bool) -> None:
         # query() asks without waiting; elapsed_time needs both events finished
         while self._events and (not only_finished or self._events[0][1].query()):
-            a, b = self._events.popleft()
-            self._device_s += a.elapsed_time(b) / 1e3
+            pair = self._events.popleft()
+            self._device_s += pair[0].elapsed_time(pair[1]) / 1e3
+            self._spare.append(pair)
 
     def seconds(self) -> float:
         """The wait so far. On CUDA it waits for the last event first: the callers read it after their own sync,
@@ -89,10 +99,8 @@ class DataWait:
         return self._device_s
 
 
-def _timing_event() -> torch.cuda.Event:
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
+def _new_event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)
 
 
 class EpochClock:
