@@ -170,12 +170,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
         cfg = _as_new_run(load_toml(args.config, get_preset(args.preset) if args.preset else None), args.config, given)
         source = given.get("data.source")
-        # with another --data, what the run found in its own data is found again from the new data
+        # with another --data, what the run found in its own data is found again from the new data, and an
+        # automatic batch size (searched for that data's image size) is searched again
         other_data = source is not None and not same_source(source, cfg.data.source)
         raw = to_dict(cfg)
-        _as_requested(
-            raw, Path(args.config).read_text(), lambda sec, n: _machine_field(sec, n) or (other_data and sec == "data")
-        )
+
+        def found_again(sec: str, name: str) -> bool:
+            return _machine_field(sec, name) or (other_data and (sec == "data" or (sec, name) == ("run", "batch_size")))
+
+        _as_requested(raw, Path(args.config).read_text(), found_again)
         cfg = from_dict(raw, origin=args.config)
     else:
         cfg = get_preset(args.preset) if getattr(args, "preset", None) else Config()

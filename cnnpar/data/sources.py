@@ -36,10 +36,19 @@ ARRAYS_OWN_VAL = "the data's own test split"
 FOLDER_OWN_VAL = "the folder's own validation split (its val/, valid/, validation/ or test/)"
 
 
+BUILT_IN = ("digits", "synthetic")  # made in memory: they read no file
+
+
 def detect_format(source: str, fmt: str) -> str:
+    if fmt in BUILT_IN and source != fmt:
+        # these formats ignore --data: training them on a named file would silently train on something else
+        raise DataError(
+            f"{source}: --format {fmt} reads no file (it is the built-in {fmt} data): expected --data {fmt}, "
+            f"or --format auto to read {source}"
+        )
     if fmt != "auto":
         return fmt
-    if source in ("digits", "synthetic"):
+    if source in BUILT_IN:
         return source
     p = Path(source)
     if p.is_dir():

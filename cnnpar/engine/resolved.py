@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 
 import torch
 
-from cnnpar.config import LONG_COMPILES, SECTIONS, Config
+from cnnpar.config import LONG_COMPILES, SECTIONS, Config, to_dict
 from cnnpar.data import DataBundle
 from cnnpar.data.loader import DeviceFeeder, ResidentLoader
 from cnnpar.data.sources import detect_format
@@ -98,6 +98,31 @@ def requested_lines(requested: Config, resolved: Config) -> list[str]:
                 shown = "auto" if f.metadata.get("auto_zero") and a == 0 else repr(a)
                 lines.append(f"{REQUESTED}{sec}.{f.name} = {shown}")
     return lines
+
+
+def kept_requested_lines(old_record: str, requested: Config, lines: list[str]) -> list[str]:
+    """The `# requested:` lines of a resumed run's earlier record (`old_record`, its config.toml text) that the
+    new record must keep beside `lines`: a resume takes the data's format, image size and class count and the
+    batch size from that record as resolved (the checkpoint was trained with them), so they reach `requested`
+    as values, and without the earlier lines a later `--config` of this record would not resolve them again
+    (another --data would be read as the first run's format). Kept where the resume did not set another value."""
+    import tomllib
+
+    try:
+        stored = tomllib.loads(old_record)
+    except tomllib.TOMLDecodeError:
+        return []
+    now = to_dict(requested)
+    have = {line.partition(" = ")[0] for line in lines}
+    kept = []
+    for line in old_record.splitlines():
+        key = line.partition(" = ")[0]
+        if not line.startswith(REQUESTED) or key in have:
+            continue
+        sec, _, name = key[len(REQUESTED) :].partition(".")
+        if name in now.get(sec, {}) and stored.get(sec, {}).get(name) == now[sec][name]:
+            kept.append(line)
+    return kept
 
 
 def read_requested(text: str) -> dict[tuple[str, str], object]:

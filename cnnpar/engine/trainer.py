@@ -41,7 +41,7 @@ from cnnpar.engine.optim import (
     scaled_lr,
     set_bias_trains,
 )
-from cnnpar.engine.resolved import data_resolved, long_compiles_resolved, requested_lines
+from cnnpar.engine.resolved import data_resolved, kept_requested_lines, long_compiles_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
 from cnnpar.engine.step import eval_batch
@@ -362,8 +362,12 @@ class Trainer:
             env = environment(self.info.device, self.info.world_size)
             header = "".join(f"# {k} = {v}\n" for k, v in env.items())
             resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
-            header += "".join(line + "\n" for line in requested_lines(self.requested_cfg, resolved))
-            write_text_atomic(self.run_dir / "config.toml", header + dumps_toml(resolved))
+            lines = requested_lines(self.requested_cfg, resolved)
+            record = self.run_dir / "config.toml"
+            if record.is_file():  # a resume: what its first run asked for stays on record
+                lines += kept_requested_lines(record.read_text(), self.requested_cfg, lines)
+            header += "".join(line + "\n" for line in lines)
+            write_text_atomic(record, header + dumps_toml(resolved))
         barrier(self.info)
 
     # ---- the loop ----------------------------------------------------------------------------

@@ -162,3 +162,33 @@ def test_a_runs_config_given_with_config_resolves_its_autos_again_and_keeps_what
     written.write_text('[speed]\ndevice = "cpu"\nchannels_last = "off"\n')
     mine = _parsed("--config", str(written))
     assert (mine.speed.device, mine.speed.channels_last) == ("cpu", "off")
+
+
+def test_a_resumed_runs_record_still_says_what_its_first_run_resolved_so_other_data_is_read_as_asked(tmp_path):
+    """A resume trains with the first run's resolved format, image size and batch size (from its record); its
+    new record must keep their `# requested:` lines, or `--config` of it with another --data would read that
+    data as the first run's format (a digits record then trained on the digits again, silently)."""
+    import numpy as np
+
+    from cnnpar.cli import main
+
+    common = ["--device", "cpu", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path)]
+    assert main(["train", *common, "--epochs", "1", "--name", "r"]) == 0
+    first = read_requested((tmp_path / "r" / "config.toml").read_text())
+    assert main(["train", *common, "--epochs", "2", "--resume", str(tmp_path / "r")]) == 0
+    record = tmp_path / "r" / "config.toml"
+    after = read_requested(record.read_text())
+    assert {("data", "format"), ("data", "image_size"), ("run", "batch_size")} <= set(after)
+    assert after == first
+    arrays = tmp_path / "a.npz"
+    np.savez(arrays, x_train=np.zeros((40, 8, 8, 3), np.uint8), y_train=np.arange(40) % 2)
+    other = _parsed("--config", str(record), "--data", str(arrays))
+    assert (other.data.format, other.data.image_size, other.run.batch_size) == ("auto", 0, 0)
+
+
+def test_a_built_in_format_with_a_file_named_is_refused_not_trained_on_the_built_in_data():
+    from cnnpar.data.sources import DataError, detect_format
+
+    with pytest.raises(DataError, match=r"a\.npz: --format digits reads no file .* expected --data digits"):
+        detect_format("a.npz", "digits")
+    assert detect_format("synthetic", "synthetic") == "synthetic" and detect_format("digits", "auto") == "digits"
