@@ -189,6 +189,10 @@ class Trainer:
         self.run_dir, resume_from = resolve_run(cfg, info)
         self.history: list[dict] = []
         self.start_epoch = 1
+        # TensorBoard's x axis, the optimizer steps the run has taken, is the schedule's clock plus this offset:
+        # a resume on another world size, batch or --grad-accum moves the clock to this run's steps per epoch
+        # (_restore), while the steps already on the board were the earlier attempts' own
+        self.board_offset = 0
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
         if resume_from is not None:
             self._restore(resume_from)
@@ -259,6 +263,10 @@ class Trainer:
         std = torch.tensor(self.bundle.std).view(1, -1, 1, 1)
         return (x - mean) / std
 
+    def board_step(self) -> int:
+        """Optimizer steps taken so far, by this run and the attempts it resumes: TensorBoard's x axis."""
+        return self.scheduler.last_epoch + self.board_offset
+
     # ---- checkpoints -------------------------------------------------------------------------
     def _state(self, epoch: int) -> dict:
         return {
@@ -270,6 +278,7 @@ class Trainer:
             "epoch": epoch,
             "rng": RNG_SCHEME,
             "history": self.history,
+            "board_step": self.board_step(),
             "meta": self.meta,
             "config": to_dict(self.cfg),
         }
@@ -303,6 +312,7 @@ class Trainer:
         # steps per epoch into the rebuilt schedule, not the old run's step count (which would put the lr, and the
         # weight average's clock, at another point of the run than its epochs).
         self.scheduler.last_epoch = finished * self.steps_per_epoch
+        self.board_offset = int(state.get("board_step", steps_before)) - self.scheduler.last_epoch
         self.scheduler.base_lrs = peaks
         lrs = rebuild_after_resume(self.scheduler, self.optimizer)
         self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
@@ -321,9 +331,9 @@ class Trainer:
         if finished and steps_before != self.scheduler.last_epoch:
             self.log(
                 f"schedule: the checkpoint's run took {steps_before / finished:g} optimizer steps an epoch, this "
-                f"one takes {self.steps_per_epoch} (processes, batch or --grad-accum differ): epoch {finished + 1} "
-                f"starts at step {self.scheduler.last_epoch} of {self.steps_per_epoch * self.cfg.run.epochs}, "
-                f"lr {lrs[0]:.3g} (peak {self.lr:g})"
+                f"one takes {self.steps_per_epoch} (processes, batch, --grad-accum or --max-steps differ): "
+                f"epoch {finished + 1} starts at step {self.scheduler.last_epoch} of "
+                f"{self.steps_per_epoch * self.cfg.run.epochs}, lr {lrs[0]:.3g} (peak {self.lr:g})"
             )
         self.log(f"resumed from {path} after epoch {state['epoch']}")
         if state.get("rng") != RNG_SCHEME:
@@ -482,7 +492,7 @@ class Trainer:
             correct += right
             bar.update(len(group))
             if step % max(1, PROGRESS_EVERY // accum) == 0:
-                self.board.note_loss(loss_sum, clock.images, self.scheduler.last_epoch)
+                self.board.note_loss(loss_sum, clock.images, self.board_step())
             if not bar.disable and step % max(1, PROGRESS_EVERY // accum) == 0:
                 bar.set_postfix(loss=f"{loss_sum.item() / clock.images:.4f}")  # note: a CPU-GPU sync point
 
@@ -525,9 +535,6 @@ class Trainer:
         if self.nothing_to_do:
             return self._finished_already()
 
-        def step_now() -> int:  # optimizer steps done: TensorBoard's x axis
-            return self.scheduler.last_epoch
-
         def before_any_epoch(e: BaseException) -> bool:
             return isinstance(e, UserError) and not self.history
 
@@ -540,8 +547,9 @@ class Trainer:
         with made_here:
             self._prepare_run_dir()
             try:
+                board = open_board(self.cfg.run.tensorboard, self.info, self.run_dir, self.board_step, self.log)
                 with (  # both stopped on any exit
-                    open_board(self.cfg.run.tensorboard, self.info, self.run_dir, step_now, self.log) as self.board,
+                    board as self.board,
                     monitor_run(self.cfg.run.monitor, self.info, self.run_dir, self.log, self.board.telemetry),
                     closing_feeders(self.train_loader, self.val_loader),
                 ):
@@ -663,7 +671,7 @@ class Trainer:
     def _end_epoch(self, epoch: int, row: dict) -> None:
         if self.info.is_main:
             write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
-            self.board.end_epoch(row, self.scheduler.last_epoch)  # on disk before the checkpoint it resumes from
+            self.board.end_epoch(row, self.board_step())  # on disk before the checkpoint it resumes from
             t_save = time.perf_counter()
             save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
             # on the epoch's line and summed in the summary (not a metrics.csv column: see METRIC_COLUMNS)

@@ -132,3 +132,27 @@ def test_without_tensorboard_training_works_and_says_how_to_get_it(tmp_path, mon
                  "--no-tensorboard"]) == 0  # fmt: skip
     assert "tensorboard:" not in capsys.readouterr().out
     assert not list((tmp_path / "off").glob("*tfevents*"))
+
+
+def test_a_resume_taking_other_steps_an_epoch_keeps_the_finished_epochs_points_and_goes_on_after_them(
+    tmp_path, monkeypatch, capsys
+):
+    """Resumed with --max-steps 2, the run takes half the optimizer steps an epoch: the schedule's clock moves to
+    this run's steps (2 epochs x 2), but the board's axis is the steps taken, so epochs 1-2 stay at steps 4 and 8
+    (the cut there removes only what the failed epoch 3 wrote) and epoch 3 lands after them, at 8 + 2."""
+    args = [*DIGITS, "--epochs", "3", "--max-steps", "4", "--out-dir", str(tmp_path), "--name", "r"]
+    run = tmp_path / "r"
+    monkeypatch.setenv(fault.RAISE_ENV, "3")
+    fault._plan.cache_clear()
+    with pytest.raises(RuntimeError, match="injected fault"):
+        main(args)
+    monkeypatch.delenv(fault.RAISE_ENV)
+    fault._plan.cache_clear()
+    assert [s for s, _ in read_scalars(run)["train/epoch"]] == [4, 8]
+    capsys.readouterr()
+    assert main([*DIGITS, "--resume", str(run), "--max-steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "this one takes 2" in out and "wrote past step 8 removed" in out
+    scalars = read_scalars(run)
+    assert scalars["train/epoch"] == [(4, 1.0), (8, 2.0), (10, 3.0)]
+    assert [s for s, _ in scalars["val/accuracy"]] == [4, 8, 10]
