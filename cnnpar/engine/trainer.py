@@ -693,15 +693,14 @@ class Trainer:
         rows = self.history
         vals = [r for r in rows if "val_acc" in r]
         best = max(vals, key=lambda r: r["val_acc"]) if vals else None
-        speeds = [r["images_per_s"] for r in rows]
-        # without the run's first epoch and this process's first (warm-ups: compile, cuDNN timing, workers
-        # starting); an earlier resumed attempt's first epoch is not known from the rows, and stays in
-        steady = [r["images_per_s"] for r in rows[1:] if r["epoch"] != self.start_epoch] or speeds
         # The epochs' own rates leave out what happens between them: the evaluation, the checkpoint, and
         # the next epoch's pipeline started meanwhile (DeviceFeeder.prepare), whose head start a short
         # epoch's rate then includes. The whole loop's rate is the figure that holds all of it.
         ran = [r for r in rows if r["epoch"] >= self.start_epoch]  # this process's epochs (wall_s is theirs)
         trained = sum(r["images"] for r in ran)
+        # this process's epochs without its first (a warm-up: compile, cuDNN timing, workers starting), where it
+        # ran more than one: an earlier attempt's epochs may have run on another machine or world size
+        steady = ran[1:] or ran
         return {
             "model": self.cfg.model.name,
             "data": self.bundle.origin,
@@ -710,8 +709,9 @@ class Trainer:
             "val_overlap": self.bundle.val_overlap,  # non-empty: validation files are training files
             "best_epoch": best["epoch"] if best else None,
             "final_val_acc": vals[-1]["val_acc"] if vals else None,
-            "images_per_s": sum(steady) / len(steady) if steady else None,
             # from here to compile_s: this process's epochs (a resumed run's last attempt), not the whole run
+            "images_per_s": sum(r["images_per_s"] for r in steady) / len(steady) if steady else None,
+            "images_per_s_epochs": [steady[0]["epoch"], steady[-1]["epoch"]] if steady else None,
             "attempt_epochs": [ran[0]["epoch"], ran[-1]["epoch"]] if ran else None,
             "train_s": wall_s,
             "images_trained": trained,
