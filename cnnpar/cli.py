@@ -145,7 +145,8 @@ def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
 def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.engine.predict import predict
 
-    out = predict(args.checkpoint, args.data, args.out, args.batch_size, args.image_shape, args.device, args.resize)
+    a = args
+    out = predict(a.checkpoint, a.data, a.out, a.batch_size, a.image_shape, a.device, a.resize, a.tta_level)
     print(f"wrote {out}")
     return 0
 
@@ -343,6 +344,7 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags
+    from cnnpar.config import TTA_LEVELS
 
     p = argparse.ArgumentParser(prog="cnnpar", description="Fast CNN training, measured.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -413,6 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--device", default="cpu", help="device to predict on: cpu, cuda or cuda:N")
     pred.add_argument(
         "--resize", action="store_true", help="resize CSV/npz images to the model's size (else another size is refused)"
+    )
+    pred.add_argument(
+        "--tta-level",
+        default="auto",
+        choices=["auto", *TTA_LEVELS],
+        help="test-time views averaged per image; auto: those the run evaluated with (its --tta-level)",
     )
     pred.set_defaults(func=cmd_predict)
 

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import torch
 
+from cnnpar.config import TTA_LEVELS
 from cnnpar.data.arrays import resize_square
 from cnnpar.data.bundle import ArrayDataset
 from cnnpar.data.sources import detect_format, load_predict_data
 from cnnpar.data.transforms import DeviceTransform
 from cnnpar.engine.averaging import averaged_weights
 from cnnpar.engine.checkpoint import load_checkpoint
+from cnnpar.engine.step import tta_logits
 from cnnpar.errors import ConfigError, DataError, UserError
 from cnnpar.models import build_model
 from cnnpar.report.files import write_csv_atomic
@@ -93,10 +95,14 @@ def predict(
     image_shape: str = "",
     device: str = "cpu",
     resize: bool = False,
+    tta_level: str = "auto",
     log=print,
 ) -> Path:
     """Write predictions; log the accuracy where the data has labels, and warn on stderr about
-    pixels that would make the predictions quietly wrong."""
+    pixels that would make the predictions quietly wrong.
+
+    `tta_level` auto: the test-time views the run evaluated with (its --tta-level / --tta-flip), so the
+    predictions are those of the model its val_acc scored; none, flip or flip+translate to choose."""
     dev = _device(device)
     if batch_size < 1:  # a negative step makes an empty range: a header-only submission, "wrote", exit 0
         raise ConfigError(f"--batch-size {batch_size}: expected a whole number > 0")
@@ -124,11 +130,12 @@ def predict(
     model = build_model(meta["model"], c, meta["num_classes"], h)
     model.load_state_dict(averaged_weights(state) or state["model"])  # the weights the run evaluated
     model.to(dev).eval()
+    views = _views(state, tta_level, log)
     transform = DeviceTransform(meta["mean"], meta["std"], "none", False, dev)
     preds, confs = [], []
     with torch.no_grad():
         for x in _batches(ds, batch_size):
-            logits = model(transform(x.to(dev), train=False))
+            logits = tta_logits(model, transform(x.to(dev), train=False), "flip" in views, "translate" in views)
             # Checked on the outputs, not the weights: a run that diverged can keep finite weights
             # (lr 1e30) whose outputs still overflow, and argmax over NaN says class 0 with no error.
             if not bool(torch.isfinite(logits).all()):
@@ -142,7 +149,10 @@ def predict(
             confs += conf.tolist()
     names = meta["class_names"]
     if label_origin:
-        log(_accuracy_line(ds.y, preds, meta["num_classes"], data, label_origin))
+        line = _accuracy_line(ds.y, preds, meta["num_classes"], data, label_origin)
+        if fmt == "digits" and state.get("config", {}).get("data", {}).get("source") == "digits":
+            line += ": every built-in digit, the run's training images among them, so not a held-out score"
+        log(line)
     if fmt == "csv":
         rows = [{"ImageId": i, "Label": names[p] if names else p} for i, p in zip(ids, preds)]
         write_csv_atomic(target, rows, ["ImageId", "Label"])
@@ -153,6 +163,20 @@ def predict(
         ]
         write_csv_atomic(target, rows, ["id", "label", "class_name", "confidence"])
     return target
+
+
+def _views(state: dict, tta_level: str, log) -> str:
+    """The test-time views to predict with: the run's own where `tta_level` is auto, said when there are any."""
+    if tta_level not in ("auto", *TTA_LEVELS):
+        raise ConfigError(f"--tta-level {tta_level!r}: expected auto, {', '.join(TTA_LEVELS)}")
+    if tta_level != "auto":
+        return tta_level
+    run = state.get("config", {}).get("run", {})
+    views = run.get("tta_level", "none")
+    views = views if views != "none" else ("flip" if run.get("tta_flip") else "none")
+    if views != "none":
+        log(f"test-time augmentation: {views}, as the run evaluated (--tta-level none: the image alone)")
+    return views
 
 
 def _accuracy_line(y: torch.Tensor, preds: list[int], num_classes: int, data: str, origin: str) -> str:

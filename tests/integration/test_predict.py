@@ -166,3 +166,37 @@ def test_predict_digits_runs_and_says_why_it_ignores_impossible_labels(capsys, m
     assert "ignoring scikit-learn's digit labels as labels: values 0..9, but the model knows classes 0..3" in out
     assert main(["predict", "--checkpoint", str(run_dir), "--data", "synthetic"]) == 2
     assert "predict reads a .csv, an .npz, an image folder or 'digits'" in capsys.readouterr().err
+
+
+def test_predict_uses_the_runs_test_time_views_unless_told_and_says_a_digits_score_is_not_held_out(
+    tmp_path, capsys, monkeypatch
+):
+    """A run evaluated with --tta-level flip+translate scored its val_acc on those views: predict's default
+    (auto) predicts with them too and says so, --tta-level none gives the image alone. On the built-in digits
+    the run trained on, the accuracy line says it counts training images."""
+    from cnnpar.engine.step import tta_logits
+
+    monkeypatch.chdir(tmp_path)
+    cfg = Config(
+        data=DataConfig(source="digits"),
+        speed=SpeedConfig(device="cpu", precision="fp32"),
+        run=RunConfig(epochs=1, batch_size=64, max_steps=3, out_dir="runs", name="t", progress=False,
+                      tensorboard=False, tta_level="flip+translate"),
+    )  # fmt: skip
+    run_dir = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None).fit().run_dir
+    seen = []
+    real = tta_logits
+
+    def spy(model, x, flip, translate):
+        seen.append((flip, translate))
+        return real(model, x, flip, translate)
+
+    monkeypatch.setattr("cnnpar.engine.predict.tta_logits", spy)
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", "digits", "--out", "a.csv"]) == 0
+    out = capsys.readouterr().out
+    assert set(seen) == {(True, True)} and "test-time augmentation: flip+translate, as the run evaluated" in out
+    assert "the run's training images among them, so not a held-out score" in out
+    seen.clear()
+    alone = ["predict", "--checkpoint", str(run_dir), "--data", "digits", "--tta-level", "none", "--out", "b.csv"]
+    assert main(alone) == 0
+    assert set(seen) == {(False, False)} and "test-time augmentation" not in capsys.readouterr().out
