@@ -60,12 +60,24 @@ def decode_for_store(path: Path, max_side: int) -> tuple[bytes, int, int]:
                 # JPEG only (a no-op elsewhere): libjpeg decodes at 1/2, 1/4 or 1/8 scale in the DCT,
                 # never below `target`; far cheaper than decoding every pixel to throw most away.
                 im.draft("RGB", target)
-            rgb = im.convert("RGB")  # grey, CMYK, palette and RGBA files all become RGB
+            rgb = _as_rgb(im)
         if rgb.size != target:
             rgb = rgb.resize(target, Image.Resampling.BILINEAR)  # Pillow widens the filter: antialiased
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
         raise decode_error(path, e) from None
     return rgb.tobytes(), rgb.height, rgb.width
+
+
+def _as_rgb(im):
+    """Grey, CMYK, palette and RGBA files as RGB. 16-bit grey (Pillow's "I;16" and "I" modes) keeps its top 8
+    bits, as a folder's decode does (folder.decode_rgb): Pillow's own conversion clips every value above 255,
+    which made such a photo pure white in the store while the folder trained on its pixels."""
+    from PIL import Image
+
+    if im.mode.startswith("I;16") or im.mode == "I":
+        top = (np.asarray(im).astype(np.int64) >> 8).clip(0, 255).astype(np.uint8)
+        return Image.fromarray(top, "L").convert("RGB")
+    return im.convert("RGB")
 
 
 def decode_chunk(paths: list[Path], max_side: int) -> list[tuple[bytes, int, int]]:
