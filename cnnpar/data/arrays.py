@@ -10,6 +10,9 @@ import torch.nn.functional as F
 
 from cnnpar.errors import DataError
 
+FEW_ABOVE_ONE = 1e-3  # float pixels: at most this share above 1, the rest in [0, 1], reads as 0..1 data gone astray
+MAX_CLASSES = 1_000_000  # a label from which the class count (largest label + 1) is beyond any classifier's
+
 
 def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
     """Accept (N,H,W), (N,H,W,C) or (N,C,H,W) with C in {1,3}; uint8, or floats in [0,1] or [0,255]."""
@@ -18,6 +21,15 @@ def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
         # it, and every pixel would silently round to 0 or 1
         at = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
         raise DataError(f"{where}: value {x[at]} at index {at}: expected finite pixel values (no NaN or inf)")
+    if np.issubdtype(x.dtype, np.floating) and x.size:
+        above = int(np.count_nonzero(x > 1.0))
+        if 0 < above <= FEW_ABOVE_ONE * x.size and float(x.min()) >= 0:
+            # read as 0..255, the rest of a 0..1 array would round to 0 or 1: every picture lost, no error
+            at = tuple(int(i) for i in np.argwhere(x > 1.0)[0])
+            raise DataError(
+                f"{where}: {above:,} of {x.size:,} float values above 1 (the first {x[at]:g} at index {at}), the "
+                "rest in [0, 1]: expected every value in [0, 1] (np.clip(x, 0, 1)) or pixels in [0, 255]"
+            )
     if x.ndim == 3:
         x = x[:, None]
     elif x.ndim == 4:
@@ -44,12 +56,11 @@ def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
 def to_labels(y: np.ndarray, n: int, where: str, num_classes: int = 0) -> torch.Tensor:
     if y.ndim != 1 or len(y) != n:
         raise DataError(f"{where}: shape {y.shape}: expected ({n},), one label per image")
-    if not np.issubdtype(y.dtype, np.integer):
-        if np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
-            y = y.astype(np.int64)
-        else:
-            raise DataError(f"{where}: dtype {y.dtype}: expected integer class labels")
-    check_label_range(y, where, num_classes)
+    if not np.issubdtype(y.dtype, np.integer) and not (
+        np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0)
+    ):
+        raise DataError(f"{where}: dtype {y.dtype}: expected integer class labels")
+    check_label_range(y, where, num_classes)  # before the cast: a uint64 past 2**63 would turn negative
     return torch.from_numpy(y.astype(np.int64))
 
 
@@ -60,11 +71,12 @@ def check_label_range(
 
     `position(i)` names the i-th label for the message (an array index, or a CSV line).
     """
-    bad = y < 0 if num_classes <= 0 else (y < 0) | (y >= num_classes)
+    top = num_classes if num_classes > 0 else MAX_CLASSES
+    bad = (y < 0) | (y >= top)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         pos = position(i)
-        want = "a label >= 0" if num_classes <= 0 else f"a label in 0..{num_classes - 1}"
+        want = f"a label in 0..{num_classes - 1}" if num_classes > 0 else f"a class index from 0 to {top - 1:,}"
         raise DataError(f"{where}, {pos}: label {y[i]}: expected {want}")
 
 

@@ -241,7 +241,12 @@ def _split(train, val, fraction: float, seed: int, origin: str, own_val: str, na
         return train, val, own_val
     if fraction > 0 and len(train) > 1:
         kept, held = holdout(len(train), fraction, seed)
-        return train.subset(kept), train.subset(held), holdout_label(fraction)
+        train, val = train.subset(kept), train.subset(held)
+        # a small class can go wholly to validation: one class left would train to a score that means nothing
+        after = f" after the seeded hold-out (--val-fraction {fraction:g}, --seed {seed})"
+        remedy = ": lower --val-fraction or give each class more images"
+        require_two_classes(train.labels, origin + after, names, remedy)
+        return train, val, holdout_label(fraction)
     return train, None, "none: --val-fraction 0"
 
 

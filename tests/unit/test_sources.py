@@ -314,13 +314,48 @@ def test_arrays_whose_training_labels_are_all_one_class_are_refused(tmp_path):
         load_data(DataConfig(source=str(tmp_path / "one.npz"), val_fraction=0.0))
 
 
-def test_the_two_class_rule_reads_the_training_labels_before_the_hold_out(tmp_path):
-    """A hold-out that happens to take every image of a class leaves one class to train on, but the data
-    itself has two: the seed did that, not the data, so the data is not refused for it."""
+def test_a_hold_out_that_leaves_one_class_to_train_on_is_refused_naming_the_hold_out(tmp_path):
+    """A hold-out that happens to take every image of a class leaves one class to train on: that run's score
+    would mean nothing, so it is refused, naming the seed and fraction that did it (another seed trains)."""
     from cnnpar.data.bundle import holdout
 
     x, _ = bar_images(6, side=8)
     np.savez(tmp_path / "six.npz", x_train=x, y_train=np.array([0, 0, 0, 0, 0, 1]))
     seed = next(s for s in range(100) if 5 in holdout(6, 0.2, s)[1].tolist())  # holds out the one label 1
-    bundle = load_data(DataConfig(source=str(tmp_path / "six.npz"), val_fraction=0.2), seed)
-    assert bundle.train.y.tolist() == [0, 0, 0, 0, 0] and bundle.val.y.tolist() == [1]
+    cfg = DataConfig(source=str(tmp_path / "six.npz"), val_fraction=0.2)
+    named = rf"six\.npz.* after the seeded hold-out \(--val-fraction 0\.2, --seed {seed}\): every training label is 0: "
+    with pytest.raises(DataError, match=named + r"expected at least 2 classes .*: lower --val-fraction"):
+        load_data(cfg, seed)
+    other = next(s for s in range(100) if 5 not in holdout(6, 0.2, s)[1].tolist())
+    assert load_data(cfg, other).train.y.tolist().count(1) == 1
+
+
+def test_float_pixels_mostly_in_0_1_with_a_few_above_are_refused_not_rounded_to_two_levels(tmp_path):
+    from cnnpar.data.arrays import to_nchw_uint8
+
+    x = np.random.default_rng(0).random((40, 8, 8)).astype(np.float32)
+    assert to_nchw_uint8(x, "x").float().std() > 50  # 0..1 floats scaled to 0..255
+    x[3, 2, 1] = 1.0001
+    with pytest.raises(
+        DataError,
+        match=r"f\[x_train\]: 1 of 2,560 float values above 1 \(the first 1\.0001 at index "
+        r"\(3, 2, 1\)\), the rest in \[0, 1\]: expected every value in \[0, 1\]",
+    ):
+        to_nchw_uint8(x, "f[x_train]")
+    x[3, 2, 1] = 1.0
+    assert to_nchw_uint8(x * 255, "x").float().std() > 50  # 0..255 floats read as they are
+
+
+def test_a_label_too_large_for_a_class_index_is_named_not_an_out_of_memory(tmp_path):
+    """The class count is the largest label + 1: one stray 2**32-1 made a 4-billion-class run that the kernel
+    killed without a word; a uint64 past 2**63 turned negative in the cast, after the range check."""
+    from cnnpar.data.arrays import to_labels
+
+    for y in (np.array([0, 1, 4294967295], np.uint32), np.array([0, 1, 2**63 + 5], np.uint64), np.array([0, 1, 1e20])):
+        with pytest.raises(DataError, match=r"y_train, index 2: label .*: expected a class index from 0 to 999,999"):
+            to_labels(y, 3, "y_train")
+    x, y = bar_images(4, side=4)
+    y[2] = 2**40
+    path = write_pixel_csv(tmp_path / "big.csv", x, y)
+    with pytest.raises(DataError, match=r"big\.csv, line 4 \(data row 3\): label 1099511627776: expected a class"):
+        read_pixel_csv(path)
