@@ -75,10 +75,12 @@ def class_lines(bundle: DataBundle) -> list[str]:
     empty = bundle.empty_classes
     if empty:
         shown = ", ".join(str(k) for k in empty[:5]) + (", ..." if len(empty) > 5 else "")
-        lines.append(
-            f"warning: {len(empty)} of {bundle.num_classes} classes have no examples: {shown} "
-            "(expected labels 0..K-1 with every class present; pass --num-classes K or relabel)"
-        )
+        if bundle.loader_crops:  # a folder or a store: its classes are its class folders
+            names = ", ".join(bundle.class_names[k] for k in empty[:5]) + (", ..." if len(empty) > 5 else "")
+            remedy = f"empty class folders: {names}; expected images in each class folder: add some or remove it"
+        else:
+            remedy = "expected labels 0..K-1 with every class present; pass --num-classes K or relabel"
+        lines.append(f"warning: {len(empty)} of {bundle.num_classes} classes have no examples: {shown} ({remedy})")
     return lines
 
 

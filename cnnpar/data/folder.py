@@ -21,6 +21,18 @@ from cnnpar.errors import DataError, first_line
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 
 
+def image_files(folder: Path) -> list[Path]:
+    """The images under `folder`, in order, without hidden files or folders: `.thumbs/`, and the `._x.jpg`
+    resource forks macOS leaves on other file systems, which hold no image and stopped a whole run."""
+    return [
+        f
+        for f in sorted(folder.rglob("*"))
+        if f.suffix.lower() in IMAGE_SUFFIXES
+        and not any(part.startswith(".") for part in f.relative_to(folder).parts)
+        and f.is_file()
+    ]
+
+
 def scan_folder(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
     root = Path(root)
     if not root.is_dir():
@@ -30,10 +42,9 @@ def scan_folder(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
         raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png")
     files, labels = [], []
     for label, name in enumerate(classes):
-        for f in sorted((root / name).rglob("*")):
-            if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file():
-                files.append(f)
-                labels.append(label)
+        for f in image_files(root / name):
+            files.append(f)
+            labels.append(label)
     if not files:
         raise DataError(f"{root}: no .jpg, .jpeg or .png files under its class folders")
     return files, labels, classes

@@ -20,7 +20,7 @@ from cnnpar.data.bundle import (
     require_two_classes,
 )
 from cnnpar.data.csv_source import read_pixel_csv
-from cnnpar.data.folder import ImageFolderDataset, scan_splits
+from cnnpar.data.folder import ImageFolderDataset, image_files, scan_splits
 from cnnpar.data.overlap import folder_overlap, store_overlap
 from cnnpar.data.source_size import folder_side, store_side
 from cnnpar.data.store import StoreFile
@@ -175,6 +175,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     train, val = _own_split(ImageFolderDataset(files, labels, size), torch.as_tensor(splits))
     train, val, val_from = _split(train, val, cfg.val_fraction, seed, str(root), FOLDER_OWN_VAL, classes)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
+    _class_count_given(cfg.num_classes, n_classes, f"{root} has {n_classes} class folders")
     overlap = folder_overlap(train.files, val.files if val is not None else [])
     return DataBundle(
         train,
@@ -203,6 +204,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     remake = "; re-run cnnpar prepare on a folder of 2 or more class folders"
     names = store.class_names
     train, val, val_from = _split(train, val, cfg.val_fraction, seed, str(store.path), FOLDER_OWN_VAL, names, remake)
+    _class_count_given(cfg.num_classes, len(names), f"{store.path} holds {len(names)} classes")
     groups = store.header.get("same_file_groups", [])  # stores from before session 13 lack it: nothing known
     overlap = store_overlap(groups, train.ids.tolist(), val.ids.tolist()) if groups and val is not None else ""
     return DataBundle(
@@ -221,6 +223,13 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         val_from=val_from,
         val_overlap=overlap,
     )
+
+
+def _class_count_given(given: int, found: int, what: str) -> None:
+    """A folder's or store's classes are its class folders: another --num-classes cannot apply, and ignoring it
+    would train another model than the one asked for without a word."""
+    if given and given != found:
+        raise DataError(f"--num-classes {given}: {what}, which decide the classes: expected {found} or none")
 
 
 def _own_split(full, splits: torch.Tensor):
@@ -289,7 +298,7 @@ def load_predict_data(source: str, fmt: str = "auto", image_shape: str = "", ima
         return bundle.train, [str(i) for i in range(len(bundle.train))], "scikit-learn's digit labels"
     if fmt == "folder":
         root = Path(source)
-        files = sorted(f for f in root.rglob("*") if f.suffix.lower() in {".jpg", ".jpeg", ".png"})
+        files = image_files(root)
         if not files:
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
         ids = [str(f.relative_to(root)) for f in files]

@@ -359,3 +359,31 @@ def test_a_label_too_large_for_a_class_index_is_named_not_an_out_of_memory(tmp_p
     path = write_pixel_csv(tmp_path / "big.csv", x, y)
     with pytest.raises(DataError, match=r"big\.csv, line 4 \(data row 3\): label 1099511627776: expected a class"):
         read_pixel_csv(path)
+
+
+def test_a_folders_classes_are_its_class_folders_another_num_classes_is_refused_and_empty_ones_named(tmp_path):
+    """--num-classes was silently ignored for a folder, while the empty-class warning told the user to pass it."""
+    write_image_folder(tmp_path / "f", per_class=3, classes=3)
+    (tmp_path / "f" / "dogs").mkdir()
+    with pytest.raises(DataError, match=r"--num-classes 3: .*f has 4 class folders, which decide the classes: "
+                       r"expected 4 or none"):  # fmt: skip
+        load_data(DataConfig(source=str(tmp_path / "f"), image_size=8, num_classes=3), seed=0)
+    bundle = load_data(DataConfig(source=str(tmp_path / "f"), image_size=8, num_classes=4), seed=0)
+    assert class_lines(bundle)[1] == (
+        "warning: 1 of 4 classes have no examples: 3 (empty class folders: dogs; expected images in each class "
+        "folder: add some or remove it)"
+    )
+
+
+def test_hidden_files_and_folders_inside_class_folders_are_not_images(tmp_path):
+    """macOS leaves `._x.jpg` resource forks (no image: the whole run stopped on one) and tools leave `.thumbs/`."""
+    write_image_folder(tmp_path / "f", per_class=2, classes=2)
+    (tmp_path / "f" / "class0" / "._0.jpg").write_bytes(b"\x00\x05\x16\x07 not an image")
+    (tmp_path / "f" / "class1" / ".thumbs").mkdir()
+    (tmp_path / "f" / "class1" / ".thumbs" / "3.png").write_bytes((tmp_path / "f" / "class1" / "3.png").read_bytes())
+    files, labels, _ = scan_folder(tmp_path / "f")
+    assert [f.relative_to(tmp_path / "f").as_posix() for f in files] == [
+        "class0/0.jpg", "class0/1.png", "class1/2.jpg", "class1/3.png"
+    ]  # fmt: skip
+    ds, ids, _ = load_predict_data(str(tmp_path / "f"), image_size=8)
+    assert ids == ["class0/0.jpg", "class0/1.png", "class1/2.jpg", "class1/3.png"]
