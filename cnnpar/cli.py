@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from cnnpar.errors import UserError, user_error_text
+from cnnpar.errors import UserError, stop_on_sigterm, user_error_text
 
 
 def _rank() -> int:
@@ -160,7 +160,7 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     # the budget counts from the process's start (interpreter and imports included): the whole run
     # ends within it plus 10 %
     started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
-    from cnnpar.bench.tune import format_table, stop_on_sigterm, tune
+    from cnnpar.bench.tune import format_table, tune
     from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
@@ -193,6 +193,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.data.store_write import prepare_store
 
     out = args.out or str(default_store_path(args.src))
+    stop_on_sigterm()  # a killed prepare leaves no OUT.partial behind (prepare_store removes it on any exit)
     header = prepare_store(args.src, out, args.max_side, args.workers, progress=not args.no_progress)
     splits = header["splits"]
     print(

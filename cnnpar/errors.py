@@ -34,3 +34,16 @@ def first_line(e: BaseException) -> str:
     """The first line of an exception's message, for a one-line report; its type when it has none."""
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def stop_on_sigterm() -> None:
+    """`timeout`, `kill` and job schedulers send SIGTERM, which ends Python without running `finally` or
+    `except` blocks: raise SystemExit instead, so a command's clean-up runs (tune kills its running child, which
+    lives in its own session and would outlive the parent; prepare removes its half-written store)."""
+    import signal
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    if hasattr(signal, "SIGTERM"):
+        signal.signal(signal.SIGTERM, handler)

@@ -26,7 +26,6 @@ This module imports no torch in the parent: the children measure, the parent pla
 
 from __future__ import annotations
 
-import signal
 import statistics
 import time
 from collections.abc import Callable
@@ -444,14 +443,3 @@ def format_table(trials: list[Trial]) -> str:
         note = f"  ({t.note})" if t.note else ""
         lines.append(f"{t.group:<24} {t.switch:<14} {t.value:<28} {rate:>10} {ratio:>9}  {t.status}{note}")
     return "\n".join(lines)
-
-
-def stop_on_sigterm() -> None:
-    """`timeout` and job schedulers send SIGTERM: raise, so the running child is killed in `run_child`
-    (it lives in its own session and would otherwise outlive the parent) and files stay whole."""
-
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    if hasattr(signal, "SIGTERM"):
-        signal.signal(signal.SIGTERM, handler)

@@ -316,3 +316,25 @@ def test_prepare_then_train_through_the_cli(photos, cli):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["images_per_s"] > 0 and (run / "metrics.csv").is_file() and (run / "ckpt" / "last.pt").is_file()
     assert "x.cnnpar" in p.stdout
+
+
+def test_a_prepare_stopped_with_sigterm_leaves_nothing(tmp_path):
+    """`timeout`, `kill` and schedulers send SIGTERM, which skipped the clean-up a Ctrl-C runs: the half-written
+    OUT.partial stayed behind. cnnpar prepare turns it into an exit that removes it."""
+    write_image_folder(tmp_path / "p", per_class=4, classes=2, side=64)
+    out = tmp_path / "p.cnnpar"
+    script = (
+        "import os, signal, sys\n"
+        "from cnnpar.cli import main\n"
+        "from cnnpar.data import store_write as w\n"
+        "real, seen = w.decode_for_store, []\n"
+        "def stopped(path, side):\n"
+        "    seen.append(path)\n"
+        "    if len(seen) == 5: os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(path, side)\n"
+        "w.decode_for_store = stopped\n"
+        "sys.exit(main(['prepare', sys.argv[1], '--out', sys.argv[2], '--workers', '1', '--no-progress']))\n"
+    )
+    proc = run_cmd([sys.executable, "-c", script, str(tmp_path / "p"), str(out)], tmp_path, timeout=60)
+    assert proc.returncode == 128 + 15, proc.stderr
+    assert not out.exists() and not partial_path(out).exists()
