@@ -47,6 +47,7 @@ def detect_format(source: str, fmt: str) -> str:
             f"or --format auto to read {source}"
         )
     if fmt != "auto":
+        _check_given_format(source, fmt)
         return fmt
     if source in BUILT_IN:
         return source
@@ -65,6 +66,20 @@ def detect_format(source: str, fmt: str) -> str:
         f"{source}: cannot tell its format from the name: "
         "expected a .csv, an .npz, a .cnnpar store or a folder (or give --format)"
     )
+
+
+def _check_given_format(source: str, fmt: str) -> None:
+    """A --format that cannot be what --data is, refused in its terms rather than the reader's (a folder read as
+    a CSV said "file not found"; an npz read as a CSV printed its zip bytes)."""
+    p = Path(source)
+    if fmt == "folder" and p.exists() and not p.is_dir():
+        raise DataError(f"{source}: --format folder but this is a file: expected a folder of class folders")
+    if fmt in ("csv", "npz", "store") and p.is_dir():
+        raise DataError(f"{source}: --format {fmt} but this is a folder: expected a file (or --format folder)")
+    if fmt in ("csv", "store") and p.is_file():
+        with p.open("rb") as f:
+            if f.read(4) == b"PK\x03\x04":  # a zip archive: what numpy writes for .npz
+                raise DataError(f"{source}: --format {fmt} but this is a zip archive (an .npz?): expected --format npz")
 
 
 def _num_classes(y: torch.Tensor, given: int) -> int:

@@ -387,3 +387,15 @@ def test_hidden_files_and_folders_inside_class_folders_are_not_images(tmp_path):
     ]  # fmt: skip
     ds, ids, _ = load_predict_data(str(tmp_path / "f"), image_size=8)
     assert ids == ["class0/0.jpg", "class0/1.png", "class1/2.jpg", "class1/3.png"]
+
+
+def test_a_format_that_cannot_be_what_data_is_is_refused_in_its_own_terms(tmp_path):
+    arrays = write_npz(tmp_path / "d.npz", n_train=8, n_test=None)
+    (tmp_path / "f").mkdir()
+    with pytest.raises(DataError, match=r"d\.npz: --format csv but this is a zip archive .*: expected --format npz"):
+        detect_format(str(arrays), "csv")
+    with pytest.raises(DataError, match=r"f: --format csv but this is a folder: expected a file"):
+        detect_format(str(tmp_path / "f"), "csv")
+    with pytest.raises(DataError, match=r"d\.npz: --format folder but this is a file: expected a folder"):
+        detect_format(str(arrays), "folder")
+    assert detect_format(str(arrays), "npz") == "npz" and detect_format(str(tmp_path / "f"), "folder") == "folder"
