@@ -106,12 +106,21 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
         for sec, names in MACHINE_FIELDS.items():
             for name_ in names:
                 raw[sec][name_] = defaults[sec][name_]
-    _as_requested(raw, text, _machine_field)
+    _as_requested(raw, text, _found_again)
     return from_dict(raw, origin=str(stored))
+
+
+# What the data itself decides, found again from it wherever a run's record is reused: the same data gives the
+# same values, and the run then says where they came from (a stored class count read as --num-classes did not)
+FOUND_IN_DATA = (("data", "format"), ("data", "num_classes"))
 
 
 def _machine_field(sec: str, name: str) -> bool:
     return name in MACHINE_FIELDS.get(sec, ())
+
+
+def _found_again(sec: str, name: str) -> bool:
+    return _machine_field(sec, name) or (sec, name) in FOUND_IN_DATA
 
 
 def _as_requested(raw: dict, text: str, which) -> None:
@@ -176,7 +185,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raw = to_dict(cfg)
 
         def found_again(sec: str, name: str) -> bool:
-            return _machine_field(sec, name) or (other_data and (sec == "data" or (sec, name) == ("run", "batch_size")))
+            return _found_again(sec, name) or (other_data and (sec == "data" or (sec, name) == ("run", "batch_size")))
 
         _as_requested(raw, Path(args.config).read_text(), found_again)
         cfg = from_dict(raw, origin=args.config)

@@ -180,6 +180,8 @@ def test_a_resumed_runs_record_still_says_what_its_first_run_resolved_so_other_d
     after = read_requested(record.read_text())
     assert {("data", "format"), ("data", "image_size"), ("run", "batch_size")} <= set(after)
     assert after == first
+    again = stored_run_config(str(tmp_path / "r"))  # what the data decides is found again; the size as stored
+    assert (again.data.format, again.data.num_classes, again.data.image_size) == ("auto", 0, 16)
     arrays = tmp_path / "a.npz"
     np.savez(arrays, x_train=np.zeros((40, 8, 8, 3), np.uint8), y_train=np.arange(40) % 2)
     other = _parsed("--config", str(record), "--data", str(arrays))
