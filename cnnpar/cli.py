@@ -9,7 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from cnnpar.errors import UserError, stop_on_sigterm, user_error_text
+from cnnpar.errors import Terminated, UserError, stop_on_sigterm, user_error_text
 
 
 def _rank() -> int:
@@ -22,6 +22,26 @@ def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
     without it `--monitor` is refused as an ambiguous `--monitor-interval`."""
     head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "--"]
     return [*head, "cnnpar", "train", *train_args]
+
+
+def _run_launcher(cmd: list[str], env: dict[str, str]) -> int:
+    """torchrun's exit code. A SIGTERM to this process (`timeout`, a scheduler) is handed on to torchrun, which
+    stops its workers with it (each keeps its finished epochs) and exits: killing torchrun instead, as
+    subprocess.call does on an exception, would leave its workers running without it. A Ctrl-C reaches the
+    whole terminal group, torchrun included, so it is only waited for."""
+    import signal
+
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt as e:
+        if isinstance(e, Terminated):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
 
 
 def horovod_train_args(argv: list[str], nproc: int) -> list[str]:
@@ -49,6 +69,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     )
 
     cfg = config_from_args(args)
+    stop_on_sigterm()  # `timeout`, schedulers, torchrun stopping its workers: finished epochs kept, files whole
     if surplus_debug_worker(cfg.dist.debug_single):
         return 0  # the debug switch runs one process: global rank 0 alone
     if cfg.dist.strategy == "horovod":
@@ -67,7 +88,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         out_root = Path(cfg.run.out_dir)
         out_root.mkdir(parents=True, exist_ok=True)
         print("cnnpar: launching", " ".join(cmd), flush=True)
-        return subprocess.call(cmd, env=launcher_env(dict(os.environ), str(out_root / "nccl_trace_rank_")))
+        return _run_launcher(cmd, launcher_env(dict(os.environ), str(out_root / "nccl_trace_rank_")))
     teardown = destroy_distributed
     try:
         if cfg.dist.strategy == "horovod":
@@ -479,9 +500,10 @@ def main(argv: list[str] | None = None) -> int:
         prefix = f"[rank {_rank()}] " if "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1" else ""
         print(f"cnnpar: error: {prefix}{user_error_text(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("cnnpar: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        terminated = isinstance(e, Terminated)
+        print("cnnpar: stopped (SIGTERM)" if terminated else "cnnpar: interrupted", file=sys.stderr)
+        return 128 + 15 if terminated else 130
     except BaseException:
         if "RANK" in os.environ:
             print(f"cnnpar: rank {_rank()} failed:", file=sys.stderr, flush=True)

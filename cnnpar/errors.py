@@ -36,14 +36,19 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is: the clean-up a Ctrl-C runs then runs for it too."""
+
+
 def stop_on_sigterm() -> None:
     """`timeout`, `kill` and job schedulers send SIGTERM, which ends Python without running `finally` or
-    `except` blocks: raise SystemExit instead, so a command's clean-up runs (tune kills its running child, which
-    lives in its own session and would outlive the parent; prepare removes its half-written store)."""
+    `except` blocks: raise `Terminated` instead, so a command's clean-up runs as for Ctrl-C (train keeps its
+    finished epochs and removes a half-written checkpoint; tune kills its running child, which lives in its own
+    session and would outlive the parent; prepare removes its half-written store). The CLI exits 143 for it."""
     import signal
 
     def handler(signum, frame):
-        raise SystemExit(128 + signum)
+        raise Terminated
 
     if hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, handler)

@@ -36,12 +36,52 @@ def run_dir_of(ckpt: Path) -> Path:
     return ckpt.parent.parent if ckpt.parent.name == "ckpt" else ckpt.parent
 
 
+TRAINING_STATE = ("model", "optimizer", "scheduler", "precision", "epoch", "history")  # what a resume reads
+
+
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     path = Path(path)
     found = find_checkpoint(path)
     if found is None:
         raise UserError(f"{path}: no checkpoint found (expected a .pt file or a run folder with ckpt/{LAST})")
+    _check_records(found)
     try:
         return torch.load(found, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises several types for truncated or foreign files
+        if "weights_only" in str(e) or "Weights only load failed" in str(e):
+            # torch's own advice here is to load it with weights_only=False: code from the file would then run
+            raise UserError(
+                f"{found}: holds objects other than tensors, numbers, strings, lists and dicts, which cnnpar never "
+                f"unpickles: not a cnnpar checkpoint (expected one written by cnnpar train)"
+            ) from None
         raise UserError(f"{found}: not a readable cnnpar checkpoint ({first_line(e)})") from None
+
+
+def _check_records(path: Path) -> None:
+    """torch.save writes a zip whose records carry CRC-32 checksums that torch.load does not check: a flipped
+    byte in a tensor loaded silently (one optimizer moment changed, training went on). Reading the records once
+    to check them costs about a second per GB, once per resume or predict."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError):
+        return  # not a zip (a truncated file, a legacy pickle): torch.load says what it is
+    if bad is not None:
+        raise UserError(
+            f"{path}: damaged: its record {bad} fails its checksum (a disk or copy error): expected an intact "
+            "checkpoint (an earlier copy of it, or train again)"
+        )
+
+
+def require_training_state(state, path: Path) -> dict:
+    """A checkpoint a resume can continue from: what cnnpar train saves. A plain state_dict or another tool's
+    file would otherwise fail with a KeyError traceback."""
+    missing = [k for k in TRAINING_STATE if k not in state] if isinstance(state, dict) else list(TRAINING_STATE)
+    if missing or not isinstance(state.get("epoch"), int):
+        what = f"no {', '.join(repr(k) for k in missing)}" if missing else f"epoch {state.get('epoch')!r}"
+        raise UserError(
+            f"{path}: not a cnnpar training checkpoint ({what}): expected the ckpt/{LAST} of a run of cnnpar train"
+        )
+    return state

@@ -104,7 +104,16 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
             raise UserError(
                 f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt or a .pt file)"
             )
+        if ckpt.is_symlink():  # a link to a run's checkpoint continues that run, in that run's folder
+            ckpt = ckpt.resolve()
         run_dir = run_dir_of(ckpt)
+        if ckpt.parent.name != "ckpt" or not (run_dir / "config.toml").is_file():
+            # a loose .pt: its folder would become the run folder (config.toml, metrics.csv, ckpt/ written over
+            # whatever is there), with the default data, as nothing records the run's own
+            raise UserError(
+                f"--resume {resume}: {ckpt} is not in a run folder (RUN/ckpt/{ckpt.name} beside RUN/config.toml): "
+                "a resume continues a run in its own folder; expected that run folder or its checkpoint"
+            )
         name = cfg.run.name
         # the name given must be this folder's: the same path once resolved (a folder reached through a link
         # keeps its link's name), as cliargs._names_folder compares them

@@ -10,6 +10,7 @@ to the places that read numbers: the progress display, the end of an epoch and e
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sys
 import time
@@ -29,7 +30,7 @@ from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.batch_size import REFERENCE_BATCH, lr_factor, lr_rule, search_on_device
-from cnnpar.engine.checkpoint import LAST, load_checkpoint, save_checkpoint
+from cnnpar.engine.checkpoint import LAST, load_checkpoint, require_training_state, save_checkpoint
 from cnnpar.engine.fault import maybe_inject_fault
 from cnnpar.engine.optim import (
     apply_frozen_whitening,
@@ -43,7 +44,7 @@ from cnnpar.engine.optim import (
 )
 from cnnpar.engine.resolved import data_resolved, kept_requested_lines, long_compiles_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
-from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run
+from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run, same_source
 from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import TrainStep, graphs_blocked_by
 from cnnpar.errors import UserError
@@ -53,7 +54,7 @@ from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import environment
-from cnnpar.report.files import removed_on_failure, write_csv_atomic, write_json_atomic, write_text_atomic
+from cnnpar.report.files import read_csv, removed_on_failure, write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import DataWait, EpochClock, peak_memory, sync
 from cnnpar.report.telemetry import monitor_run
 from cnnpar.report.tensorboard import Board, open_board
@@ -193,6 +194,7 @@ class Trainer:
         # a resume on another world size, batch or --grad-accum moves the clock to this run's steps per epoch
         # (_restore), while the steps already on the board were the earlier attempts' own
         self.board_offset = 0
+        self.saved_epoch = 0  # the epoch ckpt/last.pt holds (rank 0's)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
         if resume_from is not None:
             self._restore(resume_from)
@@ -284,7 +286,7 @@ class Trainer:
         }
 
     def _restore(self, path: Path) -> None:
-        state = load_checkpoint(path, map_location=self.info.device)
+        state = require_training_state(load_checkpoint(path, map_location=self.info.device), path)
         try:
             self.raw_model.load_state_dict(state["model"])
         except RuntimeError:  # torch lists every mismatching tensor: the user needs what differs in the data
@@ -305,7 +307,7 @@ class Trainer:
             group.update(settings)  # this run's --weight-decay, --momentum, ... stand; the lr is set below
         peaks = list(self.scheduler.base_lrs)  # this run's peak lrs (--lr-scaling by this run's processes)
         self.scheduler.load_state_dict(state["scheduler"])
-        finished = int(state["epoch"])
+        finished = self.saved_epoch = int(state["epoch"])
         steps_before = self.scheduler.last_epoch
         # The schedule's clock is the optimizer steps done. Another world size, batch or --grad-accum than the
         # checkpoint's run changes the steps an epoch takes: the finished epochs are then finished * this run's
@@ -353,6 +355,12 @@ class Trainer:
         out other images, so validation would score images the finished epochs trained on; another --optimizer
         cannot take the checkpoint's optimizer state. Refused before anything in the run folder changes."""
         now = to_dict(self.cfg)
+        was_data = stored.get("data", {}).get("source")
+        if was_data is not None and not same_source(was_data, self.cfg.data.source):
+            raise UserError(
+                f"{path}: the run trained on --data {was_data}, this resume asks for {self.cfg.data.source}: a "
+                f"checkpoint continues on its own data: expected --data {was_data}, or a new run"
+            )
         # data with its own validation split (an npz's x_test, a folder's val/) holds nothing out: no leak to refuse
         holds_out = self.bundle.val_from == holdout_label(self.cfg.data.val_fraction)
         for section, name, why in RESUME_FIXED:
@@ -369,6 +377,8 @@ class Trainer:
     def _prepare_run_dir(self) -> None:
         if self.info.is_main:
             (self.run_dir / "ckpt").mkdir(parents=True, exist_ok=True)
+            for orphan in (self.run_dir / "ckpt").glob(f".{LAST}.*.tmp"):  # a save that a SIGKILL cut short
+                orphan.unlink(missing_ok=True)
             env = environment(self.info.device, self.info.world_size)
             header = "".join(f"# {k} = {v}\n" for k, v in env.items())
             resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
@@ -554,8 +564,19 @@ class Trainer:
                     closing_feeders(self.train_loader, self.val_loader),
                 ):
                     return self._train_all_epochs()
+            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (errors.Terminated): what is kept, and how to go on
+                self.log(self._stopped_line())
+                raise
             finally:
                 self.stream.exit()  # the caller's stream again, after the training's work
+
+    def _stopped_line(self) -> str:
+        if not self.saved_epoch:
+            return f"stopped before an epoch was saved: nothing to resume in {self.run_dir}"
+        return (
+            f"stopped: the checkpoint in {self.run_dir} holds epochs 1-{self.saved_epoch}; continue with: "
+            f"cnnpar train --resume {self.run_dir}"
+        )
 
     def _train_all_epochs(self) -> TrainResult:
         cfg, info = self.cfg, self.info
@@ -635,19 +656,38 @@ class Trainer:
 
     def _finished_already(self) -> TrainResult:
         """A resume whose checkpoint holds every epoch --epochs asks for: its config.toml, summary, metrics
-        and TensorBoard files stay as they are, but for the summary of an attempt that died after its last
-        checkpoint, before writing one."""
+        and TensorBoard files stay as they are, but for a summary.json or metrics.csv that does not hold the
+        checkpoint's epochs (an attempt stopped after its last checkpoint, before writing them, or while
+        saving an epoch the checkpoint does not hold): those are written again from the checkpoint."""
         try:
             with closing_feeders(self.train_loader, self.val_loader):
                 self.log(self.nothing_to_do)
                 summary = self._summary(0.0)
-                path = self.run_dir / "summary.json"
-                if self.info.is_main and not path.exists():
-                    write_json_atomic(path, summary)
+                if self.info.is_main:
+                    self._rewrite_stale_records(summary)
                 barrier(self.info)
                 return TrainResult(self.run_dir, self.history, summary)
         finally:
             self.stream.exit()  # entered in __init__, as fit's own run exits it
+
+    def _rewrite_stale_records(self, summary: dict) -> None:
+        path, metrics = self.run_dir / "summary.json", self.run_dir / "metrics.csv"
+        try:
+            summary_epochs = json.loads(path.read_text()).get("epochs")
+        except (OSError, ValueError):
+            summary_epochs = None  # missing or half-written: written again
+        stale = []
+        if summary_epochs != len(self.history):
+            write_json_atomic(path, summary)
+            stale.append("summary.json")
+        if not metrics.is_file() or len(read_csv(metrics)) != len(self.history):
+            write_csv_atomic(metrics, self.history, METRIC_COLUMNS)
+            stale.append("metrics.csv")
+        if stale and summary_epochs is not None:
+            self.log(
+                f"{' and '.join(stale)} written again from the checkpoint's {len(self.history)} epochs (an attempt "
+                "stopped before they matched it)"
+            )
 
     def _check_finite(self, epoch: int, what: str, loss: float) -> None:
         """Stop a run whose weights have diverged, before its checkpoint overwrites the last good one
@@ -674,6 +714,7 @@ class Trainer:
             self.board.end_epoch(row, self.board_step())  # on disk before the checkpoint it resumes from
             t_save = time.perf_counter()
             save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
+            self.saved_epoch = epoch
             # on the epoch's line and summed in the summary (not a metrics.csv column: see METRIC_COLUMNS)
             row["checkpoint_s"] = time.perf_counter() - t_save
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""

@@ -38,11 +38,27 @@ def test_a_named_run_with_a_checkpoint_is_not_overwritten(tmp_path):
 
 def test_resume_names_the_run_folder_whichever_path_is_given(tmp_path):
     (tmp_path / "r" / "ckpt").mkdir(parents=True)
+    (tmp_path / "r" / "config.toml").write_text("[run]\n")
     ckpt = tmp_path / "r" / "ckpt" / "last.pt"
     ckpt.write_bytes(b"x")
-    for given in (tmp_path / "r", tmp_path / "r" / "ckpt", ckpt):  # run folder, its ckpt folder, the file
+    (tmp_path / "link.pt").symlink_to(ckpt)  # a link to a run's checkpoint continues that run, in its folder
+    for given in (tmp_path / "r", tmp_path / "r" / "ckpt", ckpt, tmp_path / "link.pt"):
         run_dir, found = resolve_run(Config(run=RunConfig(resume=str(given))), CPU_INFO)
         assert (run_dir, found) == (tmp_path / "r", ckpt), given
+
+
+def test_a_loose_checkpoint_is_refused_its_folder_never_becomes_a_run_folder(tmp_path):
+    """`--resume model.pt` made model.pt's folder the run folder: the user's own metrics.csv there was written
+    over, and with no config.toml to say otherwise the run went on with the default data."""
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "model.pt").write_bytes(b"x")
+    (tmp_path / "proj" / "metrics.csv").write_text("mine\n")
+    (tmp_path / "r" / "ckpt").mkdir(parents=True)  # a ckpt/ folder without the run's config.toml beside it
+    (tmp_path / "r" / "ckpt" / "last.pt").write_bytes(b"x")
+    for given in (tmp_path / "proj" / "model.pt", tmp_path / "r"):
+        with pytest.raises(UserError, match=r"is not in a run folder \(RUN/ckpt/.* beside RUN/config\.toml\)"):
+            resolve_run(Config(run=RunConfig(resume=str(given))), CPU_INFO)
+    assert sorted(p.name for p in (tmp_path / "proj").iterdir()) == ["metrics.csv", "model.pt"]
 
 
 class BreaksAfter(Dataset):

@@ -1,0 +1,117 @@
+"""What a stopped or damaged run leaves, and what a resume makes of it: SIGTERM (as `timeout` and schedulers send
+it) keeps the finished epochs and says how to go on; a checkpoint that is not cnnpar's, damaged, or unsafe to
+unpickle is refused in one line; what a killed save leaves behind is cleared; records that do not match the
+checkpoint are written again from it."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+from cnnpar.cli import main
+from cnnpar.report.files import read_csv
+from tests.conftest import cli_env
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = ["train", "--device", "cpu", "--max-steps", "2", "--no-progress", "--no-tensorboard"]
+
+# stops the run with SIGTERM half-way through epoch 2, as `timeout` would
+STOPPED_IN_EPOCH_2 = """
+import os, signal, sys
+from cnnpar import cli
+from cnnpar.engine import trainer
+def stop(epoch, step, steps, info):
+    if epoch == 2 and step == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+trainer.maybe_inject_fault = stop
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_keeps_the_finished_epochs_says_how_to_go_on_and_the_resume_finishes(tmp_path):
+    args = [*SMALL, "--epochs", "3", "--name", "t"]
+    proc = subprocess.run(
+        [sys.executable, "-c", STOPPED_IN_EPOCH_2, *args], cwd=tmp_path, env=cli_env(), capture_output=True, text=True
+    )
+    run = tmp_path / "runs" / "t"
+    assert proc.returncode == 143, proc.stderr
+    assert f"stopped: the checkpoint in {run.relative_to(tmp_path)} holds epochs 1-1; continue with: cnnpar train " in (
+        proc.stdout
+    )
+    assert "cnnpar: stopped (SIGTERM)" in proc.stderr
+    assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1"]
+    assert not list((run / "ckpt").glob(".*.tmp"))
+    again = subprocess.run(
+        [sys.executable, "-m", "cnnpar", *SMALL, "--resume", "runs/t"], cwd=tmp_path, env=cli_env(), capture_output=True
+    )
+    assert again.returncode == 0, again.stderr
+    assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2", "3"]
+
+
+@pytest.fixture
+def trained(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--epochs", "2", "--name", "r"]) == 0
+    return tmp_path / "runs" / "r"
+
+
+def test_a_checkpoint_that_is_not_cnnpars_damaged_or_unsafe_is_refused_in_one_line(trained, capsys):
+    ckpt = trained / "ckpt" / "last.pt"
+    good = ckpt.read_bytes()
+    before = {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()}
+    resume = [*SMALL, "--epochs", "3", "--resume", str(trained)]
+
+    torch.save(torch.nn.Linear(2, 2).state_dict(), ckpt)  # a plain state_dict: KeyError 'model' before
+    assert main(resume) == 2
+    assert "last.pt: not a cnnpar training checkpoint (no 'model', 'optimizer'" in capsys.readouterr().err
+
+    import argparse
+
+    torch.save({"model": argparse.Namespace()}, ckpt)  # an object weights_only refuses to unpickle
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    assert "holds objects other than tensors" in err and "weights_only=False" not in err and "False" not in err
+
+    damaged = bytearray(good)
+    record = next(i for i in zipfile.ZipFile(io.BytesIO(good)).infolist() if i.file_size > 1000)
+    damaged[record.header_offset + 200] ^= 1  # one flipped bit inside a tensor's bytes: loaded silently before
+    ckpt.write_bytes(bytes(damaged))
+    assert main(resume) == 2
+    assert f"last.pt: damaged: its record {record.filename} fails its checksum" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()} == before  # the folder as it was
+
+
+def test_a_killed_saves_leftover_goes_and_records_that_miss_the_checkpoints_epochs_are_written_again(trained, capsys):
+    leftover = trained / "ckpt" / ".last.pt.0badc0de.tmp"
+    leftover.write_bytes(b"half a checkpoint")
+    summary = json.loads((trained / "summary.json").read_text())
+    # an attempt stopped after its checkpoint, before its records: a summary of 1 epoch, a third metrics row
+    (trained / "summary.json").write_text(json.dumps({**summary, "epochs": 1}))
+    with (trained / "metrics.csv").open("a") as f:
+        f.write("3" + ",0" * 12 + "\n")
+    assert main([*SMALL, "--epochs", "2", "--resume", str(trained)]) == 0  # nothing to do
+    out = capsys.readouterr().out
+    assert "summary.json and metrics.csv written again from the checkpoint's 2 epochs" in out
+    assert json.loads((trained / "summary.json").read_text())["epochs"] == 2
+    assert [r["epoch"] for r in read_csv(trained / "metrics.csv")] == ["1", "2"]
+    assert main([*SMALL, "--epochs", "3", "--resume", str(trained)]) == 0
+    assert not leftover.exists()
+
+
+def test_a_checkpoint_of_another_data_set_is_refused_naming_both(trained, capsys):
+    """The record says digits; a checkpoint trained on synthetic data of the same shape and class count, put in its
+    place, is not continued on digits (the weights fit, so nothing else refused it)."""
+    other = trained.parent.parent / "o"
+    args = ["--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "256", "--out-dir", str(other)]
+    assert main([*SMALL, "--epochs", "1", "--name", "s", *args]) == 0
+    (trained / "ckpt" / "last.pt").write_bytes((other / "s" / "ckpt" / "last.pt").read_bytes())
+    capsys.readouterr()
+    assert main([*SMALL, "--epochs", "3", "--resume", str(trained)]) == 2
+    assert "the run trained on --data synthetic, this resume asks for digits" in capsys.readouterr().err
