@@ -101,8 +101,13 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
         target = Path(resume)
         ckpt = find_checkpoint(target)
         if ckpt is None:
+            again = ""
+            if (target / "config.toml").is_file():  # a run stopped before its first checkpoint
+                again = f"; this run stopped before its first epoch was saved: --resume auto --name {target.name}"
+                again += f" --out-dir {target.parent} starts it again from its config.toml"
             raise UserError(
                 f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt or a .pt file)"
+                + again
             )
         if ckpt.is_symlink():  # a link to a run's checkpoint continues that run, in that run's folder
             ckpt = ckpt.resolve()

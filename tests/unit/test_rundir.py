@@ -162,3 +162,10 @@ def test_the_nproc_launcher_refuses_resume_auto_without_a_name_before_starting_t
         "folder each time): expected --name NAME or --resume runs/NAME"
     )
     assert not list(tmp_path.iterdir())
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_named_with_the_command_that_starts_it_again(tmp_path):
+    (tmp_path / "runs" / "t1").mkdir(parents=True)
+    (tmp_path / "runs" / "t1" / "config.toml").write_text("[run]\n")
+    with pytest.raises(UserError, match=r"no checkpoint there .*: --resume auto --name t1 --out-dir .*runs starts it"):
+        resolve_run(Config(run=RunConfig(resume=str(tmp_path / "runs" / "t1"))), CPU_INFO)
