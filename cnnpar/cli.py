@@ -69,7 +69,6 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     )
 
     cfg = config_from_args(args)
-    stop_on_sigterm()  # `timeout`, schedulers, torchrun stopping its workers: finished epochs kept, files whole
     if surplus_debug_worker(cfg.dist.debug_single):
         return 0  # the debug switch runs one process: global rank 0 alone
     if cfg.dist.strategy == "horovod":
@@ -185,7 +184,6 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
-    stop_on_sigterm()
     out = Path(args.out)
     best, trials = tune(cfg, args.budget_s, out, args.trial_s, args.steps, args.repeats, started=started)
     print(format_table(trials))
@@ -214,7 +212,6 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.data.store_write import prepare_store
 
     out = args.out or str(default_store_path(args.src))
-    stop_on_sigterm()  # a killed prepare leaves no OUT.partial behind (prepare_store removes it on any exit)
     header = prepare_store(args.src, out, args.max_side, args.workers, progress=not args.no_progress)
     splits = header["splits"]
     print(
@@ -365,7 +362,7 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags
+    from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags, at_least
     from cnnpar.config import TTA_LEVELS
 
     p = argparse.ArgumentParser(prog="cnnpar", description="Fast CNN training, measured.")
@@ -383,10 +380,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(prof)
     extra = prof.add_argument_group("profile")
-    extra.add_argument("--prof-wait", type=int, default=1, help="steps before the profiler starts (start-up, compile)")
-    extra.add_argument("--prof-warmup", type=int, default=2, help="profiled steps discarded (profiler start-up)")
-    extra.add_argument("--prof-active", type=int, default=5, help="profiled steps recorded")
-    extra.add_argument("--row-limit", type=int, default=25, help="operators in the tables")
+    extra.add_argument(
+        "--prof-wait", type=at_least(0), default=1, help="steps before the profiler starts (start-up, compile)"
+    )
+    extra.add_argument(
+        "--prof-warmup", type=at_least(0), default=2, help="profiled steps discarded (profiler start-up)"
+    )
+    extra.add_argument("--prof-active", type=at_least(1), default=5, help="profiled steps recorded")
+    extra.add_argument("--row-limit", type=at_least(1), default=25, help="operators in the tables")
     extra.add_argument("--report-dir", default="", help="output folder (default: <--out-dir>/profile/<model>-<date>)")
     extra.add_argument(
         "--all-threads",
@@ -404,9 +405,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(doc)
     extra = doc.add_argument_group("doctor")
-    extra.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps before each measurement")
-    extra.add_argument("--measure-steps", type=int, default=20, help="measured batches per phase")
-    extra.add_argument("--max-seconds", type=float, default=30.0, help="stop a phase after this long (min 2 batches)")
+    extra.add_argument("--warmup-steps", type=at_least(0), default=3, help="unmeasured steps before each measurement")
+    extra.add_argument("--measure-steps", type=at_least(2), default=20, help="measured batches per phase")
+    extra.add_argument(
+        "--max-seconds", type=at_least(0.1, float), default=30.0, help="stop a phase after this long (min 2 batches)"
+    )
     extra.add_argument(
         "--try",
         dest="try_top",
@@ -453,17 +456,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(tune_p)
     tune_p.add_argument(
-        "--budget-s", type=float, default=600, help="the whole run ends within this (plus the last kill, a few s)"
+        "--budget-s",
+        type=at_least(0, float),
+        default=600,
+        help="the whole run ends within this (plus the last kill, a few s)",
     )
     tune_p.add_argument(
         "--trial-s",
-        type=float,
+        type=at_least(0, float),
         default=0,
         help="a trial running longer is killed and reported as cut off (0: the larger of a third of the "
         "budget and 1.5x the start trial's time)",
     )
-    tune_p.add_argument("--steps", type=int, default=20, help="timed steps per epoch of a trial")
-    tune_p.add_argument("--repeats", type=int, default=3, help="timed epochs per trial (median counts)")
+    tune_p.add_argument("--steps", type=at_least(1), default=20, help="timed steps per epoch of a trial")
+    tune_p.add_argument("--repeats", type=at_least(1), default=3, help="timed epochs per trial (median counts)")
     tune_p.add_argument("--out", default="tuned.toml", help="where the winning config goes")
     tune_p.set_defaults(func=cmd_tune)
 
@@ -494,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     from cnnpar.dist import widen_device_queues  # (imports torch: not for --help)
 
     widen_device_queues()  # before anything starts CUDA; torchrun's workers inherit it
+    stop_on_sigterm()  # every command cleans up on SIGTERM as on Ctrl-C (no half-written files or folders)
     try:
         return args.func(args, argv[1:])
     except UserError as e:

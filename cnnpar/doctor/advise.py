@@ -114,17 +114,28 @@ class Recommendation:
 def diagnose(f: Facts) -> Diagnosis:
     parts = _diagnose_parts(f)
     modelled = f.modelled()
-    if modelled <= 0 or f.e2e_s <= E2E_DISAGREES * modelled:
-        return parts
-    how = "max(pipeline, step), overlapped" if f.overlapped else "pipeline + step, one after the other"
+    slowest = max(f.data_s, f.step_s)  # end to end runs both parts: it cannot beat the slower one alone
     ms = 1e3 * f.batch_size
+    if modelled > 0 and f.e2e_s > E2E_DISAGREES * modelled:
+        how = "max(pipeline, step), overlapped" if f.overlapped else "pipeline + step, one after the other"
+        why = (
+            f"the measurements disagree: end to end took {ms * f.e2e_s:.1f} ms per batch, but the parts measured "
+            f"alone model {ms * modelled:.1f} ms ({how}), {f.e2e_s / modelled:.1f}x less; the host's load may "
+            f"have changed during the measurement"
+        )
+    elif slowest > 0 and f.e2e_s * E2E_DISAGREES < slowest:
+        why = (
+            f"the measurements disagree: end to end took {ms * f.e2e_s:.3g} ms per batch, less than half of its "
+            f"slowest part alone ({ms * slowest:.3g} ms), which it runs too; too few batches were measured, or the "
+            f"host's load changed during the measurement"
+        )
+    else:
+        return parts
     return Diagnosis(
         DISAGREE,
         [
             *parts.reasons[:2],
-            f"the measurements disagree: end to end took {ms * f.e2e_s:.1f} ms per batch, but the parts measured "
-            f"alone model {ms * modelled:.1f} ms ({how}), {f.e2e_s / modelled:.1f}x less; the host's load may "
-            f"have changed during the measurement",
+            why,
             f"the verdict is unreliable (the parts alone would say {parts.verdict}); re-run the doctor on a quiet host",
         ],
         reliable=False,

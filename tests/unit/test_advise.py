@@ -247,3 +247,15 @@ def test_an_end_to_end_far_slower_than_its_parts_gives_no_confident_verdict():
     agreeing = facts(**per_image, e2e_s=1.4 * 23.9e-3 / 64)
     assert diagnose(agreeing).reasons[2:] == diagnose(facts(**per_image, e2e_s=23.9e-3 / 64)).reasons[2:]
     assert diagnose(agreeing).verdict == COMPUTE_BOUND and diagnose(agreeing).reliable
+
+
+def test_an_end_to_end_faster_than_its_slowest_part_alone_gives_no_confident_verdict():
+    """The audit's `--measure-steps 0`: end to end 0.002 ms an image against a step of 0.554 ms alone was read as
+    host-bound with a batch-size advice; it runs the step too, so it cannot be faster than the step alone."""
+    from cnnpar.doctor.advise import DISAGREE
+
+    per_image = dict(data_s=0.1e-3, step_s=0.554e-3, data_wait_share=0.0, workers=0)
+    d = diagnose(facts(**per_image, e2e_s=0.002e-3))
+    assert d.verdict == DISAGREE and not d.reliable
+    assert "less than half of its slowest part alone" in d.reasons[2]
+    assert diagnose(facts(**per_image, e2e_s=0.6e-3)).reliable  # a little above the parts: agreeing

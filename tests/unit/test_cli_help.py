@@ -42,3 +42,23 @@ def test_help_does_not_repeat_a_stated_default():
     assert help_text.count("(default: SRC.cnnpar)") == 1
     assert "(default: SRC.cnnpar) (default:" not in help_text
     assert "--verify check SRC, a store, against its pixel checksum --" in help_text  # switches: no "(default: False)"
+
+
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        (["doctor", "--measure-steps", "0"], "argument --measure-steps: 0: expected 2 or more"),
+        (["doctor", "--warmup-steps", "-1"], "argument --warmup-steps: -1: expected 0 or more"),
+        (["tune", "--repeats", "0"], "argument --repeats: 0: expected 1 or more"),
+        (["tune", "--trial-s", "-5"], "argument --trial-s: -5: expected 0 or more"),
+        (["profile", "--prof-active", "0"], "argument --prof-active: 0: expected 1 or more"),
+        (["tune", "--steps", "two"], "argument --steps: 'two': expected a whole number"),
+    ],
+)
+def test_counts_that_cannot_measure_anything_are_refused_before_any_work(words, message, capsys):
+    """The doctor measured 0 steps and still gave a verdict; tune with 0 repeats failed on an empty median."""
+    from cnnpar.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(words)
+    assert e.value.code == 2 and message in capsys.readouterr().err
