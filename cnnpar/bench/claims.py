@@ -560,9 +560,11 @@ def run_claims(
     started: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     claims: tuple[Claim, ...] = CLAIMS,
+    on_row: Callable[[list[dict]], None] = lambda rows: None,
 ) -> list[dict]:
     """One row per claim, in the table's order; claims run cheapest-bounded first and each is printed
-    as it finishes. `budget_s` 0: the default for the device."""
+    as it finishes. `budget_s` 0: the default for the device. `on_row` gets every claim's row after each
+    measurement, those not yet measured saying so (what a stopped bench still writes)."""
     cuda = info.device.type == "cuda"
     budget_s = budget_s or (CUDA_BUDGET_S if cuda else CPU_BUDGET_S)
     t0 = clock() if started is None else started
@@ -597,6 +599,8 @@ def run_claims(
                 row.update(_measure_here(claim, ctx, w))
             row["seconds"] = clock() - start
         log(f"bench: claim {claim.id}: {claim_line(row)}  [{clock() - t0:.0f} s]")
+        stopped = {"verdict": "not measured", "note": "the bench stopped before it ran"}  # if it stops next
+        on_row([rows[c.id] if "verdict" in rows[c.id] else {**rows[c.id], **stopped} for c in claims])
     return [rows[c.id] for c in claims]
 
 

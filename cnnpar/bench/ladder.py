@@ -222,9 +222,11 @@ def run_ladder(
     budget_s: float = 0.0,
     started: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    on_row: Callable[[list[dict]], None] = lambda rows: None,
 ) -> list[dict]:
     """Measure every planned rung in order; a failing rung becomes a failed row and the ladder goes on.
-    With `budget_s`, a rung that would start after the budget is spent is skipped, saying so."""
+    With `budget_s`, a rung that would start after the budget is spent is skipped, saying so. `on_row` gets the
+    rows so far after each one (what a stopped bench still writes)."""
     t0 = clock() if started is None else started
     plan = plan_ladder(base, info.device, bundle)
     by_name = {p.rung.name: p for p in plan}
@@ -272,6 +274,7 @@ def run_ladder(
         _speedups(row, done, by_name)
         log(f"bench: rung {p.index} {p.rung.name}: {summary_line(row)}  [{clock() - t0:.0f} s]")
         rows.append(row)
+        on_row(rows)
     if kept is not None:
         kept[1].close()
     kept = None

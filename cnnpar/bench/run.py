@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -93,6 +95,25 @@ def _out_dir(opts: BenchOptions, info, cfg: Config) -> Path:
     return Path(opts.out) if opts.out else default_out_dir(cfg.run.out_dir, info.device, cfg.model.name)
 
 
+@contextlib.contextmanager
+def kept_if_stopped(write: Callable[[list[dict]], list[Path]]) -> Iterator[Callable[[list[dict]], None]]:
+    """Yields the `on_row` a runner reports its rows to; a Ctrl-C or SIGTERM (errors.Terminated) before the
+    runner returns writes the rows measured so far with `write`, says where, and goes on stopping: minutes of
+    measurements were lost with the whole table written only at the end."""
+    so_far: list[dict] = []
+
+    def keep(rows: list[dict]) -> None:
+        so_far[:] = [dict(r) for r in rows]
+
+    try:
+        yield keep
+    except KeyboardInterrupt:
+        if so_far:
+            files = write(so_far)
+            print(f"bench: stopped; the {len(so_far)} row(s) so far are in {files[0]}", file=sys.stderr, flush=True)
+        raise
+
+
 def _claims(cfg: Config, opts: BenchOptions) -> int:
     """Each claim builds its own workload: the user's --model and --data are not loaded."""
     from cnnpar.dist import init_distributed
@@ -111,7 +132,8 @@ def _claims(cfg: Config, opts: BenchOptions) -> int:
     )
     log = lambda text: print(text, flush=True)  # noqa: E731
     only = _only(opts)
-    rows = run_claims(cfg, info, opts.timing, meta, only, log, opts.budget_s, opts.started)
+    with kept_if_stopped(lambda rows: output.write_claims(out, rows)) as so_far:
+        rows = run_claims(cfg, info, opts.timing, meta, only, log, opts.budget_s, opts.started, on_row=so_far)
     files = output.write_claims(out, rows)
     _finish(files)
     return _claims_exit(rows, files[0])
@@ -204,11 +226,13 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
     )
     log = lambda text: print(text, flush=True)  # noqa: E731
     if opts.mode == "time_to_accuracy":
-        rows = run_tta(cfg, bundle, info, opts.target, opts.timing.repeats, meta, log)
+        with kept_if_stopped(lambda rows: output.write_tta(out, rows)) as so_far:
+            rows = run_tta(cfg, bundle, info, opts.target, opts.timing.repeats, meta, log, on_row=so_far)
         files = output.write_tta(out, rows)
         _finish(files)
         return _tta_exit(rows, files[0])
-    rows = run_ladder(cfg, bundle, info, opts.timing, meta, only, log, opts.budget_s, opts.started)
+    with kept_if_stopped(lambda rows: output.write_ladder(out, rows)) as so_far:
+        rows = run_ladder(cfg, bundle, info, opts.timing, meta, only, log, opts.budget_s, opts.started, on_row=so_far)
     files = output.write_ladder(out, rows)
     _finish(files)
     measured = [r for r in rows if r["status"] == "ok"]

@@ -90,8 +90,10 @@ def run_tta(
     repeats: int,
     meta: dict,
     log: Callable[[str], None] = print,
+    on_row: Callable[[list[dict]], None] = lambda rows: None,
 ) -> list[dict]:
-    """One row per seed (seed, seed + 1, ...): time-to-accuracy varies with the seed, so report each."""
+    """One row per seed (seed, seed + 1, ...): time-to-accuracy varies with the seed, so report each. `on_row`
+    gets the rows so far after each seed (what a stopped bench still writes)."""
     check_target(target)
     check_has_val(bundle)
     rows = []
@@ -107,6 +109,7 @@ def run_tta(
             row.update(status="failed", error=error_text(e))
             log(f"bench: seed {seed}: failed ({row['error']})")
             rows.append(row)
+            on_row(rows)
             free_device_memory(info.device)
             continue
         state = "reached" if row["reached"] else "NOT reached"
@@ -115,4 +118,5 @@ def run_tta(
             f"({row['wall_with_compile_s']:.2f} s with compile), final acc {100 * row['final_val_acc']:.2f}%"
         )
         rows.append(row)
+        on_row(rows)
     return rows

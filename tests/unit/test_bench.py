@@ -355,3 +355,45 @@ def test_time_to_accuracy_goes_on_after_a_seed_that_fails_and_says_when_every_se
     assert "no run reached the target 99.00% (every seed's run failed (2; first: RuntimeError: CUDA out of memory" in (
         capsys.readouterr().err
     )
+
+
+def _stopped_on_call(n: int, real):
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt  # Ctrl-C, or SIGTERM (errors.Terminated is one)
+        return real(*args, **kwargs)
+
+    return wrapped
+
+
+def test_a_bench_stopped_mid_ladder_writes_the_rungs_it_measured(tmp_path, capsys, monkeypatch):
+    """Ctrl-C after the baseline's row was printed left no folder: the rows were written only at the end."""
+    import cnnpar.bench.ladder as ladder
+
+    monkeypatch.setattr(ladder, "measure_steps", _stopped_on_call(2, ladder.measure_steps))
+    out = tmp_path / "b"
+    assert main([*BENCH, "--only", "baseline,channels_last", "--out", str(out)]) == 130
+    assert f"bench: stopped; the 1 row(s) so far are in {out / 'ladder.csv'}" in capsys.readouterr().err
+    [row] = _ladder_rows(out / "ladder.csv")
+    assert (row["name"], row["status"]) == ("baseline", "ok") and float(row["images_per_s"]) > 0
+
+
+def test_a_claims_bench_stopped_mid_way_writes_what_it_measured_and_marks_the_rest(tmp_path, capsys, monkeypatch):
+    import cnnpar.bench.claims as claims
+
+    monkeypatch.setattr(claims, "_measure_here", _stopped_on_call(2, claims._measure_here))
+    out = tmp_path / "c"
+    assert main([*CLAIMS, "--only", "collate_speed,compiled_preprocess", "--out", str(out)]) == 130
+    capsys.readouterr()
+    by = {r["claim"]: r for r in _ladder_rows(out / "claims.csv")}
+    measured = [k for k, r in by.items() if r.get("measured_ratio", "") != ""]
+    stopped = [k for k, r in by.items() if r.get("note") == "the bench stopped before it ran"]
+    assert (
+        len(measured) == 1
+        and len(stopped) == 1
+        and measured == ["collate_speed"]
+        and stopped == ["compiled_preprocess"]
+    )
