@@ -386,8 +386,12 @@ def tune(
     # measured, tuned.toml stays whatever happens after (a stopped run keeps the best config it measured)
     with removed_on_failure(tuner.out.parent):
         facts = tuner.start(cfg)
-    if facts is None:
-        write_csv_atomic(tuner.out.with_suffix(".csv"), trial_rows(tuner.trials, {}), CSV_COLUMNS)
+    if facts is None:  # the start did not measure this machine: its columns from here (not the child's)
+        from cnnpar.dist import pick_device
+        from cnnpar.report.environment import environment
+
+        env = environment(pick_device(cfg.speed.device, 0))
+        write_csv_atomic(tuner.out.with_suffix(".csv"), trial_rows(tuner.trials, env), CSV_COLUMNS)
         return None, tuner.trials
     tuner.batch_trials(facts)
     for group, changes in switch_groups(tuner.best_cfg, facts):
@@ -406,14 +410,15 @@ def tune(
     return tuner.best_cfg, tuner.trials
 
 
-CSV_COLUMNS = TRIAL_COLUMNS + ["device", "torch", "git_rev", "date"]
+ENV_COLUMNS = ["device", "torch", "world_size", "git_rev", "date"]
+CSV_COLUMNS = TRIAL_COLUMNS + ENV_COLUMNS
 
 
 def trial_rows(trials: list[Trial], env: dict) -> list[dict]:
     start = next((t.images_per_s for t in trials if t.status == START), None)
     rows = []
     for t in trials:
-        row = {**t.__dict__, **{k: env.get(k, "") for k in ("device", "torch", "git_rev", "date")}}
+        row = {**t.__dict__, **{k: env.get(k, "") for k in ENV_COLUMNS}}
         row["vs_start"] = round(t.images_per_s / start, 4) if t.images_per_s and start else ""
         rows.append(row)
     return rows

@@ -39,6 +39,9 @@ def test_profile_trace_has_the_step_ranges(tmp_path):
     reading = (out / "where_time_went_rank0.txt").read_text()
     assert "no GPU activity in the trace" in reading  # a CPU run
     assert "thread MainThread" in reading and "range forward:" in reading
+    record = (out / "config.toml").read_text()  # what was profiled, on what: the tables carry no such record
+    assert "# device_type = cpu" in record and "# world_size = 1" in record and "# git_rev = " in record
+    assert 'name = "cnn3"' in record
 
 
 def test_profile_with_every_thread_still_reads_its_trace(tmp_path):
