@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -82,15 +83,17 @@ def _diagnose(path: Path, columns: list[str], label_idx: int | None, cause: Exce
             return DataError(f"{where}: {len(row)} values: expected {n}, one per column of the header")
         for j, value in enumerate(row):
             v = value.strip()
-            try:
-                num = int(v)
-            except ValueError:
+            # as the fast parse reads integers: ASCII digits with an optional minus (not "+5", not "５")
+            if not re.fullmatch(r"-?[0-9]+", v):
                 return DataError(
                     f"{where}, column {columns[j]!r}: {value!r} is not an integer: expected "
                     + ("a class label" if j == label_idx else "a pixel value 0..255")
                 )
+            num = int(v)
             if j != label_idx and not 0 <= num <= 255:
                 return DataError(f"{where}, column {columns[j]!r}: {num}: expected a pixel value 0..255")
+            if j == label_idx and not -(2**63) <= num < 2**63:
+                return DataError(f"{where}, column {columns[j]!r}: {num}: expected a class label")
     return DataError(f"{path}: could not be parsed as CSV ({cause})")
 
 
@@ -136,7 +139,10 @@ def read_pixel_csv(
     for c in pixel_cols + ([LABEL] if label_idx is not None else []):
         if table.column(c).null_count:
             row = int(np.flatnonzero(table.column(c).is_null().to_numpy(zero_copy_only=False))[0])
-            raise DataError(f"{path}, {_line(path, row)}, column {c!r}: empty value: expected a number")
+            raise DataError(
+                f"{path}, {_line(path, row)}, column {c!r}: empty or missing value (blank, NA, nan, null, ...): "
+                "expected a number"
+            )
     x = np.empty((table.num_rows, len(pixel_cols)), dtype=np.uint8)
     for j, c in enumerate(pixel_cols):
         x[:, j] = table.column(c).to_numpy()

@@ -50,7 +50,7 @@ CSV_CASES = {
     "negative_pixel": (lambda ls: _set(ls, 4, _replace_first_bright(ls[4], "-3")), ["line 5 (data row 4)", "-3"]),
     "empty_cell": (
         lambda ls: _set(ls, 3, _replace_first_bright(ls[3], "")),
-        ["line 4 (data row 3)", "empty value: expected a number"],
+        ["line 4 (data row 3)", "empty or missing value (blank, NA, nan, null, ...): expected a number"],
     ),
     "extra_column": (lambda ls: _set(ls, 7, ls[7] + ",5"), ["line 8 (data row 7)", "258 values: expected 257"]),
     "missing_column": (
@@ -80,7 +80,23 @@ CSV_CASES = {
     ),
     "blank_lines_then_empty_cell": (
         lambda ls: (ls.insert(1, ""), ls.insert(4, ""), _set(ls, 5, _replace_first_bright(ls[5], ""))),
-        ["line 6 (data row 3)", "empty value: expected a number"],
+        ["line 6 (data row 3)", "empty or missing value (blank, NA, nan, null, ...): expected a number"],
+    ),
+    "nan_cell": (
+        lambda ls: _set(ls, 3, _replace_first_bright(ls[3], "nan")),
+        ["line 4 (data row 3)", "empty or missing value (blank, NA, nan, null, ...)"],
+    ),
+    "plus_signed_pixel": (
+        lambda ls: _set(ls, 5, _replace_first_bright(ls[5], "+5")),
+        ["line 6 (data row 5)", "'+5' is not an integer: expected a pixel value 0..255"],
+    ),
+    "full_width_digit_label": (
+        lambda ls: _set(ls, 2, "\uff15" + ls[2][1:]),
+        ["line 3 (data row 2)", "column 'label'", "is not an integer: expected a class label"],
+    ),
+    "label_beyond_int64": (
+        lambda ls: _set(ls, 2, "99999999999999999999" + ls[2][1:]),
+        ["line 3 (data row 2)", "column 'label'", "99999999999999999999: expected a class label"],
     ),
     "repeated_column": (
         lambda ls: _set(ls, 0, ls[0].replace("pixel1,", "pixel0,", 1)),
