@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -998,6 +998,18 @@ s19f)
       --synthetic-samples 8192 --epochs 2 --no-progress --out-dir /tmp/runs_r18
   TAIL=22 logged r18_doctor 200 python3 -m cnnpar doctor --model resnet18 --data synthetic --image-shape 3x32x32 \
       --synthetic-samples 8192 --try 2
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 170
+  ;;
+s20c)
+  # session 20, call C (one H200, ~6 min with a cold start): every GPU-marked test at the session's last code,
+  # predict on CUDA with the run's test-time views, then `cnnpar train` from the 24,000 photos as a user runs it
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  TAIL=14 logged gpu_tests 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=8
+  TAIL=4 logged tta_train 60 python3 -m cnnpar train --epochs 2 --tta-level flip --no-progress --name tta \
+      --out-dir /tmp/runs_tta
+  TAIL=4 logged tta_predict 60 python3 -m cnnpar predict --checkpoint /tmp/runs_tta/tta --data digits \
+      --device cuda --out "$R/predictions.csv"
   make_rep 80 .devdata/imagenet_rep80
   user_run .devdata/imagenet_rep80 170
   ;;
