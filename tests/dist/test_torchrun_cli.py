@@ -4,8 +4,12 @@ switch and who prints. (A failing rank being named is checked inside tests/dist/
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 from cnnpar.report.files import read_csv
@@ -149,3 +153,32 @@ def test_the_launcher_hands_every_train_flag_to_cnnpar_not_to_torchrun():
     assert parsed.module and parsed.training_script == "cnnpar"
     assert parsed.training_script_args == ["train", *flags]
     assert parsed.monitor_interval == get_args_parser().parse_args(["x"]).monitor_interval  # torchrun's own default
+
+
+def test_sigterm_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tmp_path):
+    """`timeout` or a scheduler signals the process it started: the launcher hands SIGTERM on to torchrun, which
+    stops its workers; before, the launcher died alone and torchrun's workers trained on without it."""
+    import psutil
+
+    name = f"sigterm-{tmp_path.name}"
+    args = ["--nproc", "2", "--epochs", "50", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--name", name]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cnnpar", "train", *args], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    ckpt = tmp_path / "runs" / name / "ckpt" / "last.pt"
+    try:
+        deadline = time.monotonic() + 240
+        while not ckpt.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # the launcher alone, as `timeout` does
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err[-2000:]
+    assert "cnnpar: stopped (SIGTERM)" in err and f"continue with: cnnpar train --resume runs/{name}" in out
+    time.sleep(1)
+    left = [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]
+    assert not left, [p.info["cmdline"] for p in left]
