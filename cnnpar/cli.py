@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -22,26 +21,6 @@ def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
     without it `--monitor` is refused as an ambiguous `--monitor-interval`."""
     head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "--"]
     return [*head, "cnnpar", "train", *train_args]
-
-
-def _run_launcher(cmd: list[str], env: dict[str, str]) -> int:
-    """torchrun's exit code. A SIGTERM to this process (`timeout`, a scheduler) is handed on to torchrun, which
-    stops its workers with it (each keeps its finished epochs) and exits: killing torchrun instead, as
-    subprocess.call does on an exception, would leave its workers running without it. A Ctrl-C reaches the
-    whole terminal group, torchrun included, so it is only waited for."""
-    import signal
-
-    proc = subprocess.Popen(cmd, env=env)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt as e:
-        if isinstance(e, Terminated):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        raise
 
 
 def horovod_train_args(argv: list[str], nproc: int) -> list[str]:
@@ -65,6 +44,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         init_distributed,
         launcher_env,
         pick_device,
+        run_launcher,
         surplus_debug_worker,
     )
 
@@ -87,7 +67,12 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         out_root = Path(cfg.run.out_dir)
         out_root.mkdir(parents=True, exist_ok=True)
         print("cnnpar: launching", " ".join(cmd), flush=True)
-        return _run_launcher(cmd, launcher_env(dict(os.environ), str(out_root / "nccl_trace_rank_")))
+        try:
+            return run_launcher(cmd, launcher_env(dict(os.environ), str(out_root / "nccl_trace_rank_")))
+        except KeyboardInterrupt:
+            run = out_root / cfg.run.name if cfg.run.name else f"{out_root}/<the run folder>"
+            print(f"finished epochs are kept: continue with: cnnpar train --resume {run} --nproc {cfg.dist.nproc}")
+            raise
     teardown = destroy_distributed
     try:
         if cfg.dist.strategy == "horovod":
@@ -497,10 +482,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from cnnpar.dist import widen_device_queues  # (imports torch: not for --help)
+    from cnnpar.dist import launched_as_worker, widen_device_queues  # (imports torch: not for --help)
 
     widen_device_queues()  # before anything starts CUDA; torchrun's workers inherit it
-    stop_on_sigterm()  # every command cleans up on SIGTERM as on Ctrl-C (no half-written files or folders)
+    if not launched_as_worker():  # a launcher's ranks: it stops them (a rank stuck in a collective could not
+        stop_on_sigterm()  # run a handler), and its own stop is handed on once; every other command cleans up
     try:
         return args.func(args, argv[1:])
     except UserError as e:

@@ -78,7 +78,7 @@ def at_least(low: float, kind: type = int):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r}: expected a {'whole ' if kind is int else ''}number") from None
-        if value < low:
+        if not value >= low:  # NaN too
             raise argparse.ArgumentTypeError(f"{text}: expected {low:g} or more")
         return value
 
@@ -96,7 +96,7 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
     A run killed before its first checkpoint still has its config.toml: `auto` starts it again
     from that, not from the defaults.
     """
-    from cnnpar.engine.checkpoint import find_checkpoint, run_dir_of
+    from cnnpar.engine.checkpoint import find_checkpoint, resumed_checkpoint, run_dir_of
     from cnnpar.engine.resolved import REQUESTED
 
     if resume == "auto":
@@ -105,7 +105,7 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
         folder = Path(out_dir) / name
         ckpt = find_checkpoint(folder) if folder.is_dir() else None
     else:
-        ckpt = find_checkpoint(resume)
+        ckpt = resumed_checkpoint(resume)
         if ckpt is None:
             return None
     run_dir = run_dir_of(ckpt) if ckpt is not None else folder

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import shlex
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -178,6 +179,48 @@ def debug_single_requested(flag: bool = False) -> bool:
 
 def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launched_as_worker() -> bool:
+    """A process a launcher started as one rank (torchrun, horovodrun, mpirun): its launcher owns its stop."""
+    return "RANK" in os.environ or any(k in os.environ for k in HOROVOD_LAUNCH_ENV)
+
+
+def run_launcher(cmd: Sequence[str], env: dict[str, str]) -> int:
+    """Run a launcher (torchrun) and return its exit code, handing a stop on to it once.
+
+    It runs in a session of its own, so a signal for this process's group (`timeout` signals the process it
+    started and then that process's group; a Ctrl-C reaches the terminal's group) reaches it once, from here:
+    SIGINT for a Ctrl-C, SIGTERM for a SIGTERM (errors.Terminated). It stops its workers with it, and each keeps
+    its finished epochs. A second stop more than 2 s later, or a launcher still running 60 s on, ends the whole
+    session at once; killing the launcher alone, as subprocess.call does on an exception, left its workers
+    training without it."""
+    import signal
+    import subprocess
+
+    from cnnpar.errors import Terminated
+
+    proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt as e:
+        proc.send_signal(signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+        first = time.monotonic()
+        while True:
+            try:
+                proc.wait(timeout=max(0.0, first + 60 - time.monotonic()))
+                break
+            except KeyboardInterrupt:
+                if time.monotonic() - first < 2:
+                    continue  # the same stop delivered twice (to the process, then to its group)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+        raise
 
 
 # What a Horovod launcher sets in each rank: horovodrun's Gloo launcher HOROVOD_RANK, mpirun (for a

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -230,7 +231,17 @@ def launch(args: argparse.Namespace, world_size: int, threads: int, result: Path
     )
     print(f"== world size {world_size}: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.launch_timeout)
+    # torchrun in a session of its own, ended whole on any exit from here (a timeout, Ctrl-C, SIGTERM): killing
+    # torchrun alone, as subprocess.run does, leaves its workers measuring on
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as launched:
+        try:
+            stdout, stderr = launched.communicate(timeout=args.launch_timeout)
+        except BaseException:
+            os.killpg(launched.pid, signal.SIGKILL)
+            raise
+    proc = subprocess.CompletedProcess(cmd, launched.returncode, stdout, stderr)
     if proc.returncode != 0 or not result.is_file():
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-6000:])
         raise SystemExit(f"ddp_scaling: world size {world_size} failed (exit {proc.returncode})")

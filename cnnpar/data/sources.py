@@ -40,7 +40,7 @@ BUILT_IN = ("digits", "synthetic")  # made in memory: they read no file
 
 
 def detect_format(source: str, fmt: str) -> str:
-    if fmt in BUILT_IN and source != fmt:
+    if fmt in BUILT_IN and source not in BUILT_IN:  # ("digits" is --data's default: --format synthetic alone)
         # these formats ignore --data: training them on a named file would silently train on something else
         raise DataError(
             f"{source}: --format {fmt} reads no file (it is the built-in {fmt} data): expected --data {fmt}, "

@@ -31,6 +31,13 @@ def find_checkpoint(path: str | Path) -> Path | None:
     return None
 
 
+def resumed_checkpoint(path: str | Path) -> Path | None:
+    """The checkpoint `--resume PATH` continues (None where there is none): a link to a run's checkpoint file is
+    that run's checkpoint, in that run's folder (the run's config.toml and the run folder are read from there)."""
+    found = find_checkpoint(path)
+    return found.resolve() if found is not None and found.is_symlink() else found
+
+
 def run_dir_of(ckpt: Path) -> Path:
     """The run folder a checkpoint file belongs to: RUN for RUN/ckpt/last.pt, else its own folder."""
     return ckpt.parent.parent if ckpt.parent.name == "ckpt" else ckpt.parent

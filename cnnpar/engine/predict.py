@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from cnnpar.config import TTA_LEVELS
+from cnnpar.config import TTA_LEVELS, RunConfig
 from cnnpar.data.arrays import resize_square
 from cnnpar.data.bundle import ArrayDataset
 from cnnpar.data.sources import detect_format, load_predict_data
@@ -172,8 +172,8 @@ def _views(state: dict, tta_level: str, log) -> str:
     if tta_level != "auto":
         return tta_level
     run = state.get("config", {}).get("run", {})
-    views = run.get("tta_level", "none")
-    views = views if views != "none" else ("flip" if run.get("tta_flip") else "none")
+    # RunConfig's own rule (tta_level, or the older tta_flip), on the checkpoint's two fields alone
+    views = RunConfig(tta_level=run.get("tta_level", "none"), tta_flip=bool(run.get("tta_flip"))).tta_in_effect
     if views != "none":
         log(f"test-time augmentation: {views}, as the run evaluated (--tta-level none: the image alone)")
     return views

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cnnpar.config import Config, load_toml
 from cnnpar.dist import DistInfo, broadcast_object
-from cnnpar.engine.checkpoint import find_checkpoint, run_dir_of
+from cnnpar.engine.checkpoint import find_checkpoint, resumed_checkpoint, run_dir_of
 from cnnpar.errors import UserError
 
 
@@ -99,18 +99,17 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
     resume = cfg.run.resume
     if resume and resume != "auto":
         target = Path(resume)
-        ckpt = find_checkpoint(target)
+        ckpt = resumed_checkpoint(target)
         if ckpt is None:
             again = ""
             if (target / "config.toml").is_file():  # a run stopped before its first checkpoint
-                again = f"; this run stopped before its first epoch was saved: --resume auto --name {target.name}"
-                again += f" --out-dir {target.parent} starts it again from its config.toml"
+                folder = target.resolve()  # `--resume .` names no folder of its own
+                again = f"; this run stopped before its first epoch was saved: --resume auto --name {folder.name}"
+                again += f" --out-dir {folder.parent} starts it again from its config.toml"
             raise UserError(
                 f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt or a .pt file)"
                 + again
             )
-        if ckpt.is_symlink():  # a link to a run's checkpoint continues that run, in that run's folder
-            ckpt = ckpt.resolve()
         run_dir = run_dir_of(ckpt)
         if ckpt.parent.name != "ckpt" or not (run_dir / "config.toml").is_file():
             # a loose .pt: its folder would become the run folder (config.toml, metrics.csv, ckpt/ written over

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -573,10 +574,13 @@ class Trainer:
     def _stopped_line(self) -> str:
         if not self.saved_epoch:
             return f"stopped before an epoch was saved: nothing to resume in {self.run_dir}"
-        return (
-            f"stopped: the checkpoint in {self.run_dir} holds epochs 1-{self.saved_epoch}; continue with: "
-            f"cnnpar train --resume {self.run_dir}"
-        )
+        again = f"cnnpar train --resume {self.run_dir}"
+        if self.cfg.dist.strategy == "horovod":
+            again = f"your horovodrun command with --resume {self.run_dir}"
+        elif self.info.world_size > 1:  # on one machine --nproc starts as many again; on several, each node's launch
+            one_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) == self.info.world_size
+            again += f" --nproc {self.info.world_size}" if one_node else " in each node's launch command"
+        return f"stopped: the checkpoint in {self.run_dir} holds epochs 1-{self.saved_epoch}; continue with: {again}"
 
     def _train_all_epochs(self) -> TrainResult:
         cfg, info = self.cfg, self.info
@@ -741,7 +745,8 @@ class Trainer:
         trained = sum(r["images"] for r in ran)
         # this process's epochs without its first (a warm-up: compile, cuDNN timing, workers starting), where it
         # ran more than one: an earlier attempt's epochs may have run on another machine or world size
-        steady = ran[1:] or ran
+        # (a resume with nothing left to train ran none: then the whole run's, after its first)
+        steady = (ran[1:] or ran) if ran else (rows[1:] or rows)
         return {
             "model": self.cfg.model.name,
             "data": self.bundle.origin,

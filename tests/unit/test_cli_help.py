@@ -53,6 +53,7 @@ def test_help_does_not_repeat_a_stated_default():
         (["tune", "--trial-s", "-5"], "argument --trial-s: -5: expected 0 or more"),
         (["profile", "--prof-active", "0"], "argument --prof-active: 0: expected 1 or more"),
         (["tune", "--steps", "two"], "argument --steps: 'two': expected a whole number"),
+        (["tune", "--budget-s", "nan"], "argument --budget-s: nan: expected 0 or more"),
     ],
 )
 def test_counts_that_cannot_measure_anything_are_refused_before_any_work(words, message, capsys):

@@ -86,13 +86,13 @@ def test_train_nproc_hands_torchrun_the_env(monkeypatch, tmp_path):
 
     seen = {}
 
-    def fake_call(cmd, env=None):
+    def fake_launch(cmd, env):
         seen.update(cmd=cmd, env=env)
         return 0
 
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("TORCH_NCCL_DUMP_ON_TIMEOUT", raising=False)
-    monkeypatch.setattr(cli.subprocess, "call", fake_call)
+    monkeypatch.setattr(dist, "run_launcher", fake_launch)
     assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
     assert "--nproc_per_node=2" in seen["cmd"]
     assert seen["env"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
@@ -104,7 +104,7 @@ def test_train_nproc_refuses_before_launching(two_gpus, monkeypatch, tmp_path, c
     from cnnpar import cli
 
     monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.setattr(cli.subprocess, "call", lambda *a, **k: pytest.fail("launched torchrun"))
+    monkeypatch.setattr(dist, "run_launcher", lambda *a, **k: pytest.fail("launched torchrun"))
     assert cli.main(["train", "--nproc", "3", "--out-dir", str(tmp_path)]) == 2
     assert "3 processes on this node but 2 CUDA device(s) visible" in capsys.readouterr().err
 
@@ -133,7 +133,7 @@ def test_every_cnnpar_command_widens_the_queues_and_torchruns_workers_inherit_th
     seen = {}
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # as in a fresh `cnnpar` process
-    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, env=None: seen.update(env=env) or 0)
+    monkeypatch.setattr(dist, "run_launcher", lambda cmd, env: seen.update(env=env) or 0)
     assert cli.main(["train", "--nproc", "2", "--out-dir", str(tmp_path)]) == 0
     assert seen["env"][dist.DEVICE_QUEUES_ENV] == "32"
     assert dist.device_queues_line() == "device queues: 32 (CUDA_DEVICE_MAX_CONNECTIONS, set by cnnpar)"

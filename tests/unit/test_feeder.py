@@ -120,7 +120,8 @@ def test_a_run_from_photos_says_which_decoder_and_how_to_decode_once(tmp_path, m
 
     for c in ("cat", "dog"):
         (tmp_path / "photos" / c).mkdir(parents=True)
-        Image.new("RGB", (40, 30), (10, 200, 30)).save(tmp_path / "photos" / c / "a.jpg")
+        for name in ("a.jpg", "b.jpg"):  # two a class: the hold-out leaves each class something to train on
+            Image.new("RGB", (40, 30), (10, 200, 30)).save(tmp_path / "photos" / c / name)
     cfg = Config(data=DataConfig(source=str(tmp_path / "photos"), image_size=32), model=ModelConfig(name="cnn3"))
     cfg = replace(cfg, run=replace(cfg.run, epochs=7, name="mine"))  # the user's own flags, and a run name
     line = decode_line(cfg, load_data(cfg.data), torch.device("cpu"))

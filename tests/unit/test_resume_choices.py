@@ -194,3 +194,18 @@ def test_a_built_in_format_with_a_file_named_is_refused_not_trained_on_the_built
     with pytest.raises(DataError, match=r"a\.npz: --format digits reads no file .* expected --data digits"):
         detect_format("a.npz", "digits")
     assert detect_format("synthetic", "synthetic") == "synthetic" and detect_format("digits", "auto") == "digits"
+    assert detect_format("digits", "synthetic") == "synthetic"  # --format synthetic alone: --data's default stands
+
+
+def test_a_link_to_a_runs_checkpoint_resumes_that_run_with_its_own_config(tmp_path):
+    """The run folder was found through the link, but its config.toml was looked for beside the link: the
+    defaults (digits) met the run's synthetic data and the resume was refused for another --data."""
+    from cnnpar.cli import main
+
+    synthetic = ["--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "128"]
+    common = ["--device", "cpu", "--max-steps", "1", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path)]
+    assert main(["train", *common, *synthetic, "--epochs", "1", "--name", "r"]) == 0
+    (tmp_path / "link.pt").symlink_to(tmp_path / "r" / "ckpt" / "last.pt")
+    assert stored_run_config(str(tmp_path / "link.pt")).data.source == "synthetic"
+    assert main(["train", "--resume", str(tmp_path / "link.pt"), "--epochs", "2", "--no-progress"]) == 0
+    assert stored_run_config(str(tmp_path / "r")).run.epochs == 2
