@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1000,6 +1000,11 @@ s19f)
       --synthetic-samples 8192 --try 2
   make_rep 80 .devdata/imagenet_rep80
   user_run .devdata/imagenet_rep80 170
+  ;;
+s20d)
+  # session 20, call D (one H200, ~2 min with a cold start): the data-wait CUDA tests, the read-as-you-go one
+  # rewritten after call ZZZG (its nested second meter differed by two records' host time a call)
+  TAIL=4 logged gpu_tests 100 python3 -m pytest -q -m gpu tests/unit/test_data_wait.py -p no:cacheprovider
   ;;
 s20c)
   # session 20, call C (one H200, ~6 min with a cold start): every GPU-marked test at the session's last code,
