@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import signal
 import statistics
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 from cnnpar.frameworks.spec import (
@@ -36,9 +37,12 @@ SUMMARY_COLUMNS = [
     "framework",
     "status",
     "csv",
+    "device",
     "devices",
     "parallelism",
     "versions",
+    "matmul_precision",
+    "timed",
     "epochs",
     "first_epoch_s",
     "steady_epoch_s",
@@ -48,6 +52,9 @@ SUMMARY_COLUMNS = [
     "final_val_loss",
     "final_val_acc",
     "note",
+    "git_rev",
+    "date",
+    "settings",
 ]
 VERSION_KEYS = ("torch", "keras", "tensorflow", "jax", "pytensor")
 EXTRAS = ("keras", "tensorflow", "jax", "pytensor")  # pyproject extras named after the package they install
@@ -84,32 +91,53 @@ def runner_env(fw: Framework) -> dict[str, str]:
 
 
 def run_framework(fw: Framework, spec: RunSpec, timeout: float) -> tuple[str, str]:
-    """Run one framework; returns (status, note). Its output goes to the console and to its log."""
+    """Run one framework; returns (status, note). Its output goes to the console and to its log.
+
+    The runner runs in a session of its own, ended whole at `timeout` or on any exit from here (Ctrl-C,
+    SIGTERM): a runner silent in a compile or a stuck collective is stopped at the deadline, not when it next
+    prints, and torchrun's workers under a `--devices` run go with it. A run stopped so leaves no CSV."""
     logs = Path(spec.out) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{fw.name}.log"
     cmd = [sys.executable, "-m", f"cnnpar.frameworks.{fw.module}", "--framework", fw.name, *spec.to_argv()]
     print(f"compare: {fw.name}: {' '.join(cmd[1:])}", flush=True)
-    t0 = time.perf_counter()
     lines: list[str] = []
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            cmd, env=runner_env(fw), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+            cmd,
+            env=runner_env(fw),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
         )
-        try:
+
+        def copy_output() -> None:
             for line in proc.stdout:
                 log.write(line)
                 lines.append(line.rstrip())
                 if line.startswith(f"{fw.name}:") or line.startswith(fw.framework + ":"):
                     print("  " + line.rstrip(), flush=True)  # the runner's own progress lines
-                if time.perf_counter() - t0 > timeout:
-                    proc.kill()
-            rc = proc.wait(timeout=max(1.0, timeout - (time.perf_counter() - t0)))
+
+        reader = threading.Thread(target=copy_output, name=f"compare-{fw.name}", daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)
             rc = proc.wait()
-    if time.perf_counter() - t0 > timeout:
-        return "failed", f"timed out after {timeout:.0f} s (log: {log_path})"
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            (Path(spec.out) / csv_name(fw)).unlink(missing_ok=True)
+            raise
+        reader.join(timeout=10)  # the pipe closes once every process of the session is gone
+    if timed_out:
+        (Path(spec.out) / csv_name(fw)).unlink(missing_ok=True)  # whatever it wrote before the kill
+        return "failed", f"timed out after {timeout:.0f} s: stopped with its processes (log: {log_path})"
     if rc != 0:
         last = next((ln for ln in reversed(lines) if ln.strip()), "no output")
         return "failed", f"exit code {rc}: {last[:300]} (log: {log_path})"
@@ -139,6 +167,12 @@ def summary_row(fw: Framework, status: str, note: str, out: Path) -> dict[str, s
     last = rows[-1]
     row.update(
         csv=path.name,
+        device=f"{header.get('device', '')} ({header.get('device_type', '')})",
+        matmul_precision=header.get("matmul_precision", ""),
+        timed=header.get("timed", ""),
+        git_rev=header.get("git_rev", ""),
+        date=header.get("date", ""),
+        settings=", ".join(f"{k[5:]} {v}" for k, v in header.items() if k.startswith("spec_") and v not in ("", "0")),
         devices=header.get("devices_used", ""),
         parallelism=header.get("parallelism", ""),
         versions=" ".join(f"{k} {header[k]}" for k in VERSION_KEYS if header.get(k)),
@@ -155,12 +189,13 @@ def summary_row(fw: Framework, status: str, note: str, out: Path) -> dict[str, s
     return row
 
 
-def write_markdown(path: Path, rows: list[dict[str, str]], spec: RunSpec, device: str) -> None:
+def write_markdown(path: Path, rows: list[dict[str, str]], spec: RunSpec) -> None:
     from cnnpar.report.files import write_text_atomic
 
     cols = [
         ("framework", "framework"),
         ("status", "status"),
+        ("device", "device"),
         ("devices", "devices"),
         ("first_epoch_s", "epoch 1 s"),
         ("steady_epoch_s", "later epochs s (median)"),
@@ -174,20 +209,25 @@ def write_markdown(path: Path, rows: list[dict[str, str]], spec: RunSpec, device
     lines = [
         f"# cnn3 across frameworks: {spec.data}",
         "",
-        f"Device: {device}. Epochs {spec.epochs}, global batch {spec.batch_size}, Adam lr {spec.lr}, "
+        f"Epochs {spec.epochs}, global batch {spec.batch_size}, Adam lr {spec.lr}, "
         f"seed {spec.seed}, --devices {spec.devices}"
         + (f", first {spec.max_train} training samples" if spec.max_train else "")
         + (f", first {spec.max_val} validation samples" if spec.max_val else "")
-        + ". Epoch 1 includes each framework's tracing/compilation.",
+        + ". What each framework's timed epochs hold (compile, tracing, CUDA graphs) and its matmul precision are "
+        "in the notes below: they are not the same for all.",
         "",
         "| " + " | ".join(t for _, t in cols) + " |",
         "|" + "---|" * len(cols),
     ]
     for r in rows:
         lines.append("| " + " | ".join((r[k] or "").replace("|", "/") for k, _ in cols) + " |")
-    notes = [r for r in rows if r["note"]]
+    notes = []
+    for r in rows:
+        said = "; ".join(x for x in (r["timed"], r["matmul_precision"], r["note"]) if x)
+        if said:
+            notes.append(f"- {r['framework']}: {said}")
     if notes:
-        lines += ["", "Notes:", ""] + [f"- {r['framework']}: {r['note']}" for r in notes]
+        lines += ["", "Notes:", ""] + notes
     write_text_atomic(path, "\n".join(lines) + "\n")
 
 
@@ -251,12 +291,11 @@ def run_compare(frameworks: list[Framework], spec: RunSpec, timeout: float = 360
             print(f"compare: {fw.name} failed: {note}", flush=True)
         results.append((fw, status, note))
     rows = [summary_row(fw, status, note, out) for fw, status, note in results]
-    device = next(
-        (read_result_csv(out / csv_name(fw))[0].get("device", "") for fw, s, _ in results if s == "ok"), "unknown"
-    )
+    # each row names its own device (PyTensor runs on the CPU beside GPU frameworks): all of them in the title
+    device = ", ".join(dict.fromkeys(r["device"] for r in rows if r["status"] == "ok")) or "unknown"
     base = out / f"{CSV_PREFIX}_summary"
     write_csv_atomic(base.with_suffix(".csv"), rows, SUMMARY_COLUMNS)
-    write_markdown(base.with_suffix(".md"), rows, spec, device)
+    write_markdown(base.with_suffix(".md"), rows, spec)
     title = f"cnn3 on {Path(spec.data).name}, {spec.epochs} epochs, batch {spec.batch_size}, {device}"
     write_chart(base.with_suffix(".png"), rows, out, title)
     for r in rows:

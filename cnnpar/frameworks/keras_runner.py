@@ -36,6 +36,7 @@ from cnnpar.frameworks.spec import (
     log_epoch,
     runner_main,
     steps_per_epoch,
+    tf_precision,
 )
 
 NO_TORCH_DP = (
@@ -108,11 +109,14 @@ def backend_versions(backend: str) -> dict[str, str]:
         import jaxlib
 
         devs = jax.devices()
+        precision = jax.config.jax_default_matmul_precision
         return {
             "jax": jax.__version__,
             "jaxlib": jaxlib.__version__,
             "device": devs[0].device_kind if devs[0].platform != "cpu" else cpu_name(),
             "device_type": devs[0].platform,
+            # recorded, not pinned: the backend's default (reduced precision, TF32-like, on recent GPUs)
+            "matmul_precision": f"jax_default_matmul_precision={precision or 'default'}",
         }
     if backend == "tensorflow":
         import tensorflow as tf
@@ -122,6 +126,7 @@ def backend_versions(backend: str) -> dict[str, str]:
             "tensorflow": tf.__version__,
             "device": gpus[0].name if gpus else cpu_name(),
             "device_type": "gpu" if gpus else "cpu",
+            "matmul_precision": tf_precision(tf),
         }
     import torch
 
@@ -130,6 +135,10 @@ def backend_versions(backend: str) -> dict[str, str]:
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(0) if cuda else cpu_name(),
         "device_type": "cuda" if cuda else "cpu",
+        "matmul_precision": (
+            f"torch matmul allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
+            f"cudnn allow_tf32={torch.backends.cudnn.allow_tf32}"
+        ),
     }
 
 
@@ -213,7 +222,8 @@ def train(fw: Framework, spec: RunSpec) -> tuple[dict, list[dict]]:
             "parallelism": parallelism,
             "layout": "NHWC",
             "jit_compile": str(getattr(model, "jit_compile", "")),
-            "note": "epoch 1 includes tracing/compilation; Keras's BN running variance is the biased one",
+            "timed": "epoch 1 includes tracing/compilation; each epoch model.fit over the training steps",
+            "note": "Keras's BN running variance is the biased one",
         }
     )
     return header, rows

@@ -389,3 +389,8 @@ def runner_main(prog: str, train) -> int:
         write_result_csv(path, header, rows)
         print(f"{fw.name}: wrote {path}", flush=True)
     return 0
+
+
+def tf_precision(tf) -> str:
+    """TensorFlow's TF32 switch, as it ran (recorded, not pinned: on by default on GPUs that have TF32)."""
+    return f"tensor_float_32_execution={tf.config.experimental.tensor_float_32_execution_enabled()}"

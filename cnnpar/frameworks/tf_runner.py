@@ -34,6 +34,7 @@ from cnnpar.frameworks.spec import (
     log_epoch,
     runner_main,
     steps_per_epoch,
+    tf_precision,
 )
 
 
@@ -188,7 +189,8 @@ def train(fw: Framework, spec: RunSpec) -> tuple[dict, list[dict]]:
             "devices_used": str(strategy.num_replicas_in_sync),
             "parallelism": parallelism,
             "layout": "NHWC",
-            "note": "tf.function graph (no XLA jit); epoch 1 includes tracing",
+            "matmul_precision": tf_precision(tf),
+            "timed": "epoch 1 includes tf.function tracing (no XLA jit); each epoch the training steps alone",
         }
     )
     return header, rows

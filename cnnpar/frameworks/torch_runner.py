@@ -87,7 +87,7 @@ def train(fw: Framework, spec: RunSpec):
             trainer = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
             load_initial_weights(trainer.raw_model, initial_weights(bundle.shape, bundle.num_classes, spec.seed))
             history = trainer.fit().history
-            resolved = trainer.cfg
+            resolved, graphs = trainer.cfg, trainer.use_graphs
     finally:
         destroy_distributed()
     if not info.is_main:
@@ -125,6 +125,12 @@ def train(fw: Framework, spec: RunSpec):
             ),
             "layout": "NCHW" if resolved.speed.channels_last == "off" else "NHWC (channels_last)",
             "compile": resolved.speed.compile,
+            "timed": (
+                f"torch.compile {resolved.speed.compile}; CUDA graphs "
+                + ("on, captured before epoch 1 (in no epoch)" if graphs else "off")
+                + "; each epoch the training steps alone"
+            ),
+            "matmul_precision": "fp32 (TF32 off: cnnpar's --precision fp32)",
             "torch_threads": str(torch.get_num_threads()),
             "note": "cnnpar's Trainer: loader, device-side normalisation, AdamW(weight_decay=0), fp32",
         }

@@ -7,6 +7,7 @@ here, with no C compiler: FAST_RUN's first C compilation takes minutes on a fres
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from cnnpar.frameworks.spec import CSV_COLUMNS, FRAMEWORKS, csv_name, read_result_csv
 
 TINY = ["--max-train", "64", "--max-val", "64", "--batch-size", "32", "--epochs", "1"]
-HEADER_KEYS = {"framework", "backend", "device", "devices_used", "parallelism", "git_rev", "train_samples"}
+HEADER_KEYS = {"framework", "backend", "device", "devices_used", "parallelism", "git_rev", "train_samples", "timed"}
 
 
 def installed(name: str) -> bool:
@@ -49,6 +50,13 @@ def test_compare_every_framework_one_epoch(cli):
     shared = [losses[n] for n in same_order if n in losses]
     assert max(shared, default=0) - min(shared, default=0) < 1e-2, losses
     assert (out / "cnn2d_3layer_fullconnected_3layer_summary.png").stat().st_size > 1000
+    summary_csv = out / "cnn2d_3layer_fullconnected_3layer_summary.csv"
+    summary = {r["framework"]: r for r in csv.DictReader(summary_csv.open())}
+    for name in losses:  # every row names its own device, revision and what its timed epochs hold
+        assert summary[name]["device"] and summary[name]["git_rev"] and summary[name]["timed"], summary[name]
+    if "pytensor" in losses:
+        assert summary["pytensor"]["timed"].startswith("compiled before epoch 1")
+        assert "use_cloop=False" in read_result_csv(out / csv_name(FRAMEWORKS["pytensor"]))[0]["pytensor_linker"]
 
 
 @pytest.mark.skipif(

@@ -90,3 +90,31 @@ def test_a_one_epoch_run_gives_no_steady_rate_and_says_why(tmp_path):
     )
     two = compare.summary_row(fw, "ok", "", tmp_path)
     assert float(two["steady_images_per_s"]) == 500.0 and two["note"] == ""
+
+
+def test_a_runner_silent_past_its_timeout_is_stopped_with_its_children_and_leaves_no_csv(tmp_path, monkeypatch):
+    """The deadline was checked only when the runner printed: a silent one ran on; and a killed torchrun's workers
+    finished and wrote a CSV beside the failed row."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    fw = FRAMEWORKS["torch"]
+    marker = f"compare-silent-{tmp_path.name}"
+    script = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'])\n"
+        f"open({str(tmp_path / csv_name(fw))!r}, 'w').write('half')\n"
+        "time.sleep(120)\n"
+    )
+    real = subprocess.Popen
+    monkeypatch.setattr(compare.subprocess, "Popen", lambda cmd, **kw: real([sys.executable, "-c", script], **kw))
+    t0 = time.monotonic()
+    status, note = compare.run_framework(fw, RunSpec(out=str(tmp_path)), timeout=3)
+    assert time.monotonic() - t0 < 30
+    assert status == "failed" and note.startswith("timed out after 3 s: stopped with its processes")
+    assert not (tmp_path / csv_name(fw)).exists()
+    time.sleep(0.5)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
