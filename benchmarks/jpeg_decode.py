@@ -135,7 +135,7 @@ def pillow_resize_batch(ds: CpuDecodedFolder, indices: list[int]) -> torch.Tenso
     datas = [read_encoded(ds.files[i]) for i in indices]
     opened = [Image.open(io.BytesIO(memoryview(d.numpy()))) for d in datas]
     sizes = torch.tensor([(im.height, im.width) for im in opened])
-    boxes = draw_crop_boxes(sizes, ds.train, ds.generator()).tolist()
+    boxes = draw_crop_boxes(sizes, ds.train, ds.generator(indices)).tolist()
     out = torch.empty(len(indices), 3, ds.size, ds.size, dtype=torch.uint8)
     for k, (im, (top, left, ch, cw)) in enumerate(zip(opened, boxes)):
         r, width = reduction(ch, cw, ds.size), im.width
@@ -752,7 +752,7 @@ def cpu_quality(files: list[Path], indices: list[list[int]], args, record: Recor
         torch.manual_seed(0)  # the decoders seed their boxes from it: the same boxes on every path
         for b, idx in enumerate(indices):
             if backend == "reference":
-                gen = CpuDecodedFolder(files, labels, args.size, train=train).generator()
+                gen = CpuDecodedFolder(files, labels, args.size, train=train).generator(idx)
                 boxes = draw_crop_boxes(torch.tensor(sizes[b]), train, gen)
                 images = [decode_rgb(read_encoded(files[i]), files[i]) for i in idx]
                 out.append(resized_crops_loop(images, boxes, args.size))

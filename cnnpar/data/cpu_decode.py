@@ -225,10 +225,12 @@ class CpuDecodedFolder(Dataset):
     `train`: random-resized crops (else the centre square). `draft`: decode JPEGs reduced where
     the crop allows (off only to measure what it gains). `backend`: what decodes the JPEGs,
     "simplejpeg" or "pillow" (Pillow reduced, torchvision at full size); None picks
-    `cpu_jpeg_backend()`. The crop boxes come from a generator
-    seeded with `torch.initial_seed()` of the process that decodes: DataLoader workers get a
-    fresh seed from the main process's generator each epoch (and each worker its own), so runs
-    seeded alike repeat, and epochs and workers differ.
+    `cpu_jpeg_backend()`. The crop boxes of a batch come from a generator seeded with the epoch's
+    seed and the batch's first index: the epoch's seed is `epoch_seed` where the loader's
+    `ReseedingWorkers` set it in a worker, else `torch.initial_seed()` of the process (the main
+    process's is the epoch's seed, engine/rng.py). So runs seeded alike repeat, epochs differ, and
+    the crops do not depend on how many workers decode (a batch's boxes were the draws of whichever
+    worker it was dealt to, so --workers changed the augmentation).
     """
 
     answers_batches = True  # the loader hands it whole index lists (batch_size=None)
@@ -244,22 +246,20 @@ class CpuDecodedFolder(Dataset):
         self.files = list(files)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         self.size, self.train, self.draft, self.backend = size, train, draft, backend
-        self._generator: torch.Generator | None = None
-        self._seed: int | None = None
+        self.epoch_seed: int | None = None  # set in each worker by loader.ReseedingWorkers
         self._turbo: TurboDecoder | None = None
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getstate__(self) -> dict:
-        # each process seeds its own generator and grows its own decode buffer
-        return {**self.__dict__, "_generator": None, "_seed": None, "_turbo": None}
+        # each process grows its own decode buffer
+        return {**self.__dict__, "_turbo": None}
 
-    def generator(self) -> torch.Generator:
-        seed = torch.initial_seed()
-        if self._generator is None or self._seed != seed:
-            self._generator, self._seed = torch.Generator().manual_seed(seed), seed
-        return self._generator
+    def generator(self, indices: list[int]) -> torch.Generator:
+        """The batch's own generator: a function of the epoch's seed and the batch, not of the process."""
+        base = self.epoch_seed if self.epoch_seed is not None else torch.initial_seed()
+        return torch.Generator().manual_seed((base * 1_000_003 + int(indices[0])) % 2**63)
 
     def __getitem__(self, index):
         # batch_size=None: the DataLoader passes the BatchSampler's whole list here
@@ -294,7 +294,7 @@ class CpuDecodedFolder(Dataset):
             sizes.append(hw or tuple(img.shape[1:]))
             reducible.append(self.draft and draftable(jpeg))
             turbo.append(self.backend == "simplejpeg" and turbo_ready(jpeg))
-        boxes = draw_crop_boxes(torch.tensor(sizes, dtype=torch.int64).view(n, 2), self.train, self.generator())
+        boxes = draw_crop_boxes(torch.tensor(sizes, dtype=torch.int64).view(n, 2), self.train, self.generator(indices))
         x = shared_uint8((n, 3, size, size))
         # Pass 2: one image at a time (a batch of whole photos would not fit in a worker's share
         # of memory), at the largest reduction its crop allows, then crop+resize into x.

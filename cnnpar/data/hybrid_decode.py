@@ -62,6 +62,14 @@ class HybridFolder(Dataset):
     def __len__(self) -> int:
         return len(self.encoded)
 
+    @property
+    def epoch_seed(self) -> int | None:  # the CPU share's crops follow the epoch's seed (loader.ReseedingWorkers)
+        return self.cpu.epoch_seed
+
+    @epoch_seed.setter
+    def epoch_seed(self, seed: int | None) -> None:
+        self.cpu.epoch_seed = seed
+
     def encoded_batch(self, indices: list[int]) -> EncodedBatch:
         """All of `indices` read as bytes, as the GPU decoder alone would get them (for comparisons)."""
         return collate_encoded([self.encoded[i] for i in indices])[0]

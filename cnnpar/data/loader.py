@@ -531,6 +531,8 @@ class ReseedingWorkers(Dataset):
             torch.manual_seed(worker_seed)  # CpuDecodedFolder follows torch.initial_seed()
             random.seed(worker_seed)
             np.random.seed(worker_seed % 2**32)
+            if hasattr(self.base, "epoch_seed"):  # draws from the epoch's seed itself, the same in every worker
+                self.base.epoch_seed = seed
             self.seed = seed
         return self.base[item]
 

@@ -18,7 +18,7 @@ from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop
 from cnnpar.data.loader import build_loader
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.dist import DistInfo
-from cnnpar.engine.rng import epoch_seed
+from cnnpar.engine.rng import epoch_seed, init_epoch_rng
 from tests.datafiles import write_image_folder
 
 # the tests' own torchvision.io calls (references, encoders): only its codec notice is known
@@ -52,13 +52,13 @@ def write_jpegs(folder: Path, sizes, quality: int = 90) -> list[Path]:
     return files
 
 
-def reference(files: list[Path], train: bool, seed: int, size: int) -> torch.Tensor:
-    """The GPU path on the same files: full decode, `draw_crop_boxes` from a generator seeded as
-    the decoder seeds its own, `resized_crops_loop` (float antialiased bilinear)."""
+def reference(files: list[Path], train: bool, generator: torch.Generator, size: int) -> torch.Tensor:
+    """The GPU path on the same files: full decode, `draw_crop_boxes` from the decoder's generator for the
+    batch, `resized_crops_loop` (float antialiased bilinear)."""
     from torchvision.io import ImageReadMode, decode_image
 
     images = [decode_image(str(f), mode=ImageReadMode.RGB) for f in files]
-    boxes = draw_crop_boxes(torch.tensor([img.shape[1:] for img in images]), train, torch.Generator().manual_seed(seed))
+    boxes = draw_crop_boxes(torch.tensor([img.shape[1:] for img in images]), train, generator)
     return resized_crops_loop(images, boxes, size)
 
 
@@ -73,11 +73,13 @@ def test_batch_uses_the_gpu_paths_boxes_and_matches_its_resize_at_full_scale(tmp
     x, y, index = ds[order]  # what the DataLoader passes with batch_size=None
     assert x.shape == (6, 3, 48, 48) and x.dtype == torch.uint8 and x.is_contiguous()
     assert y.tolist() == [labels[i] for i in order] and index.tolist() == order
-    ref = reference([files[i] for i in order], train, 11, 48)
+    ref = reference([files[i] for i in order], train, ds.generator(order), 48)
     diff = (x.int() - ref.int()).abs()
     # The same libjpeg-turbo decode (simplejpeg's or torchvision's), the same filter in integers
     # (torch's uint8 kernel) and floats: a rounding flip at most.
     assert diff.max() <= 1 and diff.float().mean() < 0.2
+    assert torch.equal(ds.__getitems__(order)[0], x)  # a batch's crops are a function of the seed and the batch
+    torch.manual_seed(12)  # another epoch's seed
     assert torch.equal(ds.__getitems__(order)[0], x) != train  # evaluation repeats; training draws anew
 
 
@@ -104,9 +106,10 @@ def test_large_jpegs_decode_reduced_close_to_the_full_size_reference(tmp_path, m
     for size, train, seed in ((64, False, 64), (112, True, 112), (224, True, 225)):
         used.clear()
         torch.manual_seed(seed)
-        x, _, _ = CpuDecodedFolder(files, [0] * 4, size, train=train, backend=backend)[[0, 1, 2, 3]]
+        ds = CpuDecodedFolder(files, [0] * 4, size, train=train, backend=backend)
+        x, _, _ = ds[[0, 1, 2, 3]]
         assert len(used) == 4 and all(k != "declined" and k > 1 for k in used), used
-        diff = (x.int() - reference(files, train, seed, size).int()).abs()
+        diff = (x.int() - reference(files, train, ds.generator([0, 1, 2, 3]), size).int()).abs()
         # libjpeg-turbo's scaled IDCT is a filter of its own: measured 0.2-1.0 mean, 5 max on
         # these pictures at 1/2, 1/4 and 1/8 scale.
         assert diff.float().mean() < 1.5 and diff.max() <= 8, (size, diff.float().mean(), diff.max())
@@ -123,21 +126,25 @@ def test_reduction_leaves_the_crop_at_least_the_output_size():
     assert png_size(b"\xff\xd8\xff") is None
 
 
-def test_boxes_come_from_the_decoding_processes_seed(tmp_path):
-    """Seeded from torch.initial_seed() of the process that decodes: the same seed repeats a
-    batch, the next draw differs, and another seed (another worker, or the fresh workers of
-    another epoch) differs too."""
+def test_boxes_come_from_the_epochs_seed_and_the_batch_not_the_process(tmp_path):
+    """Seeded from the epoch's seed (`epoch_seed`, set in each worker by the loader, else torch.initial_seed(),
+    which engine/rng.py sets to it in the main process) and the batch's first index: the same seed and batch
+    repeat, another batch or seed differs, and a worker with the epoch's seed draws what the main process does
+    (a batch's boxes were the draws of whichever worker it went to, so --workers changed the crops)."""
     files = write_jpegs(tmp_path, SIZES)
+    ds = CpuDecodedFolder(files, [0] * 6, 32, train=True)
 
-    def draws(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def draw(seed: int, batch: list[int]) -> torch.Tensor:
         torch.manual_seed(seed)
-        ds = CpuDecodedFolder(files, [0] * 6, 32, train=True)
-        return ds[[0, 1, 2]][0], ds[[0, 1, 2]][0]
+        return ds[batch][0]
 
-    first, second = draws(0)
-    again, _ = draws(0)
-    other, _ = draws(1)
-    assert torch.equal(again, first) and not torch.equal(first, second) and not torch.equal(other, first)
+    first = draw(0, [0, 1, 2])
+    assert torch.equal(draw(0, [0, 1, 2]), first)
+    assert not torch.equal(draw(1, [0, 1, 2]), first)
+    assert not torch.equal(draw(0, [3, 1, 2])[1:], first[1:])  # another batch: other boxes for the same images
+    torch.manual_seed(12345)  # a worker's own seed, unlike the main process's
+    ds.epoch_seed = 0  # the epoch's, handed to the worker with its indices
+    assert torch.equal(ds[[0, 1, 2]][0], first)
 
 
 def test_workers_hand_over_whole_batches_reproducibly(tmp_path):
@@ -175,6 +182,27 @@ def test_build_loader_decodes_folders_a_batch_at_a_time_on_the_cpu(tmp_path, aug
         batches = list(feeder)
         assert batches and all(x.shape[1:] == (3, 16, 16) and x.dtype == torch.float32 for x, _ in batches)
         assert sum(len(y) for _, y in batches) == (8 if train else len(bundle.val))
+
+
+def test_the_crops_of_an_epoch_do_not_depend_on_the_number_of_workers(tmp_path):
+    """--workers is a speed switch: 0, 1 and 2 workers decode an epoch to the same pixels."""
+    root = write_image_folder(tmp_path / "photos", per_class=6, classes=2, side=20)
+    bundle = load_data(DataConfig(source=str(root), image_size=16, val_fraction=0.25))
+    info = DistInfo(0, 0, 1, torch.device("cpu"))
+
+    def epoch(workers: int) -> list[torch.Tensor]:
+        data = DataConfig(augment="flip", decode="cpu", workers=workers, persistent_workers=False)
+        feeder = build_loader(bundle, resolve_for_device(Config(data=data, run=RunConfig(batch_size=2, seed=3)), "cpu",
+                                                         False), info, train=True)  # fmt: skip
+        seed = epoch_seed(3, 0, 2)
+        init_epoch_rng(seed)  # what the trainer does at an epoch's start (engine/rng.py)
+        feeder.set_epoch(2, seed)
+        return [x for x, _ in feeder]
+
+    alone = epoch(0)
+    assert len(alone) == 4
+    for workers in (1, 2):
+        assert all(torch.equal(a, b) for a, b in zip(alone, epoch(workers), strict=True)), workers
 
 
 def test_persistent_workers_draw_an_epoch_from_its_seed_alone(tmp_path):
