@@ -426,9 +426,11 @@ def trial_rows(trials: list[Trial], env: dict) -> list[dict]:
 
 def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict) -> None:
     """tuned.toml (the best config so far, resolved) and tuned.csv (every trial), each atomically."""
+    from cnnpar.report.environment import comment_lines
+
     best = max((t for t in trials if t.status in (START, KEPT)), key=lambda t: t.images_per_s)
     start = next(t for t in trials if t.status == START)
-    header = "".join(f"# {k} = {v}\n" for k, v in env.items())
+    header = comment_lines(env)
     header += (
         f"# best so far: {best.switch}={best.value}, {best.images_per_s:,.0f} img/s "
         f"({best.images_per_s / start.images_per_s:.2f}x the start's {start.images_per_s:,.0f}), "

@@ -13,7 +13,7 @@ from pathlib import Path
 from cnnpar.config import Config, dumps_toml
 from cnnpar.dist import DistInfo, barrier, broadcast_object
 from cnnpar.engine.harness import build_trainer, next_group, run_step, training_batches
-from cnnpar.report.environment import environment
+from cnnpar.report.environment import comment_lines, environment
 from cnnpar.report.files import removed_on_failure, write_text_atomic
 from cnnpar.report.profiler import ProfileFiles, profile_steps
 from cnnpar.report.ranges import DATA_WAIT, span
@@ -68,7 +68,7 @@ def _profile(trainer, info: DistInfo, opts: ProfileOptions, out: Path) -> Profil
         trainer.close()
     if info.is_main:  # what was profiled, on what: the tables and traces beside it carry no such record
         env = environment(info.device, info.world_size)
-        header = "".join(f"# {k} = {v}\n" for k, v in env.items())
+        header = comment_lines(env)
         write_text_atomic(out / "config.toml", header + "# profiled by `cnnpar profile`\n" + dumps_toml(trainer.cfg))
     barrier(info)
     return files

@@ -54,7 +54,7 @@ from cnnpar.parallel import Precision, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
-from cnnpar.report.environment import environment
+from cnnpar.report.environment import comment_lines, environment
 from cnnpar.report.files import read_csv, removed_on_failure, write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import DataWait, EpochClock, peak_memory, sync
 from cnnpar.report.telemetry import monitor_run
@@ -381,7 +381,7 @@ class Trainer:
             for orphan in (self.run_dir / "ckpt").glob(f".{LAST}.*.tmp"):  # a save that a SIGKILL cut short
                 orphan.unlink(missing_ok=True)
             env = environment(self.info.device, self.info.world_size)
-            header = "".join(f"# {k} = {v}\n" for k, v in env.items())
+            header = comment_lines(env)
             resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
             lines = requested_lines(self.requested_cfg, resolved)
             record = self.run_dir / "config.toml"

@@ -73,3 +73,9 @@ def environment(device: torch.device, world_size: int = 1) -> dict[str, str | in
         "git_rev": git_revision(),
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def comment_lines(env: dict) -> str:
+    """`# key = value` lines heading a TOML file (a run's config.toml, tuned.toml, a profile's config.toml):
+    comments, so the file still loads with --config."""
+    return "".join(f"# {k} = {v}\n" for k, v in env.items())
