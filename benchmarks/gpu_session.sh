@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1000,6 +1000,16 @@ s19f)
       --synthetic-samples 8192 --try 2
   make_rep 80 .devdata/imagenet_rep80
   user_run .devdata/imagenet_rep80 170
+  ;;
+s21b)
+  # session 21, call B (one H200, ~3 min, chained after s20c; carry .devdata/cifar10_jpeg.npz alone, the photos
+  # would pass the 64 MiB a call takes): what a user who passes no speed flags gets on CIFAR-10 ResNet-18 (the
+  # reference at 5bfa0df: batch 64, 34,349 img/s), beside the step alone at the batch the search picks
+  TAIL=8 logged cifar_default 240 python3 -m cnnpar train --data .devdata/cifar10.npz --model resnet18 --epochs 3 \
+      --no-progress --out-dir /tmp/runs_cifar
+  cp /tmp/runs_cifar/*/summary.json "$R/cifar_default_summary.json" 2>/dev/null
+  TAIL=5 logged step_rn18 200 python3 benchmarks/step_vs_plain.py --cases "resnet18:32:${STEP_BATCH:-512}" \
+      --plain none --variants "" --out "$R/step_rn18.csv"
   ;;
 s20d)
   # session 20, call D (one H200, ~2 min with a cold start): the data-wait CUDA tests, the read-as-you-go one
