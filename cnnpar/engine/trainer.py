@@ -143,7 +143,7 @@ class Trainer:
             "image_shape": list(self.bundle.shape),
         }
         self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h, w)
-        if hasattr(self.raw_model, "init_from_data") and self.bundle.in_memory:
+        if hasattr(self.raw_model, "init_from_data"):
             self.raw_model.init_from_data(self._normalised_sample())
         apply_frozen_whitening(self.raw_model, cfg.optim)
         self.batch_line = ""
@@ -259,9 +259,19 @@ class Trainer:
             self.log(f"cuda graphs off: {why}")
         return not why
 
-    def _normalised_sample(self, n: int = 5000) -> torch.Tensor:
-        """The first n training images as the model sees them (for data-dependent initialisation)."""
-        x = self.bundle.train.x[:n].float().div_(255)
+    def _normalised_sample(self, n: int = 5000, patches: int = 5_000_000) -> torch.Tensor:
+        """Training images as the model sees them, for data-dependent initialisation (fastnet's whitened
+        stem): the first n of in-memory data; from a folder or store, n spread over the split (its files are
+        in class order) and decoded to their centre view, at most about `patches` 2x2 patches in all (5,000
+        CIFAR-sized images; ~100 at 224 px, where 5,000 would take tens of GB in float64)."""
+        c, h, w = self.bundle.shape
+        n = min(n, len(self.bundle.train), max(1, patches // max(1, (h - 1) * (w - 1))))
+        if self.bundle.in_memory:
+            x = self.bundle.train.x[:n]
+        else:
+            picks = torch.linspace(0, len(self.bundle.train) - 1, n).round().long().unique().tolist()
+            x = torch.stack([self.bundle.train[i][0] for i in picks])
+        x = x.float().div_(255)
         mean = torch.tensor(self.bundle.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.bundle.std).view(1, -1, 1, 1)
         return (x - mean) / std

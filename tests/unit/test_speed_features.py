@@ -36,6 +36,44 @@ def test_whitened_stem_decorrelates_patches():
     assert torch.allclose(model.stem.weight[12:24], -model.stem.weight[:12])
 
 
+def test_the_stem_is_whitened_from_a_folder_as_from_the_same_images_in_memory(tmp_path):
+    """fastnet's stem is initialised from the training images whatever holds them: from a folder of PNGs, as from
+    the same images in an npz, its filters decorrelate the 2x2 patches of the images as the model sees them (a
+    folder once kept the random init, which --whiten-frozen then froze)."""
+    import numpy as np
+    from PIL import Image
+
+    from cnnpar.config import Config, DataConfig, ModelConfig, RunConfig
+    from cnnpar.dist import DistInfo
+    from cnnpar.engine.trainer import Trainer
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.rand(48, 3, 16, 16, generator=g)
+    x = ((base + 0.8 * base.roll(1, dims=1)) / 1.8 * 255).to(torch.uint8)  # correlated channels
+    y = torch.arange(48) % 2
+    for i in range(48):
+        (tmp_path / "pics" / f"c{y[i]}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(x[i].permute(1, 2, 0).numpy()).save(tmp_path / "pics" / f"c{y[i]}" / f"{i:02d}.png")
+    np.savez(tmp_path / "same.npz", x_train=x.permute(0, 2, 3, 1).numpy(), y_train=y.numpy())
+    for name in ("pics", "same.npz"):
+        cfg = Config(
+            data=DataConfig(source=str(tmp_path / name), val_fraction=0.0, workers=0),
+            model=ModelConfig(name="fastnet"),
+            speed=SpeedConfig(device="cpu"),
+            run=RunConfig(epochs=1, batch_size=16, out_dir=str(tmp_path / "runs"), name=name, progress=False),
+        )
+        trainer = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None)
+        seen = trainer._normalised_sample()
+        assert len(seen) == 48
+        stem = trainer.raw_model.stem.weight.detach()
+        assert torch.allclose(stem[12:24], -stem[:12]), name  # the whitening's +/- pairs, not a random init
+        with torch.no_grad():
+            feats = torch.nn.functional.conv2d(seen, stem[:12]).permute(0, 2, 3, 1).reshape(-1, 12)
+        cov = torch.cov(feats.T)
+        off_diag = cov - torch.diag(torch.diag(cov))
+        assert off_diag.abs().max() < 0.05 * torch.diag(cov).mean(), name
+
+
 def test_flip_tta_averages_the_logits_of_image_and_mirror():
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2 * 4 * 4, 3))
     x = torch.randn(5, 2, 4, 4)
