@@ -85,7 +85,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             warnings.filterwarnings("ignore")  # rank 0 speaks for the job; others speak only on failure
         from cnnpar.engine.trainer import Trainer
 
-        result = Trainer(cfg, info).fit()
+        settings_from = Path(args.config).read_text() if getattr(args, "config", None) else ""
+        result = Trainer(cfg, info, settings_from=settings_from).fit()
         if info.is_main:
             best = result.summary.get("best_val_acc")
             # an accuracy on validation files that are training files must not travel alone

@@ -86,7 +86,7 @@ def at_least(low: float, kind: type = int):
     return parse
 
 
-def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config | None:
+def stored_run_config(resume: str, out_dir: str = "", name: str = "", search_again: bool = False) -> Config | None:
     """The config.toml of the run that `--resume PATH` (or `--resume auto --name NAME`) continues,
     None when there is none.
 
@@ -123,13 +123,16 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "") -> Config 
         for sec, names in MACHINE_FIELDS.items():
             for name_ in names:
                 raw[sec][name_] = defaults[sec][name_]
-    _as_requested(raw, text, _found_again)
+    _as_requested(raw, text, lambda sec, name_: _found_again(sec, name_) or (search_again and (sec, name_) in SEARCHED))
     return from_dict(raw, origin=str(stored))
 
 
 # What the data itself decides, found again from it wherever a run's record is reused: the same data gives the
 # same values, and the run then says where they came from (a stored class count read as --num-classes did not)
 FOUND_IN_DATA = (("data", "format"), ("data", "num_classes"))
+# An automatic batch size and the lr the search scaled for it (trainer._choose_batch_size): searched again, the
+# batch goes back to auto and the lr to the one asked for at batch 64, or the new search scales a scaled lr again
+SEARCHED = (("run", "batch_size"), ("optim", "lr"))
 
 
 def _machine_field(sec: str, name: str) -> bool:
@@ -191,6 +194,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     stored config), then every flag the user actually typed on top."""
     given = vars(args)
     resume = given.get("run.resume", "")
+    search_again = given.get("run.batch_size") == 0  # --batch-size auto typed over a record's searched batch
     if getattr(args, "config", None):
         from cnnpar.engine.rundir import same_source
 
@@ -202,7 +206,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         raw = to_dict(cfg)
 
         def found_again(sec: str, name: str) -> bool:
-            return _found_again(sec, name) or (other_data and (sec == "data" or (sec, name) == ("run", "batch_size")))
+            searched = (other_data or search_again) and (sec, name) in SEARCHED
+            return _found_again(sec, name) or (other_data and sec == "data") or searched
 
         _as_requested(raw, Path(args.config).read_text(), found_again)
         cfg = from_dict(raw, origin=args.config)
@@ -211,7 +216,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if resume:
             # `auto` names its folder by --out-dir/--name, typed or from the preset
             out_dir = given.get("run.out_dir", cfg.run.out_dir)
-            stored = stored_run_config(resume, out_dir, given.get("run.name", cfg.run.name))
+            stored = stored_run_config(resume, out_dir, given.get("run.name", cfg.run.name), search_again)
             cfg = stored if stored is not None else cfg
     overrides: dict[str, dict] = {}
     for key, value in vars(args).items():

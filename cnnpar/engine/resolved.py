@@ -101,11 +101,12 @@ def requested_lines(requested: Config, resolved: Config) -> list[str]:
 
 
 def kept_requested_lines(old_record: str, requested: Config, lines: list[str]) -> list[str]:
-    """The `# requested:` lines of a resumed run's earlier record (`old_record`, its config.toml text) that the
-    new record must keep beside `lines`: a resume takes the data's format, image size and class count and the
-    batch size from that record as resolved (the checkpoint was trained with them), so they reach `requested`
-    as values, and without the earlier lines a later `--config` of this record would not resolve them again
-    (another --data would be read as the first run's format). Kept where the resume did not set another value."""
+    """The `# requested:` lines of a resumed run's earlier record, or of the record a run was started from with
+    `--config` (`old_record`, its config.toml text), that the new record must keep beside `lines`: a resume (or
+    a re-run) takes the data's format, image size and class count and the batch size from that record as
+    resolved, so they reach `requested` as values, and without the earlier lines a later `--config` of this
+    record would not resolve them again (another --data would be read as the first run's format). Kept where
+    this run did not set another value."""
     import tomllib
 
     try:

@@ -121,7 +121,12 @@ RESUME_FIXED = (
 
 
 class Trainer:
-    def __init__(self, cfg: Config, info: DistInfo, bundle: DataBundle | None = None, log=print) -> None:
+    def __init__(
+        self, cfg: Config, info: DistInfo, bundle: DataBundle | None = None, log=print, settings_from: str = ""
+    ) -> None:
+        """`settings_from`: the text of the config.toml `cfg` was read from (`--config`), whose `# requested:`
+        lines this run's record keeps where it kept the value, as a resume keeps its own record's."""
+        self.settings_from = settings_from
         self.info = info
         self.log = log if info.is_main else (lambda *a, **k: None)
         self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
@@ -395,8 +400,11 @@ class Trainer:
             resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
             lines = requested_lines(self.requested_cfg, resolved)
             record = self.run_dir / "config.toml"
-            if record.is_file():  # a resume: what its first run asked for stays on record
-                lines += kept_requested_lines(record.read_text(), self.requested_cfg, lines)
+            # a resume, or a record re-run with --config: what its first run asked for stays on record, or the
+            # next --config of this record with other data would take those values as the user's own
+            earlier = record.read_text() if record.is_file() else self.settings_from
+            if earlier:
+                lines += kept_requested_lines(earlier, self.requested_cfg, lines)
             header += "".join(line + "\n" for line in lines)
             write_text_atomic(record, header + dumps_toml(resolved))
         barrier(self.info)

@@ -209,3 +209,54 @@ def test_a_link_to_a_runs_checkpoint_resumes_that_run_with_its_own_config(tmp_pa
     assert stored_run_config(str(tmp_path / "link.pt")).data.source == "synthetic"
     assert main(["train", "--resume", str(tmp_path / "link.pt"), "--epochs", "2", "--no-progress"]) == 0
     assert stored_run_config(str(tmp_path / "r")).run.epochs == 2
+
+
+def test_a_searched_batch_searched_again_starts_from_the_lr_asked_for_not_the_scaled_one(tmp_path):
+    """A GPU run's `--batch-size auto` stores the batch it found and the lr scaled for it (requested lines name
+    auto and the lr at batch 64). Where the batch is searched again (another --data, or --batch-size auto typed
+    over the record, on --config or --resume), the lr goes back to the one asked for: the new search scales it
+    once. The same data without --batch-size keeps the record's pair as it trained."""
+    import numpy as np
+
+    run = tmp_path / "r"
+    run.mkdir()
+    body = '[data]\nsource = "digits"\n[run]\nbatch_size = 1024\nname = "r"\nout_dir = "%s"\n[optim]\nlr = 0.008\n'
+    (run / "config.toml").write_text(
+        "# requested: optim.lr = 0.002\n# requested: run.batch_size = auto\n" + body % tmp_path.as_posix()
+    )
+    record = str(run / "config.toml")
+    arrays = tmp_path / "a.npz"
+    np.savez(arrays, x_train=np.zeros((40, 8, 8, 3), np.uint8), y_train=np.arange(40) % 2)
+    same = _parsed("--config", record)
+    assert (same.run.batch_size, same.optim.lr) == (1024, 0.008)
+    for args in (["--data", str(arrays)], ["--batch-size", "auto"]):
+        again = _parsed("--config", record, *args)
+        assert (again.run.batch_size, again.optim.lr) == (0, 0.002), args
+    typed = _parsed("--config", record, "--data", str(arrays), "--lr", "0.01")
+    assert (typed.run.batch_size, typed.optim.lr) == (0, 0.01)  # a typed lr stands
+    assert stored_run_config("auto", str(tmp_path), "r").optim.lr == 0.008  # a resume at the stored batch keeps it
+    resumed = _parsed("--resume", "auto", "--name", "r", "--out-dir", str(tmp_path), "--batch-size", "auto")
+    assert (resumed.run.batch_size, resumed.optim.lr) == (0, 0.002)
+
+
+def test_a_record_re_run_with_config_keeps_what_its_first_run_resolved_for_the_next_re_run(tmp_path):
+    """`--config` of a run's record trains with the first run's resolved image size, batch size and augment; the
+    new run's record keeps the first one's `# requested:` lines for them, so that `--config` of it with other data
+    finds them again from that data, as `--config` of the first record does (before, the second generation
+    enlarged 8 px photos to the digits' 16 px and credited a --image-size nobody typed)."""
+    import numpy as np
+
+    from cnnpar.cli import main
+
+    common = ["--device", "cpu", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path)]
+    assert main(["train", *common, "--epochs", "1", "--name", "r"]) == 0
+    first = read_requested((tmp_path / "r" / "config.toml").read_text())
+    assert {("data", "image_size"), ("run", "batch_size")} <= set(first)
+    record = str(tmp_path / "r" / "config.toml")
+    assert main(["train", *common, "--epochs", "1", "--config", record, "--name", "r2"]) == 0
+    second = tmp_path / "r2" / "config.toml"
+    assert read_requested(second.read_text()) == first
+    arrays = tmp_path / "a.npz"
+    np.savez(arrays, x_train=np.zeros((40, 8, 8, 3), np.uint8), y_train=np.arange(40) % 2)
+    other = _parsed("--config", str(second), "--data", str(arrays))
+    assert (other.data.format, other.data.image_size, other.run.batch_size) == ("auto", 0, 0)
