@@ -36,7 +36,7 @@ def horovod_train_args(argv: list[str], nproc: int) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from cnnpar.cliargs import config_from_args, passthrough_args
+    from cnnpar.cliargs import config_from_args
     from cnnpar.dist import (
         check_horovod_launch,
         debug_single_requested,
@@ -61,7 +61,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             from cnnpar.engine.rundir import NO_NAME_TO_RESUME
 
             raise UserError(NO_NAME_TO_RESUME)
-        cmd = torchrun_command(cfg.dist.nproc, passthrough_args(argv, "--nproc"))
+        # --nproc stays in the workers' arguments (RANK is set there: none launches again), so the run's record
+        # holds it and `--config` of that record starts as many processes again
+        cmd = torchrun_command(cfg.dist.nproc, argv)
         # NCCL's flight-recorder dumps land beside the runs, not in /tmp where nobody looks. A file
         # prefix, not a folder: files appear only on a timeout, and run-folder scans see no new folder.
         out_root = Path(cfg.run.out_dir)

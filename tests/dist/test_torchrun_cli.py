@@ -139,6 +139,8 @@ def test_nproc_starts_torchrun_for_this_machine(cli):
     assert "ddp: gradient buckets 25 MiB, static graph off, buffers sent from rank 0 every forward" in proc.stdout
     run_dir = only_run_folder(cli.cwd)
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
+    # the record holds the launch, so that `--config` of it starts two processes again
+    assert "\nnproc = 2\n" in (run_dir / "config.toml").read_text()
 
 
 def test_the_launcher_hands_every_train_flag_to_cnnpar_not_to_torchrun():
