@@ -124,6 +124,26 @@ class OrderedDecode:
             yield from done
 
 
+def check_store_out(out: Path, src: Path) -> None:
+    """Refuse, before any decoding, an --out that is not a store path: a folder, a name `--data` would not read
+    as a store, or an existing file that is not a store (the rename at the end would replace a user's CSV or
+    one of the photos without a word)."""
+    if out.is_dir():
+        raise DataError(f"--out {out}: is a folder: expected the store file to write, such as {out / src.name}.cnnpar")
+    if not out.name.lower().endswith(".cnnpar"):
+        raise DataError(
+            f"--out {out}: expected a name ending in .cnnpar (what --data reads as a store), such as {out}.cnnpar"
+        )
+    if out.exists():
+        with out.open("rb") as f:
+            start = f.read(len(MAGIC))
+        if start != MAGIC:
+            raise DataError(
+                f"--out {out}: exists and is not a cnnpar store (starts {start!r}): expected a new file, or a store "
+                "to replace; move the file away first"
+            )
+
+
 def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int = 0, progress: bool = True) -> dict:
     """Decode the image folder `src` into the store `out`; returns the store's header."""
     from tqdm.auto import tqdm
@@ -131,8 +151,7 @@ def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int 
     src, out = Path(src), Path(out)
     if max_side < 1:
         raise DataError(f"--max-side {max_side}: expected a side in pixels >= 1, such as 256")
-    if out.is_dir():  # refused now, not after decoding every image only to fail on the rename
-        raise DataError(f"--out {out}: is a folder: expected the store file to write, such as {out / src.name}.cnnpar")
+    check_store_out(out, src)
     files, labels, splits, classes = scan_splits(src)
     n = len(files)
     header = {

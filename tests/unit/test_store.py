@@ -229,6 +229,36 @@ def test_an_out_that_is_a_folder_is_refused_before_decoding(tmp_path, capsys, mo
     assert list((tmp_path / "X").iterdir()) == [] and not partial_path(tmp_path / "X").exists()
 
 
+def test_an_out_that_is_not_a_store_path_is_refused_and_left_as_it_was(tmp_path, capsys, monkeypatch):
+    """An --out of another name (a CSV beside the photos, one of the photos) was replaced by the store, and the
+    printed `--data` of a name without .cnnpar then failed; a store is still replaced."""
+    write_image_folder(tmp_path / "p", per_class=2, classes=2)
+    csv = tmp_path / "train.csv"
+    csv.write_text("label,pixel0\n1,0\n")
+    photo = next((tmp_path / "p").rglob("*.*"))
+    kept = photo.read_bytes()
+    lookalike = tmp_path / "other.cnnpar"
+    lookalike.write_bytes(b"not a store")
+
+    def no_decoding(*a):
+        raise AssertionError("decoded before refusing --out")
+
+    monkeypatch.setattr("cnnpar.data.store_write.decode_for_store", no_decoding)
+    for out, why in ((csv, "expected a name ending in .cnnpar"), (photo, "expected a name ending in .cnnpar"),
+                     (tmp_path / "p.store", "expected a name ending in .cnnpar"),
+                     (lookalike, "exists and is not a cnnpar store")):  # fmt: skip
+        assert cli_main(["prepare", str(tmp_path / "p"), "--out", str(out), "--workers", "1"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"cnnpar: error: --out {out}: ") and why in err and "\n" not in err, err
+    assert csv.read_text() == "label,pixel0\n1,0\n" and photo.read_bytes() == kept
+    assert lookalike.read_bytes() == b"not a store" and not (tmp_path / "p.store").exists()
+    monkeypatch.undo()
+    store = tmp_path / "s.cnnpar"
+    for _ in range(2):  # a store in the way is replaced
+        assert cli_main(["prepare", str(tmp_path / "p"), "--out", str(store), "--workers", "1", "--no-progress"]) == 0
+    assert StoreFile(store).count == 4
+
+
 def test_a_killed_prepare_leaves_a_partial_that_is_refused(tmp_path):
     """The writer is SIGKILLed mid-way (no clean-up can run): what it leaves is never read as data."""
     write_image_folder(tmp_path / "p", per_class=4, classes=2, side=64)  # 12 KB each: past Python's write buffer
