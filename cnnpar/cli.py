@@ -197,14 +197,16 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"{args.src}: ok ({header['count']} images, {header['pixel_bytes']:,} pixel bytes, checksums match)")
         return 0
     from cnnpar.data.store import default_store_path
-    from cnnpar.data.store_write import prepare_store
+    from cnnpar.data.store_write import Sides, prepare_store
 
     out = args.out or str(default_store_path(args.src))
-    header = prepare_store(args.src, out, args.max_side, args.workers, progress=not args.no_progress)
+    header = prepare_store(
+        args.src, out, args.max_side, args.workers, progress=not args.no_progress, short_side=args.short_side
+    )
     splits = header["splits"]
     print(
         f"wrote {out}: {header['count']} images ({splits['train']} train, {splits['val']} val), "
-        f"{len(header['class_names'])} classes, longer side <= {header['max_side']}, "
+        f"{len(header['class_names'])} classes, {Sides(args.max_side, args.short_side).describe()}, "
         f"{header['pixel_bytes']:,} pixel bytes; train with: cnnpar train --data {out}"
     )
     linked = header["same_file_groups"]
@@ -232,11 +234,18 @@ def add_prepare_parser(sub) -> None:
     )
     prep.add_argument("--out", default="", help="the store to write (default: SRC.cnnpar)")
     prep.add_argument(
-        "--max-side",
+        "--short-side",
         type=int,
         default=256,
-        help="longer side in pixels at most (never enlarged); ~1.15x the "
-        "model's input size leaves room for random crops (256 for 224)",
+        help="shorter side in pixels at most (never enlarged; 0: no bound): ~1.15x the model's input size, as "
+        "ImageNet's 256 for 224, so every square crop comes from the photo's own pixels",
+    )
+    prep.add_argument(
+        "--max-side",
+        type=int,
+        default=0,
+        help="longer side in pixels at most as well (0: no bound), to bound the store's size; a 4:3 photo at "
+        "--max-side 256 keeps a shorter side of 192, which crops of 224 enlarge",
     )
     prep.add_argument("--workers", type=int, default=0, help="decoding processes (0: one per usable core)")
     prep.add_argument("--verify", action="store_true", help="check SRC, a store, against its pixel checksum")

@@ -59,6 +59,7 @@ class DataBundle:
     classes_from: str = ""
     empty_classes: list[int] = field(default_factory=list)  # classes with no example in train or val
     size_from: str = ""  # how a folder's or store's side was chosen (--image-size, or the rule of source_size)
+    size_note: str = ""  # a warning when that side enlarges most of the images (source_size.enlarging_note)
     val_from: str = ""  # which split validates: the data's own test/val split, a seeded hold-out, or none
     val_overlap: str = ""  # a warning when validation files are training files (data/overlap.py), else ""
 

@@ -59,13 +59,34 @@ def pick_side(sizes: np.ndarray, sampled: bool) -> tuple[int, str]:
     )
 
 
-def folder_side(files: list[Path]) -> tuple[int, str]:
+def folder_sizes(files: list[Path]) -> tuple[np.ndarray, bool]:
+    """(height, width) of at most SAMPLE files spread over the folder, and whether that is a sample."""
     step = max(1, -(-len(files) // SAMPLE))
-    picked = files[::step]
-    sizes = [s for s in (header_size(f) for f in picked) if s is not None]
-    return pick_side(np.array(sizes, dtype=np.int64).reshape(-1, 2), sampled=step > 1)
+    sizes = [s for s in (header_size(f) for f in files[::step]) if s is not None]
+    return np.array(sizes, dtype=np.int64).reshape(-1, 2), step > 1
+
+
+def folder_side(files: list[Path]) -> tuple[int, str]:
+    return pick_side(*folder_sizes(files))
 
 
 def store_side(hw: np.ndarray) -> tuple[int, str]:
     """A store's index holds every image's size already: no sampling."""
     return pick_side(hw, sampled=False)
+
+
+def enlarging_note(side: int, sizes: np.ndarray, also: str = "") -> str:
+    """A warning when a square crop of `side` enlarges most of the images (their median shorter side is below
+    it): the model then trains on blurred pixels (a 16-px store trained at 224, or 4:3 photos stored at a
+    longer side of 256, whose 192-px shorter side every 224 crop enlarges), which is said, not done silently."""
+    if len(sizes) == 0:
+        return ""
+    shorter = sizes.min(axis=1)
+    median = int(np.median(shorter))
+    if median >= side:
+        return ""
+    share = float((shorter < side).mean())
+    return (
+        f"warning: image size {side} enlarges most images: their shorter side is {median} px at the median "
+        f"({100 * share:.0f} % of them under {side}); --image-size {median} keeps them at their size{also}"
+    )

@@ -22,8 +22,8 @@ from cnnpar.data.bundle import (
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, image_files, scan_splits
 from cnnpar.data.overlap import folder_overlap, store_overlap
-from cnnpar.data.source_size import folder_side, store_side
-from cnnpar.data.store import StoreFile
+from cnnpar.data.source_size import enlarging_note, folder_sizes, pick_side, store_side
+from cnnpar.data.store import StoreFile, prepare_side
 from cnnpar.data.store_feed import StoreDataset
 from cnnpar.errors import DataError
 
@@ -186,7 +186,9 @@ def load_csv(cfg: DataConfig, seed: int) -> DataBundle:
 def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     root = Path(cfg.source)
     files, labels, splits, classes = scan_splits(root)
-    size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else folder_side(files)
+    sizes, sampled = folder_sizes(files)
+    size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else pick_side(sizes, sampled)
+    size_note = enlarging_note(size, sizes)
     train, val = _own_split(ImageFolderDataset(files, labels, size), torch.as_tensor(splits))
     train, val, val_from = _split(train, val, cfg.val_fraction, seed, str(root), FOLDER_OWN_VAL, classes)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
@@ -204,6 +206,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         loader_crops=True,
         classes_from="the class folders",
         size_from=size_from,
+        size_note=size_note,
         empty_classes=empty_classes(torch.as_tensor(labels), n_classes),
         val_from=val_from,
         val_overlap=overlap,
@@ -214,6 +217,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     """A store made by `cnnpar prepare`: the same splits, hold-out and classes as its folder."""
     store = StoreFile(cfg.source)
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
+    size_note = enlarging_note(size, store.hw, f", or prepare the store again with --short-side {prepare_side(size)}")
     train, val = _own_split(StoreDataset(store, torch.arange(store.count), size), torch.from_numpy(store.splits))
     # one class gets past prepare only in a store made before prepare refused it
     remake = "; re-run cnnpar prepare on a folder of 2 or more class folders"
@@ -234,6 +238,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         loader_crops=True,
         classes_from="the store's header",
         size_from=size_from,
+        size_note=size_note,
         empty_classes=empty_classes(torch.from_numpy(store.labels), len(store.class_names)),
         val_from=val_from,
         val_overlap=overlap,

@@ -1,14 +1,15 @@
 """The prepared image store (`cnnpar prepare`): photos decoded once, kept as raw pixels in one file.
 
 Decoding a JPEG costs a core a few milliseconds; reading the same pixels back costs a memcpy. A
-store holds every image of a folder decoded and resized so its longer side is at most `max_side`
-(aspect kept, never enlarged), RGB uint8 in HWC order (what decoders produce), back to back, so a
-training run only copies bytes and crops/resizes them on the device (`store_feed`).
+store holds every image of a folder decoded and resized so its shorter side is at most `short_side` (and,
+where asked, its longer side at most `max_side`; aspect kept, never enlarged), RGB uint8 in HWC order (what
+decoders produce), back to back, so a training run only copies bytes and crops/resizes them on the device
+(`store_feed`).
 
 Layout of one file, little-endian:
 
     PREFIX       magic (8 bytes), format version (uint32), header length (uint32)
-    header       JSON, padded with spaces to the header length (count, max_side, class_names, splits,
+    header       JSON, padded with spaces to the header length (count, max_side, short_side, class_names, splits,
                  source, checksums, and `same_file_groups`: lists of image ids that were one file
                  under several names, hard links, so that a hold-out drawn from the store is checked
                  for them; absent in stores written before it, where nothing is known)
@@ -55,7 +56,7 @@ def default_store_path(folder: str | Path) -> Path:
 
 
 def prepare_side(input_size: int) -> int:
-    """The longer side to store photos at for a model input of `input_size`: ~8/7 of it, a multiple
+    """The shorter side to store photos at for a model input of `input_size`: ~8/7 of it, a multiple
     of 8 (256 for 224, ImageNet's usual pair), so random-resized crops keep resolution to spare."""
     return 8 * -(-input_size // 7)
 
@@ -70,7 +71,7 @@ def prepare_command(source: str, input_size: int = 0, model: str = "", train: li
     if train is None:
         train = ["cnnpar", "train", "--data", out] + (["--model", model] if model else [])
         train += ["--image-size", str(input_size)] if input_size else []
-    prepare = ["cnnpar", "prepare", source, "--out", out, "--max-side", str(prepare_side(input_size or 224))]
+    prepare = ["cnnpar", "prepare", source, "--out", out, "--short-side", str(prepare_side(input_size or 224))]
     return f"{shlex.join(prepare)} && {shlex.join(train)}"
 
 
@@ -166,7 +167,7 @@ class StoreFile:
 
     def tail_padding(self) -> int:
         """Bytes after the last image that let `resized_crops_flat` read whole row windows in place."""
-        return 3 * (2 * self.header["max_side"] + 8)
+        return 3 * (2 * int(self.hw[:, 1].max(initial=1)) + 8)  # the widest row: a store's longer side may be unbound
 
     def is_on(self, device: torch.device) -> bool:
         return str(device) in self._on_device

@@ -14,6 +14,7 @@ import sys
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,23 +41,56 @@ MAX_CHUNK = 32  # files per task: enough to amortise the IPC, few enough to keep
 IN_FLIGHT = 2  # chunks queued per worker: decoded pixels waiting for the writer stay bounded
 
 
-def fit_within(width: int, height: int, max_side: int) -> tuple[int, int]:
-    """(width, height) scaled so the longer side is at most `max_side`; aspect kept, never enlarged."""
-    longer = max(width, height)
-    if longer <= max_side:
+def fit_within(width: int, height: int, max_side: int = 0, short_side: int = 0) -> tuple[int, int]:
+    """(width, height) scaled so the longer side is at most `max_side` and the shorter at most `short_side` (0:
+    no bound); aspect kept, never enlarged."""
+    scale = 1.0
+    if max_side:
+        scale = min(scale, max_side / max(width, height))
+    if short_side:
+        scale = min(scale, short_side / min(width, height))
+    if scale >= 1:
         return width, height
-    scale = max_side / longer
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def decode_for_store(path: Path, max_side: int) -> tuple[bytes, int, int]:
-    """RGB uint8 HWC bytes of one file, longer side at most `max_side`, and its height and width."""
+@dataclass(frozen=True)
+class Sides:
+    """How `prepare` bounds each image: the shorter side at most `short`, as ImageNet's 256 for 224-px inputs
+    (every square crop of a model's input then comes from the photo's own pixels, not enlarged ones), and/or
+    the longer side at most `longer` (a bound on the store's size; a 4:3 photo at a longer side of 256 keeps a
+    shorter side of 192, which a 224 crop enlarges). 0: no bound."""
+
+    longer: int = 0
+    short: int = 0
+
+    def __post_init__(self) -> None:
+        for flag, side in (("--max-side", self.longer), ("--short-side", self.short)):
+            if side < 0:
+                raise DataError(f"{flag} {side}: expected a side in pixels >= 1 (or 0 for no bound), such as 256")
+        if not (self.longer or self.short):
+            raise DataError(
+                "--short-side 0 and --max-side 0: expected a bound on the image size, such as --short-side 256"
+            )
+
+    def target(self, width: int, height: int) -> tuple[int, int]:
+        return fit_within(width, height, self.longer, self.short)
+
+    def describe(self) -> str:
+        bounds = [f"shorter side <= {self.short}"] * bool(self.short) + [f"longer side <= {self.longer}"] * bool(
+            self.longer
+        )
+        return ", ".join(bounds)
+
+
+def decode_for_store(path: Path, sides: Sides) -> tuple[bytes, int, int]:
+    """RGB uint8 HWC bytes of one file, within `sides`, and its height and width."""
     from PIL import Image
 
     try:
         with Image.open(path) as im:
-            target = fit_within(*im.size, max_side)
-            if max(im.size) > 2 * max_side:
+            target = sides.target(*im.size)
+            if 2 * target[0] <= im.size[0] and 2 * target[1] <= im.size[1]:
                 # JPEG only (a no-op elsewhere): libjpeg decodes at 1/2, 1/4 or 1/8 scale in the DCT,
                 # never below `target`; far cheaper than decoding every pixel to throw most away.
                 im.draft("RGB", target)
@@ -80,8 +114,8 @@ def _as_rgb(im):
     return im.convert("RGB")
 
 
-def decode_chunk(paths: list[Path], max_side: int) -> list[tuple[bytes, int, int]]:
-    return [decode_for_store(p, max_side) for p in paths]
+def decode_chunk(paths: list[Path], sides: Sides) -> list[tuple[bytes, int, int]]:
+    return [decode_for_store(p, sides) for p in paths]
 
 
 class OrderedDecode:
@@ -92,8 +126,8 @@ class OrderedDecode:
     is still queued, on the error path too.
     """
 
-    def __init__(self, files: list[Path], max_side: int, workers: int) -> None:
-        self.files, self.max_side, self.workers = files, max_side, workers
+    def __init__(self, files: list[Path], sides: Sides, workers: int) -> None:
+        self.files, self.sides, self.workers = files, sides, workers
         size = max(1, min(MAX_CHUNK, -(-len(files) // (4 * workers))))
         self.chunks = (files[i : i + size] for i in range(0, len(files), size))
         self.pool, self.pending = None, deque()
@@ -112,11 +146,11 @@ class OrderedDecode:
     def _submit(self) -> None:
         chunk = next(self.chunks, None)
         if chunk is not None:
-            self.pending.append(self.pool.submit(decode_chunk, chunk, self.max_side))
+            self.pending.append(self.pool.submit(decode_chunk, chunk, self.sides))
 
     def __iter__(self) -> Iterator[tuple[bytes, int, int]]:
         if self.pool is None:
-            yield from (decode_for_store(f, self.max_side) for f in self.files)
+            yield from (decode_for_store(f, self.sides) for f in self.files)
             return
         while self.pending:
             done = self.pending.popleft().result()  # re-raises a worker's DataError here
@@ -144,13 +178,15 @@ def check_store_out(out: Path, src: Path) -> None:
             )
 
 
-def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int = 0, progress: bool = True) -> dict:
-    """Decode the image folder `src` into the store `out`; returns the store's header."""
+def prepare_store(
+    src: str | Path, out: str | Path, max_side: int = 0, workers: int = 0, progress: bool = True, short_side: int = 0
+) -> dict:
+    """Decode the image folder `src` into the store `out`, each image within `max_side` (its longer side) and
+    `short_side` (its shorter; `Sides`); returns the store's header."""
     from tqdm.auto import tqdm
 
     src, out = Path(src), Path(out)
-    if max_side < 1:
-        raise DataError(f"--max-side {max_side}: expected a side in pixels >= 1, such as 256")
+    sides = Sides(max_side, short_side)
     check_store_out(out, src)
     files, labels, splits, classes = scan_splits(src)
     n = len(files)
@@ -158,7 +194,8 @@ def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int 
         "format": "cnnpar image store",
         "version": VERSION,
         "count": n,
-        "max_side": max_side,
+        "max_side": max_side,  # 0: no bound on the longer side
+        "short_side": short_side,  # 0: none on the shorter (stores before session 21 lack the key)
         "layout": "HWC",
         "class_names": classes,
         "splits": {"train": n - sum(splits), "val": sum(splits)},
@@ -180,7 +217,7 @@ def prepare_store(src: str | Path, out: str | Path, max_side: int, workers: int 
     out.parent.mkdir(parents=True, exist_ok=True)
     workers = workers or usable_cores()
     try:
-        with partial.open("wb") as f, OrderedDecode(files, max_side, workers) as images:
+        with partial.open("wb") as f, OrderedDecode(files, sides, workers) as images:
             # disable=None: a bar only on a terminal, never \r fragments in a log file
             bar = tqdm(
                 total=n, unit="img", desc=f"prepare {src.name}", file=sys.stderr, disable=None if progress else True

@@ -627,6 +627,8 @@ class Trainer:
             self.log(line)
         if self.bundle.size_from:
             self.log(f"image size: {self.bundle.shape[1]} ({self.bundle.size_from})")
+        if self.bundle.size_note:
+            self.log(self.bundle.size_note)
         if self.decode_line:
             self.log(self.decode_line)
         if cfg.speed.stem_space_to_depth == "on":

@@ -66,7 +66,7 @@ def test_slow_png_folder_is_data_bound(cli, slow_folder):
     (pre,) = [r for r in recos if r["key"] == "pre-decode"]
     assert pre["action"] == pre["command"]  # the table shows the line to paste, the user's flags in it
     assert pre["command"].startswith(
-        f"cnnpar prepare {slow_folder} --out {store} --max-side 40 && cnnpar train --data {store} "
+        f"cnnpar prepare {slow_folder} --out {store} --short-side 40 && cnnpar train --data {store} "
     )
     user = ["--data", str(slow_folder), "--image-size", "32", "--workers", "0", "--batch-size", "4"]
     user += ["--val-fraction", "0", "--model", "cnn3", "--device", "cpu"]

@@ -45,13 +45,13 @@ def test_slow_folder_with_workers_is_data_bound_and_workers_rank_first():
 def test_pre_decode_names_the_prepare_and_train_commands():
     (pre,) = [r for r in recommend(slow_folder(model="resnet50")) if r.key == "pre-decode"]
     assert pre.action == (
-        "cnnpar prepare photos --out photos.cnnpar --max-side 256 && "
+        "cnnpar prepare photos --out photos.cnnpar --short-side 256 && "
         "cnnpar train --data photos.cnnpar --model resnet50 --image-size 224"
     )
     assert pre.change is None  # a new data file: the doctor cannot try it in place
     (odd,) = [r for r in recommend(slow_folder(data_source="my photos/", input_size=32)) if r.key == "pre-decode"]
     assert odd.action == (
-        "cnnpar prepare 'my photos/' --out 'my photos.cnnpar' --max-side 40 && "
+        "cnnpar prepare 'my photos/' --out 'my photos.cnnpar' --short-side 40 && "
         "cnnpar train --data 'my photos.cnnpar' --image-size 32"
     )
 

@@ -128,7 +128,7 @@ def test_a_run_from_photos_says_which_decoder_and_how_to_decode_once(tmp_path, m
     assert line.startswith("decode: cpu (in worker processes; auto: no CUDA device)")
     assert f"; JPEGs: {cpu_jpeg_line()}\n" in line  # simplejpeg or Pillow, whichever the workers use
     store = tmp_path / "photos.cnnpar"
-    assert f"cnnpar prepare {tmp_path / 'photos'} --out {store} --max-side 40" in line
+    assert f"cnnpar prepare {tmp_path / 'photos'} --out {store} --short-side 40" in line
     # the user's run from the store: their flags kept, not their run's name (a new run, not one already there)
     assert line.endswith(f"cnnpar train --data {store} --image-size 32 --epochs 7")  # cnn3: the default model
     digits = Config()

@@ -245,16 +245,16 @@ def test_a_cut_file_in_a_batch_made_without_workers_is_named_too():
 def test_cnnpar_prepare_stores_each_odd_files_picture_or_names_it_in_one_line(tmp_path, name):
     """`cnnpar prepare` decodes with Pillow (store_write.decode_for_store), not through the paths above: the same
     pictures must reach the store (a 16-bit grey PNG was stored pure white) or the same one-line error."""
-    from cnnpar.data.store_write import decode_for_store
+    from cnnpar.data.store_write import Sides, decode_for_store
 
     case = CASES[name]
     odd = write(tmp_path, name, case.data)[1]
     if case.expected is None:
         with pytest.raises(DataError) as e:
-            decode_for_store(odd, max_side=max(H, W))
+            decode_for_store(odd, Sides(max(H, W)))
         assert str(e.value).startswith(f"{odd}: ") and "\n" not in str(e.value), str(e.value)
         return
-    pixels, h, w = decode_for_store(odd, max_side=max(H, W))  # the full size: no resize
+    pixels, h, w = decode_for_store(odd, Sides(max(H, W)))  # the full size: no resize
     stored = np.frombuffer(pixels, np.uint8).reshape(h, w, 3).astype(np.int32)
     diff = np.abs(stored - case.expected.astype(np.int32))
     # at full size a JPEG's loss is not averaged away by a resize: measured up to 10 levels (progressive, q95)

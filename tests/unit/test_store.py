@@ -368,3 +368,39 @@ def test_a_prepare_stopped_with_sigterm_leaves_nothing(tmp_path):
     proc = run_cmd([sys.executable, "-c", script, str(tmp_path / "p"), str(out)], tmp_path, timeout=60)
     assert proc.returncode == 128 + 15, proc.stderr
     assert not out.exists() and not partial_path(out).exists()
+
+
+def test_the_shorter_side_bounds_the_store_and_a_crop_that_enlarges_most_images_is_said(tmp_path, capsys):
+    """`--short-side` (the default, 256) keeps a 4:3 photo's shorter side for crops of 224; `--max-side 256` alone
+    stored it at 256x192, which every 224 crop enlarges. A run whose image size enlarges most of its images (a
+    store of 16-px images trained at 224) says so, from a store and from a folder, with what keeps them."""
+    from cnnpar.data.store_write import Sides
+
+    assert fit_within(320, 240, short_side=120) == (160, 120) and fit_within(320, 240, max_side=256) == (256, 192)
+    assert fit_within(320, 240, 256, 120) == (160, 120) and fit_within(100, 80, short_side=256) == (100, 80)
+    with pytest.raises(DataError, match="expected a bound on the image size"):
+        Sides(0, 0)
+    photos = tmp_path / "photos"
+    for k, (w, h) in enumerate([(320, 240), (240, 320), (300, 300), (330, 220)]):
+        (photos / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (w, h), (40 * k, 90, 200)).save(photos / f"c{k % 2}" / f"{k}.jpg")
+    assert cli_main(["prepare", str(photos), "--out", str(tmp_path / "a.cnnpar"), "--short-side", "120"]) == 0
+    assert "shorter side <= 120" in capsys.readouterr().out
+    assert sorted(map(tuple, StoreFile(tmp_path / "a.cnnpar").hw.tolist())) == [(120, 120), (120, 160), (120, 180),
+                                                                               (160, 120)]  # fmt: skip
+    assert cli_main(["prepare", str(photos), "--out", str(tmp_path / "b.cnnpar"), "--max-side", "256",
+                     "--short-side", "0"]) == 0  # fmt: skip
+    longer_bound = load_data(DataConfig(source=str(tmp_path / "b.cnnpar"), image_size=224), 0)
+    note = longer_bound.size_note
+    assert "image size 224 enlarges most images" in note and "--short-side 256" in note, note
+    whole = load_data(DataConfig(source=str(photos), image_size=224), 0)
+    assert whole.size_note == ""  # the photos themselves are large enough
+    small = tmp_path / "small"
+    for k in range(6):
+        (small / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (10 + k, 12 + k), (9, 9, 9)).save(small / f"c{k % 2}" / f"{k}.png")
+    folder = load_data(DataConfig(source=str(small)), 0)
+    assert (
+        folder.shape[1] == 224 and "enlarges most images" in folder.size_note and "--image-size 12" in folder.size_note
+    )
+    assert "--short-side" not in folder.size_note  # a folder is not prepared again
