@@ -173,6 +173,13 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
 
 
+def last_step_lr(scheduler) -> float:
+    """The first group's lr at the last optimizer step taken: what an epoch's `lr` column reports. The groups'
+    own lr is already the next step's (LambdaLR moves it after each step), 0 at the end of a one-cycle run."""
+    step = max(0, scheduler.last_epoch - 1)
+    return scheduler.base_lrs[0] * scheduler.lr_lambdas[0](step)
+
+
 def rebuild_after_resume(scheduler, optimizer: torch.optim.Optimizer) -> list[float]:
     """Put every group's lr where this schedule (built for this run's total steps) stands at the
     resumed step, and return them.

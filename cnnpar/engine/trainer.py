@@ -39,6 +39,7 @@ from cnnpar.engine.optim import (
     build_optimizer,
     build_scheduler,
     describe_lr,
+    last_step_lr,
     rebuild_after_resume,
     scaled_lr,
     set_bias_trains,
@@ -667,7 +668,7 @@ class Trainer:
                     row.update(evaluated, eval_s=time.perf_counter() - t_eval, eval_wait_s=self.eval_wait_s)
                     # weights that overflow only in the epoch's last steps leave its mean train loss finite
                     self._check_finite(epoch, "val loss", row["val_loss"])
-            row["lr"] = self.optimizer.param_groups[0]["lr"]
+            row["lr"] = last_step_lr(self.scheduler)  # the lr the epoch ended at, not the next epoch's first
             row["peak_mem_mb"], row["peak_mem_kind"] = peak_memory(info.device)
             row["skipped_steps"] = self.precision.skipped_steps
             self.history.append(row)

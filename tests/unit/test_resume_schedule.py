@@ -138,3 +138,15 @@ def test_data_with_its_own_validation_split_resumes_with_another_val_fraction(tm
         cfg, data=replace(cfg.data, val_fraction=0.5), run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc"))
     )
     assert Trainer(more, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2
+
+
+def test_each_epochs_lr_column_is_the_lr_its_last_step_trained_at(tmp_path):
+    """metrics.csv's lr was read after the schedule had moved on: the next epoch's first lr, 0 in a one-cycle
+    run's last row though its last step trained above 0."""
+    trainer = Trainer(_cfg(tmp_path, 2), CPU_INFO, log=lambda *a, **k: None)
+    history = trainer.fit().history
+    sched = trainer.scheduler
+    per_epoch = sched.last_epoch // 2
+    at = [sched.base_lrs[0] * sched.lr_lambdas[0](per_epoch * e - 1) for e in (1, 2)]  # each epoch's last step
+    assert [row["lr"] for row in history] == pytest.approx(at) and at[1] > 0
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.0  # what the column held before: the next step's lr
