@@ -122,7 +122,7 @@ class DataConfig:
     prefetch_stream: str = _f(
         "auto", "copy the next batch on a side CUDA stream while this one computes", choices=TRISTATE
     )
-    resident: str = _f("auto", "keep the whole uint8 data set in device memory (auto: when it fits)", choices=TRISTATE)
+    resident: str = _f("auto", "keep the whole uint8 data set in device memory (auto: on CUDA when it fits; off on the CPU)", choices=TRISTATE)
     decode: str = _f(
         "auto",
         "where image-folder JPEGs are decoded: cpu (worker processes), gpu (torchvision's nvJPEG on the "
@@ -598,6 +598,10 @@ def resolve_for_device(
     graphs = speed.cuda_graphs
     if graphs == "on" and not cuda:
         raise ConfigError("speed.cuda_graphs = 'on' needs a CUDA device")
+    if precision == "tf32" and not cuda:  # a CUDA matmul mode: on the CPU it would run plain fp32 under its name
+        raise ConfigError(
+            f"speed.precision = 'tf32' needs a CUDA device (on {device_type}: expected fp32, bf16 or auto)"
+        )
     if graphs == "auto":
         # measured faster for both models of benchmarks/results/h200-2026-11-29 (presets.py); the
         # trainer still turns it off, saying why, where it cannot apply (DDP, accumulation)

@@ -16,6 +16,12 @@ def test_cuda_graphs_on_a_cpu_is_refused_with_the_field_name():
         resolve_for_device(Config(speed=SpeedConfig(cuda_graphs="on")), "cpu", True)
 
 
+def test_tf32_on_a_cpu_is_refused_rather_than_run_as_fp32_under_its_name():
+    with pytest.raises(ConfigError, match=r"speed\.precision = 'tf32' needs a CUDA device \(on cpu: expected fp32"):
+        resolve_for_device(Config(speed=SpeedConfig(precision="tf32")), "cpu", True)
+    assert resolve_for_device(Config(speed=SpeedConfig(precision="tf32")), "cuda", True).speed.precision == "tf32"
+
+
 def test_cuda_graphs_auto_resolves_on_with_cuda_and_off_on_a_cpu():
     assert resolve_for_device(Config(), "cuda", True).speed.cuda_graphs == "on"
     assert resolve_for_device(Config(), "cpu", True).speed.cuda_graphs == "off"
