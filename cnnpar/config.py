@@ -122,7 +122,11 @@ class DataConfig:
     prefetch_stream: str = _f(
         "auto", "copy the next batch on a side CUDA stream while this one computes", choices=TRISTATE
     )
-    resident: str = _f("auto", "keep the whole uint8 data set in device memory (auto: on CUDA when it fits; off on the CPU)", choices=TRISTATE)
+    resident: str = _f(
+        "auto",
+        "keep the whole uint8 data set in device memory (auto: on CUDA when it fits; off on the CPU)",
+        choices=TRISTATE,
+    )
     decode: str = _f(
         "auto",
         "where image-folder JPEGs are decoded: cpu (worker processes), gpu (torchvision's nvJPEG on the "

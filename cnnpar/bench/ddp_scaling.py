@@ -56,7 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=256, help="per process")
-    p.add_argument("--precision", default="auto", help="auto: as cnnpar train (bf16 on CUDA and on CPUs with native bf16, else fp32)")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        help="auto: as cnnpar train (bf16 on CUDA and on CPUs with native bf16, else fp32)",
+    )
     p.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"))
     p.add_argument("--compile", default="off", help="torch.compile mode or off (compile adds minutes per size)")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))
