@@ -137,10 +137,15 @@ class DeviceTransform:
 class TextbookDataset(Dataset):
     """What most tutorials write: per-sample float conversion, normalisation and augmentation on
     the CPU, then the default collate stacks float tensors. Kept only as a measured baseline: it
-    sees neither the epoch nor a batch, so `altflip` is a plain random flip here."""
+    sees no batch, so `altflip` is a plain random flip here. Each sample's crop and flip come from a
+    generator seeded with the epoch's seed and the sample's index (`epoch_seed`, set in each worker by
+    loader.ReseedingWorkers, else the process's seed), as CpuDecodedFolder's crops do: drawn from the
+    global generator, they were the draws of whichever worker a sample was dealt to, so --workers
+    changed the augmentation."""
 
     def __init__(self, base: Dataset, mean, std, augment: str, train: bool) -> None:
         self.base, self.train = base, train
+        self.epoch_seed: int | None = None
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
         tokens = augment_tokens(augment)
@@ -153,8 +158,12 @@ class TextbookDataset(Dataset):
     def __getitem__(self, i: int):
         x, y = self.base[i]
         x = (x.float() / 255.0 - self.mean) / self.std
-        if self.train and self.pad:
-            x = random_crop(x[None], self.pad, None)[0]
-        if self.train and self.flip and torch.rand(()) < 0.5:
+        if not self.train or not (self.pad or self.flip):
+            return x, y
+        base = self.epoch_seed if self.epoch_seed is not None else torch.initial_seed()
+        g = torch.Generator().manual_seed((base * 1_000_003 + int(i)) % 2**63)
+        if self.pad:
+            x = random_crop(x[None], self.pad, g)[0]
+        if self.flip and torch.rand((), generator=g) < 0.5:
             x = x.flip(-1)
         return x, y

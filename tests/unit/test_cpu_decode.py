@@ -300,3 +300,29 @@ def test_simplejpeg_and_pillow_paths_agree_on_odd_sized_photos_decoded_reduced(t
                 out[backend] = CpuDecodedFolder(files, [0] * 4, 56, train=train, backend=backend)[[0, 1, 2, 3]][0]
             diff = (out["simplejpeg"].int() - out["pillow"].int()).abs()
             assert diff.max() <= 1, (train, seed, diff.flatten(1).float().mean(1))
+
+
+def test_the_textbook_loaders_augmentation_does_not_depend_on_the_number_of_workers():
+    """The per-sample baseline's crops and flips drew from each worker's global generator: 0, 1 and 2 workers gave
+    three different epochs of the same seed. They now follow the epoch's seed and the sample."""
+    from cnnpar.data.bundle import ArrayDataset, DataBundle
+
+    x = torch.randint(0, 256, (12, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    train = ArrayDataset(x, torch.arange(12) % 2)
+    bundle = DataBundle(train, None, (3, 8, 8), 2, (0.5,) * 3, (0.25,) * 3, "arrays")
+    info = DistInfo(0, 0, 1, torch.device("cpu"))
+
+    def epoch(workers: int, number: int = 2) -> list[torch.Tensor]:
+        data = DataConfig(augment="crop+flip", loader="textbook", workers=workers, persistent_workers=False)
+        feeder = build_loader(bundle, resolve_for_device(Config(data=data, run=RunConfig(batch_size=3, seed=3)), "cpu",
+                                                         False), info, train=True)  # fmt: skip
+        seed = epoch_seed(3, 0, number)
+        init_epoch_rng(seed)
+        feeder.set_epoch(number, seed)
+        return [b for b, _ in feeder]
+
+    alone = epoch(0)
+    assert len(alone) == 4
+    for workers in (1, 2):
+        assert all(torch.equal(a, b) for a, b in zip(alone, epoch(workers), strict=True)), workers
+    assert not all(torch.equal(a, b) for a, b in zip(alone, epoch(0, 3)))  # another epoch, other draws
