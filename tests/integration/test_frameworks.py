@@ -48,7 +48,8 @@ def test_compare_every_framework_one_epoch(cli):
     # Same initial weights, batch order and optimizer: the non-engine runners agree to rounding.
     same_order = ("keras-tensorflow", "keras-jax", "keras-torch", "tensorflow", "pytensor")
     shared = [losses[n] for n in same_order if n in losses]
-    assert max(shared, default=0) - min(shared, default=0) < 1e-2, losses
+    assert len(shared) >= 2, f"too few runners installed to compare: {sorted(losses)}"
+    assert max(shared) - min(shared) < 1e-2, losses
     assert (out / "cnn2d_3layer_fullconnected_3layer_summary.png").stat().st_size > 1000
     summary_csv = out / "cnn2d_3layer_fullconnected_3layer_summary.csv"
     summary = {r["framework"]: r for r in csv.DictReader(summary_csv.open())}

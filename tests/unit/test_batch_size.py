@@ -188,8 +188,7 @@ def test_the_search_starts_from_the_shorter_side_of_the_models_input(monkeypatch
     )
     info = type("Info", (), {"world_size": 1, "distributed": False, "device": None})()
     for shape in ((3, 224, 160), (3, 96, 224), (3, 32, 32)):
-        choice = bs.search_on_device(None, Config(), info, shape, 10, 50_000, cuda_graphs=False)
-        assert choice.batch == measured[-1]
+        bs.search_on_device(None, Config(), info, shape, 10, 50_000, cuda_graphs=False)
     assert measured == [256, 64, 64]  # 160 px and 224 px -> photo-sized; 96 px is the shorter side; 32 px
     assert "photo-sized (160 px)" in bs.search_on_device(None, Config(), info, (3, 224, 160), 10, 50_000, False).started
 

@@ -51,7 +51,11 @@ def test_low_precision_trains_on_cpu_with_finite_loss(tmp_path, precision):
     assert all(math.isfinite(v) for v in losses)
     assert losses[-1] < losses[0]  # it learns, not merely runs
     assert result.summary["precision"] == precision
-    assert result.summary["skipped_steps"] >= 0 and (result.run_dir / "ckpt" / "last.pt").is_file()
+    steps = 2 * (128 // 32)  # 2 epochs of the 128 training samples (20 % of the 160 held out), batch 32
+    skipped = result.summary["skipped_steps"]
+    # bf16 has no scaler and skips nothing; fp16's scaler may skip its first overflowing steps, not most of them
+    assert skipped == 0 if precision == "bf16" else 0 <= skipped < steps // 2, (precision, skipped)
+    assert (result.run_dir / "ckpt" / "last.pt").is_file()
 
 
 def test_fp16_state_round_trips_scale_and_skipped_steps():

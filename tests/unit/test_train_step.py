@@ -211,6 +211,7 @@ def test_graphs_stay_on_beside_a_gpu_decoder_only_where_cuda_has_its_32_queues(m
     assert "CUDA has 8 hardware queues" in graphs_blocked_by(base, distributed=False, gpu_decoder_auto=True)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_graphed_steps_match_eager_ones_across_two_captured_shapes_and_an_eager_third():
     """Full and half batch each get a graph (the doctor times both); a third shape runs eagerly
