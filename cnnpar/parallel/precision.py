@@ -65,7 +65,16 @@ class Precision:
             optimizer.step()
             return
         before = self.scaler.get_scale()  # note: a CPU-GPU sync point, paid only with fp16
-        self.scaler.step(optimizer)
+        if hasattr(optimizer, "skip_synchronize"):
+            # Horovod's DistributedOptimizer: its all-reduce must finish before the scaler reads the gradients
+            # (unscale and its inf check, on averaged gradients: every rank then skips the same steps), and its
+            # step must not synchronise again. Without this a skipped step left the all-reduce pending and the
+            # next zero_grad raised (Horovod's documented GradScaler pattern).
+            optimizer.synchronize()
+            with optimizer.skip_synchronize():
+                self.scaler.step(optimizer)
+        else:
+            self.scaler.step(optimizer)
         self.scaler.update()
         if self.scaler.get_scale() < before:  # the scale drops exactly when the step was skipped
             self.skipped_steps += 1

@@ -79,7 +79,12 @@ def metrics(run_dir: Path) -> list[tuple[float, float]]:
     reason="horovod.torch is not importable: build it with scripts/install_horovod.sh (3-6 minutes), "
     f"or set CNNPAR_HOROVOD_PYTHON; {REQUIRE_ENV}=1 makes this a failure",
 )
-def test_horovod_strategy_matches_ddp(tmp_path):
+@pytest.mark.parametrize(
+    "extra", [[], ["--precision", "fp16", "--optimizer", "sgd", "--lr", "0.05"]], ids=["default", "fp16-sgd"]
+)
+def test_horovod_strategy_matches_ddp(tmp_path, extra):
+    """fp16: the GradScaler read each rank's own gradients while Horovod's all-reduce was still pending, and the
+    second rank's zero_grad raised; SGD, unlike Adam, would also show gradients left at the scaler's scale."""
     if HVD_PY is None:
         pytest.fail(
             f"{REQUIRE_ENV} is set but horovod.torch is importable neither from CNNPAR_HOROVOD_PYTHON, "
@@ -89,11 +94,12 @@ def test_horovod_strategy_matches_ddp(tmp_path):
     hvd_dir.mkdir()
     ddp_dir.mkdir()
     horovodrun = str(Path(HVD_PY).with_name("horovodrun"))
-    hvd_cmd = [horovodrun, "-np", "2", "-H", "localhost:2", HVD_PY, "-m", "cnnpar", *ARGS, "--strategy", "horovod"]
+    hvd_cmd = [horovodrun, "-np", "2", "-H", "localhost:2", HVD_PY, "-m", "cnnpar", *ARGS, *extra]
+    hvd_cmd += ["--strategy", "horovod"]
     hvd = run_job(hvd_cmd, hvd_dir)
     assert hvd.returncode == 0, hvd.stdout[-3000:] + hvd.stderr[-3000:]
     assert "2 process(es)" in hvd.stdout, hvd.stdout[-3000:]
-    ddp = run_job([*torchrun_cmd(2, "--standalone"), "-m", "cnnpar", *ARGS], ddp_dir)
+    ddp = run_job([*torchrun_cmd(2, "--standalone"), "-m", "cnnpar", *ARGS, *extra], ddp_dir)
     assert ddp.returncode == 0, ddp.stdout[-3000:] + ddp.stderr[-3000:]
     run = hvd_dir / "runs" / "run"
     resolved = tomllib.loads((run / "config.toml").read_text())
