@@ -200,13 +200,13 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.data.store_write import Sides, prepare_store
 
     out = args.out or str(default_store_path(args.src))
-    header = prepare_store(
-        args.src, out, args.max_side, args.workers, progress=not args.no_progress, short_side=args.short_side
-    )
+    # --max-side alone bounds the longer side as it always did, not also the shorter at 256
+    short = args.short_side if args.short_side is not None else (0 if args.max_side else 256)
+    header = prepare_store(args.src, out, args.max_side, args.workers, progress=not args.no_progress, short_side=short)
     splits = header["splits"]
     print(
         f"wrote {out}: {header['count']} images ({splits['train']} train, {splits['val']} val), "
-        f"{len(header['class_names'])} classes, {Sides(args.max_side, args.short_side).describe()}, "
+        f"{len(header['class_names'])} classes, {Sides(args.max_side, short).describe()}, "
         f"{header['pixel_bytes']:,} pixel bytes; train with: cnnpar train --data {out}"
     )
     linked = header["same_file_groups"]
@@ -236,9 +236,10 @@ def add_prepare_parser(sub) -> None:
     prep.add_argument(
         "--short-side",
         type=int,
-        default=256,
+        default=None,
         help="shorter side in pixels at most (never enlarged; 0: no bound): ~1.15x the model's input size, as "
-        "ImageNet's 256 for 224, so every square crop comes from the photo's own pixels",
+        "ImageNet's 256 for 224, so every square crop comes from the photo's own pixels (default: 256, or none "
+        "when a max side is given)",
     )
     prep.add_argument(
         "--max-side",

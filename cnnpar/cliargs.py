@@ -205,8 +205,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
         other_data = source is not None and not same_source(source, cfg.data.source)
         raw = to_dict(cfg)
 
+        # a typed fixed batch is not searched: the record's lr stands beside it, as it does without other data
+        fixed_batch = given.get("run.batch_size", 0) != 0
+
         def found_again(sec: str, name: str) -> bool:
-            searched = (other_data or search_again) and (sec, name) in SEARCHED
+            searched = (other_data or search_again) and (sec, name) in SEARCHED and not fixed_batch
             return _found_again(sec, name) or (other_data and sec == "data") or searched
 
         _as_requested(raw, Path(args.config).read_text(), found_again)
@@ -232,7 +235,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def passthrough_args(argv: list[str], drop: str) -> list[str]:
-    """argv without `--drop N` / `--drop=N` (used to re-launch under torchrun without --nproc)."""
+    """argv without `--drop N` / `--drop=N` (a horovodrun launch drops --nproc and --strategy; tune, --budget-s)."""
     out, skip = [], False
     for a in argv:
         if skip:

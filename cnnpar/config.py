@@ -270,7 +270,7 @@ class OptimConfig:
 @dataclass(frozen=True)
 class SpeedConfig:
     device: str = _f("auto", "cpu, cuda or auto", choices=DEVICES)
-    precision: str = _f("auto", "fp32, tf32, bf16, fp16 (with a GradScaler) or auto", choices=PRECISIONS)
+    precision: str = _f("auto", "fp32, tf32 (CUDA only), bf16, fp16 (with a GradScaler) or auto", choices=PRECISIONS)
     channels_last: str = _f("auto", "NHWC memory format (auto: on, CPU and CUDA alike)", choices=TRISTATE)
     compile: str = _f(
         "auto", "torch.compile mode, or off (auto: from measurements, see presets.py)", choices=COMPILE_MODES
@@ -604,7 +604,7 @@ def resolve_for_device(
         raise ConfigError("speed.cuda_graphs = 'on' needs a CUDA device")
     if precision == "tf32" and not cuda:  # a CUDA matmul mode: on the CPU it would run plain fp32 under its name
         raise ConfigError(
-            f"speed.precision = 'tf32' needs a CUDA device (on {device_type}: expected fp32, bf16 or auto)"
+            f"speed.precision = 'tf32' needs a CUDA device (on {device_type}: expected fp32, bf16, fp16 or auto)"
         )
     if graphs == "auto":
         # measured faster for both models of benchmarks/results/h200-2026-11-29 (presets.py); the

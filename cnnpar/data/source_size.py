@@ -59,9 +59,9 @@ def pick_side(sizes: np.ndarray, sampled: bool) -> tuple[int, str]:
     )
 
 
-def folder_sizes(files: list[Path]) -> tuple[np.ndarray, bool]:
-    """(height, width) of at most SAMPLE files spread over the folder, and whether that is a sample."""
-    step = max(1, -(-len(files) // SAMPLE))
+def folder_sizes(files: list[Path], sample: int = SAMPLE) -> tuple[np.ndarray, bool]:
+    """(height, width) of at most `sample` files spread over the folder, and whether that is a sample."""
+    step = max(1, -(-len(files) // sample))
     sizes = [s for s in (header_size(f) for f in files[::step]) if s is not None]
     return np.array(sizes, dtype=np.int64).reshape(-1, 2), step > 1
 

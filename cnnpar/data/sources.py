@@ -22,7 +22,7 @@ from cnnpar.data.bundle import (
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, image_files, scan_splits
 from cnnpar.data.overlap import folder_overlap, store_overlap
-from cnnpar.data.source_size import enlarging_note, folder_sizes, pick_side, store_side
+from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sizes, pick_side, store_side
 from cnnpar.data.store import StoreFile, prepare_side
 from cnnpar.data.store_feed import StoreDataset
 from cnnpar.errors import DataError
@@ -186,7 +186,8 @@ def load_csv(cfg: DataConfig, seed: int) -> DataBundle:
 def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     root = Path(cfg.source)
     files, labels, splits, classes = scan_splits(root)
-    sizes, sampled = folder_sizes(files)
+    # a typed size needs the sizes only for the enlargement warning: a smaller sample (every rank reads them)
+    sizes, sampled = folder_sizes(files, 200 if cfg.image_size else SAMPLE)
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else pick_side(sizes, sampled)
     size_note = enlarging_note(size, sizes)
     train, val = _own_split(ImageFolderDataset(files, labels, size), torch.as_tensor(splits))
@@ -217,7 +218,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     """A store made by `cnnpar prepare`: the same splits, hold-out and classes as its folder."""
     store = StoreFile(cfg.source)
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
-    size_note = enlarging_note(size, store.hw, f", or prepare the store again with --short-side {prepare_side(size)}")
+    size_note = enlarging_note(size, store.hw, _prepare_again(store.header, size))
     train, val = _own_split(StoreDataset(store, torch.arange(store.count), size), torch.from_numpy(store.splits))
     # one class gets past prepare only in a store made before prepare refused it
     remake = "; re-run cnnpar prepare on a folder of 2 or more class folders"
@@ -243,6 +244,15 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         val_from=val_from,
         val_overlap=overlap,
     )
+
+
+def _prepare_again(header: dict, size: int) -> str:
+    """How to make the store again so that crops of `size` are not enlarged, where its own bounds shrank the images
+    ("" where it kept them as large as the photos were: then the photos themselves are small)."""
+    short, longer, again = header.get("short_side", 0), header.get("max_side", 0), prepare_side(size)
+    if not longer and not (short and short < again):
+        return ""
+    return f", or prepare the store again with --short-side {again}" + (" and no --max-side" if longer else "")
 
 
 def _class_count_given(given: int, found: int, what: str) -> None:

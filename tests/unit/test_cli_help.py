@@ -24,7 +24,7 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
         ("bench", "--warmup-steps", "(default: 3)"),
         ("tune", "--budget-s", "(default: 600)"),
         ("tune", "--out", "(default: tuned.toml)"),
-        ("prepare", "--short-side", "(default: 256)"),
+        ("prepare", "--short-side", "(default: 256, or none when a max side is given)"),
         ("prepare", "--workers", "(default: 0)"),
         ("predict", "--batch-size", "(default: 256)"),
         ("compare", "--timeout", "(default: 3600.0)"),

@@ -66,3 +66,38 @@ def test_fp16_state_round_trips_scale_and_skipped_steps():
     b = Precision("fp16", CPU)
     b.load_state_dict(a.state_dict())
     assert b.skipped_steps == 3 and b.scaler.get_scale() == 1024.0
+
+
+def test_fp16_under_horovod_reads_the_gradients_after_its_all_reduce():
+    """Horovod's DistributedOptimizer all-reduces in the background: the scaler must wait for it (synchronize)
+    before unscaling and checking for infs, then step without synchronising again (Horovod's GradScaler pattern).
+    Before, a rank's own gradients were read mid all-reduce and a skipped step left it pending."""
+    import contextlib
+
+    events = []
+    model = torch.nn.Linear(2, 1)
+
+    class HorovodLike:  # the optimizer surface the scaler uses, plus Horovod's two calls
+        def __init__(self, inner):
+            self.inner, self.param_groups, self.state = inner, inner.param_groups, inner.state
+
+        def synchronize(self):
+            events.append("synchronize")
+
+        @contextlib.contextmanager
+        def skip_synchronize(self):
+            events.append("skip on")
+            yield
+            events.append("skip off")
+
+        def step(self, *args, **kwargs):
+            events.append("step")
+            return self.inner.step()
+
+    opt = HorovodLike(torch.optim.SGD(model.parameters(), lr=0.1))
+    precision = Precision("fp16", CPU)
+    with precision.autocast():
+        loss = 0.1 * model(torch.ones(4, 2)).float().mean()  # gradients x 65,536 stay under fp16's 65,504
+    precision.backward(loss)
+    precision.step(opt)
+    assert events == ["synchronize", "skip on", "step", "skip off"]

@@ -234,6 +234,8 @@ def test_a_searched_batch_searched_again_starts_from_the_lr_asked_for_not_the_sc
         assert (again.run.batch_size, again.optim.lr) == (0, 0.002), args
     typed = _parsed("--config", record, "--data", str(arrays), "--lr", "0.01")
     assert (typed.run.batch_size, typed.optim.lr) == (0, 0.01)  # a typed lr stands
+    fixed = _parsed("--config", record, "--data", str(arrays), "--batch-size", "1024")
+    assert (fixed.run.batch_size, fixed.optim.lr) == (1024, 0.008)  # no search: the lr the batch trained at
     assert stored_run_config("auto", str(tmp_path), "r").optim.lr == 0.008  # a resume at the stored batch keeps it
     resumed = _parsed("--resume", "auto", "--name", "r", "--out-dir", str(tmp_path), "--batch-size", "auto")
     assert (resumed.run.batch_size, resumed.optim.lr) == (0, 0.002)

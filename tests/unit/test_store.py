@@ -16,7 +16,7 @@ from PIL import Image
 
 from cnnpar.cli import main as cli_main
 from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
-from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop
+from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop, tail_room
 from cnnpar.data.loader import build_loader
 from cnnpar.data.sources import detect_format, load_data
 from cnnpar.data.store import MAGIC, PREFIX, StoreFile, partial_path, verify_store
@@ -386,13 +386,18 @@ def test_the_shorter_side_bounds_the_store_and_a_crop_that_enlarges_most_images_
         Image.new("RGB", (w, h), (40 * k, 90, 200)).save(photos / f"c{k % 2}" / f"{k}.jpg")
     assert cli_main(["prepare", str(photos), "--out", str(tmp_path / "a.cnnpar"), "--short-side", "120"]) == 0
     assert "shorter side <= 120" in capsys.readouterr().out
-    assert sorted(map(tuple, StoreFile(tmp_path / "a.cnnpar").hw.tolist())) == [(120, 120), (120, 160), (120, 180),
-                                                                               (160, 120)]  # fmt: skip
-    assert cli_main(["prepare", str(photos), "--out", str(tmp_path / "b.cnnpar"), "--max-side", "256",
-                     "--short-side", "0"]) == 0  # fmt: skip
+    store = StoreFile(tmp_path / "a.cnnpar")
+    assert sorted(map(tuple, store.hw.tolist())) == [(120, 120), (120, 160), (120, 180), (160, 120)]
+    # no longer side bound (max_side 0): the tail room for the row windows comes from the widest image
+    assert store.header["max_side"] == 0 and store.tail_padding() >= tail_room(int(store.hw[:, 1].max()))
+    # --max-side alone bounds the longer side only, as before --short-side existed
+    assert cli_main(["prepare", str(photos), "--out", str(tmp_path / "b.cnnpar"), "--max-side", "256"]) == 0
+    assert StoreFile(tmp_path / "b.cnnpar").header["short_side"] == 0
     longer_bound = load_data(DataConfig(source=str(tmp_path / "b.cnnpar"), image_size=224), 0)
     note = longer_bound.size_note
-    assert "image size 224 enlarges most images" in note and "--short-side 256" in note, note
+    assert "image size 224 enlarges most images" in note and "--short-side 256 and no --max-side" in note, note
+    own_bound = load_data(DataConfig(source=str(tmp_path / "a.cnnpar"), image_size=224), 0).size_note
+    assert "prepare the store again with --short-side 256" in own_bound and "--max-side" not in own_bound
     whole = load_data(DataConfig(source=str(photos), image_size=224), 0)
     assert whole.size_note == ""  # the photos themselves are large enough
     small = tmp_path / "small"
@@ -404,3 +409,6 @@ def test_the_shorter_side_bounds_the_store_and_a_crop_that_enlarges_most_images_
         folder.shape[1] == 224 and "enlarges most images" in folder.size_note and "--image-size 12" in folder.size_note
     )
     assert "--short-side" not in folder.size_note  # a folder is not prepared again
+    assert cli_main(["prepare", str(small), "--out", str(tmp_path / "small.cnnpar")]) == 0
+    small_photos = load_data(DataConfig(source=str(tmp_path / "small.cnnpar")), 0).size_note
+    assert "enlarges most images" in small_photos and "prepare" not in small_photos  # the photos are small
