@@ -8,7 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from cnnpar.errors import Terminated, UserError, stop_on_sigterm, user_error_text
+from cnnpar.errors import ConfigError, Terminated, UserError, stop_on_sigterm, user_error_text
 
 
 def _rank() -> int:
@@ -56,7 +56,15 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     if cfg.dist.nproc > 0 and "RANK" not in os.environ and not debug_single_requested(cfg.dist.debug_single):
         # The convenience launcher: hand the same command to torchrun for this one machine.
         # Refuse too many processes here, once, rather than in each of the N workers.
-        pick_device(cfg.speed.device, 0, cfg.dist.nproc)
+        try:
+            pick_device(cfg.speed.device, 0, cfg.dist.nproc)
+        except ConfigError as e:
+            if "dist.nproc" in vars(args):
+                raise
+            # not typed: it came from a run's record (--config, --resume) or a preset, which the user may not know
+            raise ConfigError(
+                f"{e} (--nproc {cfg.dist.nproc} comes from the stored config: pass --nproc to change it)"
+            ) from None
         if cfg.run.resume == "auto" and not cfg.run.name:  # --standalone's job id is new at every launch
             from cnnpar.engine.rundir import NO_NAME_TO_RESUME
 

@@ -106,7 +106,13 @@ def test_train_nproc_refuses_before_launching(two_gpus, monkeypatch, tmp_path, c
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(dist, "run_launcher", lambda *a, **k: pytest.fail("launched torchrun"))
     assert cli.main(["train", "--nproc", "3", "--out-dir", str(tmp_path)]) == 2
-    assert "3 processes on this node but 2 CUDA device(s) visible" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "3 processes on this node but 2 CUDA device(s) visible" in err and "stored config" not in err
+    # a run's record holds --nproc (--config, --resume): the refusal says where the number came from
+    record = tmp_path / "rec.toml"
+    record.write_text("[dist]\nnproc = 3\n")
+    assert cli.main(["train", "--config", str(record), "--out-dir", str(tmp_path)]) == 2
+    assert "(--nproc 3 comes from the stored config: pass --nproc to change it)" in capsys.readouterr().err
 
 
 def test_the_device_queues_are_widened_before_cuda_starts_and_a_users_number_is_kept(monkeypatch):
