@@ -612,7 +612,16 @@ def resolve_for_device(
         graphs = "on" if cuda else "off"
     # the stem on 2x2 blocks: measured faster on an H200 (ResNet-50 224, calls ZQ and ZR); not measured on a CPU
     stem = speed.stem_space_to_depth if speed.stem_space_to_depth != "auto" else ("on" if cuda else "off")
+    for name in ("compile_tiling", "compile_tuning"):  # options of torch.compile: a record saying "on" must mean it ran
+        if getattr(speed, name) == "on" and compile_mode == "off":
+            raise ConfigError(
+                f"speed.{name} = 'on' tunes torch.compile's kernels, and compile is off here: expected --compile "
+                f"default (or another mode), or --{name.replace('_', '-')} auto"
+            )
     data = cfg.data
+    for name in ("pin_memory", "prefetch_stream"):  # host-to-device copies: nothing to do without CUDA
+        if getattr(data, name) == "on" and not cuda:
+            raise ConfigError(f"data.{name} = 'on' needs a CUDA device (on {device_type}: expected auto or off)")
     pin = data.pin_memory if data.pin_memory != "auto" else ("on" if cuda else "off")
     decode, _ = resolve_decode(data.decode, cuda, jpeg_engines)
     stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -20,6 +22,23 @@ def test_tf32_on_a_cpu_is_refused_rather_than_run_as_fp32_under_its_name():
     with pytest.raises(ConfigError, match=r"speed\.precision = 'tf32' needs a CUDA device \(on cpu: expected fp32"):
         resolve_for_device(Config(speed=SpeedConfig(precision="tf32")), "cpu", True)
     assert resolve_for_device(Config(speed=SpeedConfig(precision="tf32")), "cuda", True).speed.precision == "tf32"
+
+
+def test_switches_that_would_not_run_are_refused_rather_than_recorded_as_on():
+    """On a CPU, pinned memory and the prefetch stream do nothing; with compile off, compile tiling and tuning do
+    nothing. Each was accepted and stored as "on" in config.toml (and the doctor's report) though it never ran."""
+    from cnnpar.config import DataConfig
+
+    for data in (DataConfig(pin_memory="on"), DataConfig(prefetch_stream="on")):
+        with pytest.raises(ConfigError, match=r"data\.\w+ = 'on' needs a CUDA device \(on cpu: expected auto or off\)"):
+            resolve_for_device(Config(data=data), "cpu", True)
+        on_cuda = resolve_for_device(Config(data=data), "cuda", True).data
+        assert "on" in (on_cuda.pin_memory, on_cuda.prefetch_stream)
+    for speed in (SpeedConfig(compile_tiling="on"), SpeedConfig(compile_tuning="on")):
+        with pytest.raises(ConfigError, match=r"tunes torch\.compile's kernels, and compile is off here"):
+            resolve_for_device(Config(speed=speed), "cpu", True)  # compile auto: off on a CPU
+        on = replace(speed, compile="default")
+        assert resolve_for_device(Config(speed=on), "cpu", True).speed.compile == "default"
 
 
 def test_cuda_graphs_auto_resolves_on_with_cuda_and_off_on_a_cpu():
