@@ -646,7 +646,12 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
     augment = resolve_augment(cfg.data.augment, bundle.shape, bundle.loader_crops) if train else "none"
     textbook = cfg.data.loader == "textbook"
     if train:
-        sampler = DistributedSampler(ds, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.run.seed)
+        # drop_last: the ranks' shares are cut to equal length (fewer than world-size samples left out, other ones
+        # each epoch) rather than padded with repeats, which were trained twice and counted in the epoch's loss,
+        # accuracy and images; a set smaller than the world is padded, as it must be to give each rank one
+        sampler = DistributedSampler(
+            ds, info.world_size, info.rank, shuffle=True, seed=cfg.run.seed, drop_last=len(ds) >= info.world_size
+        )
         drop_last = len(sampler) >= batch_size
     else:
         sampler, drop_last = ShardSampler(len(ds), info.rank, info.world_size), False

@@ -326,3 +326,20 @@ def test_the_textbook_loaders_augmentation_does_not_depend_on_the_number_of_work
     for workers in (1, 2):
         assert all(torch.equal(a, b) for a, b in zip(alone, epoch(workers), strict=True)), workers
     assert not all(torch.equal(a, b) for a, b in zip(alone, epoch(0, 3)))  # another epoch, other draws
+
+
+def test_ranks_never_train_a_sample_twice_in_an_epoch():
+    """DistributedSampler's default pads the ranks' shares with repeats: with 11 samples on 2 ranks one sample was
+    trained twice an epoch and counted twice in its metrics. The shares are cut to equal length instead."""
+    from cnnpar.data.bundle import ArrayDataset, DataBundle
+
+    x = torch.zeros(11, 1, 4, 4, dtype=torch.uint8)
+    bundle = DataBundle(ArrayDataset(x, torch.arange(11)), None, (1, 4, 4), 11, (0.5,), (0.25,), "arrays")
+    cfg = resolve_for_device(Config(data=DataConfig(workers=0), run=RunConfig(batch_size=1, seed=3)), "cpu", False)
+    for epoch in (1, 2):
+        seen = []
+        for rank in (0, 1):
+            feeder = build_loader(bundle, cfg, DistInfo(rank, rank, 2, torch.device("cpu")), train=True)
+            feeder.set_epoch(epoch, epoch_seed(3, rank, epoch))
+            seen += [int(label) for _, y in feeder for label in y]
+        assert len(seen) == len(set(seen)) == 10, (epoch, sorted(seen))
