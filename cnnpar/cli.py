@@ -38,6 +38,7 @@ def horovod_train_args(argv: list[str], nproc: int) -> list[str]:
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args
     from cnnpar.dist import (
+        LAUNCHED_NPROC_ENV,
         check_horovod_launch,
         debug_single_requested,
         destroy_distributed,
@@ -69,8 +70,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             from cnnpar.engine.rundir import NO_NAME_TO_RESUME
 
             raise UserError(NO_NAME_TO_RESUME)
-        # --nproc stays in the workers' arguments (RANK is set there: none launches again), so the run's record
-        # holds it and `--config` of that record starts as many processes again
+        # --nproc stays in the workers' arguments (RANK is set there: none launches again); the run's record holds
+        # the launch (LAUNCHED_NPROC_ENV), so `--config` of that record starts as many processes again
         cmd = torchrun_command(cfg.dist.nproc, argv)
         # NCCL's flight-recorder dumps land beside the runs, not in /tmp where nobody looks. A file
         # prefix, not a folder: files appear only on a timeout, and run-folder scans see no new folder.
@@ -78,7 +79,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         out_root.mkdir(parents=True, exist_ok=True)
         print("cnnpar: launching", " ".join(cmd), flush=True)
         try:
-            return run_launcher(cmd, launcher_env(dict(os.environ), str(out_root / "nccl_trace_rank_")))
+            env = launcher_env(dict(os.environ), str(out_root / "nccl_trace_rank_"))
+            return run_launcher(cmd, {**env, LAUNCHED_NPROC_ENV: str(cfg.dist.nproc)})
         except KeyboardInterrupt:
             run = out_root / cfg.run.name if cfg.run.name else f"{out_root}/<the run folder>"
             print(f"finished epochs are kept: continue with: cnnpar train --resume {run} --nproc {cfg.dist.nproc}")

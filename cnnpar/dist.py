@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 
 DEBUG_ENV = "CNNPAR_DEBUG_SINGLE"
+# set by `cnnpar train --nproc N`'s launcher for torchrun's workers: what a run's record stores as its nproc
+LAUNCHED_NPROC_ENV = "CNNPAR_LAUNCHED_NPROC"
 # Counts process-group set-ups in this process (see attempt_store): a second init after a
 # destroy, which every rank does in step, gets fresh keys too.
 _INIT_COUNT = itertools.count()
@@ -171,6 +173,19 @@ def launcher_env(environ: dict[str, str], trace_prefix: str, torch_version: str 
         if not any(name in env for name in _SPELLINGS.get(key, (key,))):
             env[key] = value
     return env
+
+
+def launched_nproc() -> int:
+    """The N of the `cnnpar train --nproc N` that launched this process; 0 for any other start (one process, the
+    debug switch, torchrun or horovodrun started by hand). A run's record stores this, not the --nproc asked for,
+    so that `--config` or `--resume` of it starts the processes that ran: a record of a debug-switch run had said
+    nproc = 2 and its re-run started two."""
+    if "RANK" not in os.environ:
+        return 0
+    try:
+        return int(os.environ.get(LAUNCHED_NPROC_ENV, "0"))
+    except ValueError:
+        return 0
 
 
 def debug_single_requested(flag: bool = False) -> bool:

@@ -28,7 +28,7 @@ from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
-from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line
+from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.batch_size import REFERENCE_BATCH, lr_factor, lr_rule, search_on_device
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, require_training_state, save_checkpoint
@@ -399,6 +399,8 @@ class Trainer:
             env = environment(self.info.device, self.info.world_size)
             header = comment_lines(env)
             resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
+            # the processes that ran, not the --nproc asked for (the debug switch runs one; torchrun by hand, any)
+            resolved = replace(resolved, dist=replace(resolved.dist, nproc=launched_nproc()))
             lines = requested_lines(self.requested_cfg, resolved)
             record = self.run_dir / "config.toml"
             # a resume, or a record re-run with --config: what its first run asked for stays on record, or the

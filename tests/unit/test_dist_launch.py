@@ -298,3 +298,22 @@ def test_the_refusal_gives_a_command_that_parses_to_the_same_run_under_horovodru
         assert (cfg.dist.strategy, cfg.dist.nproc, cfg.run.epochs, cfg.run.max_steps) == ("horovod", 0, 1, 2)
         assert (cfg.run.name, cfg.run.out_dir) == ("a b", str(runs))
     assert not runs.exists()
+
+
+def test_a_record_holds_the_processes_that_ran_not_the_nproc_asked_for(monkeypatch, tmp_path):
+    """The debug switch runs one process whatever --nproc says; its record had stored nproc = 2, and `--config` of
+    it started two. The record's nproc is now that of the launch that ran (0: none), the asked value beside it."""
+    from cnnpar import cli
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv(dist.DEBUG_ENV, "1")
+    monkeypatch.setattr(dist, "run_launcher", lambda *a, **k: pytest.fail("launched torchrun"))
+    args = ["train", "--nproc", "2", "--epochs", "1", "--max-steps", "1", "--no-progress", "--no-tensorboard"]
+    assert cli.main([*args, "--out-dir", str(tmp_path), "--name", "r"]) == 0
+    record = (tmp_path / "r" / "config.toml").read_text()
+    assert "\nnproc = 0\n" in record and "# requested: dist.nproc = 2\n" in record
+    monkeypatch.setenv("RANK", "0")  # a worker of `cnnpar train --nproc 3`'s launcher
+    monkeypatch.setenv(dist.LAUNCHED_NPROC_ENV, "3")
+    assert dist.launched_nproc() == 3
+    monkeypatch.delenv(dist.LAUNCHED_NPROC_ENV)  # a worker of torchrun started by hand
+    assert dist.launched_nproc() == 0
