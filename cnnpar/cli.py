@@ -52,6 +52,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     cfg = config_from_args(args)
     if surplus_debug_worker(cfg.dist.debug_single):
         return 0  # the debug switch runs one process: global rank 0 alone
+    if cfg.dist.strategy == "horovod" and debug_single_requested(cfg.dist.debug_single):
+        # under horovodrun the switch was ignored (every rank trained); outside it, refused with a horovodrun command
+        raise ConfigError("--debug-single runs one process on DDP's path: expected it without --strategy horovod")
     if cfg.dist.strategy == "horovod":
         check_horovod_launch(cfg.dist.nproc, horovod_train_args(argv, cfg.dist.nproc))
     if cfg.dist.nproc > 0 and "RANK" not in os.environ and not debug_single_requested(cfg.dist.debug_single):
@@ -130,6 +133,11 @@ def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.doctor.profile import ProfileOptions, run_profile
 
     cfg = config_from_args(args)
+    if cfg.dist.nproc > 0 and "RANK" not in os.environ:  # it would profile one process and say nothing
+        raise ConfigError(
+            f"profile runs in this process: --nproc {cfg.dist.nproc} (typed or from the config) is not launched; "
+            "expected --nproc 0, or torchrun --nproc_per_node N -m cnnpar profile ... for a trace per rank"
+        )
     opts = ProfileOptions(
         args.prof_wait, args.prof_warmup, args.prof_active, args.row_limit, args.report_dir, args.all_threads
     )

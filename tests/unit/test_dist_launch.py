@@ -317,3 +317,18 @@ def test_a_record_holds_the_processes_that_ran_not_the_nproc_asked_for(monkeypat
     assert dist.launched_nproc() == 3
     monkeypatch.delenv(dist.LAUNCHED_NPROC_ENV)  # a worker of torchrun started by hand
     assert dist.launched_nproc() == 0
+
+
+def test_profile_with_nproc_and_horovod_with_the_debug_switch_are_refused_not_run_otherwise(monkeypatch, capsys):
+    """`profile --nproc 2` profiled one process and said nothing; `--strategy horovod --debug-single` under
+    horovodrun trained on every rank (the switch was ignored there)."""
+    from cnnpar import cli
+
+    monkeypatch.delenv("RANK", raising=False)
+    assert cli.main(["profile", "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "profile runs in this process: --nproc 2 (typed or from the config) is not launched" in err
+    monkeypatch.setenv("HOROVOD_RANK", "0")  # as horovodrun starts a rank
+    assert cli.main(["train", "--strategy", "horovod", "--debug-single"]) == 2
+    err = capsys.readouterr().err
+    assert "--debug-single runs one process on DDP's path: expected it without --strategy horovod" in err
