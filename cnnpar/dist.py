@@ -318,7 +318,9 @@ def pick_device(requested: str, local_rank: int, local_world_size: int = 1) -> t
 
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise ConfigError("speed.device = 'cuda' but no CUDA device is visible")
+            raise ConfigError(
+                "--device cuda (speed.device) but no CUDA device is visible: expected --device cpu or auto here"
+            )
         count = torch.cuda.device_count()
         wanted = max(local_world_size, local_rank + 1)
         if wanted > count:

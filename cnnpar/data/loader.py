@@ -620,6 +620,12 @@ def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
         "nvimgcodec": "nvImageCodec",
         "nvimgcodec-workers": "nvImageCodec's hardware engines, driven from the worker processes (a GIL each)",
     }
+    if device.type != "cuda":  # the GPU paths run on the CPU here (tests use them so): say what decodes
+        what |= {
+            "gpu": "the nvJPEG path without CUDA: torchvision decodes with libjpeg-turbo on the CPU",
+            "nvimgcodec": "nvImageCodec without CUDA: its CPU backend",
+            "nvimgcodec-workers": "nvImageCodec without CUDA: its CPU backend, in the worker processes",
+        }
     # ResNet-50 on an H200 (benchmarks/results/2026-11-30-h200/speed_records_jpeg.csv): 6,592 img/s
     # from a prepared store against 4,526 decoding the same photos every epoch (nvJPEG)
     tip = prepare_then_train(cfg, bundle.shape[1])

@@ -115,10 +115,25 @@ def predict(
     target = Path(out or ("submission.csv" if fmt == "csv" else "predictions.csv"))
     if target.is_dir():  # refused before the work, not at the final rename
         raise UserError(f"--out {target}: is a folder: expected the path of the CSV file to write")
-    if not image_shape and c != 1:
-        # Only square grey rows can be inferred from a column count; colour rows take the model's shape.
+    for given, what in ((Path(data), "--data"), (Path(checkpoint), "--checkpoint")):
+        if target.exists() and given.is_file() and target.samefile(given):  # it was replaced by the predictions
+            raise UserError(f"--out {target}: is the {what} file: expected another path for the predictions")
+    from_model = not image_shape and (c != 1 or h != w)
+    if from_model:
+        # Only square grey rows can be inferred from a column count; colour or oblong rows take the model's shape.
         image_shape = f"{c}x{h}x{w}"
-    ds, ids, label_origin = load_predict_data(data, fmt, image_shape, image_size=h)
+    if c == 1 and fmt == "folder":
+        raise DataError(
+            f"{data}: an image folder decodes to RGB (3 channels), and the model was trained on grey images (1 "
+            "channel): expected a CSV or an .npz of grey images"
+        )
+    try:
+        ds, ids, label_origin = load_predict_data(data, fmt, image_shape, image_size=h)
+    except DataError as e:
+        if not from_model:
+            raise
+        # the shape is the model's, not a flag the user typed
+        raise DataError(str(e).replace(f"--image-shape {image_shape}", f"the model's input {image_shape}")) from None
     channels = ds.x.shape[1] if isinstance(ds, ArrayDataset) else 3  # folders decode to RGB
     if channels != c:
         raise DataError(f"{data}: images have {channels} channel(s): expected {c}, as the model was trained on")

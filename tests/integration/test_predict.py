@@ -200,3 +200,22 @@ def test_predict_uses_the_runs_test_time_views_unless_told_and_says_a_digits_sco
     alone = ["predict", "--checkpoint", str(run_dir), "--data", "digits", "--tta-level", "none", "--out", "b.csv"]
     assert main(alone) == 0
     assert set(seen) == {(False, False)} and "test-time augmentation" not in capsys.readouterr().out
+
+
+def test_predict_never_writes_over_its_input_and_says_why_a_folder_cannot_feed_a_grey_model(tmp_path, capsys, trained):
+    """`--out` naming the --data file replaced it with the predictions (exit 0); a grey model given a folder was
+    told its images "have 3 channel(s)" whatever the files held."""
+    _, run_dir, test, _ = trained
+    data = write_npz(tmp_path / "d.npz", n_train=40, n_test=None)
+    kept = data.read_bytes()
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(data), "--out", str(data)]) == 2
+    assert f"--out {data}: is the --data file: expected another path" in capsys.readouterr().err
+    assert data.read_bytes() == kept
+    pics = tmp_path / "pics" / "a"
+    pics.mkdir(parents=True)
+    from PIL import Image
+
+    Image.new("L", (16, 16)).save(pics / "0.png")
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(tmp_path / "pics")]) == 2
+    err = capsys.readouterr().err
+    assert "an image folder decodes to RGB (3 channels), and the model was trained on grey images" in err, err

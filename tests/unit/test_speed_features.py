@@ -144,3 +144,19 @@ def test_folder_decoded_from_bytes_on_the_device_path(cli, tmp_path):
     bad = cli(*args, "--val-fraction", "0", "--name", "bad")
     assert bad.returncode == 2
     assert "broken.jpg" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_gpu_decoder_asked_for_on_a_cpu_says_what_decodes_there(tmp_path):
+    """`--decode gpu` on a CPU printed "torchvision nvJPEG on the device" while libjpeg-turbo decoded on the CPU."""
+    from PIL import Image
+
+    from cnnpar.config import DataConfig
+    from cnnpar.data import load_data
+    from cnnpar.data.loader import decode_line
+
+    for k in range(4):
+        (tmp_path / f"c{k % 2}").mkdir(exist_ok=True)
+        Image.new("RGB", (20, 20), (k, 9, 9)).save(tmp_path / f"c{k % 2}" / f"{k}.jpg")
+    cfg = Config(data=DataConfig(source=str(tmp_path), decode="gpu", val_fraction=0.0))
+    line = decode_line(cfg, load_data(cfg.data, 0), torch.device("cpu"))
+    assert line.startswith("decode: gpu (the nvJPEG path without CUDA: torchvision decodes with libjpeg-turbo on")
