@@ -57,6 +57,7 @@ from torch.utils.data import Dataset
 from cnnpar.data.crop_resize import draw_crop_boxes
 from cnnpar.data.folder import decode_error, decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import JpegHeader, read_jpeg_header
+from cnnpar.data.transforms import keyed_generator
 from cnnpar.errors import DataError
 
 DCT_SCALES = (8, 4, 2)  # the reductions libjpeg-turbo's scaled IDCT offers through Pillow's draft
@@ -258,8 +259,7 @@ class CpuDecodedFolder(Dataset):
 
     def generator(self, indices: list[int]) -> torch.Generator:
         """The batch's own generator: a function of the epoch's seed and the batch, not of the process."""
-        base = self.epoch_seed if self.epoch_seed is not None else torch.initial_seed()
-        return torch.Generator().manual_seed((base * 1_000_003 + int(indices[0])) % 2**63)
+        return keyed_generator(self.epoch_seed, indices[0])
 
     def __getitem__(self, index):
         # batch_size=None: the DataLoader passes the BatchSampler's whole list here

@@ -134,14 +134,21 @@ class DeviceTransform:
         return x
 
 
+def keyed_generator(epoch_seed: int | None, key: int) -> torch.Generator:
+    """The generator of one batch's or one sample's augmentation: a function of the epoch's seed (`epoch_seed`,
+    set in each worker by loader.ReseedingWorkers; else this process's seed, which in the main process is the
+    epoch's, engine/rng.py) and `key` (the batch's first index, or the sample's), not of the worker that draws it,
+    so --workers cannot change the augmentation."""
+    base = epoch_seed if epoch_seed is not None else torch.initial_seed()
+    return torch.Generator().manual_seed((base * 1_000_003 + int(key)) % 2**63)
+
+
 class TextbookDataset(Dataset):
     """What most tutorials write: per-sample float conversion, normalisation and augmentation on
     the CPU, then the default collate stacks float tensors. Kept only as a measured baseline: it
-    sees no batch, so `altflip` is a plain random flip here. Each sample's crop and flip come from a
-    generator seeded with the epoch's seed and the sample's index (`epoch_seed`, set in each worker by
-    loader.ReseedingWorkers, else the process's seed), as CpuDecodedFolder's crops do: drawn from the
-    global generator, they were the draws of whichever worker a sample was dealt to, so --workers
-    changed the augmentation."""
+    sees no batch, so `altflip` is a plain random flip here. Each sample's crop and flip come from
+    `keyed_generator(epoch_seed, index)`, as CpuDecodedFolder's crops do: drawn from the global
+    generator, they were the draws of whichever worker a sample was dealt to."""
 
     def __init__(self, base: Dataset, mean, std, augment: str, train: bool) -> None:
         self.base, self.train = base, train
@@ -160,8 +167,7 @@ class TextbookDataset(Dataset):
         x = (x.float() / 255.0 - self.mean) / self.std
         if not self.train or not (self.pad or self.flip):
             return x, y
-        base = self.epoch_seed if self.epoch_seed is not None else torch.initial_seed()
-        g = torch.Generator().manual_seed((base * 1_000_003 + int(i)) % 2**63)
+        g = keyed_generator(self.epoch_seed, i)
         if self.pad:
             x = random_crop(x[None], self.pad, g)[0]
         if self.flip and torch.rand((), generator=g) < 0.5:
