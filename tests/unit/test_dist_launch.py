@@ -332,3 +332,12 @@ def test_profile_with_nproc_and_horovod_with_the_debug_switch_are_refused_not_ru
     assert cli.main(["train", "--strategy", "horovod", "--debug-single"]) == 2
     err = capsys.readouterr().err
     assert "--debug-single runs one process on DDP's path: expected it without --strategy horovod" in err
+
+
+def test_cuda_asked_for_without_cuda_names_the_flag(monkeypatch):
+    from cnnpar.errors import ConfigError
+
+    monkeypatch.setattr(dist.torch.cuda, "is_available", lambda: False)
+    wanted = r"^--device cuda \(speed\.device\) but no CUDA device is visible: expected --device cpu or auto here$"
+    with pytest.raises(ConfigError, match=wanted):
+        dist.pick_device("cuda", 0, 1)
