@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -950,6 +950,30 @@ s19a)
   TAIL=8 logged jpeg_pipeline80 230 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
       --variants "${VARIANTS:-hardware:14:0,hardware:14:0:hw=bits=device+out=rgb+pools=1}" --budget-s 150 \
       --watchdog-s 225 --out "$R/jpeg_pipeline80.csv"
+  ;;
+s22a)
+  # session 22, call A (one H200, ~3 min with a cold start): issue 11.2, whose waits the library's per-image
+  # waits are: the engines' count (nvjpegGetHardwareDecoderInfo), the CUDA tests (the cut calls' pixels among
+  # them), the defaults' waits at batches of 14 and 28 against 256, and a batch of 256 cut into calls of 7-64
+  # files on decode states taken in turn, each with its host waits, the time they block, and its rate
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  TAIL=8 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py -p no:cacheprovider
+  for b in 14 28; do
+    TAIL=6 logged "engines_b$b" 90 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample \
+        --stages engines --hw-variants "" --batch-size "$b" --batches 2 --repeats 5 --out "$R/engines_b$b.csv"
+  done
+  TAIL=16 logged engines_cut 200 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample \
+      --stages engines --hw-variants "${HW:-chunk=14;chunk=14+states=19;chunk=7+states=37;chunk=28+states=10;chunk=64+states=4}" \
+      --batch-size 256 --batches 2 --repeats 5 --out "$R/engines_cut.csv"
+  ;;
+s22b)
+  # session 22, call B (one H200, ~5 min, only if call A found a cut with fewer blocking waits at the defaults'
+  # rate): that cut end to end against the defaults, ResNet-50 from the 24,000 photos, one process
+  make_rep 80 .devdata/imagenet_rep80
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  TAIL=8 logged jpeg_pipeline80 300 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "hardware:14:0,hardware:14:0:hw=${HW:-chunk=14+states=19}" --budget-s 200 \
+      --watchdog-s 280 --out "$R/jpeg_pipeline80.csv"
   ;;
 s19b)
   # session 19, call B (one H200, ~6 min, chained): `cnnpar train` from the 24,000 photos as a user runs it, then

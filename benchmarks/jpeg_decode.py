@@ -179,7 +179,8 @@ def main() -> None:
         "--hw-variants",
         default="bits=device;out=rgb;pools=1;pipe=0;pipe=0+pools=1",
         help="for --stages engines: ';'-separated ways to drive the engines besides the defaults "
-        "(nvjpeg_hw.EngineSettings: bits=host|device, out=rgbi|rgb, pools=0|1, pipe=1|0, on=engines|sms, '+'-joined)",
+        "(nvjpeg_hw.EngineSettings: bits=host|device, out=rgbi|rgb, pools=0|1, pipe=1|0, on=engines|sms, "
+        "chunk=<files a library call>, states=<decode states taken in turn>, '+'-joined)",
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=256)
@@ -493,6 +494,10 @@ def engine_stages(files: list[Path], indices: list[list[int]], args, device: tor
     batches = [collate_encoded([items[i] for i in idx])[0] for idx in indices]
     engine_ids = [np.flatnonzero(np.asarray(b.hardware_ok)) for b in batches]
     print(f"engines: {sum(len(i) for i in engine_ids)} of {sum(len(b) for b in batches)} images are theirs")
+    probe = HardwareJpegDecoder(device)
+    # nvImageCodec sizes its calls to the engines by engines x cores (extensions/nvjpeg/hw_decoder.cpp)
+    print(f"engines: nvjpegGetHardwareDecoderInfo says {probe.engine_info or 'nothing'} (engines, cores per engine)")
+    probe.close()
     stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
     specs = [""] + [v for v in args.hw_variants.split(";") if v]
     reference = None
@@ -532,7 +537,7 @@ def engine_stages(files: list[Path], indices: list[list[int]], args, device: tor
             for b in range(calls):
                 call(b % len(batches))
             sync(device)
-        runtime, kernels, copies = {}, 0, 0
+        runtime, kernels, copies, waited_us = {}, 0, 0, 0.0
         for e in prof.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 if e.name.startswith("Memcpy") or e.name.startswith("Memset"):
@@ -541,6 +546,8 @@ def engine_stages(files: list[Path], indices: list[list[int]], args, device: tor
                     kernels += 1
             elif e.name.startswith("cuda"):
                 runtime[e.name] = runtime.get(e.name, 0) + 1
+                if e.name in HOST_WAITS:  # a wait on work already done returns at once: the time says which
+                    waited_us += e.cpu_time_total
         waits = sum(n for name, n in runtime.items() if name in HOST_WAITS)
         busiest = sorted(runtime.items(), key=lambda kv: -kv[1])[:6]
         record(
@@ -553,6 +560,9 @@ def engine_stages(files: list[Path], indices: list[list[int]], args, device: tor
             {
                 "max_diff_vs_default": worst,
                 "host_waits_per_batch": round(waits / calls, 2),
+                "host_wait_ms_per_batch": round(waited_us / 1e3 / calls, 3),
+                "library_calls_per_batch": len(engines._calls(len(engine_ids[0]))),
+                "engines_x_cores": "x".join(map(str, engines.engine_info or ())),
                 "kernels_per_batch": round(kernels / calls, 2),
                 "copies_per_batch": round(copies / calls, 2),
                 "runtime_calls_per_batch": "; ".join(f"{k} {v / calls:g}" for k, v in busiest),
@@ -561,7 +571,8 @@ def engine_stages(files: list[Path], indices: list[list[int]], args, device: tor
         record.save()
         busy = record.rows[-1]["runtime_calls_per_batch"]
         print(
-            f"  {settings.label}: max diff vs default {worst}, per batch: {waits / calls:g} host waits, "
+            f"  {settings.label}: max diff vs default {worst}, per batch: {waits / calls:g} host waits "
+            f"({waited_us / 1e3 / calls:.2f} ms), "
             f"{kernels / calls:g} kernels, {copies / calls:g} copies; runtime calls: {busy}"
         )
         engines.close()

@@ -88,10 +88,18 @@ class EngineSettings:
     pools: bool = False
     pipelined: bool = True
     sms: bool = False
+    # A batch cut into library calls of `chunk` files (0: one call), each call on the next of `states`
+    # decode states in turn, all on the engines' stream and waited for once, after the last: whether
+    # the library's per-image waits belong to a state's slots (then a call of at most a ring's worth on
+    # a state of its own has none to wait for) or to the engines themselves (session 22's question).
+    chunk: int = 0
+    states: int = 1
 
     def __post_init__(self) -> None:
         if self.bitstreams not in ("host", "device"):
             raise ValueError(f"bitstreams={self.bitstreams!r}: expected 'host' or 'device'")
+        if self.chunk < 0 or self.states < 1:
+            raise ValueError(f"chunk={self.chunk}, states={self.states}: expected chunk >= 0 and states >= 1")
 
     @classmethod
     def parse(cls, spec: str) -> EngineSettings:
@@ -103,15 +111,17 @@ class EngineSettings:
             "pipe": ("1", "0"),
             "on": ("engines", "sms"),
         }
+        counts = ("chunk", "states")  # whole numbers, checked by __post_init__
         got = {}
         for part in filter(None, spec.split("+")):
             key, _, value = part.partition("=")
             if key in got:
                 raise ValueError(f"engine setting {key!r} given twice in {spec!r}: expected each key once")
-            if value not in known.get(key, ()):
+            if value not in known.get(key, ()) and not (key in counts and value.isdigit()):
                 raise ValueError(
                     f"engine setting {part!r}: expected one of "
                     + ", ".join(f"{k}={'|'.join(v)}" for k, v in known.items())
+                    + ", chunk=<files a call>, states=<decode states>"
                 )
             got[key] = value
         return cls(
@@ -120,13 +130,17 @@ class EngineSettings:
             got.get("pools", "0") == "1",
             got.get("pipe", "1") == "1",
             got.get("on", "engines") == "sms",
+            int(got.get("chunk", 0)),
+            int(got.get("states", 1)),
         )
 
     @property
     def label(self) -> str:
         out = "rgb" if self.planar else "rgbi"
         on = "sms" if self.sms else "engines"
-        return f"bits={self.bitstreams}+out={out}+pools={int(self.pools)}+pipe={int(self.pipelined)}+on={on}"
+        label = f"bits={self.bitstreams}+out={out}+pools={int(self.pools)}+pipe={int(self.pipelined)}+on={on}"
+        # only where set: the rows stored before these two existed keep their labels
+        return label + (f"+chunk={self.chunk}+states={self.states}" if self.chunk or self.states > 1 else "")
 
 
 SETTINGS = EngineSettings()  # what a decoder made without settings uses; the benchmarks set it
@@ -194,6 +208,21 @@ def library_version(lib: ctypes.CDLL) -> str:
         lib.nvjpegGetProperty(prop, ctypes.byref(v))
         parts.append(str(v.value))
     return ".".join(parts)
+
+
+def engine_info(lib, handle) -> tuple[int, int] | None:
+    """(engines, cores per engine) as nvjpegGetHardwareDecoderInfo tells them (nvJPEG 11.9 and later; the
+    count nvImageCodec sizes its calls by), or None where the library has no such call or refuses it."""
+    fn = getattr(lib, "nvjpegGetHardwareDecoderInfo", None)
+    if fn is None:
+        return None
+    if isinstance(lib, ctypes.CDLL):
+        fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint)]
+        fn.restype = ctypes.c_int
+    engines, cores = ctypes.c_uint(), ctypes.c_uint()
+    if fn(handle, ctypes.byref(engines), ctypes.byref(cores)) != 0:
+        return None
+    return engines.value, cores.value
 
 
 def _check(status: int, call: str) -> None:
@@ -282,6 +311,8 @@ class HardwareJpegDecoder:
         self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.lib = load_library()
         self.handle = self.state = None
+        self.more_states = []  # the states past the first, where the settings ask for several
+        self.engine_info = None  # (engines, cores per engine), where the library says
         self._stream = None  # the engines' own stream (`_create`; see `decode`), None where none could be made
         self._library = LibraryThread("cnnpar-nvjpeg")  # every handle/state call runs on it
         self._library_thread = self._library.ident
@@ -292,7 +323,7 @@ class HardwareJpegDecoder:
             self._library = None  # nothing to close: the half-made decoder's finalizer has no thread to wait for
             raise
         self.version = library_version(self.lib)
-        self._batch = 0  # the batch size the state was initialised for
+        self._batch = {}  # state -> the number of files it was initialised for
         self.calls = 0
 
     def _create(self) -> None:
@@ -313,13 +344,16 @@ class HardwareJpegDecoder:
                 f"{torch.cuda.get_device_name(self.device)}: status {status} ({STATUS.get(status, 'unknown')})"
             )
         self.handle = handle
-        state = ctypes.c_void_p()
+        self.engine_info = engine_info(self.lib, handle)
         try:
-            _check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state)), "nvjpegJpegStateCreate")
+            for _ in range(self.settings.states):
+                state = ctypes.c_void_p()
+                _check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state)), "nvjpegJpegStateCreate")
+                self.more_states.append(state)
         except RuntimeError:
-            self._destroy()  # the handle made above goes with the failed start
+            self._destroy()  # the handle and states made above go with the failed start
             raise
-        self.state = state
+        self.state = self.more_states.pop(0)
         self._stream = private_stream(self.device)
 
     def decode(
@@ -418,35 +452,49 @@ class HardwareJpegDecoder:
             stream = caller
             stream.synchronize()
         try:
-            if n != self._batch:
-                _check(
-                    self.lib.nvjpegDecodeBatchedInitialize(
-                        self.handle, self.state, n, 1, OUTPUT_RGBI if self.interleaved else OUTPUT_RGB
-                    ),
-                    "nvjpegDecodeBatchedInitialize",
-                )
-                self._batch = n
-            status = self.lib.nvjpegDecodeBatched(
-                self.handle,
-                self.state,
-                pointers.ctypes.data,
-                lengths.ctypes.data,
-                dest.ctypes.data,
-                ctypes.c_void_p(stream.cuda_stream),
-            )
-            if status != 0:
-                self._batch = 0  # nvjpeg.h: initialise again to reset a failed batch
-                raise RuntimeError(
-                    f"nvjpegDecodeBatched (hardware, {n} files): status {status} ({STATUS.get(status, 'unknown')})"
-                )
+            for first, last, state in self._calls(n):
+                self._call_library(state, first, last, pointers, lengths, dest, stream)
         finally:  # also after a refused batch: the caller frees the output and the arrays next
             stream.synchronize()
 
+    def _calls(self, n: int) -> list[tuple[int, int, ctypes.c_void_p]]:
+        """(first, last, state) of each library call for a batch of `n` files: one call on the one
+        state by default; calls of `settings.chunk` files on the states in turn where it is set."""
+        chunk = self.settings.chunk or n
+        states = [self.state, *self.more_states]
+        return [(a, min(a + chunk, n), states[k % len(states)]) for k, a in enumerate(range(0, n, chunk))]
+
+    def _call_library(self, state, first: int, last: int, pointers, lengths, dest, stream) -> None:
+        """One nvjpegDecodeBatched of files first..last-1 on `state` (initialised again when its last call
+        had another count), queued on `stream`; no wait."""
+        n = last - first
+        key = id(state)
+        if self._batch.get(key) != n:
+            fmt = OUTPUT_RGBI if self.interleaved else OUTPUT_RGB
+            _check(
+                self.lib.nvjpegDecodeBatchedInitialize(self.handle, state, n, 1, fmt), "nvjpegDecodeBatchedInitialize"
+            )
+            self._batch[key] = n
+        status = self.lib.nvjpegDecodeBatched(
+            self.handle,
+            state,
+            pointers[first:last].ctypes.data,
+            lengths[first:last].ctypes.data,
+            dest[first:last].ctypes.data,
+            ctypes.c_void_p(stream.cuda_stream),
+        )
+        if status != 0:
+            self._batch.pop(key, None)  # nvjpeg.h: initialise again to reset a failed batch
+            raise RuntimeError(
+                f"nvjpegDecodeBatched (hardware, {n} files): status {status} ({STATUS.get(status, 'unknown')})"
+            )
+
     def _destroy(self) -> None:
         self._stream = None  # the CUDA stream itself is left alive: data/private_stream.py says why
-        if self.state:
-            self.lib.nvjpegJpegStateDestroy(self.state)
-            self.state = None
+        for state in [self.state, *self.more_states]:
+            if state:
+                self.lib.nvjpegJpegStateDestroy(state)
+        self.state, self.more_states = None, []
         if self.handle:
             self.lib.nvjpegDestroy(self.handle)
             self.handle = None

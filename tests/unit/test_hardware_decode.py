@@ -338,7 +338,8 @@ class LibraryStandIn:
     nvjpegImage_t destinations with channel[0] and pitch[0]) and writes Pillow's pixels through them."""
 
     def __init__(self) -> None:
-        self.initialised, self.destroyed = [], []
+        self.initialised, self.destroyed, self.calls = [], [], []
+        self.files_of = {}  # state -> the file count it was last initialised for
 
     def nvjpegJpegStateDestroy(self, state):
         self.destroyed.append(state)
@@ -350,6 +351,7 @@ class LibraryStandIn:
 
     def nvjpegDecodeBatchedInitialize(self, handle, state, n, threads, fmt):
         self.initialised.append((n, fmt))
+        self.files_of[state] = n
         return 0
 
     def nvjpegDecodeBatched(self, handle, state, data, lengths, destinations, stream):
@@ -357,7 +359,8 @@ class LibraryStandIn:
 
         from PIL import Image
 
-        n = self.initialised[-1][0]
+        n = self.files_of[state]
+        self.calls.append((state, n))
         pointers = (ctypes.c_void_p * n).from_address(data)
         sizes = (ctypes.c_size_t * n).from_address(lengths)
 
@@ -420,6 +423,34 @@ def test_the_resize_reads_planar_engine_output_as_it_reads_interleaved(resize):
     assert torch.equal(outs[0], outs[1])
 
 
+def test_a_batch_cut_into_calls_on_states_in_turn_decodes_the_one_calls_pixels():
+    """EngineSettings chunk/states (session 22's question about the library's own waits): the batch's
+    files go to the library in calls of `chunk`, on the decode states in turn, each state initialised
+    for its call's count, and the pixels are the one call's."""
+    from cnnpar.data import nvjpeg_hw
+
+    blobs = [photo(30 + i, 41 - i, phase=i) for i in range(5)]
+    batch = encoded(blobs)
+    ids = np.array([4, 0, 2, 1, 3])
+    hw = np.array([[30 + i, 41 - i] for i in ids])
+    stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
+    outs = []
+    for settings in (nvjpeg_hw.EngineSettings(), nvjpeg_hw.EngineSettings.parse("chunk=2+states=2")):
+        dec = stand_in_decoder(settings)
+        if settings.states == 2:
+            dec.more_states = ["state 2"]
+        out, starts = dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream)
+        outs.append((out, starts, dec.lib.calls))
+        dec._library.shutdown()
+    (one, one_starts, one_calls), (cut, cut_starts, cut_calls) = outs
+    assert one_calls == [("state", 5)]
+    assert cut_calls == [("state", 2), ("state 2", 2), ("state", 1)]
+    assert np.array_equal(one_starts, cut_starts)
+    for j, (h, w) in enumerate(hw.tolist()):  # each image's bytes (the gaps between them are not written)
+        image = slice(int(one_starts[j]), int(one_starts[j]) + 3 * h * w)
+        assert torch.equal(one[image], cut[image]), j
+
+
 @pytest.mark.parametrize(
     "spec, backend, flags, interleaved",
     [
@@ -428,6 +459,7 @@ def test_the_resize_reads_planar_engine_output_as_it_reads_interleaved(resize):
         ("out=rgb", 3, 0, False),
         ("pipe=0+pools=1", 3, 3, True),
         ("on=sms", 2, 0, True),
+        ("chunk=14+states=3", 3, 0, True),
     ],
 )
 def test_engine_settings_choose_how_the_library_is_started(monkeypatch, spec, backend, flags, interleaved):
@@ -439,7 +471,9 @@ def test_engine_settings_choose_how_the_library_is_started(monkeypatch, spec, ba
     assert nvjpeg_hw.EngineSettings.parse(settings.label) == settings
     dec = nvjpeg_hw.HardwareJpegDecoder(torch.device("cuda", 0), settings)
     assert lib.created == (backend, flags) and dec.interleaved is interleaved
+    assert 1 + len(dec.more_states) == settings.states
     dec.close()
+    assert sum(kind == "state" for kind, _ in lib.destroyed) == settings.states  # every state freed
     monkeypatch.setattr(nvjpeg_hw, "SETTINGS", settings)  # what a decoder made without settings uses
     assert nvjpeg_hw.HardwareJpegDecoder(torch.device("cuda", 0)).settings == settings
 
@@ -454,12 +488,26 @@ def test_engine_settings_refuse_what_they_do_not_know_naming_what_is_expected(sp
         EngineSettings.parse(spec)
     with pytest.raises(ValueError, match="'pools' given twice"):  # which would win is not for the reader to guess
         EngineSettings.parse("pools=0+pools=1")
+    with pytest.raises(ValueError, match="chunk=<files a call>, states=<decode states>"):
+        EngineSettings.parse("chunk=-1")
+    with pytest.raises(ValueError, match="expected chunk >= 0 and states >= 1"):
+        EngineSettings.parse("states=0")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(
-    "spec", ["bits=device", "out=rgb", "pools=1", "pipe=0", "on=sms", "bits=device+out=rgb+pools=1"]
+    "spec",
+    [
+        "bits=device",
+        "out=rgb",
+        "pools=1",
+        "pipe=0",
+        "on=sms",
+        "bits=device+out=rgb+pools=1",
+        "chunk=5",
+        "chunk=5+states=3",
+    ],
 )
 def test_cuda_engine_settings_decode_the_default_settings_pixels(spec):
     """Each way of driving the engines (benchmarks/jpeg_decode.py --hw-variants) must give the same
@@ -611,7 +659,7 @@ def stand_in_decoder(settings=None):
     dec.settings = settings or nvjpeg_hw.EngineSettings()
     dec.interleaved = not dec.settings.planar
     dec.lib, dec.handle, dec.state, dec.device = LibraryStandIn(), "handle", "state", torch.device("cpu")
-    dec._batch, dec.calls = 0, 0
+    dec._batch, dec.calls, dec.more_states = {}, 0, []
     dec._stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
     dec._library = nvjpeg_hw.LibraryThread("test-nvjpeg")
     dec._library_thread = dec._library.ident
