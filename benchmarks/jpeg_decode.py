@@ -180,7 +180,7 @@ def main() -> None:
         default="bits=device;out=rgb;pools=1;pipe=0;pipe=0+pools=1",
         help="for --stages engines: ';'-separated ways to drive the engines besides the defaults "
         "(nvjpeg_hw.EngineSettings: bits=host|device, out=rgbi|rgb, pools=0|1, pipe=1|0, on=engines|sms, "
-        "chunk=<files a library call>, states=<decode states taken in turn>, '+'-joined)",
+        "chunk=<files a library call, each on a decode state of its own>, '+'-joined)",
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=256)
@@ -561,7 +561,7 @@ def engine_stages(files: list[Path], indices: list[list[int]], args, device: tor
                 "max_diff_vs_default": worst,
                 "host_waits_per_batch": round(waits / calls, 2),
                 "host_wait_ms_per_batch": round(waited_us / 1e3 / calls, 3),
-                "library_calls_per_batch": len(engines._calls(len(engine_ids[0]))),
+                "library_calls_per_batch": len(engines.spans(len(engine_ids[0]))),
                 "engines_x_cores": "x".join(map(str, engines.engine_info or ())),
                 "kernels_per_batch": round(kernels / calls, 2),
                 "copies_per_batch": round(copies / calls, 2),

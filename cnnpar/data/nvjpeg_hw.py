@@ -88,18 +88,20 @@ class EngineSettings:
     pools: bool = False
     pipelined: bool = True
     sms: bool = False
-    # A batch cut into library calls of `chunk` files (0: one call), each call on the next of `states`
-    # decode states in turn, all on the engines' stream and waited for once, after the last: whether
-    # the library's per-image waits belong to a state's slots (then a call of at most a ring's worth on
-    # a state of its own has none to wait for) or to the engines themselves (session 22's question).
+    # A batch cut into library calls of `chunk` files (0: one call for the batch), each call on a decode
+    # state of its own, all queued on the engines' stream and waited for once, after the last. The library
+    # keeps two images in flight per engine on a state and synchronises the host on the image that many
+    # places back before it reuses a slot (242 waits for 256 files on an H200's 7 engines); a call of at
+    # most that many files on a fresh state has no slot to wait for, and the engines' stream waits on the
+    # GPU instead (call ZZZM, session 22). A state is never given two calls of one batch: reused before the
+    # batch's one wait, the library hung (call ZZZM, chunk=14 on one state).
     chunk: int = 0
-    states: int = 1
 
     def __post_init__(self) -> None:
         if self.bitstreams not in ("host", "device"):
             raise ValueError(f"bitstreams={self.bitstreams!r}: expected 'host' or 'device'")
-        if self.chunk < 0 or self.states < 1:
-            raise ValueError(f"chunk={self.chunk}, states={self.states}: expected chunk >= 0 and states >= 1")
+        if self.chunk < 0:
+            raise ValueError(f"chunk={self.chunk}: expected 0 (one call a batch) or more files a call")
 
     @classmethod
     def parse(cls, spec: str) -> EngineSettings:
@@ -111,7 +113,7 @@ class EngineSettings:
             "pipe": ("1", "0"),
             "on": ("engines", "sms"),
         }
-        counts = ("chunk", "states")  # whole numbers, checked by __post_init__
+        counts = ("chunk",)  # whole numbers
         got = {}
         for part in filter(None, spec.split("+")):
             key, _, value = part.partition("=")
@@ -121,7 +123,7 @@ class EngineSettings:
                 raise ValueError(
                     f"engine setting {part!r}: expected one of "
                     + ", ".join(f"{k}={'|'.join(v)}" for k, v in known.items())
-                    + ", chunk=<files a call>, states=<decode states>"
+                    + ", chunk=<files a call>"
                 )
             got[key] = value
         return cls(
@@ -131,7 +133,6 @@ class EngineSettings:
             got.get("pipe", "1") == "1",
             got.get("on", "engines") == "sms",
             int(got.get("chunk", 0)),
-            int(got.get("states", 1)),
         )
 
     @property
@@ -140,7 +141,7 @@ class EngineSettings:
         on = "sms" if self.sms else "engines"
         label = f"bits={self.bitstreams}+out={out}+pools={int(self.pools)}+pipe={int(self.pipelined)}+on={on}"
         # only where set: the rows stored before these two existed keep their labels
-        return label + (f"+chunk={self.chunk}+states={self.states}" if self.chunk or self.states > 1 else "")
+        return label + (f"+chunk={self.chunk}" if self.chunk else "")
 
 
 SETTINGS = EngineSettings()  # what a decoder made without settings uses; the benchmarks set it
@@ -311,7 +312,7 @@ class HardwareJpegDecoder:
         self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.lib = load_library()
         self.handle = self.state = None
-        self.more_states = []  # the states past the first, where the settings ask for several
+        self.more_states = []  # the states past the first, made as a batch cut into calls needs them
         self.engine_info = None  # (engines, cores per engine), where the library says
         self._stream = None  # the engines' own stream (`_create`; see `decode`), None where none could be made
         self._library = LibraryThread("cnnpar-nvjpeg")  # every handle/state call runs on it
@@ -346,14 +347,10 @@ class HardwareJpegDecoder:
         self.handle = handle
         self.engine_info = engine_info(self.lib, handle)
         try:
-            for _ in range(self.settings.states):
-                state = ctypes.c_void_p()
-                _check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state)), "nvjpegJpegStateCreate")
-                self.more_states.append(state)
+            self.state = self._new_state()
         except RuntimeError:
-            self._destroy()  # the handle and states made above go with the failed start
+            self._destroy()  # the handle made above goes with the failed start
             raise
-        self.state = self.more_states.pop(0)
         self._stream = private_stream(self.device)
 
     def decode(
@@ -452,17 +449,24 @@ class HardwareJpegDecoder:
             stream = caller
             stream.synchronize()
         try:
-            for first, last, state in self._calls(n):
+            spans = self.spans(n)
+            while 1 + len(self.more_states) < len(spans):
+                self.more_states.append(self._new_state())
+            for (first, last), state in zip(spans, [self.state, *self.more_states]):
                 self._call_library(state, first, last, pointers, lengths, dest, stream)
         finally:  # also after a refused batch: the caller frees the output and the arrays next
             stream.synchronize()
 
-    def _calls(self, n: int) -> list[tuple[int, int, ctypes.c_void_p]]:
-        """(first, last, state) of each library call for a batch of `n` files: one call on the one
-        state by default; calls of `settings.chunk` files on the states in turn where it is set."""
+    def spans(self, n: int) -> list[tuple[int, int]]:
+        """(first, last) files of each library call for a batch of `n` files: one call by default, calls of
+        `settings.chunk` files where it is set; call k runs on state k."""
         chunk = self.settings.chunk or n
-        states = [self.state, *self.more_states]
-        return [(a, min(a + chunk, n), states[k % len(states)]) for k, a in enumerate(range(0, n, chunk))]
+        return [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
+
+    def _new_state(self) -> ctypes.c_void_p:
+        state = ctypes.c_void_p()
+        _check(self.lib.nvjpegJpegStateCreate(self.handle, ctypes.byref(state)), "nvjpegJpegStateCreate")
+        return state
 
     def _call_library(self, state, first: int, last: int, pointers, lengths, dest, stream) -> None:
         """One nvjpegDecodeBatched of files first..last-1 on `state` (initialised again when its last call

@@ -349,9 +349,14 @@ class LibraryStandIn:
         self.destroyed.append(handle)
         return 0
 
+    def nvjpegJpegStateCreate(self, handle, state):
+        self.made = getattr(self, "made", 0) + 1
+        state._obj.value = 1000 + self.made
+        return 0
+
     def nvjpegDecodeBatchedInitialize(self, handle, state, n, threads, fmt):
         self.initialised.append((n, fmt))
-        self.files_of[state] = n
+        self.files_of[id(state)] = n
         return 0
 
     def nvjpegDecodeBatched(self, handle, state, data, lengths, destinations, stream):
@@ -359,7 +364,7 @@ class LibraryStandIn:
 
         from PIL import Image
 
-        n = self.files_of[state]
+        n = self.files_of[id(state)]
         self.calls.append((state, n))
         pointers = (ctypes.c_void_p * n).from_address(data)
         sizes = (ctypes.c_size_t * n).from_address(lengths)
@@ -423,9 +428,10 @@ def test_the_resize_reads_planar_engine_output_as_it_reads_interleaved(resize):
     assert torch.equal(outs[0], outs[1])
 
 
-def test_a_batch_cut_into_calls_on_states_in_turn_decodes_the_one_calls_pixels():
-    """EngineSettings chunk/states (session 22's question about the library's own waits): the batch's
-    files go to the library in calls of `chunk`, on the decode states in turn, each state initialised
+def test_a_batch_cut_into_calls_gives_each_call_a_state_of_its_own_and_the_one_calls_pixels():
+    """EngineSettings chunk (issue 11 item 2: the library's per-image host waits): the batch's files go to
+    the library in calls of `chunk`, each on a decode state of its own (made as needed, kept for the next
+    batches, never two calls of one batch on one: the library hung so on an H200), each state initialised
     for its call's count, and the pixels are the one call's."""
     from cnnpar.data import nvjpeg_hw
 
@@ -435,16 +441,19 @@ def test_a_batch_cut_into_calls_on_states_in_turn_decodes_the_one_calls_pixels()
     hw = np.array([[30 + i, 41 - i] for i in ids])
     stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
     outs = []
-    for settings in (nvjpeg_hw.EngineSettings(), nvjpeg_hw.EngineSettings.parse("chunk=2+states=2")):
+    for settings in (nvjpeg_hw.EngineSettings(), nvjpeg_hw.EngineSettings.parse("chunk=2")):
         dec = stand_in_decoder(settings)
-        if settings.states == 2:
-            dec.more_states = ["state 2"]
         out, starts = dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream)
         outs.append((out, starts, dec.lib.calls))
+        if settings.chunk:  # a second batch of 3: two calls, on the states made for the first
+            dec.decode(batch.flat, batch.offsets.numpy(), ids[:3], hw[:3], stream)
+            made = [dec.state, *dec.more_states]
+            assert len(made) == 3 == len({id(m) for m in made}) and dec.lib.calls[3:] == [(made[0], 2), (made[1], 1)]
         dec._library.shutdown()
     (one, one_starts, one_calls), (cut, cut_starts, cut_calls) = outs
     assert one_calls == [("state", 5)]
-    assert cut_calls == [("state", 2), ("state 2", 2), ("state", 1)]
+    made = [dec.state, *dec.more_states]
+    assert cut_calls[:3] == [(made[0], 2), (made[1], 2), (made[2], 1)]
     assert np.array_equal(one_starts, cut_starts)
     for j, (h, w) in enumerate(hw.tolist()):  # each image's bytes (the gaps between them are not written)
         image = slice(int(one_starts[j]), int(one_starts[j]) + 3 * h * w)
@@ -459,7 +468,7 @@ def test_a_batch_cut_into_calls_on_states_in_turn_decodes_the_one_calls_pixels()
         ("out=rgb", 3, 0, False),
         ("pipe=0+pools=1", 3, 3, True),
         ("on=sms", 2, 0, True),
-        ("chunk=14+states=3", 3, 0, True),
+        ("chunk=14", 3, 0, True),
     ],
 )
 def test_engine_settings_choose_how_the_library_is_started(monkeypatch, spec, backend, flags, interleaved):
@@ -471,9 +480,7 @@ def test_engine_settings_choose_how_the_library_is_started(monkeypatch, spec, ba
     assert nvjpeg_hw.EngineSettings.parse(settings.label) == settings
     dec = nvjpeg_hw.HardwareJpegDecoder(torch.device("cuda", 0), settings)
     assert lib.created == (backend, flags) and dec.interleaved is interleaved
-    assert 1 + len(dec.more_states) == settings.states
     dec.close()
-    assert sum(kind == "state" for kind, _ in lib.destroyed) == settings.states  # every state freed
     monkeypatch.setattr(nvjpeg_hw, "SETTINGS", settings)  # what a decoder made without settings uses
     assert nvjpeg_hw.HardwareJpegDecoder(torch.device("cuda", 0)).settings == settings
 
@@ -488,10 +495,8 @@ def test_engine_settings_refuse_what_they_do_not_know_naming_what_is_expected(sp
         EngineSettings.parse(spec)
     with pytest.raises(ValueError, match="'pools' given twice"):  # which would win is not for the reader to guess
         EngineSettings.parse("pools=0+pools=1")
-    with pytest.raises(ValueError, match="chunk=<files a call>, states=<decode states>"):
+    with pytest.raises(ValueError, match="chunk=<files a call>"):
         EngineSettings.parse("chunk=-1")
-    with pytest.raises(ValueError, match="expected chunk >= 0 and states >= 1"):
-        EngineSettings.parse("states=0")
 
 
 @pytest.mark.gpu
@@ -506,7 +511,7 @@ def test_engine_settings_refuse_what_they_do_not_know_naming_what_is_expected(sp
         "on=sms",
         "bits=device+out=rgb+pools=1",
         "chunk=5",
-        "chunk=5+states=3",
+        "chunk=7",
     ],
 )
 def test_cuda_engine_settings_decode_the_default_settings_pixels(spec):
