@@ -156,13 +156,25 @@ def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
         destroy_distributed()
 
 
+def refuse_processes(command: str, nproc: int) -> None:
+    """doctor and tune measure one process (no launcher): with --nproc N > 1 their figures would stand for N
+    processes, in the doctor's advice and in tune's config, and nothing would say so."""
+    if nproc > 1:
+        raise ConfigError(
+            f"{command} measures one process: --nproc {nproc} (typed or from the config) is not measured here; "
+            f"expected --nproc 0 or 1 (then train with --nproc {nproc})"
+        )
+
+
 def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args
     from cnnpar.doctor.render import print_report, write_report
     from cnnpar.doctor.run import DoctorOptions, run_doctor
 
+    cfg = config_from_args(args)
+    refuse_processes("doctor", cfg.dist.nproc)
     opts = DoctorOptions(args.warmup_steps, args.measure_steps, args.max_seconds, args.try_top, args.report_dir)
-    report = run_doctor(config_from_args(args), opts)
+    report = run_doctor(cfg, opts)
     write_report(report)
     print_report(report)
     return 0
@@ -186,21 +198,24 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     # the budget counts from the process's start (interpreter and imports included): the whole run
     # ends within it plus 10 %
     started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
-    from cnnpar.bench.tune import format_table, tune
+    from cnnpar.bench.tune import format_table, retry_budget_s, tune
     from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
+    refuse_processes("tune", cfg.dist.nproc)
     out = Path(args.out)
     best, trials = tune(cfg, args.budget_s, out, args.trial_s, args.steps, args.repeats, started=started)
     print(format_table(trials))
     if best is None:
         start = trials[0]
-        more = ["cnnpar", "tune", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{2 * args.budget_s:g}"]
-        why = (
-            f"the start needs more than {args.budget_s:.0f} s here; give it more: {shlex.join(more)}"
-            if start.status == "cut off"
-            else f"the start {start.status}: {start.note}"
-        )
+        budget = retry_budget_s(start, args.budget_s)
+        more = shlex.join(["cnnpar", "tune", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{budget or 0:g}"])
+        if start.status == "cut off":
+            why = f"the start needs more than {args.budget_s:.0f} s here; give it more: {more}"
+        elif budget:
+            why = f"the start was not started: {start.note}, too little for a trial; raise --budget-s: {more}"
+        else:
+            why = f"the start {start.status}: {start.note}"
         print(f"tune: no {out} written ({why}); trials in {out.with_suffix('.csv')}", file=sys.stderr)
         return 1
     print(f"wrote {out} (and {out.with_suffix('.csv')}); train with: cnnpar train --config {out}")
@@ -315,7 +330,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 def add_bench_parser(sub) -> None:
     from cnnpar.bench.timing import Timing
-    from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags
+    from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags, at_least
 
     bench = sub.add_parser(
         "bench",
@@ -336,7 +351,7 @@ def add_bench_parser(sub) -> None:
     )
     g.add_argument(
         "--timed-s",
-        type=float,
+        type=at_least(0, float),
         default=Timing.seconds,
         help="timed seconds per measurement (all repeats): the steps per repeat are sized from the last warm-up "
         "step's time, at least 3 (1 for a step of a second or more), then, where that still takes longer, the "
@@ -359,7 +374,7 @@ def add_bench_parser(sub) -> None:
     )
     g.add_argument(
         "--budget-s",
-        type=float,
+        type=at_least(0, float),
         default=0,
         help="claims and ladder: start nothing after this many seconds (0: claims 170 with CUDA, so the "
         "table ends within 3 minutes, 300 on a CPU; the ladder has no limit)",
@@ -422,14 +437,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(doc)
     extra = doc.add_argument_group("doctor")
     extra.add_argument("--warmup-steps", type=at_least(0), default=3, help="unmeasured steps before each measurement")
-    extra.add_argument("--measure-steps", type=at_least(2), default=20, help="measured batches per phase")
+    extra.add_argument(
+        "--measure-steps",
+        type=at_least(2),
+        default=20,
+        help="measured batches per phase (optimizer steps where it trains, each of grad_accum batches)",
+    )
     extra.add_argument(
         "--max-seconds", type=at_least(0.1, float), default=30.0, help="stop a phase after this long (min 2 batches)"
     )
     extra.add_argument(
         "--try",
         dest="try_top",
-        type=int,
+        type=at_least(0),
         nargs="?",
         const=3,
         default=0,

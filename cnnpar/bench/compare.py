@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 from cnnpar.errors import UserError
@@ -32,7 +33,10 @@ def read_ladder_csv(path: str | Path) -> list[dict[str, str]]:
     try:
         with path.open(newline="") as f:
             reader = csv.DictReader(f)
-            rows = list(reader)
+            rows, lines = [], []  # each row's last line in the file, as an editor counts (the header is line 1)
+            for row in reader:
+                rows.append(row)
+                lines.append(reader.line_num)
             header = reader.fieldnames or []
     except (UnicodeDecodeError, csv.Error) as e:
         raise UserError(f"{path}: not a readable CSV ({e})") from None
@@ -43,7 +47,25 @@ def read_ladder_csv(path: str | Path) -> list[dict[str, str]]:
         )
     if not rows:
         raise UserError(f"{path}: holds no rows: expected one row per ladder rung")
+    for k, (line, row) in enumerate(zip(lines, rows), 1):
+        check_rate(path, f"line {line} (data row {k}, rung {row.get('name') or ''!r})", row)
     return rows
+
+
+def check_rate(path: Path, where: str, row: dict[str, str]) -> None:
+    """A measured row's images_per_s is a number (empty: not measured), or the comparison stops in one line: its
+    ratios are computed from it."""
+    value = row.get("images_per_s") or ""
+    if row.get("status") != "ok" or not value:
+        return
+    try:
+        finite = math.isfinite(float(value))
+    except ValueError:
+        finite = False
+    if not finite:
+        raise UserError(
+            f"{path}, {where}, column 'images_per_s': {value!r} is not a number: expected images per second"
+        )
 
 
 def _rate(row: dict | None) -> float | None:

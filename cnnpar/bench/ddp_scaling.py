@@ -48,6 +48,20 @@ REPO = Path(__file__).resolve().parents[2]
 TARGET_SPEEDUP_2 = 1.97  # issue 3: 2 GPUs must give at least this many times the images/s of 1
 
 
+WORLD_SIZES_EXPECTED = "expected process counts of 1 or more, comma-separated, 1 first (the baseline), e.g. 1,2"
+
+
+def parse_world_sizes(text: str) -> list[int]:
+    """The world sizes of `--world-sizes` (and `cnnpar bench --ddp`); ValueError, saying what was expected."""
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(WORLD_SIZES_EXPECTED) from None
+    if not sizes or sizes[0] != 1 or min(sizes) < 1:
+        raise ValueError(WORLD_SIZES_EXPECTED)
+    return sizes
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world-sizes", default="1,2", help="comma-separated process counts, 1 first")
@@ -273,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     args.device = device
-    sizes = [int(s) for s in args.world_sizes.split(",") if s.strip()]
-    if not sizes or sizes[0] != 1:
-        raise SystemExit("ddp_scaling: --world-sizes must start with 1 (the baseline), e.g. 1,2")
+    try:
+        sizes = parse_world_sizes(args.world_sizes)
+    except ValueError as e:
+        raise SystemExit(f"ddp_scaling: --world-sizes {args.world_sizes}: {e}") from None
     if device == "cuda" and max(sizes) > torch.cuda.device_count():
         raise SystemExit(f"ddp_scaling: {max(sizes)} processes need as many GPUs; {torch.cuda.device_count()} visible")
     threads = args.threads or max(1, min(8, (os.cpu_count() or 1) // max(sizes)))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cnnpar.config import Config, resolve_batch_size
+from cnnpar.errors import UserError
 from cnnpar.report.files import write_text_atomic
 
 from .timing import Timing
@@ -27,10 +28,36 @@ class BenchOptions:
     budget_s: float = 0.0  # claims and ladder: nothing new starts after this (0: claims' default, ladder: none)
     started: float | None = None  # time.monotonic() when the command started (the budget counts from it)
 
+    def __post_init__(self) -> None:
+        # the DDP rows run after the whole ladder: a bad --ddp must stop the bench before it measures anything
+        if self.ddp:
+            from .ddp_scaling import parse_world_sizes
 
-def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, image_size: int, batch: int) -> None:
+            try:
+                parse_world_sizes(self.ddp)
+            except ValueError as e:
+                raise UserError(f"bench --ddp {self.ddp}: {e}") from None
+        if not self.budget_s >= 0:  # NaN too
+            raise UserError(f"bench --budget-s {self.budget_s}: expected seconds >= 0 (0: the mode's default)")
+
+
+def check_ddp_devices(ddp: str, device) -> None:
+    """The GPUs the largest --ddp world size needs, checked before the ladder (the rows run after it)."""
+    if not ddp or device.type != "cuda":
+        return
+    import torch
+
+    from .ddp_scaling import parse_world_sizes
+
+    most, visible = max(parse_world_sizes(ddp)), torch.cuda.device_count()
+    if most > visible:
+        raise UserError(f"bench --ddp {ddp}: {most} processes need as many GPUs: expected at most {visible} here")
+
+
+def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, image_size: int, batch: int) -> bool:
     """DDP rows beside the ladder: the same model, image size and per-process batch at each world
-    size, through cnnpar's Trainer and host input pipeline (see bench/ddp_scaling.py)."""
+    size, through cnnpar's Trainer and host input pipeline (see bench/ddp_scaling.py). False, saying so, when
+    they failed."""
     from .ddp_scaling import main as ddp_main
 
     argv = [
@@ -55,7 +82,9 @@ def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, imag
         ddp_main(argv)
     except SystemExit as e:  # a failed launch: the ladder's files are already written
         if e.code not in (0, None):
-            print(f"bench: DDP rows failed: {e.code}", flush=True)
+            print(f"bench: DDP rows failed: {e.code}", file=sys.stderr, flush=True)
+            return False
+    return True
 
 
 def _compare(cfg: Config, opts: BenchOptions) -> int:
@@ -214,6 +243,7 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
     from .tta import run_tta
 
     info, bundle, meta = _measurement_setup(cfg, opts.timing)
+    check_ddp_devices(opts.ddp, info.device)
     out = _out_dir(opts, info, cfg)
     # the start-up (imports, data, peak and FLOP count) is part of a budgeted run's time: say how much
     took = f"  [{time.monotonic() - opts.started:.0f} s]" if opts.started is not None else ""
@@ -247,6 +277,7 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
         return 1
     if opts.ddp and not measured:  # no rung ran (the budget): no batch to run the DDP rows at (auto is 0 on a GPU)
         print("bench: no DDP rows: no ladder rung was measured, so no batch to run them at", file=sys.stderr)
-    elif opts.ddp:
-        _ddp_rows(cfg, opts, out, info.device.type, bundle.shape[1], measured[-1]["batch_size"])  # the ladder's batch
+    elif opts.ddp:  # at the ladder's batch; rows asked for and not measured fail the bench as a failed ladder does
+        ran = _ddp_rows(cfg, opts, out, info.device.type, bundle.shape[1], measured[-1]["batch_size"])
+        return 0 if ran else 1
     return 0

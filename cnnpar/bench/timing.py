@@ -33,7 +33,7 @@ class Timing:
         for flag, value, least in limits:
             if value < least:
                 raise UserError(f"bench --{flag} = {value}: expected a count >= {least}")
-        if self.seconds < 0:
+        if not self.seconds >= 0:  # NaN too
             raise UserError(f"bench --timed-s = {self.seconds}: expected seconds >= 0 (0: a fixed step count)")
 
     def steps_for(self, step_s: float) -> int:

@@ -62,6 +62,7 @@ def time_to_accuracy(cfg: Config, bundle: DataBundle, info: DistInfo, target: fl
         "epochs": len(accs),
         "max_epochs": cfg.run.epochs,
         "steps": len(accs) * trainer.steps_per_epoch,
+        "batch_size": rc.run.batch_size,  # the batch trained: with auto on a GPU, this seed's search's, not meta's 0
         "wall_s": wall_s,
         "wall_with_compile_s": wall_s + trainer.compile_s,
         "train_s": train_s,

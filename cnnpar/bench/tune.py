@@ -37,7 +37,7 @@ from cnnpar.errors import UserError
 from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.report.files import removed_on_failure, write_csv_atomic, write_text_atomic
 
-from .trial import OK, ChildResult, run_child, say
+from .trial import CUT_OFF, OK, ChildResult, run_child, say
 
 KEEP_MARGIN = 1.03  # a change must be 3 % faster to be kept: smaller gains are within run-to-run noise
 # ... and its slowest repeat faster than the best's fastest: on a busy host the repeats of one config spread over
@@ -47,6 +47,9 @@ MIN_TRIAL_S = 5.0  # less than a child needs to import torch and build a model: 
 TRIAL_SHARE = 1 / 3  # the default per-trial limit: this share of the budget ...
 START_FACTOR = 1.5  # ... or this many times the start trial's wall time, whichever is larger
 END_RESERVE = 0.03  # share of the budget held back for the last kill and the files
+# the budget suggested at least when the start trial could not even start: the default config's start trial took
+# 26 s on a 2-core CPU host, begun 4 s after the command was; a minute lets a start of that size finish
+START_BUDGET_S = 60.0
 GROUPS = ("batch size", "compile and CUDA graphs", "data", "layout and precision", "long compiles")
 START, KEPT, SKIPPED = "start", "kept", "skipped"
 
@@ -375,6 +378,7 @@ def tune(
 ) -> tuple[Config | None, list[Trial]]:
     """Search; returns the best config measured (None when not even the start finished) and the trials.
     Raises UserError, writing no file, when the start fails on bad input (data that does not load or decode)."""
+    check_out(Path(out))
     run_trial = run_trial or child_trial(steps, repeats, log)
     tuner = Tuner(budget_s, Path(out), trial_s, run_trial, clock, clock() if started is None else started, log)
     limit = f"each trial at most {trial_s:.0f} s" if trial_s else "each trial at most a third of it"
@@ -392,6 +396,9 @@ def tune(
 
         env = environment(pick_device(cfg.speed.device, 0))
         write_csv_atomic(tuner.out.with_suffix(".csv"), trial_rows(tuner.trials, env), CSV_COLUMNS)
+        if tuner.out.is_file():  # beside this run's trials it would pass for their winner
+            tuner.out.unlink()
+            log(f"tune: removed {tuner.out}, an earlier run's config: this run measured none to replace it")
         return None, tuner.trials
     tuner.batch_trials(facts)
     for group, changes in switch_groups(tuner.best_cfg, facts):
@@ -408,6 +415,33 @@ def tune(
                 tuner.write()  # on disk now: the next trial (max-autotune, the longest) may be interrupted
     tuner.write()  # the trials after the last improvement (skipped, cut off) go into the CSV too
     return tuner.best_cfg, tuner.trials
+
+
+def check_out(out: Path) -> None:
+    """--out is the config file, and its trials go beside it with the suffix .csv: checked before any trial (a
+    folder failed at the first write, after the start trial, and `x.csv` made the two files one)."""
+    trials = out.with_suffix(".csv")
+    if out.is_dir():
+        raise UserError(f"tune --out {out}: is a folder: expected a file name, such as {out / 'tuned.toml'}")
+    if trials == out:
+        raise UserError(
+            f"tune --out {out}: the trials go to the same name with .csv: expected a config file name not ending "
+            f"in .csv, such as {out.with_suffix('.toml')}"
+        )
+    if trials.is_dir():
+        raise UserError(
+            f"tune --out {out}: its trials would go to {trials}, a folder: expected a name whose .csv is free"
+        )
+
+
+def retry_budget_s(start: Trial, budget_s: float) -> float | None:
+    """The --budget-s to suggest when the start trial had too little time (cut off, or never started); None when
+    it failed for another reason, which more time does not mend."""
+    if start.status == CUT_OFF:
+        return 2 * budget_s
+    if start.status == SKIPPED:
+        return max(2 * budget_s, START_BUDGET_S)
+    return None
 
 
 ENV_COLUMNS = ["device", "torch", "world_size", "git_rev", "date"]

@@ -49,7 +49,9 @@ class Facts:
     step_s: float  # per image, train step alone
     e2e_s: float  # per image, end to end
     data_wait_share: float  # measured end to end
-    fixed_step_s: float | None = None  # per batch: the part of the step that does not scale with the batch
+    # per micro-batch of batch_size images (an optimizer step holds grad_accum of them, and its own fixed cost is
+    # shared among them): the part of the step that does not scale with the batch
+    fixed_step_s: float | None = None
     gpu_idle_share: float | None = None
     textbook_ratio: float | None = None
     bf16_supported: bool = False

@@ -2,8 +2,12 @@
 
 Each is timed like the device is asynchronous: warm-up steps (worker start, cuDNN autotuning,
 compilation) run first and are not counted, and `sync()` closes the device's queue before the
-clock starts and again before it stops. A phase stops after `steps` batches or, past two, once
-`max_s` seconds have gone, so a very slow input still gives an answer in bounded time.
+clock starts and again before it stops. A phase stops after `steps` batches (optimizer steps where it
+trains) or, past two, once `max_s` seconds have gone, so a very slow input still gives an answer in bounded time.
+
+Every phase counts micro-batches, each of `--batch-size` images: with `--grad-accum G` an optimizer step
+trains G of them, and its time is spread over the G, so ms/batch means the same batch in every row and the
+fixed-cost estimate compares like with like.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ GPU_IDLE_PROBE_STEPS = 5
 @dataclass
 class Phase:
     name: str
-    batches: int
+    batches: int  # micro-batches of --batch-size images (an optimizer step holds --grad-accum of them)
     seconds: float
     images: int
     data_wait_s: float = 0.0
@@ -56,17 +60,20 @@ class Phase:
         }
 
 
-def _timed(name: str, device: torch.device, warmup: int, steps: int, max_s: float, body: Callable[[int], int]) -> Phase:
-    """body(i) runs one unit of work and returns how many images it handled."""
+def _timed(
+    name: str, device: torch.device, warmup: int, steps: int, max_s: float, body: Callable[[int], tuple[int, int]]
+) -> Phase:
+    """body(i) runs one unit of work (a batch read, or an optimizer step) and returns how many images and
+    micro-batches it handled."""
     for i in range(warmup):
         body(i)
     sync(device)  # note: a CPU-GPU sync point: warm-up work must not leak into the measured window
     t0 = time.perf_counter()
-    images = batches = 0
-    while batches < steps:
-        images += body(warmup + batches)
-        batches += 1
-        if batches >= 2 and time.perf_counter() - t0 > max_s:
+    images = batches = calls = 0
+    while calls < steps:
+        done, micro = body(warmup + calls)
+        images, batches, calls = images + done, batches + micro, calls + 1
+        if calls >= 2 and time.perf_counter() - t0 > max_s:
             break
     sync(device)  # note: a CPU-GPU sync point: the window ends when the device's work does
     return Phase(name, batches, time.perf_counter() - t0, images)
@@ -77,7 +84,7 @@ def measure_pipeline(trainer: Trainer, warmup: int, steps: int, max_s: float) ->
     batches = training_batches(trainer)
     try:
         return _timed(
-            "input pipeline alone", trainer.info.device, warmup, steps, max_s, lambda i: next(batches)[1].shape[0]
+            "input pipeline alone", trainer.info.device, warmup, steps, max_s, lambda i: (next(batches)[1].shape[0], 1)
         )
     finally:
         batches.close()  # ends the loader iterator (and non-persistent workers) now, not at GC time
@@ -95,12 +102,12 @@ def measure_step(
     trainer: Trainer, x: torch.Tensor, y: torch.Tensor, warmup: int, steps: int, max_s: float, name: str = ""
 ) -> Phase:
     """The train step alone on one batch already on the device, repeated (an accumulation group
-    holds it `grad_accum` times)."""
+    holds it `grad_accum` times); `steps` counts optimizer steps."""
     trainer.model.train()
     group = next_group(trainer, itertools.repeat((x, y)))
 
-    def body(i: int) -> int:
-        return run_step(trainer, group)
+    def body(i: int) -> tuple[int, int]:
+        return run_step(trainer, group), len(group)
 
     return _timed(name or "train step alone", trainer.info.device, warmup, steps, max_s, body)
 
@@ -130,16 +137,23 @@ def measure_step_scaling(
     return min(full, key=lambda p: p.s_per_batch), min(half, key=lambda p: p.s_per_batch)
 
 
+def fixed_cost(full: Phase, half: Phase) -> float:
+    """Seconds of a micro-batch's step that do not grow with the batch: 2 * t(B/2) - t(B), within [0, t(B)].
+    Per micro-batch, as both phases count time: with accumulation it holds the micro-batch's own launches and
+    its share of the optimizer step's."""
+    return min(full.s_per_batch, max(0.0, 2 * half.s_per_batch - full.s_per_batch))
+
+
 def measure_end_to_end(trainer: Trainer, warmup: int, steps: int, max_s: float, name: str = "") -> Phase:
     """The training loop as `Trainer.train_epoch` runs it: wait for a batch, then train on it."""
     trainer.model.train()
     batches = training_batches(trainer)
     waited = DataWait(trainer.info.device)
 
-    def body(i: int) -> int:
+    def body(i: int) -> tuple[int, int]:
         with waited.waiting(counted=i >= warmup):
             group = next_group(trainer, batches)
-        return run_step(trainer, group)
+        return run_step(trainer, group), len(group)
 
     try:
         phase = _timed(name or "end to end", trainer.info.device, warmup, steps, max_s, body)
@@ -153,8 +167,8 @@ def gpu_idle_share(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, step_s: f
     """Share of the step's wall time in which no kernel or copy runs on the GPU.
 
     Kernel intervals come from a short torch.profiler capture (their union, so overlapping
-    streams count once); the wall time per step is the unprofiled `step_s`, so the profiler's
-    own host overhead cannot inflate the idle share.
+    streams count once); the wall time per micro-batch is the unprofiled `step_s` (a Phase's
+    s_per_batch), so the profiler's own host overhead cannot inflate the idle share.
     """
     if trainer.info.device.type != "cuda":
         return None
@@ -192,8 +206,8 @@ def gpu_idle_share(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, step_s: f
         else:
             cur_end = max(cur_end, e)
     busy += cur_end - cur_start
-    busy_per_step_s = busy * 1e-6 / GPU_IDLE_PROBE_STEPS
-    return min(1.0, max(0.0, 1.0 - busy_per_step_s / step_s))
+    busy_per_batch_s = busy * 1e-6 / (GPU_IDLE_PROBE_STEPS * len(group))  # per micro-batch, as step_s
+    return min(1.0, max(0.0, 1.0 - busy_per_batch_s / step_s))
 
 
 def textbook_cost_ratio(trainer: Trainer, samples: int = 8) -> float | None:

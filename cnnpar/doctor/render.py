@@ -69,6 +69,15 @@ def load_text(f) -> str:
     return "" if f.load_avg_1m is None else f", load average (1 min) {f.load_avg_1m:.2f} on {f.cores} usable core(s)"
 
 
+def batch_note(report: DoctorReport) -> str:
+    """What a measurement row's batch is; with --grad-accum, one micro-batch carrying its share of the step's time."""
+    f, accum = report.facts, report.cfg.optim.grad_accum
+    text = f"ms/batch: a batch of {f.batch_size} images"
+    if accum > 1:
+        text += f", one micro-batch of the {accum} an optimizer step accumulates (its time spread over them)"
+    return text
+
+
 def _gain(g: float | None) -> str:
     return "" if g is None else f"{g:.2f}x"
 
@@ -111,7 +120,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         "## Measurements",
         "",
         "Warm-up excluded; the device is synchronised before and after each measured window. The step "
-        "alone is the best of 3 to 10 short rounds, alternating full and half batch.",
+        f"alone is the best of 3 to 10 short rounds, alternating full and half batch; {batch_note(report)}.",
         "",
         "| phase | batches | ms/batch | images/s | data wait |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -160,8 +169,8 @@ def write_report(report: DoctorReport) -> Path:
     write_csv_atomic(out / "phases.csv", phase_rows(report), PHASE_COLUMNS + ["data_wait_s"])
     write_csv_atomic(out / "recommendations.csv", reco_rows(report) + reco_rows(report, False), RECO_COLUMNS)
     pictures = [plot_phases(out / "phases.csv", out / "doctor.png", report.diagnosis.verdict).name]
-    if (out / "telemetry.png").exists():
-        pictures.append("telemetry.png")
+    if report.telemetry_png is not None:  # this run's: a file left in the folder by an earlier run is not
+        pictures.append(report.telemetry_png.name)
     write_json_atomic(
         out / "doctor.json",
         {
@@ -197,6 +206,7 @@ def print_report(report: DoctorReport) -> None:
         wait = f"{100 * r['data_wait_share']:.0f}%" if r["data_wait_s"] else ""
         table.add_row(r["name"], f"{r['ms_per_batch']:.2f}", f"{r['images_per_s']:,.1f}", wait)
     console.print(table)
+    console.print(batch_note(report), highlight=False)  # below, not in the title: that wraps to the table's width
     style = {
         "data-bound": "yellow",
         "compute-bound": "green",

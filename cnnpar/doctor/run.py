@@ -34,6 +34,7 @@ from cnnpar.doctor.advise import (
 from cnnpar.doctor.measure import (
     Phase,
     first_batch,
+    fixed_cost,
     gpu_idle_share,
     measure_end_to_end,
     measure_pipeline,
@@ -77,6 +78,7 @@ class DoctorReport:
     marks: list[tuple[str, float, float]] = field(default_factory=list)
     report_dir: Path = Path(".")
     telemetry: Path | None = None
+    telemetry_png: Path | None = None  # this run's timeline, None when it drew none
 
     @property
     def end_to_end(self) -> Phase:
@@ -153,7 +155,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
     if sampler:
         report.telemetry = report_dir / "telemetry.csv"
         try:
-            plot_telemetry(report.telemetry, report_dir / "telemetry.png", marks)
+            report.telemetry_png = plot_telemetry(report.telemetry, report_dir / "telemetry.png", marks)
         except Exception as e:  # the CSV is the record; a missing picture is not a failure
             log(f"telemetry: no timeline PNG ({type(e).__name__}: {e})")
     return report
@@ -202,7 +204,7 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
     if y.shape[0] >= 2 and rcfg.speed.compile == "off":  # (a new batch shape would recompile)
         step, half = phase("train step", lambda: measure_step_scaling(trainer, x, y, warm, steps, max_s))
         phases = [pipe, step, half]
-        fixed = min(step.s_per_batch, max(0.0, 2 * half.s_per_batch - step.s_per_batch))
+        fixed = fixed_cost(step, half)
     else:
         step = phase("train step", lambda: measure_step(trainer, x, y, warm, steps, max_s))
         phases, fixed = [pipe, step], None

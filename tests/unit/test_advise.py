@@ -1,5 +1,5 @@
-"""The doctor's verdict and ranking rules on hand-made measurements (the measuring itself is tested
-end to end in tests/integration/test_doctor.py)."""
+"""The doctor's verdict and ranking rules on hand-made measurements, its units on a fake clock, and its report
+(the measuring itself is tested end to end in tests/integration/test_doctor.py)."""
 
 from __future__ import annotations
 
@@ -259,3 +259,55 @@ def test_an_end_to_end_faster_than_its_slowest_part_alone_gives_no_confident_ver
     assert d.verdict == DISAGREE and not d.reliable
     assert "less than half of its slowest part alone" in d.reasons[2]
     assert diagnose(facts(**per_image, e2e_s=0.6e-3)).reliable  # a little above the parts: agreeing
+
+
+def test_with_grad_accum_a_row_is_one_micro_batch_and_the_fixed_share_is_a_micro_batchs(monkeypatch, capsys):
+    """The step alone timed a whole accumulation group per "batch", the fixed-share divided that by one
+    micro-batch's time: --grad-accum 4 made the share 4x too large (a false host-bound verdict, batch advice)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import pytest
+    import torch
+
+    from cnnpar.config import Config
+    from cnnpar.dist import DistInfo
+    from cnnpar.doctor import measure
+    from cnnpar.doctor.render import markdown, print_report
+    from cnnpar.presets import with_overrides
+
+    now = [0.0]
+
+    def run_step(trainer, group):  # a micro-batch costs 1 ms + 0.1 ms an image; the optimizer step 2 ms more
+        now[0] += sum(1e-3 + 1e-4 * y.shape[0] for _, y in group) + 2e-3
+        return sum(y.shape[0] for _, y in group)
+
+    monkeypatch.setattr(measure, "run_step", run_step)
+    monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    cfg = SimpleNamespace(optim=SimpleNamespace(grad_accum=4))
+    trainer = SimpleNamespace(info=DistInfo(0, 0, 1, torch.device("cpu")), model=torch.nn.Linear(1, 1), cfg=cfg)
+    full, half = measure.measure_step_scaling(trainer, torch.zeros(8, 1), torch.zeros(8), 1, 6, 60.0)
+    assert full.images == 8 * full.batches and half.images == 4 * half.batches  # a row's batch: --batch-size images
+    # a micro-batch: 1 + 8 x 0.1 ms and a quarter of the optimizer's 2 ms, of which 1 + 0.5 ms do not grow with it
+    assert full.s_per_batch == pytest.approx(2.3e-3) and half.s_per_batch == pytest.approx(1.9e-3)
+    fixed = measure.fixed_cost(full, half)
+    assert fixed == pytest.approx(1.5e-3)
+    f = facts(batch_size=8, step_s=full.s_per_image, fixed_step_s=fixed)
+    assert f.fixed_share == pytest.approx(1.5 / 2.3)
+    report = replace(doctor_report([], []), cfg=with_overrides(Config(), optim={"grad_accum": 4}), facts=f)
+    said = "ms/batch: a batch of 8 images, one micro-batch of the 4 an optimizer step accumulates"
+    assert said in markdown(report, [])
+    print_report(report)
+    assert said in capsys.readouterr().out
+
+
+def test_the_report_shows_this_runs_telemetry_not_a_picture_an_earlier_run_left(tmp_path):
+    from dataclasses import replace
+
+    from cnnpar.doctor.render import write_report
+
+    (tmp_path / "telemetry.png").write_bytes(b"an earlier run's timeline")
+    write_report(replace(doctor_report([], []), report_dir=tmp_path))  # this run drew none (--no-monitor, say)
+    assert "telemetry.png" not in (tmp_path / "report.md").read_text()
+    write_report(replace(doctor_report([], []), report_dir=tmp_path, telemetry_png=tmp_path / "telemetry.png"))
+    assert "![telemetry](telemetry.png)" in (tmp_path / "report.md").read_text()

@@ -397,3 +397,70 @@ def test_a_claims_bench_stopped_mid_way_writes_what_it_measured_and_marks_the_re
         and measured == ["collate_speed"]
         and stopped == ["compiled_preprocess"]
     )
+
+
+@pytest.mark.parametrize("ddp", ["1,x", "2", "1,0"])
+def test_a_bad_ddp_list_stops_the_bench_before_it_measures_anything(ddp, capsys, monkeypatch):
+    """`--ddp 1,x` was a traceback after the whole ladder ran; `--ddp 2` said its rows failed and exited 0."""
+    import cnnpar.bench.run as bench_run
+
+    monkeypatch.setattr(bench_run, "_measurement_setup", lambda *a: pytest.fail("the bench measured"))
+    assert main(["bench", "--device", "cpu", "--ddp", ddp]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: bench --ddp {ddp}: expected process counts of 1 or more, comma-separated, 1 first "
+        "(the baseline), e.g. 1,2\n"
+    )
+
+
+def test_a_bench_whose_ddp_rows_failed_exits_non_zero_saying_so(tmp_path, capsys, monkeypatch):
+    import cnnpar.bench.ddp_scaling as ddp_scaling
+
+    def failed_launch(argv):
+        raise SystemExit("ddp_scaling: world size 2 failed (exit 1)")
+
+    monkeypatch.setattr(ddp_scaling, "main", failed_launch)
+    out = tmp_path / "b"
+    assert main([*BENCH, "--only", "baseline", "--ddp", "1,2", "--out", str(out)]) == 1
+    assert "bench: DDP rows failed: ddp_scaling: world size 2 failed (exit 1)\n" in capsys.readouterr().err
+    assert [r["status"] for r in _ladder_rows(out / "ladder.csv")] == ["ok"]  # the ladder's rows are kept
+
+
+def test_nan_seconds_and_a_negative_budget_are_refused_by_the_options_too():
+    from cnnpar.bench.run import BenchOptions
+    from cnnpar.errors import UserError
+
+    with pytest.raises(UserError, match=r"^bench --timed-s = nan: expected seconds >= 0"):
+        Timing(seconds=float("nan"))
+    with pytest.raises(UserError, match=r"^bench --budget-s -1: expected seconds >= 0"):
+        BenchOptions("ladder", budget_s=-1)
+
+
+def test_time_to_accuracy_records_the_batch_the_search_chose_not_autos_zero(monkeypatch):
+    """With --batch-size auto on a GPU the bench's metadata holds 0 (each Trainer searches its own batch), and
+    time_to_accuracy.csv recorded that 0. The search is faked here: auto stays 0 on the CPU as on a GPU."""
+    import cnnpar.config as config
+    import cnnpar.engine.trainer as trainer_mod
+    from cnnpar.engine.batch_size import BatchChoice
+
+    monkeypatch.setattr(config, "resolve_batch_size", lambda batch, device_type: batch)
+    monkeypatch.setattr(trainer_mod, "search_on_device", lambda *a, **k: BatchChoice(16, "faked"))
+    cfg = with_overrides(
+        Config(), data={"image_size": 8}, speed={"device": "cpu"}, run={"epochs": 1, "max_steps": 2, "batch_size": 0}
+    )
+    bundle = load_data(cfg.data, cfg.run.seed)
+    [row] = run_tta(cfg, bundle, CPU, 0.99, 1, {"batch_size": 0}, log=lambda s: None)
+    assert row["status"] == "ok" and row["batch_size"] == 16
+
+
+def test_compare_names_the_file_row_and_column_of_a_rate_that_is_not_a_number(tmp_path):
+    """A ValueError traceback from float() before."""
+    from cnnpar.errors import UserError
+
+    a = tmp_path / "a.csv"
+    a.write_text("name,status,images_per_s,step_ms\nbaseline,ok,100.0,1\nbf16,ok,fast,1\nfp16,failed,,\n")
+    with pytest.raises(UserError) as e:
+        compare_markdown(a, a)
+    assert str(e.value) == (
+        f"{a}, line 3 (data row 2, rung 'bf16'), column 'images_per_s': 'fast' is not a number: expected images "
+        "per second"
+    )

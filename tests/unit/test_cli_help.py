@@ -63,3 +63,33 @@ def test_counts_that_cannot_measure_anything_are_refused_before_any_work(words, 
     with pytest.raises(SystemExit) as e:
         main(words)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        (["doctor", "--try", "-1"], "argument --try: -1: expected 0 or more"),  # tried all but the last advice
+        (["bench", "--timed-s", "nan"], "argument --timed-s: nan: expected 0 or more"),
+        (["bench", "--budget-s", "-1"], "argument --budget-s: -1: expected 0 or more"),
+    ],
+)
+def test_values_that_would_run_a_different_measurement_are_refused_while_parsing(words, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(words)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command, measures", [("doctor", "cnnpar.doctor.run.run_doctor"), ("tune", "cnnpar.bench.tune.tune")]
+)
+def test_doctor_and_tune_refuse_more_processes_than_the_one_they_measure(command, measures, capsys, monkeypatch):
+    """Both measured one process and then advised, or wrote into tuned.toml, --nproc N from its figures."""
+    from cnnpar.cli import main
+
+    monkeypatch.setattr(measures, lambda *a, **k: pytest.fail(f"{command} measured"))
+    assert main([command, "--nproc", "2", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"cnnpar: error: {command} measures one process: --nproc 2 (typed or from the config) is not measured here; "
+        "expected --nproc 0 or 1 (then train with --nproc 2)\n"
+    )

@@ -460,3 +460,38 @@ def test_a_child_that_fails_on_bad_data_reports_it_as_bad_input_naming_the_file(
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["status"] == FAILED and result["user_error"].startswith(f"{data}: every training label is 0")
     assert result["error"] == f"DataError: {result['user_error']}"
+
+
+@pytest.mark.parametrize("name", ["folder", "tuned.csv"])
+def test_an_out_that_is_a_folder_or_the_trials_csv_is_refused_before_any_trial(tmp_path, name):
+    """A folder failed with IsADirectoryError after the start trial; `x.csv` made tuned.toml and tuned.csv one file."""
+    from cnnpar.errors import UserError
+
+    (tmp_path / "folder").mkdir()
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 10.0)
+    with pytest.raises(UserError, match=rf"^tune --out {tmp_path / name}: .*expected a"):
+        m.tune(resnet50(), 600, tmp_path / name)
+    assert m.calls == []
+
+
+def test_a_start_that_measured_nothing_removes_an_earlier_runs_tuned_toml_saying_so(tmp_path):
+    """Beside this run's tuned.csv an earlier run's tuned.toml would pass for this run's winner."""
+    out = tmp_path / "tuned.toml"
+    out.write_text("# an earlier run's config\n")
+    lines = []
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 500.0)
+    best, trials = tune_mod.tune(resnet50(), 100, out, run_trial=m.run_trial, clock=m.clock, log=lines.append)
+    assert best is None and [t.status for t in trials] == [CUT_OFF]
+    assert not out.exists() and (tmp_path / "tuned.csv").is_file()
+    assert f"tune: removed {out}, an earlier run's config: this run measured none to replace it" in lines
+
+
+def test_a_start_the_budget_left_no_time_for_says_to_raise_the_budget(tmp_path, capsys):
+    """The start not started (the budget spent on start-up) said only "the start skipped: time budget spent"."""
+    from cnnpar.cli import main
+
+    out = tmp_path / "tuned.toml"
+    assert main(["tune", "--device", "cpu", "--budget-s", "0", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"tune: no {out} written (the start was not started: time budget spent (0 s left), ")
+    assert f"raise --budget-s: cnnpar tune --device cpu --out {out} --budget-s 60); trials in " in err
