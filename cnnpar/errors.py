@@ -20,6 +20,18 @@ class DataError(UserError):
     """A data file cannot be read as the format it claims to be."""
 
 
+class Diverged(UserError):
+    """Training whose loss stopped being finite. `epoch`, `what` ("train loss", "val loss") and `loss` let a caller
+    that runs the engine under other flags (`cnnpar compare`'s torch runner) say it in its own terms."""
+
+    def __init__(self, message: str, epoch: int, what: str, loss: float) -> None:
+        super().__init__(message)
+        self.epoch, self.what, self.loss = epoch, what, loss
+
+    def __reduce__(self):  # a pickled copy (a worker's error sent to its parent) keeps the fields
+        return type(self), (str(self), self.epoch, self.what, self.loss)
+
+
 def user_error_text(e: UserError) -> str:
     """A UserError's message for the one line the user sees. A DataLoader worker re-raises our error with its
     own traceback folded into the message ("Caught DataError in DataLoader worker process 0. Original

@@ -82,7 +82,21 @@ def class_lines(bundle: DataBundle) -> list[str]:
         else:
             remedy = "expected labels 0..K-1 with every class present; pass --num-classes K or relabel"
         lines.append(f"warning: {len(empty)} of {bundle.num_classes} classes have no examples: {shown} ({remedy})")
+    # a data set's own validation split is refused for this (sources._split); a seeded hold-out can still do it
+    untrained = untrained_labels(bundle.train.labels, bundle.val.labels) if bundle.val is not None else []
+    if untrained:
+        lines.append(
+            f"warning: {len(untrained)} of {bundle.num_classes} classes have validation examples but no training "
+            f"example: {_shown(untrained, bundle)}: {bundle.val_from} took all of theirs, and the model cannot get "
+            "them right (give those classes more examples, or lower --val-fraction)"
+        )
     return lines
+
+
+def _shown(classes: list[int], bundle: DataBundle) -> str:
+    """The first 5 classes, by folder name where the classes are folders."""
+    names = [bundle.class_names[k] if bundle.loader_crops else str(k) for k in classes[:5]]
+    return ", ".join(names) + (", ..." if len(classes) > 5 else "")
 
 
 def split_line(bundle: DataBundle) -> str:
@@ -111,6 +125,14 @@ def require_two_classes(labels: torch.Tensor, origin: str, names: list[str] | No
     else:
         found = "no training labels"
     raise DataError(f"{origin}: {found}: expected at least 2 classes to tell apart{remedy}")
+
+
+def untrained_labels(train_labels: torch.Tensor, val_labels: torch.Tensor) -> list[int]:
+    """Labels that validation holds and no training example has: no model can learn them, so they only lower the
+    validation accuracy (and, as the largest label, they can set the class count)."""
+    seen = torch.unique(train_labels[train_labels >= 0])
+    held = torch.unique(val_labels[val_labels >= 0])
+    return held[~torch.isin(held, seen)].tolist()
 
 
 def empty_classes(y: torch.Tensor, num_classes: int) -> list[int]:

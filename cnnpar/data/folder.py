@@ -85,6 +85,7 @@ def scan_splits(root: str | Path) -> tuple[list[Path], list[int], list[int], lis
     vfiles, vlabels, vclasses = scan_folder(val_dir)
     if vclasses != classes:
         raise DataError(f"{val_dir}: class folders {vclasses} differ from {train_dir}'s {classes}")
+    _check_val_classes_train(train_dir, val_dir, classes, labels, vlabels)
     return files + vfiles, labels + vlabels, [0] * len(files) + [1] * len(vfiles), classes
 
 
@@ -96,6 +97,19 @@ def _check_classes(folder: Path, classes: list[str], labels: list[int]) -> None:
         raise DataError(
             f"{folder}: images in one class folder ({holding[0]!r}): expected at least 2 class folders with "
             f"images, <class>/<image>.jpg|png (or train/<class>/... beside {'|'.join(VAL_NAMES)}/<class>/...)"
+        )
+
+
+def _check_val_classes_train(
+    train_dir: Path, val_dir: Path, classes: list[str], labels: list[int], vlabels: list[int]
+) -> None:
+    # images in val/c with train/c empty: the class is one no model can learn, and its images only lower the
+    # accuracy (said here, as the folder is scanned, so that `cnnpar prepare` refuses it before decoding)
+    untrained = sorted({classes[i] for i in vlabels} - {classes[i] for i in labels})
+    if untrained:
+        raise DataError(
+            f"{val_dir}: class folder(s) {', '.join(map(repr, untrained))} hold images but the same folders in "
+            f"{train_dir} hold none: expected training images for every class that {val_dir.name}/ holds"
         )
 
 

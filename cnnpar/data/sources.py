@@ -18,6 +18,7 @@ from cnnpar.data.bundle import (
     holdout,
     holdout_label,
     require_two_classes,
+    untrained_labels,
 )
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import ImageFolderDataset, image_files, scan_splits
@@ -277,6 +278,7 @@ def _split(train, val, fraction: float, seed: int, origin: str, own_val: str, na
     2 classes is checked here, once: on the labels the data gives, whatever the --val-fraction."""
     require_two_classes(train.labels, origin, names, remedy)
     if val is not None:
+        _require_trained_labels(train, val, origin, own_val, names)
         return train, val, own_val
     if fraction > 0 and len(train) > 1:
         kept, held = holdout(len(train), fraction, seed)
@@ -287,6 +289,20 @@ def _split(train, val, fraction: float, seed: int, origin: str, own_val: str, na
         require_two_classes(train.labels, origin + after, names, remedy)
         return train, val, holdout_label(fraction)
     return train, None, "none: --val-fraction 0"
+
+
+def _require_trained_labels(train, val, origin: str, own_val: str, names=None) -> None:
+    """Refuse a data set's own validation split that holds labels no training example has (an npz whose y_test
+    held y_train + 1 trained and scored against labels it could not learn): its accuracy would mean nothing.
+    Image folders are refused so earlier, as they are scanned (folder.scan_splits); this catches the rest."""
+    untrained = untrained_labels(train.labels, val.labels)
+    if untrained:
+        shown = ", ".join(repr(names[k]) if names else str(k) for k in untrained[:5])
+        shown += ", ..." if len(untrained) > 5 else ""
+        raise DataError(
+            f"{origin}: {own_val} holds {len(untrained)} label(s) that no training example has ({shown}): "
+            "expected validation labels among the training labels"
+        )
 
 
 READERS = {

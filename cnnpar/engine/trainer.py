@@ -49,7 +49,7 @@ from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run, same_source
 from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import TrainStep, graphs_blocked_by
-from cnnpar.errors import UserError
+from cnnpar.errors import Diverged, UserError
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
@@ -730,9 +730,12 @@ class Trainer:
             )
             return
         kept = f" (epochs 1-{epoch - 1} are kept in {self.run_dir})" if self.history else ""
-        raise UserError(
+        raise Diverged(
             f"epoch {epoch}: {what} {loss} is not finite, training diverged{kept}: try a lower lr "
-            f"(--lr {self.cfg.optim.lr / 2:g}), --precision fp32 or --compile off"
+            f"(--lr {self.cfg.optim.lr / 2:g}), --precision fp32 or --compile off",
+            epoch,
+            what,
+            loss,
         )
 
     def _end_epoch(self, epoch: int, row: dict) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import signal
 import statistics
@@ -28,6 +29,7 @@ from cnnpar.frameworks.spec import (
     RunSpec,
     add_spec_args,
     csv_name,
+    diverged_note,
     parse_frameworks,
     read_result_csv,
     spec_from_args,
@@ -157,16 +159,38 @@ def summary_row(fw: Framework, status: str, note: str, out: Path) -> dict[str, s
     if status != "ok":
         return row
     header, rows = read_result_csv(path)
-    epoch_s = [float(r["epoch_s"]) for r in rows]
-    speeds = [float(r["images_per_s"]) for r in rows]
+    row.update(described(header), csv=path.name)
+    diverged = first_non_finite(rows)
+    if diverged is not None:
+        # Keras, TensorFlow and PyTensor train on in NaN where the torch runner's engine stops: their rows keep a
+        # rate, and argmax of NaN logits scores one class (a val acc of 1 / classes), neither of which means anything
+        lr = header.get("spec_lr") or None
+        row.update(status="failed", note=join_notes(diverged_note(*diverged, lr), note))
+        return row
+    row.update(figures(rows))
     # epoch 1 carries tracing/compilation: with it alone there is no steady figure to give (it would rank a
     # framework's compile as its speed), and the note says why the columns are empty
-    steady = len(rows) > 1
-    if not steady:
-        note = "; ".join(x for x in (note, "one epoch: no steady rate (epoch 1 holds tracing and compile)") if x)
-    last = rows[-1]
-    row.update(
-        csv=path.name,
+    one_epoch = "one epoch: no steady rate (epoch 1 holds tracing and compile)" if len(rows) == 1 else ""
+    row["note"] = join_notes(note, header.get("note", ""), one_epoch)
+    return row
+
+
+def join_notes(*notes: str) -> str:
+    return "; ".join(x for x in notes if x)
+
+
+def first_non_finite(rows: list[dict[str, str]]) -> tuple[str, str, str] | None:
+    """(epoch, "train loss" or "val loss", its value) of the first loss that is NaN or infinite, else None."""
+    for r in rows:
+        for key in ("train_loss", "val_loss"):
+            if not math.isfinite(float(r[key])):
+                return r["epoch"], key.replace("_", " "), r[key]
+    return None
+
+
+def described(header: dict[str, str]) -> dict[str, str]:
+    """The summary's columns that say what ran and where, from a result CSV's header lines."""
+    return dict(
         device=f"{header.get('device', '')} ({header.get('device_type', '')})",
         matmul_precision=header.get("matmul_precision", ""),
         timed=header.get("timed", ""),
@@ -176,6 +200,16 @@ def summary_row(fw: Framework, status: str, note: str, out: Path) -> dict[str, s
         devices=header.get("devices_used", ""),
         parallelism=header.get("parallelism", ""),
         versions=" ".join(f"{k} {header[k]}" for k in VERSION_KEYS if header.get(k)),
+    )
+
+
+def figures(rows: list[dict[str, str]]) -> dict[str, str]:
+    """The summary's timings and final metrics; the steady rate only with epochs after the first."""
+    epoch_s = [float(r["epoch_s"]) for r in rows]
+    speeds = [float(r["images_per_s"]) for r in rows]
+    steady = len(rows) > 1
+    last = rows[-1]
+    return dict(
         epochs=str(len(rows)),
         first_epoch_s=_f(epoch_s[0], 2),
         steady_epoch_s=_f(statistics.median(epoch_s[1:]), 2) if steady else "",
@@ -184,9 +218,7 @@ def summary_row(fw: Framework, status: str, note: str, out: Path) -> dict[str, s
         final_train_acc=_f(last["train_acc"]),
         final_val_loss=_f(last["val_loss"]),
         final_val_acc=_f(last["val_acc"]),
-        note=note or header.get("note", ""),
     )
-    return row
 
 
 def write_markdown(path: Path, rows: list[dict[str, str]], spec: RunSpec) -> None:

@@ -7,7 +7,7 @@ compiled train function) on `pytensor==2.30.x`, the last line with `pytensor.ten
 
 Single device only: PyTensor has no data-parallel API; `--devices N` is reported and ignored.
 The conv ops are lowered to im2col + GEMM by `pytensor_conv` (see there why). Max pooling is a
-reshape and a max (PyTensor dropped Theano's pool op). The compile mode is PYTENSOR_MODE
+reshape and a one-hot argmax (PyTensor dropped Theano's pool op; see `max_pool_2x2`). The compile mode is PYTENSOR_MODE
 (default FAST_RUN: the C linker; its first compile takes minutes and is cached in
 ~/.pytensor; FAST_COMPILE runs the same graph on the Python linker with NumPy and BLAS kernels).
 """
@@ -37,6 +37,22 @@ from cnnpar.frameworks.spec import (
     runner_main,
     steps_per_epoch,
 )
+
+
+def max_pool_2x2(pt, h):
+    """2x2 max pooling, stride 2, odd edges dropped (PyTorch's floor mode), over NCHW.
+
+    The gradient goes to one element per window, the first maximum in row-major order, as PyTorch's CPU kernel
+    and TensorFlow's route it. A plain `max` would send it to every tied maximum (PyTensor's max gradient), and
+    ties are common: ~5 % of the first layer's windows on digit images (zero backgrounds after ReLU), enough for
+    PyTensor to train another model from the same weights. PyTensor 2.30 has no pool op (Theano's was dropped),
+    so the window's argmax picks the element as a one-hot mask; the mask, a comparison, carries no gradient."""
+    side = h.shape[2] // 2
+    n, c = h.shape[0], h.shape[1]
+    h = h[:, :, : 2 * side, : 2 * side].reshape((n, c, side, 2, side, 2))
+    windows = h.dimshuffle(0, 1, 2, 4, 3, 5).reshape((n, c, side, side, 4))  # each window's 4 in row-major order
+    first_max = pt.eq(pt.arange(4), pt.argmax(windows, axis=-1, keepdims=True))
+    return (windows * first_max.astype(windows.dtype)).sum(axis=-1)
 
 
 def build_functions(pytensor, pt, weights: dict, shape, lr: float):
@@ -76,10 +92,7 @@ def build_functions(pytensor, pt, weights: dict, shape, lr: float):
                 mean, var = run_means[i], run_vars[i]
             h = (h - mean.dimshuffle("x", 0, "x", "x")) / pt.sqrt(var.dimshuffle("x", 0, "x", "x") + BN_EPSILON)
             h = h * gammas[i].dimshuffle("x", 0, "x", "x") + betas[i].dimshuffle("x", 0, "x", "x")
-            h = pt.maximum(h, 0)
-            side = h.shape[2] // 2
-            h = h[:, :, : 2 * side, : 2 * side]
-            h = h.reshape((h.shape[0], h.shape[1], side, 2, side, 2)).max(axis=(3, 5))
+            h = max_pool_2x2(pt, pt.maximum(h, 0))
         h = h.flatten(2)  # N, C*H*W: PyTorch's flatten order, so the shared weights fit as they are
         for i, (w, b) in enumerate(zip(dense_w, dense_b)):
             h = pt.dot(h, w) + b

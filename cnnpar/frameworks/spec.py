@@ -11,11 +11,17 @@ Fairness rules, held in one place so no runner can drift:
   `to_channels_last` converts them for the NHWC runners (Keras, TensorFlow).
 - BatchNorm: epsilon 1e-5, running-average momentum 0.1 in PyTorch's convention (= Keras 0.9).
 - Optimizer: Adam (beta1 0.9, beta2 0.999, eps 1e-8), constant learning rate, no weight decay;
-  cross-entropy on logits. cnnpar's AdamW with weight_decay 0 is exactly this Adam.
+  cross-entropy on logits. cnnpar's AdamW with weight_decay 0 is exactly this Adam. One difference stays:
+  where eps goes. PyTorch adds it to the bias-corrected sqrt(v_hat); Keras, and the TensorFlow and PyTensor
+  runners written after it, fold the bias correction into the step size and add eps to the uncorrected
+  sqrt(v) (the "epsilon hat" form of Kingma and Ba's section 2), which is PyTorch's with eps divided by
+  sqrt(1 - beta2^t): 3.2e-7 at step 1, 1.3e-8 at step 1,000. The two agree wherever
+  sqrt(v_hat) is well above that, i.e. almost everywhere; the formula is left as each framework has it.
 - Batch: `batch_size` is the global batch; with `--devices N` each replica gets batch_size / N.
   Incomplete last batches are dropped (every framework then compiles one shape).
 - Data: `cnnpar.data.load_data` (digits, npz, csv) gives identical uint8 arrays and the same
-  seeded split to every runner; normalisation is (x / 255 - mean) / std with the train split's
+  seeded split to every runner (image folders and stores, which only cnnpar's engine reads, are refused
+  when the spec is made); normalisation is (x / 255 - mean) / std with the train split's
   per-channel mean and std. The first `max_train` / `max_val` samples are used when given.
   Each runner shuffles with numpy's generator seeded by seed + epoch (cnnpar's engine uses its own
   seeded DistributedSampler), so batch order differs across engines but not across runs.
@@ -51,6 +57,7 @@ BN_EPSILON = 1e-5
 BN_MOMENTUM_TORCH = 0.1  # new = (1 - m) * old + m * batch; Keras's momentum is 1 - m
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPSILON = 1e-8
+ARRAY_FORMATS = ("digits", "npz", "csv", "synthetic")  # what load_arrays reads as in-memory arrays
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,24 @@ class RunSpec:
             raise ConfigError(
                 f"--batch-size {self.batch_size} with --devices {self.devices}: the global batch must split evenly"
             )
+        if self.format not in ("auto", *ARRAY_FORMATS):
+            raise ConfigError(f"--format {self.format}: expected one of auto, {', '.join(ARRAY_FORMATS)}")
+        self._check_data_reads_as_arrays()
+
+    def _check_data_reads_as_arrays(self) -> None:
+        """Refuse up front what only cnnpar's engine reads: an image folder or a store reached every runner,
+        and each but torch failed on its own with an AttributeError (its images are files, not arrays)."""
+        from cnnpar.data.sources import detect_format
+
+        found = detect_format(self.data, self.format)  # a DataError for a path that is nothing it can read
+        if found in ("npz", "csv") and not Path(self.data).is_file():  # else each runner says it, one after another
+            raise ConfigError(f"--data {self.data}: no such file: expected an existing .{found} file")
+        if found not in ARRAY_FORMATS:
+            what = {"folder": "an image folder", "store": "a .cnnpar store"}.get(found, f"{found} data")
+            raise ConfigError(
+                f"--data {self.data}: {what}: expected the built-in digits, an .npz or a .csv, which every framework "
+                "reads as the same in-memory arrays"
+            )
 
     def to_argv(self) -> list[str]:
         return [a for f in fields(self) for a in (f"--{f.name.replace('_', '-')}", str(getattr(self, f.name)))]
@@ -126,7 +151,7 @@ class RunSpec:
 
 SPEC_HELP = {
     "data": "digits (built in), an .npz (x_train, y_train[, x_test, y_test]) or a train.csv",
-    "format": "how to read --data (auto, digits, npz, csv)",
+    "format": f"how to read --data (auto, {', '.join(ARRAY_FORMATS)})",
     "image_shape": "CxHxW of CSV rows when not square grey",
     "val_fraction": "seeded hold-out when the data has no test split",
     "max_train": "use only the first N training samples (0: all)",
@@ -350,6 +375,14 @@ def epoch_row(epoch: int, train_loss: float, train_acc: float, val_loss: float, 
         "epoch_s": f"{seconds:.4f}",
         "images_per_s": f"{n / seconds:.2f}",
     }
+
+
+def diverged_note(epoch: int | str, what: str, loss: float | str, lr: float | str | None) -> str:
+    """What the summary says of a run whose loss stopped being finite, whichever runner it was: the torch
+    runner (whose engine stops there) and the rows of the others (which train on in NaN) read alike. The hint
+    names only a flag that `compare` takes (None: the run's lr is not known)."""
+    lower = f"--lr {float(lr) / 2:g}" if lr is not None else "--lr"
+    return f"diverged: epoch {epoch} {what} {loss} is not finite: try a lower {lower}"
 
 
 def runner_parser(prog: str) -> argparse.ArgumentParser:

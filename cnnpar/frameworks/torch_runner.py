@@ -12,11 +12,13 @@ import subprocess
 import sys
 import tempfile
 
+from cnnpar.errors import Diverged, UserError
 from cnnpar.frameworks.spec import (
     Framework,
     RunSpec,
     base_header,
     cpu_name,
+    diverged_note,
     epoch_row,
     initial_weights,
     load_bundle,
@@ -86,7 +88,10 @@ def train(fw: Framework, spec: RunSpec):
             )
             trainer = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
             load_initial_weights(trainer.raw_model, initial_weights(bundle.shape, bundle.num_classes, spec.seed))
-            history = trainer.fit().history
+            try:
+                history = trainer.fit().history
+            except Diverged as e:  # the engine's own hint names `train` flags (--precision, --compile)
+                raise UserError(diverged_note(e.epoch, e.what, e.loss, spec.lr)) from None
             resolved, graphs = trainer.cfg, trainer.use_graphs
     finally:
         destroy_distributed()

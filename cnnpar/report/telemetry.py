@@ -104,8 +104,10 @@ class TelemetrySampler:
         interval_s: float = DEFAULT_INTERVAL_S,
         log: Callable[[str], None] = print,
         on_sample: Callable[[list[dict]], None] | None = None,
+        append: bool = False,
     ) -> None:
         self.csv_path = Path(csv_path)
+        self.append = append  # keep an earlier attempt's samples in csv_path and continue its time_s
         self.on_sample = on_sample  # also given each sample's rows (the run's TensorBoard scalars)
         self.interval_s = interval_s
         self.log = log
@@ -130,10 +132,17 @@ class TelemetrySampler:
         self.gpus = [label for label, _ in self._handles]
         psutil.cpu_percent(interval=None)  # primes the counter: the first real reading covers one interval
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.csv_path.open("w", newline="")
+        earlier_end = _earlier_samples_end(self.csv_path) if self.append else None
+        self._file = self.csv_path.open("w" if earlier_end is None else "a", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
-        self._writer.writeheader()
-        self.t0 = time.monotonic()
+        if earlier_end is None:
+            self._writer.writeheader()
+            self.t0 = time.monotonic()
+        else:  # one timeline across attempts, as metrics.csv numbers a resumed run's epochs on from the checkpoint's
+            self.t0 = time.monotonic() - (earlier_end + self.interval_s)
+            self.log(
+                f"telemetry: continuing {self.csv_path} after an earlier attempt's samples (up to {earlier_end} s)"
+            )
         self._thread = threading.Thread(target=self._run, name="cnnpar-telemetry", daemon=True)
         self._thread.start()
         return self
@@ -193,6 +202,26 @@ class TelemetrySampler:
             self.sample()  # the last moments of the run
         except Exception as e:  # telemetry must never take a training run down with it
             self.log(f"telemetry: sampling stopped ({type(e).__name__}: {e})")
+
+
+def _earlier_samples_end(path: Path) -> float | None:
+    """The time_s of the last sample an earlier attempt wrote to `path`, after cutting off a row that a kill left
+    half-written; None where there is nothing to continue: no file, no sample, or columns this sampler does not
+    write (the file is then started again)."""
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    whole = data[: data.rfind(b"\n") + 1]
+    lines = whole.decode(errors="replace").splitlines()
+    if len(lines) < 2 or lines[0] != ",".join(COLUMNS):
+        return None
+    if len(whole) < len(data):
+        with path.open("r+b") as f:
+            f.truncate(len(whole))
+    try:
+        return float(lines[-1].split(",", 1)[0])
+    except ValueError:
+        return None
 
 
 def plot_telemetry(
@@ -263,13 +292,14 @@ def monitor_run(
     """Sample while the block runs (one sampler per machine: local rank 0), then draw the timeline.
 
     Rank 0 writes telemetry.csv beside metrics.csv; the first process of every other machine
-    writes telemetry_rank{R}.csv.
+    writes telemetry_rank{R}.csv. A resumed run appends to its folder's file: the earlier attempts' samples stay,
+    and time_s goes on from the last of them.
     """
     if not enabled or info.local_rank != 0:
         yield
         return
     stem = "telemetry" if info.rank == 0 else f"telemetry_rank{info.rank}"
-    sampler = TelemetrySampler(Path(run_dir) / f"{stem}.csv", log=log, on_sample=on_sample)
+    sampler = TelemetrySampler(Path(run_dir) / f"{stem}.csv", log=log, on_sample=on_sample, append=True)
     sampler.start()
     try:
         yield

@@ -118,3 +118,69 @@ def test_a_runner_silent_past_its_timeout_is_stopped_with_its_children_and_leave
     assert not (tmp_path / csv_name(fw)).exists()
     time.sleep(0.5)
     assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_run_whose_loss_turned_nan_is_failed_diverged_not_ok_with_a_rate(tmp_path):
+    """Keras, TensorFlow and PyTensor train on in NaN and write the rows: the summary said "ok" with a rate and a
+    val acc of 10 % (argmax of NaN logits), where the torch runner, whose engine stops, said "failed"."""
+    fw = FRAMEWORKS["tensorflow"]
+    rows = [epoch_row(1, 0.5, 0.8, 0.6, 0.75, 2.0, 1000), epoch_row(2, float("nan"), 0.1, float("nan"), 0.1, 1.0, 1000)]
+    header = {"framework": fw.framework, "device": "cpu x", "device_type": "cpu", "spec_lr": "0.001"}
+    write_result_csv(tmp_path / csv_name(fw), header, [*rows, epoch_row(3, float("nan"), 0.1, 0.7, 0.1, 1.0, 1000)])
+    row = compare.summary_row(fw, "ok", "", tmp_path)
+    assert row["status"] == "failed"
+    assert row["note"] == "diverged: epoch 2 train loss nan is not finite: try a lower --lr 0.0005"
+    assert row["steady_images_per_s"] == row["final_val_acc"] == row["epochs"] == ""
+    assert row["device"] == "cpu x (cpu)" and row["csv"] == csv_name(fw)  # which run it was stays said
+    write_result_csv(tmp_path / csv_name(fw), header, [rows[0], epoch_row(2, 0.4, 0.9, float("inf"), 0.1, 1.0, 1000)])
+    assert compare.summary_row(fw, "ok", "", tmp_path)["note"].startswith("diverged: epoch 2 val loss inf is not")
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_torch_runners_divergence_reads_as_the_others_and_names_no_flag_compare_lacks(tmp_path, monkeypatch):
+    """The engine's hint suggested --precision fp32 or --compile off, which `compare` does not take."""
+    import torch
+
+    from cnnpar.engine import trainer as trainer_mod
+    from cnnpar.errors import UserError
+    from cnnpar.frameworks import torch_runner
+
+    def begin_epoch_with_nan_weights(self, epoch):  # what a diverged step leaves behind
+        with torch.no_grad():
+            next(self.raw_model.parameters()).fill_(float("nan"))
+        begin(self, epoch)
+
+    begin = trainer_mod.Trainer.begin_epoch
+    monkeypatch.setattr(trainer_mod.Trainer, "begin_epoch", begin_epoch_with_nan_weights)
+    spec = RunSpec(max_train=64, max_val=32, batch_size=32, epochs=1, lr=0.01, out=str(tmp_path))
+    with pytest.raises(UserError) as e:
+        torch_runner.train(FRAMEWORKS["torch"], spec)
+    assert str(e.value) == "diverged: epoch 1 train loss nan is not finite: try a lower --lr 0.005"
+
+
+def test_a_one_epoch_run_keeps_the_runners_own_note(tmp_path):
+    fw = FRAMEWORKS["keras-jax"]
+    header = {"framework": fw.framework, "note": "Keras's BN running variance is the biased one"}
+    write_result_csv(tmp_path / csv_name(fw), header, [epoch_row(1, 0.5, 0.8, 0.6, 0.75, 20.0, 1000)])
+    assert compare.summary_row(fw, "ok", "", tmp_path)["note"] == (
+        "Keras's BN running variance is the biased one; one epoch: no steady rate (epoch 1 holds tracing and compile)"
+    )
+
+
+def test_compare_refuses_data_that_only_cnnpars_engine_reads_up_front(tmp_path):
+    """An image folder reached every runner, and each but torch failed with an AttributeError of its own."""
+    from tests.datafiles import write_image_folder, write_npz
+
+    photos = write_image_folder(tmp_path / "photos")
+    with pytest.raises(ConfigError) as e:
+        RunSpec(data=str(photos))
+    assert str(e.value) == (
+        f"--data {photos}: an image folder: expected the built-in digits, an .npz or a .csv, which every framework "
+        "reads as the same in-memory arrays"
+    )
+    with pytest.raises(ConfigError, match=r"--format folder: expected one of auto, digits, npz, csv"):
+        RunSpec(format="folder")
+    with pytest.raises(ConfigError, match=r"--data .*gone\.npz: no such file: expected an existing \.npz file"):
+        RunSpec(data=str(tmp_path / "gone.npz"))
+    arrays = write_npz(tmp_path / "d.npz", n_train=8, n_test=None)
+    assert RunSpec(data=str(arrays)).data == str(arrays)

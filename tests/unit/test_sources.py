@@ -399,3 +399,48 @@ def test_a_format_that_cannot_be_what_data_is_is_refused_in_its_own_terms(tmp_pa
     with pytest.raises(DataError, match=r"d\.npz: --format folder but this is a file: expected a folder"):
         detect_format(str(arrays), "folder")
     assert detect_format(str(arrays), "npz") == "npz" and detect_format(str(tmp_path / "f"), "folder") == "folder"
+
+
+def test_test_labels_that_no_training_example_has_are_refused_naming_the_file(tmp_path):
+    """An npz whose y_test was y_train + 1 trained, counted the classes over both splits, and scored the model
+    against a label it had never seen, without a word."""
+    x, y = bar_images(40, side=8)
+    np.savez(tmp_path / "shifted.npz", x_train=x[:32], y_train=y[:32], x_test=x[32:], y_test=y[32:] + 1)
+    path = tmp_path / "shifted.npz"
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(path)))
+    assert str(e.value) == (
+        f"{path}: the data's own test split holds 1 label(s) that no training example has (4): expected validation "
+        "labels among the training labels"
+    )
+
+
+def test_a_validation_class_folder_whose_training_folder_is_empty_is_refused_as_the_folder_is_scanned(tmp_path):
+    from cnnpar.data.folder import scan_splits
+
+    write_image_folder(tmp_path / "d" / "train", per_class=2, classes=3)
+    write_image_folder(tmp_path / "d" / "val", per_class=1, classes=3)
+    for f in (tmp_path / "d" / "train" / "class2").iterdir():
+        f.unlink()
+    with pytest.raises(DataError) as e:
+        scan_splits(tmp_path / "d")  # what `cnnpar prepare` reads too
+    assert str(e.value) == (
+        f"{tmp_path / 'd' / 'val'}: class folder(s) 'class2' hold images but the same folders in "
+        f"{tmp_path / 'd' / 'train'} hold none: expected training images for every class that val/ holds"
+    )
+
+
+def test_a_hold_out_that_takes_a_whole_class_warns_that_the_model_cannot_learn_it(tmp_path):
+    """The hold-out is the seed's doing, not the data's, so it warns where a test split is refused."""
+    from cnnpar.data.bundle import holdout
+
+    x, _ = bar_images(6, side=8)
+    np.savez(tmp_path / "six.npz", x_train=x, y_train=np.array([0, 0, 0, 1, 1, 2]))
+    seed = next(s for s in range(100) if holdout(6, 0.2, s)[1].tolist() == [5])  # holds out the one label 2
+    bundle = load_data(DataConfig(source=str(tmp_path / "six.npz"), val_fraction=0.2), seed)
+    assert class_lines(bundle) == [
+        "classes: 3 (labels' max + 1)",
+        "warning: 1 of 3 classes have validation examples but no training example: 2: a seeded 20% hold-out of the "
+        "training data (--val-fraction 0.2) took all of theirs, and the model cannot get them right (give those "
+        "classes more examples, or lower --val-fraction)",
+    ]

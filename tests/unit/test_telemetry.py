@@ -53,3 +53,28 @@ def test_visible_devices_follow_cuda_visible_devices(monkeypatch):
     assert telemetry._visible_nvml_indices(4) == [2, "GPU-abc"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert telemetry._visible_nvml_indices(3) == [0, 1, 2]
+
+
+def test_a_resumed_runs_monitor_keeps_the_earlier_attempts_samples_and_continues_their_time(tmp_path, monkeypatch):
+    """`--monitor` on a resumed run opened telemetry.csv with "w": the earlier attempt's samples were gone."""
+    import torch
+
+    from cnnpar.dist import DistInfo
+
+    monkeypatch.setattr(telemetry, "_nvml_handles", _no_nvml)
+    monkeypatch.setattr(telemetry, "plot_telemetry", lambda *a: None)  # the CSV is what is checked
+    info, lines = DistInfo(0, 0, 1, torch.device("cpu")), []
+    with telemetry.monitor_run(True, info, tmp_path, log=lines.append):
+        pass
+    path = tmp_path / "telemetry.csv"
+    first = read_csv(path)
+    with path.open("a") as f:
+        f.write("12.5,,3")  # a row the kill of the first attempt cut short
+    with telemetry.monitor_run(True, info, tmp_path, log=lines.append):
+        pass
+    rows = read_csv(path)
+    assert rows[: len(first)] == first and len(rows) > len(first)
+    times = [float(r["time_s"]) for r in rows]
+    assert times == sorted(times) and times[len(first)] >= times[len(first) - 1] + telemetry.DEFAULT_INTERVAL_S
+    assert path.read_text().count("time_s,") == 1
+    assert lines[-1].startswith(f"telemetry: continuing {path} after an earlier attempt's samples (up to ")
