@@ -93,8 +93,10 @@ class EngineSettings:
     # keeps two images in flight per engine on a state and synchronises the host on the image that many
     # places back before it reuses a slot (242 waits for 256 files on an H200's 7 engines); a call of at
     # most that many files on a fresh state has no slot to wait for, and the engines' stream waits on the
-    # GPU instead (call ZZZM, session 22). A state is never given two calls of one batch: reused before the
-    # batch's one wait, the library hung (call ZZZM, chunk=14 on one state).
+    # GPU instead: calls of 7 or 14 files had no library host waits and decoded 15,837-16,719 img/s alone
+    # (call ZZZN, session 22), but trained ResNet-50 at 5,212-5,479 img/s end to end against the defaults'
+    # 6,651-6,838 (data wait 24-27 % against 2 %; calls ZZZO, ZZZP), so it is not the default. A state is
+    # never given two calls of one batch: reused before the batch's one wait, the library hung (call ZZZM).
     chunk: int = 0
 
     def __post_init__(self) -> None:
