@@ -76,9 +76,9 @@ def test_the_gil_profile_counts_the_cpu_of_a_thread_that_ends_inside_the_block(t
 
     monkeypatch.setattr(gil_profile.shutil, "which", lambda name: None)  # no py-spy: the CPU side alone
 
-    def spin() -> None:
-        end = time.perf_counter() + 0.4
-        while time.perf_counter() < end:
+    def spin() -> None:  # 0.4 s of this thread's own CPU, however long a loaded host takes to give it
+        end = time.thread_time() + 0.4
+        while time.thread_time() < end:
             pass
 
     with gil_profile.GilProfile(tmp_path / "gil.txt") as prof:
@@ -87,5 +87,6 @@ def test_the_gil_profile_counts_the_cpu_of_a_thread_that_ends_inside_the_block(t
         worker.join()
         time.sleep(0.1)
     line = next(line for line in prof.summary().splitlines() if "short-lived" in line)
-    assert int(line.split("CPU ")[1].rstrip("%")) >= 30  # ~0.4 s of the ~0.5 s block
+    # ~0.4 s of a ~0.5 s block on an idle host; a loaded one (tests run two at a time) stretches the block
+    assert int(line.split("CPU ")[1].rstrip("%")) >= 10
     assert "py-spy is not on PATH" in prof.summary()
