@@ -164,6 +164,12 @@ def refuse_processes(command: str, nproc: int) -> None:
             f"{command} measures one process: --nproc {nproc} (typed or from the config) is not measured here; "
             f"expected --nproc 0 or 1 (then train with --nproc {nproc})"
         )
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1:  # under torchrun every rank would run the whole command alone, each writing the same files
+        raise ConfigError(
+            f"{command} measures one process: started by a launcher with WORLD_SIZE={world}; expected a plain "
+            f"`cnnpar {command} ...` (then train with --nproc {world})"
+        )
 
 
 def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:

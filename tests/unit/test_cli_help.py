@@ -93,3 +93,6 @@ def test_doctor_and_tune_refuse_more_processes_than_the_one_they_measure(command
         f"cnnpar: error: {command} measures one process: --nproc 2 (typed or from the config) is not measured here; "
         "expected --nproc 0 or 1 (then train with --nproc 2)\n"
     )
+    monkeypatch.setenv("WORLD_SIZE", "2")  # started by torchrun: each rank would run the whole command alone
+    assert main([command, "--device", "cpu"]) == 2
+    assert f"{command} measures one process: started by a launcher with WORLD_SIZE=2" in capsys.readouterr().err
