@@ -133,6 +133,8 @@ class RunSpec:
     def _check_data_reads_as_arrays(self) -> None:
         """Refuse up front what only cnnpar's engine reads: an image folder or a store reached every runner,
         and each but torch failed on its own with an AttributeError (its images are files, not arrays)."""
+        if self.data == "digits" and self.format in ("auto", "digits"):
+            return  # the built-in arrays; the defaults the CLI's parser is built from (no torch import for --help)
         from cnnpar.data.sources import detect_format
 
         found = detect_format(self.data, self.format)  # a DataError for a path that is nothing it can read
