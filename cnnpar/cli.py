@@ -156,20 +156,30 @@ def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
         destroy_distributed()
 
 
-def refuse_processes(command: str, nproc: int) -> None:
-    """doctor and tune measure one process (no launcher): with --nproc N > 1 their figures would stand for N
-    processes, in the doctor's advice and in tune's config, and nothing would say so."""
+def one_process_only(command: str, cfg) -> bool:
+    """doctor and tune measure one process, with no launcher of their own: with --nproc N > 1, or under torchrun,
+    their figures would stand for N processes (in the doctor's advice, in tune's config) and nothing would say so.
+    Refused, except with the debug switch, which runs one process as it does for train; True for a surplus
+    worker of that switch (it exits at once, as train's do)."""
+    from cnnpar.dist import debug_single_requested, launched_by_torchrun, surplus_debug_worker
+
+    if surplus_debug_worker(cfg.dist.debug_single):
+        return True
+    if debug_single_requested(cfg.dist.debug_single):
+        return False
+    nproc = cfg.dist.nproc
     if nproc > 1:
         raise ConfigError(
             f"{command} measures one process: --nproc {nproc} (typed or from the config) is not measured here; "
             f"expected --nproc 0 or 1 (then train with --nproc {nproc})"
         )
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if world > 1:  # under torchrun every rank would run the whole command alone, each writing the same files
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if launched_by_torchrun() and world != "1":  # each rank would run the whole command alone
         raise ConfigError(
             f"{command} measures one process: started by a launcher with WORLD_SIZE={world}; expected a plain "
-            f"`cnnpar {command} ...` (then train with --nproc {world})"
+            f"`cnnpar {command} ...` (then train with --nproc {world}), or the debug switch (--debug-single)"
         )
+    return False
 
 
 def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
@@ -178,7 +188,8 @@ def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.doctor.run import DoctorOptions, run_doctor
 
     cfg = config_from_args(args)
-    refuse_processes("doctor", cfg.dist.nproc)
+    if one_process_only("doctor", cfg):
+        return 0
     opts = DoctorOptions(args.warmup_steps, args.measure_steps, args.max_seconds, args.try_top, args.report_dir)
     report = run_doctor(cfg, opts)
     write_report(report)
@@ -208,9 +219,12 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
-    refuse_processes("tune", cfg.dist.nproc)
+    if one_process_only("tune", cfg):
+        return 0
     out = Path(args.out)
-    best, trials = tune(cfg, args.budget_s, out, args.trial_s, args.steps, args.repeats, started=started)
+    best, trials = tune(
+        cfg, args.budget_s, out, args.trial_s, args.steps, args.repeats, started=started, config_read=args.config
+    )
     print(format_table(trials))
     if best is None:
         start = trials[0]

@@ -31,8 +31,9 @@ class BenchOptions:
     def __post_init__(self) -> None:
         # the DDP rows run after the whole ladder: a bad --ddp must stop the bench before it measures anything
         if self.ddp and self.mode != "ladder":  # only the ladder has DDP rows: elsewhere it would be dropped unsaid
+            flag = {"claims": "--claims", "time_to_accuracy": "--time-to-accuracy", "compare": "--compare"}[self.mode]
             raise UserError(
-                f"bench --ddp {self.ddp}: DDP rows go beside the ladder only: expected no --ddp in {self.mode}"
+                f"bench --ddp {self.ddp}: DDP rows go beside the ladder only: expected no --ddp with {flag}"
             )
         if self.ddp:
             from .ddp_scaling import parse_world_sizes

@@ -375,9 +375,11 @@ def tune(
     clock: Callable[[], float] = time.monotonic,
     started: float | None = None,
     log: Callable[[str], None] = print,
+    config_read: str | Path | None = None,
 ) -> tuple[Config | None, list[Trial]]:
     """Search; returns the best config measured (None when not even the start finished) and the trials.
-    Raises UserError, writing no file, when the start fails on bad input (data that does not load or decode)."""
+    Raises UserError, writing no file, when the start fails on bad input (data that does not load or decode).
+    `config_read`: the --config the start came from; never removed, even where it is `out`."""
     check_out(Path(out))
     run_trial = run_trial or child_trial(steps, repeats, log)
     tuner = Tuner(budget_s, Path(out), trial_s, run_trial, clock, clock() if started is None else started, log)
@@ -396,7 +398,9 @@ def tune(
 
         env = environment(pick_device(cfg.speed.device, 0))
         write_csv_atomic(tuner.out.with_suffix(".csv"), trial_rows(tuner.trials, env), CSV_COLUMNS)
-        if tuner.out.is_file():  # beside this run's trials it would pass for their winner
+        if tuner.out.is_file() and _same_file(tuner.out, config_read):
+            log(f"tune: kept {tuner.out}: it is the --config this run started from, not a result of it")
+        elif tuner.out.is_file():  # beside this run's trials it would pass for their winner
             tuner.out.unlink()
             log(f"tune: removed {tuner.out}, an earlier run's config: this run measured none to replace it")
         return None, tuner.trials
@@ -415,6 +419,10 @@ def tune(
                 tuner.write()  # on disk now: the next trial (max-autotune, the longest) may be interrupted
     tuner.write()  # the trials after the last improvement (skipped, cut off) go into the CSV too
     return tuner.best_cfg, tuner.trials
+
+
+def _same_file(a: Path, b: str | Path | None) -> bool:
+    return b is not None and Path(b).exists() and a.resolve() == Path(b).resolve()
 
 
 def check_out(out: Path) -> None:

@@ -94,5 +94,23 @@ def test_doctor_and_tune_refuse_more_processes_than_the_one_they_measure(command
         "expected --nproc 0 or 1 (then train with --nproc 2)\n"
     )
     monkeypatch.setenv("WORLD_SIZE", "2")  # started by torchrun: each rank would run the whole command alone
+    monkeypatch.setenv("RANK", "1")
     assert main([command, "--device", "cpu"]) == 2
     assert f"{command} measures one process: started by a launcher with WORLD_SIZE=2" in capsys.readouterr().err
+    # the debug switch runs one process, as for train: the surplus rank leaves at once, rank 0 measures
+    assert main([command, "--device", "cpu", "--debug-single"]) == 0
+    monkeypatch.setenv("RANK", "0")
+
+    class Measured(Exception):
+        pass
+
+    def measured(*a, **k):
+        raise Measured
+
+    monkeypatch.setattr(measures, measured)
+    with pytest.raises(Measured):
+        main([command, "--device", "cpu", "--debug-single"])
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    with pytest.raises(Measured):  # --nproc 2 with the switch: one process, not refused
+        main([command, "--device", "cpu", "--nproc", "2", "--debug-single"])

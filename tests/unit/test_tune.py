@@ -486,6 +486,20 @@ def test_a_start_that_measured_nothing_removes_an_earlier_runs_tuned_toml_saying
     assert f"tune: removed {out}, an earlier run's config: this run measured none to replace it" in lines
 
 
+def test_a_start_that_measured_nothing_keeps_the_config_it_started_from_where_that_is_out(tmp_path):
+    """`cnnpar tune --config tuned.toml` (the default --out) re-tunes a tuned config: a start cut off must not
+    delete the user's own file, which the printed retry command names."""
+    out = tmp_path / "tuned.toml"
+    out.write_text("# the user's config\n")
+    lines = []
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 500.0)
+    best, _ = tune_mod.tune(
+        resnet50(), 100, out, run_trial=m.run_trial, clock=m.clock, log=lines.append, config_read=out
+    )
+    assert best is None and out.read_text() == "# the user's config\n"
+    assert f"tune: kept {out}: it is the --config this run started from, not a result of it" in lines
+
+
 def test_a_start_the_budget_left_no_time_for_says_to_raise_the_budget(tmp_path, capsys):
     """The start not started (the budget spent on start-up) said only "the start skipped: time budget spent"."""
     from cnnpar.cli import main
