@@ -955,7 +955,8 @@ s22a)
   # session 22, call A (one H200, ~3 min with a cold start): issue 11.2, whose waits the library's per-image
   # waits are: the engines' count (nvjpegGetHardwareDecoderInfo), the CUDA tests (the cut calls' pixels among
   # them), the defaults' waits at batches of 14 and 28 against 256, and a batch of 256 cut into calls of 7-64
-  # files on decode states taken in turn, each with its host waits, the time they block, and its rate
+  # files, each on a decode state of its own (at 5b8dddb and after; ZZZM ran fa03adf's states in turn and hung
+  # on chunk=14 with one state), each with its host waits, the time they block, and its rate
   LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
   TAIL=8 logged gpu_tests 150 python3 -m pytest -q -m gpu tests/unit/test_hardware_decode.py -p no:cacheprovider
   for b in 14 28; do
@@ -963,7 +964,7 @@ s22a)
         --stages engines --hw-variants "" --batch-size "$b" --batches 2 --repeats 5 --out "$R/engines_b$b.csv"
   done
   TAIL=16 logged engines_cut 200 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample \
-      --stages engines --hw-variants "${HW:-chunk=14;chunk=14+states=19;chunk=7+states=37;chunk=28+states=10;chunk=64+states=4}" \
+      --stages engines --hw-variants "${HW:-chunk=7;chunk=14;chunk=28;chunk=64}" \
       --batch-size 256 --batches 2 --repeats 5 --out "$R/engines_cut.csv"
   ;;
 s22b)

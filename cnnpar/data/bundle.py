@@ -75,9 +75,9 @@ def class_lines(bundle: DataBundle) -> list[str]:
     lines = [f"classes: {bundle.num_classes}{origin}"]
     empty = bundle.empty_classes
     if empty:
-        shown = ", ".join(str(k) for k in empty[:5]) + (", ..." if len(empty) > 5 else "")
+        shown = first_five(map(str, empty))
         if bundle.loader_crops:  # a folder or a store: its classes are its class folders
-            names = ", ".join(bundle.class_names[k] for k in empty[:5]) + (", ..." if len(empty) > 5 else "")
+            names = first_five(bundle.class_names[k] for k in empty)
             remedy = f"empty class folders: {names}; expected images in each class folder: add some or remove it"
         else:
             remedy = "expected labels 0..K-1 with every class present; pass --num-classes K or relabel"
@@ -87,16 +87,17 @@ def class_lines(bundle: DataBundle) -> list[str]:
     if untrained:
         lines.append(
             f"warning: {len(untrained)} of {bundle.num_classes} classes have validation examples but no training "
-            f"example: {_shown(untrained, bundle)}: {bundle.val_from} took all of theirs, and the model cannot get "
+            f"example: {first_five(bundle.class_names[k] if bundle.loader_crops else str(k) for k in untrained)}: "
+            f"{bundle.val_from} took all of theirs, and the model cannot get "
             "them right (give those classes more examples, or lower --val-fraction)"
         )
     return lines
 
 
-def _shown(classes: list[int], bundle: DataBundle) -> str:
-    """The first 5 classes, by folder name where the classes are folders."""
-    names = [bundle.class_names[k] if bundle.loader_crops else str(k) for k in classes[:5]]
-    return ", ".join(names) + (", ..." if len(classes) > 5 else "")
+def first_five(items) -> str:
+    """Up to 5 of `items` (strings), comma-separated, with ", ..." where there are more (one-line messages)."""
+    items = list(items)
+    return ", ".join(items[:5]) + (", ..." if len(items) > 5 else "")
 
 
 def split_line(bundle: DataBundle) -> str:

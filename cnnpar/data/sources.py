@@ -15,6 +15,7 @@ from cnnpar.data.bundle import (
     DataBundle,
     channel_stats,
     empty_classes,
+    first_five,
     holdout,
     holdout_label,
     require_two_classes,
@@ -297,8 +298,7 @@ def _require_trained_labels(train, val, origin: str, own_val: str, names=None) -
     Image folders are refused so earlier, as they are scanned (folder.scan_splits); this catches the rest."""
     untrained = untrained_labels(train.labels, val.labels)
     if untrained:
-        shown = ", ".join(repr(names[k]) if names else str(k) for k in untrained[:5])
-        shown += ", ..." if len(untrained) > 5 else ""
+        shown = first_five(repr(names[k]) if names else str(k) for k in untrained)
         raise DataError(
             f"{origin}: {own_val} holds {len(untrained)} label(s) that no training example has ({shown}): "
             "expected validation labels among the training labels"

@@ -133,8 +133,6 @@ class RunSpec:
     def _check_data_reads_as_arrays(self) -> None:
         """Refuse up front what only cnnpar's engine reads: an image folder or a store reached every runner,
         and each but torch failed on its own with an AttributeError (its images are files, not arrays)."""
-        if self.data == "digits" and self.format in ("auto", "digits"):
-            return  # the built-in arrays; the defaults the CLI's parser is built from (no torch import for --help)
         from cnnpar.data.sources import detect_format
 
         found = detect_format(self.data, self.format)  # a DataError for a path that is nothing it can read
@@ -168,9 +166,9 @@ SPEC_HELP = {
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    base = RunSpec()
+    # the fields' declared defaults, not a RunSpec(): making one checks its data, which imports torch (`--help`)
     for f in fields(RunSpec):
-        default = getattr(base, f.name)
+        default = f.default
         p.add_argument(
             f"--{f.name.replace('_', '-')}",
             dest=f.name,
