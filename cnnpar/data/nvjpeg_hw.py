@@ -142,7 +142,7 @@ class EngineSettings:
         out = "rgb" if self.planar else "rgbi"
         on = "sms" if self.sms else "engines"
         label = f"bits={self.bitstreams}+out={out}+pools={int(self.pools)}+pipe={int(self.pipelined)}+on={on}"
-        # only where set: the rows stored before these two existed keep their labels
+        # only where set: the rows stored before chunk existed keep their labels
         return label + (f"+chunk={self.chunk}" if self.chunk else "")
 
 
