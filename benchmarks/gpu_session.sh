@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -966,6 +966,18 @@ s22a)
   TAIL=16 logged engines_cut 200 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample \
       --stages engines --hw-variants "${HW:-chunk=7;chunk=14;chunk=28;chunk=64}" \
       --batch-size 256 --batches 2 --repeats 5 --out "$R/engines_cut.csv"
+  ;;
+s23a)
+  # session 23, call A (one H200, ~6 min with a cold start): why calls of 7 files on states of their own (no library
+  # host waits) trained 20-24 % slower end to end than the defaults (ZZZO, ZZZP): the engines' stream at the highest
+  # priority (each image's colour kernel on it queues for the SMs behind the step's, and with cut calls the next
+  # image's engine work waits on the GPU behind it), with and without the feeders' streams high too, the defaults
+  # at that priority, and the old cut once more under the profiler
+  make_rep 80 .devdata/imagenet_rep80
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  TAIL=40 logged jpeg_pipeline80 450 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0:hw=chunk=7+prio=-5,hardware:14:0,hardware:14:0:hw=prio=-5,hardware:14:0:hw=chunk=7+prio=-5:prio=-1,hardware:14:0:hw=chunk=7:trace=1}" \
+      --budget-s 330 --watchdog-s 430 --out "$R/jpeg_pipeline80.csv"
   ;;
 s22b)
   # session 22, call B (one H200, ~6 min): call A's cuts (calls of 7 or 14 files, each on a state of its own: no

@@ -180,7 +180,8 @@ def main() -> None:
         default="bits=device;out=rgb;pools=1;pipe=0;pipe=0+pools=1",
         help="for --stages engines: ';'-separated ways to drive the engines besides the defaults "
         "(nvjpeg_hw.EngineSettings: bits=host|device, out=rgbi|rgb, pools=0|1, pipe=1|0, on=engines|sms, "
-        "chunk=<files a library call, each on a decode state of its own>, '+'-joined)",
+        "chunk=<files a library call, each on a decode state of its own>, prio=<the engines' stream priority>, "
+        "'+'-joined)",
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch-size", type=int, default=256)

@@ -98,6 +98,11 @@ class EngineSettings:
     # 6,651-6,838 (data wait 24-27 % against 2 %; calls ZZZO, ZZZP), so it is not the default. A state is
     # never given two calls of one batch: reused before the batch's one wait, the library hung (call ZZZM).
     chunk: int = 0
+    # The CUDA priority of the engines' stream (0 torch's default; lower is higher, CUDA clamps to the
+    # device's range). A measurement setting for the cut calls above: under training, each image's
+    # colour-conversion kernel on that stream queues for the SMs behind the step's kernels, and with the
+    # calls cut the next image's engine work waits on the GPU behind it.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.bitstreams not in ("host", "device"):
@@ -116,16 +121,18 @@ class EngineSettings:
             "on": ("engines", "sms"),
         }
         counts = ("chunk",)  # whole numbers
+        signed = ("prio",)  # whole numbers, negative too
         got = {}
         for part in filter(None, spec.split("+")):
             key, _, value = part.partition("=")
             if key in got:
                 raise ValueError(f"engine setting {key!r} given twice in {spec!r}: expected each key once")
-            if value not in known.get(key, ()) and not (key in counts and value.isdigit()):
+            whole = (key in counts and value.isdigit()) or (key in signed and value.lstrip("-").isdigit())
+            if value not in known.get(key, ()) and not whole:
                 raise ValueError(
                     f"engine setting {part!r}: expected one of "
                     + ", ".join(f"{k}={'|'.join(v)}" for k, v in known.items())
-                    + ", chunk=<files a call>"
+                    + ", chunk=<files a call>, prio=<stream priority>"
                 )
             got[key] = value
         return cls(
@@ -135,6 +142,7 @@ class EngineSettings:
             got.get("pipe", "1") == "1",
             got.get("on", "engines") == "sms",
             int(got.get("chunk", 0)),
+            int(got.get("prio", 0)),
         )
 
     @property
@@ -142,8 +150,9 @@ class EngineSettings:
         out = "rgb" if self.planar else "rgbi"
         on = "sms" if self.sms else "engines"
         label = f"bits={self.bitstreams}+out={out}+pools={int(self.pools)}+pipe={int(self.pipelined)}+on={on}"
-        # only where set: the rows stored before chunk existed keep their labels
-        return label + (f"+chunk={self.chunk}" if self.chunk else "")
+        # only where set: the rows stored before chunk and prio existed keep their labels
+        label += f"+chunk={self.chunk}" if self.chunk else ""
+        return label + (f"+prio={self.priority}" if self.priority else "")
 
 
 SETTINGS = EngineSettings()  # what a decoder made without settings uses; the benchmarks set it
@@ -353,7 +362,7 @@ class HardwareJpegDecoder:
         except RuntimeError:
             self._destroy()  # the handle made above goes with the failed start
             raise
-        self._stream = private_stream(self.device)
+        self._stream = private_stream(self.device, self.settings.priority)
 
     def decode(
         self,

@@ -469,6 +469,7 @@ def test_a_batch_cut_into_calls_gives_each_call_a_state_of_its_own_and_the_one_c
         ("pipe=0+pools=1", 3, 3, True),
         ("on=sms", 2, 0, True),
         ("chunk=14", 3, 0, True),
+        ("chunk=7+prio=-5", 3, 0, True),
     ],
 )
 def test_engine_settings_choose_how_the_library_is_started(monkeypatch, spec, backend, flags, interleaved):
@@ -497,6 +498,20 @@ def test_engine_settings_refuse_what_they_do_not_know_naming_what_is_expected(sp
         EngineSettings.parse("pools=0+pools=1")
     with pytest.raises(ValueError, match="chunk=<files a call>"):
         EngineSettings.parse("chunk=-1")
+    with pytest.raises(ValueError, match="prio=<stream priority>"):
+        EngineSettings.parse("prio=high")
+
+
+def test_the_engines_stream_is_made_with_the_settings_priority(monkeypatch):
+    from cnnpar.data import nvjpeg_hw
+
+    fake_cuda(monkeypatch, FakeLibrary())
+    asked = []
+    stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
+    monkeypatch.setattr(nvjpeg_hw, "private_stream", lambda device, priority=0: asked.append(priority) or stream)
+    for spec in ("", "prio=-5"):
+        nvjpeg_hw.HardwareJpegDecoder(torch.device("cuda", 0), nvjpeg_hw.EngineSettings.parse(spec)).close()
+    assert asked == [0, -5]
 
 
 @pytest.mark.gpu
@@ -512,6 +527,7 @@ def test_engine_settings_refuse_what_they_do_not_know_naming_what_is_expected(sp
         "bits=device+out=rgb+pools=1",
         "chunk=5",
         "chunk=7",
+        "chunk=7+prio=-5",
     ],
 )
 def test_cuda_engine_settings_decode_the_default_settings_pixels(spec):
@@ -705,7 +721,7 @@ def fake_cuda(monkeypatch, lib: FakeLibrary) -> None:
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU without JPEG engines")
     stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
-    monkeypatch.setattr(nvjpeg_hw, "private_stream", lambda device: stream)
+    monkeypatch.setattr(nvjpeg_hw, "private_stream", lambda device, priority=0: stream)
 
 
 def library_threads() -> list[threading.Thread]:
