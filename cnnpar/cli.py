@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -16,11 +17,32 @@ def _rank() -> int:
 
 
 def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
-    """torchrun on this machine running `cnnpar train train_args` in each of nproc processes. The `--` ends
-    torchrun's own options: its parser reads every argument as a possible abbreviation of one of them, so
-    without it `--monitor` is refused as an ambiguous `--monitor-interval`."""
-    head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "--"]
+    """torchrun on this machine (cnnpar.torchrun: torch's, its end said in one line) running `cnnpar train
+    train_args` in each of nproc processes. The `--` ends torchrun's own options: its parser reads every argument
+    as a possible abbreviation of one of them, so without it `--monitor` is refused as an ambiguous
+    `--monitor-interval`."""
+    head = [sys.executable, "-m", "cnnpar.torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m", "--"]
     return [*head, "cnnpar", "train", *train_args]
+
+
+# Where rank 0 of a `--nproc` launch writes its run folder once it holds it: the launcher, which cannot know a
+# default name (torchrun's job id) or whether rank 0 was refused, reads it for its last line
+RUN_DIR_NOTE_ENV = "CNNPAR_RUN_DIR_NOTE"
+
+
+def launch_end_line(note: Path, nproc: int) -> str:
+    """The launcher's line when its workers failed or were stopped: what the run folder's checkpoint keeps and
+    the command that continues it."""
+    from cnnpar.engine.rundir import RunFolderInUse, checkpoint_epoch, refuse_a_live_run, stopped_line
+
+    if not note.is_file():
+        return "stopped before training began: this launch saved no epoch (the same command starts it again)"
+    run_dir = note.read_text()
+    try:
+        refuse_a_live_run(Path(run_dir))  # this launch's workers are gone: a claim still held is another run's
+    except RunFolderInUse:
+        return f"stopped before training began: {run_dir} belongs to a run still in progress"
+    return stopped_line(run_dir, checkpoint_epoch(run_dir), f"cnnpar train --resume {run_dir} --nproc {nproc}")
 
 
 def horovod_train_args(argv: list[str], nproc: int) -> list[str]:
@@ -81,13 +103,18 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         out_root = Path(cfg.run.out_dir)
         out_root.mkdir(parents=True, exist_ok=True)
         print("cnnpar: launching", " ".join(cmd), flush=True)
-        try:
-            env = launcher_env(dict(os.environ), str(out_root / "nccl_trace_rank_"))
-            return run_launcher(cmd, {**env, LAUNCHED_NPROC_ENV: str(cfg.dist.nproc)})
-        except KeyboardInterrupt:
-            run = out_root / cfg.run.name if cfg.run.name else f"{out_root}/<the run folder>"
-            print(f"finished epochs are kept: continue with: cnnpar train --resume {run} --nproc {cfg.dist.nproc}")
-            raise
+        env = launcher_env(dict(os.environ), str(out_root / "nccl_trace_rank_"))
+        with tempfile.TemporaryDirectory(prefix="cnnpar-launch-") as notes:
+            note = Path(notes) / "run_dir"
+            env.update({LAUNCHED_NPROC_ENV: str(cfg.dist.nproc), RUN_DIR_NOTE_ENV: str(note)})
+            try:
+                rc = run_launcher(cmd, env)
+            except KeyboardInterrupt:
+                print(launch_end_line(note, cfg.dist.nproc), flush=True)
+                raise
+            if rc != 0 and note.is_file():  # a rank that failed before it chose a folder said why itself
+                print(launch_end_line(note, cfg.dist.nproc), flush=True)
+            return rc
     teardown = destroy_distributed
     try:
         if cfg.dist.strategy == "horovod":
@@ -101,7 +128,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         from cnnpar.engine.trainer import Trainer
 
         settings_from = Path(args.config).read_text() if getattr(args, "config", None) else ""
-        result = Trainer(cfg, info, settings_from=settings_from).fit()
+        trainer = Trainer(cfg, info, settings_from=settings_from)
+        note = os.environ.get(RUN_DIR_NOTE_ENV) if info.is_main else None
+        if note:  # for the launcher's last line (launch_end_line)
+            Path(note).write_text(str(trainer.run_dir))
+        result = trainer.fit()
         if info.is_main:
             best = result.summary.get("best_val_acc")
             # an accuracy on validation files that are training files must not travel alone

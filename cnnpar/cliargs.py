@@ -220,6 +220,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
             # `auto` names its folder by --out-dir/--name, typed or from the preset
             out_dir = given.get("run.out_dir", cfg.run.out_dir)
             stored = stored_run_config(resume, out_dir, given.get("run.name", cfg.run.name), search_again)
+            if stored is not None and getattr(args, "preset", None) and os.environ.get("RANK", "0") == "0":
+                # the run's own record replaces the preset whole. A note, not a refusal: re-running the command
+                # that started the run (`--preset X --resume auto`) is how a killed run continues
+                print(
+                    f"cnnpar: note: --preset {args.preset} not used: a resumed run continues with the settings of "
+                    f"its own config.toml (flags typed beside --resume change single settings)",
+                    file=sys.stderr,
+                )
             cfg = stored if stored is not None else cfg
     overrides: dict[str, dict] = {}
     for key, value in vars(args).items():

@@ -63,8 +63,12 @@ class WeightAverage:
 
     @torch.no_grad()
     def after_step(self, step: int) -> None:
-        """Called after optimizer step number `step` (1-based, counted over the whole run)."""
-        if step <= self.start_step or step % self.cfg.ema_every:
+        """Called after optimizer step number `step` (1-based, counted over the whole run).
+
+        `start_step` is a share of this run's steps: a resume with more --epochs moves it later, past an average
+        the checkpoint had already started, which then keeps updating (it would stay frozen until the new start);
+        one not yet started starts where the new schedule puts it."""
+        if step % self.cfg.ema_every or (step <= self.start_step and not self.started):
             return
         self.decay = self.decay_at(step)
         live, avg = self._pairs()

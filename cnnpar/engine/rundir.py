@@ -3,19 +3,35 @@
 Rank 0 decides and broadcasts the decision, so every rank agrees on the folder and the
 checkpoint even when their clocks or their views of the file system differ; each rank then
 checks that it can see the checkpoint it must read.
+
+`cnnpar train` holds its run folder for the run's life (`run_folder_held`): rank 0 keeps an flock on the
+folder's CLAIM_FILE, which the operating system releases when the process ends, killed or not, so a second
+run under the same name, or a resume of a run still training, is refused instead of writing over it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import torch
 
 from cnnpar.config import Config, load_toml
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import find_checkpoint, resumed_checkpoint, run_dir_of
 from cnnpar.errors import UserError
+from cnnpar.report.files import removed_on_failure
+
+try:
+    import fcntl
+except ImportError:  # Windows has no flock: runs there go unclaimed, as they always did
+    fcntl = None
+
+CLAIM_FILE = ".cnnpar.lock"  # hidden: nothing that reads a run folder looks at it, and `ls` does not show it
 
 
 def elastic_restart() -> bool:
@@ -94,6 +110,118 @@ def refuse_other_data(run_dir: Path, cfg: Config) -> None:
         )
 
 
+class RunFolderInUse(UserError):
+    """Another run, still alive, holds the run folder (or saved into it while this one was starting)."""
+
+
+_held_claims: list[int] = []  # the descriptors of this process's claims
+
+
+def _drop_inherited_claims() -> None:
+    # A forked child (a DataLoader worker) shares the claim's open file, and the flock lasts while any process
+    # has it open: a run killed with SIGKILL would stay claimed until its workers noticed and exited.
+    for fd in _held_claims:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held_claims.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_claims)
+
+
+def _lock(run_dir: Path, create: bool) -> int | None:
+    """A descriptor holding the exclusive flock on run_dir's CLAIM_FILE; None where there is nothing to hold (no
+    such file and not `create`, no flock on this system or file system). RunFolderInUse where a live process
+    holds it."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(run_dir / CLAIM_FILE, os.O_RDONLY | (os.O_CREAT if create else 0), 0o666)
+    except OSError:  # no claim file (a run from before claims, or none yet), or a folder this user cannot write
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunFolderInUse(
+            f"{run_dir}: a run is using this folder (a cnnpar train still running holds it): expected that run "
+            "to end or be stopped first, or another --name"
+        ) from None
+    except OSError:  # a file system without flock (some network mounts): unclaimed, as before
+        os.close(fd)
+        return None
+    return fd
+
+
+def refuse_a_live_run(run_dir: Path) -> None:
+    """Raise RunFolderInUse where a live run holds `run_dir`; take nothing (`run_folder_held` claims it later)."""
+    fd = _lock(run_dir, create=False)
+    if fd is not None:
+        os.close(fd)
+
+
+def checkpoint_epoch(run_dir: str | Path) -> int:
+    """The last epoch the run folder's checkpoint holds; 0 where it has none, or none that can be read."""
+    ckpt = find_checkpoint(run_dir)
+    if ckpt is None:
+        return 0
+    try:  # mmap: the epoch without reading the tensors
+        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # torch raises several types for truncated or foreign files
+        return 0
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    return epoch if isinstance(epoch, int) else 0
+
+
+def stopped_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:
+    """What a stopped run keeps and the command `again` that continues it."""
+    if not saved_epoch:
+        return f"stopped before an epoch was saved: nothing to resume in {run_dir}"
+    return f"stopped: the checkpoint in {run_dir} holds epochs 1-{saved_epoch}; continue with: {again}"
+
+
+@contextlib.contextmanager
+def run_folder_held(
+    run_dir: Path, saved_epoch: int, info: DistInfo, before_any_epoch: Callable[[BaseException], bool]
+) -> Iterator[None]:
+    """Hold `run_dir` for the block: rank 0 claims it (making it where it is new), every rank raises
+    RunFolderInUse where another run holds it, or saved into it since this run read its checkpoint
+    (`saved_epoch`, 0 for none). Made here, the folder is removed when the block fails as `before_any_epoch`
+    accepts (Trainer.fit: bad input before any epoch was saved)."""
+    if not info.is_main:
+        refusal = broadcast_object("", info)
+        if refusal:
+            raise RunFolderInUse(refusal)
+        yield
+        return
+    # never removed on a refusal: the folder may be the other run's, made an instant before
+    with removed_on_failure(run_dir, lambda e: not isinstance(e, RunFolderInUse) and before_any_epoch(e)):
+        fd = None
+        try:
+            fd = _lock(run_dir, create=True)
+            now = checkpoint_epoch(run_dir)
+            if now != saved_epoch:  # another run held it between this run's decision and now, and saved
+                raise RunFolderInUse(
+                    f"{run_dir}: another run changed its checkpoint while this one was starting (epoch {now} now, "
+                    f"{saved_epoch} before): expected --resume {run_dir} to continue from it, or another --name"
+                )
+        except RunFolderInUse as e:
+            if fd is not None:
+                os.close(fd)
+            broadcast_object(str(e), info)
+            raise
+        broadcast_object("", info)
+        if fd is not None:
+            _held_claims.append(fd)
+        try:
+            yield
+        finally:
+            if fd is not None:
+                _held_claims.remove(fd)
+                os.close(fd)
+
+
 def _decide(cfg: Config) -> tuple[str, str | None]:
     """Rank 0's decision: (run folder, checkpoint or None). Raises UserError; creates nothing."""
     resume = cfg.run.resume
@@ -111,6 +239,7 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
                 + again
             )
         run_dir = run_dir_of(ckpt)
+        refuse_a_live_run(run_dir)
         if ckpt.parent.name != "ckpt" or not (run_dir / "config.toml").is_file():
             # a loose .pt: its folder would become the run folder (config.toml, metrics.csv, ckpt/ written over
             # whatever is there), with the default data, as nothing records the run's own
@@ -136,6 +265,7 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
         # the folder would be a new default name: a run that resumes nothing, where one was asked for
         raise UserError(NO_NAME_TO_RESUME)
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
+    refuse_a_live_run(run_dir)
     existing = find_checkpoint(run_dir) if run_dir.is_dir() else None
     refuse_other_data(run_dir, cfg)
     if resume == "auto" or elastic_restart():

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.config import Config, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
-from cnnpar.data.bundle import class_lines, holdout_label, split_line
+from cnnpar.data.bundle import class_lines, first_five, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
@@ -46,7 +46,7 @@ from cnnpar.engine.optim import (
 )
 from cnnpar.engine.resolved import data_resolved, kept_requested_lines, long_compiles_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
-from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run, same_source
+from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run, run_folder_held, same_source, stopped_line
 from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import TrainStep, graphs_blocked_by
 from cnnpar.errors import Diverged, UserError
@@ -56,7 +56,7 @@ from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import comment_lines, environment
-from cnnpar.report.files import read_csv, removed_on_failure, write_csv_atomic, write_json_atomic, write_text_atomic
+from cnnpar.report.files import read_csv, write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import DataWait, EpochClock, peak_memory, sync
 from cnnpar.report.telemetry import monitor_run
 from cnnpar.report.tensorboard import Board, open_board
@@ -147,6 +147,9 @@ class Trainer:
             "std": list(self.bundle.std),
             "class_names": list(self.bundle.class_names),
             "image_shape": list(self.bundle.shape),
+            # the labelled examples the split was drawn from: with the class names, what tells a resume that the
+            # data under the same path changed (_refuse_changed_data)
+            "examples": len(self.bundle.train) + (len(self.bundle.val) if self.bundle.val is not None else 0),
         }
         self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h, w)
         if hasattr(self.raw_model, "init_from_data"):
@@ -304,6 +307,8 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         state = require_training_state(load_checkpoint(path, map_location=self.info.device), path)
+        # before the weights: a changed image size or class order can still fit them, and would train on silently
+        self._refuse_changed_data(path, state.get("config", {}), state.get("meta", {}))
         try:
             self.raw_model.load_state_dict(state["model"])
         except RuntimeError:  # torch lists every mismatching tensor: the user needs what differs in the data
@@ -367,17 +372,50 @@ class Trainer:
                 f"{planned}): epoch {finished + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
             )
 
+    def _refuse_changed_data(self, path: Path, stored: dict, was: dict) -> None:
+        """A resumed run reads the data its checkpoint trained on, as it was. Rows added under the same path
+        re-draw the seeded hold-out (validation would score images the finished epochs trained on); a renamed
+        class folder moves classes to other indices (the outputs would mean other classes); another image size
+        fits a globally pooled model's weights all the same. Checkpoints written before a field was stored lack
+        it: that field goes unchecked. Refused before anything in the run folder changes."""
+        source = self.cfg.data.source
+        was_data = stored.get("data", {}).get("source")
+        if was_data is not None and not same_source(was_data, source):
+            raise UserError(
+                f"{path}: the run trained on --data {was_data}, this resume asks for {source}: a "
+                f"checkpoint continues on its own data: expected --data {was_data}, or a new run"
+            )
+        changes = []
+        if "examples" in was and was["examples"] != self.meta["examples"]:
+            changes.append(f"{was['examples']} -> {self.meta['examples']} examples in {source}")
+        names_was, names_now = was.get("class_names"), self.meta["class_names"]
+        # another class count is the weights' refusal (it names the counts and --num-classes, which sets an
+        # array's names); the same count under other names is a class folder renamed (or one swapped for another)
+        if names_was is not None and len(names_was) == len(names_now) and names_was != names_now:
+            moved = (f"{i}: {a!r} -> {b!r}" for i, (a, b) in enumerate(zip(names_was, names_now)) if a != b)
+            changes.append(f"class names (index: then -> now) {first_five(moved)}")
+        if changes:
+            raise UserError(
+                f"{path}: the data changed since the checkpoint: {'; '.join(changes)}: a checkpoint continues on "
+                "the data it trained on: expected that data as it was, or a new run (another --name, no --resume)"
+            )
+        was_shape, now_shape = was.get("image_shape"), self.meta["image_shape"]
+        if was_shape is not None and list(was_shape) != now_shape:
+            c, h, w = was_shape
+            shown = "x".join(map(str, was_shape))
+            same_channels_square = c == now_shape[0] and h == w
+            fix = f"--image-size {h} (or none)" if same_channels_square else f"the run's own {shown} images"
+            raise UserError(
+                f"{path}: the run trained on {shown} images, this resume makes "
+                f"{'x'.join(map(str, now_shape))}: a checkpoint continues at the image size it trained at: "
+                f"expected {fix}, or a new run"
+            )
+
     def _refuse_changed_fields(self, path: Path, stored: dict) -> None:
         """A resumed run keeps the fields its checkpoint depends on: another --seed or --val-fraction would hold
         out other images, so validation would score images the finished epochs trained on; another --optimizer
         cannot take the checkpoint's optimizer state. Refused before anything in the run folder changes."""
         now = to_dict(self.cfg)
-        was_data = stored.get("data", {}).get("source")
-        if was_data is not None and not same_source(was_data, self.cfg.data.source):
-            raise UserError(
-                f"{path}: the run trained on --data {was_data}, this resume asks for {self.cfg.data.source}: a "
-                f"checkpoint continues on its own data: expected --data {was_data}, or a new run"
-            )
         # data with its own validation split (an npz's x_test, a folder's val/) holds nothing out: no leak to refuse
         holds_out = self.bundle.val_from == holdout_label(self.cfg.data.val_fraction)
         for section, name, why in RESUME_FIXED:
@@ -570,13 +608,11 @@ class Trainer:
         def before_any_epoch(e: BaseException) -> bool:
             return isinstance(e, UserError) and not self.history
 
-        # Bad input found only once training runs (a corrupt image that a worker fails to decode) removes
-        # the folders this call made while they hold no finished epoch; a kill, a crash or an error after a
-        # finished epoch keeps them for --resume. Rank 0 alone makes them, so it alone removes them.
-        made_here = (
-            removed_on_failure(self.run_dir, before_any_epoch) if self.info.is_main else contextlib.nullcontext()
-        )
-        with made_here:
+        # The run holds its folder for its life (another run under the name, or a resume of this one, is
+        # refused meanwhile). Bad input found only once training runs (a corrupt image that a worker fails to
+        # decode) removes the folders this call made while they hold no finished epoch; a kill, a crash or an
+        # error after a finished epoch keeps them for --resume. Rank 0 alone makes them, so it alone removes them.
+        with run_folder_held(self.run_dir, self.saved_epoch, self.info, before_any_epoch):
             self._prepare_run_dir()
             try:
                 board = open_board(self.cfg.run.tensorboard, self.info, self.run_dir, self.board_step, self.log)
@@ -593,15 +629,13 @@ class Trainer:
                 self.stream.exit()  # the caller's stream again, after the training's work
 
     def _stopped_line(self) -> str:
-        if not self.saved_epoch:
-            return f"stopped before an epoch was saved: nothing to resume in {self.run_dir}"
         again = f"cnnpar train --resume {self.run_dir}"
         if self.cfg.dist.strategy == "horovod":
             again = f"your horovodrun command with --resume {self.run_dir}"
         elif self.info.world_size > 1:  # on one machine --nproc starts as many again; on several, each node's launch
             one_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) == self.info.world_size
             again += f" --nproc {self.info.world_size}" if one_node else " in each node's launch command"
-        return f"stopped: the checkpoint in {self.run_dir} holds epochs 1-{self.saved_epoch}; continue with: {again}"
+        return stopped_line(self.run_dir, self.saved_epoch, again)
 
     def _train_all_epochs(self) -> TrainResult:
         cfg, info = self.cfg, self.info

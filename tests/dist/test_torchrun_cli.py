@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from cnnpar.engine.rundir import checkpoint_epoch
 from cnnpar.report.files import read_csv
 from tests.conftest import cli_env, run_cmd, torchrun_cmd
 
@@ -131,7 +132,7 @@ def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
 def test_nproc_starts_torchrun_for_this_machine(cli):
     proc = cli("train", "--nproc", "2", "--epochs", "1", "--max-steps", "2", "--no-progress")
     assert proc.returncode == 0, proc.stderr
-    assert "torch.distributed.run --standalone --nproc_per_node=2 -m -- cnnpar train" in proc.stdout
+    assert "-m cnnpar.torchrun --standalone --nproc_per_node=2 -m -- cnnpar train" in proc.stdout
     # torch 2.14 warns, once per rank, about TORCH_NCCL_TRACE_BUFFER_SIZE (cnnpar's launcher sets the flight
     # recorder's names by the torch in use) and about DDP's `broadcast_buffers` (apply_ddp spells it likewise)
     assert "is deprecated" not in proc.stderr and "FutureWarning" not in proc.stderr, proc.stderr
@@ -181,7 +182,25 @@ def test_sigterm_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tm
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 143, err[-2000:]
     assert err.count("cnnpar: stopped (SIGTERM)") == 1  # the launcher's; its ranks are stopped by torchrun
-    assert f"finished epochs are kept: continue with: cnnpar train --resume runs/{name} --nproc 2" in out
+    # torchrun's SignalException traceback gave way to the epochs kept: its ranks die at its SIGTERM, unheard
+    epochs = checkpoint_epoch(tmp_path / "runs" / name)
+    kept = f"stopped: the checkpoint in runs/{name} holds epochs 1-{epochs}; continue with: cnnpar train --resume "
+    assert out.splitlines()[-1] == f"{kept}runs/{name} --nproc 2" and "Traceback" not in err, err[-2000:]
     time.sleep(1)
     left = [p for p in psutil.process_iter(["cmdline"]) if name in " ".join(p.info["cmdline"] or [])]
     assert not left, [p.info["cmdline"] for p in left]
+
+
+def test_a_killed_worker_under_nproc_ends_with_the_epochs_kept_and_the_command_that_continues(cli):
+    """It ended with rank 0's traceback and torchrun's ChildFailedError traceback and FAILED block, and said
+    nothing of the checkpoint; the line it now ends with continues the run."""
+    args = ["--nproc", "2", "--epochs", "3", "--no-progress", "--no-tensorboard", "--name", "k"]
+    proc = cli("train", *args, CNNPAR_FAULT_KILL_AT_EPOCH="2")  # rank 1 SIGKILLs itself in epoch 2
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "cnnpar: rank 1 failed first (killed by SIGKILL)" in proc.stderr
+    assert "ChildFailedError" not in proc.stderr and "FAILED" not in proc.stderr
+    end = "stopped: the checkpoint in runs/k holds epochs 1-1; continue with: cnnpar train --resume runs/k --nproc 2"
+    assert proc.stdout.splitlines()[-1] == end
+    again = cli(*end.split("continue with: cnnpar ")[1].split(), "--no-progress")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from runs/k/ckpt/last.pt after epoch 1" in again.stdout and "epoch 3/3" in again.stdout

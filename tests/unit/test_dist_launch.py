@@ -4,6 +4,7 @@ the horovodrun command, each in the spelling that the torch (or the checkout) in
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,6 +99,43 @@ def test_train_nproc_hands_torchrun_the_env(monkeypatch, tmp_path):
     assert seen["env"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert seen["env"][dist.flight_recorder_env()[1]] == str(tmp_path / "nccl_trace_rank_")
     assert list(tmp_path.iterdir()) == []  # nothing made beside the run folders until a timeout
+
+
+def test_the_launcher_says_what_the_checkpoint_keeps_when_its_workers_fail_or_are_stopped(
+    monkeypatch, tmp_path, capsys
+):
+    """Under --nproc a killed worker ended with torchrun's traceback and no word on what was kept, a SIGTERM with
+    a line naming no epochs; rank 0's own line never came (torchrun stops it at once)."""
+    from cnnpar import cli
+    from cnnpar.errors import Terminated
+
+    def workers_that(end):
+        def launch(cmd, env):
+            Path(env[cli.RUN_DIR_NOTE_ENV]).write_text("runs/r")  # as rank 0 does once it holds its run folder
+            return end()
+
+        return launch
+
+    def stopped():
+        raise Terminated
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.chdir(tmp_path)
+    ckpt = tmp_path / "runs" / "r" / "ckpt" / "last.pt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save({"epoch": 2, "model": {"w": torch.zeros(3)}}, ckpt)
+    launch = ["train", "--nproc", "2", "--name", "r", "--device", "cpu"]
+    kept = "stopped: the checkpoint in runs/r holds epochs 1-2; continue with: cnnpar train --resume runs/r --nproc 2"
+    for end, rc in ((lambda: 1, 1), (stopped, 143)):  # a worker failed; a stop handed on to torchrun
+        monkeypatch.setattr(dist, "run_launcher", workers_that(end))
+        assert cli.main(launch) == rc
+        assert capsys.readouterr().out.splitlines()[-1] == kept
+    ckpt.unlink()
+    assert cli.main(launch) == 143
+    assert capsys.readouterr().out.splitlines()[-1] == "stopped before an epoch was saved: nothing to resume in runs/r"
+    monkeypatch.setattr(dist, "run_launcher", lambda cmd, env: 1)  # rank 0 refused before it held a folder
+    assert cli.main(launch) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith("cnnpar: launching")  # its own error said why
 
 
 def test_train_nproc_refuses_before_launching(two_gpus, monkeypatch, tmp_path, capsys):
@@ -341,3 +379,26 @@ def test_cuda_asked_for_without_cuda_names_the_flag(monkeypatch):
     wanted = r"^--device cuda \(speed\.device\) but no CUDA device is visible: expected --device cpu or auto here$"
     with pytest.raises(ConfigError, match=wanted):
         dist.pick_device("cuda", 0, 1)
+
+
+def test_the_launchers_last_line_does_not_offer_a_folder_another_live_run_holds(tmp_path):
+    """Rank 0 names its folder before the claim; refused there (another run holds it), the launcher must not
+    offer `--resume` of the other run's folder."""
+    import os
+
+    from cnnpar import cli
+    from cnnpar.engine import rundir
+
+    folder = tmp_path / "runs" / "r"
+    folder.mkdir(parents=True)
+    note = tmp_path / "note"
+    note.write_text(str(folder))
+    held = rundir._lock(folder, create=True)  # the other run's claim
+    try:
+        assert (
+            cli.launch_end_line(note, 2)
+            == f"stopped before training began: {folder} belongs to a run still in progress"
+        )
+    finally:
+        os.close(held)
+    assert cli.launch_end_line(note, 2) == f"stopped before an epoch was saved: nothing to resume in {folder}"

@@ -86,6 +86,26 @@ def test_a_runs_config_toml_re_run_with_config_is_a_new_run_not_that_run_resumed
     assert (again.run.name, again.run.resume) == ("r4", "auto")
 
 
+def test_a_preset_beside_a_resume_is_not_dropped_without_a_word_and_starts_a_run_that_auto_does_not_find(
+    tmp_path, capsys
+):
+    """The run's record replaced the preset whole: cifar10-resnet18 beside --resume trained the stored cnn3 and
+    said nothing. It still continues (the command that started a run is re-run to continue it), and says so."""
+    _record(tmp_path, "")
+    (tmp_path / "r4" / "ckpt").mkdir()
+    (tmp_path / "r4" / "ckpt" / "last.pt").write_bytes(b"")  # found, not read here
+    for resume in (
+        ["--resume", str(tmp_path / "r4")],
+        ["--resume", "auto", "--name", "r4", "--out-dir", str(tmp_path)],
+    ):
+        cfg = _parsed(*resume, "--preset", "cifar10-resnet18")
+        assert cfg.model.name != "resnet18"  # the run's own record
+        assert "--preset cifar10-resnet18 not used: a resumed run continues" in capsys.readouterr().err
+    new = _parsed("--resume", "auto", "--name", "r5", "--out-dir", str(tmp_path), "--preset", "cifar10-resnet18")
+    assert (new.model.name, new.optim.optimizer) == ("resnet18", "sgd")  # no run r5 yet: the preset starts it
+    assert "not used" not in capsys.readouterr().err
+
+
 def test_a_resume_in_another_config_file_is_not_used_and_says_so(tmp_path, capsys):
     _record(tmp_path, "auto")
     copy = tmp_path / "copy.toml"

@@ -150,3 +150,78 @@ def test_each_epochs_lr_column_is_the_lr_its_last_step_trained_at(tmp_path):
     at = [sched.base_lrs[0] * sched.lr_lambdas[0](per_epoch * e - 1) for e in (1, 2)]  # each epoch's last step
     assert [row["lr"] for row in history] == pytest.approx(at) and at[1] > 0
     assert trainer.optimizer.param_groups[0]["lr"] == 0.0  # what the column held before: the next step's lr
+
+
+def _strip_meta(ckpt, *fields: str) -> None:
+    """A checkpoint as cnnpar wrote it before its meta held `fields`."""
+    state = torch.load(ckpt, weights_only=True)
+    for name in fields:
+        del state["meta"][name]
+    torch.save(state, ckpt)
+
+
+def test_resuming_after_rows_were_added_to_the_data_is_refused_and_an_older_checkpoint_still_resumes(tmp_path):
+    """Rows appended to a CSV re-draw the seeded hold-out over more rows: validation would score images the
+    finished epoch trained on. The resume is refused, naming the counts, before the schedule says anything."""
+    from tests.datafiles import bar_images, write_pixel_csv
+
+    x, y = bar_images(128)
+    data = write_pixel_csv(tmp_path / "grow.csv", x[:96], y[:96])
+    cfg = _cfg(tmp_path, 1)
+    cfg = replace(cfg, data=DataConfig(source=str(data), workers=0))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    write_pixel_csv(data, x, y)  # 32 rows more under the same path
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
+    lines: list[str] = []
+    with pytest.raises(UserError, match=f"the data changed since the checkpoint: 96 -> 128 examples in {data}: "):
+        Trainer(more, CPU_INFO, log=lambda s, **k: lines.append(s))
+    assert not any("schedule:" in s for s in lines), lines
+    _strip_meta(tmp_path / "oc" / "ckpt" / "last.pt", "examples")  # nothing to compare with: resumed as before
+    assert Trainer(more, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2
+
+
+def test_resuming_after_a_class_folder_was_renamed_is_refused_naming_the_moved_classes(tmp_path):
+    """class2 renamed aaa sorts first: every index would mean another class, and the weights still fit."""
+    from tests.datafiles import write_image_folder
+
+    data = write_image_folder(tmp_path / "imgs", per_class=6, classes=3, side=16)
+    cfg = _cfg(tmp_path, 1)
+    cfg = replace(cfg, data=DataConfig(source=str(data), image_size=16, workers=0))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    (data / "class2").rename(data / "aaa")
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
+    moved = "0: 'class0' -> 'aaa', 1: 'class1' -> 'class0', 2: 'class2' -> 'class1'"
+    with pytest.raises(UserError, match=f"the data changed since the checkpoint: class names .*{moved}: "):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+    _strip_meta(tmp_path / "oc" / "ckpt" / "last.pt", "class_names")
+    assert Trainer(more, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2
+
+
+@pytest.mark.parametrize("model, size", [("fastnet", 17), ("cnn3", 32)])  # weights that fit, weights that do not
+def test_resuming_at_another_image_size_is_refused_in_one_line_whether_or_not_the_weights_fit(tmp_path, model, size):
+    cfg = _cfg(tmp_path, 1)
+    cfg = replace(cfg, data=replace(cfg.data, image_shape="3x16x16"), model=replace(cfg.model, name=model))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    stored = (tmp_path / "oc" / "config.toml").read_text()
+    more = replace(
+        cfg, data=replace(cfg.data, image_size=size), run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc"))
+    )
+    with pytest.raises(
+        UserError, match=f"trained on 3x16x16 images, this resume makes 3x{size}x{size}: .*expected --image-size 16 "
+    ):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None).fit()
+    assert (tmp_path / "oc" / "config.toml").read_text() == stored  # its image_size not rewritten
+
+
+def test_a_weight_average_started_before_a_resume_with_more_epochs_keeps_averaging(tmp_path):
+    """--ema-start is a share of the run's steps: 6 epochs put the start past the 2 epochs the average already
+    covered, and it stayed frozen (epoch 3 evaluated the same averaged weights as epoch 2)."""
+    cfg = _cfg(tmp_path, 2)
+    cfg = replace(cfg, optim=replace(cfg.optim, ema=0.9, ema_start=0.5))  # 4 steps: steps 3 and 4 average
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    more = replace(cfg, run=replace(cfg.run, epochs=6, resume=str(tmp_path / "oc")))  # 12 steps: the start is 6
+    trainer = Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+    assert int(trainer.average.averaged.n_averaged) == 2
+    history = trainer.fit().history
+    assert int(trainer.average.averaged.n_averaged) == 2 + 8  # every step after the checkpoint's
+    assert history[2]["val_loss"] != history[1]["val_loss"]

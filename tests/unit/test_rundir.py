@@ -1,7 +1,13 @@
-"""Run folders: unique default names, and what a mid-run input error leaves behind."""
+"""Run folders: unique default names, what a mid-run input error leaves behind, and one run at a time in each."""
 
 from __future__ import annotations
 
+import multiprocessing
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,9 +17,17 @@ from torch.utils.data import Dataset
 from cnnpar.config import Config, DataConfig, ModelConfig, RunConfig, SpeedConfig
 from cnnpar.data.bundle import DataBundle
 from cnnpar.dist import DistInfo
-from cnnpar.engine.rundir import default_name, resolve_run
+from cnnpar.engine.rundir import (
+    RunFolderInUse,
+    checkpoint_epoch,
+    default_name,
+    refuse_a_live_run,
+    resolve_run,
+    run_folder_held,
+)
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError, UserError
+from tests.conftest import cli_env
 
 CPU_INFO = DistInfo(0, 0, 1, torch.device("cpu"))
 
@@ -169,3 +183,87 @@ def test_a_run_stopped_before_its_first_checkpoint_is_named_with_the_command_tha
     (tmp_path / "runs" / "t1" / "config.toml").write_text("[run]\n")
     with pytest.raises(UserError, match=r"no checkpoint there .*: --resume auto --name t1 --out-dir .*runs starts it"):
         resolve_run(Config(run=RunConfig(resume=str(tmp_path / "runs" / "t1"))), CPU_INFO)
+
+
+IN_USE = "a run is using this folder (a cnnpar train still running holds it)"
+
+
+def test_a_second_train_or_a_resume_is_refused_while_the_run_lives_and_a_killed_run_leaves_no_claim(
+    tmp_path, monkeypatch, capsys
+):
+    """Two runs under one name both "succeeded": config.toml the second's, the checkpoint and metrics the first's,
+    and a later --resume failed. A folder was taken as free until its first checkpoint existed."""
+    from cnnpar.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    small = ["train", "--device", "cpu", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--workers", "0"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "cnnpar", *small, "--epochs", "500", "--name", "r"], cwd=tmp_path, env=cli_env(),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    run = tmp_path / "runs" / "r"
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "ckpt" / "last.pt").exists():
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+            time.sleep(0.05)
+        record = (run / "config.toml").read_text()
+        assert main([*small, "--epochs", "1", "--name", "r", "--seed", "2"]) == 2
+        assert capsys.readouterr().err.strip() == f"cnnpar: error: runs/r: {IN_USE}: expected that run to end or " + (
+            "be stopped first, or another --name"
+        )
+        assert main([*small, "--epochs", "1", "--resume", "runs/r"]) == 2
+        assert IN_USE in capsys.readouterr().err
+        assert (run / "config.toml").read_text() == record  # the first run's, as it wrote it
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    more = str(checkpoint_epoch(run) + 1)
+    assert main([*small, "--epochs", more, "--resume", "runs/r"]) == 0  # the killed run left no claim behind
+    assert "resumed from" in capsys.readouterr().out
+
+
+def idle_worker(started) -> None:
+    started.set()
+    time.sleep(60)
+
+
+def test_a_run_folder_is_held_by_its_run_alone_not_by_the_processes_it_forks(tmp_path):
+    """A forked DataLoader worker shares its parent's open files: had it kept the claim, a run killed with SIGKILL
+    would stay claimed until its workers noticed and exited."""
+    run = tmp_path / "r"
+    named = Config(run=RunConfig(out_dir=str(tmp_path), name="r"))
+    with run_folder_held(run, 0, CPU_INFO, lambda e: False):
+        with pytest.raises(UserError, match=re.escape(f"{run}: {IN_USE}")):
+            resolve_run(named, CPU_INFO)
+        started = multiprocessing.get_context("fork").Event()
+        worker = multiprocessing.get_context("fork").Process(target=idle_worker, args=(started,), daemon=True)
+        worker.start()
+        assert started.wait(30)
+    try:
+        refuse_a_live_run(run)  # free once its run ends, while the worker it forked lives on
+        assert resolve_run(named, CPU_INFO) == (run, None)
+    finally:
+        worker.kill()
+        worker.join()
+
+
+def test_a_claim_refuses_a_checkpoint_changed_since_it_was_read_and_removes_only_a_folder_it_made(tmp_path):
+    run = tmp_path / "runs" / "r"
+    with run_folder_held(run, 0, CPU_INFO, lambda e: True):
+        with pytest.raises(RunFolderInUse), run_folder_held(run, 0, CPU_INFO, lambda e: True):
+            pass
+        assert run.is_dir()  # the refusal removes nothing: the folder is the other run's
+    with pytest.raises(DataError), run_folder_held(run.parent / "new", 0, CPU_INFO, lambda e: True):
+        raise DataError("photos/bad.jpg: cannot decode as an image")
+    assert [p.name for p in run.parent.iterdir()] == ["r"]
+    # a run that chose the folder as new, or read epoch 1, while another run held it and saved epoch 2
+    (run / "ckpt").mkdir()
+    torch.save({"epoch": 2}, run / "ckpt" / "last.pt")
+    for read in (0, 1):
+        with pytest.raises(RunFolderInUse, match="another run changed its checkpoint while this one was starting"):
+            with run_folder_held(run, read, CPU_INFO, lambda e: True):
+                pass
+    assert (run / "ckpt" / "last.pt").is_file()
+    with run_folder_held(run, 2, CPU_INFO, lambda e: True):
+        pass
