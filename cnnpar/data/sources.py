@@ -60,8 +60,9 @@ def detect_format(source: str, fmt: str) -> str:
         return "csv"
     if p.suffix.lower() == ".npz":
         return "npz"
-    if p.name.lower().endswith((".cnnpar", ".cnnpar.partial")):
-        return "store"  # a .partial is refused by the store reader, with the reason
+    name = p.name.lower()
+    if name.endswith(".cnnpar") or (name.endswith(".partial") and ".cnnpar." in name):
+        return "store"  # a .partial (OUT.<random>.partial, OUT.partial) is refused by the store reader, saying why
     if not p.exists():
         raise DataError(f"{source}: no such file or folder (or use 'digits' or 'synthetic')")
     raise DataError(
@@ -349,7 +350,8 @@ def load_predict_data(source: str, fmt: str = "auto", image_shape: str = "", ima
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
         ids = [str(f.relative_to(root)) for f in files]
         return ImageFolderDataset(files, [-1] * len(files), image_size or FOLDER_SIZE), ids, ""
-    raise DataError(
-        f"{source}: predict reads a .csv, an .npz, an image folder or 'digits', not {fmt!r} "
-        "(synthetic data has nothing to predict)"
-    )
+    why = {
+        "store": " (a .cnnpar store is prepare's copy of training images: give predict the image folder itself)",
+        "synthetic": " (synthetic data has nothing to predict)",
+    }.get(fmt, "")
+    raise DataError(f"{source}: predict reads a .csv, an .npz, an image folder or 'digits', not {fmt!r}{why}")

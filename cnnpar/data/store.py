@@ -19,7 +19,8 @@ Layout of one file, little-endian:
     pixel area   `pixel_bytes` bytes: image k is 3 * h * w bytes at data_start + offsets[k]
 
 The writer (`store_write`) fills the pixel area first and writes the prefix, header and index last,
-into `OUT.partial`, then renames it: a file named OUT is complete or absent. Opening checks the
+into a name of its own, `OUT.<random>.partial` (two runs to one OUT never share a file), then renames it:
+a file named OUT is complete or absent. Opening checks the
 magic, the version, the size the header declares and a checksum of the header and index, and
 refuses anything else in one line. The pixels' own checksum is checked only on request
 (`verify_store`, `cnnpar prepare --verify`): a store can be hundreds of GB.
@@ -27,8 +28,10 @@ refuses anything else in one line. The pixels' own checksum is checked only on r
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import secrets
 import struct
 from pathlib import Path
 
@@ -90,9 +93,21 @@ def prepare_then_train(cfg, input_size: int) -> str:
     return prepare_command(source, input_size, train=shlex.split(command_line(cfg, change)))
 
 
-def partial_path(out: Path) -> Path:
-    """Where the writer builds `out` before renaming it; never a store."""
-    return out.with_name(out.name + PARTIAL_SUFFIX)
+def new_partial_path(out: Path) -> Path:
+    """Where one writer builds `out` before renaming it: a name no other writer to `out` uses, never a store."""
+    return out.with_name(f"{out.name}.{secrets.token_hex(4)}{PARTIAL_SUFFIX}")
+
+
+def left_partials(out: Path) -> list[Path]:
+    """Files beside `out` that a cnnpar prepare to `out` left when it did not finish (`OUT.partial` from
+    cnnpar before each writer had a name of its own, too)."""
+    return sorted(out.parent.glob(glob.escape(out.name) + ".*" + PARTIAL_SUFFIX.lstrip(".")))
+
+
+def header_never_written(magic: bytes) -> bool:
+    """A file whose first bytes are still zeros: the writer fills the prefix and header last, so this is a
+    store whose writer stopped (or a renamed `.partial`)."""
+    return magic == bytes(len(MAGIC))
 
 
 def new_hash():
@@ -196,9 +211,10 @@ def read_checked(path: Path) -> tuple[dict, bytes]:
     if path.name.endswith(PARTIAL_SUFFIX):
         raise _refuse(path, "half-written by a cnnpar prepare that did not finish (a .partial file is never read)")
     if not path.is_file():
-        left = partial_path(path)
-        if left.exists():
-            raise _refuse(path, f"no such file; {left.name} beside it was left by a cnnpar prepare that did not finish")
+        left = left_partials(path)
+        if left:
+            why = f"no such file; {left[0].name} beside it was left by a cnnpar prepare that did not finish"
+            raise _refuse(path, why)
         raise DataError(f"{path}: no such file: make it with cnnpar prepare FOLDER --out {path}")
     size = path.stat().st_size
     with path.open("rb") as f:
@@ -206,7 +222,7 @@ def read_checked(path: Path) -> tuple[dict, bytes]:
         if len(prefix) < PREFIX.size:
             raise _refuse(path, f"{size} bytes, too short to be a cnnpar store")
         magic, version, header_len = PREFIX.unpack(prefix)
-        if magic == bytes(len(MAGIC)):
+        if header_never_written(magic):
             raise _refuse(path, "incomplete: the header was never written (a cnnpar prepare that did not finish)")
         if magic != MAGIC:
             raise DataError(

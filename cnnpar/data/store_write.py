@@ -3,17 +3,26 @@
 Worker processes decode chunks of files with Pillow; the main process writes their pixels in the
 folder's order, so the store's index order is `scan_splits` order and a seeded hold-out picks the
 same images from the store as from the folder. A file that does not decode stops the whole run
-with its name, and nothing is left behind: the store is built as `OUT.partial`, made durable
-(fsync) and only then renamed to OUT.
+with its name, and nothing is left behind: the store is built under a name of its own,
+`OUT.<random>.partial`, made durable (fsync) and only then renamed to OUT.
+
+A worker hands its decoded pixels over in a file beside that one (`chunk_path`) and sends the writer only
+their sizes: a worker killed while sending a large result left the pool's reader waiting for the rest of it
+for ever, where one killed now is a broken pool, said in one line. Workers end with prepare (`start_worker`).
 """
 
 from __future__ import annotations
 
+import glob
+import multiprocessing
 import os
+import signal
 import sys
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,21 +33,24 @@ from cnnpar.data.overlap import same_file_groups
 from cnnpar.data.store import (
     INDEX_BYTES_PER_IMAGE,
     MAGIC,
+    PARTIAL_SUFFIX,
     PREFIX,
     VERSION,
     align,
     encode_header,
+    header_never_written,
     index_checksum,
     new_hash,
+    new_partial_path,
     pack_index,
-    partial_path,
 )
-from cnnpar.errors import DataError
+from cnnpar.errors import DataError, UserError
 from cnnpar.report.files import fsync_path
 from cnnpar.report.host import usable_cores
 
 MAX_CHUNK = 32  # files per task: enough to amortise the IPC, few enough to keep every worker busy
 IN_FLIGHT = 2  # chunks queued per worker: decoded pixels waiting for the writer stay bounded
+PR_SET_PDEATHSIG = 1  # Linux prctl(2): a signal the kernel sends the caller when its parent ends
 
 
 def fit_within(width: int, height: int, max_side: int = 0, short_side: int = 0) -> tuple[int, int]:
@@ -88,7 +100,7 @@ def decode_for_store(path: Path, sides: Sides) -> tuple[bytes, int, int]:
     from PIL import Image
 
     try:
-        with Image.open(path) as im:
+        with no_pixel_limit(), Image.open(path) as im:
             target = sides.target(*im.size)
             if 2 * target[0] <= im.size[0] and 2 * target[1] <= im.size[1]:
                 # JPEG only (a no-op elsewhere): libjpeg decodes at 1/2, 1/4 or 1/8 scale in the DCT,
@@ -100,6 +112,20 @@ def decode_for_store(path: Path, sides: Sides) -> tuple[bytes, int, int]:
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
         raise decode_error(path, e) from None
     return rgb.tobytes(), rgb.height, rgb.width
+
+
+@contextmanager
+def no_pixel_limit():
+    """Pillow's decompression-bomb limit (~179 Mpixel: refused; half that: a warning) lifted while prepare
+    opens a file: these are the user's own photos, which training from the folder decodes at any size, and the
+    folder run itself advises prepare. Restored after, so cnnpar's other uses of Pillow keep the limit."""
+    from PIL import Image
+
+    saved, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
 
 
 def _as_rgb(im):
@@ -114,48 +140,109 @@ def _as_rgb(im):
     return im.convert("RGB")
 
 
-def decode_chunk(paths: list[Path], sides: Sides) -> list[tuple[bytes, int, int]]:
-    return [decode_for_store(p, sides) for p in paths]
+def chunk_path(partial: Path, k: int) -> Path:
+    """Where a worker leaves chunk `k`'s pixels for the writer: beside the store being written, a `.partial`
+    too (never read as a store; cleared with the store's own partial file)."""
+    return partial.with_name(f"{partial.name.removesuffix(PARTIAL_SUFFIX)}.chunk{k}{PARTIAL_SUFFIX}")
+
+
+def decode_chunk_to_file(paths: list[Path], sides: Sides, dest: Path) -> list[tuple[int, int]]:
+    """Decode `paths` into the file `dest`, back to back; returns each image's (height, width): a few bytes
+    through the pool's pipe, whatever the pixels weigh."""
+    sizes = []
+    with dest.open("wb") as f:
+        for p in paths:
+            pixels, h, w = decode_for_store(p, sides)
+            f.write(pixels)
+            sizes.append((h, w))
+    return sizes
+
+
+def start_worker(parent: int) -> None:
+    """Runs first in each decoding worker, so that it ends with prepare however prepare ends."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork copied cnnpar's handler: stopping a worker ends it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches every process of the terminal; prepare stops us
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        # killed with prepare even when prepare is killed outright (kill -9, the OOM killer): no orphans
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # prepare ended before the prctl took effect
+            os._exit(1)
 
 
 class OrderedDecode:
-    """Every file's pixels, in order, decoded `workers` processes wide, a bounded window ahead.
+    """Every file's pixels, in order, decoded `workers` processes wide, a bounded window ahead; the workers
+    pass pixels in files named after `partial` (`chunk_path`).
 
     A context manager: entering forks the workers and queues the first chunks, so they exist before
-    any thread does (tqdm's monitor; forking a threaded process can deadlock); leaving cancels what
-    is still queued, on the error path too.
+    any thread does (tqdm's monitor; forking a threaded process can deadlock); leaving on an error (a
+    worker's, SIGTERM, Ctrl-C) stops the workers at once, never waiting on one that is busy or stuck.
     """
 
-    def __init__(self, files: list[Path], sides: Sides, workers: int) -> None:
-        self.files, self.sides, self.workers = files, sides, workers
+    def __init__(self, files: list[Path], sides: Sides, workers: int, partial: Path) -> None:
+        self.files, self.sides, self.workers, self.partial = files, sides, workers, partial
         size = max(1, min(MAX_CHUNK, -(-len(files) // (4 * workers))))
-        self.chunks = (files[i : i + size] for i in range(0, len(files), size))
-        self.pool, self.pending = None, deque()
+        self.chunks = enumerate(files[i : i + size] for i in range(0, len(files), size))
+        self.pool, self.pending, self.processes = None, deque(), []
 
     def __enter__(self) -> OrderedDecode:
         if self.workers > 1:
-            self.pool = ProcessPoolExecutor(self.workers)
+            # fork, as Linux's default before Python 3.14: the workers' parent is this process, which
+            # start_worker checks (a forkserver would be their parent instead)
+            context = multiprocessing.get_context("fork") if sys.platform.startswith("linux") else None
+            self.pool = ProcessPoolExecutor(
+                self.workers, mp_context=context, initializer=start_worker, initargs=(os.getpid(),)
+            )
             for _ in range(IN_FLIGHT * self.workers):
                 self._submit()
+            self.processes = list(self.pool._processes.values())  # no public way to stop them; Python 3.14 adds one
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+    def __exit__(self, exc_type, *exc) -> None:
+        if self.pool is None:
+            return
+        if exc_type is None:
+            self.pool.shutdown(wait=True)  # every chunk is done: the workers are idle
+            return
+        # shutdown(wait=True) waited for the chunks in the workers' hands, for ever when the pool was stuck
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for p in self.processes:
+            p.terminate()
+        for p in self.processes:
+            p.join(5)  # gone before the caller removes the chunk files they write
 
     def _submit(self) -> None:
-        chunk = next(self.chunks, None)
+        k, chunk = next(self.chunks, (0, None))
         if chunk is not None:
-            self.pending.append(self.pool.submit(decode_chunk, chunk, self.sides))
+            dest = chunk_path(self.partial, k)
+            self.pending.append((dest, self.pool.submit(decode_chunk_to_file, chunk, self.sides, dest)))
 
     def __iter__(self) -> Iterator[tuple[bytes, int, int]]:
         if self.pool is None:
             yield from (decode_for_store(f, self.sides) for f in self.files)
             return
         while self.pending:
-            done = self.pending.popleft().result()  # re-raises a worker's DataError here
+            dest, future = self.pending.popleft()
+            sizes = future.result()  # re-raises a worker's DataError here
+            pixels = memoryview(dest.read_bytes())
+            dest.unlink()
             self._submit()
-            yield from done
+            pos = 0
+            for h, w in sizes:
+                yield pixels[pos : pos + 3 * h * w], h, w
+                pos += 3 * h * w
+
+    def how_a_worker_ended(self) -> str:
+        """How the worker that broke the pool ended, such as "killed by SIGKILL", as far as it is known."""
+        codes = [p.exitcode for p in self.processes if p.exitcode]
+        # the pool stops the other workers with SIGTERM: the one that ended first is the one with another code
+        code = min(codes, key=lambda c: c == -signal.SIGTERM, default=None)
+        if code is None:
+            return "ended"
+        if code > 0:
+            return f"exited with status {code}"
+        return f"killed by {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"killed by {-code}"
 
 
 def check_store_out(out: Path, src: Path) -> None:
@@ -171,7 +258,8 @@ def check_store_out(out: Path, src: Path) -> None:
     if out.exists():
         with out.open("rb") as f:
             start = f.read(len(MAGIC))
-        if start != MAGIC:
+        # a store whose writer stopped (its header never written) is replaced too: reading it says to re-run prepare
+        if start != MAGIC and not header_never_written(start):
             raise DataError(
                 f"--out {out}: exists and is not a cnnpar store (starts {start!r}): expected a new file, or a store "
                 "to replace; move the file away first"
@@ -213,11 +301,13 @@ def prepare_store(
     header["data_start"] = align(PREFIX.size + header_len + header["index_bytes"])
     offsets, hw = np.zeros(n, np.int64), np.zeros((n, 2), np.int64)
     digest, pos = new_hash(), 0
-    partial = partial_path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = new_partial_path(out)
     workers = workers or usable_cores()
+    images, written = OrderedDecode(files, sides, workers, partial), False
     try:
-        with partial.open("wb") as f, OrderedDecode(files, sides, workers) as images:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # "x": a file of this writer's own; another prepare to the same OUT writes its own and renames it in turn
+        with partial.open("xb") as f, images:
             # disable=None: a bar only on a terminal, never \r fragments in a log file
             bar = tqdm(
                 total=n, unit="img", desc=f"prepare {src.name}", file=sys.stderr, disable=None if progress else True
@@ -238,8 +328,27 @@ def prepare_store(
             f.flush()
             os.fsync(f.fileno())
         os.replace(partial, out)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+        written = True
+    except BrokenProcessPool:
+        raise UserError(
+            f"{out}: not written: a decoding worker was {images.how_a_worker_ended()} before it finished (the "
+            "system's out-of-memory killer does this): expected every worker to finish; run again, with fewer "
+            "--workers if memory is short"
+        ) from None
+    except OSError as e:  # a full disk, a quota, a read-only or vanished folder: the OS's reason, in one line
+        raise UserError(
+            f"{out}: cannot write the store ({e.strerror or e}): expected room for it and permission to write in "
+            f"{out.parent}"
+        ) from None
+    finally:
+        if not written:  # every way out but success, Ctrl-C and SIGTERM (errors.Terminated) included
+            remove_partial(partial)
     fsync_path(out.parent)  # makes the rename itself durable
     return header
+
+
+def remove_partial(partial: Path) -> None:
+    """Remove the store's partial file and the chunk files its workers left (`chunk_path`)."""
+    pattern = glob.escape(partial.name.removesuffix(PARTIAL_SUFFIX)) + ".chunk*" + PARTIAL_SUFFIX
+    for path in [partial, *partial.parent.glob(pattern)]:
+        path.unlink(missing_ok=True)

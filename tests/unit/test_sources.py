@@ -217,6 +217,18 @@ def test_predict_inputs_keep_file_order(tmp_path):
     assert ids == ["1", "2", "3", "4", "5"] and ds.x.shape == (5, 1, 16, 16) and labels_from == ""
 
 
+def test_predict_refuses_a_store_with_a_store_s_reason(tmp_path):
+    """It ended "(synthetic data has nothing to predict)" for a store too."""
+    with pytest.raises(DataError) as e:
+        load_predict_data(str(tmp_path / "split.cnnpar"))
+    assert str(e.value) == (
+        f"{tmp_path / 'split.cnnpar'}: predict reads a .csv, an .npz, an image folder or 'digits', not 'store' "
+        "(a .cnnpar store is prepare's copy of training images: give predict the image folder itself)"
+    )
+    with pytest.raises(DataError, match=r"not 'synthetic' \(synthetic data has nothing to predict\)$"):
+        load_predict_data("synthetic")
+
+
 def test_format_detection_and_unknown_paths(tmp_path):
     assert detect_format("digits", "auto") == "digits"
     assert detect_format(str(tmp_path), "auto") == "folder"

@@ -19,7 +19,7 @@ from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop, tail_room
 from cnnpar.data.loader import build_loader
 from cnnpar.data.sources import detect_format, load_data
-from cnnpar.data.store import MAGIC, PREFIX, StoreFile, partial_path, verify_store
+from cnnpar.data.store import MAGIC, PREFIX, StoreFile, left_partials, verify_store
 from cnnpar.data.store_feed import RawBatch, StoreCropper
 from cnnpar.data.store_write import fit_within, prepare_store
 from cnnpar.dist import DistInfo
@@ -130,7 +130,7 @@ def test_prepare_reads_split_folders_by_their_common_names_and_refuses_one_class
         lambda: prepare_store(tmp_path / "one", out, MAX_SIDE, workers=1, progress=False),
         f"{tmp_path / 'one' / 'train'}: images in one class folder ('class0'): expected at least 2 class folders",
     )
-    assert not out.exists() and not partial_path(out).exists()
+    assert not out.exists() and not left_partials(out)
     monkeypatch.setattr("cnnpar.data.folder._check_classes", lambda *a: None)  # a store from before the check
     prepare_store(tmp_path / "one", out, MAX_SIDE, workers=1, progress=False)
     one_line_error(
@@ -209,7 +209,7 @@ def test_a_file_that_does_not_decode_leaves_nothing(tmp_path, workers):
     bad.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     out = tmp_path / "p.cnnpar"
     one_line_error(lambda: prepare_store(tmp_path / "p", out, MAX_SIDE, workers, progress=False), str(bad), "decode")
-    assert not out.exists() and not partial_path(out).exists()
+    assert not out.exists() and not left_partials(out)
 
 
 def test_an_out_that_is_a_folder_is_refused_before_decoding(tmp_path, capsys, monkeypatch):
@@ -226,7 +226,7 @@ def test_an_out_that_is_a_folder_is_refused_before_decoding(tmp_path, capsys, mo
         f"cnnpar: error: --out {tmp_path / 'X'}: is a folder: expected the store file to write, "
         f"such as {tmp_path / 'X' / 'p'}.cnnpar"
     )
-    assert list((tmp_path / "X").iterdir()) == [] and not partial_path(tmp_path / "X").exists()
+    assert list((tmp_path / "X").iterdir()) == [] and not left_partials(tmp_path / "X")
 
 
 def test_an_out_that_is_not_a_store_path_is_refused_and_left_as_it_was(tmp_path, capsys, monkeypatch):
@@ -276,7 +276,7 @@ def test_a_killed_prepare_leaves_a_partial_that_is_refused(tmp_path):
     )
     proc = run_cmd([sys.executable, "-c", script, str(tmp_path / "p"), str(out)], tmp_path, timeout=60)
     assert proc.returncode == -9, proc.stderr
-    partial = partial_path(out)
+    [partial] = left_partials(out)
     assert not out.exists() and partial.stat().st_size > 0
     one_line_error(lambda: load_data(data_cfg(out), 0), str(out), partial.name, "re-run cnnpar prepare")
     assert detect_format(str(partial), "auto") == "store"
@@ -284,6 +284,9 @@ def test_a_killed_prepare_leaves_a_partial_that_is_refused(tmp_path):
     renamed = tmp_path / "renamed.cnnpar"
     partial.rename(renamed)
     one_line_error(lambda: StoreFile(renamed), str(renamed), "header was never written", "re-run cnnpar prepare")
+    # and re-running prepare to it does replace it (it said "move the file away first")
+    assert cli_main(["prepare", str(tmp_path / "p"), "--out", str(renamed), "--workers", "1", "--no-progress"]) == 0
+    assert StoreFile(renamed).count == 8
 
 
 def test_a_batch_is_one_flat_tensor_and_pickles_without_the_mapping(photos):
@@ -350,7 +353,7 @@ def test_prepare_then_train_through_the_cli(photos, cli):
 
 def test_a_prepare_stopped_with_sigterm_leaves_nothing(tmp_path):
     """`timeout`, `kill` and schedulers send SIGTERM, which skipped the clean-up a Ctrl-C runs: the half-written
-    OUT.partial stayed behind. cnnpar prepare turns it into an exit that removes it."""
+    partial file stayed behind. cnnpar prepare turns it into an exit that removes it."""
     write_image_folder(tmp_path / "p", per_class=4, classes=2, side=64)
     out = tmp_path / "p.cnnpar"
     script = (
@@ -367,7 +370,7 @@ def test_a_prepare_stopped_with_sigterm_leaves_nothing(tmp_path):
     )
     proc = run_cmd([sys.executable, "-c", script, str(tmp_path / "p"), str(out)], tmp_path, timeout=60)
     assert proc.returncode == 128 + 15, proc.stderr
-    assert not out.exists() and not partial_path(out).exists()
+    assert not out.exists() and not left_partials(out)
 
 
 def test_the_shorter_side_bounds_the_store_and_a_crop_that_enlarges_most_images_is_said(tmp_path, capsys):
