@@ -275,8 +275,15 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
 
 def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     if args.verify:
-        from cnnpar.data.store import verify_store
+        from cnnpar.data.store import default_store_path, verify_store
 
+        if os.path.isdir(args.src):  # else "no such file: make it with ... --out SRC", which prepare refuses
+            raise UserError(
+                f"--verify {args.src}: a folder: --verify checks a store prepare wrote: expected the .cnnpar file, "
+                f"such as {default_store_path(args.src)}"
+            )
+        if args.out:
+            raise UserError(f"--out {args.out} with --verify: --verify writes nothing: expected one or the other")
         header = verify_store(args.src, progress=not args.no_progress)
         print(f"{args.src}: ok ({header['count']} images, {header['pixel_bytes']:,} pixel bytes, checksums match)")
         return 0

@@ -71,7 +71,7 @@ class Sides:
     """How `prepare` bounds each image: the shorter side at most `short`, as ImageNet's 256 for 224-px inputs
     (every square crop of a model's input then comes from the photo's own pixels, not enlarged ones), and/or
     the longer side at most `longer` (a bound on the store's size; a 4:3 photo at a longer side of 256 keeps a
-    shorter side of 192, which a 224 crop enlarges). 0: no bound."""
+    shorter side of 192, which a 224 crop enlarges). 0: no bound; both 0: each photo at its own size."""
 
     longer: int = 0
     short: int = 0
@@ -80,10 +80,6 @@ class Sides:
         for flag, side in (("--max-side", self.longer), ("--short-side", self.short)):
             if side < 0:
                 raise DataError(f"{flag} {side}: expected a side in pixels >= 1 (or 0 for no bound), such as 256")
-        if not (self.longer or self.short):
-            raise DataError(
-                "--short-side 0 and --max-side 0: expected a bound on the image size, such as --short-side 256"
-            )
 
     def target(self, width: int, height: int) -> tuple[int, int]:
         return fit_within(width, height, self.longer, self.short)
@@ -92,7 +88,7 @@ class Sides:
         bounds = [f"shorter side <= {self.short}"] * bool(self.short) + [f"longer side <= {self.longer}"] * bool(
             self.longer
         )
-        return ", ".join(bounds)
+        return ", ".join(bounds) or "full size (no bound on either side)"
 
 
 def decode_for_store(path: Path, sides: Sides) -> tuple[bytes, int, int]:

@@ -202,6 +202,17 @@ def test_verify_finds_a_flipped_pixel(photos, tmp_path, capsys):
     assert cli_main(["prepare", "--verify", str(out), "--no-progress"]) == 0
 
 
+def test_verify_given_the_folder_or_an_out_says_what_it_checks(photos, tmp_path, capsys):
+    """`prepare FOLDER --verify` said "FOLDER: no such file: make it with cnnpar prepare FOLDER --out FOLDER", a
+    command prepare refuses; an --out beside --verify was dropped without a word."""
+    folder, out = photos
+    assert cli_main(["prepare", str(folder), "--verify"]) == 2
+    err = capsys.readouterr().err
+    assert f"--verify {folder}: a folder" in err and f"{folder}.cnnpar" in err and "no such file" not in err
+    assert cli_main(["prepare", str(out), "--verify", "--out", str(tmp_path / "x.cnnpar")]) == 2
+    assert "--verify writes nothing" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_file_that_does_not_decode_leaves_nothing(tmp_path, workers):
     write_image_folder(tmp_path / "p", per_class=20, classes=2)
@@ -381,14 +392,18 @@ def test_the_shorter_side_bounds_the_store_and_a_crop_that_enlarges_most_images_
 
     assert fit_within(320, 240, short_side=120) == (160, 120) and fit_within(320, 240, max_side=256) == (256, 192)
     assert fit_within(320, 240, 256, 120) == (160, 120) and fit_within(100, 80, short_side=256) == (100, 80)
-    with pytest.raises(DataError, match="expected a bound on the image size"):
-        Sides(0, 0)
+    assert Sides(0, 0).target(4000, 3000) == (4000, 3000)  # --short-side 0 --max-side 0: each photo at its own size
     photos = tmp_path / "photos"
     for k, (w, h) in enumerate([(320, 240), (240, 320), (300, 300), (330, 220)]):
         (photos / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (w, h), (40 * k, 90, 200)).save(photos / f"c{k % 2}" / f"{k}.jpg")
     assert cli_main(["prepare", str(photos), "--out", str(tmp_path / "a.cnnpar"), "--short-side", "120"]) == 0
     assert "shorter side <= 120" in capsys.readouterr().out
+    assert cli_main(["prepare", str(photos), "--out", str(tmp_path / "full.cnnpar"), "--short-side", "0"]) == 0
+    assert "full size (no bound on either side)" in capsys.readouterr().out
+    assert sorted(StoreFile(tmp_path / "full.cnnpar").hw.tolist()) == sorted(
+        [[240, 320], [320, 240], [300, 300], [220, 330]]
+    )
     store = StoreFile(tmp_path / "a.cnnpar")
     assert sorted(map(tuple, store.hw.tolist())) == [(120, 120), (120, 160), (120, 180), (160, 120)]
     # no longer side bound (max_side 0): the tail room for the row windows comes from the widest image
