@@ -70,6 +70,9 @@ class Facts:
     # `--cuda-graphs on` would turn them on) or "n/a" (they cannot apply, e.g. compile's own graphs)
     cuda_graphs: str = "n/a"
     load_avg_1m: float | None = None  # the host's 1-minute load average after the end-to-end measurement
+    # the training split holds fewer images than one batch: every batch is the whole split (`batch_size` is what
+    # was measured), and no larger batch can exist
+    data_under_one_batch: bool = False
 
     @property
     def overlapped(self) -> bool:
@@ -222,6 +225,8 @@ def wants_batch_search(f: Facts) -> bool:
     how much of the GPU a small batch's kernels fill."""
     if f.device_type != "cuda" or (f.peak_mem_share is not None and f.peak_mem_share >= 0.45):
         return False
+    if f.data_under_one_batch:
+        return False
     return True
 
 
@@ -289,7 +294,12 @@ def recommend(f: Facts) -> list[Recommendation]:
             f"measured: the batch search (train step at doubling batches, {f.batch_size} to {f.searched_batch})",
             {"run": {"batch_size": f.searched_batch}},
         )
-    elif share is not None and share >= 0.15 and (f.peak_mem_share is None or f.peak_mem_share < 0.45):
+    elif (
+        share is not None
+        and share >= 0.15
+        and (f.peak_mem_share is None or f.peak_mem_share < 0.45)
+        and not f.data_under_one_batch
+    ):
         b2 = 2 * f.batch_size
         new_step = (f.fixed_step_s + (f.step_s * f.batch_size - f.fixed_step_s) * 2) / b2
         add(

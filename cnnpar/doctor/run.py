@@ -199,6 +199,14 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
     batch = rcfg.run.batch_size
     pipe = phase("input pipeline", lambda: measure_pipeline(trainer, warm, steps, max_s))
     x, y = first_batch(trainer)
+    batch_from = trainer.batch_line or (
+        "--batch-size" if trainer.requested_cfg.run.batch_size else "auto: the CPU's fixed default"
+    )
+    # a training split smaller than one batch makes every batch the whole split: the rows are that batch's
+    under_one_batch = y.shape[0] < batch
+    if under_one_batch:
+        batch_from = f"{batch_from}; {batch} asked, but the training split holds only {y.shape[0]} images"
+        batch = y.shape[0]
     if info.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(info.device)
     if y.shape[0] >= 2 and rcfg.speed.compile == "off":  # (a new batch shape would recompile)
@@ -248,8 +256,8 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         image_shape="x".join(map(str, bundle.shape)),
         mem_used_bytes=used,
         mem_total_bytes=total,
-        batch_from=trainer.batch_line
-        or ("--batch-size" if trainer.requested_cfg.run.batch_size else "auto: the CPU's fixed default"),
+        batch_from=batch_from,
+        data_under_one_batch=under_one_batch,
         cuda_graphs=graphs_fact(trainer),
         load_avg_1m=_load_avg(),
     )

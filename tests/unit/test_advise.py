@@ -311,3 +311,34 @@ def test_the_report_shows_this_runs_telemetry_not_a_picture_an_earlier_run_left(
     assert "telemetry.png" not in (tmp_path / "report.md").read_text()
     write_report(replace(doctor_report([], []), report_dir=tmp_path, telemetry_png=tmp_path / "telemetry.png"))
     assert "![telemetry](telemetry.png)" in (tmp_path / "report.md").read_text()
+
+
+def test_a_training_split_smaller_than_one_batch_gets_no_larger_batch_advice_nor_search():
+    """40 synthetic images (32 to train) at batch 64: every batch held the 32, the table said "a batch of 64",
+    and the doctor advised --batch-size 128, which no batch of this data can reach."""
+    from cnnpar.doctor.advise import wants_batch_search
+
+    tiny = facts(fixed_step_s=0.7 * 64e-3, data_under_one_batch=True)
+    assert not [r for r in recommend(tiny) if r.key == "batch"]
+    assert [r for r in recommend(facts(fixed_step_s=0.7 * 64e-3)) if r.key == "batch"]  # the same facts otherwise
+    idle = facts(device_type="cuda", gpu_idle_share=0.67, peak_mem_share=0.02)
+    assert wants_batch_search(idle) and not wants_batch_search(facts(**{**idle.__dict__, "data_under_one_batch": True}))
+
+
+def test_the_doctor_reports_the_batch_it_measured_when_the_data_holds_less_than_one(tmp_path):
+    from cnnpar.config import Config
+    from cnnpar.doctor.run import DoctorOptions, run_doctor
+    from cnnpar.presets import with_overrides
+
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "1x8x8", "synthetic_samples": 40, "workers": 0},
+        model={"name": "cnn3"},
+        speed={"device": "cpu"},
+        run={"batch_size": 64},
+    )
+    report = run_doctor(cfg, DoctorOptions(warmup=1, steps=2, report_dir=str(tmp_path / "rep")), log=lambda *a: None)
+    f = report.facts
+    assert f.data_under_one_batch and f.batch_size == 32  # the 32 of 40 that train (a seeded 20 % hold-out)
+    assert "64 asked, but the training split holds only 32 images" in f.batch_from
+    assert not [r for r in report.recommendations if r.key == "batch"]
