@@ -177,7 +177,7 @@ def _as_new_run(cfg: Config, file: str, given: dict) -> Config:
     changes = {}
     if "run.resume" not in given and run["resume"]:
         changes["resume"] = ""
-        if not own_record and os.environ.get("RANK", "0") == "0":  # a run's own record resuming itself is no news
+        if not own_record and _prints_notes():  # a run's own record resuming itself is no news
             resumed = run["resume"]
             print(
                 f'cnnpar: note: {file}: resume = "{resumed}" not used: a --config file gives settings; '
@@ -187,6 +187,15 @@ def _as_new_run(cfg: Config, file: str, given: dict) -> Config:
     if "run.resume" not in given and "run.name" not in given and own_record:
         changes["name"] = ""
     return replace(cfg, run=replace(cfg.run, **changes)) if changes else cfg
+
+
+def _prints_notes() -> bool:
+    """Whether this process prints the notes on how its settings were read: the process the user started
+    (`--nproc`'s launcher reads them first, so its workers keep quiet) and, under a torchrun launched by hand,
+    rank 0."""
+    from cnnpar.dist import LAUNCHED_NPROC_ENV  # (here: the module imports torch, which --help must not)
+
+    return os.environ.get("RANK", "0") == "0" and LAUNCHED_NPROC_ENV not in os.environ
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -220,7 +229,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             # `auto` names its folder by --out-dir/--name, typed or from the preset
             out_dir = given.get("run.out_dir", cfg.run.out_dir)
             stored = stored_run_config(resume, out_dir, given.get("run.name", cfg.run.name), search_again)
-            if stored is not None and getattr(args, "preset", None) and os.environ.get("RANK", "0") == "0":
+            if stored is not None and getattr(args, "preset", None) and _prints_notes():
                 # the run's own record replaces the preset whole. A note, not a refusal: re-running the command
                 # that started the run (`--preset X --resume auto`) is how a killed run continues
                 print(

@@ -29,6 +29,7 @@ import ctypes.util
 import glob
 import os
 import queue
+import re
 import sys
 import threading
 from concurrent.futures import Future
@@ -127,7 +128,7 @@ class EngineSettings:
             key, _, value = part.partition("=")
             if key in got:
                 raise ValueError(f"engine setting {key!r} given twice in {spec!r}: expected each key once")
-            whole = (key in counts and value.isdigit()) or (key in signed and value.lstrip("-").isdigit())
+            whole = (key in counts and value.isdigit()) or (key in signed and re.fullmatch(r"-?\d+", value))
             if value not in known.get(key, ()) and not whole:
                 raise ValueError(
                     f"engine setting {part!r}: expected one of "

@@ -299,30 +299,33 @@ def prepare_store(
     digest, pos = new_hash(), 0
     partial = new_partial_path(out)
     workers = workers or usable_cores()
-    images, written = OrderedDecode(files, sides, workers, partial), False
+    images, written, starting_workers = OrderedDecode(files, sides, workers, partial), False, False
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         # "x": a file of this writer's own; another prepare to the same OUT writes its own and renames it in turn
-        with partial.open("xb") as f, images:
-            # disable=None: a bar only on a terminal, never \r fragments in a log file
-            bar = tqdm(
-                total=n, unit="img", desc=f"prepare {src.name}", file=sys.stderr, disable=None if progress else True
-            )
-            f.seek(header["data_start"])  # the pixels first; the prefix, header and index last
-            for k, (pixels, h, w) in enumerate(images):
-                f.write(pixels)
-                digest.update(pixels)
-                offsets[k], hw[k] = pos, (h, w)
-                pos += len(pixels)
-                bar.update(1)
-            bar.close()
-            header.update(pixel_bytes=pos, data_checksum=digest.hexdigest())
-            index = pack_index(offsets, hw[:, 0], hw[:, 1], labels, splits)
-            header["index_checksum"] = index_checksum(header, index)
-            f.seek(0)
-            f.write(PREFIX.pack(MAGIC, VERSION, header_len) + encode_header(header, header_len) + index)
-            f.flush()
-            os.fsync(f.fileno())
+        with partial.open("xb") as f:
+            starting_workers = True  # until they run: a fork or a semaphore the system refuses is not a write
+            with images:
+                starting_workers = False
+                # disable=None: a bar only on a terminal, never \r fragments in a log file
+                bar = tqdm(
+                    total=n, unit="img", desc=f"prepare {src.name}", file=sys.stderr, disable=None if progress else True
+                )
+                f.seek(header["data_start"])  # the pixels first; the prefix, header and index last
+                for k, (pixels, h, w) in enumerate(images):
+                    f.write(pixels)
+                    digest.update(pixels)
+                    offsets[k], hw[k] = pos, (h, w)
+                    pos += len(pixels)
+                    bar.update(1)
+                bar.close()
+                header.update(pixel_bytes=pos, data_checksum=digest.hexdigest())
+                index = pack_index(offsets, hw[:, 0], hw[:, 1], labels, splits)
+                header["index_checksum"] = index_checksum(header, index)
+                f.seek(0)
+                f.write(PREFIX.pack(MAGIC, VERSION, header_len) + encode_header(header, header_len) + index)
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(partial, out)
         written = True
     except BrokenProcessPool:
@@ -331,10 +334,17 @@ def prepare_store(
             "system's out-of-memory killer does this): expected every worker to finish; run again, with fewer "
             "--workers if memory is short"
         ) from None
-    except OSError as e:  # a full disk, a quota, a read-only or vanished folder: the OS's reason, in one line
+    except OSError as e:
+        if starting_workers:
+            raise UserError(
+                f"{src}: could not start {workers} decoding processes ({e.strerror or e}): expected the system to "
+                "allow them, or fewer --workers (--workers 1 decodes in this process)"
+            ) from None
+        # a full disk, a quota, a read-only or vanished folder: the OS's reason, in one line
+        where = f" at {e.filename}" if e.filename else ""
         raise UserError(
-            f"{out}: cannot write the store ({e.strerror or e}): expected room for it and permission to write in "
-            f"{out.parent}"
+            f"{out}: cannot write the store ({e.strerror or e}{where}): expected room for it and permission to "
+            f"write in {out.parent}"
         ) from None
     finally:
         if not written:  # every way out but success, Ctrl-C and SIGTERM (errors.Terminated) included

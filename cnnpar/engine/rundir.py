@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -137,7 +138,8 @@ def _lock(run_dir: Path, create: bool) -> int | None:
     if fcntl is None:
         return None
     try:
-        fd = os.open(run_dir / CLAIM_FILE, os.O_RDONLY | (os.O_CREAT if create else 0), 0o666)
+        # opened for writing: NFS emulates flock with byte-range locks, whose exclusive kind needs a writable file
+        fd = os.open(run_dir / CLAIM_FILE, os.O_RDWR | (os.O_CREAT if create else 0), 0o666)
     except OSError:  # no claim file (a run from before claims, or none yet), or a folder this user cannot write
         return None
     try:
@@ -148,9 +150,11 @@ def _lock(run_dir: Path, create: bool) -> int | None:
             f"{run_dir}: a run is using this folder (a cnnpar train still running holds it): expected that run "
             "to end or be stopped first, or another --name"
         ) from None
-    except OSError:  # a file system without flock (some network mounts): unclaimed, as before
+    except OSError as e:
         os.close(fd)
-        return None
+        if e.errno in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system without locks: unclaimed
+            return None
+        raise
     return fd
 
 
@@ -161,9 +165,10 @@ def refuse_a_live_run(run_dir: Path) -> None:
         os.close(fd)
 
 
-def checkpoint_epoch(run_dir: str | Path) -> int:
-    """The last epoch the run folder's checkpoint holds; 0 where it has none, or none that can be read."""
-    ckpt = find_checkpoint(run_dir)
+def checkpoint_epoch(run_dir: str | Path, ckpt: str | Path | None = None) -> int:
+    """The last epoch the run folder's checkpoint holds (`ckpt`, that file of it, where given); 0 where it has
+    none, or none that can be read."""
+    ckpt = ckpt or find_checkpoint(run_dir)
     if ckpt is None:
         return 0
     try:  # mmap: the epoch without reading the tensors
@@ -183,43 +188,48 @@ def stopped_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:
 
 @contextlib.contextmanager
 def run_folder_held(
-    run_dir: Path, saved_epoch: int, info: DistInfo, before_any_epoch: Callable[[BaseException], bool]
+    run_dir: Path,
+    resumed: Path | None,
+    saved_epoch: int,
+    info: DistInfo,
+    before_any_epoch: Callable[[BaseException], bool],
 ) -> Iterator[None]:
     """Hold `run_dir` for the block: rank 0 claims it (making it where it is new), every rank raises
-    RunFolderInUse where another run holds it, or saved into it since this run read its checkpoint
-    (`saved_epoch`, 0 for none). Made here, the folder is removed when the block fails as `before_any_epoch`
-    accepts (Trainer.fit: bad input before any epoch was saved)."""
+    RunFolderInUse where another run holds it, or saved into it since this run read its checkpoint (`resumed`,
+    which held `saved_epoch`; None and 0 for a new run). Made here, the folder is removed when the block fails as
+    `before_any_epoch` accepts (Trainer.fit: bad input before any epoch was saved), while the claim is still held:
+    a run under the same name waiting for it cannot have its folder removed under it."""
     if not info.is_main:
         refusal = broadcast_object("", info)
         if refusal:
             raise RunFolderInUse(refusal)
         yield
         return
-    # never removed on a refusal: the folder may be the other run's, made an instant before
-    with removed_on_failure(run_dir, lambda e: not isinstance(e, RunFolderInUse) and before_any_epoch(e)):
-        fd = None
-        try:
-            fd = _lock(run_dir, create=True)
-            now = checkpoint_epoch(run_dir)
-            if now != saved_epoch:  # another run held it between this run's decision and now, and saved
-                raise RunFolderInUse(
-                    f"{run_dir}: another run changed its checkpoint while this one was starting (epoch {now} now, "
-                    f"{saved_epoch} before): expected --resume {run_dir} to continue from it, or another --name"
-                )
-        except RunFolderInUse as e:
+    fd = None
+    try:
+        # never removed on a refusal: the folder may be the other run's, made an instant before
+        with removed_on_failure(run_dir, lambda e: not isinstance(e, RunFolderInUse) and before_any_epoch(e)):
+            try:
+                fd = _lock(run_dir, create=True)
+                now = checkpoint_epoch(run_dir, resumed)
+                if now != saved_epoch:  # another run held it between this run's decision and now, and saved
+                    raise RunFolderInUse(
+                        f"{run_dir}: another run changed its checkpoint while this one was starting (epoch {now} "
+                        f"now, {saved_epoch} before): expected --resume {run_dir} to continue from it, or another "
+                        "--name"
+                    )
+            except RunFolderInUse as e:
+                broadcast_object(str(e), info)
+                raise
+            broadcast_object("", info)
             if fd is not None:
-                os.close(fd)
-            broadcast_object(str(e), info)
-            raise
-        broadcast_object("", info)
-        if fd is not None:
-            _held_claims.append(fd)
-        try:
+                _held_claims.append(fd)
             yield
-        finally:
-            if fd is not None:
+    finally:
+        if fd is not None:
+            if fd in _held_claims:
                 _held_claims.remove(fd)
-                os.close(fd)
+            os.close(fd)
 
 
 def _decide(cfg: Config) -> tuple[str, str | None]:

@@ -198,6 +198,7 @@ class Trainer:
         self.average = build_weight_average(self.raw_model, cfg.optim, total_steps)
         self.frozen_bias = bias_to_freeze(self.raw_model, cfg.optim, cfg.run.epochs, info.distributed)
         self.run_dir, resume_from = resolve_run(cfg, info)
+        self.resumed_from = Path(resume_from) if resume_from is not None else None
         self.history: list[dict] = []
         self.start_epoch = 1
         # TensorBoard's x axis, the optimizer steps the run has taken, is the schedule's clock plus this offset:
@@ -612,7 +613,7 @@ class Trainer:
         # refused meanwhile). Bad input found only once training runs (a corrupt image that a worker fails to
         # decode) removes the folders this call made while they hold no finished epoch; a kill, a crash or an
         # error after a finished epoch keeps them for --resume. Rank 0 alone makes them, so it alone removes them.
-        with run_folder_held(self.run_dir, self.saved_epoch, self.info, before_any_epoch):
+        with run_folder_held(self.run_dir, self.resumed_from, self.saved_epoch, self.info, before_any_epoch):
             self._prepare_run_dir()
             try:
                 board = open_board(self.cfg.run.tensorboard, self.info, self.run_dir, self.board_step, self.log)

@@ -498,8 +498,9 @@ def test_engine_settings_refuse_what_they_do_not_know_naming_what_is_expected(sp
         EngineSettings.parse("pools=0+pools=1")
     with pytest.raises(ValueError, match="chunk=<files a call>"):
         EngineSettings.parse("chunk=-1")
-    with pytest.raises(ValueError, match="prio=<stream priority>"):
-        EngineSettings.parse("prio=high")
+    for prio in ("high", "--5", "-"):
+        with pytest.raises(ValueError, match="prio=<stream priority>"):
+            EngineSettings.parse(f"prio={prio}")
 
 
 def test_the_engines_stream_is_made_with_the_settings_priority(monkeypatch):

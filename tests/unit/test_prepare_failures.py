@@ -223,3 +223,25 @@ def test_photos_past_pillows_bomb_limit_are_prepared_as_the_folder_trains_on_the
         header = prepare_store(tmp_path / "p", tmp_path / "p.cnnpar", 0, workers, progress=False, short_side=256)
     assert header["count"] == 2 and sorted(StoreFile(tmp_path / "p.cnnpar").hw[:, 0].tolist()) == [40, 64]
     assert Image.MAX_IMAGE_PIXELS == 1000
+
+
+def test_workers_the_system_will_not_start_are_said_as_such_not_as_a_write_failure(tmp_path, monkeypatch):
+    """A fork refused (EAGAIN: a process limit) was reported as "cannot write the store"."""
+    import errno
+
+    from cnnpar.errors import UserError
+
+    write_image_folder(tmp_path / "p", per_class=4, classes=2, side=32)
+    out = tmp_path / "p.cnnpar"
+
+    def refused_fork():
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", refused_fork)
+    with pytest.raises(UserError) as e:
+        prepare_store(tmp_path / "p", out, 0, workers=2, progress=False)
+    assert str(e.value) == (
+        f"{tmp_path / 'p'}: could not start 2 decoding processes (Resource temporarily unavailable): expected the "
+        "system to allow them, or fewer --workers (--workers 1 decodes in this process)"
+    )
+    assert_nothing_left(out)

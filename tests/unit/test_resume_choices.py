@@ -87,7 +87,7 @@ def test_a_runs_config_toml_re_run_with_config_is_a_new_run_not_that_run_resumed
 
 
 def test_a_preset_beside_a_resume_is_not_dropped_without_a_word_and_starts_a_run_that_auto_does_not_find(
-    tmp_path, capsys
+    tmp_path, capsys, monkeypatch
 ):
     """The run's record replaced the preset whole: cifar10-resnet18 beside --resume trained the stored cnn3 and
     said nothing. It still continues (the command that started a run is re-run to continue it), and says so."""
@@ -103,6 +103,11 @@ def test_a_preset_beside_a_resume_is_not_dropped_without_a_word_and_starts_a_run
         assert "--preset cifar10-resnet18 not used: a resumed run continues" in capsys.readouterr().err
     new = _parsed("--resume", "auto", "--name", "r5", "--out-dir", str(tmp_path), "--preset", "cifar10-resnet18")
     assert (new.model.name, new.optim.optimizer) == ("resnet18", "sgd")  # no run r5 yet: the preset starts it
+    assert "not used" not in capsys.readouterr().err
+    # under --nproc the launcher said it; its rank 0 said it again
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("CNNPAR_LAUNCHED_NPROC", "2")
+    _parsed("--resume", str(tmp_path / "r4"), "--preset", "cifar10-resnet18")
     assert "not used" not in capsys.readouterr().err
 
 

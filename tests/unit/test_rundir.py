@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,7 +235,7 @@ def test_a_run_folder_is_held_by_its_run_alone_not_by_the_processes_it_forks(tmp
     would stay claimed until its workers noticed and exited."""
     run = tmp_path / "r"
     named = Config(run=RunConfig(out_dir=str(tmp_path), name="r"))
-    with run_folder_held(run, 0, CPU_INFO, lambda e: False):
+    with run_folder_held(run, None, 0, CPU_INFO, lambda e: False):
         with pytest.raises(UserError, match=re.escape(f"{run}: {IN_USE}")):
             resolve_run(named, CPU_INFO)
         started = multiprocessing.get_context("fork").Event()
@@ -250,20 +252,61 @@ def test_a_run_folder_is_held_by_its_run_alone_not_by_the_processes_it_forks(tmp
 
 def test_a_claim_refuses_a_checkpoint_changed_since_it_was_read_and_removes_only_a_folder_it_made(tmp_path):
     run = tmp_path / "runs" / "r"
-    with run_folder_held(run, 0, CPU_INFO, lambda e: True):
-        with pytest.raises(RunFolderInUse), run_folder_held(run, 0, CPU_INFO, lambda e: True):
+    with run_folder_held(run, None, 0, CPU_INFO, lambda e: True):
+        with pytest.raises(RunFolderInUse), run_folder_held(run, None, 0, CPU_INFO, lambda e: True):
             pass
         assert run.is_dir()  # the refusal removes nothing: the folder is the other run's
-    with pytest.raises(DataError), run_folder_held(run.parent / "new", 0, CPU_INFO, lambda e: True):
+    with pytest.raises(DataError), run_folder_held(run.parent / "new", None, 0, CPU_INFO, lambda e: True):
         raise DataError("photos/bad.jpg: cannot decode as an image")
     assert [p.name for p in run.parent.iterdir()] == ["r"]
     # a run that chose the folder as new, or read epoch 1, while another run held it and saved epoch 2
     (run / "ckpt").mkdir()
     torch.save({"epoch": 2}, run / "ckpt" / "last.pt")
-    for read in (0, 1):
+    last = run / "ckpt" / "last.pt"
+    for resumed, read in ((None, 0), (last, 1)):
         with pytest.raises(RunFolderInUse, match="another run changed its checkpoint while this one was starting"):
-            with run_folder_held(run, read, CPU_INFO, lambda e: True):
+            with run_folder_held(run, resumed, read, CPU_INFO, lambda e: True):
                 pass
-    assert (run / "ckpt" / "last.pt").is_file()
-    with run_folder_held(run, 2, CPU_INFO, lambda e: True):
+    assert last.is_file()
+    with run_folder_held(run, last, 2, CPU_INFO, lambda e: True):
         pass
+    # a resume of another checkpoint file of the folder is checked against that file, not last.pt
+    torch.save({"epoch": 1}, run / "ckpt" / "epoch1.pt")
+    with run_folder_held(run, run / "ckpt" / "epoch1.pt", 1, CPU_INFO, lambda e: True):
+        pass
+
+
+def test_a_failed_first_epoch_removes_its_folder_before_it_lets_go_of_the_claim(tmp_path, monkeypatch):
+    """The claim closed first, then the folder went: a run under the same name claiming it in between would have
+    its folder removed under it."""
+    from cnnpar.engine import rundir
+
+    run, order = tmp_path / "r", []
+    real_close, real_rmtree = os.close, shutil.rmtree
+    monkeypatch.setattr(rundir.os, "close", lambda fd: (order.append("close"), real_close(fd))[1])
+    monkeypatch.setattr(shutil, "rmtree", lambda p, **kw: (order.append("rmtree"), real_rmtree(p, **kw))[1])
+    with pytest.raises(DataError), run_folder_held(run, None, 0, CPU_INFO, lambda e: True):
+        raise DataError("photos/bad.jpg: cannot decode as an image")
+    assert not run.exists() and order[0] == "rmtree" and "close" in order  # (rmtree closes descriptors of its own)
+
+
+def test_a_resume_of_another_checkpoint_file_in_the_run_folder_is_not_taken_for_another_run(tmp_path):
+    """`--resume runs/b/ckpt/epoch1.pt` was refused as "another run changed its checkpoint" once last.pt had moved
+    on: the claim compared last.pt's epoch with the resumed file's."""
+    from cnnpar.presets import with_overrides
+
+    def fit(epochs: int, resume: str = "") -> None:
+        cfg = with_overrides(
+            Config(),
+            data={"source": "digits", "workers": 0},
+            speed={"device": "cpu", "precision": "fp32"},
+            run={"epochs": epochs, "batch_size": 64, "max_steps": 1, "out_dir": str(tmp_path), "progress": False,
+                 "tensorboard": False, **({"resume": resume} if resume else {"name": "b"})},
+        )  # fmt: skip
+        Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+
+    fit(1)
+    shutil.copy(tmp_path / "b" / "ckpt" / "last.pt", tmp_path / "b" / "ckpt" / "epoch1.pt")
+    fit(2, str(tmp_path / "b"))
+    fit(3, str(tmp_path / "b" / "ckpt" / "epoch1.pt"))
+    assert checkpoint_epoch(tmp_path / "b") == 3
