@@ -56,11 +56,12 @@ from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import comment_lines, environment
-from cnnpar.report.files import read_csv, write_csv_atomic, write_json_atomic, write_text_atomic
+from cnnpar.report.files import read_csv, remove_orphan_temps, write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import DataWait, EpochClock, peak_memory, sync
 from cnnpar.report.telemetry import monitor_run
 from cnnpar.report.tensorboard import Board, open_board
 
+RUN_RECORDS = ("config.toml", "metrics.csv", "summary.json")  # written atomically into the run folder
 METRIC_COLUMNS = [
     "epoch",
     "train_loss",
@@ -433,8 +434,9 @@ class Trainer:
     def _prepare_run_dir(self) -> None:
         if self.info.is_main:
             (self.run_dir / "ckpt").mkdir(parents=True, exist_ok=True)
-            for orphan in (self.run_dir / "ckpt").glob(f".{LAST}.*.tmp"):  # a save that a SIGKILL cut short
-                orphan.unlink(missing_ok=True)
+            # what a SIGKILL cut short in an earlier attempt's writes (this run holds the folder: none is live)
+            for written in (self.run_dir / "ckpt" / LAST, *(self.run_dir / n for n in RUN_RECORDS)):
+                remove_orphan_temps(written)
             env = environment(self.info.device, self.info.world_size)
             header = comment_lines(env)
             resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import glob
 import json
 import os
 import secrets
@@ -29,6 +30,14 @@ def _create_temp(folder: Path, name: str) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name for {folder / name}")
+
+
+def remove_orphan_temps(path: str | Path) -> None:
+    """Remove the temp files `atomic_write` left beside `path` when a SIGKILL cut a write short (its own
+    clean-up never ran). Only for a file no other process is writing: a run folder its run holds."""
+    path = Path(path)
+    for orphan in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        orphan.unlink(missing_ok=True)
 
 
 def fsync_path(path: Path) -> None:

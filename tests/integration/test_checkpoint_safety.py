@@ -91,6 +91,12 @@ def test_a_checkpoint_that_is_not_cnnpars_damaged_or_unsafe_is_refused_in_one_li
 def test_a_killed_saves_leftover_goes_and_records_that_miss_the_checkpoints_epochs_are_written_again(trained, capsys):
     leftover = trained / "ckpt" / ".last.pt.0badc0de.tmp"
     leftover.write_bytes(b"half a checkpoint")
+    # the records' temps too (only the checkpoint's were removed), and nothing else of that shape
+    records = [trained / f".{name}.0badc0de.tmp" for name in ("metrics.csv", "summary.json", "config.toml")]
+    for half in records:
+        half.write_text("half a record")
+    mine = trained / ".notes.txt.0badc0de.tmp"
+    mine.write_text("the user's")
     summary = json.loads((trained / "summary.json").read_text())
     # an attempt stopped after its checkpoint, before its records: a summary of 1 epoch, a third metrics row
     (trained / "summary.json").write_text(json.dumps({**summary, "epochs": 1}))
@@ -102,7 +108,7 @@ def test_a_killed_saves_leftover_goes_and_records_that_miss_the_checkpoints_epoc
     assert json.loads((trained / "summary.json").read_text())["epochs"] == 2
     assert [r["epoch"] for r in read_csv(trained / "metrics.csv")] == ["1", "2"]
     assert main([*SMALL, "--epochs", "3", "--resume", str(trained)]) == 0
-    assert not leftover.exists()
+    assert not leftover.exists() and not any(half.exists() for half in records) and mine.exists()
 
 
 def test_a_checkpoint_of_another_data_set_is_refused_naming_both(trained, capsys):
