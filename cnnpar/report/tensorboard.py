@@ -190,8 +190,9 @@ class Board:
         event_pb2, summary_pb2, RecordWriter, _ = _protos()
         try:
             if self._writer is None:  # made on the first write: a run that writes nothing leaves no file
-                # the sequence number keeps two attempts in one process and one second apart (a resume in tests, tune)
-                stamp = f"{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_FILE_SEQ)}"
+                # the sequence number keeps two attempts in one process and one second apart (a resume in tests, tune);
+                # zero-padded, as TensorBoard reads a folder's files in name order: ".10" came before ".9"
+                stamp = f"{int(time.time()):010d}.{socket.gethostname()}.{os.getpid():07d}.{next(_FILE_SEQ):06d}"
                 name = f"events.out.tfevents.{stamp}.cnnpar"
                 self._file = (self.folder / name).open("ab")
                 self._writer = RecordWriter(self._file)

@@ -55,7 +55,13 @@ def test_loss_readouts_are_window_means_and_restart_every_epoch(tmp_path):
     assert read_scalars(tmp_path)["train/loss_recent"] == [(1, 2.0), (2, 3.0), (4, 2.0)]
 
 
-def test_telemetry_is_averaged_per_step_and_a_continued_folder_starts_after_its_step(tmp_path):
+def test_telemetry_is_averaged_per_step_and_a_continued_folder_starts_after_its_step(tmp_path, monkeypatch):
+    import itertools
+
+    from cnnpar.report import tensorboard
+
+    # the two attempts' files numbered 9 and 10 in one second: unpadded, TensorBoard read "...10" first (a CI run)
+    monkeypatch.setattr(tensorboard, "_FILE_SEQ", itertools.count(9))
     step = [0]
     rows = lambda cpu: [{"gpu": "", "host_cpu_pct": cpu, "host_mem_used_mb": ""}]  # noqa: E731
     with open_board(True, MAIN, tmp_path, lambda: step[0]) as board:
