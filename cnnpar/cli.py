@@ -33,7 +33,8 @@ RUN_DIR_NOTE_ENV = "CNNPAR_RUN_DIR_NOTE"
 def launch_end_line(note: Path, nproc: int) -> str:
     """The launcher's line when its workers failed or were stopped: what the run folder's checkpoint keeps and
     the command that continues it."""
-    from cnnpar.engine.rundir import RunFolderInUse, checkpoint_epoch, refuse_a_live_run, stopped_line
+    from cnnpar.engine.checkpoint import checkpoint_epoch
+    from cnnpar.engine.rundir import RunFolderInUse, refuse_a_live_run, stopped_line
 
     if not note.is_file():
         return "stopped before training began: this launch saved no epoch (the same command starts it again)"

@@ -64,6 +64,20 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
         raise UserError(f"{found}: not a readable cnnpar checkpoint ({first_line(e)})") from None
 
 
+def checkpoint_epoch(run_dir: str | Path, ckpt: str | Path | None = None) -> int:
+    """The last epoch the run folder's checkpoint holds (`ckpt`, that file of it, where given); 0 where it has
+    none, or none that can be read."""
+    ckpt = ckpt or find_checkpoint(run_dir)
+    if ckpt is None:
+        return 0
+    try:  # mmap: the epoch without reading the tensors
+        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # torch raises several types for truncated or foreign files
+        return 0
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    return epoch if isinstance(epoch, int) else 0
+
+
 def _check_records(path: Path) -> None:
     """torch.save writes a zip whose records carry CRC-32 checksums that torch.load does not check: a flipped
     byte in a tensor loaded silently (one optimizer moment changed, training went on). Reading the records once

@@ -19,11 +19,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import torch
-
 from cnnpar.config import Config, load_toml
 from cnnpar.dist import DistInfo, broadcast_object
-from cnnpar.engine.checkpoint import find_checkpoint, resumed_checkpoint, run_dir_of
+from cnnpar.engine.checkpoint import checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
 from cnnpar.errors import UserError
 from cnnpar.report.files import removed_on_failure
 
@@ -163,20 +161,6 @@ def refuse_a_live_run(run_dir: Path) -> None:
     fd = _lock(run_dir, create=False)
     if fd is not None:
         os.close(fd)
-
-
-def checkpoint_epoch(run_dir: str | Path, ckpt: str | Path | None = None) -> int:
-    """The last epoch the run folder's checkpoint holds (`ckpt`, that file of it, where given); 0 where it has
-    none, or none that can be read."""
-    ckpt = ckpt or find_checkpoint(run_dir)
-    if ckpt is None:
-        return 0
-    try:  # mmap: the epoch without reading the tensors
-        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # torch raises several types for truncated or foreign files
-        return 0
-    epoch = state.get("epoch") if isinstance(state, dict) else None
-    return epoch if isinstance(epoch, int) else 0
 
 
 def stopped_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:

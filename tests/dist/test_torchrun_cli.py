@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from cnnpar.engine.rundir import checkpoint_epoch
+from cnnpar.engine.checkpoint import checkpoint_epoch
 from cnnpar.report.files import read_csv
 from tests.conftest import cli_env, run_cmd, torchrun_cmd
 

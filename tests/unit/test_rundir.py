@@ -19,9 +19,9 @@ from torch.utils.data import Dataset
 from cnnpar.config import Config, DataConfig, ModelConfig, RunConfig, SpeedConfig
 from cnnpar.data.bundle import DataBundle
 from cnnpar.dist import DistInfo
+from cnnpar.engine.checkpoint import checkpoint_epoch
 from cnnpar.engine.rundir import (
     RunFolderInUse,
-    checkpoint_epoch,
     default_name,
     refuse_a_live_run,
     resolve_run,
