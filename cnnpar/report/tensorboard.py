@@ -305,16 +305,25 @@ def open_board(
 ) -> Board:
     """Rank 0's board for `run_dir`, continuing at step `step_now()` (0, or the resumed checkpoint's);
     a board that writes nothing elsewhere. Cuts the folder's event files back to that step first."""
-    if not info.is_main or not enabled:
+    if not info.is_main:
         return Board()
     run_dir = Path(run_dir)
+    earlier = event_files(run_dir) if run_dir.is_dir() else []
+    if not enabled:
+        # an earlier attempt's curve past the resumed step is a path this run no longer took: cut it even with
+        # the board off, or TensorBoard would show it as this run's
+        if earlier and _protos() is not None:
+            start = step_now()
+            removed = sum(cut_after_step(p, start) for p in earlier)
+            if removed:
+                return Board(line=f"tensorboard: off; {removed} event(s) an earlier attempt wrote past step {start} removed")
+        return Board()
     if _protos() is None:
         return Board(
             line=f"tensorboard: not installed, so no event files in {run_dir} ({INSTALL}, then tensorboard "
             f"--logdir {run_dir.parent})"
         )
     start = step_now()
-    earlier = event_files(run_dir) if run_dir.is_dir() else []
     removed = sum(cut_after_step(p, start) for p in earlier)
     line = f"tensorboard: event files in {run_dir} (tensorboard --logdir {run_dir.parent})"
     if removed:

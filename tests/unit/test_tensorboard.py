@@ -86,6 +86,22 @@ def test_telemetry_is_averaged_per_step_and_a_continued_folder_starts_after_its_
     assert "gpu/0/power_w" not in scalars
 
 
+def test_a_resume_with_the_board_off_still_cuts_an_earlier_attempts_curve_past_its_step(tmp_path):
+    with open_board(True, MAIN, tmp_path, lambda: 0) as board:  # the first attempt, killed after step 6
+        for epoch in (1, 2, 3):
+            board.end_epoch(_row(epoch, 1.0 / epoch), step=2 * epoch)
+    with open_board(False, MAIN, tmp_path, lambda: 4) as board:  # resumed at step 4 with --no-tensorboard
+        assert not board.on
+        assert board.line == "tensorboard: off; 1 event(s) an earlier attempt wrote past step 4 removed"
+    assert read_scalars(tmp_path)["train/loss"] == [(2, 1.0), (4, 0.5)]
+    with open_board(False, MAIN, tmp_path, lambda: 4) as board:  # nothing more to cut: nothing to say
+        assert board.line == ""
+    other = DistInfo(rank=1, local_rank=1, world_size=2, device=CPU)
+    with open_board(False, other, tmp_path, lambda: 0):  # only rank 0 touches the files
+        pass
+    assert read_scalars(tmp_path)["train/loss"] == [(2, 1.0), (4, 0.5)]
+
+
 def test_only_rank_0_writes_and_a_board_writes_nothing_until_asked(tmp_path):
     other = DistInfo(rank=1, local_rank=1, world_size=2, device=CPU)
     with open_board(True, other, tmp_path, lambda: 0) as board:
