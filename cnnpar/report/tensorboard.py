@@ -316,7 +316,9 @@ def open_board(
             start = step_now()
             removed = sum(cut_after_step(p, start) for p in earlier)
             if removed:
-                return Board(line=f"tensorboard: off; {removed} event(s) an earlier attempt wrote past step {start} removed")
+                return Board(
+                    line=f"tensorboard: off; {removed} event(s) an earlier attempt wrote past step {start} removed"
+                )
         return Board()
     if _protos() is None:
         return Board(
