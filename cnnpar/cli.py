@@ -525,7 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pred.add_argument("--checkpoint", required=True, help="a run folder, its ckpt/ folder, or a .pt file")
     pred.add_argument(
-        "--data", required=True, help="test.csv (pixel columns), an .npz, an image folder, or digits (built in)"
+        "--data",
+        required=True,
+        help="test.csv (pixel columns, an optional id or ImageId: the submission's ids), an .npz, an image folder, "
+        "or digits (built in)",
     )
     pred.add_argument(
         "--out", default="", help="output CSV (default: submission.csv for CSV input, else predictions.csv)"

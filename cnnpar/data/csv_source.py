@@ -1,4 +1,5 @@
-"""Kaggle-style CSV: a `label` column and pixel columns (`pixel0..pixelN`), one image per row.
+"""Kaggle-style CSV: a `label` column, an optional `id` or `ImageId`, and pixel columns (`pixel0..pixelN`), one
+image per row.
 
 The fast path parses with pyarrow straight into uint8 columns (42,000 x 785 is ~33 MB in memory).
 Any parse or conversion failure falls back to a slow row-by-row scan whose only job is to name
@@ -22,6 +23,28 @@ from cnnpar.data.arrays import check_label_range
 from cnnpar.errors import DataError
 
 LABEL = "label"
+# Kaggle's row identifiers (Kannada MNIST's test.csv has id, Digit Recognizer's submission ImageId): never a pixel
+ID_NAMES = ("id", "imageid")
+# How pixel columns are named: Kaggle's pixel0, Fashion-MNIST's pixel1, 1x1..28x28, bare numbers. Not a file
+# name, pandas' unnamed index ("" or "Unnamed: 0") or a misspelt label: those are named when they break a read.
+PIXEL_NAME = re.compile(r"[A-Za-z_]*[0-9][0-9A-Za-z_]*")
+
+
+class PixelCountError(DataError):
+    """The pixel columns make no image of the shape given or inferred; `n_pixels` lets predict say it against
+    the checkpoint's own input shape."""
+
+    def __init__(self, message: str, n_pixels: int) -> None:
+        super().__init__(message)
+        self.n_pixels = n_pixels
+
+    def __reduce__(self):  # as errors.Diverged: a pickled copy keeps the count
+        return type(self), (str(self), self.n_pixels)
+
+
+def _layout(require_label: bool) -> str:
+    label = "a label column" if require_label else "an optional label column"
+    return f"{label}, an optional id or ImageId column and pixel columns pixel0, pixel1, ..."
 
 
 def _header(path: Path) -> list[str]:
@@ -40,15 +63,17 @@ def infer_shape(n_pixels: int, image_shape: str, path: Path) -> tuple[int, int, 
     if image_shape:
         c, h, w = parse_shape(image_shape)
         if c * h * w != n_pixels:
-            raise DataError(
-                f"{path}: {n_pixels} pixel columns do not fit --image-shape {image_shape} ({c * h * w} values)"
+            raise PixelCountError(
+                f"{path}: {n_pixels} pixel columns do not fit --image-shape {image_shape} ({c * h * w} values)",
+                n_pixels,
             )
         return c, h, w
     side = math.isqrt(n_pixels)
     if side * side != n_pixels:
-        raise DataError(
+        raise PixelCountError(
             f"{path}: {n_pixels} pixel columns is not a square grey image: give the shape, "
-            f"for example --image-shape 3x32x32"
+            f"for example --image-shape 3x32x32",
+            n_pixels,
         )
     return 1, side, side
 
@@ -74,7 +99,37 @@ def _line(path: Path, row: int) -> str:
     return _where(next(islice(_data_rows(path), row, None))[0], row)
 
 
-def _diagnose(path: Path, columns: list[str], label_idx: int | None, cause: Exception) -> DataError:
+def _pixel(column: str, require_label: bool) -> str:
+    """What a pixel column holds; with the file's layout where the column is named as no pixel is (a file name
+    column, say), which is most likely not a pixel column at all."""
+    if PIXEL_NAME.fullmatch(column):
+        return "a pixel value 0..255"
+    return f"a pixel value 0..255 here, or no such column ({_layout(require_label)})"
+
+
+def _id_index(columns: list[str], path: Path) -> int | None:
+    found = [i for i, c in enumerate(columns) if c.lower() in ID_NAMES]
+    if len(found) > 1:
+        names = ", ".join(repr(columns[i]) for i in found)
+        raise DataError(f"{path}: {len(found)} id columns ({names}): expected one id or ImageId column at most")
+    return found[0] if found else None
+
+
+def _not_pixels(path: Path, columns: list[str], pixel_idx: list[int], require_label: bool) -> DataError | None:
+    """A few columns named as no pixel is among pixel-named ones (a file name, pandas' unnamed index): counted
+    as pixels they leave a count that makes no image, and naming them says more than that count. A file whose
+    columns mostly have other names gets no such guess."""
+    odd = [j for j in pixel_idx if not PIXEL_NAME.fullmatch(columns[j])]
+    if not odd or 2 * len(odd) >= len(pixel_idx):
+        return None
+    names = ", ".join(f"{columns[j]!r} (number {j + 1} in the header)" for j in odd[:3])
+    which = f"column {names} is not a pixel column" if len(odd) == 1 else f"columns {names} are not pixel columns"
+    return DataError(f"{path}: {which}{', ...' if len(odd) > 3 else ''}: expected {_layout(require_label)}")
+
+
+def _diagnose(
+    path: Path, columns: list[str], label_idx: int | None, id_idx: int | None, require_label: bool, cause: Exception
+) -> DataError:
     """Find the first line that breaks the format; called only after the fast parse failed."""
     n = len(columns)
     for k, (line_no, row) in enumerate(_data_rows(path)):
@@ -82,16 +137,18 @@ def _diagnose(path: Path, columns: list[str], label_idx: int | None, cause: Exce
         if len(row) != n:
             return DataError(f"{where}: {len(row)} values: expected {n}, one per column of the header")
         for j, value in enumerate(row):
+            if j == id_idx:  # any text names a row
+                continue
             v = value.strip()
             # as the fast parse reads integers: ASCII digits with an optional minus (not "+5", not "５")
             if not re.fullmatch(r"-?[0-9]+", v):
                 return DataError(
                     f"{where}, column {columns[j]!r}: {value!r} is not an integer: expected "
-                    + ("a class label" if j == label_idx else "a pixel value 0..255")
+                    + ("a class label" if j == label_idx else _pixel(columns[j], require_label))
                 )
             num = int(v)
             if j != label_idx and not 0 <= num <= 255:
-                return DataError(f"{where}, column {columns[j]!r}: {num}: expected a pixel value 0..255")
+                return DataError(f"{where}, column {columns[j]!r}: {num}: expected {_pixel(columns[j], require_label)}")
             if j == label_idx and not -(2**63) <= num < 2**63:
                 return DataError(f"{where}, column {columns[j]!r}: {num}: expected a class label")
     return DataError(f"{path}: could not be parsed as CSV ({cause})")
@@ -121,19 +178,30 @@ def read_pixel_csv(
             f"{path}: no {LABEL!r} column in the header (found {', '.join(columns[:5])}"
             f"{', ...' if len(columns) > 5 else ''}): expected label,pixel0,pixel1,..."
         )
-    pixel_cols = [c for i, c in enumerate(columns) if i != label_idx]
+    id_idx = _id_index(columns, path)  # read by read_ids where wanted; skipped here
+    pixel_idx = [i for i in range(len(columns)) if i not in (label_idx, id_idx)]
+    pixel_cols = [columns[i] for i in pixel_idx]
     if not pixel_cols:
         raise DataError(f"{path}: no pixel columns: expected label,pixel0,pixel1,...")
-    shape = infer_shape(len(pixel_cols), image_shape, path)
+    try:
+        shape = infer_shape(len(pixel_cols), image_shape, path)
+    except PixelCountError:
+        named = _not_pixels(path, columns, pixel_idx, require_label)
+        if named is None:
+            raise
+        raise named from None
     types = {c: pa.uint8() for c in pixel_cols}
     if label_idx is not None:
         types[LABEL] = pa.int64()
     try:
         # the header's names as read above (spaces stripped, no BOM), not pyarrow's raw ones
         read = pacsv.ReadOptions(column_names=columns, skip_rows=1)
-        table = pacsv.read_csv(path, read_options=read, convert_options=pacsv.ConvertOptions(column_types=types))
+        convert = pacsv.ConvertOptions(
+            column_types=types, include_columns=[c for i, c in enumerate(columns) if i != id_idx]
+        )
+        table = pacsv.read_csv(path, read_options=read, convert_options=convert)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise _diagnose(path, columns, label_idx, e) from None
+        raise _diagnose(path, columns, label_idx, id_idx, require_label, e) from None
     if table.num_rows == 0:
         raise DataError(f"{path}: has a header but no data rows")
     for c in pixel_cols + ([LABEL] if label_idx is not None else []):
@@ -153,3 +221,21 @@ def read_pixel_csv(
         y = torch.from_numpy(y.astype(np.int64))
     del table
     return torch.from_numpy(x).view(-1, *shape), y
+
+
+def read_ids(path: str | Path) -> tuple[str, list[str]] | None:
+    """(the id or ImageId column's name, its values as written) for predict to name its rows; None without one.
+
+    Called after read_pixel_csv accepted the file's rows, so only this column is converted, as text: 007 stays 007."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    path = Path(path)
+    columns = _header(path)
+    id_idx = _id_index(columns, path)
+    if id_idx is None:
+        return None
+    name = columns[id_idx]
+    read = pacsv.ReadOptions(column_names=columns, skip_rows=1)
+    convert = pacsv.ConvertOptions(column_types={name: pa.string()}, include_columns=[name])
+    return name, pacsv.read_csv(path, read_options=read, convert_options=convert).column(name).to_pylist()

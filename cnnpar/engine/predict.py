@@ -1,4 +1,5 @@
-"""Predictions from a checkpoint: Kaggle's `ImageId,Label` for CSV input, a CSV for the rest."""
+"""Predictions from a checkpoint: Kaggle's `ImageId,Label` for CSV input (`id,label` and its ids where it has an
+id column), a CSV for the rest."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from cnnpar.config import TTA_LEVELS, RunConfig
 from cnnpar.data.arrays import resize_square
 from cnnpar.data.bundle import ArrayDataset
+from cnnpar.data.csv_source import PixelCountError, read_ids
 from cnnpar.data.sources import detect_format, load_predict_data
 from cnnpar.data.transforms import DeviceTransform
 from cnnpar.engine.averaging import averaged_weights
@@ -118,8 +120,8 @@ def predict(
     for given, what in ((Path(data), "--data"), (Path(checkpoint), "--checkpoint")):
         if target.exists() and given.is_file() and target.samefile(given):  # it was replaced by the predictions
             raise UserError(f"--out {target}: is the {what} file: expected another path for the predictions")
-    from_model = not image_shape and (c != 1 or h != w)
-    if from_model:
+    typed = image_shape
+    if not typed and (c != 1 or h != w):
         # Only square grey rows can be inferred from a column count; colour or oblong rows take the model's shape.
         image_shape = f"{c}x{h}x{w}"
     if c == 1 and fmt == "folder":
@@ -129,11 +131,17 @@ def predict(
         )
     try:
         ds, ids, label_origin = load_predict_data(data, fmt, image_shape, image_size=h)
-    except DataError as e:
-        if not from_model:
-            raise
-        # the shape is the model's, not a flag the user typed
-        raise DataError(str(e).replace(f"--image-shape {image_shape}", f"the model's input {image_shape}")) from None
+    except PixelCountError as e:
+        # the reader knows only the count (and a shape typed or taken from the model): say it against the model's
+        if typed:
+            raise DataError(f"{e}; the model was trained on {c}x{h}x{w} images ({c * h * w} values)") from None
+        raise DataError(
+            f"{data}: {e.n_pixels} pixel columns: expected {c * h * w}, one per value of the {c}x{h}x{w} images "
+            "the model was trained on"
+        ) from None
+    id_name = "ImageId"
+    if fmt == "csv" and (named := read_ids(data)) is not None:
+        id_name, ids = named  # a Kaggle test file's own ids, under its own name, as its sample submission has them
     channels = ds.x.shape[1] if isinstance(ds, ArrayDataset) else 3  # folders decode to RGB
     if channels != c:
         raise DataError(f"{data}: images have {channels} channel(s): expected {c}, as the model was trained on")
@@ -169,8 +177,9 @@ def predict(
             line += ": every built-in digit, the run's training images among them, so not a held-out score"
         log(line)
     if fmt == "csv":
-        rows = [{"ImageId": i, "Label": names[p] if names else p} for i, p in zip(ids, preds)]
-        write_csv_atomic(target, rows, ["ImageId", "Label"])
+        label = "Label" if id_name[:1].isupper() else "label"  # ImageId,Label (Digit Recognizer); id,label (Kannada)
+        rows = [{id_name: i, label: names[p] if names else p} for i, p in zip(ids, preds)]
+        write_csv_atomic(target, rows, [id_name, label])
     else:
         rows = [
             {"id": i, "label": p, "class_name": names[p] if names else p, "confidence": f"{q:.5f}"}

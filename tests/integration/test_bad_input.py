@@ -102,6 +102,11 @@ CSV_CASES = {
         lambda ls: _set(ls, 0, ls[0].replace("pixel1,", "pixel0,", 1)),
         ["column name 'pixel0' is repeated in the header (columns 2, 3): expected each column name once"],
     ),
+    # pandas' to_csv with its index: an unnamed first column of row numbers, once counted as a pixel (257: no square)
+    "pandas_index_column": (
+        lambda ls: ls.__setitem__(slice(None), [f"{i - 1 if i else ''},{line}" for i, line in enumerate(ls)]),
+        ["column '' (number 1 in the header) is not a pixel column", "expected a label column, an optional id or"],
+    ),
     "empty_file": (lambda ls: ls.clear(), ["the file is empty"]),
     "header_only": (lambda ls: ls.__delitem__(slice(1, None)), ["has a header but no data rows"]),
 }

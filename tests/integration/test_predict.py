@@ -219,3 +219,39 @@ def test_predict_never_writes_over_its_input_and_says_why_a_folder_cannot_feed_a
     assert main(["predict", "--checkpoint", str(run_dir), "--data", str(tmp_path / "pics")]) == 2
     err = capsys.readouterr().err
     assert "an image folder decodes to RGB (3 channels), and the model was trained on grey images" in err, err
+
+
+def test_predict_names_rows_by_the_csv_s_id_column(tmp_path, monkeypatch, trained):
+    """Kannada MNIST's test.csv is `id,pixel0,...` and its submission `id,label`: the id column was read as a
+    pixel and the file refused ('257 pixel columns is not a square grey image'). Its values are kept as written."""
+    _, run_dir, test, truth = trained
+    lines = test.read_text().splitlines()
+    monkeypatch.chdir(tmp_path)
+    for name, label in (("id", "label"), ("ImageId", "Label")):
+        data = tmp_path / f"{name}.csv"
+        data.write_text("\n".join([f"{name},{lines[0]}"] + [f"{k:03d},{r}" for k, r in enumerate(lines[1:], 7)]))
+        assert main(["predict", "--checkpoint", str(run_dir), "--data", str(data), "--out", f"{name}_out.csv"]) == 0
+        rows = _rows(tmp_path / f"{name}_out.csv")
+        assert rows[0] == [name, label]
+        assert [r[0] for r in rows[1:]] == [f"{k:03d}" for k in range(7, 7 + len(truth))]
+        assert sum(int(int(r[1]) == t) for r, t in zip(rows[1:], truth)) / len(truth) >= 0.9
+
+
+def test_predict_says_a_pixel_count_against_the_models_input(tmp_path, capsys, monkeypatch, trained):
+    """255 pixel columns for a 16x16 model: it said '255 pixel columns is not a square grey image: give the
+    shape, for example --image-shape 3x32x32', naming neither the model's shape nor the count it needs."""
+    _, run_dir, test, _ = trained
+    short = tmp_path / "short.csv"
+    short.write_text("\n".join(r.rsplit(",", 1)[0] for r in test.read_text().splitlines()) + "\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(short)]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: {short}: 255 pixel columns: expected 256, one per value of the 1x16x16 images the model "
+        "was trained on\n"
+    )
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(short), "--image-shape", "1x16x16"]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: {short}: 255 pixel columns do not fit --image-shape 1x16x16 (256 values); the model was "
+        "trained on 1x16x16 images (256 values)\n"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["short.csv"]

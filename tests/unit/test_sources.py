@@ -55,6 +55,63 @@ def test_csv_header_with_spaces_or_a_bom_reads_as_usual(tmp_path):
     assert got_y is None and torch.equal(got_x[:, 0], torch.from_numpy(x))
 
 
+def _with_column(path, name: str, value, at: int = 0):
+    """`path`'s lines with a column `name` inserted at position `at`, holding `value(k)` in data row k."""
+    lines = path.read_text().splitlines()
+    rows = [[name, *lines[0].split(",")]] + [[value(k), *line.split(",")] for k, line in enumerate(lines[1:])]
+    return "\n".join(",".join(r[1 : at + 1] + r[:1] + r[at + 1 :]) for r in rows) + "\n"
+
+
+def test_an_id_or_imageid_column_is_never_a_pixel(tmp_path):
+    """Kaggle's id (Kannada MNIST's test.csv) or ImageId, in any case and place: 'id,pixel0..' was refused as
+    '257 pixel columns is not a square grey image' (and a count that made a square trained on the id)."""
+    x, y = bar_images(6)
+    train = write_pixel_csv(tmp_path / "train.csv", x, y)
+    test = write_pixel_csv(tmp_path / "test.csv", x, None)
+    for name in ("id", "ImageId", "ID"):
+        with_id = tmp_path / f"train_{name}.csv"
+        with_id.write_text(_with_column(train, name, lambda k: f"img{k}", at=1))  # label,id,pixel0,...: text ids
+        got_x, got_y = read_pixel_csv(with_id)
+        assert torch.equal(got_x[:, 0], torch.from_numpy(x)) and torch.equal(got_y, torch.from_numpy(y)), name
+        with_id = tmp_path / f"test_{name}.csv"
+        with_id.write_text(_with_column(test, name, lambda k: str(1000 + k)))  # id,pixel0,...
+        got_x, got_y = read_pixel_csv(with_id, require_label=False)
+        assert torch.equal(got_x[:, 0], torch.from_numpy(x)) and got_y is None, name
+    two = tmp_path / "two.csv"
+    two.write_text(_with_column(tmp_path / "test_id.csv", "ImageId", str))
+    with pytest.raises(DataError) as e:
+        read_pixel_csv(two, require_label=False)
+    assert str(e.value) == f"{two}: 2 id columns ('ImageId', 'id'): expected one id or ImageId column at most"
+
+
+def test_a_column_that_is_no_pixel_is_named_with_the_expected_layout(tmp_path):
+    """pandas' to_csv keeps its index as an unnamed first column: it was counted as a pixel and the file refused
+    as '257 pixel columns is not a square grey image'. A file name column whose count happens to make a square
+    is named by its first value, with the layout the file should have."""
+    x, y = bar_images(6)
+    train = write_pixel_csv(tmp_path / "train.csv", x, y)
+    indexed = tmp_path / "indexed.csv"
+    indexed.write_text(_with_column(train, "", str))
+    with pytest.raises(DataError) as e:
+        read_pixel_csv(indexed)
+    assert str(e.value) == (
+        f"{indexed}: column '' (number 1 in the header) is not a pixel column: expected a label column, an optional "
+        "id or ImageId column and pixel columns pixel0, pixel1, ..."
+    )
+    lines = write_pixel_csv(tmp_path / "test.csv", x, None).read_text().splitlines()
+    named = tmp_path / "named.csv"  # the last pixel's column replaced by a file name: still 256 columns
+    named.write_text(
+        "\n".join([lines[0].replace("pixel255", "file")] + [r.rsplit(",", 1)[0] + ",a.png" for r in lines[1:]])
+    )
+    with pytest.raises(DataError) as e:
+        read_pixel_csv(named, require_label=False)
+    assert str(e.value) == (
+        f"{named}, line 2 (data row 1), column 'file': 'a.png' is not an integer: expected a pixel value 0..255 here, "
+        "or no such column (an optional label column, an optional id or ImageId column and pixel columns pixel0, "
+        "pixel1, ...)"
+    )
+
+
 def test_csv_bundle_holds_out_a_seeded_fraction(tmp_path):
     train, _, _ = write_train_test_csv(tmp_path, n_train=100, n_test=1)
     cfg = DataConfig(source=str(train), val_fraction=0.25, num_classes=4)
