@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, Subset, get_worker_info
 
 from cnnpar.config import Config, resolve_decode
 from cnnpar.data import byte_slots
@@ -35,6 +35,7 @@ from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
 from cnnpar.dist import DistInfo
+from cnnpar.errors import ConfigError
 from cnnpar.report.host import usable_cores
 from cnnpar.report.ranges import H2D_COPY, span
 
@@ -75,6 +76,18 @@ def auto_workers(dataset: Dataset, info: DistInfo) -> int:
 
 def wants_resident(cfg: Config, bundle: DataBundle, device: torch.device) -> bool:
     mode = cfg.data.resident
+    if mode == "on":  # asked for by name: refused where it cannot hold, rather than recorded "on" and not done
+        if cfg.data.loader == "textbook":
+            raise ConfigError(
+                "--resident on: the textbook loader (--loader textbook) reads sample by sample on the host by "
+                "design: expected --resident auto or off with it"
+            )
+        base = bundle.train.dataset if isinstance(bundle.train, Subset) else bundle.train
+        if not bundle.in_memory and not isinstance(base, StoreDataset):  # a store goes by store_resident
+            raise ConfigError(
+                f"--resident on: {bundle.origin} is decoded batch by batch, never held whole: expected in-memory "
+                "data (a CSV, an .npz, digits, synthetic) or a prepared .cnnpar store (cnnpar prepare)"
+            )
     if mode == "off" or not bundle.in_memory or cfg.data.loader == "textbook":
         return False
     if mode == "on":

@@ -17,13 +17,13 @@ from PIL import Image
 from cnnpar.cli import main as cli_main
 from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop, tail_room
-from cnnpar.data.loader import build_loader
+from cnnpar.data.loader import ResidentLoader, build_loader
 from cnnpar.data.sources import detect_format, load_data
 from cnnpar.data.store import MAGIC, PREFIX, StoreFile, left_partials, verify_store
 from cnnpar.data.store_feed import RawBatch, StoreCropper
 from cnnpar.data.store_write import fit_within, prepare_store
 from cnnpar.dist import DistInfo
-from cnnpar.errors import DataError
+from cnnpar.errors import ConfigError, DataError
 from tests.conftest import run_cmd
 from tests.datafiles import write_image_folder
 
@@ -346,6 +346,27 @@ def test_resident_on_cpu_gives_the_host_paths_batches(photos):
     assert len(batches["on"]) == len(batches["off"]) == 2
     for (xa, ya), (xb, yb) in zip(batches["on"], batches["off"]):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_resident_on_is_refused_where_nothing_can_be_held_whole(photos):
+    """--resident on with a photo folder (decoded batch by batch) or the textbook loader was recorded "on" and
+    not done; it is refused in one line, and still taken by a store and by in-memory data."""
+    folder, _ = photos
+    cfg = Config(data=data_cfg(folder, resident="on", workers=0), run=RunConfig(batch_size=2))
+    bundle = load_data(cfg.data, cfg.run.seed)
+    with pytest.raises(ConfigError, match=r"^--resident on: .*photos is decoded batch by batch") as e:
+        build_loader(bundle, resolve_for_device(cfg, "cpu", True), CPU, train=True)
+    assert "\n" not in str(e.value)
+    digits = Config(data=DataConfig(source="digits", resident="on", workers=0), run=RunConfig(batch_size=2))
+    bundle = load_data(digits.data, 0)
+    assert isinstance(
+        build_loader(bundle, resolve_for_device(digits, "cpu", True), CPU, train=True).loader, ResidentLoader
+    )
+    textbook = Config(
+        data=DataConfig(source="digits", resident="on", workers=0, loader="textbook"), run=RunConfig(batch_size=2)
+    )
+    with pytest.raises(ConfigError, match="--loader textbook"):
+        build_loader(bundle, resolve_for_device(textbook, "cpu", True), CPU, train=True)
 
 
 def test_prepare_then_train_through_the_cli(photos, cli):
