@@ -318,7 +318,16 @@ READERS = {
 
 def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
     fmt = detect_format(cfg.source, cfg.format)
-    return READERS[fmt](cfg, seed)
+    bundle = READERS[fmt](cfg, seed)
+    # --image-shape gives the shape of CSV rows and synthetic images; elsewhere the data's own shape wins, so a
+    # typed shape that differs would be recorded as the run's input while another one trained
+    if cfg.image_shape and fmt not in ("csv", "synthetic") and parse_shape(cfg.image_shape) != tuple(bundle.shape):
+        held = "x".join(map(str, bundle.shape))
+        raise DataError(
+            f"--image-shape {cfg.image_shape}: {bundle.origin} gives {held} images; the flag shapes CSV rows and "
+            "synthetic data only: expected it left out (--image-size N resizes)"
+        )
+    return bundle
 
 
 def load_predict_data(source: str, fmt: str = "auto", image_shape: str = "", image_size: int = 0):

@@ -513,3 +513,15 @@ def test_a_hold_out_that_takes_a_whole_class_warns_that_the_model_cannot_learn_i
         "training data (--val-fraction 0.2) took all of theirs, and the model cannot get them right (give those "
         "classes more examples, or lower --val-fraction)",
     ]
+
+
+def test_an_image_shape_the_data_does_not_have_is_refused_not_recorded(tmp_path):
+    """--image-shape shapes CSV rows and synthetic images; an .npz, a folder or the digits keep their own shape,
+    so a typed shape that differs was recorded as the run's input while another one trained."""
+    npz = write_npz(tmp_path / "bars.npz", n_train=64, n_test=None)
+    shape = "x".join(map(str, load_data(DataConfig(source=str(npz)), 0).shape))
+    assert load_data(DataConfig(source=str(npz), image_shape=shape), 0).shape[1:] == (16, 16)  # the same: fine
+    for source in (str(npz), "digits"):
+        with pytest.raises(DataError, match=r"^--image-shape 3x32x32: .* gives 1x\d+x\d+ images; .*--image-size"):
+            load_data(DataConfig(source=source, image_shape="3x32x32"), 0)
+    assert load_data(DataConfig(source="synthetic", image_shape="3x8x8", synthetic_samples=32), 0).shape == (3, 8, 8)
