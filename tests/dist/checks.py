@@ -92,6 +92,20 @@ def check_sampler(info: DistInfo, work: Path) -> dict:
     return seen
 
 
+def one_batch_reference(logits: torch.Tensor, y: torch.Tensor, world_size: int) -> dict:
+    """What one process computes over the whole validation split, and, to show what an inexact
+    reduction would be off by, the mean of the ranks' own mean losses (ShardSampler's split:
+    rank, rank + world, ...)."""
+    losses = F.cross_entropy(logits.double(), y, reduction="none")
+    rank_means = [losses[r::world_size].mean().item() for r in range(world_size)]
+    return {
+        "loss_sum": losses.sum().item(),
+        "correct": int((logits.argmax(1) == y).sum()),
+        "count": len(y),
+        "mean_of_rank_means": sum(rank_means) / world_size,
+    }
+
+
 def check_trainer(info: DistInfo, work: Path) -> dict:
     """The real Trainer: a few DDP steps, then exact evaluation against a one-batch reference."""
     cfg = Config(
@@ -120,11 +134,7 @@ def check_trainer(info: DistInfo, work: Path) -> dict:
         transform = DeviceTransform(b.mean, b.std, "none", False, info.device)
         with torch.no_grad():
             logits = model.eval()(transform(val.x, False))
-        out["ref_eval"] = {
-            "loss_sum": F.cross_entropy(logits.double(), val.y, reduction="sum").item(),
-            "correct": int((logits.argmax(1) == val.y).sum()),
-            "count": len(val),
-        }
+        out["ref_eval"] = one_batch_reference(logits, val.y, info.world_size)
     return out
 
 
@@ -166,11 +176,7 @@ def check_speed_recipe(info: DistInfo, work: Path) -> dict:
         transform = DeviceTransform(b.mean, b.std, "none", False, info.device)
         with torch.no_grad():
             logits = tta_logits(model.eval(), transform(b.val.x, False), flip=True, translate=True)
-        out["ref_eval"] = {
-            "loss_sum": F.cross_entropy(logits.double(), b.val.y, reduction="sum").item(),
-            "correct": int((logits.argmax(1) == b.val.y).sum()),
-            "count": len(b.val),
-        }
+        out["ref_eval"] = one_batch_reference(logits, b.val.y, info.world_size)
     return out
 
 
