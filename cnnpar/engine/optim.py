@@ -29,10 +29,23 @@ def whitening_params(model: nn.Module, cfg: OptimConfig) -> tuple[nn.Parameter, 
 
 
 def apply_frozen_whitening(model: nn.Module, cfg: OptimConfig) -> None:
-    """Stop the whitened stem's filters from training (before DDP, which records what trains)."""
+    """Stop the whitened stem's filters from training (before DDP, which records what trains).
+
+    Refused where the data cannot set every filter (1- or 2-channel images: a 2x2 patch has 4 or 8 eigenvectors,
+    8 or 16 filters of fastnet's 24): the others would be frozen at their random init for the whole run."""
     found = whitening_params(model, cfg)
     if found is not None and cfg.whiten_frozen:
-        found[0].requires_grad_(False)
+        filters = found[0]
+        whitened = model.whitened_filters() if hasattr(model, "whitened_filters") else len(filters)
+        if whitened < len(filters):
+            channels = filters.shape[1]
+            raise ConfigError(
+                f"optim.whiten_frozen: {type(model).__name__}'s stem on {channels}-channel images is whitened in "
+                f"{whitened} of its {len(filters)} filters (its {channels * filters[0, 0].numel()} patch "
+                f"eigenvectors, +/-); the other {len(filters) - whitened} would stay random, frozen for the whole "
+                "run: expected --no-whiten-frozen"
+            )
+        filters.requires_grad_(False)
 
 
 def bias_to_freeze(model: nn.Module, cfg: OptimConfig, epochs: int, distributed: bool) -> nn.Parameter | None:

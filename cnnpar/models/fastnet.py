@@ -17,7 +17,29 @@ from cnnpar.models.registry import register
 
 WIDTHS = (64, 256, 256)
 STEM = 24
+STEM_KERNEL = 2  # unpadded, stride 1: the patches whose covariance the stem whitens
 LOGIT_SCALE = 1 / 9
+
+
+def final_side(side: int) -> int:
+    """The side of the last stage's maps for an input side: the stem takes STEM_KERNEL - 1 off (no padding), then
+    each stage's 2x2 max pool halves it, rounding down (its 3x3 convs are padded: they keep it)."""
+    side -= STEM_KERNEL - 1
+    for _ in WIDTHS:
+        side //= 2
+    return side
+
+
+def min_side() -> int:
+    """The smallest input side (height, and width) whose last maps are at least 1x1: 9 for a 2x2 stem and three
+    pools. Below it a pool's output is empty and the first training step fails mid-epoch."""
+    side = STEM_KERNEL
+    while final_side(side) < 1:
+        side += 1
+    return side
+
+
+MIN_SIDE = min_side()
 
 
 def _bn(c: int) -> nn.BatchNorm2d:
@@ -44,7 +66,7 @@ class ConvStage(nn.Module):
 class FastNet(nn.Module):
     def __init__(self, in_channels: int, num_classes: int) -> None:
         super().__init__()
-        self.stem = nn.Conv2d(in_channels, STEM, 2, padding=0, bias=True)
+        self.stem = nn.Conv2d(in_channels, STEM, STEM_KERNEL, padding=0, bias=True)
         self.stem_act = nn.GELU()
         chans = (STEM, *WIDTHS)
         self.stages = nn.Sequential(*(ConvStage(a, b) for a, b in zip(chans[:-1], chans[1:])))
@@ -56,11 +78,22 @@ class FastNet(nn.Module):
                 if m.out_channels > m.in_channels:
                     nn.init.kaiming_normal_(m.weight[m.in_channels :], nonlinearity="relu")
 
+    def whitened_filters(self) -> int:
+        """How many of the stem's filters `init_from_data` sets from the data: two (+/-) for each eigenvector of the
+        c x k x k patch covariance, as many pairs as fit: 24 of 24 for RGB (12 eigenvectors), 8 for grey (4: the
+        other 16 keep their random init), 24 for 4 channels (the 12 of 16 eigenvectors of largest variance)."""
+        c, k = self.stem.in_channels, self.stem.kernel_size[0]
+        return 2 * min(c * k * k, self.stem.out_channels // 2)
+
     @torch.no_grad()
     def init_from_data(self, x: torch.Tensor, eps: float = 5e-4) -> None:
         """Whiten the stem: its filters become the eigenvectors of the 2x2 patch covariance of
         the training images, scaled by 1/sqrt(eigenvalue), in +/- pairs. The first layer then
-        starts out decorrelating its input instead of learning to, which shortens training."""
+        starts out decorrelating its input instead of learning to, which shortens training.
+
+        Where there are more eigenvectors than pairs of filters (more than 3 channels) the pairs go to those of
+        largest variance; where fewer (1 or 2 channels), the filters after the pairs keep their random init
+        (`whitened_filters` says how many are set). The whole bias starts at zero either way."""
         c, k = self.stem.in_channels, self.stem.kernel_size[0]
         patches = x.float().unfold(2, k, 1).unfold(3, k, 1)  # N, C, H', W', k, k
         # float64: on a GPU float32 products may run as TF32 (bf16 runs turn it on), whose 10-bit
@@ -70,11 +103,10 @@ class FastNet(nn.Module):
         cov = patches.T @ patches / len(patches)
         eigval, eigvec = torch.linalg.eigh(cov)
         filters = (eigvec.T / torch.sqrt(eigval.clamp_min(0) + eps)[:, None]).float().view(-1, c, k, k)
-        n = filters.shape[0]
-        if self.stem.out_channels >= 2 * n:
-            w = torch.cat([filters, -filters])
-            self.stem.weight[: 2 * n].copy_(w)
-            self.stem.bias.zero_()
+        n = self.whitened_filters() // 2
+        filters = filters[len(filters) - n :]  # eigh's eigenvalues ascend: the n of largest variance, in that order
+        self.stem.weight[: 2 * n].copy_(torch.cat([filters, -filters]))
+        self.stem.bias.zero_()
 
     def whitening_params(self) -> tuple[nn.Parameter, nn.Parameter]:
         """(filters, bias) of the data-whitened stem, for the optimizer's whitening switches."""
@@ -99,6 +131,13 @@ class FastNet(nn.Module):
         return self.classify(self.stages(self.stem_act(self.stem(x))))
 
 
-@register("fastnet", "small wide net for 32x32 images (3 conv stages, no residuals); fast on GPUs")
+@register(
+    "fastnet",
+    "small wide net for 32x32 images (3 conv stages, no residuals); fast on GPUs",
+    min_side=(
+        MIN_SIDE,
+        f"its {STEM_KERNEL}x{STEM_KERNEL} stem, then a 2x2 max-pool in each of its {len(WIDTHS)} stages",
+    ),
+)
 def build_fastnet(in_channels: int, num_classes: int, image_size: int) -> nn.Module:
     return FastNet(in_channels, num_classes)

@@ -15,14 +15,16 @@ class ModelEntry:
     build: Callable[[int, int, int], nn.Module]  # (in_channels, num_classes, image_size) -> model
     description: str
     square_only: bool = False  # sized from one side (a linear head): a non-square input fails mid-epoch
+    # (smallest height and width, what sets it): a smaller input fails mid-epoch (a pool's output would be empty)
+    min_side: tuple[int, str] | None = None
 
 
 MODELS: dict[str, ModelEntry] = {}
 
 
-def register(name: str, description: str, square_only: bool = False):
+def register(name: str, description: str, square_only: bool = False, min_side: tuple[int, str] | None = None):
     def deco(fn):
-        MODELS[name] = ModelEntry(fn, description, square_only)
+        MODELS[name] = ModelEntry(fn, description, square_only, min_side)
         return fn
 
     return deco
@@ -38,6 +40,15 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: int, 
             f"model {name}: input images {image_size}x{width} (HxW): expected square images, as its linear head "
             "is sized from one side; give --image-size N to resize them to NxN"
         )
+    if MODELS[name].min_side is not None:
+        least, why = MODELS[name].min_side
+        if min(image_size, width or image_size) < least:  # a user error (--image-size, --max-side, an array), raised
+            # while the trainer is built: before any run folder
+            shape = f"{image_size}x{width} (HxW)" if width and width != image_size else f"{image_size}x{image_size}"
+            raise ConfigError(
+                f"model {name}: input images {shape}: expected at least {least}x{least} ({why}); "
+                f"give --image-size {least} or more"
+            )
     return MODELS[name].build(in_channels, num_classes, image_size)
 
 
