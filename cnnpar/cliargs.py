@@ -48,7 +48,8 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
         "--config",
         metavar="FILE",
         help="start from a TOML config (a run's config.toml works: a new run with its settings; its resume line "
-        "is not used, --resume continues a run)",
+        "is not used, --resume continues a run, with that run's own settings: a note names what this file sets "
+        "otherwise)",
     )
     base = Config()
     for sec_name in SECTIONS:
@@ -92,12 +93,17 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "", search_aga
 
     Resuming must train the same model on the same data as the run did, not the defaults;
     the machine-dependent switches go back to what the user asked for ("auto" where it was auto) so another
-    machine can continue the run, and a switch the user set stays set.
+    machine can continue the run, and a switch the user set stays set (so does one edited in the file since).
     A run killed before its first checkpoint still has its config.toml: `auto` starts it again
     from that, not from the defaults.
     """
+    stored = _stored_record(resume, out_dir, name)
+    return None if stored is None else _read_stored(stored, search_again)
+
+
+def _stored_record(resume: str, out_dir: str = "", name: str = "") -> Path | None:
+    """The config.toml `stored_run_config` reads, None where there is none."""
     from cnnpar.engine.checkpoint import find_checkpoint, resumed_checkpoint, run_dir_of
-    from cnnpar.engine.resolved import REQUESTED
 
     if resume == "auto":
         if not name:
@@ -110,8 +116,13 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "", search_aga
             return None
     run_dir = run_dir_of(ckpt) if ckpt is not None else folder
     stored = run_dir / "config.toml"
-    if not stored.is_file():
-        return None
+    return stored if stored.is_file() else None
+
+
+def _read_stored(stored: Path, search_again: bool) -> Config:
+    from cnnpar.engine.resolved import REQUESTED
+
+    run_dir = stored.parent
     raw = to_dict(load_toml(stored))
     if not _names_folder(raw["run"], run_dir):
         # a folder renamed or moved since (or a default-named run, stored as name = ""): the run is the folder
@@ -131,7 +142,7 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "", search_aga
 # same values, and the run then says where they came from (a stored class count read as --num-classes did not)
 FOUND_IN_DATA = (("data", "format"), ("data", "num_classes"))
 # An automatic batch size and the lr the search scaled for it (trainer._choose_batch_size): searched again, the
-# batch goes back to auto and the lr to the one asked for at batch 64, or the new search scales a scaled lr again
+# batch goes back to auto and the lr to the one asked for at its --lr-batch, or the new search scales a scaled lr again
 SEARCHED = (("run", "batch_size"), ("optim", "lr"))
 
 
@@ -150,12 +161,32 @@ def _as_requested(raw: dict, text: str, which) -> None:
       on a GPU machine must not train on the CPU.
     - With another --data, what the run found in its own data (format, image size, class count, ...).
     A stored value without a requested line was the user's own choice (a resolved "auto" is always written as
-    one) and stays: `--precision fp32` stays fp32, not whatever auto picks here."""
+    one) and stays: `--precision fp32` stays fp32, not whatever auto picks here. So does a value edited in the
+    file since the run wrote it (`_edited`)."""
     from cnnpar.engine.resolved import read_requested
 
+    edited = _edited(raw, text)
     for (sec, name), value in read_requested(text).items():
-        if sec in raw and name in raw[sec] and which(sec, name):
+        if sec in raw and name in raw[sec] and which(sec, name) and (sec, name) not in edited:
             raw[sec][name] = value
+
+
+def _edited(raw: dict, text: str) -> set[tuple[str, str]]:
+    """The fields of `raw` (read from the config.toml `text`) whose value is not the one the run resolved and
+    wrote there: edited by hand since (`precision = "fp32"` over the bf16 an auto chose). A record without
+    `# resolved:` lines (written before them) tells none."""
+    from cnnpar.engine.resolved import read_resolved
+
+    return {
+        (sec, name)
+        for (sec, name), value in read_resolved(text).items()
+        if sec in raw and name in raw[sec] and _plain(raw[sec][name]) != _plain(value)
+    }
+
+
+def _plain(value: object) -> object:
+    """A value as TOML and repr compare alike (a TOML array reads as a list, a repr'd tuple as a tuple)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _names_folder(run: dict, folder: Path) -> bool:
@@ -205,39 +236,18 @@ def config_from_args(args: argparse.Namespace) -> Config:
     resume = given.get("run.resume", "")
     search_again = given.get("run.batch_size") == 0  # --batch-size auto typed over a record's searched batch
     if getattr(args, "config", None):
-        from cnnpar.engine.rundir import same_source
-
-        cfg = _as_new_run(load_toml(args.config, get_preset(args.preset) if args.preset else None), args.config, given)
-        source = given.get("data.source")
-        # with another --data, what the run found in its own data is found again from the new data, and an
-        # automatic batch size (searched for that data's image size) is searched again
-        other_data = source is not None and not same_source(source, cfg.data.source)
-        raw = to_dict(cfg)
-
-        # a typed fixed batch is not searched: the record's lr stands beside it, as it does without other data
-        fixed_batch = given.get("run.batch_size", 0) != 0
-
-        def found_again(sec: str, name: str) -> bool:
-            searched = (other_data or search_again) and (sec, name) in SEARCHED and not fixed_batch
-            return _found_again(sec, name) or (other_data and sec == "data") or searched
-
-        _as_requested(raw, Path(args.config).read_text(), found_again)
-        cfg = from_dict(raw, origin=args.config)
+        cfg = _config_file(args, given, search_again)
     else:
         cfg = get_preset(args.preset) if getattr(args, "preset", None) else Config()
-        if resume:
-            # `auto` names its folder by --out-dir/--name, typed or from the preset
-            out_dir = given.get("run.out_dir", cfg.run.out_dir)
-            stored = stored_run_config(resume, out_dir, given.get("run.name", cfg.run.name), search_again)
-            if stored is not None and getattr(args, "preset", None) and _prints_notes():
-                # the run's own record replaces the preset whole. A note, not a refusal: re-running the command
-                # that started the run (`--preset X --resume auto`) is how a killed run continues
-                print(
-                    f"cnnpar: note: --preset {args.preset} not used: a resumed run continues with the settings of "
-                    f"its own config.toml (flags typed beside --resume change single settings)",
-                    file=sys.stderr,
-                )
-            cfg = stored if stored is not None else cfg
+    if resume:
+        # `auto` names its folder by --out-dir/--name, typed or from the preset or file
+        out_dir = given.get("run.out_dir", cfg.run.out_dir)
+        record = _stored_record(resume, out_dir, given.get("run.name", cfg.run.name))
+        if record is not None:
+            stored = _read_stored(record, search_again)
+            if _prints_notes():
+                _say_not_applied(args, given, cfg, stored, record.read_text())
+            cfg = stored
     overrides: dict[str, dict] = {}
     for key, value in vars(args).items():
         if "." in key:
@@ -249,6 +259,70 @@ def config_from_args(args: argparse.Namespace) -> Config:
     for sec, values in overrides.items():
         merged[sec].update(values)
     return from_dict(merged, origin="command line")
+
+
+def _config_file(args: argparse.Namespace, given: dict, search_again: bool) -> Config:
+    """The settings of `--config FILE` (on `--preset`'s), as a new run takes them: a run's record's resolved
+    "auto"s asked for again (`_as_requested`)."""
+    from cnnpar.engine.rundir import same_source
+
+    cfg = _as_new_run(load_toml(args.config, get_preset(args.preset) if args.preset else None), args.config, given)
+    source = given.get("data.source")
+    # with another --data, what the run found in its own data is found again from the new data, and an
+    # automatic batch size (searched for that data's image size) is searched again
+    other_data = source is not None and not same_source(source, cfg.data.source)
+    raw = to_dict(cfg)
+    text = Path(args.config).read_text()
+
+    # a fixed batch, typed or edited into the file, is not searched: the record's lr stands beside it, as it does
+    # without other data
+    fixed_batch = given.get("run.batch_size", 0) != 0 or ("run", "batch_size") in _edited(raw, text)
+
+    def found_again(sec: str, name: str) -> bool:
+        searched = (other_data or search_again) and (sec, name) in SEARCHED and not fixed_batch
+        return _found_again(sec, name) or (other_data and sec == "data") or searched
+
+    _as_requested(raw, text, found_again)
+    return from_dict(raw, origin=args.config)
+
+
+# What names a run rather than setting how it trains: `--resume` picks the run, whatever a file says
+IDENTITY = (("run", "out_dir"), ("run", "name"), ("run", "resume"))
+
+
+def _say_not_applied(args: argparse.Namespace, given: dict, cfg: Config, stored: Config, record: str) -> None:
+    """The note for a --preset or --config beside a --resume that continues a run: the run's own record replaces
+    it whole. A note, not a refusal: re-running the command that started the run (`--preset X --resume auto`,
+    `--config small.toml --resume auto`) is how a killed run continues. A file that sets what the run has (the
+    file that started it, the run's own config.toml) is no news; one that differs names where."""
+    from cnnpar.engine.resolved import read_requested
+
+    typed = " (flags typed beside --resume change single settings)"
+    if getattr(args, "preset", None):
+        print(
+            f"cnnpar: note: --preset {args.preset} not used: a resumed run continues with the settings of "
+            f"its own config.toml{typed}",
+            file=sys.stderr,
+        )
+    if not getattr(args, "config", None):
+        return
+    asked = read_requested(record)  # what the run asked for ("auto", 0) is the same setting as what it resolved
+    theirs, ours = to_dict(cfg), to_dict(stored)
+    differ = [
+        f"{sec}.{name}"
+        for sec in SECTIONS
+        for name, value in theirs[sec].items()
+        if (sec, name) not in IDENTITY
+        and f"{sec}.{name}" not in given
+        and value != ours[sec][name]
+        and asked.get((sec, name), ours[sec][name]) != value
+    ]
+    if differ:
+        print(
+            f"cnnpar: note: --config {args.config}: not applied on resume: the run continues with the settings of "
+            f"its own config.toml (differs in {', '.join(differ)}){typed}",
+            file=sys.stderr,
+        )
 
 
 def passthrough_args(argv: list[str], drop: str) -> list[str]:

@@ -83,12 +83,15 @@ def as_measured(cfg: Config) -> Config:
 
 
 REQUESTED = "# requested: "
+# Beside each requested line, the value the run resolved it to: a value in the file that differs from it was
+# edited by hand since, and is the user's own choice (cliargs reads both)
+RESOLVED = "# resolved: "
 
 
 def requested_lines(requested: Config, resolved: Config) -> list[str]:
     """`# requested: section.field = value` for each field the run resolved to something else (read back by
-    `read_requested`). An "auto" always resolves to something else, so a field without a line was the user's
-    own choice and is stored as chosen."""
+    `read_requested`), each followed by `# resolved: section.field = value` (`read_resolved`). An "auto" always
+    resolves to something else, so a field without a line was the user's own choice and is stored as chosen."""
     lines = []
     for sec in SECTIONS:
         want, got = getattr(requested, sec), getattr(resolved, sec)
@@ -97,6 +100,7 @@ def requested_lines(requested: Config, resolved: Config) -> list[str]:
             if a != b:
                 shown = "auto" if f.metadata.get("auto_zero") and a == 0 else repr(a)
                 lines.append(f"{REQUESTED}{sec}.{f.name} = {shown}")
+                lines.append(f"{RESOLVED}{sec}.{f.name} = {b!r}")
     return lines
 
 
@@ -118,11 +122,12 @@ def kept_requested_lines(old_record: str, requested: Config, lines: list[str]) -
     kept = []
     for line in old_record.splitlines():
         key = line.partition(" = ")[0]
-        if not line.startswith(REQUESTED) or key in have:
+        prefix = next((p for p in (REQUESTED, RESOLVED) if line.startswith(p)), None)
+        if prefix is None or key in have:
             continue
-        sec, _, name = key[len(REQUESTED) :].partition(".")
+        sec, _, name = key[len(prefix) :].partition(".")
         if name in now.get(sec, {}) and stored.get(sec, {}).get(name) == now[sec][name]:
-            kept.append(line)
+            kept.append(line)  # a requested line and its resolved partner, both or neither
     return kept
 
 
@@ -141,4 +146,22 @@ def read_requested(text: str) -> dict[tuple[str, str], object]:
             out[(sec, name)] = 0 if shown == "auto" else ast.literal_eval(shown)
         except (ValueError, SyntaxError):
             continue  # a value written by another version that does not read back: the stored one stands
+    return out
+
+
+def read_resolved(text: str) -> dict[tuple[str, str], object]:
+    """{(section, field): value} from a stored config.toml's `# resolved:` lines (none in a record written before
+    they were)."""
+    import ast
+
+    out = {}
+    for line in text.splitlines():
+        if not line.startswith(RESOLVED):
+            continue
+        key, _, shown = line[len(RESOLVED) :].partition(" = ")
+        sec, _, name = key.partition(".")
+        try:
+            out[(sec, name)] = ast.literal_eval(shown)
+        except (ValueError, SyntaxError):
+            continue  # not read back: as in a record without the line, the requested value applies
     return out

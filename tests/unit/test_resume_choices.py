@@ -3,6 +3,7 @@ config.toml says which: a `# requested:` line stands beside every field that was
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -287,3 +288,103 @@ def test_a_record_re_run_with_config_keeps_what_its_first_run_resolved_for_the_n
     np.savez(arrays, x_train=np.zeros((40, 8, 8, 3), np.uint8), y_train=np.arange(40) % 2)
     other = _parsed("--config", str(second), "--data", str(arrays))
     assert (other.data.format, other.data.image_size, other.run.batch_size) == ("auto", 0, 0)
+
+
+def test_a_config_file_beside_a_resume_is_not_applied_and_says_where_it_differs(tmp_path, capsys, monkeypatch):
+    """`--resume runs/r3 --config small.toml` trained the resumed epochs with the file's defaults (no label
+    smoothing, no augment, the default weight decay) and rewrote the run's record with them, saying nothing. The
+    run continues with its stored settings, as beside a --preset (re-running the command that started a run with
+    --resume auto continues it); flags typed beside --resume still change single settings, and a note names
+    what the file would have changed. The file that started the run, or the run's own record, is no news."""
+    run = tmp_path / "r3"
+    (run / "ckpt").mkdir(parents=True)
+    (run / "ckpt" / "last.pt").write_bytes(b"")  # found, not read here
+    settings = '[optim]\nlabel_smoothing = 0.1\nweight_decay = 0.01\n[data]\naugment = "flip"\n'
+    (run / "config.toml").write_text(
+        "# requested: data.image_size = 0\n# requested: speed.device = 'auto'\n# requested: run.batch_size = auto\n"
+        f'{settings}image_size = 16\n[speed]\ndevice = "cpu"\n'
+        f'[run]\nout_dir = "{tmp_path.as_posix()}"\nname = "r3"\nbatch_size = 64\n'
+    )
+    small = tmp_path / "small.toml"
+    small.write_text("[run]\nprogress = false\n")
+    for resume in ([str(run)], ["auto", "--name", "r3", "--out-dir", str(tmp_path)]):
+        cfg = _parsed("--resume", *resume, "--config", str(small), "--epochs", "2")
+        assert (cfg.optim.label_smoothing, cfg.data.augment, cfg.optim.weight_decay) == (0.1, "flip", 0.01)
+        assert (cfg.run.progress, cfg.run.epochs, cfg.run.name) == (True, 2, "r3")  # a typed flag still applies
+        err = capsys.readouterr().err
+        assert f"--config {small}: not applied on resume: the run continues with the settings of its own" in err
+        differ = err.partition("differs in ")[2].partition(")")[0].split(", ")
+        assert sorted(differ) == ["data.augment", "optim.label_smoothing", "optim.weight_decay", "run.progress"]
+    started = tmp_path / "started.toml"  # the file that started the run: its image size and device were auto
+    started.write_text(settings)
+    cfg = _parsed("--config", str(started), "--resume", "auto", "--name", "r3", "--out-dir", str(tmp_path))
+    assert (cfg.run.name, cfg.data.image_size, cfg.speed.device) == ("r3", 16, "auto")
+    _parsed("--config", str(run / "config.toml"), "--resume", str(run))
+    assert capsys.readouterr().err == ""
+    new = _parsed("--config", str(small), "--resume", "auto", "--name", "r9", "--out-dir", str(tmp_path))
+    assert new.run.progress is False and capsys.readouterr().err == ""  # no run r9 yet: the file starts it
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("CNNPAR_LAUNCHED_NPROC", "2")  # the launcher said it
+    _parsed("--resume", str(run), "--config", str(small))
+    assert capsys.readouterr().err == ""
+
+
+def test_a_value_edited_in_a_record_since_the_run_wrote_it_stays_and_an_unedited_one_is_resolved_again(tmp_path):
+    """`--config` of a run's record (or a resume of it) put every field with a `# requested:` line back to the
+    value asked for: precision = "fp32" edited over the bf16 auto chose trained bf16, num_classes = 12 trained
+    10 classes. The record's `# resolved:` lines say what the run wrote: a value that differs is the user's."""
+    import numpy as np
+
+    run = tmp_path / "r"
+    run.mkdir()
+    pairs = {
+        "speed.precision": ("'auto'", "'bf16'"),
+        "speed.channels_last": ("'auto'", "'on'"),
+        "speed.compile": ("'auto'", "'off'"),
+        "data.format": ("'auto'", "'digits'"),
+        "data.num_classes": ("0", "10"),
+        "run.batch_size": ("auto", "1024"),
+        "optim.lr": ("0.002", "0.008"),
+    }
+    lines = "".join(f"# requested: {k} = {a}\n# resolved: {k} = {b}\n" for k, (a, b) in pairs.items())
+    body = (
+        '[speed]\nprecision = "fp32"\nchannels_last = "off"\ncompile = "off"\n'
+        '[data]\nsource = "digits"\nformat = "digits"\nnum_classes = 12\n'
+        f'[run]\nbatch_size = 256\nname = "r"\nout_dir = "{tmp_path.as_posix()}"\n[optim]\nlr = 0.008\n'
+    )
+    (run / "config.toml").write_text(lines + body)
+    for cfg in (_parsed("--config", str(run / "config.toml")), stored_run_config("auto", str(tmp_path), "r")):
+        assert (cfg.speed.precision, cfg.speed.channels_last, cfg.data.num_classes) == ("fp32", "off", 12)  # edited
+        assert (cfg.speed.compile, cfg.data.format) == ("auto", "auto")  # as the run wrote them: found again
+    arrays = tmp_path / "a.npz"
+    np.savez(arrays, x_train=np.zeros((40, 8, 8, 3), np.uint8), y_train=np.arange(40) % 2)
+    other = _parsed("--config", str(run / "config.toml"), "--data", str(arrays))
+    assert (other.run.batch_size, other.optim.lr) == (256, 0.008)  # an edited batch is not searched, as a typed one
+    (run / "config.toml").write_text(lines + body.replace("256", "1024").replace("fp32", "bf16"))
+    same = _parsed("--config", str(run / "config.toml"), "--data", str(arrays))
+    assert (same.run.batch_size, same.optim.lr, same.speed.precision) == (0, 0.002, "auto")
+
+
+def test_a_run_writes_what_it_resolved_so_that_a_hand_edit_of_its_record_is_kept(tmp_path):
+    """The writing side of the test above: a real run's record names each resolved "auto" with both lines, a
+    re-run's record keeps the first run's pairs, and a value edited in the file since is what --config takes."""
+    from cnnpar.cli import main
+    from cnnpar.engine.resolved import read_resolved
+
+    common = ["--device", "cpu", "--max-steps", "1", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path)]
+    assert main(["train", *common, "--epochs", "1", "--name", "r"]) == 0
+    record = tmp_path / "r" / "config.toml"
+    text = record.read_text()
+    asked, got = read_requested(text), read_resolved(text)
+    assert set(asked) == set(got) and ("speed", "channels_last") in got and ("run", "batch_size") in got
+    stored = tomllib.loads(text)
+    assert all(stored[sec][name] == value for (sec, name), value in got.items())  # what the run wrote
+    assert main(["train", *common, "--epochs", "1", "--config", str(record), "--name", "r2"]) == 0
+    second = (tmp_path / "r2" / "config.toml").read_text()
+    assert {k: v for k, v in read_resolved(second).items() if k in read_requested(second)} == read_resolved(second)
+    assert read_resolved(second)[("run", "batch_size")] == got[("run", "batch_size")]
+    assert _parsed("--config", str(record)).speed.channels_last == "auto"  # unedited: resolved again here
+    was = got[("speed", "channels_last")]
+    other = "off" if was == "on" else "on"
+    record.write_text(text.replace(f'channels_last = "{was}"', f'channels_last = "{other}"'))
+    assert _parsed("--config", str(record)).speed.channels_last == other  # edited by hand: the user's choice
