@@ -588,6 +588,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _preset_data_note(args: argparse.Namespace, e: UserError) -> str:
+    """For an error about a --preset's own --data path (not typed: a typed path is the user's), which preset it
+    came from and what to pass instead; "" otherwise."""
+    preset = getattr(args, "preset", None)
+    if not preset or hasattr(args, "data.source"):
+        return ""
+    from cnnpar.presets import preset_data_note
+
+    note = preset_data_note(preset, user_error_text(e))
+    return f" {note}" if note else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -604,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args, argv[1:])
     except UserError as e:
         prefix = f"[rank {_rank()}] " if "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1" else ""
-        print(f"cnnpar: error: {prefix}{user_error_text(e)}", file=sys.stderr)
+        print(f"cnnpar: error: {prefix}{user_error_text(e)}{_preset_data_note(args, e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         terminated = isinstance(e, Terminated)

@@ -41,6 +41,7 @@ DECODERS = ("auto", "cpu", "gpu", "hardware", "nvimgcodec", "nvimgcodec-workers"
 STRATEGIES = ("ddp", "horovod")
 DEVICES = ("auto", "cpu", "cuda")
 CPU_BATCH = 64  # --batch-size auto on the CPU
+LR_BATCH = 64  # the batch --lr is the lr for when neither --lr-batch nor a fixed --batch-size says (optim.lr_batch)
 
 
 def _f(default: Any, help: str, flag: str | None = None, choices: tuple | None = None, auto_zero: bool = False) -> Any:
@@ -192,8 +193,16 @@ class OptimConfig:
     )
     lr: float = _f(
         2e-3,
-        "peak learning rate for the per-process batch (see lr_scaling); with --batch-size auto, the lr at batch "
-        "64, scaled with the batch chosen (linear for sgd, square root for adamw)",
+        "peak learning rate for the per-process batch (see lr_scaling); with --batch-size auto, the lr at "
+        "--lr-batch, scaled to the batch chosen (linear for sgd and muon, square root for adamw)",
+    )
+    lr_batch: int = _f(
+        0,
+        "the per-process batch --lr is the lr for: --batch-size auto scales the lr from it to the batch chosen "
+        "(linear for sgd and for muon's SGD groups, square root for adamw; --muon-lr is not scaled); a fixed "
+        "--batch-size trains at --lr as it is. auto (0): --batch-size where it is a number (a run's record: the "
+        "batch its lr trained at), else 64; the presets set the batch they were tuned at",
+        auto_zero=True,
     )
     weight_decay: float = _f(5e-4, "decoupled weight decay")
     momentum: float = _f(0.9, "SGD momentum")
@@ -241,6 +250,7 @@ class OptimConfig:
         _check_choice("optim", "schedule", self.schedule, SCHEDULES)
         _check_choice("optim", "lr_scaling", self.lr_scaling, LR_SCALINGS)
         _check_positive("optim", "lr", self.lr)
+        _check_positive("optim", "lr_batch", self.lr_batch, allow_zero=True)
         # torch's optimizers refuse negative ones with a ValueError traceback at the run's start
         _check_positive("optim", "weight_decay", self.weight_decay, allow_zero=True)
         _check_positive("optim", "momentum", self.momentum, allow_zero=True)
@@ -378,8 +388,8 @@ class RunConfig:
     batch_size: int = _f(
         0,
         "samples per process per micro-step; auto (0): on a GPU the largest batch that fits with a margin and "
-        "still raises measured throughput, found in a few seconds at start, the lr scaled from batch 64 "
-        "(engine/batch_size.py); 64 on the CPU",
+        "still raises measured throughput, found in a few seconds at start; 64 on the CPU; the lr scaled to it "
+        "from --lr-batch (engine/batch_size.py)",
         auto_zero=True,
     )
     seed: int = _f(0, "seed; each rank and epoch draws from seed + rank + a stride per epoch (resumes repeat exactly)")
@@ -567,6 +577,27 @@ def resolve_decode(requested: str, cuda: bool, engines: str | None = None) -> tu
     return "gpu", "auto: CUDA; nvJPEG measured fastest of gpu, cpu and nvimgcodec on an H200"
 
 
+def lr_reference(cfg: Config) -> int:
+    """The batch `cfg`'s --lr is the lr for (optim.lr_batch): as set, else a fixed --batch-size (the lr trains at
+    it), else LR_BATCH. Read from the config as asked, before --batch-size auto is resolved."""
+    return cfg.optim.lr_batch or cfg.run.batch_size or LR_BATCH
+
+
+def lr_factor(optimizer: str, batch: int, reference: int = LR_BATCH) -> float:
+    """How much the lr grows from the batch it is for (`reference`) to an automatically chosen `batch`: linear
+    (Goyal et al. 2017) where --lr drives SGD, square root (Malladi et al. 2022) for AdamW. Muon's --lr drives
+    SGD with Nesterov momentum for every parameter but the 4-D conv filters (engine/optim.build_optimizer), so
+    linear too; the filters' --muon-lr is not scaled (a Muon step's size does not depend on the gradient's)."""
+    ratio = batch / reference
+    return math.sqrt(ratio) if optimizer == "adamw" else ratio
+
+
+def lr_rule(optimizer: str) -> str:
+    if optimizer == "adamw":
+        return "square root (AdamW)"
+    return "linear (SGD)" if optimizer == "sgd" else "linear (Muon's SGD groups; --muon-lr not scaled)"
+
+
 def resolve_batch_size(batch_size: int, device_type: str) -> int:
     """--batch-size auto (0) stays 0 on a GPU, where the trainer measures it (engine/batch_size.py) with the
     model on the device; the CPU keeps the fixed 64 it always had (no search: its throughput barely grows)."""
@@ -585,6 +616,8 @@ def resolve_for_device(
     channels) and bf16 is chosen only where `cpu_bf16` says the CPU computes it natively (AVX512-BF16
     or AMX): emulated bf16 is slower than fp32. benchmarks/results/cpu_vs_textbook.csv holds the
     measurements (cnn3, MNIST, 2-core EPYC: NHWC 1.4x NCHW in fp32; bf16 on top of NHWC 1.3x more).
+    `optim.lr_batch` is stored as `lr_reference` (the batch the lr asked for is for); where --batch-size auto is
+    the CPU's 64, the lr is scaled to it from there by `lr_factor`, as the trainer scales it to a searched batch.
     """
     from cnnpar.presets import compile_default
 
@@ -626,9 +659,14 @@ def resolve_for_device(
     decode, _ = resolve_decode(data.decode, cuda, jpeg_engines)
     stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")
     batch = resolve_batch_size(cfg.run.batch_size, device_type)
+    reference = lr_reference(cfg)
+    lr = cfg.optim.lr
+    if batch and not cfg.run.batch_size:  # auto, the CPU's fixed batch: the lr follows it as it follows a search's
+        lr *= lr_factor(cfg.optim.optimizer, batch, reference)
     return replace(
         cfg,
         run=replace(cfg.run, batch_size=batch),
+        optim=replace(cfg.optim, lr=lr, lr_batch=reference),
         speed=replace(
             speed,
             device=device_type,

@@ -1,12 +1,14 @@
 """Named presets (functions returning a Config) and defaults that come from measurements.
 
-A preset is a starting point; flags given on the command line still override it.
+A preset is a starting point; flags given on the command line still override it. A preset's lr is the lr at
+its own batch (`optim.lr_batch`), so `--batch-size auto` scales it from that batch, not from 64.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
 from cnnpar.errors import ConfigError
@@ -64,6 +66,25 @@ def long_compiles_default(model_name: str, device_type: str, compile_mode: str, 
     )
 
 
+CIFAR10_NPZ = "a decoded CIFAR-10 .npz as benchmarks/prepare_cifar10.py writes it"
+# what each preset's default --data path is expected to hold, for the error where that path is missing
+PRESET_DATA = {
+    "mnist": "an MNIST .npz with x_train and y_train",
+    "cifar10-speed": CIFAR10_NPZ,
+    "cifar10-record": CIFAR10_NPZ,
+}
+
+
+def preset_data_note(preset: str, message: str) -> str:
+    """For an error `message` about a preset's own --data (not typed): where that path does not exist, which preset
+    it came from and what to pass instead (relative paths are the presets' defaults for a checkout's folder); ""
+    otherwise."""
+    source = get_preset(preset).data.source if preset in PRESETS else ""
+    if preset not in PRESET_DATA or source not in message or Path(source).exists():
+        return ""
+    return f"(the --data of --preset {preset}: pass --data FILE, {PRESET_DATA[preset]})"
+
+
 def default() -> Config:
     """`cnnpar train` with no flags: cnn3 on the built-in digits, a short CPU-friendly run."""
     return Config()
@@ -72,6 +93,7 @@ def default() -> Config:
 def mnist() -> Config:
     return Config(
         data=DataConfig(source="mnist.npz", augment="none"),
+        optim=OptimConfig(lr_batch=128),
         run=RunConfig(epochs=3, batch_size=128),
     )
 
@@ -80,7 +102,7 @@ def cifar10_resnet18() -> Config:
     return Config(
         data=DataConfig(augment="crop+flip"),
         model=ModelConfig(name="resnet18"),
-        optim=OptimConfig(optimizer="sgd", lr=0.2, weight_decay=5e-4, label_smoothing=0.1),
+        optim=OptimConfig(optimizer="sgd", lr=0.2, lr_batch=512, weight_decay=5e-4, label_smoothing=0.1),
         run=RunConfig(epochs=20, batch_size=512),
     )
 
@@ -105,6 +127,7 @@ def cifar10_speed() -> Config:
         optim=OptimConfig(
             optimizer="sgd",
             lr=1.5,
+            lr_batch=1024,
             momentum=0.85,
             weight_decay=1.33e-3,
             bias_lr_scale=64.0,
@@ -151,6 +174,7 @@ def cifar10_record() -> Config:
         optim=OptimConfig(
             optimizer="muon",
             lr=1.656,
+            lr_batch=2000,
             momentum=0.85,
             weight_decay=2.415e-3,
             bias_lr_scale=64.0,
@@ -175,6 +199,7 @@ def throughput() -> Config:
     return Config(
         data=DataConfig(source="synthetic", image_shape="3x224x224", synthetic_samples=8192),
         model=ModelConfig(name="resnet50"),
+        optim=OptimConfig(lr_batch=256),
         speed=SpeedConfig(),
         run=RunConfig(epochs=1, batch_size=256, eval_every=1000),
     )

@@ -172,9 +172,9 @@ def child_trial(steps: int, repeats: int, log: Callable[[str], None]) -> Callabl
 def batch_lr(cfg: Config, factor: int) -> tuple[float, str]:
     """The lr for a batch `factor` times larger: by the config's --lr-scaling rule where it names one
     (engine/optim.py's `scaled_lr`: the batch grows the samples per step as accumulation does), else
-    by the rule `--batch-size auto` uses (engine/batch_size.py: linear for SGD, square root for
-    AdamW), so a tuned batch carries the lr a searched one would have."""
-    from cnnpar.engine.batch_size import lr_factor, lr_rule
+    by the rule `--batch-size auto` uses (config.lr_factor: linear for SGD and Muon's SGD groups, square root
+    for AdamW), so a tuned batch carries the lr a searched one would have."""
+    from cnnpar.config import lr_factor, lr_rule
     from cnnpar.engine.optim import scaled_lr
 
     o = cfg.optim

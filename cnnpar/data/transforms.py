@@ -46,6 +46,21 @@ def resolve_augment(augment: str, shape: tuple[int, int, int], loader_crops: boo
     return "crop+flip" if shape[0] == 3 else "none"
 
 
+def mirror_warning(augment: str, shape: tuple[int, int, int], loader_crops: bool, origin: str) -> str:
+    """A warning line where `augment` (resolved) mirrors images that `resolve_augment`'s auto would not mirror
+    (grey arrays such as the built-in digits: a digit read mirrored is another digit, or none), "" otherwise. A
+    preset for colour photos (cifar10-*) run on the digits mirrored them silently: cnn3 on the digits, 4 epochs
+    on a 2-core CPU, scored 98.89 % validation accuracy without augmentation and 82.17 % with crop+flip."""
+    mirrors = augment_tokens(augment) & {"flip", "altflip"}
+    if not mirrors or augment_tokens(resolve_augment("auto", shape, loader_crops)) & {"flip", "altflip"}:
+        return ""
+    return (
+        f"warning: augment {augment} mirrors the {shape[0]}-channel images of {origin}, which --augment auto "
+        "leaves unmirrored (a mirrored digit reads as another): pass --augment none, crop or translate unless "
+        "mirrored images keep their labels"
+    )
+
+
 def random_flip(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     flip = torch.rand(x.shape[0], 1, 1, 1, device=x.device, generator=generator) < 0.5
     return torch.where(flip, x.flip(-1), x)

@@ -7,17 +7,18 @@ least `MIN_GAIN` faster per image than the size before it. Beyond the point wher
 saturated a larger batch buys no speed, only fewer optimizer steps per epoch (which costs accuracy
 per epoch), so the search stops at the first doubling that gains too little.
 
-The learning rate follows the batch by a stated rule (`lr_factor`): `--lr` is the lr for batch 64,
-and an automatically chosen batch B multiplies it by B / 64 for SGD (the linear scaling rule,
-Goyal et al. 2017) or by sqrt(B / 64) for AdamW (the square-root rule for adaptive optimizers,
-Malladi et al. 2022); the schedule's warm-up stays as configured (a one-cycle schedule warms up
-over its first 15 % of steps by default, which is what makes the larger lr safe early on).
+The learning rate follows the batch by a stated rule (`lr_factor`, in config.py): `--lr` is the lr for
+the batch `--lr-batch` names (`config.lr_reference`: 64 by default, a preset's own batch, a run record's
+fixed batch), and an automatically chosen batch B multiplies it by B / lr_batch for SGD and for Muon's
+SGD groups (the linear scaling rule, Goyal et al. 2017) or by sqrt(B / lr_batch) for AdamW (the
+square-root rule for adaptive optimizers, Malladi et al. 2022); the schedule's warm-up stays as
+configured (a one-cycle schedule warms up over its first 15 % of steps by default, which is what makes
+the larger lr safe early on).
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from cnnpar.config import Config
+from cnnpar.config import Config, lr_factor, lr_rule
 from cnnpar.dist import DistInfo, all_reduce_max
 from cnnpar.engine.optim import build_optimizer
 from cnnpar.engine.train_step import TrainStep
@@ -59,7 +60,6 @@ MEMORY_SHARE = 0.5  # a probe step may use half the memory free at the search: r
 PHOTO_START = 256
 PHOTO_SIDE = 128
 MIN_STEPS_PER_EPOCH = 16  # never so large a batch that an epoch has fewer optimizer steps than this
-REFERENCE_BATCH = START  # --lr is the lr at this batch when the batch is chosen automatically
 WARMUP_STEPS = 3  # cuDNN autotuning and the CUDA graph's capture happen here, untimed
 TIMED_STEPS = 6
 
@@ -160,14 +160,11 @@ def choose_batch_size(
     return BatchChoice(best.batch, stopped, probes)
 
 
-def lr_factor(optimizer: str, batch: int, reference: int = REFERENCE_BATCH) -> float:
-    """How much the lr grows with an automatically chosen batch (see the module's docstring)."""
-    ratio = batch / reference
-    return ratio if optimizer == "sgd" else math.sqrt(ratio)
-
-
-def lr_rule(optimizer: str) -> str:
-    return "linear (SGD)" if optimizer == "sgd" else "square root (AdamW)"
+def lr_line(optimizer: str, lr: float, reference: int, batch: int) -> str:
+    """`lr 0.2 at batch 512 x linear (SGD) of 64/512 = 0.025`: the lr asked for, the batch it is for, the rule
+    and the lr the chosen `batch` trains at."""
+    scaled = lr * lr_factor(optimizer, batch, reference)
+    return f"lr {lr:g} at batch {reference} x {lr_rule(optimizer)} of {batch}/{reference} = {scaled:.3g}"
 
 
 def gib(n: int) -> str:

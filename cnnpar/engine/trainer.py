@@ -23,14 +23,15 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cnnpar.config import Config, dumps_toml, to_dict
+from cnnpar.config import Config, dumps_toml, lr_factor, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, first_five, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
+from cnnpar.data.transforms import mirror_warning, resolve_augment
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
 from cnnpar.engine.averaging import build_weight_average
-from cnnpar.engine.batch_size import REFERENCE_BATCH, lr_factor, lr_rule, search_on_device
+from cnnpar.engine.batch_size import lr_line, search_on_device
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, require_training_state, save_checkpoint
 from cnnpar.engine.fault import maybe_inject_fault
 from cnnpar.engine.optim import (
@@ -136,6 +137,12 @@ class Trainer:
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
         self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
         self.cfg = cfg = resolve_for(cfg, info.device)
+        self.batch_line = ""
+        if cfg.run.batch_size != self.requested_cfg.run.batch_size and cfg.optim.lr_batch != cfg.run.batch_size:
+            # --batch-size auto on the CPU, 64, with the lr scaled to it from another batch (a preset's)
+            asked = self.requested_cfg.optim.lr
+            lr = lr_line(cfg.optim.optimizer, asked, cfg.optim.lr_batch, cfg.run.batch_size)
+            self.batch_line = f"batch size auto: {cfg.run.batch_size} (the CPU's); {lr}"
         torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
         torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
         c, h, w = self.bundle.shape
@@ -156,7 +163,6 @@ class Trainer:
         if hasattr(self.raw_model, "init_from_data"):
             self.raw_model.init_from_data(self._normalised_sample())
         apply_frozen_whitening(self.raw_model, cfg.optim)
-        self.batch_line = ""
         if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
             self.cfg = cfg = self._choose_batch_size(cfg)
         cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), info.world_size)
@@ -233,7 +239,8 @@ class Trainer:
         self.stream.enter()
 
     def _choose_batch_size(self, cfg: Config) -> Config:
-        """The searched batch (engine/batch_size.py) and the lr scaled from batch 64 by its stated rule."""
+        """The searched batch (engine/batch_size.py) and the lr scaled to it from the batch it is for (optim.lr_batch,
+        resolved: 64, a preset's, a record's fixed batch) by its stated rule."""
         gpu_decoder = decodes_on_gpu(cfg, self.bundle)
         graphs = cfg.speed.cuda_graphs == "on" and not graphs_blocked_by(
             cfg, self.info.distributed, gpu_decoder and self.graphs_requested == "auto"
@@ -248,10 +255,9 @@ class Trainer:
             graphs,
             gpu_decoder=gpu_decoder,
         )
-        lr = cfg.optim.lr * lr_factor(cfg.optim.optimizer, choice.batch)
+        lr = cfg.optim.lr * lr_factor(cfg.optim.optimizer, choice.batch, cfg.optim.lr_batch)
         self.batch_line = (
-            f"{choice.line()}; lr {cfg.optim.lr:g} at batch {REFERENCE_BATCH} x {lr_rule(cfg.optim.optimizer)} "
-            f"of {choice.batch}/{REFERENCE_BATCH} = {lr:.3g}"
+            f"{choice.line()}; {lr_line(cfg.optim.optimizer, cfg.optim.lr, cfg.optim.lr_batch, choice.batch)}"
         )
         return replace(cfg, run=replace(cfg.run, batch_size=choice.batch), optim=replace(cfg.optim, lr=lr))
 
@@ -660,7 +666,11 @@ class Trainer:
             buffers = "sent from rank 0 every forward" if d.broadcast_buffers else "per rank until each evaluation"
             mib = d.bucket_bytes_cap / 2**20
             self.log(f"ddp: gradient buckets {mib:g} MiB, static graph {graph}, buffers {buffers}")
-        self.log(split_line(self.bundle))
+        augment = resolve_augment(cfg.data.augment, self.bundle.shape, self.bundle.loader_crops)
+        self.log(f"{split_line(self.bundle)}; augment {augment}")
+        mirrored = mirror_warning(augment, self.bundle.shape, self.bundle.loader_crops, self.bundle.origin)
+        if mirrored:
+            self.log(mirrored)
         if self.bundle.val_overlap:
             self.log(self.bundle.val_overlap)
         for line in class_lines(self.bundle):

@@ -5,8 +5,8 @@ import math
 import pytest
 
 from cnnpar.cliargs import int_or_auto
-from cnnpar.config import Config, RunConfig, resolve_for_device
-from cnnpar.engine.batch_size import Probe, batch_cap, choose_batch_size, lr_factor
+from cnnpar.config import Config, RunConfig, lr_factor, resolve_for_device
+from cnnpar.engine.batch_size import Probe, batch_cap, choose_batch_size
 
 GIB = 2**30
 
