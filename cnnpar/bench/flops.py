@@ -26,7 +26,7 @@ PEAK_MIN_SECONDS = 0.3
 def flops_per_image(model_name: str, shape: tuple[int, int, int], num_classes: int, device: torch.device) -> float:
     """Forward + backward FLOPs of one image (a multiply-add counts as two)."""
     c, h, w = shape
-    model = build_model(model_name, c, num_classes, h).to(device)
+    model = build_model(model_name, c, num_classes, h, w).to(device)
     x = torch.randn(FLOP_BATCH, c, h, w, device=device)
     y = torch.randint(0, num_classes, (FLOP_BATCH,), device=device)
     with FlopCounterMode(display=False) as counter:

@@ -149,8 +149,8 @@ def _skip_reason(rung: Rung, cfg: Config, device: torch.device, bundle: DataBund
     if rung.needs_cuda and device.type != "cuda":
         return "needs CUDA"
     if rung.name == "stem_space_to_depth":
-        c, h, _ = bundle.shape
-        if not has_stem_to_rewrite(build_model(cfg.model.name, c, bundle.num_classes, h)):
+        c, h, w = bundle.shape
+        if not has_stem_to_rewrite(build_model(cfg.model.name, c, bundle.num_classes, h, w)):
             return "the model has no stride-2 stem convolution of 5x5 or more on at most 4 channels"
     if rung.name == "resident" and not bundle.in_memory:
         return "data is not held in memory (image folder): nothing to make resident"

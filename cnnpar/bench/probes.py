@@ -120,8 +120,8 @@ def no_compile_caches():
 
 
 def _fresh_step_parts(cfg: Config, shape: tuple[int, int, int], num_classes: int, device: torch.device):
-    c, h, _ = shape
-    model = build_model(cfg.model.name, c, num_classes, h).to(device)
+    c, h, w = shape
+    model = build_model(cfg.model.name, c, num_classes, h, w).to(device)
     if cfg.speed.channels_last == "on":
         model = model.to(memory_format=torch.channels_last)
     precision = Precision(cfg.speed.precision, device)

@@ -150,7 +150,7 @@ def predict(
         warning = range_warning(ds.x, meta["mean"], meta["std"], data)
         if warning:
             print(warning, file=sys.stderr, flush=True)
-    model = build_model(meta["model"], c, meta["num_classes"], h)
+    model = build_model(meta["model"], c, meta["num_classes"], h, w)
     model.load_state_dict(averaged_weights(state) or state["model"])  # the weights the run evaluated
     model.to(dev).eval()
     views = _views(state, tta_level, log)
