@@ -667,6 +667,8 @@ class Trainer:
             mib = d.bucket_bytes_cap / 2**20
             self.log(f"ddp: gradient buckets {mib:g} MiB, static graph {graph}, buffers {buffers}")
         augment = resolve_augment(cfg.data.augment, self.bundle.shape, self.bundle.loader_crops)
+        if self.bundle.loader_crops:  # photos: the decoder (or a store's cropper) draws random-resized crops as well
+            augment = "random-resized crop" + ("" if augment == "none" else f" + {augment}")
         self.log(f"{split_line(self.bundle)}; augment {augment}")
         mirrored = mirror_warning(augment, self.bundle.shape, self.bundle.loader_crops, self.bundle.origin)
         if mirrored:

@@ -114,6 +114,19 @@ def test_the_start_says_the_augmentation_and_warns_where_a_flip_meets_the_digits
     assert "; augment none" in out and "warning: augment" not in out
 
 
+def test_the_start_names_the_random_resized_crop_of_photos(tmp_path, capsys):
+    """Photos are cropped where they are decoded: `augment flip` alone hid the random-resized crop."""
+    from tests.datafiles import write_image_folder
+
+    photos = write_image_folder(tmp_path / "photos", per_class=4)
+    common = [*TINY, "--out-dir", str(tmp_path), "--data", str(photos), "--image-size", "16", "--model", "cnn3"]
+    assert main(["train", *common, "--name", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert next(ln for ln in out.splitlines() if ln.startswith("data: ")).endswith(
+        "; augment random-resized crop + flip"
+    )
+
+
 def test_a_flip_warns_only_where_auto_would_not_flip():
     from cnnpar.data.transforms import mirror_warning
 
