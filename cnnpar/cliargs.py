@@ -235,6 +235,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
     given = vars(args)
     resume = given.get("run.resume", "")
     search_again = given.get("run.batch_size") == 0  # --batch-size auto typed over a record's searched batch
+    origin = " / ".join(
+        f"{flag} {value}"
+        for flag, value in (("--config", getattr(args, "config", None)), ("--preset", getattr(args, "preset", None)))
+        if value
+    )
     if getattr(args, "config", None):
         cfg = _config_file(args, given, search_again)
     else:
@@ -247,7 +252,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             stored = _read_stored(record, search_again)
             if _prints_notes():
                 _say_not_applied(args, given, cfg, stored, record.read_text())
-            cfg = stored
+            cfg, origin = stored, str(record)
     overrides: dict[str, dict] = {}
     for key, value in vars(args).items():
         if "." in key:
@@ -258,7 +263,20 @@ def config_from_args(args: argparse.Namespace) -> Config:
     merged = to_dict(cfg)
     for sec, values in overrides.items():
         merged[sec].update(values)
-    return from_dict(merged, origin="command line")
+    cfg = from_dict(merged, origin="command line")
+    _check_typed(cfg, {key for key in given if "." in key}, origin)
+    return cfg
+
+
+def _check_typed(cfg: Config, typed: set[str], origin: str) -> None:
+    """Once per command, on the config it runs: a typed flag that another setting turns into its opposite is
+    refused, and one that does nothing here is named in a note (flag_effects.py), not silently ignored."""
+    from cnnpar.flag_effects import refuse_overridden, unused_flags
+
+    refuse_overridden(cfg, typed, origin)
+    if _prints_notes():
+        for line in unused_flags(cfg, typed):
+            print(f"cnnpar: note: {line}", file=sys.stderr)
 
 
 def _config_file(args: argparse.Namespace, given: dict, search_again: bool) -> Config:

@@ -1,0 +1,195 @@
+"""Flags the user typed that do nothing in the config they end up in, said rather than silently ignored.
+
+A typed `--muon-lr 0.1` beside the default AdamW, `--decode gpu` on an .npz or `--compile-eval` with `--compile
+off` trained as if they had not been typed, and the run's result was not the one asked for. `unused_flags`
+reads one table: for each flag, the config settings it needs to take effect (read where the flag is used:
+engine/optim.build_optimizer, engine/averaging.build_weight_average, data/loader.build_loader, the trainer's
+`evaluate`), and returns one line per typed flag whose settings are not there, naming what would make it apply.
+Only typed flags count (a preset or a --config file sets whatever its recipe needs, used or not), and a typed
+value that asks for nothing (`--no-muon-normalize`, `--decode auto`, `--cpu-share 0`) gets no line.
+
+`refuse_overridden` is for a typed wish that another setting overrides in the opposite direction: a note would
+let the run do the opposite of what was asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+from cnnpar.config import SECTIONS, Config, cli_flag
+from cnnpar.errors import ConfigError, UserError
+
+
+@dataclass(frozen=True)
+class Rule:
+    keys: tuple[str, ...]  # the "section.field" settings whose flags this rule reads
+    idle: Callable[[Config], str]  # why they do nothing in a config, and what makes them apply; "" where they apply
+    asks: Callable[[object], bool] = lambda value: True  # whether a typed value asks for anything
+
+
+def _switched_on(value: object) -> bool:
+    return bool(value)
+
+
+def _not_auto(value: object) -> bool:
+    return value != "auto"
+
+
+def _positive(value: object) -> bool:
+    return value > 0
+
+
+def _no_muon(cfg: Config) -> str:
+    optimizer = cfg.optim.optimizer
+    return "" if optimizer == "muon" else f"the optimizer is {optimizer}, and only Muon reads it: add --optimizer muon"
+
+
+def _no_momentum(cfg: Config) -> str:
+    # build_optimizer: SGD takes it, and Muon's SGD groups (all but the 4-D conv filters); AdamW has betas
+    if cfg.optim.optimizer != "adamw":
+        return ""
+    return (
+        "the optimizer is adamw, which has no momentum setting (its betas are torch's): --optimizer sgd or muon uses it"
+    )
+
+
+def _no_average(cfg: Config) -> str:
+    # build_weight_average: an average only where ema > 0 (lookahead without one is refused by OptimConfig)
+    return "" if cfg.optim.ema > 0 else "no weight average is kept (--ema is 0): give --ema a decay, e.g. --ema 0.95"
+
+
+def _not_compiled(cfg: Config) -> str:
+    if cfg.speed.compile != "off":
+        return ""
+    return "--compile is off, so there is no compiled model to evaluate through: give --compile a mode, e.g. default"
+
+
+def _source_format(cfg: Config) -> str | None:
+    """The format `--data` is read as (data/sources.detect_format), None where that cannot be told yet (a missing
+    file: the run says so itself, in its own terms)."""
+    from cnnpar.data.sources import detect_format  # (imports torch: only when a decode flag was typed)
+
+    try:
+        return detect_format(cfg.data.source, cfg.data.format)
+    except (UserError, OSError):
+        return None
+
+
+def _in_memory(cfg: Config, fmt: str | None) -> str:
+    """Why `--data` decodes no JPEG while training; "" for an image folder (or a format not told)."""
+    source = cfg.data.source
+    if fmt in ("digits", "synthetic"):
+        return f"--data {source} is built-in data made in memory"
+    if fmt in ("npz", "csv"):
+        return f"--data {source} is {'an .npz' if fmt == 'npz' else 'a CSV'} read into memory as pixels"
+    if fmt == "store":
+        return f"--data {source} is a prepared store, its photos decoded once by cnnpar prepare"
+    return ""
+
+
+def _no_jpeg_decoding(cfg: Config) -> str:
+    """data/loader.build_loader: --decode picks the decoder of an `ImageFolderDataset` (a folder of photos) under
+    the fast loader, and of nothing else (a store's pixels are cropped on the device whatever it says)."""
+    held = _in_memory(cfg, _source_format(cfg))
+    if held:
+        return f"{held}, so no JPEG is decoded while training: it applies to --data <a folder of photos>"
+    if cfg.data.loader == "textbook":
+        return "--loader textbook decodes each photo on the host in its per-sample reads: --loader fast uses it"
+    return ""
+
+
+def _no_gpu_decoder(cfg: Config) -> str:
+    """--cpu-share and --gpu-resize act on a GPU decoder's batches (loader.decodes_on_gpu): with --decode gpu,
+    hardware or nvimgcodec, or auto where it picks one of those (CUDA)."""
+    why = _no_jpeg_decoding(cfg)
+    if why:
+        return why
+    decode = cfg.data.decode
+    if decode in ("cpu", "nvimgcodec-workers"):
+        how = "the worker processes decode and resize" if decode == "cpu" else "the worker processes decode"
+        return f"with --decode {decode} {how} each photo themselves: --decode gpu, hardware or nvimgcodec uses it"
+    if decode == "auto" and cfg.speed.device == "cpu":
+        return "--decode auto picks cpu on --device cpu (worker processes): --decode gpu uses it"
+    return ""
+
+
+def _tta_level_decides(cfg: Config) -> str:
+    level = cfg.run.tta_level
+    if level == "none":
+        return ""
+    return f"--tta-level {level} decides the test-time augmentation: --tta-level none turns it off"
+
+
+MUON = ("optim.muon_lr", "optim.muon_momentum", "optim.muon_ns_steps", "optim.muon_normalize")
+AVERAGE = ("optim.ema_every", "optim.ema_start", "optim.ema_warmup")
+
+RULES = (
+    Rule(MUON[:3], _no_muon),
+    Rule(MUON[3:], _no_muon, _switched_on),
+    Rule(("optim.momentum",), _no_momentum),
+    Rule(AVERAGE, _no_average),
+    Rule(("speed.compile_eval",), _not_compiled, _switched_on),
+    Rule(("data.decode",), _no_jpeg_decoding, _not_auto),
+    Rule(("data.cpu_share",), _no_gpu_decoder, _positive),
+    Rule(("data.gpu_resize",), _no_gpu_decoder, _not_auto),
+    Rule(("run.tta_flip",), _tta_level_decides, lambda value: not value),  # --tta-flip is in every level
+)
+
+
+def _flags() -> dict[str, str]:
+    """Each setting's flag, as config's fields name them: `optim.muon_lr` -> `--muon-lr`."""
+    base = Config()
+    return {
+        f"{sec}.{f.name}": "--" + cli_flag(f).replace("_", "-") for sec in SECTIONS for f in fields(getattr(base, sec))
+    }
+
+
+def typed_form(key: str, value: object) -> str:
+    """A setting as the user typed it: `--muon-lr 0.1`, `--compile-eval`, `--no-tta-flip`."""
+    flag = _flags()[key]
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+
+
+def unused_flags(cfg: Config, typed: set[str]) -> list[str]:
+    """One line per flag in `typed` ("section.field" keys: the flags the user typed) that does nothing in `cfg`
+    (the config after presets, --config, a resumed run's record and the flags, so a typed flag's value is the
+    one in `cfg`): the flag as typed, why it does nothing, and what would make it apply."""
+    lines = []
+    for rule in RULES:
+        for key in rule.keys:
+            if key not in typed:
+                continue
+            value = _value(cfg, key)
+            if not rule.asks(value):
+                continue
+            why = rule.idle(cfg)
+            if why:
+                lines.append(f"{typed_form(key, value)} not used: {why}")
+    return lines
+
+
+def _value(cfg: Config, key: str) -> object:
+    sec, name = key.split(".", 1)
+    return getattr(getattr(cfg, sec), name)
+
+
+def refuse_overridden(cfg: Config, typed: set[str], origin: str = "") -> None:
+    """Raise ConfigError where a typed flag asks for the opposite of what another, untyped setting makes the run do.
+
+    `--no-tta-flip` under `--preset cifar10-speed`: the preset's tta_level = flip+translate decides over tta_flip
+    (RunConfig.tta_in_effect), so the run would evaluate with the mirror it was told not to use. Typed beside a
+    --tta-level, the level is the user's own: `unused_flags` says that the switch is not read."""
+    if "run.tta_flip" not in typed or "run.tta_level" in typed:
+        return
+    level = cfg.run.tta_level
+    if cfg.run.tta_flip or level == "none":
+        return
+    source = f" (from {origin})" if origin else ""
+    raise ConfigError(
+        f"--no-tta-flip with tta_level = {level!r}{source}: the level decides the test-time augmentation and "
+        f"keeps the mirror: expected --tta-level none in place of --no-tta-flip (or --tta-level flip: the mirror "
+        "without the shifts)"
+    )

@@ -1,0 +1,168 @@
+"""A flag the user typed that does nothing in the run's config is named in a note (flag_effects.py), not silently
+ignored; one that the config turns into its opposite (--no-tta-flip under a TTA level) is refused. Values from a
+preset, a --config file or a resumed run's record say nothing: only what was typed is the user's wish."""
+
+from __future__ import annotations
+
+import pytest
+
+from cnnpar.config import Config
+from cnnpar.errors import ConfigError
+
+NOTE = "cnnpar: note: "
+
+
+def _parsed(*words: str, command: str = "train") -> Config:
+    from cnnpar.cli import build_parser
+    from cnnpar.cliargs import config_from_args
+
+    return config_from_args(build_parser().parse_args([command, *words]))
+
+
+def _notes(capsys, *words: str, command: str = "train") -> list[str]:
+    _parsed(*words, command=command)
+    return [line[len(NOTE) :] for line in capsys.readouterr().err.splitlines() if line.startswith(NOTE)]
+
+
+MUON_WHY = "not used: the optimizer is adamw, and only Muon reads it: add --optimizer muon"
+
+
+@pytest.mark.parametrize(
+    "typed",
+    [("--muon-lr", "0.1"), ("--muon-momentum", "0.5"), ("--muon-ns-steps", "5"), ("--muon-normalize",)],
+)
+def test_a_muon_setting_typed_without_muon_is_named_and_not_with_muon_or_from_a_preset(capsys, typed):
+    assert _notes(capsys, *typed) == [f"{' '.join(typed)} {MUON_WHY}"]
+    assert _notes(capsys, "--optimizer", "muon", *typed) == []
+    # cifar10-record sets every Muon setting; another optimizer typed leaves them unused, but nobody typed them
+    assert _notes(capsys, "--preset", "cifar10-record", "--optimizer", "sgd") == []
+    assert _notes(capsys, "--no-muon-normalize") == []  # asks for nothing
+
+
+def test_momentum_typed_with_adamw_is_named_and_not_with_sgd_or_muon_or_from_a_preset(capsys):
+    assert _notes(capsys, "--momentum", "0.8") == [
+        "--momentum 0.8 not used: the optimizer is adamw, which has no momentum setting (its betas are torch's): "
+        "--optimizer sgd or muon uses it"
+    ]
+    assert _notes(capsys, "--optimizer", "sgd", "--momentum", "0.8") == []
+    assert _notes(capsys, "--optimizer", "muon", "--momentum", "0.8") == []  # Muon's SGD groups read it
+    assert _notes(capsys, "--preset", "cifar10-record", "--optimizer", "adamw") == []  # the preset's momentum
+
+
+@pytest.mark.parametrize(
+    "typed", [("--ema-every", "5"), ("--ema-start", "0.3"), ("--ema-warmup", "3")], ids=lambda t: t[0]
+)
+def test_an_average_setting_typed_without_an_average_is_named_and_not_with_one_or_from_a_file(capsys, tmp_path, typed):
+    flag, value = typed
+    assert _notes(capsys, *typed) == [
+        f"{flag} {value} not used: no weight average is kept (--ema is 0): give --ema a decay, e.g. --ema 0.95"
+    ]
+    assert _notes(capsys, "--ema", "0.95", *typed) == []
+    config = tmp_path / "c.toml"
+    config.write_text("[optim]\nema_every = 5\nema_start = 0.3\nema_warmup = 3.0\n")
+    assert _notes(capsys, "--config", str(config)) == []
+    assert _notes(capsys, "--config", str(config), "--epochs", "2") == []
+
+
+def test_lookahead_without_an_average_stays_refused(capsys):
+    with pytest.raises(ConfigError, match="lookahead = true needs an average"):
+        _parsed("--lookahead")
+
+
+def test_compile_eval_typed_with_compile_off_is_named_and_not_compiled_or_from_a_preset(capsys):
+    assert _notes(capsys, "--compile", "off", "--compile-eval") == [
+        "--compile-eval not used: --compile is off, so there is no compiled model to evaluate through: give "
+        "--compile a mode, e.g. default"
+    ]
+    assert _notes(capsys, "--compile", "default", "--compile-eval") == []
+    # cifar10-record sets compile_eval; its docstring's "on a CPU add --compile off" is no news
+    assert _notes(capsys, "--preset", "cifar10-record", "--compile", "off") == []
+
+
+IN_MEMORY = "so no JPEG is decoded while training: it applies to --data <a folder of photos>"
+
+
+@pytest.mark.parametrize(
+    ("data", "held"),
+    [
+        ([], "--data digits is built-in data made in memory"),
+        (["--data", "synthetic"], "--data synthetic is built-in data made in memory"),
+        (["--data", "x.npz"], "--data x.npz is an .npz read into memory as pixels"),
+        (["--data", "x.csv"], "--data x.csv is a CSV read into memory as pixels"),
+        (["--data", "x.cnnpar"], "--data x.cnnpar is a prepared store, its photos decoded once by cnnpar prepare"),
+    ],
+    ids=["digits", "synthetic", "npz", "csv", "store"],
+)
+def test_decode_settings_typed_on_data_with_no_jpegs_are_named(capsys, data, held):
+    typed = ["--decode", "gpu", "--cpu-share", "0.3", "--gpu-resize", "loop"]
+    assert _notes(capsys, *data, *typed) == [
+        f"--decode gpu not used: {held}, {IN_MEMORY}",
+        f"--cpu-share 0.3 not used: {held}, {IN_MEMORY}",
+        f"--gpu-resize loop not used: {held}, {IN_MEMORY}",
+    ]
+    assert _notes(capsys, *data, "--decode", "auto", "--cpu-share", "0", "--gpu-resize", "auto") == []
+
+
+def test_decode_settings_on_a_folder_of_photos_are_named_only_where_its_loader_does_not_read_them(capsys, tmp_path):
+    folder = ["--data", str(tmp_path)]
+    gpu = ["--decode", "gpu", "--cpu-share", "0.3", "--gpu-resize", "loop"]
+    assert _notes(capsys, *folder, *gpu) == []
+    assert _notes(capsys, *folder, "--decode", "hardware", "--cpu-share", "0.3") == []
+    assert _notes(capsys, *folder, "--decode", "cpu", "--cpu-share", "0.3", "--gpu-resize", "loop") == [
+        f"{flag} not used: with --decode cpu the worker processes decode and resize each photo themselves: "
+        "--decode gpu, hardware or nvimgcodec uses it"
+        for flag in ("--cpu-share 0.3", "--gpu-resize loop")
+    ]
+    assert _notes(capsys, *folder, "--device", "cpu", "--cpu-share", "0.3") == [
+        "--cpu-share 0.3 not used: --decode auto picks cpu on --device cpu (worker processes): --decode gpu uses it"
+    ]
+    assert _notes(capsys, *folder, "--loader", "textbook", "--decode", "gpu") == [
+        "--decode gpu not used: --loader textbook decodes each photo on the host in its per-sample reads: "
+        "--loader fast uses it"
+    ]
+
+
+def test_no_tta_flip_under_a_tta_level_is_refused_unless_a_level_is_typed_too(capsys):
+    with pytest.raises(ConfigError) as refused:
+        _parsed("--preset", "cifar10-speed", "--no-tta-flip")
+    assert str(refused.value) == (
+        "--no-tta-flip with tta_level = 'flip+translate' (from --preset cifar10-speed): the level decides the "
+        "test-time augmentation and keeps the mirror: expected --tta-level none in place of --no-tta-flip "
+        "(or --tta-level flip: the mirror without the shifts)"
+    )
+    cfg = _parsed("--preset", "cifar10-speed", "--no-tta-flip", "--tta-level", "none")
+    assert cfg.run.tta_in_effect == "none" and capsys.readouterr().err == ""
+    assert _notes(capsys, "--preset", "cifar10-speed", "--no-tta-flip", "--tta-level", "flip") == [
+        "--no-tta-flip not used: --tta-level flip decides the test-time augmentation: --tta-level none turns it off"
+    ]
+    assert _notes(capsys, "--preset", "cifar10-speed", "--tta-flip") == []  # the mirror is in the level
+    assert _notes(capsys, "--no-tta-flip") == []  # no level: the switch decides
+
+
+def _record(tmp_path, body: str) -> list[str]:
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.toml").write_text(body)
+    return ["--resume", "auto", "--name", "r", "--out-dir", str(tmp_path)]
+
+
+def test_a_resumed_run_is_checked_on_its_own_settings(capsys, tmp_path):
+    resume = _record(tmp_path, '[optim]\noptimizer = "sgd"\n[run]\ntta_level = "flip+translate"\n')
+    assert _notes(capsys, *resume, "--momentum", "0.8") == []  # the run's sgd reads it
+    assert _notes(capsys, *resume, "--muon-lr", "0.1") == [
+        "--muon-lr 0.1 not used: the optimizer is sgd, and only Muon reads it: add --optimizer muon"
+    ]
+    with pytest.raises(ConfigError, match=r"--no-tta-flip with tta_level = 'flip\+translate' \(from .*config.toml\)"):
+        _parsed(*resume, "--no-tta-flip")
+
+
+@pytest.mark.parametrize("command", ["doctor", "tune", "profile", "bench"])
+def test_every_command_that_takes_the_config_flags_says_it(capsys, command):
+    assert _notes(capsys, "--muon-lr", "0.1", command=command) == [f"--muon-lr 0.1 {MUON_WHY}"]
+
+
+def test_only_the_process_that_prints_notes_says_it(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "1")  # a torchrun worker: rank 0 speaks
+    assert _notes(capsys, "--muon-lr", "0.1") == []
+    with pytest.raises(ConfigError):  # a refusal stops every rank
+        _parsed("--preset", "cifar10-speed", "--no-tta-flip")
