@@ -58,6 +58,14 @@ def horovod_train_args(argv: list[str], nproc: int) -> list[str]:
     return args + ["--nproc", "0"] if nproc > 0 and not typed else args
 
 
+def check_model(cfg) -> None:
+    """A misspelt --model refused at once: before the data loads, and before --nproc starts torchrun's workers
+    (each of which would load the data and then fail alike)."""
+    from cnnpar.models.registry import check_model_name
+
+    check_model_name(cfg.model.name, "model.name (--model) =")
+
+
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args
     from cnnpar.dist import (
@@ -73,6 +81,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     )
 
     cfg = config_from_args(args)
+    check_model(cfg)
     if surplus_debug_worker(cfg.dist.debug_single):
         return 0  # the debug switch runs one process: global rank 0 alone
     if cfg.dist.strategy == "horovod" and debug_single_requested(cfg.dist.debug_single):
@@ -165,6 +174,7 @@ def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.doctor.profile import ProfileOptions, run_profile
 
     cfg = config_from_args(args)
+    check_model(cfg)
     if cfg.dist.nproc > 0 and "RANK" not in os.environ:  # it would profile one process and say nothing
         raise ConfigError(
             f"profile runs in this process: --nproc {cfg.dist.nproc} (typed or from the config) is not launched; "
@@ -220,6 +230,7 @@ def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.doctor.run import DoctorOptions, run_doctor
 
     cfg = config_from_args(args)
+    check_model(cfg)
     if one_process_only("doctor", cfg):
         return 0
     opts = DoctorOptions(args.warmup_steps, args.measure_steps, args.max_seconds, args.try_top, args.report_dir)
@@ -251,6 +262,7 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
+    check_model(cfg)
     if one_process_only("tune", cfg):
         return 0
     out = Path(args.out)
@@ -384,7 +396,9 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     timing = Timing(args.warmup_steps, args.timed_steps, repeats, args.timed_s)
     compare = tuple(args.compare or ("", ""))
     opts = BenchOptions(mode, args.out, timing, args.only, args.target, compare, args.ddp, args.budget_s, started)
-    return run_bench(config_from_args(args), opts)
+    cfg = config_from_args(args)
+    check_model(cfg)  # before the data loads and before --ddp's rows start processes
+    return run_bench(cfg, opts)
 
 
 def add_bench_parser(sub) -> None:

@@ -60,7 +60,7 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
             kw = dict(
                 dest=f"{sec_name}.{f.name}",
                 default=argparse.SUPPRESS,
-                help=f"{f.metadata.get('help', '')} (default: {default!r})",
+                help=f"{f.metadata.get('help', '')} (default: {f.metadata.get('shown', repr(default))})",
             )
             if isinstance(default, bool):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)

@@ -44,23 +44,41 @@ CPU_BATCH = 64  # --batch-size auto on the CPU
 LR_BATCH = 64  # the batch --lr is the lr for when neither --lr-batch nor a fixed --batch-size says (optim.lr_batch)
 
 
-def _f(default: Any, help: str, flag: str | None = None, choices: tuple | None = None, auto_zero: bool = False) -> Any:
+def _f(
+    default: Any,
+    help: str,
+    flag: str | None = None,
+    choices: tuple | None = None,
+    auto_zero: bool = False,
+    shown: str = "",
+) -> Any:
     # auto_zero: an int field where 0 means "auto" (the CLI takes the word too, e.g. --batch-size auto)
-    meta = {"help": help, "flag": flag, "choices": choices, "auto_zero": auto_zero}
+    # shown: the default as --help says it: "auto", not the 0 that stands for it; given, what an empty default
+    # stands for (--name's '' is a name made at the start). No "%" in it: argparse formats help text with it
+    shown = shown or ("auto" if auto_zero and default == 0 else repr(default))
+    meta = {"help": help, "flag": flag, "choices": choices, "auto_zero": auto_zero, "shown": shown}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: default, metadata=meta)
     return field(default=default, metadata=meta)
 
 
+def _key(section: str, name: str) -> str:
+    """`run.epochs (--epochs)`: the key a config file sets and the flag the command line types, for messages
+    that must make sense to either."""
+    cls = _SECTION_TYPES.get(section)
+    f = next((f for f in fields(cls) if f.name == name), None) if cls is not None else None
+    return f"{section}.{name}" if f is None else f"{section}.{name} (--{cli_flag(f).replace('_', '-')})"
+
+
 def _check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
-        raise ConfigError(f"{section}.{name} = {value!r}: expected one of {', '.join(map(str, choices))}")
+        raise ConfigError(f"{_key(section, name)} = {value!r}: expected one of {', '.join(map(str, choices))}")
 
 
 def _check_positive(section: str, name: str, value: Any, allow_zero: bool = False) -> None:
     ok = value >= 0 if allow_zero else value > 0
     if not ok:
-        raise ConfigError(f"{section}.{name} = {value!r}: expected a number {'>= 0' if allow_zero else '> 0'}")
+        raise ConfigError(f"{_key(section, name)} = {value!r}: expected a number {'>= 0' if allow_zero else '> 0'}")
 
 
 def _check_finite(section: str, cfg: Any) -> None:
@@ -69,7 +87,7 @@ def _check_finite(section: str, cfg: Any) -> None:
     for f in fields(cfg):
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{section}.{f.name} = {value}: expected a finite number, not nan or inf")
+            raise ConfigError(f"{_key(section, f.name)} = {value}: expected a finite number, not nan or inf")
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -102,8 +120,10 @@ class DataConfig:
     image_shape: str = _f("", "CxHxW of CSV rows (inferred for square grey images) or of synthetic data")
     image_size: int = _f(
         0,
-        "resize images to this side (folders, stores, built-in digits); 0 keeps the source size (folders and "
-        "stores: the size their images share, else 224 for mixed sizes; digits: 16)",
+        "resize images to NxN, whatever the source: image folders and stores (decoded to this side), CSV rows, "
+        ".npz arrays, synthetic data and the built-in digits (resized once loaded; non-square arrays become "
+        "square); 0 keeps the source size (folders and stores: the size their images share, else 224 for mixed "
+        "sizes; digits: 16; CSV, .npz and synthetic: their own shape, --image-shape for CSV and synthetic)",
     )
     num_classes: int = _f(
         0, "classes: labels must lie in 0..N-1; 0 infers N from the labels (folders: one per subfolder; synthetic: 10)"
@@ -153,7 +173,9 @@ class DataConfig:
     augment: str = _f(
         "auto",
         "device-side augmentation: crop (reflect-pad 4, random window) or translate (the same by 2 px), "
-        "with flip (random each epoch) or altflip (seeded per image in the first epoch, then alternating)",
+        "with flip (random each epoch) or altflip (seeded per image in the first epoch, then alternating); "
+        "auto: crop+flip for colour (3-channel) images, none for grey ones (a mirrored digit reads as another), "
+        "flip alone for image folders and stores (their loader already draws random-resized crops)",
         choices=AUGMENTS,
     )
 
@@ -161,7 +183,7 @@ class DataConfig:
         _check_finite("data", self)
         _check_choice("data", "augment", self.augment, AUGMENTS)
         if not 0.0 <= self.val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction = {self.val_fraction}: expected 0 <= value < 1")
+            raise ConfigError(f"{_key('data', 'val_fraction')} = {self.val_fraction}: expected 0 <= value < 1")
         if self.image_shape:
             parse_shape(self.image_shape)
         _check_positive("data", "num_classes", self.num_classes, allow_zero=True)
@@ -169,9 +191,9 @@ class DataConfig:
         _check_positive("data", "image_size", self.image_size, allow_zero=True)
         _check_positive("data", "prefetch_factor", self.prefetch_factor)
         if not 0.0 <= self.cpu_share <= 1.0:
-            raise ConfigError(f"data.cpu_share = {self.cpu_share}: expected 0 <= value <= 1")
+            raise ConfigError(f"{_key('data', 'cpu_share')} = {self.cpu_share}: expected 0 <= value <= 1")
         if self.workers < -1:
-            raise ConfigError(f"data.workers = {self.workers}: expected -1 (auto) or a count >= 0")
+            raise ConfigError(f"{_key('data', 'workers')} = {self.workers}: expected -1 (auto) or a count >= 0")
 
 
 @dataclass(frozen=True)
@@ -180,7 +202,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if not self.name:
-            raise ConfigError("model.name is empty: expected a name from `cnnpar models`")
+            raise ConfigError(f"{_key('model', 'name')} is empty: expected a name from `cnnpar models`")
 
 
 @dataclass(frozen=True)
@@ -257,13 +279,13 @@ class OptimConfig:
         _check_positive("optim", "grad_accum", self.grad_accum)
         _check_positive("optim", "grad_clip", self.grad_clip, allow_zero=True)
         if not 0.0 <= self.warmup < 1.0:
-            raise ConfigError(f"optim.warmup = {self.warmup}: expected 0 <= value < 1")
+            raise ConfigError(f"{_key('optim', 'warmup')} = {self.warmup}: expected 0 <= value < 1")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"optim.label_smoothing = {self.label_smoothing}: expected 0 <= value < 1")
+            raise ConfigError(f"{_key('optim', 'label_smoothing')} = {self.label_smoothing}: expected 0 <= value < 1")
         if not 0.0 <= self.ema < 1.0:
-            raise ConfigError(f"optim.ema = {self.ema}: expected 0 (off) or a decay 0 < value < 1")
+            raise ConfigError(f"{_key('optim', 'ema')} = {self.ema}: expected 0 (off) or a decay 0 < value < 1")
         if not 0.0 <= self.ema_start < 1.0:
-            raise ConfigError(f"optim.ema_start = {self.ema_start}: expected 0 <= value < 1")
+            raise ConfigError(f"{_key('optim', 'ema_start')} = {self.ema_start}: expected 0 <= value < 1")
         if self.lookahead and not self.ema:
             raise ConfigError("optim.lookahead = true needs an average to copy back: set optim.ema (e.g. 0.95)")
         _check_positive("optim", "ema_every", self.ema_every)
@@ -272,9 +294,9 @@ class OptimConfig:
         _check_positive("optim", "whiten_bias_epochs", self.whiten_bias_epochs, allow_zero=True)
         _check_positive("optim", "muon_lr", self.muon_lr)
         if not 0.0 <= self.muon_momentum < 1.0:
-            raise ConfigError(f"optim.muon_momentum = {self.muon_momentum}: expected 0 <= value < 1")
+            raise ConfigError(f"{_key('optim', 'muon_momentum')} = {self.muon_momentum}: expected 0 <= value < 1")
         if not 1 <= self.muon_ns_steps < 100:
-            raise ConfigError(f"optim.muon_ns_steps = {self.muon_ns_steps}: expected 1 <= value < 100")
+            raise ConfigError(f"{_key('optim', 'muon_ns_steps')} = {self.muon_ns_steps}: expected 1 <= value < 100")
 
 
 @dataclass(frozen=True)
@@ -373,7 +395,9 @@ class DistConfig:
         _check_positive("dist", "nproc", self.nproc, allow_zero=True)
         _check_positive("dist", "timeout_s", self.timeout_s)
         if self.ddp_bucket_mb < 0:
-            raise ConfigError(f"dist.ddp_bucket_mb = {self.ddp_bucket_mb}: expected 0 (torch's own) or a size in MiB")
+            raise ConfigError(
+                f"{_key('dist', 'ddp_bucket_mb')} = {self.ddp_bucket_mb}: expected 0 (torch's own) or a size in MiB"
+            )
         changed = self.ddp_bucket_mb or self.ddp_static_graph or not self.ddp_broadcast_buffers
         if self.strategy == "horovod" and changed:
             raise ConfigError(
@@ -394,7 +418,9 @@ class RunConfig:
     )
     seed: int = _f(0, "seed; each rank and epoch draws from seed + rank + a stride per epoch (resumes repeat exactly)")
     out_dir: str = _f("runs", "folder that holds run folders")
-    name: str = _f("", "run folder name (default: model-date, or the torchrun job id)")
+    name: str = _f(
+        "", "run folder name", shown="MODEL-YYYYMMDD-HHMMSS, or MODEL-JOBID under a torchrun job id: a new folder"
+    )
     resume: str = _f("", "resume a run: its folder, a checkpoint file, or 'auto' (this run's folder)")
     max_steps: int = _f(0, "stop each epoch after this many optimizer steps (0: whole epoch)")
     tta_flip: bool = _f(False, "evaluate on each image and its mirror, averaging the logits")
@@ -442,6 +468,14 @@ class Config:
 
 
 SECTIONS = tuple(f.name for f in fields(Config))
+_SECTION_TYPES = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "optim": OptimConfig,
+    "speed": SpeedConfig,
+    "dist": DistConfig,
+    "run": RunConfig,
+}
 
 
 def cli_flag(f: dataclasses.Field) -> str:
@@ -494,10 +528,16 @@ def from_dict(raw: dict[str, Any], base: Config | None = None, origin: str = "co
             want = type(getattr(sec, key))
             if want is str and isinstance(value, bool) and known[key].metadata.get("choices") == TRISTATE:
                 value = "on" if value else "off"  # a switch that was a bool before it became on/off/auto
+            auto_zero = known[key].metadata.get("auto_zero")
+            if auto_zero and isinstance(value, str) and value.strip().lower() == "auto":
+                value = 0  # as the flag takes it (--batch-size auto) and a run's record writes it (# requested:)
             if want is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-                raise ConfigError(f"{origin}: {sec_name}.{key} = {value!r}: expected a value of type {want.__name__}")
+                expected = (
+                    'a whole number or "auto" (0 means auto)' if auto_zero else f"a value of type {want.__name__}"
+                )
+                raise ConfigError(f"{origin}: {sec_name}.{key} = {value!r}: expected {expected}")
             values = {**values, key: value}
         sections[sec_name] = replace(sec, **values)
     unknown = set(raw) - set(SECTIONS)

@@ -196,7 +196,7 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
 def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts]:
     warm, steps, max_s = opts.warmup, opts.steps, opts.max_s
     rcfg = trainer.cfg
-    batch = rcfg.run.batch_size
+    batch = trainer.batch_asked  # the batch asked for: the trainer caps one larger than the training split
     pipe = phase("input pipeline", lambda: measure_pipeline(trainer, warm, steps, max_s))
     x, y = first_batch(trainer)
     batch_from = trainer.batch_line or (

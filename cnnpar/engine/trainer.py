@@ -123,6 +123,12 @@ RESUME_FIXED = (
 )
 
 
+def train_share(samples: int, world_size: int) -> int:
+    """The training samples one process draws per epoch: the train loader's DistributedSampler cuts the ranks'
+    shares to equal length, or pads a set smaller than the world to one each (data/loader.build_loader)."""
+    return samples // world_size if samples >= world_size else 1
+
+
 class Trainer:
     def __init__(
         self, cfg: Config, info: DistInfo, bundle: DataBundle | None = None, log=print, settings_from: str = ""
@@ -165,6 +171,7 @@ class Trainer:
         apply_frozen_whitening(self.raw_model, cfg.optim)
         if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
             self.cfg = cfg = self._choose_batch_size(cfg)
+        self.cfg = cfg = self._cap_batch_size(cfg)
         cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), info.world_size)
         self.cfg = cfg
         self.model = parallelize(
@@ -260,6 +267,43 @@ class Trainer:
             f"{choice.line()}; {lr_line(cfg.optim.optimizer, cfg.optim.lr, cfg.optim.lr_batch, choice.batch)}"
         )
         return replace(cfg, run=replace(cfg.run, batch_size=choice.batch), optim=replace(cfg.optim, lr=lr))
+
+    def _cap_batch_size(self, cfg: Config) -> Config:
+        """A batch larger than this process's share of the training split trains on the share: the loader keeps
+        a last partial batch only where there is no full one (data/loader.build_loader), so every step ran the
+        share while the start-up line and the run's config.toml said the batch asked for. It is capped to what
+        runs, said in a line and stored so (the size asked for beside it, as a `# requested:` line); the lr is
+        the one a batch of that size gets (a fixed batch trains at --lr, now the lr of the capped batch; the
+        CPU's automatic 64 scales it as for 64). A batch that fits but leaves a large remainder out of each
+        epoch (the partial last batch is dropped) is said in `batch_note`."""
+        self.batch_note = ""
+        share = train_share(len(self.bundle.train), self.info.world_size)
+        batch = self.batch_asked = cfg.run.batch_size  # before the cap: the doctor reports a split under one batch
+        if batch <= share:
+            left, steps = share % batch, share // batch
+            limit = cfg.run.max_steps * cfg.optim.grad_accum
+            if left and left * 10 >= share and not (limit and limit < steps):
+                self.batch_note = (
+                    f"batch {batch} of this process's {share:,} training samples: {steps} step(s) per epoch, "
+                    f"{left:,} samples ({100 * left / share:.0f}%) left out of each epoch (the last partial batch "
+                    "is dropped; other samples each epoch)"
+                )
+            return cfg
+        asked = self.requested_cfg
+        optim = cfg.optim
+        whose = "this process's share of the" if self.info.world_size > 1 else "all"
+        capped = f"capped to {share}: {whose} {len(self.bundle.train):,} training samples, one step per epoch"
+        if asked.run.batch_size == 0:  # auto (the CPU's 64, a search's): the lr follows the batch that runs
+            lr = asked.optim.lr * lr_factor(optim.optimizer, share, optim.lr_batch)
+            line = lr_line(optim.optimizer, asked.optim.lr, optim.lr_batch, share)
+            whence = " (the CPU's)" if cfg.speed.device == "cpu" else ""
+            self.batch_line = f"batch size auto: {batch}{whence}, {capped}; {line}"
+            optim = replace(optim, lr=lr)
+        else:
+            self.batch_line = f"batch size {batch} {capped}"
+            if asked.optim.lr_batch == 0:  # the lr was for the batch asked for, which is the one that trains
+                optim = replace(optim, lr_batch=share)
+        return replace(cfg, run=replace(cfg.run, batch_size=share), optim=optim)
 
     def graphs_blocked_reason(self) -> str:
         """Why cnnpar's CUDA graphs cannot replay this run's step, whatever the switch says ("" when they
@@ -660,6 +704,8 @@ class Trainer:
         )
         if self.batch_line:
             self.log(self.batch_line)
+        if self.batch_note:
+            self.log(self.batch_note)
         if self.ddp is not None:  # what DDP itself runs with (its buckets and switches, dist.ddp_*)
             d = self.ddp
             graph = "on" if d.static_graph else "off"

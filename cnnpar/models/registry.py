@@ -30,11 +30,18 @@ def register(name: str, description: str, square_only: bool = False, min_side: t
     return deco
 
 
-def build_model(name: str, in_channels: int, num_classes: int, image_size: int, width: int = 0) -> nn.Module:
-    """`image_size` is the input's height; `width`, when given, its width (0: square)."""
+def check_model_name(name: str, what: str = "model") -> None:
+    """Refuse a name the registry lacks, listing the known ones. The CLI asks before it loads data or starts
+    torchrun's workers (`what` names the setting there); the config cannot ask itself: building a Config
+    (`--help` does) must not import torch, and the models' modules do."""
     _load_builtin()
     if name not in MODELS:
-        raise ConfigError(f"model {name!r}: expected one of {', '.join(sorted(MODELS))} (see `cnnpar models`)")
+        raise ConfigError(f"{what} {name!r}: expected one of {', '.join(sorted(MODELS))} (see `cnnpar models`)")
+
+
+def build_model(name: str, in_channels: int, num_classes: int, image_size: int, width: int = 0) -> nn.Module:
+    """`image_size` is the input's height; `width`, when given, its width (0: square)."""
+    check_model_name(name)
     if MODELS[name].square_only and width and width != image_size:
         raise ConfigError(
             f"model {name}: input images {image_size}x{width} (HxW): expected square images, as its linear head "

@@ -198,17 +198,20 @@ def test_bad_config_value_names_the_field(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--epochs", "0"]) == 2
     err = capsys.readouterr().err
-    assert "run.epochs = 0: expected a number > 0" in err and "Traceback" not in err
+    assert "run.epochs (--epochs) = 0: expected a number > 0" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()
 
 
 def test_non_finite_config_values_are_refused_from_flags_and_toml(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--lr", "inf"]) == 2
-    assert capsys.readouterr().err == "cnnpar: error: optim.lr = inf: expected a finite number, not nan or inf\n"
+    assert capsys.readouterr().err == "cnnpar: error: optim.lr (--lr) = inf: expected a finite number, not nan or inf\n"
     (tmp_path / "c.toml").write_text("[optim]\nmomentum = nan\n")  # TOML has nan and inf literals
     assert main(["train", "--config", "c.toml"]) == 2
-    assert capsys.readouterr().err == "cnnpar: error: optim.momentum = nan: expected a finite number, not nan or inf\n"
+    assert (
+        capsys.readouterr().err
+        == "cnnpar: error: optim.momentum (--momentum) = nan: expected a finite number, not nan or inf\n"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]  # no run folder
 
 

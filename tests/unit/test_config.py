@@ -56,17 +56,24 @@ def test_every_float_field_refuses_nan_and_inf(section, name, value):
     """NaN fails no comparison and inf passes `> 0`: lr=inf, momentum=nan, weight_decay=nan were taken."""
     with pytest.raises(ConfigError) as e:
         from_dict({section: {name: value}})
-    assert str(e.value) == f"{section}.{name} = {value}: expected a finite number, not nan or inf"
+    assert (
+        str(e.value)
+        == f"{section}.{name} (--{name.replace('_', '-')}) = {value}: expected a finite number, not nan or inf"
+    )
 
 
 @pytest.mark.parametrize("name", ["weight_decay", "momentum"])
 def test_negative_weight_decay_and_momentum_are_refused(name):
-    with pytest.raises(ConfigError, match=rf"optim\.{name} = -0\.1: expected a number >= 0"):
+    with pytest.raises(
+        ConfigError, match=rf"optim\.{name} \(--{name.replace('_', '-')}\) = -0\.1: expected a number >= 0"
+    ):
         OptimConfig(**{name: -0.1})
 
 
 def test_choice_errors_list_the_allowed_values():
-    with pytest.raises(ConfigError, match=r"speed\.precision = 'fp8': expected one of auto, fp32, tf32, bf16, fp16"):
+    with pytest.raises(
+        ConfigError, match=r"speed\.precision \(--precision\) = 'fp8': expected one of auto, fp32, tf32, bf16, fp16"
+    ):
         SpeedConfig(precision="fp8")
 
 
@@ -126,7 +133,9 @@ def test_auto_resolves_to_device_friendly_choices():
 def test_ddp_switches_are_checked_where_they_cannot_apply():
     from cnnpar.config import Config, DistConfig, OptimConfig
 
-    with pytest.raises(ConfigError, match=r"dist.ddp_bucket_mb = -1.0: expected 0 \(torch's own\) or a size in MiB"):
+    with pytest.raises(
+        ConfigError, match=r"dist.ddp_bucket_mb \(--ddp-bucket-mb\) = -1.0: expected 0 \(torch's own\) or a size in MiB"
+    ):
         DistConfig(ddp_bucket_mb=-1.0)
     with pytest.raises(ConfigError, match="DDP's switches; dist.strategy = 'horovod' averages in its optimizer"):
         DistConfig(strategy="horovod", ddp_broadcast_buffers=False)

@@ -105,7 +105,9 @@ def test_auto_is_on_with_cuda_and_off_on_the_cpu_and_an_explicit_choice_stands()
     assert resolve_for_device(Config(), "cpu", bf16_ok=False).speed.stem_space_to_depth == "off"
     off = with_overrides(Config(), speed={"stem_space_to_depth": "off"})
     assert resolve_for_device(off, "cuda", bf16_ok=True).speed.stem_space_to_depth == "off"
-    with pytest.raises(ConfigError, match=r"speed.stem_space_to_depth = '1': expected one of auto, on, off"):
+    with pytest.raises(
+        ConfigError, match=r"speed.stem_space_to_depth \(--stem-space-to-depth\) = '1': expected one of auto, on, off"
+    ):
         with_overrides(Config(), speed={"stem_space_to_depth": "1"})
 
 
