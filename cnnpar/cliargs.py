@@ -8,7 +8,7 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
-from cnnpar.config import MACHINE_FIELDS, SECTIONS, Config, cli_flag, from_dict, load_toml, to_dict
+from cnnpar.config import MACHINE_FIELDS, SECTIONS, Config, cli_option, from_dict, load_toml, to_dict
 from cnnpar.presets import PRESETS, get_preset
 
 
@@ -55,7 +55,7 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
     for sec_name in SECTIONS:
         group = parser.add_argument_group(sec_name)
         for f in fields(getattr(base, sec_name)):
-            flag = "--" + cli_flag(f).replace("_", "-")
+            flag = cli_option(f)
             default = getattr(getattr(base, sec_name), f.name)
             kw = dict(
                 dest=f"{sec_name}.{f.name}",

@@ -67,7 +67,7 @@ def _key(section: str, name: str) -> str:
     that must make sense to either."""
     cls = _SECTION_TYPES.get(section)
     f = next((f for f in fields(cls) if f.name == name), None) if cls is not None else None
-    return f"{section}.{name}" if f is None else f"{section}.{name} (--{cli_flag(f).replace('_', '-')})"
+    return f"{section}.{name}" if f is None else f"{section}.{name} ({cli_option(f)})"
 
 
 def _check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
@@ -468,18 +468,16 @@ class Config:
 
 
 SECTIONS = tuple(f.name for f in fields(Config))
-_SECTION_TYPES = {
-    "data": DataConfig,
-    "model": ModelConfig,
-    "optim": OptimConfig,
-    "speed": SpeedConfig,
-    "dist": DistConfig,
-    "run": RunConfig,
-}
+_SECTION_TYPES = {sec: type(getattr(Config(), sec)) for sec in SECTIONS}
 
 
 def cli_flag(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or f.name
+
+
+def cli_option(f: dataclasses.Field) -> str:
+    """The field's option as typed: `--batch-size`."""
+    return "--" + cli_flag(f).replace("_", "-")
 
 
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
@@ -502,7 +500,7 @@ def command_line(cfg: Config, change: dict | None = None, command: str = "train"
             value = merged[sec_name][f.name]
             if value == defaults[sec_name][f.name]:
                 continue
-            flag = "--" + cli_flag(f).replace("_", "-")
+            flag = cli_option(f)
             if isinstance(value, bool):
                 args.append(flag if value else "--no-" + flag[2:])
             elif f.metadata.get("auto_zero") and value == 0:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from cnnpar.config import SECTIONS, Config, cli_flag
+from cnnpar.config import SECTIONS, Config, cli_option
 from cnnpar.errors import ConfigError, UserError
 
 
@@ -140,9 +140,7 @@ RULES = (
 def _flags() -> dict[str, str]:
     """Each setting's flag, as config's fields name them: `optim.muon_lr` -> `--muon-lr`."""
     base = Config()
-    return {
-        f"{sec}.{f.name}": "--" + cli_flag(f).replace("_", "-") for sec in SECTIONS for f in fields(getattr(base, sec))
-    }
+    return {f"{sec}.{f.name}": cli_option(f) for sec in SECTIONS for f in fields(getattr(base, sec))}
 
 
 def typed_form(key: str, value: object) -> str:

@@ -134,34 +134,28 @@ def kept_requested_lines(old_record: str, requested: Config, lines: list[str]) -
 def read_requested(text: str) -> dict[tuple[str, str], object]:
     """{(section, field): value} from a stored config.toml's `# requested:` lines (`auto` of a 0-means-auto
     field reads as 0)."""
-    import ast
-
-    out = {}
-    for line in text.splitlines():
-        if not line.startswith(REQUESTED):
-            continue
-        key, _, shown = line[len(REQUESTED) :].partition(" = ")
-        sec, _, name = key.partition(".")
-        try:
-            out[(sec, name)] = 0 if shown == "auto" else ast.literal_eval(shown)
-        except (ValueError, SyntaxError):
-            continue  # a value written by another version that does not read back: the stored one stands
-    return out
+    return _read_comment_lines(text, REQUESTED, auto_is_zero=True)
 
 
 def read_resolved(text: str) -> dict[tuple[str, str], object]:
     """{(section, field): value} from a stored config.toml's `# resolved:` lines (none in a record written before
     they were)."""
+    return _read_comment_lines(text, RESOLVED, auto_is_zero=False)
+
+
+def _read_comment_lines(text: str, prefix: str, auto_is_zero: bool) -> dict[tuple[str, str], object]:
+    """{(section, field): value} from the lines `prefix section.field = repr(value)` of a config.toml. A value
+    that does not read back (written by another version) is left out: the stored one stands."""
     import ast
 
     out = {}
     for line in text.splitlines():
-        if not line.startswith(RESOLVED):
+        if not line.startswith(prefix):
             continue
-        key, _, shown = line[len(RESOLVED) :].partition(" = ")
+        key, _, shown = line[len(prefix) :].partition(" = ")
         sec, _, name = key.partition(".")
         try:
-            out[(sec, name)] = ast.literal_eval(shown)
+            out[(sec, name)] = 0 if auto_is_zero and shown == "auto" else ast.literal_eval(shown)
         except (ValueError, SyntaxError):
-            continue  # not read back: as in a record without the line, the requested value applies
+            continue
     return out
