@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -966,6 +966,19 @@ s22a)
   TAIL=16 logged engines_cut 200 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample \
       --stages engines --hw-variants "${HW:-chunk=7;chunk=14;chunk=28;chunk=64}" \
       --batch-size 256 --batches 2 --repeats 5 --out "$R/engines_cut.csv"
+  ;;
+s26a)
+  # session 26, call A (one H200, ~6 min with a cold start): why the cut (calls of 7 files on states of their own: no
+  # library host waits) slows the step. ZZZR's trace: beside it the training thread's cudaLaunchKernel took 0.53 ms
+  # a call (0.011 beside the defaults, call P), while the library's thread queued 256 pageable per-file copies a
+  # batch at once. The guess: pageable copies stage through the driver's buffers and block with its lock held.
+  # Page-locked slots make them plain DMA: the defaults and the cut, each with pageable and locked slots, then the
+  # first one (the cut, locked) under the profiler for an epoch after its timed ones
+  make_rep 80 .devdata/imagenet_rep80
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  TAIL=40 logged jpeg_pipeline80 450 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0:hw=chunk=7:slots=locked:trace=1,hardware:14:0,hardware:14:0:slots=locked,hardware:14:0:hw=chunk=7,hardware:14:0:graphs=off:hw=chunk=7:slots=locked}" \
+      --budget-s 330 --watchdog-s 430 --out "$R/jpeg_pipeline80.csv"
   ;;
 s24a)
   # session 24, call A (one H200, ~6 min with a cold start): issue 11 item 2's no-wait cut (calls of 7 or 14 files on

@@ -63,7 +63,7 @@ VARIANT_KEYS = {
     "prepare": {"0", "1"},
     "gil": {"0", "1", "native"},
     "stream": {"own", "legacy"},
-    "slots": {"0", "1"},
+    "slots": {"0", "1", "locked"},  # locked: the slots page-locked (byte_slots.PAGE_LOCK)
     "stem": {"auto", "on", "off"},
     "hw": EngineSettings.parse,  # how the JPEG engines are driven, e.g. hw=bits=device+out=rgb+pools=1
 }
@@ -181,7 +181,8 @@ def main() -> None:
         "native: C frames too, the process paused at each sample); "
         "stream: own = the training thread on a non-blocking stream beside a GPU decoder (the default), legacy = on "
         "the legacy default stream, which nvJPEG's blocking streams synchronise with; slots: 0 = each encoded batch "
-        "in a shared segment of its own, as before data/byte_slots.py; "
+        "in a shared segment of its own, as before data/byte_slots.py, locked = the slots page-locked once the "
+        "workers run; "
         "any other key is refused)",
     )
     ap.add_argument("--compile", default="default")
@@ -226,7 +227,8 @@ def main() -> None:
         sys.setswitchinterval(float(opts.get("switch", 0.005)))
         DeviceFeeder.STREAM_PRIORITY = int(opts.get("prio", 0))
         streams.FOR_GPU_DECODERS = opts.get("stream", "own") == "own"
-        byte_slots.ENABLED = opts.get("slots", "1") == "1"
+        byte_slots.ENABLED = opts.get("slots", "1") != "0"
+        byte_slots.PAGE_LOCK = opts.get("slots") == "locked"
         nvjpeg_hw.SETTINGS = EngineSettings.parse(opts.get("hw", ""))
         DeviceFeeder.PREPARE = opts.get("prepare", "1") == "1"  # each epoch starts the next one's pipeline
         crop_resize.KERNEL = opts.get("kernel", "auto")  # the resize: Triton's fused kernels or matrix products

@@ -32,9 +32,12 @@ import psutil
 import torch
 
 ENABLED = True  # benchmarks/jpeg_pipeline.py's slots=0 measures the old way
-# Not page-locked: in one H200 call (call-zg) slots locked with cudaHostRegister ran 5,934 img/s end to end
-# against 5,877 left pageable, within the calls' noise, for up to 4 GiB of locked memory per loader and a
+# Not page-locked by default: in one H200 call (call-zg) slots locked with cudaHostRegister ran 5,934 img/s end to
+# end against 5,877 left pageable, within the calls' noise, for up to 4 GiB of locked memory per loader and a
 # failed registration that would leave CUDA's last error set for the next kernel launch to report.
+# benchmarks/jpeg_pipeline.py's slots=locked sets PAGE_LOCK to measure it again beside the engines' cut calls
+# (nvjpeg_hw.EngineSettings.chunk), whose per-image copies from pageable memory all queue at once.
+PAGE_LOCK = False
 
 # Budget for all slots of one loader: at most this share of the host's memory and half of /dev/shm's
 # free space, split between the processes of this node (they plan at about the same time); below what the
@@ -88,12 +91,24 @@ class ByteSlots:
         self.buffer = torch.empty(count * slot_bytes, dtype=torch.uint8).share_memory_()
         self._free = list(range(count))
         self._lock = threading.Lock()
+        self.want_lock, self.locked = PAGE_LOCK, ""
 
     def __getstate__(self) -> dict:  # to a spawned worker: the buffer (by handle), not the bookkeeping
         return {"count": self.count, "slot_bytes": self.slot_bytes, "buffer": self.buffer}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _free=[], _lock=threading.Lock())
+        self.__dict__.update(state, _free=[], _lock=threading.Lock(), want_lock=False, locked="")
+
+    def page_lock_once(self) -> None:
+        """Page-lock the buffer where it lies (`cudaHostRegister`) where PAGE_LOCK asked for it, once, from the
+        decoder's first batch: by then the loader's persistent workers exist (mapped from their parent), so
+        none is forked from a process holding the range locked. A refusal leaves the slots pageable (slower
+        copies, not wrong ones) and is said in `describe`."""
+        if not self.want_lock:
+            return
+        self.want_lock = False
+        err = torch.cuda.cudart().cudaHostRegister(self.buffer.data_ptr(), self.buffer.numel(), 0)
+        self.locked = "page-locked" if int(err) == 0 else f"page-lock refused ({err})"
 
     # ---- main process ----
     def take(self) -> int | None:
@@ -119,7 +134,8 @@ class ByteSlots:
         return self.buffer[start : start + nbytes]
 
     def describe(self) -> str:
-        return f"{self.count} shared slots of {self.slot_bytes / 2**20:.0f} MiB, made once"
+        locked = f", {self.locked}" if self.locked else ""
+        return f"{self.count} shared slots of {self.slot_bytes / 2**20:.0f} MiB, made once{locked}"
 
     # ---- a worker ----
     def write(self, slot: int, parts: list[np.ndarray]) -> int:

@@ -378,6 +378,7 @@ class GpuDecoder:
     def decode_stage(self, batch) -> DecodedBatch:
         slot = getattr(batch, "slot", None)
         if slot is not None and batch.flat is None:  # the bytes lie in the loader's slot: read in place
+            self.slots.page_lock_once()
             batch.flat = self.slots.view(slot, int(batch.offsets[-1]))
         try:
             with span(JPEG_DECODE):

@@ -184,15 +184,46 @@ def test_on_cuda_slotted_batches_decode_to_the_same_pixels_and_give_their_slots_
     bundle = load_data(cfg.data)
     info = DistInfo(0, 0, 1, torch.device("cuda", 0))
     runs = []
-    for enabled in (False, True):
+    for enabled, locked in ((False, False), (True, False), (True, True)):
         monkeypatch.setattr(byte_slots, "ENABLED", enabled)
+        monkeypatch.setattr(byte_slots, "PAGE_LOCK", locked)
         feeder = build_loader(bundle, cfg, info, train=False)  # centre crops: the same pixels both ways
         runs.append(epoch_batches(feeder, 1))
         if enabled:
-            assert feeder.decoder.slots.free_count() == feeder.decoder.slots.count
+            slots = feeder.decoder.slots
+            assert slots.free_count() == slots.count
+            assert slots.locked == ("page-locked" if locked else "")
         feeder.close()
-    for (xa, ya), (xb, yb) in zip(*runs, strict=True):
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    for run in runs[1:]:
+        for (xa, ya), (xb, yb) in zip(runs[0], run, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+class FakeCudart:
+    def __init__(self, answer: int = 0) -> None:
+        self.answer, self.calls = answer, []
+
+    def cudaHostRegister(self, ptr, size, flags):  # noqa: N802 - CUDA's name
+        self.calls.append((ptr, size, flags))
+        return self.answer
+
+
+@pytest.mark.parametrize("answer", [0, 2])
+def test_slots_are_page_locked_once_only_when_asked_and_a_refusal_is_said(monkeypatch, answer):
+    cudart = FakeCudart(answer)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(byte_slots, "PAGE_LOCK", False)
+    ByteSlots(2, 4096).page_lock_once()
+    assert cudart.calls == []  # the default: pageable
+    monkeypatch.setattr(byte_slots, "PAGE_LOCK", True)
+    slots = ByteSlots(2, 4096)
+    slots.page_lock_once()
+    slots.page_lock_once()
+    assert cudart.calls == [(slots.buffer.data_ptr(), 2 * 4096, 0)]
+    if answer == 0:
+        assert slots.describe().endswith("made once, page-locked")
+    else:
+        assert "page-lock refused (2)" in slots.describe()
 
 
 def test_the_slot_budget_is_split_between_a_nodes_processes_and_a_full_shm_falls_back(tmp_path, monkeypatch):
