@@ -110,6 +110,14 @@ class ByteSlots:
         err = torch.cuda.cudart().cudaHostRegister(self.buffer.data_ptr(), self.buffer.numel(), 0)
         self.locked = "page-locked" if int(err) == 0 else f"page-lock refused ({err})"
 
+    def unlock(self) -> None:
+        """Undo `page_lock_once` while the buffer still lives (the decoder's close). A range freed while still
+        registered stays in CUDA's table, and a later page-locked allocation placed over it fails (my reading of call
+        ZZZY on an H200, where every benchmark variant after a locked one failed with cudaErrorAlreadyMapped)."""
+        if self.locked == "page-locked":
+            torch.cuda.cudart().cudaHostUnregister(self.buffer.data_ptr())
+        self.locked = ""
+
     # ---- main process ----
     def take(self) -> int | None:
         with self._lock:

@@ -534,6 +534,8 @@ class GpuDecoder:
         for engines in handles.values():
             if hasattr(engines, "close"):
                 engines.close()
+        if self.slots is not None:  # the decode calls are done: no copy reads a slot any more
+            self.slots.unlock()
 
     def __call__(self, batch) -> torch.Tensor:
         if len(batch) == 0:

@@ -194,6 +194,8 @@ def test_on_cuda_slotted_batches_decode_to_the_same_pixels_and_give_their_slots_
             assert slots.free_count() == slots.count
             assert slots.locked == ("page-locked" if locked else "")
         feeder.close()
+        if enabled:
+            assert slots.locked == ""  # unregistered while the buffer lives
     for run in runs[1:]:
         for (xa, ya), (xb, yb) in zip(runs[0], run, strict=True):
             assert torch.equal(xa, xb) and torch.equal(ya, yb)
@@ -206,6 +208,10 @@ class FakeCudart:
     def cudaHostRegister(self, ptr, size, flags):  # noqa: N802 - CUDA's name
         self.calls.append((ptr, size, flags))
         return self.answer
+
+    def cudaHostUnregister(self, ptr):  # noqa: N802 - CUDA's name
+        self.calls.append((ptr,))
+        return 0
 
 
 @pytest.mark.parametrize("answer", [0, 2])
@@ -224,6 +230,11 @@ def test_slots_are_page_locked_once_only_when_asked_and_a_refusal_is_said(monkey
         assert slots.describe().endswith("made once, page-locked")
     else:
         assert "page-lock refused (2)" in slots.describe()
+    slots.unlock()
+    slots.unlock()
+    unregistered = [(slots.buffer.data_ptr(),)] if answer == 0 else []  # only a range that was registered
+    assert cudart.calls[1:] == unregistered
+    assert slots.describe().endswith("made once")
 
 
 def test_the_slot_budget_is_split_between_a_nodes_processes_and_a_full_shm_falls_back(tmp_path, monkeypatch):
