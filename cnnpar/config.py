@@ -62,7 +62,7 @@ def _f(
     return field(default=default, metadata=meta)
 
 
-def _key(section: str, name: str) -> str:
+def setting_name(section: str, name: str) -> str:
     """`run.epochs (--epochs)`: the key a config file sets and the flag the command line types, for messages
     that must make sense to either."""
     cls = _SECTION_TYPES.get(section)
@@ -72,13 +72,15 @@ def _key(section: str, name: str) -> str:
 
 def _check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
     if value not in choices:
-        raise ConfigError(f"{_key(section, name)} = {value!r}: expected one of {', '.join(map(str, choices))}")
+        raise ConfigError(f"{setting_name(section, name)} = {value!r}: expected one of {', '.join(map(str, choices))}")
 
 
 def _check_positive(section: str, name: str, value: Any, allow_zero: bool = False) -> None:
     ok = value >= 0 if allow_zero else value > 0
     if not ok:
-        raise ConfigError(f"{_key(section, name)} = {value!r}: expected a number {'>= 0' if allow_zero else '> 0'}")
+        raise ConfigError(
+            f"{setting_name(section, name)} = {value!r}: expected a number {'>= 0' if allow_zero else '> 0'}"
+        )
 
 
 def _check_finite(section: str, cfg: Any) -> None:
@@ -87,7 +89,7 @@ def _check_finite(section: str, cfg: Any) -> None:
     for f in fields(cfg):
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{_key(section, f.name)} = {value}: expected a finite number, not nan or inf")
+            raise ConfigError(f"{setting_name(section, f.name)} = {value}: expected a finite number, not nan or inf")
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -183,7 +185,7 @@ class DataConfig:
         _check_finite("data", self)
         _check_choice("data", "augment", self.augment, AUGMENTS)
         if not 0.0 <= self.val_fraction < 1.0:
-            raise ConfigError(f"{_key('data', 'val_fraction')} = {self.val_fraction}: expected 0 <= value < 1")
+            raise ConfigError(f"{setting_name('data', 'val_fraction')} = {self.val_fraction}: expected 0 <= value < 1")
         if self.image_shape:
             parse_shape(self.image_shape)
         _check_positive("data", "num_classes", self.num_classes, allow_zero=True)
@@ -191,9 +193,9 @@ class DataConfig:
         _check_positive("data", "image_size", self.image_size, allow_zero=True)
         _check_positive("data", "prefetch_factor", self.prefetch_factor)
         if not 0.0 <= self.cpu_share <= 1.0:
-            raise ConfigError(f"{_key('data', 'cpu_share')} = {self.cpu_share}: expected 0 <= value <= 1")
+            raise ConfigError(f"{setting_name('data', 'cpu_share')} = {self.cpu_share}: expected 0 <= value <= 1")
         if self.workers < -1:
-            raise ConfigError(f"{_key('data', 'workers')} = {self.workers}: expected -1 (auto) or a count >= 0")
+            raise ConfigError(f"{setting_name('data', 'workers')} = {self.workers}: expected -1 (auto) or a count >= 0")
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if not self.name:
-            raise ConfigError(f"{_key('model', 'name')} is empty: expected a name from `cnnpar models`")
+            raise ConfigError(f"{setting_name('model', 'name')} is empty: expected a name from `cnnpar models`")
 
 
 @dataclass(frozen=True)
@@ -279,24 +281,33 @@ class OptimConfig:
         _check_positive("optim", "grad_accum", self.grad_accum)
         _check_positive("optim", "grad_clip", self.grad_clip, allow_zero=True)
         if not 0.0 <= self.warmup < 1.0:
-            raise ConfigError(f"{_key('optim', 'warmup')} = {self.warmup}: expected 0 <= value < 1")
+            raise ConfigError(f"{setting_name('optim', 'warmup')} = {self.warmup}: expected 0 <= value < 1")
         if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"{_key('optim', 'label_smoothing')} = {self.label_smoothing}: expected 0 <= value < 1")
+            raise ConfigError(
+                f"{setting_name('optim', 'label_smoothing')} = {self.label_smoothing}: expected 0 <= value < 1"
+            )
         if not 0.0 <= self.ema < 1.0:
-            raise ConfigError(f"{_key('optim', 'ema')} = {self.ema}: expected 0 (off) or a decay 0 < value < 1")
+            raise ConfigError(f"{setting_name('optim', 'ema')} = {self.ema}: expected 0 (off) or a decay 0 < value < 1")
         if not 0.0 <= self.ema_start < 1.0:
-            raise ConfigError(f"{_key('optim', 'ema_start')} = {self.ema_start}: expected 0 <= value < 1")
+            raise ConfigError(f"{setting_name('optim', 'ema_start')} = {self.ema_start}: expected 0 <= value < 1")
         if self.lookahead and not self.ema:
-            raise ConfigError("optim.lookahead = true needs an average to copy back: set optim.ema (e.g. 0.95)")
+            raise ConfigError(
+                f"{setting_name('optim', 'lookahead')} = true needs an average to copy back: set "
+                f"{setting_name('optim', 'ema')} (e.g. 0.95)"
+            )
         _check_positive("optim", "ema_every", self.ema_every)
         _check_positive("optim", "ema_warmup", self.ema_warmup, allow_zero=True)
         _check_positive("optim", "bias_lr_scale", self.bias_lr_scale)
         _check_positive("optim", "whiten_bias_epochs", self.whiten_bias_epochs, allow_zero=True)
         _check_positive("optim", "muon_lr", self.muon_lr)
         if not 0.0 <= self.muon_momentum < 1.0:
-            raise ConfigError(f"{_key('optim', 'muon_momentum')} = {self.muon_momentum}: expected 0 <= value < 1")
+            raise ConfigError(
+                f"{setting_name('optim', 'muon_momentum')} = {self.muon_momentum}: expected 0 <= value < 1"
+            )
         if not 1 <= self.muon_ns_steps < 100:
-            raise ConfigError(f"{_key('optim', 'muon_ns_steps')} = {self.muon_ns_steps}: expected 1 <= value < 100")
+            raise ConfigError(
+                f"{setting_name('optim', 'muon_ns_steps')} = {self.muon_ns_steps}: expected 1 <= value < 100"
+            )
 
 
 @dataclass(frozen=True)
@@ -396,13 +407,16 @@ class DistConfig:
         _check_positive("dist", "timeout_s", self.timeout_s)
         if self.ddp_bucket_mb < 0:
             raise ConfigError(
-                f"{_key('dist', 'ddp_bucket_mb')} = {self.ddp_bucket_mb}: expected 0 (torch's own) or a size in MiB"
+                f"{setting_name('dist', 'ddp_bucket_mb')} = {self.ddp_bucket_mb}: expected 0 (torch's own) or a size "
+                "in MiB"
             )
         changed = self.ddp_bucket_mb or self.ddp_static_graph or not self.ddp_broadcast_buffers
         if self.strategy == "horovod" and changed:
             raise ConfigError(
-                "dist.ddp_bucket_mb / ddp_static_graph / ddp_broadcast_buffers are DDP's switches; "
-                "dist.strategy = 'horovod' averages in its optimizer instead"
+                f"{setting_name('dist', 'ddp_bucket_mb')}, {setting_name('dist', 'ddp_static_graph')} and "
+                f"{setting_name('dist', 'ddp_broadcast_buffers')} are DDP's switches; "
+                f"{setting_name('dist', 'strategy')} = 'horovod' averages in its optimizer instead: expected them "
+                "at their defaults"
             )
 
 
@@ -461,9 +475,9 @@ class Config:
         if self.dist.ddp_static_graph and self.optim.grad_accum > 1:
             # seen on torch 2.14 with gloo: "expect_autograd_hooks_ INTERNAL ASSERT FAILED" (reducer.cpp)
             raise ConfigError(
-                f"dist.ddp_static_graph with optim.grad_accum = {self.optim.grad_accum}: DDP records its static "
-                "graph on the first step, which accumulation runs under no_sync, and torch refuses that; "
-                "drop one of the two"
+                f"{setting_name('dist', 'ddp_static_graph')} with {setting_name('optim', 'grad_accum')} = "
+                f"{self.optim.grad_accum}: DDP records its static graph on the first step, which accumulation runs "
+                "under no_sync, and torch refuses that; drop one of the two"
             )
 
 
@@ -510,6 +524,10 @@ def command_line(cfg: Config, change: dict | None = None, command: str = "train"
     return shlex.join(args)
 
 
+# what a config file's value must look like, by the field's type, in the words of TOML
+_TOML_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a quoted string"}
+
+
 def from_dict(raw: dict[str, Any], base: Config | None = None, origin: str = "config") -> Config:
     """Build a Config from nested dicts, naming the unknown key or wrong type precisely."""
     base = base or Config()
@@ -533,9 +551,11 @@ def from_dict(raw: dict[str, Any], base: Config | None = None, origin: str = "co
                 value = float(value)
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
                 expected = (
-                    'a whole number or "auto" (0 means auto)' if auto_zero else f"a value of type {want.__name__}"
+                    'a whole number or "auto" (0 means auto)'
+                    if auto_zero
+                    else _TOML_WORDS.get(want, f"a value of type {want.__name__}")
                 )
-                raise ConfigError(f"{origin}: {sec_name}.{key} = {value!r}: expected {expected}")
+                raise ConfigError(f"{origin}: {setting_name(sec_name, key)} = {value!r}: expected {expected}")
             values = {**values, key: value}
         sections[sec_name] = replace(sec, **values)
     unknown = set(raw) - set(SECTIONS)
@@ -672,10 +692,14 @@ def resolve_for_device(
         compile_mode = compile_default(cfg.model.name, device_type)
     graphs = speed.cuda_graphs
     if graphs == "on" and not cuda:
-        raise ConfigError("speed.cuda_graphs = 'on' needs a CUDA device")
+        raise ConfigError(
+            f"{setting_name('speed', 'cuda_graphs')} = 'on' needs a CUDA device (on {device_type}: expected auto or "
+            "off)"
+        )
     if precision == "tf32" and not cuda:  # a CUDA matmul mode: on the CPU it would run plain fp32 under its name
         raise ConfigError(
-            f"speed.precision = 'tf32' needs a CUDA device (on {device_type}: expected fp32, bf16, fp16 or auto)"
+            f"{setting_name('speed', 'precision')} = 'tf32' needs a CUDA device (on {device_type}: expected fp32, "
+            "bf16, fp16 or auto)"
         )
     if graphs == "auto":
         # measured faster for both models of benchmarks/results/h200-2026-11-29 (presets.py); the
@@ -686,13 +710,15 @@ def resolve_for_device(
     for name in ("compile_tiling", "compile_tuning"):  # options of torch.compile: a record saying "on" must mean it ran
         if getattr(speed, name) == "on" and compile_mode == "off":
             raise ConfigError(
-                f"speed.{name} = 'on' tunes torch.compile's kernels, and compile is off here: expected --compile "
-                f"default (or another mode), or --{name.replace('_', '-')} auto"
+                f"{setting_name('speed', name)} = 'on' tunes torch.compile's kernels, and compile is off here: "
+                "expected --compile default (or another mode), or this switch at auto"
             )
     data = cfg.data
     for name in ("pin_memory", "prefetch_stream"):  # host-to-device copies: nothing to do without CUDA
         if getattr(data, name) == "on" and not cuda:
-            raise ConfigError(f"data.{name} = 'on' needs a CUDA device (on {device_type}: expected auto or off)")
+            raise ConfigError(
+                f"{setting_name('data', name)} = 'on' needs a CUDA device (on {device_type}: expected auto or off)"
+            )
     pin = data.pin_memory if data.pin_memory != "auto" else ("on" if cuda else "off")
     decode, _ = resolve_decode(data.decode, cuda, jpeg_engines)
     stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")

@@ -294,6 +294,7 @@ class GpuDecoder:
         self._lock = threading.Lock()  # the handles above and the counters below, from decode threads
         self._closed = False
         if backend == "hardware":  # `hardware_decoder` / `hardware_factory` replace the engines in tests
+            from cnnpar.config import setting_name
             from cnnpar.data.nvjpeg_hw import HardwareDecoderUnavailable, HardwareJpegDecoder
             from cnnpar.errors import ConfigError
 
@@ -302,7 +303,9 @@ class GpuDecoder:
             try:
                 self.hardware = hardware_decoder or self._engines_factory()
             except (HardwareDecoderUnavailable, RuntimeError) as e:
-                raise ConfigError(f"data.decode = 'hardware': {e} (choose --decode gpu or cpu)") from e
+                raise ConfigError(
+                    f"{setting_name('data', 'decode')} = 'hardware': {e} (choose --decode gpu or cpu)"
+                ) from e
         self.slots: ByteSlots | None = None  # the train or eval loader's, where its batches come in slots
         self.batched_calls = 0  # batched decode calls made, bisection included (for tests and benchmarks)
         self.cpu_decoded = 0  # images decoded on the CPU

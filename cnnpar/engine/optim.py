@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn as nn
 
-from cnnpar.config import OptimConfig
+from cnnpar.config import OptimConfig, setting_name
 from cnnpar.engine.muon import MuonSGD
 from cnnpar.errors import ConfigError
 
@@ -22,8 +22,8 @@ def whitening_params(model: nn.Module, cfg: OptimConfig) -> tuple[nn.Parameter, 
     if not hasattr(model, "whitening_params"):
         field = "whiten_frozen" if cfg.whiten_frozen else "whiten_bias_epochs"
         raise ConfigError(
-            f"optim.{field}: the model {type(model).__name__} has no data-whitened stem: expected fastnet, or the "
-            "switch off"
+            f"{setting_name('optim', field)}: the model {type(model).__name__} has no data-whitened stem: expected "
+            "fastnet, or the switch off"
         )
     return model.whitening_params()
 
@@ -40,10 +40,10 @@ def apply_frozen_whitening(model: nn.Module, cfg: OptimConfig) -> None:
         if whitened < len(filters):
             channels = filters.shape[1]
             raise ConfigError(
-                f"optim.whiten_frozen: {type(model).__name__}'s stem on {channels}-channel images is whitened in "
-                f"{whitened} of its {len(filters)} filters (its {channels * filters[0, 0].numel()} patch "
-                f"eigenvectors, +/-); the other {len(filters) - whitened} would stay random, frozen for the whole "
-                "run: expected --no-whiten-frozen"
+                f"{setting_name('optim', 'whiten_frozen')}: {type(model).__name__}'s stem on {channels}-channel "
+                f"images is whitened in {whitened} of its {len(filters)} filters (its "
+                f"{channels * filters[0, 0].numel()} patch eigenvectors, +/-); the other {len(filters) - whitened} "
+                "would stay random, frozen for the whole run: expected --no-whiten-frozen"
             )
         filters.requires_grad_(False)
 
@@ -130,8 +130,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float, device: torch
         return torch.optim.AdamW(groups, lr=lr, **impl)
     if not filters:
         raise ConfigError(
-            f"optim.optimizer = 'muon': the model {type(model).__name__} has no trainable 4-D conv filters for "
-            "Muon: expected a convolutional model, or --optimizer sgd"
+            f"{setting_name('optim', 'optimizer')} = 'muon': the model {type(model).__name__} has no trainable 4-D "
+            "conv filters for Muon: expected a convolutional model, or --optimizer sgd"
         )
     muon = {
         "params": filters,

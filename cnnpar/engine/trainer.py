@@ -196,8 +196,11 @@ class Trainer:
         self.precision = Precision(cfg.speed.precision, info.device)
         self.train_loader = build_loader(self.bundle, cfg, info, train=True)
         self.val_loader = build_loader(self.bundle, cfg, info, train=False) if self.bundle.val else None
-        accum = cfg.optim.grad_accum
         self.micro_steps = len(self.train_loader)
+        self.accum_line = ""
+        if cfg.optim.grad_accum > self.micro_steps:
+            self.cfg = cfg = self._cap_accumulation(cfg)
+        accum = cfg.optim.grad_accum
         if cfg.run.max_steps:
             self.micro_steps = min(self.micro_steps, cfg.run.max_steps * accum)
         self.steps_per_epoch = -(-self.micro_steps // accum)
@@ -304,6 +307,17 @@ class Trainer:
             if asked.optim.lr_batch == 0:  # the lr was for the batch asked for, which is the one that trains
                 optim = replace(optim, lr_batch=share)
         return replace(cfg, run=replace(cfg.run, batch_size=share), optim=optim)
+
+    def _cap_accumulation(self, cfg: Config) -> Config:
+        """--grad-accum larger than an epoch's micro-batches: a step never takes micro-batches from two epochs,
+        so each step accumulated the whole epoch's while the start-up line, the lr's linear rule and the record
+        said the count asked for. It is capped to what runs, said, and stored so (a `# requested:` line beside)."""
+        n = self.micro_steps
+        self.accum_line = (
+            f"--grad-accum {cfg.optim.grad_accum} capped to {n}: an epoch has {n} micro-batch(es) of "
+            f"{cfg.run.batch_size} per process, and a step does not carry gradients into the next epoch"
+        )
+        return replace(cfg, optim=replace(cfg.optim, grad_accum=n))
 
     def graphs_blocked_reason(self) -> str:
         """Why cnnpar's CUDA graphs cannot replay this run's step, whatever the switch says ("" when they
@@ -706,6 +720,8 @@ class Trainer:
             self.log(self.batch_line)
         if self.batch_note:
             self.log(self.batch_note)
+        if self.accum_line:
+            self.log(self.accum_line)
         if self.ddp is not None:  # what DDP itself runs with (its buckets and switches, dist.ddp_*)
             d = self.ddp
             graph = "on" if d.static_graph else "off"

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from cnnpar.config import setting_name
 from cnnpar.dist import DistInfo
 from cnnpar.errors import ConfigError
 from cnnpar.parallel.stem import space_to_depth_stem
@@ -32,8 +33,8 @@ def apply_sync_bn(model: nn.Module, info: DistInfo, enabled: bool) -> nn.Module:
         return model
     if info.device.type != "cuda":
         raise ConfigError(
-            f"dist.sync_bn = true: SyncBatchNorm needs CUDA devices, and this run is on {info.device.type} "
-            f"(gloo); drop --sync-bn or run on GPUs"
+            f"{setting_name('dist', 'sync_bn')} = true: SyncBatchNorm needs CUDA devices, and this run is on "
+            f"{info.device.type} (gloo); drop --sync-bn or run on GPUs"
         )
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
@@ -114,8 +115,8 @@ def compile_options(mode: str, tuning: bool, tiling: bool = False) -> dict:
         missing = missing_tiling_options()
         if missing:
             raise ConfigError(
-                f"speed.compile_tiling: torch {torch.__version__}'s inductor has no {', '.join(missing)} option; "
-                "turn compile_tiling off or use a newer torch"
+                f"{setting_name('speed', 'compile_tiling')}: torch {torch.__version__}'s inductor has no "
+                f"{', '.join(missing)} option: expected --compile-tiling off, or a newer torch"
             )
         extra.update(TILING_OPTIONS)
     if not extra:

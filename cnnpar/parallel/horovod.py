@@ -22,6 +22,7 @@ import sys
 
 import torch
 
+from cnnpar.config import setting_name
 from cnnpar.dist import DistInfo, pick_device
 from cnnpar.errors import ConfigError
 
@@ -31,7 +32,7 @@ def _hvd():
         import horovod.torch as hvd
     except ImportError as e:
         raise ConfigError(
-            f"dist.strategy = 'horovod' but horovod.torch cannot be imported ({e}); build it with "
+            f"{setting_name('dist', 'strategy')} = 'horovod' but horovod.torch cannot be imported ({e}); build it with "
             "scripts/install_horovod.sh and run that virtualenv's python under horovodrun"
         ) from None
     return hvd
@@ -149,7 +150,10 @@ def apply_horovod(
     if grad_clip > 0:
         # Clipping would have to sit between DistributedOptimizer.synchronize() and step(); the
         # engine's step does not make that split, so refuse rather than clip unaveraged gradients.
-        raise ConfigError("optim.grad_clip > 0 is not supported with dist.strategy = 'horovod'; use ddp or set 0")
+        raise ConfigError(
+            f"{setting_name('optim', 'grad_clip')} > 0 is not supported with {setting_name('dist', 'strategy')} = "
+            "'horovod': expected --strategy ddp, or --grad-clip 0"
+        )
     hvd = _hvd()
     wrapped = hvd.DistributedOptimizer(
         optimizer,

@@ -125,7 +125,7 @@ def test_frozen_whitening_is_refused_where_filters_would_stay_random(channels):
         apply_frozen_whitening(model, OptimConfig(whiten_frozen=True))
     random = 24 - 8 * channels
     assert str(e.value) == (
-        f"optim.whiten_frozen: FastNet's stem on {channels}-channel images is whitened in {8 * channels} of its 24 "
+        f"optim.whiten_frozen (--whiten-frozen): FastNet's stem on {channels}-channel images is whitened in {8 * channels} of its 24 "
         f"filters (its {4 * channels} patch eigenvectors, +/-); the other {random} would stay random, frozen for "
         "the whole run: expected --no-whiten-frozen"
     )
@@ -145,6 +145,6 @@ def test_train_refuses_frozen_random_stem_filters_in_one_line_before_a_run_folde
     assert main([*args, "--no-tensorboard", "--device", "cpu"]) == 2 and not runs.exists()  # grey digits
     err = capsys.readouterr().err
     assert (
-        err.startswith("cnnpar: error: optim.whiten_frozen: FastNet's stem on 1-channel images")
+        err.startswith("cnnpar: error: optim.whiten_frozen (--whiten-frozen): FastNet's stem on 1-channel images")
         and err.count("\n") == 1
     )

@@ -65,7 +65,9 @@ def test_an_average_setting_typed_without_an_average_is_named_and_not_with_one_o
 
 
 def test_lookahead_without_an_average_stays_refused(capsys):
-    with pytest.raises(ConfigError, match="lookahead = true needs an average"):
+    with pytest.raises(
+        ConfigError, match=r"optim.lookahead \(--lookahead\) = true needs an average .* optim.ema \(--ema\)"
+    ):
         _parsed("--lookahead")
 
 

@@ -4,6 +4,7 @@ errors without the flag, a misspelt model found late, a batch larger than the da
 from __future__ import annotations
 
 import argparse
+import json
 import tomllib
 from dataclasses import fields
 
@@ -100,9 +101,12 @@ def test_toml_word_other_than_auto_says_the_field_takes_a_number_or_auto(tmp_pat
     path.write_text('[run]\nbatch_size = "big"\n')
     with pytest.raises(ConfigError) as e:
         load_toml(path)
-    assert str(e.value) == f"{path}: run.batch_size = 'big': expected a whole number or \"auto\" (0 means auto)"
+    assert (
+        str(e.value)
+        == f"{path}: run.batch_size (--batch-size) = 'big': expected a whole number or \"auto\" (0 means auto)"
+    )
     path.write_text('[run]\nepochs = "auto"\n')  # not a 0-means-auto field: the type as before
-    with pytest.raises(ConfigError, match=r"run\.epochs = 'auto': expected a value of type int"):
+    with pytest.raises(ConfigError, match=r"run\.epochs \(--epochs\) = 'auto': expected a whole number$"):
         load_toml(path)
 
 
@@ -185,6 +189,29 @@ def test_a_batch_larger_than_the_training_split_is_capped_and_said_and_stored(tm
     assert stored["run"]["batch_size"] == 16 and stored["optim"]["lr_batch"] == 16
     assert stored["optim"]["lr"] == 0.002  # a fixed batch trains at --lr as it is
     assert "# requested: run.batch_size = 1024" in text
+
+
+def test_an_accumulation_longer_than_an_epoch_is_capped_and_said_and_stored(tmp_path, capsys):
+    # 40 samples: 32 train in 4 micro-batches of 8; --grad-accum 6 would need 6 of them per step
+    args = ["train", "--data", "synthetic", "--synthetic-samples", "40", "--batch-size", "8", "--grad-accum", "6"]
+    args += ["--lr-scaling", "linear", "--name", "r", "--out-dir", str(tmp_path)]
+    assert cli.main([*args, *QUICK]) == 0
+    out = capsys.readouterr().out
+    assert "batch 8/process x 1 process(es) x 4 accumulation = 32 per step" in out
+    assert "--grad-accum 6 capped to 4: an epoch has 4 micro-batch(es) of 8 per process" in out
+    assert "lr 0.002 x 1 process x 4 accumulation steps = 0.008 (--lr-scaling linear)" in out
+    stored, text = _stored(tmp_path / "r")
+    assert stored["optim"]["grad_accum"] == 4
+    assert "# requested: optim.grad_accum = 6" in text
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["global_batch"] == 32
+
+
+def test_an_accumulation_that_fits_an_epoch_is_kept(tmp_path, capsys):
+    args = ["train", "--data", "synthetic", "--synthetic-samples", "40", "--batch-size", "8", "--grad-accum", "4"]
+    assert cli.main([*args, "--name", "r", "--out-dir", str(tmp_path), *QUICK]) == 0
+    out = capsys.readouterr().out
+    assert "x 4 accumulation = 32 per step" in out and "capped" not in out
 
 
 def test_the_cpus_automatic_batch_is_capped_with_the_lr_scaled_to_the_batch_that_runs(tmp_path, capsys):

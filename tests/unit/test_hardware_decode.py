@@ -245,7 +245,7 @@ def test_a_batch_the_engines_refuse_is_decoded_the_nvjpeg_way():
 
 
 def test_no_hardware_decoder_is_a_config_error_naming_the_field():
-    with pytest.raises(ConfigError, match=r"data\.decode = 'hardware': .*CUDA device.*--decode gpu"):
+    with pytest.raises(ConfigError, match=r"data\.decode \(--decode\) = 'hardware': .*CUDA device.*--decode gpu"):
         GpuDecoder([Path("a.jpg")], 16, torch.device("cpu"), True, backend="hardware")
 
 

@@ -176,7 +176,7 @@ def test_muon_settings_are_checked_and_a_model_without_filters_is_refused():
         OptimConfig(muon_momentum=1.0)
     with pytest.raises(ConfigError, match="optim.muon_ns_steps"):
         OptimConfig(muon_ns_steps=0)
-    with pytest.raises(ConfigError, match="optim.optimizer = 'muon'.*no trainable 4-D conv filters"):
+    with pytest.raises(ConfigError, match=r"optim.optimizer \(--optimizer\) = 'muon'.*no trainable 4-D conv filters"):
         build_optimizer(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)), OptimConfig(optimizer="muon"), 0.1, CPU)
 
 

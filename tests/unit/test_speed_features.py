@@ -14,12 +14,14 @@ from cnnpar.parallel import Precision
 
 
 def test_cuda_graphs_on_a_cpu_is_refused_with_the_field_name():
-    with pytest.raises(ConfigError, match="cuda_graphs"):
+    with pytest.raises(ConfigError, match=r"speed\.cuda_graphs \(--cuda-graphs\) = 'on' needs a CUDA device \(on cpu"):
         resolve_for_device(Config(speed=SpeedConfig(cuda_graphs="on")), "cpu", True)
 
 
 def test_tf32_on_a_cpu_is_refused_rather_than_run_as_fp32_under_its_name():
-    with pytest.raises(ConfigError, match=r"speed\.precision = 'tf32' needs a CUDA device \(on cpu: expected fp32"):
+    with pytest.raises(
+        ConfigError, match=r"speed\.precision \(--precision\) = 'tf32' needs a CUDA device \(on cpu: expected fp32"
+    ):
         resolve_for_device(Config(speed=SpeedConfig(precision="tf32")), "cpu", True)
     assert resolve_for_device(Config(speed=SpeedConfig(precision="tf32")), "cuda", True).speed.precision == "tf32"
 
@@ -30,12 +32,17 @@ def test_switches_that_would_not_run_are_refused_rather_than_recorded_as_on():
     from cnnpar.config import DataConfig
 
     for data in (DataConfig(pin_memory="on"), DataConfig(prefetch_stream="on")):
-        with pytest.raises(ConfigError, match=r"data\.\w+ = 'on' needs a CUDA device \(on cpu: expected auto or off\)"):
+        with pytest.raises(
+            ConfigError, match=r"data\.\w+ \(--[\w-]+\) = 'on' needs a CUDA device \(on cpu: expected auto or off\)"
+        ):
             resolve_for_device(Config(data=data), "cpu", True)
         on_cuda = resolve_for_device(Config(data=data), "cuda", True).data
         assert "on" in (on_cuda.pin_memory, on_cuda.prefetch_stream)
     for speed in (SpeedConfig(compile_tiling="on"), SpeedConfig(compile_tuning="on")):
-        with pytest.raises(ConfigError, match=r"tunes torch\.compile's kernels, and compile is off here"):
+        with pytest.raises(
+            ConfigError,
+            match=r"speed\.compile_t\w+ \(--compile-t\w+\) = 'on' tunes torch\.compile's kernels, and compile is off",
+        ):
             resolve_for_device(Config(speed=speed), "cpu", True)  # compile auto: off on a CPU
         on = replace(speed, compile="default")
         assert resolve_for_device(Config(speed=on), "cpu", True).speed.compile == "default"
