@@ -222,11 +222,11 @@ def _as_new_run(cfg: Config, file: str, given: dict) -> Config:
 
 def _prints_notes() -> bool:
     """Whether this process prints the notes on how its settings were read: the process the user started
-    (`--nproc`'s launcher reads them first, so its workers keep quiet) and, under a torchrun launched by hand,
-    rank 0."""
-    from cnnpar.dist import LAUNCHED_NPROC_ENV  # (here: the module imports torch, which --help must not)
+    (`--nproc`'s launcher reads them first, so its workers keep quiet) and, under a torchrun or horovodrun
+    launched by hand, rank 0."""
+    from cnnpar.dist import LAUNCHED_NPROC_ENV, launcher_rank  # (here: the module imports torch, which --help must not)
 
-    return os.environ.get("RANK", "0") == "0" and LAUNCHED_NPROC_ENV not in os.environ
+    return launcher_rank() == 0 and LAUNCHED_NPROC_ENV not in os.environ
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

@@ -276,23 +276,35 @@ def launched_by_horovodrun() -> bool:
     return any(k in os.environ for k in HOROVOD_LAUNCH_ENV)
 
 
+def launcher_rank() -> int:
+    """This process's rank as its launcher set it, before any process group exists: torchrun's RANK, else a
+    Horovod launcher's; 0 for a process started alone."""
+    for key in ("RANK", *HOROVOD_LAUNCH_ENV):
+        value = os.environ.get(key, "")
+        if value.strip().isdigit():
+            return int(value)
+    return 0
+
+
 def check_horovod_launch(nproc: int, train_args: Sequence[str] = ()) -> None:
     """Refuse `--strategy horovod` where it would not run as a Horovod job: under cnnpar's own
     launcher (--nproc starts torchrun, whose workers Horovod cannot join) or outside horovodrun
     (each process would train alone, and several would race for one run folder). The refusal gives
     the horovodrun command, the user's other `cnnpar train` arguments (`train_args`) carried over."""
+    from cnnpar.config import setting_name
     from cnnpar.errors import ConfigError
 
     built = (HOROVOD_VENV / "bin" / "horovodrun").is_file()
     venv = "" if built else " (install_horovod.sh builds Horovod into .venv-horovod: 3-6 minutes the first time)"
     if nproc > 0:
         raise ConfigError(
-            f"dist.nproc = {nproc} launches torchrun, but dist.strategy = 'horovod' needs horovodrun: run "
+            f"{setting_name('dist', 'nproc')} = {nproc} launches torchrun, but {setting_name('dist', 'strategy')} = "
+            "'horovod' needs horovodrun: run "
             f"`{horovod_command(train_args, nproc)}` instead{venv}"
         )
     if not launched_by_horovodrun():
         raise ConfigError(
-            "dist.strategy = 'horovod' but this process was not started by horovodrun (none of "
+            f"{setting_name('dist', 'strategy')} = 'horovod' but this process was not started by horovodrun (none of "
             f"{', '.join(HOROVOD_LAUNCH_ENV)} is set), so it would train alone: run `{horovod_command(train_args)}`"
             f"{venv}, or leave out --strategy horovod"
         )

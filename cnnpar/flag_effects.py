@@ -60,9 +60,39 @@ def _no_average(cfg: Config) -> str:
 
 
 def _not_compiled(cfg: Config) -> str:
-    if cfg.speed.compile != "off":
-        return ""
-    return "--compile is off, so there is no compiled model to evaluate through: give --compile a mode, e.g. default"
+    """The trainer's `evaluate` goes through the compiled model only with compile on, one process and no weight
+    average (the average's copy, and DDP's plain module, are what evaluate there)."""
+    if cfg.speed.compile == "off":
+        return (
+            "--compile is off, so there is no compiled model to evaluate through: give --compile a mode, e.g. default"
+        )
+    if cfg.optim.ema > 0:
+        return "the weight average (--ema) evaluates, as a plain module: it applies without --ema"
+    processes = _processes(cfg)
+    if processes > 1:
+        return (
+            f"each of the {processes} processes evaluates the plain module (DDP's wrapper would all-reduce inside "
+            "its forward, which ranks with unequal evaluation batches cannot pair): it applies to one process"
+        )
+    return ""
+
+
+def _processes(cfg: Config) -> int:
+    """The processes the run will have: `--nproc N`'s, else the launcher's world size (torchrun's WORLD_SIZE, a
+    Horovod launcher's size), 1 for a process started alone or under the single-process debug switch."""
+    import os
+
+    from cnnpar.dist import debug_single_requested  # (imports torch: only when --compile-eval was typed)
+
+    if debug_single_requested(cfg.dist.debug_single):
+        return 1
+    if cfg.dist.nproc:
+        return cfg.dist.nproc
+    for key in ("WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        value = os.environ.get(key, "")
+        if value.strip().isdigit():
+            return int(value)
+    return 1
 
 
 def _source_format(cfg: Config) -> str | None:

@@ -125,9 +125,9 @@ def test_frozen_whitening_is_refused_where_filters_would_stay_random(channels):
         apply_frozen_whitening(model, OptimConfig(whiten_frozen=True))
     random = 24 - 8 * channels
     assert str(e.value) == (
-        f"optim.whiten_frozen (--whiten-frozen): FastNet's stem on {channels}-channel images is whitened in {8 * channels} of its 24 "
-        f"filters (its {4 * channels} patch eigenvectors, +/-); the other {random} would stay random, frozen for "
-        "the whole run: expected --no-whiten-frozen"
+        f"optim.whiten_frozen (--whiten-frozen): FastNet's stem on {channels}-channel images is whitened in "
+        f"{8 * channels} of its 24 filters (its {4 * channels} patch eigenvectors, +/-); the other {random} "
+        "would stay random, frozen for the whole run: expected --no-whiten-frozen"
     )
     assert model.stem.weight.requires_grad
     apply_frozen_whitening(model, OptimConfig(whiten_frozen=False, whiten_bias_epochs=2))  # trainable: fine

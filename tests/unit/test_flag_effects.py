@@ -81,6 +81,34 @@ def test_compile_eval_typed_with_compile_off_is_named_and_not_compiled_or_from_a
     assert _notes(capsys, "--preset", "cifar10-record", "--compile", "off") == []
 
 
+def test_compile_eval_typed_where_the_average_or_ddp_evaluates_is_named(capsys, monkeypatch):
+    """Trainer.evaluate goes through the compiled model with one process and no weight average only."""
+    on = ("--compile", "default", "--compile-eval")
+    assert _notes(capsys, *on, "--ema", "0.95") == [
+        "--compile-eval not used: the weight average (--ema) evaluates, as a plain module: it applies without --ema"
+    ]
+    ddp = (
+        "--compile-eval not used: each of the 2 processes evaluates the plain module (DDP's wrapper would all-reduce "
+        "inside its forward, which ranks with unequal evaluation batches cannot pair): it applies to one process"
+    )
+    assert _notes(capsys, *on, "--nproc", "2") == [ddp]
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a torchrun started by hand: rank 0 says it
+    monkeypatch.setenv("RANK", "0")
+    assert _notes(capsys, *on) == [ddp]
+    assert _notes(capsys, *on, "--debug-single") == []  # one process, whatever torchrun started
+    monkeypatch.setenv("RANK", "1")
+    assert _notes(capsys, *on) == []  # the other ranks keep quiet
+
+
+def test_a_horovod_rank_other_than_0_prints_no_notes(capsys, monkeypatch):
+    for key in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    assert _notes(capsys, "--momentum", "0.8") == []
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    assert len(_notes(capsys, "--momentum", "0.8")) == 1
+
+
 IN_MEMORY = "so no JPEG is decoded while training: it applies to --data <a folder of photos>"
 
 

@@ -182,7 +182,9 @@ def test_compile_tiling_on_a_torch_without_its_options_is_a_config_error_naming_
     have = apply.inductor_option_names()
     assert "triton.prefer_nd_tiling" in have  # this torch has it; an older one is made up below
     monkeypatch.setattr(apply, "inductor_option_names", lambda: have - {"triton.prefer_nd_tiling"})
-    with pytest.raises(ConfigError, match=r"speed.compile_tiling \(--compile-tiling\): .* no triton.prefer_nd_tiling option"):
+    with pytest.raises(
+        ConfigError, match=r"speed.compile_tiling \(--compile-tiling\): .* no triton.prefer_nd_tiling option"
+    ):
         apply.compile_options("default", False, True)
     assert apply.compile_options("default", False, False) == {"mode": None}  # off: not asked
 
