@@ -143,12 +143,9 @@ class Trainer:
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
         self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
         self.cfg = cfg = resolve_for(cfg, info.device)
-        self.batch_line = ""
-        if cfg.run.batch_size != self.requested_cfg.run.batch_size and cfg.optim.lr_batch != cfg.run.batch_size:
-            # --batch-size auto on the CPU, 64, with the lr scaled to it from another batch (a preset's)
-            asked = self.requested_cfg.optim.lr
-            lr = lr_line(cfg.optim.optimizer, asked, cfg.optim.lr_batch, cfg.run.batch_size)
-            self.batch_line = f"batch size auto: {cfg.run.batch_size} (the CPU's); {lr}"
+        self.batch_line = ""  # how --batch-size auto resolved (a search's, the CPU's 64) or a cap: _cap_batch_size
+        # auto resolved to a fixed batch here (config.resolve_batch_size: the CPU's 64), not searched below
+        self.cpu_auto_batch = cfg.run.batch_size != 0 and self.requested_cfg.run.batch_size == 0
         torch.backends.cudnn.benchmark = cfg.speed.cudnn_benchmark
         torch.manual_seed(cfg.run.seed)  # the same initial weights on every rank (DDP broadcasts them anyway)
         c, h, w = self.bundle.shape
@@ -282,7 +279,13 @@ class Trainer:
         self.batch_note = ""
         share = train_share(len(self.bundle.train), self.info.world_size)
         batch = self.batch_asked = cfg.run.batch_size  # before the cap: the doctor reports a split under one batch
+        asked = self.requested_cfg
+        optim = cfg.optim
+        cpus = self.cpu_auto_batch
         if batch <= share:
+            if cpus and optim.lr_batch != batch:  # the lr scaled to it from another batch (a preset's)
+                line = lr_line(optim.optimizer, asked.optim.lr, optim.lr_batch, batch)
+                self.batch_line = f"batch size auto: {batch} (the CPU's); {line}"
             left, steps = share % batch, share // batch
             limit = cfg.run.max_steps * cfg.optim.grad_accum
             if left and left * 10 >= share and not (limit and limit < steps):
@@ -292,14 +295,12 @@ class Trainer:
                     "is dropped; other samples each epoch)"
                 )
             return cfg
-        asked = self.requested_cfg
-        optim = cfg.optim
         whose = "this process's share of the" if self.info.world_size > 1 else "all"
         capped = f"capped to {share}: {whose} {len(self.bundle.train):,} training samples, one step per epoch"
         if asked.run.batch_size == 0:  # auto (the CPU's 64, a search's): the lr follows the batch that runs
             lr = asked.optim.lr * lr_factor(optim.optimizer, share, optim.lr_batch)
             line = lr_line(optim.optimizer, asked.optim.lr, optim.lr_batch, share)
-            whence = " (the CPU's)" if cfg.speed.device == "cpu" else ""
+            whence = " (the CPU's)" if cpus else ""
             self.batch_line = f"batch size auto: {batch}{whence}, {capped}; {line}"
             optim = replace(optim, lr=lr)
         else:
