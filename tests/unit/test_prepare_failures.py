@@ -172,7 +172,7 @@ def test_a_write_that_fails_is_one_line_and_leaves_nothing(tmp_path, workers):
         "sys.exit(main(['prepare', sys.argv[1], '--out', sys.argv[2], '--workers', sys.argv[3], '--no-progress']))\n"
     )
     proc = start([sys.executable, "-c", script, str(tmp_path / "p"), str(out), str(workers)], tmp_path)
-    err = finish(proc, timeout=60)
+    err = finish(proc, timeout=180)  # a guard against a hang, not a timing: torch's import alone can take 30 s loaded
     assert proc.returncode == 2, err
     assert err.strip() == (
         f"cnnpar: error: {out}: cannot write the store (File too large): expected room for it and permission to "
