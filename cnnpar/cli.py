@@ -549,7 +549,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pred.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
     pred.add_argument("--image-shape", default="", help="CxHxW of CSV rows when not square grey")
-    pred.add_argument("--device", default="cpu", help="device to predict on: cpu, cuda or cuda:N")
+    pred.add_argument(
+        "--device",
+        default="auto",
+        help="device to predict on: auto (the first CUDA device where one is visible, else cpu), cpu, cuda or cuda:N",
+    )
     pred.add_argument(
         "--resize", action="store_true", help="resize CSV/npz images to the model's size (else another size is refused)"
     )

@@ -34,13 +34,16 @@ def _batches(ds, batch_size: int):
 
 def _device(text: str) -> torch.device:
     """--device as a torch device, refused in one line as `cnnpar train` refuses a CUDA it cannot see
-    (dist.pick_device), rather than with torch's traceback at the first tensor moved there."""
+    (dist.pick_device), rather than with torch's traceback at the first tensor moved there. auto: the first
+    CUDA device where one is visible (as `cnnpar train` picks), else the CPU."""
+    if text == "auto":
+        return torch.device("cuda", 0) if torch.cuda.device_count() else torch.device("cpu")
     try:
         dev = torch.device(text)
     except RuntimeError:  # a name torch does not know at all
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {text!r}: expected cpu, cuda or cuda:N")
+        raise ConfigError(f"--device {text!r}: expected auto, cpu, cuda or cuda:N")
     count = torch.cuda.device_count() if dev.type == "cuda" else 0  # 0, not an error, without a driver
     if dev.type == "cuda" and not count:
         raise ConfigError(f"--device {text!r} but no CUDA device is visible: expected --device cpu here")
@@ -95,7 +98,7 @@ def predict(
     out: str = "",
     batch_size: int = 256,
     image_shape: str = "",
-    device: str = "cpu",
+    device: str = "auto",
     resize: bool = False,
     tta_level: str = "auto",
     log=print,

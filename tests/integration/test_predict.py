@@ -81,7 +81,7 @@ def test_predict_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypa
     [
         (["--batch-size", "-1"], "--batch-size -1: expected a whole number > 0"),
         (["--batch-size", "0"], "--batch-size 0: expected a whole number > 0"),
-        (["--device", "foo"], "--device 'foo': expected cpu, cuda or cuda:N"),
+        (["--device", "foo"], "--device 'foo': expected auto, cpu, cuda or cuda:N"),
         (["--device", "cuda"], "--device 'cuda' but no CUDA device is visible: expected --device cpu here"),
         (["--out", "folder"], "--out folder: is a folder: expected the path of the CSV file to write"),
     ],
@@ -255,3 +255,20 @@ def test_predict_says_a_pixel_count_against_the_models_input(tmp_path, capsys, m
         "trained on 1x16x16 images (256 values)\n"
     )
     assert [p.name for p in tmp_path.iterdir()] == ["short.csv"]
+
+
+def test_predict_runs_on_the_gpu_by_default_where_one_is_visible(monkeypatch):
+    """--device was cpu by default: a user with a GPU predicted on the CPU unless told otherwise."""
+    from cnnpar.engine.predict import _device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert _device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert _device("auto") == torch.device("cuda", 0)
+    assert _device("cpu") == torch.device("cpu")  # typed, it stays
+
+
+def test_predicts_default_device_is_auto():
+    from cnnpar.cli import build_parser
+
+    assert build_parser().parse_args(["predict", "--checkpoint", "c", "--data", "d"]).device == "auto"
