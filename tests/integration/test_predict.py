@@ -272,3 +272,17 @@ def test_predicts_default_device_is_auto():
     from cnnpar.cli import build_parser
 
     assert build_parser().parse_args(["predict", "--checkpoint", "c", "--data", "d"]).device == "auto"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_predict_by_default_on_the_gpu_gives_the_cpus_labels(tmp_path, trained):
+    _, run_dir, _, _ = trained
+    data = write_npz(tmp_path / "d.npz", n_train=40, n_test=None)
+    rows = {}
+    for device in ("auto", "cpu"):
+        out = predict(str(run_dir / "ckpt"), str(data), out=str(tmp_path / f"{device}.csv"), device=device)
+        rows[device] = list(csv.DictReader(out.open()))
+    assert [r["label"] for r in rows["auto"]] == [r["label"] for r in rows["cpu"]]
+    conf = [(float(a["confidence"]), float(b["confidence"])) for a, b in zip(rows["auto"], rows["cpu"], strict=True)]
+    assert max(abs(a - b) for a, b in conf) < 1e-3  # fp32 both ways: cuDNN's and oneDNN's sums differ in rounding
