@@ -279,11 +279,20 @@ def launched_by_horovodrun() -> bool:
 def launcher_rank() -> int:
     """This process's rank as its launcher set it, before any process group exists: torchrun's RANK, else a
     Horovod launcher's; 0 for a process started alone."""
-    for key in ("RANK", *HOROVOD_LAUNCH_ENV):
+    return _launcher_value(("RANK", *HOROVOD_LAUNCH_ENV), 0)
+
+
+def launcher_world_size() -> int:
+    """The processes the launcher started, read as `launcher_rank` reads the rank; 1 for a process started alone."""
+    return _launcher_value(("WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"), 1)
+
+
+def _launcher_value(keys: tuple[str, ...], alone: int) -> int:
+    for key in keys:
         value = os.environ.get(key, "")
         if value.strip().isdigit():
             return int(value)
-    return 0
+    return alone
 
 
 def check_horovod_launch(nproc: int, train_args: Sequence[str] = ()) -> None:

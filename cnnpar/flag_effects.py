@@ -80,19 +80,11 @@ def _not_compiled(cfg: Config) -> str:
 def _processes(cfg: Config) -> int:
     """The processes the run will have: `--nproc N`'s, else the launcher's world size (torchrun's WORLD_SIZE, a
     Horovod launcher's size), 1 for a process started alone or under the single-process debug switch."""
-    import os
-
-    from cnnpar.dist import debug_single_requested  # (imports torch: only when --compile-eval was typed)
+    from cnnpar.dist import debug_single_requested, launcher_world_size  # (imports torch: only when typed)
 
     if debug_single_requested(cfg.dist.debug_single):
         return 1
-    if cfg.dist.nproc:
-        return cfg.dist.nproc
-    for key in ("WORLD_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        value = os.environ.get(key, "")
-        if value.strip().isdigit():
-            return int(value)
-    return 1
+    return cfg.dist.nproc or launcher_world_size()
 
 
 def _source_format(cfg: Config) -> str | None:
