@@ -282,7 +282,8 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
             why = f"the start {start.status}: {start.note}"
         print(f"tune: no {out} written ({why}); trials in {out.with_suffix('.csv')}", file=sys.stderr)
         return 1
-    print(f"wrote {out} (and {out.with_suffix('.csv')}); train with: cnnpar train --config {out}")
+    again = shlex.join(["cnnpar", "train", "--config", str(out)])  # quoted: pasted as it stands
+    print(f"wrote {out} (and {out.with_suffix('.csv')}); train with: {again}")
     return 0
 
 

@@ -26,6 +26,7 @@ This module imports no torch in the parent: the children measure, the parent pla
 
 from __future__ import annotations
 
+import shlex
 import statistics
 import time
 from collections.abc import Callable
@@ -52,6 +53,9 @@ END_RESERVE = 0.03  # share of the budget held back for the last kill and the fi
 START_BUDGET_S = 60.0
 GROUPS = ("batch size", "compile and CUDA graphs", "data", "layout and precision", "long compiles")
 START, KEPT, SKIPPED = "start", "kept", "skipped"
+# measured, but the trial ran without the change: the Trainer turns a switch off where it cannot apply (CUDA graphs
+# beside --grad-accum or DDP, resident data that does not fit), so its rate is the config's before it again
+NOT_APPLIED = "not applied"
 
 TRIAL_COLUMNS = [
     "group",
@@ -74,7 +78,7 @@ class Trial:
     group: str
     switch: str
     value: str
-    status: str  # start, kept, ok (measured, not kept), failed, cut off, skipped
+    status: str  # start, kept, ok (measured, not kept), not applied (measured without it), failed, cut off, skipped
     images_per_s: float | None = None
     images_per_s_min: float | None = None
     images_per_s_max: float | None = None
@@ -250,7 +254,7 @@ class Tuner:
         self.trials: list[Trial] = []
         self.best_cfg: Config | None = None
         self.best = self.start_rate = self.start_wall_s = 0.0
-        self.best_max = 0.0  # the best config's fastest repeat
+        self.best_max = self.best_min = 0.0  # the best config's fastest and slowest repeats
         self.cap = trial_s
         self.env: dict = {}
         self.facts: dict = {}  # what the start trial found out about the device and the data
@@ -298,30 +302,47 @@ class Tuner:
             self.start_rate, self.start_wall_s = t.images_per_s, t.wall_s
             self.best_cfg = merge_resolved(cfg, v["resolved"])
             self.best, self.facts = t.images_per_s, v.get("facts", {})
-            self.best_max = t.images_per_s_max
+            self.best_max, self.best_min = t.images_per_s_max, t.images_per_s_min
             self.env = self.facts.get("env", {})
             self.trials.append(t)
             self.say(f"start: {t.images_per_s:,.0f} img/s ({spread}), warm-up {t.warmup_s:.1f} s")
             self.write()
             return t
+        ran = next((str(vals[label]) for vals in v["resolved"].values() if label in vals), str(value))
+        if ran != str(value):
+            t.status = NOT_APPLIED
+            t.note = "; ".join(x for x in (t.note, f"ran with {label}={ran} here: measures no change; not kept") if x)
+            self.trials.append(t)
+            self.say(f"{name}: {t.images_per_s:,.0f} img/s ({spread}), but {t.note}")
+            return t
         faster = t.images_per_s > self.best * KEEP_MARGIN
         kept = faster and t.images_per_s_min > self.best_max
+        slower = ""
         if faster and not kept:
             noise = (
                 f"inside the noise: its slowest repeat {t.images_per_s_min:,.0f} img/s is not above the best's "
                 f"fastest {self.best_max:,.0f}"
             )
             t.note = "; ".join(x for x in (t.note, noise) if x)
+        elif not faster and t.images_per_s_max >= self.best_min:
+            # a slower median whose repeats reach into the best's is no measured slowdown either: a loaded host
+            # spread one config's repeats over 191-284 img/s, and a trial's 127-251 read as 0.74x
+            slower = (
+                f"inside the noise: its fastest repeat {t.images_per_s_max:,.0f} img/s is not below the best's "
+                f"slowest {self.best_min:,.0f}"
+            )
+            t.note = "; ".join(x for x in (t.note, slower) if x)
         ratio = t.images_per_s / self.best
         self.trials.append(t)
         if kept:
             t.status = KEPT
             self.best, self.best_cfg = t.images_per_s, merge_resolved(cfg, v["resolved"])
-            self.best_max = t.images_per_s_max
+            self.best_max, self.best_min = t.images_per_s_max, t.images_per_s_min
             self.write()
         self.say(
             f"{name}: {t.images_per_s:,.0f} img/s ({spread}), {ratio:.2f}x the best so far"
             + (f"; kept, wrote {self.out}" if kept else f"; not kept: {noise}" if faster else "")
+            + (f"; {slower}" if slower else "")
         )
         return t
 
@@ -429,6 +450,9 @@ def check_out(out: Path) -> None:
     """--out is the config file, and its trials go beside it with the suffix .csv: checked before any trial (a
     folder failed at the first write, after the start trial, and `x.csv` made the two files one)."""
     trials = out.with_suffix(".csv")
+    blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:  # else a FileExistsError from making the folder
+        raise UserError(f"tune --out {out}: {blocked} is a file: expected a folder there, or another --out")
     if out.is_dir():
         raise UserError(f"tune --out {out}: is a folder: expected a file name, such as {out / 'tuned.toml'}")
     if trials == out:
@@ -478,7 +502,8 @@ def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict) -> None:
         f"({best.images_per_s / start.images_per_s:.2f}x the start's {start.images_per_s:,.0f}), "
         f"after {len(trials)} trial(s)\n"
     )
-    header += f"# written by `cnnpar tune`; train with: cnnpar train --config {out}\n"
+    # quoted: a folder name with a space made the command break where it was pasted
+    header += f"# written by `cnnpar tune`; train with: {shlex.join(['cnnpar', 'train', '--config', str(out)])}\n"
     write_text_atomic(out, header + dumps_toml(cfg))
     write_csv_atomic(out.with_suffix(".csv"), trial_rows(trials, env), CSV_COLUMNS)
 

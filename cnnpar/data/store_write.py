@@ -9,10 +9,15 @@ with its name, and nothing is left behind: the store is built under a name of it
 A worker hands its decoded pixels over in a file beside that one (`chunk_path`) and sends the writer only
 their sizes: a worker killed while sending a large result left the pool's reader waiting for the rest of it
 for ever, where one killed now is a broken pool, said in one line. Workers end with prepare (`start_worker`).
+
+A writer holds an flock on its partial file while it writes (`hold_partial`), which the system drops when it ends,
+killed or not: a prepare that finishes removes the partial files no writer holds, which prepares to the same OUT
+killed with SIGKILL (no clean-up runs) left behind (`remove_dead_partials`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import multiprocessing
 import os
@@ -40,6 +45,7 @@ from cnnpar.data.store import (
     encode_header,
     header_never_written,
     index_checksum,
+    left_partials,
     new_hash,
     new_partial_path,
     pack_index,
@@ -47,6 +53,11 @@ from cnnpar.data.store import (
 from cnnpar.errors import DataError, UserError
 from cnnpar.report.files import fsync_path
 from cnnpar.report.host import usable_cores
+
+try:
+    import fcntl
+except ImportError:  # Windows has no flock: a killed prepare's partial files stay there, for the user to remove
+    fcntl = None
 
 MAX_CHUNK = 32  # files per task: enough to amortise the IPC, few enough to keep every worker busy
 IN_FLIGHT = 2  # chunks queued per worker: decoded pixels waiting for the writer stay bounded
@@ -304,6 +315,7 @@ def prepare_store(
         out.parent.mkdir(parents=True, exist_ok=True)
         # "x": a file of this writer's own; another prepare to the same OUT writes its own and renames it in turn
         with partial.open("xb") as f:
+            hold_partial(f)
             starting_workers = True  # until they run: a fork or a semaphore the system refuses is not a write
             with images:
                 starting_workers = False
@@ -328,6 +340,7 @@ def prepare_store(
                 os.fsync(f.fileno())
         os.replace(partial, out)
         written = True
+        remove_dead_partials(out)
     except BrokenProcessPool:
         raise UserError(
             f"{out}: not written: a decoding worker was {images.how_a_worker_ended()} before it finished (the "
@@ -351,6 +364,46 @@ def prepare_store(
             remove_partial(partial)
     fsync_path(out.parent)  # makes the rename itself durable
     return header
+
+
+def hold_partial(f) -> None:
+    """Mark this writer's partial file `f` as live until the writer ends (an flock, dropped by the system however
+    the process ends; the decoding workers share it and die with the writer)."""
+    if fcntl is not None:
+        with contextlib.suppress(OSError):  # a file system without locks: no other prepare will remove this file
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def remove_dead_partials(out: Path) -> None:
+    """Remove the partial files (and their chunk files) of prepares to `out` that ended without cleaning up (SIGKILL,
+    the out-of-memory killer): those no writer holds (`hold_partial`). The store's refusal of them says to re-run
+    prepare; that re-run left them beside the store, as large as the store, without a word."""
+    if fcntl is None:
+        return
+    for path in left_partials(out):
+        # chunk files go with their writer's partial; an empty partial may be a writer between its open and its
+        # flock (nothing written yet), so it is left, as it costs nothing
+        if ".chunk" in path.name.removeprefix(out.name) or not _unheld(path):
+            continue
+        with contextlib.suppress(OSError):  # one that cannot be removed is no reason to fail a written store
+            remove_partial(path)
+
+
+def _unheld(path: Path) -> bool:
+    """True where `path` holds bytes and no live writer holds its flock (False where the file system has none)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_size == 0:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:  # held (BlockingIOError), or no locks on this file system
+        return False
+    finally:
+        os.close(fd)
 
 
 def remove_partial(partial: Path) -> None:

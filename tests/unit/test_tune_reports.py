@@ -1,0 +1,93 @@
+"""`cnnpar tune`: results that were wrong or misleading without saying so."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from cnnpar.bench.trial import OK
+from cnnpar.engine.train_step import graphs_blocked_by
+from cnnpar.errors import UserError
+from cnnpar.presets import with_overrides
+from tests.unit.test_tune import FakeMachine, resnet50
+
+
+def test_an_out_under_a_file_is_refused_in_one_line_before_any_trial(tmp_path):
+    # `cnnpar tune --out afile/x.toml` with afile a file: a FileExistsError traceback from the folder's mkdir
+    (tmp_path / "afile").write_text("")
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0)
+    with pytest.raises(UserError, match=r"tune --out .*afile.* is a file: expected"):
+        m.tune(resnet50(), 600, tmp_path / "afile" / "x.toml")
+    assert m.calls == []
+
+
+class BlockingGraphs(FakeMachine):
+    """As the Trainer does: a step that graphs cannot replay (--grad-accum 2) runs without them, whatever the
+    switch says, and the trial's resolved config says so."""
+
+    def run_trial(self, cfg, limit):
+        r = super().run_trial(cfg, limit)
+        if r.status == OK and graphs_blocked_by(cfg, distributed=False):
+            r.value["resolved"]["speed"]["cuda_graphs"] = "off"
+        return r
+
+
+def test_a_switch_the_trial_did_not_apply_is_not_reported_as_measured_nor_kept(tmp_path):
+    # a graphs trial runs the start's config again: a 5 % faster repeat of it is noise, not CUDA graphs
+    m = BlockingGraphs(rate=lambda c: 1050.0 if c.speed.cuda_graphs == "on" else 1000.0, cost=lambda c: 1.0)
+    best, trials = m.tune(with_overrides(resnet50(), optim={"grad_accum": 2}), 600, tmp_path / "tuned.toml")
+    [graphs] = [t for t in trials if t.switch == "cuda_graphs"]
+    assert graphs.value == "on" and graphs.status == "not applied"
+    assert "ran with cuda_graphs=off" in graphs.note
+    assert best.speed.cuda_graphs == "off"
+    text = (tmp_path / "tuned.toml").read_text()
+    assert "cuda_graphs=on" not in text and tomllib.loads(text)["speed"]["cuda_graphs"] == "off"
+
+
+def test_the_train_command_in_tuned_toml_runs_as_pasted_where_out_has_a_space(tmp_path):
+    import shlex
+
+    out = tmp_path / "my runs" / "tuned.toml"
+    FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0).tune(resnet50(), 600, out)
+    [line] = [ln for ln in out.read_text().splitlines() if "train with:" in ln]
+    command = line.split("train with: ", 1)[1]
+    assert shlex.split(command) == ["cnnpar", "train", "--config", str(out)]
+
+
+class Spread(FakeMachine):
+    """Repeats spread over `spread(cfg)` (slowest, fastest) around the median, as on a loaded host."""
+
+    def __init__(self, spread, **kw):
+        super().__init__(**kw)
+        self.spread = spread
+
+    def run_trial(self, cfg, limit):
+        r = super().run_trial(cfg, limit)
+        if r.status == OK:
+            r.value["images_per_s_min"], r.value["images_per_s_max"] = self.spread(cfg)
+        return r
+
+
+def test_a_slower_median_whose_repeats_reach_into_the_bests_says_it_is_inside_the_noise(tmp_path):
+    # as on a loaded 2-core CPU: start 271 img/s (191-284), batch 128 201 (127-251) printed as a plain 0.74x
+    def changed(cfg):  # the layout and precision trials: clearly slower
+        return cfg.speed.channels_last == "off" or cfg.speed.precision == "fp32"
+
+    def rate(cfg):
+        return 100.0 if changed(cfg) else {64: 271.0, 128: 201.0}[cfg.run.batch_size]
+
+    def spread(cfg):
+        return (99.0, 101.0) if changed(cfg) else {64: (191.0, 284.0), 128: (127.0, 251.0)}[cfg.run.batch_size]
+
+    m = Spread(
+        spread,
+        rate=rate,
+        cost=lambda c: 1.0,
+        facts={"device_type": "cpu", "in_memory": True, "folder": False, "train_samples": 1438},
+    )
+    _, trials = m.tune(with_overrides(resnet50(), run={"batch_size": 64}), 600, tmp_path / "tuned.toml")
+    batch = next(t for t in trials if t.switch == "batch_size")
+    assert batch.status == "ok" and "inside the noise: its fastest repeat 251 img/s" in batch.note
+    clear = [t for t in trials if t.switch in ("channels_last", "precision")]
+    assert clear and all("noise" not in t.note for t in clear)  # 99-101 against 191-284: a measured slowdown
