@@ -62,6 +62,9 @@ class DataBundle:
     size_note: str = ""  # a warning when that side enlarges most of the images (source_size.enlarging_note)
     val_from: str = ""  # which split validates: the data's own test/val split, a seeded hold-out, or none
     val_overlap: str = ""  # a warning when validation files are training files (data/overlap.py), else ""
+    # what identifies the data's content where its format records it (a store's pixel checksum), else "": a resume
+    # compares it with its checkpoint's (engine/data_identity.py)
+    fingerprint: str = ""
 
     @property
     def in_memory(self) -> bool:

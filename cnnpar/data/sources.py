@@ -246,6 +246,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         empty_classes=empty_classes(torch.from_numpy(store.labels), len(store.class_names)),
         val_from=val_from,
         val_overlap=overlap,
+        fingerprint=store.header["data_checksum"],
     )
 
 

@@ -33,6 +33,7 @@ from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, l
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.batch_size import lr_line, search_on_device
 from cnnpar.engine.checkpoint import LAST, load_checkpoint, require_training_state, save_checkpoint
+from cnnpar.engine.data_identity import content_difference, data_location
 from cnnpar.engine.fault import maybe_inject_fault
 from cnnpar.engine.optim import (
     apply_frozen_whitening,
@@ -161,6 +162,10 @@ class Trainer:
             # the labelled examples the split was drawn from: with the class names, what tells a resume that the
             # data under the same path changed (_refuse_changed_data)
             "examples": len(self.bundle.train) + (len(self.bundle.val) if self.bundle.val is not None else 0),
+            # where it was, and a store's pixel checksum: the same typed --data in another folder, or a store
+            # prepared again with the same count, is other data (engine/data_identity.py)
+            "data_path": data_location(cfg.data.source),
+            "data_checksum": self.bundle.fingerprint,
         }
         self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h, w)
         if hasattr(self.raw_model, "init_from_data"):
@@ -452,7 +457,10 @@ class Trainer:
                 f"{path}: the run trained on --data {was_data}, this resume asks for {source}: a "
                 f"checkpoint continues on its own data: expected --data {was_data}, or a new run"
             )
+        self._refuse_other_copy(path, was)
         changes = []
+        if was.get("data_checksum") and was["data_checksum"] != self.meta["data_checksum"]:
+            changes.append(f"{source} was prepared again (its pixel checksum differs)")
         if "examples" in was and was["examples"] != self.meta["examples"]:
             changes.append(f"{was['examples']} -> {self.meta['examples']} examples in {source}")
         names_was, names_now = was.get("class_names"), self.meta["class_names"]
@@ -477,6 +485,30 @@ class Trainer:
                 f"{'x'.join(map(str, now_shape))}: a checkpoint continues at the image size it trained at: "
                 f"expected {fix}, or a new run"
             )
+
+    def _refuse_other_copy(self, path: Path, was: dict) -> None:
+        """The typed --data may name other data than the checkpoint's (the same relative path typed in another
+        folder): where the checkpoint's data is still where it was, this run's must hold the same files; where it
+        is gone (moved), the count and class names checked next are all there is, and the run says so."""
+        before, now = was.get("data_path"), self.meta["data_path"]
+        if not before or not now or before == now:
+            return
+        if was.get("data_checksum") and was["data_checksum"] == self.meta["data_checksum"]:
+            self.log(f"data: the checkpoint's run read {before}; this resume reads {now}, the same store's pixels")
+            return
+        if not Path(before).exists():
+            self.log(
+                f"data: the checkpoint's run read {before}, which is gone; this resume reads {now}: compared by "
+                "example count and class names only"
+            )
+            return
+        differs = content_difference(Path(before), Path(now))
+        if differs:
+            raise UserError(
+                f"{path}: the run trained on {before}; --data {self.cfg.data.source} here is {now}, other data "
+                f"({differs}): a checkpoint continues on its own data: expected --data {before}, or a new run"
+            )
+        self.log(f"data: the checkpoint's run read {before}; this resume reads {now}, a copy with the same files")
 
     def _refuse_changed_fields(self, path: Path, stored: dict) -> None:
         """A resumed run keeps the fields its checkpoint depends on: another --seed or --val-fraction would hold

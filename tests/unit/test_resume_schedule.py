@@ -225,3 +225,76 @@ def test_a_weight_average_started_before_a_resume_with_more_epochs_keeps_averagi
     history = trainer.fit().history
     assert int(trainer.average.averaged.n_averaged) == 2 + 8  # every step after the checkpoint's
     assert history[2]["val_loss"] != history[1]["val_loss"]
+
+
+def _csv_run(tmp_path, folder, seed: int):
+    """A run on `train.csv` typed relative, in `folder` (the current folder), 96 rows drawn with `seed`."""
+    from tests.datafiles import bar_images, write_pixel_csv
+
+    x, y = bar_images(96, seed=seed)
+    write_pixel_csv(folder / "train.csv", x, y)
+    cfg = _cfg(tmp_path, 1)
+    return replace(cfg, data=DataConfig(source="train.csv", workers=0))
+
+
+def test_the_same_relative_data_typed_in_another_folder_is_refused_when_it_holds_other_data(tmp_path, monkeypatch):
+    """`--data train.csv` in a/ trained; `--resume` of that run from b/, whose own train.csv has as many rows, read
+    b's rows while every stored check (typed path, count, class names) agreed."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    cfg = _csv_run(tmp_path, tmp_path / "a", seed=0)
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    monkeypatch.chdir(tmp_path / "b")
+    _csv_run(tmp_path, tmp_path / "b", seed=1)
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
+    was, now = tmp_path / "a" / "train.csv", tmp_path / "b" / "train.csv"
+    with pytest.raises(UserError, match=f"trained on {was}; --data train.csv here is {now}, other data .*--data {was}"):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+    # a copy of the same bytes resumes, and says where it reads
+    (tmp_path / "b" / "train.csv").write_bytes(was.read_bytes())
+    lines: list[str] = []
+    assert Trainer(more, CPU_INFO, log=lambda s, **k: lines.append(s)).start_epoch == 2
+    assert any(f"this resume reads {now}, a copy with the same files" in s for s in lines), lines
+    # the data moved (its old place gone): resumed on the count and class names, and said
+    was.unlink()
+    lines.clear()
+    assert Trainer(more, CPU_INFO, log=lambda s, **k: lines.append(s)).start_epoch == 2
+    assert any(f"read {was}, which is gone" in s for s in lines), lines
+
+
+def test_an_image_folder_with_another_file_under_the_same_name_elsewhere_is_refused_naming_it(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from tests.datafiles import write_image_folder
+
+    for side in ("a", "b"):
+        write_image_folder(tmp_path / side / "imgs", per_class=6, classes=2, side=16)
+    other = tmp_path / "b" / "imgs" / "class1" / "5.png"
+    Image.new("RGB", (16, 16), (200, 0, 0)).save(other)  # another picture, as many files: its size differs
+    monkeypatch.chdir(tmp_path / "a")
+    cfg = replace(_cfg(tmp_path, 1), data=DataConfig(source="imgs", image_size=16, workers=0))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    monkeypatch.chdir(tmp_path / "b")
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
+    with pytest.raises(UserError, match=f"other data \\(class1.5.png has [0-9]+ bytes in .*, {other.stat().st_size} in "):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+
+
+def test_a_store_prepared_again_with_as_many_images_is_refused(tmp_path):
+    """The same count and class names, other pixels (another --max-side): the checksum tells them apart."""
+    from cnnpar.data.store_write import prepare_store
+    from tests.datafiles import write_image_folder
+
+    photos = write_image_folder(tmp_path / "photos", per_class=6, classes=2, side=32)
+    store = tmp_path / "photos.cnnpar"
+    prepare_store(photos, store, 0, workers=0, progress=False)
+    cfg = replace(_cfg(tmp_path, 1), data=DataConfig(source=str(store), image_size=16, workers=0))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
+    prepare_store(photos, tmp_path / "again.cnnpar", 0, workers=0, progress=False)  # the same photos, bounds
+    (tmp_path / "again.cnnpar").replace(store)
+    assert Trainer(more, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2  # the same pixels: resumes
+    store.unlink()
+    prepare_store(photos, store, 20, workers=0, progress=False)
+    with pytest.raises(UserError, match=f"the data changed since the checkpoint: {store} was prepared again"):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
