@@ -276,7 +276,8 @@ def test_an_image_folder_with_another_file_under_the_same_name_elsewhere_is_refu
     Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
     monkeypatch.chdir(tmp_path / "b")
     more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
-    with pytest.raises(UserError, match=f"other data \\(class1.5.png has [0-9]+ bytes in .*, {other.stat().st_size} in "):
+    differs = f"other data \\(class1.5.png has [0-9]+ bytes in .*, {other.stat().st_size} in "
+    with pytest.raises(UserError, match=differs):
         Trainer(more, CPU_INFO, log=lambda *a, **k: None)
 
 
