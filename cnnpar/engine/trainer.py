@@ -773,7 +773,12 @@ class Trainer:
         for line in class_lines(self.bundle):
             self.log(line)
         if self.bundle.size_from:
-            self.log(f"image size: {self.bundle.shape[1]} ({self.bundle.size_from})")
+            size_from = self.bundle.size_from
+            if self.resumed_from is not None and size_from == "--image-size":
+                # a resume reads the run's size from its config.toml, typed or not (a size other than the
+                # checkpoint's is refused above): "--image-size" alone said the user typed one
+                size_from = "the resumed run's, from its config.toml"
+            self.log(f"image size: {self.bundle.shape[1]} ({size_from})")
         if self.bundle.size_note:
             self.log(self.bundle.size_note)
         if self.decode_line:

@@ -299,3 +299,18 @@ def test_a_store_prepared_again_with_as_many_images_is_refused(tmp_path):
     prepare_store(photos, store, 20, workers=0, progress=False)
     with pytest.raises(UserError, match=f"the data changed since the checkpoint: {store} was prepared again"):
         Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+
+
+def test_a_resumed_folder_run_does_not_say_its_image_size_was_typed(tmp_path, capsys):
+    """The size a first run picked from its photos is stored in its config.toml and read back on resume; the start
+    line said "(--image-size)" there, though nobody typed one."""
+    from cnnpar.cli import main
+    from tests.datafiles import write_image_folder
+
+    data = write_image_folder(tmp_path / "imgs", per_class=6, classes=2, side=24)
+    common = ["--device", "cpu", "--workers", "0", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path)]
+    assert main(["train", "--data", str(data), *common, "--epochs", "1", "--name", "r"]) == 0
+    assert "image size: 24 (the source size" in capsys.readouterr().out
+    assert main(["train", *common, "--epochs", "2", "--resume", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "image size: 24 (the resumed run's, from its config.toml)" in out and "(--image-size)" not in out
