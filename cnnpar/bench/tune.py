@@ -107,7 +107,9 @@ def measure(cfg: Config, info, bundle, steps: int, repeats: int, log: Callable[[
         trainer.warm_up_compile()
         trainer.train_epoch(1)
         warm = time.perf_counter() - t0
-        log(f"warm-up done in {warm:.1f} s (compile {trainer.compile_s:.1f} s); timing {repeats} x {steps} steps")
+        # the steps an epoch really takes: fewer than asked where the data holds fewer batches
+        timed = trainer.steps_per_epoch
+        log(f"warm-up done in {warm:.1f} s (compile {trainer.compile_s:.1f} s); timing {repeats} x {timed} steps")
         rates = []
         for e in range(2, repeats + 2):
             rates.append(trainer.train_epoch(e)["images_per_s"])

@@ -91,3 +91,24 @@ def test_a_slower_median_whose_repeats_reach_into_the_bests_says_it_is_inside_th
     assert batch.status == "ok" and "inside the noise: its fastest repeat 251 img/s" in batch.note
     clear = [t for t in trials if t.switch in ("channels_last", "precision")]
     assert clear and all("noise" not in t.note for t in clear)  # 99-101 against 191-284: a measured slowdown
+
+
+def test_a_trial_says_the_steps_it_times_not_more_than_an_epoch_holds():
+    """96 samples at batch 32 are 3 steps an epoch: the child said "timing 2 x 50 steps" and timed 2 x 3."""
+    import torch
+
+    from cnnpar.bench.tune import measure
+    from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig
+    from cnnpar.data import load_data
+    from cnnpar.dist import DistInfo
+
+    cfg = Config(
+        data=DataConfig(source="synthetic", synthetic_samples=120, image_shape="1x8x8", workers=0),
+        speed=SpeedConfig(device="cpu", precision="fp32", compile="off"),
+        run=RunConfig(batch_size=32, progress=False),
+    )
+    lines: list[str] = []
+    result = measure(cfg, DistInfo(0, 0, 1, torch.device("cpu")), load_data(cfg.data), 50, 2, log=lines.append)
+    assert result["images_per_s"] > 0
+    [timing] = [s for s in lines if "timing" in s]
+    assert timing.endswith("timing 2 x 3 steps"), timing
