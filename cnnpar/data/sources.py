@@ -221,7 +221,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     """A store made by `cnnpar prepare`: the same splits, hold-out and classes as its folder."""
     store = StoreFile(cfg.source)
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
-    size_note = enlarging_note(size, store.hw, _prepare_again(store.header, size))
+    size_note = enlarging_note(size, store.hw, _prepare_again(store.header, size, store.hw))
     train, val = _own_split(StoreDataset(store, torch.arange(store.count), size), torch.from_numpy(store.splits))
     # one class gets past prepare only in a store made before prepare refused it
     remake = "; re-run cnnpar prepare on a folder of 2 or more class folders"
@@ -250,11 +250,22 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     )
 
 
-def _prepare_again(header: dict, size: int) -> str:
-    """How to make the store again so that crops of `size` are not enlarged, where its own bounds shrank the images
-    ("" where it kept them as large as the photos were: then the photos themselves are small)."""
+def _prepare_again(header: dict, size: int, hw: np.ndarray) -> str:
+    """How to make the store again so that crops of `size` are not enlarged, where its own bounds shrank most of the
+    images that crops of `size` enlarge ("" where those were stored as large as the photos were: the photos
+    themselves are small, and preparing again would not make them larger). `hw`: the stored (height, width)s."""
     short, longer, again = header.get("short_side", 0), header.get("max_side", 0), prepare_side(size)
     if not longer and not (short and short < again):
+        return ""
+    hw = np.asarray(hw).reshape(-1, 2)
+    enlarged = hw[hw.min(axis=1) < size]
+    # an image the bounds shrank has its bounded side exactly at the bound; a smaller photo was kept as it was
+    bounded = np.zeros(len(enlarged), dtype=bool)
+    if short:
+        bounded |= enlarged.min(axis=1) == short
+    if longer:
+        bounded |= enlarged.max(axis=1) == longer
+    if len(enlarged) == 0 or 2 * int(np.count_nonzero(bounded)) < len(enlarged):
         return ""
     return f", or prepare the store again with --short-side {again}" + (" and no --max-side" if longer else "")
 

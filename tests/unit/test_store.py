@@ -451,3 +451,23 @@ def test_the_shorter_side_bounds_the_store_and_a_crop_that_enlarges_most_images_
     assert cli_main(["prepare", str(small), "--out", str(tmp_path / "small.cnnpar")]) == 0
     small_photos = load_data(DataConfig(source=str(tmp_path / "small.cnnpar")), 0).size_note
     assert "enlarges most images" in small_photos and "prepare" not in small_photos  # the photos are small
+
+
+def test_a_store_of_small_photos_is_not_told_to_be_prepared_again(tmp_path):
+    """Photos of 100 x 80 stored under --max-side 256 were kept as they were: preparing them again with
+    --short-side 256 stores the same pixels, and crops of 224 still enlarge them. The note keeps its
+    --image-size advice and drops the prepare one."""
+    from PIL import Image
+
+    from cnnpar.config import DataConfig
+    from cnnpar.data import load_data
+    from cnnpar.data.store_write import prepare_store
+
+    photos = tmp_path / "photos"
+    for k in range(4):
+        (photos / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (100, 80), (40 * k, 90, 200)).save(photos / f"c{k % 2}" / f"{k}.jpg")
+    prepare_store(photos, tmp_path / "s.cnnpar", 256, workers=0, progress=False)
+    note = load_data(DataConfig(source=str(tmp_path / "s.cnnpar"), image_size=224), 0).size_note
+    assert "image size 224 enlarges most images" in note and "--image-size 80 keeps them" in note, note
+    assert "prepare the store again" not in note
