@@ -22,6 +22,7 @@ from cnnpar.data.bundle import (
     untrained_labels,
 )
 from cnnpar.data.csv_source import read_pixel_csv
+from cnnpar.data.encoded_arrays import decode_encoded, encoded_keys
 from cnnpar.data.folder import ImageFolderDataset, image_files, scan_splits
 from cnnpar.data.overlap import folder_overlap, store_overlap
 from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sizes, pick_side, store_side
@@ -90,7 +91,7 @@ def _num_classes(y: torch.Tensor, given: int) -> int:
 
 
 def _bundle_from_arrays(
-    x, y, x_val, y_val, cfg: DataConfig, seed: int, origin: str, classes_from: str = ""
+    x, y, x_val, y_val, cfg: DataConfig, seed: int, origin: str, classes_from: str = "", names: list[str] | None = None
 ) -> DataBundle:
     if cfg.image_size:
         x = resize_square(x, cfg.image_size)
@@ -99,6 +100,12 @@ def _bundle_from_arrays(
     train, val, val_from = _split(ArrayDataset(x, y), own_val, cfg.val_fraction, seed, origin, ARRAYS_OWN_VAL)
     y_all = torch.cat([y, y_val]) if y_val is not None else y
     n_classes = _num_classes(y_all, cfg.num_classes)
+    classes_from = classes_from or ("--num-classes" if cfg.num_classes > 0 else "labels' max + 1")
+    if names is not None and len(names) != n_classes:
+        raise DataError(
+            f"{origin}[class_names]: {len(names)} names for {n_classes} classes ({classes_from}): expected one "
+            "name a class"
+        )
     mean, std = channel_stats(train.x)
     return DataBundle(
         train,
@@ -108,8 +115,8 @@ def _bundle_from_arrays(
         mean,
         std,
         origin,
-        [str(i) for i in range(n_classes)],
-        classes_from=classes_from or ("--num-classes" if cfg.num_classes > 0 else "labels' max + 1"),
+        names if names is not None else [str(i) for i in range(n_classes)],
+        classes_from=classes_from,
         empty_classes=empty_classes(y_all, n_classes),
         val_from=val_from,
     )
@@ -156,29 +163,55 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
         raise DataError(f"{path}: not a readable .npz archive ({e}): expected numpy.savez output") from None
 
 
+def npz_images(arrays: dict, split: str, path: Path) -> tuple[np.ndarray, str] | None:
+    """`x_{split}` of an .npz, or its images decoded from `{split}_jpeg`/`_png` + `{split}_offsets`
+    (encoded_arrays.py), with the key it came from; None where the archive holds neither."""
+    if f"x_{split}" in arrays:
+        return arrays[f"x_{split}"], f"x_{split}"
+    keys = encoded_keys(arrays, split)
+    if keys is None:
+        return None
+    images, offsets = keys
+    return decode_encoded(arrays[images], arrays[offsets], f"{path}[{images}]"), images
+
+
 def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
     path = Path(cfg.source)
     arrays = _read_npz(path)
-    missing = [k for k in ("x_train", "y_train") if k not in arrays]
+    train = npz_images(arrays, "train", path)
+    missing = [k for k, absent in (("x_train", train is None), ("y_train", "y_train" not in arrays)) if absent]
     if missing:
         raise DataError(
             f"{path}: missing key(s) {', '.join(missing)} (found {', '.join(arrays) or 'none'}): "
-            f"expected x_train, y_train[, x_test, y_test]"
+            f"expected x_train, y_train[, x_test, y_test] (or train_jpeg + train_offsets for x_train, JPEG files' "
+            "bytes one after another)"
         )
-    if ("x_test" in arrays) != ("y_test" in arrays):
+    test = npz_images(arrays, "test", path)
+    if (test is not None) != ("y_test" in arrays):
         raise DataError(f"{path}: has only one of x_test / y_test: expected both or neither")
-    x = to_nchw_uint8(arrays["x_train"], f"{path}[x_train]")
+    x = to_nchw_uint8(train[0], f"{path}[{train[1]}]")
     y = to_labels(arrays["y_train"], len(x), f"{path}[y_train]", cfg.num_classes)
     x_val = y_val = None
-    if "x_test" in arrays:
-        x_val = to_nchw_uint8(arrays["x_test"], f"{path}[x_test]")
+    if test is not None:
+        x_val = to_nchw_uint8(test[0], f"{path}[{test[1]}]")
         y_val = to_labels(arrays["y_test"], len(x_val), f"{path}[y_test]", cfg.num_classes)
         if x_val.shape[1:] != x.shape[1:]:
             raise DataError(
-                f"{path}[x_test]: image shape {tuple(x_val.shape[1:])}: expected "
-                f"{tuple(x.shape[1:])}, the shape of x_train"
+                f"{path}[{test[1]}]: image shape {tuple(x_val.shape[1:])}: expected "
+                f"{tuple(x.shape[1:])}, the shape of {train[1]}"
             )
-    return _bundle_from_arrays(x, y, x_val, y_val, cfg, seed, str(path))
+    names = _npz_class_names(arrays, path)
+    return _bundle_from_arrays(x, y, x_val, y_val, cfg, seed, str(path), names=names)
+
+
+def _npz_class_names(arrays: dict, path: Path) -> list[str] | None:
+    """An archive's `class_names` (label i's name at i), checked against the labels once the class count is known."""
+    if "class_names" not in arrays:
+        return None
+    names = arrays["class_names"]
+    if names.ndim != 1 or names.dtype.kind not in "US":
+        raise DataError(f"{path}[class_names]: shape {names.shape}, dtype {names.dtype}: expected a 1-D array of text")
+    return [str(n) for n in names]
 
 
 def load_csv(cfg: DataConfig, seed: int) -> DataBundle:
@@ -353,12 +386,17 @@ def load_predict_data(source: str, fmt: str = "auto", image_shape: str = "", ima
         ids = [str(i + 1) for i in range(len(x))]
         return ArrayDataset(x, y), ids, "its 'label' column" if y is not None else ""
     if fmt == "npz":
-        arrays = _read_npz(Path(source))
-        key = "x_test" if "x_test" in arrays else "x_train" if "x_train" in arrays else None
-        if key is None:
-            raise DataError(f"{source}: no x_test or x_train key (found {', '.join(arrays) or 'none'})")
-        x = to_nchw_uint8(arrays[key], f"{source}[{key}]")
-        y_key = "y" + key[1:]
+        path = Path(source)
+        arrays = _read_npz(path)
+        found = npz_images(arrays, "test", path) or npz_images(arrays, "train", path)
+        if found is None:
+            raise DataError(
+                f"{source}: no x_test or x_train key, nor test_jpeg/train_jpeg with offsets (found "
+                f"{', '.join(arrays) or 'none'})"
+            )
+        images, key = found
+        x = to_nchw_uint8(images, f"{source}[{key}]")
+        y_key = "y_" + key.removeprefix("x_").split("_")[0]
         y = to_labels(arrays[y_key], len(x), f"{source}[{y_key}]", 0) if y_key in arrays else None
         return ArrayDataset(x, y), [str(i) for i in range(len(x))], y_key if y is not None else ""
     if fmt == "digits":

@@ -1,0 +1,71 @@
+"""Arrays of encoded images in an .npz: `{split}_jpeg` (or `_png`) holding the files' bytes one after another,
+and `{split}_offsets` (N + 1 integers) where image i is bytes offsets[i]:offsets[i+1]. A data set kept as JPEG
+files is a fraction of its pixels' size (the shared CIFAR-10 copy: 55 MB of JPEG for 184 MB of pixels), so
+data sets travel this way; cnnpar decodes them once, when it loads them, into the uint8 arrays an `x_train`
+would hold. Small images only make sense here: every image must have the same size, as in any array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from cnnpar.data.jpeg_header import read_jpeg_header
+from cnnpar.errors import DataError
+
+KINDS = ("jpeg", "png")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def encoded_keys(arrays: dict, split: str) -> tuple[str, str] | None:
+    """(bytes key, offsets key) of `split` ("train", "test") where the archive holds it encoded, else None."""
+    for kind in KINDS:
+        if f"{split}_{kind}" in arrays and f"{split}_offsets" in arrays:
+            return f"{split}_{kind}", f"{split}_offsets"
+    return None
+
+
+def decode_encoded(buf: np.ndarray, offsets: np.ndarray, where: str) -> np.ndarray:
+    """(N, H, W, C) uint8 from the files in `buf` at `offsets`; C is 1 where every file is grey (`_grey_file`),
+    else 3 (grey files among colour ones decode to three equal channels). `where` ("data.npz[train_jpeg]") names the array in errors."""
+    from cnnpar.data.folder import decode_rgb
+
+    buf, offsets = np.asarray(buf), np.asarray(offsets)
+    if buf.ndim != 1 or buf.dtype != np.uint8:
+        raise DataError(f"{where}: shape {buf.shape}, dtype {buf.dtype}: expected 1-D uint8 bytes")
+    if offsets.ndim != 1 or not np.issubdtype(offsets.dtype, np.integer) or len(offsets) < 2:
+        raise DataError(
+            f"{where}: offsets of shape {offsets.shape}, dtype {offsets.dtype}: expected N + 1 whole numbers"
+        )
+    steps = np.diff(offsets)
+    if offsets[0] < 0 or (steps < 0).any() or offsets[-1] > len(buf):
+        bad = int(np.argmax(steps < 0)) if (steps < 0).any() else None
+        detail = f"offset {bad + 1} is below offset {bad}" if bad is not None else f"they span 0..{len(buf)} no more"
+        raise DataError(
+            f"{where}: offsets {int(offsets[0])}..{int(offsets[-1])} for {len(buf)} bytes ({detail}): expected "
+            "offsets that rise from 0 to at most the bytes' length"
+        )
+    data = torch.from_numpy(buf)
+    images = []
+    for i in range(len(offsets) - 1):
+        img = decode_rgb(data[int(offsets[i]) : int(offsets[i + 1])], f"{where} image {i}")
+        if images and img.shape != images[0].shape:
+            raise DataError(
+                f"{where} image {i}: {img.shape[2]}x{img.shape[1]} pixels, image 0 {images[0].shape[2]}x"
+                f"{images[0].shape[1]}: expected one size for every image of an array (a folder of image files "
+                "takes any sizes)"
+            )
+        images.append(img)
+    x = torch.stack(images)  # N, 3, H, W
+    grey = all(_grey_file(buf[int(offsets[i]) : int(offsets[i + 1])]) for i in range(len(offsets) - 1))
+    return (x[:, :1] if grey else x).permute(0, 2, 3, 1).numpy()
+
+
+def _grey_file(data: np.ndarray) -> bool:
+    """Whether the file says it is grey: a JPEG of one component, a PNG of colour type 0 or 4 (grey, grey + alpha).
+    Its colour images stay three channels even where every pixel happens to be grey."""
+    head = data[:64].tobytes()
+    if head.startswith(PNG_SIGNATURE) and len(head) > 25:
+        return head[25] in (0, 4)
+    h = read_jpeg_header(data.tobytes())
+    return h is not None and h.components == 1

@@ -1,0 +1,86 @@
+"""An .npz of encoded images (`train_jpeg` + `train_offsets`, the layout of the shared CIFAR-10 copy) trains as its
+decoded arrays would; every malformed part is one line naming the array and the image."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from cnnpar.config import DataConfig
+from cnnpar.data import load_data, load_predict_data
+from cnnpar.errors import DataError
+from tests.datafiles import bar_images
+
+
+def _encoded(images, fmt: str) -> tuple[np.ndarray, np.ndarray]:
+    files = []
+    for img in images:
+        out = io.BytesIO()
+        Image.fromarray(img).save(out, format=fmt)
+        files.append(np.frombuffer(out.getvalue(), np.uint8))
+    offsets = np.cumsum([0] + [len(f) for f in files]).astype(np.int64)
+    return np.concatenate(files), offsets
+
+
+def _write(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def test_encoded_images_load_as_their_pixels_with_the_archives_class_names(tmp_path):
+    x, y = bar_images(40, classes=4, side=16, channels=3)
+    x_test, y_test = bar_images(12, classes=4, side=16, channels=3, seed=1)
+    train, train_off = _encoded(x, "PNG")  # lossless: the decoded pixels are the arrays themselves
+    test, test_off = _encoded(x_test, "JPEG")
+    names = np.array(["ant", "bee", "cat", "dog"])
+    path = _write(tmp_path / "enc.npz", train_png=train, train_offsets=train_off, y_train=y, test_jpeg=test,
+                  test_offsets=test_off, y_test=y_test, class_names=names)  # fmt: skip
+    bundle = load_data(DataConfig(source=str(path)), 0)
+    assert bundle.shape == (3, 16, 16) and bundle.class_names == ["ant", "bee", "cat", "dog"]
+    assert np.array_equal(bundle.train.x.permute(0, 2, 3, 1).numpy(), x)
+    assert len(bundle.val) == 12 and bundle.val_from.startswith("the data's own test split")
+    with Image.open(io.BytesIO(test[test_off[3] : test_off[4]].tobytes())) as im:
+        assert np.array_equal(bundle.val.x[3].permute(1, 2, 0).numpy(), np.asarray(im.convert("RGB")))
+    ds, ids, labels_from = load_predict_data(str(path))  # predict reads the test images the same way
+    assert len(ds) == 12 and labels_from == "y_test"
+
+
+def test_grey_images_stay_one_channel(tmp_path):
+    x, y = bar_images(10, classes=2, side=12)  # (N, H, W): grey
+    data, offsets = _encoded(x, "PNG")
+    path = _write(tmp_path / "grey.npz", train_png=data, train_offsets=offsets, y_train=y)
+    bundle = load_data(DataConfig(source=str(path)), 0)
+    assert bundle.shape == (1, 12, 12)
+
+
+@pytest.mark.parametrize(
+    "break_it, message",
+    [
+        ("size", r"enc.npz\[train_png\] image 3: 20x16 pixels, image 0 16x16: expected one size for every image"),
+        ("corrupt", r"enc.npz\[train_png\] image 2: cannot decode as an image .*expected a readable JPEG or PNG"),
+        ("offsets", r"enc.npz\[train_png\]: offsets 0..\d+ for \d+ bytes \(offset 5 is below offset 4\)"),
+        ("names", r"enc.npz\[class_names\]: 3 names for 2 classes \(labels' max \+ 1\): expected one name a class"),
+        ("no images", r"missing key\(s\) x_train .*or train_jpeg \+ train_offsets"),
+    ],
+)
+def test_a_malformed_encoded_archive_is_one_line_naming_the_array_and_image(tmp_path, break_it, message):
+    x, y = bar_images(8, classes=2, side=16, channels=3)
+    images = list(x)
+    if break_it == "size":
+        images[3] = np.zeros((16, 20, 3), np.uint8)
+    data, offsets = _encoded(images, "PNG")
+    arrays = dict(train_png=data, train_offsets=offsets, y_train=y)
+    if break_it == "corrupt":
+        data[offsets[2] + 20 : offsets[3]] = 7
+    if break_it == "offsets":
+        offsets[5] = offsets[4] - 1
+    if break_it == "names":
+        arrays["class_names"] = np.array(["a", "b", "c"])
+    if break_it == "no images":
+        del arrays["train_png"]
+    path = _write(tmp_path / "enc.npz", **arrays)
+    with pytest.raises(DataError, match=message):
+        load_data(DataConfig(source=str(path)), 0)
