@@ -27,7 +27,8 @@ def encoded_keys(arrays: dict, split: str) -> tuple[str, str] | None:
 
 def decode_encoded(buf: np.ndarray, offsets: np.ndarray, where: str) -> np.ndarray:
     """(N, H, W, C) uint8 from the files in `buf` at `offsets`; C is 1 where every file is grey (`_grey_file`),
-    else 3 (grey files among colour ones decode to three equal channels). `where` ("data.npz[train_jpeg]") names the array in errors."""
+    else 3 (grey files among colour ones decode to three equal channels). `where` ("data.npz[train_jpeg]") names
+    the array in errors."""
     from cnnpar.data.folder import decode_rgb
 
     buf, offsets = np.asarray(buf), np.asarray(offsets)
