@@ -65,6 +65,7 @@ class DataBundle:
     # what identifies the data's content where its format records it (a store's pixel checksum), else "": a resume
     # compares it with its checkpoint's (engine/data_identity.py)
     fingerprint: str = ""
+    load_note: str = ""  # what loading took that a user would wonder about (encoded arrays decoded at load), else ""
 
     @property
     def in_memory(self) -> bool:

@@ -765,6 +765,8 @@ class Trainer:
         if self.bundle.loader_crops:  # photos: the decoder (or a store's cropper) draws random-resized crops as well
             augment = "random-resized crop" + ("" if augment == "none" else f" + {augment}")
         self.log(f"{split_line(self.bundle)}; augment {augment}")
+        if self.bundle.load_note:
+            self.log(self.bundle.load_note)
         mirrored = mirror_warning(augment, self.bundle.shape, self.bundle.loader_crops, self.bundle.origin)
         if mirrored:
             self.log(mirrored)

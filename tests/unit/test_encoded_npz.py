@@ -42,6 +42,7 @@ def test_encoded_images_load_as_their_pixels_with_the_archives_class_names(tmp_p
     assert bundle.shape == (3, 16, 16) and bundle.class_names == ["ant", "bee", "cat", "dog"]
     assert np.array_equal(bundle.train.x.permute(0, 2, 3, 1).numpy(), x)
     assert len(bundle.val) == 12 and bundle.val_from.startswith("the data's own test split")
+    assert bundle.load_note.startswith("data: 52 encoded images decoded from train_png and test_jpeg in ")
     with Image.open(io.BytesIO(test[test_off[3] : test_off[4]].tobytes())) as im:
         assert np.array_equal(bundle.val.x[3].permute(1, 2, 0).numpy(), np.asarray(im.convert("RGB")))
     ds, ids, labels_from = load_predict_data(str(path))  # predict reads the test images the same way
