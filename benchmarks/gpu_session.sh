@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1089,6 +1089,16 @@ s23b)
   TAIL=14 logged gpu_tests 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=8
   make_rep 80 .devdata/imagenet_rep80
   user_run .devdata/imagenet_rep80 170
+  ;;
+s27c)
+  # session 27, call C (one H200, ~6 min with a cold start): the cut (calls of 14 files on states of their own, no
+  # library host waits) with the library's thread sleeping between its calls (EngineSettings.pace_us), so the
+  # training thread's launches find the driver between them as they do between the defaults' per-image waits
+  make_rep 80 .devdata/imagenet_rep80
+  LOG_FILTER='Warning|warn\(|nvjpeg2k|nvtiff|Note: If|ROI decode|WARNING|^\s*$'
+  TAIL=40 logged jpeg_pipeline80 450 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants "${VARIANTS:-hardware:14:0,hardware:14:0:hw=chunk=14+pace=800,hardware:14:0:hw=chunk=14,hardware:14:0:hw=chunk=14+pace=400,hardware:14:0:hw=chunk=7+pace=400}" \
+      --budget-s 330 --watchdog-s 430 --out "$R/jpeg_pipeline80.csv"
   ;;
 s27b)
   # session 27, call B (one H200, ~2 min warm; carry .whl and .devdata/cifar10_jpeg.npz alone): what a user who passes

@@ -32,6 +32,7 @@ import queue
 import re
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -104,6 +105,13 @@ class EngineSettings:
     # 23): the library queues each image's copy and colour kernel on streams of its own, not on this one, a
     # stream per image with the cut (256 a batch of 256, against 14 with the defaults).
     priority: int = 0
+    # Microseconds the library's thread sleeps between the calls of a cut batch (0: none). Why (session 27's guess,
+    # from call ZZZY's trace): the defaults' per-image host waits also pace the library's submissions, and the
+    # training thread's launches slip in between them (0.011 ms a launch); the cut submits a batch's 256 images in
+    # one burst, and the training thread's launches took 0.87 ms each beside it. A host sleep is no wait on the GPU:
+    # the cut keeps its one wait a batch. About an engine pass of a call (14 files at ~16,000 img/s: ~850 us) spaces
+    # the calls as the engines drain them.
+    pace_us: int = 0
 
     def __post_init__(self) -> None:
         if self.bitstreams not in ("host", "device"):
@@ -121,7 +129,7 @@ class EngineSettings:
             "pipe": ("1", "0"),
             "on": ("engines", "sms"),
         }
-        counts = ("chunk",)  # whole numbers
+        counts = ("chunk", "pace")  # whole numbers
         signed = ("prio",)  # whole numbers, negative too
         got = {}
         for part in filter(None, spec.split("+")):
@@ -133,7 +141,7 @@ class EngineSettings:
                 raise ValueError(
                     f"engine setting {part!r}: expected one of "
                     + ", ".join(f"{k}={'|'.join(v)}" for k, v in known.items())
-                    + ", chunk=<files a call>, prio=<stream priority>"
+                    + ", chunk=<files a call>, prio=<stream priority>, pace=<microseconds between calls>"
                 )
             got[key] = value
         return cls(
@@ -144,6 +152,7 @@ class EngineSettings:
             got.get("on", "engines") == "sms",
             int(got.get("chunk", 0)),
             int(got.get("prio", 0)),
+            int(got.get("pace", 0)),
         )
 
     @property
@@ -153,7 +162,8 @@ class EngineSettings:
         label = f"bits={self.bitstreams}+out={out}+pools={int(self.pools)}+pipe={int(self.pipelined)}+on={on}"
         # only where set: the rows stored before chunk and prio existed keep their labels
         label += f"+chunk={self.chunk}" if self.chunk else ""
-        return label + (f"+prio={self.priority}" if self.priority else "")
+        label += f"+prio={self.priority}" if self.priority else ""
+        return label + (f"+pace={self.pace_us}" if self.pace_us else "")
 
 
 SETTINGS = EngineSettings()  # what a decoder made without settings uses; the benchmarks set it
@@ -464,7 +474,9 @@ class HardwareJpegDecoder:
             spans = self.spans(n)
             while 1 + len(self.more_states) < len(spans):
                 self.more_states.append(self._new_state())
-            for (first, last), state in zip(spans, [self.state, *self.more_states]):
+            for k, ((first, last), state) in enumerate(zip(spans, [self.state, *self.more_states])):
+                if k and self.settings.pace_us:
+                    time.sleep(self.settings.pace_us / 1e6)  # see EngineSettings.pace_us
                 self._call_library(state, first, last, pointers, lengths, dest, stream)
         finally:  # also after a refused batch: the caller frees the output and the arrays next
             stream.synchronize()

@@ -460,6 +460,26 @@ def test_a_batch_cut_into_calls_gives_each_call_a_state_of_its_own_and_the_one_c
         assert torch.equal(one[image], cut[image]), j
 
 
+def test_a_paced_cut_sleeps_between_its_calls_and_not_after_the_last(monkeypatch):
+    """EngineSettings pace: the host sleeps between a cut batch's library calls (no wait on the GPU), so a batch of 5
+    in calls of 2 sleeps twice; an uncut batch never sleeps."""
+    from cnnpar.data import nvjpeg_hw
+
+    blobs = [photo(30 + i, 41 - i, phase=i) for i in range(5)]
+    batch = encoded(blobs)
+    ids = np.arange(5)
+    hw = np.array([[30 + i, 41 - i] for i in ids])
+    stream = types.SimpleNamespace(cuda_stream=0, synchronize=lambda: None)
+    for spec, sleeps in (("chunk=2+pace=700", [0.0007, 0.0007]), ("pace=700", [])):
+        slept = []
+        monkeypatch.setattr(nvjpeg_hw.time, "sleep", slept.append)
+        dec = stand_in_decoder(nvjpeg_hw.EngineSettings.parse(spec))
+        dec.decode(batch.flat, batch.offsets.numpy(), ids, hw, stream)
+        dec._library.shutdown()
+        assert slept == pytest.approx(sleeps), spec
+        assert len(dec.lib.calls) == len(sleeps) + 1
+
+
 @pytest.mark.parametrize(
     "spec, backend, flags, interleaved",
     [
@@ -470,6 +490,7 @@ def test_a_batch_cut_into_calls_gives_each_call_a_state_of_its_own_and_the_one_c
         ("on=sms", 2, 0, True),
         ("chunk=14", 3, 0, True),
         ("chunk=7+prio=-5", 3, 0, True),
+        ("chunk=14+pace=800", 3, 0, True),
     ],
 )
 def test_engine_settings_choose_how_the_library_is_started(monkeypatch, spec, backend, flags, interleaved):
