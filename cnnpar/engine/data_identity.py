@@ -12,9 +12,9 @@ there is to compare, and the run says so.
 from __future__ import annotations
 
 import filecmp
-import os
 from pathlib import Path
 
+from cnnpar.data.folder import image_files
 from cnnpar.data.sources import BUILT_IN
 
 
@@ -24,21 +24,14 @@ def data_location(source: str) -> str:
 
 
 def _listing(root: Path) -> dict[str, int]:
-    """Every regular file under `root` (relative path -> size), symlinks followed as the readers follow them."""
-    sizes = {}
-    for folder, _dirs, files in os.walk(root, followlinks=True):
-        for name in files:
-            path = Path(folder) / name
-            try:
-                sizes[str(path.relative_to(root))] = path.stat().st_size
-            except OSError:  # a dangling link: no reader takes it either
-                continue
-    return sizes
+    """The images the folder reader takes under `root` (relative path -> size): a stray README or a hidden file
+    in one copy is no other data."""
+    return {str(f.relative_to(root)): f.stat().st_size for f in image_files(root)}
 
 
 def content_difference(was: Path, now: Path) -> str:
-    """ "" where `now` holds what `was` holds (a folder: the same files at the same sizes; a file: the same
-    bytes), else the first difference found, in words."""
+    """An empty string where `now` holds what `was` holds (a folder: the same image files at the same sizes; a
+    file: the same bytes), else the first difference found, in words."""
     if was.is_dir() != now.is_dir():
         return f"{was} is a {'folder' if was.is_dir() else 'file'}, {now} is not"
     if not was.is_dir():

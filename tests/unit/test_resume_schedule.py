@@ -279,6 +279,12 @@ def test_an_image_folder_with_another_file_under_the_same_name_elsewhere_is_refu
     differs = f"other data \\(class1.5.png has [0-9]+ bytes in .*, {other.stat().st_size} in "
     with pytest.raises(UserError, match=differs):
         Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+    # the same pictures, and a file no reader takes: a copy
+    other.write_bytes((tmp_path / "a" / "imgs" / "class1" / "5.png").read_bytes())
+    (tmp_path / "b" / "imgs" / "README.txt").write_text("where these came from")
+    lines: list[str] = []
+    assert Trainer(more, CPU_INFO, log=lambda s, **k: lines.append(s)).start_epoch == 2
+    assert any("a copy with the same files" in s for s in lines), lines
 
 
 def test_a_store_prepared_again_with_as_many_images_is_refused(tmp_path):
