@@ -258,7 +258,7 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     # the budget counts from the process's start (interpreter and imports included): the whole run
     # ends within it plus 10 %
     started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
-    from cnnpar.bench.tune import format_table, retry_budget_s, tune
+    from cnnpar.bench.tune import CHANGED, format_table, retry_budget_s, tune
     from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
@@ -283,6 +283,9 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"tune: no {out} written ({why}); trials in {out.with_suffix('.csv')}", file=sys.stderr)
         return 1
     again = shlex.join(["cnnpar", "train", "--config", str(out)])  # quoted: pasted as it stands
+    changed = next((t for t in trials if t.status == CHANGED), None)
+    if changed is not None:  # also at the head of tuned.toml
+        print(f"tune: warning: {changed.note}", file=sys.stderr)
     print(f"wrote {out} (and {out.with_suffix('.csv')}); train with: {again}")
     return 0
 

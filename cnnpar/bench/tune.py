@@ -8,7 +8,8 @@ after it (an H200 tuning ResNet-18 spent 180 s on max-autotune, cut off, and thr
 skipped for time: call ZZF). A change is kept only when it is faster than the best so far by more than
 the noise margin. Each trial is the real Trainer in a child process (bench/trial.py says why):
 a warm-up epoch (compile and cuDNN autotuning happen there), then timed epochs of `steps` steps;
-the median images/s counts.
+the median images/s counts. Last, where time is left, the best config is measured once more (`Tuner.check`): a
+host whose speed changed during the run is said, not hidden in the comparisons.
 
 Time: the start trial may use the whole budget; every later trial gets at most `trial_s` (by
 default the larger of a third of the budget and 1.5x the start trial's wall time) and never more
@@ -53,6 +54,14 @@ END_RESERVE = 0.03  # share of the budget held back for the last kill and the fi
 START_BUDGET_S = 60.0
 GROUPS = ("batch size", "compile and CUDA graphs", "data", "layout and precision", "long compiles")
 START, KEPT, SKIPPED = "start", "kept", "skipped"
+# the last trial: the best config measured once more. The trials run one after another, and a host whose speed
+# changed between them (other work started or ended: a shared CPU machine, a GPU whose host decodes photos) makes
+# their comparisons meaningless without anything in their own repeats showing it; the best config measured again
+# shows it. Its status: AGREES, or CHANGED when the two measurements' repeats do not overlap and the medians differ
+# by more than KEEP_MARGIN, the gain a trial needs to be kept (a 2-core CPU host running other work measured one
+# config 1.1x apart within a minute)
+CHECK_GROUP, CHECK_SWITCH, CHECK_VALUE = "check", "best config", "measured again"
+AGREES, CHANGED = "agrees", "unsteady"
 # measured, but the trial ran without the change: the Trainer turns a switch off where it cannot apply (CUDA graphs
 # beside --grad-accum or DDP, resident data that does not fit), so its rate is the config's before it again
 NOT_APPLIED = "not applied"
@@ -260,6 +269,7 @@ class Tuner:
         self.cap = trial_s
         self.env: dict = {}
         self.facts: dict = {}  # what the start trial found out about the device and the data
+        self.warning = ""  # the check's finding when the host's speed changed during the run ("" if it did not)
 
     def left(self) -> float:
         return self.deadline - self.clock()
@@ -357,6 +367,49 @@ class Tuner:
             self.cap = max(self.budget_s * TRIAL_SHARE, START_FACTOR * t.wall_s)
         return self.facts
 
+    def check(self) -> None:
+        """The best config measured once more, after every other trial (CHECK_GROUP says why); sets `warning`
+        when the second measurement is not the first's."""
+        if not any(t.images_per_s for t in self.trials if t.status != START):
+            return  # nothing was compared with the start: no comparison to check
+        left = self.left()
+        limit = min(self.cap, left)
+        if left < MIN_TRIAL_S or limit < self.start_wall_s:
+            why = f"no time left ({max(0.0, left):.0f} s) to measure the best config again: "
+            why += "the comparisons are unchecked"
+            self.trials.append(Trial(CHECK_GROUP, CHECK_SWITCH, CHECK_VALUE, SKIPPED, note=why))
+            return
+        self.say(f"the best config once more, to check the host ran every trial at one speed, limit {limit:.0f} s ...")
+        r = self.run_trial(self.best_cfg, limit)
+        t = Trial(CHECK_GROUP, CHECK_SWITCH, CHECK_VALUE, r.status, wall_s=r.wall_s, limit_s=limit)
+        self.trials.append(t)
+        if r.status != OK:
+            t.note = f"the best config did not measure again ({r.error}): the comparisons are unchecked"
+            self.say(t.note)
+            return
+        v = r.value
+        t.images_per_s, t.images_per_s_min, t.images_per_s_max = (
+            v["images_per_s"],
+            v["images_per_s_min"],
+            v["images_per_s_max"],
+        )
+        t.warmup_s = v["warmup_s"]
+        ratio = t.images_per_s / self.best
+        overlap = t.images_per_s_min <= self.best_max and t.images_per_s_max >= self.best_min
+        same = f"{t.images_per_s:,.0f} img/s now against {self.best:,.0f} when it was measured ({ratio:.2f}x)"
+        if overlap or 1 / KEEP_MARGIN <= ratio <= KEEP_MARGIN:
+            t.status, t.note = AGREES, same
+            self.say(f"check: the best config ran {same}: the host kept its speed")
+            return
+        t.status = CHANGED
+        t.note = self.warning = (
+            f"the best config ran {same}, apart by more than the {KEEP_MARGIN - 1:.0%} a trial must gain to be "
+            "kept and outside both measurements' repeats: this machine's speed varied while the trials ran (other "
+            "work on it, or more noise than the repeats showed), so the trials' comparisons may not hold; run "
+            "cnnpar tune again while the machine is otherwise idle, or with more --repeats"
+        )
+        self.say(f"check: {self.warning}")
+
     def batch_trials(self, facts: dict) -> None:
         """Double the batch while it pays: stop at no clear gain, a failure (out of memory), a cut-off,
         or when an epoch would hold fewer than two batches."""
@@ -371,7 +424,7 @@ class Tuner:
             factor *= 2
 
     def write(self) -> None:
-        write_tuned(self.best_cfg, self.trials, self.out, self.env)
+        write_tuned(self.best_cfg, self.trials, self.out, self.env, self.warning)
 
 
 def merge_resolved(cfg: Config, resolved: dict[str, dict]) -> Config:
@@ -440,6 +493,7 @@ def tune(
             if name in LONG_COMPILES and t.status == OK:  # measured, not faster enough to keep: off, not auto
                 tuner.best_cfg = with_switch(tuner.best_cfg, section, name, "off")
                 tuner.write()  # on disk now: the next trial (max-autotune, the longest) may be interrupted
+    tuner.check()
     tuner.write()  # the trials after the last improvement (skipped, cut off) go into the CSV too
     return tuner.best_cfg, tuner.trials
 
@@ -492,8 +546,9 @@ def trial_rows(trials: list[Trial], env: dict) -> list[dict]:
     return rows
 
 
-def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict) -> None:
-    """tuned.toml (the best config so far, resolved) and tuned.csv (every trial), each atomically."""
+def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict, warning: str = "") -> None:
+    """tuned.toml (the best config so far, resolved) and tuned.csv (every trial), each atomically; `warning`, the
+    check's finding, heads tuned.toml where the host's speed changed during the run."""
     from cnnpar.report.environment import comment_lines
 
     best = max((t for t in trials if t.status in (START, KEPT)), key=lambda t: t.images_per_s)
@@ -505,6 +560,7 @@ def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict) -> None:
         f"after {len(trials)} trial(s)\n"
     )
     # quoted: a folder name with a space made the command break where it was pasted
+    header += f"# warning: {warning}\n" if warning else ""
     header += f"# written by `cnnpar tune`; train with: {shlex.join(['cnnpar', 'train', '--config', str(out)])}\n"
     write_text_atomic(out, header + dumps_toml(cfg))
     write_csv_atomic(out.with_suffix(".csv"), trial_rows(trials, env), CSV_COLUMNS)

@@ -26,7 +26,8 @@ def test_tune_command_ends_within_its_budget_and_writes_a_config_train_accepts(c
     assert wall <= 25 * 1.1 + 1  # + 1: the test's own clock starts before the interpreter does
     rows = list(csv.DictReader((cli.cwd / "tuned.csv").open()))
     assert rows[0]["status"] == "start" and float(rows[0]["images_per_s"]) > 0
-    assert {r["status"] for r in rows[1:]} <= {"kept", "ok", "failed", "cut off", "skipped"}
+    # "agrees" / "unsteady": the check, the best config measured again, where time was left for it
+    assert {r["status"] for r in rows[1:]} <= {"kept", "ok", "failed", "cut off", "skipped", "agrees", "unsteady"}
     cfg = from_dict(tomllib.loads(out.read_text()))  # a valid config tree, every field checked
     assert cfg.model.name == "cnn3" and cfg.speed.precision != "auto"  # resolved, as the trial ran
     train = cli("train", "--config", str(out), "--epochs", "1", "--max-steps", "2", "--no-progress")

@@ -130,8 +130,9 @@ def test_a_trial_past_its_own_limit_is_cut_off_and_the_search_goes_on(tmp_path):
     _, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml", trial_s=90)
     autotune = next(t for t in trials if t.value == "max-autotune-no-cudagraphs")
     assert autotune.status == CUT_OFF and autotune.limit_s == 90 and autotune.images_per_s is None
-    assert autotune is trials[-1]  # the longest compile comes last
-    before = trials[1:-1]
+    searched = [t for t in trials if t.group != tune_mod.CHECK_GROUP]  # the check comes after the search
+    assert autotune is searched[-1]  # the longest compile comes last
+    before = searched[1:-1]
     assert before and all(t.status in ("ok", "kept") for t in before)  # the data and precision trials ran
     rows = list(csv.DictReader((tmp_path / "tuned.csv").open()))
     assert [r["status"] for r in rows] == [t.status for t in trials]
@@ -141,6 +142,8 @@ def test_a_trial_past_its_own_limit_is_cut_off_and_the_search_goes_on(tmp_path):
 def test_trials_go_batch_compile_data_precision_and_a_bf16_gpu_tries_no_fp32(tmp_path):
     m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0)
     _, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+    assert trials[-1].group == tune_mod.CHECK_GROUP and trials[-1].status == tune_mod.AGREES
+    trials = trials[:-1]  # the search's own trials, in order
     groups = [t.group for t in trials[1:]]
     assert groups == sorted(groups, key=tune_mod.GROUPS.index)  # in the order of expected gain
     assert groups[0] == "batch size" and groups[-1] == "long compiles"
@@ -336,7 +339,7 @@ def test_a_long_compile_cut_off_at_its_limit_costs_no_other_trial_its_time(tmp_p
     def long_compiles(budget: float) -> list[tuple[str, str]]:
         m = FakeMachine(rate=lambda c: 1000.0, cost=cost)
         _, trials = m.tune(resnet50(), budget, tmp_path / f"tuned{budget:g}.toml")
-        cheap = [t for t in trials[1:] if t.group != "long compiles"]
+        cheap = [t for t in trials[1:] if t.group not in ("long compiles", tune_mod.CHECK_GROUP)]
         assert cheap and all(t.status in ("ok", "kept") for t in cheap), [(t.switch, t.status) for t in cheap]
         return [(t.switch, t.status) for t in trials if t.group == "long compiles"]
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import tomllib
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
+import cnnpar.bench.tune as tune_mod
 from cnnpar.bench.trial import OK
 from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.errors import UserError
@@ -112,3 +116,46 @@ def test_a_trial_says_the_steps_it_times_not_more_than_an_epoch_holds():
     assert result["images_per_s"] > 0
     [timing] = [s for s in lines if "timing" in s]
     assert timing.endswith("timing 2 x 3 steps"), timing
+
+
+def test_a_host_that_slowed_during_the_search_is_found_by_measuring_the_best_again_and_said(tmp_path, monkeypatch):
+    # on a shared 2-core host the trials run one after another while other work comes and goes: every trial after
+    # the slowdown reads slower than the start and none is kept, which passes for "the defaults are best" unless the
+    # best config, measured once more at the end, shows the host itself slowed
+    m = FakeMachine(rate=lambda c: 1000.0 if m.now < 5 else 700.0, cost=lambda c: 1.0)
+    _, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+    check = trials[-1]
+    assert (check.group, check.status) == (tune_mod.CHECK_GROUP, tune_mod.CHANGED)
+    assert check.images_per_s == 700.0 and "700 img/s now against 1,000" in check.note
+    assert m.calls[-1][2].run.batch_size == 64  # the best config (the start's: nothing was kept) measured again
+    text = (tmp_path / "tuned.toml").read_text()
+    assert "# warning: the best config ran 700 img/s now against 1,000" in text and "comparisons may not hold" in text
+    rows = list(csv.DictReader((tmp_path / "tuned.csv").open()))
+    assert rows[-1]["status"] == "unsteady" and rows[-1]["group"] == "check"
+
+    # the command says it too, beside the table (stderr), not only in the files
+    monkeypatch.setattr(tune_mod, "tune", lambda *a, **k: (resnet50(), trials))
+    monkeypatch.chdir(tmp_path)
+    from cnnpar import cli
+
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        assert cli.main(["tune", "--device", "cpu", "--data", "synthetic", "--out", str(tmp_path / "t2.toml")]) == 0
+    assert "tune: warning: the best config ran 700 img/s now against 1,000" in err.getvalue()
+
+
+def test_a_steady_host_measures_the_best_config_again_within_the_noise_and_writes_no_warning(tmp_path):
+    m = FakeMachine(rate=lambda c: 1000.0 * (1.1 if c.run.batch_size == 128 else 1.0), cost=lambda c: 1.0)
+    best, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+    check = trials[-1]
+    assert check.status == tune_mod.AGREES and check.images_per_s == 1100.0
+    assert m.calls[-1][2].run.batch_size == 128 == best.run.batch_size  # the best config, not the start's
+    assert "warning" not in (tmp_path / "tuned.toml").read_text()
+
+
+def test_no_time_left_for_the_check_is_a_skipped_row_saying_the_comparisons_are_unchecked(tmp_path):
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 20.0)
+    _, trials = m.tune(resnet50(), 100, tmp_path / "tuned.toml")
+    check = trials[-1]
+    assert check.group == tune_mod.CHECK_GROUP and check.status == "skipped"
+    assert "comparisons are unchecked" in check.note
