@@ -96,6 +96,11 @@ class Trial:
     limit_s: float = 0.0
     note: str = ""  # the lr rule of a batch trial, the error, the limit, or why it was skipped
 
+    def take(self, value: dict) -> None:
+        """The rates a child measured (its median, slowest and fastest repeats) and its warm-up."""
+        self.images_per_s, self.images_per_s_min = value["images_per_s"], value["images_per_s_min"]
+        self.images_per_s_max, self.warmup_s = value["images_per_s_max"], value["warmup_s"]
+
 
 def with_switch(cfg: Config, section: str, name: str, value) -> Config:
     return replace(cfg, **{section: replace(getattr(cfg, section), **{name: value})})
@@ -274,18 +279,24 @@ class Tuner:
     def left(self) -> float:
         return self.deadline - self.clock()
 
+    def limit(self, start: bool = False) -> tuple[float, str]:
+        """The next trial's time limit, and why it may not start ("" when it may): the module's docstring says why."""
+        left = self.left()
+        limit = left if start else min(self.cap, left)
+        if left < MIN_TRIAL_S:
+            return limit, f"time budget spent ({max(0.0, left):.0f} s left)"
+        if not start and limit < self.start_wall_s:
+            return limit, f"a limit of {limit:.0f} s, shorter than the start trial's {self.start_wall_s:.0f} s"
+        return limit, ""
+
     def say(self, text: str) -> None:
         self.log(f"tune [{self.clock() - self.t0:4.0f} s] {text}")
 
     def attempt(self, group: str, label: str, value, cfg: Config, note: str = "") -> Trial:
         """Measure `cfg` in a child within the time left; record the trial, keep it if it wins."""
-        left = self.left()
         name = f"{label}={value}" if label != START else "start (your config, resolved here)"
-        limit = left if label == START else min(self.cap, left)
-        if left < MIN_TRIAL_S or (label != START and limit < self.start_wall_s):
-            why = f"time budget spent ({max(0.0, left):.0f} s left)"
-            if left >= MIN_TRIAL_S:
-                why = f"a limit of {limit:.0f} s, shorter than the start trial's {self.start_wall_s:.0f} s"
+        limit, why = self.limit(start=label == START)
+        if why:
             t = Trial(group, label, str(value), SKIPPED, note=why)
             self.trials.append(t)
             return t
@@ -302,12 +313,7 @@ class Tuner:
             self.say(f"{name}: {r.status} ({r.error})")
             return t
         v = r.value
-        t.images_per_s, t.images_per_s_min, t.images_per_s_max = (
-            v["images_per_s"],
-            v["images_per_s_min"],
-            v["images_per_s_max"],
-        )
-        t.warmup_s = v["warmup_s"]
+        t.take(v)
         spread = f"{t.images_per_s_min:,.0f}-{t.images_per_s_max:,.0f}"
         if label == START:
             t.status = START
@@ -372,11 +378,9 @@ class Tuner:
         when the second measurement is not the first's."""
         if not any(t.images_per_s for t in self.trials if t.status != START):
             return  # nothing was compared with the start: no comparison to check
-        left = self.left()
-        limit = min(self.cap, left)
-        if left < MIN_TRIAL_S or limit < self.start_wall_s:
-            why = f"no time left ({max(0.0, left):.0f} s) to measure the best config again: "
-            why += "the comparisons are unchecked"
+        limit, why = self.limit()
+        if why:
+            why += ": the best config was not measured again, so the comparisons are unchecked"
             self.trials.append(Trial(CHECK_GROUP, CHECK_SWITCH, CHECK_VALUE, SKIPPED, note=why))
             return
         self.say(f"the best config once more, to check the host ran every trial at one speed, limit {limit:.0f} s ...")
@@ -387,13 +391,7 @@ class Tuner:
             t.note = f"the best config did not measure again ({r.error}): the comparisons are unchecked"
             self.say(t.note)
             return
-        v = r.value
-        t.images_per_s, t.images_per_s_min, t.images_per_s_max = (
-            v["images_per_s"],
-            v["images_per_s_min"],
-            v["images_per_s_max"],
-        )
-        t.warmup_s = v["warmup_s"]
+        t.take(r.value)
         ratio = t.images_per_s / self.best
         overlap = t.images_per_s_min <= self.best_max and t.images_per_s_max >= self.best_min
         same = f"{t.images_per_s:,.0f} img/s now against {self.best:,.0f} when it was measured ({ratio:.2f}x)"
@@ -559,8 +557,8 @@ def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict, warning:
         f"({best.images_per_s / start.images_per_s:.2f}x the start's {start.images_per_s:,.0f}), "
         f"after {len(trials)} trial(s)\n"
     )
-    # quoted: a folder name with a space made the command break where it was pasted
     header += f"# warning: {warning}\n" if warning else ""
+    # quoted: a folder name with a space made the command break where it was pasted
     header += f"# written by `cnnpar tune`; train with: {shlex.join(['cnnpar', 'train', '--config', str(out)])}\n"
     write_text_atomic(out, header + dumps_toml(cfg))
     write_csv_atomic(out.with_suffix(".csv"), trial_rows(trials, env), CSV_COLUMNS)
