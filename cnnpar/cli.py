@@ -304,13 +304,17 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
         header = verify_store(args.src, progress=not args.no_progress)
         print(f"{args.src}: ok ({header['count']} images, {header['pixel_bytes']:,} pixel bytes, checksums match)")
         return 0
+    from cnnpar.data.folder import skipped_note
     from cnnpar.data.store import default_store_path
     from cnnpar.data.store_write import Sides, prepare_store
 
     out = args.out or str(default_store_path(args.src))
     # --max-side alone bounds the longer side as it always did, not also the shorter at 256
     short = args.short_side if args.short_side is not None else (0 if args.max_side else 256)
-    header = prepare_store(args.src, out, args.max_side, args.workers, progress=not args.no_progress, short_side=short)
+    skipped: list[Path] = []
+    header = prepare_store(
+        args.src, out, args.max_side, args.workers, progress=not args.no_progress, short_side=short, skipped=skipped
+    )
     splits = header["splits"]
     print(
         f"wrote {out}: {header['count']} images ({splits['train']} train, {splits['val']} val), "
@@ -324,6 +328,8 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
             "hard or symbolic links): a hold-out from this store that puts one name on each side is warned "
             "about when it trains"
         )
+    if skipped:
+        print(skipped_note(skipped))
     return 0
 
 

@@ -11,11 +11,15 @@ import torch.nn.functional as F
 from cnnpar.errors import DataError
 
 FEW_ABOVE_ONE = 1e-3  # float pixels: at most this share above 1, the rest in [0, 1], reads as 0..1 data gone astray
+# float pixels whose largest value is above 1 but under this round to 0, 1 or 2 when read as 0..255: no picture
+AMBIGUOUS_BELOW = 2.5
 MAX_CLASSES = 1_000_000  # a label from which the class count (largest label + 1) is beyond any classifier's
 
 
 def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
     """Accept (N,H,W), (N,H,W,C) or (N,C,H,W) with C in {1,3}; uint8, or floats in [0,1] or [0,255]."""
+    if np.issubdtype(x.dtype, np.complexfloating):  # numpy's cast to a real type drops the imaginary part
+        raise DataError(f"{where}: dtype {x.dtype}: expected uint8 or real numbers (not complex)")
     if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
         # min/max of an array holding NaN are NaN: the range check and the [0,1] scaling would both skip
         # it, and every pixel would silently round to 0 or 1
@@ -29,6 +33,14 @@ def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
             raise DataError(
                 f"{where}: {above:,} of {x.size:,} float values above 1 (the first {x[at]:g} at index {at}), the "
                 "rest in [0, 1]: expected every value in [0, 1] (np.clip(x, 0, 1)) or pixels in [0, 255]"
+            )
+        lo, hi = float(x.min()), float(x.max())
+        if 1.0 < hi < AMBIGUOUS_BELOW and lo >= 0:
+            # more than a few above 1, so not 0..1 data; read as 0..255 they round to 0, 1 or 2: every picture lost
+            raise DataError(
+                f"{where}: float values in [{lo:g}, {hi:g}]: neither pixels in [0, 1] nor in [0, 255] (read as "
+                "0..255, every value rounds to 0, 1 or 2): expected every value in [0, 1] (x / x.max() or "
+                "np.clip(x, 0, 1)) or pixels in [0, 255]"
             )
     if x.ndim == 3:
         x = x[:, None]

@@ -62,9 +62,12 @@ class DataBundle:
     size_note: str = ""  # a warning when that side enlarges most of the images (source_size.enlarging_note)
     val_from: str = ""  # which split validates: the data's own test/val split, a seeded hold-out, or none
     val_overlap: str = ""  # a warning when validation files are training files (data/overlap.py), else ""
-    # what identifies the data's content where its format records it (a store's pixel checksum), else "": a resume
-    # compares it with its checkpoint's (engine/data_identity.py)
+    # what identifies the data's content (a store's pixel checksum, a checksum of a CSV's or an .npz's arrays, of an
+    # image folder's listing), "" for the built-in sets: a resume compares it with its checkpoint's
+    # (engine/data_identity.py); fingerprint_of says what it covers, in words
     fingerprint: str = ""
+    fingerprint_of: str = ""
+    skipped_note: str = ""  # a warning naming image files in formats not read (folder.skipped_note), else ""
     load_note: str = ""  # what loading took that a user would wonder about (encoded arrays decoded at load), else ""
 
     @property

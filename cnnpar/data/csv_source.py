@@ -238,4 +238,8 @@ def read_ids(path: str | Path) -> tuple[str, list[str]] | None:
     name = columns[id_idx]
     read = pacsv.ReadOptions(column_names=columns, skip_rows=1)
     convert = pacsv.ConvertOptions(column_types={name: pa.string()}, include_columns=[name])
-    return name, pacsv.read_csv(path, read_options=read, convert_options=convert).column(name).to_pylist()
+    ids = pacsv.read_csv(path, read_options=read, convert_options=convert).column(name).to_pylist()
+    blank = next((i for i, v in enumerate(ids) if v is None or not v.strip()), None)
+    if blank is not None:  # a row without its id would go into the submission under none
+        raise DataError(f"{path}, {_line(path, blank)}, column {name!r}: empty: expected the row's id")
+    return name, ids

@@ -21,19 +21,41 @@ from cnnpar.errors import DataError, first_line
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 
 
-def image_files(folder: Path) -> list[Path]:
+# images in formats cnnpar does not read: skipped, but counted and named (a WebP among JPEGs was dropped unsaid)
+OTHER_IMAGE_SUFFIXES = {".webp", ".bmp", ".gif", ".tif", ".tiff", ".jfif", ".jpe", ".heic", ".heif", ".avif", ".jp2"}
+
+
+def image_files(folder: Path, skipped: list[Path] | None = None) -> list[Path]:
     """The images under `folder`, in order, without hidden files or folders: `.thumbs/`, and the `._x.jpg`
-    resource forks macOS leaves on other file systems, which hold no image and stopped a whole run."""
-    return [
-        f
-        for f in sorted(folder.rglob("*"))
-        if f.suffix.lower() in IMAGE_SUFFIXES
-        and not any(part.startswith(".") for part in f.relative_to(folder).parts)
-        and f.is_file()
-    ]
+    resource forks macOS leaves on other file systems, which hold no image and stopped a whole run. Images in
+    other formats go to `skipped` where it is given."""
+    found = []
+    for f in sorted(folder.rglob("*")):
+        suffix = f.suffix.lower()
+        if suffix not in IMAGE_SUFFIXES and (skipped is None or suffix not in OTHER_IMAGE_SUFFIXES):
+            continue
+        if any(part.startswith(".") for part in f.relative_to(folder).parts) or not f.is_file():
+            continue
+        (found if suffix in IMAGE_SUFFIXES else skipped).append(f)
+    return found
 
 
-def scan_folder(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
+def skipped_note(skipped: list[Path]) -> str:
+    """A warning naming the images a folder held in formats cnnpar does not read, or ""."""
+    if not skipped:
+        return ""
+    return (
+        f"warning: {len(skipped):,} image file(s) skipped, {skipped_kinds(skipped)} (first: {skipped[0]}): cnnpar "
+        "reads .jpg, .jpeg "
+        "and .png; convert them (e.g. Pillow's Image.open(f).save(f.with_suffix('.png'))) to use them"
+    )
+
+
+def skipped_kinds(skipped: list[Path]) -> str:
+    return ", ".join(sorted({f.suffix.lower() for f in skipped}))
+
+
+def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[list[Path], list[int], list[str]]:
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: not a folder: expected root/<class>/<image>.jpg|png")
@@ -42,29 +64,33 @@ def scan_folder(root: str | Path) -> tuple[list[Path], list[int], list[str]]:
         raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png")
     files, labels = [], []
     for label, name in enumerate(classes):
-        for f in image_files(root / name):
+        for f in image_files(root / name, skipped):
             files.append(f)
             labels.append(label)
     if not files:
-        raise DataError(f"{root}: no .jpg, .jpeg or .png files under its class folders")
+        others = f" (only {skipped_kinds(skipped)} files, which cnnpar does not read)" if skipped else ""
+        raise DataError(f"{root}: no .jpg, .jpeg or .png files under its class folders{others}")
     return files, labels, classes
 
 
 VAL_NAMES = ("val", "valid", "validation", "test")  # the common names of a held-out split, in preference order
 
 
-def scan_splits(root: str | Path) -> tuple[list[Path], list[int], list[int], list[str]]:
+def scan_splits(
+    root: str | Path, skipped: list[Path] | None = None
+) -> tuple[list[Path], list[int], list[int], list[str]]:
     """Files, labels, split ids (0 train, 1 val) and class names of an image folder.
 
     `root/train` beside `root/val` (or `valid`, `validation`, `test`, the first found) are the two splits,
     with the same class folders; `root/train` alone is all train (a seeded hold-out comes later); a root
     without `train/` is one folder of class folders, all train. Split names never become classes: `train/`
-    beside any other folder is refused (hidden ones and `__MACOSX`-like `__` ones aside).
+    beside any other folder is refused (hidden ones and `__MACOSX`-like `__` ones aside). Images in formats not
+    read go to `skipped` where it is given (`skipped_note`).
     """
     root = Path(root)
     train_dir = root / "train"
     if not train_dir.is_dir():
-        files, labels, classes = scan_folder(root)
+        files, labels, classes = scan_folder(root, skipped)
         _check_classes(root, classes, labels)
         return files, labels, [0] * len(files), classes
     others = sorted(
@@ -77,12 +103,12 @@ def scan_splits(root: str | Path) -> tuple[list[Path], list[int], list[int], lis
             f"{root}: holds train/ beside {others}: expected train/ with at most one of "
             f"{'|'.join(VAL_NAMES)}/ (class folders in each), or class folders alone"
         )
-    files, labels, classes = scan_folder(train_dir)
+    files, labels, classes = scan_folder(train_dir, skipped)
     _check_classes(train_dir, classes, labels)
     val_dir = next((root / n for n in VAL_NAMES if (root / n).is_dir()), None)
     if val_dir is None:
         return files, labels, [0] * len(files), classes
-    vfiles, vlabels, vclasses = scan_folder(val_dir)
+    vfiles, vlabels, vclasses = scan_folder(val_dir, skipped)
     if vclasses != classes:
         raise DataError(f"{val_dir}: class folders {vclasses} differ from {train_dir}'s {classes}")
     _check_val_classes_train(train_dir, val_dir, classes, labels, vlabels)

@@ -274,16 +274,23 @@ def check_store_out(out: Path, src: Path) -> None:
 
 
 def prepare_store(
-    src: str | Path, out: str | Path, max_side: int = 0, workers: int = 0, progress: bool = True, short_side: int = 0
+    src: str | Path,
+    out: str | Path,
+    max_side: int = 0,
+    workers: int = 0,
+    progress: bool = True,
+    short_side: int = 0,
+    skipped: list[Path] | None = None,
 ) -> dict:
     """Decode the image folder `src` into the store `out`, each image within `max_side` (its longer side) and
-    `short_side` (its shorter; `Sides`); returns the store's header."""
+    `short_side` (its shorter; `Sides`); returns the store's header. Images in formats not read go to `skipped`
+    where it is given (folder.skipped_note)."""
     from tqdm.auto import tqdm
 
     src, out = Path(src), Path(out)
     sides = Sides(max_side, short_side)
     check_store_out(out, src)
-    files, labels, splits, classes = scan_splits(src)
+    files, labels, splits, classes = scan_splits(src, skipped)
     n = len(files)
     header = {
         "format": "cnnpar image store",

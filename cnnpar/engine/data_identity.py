@@ -2,11 +2,11 @@
 
 A run's record keeps `--data` as typed: `photos` in one folder and `photos` in another are two data sets under
 one name, and a resume of the first from the second folder would pass every check that compares the typed path,
-the example count and the class names. So the checkpoint also stores where the data was (its absolute path) and,
-for a prepared store, the checksum of its pixels (which changes when the store is prepared again from other
-photos or other bounds, though its count stays). A resume that reads another path compares the two copies'
-contents where the old one is still there; where it is gone (the data moved), the count and class names are all
-there is to compare, and the run says so.
+the example count and the class names. So the checkpoint also stores where the data was (its absolute path) and a
+checksum of its content (a store's pixels, a CSV's or an .npz's arrays, an image folder's file names and classes:
+`DataBundle.fingerprint`), which changes when rows are reordered or a store is prepared again, though the count
+stays. A resume that reads another path compares the two copies' contents where the old one is still there; where
+it is gone (the data moved), the checksum, count and class names are all there is to compare, and the run says so.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ import torch
 
 from cnnpar.config import TTA_LEVELS, RunConfig
 from cnnpar.data.arrays import resize_square
-from cnnpar.data.bundle import ArrayDataset
+from cnnpar.data.bundle import ArrayDataset, first_five
 from cnnpar.data.csv_source import PixelCountError, read_ids
-from cnnpar.data.sources import detect_format, load_predict_data
+from cnnpar.data.folder import skipped_note
+from cnnpar.data.sources import detect_format, load_predict_data, npz_class_names
 from cnnpar.data.transforms import DeviceTransform
 from cnnpar.engine.averaging import averaged_weights
 from cnnpar.engine.checkpoint import load_checkpoint
@@ -132,8 +133,9 @@ def predict(
             f"{data}: an image folder decodes to RGB (3 channels), and the model was trained on grey images (1 "
             "channel): expected a CSV or an .npz of grey images"
         )
+    skipped: list[Path] = []
     try:
-        ds, ids, label_origin = load_predict_data(data, fmt, image_shape, image_size=h)
+        ds, ids, label_origin = load_predict_data(data, fmt, image_shape, image_size=h, skipped=skipped)
     except PixelCountError as e:
         # the reader knows only the count (and a shape typed or taken from the model): say it against the model's
         if typed:
@@ -142,6 +144,8 @@ def predict(
             f"{data}: {e.n_pixels} pixel columns: expected {c * h * w}, one per value of the {c}x{h}x{w} images "
             "the model was trained on"
         ) from None
+    if skipped:  # a folder's images in other formats get no row: said where the other warnings go
+        print(skipped_note(skipped), file=sys.stderr, flush=True)
     id_name = "ImageId"
     if fmt == "csv" and (named := read_ids(data)) is not None:
         id_name, ids = named  # a Kaggle test file's own ids, under its own name, as its sample submission has them
@@ -174,6 +178,14 @@ def predict(
             preds += label.tolist()
             confs += conf.tolist()
     names = meta["class_names"]
+    if label_origin and fmt == "npz" and (own := npz_class_names(data)) is not None:
+        labels, note = _labels_by_name(ds.y, own, names, f"{data}[{label_origin}]")
+        if note:
+            log(note)
+        if labels is None:
+            label_origin = ""
+        else:
+            ds.y = labels
     if label_origin:
         line = _accuracy_line(ds.y, preds, meta["num_classes"], data, label_origin)
         if fmt == "digits" and state.get("config", {}).get("data", {}).get("source") == "digits":
@@ -190,6 +202,25 @@ def predict(
         ]
         write_csv_atomic(target, rows, ["id", "label", "class_name", "confidence"])
     return target
+
+
+def _labels_by_name(y: torch.Tensor, own: list[str], model: list[str], where: str) -> tuple[torch.Tensor | None, str]:
+    """An archive's labels are indices into its own class_names; the model's outputs index its own. The same
+    names in another order are mapped (scored as they were, its accuracy was 0 % against reversed names); names
+    the model does not know leave the labels unscored. Returns (the labels in the model's indices or None, a line
+    to say, or "")."""
+    if int(y.max()) >= len(own):
+        return None, f"{where}: ignored as labels: label {int(y.max())} has no name among its {len(own)} class_names"
+    unknown = [n for n in own if n not in model]
+    if unknown:
+        return None, (
+            f"{where}: ignored as labels: its class_names {first_five(repr(n) for n in unknown)} are not among the "
+            f"model's classes ({first_five(repr(n) for n in model)})"
+        )
+    if own == model[: len(own)]:
+        return y, ""
+    to_model = torch.tensor([model.index(n) for n in own], dtype=torch.int64)
+    return to_model[y], f"{where}: labels mapped to the model's classes by the archive's class_names"
 
 
 def _views(state: dict, tta_level: str, log) -> str:

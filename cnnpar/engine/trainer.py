@@ -28,6 +28,7 @@ from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, first_five, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
+from cnnpar.data.sources import STORE_CHECKSUM
 from cnnpar.data.transforms import mirror_warning, resolve_augment
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
 from cnnpar.engine.averaging import build_weight_average
@@ -459,8 +460,6 @@ class Trainer:
             )
         self._refuse_other_copy(path, was)
         changes = []
-        if was.get("data_checksum") and was["data_checksum"] != self.meta["data_checksum"]:
-            changes.append(f"{source} was prepared again (its pixel checksum differs)")
         if "examples" in was and was["examples"] != self.meta["examples"]:
             changes.append(f"{was['examples']} -> {self.meta['examples']} examples in {source}")
         names_was, names_now = was.get("class_names"), self.meta["class_names"]
@@ -469,6 +468,10 @@ class Trainer:
         if names_was is not None and len(names_was) == len(names_now) and names_was != names_now:
             moved = (f"{i}: {a!r} -> {b!r}" for i, (a, b) in enumerate(zip(names_was, names_now)) if a != b)
             changes.append(f"class names (index: then -> now) {first_five(moved)}")
+        if not changes and was.get("data_checksum") and was["data_checksum"] != self.meta["data_checksum"]:
+            # rows reordered or files renamed under the same count: the seeded hold-out would draw other examples
+            again = " was prepared again" if self.bundle.fingerprint_of == STORE_CHECKSUM else "'s content changed"
+            changes.append(f"{source}{again} (its {self.bundle.fingerprint_of} differs)")
         if changes:
             raise UserError(
                 f"{path}: the data changed since the checkpoint: {'; '.join(changes)}: a checkpoint continues on "
@@ -493,13 +496,15 @@ class Trainer:
         before, now = was.get("data_path"), self.meta["data_path"]
         if not before or not now or before == now:
             return
-        if was.get("data_checksum") and was["data_checksum"] == self.meta["data_checksum"]:
+        checked = was.get("data_checksum") and was["data_checksum"] == self.meta["data_checksum"]
+        if checked and self.bundle.fingerprint_of == STORE_CHECKSUM:
             self.log(f"data: the checkpoint's run read {before}; this resume reads {now}, the same store's pixels")
             return
         if not Path(before).exists():
+            by = f"its {self.bundle.fingerprint_of}, " if was.get("data_checksum") else ""
             self.log(
                 f"data: the checkpoint's run read {before}, which is gone; this resume reads {now}: compared by "
-                "example count and class names only"
+                f"{by}example count and class names only"
             )
             return
         differs = content_difference(Path(before), Path(now))
@@ -767,6 +772,8 @@ class Trainer:
         self.log(f"{split_line(self.bundle)}; augment {augment}")
         if self.bundle.load_note:
             self.log(self.bundle.load_note)
+        if self.bundle.skipped_note:
+            self.log(self.bundle.skipped_note)
         mirrored = mirror_warning(augment, self.bundle.shape, self.bundle.loader_crops, self.bundle.origin)
         if mirrored:
             self.log(mirrored)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 
@@ -176,7 +177,8 @@ def test_resuming_after_rows_were_added_to_the_data_is_refused_and_an_older_chec
     with pytest.raises(UserError, match=f"the data changed since the checkpoint: 96 -> 128 examples in {data}: "):
         Trainer(more, CPU_INFO, log=lambda s, **k: lines.append(s))
     assert not any("schedule:" in s for s in lines), lines
-    _strip_meta(tmp_path / "oc" / "ckpt" / "last.pt", "examples")  # nothing to compare with: resumed as before
+    # nothing to compare with (a checkpoint from before either was stored): resumed as before
+    _strip_meta(tmp_path / "oc" / "ckpt" / "last.pt", "examples", "data_checksum")
     assert Trainer(more, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2
 
 
@@ -193,8 +195,47 @@ def test_resuming_after_a_class_folder_was_renamed_is_refused_naming_the_moved_c
     moved = "0: 'class0' -> 'aaa', 1: 'class1' -> 'class0', 2: 'class2' -> 'class1'"
     with pytest.raises(UserError, match=f"the data changed since the checkpoint: class names .*{moved}: "):
         Trainer(more, CPU_INFO, log=lambda *a, **k: None)
-    _strip_meta(tmp_path / "oc" / "ckpt" / "last.pt", "class_names")
+    _strip_meta(tmp_path / "oc" / "ckpt" / "last.pt", "class_names", "data_checksum")
     assert Trainer(more, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2
+
+
+def test_resuming_after_rows_were_reordered_or_files_renamed_under_the_same_count_is_refused(tmp_path):
+    """The same count and class names, other rows in other places: the seeded hold-out drew 98 of the 120
+    validation rows from rows the finished epoch trained on, and the resume went on without a word."""
+    from tests.datafiles import bar_images, write_image_folder, write_pixel_csv
+
+    x, y = bar_images(96)
+    data = write_pixel_csv(tmp_path / "rows.csv", x, y)
+    cfg = replace(_cfg(tmp_path, 1), data=DataConfig(source=str(data), workers=0))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    order = np.random.default_rng(1).permutation(96)
+    write_pixel_csv(data, x[order], y[order])
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
+    changed = f"the data changed since the checkpoint: {data}'s content changed \\(its checksum of its images"
+    with pytest.raises(UserError, match=changed + " and labels differs"):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+    write_pixel_csv(data, x, y)  # the rows as they were: resumed
+    assert Trainer(more, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2
+
+    npz = tmp_path / "a.npz"
+    np.savez(npz, x_train=x, y_train=y)
+    cfg = replace(_cfg(tmp_path, 1), data=DataConfig(source=str(npz), workers=0))
+    cfg = replace(cfg, run=replace(cfg.run, out_dir=str(tmp_path / "n"), name="n"))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    np.savez(npz, x_train=x, y_train=(y + 1) % 4)  # relabelled
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "n" / "n")))
+    with pytest.raises(UserError, match=f"{npz}'s content changed"):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+
+    imgs = write_image_folder(tmp_path / "imgs", per_class=6, classes=2, side=16)
+    cfg = replace(_cfg(tmp_path, 1), data=DataConfig(source=str(imgs), image_size=16, workers=0))
+    cfg = replace(cfg, run=replace(cfg.run, out_dir=str(tmp_path / "f"), name="f"))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    first = sorted((imgs / "class0").iterdir())[0]
+    first.rename(first.with_name("z" + first.name))  # sorts last: the hold-out draws another file
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "f" / "f")))
+    with pytest.raises(UserError, match=f"{imgs}'s content changed \\(its checksum of its image files' names"):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
 
 
 @pytest.mark.parametrize("model, size", [("fastnet", 17), ("cnn3", 32)])  # weights that fit, weights that do not

@@ -415,6 +415,70 @@ def test_float_pixels_mostly_in_0_1_with_a_few_above_are_refused_not_rounded_to_
     assert to_nchw_uint8(x * 255, "x").float().std() > 50  # 0..255 floats read as they are
 
 
+def test_float_pixels_brightened_past_1_are_refused_not_read_as_0_255_and_rounded_to_three_levels(tmp_path):
+    """0..1 images scaled by 1.1 (13 % of the digits above 1) passed the few-above-1 check, were read as 0..255 and
+    trained on pictures of 0s, 1s and 2s without a word."""
+    from cnnpar.data.arrays import to_nchw_uint8
+
+    x = np.random.default_rng(0).random((40, 8, 8)).astype(np.float32) * 1.1
+    refused = r"f\[x_train\]: float values in \[[0-9.e-]+, 1\.09\d*\]: neither pixels in \[0, 1\] nor in \[0, 255\] "
+    with pytest.raises(DataError, match=refused + r".*expected every value in \[0, 1\]"):
+        to_nchw_uint8(x, "f[x_train]")
+    assert to_nchw_uint8(x * 3, "x").max() == 3  # dark 0..255 pixels, four levels or more: read as they are
+    np.savez(tmp_path / "b.npz", x_train=x, y_train=np.arange(40) % 2)
+    with pytest.raises(DataError, match=r"b\.npz\[x_train\]: float values in"):
+        load_data(DataConfig(source=str(tmp_path / "b.npz")), 0)
+
+
+def test_images_in_formats_not_read_are_named_by_train_prepare_and_predict_not_dropped_unsaid(tmp_path):
+    """A .webp and a .bmp among the PNGs and JPEGs: every path counted 12 images of 14 and said nothing; a class
+    folder of BMPs alone was "empty"."""
+    from PIL import Image
+
+    from cnnpar.data.store_write import prepare_store
+
+    root = write_image_folder(tmp_path / "imgs", per_class=6, classes=2, side=20)
+    Image.new("RGB", (20, 20)).save(root / "class1" / "x.webp")
+    Image.new("RGB", (20, 20)).save(root / "class0" / "y.bmp")
+    (root / "class0" / ".z.bmp").write_bytes(b"hidden")  # hidden files stay unsaid
+    bundle = load_data(DataConfig(source=str(root), val_fraction=0), 0)
+    assert len(bundle.train) == 12
+    assert bundle.skipped_note.startswith(
+        f"warning: 2 image file(s) skipped, .bmp, .webp (first: {root / 'class0' / 'y.bmp'}): cnnpar reads .jpg, "
+        ".jpeg and .png"
+    )
+    skipped = []
+    ds, ids, _ = load_predict_data(str(root), image_size=20, skipped=skipped)
+    assert len(ids) == 12 and sorted(f.name for f in skipped) == ["x.webp", "y.bmp"]
+    skipped = []
+    header = prepare_store(root, tmp_path / "s.cnnpar", progress=False, workers=1, skipped=skipped)
+    assert header["count"] == 12 and len(skipped) == 2
+    only_bmp = tmp_path / "bmp" / "a"
+    only_bmp.mkdir(parents=True)
+    Image.new("RGB", (20, 20)).save(only_bmp / "1.bmp")
+    with pytest.raises(DataError, match=r"no \.jpg, \.jpeg or \.png files under its class folders \(only \.bmp files"):
+        load_data(DataConfig(source=str(tmp_path / "bmp")), 0)
+
+
+def test_a_blank_id_in_a_test_csv_is_named_not_written_to_the_submission_as_no_id(tmp_path):
+    from cnnpar.data.csv_source import read_ids
+
+    f = tmp_path / "t.csv"
+    f.write_text("ImageId,pixel0,pixel1,pixel2,pixel3\n1,0,0,0,0\n2,9,9,9,9\n , 1,1,1,1\n4,0,0,0,0\n")
+    with pytest.raises(DataError, match=r"t\.csv, line 4\b.*column 'ImageId': empty: expected the row's id"):
+        read_ids(f)
+    f.write_text("id,pixel0,pixel1,pixel2,pixel3\n007,0,0,0,0\n2,9,9,9,9\n")
+    assert read_ids(f) == ("id", ["007", "2"])
+
+
+def test_complex_pixels_are_refused_rather_than_losing_their_imaginary_part(tmp_path):
+    from cnnpar.data.arrays import to_nchw_uint8
+
+    x = np.ones((4, 8, 8), dtype=np.complex64) * (3 + 1j)
+    with pytest.raises(DataError, match=r"c\[x_train\]: dtype complex64: expected uint8 or real numbers"):
+        to_nchw_uint8(x, "c[x_train]")
+
+
 def test_a_label_too_large_for_a_class_index_is_named_not_an_out_of_memory(tmp_path):
     """The class count is the largest label + 1: one stray 2**32-1 made a 4-billion-class run that the kernel
     killed without a word; a uint64 past 2**63 turned negative in the cast, after the range check."""
