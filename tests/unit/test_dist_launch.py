@@ -402,3 +402,47 @@ def test_the_launchers_last_line_does_not_offer_a_folder_another_live_run_holds(
     finally:
         os.close(held)
     assert cli.launch_end_line(note, 2) == f"stopped before an epoch was saved: nothing to resume in {folder}"
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left for an init that does not reap counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux: prctl's parent-death signal")
+def test_a_launcher_stops_when_cnnpar_is_killed_without_a_word(tmp_path):
+    """`cnnpar train --nproc 2` killed with SIGKILL (or by the OOM killer) left torchrun, in its own session, and
+    its workers training to the end, holding the run folder against a resume."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "launcher.pid"
+    launcher = (
+        f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(120)"
+    )
+    cnnpar = (
+        "from cnnpar.dist import run_launcher; import os, sys; "
+        f"run_launcher([sys.executable, '-c', {launcher!r}], dict(os.environ))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", cnnpar])
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "the launcher never started"
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    assert _alive(child)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the launcher outlived the process that started it")
