@@ -390,7 +390,11 @@ class Trainer:
                 f"{path}: holds a {was.get('model')} for {was.get('num_classes')} classes of "
                 f"{'x'.join(map(str, was.get('image_shape', [])))} images; this run has {self.cfg.model.name} for "
                 f"{self.meta['num_classes']} classes of {'x'.join(map(str, self.meta['image_shape']))}: expected "
-                "the run's own --data, --image-size and --num-classes (or none of them)"
+                + (
+                    f"--model {was.get('model')} (or none)"
+                    if was.get("model") and was.get("model") != self.cfg.model.name
+                    else "the run's own --data, --image-size and --num-classes (or none of them)"
+                )
             ) from None
         self._refuse_changed_fields(path, state.get("config", {}))
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
@@ -433,6 +437,9 @@ class Trainer:
                 f"{self.steps_per_epoch * self.cfg.run.epochs}, lr {lrs[0]:.3g} (peak {self.lr:g})"
             )
         self.log(f"resumed from {path} after epoch {state['epoch']}")
+        changed = self._changed_settings(state)
+        if changed:
+            self.log(f"resume: changed since the checkpoint, from epoch {finished + 1} on: {changed}")
         if state.get("rng") != RNG_SCHEME:
             self.log(
                 "note: this checkpoint stores no RNG state (written before per-epoch seeds): the resumed "
@@ -444,6 +451,32 @@ class Trainer:
                 f"schedule: {self.cfg.optim.schedule} rebuilt for {self.cfg.run.epochs} epochs (the run planned "
                 f"{planned}): epoch {finished + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
             )
+
+    def _changed_settings(self, state: dict) -> str:
+        """The training settings a resume was given otherwise than its checkpoint's run (they apply from the first
+        resumed step), in words, or "": a --schedule, --ema or --label-smoothing changed on resuming changed the lr,
+        the scored weights or the loss column part way through the run without a word. The batch, processes,
+        --grad-accum and --epochs have lines of their own (schedule:), --seed, --val-fraction and --optimizer are
+        refused."""
+        stored, now = state.get("config", {}), to_dict(self.cfg)
+        said_elsewhere = {("optim", "optimizer"), ("optim", "grad_accum")}
+        fields = [("optim", name) for name in now["optim"]] + [("data", "augment"), ("run", "tta_level")]
+        why = {
+            ("optim", "ema"): "the checkpoint's weight average is dropped: validation scores the trained weights"
+            if "average" in state and self.average is None
+            else "",
+            ("optim", "label_smoothing"): "the train loss column measures another loss from here",
+        }
+        changes = []
+        for section, name in fields:
+            was, is_now = stored.get(section, {}).get(name), now[section][name]
+            # "auto" on either side: the record keeps it as typed, this run as resolved (augment auto -> none)
+            if (section, name) in said_elsewhere or was is None or was == is_now or "auto" in (was, is_now):
+                continue
+            flag = "--" + name.replace("_", "-")
+            reason = why.get((section, name), "")
+            changes.append(f"{flag} {was} -> {is_now}" + (f" ({reason})" if reason else ""))
+        return ", ".join(changes)
 
     def _refuse_changed_data(self, path: Path, stored: dict, was: dict) -> None:
         """A resumed run reads the data its checkpoint trained on, as it was. Rows added under the same path

@@ -361,3 +361,35 @@ def test_a_resumed_folder_run_does_not_say_its_image_size_was_typed(tmp_path, ca
     assert main(["train", *common, "--epochs", "2", "--resume", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "image size: 24 (the resumed run's, from its config.toml)" in out and "(--image-size)" not in out
+
+
+def test_settings_changed_on_resuming_are_named_in_one_line_and_an_unchanged_resume_names_none(tmp_path):
+    """--ema 0, --schedule constant and --label-smoothing given on resuming changed the scored weights, the lr and
+    the loss column part way through the run, and the log said only "resumed from ..."."""
+    cfg = _cfg(tmp_path, 1)
+    cfg = replace(cfg, optim=replace(cfg.optim, ema=0.9))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
+    lines: list[str] = []
+    Trainer(more, CPU_INFO, log=lambda s, **k: lines.append(s))
+    assert not [s for s in lines if s.startswith("resume:")], lines
+    other = replace(more, optim=replace(more.optim, ema=0.0, schedule="constant", label_smoothing=0.1))
+    lines.clear()
+    Trainer(other, CPU_INFO, log=lambda s, **k: lines.append(s))
+    assert [s for s in lines if s.startswith("resume:")] == [
+        "resume: changed since the checkpoint, from epoch 2 on: --schedule onecycle -> constant, --label-smoothing "
+        "0.0 -> 0.1 (the train loss column measures another loss from here), --ema 0.9 -> 0.0 (the checkpoint's "
+        "weight average is dropped: validation scores the trained weights)"
+    ]
+
+
+def test_another_model_on_resuming_is_refused_naming_the_model(tmp_path):
+    Trainer(_cfg(tmp_path, 1), CPU_INFO, log=lambda *a, **k: None).fit()
+    more = _cfg(tmp_path, 2, resume=str(tmp_path / "oc"))
+    more = replace(more, model=replace(more.model, name="resnet18"))
+    with pytest.raises(
+        UserError,
+        match=r"holds a cnn3 for 10 classes of 1x16x16 images; this run has resnet18 .*"
+        r"expected --model cnn3 \(or none\)$",
+    ):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
