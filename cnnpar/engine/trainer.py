@@ -29,7 +29,7 @@ from cnnpar.data.bundle import class_lines, first_five, holdout_label, split_lin
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.data.sources import STORE_CHECKSUM
-from cnnpar.data.transforms import mirror_warning, resolve_augment
+from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.batch_size import lr_line, search_on_device
@@ -810,6 +810,10 @@ class Trainer:
         mirrored = mirror_warning(augment, self.bundle.shape, self.bundle.loader_crops, self.bundle.origin)
         if mirrored:
             self.log(mirrored)
+        views = self.cfg.run.tta_in_effect
+        mirrored_views = tta_mirror_warning(views, self.bundle.shape, self.bundle.loader_crops, self.bundle.origin)
+        if mirrored_views:
+            self.log(mirrored_views)
         if self.bundle.val_overlap:
             self.log(self.bundle.val_overlap)
         for line in class_lines(self.bundle):

@@ -137,6 +137,19 @@ def test_a_flip_warns_only_where_auto_would_not_flip():
     assert not mirror_warning("flip", (1, 64, 64), True, "photos/")  # photos with the loader's crops: auto flips
 
 
+def test_mirrored_test_time_views_warn_where_auto_would_not_flip(tmp_path, capsys):
+    """--tta-level flip on the digits scored 66.30 % against 88.86 % for the same model without it, unsaid."""
+    from cnnpar.data.transforms import tta_mirror_warning
+
+    assert tta_mirror_warning("flip+translate", (1, 16, 16), False, "digits").startswith(
+        "warning: test-time views flip+translate mirror the 1-channel images of digits"
+    )
+    assert not tta_mirror_warning("none", (1, 16, 16), False, "digits")
+    assert not tta_mirror_warning("flip", (3, 32, 32), False, "cifar10.npz")
+    assert main(["train", *TINY, "--out-dir", str(tmp_path), "--tta-level", "flip"]) == 0
+    assert "warning: test-time views flip mirror the 1-channel images of" in capsys.readouterr().out
+
+
 # ---- 3. a preset's missing --data says it is the preset's --------------------------------------------------------
 def test_a_presets_missing_data_names_the_preset_and_a_typed_path_does_not(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
