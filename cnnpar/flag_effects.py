@@ -14,6 +14,7 @@ let the run do the opposite of what was asked.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -143,6 +144,29 @@ def _tta_level_decides(cfg: Config) -> str:
     return f"--tta-level {level} decides the test-time augmentation: --tta-level none turns it off"
 
 
+def _one_process(cfg: Config) -> str:
+    """Settings of the processes' collectives (parallel/apply.py, dist.init_distributed) in a run of one process:
+    --sync-bn was kept in config.toml and did nothing (under torchrun on the CPU it is refused)."""
+    from cnnpar.dist import HOROVOD_LAUNCH_ENV, debug_single_requested
+
+    if debug_single_requested(cfg.dist.debug_single):
+        return "the debug switch (--debug-single, CNNPAR_DEBUG_SINGLE) runs one process, with no other to join"
+    launched = os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1") or any(
+        k in os.environ for k in HOROVOD_LAUNCH_ENV
+    )
+    if cfg.dist.nproc > 1 or launched:
+        return ""
+    return "one process runs, with no other to join: --nproc 2 or more (or torchrun) uses it"
+
+
+def _nproc_dropped(cfg: Config) -> str:
+    from cnnpar.dist import debug_single_requested
+
+    if debug_single_requested(cfg.dist.debug_single):
+        return "the debug switch (--debug-single, CNNPAR_DEBUG_SINGLE) runs one process: drop it to start more"
+    return ""
+
+
 MUON = ("optim.muon_lr", "optim.muon_momentum", "optim.muon_ns_steps", "optim.muon_normalize")
 AVERAGE = ("optim.ema_every", "optim.ema_start", "optim.ema_warmup")
 
@@ -156,6 +180,11 @@ RULES = (
     Rule(("data.cpu_share",), _no_gpu_decoder, _positive),
     Rule(("data.gpu_resize",), _no_gpu_decoder, _not_auto),
     Rule(("run.tta_flip",), _tta_level_decides, lambda value: not value),  # --tta-flip is in every level
+    Rule(("dist.sync_bn",), _one_process, _switched_on),
+    Rule(("dist.timeout_s",), _one_process),
+    # DDP's switches beside --strategy horovod are refused (config.DistConfig)
+    Rule(("dist.ddp_bucket_mb", "dist.ddp_static_graph", "dist.ddp_broadcast_buffers"), _one_process),
+    Rule(("dist.nproc",), _nproc_dropped, lambda value: value > 1),
 )
 
 

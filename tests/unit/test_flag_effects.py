@@ -196,3 +196,27 @@ def test_only_the_process_that_prints_notes_says_it(capsys, monkeypatch):
     assert _notes(capsys, "--muon-lr", "0.1") == []
     with pytest.raises(ConfigError):  # a refusal stops every rank
         _parsed("--preset", "cifar10-speed", "--no-tta-flip")
+
+
+ONE = "not used: one process runs, with no other to join: --nproc 2 or more (or torchrun) uses it"
+
+
+def test_the_processes_settings_typed_for_one_process_are_named_and_not_for_several(capsys, monkeypatch):
+    """--sync-bn, --ddp-bucket-mb and --timeout-s in a run of one process were kept in config.toml and did
+    nothing; --nproc 2 beside the debug switch ran one process without a word."""
+    for var in ("WORLD_SIZE", "RANK", "CNNPAR_DEBUG_SINGLE", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    typed = ("--sync-bn", "--ddp-bucket-mb", "5", "--no-ddp-broadcast-buffers", "--timeout-s", "30")
+    assert _notes(capsys, *typed) == [
+        f"--sync-bn {ONE}",
+        f"--timeout-s 30 {ONE}",
+        f"--ddp-bucket-mb 5 {ONE}",
+        f"--no-ddp-broadcast-buffers {ONE}",
+    ]
+    assert _notes(capsys, "--nproc", "2", *typed) == []
+    assert _notes(capsys, "--nproc", "2", "--debug-single") == [
+        "--nproc 2 not used: the debug switch (--debug-single, CNNPAR_DEBUG_SINGLE) runs one process: drop it to "
+        "start more"
+    ]
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun started by hand: nothing is idle
+    assert _notes(capsys, "--sync-bn", "--timeout-s", "30") == []
