@@ -219,6 +219,8 @@ class Trainer:
         self.frozen_bias = bias_to_freeze(self.raw_model, cfg.optim, cfg.run.epochs, info.distributed)
         self.run_dir, resume_from = resolve_run(cfg, info)
         self.resumed_from = Path(resume_from) if resume_from is not None else None
+        if cfg.run.resume == "auto" and resume_from is None:  # a mistyped --name would otherwise start afresh unsaid
+            self.log(f"resume auto: no checkpoint in {self.run_dir}: a new run starts there")
         self.history: list[dict] = []
         self.start_epoch = 1
         # TensorBoard's x axis, the optimizer steps the run has taken, is the schedule's clock plus this offset:

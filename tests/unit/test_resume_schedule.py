@@ -393,3 +393,14 @@ def test_another_model_on_resuming_is_refused_naming_the_model(tmp_path):
         r"expected --model cnn3 \(or none\)$",
     ):
         Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+
+
+def test_resume_auto_that_finds_no_checkpoint_says_a_new_run_starts(tmp_path):
+    """--resume auto --name <a typo> trained from scratch without a word."""
+    lines: list[str] = []
+    trainer = Trainer(_cfg(tmp_path, 1, resume="auto"), CPU_INFO, log=lambda s, **k: lines.append(s))
+    assert f"resume auto: no checkpoint in {tmp_path / 'oc'}: a new run starts there" in lines
+    trainer.fit()
+    lines.clear()
+    Trainer(_cfg(tmp_path, 2, resume="auto"), CPU_INFO, log=lambda s, **k: lines.append(s))
+    assert not [s for s in lines if s.startswith("resume auto:")] and any(s.startswith("resumed from") for s in lines)
