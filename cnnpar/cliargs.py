@@ -30,13 +30,17 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def int_or_auto(text: str) -> int:
-    """A count, or `auto` (stored as 0: resolved when the run starts)."""
+    """A count, or `auto` (stored as 0: resolved when the run starts). A typed 0 is refused: it read as auto, a
+    search the user had not asked for (a config file's 0 still means auto, as its comments say)."""
     if text.strip().lower() == "auto":
         return 0
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number or auto") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number > 0 or auto")
+    return value
 
 
 def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, ...] = ()) -> None:

@@ -236,3 +236,14 @@ def test_a_batch_that_leaves_much_of_each_epoch_out_says_so(tmp_path, capsys):
         "epoch" in out
     )
     assert _stored(tmp_path / "r")[0]["run"]["batch_size"] == 64
+
+
+def test_a_typed_batch_of_0_is_refused_not_read_as_auto(capsys):
+    from cnnpar.cli import build_parser
+
+    for typed in ("0", "-3"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["train", "--batch-size", typed])
+        assert f"argument --batch-size: '{typed}': expected a whole number > 0 or auto" in capsys.readouterr().err
+    assert getattr(build_parser().parse_args(["train", "--batch-size", "auto"]), "run.batch_size") == 0
+    assert getattr(build_parser().parse_args(["train", "--lr-batch", "128"]), "optim.lr_batch") == 128
