@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from cnnpar.config import DataConfig
-from cnnpar.data import load_data, load_predict_data
+from cnnpar.data import load_data, load_predict_data, sources
 from cnnpar.errors import DataError
 from tests.datafiles import bar_images
 
@@ -30,7 +30,7 @@ def _write(path, **arrays):
     return path
 
 
-def test_encoded_images_load_as_their_pixels_with_the_archives_class_names(tmp_path):
+def test_encoded_images_load_as_their_pixels_with_the_archives_class_names(tmp_path, monkeypatch):
     x, y = bar_images(40, classes=4, side=16, channels=3)
     x_test, y_test = bar_images(12, classes=4, side=16, channels=3, seed=1)
     train, train_off = _encoded(x, "PNG")  # lossless: the decoded pixels are the arrays themselves
@@ -43,6 +43,10 @@ def test_encoded_images_load_as_their_pixels_with_the_archives_class_names(tmp_p
     assert np.array_equal(bundle.train.x.permute(0, 2, 3, 1).numpy(), x)
     assert len(bundle.val) == 12 and bundle.val_from.startswith("the data's own test split")
     assert bundle.load_note.startswith("data: 52 encoded images decoded from train_png and test_jpeg in ")
+    assert " s (JPEGs by simplejpeg), at every start" in bundle.load_note  # the test extra installs it
+    monkeypatch.setattr(sources, "simplejpeg_module", lambda: None)
+    without = load_data(DataConfig(source=str(path)), 0).load_note
+    assert " s (by torchvision; pip install 'cnnpar[jpeg]' is faster), at every start" in without
     with Image.open(io.BytesIO(test[test_off[3] : test_off[4]].tobytes())) as im:
         assert np.array_equal(bundle.val.x[3].permute(1, 2, 0).numpy(), np.asarray(im.convert("RGB")))
     ds, ids, labels_from = load_predict_data(str(path))  # predict reads the test images the same way
