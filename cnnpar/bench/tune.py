@@ -8,8 +8,9 @@ after it (an H200 tuning ResNet-18 spent 180 s on max-autotune, cut off, and thr
 skipped for time: call ZZF). A change is kept only when it is faster than the best so far by more than
 the noise margin. Each trial is the real Trainer in a child process (bench/trial.py says why):
 a warm-up epoch (compile and cuDNN autotuning happen there), then timed epochs of `steps` steps;
-the median images/s counts. Last, where time is left, the best config is measured once more (`Tuner.check`): a
-host whose speed changed during the run is said, not hidden in the comparisons.
+the median images/s counts. Last, the best config is measured once more (`Tuner.check`), and every trial before
+it leaves it the start trial's time: a host whose speed changed during the run is said, not hidden in the
+comparisons.
 
 Time: the start trial may use the whole budget; every later trial gets at most `trial_s` (by
 default the larger of a third of the budget and 1.5x the start trial's wall time) and never more
@@ -279,14 +280,20 @@ class Tuner:
     def left(self) -> float:
         return self.deadline - self.clock()
 
-    def limit(self, start: bool = False) -> tuple[float, str]:
-        """The next trial's time limit, and why it may not start ("" when it may): the module's docstring says why."""
+    def limit(self, start: bool = False, check: bool = False) -> tuple[float, str]:
+        """The next trial's time limit, and why it may not start ("" when it may): the module's docstring says why.
+        A trial other than the start and the check leaves the check the start trial's time: the long compiles
+        took all that was left, and the check was skipped in both GPU runs of session 29 (calls ZZZZF, ZZZZG)."""
         left = self.left()
-        limit = left if start else min(self.cap, left)
+        keep = 0.0 if start or check else self.start_wall_s
+        limit = left if start else min(self.cap, left - keep)
         if left < MIN_TRIAL_S:
             return limit, f"time budget spent ({max(0.0, left):.0f} s left)"
         if not start and limit < self.start_wall_s:
-            return limit, f"a limit of {limit:.0f} s, shorter than the start trial's {self.start_wall_s:.0f} s"
+            kept = f", {keep:.0f} s kept for the check" if keep else ""
+            return max(0.0, limit), (
+                f"a limit of {max(0.0, limit):.0f} s{kept}, shorter than the start trial's {self.start_wall_s:.0f} s"
+            )
         return limit, ""
 
     def say(self, text: str) -> None:
@@ -378,7 +385,7 @@ class Tuner:
         when the second measurement is not the first's."""
         if not any(t.images_per_s for t in self.trials if t.status != START):
             return  # nothing was compared with the start: no comparison to check
-        limit, why = self.limit()
+        limit, why = self.limit(check=True)
         if why:
             why += ": the best config was not measured again, so the comparisons are unchecked"
             self.trials.append(Trial(CHECK_GROUP, CHECK_SWITCH, CHECK_VALUE, SKIPPED, note=why))

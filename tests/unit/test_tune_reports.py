@@ -154,7 +154,8 @@ def test_a_steady_host_measures_the_best_config_again_within_the_noise_and_write
 
 
 def test_no_time_left_for_the_check_is_a_skipped_row_saying_the_comparisons_are_unchecked(tmp_path):
-    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 20.0)
+    # every trial leaves the check the start's 20 s, but a cut-off trial's kill (30 s here) can eat into them
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 60.0 if c.speed.compile == "off" else 20.0, kill_s=30.0)
     _, trials = m.tune(resnet50(), 100, tmp_path / "tuned.toml")
     check = trials[-1]
     assert check.group == tune_mod.CHECK_GROUP and check.status == "skipped"
