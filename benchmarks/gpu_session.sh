@@ -1122,10 +1122,10 @@ s29b)
   ;;
 s29c)
   # session 29, call C (one H200, ~10 min with a cold start; carry .whl alone): tune's check on a GPU, with a budget
-  # that leaves it room after ResNet-18's trials (call B's 240 s skipped it)
+  # that leaves it room after ResNet-18's trials (call B's 240 s skipped it); TUNE_BUDGET sets another (call D: 260)
   start=$(date +%s)
   TAIL=30 logged tune18long 580 python3 -m cnnpar tune --device cuda --model resnet18 --data synthetic \
-      --image-shape 3x32x32 --synthetic-samples 50000 --budget-s 540 --out "$R/tuned_resnet18.toml"
+      --image-shape 3x32x32 --synthetic-samples 50000 --budget-s "${TUNE_BUDGET:-540}" --out "$R/tuned_resnet18.toml"
   echo "tune wall: $(( $(date +%s) - start )) s"; head -14 "$R/tuned_resnet18.toml" 2>/dev/null
   ;;
 s21d)
