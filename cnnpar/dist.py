@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import os
 import shlex
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -210,14 +209,15 @@ def run_launcher(cmd: Sequence[str], env: dict[str, str]) -> int:
     SIGINT for a Ctrl-C, SIGTERM for a SIGTERM (errors.Terminated). It stops its workers with it, and each keeps
     its finished epochs. A second stop more than 2 s later, or a launcher still running 60 s on, ends the whole
     session at once; killing the launcher alone, as subprocess.call does on an exception, left its workers
-    training without it. The launcher is also told to stop when this process dies without a word (SIGKILL, the
-    OOM killer): its own session kept it and its workers training, holding the run folder."""
+    training without it. The launcher learns this process's id (PARENT_ENV) to stop when it dies without a word
+    (SIGKILL, the OOM killer: `cnnpar.torchrun.stop_with_parent`): its own session kept it and its workers training,
+    holding the run folder."""
     import signal
     import subprocess
 
     from cnnpar.errors import Terminated
 
-    proc = subprocess.Popen(list(cmd), env=env, start_new_session=True, preexec_fn=_stop_with_parent(os.getpid()))
+    proc = subprocess.Popen(list(cmd), env={**env, PARENT_ENV: str(os.getpid())}, start_new_session=True)
     try:
         return proc.wait()
     except KeyboardInterrupt as e:
@@ -240,24 +240,8 @@ def run_launcher(cmd: Sequence[str], env: dict[str, str]) -> int:
         raise
 
 
-def _stop_with_parent(parent: int):
-    """A preexec_fn asking Linux to send the child SIGTERM when `parent` dies (prctl PR_SET_PDEATHSIG): a
-    launcher then stops its workers as on any SIGTERM, and each keeps its finished epochs. None elsewhere (no
-    such call: a SIGKILL of the parent there leaves the launcher running, as before)."""
-    import ctypes
-    import ctypes.util
-    import signal
-
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-    def arm() -> None:  # in the child, between fork and exec
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before the call: no signal will come
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
+# the launcher's parent (this process) by id: the launcher stops when it dies (cnnpar.torchrun.stop_with_parent)
+PARENT_ENV = "CNNPAR_LAUNCHER_PARENT"
 
 
 # What a Horovod launcher sets in each rank: horovodrun's Gloo launcher HOROVOD_RANK, mpirun (for a

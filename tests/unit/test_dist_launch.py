@@ -424,8 +424,9 @@ def test_a_launcher_stops_when_cnnpar_is_killed_without_a_word(tmp_path):
     import time
 
     pid_file = tmp_path / "launcher.pid"
-    launcher = (
-        f"import os, pathlib, time; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(120)"
+    launcher = (  # as cnnpar.torchrun starts, then a launcher that would run on
+        "import os, pathlib, time; from cnnpar.torchrun import stop_with_parent; stop_with_parent(); "
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(120)"
     )
     cnnpar = (
         "from cnnpar.dist import run_launcher; import os, sys; "
