@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cnnpar.config import Config, resolve_batch_size
 from cnnpar.errors import UserError
-from cnnpar.report.files import write_text_atomic
+from cnnpar.report.files import check_out_folder, write_text_atomic
 
 from .timing import Timing
 
@@ -44,6 +44,8 @@ class BenchOptions:
                 raise UserError(f"bench --ddp {self.ddp}: {e}") from None
         if not self.budget_s >= 0:  # NaN too
             raise UserError(f"bench --budget-s {self.budget_s}: expected seconds >= 0 (0: the mode's default)")
+        if self.out:
+            check_out_folder(self.out, "bench --out")
 
 
 def check_ddp_devices(ddp: str, device) -> None:
@@ -238,6 +240,8 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
     # Bad flags fail before any data is loaded or anything is measured.
     if opts.mode == "time_to_accuracy":
         check_target(opts.target)
+    if not opts.out:  # the default folder goes under --out-dir
+        check_out_folder(cfg.run.out_dir, "--out-dir")
     only = _only(opts)
     if opts.mode == "claims":
         return _claims(cfg, opts)

@@ -14,7 +14,7 @@ from cnnpar.config import Config, dumps_toml
 from cnnpar.dist import DistInfo, barrier, broadcast_object
 from cnnpar.engine.harness import build_trainer, next_group, run_step, training_batches
 from cnnpar.report.environment import comment_lines, environment
-from cnnpar.report.files import removed_on_failure, write_text_atomic
+from cnnpar.report.files import check_out_folder, removed_on_failure, write_text_atomic
 from cnnpar.report.profiler import ProfileFiles, profile_steps
 from cnnpar.report.ranges import DATA_WAIT, span
 
@@ -30,11 +30,12 @@ class ProfileOptions:
 
 
 def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFiles:
-    trainer = build_trainer(cfg, info)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     # Under run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder.
     default = Path(cfg.run.out_dir) / "profile" / f"{cfg.model.name}-{stamp}"
     decided = Path(opts.report_dir) if opts.report_dir else default
+    check_out_folder(decided, "--report-dir" if opts.report_dir else "--out-dir")  # before the trainer is built
+    trainer = build_trainer(cfg, info)
     # rank 0 makes the folder before the broadcast lets any rank write there, and removes it if the
     # steps fail (data that fails at its first batch): no empty report folder is left behind
     with removed_on_failure(decided) if info.is_main else contextlib.nullcontext():

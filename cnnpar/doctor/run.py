@@ -48,7 +48,7 @@ from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
-from cnnpar.report.files import removed_on_failure
+from cnnpar.report.files import check_out_folder, removed_on_failure
 from cnnpar.report.host import usable_cores
 from cnnpar.report.meters import free_device_memory
 from cnnpar.report.telemetry import TelemetrySampler, plot_telemetry
@@ -101,9 +101,10 @@ def _merge(changes: list[dict]) -> dict:
 
 
 def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = print) -> DoctorReport:
+    report_dir = Path(opts.report_dir) if opts.report_dir else default_report_dir(cfg)
+    check_out_folder(report_dir, "--report-dir" if opts.report_dir else "--out-dir")  # before it measures
     info = init_distributed(cfg.speed.device, debug_single=True)  # the doctor measures one process
     bundle = load_data(cfg.data, cfg.run.seed)
-    report_dir = Path(opts.report_dir) if opts.report_dir else default_report_dir(cfg)
     with removed_on_failure(report_dir):  # data that fails at its first batch leaves no empty folder
         return _examine(cfg, opts, log, info, bundle, report_dir)
 

@@ -14,6 +14,20 @@ from pathlib import Path
 from typing import Any
 
 
+def check_out_folder(path: str | Path, flag: str) -> None:
+    """Refuse, before any measuring, an output folder that is a file or would lie under one: bench, doctor and
+    profile measured for minutes and then ended in a FileExistsError or NotADirectoryError traceback."""
+    from cnnpar.errors import UserError
+
+    given = Path(path)
+    for place in (given, *given.parents):
+        if place.exists():
+            if not place.is_dir():
+                where = "is a file" if place == given else f"lies under {place}, a file"
+                raise UserError(f"{flag} {path}: {where}: expected a folder (or a path where one can be made)")
+            return
+
+
 def _create_temp(folder: Path, name: str) -> Path:
     """A new empty file in `folder`, created with mode 0o666 so the kernel applies the umask.
 

@@ -1,0 +1,34 @@
+"""An output folder that is a file, or lies under one, is refused before any measuring: bench, doctor and profile
+measured and then ended in a FileExistsError or NotADirectoryError traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from cnnpar.cli import main
+
+TINY = ["--device", "cpu", "--timed-steps", "2", "--repeats", "1"]
+
+
+@pytest.mark.parametrize(
+    "words, said",
+    [
+        (["bench", "--out", "afile", "--only", "baseline", *TINY], "bench --out afile: is a file"),
+        (["bench", "--out-dir", "afile", "--only", "baseline", *TINY], "--out-dir afile: is a file"),
+        (["bench", "--compare", "a.csv", "b.csv", "--out", "afile"], "bench --out afile: is a file"),
+        (
+            ["doctor", "--device", "cpu", "--report-dir", "afile/sub"],
+            "--report-dir afile/sub: lies under afile, a file",
+        ),
+        (["profile", "--device", "cpu", "--report-dir", "afile"], "--report-dir afile: is a file"),
+    ],
+    ids=["bench-out", "bench-out-dir", "compare-out", "doctor", "profile"],
+)
+def test_an_output_folder_that_is_a_file_is_refused_before_measuring(tmp_path, monkeypatch, capsys, words, said):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("not a folder")
+    assert main(words) == 2
+    out, err = capsys.readouterr()
+    assert err.strip().endswith(f"{said}: expected a folder (or a path where one can be made)"), err
+    assert "img/s" not in out  # nothing was measured
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
