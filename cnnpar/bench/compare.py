@@ -21,6 +21,14 @@ SETUP_KEYS = (
     "data",
     "image_shape",
     "batch_size",
+    # how it was timed and on how many threads and processes: each changes the figures (torch_threads 1 against
+    # 2 on a 2-core CPU made a 1.62x that the table showed as if the setups matched)
+    "torch_threads",
+    "world_size",
+    "warmup_steps",
+    "timed_steps",
+    "repeats",
+    "timed_s",
     "git_rev",
     "date",
 )

@@ -214,6 +214,18 @@ def test_compare_shows_each_runs_host_load_and_marks_ratios_inside_the_noise(tmp
     assert "| uint8_device | 200 (190-210) | 1,760 (1,700-1,800) | 8.80x |" in md
 
 
+def test_compare_marks_threads_processes_and_timing_that_differ(tmp_path):
+    """torch_threads 1 against 2 made a 1.62x on a 2-core CPU, under a setup table whose lines all matched."""
+    columns = ["name", "status", "images_per_s", "step_ms", "torch_threads", "world_size", "warmup_steps",
+               "timed_steps", "repeats", "timed_s"]  # fmt: skip
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(",".join(columns) + "\nbaseline,ok,100,5,1,1,5,20,3,0\n")
+    b.write_text(",".join(columns) + "\nbaseline,ok,162,3,2,1,5,30,1,0\n")
+    md = compare_markdown(a, b).splitlines()
+    assert "| torch_threads (differs) | 1 | 2 |" in md and "| world_size | 1 | 1 |" in md
+    assert "| timed_steps (differs) | 20 | 30 |" in md and "| repeats (differs) | 3 | 1 |" in md
+
+
 def test_compare_with_a_ladder_from_before_the_ranges_says_its_noise_is_unknown(tmp_path):
     """An unmarked ratio reads as outside the noise: where one run kept no range (an older CSV) it says so."""
     old = tmp_path / "a.csv"
