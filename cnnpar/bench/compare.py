@@ -117,7 +117,7 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
     for n in names:
         ra, rb = _rate(a_by.get(n)), _rate(b_by.get(n))
         ratio = f"{rb / ra:.2f}x" if ra and rb else ""
-        if ratio and not (has_range(a_by[n]) and has_range(b_by[n])):  # a CSV from before the ranges were kept
+        if ratio and not (has_range(a_by[n]) and has_range(b_by[n])):  # one repeat, or a CSV from before the ranges
             ratio += ", noise unknown (no range)"
         elif ratio and inside_noise(a_by[n], b_by[n]):
             ratio += ", inside the noise"

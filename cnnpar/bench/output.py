@@ -163,17 +163,34 @@ def peak_mem_label(kinds: set[str]) -> str:
     return "peak MB"
 
 
+def one_repeat(row: dict) -> bool:
+    """A row measured once (--repeats 1): its "range" is one figure, and no noise was measured."""
+    return str(row.get("repeats_run", "")).strip() == "1"
+
+
 def spread_text(row: dict, key: str = "images_per_s") -> str:
-    """The slowest and fastest repeat, and half their gap over the median: "6,610-6,720 (±0.8%)"."""
+    """The slowest and fastest repeat, and half their gap over the median: "6,610-6,720 (±0.8%)"; a row of one
+    repeat says its noise is unknown (it showed ±0.0%, as if measured without noise)."""
     mid, low, high = (_num(row, k) for k in (key, f"{key}_min", f"{key}_max"))
     if mid is None or low is None or high is None or not mid:
         return ""
+    if one_repeat(row):
+        return "one repeat: noise unknown"
     return f"{low:,.0f}-{high:,.0f} (±{50 * (high - low) / mid:.1f}%)"
 
 
 def has_range(row: dict, key: str = "images_per_s") -> bool:
-    """Does the row hold its repeats' slowest and fastest figures (rows of older ladders do not)?"""
-    return None not in (_num(row, f"{key}_min"), _num(row, f"{key}_max"))
+    """Does the row hold its repeats' slowest and fastest figures (rows of older ladders do not, nor does a row of
+    one repeat, whose "range" is its one figure)?"""
+    return None not in (_num(row, f"{key}_min"), _num(row, f"{key}_max")) and not one_repeat(row)
+
+
+def noise_mark(a: dict, b: dict, key: str = "images_per_s") -> str:
+    """What a ratio of two rows' rates claims: ", inside the noise" where their repeats overlap, ", noise unknown"
+    where either row has no range (one repeat, or an older ladder), else ""."""
+    if not (has_range(a, key) and has_range(b, key)):
+        return ", noise unknown"
+    return ", inside the noise" if inside_noise(a, b, key) else ""
 
 
 def inside_noise(a: dict, b: dict, key: str = "images_per_s") -> bool:
@@ -198,12 +215,12 @@ def ladder_markdown(rows: list[dict]) -> str:
         prev = _fmt(_num(r, "speedup_vs_prev"), ".2f", "x")
         if prev and r.get("prev_rung") != r.get("builds_on"):
             prev += f" (vs {r['prev_rung']})"
-        if prev and inside_noise(r, by_name.get(r.get("prev_rung"), {})):
-            prev += ", inside the noise"
+        if prev:
+            prev += noise_mark(r, by_name.get(r.get("prev_rung"), {}))
         base = _fmt(_num(r, "speedup_vs_baseline"), ".2f", "x")
         # the same overlap test as x previous: a ratio whose ranges overlap the baseline's is no measured gain
-        if base and r.get("name") != "baseline" and inside_noise(r, by_name.get("baseline", {})):
-            base += ", inside the noise"
+        if base and r.get("name") != "baseline":
+            base += noise_mark(r, by_name.get("baseline", {}))
         shape = f"{r['repeats_run']} x {r['steps_per_repeat']}" if r.get("repeats_run") not in ("", None) else ""
         technique = r["technique"] + (f" (on {r['continues']}'s trainer)" if r.get("continues") else "")
         lines.append(
@@ -252,7 +269,7 @@ def throughput_labels(rows: list[dict]) -> list[str]:
         sp = _num(r, "speedup_vs_baseline")
         if sp is not None:
             # marked as in the table's x baseline column, so the picture claims no more than the table
-            noise = ", inside the noise" if r is not base and inside_noise(r, base) else ""
+            noise = noise_mark(r, base) if r is not base else ""
             label += f"  ({sp:.2f}x{noise})"
         labels.append(label)
     return labels

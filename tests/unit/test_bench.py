@@ -486,3 +486,26 @@ def test_compare_names_the_file_row_and_column_of_a_rate_that_is_not_a_number(tm
         f"{a}, line 3 (data row 2, rung 'bf16'), column 'images_per_s': 'fast' is not a number: expected images "
         "per second"
     )
+
+
+def test_a_ladder_of_one_repeat_says_its_noise_is_unknown_not_zero(tmp_path):
+    """--repeats 1 showed "396-396 (±0.0%)" and plain ratios, as if measured without noise."""
+    from cnnpar.bench.output import ladder_markdown
+
+    def row(name, rate, prev=""):
+        return {"rung": "0", "name": name, "technique": name, "status": "ok", "images_per_s": rate,
+                "images_per_s_min": rate, "images_per_s_max": rate, "repeats_run": "1", "steps_per_repeat": "3",
+                "speedup_vs_baseline": rate / 396, "speedup_vs_prev": rate / 396 if prev else "", "prev_rung": prev,
+                "builds_on": prev}  # fmt: skip
+
+    rows = [row("baseline", 396), row("uint8_device", 2020, "baseline")]
+    table = {ln.split(" | ")[1]: ln for ln in ladder_markdown(rows).splitlines() if ln.startswith("| 0 |")}
+    assert "| one repeat: noise unknown |" in table["baseline"] and "±0.0%" not in table["baseline"]
+    assert table["uint8_device"].endswith("| 5.10x, noise unknown | 5.10x, noise unknown |")
+    columns = ["name", "status", "images_per_s", "images_per_s_min", "images_per_s_max", "step_ms", "repeats_run"]
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(",".join(columns) + "\nbaseline,ok,396,396,396,5,1\n")
+    b.write_text(",".join(columns) + "\nbaseline,ok,6077,6000,6100,1,3\n")
+    assert "| baseline | 396 (396-396) | 6,077 (6,000-6,100) | 15.35x, noise unknown (no range) |" in (
+        compare_markdown(a, b).splitlines()
+    )
