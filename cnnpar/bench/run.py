@@ -131,11 +131,24 @@ def _out_dir(opts: BenchOptions, info, cfg: Config) -> Path:
     return Path(opts.out) if opts.out else default_out_dir(cfg.run.out_dir, info.device, cfg.model.name)
 
 
+def stopped_row(rows: list[dict]) -> list[dict]:
+    """A ladder's rows so far and a last one saying the bench stopped there: the table of a stopped run read as
+    a whole one, its remaining rungs missing without a word."""
+    from .meta import META_COLUMNS
+
+    meta = {k: rows[-1].get(k, "") for k in META_COLUMNS}
+    stop = {"rung": "", "name": "(stopped)", "technique": "", "status": "stopped", "repeats_run": ""}
+    return [*rows, {**meta, **stop, "error": "the bench was stopped here: the rungs after it were not measured"}]
+
+
 @contextlib.contextmanager
-def kept_if_stopped(write: Callable[[list[dict]], list[Path]]) -> Iterator[Callable[[list[dict]], None]]:
+def kept_if_stopped(
+    write: Callable[[list[dict]], list[Path]], mark: Callable[[list[dict]], list[dict]] = list
+) -> Iterator[Callable[[list[dict]], None]]:
     """Yields the `on_row` a runner reports its rows to; a Ctrl-C or SIGTERM (errors.Terminated) before the
-    runner returns writes the rows measured so far with `write`, says where, and goes on stopping: minutes of
-    measurements were lost with the whole table written only at the end."""
+    runner returns writes the rows measured so far with `write` (after `mark`, which may add a row saying the run
+    stopped), says where, and goes on stopping: minutes of measurements were lost with the whole table written
+    only at the end."""
     so_far: list[dict] = []
 
     def keep(rows: list[dict]) -> None:
@@ -145,7 +158,7 @@ def kept_if_stopped(write: Callable[[list[dict]], list[Path]]) -> Iterator[Calla
         yield keep
     except KeyboardInterrupt:
         if so_far:
-            files = write(so_far)
+            files = write(mark(so_far))
             print(f"bench: stopped; the {len(so_far)} row(s) so far are in {files[0]}", file=sys.stderr, flush=True)
         raise
 
@@ -270,7 +283,7 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
         files = output.write_tta(out, rows)
         _finish(files)
         return _tta_exit(rows, files[0])
-    with kept_if_stopped(lambda rows: output.write_ladder(out, rows)) as so_far:
+    with kept_if_stopped(lambda rows: output.write_ladder(out, rows), stopped_row) as so_far:
         rows = run_ladder(cfg, bundle, info, opts.timing, meta, only, log, opts.budget_s, opts.started, on_row=so_far)
     files = output.write_ladder(out, rows)
     _finish(files)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+
 import pytest
 import torch
 
@@ -389,8 +391,9 @@ def test_a_bench_stopped_mid_ladder_writes_the_rungs_it_measured(tmp_path, capsy
     out = tmp_path / "b"
     assert main([*BENCH, "--only", "baseline,channels_last", "--out", str(out)]) == 130
     assert f"bench: stopped; the 1 row(s) so far are in {out / 'ladder.csv'}" in capsys.readouterr().err
-    [row] = _ladder_rows(out / "ladder.csv")
+    row, stopped = _ladder_rows(out / "ladder.csv")
     assert (row["name"], row["status"]) == ("baseline", "ok") and float(row["images_per_s"]) > 0
+    assert (stopped["name"], stopped["status"]) == ("(stopped)", "stopped")  # the table says it is not whole
 
 
 def test_a_claims_bench_stopped_mid_way_writes_what_it_measured_and_marks_the_rest(tmp_path, capsys, monkeypatch):
@@ -508,4 +511,25 @@ def test_a_ladder_of_one_repeat_says_its_noise_is_unknown_not_zero(tmp_path):
     b.write_text(",".join(columns) + "\nbaseline,ok,6077,6000,6100,1,3\n")
     assert "| baseline | 396 (396-396) | 6,077 (6,000-6,100) | 15.35x, noise unknown (no range) |" in (
         compare_markdown(a, b).splitlines()
+    )
+
+
+def test_a_stopped_ladder_writes_its_rows_so_far_and_a_row_saying_it_stopped(tmp_path, capsys):
+    """The table of a ladder stopped after two of three rungs read as a whole run."""
+    from cnnpar.bench.output import LADDER_COLUMNS, write_ladder
+    from cnnpar.bench.run import kept_if_stopped, stopped_row
+
+    row = {k: "" for k in LADDER_COLUMNS} | {"rung": "0", "name": "baseline", "technique": "t", "status": "ok",
+                                             "images_per_s": 100.0, "git_rev": "abc", "model": "cnn3"}  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        with kept_if_stopped(lambda rows: write_ladder(tmp_path, rows), stopped_row) as keep:
+            keep([row])
+            raise KeyboardInterrupt
+    assert "bench: stopped; the 1 row(s) so far are in" in capsys.readouterr().err
+    with open(tmp_path / "ladder.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["name"] for r in rows] == ["baseline", "(stopped)"]
+    assert rows[1]["status"] == "stopped" and rows[1]["git_rev"] == "abc" and rows[1]["images_per_s"] == ""
+    assert "stopped: the bench was stopped here: the rungs after it were not measured" in (
+        (tmp_path / "ladder.md").read_text()
     )
