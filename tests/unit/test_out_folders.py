@@ -32,3 +32,23 @@ def test_an_output_folder_that_is_a_file_is_refused_before_measuring(tmp_path, m
     assert err.strip().endswith(f"{said}: expected a folder (or a path where one can be made)"), err
     assert "img/s" not in out  # nothing was measured
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+@pytest.mark.parametrize(
+    "words, said",
+    [
+        (["--target", "0.9", "--only", "baseline"], "bench --target: read only with --time-to-accuracy: expected no "
+         "--target with a ladder"),
+        (["--time-to-accuracy", "--target", "0.9", "--budget-s", "1"], "bench --budget-s: read only with --claims or "
+         "a ladder: expected no --budget-s with --time-to-accuracy"),
+        (["--compare", "a.csv", "b.csv", "--only", "baseline"], "bench --only: read only with --claims or a ladder: "
+         "expected no --only with --compare"),
+    ],
+    ids=["target", "budget", "only"],
+)  # fmt: skip
+def test_a_bench_flag_its_mode_does_not_read_is_refused(tmp_path, monkeypatch, capsys, words, said):
+    """--target beside a ladder ran the ladder; --only and --budget-s beside --time-to-accuracy were dropped."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--device", "cpu", *words]) == 2
+    assert capsys.readouterr().err.strip() == f"cnnpar: error: {said}"
+    assert not list(tmp_path.iterdir())
