@@ -266,6 +266,12 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     if one_process_only("tune", cfg):
         return 0
     out = Path(args.out)
+    if args.repeats == 1:  # the keep rule's "slowest repeat above the best's fastest" then compares single figures
+        print(
+            "cnnpar: note: --repeats 1: each trial is one measurement, with no noise measured: a trial more than 3 % "
+            "faster on that one figure is kept (--repeats 3, the default, keeps only gains outside the repeats' range)",
+            file=sys.stderr,
+        )
     best, trials = tune(
         cfg, args.budget_s, out, args.trial_s, args.steps, args.repeats, started=started, config_read=args.config
     )

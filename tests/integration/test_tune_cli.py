@@ -23,6 +23,7 @@ def test_tune_command_ends_within_its_budget_and_writes_a_config_train_accepts(c
               "--out", str(out))  # fmt: skip
     wall = time.monotonic() - start
     assert res.returncode == 0, res.stderr
+    assert "cnnpar: note: --repeats 1: each trial is one measurement, with no noise measured" in res.stderr
     assert wall <= 25 * 1.1 + 1  # + 1: the test's own clock starts before the interpreter does
     rows = list(csv.DictReader((cli.cwd / "tuned.csv").open()))
     assert rows[0]["status"] == "start" and float(rows[0]["images_per_s"]) > 0
@@ -40,7 +41,7 @@ def test_tune_on_data_that_fails_at_the_first_batch_stops_with_its_error_and_wri
     decode, "DataError: Caught DataError in DataLoader worker process 0." in place of the file's name."""
     data, error = write_first_batch_failures(cli.cwd / "in")[case]
     out = cli.cwd / "out" / "tuned.toml"
-    res = cli("tune", "--budget-s", "60", "--steps", "2", "--repeats", "1", "--batch-size", "4", "--workers", "1",
+    res = cli("tune", "--budget-s", "60", "--steps", "2", "--repeats", "2", "--batch-size", "4", "--workers", "1",
               "--data", str(data), "--device", "cpu", "--out", str(out))  # fmt: skip
     assert res.returncode == 2, res.stderr
     err = res.stderr.strip().splitlines()
