@@ -116,6 +116,24 @@ class Recommendation:
         return asdict(self)
 
 
+# a phase timed on fewer batches than this settles nothing: `--measure-steps 2` gave a "compute-bound" verdict from
+# one cold step alone and two end-to-end batches, marked reliable
+FEW_BATCHES = 5
+
+
+def few_batches(d: Diagnosis, phases) -> Diagnosis:
+    """`d`, marked unreliable with a reason where a measured phase (measure.Phase) holds fewer than FEW_BATCHES."""
+    few = [p for p in phases if p.batches < FEW_BATCHES]
+    if not few:
+        return d
+    named = ", ".join(f"{p.name}: {p.batches}" for p in few)
+    why = (
+        f"too few batches measured to settle it ({named}; at least {FEW_BATCHES} each): raise --measure-steps "
+        "(and --max-seconds where it cut them short)"
+    )
+    return Diagnosis(d.verdict, [*d.reasons, why], reliable=False)
+
+
 def diagnose(f: Facts) -> Diagnosis:
     parts = _diagnose_parts(f)
     modelled = f.modelled()

@@ -62,7 +62,10 @@ def setup_line(report: DoctorReport) -> str:
     )
 
 
-UNRELIABLE = "end to end does not match its parts measured alone; neither the verdict nor the estimates are settled."
+UNRELIABLE = (
+    "the measurements do not settle it (the last reason above says why); neither the verdict nor the estimates are "
+    "settled."
+)
 
 
 def load_text(f) -> str:

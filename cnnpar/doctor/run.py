@@ -27,6 +27,7 @@ from cnnpar.doctor.advise import (
     Facts,
     Recommendation,
     diagnose,
+    few_batches,
     rank_after_tries,
     recommend,
     wants_batch_search,
@@ -130,7 +131,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
         if note:
             log(note)
         e2e = phases[-1]
-        diagnosis = diagnose(facts)
+        diagnosis = few_batches(diagnose(facts), phases)
         recos = recommend(facts)
         for r in recos:
             r.command = advice_command(cfg, facts, r)

@@ -342,3 +342,19 @@ def test_the_doctor_reports_the_batch_it_measured_when_the_data_holds_less_than_
     assert f.data_under_one_batch and f.batch_size == 32  # the 32 of 40 that train (a seeded 20 % hold-out)
     assert "64 asked, but the training split holds only 32 images" in f.batch_from
     assert not [r for r in report.recommendations if r.key == "batch"]
+
+
+def test_a_verdict_from_too_few_batches_is_marked_unreliable_naming_them():
+    """`--measure-steps 2` gave "compute-bound" from one cold step and two end-to-end batches, marked reliable."""
+    from cnnpar.doctor.advise import FEW_BATCHES, few_batches
+    from cnnpar.doctor.measure import Phase
+
+    d = diagnose(facts())
+    assert d.reliable and d.verdict == COMPUTE_BOUND
+    enough = [Phase("train step alone", FEW_BATCHES, 1.0, 64 * FEW_BATCHES), Phase("end to end", 10, 1.0, 640)]
+    assert few_batches(d, enough) is d
+    few = few_batches(d, [Phase("train step alone", 1, 0.1, 64), Phase("end to end", 2, 0.2, 128)])
+    assert not few.reliable and few.verdict == COMPUTE_BOUND
+    assert few.reasons[-1].startswith(
+        f"too few batches measured to settle it (train step alone: 1, end to end: 2; at least {FEW_BATCHES} each)"
+    )
