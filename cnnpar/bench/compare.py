@@ -22,7 +22,7 @@ SETUP_KEYS = (
     "image_shape",
     "batch_size",
     # how it was timed and on how many threads and processes: each changes the figures (torch_threads 1 against
-    # 2 on a 2-core CPU made a 1.62x that the table showed as if the setups matched)
+    # 2 on a 2-core CPU made a ratio that the table showed as if the setups matched)
     "torch_threads",
     "world_size",
     "warmup_steps",

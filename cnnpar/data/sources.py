@@ -240,7 +240,7 @@ def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
     if decoded:
         took = time.perf_counter() - started
         keys, count = " and ".join(k for k, _ in decoded), sum(n for _, n in decoded)
-        # an H200 host without simplejpeg took 11.4 s for CIFAR-10's 60,000 (call ZZZZF); 2.8x faster with it here
+        # an H200 host without simplejpeg took 11.4 s for CIFAR-10's 60,000 (call ZZZZF): say which decoder ran
         by = "JPEGs by simplejpeg" if simplejpeg_module() else "by torchvision; pip install 'cnnpar[jpeg]' is faster"
         bundle.load_note = (
             f"data: {count:,} encoded images decoded from {keys} in {took:.1f} s ({by}), at every start (np.savez "

@@ -217,7 +217,7 @@ def test_compare_shows_each_runs_host_load_and_marks_ratios_inside_the_noise(tmp
 
 
 def test_compare_marks_threads_processes_and_timing_that_differ(tmp_path):
-    """torch_threads 1 against 2 made a 1.62x on a 2-core CPU, under a setup table whose lines all matched."""
+    """torch_threads 1 against 2 changed the ratio on a 2-core CPU, under a setup table whose lines all matched."""
     columns = ["name", "status", "images_per_s", "step_ms", "torch_threads", "world_size", "warmup_steps",
                "timed_steps", "repeats", "timed_s"]  # fmt: skip
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"

@@ -200,8 +200,8 @@ def test_resuming_after_a_class_folder_was_renamed_is_refused_naming_the_moved_c
 
 
 def test_resuming_after_rows_were_reordered_or_files_renamed_under_the_same_count_is_refused(tmp_path):
-    """The same count and class names, other rows in other places: the seeded hold-out drew 98 of the 120
-    validation rows from rows the finished epoch trained on, and the resume went on without a word."""
+    """The same count and class names, other rows in other places: the seeded hold-out drew most of its validation
+    rows from rows the finished epoch trained on, and the resume went on without a word."""
     from tests.datafiles import bar_images, write_image_folder, write_pixel_csv
 
     x, y = bar_images(96)

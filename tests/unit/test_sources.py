@@ -416,7 +416,7 @@ def test_float_pixels_mostly_in_0_1_with_a_few_above_are_refused_not_rounded_to_
 
 
 def test_float_pixels_brightened_past_1_are_refused_not_read_as_0_255_and_rounded_to_three_levels(tmp_path):
-    """0..1 images scaled by 1.1 (13 % of the digits above 1) passed the few-above-1 check, were read as 0..255 and
+    """0..1 images scaled by 1.1 (many values above 1) passed the few-above-1 check, were read as 0..255 and
     trained on pictures of 0s, 1s and 2s without a word."""
     from cnnpar.data.arrays import to_nchw_uint8
 
