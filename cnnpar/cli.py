@@ -408,19 +408,6 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     mode = (
         "compare" if args.compare else "claims" if claims else "time_to_accuracy" if args.time_to_accuracy else "ladder"
     )
-    # flags the chosen mode does not read were dropped without a word (--target on a ladder ran the ladder)
-    named = {
-        "compare": "--compare",
-        "claims": "--claims",
-        "time_to_accuracy": "--time-to-accuracy",
-        "ladder": "a ladder",
-    }
-    read_by = {"--target": ("time_to_accuracy",), "--budget-s": ("claims", "ladder"), "--only": ("claims", "ladder")}
-    given = {"--target": args.target, "--budget-s": args.budget_s, "--only": args.only}
-    for flag, modes in read_by.items():
-        if given[flag] and mode not in modes:
-            where = " or ".join(named[m] for m in modes)
-            raise UserError(f"bench {flag}: read only with {where}: expected no {flag} with {named[mode]}")
     repeats = args.repeats or (1 if mode == "time_to_accuracy" else Timing.repeats)
     timing = Timing(args.warmup_steps, args.timed_steps, repeats, args.timed_s)
     compare = tuple(args.compare or ("", ""))

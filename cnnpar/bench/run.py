@@ -15,6 +15,9 @@ from cnnpar.report.files import check_out_folder, write_text_atomic
 
 from .timing import Timing
 
+# the flag that picks each mode but the ladder (the default), as errors name it
+MODE_FLAGS = {"claims": "--claims", "time_to_accuracy": "--time-to-accuracy", "compare": "--compare"}
+
 
 @dataclass(frozen=True)
 class BenchOptions:
@@ -31,10 +34,22 @@ class BenchOptions:
     def __post_init__(self) -> None:
         # the DDP rows run after the whole ladder: a bad --ddp must stop the bench before it measures anything
         if self.ddp and self.mode != "ladder":  # only the ladder has DDP rows: elsewhere it would be dropped unsaid
-            flag = {"claims": "--claims", "time_to_accuracy": "--time-to-accuracy", "compare": "--compare"}[self.mode]
+            flag = MODE_FLAGS[self.mode]
             raise UserError(
                 f"bench --ddp {self.ddp}: DDP rows go beside the ladder only: expected no --ddp with {flag}"
             )
+        # other flags a mode does not read were dropped without a word too (--target on a ladder ran the ladder)
+        named = {**MODE_FLAGS, "ladder": "a ladder"}
+        read_by = {
+            "--target": ("time_to_accuracy",),
+            "--budget-s": ("claims", "ladder"),
+            "--only": ("claims", "ladder"),
+        }
+        given = {"--target": self.target, "--budget-s": self.budget_s, "--only": self.only}
+        for flag, modes in read_by.items():
+            if given[flag] and self.mode not in modes:
+                where = " or ".join(named[m] for m in modes)
+                raise UserError(f"bench {flag}: read only with {where}: expected no {flag} with {named[self.mode]}")
         if self.ddp:
             from .ddp_scaling import parse_world_sizes
 

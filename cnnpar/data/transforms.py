@@ -46,13 +46,20 @@ def resolve_augment(augment: str, shape: tuple[int, int, int], loader_crops: boo
     return "crop+flip" if shape[0] == 3 else "none"
 
 
+MIRRORS = frozenset({"flip", "altflip"})
+
+
+def _auto_mirrors(shape: tuple[int, int, int], loader_crops: bool) -> bool:
+    """Whether --augment auto mirrors these images: where it does, a mirror keeps their labels."""
+    return bool(augment_tokens(resolve_augment("auto", shape, loader_crops)) & MIRRORS)
+
+
 def mirror_warning(augment: str, shape: tuple[int, int, int], loader_crops: bool, origin: str) -> str:
     """A warning line where `augment` (resolved) mirrors images that `resolve_augment`'s auto would not mirror
     (grey arrays such as the built-in digits: a digit read mirrored is another digit, or none), "" otherwise. A
     preset for colour photos (cifar10-*) run on the digits mirrored them silently: cnn3 on the digits, 4 epochs
     on a 2-core CPU, scored 98.89 % validation accuracy without augmentation and 82.17 % with crop+flip."""
-    mirrors = augment_tokens(augment) & {"flip", "altflip"}
-    if not mirrors or augment_tokens(resolve_augment("auto", shape, loader_crops)) & {"flip", "altflip"}:
+    if not augment_tokens(augment) & MIRRORS or _auto_mirrors(shape, loader_crops):
         return ""
     return (
         f"warning: augment {augment} mirrors the {shape[0]}-channel images of {origin}, which --augment auto "
@@ -64,8 +71,7 @@ def mirror_warning(augment: str, shape: tuple[int, int, int], loader_crops: bool
 def tta_mirror_warning(views: str, shape: tuple[int, int, int], loader_crops: bool, origin: str) -> str:
     """The same warning for test-time views (`--tta-level flip`): the accuracy then averages in mirrored views of
     images whose mirror is another class (cnn3 on the digits scored far lower with them, and nothing said so)."""
-    auto_mirrors = augment_tokens(resolve_augment("auto", shape, loader_crops)) & {"flip", "altflip"}
-    if "flip" not in views.split("+") or auto_mirrors:
+    if "flip" not in views.split("+") or _auto_mirrors(shape, loader_crops):
         return ""
     return (
         f"warning: test-time views {views} mirror the {shape[0]}-channel images of {origin}, which --augment auto "
