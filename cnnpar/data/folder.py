@@ -46,8 +46,8 @@ def skipped_note(skipped: list[Path]) -> str:
         return ""
     return (
         f"warning: {len(skipped):,} image file(s) skipped, {skipped_kinds(skipped)} (first: {skipped[0]}): cnnpar "
-        "reads .jpg, .jpeg "
-        "and .png; convert them (e.g. Pillow's Image.open(f).save(f.with_suffix('.png'))) to use them"
+        "reads .jpg, .jpeg and .png; convert them (e.g. Pillow's Image.open(f).save(f.with_suffix('.png'))) to use "
+        "them"
     )
 
 
