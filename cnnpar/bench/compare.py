@@ -21,6 +21,7 @@ SETUP_KEYS = (
     "data",
     "image_shape",
     "batch_size",
+    "grad_accum",  # step_ms is per optimizer step, of this many batches
     # how it was timed and on how many threads and processes: each changes the figures (torch_threads 1 against
     # 2 on a 2-core CPU made a ratio that the table showed as if the setups matched)
     "torch_threads",

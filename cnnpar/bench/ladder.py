@@ -295,6 +295,8 @@ def _measure(p: PlannedRung, carried, row: dict, bundle: DataBundle, info: DistI
     try:
         row.update(measure_steps(trainer, timing))
         row["batch_size"] = trainer.cfg.run.batch_size  # the batch this rung ran: its own search's with auto on a GPU
+        # a step is one optimizer step of grad_accum batches: step_ms and the rate read with it
+        row["grad_accum"] = trainer.cfg.optim.grad_accum
     except BaseException:
         trainer.close()  # a failed rung's Trainer is not kept: its workers and decoders go now
         raise

@@ -39,6 +39,7 @@ RUNG_COLUMNS = [
     "images_per_s_min",
     "images_per_s_max",
     "step_ms",
+    "grad_accum",
     "steps_per_repeat",
     "repeats_run",
     "warmup_steps_run",

@@ -134,6 +134,18 @@ def few_batches(d: Diagnosis, phases) -> Diagnosis:
     return Diagnosis(d.verdict, [*d.reasons, why], reliable=False)
 
 
+def no_warm_up(d: Diagnosis, warmup: int) -> Diagnosis:
+    """`d`, marked unreliable with a reason where no warm-up step ran: each phase's first batch then holds the
+    workers' start, cuDNN's autotuning and any compilation, which training pays once, not every batch."""
+    if warmup > 0:
+        return d
+    why = (
+        "no warm-up step ran (--warmup-steps 0): each phase's first batch, with the start of its workers, cuDNN's "
+        "autotuning and any compilation, is inside its figures: give --warmup-steps 1 or more"
+    )
+    return Diagnosis(d.verdict, [*d.reasons, why], reliable=False)
+
+
 def diagnose(f: Facts) -> Diagnosis:
     parts = _diagnose_parts(f)
     modelled = f.modelled()

@@ -68,6 +68,13 @@ UNRELIABLE = (
 )
 
 
+def warm_up_text(report: DoctorReport) -> str:
+    """What the figures leave out: with --warmup-steps 0 nothing, and the report said "warm-up excluded"."""
+    if report.warmup_steps > 0:
+        return f"warm-up excluded ({report.warmup_steps} untimed batch(es) before each phase)"
+    return "no warm-up: each phase's first batch, cold, is timed"
+
+
 def load_text(f) -> str:
     return "" if f.load_avg_1m is None else f", load average (1 min) {f.load_avg_1m:.2f} on {f.cores} usable core(s)"
 
@@ -122,8 +129,8 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         "",
         "## Measurements",
         "",
-        "Warm-up excluded; the device is synchronised before and after each measured window. The step "
-        f"alone is the best of 3 to 10 short rounds, alternating full and half batch; {batch_note(report)}.",
+        f"{warm_up_text(report)[0].upper()}{warm_up_text(report)[1:]}; the device is synchronised before and after each measured window. "
+        f"The step alone is the best of 3 to 10 short rounds, alternating full and half batch; {batch_note(report)}.",
         "",
         "| phase | batches | ms/batch | images/s | data wait |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -180,6 +187,7 @@ def write_report(report: DoctorReport) -> Path:
             "verdict": report.diagnosis.verdict,
             "reasons": report.diagnosis.reasons,
             "verdict_reliable": report.diagnosis.reliable,
+            "warmup_steps": report.warmup_steps,
             "facts": report.facts.__dict__,
             "phases": phase_rows(report),
             "recommendations": reco_rows(report),
@@ -202,7 +210,7 @@ def print_report(report: DoctorReport) -> None:
     if not console.is_terminal:  # a log file: wide enough that the basis column stays readable
         console.width = 150
     console.print(setup_line(report))
-    table = Table(title="measurements (warm-up excluded, device synchronised)", title_justify="left")
+    table = Table(title=f"measurements ({warm_up_text(report)}, device synchronised)", title_justify="left")
     for col, just in (("phase", "left"), ("ms/batch", "right"), ("images/s", "right"), ("data wait", "right")):
         table.add_column(col, justify=just)
     for r in phase_rows(report):

@@ -28,6 +28,7 @@ from cnnpar.doctor.advise import (
     Recommendation,
     diagnose,
     few_batches,
+    no_warm_up,
     rank_after_tries,
     recommend,
     wants_batch_search,
@@ -80,6 +81,7 @@ class DoctorReport:
     report_dir: Path = Path(".")
     telemetry: Path | None = None
     telemetry_png: Path | None = None  # this run's timeline, None when it drew none
+    warmup_steps: int = 3  # untimed batches before each measured phase (--warmup-steps)
 
     @property
     def end_to_end(self) -> Phase:
@@ -131,14 +133,22 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
         if note:
             log(note)
         e2e = phases[-1]
-        diagnosis = few_batches(diagnose(facts), phases)
+        diagnosis = no_warm_up(few_batches(diagnose(facts), phases), opts.warmup)
         recos = recommend(facts)
         for r in recos:
             r.command = advice_command(cfg, facts, r)
             if r.key == "pre-decode":  # the table's "do" shows the same command as the line to paste
                 r.action = r.command
         report = DoctorReport(
-            rcfg, environment(info.device, 1), bundle.origin, facts, diagnosis, recos, phases, report_dir=report_dir
+            rcfg,
+            environment(info.device, 1),
+            bundle.origin,
+            facts,
+            diagnosis,
+            recos,
+            phases,
+            report_dir=report_dir,
+            warmup_steps=opts.warmup,
         )
         tryable = [r for r in recos if r.change][: opts.try_top]
         for r in tryable:

@@ -358,3 +358,31 @@ def test_a_verdict_from_too_few_batches_is_marked_unreliable_naming_them():
     assert few.reasons[-1].startswith(
         f"too few batches measured to settle it (train step alone: 1, end to end: 2; at least {FEW_BATCHES} each)"
     )
+
+
+def test_a_doctor_run_with_no_warm_up_says_so_and_marks_its_verdict_unreliable(tmp_path):
+    """`--warmup-steps 0` timed each phase's cold first batch, under a report that said "Warm-up excluded"."""
+    from cnnpar.config import Config
+    from cnnpar.doctor.render import markdown
+    from cnnpar.doctor.run import DoctorOptions, run_doctor
+    from cnnpar.presets import with_overrides
+
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "1x8x8", "synthetic_samples": 400, "workers": 0},
+        model={"name": "cnn3"},
+        speed={"device": "cpu"},
+        run={"batch_size": 16},
+    )
+    reports = {
+        warmup: run_doctor(
+            cfg, DoctorOptions(warmup=warmup, steps=6, report_dir=str(tmp_path / f"w{warmup}")), log=lambda *a: None
+        )
+        for warmup in (0, 1)
+    }
+    cold, warm = markdown(reports[0], []), markdown(reports[1], [])
+    assert "Warm-up excluded (1 untimed batch(es) before each phase)" in warm
+    assert "Warm-up excluded" not in cold and "No warm-up: each phase's first batch, cold, is timed" in cold
+    assert not reports[0].diagnosis.reliable
+    assert reports[0].diagnosis.reasons[-1].startswith("no warm-up step ran (--warmup-steps 0)")
+    assert not any("no warm-up" in r for r in reports[1].diagnosis.reasons)

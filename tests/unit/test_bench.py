@@ -157,6 +157,17 @@ def test_bench_reports_the_batch_it_ran_not_auto_s_zero(tmp_path, capsys):
     assert row["status"] == "ok" and row["batch_size"] == "64"
 
 
+def test_a_ladder_row_records_its_grad_accum_and_compare_marks_one_that_differs(tmp_path, capsys):
+    """step_ms is per optimizer step: with --grad-accum 2 it covers two batches, and the CSV did not say so."""
+    for accum in ("1", "2"):
+        assert main([*BENCH, "--only", "baseline", "--grad-accum", accum, "--out", str(tmp_path / accum)]) == 0
+    [one], [two] = (_ladder_rows(tmp_path / a / "ladder.csv") for a in ("1", "2"))
+    assert (one["grad_accum"], two["grad_accum"]) == ("1", "2")
+    assert one["batch_size"] == two["batch_size"] == "64"
+    md = compare_markdown(tmp_path / "1" / "ladder.csv", tmp_path / "2" / "ladder.csv").splitlines()
+    assert "| grad_accum (differs) | 1 | 2 |" in md
+
+
 def test_a_ladder_where_every_rung_failed_exits_non_zero_saying_so(tmp_path, capsys, monkeypatch):
     def fail(*args):
         raise RuntimeError("out of memory (injected)")
