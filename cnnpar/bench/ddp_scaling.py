@@ -68,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     p.add_argument("--model", default="resnet50")
     p.add_argument("--image-size", type=int, default=224)
+    p.add_argument(
+        "--image-shape", default="", help="CxHxW the model sees (default: 3 channels of --image-size squared)"
+    )
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=256, help="per process")
     p.add_argument(
@@ -77,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"))
     p.add_argument("--compile", default="off", help="torch.compile mode or off (compile adds minutes per size)")
-    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw", "muon"))
     p.add_argument("--workers", type=int, default=-1, help="DataLoader workers (-1: cnnpar's choice)")
     p.add_argument("--ddp-bucket-mb", type=float, default=0.0, help="DDP gradient bucket MiB (0: torch's own, 25)")
     p.add_argument("--ddp-static-graph", choices=("on", "off"), default="off", help="DDP static_graph")
@@ -95,6 +98,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def image_shape(args: argparse.Namespace) -> str:
+    """The CxHxW every process trains on: --image-shape, or 3 channels of --image-size squared."""
+    return args.image_shape or f"3x{args.image_size}x{args.image_size}"
 
 
 # ---- worker: one process of one torchrun launch ------------------------------------------------
@@ -131,11 +139,10 @@ def worker(args: argparse.Namespace) -> None:
     info = init_distributed(args.device, timeout_s=args.launch_timeout)
     try:
         calls = args.warmup_calls + args.repeats
-        size = args.image_size
         cfg = Config(
             data=DataConfig(
                 source="synthetic",
-                image_shape=f"3x{size}x{size}",
+                image_shape=image_shape(args),
                 num_classes=args.num_classes,
                 synthetic_samples=args.real_samples,
                 val_fraction=0.0,
@@ -220,7 +227,7 @@ def worker(args: argparse.Namespace) -> None:
 
 # What a worker needs from the parent's flags; everything else is the parent's business.
 WORKER_FLAGS = (
-    "device", "model", "image_size", "num_classes", "batch_size", "precision", "channels_last", "compile",
+    "device", "model", "image_size", "image_shape", "num_classes", "batch_size", "precision", "channels_last", "compile",
     "optimizer", "workers", "steps", "repeats", "warmup_calls", "real_samples", "launch_timeout",
     "ddp_bucket_mb", "ddp_static_graph", "ddp_broadcast_buffers",
 )  # fmt: skip
@@ -332,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
                 "git_rev": rev,
                 "model": args.model,
                 "image_size": args.image_size,
+                # the workload: `cnnpar bench --ddp` passes its ladder's, so a row read alone says what ran
+                "image_shape": image_shape(args),
+                "num_classes": args.num_classes,
+                "optimizer": args.optimizer,
                 "batch_per_process": args.batch_size,
                 "precision": r["resolved"]["precision"],
                 "channels_last": r["resolved"]["channels_last"],

@@ -76,10 +76,10 @@ def check_ddp_devices(ddp: str, device) -> None:
         raise UserError(f"bench --ddp {ddp}: {most} processes need as many GPUs: expected at most {visible} here")
 
 
-def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, image_size: int, batch: int) -> bool:
-    """DDP rows beside the ladder: the same model, image size and per-process batch at each world
-    size, through cnnpar's Trainer and host input pipeline (see bench/ddp_scaling.py). False, saying so, when
-    they failed."""
+def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, bundle, batch: int) -> bool:
+    """DDP rows beside the ladder: the ladder's model, image shape, classes, optimizer, precision and
+    channels_last and per-process batch at each world size, through cnnpar's Trainer and host input pipeline,
+    on synthetic images of that shape (see bench/ddp_scaling.py). False, saying so, when they failed."""
     from .ddp_scaling import main as ddp_main
 
     argv = [
@@ -90,7 +90,17 @@ def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, imag
         "--model",
         cfg.model.name,
         "--image-size",
-        str(image_size),
+        str(bundle.shape[1]),
+        "--image-shape",
+        "x".join(str(d) for d in bundle.shape),
+        "--num-classes",
+        str(bundle.num_classes),
+        "--optimizer",
+        cfg.optim.optimizer,
+        "--precision",
+        cfg.speed.precision,
+        "--channels-last",
+        cfg.speed.channels_last,
         "--batch-size",
         str(batch),
         "--steps",
@@ -315,6 +325,6 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
     if opts.ddp and not measured:  # no rung ran (the budget): no batch to run the DDP rows at (auto is 0 on a GPU)
         print("bench: no DDP rows: no ladder rung was measured, so no batch to run them at", file=sys.stderr)
     elif opts.ddp:  # at the ladder's batch; rows asked for and not measured fail the bench as a failed ladder does
-        ran = _ddp_rows(cfg, opts, out, info.device.type, bundle.shape[1], measured[-1]["batch_size"])
+        ran = _ddp_rows(cfg, opts, out, info.device.type, bundle, measured[-1]["batch_size"])
         return 0 if ran else 1
     return 0

@@ -48,6 +48,7 @@ def test_bench_ddp_flag_adds_rows_beside_the_ladder(tmp_path):
 
     out = tmp_path / "bench"
     args = ["bench", "--device", "cpu", "--image-size", "8", "--batch-size", "8", "--warmup-steps", "1"]
+    args += ["--data", "synthetic", "--image-shape", "1x8x8", "--num-classes", "4", "--optimizer", "adamw"]
     args += ["--timed-steps", "2", "--repeats", "1", "--only", "baseline", "--ddp", "1,2", "--out", str(out)]
     proc = run_cli(args, tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -55,3 +56,6 @@ def test_bench_ddp_flag_adds_rows_beside_the_ladder(tmp_path):
     rows = read_csv(out / "ddp.csv")
     assert [int(r["world_size"]) for r in rows] == [1, 2]
     assert all(r["model"] == "cnn3" and int(r["batch_per_process"]) == 8 for r in rows)
+    # the ladder's workload, not 3-channel images of 1,000 classes under SGD (the rows ran those, unsaid)
+    [rung] = read_csv(out / "ladder.csv")
+    assert {(r["image_shape"], r["num_classes"], r["optimizer"]) for r in rows} == {(rung["image_shape"], "4", "adamw")}
