@@ -227,8 +227,8 @@ def worker(args: argparse.Namespace) -> None:
 
 # What a worker needs from the parent's flags; everything else is the parent's business.
 WORKER_FLAGS = (
-    "device", "model", "image_size", "image_shape", "num_classes", "batch_size", "precision", "channels_last", "compile",
-    "optimizer", "workers", "steps", "repeats", "warmup_calls", "real_samples", "launch_timeout",
+    "device", "model", "image_size", "image_shape", "num_classes", "batch_size", "precision", "channels_last",
+    "compile", "optimizer", "workers", "steps", "repeats", "warmup_calls", "real_samples", "launch_timeout",
     "ddp_bucket_mb", "ddp_static_graph", "ddp_broadcast_buffers",
 )  # fmt: skip
 

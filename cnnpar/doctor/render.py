@@ -129,7 +129,8 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         "",
         "## Measurements",
         "",
-        f"{warm_up_text(report)[0].upper()}{warm_up_text(report)[1:]}; the device is synchronised before and after each measured window. "
+        f"{warm_up_text(report)[0].upper()}{warm_up_text(report)[1:]}; the device is synchronised before and "
+        "after each measured window. "
         f"The step alone is the best of 3 to 10 short rounds, alternating full and half batch; {batch_note(report)}.",
         "",
         "| phase | batches | ms/batch | images/s | data wait |",
