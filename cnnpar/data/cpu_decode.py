@@ -17,7 +17,7 @@ of about 500x375; benchmarks/jpeg_decode.py measures the whole):
   against 8.2 ms. The largest reduction that leaves the crop >= S pixels on both sides is used,
   so nothing the output could hold is lost beyond what the reduced IDCT's own filter does
   (within a few levels of the full-size reference: tests/unit/test_cpu_decode.py).
-- The JPEG decoder is simplejpeg where installed (`pip install "cnnpar[jpeg]"`): the same
+- The JPEG decoder is simplejpeg (a dependency; `pip install simplejpeg` where it is missing): the same
   libjpeg-turbo as Pillow and torchvision with the same pixels (identical on the ImageNet photos),
   without their per-call objects, into one buffer reused by every photo of a worker (rather than
   a fresh 5.8 MB array per 1600x1200 photo), cropped as a view. Whole photos: 1.10 ms against
@@ -142,7 +142,10 @@ def cpu_jpeg_line() -> str:
     """What decodes JPEGs in the CPU workers, for the run's decode line."""
     if cpu_jpeg_backend() == "simplejpeg":
         return "simplejpeg (libjpeg-turbo, whole or at 1/2, 1/4, 1/8 size; Pillow and torchvision: files it declines)"
-    return 'Pillow and torchvision (simplejpeg, faster, is not installed: pip install "cnnpar[jpeg]")'
+    return (
+        "Pillow and torchvision (simplejpeg, a dependency of cnnpar and faster, is not installed: "
+        "pip install simplejpeg)"
+    )
 
 
 def turbo_ready(h: JpegHeader | None) -> bool:
@@ -243,7 +246,7 @@ class CpuDecodedFolder(Dataset):
         if backend not in ("simplejpeg", "pillow"):
             raise ValueError(f"backend {backend!r}: expected 'simplejpeg' or 'pillow'")
         if backend == "simplejpeg" and simplejpeg_module() is None:
-            raise ValueError('backend "simplejpeg": not installed (pip install "cnnpar[jpeg]")')
+            raise ValueError('backend "simplejpeg": not installed (pip install simplejpeg)')
         self.files = list(files)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         self.size, self.train, self.draft, self.backend = size, train, draft, backend

@@ -241,7 +241,8 @@ def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
         took = time.perf_counter() - started
         keys, count = " and ".join(k for k, _ in decoded), sum(n for _, n in decoded)
         # an H200 host without simplejpeg took 11.4 s for CIFAR-10's 60,000 (call ZZZZF): say which decoder ran
-        by = "JPEGs by simplejpeg" if simplejpeg_module() else "by torchvision; pip install 'cnnpar[jpeg]' is faster"
+        faster = "simplejpeg, a dependency of cnnpar, is faster: pip install simplejpeg"
+        by = "JPEGs by simplejpeg" if simplejpeg_module() else f"by torchvision; {faster}"
         bundle.load_note = (
             f"data: {count:,} encoded images decoded from {keys} in {took:.1f} s ({by}), at every start (np.savez "
             "of the decoded arrays as x_train, y_train, x_test, y_test skips it)"
