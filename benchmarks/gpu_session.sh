@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1106,6 +1106,27 @@ s27b)
   TAIL=10 logged cifar_encoded 240 python3 -m cnnpar train --data .devdata/cifar10_jpeg.npz --model resnet18 \
       --epochs 3 --no-progress --out-dir /tmp/runs_c10
   cp /tmp/runs_c10/*/summary.json "$R/cifar_encoded_summary.json" 2>/dev/null
+  ;;
+s30a)
+  # session 30, call A (one H200, ~7 min with a cold start; carry .whl, now with simplejpeg's wheel, and
+  # .devdata/imagenet_sample): every GPU-marked test at the session's last code, then what a user who passes no speed
+  # flags gets from the 24,000 photos (ResNet-50, 3 epochs) with simplejpeg installed, as it now is by default
+  TAIL=14 logged gpu_tests 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=8
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 170
+  ;;
+s30b)
+  # session 30, call B (one H200, ~3 min warm; carry .whl and .devdata/cifar10_jpeg.npz alone): the no-flags CIFAR-10
+  # run from the encoded npz with simplejpeg (call ZZZZF's load took 11.4 s through torchvision), then a ladder rung
+  # with --ddp 1 on CUDA, whose rows now run and record the ladder's shape, classes and optimizer
+  TAIL=10 logged cifar_encoded 240 python3 -m cnnpar train --data .devdata/cifar10_jpeg.npz --model resnet18 \
+      --epochs 3 --no-progress --out-dir /tmp/runs_c10
+  cp /tmp/runs_c10/*/summary.json "$R/cifar_encoded_summary.json" 2>/dev/null
+  TAIL=12 logged bench_ddp 200 python3 -m cnnpar bench --device cuda --model resnet18 --data synthetic \
+      --image-shape 3x32x32 --num-classes 10 --optimizer adamw --only baseline --ddp 1 --repeats 3 --out "$R/bench_ddp"
+  python3 -c "import csv, sys; keys = ('world_size', 'images_per_s', 'image_shape', 'num_classes', 'optimizer',
+      'precision', 'channels_last'); [print({k: r[k] for k in keys}) for r in csv.DictReader(open(sys.argv[1]))]" \
+      "$R/bench_ddp/ddp.csv"
   ;;
 s29b)
   # session 29, call B (one H200, ~6 min warm; carry .whl and .devdata/cifar10_jpeg.npz alone): tune's check (the best
