@@ -23,7 +23,7 @@ from cnnpar.data.bundle import (
     require_two_classes,
     untrained_labels,
 )
-from cnnpar.data.cpu_decode import simplejpeg_module
+from cnnpar.data.cpu_decode import CpuDecodedFolder, simplejpeg_module
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.encoded_arrays import decode_encoded, encoded_keys
 from cnnpar.data.folder import ImageFolderDataset, image_files, scan_splits, skipped_note
@@ -435,13 +435,20 @@ def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
 
 
 def load_predict_data(
-    source: str, fmt: str = "auto", image_shape: str = "", image_size: int = 0, skipped: list[Path] | None = None
+    source: str,
+    fmt: str = "auto",
+    image_shape: str = "",
+    image_size: int = 0,
+    skipped: list[Path] | None = None,
+    per_image: bool = False,
 ):
     """Inputs for `cnnpar predict`: returns (dataset, row ids, where its labels came from or "").
 
     Arrays keep their own size (predict compares it with the model's); image folders and the
     built-in digits are resized to `image_size`, as training resizes them. A folder's images in formats not
-    read go to `skipped` where it is given."""
+    read go to `skipped` where it is given. A folder is read as validation read it: the centre square resized
+    (`CpuDecodedFolder`, whose boxes the GPU decoders share), or with `per_image` (a run of the textbook loader)
+    each photo's shorter side resized, then its centre cropped. The two differ by up to half an output pixel."""
     fmt = detect_format(source, fmt)
     if fmt == "csv":
         x, y = read_pixel_csv(source, image_shape, require_label=False)
@@ -470,7 +477,10 @@ def load_predict_data(
         if not files:
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
         ids = [str(f.relative_to(root)) for f in files]
-        return ImageFolderDataset(files, [-1] * len(files), image_size or FOLDER_SIZE), ids, ""
+        size = image_size or FOLDER_SIZE
+        if per_image:
+            return ImageFolderDataset(files, [-1] * len(files), size), ids, ""
+        return CpuDecodedFolder(files, [-1] * len(files), size, train=False), ids, ""
     why = {
         "store": " (a .cnnpar store is prepare's copy of training images: give predict the image folder itself)",
         "synthetic": " (synthetic data has nothing to predict)",

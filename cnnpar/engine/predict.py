@@ -20,6 +20,7 @@ from cnnpar.engine.checkpoint import load_checkpoint
 from cnnpar.engine.step import tta_logits
 from cnnpar.errors import ConfigError, DataError, UserError
 from cnnpar.models import build_model
+from cnnpar.parallel.precision import Precision
 from cnnpar.report.files import write_csv_atomic
 
 
@@ -28,6 +29,10 @@ def _batches(ds, batch_size: int):
     if isinstance(ds, ArrayDataset):
         for i in range(0, len(ds), batch_size):
             yield ds.x[i : i + batch_size]
+        return
+    if getattr(ds, "answers_batches", False):  # CpuDecodedFolder: a whole batch per call, as validation reads it
+        for i in range(0, len(ds), batch_size):
+            yield ds[list(range(i, min(i + batch_size, len(ds))))][0]
         return
     for x, _ in torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=False):
         yield x
@@ -51,6 +56,20 @@ def _device(text: str) -> torch.device:
     if dev.type == "cuda" and (dev.index or 0) >= count:
         raise ConfigError(f"--device {text!r}: {count} CUDA device(s) visible: expected cuda:0..cuda:{count - 1}")
     return dev
+
+
+def _precision(run_cfg: dict, dev: torch.device, log) -> Precision:
+    """The run's precision, under which its validation scored the weights: a bf16 evaluation and an fp32 one of
+    the same weights differ in a few borderline images (350 against 351 of 359 digits), so predictions made in
+    fp32 were not those of the model val_acc scored. fp32 where this device lacks the run's (bf16 on a GPU
+    without it), said in a line."""
+    kind = run_cfg.get("speed", {}).get("precision", "fp32")
+    if kind == "tf32" and dev.type != "cuda":
+        kind = "fp32"  # tf32 is a CUDA switch; the CPU runs such a model in fp32 as its validation would have
+    if kind == "bf16" and dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+        log(f"precision: fp32 (the run evaluated in bf16, which {torch.cuda.get_device_name(dev)} lacks)")
+        kind = "fp32"
+    return Precision(kind if kind in ("fp32", "tf32", "bf16", "fp16") else "fp32", dev)
 
 
 def range_warning(x: torch.Tensor, mean, std, data: str) -> str:
@@ -117,6 +136,7 @@ def predict(
     if meta is None:
         raise UserError(f"{checkpoint}: holds no model description ('meta'): expected a checkpoint of cnnpar train")
     c, h, w = meta["image_shape"]
+    run_cfg = state.get("config") or {}
     fmt = detect_format(data, "auto")
     target = Path(out or ("submission.csv" if fmt == "csv" else "predictions.csv"))
     if target.is_dir():  # refused before the work, not at the final rename
@@ -135,7 +155,10 @@ def predict(
         )
     skipped: list[Path] = []
     try:
-        ds, ids, label_origin = load_predict_data(data, fmt, image_shape, image_size=h, skipped=skipped)
+        per_image = run_cfg.get("data", {}).get("loader") == "textbook"  # validation's own way of reading a folder
+        ds, ids, label_origin = load_predict_data(
+            data, fmt, image_shape, image_size=h, skipped=skipped, per_image=per_image
+        )
     except PixelCountError as e:
         # the reader knows only the count (and a shape typed or taken from the model): say it against the model's
         if typed:
@@ -161,11 +184,14 @@ def predict(
     model.load_state_dict(averaged_weights(state) or state["model"])  # the weights the run evaluated
     model.to(dev).eval()
     views = _views(state, tta_level, log)
+    precision = _precision(run_cfg, dev, log)
     transform = DeviceTransform(meta["mean"], meta["std"], "none", False, dev)
     preds, confs = [], []
     with torch.no_grad():
         for x in _batches(ds, batch_size):
-            logits = tta_logits(model, transform(x.to(dev), train=False), "flip" in views, "translate" in views)
+            with precision.autocast():
+                logits = tta_logits(model, transform(x.to(dev), train=False), "flip" in views, "translate" in views)
+            logits = logits.float()
             # Checked on the outputs, not the weights: a run that diverged can keep finite weights
             # (lr 1e30) whose outputs still overflow, and argmax over NaN says class 0 with no error.
             if not bool(torch.isfinite(logits).all()):
