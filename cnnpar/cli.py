@@ -150,6 +150,13 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                 " (validation holds training files: see the warning above)" if result.summary.get("val_overlap") else ""
             )
             best_text = f"best val acc {100 * best:.2f}%{caveat} | " if best is not None else ""
+            last, best_epoch = result.summary.get("final_val_acc"), result.summary.get("best_epoch")
+            if best is not None and best_epoch != result.summary.get("epochs") and last is not None:
+                # only the last epoch's weights are kept: the best figure alone read as the checkpoint's
+                best_text = (
+                    f"best val acc {100 * best:.2f}%{caveat} at epoch {best_epoch}; the checkpoint holds the last "
+                    f"epoch's weights, val acc {100 * last:.2f}% | "
+                )
             overall = result.summary.get("images_per_s_with_eval")
             if overall:  # the epochs' lines leave out the evaluations and checkpoints between them
                 s = result.summary

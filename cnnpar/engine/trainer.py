@@ -91,6 +91,16 @@ class TrainResult:
     summary: dict = field(default_factory=dict)
 
 
+def smoothed_loss_line(smoothing: float, classes: int) -> str:
+    """What the two loss columns measure under label smoothing: they read as comparable, and are not."""
+    right, other = 1 - smoothing + smoothing / classes, smoothing / classes
+    floor = -right * math.log(right) - (classes - 1) * other * math.log(other)  # the smoothed targets' entropy
+    return (
+        f"loss: train loss is the label-smoothed cross-entropy (--label-smoothing {smoothing:g}; {floor:.2f} at "
+        f"best with {classes} classes, even when every prediction is right), val loss the plain cross-entropy"
+    )
+
+
 def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
     """Give every rank rank 0's BatchNorm statistics: each rank updated its own running stats on
     its own last batch, so without this ranks would evaluate (and save) slightly different models."""
@@ -228,6 +238,7 @@ class Trainer:
         # (_restore), while the steps already on the board were the earlier attempts' own
         self.board_offset = 0
         self.saved_epoch = 0  # the epoch ckpt/last.pt holds (rank 0's)
+        self._t_start: float | None = None  # when this attempt's epochs began (a stopped run's summary times them)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
         if resume_from is not None:
             self._restore(resume_from)
@@ -588,6 +599,9 @@ class Trainer:
                 lines += kept_requested_lines(earlier, self.requested_cfg, lines)
             header += "".join(line + "\n" for line in lines)
             write_text_atomic(record, header + dumps_toml(resolved))
+            # an earlier attempt's summary describes fewer epochs than this attempt will save: gone until this one
+            # ends or stops (it writes its own then), rather than left beside newer metrics and checkpoints
+            (self.run_dir / "summary.json").unlink(missing_ok=True)
         barrier(self.info)
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -763,10 +777,26 @@ class Trainer:
                 ):
                     return self._train_all_epochs()
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (errors.Terminated): what is kept, and how to go on
+                self._write_stopped_summary()
                 self.log(self._stopped_line())
                 raise
             finally:
                 self.stream.exit()  # the caller's stream again, after the training's work
+
+    def _write_stopped_summary(self) -> None:
+        """summary.json of the epochs the checkpoint holds, marked stopped: a stopped resume left the summary of an
+        earlier attempt beside a metrics.csv and checkpoint that held more epochs, and nothing said it stopped."""
+        if not self.info.is_main or not self.saved_epoch:
+            return
+        kept = [r for r in self.history if r["epoch"] <= self.saved_epoch]
+        wall = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
+        history, self.history = self.history, kept
+        try:
+            write_json_atomic(self.run_dir / "summary.json", self._summary(wall, stopped=True))
+        except OSError as e:  # the stop goes on: the checkpoint is what resumes
+            self.log(f"warning: summary.json not written ({e})")
+        finally:
+            self.history = history
 
     def _stopped_line(self) -> str:
         again = f"cnnpar train --resume {self.run_dir}"
@@ -795,6 +825,8 @@ class Trainer:
             self.log(self.batch_note)
         if self.accum_line:
             self.log(self.accum_line)
+        if cfg.optim.label_smoothing > 0:
+            self.log(smoothed_loss_line(cfg.optim.label_smoothing, self.bundle.num_classes))
         if self.ddp is not None:  # what DDP itself runs with (its buckets and switches, dist.ddp_*)
             d = self.ddp
             graph = "on" if d.static_graph else "off"
@@ -854,7 +886,7 @@ class Trainer:
                 "--name or --rdzv-id, or a restart starts over in a new folder instead of resuming"
             )
         self.warm_up_compile()
-        t_start = time.perf_counter()
+        t_start = self._t_start = time.perf_counter()
         for epoch in range(self.start_epoch, cfg.run.epochs + 1):
             if info.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(info.device)
@@ -897,11 +929,12 @@ class Trainer:
     def _rewrite_stale_records(self, summary: dict) -> None:
         path, metrics = self.run_dir / "summary.json", self.run_dir / "metrics.csv"
         try:
-            summary_epochs = json.loads(path.read_text()).get("epochs")
+            written = json.loads(path.read_text())
+            summary_epochs, stopped = written.get("epochs"), written.get("stopped", False)
         except (OSError, ValueError):
-            summary_epochs = None  # missing or half-written: written again
+            summary_epochs, stopped = None, False  # missing or half-written: written again
         stale = []
-        if summary_epochs != len(self.history):
+        if summary_epochs != len(self.history) or stopped:  # stopped after its last epoch's checkpoint
             write_json_atomic(path, summary)
             stale.append("summary.json")
         if not metrics.is_file() or len(read_csv(metrics)) != len(self.history):
@@ -957,7 +990,7 @@ class Trainer:
             )
         barrier(self.info)  # no rank races ahead of the checkpoint it may have to resume from
 
-    def _summary(self, wall_s: float) -> dict:
+    def _summary(self, wall_s: float, stopped: bool = False) -> dict:
         rows = self.history
         vals = [r for r in rows if "val_acc" in r]
         best = max(vals, key=lambda r: r["val_acc"]) if vals else None
@@ -974,6 +1007,8 @@ class Trainer:
             "model": self.cfg.model.name,
             "data": self.bundle.origin,
             "epochs": len(rows),
+            # true: stopped (Ctrl-C, SIGTERM) after these epochs, short of --epochs; resume with --resume
+            "stopped": stopped,
             "best_val_acc": best["val_acc"] if best else None,
             "val_overlap": self.bundle.val_overlap,  # non-empty: validation files are training files
             "best_epoch": best["epoch"] if best else None,

@@ -141,3 +141,41 @@ def test_a_runs_config_given_with_other_data_finds_the_new_datas_format_size_and
     assert main([*again, "--data", str(tmp_path / "small.csv")]) == 0
     second = load_toml(tmp_path / "second" / "config.toml").data
     assert (second.format, second.image_size, second.num_classes) == ("csv", 10, 3)
+
+
+def test_the_last_line_says_the_checkpoint_holds_the_last_epoch_when_the_best_came_first(tmp_path, monkeypatch, capsys):
+    """ "best val acc 11.14%" headed a run whose only checkpoint (epoch 6) predicted 8.36%: the best epoch's weights
+    are kept nowhere, and the line did not say so."""
+    from cnnpar.cli import main
+    from cnnpar.engine.trainer import Trainer, TrainResult
+
+    def fit(self):
+        summary = {"best_val_acc": 0.1114, "best_epoch": 4, "epochs": 6, "final_val_acc": 0.0836}
+        return TrainResult(tmp_path / "runs" / "b", [], summary)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Trainer, "fit", fit)
+    assert main(["train", "--device", "cpu", "--max-steps", "1", "--name", "b", "--no-progress"]) == 0
+    done = capsys.readouterr().out.splitlines()[-1]
+    assert done.startswith(
+        "done: best val acc 11.14% at epoch 4; the checkpoint holds the last epoch's weights, val acc 8.36% | "
+    ), done
+    monkeypatch.setattr(Trainer, "fit", lambda self: TrainResult(tmp_path, [], {**fit(self).summary, "best_epoch": 6}))
+    assert main(["train", "--device", "cpu", "--max-steps", "1", "--name", "c", "--no-progress"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("done: best val acc 11.14% | run folder")
+
+
+def test_label_smoothing_says_the_train_loss_is_smoothed_and_the_val_loss_plain(tmp_path, monkeypatch, capsys):
+    """Under --label-smoothing 0.1 the train loss cannot go below 0.50 with 10 classes, while the val loss is plain
+    cross-entropy: the two columns, both named "loss", read as comparable."""
+    from cnnpar.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--device", "cpu", "--max-steps", "1", "--epochs", "1", "--no-progress", "--no-tensorboard"]
+    assert main([*args, "--label-smoothing", "0.1", "--name", "s"]) == 0
+    assert (
+        "loss: train loss is the label-smoothed cross-entropy (--label-smoothing 0.1; 0.50 at best with 10 classes, "
+        "even when every prediction is right), val loss the plain cross-entropy"
+    ) in capsys.readouterr().out
+    assert main([*args, "--name", "p"]) == 0
+    assert "label-smoothed" not in capsys.readouterr().out
