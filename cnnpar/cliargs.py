@@ -143,7 +143,9 @@ def _read_stored(stored: Path, search_again: bool) -> Config:
 
 
 # What the data itself decides, found again from it wherever a run's record is reused: the same data gives the
-# same values, and the run then says where they came from (a stored class count read as --num-classes did not)
+# same values, and the run then says where they came from (a stored class count read as --num-classes did not).
+# A resume keeps the image size its checkpoint's model was built for; a new run from a record (`_config_file`)
+# finds every data-decided value again
 FOUND_IN_DATA = (("data", "format"), ("data", "num_classes"))
 # An automatic batch size and the lr the search scaled for it (trainer._choose_batch_size): searched again, the
 # batch goes back to auto and the lr to the one asked for at its --lr-batch, or the new search scales a scaled lr again
@@ -163,7 +165,8 @@ def _as_requested(raw: dict, text: str, which) -> None:
     run's user asked for (its `# requested:` lines: "auto", say), to be resolved again here.
     - The switches resolved for the run's machine (`_machine_field`): a CPU run's record re-run, or resumed,
       on a GPU machine must not train on the CPU.
-    - With another --data, what the run found in its own data (format, image size, class count, ...).
+    - What the run found in its own data: its format and class count wherever the record is reused; on --config
+      (a new run) all of it, image size and augment too, and with other data the batch fitted to it (`_config_file`).
     A stored value without a requested line was the user's own choice (a resolved "auto" is always written as
     one) and stays: `--precision fp32` stays fp32, not whatever auto picks here. So does a value edited in the
     file since the run wrote it (`_edited`)."""
@@ -285,27 +288,76 @@ def _check_typed(cfg: Config, typed: set[str], origin: str) -> None:
 
 def _config_file(args: argparse.Namespace, given: dict, search_again: bool) -> Config:
     """The settings of `--config FILE` (on `--preset`'s), as a new run takes them: a run's record's resolved
-    "auto"s asked for again (`_as_requested`)."""
-    from cnnpar.engine.rundir import same_source
-
+    "auto"s asked for again (`_as_requested`) wherever a fresh run would choose them afresh."""
     cfg = _as_new_run(load_toml(args.config, get_preset(args.preset) if args.preset else None), args.config, given)
-    source = given.get("data.source")
-    # with another --data, what the run found in its own data is found again from the new data, and an
-    # automatic batch size (searched for that data's image size) is searched again
-    other_data = source is not None and not same_source(source, cfg.data.source)
     raw = to_dict(cfg)
     text = Path(args.config).read_text()
-
     # a fixed batch, typed or edited into the file, is not searched: the record's lr stands beside it, as it does
     # without other data
     fixed_batch = given.get("run.batch_size", 0) != 0 or ("run", "batch_size") in _edited(raw, text)
+    # the batch the run fitted to its data, with other data or where it was capped to the split (which the same data
+    # caps alike), and an automatic batch size searched for that data's images, are chosen again
+    refit = (_other_data(given, raw, text) or _batch_capped(raw, text)) and not fixed_batch
+    searched = search_again and not fixed_batch
 
     def found_again(sec: str, name: str) -> bool:
-        searched = (other_data or search_again) and (sec, name) in SEARCHED and not fixed_batch
-        return _found_again(sec, name) or (other_data and sec == "data") or searched
+        # What the run found in its data (its image size and augment as well as format and class count) is found
+        # again from the data it names now: the same data gives the same values, and a file changed behind the same
+        # path, or other data typed, what a fresh run would get. So is a --grad-accum capped to an epoch's batches.
+        if _found_again(sec, name) or sec == "data" or (sec, name) == ("optim", "grad_accum"):
+            return True
+        return (refit and (sec, name) in FITTED_BATCH) or (searched and (sec, name) in SEARCHED)
 
     _as_requested(raw, text, found_again)
     return from_dict(raw, origin=args.config)
+
+
+# What decides which images a run trains on and its training split: typed beside --config with another value than
+# the record's (as resolved, or as its run asked for it), the record's run trained on other data
+DECIDES_DATA = (
+    ("data", "format"),
+    ("data", "image_shape"),
+    ("data", "image_size"),
+    ("data", "num_classes"),
+    ("data", "synthetic_samples"),
+    ("data", "val_fraction"),
+)
+# The batch fitted to a run's data (searched for its images, capped to its training split: trainer._choose_batch_size
+# and _cap_batch_size), the lr scaled for it and the batch that lr is for (which a capped fixed batch sets to the cap)
+FITTED_BATCH = (*SEARCHED, ("optim", "lr_batch"))
+
+
+def _other_data(given: dict, raw: dict, text: str) -> bool:
+    """Whether the flags typed beside `--config` (`given`) name other data than the record `text` (read as `raw`)
+    trained on: another --data, or another value of what decides its images and split (`DECIDES_DATA`)."""
+    from cnnpar.engine.resolved import read_requested
+    from cnnpar.engine.rundir import same_source
+
+    source = given.get("data.source")
+    if source is not None and not same_source(source, raw["data"]["source"]):
+        return True
+    asked = read_requested(text)
+    return any(
+        f"{sec}.{name}" in given
+        and given[f"{sec}.{name}"] not in (raw[sec][name], asked.get((sec, name), raw[sec][name]))
+        for sec, name in DECIDES_DATA
+    )
+
+
+def _batch_capped(raw: dict, text: str) -> bool:
+    """Whether the record's batch (`raw`, read from `text`) is one the trainer capped to its training split
+    (trainer._cap_batch_size), told from the batch asked for: nothing else lowers a fixed batch, or the CPU's
+    automatic one. Asked for again, the same data caps it alike, and a file changed behind the same path, or another
+    --nproc, caps it to its own split. A GPU's automatic batch is searched within the split and cannot be told from
+    a search's other limits: it stays, as searched (a search is not repeated for a record re-run on the same data)."""
+    from cnnpar.config import CPU_BATCH
+    from cnnpar.engine.resolved import read_requested
+
+    asked = read_requested(text).get(("run", "batch_size"))
+    stored = raw["run"]["batch_size"]
+    if not isinstance(asked, int) or not isinstance(stored, int):
+        return False
+    return stored < asked if asked else raw["speed"]["device"] == "cpu" and stored < CPU_BATCH
 
 
 # What names a run rather than setting how it trains: `--resume` picks the run, whatever a file says

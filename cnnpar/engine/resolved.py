@@ -106,11 +106,11 @@ def requested_lines(requested: Config, resolved: Config) -> list[str]:
 
 def kept_requested_lines(old_record: str, requested: Config, lines: list[str]) -> list[str]:
     """The `# requested:` lines of a resumed run's earlier record, or of the record a run was started from with
-    `--config` (`old_record`, its config.toml text), that the new record must keep beside `lines`: a resume (or
-    a re-run) takes the data's format, image size and class count and the batch size from that record as
-    resolved, so they reach `requested` as values, and without the earlier lines a later `--config` of this
-    record would not resolve them again (another --data would be read as the first run's format). Kept where
-    this run did not set another value."""
+    `--config` (`old_record`, its config.toml text), that the new record must keep beside `lines`: a resume takes
+    the image size and the batch size from that record as resolved, and a re-run the batch size (searched for the
+    same data), so they reach `requested` as values, and without the earlier lines a later `--config` of this
+    record would not resolve them again (other data would train at the first run's image size and batch). Kept
+    where this run did not set another value."""
     import tomllib
 
     try:
