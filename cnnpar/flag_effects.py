@@ -3,8 +3,10 @@
 A typed `--muon-lr 0.1` beside the default AdamW, `--decode gpu` on an .npz or `--compile-eval` with `--compile
 off` trained as if they had not been typed, and the run's result was not the one asked for. `unused_flags`
 reads one table: for each flag, the config settings it needs to take effect (read where the flag is used:
-engine/optim.build_optimizer, engine/averaging.build_weight_average, data/loader.build_loader, the trainer's
-`evaluate`), and returns one line per typed flag whose settings are not there, naming what would make it apply.
+engine/optim.build_optimizer, engine/averaging.build_weight_average, data/loader.build_loader, data/sources'
+readers, config.resolve_for_device, the trainer's `evaluate`), and returns one line per typed flag whose settings
+are not there, naming what would make it apply. Where that depends on the data (its format, whether it holds its
+own validation split) it is told from the file's name, keys or index, never by reading its images.
 Only typed flags count (a preset or a --config file sets whatever its recipe needs, used or not), and a typed
 value that asks for nothing (`--no-muon-normalize`, `--decode auto`, `--cpu-share 0`) gets no line.
 
@@ -15,8 +17,10 @@ let the run do the opposite of what was asked.
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from cnnpar.config import SECTIONS, Config, cli_option
 from cnnpar.errors import ConfigError, UserError
@@ -137,6 +141,73 @@ def _no_gpu_decoder(cfg: Config) -> str:
     return ""
 
 
+def _not_synthetic(cfg: Config) -> str:
+    """data/sources.load_synthetic is the one reader of --synthetic-samples: other data brings its own samples."""
+    fmt = _source_format(cfg)
+    if fmt in (None, "synthetic"):
+        return ""
+    return f"--data {cfg.data.source} holds its own samples: it sets how many --data synthetic makes"
+
+
+def _own_validation_split(cfg: Config) -> str:
+    """What validates where `--data` holds its own validation split (data/sources._split draws the seeded hold-out
+    only where there is none); "" where there is none, or where that cannot be told (data the run refuses, saying
+    why in its own terms). Told from an .npz's keys, a folder's names or a store's index: no image is read."""
+    source, fmt = cfg.data.source, _source_format(cfg)
+    if fmt == "npz":
+        return _npz_test_split(source)
+    if fmt == "folder":
+        from cnnpar.data.folder import VAL_NAMES
+
+        # data/folder.scan_splits: train/ beside the first of these validates (or the folder is refused)
+        root = Path(source)
+        val_dir = next((root / name for name in VAL_NAMES if (root / name).is_dir()), None)
+        return f"its own validation split ({val_dir.name}/)" if val_dir and (root / "train").is_dir() else ""
+    if fmt == "store":
+        from cnnpar.data.store import StoreFile
+
+        try:
+            has_val = bool((StoreFile(source).splits == 1).any())
+        except (UserError, OSError):
+            return ""
+        return "its own validation split (its folder's val/, valid/, validation/ or test/)" if has_val else ""
+    return ""  # a CSV, digits and synthetic data have none: the hold-out validates
+
+
+def _npz_test_split(source: str) -> str:
+    """data/sources.load_npz: y_test beside x_test (or test_jpeg/_png with test_offsets) validates."""
+    import numpy as np
+
+    from cnnpar.data.encoded_arrays import encoded_keys
+
+    try:
+        with np.load(source, allow_pickle=False) as archive:  # the zip's listing: no array is read
+            keys = dict.fromkeys(archive.files)
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return ""
+    has_test = "y_test" in keys and ("x_test" in keys or encoded_keys(keys, "test") is not None)
+    return "its own test split (x_test, y_test)" if has_test else ""
+
+
+def _holds_nothing_out(cfg: Config) -> str:
+    split = _own_validation_split(cfg)
+    if not split:
+        return ""
+    return f"--data {cfg.data.source} validates on {split}, so nothing is held out: it applies to data without one"
+
+
+def _fixed_batch(cfg: Config) -> str:
+    """config.resolve_for_device (the CPU's automatic 64) and the trainer's batch search scale --lr from --lr-batch
+    to a batch --batch-size auto chose; a fixed batch trains at --lr as it is."""
+    batch = cfg.run.batch_size
+    if not batch:
+        return ""
+    return (
+        f"the batch size is fixed ({batch}), and a fixed batch trains at --lr as it is: --batch-size auto scales the "
+        "lr from --lr-batch to the batch it chooses"
+    )
+
+
 def _tta_level_decides(cfg: Config) -> str:
     level = cfg.run.tta_level
     if level == "none":
@@ -179,6 +250,9 @@ RULES = (
     Rule(("data.decode",), _no_jpeg_decoding, _not_auto),
     Rule(("data.cpu_share",), _no_gpu_decoder, _positive),
     Rule(("data.gpu_resize",), _no_gpu_decoder, _not_auto),
+    Rule(("data.synthetic_samples",), _not_synthetic),
+    Rule(("data.val_fraction",), _holds_nothing_out, _positive),
+    Rule(("optim.lr_batch",), _fixed_batch, _positive),
     Rule(("run.tta_flip",), _tta_level_decides, lambda value: not value),  # --tta-flip is in every level
     Rule(("dist.sync_bn",), _one_process, _switched_on),
     Rule(("dist.timeout_s",), _one_process),

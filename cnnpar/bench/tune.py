@@ -435,10 +435,16 @@ class Tuner:
 def merge_resolved(cfg: Config, resolved: dict[str, dict]) -> Config:
     """`cfg` with what its trial resolved, except the long compiles' "auto": a trial is a short run, where it is
     off, and tuned.toml must not pin that off for the long run it is meant for (`tune` pins "off" only where a
-    trial measured "on" and did not keep it)."""
+    trial measured "on" and did not keep it).
+
+    Its lr is the one the trial trained at its batch (--batch-size auto scaled from the preset's --lr-batch, a batch
+    trial's `batch_lr`), so `optim.lr_batch` is set to that batch: a file keeping the preset's lr_batch (or 0, read
+    as 64) made `cnnpar train --config tuned.toml --batch-size auto` scale the already scaled lr a second time."""
     raw = to_dict(cfg)
     for sec, values in resolved.items():
         raw[sec].update(values)
+    if raw["run"]["batch_size"]:  # still auto (0) only where the trial reported no batch: its lr is still the asked one
+        raw["optim"]["lr_batch"] = raw["run"]["batch_size"]
     for name in LONG_COMPILES:
         if getattr(cfg.speed, name) == "auto":
             raw["speed"][name] = "auto"

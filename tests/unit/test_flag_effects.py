@@ -220,3 +220,87 @@ def test_the_processes_settings_typed_for_one_process_are_named_and_not_for_seve
     ]
     monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun started by hand: nothing is idle
     assert _notes(capsys, "--sync-bn", "--timeout-s", "30") == []
+
+
+def test_synthetic_samples_typed_for_data_with_its_own_samples_is_named_and_not_for_synthetic_or_a_preset(capsys):
+    """data/sources.load_synthetic is the one reader of --synthetic-samples: on digits it trained the 1,797 digits."""
+    assert _notes(capsys, "--synthetic-samples", "100") == [
+        "--synthetic-samples 100 not used: --data digits holds its own samples: it sets how many --data synthetic makes"
+    ]
+    assert _notes(capsys, "--data", "x.npz", "--synthetic-samples", "100") == [
+        "--synthetic-samples 100 not used: --data x.npz holds its own samples: it sets how many --data synthetic makes"
+    ]
+    assert _notes(capsys, "--data", "synthetic", "--synthetic-samples", "100") == []
+    # throughput sets synthetic_samples = 8192: other data typed over it is the user's, the count the preset's
+    assert _notes(capsys, "--preset", "throughput", "--data", "digits") == []
+
+
+def _image_folder(root, *splits: str) -> None:
+    """Five 8x8 PNGs of each of two classes in each split folder: enough for a hold-out to leave both classes."""
+    from PIL import Image
+
+    for split in splits:
+        for name, colour in (("cat", (40, 90, 200)), ("dog", (200, 90, 40))):
+            (root / split / name).mkdir(parents=True)
+            for k in range(5):
+                Image.new("RGB", (8, 8), colour).save(root / split / name / f"{k}.png")
+
+
+def test_val_fraction_typed_for_data_with_its_own_validation_split_is_named_and_not_where_it_holds_out(
+    capsys, tmp_path
+):
+    """data/sources._split: data with its own validation split validates on it, and --val-fraction holds nothing
+    out. Told from the .npz's keys, the folder's names and the store's index, before any image is read."""
+    import numpy as np
+
+    from cnnpar.config import DataConfig
+    from cnnpar.data import load_data
+    from cnnpar.data.bundle import holdout_label
+    from cnnpar.data.store_write import prepare_store
+
+    x, y = np.zeros((10, 8, 8), np.uint8), np.arange(10) % 2
+    with_test, without = tmp_path / "with_test.npz", tmp_path / "without.npz"
+    np.savez(with_test, x_train=x, y_train=y, x_test=x, y_test=y)
+    np.savez(without, x_train=x, y_train=y)
+    split, alone, flat = tmp_path / "split", tmp_path / "alone", tmp_path / "flat"
+    _image_folder(split, "train", "valid")
+    _image_folder(alone, "train")
+    _image_folder(flat, ".")
+    split_store, flat_store = tmp_path / "split.cnnpar", tmp_path / "flat.cnnpar"
+    prepare_store(split, split_store, workers=0, progress=False)
+    prepare_store(flat, flat_store, workers=0, progress=False)
+    typed = ("--val-fraction", "0.1")
+    why = "so nothing is held out: it applies to data without one"
+    assert _notes(capsys, "--data", str(with_test), *typed) == [
+        f"--val-fraction 0.1 not used: --data {with_test} validates on its own test split (x_test, y_test), {why}"
+    ]
+    assert _notes(capsys, "--data", str(split), *typed) == [
+        f"--val-fraction 0.1 not used: --data {split} validates on its own validation split (valid/), {why}"
+    ]
+    assert _notes(capsys, "--data", str(split_store), *typed) == [
+        f"--val-fraction 0.1 not used: --data {split_store} validates on its own validation split (its folder's "
+        f"val/, valid/, validation/ or test/), {why}"
+    ]
+    for holds_out in (without, alone, flat, flat_store, "digits", "synthetic", tmp_path / "rows.csv"):
+        assert _notes(capsys, "--data", str(holds_out), *typed) == [], holds_out
+    # as the readers decide it
+    for own in (with_test, split, split_store):
+        assert load_data(DataConfig(source=str(own), val_fraction=0.1)).val_from != holdout_label(0.1), own
+    for holds_out in (without, alone, flat, flat_store, "digits", "synthetic"):
+        assert load_data(DataConfig(source=str(holds_out), val_fraction=0.1)).val_from == holdout_label(0.1)
+    assert _notes(capsys, "--data", str(with_test), "--val-fraction", "0") == []  # asks for no hold-out
+
+
+def test_lr_batch_typed_beside_a_fixed_batch_is_named_and_not_beside_an_automatic_one(capsys):
+    """config.resolve_for_device and the trainer's batch search scale --lr from --lr-batch only to a batch that
+    --batch-size auto chose: beside a fixed batch, typed or a preset's, the lr trained as it is."""
+    fixed = (
+        "not used: the batch size is fixed ({}), and a fixed batch trains at --lr as it is: --batch-size auto scales "
+        "the lr from --lr-batch to the batch it chooses"
+    )
+    assert _notes(capsys, "--batch-size", "256", "--lr-batch", "128") == [f"--lr-batch 128 {fixed.format(256)}"]
+    assert _notes(capsys, "--preset", "mnist", "--lr-batch", "256") == [f"--lr-batch 256 {fixed.format(128)}"]
+    assert _notes(capsys, "--preset", "mnist", "--batch-size", "auto", "--lr-batch", "256") == []
+    assert _notes(capsys, "--lr-batch", "128") == []  # the default batch is auto
+    assert _notes(capsys, "--batch-size", "256", "--lr-batch", "auto") == []  # asks for nothing
+    assert _notes(capsys, "--preset", "mnist") == []  # the preset's own lr_batch beside its own batch

@@ -160,3 +160,52 @@ def test_no_time_left_for_the_check_is_a_skipped_row_saying_the_comparisons_are_
     check = trials[-1]
     assert check.group == tune_mod.CHECK_GROUP and check.status == "skipped"
     assert "comparisons are unchecked" in check.note
+
+
+class CpuTrainer(FakeMachine):
+    """As a trial's Trainer on the CPU reports what it ran (tune.resolved_switches): --batch-size auto resolved to
+    the CPU's 64 and the lr scaled to it from --lr-batch (config.resolve_for_device)."""
+
+    def run_trial(self, cfg, limit):
+        from cnnpar.config import resolve_for_device
+
+        r = super().run_trial(cfg, limit)
+        if r.status == OK:
+            ran = resolve_for_device(cfg, "cpu", bf16_ok=True)
+            r.value["resolved"].update(run={"batch_size": ran.run.batch_size}, optim={"lr": ran.optim.lr})
+            r.value["resolved"]["speed"]["cuda_graphs"] = ran.speed.cuda_graphs  # off: the fake's "on" is a GPU's
+        return r
+
+
+def test_a_tuned_lr_trains_as_measured_and_an_automatic_batch_scales_it_from_the_tuned_batch_once(tmp_path):
+    # `cnnpar tune --preset mnist --batch-size auto` on a CPU wrote lr 0.004 (scaled to the tuned 512) beside the
+    # preset's lr_batch 128, and `cnnpar train --config tuned.toml --batch-size auto` scaled it again from 128 to 64:
+    # 0.00283, twice the 0.00141 that `--preset mnist --batch-size auto` trains at
+    import math
+
+    from cnnpar.cli import build_parser
+    from cnnpar.cliargs import config_from_args
+    from cnnpar.config import lr_reference, resolve_for_device
+    from cnnpar.presets import get_preset
+
+    m = CpuTrainer(
+        rate=lambda c: float(c.run.batch_size or 64),  # the start's auto trains at the CPU's 64
+        cost=lambda c: 1.0,
+        facts={"device_type": "cpu", "bf16_ok": True, "in_memory": True, "folder": False, "train_samples": 1400},
+    )
+    out = tmp_path / "tuned.toml"
+    best, trials = m.tune(with_overrides(get_preset("mnist"), run={"batch_size": 0}), 600, out)
+    assert best.run.batch_size == 512 and [t.status for t in trials if t.switch == "batch_size"] == ["kept"] * 3
+    tuned_lr = 0.002 * math.sqrt(64 / 128) * math.sqrt(512 / 64)  # auto's 64 from the preset's 128, then to 512
+    assert best.optim.lr == pytest.approx(tuned_lr)
+
+    def trains(*flags: str):
+        cfg = config_from_args(build_parser().parse_args(["train", "--config", str(out), *flags]))
+        ran = resolve_for_device(cfg, "cpu", bf16_ok=True)
+        return ran.run.batch_size, ran.optim.lr, lr_reference(cfg)
+
+    assert trains() == (512, pytest.approx(tuned_lr), 512)  # the batch and lr the tune measured, as they are
+    preset_auto = resolve_for_device(with_overrides(get_preset("mnist"), run={"batch_size": 0}), "cpu", bf16_ok=True)
+    # from the tuned 512 to the CPU's automatic 64, once: the preset's own lr at 64
+    assert trains("--batch-size", "auto") == (64, pytest.approx(preset_auto.optim.lr), 512)
+    assert preset_auto.optim.lr == pytest.approx(0.002 * math.sqrt(64 / 128))
