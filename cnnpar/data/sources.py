@@ -311,7 +311,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
 def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     """A store made by `cnnpar prepare`: the same splits, hold-out and classes as its folder."""
     store = StoreFile(cfg.source)
-    size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else store_side(store.hw)
+    size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else _store_input_side(store)
     size_note = enlarging_note(size, store.hw, _prepare_again(store.header, size, store.hw))
     train, val = _own_split(StoreDataset(store, torch.arange(store.count), size), torch.from_numpy(store.splits))
     # one class gets past prepare only in a store made before prepare refused it
@@ -340,6 +340,22 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         fingerprint=store.header["data_checksum"],
         fingerprint_of=STORE_CHECKSUM,
     )
+
+
+def _store_input_side(store: StoreFile) -> tuple[int, str]:
+    """The input size of a run from `store` with --image-size auto: the one its photos' folder trains at, where the
+    store holds it without enlarging most images; else the store's own. Its sizes alone (every photo at 256x341
+    after --short-side 256) read as one source size, 256, where the folder's run, its photos differing in size,
+    trained at 224: the two runs of the same photos were not comparable."""
+    side, why = store_side(store.hw)
+    if "source_side" not in store.header:  # stores before session 30: their photos' sizes were not kept
+        return side, why
+    photos_side, photos_why = store.header["source_side"]
+    source = store.header.get("source", "the folder")
+    if photos_side <= int(np.median(store.hw.min(axis=1))):
+        return photos_side, f"as --data {source} trains: {photos_why}"
+    stored = why.removeprefix("the source size: ")
+    return side, f"the store's size: {stored} (--data {source} trains at {photos_side}: {photos_why})"
 
 
 def _prepare_again(header: dict, size: int, hw: np.ndarray) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import os
 import secrets
 import struct
 from pathlib import Path
@@ -161,6 +162,8 @@ class StoreFile:
         self.offsets, self.labels, self.splits = arrays["offsets"], arrays["labels"], arrays["splits"]
         self.hw = np.stack([arrays["heights"], arrays["widths"]], 1).astype(np.int64)  # 3*h*w overflows int32
         self.class_names: list[str] = self.header["class_names"]
+        # the file the header and index were read from: each process maps the pixels itself, later, by path
+        self.identity = _file_identity(os.stat(self.path))
         self._pixels: np.ndarray | None = None
         self._on_device: dict[str, torch.Tensor] = {}
 
@@ -175,9 +178,17 @@ class StoreFile:
     def pixels(self) -> np.ndarray:
         """The pixel area as a flat uint8 array mapped from the file (copy-on-write: never written)."""
         if self._pixels is None:
-            self._pixels = np.memmap(
-                self.path, dtype=np.uint8, mode="c", offset=self.header["data_start"], shape=(self.pixel_bytes,)
-            )
+            with self.path.open("rb") as f:
+                # A prepare to the same path renames a new store over it (atomically): a worker mapping the path
+                # afterwards read the new file's pixels through the old index, and trained on them without a word
+                if _file_identity(os.fstat(f.fileno())) != self.identity:
+                    raise DataError(
+                        f"{self.path}: replaced since this run opened it (a cnnpar prepare wrote it again): its index "
+                        "no longer matches its pixels; expected the store the run started with: start the run again"
+                    )
+                self._pixels = np.memmap(
+                    f, dtype=np.uint8, mode="c", offset=self.header["data_start"], shape=(self.pixel_bytes,)
+                )
         return self._pixels
 
     def tail_padding(self) -> int:
@@ -200,6 +211,11 @@ class StoreFile:
                 buf[a:b].copy_(torch.from_numpy(np.asarray(self.pixels[a:b])))
             self._on_device[key] = buf
         return self._on_device[key]
+
+
+def _file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells one file at a path from another renamed over it: device, inode, size and modification time."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _refuse(path: Path, what: str) -> DataError:

@@ -35,6 +35,7 @@ import numpy as np
 
 from cnnpar.data.folder import decode_error, scan_splits
 from cnnpar.data.overlap import same_file_groups
+from cnnpar.data.source_size import folder_side
 from cnnpar.data.store import (
     INDEX_BYTES_PER_IMAGE,
     MAGIC,
@@ -302,6 +303,9 @@ def prepare_store(
         "class_names": classes,
         "splits": {"train": n - sum(splits), "val": sum(splits)},
         "source": str(src.resolve()),
+        # the input size `cnnpar train --data SRC` picks from the photos themselves, and why: a store's own sizes
+        # (all 256x341 after --short-side 256, say) made it pick 256 where the folder's run picked 224
+        "source_side": list(folder_side(files)),
         # files under two names (hard or symbolic links): a hold-out drawn at train time is checked against them
         "same_file_groups": same_file_groups(files),
         "index_bytes": n * INDEX_BYTES_PER_IMAGE,

@@ -471,3 +471,44 @@ def test_a_store_of_small_photos_is_not_told_to_be_prepared_again(tmp_path):
     note = load_data(DataConfig(source=str(tmp_path / "s.cnnpar"), image_size=224), 0).size_note
     assert "image size 224 enlarges most images" in note and "--image-size 80 keeps them" in note, note
     assert "prepare the store again" not in note
+
+
+def test_a_store_replaced_under_a_run_is_refused_not_read_through_the_old_index(photos, tmp_path):
+    """A prepare renamed a new store over the one a run trained from: workers that mapped the path afterwards read
+    the new pixels through the old index (other sizes, other offsets) and trained on them, exit 0."""
+    import shutil
+
+    folder, out = photos
+    live = tmp_path / "live.cnnpar"
+    shutil.copy(out, live)
+    opened = StoreFile(live)
+    in_worker = pickle.loads(pickle.dumps(opened))  # as a DataLoader worker receives it: the mapping is its own
+    assert stored_image(pickle.loads(pickle.dumps(opened)), 0).shape == tuple(opened.hw[0]) + (3,)  # unchanged: reads
+    prepare_store(folder, tmp_path / "other.cnnpar", 32, workers=1, progress=False)
+    (tmp_path / "other.cnnpar").replace(live)  # what a second prepare to the same --out does
+    for store in (opened, in_worker):
+        one_line_error(lambda store=store: store.pixels, str(live), "replaced since this run opened it")
+    assert StoreFile(live).pixels.size > 0  # a run started now opens the new store as usual
+
+
+def test_a_store_trains_at_the_size_its_photos_folder_trains_at_where_it_holds_it(tmp_path):
+    """Photos of 300x400 and 600x800 train at 224 from their folder (they differ in size); stored at a shorter side
+    of 256 they are all 256x341, which read as one source size: the store's run trained at 256."""
+    sizes = {"mixed": [(400, 300), (800, 600)] * 3, "same": [(800, 600)] * 6}
+    for name, dims in sizes.items():
+        for i, (w, h) in enumerate(dims):
+            (tmp_path / name / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+            smooth(w, h).save(tmp_path / name / f"c{i % 2}" / f"{i}.jpg", quality=80)
+        prepare_store(tmp_path / name, tmp_path / f"{name}.cnnpar", 0, workers=1, progress=False, short_side=256)
+
+    def side(source: Path):
+        bundle = load_data(DataConfig(source=str(source), val_fraction=0.5), 0)
+        return bundle.shape[1], bundle.size_from
+
+    assert side(tmp_path / "mixed")[0] == 224
+    size, why = side(tmp_path / "mixed.cnnpar")
+    assert size == 224 and why.startswith(f"as --data {(tmp_path / 'mixed').resolve()} trains: the 6 images differ")
+    assert side(tmp_path / "same")[0] == 600  # the folder trains at its photos' size, which the store cannot hold
+    size, why = side(tmp_path / "same.cnnpar")
+    assert size == 256 and why.startswith("the store's size: all 6 images are 256x341")
+    assert why.endswith("trains at 600: the source size: all 6 images are 600x800, square crops of the shorter side)")
