@@ -9,6 +9,7 @@ behave alike on all paths.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -207,3 +208,13 @@ class ImageFolderDataset(Dataset):
     def subset(self, idx: torch.Tensor) -> ImageFolderDataset:
         keep = idx.tolist()
         return ImageFolderDataset([self.files[i] for i in keep], self.labels[idx].tolist(), self.size)
+
+
+def listing_checksum(root: Path, files: list[Path], labels: list[int], splits: list[int]) -> str:
+    """sha256 of a folder's image names (relative), classes and splits in order: a file renamed, added in place of
+    another or moved between class folders changes it. Not the bytes: reading every photo at each start would
+    cost more than the run's first epoch."""
+    digest = hashlib.sha256()
+    for f, label, split in zip(files, labels, splits):
+        digest.update(f"{f.relative_to(root)}\0{label}\0{split}\n".encode())
+    return digest.hexdigest()

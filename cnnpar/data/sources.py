@@ -26,7 +26,7 @@ from cnnpar.data.bundle import (
 from cnnpar.data.cpu_decode import CpuDecodedFolder, simplejpeg_module
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.encoded_arrays import decode_encoded, encoded_keys
-from cnnpar.data.folder import ImageFolderDataset, image_files, scan_splits, skipped_note
+from cnnpar.data.folder import ImageFolderDataset, image_files, listing_checksum, scan_splits, skipped_note
 from cnnpar.data.overlap import folder_overlap, store_overlap
 from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sizes, pick_side, store_side
 from cnnpar.data.store import StoreFile, prepare_side
@@ -104,16 +104,6 @@ def content_checksum(arrays: dict[str, np.ndarray]) -> str:
         a = np.ascontiguousarray(arrays[name])
         digest.update(repr((name, a.shape, a.dtype.str)).encode())
         digest.update(a)  # the buffer itself, no copy
-    return digest.hexdigest()
-
-
-def listing_checksum(root: Path, files: list[Path], labels: list[int], splits: list[int]) -> str:
-    """sha256 of a folder's image names (relative), classes and splits in order: a file renamed, added in place of
-    another or moved between class folders changes it. Not the bytes: reading every photo at each start would
-    cost more than the run's first epoch."""
-    digest = hashlib.sha256()
-    for f, label, split in zip(files, labels, splits):
-        digest.update(f"{f.relative_to(root)}\0{label}\0{split}\n".encode())
     return digest.hexdigest()
 
 
@@ -319,6 +309,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     names = store.class_names
     train, val, val_from = _split(train, val, cfg.val_fraction, seed, str(store.path), FOLDER_OWN_VAL, names, remake)
     _class_count_given(cfg.num_classes, len(names), f"{store.path} holds {len(names)} classes")
+    changed = _source_changed_note(store)
     groups = store.header.get("same_file_groups", [])  # stores from before session 13 lack it: nothing known
     overlap = store_overlap(groups, train.ids.tolist(), val.ids.tolist()) if groups and val is not None else ""
     return DataBundle(
@@ -339,6 +330,29 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         val_overlap=overlap,
         fingerprint=store.header["data_checksum"],
         fingerprint_of=STORE_CHECKSUM,
+        load_note=changed,
+    )
+
+
+def _source_changed_note(store: StoreFile) -> str:
+    """A warning where the folder the store was prepared from is there and its listing (names, classes, splits)
+    changed since: a class added or photos removed trained from the old store without a word. "" where it is
+    unchanged, gone (a store travels without its photos), or the store predates the listing (session 30)."""
+    listed, source = store.header.get("source_listing"), store.header.get("source", "")
+    if not listed or not source or not Path(source).is_dir():
+        return ""
+    try:
+        files, labels, splits, _ = scan_splits(Path(source))
+    except DataError:
+        now = ""
+    else:
+        now = listing_checksum(Path(source), files, labels, splits)
+    if now == listed:
+        return ""
+    return (
+        f"warning: {source} changed since {store.path} was prepared from it (image files added, removed or renamed, "
+        f"or classes changed): this run trains on the store as prepared; cnnpar prepare {source} --out {store.path} "
+        "again trains on the folder as it is"
     )
 
 

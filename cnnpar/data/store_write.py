@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cnnpar.data.folder import decode_error, scan_splits
+from cnnpar.data.folder import decode_error, listing_checksum, scan_splits
 from cnnpar.data.overlap import same_file_groups
 from cnnpar.data.source_size import folder_side
 from cnnpar.data.store import (
@@ -306,6 +306,8 @@ def prepare_store(
         # the input size `cnnpar train --data SRC` picks from the photos themselves, and why: a store's own sizes
         # (all 256x341 after --short-side 256, say) made it pick 256 where the folder's run picked 224
         "source_side": list(folder_side(files)),
+        # what the folder held (names, classes, splits): a run from the store says where the folder changed since
+        "source_listing": listing_checksum(src, files, labels, splits),
         # files under two names (hard or symbolic links): a hold-out drawn at train time is checked against them
         "same_file_groups": same_file_groups(files),
         "index_bytes": n * INDEX_BYTES_PER_IMAGE,

@@ -512,3 +512,22 @@ def test_a_store_trains_at_the_size_its_photos_folder_trains_at_where_it_holds_i
     size, why = side(tmp_path / "same.cnnpar")
     assert size == 256 and why.startswith("the store's size: all 6 images are 256x341")
     assert why.endswith("trains at 600: the source size: all 6 images are 600x800, square crops of the shorter side)")
+
+
+def test_a_store_whose_folder_changed_since_prepare_says_so(tmp_path):
+    """A class added to the folder and photos removed after prepare: the store trained on without a word."""
+    folder = tmp_path / "photos"
+    photo_folder(folder)
+    out = tmp_path / "photos.cnnpar"
+    prepare_store(folder, out, MAX_SIDE, workers=1, progress=False)
+    assert load_data(data_cfg(out), 0).load_note == ""  # unchanged
+    (folder / "dogs" / "grey.jpg").unlink()
+    (folder / "birds").mkdir()
+    smooth(30, 20).save(folder / "birds" / "a.jpg")
+    note = load_data(data_cfg(out), 0).load_note
+    assert note.startswith(f"warning: {folder.resolve()} changed since {out} was prepared from it"), note
+    assert note.endswith(f"cnnpar prepare {folder.resolve()} --out {out} again trains on the folder as it is")
+    bundle = load_data(data_cfg(out), 0)
+    assert bundle.class_names == ["cats", "dogs"] and len(bundle.train) + len(bundle.val or []) == 6  # as prepared
+    folder.rename(tmp_path / "moved")  # a store travels without its photos: nothing to compare, nothing said
+    assert load_data(data_cfg(out), 0).load_note == ""
