@@ -123,10 +123,10 @@ FEW_BATCHES = 5
 
 def few_batches(d: Diagnosis, phases) -> Diagnosis:
     """`d`, marked unreliable with a reason where a measured phase (measure.Phase) holds fewer than FEW_BATCHES."""
-    few = [p for p in phases if p.batches < FEW_BATCHES]
+    few = [p for p in phases if p.settled_by < FEW_BATCHES]
     if not few:
         return d
-    named = ", ".join(f"{p.name}: {p.batches}" for p in few)
+    named = ", ".join(f"{p.name}: {p.settled_by}" for p in few)
     why = (
         f"too few batches measured to settle it ({named}; at least {FEW_BATCHES} each): raise --measure-steps "
         "(and --max-seconds where it cut them short)"

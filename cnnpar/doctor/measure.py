@@ -34,6 +34,13 @@ class Phase:
     seconds: float
     images: int
     data_wait_s: float = 0.0
+    # batches timed in all where this is the best of several rounds (the step alone: rounds of steps // 10 each),
+    # which is what settles it, not the best round's own few; 0: `batches`
+    measured_batches: int = 0
+
+    @property
+    def settled_by(self) -> int:
+        return self.measured_batches or self.batches
 
     @property
     def s_per_batch(self) -> float:
@@ -134,7 +141,10 @@ def measure_step_scaling(
     for _ in range(rounds):
         full.append(measure_step(trainer, x, y, 0, per_round, max_s / rounds))
         half.append(measure_step(trainer, xh, yh, 0, per_round, max_s / rounds, "train step, half batch"))
-    return min(full, key=lambda p: p.s_per_batch), min(half, key=lambda p: p.s_per_batch)
+    best_full, best_half = min(full, key=lambda p: p.s_per_batch), min(half, key=lambda p: p.s_per_batch)
+    best_full.measured_batches = sum(p.batches for p in full)
+    best_half.measured_batches = sum(p.batches for p in half)
+    return best_full, best_half
 
 
 def fixed_cost(full: Phase, half: Phase) -> float:

@@ -68,6 +68,26 @@ UNRELIABLE = (
 )
 
 
+UNSETTLED_TRIES = (
+    "The tried gains are divided by the end-to-end speed of a measurement the verdict marks unreliable: they are "
+    "not settled either; re-run the doctor on a quiet host"
+)
+
+
+def unsettled_tries(report: DoctorReport) -> bool:
+    """Whether tries were ranked against an end to end the verdict calls unreliable (a "31.01x" stood unmarked)."""
+    return not report.diagnosis.reliable and any(r.tried_gain is not None for r in report.recommendations)
+
+
+def step_text(report: DoctorReport) -> str:
+    """How the step alone was timed: in rounds beside a half batch (compile off), else one window (a compiled step
+    would compile the half batch's shape too). The report said "rounds" either way."""
+    if any(p.name == "train step, half batch" for p in report.phases):
+        return "The step alone is the best of 3 to 10 short rounds, alternating full and half batch"
+    why = "the step is compiled" if report.cfg.speed.compile != "off" else "a batch of one image has no half"
+    return f"The step alone is one window of repeated steps on one batch (no half batch: {why})"
+
+
 def warm_up_text(report: DoctorReport) -> str:
     """What the figures leave out: with --warmup-steps 0 nothing, and the report said "warm-up excluded"."""
     if report.warmup_steps > 0:
@@ -130,8 +150,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         "## Measurements",
         "",
         f"{warm_up_text(report)[0].upper()}{warm_up_text(report)[1:]}; the device is synchronised before and "
-        "after each measured window. "
-        f"The step alone is the best of 3 to 10 short rounds, alternating full and half batch; {batch_note(report)}.",
+        f"after each measured window. {step_text(report)}; {batch_note(report)}.",
         "",
         "| phase | batches | ms/batch | images/s | data wait |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -155,6 +174,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         lines += [
             "Estimated gains apply to the measured end-to-end speed "
             f"({e2e.images_per_s:,.1f} images/s); 'tried' is measured here with the change applied.",
+            *([f"**{UNSETTLED_TRIES}**"] if unsettled_tries(report) else []),
             "",
             "| # | recommendation | do | estimated | tried | basis |",
             "| ---: | --- | --- | ---: | ---: | --- |",
@@ -234,6 +254,8 @@ def print_report(report: DoctorReport) -> None:
         for i, r in enumerate(report.recommendations, 1):
             recos.add_row(str(i), r.title, r.action, _gain(r.est_gain), _gain(r.tried_gain), r.basis)
         console.print(recos)
+        if unsettled_tries(report):
+            console.print(f"note: {UNSETTLED_TRIES.lower()}", soft_wrap=True, highlight=False)
         for i, r in enumerate(report.recommendations, 1):  # whole lines, unwrapped, so they paste as they are
             console.print(f"{i}. {r.command or r.action}", soft_wrap=True, highlight=False)
     else:

@@ -193,7 +193,12 @@ def advice_command(cfg: Config, f: Facts, r: Recommendation) -> str:
     """The user's own command line with the recommendation applied, ready to paste."""
     if r.key == "pre-decode":
         return prepare_then_train(cfg, f.input_size)
-    return command_line(cfg, r.change) if r.change else r.action
+    if not r.change:
+        return r.action
+    # a new run with the change: the user's --name (a folder that holds a run: refused) and --resume (a finished
+    # run: "nothing to do"; an unfinished one continued with the change) left out, as prepare_then_train does
+    change = {**r.change, "run": {**r.change.get("run", {}), "name": "", "resume": ""}}
+    return command_line(cfg, change)
 
 
 def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts]:

@@ -386,3 +386,73 @@ def test_a_doctor_run_with_no_warm_up_says_so_and_marks_its_verdict_unreliable(t
     assert not reports[0].diagnosis.reliable
     assert reports[0].diagnosis.reasons[-1].startswith("no warm-up step ran (--warmup-steps 0)")
     assert not any("no warm-up" in r for r in reports[1].diagnosis.reasons)
+
+
+def test_the_doctors_default_steps_settle_the_step_alone_measured_in_rounds(tmp_path):
+    """With the default 20 steps and compile off, the step alone is the best of 10 rounds of 2 batches: the verdict
+    was marked unreliable for "train step alone: 2" on every such run, whatever was measured."""
+    from cnnpar.config import Config
+    from cnnpar.doctor.run import DoctorOptions, run_doctor
+    from cnnpar.presets import with_overrides
+
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "1x8x8", "synthetic_samples": 800, "workers": 0},
+        model={"name": "cnn3"},
+        speed={"device": "cpu", "compile": "off"},
+        run={"batch_size": 16},
+    )
+    report = run_doctor(cfg, DoctorOptions(warmup=1, steps=20, report_dir=str(tmp_path / "r")), log=lambda *a: None)
+    step = next(p for p in report.phases if p.name == "train step alone")
+    assert step.batches == 2 and step.measured_batches == 20
+    assert not any(r.startswith("too few batches") for r in report.diagnosis.reasons), report.diagnosis.reasons
+
+
+def test_the_advised_command_is_a_new_run_without_the_users_name_or_resume():
+    """`doctor --name tr_s0` advised `cnnpar train ... --name tr_s0`, refused as that folder holds a run; with
+    `--resume runs/r1` the pasted command said "nothing to do" (or continued that run with the change)."""
+    from cnnpar.config import Config
+    from cnnpar.doctor.advise import Recommendation
+    from cnnpar.doctor.run import advice_command
+    from cnnpar.presets import with_overrides
+
+    cfg = with_overrides(Config(), model={"name": "cnn3"}, run={"name": "tr_s0", "resume": "runs/r1", "epochs": 4})
+    r = Recommendation("compile", "torch.compile", "", "", 1.5, "", change={"speed": {"compile": "default"}})
+    command = advice_command(cfg, facts(), r)
+    assert "--compile default" in command and "--epochs 4" in command, command
+    assert "--name" not in command and "--resume" not in command, command
+
+
+def test_the_report_says_how_the_step_alone_was_timed():
+    """report.md said "the best of 3 to 10 short rounds, alternating full and half batch" where a compiled step was
+    timed in one window, with no half batch."""
+    from types import SimpleNamespace
+
+    from cnnpar.config import Config
+    from cnnpar.doctor.measure import Phase
+    from cnnpar.doctor.render import step_text
+    from cnnpar.presets import with_overrides
+
+    rounds = [Phase("train step alone", 2, 0.1, 128), Phase("train step, half batch", 2, 0.06, 64)]
+    eager = SimpleNamespace(phases=rounds, cfg=Config())
+    compiled = SimpleNamespace(phases=rounds[:1], cfg=with_overrides(Config(), speed={"compile": "default"}))
+    assert step_text(eager).startswith("The step alone is the best of 3 to 10 short rounds")
+    assert step_text(compiled) == (
+        "The step alone is one window of repeated steps on one batch (no half batch: the step is compiled)"
+    )
+
+
+def test_tried_gains_beside_an_unreliable_verdict_are_marked_unsettled():
+    """A loaded host made end to end 13x slower than its parts: the verdict said unreliable, yet the ranking showed
+    "tried 31.01x" against that end to end, unmarked."""
+    from types import SimpleNamespace
+
+    from cnnpar.doctor.advise import Diagnosis, Recommendation
+    from cnnpar.doctor.render import unsettled_tries
+
+    tried = Recommendation("compile", "torch.compile", "", "", 1.5, "", tried_gain=31.01, tried_images_per_s=9e3)
+    untried = Recommendation("workers", "more workers", "", "", 1.2, "")
+    shaky, sound = Diagnosis(COMPUTE_BOUND, ["disagree"], reliable=False), Diagnosis(COMPUTE_BOUND, [])
+    assert unsettled_tries(SimpleNamespace(diagnosis=shaky, recommendations=[tried]))
+    assert not unsettled_tries(SimpleNamespace(diagnosis=sound, recommendations=[tried]))
+    assert not unsettled_tries(SimpleNamespace(diagnosis=shaky, recommendations=[untried]))
