@@ -127,7 +127,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
         return out
 
     with sampler if sampler else contextlib.nullcontext():
-        rcfg, phases, facts = _measure_baseline(cfg, info, bundle, opts, phase)
+        rcfg, phases, facts, resolved = _measure_baseline(cfg, info, bundle, opts, phase)
         free_device_memory(info.device)  # the baseline's trainer is gone; the tries build their own
         note = long_compiles_note(cfg, rcfg, len(bundle.train))
         if note:
@@ -140,7 +140,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
             if r.key == "pre-decode":  # the table's "do" shows the same command as the line to paste
                 r.action = r.command
         report = DoctorReport(
-            rcfg,
+            resolved,  # the report's "Resolved config": what ran, its autos resolved (workers -1 read as asked)
             environment(info.device, 1),
             bundle.origin,
             facts,
@@ -201,8 +201,11 @@ def advice_command(cfg: Config, f: Facts, r: Recommendation) -> str:
     return command_line(cfg, change)
 
 
-def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts]:
-    """Pipeline alone, step alone (full and half batch), GPU idle share, end to end; then the facts."""
+def _measure_baseline(
+    cfg: Config, info, bundle, opts: DoctorOptions, phase
+) -> tuple[Config, list[Phase], Facts, Config]:
+    """Pipeline alone, step alone (full and half batch), GPU idle share, end to end; then the facts, and the config
+    as it ran (workers, format, augment and the other autos resolved, as a run's config.toml holds them)."""
     trainer = build_trainer(cfg, info, bundle)
     try:
         return _baseline_of(trainer, info, bundle, opts, phase)
@@ -210,7 +213,7 @@ def _measure_baseline(cfg: Config, info, bundle, opts: DoctorOptions, phase) -> 
         trainer.close()  # its workers and decoders go now, not in the interpreter's exit hooks
 
 
-def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts]:
+def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts, Config]:
     warm, steps, max_s = opts.warmup, opts.steps, opts.max_s
     rcfg = trainer.cfg
     batch = trainer.batch_asked  # the batch asked for: the trainer caps one larger than the training split
@@ -244,7 +247,8 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
     e2e = phase("end to end", lambda: measure_end_to_end(trainer, warm, steps, max_s))
     phases.append(e2e)
     cores = usable_cores()
-    ran = data_resolved(rcfg, bundle, trainer.train_loader, trainer.train_step.cuda_graphs).data
+    resolved = data_resolved(rcfg, bundle, trainer.train_loader, trainer.train_step.cuda_graphs)
+    ran = resolved.data
     facts = Facts(
         device_type=info.device.type,
         batch_size=batch,
@@ -280,7 +284,7 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
     )
     if wants_batch_search(facts) and not trainer.batch_line:  # (a searched batch needs no second search)
         facts.searched_batch, facts.searched_gain = phase("batch sizes", lambda: _search_batch(trainer, bundle))
-    return rcfg, phases, facts
+    return rcfg, phases, facts, resolved
 
 
 def _load_avg() -> float | None:

@@ -456,3 +456,26 @@ def test_tried_gains_beside_an_unreliable_verdict_are_marked_unsettled():
     assert unsettled_tries(SimpleNamespace(diagnosis=shaky, recommendations=[tried]))
     assert not unsettled_tries(SimpleNamespace(diagnosis=sound, recommendations=[tried]))
     assert not unsettled_tries(SimpleNamespace(diagnosis=shaky, recommendations=[untried]))
+
+
+def test_the_doctors_resolved_config_holds_what_ran_not_auto():
+    """The report's "Resolved config" and doctor.json said workers = -1 and format = "auto" while the setup line
+    said "1 worker(s)": the config as asked, not as it ran."""
+    import tempfile
+
+    from cnnpar.config import Config
+    from cnnpar.doctor.run import DoctorOptions, run_doctor
+    from cnnpar.presets import with_overrides
+
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "1x8x8", "synthetic_samples": 400},
+        model={"name": "cnn3"},
+        speed={"device": "cpu"},
+        run={"batch_size": 16},
+    )
+    assert cfg.data.workers == -1 and cfg.data.format == "auto"
+    with tempfile.TemporaryDirectory() as rep:
+        report = run_doctor(cfg, DoctorOptions(warmup=1, steps=5, report_dir=rep), log=lambda *a: None)
+    assert report.cfg.data.workers == report.facts.workers >= 0
+    assert report.cfg.data.format == "synthetic"
