@@ -116,6 +116,20 @@ def scan_splits(
     return files + vfiles, labels + vlabels, [0] * len(files) + [1] * len(vfiles), classes
 
 
+def unread_splits_note(root: str | Path) -> str:
+    """A warning naming the held-out folders beside train/ that are not read: of val/ and test/ (say) the first
+    validates (`scan_splits`), and test/ was dropped without a word. "" where at most one is there."""
+    root = Path(root)
+    found = [n for n in VAL_NAMES if (root / n).is_dir()] if (root / "train").is_dir() else []
+    if len(found) < 2:
+        return ""
+    unread = ", ".join(f"{n}/" for n in found[1:])
+    return (
+        f"warning: {root}: validates on {found[0]}/; {unread} beside it not read (one held-out split is used, the "
+        f"first of {'|'.join(VAL_NAMES)}/): move it out, or predict on it with cnnpar predict"
+    )
+
+
 def _check_classes(folder: Path, classes: list[str], labels: list[int]) -> None:
     # one class trains to loss 0 and 100 % accuracy: a result that means nothing (empty class folders
     # do not count: they hold nothing to tell apart)

@@ -26,7 +26,14 @@ from cnnpar.data.bundle import (
 from cnnpar.data.cpu_decode import CpuDecodedFolder, simplejpeg_module
 from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.encoded_arrays import decode_encoded, encoded_keys
-from cnnpar.data.folder import ImageFolderDataset, image_files, listing_checksum, scan_splits, skipped_note
+from cnnpar.data.folder import (
+    ImageFolderDataset,
+    image_files,
+    listing_checksum,
+    scan_splits,
+    skipped_note,
+    unread_splits_note,
+)
 from cnnpar.data.overlap import folder_overlap, store_overlap
 from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sizes, pick_side, store_side
 from cnnpar.data.store import StoreFile, prepare_side
@@ -293,6 +300,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         val_from=val_from,
         val_overlap=overlap,
         skipped_note=skipped_note(skipped),
+        load_note=unread_splits_note(root),
         fingerprint=listing_checksum(root, files, labels, splits),
         fingerprint_of=FOLDER_CHECKSUM,
     )

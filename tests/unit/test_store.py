@@ -531,3 +531,18 @@ def test_a_store_whose_folder_changed_since_prepare_says_so(tmp_path):
     assert bundle.class_names == ["cats", "dogs"] and len(bundle.train) + len(bundle.val or []) == 6  # as prepared
     folder.rename(tmp_path / "moved")  # a store travels without its photos: nothing to compare, nothing said
     assert load_data(data_cfg(out), 0).load_note == ""
+
+
+def test_a_second_held_out_folder_beside_train_is_named_not_dropped(tmp_path, capsys):
+    """train/ + val/ + test/: val/ validated and test/ was left out without a word, by train and prepare alike."""
+    for split in ("train", "val", "test"):
+        photo_folder(tmp_path / "p" / split)
+    note = load_data(data_cfg(tmp_path / "p"), 0).load_note
+    assert note == (
+        f"warning: {tmp_path / 'p'}: validates on val/; test/ beside it not read (one held-out split is used, the "
+        "first of val|valid|validation|test/): move it out, or predict on it with cnnpar predict"
+    )
+    assert cli_main(["prepare", str(tmp_path / "p"), "--out", str(tmp_path / "p.cnnpar"), "--no-progress"]) == 0
+    assert note in capsys.readouterr().out
+    (tmp_path / "p" / "test").rename(tmp_path / "test")
+    assert load_data(data_cfg(tmp_path / "p"), 0).load_note == ""
