@@ -6,6 +6,17 @@ from __future__ import annotations
 from cnnpar.doctor.advise import COMPUTE_BOUND, DATA_BOUND, HOST_BOUND, Facts, diagnose, recommend
 
 
+def tiny_synthetic(samples: int, workers: int = -1, compile: str = "auto"):
+    """cnn3 on the CPU over `samples` synthetic 1x8x8 images, batch 16: a doctor run of a few seconds."""
+    from cnnpar.config import Config
+    from cnnpar.presets import with_overrides
+
+    data = {"source": "synthetic", "image_shape": "1x8x8", "synthetic_samples": samples, "workers": workers}
+    return with_overrides(
+        Config(), data=data, model={"name": "cnn3"}, speed={"device": "cpu", "compile": compile}, run={"batch_size": 16}
+    )
+
+
 def facts(**kw) -> Facts:
     base = dict(
         device_type="cpu",
@@ -362,18 +373,10 @@ def test_a_verdict_from_too_few_batches_is_marked_unreliable_naming_them():
 
 def test_a_doctor_run_with_no_warm_up_says_so_and_marks_its_verdict_unreliable(tmp_path):
     """`--warmup-steps 0` timed each phase's cold first batch, under a report that said "Warm-up excluded"."""
-    from cnnpar.config import Config
     from cnnpar.doctor.render import markdown
     from cnnpar.doctor.run import DoctorOptions, run_doctor
-    from cnnpar.presets import with_overrides
 
-    cfg = with_overrides(
-        Config(),
-        data={"source": "synthetic", "image_shape": "1x8x8", "synthetic_samples": 400, "workers": 0},
-        model={"name": "cnn3"},
-        speed={"device": "cpu"},
-        run={"batch_size": 16},
-    )
+    cfg = tiny_synthetic(400, workers=0)
     reports = {
         warmup: run_doctor(
             cfg, DoctorOptions(warmup=warmup, steps=6, report_dir=str(tmp_path / f"w{warmup}")), log=lambda *a: None
@@ -391,17 +394,9 @@ def test_a_doctor_run_with_no_warm_up_says_so_and_marks_its_verdict_unreliable(t
 def test_the_doctors_default_steps_settle_the_step_alone_measured_in_rounds(tmp_path):
     """With the default 20 steps and compile off, the step alone is the best of 10 rounds of 2 batches: the verdict
     was marked unreliable for "train step alone: 2" on every such run, whatever was measured."""
-    from cnnpar.config import Config
     from cnnpar.doctor.run import DoctorOptions, run_doctor
-    from cnnpar.presets import with_overrides
 
-    cfg = with_overrides(
-        Config(),
-        data={"source": "synthetic", "image_shape": "1x8x8", "synthetic_samples": 800, "workers": 0},
-        model={"name": "cnn3"},
-        speed={"device": "cpu", "compile": "off"},
-        run={"batch_size": 16},
-    )
+    cfg = tiny_synthetic(800, workers=0, compile="off")
     report = run_doctor(cfg, DoctorOptions(warmup=1, steps=20, report_dir=str(tmp_path / "r")), log=lambda *a: None)
     step = next(p for p in report.phases if p.name == "train step alone")
     assert step.batches == 2 and step.measured_batches == 20
@@ -463,17 +458,9 @@ def test_the_doctors_resolved_config_holds_what_ran_not_auto():
     said "1 worker(s)": the config as asked, not as it ran."""
     import tempfile
 
-    from cnnpar.config import Config
     from cnnpar.doctor.run import DoctorOptions, run_doctor
-    from cnnpar.presets import with_overrides
 
-    cfg = with_overrides(
-        Config(),
-        data={"source": "synthetic", "image_shape": "1x8x8", "synthetic_samples": 400},
-        model={"name": "cnn3"},
-        speed={"device": "cpu"},
-        run={"batch_size": 16},
-    )
+    cfg = tiny_synthetic(400)
     assert cfg.data.workers == -1 and cfg.data.format == "auto"
     with tempfile.TemporaryDirectory() as rep:
         report = run_doctor(cfg, DoctorOptions(warmup=1, steps=5, report_dir=rep), log=lambda *a: None)
