@@ -34,8 +34,9 @@ BUSY_WORKERS = (
     "def busy(path, sides):\n"
     "    if os.getpid() != prepare:\n"
     "        said = repr((signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)))\n"
-    "        Path(sys.argv[3], 'said').write_text(said)\n"
-    "        Path(sys.argv[3], 'said').rename(Path(sys.argv[3], str(os.getpid())))\n"
+    "        own = Path(sys.argv[3], f'said-{os.getpid()}')\n"  # one temporary name each: a shared one raced
+    "        own.write_text(said)\n"
+    "        own.rename(Path(sys.argv[3], str(os.getpid())))\n"
     "        time.sleep(120)\n"
     "w.decode_for_store = busy\n"
     "sys.exit(main(['prepare', sys.argv[1], '--out', sys.argv[2], '--workers', '2', '--no-progress']))\n"
