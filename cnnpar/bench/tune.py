@@ -40,7 +40,7 @@ from cnnpar.errors import UserError
 from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.report.files import removed_on_failure, write_csv_atomic, write_text_atomic
 
-from .trial import CUT_OFF, OK, ChildResult, run_child, say
+from .trial import CUT_OFF, FAILED, OK, ChildResult, run_child, say
 
 KEEP_MARGIN = 1.03  # a change must be 3 % faster to be kept: smaller gains are within run-to-run noise
 # ... and its slowest repeat faster than the best's fastest: on a busy host the repeats of one config spread over
@@ -571,10 +571,27 @@ def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict, warning:
         f"after {len(trials)} trial(s)\n"
     )
     header += f"# warning: {warning}\n" if warning else ""
+    header += "".join(f"# {line}\n" for line in unmeasured_lines(trials))
     # quoted: a folder name with a space made the command break where it was pasted
     header += f"# written by `cnnpar tune`; train with: {shlex.join(['cnnpar', 'train', '--config', str(out)])}\n"
     write_text_atomic(out, header + dumps_toml(cfg))
     write_csv_atomic(out.with_suffix(".csv"), trial_rows(trials, env), CSV_COLUMNS)
+
+
+def unmeasured_lines(trials: list[Trial]) -> list[str]:
+    """What tuned.toml's figures leave out: trials skipped, failed or cut off (their switches stand as started),
+    and a check that did not run. The file said only "best so far", exit 0, where every trial after the start had
+    been skipped or the comparisons were unchecked."""
+    lines = []
+    for status in (SKIPPED, CUT_OFF, FAILED):
+        missed = [t for t in trials if t.status == status and t.group != CHECK_GROUP]
+        if missed:
+            named = ", ".join(f"{t.switch}={t.value}" for t in missed)
+            lines.append(f"not measured ({status}): {named}; these switches stand as the start ran them")
+    check = next((t for t in trials if t.group == CHECK_GROUP), None)
+    if check is not None and check.status not in (AGREES, CHANGED):
+        lines.append(f"unchecked: {check.note}")
+    return lines
 
 
 def format_table(trials: list[Trial]) -> str:

@@ -160,6 +160,13 @@ def test_no_time_left_for_the_check_is_a_skipped_row_saying_the_comparisons_are_
     check = trials[-1]
     assert check.group == tune_mod.CHECK_GROUP and check.status == "skipped"
     assert "comparisons are unchecked" in check.note
+    # the file says so too, and which trials went unmeasured: it said only "best so far", exit 0
+    text = (tmp_path / "tuned.toml").read_text()
+    assert f"# unchecked: {check.note}\n" in text
+    missed = [t for t in trials if t.status in ("skipped", "cut off") and t.group != tune_mod.CHECK_GROUP]
+    assert missed and all(f"{t.switch}={t.value}" in text for t in missed)
+    assert "; these switches stand as the start ran them\n" in text
+    tomllib.loads(text)  # comments only: the file still loads
 
 
 class CpuTrainer(FakeMachine):
