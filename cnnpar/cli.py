@@ -265,7 +265,7 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     # the budget counts from the process's start (interpreter and imports included): the whole run
     # ends within it plus 10 %
     started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
-    from cnnpar.bench.tune import CHANGED, format_table, retry_budget_s, tune
+    from cnnpar.bench.tune import CHANGED, format_table, retry_budget_s, tune, typed_settings
     from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
@@ -279,8 +279,17 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
             "faster on that one figure is kept (--repeats 3, the default, keeps only gains outside the repeats' range)",
             file=sys.stderr,
         )
+    held = typed_settings(vars(args))  # a typed --precision fp32 or --batch-size 32 is the user's, not a trial's
     best, trials = tune(
-        cfg, args.budget_s, out, args.trial_s, args.steps, args.repeats, started=started, config_read=args.config
+        cfg,
+        args.budget_s,
+        out,
+        args.trial_s,
+        args.steps,
+        args.repeats,
+        started=started,
+        config_read=args.config,
+        held=held,
     )
     print(format_table(trials))
     if best is None:

@@ -32,10 +32,10 @@ import shlex
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from cnnpar.config import LONG_COMPILES, MACHINE_FIELDS, Config, dumps_toml, from_dict, to_dict
+from cnnpar.config import LONG_COMPILES, MACHINE_FIELDS, Config, cli_option, dumps_toml, from_dict, to_dict
 from cnnpar.errors import UserError
 from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.report.files import removed_on_failure, write_csv_atomic, write_text_atomic
@@ -204,6 +204,18 @@ def batch_lr(cfg: Config, factor: int) -> tuple[float, str]:
         return lr, f"lr {o.lr:g} -> {lr:.3g} ({lr_rule(o.optimizer)} of the batch ratio, as --batch-size auto)"
     lr = o.lr * scaled_lr(replace(o, grad_accum=o.grad_accum * factor), 1) / scaled_lr(o, 1)
     return lr, f"lr {o.lr:g} -> {lr:g} (--lr-scaling {o.lr_scaling})"
+
+
+def held_note(section: str, name: str) -> str:
+    field = next(f for f in fields(getattr(Config(), section)) if f.name == name)
+    return f"held: you typed {cli_option(field)} (leave it out to let tune try other values)"
+
+
+def typed_settings(given: dict) -> frozenset[str]:
+    """The settings typed on the command line ("speed.precision"), from argparse's namespace of dotted keys, that
+    name a value rather than auto: tune holds them."""
+    auto = ("auto", 0, -1)
+    return frozenset(k for k, v in given.items() if "." in k and not any(v == a and type(v) is type(a) for a in auto))
 
 
 def not_applicable(best: Config, name: str) -> str:
@@ -463,10 +475,13 @@ def tune(
     started: float | None = None,
     log: Callable[[str], None] = print,
     config_read: str | Path | None = None,
+    held: frozenset[str] = frozenset(),
 ) -> tuple[Config | None, list[Trial]]:
     """Search; returns the best config measured (None when not even the start finished) and the trials.
     Raises UserError, writing no file, when the start fails on bad input (data that does not load or decode).
-    `config_read`: the --config the start came from; never removed, even where it is `out`."""
+    `config_read`: the --config the start came from; never removed, even where it is `out`. `held`: the settings
+    ("speed.precision") the user typed: their trials are skipped, saying so (a typed --precision fp32 was tuned to
+    bf16, and --batch-size 32 to 512, without a word)."""
     check_out(Path(out))
     run_trial = run_trial or child_trial(steps, repeats, log)
     tuner = Tuner(budget_s, Path(out), trial_s, run_trial, clock, clock() if started is None else started, log)
@@ -491,12 +506,15 @@ def tune(
             tuner.out.unlink()
             log(f"tune: removed {tuner.out}, an earlier run's config: this run measured none to replace it")
         return None, tuner.trials
-    tuner.batch_trials(facts)
+    if "run.batch_size" in held:
+        tuner.trials.append(Trial(GROUPS[0], "batch_size", "doubled", SKIPPED, note=held_note("run", "batch_size")))
+    else:
+        tuner.batch_trials(facts)
     for group, changes in switch_groups(tuner.best_cfg, facts):
         for label, section, name, value in changes:
             if getattr(getattr(tuner.best_cfg, section), name) == value:
                 continue  # a kept trial may have made this the current value already
-            why = not_applicable(tuner.best_cfg, name)
+            why = held_note(section, name) if f"{section}.{name}" in held else not_applicable(tuner.best_cfg, name)
             if why:  # recorded, not measured
                 tuner.trials.append(Trial(group, label, str(value), SKIPPED, note=why))
                 continue

@@ -216,3 +216,29 @@ def test_a_tuned_lr_trains_as_measured_and_an_automatic_batch_scales_it_from_the
     # from the tuned 512 to the CPU's automatic 64, once: the preset's own lr at 64
     assert trains("--batch-size", "auto") == (64, pytest.approx(preset_auto.optim.lr), 512)
     assert preset_auto.optim.lr == pytest.approx(0.002 * math.sqrt(64 / 128))
+
+
+def test_typed_settings_are_held_not_tuned_away_and_said(tmp_path):
+    """`tune --batch-size 32 --precision fp32` tried other batches and bf16 and wrote batch 512 in bf16 to tuned.toml,
+    without naming the typed flags it had overridden."""
+    m = FakeMachine(
+        rate=lambda c: 1000.0 * c.run.batch_size / 64 * (2 if c.speed.precision == "bf16" else 1), cost=lambda c: 1.0
+    )
+    held = tune_mod.typed_settings({"run.batch_size": 64, "speed.precision": "fp32", "data.workers": -1, "x": 1})
+    assert held == {"run.batch_size", "speed.precision"}  # -1 (auto workers) names no value: not held
+    best, trials = tune_mod.tune(
+        with_overrides(resnet50(), speed={"precision": "fp32"}),
+        600,
+        tmp_path / "tuned.toml",
+        run_trial=m.run_trial,
+        clock=m.clock,
+        log=lambda s: None,
+        held=held,
+    )
+    assert (best.run.batch_size, best.speed.precision) == (64, "fp32")
+    notes = {t.switch: t.note for t in trials if t.status == "skipped" and t.note.startswith("held")}
+    assert notes["batch_size"] == "held: you typed --batch-size (leave it out to let tune try other values)"
+    assert notes["precision"] == "held: you typed --precision (leave it out to let tune try other values)"
+    text = (tmp_path / "tuned.toml").read_text()
+    assert "not measured (skipped): batch_size=doubled" in text and "precision=" in text
+    assert not [c for _, _, c in m.calls if c.run.batch_size != 64 or c.speed.precision != "fp32"]
