@@ -238,7 +238,7 @@ class Trainer:
         # (_restore), while the steps already on the board were the earlier attempts' own
         self.board_offset = 0
         self.saved_epoch = 0  # the epoch ckpt/last.pt holds (rank 0's)
-        self._t_start: float | None = None  # when this attempt's epochs began (a stopped run's summary times them)
+        self._t_start: float | None = None  # when this attempt's epochs began (each epoch's summary times them)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
         if resume_from is not None:
             self._restore(resume_from)
@@ -599,9 +599,10 @@ class Trainer:
                 lines += kept_requested_lines(earlier, self.requested_cfg, lines)
             header += "".join(line + "\n" for line in lines)
             write_text_atomic(record, header + dumps_toml(resolved))
-            # an earlier attempt's summary describes fewer epochs than this attempt will save: gone until this one
-            # ends or stops (it writes its own then), rather than left beside newer metrics and checkpoints
-            (self.run_dir / "summary.json").unlink(missing_ok=True)
+            # the summary of what the checkpoint holds, unfinished: an earlier attempt's ("finished": true at its
+            # --epochs) stayed beside the newer metrics and checkpoints of an attempt stopped before its end
+            if self.history:
+                write_json_atomic(self.run_dir / "summary.json", self._summary(0.0, finished=False))
         barrier(self.info)
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -777,26 +778,10 @@ class Trainer:
                 ):
                     return self._train_all_epochs()
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (errors.Terminated): what is kept, and how to go on
-                self._write_stopped_summary()
                 self.log(self._stopped_line())
                 raise
             finally:
                 self.stream.exit()  # the caller's stream again, after the training's work
-
-    def _write_stopped_summary(self) -> None:
-        """summary.json of the epochs the checkpoint holds, marked stopped: a stopped resume left the summary of an
-        earlier attempt beside a metrics.csv and checkpoint that held more epochs, and nothing said it stopped."""
-        if not self.info.is_main or not self.saved_epoch:
-            return
-        kept = [r for r in self.history if r["epoch"] <= self.saved_epoch]
-        wall = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
-        history, self.history = self.history, kept
-        try:
-            write_json_atomic(self.run_dir / "summary.json", self._summary(wall, stopped=True))
-        except OSError as e:  # the stop goes on: the checkpoint is what resumes
-            self.log(f"warning: summary.json not written ({e})")
-        finally:
-            self.history = history
 
     def _stopped_line(self) -> str:
         again = f"cnnpar train --resume {self.run_dir}"
@@ -930,11 +915,11 @@ class Trainer:
         path, metrics = self.run_dir / "summary.json", self.run_dir / "metrics.csv"
         try:
             written = json.loads(path.read_text())
-            summary_epochs, stopped = written.get("epochs"), written.get("stopped", False)
+            summary_epochs, finished = written.get("epochs"), written.get("finished", True)
         except (OSError, ValueError):
-            summary_epochs, stopped = None, False  # missing or half-written: written again
+            summary_epochs, finished = None, True  # missing or half-written: written again
         stale = []
-        if summary_epochs != len(self.history) or stopped:  # stopped after its last epoch's checkpoint
+        if summary_epochs != len(self.history) or not finished:  # stopped after its last epoch's checkpoint
             write_json_atomic(path, summary)
             stale.append("summary.json")
         if not metrics.is_file() or len(read_csv(metrics)) != len(self.history):
@@ -975,6 +960,11 @@ class Trainer:
             t_save = time.perf_counter()
             save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
             self.saved_epoch = epoch
+            if epoch < self.cfg.run.epochs:  # the last epoch's is written whole, finished, once the loop ends
+                # the epochs the checkpoint holds, whatever ends the run next: a SIGTERM that torchrun's workers
+                # die of unheard, or a SIGKILL, left no summary, or an earlier attempt's of fewer epochs
+                wall = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
+                write_json_atomic(self.run_dir / "summary.json", self._summary(wall, finished=False))
             # on the epoch's line and summed in the summary (not a metrics.csv column: see METRIC_COLUMNS)
             row["checkpoint_s"] = time.perf_counter() - t_save
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
@@ -990,7 +980,7 @@ class Trainer:
             )
         barrier(self.info)  # no rank races ahead of the checkpoint it may have to resume from
 
-    def _summary(self, wall_s: float, stopped: bool = False) -> dict:
+    def _summary(self, wall_s: float, finished: bool = True) -> dict:
         rows = self.history
         vals = [r for r in rows if "val_acc" in r]
         best = max(vals, key=lambda r: r["val_acc"]) if vals else None
@@ -1007,8 +997,9 @@ class Trainer:
             "model": self.cfg.model.name,
             "data": self.bundle.origin,
             "epochs": len(rows),
-            # true: stopped (Ctrl-C, SIGTERM) after these epochs, short of --epochs; resume with --resume
-            "stopped": stopped,
+            # false: these are the epochs the checkpoint holds, short of --epochs (running, or stopped or killed:
+            # --resume continues it); true once the run trained its last epoch
+            "finished": finished,
             "best_val_acc": best["val_acc"] if best else None,
             "val_overlap": self.bundle.val_overlap,  # non-empty: validation files are training files
             "best_epoch": best["epoch"] if best else None,

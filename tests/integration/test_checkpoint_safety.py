@@ -123,14 +123,14 @@ def test_a_checkpoint_of_another_data_set_is_refused_naming_both(trained, capsys
     assert "the run trained on --data synthetic, this resume asks for digits" in capsys.readouterr().err
 
 
-def test_a_stopped_resume_writes_a_summary_of_the_epochs_it_kept_marked_stopped(tmp_path):
+def test_a_stopped_resume_leaves_a_summary_of_the_epochs_it_kept_marked_unfinished(tmp_path):
     """A resume stopped in its second epoch left the first attempt's summary.json (2 epochs, its best) beside a
     metrics.csv and checkpoint of 3, and nothing in the folder said the run had stopped."""
     run = tmp_path / "runs" / "s"
     first = subprocess.run(
         [sys.executable, "-m", "cnnpar", *SMALL, "--epochs", "1", "--name", "s"], cwd=tmp_path, env=cli_env()
     )
-    assert first.returncode == 0 and json.loads((run / "summary.json").read_text())["stopped"] is False
+    assert first.returncode == 0 and json.loads((run / "summary.json").read_text())["finished"] is True
     stop_in_epoch_3 = STOPPED_IN_EPOCH_2.replace("epoch == 2", "epoch == 3")
     resumed = [*SMALL, "--resume", "runs/s", "--epochs", "4"]
     proc = subprocess.run(
@@ -138,16 +138,16 @@ def test_a_stopped_resume_writes_a_summary_of_the_epochs_it_kept_marked_stopped(
     )
     assert proc.returncode == 143, proc.stderr
     summary = json.loads((run / "summary.json").read_text())
-    assert (summary["epochs"], summary["stopped"]) == (2, True)
+    assert (summary["epochs"], summary["finished"]) == (2, False)
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2"]
     assert summary["final_val_acc"] == pytest.approx(float(read_csv(run / "metrics.csv")[-1]["val_acc"]))
     again = subprocess.run([sys.executable, "-m", "cnnpar", *SMALL, "--resume", "runs/s"], cwd=tmp_path, env=cli_env())
     assert again.returncode == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert (summary["epochs"], summary["stopped"]) == (4, False)
+    assert (summary["epochs"], summary["finished"]) == (4, True)
 
 
-def test_a_killed_resume_leaves_no_summary_of_an_earlier_attempt(tmp_path):
+def test_a_killed_resume_leaves_the_summary_of_its_checkpoint_not_the_earlier_attempts(tmp_path):
     """SIGKILL runs no handler: the first attempt's summary.json (1 epoch) stayed beside a checkpoint of 2."""
     run = tmp_path / "runs" / "k"
     first = subprocess.run(
@@ -159,4 +159,5 @@ def test_a_killed_resume_leaves_no_summary_of_an_earlier_attempt(tmp_path):
     proc = subprocess.run([sys.executable, "-c", killed_in_epoch_3, *resumed], cwd=tmp_path, env=cli_env())
     assert proc.returncode == -9
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2"]
-    assert not (run / "summary.json").exists()
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["epochs"], summary["finished"]) == (2, False)
