@@ -588,8 +588,10 @@ class Trainer:
             env = environment(self.info.device, self.info.world_size)
             header = comment_lines(env)
             resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
-            # the processes that ran, not the --nproc asked for (the debug switch runs one; torchrun by hand, any)
-            resolved = replace(resolved, dist=replace(resolved.dist, nproc=launched_nproc()))
+            # the processes that ran, not the --nproc asked for (the debug switch runs one; torchrun by hand, any);
+            # the debug switch itself is how this one launch ran, not a setting of the run: kept, it made a later
+            # `--resume --nproc 2` (or torchrun) of this record train one process, halving the global batch unsaid
+            resolved = replace(resolved, dist=replace(resolved.dist, nproc=launched_nproc(), debug_single=False))
             lines = requested_lines(self.requested_cfg, resolved)
             record = self.run_dir / "config.toml"
             # a resume, or a record re-run with --config: what its first run asked for stays on record, or the

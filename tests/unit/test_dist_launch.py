@@ -357,6 +357,24 @@ def test_a_record_holds_the_processes_that_ran_not_the_nproc_asked_for(monkeypat
     assert dist.launched_nproc() == 0
 
 
+def test_a_record_of_a_debug_run_resumes_with_the_processes_asked_for_then(monkeypatch, tmp_path):
+    """--debug-single was kept in the record: a later `--resume --nproc 2` (or torchrun) of it trained one process,
+    halving the global batch, and its only note told the user to drop a switch they had not typed."""
+    from cnnpar import cli
+    from cnnpar.cliargs import config_from_args
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv(dist.DEBUG_ENV, raising=False)
+    monkeypatch.setattr(dist, "run_launcher", lambda *a, **k: pytest.fail("launched torchrun"))
+    args = ["train", "--nproc", "2", "--debug-single", "--epochs", "1", "--max-steps", "1", "--no-progress"]
+    assert cli.main([*args, "--no-tensorboard", "--out-dir", str(tmp_path), "--name", "d"]) == 0
+    record = (tmp_path / "d" / "config.toml").read_text()
+    assert "\ndebug_single = false\n" in record and "\nnproc = 0\n" in record
+    cfg = config_from_args(cli.build_parser().parse_args(["train", "--resume", str(tmp_path / "d"), "--nproc", "2"]))
+    assert (cfg.dist.debug_single, cfg.dist.nproc) == (False, 2)
+    assert not dist.debug_single_requested(cfg.dist.debug_single)
+
+
 def test_profile_with_nproc_and_horovod_with_the_debug_switch_are_refused_not_run_otherwise(monkeypatch, capsys):
     """`profile --nproc 2` profiled one process and said nothing; `--strategy horovod --debug-single` under
     horovodrun trained on every rank (the switch was ignored there)."""
