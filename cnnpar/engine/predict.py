@@ -60,8 +60,8 @@ def _device(text: str) -> torch.device:
 
 def _precision(run_cfg: dict, dev: torch.device, log) -> Precision:
     """The run's precision, under which its validation scored the weights: a bf16 evaluation and an fp32 one of
-    the same weights differ in a few borderline images (350 against 351 of 359 digits), so predictions made in
-    fp32 were not those of the model val_acc scored. fp32 where this device lacks the run's (bf16 on a GPU
+    the same weights differ in a few borderline images, so predictions made in fp32 were not those of the model
+    val_acc scored. fp32 where this device lacks the run's (bf16 on a GPU
     without it), said in a line."""
     kind = run_cfg.get("speed", {}).get("precision", "fp32")
     if kind == "tf32" and dev.type != "cuda":

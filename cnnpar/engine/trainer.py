@@ -962,13 +962,14 @@ class Trainer:
             t_save = time.perf_counter()
             save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
             self.saved_epoch = epoch
-            if epoch < self.cfg.run.epochs:  # the last epoch's is written whole, finished, once the loop ends
-                # the epochs the checkpoint holds, whatever ends the run next: a SIGTERM that torchrun's workers
-                # die of unheard, or a SIGKILL, left no summary, or an earlier attempt's of fewer epochs
-                wall = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
-                write_json_atomic(self.run_dir / "summary.json", self._summary(wall, finished=False))
             # on the epoch's line and summed in the summary (not a metrics.csv column: see METRIC_COLUMNS)
             row["checkpoint_s"] = time.perf_counter() - t_save
+            if epoch < self.cfg.run.epochs:  # the last epoch's is written whole, finished, once the loop ends
+                # the epochs the checkpoint holds, whatever ends the run next: a SIGTERM that torchrun's workers
+                # die of unheard, or a SIGKILL, left no summary, or an earlier attempt's of fewer epochs (after
+                # checkpoint_s is taken: the summary's own write is not the checkpoint's time)
+                wall = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
+                write_json_atomic(self.run_dir / "summary.json", self._summary(wall, finished=False))
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
             between = (
                 f"eval {row['eval_s']:.2f} s incl. {row['eval_wait_s']:.2f} s data wait, " if "eval_s" in row else ""
