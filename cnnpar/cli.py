@@ -305,8 +305,7 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"tune: no {out} written ({why}); trials in {out.with_suffix('.csv')}", file=sys.stderr)
         return 1
     again = shlex.join(["cnnpar", "train", "--config", str(out)])  # quoted: pasted as it stands
-    changed = next((t for t in trials if t.status == CHANGED), None)
-    if changed is not None:  # also at the head of tuned.toml
+    for changed in (t for t in trials if t.status == CHANGED):  # also at the head of tuned.toml
         print(f"tune: warning: {changed.note}", file=sys.stderr)
     print(f"wrote {out} (and {out.with_suffix('.csv')}); train with: {again}")
     return 0

@@ -8,9 +8,9 @@ after it (an H200 tuning ResNet-18 spent 180 s on max-autotune, cut off, and thr
 skipped for time: call ZZF). A change is kept only when it is faster than the best so far by more than
 the noise margin. Each trial is the real Trainer in a child process (bench/trial.py says why):
 a warm-up epoch (compile and cuDNN autotuning happen there), then timed epochs of `steps` steps;
-the median images/s counts. Last, the best config is measured once more (`Tuner.check`), and every trial before
-it leaves it the start trial's time: a host whose speed changed during the run is said, not hidden in the
-comparisons.
+the median images/s counts. Last, the best config is measured once more (`Tuner.check`), and, where a trial was
+kept, the start's config too; every trial before them leaves them the start trial's time each: a host whose speed
+changed during the run is said, not hidden in the comparisons.
 
 Time: the start trial may use the whole budget; every later trial gets at most `trial_s` (by
 default the larger of a third of the budget and 1.5x the start trial's wall time) and never more
@@ -62,6 +62,11 @@ START, KEPT, SKIPPED = "start", "kept", "skipped"
 # by more than KEEP_MARGIN, the gain a trial needs to be kept (a 2-core CPU host running other work measured one
 # config 1.1x apart within a minute)
 CHECK_GROUP, CHECK_SWITCH, CHECK_VALUE = "check", "best config", "measured again"
+# ... and where a trial was kept, the start's config measured again after it: the best config measured again
+# cannot show a start trial measured while the host was slow, which makes every later trial read as a gain (a
+# stand-in start at half speed let a change that gained nothing be kept as 2x, its check agreeing); the two measured
+# back to back are the gain tuned.toml reports
+CHECK_START = "start config"
 AGREES, CHANGED = "agrees", "unsteady"
 # measured, but the trial ran without the change: the Trainer turns a switch off where it cannot apply (CUDA graphs
 # beside --grad-accum or DDP, resident data that does not fit), so its rate is the config's before it again
@@ -283,6 +288,8 @@ class Tuner:
         self.trials: list[Trial] = []
         self.best_cfg: Config | None = None
         self.best = self.start_rate = self.start_wall_s = 0.0
+        self.start_cfg: Config | None = None
+        self.start_max = self.start_min = 0.0  # the start trial's fastest and slowest repeats
         self.best_max = self.best_min = 0.0  # the best config's fastest and slowest repeats
         self.cap = trial_s
         self.env: dict = {}
@@ -294,10 +301,11 @@ class Tuner:
 
     def limit(self, start: bool = False, check: bool = False) -> tuple[float, str]:
         """The next trial's time limit, and why it may not start ("" when it may): the module's docstring says why.
-        A trial other than the start and the check leaves the check the start trial's time: the long compiles
+        A trial other than the start and the checks leaves each check the start trial's time: the long compiles
         took all that was left, and the check was skipped in both GPU runs of session 29 (calls ZZZZF, ZZZZG)."""
         left = self.left()
-        keep = 0.0 if start or check else self.start_wall_s
+        checks = 2 if any(t.status == KEPT for t in self.trials) else 1  # the start is measured again too then
+        keep = 0.0 if start or check else checks * self.start_wall_s
         limit = left if start else min(self.cap, left - keep)
         if left < MIN_TRIAL_S:
             return limit, f"time budget spent ({max(0.0, left):.0f} s left)"
@@ -337,9 +345,10 @@ class Tuner:
         if label == START:
             t.status = START
             self.start_rate, self.start_wall_s = t.images_per_s, t.wall_s
-            self.best_cfg = merge_resolved(cfg, v["resolved"])
+            self.best_cfg = self.start_cfg = merge_resolved(cfg, v["resolved"])
             self.best, self.facts = t.images_per_s, v.get("facts", {})
             self.best_max, self.best_min = t.images_per_s_max, t.images_per_s_min
+            self.start_max, self.start_min = t.images_per_s_max, t.images_per_s_min
             self.env = self.facts.get("env", {})
             self.trials.append(t)
             self.say(f"start: {t.images_per_s:,.0f} img/s ({spread}), warm-up {t.warmup_s:.1f} s")
@@ -393,39 +402,56 @@ class Tuner:
         return self.facts
 
     def check(self) -> None:
-        """The best config measured once more, after every other trial (CHECK_GROUP says why); sets `warning`
-        when the second measurement is not the first's."""
+        """The best config measured once more after every other trial, and the start's config too where a trial was
+        kept (CHECK_GROUP and CHECK_START say why); sets `warning` when a second measurement is not the first's."""
         if not any(t.images_per_s for t in self.trials if t.status != START):
             return  # nothing was compared with the start: no comparison to check
+        best = self.measure_again(CHECK_SWITCH, self.best_cfg, self.best, self.best_min, self.best_max)
+        if not any(t.status == KEPT for t in self.trials):
+            return  # the best config is the start's: measured again already
+        start = self.measure_again(CHECK_START, self.start_cfg, self.start_rate, self.start_min, self.start_max)
+        if best.images_per_s and start.images_per_s:
+            gain = best.images_per_s / start.images_per_s
+            start.note += f"; measured back to back, the best config ran {gain:.2f}x the start's"
+            self.say(f"check: measured back to back, the best config ran {gain:.2f}x the start's")
+
+    def measure_again(self, switch: str, cfg: Config, rate: float, slowest: float, fastest: float) -> Trial:
+        """One check row: `cfg`, first measured at `rate` (repeats `slowest`-`fastest`), measured once more."""
+        what = "the best config" if switch == CHECK_SWITCH else "the start's config"
         limit, why = self.limit(check=True)
         if why:
-            why += ": the best config was not measured again, so the comparisons are unchecked"
-            self.trials.append(Trial(CHECK_GROUP, CHECK_SWITCH, CHECK_VALUE, SKIPPED, note=why))
-            return
-        self.say(f"the best config once more, to check the host ran every trial at one speed, limit {limit:.0f} s ...")
-        r = self.run_trial(self.best_cfg, limit)
-        t = Trial(CHECK_GROUP, CHECK_SWITCH, CHECK_VALUE, r.status, wall_s=r.wall_s, limit_s=limit)
+            unchecked = "the comparisons are unchecked" if switch == CHECK_SWITCH else "the gain over it is unchecked"
+            t = Trial(
+                CHECK_GROUP, switch, CHECK_VALUE, SKIPPED, note=f"{why}: {what} was not measured again, so {unchecked}"
+            )
+            self.trials.append(t)
+            return t
+        self.say(f"{what} once more, to check the host ran every trial at one speed, limit {limit:.0f} s ...")
+        r = self.run_trial(cfg, limit)
+        t = Trial(CHECK_GROUP, switch, CHECK_VALUE, r.status, wall_s=r.wall_s, limit_s=limit)
         self.trials.append(t)
         if r.status != OK:
-            t.note = f"the best config did not measure again ({r.error}): the comparisons are unchecked"
+            t.note = f"{what} did not measure again ({r.error}): the comparisons are unchecked"
             self.say(t.note)
-            return
+            return t
         t.take(r.value)
-        ratio = t.images_per_s / self.best
-        overlap = t.images_per_s_min <= self.best_max and t.images_per_s_max >= self.best_min
-        same = f"{t.images_per_s:,.0f} img/s now against {self.best:,.0f} when it was measured ({ratio:.2f}x)"
+        ratio = t.images_per_s / rate
+        overlap = t.images_per_s_min <= fastest and t.images_per_s_max >= slowest
+        same = f"{t.images_per_s:,.0f} img/s now against {rate:,.0f} when it was measured ({ratio:.2f}x)"
         if overlap or 1 / KEEP_MARGIN <= ratio <= KEEP_MARGIN:
             t.status, t.note = AGREES, same
-            self.say(f"check: the best config ran {same}: the host kept its speed")
-            return
+            self.say(f"check: {what} ran {same}: the host kept its speed")
+            return t
         t.status = CHANGED
-        t.note = self.warning = (
-            f"the best config ran {same}, apart by more than the {KEEP_MARGIN - 1:.0%} a trial must gain to be "
+        t.note = (
+            f"{what} ran {same}, apart by more than the {KEEP_MARGIN - 1:.0%} a trial must gain to be "
             "kept and outside both measurements' repeats: this machine's speed varied while the trials ran (other "
             "work on it, or more noise than the repeats showed), so the trials' comparisons may not hold; run "
             "cnnpar tune again while the machine is otherwise idle, or with more --repeats"
         )
-        self.say(f"check: {self.warning}")
+        self.warning = "; ".join(x for x in (self.warning, t.note) if x)
+        self.say(f"check: {t.note}")
+        return t
 
     def batch_trials(self, facts: dict) -> None:
         """Double the batch while it pays: stop at no clear gain, a failure (out of memory), a cut-off,
@@ -588,12 +614,24 @@ def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict, warning:
         f"({best.images_per_s / start.images_per_s:.2f}x the start's {start.images_per_s:,.0f}), "
         f"after {len(trials)} trial(s)\n"
     )
+    again = back_to_back(trials)
+    header += f"# measured again at the end, back to back: {again}\n" if again else ""
     header += f"# warning: {warning}\n" if warning else ""
     header += "".join(f"# {line}\n" for line in unmeasured_lines(trials))
     # quoted: a folder name with a space made the command break where it was pasted
     header += f"# written by `cnnpar tune`; train with: {shlex.join(['cnnpar', 'train', '--config', str(out)])}\n"
     write_text_atomic(out, header + dumps_toml(cfg))
     write_csv_atomic(out.with_suffix(".csv"), trial_rows(trials, env), CSV_COLUMNS)
+
+
+def back_to_back(trials: list[Trial]) -> str:
+    """The best and the start's config as the check measured them one after the other ("" unless it measured both):
+    the gain least touched by a host whose speed changed during the search."""
+    again = {t.switch: t.images_per_s for t in trials if t.group == CHECK_GROUP and t.images_per_s}
+    best, start = again.get(CHECK_SWITCH), again.get(CHECK_START)
+    if not (best and start):
+        return ""
+    return f"the best config {best:,.0f} img/s, the start's {start:,.0f} ({best / start:.2f}x)"
 
 
 def unmeasured_lines(trials: list[Trial]) -> list[str]:
@@ -606,8 +644,7 @@ def unmeasured_lines(trials: list[Trial]) -> list[str]:
         if missed:
             named = ", ".join(f"{t.switch}={t.value}" for t in missed)
             lines.append(f"not measured ({status}): {named}; these switches stand as the start ran them")
-    check = next((t for t in trials if t.group == CHECK_GROUP), None)
-    if check is not None and check.status not in (AGREES, CHANGED):
+    for check in (t for t in trials if t.group == CHECK_GROUP and t.status not in (AGREES, CHANGED)):
         lines.append(f"unchecked: {check.note}")
     return lines
 

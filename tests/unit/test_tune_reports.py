@@ -147,10 +147,43 @@ def test_a_host_that_slowed_during_the_search_is_found_by_measuring_the_best_aga
 def test_a_steady_host_measures_the_best_config_again_within_the_noise_and_writes_no_warning(tmp_path):
     m = FakeMachine(rate=lambda c: 1000.0 * (1.1 if c.run.batch_size == 128 else 1.0), cost=lambda c: 1.0)
     best, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
-    check = trials[-1]
-    assert check.status == tune_mod.AGREES and check.images_per_s == 1100.0
-    assert m.calls[-1][2].run.batch_size == 128 == best.run.batch_size  # the best config, not the start's
-    assert "warning" not in (tmp_path / "tuned.toml").read_text()
+    check, start = trials[-2:]
+    assert (check.switch, check.status, check.images_per_s) == (tune_mod.CHECK_SWITCH, tune_mod.AGREES, 1100.0)
+    assert m.calls[-2][2].run.batch_size == 128 == best.run.batch_size  # the best config, not the start's
+    # a trial was kept, so the start's config is measured again too, after the best's
+    assert (start.switch, start.status, start.images_per_s) == (tune_mod.CHECK_START, tune_mod.AGREES, 1000.0)
+    assert m.calls[-1][2].run.batch_size == 64
+    text = (tmp_path / "tuned.toml").read_text()
+    assert "warning" not in text
+    assert "# measured again at the end, back to back: the best config 1,100 img/s, the start's 1,000 (1.10x)" in text
+
+
+def test_a_start_trial_measured_while_the_host_was_slow_is_caught_by_measuring_the_start_again(tmp_path):
+    # the best config measured again agrees with itself, but the start ran at half speed: the batch "gain" of 2x is
+    # the host's, not the batch's; the start's config measured again at the end shows it and says so
+    m = FakeMachine(rate=lambda c: 500.0 if len(m.calls) == 1 else 1000.0, cost=lambda c: 1.0)
+    _, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+    assert any(t.status == "kept" for t in trials)  # a gain that is not one was kept ...
+    check, start = trials[-2:]
+    assert (check.switch, check.status) == (tune_mod.CHECK_SWITCH, tune_mod.AGREES)
+    assert (start.switch, start.status) == (tune_mod.CHECK_START, tune_mod.CHANGED)  # ... and caught
+    assert "the start's config ran 1,000 img/s now against 500 when it was measured (2.00x)" in start.note
+    assert "measured back to back, the best config ran 1.00x the start's" in start.note
+    text = (tmp_path / "tuned.toml").read_text()
+    assert "# warning: the start's config ran 1,000 img/s now against 500" in text
+    assert "back to back: the best config 1,000 img/s, the start's 1,000 (1.00x)" in text
+    tomllib.loads(text)
+
+
+def test_no_time_left_to_measure_the_start_again_is_said_in_tuned_toml(tmp_path):
+    # a trial kept, and the budget spent by the best config's check: the start's is a skipped row, named in the file
+    m = FakeMachine(rate=lambda c: 1000.0 * c.run.batch_size / 64, cost=lambda c: 20.0)
+    _, trials = m.tune(with_overrides(resnet50(), run={"batch_size": 64}), 75, tmp_path / "tuned.toml")
+    kept = [t for t in trials if t.status == "kept"]
+    checks = [t for t in trials if t.group == tune_mod.CHECK_GROUP]
+    assert kept and [t.switch for t in checks] == [tune_mod.CHECK_SWITCH, tune_mod.CHECK_START]
+    assert checks[1].status == "skipped" and "the gain over it is unchecked" in checks[1].note
+    assert f"# unchecked: {checks[1].note}\n" in (tmp_path / "tuned.toml").read_text()
 
 
 def test_no_time_left_for_the_check_is_a_skipped_row_saying_the_comparisons_are_unchecked(tmp_path):
