@@ -309,7 +309,36 @@ def _config_file(args: argparse.Namespace, given: dict, search_again: bool) -> C
         return (refit and (sec, name) in FITTED_BATCH) or (searched and (sec, name) in SEARCHED)
 
     _as_requested(raw, text, found_again)
+    if "speed.device" not in given and _prints_notes():
+        note = _tuned_elsewhere_note(args.config, text, raw["speed"]["device"])
+        if note:
+            print(f"cnnpar: note: {note}", file=sys.stderr)
     return from_dict(raw, origin=args.config)
+
+
+def _tuned_elsewhere_note(file: str, text: str, device: str) -> str:
+    """A tuned.toml pins the device its trials ran on, and the switches they resolved there: one made on the CPU
+    trained a GPU machine's run on the CPU without a word (its CUDA switches off), and one made on a GPU stops on a
+    machine without one. "" where the file is no tune result or this machine has the device it names."""
+    from cnnpar.bench.tune import TUNED_MARK
+
+    if TUNED_MARK not in text or device not in ("cpu", "cuda"):
+        return ""
+    import torch  # here only: --help and the launcher's parent import this module without torch
+
+    here = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == here:
+        return ""
+    if device == "cpu":
+        return (
+            f'{file} was tuned on the CPU and pins device = "cpu": this machine has a CUDA GPU, which this run '
+            "leaves unused; `cnnpar tune` here tunes for it, or --device cuda trains on it with the file's other "
+            "switches, tuned for the CPU (CUDA graphs, pinned memory and the like off)"
+        )
+    return (
+        f'{file} was tuned on a CUDA GPU and pins device = "cuda": this machine has none; `cnnpar tune` here '
+        "tunes for it, or --device cpu trains here with the file's other switches, tuned for the GPU"
+    )
 
 
 # What decides which images a run trains on and its training split: typed beside --config with another value than

@@ -71,6 +71,7 @@ AGREES, CHANGED = "agrees", "unsteady"
 # measured, but the trial ran without the change: the Trainer turns a switch off where it cannot apply (CUDA graphs
 # beside --grad-accum or DDP, resident data that does not fit), so its rate is the config's before it again
 NOT_APPLIED = "not applied"
+TUNED_MARK = "# written by `cnnpar tune`"  # heads tuned.toml's last comment line: how --config knows a tune result
 
 TRIAL_COLUMNS = [
     "group",
@@ -619,7 +620,7 @@ def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict, warning:
     header += f"# warning: {warning}\n" if warning else ""
     header += "".join(f"# {line}\n" for line in unmeasured_lines(trials))
     # quoted: a folder name with a space made the command break where it was pasted
-    header += f"# written by `cnnpar tune`; train with: {shlex.join(['cnnpar', 'train', '--config', str(out)])}\n"
+    header += f"{TUNED_MARK}; train with: {shlex.join(['cnnpar', 'train', '--config', str(out)])}\n"
     write_text_atomic(out, header + dumps_toml(cfg))
     write_csv_atomic(out.with_suffix(".csv"), trial_rows(trials, env), CSV_COLUMNS)
 

@@ -14,7 +14,7 @@ from cnnpar.bench.trial import OK
 from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.errors import UserError
 from cnnpar.presets import with_overrides
-from tests.unit.test_tune import FakeMachine, resnet50
+from tests.unit.test_tune import CUDA_FACTS, FakeMachine, resnet50
 
 
 def test_an_out_under_a_file_is_refused_in_one_line_before_any_trial(tmp_path):
@@ -275,3 +275,37 @@ def test_typed_settings_are_held_not_tuned_away_and_said(tmp_path):
     text = (tmp_path / "tuned.toml").read_text()
     assert "not measured (skipped): batch_size=doubled" in text and "precision=" in text
     assert not [c for _, _, c in m.calls if c.run.batch_size != 64 or c.speed.precision != "fp32"]
+
+
+CPU_FACTS = {"device_type": "cpu", "in_memory": True, "folder": False, "train_samples": 1438}
+
+
+@pytest.mark.parametrize("made_on, here", [("cpu", True), ("cuda", False)])
+def test_a_tuned_toml_used_on_a_machine_with_another_device_says_so(tmp_path, monkeypatch, capsys, made_on, here):
+    # a tuned.toml made on the CPU pins device = "cpu" and its CUDA switches off: on a GPU machine it trained on the
+    # CPU without a word; one made on a GPU stops on a CPU machine, and the error alone did not name the file
+    import torch
+
+    from cnnpar.cli import build_parser
+    from cnnpar.cliargs import config_from_args
+
+    facts = CPU_FACTS if made_on == "cpu" else CUDA_FACTS
+    out = tmp_path / "tuned.toml"
+    FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0, facts=facts).tune(resnet50(), 600, out)
+    assert tomllib.loads(out.read_text())["speed"]["device"] == made_on
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: here)
+
+    def notes(*typed: str) -> str:
+        cfg = config_from_args(build_parser().parse_args(["train", "--config", str(out), *typed]))
+        return cfg, capsys.readouterr().err
+
+    cfg, err = notes()
+    assert cfg.speed.device == made_on  # the file's device stands: the note says what it means here
+    elsewhere = "the CPU" if made_on == "cpu" else "a CUDA GPU"
+    assert f'cnnpar: note: {out} was tuned on {elsewhere} and pins device = "{made_on}"' in err
+    assert "`cnnpar tune` here" in err
+    other = "cuda" if made_on == "cpu" else "cpu"
+    cfg, err = notes("--device", other)  # typed: the user chose, no note
+    assert cfg.speed.device == other and "was tuned on" not in err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: made_on == "cuda")  # the machine it was made on
+    assert "was tuned on" not in notes()[1]
