@@ -152,10 +152,20 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             best_text = f"best val acc {100 * best:.2f}%{caveat} | " if best is not None else ""
             last, best_epoch = result.summary.get("final_val_acc"), result.summary.get("best_epoch")
             if best is not None and best_epoch != result.summary.get("epochs") and last is not None:
-                # only the last epoch's weights are kept: the best figure alone read as the checkpoint's
+                # the best figure alone read as ckpt/last.pt's, which resume and predict read by default
+                kept = (
+                    "its weights in ckpt/best.pt"
+                    if result.summary.get("best_ckpt_epoch") == best_epoch
+                    else "its weights not kept (ckpt/best.pt holds "
+                    + (
+                        f"epoch {result.summary['best_ckpt_epoch']})"
+                        if result.summary.get("best_ckpt_epoch")
+                        else "none)"
+                    )
+                )
                 best_text = (
-                    f"best val acc {100 * best:.2f}%{caveat} at epoch {best_epoch}; the checkpoint holds the last "
-                    f"epoch's weights, val acc {100 * last:.2f}% | "
+                    f"best val acc {100 * best:.2f}%{caveat} at epoch {best_epoch}, {kept}; ckpt/last.pt holds the "
+                    f"last epoch's weights, val acc {100 * last:.2f}% | "
                 )
             overall = result.summary.get("images_per_s_with_eval")
             if overall:  # the epochs' lines leave out the evaluations and checkpoints between them

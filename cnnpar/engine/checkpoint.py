@@ -14,6 +14,16 @@ from cnnpar.errors import UserError, first_line
 from cnnpar.report.files import atomic_write
 
 LAST = "last.pt"
+# the weights of the epoch with the best validation accuracy so far, for predict: ckpt/last.pt alone left a run
+# whose accuracy peaked early with only its later, worse weights
+BEST = "best.pt"
+TRAINING_ONLY = ("optimizer", "scheduler", "precision")  # what a resume needs and best.pt leaves out
+
+
+def best_state(state: dict) -> dict:
+    """A training state without what only a resume reads: the model (and its weight average), its description,
+    config and history, as predict reads them."""
+    return {k: v for k, v in state.items() if k not in TRAINING_ONLY}
 
 
 def save_checkpoint(path: str | Path, state: dict) -> None:
@@ -100,6 +110,11 @@ def require_training_state(state, path: Path) -> dict:
     """A checkpoint a resume can continue from: what cnnpar train saves. A plain state_dict or another tool's
     file would otherwise fail with a KeyError traceback."""
     missing = [k for k in TRAINING_STATE if k not in state] if isinstance(state, dict) else list(TRAINING_STATE)
+    if path.name == BEST and missing:
+        raise UserError(
+            f"{path}: holds the best epoch's weights, for `cnnpar predict`, not a training state: expected the run's "
+            f"ckpt/{LAST} (or the run folder) to resume"
+        )
     if missing or not isinstance(state.get("epoch"), int):
         what = f"no {', '.join(repr(k) for k in missing)}" if missing else f"epoch {state.get('epoch')!r}"
         raise UserError(

@@ -33,7 +33,15 @@ from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_w
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.batch_size import lr_line, search_on_device
-from cnnpar.engine.checkpoint import LAST, load_checkpoint, require_training_state, save_checkpoint
+from cnnpar.engine.checkpoint import (
+    BEST,
+    LAST,
+    best_state,
+    checkpoint_epoch,
+    load_checkpoint,
+    require_training_state,
+    save_checkpoint,
+)
 from cnnpar.engine.data_identity import content_difference, data_location
 from cnnpar.engine.fault import maybe_inject_fault
 from cnnpar.engine.optim import (
@@ -238,6 +246,7 @@ class Trainer:
         # (_restore), while the steps already on the board were the earlier attempts' own
         self.board_offset = 0
         self.saved_epoch = 0  # the epoch ckpt/last.pt holds (rank 0's)
+        self.best_saved_epoch = 0  # the epoch ckpt/best.pt holds (rank 0's; 0: none)
         self._t_start: float | None = None  # when this attempt's epochs began (each epoch's summary times them)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
         if resume_from is not None:
@@ -431,6 +440,7 @@ class Trainer:
         lrs = rebuild_after_resume(self.scheduler, self.optimizer)
         self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
         self.start_epoch = finished + 1
+        self._keep_best_of(finished)
         self.precision.load_state_dict(state["precision"])
         if self.average is not None and "average" in state:
             self.average.load_state_dict(state["average"])
@@ -960,8 +970,12 @@ class Trainer:
             write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
             self.board.end_epoch(row, self.board_step())  # on disk before the checkpoint it resumes from
             t_save = time.perf_counter()
-            save_checkpoint(self.run_dir / "ckpt" / LAST, self._state(epoch))
+            state = self._state(epoch)
+            save_checkpoint(self.run_dir / "ckpt" / LAST, state)
             self.saved_epoch = epoch
+            if self._best_so_far(row):  # after last.pt: a stop between the two loses the best, never the run
+                save_checkpoint(self.run_dir / "ckpt" / BEST, best_state(state))
+                self.best_saved_epoch = epoch
             # on the epoch's line and summed in the summary (not a metrics.csv column: see METRIC_COLUMNS)
             row["checkpoint_s"] = time.perf_counter() - t_save
             if epoch < self.cfg.run.epochs:  # the last epoch's is written whole, finished, once the loop ends
@@ -982,6 +996,28 @@ class Trainer:
                 f"({between}checkpoint {row['checkpoint_s']:.2f} s)"
             )
         barrier(self.info)  # no rank races ahead of the checkpoint it may have to resume from
+
+    def _best_so_far(self, row: dict) -> bool:
+        """Whether this epoch's validation accuracy beats every earlier epoch's (ties keep the earlier: its
+        weights are on disk already)."""
+        if "val_acc" not in row:
+            return False
+        earlier = [r["val_acc"] for r in self.history if "val_acc" in r and r["epoch"] < row["epoch"]]
+        return not earlier or row["val_acc"] > max(earlier)
+
+    def _keep_best_of(self, finished: int) -> None:
+        """On resuming: ckpt/best.pt from an epoch the checkpoint does not hold (an attempt stopped between the two
+        writes) is not this run's any more, and goes; otherwise the epoch it holds is the summary's."""
+        best = self.run_dir / "ckpt" / BEST
+        if not self.info.is_main or not best.is_file():
+            return
+        held = checkpoint_epoch(self.run_dir, best)
+        if held > finished or not held:
+            best.unlink()
+            why = f"it held epoch {held}, past the {finished} epochs the checkpoint keeps" if held else "unreadable"
+            self.log(f"removed {best}: {why}; the next best epoch writes it again")
+            return
+        self.best_saved_epoch = held
 
     def _summary(self, wall_s: float, finished: bool = True) -> dict:
         rows = self.history
@@ -1006,6 +1042,9 @@ class Trainer:
             "best_val_acc": best["val_acc"] if best else None,
             "val_overlap": self.bundle.val_overlap,  # non-empty: validation files are training files
             "best_epoch": best["epoch"] if best else None,
+            # the epoch ckpt/best.pt holds: best_epoch's but where a stop fell between that epoch's two checkpoint
+            # writes, or the run began before cnnpar kept the best (None: no best.pt)
+            "best_ckpt_epoch": self.best_saved_epoch or None,
             "final_val_acc": vals[-1]["val_acc"] if vals else None,
             # from here to compile_s: this process's epochs (a resumed run's last attempt), not the whole run
             "images_per_s": sum(r["images_per_s"] for r in steady) / len(steady) if steady else None,

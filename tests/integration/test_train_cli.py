@@ -144,22 +144,28 @@ def test_a_runs_config_given_with_other_data_finds_the_new_datas_format_size_and
 
 
 def test_the_last_line_says_the_checkpoint_holds_the_last_epoch_when_the_best_came_first(tmp_path, monkeypatch, capsys):
-    """ "best val acc 11.14%" headed a run whose only checkpoint (epoch 6) predicted 8.36%: the best epoch's weights
-    are kept nowhere, and the line did not say so."""
+    """ "best val acc 11.14%" headed a run whose only checkpoint (epoch 6) predicted 8.36%, and the line did not say
+    so; the best epoch's weights are now in ckpt/best.pt, and the line names the file (or says they were not kept)."""
     from cnnpar.cli import main
     from cnnpar.engine.trainer import Trainer, TrainResult
 
-    def fit(self):
+    def fit(self, kept=4):
         summary = {"best_val_acc": 0.1114, "best_epoch": 4, "epochs": 6, "final_val_acc": 0.0836}
-        return TrainResult(tmp_path / "runs" / "b", [], summary)
+        return TrainResult(tmp_path / "runs" / "b", [], {**summary, "best_ckpt_epoch": kept})
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(Trainer, "fit", fit)
     assert main(["train", "--device", "cpu", "--max-steps", "1", "--name", "b", "--no-progress"]) == 0
     done = capsys.readouterr().out.splitlines()[-1]
     assert done.startswith(
-        "done: best val acc 11.14% at epoch 4; the checkpoint holds the last epoch's weights, val acc 8.36% | "
+        "done: best val acc 11.14% at epoch 4, its weights in ckpt/best.pt; ckpt/last.pt holds the last epoch's "
+        "weights, val acc 8.36% | "
     ), done
+    for kept, said in ((3, "ckpt/best.pt holds epoch 3"), (None, "ckpt/best.pt holds none")):
+        monkeypatch.setattr(Trainer, "fit", lambda self, k=kept: fit(self, k))
+        assert main(["train", "--device", "cpu", "--max-steps", "1", "--name", f"k{kept}", "--no-progress"]) == 0
+        done = capsys.readouterr().out.splitlines()[-1]
+        assert f"at epoch 4, its weights not kept ({said}); ckpt/last.pt holds" in done, done
     monkeypatch.setattr(Trainer, "fit", lambda self: TrainResult(tmp_path, [], {**fit(self).summary, "best_epoch": 6}))
     assert main(["train", "--device", "cpu", "--max-steps", "1", "--name", "c", "--no-progress"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("done: best val acc 11.14% | run folder")
