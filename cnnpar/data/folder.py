@@ -10,6 +10,7 @@ behave alike on all paths.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 
@@ -29,16 +30,48 @@ OTHER_IMAGE_SUFFIXES = {".webp", ".bmp", ".gif", ".tif", ".tiff", ".jfif", ".jpe
 def image_files(folder: Path, skipped: list[Path] | None = None) -> list[Path]:
     """The images under `folder`, in order, without hidden files or folders: `.thumbs/`, and the `._x.jpg`
     resource forks macOS leaves on other file systems, which hold no image and stopped a whole run. Images in
-    other formats go to `skipped` where it is given."""
-    found = []
-    for f in sorted(folder.rglob("*")):
-        suffix = f.suffix.lower()
-        if suffix not in IMAGE_SUFFIXES and (skipped is None or suffix not in OTHER_IMAGE_SUFFIXES):
+    other formats go to `skipped` where it is given.
+
+    os.scandir, not Path.rglob: rglob, a Path made, compared and stat'ed per file, listed 100,000 empty files in
+    5.1 s on a 2-core host, and a store's start lists its source folder to see whether it changed. The same files
+    in the same order as `sorted(folder.rglob("*"))` (by their relative parts), symbolic links to folders not
+    followed, links to files kept."""
+    found: list[tuple[tuple[str, ...], bool]] = []
+    _walk(str(folder), (), found, skipped is not None)
+    found.sort()
+    files = []
+    for parts, readable in found:
+        path = folder.joinpath(*parts)
+        (files if readable else skipped).append(path)
+    return files
+
+
+def _walk(path: str, parts: tuple[str, ...], found: list, keep_skipped: bool) -> None:
+    """Add (relative parts, read by cnnpar) for each image file under `path`, skipping hidden names."""
+    try:
+        with os.scandir(path) as entries:
+            listed = list(entries)
+    except (PermissionError, NotADirectoryError, FileNotFoundError):  # as rglob: an unreadable folder yields nothing
+        return
+    for entry in listed:
+        if entry.name.startswith("."):
             continue
-        if any(part.startswith(".") for part in f.relative_to(folder).parts) or not f.is_file():
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
             continue
-        (found if suffix in IMAGE_SUFFIXES else skipped).append(f)
-    return found
+        if is_dir:
+            _walk(entry.path, (*parts, entry.name), found, keep_skipped)
+            continue
+        suffix = os.path.splitext(entry.name)[1].lower()
+        readable = suffix in IMAGE_SUFFIXES
+        if not readable and not (keep_skipped and suffix in OTHER_IMAGE_SUFFIXES):
+            continue
+        try:
+            if entry.is_file():  # follows a link: one to a file counts, a dangling one or one to a folder not
+                found.append(((*parts, entry.name), readable))
+        except OSError:
+            continue
 
 
 def skipped_note(skipped: list[Path]) -> str:
@@ -229,6 +262,11 @@ def listing_checksum(root: Path, files: list[Path], labels: list[int], splits: l
     another or moved between class folders changes it. Not the bytes: reading every photo at each start would
     cost more than the run's first epoch."""
     digest = hashlib.sha256()
+    prefix = os.path.join(str(root), "")
     for f, label, split in zip(files, labels, splits):
-        digest.update(f"{f.relative_to(root)}\0{label}\0{split}\n".encode())
+        name = str(f)
+        # the name under root by slicing where it starts with root, as it does for every file a scan found:
+        # Path.relative_to took 1.4 s for 100,000 files
+        rel = name[len(prefix) :] if name.startswith(prefix) else str(f.relative_to(root))
+        digest.update(f"{rel}\0{label}\0{split}\n".encode())
     return digest.hexdigest()
