@@ -228,7 +228,11 @@ class OptimConfig:
         "batch its lr trained at), else 64; the presets set the batch they were tuned at",
         auto_zero=True,
     )
-    weight_decay: float = _f(5e-4, "decoupled weight decay")
+    weight_decay: float = _f(
+        5e-4,
+        "weight decay: decoupled for adamw (lr x this per step); coupled L2 for sgd and muon's SGD groups (added "
+        "to the gradient, so it goes through the momentum)",
+    )
     momentum: float = _f(0.9, "SGD momentum")
     schedule: str = _f("onecycle", "learning-rate schedule", choices=SCHEDULES)
     warmup: float = _f(0.15, "fraction of all steps spent warming up")
