@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1106,6 +1106,29 @@ s27b)
   TAIL=10 logged cifar_encoded 240 python3 -m cnnpar train --data .devdata/cifar10_jpeg.npz --model resnet18 \
       --epochs 3 --no-progress --out-dir /tmp/runs_c10
   cp /tmp/runs_c10/*/summary.json "$R/cifar_encoded_summary.json" 2>/dev/null
+  ;;
+s31a)
+  # session 31, call A (one H200, ~8 min with a cold start; carry .whl and .devdata/cifar10_jpeg.npz): tune, whose
+  # check now measures the start's config again after the best's where a trial was kept; then the cifar10-speed
+  # preset's time to accuracy without and with --bias-decay (airbench94 decays its BatchNorm biases; the preset not)
+  start=$(date +%s)
+  TAIL=30 logged tune18 270 python3 -m cnnpar tune --device cuda --model resnet18 --data synthetic \
+      --image-shape 3x32x32 --synthetic-samples 50000 --budget-s 240 --out "$R/tuned_resnet18.toml"
+  echo "tune wall: $(( $(date +%s) - start )) s"; head -16 "$R/tuned_resnet18.toml" 2>/dev/null
+  for bd in off on; do
+    flag=(); [ "$bd" = on ] && flag=(--bias-decay)
+    TAIL=14 logged "speed_bd_$bd" 150 python3 -m cnnpar bench --time-to-accuracy --preset cifar10-speed \
+        --data .devdata/cifar10.npz --target 0.94 --repeats 5 "${flag[@]}" --out "$R/speed_bd_$bd"
+  done
+  ;;
+s31b)
+  # session 31, call B (one H200, ~7 min with a cold start; carry .whl and .devdata/imagenet_sample): every GPU-marked
+  # test at the session's last code, then what a user who passes no speed flags gets from the 24,000 photos (each
+  # epoch that improves validation accuracy now also writes ckpt/best.pt)
+  TAIL=14 logged gpu_tests 330 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=8
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 170
+  ls -la /tmp/runs_default/*/ckpt/
   ;;
 s30c)
   # session 30, call D (one H200, ~8 min with a cold start; carry .whl alone): every GPU-marked test at the session's
