@@ -130,7 +130,7 @@ class DataConfig:
     num_classes: int = _f(
         0, "classes: labels must lie in 0..N-1; 0 infers N from the labels (folders: one per subfolder; synthetic: 10)"
     )
-    synthetic_samples: int = _f(4096, "training samples of synthetic data")
+    synthetic_samples: int = _f(4096, "samples of synthetic data (the --val-fraction hold-out comes out of them)")
     val_fraction: float = _f(0.2, "held-out fraction (seeded) when the data has no labelled test split")
     loader: str = _f(
         "fast",

@@ -613,7 +613,7 @@ def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict, warning:
     header += (
         f"# best so far: {best.switch}={best.value}, {best.images_per_s:,.0f} img/s "
         f"({best.images_per_s / start.images_per_s:.2f}x the start's {start.images_per_s:,.0f}), "
-        f"after {len(trials)} trial(s)\n"
+        f"after {len(trials)} trial(s), {sum(t.images_per_s is not None for t in trials)} of them measured\n"
     )
     again = back_to_back(trials)
     header += f"# measured again at the end, back to back: {again}\n" if again else ""

@@ -71,11 +71,19 @@ def infer_shape(n_pixels: int, image_shape: str, path: Path) -> tuple[int, int, 
     side = math.isqrt(n_pixels)
     if side * side != n_pixels:
         raise PixelCountError(
-            f"{path}: {n_pixels} pixel columns is not a square grey image: give the shape, "
-            f"for example --image-shape 3x32x32",
+            f"{path}: {n_pixels} pixel columns is not a square grey image: give the shape, {_shape_hint(n_pixels)}",
             n_pixels,
         )
     return 1, side, side
+
+
+def _shape_hint(n_pixels: int) -> str:
+    """A --image-shape that fits the count where square colour fits it (192 values: 3x8x8); the fixed example
+    3x32x32 was refused when pasted for 192 columns."""
+    side = math.isqrt(n_pixels // 3)
+    if n_pixels % 3 == 0 and side * side * 3 == n_pixels:
+        return f"--image-shape 3x{side}x{side} if they are square colour images (stored channel by channel)"
+    return "--image-shape CxHxW with C x H x W equal to the column count"
 
 
 def _data_rows(path: Path) -> Iterator[tuple[int, list[str]]]:

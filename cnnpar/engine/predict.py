@@ -16,7 +16,7 @@ from cnnpar.data.folder import skipped_note
 from cnnpar.data.sources import detect_format, load_predict_data, npz_class_names
 from cnnpar.data.transforms import DeviceTransform
 from cnnpar.engine.averaging import averaged_weights
-from cnnpar.engine.checkpoint import load_checkpoint
+from cnnpar.engine.checkpoint import BEST, LAST, checkpoint_epoch, find_checkpoint, load_checkpoint
 from cnnpar.engine.step import tta_logits
 from cnnpar.errors import ConfigError, DataError, UserError
 from cnnpar.models import build_model
@@ -36,6 +36,17 @@ def _batches(ds, batch_size: int):
         return
     for x, _ in torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=False):
         yield x
+
+
+def checkpoint_line(path: Path, state: dict) -> str:
+    """Which weights predict reads: a run folder gives ckpt/last.pt, whose epoch may not be the best one, and the
+    predictions did not say which they came from."""
+    epoch = state.get("epoch")
+    line = f"checkpoint: {path}" + (f" (epoch {epoch})" if isinstance(epoch, int) else "")
+    best = path.with_name(BEST)
+    if path.name == LAST and best.is_file() and (held := checkpoint_epoch(path.parent, best)) != epoch:
+        line += f"; {best} holds the best validation epoch, {held}: --checkpoint {best} predicts with it"
+    return line
 
 
 def _device(text: str) -> torch.device:
@@ -135,6 +146,7 @@ def predict(
     meta = state.get("meta") if isinstance(state, dict) else None
     if meta is None:
         raise UserError(f"{checkpoint}: holds no model description ('meta'): expected a checkpoint of cnnpar train")
+    log(checkpoint_line(find_checkpoint(checkpoint), state))
     c, h, w = meta["image_shape"]
     run_cfg = state.get("config") or {}
     fmt = detect_format(data, "auto")

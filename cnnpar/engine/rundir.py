@@ -229,8 +229,8 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
                 again = f"; this run stopped before its first epoch was saved: --resume auto --name {folder.name}"
                 again += f" --out-dir {folder.parent} starts it again from its config.toml"
             raise UserError(
-                f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt or a .pt file)"
-                + again
+                f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt, or that "
+                "folder's ckpt/last.pt)" + again
             )
         run_dir = run_dir_of(ckpt)
         refuse_a_live_run(run_dir)

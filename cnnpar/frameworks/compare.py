@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import math
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -102,7 +103,7 @@ def run_framework(fw: Framework, spec: RunSpec, timeout: float) -> tuple[str, st
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{fw.name}.log"
     cmd = [sys.executable, "-m", f"cnnpar.frameworks.{fw.module}", "--framework", fw.name, *spec.to_argv()]
-    print(f"compare: {fw.name}: {' '.join(cmd[1:])}", flush=True)
+    print(f"compare: {fw.name}: {shlex.join(cmd[1:])}", flush=True)  # quoted: an empty value pastes as ''
     lines: list[str] = []
     with log_path.open("w") as log:
         proc = subprocess.Popen(

@@ -8,6 +8,7 @@ NCCL) processes: this module starts itself under torchrun, and each process take
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,7 @@ def relaunch_under_torchrun(spec: RunSpec) -> int:
         "cnnpar.frameworks.torch_runner",
         *sys.argv[1:],
     ]
-    print("torch: DDP, launching", " ".join(cmd[2:]), flush=True)
+    print("torch: DDP, launching", shlex.join(cmd[2:]), flush=True)
     return subprocess.call(cmd)
 
 

@@ -86,6 +86,15 @@ def test_best_pt_holds_the_best_epochs_weights_and_predict_reads_it(tmp_path, mo
     out = predict(str(run / "ckpt" / BEST), str(data(tmp_path)), str(tmp_path / "p.csv"), 16, log=said.append)
     assert len(out.read_text().splitlines()) == 1 + 16  # a header and the 16 test images
     assert any("accuracy" in line for line in said), said  # scored against y_test, from the best epoch's weights
+    assert f"checkpoint: {run / 'ckpt' / BEST} (epoch 2)" in said
+    # a run folder predicts from last.pt, and says so, naming the file that holds the best epoch
+    said.clear()
+    predict(str(run), str(data(tmp_path)), str(tmp_path / "p2.csv"), 16, log=said.append)
+    best = run / "ckpt" / BEST
+    line = (
+        f"checkpoint: {run / 'ckpt' / LAST} (epoch 4); {best} holds the best validation epoch, 2: --checkpoint {best}"
+    )
+    assert any(s.startswith(line) for s in said), said
     capsys.readouterr()
     assert train(tmp_path, "--epochs", "5", "--resume", str(run / "ckpt" / BEST)) == 2
     assert (

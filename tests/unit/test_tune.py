@@ -113,6 +113,8 @@ def test_every_trial_is_limited_to_what_the_budget_leaves_and_the_run_ends_withi
     text = (tmp_path / "tuned.toml").read_text()
     assert tomllib.loads(text)["run"]["batch_size"] == 256
     assert "# measured again at the end, back to back: the best config 4,000 img/s, the start's 1,000 (4.00x)" in text
+    # the start, 128, 256 and the two checks measured; the rest skipped ("after N trial(s)" alone read as N measured)
+    assert f"after {len(trials)} trial(s), 5 of them measured\n" in text
 
 
 @pytest.mark.parametrize("budget", [180.0, 200.0])
