@@ -120,6 +120,10 @@ def cifar10_speed() -> Config:
     1024 that is lr 11.5 / (1 + 1 / 0.15) = 1.5 and a coupled weight decay of
     0.0153 * 1024 / (1024 * 7.667) / 1.5 = 1.33e-3 (the same shrink per step). Its triangular
     schedule (0.2 -> 1 at 23 % -> 0.07) is approximated by onecycle with 23 % warm-up.
+    Where it differs from airbench94 besides: the BatchNorm biases are not decayed (airbench94 decays them by
+    wd / lr_biases, the same shrink per step: --bias-decay). On an H200, 10 epochs, 5 seeds each: 90.46 % mean
+    final accuracy without, 90.58 % with, a difference inside either set's spread of seeds (0.34 and 0.28 points;
+    call ZZZZM), so the preset was left as it was measured before.
     Point --data at a decoded CIFAR-10 .npz (benchmarks/prepare_cifar10.py)."""
     return Config(
         data=DataConfig(source=".devdata/cifar10.npz", augment="translate+altflip", resident="on"),
