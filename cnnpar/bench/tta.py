@@ -38,7 +38,7 @@ def time_to_accuracy(cfg: Config, bundle: DataBundle, info: DistInfo, target: fl
     cfg = with_overrides(cfg, run={"seed": seed, "progress": False})
     free_device_memory(info.device)
     reset_compiler()
-    trainer = build_trainer(cfg, info, bundle)
+    trainer = build_trainer(cfg, info, bundle, whole_run=True)  # the epochs `cnnpar train` would run, compiled alike
     try:
         trainer.warm_up_compile()
         accs: list[float] = []

@@ -32,11 +32,12 @@ from cnnpar.parallel.streams import TrainingStream
 IN_PLACE = frozenset({("speed", "cuda_graphs"), ("data", "resident")})
 
 
-def build_trainer(cfg: Config, info: DistInfo, bundle: DataBundle | None = None) -> Trainer:
+def build_trainer(cfg: Config, info: DistInfo, bundle: DataBundle | None = None, whole_run: bool = False) -> Trainer:
     """A Trainer for measuring: no progress bar, no resume, a fresh run name (no folder is made), and the long
-    compiles' "auto" off (`as_measured`)."""
-    cfg = as_measured(replace(cfg, run=replace(cfg.run, progress=False, resume="", name="")))
-    return Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
+    compiles' "auto" off (`as_measured`) unless it trains the `whole_run` its config names (time to accuracy), where
+    they resolve as `cnnpar train` resolves them: its figures are that run's."""
+    cfg = replace(cfg, run=replace(cfg.run, progress=False, resume="", name=""))
+    return Trainer(cfg if whole_run else as_measured(cfg), info, bundle=bundle, log=lambda *a, **k: None)
 
 
 def changed_switches(a: Config, b: Config) -> set[tuple[str, str]]:

@@ -119,6 +119,22 @@ def test_a_measuring_trainer_compiles_as_a_short_run_even_for_a_long_config_but_
     assert seen[-1]["options"]["coordinate_descent_tuning"] and seen[-1]["options"]["triton.prefer_nd_tiling"]
 
 
+def test_time_to_accuracy_compiles_as_cnnpar_train_would_for_the_run_it_trains(monkeypatch):
+    # time to accuracy trains the whole run its config names, so its figures are that run's only where it compiles
+    # as `cnnpar train` would: build_trainer's measuring "off" left a long ResNet-50 run's tiling out on CUDA
+    from cnnpar.bench import tta
+    from cnnpar.data import load_data
+    from cnnpar.parallel import apply
+
+    seen = []
+    monkeypatch.setattr(apply.torch, "compile", lambda model, **kw: seen.append(kw) or model)
+    monkeypatch.setattr("cnnpar.presets.long_compiles_default", lambda *a: (True, "auto: on, a test's rule"))
+    monkeypatch.setattr(Trainer, "warm_up_compile", lambda self: None)  # the compile call is what is checked
+    cfg = with_overrides(small_cpu(), run={"epochs": 1})
+    tta.time_to_accuracy(cfg, load_data(cfg.data), CPU, 0.01, seed=0)
+    assert seen[-1]["options"]["coordinate_descent_tuning"] and seen[-1]["options"]["triton.prefer_nd_tiling"]
+
+
 def test_an_auto_the_rule_turns_on_keeps_tiling_off_on_a_torch_without_its_options(monkeypatch):
     from cnnpar.parallel import apply
 
