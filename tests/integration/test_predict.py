@@ -70,12 +70,13 @@ def test_predict_scores_an_npz_s_labels_by_its_class_names(tmp_path, trained):
     np.savez(tmp_path / "rev.npz", x_test=x, y_test=CLASSES - 1 - y, class_names=names[::-1])
     predict(str(run_dir), str(tmp_path / "rev.npz"), out=str(tmp_path / "p.csv"), log=lines.append)
     mapped = "labels mapped to the model's classes by the archive's class_names"
-    assert lines[0] == f"{tmp_path / 'rev.npz'}[y_test]: {mapped}"
-    assert float(lines[1].split("accuracy ")[1].split("%")[0]) >= 90, lines
+    assert lines[0].startswith(f"checkpoint: {run_dir / 'ckpt' / 'last.pt'} (epoch ")  # which weights predict read
+    assert lines[1] == f"{tmp_path / 'rev.npz'}[y_test]: {mapped}"
+    assert float(lines[2].split("accuracy ")[1].split("%")[0]) >= 90, lines
     np.savez(tmp_path / "other.npz", x_test=x, y_test=y, class_names=np.array(["a", "b", "c", "d"]))
     lines.clear()
     predict(str(run_dir), str(tmp_path / "other.npz"), out=str(tmp_path / "q.csv"), log=lines.append)
-    assert lines == [
+    assert lines[1:] == [
         f"{tmp_path / 'other.npz'}[y_test]: ignored as labels: its class_names 'a', 'b', 'c', 'd' are not among the "
         "model's classes ('0', '1', '2', '3')"
     ]
@@ -146,7 +147,7 @@ def test_predict_refuses_a_diverged_checkpoint_and_writes_nothing(tmp_path, caps
             f"cnnpar: error: {bad}: the model's outputs on {data} are not finite (NaN or inf): its weights come "
             "from a run that diverged; expected a checkpoint of a run that trained (try a lower --lr)\n"
         )
-        assert out == ""  # no accuracy line either
+        assert out == f"checkpoint: {bad} (epoch 2)\n"  # which file it read, and no accuracy line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["diverged.pt", "labelled.csv"]
 
 
