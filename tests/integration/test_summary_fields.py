@@ -9,39 +9,16 @@ import copy
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from cnnpar.engine.checkpoint import BEST, LAST
 from cnnpar.report.files import read_csv
+from tests.integration.test_best_checkpoint import ARGS, data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ARGS = [
-    "--device",
-    "cpu",
-    "--model",
-    "cnn3",
-    "--workers",
-    "0",
-    "--no-progress",
-    "--no-tensorboard",
-    "--batch-size",
-    "16",
-]
-
 ACCURACIES = {1: 0.6, 2: 0.3, 3: 0.45}  # the first epoch is best, the last is neither best nor worst
-
-
-def data(tmp_path: Path) -> Path:
-    """64 grey 8x8 training images and 16 test ones, 4 classes."""
-    path = tmp_path / "d.npz"
-    if not path.exists():
-        rng = np.random.default_rng(0)
-        x, y = rng.integers(0, 256, (80, 8, 8), dtype=np.uint8), np.arange(80) % 4
-        np.savez(path, x_train=x[:64], y_train=y[:64], x_test=x[64:], y_test=y[64:])
-    return path
 
 
 def train(tmp_path: Path, name: str, *more: str) -> Path:
