@@ -31,6 +31,7 @@ from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.data.sources import STORE_CHECKSUM
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
+from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.batch_size import lr_line, search_on_device
 from cnnpar.engine.checkpoint import (
@@ -195,6 +196,10 @@ class Trainer:
         self.cfg = cfg = self._cap_batch_size(cfg)
         cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), info.world_size)
         self.cfg = cfg
+        # before DDP wraps the model: a rank given another --model gets this line, not DDP's shape traceback
+        val = len(self.bundle.val) if self.bundle.val is not None else 0
+        same = {**shared_settings(cfg), **data_identity(self.meta, len(self.bundle.train), val)}
+        refuse_disagreeing_ranks(same, info, "settings and data")
         self.model = parallelize(
             self.raw_model,
             info,
@@ -251,6 +256,10 @@ class Trainer:
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
         if resume_from is not None:
             self._restore(resume_from)
+        # each node reads the checkpoint from its own disk, after DDP's broadcast of the weights: nothing else
+        # would notice a node holding another copy of the run folder
+        same = {"epoch resumed from": self.saved_epoch, "weights checksum": weights_checksum(self.raw_model)}
+        refuse_disagreeing_ranks(same, info, "checkpoint")
         self.compile_s = 0.0
         self.eval_wait_s = 0.0  # the last evaluation's wait for its batches (evaluate)
         self.use_graphs = self._graphs_allowed()

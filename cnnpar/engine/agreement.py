@@ -1,0 +1,111 @@
+"""Every rank of a job trains one model: the ranks check that they agree before the first epoch.
+
+Each node reads its own command line, data and (on a disk of its own) checkpoint, and nothing else
+compares them: a node given another --lr, another --epochs, other data of the same size or another
+copy of the run folder trained on silently (DDP broadcasts the weights when it wraps the model, before
+a checkpoint is loaded), or hung at the end waiting for epochs the others never ran. Rank 0's values
+are sent to every rank, and every rank stops with the same one line where a rank differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+
+from cnnpar.config import Config, setting_name, to_dict
+from cnnpar.dist import DistInfo, all_reduce_max, broadcast_object
+from cnnpar.errors import UserError
+
+# Settings that may differ from node to node: where this node's copy of the data lies (its content is compared
+# instead), how this node's host feeds and runs its device, and what rank 0 alone decides for all (the run folder
+# and the checkpoint, broadcast by rundir.resolve_run) or alone writes (progress, TensorBoard, telemetry).
+PER_NODE_SETTINGS = {
+    "data": (
+        "source",
+        "workers",
+        "pin_memory",
+        "persistent_workers",
+        "prefetch_factor",
+        "prefetch_stream",
+        "resident",
+        "decode",
+        "cpu_share",
+        "gpu_resize",
+    ),
+    "speed": (
+        "device",
+        "channels_last",
+        "compile",
+        "cudnn_benchmark",
+        "compile_tuning",
+        "compile_tiling",
+        "compile_eval",
+        "cuda_graphs",
+    ),
+    "dist": ("nproc", "debug_single", "timeout_s"),
+    "run": ("out_dir", "name", "resume", "progress", "monitor", "tensorboard"),
+}
+
+
+def shared_settings(cfg: Config) -> dict[str, Any]:
+    """The resolved settings every rank must share, by "section.name"."""
+    return {
+        f"{section}.{name}": value
+        for section, values in to_dict(cfg).items()
+        for name, value in values.items()
+        if name not in PER_NODE_SETTINGS.get(section, ())
+    }
+
+
+def data_identity(meta: dict, train: int, val: int) -> dict[str, Any]:
+    """What says two ranks hold the same data, wherever its copy lies: the checkpoint's data fields (the path
+    left out) and the split's sizes."""
+    same = {f"data: {key}": value for key, value in meta.items() if key != "data_path"}
+    return {**same, "data: training samples": train, "data: validation samples": val}
+
+
+def weights_checksum(model: torch.nn.Module) -> str:
+    """A short checksum of the weights and buffers (BatchNorm statistics): each tensor's float64 sum, read back
+    in one copy. Ranks that loaded the same bytes get the same sums, bit for bit."""
+    tensors = [t for t in model.state_dict().values() if t.is_floating_point()]
+    if not tensors:
+        return ""
+    sums = torch.stack([t.detach().double().sum() for t in tensors]).cpu()  # note: a CPU-GPU sync point
+    return hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]
+
+
+def _shown(key: str) -> str:
+    section, _, name = key.partition(".")
+    return setting_name(section, name) if name and " " not in key else key
+
+
+def first_difference(reference: dict, mine: dict, rank: int) -> str:
+    """The first field where `mine` (rank `rank`'s) differs from rank 0's `reference`, in words ("" where none)."""
+    for key in [*reference, *(k for k in mine if k not in reference)]:
+        theirs, ours = reference.get(key, "(none)"), mine.get(key, "(none)")
+        if theirs != ours:
+            return f"rank {rank}'s {_shown(key)} is {ours!r}, rank 0's {theirs!r}"
+    return ""
+
+
+def refuse_disagreeing_ranks(fields: dict, info: DistInfo, what: str) -> None:
+    """Raise UserError on every rank where any rank's `fields` differ from rank 0's: the lowest such rank's first
+    difference, in one line. Every rank runs the same three collectives, so all stop together (none waits in
+    another collective for a rank that left). `what`: what must be the same, for the line."""
+    if not info.distributed:
+        return
+    reference = broadcast_object(fields if info.is_main else None, info)
+    difference = first_difference(reference, fields, info.rank)
+    # the lowest differing rank, through a max: world_size - rank is largest for it; 0 where none differs
+    flag = torch.tensor([info.world_size - info.rank if difference else 0], device=info.device)
+    lowest = int(all_reduce_max(flag, info).item())  # note: a CPU-GPU sync point
+    if not lowest:
+        return
+    rank = info.world_size - lowest
+    difference = broadcast_object(difference if info.rank == rank else None, info, src=rank)
+    raise UserError(
+        f"{difference}: every process of a job must train with the same {what}; expected the same command "
+        "line, data and run folder on every node"
+    )

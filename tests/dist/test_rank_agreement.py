@@ -1,0 +1,57 @@
+"""Ranks that would train different models stop before the first epoch, together, with one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cnnpar.config import Config, DataConfig, OptimConfig, RunConfig, SpeedConfig
+from cnnpar.engine.agreement import first_difference, shared_settings
+from tests.conftest import run_cmd, torchrun_cmd
+
+CHECKS = Path(__file__).with_name("agreement_checks.py")
+
+
+def test_settings_that_may_differ_per_node_are_left_out_and_the_first_other_one_is_named():
+    here = Config(data=DataConfig(source="/mnt/a/train.csv"), run=RunConfig(out_dir="/scratch/a"))
+    there = Config(
+        data=DataConfig(source="/data/train.csv", workers=3),
+        run=RunConfig(out_dir="/scratch/b"),
+        speed=SpeedConfig(device="cpu"),
+    )
+    assert first_difference(shared_settings(here), shared_settings(there), 1) == ""
+    other = Config(optim=OptimConfig(lr=0.01), run=RunConfig(epochs=9))
+    assert first_difference(shared_settings(Config()), shared_settings(other), 1) == (
+        "rank 1's optim.lr (--lr) is 0.01, rank 0's 0.002"
+    )
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    work = tmp_path_factory.mktemp("agreement")
+    for rank in range(2):
+        (work / f"n{rank}").mkdir()
+    proc = run_cmd([*torchrun_cmd(2, "--standalone"), str(CHECKS), str(work)], work, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((work / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_rank_given_another_lr_stops_every_rank_before_training(ranks):
+    """Rank 1 trained its own schedule beside rank 0's, and said nothing."""
+    for rank, result in enumerate(ranks):
+        check = result["lr"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        line = f"cnnpar: error: [rank {rank}] rank 1's optim.lr (--lr) is 0.01, rank 0's 0.002: every process"
+        assert check["stderr"].startswith(line) and check["stderr"].count("\n") == 1, check["stderr"]
+        assert "Traceback" not in check["stderr"]
+
+
+def test_a_node_resuming_its_own_copy_with_other_weights_stops_every_rank(ranks):
+    """DDP broadcasts the weights when it wraps the model, before the checkpoint is loaded: two models trained."""
+    assert [r["first"]["rc"] for r in ranks] == [0, 0]
+    for result in ranks:
+        check = result["checkpoint"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        assert "rank 1's weights checksum is '" in check["stderr"] and "same checkpoint" in check["stderr"]
