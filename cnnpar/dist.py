@@ -204,6 +204,14 @@ def launched_as_worker() -> bool:
     return "RANK" in os.environ or any(k in os.environ for k in HOROVOD_LAUNCH_ENV)
 
 
+def stops_for_a_plain_torchrun() -> bool:
+    """Rank 0 of a torchrun started by hand (not by `--nproc`, whose launcher says what was kept itself): it alone
+    turns torchrun's SIGTERM into a stop that says what was kept and how to continue (errors.stop_on_sigterm).
+    torchrun hands a SIGTERM on to every worker and kills them 30 s later; the other ranks end at once, unheard,
+    and rank 0, in a collective with them, sees them gone at once too."""
+    return launched_by_torchrun() and LAUNCHED_NPROC_ENV not in os.environ and launcher_rank() == 0
+
+
 def run_launcher(cmd: Sequence[str], env: dict[str, str]) -> int:
     """Run a launcher (torchrun) and return its exit code, handing a stop on to it once.
 

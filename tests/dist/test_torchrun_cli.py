@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from cnnpar.engine.checkpoint import checkpoint_epoch
+from cnnpar.engine.checkpoint import checkpoint_epoch, load_checkpoint
 from cnnpar.report.files import read_csv
 from tests.conftest import cli_env, run_cmd, torchrun_cmd
 
@@ -268,3 +268,30 @@ def test_two_nodes_restart_after_one_nodes_worker_dies_and_resume_together(tmp_p
     assert [row["epoch"] for row in read_csv(run_dir / "metrics.csv")] == ["1", "2", "3"]
     speaker = [out for _, out, _ in outs if "epoch 1/3" in out]
     assert len(speaker) == 1 and "resumed from" in speaker[0] and "after epoch 1" in speaker[0], speaker
+
+
+def test_sigterm_to_a_plain_torchrun_says_what_was_kept_and_how_to_continue(tmp_path):
+    """`timeout` or a scheduler signals torchrun, which hands SIGTERM on to its workers: every worker died of it
+    unheard, and nobody printed the epochs kept and the command that continues (`--nproc`'s launcher does)."""
+    name = f"plain-{tmp_path.name}"
+    cmd = [*torchrun_cmd(2, "--standalone"), *TRAIN, "--epochs", "50", "--max-steps", "2", "--name", name]
+    proc = subprocess.Popen(
+        [*cmd, "--no-tensorboard", "--timeout-s", "60"], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    ckpt = tmp_path / "runs" / name / "ckpt" / "last.pt"
+    try:
+        deadline = time.monotonic() + 120
+        while not ckpt.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # torchrun alone, as `timeout` does
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    epochs = load_checkpoint(ckpt, map_location="cpu")["epoch"]  # whole: its records' checksums checked
+    assert epochs >= 1
+    kept = f"stopped: the checkpoint in runs/{name} holds epochs 1-{epochs}; continue with: cnnpar train --resume "
+    assert f"{kept}runs/{name} --nproc 2" in out.splitlines(), out[-2000:] + err[-2000:]
+    assert "cnnpar: stopped (SIGTERM)" in err and "cnnpar: rank 0 failed" not in err, err[-3000:]
