@@ -76,12 +76,14 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         init_distributed,
         launcher_env,
         pick_device,
+        refuse_a_debug_switch_on_some_ranks,
         run_launcher,
         surplus_debug_worker,
     )
 
     cfg = config_from_args(args)
     check_model(cfg)
+    refuse_a_debug_switch_on_some_ranks(cfg.dist.debug_single, cfg.dist.timeout_s)
     if surplus_debug_worker(cfg.dist.debug_single):
         return 0  # the debug switch runs one process: global rank 0 alone
     if cfg.dist.strategy == "horovod" and debug_single_requested(cfg.dist.debug_single):

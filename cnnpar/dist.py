@@ -336,6 +336,36 @@ def check_horovod_launch(nproc: int, train_args: Sequence[str] = ()) -> None:
         )
 
 
+def refuse_a_debug_switch_on_some_ranks(debug_single: bool, timeout_s: int) -> None:
+    """ConfigError on every rank where the debug switch is on for some ranks of a torchrun job and off for others
+    (one node's command or environment had it): the switched ranks left or trained alone, and the others waited
+    for them the whole --timeout-s, then failed with a traceback. Each rank writes its switch to torchrun's shared
+    store and reads every rank's: torchrun started them all, so none waits long."""
+    if not launched_by_torchrun() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    from cnnpar.errors import ConfigError
+
+    world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    if world_size == 1:
+        return
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    keys = f"cnnpar/ws{world_size}/attempt_{_join(store, world_size, rank)}/debug_single/rank"
+    store.set(f"{keys}{rank}", "1" if debug_single_requested(debug_single) else "0")
+    on = [r for r in range(world_size) if store.get(f"{keys}{r}") == b"1"]  # waits for each rank's
+    if on and len(on) < world_size:
+        shown = ", ".join(map(str, on[:8])) + (", ..." if len(on) > 8 else "")
+        raise ConfigError(
+            f"the debug switch (--debug-single, {DEBUG_ENV}) is on for rank(s) {shown} of {world_size} only: "
+            "expected it on every node's command (one process trains) or on none"
+        )
+
+
 def surplus_debug_worker(debug_single: bool = False) -> bool:
     """True for every torchrun worker but global rank 0 when the debug switch is on.
 

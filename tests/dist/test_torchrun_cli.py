@@ -295,3 +295,23 @@ def test_sigterm_to_a_plain_torchrun_says_what_was_kept_and_how_to_continue(tmp_
     kept = f"stopped: the checkpoint in runs/{name} holds epochs 1-{epochs}; continue with: cnnpar train --resume "
     assert f"{kept}runs/{name} --nproc 2" in out.splitlines(), out[-2000:] + err[-2000:]
     assert "cnnpar: stopped (SIGTERM)" in err and "cnnpar: rank 0 failed" not in err, err[-3000:]
+
+
+def test_the_debug_switch_on_one_node_only_is_refused_on_every_rank_at_once(tmp_path):
+    """Rank 1 alone had the switch (one node's environment): it left at once, and rank 0 waited for it the whole
+    --timeout-s, then failed with a traceback."""
+    script = tmp_path / "switch_on_rank1.py"
+    script.write_text(
+        "import os, sys\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    os.environ['CNNPAR_DEBUG_SINGLE'] = '1'\n"
+        "from cnnpar.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    start = time.monotonic()
+    proc = run_cmd([*torchrun_cmd(2, "--standalone"), str(script), *TRAIN[2:], "--timeout-s", "120"], tmp_path)
+    assert proc.returncode != 0 and time.monotonic() - start < 60, explain(proc)
+    line = "the debug switch (--debug-single, CNNPAR_DEBUG_SINGLE) is on for rank(s) 1 of 2 only: expected it on"
+    for rank in (0, 1):
+        assert f"cnnpar: error: [rank {rank}] {line}" in proc.stderr, explain(proc)
+    assert "cnnpar: rank 0 failed" not in proc.stderr and not (tmp_path / "runs").exists()
