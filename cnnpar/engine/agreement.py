@@ -90,22 +90,30 @@ def first_difference(reference: dict, mine: dict, rank: int) -> str:
     return ""
 
 
-def refuse_disagreeing_ranks(fields: dict, info: DistInfo, what: str) -> None:
-    """Raise UserError on every rank where any rank's `fields` differ from rank 0's: the lowest such rank's first
-    difference, in one line. Every rank runs the same three collectives, so all stop together (none waits in
-    another collective for a rank that left). `what`: what must be the same, for the line."""
+def refuse_disagreeing_ranks(fields: dict, info: DistInfo, what: str, refusal: UserError | None = None) -> None:
+    """Raise on every rank where a rank refused (`refusal`: its own error) or its `fields` differ from rank 0's:
+    each refused rank its own error, every other rank the lowest such rank's refusal or first difference, in one
+    line. Every rank runs the same three collectives, so all stop together (none waits in another collective for
+    a rank that left). `what`: what must be the same, for the line."""
     if not info.distributed:
+        if refusal is not None:
+            raise refusal
         return
     reference = broadcast_object(fields if info.is_main else None, info)
     difference = first_difference(reference, fields, info.rank)
-    # the lowest differing rank, through a max: world_size - rank is largest for it; 0 where none differs
-    flag = torch.tensor([info.world_size - info.rank if difference else 0], device=info.device)
+    problem = f"rank {info.rank}: {refusal}" if refusal is not None else difference
+    if difference and refusal is None:
+        problem += (
+            f": every process of a job must train with the same {what}; expected the same command line, data and "
+            "run folder on every node"
+        )
+    # the lowest rank with a problem, through a max: world_size - rank is largest for it; 0 where none has one
+    flag = torch.tensor([info.world_size - info.rank if problem else 0], device=info.device)
     lowest = int(all_reduce_max(flag, info).item())  # note: a CPU-GPU sync point
     if not lowest:
         return
     rank = info.world_size - lowest
-    difference = broadcast_object(difference if info.rank == rank else None, info, src=rank)
-    raise UserError(
-        f"{difference}: every process of a job must train with the same {what}; expected the same command "
-        "line, data and run folder on every node"
-    )
+    message = broadcast_object(problem if info.rank == rank else None, info, src=rank)
+    if refusal is not None:
+        raise refusal
+    raise UserError(message)

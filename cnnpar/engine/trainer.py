@@ -240,10 +240,6 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, total_steps, self.steps_per_epoch)
         self.average = build_weight_average(self.raw_model, cfg.optim, total_steps)
         self.frozen_bias = bias_to_freeze(self.raw_model, cfg.optim, cfg.run.epochs, info.distributed)
-        self.run_dir, resume_from = resolve_run(cfg, info)
-        self.resumed_from = Path(resume_from) if resume_from is not None else None
-        if cfg.run.resume == "auto" and resume_from is None:  # a mistyped --name would otherwise start afresh unsaid
-            self.log(f"resume auto: no checkpoint in {self.run_dir}: a new run starts there")
         self.history: list[dict] = []
         self.start_epoch = 1
         # TensorBoard's x axis, the optimizer steps the run has taken, is the schedule's clock plus this offset:
@@ -254,12 +250,21 @@ class Trainer:
         self.best_saved_epoch = 0  # the epoch ckpt/best.pt holds (rank 0's; 0: none)
         self._t_start: float | None = None  # when this attempt's epochs began (each epoch's summary times them)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
-        if resume_from is not None:
-            self._restore(resume_from)
+        refusal = None  # this rank's own (its copy of the checkpoint unreadable, or of other data): said together
+        try:
+            self.run_dir, resume_from = resolve_run(cfg, info)
+            self.resumed_from = Path(resume_from) if resume_from is not None else None
+            if cfg.run.resume == "auto" and resume_from is None:  # a mistyped --name would otherwise start afresh
+                self.log(f"resume auto: no checkpoint in {self.run_dir}: a new run starts there")
+            if resume_from is not None:
+                self._restore(resume_from)
+        except UserError as e:
+            refusal = e
         # each node reads the checkpoint from its own disk, after DDP's broadcast of the weights: nothing else
-        # would notice a node holding another copy of the run folder
+        # would notice a node holding another copy of the run folder. A rank refused alone stops every rank
+        # here, where the others waited in their first collective for it (--timeout-s).
         same = {"epoch resumed from": self.saved_epoch, "weights checksum": weights_checksum(self.raw_model)}
-        refuse_disagreeing_ranks(same, info, "checkpoint")
+        refuse_disagreeing_ranks(same, info, "checkpoint", refusal)
         self.compile_s = 0.0
         self.eval_wait_s = 0.0  # the last evaluation's wait for its batches (evaluate)
         self.use_graphs = self._graphs_allowed()

@@ -55,3 +55,14 @@ def test_a_node_resuming_its_own_copy_with_other_weights_stops_every_rank(ranks)
         check = result["checkpoint"]
         assert check["rc"] == 2 and not check["initialized_after"], check
         assert "rank 1's weights checksum is '" in check["stderr"] and "same checkpoint" in check["stderr"]
+
+
+def test_a_rank_that_cannot_read_the_checkpoint_stops_every_rank(ranks):
+    """Rank 1 stopped alone; rank 0 waited for it in its first collective (or failed with a traceback)."""
+    ours = "runs/w/ckpt/last.pt: rank 0 resumes from this checkpoint but rank 1 cannot read it"
+    for rank, result in enumerate(ranks):
+        check = result["missing"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        said = "cnnpar: error: [rank 1] " if rank == 1 else "cnnpar: error: [rank 0] rank 1: "
+        assert check["stderr"].startswith(said + ours), check["stderr"]
+        assert "Traceback" not in check["stderr"]
