@@ -62,8 +62,11 @@ def shared_settings(cfg: Config) -> dict[str, Any]:
 def data_identity(meta: dict, train: int, val: int) -> dict[str, Any]:
     """What says two ranks hold the same data, wherever its copy lies: the checkpoint's data fields (the path
     left out) and the split's sizes."""
-    same = {f"data: {key}": value for key, value in meta.items() if key != "data_path"}
-    return {**same, "data: training samples": train, "data: validation samples": val}
+    # the checksum first: the difference named is then the one that says most (not the mean pixel it moved)
+    first = [key for key in ("data_checksum", "examples", "num_classes", "class_names", "image_shape") if key in meta]
+    keys = first + [key for key in meta if key not in first and key != "data_path"]
+    same = {f"data's {key.removeprefix('data_').replace('_', ' ')}": meta[key] for key in keys}
+    return {**same, "data's training samples": train, "data's validation samples": val}
 
 
 def weights_checksum(model: torch.nn.Module) -> str:
@@ -81,12 +84,18 @@ def _shown(key: str) -> str:
     return setting_name(section, name) if name and " " not in key else key
 
 
+def _short(value: Any, most: int = 28) -> str:
+    """A value for the one line: long ones (a checksum, a list of class names) cut, enough to tell them apart."""
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
 def first_difference(reference: dict, mine: dict, rank: int) -> str:
     """The first field where `mine` (rank `rank`'s) differs from rank 0's `reference`, in words ("" where none)."""
     for key in [*reference, *(k for k in mine if k not in reference)]:
         theirs, ours = reference.get(key, "(none)"), mine.get(key, "(none)")
         if theirs != ours:
-            return f"rank {rank}'s {_shown(key)} is {ours!r}, rank 0's {theirs!r}"
+            return f"rank {rank}'s {_shown(key)} is {_short(ours)}, rank 0's {_short(theirs)}"
     return ""
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cnnpar.config import Config, DataConfig, OptimConfig, RunConfig, SpeedConfig
-from cnnpar.engine.agreement import first_difference, shared_settings
+from cnnpar.engine.agreement import data_identity, first_difference, shared_settings
 from tests.conftest import run_cmd, torchrun_cmd
 
 CHECKS = Path(__file__).with_name("agreement_checks.py")
@@ -26,6 +26,15 @@ def test_settings_that_may_differ_per_node_are_left_out_and_the_first_other_one_
     assert first_difference(shared_settings(Config()), shared_settings(other), 1) == (
         "rank 1's optim.lr (--lr) is 0.01, rank 0's 0.002"
     )
+
+
+def test_data_is_compared_by_its_content_not_its_path_checksum_first():
+    """Other data of the same size trained half of each batch on another file, unsaid."""
+    meta = {"model": "cnn3", "mean": [0.37], "data_path": "/mnt/a/train.csv", "data_checksum": "a" * 64}
+    here = data_identity(meta, 240, 60)
+    assert first_difference(here, data_identity({**meta, "data_path": "/data/train.csv"}, 240, 60), 1) == ""
+    other = data_identity({**meta, "mean": [0.36], "data_checksum": "b" * 64}, 240, 60)
+    assert first_difference(here, other, 1) == f"rank 1's data's checksum is '{'b' * 24}..., rank 0's '{'a' * 24}..."
 
 
 @pytest.fixture(scope="module")
