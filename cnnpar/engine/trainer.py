@@ -2,7 +2,9 @@
 
 Set-up order: data first (bad input fails before any folder is made), then the device-resolved
 config, model, parallel wrappers, optimizer, schedule, loaders, the train step; the run folder
-last. The epoch loop groups the loader's batches into accumulation groups and hands each to the
+last. The ranks compare their settings and data before DDP wraps the model, and the checkpoint
+once it is loaded (engine/agreement.py), so that ranks that would train different models stop.
+The epoch loop groups the loader's batches into accumulation groups and hands each to the
 `TrainStep` (engine/train_step.py), the one step every tool times too. The loop keeps host syncs
 to the places that read numbers: the progress display, the end of an epoch and evaluation.
 """
