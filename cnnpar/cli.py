@@ -76,12 +76,14 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         init_distributed,
         launcher_env,
         pick_device,
+        refuse_a_debug_switch_on_some_ranks,
         run_launcher,
         surplus_debug_worker,
     )
 
     cfg = config_from_args(args)
     check_model(cfg)
+    refuse_a_debug_switch_on_some_ranks(cfg.dist.debug_single, cfg.dist.timeout_s)
     if surplus_debug_worker(cfg.dist.debug_single):
         return 0  # the debug switch runs one process: global rank 0 alone
     if cfg.dist.strategy == "horovod" and debug_single_requested(cfg.dist.debug_single):
@@ -669,11 +671,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from cnnpar.dist import launched_as_worker, widen_device_queues  # (imports torch: not for --help)
+    from cnnpar.dist import launched_as_worker, stops_for_a_plain_torchrun, widen_device_queues  # (imports torch)
 
     widen_device_queues()  # before anything starts CUDA; torchrun's workers inherit it
-    if not launched_as_worker():  # a launcher's ranks: it stops them (a rank stuck in a collective could not
-        stop_on_sigterm()  # run a handler), and its own stop is handed on once; every other command cleans up
+    # A launcher's ranks: it stops them (a rank stuck in a collective could not run a handler), and its own stop is
+    # handed on once; every other command cleans up. Under a torchrun started by hand nobody else would say what
+    # was kept: its rank 0 does, as on Ctrl-C.
+    if not launched_as_worker() or stops_for_a_plain_torchrun():
+        stop_on_sigterm()
     try:
         return args.func(args, argv[1:])
     except UserError as e:

@@ -36,6 +36,9 @@ class DistInfo:
     device: torch.device
     # Another transport's collectives (cnnpar.parallel.horovod.HorovodCollectives); None: torch.distributed.
     collectives: Any = None
+    # torchrun's attempt at this job, 0 for the first (or no torchrun); every rank holds the same number
+    # (`job_attempt`): a restart after a failure elsewhere resumes on every node, not only the failed one's
+    attempt: int = 0
 
     @property
     def is_main(self) -> bool:
@@ -201,6 +204,14 @@ def launched_as_worker() -> bool:
     return "RANK" in os.environ or any(k in os.environ for k in HOROVOD_LAUNCH_ENV)
 
 
+def stops_for_a_plain_torchrun() -> bool:
+    """Rank 0 of a torchrun started by hand (not by `--nproc`, whose launcher says what was kept itself): it alone
+    turns torchrun's SIGTERM into a stop that says what was kept and how to continue (errors.stop_on_sigterm).
+    torchrun hands a SIGTERM on to every worker and kills them 30 s later; the other ranks end at once, unheard,
+    and rank 0, in a collective with them, sees them gone at once too."""
+    return launched_by_torchrun() and LAUNCHED_NPROC_ENV not in os.environ and launcher_rank() == 0
+
+
 def run_launcher(cmd: Sequence[str], env: dict[str, str]) -> int:
     """Run a launcher (torchrun) and return its exit code, handing a stop on to it once.
 
@@ -325,6 +336,36 @@ def check_horovod_launch(nproc: int, train_args: Sequence[str] = ()) -> None:
         )
 
 
+def refuse_a_debug_switch_on_some_ranks(debug_single: bool, timeout_s: int) -> None:
+    """ConfigError on every rank where the debug switch is on for some ranks of a torchrun job and off for others
+    (one node's command or environment had it): the switched ranks left or trained alone, and the others waited
+    for them the whole --timeout-s, then failed with a traceback. Each rank writes its switch to torchrun's shared
+    store and reads every rank's: torchrun started them all, so none waits long."""
+    if not launched_by_torchrun() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    from cnnpar.errors import ConfigError
+
+    world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    if world_size == 1:
+        return
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    keys = f"cnnpar/ws{world_size}/attempt_{_join(store, world_size, rank)}/debug_single/rank"
+    store.set(f"{keys}{rank}", "1" if debug_single_requested(debug_single) else "0")
+    on = [r for r in range(world_size) if store.get(f"{keys}{r}") == b"1"]  # waits for each rank's
+    if on and len(on) < world_size:
+        shown = ", ".join(map(str, on[:8])) + (", ..." if len(on) > 8 else "")
+        raise ConfigError(
+            f"the debug switch (--debug-single, {DEBUG_ENV}) is on for rank(s) {shown} of {world_size} only: "
+            "expected it on every node's command (one process trains) or on none"
+        )
+
+
 def surplus_debug_worker(debug_single: bool = False) -> bool:
     """True for every torchrun worker but global rank 0 when the debug switch is on.
 
@@ -380,7 +421,7 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     if world_size == 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        return DistInfo(0, 0, 1, device)
+        return DistInfo(0, 0, 1, device, attempt=local_restart_count())  # one process: its agent's count is the job's
     # set_device before init_process_group: NCCL binds its communicator to the current device,
     # and a wrong one makes every rank's first collective land on GPU 0.
     if device.type == "cuda":
@@ -392,7 +433,7 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     if store is not None:
         kwargs.update(store=store, rank=rank, world_size=world_size)
     dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
-    return DistInfo(rank, local_rank, world_size, device)
+    return DistInfo(rank, local_rank, world_size, device, attempt=job_attempt())
 
 
 def attempt_store(world_size: int, timeout: timedelta) -> dist.Store | None:
@@ -402,7 +443,10 @@ def attempt_store(world_size: int, timeout: timedelta) -> dist.Store | None:
     without a prefix, so after `--max-restarts` restarts the new workers can read the dead
     ones' process-group keys (gloo peer addresses among them) and fail with "connection refused"
     or hang in init (seen here with torch 2.14 and gloo in 4 of 7 restarts); a prefix per attempt
-    (TORCHELASTIC_RESTART_COUNT) makes every attempt start from an empty key space.
+    makes every attempt start from an empty key space. The attempt is counted in the store itself
+    (`_join`), not read from TORCHELASTIC_RESTART_COUNT: each node's agent keeps that count for
+    itself, and a node restarted because another node's worker failed keeps 0, so two nodes'
+    ranks used two prefixes and never met.
     """
     init_no = next(_INIT_COUNT)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -410,8 +454,36 @@ def attempt_store(world_size: int, timeout: timedelta) -> dist.Store | None:
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
     )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"cnnpar/attempt_{attempt}/init_{init_no}/", store)
+    attempt = _join(store, world_size, int(os.environ["RANK"]))
+    return dist.PrefixStore(f"cnnpar/ws{world_size}/attempt_{attempt}/init_{init_no}/", store)
+
+
+# This process's attempt, counted once when it first joins torchrun's store (_join): a second process-group
+# set-up in the same process (after a destroy) is the same attempt, kept apart by its init number instead.
+_joined_attempt: int | None = None
+
+
+def _join(store: dist.Store, world_size: int, rank: int) -> int:
+    """This job's attempt (0 for the first), the same on every rank: each worker of an attempt joins once, so
+    rank r's count of joins in the shared store is the attempts so far, on every node alike."""
+    global _joined_attempt
+    if _joined_attempt is None:
+        _joined_attempt = store.add(f"cnnpar/joins/ws{world_size}/rank{rank}", 1) - 1
+    return _joined_attempt
+
+
+def local_restart_count() -> int:
+    """The restarts this node's torchrun agent made (0 outside torchrun): the job's only for a job of one node."""
+    value = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(value) if value.strip().isdigit() else 0
+
+
+def job_attempt() -> int:
+    """This job's attempt as every rank agrees on it where torchrun's store counted it (`attempt_store`), else
+    (env://, one node) the agent's own count. A node's own count of restarts says a restart too: under an elastic
+    world size that changed, the count of joins in the new size starts again at 0."""
+    joined = _joined_attempt if _joined_attempt is not None else 0
+    return max(joined, local_restart_count())
 
 
 def destroy_distributed() -> None:

@@ -3,8 +3,8 @@
     CNNPAR_FAULT_KILL_AT_EPOCH=E    the last rank sends itself SIGKILL half-way through epoch E
     CNNPAR_FAULT_RAISE_AT_EPOCH=E   the last rank raises RuntimeError there instead
 
-Both act only in torchrun's first attempt (TORCHELASTIC_RESTART_COUNT=0), so a job restarted
-with --max-restarts runs clean and shows whether it resumed. Unset (the normal case), the hook
+Both act only in torchrun's first attempt (DistInfo.attempt 0, which every node agrees on), so a job
+restarted with --max-restarts runs clean and shows whether it resumed. Unset (the normal case), the hook
 costs one integer comparison per step.
 """
 
@@ -15,7 +15,6 @@ import signal
 from functools import lru_cache
 
 from cnnpar.dist import DistInfo
-from cnnpar.engine.rundir import elastic_restart
 
 KILL_ENV = "CNNPAR_FAULT_KILL_AT_EPOCH"
 RAISE_ENV = "CNNPAR_FAULT_RAISE_AT_EPOCH"
@@ -23,12 +22,12 @@ RAISE_ENV = "CNNPAR_FAULT_RAISE_AT_EPOCH"
 
 @lru_cache(maxsize=1)
 def _plan() -> tuple[int, int]:
-    if elastic_restart():
-        return 0, 0
     return int(os.environ.get(KILL_ENV, "0") or 0), int(os.environ.get(RAISE_ENV, "0") or 0)
 
 
 def maybe_inject_fault(epoch: int, step: int, steps: int, info: DistInfo) -> None:
+    if info.attempt > 0:
+        return
     kill_at, raise_at = _plan()
     if epoch not in (kill_at, raise_at) or step != steps // 2 or info.rank != info.world_size - 1:
         return

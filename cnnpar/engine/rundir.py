@@ -33,9 +33,10 @@ except ImportError:  # Windows has no flock: runs there go unclaimed, as they al
 CLAIM_FILE = ".cnnpar.lock"  # hidden: nothing that reads a run folder looks at it, and `ls` does not show it
 
 
-def elastic_restart() -> bool:
-    """True when torchrun restarted this worker group after a failure (--max-restarts)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+def elastic_restart(info: DistInfo) -> bool:
+    """True when torchrun restarted this job's workers after a failure (--max-restarts): the attempt all ranks
+    agree on (dist.job_attempt), as a node whose own worker did not fail is restarted with its count still 0."""
+    return info.attempt > 0
 
 
 def torchrun_job_id() -> str:
@@ -216,8 +217,9 @@ def run_folder_held(
             os.close(fd)
 
 
-def _decide(cfg: Config) -> tuple[str, str | None]:
-    """Rank 0's decision: (run folder, checkpoint or None). Raises UserError; creates nothing."""
+def _decide(cfg: Config, restart: bool) -> tuple[str, str | None]:
+    """Rank 0's decision: (run folder, checkpoint or None); `restart`: torchrun restarted the job (elastic_restart).
+    Raises UserError; creates nothing."""
     resume = cfg.run.resume
     if resume and resume != "auto":
         target = Path(resume)
@@ -255,14 +257,14 @@ def _decide(cfg: Config) -> tuple[str, str | None]:
             )
         refuse_other_data(run_dir, cfg)
         return str(run_dir), str(ckpt)
-    if resume == "auto" and not cfg.run.name and not (elastic_restart() or launch_stable_job_id()):
+    if resume == "auto" and not cfg.run.name and not (restart or launch_stable_job_id()):
         # the folder would be a new default name: a run that resumes nothing, where one was asked for
         raise UserError(NO_NAME_TO_RESUME)
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
     refuse_a_live_run(run_dir)
     existing = find_checkpoint(run_dir) if run_dir.is_dir() else None
     refuse_other_data(run_dir, cfg)
-    if resume == "auto" or elastic_restart():
+    if resume == "auto" or restart:
         return str(run_dir), str(existing) if existing else None
     if existing is not None:
         raise UserError(
@@ -277,7 +279,7 @@ def resolve_run(cfg: Config, info: DistInfo) -> tuple[Path, Path | None]:
     decision: tuple[str, str | None] | str
     if info.is_main:
         try:
-            decision = _decide(cfg)
+            decision = _decide(cfg, elastic_restart(info))
         except UserError as e:
             decision = str(e)  # broadcast the refusal too, or the other ranks would wait for a folder
     else:

@@ -2,7 +2,9 @@
 
 Set-up order: data first (bad input fails before any folder is made), then the device-resolved
 config, model, parallel wrappers, optimizer, schedule, loaders, the train step; the run folder
-last. The epoch loop groups the loader's batches into accumulation groups and hands each to the
+last. The ranks compare their settings and data before DDP wraps the model, and the checkpoint
+once it is loaded (engine/agreement.py), so that ranks that would train different models stop.
+The epoch loop groups the loader's batches into accumulation groups and hands each to the
 `TrainStep` (engine/train_step.py), the one step every tool times too. The loop keeps host syncs
 to the places that read numbers: the progress display, the end of an epoch and evaluation.
 """
@@ -31,6 +33,7 @@ from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.data.sources import STORE_CHECKSUM
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
+from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
 from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.batch_size import lr_line, search_on_device
 from cnnpar.engine.checkpoint import (
@@ -195,6 +198,10 @@ class Trainer:
         self.cfg = cfg = self._cap_batch_size(cfg)
         cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), info.world_size)
         self.cfg = cfg
+        # before DDP wraps the model: a rank given another --model gets this line, not DDP's shape traceback
+        val = len(self.bundle.val) if self.bundle.val is not None else 0
+        same = {**shared_settings(cfg), **data_identity(self.meta, len(self.bundle.train), val)}
+        refuse_disagreeing_ranks(same, info, "settings and data")
         self.model = parallelize(
             self.raw_model,
             info,
@@ -235,10 +242,6 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, total_steps, self.steps_per_epoch)
         self.average = build_weight_average(self.raw_model, cfg.optim, total_steps)
         self.frozen_bias = bias_to_freeze(self.raw_model, cfg.optim, cfg.run.epochs, info.distributed)
-        self.run_dir, resume_from = resolve_run(cfg, info)
-        self.resumed_from = Path(resume_from) if resume_from is not None else None
-        if cfg.run.resume == "auto" and resume_from is None:  # a mistyped --name would otherwise start afresh unsaid
-            self.log(f"resume auto: no checkpoint in {self.run_dir}: a new run starts there")
         self.history: list[dict] = []
         self.start_epoch = 1
         # TensorBoard's x axis, the optimizer steps the run has taken, is the schedule's clock plus this offset:
@@ -249,8 +252,21 @@ class Trainer:
         self.best_saved_epoch = 0  # the epoch ckpt/best.pt holds (rank 0's; 0: none)
         self._t_start: float | None = None  # when this attempt's epochs began (each epoch's summary times them)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
-        if resume_from is not None:
-            self._restore(resume_from)
+        refusal = None  # this rank's own (its copy of the checkpoint unreadable, or of other data): said together
+        try:
+            self.run_dir, resume_from = resolve_run(cfg, info)
+            self.resumed_from = Path(resume_from) if resume_from is not None else None
+            if cfg.run.resume == "auto" and resume_from is None:  # a mistyped --name would otherwise start afresh
+                self.log(f"resume auto: no checkpoint in {self.run_dir}: a new run starts there")
+            if resume_from is not None:
+                self._restore(resume_from)
+        except UserError as e:
+            refusal = e
+        # each node reads the checkpoint from its own disk, after DDP's broadcast of the weights: nothing else
+        # would notice a node holding another copy of the run folder. A rank refused alone stops every rank
+        # here, where the others waited in their first collective for it (--timeout-s).
+        same = {"epoch resumed from": self.saved_epoch, "weights checksum": weights_checksum(self.raw_model)}
+        refuse_disagreeing_ranks(same, info, "checkpoint", refusal)
         self.compile_s = 0.0
         self.eval_wait_s = 0.0  # the last evaluation's wait for its batches (evaluate)
         self.use_graphs = self._graphs_allowed()

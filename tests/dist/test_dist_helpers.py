@@ -68,7 +68,5 @@ def test_fault_hook_acts_only_on_the_last_rank_mid_epoch_of_the_first_attempt(to
     with pytest.raises(RuntimeError):  # the real SIGKILL would end the process here
         fault.maybe_inject_fault(2, 5, 10, last)
     assert killed == [signal.SIGKILL]
-    fault._plan.cache_clear()
-    torchrun_env.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # the restarted job runs clean
-    fault.maybe_inject_fault(2, 5, 10, last)
+    fault.maybe_inject_fault(2, 5, 10, DistInfo(1, 1, 2, CPU, attempt=1))  # the restarted job runs clean
     assert killed == [signal.SIGKILL]

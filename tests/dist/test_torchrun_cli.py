@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from cnnpar.engine.checkpoint import checkpoint_epoch
+from cnnpar.engine.checkpoint import checkpoint_epoch, load_checkpoint
 from cnnpar.report.files import read_csv
 from tests.conftest import cli_env, run_cmd, torchrun_cmd
 
@@ -208,3 +208,110 @@ def test_a_killed_worker_under_nproc_ends_with_the_epochs_kept_and_the_command_t
     again = cli(*end.split("continue with: cnnpar ")[1].split(), "--no-progress")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from runs/k/ckpt/last.pt after epoch 1" in again.stdout and "epoch 3/3" in again.stdout
+
+
+# Rank 0 pauses where rank 1 kills itself (once), so that node 0's agent learns of the failure by the
+# rendezvous (node 1 waiting to rejoin) before its own worker finds the dead peer in a collective: on one machine
+# the peer's socket is reset at once, and rank 0 failing too gave both agents a restart count of 1, hiding the bug.
+SLOW_RANK0 = """
+import sys, time
+from pathlib import Path
+from cnnpar.engine import fault
+inject = fault.maybe_inject_fault
+def stall_rank0(epoch, step, steps, info):
+    if info.rank == 0 and epoch == 2 and step == steps // 2 and not Path("stalled").exists():
+        Path("stalled").touch()
+        time.sleep(20)
+    inject(epoch, step, steps, info)
+fault.maybe_inject_fault = stall_rank0
+import cnnpar.engine.trainer as trainer
+trainer.maybe_inject_fault = stall_rank0
+from cnnpar.cli import main
+sys.exit(main())
+"""
+
+
+def test_two_nodes_restart_after_one_nodes_worker_dies_and_resume_together(tmp_path):
+    """Rank 1 (node 1) SIGKILLs itself in epoch 2; node 1's agent restarts with its restart count 1, node 0's
+    because the membership changed, with its count still 0. Each rank took its attempt from its own agent's
+    count: the two ranks used two key prefixes and never met (gloo timeouts, both nodes exit 1), and rank 0,
+    counting no restart, refused its own run folder. The attempt is now counted in the shared store."""
+    script = tmp_path / "slow_rank0.py"
+    script.write_text(SLOW_RANK0)
+    port = free_port()
+    launch = torchrun_cmd(
+        1,
+        "--nnodes=2",
+        "--max-restarts=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id=restart-{port}",
+    )
+    cmd = [*launch, str(script), *TRAIN[2:], "--epochs", "3", "--timeout-s", "30", "--no-tensorboard"]
+    env = cli_env(CNNPAR_FAULT_KILL_AT_EPOCH="2")
+    nodes = [
+        subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = []
+    try:
+        for node in nodes:
+            out, err = node.communicate(timeout=240)
+            outs.append((node.returncode, out, err))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    for rc, out, err in outs:
+        assert rc == 0, f"exit {rc}\n{out[-2000:]}\n{err[-3000:]}"
+    run_dir = only_run_folder(tmp_path)
+    assert [row["epoch"] for row in read_csv(run_dir / "metrics.csv")] == ["1", "2", "3"]
+    speaker = [out for _, out, _ in outs if "epoch 1/3" in out]
+    assert len(speaker) == 1 and "resumed from" in speaker[0] and "after epoch 1" in speaker[0], speaker
+
+
+def test_sigterm_to_a_plain_torchrun_says_what_was_kept_and_how_to_continue(tmp_path):
+    """`timeout` or a scheduler signals torchrun, which hands SIGTERM on to its workers: every worker died of it
+    unheard, and nobody printed the epochs kept and the command that continues (`--nproc`'s launcher does)."""
+    name = f"plain-{tmp_path.name}"
+    cmd = [*torchrun_cmd(2, "--standalone"), *TRAIN, "--epochs", "50", "--max-steps", "2", "--name", name]
+    proc = subprocess.Popen(
+        [*cmd, "--no-tensorboard", "--timeout-s", "60"], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    ckpt = tmp_path / "runs" / name / "ckpt" / "last.pt"
+    try:
+        deadline = time.monotonic() + 120
+        while not ckpt.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)  # torchrun alone, as `timeout` does
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    epochs = load_checkpoint(ckpt, map_location="cpu")["epoch"]  # whole: its records' checksums checked
+    assert epochs >= 1
+    kept = f"stopped: the checkpoint in runs/{name} holds epochs 1-{epochs}; continue with: cnnpar train --resume "
+    assert f"{kept}runs/{name} --nproc 2" in out.splitlines(), out[-2000:] + err[-2000:]
+    assert "cnnpar: stopped (SIGTERM)" in err and "cnnpar: rank 0 failed" not in err, err[-3000:]
+
+
+def test_the_debug_switch_on_one_node_only_is_refused_on_every_rank_at_once(tmp_path):
+    """Rank 1 alone had the switch (one node's environment): it left at once, and rank 0 waited for it the whole
+    --timeout-s, then failed with a traceback."""
+    script = tmp_path / "switch_on_rank1.py"
+    script.write_text(
+        "import os, sys\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    os.environ['CNNPAR_DEBUG_SINGLE'] = '1'\n"
+        "from cnnpar.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    start = time.monotonic()
+    proc = run_cmd([*torchrun_cmd(2, "--standalone"), str(script), *TRAIN[2:], "--timeout-s", "120"], tmp_path)
+    assert proc.returncode != 0 and time.monotonic() - start < 60, explain(proc)
+    line = "the debug switch (--debug-single, CNNPAR_DEBUG_SINGLE) is on for rank(s) 1 of 2 only: expected it on"
+    for rank in (0, 1):
+        assert f"cnnpar: error: [rank {rank}] {line}" in proc.stderr, explain(proc)
+    assert "cnnpar: rank 0 failed" not in proc.stderr and not (tmp_path / "runs").exists()

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -160,9 +161,8 @@ def test_resume_auto_without_a_name_is_refused_outside_torchrun_and_follows_torc
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "3f1c2b9e-8d7a-4c6b-9e5f-0a1b2c3d4e5f")
     with pytest.raises(UserError, match="--resume auto: no --name to find the run by"):
         resolve_run(cfg, CPU_INFO)
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # its own restart finds the attempt before it
-    assert resolve_run(cfg, CPU_INFO)[0] == tmp_path / "cnn3-3f1c2b9e-8d7"
-    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    restarted = replace(CPU_INFO, attempt=1)  # its own restart finds the attempt before it
+    assert resolve_run(cfg, restarted)[0] == tmp_path / "cnn3-3f1c2b9e-8d7"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")  # --rdzv-id=job7: the same id at every launch
     assert resolve_run(cfg, CPU_INFO) == (tmp_path / "cnn3-job7", None)
 

@@ -1,0 +1,67 @@
+"""Ranks given other settings or another checkpoint stop together, with one line (tests/dist/test_rank_agreement.py).
+
+Run as `torchrun --nproc_per_node=2 tests/dist/agreement_checks.py OUT_DIR`. Each rank works in OUT_DIR/n<R>, as
+each node of a multi-node job has its own working folder and disk, and writes OUT_DIR/rank<R>.json with each
+check's exit code and stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from cnnpar.cli import main as cli_main
+from cnnpar.report.files import write_json_atomic
+
+RUN = ["train", "--device", "cpu", "--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "64"]
+RUN += ["--batch-size", "16", "--no-progress", "--no-tensorboard", "--timeout-s", "60", "--name", "w"]
+
+
+def train(*args: str) -> dict:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = cli_main([*RUN, *args])
+    return {"rc": rc, "stderr": err.getvalue(), "initialized_after": dist.is_initialized()}
+
+
+def other_weights_in_this_nodes_copy(rank: int, work: Path) -> None:
+    """Node 1's own copy of rank 0's run folder, whose checkpoint holds the same epoch with other weights."""
+    if rank == 1:
+        shutil.copytree(work / "n0" / "runs" / "w", work / "n1" / "runs" / "w")
+        last = work / "n1" / "runs" / "w" / "ckpt" / "last.pt"
+        state = torch.load(last, weights_only=False)
+        for tensor in state["model"].values():
+            if tensor.is_floating_point():
+                tensor.add_(0.01)
+        torch.save(state, last)
+
+
+def main() -> None:
+    work = Path(sys.argv[1])
+    rank = int(os.environ["RANK"])
+    os.chdir(work / f"n{rank}")
+    results = {"lr": train("--epochs", "1", *(["--lr", "0.01"] if rank == 1 else []))}
+    results["first"] = train("--epochs", "1")  # agreed: rank 0 writes n0/runs/w
+    done = work / "first-done"
+    if rank == 0:
+        done.touch()  # rank 0 has written its run folder and left its process group
+    while not done.exists():
+        time.sleep(0.05)
+    other_weights_in_this_nodes_copy(rank, work)
+    results["checkpoint"] = train("--epochs", "2", "--resume", "auto")
+    if rank == 1:  # node 1's copy of the run folder lacks the checkpoint: rank 0's path names nothing there
+        (work / "n1" / "runs" / "w" / "ckpt" / "last.pt").unlink()
+    results["missing"] = train("--epochs", "2", "--resume", "auto")
+    write_json_atomic(work / f"rank{rank}.json", results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Ranks that would train different models stop before the first epoch, together, with one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cnnpar.config import Config, DataConfig, OptimConfig, RunConfig, SpeedConfig
+from cnnpar.engine.agreement import data_identity, first_difference, shared_settings
+from tests.conftest import run_cmd, torchrun_cmd
+
+CHECKS = Path(__file__).with_name("agreement_checks.py")
+
+
+def test_settings_that_may_differ_per_node_are_left_out_and_the_first_other_one_is_named():
+    here = Config(data=DataConfig(source="/mnt/a/train.csv"), run=RunConfig(out_dir="/scratch/a"))
+    there = Config(
+        data=DataConfig(source="/data/train.csv", workers=3),
+        run=RunConfig(out_dir="/scratch/b"),
+        speed=SpeedConfig(device="cpu"),
+    )
+    assert first_difference(shared_settings(here), shared_settings(there), 1) == ""
+    other = Config(optim=OptimConfig(lr=0.01), run=RunConfig(epochs=9))
+    assert first_difference(shared_settings(Config()), shared_settings(other), 1) == (
+        "rank 1's optim.lr (--lr) is 0.01, rank 0's 0.002"
+    )
+
+
+def test_data_is_compared_by_its_content_not_its_path_checksum_first():
+    """Other data of the same size trained half of each batch on another file, unsaid."""
+    meta = {"model": "cnn3", "mean": [0.37], "data_path": "/mnt/a/train.csv", "data_checksum": "a" * 64}
+    here = data_identity(meta, 240, 60)
+    assert first_difference(here, data_identity({**meta, "data_path": "/data/train.csv"}, 240, 60), 1) == ""
+    other = data_identity({**meta, "mean": [0.36], "data_checksum": "b" * 64}, 240, 60)
+    assert first_difference(here, other, 1) == f"rank 1's data's checksum is '{'b' * 24}..., rank 0's '{'a' * 24}..."
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    work = tmp_path_factory.mktemp("agreement")
+    for rank in range(2):
+        (work / f"n{rank}").mkdir()
+    proc = run_cmd([*torchrun_cmd(2, "--standalone"), str(CHECKS), str(work)], work, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((work / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_a_rank_given_another_lr_stops_every_rank_before_training(ranks):
+    """Rank 1 trained its own schedule beside rank 0's, and said nothing."""
+    for rank, result in enumerate(ranks):
+        check = result["lr"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        line = f"cnnpar: error: [rank {rank}] rank 1's optim.lr (--lr) is 0.01, rank 0's 0.002: every process"
+        assert check["stderr"].startswith(line) and check["stderr"].count("\n") == 1, check["stderr"]
+        assert "Traceback" not in check["stderr"]
+
+
+def test_a_node_resuming_its_own_copy_with_other_weights_stops_every_rank(ranks):
+    """DDP broadcasts the weights when it wraps the model, before the checkpoint is loaded: two models trained."""
+    assert [r["first"]["rc"] for r in ranks] == [0, 0]
+    for result in ranks:
+        check = result["checkpoint"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        assert "rank 1's weights checksum is '" in check["stderr"] and "same checkpoint" in check["stderr"]
+
+
+def test_a_rank_that_cannot_read_the_checkpoint_stops_every_rank(ranks):
+    """Rank 1 stopped alone; rank 0 waited for it in its first collective (or failed with a traceback)."""
+    ours = "runs/w/ckpt/last.pt: rank 0 resumes from this checkpoint but rank 1 cannot read it"
+    for rank, result in enumerate(ranks):
+        check = result["missing"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        said = "cnnpar: error: [rank 1] " if rank == 1 else "cnnpar: error: [rank 0] rank 1: "
+        assert check["stderr"].startswith(said + ours), check["stderr"]
+        assert "Traceback" not in check["stderr"]
