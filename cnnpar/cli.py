@@ -377,8 +377,8 @@ def add_prepare_parser(sub) -> None:
     )
     prep.add_argument(
         "src",
-        help="image folder (FOLDER/<class>/*.jpg|png, or FOLDER/train + FOLDER/val|valid|validation|test); "
-        "with --verify, the store to check",
+        help="image folder (FOLDER/<class>/*.jpg|png, or FOLDER/train|training + "
+        "FOLDER/val|valid|validation|test|testing, any case); with --verify, the store to check",
     )
     prep.add_argument("--out", default="", help="the store to write (default: SRC.cnnpar)")
     prep.add_argument(

@@ -1,0 +1,61 @@
+"""Data laid out as people download it (Kaggle's split folders, sorted CSV columns, byte-string names, odd file
+names): read as meant, or refused in one line that says what was expected."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from cnnpar.config import DataConfig
+from cnnpar.data import load_data, load_predict_data
+from cnnpar.data.folder import scan_splits, unread_splits_note
+from cnnpar.data.store_write import prepare_store
+from cnnpar.errors import DataError
+from tests.datafiles import write_image_folder
+
+
+@pytest.mark.parametrize(("train", "held"), [("Training", "Testing"), ("Train", "Test"), ("TRAIN", "Val")])
+def test_split_folders_in_any_case_and_kaggles_training_testing_are_splits_not_classes(tmp_path, train, held):
+    """Kaggle's brain-tumour MRI set (Training/ + Testing/) trained as two classes, its four merged."""
+    root = tmp_path / "mri"
+    write_image_folder(root / train, per_class=2, classes=3)
+    write_image_folder(root / held, per_class=1, classes=3)
+    bundle = load_data(DataConfig(source=str(root), image_size=8))
+    assert bundle.class_names == ["class0", "class1", "class2"]
+    assert (len(bundle.train), len(bundle.val)) == (6, 3)
+    header = prepare_store(root, tmp_path / "mri.cnnpar", 32, workers=1, progress=False)
+    assert header["class_names"] == ["class0", "class1", "class2"] and header["splits"] == {"train": 6, "val": 3}
+    _, ids, _ = load_predict_data(str(root))  # predict lists every image under the folder, split folders and all
+    assert len(ids) == 9 and all(i.startswith((train + "/", held + "/")) for i in ids)
+
+
+def test_a_second_held_out_folder_in_another_case_is_named_and_a_second_train_folder_refused(tmp_path):
+    root = tmp_path / "d"
+    write_image_folder(root / "Training", per_class=2, classes=2)
+    write_image_folder(root / "Testing", per_class=1, classes=2)
+    write_image_folder(root / "Validation", per_class=1, classes=2)
+    _, _, splits, _ = scan_splits(root)
+    assert sum(splits) == 2  # Validation/ comes before Testing/ in the preference order
+    assert unread_splits_note(root).startswith(f"warning: {root}: validates on Validation/; Testing/ beside it")
+    shutil.copytree(root / "Training", root / "train")
+    with pytest.raises(DataError, match=r"holds Training/ beside \['train'\]: expected train/ with at most one"):
+        scan_splits(root)
+
+
+def test_class_folders_that_each_hold_the_same_subfolders_and_no_image_are_refused(tmp_path):
+    """Splits under names not known (fold1/, fold2/ inside each class, or the other way round) would train the
+    splits as the classes, or merge the classes."""
+    root = tmp_path / "photos"
+    for fold in ("x", "y"):
+        write_image_folder(root / "A" / fold, per_class=1, classes=2)
+        write_image_folder(root / "B" / fold, per_class=1, classes=2)
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(root), image_size=8))
+    assert str(e.value) == (
+        f"{root}: its class folders A/, B/ each hold the same subfolders x/, y/ and no image: expected "
+        "root/<class>/<image>.jpg|png or root/train|val/<class>/<image>.jpg|png"
+    )
+    for cls in ("A", "B"):  # one subfolder each (cat/images/) is a layout, not splits: read
+        shutil.rmtree(root / cls / "y")
+    assert load_data(DataConfig(source=str(root), image_size=8)).class_names == ["A", "B"]
