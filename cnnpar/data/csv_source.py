@@ -86,6 +86,29 @@ def _shape_hint(n_pixels: int) -> str:
     return "--image-shape CxHxW with C x H x W equal to the column count"
 
 
+def pixel_order(pixel_cols: list[str]) -> list[str]:
+    """The pixel columns in the order of the numbers in their names (pixel2 before pixel10; 1x28 before 2x1), where
+    every name holds the same count of numbers and no two names the same ones; else in the file's order. A file
+    whose columns were sorted as text (pixel0, pixel1, pixel10, ...) read by position scrambled every image.
+
+    Names of two or more numbers are reordered only where the file's order is their order as text: which number
+    is the row is not known (x3y0 written row by row would come out transposed), but a text sort scrambled it."""
+    numbers = [tuple(int(d) for d in re.findall(r"[0-9]+", c)) for c in pixel_cols]
+    if not numbers[0] or len({len(n) for n in numbers}) != 1 or len(set(numbers)) != len(numbers):
+        return pixel_cols
+    if len(numbers[0]) > 1 and pixel_cols != sorted(pixel_cols):
+        return pixel_cols
+    return [c for _, c in sorted(zip(numbers, pixel_cols))]
+
+
+def _reordered_note(path: Path, in_file: list[str], read: list[str]) -> str:
+    first = next(j for j, (a, b) in enumerate(zip(in_file, read)) if a != b)
+    return (
+        f"note: {path}: pixel columns read in the order of their numbers ({', '.join(read[first : first + 3])}, ...), "
+        f"not the file's ({', '.join(in_file[first : first + 3])}, ...): the file's columns look sorted as text"
+    )
+
+
 def _data_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(line number in the file, values) of each data row; read only to name a bad row.
 
@@ -163,9 +186,15 @@ def _diagnose(
 
 
 def read_pixel_csv(
-    path: str | Path, image_shape: str = "", require_label: bool = True, num_classes: int = 0
+    path: str | Path,
+    image_shape: str = "",
+    require_label: bool = True,
+    num_classes: int = 0,
+    notes: list[str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Return (images uint8 (N,C,H,W), labels int64 or None)."""
+    """Return (images uint8 (N,C,H,W), labels int64 or None). Pixel columns are read in the order of the numbers
+    in their names (`pixel_order`); where that is not the file's order, a line saying so goes to `notes` where it
+    is given."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -219,8 +248,11 @@ def read_pixel_csv(
                 f"{path}, {_line(path, row)}, column {c!r}: empty or missing value (blank, NA, nan, null, ...): "
                 "expected a number"
             )
+    ordered = pixel_order(pixel_cols)
+    if ordered != pixel_cols and notes is not None:
+        notes.append(_reordered_note(path, pixel_cols, ordered))
     x = np.empty((table.num_rows, len(pixel_cols)), dtype=np.uint8)
-    for j, c in enumerate(pixel_cols):
+    for j, c in enumerate(ordered):
         x[:, j] = table.column(c).to_numpy()
     y = None
     if label_idx is not None:

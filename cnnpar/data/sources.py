@@ -264,8 +264,10 @@ def _npz_class_names(arrays: dict, path: Path) -> list[str] | None:
 
 
 def load_csv(cfg: DataConfig, seed: int) -> DataBundle:
-    x, y = read_pixel_csv(cfg.source, cfg.image_shape, require_label=True, num_classes=cfg.num_classes)
+    notes: list[str] = []
+    x, y = read_pixel_csv(cfg.source, cfg.image_shape, require_label=True, num_classes=cfg.num_classes, notes=notes)
     bundle = _bundle_from_arrays(x, y, None, None, cfg, seed, cfg.source)
+    bundle.load_note = "\n".join(notes)
     bundle.fingerprint, bundle.fingerprint_of = content_checksum({"x": x.numpy(), "y": y.numpy()}), ARRAYS_CHECKSUM
     return bundle
 
@@ -479,6 +481,7 @@ def load_predict_data(
     image_size: int = 0,
     skipped: list[Path] | None = None,
     per_image: bool = False,
+    notes: list[str] | None = None,
 ):
     """Inputs for `cnnpar predict`: returns (dataset, row ids, where its labels came from or "").
 
@@ -486,10 +489,11 @@ def load_predict_data(
     built-in digits are resized to `image_size`, as training resizes them. A folder's images in formats not
     read go to `skipped` where it is given. A folder is read as validation read it: the centre square resized
     (`CpuDecodedFolder`, whose boxes the GPU decoders share), or with `per_image` (a run of the textbook loader)
-    each photo's shorter side resized, then its centre cropped. The two differ by up to half an output pixel."""
+    each photo's shorter side resized, then its centre cropped. The two differ by up to half an output pixel.
+    Lines on how the data was read (a CSV's columns reordered) go to `notes` where it is given."""
     fmt = detect_format(source, fmt)
     if fmt == "csv":
-        x, y = read_pixel_csv(source, image_shape, require_label=False)
+        x, y = read_pixel_csv(source, image_shape, require_label=False, notes=notes)
         ids = [str(i + 1) for i in range(len(x))]
         return ArrayDataset(x, y), ids, "its 'label' column" if y is not None else ""
     if fmt == "npz":

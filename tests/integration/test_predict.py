@@ -259,6 +259,19 @@ def test_predict_names_rows_by_the_csv_s_id_column(tmp_path, monkeypatch, traine
         assert sum(int(int(r[1]) == t) for r, t in zip(rows[1:], truth)) / len(truth) >= 0.9
 
 
+def test_predict_reads_pixel_columns_sorted_as_text_by_their_numbers_and_says_so(tmp_path, capsys, trained):
+    """test.csv with its columns sorted as text (pixel0, pixel1, pixel10, ...) scored 0 % read by position."""
+    _, run_dir, test, truth = trained
+    rows = [line.split(",") for line in test.read_text().splitlines()]
+    by_text = sorted(range(len(rows[0])), key=lambda j: rows[0][j])
+    data = tmp_path / "sorted.csv"
+    data.write_text("\n".join(",".join(row[j] for j in by_text) for row in rows) + "\n")
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(data), "--out", str(tmp_path / "o.csv")]) == 0
+    assert f"note: {data}: pixel columns read in the order of their numbers" in capsys.readouterr().err
+    labels = [int(r[1]) for r in _rows(tmp_path / "o.csv")[1:]]
+    assert sum(int(a == b) for a, b in zip(labels, truth)) / len(truth) >= 0.9
+
+
 def test_predict_says_a_pixel_count_against_the_models_input(tmp_path, capsys, monkeypatch, trained):
     """255 pixel columns for a 16x16 model: it said '255 pixel columns is not a square grey image: give the
     shape, for example --image-shape 3x32x32', naming neither the model's shape nor the count it needs."""

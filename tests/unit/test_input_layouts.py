@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import pytest
+import torch
 
 from cnnpar.config import DataConfig
 from cnnpar.data import load_data, load_predict_data
+from cnnpar.data.csv_source import read_pixel_csv
 from cnnpar.data.folder import scan_splits, unread_splits_note
 from cnnpar.data.store_write import prepare_store
 from cnnpar.errors import DataError
-from tests.datafiles import write_image_folder
+from tests.datafiles import bar_images, write_image_folder
 
 
 @pytest.mark.parametrize(("train", "held"), [("Training", "Testing"), ("Train", "Test"), ("TRAIN", "Val")])
@@ -59,3 +62,45 @@ def test_class_folders_that_each_hold_the_same_subfolders_and_no_image_are_refus
     for cls in ("A", "B"):  # one subfolder each (cat/images/) is a layout, not splits: read
         shutil.rmtree(root / cls / "y")
     assert load_data(DataConfig(source=str(root), image_size=8)).class_names == ["A", "B"]
+
+
+def _csv(path, header: list[str], rows) -> str:
+    lines = [",".join(header)] + [",".join(str(v) for v in row) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_pixel_columns_sorted_as_text_are_read_by_the_numbers_in_their_names(tmp_path):
+    """label,pixel0,pixel1,pixel10,pixel100,... read by position scrambled every image (a model that scored
+    100 % on the file in order predicted 0 %)."""
+    x, y = bar_images(12)
+    flat = x.reshape(len(x), -1)
+    names = [f"pixel{i}" for i in range(flat.shape[1])]
+    by_text = sorted(range(len(names)), key=lambda j: names[j])
+    path = _csv(tmp_path / "sorted.csv", ["label"] + [names[j] for j in by_text], np.c_[y, flat[:, by_text]])
+    bundle = load_data(DataConfig(source=path, val_fraction=0))
+    assert torch.equal(bundle.train.x[:, 0], torch.from_numpy(x))
+    assert bundle.load_note == (
+        f"note: {path}: pixel columns read in the order of their numbers (pixel2, pixel3, pixel4, ...), not the "
+        "file's (pixel10, pixel100, pixel101, ...): the file's columns look sorted as text"
+    )
+    notes: list[str] = []
+    got, _ = read_pixel_csv(path, require_label=False, notes=notes)  # predict reads the same way
+    assert torch.equal(got[:, 0], torch.from_numpy(x)) and notes == [bundle.load_note]
+
+
+def test_row_by_column_names_sorted_as_text_are_read_in_rows_and_other_orders_kept(tmp_path):
+    x, y = bar_images(8)
+    side = x.shape[1]
+    names = [f"{r}x{c}" for r in range(1, side + 1) for c in range(1, side + 1)]  # Kaggle's 1x1..28x28
+    flat = x.reshape(len(x), -1)
+    by_text = sorted(range(len(names)), key=lambda j: names[j])
+    path = _csv(tmp_path / "rxc.csv", ["label"] + [names[j] for j in by_text], np.c_[y, flat[:, by_text]])
+    assert torch.equal(read_pixel_csv(path)[0][:, 0], torch.from_numpy(x))
+    # in file order (as written), or named column first (x3y0) and written row by row: read as written
+    kept = _csv(tmp_path / "kept.csv", ["label"] + names, np.c_[y, flat])
+    assert torch.equal(read_pixel_csv(kept)[0][:, 0], torch.from_numpy(x))
+    xy = [f"x{c}y{r}" for r in range(side) for c in range(side)]
+    notes: list[str] = []
+    col_first = _csv(tmp_path / "xy.csv", ["label"] + xy, np.c_[y, flat])
+    assert torch.equal(read_pixel_csv(col_first, notes=notes)[0][:, 0], torch.from_numpy(x)) and not notes
