@@ -104,3 +104,20 @@ def test_row_by_column_names_sorted_as_text_are_read_in_rows_and_other_orders_ke
     notes: list[str] = []
     col_first = _csv(tmp_path / "xy.csv", ["label"] + xy, np.c_[y, flat])
     assert torch.equal(read_pixel_csv(col_first, notes=notes)[0][:, 0], torch.from_numpy(x)) and not notes
+
+
+@pytest.mark.parametrize("data", ["csv", "synthetic"])
+def test_an_image_shape_typed_height_width_channels_is_refused_naming_the_order(tmp_path, capsys, data):
+    """16x16x3 (numpy's HWC) was read as 16 channels of 16x3 images, and trained."""
+    from cnnpar.cli import main
+
+    source = "synthetic"
+    if data == "csv":
+        x, y = bar_images(8, channels=3)
+        source = _csv(tmp_path / "rgb.csv", ["label"] + [f"pixel{i}" for i in range(768)], np.c_[y, x.reshape(8, -1)])
+    runs = tmp_path / "runs"
+    argv = ["train", "--data", source, "--image-shape", "16x16x3", "--out-dir", str(runs), "--no-progress"]
+    assert main([*argv, "--no-tensorboard"]) == 2 and not runs.exists()
+    assert capsys.readouterr().err.strip() == (
+        "cnnpar: error: --image-shape 16x16x3: channels come first: expected 3x16x16"
+    )
