@@ -260,6 +260,8 @@ def _npz_class_names(arrays: dict, path: Path) -> list[str] | None:
     names = arrays["class_names"]
     if names.ndim != 1 or names.dtype.kind not in "US":
         raise DataError(f"{path}[class_names]: shape {names.shape}, dtype {names.dtype}: expected a 1-D array of text")
+    if names.dtype.kind == "S":  # bytes (np.array([b"cat", ...]), or a str array from Python 2): str() gave "b'cat'"
+        return [n.decode("utf-8", errors="replace") for n in names.tolist()]
     return [str(n) for n in names]
 
 

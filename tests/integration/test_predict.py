@@ -60,6 +60,12 @@ def test_predict_npz_writes_predictions_with_confidence(tmp_path, trained):
     assert sum(int(int(r["label"]) == t) for r, t in zip(rows, y)) / 40 >= 0.9
 
 
+def _data_lines(lines: list[str]):
+    """A log that keeps predict's lines on its data: the checkpoint line comes first only where best.pt and
+    last.pt differ, which the fixture's two epochs decide."""
+    return lambda line: None if line.startswith("checkpoint: ") else lines.append(line)
+
+
 def test_predict_scores_an_npz_s_labels_by_its_class_names(tmp_path, trained):
     """The labels of an archive with class_names index its own names: the same names in reverse order scored
     0 % against the model's indices, without a word."""
@@ -68,13 +74,18 @@ def test_predict_scores_an_npz_s_labels_by_its_class_names(tmp_path, trained):
     names = np.array([str(k) for k in range(CLASSES)])  # the CSV-trained model's names: "0".."3"
     lines = []
     np.savez(tmp_path / "rev.npz", x_test=x, y_test=CLASSES - 1 - y, class_names=names[::-1])
-    predict(str(run_dir), str(tmp_path / "rev.npz"), out=str(tmp_path / "p.csv"), log=lines.append)
+    predict(str(run_dir), str(tmp_path / "rev.npz"), out=str(tmp_path / "p.csv"), log=_data_lines(lines))
     mapped = "labels mapped to the model's classes by the archive's class_names"
     assert lines[0] == f"{tmp_path / 'rev.npz'}[y_test]: {mapped}"
     assert float(lines[1].split("accuracy ")[1].split("%")[0]) >= 90, lines
+    lines.clear()  # byte strings (np.array([b"3", ...])) are the same names: str() made them "b'3'"
+    np.savez(tmp_path / "bytes.npz", x_test=x, y_test=CLASSES - 1 - y, class_names=names[::-1].astype("S"))
+    predict(str(run_dir), str(tmp_path / "bytes.npz"), out=str(tmp_path / "b.csv"), log=_data_lines(lines))
+    assert lines[0] == f"{tmp_path / 'bytes.npz'}[y_test]: {mapped}"
+    assert float(lines[1].split("accuracy ")[1].split("%")[0]) >= 90, lines
     np.savez(tmp_path / "other.npz", x_test=x, y_test=y, class_names=np.array(["a", "b", "c", "d"]))
     lines.clear()
-    predict(str(run_dir), str(tmp_path / "other.npz"), out=str(tmp_path / "q.csv"), log=lines.append)
+    predict(str(run_dir), str(tmp_path / "other.npz"), out=str(tmp_path / "q.csv"), log=_data_lines(lines))
     assert lines == [
         f"{tmp_path / 'other.npz'}[y_test]: ignored as labels: its class_names 'a', 'b', 'c', 'd' are not among the "
         "model's classes ('0', '1', '2', '3')"

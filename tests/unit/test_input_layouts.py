@@ -121,3 +121,10 @@ def test_an_image_shape_typed_height_width_channels_is_refused_naming_the_order(
     assert capsys.readouterr().err.strip() == (
         "cnnpar: error: --image-shape 16x16x3: channels come first: expected 3x16x16"
     )
+
+
+def test_byte_string_class_names_in_an_npz_are_decoded_not_written_as_b_quotes(tmp_path):
+    x, y = bar_images(40)
+    names = np.array(["tl", "tr", "café".encode(), b"\xff"], dtype="S")  # the last one no UTF-8: replaced
+    np.savez(tmp_path / "b.npz", x_train=x, y_train=y, class_names=names)
+    assert load_data(DataConfig(source=str(tmp_path / "b.npz"))).class_names == ["tl", "tr", "café", "\ufffd"]
