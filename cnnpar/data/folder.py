@@ -328,5 +328,7 @@ def listing_checksum(root: Path, files: list[Path], labels: list[int], splits: l
         # the name under root by slicing where it starts with root, as it does for every file a scan found:
         # Path.relative_to took 1.4 s for 100,000 files
         rel = name[len(prefix) :] if name.startswith(prefix) else str(f.relative_to(root))
-        digest.update(f"{rel}\0{label}\0{split}\n".encode())
+        # surrogateescape: a name that is not UTF-8 (Latin-1 caf\xe9.png) hashes as its bytes on disk; a UTF-8 name
+        # holds no lone surrogate and encodes to the same bytes as before, so existing checksums hold
+        digest.update(f"{rel}\0{label}\0{split}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()

@@ -476,6 +476,12 @@ def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
     return bundle
 
 
+def readable_name(name: str) -> str:
+    """`name` as UTF-8 text, bytes that are not UTF-8 shown as \\xNN: a Latin-1 caf\\xe9.png (read by the OS as a
+    lone surrogate) stopped predict as it wrote its CSV. A UTF-8 name comes back unchanged."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def load_predict_data(
     source: str,
     fmt: str = "auto",
@@ -520,7 +526,13 @@ def load_predict_data(
         files = image_files(root, skipped)
         if not files:
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
-        ids = [str(f.relative_to(root)) for f in files]
+        ids = [readable_name(str(f.relative_to(root))) for f in files]
+        escaped = [i for i, f in zip(ids, files) if i != str(f.relative_to(root))]
+        if escaped and notes is not None:
+            notes.append(
+                f"note: {len(escaped):,} file name(s) under {root} are not UTF-8 (first: {escaped[0]}): their ids "
+                "write those bytes as \\xNN"
+            )
         size = image_size or FOLDER_SIZE
         if per_image:
             return ImageFolderDataset(files, [-1] * len(files), size), ids, ""

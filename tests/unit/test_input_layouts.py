@@ -128,3 +128,32 @@ def test_byte_string_class_names_in_an_npz_are_decoded_not_written_as_b_quotes(t
     names = np.array(["tl", "tr", "café".encode(), b"\xff"], dtype="S")  # the last one no UTF-8: replaced
     np.savez(tmp_path / "b.npz", x_train=x, y_train=y, class_names=names)
     assert load_data(DataConfig(source=str(tmp_path / "b.npz"))).class_names == ["tl", "tr", "café", "\ufffd"]
+
+
+def test_a_file_name_that_is_not_utf8_is_listed_checksummed_and_predicted_as_its_bytes(tmp_path):
+    """Latin-1 caf\\xe9.jpg stopped train and prepare (the listing checksum) and predict (its CSV) with a
+    UnicodeEncodeError."""
+    import hashlib
+    import os
+
+    from cnnpar.data.folder import listing_checksum
+    from cnnpar.report.files import write_csv_atomic
+
+    root = write_image_folder(tmp_path / "ph", per_class=3, classes=2)
+    first = sorted((root / "class0").iterdir())[0]
+    os.rename(first, os.path.join(os.fsencode(root / "class0"), b"caf\xe9" + os.fsencode(first.suffix)))
+    files, labels, splits, _ = scan_splits(root)
+    digest = hashlib.sha256()  # the bytes on disk, and for UTF-8 names the bytes the checksum always hashed
+    for f, label, split in zip(files, labels, splits):
+        digest.update(os.fsencode(f.relative_to(root)) + f"\0{label}\0{split}\n".encode())
+    assert listing_checksum(root, files, labels, splits) == digest.hexdigest()
+    assert load_data(DataConfig(source=str(root), image_size=8)).fingerprint == digest.hexdigest()
+    assert prepare_store(root, tmp_path / "ph.cnnpar", 32, workers=1, progress=False)["count"] == 6
+    notes: list[str] = []
+    _, ids, _ = load_predict_data(str(root), notes=notes)
+    assert "class0/caf\\xe9.png" in ids
+    assert notes == [
+        f"note: 1 file name(s) under {root} are not UTF-8 (first: class0/caf\\xe9.png): their ids write those bytes "
+        "as \\xNN"
+    ]
+    write_csv_atomic(tmp_path / "p.csv", [{"id": i} for i in ids])
