@@ -34,10 +34,15 @@ def image_files(folder: Path, skipped: list[Path] | None = None) -> list[Path]:
 
     os.scandir, not Path.rglob: rglob, a Path made, compared and stat'ed per file, listed 100,000 empty files in
     5.1 s on a 2-core host, and a store's start lists its source folder to see whether it changed. The same files
-    in the same order as `sorted(folder.rglob("*"))` (by their relative parts), symbolic links to folders not
-    followed, links to files kept."""
+    in the same order as `sorted(folder.rglob("*"))` (by their relative parts), links to files kept, with one
+    difference: symbolic links to folders are followed (rglob's were not, so `class/sub -> elsewhere/` dropped its
+    images unsaid while a linked class folder was read), except one to a folder the walk is already inside or to
+    one of `folder`'s parents (a loop; `class/up -> ..` would read the other classes as this one). A folder
+    without such links lists as before, so its checksums hold."""
     found: list[tuple[tuple[str, ...], bool]] = []
-    _walk(str(folder), (), found, skipped is not None)
+    if not os.path.isdir(folder):  # as rglob: a folder that is not there yields nothing
+        return []
+    _walk(str(folder), (), found, skipped is not None, _folder_and_parents(folder))
     found.sort()
     files = []
     for parts, readable in found:
@@ -46,8 +51,21 @@ def image_files(folder: Path, skipped: list[Path] | None = None) -> list[Path]:
     return files
 
 
-def _walk(path: str, parts: tuple[str, ...], found: list, keep_skipped: bool) -> None:
-    """Add (relative parts, read by cnnpar) for each image file under `path`, skipping hidden names."""
+def _folder_and_parents(folder: Path) -> frozenset:
+    """The (device, inode) of `folder` and of each folder above it: a link to one of them is not followed."""
+    inside = set()
+    for each in (Path(os.path.abspath(folder)), *Path(os.path.abspath(folder)).parents):
+        try:
+            st = os.stat(each)
+        except OSError:
+            continue
+        inside.add((st.st_dev, st.st_ino))
+    return frozenset(inside)
+
+
+def _walk(path: str, parts: tuple[str, ...], found: list, keep_skipped: bool, inside: frozenset) -> None:
+    """Add (relative parts, read by cnnpar) for each image file under `path`, skipping hidden names. `inside`:
+    the (device, inode) of the folders the walk is in, so that a link back to one of them is not followed."""
     try:
         with os.scandir(path) as entries:
             listed = list(entries)
@@ -57,21 +75,33 @@ def _walk(path: str, parts: tuple[str, ...], found: list, keep_skipped: bool) ->
         if entry.name.startswith("."):
             continue
         try:
-            is_dir = entry.is_dir(follow_symlinks=False)
+            is_dir = entry.is_dir()  # follows a link: a linked folder is walked, a dangling link is no folder
         except OSError:
             continue
         if is_dir:
-            _walk(entry.path, (*parts, entry.name), found, keep_skipped)
+            _walk_folder(entry, (*parts, entry.name), found, keep_skipped, inside)
             continue
         suffix = os.path.splitext(entry.name)[1].lower()
         readable = suffix in IMAGE_SUFFIXES
         if not readable and not (keep_skipped and suffix in OTHER_IMAGE_SUFFIXES):
             continue
         try:
-            if entry.is_file():  # follows a link: one to a file counts, a dangling one or one to a folder not
+            if entry.is_file():  # follows a link: one to a file counts, a dangling one not
                 found.append(((*parts, entry.name), readable))
         except OSError:
             continue
+
+
+def _walk_folder(entry: os.DirEntry, parts: tuple[str, ...], found: list, keep_skipped: bool, inside: frozenset):
+    # one stat a folder (not a file): its identity, to tell a link that loops back
+    try:
+        st = entry.stat()
+    except OSError:
+        return
+    key = (st.st_dev, st.st_ino)
+    if key in inside:
+        return
+    _walk(entry.path, parts, found, keep_skipped, inside | {key})
 
 
 def skipped_note(skipped: list[Path]) -> str:

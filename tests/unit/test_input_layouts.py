@@ -157,3 +157,19 @@ def test_a_file_name_that_is_not_utf8_is_listed_checksummed_and_predicted_as_its
         "as \\xNN"
     ]
     write_csv_atomic(tmp_path / "p.csv", [{"id": i} for i in ids])
+
+
+def test_a_linked_folder_inside_a_class_folder_is_read_and_a_link_back_up_is_not_followed(tmp_path):
+    """`class0/more -> elsewhere/` dropped its images without a word, while a linked class folder was read."""
+    import os
+
+    root = write_image_folder(tmp_path / "ph", per_class=3, classes=2)
+    write_image_folder(tmp_path / "elsewhere", per_class=2, classes=1)
+    os.symlink(tmp_path / "elsewhere" / "class0", root / "class0" / "more")
+    os.symlink("..", root / "class1" / "up")  # back up to ph/: not followed (it would read class0 as class1)
+    files, labels, _, _ = scan_splits(root)
+    assert [f.relative_to(root).as_posix() for f, k in zip(files, labels) if k == 0][-2:] == [
+        "class0/more/0.jpg",
+        "class0/more/1.png",
+    ]
+    assert len(files) == 8
