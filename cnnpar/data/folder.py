@@ -123,7 +123,8 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: not a folder: expected root/<class>/<image>.jpg|png")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    # `__MACOSX/` (what macOS's zip leaves) holds no class: skipped as hidden folders are, here as in scan_splits
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     if not classes:
         raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png")
     _refuse_split_like_subfolders(root, classes)
@@ -251,6 +252,35 @@ def unread_splits_note(root: str | Path) -> str:
         f"warning: {root}: validates on {held[0].name}/; {unread} beside it not read (one held-out split is used, "
         f"the first of {_split_names()}/): move it out, or predict on it with cnnpar predict"
     )
+
+
+def loose_images_note(root: str | Path) -> str:
+    """A warning naming the images that lie beside class folders (in the root, or beside train/ and val/, or
+    beside the class folders inside them), which are not read; "" where there are none."""
+    root = Path(root)
+    train_dir, held = split_dirs(root)
+    folders = [root] + ([train_dir, *held[:1]] if train_dir is not None else [])
+    loose = [f for folder in folders for f in _images_in(folder)]
+    if not loose:
+        return ""
+    return (
+        f"warning: {root}: {len(loose):,} image(s) beside the class folders are not read (first: {loose[0]}): "
+        "expected them inside a class folder"
+    )
+
+
+def _images_in(folder: Path) -> list[Path]:
+    """The image files right in `folder` (not in its subfolders), hidden ones aside, in order."""
+    try:
+        with os.scandir(folder) as entries:
+            names = sorted(
+                e.name
+                for e in entries
+                if not e.name.startswith(".") and os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES and e.is_file()
+            )
+    except OSError:
+        return []
+    return [folder / n for n in names]
 
 
 def _check_classes(folder: Path, classes: list[str], labels: list[int]) -> None:

@@ -30,6 +30,7 @@ from cnnpar.data.folder import (
     ImageFolderDataset,
     image_files,
     listing_checksum,
+    loose_images_note,
     scan_splits,
     skipped_note,
     unread_splits_note,
@@ -304,7 +305,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         val_from=val_from,
         val_overlap=overlap,
         skipped_note=skipped_note(skipped),
-        load_note=unread_splits_note(root),
+        load_note="\n".join(n for n in (unread_splits_note(root), loose_images_note(root)) if n),
         fingerprint=listing_checksum(root, files, labels, splits),
         fingerprint_of=FOLDER_CHECKSUM,
     )

@@ -173,3 +173,30 @@ def test_a_linked_folder_inside_a_class_folder_is_read_and_a_link_back_up_is_not
         "class0/more/1.png",
     ]
     assert len(files) == 8
+
+
+def test_a_root_macosx_folder_is_no_class_and_loose_images_beside_class_folders_are_named(tmp_path, capsys):
+    """A zip's `__MACOSX/` became a class (empty: its `._x.jpg` are skipped); images beside the class folders were
+    left out without a word."""
+    from cnnpar.cli import main
+
+    root = write_image_folder(tmp_path / "photos", per_class=3, classes=2)
+    (root / "__MACOSX" / "class0").mkdir(parents=True)
+    (root / "__MACOSX" / "class0" / "._0.jpg").write_bytes(b"\0\5\26\7")
+    for name in ("b.png", "a.png"):
+        shutil.copy(next((root / "class0").glob("*.png")), root / name)
+    bundle = load_data(DataConfig(source=str(root), image_size=8))
+    assert bundle.class_names == ["class0", "class1"] and len(bundle.train) + len(bundle.val) == 6
+    note = (
+        f"warning: {root}: 2 image(s) beside the class folders are not read (first: {root / 'a.png'}): expected "
+        "them inside a class folder"
+    )
+    assert bundle.load_note == note
+    assert main(["prepare", str(root), "--out", str(tmp_path / "p.cnnpar"), "--no-progress"]) == 0
+    assert note in capsys.readouterr().out
+    write_image_folder(tmp_path / "s" / "train", per_class=2, classes=2)  # beside train/'s class folders too
+    shutil.copy(root / "a.png", tmp_path / "s" / "train" / "c.png")
+    assert load_data(DataConfig(source=str(tmp_path / "s"), image_size=8)).load_note.startswith(
+        f"warning: {tmp_path / 's'}: 1 image(s) beside the class folders are not read (first: "
+        f"{tmp_path / 's' / 'train' / 'c.png'})"
+    )
