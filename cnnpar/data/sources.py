@@ -187,9 +187,25 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
         raise DataError(f"{path}: not an .npz archive (not a zip file): expected numpy.savez output")
     try:
         with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+            return {k: _npz_array(z, k, path) for k in z.files}
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise DataError(f"{path}: not a readable .npz archive ({e}): expected numpy.savez output") from None
+
+
+def _npz_array(z, key: str, path: Path) -> np.ndarray:
+    """One array of an open archive; an object array (numpy pickles those, and cnnpar loads no pickle) is named by
+    its key: the whole archive was said to be unreadable."""
+    try:
+        return z[key]
+    except ValueError as e:
+        if "Object arrays" not in str(e):
+            raise
+    if key == "class_names":  # df.col.unique() is an object array of str
+        raise DataError(f"{path}[class_names]: an object array: save it with np.array(names, dtype=str)")
+    raise DataError(
+        f"{path}[{key}]: an object array (saved pickled, which cnnpar does not load): expected numbers, "
+        "np.stack(images) or np.asarray(labels, dtype=np.int64)"
+    )
 
 
 def npz_images(arrays: dict, split: str, path: Path) -> tuple[np.ndarray, str] | None:
@@ -251,7 +267,9 @@ def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
 def npz_class_names(source: str) -> list[str] | None:
     """The `class_names` an .npz holds (label i's name at i), or None: predict scores its labels by these names."""
     with np.load(source, allow_pickle=False) as z:
-        return _npz_class_names({"class_names": z["class_names"]}, Path(source)) if "class_names" in z.files else None
+        if "class_names" not in z.files:
+            return None
+        return _npz_class_names({"class_names": _npz_array(z, "class_names", Path(source))}, Path(source))
 
 
 def _npz_class_names(arrays: dict, path: Path) -> list[str] | None:

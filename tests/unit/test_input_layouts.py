@@ -200,3 +200,18 @@ def test_a_root_macosx_folder_is_no_class_and_loose_images_beside_class_folders_
         f"warning: {tmp_path / 's'}: 1 image(s) beside the class folders are not read (first: "
         f"{tmp_path / 's' / 'train' / 'c.png'})"
     )
+
+
+def test_an_object_array_in_an_npz_is_named_by_its_key_with_how_to_save_it(tmp_path):
+    """`class_names=df.col.unique()` (an object array) was refused as 'not a readable .npz archive (Object arrays
+    cannot be loaded...)'."""
+    x, y = bar_images(20)
+    np.savez(tmp_path / "o.npz", x_train=x, y_train=y, class_names=np.array(["a", "b", "c", "d"], dtype=object))
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(tmp_path / "o.npz")))
+    assert str(e.value) == (
+        f"{tmp_path / 'o.npz'}[class_names]: an object array: save it with np.array(names, dtype=str)"
+    )
+    np.savez(tmp_path / "x.npz", x_train=np.array(list(x), dtype=object), y_train=y)
+    with pytest.raises(DataError, match=r"x\.npz\[x_train\]: an object array \(saved pickled"):
+        load_data(DataConfig(source=str(tmp_path / "x.npz")))
