@@ -59,6 +59,15 @@ def _header(path: Path) -> list[str]:
     return [c.strip() for c in next(csv.reader([first]))]
 
 
+def _holds_numbers(columns: list[str]) -> bool:
+    """Whether a header line is a data row (np.savetxt writes none): numbers all, and not the column numbers
+    pandas writes for a frame without names (0,1,2,..., which name pixels)."""
+    if not all(re.fullmatch(r"-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?", c) for c in columns):
+        return False
+    as_numbers = [float(c) for c in columns]
+    return as_numbers != [as_numbers[0] + i for i in range(len(columns))]
+
+
 def infer_shape(n_pixels: int, image_shape: str, path: Path) -> tuple[int, int, int]:
     if image_shape:
         c, h, w = parse_shape(image_shape)
@@ -202,6 +211,12 @@ def read_pixel_csv(
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     columns = _header(path)
+    if _holds_numbers(columns):
+        raise DataError(
+            f"{path}: the first line holds numbers ({', '.join(columns[:3])}, ...), not column names: expected a "
+            f"header line ({'label,' if require_label else '[label,]'}pixel0,pixel1,...; np.savetxt(..., "
+            "header=..., comments='') writes one)"
+        )
     repeated = next((c for i, c in enumerate(columns) if c in columns[:i]), None)
     if repeated is not None:  # pyarrow would rename or merge them: which column is which is lost
         where = [i + 1 for i, c in enumerate(columns) if c == repeated]

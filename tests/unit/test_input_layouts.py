@@ -215,3 +215,19 @@ def test_an_object_array_in_an_npz_is_named_by_its_key_with_how_to_save_it(tmp_p
     np.savez(tmp_path / "x.npz", x_train=np.array(list(x), dtype=object), y_train=y)
     with pytest.raises(DataError, match=r"x\.npz\[x_train\]: an object array \(saved pickled"):
         load_data(DataConfig(source=str(tmp_path / "x.npz")))
+
+
+def test_a_csv_without_a_header_line_is_named_as_such_not_as_a_repeated_column(tmp_path):
+    """np.savetxt without header= gave "column name '28' is repeated in the header"."""
+    x, y = bar_images(8)
+    np.savetxt(tmp_path / "n.csv", np.c_[y, x.reshape(8, -1)], fmt="%d", delimiter=",")
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(tmp_path / "n.csv")))
+    first = np.c_[y, x.reshape(8, -1)][0][:3]
+    assert str(e.value) == (
+        f"{tmp_path / 'n.csv'}: the first line holds numbers ({', '.join(map(str, first))}, ...), not column names: "
+        "expected a header line (label,pixel0,pixel1,...; np.savetxt(..., header=..., comments='') writes one)"
+    )
+    # pandas' header for a frame without column names (0,1,2,...) names the pixels: read
+    _csv(tmp_path / "pd.csv", [str(i) for i in range(256)], x.reshape(8, -1))
+    assert torch.equal(read_pixel_csv(tmp_path / "pd.csv", require_label=False)[0][:, 0], torch.from_numpy(x))
