@@ -59,6 +59,27 @@ def _header(path: Path) -> list[str]:
     return [c.strip() for c in next(csv.reader([first]))]
 
 
+def _shown(columns: list[str], first: int = 5) -> str:
+    """The first few column names, each cut short, and the count: a header of 785 names is no error line."""
+    names = ", ".join(c if len(c) <= 30 else c[:27] + "..." for c in columns[:first])
+    return f"{names}{', ...' if len(columns) > first else ''}; {len(columns):,} in all"
+
+
+def _refuse_other_separator(path: Path, columns: list[str]) -> None:
+    """A header that is one name holding semicolons (Excel in many locales) or tabs: the file is not
+    comma-separated, and the messages further on repeated the whole header (6,000 characters)."""
+    if len(columns) != 1:
+        return
+    for sep, what in ((";", "semicolon"), ("\t", "tab")):
+        if sep in columns[0]:
+            names = columns[0].split(sep)
+            shown = ";".join(names[:3]) if sep == ";" else ", ".join(names[:3])
+            raise DataError(
+                f"{path}: the header ({shown}..., {len(names):,} names) looks {what}-separated: expected commas "
+                f"(pandas: pd.read_csv(path, sep={sep!r}).to_csv(path, index=False))"
+            )
+
+
 def _holds_numbers(columns: list[str]) -> bool:
     """Whether a header line is a data row (np.savetxt writes none): numbers all, and not the column numbers
     pandas writes for a frame without names (0,1,2,..., which name pixels)."""
@@ -211,6 +232,7 @@ def read_pixel_csv(
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     columns = _header(path)
+    _refuse_other_separator(path, columns)
     if _holds_numbers(columns):
         raise DataError(
             f"{path}: the first line holds numbers ({', '.join(columns[:3])}, ...), not column names: expected a "
@@ -227,8 +249,7 @@ def read_pixel_csv(
     label_idx = columns.index(LABEL) if LABEL in columns else None
     if require_label and label_idx is None:
         raise DataError(
-            f"{path}: no {LABEL!r} column in the header (found {', '.join(columns[:5])}"
-            f"{', ...' if len(columns) > 5 else ''}): expected label,pixel0,pixel1,..."
+            f"{path}: no {LABEL!r} column in the header (found {_shown(columns)}): expected label,pixel0,pixel1,..."
         )
     id_idx = _id_index(columns, path)  # read by read_ids where wanted; skipped here
     pixel_idx = [i for i in range(len(columns)) if i not in (label_idx, id_idx)]

@@ -231,3 +231,27 @@ def test_a_csv_without_a_header_line_is_named_as_such_not_as_a_repeated_column(t
     # pandas' header for a frame without column names (0,1,2,...) names the pixels: read
     _csv(tmp_path / "pd.csv", [str(i) for i in range(256)], x.reshape(8, -1))
     assert torch.equal(read_pixel_csv(tmp_path / "pd.csv", require_label=False)[0][:, 0], torch.from_numpy(x))
+
+
+@pytest.mark.parametrize("require_label", [True, False])
+def test_a_semicolon_separated_csv_is_named_as_such_in_a_short_line(tmp_path, require_label):
+    """The error repeated the whole header (about 6,000 characters for 28x28 images)."""
+    x, y = bar_images(4)
+    np.savetxt(tmp_path / "s.csv", np.c_[y, x.reshape(4, -1)], fmt="%d", delimiter=";", header="label;" + ";".join(
+        f"pixel{i}" for i in range(256)), comments="")  # fmt: skip
+    with pytest.raises(DataError) as e:
+        read_pixel_csv(tmp_path / "s.csv", require_label=require_label)
+    assert str(e.value) == (
+        f"{tmp_path / 's.csv'}: the header (label;pixel0;pixel1..., 257 names) looks semicolon-separated: expected "
+        "commas (pandas: pd.read_csv(path, sep=';').to_csv(path, index=False))"
+    )
+
+
+def test_a_header_without_label_names_a_few_columns_and_the_count(tmp_path):
+    _csv(tmp_path / "n.csv", ["Lab", "a_rather_long_column_name_that_goes_on_and_on"] + [f"p{i}" for i in range(9)], [])
+    with pytest.raises(DataError) as e:
+        read_pixel_csv(tmp_path / "n.csv")
+    assert str(e.value) == (
+        f"{tmp_path / 'n.csv'}: no 'label' column in the header (found Lab, a_rather_long_column_name_t..., p0, p1, "
+        "p2, ...; 11 in all): expected label,pixel0,pixel1,..."
+    )
