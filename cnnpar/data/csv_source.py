@@ -168,6 +168,17 @@ def _pixel(column: str, require_label: bool) -> str:
     return f"a pixel value 0..255 here, or no such column ({_layout(require_label)})"
 
 
+def _label_index(columns: list[str], path: Path) -> int | None:
+    """The label column: `label`, or one name that is `label` in another case (Label, LABEL), which no pixel is."""
+    if LABEL in columns:
+        return columns.index(LABEL)
+    found = [i for i, c in enumerate(columns) if c.lower() == LABEL]
+    if len(found) > 1:
+        names = ", ".join(repr(columns[i]) for i in found)
+        raise DataError(f"{path}: {len(found)} label columns ({names}): expected one label column")
+    return found[0] if found else None
+
+
 def _id_index(columns: list[str], path: Path) -> int | None:
     found = [i for i, c in enumerate(columns) if c.lower() in ID_NAMES]
     if len(found) > 1:
@@ -246,7 +257,7 @@ def read_pixel_csv(
             f"{path}: column name {repeated!r} is repeated in the header (columns {', '.join(map(str, where))}): "
             "expected each column name once"
         )
-    label_idx = columns.index(LABEL) if LABEL in columns else None
+    label_idx = _label_index(columns, path)
     if require_label and label_idx is None:
         raise DataError(
             f"{path}: no {LABEL!r} column in the header (found {_shown(columns)}): expected label,pixel0,pixel1,..."
@@ -264,8 +275,9 @@ def read_pixel_csv(
             raise
         raise named from None
     types = {c: pa.uint8() for c in pixel_cols}
+    label = columns[label_idx] if label_idx is not None else LABEL
     if label_idx is not None:
-        types[LABEL] = pa.int64()
+        types[label] = pa.int64()
     try:
         # the header's names as read above (spaces stripped, no BOM), not pyarrow's raw ones
         read = pacsv.ReadOptions(column_names=columns, skip_rows=1)
@@ -277,7 +289,7 @@ def read_pixel_csv(
         raise _diagnose(path, columns, label_idx, id_idx, require_label, e) from None
     if table.num_rows == 0:
         raise DataError(f"{path}: has a header but no data rows")
-    for c in pixel_cols + ([LABEL] if label_idx is not None else []):
+    for c in pixel_cols + ([label] if label_idx is not None else []):
         if table.column(c).null_count:
             row = int(np.flatnonzero(table.column(c).is_null().to_numpy(zero_copy_only=False))[0])
             raise DataError(
@@ -292,7 +304,7 @@ def read_pixel_csv(
         x[:, j] = table.column(c).to_numpy()
     y = None
     if label_idx is not None:
-        y = table.column(LABEL).to_numpy()
+        y = table.column(label).to_numpy()
         check_label_range(y, str(path), num_classes, position=lambda i: _line(path, i))
         y = torch.from_numpy(y.astype(np.int64))
     del table

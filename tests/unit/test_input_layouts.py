@@ -255,3 +255,27 @@ def test_a_header_without_label_names_a_few_columns_and_the_count(tmp_path):
         f"{tmp_path / 'n.csv'}: no 'label' column in the header (found Lab, a_rather_long_column_name_t..., p0, p1, "
         "p2, ...; 11 in all): expected label,pixel0,pixel1,..."
     )
+
+
+def test_labels_of_shape_n_1_are_read_and_one_hot_labels_are_refused_saying_so(tmp_path):
+    x, y = bar_images(20)
+    np.savez(tmp_path / "col.npz", x_train=x, y_train=y[:, None])  # Keras' cifar10.load_data() labels: (N, 1)
+    bundle = load_data(DataConfig(source=str(tmp_path / "col.npz"), val_fraction=0))
+    assert torch.equal(bundle.train.y, torch.from_numpy(y))
+    np.savez(tmp_path / "hot.npz", x_train=x, y_train=np.eye(4, dtype=np.float32)[y])
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(tmp_path / "hot.npz")))
+    assert str(e.value) == (
+        f"{tmp_path / 'hot.npz'}[y_train]: shape (20, 4) (it looks one-hot: save y.argmax(1)): expected (20,), one "
+        "label per image"
+    )
+
+
+@pytest.mark.parametrize("name", ["Label", "LABEL"])
+def test_a_label_column_named_in_another_case_is_the_label_column(tmp_path, name):
+    x, y = bar_images(8)
+    path = _csv(tmp_path / "l.csv", [name] + [f"pixel{i}" for i in range(256)], np.c_[y, x.reshape(8, -1)])
+    got_x, got_y = read_pixel_csv(path)
+    assert torch.equal(got_x[:, 0], torch.from_numpy(x)) and torch.equal(got_y, torch.from_numpy(y))
+    _, labels_from = load_predict_data(path)[1:]
+    assert labels_from == "its 'label' column"
