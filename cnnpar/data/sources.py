@@ -217,7 +217,10 @@ def npz_images(arrays: dict, split: str, path: Path) -> tuple[np.ndarray, str] |
     if keys is None:
         return None
     images, offsets = keys
-    return decode_encoded(arrays[images], arrays[offsets], f"{path}[{images}]"), images
+    decoded = decode_encoded(arrays[images], arrays[offsets], f"{path}[{images}]")  # N, H, W, C
+    # handed on as N, C, H, W (a view): to_nchw_uint8 keeps that layout for C 1 or 3 whatever H and W are, where it
+    # guessed N, H, W, C images 3 pixels tall to be N, C, H, W already, and transposed them
+    return decoded.transpose(0, 3, 1, 2), images
 
 
 def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
