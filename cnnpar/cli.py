@@ -337,7 +337,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
         header = verify_store(args.src, progress=not args.no_progress)
         print(f"{args.src}: ok ({header['count']} images, {header['pixel_bytes']:,} pixel bytes, checksums match)")
         return 0
-    from cnnpar.data.folder import skipped_note, unread_splits_note
+    from cnnpar.data.folder import loose_images_note, skipped_note, unread_splits_note
     from cnnpar.data.store import default_store_path
     from cnnpar.data.store_write import Sides, prepare_store
 
@@ -363,9 +363,9 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
         )
     if skipped:
         print(skipped_note(skipped))
-    unread = unread_splits_note(args.src)
-    if unread:
-        print(unread)
+    for note in (unread_splits_note(args.src), loose_images_note(args.src)):
+        if note:
+            print(note)
     return 0
 
 
@@ -379,8 +379,8 @@ def add_prepare_parser(sub) -> None:
     )
     prep.add_argument(
         "src",
-        help="image folder (FOLDER/<class>/*.jpg|png, or FOLDER/train + FOLDER/val|valid|validation|test); "
-        "with --verify, the store to check",
+        help="image folder (FOLDER/<class>/*.jpg|png, or FOLDER/train|training + "
+        "FOLDER/val|valid|validation|test|testing, any case); with --verify, the store to check",
     )
     prep.add_argument("--out", default="", help="the store to write (default: SRC.cnnpar)")
     prep.add_argument(

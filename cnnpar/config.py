@@ -103,7 +103,12 @@ def parse_shape(text: str) -> tuple[int, int, int]:
         dims = [1, *dims]
     if len(dims) != 3 or min(dims) <= 0:
         raise ConfigError(f"image shape {text!r}: expected CxHxW such as 3x32x32 (or HxW for grey)")
-    return dims[0], dims[1], dims[2]
+    c, h, w = dims
+    if c not in (1, 3) and w in (1, 3):
+        # HxWxC typed as numpy shapes it (16x16x3): read as CxHxW it made 16 channels of 16x3 and trained on that;
+        # the models take any channel count, so a 4-channel 4x32x32 stays allowed
+        raise ConfigError(f"--image-shape {text}: channels come first: expected {w}x{c}x{h}")
+    return c, h, w
 
 
 @dataclass(frozen=True)

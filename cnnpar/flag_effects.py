@@ -157,12 +157,11 @@ def _own_validation_split(cfg: Config) -> str:
     if fmt == "npz":
         return _npz_test_split(source)
     if fmt == "folder":
-        from cnnpar.data.folder import VAL_NAMES
+        from cnnpar.data.folder import split_dirs
 
         # data/folder.scan_splits: train/ beside the first of these validates (or the folder is refused)
-        root = Path(source)
-        val_dir = next((root / name for name in VAL_NAMES if (root / name).is_dir()), None)
-        return f"its own validation split ({val_dir.name}/)" if val_dir and (root / "train").is_dir() else ""
+        _, held = split_dirs(Path(source))
+        return f"its own validation split ({held[0].name}/)" if held else ""
     if fmt == "store":
         from cnnpar.data.store import StoreFile
 

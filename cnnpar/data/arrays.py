@@ -66,14 +66,24 @@ def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
 
 
 def to_labels(y: np.ndarray, n: int, where: str, num_classes: int = 0) -> torch.Tensor:
+    if y.ndim == 2 and y.shape[1] == 1:  # (N, 1), as Keras' cifar10.load_data() gives them: one label a row
+        y = y[:, 0]
     if y.ndim != 1 or len(y) != n:
-        raise DataError(f"{where}: shape {y.shape}: expected ({n},), one label per image")
+        one_hot = " (it looks one-hot: save y.argmax(1))" if _looks_one_hot(y, n) else ""
+        raise DataError(f"{where}: shape {y.shape}{one_hot}: expected ({n},), one label per image")
     if not np.issubdtype(y.dtype, np.integer) and not (
         np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0)
     ):
         raise DataError(f"{where}: dtype {y.dtype}: expected integer class labels")
     check_label_range(y, where, num_classes)  # before the cast: a uint64 past 2**63 would turn negative
     return torch.from_numpy(y.astype(np.int64))
+
+
+def _looks_one_hot(y: np.ndarray, n: int) -> bool:
+    """(N, K) of 0s and 1s with one 1 a row: labels one-hot encoded (to_categorical), which argmax undoes."""
+    if y.ndim != 2 or len(y) != n or y.shape[1] < 2 or not np.issubdtype(y.dtype, np.number):
+        return False
+    return bool(np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all())
 
 
 def check_label_range(

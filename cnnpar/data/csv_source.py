@@ -59,6 +59,36 @@ def _header(path: Path) -> list[str]:
     return [c.strip() for c in next(csv.reader([first]))]
 
 
+def _shown(columns: list[str], first: int = 5) -> str:
+    """The first few column names, each cut short, and the count: a header of 785 names is no error line."""
+    names = ", ".join(c if len(c) <= 30 else c[:27] + "..." for c in columns[:first])
+    return f"{names}{', ...' if len(columns) > first else ''}; {len(columns):,} in all"
+
+
+def _refuse_other_separator(path: Path, columns: list[str]) -> None:
+    """A header that is one name holding semicolons (Excel in many locales) or tabs: the file is not
+    comma-separated, and the messages further on repeated the whole header (6,000 characters)."""
+    if len(columns) != 1:
+        return
+    for sep, what in ((";", "semicolon"), ("\t", "tab")):
+        if sep in columns[0]:
+            names = columns[0].split(sep)
+            shown = ";".join(names[:3]) if sep == ";" else ", ".join(names[:3])
+            raise DataError(
+                f"{path}: the header ({shown}..., {len(names):,} names) looks {what}-separated: expected commas "
+                f"(pandas: pd.read_csv(path, sep={sep!r}).to_csv(path, index=False))"
+            )
+
+
+def _holds_numbers(columns: list[str]) -> bool:
+    """Whether a header line is a data row (np.savetxt writes none): numbers all, and not the column numbers
+    pandas writes for a frame without names (0,1,2,..., which name pixels)."""
+    if not all(re.fullmatch(r"-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?", c) for c in columns):
+        return False
+    as_numbers = [float(c) for c in columns]
+    return as_numbers != [as_numbers[0] + i for i in range(len(columns))]
+
+
 def infer_shape(n_pixels: int, image_shape: str, path: Path) -> tuple[int, int, int]:
     if image_shape:
         c, h, w = parse_shape(image_shape)
@@ -84,6 +114,29 @@ def _shape_hint(n_pixels: int) -> str:
     if n_pixels % 3 == 0 and side * side * 3 == n_pixels:
         return f"--image-shape 3x{side}x{side} if they are square colour images (stored channel by channel)"
     return "--image-shape CxHxW with C x H x W equal to the column count"
+
+
+def pixel_order(pixel_cols: list[str]) -> list[str]:
+    """The pixel columns in the order of the numbers in their names (pixel2 before pixel10; 1x28 before 2x1), where
+    every name holds the same count of numbers and no two names the same ones; else in the file's order. A file
+    whose columns were sorted as text (pixel0, pixel1, pixel10, ...) read by position scrambled every image.
+
+    Names of two or more numbers are reordered only where the file's order is their order as text: which number
+    is the row is not known (x3y0 written row by row would come out transposed), but a text sort scrambled it."""
+    numbers = [tuple(int(d) for d in re.findall(r"[0-9]+", c)) for c in pixel_cols]
+    if not numbers[0] or len({len(n) for n in numbers}) != 1 or len(set(numbers)) != len(numbers):
+        return pixel_cols
+    if len(numbers[0]) > 1 and pixel_cols != sorted(pixel_cols):
+        return pixel_cols
+    return [c for _, c in sorted(zip(numbers, pixel_cols))]
+
+
+def _reordered_note(path: Path, in_file: list[str], read: list[str]) -> str:
+    first = next(j for j, (a, b) in enumerate(zip(in_file, read)) if a != b)
+    return (
+        f"note: {path}: pixel columns read in the order of their numbers ({', '.join(read[first : first + 3])}, ...), "
+        f"not the file's ({', '.join(in_file[first : first + 3])}, ...): the file's columns look sorted as text"
+    )
 
 
 def _data_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
@@ -113,6 +166,17 @@ def _pixel(column: str, require_label: bool) -> str:
     if PIXEL_NAME.fullmatch(column):
         return "a pixel value 0..255"
     return f"a pixel value 0..255 here, or no such column ({_layout(require_label)})"
+
+
+def _label_index(columns: list[str], path: Path) -> int | None:
+    """The label column: `label`, or one name that is `label` in another case (Label, LABEL), which no pixel is."""
+    if LABEL in columns:
+        return columns.index(LABEL)
+    found = [i for i, c in enumerate(columns) if c.lower() == LABEL]
+    if len(found) > 1:
+        names = ", ".join(repr(columns[i]) for i in found)
+        raise DataError(f"{path}: {len(found)} label columns ({names}): expected one label column")
+    return found[0] if found else None
 
 
 def _id_index(columns: list[str], path: Path) -> int | None:
@@ -163,9 +227,15 @@ def _diagnose(
 
 
 def read_pixel_csv(
-    path: str | Path, image_shape: str = "", require_label: bool = True, num_classes: int = 0
+    path: str | Path,
+    image_shape: str = "",
+    require_label: bool = True,
+    num_classes: int = 0,
+    notes: list[str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Return (images uint8 (N,C,H,W), labels int64 or None)."""
+    """Return (images uint8 (N,C,H,W), labels int64 or None). Pixel columns are read in the order of the numbers
+    in their names (`pixel_order`); where that is not the file's order, a line saying so goes to `notes` where it
+    is given."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -173,6 +243,13 @@ def read_pixel_csv(
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     columns = _header(path)
+    _refuse_other_separator(path, columns)
+    if _holds_numbers(columns):
+        raise DataError(
+            f"{path}: the first line holds numbers ({', '.join(columns[:3])}, ...), not column names: expected a "
+            f"header line ({'label,' if require_label else '[label,]'}pixel0,pixel1,...; np.savetxt(..., "
+            "header=..., comments='') writes one)"
+        )
     repeated = next((c for i, c in enumerate(columns) if c in columns[:i]), None)
     if repeated is not None:  # pyarrow would rename or merge them: which column is which is lost
         where = [i + 1 for i, c in enumerate(columns) if c == repeated]
@@ -180,11 +257,10 @@ def read_pixel_csv(
             f"{path}: column name {repeated!r} is repeated in the header (columns {', '.join(map(str, where))}): "
             "expected each column name once"
         )
-    label_idx = columns.index(LABEL) if LABEL in columns else None
+    label_idx = _label_index(columns, path)
     if require_label and label_idx is None:
         raise DataError(
-            f"{path}: no {LABEL!r} column in the header (found {', '.join(columns[:5])}"
-            f"{', ...' if len(columns) > 5 else ''}): expected label,pixel0,pixel1,..."
+            f"{path}: no {LABEL!r} column in the header (found {_shown(columns)}): expected label,pixel0,pixel1,..."
         )
     id_idx = _id_index(columns, path)  # read by read_ids where wanted; skipped here
     pixel_idx = [i for i in range(len(columns)) if i not in (label_idx, id_idx)]
@@ -199,8 +275,9 @@ def read_pixel_csv(
             raise
         raise named from None
     types = {c: pa.uint8() for c in pixel_cols}
+    label = columns[label_idx] if label_idx is not None else LABEL
     if label_idx is not None:
-        types[LABEL] = pa.int64()
+        types[label] = pa.int64()
     try:
         # the header's names as read above (spaces stripped, no BOM), not pyarrow's raw ones
         read = pacsv.ReadOptions(column_names=columns, skip_rows=1)
@@ -212,19 +289,22 @@ def read_pixel_csv(
         raise _diagnose(path, columns, label_idx, id_idx, require_label, e) from None
     if table.num_rows == 0:
         raise DataError(f"{path}: has a header but no data rows")
-    for c in pixel_cols + ([LABEL] if label_idx is not None else []):
+    for c in pixel_cols + ([label] if label_idx is not None else []):
         if table.column(c).null_count:
             row = int(np.flatnonzero(table.column(c).is_null().to_numpy(zero_copy_only=False))[0])
             raise DataError(
                 f"{path}, {_line(path, row)}, column {c!r}: empty or missing value (blank, NA, nan, null, ...): "
                 "expected a number"
             )
+    ordered = pixel_order(pixel_cols)
+    if ordered != pixel_cols and notes is not None:
+        notes.append(_reordered_note(path, pixel_cols, ordered))
     x = np.empty((table.num_rows, len(pixel_cols)), dtype=np.uint8)
-    for j, c in enumerate(pixel_cols):
+    for j, c in enumerate(ordered):
         x[:, j] = table.column(c).to_numpy()
     y = None
     if label_idx is not None:
-        y = table.column(LABEL).to_numpy()
+        y = table.column(label).to_numpy()
         check_label_range(y, str(path), num_classes, position=lambda i: _line(path, i))
         y = torch.from_numpy(y.astype(np.int64))
     del table

@@ -34,10 +34,15 @@ def image_files(folder: Path, skipped: list[Path] | None = None) -> list[Path]:
 
     os.scandir, not Path.rglob: rglob, a Path made, compared and stat'ed per file, listed 100,000 empty files in
     5.1 s on a 2-core host, and a store's start lists its source folder to see whether it changed. The same files
-    in the same order as `sorted(folder.rglob("*"))` (by their relative parts), symbolic links to folders not
-    followed, links to files kept."""
+    in the same order as `sorted(folder.rglob("*"))` (by their relative parts), links to files kept, with one
+    difference: symbolic links to folders are followed (rglob's were not, so `class/sub -> elsewhere/` dropped its
+    images unsaid while a linked class folder was read), except one to a folder the walk is already inside or to
+    one of `folder`'s parents (a loop; `class/up -> ..` would read the other classes as this one). A folder
+    without such links lists as before, so its checksums hold."""
     found: list[tuple[tuple[str, ...], bool]] = []
-    _walk(str(folder), (), found, skipped is not None)
+    if not os.path.isdir(folder):  # as rglob: a folder that is not there yields nothing
+        return []
+    _walk(str(folder), (), found, skipped is not None, _folder_and_parents(folder))
     found.sort()
     files = []
     for parts, readable in found:
@@ -46,8 +51,21 @@ def image_files(folder: Path, skipped: list[Path] | None = None) -> list[Path]:
     return files
 
 
-def _walk(path: str, parts: tuple[str, ...], found: list, keep_skipped: bool) -> None:
-    """Add (relative parts, read by cnnpar) for each image file under `path`, skipping hidden names."""
+def _folder_and_parents(folder: Path) -> frozenset:
+    """The (device, inode) of `folder` and of each folder above it: a link to one of them is not followed."""
+    inside = set()
+    for each in (Path(os.path.abspath(folder)), *Path(os.path.abspath(folder)).parents):
+        try:
+            st = os.stat(each)
+        except OSError:
+            continue
+        inside.add((st.st_dev, st.st_ino))
+    return frozenset(inside)
+
+
+def _walk(path: str, parts: tuple[str, ...], found: list, keep_skipped: bool, inside: frozenset) -> None:
+    """Add (relative parts, read by cnnpar) for each image file under `path`, skipping hidden names. `inside`:
+    the (device, inode) of the folders the walk is in, so that a link back to one of them is not followed."""
     try:
         with os.scandir(path) as entries:
             listed = list(entries)
@@ -57,21 +75,33 @@ def _walk(path: str, parts: tuple[str, ...], found: list, keep_skipped: bool) ->
         if entry.name.startswith("."):
             continue
         try:
-            is_dir = entry.is_dir(follow_symlinks=False)
+            is_dir = entry.is_dir()  # follows a link: a linked folder is walked, a dangling link is no folder
         except OSError:
             continue
         if is_dir:
-            _walk(entry.path, (*parts, entry.name), found, keep_skipped)
+            _walk_folder(entry, (*parts, entry.name), found, keep_skipped, inside)
             continue
         suffix = os.path.splitext(entry.name)[1].lower()
         readable = suffix in IMAGE_SUFFIXES
         if not readable and not (keep_skipped and suffix in OTHER_IMAGE_SUFFIXES):
             continue
         try:
-            if entry.is_file():  # follows a link: one to a file counts, a dangling one or one to a folder not
+            if entry.is_file():  # follows a link: one to a file counts, a dangling one not
                 found.append(((*parts, entry.name), readable))
         except OSError:
             continue
+
+
+def _walk_folder(entry: os.DirEntry, parts: tuple[str, ...], found: list, keep_skipped: bool, inside: frozenset):
+    # one stat a folder (not a file): its identity, to tell a link that loops back
+    try:
+        st = entry.stat()
+    except OSError:
+        return
+    key = (st.st_dev, st.st_ino)
+    if key in inside:
+        return
+    _walk(entry.path, parts, found, keep_skipped, inside | {key})
 
 
 def skipped_note(skipped: list[Path]) -> str:
@@ -93,9 +123,11 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: not a folder: expected root/<class>/<image>.jpg|png")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    # `__MACOSX/` (what macOS's zip leaves) holds no class: skipped as hidden folders are, here as in scan_splits
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     if not classes:
         raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png")
+    _refuse_split_like_subfolders(root, classes)
     files, labels = [], []
     for label, name in enumerate(classes):
         for f in image_files(root / name, skipped):
@@ -107,7 +139,67 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
     return files, labels, classes
 
 
-VAL_NAMES = ("val", "valid", "validation", "test")  # the common names of a held-out split, in preference order
+def _refuse_split_like_subfolders(root: Path, classes: list[str]) -> None:
+    """Refuse class folders that hold no image themselves, only the same two or more subfolders each
+    (`photos/fold1/{A,B}`, splits under names not known): read as classes, the splits would train as the
+    classes and the real classes be merged."""
+    if len(classes) < 2:
+        return
+    shared = None
+    for name in classes:
+        direct, subfolders = _direct_contents(root / name)
+        if direct or not subfolders or (shared is not None and subfolders != shared):
+            return
+        shared = subfolders
+    if len(shared) < 2:  # cat/images/, dog/images/: one folder each is a layout, not splits
+        return
+    shown = ", ".join(f"{n}/" for n in classes[:3]) + (", ..." if len(classes) > 3 else "")
+    subs = ", ".join(f"{n}/" for n in sorted(shared)[:3]) + (", ..." if len(shared) > 3 else "")
+    raise DataError(
+        f"{root}: its class folders {shown} each hold the same subfolders {subs} and no image: expected "
+        f"root/<class>/<image>.jpg|png or root/train|val/<class>/<image>.jpg|png"
+    )
+
+
+def _direct_contents(folder: Path) -> tuple[bool, frozenset[str]]:
+    """Whether `folder` holds an image itself, and the names of its subfolders (hidden and `__` ones aside)."""
+    has_image, subfolders = False, set()
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.startswith((".", "__")):
+                    continue
+                if entry.is_dir():
+                    subfolders.add(entry.name)
+                elif os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
+                    has_image = True
+    except OSError:
+        pass
+    return has_image, frozenset(subfolders)
+
+
+TRAIN_NAMES = ("train", "training")  # Kaggle's brain-tumour MRI set has Training/ + Testing/
+# the common names of a held-out split, in preference order; both lists match in any case (Train/, Test/)
+VAL_NAMES = ("val", "valid", "validation", "test", "testing")
+
+
+def split_dirs(root: Path) -> tuple[Path | None, list[Path]]:
+    """`root`'s train folder (None where it has none) and its held-out folders, in `VAL_NAMES` order: the first
+    validates. Names match in any case; folders are looked for only where a train folder is there, so a class
+    folder named `test` among classes stays a class."""
+    try:
+        folders = sorted(p.name for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return None, []
+    train = next((n for n in folders if n.lower() in TRAIN_NAMES), None)
+    if train is None:
+        return None, []
+    held = sorted((n for n in folders if n.lower() in VAL_NAMES), key=lambda n: (VAL_NAMES.index(n.lower()), n))
+    return root / train, [root / n for n in held]
+
+
+def _split_names() -> str:
+    return "|".join(VAL_NAMES)
 
 
 def scan_splits(
@@ -115,33 +207,32 @@ def scan_splits(
 ) -> tuple[list[Path], list[int], list[int], list[str]]:
     """Files, labels, split ids (0 train, 1 val) and class names of an image folder.
 
-    `root/train` beside `root/val` (or `valid`, `validation`, `test`, the first found) are the two splits,
-    with the same class folders; `root/train` alone is all train (a seeded hold-out comes later); a root
-    without `train/` is one folder of class folders, all train. Split names never become classes: `train/`
-    beside any other folder is refused (hidden ones and `__MACOSX`-like `__` ones aside). Images in formats not
-    read go to `skipped` where it is given (`skipped_note`).
+    `root/train` (or `training`, in any case) beside `root/val` (or `valid`, `validation`, `test`, `testing`, the
+    first found) are the two splits, with the same class folders; `root/train` alone is all train (a seeded
+    hold-out comes later); a root without a train folder is one folder of class folders, all train. Split names
+    never become classes: a train folder beside any other folder is refused (hidden ones and `__MACOSX`-like
+    `__` ones aside). Images in formats not read go to `skipped` where it is given (`skipped_note`).
     """
     root = Path(root)
-    train_dir = root / "train"
-    if not train_dir.is_dir():
+    train_dir, held = split_dirs(root)
+    if train_dir is None:
         files, labels, classes = scan_folder(root, skipped)
         _check_classes(root, classes, labels)
         return files, labels, [0] * len(files), classes
+    known = {train_dir.name, *(p.name for p in held)}
     others = sorted(
-        p.name
-        for p in root.iterdir()
-        if p.is_dir() and p.name not in ("train", *VAL_NAMES) and not p.name.startswith((".", "__"))
+        p.name for p in root.iterdir() if p.is_dir() and p.name not in known and not p.name.startswith((".", "__"))
     )
     if others:
         raise DataError(
-            f"{root}: holds train/ beside {others}: expected train/ with at most one of "
-            f"{'|'.join(VAL_NAMES)}/ (class folders in each), or class folders alone"
+            f"{root}: holds {train_dir.name}/ beside {others}: expected train/ with at most one of "
+            f"{_split_names()}/ (class folders in each), or class folders alone"
         )
     files, labels, classes = scan_folder(train_dir, skipped)
     _check_classes(train_dir, classes, labels)
-    val_dir = next((root / n for n in VAL_NAMES if (root / n).is_dir()), None)
-    if val_dir is None:
+    if not held:
         return files, labels, [0] * len(files), classes
+    val_dir = held[0]
     vfiles, vlabels, vclasses = scan_folder(val_dir, skipped)
     if vclasses != classes:
         raise DataError(f"{val_dir}: class folders {vclasses} differ from {train_dir}'s {classes}")
@@ -153,14 +244,43 @@ def unread_splits_note(root: str | Path) -> str:
     """A warning naming the held-out folders beside train/ that are not read: of val/ and test/ (say) the first
     validates (`scan_splits`), and test/ was dropped without a word. "" where at most one is there."""
     root = Path(root)
-    found = [n for n in VAL_NAMES if (root / n).is_dir()] if (root / "train").is_dir() else []
-    if len(found) < 2:
+    _, held = split_dirs(root)
+    if len(held) < 2:
         return ""
-    unread = ", ".join(f"{n}/" for n in found[1:])
+    unread = ", ".join(f"{p.name}/" for p in held[1:])
     return (
-        f"warning: {root}: validates on {found[0]}/; {unread} beside it not read (one held-out split is used, the "
-        f"first of {'|'.join(VAL_NAMES)}/): move it out, or predict on it with cnnpar predict"
+        f"warning: {root}: validates on {held[0].name}/; {unread} beside it not read (one held-out split is used, "
+        f"the first of {_split_names()}/): move it out, or predict on it with cnnpar predict"
     )
+
+
+def loose_images_note(root: str | Path) -> str:
+    """A warning naming the images that lie beside class folders (in the root, or beside train/ and val/, or
+    beside the class folders inside them), which are not read; "" where there are none."""
+    root = Path(root)
+    train_dir, held = split_dirs(root)
+    folders = [root] + ([train_dir, *held[:1]] if train_dir is not None else [])
+    loose = [f for folder in folders for f in _images_in(folder)]
+    if not loose:
+        return ""
+    return (
+        f"warning: {root}: {len(loose):,} image(s) beside the class folders are not read (first: {loose[0]}): "
+        "expected them inside a class folder"
+    )
+
+
+def _images_in(folder: Path) -> list[Path]:
+    """The image files right in `folder` (not in its subfolders), hidden ones aside, in order."""
+    try:
+        with os.scandir(folder) as entries:
+            names = sorted(
+                e.name
+                for e in entries
+                if not e.name.startswith(".") and os.path.splitext(e.name)[1].lower() in IMAGE_SUFFIXES and e.is_file()
+            )
+    except OSError:
+        return []
+    return [folder / n for n in names]
 
 
 def _check_classes(folder: Path, classes: list[str], labels: list[int]) -> None:
@@ -170,7 +290,7 @@ def _check_classes(folder: Path, classes: list[str], labels: list[int]) -> None:
     if len(holding) < 2:
         raise DataError(
             f"{folder}: images in one class folder ({holding[0]!r}): expected at least 2 class folders with "
-            f"images, <class>/<image>.jpg|png (or train/<class>/... beside {'|'.join(VAL_NAMES)}/<class>/...)"
+            f"images, <class>/<image>.jpg|png (or train/<class>/... beside {_split_names()}/<class>/...)"
         )
 
 
@@ -268,5 +388,7 @@ def listing_checksum(root: Path, files: list[Path], labels: list[int], splits: l
         # the name under root by slicing where it starts with root, as it does for every file a scan found:
         # Path.relative_to took 1.4 s for 100,000 files
         rel = name[len(prefix) :] if name.startswith(prefix) else str(f.relative_to(root))
-        digest.update(f"{rel}\0{label}\0{split}\n".encode())
+        # surrogateescape: a name that is not UTF-8 (Latin-1 caf\xe9.png) hashes as its bytes on disk; a UTF-8 name
+        # holds no lone surrogate and encodes to the same bytes as before, so existing checksums hold
+        digest.update(f"{rel}\0{label}\0{split}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()

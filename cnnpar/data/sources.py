@@ -30,6 +30,7 @@ from cnnpar.data.folder import (
     ImageFolderDataset,
     image_files,
     listing_checksum,
+    loose_images_note,
     scan_splits,
     skipped_note,
     unread_splits_note,
@@ -186,9 +187,25 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
         raise DataError(f"{path}: not an .npz archive (not a zip file): expected numpy.savez output")
     try:
         with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+            return {k: _npz_array(z, k, path) for k in z.files}
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise DataError(f"{path}: not a readable .npz archive ({e}): expected numpy.savez output") from None
+
+
+def _npz_array(z, key: str, path: Path) -> np.ndarray:
+    """One array of an open archive; an object array (numpy pickles those, and cnnpar loads no pickle) is named by
+    its key: the whole archive was said to be unreadable."""
+    try:
+        return z[key]
+    except ValueError as e:
+        if "Object arrays" not in str(e):
+            raise
+    if key == "class_names":  # df.col.unique() is an object array of str
+        raise DataError(f"{path}[class_names]: an object array: save it with np.array(names, dtype=str)")
+    raise DataError(
+        f"{path}[{key}]: an object array (saved pickled, which cnnpar does not load): expected numbers, "
+        "np.stack(images) or np.asarray(labels, dtype=np.int64)"
+    )
 
 
 def npz_images(arrays: dict, split: str, path: Path) -> tuple[np.ndarray, str] | None:
@@ -200,7 +217,10 @@ def npz_images(arrays: dict, split: str, path: Path) -> tuple[np.ndarray, str] |
     if keys is None:
         return None
     images, offsets = keys
-    return decode_encoded(arrays[images], arrays[offsets], f"{path}[{images}]"), images
+    decoded = decode_encoded(arrays[images], arrays[offsets], f"{path}[{images}]")  # N, H, W, C
+    # handed on as N, C, H, W (a view): to_nchw_uint8 keeps that layout for C 1 or 3 whatever H and W are, where it
+    # guessed N, H, W, C images 3 pixels tall to be N, C, H, W already, and transposed them
+    return decoded.transpose(0, 3, 1, 2), images
 
 
 def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
@@ -250,7 +270,9 @@ def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
 def npz_class_names(source: str) -> list[str] | None:
     """The `class_names` an .npz holds (label i's name at i), or None: predict scores its labels by these names."""
     with np.load(source, allow_pickle=False) as z:
-        return _npz_class_names({"class_names": z["class_names"]}, Path(source)) if "class_names" in z.files else None
+        if "class_names" not in z.files:
+            return None
+        return _npz_class_names({"class_names": _npz_array(z, "class_names", Path(source))}, Path(source))
 
 
 def _npz_class_names(arrays: dict, path: Path) -> list[str] | None:
@@ -260,12 +282,16 @@ def _npz_class_names(arrays: dict, path: Path) -> list[str] | None:
     names = arrays["class_names"]
     if names.ndim != 1 or names.dtype.kind not in "US":
         raise DataError(f"{path}[class_names]: shape {names.shape}, dtype {names.dtype}: expected a 1-D array of text")
+    if names.dtype.kind == "S":  # bytes (np.array([b"cat", ...]), or a str array from Python 2): str() gave "b'cat'"
+        return [n.decode("utf-8", errors="replace") for n in names.tolist()]
     return [str(n) for n in names]
 
 
 def load_csv(cfg: DataConfig, seed: int) -> DataBundle:
-    x, y = read_pixel_csv(cfg.source, cfg.image_shape, require_label=True, num_classes=cfg.num_classes)
+    notes: list[str] = []
+    x, y = read_pixel_csv(cfg.source, cfg.image_shape, require_label=True, num_classes=cfg.num_classes, notes=notes)
     bundle = _bundle_from_arrays(x, y, None, None, cfg, seed, cfg.source)
+    bundle.load_note = "\n".join(notes)
     bundle.fingerprint, bundle.fingerprint_of = content_checksum({"x": x.numpy(), "y": y.numpy()}), ARRAYS_CHECKSUM
     return bundle
 
@@ -300,7 +326,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         val_from=val_from,
         val_overlap=overlap,
         skipped_note=skipped_note(skipped),
-        load_note=unread_splits_note(root),
+        load_note="\n".join(n for n in (unread_splits_note(root), loose_images_note(root)) if n),
         fingerprint=listing_checksum(root, files, labels, splits),
         fingerprint_of=FOLDER_CHECKSUM,
     )
@@ -472,6 +498,12 @@ def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
     return bundle
 
 
+def readable_name(name: str) -> str:
+    """`name` as UTF-8 text, bytes that are not UTF-8 shown as \\xNN: a Latin-1 caf\\xe9.png (read by the OS as a
+    lone surrogate) stopped predict as it wrote its CSV. A UTF-8 name comes back unchanged."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def load_predict_data(
     source: str,
     fmt: str = "auto",
@@ -479,6 +511,7 @@ def load_predict_data(
     image_size: int = 0,
     skipped: list[Path] | None = None,
     per_image: bool = False,
+    notes: list[str] | None = None,
 ):
     """Inputs for `cnnpar predict`: returns (dataset, row ids, where its labels came from or "").
 
@@ -486,10 +519,11 @@ def load_predict_data(
     built-in digits are resized to `image_size`, as training resizes them. A folder's images in formats not
     read go to `skipped` where it is given. A folder is read as validation read it: the centre square resized
     (`CpuDecodedFolder`, whose boxes the GPU decoders share), or with `per_image` (a run of the textbook loader)
-    each photo's shorter side resized, then its centre cropped. The two differ by up to half an output pixel."""
+    each photo's shorter side resized, then its centre cropped. The two differ by up to half an output pixel.
+    Lines on how the data was read (a CSV's columns reordered) go to `notes` where it is given."""
     fmt = detect_format(source, fmt)
     if fmt == "csv":
-        x, y = read_pixel_csv(source, image_shape, require_label=False)
+        x, y = read_pixel_csv(source, image_shape, require_label=False, notes=notes)
         ids = [str(i + 1) for i in range(len(x))]
         return ArrayDataset(x, y), ids, "its 'label' column" if y is not None else ""
     if fmt == "npz":
@@ -514,7 +548,13 @@ def load_predict_data(
         files = image_files(root, skipped)
         if not files:
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
-        ids = [str(f.relative_to(root)) for f in files]
+        ids = [readable_name(str(f.relative_to(root))) for f in files]
+        escaped = [i for i, f in zip(ids, files) if i != str(f.relative_to(root))]
+        if escaped and notes is not None:
+            notes.append(
+                f"note: {len(escaped):,} file name(s) under {root} are not UTF-8 (first: {escaped[0]}): their ids "
+                "write those bytes as \\xNN"
+            )
         size = image_size or FOLDER_SIZE
         if per_image:
             return ImageFolderDataset(files, [-1] * len(files), size), ids, ""

@@ -166,10 +166,11 @@ def predict(
             "channel): expected a CSV or an .npz of grey images"
         )
     skipped: list[Path] = []
+    notes: list[str] = []
     try:
         per_image = run_cfg.get("data", {}).get("loader") == "textbook"  # validation's own way of reading a folder
         ds, ids, label_origin = load_predict_data(
-            data, fmt, image_shape, image_size=h, skipped=skipped, per_image=per_image
+            data, fmt, image_shape, image_size=h, skipped=skipped, per_image=per_image, notes=notes
         )
     except PixelCountError as e:
         # the reader knows only the count (and a shape typed or taken from the model): say it against the model's
@@ -181,6 +182,8 @@ def predict(
         ) from None
     if skipped:  # a folder's images in other formats get no row: said where the other warnings go
         print(skipped_note(skipped), file=sys.stderr, flush=True)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
     id_name = "ImageId"
     if fmt == "csv" and (named := read_ids(data)) is not None:
         id_name, ids = named  # a Kaggle test file's own ids, under its own name, as its sample submission has them

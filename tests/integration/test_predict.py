@@ -60,6 +60,12 @@ def test_predict_npz_writes_predictions_with_confidence(tmp_path, trained):
     assert sum(int(int(r["label"]) == t) for r, t in zip(rows, y)) / 40 >= 0.9
 
 
+def _data_lines(lines: list[str]):
+    """A log that keeps predict's lines on its data, without its first line naming the checkpoint it read (tested
+    in test_best_checkpoint.py)."""
+    return lambda line: None if line.startswith("checkpoint: ") else lines.append(line)
+
+
 def test_predict_scores_an_npz_s_labels_by_its_class_names(tmp_path, trained):
     """The labels of an archive with class_names index its own names: the same names in reverse order scored
     0 % against the model's indices, without a word."""
@@ -68,15 +74,19 @@ def test_predict_scores_an_npz_s_labels_by_its_class_names(tmp_path, trained):
     names = np.array([str(k) for k in range(CLASSES)])  # the CSV-trained model's names: "0".."3"
     lines = []
     np.savez(tmp_path / "rev.npz", x_test=x, y_test=CLASSES - 1 - y, class_names=names[::-1])
-    predict(str(run_dir), str(tmp_path / "rev.npz"), out=str(tmp_path / "p.csv"), log=lines.append)
+    predict(str(run_dir), str(tmp_path / "rev.npz"), out=str(tmp_path / "p.csv"), log=_data_lines(lines))
     mapped = "labels mapped to the model's classes by the archive's class_names"
-    assert lines[0].startswith(f"checkpoint: {run_dir / 'ckpt' / 'last.pt'} (epoch ")  # which weights predict read
-    assert lines[1] == f"{tmp_path / 'rev.npz'}[y_test]: {mapped}"
-    assert float(lines[2].split("accuracy ")[1].split("%")[0]) >= 90, lines
+    assert lines[0] == f"{tmp_path / 'rev.npz'}[y_test]: {mapped}"
+    assert float(lines[1].split("accuracy ")[1].split("%")[0]) >= 90, lines
+    lines.clear()  # byte strings (np.array([b"3", ...])) are the same names: str() made them "b'3'"
+    np.savez(tmp_path / "bytes.npz", x_test=x, y_test=CLASSES - 1 - y, class_names=names[::-1].astype("S"))
+    predict(str(run_dir), str(tmp_path / "bytes.npz"), out=str(tmp_path / "b.csv"), log=_data_lines(lines))
+    assert lines[0] == f"{tmp_path / 'bytes.npz'}[y_test]: {mapped}"
+    assert float(lines[1].split("accuracy ")[1].split("%")[0]) >= 90, lines
     np.savez(tmp_path / "other.npz", x_test=x, y_test=y, class_names=np.array(["a", "b", "c", "d"]))
     lines.clear()
-    predict(str(run_dir), str(tmp_path / "other.npz"), out=str(tmp_path / "q.csv"), log=lines.append)
-    assert lines[1:] == [
+    predict(str(run_dir), str(tmp_path / "other.npz"), out=str(tmp_path / "q.csv"), log=_data_lines(lines))
+    assert lines == [
         f"{tmp_path / 'other.npz'}[y_test]: ignored as labels: its class_names 'a', 'b', 'c', 'd' are not among the "
         "model's classes ('0', '1', '2', '3')"
     ]
@@ -258,6 +268,19 @@ def test_predict_names_rows_by_the_csv_s_id_column(tmp_path, monkeypatch, traine
         assert rows[0] == [name, label]
         assert [r[0] for r in rows[1:]] == [f"{k:03d}" for k in range(7, 7 + len(truth))]
         assert sum(int(int(r[1]) == t) for r, t in zip(rows[1:], truth)) / len(truth) >= 0.9
+
+
+def test_predict_reads_pixel_columns_sorted_as_text_by_their_numbers_and_says_so(tmp_path, capsys, trained):
+    """test.csv with its columns sorted as text (pixel0, pixel1, pixel10, ...) scored 0 % read by position."""
+    _, run_dir, test, truth = trained
+    rows = [line.split(",") for line in test.read_text().splitlines()]
+    by_text = sorted(range(len(rows[0])), key=lambda j: rows[0][j])
+    data = tmp_path / "sorted.csv"
+    data.write_text("\n".join(",".join(row[j] for j in by_text) for row in rows) + "\n")
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(data), "--out", str(tmp_path / "o.csv")]) == 0
+    assert f"note: {data}: pixel columns read in the order of their numbers" in capsys.readouterr().err
+    labels = [int(r[1]) for r in _rows(tmp_path / "o.csv")[1:]]
+    assert sum(int(a == b) for a, b in zip(labels, truth)) / len(truth) >= 0.9
 
 
 def test_predict_says_a_pixel_count_against_the_models_input(tmp_path, capsys, monkeypatch, trained):

@@ -114,6 +114,7 @@ def test_load_toml_names_the_file_when_it_is_missing_or_broken(tmp_path):
 def test_parse_shape_accepts_grey_and_colour():
     assert parse_shape("28x28") == (1, 28, 28)
     assert parse_shape("3x32x32") == (3, 32, 32)
+    assert parse_shape("4x32x32") == (4, 32, 32)  # 4 channels: the models take any count
     with pytest.raises(ConfigError):
         parse_shape("0x4x4")
 

@@ -90,3 +90,18 @@ def test_a_malformed_encoded_archive_is_one_line_naming_the_array_and_image(tmp_
     path = _write(tmp_path / "enc.npz", **arrays)
     with pytest.raises(DataError, match=message):
         load_data(DataConfig(source=str(path)), 0)
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_encoded_images_three_pixels_tall_are_not_transposed(tmp_path, channels):
+    """Decoded N, H, W, C images with H = 3 were taken for N, C, H, W and transposed."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (8, 3, 5, channels), dtype=np.uint8)
+    images = x[..., 0] if channels == 1 else x
+    buf, offsets = _encoded(images, "PNG")
+    path = _write(tmp_path / "tall3.npz", train_png=buf, train_offsets=offsets, y_train=np.arange(8) % 2)
+    bundle = load_data(DataConfig(source=str(path), val_fraction=0))
+    assert bundle.train.x.shape == (8, channels, 3, 5)
+    assert np.array_equal(bundle.train.x.numpy(), x.transpose(0, 3, 1, 2))
+    ds, _, _ = load_predict_data(str(path))
+    assert np.array_equal(ds.x.numpy(), x.transpose(0, 3, 1, 2))

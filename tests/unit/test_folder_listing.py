@@ -1,6 +1,7 @@
 """An image folder's listing (`image_files`), which decides the files' order, labels and the checksums a resume and a
 store compare: os.scandir now, for speed, and the same files in the same order as the `sorted(rglob("*"))` it
-replaced, with its filters (hidden names, formats, links)."""
+replaced, with its filters (hidden names, formats, links to files), except that links to folders are followed
+(once: a link back into a folder the walk is in is not)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,26 @@ from pathlib import Path
 from cnnpar.data.folder import IMAGE_SUFFIXES, OTHER_IMAGE_SUFFIXES, image_files, listing_checksum, scan_splits
 
 
+def walked(folder: Path) -> list[Path]:
+    """Every path under `folder`, as rglob gave them, but with links to folders followed unless they lead back to
+    a folder the walk is in or above it."""
+    out = []
+
+    def walk(here: Path, inside: set[str]) -> None:
+        for p in here.iterdir():
+            out.append(p)
+            if p.is_dir() and os.path.realpath(p) not in inside:
+                walk(p, inside | {os.path.realpath(p)})
+
+    start = Path(os.path.abspath(folder))
+    walk(folder, {os.path.realpath(p) for p in (start, *start.parents)})
+    return out
+
+
 def reference(folder: Path, skipped: list[Path] | None) -> list[Path]:
-    """The listing as cnnpar made it before: Path.rglob, sorted, filtered."""
+    """The listing as cnnpar made it before (Path.rglob, sorted, filtered), with links to folders followed."""
     found = []
-    for f in sorted(folder.rglob("*")):
+    for f in sorted(walked(folder)):
         suffix = f.suffix.lower()
         if suffix not in IMAGE_SUFFIXES and (skipped is None or suffix not in OTHER_IMAGE_SUFFIXES):
             continue
@@ -32,10 +49,13 @@ def tricky_tree(root: Path) -> Path:
     for name in names:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(b"x")
-    os.symlink("../b", root / "b_link")  # a link to a folder: not followed
+    os.symlink("b", root / "b_link")  # a link to a folder: followed
+    os.symlink("../b", root / "gone")  # dangling (photos/../b): nothing
     os.symlink("../a/1.jpg", root / "Z" / "link.jpg")  # a link to a file: listed
     os.symlink("../nowhere.jpg", root / "Z" / "dangling.jpg")  # dangling: not listed
-    os.symlink("../b", root / "Z" / "dirlink.jpg")  # a folder behind an image name: not listed
+    os.symlink("../b", root / "Z" / "dirlink.jpg")  # a folder behind an image name: followed, as a folder
+    os.symlink("..", root / "a" / "sub" / "up")  # a loop back to a/, which the walk is in: not followed
+    os.symlink("../..", root / "a" / "sub" / "root")  # the root from a/sub: above a/, so not followed from there
     return root
 
 
@@ -48,7 +68,8 @@ def test_the_listing_is_the_sorted_rglob_listing_it_replaced(tmp_path, monkeypat
             assert ours == theirs
     listed = image_files(root, [])
     assert root / "Z" / "link.jpg" in listed and root / "a" / "._5.jpg" not in listed
-    assert not any(".hid" in f.parts or ".thumbs" in f.parts or "b_link" in f.parts for f in listed)
+    assert not any(".hid" in f.parts or ".thumbs" in f.parts or "up" in f.parts for f in listed)
+    assert root / "b_link" / "B.jpg" in listed and root / "Z" / "dirlink.jpg" / "B.jpg" in listed
     monkeypatch.chdir(tmp_path)  # a relative root lists relative paths, as before
     assert image_files(Path("photos")) == reference(Path("photos"), None)
 

@@ -247,7 +247,7 @@ def test_one_class_folder_is_refused_in_one_line_before_a_run_folder(tmp_path, c
     assert err == (
         f"cnnpar: error: {tmp_path / 'one' / 'train'}: images in one class folder ('class0'): expected at least 2 "
         "class folders with images, <class>/<image>.jpg|png (or train/<class>/... beside "
-        "val|valid|validation|test/<class>/...)"
+        "val|valid|validation|test|testing/<class>/...)"
     )
 
 

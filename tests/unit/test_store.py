@@ -540,7 +540,7 @@ def test_a_second_held_out_folder_beside_train_is_named_not_dropped(tmp_path, ca
     note = load_data(data_cfg(tmp_path / "p"), 0).load_note
     assert note == (
         f"warning: {tmp_path / 'p'}: validates on val/; test/ beside it not read (one held-out split is used, the "
-        "first of val|valid|validation|test/): move it out, or predict on it with cnnpar predict"
+        "first of val|valid|validation|test|testing/): move it out, or predict on it with cnnpar predict"
     )
     assert cli_main(["prepare", str(tmp_path / "p"), "--out", str(tmp_path / "p.cnnpar"), "--no-progress"]) == 0
     assert note in capsys.readouterr().out

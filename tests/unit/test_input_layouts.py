@@ -1,0 +1,281 @@
+"""Data laid out as people download it (Kaggle's split folders, sorted CSV columns, byte-string names, odd file
+names): read as meant, or refused in one line that says what was expected."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from cnnpar.config import DataConfig
+from cnnpar.data import load_data, load_predict_data
+from cnnpar.data.csv_source import read_pixel_csv
+from cnnpar.data.folder import scan_splits, unread_splits_note
+from cnnpar.data.store_write import prepare_store
+from cnnpar.errors import DataError
+from tests.datafiles import bar_images, write_image_folder
+
+
+@pytest.mark.parametrize(("train", "held"), [("Training", "Testing"), ("Train", "Test"), ("TRAIN", "Val")])
+def test_split_folders_in_any_case_and_kaggles_training_testing_are_splits_not_classes(tmp_path, train, held):
+    """Kaggle's brain-tumour MRI set (Training/ + Testing/) trained as two classes, its four merged."""
+    root = tmp_path / "mri"
+    write_image_folder(root / train, per_class=2, classes=3)
+    write_image_folder(root / held, per_class=1, classes=3)
+    bundle = load_data(DataConfig(source=str(root), image_size=8))
+    assert bundle.class_names == ["class0", "class1", "class2"]
+    assert (len(bundle.train), len(bundle.val)) == (6, 3)
+    header = prepare_store(root, tmp_path / "mri.cnnpar", 32, workers=1, progress=False)
+    assert header["class_names"] == ["class0", "class1", "class2"] and header["splits"] == {"train": 6, "val": 3}
+    _, ids, _ = load_predict_data(str(root))  # predict lists every image under the folder, split folders and all
+    assert len(ids) == 9 and all(i.startswith((train + "/", held + "/")) for i in ids)
+
+
+def test_a_second_held_out_folder_in_another_case_is_named_and_a_second_train_folder_refused(tmp_path):
+    root = tmp_path / "d"
+    write_image_folder(root / "Training", per_class=2, classes=2)
+    write_image_folder(root / "Testing", per_class=1, classes=2)
+    write_image_folder(root / "Validation", per_class=1, classes=2)
+    _, _, splits, _ = scan_splits(root)
+    assert sum(splits) == 2  # Validation/ comes before Testing/ in the preference order
+    assert unread_splits_note(root).startswith(f"warning: {root}: validates on Validation/; Testing/ beside it")
+    shutil.copytree(root / "Training", root / "train")
+    with pytest.raises(DataError, match=r"holds Training/ beside \['train'\]: expected train/ with at most one"):
+        scan_splits(root)
+
+
+def test_class_folders_that_each_hold_the_same_subfolders_and_no_image_are_refused(tmp_path):
+    """Splits under names not known (fold1/, fold2/ inside each class, or the other way round) would train the
+    splits as the classes, or merge the classes."""
+    root = tmp_path / "photos"
+    for fold in ("x", "y"):
+        write_image_folder(root / "A" / fold, per_class=1, classes=2)
+        write_image_folder(root / "B" / fold, per_class=1, classes=2)
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(root), image_size=8))
+    assert str(e.value) == (
+        f"{root}: its class folders A/, B/ each hold the same subfolders x/, y/ and no image: expected "
+        "root/<class>/<image>.jpg|png or root/train|val/<class>/<image>.jpg|png"
+    )
+    for cls in ("A", "B"):  # one subfolder each (cat/images/) is a layout, not splits: read
+        shutil.rmtree(root / cls / "y")
+    assert load_data(DataConfig(source=str(root), image_size=8)).class_names == ["A", "B"]
+
+
+def _csv(path, header: list[str], rows) -> str:
+    lines = [",".join(header)] + [",".join(str(v) for v in row) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_pixel_columns_sorted_as_text_are_read_by_the_numbers_in_their_names(tmp_path):
+    """label,pixel0,pixel1,pixel10,pixel100,... read by position scrambled every image (a model that scored
+    100 % on the file in order predicted 0 %)."""
+    x, y = bar_images(12)
+    flat = x.reshape(len(x), -1)
+    names = [f"pixel{i}" for i in range(flat.shape[1])]
+    by_text = sorted(range(len(names)), key=lambda j: names[j])
+    path = _csv(tmp_path / "sorted.csv", ["label"] + [names[j] for j in by_text], np.c_[y, flat[:, by_text]])
+    bundle = load_data(DataConfig(source=path, val_fraction=0))
+    assert torch.equal(bundle.train.x[:, 0], torch.from_numpy(x))
+    assert bundle.load_note == (
+        f"note: {path}: pixel columns read in the order of their numbers (pixel2, pixel3, pixel4, ...), not the "
+        "file's (pixel10, pixel100, pixel101, ...): the file's columns look sorted as text"
+    )
+    notes: list[str] = []
+    got, _ = read_pixel_csv(path, require_label=False, notes=notes)  # predict reads the same way
+    assert torch.equal(got[:, 0], torch.from_numpy(x)) and notes == [bundle.load_note]
+
+
+def test_row_by_column_names_sorted_as_text_are_read_in_rows_and_other_orders_kept(tmp_path):
+    x, y = bar_images(8)
+    side = x.shape[1]
+    names = [f"{r}x{c}" for r in range(1, side + 1) for c in range(1, side + 1)]  # Kaggle's 1x1..28x28
+    flat = x.reshape(len(x), -1)
+    by_text = sorted(range(len(names)), key=lambda j: names[j])
+    path = _csv(tmp_path / "rxc.csv", ["label"] + [names[j] for j in by_text], np.c_[y, flat[:, by_text]])
+    assert torch.equal(read_pixel_csv(path)[0][:, 0], torch.from_numpy(x))
+    # in file order (as written), or named column first (x3y0) and written row by row: read as written
+    kept = _csv(tmp_path / "kept.csv", ["label"] + names, np.c_[y, flat])
+    assert torch.equal(read_pixel_csv(kept)[0][:, 0], torch.from_numpy(x))
+    xy = [f"x{c}y{r}" for r in range(side) for c in range(side)]
+    notes: list[str] = []
+    col_first = _csv(tmp_path / "xy.csv", ["label"] + xy, np.c_[y, flat])
+    assert torch.equal(read_pixel_csv(col_first, notes=notes)[0][:, 0], torch.from_numpy(x)) and not notes
+
+
+@pytest.mark.parametrize("data", ["csv", "synthetic"])
+def test_an_image_shape_typed_height_width_channels_is_refused_naming_the_order(tmp_path, capsys, data):
+    """16x16x3 (numpy's HWC) was read as 16 channels of 16x3 images, and trained."""
+    from cnnpar.cli import main
+
+    source = "synthetic"
+    if data == "csv":
+        x, y = bar_images(8, channels=3)
+        source = _csv(tmp_path / "rgb.csv", ["label"] + [f"pixel{i}" for i in range(768)], np.c_[y, x.reshape(8, -1)])
+    runs = tmp_path / "runs"
+    argv = ["train", "--data", source, "--image-shape", "16x16x3", "--out-dir", str(runs), "--no-progress"]
+    assert main([*argv, "--no-tensorboard"]) == 2 and not runs.exists()
+    assert capsys.readouterr().err.strip() == (
+        "cnnpar: error: --image-shape 16x16x3: channels come first: expected 3x16x16"
+    )
+
+
+def test_byte_string_class_names_in_an_npz_are_decoded_not_written_as_b_quotes(tmp_path):
+    x, y = bar_images(40)
+    names = np.array(["tl", "tr", "café".encode(), b"\xff"], dtype="S")  # the last one no UTF-8: replaced
+    np.savez(tmp_path / "b.npz", x_train=x, y_train=y, class_names=names)
+    assert load_data(DataConfig(source=str(tmp_path / "b.npz"))).class_names == ["tl", "tr", "café", "\ufffd"]
+
+
+def test_a_file_name_that_is_not_utf8_is_listed_checksummed_and_predicted_as_its_bytes(tmp_path):
+    """Latin-1 caf\\xe9.jpg stopped train and prepare (the listing checksum) and predict (its CSV) with a
+    UnicodeEncodeError."""
+    import hashlib
+    import os
+
+    from cnnpar.data.folder import listing_checksum
+    from cnnpar.report.files import write_csv_atomic
+
+    root = write_image_folder(tmp_path / "ph", per_class=3, classes=2)
+    first = sorted((root / "class0").iterdir())[0]
+    os.rename(first, os.path.join(os.fsencode(root / "class0"), b"caf\xe9" + os.fsencode(first.suffix)))
+    files, labels, splits, _ = scan_splits(root)
+    digest = hashlib.sha256()  # the bytes on disk, and for UTF-8 names the bytes the checksum always hashed
+    for f, label, split in zip(files, labels, splits):
+        digest.update(os.fsencode(f.relative_to(root)) + f"\0{label}\0{split}\n".encode())
+    assert listing_checksum(root, files, labels, splits) == digest.hexdigest()
+    assert load_data(DataConfig(source=str(root), image_size=8)).fingerprint == digest.hexdigest()
+    assert prepare_store(root, tmp_path / "ph.cnnpar", 32, workers=1, progress=False)["count"] == 6
+    notes: list[str] = []
+    _, ids, _ = load_predict_data(str(root), notes=notes)
+    assert "class0/caf\\xe9.png" in ids
+    assert notes == [
+        f"note: 1 file name(s) under {root} are not UTF-8 (first: class0/caf\\xe9.png): their ids write those bytes "
+        "as \\xNN"
+    ]
+    write_csv_atomic(tmp_path / "p.csv", [{"id": i} for i in ids])
+
+
+def test_a_linked_folder_inside_a_class_folder_is_read_and_a_link_back_up_is_not_followed(tmp_path):
+    """`class0/more -> elsewhere/` dropped its images without a word, while a linked class folder was read."""
+    import os
+
+    root = write_image_folder(tmp_path / "ph", per_class=3, classes=2)
+    write_image_folder(tmp_path / "elsewhere", per_class=2, classes=1)
+    os.symlink(tmp_path / "elsewhere" / "class0", root / "class0" / "more")
+    os.symlink("..", root / "class1" / "up")  # back up to ph/: not followed (it would read class0 as class1)
+    files, labels, _, _ = scan_splits(root)
+    assert [f.relative_to(root).as_posix() for f, k in zip(files, labels) if k == 0][-2:] == [
+        "class0/more/0.jpg",
+        "class0/more/1.png",
+    ]
+    assert len(files) == 8
+
+
+def test_a_root_macosx_folder_is_no_class_and_loose_images_beside_class_folders_are_named(tmp_path, capsys):
+    """A zip's `__MACOSX/` became a class (empty: its `._x.jpg` are skipped); images beside the class folders were
+    left out without a word."""
+    from cnnpar.cli import main
+
+    root = write_image_folder(tmp_path / "photos", per_class=3, classes=2)
+    (root / "__MACOSX" / "class0").mkdir(parents=True)
+    (root / "__MACOSX" / "class0" / "._0.jpg").write_bytes(b"\0\5\26\7")
+    for name in ("b.png", "a.png"):
+        shutil.copy(next((root / "class0").glob("*.png")), root / name)
+    bundle = load_data(DataConfig(source=str(root), image_size=8))
+    assert bundle.class_names == ["class0", "class1"] and len(bundle.train) + len(bundle.val) == 6
+    note = (
+        f"warning: {root}: 2 image(s) beside the class folders are not read (first: {root / 'a.png'}): expected "
+        "them inside a class folder"
+    )
+    assert bundle.load_note == note
+    assert main(["prepare", str(root), "--out", str(tmp_path / "p.cnnpar"), "--no-progress"]) == 0
+    assert note in capsys.readouterr().out
+    write_image_folder(tmp_path / "s" / "train", per_class=2, classes=2)  # beside train/'s class folders too
+    shutil.copy(root / "a.png", tmp_path / "s" / "train" / "c.png")
+    assert load_data(DataConfig(source=str(tmp_path / "s"), image_size=8)).load_note.startswith(
+        f"warning: {tmp_path / 's'}: 1 image(s) beside the class folders are not read (first: "
+        f"{tmp_path / 's' / 'train' / 'c.png'})"
+    )
+
+
+def test_an_object_array_in_an_npz_is_named_by_its_key_with_how_to_save_it(tmp_path):
+    """`class_names=df.col.unique()` (an object array) was refused as 'not a readable .npz archive (Object arrays
+    cannot be loaded...)'."""
+    x, y = bar_images(20)
+    np.savez(tmp_path / "o.npz", x_train=x, y_train=y, class_names=np.array(["a", "b", "c", "d"], dtype=object))
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(tmp_path / "o.npz")))
+    assert str(e.value) == (
+        f"{tmp_path / 'o.npz'}[class_names]: an object array: save it with np.array(names, dtype=str)"
+    )
+    np.savez(tmp_path / "x.npz", x_train=np.array(list(x), dtype=object), y_train=y)
+    with pytest.raises(DataError, match=r"x\.npz\[x_train\]: an object array \(saved pickled"):
+        load_data(DataConfig(source=str(tmp_path / "x.npz")))
+
+
+def test_a_csv_without_a_header_line_is_named_as_such_not_as_a_repeated_column(tmp_path):
+    """np.savetxt without header= gave "column name '28' is repeated in the header"."""
+    x, y = bar_images(8)
+    np.savetxt(tmp_path / "n.csv", np.c_[y, x.reshape(8, -1)], fmt="%d", delimiter=",")
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(tmp_path / "n.csv")))
+    first = np.c_[y, x.reshape(8, -1)][0][:3]
+    assert str(e.value) == (
+        f"{tmp_path / 'n.csv'}: the first line holds numbers ({', '.join(map(str, first))}, ...), not column names: "
+        "expected a header line (label,pixel0,pixel1,...; np.savetxt(..., header=..., comments='') writes one)"
+    )
+    # pandas' header for a frame without column names (0,1,2,...) names the pixels: read
+    _csv(tmp_path / "pd.csv", [str(i) for i in range(256)], x.reshape(8, -1))
+    assert torch.equal(read_pixel_csv(tmp_path / "pd.csv", require_label=False)[0][:, 0], torch.from_numpy(x))
+
+
+@pytest.mark.parametrize("require_label", [True, False])
+def test_a_semicolon_separated_csv_is_named_as_such_in_a_short_line(tmp_path, require_label):
+    """The error repeated the whole header (about 6,000 characters for 28x28 images)."""
+    x, y = bar_images(4)
+    np.savetxt(tmp_path / "s.csv", np.c_[y, x.reshape(4, -1)], fmt="%d", delimiter=";", header="label;" + ";".join(
+        f"pixel{i}" for i in range(256)), comments="")  # fmt: skip
+    with pytest.raises(DataError) as e:
+        read_pixel_csv(tmp_path / "s.csv", require_label=require_label)
+    assert str(e.value) == (
+        f"{tmp_path / 's.csv'}: the header (label;pixel0;pixel1..., 257 names) looks semicolon-separated: expected "
+        "commas (pandas: pd.read_csv(path, sep=';').to_csv(path, index=False))"
+    )
+
+
+def test_a_header_without_label_names_a_few_columns_and_the_count(tmp_path):
+    _csv(tmp_path / "n.csv", ["Lab", "a_rather_long_column_name_that_goes_on_and_on"] + [f"p{i}" for i in range(9)], [])
+    with pytest.raises(DataError) as e:
+        read_pixel_csv(tmp_path / "n.csv")
+    assert str(e.value) == (
+        f"{tmp_path / 'n.csv'}: no 'label' column in the header (found Lab, a_rather_long_column_name_t..., p0, p1, "
+        "p2, ...; 11 in all): expected label,pixel0,pixel1,..."
+    )
+
+
+def test_labels_of_shape_n_1_are_read_and_one_hot_labels_are_refused_saying_so(tmp_path):
+    x, y = bar_images(20)
+    np.savez(tmp_path / "col.npz", x_train=x, y_train=y[:, None])  # Keras' cifar10.load_data() labels: (N, 1)
+    bundle = load_data(DataConfig(source=str(tmp_path / "col.npz"), val_fraction=0))
+    assert torch.equal(bundle.train.y, torch.from_numpy(y))
+    np.savez(tmp_path / "hot.npz", x_train=x, y_train=np.eye(4, dtype=np.float32)[y])
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(tmp_path / "hot.npz")))
+    assert str(e.value) == (
+        f"{tmp_path / 'hot.npz'}[y_train]: shape (20, 4) (it looks one-hot: save y.argmax(1)): expected (20,), one "
+        "label per image"
+    )
+
+
+@pytest.mark.parametrize("name", ["Label", "LABEL"])
+def test_a_label_column_named_in_another_case_is_the_label_column(tmp_path, name):
+    x, y = bar_images(8)
+    path = _csv(tmp_path / "l.csv", [name] + [f"pixel{i}" for i in range(256)], np.c_[y, x.reshape(8, -1)])
+    got_x, got_y = read_pixel_csv(path)
+    assert torch.equal(got_x[:, 0], torch.from_numpy(x)) and torch.equal(got_y, torch.from_numpy(y))
+    _, labels_from = load_predict_data(path)[1:]
+    assert labels_from == "its 'label' column"
