@@ -127,7 +127,6 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     if not classes:
         raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png")
-    _refuse_split_like_subfolders(root, classes)
     files, labels = [], []
     for label, name in enumerate(classes):
         for f in image_files(root / name, skipped):
@@ -139,25 +138,34 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
     return files, labels, classes
 
 
-def _refuse_split_like_subfolders(root: Path, classes: list[str]) -> None:
-    """Refuse class folders that hold no image themselves, only the same two or more subfolders each
-    (`photos/fold1/{A,B}`, splits under names not known): read as classes, the splits would train as the
-    classes and the real classes be merged."""
+def split_like_subfolders_note(root: str | Path) -> str:
+    """A warning where the class folders hold no image themselves, only the same two or more subfolders each
+    (`photos/fold1/{A,B}`: splits under names not known, whose splits would train as the classes and the real
+    classes be merged); "" otherwise. A warning, not a refusal: `cat/2019/`, `cat/2020/`, `dog/2019/`, ... is a
+    layout of classes too."""
+    root = Path(root)
+    train_dir, _ = split_dirs(root)
+    folder = train_dir or root
+    try:
+        classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
+    except OSError:
+        return ""
     if len(classes) < 2:
-        return
+        return ""
     shared = None
     for name in classes:
-        direct, subfolders = _direct_contents(root / name)
+        direct, subfolders = _direct_contents(folder / name)
         if direct or not subfolders or (shared is not None and subfolders != shared):
-            return
+            return ""
         shared = subfolders
     if len(shared) < 2:  # cat/images/, dog/images/: one folder each is a layout, not splits
-        return
+        return ""
     shown = ", ".join(f"{n}/" for n in classes[:3]) + (", ..." if len(classes) > 3 else "")
     subs = ", ".join(f"{n}/" for n in sorted(shared)[:3]) + (", ..." if len(shared) > 3 else "")
-    raise DataError(
-        f"{root}: its class folders {shown} each hold the same subfolders {subs} and no image: expected "
-        f"root/<class>/<image>.jpg|png or root/train|val/<class>/<image>.jpg|png"
+    return (
+        f"warning: {folder}: its class folders {shown} each hold the same subfolders {subs} and no image: if those "
+        "are splits, the classes are merged; expected root/<class>/<image>.jpg|png or "
+        "root/train|val/<class>/<image>.jpg|png"
     )
 
 

@@ -33,6 +33,7 @@ from cnnpar.data.folder import (
     loose_images_note,
     scan_splits,
     skipped_note,
+    split_like_subfolders_note,
     unread_splits_note,
 )
 from cnnpar.data.overlap import folder_overlap, store_overlap
@@ -326,7 +327,9 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         val_from=val_from,
         val_overlap=overlap,
         skipped_note=skipped_note(skipped),
-        load_note="\n".join(n for n in (unread_splits_note(root), loose_images_note(root)) if n),
+        load_note="\n".join(
+            n for n in (unread_splits_note(root), loose_images_note(root), split_like_subfolders_note(root)) if n
+        ),
         fingerprint=listing_checksum(root, files, labels, splits),
         fingerprint_of=FOLDER_CHECKSUM,
     )

@@ -46,22 +46,24 @@ def test_a_second_held_out_folder_in_another_case_is_named_and_a_second_train_fo
         scan_splits(root)
 
 
-def test_class_folders_that_each_hold_the_same_subfolders_and_no_image_are_refused(tmp_path):
+def test_class_folders_that_each_hold_the_same_subfolders_and_no_image_are_warned_about(tmp_path):
     """Splits under names not known (fold1/, fold2/ inside each class, or the other way round) would train the
-    splits as the classes, or merge the classes."""
+    splits as the classes, or merge the classes, without a word; cat/2019/, cat/2020/, dog/2019/, ... is a layout
+    of classes too, so it is a warning, not a refusal."""
     root = tmp_path / "photos"
     for fold in ("x", "y"):
         write_image_folder(root / "A" / fold, per_class=1, classes=2)
         write_image_folder(root / "B" / fold, per_class=1, classes=2)
-    with pytest.raises(DataError) as e:
-        load_data(DataConfig(source=str(root), image_size=8))
-    assert str(e.value) == (
-        f"{root}: its class folders A/, B/ each hold the same subfolders x/, y/ and no image: expected "
-        "root/<class>/<image>.jpg|png or root/train|val/<class>/<image>.jpg|png"
-    )
-    for cls in ("A", "B"):  # one subfolder each (cat/images/) is a layout, not splits: read
+    bundle = load_data(DataConfig(source=str(root), image_size=8))
+    assert bundle.class_names == ["A", "B"]  # read as the layout says
+    assert (
+        f"warning: {root}: its class folders A/, B/ each hold the same subfolders x/, y/ and no image: if those are "
+        "splits, the classes are merged; expected root/<class>/<image>.jpg|png or "
+        "root/train|val/<class>/<image>.jpg|png"
+    ) in bundle.load_note
+    for cls in ("A", "B"):  # one subfolder each (cat/images/) is a layout, not splits: no warning
         shutil.rmtree(root / cls / "y")
-    assert load_data(DataConfig(source=str(root), image_size=8)).class_names == ["A", "B"]
+    assert "same subfolders" not in load_data(DataConfig(source=str(root), image_size=8)).load_note
 
 
 def _csv(path, header: list[str], rows) -> str:
