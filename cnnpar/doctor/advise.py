@@ -70,13 +70,21 @@ class Facts:
     # `--cuda-graphs on` would turn them on) or "n/a" (they cannot apply, e.g. compile's own graphs)
     cuda_graphs: str = "n/a"
     load_avg_1m: float | None = None  # the host's 1-minute load average after the end-to-end measurement
-    # the training split holds fewer images than one batch: every batch is the whole split (`batch_size` is what
-    # was measured), and no larger batch can exist
+    # the training split holds fewer images than the batch asked for: the Trainer capped it to the whole split
+    # (`batch_size` is the capped batch, the one measured), and no larger batch can exist
     data_under_one_batch: bool = False
+    # the largest batch the Trainer runs on this data (one process's share of the training split; a larger one is
+    # capped to it), as the Trainer says (`Trainer.batch_limit`); 0: not known
+    batch_limit: int = 0
 
     @property
     def overlapped(self) -> bool:
         return self.workers > 0 and not self.resident
+
+    @property
+    def whole_split(self) -> bool:
+        """Every batch is the whole training split: a larger batch would be capped back to this one."""
+        return self.data_under_one_batch or 0 < self.batch_limit <= self.batch_size
 
     @property
     def fixed_share(self) -> float | None:
@@ -209,7 +217,7 @@ def _diagnose_parts(f: Facts) -> Diagnosis:
         host.append(
             f"{100 * share:.0f}% of the step's time does not grow with the batch (step timed at batch "
             f"{f.batch_size // 2} and {f.batch_size}; threshold {100 * FIXED_SHARE_HOST_BOUND:.0f}%): "
-            f"per-step overhead dominates the arithmetic"
+            f"per-step overhead dominates the arithmetic" + no_larger_batch(f)
         )
     if host:
         return Diagnosis(HOST_BOUND, reasons + host)
@@ -219,6 +227,13 @@ def _diagnose_parts(f: Facts) -> Diagnosis:
         reasons.append(f"the GPU is busy {100 * (1 - f.gpu_idle_share):.0f}% of the step")
     reasons.append("the data keeps up and the device is busy: the arithmetic itself sets the pace")
     return Diagnosis(COMPUTE_BOUND, reasons)
+
+
+def no_larger_batch(f: Facts) -> str:
+    """Why the advice holds no larger batch, which a high fixed share would otherwise call for."""
+    if not f.whole_split:
+        return ""
+    return f" (no larger batch can spread it: batch {f.batch_size} is already the whole training split)"
 
 
 def _compute_part(f: Facts, factor: float) -> float:
@@ -255,9 +270,21 @@ def wants_batch_search(f: Facts) -> bool:
     how much of the GPU a small batch's kernels fill."""
     if f.device_type != "cuda" or (f.peak_mem_share is not None and f.peak_mem_share >= 0.45):
         return False
-    if f.data_under_one_batch:
-        return False
-    return True
+    return not f.whole_split
+
+
+def larger_batch(f: Facts) -> int:
+    """Twice the batch, within the largest one the Trainer runs: advising more would run (and time) the cap while
+    the advice said the batch asked for (`--batch-size 128` ran 90 on a split of 90)."""
+    doubled = 2 * f.batch_size
+    return min(doubled, f.batch_limit) if f.batch_limit else doubled
+
+
+def whole_split_note(f: Facts, batch: int) -> str:
+    """Why the advised batch is less than double: it is the whole training split."""
+    if batch >= 2 * f.batch_size:
+        return ""
+    return f"; {batch} is the whole training split, the largest batch that runs (one step per epoch)"
 
 
 def recommend(f: Facts) -> list[Recommendation]:
@@ -328,15 +355,16 @@ def recommend(f: Facts) -> list[Recommendation]:
         share is not None
         and share >= 0.15
         and (f.peak_mem_share is None or f.peak_mem_share < 0.45)
-        and not f.data_under_one_batch
+        and not f.whole_split
     ):
-        b2 = 2 * f.batch_size
-        new_step = (f.fixed_step_s + (f.step_s * f.batch_size - f.fixed_step_s) * 2) / b2
+        b2 = larger_batch(f)
+        new_step = (f.fixed_step_s + (f.step_s * f.batch_size - f.fixed_step_s) * b2 / f.batch_size) / b2
         add(
             "batch",
             "larger batch",
             f"--batch-size {b2} (retune --lr)",
-            f"{100 * share:.0f}% of each step is fixed overhead; a larger batch spreads it over more images",
+            f"{100 * share:.0f}% of each step is fixed overhead; a larger batch spreads it over more images"
+            + whole_split_note(f, b2),
             f.modelled(step_s=new_step),
             f"measured: step time at batch {f.batch_size // 2} and {f.batch_size}, extrapolated linearly to {b2}",
             {"run": {"batch_size": b2}},

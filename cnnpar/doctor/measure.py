@@ -43,6 +43,12 @@ class Phase:
         return self.measured_batches or self.batches
 
     @property
+    def images_per_batch(self) -> float:
+        """The batch this row measured, from its own counts: a try's is the batch its Trainer ran (capped to the
+        training split where the change asked for more), which the report's batch column shows."""
+        return self.images / max(1, self.batches)
+
+    @property
     def s_per_batch(self) -> float:
         return self.seconds / max(1, self.batches)
 
@@ -61,6 +67,7 @@ class Phase:
     def row(self) -> dict:
         return {
             **asdict(self),
+            "images_per_batch": round(self.images_per_batch, 1),
             "ms_per_batch": round(1e3 * self.s_per_batch, 3),
             "images_per_s": round(self.images_per_s, 2),
             "data_wait_share": round(self.data_wait_share, 4),

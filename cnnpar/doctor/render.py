@@ -12,7 +12,9 @@ from cnnpar.doctor.advise import MIN_GAIN
 from cnnpar.doctor.run import DoctorReport
 from cnnpar.report.files import read_csv, write_csv_atomic, write_json_atomic, write_text_atomic
 
-PHASE_COLUMNS = ["name", "batches", "seconds", "images", "ms_per_batch", "images_per_s", "data_wait_share"]
+PHASE_COLUMNS = [
+    "name", "batches", "seconds", "images", "images_per_batch", "ms_per_batch", "images_per_s", "data_wait_share",
+]  # fmt: skip
 RECO_COLUMNS = [
     "rank", "key", "title", "action", "command", "est_gain", "basis", "tried_images_per_s", "tried_gain", "advised",
 ]  # fmt: skip
@@ -100,9 +102,11 @@ def load_text(f) -> str:
 
 
 def batch_note(report: DoctorReport) -> str:
-    """What a measurement row's batch is; with --grad-accum, one micro-batch carrying its share of the step's time."""
-    f, accum = report.facts, report.cfg.optim.grad_accum
-    text = f"ms/batch: a batch of {f.batch_size} images"
+    """What a measurement row's batch is; with --grad-accum, one micro-batch carrying its share of the step's time.
+    Each row's own size is in its batch column: the half batch and a try's batch (capped to the training split
+    where a change asked for more) are not the run's, which the note alone said for every row."""
+    accum = report.cfg.optim.grad_accum
+    text = "ms/batch: one batch of the row's batch column's images (as measured)"
     if accum > 1:
         text += f", one micro-batch of the {accum} an optimizer step accumulates (its time spread over them)"
     return text
@@ -152,12 +156,15 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         f"{warm_up_text(report)[0].upper()}{warm_up_text(report)[1:]}; the device is synchronised before and "
         f"after each measured window. {step_text(report)}; {batch_note(report)}.",
         "",
-        "| phase | batches | ms/batch | images/s | data wait |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| phase | batch | batches | ms/batch | images/s | data wait |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in phase_rows(report):
         wait = f"{100 * r['data_wait_share']:.0f}%" if r["data_wait_s"] else ""
-        lines.append(f"| {r['name']} | {r['batches']} | {r['ms_per_batch']:.2f} | {r['images_per_s']:,.1f} | {wait} |")
+        lines.append(
+            f"| {r['name']} | {r['images_per_batch']:g} | {r['batches']} | {r['ms_per_batch']:.2f} | "
+            f"{r['images_per_s']:,.1f} | {wait} |"
+        )
     extra = []
     if f.fixed_share is not None:
         extra.append(f"- fixed (batch-independent) share of the step: {100 * f.fixed_share:.0f}%")
@@ -232,11 +239,19 @@ def print_report(report: DoctorReport) -> None:
         console.width = 150
     console.print(setup_line(report))
     table = Table(title=f"measurements ({warm_up_text(report)}, device synchronised)", title_justify="left")
-    for col, just in (("phase", "left"), ("ms/batch", "right"), ("images/s", "right"), ("data wait", "right")):
+    columns = (
+        ("phase", "left"),
+        ("batch", "right"),
+        ("ms/batch", "right"),
+        ("images/s", "right"),
+        ("data wait", "right"),
+    )
+    for col, just in columns:
         table.add_column(col, justify=just)
     for r in phase_rows(report):
         wait = f"{100 * r['data_wait_share']:.0f}%" if r["data_wait_s"] else ""
-        table.add_row(r["name"], f"{r['ms_per_batch']:.2f}", f"{r['images_per_s']:,.1f}", wait)
+        batch = f"{r['images_per_batch']:g}"
+        table.add_row(r["name"], batch, f"{r['ms_per_batch']:.2f}", f"{r['images_per_s']:,.1f}", wait)
     console.print(table)
     console.print(batch_note(report), highlight=False)  # below, not in the title: that wraps to the table's width
     style = {

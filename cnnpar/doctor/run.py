@@ -216,17 +216,15 @@ def _measure_baseline(
 def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Config, list[Phase], Facts, Config]:
     warm, steps, max_s = opts.warmup, opts.steps, opts.max_s
     rcfg = trainer.cfg
-    batch = trainer.batch_asked  # the batch asked for: the trainer caps one larger than the training split
+    # the batch that runs, as the Trainer resolved it: one larger than the training split is capped to the split
+    batch = rcfg.run.batch_size
+    capped = batch < trainer.batch_asked
     pipe = phase("input pipeline", lambda: measure_pipeline(trainer, warm, steps, max_s))
     x, y = first_batch(trainer)
+    # (a capped batch always has the Trainer's line, which says the size asked for and the cap)
     batch_from = trainer.batch_line or (
         "--batch-size" if trainer.requested_cfg.run.batch_size else "auto: the CPU's fixed default"
     )
-    # a training split smaller than one batch makes every batch the whole split: the rows are that batch's
-    under_one_batch = y.shape[0] < batch
-    if under_one_batch:
-        batch_from = f"{batch_from}; {batch} asked, but the training split holds only {y.shape[0]} images"
-        batch = y.shape[0]
     if info.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(info.device)
     if y.shape[0] >= 2 and rcfg.speed.compile == "off":  # (a new batch shape would recompile)
@@ -278,7 +276,8 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         mem_used_bytes=used,
         mem_total_bytes=total,
         batch_from=batch_from,
-        data_under_one_batch=under_one_batch,
+        data_under_one_batch=capped,
+        batch_limit=trainer.batch_limit,
         cuda_graphs=graphs_fact(trainer),
         load_avg_1m=_load_avg(),
     )

@@ -322,6 +322,8 @@ class Trainer:
         epoch (the partial last batch is dropped) is said in `batch_note`."""
         self.batch_note = ""
         share = train_share(len(self.bundle.train), self.info.world_size)
+        # the largest batch that runs here: the doctor keeps its advice within it rather than restating this rule
+        self.batch_limit = share
         batch = self.batch_asked = cfg.run.batch_size  # before the cap: the doctor reports a split under one batch
         asked = self.requested_cfg
         optim = cfg.optim

@@ -149,3 +149,29 @@ def test_a_doctor_that_fails_at_the_first_batch_leaves_no_report_folder(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"cnnpar: error: {error}"), err
     assert not out.exists()
+
+
+def test_a_tried_larger_batch_is_the_one_the_trainer_runs_and_the_advice_says_it(tmp_path, monkeypatch):
+    """The audit's photos (90 training images, batch 64, `--try 1`): the doctor advised and tried `--batch-size
+    128`, its Trainer capped that to the 90 and ran 90 (450 images in 5 batches), and the advice still said 128.
+    Here 24 training images at batch 16; the step's fixed share is set high so the batch advice is made."""
+    from cnnpar.doctor import run as doctor_run
+    from cnnpar.doctor.run import DoctorOptions, run_doctor
+
+    monkeypatch.setattr(doctor_run, "fixed_cost", lambda full, half: 0.9 * full.s_per_batch)
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "1x8x8", "synthetic_samples": 30, "workers": 0},
+        model={"name": "cnn3"},
+        speed={"device": "cpu"},
+        run={"batch_size": 16},
+    )
+    options = DoctorOptions(warmup=1, steps=3, try_top=1, report_dir=str(tmp_path / "rep"))
+    report = run_doctor(cfg, options, log=lambda *a: None)
+    f = report.facts
+    assert f.batch_size == 16 and f.batch_limit == 24 and not f.whole_split  # the 24 of 30 that train
+    batch = next(r for r in report.recommendations + report.not_faster if r.key == "batch")
+    assert batch.change == {"run": {"batch_size": 24}} and "--batch-size 24" in batch.command
+    ((label, change, tried),) = report.tries
+    assert label == "larger batch" and change == batch.change
+    assert tried.images == 24 * tried.batches  # the batch advised is the batch that ran

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cnnpar.doctor.advise import COMPUTE_BOUND, DATA_BOUND, HOST_BOUND, Facts, diagnose, recommend
 
 
@@ -306,7 +308,7 @@ def test_with_grad_accum_a_row_is_one_micro_batch_and_the_fixed_share_is_a_micro
     f = facts(batch_size=8, step_s=full.s_per_image, fixed_step_s=fixed)
     assert f.fixed_share == pytest.approx(1.5 / 2.3)
     report = replace(doctor_report([], []), cfg=with_overrides(Config(), optim={"grad_accum": 4}), facts=f)
-    said = "ms/batch: a batch of 8 images, one micro-batch of the 4 an optimizer step accumulates"
+    said = "ms/batch: one batch of the row's batch column's images (as measured), one micro-batch of the 4 an"
     assert said in markdown(report, [])
     print_report(report)
     assert said in capsys.readouterr().out
@@ -351,7 +353,8 @@ def test_the_doctor_reports_the_batch_it_measured_when_the_data_holds_less_than_
     report = run_doctor(cfg, DoctorOptions(warmup=1, steps=2, report_dir=str(tmp_path / "rep")), log=lambda *a: None)
     f = report.facts
     assert f.data_under_one_batch and f.batch_size == 32  # the 32 of 40 that train (a seeded 20 % hold-out)
-    assert "64 asked, but the training split holds only 32 images" in f.batch_from
+    assert f.batch_limit == 32 and f.whole_split  # the Trainer's own cap and its line, not a second rule here
+    assert f.batch_from == "batch size 64 capped to 32: all 32 training samples, one step per epoch"
     assert not [r for r in report.recommendations if r.key == "batch"]
 
 
@@ -466,3 +469,44 @@ def test_the_doctors_resolved_config_holds_what_ran_not_auto():
         report = run_doctor(cfg, DoctorOptions(warmup=1, steps=5, report_dir=rep), log=lambda *a: None)
     assert report.cfg.data.workers == report.facts.workers >= 0
     assert report.cfg.data.format == "synthetic"
+
+
+def test_the_larger_batch_advice_stays_within_the_batch_the_trainer_runs():
+    """The audit's photos: 90 training images at batch 64 got `--batch-size 128`, which the Trainer capped to 90, so
+    the try ran 90 and the command said 128. A batch that is already the whole split gets no such advice."""
+    from cnnpar.doctor.advise import wants_batch_search
+
+    overhead = dict(fixed_step_s=0.7 * 64e-3)
+    assert recommend(facts(**overhead))[0].change == {"run": {"batch_size": 128}}  # nothing known: double it
+    (batch,) = [r for r in recommend(facts(**overhead, batch_limit=90)) if r.key == "batch"]
+    assert batch.change == {"run": {"batch_size": 90}} and batch.action == "--batch-size 90 (retune --lr)"
+    assert "90 is the whole training split, the largest batch that runs" in batch.why
+    assert batch.basis.endswith("extrapolated linearly to 90")
+    # a step of 0.7 x 64 ms fixed + 0.3 ms an image: 44.8 + 27 = 71.8 ms for 90 images, against 64 ms for 64; the
+    # data's 0.1 ms an image, read serially, beside it
+    assert batch.est_gain == pytest.approx((0.1e-3 + 64e-3 / 64) / (0.1e-3 + 71.8e-3 / 90))
+    whole = facts(**overhead, batch_limit=64)
+    assert not [r for r in recommend(whole) if r.key == "batch"]
+    assert "no larger batch can spread it: batch 64 is already the whole training split" in diagnose(whole).reasons[2]
+    idle = dict(device_type="cuda", gpu_idle_share=0.67, peak_mem_share=0.02)
+    assert wants_batch_search(facts(**idle, batch_limit=90)) and not wants_batch_search(facts(**idle, batch_limit=64))
+
+
+def test_each_measurement_row_says_the_batch_it_measured(capsys):
+    """A try of a larger batch ran the Trainer's capped 90 (450 images in 5 batches) under a note that said "a
+    batch of 64 images" for every row."""
+    from dataclasses import replace
+
+    from cnnpar.doctor.measure import Phase
+    from cnnpar.doctor.render import PHASE_COLUMNS, markdown, phase_rows, print_report
+
+    tried = Phase("tried: larger batch", batches=5, seconds=5.9, images=450)
+    report = replace(doctor_report([], []), tries=[("larger batch", {"run": {"batch_size": 90}}, tried)])
+    assert [r["images_per_batch"] for r in phase_rows(report)] == [64, 90] and "images_per_batch" in PHASE_COLUMNS
+    md = markdown(report, [])
+    assert "| end to end | 64 | 10 |" in md and "| tried: larger batch | 90 | 5 |" in md
+    assert "a batch of 64 images" not in md
+    print_report(report)
+    out = capsys.readouterr().out
+    rows = [[cell.strip() for cell in line.split("│")] for line in out.splitlines() if line.count("│") > 4]
+    assert [row[1:3] for row in rows] == [["end to end", "64"], ["tried: larger batch", "90"]]
