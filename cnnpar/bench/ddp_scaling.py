@@ -42,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from cnnpar.checkout import env_importing_this_checkout
 from cnnpar.process_tree import stop_process_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -248,11 +249,10 @@ def launch(args: argparse.Namespace, world_size: int, threads: int, result: Path
         "--worker",
         f"--result={result}",
     ]
-    env = dict(os.environ)
+    env = env_importing_this_checkout()
     env.update(
         NCCL_NVLS_ENABLE="0",  # NVLink multicast off: the device machines require it (KINDS.md)
         OMP_NUM_THREADS=str(threads),  # the same per process at every size, so only N changes
-        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
         PYTHONUNBUFFERED="1",
     )
     print(f"== world size {world_size}: {' '.join(cmd)}", flush=True)

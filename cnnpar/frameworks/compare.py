@@ -22,6 +22,7 @@ import sys
 import threading
 from pathlib import Path
 
+from cnnpar.checkout import env_importing_this_checkout
 from cnnpar.frameworks.spec import (
     CSV_PREFIX,
     FRAMEWORKS,
@@ -81,10 +82,7 @@ def missing_package(fw: Framework) -> str | None:
 
 
 def runner_env(fw: Framework) -> dict[str, str]:
-    env = dict(os.environ)
-    # The checkout that runs `compare` is the one its runners import.
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = env_importing_this_checkout()  # the checkout that runs `compare` is the one its runners import
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter; errors still show
     if fw.keras_backend:
         env["KERAS_BACKEND"] = fw.keras_backend
