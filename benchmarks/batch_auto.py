@@ -13,7 +13,6 @@ the run's config.toml. Rows go to --out with the GPU, torch version and git revi
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cnnpar.checkout import env_importing_this_checkout  # noqa: E402
 from cnnpar.config import load_toml  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import read_csv, write_csv_atomic  # noqa: E402
@@ -43,7 +43,9 @@ def run_case(case: str, args, work: Path) -> dict:
     cmd += [] if case == "auto" else ["--batch-size", case]
     print("===", " ".join(cmd[2:]), flush=True)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    # this script's checkout, as the parent's own imports: from outside the repository root the child had trained
+    # an installed cnnpar while the row recorded this checkout's git revision
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env_importing_this_checkout())
     process_s = time.perf_counter() - t0
     print(p.stdout[-3000:], p.stderr[-2000:] if p.returncode else "", flush=True)
     if p.returncode:

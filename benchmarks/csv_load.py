@@ -2,10 +2,12 @@
 
 Writes a 42,000 x 785 CSV (label + 784 pixels, about 80 % zero pixels as in MNIST, ~75 MB) to a
 temporary folder, then loads it with `cnnpar.data.csv_source.read_pixel_csv` in a fresh Python
-process per repeat, so each repeat's peak RSS is its own. Target (issue 2): a few seconds, peak
-memory under 1 GB. Results go to benchmarks/results/csv_load.{json,csv} with environment facts.
+process per repeat, so each repeat's peak RSS is its own. Target (issue 2): a few seconds (read here as at
+most 5 s, median of the repeats), peak memory under 1 GB, for the 42,000 rows of Kaggle's train.csv; a run of
+other --rows measures, but says nothing of the target (meets_target null). Results go to
+benchmarks/results/csv_load.{json,csv} with environment facts, or to --out.
 
-    python benchmarks/csv_load.py [--rows 42000] [--repeats 3]
+    python benchmarks/csv_load.py [--rows 42000] [--repeats 3] [--out /tmp/csv_load]
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from cnnpar.report.files import write_csv_atomic, write_json_atomic  # noqa: E40
 from cnnpar.report.host import cpu_name  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+TARGET_ROWS = 42000  # Kaggle Digit Recognizer's train.csv: the workload issue 2's target is set for
+LOAD_TARGET_S = 5.0  # issue 2's "a few seconds"
 PEAK_LIMIT_MB = 1024
 
 # Runs in a child process: RSS after the imports is the baseline, the high-water mark after the
@@ -74,6 +78,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=42000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS / "csv_load",
+        help="output prefix: PREFIX.json and PREFIX.csv (default: the stored results, benchmarks/results/csv_load)",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "train.csv"
@@ -104,18 +114,30 @@ def main() -> None:
         "max_peak_rss_mb": round(peak, 1),
         "max_load_increase_mb": round(max(r["peak_rss_mb"] - r["rss_before_mb"] for r in runs), 1),
         "peak_limit_mb": PEAK_LIMIT_MB,
-        "meets_target": peak < PEAK_LIMIT_MB,
+        "load_target_s": LOAD_TARGET_S,
+        "target_rows": TARGET_ROWS,
+        **verdict(args.rows, load_s, peak),
         "repeats": runs,
         **env,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(RESULTS / "csv_load.json", summary)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = args.out.with_suffix(".json"), args.out.with_suffix(".csv")
+    write_json_atomic(json_path, summary)
     flat = [{k: v for k, v in {**r, **env}.items() if k != "shape"} for r in runs]
-    write_csv_atomic(RESULTS / "csv_load.csv", flat)
+    write_csv_atomic(csv_path, flat)
     print(
-        f"median load {load_s:.2f} s, peak RSS {peak:.0f} MB (limit {PEAK_LIMIT_MB} MB) "
-        f"-> {RESULTS.relative_to(REPO)}/csv_load.json"
+        f"median load {load_s:.2f} s (target {LOAD_TARGET_S:.0f} s), peak RSS {peak:.0f} MB "
+        f"(limit {PEAK_LIMIT_MB} MB): {summary['target_note']} -> {json_path}, {csv_path.name}"
     )
+
+
+def verdict(rows: int, load_s: float, peak_mb: float) -> dict:
+    """meets_target and a note saying why: null for a run of other rows than the target's, whose time and
+    memory say nothing of the 42,000-row target (a 2,000-row run had stored "meets_target": true)."""
+    if rows != TARGET_ROWS:
+        return {"meets_target": None, "target_note": f"not measured: {rows:,} rows, the target is for {TARGET_ROWS:,}"}
+    met = load_s <= LOAD_TARGET_S and peak_mb < PEAK_LIMIT_MB
+    return {"meets_target": met, "target_note": "meets the target" if met else "misses the target"}
 
 
 if __name__ == "__main__":

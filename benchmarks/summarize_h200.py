@@ -2,13 +2,16 @@
 
 Writes benchmarks/results/2026-12-01-h200/summary.md and replaces the README's block between
 `<!-- h200-2026-12-01 -->` markers with the same table, so the README's figures always come from
-the stored rows.
+the stored rows. Three reference rows of the JPEG table come from the independent measurements in
+../shared/measurements/h200-2026-11-30 (outside the repository): without that folder it stops, naming the
+missing file, rather than write the tables without them; --shared points it elsewhere.
 
-    python benchmarks/summarize_h200.py
+    python benchmarks/summarize_h200.py [--shared DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import re
@@ -120,6 +123,7 @@ def claims_line() -> str:
 
 
 SHARED = ROOT.parent / "shared" / "measurements" / "h200-2026-11-30"
+REFERENCE = "jpeg_folder_end_to_end.csv"  # the independent measurements of main at 5bfa0df
 JPEG_MARK = "<!-- h200-jpeg-2026-12-01 -->"
 
 
@@ -132,18 +136,16 @@ def end_to_end_row(label: str, r: dict, path: Path, note: str = "") -> str:
     )
 
 
-def jpeg_lines() -> list[str]:
-    """ResNet-50 224 from the photos: the reference run at 5bfa0df beside session 6's, and the
+def jpeg_lines(ref: Path) -> list[str]:
+    """ResNet-50 224 from the photos: the reference run at 5bfa0df (`ref`) beside session 6's, and the
     decoder's rows per batch of 256 (call E: one thread, two threads, the libraries alone)."""
     out = []
-    ref = SHARED / "jpeg_folder_end_to_end.csv"
-    if ref.exists():  # the independent measurements of main at 5bfa0df (outside the repository)
-        for r in rows(ref):
-            out.append(
-                f"| end to end, reference at {r['git_rev']}: {r['variant'].replace('resnet50 224 folder ', '')} | "
-                f"{float(r['images_per_s']):,.0f} img/s | data wait {100 * float(r['data_wait_share']):.0f} % | "
-                f"`../shared/measurements/h200-2026-11-30/{ref.name}` (outside the repository) |"
-            )
+    for r in rows(ref):
+        out.append(
+            f"| end to end, reference at {r['git_rev']}: {r['variant'].replace('resnet50 224 folder ', '')} | "
+            f"{float(r['images_per_s']):,.0f} img/s | data wait {100 * float(r['data_wait_share']):.0f} % | "
+            f"`../shared/measurements/h200-2026-11-30/{ref.name}` (outside the repository) |"
+        )
     for call in ("call-e", "call-g"):
         path = RESULTS / call / "jpeg_pipeline.csv"
         for r in rows(path):
@@ -521,7 +523,22 @@ def doctor_line() -> str:
     )
 
 
-def main() -> None:
+def reference_file(argv: list[str] | None) -> Path:
+    """The reference rows' CSV, checked before anything is written: skipped when missing, it had silently
+    deleted three documented rows from docs/decoding.md and jpeg_summary.md."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shared", type=Path, default=SHARED, help=f"folder holding {REFERENCE} (default: {SHARED})")
+    ref = ap.parse_args(argv).shared / REFERENCE
+    if not ref.is_file():
+        raise SystemExit(
+            f"summarize_h200: {ref} is missing: it holds the reference rows of docs/decoding.md; "
+            "nothing written (run from a checkout beside shared/, or pass --shared DIR)"
+        )
+    return ref
+
+
+def main(argv: list[str] | None = None) -> None:
+    ref = reference_file(argv)
     table = [
         "| what | figure | outcome | file |",
         "|---|---:|---|---|",
@@ -546,7 +563,7 @@ def main() -> None:
     jpeg = "\n".join(
         [
             *head,
-            *jpeg_lines(),
+            *jpeg_lines(ref),
             *hardware_lines(),
             *engine_settings_lines(),
             *session8_lines(),

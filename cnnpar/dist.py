@@ -218,15 +218,17 @@ def run_launcher(cmd: Sequence[str], env: dict[str, str]) -> int:
     It runs in a session of its own, so a signal for this process's group (`timeout` signals the process it
     started and then that process's group; a Ctrl-C reaches the terminal's group) reaches it once, from here:
     SIGINT for a Ctrl-C, SIGTERM for a SIGTERM (errors.Terminated). It stops its workers with it, and each keeps
-    its finished epochs. A second stop more than 2 s later, or a launcher still running 60 s on, ends the whole
-    session at once; killing the launcher alone, as subprocess.call does on an exception, left its workers
-    training without it. The launcher learns this process's id (PARENT_ENV) to stop when it dies without a word
+    its finished epochs. A second stop more than 2 s later, or a launcher still running 60 s on, ends it and every
+    process it started at once (`kill_process_tree`: torchrun's workers run in sessions of their own, which a
+    `killpg` of its session misses); killing the launcher alone, as subprocess.call does on an exception, left its
+    workers training without it. The launcher learns this process's id (PARENT_ENV) to stop when it dies without a word
     (SIGKILL, the OOM killer: `cnnpar.torchrun.stop_with_parent`): its own session kept it and its workers training,
     holding the run folder."""
     import signal
     import subprocess
 
     from cnnpar.errors import Terminated
+    from cnnpar.process_tree import kill_process_tree
 
     proc = subprocess.Popen(list(cmd), env={**env, PARENT_ENV: str(os.getpid())}, start_new_session=True)
     try:
@@ -241,12 +243,10 @@ def run_launcher(cmd: Sequence[str], env: dict[str, str]) -> int:
             except KeyboardInterrupt:
                 if time.monotonic() - first < 2:
                     continue  # the same stop delivered twice (to the process, then to its group)
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                kill_process_tree(proc)  # its workers too: each runs in a session of its own
                 break
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                kill_process_tree(proc)
                 break
         raise
 

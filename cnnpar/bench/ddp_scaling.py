@@ -35,13 +35,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from cnnpar.checkout import env_importing_this_checkout
+from cnnpar.process_tree import stop_process_tree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -247,24 +249,28 @@ def launch(args: argparse.Namespace, world_size: int, threads: int, result: Path
         "--worker",
         f"--result={result}",
     ]
-    env = dict(os.environ)
+    env = env_importing_this_checkout()
     env.update(
         NCCL_NVLS_ENABLE="0",  # NVLink multicast off: the device machines require it (KINDS.md)
         OMP_NUM_THREADS=str(threads),  # the same per process at every size, so only N changes
-        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
         PYTHONUNBUFFERED="1",
     )
     print(f"== world size {world_size}: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
-    # torchrun in a session of its own, ended whole on any exit from here (a timeout, Ctrl-C, SIGTERM): killing
-    # torchrun alone, as subprocess.run does, leaves its workers measuring on
+    # torchrun stopped with every process it started on any exit from here (a timeout, Ctrl-C, SIGTERM): killing
+    # torchrun alone, as subprocess.run does, or its session, leaves its workers (each in a session of its own)
+    # measuring on
     with subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     ) as launched:
         try:
             stdout, stderr = launched.communicate(timeout=args.launch_timeout)
+        except subprocess.TimeoutExpired:
+            stop_process_tree(launched)
+            why = f"timed out after {args.launch_timeout} s: stopped with its processes"
+            raise SystemExit(f"ddp_scaling: world size {world_size} {why}") from None
         except BaseException:
-            os.killpg(launched.pid, signal.SIGKILL)
+            stop_process_tree(launched)
             raise
     proc = subprocess.CompletedProcess(cmd, launched.returncode, stdout, stderr)
     if proc.returncode != 0 or not result.is_file():

@@ -5,9 +5,9 @@ the measuring process can stop it there. So the tuner's trials, and the claims w
 no known bound, run as `python -m cnnpar.bench.trial SPEC.json RESULT.json`, and at the limit the
 parent kills the child's whole process group.
 
-Why a subprocess and not multiprocessing spawn: the child starts in a session of its own, so one
-`killpg` stops it together with everything it started (Inductor's compile workers, DataLoader
-workers), and the driver takes its device memory back at once; spawn's children share the
+Why a subprocess and not multiprocessing spawn: the child starts in a session of its own and is
+killed with everything it started (Inductor's compile workers, DataLoader workers, in that session or
+another: `kill_process_tree`), and the driver takes its device memory back at once; spawn's children share the
 parent's group, would re-import the parent's `__main__` (the CLI), and need picklable arguments.
 The child's output goes to a log file, whose last line says what it was doing when it was cut
 off. Every trial also starts clean: no allocator fragments left by an earlier out-of-memory, no
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from cnnpar.process_tree import kill_process_tree
 
 OK, FAILED, CUT_OFF = "ok", "failed", "cut off"
 POLL_S = 15.0  # how often a running child's progress (its last log line) is shown
@@ -61,14 +62,6 @@ def _last_line(log: Path) -> str:
     return (own or lines or [""])[-1][:200]
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the child and whatever it started (start_new_session)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 def run_child(
     spec: dict,
     limit_s: float,
@@ -90,7 +83,7 @@ def run_child(
                 while True:
                     left = limit_s - (time.monotonic() - start)
                     if left <= 0:
-                        _kill_group(proc)
+                        kill_process_tree(proc)
                         wall = time.monotonic() - start
                         last = _last_line(log_path)
                         # the log's last line quoted: it may hold brackets of its own ("warn_once(")
@@ -102,7 +95,7 @@ def run_child(
                     except subprocess.TimeoutExpired:
                         log(f"  ... {time.monotonic() - start:.0f} s: {_last_line(log_path) or 'starting'}")
             except BaseException:  # Ctrl-C in the parent: the child lives in its own session, so stop it here
-                _kill_group(proc)
+                kill_process_tree(proc)
                 raise
         wall = time.monotonic() - start
         if result_path.is_file():

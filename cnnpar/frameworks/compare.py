@@ -16,13 +16,13 @@ import importlib.util
 import math
 import os
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from cnnpar.checkout import env_importing_this_checkout
 from cnnpar.frameworks.spec import (
     CSV_PREFIX,
     FRAMEWORKS,
@@ -35,6 +35,7 @@ from cnnpar.frameworks.spec import (
     read_result_csv,
     spec_from_args,
 )
+from cnnpar.process_tree import stop_process_tree
 
 SUMMARY_COLUMNS = [
     "framework",
@@ -81,10 +82,7 @@ def missing_package(fw: Framework) -> str | None:
 
 
 def runner_env(fw: Framework) -> dict[str, str]:
-    env = dict(os.environ)
-    # The checkout that runs `compare` is the one its runners import.
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = env_importing_this_checkout()  # the checkout that runs `compare` is the one its runners import
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter; errors still show
     if fw.keras_backend:
         env["KERAS_BACKEND"] = fw.keras_backend
@@ -96,9 +94,10 @@ def runner_env(fw: Framework) -> dict[str, str]:
 def run_framework(fw: Framework, spec: RunSpec, timeout: float) -> tuple[str, str]:
     """Run one framework; returns (status, note). Its output goes to the console and to its log.
 
-    The runner runs in a session of its own, ended whole at `timeout` or on any exit from here (Ctrl-C,
-    SIGTERM): a runner silent in a compile or a stuck collective is stopped at the deadline, not when it next
-    prints, and torchrun's workers under a `--devices` run go with it. A run stopped so leaves no CSV."""
+    The runner is stopped with every process it started at `timeout` or on any exit from here (Ctrl-C, SIGTERM):
+    a runner silent in a compile or a stuck collective is stopped at the deadline, not when it next prints, and
+    torchrun's workers under a `--devices` run, each in a session of its own, go with it (`stop_process_tree`).
+    A run stopped so leaves no CSV."""
     logs = Path(spec.out) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{fw.name}.log"
@@ -130,14 +129,13 @@ def run_framework(fw: Framework, spec: RunSpec, timeout: float) -> tuple[str, st
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            rc = proc.wait()
+            stop_process_tree(proc)
+            rc = proc.returncode
         except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            stop_process_tree(proc)
             (Path(spec.out) / csv_name(fw)).unlink(missing_ok=True)
             raise
-        reader.join(timeout=10)  # the pipe closes once every process of the session is gone
+        reader.join(timeout=10)  # the pipe closes once every process that holds it is gone
     if timed_out:
         (Path(spec.out) / csv_name(fw)).unlink(missing_ok=True)  # whatever it wrote before the kill
         return "failed", f"timed out after {timeout:.0f} s: stopped with its processes (log: {log_path})"

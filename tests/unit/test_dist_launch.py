@@ -465,3 +465,33 @@ def test_a_launcher_stops_when_cnnpar_is_killed_without_a_word(tmp_path):
     if _alive(child):
         os.kill(child, signal.SIGKILL)
         pytest.fail("the launcher outlived the process that started it")
+
+
+def test_a_second_stop_kills_the_launchers_workers_in_sessions_of_their_own(tmp_path):
+    """A second Ctrl-C 2 s after the first ends the launcher at once: a `killpg` of its session left its workers,
+    which torch elastic starts in sessions of their own, training on."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.unit.test_process_tree import gone_soon, launcher_of_a_new_session_child, running_with
+
+    marker = f"launcher-worker-{tmp_path.name}"
+    deaf = "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # a launcher stuck in its shutdown
+    cnnpar = (
+        "from cnnpar.dist import run_launcher; import os, sys; "
+        f"run_launcher([sys.executable, '-c', {deaf + launcher_of_a_new_session_child(marker)!r}], dict(os.environ))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", cnnpar], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"started\n"  # the launcher's worker is up
+        proc.send_signal(signal.SIGINT)
+        time.sleep(2.5)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        assert gone_soon(marker), "the launcher's worker outlived the second stop"
+    finally:
+        proc.kill()
+        for p in running_with(marker):
+            p.kill()

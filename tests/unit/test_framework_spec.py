@@ -109,15 +109,50 @@ def test_a_runner_silent_past_its_timeout_is_stopped_with_its_children_and_leave
         f"open({str(tmp_path / csv_name(fw))!r}, 'w').write('half')\n"
         "time.sleep(120)\n"
     )
+    spec = RunSpec(out=str(tmp_path))  # first: it imports torch, which starts processes of its own
     real = subprocess.Popen
     monkeypatch.setattr(compare.subprocess, "Popen", lambda cmd, **kw: real([sys.executable, "-c", script], **kw))
     t0 = time.monotonic()
-    status, note = compare.run_framework(fw, RunSpec(out=str(tmp_path)), timeout=3)
+    status, note = compare.run_framework(fw, spec, timeout=3)
     assert time.monotonic() - t0 < 30
     assert status == "failed" and note.startswith("timed out after 3 s: stopped with its processes")
     assert not (tmp_path / csv_name(fw)).exists()
     time.sleep(0.5)
     assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_timed_out_runners_workers_in_sessions_of_their_own_are_stopped_too(tmp_path, monkeypatch):
+    """torch elastic starts each worker in a session of its own: a `killpg` of the runner's left two workers of a
+    timed-out `compare --devices 2` running for 25 s more, beside the next framework's timed run, free to write
+    a full CSV beside the failed row (and `compare` waited 10 s on their open pipe). The fake runner's child
+    stands for such a worker: in a session of its own, it would write its CSV 30 s on."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.unit.test_process_tree import gone_soon, running_with
+
+    fw = FRAMEWORKS["torch"]
+    marker = f"compare-worker-{tmp_path.name}"
+    late_csv = f"import time; time.sleep(30); open({str(tmp_path / csv_name(fw))!r}, 'w').write('late')"
+    script = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {late_csv!r}, {marker!r}], start_new_session=True)\n"
+        "time.sleep(120)\n"
+    )
+    spec = RunSpec(out=str(tmp_path))  # first: it imports torch, which starts processes of its own
+    real = subprocess.Popen
+    monkeypatch.setattr(compare.subprocess, "Popen", lambda cmd, **kw: real([sys.executable, "-c", script], **kw))
+    try:
+        t0 = time.monotonic()
+        status, note = compare.run_framework(fw, spec, timeout=2)
+        assert status == "failed" and note.startswith("timed out after 2 s: stopped with its processes")
+        assert gone_soon(marker), "the runner's worker in a session of its own outlived the timeout"
+        assert time.monotonic() - t0 < 10
+        assert not (tmp_path / csv_name(fw)).exists()
+    finally:
+        for p in running_with(marker):
+            p.kill()
 
 
 def test_a_run_whose_loss_turned_nan_is_failed_diverged_not_ok_with_a_rate(tmp_path):

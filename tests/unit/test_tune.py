@@ -257,6 +257,22 @@ def test_the_child_and_its_own_children_are_killed_at_the_limit(tmp_path):
         time.sleep(0.1)
 
 
+def test_the_childs_children_in_sessions_of_their_own_are_killed_at_the_limit(tmp_path):
+    """A `killpg` of the child's session missed what it started in another session (as torch elastic starts its
+    workers)."""
+    from tests.unit.test_process_tree import gone_soon, launcher_of_a_new_session_child, running_with
+
+    marker = f"trial-worker-{tmp_path.name}"
+    script = launcher_of_a_new_session_child(marker)
+    try:
+        r = run_child({}, 2.0, log=lambda s: None, command=lambda spec, res: [sys.executable, "-c", script])
+        assert r.status == CUT_OFF
+        assert gone_soon(marker), "the child's child in a session of its own outlived the kill"
+    finally:
+        for p in running_with(marker):
+            p.kill()
+
+
 def test_a_child_that_fails_reports_its_error_line(tmp_path):
     r = run_child(
         {}, 30.0, log=lambda s: None, command=lambda spec, res: [sys.executable, "-c", "raise SystemExit('boom')"]

@@ -1,0 +1,24 @@
+"""This checkout, for the child processes it starts: `python -m cnnpar ...` imports whichever cnnpar is first on
+the child's path, which is an installed one (or none) unless the child is told where this one lives. A benchmark
+run from outside the repository root had trained the installed cnnpar while recording this checkout's git revision.
+
+The bottom layer (standard library only): the frameworks' runners, ddp_scaling's workers and the benchmark
+scripts' children all start the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def env_importing_this_checkout(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of `env` (default: this process's) whose PYTHONPATH starts with this checkout's root. No empty entry
+    is left when there was no PYTHONPATH: an empty entry puts the child's working folder on its path."""
+    out = dict(os.environ if env is None else env)
+    rest = out.get("PYTHONPATH", "")
+    out["PYTHONPATH"] = str(ROOT) + (os.pathsep + rest if rest else "")
+    return out

@@ -1,0 +1,114 @@
+"""Stopping a launched process together with every process it started, whatever session each runs in.
+
+`os.killpg` on a child started with `start_new_session=True` reaches only that session: torch elastic (torchrun)
+starts each worker in a session of its own, so a killed torchrun's workers ran on, reparented to init, measuring
+or writing results beside a run reported as stopped. Here the tree is read from the process table (psutil)
+before any signal, since a worker whose launcher has died is no longer anyone's descendant, and read again while
+it is stopped, since a worker may start processes of its own (DataLoader workers, compile workers) meanwhile.
+
+The bottom layer: only the standard library and psutil, so that the launchers above (dist, bench, frameworks)
+share this one way of stopping.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+
+GRACE_S = 5.0  # time for torchrun to stop its workers itself after a SIGTERM (they keep no state worth more)
+POLL_S = 0.1
+
+
+def stop_process_tree(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
+    """SIGTERM to the launcher (and its process group), up to `grace_s` for it and everything it started to
+    leave, then SIGKILL to whatever of the tree is left; the launcher is reaped on return.
+
+    SIGTERM first because torchrun answers it by stopping its workers in order; the SIGKILL after it covers a
+    launcher that dies on SIGTERM without passing it on (a plain Python runner above torchrun) or one stuck."""
+    tree = _with_descendants(_processes([proc.pid]))  # now: once the launcher dies its workers go to init
+    _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _living(tree) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        tree = _with_descendants(tree)
+    _kill(tree)
+    _signal_group(proc, signal.SIGKILL)  # anything of the launcher's session that left the tree (a daemon)
+    proc.wait()
+
+
+def kill_process_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL at once to the launcher and every process it started, in any session; the launcher is reaped."""
+    _kill(_with_descendants(_processes([proc.pid])))
+    _signal_group(proc, signal.SIGKILL)
+    proc.wait()
+
+
+def _kill(tree: set[psutil.Process]) -> None:
+    """SIGSTOP the tree until reading it again finds nothing new (a stopped process cannot start another),
+    then SIGKILL all of it."""
+    while True:
+        for p in _living(tree):
+            _send(p, signal.SIGSTOP)
+        grown = _with_descendants(tree)
+        if grown == tree:
+            break
+        tree = grown
+    for p in tree:
+        _send(p, signal.SIGKILL)
+
+
+def _processes(pids: list[int]) -> set[psutil.Process]:
+    found = set()
+    for pid in pids:
+        try:
+            found.add(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _with_descendants(tree: set[psutil.Process]) -> set[psutil.Process]:
+    grown = set(tree)
+    for p in _living(tree):
+        try:
+            grown.update(p.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    return grown
+
+
+def _living(tree: set[psutil.Process]) -> list[psutil.Process]:
+    """The processes still running: a zombie has ended and waits only for its parent to read its status."""
+    living = []
+    for p in tree:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                living.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return living
+
+
+def _send(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)  # psutil checks the id still names the same process (no reused pid is signalled)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to the launcher's process group where it leads one of its own (start_new_session), else to it alone.
+    Not once it is reaped: its id may name another process by then (until then its id cannot be reused)."""
+    if proc.returncode is not None:
+        return
+    try:
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass
