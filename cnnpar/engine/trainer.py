@@ -199,9 +199,10 @@ class Trainer:
         cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), info.world_size)
         self.cfg = cfg
         # before DDP wraps the model: a rank given another --model gets this line, not DDP's shape traceback
-        val = len(self.bundle.val) if self.bundle.val is not None else 0
-        same = {**shared_settings(cfg), **data_identity(self.meta, len(self.bundle.train), val)}
-        refuse_disagreeing_ranks(same, info, "settings and data")
+        if info.distributed:  # one process has no other rank to agree with
+            val = len(self.bundle.val) if self.bundle.val is not None else 0
+            same = {**shared_settings(cfg), **data_identity(self.meta, len(self.bundle.train), val)}
+            refuse_disagreeing_ranks(same, info, "settings and data")
         self.model = parallelize(
             self.raw_model,
             info,
@@ -265,8 +266,13 @@ class Trainer:
         # each node reads the checkpoint from its own disk, after DDP's broadcast of the weights: nothing else
         # would notice a node holding another copy of the run folder. A rank refused alone stops every rank
         # here, where the others waited in their first collective for it (--timeout-s).
-        same = {"epoch resumed from": self.saved_epoch, "weights checksum": weights_checksum(self.raw_model)}
-        refuse_disagreeing_ranks(same, info, "checkpoint", refusal)
+        # the checksum reads every weight back to the host: only where another rank is there to compare with
+        same = (
+            {"epoch resumed from": self.saved_epoch, "weights checksum": weights_checksum(self.raw_model)}
+            if info.distributed
+            else {}
+        )
+        refuse_disagreeing_ranks(same, info, "checkpoint", refusal)  # one process: raises its own refusal alone
         self.compile_s = 0.0
         self.eval_wait_s = 0.0  # the last evaluation's wait for its batches (evaluate)
         self.use_graphs = self._graphs_allowed()

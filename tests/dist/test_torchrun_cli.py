@@ -34,6 +34,25 @@ TRAIN = [
 ]
 
 
+def run_two_nodes(cmd: list[str], cwd, env: dict, timeout: float) -> list[tuple[int, str, str]]:
+    """Two launches of the same torchrun command, as two nodes would start it: (exit code, stdout, stderr) each;
+    any still running at the end is killed."""
+    nodes = [
+        subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = []
+    try:
+        for node in nodes:
+            out, err = node.communicate(timeout=timeout)
+            outs.append((node.returncode, out, err))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    return outs
+
+
 def explain(proc: subprocess.CompletedProcess) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
 
@@ -93,19 +112,7 @@ def test_two_node_rendezvous_on_localhost_trains(tmp_path):
         1, "--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=cnnpar-2node"
     )
     cmd = [*launch, *TRAIN, "--epochs", "2"]
-    nodes = [
-        subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    outs = []
-    try:
-        for node in nodes:
-            out, err = node.communicate(timeout=180)
-            outs.append((node.returncode, out, err))
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
+    outs = run_two_nodes(cmd, tmp_path, cli_env(), timeout=180)
     for rc, out, err in outs:
         assert rc == 0, f"exit {rc}\n{out[-2000:]}\n{err[-2000:]}"
     run_dir = only_run_folder(tmp_path)
@@ -249,19 +256,7 @@ def test_two_nodes_restart_after_one_nodes_worker_dies_and_resume_together(tmp_p
     )
     cmd = [*launch, str(script), *TRAIN[2:], "--epochs", "3", "--timeout-s", "30", "--no-tensorboard"]
     env = cli_env(CNNPAR_FAULT_KILL_AT_EPOCH="2")
-    nodes = [
-        subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    outs = []
-    try:
-        for node in nodes:
-            out, err = node.communicate(timeout=240)
-            outs.append((node.returncode, out, err))
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                node.kill()
+    outs = run_two_nodes(cmd, tmp_path, env, timeout=240)
     for rc, out, err in outs:
         assert rc == 0, f"exit {rc}\n{out[-2000:]}\n{err[-3000:]}"
     run_dir = only_run_folder(tmp_path)
