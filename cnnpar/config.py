@@ -650,7 +650,7 @@ def lr_reference(cfg: Config) -> int:
     return cfg.optim.lr_batch or cfg.run.batch_size or LR_BATCH
 
 
-def lr_factor(optimizer: str, batch: int, reference: int = LR_BATCH) -> float:
+def batch_lr_factor(optimizer: str, batch: int, reference: int = LR_BATCH) -> float:
     """How much the lr grows from the batch it is for (`reference`) to an automatically chosen `batch`: linear
     (Goyal et al. 2017) where --lr drives SGD, square root (Malladi et al. 2022) for AdamW. Muon's --lr drives
     SGD with Nesterov momentum for every parameter but the 4-D conv filters (engine/optim.build_optimizer), so
@@ -684,7 +684,7 @@ def resolve_for_device(
     or AMX): emulated bf16 is slower than fp32. benchmarks/results/cpu_vs_textbook.csv holds the
     measurements (cnn3, MNIST, 2-core EPYC: NHWC 1.4x NCHW in fp32; bf16 on top of NHWC 1.3x more).
     `optim.lr_batch` is stored as `lr_reference` (the batch the lr asked for is for); where --batch-size auto is
-    the CPU's 64, the lr is scaled to it from there by `lr_factor`, as the trainer scales it to a searched batch.
+    the CPU's 64, the lr is scaled to it from there by `batch_lr_factor`, as the trainer scales it to a searched batch.
     """
     from cnnpar.presets import compile_default
 
@@ -735,7 +735,7 @@ def resolve_for_device(
     reference = lr_reference(cfg)
     lr = cfg.optim.lr
     if batch and not cfg.run.batch_size:  # auto, the CPU's fixed batch: the lr follows it as it follows a search's
-        lr *= lr_factor(cfg.optim.optimizer, batch, reference)
+        lr *= batch_lr_factor(cfg.optim.optimizer, batch, reference)
     return replace(
         cfg,
         run=replace(cfg.run, batch_size=batch),

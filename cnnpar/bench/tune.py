@@ -199,14 +199,14 @@ def child_trial(steps: int, repeats: int, log: Callable[[str], None]) -> Callabl
 def batch_lr(cfg: Config, factor: int) -> tuple[float, str]:
     """The lr for a batch `factor` times larger: by the config's --lr-scaling rule where it names one
     (engine/optim.py's `scaled_lr`: the batch grows the samples per step as accumulation does), else
-    by the rule `--batch-size auto` uses (config.lr_factor: linear for SGD and Muon's SGD groups, square root
+    by the rule `--batch-size auto` uses (config.batch_lr_factor: linear for SGD and Muon's SGD groups, square root
     for AdamW), so a tuned batch carries the lr a searched one would have."""
-    from cnnpar.config import lr_factor, lr_rule
+    from cnnpar.config import batch_lr_factor, lr_rule
     from cnnpar.engine.optim import scaled_lr
 
     o = cfg.optim
     if o.lr_scaling == "none":
-        lr = o.lr * lr_factor(o.optimizer, factor, reference=1)
+        lr = o.lr * batch_lr_factor(o.optimizer, factor, reference=1)
         return lr, f"lr {o.lr:g} -> {lr:.3g} ({lr_rule(o.optimizer)} of the batch ratio, as --batch-size auto)"
     lr = o.lr * scaled_lr(replace(o, grad_accum=o.grad_accum * factor), 1) / scaled_lr(o, 1)
     return lr, f"lr {o.lr:g} -> {lr:g} (--lr-scaling {o.lr_scaling})"

@@ -7,7 +7,7 @@ least `MIN_GAIN` faster per image than the size before it. Beyond the point wher
 saturated a larger batch buys no speed, only fewer optimizer steps per epoch (which costs accuracy
 per epoch), so the search stops at the first doubling that gains too little.
 
-The learning rate follows the batch by a stated rule (`lr_factor`, in config.py): `--lr` is the lr for
+The learning rate follows the batch by a stated rule (`batch_lr_factor`, in config.py): `--lr` is the lr for
 the batch `--lr-batch` names (`config.lr_reference`: 64 by default, a preset's own batch, a run record's
 fixed batch), and an automatically chosen batch B multiplies it by B / lr_batch for SGD and for Muon's
 SGD groups (the linear scaling rule, Goyal et al. 2017) or by sqrt(B / lr_batch) for AdamW (the
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from cnnpar.config import Config, lr_factor, lr_rule
+from cnnpar.config import Config, batch_lr_factor, lr_rule
 from cnnpar.dist import DistInfo, all_reduce_max
 from cnnpar.engine.optim import build_optimizer
 from cnnpar.engine.train_step import TrainStep
@@ -163,7 +163,7 @@ def choose_batch_size(
 def lr_line(optimizer: str, lr: float, reference: int, batch: int) -> str:
     """`lr 0.2 at batch 512 x linear (SGD) of 64/512 = 0.025`: the lr asked for, the batch it is for, the rule
     and the lr the chosen `batch` trains at."""
-    scaled = lr * lr_factor(optimizer, batch, reference)
+    scaled = lr * batch_lr_factor(optimizer, batch, reference)
     return f"lr {lr:g} at batch {reference} x {lr_rule(optimizer)} of {batch}/{reference} = {scaled:.3g}"
 
 

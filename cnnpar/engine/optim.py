@@ -157,7 +157,7 @@ def muon_split(model: nn.Module, held: nn.Parameter | None = None) -> tuple[list
     return filters, decay, no_decay
 
 
-def lr_factor(step: int, total: int, warmup: float, schedule: str) -> float:
+def schedule_factor(step: int, total: int, warmup: float, schedule: str) -> float:
     warm = int(total * warmup)
     if step < warm:
         return (step + 1) / warm
@@ -175,7 +175,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
     `bias_to_freeze`, a CUDA-graphed step replays a second graph captured for that)."""
 
     def factor(step: int) -> float:
-        return lr_factor(step, total_steps, cfg.warmup, cfg.schedule)
+        return schedule_factor(step, total_steps, cfg.warmup, cfg.schedule)
 
     hold_from = cfg.whiten_bias_epochs * steps_per_epoch
 

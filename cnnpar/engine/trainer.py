@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cnnpar.config import Config, dumps_toml, lr_factor, to_dict
+from cnnpar.config import Config, batch_lr_factor, dumps_toml, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, first_five, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
@@ -312,7 +312,7 @@ class Trainer:
             graphs,
             gpu_decoder=gpu_decoder,
         )
-        lr = cfg.optim.lr * lr_factor(cfg.optim.optimizer, choice.batch, cfg.optim.lr_batch)
+        lr = cfg.optim.lr * batch_lr_factor(cfg.optim.optimizer, choice.batch, cfg.optim.lr_batch)
         self.batch_line = (
             f"{choice.line()}; {lr_line(cfg.optim.optimizer, cfg.optim.lr, cfg.optim.lr_batch, choice.batch)}"
         )
@@ -350,7 +350,7 @@ class Trainer:
         whose = "this process's share of the" if self.info.world_size > 1 else "all"
         capped = f"capped to {share}: {whose} {len(self.bundle.train):,} training samples, one step per epoch"
         if asked.run.batch_size == 0:  # auto (the CPU's 64, a search's): the lr follows the batch that runs
-            lr = asked.optim.lr * lr_factor(optim.optimizer, share, optim.lr_batch)
+            lr = asked.optim.lr * batch_lr_factor(optim.optimizer, share, optim.lr_batch)
             line = lr_line(optim.optimizer, asked.optim.lr, optim.lr_batch, share)
             whence = " (the CPU's)" if cpus else ""
             self.batch_line = f"batch size auto: {batch}{whence}, {capped}; {line}"

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from cnnpar.cliargs import int_or_auto
-from cnnpar.config import Config, RunConfig, lr_factor, resolve_for_device
+from cnnpar.config import Config, RunConfig, batch_lr_factor, resolve_for_device
 from cnnpar.engine.batch_size import Probe, batch_cap, choose_batch_size
 
 GIB = 2**30
@@ -63,9 +63,9 @@ def test_a_model_too_large_for_64_halves_until_it_fits():
 
 
 def test_lr_follows_the_batch_by_the_optimizers_rule():
-    assert lr_factor("sgd", 512) == 8.0
-    assert lr_factor("adamw", 512) == pytest.approx(math.sqrt(8))
-    assert lr_factor("adamw", 64) == 1.0
+    assert batch_lr_factor("sgd", 512) == 8.0
+    assert batch_lr_factor("adamw", 512) == pytest.approx(math.sqrt(8))
+    assert batch_lr_factor("adamw", 64) == 1.0
 
 
 def test_auto_is_a_word_on_the_command_line_and_64_on_the_cpu():

@@ -46,10 +46,10 @@ def test_every_preset_with_a_fixed_batch_names_it_as_its_lrs_batch():
 
 def test_muons_lr_drives_sgd_groups_and_follows_the_batch_linearly():
     """--optimizer muon was scaled by the square root (AdamW's rule); its --lr is the SGD groups' lr."""
-    from cnnpar.config import lr_factor
+    from cnnpar.config import batch_lr_factor
 
-    assert lr_factor("muon", 4000, 2000) == 2.0 and lr_factor("sgd", 512) == 8.0
-    assert lr_factor("adamw", 256) == pytest.approx(2.0)
+    assert batch_lr_factor("muon", 4000, 2000) == 2.0 and batch_lr_factor("sgd", 512) == 8.0
+    assert batch_lr_factor("adamw", 256) == pytest.approx(2.0)
     from cnnpar.engine.batch_size import lr_line
 
     assert lr_line("muon", 1.656, 2000, 1000) == (

@@ -12,7 +12,7 @@ import torch
 
 from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig
 from cnnpar.dist import DistInfo
-from cnnpar.engine.optim import lr_factor
+from cnnpar.engine.optim import schedule_factor
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import UserError
 
@@ -64,7 +64,7 @@ def test_resuming_with_fewer_steps_an_epoch_puts_the_schedule_at_the_finished_ep
     assert more.steps_per_epoch == 2
     assert more.scheduler.last_epoch == 4  # 2 finished epochs x 2 steps, not the checkpoint's 6
     assert more.scheduler.base_lrs[0] == pytest.approx(more.lr)  # this run's peak, not the checkpoint's
-    expected = more.lr * lr_factor(4, 8, cfg.optim.warmup, cfg.optim.schedule)
+    expected = more.lr * schedule_factor(4, 8, cfg.optim.warmup, cfg.optim.schedule)
     assert more.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
     assert any(
         "took 3 optimizer steps an epoch, this one takes 2" in s and "starts at step 4 of 8" in s for s in lines
