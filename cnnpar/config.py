@@ -325,7 +325,7 @@ class SpeedConfig:
     precision: str = _f("auto", "fp32, tf32 (CUDA only), bf16, fp16 (with a GradScaler) or auto", choices=PRECISIONS)
     channels_last: str = _f("auto", "NHWC memory format (auto: on, CPU and CUDA alike)", choices=TRISTATE)
     compile: str = _f(
-        "auto", "torch.compile mode, or off (auto: from measurements, see presets.py)", choices=COMPILE_MODES
+        "auto", "torch.compile mode, or off (auto: from measurements, see config.compile_default)", choices=COMPILE_MODES
     )
     cudnn_benchmark: bool = _f(True, "let cuDNN time its algorithms for fixed shapes")
     compile_tuning: str = _f(
@@ -644,6 +644,24 @@ def resolve_decode(requested: str, cuda: bool, engines: str | None = None) -> tu
     return "gpu", "auto: CUDA; nvJPEG measured fastest of gpu, cpu and nvimgcodec on an H200"
 
 
+# Which models torch.compile helps, by device, from benchmarks/results/h200-2026-11-29 (one H200,
+# torch 2.11, bf16, channels_last, cnnpar's Trainer with resident data): ResNet-50 at 224, batch
+# 256: 4,660 img/s eager, 6,753 compiled, 6,854 compiled with CUDA graphs; ResNet-18 at 32, batch
+# 512: 59,258 eager, 37,872 compiled, 61,730 eager with CUDA graphs, 84,868 compiled with CUDA
+# graphs. Compile alone slowed the small-input model (its step is launch-bound and compile adds
+# host work per call); with the step captured as a graph the launches are gone and compile's
+# fusions pay. CUDA graphs are on by default for one CUDA process (see resolve_for_device), so
+# compile is on for both measured models. Models not measured stay eager. On the CPU the compile
+# time (tens of seconds) is rarely repaid in a short run.
+_COMPILE_HELPS_ON_CUDA = {"resnet18", "resnet50"}
+
+
+def compile_default(model_name: str, device_type: str) -> str:
+    if device_type == "cuda" and model_name in _COMPILE_HELPS_ON_CUDA:
+        return "default"
+    return "off"
+
+
 def lr_reference(cfg: Config) -> int:
     """The batch `cfg`'s --lr is the lr for (optim.lr_batch): as set, else a fixed --batch-size (the lr trains at
     it), else LR_BATCH. Read from the config as asked, before --batch-size auto is resolved."""
@@ -677,7 +695,7 @@ def resolve_for_device(
     """Replace every 'auto' that depends on the device with a concrete choice (`jpeg_engines`: see
     `resolve_decode`; the caller asks the GPU, this module does not touch devices).
 
-    The choices for compile come from measurements kept in `presets.compile_default`, not from a
+    The choices for compile come from measurements kept in `compile_default`, not from a
     rule of thumb: compile slowed ResNet-18 at 32x32 on an H200 but sped up ResNet-50 at 224x224.
     On the CPU, channels_last is on (oneDNN's convolutions and max pooling vectorise over NHWC
     channels) and bf16 is chosen only where `cpu_bf16` says the CPU computes it natively (AVX512-BF16
@@ -686,8 +704,6 @@ def resolve_for_device(
     `optim.lr_batch` is stored as `lr_reference` (the batch the lr asked for is for); where --batch-size auto is
     the CPU's 64, the lr is scaled to it from there by `batch_lr_factor`, as the trainer scales it to a searched batch.
     """
-    from cnnpar.presets import compile_default
-
     cuda = device_type == "cuda"
     speed = cfg.speed
     precision = speed.precision

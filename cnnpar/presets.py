@@ -13,24 +13,6 @@ from pathlib import Path
 from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
 from cnnpar.errors import ConfigError
 
-# Which models torch.compile helps, by device, from benchmarks/results/h200-2026-11-29 (one H200,
-# torch 2.11, bf16, channels_last, cnnpar's Trainer with resident data): ResNet-50 at 224, batch
-# 256: 4,660 img/s eager, 6,753 compiled, 6,854 compiled with CUDA graphs; ResNet-18 at 32, batch
-# 512: 59,258 eager, 37,872 compiled, 61,730 eager with CUDA graphs, 84,868 compiled with CUDA
-# graphs. Compile alone slowed the small-input model (its step is launch-bound and compile adds
-# host work per call); with the step captured as a graph the launches are gone and compile's
-# fusions pay. CUDA graphs are on by default for one CUDA process (see resolve_for_device), so
-# compile is on for both measured models. Models not measured stay eager. On the CPU the compile
-# time (tens of seconds) is rarely repaid in a short run.
-_COMPILE_HELPS_ON_CUDA = {"resnet18", "resnet50"}
-
-
-def compile_default(model_name: str, device_type: str) -> str:
-    if device_type == "cuda" and model_name in _COMPILE_HELPS_ON_CUDA:
-        return "default"
-    return "off"
-
-
 # The long compiles (--compile-tiling and --compile-tuning together) by the length of the run. Measured for
 # ResNet-50 224 on one H200 (benchmarks/results/2026-12-01-h200/call-zzo to call-zzq, batch 512, data on the
 # GPU): 7,857 and 7,864 img/s against the defaults' 7,219 and 7,250 (1.085-1.088x), tiling alone 1.062x (and

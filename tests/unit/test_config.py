@@ -150,3 +150,20 @@ def test_ddp_switches_are_checked_where_they_cannot_apply():
     ):
         Config(dist=DistConfig(ddp_static_graph=True), optim=OptimConfig(grad_accum=2))
     assert Config(dist=DistConfig(ddp_static_graph=True, ddp_bucket_mb=50.0)).dist.ddp_bucket_mb == 50.0
+
+
+def test_config_resolves_without_importing_presets():
+    """presets.py imports config at module level; config importing presets back (it once did, inside
+    resolve_for_device, for compile_default) made an import cycle. A fresh interpreter shows it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from cnnpar.config import Config, ModelConfig, resolve_for_device\n"
+        "cfg = resolve_for_device(Config(model=ModelConfig(name='resnet50')), 'cuda', bf16_ok=True)\n"
+        "assert cfg.speed.compile == 'default', cfg.speed.compile\n"
+        "assert 'cnnpar.presets' not in sys.modules, 'config imported presets'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
