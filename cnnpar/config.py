@@ -325,7 +325,7 @@ class SpeedConfig:
     precision: str = _f("auto", "fp32, tf32 (CUDA only), bf16, fp16 (with a GradScaler) or auto", choices=PRECISIONS)
     channels_last: str = _f("auto", "NHWC memory format (auto: on, CPU and CUDA alike)", choices=TRISTATE)
     compile: str = _f(
-        "auto", "torch.compile mode, or off (auto: from measurements, see config.compile_default)", choices=COMPILE_MODES
+        "auto", "torch.compile mode, or off (auto: measured, see config.compile_default)", choices=COMPILE_MODES
     )
     cudnn_benchmark: bool = _f(True, "let cuDNN time its algorithms for fixed shapes")
     compile_tuning: str = _f(
