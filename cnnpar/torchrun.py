@@ -23,7 +23,10 @@ def stop_with_parent() -> None:
     import ctypes.util
     import os
 
-    parent = os.environ.pop("CNNPAR_LAUNCHER_PARENT", "")  # dist.PARENT_ENV; popped: the workers have no use for it
+    # dist.PARENT_ENV, spelled out: importing cnnpar.dist would import torch before the signal is asked for,
+    # seconds in which the parent's death goes unnoticed (tests/unit/test_dist_launch.py holds the two equal).
+    # Popped: the workers have no use for it.
+    parent = os.environ.pop("CNNPAR_LAUNCHER_PARENT", "")
     if not parent.isdigit() or not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

@@ -467,6 +467,18 @@ def test_a_launcher_stops_when_cnnpar_is_killed_without_a_word(tmp_path):
         pytest.fail("the launcher outlived the process that started it")
 
 
+def test_the_launcher_reads_the_variable_cnnpar_sets(monkeypatch):
+    """cnnpar.torchrun spells dist.PARENT_ENV out (importing dist would import torch before the parent-death
+    signal is set): a rename of one alone would leave torchrun running on after a killed `cnnpar train`."""
+    import os
+
+    from cnnpar.torchrun import stop_with_parent
+
+    monkeypatch.setenv(dist.PARENT_ENV, "not a process id")  # read and dropped; no signal asked for
+    stop_with_parent()
+    assert dist.PARENT_ENV not in os.environ
+
+
 def test_a_second_stop_kills_the_launchers_workers_in_sessions_of_their_own(tmp_path):
     """A second Ctrl-C 2 s after the first ends the launcher at once: a `killpg` of its session left its workers,
     which torch elastic starts in sessions of their own, training on."""
