@@ -71,9 +71,6 @@ class GraphedForwardBackward:
         # and those it computes none for (frozen since another graph's capture): the optimizer skips them
         self.no_grads = [p for p in model.parameters() if p.grad is None]
 
-    def matches(self, x: torch.Tensor) -> bool:
-        return tuple(x.shape) == self.shape
-
     def bind_grads(self) -> None:
         """Point every parameter's .grad at this graph's gradient tensors (what the optimizer reads),
         and to None where this graph computes none."""
