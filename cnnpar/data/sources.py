@@ -46,7 +46,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 DIGITS_SIZE = 16
 FOLDER_SIZE = 224
-NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 ARRAYS_OWN_VAL = "the data's own test split"
 FOLDER_OWN_VAL = "the folder's own validation split (its val/, valid/, validation/ or test/)"
 

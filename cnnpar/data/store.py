@@ -46,7 +46,6 @@ VERSION = 1
 PREFIX = struct.Struct("<8sII")  # magic, version, header length
 ALIGN = 4096
 INDEX_BYTES_PER_IMAGE = 8 + 4 + 4 + 8 + 1
-SPLITS = ("train", "val")
 PARTIAL_SUFFIX = ".partial"
 RERUN = "re-run cnnpar prepare"
 CHUNK_BYTES = 64 << 20
