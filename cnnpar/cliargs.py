@@ -91,9 +91,11 @@ def at_least(low: float, kind: type = int):
     return parse
 
 
-def stored_run_config(resume: str, out_dir: str = "", name: str = "", search_again: bool = False) -> Config | None:
-    """The config.toml of the run that `--resume PATH` (or `--resume auto --name NAME`) continues,
-    None when there is none.
+def stored_run_config(
+    resume: str, out_dir: str = "", name: str = "", search_again: bool = False
+) -> tuple[Path, Config] | None:
+    """The config.toml of the run that `--resume PATH` (or `--resume auto --name NAME`) continues, and the
+    config a resume starts from, read from it; None when there is none.
 
     Resuming must train the same model on the same data as the run did, not the defaults;
     the machine-dependent switches go back to what the user asked for ("auto" where it was auto) so another
@@ -101,8 +103,8 @@ def stored_run_config(resume: str, out_dir: str = "", name: str = "", search_aga
     A run killed before its first checkpoint still has its config.toml: `auto` starts it again
     from that, not from the defaults.
     """
-    stored = _stored_record(resume, out_dir, name)
-    return None if stored is None else _read_stored(stored, search_again)
+    record = _stored_record(resume, out_dir, name)
+    return None if record is None else (record, _read_stored(record, search_again))
 
 
 def _stored_record(resume: str, out_dir: str = "", name: str = "") -> Path | None:
@@ -254,9 +256,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if resume:
         # `auto` names its folder by --out-dir/--name, typed or from the preset or file
         out_dir = given.get("run.out_dir", cfg.run.out_dir)
-        record = _stored_record(resume, out_dir, given.get("run.name", cfg.run.name))
-        if record is not None:
-            stored = _read_stored(record, search_again)
+        found = stored_run_config(resume, out_dir, given.get("run.name", cfg.run.name), search_again)
+        if found is not None:
+            record, stored = found
             if _prints_notes():
                 _say_not_applied(args, given, cfg, stored, record.read_text())
             cfg, origin = stored, str(record)

@@ -31,7 +31,7 @@ def test_a_run_resumed_keeps_an_explicit_precision_and_layout_and_re_resolves_th
     Trainer(cfg, CPU, log=lambda *a, **k: None).fit()
     text = (tmp_path / "r" / "config.toml").read_text()
     assert ("speed", "compile") in read_requested(text) and ("speed", "precision") not in read_requested(text)
-    resumed = stored_run_config("auto", str(tmp_path), "r")
+    _, resumed = stored_run_config("auto", str(tmp_path), "r")
     assert (resumed.speed.precision, resumed.speed.channels_last) == ("fp32", "off")  # as the user set them
     assert (resumed.speed.compile, resumed.speed.cuda_graphs, resumed.speed.stem_space_to_depth) == (
         "auto",
@@ -50,10 +50,10 @@ def test_a_requested_value_the_run_could_not_keep_is_asked_for_again_and_an_old_
         "# requested: speed.cuda_graphs = 'on'\n# requested: data.workers = -1\n# requested: run.batch_size = auto\n"
         + body
     )
-    resumed = stored_run_config("auto", str(tmp_path), "r")
+    _, resumed = stored_run_config("auto", str(tmp_path), "r")
     assert (resumed.speed.cuda_graphs, resumed.data.workers, resumed.speed.precision) == ("on", -1, "bf16")
     (run / "config.toml").write_text(body)  # written before requested lines existed: nothing known, so auto
-    resumed = stored_run_config("auto", str(tmp_path), "r")
+    _, resumed = stored_run_config("auto", str(tmp_path), "r")
     assert (resumed.speed.cuda_graphs, resumed.data.workers, resumed.speed.precision) == ("auto", -1, "auto")
     assert read_requested("# requested: run.batch_size = auto\n# requested: x.y = <object>\n") == {
         ("run", "batch_size"): 0
@@ -206,7 +206,7 @@ def test_a_resumed_runs_record_still_says_what_its_first_run_resolved_so_other_d
     after = read_requested(record.read_text())
     assert {("data", "format"), ("data", "image_size"), ("run", "batch_size")} <= set(after)
     assert after == first
-    again = stored_run_config(str(tmp_path / "r"))  # what the data decides is found again; the size as stored
+    _, again = stored_run_config(str(tmp_path / "r"))  # what the data decides is found again; the size as stored
     assert (again.data.format, again.data.num_classes, again.data.image_size) == ("auto", 0, 16)
     arrays = tmp_path / "a.npz"
     np.savez(arrays, x_train=np.zeros((40, 8, 8, 3), np.uint8), y_train=np.arange(40) % 2)
@@ -232,9 +232,9 @@ def test_a_link_to_a_runs_checkpoint_resumes_that_run_with_its_own_config(tmp_pa
     common = ["--device", "cpu", "--max-steps", "1", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path)]
     assert main(["train", *common, *synthetic, "--epochs", "1", "--name", "r"]) == 0
     (tmp_path / "link.pt").symlink_to(tmp_path / "r" / "ckpt" / "last.pt")
-    assert stored_run_config(str(tmp_path / "link.pt")).data.source == "synthetic"
+    assert stored_run_config(str(tmp_path / "link.pt"))[1].data.source == "synthetic"
     assert main(["train", "--resume", str(tmp_path / "link.pt"), "--epochs", "2", "--no-progress"]) == 0
-    assert stored_run_config(str(tmp_path / "r")).run.epochs == 2
+    assert stored_run_config(str(tmp_path / "r"))[1].run.epochs == 2
 
 
 def test_a_searched_batch_searched_again_starts_from_the_lr_asked_for_not_the_scaled_one(tmp_path):
@@ -262,7 +262,7 @@ def test_a_searched_batch_searched_again_starts_from_the_lr_asked_for_not_the_sc
     assert (typed.run.batch_size, typed.optim.lr) == (0, 0.01)  # a typed lr stands
     fixed = _parsed("--config", record, "--data", str(arrays), "--batch-size", "1024")
     assert (fixed.run.batch_size, fixed.optim.lr) == (1024, 0.008)  # no search: the lr the batch trained at
-    assert stored_run_config("auto", str(tmp_path), "r").optim.lr == 0.008  # a resume at the stored batch keeps it
+    assert stored_run_config("auto", str(tmp_path), "r")[1].optim.lr == 0.008  # a resume at the stored batch keeps it
     resumed = _parsed("--resume", "auto", "--name", "r", "--out-dir", str(tmp_path), "--batch-size", "auto")
     assert (resumed.run.batch_size, resumed.optim.lr) == (0, 0.002)
 
@@ -353,7 +353,7 @@ def test_a_value_edited_in_a_record_since_the_run_wrote_it_stays_and_an_unedited
         f'[run]\nbatch_size = 256\nname = "r"\nout_dir = "{tmp_path.as_posix()}"\n[optim]\nlr = 0.008\n'
     )
     (run / "config.toml").write_text(lines + body)
-    for cfg in (_parsed("--config", str(run / "config.toml")), stored_run_config("auto", str(tmp_path), "r")):
+    for cfg in (_parsed("--config", str(run / "config.toml")), stored_run_config("auto", str(tmp_path), "r")[1]):
         assert (cfg.speed.precision, cfg.speed.channels_last, cfg.data.num_classes) == ("fp32", "off", 12)  # edited
         assert (cfg.speed.compile, cfg.data.format) == ("auto", "auto")  # as the run wrote them: found again
     arrays = tmp_path / "a.npz"
