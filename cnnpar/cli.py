@@ -190,7 +190,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args
     from cnnpar.dist import destroy_distributed, init_distributed
-    from cnnpar.doctor.profile import ProfileOptions, run_profile
+    from cnnpar.doctor.profile import run_profile
 
     cfg = config_from_args(args)
     check_model(cfg)
@@ -199,9 +199,7 @@ def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
             f"profile runs in this process: --nproc {cfg.dist.nproc} (typed or from the config) is not launched; "
             "expected --nproc 0, or torchrun --nproc_per_node N -m cnnpar profile ... for a trace per rank"
         )
-    opts = ProfileOptions(
-        args.prof_wait, args.prof_warmup, args.prof_active, args.row_limit, args.report_dir, args.all_threads
-    )
+    opts = profile_options(args)
     info = init_distributed(cfg.speed.device, cfg.dist.debug_single, cfg.dist.timeout_s)
     try:
         files = run_profile(cfg, info, opts)
@@ -215,6 +213,20 @@ def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     finally:
         destroy_distributed()
+
+
+def profile_options(args: argparse.Namespace):
+    from cnnpar.doctor.options import ProfileOptions
+
+    return ProfileOptions(
+        args.prof_wait, args.prof_warmup, args.prof_active, args.row_limit, args.report_dir, args.all_threads
+    )
+
+
+def doctor_options(args: argparse.Namespace):
+    from cnnpar.doctor.options import DoctorOptions
+
+    return DoctorOptions(args.warmup_steps, args.measure_steps, args.max_seconds, args.try_top, args.report_dir)
 
 
 def one_process_only(command: str, cfg) -> bool:
@@ -246,13 +258,13 @@ def one_process_only(command: str, cfg) -> bool:
 def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args
     from cnnpar.doctor.render import print_report, write_report
-    from cnnpar.doctor.run import DoctorOptions, run_doctor
+    from cnnpar.doctor.run import run_doctor
 
     cfg = config_from_args(args)
     check_model(cfg)
     if one_process_only("doctor", cfg):
         return 0
-    opts = DoctorOptions(args.warmup_steps, args.measure_steps, args.max_seconds, args.try_top, args.report_dir)
+    opts = doctor_options(args)
     report = run_doctor(cfg, opts)
     write_report(report)
     print_report(report)
@@ -514,6 +526,7 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags, at_least
     from cnnpar.config import TTA_LEVELS
+    from cnnpar.doctor.options import DoctorOptions, ProfileOptions
 
     p = argparse.ArgumentParser(prog="cnnpar", description="Fast CNN training, measured.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -531,13 +544,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(prof)
     extra = prof.add_argument_group("profile")
     extra.add_argument(
-        "--prof-wait", type=at_least(0), default=1, help="steps before the profiler starts (start-up, compile)"
+        "--prof-wait",
+        type=at_least(0),
+        default=ProfileOptions.wait,
+        help="steps before the profiler starts (start-up, compile)",
     )
     extra.add_argument(
-        "--prof-warmup", type=at_least(0), default=2, help="profiled steps discarded (profiler start-up)"
+        "--prof-warmup",
+        type=at_least(0),
+        default=ProfileOptions.warmup,
+        help="profiled steps discarded (profiler start-up)",
     )
-    extra.add_argument("--prof-active", type=at_least(1), default=5, help="profiled steps recorded")
-    extra.add_argument("--row-limit", type=at_least(1), default=25, help="operators in the tables")
+    extra.add_argument("--prof-active", type=at_least(1), default=ProfileOptions.active, help="profiled steps recorded")
+    extra.add_argument(
+        "--row-limit", type=at_least(1), default=ProfileOptions.row_limit, help="operators in the tables"
+    )
     extra.add_argument("--report-dir", default="", help="output folder (default: <--out-dir>/profile/<model>-<date>)")
     extra.add_argument(
         "--all-threads",
@@ -555,15 +576,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_config_flags(doc)
     extra = doc.add_argument_group("doctor")
-    extra.add_argument("--warmup-steps", type=at_least(0), default=3, help="unmeasured steps before each measurement")
+    extra.add_argument(
+        "--warmup-steps",
+        type=at_least(0),
+        default=DoctorOptions.warmup,
+        help="unmeasured steps before each measurement",
+    )
     extra.add_argument(
         "--measure-steps",
         type=at_least(2),
-        default=20,
+        default=DoctorOptions.steps,
         help="measured batches per phase (optimizer steps where it trains, each of grad_accum batches)",
     )
     extra.add_argument(
-        "--max-seconds", type=at_least(0.1, float), default=30.0, help="stop a phase after this long (min 2 batches)"
+        "--max-seconds",
+        type=at_least(0.1, float),
+        default=DoctorOptions.max_s,
+        help="stop a phase after this long (min 2 batches)",
     )
     extra.add_argument(
         "--try",
@@ -571,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=at_least(0),
         nargs="?",
         const=3,
-        default=0,
+        default=DoctorOptions.try_top,
         metavar="N",
         help="re-measure the top N recommendations (N defaults to 3 when omitted; 0: none) with the config changed",
     )

@@ -7,26 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-from dataclasses import dataclass
 from pathlib import Path
 
 from cnnpar.config import Config, dumps_toml
 from cnnpar.dist import DistInfo, barrier, broadcast_object
+from cnnpar.doctor.options import ProfileOptions
 from cnnpar.engine.harness import build_trainer, next_group, run_step, training_batches
 from cnnpar.report.environment import comment_lines, environment
 from cnnpar.report.files import check_out_folder, removed_on_failure, write_text_atomic
 from cnnpar.report.profiler import ProfileFiles, profile_steps
 from cnnpar.report.ranges import DATA_WAIT, span
-
-
-@dataclass
-class ProfileOptions:
-    wait: int = 1
-    warmup: int = 2
-    active: int = 5
-    row_limit: int = 25
-    report_dir: str = ""
-    all_threads: bool = False
 
 
 def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFiles:

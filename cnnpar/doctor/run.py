@@ -44,6 +44,7 @@ from cnnpar.doctor.measure import (
     measure_step_scaling,
     textbook_cost_ratio,
 )
+from cnnpar.doctor.options import DoctorOptions
 from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget, search_start
 from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
@@ -54,16 +55,6 @@ from cnnpar.report.files import check_out_folder, removed_on_failure
 from cnnpar.report.host import usable_cores
 from cnnpar.report.meters import free_device_memory
 from cnnpar.report.telemetry import TelemetrySampler, plot_telemetry
-
-
-@dataclass
-class DoctorOptions:
-    warmup: int = 3
-    steps: int = 20
-    max_s: float = 30.0
-    try_top: int = 0
-    report_dir: str = ""
-    telemetry_interval_s: float = 0.5
 
 
 @dataclass

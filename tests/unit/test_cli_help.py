@@ -114,3 +114,26 @@ def test_doctor_and_tune_refuse_more_processes_than_the_one_they_measure(command
     monkeypatch.delenv("RANK")
     with pytest.raises(Measured):  # --nproc 2 with the switch: one process, not refused
         main([command, "--device", "cpu", "--nproc", "2", "--debug-single"])
+
+
+def test_doctor_and_profile_flags_default_to_their_options_fields():
+    """The defaults are written once, in doctor/options.py: the flags read them from there."""
+    from cnnpar.cli import doctor_options, profile_options
+    from cnnpar.doctor.options import DoctorOptions, ProfileOptions
+
+    parser = build_parser()
+    assert doctor_options(parser.parse_args(["doctor"])) == DoctorOptions()
+    assert profile_options(parser.parse_args(["profile"])) == ProfileOptions()
+    typed = doctor_options(parser.parse_args(["doctor", "--measure-steps", "7", "--try"]))
+    assert (typed.steps, typed.try_top) == (7, 3)
+
+
+def test_the_parser_imports_no_torch():
+    """cnnpar --help and every command's parsing stay quick: the options' defaults come from a module that
+    imports no engine (importing doctor/run.py for DoctorOptions would import torch)."""
+    import subprocess
+    import sys
+
+    code = "import sys; from cnnpar.cli import build_parser; build_parser(); assert 'torch' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
