@@ -15,10 +15,10 @@ from cnnpar.data.loader import build_loader
 from cnnpar.data.transforms import CROP_PAD, random_crop, random_flip
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import cycle_batches, reset_compiler
-from cnnpar.engine.optim import build_optimizer
-from cnnpar.engine.train_step import TrainStep
+from cnnpar.engine.train_step import TrainStep, build_standalone_step
 from cnnpar.models import build_model
-from cnnpar.parallel import Precision, resolve_for
+from cnnpar.parallel import resolve_for
+from cnnpar.parallel.apply import apply_channels_last, apply_stem_space_to_depth
 from cnnpar.report.meters import free_device_memory, sync
 
 from .timing import Spread, Timing
@@ -119,14 +119,18 @@ def no_compile_caches():
             yield
 
 
-def _fresh_step_parts(cfg: Config, shape: tuple[int, int, int], num_classes: int, device: torch.device):
+def fresh_step(
+    cfg: Config, shape: tuple[int, int, int], num_classes: int, device: torch.device, compiled: bool = False, **compile
+) -> TrainStep:
+    """The run's own step (`build_train_step`: clipping, weight average and all) on a freshly built model,
+    rewritten as the Trainer rewrites it (the stem) and torch.compile'd with `compile` where `compiled`."""
     c, h, w = shape
-    model = build_model(cfg.model.name, c, num_classes, h, w).to(device)
-    if cfg.speed.channels_last == "on":
-        model = model.to(memory_format=torch.channels_last)
-    precision = Precision(cfg.speed.precision, device)
-    optimizer = build_optimizer(model, cfg.optim, cfg.optim.lr, device)
-    return model, precision, optimizer
+    model = build_model(cfg.model.name, c, num_classes, h, w)
+    model = apply_stem_space_to_depth(model, cfg.speed.stem_space_to_depth == "on")
+    model = apply_channels_last(model.to(device), cfg.speed.channels_last == "on")
+    if compiled:
+        model = torch.compile(model, **compile)
+    return build_standalone_step(model, cfg, device, total_steps=1)  # one step: its weight average updates
 
 
 def _random_batch(batch: int, shape: tuple[int, int, int], num_classes: int, cfg: Config, device: torch.device):
@@ -148,8 +152,7 @@ def warm_compiler(device: torch.device) -> None:
 def compile_seconds(cfg: Config, shape, num_classes: int, device: torch.device, dynamic: bool | None) -> float:
     """Wall time of the first forward + backward of a freshly compiled model (the compile)."""
     reset_compiler()
-    model, precision, optimizer = _fresh_step_parts(cfg, shape, num_classes, device)
-    step = TrainStep(torch.compile(model, dynamic=dynamic), precision, optimizer)
+    step = fresh_step(cfg, shape, num_classes, device, compiled=True, dynamic=dynamic)
     x, y = _random_batch(cfg.run.batch_size, shape, num_classes, cfg, device)
     with no_compile_caches():
         sync(device)
@@ -160,9 +163,9 @@ def compile_seconds(cfg: Config, shape, num_classes: int, device: torch.device, 
 
 
 def _one_step(cfg: Config, shape, num_classes: int, device: torch.device, batch: int) -> None:
-    model, precision, optimizer = _fresh_step_parts(cfg, shape, num_classes, device)
+    step = fresh_step(cfg, shape, num_classes, device)
     x, y = _random_batch(batch, shape, num_classes, cfg, device)
-    TrainStep(model, precision, optimizer)([(x, y)])
+    step([(x, y)])
     sync(device)
 
 

@@ -28,10 +28,8 @@ import torch.nn as nn
 
 from cnnpar.config import Config, batch_lr_factor, lr_rule
 from cnnpar.dist import DistInfo, all_reduce_max
-from cnnpar.engine.optim import build_optimizer
-from cnnpar.engine.train_step import TrainStep
+from cnnpar.engine.train_step import TrainStep, build_standalone_step
 from cnnpar.parallel.apply import apply_channels_last
-from cnnpar.parallel.precision import Precision
 from cnnpar.report.meters import free_device_memory
 
 START = 64  # the CPU's fixed default, and the search's first size
@@ -171,22 +169,29 @@ def gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
+def probe_step(raw_model: nn.Module, cfg: Config, device: torch.device, cuda_graphs: bool) -> TrainStep:
+    """The run's own step (`build_train_step`: precision, optimizer, clipping, label smoothing, the lr schedule,
+    the weight average, CUDA graphs where the run will use them) on a copy of `raw_model`, which the Trainer
+    has rewritten as it trains it (the stem). Its schedule is as long as the untimed warm-up: the weight
+    average, which starts at a share of the run's steps, then updates in the timed steps as it does for most
+    of a run (the lr it ends at changes nothing in the kernels timed)."""
+    model = apply_channels_last(copy.deepcopy(raw_model), cfg.speed.channels_last == "on").to(device)
+    return build_standalone_step(model, cfg, device, total_steps=WARMUP_STEPS, cuda_graphs=cuda_graphs)
+
+
 def device_probe(
     raw_model: nn.Module, cfg: Config, info: DistInfo, shape: tuple[int, int, int], num_classes: int, cuda_graphs: bool
 ) -> Callable[[int], Probe]:
-    """Time the run's own step (`TrainStep`: precision, optimizer, CUDA graphs where the run will use
-    them) at a batch size, on a copy of its model and random inputs of its shape. Compile is left
-    out: a compile per candidate size would take minutes, and compiled steps scale with the batch
-    the same way."""
+    """Time the run's own step (`probe_step`) at a batch size, on random inputs of its shape. Compile is left
+    out: a compile per candidate size would take minutes, and compiled steps scale with the batch the same
+    way."""
     device = info.device
     fmt = torch.channels_last if cfg.speed.channels_last == "on" else torch.contiguous_format
 
     def measure(batch: int) -> Probe:
         free_device_memory(device)
         base = torch.cuda.memory_allocated(device)
-        model = apply_channels_last(copy.deepcopy(raw_model), cfg.speed.channels_last == "on").to(device)
-        optimizer = build_optimizer(model, cfg.optim, cfg.optim.lr, device)
-        step = TrainStep(model, Precision(cfg.speed.precision, device), optimizer, cuda_graphs=cuda_graphs)
+        step = probe_step(raw_model, cfg, device, cuda_graphs)
         try:
             x = torch.randn(batch, *shape, device=device).contiguous(memory_format=fmt)
             y = torch.randint(0, num_classes, (batch,), device=device)
@@ -202,7 +207,7 @@ def device_probe(
         except torch.cuda.OutOfMemoryError:
             return Probe(batch, failed="out of memory")
         finally:
-            del model, optimizer, step
+            del step  # with its model, optimizer and weight average
             free_device_memory(device)
 
     return measure

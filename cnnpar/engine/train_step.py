@@ -14,21 +14,26 @@ mean over the group's samples, whatever the group holds: a short last group of a
 micro-batches) or micro-batches of unequal size give the gradient one big batch of the same
 samples gives, instead of being scaled by a fixed 1/accum.
 
-The Trainer builds one and its epoch loop groups the loader's batches; the doctor, the profiler,
-the bench and the tuner drive the Trainer's object (engine/harness.py), so what they time is what
-training runs, CUDA graphs included. Nothing here reads a device value on the host: a call returns
+`build_train_step` makes one from the config. The Trainer builds one and its epoch loop groups the
+loader's batches; the doctor, the profiler, the bench and the tuner drive the Trainer's object
+(engine/harness.py), and the batch-size search and bench's probes, which time a step outside a
+Trainer, build theirs with the same function: what they time is what training runs, CUDA graphs
+included. Nothing here reads a device value on the host: a call returns
 the group's summed loss and correct count as device tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from cnnpar.config import Config
 from cnnpar.dist import DEVICE_QUEUES, DEVICE_QUEUES_ENV, device_queues
+from cnnpar.engine.averaging import WeightAverage, build_weight_average
+from cnnpar.engine.optim import build_optimizer, build_scheduler
 from cnnpar.engine.step import forward_backward, optimizer_step, sync_context
 from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.graphs import GraphedForwardBackward
@@ -181,3 +186,66 @@ class TrainStep:
             forward_backward(self.model, x, y, self.precision, self.label_smoothing, 1.0)
         self.optimizer.zero_grad(set_to_none=not self.graphs)
         self.raw_model.load_state_dict(saved)
+
+
+@dataclass
+class StepParts:
+    """What a step holds beside its model and optimizer, built from the config."""
+
+    precision: Precision
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    average: WeightAverage | None  # --ema (and --lookahead): None without
+
+
+def build_step_parts(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: Config,
+    device: torch.device,
+    total_steps: int,
+    steps_per_epoch: int = 0,
+) -> StepParts:
+    """The precision, the lr schedule over `total_steps` and the weight average, as `cnnpar train` builds them."""
+    return StepParts(
+        Precision(cfg.speed.precision, device),
+        build_scheduler(optimizer, cfg.optim, total_steps, steps_per_epoch),
+        build_weight_average(unwrap(model), cfg.optim, total_steps),
+    )
+
+
+def build_train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    parts: StepParts,
+    cfg: Config,
+    *,
+    ddp: nn.Module | None = None,
+    cuda_graphs: bool = False,
+) -> TrainStep:
+    """The step `cnnpar train` runs, with the config's clipping, label smoothing and compile mode: the one
+    constructor the Trainer, the batch-size search and bench's probes share. A step built by hand without the
+    clip or the weight average is a cheaper step than the one that trains, and a search timing it picks
+    another batch."""
+    return TrainStep(
+        model,
+        parts.precision,
+        optimizer,
+        ddp=ddp,
+        scheduler=parts.scheduler,
+        average=parts.average,
+        label_smoothing=cfg.optim.label_smoothing,
+        grad_clip=cfg.optim.grad_clip,
+        cuda_graphs=cuda_graphs,
+        compile_mode=cfg.speed.compile,
+    )
+
+
+def build_standalone_step(
+    model: nn.Module, cfg: Config, device: torch.device, total_steps: int, cuda_graphs: bool = False
+) -> TrainStep:
+    """`build_train_step` for a tool that times a step outside a Trainer, on `model` as the run would train it
+    (on `device`, its stem rewritten where the run's is): its own optimizer at --lr (no --lr-scaling: one
+    process) and a schedule and weight average over `total_steps`."""
+    optimizer = build_optimizer(unwrap(model), cfg.optim, cfg.optim.lr, device)
+    parts = build_step_parts(model, optimizer, cfg, device, total_steps)
+    return build_train_step(model, optimizer, parts, cfg, cuda_graphs=cuda_graphs)

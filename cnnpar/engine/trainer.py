@@ -34,7 +34,6 @@ from cnnpar.data.sources import STORE_CHECKSUM
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
 from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
-from cnnpar.engine.averaging import build_weight_average
 from cnnpar.engine.batch_size import lr_line, search_on_device
 from cnnpar.engine.checkpoint import (
     BEST,
@@ -51,7 +50,6 @@ from cnnpar.engine.optim import (
     apply_frozen_whitening,
     bias_to_freeze,
     build_optimizer,
-    build_scheduler,
     describe_lr,
     last_step_lr,
     rebuild_after_resume,
@@ -62,11 +60,11 @@ from cnnpar.engine.resolved import data_resolved, kept_requested_lines, long_com
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run, run_folder_held, same_source, stopped_line
 from cnnpar.engine.step import eval_batch
-from cnnpar.engine.train_step import TrainStep, graphs_blocked_by
+from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_blocked_by
 from cnnpar.errors import Diverged, UserError
 from cnnpar.models import build_model
-from cnnpar.parallel import Precision, parallelize, resolve_for
-from cnnpar.parallel.apply import unwrap
+from cnnpar.parallel import parallelize, resolve_for
+from cnnpar.parallel.apply import apply_stem_space_to_depth, unwrap
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import comment_lines, environment
@@ -193,6 +191,8 @@ class Trainer:
         if hasattr(self.raw_model, "init_from_data"):
             self.raw_model.init_from_data(self._normalised_sample())
         apply_frozen_whitening(self.raw_model, cfg.optim)
+        # before the batch-size search: it times this module, and the stem changes the step's speed and memory
+        apply_stem_space_to_depth(self.raw_model, cfg.speed.stem_space_to_depth == "on")
         if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
             self.cfg = cfg = self._choose_batch_size(cfg)
         self.cfg = cfg = self._cap_batch_size(cfg)
@@ -214,7 +214,6 @@ class Trainer:
             ddp_broadcast_buffers=cfg.dist.ddp_broadcast_buffers,
             compile_tuning=cfg.speed.compile_tuning == "on",
             compile_tiling=cfg.speed.compile_tiling == "on",
-            stem_space_to_depth=cfg.speed.stem_space_to_depth == "on",
         )
         self.raw_model = unwrap(self.model)  # SyncBN conversion may have replaced the module
         # Identical weights came from the shared seed; from here on each rank draws its own random
@@ -222,7 +221,6 @@ class Trainer:
         torch.manual_seed(cfg.run.seed + info.rank)
         ddp = getattr(self.model, "_orig_mod", self.model)
         self.ddp = ddp if isinstance(ddp, DDP) else None
-        self.precision = Precision(cfg.speed.precision, info.device)
         self.train_loader = build_loader(self.bundle, cfg, info, train=True)
         self.val_loader = build_loader(self.bundle, cfg, info, train=False) if self.bundle.val else None
         self.micro_steps = len(self.train_loader)
@@ -240,8 +238,8 @@ class Trainer:
 
             self.optimizer = apply_horovod(self.raw_model, self.optimizer, info, accum, cfg.optim.grad_clip)
         total_steps = self.steps_per_epoch * cfg.run.epochs
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, total_steps, self.steps_per_epoch)
-        self.average = build_weight_average(self.raw_model, cfg.optim, total_steps)
+        parts = build_step_parts(self.raw_model, self.optimizer, cfg, info.device, total_steps, self.steps_per_epoch)
+        self.precision, self.scheduler, self.average = parts.precision, parts.scheduler, parts.average
         self.frozen_bias = bias_to_freeze(self.raw_model, cfg.optim, cfg.run.epochs, info.distributed)
         self.history: list[dict] = []
         self.start_epoch = 1
@@ -276,17 +274,8 @@ class Trainer:
         self.compile_s = 0.0
         self.eval_wait_s = 0.0  # the last evaluation's wait for its batches (evaluate)
         self.use_graphs = self._graphs_allowed()
-        self.train_step = TrainStep(
-            self.model,
-            self.precision,
-            self.optimizer,
-            ddp=self.ddp,
-            scheduler=self.scheduler,
-            average=self.average,
-            label_smoothing=cfg.optim.label_smoothing,
-            grad_clip=cfg.optim.grad_clip,
-            cuda_graphs=self.use_graphs,
-            compile_mode=cfg.speed.compile,
+        self.train_step = build_train_step(
+            self.model, self.optimizer, parts, cfg, ddp=self.ddp, cuda_graphs=self.use_graphs
         )
         self.board = Board()  # writes nothing until fit opens the run's (bench and tune call train_epoch alone)
         # nvJPEG's streams block the default stream both ways: beside a GPU decoder the training thread works

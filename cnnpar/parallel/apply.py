@@ -1,7 +1,10 @@
 """apply_* functions, one per concern, and parallelize() which calls them in a fixed order.
 
+Before all of them the Trainer swaps the space-to-depth stem in (`apply_stem_space_to_depth`, where the model is
+built): it changes the step's speed and memory, and the batch-size search, which runs before parallelize, must
+time the model that trains.
+
 Order, and why:
-0. space-to-depth stem        - swaps a module for one holding the same Parameters, before anything wraps it.
 1. SyncBatchNorm conversion   - must see the plain BatchNorm modules, before anything wraps them.
 2. channels_last              - parameters get their memory format before compile traces them.
 3. move to device             - DDP requires the module on its device when it is wrapped.
@@ -20,6 +23,14 @@ from cnnpar.config import setting_name
 from cnnpar.dist import DistInfo
 from cnnpar.errors import ConfigError
 from cnnpar.parallel.stem import space_to_depth_stem
+
+
+def apply_stem_space_to_depth(model: nn.Module, enabled: bool) -> nn.Module:
+    """--stem-space-to-depth (parallel/stem.py): swaps the stem for one holding the same Parameters, before
+    anything wraps the module or builds an optimizer on it."""
+    if enabled:
+        space_to_depth_stem(model)
+    return model
 
 
 def apply_sync_bn(model: nn.Module, info: DistInfo, enabled: bool) -> nn.Module:
@@ -149,11 +160,8 @@ def parallelize(
     ddp_static_graph: bool = False,
     ddp_broadcast_buffers: bool = True,
     compile_tuning: bool = False,
-    stem_space_to_depth: bool = False,
     compile_tiling: bool = False,
 ) -> nn.Module:
-    if stem_space_to_depth:
-        space_to_depth_stem(model)
     model = apply_sync_bn(model, info, sync_bn)
     model = apply_channels_last(model, channels_last)
     model = model.to(info.device)

@@ -125,6 +125,48 @@ def test_the_trainer_trains_the_searched_batch_with_the_lr_scaled(monkeypatch, t
     assert "# requested: optim.lr = 0.002" in stored
 
 
+def test_the_search_times_the_trainers_own_step_on_the_rewritten_stem(monkeypatch, tmp_path):
+    """The search once timed a step built by hand (no clipping, label smoothing, schedule or weight average) on
+    the model before parallelize swapped its stem, while the doctor's search timed the rewritten one: the two
+    could pick different batches, and neither timed the step that trains. The stem is forced on here (auto
+    turns it on with CUDA only): a ResNet at 64 px has the 7x7 stem it rewrites."""
+    import torch
+
+    import cnnpar.engine.trainer as trainer_mod
+    from cnnpar.dist import init_distributed
+    from cnnpar.engine.batch_size import BatchChoice, probe_step
+    from cnnpar.parallel.stem import SpaceToDepthConv2d
+    from cnnpar.presets import with_overrides
+
+    seen = {}
+
+    def fake_search(raw_model, cfg, info, shape, num_classes, train_samples, cuda_graphs, gpu_decoder):
+        seen["step"] = probe_step(raw_model, cfg, info.device, cuda_graphs)
+        return BatchChoice(32, "faked")
+
+    search_instead_of(monkeypatch, fake_search)
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "3x64x64", "synthetic_samples": 256, "val_fraction": 0.25},
+        model={"name": "resnet18"},
+        optim={"grad_clip": 1.5, "label_smoothing": 0.1, "ema": 0.9, "lookahead": True},
+        speed={"device": "cpu", "stem_space_to_depth": "on"},
+        run={"epochs": 1, "out_dir": str(tmp_path), "name": "s", "progress": False, "tensorboard": False},
+    )
+    tr = trainer_mod.Trainer(cfg, init_distributed("cpu", debug_single=True), log=lambda *a, **k: None)
+    try:
+        probe, trains = seen["step"], tr.train_step
+        stems = [isinstance(m, SpaceToDepthConv2d) for m in (probe.raw_model.conv1, trains.raw_model.conv1)]
+        assert stems == [True, True]
+        assert (probe.grad_clip, probe.label_smoothing) == (trains.grad_clip, trains.label_smoothing) == (1.5, 0.1)
+        assert probe.average is not None and probe.average.cfg.lookahead and probe.scheduler is not None
+        assert probe.precision.kind == trains.precision.kind
+        probe([(torch.randn(2, 3, 64, 64), torch.tensor([0, 1]))])  # a step of it runs, average included
+        assert probe.average.started
+    finally:
+        tr.close()
+
+
 @pytest.mark.gpu
 def test_the_search_on_a_real_gpu_measures_growing_batches():
     import torch

@@ -571,3 +571,22 @@ def test_a_stopped_ladder_writes_its_rows_so_far_and_a_row_saying_it_stopped(tmp
     assert "stopped: the bench was stopped here: the rungs after it were not measured" in (
         (tmp_path / "ladder.md").read_text()
     )
+
+
+def test_bench_probes_time_the_step_that_trains():
+    """The claims' compile-time and step-memory probes once built a bare step on the plain model: no
+    clipping, no weight average (whose copy of the weights is memory the step holds), no rewritten stem."""
+    from cnnpar.bench.probes import fresh_step
+    from cnnpar.parallel.stem import SpaceToDepthConv2d
+
+    cfg = with_overrides(
+        Config(),
+        model={"name": "resnet18"},
+        optim={"grad_clip": 2.0, "label_smoothing": 0.1, "ema": 0.9},
+        speed={"device": "cpu", "precision": "fp32", "channels_last": "on", "stem_space_to_depth": "on"},
+    )
+    step = fresh_step(cfg, (3, 64, 64), 10, torch.device("cpu"))
+    assert isinstance(step.raw_model.conv1, SpaceToDepthConv2d)
+    assert (step.grad_clip, step.label_smoothing) == (2.0, 0.1) and step.average is not None
+    step([(torch.randn(2, 3, 64, 64).contiguous(memory_format=torch.channels_last), torch.tensor([0, 1]))])
+    assert step.average.started
