@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_flat, tail_room
+from cnnpar.data.crop_resize import RRC_SCALE, check_min_scale, draw_crop_boxes, resized_crops_flat, tail_room
 from cnnpar.data.store import StoreFile
 
 
@@ -86,6 +86,13 @@ class StoreDataset(Dataset):
         boxes = draw_crop_boxes(batch.hw, False)
         return resized_crops_flat(batch.flat, batch.starts, batch.hw, boxes, self.size, hwc=True)[0], y[0]
 
+    def random_resized_crop(self, i: int, generator: torch.Generator, min_scale: float):
+        """Image i as a training sample of the textbook loader: a random-resized crop, drawn as `StoreCropper`
+        draws a batch's, resized to size x size on the CPU."""
+        batch, y = self.__getitems__([i])
+        boxes = draw_crop_boxes(batch.hw, True, generator, min_scale)
+        return resized_crops_flat(batch.flat, batch.starts, batch.hw, boxes, self.size, hwc=True)[0], y[0]
+
     def __getitems__(self, indices) -> tuple[RawBatch, torch.Tensor]:
         sel = torch.as_tensor(indices, dtype=torch.int64).view(-1)
         ids = self.ids[sel].numpy()
@@ -132,9 +139,17 @@ class StoreCropper:
     """
 
     def __init__(
-        self, ds: StoreDataset, device: torch.device, train: bool, seed: int = 0, resident: bool = False
+        self,
+        ds: StoreDataset,
+        device: torch.device,
+        train: bool,
+        seed: int = 0,
+        resident: bool = False,
+        min_scale: float = RRC_SCALE[0],
     ) -> None:
         self.size, self.device, self.train = ds.size, torch.device(device), train
+        check_min_scale(min_scale)
+        self.min_scale = min_scale
         self.generator = torch.Generator().manual_seed(seed)
         self.pixels = ds.store.on_device(self.device) if resident else None
 
@@ -143,6 +158,6 @@ class StoreCropper:
         return self.pixels is not None
 
     def __call__(self, batch: RawBatch) -> torch.Tensor:
-        boxes = draw_crop_boxes(batch.hw, self.train, self.generator)
+        boxes = draw_crop_boxes(batch.hw, self.train, self.generator, self.min_scale)
         flat = self.pixels if self.pixels is not None else batch.flat.to(self.device, non_blocking=True)
         return resized_crops_flat(flat, batch.starts, batch.hw, boxes, self.size, hwc=True)
