@@ -660,8 +660,10 @@ def cpu_stages(files: list[Path], indices: list[list[int]], args, record: Record
         for method, draft in (("batch", False), ("batch+draft", True)):
             ds = CpuDecodedFolder(files, labels, args.size, train=True, draft=draft, backend="pillow")
             cases.append((method, "train", lambda b, d=ds: d[indices[b]]))
+        # evaluation decodes at full size since the 2026-12 audit (a reduced decode differed from the GPU
+        # decoders' validation pixels): its rows are "batch", where those before were "batch+draft"
         ds = CpuDecodedFolder(files, labels, args.size, train=False, backend="pillow")
-        cases.append(("batch+draft", "eval", lambda b, d=ds: d[indices[b]]))
+        cases.append(("batch", "eval", lambda b, d=ds: d[indices[b]]))
         if simplejpeg_module() is not None:
             for mode in ("train", "eval"):
                 ds = CpuDecodedFolder(files, labels, args.size, train=mode == "train", backend="simplejpeg")

@@ -177,6 +177,12 @@ class DataConfig:
         "H200) or loop (one image at a time, the reference); auto: batched on CUDA, loop on the CPU",
         choices=("auto", "loop", "batched"),
     )
+    crop_min_scale: float = _f(
+        0.25,
+        "image folders and stores: the smallest area of a training random-resized crop, as a share of the image "
+        "(0 < value <= 1; each crop's area is drawn uniformly between it and the whole image, its aspect ratio "
+        "between 3:4 and 4:3); torchvision's RandomResizedCrop and the classic ImageNet recipe use 0.08",
+    )
     augment: str = _f(
         "auto",
         "device-side augmentation: crop (reflect-pad 4, random window) or translate (the same by 2 px), "
@@ -199,6 +205,10 @@ class DataConfig:
         _check_positive("data", "prefetch_factor", self.prefetch_factor)
         if not 0.0 <= self.cpu_share <= 1.0:
             raise ConfigError(f"{setting_name('data', 'cpu_share')} = {self.cpu_share}: expected 0 <= value <= 1")
+        if not 0.0 < self.crop_min_scale <= 1.0:
+            raise ConfigError(
+                f"{setting_name('data', 'crop_min_scale')} = {self.crop_min_scale}: expected 0 < value <= 1"
+            )
         if self.workers < -1:
             raise ConfigError(f"{setting_name('data', 'workers')} = {self.workers}: expected -1 (auto) or a count >= 0")
 

@@ -141,6 +141,18 @@ def _no_gpu_decoder(cfg: Config) -> str:
     return ""
 
 
+def _no_random_resized_crops(cfg: Config) -> str:
+    """data/loader.build_loader: random-resized crops (whose smallest area --crop-min-scale sets) are drawn for an
+    image folder's photos and a store's, under either loader; arrays get --augment's pad-and-crop instead."""
+    fmt = _source_format(cfg)
+    if fmt in (None, "folder", "store"):
+        return ""
+    return (
+        f"{_in_memory(cfg, fmt)}, whose images get --augment's pad-and-crop, not random-resized crops: it applies "
+        "to --data <a folder of photos> or a .cnnpar store"
+    )
+
+
 def _not_synthetic(cfg: Config) -> str:
     """data/sources.load_synthetic is the one reader of --synthetic-samples: other data brings its own samples."""
     fmt = _source_format(cfg)
@@ -249,6 +261,7 @@ RULES = (
     Rule(("data.decode",), _no_jpeg_decoding, _not_auto),
     Rule(("data.cpu_share",), _no_gpu_decoder, _positive),
     Rule(("data.gpu_resize",), _no_gpu_decoder, _not_auto),
+    Rule(("data.crop_min_scale",), _no_random_resized_crops),
     Rule(("data.synthetic_samples",), _not_synthetic),
     Rule(("data.val_fraction",), _holds_nothing_out, _positive),
     Rule(("optim.lr_batch",), _fixed_batch, _positive),

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from cnnpar.data.crop_resize import draw_crop_boxes
+from cnnpar.data.crop_resize import RRC_SCALE, check_min_scale, draw_crop_boxes
 from cnnpar.data.folder import decode_error, decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import JpegHeader, read_jpeg_header
 from cnnpar.data.transforms import keyed_generator
@@ -226,8 +226,12 @@ class CpuDecodedFolder(Dataset):
     """Files and labels of an image folder; `dataset[list of indices]` is one decoded batch
     `(x (N, 3, size, size) uint8, labels (N,) int64, index (N,) int64)`.
 
-    `train`: random-resized crops (else the centre square). `draft`: decode JPEGs reduced where
-    the crop allows (off only to measure what it gains). `backend`: what decodes the JPEGs,
+    `train`: random-resized crops (else the centre square). `draft`: in training, decode JPEGs reduced
+    where the crop allows (off only to measure what it gains). Evaluation (and `cnnpar predict`, which
+    reads a folder through this class) always decodes at full size: a reduced decode's pixels differ from a
+    full decode's (3-4 levels mean, up to ~100 at edges, on photos whose centre square is >= 2x the input),
+    and the GPU decoders' validation decodes at full size, so the CPU path's val_acc and predictions
+    would score other pixels than the GPU's. `backend`: what decodes the JPEGs,
     "simplejpeg" or "pillow" (Pillow reduced, torchvision at full size); None picks
     `cpu_jpeg_backend()`. The crop boxes of a batch come from a generator seeded with the epoch's
     seed and the batch's first index: the epoch's seed is `epoch_seed` where the loader's
@@ -240,7 +244,14 @@ class CpuDecodedFolder(Dataset):
     answers_batches = True  # the loader hands it whole index lists (batch_size=None)
 
     def __init__(
-        self, files: list[Path], labels, size: int, train: bool, draft: bool = True, backend: str | None = None
+        self,
+        files: list[Path],
+        labels,
+        size: int,
+        train: bool,
+        draft: bool = True,
+        backend: str | None = None,
+        min_scale: float = RRC_SCALE[0],
     ) -> None:
         backend = backend or cpu_jpeg_backend()
         if backend not in ("simplejpeg", "pillow"):
@@ -250,6 +261,8 @@ class CpuDecodedFolder(Dataset):
         self.files = list(files)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         self.size, self.train, self.draft, self.backend = size, train, draft, backend
+        check_min_scale(min_scale)
+        self.min_scale = min_scale  # the training crops' smallest area share (data.crop_min_scale)
         self.epoch_seed: int | None = None  # set in each worker by loader.ReseedingWorkers
         self._turbo: TurboDecoder | None = None
 
@@ -295,9 +308,11 @@ class CpuDecodedFolder(Dataset):
             datas.append(data)
             images.append(img)
             sizes.append(hw or tuple(img.shape[1:]))
-            reducible.append(self.draft and draftable(jpeg))
+            reducible.append(self.draft and self.train and draftable(jpeg))
             turbo.append(self.backend == "simplejpeg" and turbo_ready(jpeg))
-        boxes = draw_crop_boxes(torch.tensor(sizes, dtype=torch.int64).view(n, 2), self.train, self.generator(indices))
+        boxes = draw_crop_boxes(
+            torch.tensor(sizes, dtype=torch.int64).view(n, 2), self.train, self.generator(indices), self.min_scale
+        )
         x = shared_uint8((n, 3, size, size))
         # Pass 2: one image at a time (a batch of whole photos would not fit in a worker's share
         # of memory), at the largest reduction its crop allows, then crop+resize into x.

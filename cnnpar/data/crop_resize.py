@@ -43,9 +43,11 @@ import torch
 import torch.nn.functional as F
 from torch._utils import _flatten_dense_tensors  # cat of flattened tensors in one call (DDP's own helper)
 
-RRC_SCALE = (0.25, 1.0)  # random-resized-crop area range; 0.08 is ImageNet's classic lower bound
+# Random-resized-crop area range. The lower bound is data.crop_min_scale (--crop-min-scale), 0.25 by default:
+# torchvision's RandomResizedCrop (and the classic ImageNet recipe) uses 0.08, which crops harder.
+RRC_SCALE = (0.25, 1.0)
 RRC_RATIO = (3 / 4, 4 / 3)
-RRC_ATTEMPTS = 10  # draws per image before falling back to the centre crop, as torchvision does
+RRC_ATTEMPTS = 10  # draws per image before the fall-back below, as torchvision's RandomResizedCrop
 CANVAS_BUDGET = 1 << 26  # elements of one chunk's canvas: 64 MiB uint8, 128 MiB in fp16
 # Which kernels `resized_crops_flat` runs: "fused" (resize_kernel.py's two Triton kernels), "matmul"
 # (the batched products below), or "auto": fused on CUDA where Triton imports. Benchmarks set it.
@@ -89,13 +91,35 @@ def host_array(values) -> np.ndarray:
     return np.asarray(values)
 
 
-def draw_crop_boxes(sizes, train: bool, generator: torch.Generator | None = None) -> torch.Tensor:
+def check_min_scale(min_scale: float) -> None:
+    """Refuse a random-resized crop's lower area bound outside (0, 1] (data.crop_min_scale checks it for a run)."""
+    if not 0.0 < min_scale <= 1.0:
+        raise ValueError(f"crop min scale {min_scale}: expected 0 < value <= 1")
+
+
+def fallback_boxes(h: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(N, 4) boxes where ten draws found no crop: torchvision's RandomResizedCrop fall-back, the whole image where
+    its aspect ratio lies in RRC_RATIO, else the largest centred box of the nearest ratio in it (full height of a
+    wide image, full width of a tall one). The centre square used here before, under a comment saying it did as
+    torchvision does, was a 1:1 box where torchvision keeps 4:3 (or 3:4)."""
+    lo, hi = RRC_RATIO
+    wide, tall = w > hi * h, w < lo * h
+    # np.round halves to even, as Python's round() in torchvision; clamped so a 1-pixel side stays in the image
+    ch = np.where(tall, np.minimum(h, np.maximum(1, np.round(w / lo))), h).astype(np.int64)
+    cw = np.where(wide, np.minimum(w, np.maximum(1, np.round(h * hi))), w).astype(np.int64)
+    return np.stack([(h - ch) // 2, (w - cw) // 2, ch, cw], 1)
+
+
+def draw_crop_boxes(
+    sizes, train: bool, generator: torch.Generator | None = None, min_scale: float = RRC_SCALE[0]
+) -> torch.Tensor:
     """(N, 4) int64 boxes (top, left, height, width) for images of `sizes` (N, 2: height, width; a
     host tensor or array).
 
-    Training: a random-resized crop, area a uniform fraction RRC_SCALE of the image, aspect ratio
-    log-uniform in RRC_RATIO, the first of RRC_ATTEMPTS draws that fits, else the centre square.
-    Otherwise: the centre square. All draws for the batch at once, on the host (no device sync).
+    Training: a random-resized crop, area a uniform fraction (min_scale, 1) of the image (RRC_SCALE's
+    0.25 by default, data.crop_min_scale), aspect ratio log-uniform in RRC_RATIO, the first of
+    RRC_ATTEMPTS draws that fits, else torchvision's fall-back (`fallback_boxes`). Otherwise (evaluation):
+    the centre square. All draws for the batch at once, on the host (no device sync).
 
     Two torch calls whatever N (one draw from torch's generator, seeded per rank and reproducible;
     one tensor made of the result); the arithmetic is NumPy's. In a decode thread every torch call
@@ -106,13 +130,13 @@ def draw_crop_boxes(sizes, train: bool, generator: torch.Generator | None = None
     """
     hw = host_array(sizes).astype(np.int64).reshape(-1, 2)
     h, w = hw[:, 0], hw[:, 1]
-    side = np.minimum(h, w)
-    boxes = np.stack([(h - side) // 2, (w - side) // 2, side, side], 1)
     n = len(hw)
     if not train or n == 0:
-        return torch.from_numpy(boxes)
+        side = np.minimum(h, w)
+        return torch.from_numpy(np.stack([(h - side) // 2, (w - side) // 2, side, side], 1))
+    check_min_scale(min_scale)
     u = torch.rand(n, 2 * RRC_ATTEMPTS + 2, dtype=torch.float64, generator=generator).numpy()
-    scale = RRC_SCALE[0] + (RRC_SCALE[1] - RRC_SCALE[0]) * u[:, :RRC_ATTEMPTS]
+    scale = min_scale + (RRC_SCALE[1] - min_scale) * u[:, :RRC_ATTEMPTS]
     log_lo, log_hi = math.log(RRC_RATIO[0]), math.log(RRC_RATIO[1])
     ratio = np.exp(log_lo + (log_hi - log_lo) * u[:, RRC_ATTEMPTS : 2 * RRC_ATTEMPTS])
     hn, wn = h[:, None], w[:, None]
@@ -127,7 +151,7 @@ def draw_crop_boxes(sizes, train: bool, generator: torch.Generator | None = None
     top = np.minimum(np.floor(u[:, -2] * (h - ch + 1)).astype(np.int64), np.maximum(h - ch, 0))
     left = np.minimum(np.floor(u[:, -1] * (w - cw + 1)).astype(np.int64), np.maximum(w - cw, 0))
     rrc = np.stack([top, left, ch, cw], 1)
-    return torch.from_numpy(np.where(found[:, None], rrc, boxes))
+    return torch.from_numpy(np.where(found[:, None], rrc, fallback_boxes(h, w)))
 
 
 def resized_crops_loop(images: list[torch.Tensor], boxes: torch.Tensor, size: int) -> torch.Tensor:

@@ -380,6 +380,15 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, i: int):
         return decode_resized(self.files[i], self.size), self.labels[i]
 
+    def random_resized_crop(self, i: int, generator: torch.Generator, min_scale: float):
+        """Image i as a training sample of the textbook loader: a random-resized crop (`draw_crop_boxes`, the
+        distribution every fast path draws from) of the whole decoded photo, resized to size x size."""
+        from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop
+
+        img = decode_rgb(read_encoded(self.files[i]), self.files[i])
+        box = draw_crop_boxes(torch.tensor([img.shape[1:]]), True, generator, min_scale)
+        return resized_crops_loop([img], box, self.size)[0], self.labels[i]
+
     def subset(self, idx: torch.Tensor) -> ImageFolderDataset:
         keep = idx.tolist()
         return ImageFolderDataset([self.files[i] for i in keep], self.labels[idx].tolist(), self.size)

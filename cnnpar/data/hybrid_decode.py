@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from cnnpar.data.cpu_decode import CpuDecodedFolder
+from cnnpar.data.crop_resize import RRC_SCALE
 from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, collate_encoded
 
 
@@ -52,11 +53,13 @@ class HybridFolder(Dataset):
 
     answers_batches = True  # the loader hands it whole index lists (batch_size=None)
 
-    def __init__(self, files: list[Path], labels, size: int, train: bool, share: float) -> None:
+    def __init__(
+        self, files: list[Path], labels, size: int, train: bool, share: float, min_scale: float = RRC_SCALE[0]
+    ) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"share: expected 0 <= share <= 1, got {share}")
         self.share = share
-        self.cpu = CpuDecodedFolder(files, labels, size, train)
+        self.cpu = CpuDecodedFolder(files, labels, size, train, min_scale=min_scale)
         self.encoded = EncodedFolderDataset(files, labels, size)
 
     def __len__(self) -> int:

@@ -664,6 +664,7 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
     batch_size = cfg.run.batch_size
     augment = resolve_augment(cfg.data.augment, bundle.shape, bundle.loader_crops) if train else "none"
     textbook = cfg.data.loader == "textbook"
+    min_scale = cfg.data.crop_min_scale  # of every random-resized crop drawn below (training only)
     if train:
         # drop_last: the ranks' shares are cut to equal length (fewer than world-size samples left out, other ones
         # each epoch) rather than padded with repeats, which were trained twice and counted in the epoch's loss,
@@ -686,7 +687,7 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
     )
     decoder = None
     if textbook:
-        ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train)
+        ds = TextbookDataset(ds, bundle.mean, bundle.std, augment, train, min_scale)
     elif isinstance(ds, ImageFolderDataset) and decodes_on_gpu(cfg, bundle):
         # workers only read bytes; decoding, random-resized crop and resize happen on the device
         backend = {"gpu": "nvjpeg", "hardware": "hardware", "nvimgcodec": "nvimgcodec"}[cfg.data.decode]
@@ -698,20 +699,24 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
             seed=cfg.run.seed + info.rank,
             resize=cfg.data.gpu_resize,
             backend=backend,
+            min_scale=min_scale,
         )
         if cfg.data.cpu_share > 0:  # workers decode a share of every batch themselves
-            ds = HybridFolder(ds.files, ds.labels, ds.size, train, cfg.data.cpu_share)
+            ds = HybridFolder(ds.files, ds.labels, ds.size, train, cfg.data.cpu_share, min_scale)
         else:
             ds = SlottedEncodedFolder(ds.files, ds.labels, ds.size)  # whole batches, in slots where given
     elif isinstance(ds, StoreDataset):
         # workers copy raw pixels (or, resident, nothing: batches are offsets); crops resized on the device
         resident = store_resident(cfg.data.resident, ds.store, info.device, RESIDENT_MEMORY_SHARE)
-        decoder = StoreCropper(ds, info.device, train, seed=cfg.run.seed + info.rank, resident=resident)
+        decoder = StoreCropper(
+            ds, info.device, train, seed=cfg.run.seed + info.rank, resident=resident, min_scale=min_scale
+        )
         ds = ds.index_only() if resident else ds
     elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "cpu":
-        ds = CpuDecodedFolder(ds.files, ds.labels, ds.size, train)  # workers crop, resize and batch
+        ds = CpuDecodedFolder(ds.files, ds.labels, ds.size, train, min_scale=min_scale)  # workers crop, resize, batch
     elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "nvimgcodec-workers":
-        ds = WorkerGpuDecodedFolder(ds.files, ds.labels, ds.size, train, info.device)  # workers use the GPU
+        # workers use the GPU
+        ds = WorkerGpuDecodedFolder(ds.files, ds.labels, ds.size, train, info.device, min_scale=min_scale)
     if wants_resident(cfg, bundle, info.device):
         loader = ResidentLoader(ds, sampler, batch_size, drop_last, info.device, with_index=transform.needs_index)
     else:

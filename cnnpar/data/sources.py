@@ -39,7 +39,7 @@ from cnnpar.data.folder import (
 from cnnpar.data.overlap import folder_overlap, store_overlap
 from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sizes, pick_side, store_side
 from cnnpar.data.store import StoreFile, prepare_side
-from cnnpar.data.store_feed import StoreDataset
+from cnnpar.data.store_feed import PreparedFolder, StoreDataset
 from cnnpar.errors import DataError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -514,6 +514,7 @@ def load_predict_data(
     skipped: list[Path] | None = None,
     per_image: bool = False,
     notes: list[str] | None = None,
+    prepared: dict | None = None,
 ):
     """Inputs for `cnnpar predict`: returns (dataset, row ids, where its labels came from or "").
 
@@ -521,7 +522,11 @@ def load_predict_data(
     built-in digits are resized to `image_size`, as training resizes them. A folder's images in formats not
     read go to `skipped` where it is given. A folder is read as validation read it: the centre square resized
     (`CpuDecodedFolder`, whose boxes the GPU decoders share), or with `per_image` (a run of the textbook loader)
-    each photo's shorter side resized, then its centre cropped. The two differ by up to half an output pixel.
+    each photo's shorter side resized, then its centre cropped. The two are not interchangeable: the second
+    crops and resamples other pixels (on noise photos up to 104 levels apart; on any photo that is not square
+    the two filters see other extents). With `prepared` (a run trained from a store: its checkpoint's
+    `prepared_sides`, {"max_side", "short_side"}) each photo is first resized as `cnnpar prepare` stored it,
+    then cropped as the store's validation crops (`PreparedFolder`), whichever loader the run used.
     Lines on how the data was read (a CSV's columns reordered) go to `notes` where it is given."""
     fmt = detect_format(source, fmt)
     if fmt == "csv":
@@ -558,6 +563,8 @@ def load_predict_data(
                 "write those bytes as \\xNN"
             )
         size = image_size or FOLDER_SIZE
+        if prepared is not None:
+            return PreparedFolder(files, size, prepared["max_side"], prepared["short_side"]), ids, ""
         if per_image:
             return ImageFolderDataset(files, [-1] * len(files), size), ids, ""
         return CpuDecodedFolder(files, [-1] * len(files), size, train=False), ids, ""

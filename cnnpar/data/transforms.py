@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
+from cnnpar.data.crop_resize import RRC_SCALE
+
 CROP_PAD = 4
 TRANSLATE_PAD = 2
 AUGMENT_TOKENS = ("crop", "translate", "flip", "altflip")
@@ -174,7 +176,27 @@ def keyed_generator(epoch_seed: int | None, key: int) -> torch.Generator:
     epoch's, engine/rng.py) and `key` (the batch's first index, or the sample's), not of the worker that draws it,
     so --workers cannot change the augmentation."""
     base = epoch_seed if epoch_seed is not None else torch.initial_seed()
-    return torch.Generator().manual_seed((base * 1_000_003 + int(key)) % 2**63)
+    return torch.Generator().manual_seed(mix_seed(base, int(key)))
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64's output function (Steele et al. 2014): a bijection of 64-bit ints whose outputs for nearby
+    inputs look unrelated."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def mix_seed(base: int, key: int) -> int:
+    """A seed in [0, 2**63) for the pair (base, key), deterministic in every process (integer arithmetic, no
+    `hash()`). It was base * 1,000,003 + key: the epoch seeds of neighbouring ranks are consecutive
+    (engine/rng.py), so rank r's sample k + 1,000,003 drew the crops of rank r + 1's sample k in a data set of
+    more than a million images. Hashing base first, then key into it, leaves no such linear relation."""
+    return _splitmix64(_splitmix64(base & _MASK64) ^ (key & _MASK64)) >> 1
 
 
 class TextbookDataset(Dataset):
@@ -182,10 +204,16 @@ class TextbookDataset(Dataset):
     the CPU, then the default collate stacks float tensors. Kept only as a measured baseline: it
     sees no batch, so `altflip` is a plain random flip here. Each sample's crop and flip come from
     `keyed_generator(epoch_seed, index)`, as CpuDecodedFolder's crops do: drawn from the global
-    generator, they were the draws of whichever worker a sample was dealt to."""
+    generator, they were the draws of whichever worker a sample was dealt to.
 
-    def __init__(self, base: Dataset, mean, std, augment: str, train: bool) -> None:
-        self.base, self.train = base, train
+    A base that reads photos (an image folder, a store: `random_resized_crop`) gives training samples as
+    random-resized crops with area share `min_scale` to 1, as the fast loader's decoders do: --augment auto
+    adds only the flip there (`resolve_augment`'s `loader_crops`), and the base's own item is the evaluation's
+    centre crop, so every epoch trained on the same crop, mirrored or not, under a log line saying otherwise."""
+
+    def __init__(self, base: Dataset, mean, std, augment: str, train: bool, min_scale: float = RRC_SCALE[0]) -> None:
+        self.base, self.train, self.min_scale = base, train, min_scale
+        self.crops = train and hasattr(base, "random_resized_crop")
         self.epoch_seed: int | None = None
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
@@ -197,11 +225,12 @@ class TextbookDataset(Dataset):
         return len(self.base)
 
     def __getitem__(self, i: int):
-        x, y = self.base[i]
+        g = keyed_generator(self.epoch_seed, i) if self.train else None
+        # the crop draws first, then the flip, from the sample's one generator
+        x, y = self.base.random_resized_crop(i, g, self.min_scale) if self.crops else self.base[i]
         x = (x.float() / 255.0 - self.mean) / self.std
         if not self.train or not (self.pad or self.flip):
             return x, y
-        g = keyed_generator(self.epoch_seed, i)
         if self.pad:
             x = random_crop(x[None], self.pad, g)[0]
         if self.flip and torch.rand((), generator=g) < 0.5:

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from cnnpar.data.cpu_decode import shared_uint8
+from cnnpar.data.crop_resize import RRC_SCALE
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
 
 # nvImageCodec's own host threads per worker: the workers already run one per core between them
@@ -40,9 +41,17 @@ class WorkerGpuDecodedFolder(Dataset):
     start_method = "spawn"  # workers use CUDA: not from a fork of a process that already does
 
     def __init__(
-        self, files: list[Path], labels, size: int, train: bool, device: torch.device, backend: str = "nvimgcodec"
+        self,
+        files: list[Path],
+        labels,
+        size: int,
+        train: bool,
+        device: torch.device,
+        backend: str = "nvimgcodec",
+        min_scale: float = RRC_SCALE[0],
     ) -> None:
         self.files, self.size, self.train, self.backend = list(files), size, train, backend
+        self.min_scale = min_scale
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         self.device = torch.device(device)
         self.encoded = EncodedFolderDataset(self.files, self.labels, size)
@@ -60,7 +69,13 @@ class WorkerGpuDecodedFolder(Dataset):
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
             self._decoder = GpuDecoder(
-                self.files, self.size, self.device, self.train, backend=self.backend, codec_threads=WORKER_CODEC_THREADS
+                self.files,
+                self.size,
+                self.device,
+                self.train,
+                backend=self.backend,
+                codec_threads=WORKER_CODEC_THREADS,
+                min_scale=self.min_scale,
             )
         seed = torch.initial_seed()
         if seed != self._seed:  # a new epoch (or worker): crops drawn from this process's seed

@@ -14,6 +14,7 @@ from cnnpar.data.bundle import ArrayDataset, first_five
 from cnnpar.data.csv_source import PixelCountError, read_ids
 from cnnpar.data.folder import skipped_note
 from cnnpar.data.sources import detect_format, load_predict_data, npz_class_names
+from cnnpar.data.store_write import Sides
 from cnnpar.data.transforms import DeviceTransform
 from cnnpar.engine.averaging import averaged_weights
 from cnnpar.engine.checkpoint import BEST, LAST, checkpoint_epoch, find_checkpoint, load_checkpoint
@@ -169,9 +170,13 @@ def predict(
     notes: list[str] = []
     try:
         per_image = run_cfg.get("data", {}).get("loader") == "textbook"  # validation's own way of reading a folder
+        prepared = meta.get("prepared_sides")  # a run trained from a store (checkpoints since 2026-12)
         ds, ids, label_origin = load_predict_data(
-            data, fmt, image_shape, image_size=h, skipped=skipped, per_image=per_image, notes=notes
+            data, fmt, image_shape, image_size=h, skipped=skipped, per_image=per_image, notes=notes, prepared=prepared
         )
+        if prepared is not None and fmt == "folder":
+            sides = Sides(prepared["max_side"], prepared["short_side"]).describe()
+            log(f"images: resized as the run's store was prepared ({sides}), then cropped as its validation was")
     except PixelCountError as e:
         # the reader knows only the count (and a shape typed or taken from the model): say it against the model's
         if typed:

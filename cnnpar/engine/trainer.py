@@ -187,6 +187,14 @@ class Trainer:
             "data_path": data_location(cfg.data.source),
             "data_checksum": self.bundle.fingerprint,
         }
+        store = getattr(self.bundle.train, "store", None)
+        if store is not None:
+            # how `cnnpar prepare` resized the photos: predict on their folder resizes them so too, and scores the
+            # pixels this run's validation scored (data/store_feed.PreparedFolder)
+            self.meta["prepared_sides"] = {
+                "max_side": int(store.header.get("max_side", 0)),
+                "short_side": int(store.header.get("short_side", 0)),
+            }
         self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h, w)
         if hasattr(self.raw_model, "init_from_data"):
             self.raw_model.init_from_data(self._normalised_sample())
@@ -850,7 +858,7 @@ class Trainer:
             mib = d.bucket_bytes_cap / 2**20
             self.log(f"ddp: gradient buckets {mib:g} MiB, static graph {graph}, buffers {buffers}")
         augment = resolve_augment(cfg.data.augment, self.bundle.shape, self.bundle.loader_crops)
-        if self.bundle.loader_crops:  # photos: the decoder (or a store's cropper) draws random-resized crops as well
+        if self.bundle.loader_crops:  # photos: every reader draws random-resized crops (decoders, store, textbook)
             augment = "random-resized crop" + ("" if augment == "none" else f" + {augment}")
         self.log(f"{split_line(self.bundle)}; augment {augment}")
         if self.bundle.load_note:

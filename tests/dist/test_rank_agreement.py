@@ -28,6 +28,21 @@ def test_settings_that_may_differ_per_node_are_left_out_and_the_first_other_one_
     )
 
 
+def test_crop_min_scale_is_shared_by_every_rank_and_kept_in_the_record():
+    """A rank drawing crops of another smallest area trains another recipe: compared, as --lr is; and written to
+    config.toml (to_dict) and read back from it, as every setting is."""
+    import tomllib
+
+    from cnnpar.config import dumps_toml, from_dict, to_dict
+
+    other = Config(data=DataConfig(crop_min_scale=0.08))
+    assert first_difference(shared_settings(Config()), shared_settings(other), 1) == (
+        "rank 1's data.crop_min_scale (--crop-min-scale) is 0.08, rank 0's 0.25"
+    )
+    assert from_dict(tomllib.loads(dumps_toml(other))).data.crop_min_scale == 0.08
+    assert to_dict(Config())["data"]["crop_min_scale"] == 0.25
+
+
 def test_data_is_compared_by_its_content_not_its_path_checksum_first():
     """Other data of the same size trained half of each batch on another file, unsaid."""
     meta = {"model": "cnn3", "mean": [0.37], "data_path": "/mnt/a/train.csv", "data_checksum": "a" * 64}

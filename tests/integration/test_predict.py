@@ -375,8 +375,8 @@ def test_predict_runs_in_the_precision_the_run_evaluated_in(tmp_path, trained):
 
 def test_predict_reads_a_folder_as_validation_did(tmp_path):
     """Validation reads a folder's photos as the centre square resized (CpuDecodedFolder, and the GPU decoders'
-    same boxes); predict resized the shorter side, then cropped: up to half an output pixel apart, over 20 levels
-    on these noise photos. Predict now scores the pixels validation scored."""
+    same boxes); predict resized the shorter side, then cropped: other pixels, over 20 levels apart on these
+    noise photos. Predict now scores the pixels validation scored."""
     from cnnpar.data.cpu_decode import CpuDecodedFolder
     from cnnpar.data.folder import ImageFolderDataset, image_files
     from cnnpar.data.transforms import DeviceTransform
@@ -406,4 +406,41 @@ def test_predict_reads_a_folder_as_validation_did(tmp_path):
     assert (validation_way.int() - per_image.int()).abs().max() > 20  # the two ways differ on these photos
     with torch.no_grad():
         expected = model(transform(validation_way, train=False)).softmax(1).max(1).values
+    assert torch.allclose(torch.tensor(_confidences(out)), expected, atol=2e-5)
+
+
+def test_predict_on_the_folder_of_a_store_run_reads_it_as_the_store_was_prepared(tmp_path):
+    """A run from a store keeps how `cnnpar prepare` resized the photos (the checkpoint's `prepared_sides`), and
+    predict on their folder resizes them so: its predictions are those of the pixels the run validated on."""
+    from cnnpar.data.sources import load_predict_data
+    from cnnpar.data.store_write import prepare_store
+    from cnnpar.data.transforms import DeviceTransform
+    from cnnpar.engine.checkpoint import load_checkpoint
+    from cnnpar.models import build_model
+    from tests.datafiles import write_noise_jpegs
+
+    root = write_noise_jpegs(tmp_path / "photos", n=12, first_height=48, width=64)
+    store = tmp_path / "photos.cnnpar"
+    prepare_store(root, store, workers=1, progress=False, short_side=24)
+    cfg = Config(
+        data=DataConfig(source=str(store), image_size=16, workers=0),
+        speed=SpeedConfig(device="cpu", precision="fp32"),
+        run=RunConfig(epochs=1, batch_size=4, out_dir=str(tmp_path / "runs"), name="s", progress=False,
+                      tensorboard=False),
+    )  # fmt: skip
+    run_dir = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None).fit().run_dir
+    lines: list[str] = []
+    out = predict(str(run_dir), str(root), out=str(tmp_path / "p.csv"), log=lines.append)
+    assert any("resized as the run's store was prepared (shorter side <= 24)" in line for line in lines), lines
+
+    state = load_checkpoint(run_dir / "ckpt" / "last.pt", map_location="cpu")
+    meta = state["meta"]
+    assert meta["prepared_sides"] == {"max_side": 0, "short_side": 24}
+    model = build_model(meta["model"], 3, meta["num_classes"], 16, 16)
+    model.load_state_dict(state["model"])
+    model.eval()
+    ds, _, _ = load_predict_data(str(root), "folder", image_size=16, prepared=meta["prepared_sides"])
+    transform = DeviceTransform(meta["mean"], meta["std"], "none", False, torch.device("cpu"))
+    with torch.no_grad():
+        expected = model(transform(ds[list(range(len(ds)))][0], train=False)).softmax(1).max(1).values
     assert torch.allclose(torch.tensor(_confidences(out)), expected, atol=2e-5)

@@ -84,6 +84,25 @@ def test_batch_uses_the_gpu_paths_boxes_and_matches_its_resize_at_full_scale(tmp
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_evaluation_decodes_at_full_size(tmp_path, monkeypatch, backend):
+    """Validation (and predict, which reads folders through this class) must see the pixels the GPU decoders'
+    validation sees: a reduced (DCT-scaled) decode of a centre square >= 2x the input differed by levels."""
+    files = write_jpegs(tmp_path, [(1200, 1600), (900, 700), (2000, 1500)])
+    used = []
+    real_reduced, real_turbo = cpu_decode.decode_reduced, cpu_decode.TurboDecoder.__call__
+    monkeypatch.setattr(cpu_decode, "decode_reduced", lambda *a: used.append(a[2]) or real_reduced(*a))
+    monkeypatch.setattr(
+        cpu_decode.TurboDecoder, "__call__", lambda self, data, k, *a: used.append(k) or real_turbo(self, data, k, *a)
+    )
+    x, _, _ = CpuDecodedFolder(files, [0] * 3, 64, train=False, backend=backend)[[0, 1, 2]]
+    assert all(k == 1 for k in used), used  # every decode whole, draft on as the loaders build it
+    full, _, _ = CpuDecodedFolder(files, [0] * 3, 64, train=False, draft=False, backend=backend)[[0, 1, 2]]
+    assert torch.equal(x, full)
+    diff = (x.int() - reference(files, False, torch.Generator(), 64).int()).abs()
+    assert diff.max() <= 1  # the integer kernel's rounding against the GPU path's float reference, no more
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_large_jpegs_decode_reduced_close_to_the_full_size_reference(tmp_path, monkeypatch, backend):
     files = write_jpegs(tmp_path, [(1200, 1600), (900, 700), (600, 800), (2000, 1500)])
     used = []
@@ -103,7 +122,8 @@ def test_large_jpegs_decode_reduced_close_to_the_full_size_reference(tmp_path, m
         monkeypatch.setattr(cpu_decode.TurboDecoder, "__call__", spy)
     # seeds whose random-resized crops are all at most half the photo's side, so that every file
     # takes the reduced decode (a larger crop decodes at full size, rightly: k = 1)
-    for size, train, seed in ((64, False, 64), (112, True, 112), (224, True, 225)):
+    # (training only: evaluation decodes at full size, test_evaluation_decodes_at_full_size)
+    for size, train, seed in ((64, True, 64), (112, True, 112), (224, True, 225)):
         used.clear()
         torch.manual_seed(seed)
         ds = CpuDecodedFolder(files, [0] * 4, size, train=train, backend=backend)

@@ -304,3 +304,15 @@ def test_lr_batch_typed_beside_a_fixed_batch_is_named_and_not_beside_an_automati
     assert _notes(capsys, "--lr-batch", "128") == []  # the default batch is auto
     assert _notes(capsys, "--batch-size", "256", "--lr-batch", "auto") == []  # asks for nothing
     assert _notes(capsys, "--preset", "mnist") == []  # the preset's own lr_batch beside its own batch
+
+
+def test_crop_min_scale_typed_on_arrays_is_named_and_not_on_photos(capsys, tmp_path):
+    """Only image folders and stores draw random-resized crops: on arrays --crop-min-scale changed nothing."""
+    assert _notes(capsys, "--data", "x.npz", "--crop-min-scale", "0.08") == [
+        "--crop-min-scale 0.08 not used: --data x.npz is an .npz read into memory as pixels, whose images get "
+        "--augment's pad-and-crop, not random-resized crops: it applies to --data <a folder of photos> or a .cnnpar "
+        "store"
+    ]
+    (tmp_path / "photos").mkdir()
+    assert _notes(capsys, "--data", str(tmp_path / "photos"), "--crop-min-scale", "0.08") == []
+    assert _notes(capsys, "--data", "x.cnnpar", "--crop-min-scale", "0.08") == []

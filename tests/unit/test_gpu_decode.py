@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from cnnpar.config import DataConfig
 from cnnpar.data.crop_resize import (
     RRC_RATIO,
     RRC_SCALE,
     draw_crop_boxes,
+    fallback_boxes,
     resized_crops,
     resized_crops_loop,
 )
@@ -28,7 +30,7 @@ from cnnpar.data.gpu_decode import (
 )
 from cnnpar.data.jpeg_header import nvjpeg_friendly, read_jpeg_header
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
-from cnnpar.errors import DataError
+from cnnpar.errors import ConfigError, DataError
 
 # torchvision 0.29 deprecates its image codecs (for torchcodec) with a warning on every call.
 # the tests' own torchvision.io calls (references, encoders): only its codec notice is known
@@ -101,7 +103,7 @@ def test_train_crop_boxes_fit_and_follow_the_random_resized_crop_distribution():
     h, w = sizes.unbind(1)
     assert (top >= 0).all() and (left >= 0).all() and (ch >= 1).all() and (cw >= 1).all()
     assert (top + ch <= h).all() and (left + cw <= w).all()
-    centre = (ch == cw) & (ch == torch.minimum(h, w)) & (top == (h - ch) // 2) & (left == (w - cw) // 2)
+    centre = (boxes == torch.as_tensor(fallback_boxes(h.numpy(), w.numpy()))).all(1)  # ten draws failed
     rrc = ~centre
     near_square = (w / h > 0.8) & (w / h < 1.25)
     # Ten draws fail in a row only for elongated images; near-square ones (almost) never fall back.
@@ -138,15 +140,53 @@ def reference_crop(h: int, w: int, rng: random.Random) -> tuple[float, float, bo
     return 1.0, 0.0, True
 
 
-def test_crop_boxes_fall_back_to_centre_square_and_eval_uses_it():
+def test_crop_boxes_fall_back_as_torchvision_does_and_eval_uses_the_centre_square():
     g = torch.Generator().manual_seed(1)
     sizes = torch.tensor([[10, 1000], [1000, 12], [375, 500], [7, 7]])
     eval_boxes = draw_crop_boxes(sizes, train=False)
     assert eval_boxes.tolist() == [[0, 495, 10, 10], [494, 0, 12, 12], [0, 62, 375, 375], [0, 0, 7, 7]]
     train = draw_crop_boxes(sizes.repeat(50, 1), train=True, generator=g).view(50, 4, 4)
-    # A 1:100 strip never fits a crop of ratio 3/4..4/3 and area >= 1/4: always the centre square.
-    assert (train[:, 0] == eval_boxes[0]).all() and (train[:, 1] == eval_boxes[1]).all()
+    # A 1:100 strip never fits a crop of ratio 3/4..4/3 and area >= 1/4: always the fall-back, torchvision's
+    # 4:3 (3:4) box of the full short side, centred; not the 1:1 centre square evaluation reads.
+    assert (train[:, 0] == torch.tensor([0, 493, 10, 13])).all()
+    assert (train[:, 1] == torch.tensor([492, 0, 16, 12])).all()
     assert (train[:, 2] != eval_boxes[2]).any(dim=1).float().mean() > 0.9
+
+
+# tiny images (whose rounded crops only sometimes fit) and strips, which no draw of ratio 3:4..4:3 fits
+STRIPS = [(3, 1000), (1000, 3), (10, 1000), (1000, 12), (100, 10000)]
+FALLBACK_SIZES = [(1, 1), (1, 5), (5, 1), (2, 3), *STRIPS]
+
+
+@pytest.mark.parametrize("hw", FALLBACK_SIZES)
+def test_train_boxes_stay_in_bounds_and_fall_back_to_torchvisions_box(hw):
+    from torchvision.transforms import RandomResizedCrop
+
+    h, w = hw
+    boxes = draw_crop_boxes(torch.tensor([hw] * 2000), True, torch.Generator().manual_seed(0))
+    top, left, ch, cw = boxes.unbind(1)
+    assert (top >= 0).all() and (left >= 0).all() and (ch >= 1).all() and (cw >= 1).all()
+    assert (top + ch <= h).all() and (left + cw <= w).all()
+    # where no draw fits, torchvision's RandomResizedCrop (same scale and ratio) returns its fall-back box, a
+    # fixed one, which ours must be
+    if hw in STRIPS:
+        tv = RandomResizedCrop(8, scale=(RRC_SCALE[0], 1.0), ratio=RRC_RATIO)
+        expected = tv.get_params(torch.zeros(1, h, w), list(tv.scale), list(tv.ratio))
+        assert boxes[0].tolist() == list(expected) and (boxes == boxes[0]).all()
+
+
+def test_crop_min_scale_sets_the_smallest_training_crop():
+    sizes = torch.tensor([[400, 400]] * 20000)
+    for lo in (0.08, 0.25, 0.9):
+        boxes = draw_crop_boxes(sizes, True, torch.Generator().manual_seed(3), min_scale=lo)
+        frac = (boxes[:, 2] * boxes[:, 3]).double() / 400**2
+        assert frac.min() > lo * 0.98 and frac.min() < lo * 1.05 and frac.max() <= 1.0
+    assert DataConfig().crop_min_scale == RRC_SCALE[0]  # the config's default is the drawing's
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ConfigError, match=r"crop_min_scale \(--crop-min-scale\)"):
+            DataConfig(crop_min_scale=bad)
+        with pytest.raises(ValueError, match="crop min scale"):
+            draw_crop_boxes(sizes[:1], True, min_scale=bad)
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -434,7 +474,6 @@ def test_cuda_nvimgcodec_decoder_matches_the_cpu_path():
 
 
 def test_the_resize_default_is_batched_on_cuda_and_the_loop_elsewhere():
-    from cnnpar.config import DataConfig
 
     files = [Path("a.jpg")]
     assert DataConfig().gpu_resize == "auto"

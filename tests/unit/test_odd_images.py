@@ -187,7 +187,8 @@ def test_a_truncated_photo_decoded_reduced_is_named_too(tmp_path, backend):
         pytest.importorskip("simplejpeg")
     big = saved(picture(600, 800), "JPEG", quality=90)
     files = write(tmp_path, "cut", big[: len(big) * 2 // 3])
-    ds = CpuDecodedFolder(files, [0, 1], SIZE, train=False, backend=backend)
+    # training crops (evaluation decodes at full size): every crop of a 600x800 photo is >= 2x SIZE, so reduced
+    ds = CpuDecodedFolder(files, [0, 1], SIZE, train=True, backend=backend)
     with pytest.raises(DataError, match=rf"^{files[1]}: cannot decode as an image \(image file is truncated"):
         ds[[0, 1]]
 

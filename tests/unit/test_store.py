@@ -546,3 +546,33 @@ def test_a_second_held_out_folder_beside_train_is_named_not_dropped(tmp_path, ca
     assert note in capsys.readouterr().out
     (tmp_path / "p" / "test").rename(tmp_path / "test")
     assert load_data(data_cfg(tmp_path / "p"), 0).load_note == ""
+
+
+@pytest.mark.parametrize("sides", [{"max_side": 0, "short_side": 24}, {"max_side": 40, "short_side": 0}])
+def test_predict_on_the_folder_of_a_store_run_sees_the_store_validations_pixels(tmp_path, sides):
+    """A run trained from a store validated on prepare's Pillow-resized pixels; predict on the photos' folder read
+    them at full size (2.3 levels mean apart on the audit's photos). With the checkpoint's `prepared_sides` it
+    resizes each photo as prepare did and crops it as the store's validation does: the same pixels."""
+    from cnnpar.data.folder import scan_splits
+    from cnnpar.data.sources import load_predict_data
+    from tests.datafiles import write_noise_jpegs
+
+    # 48..92 x 64 noise: 24 is under half of every short side (prepare's DCT-scaled decode), 40 shrinks them all
+    root = write_noise_jpegs(tmp_path / "photos", n=12, first_height=48, width=64)
+    out = tmp_path / "p.cnnpar"
+    prepare_store(root, out, sides["max_side"], workers=1, progress=False, short_side=sides["short_side"])
+    bundle = load_data(DataConfig(source=str(out), image_size=16, val_fraction=0.5))
+    val = bundle.val
+    cfg = resolve_for_device(Config(data=DataConfig(source=str(out), image_size=16, workers=0)), "cpu", False)
+    feeder = build_loader(bundle, cfg, CPU, train=False)
+    batch, _ = val[list(range(len(val)))]
+    validated = feeder.decoder(batch)  # the store's validation pixels (uint8), before normalising
+    files, _, _, _ = scan_splits(root)  # the store holds the folder's photos in this order
+    ds, ids, _ = load_predict_data(str(root), "folder", image_size=16, prepared=sides)
+    by_name = {name: k for k, name in enumerate(ids)}
+    order = [by_name[str(files[i].relative_to(root))] for i in val.ids.tolist()]
+    predicted = ds[order][0]
+    assert torch.equal(predicted, validated)
+    # the read without the store's resize differs, so the test tells the two apart
+    plain, _, _ = load_predict_data(str(root), "folder", image_size=16)
+    assert not torch.equal(plain[order][0], validated)
