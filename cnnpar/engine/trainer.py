@@ -93,6 +93,7 @@ METRIC_COLUMNS = [
     "eval_wait_s",
 ]  # the checkpoint's seconds are not a column: the file is written before the checkpoint (the summary sums them)
 PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
+PROBE_IMAGES = 8  # images of an unevaluated epoch's last batch whose outputs check its last update (check_diverged)
 
 
 @dataclass
@@ -250,6 +251,7 @@ class Trainer:
         # (_restore), while the steps already on the board were the earlier attempts' own
         self.board_offset = 0
         self.saved_epoch = 0  # the epoch ckpt/last.pt holds (rank 0's)
+        self.last_batch: tuple[torch.Tensor, torch.Tensor] | None = None  # set by each epoch (_train_steps)
         self.best_saved_epoch = 0  # the epoch ckpt/best.pt holds (rank 0's; 0: none)
         self._t_start: float | None = None  # when this attempt's epochs began (each epoch's summary times them)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
@@ -756,6 +758,10 @@ class Trainer:
                 self.board.note_loss(loss_sum, clock.images, self.board_step())
             if not bar.disable and step % max(1, PROGRESS_EVERY // accum) == 0:
                 bar.set_postfix(loss=f"{loss_sum.item() / clock.images:.4f}")  # note: a CPU-GPU sync point
+        # a few of the epoch's last images, for the outputs its last update gives (check_diverged): copied, as the
+        # loader may reuse their memory for the next epoch's batches
+        x, y = group[0]
+        self.last_batch = (x[:PROBE_IMAGES].clone(), y[:PROBE_IMAGES].clone())
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -918,14 +924,12 @@ class Trainer:
             if info.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(info.device)
             row = {"epoch": epoch, **self.train_epoch(epoch)}
-            self._check_finite(epoch, "train loss", row["train_loss"])
             if epoch % cfg.run.eval_every == 0 or epoch == cfg.run.epochs:
                 t_eval = time.perf_counter()
                 evaluated = self.evaluate()  # ends on a device read, so the time holds the device's work
                 if evaluated:  # {} without a validation set: no evaluation, no time for one
                     row.update(evaluated, eval_s=time.perf_counter() - t_eval, eval_wait_s=self.eval_wait_s)
-                    # weights that overflow only in the epoch's last steps leave its mean train loss finite
-                    self._check_finite(epoch, "val loss", row["val_loss"])
+            self.check_diverged(epoch, row)  # before the epoch's checkpoint can replace the last good one
             row["lr"] = last_step_lr(self.scheduler)  # the lr the epoch ended at, not the next epoch's first
             row["peak_mem_mb"], row["peak_mem_kind"] = peak_memory(info.device)
             row["skipped_steps"] = self.precision.skipped_steps
@@ -973,26 +977,72 @@ class Trainer:
                 "stopped before they matched it)"
             )
 
-    def _check_finite(self, epoch: int, what: str, loss: float) -> None:
-        """Stop a run whose weights have diverged, before its checkpoint overwrites the last good one
-        (the epochs already finished stay in the run folder). fp16 is the exception: its GradScaler
-        skips the overflowing steps on purpose (their losses are inf/nan) and lowers its scale."""
-        if math.isfinite(loss):
-            return
-        if self.precision.scaler is not None:
+    def check_diverged(self, epoch: int, row: dict) -> None:
+        """Stop a run whose training diverged, before its checkpoint overwrites the last good one (the epochs
+        already finished stay in the run folder): every command that trains epochs (train, bench's time to
+        accuracy) asks here. A step's loss is read before its update, so the state the epoch ends on is checked
+        too: its weights and buffers and, where the epoch was not evaluated, the outputs on its last batch
+        (weights of 1e28 are finite, their logits are not). fp16's GradScaler skips overflowing steps on purpose
+        (their losses are inf/nan): a non-finite train loss only warns there, while the weights and buffers stay
+        finite. A non-finite validation loss is divergence under any precision (evaluation has no scaler)."""
+        state_ok, outputs, largest = self._state_finite(probe="val_loss" not in row)
+        loss = row["train_loss"]
+        if not math.isfinite(loss):
+            if self.precision.scaler is None:
+                self._diverged(epoch, "train loss", loss)
+            if not state_ok:  # a forward that overflowed wrote inf/nan into BatchNorm's statistics: no skip undoes that
+                self._diverged(
+                    epoch, "train loss", loss, f"train loss {loss} is not finite and neither are the weights or buffers"
+                )
             self.log(
-                f"warning: epoch {epoch}: {what} {loss} (fp16 overflows; the GradScaler skipped "
+                f"warning: epoch {epoch}: train loss {loss} (fp16 overflows; the GradScaler skipped "
                 f"{self.precision.skipped_steps} steps so far); if it stays so, try --precision bf16 or --lr "
                 f"{self.cfg.optim.lr / 2:g}"
             )
-            return
-        kept = f" (epochs 1-{epoch - 1} are kept in {self.run_dir})" if self.history else ""
+        if "val_loss" in row and not math.isfinite(row["val_loss"]):
+            self._diverged(epoch, "val loss", row["val_loss"])
+        if not state_ok:
+            self._diverged(epoch, "weights", largest, "the weights or buffers are not finite")  # some rank's
+        if not math.isfinite(outputs):
+            text = (
+                f"after its last update the loss on its last batch is {outputs} (the largest weight is {largest:.3g})"
+            )
+            self._diverged(epoch, "outputs", outputs, text)
+
+    def _state_finite(self, probe: bool) -> tuple[bool, float, float]:
+        """(whether every rank's weights and floating buffers are finite, the loss on the epoch's last batch in eval
+        mode where `probe` (else 0) summed over the ranks, this rank's largest magnitude among them): every rank
+        stops alike (BatchNorm buffers differ by rank). The largest magnitude, not a norm: a norm of finite
+        weights of 1e20 overflows. Note: a CPU-GPU sync point, once an epoch."""
+        models = [self.raw_model] + ([self.average.eval_model()] if self.average is not None else [])
+        tensors = [t.detach() for m in models for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
+        largest = torch.stack([n.double() for n in torch._foreach_norm(tensors, float("inf"))]).max()
+        loss = torch.zeros((), dtype=torch.float64, device=self.info.device)
+        if probe and self.last_batch is not None:
+            self.raw_model.eval()  # BatchNorm's running statistics, as predict and evaluation use them
+            loss = eval_batch(self.raw_model, *self.last_batch, self.precision)[0]
+            self.raw_model.train()
+        largest = largest.to(loss.device)
+        sums = all_reduce_sum(torch.stack([largest, loss]), self.info)  # inf and nan survive a sum
+        every_largest, outputs, own_largest = torch.cat([sums, largest[None]]).tolist()
+        return math.isfinite(every_largest), outputs, own_largest
+
+    def _diverged(self, epoch: int, what: str, value: float, text: str = "") -> None:
+        """Raise the one-line error; `what` and `value` are Diverged's fields, `text` what the line says of them."""
+        text = text or f"{what} {value} is not finite"
+        kept = f" (epochs 1-{self.history[-1]['epoch']} are kept in {self.run_dir})" if self.history else ""
+        # only what would change something: a run in fp32 and not compiled is told only of its lr
+        advice = [f"a lower lr (--lr {self.cfg.optim.lr / 2:g})"]
+        if self.cfg.speed.precision != "fp32":
+            advice.append("--precision fp32")
+        if self.cfg.speed.compile != "off":
+            advice.append("--compile off")
+        advice = ", ".join(advice[:-1]) + " or " + advice[-1] if len(advice) > 1 else advice[0]
         raise Diverged(
-            f"epoch {epoch}: {what} {loss} is not finite, training diverged{kept}: try a lower lr "
-            f"(--lr {self.cfg.optim.lr / 2:g}), --precision fp32 or --compile off",
+            f"epoch {epoch}: {text}, training diverged{kept}: try {advice}",
             epoch,
             what,
-            loss,
+            value,
         )
 
     def _end_epoch(self, epoch: int, row: dict) -> None:
