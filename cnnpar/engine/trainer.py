@@ -63,8 +63,9 @@ from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run, run_folder_held, same_source, stopped_line
 from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import TrainStep, graphs_blocked_by
-from cnnpar.errors import Diverged, UserError
+from cnnpar.errors import ConfigError, Diverged, UserError
 from cnnpar.models import build_model
+from cnnpar.models.registry import smallest_batchnorm_map
 from cnnpar.parallel import Precision, parallelize, resolve_for
 from cnnpar.parallel.apply import unwrap
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
@@ -197,6 +198,7 @@ class Trainer:
         if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
             self.cfg = cfg = self._choose_batch_size(cfg)
         self.cfg = cfg = self._cap_batch_size(cfg)
+        self._refuse_batchnorm_of_one(cfg)  # before the run folder: a start-up refusal leaves none
         cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), info.world_size)
         self.cfg = cfg
         # before DDP wraps the model: a rank given another --model gets this line, not DDP's shape traceback
@@ -362,6 +364,32 @@ class Trainer:
             if asked.optim.lr_batch == 0:  # the lr was for the batch asked for, which is the one that trains
                 optim = replace(optim, lr_batch=share)
         return replace(cfg, run=replace(cfg.run, batch_size=share), optim=optim)
+
+    def _refuse_batchnorm_of_one(self, cfg: Config) -> None:
+        """A batch of 1 per process where a BatchNorm layer sees 1x1 maps gives it one value per channel, which
+        torch refuses in training, in the first step's traceback (resnet18 at 8x8 px, fastnet at 9). A batch of 2
+        or more always holds two; SyncBatchNorm counts every rank's. A final partial batch is never that 1: the
+        loader drops it where a full batch exists (data/loader.build_loader)."""
+        if cfg.run.batch_size != 1 or (cfg.dist.sync_bn and self.info.world_size > 1):
+            return
+        found = smallest_batchnorm_map(self.raw_model, self.bundle.shape)
+        if found is None or found[1] > 1:
+            return
+        layer, _, spatial = found
+        _, h, w = self.bundle.shape
+        maps = f"at {h}x{w} px reduces to 1x1 maps before" if spatial else "has"
+        larger = ", or a larger --image-size" if spatial else ""
+        share = train_share(len(self.bundle.train), self.info.world_size)
+        if share == 1:  # the cap chose 1: no --batch-size gives more
+            n = len(self.bundle.train)
+            whose = f"this process's share of the {n:,} training samples is 1" if n > 1 else "1 training sample"
+            fix = f"{whose}: use more training data{', fewer processes' if self.info.world_size > 1 else ''}{larger}"
+        else:
+            fix = f"give --batch-size 2 or more{larger}"
+        raise ConfigError(
+            f"model {cfg.model.name} {maps} a BatchNorm layer ({layer}), which cannot train on a batch of 1 per "
+            f"process (one value per channel): {fix}"
+        )
 
     def _cap_accumulation(self, cfg: Config) -> Config:
         """--grad-accum larger than an epoch's micro-batches: a step never takes micro-batches from two epochs,
