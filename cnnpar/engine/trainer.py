@@ -154,6 +154,25 @@ def train_share(samples: int, world_size: int) -> int:
     return samples // world_size if samples >= world_size else 1
 
 
+def left_out_note(samples: int, world_size: int, batch: int) -> str:
+    """A note on the training samples each epoch leaves out, where they are 10% or more ("" otherwise): every
+    process's last partial batch (dropped), and the fewer than world-size samples that the sampler cuts to give the
+    ranks equal shares (3 over 2 processes trained 2 a epoch)."""
+    share = train_share(samples, world_size)
+    steps = share // batch
+    left = max(0, samples - world_size * steps * batch)  # a set smaller than the world is padded: none left
+    if left * 10 < samples:
+        return ""
+    why = ["the last partial batch is dropped"] if share % batch else []
+    if samples > world_size * share:
+        why.append(f"the {world_size} processes' shares are cut to equal length")
+    of_all = f" (of {samples:,})" if world_size > 1 else ""
+    return (
+        f"batch {batch} of this process's {share:,}{of_all} training samples: {steps} step(s) per epoch, {left:,} "
+        f"samples ({100 * left / samples:.0f}%) left out of each epoch ({'; '.join(why)}; other samples each epoch)"
+    )
+
+
 class Trainer:
     def __init__(
         self, cfg: Config, info: DistInfo, bundle: DataBundle | None = None, log=print, settings_from: str = ""
@@ -328,8 +347,9 @@ class Trainer:
         share while the start-up line and the run's config.toml said the batch asked for. It is capped to what
         runs, said in a line and stored so (the size asked for beside it, as a `# requested:` line); the lr is
         the one a batch of that size gets (a fixed batch trains at --lr, now the lr of the capped batch; the
-        CPU's automatic 64 scales it as for 64). A batch that fits but leaves a large remainder out of each
-        epoch (the partial last batch is dropped) is said in `batch_note`."""
+        CPU's automatic 64 scales it as for 64). A batch that leaves a large remainder out of each epoch (the
+        partial last batch is dropped, and the sampler cuts the ranks' shares to equal length) is said in
+        `batch_note`."""
         self.batch_note = ""
         share = train_share(len(self.bundle.train), self.info.world_size)
         # the largest batch that runs here: the doctor keeps its advice within it rather than restating this rule
@@ -342,14 +362,9 @@ class Trainer:
             if cpus and optim.lr_batch != batch:  # the lr scaled to it from another batch (a preset's)
                 line = lr_line(optim.optimizer, asked.optim.lr, optim.lr_batch, batch)
                 self.batch_line = f"batch size auto: {batch} (the CPU's); {line}"
-            left, steps = share % batch, share // batch
             limit = cfg.run.max_steps * cfg.optim.grad_accum
-            if left and left * 10 >= share and not (limit and limit < steps):
-                self.batch_note = (
-                    f"batch {batch} of this process's {share:,} training samples: {steps} step(s) per epoch, "
-                    f"{left:,} samples ({100 * left / share:.0f}%) left out of each epoch (the last partial batch "
-                    "is dropped; other samples each epoch)"
-                )
+            if not (limit and limit < share // batch):  # --max-steps leaves out more, on purpose
+                self.batch_note = left_out_note(len(self.bundle.train), self.info.world_size, batch)
             return cfg
         whose = "this process's share of the" if self.info.world_size > 1 else "all"
         capped = f"capped to {share}: {whose} {len(self.bundle.train):,} training samples, one step per epoch"
@@ -363,6 +378,7 @@ class Trainer:
             self.batch_line = f"batch size {batch} {capped}"
             if asked.optim.lr_batch == 0:  # the lr was for the batch asked for, which is the one that trains
                 optim = replace(optim, lr_batch=share)
+        self.batch_note = left_out_note(len(self.bundle.train), self.info.world_size, share)  # the sampler's cut
         return replace(cfg, run=replace(cfg.run, batch_size=share), optim=optim)
 
     def _refuse_batchnorm_of_one(self, cfg: Config) -> None:

@@ -12,7 +12,7 @@ from cnnpar.cli import main
 from cnnpar.config import Config
 from cnnpar.data import load_data
 from cnnpar.dist import DistInfo
-from cnnpar.engine.trainer import Trainer
+from cnnpar.engine.trainer import Trainer, left_out_note
 from cnnpar.errors import ConfigError
 from cnnpar.presets import with_overrides
 from tests.datafiles import bar_images
@@ -70,3 +70,18 @@ def test_a_batch_capped_to_1_by_the_processes_share_says_what_would_help(tmp_pat
         "(one value per channel): this process's share of the 3 training samples is 1: use more training data, "
         "fewer processes, or a larger --image-size"
     )
+
+
+def test_the_left_out_note_counts_the_samples_the_sampler_cuts():
+    """3 images on 2 processes trained 2 an epoch without a word: the note counted only each process's own
+    remainder (share % batch), 0 there."""
+    assert left_out_note(3, 2, 1) == (
+        "batch 1 of this process's 1 (of 3) training samples: 1 step(s) per epoch, 1 samples (33%) left out of each "
+        "epoch (the 2 processes' shares are cut to equal length; other samples each epoch)"
+    )
+    assert left_out_note(80, 1, 64) == (
+        "batch 64 of this process's 80 training samples: 1 step(s) per epoch, 16 samples (20%) left out of each "
+        "epoch (the last partial batch is dropped; other samples each epoch)"
+    )
+    assert left_out_note(201, 2, 100) == ""  # one left out: under the 10% a note is for
+    assert left_out_note(3, 4, 1) == ""  # a set smaller than the world is padded: none left out
