@@ -296,7 +296,9 @@ class OptimConfig:
         _check_positive("optim", "lr_batch", self.lr_batch, allow_zero=True)
         # torch's optimizers refuse negative ones with a ValueError traceback at the run's start
         _check_positive("optim", "weight_decay", self.weight_decay, allow_zero=True)
-        _check_positive("optim", "momentum", self.momentum, allow_zero=True)
+        # momentum 1 never forgets a gradient and above 1 each one grows: both diverge, blamed on the lr
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"{setting_name('optim', 'momentum')} = {self.momentum}: expected 0 <= value < 1")
         _check_positive("optim", "grad_accum", self.grad_accum)
         _check_positive("optim", "grad_clip", self.grad_clip, allow_zero=True)
         if not 0.0 <= self.warmup < 1.0:

@@ -16,7 +16,7 @@ from cnnpar.config import Config
 from cnnpar.data import DataBundle, load_data
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import build_trainer, reset_compiler
-from cnnpar.errors import UserError
+from cnnpar.errors import Diverged, UserError
 from cnnpar.presets import with_overrides
 from cnnpar.report.meters import free_device_memory
 
@@ -45,10 +45,14 @@ def time_to_accuracy(cfg: Config, bundle: DataBundle, info: DistInfo, target: fl
         train_s = eval_s = 0.0
         start = time.perf_counter()
         for epoch in range(1, cfg.run.epochs + 1):
-            train_s += trainer.train_epoch(epoch)["epoch_s"]
+            trained = trainer.train_epoch(epoch)
+            train_s += trained["epoch_s"]
             t0 = time.perf_counter()
-            accs.append(trainer.evaluate()["val_acc"])  # evaluate() ends on a host sync
+            evaluated = trainer.evaluate()  # ends on a host sync
             eval_s += time.perf_counter() - t0
+            # a diverged model's NaN logits argmax to class 0, which "reaches" the target on data mostly of it
+            trainer.check_diverged(epoch, {**trained, **evaluated})
+            accs.append(evaluated["val_acc"])
             if accs[-1] >= target:
                 break
         wall_s = time.perf_counter() - start
@@ -106,9 +110,10 @@ def run_tta(
             # the split `cnnpar train --seed N` does, not on the first seed's
             seeded = bundle if seed == cfg.run.seed else load_data(cfg.data, seed)
             row = {**meta, **time_to_accuracy(cfg, seeded, info, target, seed), "status": "ok"}
-        except UserError:
-            raise  # bad input: the one-line error, as for every command
-        except Exception as e:  # noqa: BLE001 - out of memory, say: a failed row, and the other seeds still run
+        except Exception as e:  # noqa: BLE001
+            if isinstance(e, UserError) and not isinstance(e, Diverged):
+                raise  # bad input: the one-line error, as for every command
+            # out of memory, say, or this seed's training diverged: a failed row, and the other seeds still run
             row = {**meta, "seed": seed, "target": target, "reached": False, "max_epochs": cfg.run.epochs}
             row.update(status="failed", error=error_text(e))
             log(f"bench: seed {seed}: failed ({row['error']})")

@@ -61,8 +61,9 @@ from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run, run_folder_held, same_source, stopped_line
 from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_blocked_by
-from cnnpar.errors import Diverged, UserError
+from cnnpar.errors import ConfigError, Diverged, UserError
 from cnnpar.models import build_model
+from cnnpar.models.registry import smallest_batchnorm_map
 from cnnpar.parallel import parallelize, resolve_for
 from cnnpar.parallel.apply import apply_stem_space_to_depth, unwrap
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
@@ -91,6 +92,7 @@ METRIC_COLUMNS = [
     "eval_wait_s",
 ]  # the checkpoint's seconds are not a column: the file is written before the checkpoint (the summary sums them)
 PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
+PROBE_IMAGES = 8  # images of an unevaluated epoch's last batch whose outputs check its last update (check_diverged)
 
 
 @dataclass
@@ -150,6 +152,25 @@ def train_share(samples: int, world_size: int) -> int:
     return samples // world_size if samples >= world_size else 1
 
 
+def left_out_note(samples: int, world_size: int, batch: int) -> str:
+    """A note on the training samples each epoch leaves out, where they are 10% or more ("" otherwise): every
+    process's last partial batch (dropped), and the fewer than world-size samples that the sampler cuts to give the
+    ranks equal shares (3 over 2 processes trained 2 a epoch)."""
+    share = train_share(samples, world_size)
+    steps = share // batch
+    left = max(0, samples - world_size * steps * batch)  # a set smaller than the world is padded: none left
+    if left * 10 < samples:
+        return ""
+    why = ["the last partial batch is dropped"] if share % batch else []
+    if samples > world_size * share:
+        why.append(f"the {world_size} processes' shares are cut to equal length")
+    of_all = f" (of {samples:,})" if world_size > 1 else ""
+    return (
+        f"batch {batch} of this process's {share:,}{of_all} training samples: {steps} step(s) per epoch, {left:,} "
+        f"samples ({100 * left / samples:.0f}%) left out of each epoch ({'; '.join(why)}; other samples each epoch)"
+    )
+
+
 class Trainer:
     def __init__(
         self, cfg: Config, info: DistInfo, bundle: DataBundle | None = None, log=print, settings_from: str = ""
@@ -204,6 +225,7 @@ class Trainer:
         if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
             self.cfg = cfg = self._choose_batch_size(cfg)
         self.cfg = cfg = self._cap_batch_size(cfg)
+        self._refuse_batchnorm_of_one(cfg)  # before the run folder: a start-up refusal leaves none
         cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), info.world_size)
         self.cfg = cfg
         # before DDP wraps the model: a rank given another --model gets this line, not DDP's shape traceback
@@ -256,6 +278,7 @@ class Trainer:
         # (_restore), while the steps already on the board were the earlier attempts' own
         self.board_offset = 0
         self.saved_epoch = 0  # the epoch ckpt/last.pt holds (rank 0's)
+        self.last_batch: tuple[torch.Tensor, torch.Tensor] | None = None  # set by each epoch (_train_steps)
         self.best_saved_epoch = 0  # the epoch ckpt/best.pt holds (rank 0's; 0: none)
         self._t_start: float | None = None  # when this attempt's epochs began (each epoch's summary times them)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
@@ -321,8 +344,9 @@ class Trainer:
         share while the start-up line and the run's config.toml said the batch asked for. It is capped to what
         runs, said in a line and stored so (the size asked for beside it, as a `# requested:` line); the lr is
         the one a batch of that size gets (a fixed batch trains at --lr, now the lr of the capped batch; the
-        CPU's automatic 64 scales it as for 64). A batch that fits but leaves a large remainder out of each
-        epoch (the partial last batch is dropped) is said in `batch_note`."""
+        CPU's automatic 64 scales it as for 64). A batch that leaves a large remainder out of each epoch (the
+        partial last batch is dropped, and the sampler cuts the ranks' shares to equal length) is said in
+        `batch_note`."""
         self.batch_note = ""
         share = train_share(len(self.bundle.train), self.info.world_size)
         # the largest batch that runs here: the doctor keeps its advice within it rather than restating this rule
@@ -335,14 +359,9 @@ class Trainer:
             if cpus and optim.lr_batch != batch:  # the lr scaled to it from another batch (a preset's)
                 line = lr_line(optim.optimizer, asked.optim.lr, optim.lr_batch, batch)
                 self.batch_line = f"batch size auto: {batch} (the CPU's); {line}"
-            left, steps = share % batch, share // batch
             limit = cfg.run.max_steps * cfg.optim.grad_accum
-            if left and left * 10 >= share and not (limit and limit < steps):
-                self.batch_note = (
-                    f"batch {batch} of this process's {share:,} training samples: {steps} step(s) per epoch, "
-                    f"{left:,} samples ({100 * left / share:.0f}%) left out of each epoch (the last partial batch "
-                    "is dropped; other samples each epoch)"
-                )
+            if not (limit and limit < share // batch):  # --max-steps leaves out more, on purpose
+                self.batch_note = left_out_note(len(self.bundle.train), self.info.world_size, batch)
             return cfg
         whose = "this process's share of the" if self.info.world_size > 1 else "all"
         capped = f"capped to {share}: {whose} {len(self.bundle.train):,} training samples, one step per epoch"
@@ -356,7 +375,34 @@ class Trainer:
             self.batch_line = f"batch size {batch} {capped}"
             if asked.optim.lr_batch == 0:  # the lr was for the batch asked for, which is the one that trains
                 optim = replace(optim, lr_batch=share)
+        self.batch_note = left_out_note(len(self.bundle.train), self.info.world_size, share)  # the sampler's cut
         return replace(cfg, run=replace(cfg.run, batch_size=share), optim=optim)
+
+    def _refuse_batchnorm_of_one(self, cfg: Config) -> None:
+        """A batch of 1 per process where a BatchNorm layer sees 1x1 maps gives it one value per channel, which
+        torch refuses in training, in the first step's traceback (resnet18 at 8x8 px, fastnet at 9). A batch of 2
+        or more always holds two; SyncBatchNorm counts every rank's. A final partial batch is never that 1: the
+        loader drops it where a full batch exists (data/loader.build_loader)."""
+        if cfg.run.batch_size != 1 or (cfg.dist.sync_bn and self.info.world_size > 1):
+            return
+        found = smallest_batchnorm_map(self.raw_model, self.bundle.shape)
+        if found is None or found[1] > 1:
+            return
+        layer, _, spatial = found
+        _, h, w = self.bundle.shape
+        maps = f"at {h}x{w} px reduces to 1x1 maps before" if spatial else "has"
+        larger = ", or a larger --image-size" if spatial else ""
+        share = train_share(len(self.bundle.train), self.info.world_size)
+        if share == 1:  # the cap chose 1: no --batch-size gives more
+            n = len(self.bundle.train)
+            whose = f"this process's share of the {n:,} training samples is 1" if n > 1 else "1 training sample"
+            fix = f"{whose}: use more training data{', fewer processes' if self.info.world_size > 1 else ''}{larger}"
+        else:
+            fix = f"give --batch-size 2 or more{larger}"
+        raise ConfigError(
+            f"model {cfg.model.name} {maps} a BatchNorm layer ({layer}), which cannot train on a batch of 1 per "
+            f"process (one value per channel): {fix}"
+        )
 
     def _cap_accumulation(self, cfg: Config) -> Config:
         """--grad-accum larger than an epoch's micro-batches: a step never takes micro-batches from two epochs,
@@ -753,6 +799,10 @@ class Trainer:
                 self.board.note_loss(loss_sum, clock.images, self.board_step())
             if not bar.disable and step % max(1, PROGRESS_EVERY // accum) == 0:
                 bar.set_postfix(loss=f"{loss_sum.item() / clock.images:.4f}")  # note: a CPU-GPU sync point
+        # a few of the epoch's last images, for the outputs its last update gives (check_diverged): copied, as the
+        # loader may reuse their memory for the next epoch's batches
+        x, y = group[0]
+        self.last_batch = (x[:PROBE_IMAGES].clone(), y[:PROBE_IMAGES].clone())
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -915,14 +965,12 @@ class Trainer:
             if info.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(info.device)
             row = {"epoch": epoch, **self.train_epoch(epoch)}
-            self._check_finite(epoch, "train loss", row["train_loss"])
             if epoch % cfg.run.eval_every == 0 or epoch == cfg.run.epochs:
                 t_eval = time.perf_counter()
                 evaluated = self.evaluate()  # ends on a device read, so the time holds the device's work
                 if evaluated:  # {} without a validation set: no evaluation, no time for one
                     row.update(evaluated, eval_s=time.perf_counter() - t_eval, eval_wait_s=self.eval_wait_s)
-                    # weights that overflow only in the epoch's last steps leave its mean train loss finite
-                    self._check_finite(epoch, "val loss", row["val_loss"])
+            self.check_diverged(epoch, row)  # before the epoch's checkpoint can replace the last good one
             row["lr"] = last_step_lr(self.scheduler)  # the lr the epoch ended at, not the next epoch's first
             row["peak_mem_mb"], row["peak_mem_kind"] = peak_memory(info.device)
             row["skipped_steps"] = self.precision.skipped_steps
@@ -970,26 +1018,72 @@ class Trainer:
                 "stopped before they matched it)"
             )
 
-    def _check_finite(self, epoch: int, what: str, loss: float) -> None:
-        """Stop a run whose weights have diverged, before its checkpoint overwrites the last good one
-        (the epochs already finished stay in the run folder). fp16 is the exception: its GradScaler
-        skips the overflowing steps on purpose (their losses are inf/nan) and lowers its scale."""
-        if math.isfinite(loss):
-            return
-        if self.precision.scaler is not None:
+    def check_diverged(self, epoch: int, row: dict) -> None:
+        """Stop a run whose training diverged, before its checkpoint overwrites the last good one (the epochs
+        already finished stay in the run folder): every command that trains epochs (train, bench's time to
+        accuracy) asks here. A step's loss is read before its update, so the state the epoch ends on is checked
+        too: its weights and buffers and, where the epoch was not evaluated, the outputs on its last batch
+        (weights of 1e28 are finite, their logits are not). fp16's GradScaler skips overflowing steps on purpose
+        (their losses are inf/nan): a non-finite train loss only warns there, while the weights and buffers stay
+        finite. A non-finite validation loss is divergence under any precision (evaluation has no scaler)."""
+        state_ok, outputs, largest = self._state_finite(probe="val_loss" not in row)
+        loss = row["train_loss"]
+        if not math.isfinite(loss):
+            if self.precision.scaler is None:
+                self._diverged(epoch, "train loss", loss)
+            if not state_ok:  # a forward that overflowed wrote inf/nan into BatchNorm's statistics: no skip undoes that
+                self._diverged(
+                    epoch, "train loss", loss, f"train loss {loss} is not finite and neither are the weights or buffers"
+                )
             self.log(
-                f"warning: epoch {epoch}: {what} {loss} (fp16 overflows; the GradScaler skipped "
+                f"warning: epoch {epoch}: train loss {loss} (fp16 overflows; the GradScaler skipped "
                 f"{self.precision.skipped_steps} steps so far); if it stays so, try --precision bf16 or --lr "
                 f"{self.cfg.optim.lr / 2:g}"
             )
-            return
-        kept = f" (epochs 1-{epoch - 1} are kept in {self.run_dir})" if self.history else ""
+        if "val_loss" in row and not math.isfinite(row["val_loss"]):
+            self._diverged(epoch, "val loss", row["val_loss"])
+        if not state_ok:
+            self._diverged(epoch, "weights", largest, "the weights or buffers are not finite")  # some rank's
+        if not math.isfinite(outputs):
+            text = (
+                f"after its last update the loss on its last batch is {outputs} (the largest weight is {largest:.3g})"
+            )
+            self._diverged(epoch, "outputs", outputs, text)
+
+    def _state_finite(self, probe: bool) -> tuple[bool, float, float]:
+        """(whether every rank's weights and floating buffers are finite, the loss on the epoch's last batch in eval
+        mode where `probe` (else 0) summed over the ranks, this rank's largest magnitude among them): every rank
+        stops alike (BatchNorm buffers differ by rank). The largest magnitude, not a norm: a norm of finite
+        weights of 1e20 overflows. Note: a CPU-GPU sync point, once an epoch."""
+        models = [self.raw_model] + ([self.average.eval_model()] if self.average is not None else [])
+        tensors = [t.detach() for m in models for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
+        largest = torch.stack([n.double() for n in torch._foreach_norm(tensors, float("inf"))]).max()
+        loss = torch.zeros((), dtype=torch.float64, device=self.info.device)
+        if probe and self.last_batch is not None:
+            self.raw_model.eval()  # BatchNorm's running statistics, as predict and evaluation use them
+            loss = eval_batch(self.raw_model, *self.last_batch, self.precision)[0]
+            self.raw_model.train()
+        largest = largest.to(loss.device)
+        sums = all_reduce_sum(torch.stack([largest, loss]), self.info)  # inf and nan survive a sum
+        every_largest, outputs, own_largest = torch.cat([sums, largest[None]]).tolist()
+        return math.isfinite(every_largest), outputs, own_largest
+
+    def _diverged(self, epoch: int, what: str, value: float, text: str = "") -> None:
+        """Raise the one-line error; `what` and `value` are Diverged's fields, `text` what the line says of them."""
+        text = text or f"{what} {value} is not finite"
+        kept = f" (epochs 1-{self.history[-1]['epoch']} are kept in {self.run_dir})" if self.history else ""
+        # only what would change something: a run in fp32 and not compiled is told only of its lr
+        advice = [f"a lower lr (--lr {self.cfg.optim.lr / 2:g})"]
+        if self.cfg.speed.precision != "fp32":
+            advice.append("--precision fp32")
+        if self.cfg.speed.compile != "off":
+            advice.append("--compile off")
+        advice = ", ".join(advice[:-1]) + " or " + advice[-1] if len(advice) > 1 else advice[0]
         raise Diverged(
-            f"epoch {epoch}: {what} {loss} is not finite, training diverged{kept}: try a lower lr "
-            f"(--lr {self.cfg.optim.lr / 2:g}), --precision fp32 or --compile off",
+            f"epoch {epoch}: {text}, training diverged{kept}: try {advice}",
             epoch,
             what,
-            loss,
+            value,
         )
 
     def _end_epoch(self, epoch: int, row: dict) -> None:

@@ -67,3 +67,37 @@ def describe_models() -> list[tuple[str, str]]:
 def _load_builtin() -> None:
     # Imported for their @register side effect; kept lazy so `import cnnpar.models` stays cheap.
     from cnnpar.models import cnn3, fastnet, resnet  # noqa: F401
+
+
+def smallest_batchnorm_map(model: nn.Module, shape: tuple[int, int, int]) -> tuple[str, int, bool] | None:
+    """(the name of the BatchNorm layer whose input map is the smallest, its height x width, whether it has
+    spatial dimensions at all) for `shape` (C, H, W) images; None for a model without BatchNorm. Found by one
+    forward of a blank image in eval mode, which leaves the running statistics as they are."""
+    import math
+
+    import torch
+
+    seen: dict[str, tuple[int, bool]] = {}
+
+    def note(name: str):
+        def hook(module, args) -> None:  # None: a pre-hook's return value would replace the layer's input
+            seen.setdefault(name, (math.prod(args[0].shape[2:]), args[0].dim() > 2))
+
+        return hook
+
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not layers:
+        return None
+    hooks = [m.register_forward_pre_hook(note(n)) for n, m in layers]
+    was_training = model.training
+    param = next(model.parameters())
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, *shape, device=param.device, dtype=param.dtype))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    name = min(seen, key=lambda n: seen[n][0])
+    return name, *seen[name]

@@ -82,6 +82,31 @@ def test_tta_stops_at_the_first_epoch_that_reaches_the_target():
     assert row["wall_s"] >= row["train_s"] > 0 and row["wall_with_compile_s"] == row["wall_s"] + row["compile_s"]
 
 
+def test_a_time_to_accuracy_seed_that_diverges_is_a_failed_row_not_reached(monkeypatch):
+    """NaN logits argmax to class 0: a diverged model "reached" a target on data mostly of one class (92.5% on
+    imb0.npz at --lr 1e4), where `cnnpar train` stopped it. The Trainer's own check now stops the seed."""
+    import cnnpar.engine.trainer as trainer_mod
+
+    begin = trainer_mod.Trainer.begin_epoch
+
+    def nan_weights(self, epoch):
+        begin(self, epoch)
+        with torch.no_grad():
+            next(self.raw_model.parameters()).fill_(float("nan"))
+
+    monkeypatch.setattr(trainer_mod.Trainer, "begin_epoch", nan_weights)
+    cfg = with_overrides(
+        Config(),
+        data={"image_size": 8},
+        speed={"device": "cpu", "precision": "fp32"},
+        run={"epochs": 2, "max_steps": 1, "batch_size": 32},
+    )
+    bundle = load_data(cfg.data, cfg.run.seed)
+    [row] = run_tta(cfg, bundle, CPU, 0.01, 1, {"model": "cnn3"}, log=lambda s: None)  # class 0's share is above it
+    assert row["status"] == "failed" and not row["reached"]
+    assert row["error"].startswith("Diverged: epoch 1: train loss nan is not finite, training diverged: try a lower lr")
+
+
 def test_verdict_needs_half_the_claimed_effect():
     assert verdict(1.18, 1.10, 1.09, 1.11) == "confirmed"
     assert verdict(1.18, 1.08, 1.07, 1.09) == "not reproduced"

@@ -62,12 +62,21 @@ def test_every_float_field_refuses_nan_and_inf(section, name, value):
     )
 
 
-@pytest.mark.parametrize("name", ["weight_decay", "momentum"])
-def test_negative_weight_decay_and_momentum_are_refused(name):
-    with pytest.raises(
-        ConfigError, match=rf"optim\.{name} \(--{name.replace('_', '-')}\) = -0\.1: expected a number >= 0"
-    ):
-        OptimConfig(**{name: -0.1})
+def test_negative_weight_decay_is_refused():
+    with pytest.raises(ConfigError, match=r"optim\.weight_decay \(--weight-decay\) = -0\.1: expected a number >= 0"):
+        OptimConfig(weight_decay=-0.1)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5])
+def test_momentum_outside_0_to_1_is_refused(value):
+    """Momentum 1 or more made SGD diverge (--momentum 1.5 at epoch 2, with advice to lower the lr)."""
+    with pytest.raises(ConfigError) as e:
+        OptimConfig(momentum=value)
+    assert str(e.value) == f"optim.momentum (--momentum) = {value}: expected 0 <= value < 1"
+
+
+def test_momentum_0_is_taken():
+    assert OptimConfig(momentum=0.0).momentum == 0.0
 
 
 def test_choice_errors_list_the_allowed_values():

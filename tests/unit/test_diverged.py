@@ -1,5 +1,6 @@
-"""A run whose train loss stops being finite ends with a one-line error, keeping its finished epochs;
-with fp16 (whose GradScaler skips overflowing steps on purpose) it warns and trains on."""
+"""A run whose train loss, validation loss, weights or outputs stop being finite ends with a one-line error,
+keeping its finished epochs; with fp16 (whose GradScaler skips overflowing steps on purpose) a non-finite train
+loss only warns while the weights and buffers stay finite."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import torch
 
 from cnnpar.cli import main
 from cnnpar.engine import trainer as trainer_mod
+from cnnpar.errors import Diverged
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ARGS = ["train", "--model", "cnn3", "--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "128"]
 ARGS += ["--batch-size", "32", "--epochs", "3", "--max-steps", "2", "--compile", "off", "--no-progress"]
 ARGS += ["--no-tensorboard", "--device", "cpu", "--lr", "0.2"]
+FP16 = ["--precision", "fp16", "--lr", "0.02"]  # at 0.2 the fp16 logits overflow (fp32's val loss is 1e5)
 
 
 def poison_weights_at(monkeypatch, epoch: int) -> None:
@@ -31,27 +34,121 @@ def poison_weights_at(monkeypatch, epoch: int) -> None:
     monkeypatch.setattr(trainer_mod.Trainer, "begin_epoch", begin_epoch)
 
 
+def after_training(monkeypatch, epoch: int, change) -> None:
+    """`change(model)` once epoch `epoch` has trained, before it is checked: what its last update left behind."""
+    train_epoch = trainer_mod.Trainer.train_epoch
+
+    def wrapped(self, e):
+        row = train_epoch(self, e)
+        if e == epoch:
+            with torch.no_grad():
+                change(self.raw_model)
+        return row
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_epoch", wrapped)
+
+
+def kept_epochs(run) -> list[str]:
+    with open(run / "metrics.csv") as f:
+        epochs = [row["epoch"] for row in csv.DictReader(f)]
+    state = torch.load(run / "ckpt" / "last.pt", weights_only=True)
+    assert state["epoch"] == int(epochs[-1])
+    assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+    return epochs
+
+
 def test_a_diverged_epoch_stops_the_run_and_keeps_the_finished_ones(tmp_path, monkeypatch, capsys):
     poison_weights_at(monkeypatch, 2)
-    assert main([*ARGS, "--out-dir", str(tmp_path), "--name", "nan"]) == 2
+    assert main([*ARGS, "--precision", "fp32", "--out-dir", str(tmp_path), "--name", "nan"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith("cnnpar: error: epoch 2: train loss nan is not finite")
-    assert "--lr 0.1" in err[0] and "--precision fp32" in err[0] and "--compile off" in err[0]
-    with open(tmp_path / "nan" / "metrics.csv") as f:
-        assert [row["epoch"] for row in csv.DictReader(f)] == ["1"]
-    state = torch.load(tmp_path / "nan" / "ckpt" / "last.pt", weights_only=True)
-    assert state["epoch"] == 1
-    assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+    # fp32 and --compile off already: the lr is the one thing to change
+    assert err[0].endswith(f"(epochs 1-1 are kept in {tmp_path / 'nan'}): try a lower lr (--lr 0.1)")
+    assert kept_epochs(tmp_path / "nan") == ["1"]
 
 
-def test_fp16_warns_and_trains_on(tmp_path, monkeypatch, capsys):
-    poison_weights_at(monkeypatch, 3)
-    assert main([*ARGS, "--precision", "fp16", "--out-dir", str(tmp_path), "--name", "fp16"]) == 0
+@pytest.mark.parametrize(
+    ("precision", "compile_mode", "advice"),
+    [
+        ("fp32", "off", "a lower lr (--lr 0.1)"),
+        ("bf16", "off", "a lower lr (--lr 0.1) or --precision fp32"),
+        ("fp32", "default", "a lower lr (--lr 0.1) or --compile off"),
+        ("fp16", "default", "a lower lr (--lr 0.1), --precision fp32 or --compile off"),
+    ],
+)
+def test_the_divergence_advice_names_only_what_would_change(precision, compile_mode, advice):
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(
+        optim=SimpleNamespace(lr=0.2), speed=SimpleNamespace(precision=precision, compile=compile_mode)
+    )
+    with pytest.raises(Diverged) as e:
+        trainer_mod.Trainer._diverged(SimpleNamespace(cfg=cfg, history=[]), 3, "val loss", float("nan"))
+    assert str(e.value) == f"epoch 3: val loss nan is not finite, training diverged: try {advice}"
+
+
+def test_fp16_warns_and_trains_on_while_the_weights_stay_finite(tmp_path, monkeypatch, capsys):
+    """An epoch holding a step the GradScaler skipped (its loss inf) has a mean train loss of inf: the skip is
+    the scaler's own remedy, and the weights it left alone are fine."""
+    train_epoch = trainer_mod.Trainer.train_epoch
+
+    def one_overflowing_step(self, e):
+        row = train_epoch(self, e)
+        return {**row, "train_loss": float("inf")} if e == 2 else row
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_epoch", one_overflowing_step)
+    assert main([*ARGS, *FP16, "--out-dir", str(tmp_path), "--name", "fp16"]) == 0
     out = capsys.readouterr().out
-    assert "warning: epoch 3: train loss nan (fp16 overflows" in out
-    with open(tmp_path / "fp16" / "metrics.csv") as f:
-        assert [row["epoch"] for row in csv.DictReader(f)] == ["1", "2", "3"]
+    assert "warning: epoch 2: train loss inf (fp16 overflows" in out
+    assert kept_epochs(tmp_path / "fp16") == ["1", "2", "3"]
+
+
+def test_fp16_stops_once_the_weights_are_not_finite(tmp_path, monkeypatch, capsys):
+    """No skipped step undoes weights (or BatchNorm statistics a NaN forward wrote) that are NaN already: the run
+    finished "done" with a NaN model in last.pt and best.pt."""
+    poison_weights_at(monkeypatch, 3)
+    assert main([*ARGS, *FP16, "--out-dir", str(tmp_path), "--name", "fp16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(
+        "cnnpar: error: epoch 3: train loss nan is not finite and neither are the weights or buffers, training diverged"
+    ), err
+    assert kept_epochs(tmp_path / "fp16") == ["1", "2"]
+
+
+def test_fp16_stops_at_a_validation_loss_that_is_not_finite(tmp_path, monkeypatch, capsys):
+    """Evaluation has no GradScaler: its NaN (BatchNorm statistics turned NaN in training) is divergence under fp16
+    as under any precision, not a warning."""
+    after_training(monkeypatch, 2, lambda model: model.features[1].running_var.fill_(float("nan")))
+    assert main([*ARGS, *FP16, "--out-dir", str(tmp_path), "--name", "fp16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("cnnpar: error: epoch 2: val loss nan is not finite"), err
+    assert kept_epochs(tmp_path / "fp16") == ["1"]
+
+
+@pytest.mark.parametrize("unevaluated", [["--eval-every", "3"], ["--val-fraction", "0"]])
+def test_an_unevaluated_epoch_whose_last_update_blew_up_the_outputs_is_not_kept(
+    tmp_path, monkeypatch, capsys, unevaluated
+):
+    """Each step's loss is read before its update: weights of 1e28 (finite; --lr 1e30 left them so) after an
+    epoch's last step went unseen where the epoch was not evaluated, and its checkpoint replaced the last good one."""
+    after_training(monkeypatch, 2, lambda model: [p.mul_(1e20) for p in model.parameters()])
+    assert main([*ARGS, "--precision", "fp32", *unevaluated, "--out-dir", str(tmp_path), "--name", "big"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("cnnpar: error: epoch 2: after its last update the loss on its last batch is "), err
+    assert f"(epochs 1-1 are kept in {tmp_path / 'big'})" in err[0]
+    assert kept_epochs(tmp_path / "big") == ["1"]
+
+
+def test_an_unevaluated_epoch_that_left_nan_batchnorm_statistics_is_not_kept(tmp_path, monkeypatch, capsys):
+    """Training normalises by the batch's own statistics: NaN running statistics leave its losses finite."""
+    after_training(monkeypatch, 2, lambda model: model.features[1].running_var.fill_(float("nan")))
+    assert main([*ARGS, "--precision", "fp32", "--eval-every", "3", "--out-dir", str(tmp_path), "--name", "bn"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("cnnpar: error: epoch 2: the weights or buffers are not finite"), err
+    assert kept_epochs(tmp_path / "bn") == ["1"]
 
 
 def test_weights_that_diverge_in_an_epochs_last_steps_stop_the_run_at_its_evaluation(tmp_path, monkeypatch, capsys):
@@ -67,7 +164,7 @@ def test_weights_that_diverge_in_an_epochs_last_steps_stop_the_run_at_its_evalua
         return evaluate(self)
 
     monkeypatch.setattr(trainer_mod.Trainer, "evaluate", evaluate_after_a_bad_last_step)
-    assert main([*ARGS, "--out-dir", str(tmp_path), "--name", "late"]) == 2
+    assert main([*ARGS, "--precision", "fp32", "--out-dir", str(tmp_path), "--name", "late"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("cnnpar: error: epoch 2: val loss nan is not finite"), err
     with open(tmp_path / "late" / "metrics.csv") as f:
