@@ -1,6 +1,7 @@
 """Ranks given other settings or another checkpoint stop together, with one line (tests/dist/test_rank_agreement.py).
 
-Run as `torchrun --nproc_per_node=2 tests/dist/agreement_checks.py OUT_DIR`. Each rank works in OUT_DIR/n<R>, as
+Run as `torchrun --nproc_per_node=2 tests/dist/agreement_checks.py OUT_DIR` (gloo on the CPU; NCCL on two GPUs
+with AGREEMENT_DEVICE=cuda). Each rank works in OUT_DIR/n<R>, as
 each node of a multi-node job has its own working folder and disk, and writes OUT_DIR/rank<R>.json with each
 check's exit code and stderr.
 """
@@ -21,7 +22,9 @@ import torch.distributed as dist
 from cnnpar.cli import main as cli_main
 from cnnpar.report.files import write_json_atomic
 
-RUN = ["train", "--device", "cpu", "--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "64"]
+# AGREEMENT_DEVICE=cuda runs the same checks on GPUs through NCCL (tests/dist/test_gpu_ddp.py)
+RUN = ["train", "--device", os.environ.get("AGREEMENT_DEVICE", "cpu")]
+RUN += ["--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "64"]
 RUN += ["--batch-size", "16", "--no-progress", "--no-tensorboard", "--timeout-s", "60", "--name", "w"]
 
 
