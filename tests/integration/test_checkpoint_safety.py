@@ -161,3 +161,37 @@ def test_a_killed_resume_leaves_the_summary_of_its_checkpoint_not_the_earlier_at
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2"]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["epochs"], summary["finished"]) == (2, False)
+
+
+# the CLI under a file size limit (as `ulimit -f` sets it; Python ignores SIGXFSZ, so the write fails with EFBIG)
+UNDER_A_FILE_SIZE_LIMIT = """
+import resource, sys
+from cnnpar import cli
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_in_one_line_naming_the_file_the_cause_and_what_is_kept(tmp_path):
+    """A full disk or a file size limit ended the run in torch's two chained C++ stream errors, naming no file."""
+    run = tmp_path / "runs" / "f"
+    first = subprocess.run(
+        [sys.executable, "-m", "cnnpar", *SMALL, "--epochs", "1", "--name", "f"], cwd=tmp_path, env=cli_env()
+    )
+    assert first.returncode == 0
+    size = (run / "ckpt" / "last.pt").stat().st_size
+    resumed = [*SMALL, "--epochs", "2", "--resume", "runs/f"]
+    proc = subprocess.run(
+        [sys.executable, "-c", UNDER_A_FILE_SIZE_LIMIT, str(size // 2), *resumed],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "unexpected pos" not in proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert line.startswith("cnnpar: error: runs/f/ckpt/last.pt: cannot be written (")
+    assert f"a file size limit (ulimit -f) of {size // 2 / 2**20:,.1f} MB" in line
+    assert "the checkpoint in runs/f holds epochs 1-1, which --resume runs/f continues" in line
+    assert not list((run / "ckpt").glob(".*.tmp"))
