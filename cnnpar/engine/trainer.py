@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import sys
 import time
 import warnings
@@ -126,8 +127,12 @@ def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
 def closing_feeders(*feeders):
     """Close the feeders (their decoders' outside resources) when the run ends, however it ends;
     one that fails to close is reported without hiding the run's own error or the other feeder."""
+    stopping = False
     try:
         yield
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (errors.Terminated)
+        stopping = True
+        raise
     finally:
         for feeder in feeders:
             if feeder is None:
@@ -135,7 +140,18 @@ def closing_feeders(*feeders):
             try:
                 feeder.close()
             except Exception as e:  # noqa: BLE001 - a warning, then the next feeder
-                warnings.warn(f"closing a data feeder failed: {e!r}", stacklevel=2)
+                if not (stopping and _worker_stopped_with_the_run(e)):
+                    warnings.warn(f"closing a data feeder failed: {e!r}", stacklevel=2)
+
+
+def _worker_stopped_with_the_run(e: Exception) -> bool:
+    """A DataLoader worker that died of the SIGTERM or SIGINT that stopped the run: `timeout` and a Ctrl-C signal
+    the whole process group, workers included, and closing the loader then raised torch's "is killed by signal:
+    Terminated" above the stop line, as if something had failed. A worker killed otherwise is still said."""
+    said = str(e)
+    return isinstance(e, RuntimeError) and any(
+        f"is killed by signal: {signal.strsignal(s)}" in said for s in (signal.SIGTERM, signal.SIGINT)
+    )
 
 
 # (section, field, why): what a resumed run must keep from the run it continues (Trainer._refuse_changed_fields)
