@@ -34,16 +34,24 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
     try:
         atomic_write(path, lambda p: torch.save(state, p))
     except (OSError, RuntimeError) as e:
-        raise UserError(f"{path}: cannot be written ({_write_failure(e, path.parent)}): {_kept(path)}") from None
+        first = _first_error(e)
+        if isinstance(first, KeyboardInterrupt):  # a Ctrl-C or SIGTERM in torch.save, its zip writer's error over it
+            raise first from None
+        raise UserError(f"{path}: cannot be written ({_write_failure(first, path.parent)}): {_kept(path)}") from None
+
+
+def _first_error(e: BaseException) -> BaseException:
+    """The error the chain began with: torch's stream error (or a stop), then its zip writer's on closing."""
+    while e.__context__ is not None and e.__cause__ is None and not e.__suppress_context__:
+        e = e.__context__
+    return e
 
 
 def _write_failure(e: BaseException, folder: Path) -> str:
-    """The first error of the chain (torch's stream error, then its zip writer's on closing), with what the disk and
-    the process's file size limit allow: the stream error alone does not say which of them ran out."""
+    """The error, with what the disk and the process's file size limit allow: torch's stream error alone does not
+    say which of them ran out."""
     import shutil
 
-    while e.__context__ is not None and e.__cause__ is None:
-        e = e.__context__
     facts = [first_line(e)]
     try:
         facts.append(f"{shutil.disk_usage(folder).free / 2**20:,.0f} MB free on its disk")

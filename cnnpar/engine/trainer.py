@@ -130,8 +130,8 @@ def closing_feeders(*feeders):
     stopping = False
     try:
         yield
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (errors.Terminated)
-        stopping = True
+    except BaseException as e:
+        stopping = the_stop(e) is not None
         raise
     finally:
         for feeder in feeders:
@@ -142,6 +142,21 @@ def closing_feeders(*feeders):
             except Exception as e:  # noqa: BLE001 - a warning, then the next feeder
                 if not (stopping and _worker_stopped_with_the_run(e)):
                     warnings.warn(f"closing a data feeder failed: {e!r}", stacklevel=2)
+
+
+def the_stop(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (errors.Terminated) that `e` is, or that `e` replaced: torch's SIGCHLD handler raises
+    "DataLoader worker ... is killed by signal: Terminated" wherever the main thread is when a worker dies, the
+    unwinding of the run's own stop included, and the run then ended in that traceback, with no stop line."""
+    seen = set()
+    while isinstance(e, BaseException) and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        if not (isinstance(e, Exception) and _worker_stopped_with_the_run(e)):
+            return None
+        e = e.__context__
+    return None
 
 
 def _worker_stopped_with_the_run(e: Exception) -> bool:
@@ -838,6 +853,12 @@ class Trainer:
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (errors.Terminated): what is kept, and how to go on
                 self.log(self._stopped_line())
                 raise
+            except RuntimeError as e:  # a worker's death by that stop, raised over it (the_stop)
+                stop = the_stop(e)
+                if stop is None:
+                    raise
+                self.log(self._stopped_line())
+                raise stop from None
             finally:
                 self.stream.exit()  # the caller's stream again, after the training's work
 

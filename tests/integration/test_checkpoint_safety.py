@@ -260,3 +260,37 @@ def test_a_stop_just_after_the_checkpoints_rename_names_the_epochs_it_holds(tmp_
     assert "stopped: the checkpoint in runs/s holds epochs 1-2; continue with: cnnpar train --resume runs/s" in (
         proc.stdout
     )
+
+
+# SIGTERM half-way through epoch 2, and a loader worker's death by it raised over it while it unwinds, as torch's
+# SIGCHLD handler raises it wherever the main thread is
+STOP_THEN_A_WORKERS_DEATH = """
+import sys
+from cnnpar import cli
+from cnnpar.engine import trainer
+from cnnpar.errors import Terminated
+def stop(epoch, step, steps, info):
+    if epoch == 2 and step == 1:
+        try:
+            raise Terminated
+        finally:
+            raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Terminated. ")
+trainer.maybe_inject_fault = stop
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_loader_workers_death_by_the_stop_raised_over_it_still_ends_as_a_stop(tmp_path):
+    """`timeout` with loader workers: the run ended in a "RuntimeError: DataLoader worker ... is killed by signal:
+    Terminated" traceback, without its stop line."""
+    args = [*SMALL, "--epochs", "3", "--name", "w"]
+    proc = subprocess.run(
+        [sys.executable, "-c", STOP_THEN_A_WORKERS_DEATH, *args],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 143, proc.stderr
+    assert "stopped: the checkpoint in runs/w holds epochs 1-1" in proc.stdout
+    assert "Traceback" not in proc.stderr and "killed by signal" not in proc.stderr

@@ -139,3 +139,20 @@ def test_a_write_removes_what_a_killed_writer_of_the_same_file_left_and_not_a_li
         live.send_signal(signal.SIGCONT)
         assert live.wait(timeout=60) == 0
     assert _temps(target) == [] and target.read_text() == "half a file"
+
+
+def test_a_stop_inside_torch_save_stays_a_stop_not_a_failed_write(tmp_path, monkeypatch):
+    """A SIGTERM inside torch.save, with its zip writer's "unexpected pos" error raised over it while it unwound, was
+    reported as a checkpoint that could not be written for want of room."""
+    from cnnpar.errors import Terminated
+
+    def save(state, f):
+        try:
+            raise Terminated
+        finally:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(Terminated):
+        save_checkpoint(tmp_path / "ckpt" / "last.pt", {"w": torch.zeros(2)})
+    assert list((tmp_path / "ckpt").iterdir()) == []
