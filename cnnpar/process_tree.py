@@ -15,12 +15,29 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
 
+PR_SET_PDEATHSIG = 1  # Linux prctl(2): a signal the kernel sends the caller when its parent ends
 GRACE_S = 5.0  # time for torchrun to stop its workers itself after a SIGTERM (they keep no state worth more)
 POLL_S = 0.1
+
+
+def end_with_parent(parent: int, sig: int) -> None:
+    """`sig` for this process when its parent, process `parent`, ends however it ends (Linux's PR_SET_PDEATHSIG):
+    a launcher killed outright (SIGKILL, the OOM killer) runs no clean-up, and a child in a session of its own ran
+    on without it. Called first thing in the child, after exec (a preexec_fn can deadlock a child forked from a
+    process with threads). Where the parent ended before the call, `sig` now, as no signal will come. Nothing off
+    Linux. The signal comes when the thread that started the child ends: start it from the main thread."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, sig)
+    if os.getppid() != parent:  # it died before the prctl took effect: reparented already
+        os.kill(os.getpid(), sig)
 
 
 def stop_process_tree(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:

@@ -17,22 +17,17 @@ def stop_with_parent() -> None:
     """SIGTERM for this process when the `cnnpar train` that started it dies (Linux's PR_SET_PDEATHSIG), which
     torchrun takes as any stop: its workers stop and keep their finished epochs. A SIGKILL of `cnnpar train
     --nproc N` (or the OOM killer) left torchrun, in a session of its own, training to the end and holding the
-    run folder. Set here, after exec, rather than between fork and exec (a preexec_fn can deadlock a child forked
-    from a process with threads). Nothing where the parent's id was not passed, or off Linux."""
-    import ctypes
-    import ctypes.util
+    run folder. Nothing where the parent's id was not passed, or off Linux."""
     import os
+
+    from cnnpar.process_tree import end_with_parent  # imports no torch
 
     # dist.PARENT_ENV, spelled out: importing cnnpar.dist would import torch before the signal is asked for,
     # seconds in which the parent's death goes unnoticed (tests/unit/test_dist_launch.py holds the two equal).
     # Popped: the workers have no use for it.
     parent = os.environ.pop("CNNPAR_LAUNCHER_PARENT", "")
-    if not parent.isdigit() or not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != int(parent):  # it died before the call: no signal will come
-        os.kill(os.getpid(), signal.SIGTERM)
+    if parent.isdigit():
+        end_with_parent(int(parent), signal.SIGTERM)
 
 
 def main() -> int:

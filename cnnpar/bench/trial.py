@@ -30,6 +30,9 @@ from pathlib import Path
 from cnnpar.process_tree import kill_process_tree
 
 OK, FAILED, CUT_OFF = "ok", "failed", "cut off"
+# the parent's process id, for the child to end with it (main): in a session of its own, a child of a parent killed
+# outright (SIGKILL, the OOM killer) measured on with no time limit, holding the device
+PARENT_ENV = "CNNPAR_TRIAL_PARENT"
 POLL_S = 15.0  # how often a running child's progress (its last log line) is shown
 
 
@@ -73,7 +76,7 @@ def run_child(
     with tempfile.TemporaryDirectory(prefix="cnnpar-trial-") as tmp:
         spec_path, result_path, log_path = Path(tmp, "spec.json"), Path(tmp, "result.json"), Path(tmp, "child.log")
         spec_path.write_text(json.dumps(spec))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         start = time.monotonic()
         with open(log_path, "wb") as out:
             proc = subprocess.Popen(
@@ -121,9 +124,15 @@ def _run(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
     from cnnpar.errors import UserError, first_line, user_error_text
+    from cnnpar.process_tree import end_with_parent
     from cnnpar.report.files import write_json_atomic
 
+    parent = os.environ.pop(PARENT_ENV, "")  # popped: what this child starts has another parent
+    if parent.isdigit():
+        end_with_parent(int(parent), signal.SIGKILL)  # as the parent's own limit would: nothing here is worth keeping
     spec_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
     spec = json.loads(Path(spec_path).read_text())
     try:

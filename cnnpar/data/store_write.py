@@ -52,6 +52,7 @@ from cnnpar.data.store import (
     pack_index,
 )
 from cnnpar.errors import DataError, UserError
+from cnnpar.process_tree import end_with_parent
 from cnnpar.report.files import fsync_path
 from cnnpar.report.host import usable_cores
 
@@ -62,7 +63,6 @@ except ImportError:  # Windows has no flock: a killed prepare's partial files st
 
 MAX_CHUNK = 32  # files per task: enough to amortise the IPC, few enough to keep every worker busy
 IN_FLIGHT = 2  # chunks queued per worker: decoded pixels waiting for the writer stay bounded
-PR_SET_PDEATHSIG = 1  # Linux prctl(2): a signal the kernel sends the caller when its parent ends
 
 
 def fit_within(width: int, height: int, max_side: int = 0, short_side: int = 0) -> tuple[int, int]:
@@ -170,13 +170,8 @@ def start_worker(parent: int) -> None:
     """Runs first in each decoding worker, so that it ends with prepare however prepare ends."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork copied cnnpar's handler: stopping a worker ends it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches every process of the terminal; prepare stops us
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        # killed with prepare even when prepare is killed outright (kill -9, the OOM killer): no orphans
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # prepare ended before the prctl took effect
-            os._exit(1)
+    # killed with prepare even when prepare is killed outright (kill -9, the OOM killer): no orphans
+    end_with_parent(parent, signal.SIGKILL)
 
 
 class OrderedDecode:

@@ -27,7 +27,55 @@ def best_state(state: dict) -> dict:
 
 
 def save_checkpoint(path: str | Path, state: dict) -> None:
-    atomic_write(path, lambda p: torch.save(state, p))
+    """Write `state` to `path` atomically; UserError where it cannot be written (a full disk, a file size limit):
+    torch.save's own error is two chained C++ stream errors ("basic_ios::clear: iostream error" then "unexpected
+    pos"), which name neither the file nor the cause, and the run ended in their traceback."""
+    path = Path(path)
+    try:
+        atomic_write(path, lambda p: torch.save(state, p))
+    except (OSError, RuntimeError) as e:
+        first = _first_error(e)
+        if isinstance(first, KeyboardInterrupt):  # a Ctrl-C or SIGTERM in torch.save, its zip writer's error over it
+            raise first from None
+        raise UserError(f"{path}: cannot be written ({_write_failure(first, path.parent)}): {_kept(path)}") from None
+
+
+def _first_error(e: BaseException) -> BaseException:
+    """The error the chain began with: torch's stream error (or a stop), then its zip writer's on closing."""
+    while e.__context__ is not None and e.__cause__ is None and not e.__suppress_context__:
+        e = e.__context__
+    return e
+
+
+def _write_failure(e: BaseException, folder: Path) -> str:
+    """The error, with what the disk and the process's file size limit allow: torch's stream error alone does not
+    say which of them ran out."""
+    import shutil
+
+    facts = [first_line(e)]
+    try:
+        facts.append(f"{shutil.disk_usage(folder).free / 2**20:,.0f} MB free on its disk")
+    except OSError:
+        pass
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            facts.append(f"a file size limit (ulimit -f) of {limit / 2**20:,.1f} MB")
+    except (ImportError, OSError, ValueError):  # no resource module off Unix
+        pass
+    return "; ".join(facts)
+
+
+def _kept(path: Path) -> str:
+    """What the run folder still holds after a failed write of one of its checkpoints (the earlier file stays)."""
+    run_dir = run_dir_of(path)
+    epoch = checkpoint_epoch(run_dir)
+    expected = "expected room for the checkpoint (free disk space, a higher file size limit)"
+    if not epoch:
+        return f"{expected}; no epoch is saved in {run_dir}"
+    return f"{expected}; the checkpoint in {run_dir} holds epochs 1-{epoch}, which --resume {run_dir} continues"
 
 
 def find_checkpoint(path: str | Path) -> Path | None:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import sys
 import time
 import warnings
@@ -126,8 +127,12 @@ def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
 def closing_feeders(*feeders):
     """Close the feeders (their decoders' outside resources) when the run ends, however it ends;
     one that fails to close is reported without hiding the run's own error or the other feeder."""
+    stopping = False
     try:
         yield
+    except BaseException as e:
+        stopping = the_stop(e) is not None
+        raise
     finally:
         for feeder in feeders:
             if feeder is None:
@@ -135,7 +140,33 @@ def closing_feeders(*feeders):
             try:
                 feeder.close()
             except Exception as e:  # noqa: BLE001 - a warning, then the next feeder
-                warnings.warn(f"closing a data feeder failed: {e!r}", stacklevel=2)
+                if not (stopping and _worker_stopped_with_the_run(e)):
+                    warnings.warn(f"closing a data feeder failed: {e!r}", stacklevel=2)
+
+
+def the_stop(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (errors.Terminated) that `e` is, or that `e` replaced: torch's SIGCHLD handler raises
+    "DataLoader worker ... is killed by signal: Terminated" wherever the main thread is when a worker dies, the
+    unwinding of the run's own stop included, and the run then ended in that traceback, with no stop line."""
+    seen = set()
+    while isinstance(e, BaseException) and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        if not (isinstance(e, Exception) and _worker_stopped_with_the_run(e)):
+            return None
+        e = e.__context__
+    return None
+
+
+def _worker_stopped_with_the_run(e: Exception) -> bool:
+    """A DataLoader worker that died of the SIGTERM or SIGINT that stopped the run: `timeout` and a Ctrl-C signal
+    the whole process group, workers included, and closing the loader then raised torch's "is killed by signal:
+    Terminated" above the stop line, as if something had failed. A worker killed otherwise is still said."""
+    said = str(e)
+    return isinstance(e, RuntimeError) and any(
+        f"is killed by signal: {signal.strsignal(s)}" in said for s in (signal.SIGTERM, signal.SIGINT)
+    )
 
 
 # (section, field, why): what a resumed run must keep from the run it continues (Trainer._refuse_changed_fields)
@@ -660,7 +691,9 @@ class Trainer:
         if self.info.is_main:
             (self.run_dir / "ckpt").mkdir(parents=True, exist_ok=True)
             # what a SIGKILL cut short in an earlier attempt's writes (this run holds the folder: none is live)
-            for written in (self.run_dir / "ckpt" / LAST, *(self.run_dir / n for n in RUN_RECORDS)):
+            # (best.pt's too: a whole checkpoint in size, left for good, as no later best.pt write removed it)
+            ckpts = (self.run_dir / "ckpt" / LAST, self.run_dir / "ckpt" / BEST)
+            for written in (*ckpts, *(self.run_dir / n for n in RUN_RECORDS)):
                 remove_orphan_temps(written)
             env = environment(self.info.device, self.info.world_size)
             header = comment_lines(env)
@@ -682,6 +715,10 @@ class Trainer:
             # --epochs) stayed beside the newer metrics and checkpoints of an attempt stopped before its end
             if self.history:
                 write_json_atomic(self.run_dir / "summary.json", self._summary(0.0, finished=False))
+                # likewise a metrics.csv that an earlier attempt stopped in its checkpoint's writes: it held the
+                # epochs the checkpoint held then, until this attempt finished one
+                if self._metrics_stale():
+                    write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
         barrier(self.info)
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -863,6 +900,12 @@ class Trainer:
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (errors.Terminated): what is kept, and how to go on
                 self.log(self._stopped_line())
                 raise
+            except RuntimeError as e:  # a worker's death by that stop, raised over it (the_stop)
+                stop = the_stop(e)
+                if stop is None:
+                    raise
+                self.log(self._stopped_line())
+                raise stop from None
             finally:
                 self.stream.exit()  # the caller's stream again, after the training's work
 
@@ -873,7 +916,10 @@ class Trainer:
         elif self.info.world_size > 1:  # on one machine --nproc starts as many again; on several, each node's launch
             one_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) == self.info.world_size
             again += f" --nproc {self.info.world_size}" if one_node else " in each node's launch command"
-        return stopped_line(self.run_dir, self.saved_epoch, again)
+        # rank 0 reads its checkpoint: a stop landing in save_checkpoint after the rename (in the folder's fsync), or
+        # just after it returned, left saved_epoch one short of what ckpt/last.pt holds
+        saved = max(self.saved_epoch, checkpoint_epoch(self.run_dir)) if self.info.is_main else self.saved_epoch
+        return stopped_line(self.run_dir, saved, again)
 
     def _train_all_epochs(self) -> TrainResult:
         cfg, info = self.cfg, self.info
@@ -1009,7 +1055,7 @@ class Trainer:
         if summary_epochs != len(self.history) or not finished:  # stopped after its last epoch's checkpoint
             write_json_atomic(path, summary)
             stale.append("summary.json")
-        if not metrics.is_file() or len(read_csv(metrics)) != len(self.history):
+        if self._metrics_stale():
             write_csv_atomic(metrics, self.history, METRIC_COLUMNS)
             stale.append("metrics.csv")
         if stale and summary_epochs is not None:
@@ -1017,6 +1063,12 @@ class Trainer:
                 f"{' and '.join(stale)} written again from the checkpoint's {len(self.history)} epochs (an attempt "
                 "stopped before they matched it)"
             )
+
+    def _metrics_stale(self) -> bool:
+        """metrics.csv missing, or holding other epochs than the checkpoint (self.history)."""
+        metrics = self.run_dir / "metrics.csv"
+        held = [str(r["epoch"]) for r in self.history]
+        return not metrics.is_file() or [r["epoch"] for r in read_csv(metrics)] != held
 
     def check_diverged(self, epoch: int, row: dict) -> None:
         """Stop a run whose training diverged, before its checkpoint overwrites the last good one (the epochs
@@ -1088,7 +1140,6 @@ class Trainer:
 
     def _end_epoch(self, epoch: int, row: dict) -> None:
         if self.info.is_main:
-            write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
             self.board.end_epoch(row, self.board_step())  # on disk before the checkpoint it resumes from
             t_save = time.perf_counter()
             state = self._state(epoch)
@@ -1099,6 +1150,9 @@ class Trainer:
                 self.best_saved_epoch = epoch
             # on the epoch's line and summed in the summary (not a metrics.csv column: see METRIC_COLUMNS)
             row["checkpoint_s"] = time.perf_counter() - t_save
+            # after the checkpoint, as the summary: written before it, a stop in its write (or a full disk) left a
+            # row for an epoch that no checkpoint holds
+            write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
             if epoch < self.cfg.run.epochs:  # the last epoch's is written whole, finished, once the loop ends
                 # the epochs the checkpoint holds, whatever ends the run next: a SIGTERM that torchrun's workers
                 # die of unheard, or a SIGKILL, left no summary, or an earlier attempt's of fewer epochs (after

@@ -9,9 +9,15 @@ import json
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows has no flock: a killed writer's temp file stays there (remove_orphan_temps aside)
+    fcntl = None
 
 
 def check_out_folder(path: str | Path, flag: str) -> None:
@@ -28,8 +34,9 @@ def check_out_folder(path: str | Path, flag: str) -> None:
             return
 
 
-def _create_temp(folder: Path, name: str) -> Path:
-    """A new empty file in `folder`, created with mode 0o666 so the kernel applies the umask.
+def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
+    """A new empty file in `folder`, created with mode 0o666 so the kernel applies the umask, and an open
+    descriptor holding an flock on it while it is written: the mark of a live writer (`_dead_temp`).
 
     Not tempfile.mkstemp: it creates 0o600 whatever the umask says, and the rename keeps that
     mode, so every CSV, checkpoint and submission came out readable by its owner alone. Asking
@@ -39,10 +46,13 @@ def _create_temp(folder: Path, name: str) -> Path:
     for _ in range(100):
         tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
         try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            return tmp
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             continue
+        if fcntl is not None:
+            with contextlib.suppress(OSError):  # a file system without locks: its temps are never taken for dead
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return tmp, fd
     raise FileExistsError(f"no free temporary name for {folder / name}")
 
 
@@ -52,6 +62,42 @@ def remove_orphan_temps(path: str | Path) -> None:
     path = Path(path)
     for orphan in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         orphan.unlink(missing_ok=True)
+
+
+# an unlocked temp this young and empty may be a writer between its create and its flock (microseconds apart)
+NEWBORN_S = 60.0
+
+
+def _dead_temp(path: Path) -> bool:
+    """True where no live writer holds `path`'s flock (`_create_temp`): its writer was killed mid-write. False where
+    the file system has no locks, and for an empty one made in the last NEWBORN_S seconds."""
+    try:
+        # for writing: NFS emulates flock with byte-range locks, whose exclusive kind needs a writable file
+        fd = os.open(path, os.O_RDWR)
+    except OSError:  # gone already, or another user's
+        return False
+    try:
+        st = os.fstat(fd)
+        if st.st_size == 0 and time.time() - st.st_mtime < NEWBORN_S:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:  # held (BlockingIOError), or no locks on this file system
+        return False
+    finally:
+        os.close(fd)
+
+
+def remove_dead_temps(path: str | Path) -> None:
+    """Remove the temp files of writes of `path` whose writer died (SIGKILL, the OOM killer) before its own clean-up
+    ran; a live writer's, which it holds locked, stay. Every atomic write does this, so a killed predict, tune or
+    bench leaves no hidden file for good: only run folders had it (remove_orphan_temps)."""
+    if fcntl is None:
+        return
+    path = Path(path)
+    for temp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        if _dead_temp(temp):
+            temp.unlink(missing_ok=True)
 
 
 def fsync_path(path: Path) -> None:
@@ -71,7 +117,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _create_temp(path.parent, path.name)
+    tmp, fd = _create_temp(path.parent, path.name)
     try:
         write(tmp)
         fsync_path(tmp)
@@ -79,7 +125,11 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)  # after the unlink: a temp is never unlocked while it is there, so never taken for dead
     fsync_path(path.parent)
+    with contextlib.suppress(OSError):  # what a killed earlier writer left: no reason to fail this write
+        remove_dead_temps(path)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

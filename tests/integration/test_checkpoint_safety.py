@@ -161,3 +161,136 @@ def test_a_killed_resume_leaves_the_summary_of_its_checkpoint_not_the_earlier_at
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2"]
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["epochs"], summary["finished"]) == (2, False)
+
+
+# the CLI under a file size limit (as `ulimit -f` sets it; Python ignores SIGXFSZ, so the write fails with EFBIG)
+UNDER_A_FILE_SIZE_LIMIT = """
+import resource, sys
+from cnnpar import cli
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_in_one_line_naming_the_file_the_cause_and_what_is_kept(tmp_path):
+    """A full disk or a file size limit ended the run in torch's two chained C++ stream errors, naming no file."""
+    run = tmp_path / "runs" / "f"
+    first = subprocess.run(
+        [sys.executable, "-m", "cnnpar", *SMALL, "--epochs", "1", "--name", "f"], cwd=tmp_path, env=cli_env()
+    )
+    assert first.returncode == 0
+    size = (run / "ckpt" / "last.pt").stat().st_size
+    resumed = [*SMALL, "--epochs", "2", "--resume", "runs/f"]
+    proc = subprocess.run(
+        [sys.executable, "-c", UNDER_A_FILE_SIZE_LIMIT, str(size // 2), *resumed],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "unexpected pos" not in proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+    assert line.startswith("cnnpar: error: runs/f/ckpt/last.pt: cannot be written (")
+    assert f"a file size limit (ulimit -f) of {size // 2 / 2**20:,.1f} MB" in line
+    assert "the checkpoint in runs/f holds epochs 1-1, which --resume runs/f continues" in line
+    assert not list((run / "ckpt").glob(".*.tmp"))
+
+
+# signals itself inside the trainer's save of ckpt/last.pt for epoch 2: SIG, and WHEN "before" the file is renamed
+# into place (killed mid-write) or "after" it (a stop in atomic_write's folder fsync, after the rename)
+SIGNALLED_IN_SAVE = """
+import os, signal, sys
+from cnnpar import cli
+from cnnpar.engine import trainer
+sig, when = getattr(signal, sys.argv[1]), sys.argv[2]
+real = trainer.save_checkpoint
+def save(path, state):
+    if path.name == "last.pt" and state["epoch"] == 2 and when == "before":
+        os.kill(os.getpid(), sig)
+    real(path, state)
+    if path.name == "last.pt" and state["epoch"] == 2 and when == "after":
+        os.kill(os.getpid(), sig)
+trainer.save_checkpoint = save
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+def test_metrics_csv_never_holds_an_epoch_the_checkpoint_does_not_and_a_resume_cleans_a_killed_best_write(tmp_path):
+    """A kill during epoch 2's save of last.pt left metrics.csv with rows 1-2 beside a checkpoint of epoch 1, and a
+    resume stopped before finishing an epoch left them so; a killed best.pt write's temp (a whole checkpoint in
+    size) stayed for good."""
+    run = tmp_path / "runs" / "m"
+    args = [*SMALL, "--epochs", "3", "--name", "m"]
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNALLED_IN_SAVE, "SIGKILL", "before", *args], cwd=tmp_path, env=cli_env()
+    )
+    assert proc.returncode == -9
+    assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1"]
+    # as an attempt of a cnnpar that wrote metrics.csv before the checkpoint left it, and a killed best.pt write
+    with (run / "metrics.csv").open("a") as f:
+        f.write("2" + ",0" * 12 + "\n")
+    best_temp = run / "ckpt" / ".best.pt.0badc0de.tmp"
+    best_temp.write_bytes(b"half a checkpoint")
+    resumed = [*SMALL, "--resume", "runs/m"]
+    proc = subprocess.run(
+        [sys.executable, "-c", STOPPED_IN_EPOCH_2, *resumed],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 143, proc.stderr
+    assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1"]
+    assert not best_temp.exists()
+
+
+def test_a_stop_just_after_the_checkpoints_rename_names_the_epochs_it_holds(tmp_path):
+    """A SIGTERM in atomic_write's fsync of the folder, after last.pt of epoch 2 was renamed into place, printed
+    "holds epochs 1-1": saved_epoch was set only once save_checkpoint returned."""
+    args = [*SMALL, "--epochs", "3", "--name", "s"]
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNALLED_IN_SAVE, "SIGTERM", "after", *args],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 143, proc.stderr
+    assert "stopped: the checkpoint in runs/s holds epochs 1-2; continue with: cnnpar train --resume runs/s" in (
+        proc.stdout
+    )
+
+
+# SIGTERM half-way through epoch 2, and a loader worker's death by it raised over it while it unwinds, as torch's
+# SIGCHLD handler raises it wherever the main thread is
+STOP_THEN_A_WORKERS_DEATH = """
+import sys
+from cnnpar import cli
+from cnnpar.engine import trainer
+from cnnpar.errors import Terminated
+def stop(epoch, step, steps, info):
+    if epoch == 2 and step == 1:
+        try:
+            raise Terminated
+        finally:
+            raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Terminated. ")
+trainer.maybe_inject_fault = stop
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_loader_workers_death_by_the_stop_raised_over_it_still_ends_as_a_stop(tmp_path):
+    """`timeout` with loader workers: the run ended in a "RuntimeError: DataLoader worker ... is killed by signal:
+    Terminated" traceback, without its stop line."""
+    args = [*SMALL, "--epochs", "3", "--name", "w"]
+    proc = subprocess.run(
+        [sys.executable, "-c", STOP_THEN_A_WORKERS_DEATH, *args],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 143, proc.stderr
+    assert "stopped: the checkpoint in runs/w holds epochs 1-1" in proc.stdout
+    assert "Traceback" not in proc.stderr and "killed by signal" not in proc.stderr

@@ -510,3 +510,32 @@ def test_each_pipeline_stage_keeps_one_stream_of_its_own_across_epochs(monkeypat
     assert len(drawn) == 2
     feeder.device, feeder._stage_streams = torch.device("cpu"), {}
     assert feeder._stage_stream("feed") is None and len(made) == 2 and len(drawn) == 2  # no streams off CUDA
+
+
+def test_a_worker_that_died_of_the_runs_own_stop_is_not_reported_as_a_failure():
+    """`timeout` signals the whole process group: the loader's workers died of the same SIGTERM, and closing the loader
+    warned "closing a data feeder failed: ... is killed by signal: Terminated" above the stop line."""
+    import warnings
+
+    from cnnpar.engine.trainer import closing_feeders
+    from cnnpar.errors import Terminated
+
+    class Feeder:
+        def __init__(self, signal_name: str) -> None:
+            self.signal_name = signal_name
+
+        def close(self) -> None:
+            raise RuntimeError(f"DataLoader worker (pid 4242) is killed by signal: {self.signal_name}. ")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for stop in (Terminated, KeyboardInterrupt):
+            with pytest.raises(stop), closing_feeders(Feeder("Terminated"), Feeder("Interrupt")):
+                raise stop
+    # a worker killed by something else while stopping, and one killed by SIGTERM in a run not stopping, are said
+    with pytest.warns(UserWarning, match="is killed by signal: Killed"):
+        with pytest.raises(Terminated), closing_feeders(Feeder("Killed")):
+            raise Terminated
+    with pytest.warns(UserWarning, match="is killed by signal: Terminated"):
+        with closing_feeders(Feeder("Terminated")):
+            pass

@@ -539,3 +539,40 @@ def test_a_start_the_budget_left_no_time_for_says_to_raise_the_budget(tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith(f"tune: no {out} written (the start was not started: time budget spent (0 s left), ")
     assert f"raise --budget-s: cnnpar tune --device cpu --out {out} --budget-s 60); trials in " in err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: prctl's parent-death signal")
+def test_a_trial_ends_with_a_tuner_killed_outright(tmp_path):
+    """`cnnpar tune` killed with SIGKILL (or by the OOM killer) left its trial, in a session of its own, measuring on
+    with no time limit."""
+    import os
+    import signal
+    import subprocess
+
+    from tests.conftest import cli_env
+
+    pid_file = tmp_path / "child.pid"
+    child = (  # the trial's own main, measuring for longer than the test runs
+        "import os, sys, time; from cnnpar.bench import trial; "
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+        "trial._run = lambda spec: time.sleep(120); sys.exit(trial.main(sys.argv[1:]))"
+    )
+    tuner = (
+        "import sys; from cnnpar.bench.trial import run_child; "
+        f"run_child({{}}, 120.0, command=lambda spec, res: [sys.executable, '-c', {child!r}, str(spec), str(res)])"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", tuner], env=cli_env())
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "the trial never started"
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())
+    time.sleep(0.5)  # past the child's prctl: a parent dead before it is the other branch
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("the trial outlived the tuner that started it")
+        time.sleep(0.05)
