@@ -84,7 +84,8 @@ class BatchChoice:
             f"{p.batch}: {p.failed}" if p.failed else f"{p.batch}: {p.images_per_s:,.0f} img/s" for p in self.probes
         )
         started = f"; started at {self.started}" if self.started else ""
-        return f"batch size auto: {self.batch} (measured {tried}{started}; stopped: {self.stopped})"
+        measured = f"measured {tried}" if tried else "none measured"  # a split too small for any trial
+        return f"batch size auto: {self.batch} ({measured}{started}; stopped: {self.stopped})"
 
 
 def batch_cap(train_samples: int, world_size: int) -> int:

@@ -263,3 +263,11 @@ def test_the_trainer_tells_the_search_whether_a_gpu_decoder_feeds_the_step(monke
         assert tr.cfg.run.batch_size == 4 and "started at 4: a stand-in" in tr.batch_line
     finally:
         tr.close()
+
+
+def test_a_search_that_measured_nothing_says_so():
+    """A split too small for any trial printed `(measured ; stopped: ...)` on an H200 (call ZZZZP's doctor)."""
+    from cnnpar.engine.batch_size import BatchChoice
+
+    line = BatchChoice(64, "the data set allows no larger batch").line()
+    assert line == "batch size auto: 64 (none measured; stopped: the data set allows no larger batch)"
