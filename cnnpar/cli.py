@@ -30,12 +30,20 @@ def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
 RUN_DIR_NOTE_ENV = "CNNPAR_RUN_DIR_NOTE"
 
 
+def stop_said_marker(note: Path) -> Path:
+    """Beside the run-folder note: rank 0 has printed the stop line itself (a Ctrl-C reaches every process of the
+    group), and the launcher's own would say it a second time."""
+    return note.with_name(note.name + ".said")
+
+
 def launch_end_line(note: Path, nproc: int) -> str:
     """The launcher's line when its workers failed or were stopped: what the run folder's checkpoint keeps and
-    the command that continues it."""
+    the command that continues it ("" where rank 0 has said it)."""
     from cnnpar.engine.checkpoint import checkpoint_epoch
     from cnnpar.engine.rundir import RunFolderInUse, refuse_a_live_run, stopped_line
 
+    if stop_said_marker(note).is_file():
+        return ""
     if not note.is_file():
         return "stopped before training began: this launch saved no epoch (the same command starts it again)"
     run_dir = note.read_text()
@@ -122,10 +130,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             try:
                 rc = run_launcher(cmd, env)
             except KeyboardInterrupt:
-                print(launch_end_line(note, cfg.dist.nproc), flush=True)
+                if line := launch_end_line(note, cfg.dist.nproc):
+                    print(line, flush=True)
                 raise
-            if rc != 0 and note.is_file():  # a rank that failed before it chose a folder said why itself
-                print(launch_end_line(note, cfg.dist.nproc), flush=True)
+            if rc != 0 and note.is_file() and (line := launch_end_line(note, cfg.dist.nproc)):
+                print(line, flush=True)  # a rank that failed before it chose a folder said why itself
             return rc
     teardown = destroy_distributed
     try:
@@ -144,7 +153,12 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         note = os.environ.get(RUN_DIR_NOTE_ENV) if info.is_main else None
         if note:  # for the launcher's last line (launch_end_line)
             Path(note).write_text(str(trainer.run_dir))
-        result = trainer.fit()
+        try:
+            result = trainer.fit()
+        except KeyboardInterrupt:
+            if note and trainer.stop_said:
+                stop_said_marker(Path(note)).touch()
+            raise
         if info.is_main:
             best = result.summary.get("best_val_acc")
             # an accuracy on validation files that are training files must not travel alone

@@ -313,6 +313,7 @@ class Trainer:
         self.best_saved_epoch = 0  # the epoch ckpt/best.pt holds (rank 0's; 0: none)
         self._t_start: float | None = None  # when this attempt's epochs began (each epoch's summary times them)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
+        self.stop_said = False  # fit printed the stop line (what is kept, how to go on): --nproc's launcher need not
         refusal = None  # this rank's own (its copy of the checkpoint unreadable, or of other data): said together
         try:
             self.run_dir, resume_from = resolve_run(cfg, info)
@@ -899,12 +900,14 @@ class Trainer:
                     return self._train_all_epochs()
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (errors.Terminated): what is kept, and how to go on
                 self.log(self._stopped_line())
+                self.stop_said = True
                 raise
             except RuntimeError as e:  # a worker's death by that stop, raised over it (the_stop)
                 stop = the_stop(e)
                 if stop is None:
                     raise
                 self.log(self._stopped_line())
+                self.stop_said = True
                 raise stop from None
             finally:
                 self.stream.exit()  # the caller's stream again, after the training's work

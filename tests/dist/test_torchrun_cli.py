@@ -202,6 +202,30 @@ def test_sigterm_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tm
     assert not left, [p.info["cmdline"] for p in left]
 
 
+def test_ctrl_c_under_nproc_prints_the_epochs_kept_once(tmp_path):
+    """A Ctrl-C: rank 0 printed the stop line, then the launcher printed the same line again."""
+    name = f"int-{tmp_path.name}"
+    args = ["--nproc", "2", "--epochs", "50", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--name", name]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cnnpar", "train", *args], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    ckpt = tmp_path / "runs" / name / "ckpt" / "last.pt"
+    try:
+        deadline = time.monotonic() + 240
+        while not ckpt.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C reaches the launcher's group
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = [line for line in out.splitlines() if line.startswith("stopped: the checkpoint in ")]
+    assert len(said) == 1, out[-2000:] + err[-2000:]
+    assert said[0].endswith(f"continue with: cnnpar train --resume runs/{name} --nproc 2"), said
+
+
 def test_a_killed_worker_under_nproc_ends_with_the_epochs_kept_and_the_command_that_continues(cli):
     """It ended with rank 0's traceback and torchrun's ChildFailedError traceback and FAILED block, and said
     nothing of the checkpoint; the line it now ends with continues the run."""
