@@ -21,8 +21,10 @@ class DataError(UserError):
 
 
 class Diverged(UserError):
-    """Training whose loss stopped being finite. `epoch`, `what` ("train loss", "val loss") and `loss` let a caller
-    that runs the engine under other flags (`cnnpar compare`'s torch runner) say it in its own terms."""
+    """Training that stopped being finite. `epoch`, `what` ("train loss", "val loss", "weights": the weights or
+    buffers, "outputs": the loss on the epoch's last batch after its last update) and `loss` (that value; for
+    "weights" inf or nan) let a caller that runs the engine under other flags (`cnnpar compare`'s torch runner) say
+    it in its own terms."""
 
     def __init__(self, message: str, epoch: int, what: str, loss: float) -> None:
         super().__init__(message)

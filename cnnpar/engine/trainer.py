@@ -91,7 +91,7 @@ METRIC_COLUMNS = [
     "skipped_steps",
     "eval_s",
     "eval_wait_s",
-]  # the checkpoint's seconds are not a column: the file is written before the checkpoint (the summary sums them)
+]  # the checkpoint's seconds are not a column: the summary sums them
 PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
 PROBE_IMAGES = 8  # images of an unevaluated epoch's last batch whose outputs check its last update (check_diverged)
 
@@ -1077,51 +1077,61 @@ class Trainer:
         """Stop a run whose training diverged, before its checkpoint overwrites the last good one (the epochs
         already finished stay in the run folder): every command that trains epochs (train, bench's time to
         accuracy) asks here. A step's loss is read before its update, so the state the epoch ends on is checked
-        too: its weights and buffers and, where the epoch was not evaluated, the outputs on its last batch
-        (weights of 1e28 are finite, their logits are not). fp16's GradScaler skips overflowing steps on purpose
-        (their losses are inf/nan): a non-finite train loss only warns there, while the weights and buffers stay
-        finite. A non-finite validation loss is divergence under any precision (evaluation has no scaler)."""
-        state_ok, outputs, largest = self._state_finite(probe="val_loss" not in row)
-        loss = row["train_loss"]
-        if not math.isfinite(loss):
-            if self.precision.scaler is None:
-                self._diverged(epoch, "train loss", loss)
-            if not state_ok:  # a forward that overflowed wrote inf/nan into BatchNorm's statistics: no skip undoes that
-                self._diverged(
-                    epoch, "train loss", loss, f"train loss {loss} is not finite and neither are the weights or buffers"
-                )
-            self.log(
-                f"warning: epoch {epoch}: train loss {loss} (fp16 overflows; the GradScaler skipped "
-                f"{self.precision.skipped_steps} steps so far); if it stays so, try --precision bf16 or --lr "
-                f"{self.cfg.optim.lr / 2:g}"
-            )
-        if "val_loss" in row and not math.isfinite(row["val_loss"]):
-            self._diverged(epoch, "val loss", row["val_loss"])
+        too: its weights and buffers and, where no evaluation scored the live weights (an epoch not evaluated, or
+        evaluated on the weight average), the outputs on its last batch (weights of 1e28 are finite, their logits
+        are not). fp16 is the exception while the weights and buffers stay finite: its GradScaler skips
+        overflowing steps on purpose (their losses are inf/nan), and logits past fp16's 65,504 overflow in
+        evaluation too, where an fp32 run of the same weights trains on; there a non-finite loss only warns."""
+        scored_live = "val_loss" in row and (self.average is None or not self.average.started)
+        state_ok, outputs, every_largest, own_largest = self._state_finite(probe=not scored_live)
+        fp16 = self.precision.scaler is not None
+        losses = [("train loss", row["train_loss"]), ("val loss", row.get("val_loss", 0.0))]
+        bad = [(what, value) for what, value in losses if not math.isfinite(value)]
+        if bad and (not fp16 or not state_ok):
+            what, value = bad[0]
+            # under fp16 the loss alone would have warned: a forward that overflowed wrote inf/nan into BatchNorm's
+            # statistics, which no skipped step undoes
+            text = f"{what} {value} is not finite and neither are the weights or buffers" if fp16 else ""
+            self._diverged(epoch, what, value, text)
         if not state_ok:
-            self._diverged(epoch, "weights", largest, "the weights or buffers are not finite")  # some rank's
+            self._diverged(epoch, "weights", every_largest, "the weights or buffers are not finite")  # some rank's
         if not math.isfinite(outputs):
-            text = (
-                f"after its last update the loss on its last batch is {outputs} (the largest weight is {largest:.3g})"
+            if not fp16:
+                text = (
+                    f"after its last update the loss on its last batch is {outputs} (the largest weight is "
+                    f"{own_largest:.3g})"
+                )
+                self._diverged(epoch, "outputs", outputs, text)
+            bad.append(("loss on its last batch", outputs))
+        if bad:
+            said = ", ".join(f"{what} {value}" for what, value in bad)
+            self.log(
+                f"warning: epoch {epoch}: {said} (fp16 overflows; the GradScaler skipped "
+                f"{self.precision.skipped_steps} steps so far; the weights and buffers are finite); if it stays so, "
+                f"try --precision bf16 or --lr {self.cfg.optim.lr / 2:g}"
             )
-            self._diverged(epoch, "outputs", outputs, text)
 
-    def _state_finite(self, probe: bool) -> tuple[bool, float, float]:
+    def _state_finite(self, probe: bool) -> tuple[bool, float, float, float]:
         """(whether every rank's weights and floating buffers are finite, the loss on the epoch's last batch in eval
-        mode where `probe` (else 0) summed over the ranks, this rank's largest magnitude among them): every rank
-        stops alike (BatchNorm buffers differ by rank). The largest magnitude, not a norm: a norm of finite
-        weights of 1e20 overflows. Note: a CPU-GPU sync point, once an epoch."""
+        mode where `probe` (else 0) summed over the ranks, the ranks' largest magnitudes summed (inf or nan where
+        any is), this rank's largest magnitude): every rank stops alike (BatchNorm buffers differ by rank). The
+        largest magnitude, not a norm: a norm of finite weights of 1e20 overflows. Note: a CPU-GPU sync point, once
+        an epoch."""
         models = [self.raw_model] + ([self.average.eval_model()] if self.average is not None else [])
-        tensors = [t.detach() for m in models for t in (*m.parameters(), *m.buffers()) if t.is_floating_point()]
+        tensors = [
+            t.detach() for m in models for t in (*m.parameters(), *m.buffers()) if t.is_floating_point() and t.numel()
+        ]  # _foreach_norm's inf-norm refuses an empty tensor
         largest = torch.stack([n.double() for n in torch._foreach_norm(tensors, float("inf"))]).max()
         loss = torch.zeros((), dtype=torch.float64, device=self.info.device)
         if probe and self.last_batch is not None:
             self.raw_model.eval()  # BatchNorm's running statistics, as predict and evaluation use them
-            loss = eval_batch(self.raw_model, *self.last_batch, self.precision)[0]
+            with torch.no_grad():
+                loss = eval_batch(self.raw_model, *self.last_batch, self.precision)[0]
             self.raw_model.train()
         largest = largest.to(loss.device)
         sums = all_reduce_sum(torch.stack([largest, loss]), self.info)  # inf and nan survive a sum
         every_largest, outputs, own_largest = torch.cat([sums, largest[None]]).tolist()
-        return math.isfinite(every_largest), outputs, own_largest
+        return math.isfinite(every_largest), outputs, every_largest, own_largest
 
     def _diverged(self, epoch: int, what: str, value: float, text: str = "") -> None:
         """Raise the one-line error; `what` and `value` are Diverged's fields, `text` what the line says of them."""

@@ -169,3 +169,30 @@ def test_weights_that_diverge_in_an_epochs_last_steps_stop_the_run_at_its_evalua
     assert len(err) == 1 and err[0].startswith("cnnpar: error: epoch 2: val loss nan is not finite"), err
     with open(tmp_path / "late" / "metrics.csv") as f:
         assert [row["epoch"] for row in csv.DictReader(f)] == ["1"]  # epoch 2's checkpoint never replaced epoch 1's
+
+
+def test_fp16_logits_past_its_range_warn_while_the_weights_stay_finite(tmp_path, monkeypatch, capsys):
+    """Validation logits above fp16's 65,504 give an inf loss with finite weights (--lr 0.2 here: fp32's val loss
+    is 1e5); the run had been stopped as diverged, where before (and in fp32) it trained on."""
+    evaluate = trainer_mod.Trainer.evaluate
+
+    def overflowing_evaluation(self):
+        row = evaluate(self)
+        return {**row, "val_loss": float("inf")}
+
+    monkeypatch.setattr(trainer_mod.Trainer, "evaluate", overflowing_evaluation)
+    assert main([*ARGS, *FP16, "--out-dir", str(tmp_path), "--name", "fp16"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: epoch 1: val loss inf (fp16 overflows" in out and "the weights and buffers are finite" in out
+    assert kept_epochs(tmp_path / "fp16") == ["1", "2", "3"]
+
+
+def test_outputs_of_live_weights_are_checked_where_evaluation_scored_the_weight_average(tmp_path, monkeypatch, capsys):
+    """With --ema the evaluation scores the average, not the weights the last update changed: weights of 1e20 after
+    an evaluated epoch passed, and that epoch's checkpoint replaced the last good one."""
+    after_training(monkeypatch, 2, lambda model: [p.mul_(1e20) for p in model.parameters()])
+    ema = ["--ema", "0.9", "--ema-start", "0"]
+    assert main([*ARGS, "--precision", "fp32", *ema, "--out-dir", str(tmp_path), "--name", "ema"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "after its last update the loss on its last batch is " in err[0], err
+    assert kept_epochs(tmp_path / "ema") == ["1"]
