@@ -6,8 +6,8 @@ Why a second GPU decoder beside torchvision's nvJPEG call:
   decodes on them, not on the SMs that the training step needs. (This was the reason it was added;
   torchvision's batched call, it turned out later, uses the same engines for baseline JPEGs:
   docs/decoding.md.)
-- It can decode a region (`regions`): a random-resized crop keeps 25-100 % of the photo
-  (crop_resize.RRC_SCALE). Off by default: on an H200 (nvJPEG 13.0) it was no faster, and the
+- It can decode a region (`regions`): a random-resized crop keeps --crop-min-scale (25 % by default) to 100 %
+  of the photo (crop_resize.RRC_SCALE). Off by default: on an H200 (nvJPEG 13.0) it was no faster, and the
   library turns it off for images with interpolated chroma, warning once per image.
 - An image it cannot decode comes back as None in its place; the rest of the batch is kept (a
   batched torchvision call fails as a whole).

@@ -26,6 +26,11 @@ def best_state(state: dict) -> dict:
     return {k: v for k, v in state.items() if k not in TRAINING_ONLY}
 
 
+# torch.save's errors when its file cannot take the bytes (a full disk, a file size limit): its C++ stream's, then
+# its zip writer's on closing
+WRITE_ERRORS = ("iostream error", "unexpected pos", "PytorchStreamWriter")
+
+
 def save_checkpoint(path: str | Path, state: dict) -> None:
     """Write `state` to `path` atomically; UserError where it cannot be written (a full disk, a file size limit):
     torch.save's own error is two chained C++ stream errors ("basic_ios::clear: iostream error" then "unexpected
@@ -37,6 +42,8 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
         first = _first_error(e)
         if isinstance(first, KeyboardInterrupt):  # a Ctrl-C or SIGTERM in torch.save, its zip writer's error over it
             raise first from None
+        if not isinstance(first, OSError) and not any(mark in str(first) for mark in WRITE_ERRORS):
+            raise  # not the file's: a CUDA error met in the copy to the host keeps its own traceback
         raise UserError(f"{path}: cannot be written ({_write_failure(first, path.parent)}): {_kept(path)}") from None
 
 

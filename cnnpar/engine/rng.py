@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 EPOCH_STRIDE = 1 << 20  # seeds of one epoch's ranks never meet the next epoch's below 2**20 ranks
-RNG_SCHEME = "per-epoch seeds"  # stored in checkpoints; older ones lack it (their epochs drew on)
+# Stored in checkpoints; older ones lack it (their epochs drew on). "per-epoch seeds" was the scheme before the
+# per-sample keys were hashed (data/transforms.mix_seed) and random-resized crops fell back as torchvision's.
+RNG_SCHEME = "per-epoch seeds, hashed sample keys"
 
 
 def epoch_seed(seed: int, rank: int, epoch: int) -> int:

@@ -562,10 +562,15 @@ class Trainer:
         changed = self._changed_settings(state)
         if changed:
             self.log(f"resume: changed since the checkpoint, from epoch {finished + 1} on: {changed}")
-        if state.get("rng") != RNG_SCHEME:
+        if "rng" not in state:
             self.log(
                 "note: this checkpoint stores no RNG state (written before per-epoch seeds): the resumed "
                 "epochs draw other crops, flips and worker seeds than an uninterrupted run would have"
+            )
+        elif state["rng"] != RNG_SCHEME:
+            self.log(
+                f"note: this checkpoint's epochs drew their augmentation by an earlier scheme ({state['rng']}; now "
+                f"{RNG_SCHEME}): the resumed epochs draw other crops and flips than an uninterrupted run would have"
             )
         planned = int(state.get("config", {}).get("run", {}).get("epochs", self.cfg.run.epochs))
         if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
@@ -582,7 +587,8 @@ class Trainer:
         refused."""
         stored, now = state.get("config", {}), to_dict(self.cfg)
         said_elsewhere = {("optim", "optimizer"), ("optim", "grad_accum")}
-        fields = [("optim", name) for name in now["optim"]] + [("data", "augment"), ("run", "tta_level")]
+        fields = [("optim", name) for name in now["optim"]] + [("data", "augment"), ("data", "crop_min_scale")]
+        fields += [("run", "tta_level")]
         why = {
             ("optim", "ema"): "the checkpoint's weight average is dropped: validation scores the trained weights"
             if "average" in state and self.average is None

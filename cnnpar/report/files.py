@@ -49,9 +49,13 @@ def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
             continue
-        if fcntl is not None:
-            with contextlib.suppress(OSError):  # a file system without locks: its temps are never taken for dead
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            if fcntl is None:  # no flock (Windows): its temps are never taken for dead
+                raise OSError
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # nothing to hold: closed now, since Windows renames no file that is still open
+            os.close(fd)
+            fd = -1
         return tmp, fd
     raise FileExistsError(f"no free temporary name for {folder / name}")
 
@@ -64,13 +68,14 @@ def remove_orphan_temps(path: str | Path) -> None:
         orphan.unlink(missing_ok=True)
 
 
-# an unlocked temp this young and empty may be a writer between its create and its flock (microseconds apart)
-NEWBORN_S = 60.0
+# An unlocked temp written to this recently may still be a live writer's: one between its create and its flock
+# (microseconds apart), or one on another machine whose flock this one cannot see (NFS mounted with local locks).
+QUIET_S = 60.0
 
 
 def _dead_temp(path: Path) -> bool:
-    """True where no live writer holds `path`'s flock (`_create_temp`): its writer was killed mid-write. False where
-    the file system has no locks, and for an empty one made in the last NEWBORN_S seconds."""
+    """True where no live writer holds `path`'s flock (`_create_temp`) and nothing has written to it for QUIET_S
+    seconds: its writer was killed mid-write. False where the file system has no locks."""
     try:
         # for writing: NFS emulates flock with byte-range locks, whose exclusive kind needs a writable file
         fd = os.open(path, os.O_RDWR)
@@ -78,7 +83,7 @@ def _dead_temp(path: Path) -> bool:
         return False
     try:
         st = os.fstat(fd)
-        if st.st_size == 0 and time.time() - st.st_mtime < NEWBORN_S:
+        if time.time() - st.st_mtime < QUIET_S:
             return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
@@ -126,7 +131,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
         tmp.unlink(missing_ok=True)
         raise
     finally:
-        os.close(fd)  # after the unlink: a temp is never unlocked while it is there, so never taken for dead
+        if fd >= 0:
+            os.close(fd)  # after the unlink: a temp is never unlocked while it is there, so never taken for dead
     fsync_path(path.parent)
     with contextlib.suppress(OSError):  # what a killed earlier writer left: no reason to fail this write
         remove_dead_temps(path)

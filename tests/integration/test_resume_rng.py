@@ -90,3 +90,20 @@ def test_checkpoint_without_rng_scheme_still_resumes_with_a_note(tmp_path):
     assert "after epoch 1" in again.stdout
     assert "stores no RNG state" in again.stdout
     assert len(read_csv(tmp_path / "runs" / "old" / "metrics.csv")) == 2
+
+
+def test_a_checkpoint_of_the_earlier_seed_scheme_and_a_changed_crop_scale_are_said_on_resume(tmp_path):
+    """The per-sample keys became hashed (transforms.mix_seed): a checkpoint of the earlier scheme resumed without a
+    word, and so did a --crop-min-scale other than the checkpoint's, though both change the crops drawn."""
+    py = [sys.executable, "-m", "cnnpar"]
+    small = ["train", "--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--no-progress"]
+    first = run_cmd([*py, *small, "--epochs", "1", "--name", "old"], tmp_path)
+    assert first.returncode == 0, explain(first)
+    ckpt = tmp_path / "runs" / "old" / "ckpt" / "last.pt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    state["rng"] = "per-epoch seeds"
+    torch.save(state, ckpt)
+    again = run_cmd([*py, *small, "--epochs", "2", "--resume", "runs/old", "--crop-min-scale", "0.5"], tmp_path)
+    assert again.returncode == 0, explain(again)
+    assert "drew their augmentation by an earlier scheme (per-epoch seeds; now " in again.stdout
+    assert "--crop-min-scale 0.25 -> 0.5" in again.stdout

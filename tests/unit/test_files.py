@@ -133,6 +133,11 @@ def test_a_write_removes_what_a_killed_writer_of_the_same_file_left_and_not_a_li
         while held.stat().st_size == 0 and time.monotonic() < deadline:  # stopped once its bytes are written
             time.sleep(0.05)
         write_text_atomic(target, "id,label\n")
+        assert set(_temps(target)) == {dead, held}  # both written to just now: either may be a live writer's
+        quiet = time.time() - 2 * files.QUIET_S  # as if nothing had written to either for two minutes: the lock alone
+        for temp in (dead, held):  # tells them apart now
+            os.utime(temp, (quiet, quiet))
+        write_text_atomic(target, "id,label\n")
         assert _temps(target) == [held] and other.exists()  # the dead writer's went; the live one's stays
         assert target.read_text() == "id,label\n"
     finally:
@@ -154,5 +159,17 @@ def test_a_stop_inside_torch_save_stays_a_stop_not_a_failed_write(tmp_path, monk
 
     monkeypatch.setattr(torch, "save", save)
     with pytest.raises(Terminated):
+        save_checkpoint(tmp_path / "ckpt" / "last.pt", {"w": torch.zeros(2)})
+    assert list((tmp_path / "ckpt").iterdir()) == []
+
+
+def test_an_error_that_is_not_the_files_keeps_its_own_traceback(tmp_path, monkeypatch):
+    """A CUDA error met in torch.save's copy to the host was reported as a checkpoint without room on its disk."""
+
+    def save(state, f):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
         save_checkpoint(tmp_path / "ckpt" / "last.pt", {"w": torch.zeros(2)})
     assert list((tmp_path / "ckpt").iterdir()) == []

@@ -85,3 +85,25 @@ def test_keyed_generators_of_neighbouring_ranks_do_not_repeat_each_other():
     assert len(seeds) == 40 * 200 and all(0 <= s < 2**63 for s in seeds)
     # integer arithmetic only: the same in every process and Python (a str hash() would not be)
     assert mix_seed(0, 0) == 6017775124710473527 and mix_seed(8, 7) == 7468528629190015469
+
+
+@pytest.mark.parametrize(
+    ("kind", "decode", "share"),
+    [("folder", "cpu", 0.0), ("folder", "gpu", 0.0), ("folder", "gpu", 0.5), ("store", "auto", 0.0)],
+)
+def test_crop_min_scale_reaches_every_fast_loader_reader(sources, kind, decode, share):
+    """The fast loader's readers (the CPU decoder, the GPU decoder, the hybrid's CPU share, the store's cropper) each
+    hold the run's --crop-min-scale: a mutation audit dropped it from each in turn and no test noticed."""
+    from cnnpar.data.loader import build_loader
+
+    source = sources[kind]
+    bundle = load_data(DataConfig(source=source, image_size=32, val_fraction=0.25))
+    data = DataConfig(source=source, image_size=32, decode=decode, cpu_share=share, workers=0, crop_min_scale=0.5)
+    cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=0)), "cpu", False)
+    feeder = build_loader(bundle, cfg, CPU, train=True)
+    try:
+        ds = feeder.loader.dataset
+        readers = [r for r in (feeder.decoder, getattr(ds, "cpu", None), ds) if hasattr(r, "min_scale")]
+        assert readers and all(r.min_scale == 0.5 for r in readers), [(type(r).__name__, r.min_scale) for r in readers]
+    finally:
+        feeder.close()
