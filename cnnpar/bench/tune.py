@@ -516,7 +516,11 @@ def tune(
     check_out(Path(out))
     run_trial = run_trial or child_trial(steps, repeats, log)
     tuner = Tuner(budget_s, Path(out), trial_s, run_trial, clock, clock() if started is None else started, log)
-    limit = f"each trial at most {trial_s:.0f} s" if trial_s else "each trial at most a third of it"
+    limit = (
+        f"each trial at most {trial_s:.0f} s"
+        if trial_s
+        else f"each trial at most a third of it or {START_FACTOR:g}x the start trial's time, whichever is longer"
+    )
     log(
         f"tune: budget {budget_s:.0f} s, {limit}; in this order: {', '.join(GROUPS)}. "
         f"{tuner.out} is rewritten after every trial that beats the best so far."

@@ -620,14 +620,26 @@ def _host_loader(
     return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
 
 
-def decode_line(cfg: Config, bundle: DataBundle, device: torch.device) -> str:
+def cpu_decode_where(cfg: Config, bundle: DataBundle, info: DistInfo) -> str:
+    """Where the CPU decoder runs, as `_host_loader` resolves --workers: a line saying "in worker processes" beside
+    --workers 0 was untrue."""
+    if cfg.data.workers == 0:
+        return "in the main process (--workers 0)"
+    if cfg.data.workers > 0:
+        return f"in {cfg.data.workers} worker process(es) (--workers {cfg.data.workers})"
+    n = auto_workers(bundle.train, info)
+    return f"in {n} worker process(es) (auto: the usable cores less one per process on this machine, at most 16)"
+
+
+def decode_line(cfg: Config, bundle: DataBundle, info: DistInfo) -> str:
     """Which decoder an image folder's photos get and why, for the run's log; empty otherwise."""
     if not isinstance(bundle.train, ImageFolderDataset):
         return ""
+    device = info.device
     engines = jpeg_engines(cfg.data.decode, cfg.data.source, device)
     decoder, why = resolve_decode(cfg.data.decode, device.type == "cuda", engines)
     what = {
-        "cpu": "in worker processes",
+        "cpu": cpu_decode_where(cfg, bundle, info),
         "gpu": "torchvision nvJPEG on the device",
         "hardware": "the GPU's JPEG engines, nvJPEG's hardware backend",
         "nvimgcodec": "nvImageCodec",

@@ -212,7 +212,7 @@ class Trainer:
         self.info = info
         self.log = log if info.is_main else (lambda *a, **k: None)
         self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
-        self.decode_line = decode_line(cfg, self.bundle, info.device)
+        self.decode_line = decode_line(cfg, self.bundle, info)
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
         self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
         self.cfg = cfg = resolve_for(cfg, info.device)

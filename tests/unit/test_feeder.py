@@ -117,6 +117,7 @@ def test_a_run_from_photos_says_which_decoder_and_how_to_decode_once(tmp_path, m
     from cnnpar.data import load_data, nvjpeg_hw
     from cnnpar.data.cpu_decode import cpu_jpeg_line
     from cnnpar.data.loader import decode_line
+    from cnnpar.dist import DistInfo
 
     for c in ("cat", "dog"):
         (tmp_path / "photos" / c).mkdir(parents=True)
@@ -124,24 +125,31 @@ def test_a_run_from_photos_says_which_decoder_and_how_to_decode_once(tmp_path, m
             Image.new("RGB", (40, 30), (10, 200, 30)).save(tmp_path / "photos" / c / name)
     cfg = Config(data=DataConfig(source=str(tmp_path / "photos"), image_size=32), model=ModelConfig(name="cnn3"))
     cfg = replace(cfg, run=replace(cfg.run, epochs=7, name="mine"))  # the user's own flags, and a run name
-    line = decode_line(cfg, load_data(cfg.data), torch.device("cpu"))
-    assert line.startswith("decode: cpu (in worker processes; auto: no CUDA device)")
+    cpu = DistInfo(0, 0, 1, torch.device("cpu"))
+    line = decode_line(cfg, load_data(cfg.data), cpu)
+    assert line.startswith("decode: cpu (in ") and " worker process(es) (auto: the usable cores " in line
+    assert "; auto: no CUDA device)" in line
+    # --workers 0 decodes in the main process: the line had said "in worker processes" there too
+    alone = replace(cfg, data=replace(cfg.data, workers=0))
+    assert decode_line(alone, load_data(alone.data), cpu).startswith(
+        "decode: cpu (in the main process (--workers 0); auto: no CUDA device)"
+    )
     assert f"; JPEGs: {cpu_jpeg_line()}\n" in line  # simplejpeg or Pillow, whichever the workers use
     store = tmp_path / "photos.cnnpar"
     assert f"cnnpar prepare {tmp_path / 'photos'} --out {store} --short-side 40" in line
     # the user's run from the store: their flags kept, not their run's name (a new run, not one already there)
     assert line.endswith(f"cnnpar train --data {store} --image-size 32 --epochs 7")  # cnn3: the default model
     digits = Config()
-    assert decode_line(digits, load_data(digits.data), torch.device("cpu")) == ""
+    assert decode_line(digits, load_data(digits.data), cpu) == ""
     # the engines, asked for: no warning any more (the slow exit was torch's worker hook, any decoder)
     asked = Config(data=DataConfig(source=str(tmp_path / "photos"), image_size=32, decode="hardware"))
-    line = decode_line(asked, load_data(asked.data), torch.device("cuda"))
+    line = decode_line(asked, load_data(asked.data), DistInfo(0, 0, 1, torch.device("cuda")))
     assert line.startswith("decode: hardware (the GPU's JPEG engines, nvJPEG's hardware backend; as asked)\n")
     assert "warning" not in line
     # left to the rule on a GPU with engines (the probe stood in for: no GPU here)
     monkeypatch.setattr(nvjpeg_hw, "hardware_decoder_available", lambda i: "")
     auto = Config(data=DataConfig(source=str(tmp_path / "photos"), image_size=32))
-    line = decode_line(auto, load_data(auto.data), torch.device("cuda", 0))
+    line = decode_line(auto, load_data(auto.data), DistInfo(0, 0, 1, torch.device("cuda", 0)))
     assert line.startswith("decode: hardware (the GPU's JPEG engines, nvJPEG's hardware backend; auto: this GPU has")
 
 

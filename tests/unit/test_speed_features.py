@@ -160,10 +160,11 @@ def test_a_gpu_decoder_asked_for_on_a_cpu_says_what_decodes_there(tmp_path):
     from cnnpar.config import DataConfig
     from cnnpar.data import load_data
     from cnnpar.data.loader import decode_line
+    from cnnpar.dist import DistInfo
 
     for k in range(4):
         (tmp_path / f"c{k % 2}").mkdir(exist_ok=True)
         Image.new("RGB", (20, 20), (k, 9, 9)).save(tmp_path / f"c{k % 2}" / f"{k}.jpg")
     cfg = Config(data=DataConfig(source=str(tmp_path), decode="gpu", val_fraction=0.0))
-    line = decode_line(cfg, load_data(cfg.data, 0), torch.device("cpu"))
+    line = decode_line(cfg, load_data(cfg.data, 0), DistInfo(0, 0, 1, torch.device("cpu")))
     assert line.startswith("decode: gpu (the nvJPEG path without CUDA: torchvision decodes with libjpeg-turbo on")

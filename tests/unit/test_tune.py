@@ -117,6 +117,15 @@ def test_every_trial_is_limited_to_what_the_budget_leaves_and_the_run_ends_withi
     assert f"after {len(trials)} trial(s), 5 of them measured\n" in text
 
 
+def test_the_first_line_states_the_trial_limit_that_applies(tmp_path):
+    """It said "each trial at most a third of it" (40 s of 120) where a trial was given 1.5x the start's 31 s."""
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 31.0)
+    said: list[str] = []
+    tune_mod.tune(resnet50(), 120, tmp_path / "tuned.toml", run_trial=m.run_trial, clock=m.clock, log=said.append)
+    assert "each trial at most a third of it or 1.5x the start trial's time, whichever is longer" in said[0]
+    assert m.calls[1][1] == pytest.approx(46.5)  # the second trial's limit: 1.5 x 31 s, above 120 / 3
+
+
 @pytest.mark.parametrize("budget", [180.0, 200.0])
 def test_no_trial_starts_with_a_limit_shorter_than_the_start_trial_took(tmp_path, budget):
     # as call ZZB: trials of ~45 s, and a budget that leaves less than that at the end
