@@ -964,7 +964,8 @@ class Trainer:
             self.log(f"ddp: gradient buckets {mib:g} MiB, static graph {graph}, buffers {buffers}")
         augment = resolve_augment(cfg.data.augment, self.bundle.shape, self.bundle.loader_crops)
         if self.bundle.loader_crops:  # photos: every reader draws random-resized crops (decoders, store, textbook)
-            augment = "random-resized crop" + ("" if augment == "none" else f" + {augment}")
+            crop = f"random-resized crop ({100 * cfg.data.crop_min_scale:g}-100 % of the area, --crop-min-scale)"
+            augment = crop + ("" if augment == "none" else f" + {augment}")
         self.log(f"{split_line(self.bundle)}; augment {augment}")
         if self.bundle.load_note:
             self.log(self.bundle.load_note)

@@ -123,7 +123,7 @@ def test_the_start_names_the_random_resized_crop_of_photos(tmp_path, capsys):
     assert main(["train", *common, "--name", "auto"]) == 0
     out = capsys.readouterr().out
     assert next(ln for ln in out.splitlines() if ln.startswith("data: ")).endswith(
-        "; augment random-resized crop + flip"
+        "; augment random-resized crop (25-100 % of the area, --crop-min-scale) + flip"
     )
 
 
