@@ -65,6 +65,26 @@ def _last_line(log: Path) -> str:
     return (own or lines or [""])[-1][:200]
 
 
+TRIAL_PREFIX = "cnnpar-trial-"  # then the parent's process id: a folder whose parent is gone is an orphan
+
+
+def remove_dead_trial_folders(root: str | None = None) -> None:
+    """Remove the trial folders of parents that are gone: a SIGKILLed tune or bench (its child ends with it,
+    `end_with_parent`) never ran its TemporaryDirectory's clean-up, and its folder stayed in /tmp for good."""
+    import shutil
+
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{TRIAL_PREFIX}*-*"):
+        pid = folder.name.removeprefix(TRIAL_PREFIX).split("-")[0]
+        if not pid.isdigit():
+            continue  # an older folder without its parent's id: whose it is cannot be told
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
+
+
 def run_child(
     spec: dict,
     limit_s: float,
@@ -73,7 +93,8 @@ def run_child(
     command: Callable[[Path, Path], list[str]] = child_command,
 ) -> ChildResult:
     """Run `spec` in a child process; kill it (and its children) when `limit_s` seconds have passed."""
-    with tempfile.TemporaryDirectory(prefix="cnnpar-trial-") as tmp:
+    remove_dead_trial_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{TRIAL_PREFIX}{os.getpid()}-") as tmp:
         spec_path, result_path, log_path = Path(tmp, "spec.json"), Path(tmp, "result.json"), Path(tmp, "child.log")
         spec_path.write_text(json.dumps(spec))
         env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}

@@ -585,3 +585,23 @@ def test_a_trial_ends_with_a_tuner_killed_outright(tmp_path):
             os.kill(pid, signal.SIGKILL)
             pytest.fail("the trial outlived the tuner that started it")
         time.sleep(0.05)
+
+
+def test_a_trial_folder_whose_parent_is_gone_is_removed_by_the_next_trial(tmp_path):
+    """A SIGKILLed tune's child now ends with it, but its /tmp/cnnpar-trial-* folder stayed for good."""
+    import os
+    import subprocess
+    import sys
+
+    from cnnpar.bench import trial
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{trial.TRIAL_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{trial.TRIAL_PREFIX}{os.getpid()}-def"
+    older = tmp_path / f"{trial.TRIAL_PREFIX}xyz-ghi"  # a folder without its parent's id: left alone
+    for folder in (dead, live, older):
+        folder.mkdir()
+        (folder / "spec.json").write_text("{}")
+    trial.remove_dead_trial_folders(str(tmp_path))
+    assert not dead.exists() and live.exists() and older.exists()
