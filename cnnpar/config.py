@@ -674,6 +674,37 @@ def compile_default(model_name: str, device_type: str) -> str:
     return "off"
 
 
+def speed_reasons(asked: Config, resolved: Config, device_type: str) -> str:
+    """Why precision, channels_last and compile are what `resolve_for_device` made of an "auto", for the run's start
+    (a typed value or a preset's needs no reason; "" where none was auto): the rules below and their measurements."""
+    cuda = device_type == "cuda"
+    reasons = []
+    precision = resolved.speed.precision
+    if asked.speed.precision == "auto":
+        if cuda:
+            why = "this GPU computes bf16" if precision == "bf16" else "this GPU has no bf16"
+        else:
+            why = (
+                "this CPU computes bf16 natively (AVX512-BF16 or AMX)"
+                if precision == "bf16"
+                else "this CPU has no native bf16, and emulated bf16 is slower than fp32"
+            )
+        reasons.append(f"{precision}: {why}")
+    if asked.speed.channels_last == "auto" and resolved.speed.channels_last == "on":
+        where = "on the GPU" if cuda else "in oneDNN's CPU kernels (1.4x NCHW for cnn3 on a 2-core EPYC)"
+        reasons.append(f"channels_last on: convolutions run faster on NHWC {where}")
+    if asked.speed.compile == "auto":
+        mode = resolved.speed.compile
+        if mode != "off":
+            why = f"measured faster for {asked.model.name} on an H200"
+        elif cuda:
+            why = f"not measured for {asked.model.name}: only {', '.join(sorted(_COMPILE_HELPS_ON_CUDA))} are"
+        else:
+            why = "on the CPU its tens of seconds of compile are rarely repaid in a short run"
+        reasons.append(f"compile {mode}: {why}")
+    return "auto: " + "; ".join(reasons) if reasons else ""
+
+
 def lr_reference(cfg: Config) -> int:
     """The batch `cfg`'s --lr is the lr for (optim.lr_batch): as set, else a fixed --batch-size (the lr trains at
     it), else LR_BATCH. Read from the config as asked, before --batch-size auto is resolved."""

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cnnpar.config import Config, batch_lr_factor, dumps_toml, to_dict
+from cnnpar.config import Config, batch_lr_factor, dumps_toml, speed_reasons, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, first_five, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
@@ -938,6 +938,8 @@ class Trainer:
             f"{info.device.type} | {cfg.speed.precision}, channels_last {cfg.speed.channels_last}, "
             f"compile {cfg.speed.compile}{', SyncBatchNorm' if cfg.dist.sync_bn and info.distributed else ''}"
         )
+        if reasons := speed_reasons(self.requested_cfg, cfg, info.device.type):
+            self.log(f"speed: {reasons}")
         self.log(
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
             f"accumulation = {global_batch} per step; {describe_lr(cfg.optim, info.world_size)}"

@@ -176,3 +176,22 @@ def test_config_resolves_without_importing_presets():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_speed_choices_left_at_auto_are_given_their_reasons_and_typed_ones_none():
+    """The run's start printed `bf16, channels_last on, compile off` with no word on why (an audit of the defaults)."""
+    from cnnpar.config import resolve_for_device, speed_reasons
+    from cnnpar.presets import with_overrides
+
+    auto = Config()
+    cpu = resolve_for_device(auto, "cpu", False, cpu_bf16=True)
+    said = speed_reasons(auto, cpu, "cpu")
+    assert said.startswith("auto: bf16: this CPU computes bf16 natively")
+    assert "channels_last on: " in said and "compile off: on the CPU" in said
+    no_bf16 = resolve_for_device(auto, "cpu", False, cpu_bf16=False)
+    assert "fp32: this CPU has no native bf16" in speed_reasons(auto, no_bf16, "cpu")
+    resnet = with_overrides(auto, model={"name": "resnet50"})
+    gpu = resolve_for_device(resnet, "cuda", True)
+    assert "compile default: measured faster for resnet50 on an H200" in speed_reasons(resnet, gpu, "cuda")
+    typed = with_overrides(auto, speed={"precision": "fp32", "channels_last": "off", "compile": "off"})
+    assert speed_reasons(typed, resolve_for_device(typed, "cpu", False, cpu_bf16=True), "cpu") == ""
