@@ -391,6 +391,8 @@ class Trainer:
             if cpus and optim.lr_batch != batch:  # the lr scaled to it from another batch (a preset's)
                 line = lr_line(optim.optimizer, asked.optim.lr, optim.lr_batch, batch)
                 self.batch_line = f"batch size auto: {batch} (the CPU's); {line}"
+            elif cpus:  # the choice said, as a GPU's search says its own (config.resolve_batch_size)
+                self.batch_line = f"batch size auto: {batch} (the CPU's fixed size: a GPU's is searched, a CPU's not)"
             limit = cfg.run.max_steps * cfg.optim.grad_accum
             if not (limit and limit < share // batch):  # --max-steps leaves out more, on purpose
                 self.batch_note = left_out_note(len(self.bundle.train), self.info.world_size, batch)

@@ -175,3 +175,13 @@ def test_a_presets_data_trains_and_resumes_as_a_plain_path(tmp_path, monkeypatch
     assert main(["train", "--preset", "mnist", *TINY, "--name", "m"]) == 0
     assert load_toml(tmp_path / "runs" / "m" / "config.toml").data.source == "mnist.npz"
     assert main(["train", "--resume", "runs/m", "--epochs", "2", "--no-progress"]) == 0
+
+
+def test_the_cpus_automatic_batch_is_said_where_the_lr_needs_no_scaling(tmp_path, capsys):
+    """The CPU's 64 was announced only where the lr was scaled to it: the default run chose it without a word."""
+    common = [*TINY, "--out-dir", str(tmp_path), "--name", "auto", "--data", "synthetic", "--synthetic-samples", "256"]
+    assert main(["train", *common]) == 0
+    out = capsys.readouterr().out
+    assert "batch size auto: 64 (the CPU's fixed size: a GPU's is searched, a CPU's not)" in out
+    assert main(["train", *TINY, "--out-dir", str(tmp_path), "--name", "typed", "--batch-size", "32"]) == 0
+    assert "batch size auto" not in capsys.readouterr().out  # typed: no choice to explain
