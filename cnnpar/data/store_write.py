@@ -53,7 +53,7 @@ from cnnpar.data.store import (
 )
 from cnnpar.errors import DataError, UserError
 from cnnpar.process_tree import end_with_parent
-from cnnpar.report.files import fsync_path
+from cnnpar.report.files import fsync_path, unheld
 from cnnpar.report.host import usable_cores
 
 try:
@@ -391,27 +391,10 @@ def remove_dead_partials(out: Path) -> None:
     for path in left_partials(out):
         # chunk files go with their writer's partial; an empty partial may be a writer between its open and its
         # flock (nothing written yet), so it is left, as it costs nothing
-        if ".chunk" in path.name.removeprefix(out.name) or not _unheld(path):
+        if ".chunk" in path.name.removeprefix(out.name) or not unheld(path, lambda st: st.st_size == 0):
             continue
         with contextlib.suppress(OSError):  # one that cannot be removed is no reason to fail a written store
             remove_partial(path)
-
-
-def _unheld(path: Path) -> bool:
-    """True where `path` holds bytes and no live writer holds its flock (False where the file system has none)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        if os.fstat(fd).st_size == 0:
-            return False
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:  # held (BlockingIOError), or no locks on this file system
-        return False
-    finally:
-        os.close(fd)
 
 
 def remove_partial(partial: Path) -> None:

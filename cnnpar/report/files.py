@@ -73,17 +73,19 @@ def remove_orphan_temps(path: str | Path) -> None:
 QUIET_S = 60.0
 
 
-def _dead_temp(path: Path) -> bool:
-    """True where no live writer holds `path`'s flock (`_create_temp`) and nothing has written to it for QUIET_S
-    seconds: its writer was killed mid-write. False where the file system has no locks."""
+def unheld(path: Path, too_soon: Callable[[os.stat_result], bool]) -> bool:
+    """True where no live writer holds `path`'s flock, unless `too_soon(its stat)` says it may still be a writer's
+    before it took the lock. False where the file system has no locks, and for a file gone or another user's. The one
+    test of a dead writer's file: `atomic_write`'s temps here, `cnnpar prepare`'s partial stores (data/store_write)."""
+    if fcntl is None:
+        return False
     try:
         # for writing: NFS emulates flock with byte-range locks, whose exclusive kind needs a writable file
         fd = os.open(path, os.O_RDWR)
     except OSError:  # gone already, or another user's
         return False
     try:
-        st = os.fstat(fd)
-        if time.time() - st.st_mtime < QUIET_S:
+        if too_soon(os.fstat(fd)):
             return False
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
@@ -91,6 +93,12 @@ def _dead_temp(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def _dead_temp(path: Path) -> bool:
+    """True where no live writer holds `path`'s flock (`_create_temp`) and nothing has written to it for QUIET_S
+    seconds: its writer was killed mid-write. False where the file system has no locks."""
+    return unheld(path, lambda st: time.time() - st.st_mtime < QUIET_S)
 
 
 def remove_dead_temps(path: str | Path) -> None:
