@@ -103,17 +103,25 @@ class StoreDataset(Dataset):
         if not self.with_pixels:
             meta[0] = torch.from_numpy(offsets)
             return RawBatch(None, meta), meta[4]
-        nbytes = 3 * hw[:, 0] * hw[:, 1]
-        starts = np.cumsum(nbytes) - nbytes
+        src = self.store.pixels
+        flat, starts = pack_hwc(hw, (src[o : o + 3 * h * w] for o, (h, w) in zip(offsets.tolist(), hw.tolist())))
         meta[0] = torch.from_numpy(starts)
-        total = int(nbytes.sum())
-        # tail room for `resized_crops_flat`'s row windows, so it never copies the buffer to pad it
-        flat = torch.empty(total + tail_room(int(hw[:, 1].max())), dtype=torch.uint8)
-        dst, src = flat.numpy(), self.store.pixels
-        dst[total:] = 0
-        for a, o, k in zip(starts.tolist(), offsets.tolist(), nbytes.tolist()):
-            dst[a : a + k] = src[o : o + k]
         return RawBatch(flat, meta), meta[4]
+
+
+def pack_hwc(hw: np.ndarray, images) -> tuple[torch.Tensor, np.ndarray]:
+    """One flat uint8 buffer of HWC images of sizes `hw` (N, 2), each given as its bytes (an array or buffer), and
+    where each starts: what `resized_crops_flat` reads. Tail room follows them, zeroed, for its row windows, so it
+    never copies the buffer to pad it."""
+    nbytes = 3 * hw[:, 0] * hw[:, 1]
+    starts = np.cumsum(nbytes) - nbytes
+    total = int(nbytes.sum())
+    flat = torch.empty(total + tail_room(int(hw[:, 1].max())), dtype=torch.uint8)
+    dst = flat.numpy()
+    dst[total:] = 0
+    for a, k, pixels in zip(starts.tolist(), nbytes.tolist(), images):
+        dst[a : a + k] = np.frombuffer(pixels, dtype=np.uint8) if isinstance(pixels, bytes | bytearray) else pixels
+    return flat, starts
 
 
 def store_resident(mode: str, store: StoreFile, device: torch.device, share: float) -> bool:
@@ -188,13 +196,7 @@ class PreparedFolder(Dataset):
         indices = [indices] if isinstance(indices, int) else list(indices)
         decoded = [decode_for_store(self.files[i], self.sides) for i in indices]
         hw = np.array([(h, w) for _, h, w in decoded], dtype=np.int64).reshape(-1, 2)
-        nbytes = 3 * hw[:, 0] * hw[:, 1]
-        starts = np.cumsum(nbytes) - nbytes
-        total = int(nbytes.sum())
-        flat = torch.zeros(total + tail_room(int(hw[:, 1].max())), dtype=torch.uint8)
-        dst = flat.numpy()
-        for a, (pixels, _, _) in zip(starts.tolist(), decoded):
-            dst[a : a + len(pixels)] = np.frombuffer(pixels, dtype=np.uint8)
+        flat, starts = pack_hwc(hw, (pixels for pixels, _, _ in decoded))
         boxes = draw_crop_boxes(hw, False)
         x = resized_crops_flat(flat, starts, hw, boxes, self.size, hwc=True)
         index = torch.as_tensor(indices, dtype=torch.int64)

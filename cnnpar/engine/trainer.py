@@ -1128,7 +1128,9 @@ class Trainer:
         any is), this rank's largest magnitude): every rank stops alike (BatchNorm buffers differ by rank). The
         largest magnitude, not a norm: a norm of finite weights of 1e20 overflows. Note: a CPU-GPU sync point, once
         an epoch."""
-        models = [self.raw_model] + ([self.average.eval_model()] if self.average is not None else [])
+        models = [self.raw_model]
+        if self.average is not None and self.average.started:  # before it starts, eval_model() is raw_model again
+            models.append(self.average.eval_model())
         tensors = [
             t.detach() for m in models for t in (*m.parameters(), *m.buffers()) if t.is_floating_point() and t.numel()
         ]  # _foreach_norm's inf-norm refuses an empty tensor

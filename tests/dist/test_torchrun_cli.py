@@ -165,6 +165,27 @@ def test_the_launcher_hands_every_train_flag_to_cnnpar_not_to_torchrun():
     assert parsed.monitor_interval == get_args_parser().parse_args(["x"]).monitor_interval  # torchrun's own default
 
 
+def _stopped_after_a_checkpoint(cmd: list[str], tmp_path, name: str, stop, wait_s: float = 240):
+    """Start `cmd` in a session of its own, call `stop(proc)` once run `name` has its first checkpoint, and return
+    (proc, stdout, stderr); whatever is left is killed."""
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    ckpt = tmp_path / "runs" / name / "ckpt" / "last.pt"
+    try:
+        deadline = time.monotonic() + wait_s
+        while not ckpt.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.05)
+        stop(proc)
+        out, err = proc.communicate(timeout=wait_s / 2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc, out, err
+
+
 def test_sigterm_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tmp_path):
     """`timeout` or a scheduler signals the process it started: the launcher hands SIGTERM on to torchrun, which
     stops its workers; before, the launcher died alone and torchrun's workers trained on without it."""
@@ -172,21 +193,9 @@ def test_sigterm_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tm
 
     name = f"sigterm-{tmp_path.name}"
     args = ["--nproc", "2", "--epochs", "50", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--name", name]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cnnpar", "train", *args], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    ckpt = tmp_path / "runs" / name / "ckpt" / "last.pt"
-    try:
-        deadline = time.monotonic() + 240
-        while not ckpt.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)  # the launcher alone, as `timeout` does
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    cmd = [sys.executable, "-m", "cnnpar", "train", *args]
+    # the launcher alone, as `timeout` does
+    proc, out, err = _stopped_after_a_checkpoint(cmd, tmp_path, name, lambda p: p.send_signal(signal.SIGTERM))
     assert proc.returncode == 143, err[-2000:]
     assert err.count("cnnpar: stopped (SIGTERM)") == 1  # the launcher's; its ranks are stopped by torchrun
     # torchrun's SignalException traceback gave way to the epochs kept: its ranks die at its SIGTERM, unheard
@@ -206,21 +215,9 @@ def test_ctrl_c_under_nproc_prints_the_epochs_kept_once(tmp_path):
     """A Ctrl-C: rank 0 printed the stop line, then the launcher printed the same line again."""
     name = f"int-{tmp_path.name}"
     args = ["--nproc", "2", "--epochs", "50", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--name", name]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cnnpar", "train", *args], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    ckpt = tmp_path / "runs" / name / "ckpt" / "last.pt"
-    try:
-        deadline = time.monotonic() + 240
-        while not ckpt.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C reaches the launcher's group
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    cmd = [sys.executable, "-m", "cnnpar", "train", *args]
+    # the terminal's Ctrl-C reaches the launcher's group
+    _, out, err = _stopped_after_a_checkpoint(cmd, tmp_path, name, lambda p: os.killpg(p.pid, signal.SIGINT))
     said = [line for line in out.splitlines() if line.startswith("stopped: the checkpoint in ")]
     assert len(said) == 1, out[-2000:] + err[-2000:]
     assert said[0].endswith(f"continue with: cnnpar train --resume runs/{name} --nproc 2"), said
@@ -294,21 +291,10 @@ def test_sigterm_to_a_plain_torchrun_says_what_was_kept_and_how_to_continue(tmp_
     unheard, and nobody printed the epochs kept and the command that continues (`--nproc`'s launcher does)."""
     name = f"plain-{tmp_path.name}"
     cmd = [*torchrun_cmd(2, "--standalone"), *TRAIN, "--epochs", "50", "--max-steps", "2", "--name", name]
-    proc = subprocess.Popen(
-        [*cmd, "--no-tensorboard", "--timeout-s", "60"], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+    cmd = [*cmd, "--no-tensorboard", "--timeout-s", "60"]
+    # torchrun alone, as `timeout` does
+    _, out, err = _stopped_after_a_checkpoint(cmd, tmp_path, name, lambda p: p.send_signal(signal.SIGTERM), 120)
     ckpt = tmp_path / "runs" / name / "ckpt" / "last.pt"
-    try:
-        deadline = time.monotonic() + 120
-        while not ckpt.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)  # torchrun alone, as `timeout` does
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
     epochs = load_checkpoint(ckpt, map_location="cpu")["epoch"]  # whole: its records' checksums checked
     assert epochs >= 1
     kept = f"stopped: the checkpoint in runs/{name} holds epochs 1-{epochs}; continue with: cnnpar train --resume "

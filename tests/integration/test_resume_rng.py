@@ -74,19 +74,30 @@ def test_one_process_resumed_after_a_kill_is_bit_identical(tmp_path, loader):
     assert_identical(tmp_path / "runs" / "straight", tmp_path / "runs" / "k")
 
 
-def test_checkpoint_without_rng_scheme_still_resumes_with_a_note(tmp_path):
-    """A checkpoint written before per-epoch seeds (no "rng" key) resumes, and the log says its
-    resumed epochs cannot repeat an uninterrupted run."""
+SMALL = ["train", "--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--no-progress"]
+
+
+def _resumed_with_rng(tmp_path, rng: str | None, *flags: str):
+    """A 1-epoch run whose checkpoint's "rng" is set to `rng` (removed where None), resumed to 2 epochs."""
     py = [sys.executable, "-m", "cnnpar"]
-    small = ["train", "--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--no-progress"]
-    first = run_cmd([*py, *small, "--epochs", "1", "--name", "old"], tmp_path)
+    first = run_cmd([*py, *SMALL, "--epochs", "1", "--name", "old"], tmp_path)
     assert first.returncode == 0, explain(first)
     ckpt = tmp_path / "runs" / "old" / "ckpt" / "last.pt"
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    del state["rng"]
+    if rng is None:
+        del state["rng"]
+    else:
+        state["rng"] = rng
     torch.save(state, ckpt)
-    again = run_cmd([*py, *small, "--epochs", "2", "--resume", "runs/old"], tmp_path)
+    again = run_cmd([*py, *SMALL, "--epochs", "2", "--resume", "runs/old", *flags], tmp_path)
     assert again.returncode == 0, explain(again)
+    return again
+
+
+def test_checkpoint_without_rng_scheme_still_resumes_with_a_note(tmp_path):
+    """A checkpoint written before per-epoch seeds (no "rng" key) resumes, and the log says its
+    resumed epochs cannot repeat an uninterrupted run."""
+    again = _resumed_with_rng(tmp_path, None)
     assert "after epoch 1" in again.stdout
     assert "stores no RNG state" in again.stdout
     assert len(read_csv(tmp_path / "runs" / "old" / "metrics.csv")) == 2
@@ -95,15 +106,6 @@ def test_checkpoint_without_rng_scheme_still_resumes_with_a_note(tmp_path):
 def test_a_checkpoint_of_the_earlier_seed_scheme_and_a_changed_crop_scale_are_said_on_resume(tmp_path):
     """The per-sample keys became hashed (transforms.mix_seed): a checkpoint of the earlier scheme resumed without a
     word, and so did a --crop-min-scale other than the checkpoint's, though both change the crops drawn."""
-    py = [sys.executable, "-m", "cnnpar"]
-    small = ["train", "--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--no-progress"]
-    first = run_cmd([*py, *small, "--epochs", "1", "--name", "old"], tmp_path)
-    assert first.returncode == 0, explain(first)
-    ckpt = tmp_path / "runs" / "old" / "ckpt" / "last.pt"
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    state["rng"] = "per-epoch seeds"
-    torch.save(state, ckpt)
-    again = run_cmd([*py, *small, "--epochs", "2", "--resume", "runs/old", "--crop-min-scale", "0.5"], tmp_path)
-    assert again.returncode == 0, explain(again)
+    again = _resumed_with_rng(tmp_path, "per-epoch seeds", "--crop-min-scale", "0.5")
     assert "drew their augmentation by an earlier scheme (per-epoch seeds; now " in again.stdout
     assert "--crop-min-scale 0.25 -> 0.5" in again.stdout
