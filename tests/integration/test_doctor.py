@@ -42,14 +42,19 @@ def slow_folder(tmp_path_factory):
 
 
 def test_slow_png_folder_is_data_bound(cli, slow_folder):
-    r = cli(
-        "doctor", "--data", str(slow_folder), "--image-size", "32", "--workers", "0", "--batch-size", "4",
-        "--val-fraction", "0", "--model", "cnn3", "--device", "cpu",
-        "--warmup-steps", "1", "--measure-steps", "4", "--try", "1", "--report-dir", "rep",
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    out = cli.cwd / "rep"
-    result = json.loads((out / "doctor.json").read_text())
+    # four batches a phase on a shared 2-core host: a stall in the end-to-end phase makes the doctor call its own
+    # measurements disagreeing (seen once in CI beside another test file), so that reading is measured again
+    for attempt in range(3):
+        r = cli(
+            "doctor", "--data", str(slow_folder), "--image-size", "32", "--workers", "0", "--batch-size", "4",
+            "--val-fraction", "0", "--model", "cnn3", "--device", "cpu",
+            "--warmup-steps", "1", "--measure-steps", "4", "--try", "1", "--report-dir", f"rep{attempt}",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        out = cli.cwd / f"rep{attempt}"
+        result = json.loads((out / "doctor.json").read_text())
+        if result["verdict"] != "measurements disagree":
+            break
     assert result["verdict"] == "data-bound", result["reasons"]
     assert "verdict: data-bound" in r.stdout
     pipe, step = result["phases"][0], result["phases"][1]
