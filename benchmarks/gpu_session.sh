@@ -1107,6 +1107,37 @@ s27b)
       --epochs 3 --no-progress --out-dir /tmp/runs_c10
   cp /tmp/runs_c10/*/summary.json "$R/cifar_encoded_summary.json" 2>/dev/null
   ;;
+s33a)
+  # session 33, call A (one H200, ~5 min with a cold start; carry .whl alone): every GPU-marked test at the session's
+  # last code
+  TAIL=20 logged gpu_tests 420 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=10 -rs
+  ;;
+s33b)
+  # session 33, call B (one H200, ~4 min warm; carry .whl and .devdata/imagenet_sample): the three paths session 32
+  # changed and never ran on a device: the divergence check's fp16 branch, --crop-min-scale with the engines beside
+  # the default, predict on the folder of a store-trained run
+  TAIL=16 logged fp16_lr5 150 python3 -m cnnpar train --device cuda --data synthetic --image-shape 3x32x32 \
+      --synthetic-samples 4096 --model resnet18 --precision fp16 --optimizer sgd --lr 5 --epochs 3 --no-progress \
+      --out-dir /tmp/runs_f16 --name f16
+  python3 -c "
+import sys, torch, pathlib
+p = pathlib.Path('/tmp/runs_f16/f16/ckpt/last.pt')
+if not p.exists(): sys.exit(print('no last.pt'))
+ck = torch.load(p, map_location='cpu', weights_only=True)
+bad = [k for k, v in ck['model'].items() if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()]
+print('last.pt epoch', ck.get('epoch'), 'non-finite tensors:', len(bad), bad[:3])"
+  make_rep 80 .devdata/imagenet_rep80
+  for scale in 0.08 0.25; do
+    TAIL=8 logged "crop_$scale" 150 python3 -m cnnpar train --data .devdata/imagenet_rep80 --model resnet50 \
+        --epochs 2 --crop-min-scale "$scale" --no-progress --out-dir /tmp/runs_crop
+    grep -E "^data|^decode|^epoch" "$R/crop_$scale.log"
+  done
+  TAIL=6 logged prepare 120 python3 -m cnnpar prepare .devdata/imagenet_sample --out /tmp/s.cnnpar
+  TAIL=6 logged store_train 150 python3 -m cnnpar train --data /tmp/s.cnnpar --model resnet18 --epochs 2 \
+      --no-progress --out-dir /tmp/runs_st --name st
+  TAIL=10 logged predict_folder 120 python3 -m cnnpar predict --checkpoint /tmp/runs_st/st \
+      --data .devdata/imagenet_sample --out "$R/predictions.csv"
+  ;;
 s32a)
   # session 32, call A (two H200s, ~6 min with a cold start; carry .whl alone): every GPU-marked test at the
   # session's last code, the two-GPU ones included (SyncBN, and new: the ranks' agreement checks and a killed rank's
