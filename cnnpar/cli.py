@@ -289,7 +289,7 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.engine.predict import predict
 
     a = args
-    out = predict(a.checkpoint, a.data, a.out, a.batch_size, a.image_shape, a.device, a.resize, a.tta_level)
+    out = predict(a.checkpoint, a.data, a.out, a.batch_size, a.image_shape, a.device, a.resize, a.tta_level, a.format)
     print(f"wrote {out}")
     return 0
 
@@ -634,7 +634,16 @@ def build_parser() -> argparse.ArgumentParser:
         "or digits (built in)",
     )
     pred.add_argument(
-        "--out", default="", help="output CSV (default: submission.csv for CSV input, else predictions.csv)"
+        "--out",
+        default="",
+        help="output CSV (default: submission.csv for CSV input, else predictions.csv); a path ending in / is a "
+        "folder to write that file in",
+    )
+    pred.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", "csv", "npz", "folder"],
+        help="how to read --data: auto (from its name: .csv, .npz, a folder, digits), csv, npz or folder",
     )
     pred.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
     pred.add_argument("--image-shape", default="", help="CxHxW of CSV rows when not square grey")

@@ -305,14 +305,17 @@ def read_pixel_csv(
     y = None
     if label_idx is not None:
         y = table.column(label).to_numpy()
-        check_label_range(y, str(path), num_classes, position=lambda i: _line(path, i))
+        if require_label:  # predict's labels are optional: it scores them, or says why it ignores them (-1 for unknown)
+            check_label_range(y, str(path), num_classes, position=lambda i: _line(path, i))
         y = torch.from_numpy(y.astype(np.int64))
     del table
     return torch.from_numpy(x).view(-1, *shape), y
 
 
-def read_ids(path: str | Path) -> tuple[str, list[str]] | None:
+def read_ids(path: str | Path, notes: list[str] | None = None) -> tuple[str, list[str]] | None:
     """(the id or ImageId column's name, its values as written) for predict to name its rows; None without one.
+    A warning on the first repeated id goes to `notes` where it is given: a submission with an id twice is refused
+    (Kaggle's), and which row each stood for is lost.
 
     Called after read_pixel_csv accepted the file's rows, so only this column is converted, as text: 007 stays 007."""
     import pyarrow as pa
@@ -330,4 +333,11 @@ def read_ids(path: str | Path) -> tuple[str, list[str]] | None:
     blank = next((i for i, v in enumerate(ids) if v is None or not v.strip()), None)
     if blank is not None:  # a row without its id would go into the submission under none
         raise DataError(f"{path}, {_line(path, blank)}, column {name!r}: empty: expected the row's id")
+    if notes is not None and len(set(ids)) < len(ids):
+        first: dict[str, int] = {}
+        again = next(i for i, v in enumerate(ids) if first.setdefault(v, i) != i)
+        notes.append(
+            f"warning: {path}, {_line(path, again)}, column {name!r}: id {ids[again]!r} repeats that of "
+            f"{_line(path, first[ids[again]])}: each row is predicted, but a submission expects each id once"
+        )
     return name, ids

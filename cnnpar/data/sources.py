@@ -51,9 +51,14 @@ FOLDER_OWN_VAL = "the folder's own validation split (its val/, valid/, validatio
 
 
 BUILT_IN = ("digits", "synthetic")  # made in memory: they read no file
+TRAIN_READS = "a .csv, an .npz, a .cnnpar store or a folder (or give --format)"
+# predict refuses a store (its images are the training ones) and has no synthetic data to predict
+PREDICT_READS = "a .csv, an .npz, an image folder or 'digits' (or give --format csv, npz or folder)"
 
 
-def detect_format(source: str, fmt: str) -> str:
+def detect_format(source: str, fmt: str, reads: str = TRAIN_READS) -> str:
+    """--data's format: `fmt` where given (checked against the file), else told from the name; `reads` is what the
+    command reads, for the message where the name does not say."""
     if fmt in BUILT_IN and source not in BUILT_IN:  # ("digits" is --data's default: --format synthetic alone)
         # these formats ignore --data: training them on a named file would silently train on something else
         raise DataError(
@@ -77,10 +82,7 @@ def detect_format(source: str, fmt: str) -> str:
         return "store"  # a .partial (OUT.<random>.partial, OUT.partial) is refused by the store reader, saying why
     if not p.exists():
         raise DataError(f"{source}: no such file or folder (or use 'digits' or 'synthetic')")
-    raise DataError(
-        f"{source}: cannot tell its format from the name: "
-        "expected a .csv, an .npz, a .cnnpar store or a folder (or give --format)"
-    )
+    raise DataError(f"{source}: cannot tell its format from the name: expected {reads}")
 
 
 def _check_given_format(source: str, fmt: str) -> None:

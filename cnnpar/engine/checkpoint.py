@@ -6,6 +6,7 @@ read them back without unpickling arbitrary objects.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import torch
@@ -111,11 +112,27 @@ def run_dir_of(ckpt: Path) -> Path:
 TRAINING_STATE = ("model", "optimizer", "scheduler", "precision", "epoch", "history")  # what a resume reads
 
 
-def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+def require_checkpoint(path: str | Path) -> Path:
+    """The checkpoint file `path` names (`find_checkpoint`), refused in one line where there is none; a run folder
+    holding only its ckpt/best.pt (its last.pt removed) names that file and the flag that reads it."""
     path = Path(path)
     found = find_checkpoint(path)
-    if found is None:
-        raise UserError(f"{path}: no checkpoint found (expected a .pt file or a run folder with ckpt/{LAST})")
+    if found is not None:
+        return found
+    best = next((p for p in (path / "ckpt" / BEST, path / BEST) if p.is_file()), None)
+    if best is not None:
+        raise UserError(
+            f"{path}: no checkpoint of its last epoch ({best.with_name(LAST)}), but {best} holds the best epoch's "
+            f"weights: expected --checkpoint {best} to predict with them"
+        )
+    raise UserError(f"{path}: no checkpoint found (expected a .pt file or a run folder with ckpt/{LAST})")
+
+
+def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
+    found = require_checkpoint(path)
+    looks = foreign_file(found)
+    if looks:
+        raise UserError(f"{found}: not a checkpoint written by torch.save: {looks}")
     _check_records(found)
     try:
         return torch.load(found, map_location=map_location, weights_only=True)
@@ -129,26 +146,87 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
         raise UserError(f"{found}: not a readable cnnpar checkpoint ({first_line(e)})") from None
 
 
+EXPECTED_FILE = f"expected a .pt file of cnnpar train (a run folder, or its ckpt/{LAST} or ckpt/{BEST})"
+
+
+def foreign_file(path: Path) -> str:
+    """What a file torch.save did not write looks like, with what was expected; "" where it may be one (a zip, even
+    cut short, or a pickle: torch's legacy format). torch's weights-only reader calls any byte it cannot parse a
+    pickle holding foreign objects: a CSV, a photo or a Git LFS pointer given as the checkpoint was said to hold
+    "objects other than tensors", and a text file starting with 'e' ended in a bare "(101)"."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(512)
+    except OSError:
+        return ""  # unreadable (permissions): torch.load's error names why
+    if head[:1] == b"\x80":  # a pickle's protocol mark: torch's legacy format, or another pickle torch.load refuses
+        return ""
+    if head[:2] == b"PK":
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return ""  # a zip cut short: torch.load says so
+        if any(n.endswith("data.pkl") for n in names):
+            return ""
+        records = ", ".join(names[:3]) or "none"
+        return f"a zip archive without torch.save's data.pkl (an .npz? its records: {records}): {EXPECTED_FILE}"
+    if head.startswith(b"version https://git-lfs"):
+        return (
+            "a Git LFS pointer, the checkpoint itself never downloaded: expected the file it points to (`git lfs "
+            "pull` in its repository fetches it)"
+        )
+    return f"{_looks_like(head)}: {EXPECTED_FILE}"
+
+
+SIGNATURES = (
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"\x89PNG", "a PNG image"),
+    (b"GIF8", "a GIF image"),
+    (b"\x93NUMPY", "a NumPy .npy array"),
+    (b"CNNPSTOR", "a cnnpar store (cnnpar prepare's images)"),
+    (b"\x1f\x8b", "a gzip archive"),
+)
+
+
+def _looks_like(head: bytes) -> str:
+    """A file's kind from its first bytes: a known signature, an HTML page, a CSV or other text, else its bytes."""
+    if not head:
+        return "an empty file"
+    kind = next((what for mark, what in SIGNATURES if head.startswith(mark)), "")
+    if kind:
+        return kind
+    if head.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html")):
+        return "an HTML page (a download that saved a web page?)"
+    text = head.decode("utf-8", "replace")
+    if "\x00" not in text and text.count("\ufffd") <= 1:  # one: a character cut at the 512th byte
+        first = next((line for line in text.splitlines() if line.strip()), "")[:40]
+        return f"{'a CSV' if ',' in first else 'a text'} file, its first line {first!r}"
+    return f"binary data, its first bytes {head[:8].hex(' ')}"
+
+
+def stored_epoch(ckpt: str | Path) -> int | None:
+    """The epoch a checkpoint file holds (0 where it names none); None where it cannot be read (cut short,
+    damaged, not a checkpoint)."""
+    try:  # mmap: the epoch without reading the tensors
+        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # torch raises several types for truncated or foreign files
+        return None
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    return epoch if isinstance(epoch, int) else 0
+
+
 def checkpoint_epoch(run_dir: str | Path, ckpt: str | Path | None = None) -> int:
     """The last epoch the run folder's checkpoint holds (`ckpt`, that file of it, where given); 0 where it has
     none, or none that can be read."""
     ckpt = ckpt or find_checkpoint(run_dir)
-    if ckpt is None:
-        return 0
-    try:  # mmap: the epoch without reading the tensors
-        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # torch raises several types for truncated or foreign files
-        return 0
-    epoch = state.get("epoch") if isinstance(state, dict) else None
-    return epoch if isinstance(epoch, int) else 0
+    return (stored_epoch(ckpt) or 0) if ckpt is not None else 0
 
 
 def _check_records(path: Path) -> None:
     """torch.save writes a zip whose records carry CRC-32 checksums that torch.load does not check: a flipped
     byte in a tensor loaded silently (one optimizer moment changed, training went on). Reading the records once
     to check them costs about a second per GB, once per resume or predict."""
-    import zipfile
-
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
@@ -176,3 +254,71 @@ def require_training_state(state, path: Path) -> dict:
             f"{path}: not a cnnpar training checkpoint ({what}): expected the ckpt/{LAST} of a run of cnnpar train"
         )
     return state
+
+
+MODEL_DESCRIPTION = ("model", "image_shape", "num_classes", "mean", "std", "class_names")  # the 'meta' predict reads
+
+
+def require_model_description(state, path: Path) -> dict:
+    """The 'meta' predict builds its model and inputs from, refused in one line where a key it reads is missing or
+    unusable, or the file holds no weights: an edited file, or another tool's with a 'meta' dict, ended in a
+    KeyError traceback."""
+    meta = state.get("meta") if isinstance(state, dict) else None
+    if not isinstance(meta, dict):
+        raise UserError(f"{path}: holds no model description ('meta'): expected a checkpoint of cnnpar train")
+    problem = _description_problem(meta)
+    if not problem and "model" not in state:
+        problem = "no 'model' weights"
+    if problem:
+        raise UserError(f"{path}: not a checkpoint predict can read ({problem}): expected a checkpoint of cnnpar train")
+    return meta
+
+
+def _description_problem(meta: dict) -> str:
+    """The first thing in a checkpoint's meta predict cannot use, "" where there is none."""
+    missing = [k for k in MODEL_DESCRIPTION if k not in meta]
+    if missing:
+        return f"its meta has no {', '.join(repr(k) for k in missing)}"
+    shape, classes, names = meta["image_shape"], meta["num_classes"], meta["class_names"]
+    if not (isinstance(shape, list | tuple) and len(shape) == 3 and all(isinstance(v, int) and v > 0 for v in shape)):
+        return f"its meta's image_shape is {shape!r}: expected [channels, height, width]"
+    if not (isinstance(classes, int) and classes > 0):
+        return f"its meta's num_classes is {classes!r}: expected a whole number > 0"
+    for key in ("mean", "std"):
+        if not (isinstance(meta[key], list | tuple) and len(meta[key]) == shape[0]):
+            return f"its meta's {key} is {meta[key]!r}: expected one number per channel ({shape[0]})"
+    if not (isinstance(names, list | tuple) and (not names or len(names) >= classes)):
+        return f"its meta's class_names is {names!r}: expected a list of {classes} names"
+    return ""
+
+
+def load_model_weights(model: torch.nn.Module, weights, path: Path, described: str) -> None:
+    """Load `weights` into `model`, refused in one line naming the first weight that does not fit: torch's own
+    error is a traceback listing every mismatch, from a checkpoint whose meta disagrees with its weights (edited,
+    or from a version of cnnpar whose model layers were renamed or resized since)."""
+    try:
+        model.load_state_dict(weights)
+    except (RuntimeError, TypeError, AttributeError) as e:  # a mismatch; a 'model' that is no dict of tensors
+        raise UserError(
+            f"{path}: its weights do not fit {described} ({_first_mismatch(model.state_dict(), weights, e)}): "
+            "expected a checkpoint written by this cnnpar's train for that model"
+        ) from None
+
+
+def _first_mismatch(expected: dict, weights, error: BaseException) -> str:
+    """The first weight missing, extra or of another shape; torch's first line on it where none of those is it."""
+    if not isinstance(weights, dict):
+        return f"its 'model' is a {type(weights).__name__}, not a dict of tensors"
+    for name, tensor in expected.items():
+        got = weights.get(name)
+        if got is None:
+            return f"no {name}"
+        if not isinstance(got, torch.Tensor):
+            return f"{name} is a {type(got).__name__}, not a tensor"
+        if got.shape != tensor.shape:
+            return f"{name} is {list(got.shape)}, the model's {list(tensor.shape)}"
+    extra = next((name for name in weights if name not in expected), None)
+    if extra is not None:
+        return f"{extra} is not in the model"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[1] if len(lines) > 1 else first_line(error)

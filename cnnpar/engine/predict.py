@@ -3,6 +3,8 @@ id column), a CSV for the rest."""
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from pathlib import Path
 
@@ -13,16 +15,24 @@ from cnnpar.data.arrays import resize_square
 from cnnpar.data.bundle import ArrayDataset, first_five
 from cnnpar.data.csv_source import PixelCountError, read_ids
 from cnnpar.data.folder import skipped_note
-from cnnpar.data.sources import detect_format, load_predict_data, npz_class_names
+from cnnpar.data.sources import PREDICT_READS, detect_format, load_predict_data, npz_class_names
 from cnnpar.data.store_write import Sides
 from cnnpar.data.transforms import DeviceTransform
 from cnnpar.engine.averaging import averaged_weights
-from cnnpar.engine.checkpoint import BEST, LAST, checkpoint_epoch, find_checkpoint, load_checkpoint
+from cnnpar.engine.checkpoint import (
+    BEST,
+    LAST,
+    load_checkpoint,
+    load_model_weights,
+    require_checkpoint,
+    require_model_description,
+    stored_epoch,
+)
 from cnnpar.engine.step import tta_logits
 from cnnpar.errors import ConfigError, DataError, UserError
 from cnnpar.models import build_model
 from cnnpar.parallel.precision import Precision
-from cnnpar.report.files import write_csv_atomic
+from cnnpar.report.files import check_out_file, write_csv_atomic
 
 
 def _batches(ds, batch_size: int):
@@ -45,7 +55,12 @@ def checkpoint_line(path: Path, state: dict) -> str:
     epoch = state.get("epoch")
     line = f"checkpoint: {path}" + (f" (epoch {epoch})" if isinstance(epoch, int) else "")
     best = path.with_name(BEST)
-    if path.name == LAST and best.is_file() and (held := checkpoint_epoch(path.parent, best)) != epoch:
+    if path.name != LAST or not best.is_file():
+        return line
+    held = stored_epoch(best)
+    if held is None:  # cut short or damaged: no epoch to recommend it for
+        return line + f"; {best}, meant to hold the best validation epoch, cannot be read (cut short or damaged?)"
+    if held != epoch:
         line += f"; {best} holds the best validation epoch, {held}: --checkpoint {best} predicts with it"
     return line
 
@@ -124,6 +139,93 @@ def _check_size(ds: ArrayDataset, shape, data: str, resize: bool) -> ArrayDatase
     return ArrayDataset(resize_square(ds.x, h), ds.y)
 
 
+def out_target(out: str, fmt: str, data: str, found: Path) -> Path:
+    """The file --out names (the default name inside it where it ends in '/': a folder, made where missing), refused
+    before any work where it is a folder, the --data file, the checkpoint or its run's ckpt/ folder (the predictions
+    replaced a run's last.pt, exit 0), or a path where no file can be made (a traceback after every image was
+    predicted)."""
+    default = "submission.csv" if fmt == "csv" else "predictions.csv"
+    target = Path(out or default)
+    if out.endswith(("/", os.sep)):  # Path() drops the slash: `--out results/` wrote a file named results
+        target = target / default
+    if target.is_dir():
+        raise UserError(
+            f"--out {target}: is a folder: expected the path of the CSV file to write ({target}/ writes {default} "
+            "in it)"
+        )
+    if target.exists() and not target.is_file():  # the rename would replace it: /dev/null itself, as root
+        raise UserError(f"--out {target}: is not a regular file (a device or a pipe): expected the path of a CSV file")
+    if target.exists() and Path(data).is_file() and target.samefile(data):  # it was replaced by the predictions
+        raise UserError(f"--out {target}: is the --data file: expected another path for the predictions")
+    _refuse_checkpoint_paths(target, found)
+    check_out_file(target, "--out")
+    return target
+
+
+def _refuse_checkpoint_paths(target: Path, found: Path) -> None:
+    """--out on the checkpoint read, on its neighbour last.pt or best.pt, or anywhere in a run's ckpt/ folder; through
+    links too (a checkpoint linked from elsewhere is its run's file)."""
+    where = target.resolve()
+    if where == found.resolve() or (target.exists() and target.samefile(found)):
+        raise UserError(f"--out {target}: is the --checkpoint file: expected another path for the predictions")
+    for shown in dict.fromkeys((found.parent, found.resolve().parent)):  # as typed, and where a link leads
+        folder = shown.resolve()
+        if folder.name == "ckpt" and where.is_relative_to(folder):
+            raise UserError(
+                f"--out {target}: lies in the run's checkpoint folder {shown}: expected a path outside it (the "
+                f"predictions could replace its {LAST} or {BEST})"
+            )
+        if where in (folder / LAST, folder / BEST):
+            raise UserError(f"--out {target}: is the run's {where.name}: expected another path for the predictions")
+
+
+def unused_flag_notes(fmt: str, data: str, image_shape: str, resize: bool, side: tuple[int, int]) -> list[str]:
+    """A note for --image-shape and --resize typed where they do nothing (as `cnnpar train` names such flags):
+    --image-shape shapes CSV rows, --resize resizes CSV and .npz arrays; folders and the built-in digits are
+    resized to the model's size anyway."""
+    resized = f"resized to the model's {side[0]}x{side[1]}"
+    kind = {
+        "npz": "an .npz, whose arrays keep their own shape",
+        "folder": f"an image folder, whose photos are {resized} as the run's validation read them",
+        "digits": f"the built-in digits, {resized}",
+    }.get(fmt)
+    if kind is None:  # CSV rows take both; other formats are refused by the reader
+        return []
+    notes = []
+    if image_shape and fmt != "csv":
+        notes.append(f"cnnpar: note: --image-shape {image_shape} not used: it shapes CSV rows, and {data} is {kind}")
+    if resize and fmt not in ("csv", "npz"):
+        notes.append(f"cnnpar: note: --resize not used: it resizes CSV and .npz images, and {data} is {kind}")
+    return notes
+
+
+def _trained_from_store(run_cfg: dict) -> bool:
+    data = run_cfg.get("data", {})
+    return data.get("format") == "store" or str(data.get("source", "")).lower().endswith(".cnnpar")
+
+
+def _unprepared_store_warning(found: Path, run_cfg: dict, data: str) -> str:
+    """A run trained from a store, whose checkpoint predates `prepared_sides`: how prepare resized its photos is
+    not known, so the folder is read as a folder run's validation reads it, and the pixels can differ from those
+    the run validated on (docs/decoding.md: up to ~100 levels on large photos)."""
+    return (
+        f"warning: {found}: its run trained from the store {run_cfg['data'].get('source')}, and the checkpoint "
+        f"predates recording how the store was prepared (prepared_sides): {data} is read as a folder run's "
+        "validation reads it, not as the store was prepared, so some predictions may differ from the run's"
+    )
+
+
+def _write(target: Path, rows: list[dict], columns: list[str]) -> None:
+    """The predictions, written atomically; a write that fails (a full disk, a file size limit) leaves no file and
+    ends in one line rather than a traceback."""
+    try:
+        write_csv_atomic(target, rows, columns)
+    except OSError as e:
+        room = e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+        expected = "room for it (free disk space, a higher file size limit)" if room else "a writable path"
+        raise UserError(f"--out {target}: cannot be written ({e.strerror or e}): expected {expected}") from None
+
+
 def predict(
     checkpoint: str,
     data: str,
@@ -133,30 +235,28 @@ def predict(
     device: str = "auto",
     resize: bool = False,
     tta_level: str = "auto",
+    data_format: str = "auto",
     log=print,
 ) -> Path:
     """Write predictions; log the accuracy where the data has labels, and warn on stderr about
     pixels that would make the predictions quietly wrong.
 
     `tta_level` auto: the test-time views the run evaluated with (its --tta-level / --tta-flip), so the
-    predictions are those of the model its val_acc scored; none, flip or flip+translate to choose."""
+    predictions are those of the model its val_acc scored; none, flip or flip+translate to choose.
+    `data_format` auto: told from --data's name (csv, npz or folder to say)."""
     dev = _device(device)
     if batch_size < 1:  # a negative step makes an empty range: a header-only submission, "wrote", exit 0
         raise ConfigError(f"--batch-size {batch_size}: expected a whole number > 0")
-    state = load_checkpoint(checkpoint, map_location="cpu")
-    meta = state.get("meta") if isinstance(state, dict) else None
-    if meta is None:
-        raise UserError(f"{checkpoint}: holds no model description ('meta'): expected a checkpoint of cnnpar train")
-    log(checkpoint_line(find_checkpoint(checkpoint), state))
+    fmt = detect_format(data, data_format, PREDICT_READS)
+    found = require_checkpoint(checkpoint)
+    target = out_target(out, fmt, data, found)  # before any work: every refusal of --out costs nothing
+    state = load_checkpoint(found, map_location="cpu")
+    meta = require_model_description(state, found)
+    log(checkpoint_line(found, state))
     c, h, w = meta["image_shape"]
     run_cfg = state.get("config") or {}
-    fmt = detect_format(data, "auto")
-    target = Path(out or ("submission.csv" if fmt == "csv" else "predictions.csv"))
-    if target.is_dir():  # refused before the work, not at the final rename
-        raise UserError(f"--out {target}: is a folder: expected the path of the CSV file to write")
-    for given, what in ((Path(data), "--data"), (Path(checkpoint), "--checkpoint")):
-        if target.exists() and given.is_file() and target.samefile(given):  # it was replaced by the predictions
-            raise UserError(f"--out {target}: is the {what} file: expected another path for the predictions")
+    for note in unused_flag_notes(fmt, data, image_shape, resize, (h, w)):
+        print(note, file=sys.stderr, flush=True)
     typed = image_shape
     if not typed and (c != 1 or h != w):
         # Only square grey rows can be inferred from a column count; colour or oblong rows take the model's shape.
@@ -171,6 +271,8 @@ def predict(
     try:
         per_image = run_cfg.get("data", {}).get("loader") == "textbook"  # validation's own way of reading a folder
         prepared = meta.get("prepared_sides")  # a run trained from a store (checkpoints since 2026-12)
+        if prepared is None and fmt == "folder" and _trained_from_store(run_cfg):
+            print(_unprepared_store_warning(found, run_cfg, data), file=sys.stderr, flush=True)
         ds, ids, label_origin = load_predict_data(
             data, fmt, image_shape, image_size=h, skipped=skipped, per_image=per_image, notes=notes, prepared=prepared
         )
@@ -187,11 +289,11 @@ def predict(
         ) from None
     if skipped:  # a folder's images in other formats get no row: said where the other warnings go
         print(skipped_note(skipped), file=sys.stderr, flush=True)
+    id_name = "ImageId"
+    if fmt == "csv" and (named := read_ids(data, notes)) is not None:
+        id_name, ids = named  # a Kaggle test file's own ids, under its own name, as its sample submission has them
     for note in notes:
         print(note, file=sys.stderr, flush=True)
-    id_name = "ImageId"
-    if fmt == "csv" and (named := read_ids(data)) is not None:
-        id_name, ids = named  # a Kaggle test file's own ids, under its own name, as its sample submission has them
     channels = ds.x.shape[1] if isinstance(ds, ArrayDataset) else 3  # folders decode to RGB
     if channels != c:
         raise DataError(f"{data}: images have {channels} channel(s): expected {c}, as the model was trained on")
@@ -201,7 +303,8 @@ def predict(
         if warning:
             print(warning, file=sys.stderr, flush=True)
     model = build_model(meta["model"], c, meta["num_classes"], h, w)
-    model.load_state_dict(averaged_weights(state) or state["model"])  # the weights the run evaluated
+    described = f"the {meta['model']} its meta describes, for {meta['num_classes']} classes of {c}x{h}x{w} images"
+    load_model_weights(model, averaged_weights(state) or state["model"], found, described)  # what the run evaluated
     model.to(dev).eval()
     views = _views(state, tta_level, log)
     precision = _precision(run_cfg, dev, log)
@@ -240,13 +343,13 @@ def predict(
     if fmt == "csv":
         label = "Label" if id_name[:1].isupper() else "label"  # ImageId,Label (Digit Recognizer); id,label (Kannada)
         rows = [{id_name: i, label: names[p] if names else p} for i, p in zip(ids, preds)]
-        write_csv_atomic(target, rows, [id_name, label])
+        _write(target, rows, [id_name, label])
     else:
         rows = [
             {"id": i, "label": p, "class_name": names[p] if names else p, "confidence": f"{q:.5f}"}
             for i, p, q in zip(ids, preds, confs)
         ]
-        write_csv_atomic(target, rows, ["id", "label", "class_name", "confidence"])
+        _write(target, rows, ["id", "label", "class_name", "confidence"])
     return target
 
 

@@ -34,6 +34,29 @@ def check_out_folder(path: str | Path, flag: str) -> None:
             return
 
 
+def check_out_file(path: str | Path, flag: str) -> None:
+    """Refuse, before the work, an output file that cannot be made: one under a file, or in a folder (or under the
+    nearest one there is, for folders still to be made) where no file can be created (permissions, a read-only or
+    virtual file system). predict ran over every image, then ended in a traceback at its write. Tried by creating
+    and removing a temporary file there, as the write itself will: permission bits alone do not say (root, a
+    read-only mount)."""
+    from cnnpar.errors import UserError
+
+    given = Path(path)
+    folder = next((place for place in given.parents if place.exists()), Path("."))
+    if not folder.is_dir():
+        raise UserError(f"{flag} {path}: lies under {folder}, a file: expected a path in a folder")
+    try:
+        tmp, fd = _create_temp(folder, given.name)
+    except OSError as e:
+        raise UserError(
+            f"{flag} {path}: cannot be written ({e.strerror or e}): expected a path in a folder where files can be made"
+        ) from None
+    tmp.unlink(missing_ok=True)
+    if fd >= 0:
+        os.close(fd)
+
+
 def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
     """A new empty file in `folder`, created with mode 0o666 so the kernel applies the umask, and an open
     descriptor holding an flock on it while it is written: the mark of a live writer (`_dead_temp`).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -116,7 +117,11 @@ def test_predict_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypa
         (["--batch-size", "0"], "--batch-size 0: expected a whole number > 0"),
         (["--device", "foo"], "--device 'foo': expected auto, cpu, cuda or cuda:N"),
         (["--device", "cuda"], "--device 'cuda' but no CUDA device is visible: expected --device cpu here"),
-        (["--out", "folder"], "--out folder: is a folder: expected the path of the CSV file to write"),
+        (
+            ["--out", "folder"],
+            "--out folder: is a folder: expected the path of the CSV file to write (folder/ writes submission.csv "
+            "in it)",
+        ),
     ],
 )
 def test_predict_refuses_bad_arguments_in_one_line_and_writes_nothing(
@@ -373,7 +378,7 @@ def test_predict_runs_in_the_precision_the_run_evaluated_in(tmp_path, trained):
     assert (got - fp32).abs().max() > 1e-4  # the test tells the two apart
 
 
-def test_predict_reads_a_folder_as_validation_did(tmp_path):
+def test_predict_reads_a_folder_as_validation_did(tmp_path, capsys):
     """Validation reads a folder's photos as the centre square resized (CpuDecodedFolder, and the GPU decoders'
     same boxes); predict resized the shorter side, then cropped: other pixels, over 20 levels apart on these
     noise photos. Predict now scores the pixels validation scored."""
@@ -407,9 +412,18 @@ def test_predict_reads_a_folder_as_validation_did(tmp_path):
     with torch.no_grad():
         expected = model(transform(validation_way, train=False)).softmax(1).max(1).values
     assert torch.allclose(torch.tensor(_confidences(out)), expected, atol=2e-5)
+    capsys.readouterr()
+    again = predict(str(run_dir), str(root), out=str(tmp_path / "q.csv"), image_shape="3x16x16", resize=True)
+    assert capsys.readouterr().err == (  # they were silently ignored
+        f"cnnpar: note: --image-shape 3x16x16 not used: it shapes CSV rows, and {root} is an image folder, whose "
+        "photos are resized to the model's 16x16 as the run's validation read them\n"
+        f"cnnpar: note: --resize not used: it resizes CSV and .npz images, and {root} is an image folder, whose "
+        "photos are resized to the model's 16x16 as the run's validation read them\n"
+    )
+    assert again.read_bytes() == out.read_bytes()
 
 
-def test_predict_on_the_folder_of_a_store_run_reads_it_as_the_store_was_prepared(tmp_path):
+def test_predict_on_the_folder_of_a_store_run_reads_it_as_the_store_was_prepared(tmp_path, capsys):
     """A run from a store keeps how `cnnpar prepare` resized the photos (the checkpoint's `prepared_sides`), and
     predict on their folder resizes them so: its predictions are those of the pixels the run validated on."""
     from cnnpar.data.sources import load_predict_data
@@ -444,3 +458,225 @@ def test_predict_on_the_folder_of_a_store_run_reads_it_as_the_store_was_prepared
     with torch.no_grad():
         expected = model(transform(ds[list(range(len(ds)))][0], train=False)).softmax(1).max(1).values
     assert torch.allclose(torch.tensor(_confidences(out)), expected, atol=2e-5)
+
+    # a checkpoint from before prepared_sides was recorded: the folder is read another way, said rather than silent
+    del state["meta"]["prepared_sides"]
+    torch.save(state, old := tmp_path / "old.pt")
+    capsys.readouterr()
+    lines.clear()
+    predict(str(old), str(root), out=str(tmp_path / "old.csv"), log=lines.append)
+    assert capsys.readouterr().err == (
+        f"warning: {old}: its run trained from the store {store}, and the checkpoint predates recording how the store "
+        f"was prepared (prepared_sides): {root} is read as a folder run's validation reads it, not as the store was "
+        "prepared, so some predictions may differ from the run's\n"
+    )
+    assert not any("resized as the run's store was prepared" in line for line in lines), lines
+
+
+def _copy_run(run_dir, to):
+    import shutil
+
+    return shutil.copytree(run_dir, to)
+
+
+def test_predict_never_writes_into_the_checkpoint_folder_it_reads(tmp_path, capsys, monkeypatch, trained):
+    """`--checkpoint RUN --out RUN/ckpt/last.pt` replaced the run's checkpoint with the submission (exit 0): only the
+    path as typed was compared with --out, never the file a run folder leads to, nor its best.pt."""
+    _, run_dir, test, _ = trained
+    run = _copy_run(run_dir, tmp_path / "run")
+    kept = {p.name: p.read_bytes() for p in (run / "ckpt").iterdir()}
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        ("run", "run/ckpt/last.pt", "--out run/ckpt/last.pt: is the --checkpoint file: expected another path"),
+        ("run", "run/ckpt/best.pt", "--out run/ckpt/best.pt: lies in the run's checkpoint folder run/ckpt: expected"),
+        ("run", "run/ckpt/p.csv", "--out run/ckpt/p.csv: lies in the run's checkpoint folder run/ckpt: expected"),
+        ("run/ckpt/best.pt", "run/ckpt/last.pt", "--out run/ckpt/last.pt: lies in the run's checkpoint folder"),
+    ]
+    for checkpoint, out, expected in cases:
+        assert main(["predict", "--checkpoint", checkpoint, "--data", str(test), "--out", out]) == 2
+        printed, err = capsys.readouterr()
+        assert err.startswith(f"cnnpar: error: {expected}") and err.count("\n") == 1, err
+        assert printed == ""  # refused before the checkpoint was read
+    assert {p.name: p.read_bytes() for p in (run / "ckpt").iterdir()} == kept
+    loose = tmp_path / "loose"  # a checkpoint outside a run folder: its neighbour best.pt is a checkpoint too
+    loose.mkdir()
+    (loose / "last.pt").write_bytes(kept["last.pt"])
+    assert main(["predict", "--checkpoint", "loose/last.pt", "--data", str(test), "--out", "loose/best.pt"]) == 2
+    assert capsys.readouterr().err == (
+        "cnnpar: error: --out loose/best.pt: is the run's best.pt: expected another path for the predictions\n"
+    )
+
+
+def test_predict_refuses_an_unwritable_out_before_predicting_and_a_failed_write_in_one_line(
+    tmp_path, capsys, monkeypatch, trained
+):
+    """An --out under a file, or where no file can be made, ended in a traceback after every image was predicted;
+    a full disk at the write ended in one too."""
+    import errno
+
+    _, run_dir, test, _ = trained
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("a file")
+    base = ["predict", "--checkpoint", str(run_dir), "--data", str(test)]
+    assert main([*base, "--out", "file/sub.csv"]) == 2
+    printed, err = capsys.readouterr()
+    assert err == "cnnpar: error: --out file/sub.csv: lies under file, a file: expected a path in a folder\n"
+    assert printed == ""  # nothing was predicted
+    if Path("/proc/self").is_dir():  # no file can be made in /proc, root or not
+        assert main([*base, "--out", "/proc/p.csv"]) == 2
+        printed, err = capsys.readouterr()
+        assert err.startswith("cnnpar: error: --out /proc/p.csv: cannot be written (") and printed == ""
+        assert err.endswith("): expected a path in a folder where files can be made\n")
+
+    def full_disk(self, rows):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", full_disk)
+    assert main([*base, "--out", "p.csv"]) == 2
+    assert capsys.readouterr().err == (
+        "cnnpar: error: --out p.csv: cannot be written (No space left on device): expected room for it (free disk "
+        "space, a higher file size limit)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]  # no submission, no temporary file
+
+
+def test_predict_writes_inside_an_out_ending_in_a_slash_and_never_over_a_pipe(tmp_path, capsys, monkeypatch, trained):
+    """`--out results/` wrote a file named results; `--out` naming a pipe or a device (/dev/null) renamed the
+    predictions over it."""
+    import os
+
+    _, run_dir, test, _ = trained
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(test), "--out", "results/"]) == 0
+    assert _rows(tmp_path / "results" / "submission.csv")[0] == ["ImageId", "Label"]
+    os.mkfifo(tmp_path / "pipe")
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(test), "--out", "pipe"]) == 2
+    assert capsys.readouterr() == (
+        "",
+        "cnnpar: error: --out pipe: is not a regular file (a device or a pipe): expected the path of a CSV file\n",
+    )
+    assert (tmp_path / "pipe").is_fifo()
+
+
+def test_predict_refuses_a_checkpoint_whose_meta_does_not_fit_its_weights_in_one_line(
+    tmp_path, capsys, monkeypatch, trained
+):
+    """A meta that disagrees with the weights, a meta without a key predict reads, or no weights: tracebacks."""
+    _, run_dir, test, _ = trained
+    state = torch.load(run_dir / "ckpt" / "last.pt", weights_only=True)
+    monkeypatch.chdir(tmp_path)
+    edits = {
+        "classes.pt": lambda s: s["meta"].update(num_classes=5, class_names=list("01234")),
+        "nomean.pt": lambda s: s["meta"].pop("mean"),
+        "noweights.pt": lambda s: s.pop("model"),
+    }
+    expected = {
+        "classes.pt": "classes.pt: its weights do not fit the cnn3 its meta describes, for 5 classes of 1x16x16 "
+        "images (classifier.5.weight is [4, 128], the model's [5, 128]): expected a checkpoint written by this "
+        "cnnpar's train for that model",
+        "nomean.pt": "nomean.pt: not a checkpoint predict can read (its meta has no 'mean'): expected a checkpoint of "
+        "cnnpar train",
+        "noweights.pt": "noweights.pt: not a checkpoint predict can read (no 'model' weights): expected a checkpoint "
+        "of cnnpar train",
+    }
+    for name, edit in edits.items():
+        edited = {**state, "meta": dict(state["meta"])}
+        edit(edited)
+        torch.save(edited, tmp_path / name)
+        assert main(["predict", "--checkpoint", name, "--data", str(test)]) == 2
+        assert capsys.readouterr().err == f"cnnpar: error: {expected[name]}\n"
+    assert not (tmp_path / "submission.csv").exists()
+
+
+def test_predict_says_an_unreadable_best_pt_cannot_be_read(tmp_path, trained):
+    """A cut-short best.pt was recommended as holding "the best validation epoch, 0"."""
+    from cnnpar.engine.checkpoint import load_checkpoint
+    from cnnpar.engine.predict import checkpoint_line
+
+    _, run_dir, _, _ = trained
+    run = _copy_run(run_dir, tmp_path / "run")
+    best = run / "ckpt" / "best.pt"
+    best.write_bytes(best.read_bytes()[: best.stat().st_size // 2])
+    last = run / "ckpt" / "last.pt"
+    assert checkpoint_line(last, load_checkpoint(last)) == (
+        f"checkpoint: {last} (epoch 2); {best}, meant to hold the best validation epoch, cannot be read (cut short "
+        "or damaged?)"
+    )
+
+
+def test_predict_names_best_pt_where_a_run_folder_holds_only_it(tmp_path, capsys, trained):
+    _, run_dir, test, _ = trained
+    run = _copy_run(run_dir, tmp_path / "run")
+    (run / "ckpt" / "last.pt").unlink()
+    assert main(["predict", "--checkpoint", str(run), "--data", str(test), "--out", str(tmp_path / "p.csv")]) == 2
+    best = run / "ckpt" / "best.pt"
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: {run}: no checkpoint of its last epoch ({run / 'ckpt' / 'last.pt'}), but {best} holds the "
+        f"best epoch's weights: expected --checkpoint {best} to predict with them\n"
+    )
+
+
+def test_predict_reads_a_csv_under_another_name_with_format(tmp_path, capsys, monkeypatch, trained):
+    """The message advised `--format`, which predict did not have, and named a store, which it refuses."""
+    _, run_dir, test, truth = trained
+    monkeypatch.chdir(tmp_path)
+    txt = tmp_path / "test.txt"
+    txt.write_bytes(test.read_bytes())
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(txt)]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: {txt}: cannot tell its format from the name: expected a .csv, an .npz, an image folder or "
+        "'digits' (or give --format csv, npz or folder)\n"
+    )
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(txt), "--format", "csv"]) == 0
+    assert len(_rows(tmp_path / "submission.csv")) == 1 + len(truth)
+
+
+@pytest.mark.parametrize("unknown", [-1, 1_000_000])
+def test_predict_ignores_labels_the_model_has_no_class_for_as_the_readme_says(
+    tmp_path, capsys, monkeypatch, trained, unknown
+):
+    """A label column of -1 (a usual 'unknown') was refused by training's range check: no submission."""
+    _, run_dir, _, _ = trained
+    monkeypatch.chdir(tmp_path)
+    x, _ = bar_images(16, seed=4)
+    data = write_pixel_csv(tmp_path / "unknown.csv", x, np.full(16, unknown))
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(data)]) == 0
+    assert (
+        f"{data}: ignoring its 'label' column as labels: values {unknown}..{unknown}, but the model knows classes 0..3"
+        in capsys.readouterr().out
+    )
+    assert len(_rows(tmp_path / "submission.csv")) == 17
+
+
+def test_predict_warns_of_an_id_column_that_repeats_an_id(tmp_path, capsys, monkeypatch, trained):
+    _, run_dir, test, _ = trained
+    lines = test.read_text().splitlines()
+    data = tmp_path / "ids.csv"
+    data.write_text("\n".join([f"ImageId,{lines[0]}"] + [f"{k},{r}" for k, r in zip((1, 2, 3, 2, 3), lines[1:6])]))
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(data)]) == 0
+    assert (
+        f"warning: {data}, line 5 (data row 4), column 'ImageId': id '2' repeats that of line 3 (data row 2): each "
+        "row is predicted, but a submission expects each id once\n"
+    ) in capsys.readouterr().err
+    assert [r[0] for r in _rows(tmp_path / "submission.csv")[1:]] == ["1", "2", "3", "2", "3"]
+
+
+def test_predict_notes_image_shape_and_resize_where_they_do_nothing(tmp_path, capsys, monkeypatch, trained):
+    """They were silently ignored for an .npz, a folder and the built-in digits."""
+    _, run_dir, _, _ = trained
+    monkeypatch.chdir(tmp_path)
+    data = write_npz(tmp_path / "d.npz", n_train=16, n_test=None)
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(data), "--image-shape", "3x8x8"]) == 0
+    assert capsys.readouterr().err == (
+        f"cnnpar: note: --image-shape 3x8x8 not used: it shapes CSV rows, and {data} is an .npz, whose arrays keep "
+        "their own shape\n"
+    )
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(data), "--resize"]) == 0
+    assert capsys.readouterr().err == ""  # --resize resizes an .npz's arrays
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", "digits", "--resize"]) == 0
+    assert capsys.readouterr().err == (
+        "cnnpar: note: --resize not used: it resizes CSV and .npz images, and digits is the built-in digits, resized "
+        "to the model's 16x16\n"
+    )

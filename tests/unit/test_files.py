@@ -173,3 +173,16 @@ def test_an_error_that_is_not_the_files_keeps_its_own_traceback(tmp_path, monkey
     with pytest.raises(RuntimeError, match="illegal memory access"):
         save_checkpoint(tmp_path / "ckpt" / "last.pt", {"w": torch.zeros(2)})
     assert list((tmp_path / "ckpt").iterdir()) == []
+
+
+def test_check_out_file_refuses_a_path_under_a_file_or_where_none_can_be_made_and_leaves_nothing(tmp_path):
+    from cnnpar.errors import UserError
+
+    (tmp_path / "data.csv").write_text("x")
+    with pytest.raises(UserError, match=r"^--out .*data\.csv/sub/p\.csv: lies under .*data\.csv, a file: expected"):
+        files.check_out_file(tmp_path / "data.csv" / "sub" / "p.csv", "--out")
+    files.check_out_file(tmp_path / "new" / "deeper" / "p.csv", "--out")  # folders a write will make
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.csv"]  # its trial file gone, no folder made
+    if os.path.isdir("/proc/self"):
+        with pytest.raises(UserError, match=r"^--out /proc/p\.csv: cannot be written \("):
+            files.check_out_file("/proc/p.csv", "--out")
