@@ -287,6 +287,15 @@ def predict(
             f"{data}: {e.n_pixels} pixel columns: expected {c * h * w}, one per value of the {c}x{h}x{w} images "
             "the model was trained on"
         ) from None
+    trained_on = run_cfg.get("data", {}).get("source")
+    if fmt == "digits" and trained_on != "digits":
+        # train resizes the 8x8 digits the same way, so a digits run needs no word; a run of other data does
+        print(
+            f"cnnpar: note: the built-in digits are 8x8 images, resized to the model's {h}x{w} "
+            f"(it was trained on {trained_on or 'other data'})",
+            file=sys.stderr,
+            flush=True,
+        )
     if skipped:  # a folder's images in other formats get no row: said where the other warnings go
         print(skipped_note(skipped), file=sys.stderr, flush=True)
     id_name = "ImageId"

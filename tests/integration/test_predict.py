@@ -200,8 +200,12 @@ def test_predict_digits_runs_and_says_why_it_ignores_impossible_labels(capsys, m
     _, run_dir, _, _ = trained
     monkeypatch.chdir(tmp_path)
     assert main(["predict", "--checkpoint", str(run_dir), "--data", "digits"]) == 0
-    out = capsys.readouterr().out
-    assert "ignoring scikit-learn's digit labels as labels: values 0..9, but the model knows classes 0..3" in out
+    captured = capsys.readouterr()
+    assert (
+        "ignoring scikit-learn's digit labels as labels: values 0..9, but the model knows classes 0..3" in captured.out
+    )
+    # the CSV-trained model reads 16x16: the digits' own 8x8 enlarged, which a model of other data is told
+    assert "the built-in digits are 8x8 images, resized to the model's 16x16 (it was trained on" in captured.err
     assert main(["predict", "--checkpoint", str(run_dir), "--data", "synthetic"]) == 2
     assert "predict reads a .csv, an .npz, an image folder or 'digits'" in capsys.readouterr().err
 
@@ -231,7 +235,8 @@ def test_predict_uses_the_runs_test_time_views_unless_told_and_says_a_digits_sco
 
     monkeypatch.setattr("cnnpar.engine.predict.tta_logits", spy)
     assert main(["predict", "--checkpoint", str(run_dir), "--data", "digits", "--out", "a.csv"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "the built-in digits are 8x8" not in err  # a digits run reads them as it trained: no word
     assert set(seen) == {(True, True)} and "test-time augmentation: flip+translate, as the run evaluated" in out
     assert "the run's training images among them, so not a held-out score" in out
     seen.clear()
