@@ -282,6 +282,8 @@ def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
     report = run_doctor(cfg, opts)
     write_report(report)
     print_report(report)
+    if report.stop is not None:
+        raise report.stop  # a try was stopped: its report is written, and the command ends as the stop asked
     return 0
 
 
