@@ -282,6 +282,8 @@ def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
     report = run_doctor(cfg, opts)
     write_report(report)
     print_report(report)
+    if report.stop is not None:
+        raise report.stop  # a try was stopped: its report is written, and the command ends as the stop asked
     return 0
 
 
@@ -401,6 +403,9 @@ def add_prepare_parser(sub) -> None:
     prep = sub.add_parser(
         "prepare",
         help="decode an image folder once into a .cnnpar store (raw pixels, memory-mapped by training)",
+        description="Decode every photo of an image folder once (one process per core), cap its sides "
+        "(--short-side, --max-side) and write the raw pixels into one .cnnpar store that cnnpar train --data "
+        "STORE memory-maps and crops on the device; --verify checks a store against its pixel checksum.",
         formatter_class=DefaultsHelpFormatter,
     )
     prep.add_argument(
@@ -480,10 +485,15 @@ def add_bench_parser(sub) -> None:
     bench = sub.add_parser(
         "bench",
         help="measure each speed technique (a ladder), check the founding claims, or time to accuracy",
+        description="Measure, in one process, what each speed technique is worth on this machine: the ladder "
+        "(each rung adds one technique; ladder.csv/.md and PNGs in --out), --claims (the founding document's "
+        "claims, each on the workload it names, within --budget-s), --time-to-accuracy (seconds to --target "
+        "validation accuracy) or --compare (two ladder CSVs side by side); --ddp adds DDP rows. Warm-up and "
+        "compile stay outside the timed steps; figures are medians of repeats with their range (docs/bench.md). "
+        "The bench's own options come first, then the train flags that set the config it measures.",
         formatter_class=DefaultsHelpFormatter,
     )
-    add_config_flags(bench, extra_presets=("claims",))
-    g = bench.add_argument_group("bench")
+    g = bench.add_argument_group("bench")  # before the config flags: --help lists them first
     g.add_argument("--out", default="", help="results folder (default: <--out-dir>/bench/<date>-<device>-<model>/)")
     g.add_argument(
         "--warmup-steps",
@@ -525,9 +535,10 @@ def add_bench_parser(sub) -> None:
         "table ends within 3 minutes, 300 on a CPU; the ladder has no limit)",
     )
     g.add_argument(
-        "--ddp", default="", help="ladder: also DDP rows at these world sizes, e.g. 1,2 (ddp/ .csv, .json in --out)"
+        "--ddp", default="", help="ladder: also DDP rows at these world sizes, e.g. 1,2 (ddp.csv and ddp.json in --out)"
     )
     g.add_argument("--compare", nargs=2, metavar=("A.csv", "B.csv"), help="print two ladder CSVs side by side")
+    add_config_flags(bench, extra_presets=("claims",))
     bench.set_defaults(func=cmd_bench)
 
 
@@ -545,7 +556,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cnnpar", description="Fast CNN training, measured.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     train = sub.add_parser(
-        "train", help="train a model (defaults: cnn3 on the built-in digits)", formatter_class=DefaultsHelpFormatter
+        "train",
+        help="train a model (defaults: cnn3 on the built-in digits)",
+        description="Train a model (defaults: cnn3 on the built-in scikit-learn digits). Every flag is a field of "
+        "the config (cnnpar/config.py); 'auto' is resolved for this machine and the run prints what it chose and "
+        "why. The run folder (runs/<model>-<date>/) holds config.toml, metrics.csv, summary.json and "
+        "ckpt/last.pt and best.pt; --resume continues a stopped run, --nproc N starts N processes (DDP).",
+        formatter_class=DefaultsHelpFormatter,
     )
     add_config_flags(train)
     train.set_defaults(func=cmd_train)
@@ -553,10 +570,13 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser(
         "profile",
         help="a few train steps under torch.profiler: trace per rank, top operators",
+        description="Run a few train steps of the config under torch.profiler: skip --prof-wait steps, discard "
+        "--prof-warmup, record --prof-active. Writes trace_rank<N>.json (for ui.perfetto.dev), top-operator tables "
+        "and where_time_went_rank<N>.txt (how busy the GPU was, what it waited for) to --report-dir. The profiler's "
+        "own options come first, then the train flags that set the config it profiles.",
         formatter_class=DefaultsHelpFormatter,
     )
-    add_config_flags(prof)
-    extra = prof.add_argument_group("profile")
+    extra = prof.add_argument_group("profile")  # before the config flags: --help lists them first
     extra.add_argument(
         "--prof-wait",
         type=at_least(0),
@@ -581,15 +601,26 @@ def build_parser() -> argparse.ArgumentParser:
         "default: torch's global profiler callbacks have crashed with the DataLoader's pin-memory thread "
         "(pytorch/pytorch#185741)",
     )
+    add_config_flags(prof)
     prof.set_defaults(func=cmd_profile)
 
     doc = sub.add_parser(
         "doctor",
         help="measure data vs step vs end to end, name the bottleneck, advise",
+        description="Measure your model on your data in one process: the input pipeline alone, the train step "
+        "alone (at the batch and at half of it) and both end to end. The verdict: data-bound (the step waits for "
+        "batches), host-bound (per-step overhead, or a GPU idle waiting for launches) or compute-bound (the "
+        "arithmetic sets the pace); then changes ranked by estimated gain, each a command to paste. --try N "
+        "measures the top N with the change applied. Each phase runs --warmup-steps untimed steps, then stops "
+        "after --measure-steps batches or --max-seconds (at least 2 batches; the step's phase times two batch "
+        "sizes): a few minutes at the defaults, longer where one step takes seconds; each try measures end to end "
+        "once more, and one that compiles on a CPU spends tens of seconds to minutes compiling first. Writes "
+        "report.md, doctor.json, CSVs and PNGs to --report-dir; a Ctrl-C or SIGTERM during the tries still writes "
+        "the report of what was measured. The doctor's own options come first, then the train flags that set the "
+        "config it measures.",
         formatter_class=DefaultsHelpFormatter,
     )
-    add_config_flags(doc)
-    extra = doc.add_argument_group("doctor")
+    extra = doc.add_argument_group("doctor")  # before the config flags: --help lists them first
     extra.add_argument(
         "--warmup-steps",
         type=at_least(0),
@@ -619,11 +650,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-measure the top N recommendations (N defaults to 3 when omitted; 0: none) with the config changed",
     )
     extra.add_argument("--report-dir", default="", help="output folder (default: <--out-dir>/doctor/<model>-<date>)")
+    add_config_flags(doc)
     doc.set_defaults(func=cmd_doctor)
 
     pred = sub.add_parser(
         "predict",
         help="predict with a checkpoint; CSV input gives a Kaggle submission.csv",
+        description="Predict a class for every image of --data with a run's checkpoint (a run folder reads "
+        "ckpt/last.pt), with the test-time views and precision the run evaluated with. Writes submission.csv "
+        "(ImageId,Label) for CSV input, else predictions.csv, and prints the accuracy where the data has labels.",
         formatter_class=DefaultsHelpFormatter,
     )
     pred.add_argument("--checkpoint", required=True, help="a run folder, its ckpt/ folder, or a .pt file")
@@ -666,9 +701,14 @@ def build_parser() -> argparse.ArgumentParser:
     tune_p = sub.add_parser(
         "tune",
         help="measure speed switches on your model/data/device; write the fastest config",
+        description="Try the speed switches one at a time on your model, data and device (batch size, compile and "
+        "CUDA graphs, data path, layout, precision; the long compiles last), each trial in a child process killed "
+        "at its limit, and end within --budget-s. Keeps a switch only where it is faster beyond the noise, and "
+        "rewrites --out (tuned.toml, for cnnpar train --config tuned.toml) after each trial that beats the best; "
+        "every trial is a row of tuned.csv beside it. The tuner's own options come first, then the train flags "
+        "that set the config it starts from.",
         formatter_class=DefaultsHelpFormatter,
     )
-    add_config_flags(tune_p)
     tune_p.add_argument(
         "--budget-s",
         type=at_least(0, float),
@@ -685,6 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune_p.add_argument("--steps", type=at_least(1), default=20, help="timed steps per epoch of a trial")
     tune_p.add_argument("--repeats", type=at_least(1), default=3, help="timed epochs per trial (median counts)")
     tune_p.add_argument("--out", default="tuned.toml", help="where the winning config goes")
+    add_config_flags(tune_p)
     tune_p.set_defaults(func=cmd_tune)
 
     from cnnpar.frameworks.compare import add_compare_args
@@ -692,12 +733,18 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser(
         "compare",
         help="train cnn3 under other frameworks, each in its own process, side by side",
+        description="Train the same cnn3 (same layers, initial weights, optimizer, batch, epochs and data split) "
+        "under each of --frameworks, each in its own process, and write one CSV per framework, a combined table "
+        "(.md, .csv) and a chart to --out. A framework that is not installed is skipped with one line "
+        "(docs/frameworks.md).",
         formatter_class=DefaultsHelpFormatter,
     )
     add_compare_args(comp)
     comp.set_defaults(func=cmd_compare)
 
-    models = sub.add_parser("models", help="list the registered models")
+    models = sub.add_parser(
+        "models", help="list the registered models", description="List the models --model takes, one line each."
+    )
     models.set_defaults(func=cmd_models)
     add_bench_parser(sub)
     add_prepare_parser(sub)

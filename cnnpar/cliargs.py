@@ -8,8 +8,8 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
-from cnnpar.config import MACHINE_FIELDS, SECTIONS, Config, cli_option, from_dict, load_toml, to_dict
-from cnnpar.presets import PRESETS, get_preset
+from cnnpar.config import MACHINE_FIELDS, SECTIONS, Config, cli_flag, cli_option, from_dict, load_toml, to_dict
+from cnnpar.presets import PRESET_LINES, PRESETS, get_preset
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -45,10 +45,12 @@ def int_or_auto(text: str) -> int:
 
 def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, ...] = ()) -> None:
     """One flag per config field; `extra_presets` are names a subcommand handles itself (bench's claims)."""
-    parser.add_argument(
-        "--preset", choices=sorted(PRESETS) + list(extra_presets), help="start from a named preset (see presets.py)"
-    )
-    parser.add_argument(
+    # a group of its own, after the subcommand's own options (added before this): argparse lists its plain
+    # "options" group first, which held these two above the doctor's or the bench's own flags
+    start = parser.add_argument_group("config", "where the settings start from; the flags below change single ones")
+    named = "; ".join(f"'{name}' = {line}" for name, line in PRESET_LINES.items())
+    start.add_argument("--preset", choices=sorted(PRESETS) + list(extra_presets), help=f"a named preset: {named}")
+    start.add_argument(
         "--config",
         metavar="FILE",
         help="start from a TOML config (a run's config.toml works: a new run with its settings; its resume line "
@@ -71,7 +73,10 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
             elif f.metadata.get("auto_zero"):
                 group.add_argument(flag, type=int_or_auto, metavar="N|auto", **kw)
             else:
-                group.add_argument(flag, type=type(default), choices=f.metadata.get("choices"), **kw)
+                choices = f.metadata.get("choices")
+                # `--lr LR`, not the dest's `OPTIM.LR`; a flag with choices shows them
+                metavar = None if choices else cli_flag(f).upper()
+                group.add_argument(flag, type=type(default), choices=choices, metavar=metavar, **kw)
 
 
 def at_least(low: float, kind: type = int):

@@ -43,6 +43,17 @@ DEVICES = ("auto", "cpu", "cuda")
 CPU_BATCH = 64  # --batch-size auto on the CPU
 LR_BATCH = 64  # the batch --lr is the lr for when neither --lr-batch nor a fixed --batch-size says (optim.lr_batch)
 
+# Which models torch.compile helps, by device, from benchmarks/results/h200-2026-11-29 (one H200,
+# torch 2.11, bf16, channels_last, cnnpar's Trainer with resident data): ResNet-50 at 224, batch
+# 256: 4,660 img/s eager, 6,753 compiled, 6,854 compiled with CUDA graphs; ResNet-18 at 32, batch
+# 512: 59,258 eager, 37,872 compiled, 61,730 eager with CUDA graphs, 84,868 compiled with CUDA
+# graphs. Compile alone slowed the small-input model (its step is launch-bound and compile adds
+# host work per call); with the step captured as a graph the launches are gone and compile's
+# fusions pay. CUDA graphs are on by default for one CUDA process (see resolve_for_device), so
+# compile is on for both measured models. Models not measured stay eager. On the CPU the compile
+# time (tens of seconds) is rarely repaid in a short run.
+_COMPILE_HELPS_ON_CUDA = {"resnet18", "resnet50"}
+
 
 def _f(
     default: Any,
@@ -148,7 +159,9 @@ class DataConfig:
     persistent_workers: bool = _f(True, "keep worker processes alive between epochs")
     prefetch_factor: int = _f(4, "batches each worker prepares ahead")
     prefetch_stream: str = _f(
-        "auto", "copy the next batch on a side CUDA stream while this one computes", choices=TRISTATE
+        "auto",
+        "copy the next batch on a side CUDA stream while this one computes (auto: on with CUDA)",
+        choices=TRISTATE,
     )
     resident: str = _f(
         "auto",
@@ -248,7 +261,7 @@ class OptimConfig:
         "weight decay: decoupled for adamw (lr x this per step); coupled L2 for sgd and muon's SGD groups (added "
         "to the gradient, so it goes through the momentum)",
     )
-    momentum: float = _f(0.9, "SGD momentum")
+    momentum: float = _f(0.9, "SGD's momentum (--optimizer sgd, and Muon's SGD groups; AdamW has none)")
     schedule: str = _f("onecycle", "learning-rate schedule", choices=SCHEDULES)
     warmup: float = _f(0.15, "fraction of all steps spent warming up")
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy loss")
@@ -334,10 +347,24 @@ class OptimConfig:
 @dataclass(frozen=True)
 class SpeedConfig:
     device: str = _f("auto", "cpu, cuda or auto", choices=DEVICES)
-    precision: str = _f("auto", "fp32, tf32 (CUDA only), bf16, fp16 (with a GradScaler) or auto", choices=PRECISIONS)
-    channels_last: str = _f("auto", "NHWC memory format (auto: on, CPU and CUDA alike)", choices=TRISTATE)
+    precision: str = _f(
+        "auto",
+        "fp32, tf32 (CUDA only), bf16, fp16 (with a GradScaler) or auto: bf16 on a GPU that computes it and on a CPU "
+        "with native bf16 (AVX512-BF16 or AMX), else fp32 (emulated bf16 is slower than fp32)",
+        choices=PRECISIONS,
+    )
+    channels_last: str = _f(
+        "auto",
+        "NHWC memory format (auto: on, CPU and CUDA alike: convolutions measured faster in NHWC)",
+        choices=TRISTATE,
+    )
     compile: str = _f(
-        "auto", "torch.compile mode, or off (auto: measured, see config.compile_default)", choices=COMPILE_MODES
+        "auto",
+        "torch.compile mode, or off. auto: default for "
+        + " and ".join(sorted(_COMPILE_HELPS_ON_CUDA))
+        + " on CUDA (measured faster on an H200), off for other models and on the CPU (its compile, tens of seconds "
+        "to minutes, is rarely repaid in a short run)",
+        choices=COMPILE_MODES,
     )
     cudnn_benchmark: bool = _f(True, "let cuDNN time its algorithms for fixed shapes")
     compile_tuning: str = _f(
@@ -654,18 +681,6 @@ def resolve_decode(requested: str, cuda: bool, engines: str | None = None) -> tu
     if engines:
         return "gpu", f"auto: CUDA without JPEG engines for nvJPEG ({engines}); nvJPEG measured next fastest"
     return "gpu", "auto: CUDA; nvJPEG measured fastest of gpu, cpu and nvimgcodec on an H200"
-
-
-# Which models torch.compile helps, by device, from benchmarks/results/h200-2026-11-29 (one H200,
-# torch 2.11, bf16, channels_last, cnnpar's Trainer with resident data): ResNet-50 at 224, batch
-# 256: 4,660 img/s eager, 6,753 compiled, 6,854 compiled with CUDA graphs; ResNet-18 at 32, batch
-# 512: 59,258 eager, 37,872 compiled, 61,730 eager with CUDA graphs, 84,868 compiled with CUDA
-# graphs. Compile alone slowed the small-input model (its step is launch-bound and compile adds
-# host work per call); with the step captured as a graph the launches are gone and compile's
-# fusions pay. CUDA graphs are on by default for one CUDA process (see resolve_for_device), so
-# compile is on for both measured models. Models not measured stay eager. On the CPU the compile
-# time (tens of seconds) is rarely repaid in a short run.
-_COMPILE_HELPS_ON_CUDA = {"resnet18", "resnet50"}
 
 
 def compile_default(model_name: str, device_type: str) -> str:

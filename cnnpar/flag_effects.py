@@ -5,7 +5,9 @@ off` trained as if they had not been typed, and the run's result was not the one
 reads one table: for each flag, the config settings it needs to take effect (read where the flag is used:
 engine/optim.build_optimizer, engine/averaging.build_weight_average, data/loader.build_loader, data/sources'
 readers, config.resolve_for_device, the trainer's `evaluate`), and returns one line per typed flag whose settings
-are not there, naming what would make it apply. Where that depends on the data (its format, whether it holds its
+are not there, naming what would make it apply. A setting left at "auto" is read as the run will resolve it (the
+device `--device auto` picks, config.compile_default's compile), so `--compile-eval` beside an auto compile that
+is off on the CPU is named as beside `--compile off`. Where that depends on the data (its format, whether it holds its
 own validation split) it is told from the file's name, keys or index, never by reading its images.
 Only typed flags count (a preset or a --config file sets whatever its recipe needs, used or not), and a typed
 value that asks for nothing (`--no-muon-normalize`, `--decode auto`, `--cpu-share 0`) gets no line.
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from cnnpar.config import SECTIONS, Config, cli_option
+from cnnpar.config import SECTIONS, Config, cli_option, compile_default
 from cnnpar.errors import ConfigError, UserError
 
 
@@ -66,8 +68,18 @@ def _no_average(cfg: Config) -> str:
 
 def _not_compiled(cfg: Config) -> str:
     """The trainer's `evaluate` goes through the compiled model only with compile on, one process and no weight
-    average (the average's copy, and DDP's plain module, are what evaluate there)."""
-    if cfg.speed.compile == "off":
+    average (the average's copy, and DDP's plain module, are what evaluate there). Compile as the run resolves it:
+    `--compile auto` is off on the CPU and for most models on CUDA (config.compile_default)."""
+    compile_mode = cfg.speed.compile
+    if compile_mode == "auto":
+        device = _device_type(cfg)
+        if compile_default(cfg.model.name, device) == "off":
+            where = "on the CPU" if device == "cpu" else f"for {cfg.model.name} on CUDA"
+            return (
+                f"--compile auto is off {where}, so there is no compiled model to evaluate through: give --compile "
+                "a mode, e.g. default"
+            )
+    if compile_mode == "off":
         return (
             "--compile is off, so there is no compiled model to evaluate through: give --compile a mode, e.g. default"
         )
@@ -80,6 +92,16 @@ def _not_compiled(cfg: Config) -> str:
             "its forward, which ranks with unequal evaluation batches cannot pair): it applies to one process"
         )
     return ""
+
+
+def _device_type(cfg: Config) -> str:
+    """The device type the run will get (dist.pick_device's rule): --device as typed, auto CUDA where it is
+    visible."""
+    if cfg.speed.device != "auto":
+        return cfg.speed.device
+    import torch  # (only where a rule reads an auto that depends on the device)
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _processes(cfg: Config) -> int:
@@ -136,8 +158,8 @@ def _no_gpu_decoder(cfg: Config) -> str:
     if decode in ("cpu", "nvimgcodec-workers"):
         how = "the worker processes decode and resize" if decode == "cpu" else "the worker processes decode"
         return f"with --decode {decode} {how} each photo themselves: --decode gpu, hardware or nvimgcodec uses it"
-    if decode == "auto" and cfg.speed.device == "cpu":
-        return "--decode auto picks cpu on --device cpu (worker processes): --decode gpu uses it"
+    if decode == "auto" and _device_type(cfg) == "cpu":  # config.resolve_decode: no CUDA, CPU workers
+        return "--decode auto picks cpu on the CPU (worker processes): --decode gpu uses it"
     return ""
 
 

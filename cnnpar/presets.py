@@ -201,6 +201,19 @@ PRESETS: dict[str, Callable[[], Config]] = {
 }
 
 
+# One line each, what a preset trains and what it needs: `--preset`'s help, and README.md's table says the same
+PRESET_LINES = {
+    "default": "cnn3 on the built-in digits, a short CPU-friendly run (as with no --preset)",
+    "mnist": "cnn3 on ./mnist.npz (x_train, y_train; --data FILE for another path), 3 epochs at batch 128",
+    "cifar10-resnet18": "resnet18, SGD lr 0.2 at batch 512, 20 epochs, crop+flip: give --data a CIFAR-10 .npz",
+    "cifar10-speed": "airbench94's recipe for fastnet (10 epochs, batch 1024, lookahead, flip+translate TTA) on "
+    "--data .devdata/cifar10.npz",
+    "cifar10-record": "airbench94_muon's recipe for fastnet (8 epochs of 2,000, Muon, compiled: on a CPU add "
+    "--compile off) on --data .devdata/cifar10.npz",
+    "throughput": "resnet50 on 8,192 synthetic 3x224x224 images, 1 epoch at batch 256: the train step's speed",
+}
+
+
 def get_preset(name: str) -> Config:
     try:
         return PRESETS[name]()

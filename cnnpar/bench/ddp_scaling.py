@@ -281,6 +281,16 @@ def launch(args: argparse.Namespace, world_size: int, threads: int, result: Path
     return out
 
 
+def two_process_line(speedup: float, device_type: str, device_name: str) -> str:
+    """The 2-process figure, judged against TARGET_SPEEDUP_2 on GPUs only: that target is for two GPUs over NCCL,
+    and gloo processes sharing a CPU's cores cannot reach it (2 shared cores: 1.24x), so a verdict there said
+    nothing about DDP."""
+    if device_type != "cuda":
+        return f"2 processes: {speedup:.3f}x of 1 ({device_name}; the {TARGET_SPEEDUP_2}x target is for 2 GPUs)"
+    verdict = "meets" if speedup >= TARGET_SPEEDUP_2 else "misses"
+    return f"2 processes: {speedup:.3f}x of 1, {verdict} the {TARGET_SPEEDUP_2}x target ({device_name})"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -385,8 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: the world sizes ran different steps ({', '.join(kinds)}): the speed-ups mix them")
     two = next((row for row in rows if row["world_size"] == 2), None)
     if two is not None:
-        verdict = "meets" if two["speedup"] >= TARGET_SPEEDUP_2 else "misses"
-        print(f"2 processes: {two['speedup']:.3f}x of 1, {verdict} the {TARGET_SPEEDUP_2}x target ({env['device']})")
+        print(two_process_line(two["speedup"], device, env["device"]))
     print(f"wrote {prefix.with_suffix('.csv')} and {prefix.with_suffix('.json')}")
     return 0
 

@@ -56,13 +56,23 @@ def say(text: str) -> None:
     print(MARK + text, flush=True)
 
 
-def _last_line(log: Path) -> str:
+def _log_lines(log: Path) -> list[str]:
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        return [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
-        return ""
-    own = [ln.removeprefix(MARK) for ln in lines if ln.startswith(MARK)]
-    return (own or lines or [""])[-1][:200]
+        return []
+
+
+def _progress_line(log: Path) -> str:
+    """The child's last own progress line (`say`), "" before its first: a torch warning's traceback line
+    ("warn_once(") read as the trial's progress."""
+    own = [ln.removeprefix(MARK) for ln in _log_lines(log) if ln.startswith(MARK)]
+    return own[-1][:200] if own else ""
+
+
+def _last_line(log: Path) -> str:
+    """What a child cut off or failed was doing: its last own line, else the log's last (an error's)."""
+    return (_progress_line(log) or (_log_lines(log) or [""])[-1])[:200]
 
 
 TRIAL_PREFIX = "cnnpar-trial-"  # then the parent's process id: a folder whose parent is gone is an orphan
@@ -117,7 +127,7 @@ def run_child(
                         proc.wait(timeout=min(left, poll_s))
                         break
                     except subprocess.TimeoutExpired:
-                        log(f"  ... {time.monotonic() - start:.0f} s: {_last_line(log_path) or 'starting'}")
+                        log(f"  ... {time.monotonic() - start:.0f} s: {_progress_line(log_path) or 'starting'}")
             except BaseException:  # Ctrl-C in the parent: the child lives in its own session, so stop it here
                 kill_process_tree(proc)
                 raise

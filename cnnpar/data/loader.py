@@ -671,7 +671,8 @@ def decodes_on_gpu(cfg: Config, bundle: DataBundle) -> bool:
 
 
 def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -> DeviceFeeder:
-    """The train loader (shuffled, sharded with padding) or the eval loader (exact shards)."""
+    """The train loader (shuffled; the ranks' shares cut to equal length, not padded, but for a set smaller than
+    the world) or the eval loader (exact shards)."""
     ds = bundle.train if train else bundle.val
     batch_size = cfg.run.batch_size
     augment = resolve_augment(cfg.data.augment, bundle.shape, bundle.loader_crops) if train else "none"

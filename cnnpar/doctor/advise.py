@@ -247,6 +247,13 @@ def prepare_command(f: Facts) -> str:
     return store_prepare_command(f.data_source, f.input_size, f.model)
 
 
+# The compile's own cost on a CPU, said beside its advice: the reason `cnnpar train` leaves compile off there
+# (config.compile_default, and the run's `speed: auto:` line); ResNet-50's compile ran past 2.5 minutes on 2 cores
+CPU_COMPILE_COST = (
+    ", not measured on CPUs (`--try` measures it); the compile itself takes tens of seconds on a CPU for a small "
+    "model and minutes for one like ResNet-50, rarely repaid in a short run (why cnnpar train leaves it off there)"
+)
+
 BATCH_LR_NOTE = "with --batch-size auto cnnpar scales it; with a fixed batch, scale --lr yourself"
 
 
@@ -400,7 +407,11 @@ def recommend(f: Facts) -> list[Recommendation]:
             "fuses elementwise work (BatchNorm, activations) into fewer kernels; compile time is not counted",
             f.modelled(step_s=_compute_part(f, factor)),
             f"rule of thumb: ~{factor:g}x on the batch-proportional part of the step"
-            + (" (ResNet-50 at 224 px on an H200 measured 1.44x; small inputs can be slower)" if cuda else ""),
+            + (
+                " (ResNet-50 at 224 px on an H200 measured 1.44x; small inputs can be slower)"
+                if cuda
+                else CPU_COMPILE_COST
+            ),
             {"speed": {"compile": "default"}},
         )
     # cnnpar's own graphs, never compile's reduce-overhead: that mode makes the trainer turn its

@@ -70,6 +70,21 @@ UNRELIABLE = (
 )
 
 
+def verdict_title(report: DoctorReport) -> str:
+    """The verdict as the report's heading and the console panel's title say it: marked where it is unreliable."""
+    return report.diagnosis.verdict + ("" if report.diagnosis.reliable else " (unreliable)")
+
+
+def stopped_line(report: DoctorReport) -> str:
+    """What a stop during the tries left out ("" where the doctor ran to its end)."""
+    if not report.stopped:
+        return ""
+    return (
+        f"Stopped ({report.stopped}): the phases measured before it are in this report; that try and any after it "
+        "were not measured, and their recommendations keep their estimates."
+    )
+
+
 UNSETTLED_TRIES = (
     "The tried gains are divided by the end-to-end speed of a measurement the verdict marks unreliable: they are "
     "not settled either; re-run the doctor on a quiet host"
@@ -142,15 +157,16 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
     f, cfg, e2e = report.facts, report.cfg, report.end_to_end
     env = report.env
     lines = [
-        f"# cnnpar doctor: {report.diagnosis.verdict}",
+        f"# cnnpar doctor: {verdict_title(report)}",
         "",
         f"{setup_line(report)}. torch {env['torch']}, git {env['git_rev']}, {env['date']}{load_text(f)}.",
         "",
+        *([f"**{stopped_line(report)}**", ""] if report.stopped else []),
         "## Verdict",
         "",
-        *([] if report.diagnosis.reliable else [f"**Unreliable verdict:** {UNRELIABLE}", ""]),
         *[f"- {r}" for r in report.diagnosis.reasons],
         "",
+        *([] if report.diagnosis.reliable else [f"**Unreliable verdict:** {UNRELIABLE}", ""]),
         "## Measurements",
         "",
         f"{warm_up_text(report)[0].upper()}{warm_up_text(report)[1:]}; the device is synchronised before and "
@@ -206,7 +222,7 @@ def write_report(report: DoctorReport) -> Path:
     out = report.report_dir
     write_csv_atomic(out / "phases.csv", phase_rows(report), PHASE_COLUMNS + ["data_wait_s"])
     write_csv_atomic(out / "recommendations.csv", reco_rows(report) + reco_rows(report, False), RECO_COLUMNS)
-    pictures = [plot_phases(out / "phases.csv", out / "doctor.png", report.diagnosis.verdict).name]
+    pictures = [plot_phases(out / "phases.csv", out / "doctor.png", verdict_title(report)).name]
     if report.telemetry_png is not None:  # this run's: a file left in the folder by an earlier run is not
         pictures.append(report.telemetry_png.name)
     write_json_atomic(
@@ -215,6 +231,7 @@ def write_report(report: DoctorReport) -> Path:
             "verdict": report.diagnosis.verdict,
             "reasons": report.diagnosis.reasons,
             "verdict_reliable": report.diagnosis.reliable,
+            "stopped": report.stopped,  # "" where the doctor ran to its end
             "warmup_steps": report.warmup_steps,
             "facts": report.facts.__dict__,
             "phases": phase_rows(report),
@@ -260,7 +277,7 @@ def print_report(report: DoctorReport) -> None:
         "host-bound": "magenta",
         "measurements disagree": "red",
     }.get(report.diagnosis.verdict, "white")
-    title = f"verdict: {report.diagnosis.verdict}" + ("" if report.diagnosis.reliable else " (unreliable)")
+    title = f"verdict: {verdict_title(report)}"
     console.print(Panel("\n".join(report.diagnosis.reasons), title=title, border_style=style))
     if report.recommendations:
         recos = Table(title="recommendations, best first", title_justify="left")
@@ -279,4 +296,6 @@ def print_report(report: DoctorReport) -> None:
         console.print("tried and not faster (not advised):", highlight=False)
         for r in report.not_faster:
             console.print(f"- {not_faster_line(r).replace('`', '')}", soft_wrap=True, highlight=False)
+    if report.stopped:
+        console.print(stopped_line(report), soft_wrap=True, highlight=False)
     console.print(f"report: {report.report_dir / 'report.md'}")

@@ -49,6 +49,7 @@ from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe,
 from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
 from cnnpar.engine.trainer import Trainer
+from cnnpar.errors import Terminated
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
 from cnnpar.report.files import check_out_folder, removed_on_failure
@@ -73,6 +74,10 @@ class DoctorReport:
     telemetry: Path | None = None
     telemetry_png: Path | None = None  # this run's timeline, None when it drew none
     warmup_steps: int = 3  # untimed batches before each measured phase (--warmup-steps)
+    # a Ctrl-C or SIGTERM during the tries: the report holds what was measured before it, and says what it cut
+    # short; the command ends with the stop after writing it (cli.cmd_doctor)
+    stopped: str = ""  # "SIGTERM during the try of torch.compile"; "" where the doctor ran to its end
+    stop: KeyboardInterrupt | None = None
 
     @property
     def end_to_end(self) -> Phase:
@@ -142,18 +147,29 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
             warmup_steps=opts.warmup,
         )
         tryable = [r for r in recos if r.change][: opts.try_top]
-        for r in tryable:
-            tried = phase(f"try: {r.title}", lambda r=r: _try(rcfg, r.change, info, bundle, opts, r.title))
-            r.tried_images_per_s = tried.images_per_s
-            r.tried_gain = tried.images_per_s / e2e.images_per_s
-            report.tries.append((r.title, r.change, tried))
-        report.recommendations, report.not_faster = rank_after_tries(recos)
-        winners = sorted((r for r in tryable if (r.tried_gain or 0) >= MIN_GAIN), key=lambda r: -r.tried_gain)
-        if len(winners) >= 2:
-            change = _merge([r.change for r in winners])
-            label = "combined: " + " + ".join(r.title for r in winners)
-            tried = phase(label, lambda: _try(rcfg, change, info, bundle, opts, label))
-            report.tries.append((label, change, tried))
+        trying = ""
+        try:  # a stop here keeps the measurements above: the report is written, saying which try it cut short
+            for r in tryable:
+                trying = f"try of {r.title}"
+                if cost := compile_cost_note(r, info.device.type):
+                    log(cost)
+                tried = phase(f"try: {r.title}", lambda r=r: _try(rcfg, r.change, info, bundle, opts, r.title))
+                r.tried_images_per_s = tried.images_per_s
+                r.tried_gain = tried.images_per_s / e2e.images_per_s
+                report.tries.append((r.title, r.change, tried))
+            report.recommendations, report.not_faster = rank_after_tries(recos)
+            winners = sorted((r for r in tryable if (r.tried_gain or 0) >= MIN_GAIN), key=lambda r: -r.tried_gain)
+            if len(winners) >= 2:
+                change = _merge([r.change for r in winners])
+                label = "combined: " + " + ".join(r.title for r in winners)
+                trying = f"combined try of {' + '.join(r.title for r in winners)}"
+                tried = phase(label, lambda: _try(rcfg, change, info, bundle, opts, label))
+                report.tries.append((label, change, tried))
+        except KeyboardInterrupt as stop:
+            report.recommendations, report.not_faster = rank_after_tries(recos)
+            report.stop = stop
+            report.stopped = f"{'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'} during the {trying}"
+            log(f"doctor: stopped during the {trying}: writing the report of what was measured before it")
     report.marks = marks
     if sampler:
         report.telemetry = report_dir / "telemetry.csv"
@@ -162,6 +178,17 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
         except Exception as e:  # the CSV is the record; a missing picture is not a failure
             log(f"telemetry: no timeline PNG ({type(e).__name__}: {e})")
     return report
+
+
+def compile_cost_note(r: Recommendation, device_type: str) -> str:
+    """A line before a try that compiles on the CPU: it compiles first, which there can take minutes with no other
+    line (ResNet-50 on 2 cores: over 2.5 minutes); "" for any other try."""
+    if device_type == "cuda" or (r.change or {}).get("speed", {}).get("compile", "off") == "off":
+        return ""
+    return (
+        f"doctor: the try of {r.title} compiles first, untimed: on the CPU that takes tens of seconds for a small "
+        "model and minutes for a large one (a stop keeps the report of what was measured)"
+    )
 
 
 def long_compiles_note(asked: Config, measured: Config, train_samples: int) -> str:

@@ -126,12 +126,14 @@ def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
 @contextlib.contextmanager
 def closing_feeders(*feeders):
     """Close the feeders (their decoders' outside resources) when the run ends, however it ends;
-    one that fails to close is reported without hiding the run's own error or the other feeder."""
-    stopping = False
+    one that fails to close is reported without hiding the run's own error or the other feeder. Entered from the
+    clean-up of a stop (`Trainer.close` in a `finally` that a Ctrl-C or SIGTERM unwinds: the doctor's tries, the
+    bench), the stop in flight counts as the block's own."""
+    stopping = the_stop(sys.exc_info()[1]) is not None
     try:
         yield
     except BaseException as e:
-        stopping = the_stop(e) is not None
+        stopping = stopping or the_stop(e) is not None
         raise
     finally:
         for feeder in feeders:

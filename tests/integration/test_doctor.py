@@ -180,3 +180,29 @@ def test_a_tried_larger_batch_is_the_one_the_trainer_runs_and_the_advice_says_it
     ((label, change, tried),) = report.tries
     assert label == "larger batch" and change == batch.change
     assert tried.images == 24 * tried.batches  # the batch advised is the batch that ran
+
+
+def test_a_stopped_try_keeps_the_report_of_the_phases_measured_before_it(tmp_path, monkeypatch, capsys):
+    """The audit's `timeout 300 cnnpar doctor ... --try 1` on a CPU: the SIGTERM came during the try (a compile of
+    ResNet-50), and nothing was written although the three measured phases had finished."""
+    from cnnpar.doctor import run as doctor_run
+    from cnnpar.errors import Terminated
+
+    def stopped(*args, **kwargs):
+        raise Terminated
+
+    monkeypatch.setattr(doctor_run, "fixed_cost", lambda full, half: 0.9 * full.s_per_batch)  # a batch to try
+    monkeypatch.setattr(doctor_run, "_try", stopped)
+    rep = tmp_path / "rep"
+    args = ["--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "30", "--workers", "0"]
+    args += ["--model", "cnn3", "--device", "cpu", "--batch-size", "16", "--report-dir", str(rep)]
+    assert main(["doctor", *args, "--warmup-steps", "1", "--measure-steps", "3", "--try", "1"]) == 128 + 15
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines()[-1] == "cnnpar: stopped (SIGTERM)"
+    result = json.loads((rep / "doctor.json").read_text())
+    assert result["stopped"] == "SIGTERM during the try of larger batch"
+    assert [p["name"] for p in result["phases"]][-1] == "end to end" and not result["tries"]
+    assert "larger batch" in [r["title"] for r in result["recommendations"]]  # untried: its estimate stands
+    report = (rep / "report.md").read_text()
+    assert "Stopped (SIGTERM during the try of larger batch): the phases measured before it" in report
+    assert "Stopped (SIGTERM during the try of larger batch)" in out and (rep / "doctor.png").is_file()

@@ -254,7 +254,12 @@ def test_an_end_to_end_far_slower_than_its_parts_gives_no_confident_verdict():
     assert "the host's load may have changed during the measurement" in d.reasons[2]
     assert "unreliable (the parts alone would say compute-bound)" in d.reasons[3]
     md = markdown(replace(doctor_report([], []), facts=loaded, diagnosis=d), [])
-    assert md.startswith("# cnnpar doctor: measurements disagree") and "**Unreliable verdict:**" in md
+    # the heading is marked as the console's panel title is, and the line pointing at "the last reason above"
+    # comes after the reasons (it stood before them)
+    assert md.startswith("# cnnpar doctor: measurements disagree (unreliable)\n")
+    verdict = md.split("## Verdict", 1)[1].split("## Measurements", 1)[0]
+    unreliable = verdict.index("**Unreliable verdict:** the measurements do not settle it (the last reason above")
+    assert 0 < verdict.index(f"- {d.reasons[-1]}") < unreliable
     assert "load average (1 min) 5.50 on 2 usable core(s)" in md
     # end to end above the model, as on a quiet host (1.21-1.31x for cnn3 on the CPU): the usual case, agreeing
     agreeing = facts(**per_image, e2e_s=1.4 * 23.9e-3 / 64)
@@ -438,6 +443,38 @@ def test_the_report_says_how_the_step_alone_was_timed():
     assert step_text(compiled) == (
         "The step alone is one window of repeated steps on one batch (no half batch: the step is compiled)"
     )
+
+
+def test_compile_advice_on_the_cpu_names_the_compiles_own_cost_as_cnnpar_train_does():
+    """The doctor ranked `--compile default` on a CPU by a rule of thumb while `cnnpar train` there said "compile
+    off: its compile is rarely repaid": the advice now says what the compile costs there, and that it is a guess."""
+    from cnnpar.doctor.advise import CPU_COMPILE_COST
+
+    (cpu,) = [r for r in recommend(facts(compile="off")) if r.key == "compile"]
+    assert cpu.basis.endswith(CPU_COMPILE_COST) and "minutes" in cpu.basis and "rarely repaid" in cpu.basis
+    assert "not measured on CPUs" in cpu.basis and "H200" not in cpu.basis
+    gpu = facts(device_type="cuda", precision="bf16", channels_last="on", compile="off", resident=True)
+    (cuda,) = [r for r in recommend(gpu) if r.key == "compile"]
+    assert CPU_COMPILE_COST not in cuda.basis and "H200 measured 1.44x" in cuda.basis
+
+
+def test_a_stopped_try_is_said_in_the_report_and_on_the_console(capsys):
+    from dataclasses import replace
+
+    from cnnpar.doctor.render import markdown, print_report
+
+    stopped = replace(
+        doctor_report(recommend(textbook_serial()), []), stopped="SIGTERM during the try of torch.compile"
+    )
+    md = markdown(stopped, [])
+    line = (
+        "Stopped (SIGTERM during the try of torch.compile): the phases measured before it are in this report; that "
+        "try and any after it were not measured, and their recommendations keep their estimates."
+    )
+    assert f"**{line}**" in md and md.index(line) < md.index("## Verdict")
+    print_report(stopped)
+    assert line in capsys.readouterr().out
+    assert "Stopped" not in markdown(doctor_report([], []), [])
 
 
 def test_tried_gains_beside_an_unreliable_verdict_are_marked_unsettled():

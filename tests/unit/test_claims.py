@@ -131,6 +131,15 @@ def test_on_a_cpu_claims_keep_their_workload_where_it_fits_and_name_their_stand_
     assert workload_for(BY_ID["collate_speed"], "cpu") is BY_ID["collate_speed"].workload
 
 
+def test_a_claim_names_no_model_that_it_does_not_run():
+    """compiled_preprocess times the preprocessing alone, yet its progress line and claims.md said "ResNet-18"."""
+    claim = BY_ID["compiled_preprocess"]
+    for device in ("cuda", "cpu"):
+        w = workload_for(claim, device)
+        assert "ResNet" not in w.text and "no model" in w.text and w.model == "-"
+        assert (w.shape, w.batch) == ("3x32x32", 512)
+
+
 def test_the_verdict_says_when_a_difference_is_inside_the_noise():
     assert verdict(1.18, 1.10, 1.05, 1.15) == "confirmed"
     assert verdict(1.18, 1.10, 0.99, 1.20) == "inside the noise"

@@ -137,3 +137,86 @@ def test_the_parser_imports_no_torch():
     code = "import sys; from cnnpar.cli import build_parser; build_parser(); assert 'torch' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def _help(command: str) -> str:
+    return " ".join(_subparsers()[command].format_help().split())  # undo argparse's line wrapping
+
+
+def _option_help(command: str, flag: str) -> str:
+    """The help text of one option in the option list, up to the next option or group (its own text may name
+    other flags)."""
+    lines = _subparsers()[command].format_help().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {flag} ") or line == f"  {flag}")
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].startswith("  -") or not lines[i].startswith("  ")),
+        len(lines),
+    )
+    return " ".join(" ".join(lines[start:end]).split())
+
+
+@pytest.mark.parametrize(
+    "flag, says",
+    [
+        ("--precision", "auto: bf16 on a GPU that computes it and on a CPU with native bf16 (AVX512-BF16 or AMX), "
+         "else fp32"),
+        ("--compile", "auto: default for resnet18 and resnet50 on CUDA (measured faster on an H200), off for other "
+         "models and on the CPU"),
+        ("--prefetch-stream", "(auto: on with CUDA)"),
+        ("--channels-last", "(auto: on, CPU and CUDA alike"),
+    ],
+)  # fmt: skip
+def test_train_help_says_in_words_what_auto_picks(flag, says):
+    """--help pointed at source ("see config.compile_default") or said nothing of auto."""
+    text = _option_help("train", flag)
+    assert says in text, text
+    assert "config.compile_default" not in _help("train")
+
+
+def test_the_auto_rule_in_the_compile_help_is_the_one_the_run_applies():
+    from cnnpar.config import compile_default
+
+    text = _option_help("train", "--compile")
+    for model in ("resnet18", "resnet50", "cnn3", "fastnet"):
+        named = model in text.split("off for other models")[0]
+        assert (compile_default(model, "cuda") == "default") == named, model
+        assert compile_default(model, "cpu") == "off"
+
+
+@pytest.mark.parametrize("command", ["train", "doctor", "bench", "tune", "profile", "predict", "prepare", "compare"])
+def test_every_subcommand_has_a_description(command):
+    description = _subparsers()[command].description
+    assert description and len(description) > 80, command
+    assert " ".join(description.split()) in _help(command)
+
+
+@pytest.mark.parametrize(
+    "command, own",
+    [("doctor", "--warmup-steps"), ("bench", "--timed-steps"), ("profile", "--prof-wait"), ("tune", "--budget-s")],
+)
+def test_a_subcommands_own_options_come_before_the_train_flags(command, own):
+    """They came last, after some 300 lines of train flags."""
+    text = _help(command)
+    options = text.split(" options: ", 1)[1]  # past the usage lines
+    assert options.index(own + " ") < options.index("--preset ") < options.index("--data ")
+
+
+def test_the_doctor_description_says_how_long_it_takes_and_what_a_stop_leaves():
+    description = " ".join(_subparsers()["doctor"].description.split())
+    assert "data-bound" in description and "compute-bound" in description and "host-bound" in description
+    assert "a few minutes at the defaults" in description and "minutes compiling" in description
+    assert "a Ctrl-C or SIGTERM during the tries still writes the report" in description
+
+
+def test_the_bench_ddp_help_names_the_files_it_writes():
+    assert "(ddp.csv and ddp.json in --out)" in _option_help("bench", "--ddp")
+
+
+def test_the_preset_help_names_every_preset_in_one_line_each():
+    from cnnpar.presets import PRESET_LINES, PRESETS
+
+    assert set(PRESET_LINES) == set(PRESETS)
+    text = _option_help("train", "--preset")
+    for name, line in PRESET_LINES.items():
+        assert f"'{name}' = {' '.join(line.split())}" in text
+    assert "presets.py" not in text

@@ -27,3 +27,15 @@ def test_a_launch_past_its_timeout_ends_in_one_line_with_its_workers_stopped(tmp
     finally:
         for p in running_with(marker):
             p.kill()
+
+
+def test_the_two_process_target_is_judged_on_gpus_only():
+    """On 2 shared CPU cores the benchmark printed "1.236x of 1, misses the 1.97x target": a target for two GPUs
+    over NCCL, which gloo processes sharing a CPU cannot reach."""
+    cpu = ddp_scaling.two_process_line(1.236, "cpu", "Intel(R) Xeon(R) Processor")
+    assert cpu == "2 processes: 1.236x of 1 (Intel(R) Xeon(R) Processor; the 1.97x target is for 2 GPUs)"
+    assert "misses" not in cpu and "meets" not in cpu
+    assert ddp_scaling.two_process_line(1.90, "cuda", "NVIDIA H200") == (
+        "2 processes: 1.900x of 1, misses the 1.97x target (NVIDIA H200)"
+    )
+    assert "meets the 1.97x target" in ddp_scaling.two_process_line(1.98, "cuda", "NVIDIA H200")

@@ -547,3 +547,28 @@ def test_a_worker_that_died_of_the_runs_own_stop_is_not_reported_as_a_failure():
     with pytest.warns(UserWarning, match="is killed by signal: Terminated"):
         with closing_feeders(Feeder("Terminated")):
             pass
+
+
+def test_closing_a_trainer_in_the_clean_up_of_a_stop_does_not_report_the_workers_the_stop_killed():
+    """The doctor's `--try` stopped by `timeout`: its Trainer was closed in a `finally` the SIGTERM unwound, and
+    closing its loader warned "closing a data feeder failed: ... is killed by signal: Terminated" above the stop."""
+    import warnings
+    from types import SimpleNamespace
+
+    from cnnpar.engine.trainer import Trainer
+    from cnnpar.errors import Terminated
+
+    class Feeder:
+        def close(self) -> None:
+            raise RuntimeError("DataLoader worker (pid 4797) is killed by signal: Terminated. ")
+
+    trainer = SimpleNamespace(train_loader=Feeder(), val_loader=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(Terminated):
+            try:
+                raise Terminated
+            finally:
+                Trainer.close_loaders(trainer)
+    with pytest.warns(UserWarning, match="is killed by signal: Terminated"):  # closed with no stop in flight
+        Trainer.close_loaders(trainer)

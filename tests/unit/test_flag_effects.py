@@ -81,6 +81,27 @@ def test_compile_eval_typed_with_compile_off_is_named_and_not_compiled_or_from_a
     assert _notes(capsys, "--preset", "cifar10-record", "--compile", "off") == []
 
 
+def test_compile_eval_typed_where_compile_auto_resolves_to_off_is_named(capsys, monkeypatch):
+    """The audit's run: `--compile-eval` with compile left at auto, which is off on the CPU (config.compile_default),
+    trained without a word; the rule reads compile as the run resolves it."""
+    import torch
+
+    off = "so there is no compiled model to evaluate through: give --compile a mode, e.g. default"
+    assert _notes(capsys, "--compile-eval", "--device", "cpu") == [
+        f"--compile-eval not used: --compile auto is off on the CPU, {off}"
+    ]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _notes(capsys, "--compile-eval") == [f"--compile-eval not used: --compile auto is off on the CPU, {off}"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # --device auto then picks CUDA
+    assert _notes(capsys, "--compile-eval") == [
+        f"--compile-eval not used: --compile auto is off for cnn3 on CUDA, {off}"
+    ]
+    assert _notes(capsys, "--compile-eval", "--model", "resnet18") == []  # auto compiles resnet18 on CUDA
+    assert _notes(capsys, "--compile-eval", "--model", "resnet18", "--device", "cpu") == [
+        f"--compile-eval not used: --compile auto is off on the CPU, {off}"
+    ]
+
+
 def test_compile_eval_typed_where_the_average_or_ddp_evaluates_is_named(capsys, monkeypatch):
     """Trainer.evaluate goes through the compiled model with one process and no weight average only."""
     on = ("--compile", "default", "--compile-eval")
@@ -133,7 +154,11 @@ def test_decode_settings_typed_on_data_with_no_jpegs_are_named(capsys, data, hel
     assert _notes(capsys, *data, "--decode", "auto", "--cpu-share", "0", "--gpu-resize", "auto") == []
 
 
-def test_decode_settings_on_a_folder_of_photos_are_named_only_where_its_loader_does_not_read_them(capsys, tmp_path):
+def test_decode_settings_on_a_folder_of_photos_are_named_only_where_its_loader_does_not_read_them(
+    capsys, tmp_path, monkeypatch
+):
+    import torch
+
     folder = ["--data", str(tmp_path)]
     gpu = ["--decode", "gpu", "--cpu-share", "0.3", "--gpu-resize", "loop"]
     assert _notes(capsys, *folder, *gpu) == []
@@ -143,9 +168,12 @@ def test_decode_settings_on_a_folder_of_photos_are_named_only_where_its_loader_d
         "--decode gpu, hardware or nvimgcodec uses it"
         for flag in ("--cpu-share 0.3", "--gpu-resize loop")
     ]
-    assert _notes(capsys, *folder, "--device", "cpu", "--cpu-share", "0.3") == [
-        "--cpu-share 0.3 not used: --decode auto picks cpu on --device cpu (worker processes): --decode gpu uses it"
-    ]
+    auto_cpu = "--cpu-share 0.3 not used: --decode auto picks cpu on the CPU (worker processes): --decode gpu uses it"
+    assert _notes(capsys, *folder, "--device", "cpu", "--cpu-share", "0.3") == [auto_cpu]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # --device auto resolves to the CPU too
+    assert _notes(capsys, *folder, "--cpu-share", "0.3") == [auto_cpu]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # and with CUDA, auto picks a GPU decoder
+    assert _notes(capsys, *folder, "--cpu-share", "0.3") == []
     assert _notes(capsys, *folder, "--loader", "textbook", "--decode", "gpu") == [
         "--decode gpu not used: --loader textbook decodes each photo on the host in its per-sample reads: "
         "--loader fast uses it"

@@ -282,6 +282,27 @@ def test_the_childs_children_in_sessions_of_their_own_are_killed_at_the_limit(tm
             p.kill()
 
 
+def test_the_progress_lines_show_only_the_childs_own_marked_lines():
+    """`bench --claims` printed "... 15 s: warn_once(": the last line of a torch warning's traceback in the child's
+    log read as its progress. Before its first own line the child is "starting"; the warnings are not shown."""
+    script = textwrap.dedent(
+        """
+        import sys, time
+        print("UserWarning: something in torch", flush=True)
+        print("  warn_once(", flush=True)
+        time.sleep(1.5)
+        print("trial: static compile ...", flush=True)
+        print("  warn_once(", flush=True)
+        time.sleep(1.5)
+        """
+    )
+    shown: list[str] = []
+    r = run_child({}, 30.0, log=shown.append, poll_s=0.3, command=lambda spec, res: [sys.executable, "-c", script])
+    assert r.status == FAILED  # (no result file: it measured nothing)
+    assert shown and not any("warn_once" in line or "UserWarning" in line for line in shown), shown
+    assert shown[0].endswith(": starting") and shown[-1].endswith(": static compile ..."), shown
+
+
 def test_a_child_that_fails_reports_its_error_line(tmp_path):
     r = run_child(
         {}, 30.0, log=lambda s: None, command=lambda spec, res: [sys.executable, "-c", "raise SystemExit('boom')"]
