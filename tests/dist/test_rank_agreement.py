@@ -49,7 +49,18 @@ def test_data_is_compared_by_its_content_not_its_path_checksum_first():
     here = data_identity(meta, 240, 60)
     assert first_difference(here, data_identity({**meta, "data_path": "/data/train.csv"}, 240, 60), 1) == ""
     other = data_identity({**meta, "mean": [0.36], "data_checksum": "b" * 64}, 240, 60)
-    assert first_difference(here, other, 1) == f"rank 1's data's checksum is '{'b' * 24}..., rank 0's '{'a' * 24}..."
+    assert first_difference(here, other, 1) == f"rank 1's data's checksum is '{'b' * 23}...', rank 0's '{'a' * 23}...'"
+
+
+def test_a_long_value_is_cut_inside_its_quotes_and_brackets():
+    """The cut left a checksum's quote open ('14f9..., rank 0's '20e7...) and a list's bracket and item too."""
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog"]
+    here = data_identity({"class_names": names}, 240, 60)
+    there = data_identity({"class_names": names[::-1]}, 240, 60)
+    assert (
+        first_difference(here, there, 1)
+        == "rank 1's data's class names is ['dog', 'deer', 'cat', ...], rank 0's ['airplane', ...]"
+    )
 
 
 @pytest.fixture(scope="module")
