@@ -101,9 +101,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         check_horovod_launch(cfg.dist.nproc, horovod_train_args(argv, cfg.dist.nproc))
     if cfg.dist.nproc > 0 and "RANK" not in os.environ and not debug_single_requested(cfg.dist.debug_single):
         # The convenience launcher: hand the same command to torchrun for this one machine.
-        # Refuse too many processes here, once, rather than in each of the N workers.
+        # Refuse too many processes, or --sync-bn off GPUs, here, once, rather than in each of the N workers.
         try:
-            pick_device(cfg.speed.device, 0, cfg.dist.nproc)
+            device = pick_device(cfg.speed.device, 0, cfg.dist.nproc)
         except ConfigError as e:
             if "dist.nproc" in vars(args):
                 raise
@@ -111,6 +111,10 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             raise ConfigError(
                 f"{e} (--nproc {cfg.dist.nproc} comes from the stored config: pass --nproc to change it)"
             ) from None
+        if cfg.dist.sync_bn and cfg.dist.nproc > 1:  # one process has nothing to synchronise: a no-op there
+            from cnnpar.parallel.apply import refuse_sync_bn_on
+
+            refuse_sync_bn_on(device)
         if cfg.run.resume == "auto" and not cfg.run.name:  # --standalone's job id is new at every launch
             from cnnpar.engine.rundir import NO_NAME_TO_RESUME
 

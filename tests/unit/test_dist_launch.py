@@ -153,6 +153,24 @@ def test_train_nproc_refuses_before_launching(two_gpus, monkeypatch, tmp_path, c
     assert "(--nproc 3 comes from the stored config: pass --nproc to change it)" in capsys.readouterr().err
 
 
+def test_sync_bn_on_the_cpu_is_refused_by_the_launcher_before_torchrun_starts(monkeypatch, tmp_path, capsys):
+    """It was refused only by every rank, after torchrun had started them and they had loaded the data (20 s)."""
+    from cnnpar import cli
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(dist, "run_launcher", lambda *a, **k: pytest.fail("launched torchrun"))
+    assert cli.main(["train", "--nproc", "2", "--sync-bn", "--device", "cpu", "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "cnnpar: error: dist.sync_bn (--sync-bn) = true: SyncBatchNorm needs CUDA devices, and this run is on cpu "
+        "(gloo); drop --sync-bn or run on GPUs\n"
+    )
+    launched = []
+    monkeypatch.setattr(dist, "run_launcher", lambda cmd, env: launched.append(cmd) or 0)
+    assert cli.main(["train", "--nproc", "1", "--sync-bn", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
+    assert launched  # one process: nothing to synchronise, the switch does nothing (as in apply_sync_bn)
+
+
 def test_the_device_queues_are_widened_before_cuda_starts_and_a_users_number_is_kept(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # as in a fresh `cnnpar` process
     env = {"PATH": "/bin"}
