@@ -497,6 +497,7 @@ class Trainer:
             "rng": RNG_SCHEME,
             "history": self.history,
             "board_step": self.board_step(),
+            "world_size": self.info.world_size,  # a resume under another count says so (_global_batch_change)
             "meta": self.meta,
             "config": to_dict(self.cfg),
         }
@@ -584,9 +585,9 @@ class Trainer:
     def _changed_settings(self, state: dict) -> str:
         """The training settings a resume was given otherwise than its checkpoint's run (they apply from the first
         resumed step), in words, or "": a --schedule, --ema or --label-smoothing changed on resuming changed the lr,
-        the scored weights or the loss column part way through the run without a word. The batch, processes,
-        --grad-accum and --epochs have lines of their own (schedule:), --seed, --val-fraction and --optimizer are
-        refused."""
+        the scored weights or the loss column part way through the run without a word. Another process count or
+        global batch is named first (_global_batch_change); --epochs has a line of its own (schedule:), --seed,
+        --val-fraction and --optimizer are refused."""
         stored, now = state.get("config", {}), to_dict(self.cfg)
         said_elsewhere = {("optim", "optimizer"), ("optim", "grad_accum")}
         fields = [("optim", name) for name in now["optim"]] + [("data", "augment"), ("data", "crop_min_scale")]
@@ -597,7 +598,7 @@ class Trainer:
             else "",
             ("optim", "label_smoothing"): "the train loss column measures another loss from here",
         }
-        changes = []
+        changes = [change] if (change := self._global_batch_change(state)) else []
         for section, name in fields:
             was, is_now = stored.get(section, {}).get(name), now[section][name]
             # "auto" on either side: the record keeps it as typed, this run as resolved (augment auto -> none)
@@ -607,6 +608,40 @@ class Trainer:
             reason = why.get((section, name), "")
             changes.append(f"{flag} {was} -> {is_now}" + (f" ({reason})" if reason else ""))
         return ", ".join(changes)
+
+    def _global_batch_change(self, state: dict) -> str:
+        """Another process count or global batch than the checkpoint's run, and whether the peak lr followed
+        (--lr-scaling), in words, or "": `--resume --nproc 1` of a 2-process run halved the batch each step averages
+        over, said only as "processes, batch, --grad-accum or --max-steps differ" in the schedule's line. Checkpoints
+        written before they stored their world size name a change of the per-process batch or accumulation only."""
+        was_world = state.get("world_size")
+        stored = state.get("config", {})
+        was_batch = stored.get("run", {}).get("batch_size")
+        was_accum = stored.get("optim", {}).get("grad_accum")
+        if not (isinstance(was_batch, int) and isinstance(was_accum, int) and was_batch > 0):
+            return ""
+        world = self.info.world_size
+        old_world = was_world if isinstance(was_world, int) else world
+        was_global = was_batch * was_accum * old_world
+        now_global = self.cfg.run.batch_size * self.cfg.optim.grad_accum * world
+        # this run's peak against the checkpoint's run's, group 0 of each (the same group: the grouping is the same)
+        was_peaks, peaks = state.get("scheduler", {}).get("base_lrs") or [], self.scheduler.base_lrs
+        was_lr = self.lr * was_peaks[0] / peaks[0] if was_peaks and peaks and peaks[0] else self.lr
+        if old_world == world and was_global == now_global:
+            return ""
+        if was_global == now_global:
+            details = [f"global batch {now_global} per step as before"]
+        else:
+            details = [f"global batch {was_global} -> {now_global} per step"]
+        scaling = f"--lr-scaling {self.cfg.optim.lr_scaling}"
+        if math.isclose(was_lr, self.lr, rel_tol=1e-9):
+            if was_global != now_global:
+                details.append(f"lr not rescaled: {scaling}")
+        else:
+            details.append(f"peak lr {was_lr:g} -> {self.lr:g}: {scaling}")
+        if old_world == world:
+            return f"{details[0]}" + (f" ({details[1]})" if len(details) > 1 else "")
+        return f"processes {old_world} -> {world} ({'; '.join(details)})"
 
     def _refuse_changed_data(self, path: Path, stored: dict, was: dict) -> None:
         """A resumed run reads the data its checkpoint trained on, as it was. Rows added under the same path
