@@ -274,6 +274,31 @@ def _decide(cfg: Config, restart: bool) -> tuple[str, str | None]:
     return str(run_dir), None
 
 
+# Said by each rank of a job whose own disk lacks the run folder a resume names
+UNSHARED_RUN_FOLDER = "every node must see the run folder (--out-dir on a shared file system)"
+
+
+def resume_unseen_here(cfg: Config) -> UserError | None:
+    """This node's refusal of `--resume PATH` where PATH holds no checkpoint here, for the ranks of a job to compare
+    before their settings (Trainer.__init__): a node without the run folder read its settings from the defaults,
+    not from the run's config.toml, and the first setting that differed (an image size it never typed) stood for
+    the cause. None for another resume, or where the checkpoint is there."""
+    resume = cfg.run.resume
+    if not resume or resume == "auto" or resumed_checkpoint(Path(resume)) is not None:
+        return None
+    return UserError(f"--resume {resume}: no checkpoint there; {UNSHARED_RUN_FOLDER}")
+
+
+def resume_auto_record(cfg: Config) -> dict[str, str]:
+    """Whether this node holds the config.toml that `--resume auto --name NAME` read its settings from
+    (cliargs.stored_run_config), for the ranks of a job to compare before their settings; {} for another resume.
+    Found on one node only, the ranks' settings differ in a field nobody typed."""
+    if cfg.run.resume != "auto" or not cfg.run.name:
+        return {}
+    found = (Path(cfg.run.out_dir) / cfg.run.name / "config.toml").is_file()
+    return {"run folder for --resume auto": "found" if found else "not found"}
+
+
 def resolve_run(cfg: Config, info: DistInfo) -> tuple[Path, Path | None]:
     """Return (run folder, checkpoint to resume from or None), the same on every rank."""
     decision: tuple[str, str | None] | str

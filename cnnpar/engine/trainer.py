@@ -59,7 +59,15 @@ from cnnpar.engine.optim import (
 )
 from cnnpar.engine.resolved import data_resolved, kept_requested_lines, long_compiles_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
-from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run, run_folder_held, same_source, stopped_line
+from cnnpar.engine.rundir import (
+    resolve_run,
+    restarts_cannot_find_run,
+    resume_auto_record,
+    resume_unseen_here,
+    run_folder_held,
+    same_source,
+    stopped_line,
+)
 from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_blocked_by
 from cnnpar.errors import ConfigError, Diverged, UserError
@@ -211,7 +219,7 @@ class Trainer:
         self.settings_from = settings_from
         self.info = info
         self.log = log if info.is_main else (lambda *a, **k: None)
-        self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
+        self.bundle = bundle if bundle is not None else self._load_data_with_the_other_ranks(cfg, info)
         self.decode_line = decode_line(cfg, self.bundle, info)
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
         self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
@@ -346,6 +354,25 @@ class Trainer:
         # fails to build leaves the thread's stream as it was; what was queued before is waited for.
         self.stream = TrainingStream(info.device, decodes_on_gpu(cfg, self.bundle))
         self.stream.enter()
+
+    @staticmethod
+    def _load_data_with_the_other_ranks(cfg: Config, info: DistInfo) -> DataBundle:
+        """The data, where every rank of a job stops together when one is refused before its settings can be
+        compared: its own copy of the data unreadable (a bad row, an undecodable image), or its disk without the
+        run folder a resume names (resume_unseen_here, resume_auto_record). A rank refused alone had left the
+        others a gloo traceback (the peer's connection closed) in place of the cause, or, without the run's
+        config.toml, a settings difference in a field nobody typed."""
+        if not info.distributed:
+            return load_data(cfg.data, cfg.run.seed)
+        bundle, refusal = None, resume_unseen_here(cfg)
+        if refusal is None:  # no data read for a run that cannot start
+            try:
+                bundle = load_data(cfg.data, cfg.run.seed)
+            except UserError as e:
+                refusal = e
+        what = "run folder (--out-dir on a shared file system)"
+        refuse_disagreeing_ranks(resume_auto_record(cfg), info, what, refusal)
+        return bundle
 
     def _choose_batch_size(self, cfg: Config) -> Config:
         """The searched batch (engine/batch_size.py) and the lr scaled to it from the batch it is for (optim.lr_batch,
