@@ -375,6 +375,22 @@ def surplus_debug_worker(debug_single: bool = False) -> bool:
     return debug_single_requested(debug_single) and launched_by_torchrun() and int(os.environ["RANK"]) != 0
 
 
+def debug_switch_cut(debug_single: bool = False, nproc: int = 0) -> tuple[str, int]:
+    """What the debug switch cut a launch of several processes to one (for the start-up lines) and how many the
+    launch asked for; ("", 1) where it cut nothing. A variable left exported in a job script made an N-process job
+    train one process, and only "1 process(es)" said so."""
+    if not debug_single_requested(debug_single):
+        return "", 1
+    how = "--debug-single" if debug_single else f"{DEBUG_ENV}={os.environ[DEBUG_ENV]}"
+    the_others = "rank 0 trains alone, the others exited"
+    started = launcher_world_size() if launched_by_torchrun() else 1
+    if started > 1:
+        return f"debug switch ({how}): torchrun started {started} processes; {the_others}", started
+    if nproc > 1:
+        return f"debug switch ({how}): --nproc {nproc} not launched; this process trains alone", nproc
+    return "", 1
+
+
 def pick_device(requested: str, local_rank: int, local_world_size: int = 1) -> torch.device:
     """The device of this process: GPU `local_rank` of this node, or the CPU.
 

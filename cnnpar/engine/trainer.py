@@ -33,7 +33,7 @@ from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.data.sources import STORE_CHECKSUM
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
-from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
+from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
 from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
 from cnnpar.engine.batch_size import lr_line, search_on_device
 from cnnpar.engine.checkpoint import (
@@ -1008,6 +1008,13 @@ class Trainer:
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
             f"accumulation = {global_batch} per step; {describe_lr(cfg.optim, info.world_size)}"
         )
+        cut, asked = debug_switch_cut(self.requested_cfg.dist.debug_single, self.requested_cfg.dist.nproc)
+        if cut:  # what the launch asked for against what trains
+            lr = scaled_lr(cfg.optim, asked)
+            lr_asked = (
+                f" (lr {self.lr:g} instead of {lr:g}: --lr-scaling {cfg.optim.lr_scaling})" if lr != self.lr else ""
+            )
+            self.log(f"{cut}: global batch {global_batch} per step instead of {global_batch * asked}{lr_asked}")
         if self.batch_line:
             self.log(self.batch_line)
         if self.batch_note:

@@ -132,7 +132,11 @@ def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
     assert proc.returncode == 0, explain(proc)
     run_dir = only_run_folder(tmp_path)
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 1
-    assert "| 1 process(es) on cpu" in worker_log(logs, 0, 0, "stdout")
+    said = worker_log(logs, 0, 0, "stdout")
+    assert "| 1 process(es) on cpu" in said
+    # the launch asked for 2 processes: said, with the global batch that trains (a variable left in a job script)
+    cut = "debug switch (CNNPAR_DEBUG_SINGLE=1): torchrun started 2 processes; rank 0 trains alone, the others exited"
+    assert f"{cut}: global batch 16 per step instead of 32\n" in said, said
     assert worker_log(logs, 0, 1, "stdout") == ""  # the surplus worker left at once
 
 

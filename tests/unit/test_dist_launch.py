@@ -375,6 +375,38 @@ def test_a_record_holds_the_processes_that_ran_not_the_nproc_asked_for(monkeypat
     assert dist.launched_nproc() == 0
 
 
+def test_the_debug_switch_says_it_cut_the_launch_to_one_process_and_the_global_batch_it_trains_at(
+    monkeypatch, tmp_path, capsys
+):
+    """`--nproc 2 --debug-single` dropped the --nproc without a word, and a CNNPAR_DEBUG_SINGLE=1 left exported in a
+    job script turned torchrun's N processes into one, said only by "1 process(es)": a global batch and a linearly
+    scaled lr half those the launch asked for."""
+    from cnnpar import cli
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv(dist.DEBUG_ENV, raising=False)
+    monkeypatch.setattr(dist, "run_launcher", lambda *a, **k: pytest.fail("launched torchrun"))
+    args = ["train", "--nproc", "2", "--debug-single", "--batch-size", "32", "--lr-scaling", "linear", "--epochs", "1"]
+    args += ["--max-steps", "1", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert (
+        "debug switch (--debug-single): --nproc 2 not launched; this process trains alone: global batch 32 per step "
+        "instead of 64 (lr 0.002 instead of 0.004: --lr-scaling linear)\n"
+    ) in out, out
+    # under torchrun, as each of its workers sees it; rank 0 says it (the others exit before a word)
+    monkeypatch.setenv(dist.DEBUG_ENV, "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert dist.debug_switch_cut(False, 0) == (
+        "debug switch (CNNPAR_DEBUG_SINGLE=1): torchrun started 4 processes; rank 0 trains alone, the others exited",
+        4,
+    )
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert dist.debug_switch_cut(False, 0) == ("", 1)  # nothing cut: one process was asked for
+
+
 def test_a_record_of_a_debug_run_resumes_with_the_processes_asked_for_then(monkeypatch, tmp_path):
     """--debug-single was kept in the record: a later `--resume --nproc 2` (or torchrun) of it trained one process,
     halving the global batch, and its only note told the user to drop a switch they had not typed."""
