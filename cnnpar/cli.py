@@ -736,7 +736,35 @@ def main(argv: list[str] | None = None) -> int:
         terminated = isinstance(e, Terminated)
         print("cnnpar: stopped (SIGTERM)" if terminated else "cnnpar: interrupted", file=sys.stderr)
         return 128 + 15 if terminated else 130
-    except BaseException:
-        if "RANK" in os.environ:
-            print(f"cnnpar: rank {_rank()} failed:", file=sys.stderr, flush=True)
+    except BaseException as e:
+        if "RANK" not in os.environ:
+            raise
+        line, code = another_rank_line(e, _rank())
+        if line:  # the other rank's own error, where it had one, is that rank's to say: no traceback of ours
+            print(line, file=sys.stderr, flush=True)
+            return code
+        print(f"cnnpar: rank {_rank()} failed:", file=sys.stderr, flush=True)
         raise
+
+
+def another_rank_line(e: BaseException, rank: int) -> tuple[str, int]:
+    """The one line, and the exit status, of a rank stopped by another rank (dist.another_ranks_failure); ("", 0)
+    for its own failure. Its ~50-line gloo traceback ("Connection closed by peer") buried the other rank's one-line
+    error above it, or stood alone in its node's log; a timeout read as this rank's failure."""
+    from cnnpar.dist import another_ranks_failure
+    from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT
+
+    why, waited = another_ranks_failure(e)
+    if why == "ended":
+        line = (
+            f"cnnpar: rank {rank} stopped: another rank of the job ended; its own error is above, or in its node's log"
+        )
+        return line, EXIT_ANOTHER_RANK_ENDED
+    if why == "silent":
+        after = f"after {waited:g} s (--timeout-s {waited:g})" if waited else "(--timeout-s)"
+        return (
+            f"cnnpar: rank {rank} timed out {after} waiting for another rank in a collective: a rank stopped "
+            "responding (stuck, stopped or too slow)",
+            EXIT_COLLECTIVE_TIMED_OUT,
+        )
+    return "", 0
