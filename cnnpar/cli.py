@@ -101,9 +101,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         check_horovod_launch(cfg.dist.nproc, horovod_train_args(argv, cfg.dist.nproc))
     if cfg.dist.nproc > 0 and "RANK" not in os.environ and not debug_single_requested(cfg.dist.debug_single):
         # The convenience launcher: hand the same command to torchrun for this one machine.
-        # Refuse too many processes here, once, rather than in each of the N workers.
+        # Refuse too many processes, or --sync-bn off GPUs, here, once, rather than in each of the N workers.
         try:
-            pick_device(cfg.speed.device, 0, cfg.dist.nproc)
+            device = pick_device(cfg.speed.device, 0, cfg.dist.nproc)
         except ConfigError as e:
             if "dist.nproc" in vars(args):
                 raise
@@ -111,6 +111,10 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             raise ConfigError(
                 f"{e} (--nproc {cfg.dist.nproc} comes from the stored config: pass --nproc to change it)"
             ) from None
+        if cfg.dist.sync_bn and cfg.dist.nproc > 1:  # one process has nothing to synchronise: a no-op there
+            from cnnpar.parallel.apply import refuse_sync_bn_on
+
+            refuse_sync_bn_on(device)
         if cfg.run.resume == "auto" and not cfg.run.name:  # --standalone's job id is new at every launch
             from cnnpar.engine.rundir import NO_NAME_TO_RESUME
 
@@ -788,7 +792,35 @@ def main(argv: list[str] | None = None) -> int:
         terminated = isinstance(e, Terminated)
         print("cnnpar: stopped (SIGTERM)" if terminated else "cnnpar: interrupted", file=sys.stderr)
         return 128 + 15 if terminated else 130
-    except BaseException:
-        if "RANK" in os.environ:
-            print(f"cnnpar: rank {_rank()} failed:", file=sys.stderr, flush=True)
+    except BaseException as e:
+        if "RANK" not in os.environ:
+            raise
+        line, code = another_rank_line(e, _rank())
+        if line:  # the other rank's own error, where it had one, is that rank's to say: no traceback of ours
+            print(line, file=sys.stderr, flush=True)
+            return code
+        print(f"cnnpar: rank {_rank()} failed:", file=sys.stderr, flush=True)
         raise
+
+
+def another_rank_line(e: BaseException, rank: int) -> tuple[str, int]:
+    """The one line, and the exit status, of a rank stopped by another rank (dist.another_ranks_failure); ("", 0)
+    for its own failure. Its ~50-line gloo traceback ("Connection closed by peer") buried the other rank's one-line
+    error above it, or stood alone in its node's log; a timeout read as this rank's failure."""
+    from cnnpar.dist import another_ranks_failure
+    from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT
+
+    why, waited = another_ranks_failure(e)
+    if why == "ended":
+        line = (
+            f"cnnpar: rank {rank} stopped: another rank of the job ended; its own error is above, or in its node's log"
+        )
+        return line, EXIT_ANOTHER_RANK_ENDED
+    if why == "silent":
+        after = f"after {waited:g} s (--timeout-s {waited:g})" if waited else "(--timeout-s)"
+        return (
+            f"cnnpar: rank {rank} timed out {after} waiting for another rank in a collective: a rank stopped "
+            "responding (stuck, stopped or too slow)",
+            EXIT_COLLECTIVE_TIMED_OUT,
+        )
+    return "", 0

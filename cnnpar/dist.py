@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shlex
 import time
 from collections.abc import Sequence
@@ -375,6 +376,22 @@ def surplus_debug_worker(debug_single: bool = False) -> bool:
     return debug_single_requested(debug_single) and launched_by_torchrun() and int(os.environ["RANK"]) != 0
 
 
+def debug_switch_cut(debug_single: bool = False, nproc: int = 0) -> tuple[str, int]:
+    """What the debug switch cut a launch of several processes to one (for the start-up lines) and how many the
+    launch asked for; ("", 1) where it cut nothing. A variable left exported in a job script made an N-process job
+    train one process, and only "1 process(es)" said so."""
+    if not debug_single_requested(debug_single):
+        return "", 1
+    how = "--debug-single" if debug_single else f"{DEBUG_ENV}={os.environ[DEBUG_ENV]}"
+    the_others = "rank 0 trains alone, the others exited"
+    started = launcher_world_size() if launched_by_torchrun() else 1
+    if started > 1:
+        return f"debug switch ({how}): torchrun started {started} processes; {the_others}", started
+    if nproc > 1:
+        return f"debug switch ({how}): --nproc {nproc} not launched; this process trains alone", nproc
+    return "", 1
+
+
 def pick_device(requested: str, local_rank: int, local_world_size: int = 1) -> torch.device:
     """The device of this process: GPU `local_rank` of this node, or the CPU.
 
@@ -484,6 +501,36 @@ def job_attempt() -> int:
     world size that changed, the count of joins in the new size starts again at 0."""
     joined = _joined_attempt if _joined_attempt is not None else 0
     return max(joined, local_restart_count())
+
+
+# What torch raises in a rank whose collective failed because of another rank, in lower case: that rank's process
+# ended (gloo's closed or reset connection, NCCL's remote error), or it did not answer for --timeout-s (gloo's wait,
+# NCCL's watchdog, where TORCH_NCCL_ASYNC_ERROR_HANDLING lets the error reach Python rather than end the process)
+ANOTHER_RANK_ENDED = ("connection closed by peer", "connection reset by peer", "ncclremoteerror")
+ANOTHER_RANK_SILENT = ("timed out waiting", "watchdog caught collective operation timeout")
+
+
+def another_ranks_failure(e: BaseException) -> tuple[str, float | None]:
+    """Why a collective of this rank failed where the cause is another rank: ("ended", None) where that rank's
+    process ended, ("silent", seconds waited or None) where it did not answer in time; ("", None) for anything
+    else. An exception raised from one (its __cause__) is read too. One raised while this rank handled an error
+    of its own (its __context__) is this rank's failure: its clean-up met the other rank gone, and the traceback
+    shows the error that came first."""
+    seen: set[int] = set()
+    while isinstance(e, BaseException) and id(e) not in seen:
+        seen.add(id(e))
+        said = str(e).lower()
+        handling = e.__context__ is not None and e.__context__ is not e.__cause__
+        if handling and not another_ranks_failure(e.__context__)[0]:
+            return "", None
+        if isinstance(e, RuntimeError) and any(words in said for words in ANOTHER_RANK_ENDED):
+            return "ended", None
+        if isinstance(e, RuntimeError) and any(words in said for words in ANOTHER_RANK_SILENT):
+            # gloo: "Timed out waiting 20000ms for recv operation"; NCCL: "... Timeout(ms)=600000) ran for ..."
+            waited = re.search(r"timed out waiting (\d+)\s*ms|timeout\(ms\)=(\d+)", said)
+            return "silent", int(next(g for g in waited.groups() if g)) / 1000 if waited else None
+        e = e.__cause__
+    return "", None
 
 
 def destroy_distributed() -> None:

@@ -50,6 +50,13 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+# The exit statuses of a rank of a job that stopped because of another rank, not by an error of its own (cli.main):
+# a collective of its found the other's process gone, or timed out waiting for it (--timeout-s). The launcher
+# (cnnpar.torchrun) then names a rank that failed by itself, where one did, not one of these.
+EXIT_ANOTHER_RANK_ENDED = 3
+EXIT_COLLECTIVE_TIMED_OUT = 4
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is: the clean-up a Ctrl-C runs then runs for it too."""
 

@@ -4,13 +4,25 @@ one line.
 torchrun ends a stopped job (SIGTERM, Ctrl-C) with its SignalException's traceback, and a failed one with a
 ChildFailedError traceback and a block per rank, which bury what the user needs: the failing rank's own error,
 printed by that rank above, and the launcher's line after it on what the checkpoint keeps. Here a stop ends
-quietly with 128 + the signal, and a failure in one line naming the rank that failed first (exit status 1).
+quietly with 128 + the signal, and a failure in one line naming the rank that failed first (exit status 1): a rank
+that stopped because of another (errors.EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT), or that torchrun ended
+itself, is not named as the first failure; a rank that stopped answering fails nothing itself, and is named where
+torchrun had to kill it (it did not answer the SIGTERM).
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
+
+from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT  # imports no torch
+
+# torchrun's logger for its workers' processes, and its words as it ends those still running once one failed: a
+# SIGTERM to each, then a SIGKILL to each that outlived it
+TORCHRUN_PROCESS_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+SENT_SIGTERM = "Sending process"
+UNANSWERED_SIGTERM = "Unable to shutdown process"
 
 
 def stop_with_parent() -> None:
@@ -30,6 +42,69 @@ def stop_with_parent() -> None:
         end_with_parent(int(parent), signal.SIGTERM)
 
 
+class EndedByTorchrun(logging.Filter):
+    """The process ids of the workers torchrun ended itself (`signalled`) and of those among them that did not
+    answer its SIGTERM and had to be killed (`killed`: stuck or stopped; a rank that answers dies of the SIGTERM,
+    or stops on it). torchrun lists them among the failures, killed by SIGTERM or SIGKILL, beside the rank that
+    failed. Keeps every record."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signalled: set[int] = set()
+        self.killed: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = str(record.msg)
+        pid = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        if isinstance(pid, int) and said.startswith(SENT_SIGTERM):
+            self.signalled.add(pid)
+        if isinstance(pid, int) and said.startswith(UNANSWERED_SIGTERM):
+            self.killed.add(pid)
+        return True
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
+
+
+def end_line(failures: dict, ended: EndedByTorchrun) -> str:
+    """The launcher's one line on a failed job, from torchrun's failures (rank: its ProcessFailure) and the workers
+    it ended itself: the rank that failed by itself first, where one did; else what the launcher can tell of the
+    rank that stopped responding (a timeout) or ended on another node."""
+    by_another = (EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT)
+    own = {
+        rank: failure
+        for rank, failure in failures.items()
+        if failure.exitcode not in by_another and failure.pid not in ended.signalled
+    }
+    if own:
+        # the first to fail; of those in the same second, not one killed by a SIGTERM (torchrun's, where it went
+        # unrecorded)
+        rank, failure = min(own.items(), key=lambda f: (f[1].timestamp, f[1].exitcode == -signal.SIGTERM))
+        how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+        return f"cnnpar: rank {rank} failed first ({how}); torchrun ended the job"
+    timed_out = [rank for rank, failure in failures.items() if failure.exitcode == EXIT_COLLECTIVE_TIMED_OUT]
+    if timed_out:
+        waiting = f"cnnpar: {_ranks(timed_out)} timed out waiting for another rank (--timeout-s)"
+        killed = [rank for rank, failure in failures.items() if failure.pid in ended.killed]
+        if killed:
+            return (
+                f"{waiting}; {_ranks(killed)} did not answer torchrun's SIGTERM and had to be killed (SIGKILL): stuck "
+                "or stopped; torchrun ended the job"
+            )
+        termed = [rank for rank, failure in failures.items() if failure.pid in ended.signalled]
+        where = f"{_ranks(termed)}, which torchrun's SIGTERM ended, or " if termed else ""
+        return (
+            f"{waiting}; the launcher cannot tell which rank stopped responding ({where}a rank on another node); "
+            "torchrun ended the job"
+        )
+    stopped = [rank for rank, failure in failures.items() if failure.exitcode == EXIT_ANOTHER_RANK_ENDED]
+    return (
+        f"cnnpar: {_ranks(stopped)} stopped because another rank of the job ended, and no rank of this node failed "
+        "by itself: its error is in another node's log; torchrun ended the job"
+    )
+
+
 def main() -> int:
     """torchrun on this process's arguments."""
     import runpy
@@ -39,16 +114,15 @@ def main() -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    ended = EndedByTorchrun()
+    logging.getLogger(TORCHRUN_PROCESS_LOGGER).addFilter(ended)
     try:
         # as `python -m torch.distributed.run` runs it: its log lines then look as they always did
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
     except SignalException as e:  # torchrun has stopped its workers by now (the agent's shutdown comes first)
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        # the first to fail; of those in the same second, not one that torchrun itself stopped with SIGTERM
-        rank, failure = min(e.failures.items(), key=lambda f: (f[1].timestamp, f[1].exitcode == -signal.SIGTERM))
-        how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
-        print(f"cnnpar: rank {rank} failed first ({how}); torchrun ended the job", file=sys.stderr, flush=True)
+        print(end_line(e.failures, ended), file=sys.stderr, flush=True)
         return 1
     return 0
 

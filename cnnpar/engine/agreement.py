@@ -85,9 +85,21 @@ def _shown(key: str) -> str:
 
 
 def _short(value: Any, most: int = 28) -> str:
-    """A value for the one line: long ones (a checksum, a list of class names) cut, enough to tell them apart."""
+    """A value for the one line: long ones (a checksum, a list of class names) cut, enough to tell them apart, and
+    closed as they opened (a cut string keeps its closing quote, a cut list its bracket)."""
     text = repr(value)
-    return text if len(text) <= most else text[: most - 3] + "..."
+    if len(text) <= most:
+        return text
+    if isinstance(value, str):
+        return text[: most - 4] + "..." + text[0]  # the quote repr chose
+    if isinstance(value, (list, tuple)) and text[-1] in ")]":  # whole items, as many as fit, then the rest cut
+        shown = [_short(value[0], most - 7)]
+        for item in value[1:]:
+            if len(", ".join([*shown, repr(item)])) > most - 7:
+                break
+            shown.append(repr(item))
+        return f"{text[0]}{', '.join(shown)}, ...{text[-1]}"
+    return text[: most - 3] + "..."
 
 
 def first_difference(reference: dict, mine: dict, rank: int) -> str:

@@ -225,15 +225,7 @@ def _decide(cfg: Config, restart: bool) -> tuple[str, str | None]:
         target = Path(resume)
         ckpt = resumed_checkpoint(target)
         if ckpt is None:
-            again = ""
-            if (target / "config.toml").is_file():  # a run stopped before its first checkpoint
-                folder = target.resolve()  # `--resume .` names no folder of its own
-                again = f"; this run stopped before its first epoch was saved: --resume auto --name {folder.name}"
-                again += f" --out-dir {folder.parent} starts it again from its config.toml"
-            raise UserError(
-                f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt, or that "
-                "folder's ckpt/last.pt)" + again
-            )
+            raise no_checkpoint_there(resume)
         run_dir = run_dir_of(ckpt)
         refuse_a_live_run(run_dir)
         if ckpt.parent.name != "ckpt" or not (run_dir / "config.toml").is_file():
@@ -272,6 +264,49 @@ def _decide(cfg: Config, restart: bool) -> tuple[str, str | None]:
             f"or choose another --name"
         )
     return str(run_dir), None
+
+
+# Said by each rank of a job whose own disk lacks the run folder a resume names
+UNSHARED_RUN_FOLDER = "every node must see the run folder (--out-dir on a shared file system)"
+
+
+def no_checkpoint_there(resume: str, of_a_job: bool = False) -> UserError:
+    """The refusal of `--resume PATH` where PATH holds no checkpoint; `of_a_job`: said by a rank of a job, whose
+    node may lack a run folder that other nodes have."""
+    target = Path(resume)
+    if (target / "config.toml").is_file():  # a run stopped before its first checkpoint
+        folder = target.resolve()  # `--resume .` names no folder of its own
+        again = f"; this run stopped before its first epoch was saved: --resume auto --name {folder.name}"
+        again += f" --out-dir {folder.parent} starts it again from its config.toml"
+    elif of_a_job:
+        return UserError(f"--resume {resume}: no checkpoint there; {UNSHARED_RUN_FOLDER}")
+    else:
+        again = ""
+    return UserError(
+        f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt, or that folder's "
+        "ckpt/last.pt)" + again
+    )
+
+
+def resume_unseen_here(cfg: Config) -> UserError | None:
+    """This node's refusal of `--resume PATH` where PATH holds no checkpoint here, for the ranks of a job to compare
+    before their settings (Trainer.__init__): a node without the run folder read its settings from the defaults,
+    not from the run's config.toml, and the first setting that differed (an image size it never typed) stood for
+    the cause. None for another resume, or where the checkpoint is there."""
+    resume = cfg.run.resume
+    if not resume or resume == "auto" or resumed_checkpoint(Path(resume)) is not None:
+        return None
+    return no_checkpoint_there(resume, of_a_job=True)
+
+
+def resume_auto_record(cfg: Config) -> dict[str, str]:
+    """Whether this node holds the config.toml that `--resume auto --name NAME` read its settings from
+    (cliargs.stored_run_config), for the ranks of a job to compare before their settings; {} for another resume.
+    Found on one node only, the ranks' settings differ in a field nobody typed."""
+    if cfg.run.resume != "auto" or not cfg.run.name:
+        return {}
+    found = (Path(cfg.run.out_dir) / cfg.run.name / "config.toml").is_file()
+    return {"run folder for --resume auto": "found" if found else "not found"}
 
 
 def resolve_run(cfg: Config, info: DistInfo) -> tuple[Path, Path | None]:

@@ -33,7 +33,7 @@ from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.data.sources import STORE_CHECKSUM
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
-from cnnpar.dist import DistInfo, all_reduce_sum, barrier, device_queues_line, launched_nproc
+from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
 from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
 from cnnpar.engine.batch_size import lr_line, search_on_device
 from cnnpar.engine.checkpoint import (
@@ -59,7 +59,15 @@ from cnnpar.engine.optim import (
 )
 from cnnpar.engine.resolved import data_resolved, kept_requested_lines, long_compiles_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
-from cnnpar.engine.rundir import resolve_run, restarts_cannot_find_run, run_folder_held, same_source, stopped_line
+from cnnpar.engine.rundir import (
+    resolve_run,
+    restarts_cannot_find_run,
+    resume_auto_record,
+    resume_unseen_here,
+    run_folder_held,
+    same_source,
+    stopped_line,
+)
 from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_blocked_by
 from cnnpar.errors import ConfigError, Diverged, UserError
@@ -213,7 +221,7 @@ class Trainer:
         self.settings_from = settings_from
         self.info = info
         self.log = log if info.is_main else (lambda *a, **k: None)
-        self.bundle = bundle if bundle is not None else load_data(cfg.data, cfg.run.seed)
+        self.bundle = bundle if bundle is not None else self._load_data_with_the_other_ranks(cfg, info)
         self.decode_line = decode_line(cfg, self.bundle, info)
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
         self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
@@ -348,6 +356,25 @@ class Trainer:
         # fails to build leaves the thread's stream as it was; what was queued before is waited for.
         self.stream = TrainingStream(info.device, decodes_on_gpu(cfg, self.bundle))
         self.stream.enter()
+
+    @staticmethod
+    def _load_data_with_the_other_ranks(cfg: Config, info: DistInfo) -> DataBundle:
+        """The data, where every rank of a job stops together when one is refused before its settings can be
+        compared: its own copy of the data unreadable (a bad row, an undecodable image), or its disk without the
+        run folder a resume names (resume_unseen_here, resume_auto_record). A rank refused alone had left the
+        others a gloo traceback (the peer's connection closed) in place of the cause, or, without the run's
+        config.toml, a settings difference in a field nobody typed."""
+        if not info.distributed:
+            return load_data(cfg.data, cfg.run.seed)
+        bundle, refusal = None, resume_unseen_here(cfg)
+        if refusal is None:  # no data read for a run that cannot start
+            try:
+                bundle = load_data(cfg.data, cfg.run.seed)
+            except UserError as e:
+                refusal = e
+        what = "run folder (--out-dir on a shared file system)"
+        refuse_disagreeing_ranks(resume_auto_record(cfg), info, what, refusal)
+        return bundle
 
     def _choose_batch_size(self, cfg: Config) -> Config:
         """The searched batch (engine/batch_size.py) and the lr scaled to it from the batch it is for (optim.lr_batch,
@@ -499,6 +526,7 @@ class Trainer:
             "rng": RNG_SCHEME,
             "history": self.history,
             "board_step": self.board_step(),
+            "world_size": self.info.world_size,  # a resume under another count says so (_global_batch_change)
             "meta": self.meta,
             "config": to_dict(self.cfg),
         }
@@ -586,9 +614,9 @@ class Trainer:
     def _changed_settings(self, state: dict) -> str:
         """The training settings a resume was given otherwise than its checkpoint's run (they apply from the first
         resumed step), in words, or "": a --schedule, --ema or --label-smoothing changed on resuming changed the lr,
-        the scored weights or the loss column part way through the run without a word. The batch, processes,
-        --grad-accum and --epochs have lines of their own (schedule:), --seed, --val-fraction and --optimizer are
-        refused."""
+        the scored weights or the loss column part way through the run without a word. Another process count or
+        global batch is named first (_global_batch_change); --epochs has a line of its own (schedule:), --seed,
+        --val-fraction and --optimizer are refused."""
         stored, now = state.get("config", {}), to_dict(self.cfg)
         said_elsewhere = {("optim", "optimizer"), ("optim", "grad_accum")}
         fields = [("optim", name) for name in now["optim"]] + [("data", "augment"), ("data", "crop_min_scale")]
@@ -599,7 +627,7 @@ class Trainer:
             else "",
             ("optim", "label_smoothing"): "the train loss column measures another loss from here",
         }
-        changes = []
+        changes = [change] if (change := self._global_batch_change(state)) else []
         for section, name in fields:
             was, is_now = stored.get(section, {}).get(name), now[section][name]
             # "auto" on either side: the record keeps it as typed, this run as resolved (augment auto -> none)
@@ -609,6 +637,40 @@ class Trainer:
             reason = why.get((section, name), "")
             changes.append(f"{flag} {was} -> {is_now}" + (f" ({reason})" if reason else ""))
         return ", ".join(changes)
+
+    def _global_batch_change(self, state: dict) -> str:
+        """Another process count or global batch than the checkpoint's run, and whether the peak lr followed
+        (--lr-scaling), in words, or "": `--resume --nproc 1` of a 2-process run halved the batch each step averages
+        over, said only as "processes, batch, --grad-accum or --max-steps differ" in the schedule's line. Checkpoints
+        written before they stored their world size name a change of the per-process batch or accumulation only."""
+        was_world = state.get("world_size")
+        stored = state.get("config", {})
+        was_batch = stored.get("run", {}).get("batch_size")
+        was_accum = stored.get("optim", {}).get("grad_accum")
+        if not (isinstance(was_batch, int) and isinstance(was_accum, int) and was_batch > 0):
+            return ""
+        world = self.info.world_size
+        old_world = was_world if isinstance(was_world, int) else world
+        was_global = was_batch * was_accum * old_world
+        now_global = self.cfg.run.batch_size * self.cfg.optim.grad_accum * world
+        # this run's peak against the checkpoint's run's, group 0 of each (the same group: the grouping is the same)
+        was_peaks, peaks = state.get("scheduler", {}).get("base_lrs") or [], self.scheduler.base_lrs
+        was_lr = self.lr * was_peaks[0] / peaks[0] if was_peaks and peaks and peaks[0] else self.lr
+        if old_world == world and was_global == now_global:
+            return ""
+        if was_global == now_global:
+            details = [f"global batch {now_global} per step as before"]
+        else:
+            details = [f"global batch {was_global} -> {now_global} per step"]
+        scaling = f"--lr-scaling {self.cfg.optim.lr_scaling}"
+        if math.isclose(was_lr, self.lr, rel_tol=1e-9):
+            if was_global != now_global:
+                details.append(f"lr not rescaled: {scaling}")
+        else:
+            details.append(f"peak lr {was_lr:g} -> {self.lr:g}: {scaling}")
+        if old_world == world:
+            return f"{details[0]}" + (f" ({details[1]})" if len(details) > 1 else "")
+        return f"processes {old_world} -> {world} ({'; '.join(details)})"
 
     def _refuse_changed_data(self, path: Path, stored: dict, was: dict) -> None:
         """A resumed run reads the data its checkpoint trained on, as it was. Rows added under the same path
@@ -948,6 +1010,13 @@ class Trainer:
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
             f"accumulation = {global_batch} per step; {describe_lr(cfg.optim, info.world_size)}"
         )
+        cut, asked = debug_switch_cut(self.requested_cfg.dist.debug_single, self.requested_cfg.dist.nproc)
+        if cut:  # what the launch asked for against what trains
+            lr = scaled_lr(cfg.optim, asked)
+            lr_asked = (
+                f" (lr {self.lr:g} instead of {lr:g}: --lr-scaling {cfg.optim.lr_scaling})" if lr != self.lr else ""
+            )
+            self.log(f"{cut}: global batch {global_batch} per step instead of {global_batch * asked}{lr_asked}")
         if self.batch_line:
             self.log(self.batch_line)
         if self.batch_note:

@@ -42,12 +42,18 @@ def apply_sync_bn(model: nn.Module, info: DistInfo, enabled: bool) -> nn.Module:
     """
     if not (enabled and info.distributed):
         return model
-    if info.device.type != "cuda":
+    refuse_sync_bn_on(info.device)
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
+def refuse_sync_bn_on(device: torch.device) -> None:
+    """--sync-bn on processes that run on `device`, refused in one line where it is not a GPU: by `train --nproc`'s
+    launcher before torchrun starts (cli.cmd_train), and by every rank of a torchrun started by hand."""
+    if device.type != "cuda":
         raise ConfigError(
             f"{setting_name('dist', 'sync_bn')} = true: SyncBatchNorm needs CUDA devices, and this run is on "
-            f"{info.device.type} (gloo); drop --sync-bn or run on GPUs"
+            f"{device.type} (gloo); drop --sync-bn or run on GPUs"
         )
-    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def apply_channels_last(model: nn.Module, enabled: bool) -> nn.Module:

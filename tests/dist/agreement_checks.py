@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from cnnpar.cli import main as cli_main
 from cnnpar.report.files import write_json_atomic
+from tests.datafiles import bar_images, write_pixel_csv
 
 # AGREEMENT_DEVICE=cuda runs the same checks on GPUs through NCCL (tests/dist/test_gpu_ddp.py)
 RUN = ["train", "--device", os.environ.get("AGREEMENT_DEVICE", "cpu")]
@@ -31,8 +32,24 @@ RUN += ["--batch-size", "16", "--no-progress", "--no-tensorboard", "--timeout-s"
 def train(*args: str) -> dict:
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        rc = cli_main([*RUN, *args])
+        try:
+            rc = cli_main([*RUN, *args])
+        except Exception as e:  # a rank left alone in a collective (before the ranks agreed on a data error)
+            rc = f"raised {type(e).__name__}"
     return {"rc": rc, "stderr": err.getvalue(), "initialized_after": dist.is_initialized()}
+
+
+def this_nodes_csv(rank: int) -> str:
+    """u.csv in this rank's folder: node 1's copy has a cell that is not a number."""
+    x, y = bar_images(64, side=8)
+    path = write_pixel_csv(Path("u.csv"), x, y)
+    if rank == 1:
+        lines = path.read_text().splitlines()
+        cells = lines[7].split(",")
+        cells[1] = "abc"
+        lines[7] = ",".join(cells)
+        path.write_text("\n".join(lines) + "\n")
+    return str(path)
 
 
 def other_weights_in_this_nodes_copy(rank: int, work: Path) -> None:
@@ -63,6 +80,12 @@ def main() -> None:
     if rank == 1:  # node 1's copy of the run folder lacks the checkpoint: rank 0's path names nothing there
         (work / "n1" / "runs" / "w" / "ckpt" / "last.pt").unlink()
     results["missing"] = train("--epochs", "2", "--resume", "auto")
+    if rank == 1:  # node 1's disk has no copy of the run folder at all: its settings are the defaults, not the run's
+        shutil.rmtree(work / "n1" / "runs" / "w")
+    results["unshared"] = train("--epochs", "2", "--resume", "runs/w")
+    results["unshared_auto"] = train("--epochs", "2", "--resume", "auto")
+    # last: before the ranks agreed on it, rank 0 was left in a collective by rank 1 and raised there
+    results["bad_data"] = train("--epochs", "1", "--data", this_nodes_csv(rank), "--name", "csv")
     write_json_atomic(work / f"rank{rank}.json", results)
 
 

@@ -65,15 +65,15 @@ def check_failure_names_rank(work: Path) -> dict:
     reaches the caller, and the process group is gone on every rank afterwards."""
     os.environ[fault.RAISE_ENV] = "1"
     fault._plan.cache_clear()  # the plan is read once per process; this process read it already
-    err, exc = io.StringIO(), ""
+    err, exc, rc = io.StringIO(), "", None
     try:
         with contextlib.redirect_stderr(err):
-            cli_main(["train", *SMALL_RUN, "--epochs", "1", "--out-dir", str(work / "runs"), "--name", "fail"])
-    except Exception as e:  # rank 1: the injected fault; rank 0: its peer vanished mid-collective
+            rc = cli_main(["train", *SMALL_RUN, "--epochs", "1", "--out-dir", str(work / "runs"), "--name", "fail"])
+    except Exception as e:  # rank 1: the injected fault
         exc = f"{type(e).__name__}: {e}"
     finally:
         del os.environ[fault.RAISE_ENV]
-    return {"stderr": err.getvalue(), "exception": exc, "initialized_after": dist.is_initialized()}
+    return {"stderr": err.getvalue(), "exception": exc, "rc": rc, "initialized_after": dist.is_initialized()}
 
 
 def check_sampler(info: DistInfo, work: Path) -> dict:

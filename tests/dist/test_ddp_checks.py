@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from cnnpar.data.store_write import prepare_store
+from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED
 from tests.conftest import run_cmd, torchrun_cmd
 from tests.datafiles import write_image_folder
 
@@ -165,5 +166,9 @@ def test_a_failing_rank_is_named_and_every_rank_tears_down(ranks):
     failing, other = ranks[1]["failure"], ranks[0]["failure"]
     assert "cnnpar: rank 1 failed" in failing["stderr"]
     assert "injected fault" in failing["exception"]
-    assert "cnnpar: rank 0 failed" in other["stderr"] and other["exception"]  # it lost its peer
+    # rank 0 lost its peer: one line and a status of its own, not "rank 0 failed" and a 50-line gloo traceback
+    assert other["stderr"] == (
+        "cnnpar: rank 0 stopped: another rank of the job ended; its own error is above, or in its node's log\n"
+    )
+    assert other["rc"] == EXIT_ANOTHER_RANK_ENDED and not other["exception"], other
     assert not failing["initialized_after"] and not other["initialized_after"]

@@ -49,7 +49,18 @@ def test_data_is_compared_by_its_content_not_its_path_checksum_first():
     here = data_identity(meta, 240, 60)
     assert first_difference(here, data_identity({**meta, "data_path": "/data/train.csv"}, 240, 60), 1) == ""
     other = data_identity({**meta, "mean": [0.36], "data_checksum": "b" * 64}, 240, 60)
-    assert first_difference(here, other, 1) == f"rank 1's data's checksum is '{'b' * 24}..., rank 0's '{'a' * 24}..."
+    assert first_difference(here, other, 1) == f"rank 1's data's checksum is '{'b' * 23}...', rank 0's '{'a' * 23}...'"
+
+
+def test_a_long_value_is_cut_inside_its_quotes_and_brackets():
+    """The cut left a checksum's quote open ('14f9..., rank 0's '20e7...) and a list's bracket and item too."""
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog"]
+    here = data_identity({"class_names": names}, 240, 60)
+    there = data_identity({"class_names": names[::-1]}, 240, 60)
+    assert (
+        first_difference(here, there, 1)
+        == "rank 1's data's class names is ['dog', 'deer', 'cat', ...], rank 0's ['airplane', ...]"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,4 +100,41 @@ def test_a_rank_that_cannot_read_the_checkpoint_stops_every_rank(ranks):
         assert check["rc"] == 2 and not check["initialized_after"], check
         said = "cnnpar: error: [rank 1] " if rank == 1 else "cnnpar: error: [rank 0] rank 1: "
         assert check["stderr"].startswith(said + ours), check["stderr"]
+        assert "Traceback" not in check["stderr"]
+
+
+UNSHARED = (
+    "--resume runs/w: no checkpoint there; every node must see the run folder (--out-dir on a shared file system)"
+)
+
+
+def test_a_node_without_the_run_folder_is_refused_for_that_not_for_a_setting_it_never_typed(ranks):
+    """On a disk not shared between nodes, the node without the run folder read its settings from the defaults,
+    not from the run's config.toml: every rank stopped on "rank 1's data.image_size (--image-size) is 0, rank 0's
+    16", a field nobody typed."""
+    for rank, result in enumerate(ranks):
+        check = result["unshared"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        said = "cnnpar: error: [rank 1] " if rank == 1 else "cnnpar: error: [rank 0] rank 1: "
+        assert check["stderr"] == f"{said}{UNSHARED}\n", check["stderr"]
+    for rank, result in enumerate(ranks):  # --resume auto --name w: node 1 has no run to read settings from
+        check = result["unshared_auto"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        assert check["stderr"] == (
+            f"cnnpar: error: [rank {rank}] rank 1's run folder for --resume auto is 'not found', rank 0's 'found': "
+            "every process of a job must train with the same run folder (--out-dir on a shared file system); "
+            "expected the same command line, data and run folder on every node\n"
+        ), check["stderr"]
+
+
+def test_a_rank_whose_copy_of_the_data_is_bad_stops_every_rank_with_its_error(ranks):
+    """Node 1's CSV has a bad cell: node 1 said so, and node 0 printed a 50-line gloo traceback ("Connection closed
+    by peer") naming nothing."""
+    bad = "u.csv, line 8 (data row 7), column 'pixel0': 'abc' is not an integer: expected a pixel value 0..255"
+    for rank, result in enumerate(ranks):
+        check = result["bad_data"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        said = "cnnpar: error: [rank 1] " if rank == 1 else "cnnpar: error: [rank 0] rank 1: "
+        # (rank 0 also notes that --synthetic-samples does nothing for a CSV)
+        assert check["stderr"].splitlines()[-1] == f"{said}{bad}", check["stderr"]
         assert "Traceback" not in check["stderr"]

@@ -132,7 +132,11 @@ def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
     assert proc.returncode == 0, explain(proc)
     run_dir = only_run_folder(tmp_path)
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 1
-    assert "| 1 process(es) on cpu" in worker_log(logs, 0, 0, "stdout")
+    said = worker_log(logs, 0, 0, "stdout")
+    assert "| 1 process(es) on cpu" in said
+    # the launch asked for 2 processes: said, with the global batch that trains (a variable left in a job script)
+    cut = "debug switch (CNNPAR_DEBUG_SINGLE=1): torchrun started 2 processes; rank 0 trains alone, the others exited"
+    assert f"{cut}: global batch 16 per step instead of 32\n" in said, said
     assert worker_log(logs, 0, 1, "stdout") == ""  # the surplus worker left at once
 
 
@@ -320,3 +324,45 @@ def test_the_debug_switch_on_one_node_only_is_refused_on_every_rank_at_once(tmp_
     for rank in (0, 1):
         assert f"cnnpar: error: [rank {rank}] {line}" in proc.stderr, explain(proc)
     assert "cnnpar: rank 0 failed" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
+# Rank 1 stops answering in epoch 1 (a stuck rank: it also ignores torchrun's SIGTERM), under cnnpar's launcher
+# (cnnpar.torchrun) with torchrun's 30 s wait between its SIGTERM and its SIGKILL cut to 2 s
+STUCK_RANK1 = """
+import signal, sys, time
+from torch.distributed.elastic.multiprocessing import api
+close = api.SubprocessContext._close
+api.SubprocessContext._close = lambda self, death_sig, timeout=30: close(self, death_sig, timeout=2)
+if sys.argv[1] == "launch":
+    from cnnpar.torchrun import main
+    sys.argv = [sys.argv[0], *sys.argv[2:]]
+    sys.exit(main())
+import cnnpar.engine.trainer as trainer
+def stuck(epoch, step, steps, info):
+    if info.rank == 1 and step == 1:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(120)
+trainer.maybe_inject_fault = stuck
+from cnnpar.cli import main
+sys.argv = [sys.argv[0], *sys.argv[2:]]
+sys.exit(main())
+"""
+
+
+def test_a_rank_that_stops_responding_is_named_and_the_rank_that_timed_out_is_not_blamed(tmp_path):
+    """Rank 1 stuck: rank 0 timed out in gloo after --timeout-s and printed a gloo traceback, and the launcher said
+    "rank 0 failed first (exit code 1)", blaming the healthy rank."""
+    script = tmp_path / "stuck_rank1.py"
+    script.write_text(STUCK_RANK1)
+    launch = [sys.executable, str(script), "launch", "--standalone", "--nproc_per_node=2", str(script), "worker"]
+    start = time.monotonic()
+    proc = run_cmd([*launch, *TRAIN[2:], "--epochs", "1", "--timeout-s", "5", "--no-tensorboard"], tmp_path)
+    assert proc.returncode == 1 and time.monotonic() - start < 100, explain(proc)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("cnnpar:")]
+    assert said == [
+        "cnnpar: rank 0 timed out after 5 s (--timeout-s 5) waiting for another rank in a collective: a rank "
+        "stopped responding (stuck, stopped or too slow)",
+        "cnnpar: rank 0 timed out waiting for another rank (--timeout-s); rank 1 did not answer torchrun's SIGTERM "
+        "and had to be killed (SIGKILL): stuck or stopped; torchrun ended the job",
+    ], explain(proc)
+    assert "Traceback" not in proc.stderr, explain(proc)

@@ -4,6 +4,7 @@ the horovodrun command, each in the spelling that the torch (or the checkout) in
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,24 @@ def test_train_nproc_refuses_before_launching(two_gpus, monkeypatch, tmp_path, c
     record.write_text("[dist]\nnproc = 3\n")
     assert cli.main(["train", "--config", str(record), "--out-dir", str(tmp_path)]) == 2
     assert "(--nproc 3 comes from the stored config: pass --nproc to change it)" in capsys.readouterr().err
+
+
+def test_sync_bn_on_the_cpu_is_refused_by_the_launcher_before_torchrun_starts(monkeypatch, tmp_path, capsys):
+    """It was refused only by every rank, after torchrun had started them and they had loaded the data (20 s)."""
+    from cnnpar import cli
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(dist, "run_launcher", lambda *a, **k: pytest.fail("launched torchrun"))
+    assert cli.main(["train", "--nproc", "2", "--sync-bn", "--device", "cpu", "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "cnnpar: error: dist.sync_bn (--sync-bn) = true: SyncBatchNorm needs CUDA devices, and this run is on cpu "
+        "(gloo); drop --sync-bn or run on GPUs\n"
+    )
+    launched = []
+    monkeypatch.setattr(dist, "run_launcher", lambda cmd, env: launched.append(cmd) or 0)
+    assert cli.main(["train", "--nproc", "1", "--sync-bn", "--device", "cpu", "--out-dir", str(tmp_path)]) == 0
+    assert launched  # one process: nothing to synchronise, the switch does nothing (as in apply_sync_bn)
 
 
 def test_the_device_queues_are_widened_before_cuda_starts_and_a_users_number_is_kept(monkeypatch):
@@ -357,6 +376,38 @@ def test_a_record_holds_the_processes_that_ran_not_the_nproc_asked_for(monkeypat
     assert dist.launched_nproc() == 0
 
 
+def test_the_debug_switch_says_it_cut_the_launch_to_one_process_and_the_global_batch_it_trains_at(
+    monkeypatch, tmp_path, capsys
+):
+    """`--nproc 2 --debug-single` dropped the --nproc without a word, and a CNNPAR_DEBUG_SINGLE=1 left exported in a
+    job script turned torchrun's N processes into one, said only by "1 process(es)": a global batch and a linearly
+    scaled lr half those the launch asked for."""
+    from cnnpar import cli
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv(dist.DEBUG_ENV, raising=False)
+    monkeypatch.setattr(dist, "run_launcher", lambda *a, **k: pytest.fail("launched torchrun"))
+    args = ["train", "--nproc", "2", "--debug-single", "--batch-size", "32", "--lr-scaling", "linear", "--epochs", "1"]
+    args += ["--max-steps", "1", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert (
+        "debug switch (--debug-single): --nproc 2 not launched; this process trains alone: global batch 32 per step "
+        "instead of 64 (lr 0.002 instead of 0.004: --lr-scaling linear)\n"
+    ) in out, out
+    # under torchrun, as each of its workers sees it; rank 0 says it (the others exit before a word)
+    monkeypatch.setenv(dist.DEBUG_ENV, "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert dist.debug_switch_cut(False, 0) == (
+        "debug switch (CNNPAR_DEBUG_SINGLE=1): torchrun started 4 processes; rank 0 trains alone, the others exited",
+        4,
+    )
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert dist.debug_switch_cut(False, 0) == ("", 1)  # nothing cut: one process was asked for
+
+
 def test_a_record_of_a_debug_run_resumes_with_the_processes_asked_for_then(monkeypatch, tmp_path):
     """--debug-single was kept in the record: a later `--resume --nproc 2` (or torchrun) of it trained one process,
     halving the global batch, and its only note told the user to drop a switch they had not typed."""
@@ -507,3 +558,165 @@ def test_a_second_stop_kills_the_launchers_workers_in_sessions_of_their_own(tmp_
         proc.kill()
         for p in running_with(marker):
             p.kill()
+
+
+@pytest.mark.parametrize(
+    "raised, expected",
+    [
+        (RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:27018"), ("ended", None)),
+        (
+            RuntimeError("[gloo/transport/tcp/pair.cc:589] Read error [10.0.0.2]:3: Connection reset by peer"),
+            ("ended", None),
+        ),
+        (
+            RuntimeError("ncclRemoteError: A call failed possibly due to a network error or a remote process exiting"),
+            ("ended", None),
+        ),
+        (
+            RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms for recv operation"),
+            ("silent", 20.0),
+        ),
+        (
+            RuntimeError(
+                "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, "
+                "Timeout(ms)=600000) ran for 600026 milliseconds before timing out."
+            ),
+            ("silent", 600.0),
+        ),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), ("", None)),
+        (ValueError("Connection closed by peer"), ("", None)),  # not torch's: a bug of this rank's own
+    ],
+)
+def test_a_collective_failed_by_another_rank_is_told_from_this_ranks_own_failure(raised, expected):
+    assert dist.another_ranks_failure(raised) == expected
+
+
+def test_a_peers_loss_raised_from_is_read_but_not_one_met_while_handling_an_error_of_this_ranks_own():
+    lost = RuntimeError("Connection closed by peer [127.0.0.1]:27018")
+    try:
+        raise OSError("while saving") from lost
+    except OSError as e:
+        assert dist.another_ranks_failure(e) == ("ended", None)
+    try:
+        try:
+            raise KeyError("this rank's own bug")
+        except KeyError:
+            raise lost from None
+    except RuntimeError as e:
+        assert dist.another_ranks_failure(e) == ("", None)  # its own error came first: the traceback shows it
+    try:
+        try:
+            raise lost
+        except RuntimeError:
+            raise KeyError("a bug in the clean-up") from None
+    except KeyError as e:
+        assert dist.another_ranks_failure(e) == ("", None)  # its traceback stays
+
+
+def test_a_rank_stopped_by_another_says_so_in_one_line_with_a_status_of_its_own(monkeypatch, capsys):
+    """It printed "cnnpar: rank 1 failed:" and a 50-line gloo traceback ending in "Connection closed by peer",
+    burying the other rank's one-line error above it; a timeout read as its own failure."""
+    from cnnpar import cli
+    from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT
+
+    def train_raising(error):
+        def cmd(args, argv):
+            raise error
+
+        return cmd
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(dist.LAUNCHED_NPROC_ENV, "2")  # a worker of --nproc's launcher: it installs no handler
+    lost = RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:27018")
+    monkeypatch.setattr(cli, "cmd_train", train_raising(lost))
+    assert cli.main(["train"]) == EXIT_ANOTHER_RANK_ENDED
+    assert capsys.readouterr().err == (
+        "cnnpar: rank 1 stopped: another rank of the job ended; its own error is above, or in its node's log\n"
+    )
+    waited = RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms for recv operation")
+    monkeypatch.setattr(cli, "cmd_train", train_raising(waited))
+    assert cli.main(["train"]) == EXIT_COLLECTIVE_TIMED_OUT
+    assert capsys.readouterr().err == (
+        "cnnpar: rank 1 timed out after 20 s (--timeout-s 20) waiting for another rank in a collective: a rank "
+        "stopped responding (stuck, stopped or too slow)\n"
+    )
+    monkeypatch.setattr(cli, "cmd_train", train_raising(RuntimeError("its own")))
+    with pytest.raises(RuntimeError, match="its own"):  # its own failure keeps its traceback
+        cli.main(["train"])
+    assert capsys.readouterr().err == "cnnpar: rank 1 failed:\n"
+
+
+def _failure(exitcode: int, pid: int, timestamp: int = 100):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        exitcode=exitcode, pid=pid, timestamp=timestamp, signal_name=lambda: signal.Signals(-exitcode).name
+    )
+
+
+def test_the_launcher_names_the_rank_that_failed_by_itself_not_one_stopped_by_it_or_by_torchrun():
+    """A timed-out rank was "rank 0 failed first (exit code 1)", blaming the healthy rank that waited for a stuck
+    one; a rank that lost its peer, or that torchrun ended itself, could be named first in the same second."""
+    from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT
+    from cnnpar.torchrun import EndedByTorchrun, end_line
+
+    ended = EndedByTorchrun()
+    ended.signalled = {12, 13}
+    # rank 2 failed (exit 2); rank 0 lost its peer first by the clock; torchrun SIGTERMed rank 1, SIGKILLed rank 3
+    failures = {
+        0: _failure(EXIT_ANOTHER_RANK_ENDED, 10, timestamp=99),
+        1: _failure(-signal.SIGTERM, 12, timestamp=99),
+        2: _failure(2, 11),
+        3: _failure(-signal.SIGKILL, 13, timestamp=99),
+    }
+    assert end_line(failures, ended) == "cnnpar: rank 2 failed first (exit code 2); torchrun ended the job"
+    # a rank killed from outside (the OOM killer) failed by itself
+    failures[3] = _failure(-signal.SIGKILL, 14, timestamp=99)
+    assert end_line(failures, ended) == "cnnpar: rank 3 failed first (killed by SIGKILL); torchrun ended the job"
+
+    # rank 0 timed out; rank 1 did not answer torchrun's SIGTERM: the stuck one
+    ended.killed = {12}
+    failures = {0: _failure(EXIT_COLLECTIVE_TIMED_OUT, 10), 1: _failure(-signal.SIGKILL, 12, timestamp=130)}
+    assert end_line(failures, ended) == (
+        "cnnpar: rank 0 timed out waiting for another rank (--timeout-s); rank 1 did not answer torchrun's SIGTERM "
+        "and had to be killed (SIGKILL): stuck or stopped; torchrun ended the job"
+    )
+    # rank 1 died of torchrun's SIGTERM: stuck or not, the launcher cannot tell
+    ended.killed = set()
+    failures[1] = _failure(-signal.SIGTERM, 12)
+    assert end_line(failures, ended) == (
+        "cnnpar: rank 0 timed out waiting for another rank (--timeout-s); the launcher cannot tell which rank stopped "
+        "responding (rank 1, which torchrun's SIGTERM ended, or a rank on another node); torchrun ended the job"
+    )
+    # this node's ranks only lost their peer: the rank that ended is another node's
+    failures = {2: _failure(EXIT_ANOTHER_RANK_ENDED, 20), 3: _failure(EXIT_ANOTHER_RANK_ENDED, 21)}
+    assert end_line(failures, EndedByTorchrun()) == (
+        "cnnpar: ranks 2, 3 stopped because another rank of the job ended, and no rank of this node failed by "
+        "itself: its error is in another node's log; torchrun ended the job"
+    )
+
+
+def test_the_launcher_reads_torchruns_own_words_for_the_workers_it_ends():
+    """torchrun's log lines are how the launcher learns which workers it signalled and killed: held to this torch's
+    words, and read from a record as torchrun makes it."""
+    import inspect
+    import logging
+
+    from torch.distributed.elastic.multiprocessing import api
+
+    from cnnpar.torchrun import SENT_SIGTERM, TORCHRUN_PROCESS_LOGGER, UNANSWERED_SIGTERM, EndedByTorchrun
+
+    assert api.logger.name == TORCHRUN_PROCESS_LOGGER
+    source = inspect.getsource(api.SubprocessContext._close)
+    assert f'"{SENT_SIGTERM} %s closing signal %s"' in source
+    assert f'"{UNANSWERED_SIGTERM} %s via %s, forcefully exiting via %s"' in source
+    ended = EndedByTorchrun()
+    for msg, args in (
+        ("Sending process %s closing signal %s", (41, "SIGTERM")),
+        ("Unable to shutdown process %s via %s, forcefully exiting via %s", (41, signal.SIGTERM, signal.SIGKILL)),
+        ("Sending process %s closing signal %s", (42, "SIGTERM")),
+    ):
+        record = logging.LogRecord(TORCHRUN_PROCESS_LOGGER, logging.WARNING, "api.py", 1, msg, args, None)
+        assert ended.filter(record)  # every record kept: torchrun's lines print as they did
+    assert (ended.signalled, ended.killed) == ({41, 42}, {41})

@@ -404,3 +404,34 @@ def test_resume_auto_that_finds_no_checkpoint_says_a_new_run_starts(tmp_path):
     lines.clear()
     Trainer(_cfg(tmp_path, 2, resume="auto"), CPU_INFO, log=lambda s, **k: lines.append(s))
     assert not [s for s in lines if s.startswith("resume auto:")] and any(s.startswith("resumed from") for s in lines)
+
+
+def test_a_resume_under_another_process_count_or_global_batch_names_it_and_the_lr(tmp_path):
+    """`--resume --nproc 1` of a 2-process run halved the global batch, said only as "processes, batch, --grad-accum
+    or --max-steps differ" in the schedule's line; the lr (not rescaled under --lr-scaling none) was not said."""
+    cfg = _cfg(tmp_path, 1)
+    cfg = replace(cfg, optim=replace(cfg.optim, lr_scaling="linear"))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+
+    def changed(batch: int) -> str:
+        more = replace(cfg, run=replace(cfg.run, epochs=2, batch_size=batch, resume=str(tmp_path / "oc")))
+        lines: list[str] = []
+        Trainer(more, CPU_INFO, log=lambda s, **k: lines.append(s))
+        said = [s.split(" on: ", 1)[1] for s in lines if s.startswith("resume: changed since the checkpoint")]
+        return said[0].split(", --")[0] if said else ""  # the first change named: this one
+
+    assert changed(32) == ""
+    assert changed(16) == "global batch 32 -> 16 per step (lr not rescaled: --lr-scaling linear)"
+    # the checkpoint as a 2-process run writes it: its world size, and its peak lr scaled for 2 processes
+    ckpt = tmp_path / "oc" / "ckpt" / "last.pt"
+    state = torch.load(ckpt, weights_only=True)
+    state["world_size"] = 2
+    state["scheduler"]["base_lrs"] = [2 * lr for lr in state["scheduler"]["base_lrs"]]
+    torch.save(state, ckpt)
+    assert (
+        changed(32) == "processes 2 -> 1 (global batch 64 -> 32 per step; peak lr 0.004 -> 0.002: --lr-scaling linear)"
+    )
+    assert (
+        changed(64)
+        == "processes 2 -> 1 (global batch 64 per step as before; peak lr 0.004 -> 0.002: --lr-scaling linear)"
+    )

@@ -310,3 +310,21 @@ def test_a_resume_of_another_checkpoint_file_in_the_run_folder_is_not_taken_for_
     fit(2, str(tmp_path / "b"))
     fit(3, str(tmp_path / "b" / "ckpt" / "epoch1.pt"))
     assert checkpoint_epoch(tmp_path / "b") == 3
+
+
+def test_a_rank_of_a_job_refuses_a_resume_its_disk_cannot_see_and_keeps_the_hint_of_a_run_not_yet_saved(tmp_path):
+    """What each rank carries into the ranks' agreement before their settings (Trainer): no folder there says
+    that every node must see it; a folder holding a config.toml and no checkpoint says how to start it again."""
+    from cnnpar.engine.rundir import resume_unseen_here
+
+    run = tmp_path / "r"
+    assert resume_unseen_here(Config(run=RunConfig(resume=str(run)))).args == (
+        f"--resume {run}: no checkpoint there; every node must see the run folder (--out-dir on a shared file system)",
+    )
+    run.mkdir()
+    (run / "config.toml").write_text("")
+    said = str(resume_unseen_here(Config(run=RunConfig(resume=str(run)))))
+    assert said.startswith(f"--resume {run}: no checkpoint there (expected a run folder with ckpt/last.pt"), said
+    assert said.endswith(f"--resume auto --name r --out-dir {tmp_path} starts it again from its config.toml"), said
+    assert resume_unseen_here(Config(run=RunConfig(resume="auto", name="r", out_dir=str(tmp_path)))) is None
+    assert resume_unseen_here(Config()) is None
