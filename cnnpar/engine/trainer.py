@@ -307,7 +307,7 @@ class Trainer:
         if cfg.dist.strategy == "horovod":
             from cnnpar.parallel.horovod import apply_horovod
 
-            self.optimizer = apply_horovod(self.raw_model, self.optimizer, info, accum, cfg.optim.grad_clip)
+            self.optimizer = apply_horovod(self.raw_model, self.optimizer, info, accum)
         total_steps = self.steps_per_epoch * cfg.run.epochs
         parts = build_step_parts(self.raw_model, self.optimizer, cfg, info.device, total_steps, self.steps_per_epoch)
         self.precision, self.scheduler, self.average = parts.precision, parts.scheduler, parts.average
@@ -768,8 +768,7 @@ class Trainer:
             ckpts = (self.run_dir / "ckpt" / LAST, self.run_dir / "ckpt" / BEST)
             for written in (*ckpts, *(self.run_dir / n for n in RUN_RECORDS)):
                 remove_orphan_temps(written)
-            env = environment(self.info.device, self.info.world_size)
-            header = comment_lines(env)
+            header = comment_lines(self._environment())
             resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
             # the processes that ran, not the --nproc asked for (the debug switch runs one; torchrun by hand, any);
             # the debug switch itself is how this one launch ran, not a setting of the run: kept, it made a later
@@ -1340,5 +1339,11 @@ class Trainer:
             "channels_last": self.cfg.speed.channels_last,
             "compile": self.cfg.speed.compile,
             "run_dir": str(self.run_dir),
-            **environment(self.info.device, self.info.world_size),
+            **self._environment(),
         }
+
+    def _environment(self) -> dict:
+        """The run record's environment: the machine and versions, and the strategy (with Horovod's version)."""
+        from cnnpar.parallel.horovod import strategy_record
+
+        return {**environment(self.info.device, self.info.world_size), **strategy_record(self.cfg.dist.strategy)}

@@ -15,7 +15,9 @@ import argparse
 import importlib.util
 import math
 import os
+import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -23,6 +25,7 @@ import threading
 from pathlib import Path
 
 from cnnpar.checkout import env_importing_this_checkout
+from cnnpar.errors import ConfigError
 from cnnpar.frameworks.spec import (
     CSV_PREFIX,
     FRAMEWORKS,
@@ -31,6 +34,7 @@ from cnnpar.frameworks.spec import (
     add_spec_args,
     csv_name,
     diverged_note,
+    load_bundle,
     parse_frameworks,
     read_result_csv,
     spec_from_args,
@@ -61,6 +65,15 @@ SUMMARY_COLUMNS = [
     "settings",
 ]
 VERSION_KEYS = ("torch", "keras", "tensorflow", "jax", "pytensor")
+# A run that did not learn, though its losses stayed finite, must not read as a result (lr 10 gave "ok" rows at
+# 5-12 % val acc with a val loss of 1e6). A uniform guess scores a loss of ln(classes) and a healthy run starts
+# near it (He-normal cnn3 on the digits: about 5, twice ln 10) and falls: a final loss this many times ln(classes),
+# or a train loss this many times its first epoch's and worse than a uniform guess, has exploded. A 1-epoch digits
+# run at the default lr ends near 1.2 train / 0.4 val, against 23 for 10 classes.
+EXPLODED_FACTOR = 10.0
+# at or below this many times 1 / classes the final val acc is chance (a 1-epoch digits run: 87 %, against 15 %)
+CHANCE_FACTOR = 1.5
+NOT_LEARNED = "did not learn (val acc at chance)"
 EXTRAS = ("keras", "tensorflow", "jax", "pytensor")  # pyproject extras named after the package they install
 
 
@@ -138,13 +151,32 @@ def run_framework(fw: Framework, spec: RunSpec, timeout: float) -> tuple[str, st
         reader.join(timeout=10)  # the pipe closes once every process that holds it is gone
     if timed_out:
         (Path(spec.out) / csv_name(fw)).unlink(missing_ok=True)  # whatever it wrote before the kill
-        return "failed", f"timed out after {timeout:.0f} s: stopped with its processes (log: {log_path})"
+        return "failed", f"timed out after {timeout:g} s: stopped with its processes (log: {log_path})"
     if rc != 0:
-        last = next((ln for ln in reversed(lines) if ln.strip()), "no output")
-        return "failed", f"exit code {rc}: {last[:300]} (log: {log_path})"
+        return "failed", failure_note(rc, lines, log_path)
     if not (Path(spec.out) / csv_name(fw)).is_file():
         return "failed", f"exited 0 but wrote no {csv_name(fw)} (log: {log_path})"
     return "ok", ""
+
+
+# a runner's own divergence (the torch runner's engine stops there): "torch_runner: error: diverged: ..."
+RUNNER_DIVERGED = re.compile(r"^\w+: error: (diverged: .*)$")
+
+
+def failure_note(rc: int, lines: list[str], log_path: Path) -> str:
+    """The note of a runner that exited with `rc` != 0, its output `lines`. A runner killed by a signal (the
+    OOM killer's SIGKILL) printed nothing of it: its last line was a healthy epoch's. A divergence reads as the
+    other runners' rows say it (summary_row), without the exit code and the runner's name."""
+    if rc < 0:
+        sig = -rc
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
+        oom = "; out of memory?" if sig == signal.SIGKILL else ""
+        return f"killed by {name} (signal {sig}{oom}) (log: {log_path})"
+    last = next((ln for ln in reversed(lines) if ln.strip()), "no output")
+    diverged = RUNNER_DIVERGED.match(last)
+    if diverged:
+        return diverged.group(1)
+    return f"exit code {rc}: {last[:300]} (log: {log_path})"
 
 
 def _f(value: str | float | None, digits: int = 4) -> str:
@@ -159,19 +191,64 @@ def summary_row(fw: Framework, status: str, note: str, out: Path) -> dict[str, s
         return row
     header, rows = read_result_csv(path)
     row.update(described(header), csv=path.name)
+    classes = int(header.get("num_classes") or 0)  # 0: a CSV from before the header had it
+    lr = header.get("spec_lr") or None
     diverged = first_non_finite(rows)
     if diverged is not None:
         # Keras, TensorFlow and PyTensor train on in NaN where the torch runner's engine stops: their rows keep a
         # rate, and argmax of NaN logits scores one class (a val acc of 1 / classes), neither of which means anything
-        lr = header.get("spec_lr") or None
         row.update(status="failed", note=join_notes(diverged_note(*diverged, lr), note))
+        return row
+    blown = exploded(rows, classes)
+    if blown is not None:  # as meaningless as NaN, though finite
+        epoch, what, loss, why = blown
+        row.update(status="failed", note=join_notes(diverged_note(epoch, what, loss, lr, why), note))
         return row
     row.update(figures(rows))
     # epoch 1 carries tracing/compilation: with it alone there is no steady figure to give (it would rank a
     # framework's compile as its speed), and the note says why the columns are empty
     one_epoch = "one epoch: no steady rate (epoch 1 holds tracing and compile)" if len(rows) == 1 else ""
-    row["note"] = join_notes(note, header.get("note", ""), one_epoch)
+    chance = NOT_LEARNED if at_chance(rows, classes) else ""
+    row["note"] = join_notes(chance, note, header.get("note", ""), pytensor_mode(header), one_epoch)
     return row
+
+
+def exploded(rows: list[dict[str, str]], classes: int) -> tuple[str, str, str, str] | None:
+    """(epoch, "train loss" or "val loss", its value, why) where the last epoch's loss has exploded, else None:
+    above EXPLODED_FACTOR x ln(classes), or a train loss EXPLODED_FACTOR x its first epoch's and above
+    ln(classes). A run that recovered by its last epoch is not one (the verdict is on what it ends with)."""
+    if classes < 2:
+        return None
+    uniform = math.log(classes)
+    limit = EXPLODED_FACTOR * uniform
+    last = rows[-1]
+    for key in ("val_loss", "train_loss"):
+        if float(last[key]) > limit:
+            why = f"is above {EXPLODED_FACTOR:g} x ln({classes} classes) = {limit:.1f}"
+            return last["epoch"], key.replace("_", " "), last[key], why
+    first, final = float(rows[0]["train_loss"]), float(last["train_loss"])
+    if len(rows) > 1 and final > max(EXPLODED_FACTOR * first, uniform):
+        why = f"grew above {EXPLODED_FACTOR:g} x epoch 1's {first:.4g} and above ln({classes} classes) = {uniform:.2f}"
+        return last["epoch"], "train loss", last["train_loss"], why
+    return None
+
+
+def at_chance(rows: list[dict[str, str]], classes: int) -> bool:
+    """The last epoch's val acc at or below CHANCE_FACTOR / classes: the run learned nothing it shows."""
+    return classes >= 2 and float(rows[-1]["val_acc"]) <= CHANCE_FACTOR / classes
+
+
+def learned(row: dict[str, str]) -> bool:
+    """False for an `ok` row whose run ended at chance (summary_row's note says so)."""
+    return NOT_LEARNED not in row["note"]
+
+
+def pytensor_mode(header: dict[str, str]) -> str:
+    """Which PyTensor mode and linker ran: FAST_COMPILE's Python linker runs some 15x slower than the C one and
+    keeps the CSV name `pytensor_c`."""
+    if not header.get("pytensor_mode"):
+        return ""
+    return f"PyTensor mode {header['pytensor_mode']}, linker {header.get('pytensor_linker', '?')}"
 
 
 def join_notes(*notes: str) -> str:
@@ -195,11 +272,16 @@ def described(header: dict[str, str]) -> dict[str, str]:
         timed=header.get("timed", ""),
         git_rev=header.get("git_rev", ""),
         date=header.get("date", ""),
-        settings=", ".join(f"{k[5:]} {v}" for k, v in header.items() if k.startswith("spec_") and v not in ("", "0")),
+        settings=", ".join(f"{k[5:]} {v}" for k, v in header.items() if k.startswith("spec_") and not unset(k, v)),
         devices=header.get("devices_used", ""),
         parallelism=header.get("parallelism", ""),
         versions=" ".join(f"{k} {header[k]}" for k in VERSION_KEYS if header.get(k)),
     )
+
+
+def unset(key: str, value: str) -> bool:
+    """A spec value the settings column leaves out: empty, or max_train / max_val at 0 (all). Seed 0 is a seed."""
+    return value == "" or (key in ("spec_max_train", "spec_max_val") and value == "0")
 
 
 def figures(rows: list[dict[str, str]]) -> dict[str, str]:
@@ -251,7 +333,8 @@ def write_markdown(path: Path, rows: list[dict[str, str]], spec: RunSpec) -> Non
         "|" + "---|" * len(cols),
     ]
     for r in rows:
-        lines.append("| " + " | ".join((r[k] or "").replace("|", "/") for k, _ in cols) + " |")
+        cells = {**r, "status": table_status(r)}
+        lines.append("| " + " | ".join((cells[k] or "").replace("|", "/") for k, _ in cols) + " |")
     notes = []
     for r in rows:
         said = "; ".join(x for x in (r["timed"], r["matmul_precision"], r["note"]) if x)
@@ -260,6 +343,37 @@ def write_markdown(path: Path, rows: list[dict[str, str]], spec: RunSpec) -> Non
     if notes:
         lines += ["", "Notes:", ""] + notes
     write_text_atomic(path, "\n".join(lines) + "\n")
+
+
+def table_status(row: dict[str, str]) -> str:
+    return row["status"] if learned(row) else f"{row['status']}, {NOT_LEARNED}"
+
+
+def bar_label(row: dict[str, str]) -> str:
+    """A throughput bar's label: the rate and the devices it ran on (with --devices N some frameworks run on one),
+    or why there is no rate."""
+    if row["status"] != "ok":
+        return row["status"]
+    if not row["steady_images_per_s"]:
+        return "one epoch"
+    devices = f" on {row['devices']} dev" if row["devices"] else ""
+    chance = ", did not learn" if not learned(row) else ""
+    return f"{float(row['steady_images_per_s']):,.0f}{devices}{chance}"
+
+
+def chart_title(spec: RunSpec, rows: list[dict[str, str]]) -> str:
+    # each row names its own device (PyTensor runs on the CPU beside GPU frameworks): all of them in the title
+    device = ", ".join(dict.fromkeys(r["device"] for r in rows if r["status"] == "ok")) or "unknown"
+    asked = (f", --devices {spec.devices}" if spec.devices > 1 else "") + (
+        f", --max-train {spec.max_train}" if spec.max_train else ""
+    )
+    return f"cnn3 on {Path(spec.data).name}, {spec.epochs} epochs, batch {spec.batch_size}{asked}, {device}"
+
+
+def bar_colour(row: dict[str, str]) -> str:
+    if row["status"] != "ok" or not row["steady_images_per_s"]:
+        return "lightgrey"
+    return "tab:blue" if learned(row) else "tab:orange"
 
 
 def write_chart(path: Path, rows: list[dict[str, str]], out: Path, title: str) -> None:
@@ -272,10 +386,10 @@ def write_chart(path: Path, rows: list[dict[str, str]], out: Path, title: str) -
     names = [r["framework"] for r in rows]
     timed = [r["status"] == "ok" and r["steady_images_per_s"] != "" for r in rows]  # one epoch: no steady rate
     speeds = [float(r["steady_images_per_s"]) if t else 0.0 for r, t in zip(rows, timed)]
-    bars = ax_speed.barh(names, speeds, color=["tab:blue" if t else "lightgrey" for t in timed])
-    for bar, r, t in zip(bars, rows, timed):
-        label = f"{float(r['steady_images_per_s']):,.0f}" if t else r["status"] if r["status"] != "ok" else "one epoch"
-        ax_speed.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + label, va="center", fontsize=8)
+    bars = ax_speed.barh(names, speeds, color=[bar_colour(r) for r in rows])
+    for bar, r in zip(bars, rows):
+        ax_speed.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + bar_label(r), va="center", fontsize=8)
+    ax_speed.margins(x=0.35)  # room for the labels right of the longest bar (bars stay pinned at 0)
     ax_speed.invert_yaxis()
     ax_speed.set_xlabel("training images/s (median of epochs after the first)")
     ax_speed.set_title("throughput")
@@ -284,8 +398,9 @@ def write_chart(path: Path, rows: list[dict[str, str]], out: Path, title: str) -
             continue
         fw = FRAMEWORKS[r["framework"]]
         _, epochs = read_result_csv(out / csv_name(fw))
+        label = fw.name if learned(r) else f"{fw.name}: did not learn"
         ax_acc.plot(
-            [int(e["epoch"]) for e in epochs], [100 * float(e["val_acc"]) for e in epochs], marker="o", label=fw.name
+            [int(e["epoch"]) for e in epochs], [100 * float(e["val_acc"]) for e in epochs], marker="o", label=label
         )
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylabel("validation accuracy, %")
@@ -305,12 +420,17 @@ def run_compare(frameworks: list[Framework], spec: RunSpec, timeout: float = 360
     from cnnpar.report.files import write_csv_atomic
 
     out = Path(spec.out)
+    missing = {fw.name: missing_package(fw) for fw in frameworks}
+    if any(pkg is None for pkg in missing.values()):
+        # what only the data can tell (a batch larger than the training set, no validation split, non-square
+        # images), once and before any runner: each runner found it on its own after its imports
+        load_bundle(spec)
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for fw in frameworks:
         stale = out / csv_name(fw)
         stale.unlink(missing_ok=True)  # a failed run must not leave an older CSV looking current
-        pkg = missing_package(fw)
+        pkg = missing[fw.name]
         if pkg is not None:
             hint = f'pip install "cnnpar[{pkg}]"' if pkg in EXTRAS else f"pip install {pkg}"
             note = f"{pkg} is not installed ({hint})"
@@ -322,25 +442,48 @@ def run_compare(frameworks: list[Framework], spec: RunSpec, timeout: float = 360
             print(f"compare: {fw.name} failed: {note}", flush=True)
         results.append((fw, status, note))
     rows = [summary_row(fw, status, note, out) for fw, status, note in results]
-    # each row names its own device (PyTensor runs on the CPU beside GPU frameworks): all of them in the title
-    device = ", ".join(dict.fromkeys(r["device"] for r in rows if r["status"] == "ok")) or "unknown"
     base = out / f"{CSV_PREFIX}_summary"
     write_csv_atomic(base.with_suffix(".csv"), rows, SUMMARY_COLUMNS)
     write_markdown(base.with_suffix(".md"), rows, spec)
-    title = f"cnn3 on {Path(spec.data).name}, {spec.epochs} epochs, batch {spec.batch_size}, {device}"
-    write_chart(base.with_suffix(".png"), rows, out, title)
+    write_chart(base.with_suffix(".png"), rows, out, chart_title(spec, rows))
     for r in rows:
-        if r["status"] != "ok":
-            speed = f"{r['status']:>16}"
-        else:  # one epoch: no steady rate (the note says why)
-            speed = f"{float(r['steady_images_per_s']):>10,.0f} img/s" if r["steady_images_per_s"] else f"{'-':>16}"
-        acc = f"val acc {100 * float(r['final_val_acc']):.2f}%" if r["status"] == "ok" else r["note"]
-        print(f"{r['framework']:<18} {speed}  {acc}")
+        print(console_line(r))
     print(f"compare: wrote {base}.csv, .md and .png")
     return rows
 
 
+def console_line(r: dict[str, str]) -> str:
+    if r["status"] != "ok":
+        return f"{r['framework']:<18} {r['status']:>16}  {r['note']}"
+    # one epoch: no steady rate (the note says why)
+    speed = f"{float(r['steady_images_per_s']):>10,.0f} img/s" if r["steady_images_per_s"] else f"{'-':>16}"
+    chance = f" {NOT_LEARNED}" if not learned(r) else ""
+    acc = f"val acc {100 * float(r['final_val_acc']):.2f}%{chance}"
+    return f"{r['framework']:<18} {speed}  {r['devices'] or '?':>2} dev  {acc}"
+
+
+def exit_status(rows: list[dict[str, str]]) -> tuple[int, str]:
+    """(exit status, the line that says why where it is not 0): 1 where a framework failed (a divergence
+    included) or ended at chance, or where nothing ran at all (every framework asked for skipped)."""
+    failed = [r["framework"] for r in rows if r["status"] == "failed"]
+    chance = [r["framework"] for r in rows if r["status"] == "ok" and not learned(r)]
+    if failed or chance:
+        said = [
+            f"failed: {', '.join(failed)}" if failed else "",
+            f"{NOT_LEARNED}: {', '.join(chance)}" if chance else "",
+        ]
+        return 1, f"compare: {'; '.join(x for x in said if x)}"
+    if not any(r["status"] == "ok" for r in rows):
+        return 1, "compare: nothing ran: every framework asked for was skipped (not installed)"
+    return 0, ""
+
+
 def main_from_args(args: argparse.Namespace) -> int:
+    if not args.timeout > 0 or not math.isfinite(args.timeout):  # NaN too
+        raise ConfigError(f"--timeout {args.timeout:g}: expected a number of seconds > 0")
     frameworks = parse_frameworks(args.frameworks)
     rows = run_compare(frameworks, spec_from_args(args), args.timeout)
-    return 1 if any(r["status"] == "failed" for r in rows) else 0
+    status, line = exit_status(rows)
+    if line:
+        print(line, flush=True)
+    return status

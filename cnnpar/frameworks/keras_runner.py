@@ -36,7 +36,11 @@ from cnnpar.frameworks.spec import (
     log_epoch,
     runner_main,
     steps_per_epoch,
+    tf_device,
     tf_precision,
+    tf_threads,
+    torch_threads,
+    xla_threads,
 )
 
 NO_TORCH_DP = (
@@ -45,15 +49,16 @@ NO_TORCH_DP = (
 )
 
 
-def prepare_devices(backend: str, n: int) -> tuple[str, object]:
-    """Set up N devices before the backend initialises; returns (description, strategy or None)."""
+def prepare_devices(backend: str, n: int) -> tuple[str, object, list[str]]:
+    """Set up N devices before the backend initialises; returns (description, strategy or None, the device
+    names a TensorFlow strategy trains on)."""
     if n <= 1:
-        return "none (1 device)", None
+        return "none (1 device)", None, []
     if backend == "jax":
         flag = f"--xla_force_host_platform_device_count={n}"
         if flag not in os.environ.get("XLA_FLAGS", ""):
             os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
-        return "keras.distribution.DataParallel", None
+        return "keras.distribution.DataParallel", None, []
     if backend == "tensorflow":
         import tensorflow as tf
 
@@ -66,9 +71,9 @@ def prepare_devices(backend: str, n: int) -> tuple[str, object]:
             tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
             names = [f"/cpu:{i}" for i in range(n)]
             how = "tf.distribute.MirroredStrategy over logical CPU devices"
-        return f"{how} {','.join(names)}", tf.distribute.MirroredStrategy(devices=names)
+        return f"{how} {','.join(names)}", tf.distribute.MirroredStrategy(devices=names), names
     print(f"keras-{backend}: {NO_TORCH_DP}", flush=True)
-    return NO_TORCH_DP, None
+    return NO_TORCH_DP, None, []
 
 
 def build_model(keras, shape_chw, num_classes: int, weights: dict):
@@ -103,7 +108,7 @@ def build_model(keras, shape_chw, num_classes: int, weights: dict):
     return model
 
 
-def backend_versions(backend: str) -> dict[str, str]:
+def backend_versions(backend: str, strategy_devices: list[str]) -> dict[str, str]:
     if backend == "jax":
         import jax
         import jaxlib
@@ -115,17 +120,17 @@ def backend_versions(backend: str) -> dict[str, str]:
             "jaxlib": jaxlib.__version__,
             "device": devs[0].device_kind if devs[0].platform != "cpu" else cpu_name(),
             "device_type": devs[0].platform,
+            "intra_op_threads": xla_threads(),
             # recorded, not pinned: the backend's default (reduced precision, TF32-like, on recent GPUs)
             "matmul_precision": f"jax_default_matmul_precision={precision or 'default'}",
         }
     if backend == "tensorflow":
         import tensorflow as tf
 
-        gpus = tf.config.list_physical_devices("GPU")
         return {
             "tensorflow": tf.__version__,
-            "device": gpus[0].name if gpus else cpu_name(),
-            "device_type": "gpu" if gpus else "cpu",
+            **tf_device(tf, strategy_devices),
+            "intra_op_threads": tf_threads(tf),
             "matmul_precision": tf_precision(tf),
         }
     import torch
@@ -135,11 +140,26 @@ def backend_versions(backend: str) -> dict[str, str]:
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(0) if cuda else cpu_name(),
         "device_type": "cuda" if cuda else "cpu",
+        "intra_op_threads": torch_threads(),
         "matmul_precision": (
             f"torch matmul allow_tf32={torch.backends.cuda.matmul.allow_tf32}, "
             f"cudnn allow_tf32={torch.backends.cudnn.allow_tf32}"
         ),
     }
+
+
+def timed_line(backend: str, jit_compile) -> str:
+    """What each timed epoch holds. JAX and TensorFlow trace (and compile) the train step in epoch 1; on the
+    PyTorch backend Keras runs it eagerly unless jit_compile: there is no compile in epoch 1 to point at."""
+    first = (
+        "eager (no tracing/compilation)"
+        if backend == "torch" and not jit_compile
+        else "epoch 1 includes tracing/compilation"
+    )
+    return (
+        f"{first}; each epoch model.fit over the training steps (the epoch's shuffled arrays are gathered "
+        "before the clock starts)"
+    )
 
 
 def evaluate(model, x: np.ndarray, y: np.ndarray, batch_size: int) -> tuple[float, float]:
@@ -162,7 +182,7 @@ def evaluate(model, x: np.ndarray, y: np.ndarray, batch_size: int) -> tuple[floa
 def train(fw: Framework, spec: RunSpec) -> tuple[dict, list[dict]]:
     backend = fw.keras_backend
     os.environ["KERAS_BACKEND"] = backend  # compare sets it too; Keras reads it once, at import
-    parallelism, strategy = prepare_devices(backend, spec.devices)
+    parallelism, strategy, strategy_devices = prepare_devices(backend, spec.devices)
     import keras
 
     if keras.backend.backend() != backend:
@@ -216,13 +236,13 @@ def train(fw: Framework, spec: RunSpec) -> tuple[dict, list[dict]]:
     header.update(
         {
             "keras": keras.__version__,
-            **backend_versions(backend),
+            **backend_versions(backend, strategy_devices),
             "devices_requested": str(spec.devices),
             "devices_used": str(devices_used),
             "parallelism": parallelism,
             "layout": "NHWC",
             "jit_compile": str(getattr(model, "jit_compile", "")),
-            "timed": "epoch 1 includes tracing/compilation; each epoch model.fit over the training steps",
+            "timed": timed_line(backend, getattr(model, "jit_compile", "")),
             "note": "Keras's BN running variance is the biased one",
         }
     )

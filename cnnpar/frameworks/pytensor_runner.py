@@ -28,6 +28,7 @@ from cnnpar.frameworks.spec import (
     Framework,
     RunSpec,
     base_header,
+    blas_threads,
     cpu_name,
     epoch_order,
     epoch_row,
@@ -173,7 +174,11 @@ def train(fw: Framework, spec: RunSpec) -> tuple[dict, list[dict]]:
             "pytensor": pytensor.__version__,
             "pytensor_mode": mode,
             "pytensor_linker": linker_ran(train_fn),
-            "timed": f"compiled before epoch 1 ({compile_s:.1f} s, in no epoch); each epoch the training steps alone",
+            "intra_op_threads": f"BLAS: {blas_threads()}",
+            "timed": (
+                f"compiled before epoch 1 ({compile_s:.1f} s, in no epoch); each epoch the training steps, "
+                "each batch indexed from the arrays inside the timed loop"
+            ),
             "compile_s": f"{compile_s:.2f}",
             "device": cpu_name(),
             "device_type": "cpu",

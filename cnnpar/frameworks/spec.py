@@ -19,15 +19,17 @@ Fairness rules, held in one place so no runner can drift:
   sqrt(v_hat) is well above that, i.e. almost everywhere; the formula is left as each framework has it.
 - Batch: `batch_size` is the global batch; with `--devices N` each replica gets batch_size / N.
   Incomplete last batches are dropped (every framework then compiles one shape).
-- Data: `cnnpar.data.load_data` (digits, npz, csv) gives identical uint8 arrays and the same
+- Data: `cnnpar.data.load_data` (digits, npz, csv, synthetic) gives identical uint8 arrays and the same
   seeded split to every runner (image folders and stores, which only cnnpar's engine reads, are refused
-  when the spec is made); normalisation is (x / 255 - mean) / std with the train split's
+  when the spec is made; non-square images, which cnn3 cannot take unresized, by `load_bundle`, which `compare`
+  calls once before any runner); normalisation is (x / 255 - mean) / std with the train split's
   per-channel mean and std. The first `max_train` / `max_val` samples are used when given.
   Each runner shuffles with numpy's generator seeded by seed + epoch (cnnpar's engine uses its own
   seeded DistributedSampler), so batch order differs across engines but not across runs.
 - Timing: `epoch_s` covers the training pass of one epoch only (validation is timed out), and the
-  first epoch includes each framework's tracing / compilation; the combined table therefore reports
-  the first epoch and the median of later epochs separately.
+  first epoch includes each framework's tracing / compilation where it has one (each CSV's `timed` line says
+  what its epochs hold); the combined table therefore reports the first epoch and the median of later epochs
+  separately. Thread counts are recorded (`intra_op_threads`), not pinned.
 
 CSV schema (one file per framework, `cnn2d_3layer_fullconnected_3layer_<framework>_<backend>.csv`):
 leading `# key: value` comment lines (versions, device, parallelism, settings), then a header row
@@ -48,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cnnpar.config import parse_shape
 from cnnpar.errors import ConfigError
 from cnnpar.report.host import cpu_name as host_cpu_name
 
@@ -89,8 +92,10 @@ def csv_name(fw: Framework) -> str:
 
 def parse_frameworks(text: str) -> list[Framework]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names or names == ["all"]:
+    if names == ["all"]:
         return list(FRAMEWORKS.values())
+    if not names:  # an empty or mistyped value must not start hours of work under every framework
+        raise ConfigError(f"--frameworks {text!r}: expected all or some of {', '.join(FRAMEWORKS)}")
     unknown = [n for n in names if n not in FRAMEWORKS]
     if unknown:
         raise ConfigError(f"--frameworks: unknown {', '.join(unknown)}; expected some of {', '.join(FRAMEWORKS)}")
@@ -126,8 +131,12 @@ class RunSpec:
             raise ConfigError(
                 f"--batch-size {self.batch_size} with --devices {self.devices}: the global batch must split evenly"
             )
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"--val-fraction {self.val_fraction}: expected 0 <= value < 1")
         if self.format not in ("auto", *ARRAY_FORMATS):
             raise ConfigError(f"--format {self.format}: expected one of auto, {', '.join(ARRAY_FORMATS)}")
+        if self.image_shape:
+            check_square(parse_shape(self.image_shape), f"--image-shape {self.image_shape}")
         self._check_data_reads_as_arrays()
 
     def _check_data_reads_as_arrays(self) -> None:
@@ -149,10 +158,19 @@ class RunSpec:
         return [a for f in fields(self) for a in (f"--{f.name.replace('_', '-')}", str(getattr(self, f.name)))]
 
 
+def check_square(shape: tuple[int, int, int], what: str) -> None:
+    """cnn3's first dense layer is sized from one side, and `compare` does not resize: a non-square image failed
+    in each runner on its own (a shape mismatch deep in TensorFlow or Keras; torch's named `train`'s --image-size)."""
+    _, h, w = shape
+    if h != w:
+        raise ConfigError(f"{what}: {h}x{w} (HxW) images: cnn3 needs square images, and compare does not resize them")
+
+
 SPEC_HELP = {
-    "data": "digits (built in), an .npz (x_train, y_train[, x_test, y_test]) or a train.csv",
+    "data": "digits (built in), an .npz (x_train, y_train[, x_test, y_test]), a train.csv or synthetic (random "
+    "images of --image-shape, default 3x32x32)",
     "format": f"how to read --data (auto, {', '.join(ARRAY_FORMATS)})",
-    "image_shape": "CxHxW of CSV rows when not square grey",
+    "image_shape": "CxHxW of CSV rows when not square grey, or of synthetic images; square (H = W)",
     "val_fraction": "seeded hold-out when the data has no test split",
     "max_train": "use only the first N training samples (0: all)",
     "max_val": "use only the first N validation samples (0: all)",
@@ -226,6 +244,7 @@ def load_bundle(spec: RunSpec):
         raise ConfigError(
             f"--batch-size {spec.batch_size} exceeds the {len(bundle.train)} training samples of {bundle.origin}"
         )
+    check_square(tuple(bundle.shape), f"--data {spec.data}")  # an .npz's images, which --image-shape does not set
     return bundle
 
 
@@ -333,11 +352,16 @@ def base_header(fw: Framework, spec: RunSpec, data: Arrays | None = None) -> dic
                 "val_samples": str(len(data.x_val)),
             }
         )
-    # Other work on a shared machine skews the figures; the load average says how much there was.
-    header["load_avg_1_5_15"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    # Other work on a shared machine skews the figures; the load average says how much there was. This one is
+    # read as the run ends and includes the run's own load; runner_main adds the one read before training.
+    header["load_avg_1_5_15"] = load_average()
     header["git_rev"] = git_revision()
     header["date"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
     return header
+
+
+def load_average() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def write_result_csv(path: str | Path, header: dict[str, str], rows: list[dict]) -> None:
@@ -377,12 +401,14 @@ def epoch_row(epoch: int, train_loss: float, train_acc: float, val_loss: float, 
     }
 
 
-def diverged_note(epoch: int | str, what: str, loss: float | str, lr: float | str | None) -> str:
-    """What the summary says of a run whose loss stopped being finite, whichever runner it was: the torch
-    runner (whose engine stops there) and the rows of the others (which train on in NaN) read alike. The hint
-    names only a flag that `compare` takes (None: the run's lr is not known)."""
+def diverged_note(
+    epoch: int | str, what: str, loss: float | str, lr: float | str | None, why: str = "is not finite"
+) -> str:
+    """What the summary says of a run whose loss stopped being finite (or exploded: `why` says how), whichever
+    runner it was: the torch runner (whose engine stops there) and the rows of the others (which train on in NaN)
+    read alike. The hint names only a flag that `compare` takes (None: the run's lr is not known)."""
     lower = f"--lr {float(lr) / 2:g}" if lr is not None else "--lr"
-    return f"diverged: epoch {epoch} {what} {loss} is not finite: try a lower {lower}"
+    return f"diverged: epoch {epoch} {what} {loss} {why}: try a lower {lower}"
 
 
 def runner_parser(prog: str) -> argparse.ArgumentParser:
@@ -410,6 +436,9 @@ def runner_main(prog: str, train) -> int:
 
     args = runner_parser(prog).parse_args()
     fw = FRAMEWORKS[args.framework]
+    # before this run's own load (the header's other reading includes it); its 1-minute figure still holds
+    # whatever ran in the minute before, the previous framework of a `compare` included
+    load_before = load_average()
     try:
         spec = spec_from_args(args)
         result = train(fw, spec)
@@ -418,10 +447,48 @@ def runner_main(prog: str, train) -> int:
         return 2
     if result is not None:
         header, rows = result
+        header["load_avg_before_1_5_15"] = load_before
         path = Path(spec.out) / csv_name(fw)
         write_result_csv(path, header, rows)
         print(f"{fw.name}: wrote {path}", flush=True)
     return 0
+
+
+# ---- intra-op threads: recorded, not pinned (OMP_NUM_THREADS caps torch and BLAS; TensorFlow and XLA size their
+# own pools, one thread per core by default), so a CPU table says what each framework was given
+def torch_threads() -> str:
+    import torch
+
+    return f"{torch.get_num_threads()} (torch.get_num_threads)"
+
+
+def tf_threads(tf) -> str:
+    n = tf.config.threading.get_intra_op_parallelism_threads()
+    return f"{n} (tf.config.threading)" if n else f"TensorFlow's default, one per core ({os.cpu_count()})"
+
+
+def xla_threads() -> str:
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "thread" in f]
+    return " ".join(flags) if flags else f"XLA's CPU default, one per core ({os.cpu_count()})"
+
+
+def blas_threads() -> str:
+    """The native pools loaded in this process (BLAS, OpenMP) and their sizes, as threadpoolctl finds them."""
+    from threadpoolctl import threadpool_info
+
+    pools = dict.fromkeys(f"{p['internal_api']} {p['num_threads']}" for p in threadpool_info())  # numpy's, scipy's
+    return ", ".join(pools) or "no BLAS pool found"
+
+
+def tf_device(tf, strategy_devices: list[str]) -> dict[str, str]:
+    """The `device` and `device_type` of a TensorFlow run, from the devices its strategy trains on ([]: the
+    default strategy, which takes the first GPU when there is one). With fewer GPUs than --devices the strategy
+    runs on logical CPU devices, and the record named the GPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    names = strategy_devices or (["/gpu:0"] if gpus else ["/cpu:0"])
+    if gpus and any("gpu" in n.lower() for n in names):
+        return {"device": gpus[0].name, "device_type": "gpu"}
+    return {"device": cpu_name(), "device_type": "cpu"}
 
 
 def tf_precision(tf) -> str:

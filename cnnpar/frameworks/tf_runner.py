@@ -24,7 +24,6 @@ from cnnpar.frameworks.spec import (
     RunSpec,
     base_header,
     conv_hwio,
-    cpu_name,
     dense_in_out,
     epoch_order,
     epoch_row,
@@ -34,13 +33,16 @@ from cnnpar.frameworks.spec import (
     log_epoch,
     runner_main,
     steps_per_epoch,
+    tf_device,
     tf_precision,
+    tf_threads,
 )
 
 
 def make_strategy(tf, n: int):
+    """(strategy, its description, the device names it trains on: [] for the default strategy)."""
     if n <= 1:
-        return tf.distribute.get_strategy(), "none (1 device, the default strategy)"
+        return tf.distribute.get_strategy(), "none (1 device, the default strategy)", []
     gpus = tf.config.list_physical_devices("GPU")
     if len(gpus) >= n:
         names = [f"/gpu:{i}" for i in range(n)]
@@ -49,9 +51,11 @@ def make_strategy(tf, n: int):
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
         names = [f"/cpu:{i}" for i in range(n)]
     kind = "GPUs" if names[0].startswith("/gpu") else "logical CPU devices"
-    return tf.distribute.MirroredStrategy(
-        devices=names
-    ), f"tf.distribute.MirroredStrategy over {kind} {','.join(names)}"
+    return (
+        tf.distribute.MirroredStrategy(devices=names),
+        f"tf.distribute.MirroredStrategy over {kind} {','.join(names)}",
+        names,
+    )
 
 
 class CNN3:
@@ -117,7 +121,7 @@ class CNN3:
 def train(fw: Framework, spec: RunSpec) -> tuple[dict, list[dict]]:
     import tensorflow as tf
 
-    strategy, parallelism = make_strategy(tf, spec.devices)  # before any op initialises the runtime
+    strategy, parallelism, strategy_devices = make_strategy(tf, spec.devices)  # before any op initialises the runtime
     tf.random.set_seed(spec.seed)
     data = load_arrays(spec).channels_last()
     weights = initial_weights(data.shape, data.num_classes, spec.seed)
@@ -178,19 +182,21 @@ def train(fw: Framework, spec: RunSpec) -> tuple[dict, list[dict]]:
         row = epoch_row(epoch, loss_sum / n, correct / n, vloss / nv, vright / nv, seconds, n)
         log_epoch(fw, spec, row)
         rows.append(row)
-    gpus = tf.config.list_physical_devices("GPU")
     header = base_header(fw, spec, data)
     header.update(
         {
             "tensorflow": tf.__version__,
-            "device": gpus[0].name if gpus else cpu_name(),
-            "device_type": "gpu" if gpus else "cpu",
+            **tf_device(tf, strategy_devices),
             "devices_requested": str(spec.devices),
             "devices_used": str(strategy.num_replicas_in_sync),
             "parallelism": parallelism,
             "layout": "NHWC",
             "matmul_precision": tf_precision(tf),
-            "timed": "epoch 1 includes tf.function tracing (no XLA jit); each epoch the training steps alone",
+            "intra_op_threads": tf_threads(tf),
+            "timed": (
+                "epoch 1 includes tf.function tracing (no XLA jit); each epoch the training steps, tf.data "
+                "gathering each batch from the arrays inside the timed loop"
+            ),
         }
     )
     return header, rows

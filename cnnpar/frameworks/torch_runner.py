@@ -25,6 +25,7 @@ from cnnpar.frameworks.spec import (
     load_bundle,
     log_epoch,
     runner_main,
+    torch_threads,
 )
 
 
@@ -80,7 +81,14 @@ def train(fw: Framework, spec: RunSpec):
         per_process = spec.batch_size // info.world_size
         with tempfile.TemporaryDirectory(prefix="cnnpar-torch-runner-") as tmp:
             cfg = Config(
-                data=DataConfig(source=spec.data, augment="none", val_fraction=spec.val_fraction),
+                # the format and shape the bundle was read with: the engine detects the format again from them
+                data=DataConfig(
+                    source=spec.data,
+                    format=spec.format,
+                    image_shape=spec.image_shape,
+                    augment="none",
+                    val_fraction=spec.val_fraction,
+                ),
                 optim=OptimConfig(optimizer="adamw", lr=spec.lr, weight_decay=0.0, schedule="constant", warmup=0.0),
                 speed=SpeedConfig(precision="fp32"),
                 run=RunConfig(
@@ -134,10 +142,12 @@ def train(fw: Framework, spec: RunSpec):
             "timed": (
                 f"torch.compile {resolved.speed.compile}; CUDA graphs "
                 + ("on, captured before epoch 1 (in no epoch)" if graphs else "off")
-                + "; each epoch the training steps alone"
+                + "; each epoch the training steps alone (where the loader prepares the next epoch's input, it "
+                "starts after the clock stops, beside the evaluation)"
             ),
             "matmul_precision": "fp32 (TF32 off: cnnpar's --precision fp32)",
             "torch_threads": str(torch.get_num_threads()),
+            "intra_op_threads": torch_threads(),
             "note": "cnnpar's Trainer: loader, device-side normalisation, AdamW(weight_decay=0), fp32",
         }
     )

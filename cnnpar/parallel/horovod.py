@@ -131,6 +131,24 @@ def init_horovod(device_request: str = "auto") -> DistInfo:
     return DistInfo(hvd.rank(), hvd.local_rank(), hvd.size(), device, collectives=HorovodCollectives(hvd))
 
 
+def horovod_version() -> str:
+    """The installed Horovod's version, for the run's record ("" where it cannot be imported)."""
+    try:
+        import horovod
+    except ImportError:
+        return ""
+    return getattr(horovod, "__version__", "")
+
+
+def strategy_record(strategy: str) -> dict[str, str]:
+    """What a run's summary.json and config.toml header say of its strategy (a Horovod run's read as a DDP
+    one's): the strategy, and Horovod's version under it."""
+    record = {"strategy": strategy}
+    if strategy == "horovod":
+        record["horovod"] = horovod_version()
+    return record
+
+
 def shutdown_horovod() -> None:
     try:
         import horovod.torch as hvd
@@ -141,19 +159,13 @@ def shutdown_horovod() -> None:
 
 
 def apply_horovod(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo, grad_accum: int, grad_clip: float
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo, grad_accum: int
 ) -> torch.optim.Optimizer:
     """hvd.DistributedOptimizer plus the start-of-training broadcasts; call before building the
-    schedule (the wrapped optimizer is a new object) and before any checkpoint is restored."""
+    schedule (the wrapped optimizer is a new object) and before any checkpoint is restored.
+    Gradient clipping is refused with the config (Config.__post_init__): it would clip unaveraged gradients."""
     if not info.distributed:
         return optimizer
-    if grad_clip > 0:
-        # Clipping would have to sit between DistributedOptimizer.synchronize() and step(); the
-        # engine's step does not make that split, so refuse rather than clip unaveraged gradients.
-        raise ConfigError(
-            f"{setting_name('optim', 'grad_clip')} > 0 is not supported with {setting_name('dist', 'strategy')} = "
-            "'horovod': expected --strategy ddp, or --grad-clip 0"
-        )
     hvd = _hvd()
     wrapped = hvd.DistributedOptimizer(
         optimizer,

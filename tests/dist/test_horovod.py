@@ -8,6 +8,7 @@ builds it and sets CNNPAR_REQUIRE_HOROVOD=1, which turns the skip below into a f
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cnnpar.parallel.horovod import ContiguousGradients
+from cnnpar.parallel.horovod import ContiguousGradients, strategy_record
 from tests.conftest import REPO, cli_env, torchrun_cmd
 
 REQUIRE_ENV = "CNNPAR_REQUIRE_HOROVOD"
@@ -105,6 +106,12 @@ def test_horovod_strategy_matches_ddp(tmp_path, extra):
     resolved = tomllib.loads((run / "config.toml").read_text())
     # The contiguity fix is what this covers: if the CPU default ever changes, pass --channels-last on.
     assert resolved["speed"]["channels_last"] == "on", resolved["speed"]
+    # the record tells a Horovod run from a DDP one, and names Horovod's version
+    hvd_summary = json.loads((run / "summary.json").read_text())
+    ddp_summary = json.loads((ddp_dir / "runs" / "run" / "summary.json").read_text())
+    assert hvd_summary["strategy"] == "horovod" and hvd_summary["horovod"].startswith("0."), hvd_summary
+    assert ddp_summary["strategy"] == "ddp" and "horovod" not in ddp_summary
+    assert f"# horovod = {hvd_summary['horovod']}\n" in (run / "config.toml").read_text()
     got, want = metrics(run), metrics(ddp_dir / "runs" / "run")
     assert len(got) == len(want) == 2
     for (tl, vl), (tl_ref, vl_ref) in zip(got, want):
@@ -139,3 +146,22 @@ def test_contiguous_gradients_round_trip():
     flat = torch.randn(7)
     assert ContiguousGradients.compress(flat) == (flat, None)
     assert ContiguousGradients.decompress(flat, None) is flat
+
+
+def test_the_run_record_names_the_strategy_and_horovods_version(monkeypatch):
+    """summary.json had neither: a Horovod run's read as a DDP one's."""
+    import types
+
+    assert strategy_record("ddp") == {"strategy": "ddp"}
+    monkeypatch.setitem(sys.modules, "horovod", types.SimpleNamespace(__version__="0.28.1"))
+    assert strategy_record("horovod") == {"strategy": "horovod", "horovod": "0.28.1"}
+
+
+def test_gradient_clipping_under_horovod_is_refused_before_anything_starts(cli):
+    r = cli("train", "--strategy", "horovod", "--grad-clip", "1", "--epochs", "1", timeout=120)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == (
+        "cnnpar: error: optim.grad_clip (--grad-clip) = 1.0 is not supported with dist.strategy (--strategy) = "
+        "'horovod': expected --strategy ddp, or --grad-clip 0"
+    )
+    assert not (cli.cwd / "runs").exists()

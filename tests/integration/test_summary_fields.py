@@ -48,6 +48,8 @@ def test_the_best_epoch_is_the_one_with_the_highest_validation_accuracy_not_the_
     summary = json.loads((three_epochs / "summary.json").read_text())
     assert (summary["best_epoch"], summary["best_val_acc"]) == (1, 0.6)
     assert summary["final_val_acc"] == 0.45
+    assert summary["strategy"] == "ddp" and "horovod" not in summary  # tells it from a Horovod run
+    assert "# strategy = ddp\n" in (three_epochs / "config.toml").read_text()
     assert summary["best_ckpt_epoch"] == 1
     best = torch.load(three_epochs / "ckpt" / BEST, map_location="cpu", weights_only=True)
     assert best["epoch"] == 1

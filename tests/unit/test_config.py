@@ -161,6 +161,20 @@ def test_ddp_switches_are_checked_where_they_cannot_apply():
     assert Config(dist=DistConfig(ddp_static_graph=True, ddp_bucket_mb=50.0)).dist.ddp_bucket_mb == 50.0
 
 
+def test_gradient_clipping_under_horovod_is_refused_with_the_config():
+    """It was refused in each rank after hvd.init() and a whole Trainer set-up, and horovodrun added a traceback."""
+    from cnnpar.config import DistConfig
+
+    with pytest.raises(ConfigError) as e:
+        Config(dist=DistConfig(strategy="horovod"), optim=OptimConfig(grad_clip=1.0))
+    assert str(e.value) == (
+        "optim.grad_clip (--grad-clip) = 1.0 is not supported with dist.strategy (--strategy) = 'horovod': "
+        "expected --strategy ddp, or --grad-clip 0"
+    )
+    assert Config(dist=DistConfig(strategy="horovod")).optim.grad_clip == 0.0
+    assert Config(optim=OptimConfig(grad_clip=1.0)).dist.strategy == "ddp"
+
+
 def test_config_resolves_without_importing_presets():
     """presets.py imports config at module level; config importing presets back (it once did, inside
     resolve_for_device, for compile_default) made an import cycle. A fresh interpreter shows it."""

@@ -15,6 +15,7 @@ from cnnpar.frameworks.spec import (
     epoch_row,
     first_dense_for_nhwc,
     initial_weights,
+    load_bundle,
     parse_frameworks,
     read_result_csv,
     write_result_csv,
@@ -219,3 +220,283 @@ def test_compare_refuses_data_that_only_cnnpars_engine_reads_up_front(tmp_path):
         RunSpec(data=str(tmp_path / "gone.npz"))
     arrays = write_npz(tmp_path / "d.npz", n_train=8, n_test=None)
     assert RunSpec(data=str(arrays)).data == str(arrays)
+
+
+# ---- runs that did not learn (audit F1) ------------------------------------------------------------------------
+LR10 = {  # `compare --epochs 2 --lr 10` on the digits: finite losses, chance accuracy, reported "ok" with a rate
+    "tensorflow": [(420080858.10, 0.1278, 31742293325.7, 0.0836), (1737149.185014, 0.1705, 78511319.353760, 0.0501)],
+    "torch": [(567169505.16, 0.1179, 11675778609.9, 0.0864), (28185.421723, 0.0952, 13.637638, 0.1059)],
+}
+HEALTHY = {  # what the default lr gives, at both ends of what the tests and the docs run
+    "digits, 1 epoch": [(1.171253, 0.6385, 0.404593, 0.869081)],
+    "digits, 2 epochs": [(1.319786, 0.6151, 0.555021, 0.830084), (0.207122, 0.9446, 0.209205, 0.944290)],
+    "a bad first epoch, recovered": [(900.0, 0.11, 4000.0, 0.10), (0.5, 0.85, 0.6, 0.82)],
+}
+
+
+def write_epochs(tmp_path, fw, epochs, classes=10, **header):
+    rows = [epoch_row(i, tl, ta, vl, va, 1.0, 1000) for i, (tl, ta, vl, va) in enumerate(epochs, 1)]
+    head = {"framework": fw.framework, "num_classes": str(classes), "spec_lr": "10.0", "devices_used": "1", **header}
+    write_result_csv(tmp_path / csv_name(fw), head, rows)
+
+
+@pytest.mark.parametrize("name", list(LR10))
+def test_a_finite_but_exploded_run_is_failed_diverged_as_a_nan_one_is(tmp_path, name):
+    fw = FRAMEWORKS[name]
+    write_epochs(tmp_path, fw, LR10[name])
+    row = compare.summary_row(fw, "ok", "", tmp_path)
+    assert row["status"] == "failed"
+    assert row["steady_images_per_s"] == row["final_val_acc"] == ""
+    loss = {"tensorflow": "val loss 78511319.353760", "torch": "train loss 28185.421723"}[name]
+    assert row["note"] == f"diverged: epoch 2 {loss} is above 10 x ln(10 classes) = 23.0: try a lower --lr 5"
+    assert compare.exit_status([row]) == (1, f"compare: failed: {name}")
+
+
+def test_a_train_loss_that_grew_far_above_its_first_epochs_is_diverged(tmp_path):
+    fw = FRAMEWORKS["keras-jax"]
+    write_epochs(tmp_path, fw, [(0.3, 0.9, 0.2, 0.95), (0.6, 0.8, 0.5, 0.9), (4.0, 0.3, 3.0, 0.4)])
+    row = compare.summary_row(fw, "ok", "", tmp_path)
+    assert row["status"] == "failed"
+    assert row["note"] == (
+        "diverged: epoch 3 train loss 4.000000 grew above 10 x epoch 1's 0.3 and above ln(10 classes) = 2.30: "
+        "try a lower --lr 5"
+    )
+    # 10x its first epoch's but no worse than a uniform guess: an easy data set's wobble, not a divergence
+    write_epochs(tmp_path, fw, [(0.05, 0.99, 0.05, 0.99), (0.6, 0.85, 0.5, 0.86)])
+    assert compare.summary_row(fw, "ok", "", tmp_path)["status"] == "ok"
+
+
+@pytest.mark.parametrize("name", list(HEALTHY))
+def test_a_healthy_run_is_ok_with_no_verdict(tmp_path, name):
+    fw = FRAMEWORKS["tensorflow"]
+    write_epochs(tmp_path, fw, HEALTHY[name])
+    row = compare.summary_row(fw, "ok", "", tmp_path)
+    assert row["status"] == "ok" and compare.learned(row), row["note"]
+    assert compare.exit_status([row]) == (0, "")
+
+
+def test_a_run_at_chance_with_sane_losses_did_not_learn_and_says_so_everywhere(tmp_path):
+    fw = FRAMEWORKS["keras-torch"]
+    write_epochs(tmp_path, fw, [(2.31, 0.11, 2.30, 0.11), (2.30, 0.12, 2.30, 0.15)])
+    row = compare.summary_row(fw, "ok", "", tmp_path)
+    assert row["status"] == "ok" and row["final_val_acc"] == "0.1500"  # 1.5 / 10 classes: at chance
+    assert row["note"].startswith("did not learn (val acc at chance)")
+    assert compare.exit_status([row]) == (1, "compare: did not learn (val acc at chance): keras-torch")
+    assert compare.bar_label(row) == "1,000 on 1 dev, did not learn"
+    assert compare.bar_colour(row) == "tab:orange"
+    assert compare.console_line(row).endswith("val acc 15.00% did not learn (val acc at chance)")
+    compare.write_markdown(tmp_path / "t.md", [row], RunSpec(out=str(tmp_path)))
+    assert "| keras-torch | ok, did not learn (val acc at chance) |" in (tmp_path / "t.md").read_text()
+    # just above chance learned something
+    write_epochs(tmp_path, fw, [(2.31, 0.11, 2.30, 0.11), (2.2, 0.14, 2.2, 0.1504)])
+    assert compare.learned(compare.summary_row(fw, "ok", "", tmp_path))
+
+
+def test_compare_exits_non_zero_and_says_so_when_nothing_ran(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    monkeypatch.setattr(compare, "missing_package", lambda fw: fw.needs[-1])
+    p = argparse.ArgumentParser()
+    compare.add_compare_args(p)
+    args = p.parse_args(["--frameworks", "keras-jax,pytensor", "--out", str(tmp_path)])
+    assert compare.main_from_args(args) == 1
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("compare: nothing ran: every framework asked for was skipped (not installed)")
+    ok = {"framework": "torch", "status": "ok", "note": ""}
+    assert compare.exit_status([ok, {"framework": "pytensor", "status": "skipped", "note": "x"}]) == (0, "")
+
+
+# ---- refused once, before any runner (F2, F5, F6, F7) ----------------------------------------------------------
+def test_non_square_images_are_refused_naming_compares_own_flags(tmp_path):
+    from tests.datafiles import bar_images
+
+    with pytest.raises(ConfigError) as e:
+        RunSpec(image_shape="1x8x16")
+    assert str(e.value) == (
+        "--image-shape 1x8x16: 8x16 (HxW) images: cnn3 needs square images, and compare does not resize them"
+    )
+    x, y = bar_images(64)
+    np.savez(tmp_path / "wide.npz", x_train=x[:, :8, :], y_train=y)  # 8x16, which no flag of compare's shapes
+    spec = RunSpec(data=str(tmp_path / "wide.npz"), batch_size=16)
+    with pytest.raises(ConfigError, match=r"wide\.npz: 8x16 \(HxW\) images: cnn3 needs square images"):
+        load_bundle(spec)
+
+
+def no_runner(monkeypatch):
+    started = []
+    monkeypatch.setattr(compare, "run_framework", lambda fw, spec, timeout: (started.append(fw.name), "failed", "")[1:])
+    return started
+
+
+def test_data_dependent_errors_come_once_before_any_runner(tmp_path, monkeypatch):
+    """`--batch-size 5000` took 47 s and printed its error six times, once per runner after its imports."""
+    started = no_runner(monkeypatch)
+    asked = parse_frameworks("torch,tensorflow")
+    with pytest.raises(ConfigError, match=r"--batch-size 5000 exceeds the 1438 training samples"):
+        compare.run_compare(asked, RunSpec(batch_size=5000, out=str(tmp_path)))
+    from tests.datafiles import bar_images
+
+    x, y = bar_images(64)
+    np.savez(tmp_path / "wide.npz", x_train=x[:, :8, :], y_train=y)
+    with pytest.raises(ConfigError, match="cnn3 needs square images"):
+        compare.run_compare(asked, RunSpec(data=str(tmp_path / "wide.npz"), batch_size=16, out=str(tmp_path)))
+    assert started == []
+    for bad in (1.5, 1.0, -0.1):
+        with pytest.raises(ConfigError, match=rf"--val-fraction {bad}: expected 0 <= value < 1"):
+            RunSpec(val_fraction=bad)
+
+
+@pytest.mark.parametrize("text", ["", ",,", " , "])
+def test_an_empty_framework_list_is_refused_only_all_means_all(text):
+    with pytest.raises(ConfigError, match=r"--frameworks .*: expected all or some of torch, keras-tensorflow"):
+        parse_frameworks(text)
+    assert parse_frameworks("all") == list(FRAMEWORKS.values())
+
+
+@pytest.mark.parametrize("timeout", ["0", "-5", "nan"])
+def test_a_timeout_that_is_not_positive_is_refused(tmp_path, monkeypatch, capsys, timeout):
+    from cnnpar.cli import main
+
+    started = no_runner(monkeypatch)
+    assert main(["compare", "--frameworks", "torch", "--timeout", timeout, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--timeout {timeout}: expected a number of seconds > 0") and "\n" not in err, err
+    assert started == []
+
+
+# ---- what a failed runner's note says (F8, F12) ----------------------------------------------------------------
+def test_a_runner_killed_by_a_signal_says_so_not_its_last_progress_line(tmp_path):
+    log = tmp_path / "torch.log"
+    lines = ["keras-torch: epoch 1/2 train loss 1.1712 acc 63.71% val loss 0.4052 acc 86.91% 2.2 s 627 img/s"]
+    assert compare.failure_note(-9, lines, log) == f"killed by SIGKILL (signal 9; out of memory?) (log: {log})"
+    assert compare.failure_note(-11, lines, log) == f"killed by SIGSEGV (signal 11) (log: {log})"
+    assert (
+        compare.failure_note(1, [*lines, "RuntimeError: boom", ""], log)
+        == f"exit code 1: RuntimeError: boom (log: {log})"
+    )
+
+
+def test_a_runner_killed_mid_run_is_reported_killed(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    fw = FRAMEWORKS["keras-torch"]
+    script = "import os, sys\nprint('keras-torch: epoch 1/2 train loss 1.17', flush=True)\nos.kill(os.getpid(), 9)\n"
+    spec = RunSpec(out=str(tmp_path))
+    real = subprocess.Popen
+    monkeypatch.setattr(compare.subprocess, "Popen", lambda cmd, **kw: real([sys.executable, "-c", script], **kw))
+    status, note = compare.run_framework(fw, spec, timeout=60)
+    assert status == "failed" and note.startswith("killed by SIGKILL (signal 9; out of memory?) (log: "), note
+
+
+def test_the_torch_runners_divergence_note_carries_no_exit_code_or_runner_name(tmp_path):
+    said = "diverged: epoch 1 train loss nan is not finite: try a lower --lr 5e+11"
+    lines = ["torch: DDP, launching", f"torch_runner: error: {said}"]
+    assert compare.failure_note(2, lines, tmp_path / "torch.log") == said
+    other = ["torch_runner: error: --batch-size 5000 exceeds the 1438 training samples of digits"]
+    assert compare.failure_note(2, other, tmp_path / "t.log").startswith("exit code 2: torch_runner: error: --batch")
+
+
+# ---- what the summary says of each run (F9, F10, F11, F15) -----------------------------------------------------
+def test_bars_console_lines_and_title_give_the_devices(tmp_path):
+    fw = FRAMEWORKS["keras-tensorflow"]
+    write_epochs(tmp_path, fw, HEALTHY["digits, 2 epochs"], devices_used="2")
+    row = compare.summary_row(fw, "ok", "", tmp_path)
+    assert compare.bar_label(row) == "1,000 on 2 dev"
+    assert compare.console_line(row) == f"{'keras-tensorflow':<18} {'1,000':>10} img/s   2 dev  val acc 94.43%"
+    spec = RunSpec(devices=2, max_train=512, out=str(tmp_path))
+    assert compare.chart_title(spec, [row]).startswith(
+        "cnn3 on digits, 3 epochs, batch 128, --devices 2, --max-train 512, "
+    )
+    assert ", --devices" not in compare.chart_title(RunSpec(out=str(tmp_path)), [row])
+
+
+def test_the_pytensor_mode_and_linker_that_ran_are_in_the_note(tmp_path):
+    fw = FRAMEWORKS["pytensor"]
+    linker = "VMLinker use_cloop=False c_thunks=False"
+    write_epochs(tmp_path, fw, HEALTHY["digits, 2 epochs"], pytensor_mode="FAST_COMPILE", pytensor_linker=linker)
+    assert compare.summary_row(fw, "ok", "", tmp_path)["note"] == f"PyTensor mode FAST_COMPILE, linker {linker}"
+
+
+def test_keras_on_torch_without_jit_compile_says_it_ran_eagerly():
+    from cnnpar.frameworks.keras_runner import timed_line
+
+    assert timed_line("torch", False).startswith("eager (no tracing/compilation); each epoch model.fit")
+    assert timed_line("torch", True).startswith("epoch 1 includes tracing/compilation")
+    assert timed_line("jax", True).startswith("epoch 1 includes tracing/compilation")
+    assert "gathered before the clock starts" in timed_line("tensorflow", False)
+
+
+def test_the_settings_keep_seed_0_and_leave_out_max_train_0():
+    header = {"spec_data": "digits", "spec_image_shape": "", "spec_max_train": "0", "spec_seed": "0", "spec_lr": "0.1"}
+    assert compare.described(header)["settings"] == "data digits, seed 0, lr 0.1"
+
+
+def test_the_help_names_synthetic_data():
+    from cnnpar.frameworks.spec import SPEC_HELP
+
+    assert "synthetic" in SPEC_HELP["data"]
+
+
+def test_each_csv_records_the_load_average_before_the_run_and_the_thread_counts(tmp_path, monkeypatch):
+    import os
+    import sys
+
+    from cnnpar.frameworks import spec as spec_mod
+
+    readings = iter(["0.10 0.20 0.30", "1.50 1.00 0.50"])
+    monkeypatch.setattr(spec_mod, "load_average", lambda: next(readings))
+
+    def train(fw, spec):
+        return spec_mod.base_header(fw, spec), [epoch_row(1, 0.5, 0.8, 0.6, 0.75, 2.0, 1000)]
+
+    monkeypatch.setattr(sys, "argv", ["x", "--framework", "torch", "--out", str(tmp_path)])
+    assert spec_mod.runner_main("torch_runner", train) == 0
+    header, _ = read_result_csv(tmp_path / csv_name(FRAMEWORKS["torch"]))
+    assert header["load_avg_before_1_5_15"] == "0.10 0.20 0.30" and header["load_avg_1_5_15"] == "1.50 1.00 0.50"
+    import torch
+
+    assert spec_mod.torch_threads() == f"{torch.get_num_threads()} (torch.get_num_threads)"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false")
+    assert spec_mod.xla_threads() == "--xla_cpu_multi_thread_eigen=false"
+    monkeypatch.delenv("XLA_FLAGS")
+    assert spec_mod.xla_threads() == f"XLA's CPU default, one per core ({os.cpu_count()})"
+    assert "openblas" in spec_mod.blas_threads() or "mkl" in spec_mod.blas_threads()
+
+
+# ---- the device a TensorFlow run records (F4) ------------------------------------------------------------------
+class FakeTf:
+    """What tf_device asks of TensorFlow: its physical GPUs."""
+
+    def __init__(self, gpus: int) -> None:
+        from types import SimpleNamespace
+
+        found = [SimpleNamespace(name=f"/physical_device:GPU:{i}") for i in range(gpus)]
+        self.config = SimpleNamespace(list_physical_devices=lambda kind: found if kind == "GPU" else [])
+
+
+def test_a_tensorflow_run_on_logical_cpu_devices_records_the_cpu_not_the_gpu():
+    """One GPU and --devices 2: the strategy trained on /cpu:0,/cpu:1, and the record said GPU."""
+    from cnnpar.frameworks.spec import cpu_name, tf_device
+
+    cpu = {"device": cpu_name(), "device_type": "cpu"}
+    gpu = {"device": "/physical_device:GPU:0", "device_type": "gpu"}
+    assert tf_device(FakeTf(1), ["/cpu:0", "/cpu:1"]) == cpu
+    assert tf_device(FakeTf(2), ["/gpu:0", "/gpu:1"]) == gpu
+    assert tf_device(FakeTf(1), []) == gpu  # the default strategy takes the GPU
+    assert tf_device(FakeTf(0), []) == cpu
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_torch_runner_reads_the_data_with_the_format_and_shape_it_was_given(tmp_path):
+    """A CSV not named .csv, with --format csv: every runner read it but torch, whose engine guessed the format
+    from the name again and failed asking for --format."""
+    from cnnpar.frameworks import torch_runner
+    from tests.datafiles import bar_images, write_pixel_csv
+
+    x, y = bar_images(96, side=8, channels=3)
+    data = write_pixel_csv(tmp_path / "rgb.txt", x.transpose(0, 3, 1, 2), y)  # rows in C,H,W order
+    spec = RunSpec(data=str(data), format="csv", image_shape="3x8x8", batch_size=32, epochs=1, out=str(tmp_path))
+    header, rows = torch_runner.train(FRAMEWORKS["torch"], spec)
+    assert header["image_shape"] == "3x8x8" and header["train_samples"] == "77"
+    assert len(rows) == 1
