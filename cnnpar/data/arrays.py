@@ -8,12 +8,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cnnpar.config import MAX_CLASSES
 from cnnpar.errors import DataError
 
 FEW_ABOVE_ONE = 1e-3  # float pixels: at most this share above 1, the rest in [0, 1], reads as 0..1 data gone astray
 # float pixels whose largest value is above 1 but under this round to 0, 1 or 2 when read as 0..255: no picture
 AMBIGUOUS_BELOW = 2.5
-MAX_CLASSES = 1_000_000  # a label from which the class count (largest label + 1) is beyond any classifier's
 
 
 def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:

@@ -121,7 +121,7 @@ def test_an_image_shape_typed_height_width_channels_is_refused_naming_the_order(
     argv = ["train", "--data", source, "--image-shape", "16x16x3", "--out-dir", str(runs), "--no-progress"]
     assert main([*argv, "--no-tensorboard"]) == 2 and not runs.exists()
     assert capsys.readouterr().err.strip() == (
-        "cnnpar: error: --image-shape 16x16x3: channels come first: expected 3x16x16"
+        "cnnpar: error: data.image_shape (--image-shape) = '16x16x3': channels come first: expected 3x16x16"
     )
 
 
