@@ -42,7 +42,7 @@ def test_a_second_held_out_folder_in_another_case_is_named_and_a_second_train_fo
     assert sum(splits) == 2  # Validation/ comes before Testing/ in the preference order
     assert unread_splits_note(root).startswith(f"warning: {root}: validates on Validation/; Testing/ beside it")
     shutil.copytree(root / "Training", root / "train")
-    with pytest.raises(DataError, match=r"holds Training/ beside \['train'\]: expected train/ with at most one"):
+    with pytest.raises(DataError, match=r"holds Training/ beside train/: expected train/ with at most one"):
         scan_splits(root)
 
 
