@@ -653,7 +653,8 @@ def load_toml(path: str | Path, base: Config | None = None, typed: dict[str, dic
     try:
         return from_dict(raw, base, origin=str(path))
     except ConfigError:
-        if not typed:
+        # a section that is no table ([data] given as a string) is the file's error whatever is typed
+        if not typed or any(not isinstance(raw.get(sec, {}), dict) for sec in typed):
             raise
     merged = {**raw, **{sec: {**raw.get(sec, {}), **values} for sec, values in typed.items()}}
     names = frozenset(f"{sec}.{name}" for sec, values in typed.items() for name in values)

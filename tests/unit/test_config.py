@@ -265,3 +265,6 @@ def test_a_typed_flag_replaces_a_bad_file_value_before_it_is_checked(tmp_path):
     with pytest.raises(ConfigError) as e:  # a bad typed value is the command line's, whatever the file holds
         _parsed("--config", str(path), "--val-fraction", "1.2", "--epochs", "2")
     assert str(e.value) == "data.val_fraction (--val-fraction) = 1.2: expected 0 <= value < 1"
+    path.write_text('data = "digits"\n')  # no table: no typed flag mends it
+    with pytest.raises(ConfigError, match=r"c\.toml: \[data\] must be a table of settings$"):
+        _parsed("--config", str(path), "--val-fraction", "0.1")
