@@ -301,26 +301,26 @@ def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
         )
     held = npz_held_splits(arrays)
     split = held[0] if held else None
-    test = npz_images(arrays, split, path, tally) if split else None
-    if split and (test is None) != (f"y_{split}" not in arrays):
+    held_images = npz_images(arrays, split, path, tally) if split else None
+    if split and (held_images is None) != (f"y_{split}" not in arrays):
         raise DataError(f"{path}: has only one of x_{split} / y_{split}: expected both or neither")
     notes: list[str] = []
     x = to_nchw_uint8(train[0], f"{path}[{train[1]}]", notes)
     y = to_labels(arrays["y_train"], len(x), f"{path}[y_train]", cfg.num_classes)
     x_val = y_val = None
-    if test is not None:
-        x_val = to_nchw_uint8(test[0], f"{path}[{test[1]}]")
+    if held_images is not None:
+        x_val = to_nchw_uint8(held_images[0], f"{path}[{held_images[1]}]")
         y_val = to_labels(arrays[f"y_{split}"], len(x_val), f"{path}[y_{split}]", cfg.num_classes)
         if x_val.shape[1:] != x.shape[1:]:
             raise DataError(
-                f"{path}[{test[1]}]: image shape {tuple(x_val.shape[1:])}: expected "
+                f"{path}[{held_images[1]}]: image shape {tuple(x_val.shape[1:])}: expected "
                 f"{tuple(x.shape[1:])}, the shape of {train[1]}"
             )
     names = _npz_class_names(arrays, path)
     own_val = ARRAYS_OWN_VAL if split in (None, "test", "testing") else f"the data's own validation split (x_{split})"
     bundle = _bundle_from_arrays(x, y, x_val, y_val, cfg, seed, str(path), names=names, own_val=own_val)
     bundle.fingerprint, bundle.fingerprint_of = content_checksum(arrays), ARRAYS_CHECKSUM
-    read = [(train[1], len(x))] + ([(test[1], len(x_val))] if test is not None else [])
+    read = [(train[1], len(x))] + ([(held_images[1], len(x_val))] if held_images is not None else [])
     decoded = [(key, n) for key, n in read if not key.startswith("x_")]  # train_jpeg, not x_train
     if decoded:
         took = time.perf_counter() - started
