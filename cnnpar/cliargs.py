@@ -8,7 +8,18 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
-from cnnpar.config import MACHINE_FIELDS, SECTIONS, Config, cli_flag, cli_option, from_dict, load_toml, to_dict
+from cnnpar.config import (
+    COMMAND_LINE,
+    MACHINE_FIELDS,
+    SECTIONS,
+    Config,
+    cli_flag,
+    cli_option,
+    from_dict,
+    load_toml,
+    read_config_text,
+    to_dict,
+)
 from cnnpar.presets import PRESET_LINES, PRESETS, get_preset
 
 
@@ -267,19 +278,25 @@ def config_from_args(args: argparse.Namespace) -> Config:
             if _prints_notes():
                 _say_not_applied(args, given, cfg, stored, record.read_text())
             cfg, origin = stored, str(record)
-    overrides: dict[str, dict] = {}
-    for key, value in vars(args).items():
-        if "." in key:
-            sec, name = key.split(".", 1)
-            overrides.setdefault(sec, {})[name] = value
+    overrides = _typed_settings(given)
     if not overrides:
         return cfg
     merged = to_dict(cfg)
     for sec, values in overrides.items():
         merged[sec].update(values)
-    cfg = from_dict(merged, origin="command line")
+    cfg = from_dict(merged, origin=COMMAND_LINE)
     _check_typed(cfg, {key for key in given if "." in key}, origin)
     return cfg
+
+
+def _typed_settings(given: dict) -> dict[str, dict]:
+    """The config flags typed ({section: {name: value}}): `given` holds a "section.name" key for each."""
+    overrides: dict[str, dict] = {}
+    for key, value in given.items():
+        if "." in key:
+            sec, name = key.split(".", 1)
+            overrides.setdefault(sec, {})[name] = value
+    return overrides
 
 
 def _check_typed(cfg: Config, typed: set[str], origin: str) -> None:
@@ -296,9 +313,12 @@ def _check_typed(cfg: Config, typed: set[str], origin: str) -> None:
 def _config_file(args: argparse.Namespace, given: dict, search_again: bool) -> Config:
     """The settings of `--config FILE` (on `--preset`'s), as a new run takes them: a run's record's resolved
     "auto"s asked for again (`_as_requested`) wherever a fresh run would choose them afresh."""
-    cfg = _as_new_run(load_toml(args.config, get_preset(args.preset) if args.preset else None), args.config, given)
+    # the typed flags go in before the file's values are checked only where those fail: a file's bad value that a
+    # flag replaces (val_fraction = 1.5 beside --val-fraction 0.1) then stops nothing
+    base = get_preset(args.preset) if args.preset else None
+    cfg = _as_new_run(load_toml(args.config, base, _typed_settings(given)), args.config, given)
     raw = to_dict(cfg)
-    text = Path(args.config).read_text()
+    text = read_config_text(args.config)
     # a fixed batch, typed or edited into the file, is not searched: the record's lr stands beside it, as it does
     # without other data
     fixed_batch = given.get("run.batch_size", 0) != 0 or ("run", "batch_size") in _edited(raw, text)
@@ -320,7 +340,7 @@ def _config_file(args: argparse.Namespace, given: dict, search_again: bool) -> C
         note = _tuned_elsewhere_note(args.config, text, raw["speed"]["device"])
         if note:
             print(f"cnnpar: note: {note}", file=sys.stderr)
-    return from_dict(raw, origin=args.config)
+    return from_dict(raw, origin=args.config, typed=frozenset(key for key in given if "." in key))
 
 
 def _tuned_elsewhere_note(file: str, text: str, device: str) -> str:

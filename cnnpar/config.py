@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -41,6 +42,10 @@ DECODERS = ("auto", "cpu", "gpu", "hardware", "nvimgcodec", "nvimgcodec-workers"
 STRATEGIES = ("ddp", "horovod")
 DEVICES = ("auto", "cpu", "cuda")
 CPU_BATCH = 64  # --batch-size auto on the CPU
+MAX_CLASSES = 1_000_000  # a class count (or a label from which it is inferred) beyond any classifier's
+# the largest --image-size: one 3x8192x8192 image is 201 MB of uint8 (805 MB as floats); a larger side is a typo
+# (--image-size 20000 asked the digits' resize for 2.9 TB and stopped in a traceback)
+MAX_IMAGE_SIZE = 8192
 LR_BATCH = 64  # the batch --lr is the lr for when neither --lr-batch nor a fixed --batch-size says (optim.lr_batch)
 
 # Which models torch.compile helps, by device, from benchmarks/results/h200-2026-11-29 (one H200,
@@ -92,6 +97,12 @@ def _check_positive(section: str, name: str, value: Any, allow_zero: bool = Fals
         raise ConfigError(
             f"{setting_name(section, name)} = {value!r}: expected a number {'>= 0' if allow_zero else '> 0'}"
         )
+
+
+def _check_range(section: str, name: str, value: int, top: int) -> None:
+    """An int field where 0 means auto and a count is bounded by `top`."""
+    if not 0 <= value <= top:
+        raise ConfigError(f"{setting_name(section, name)} = {value!r}: expected 0 (auto) or 1..{top:,}")
 
 
 def _check_finite(section: str, cfg: Any) -> None:
@@ -211,10 +222,15 @@ class DataConfig:
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"{setting_name('data', 'val_fraction')} = {self.val_fraction}: expected 0 <= value < 1")
         if self.image_shape:
-            parse_shape(self.image_shape)
-        _check_positive("data", "num_classes", self.num_classes, allow_zero=True)
+            try:
+                parse_shape(self.image_shape)
+            except ConfigError as e:  # named as the other settings are, so a file's value is told from a flag's
+                why = str(e).split(": ", 1)[1]
+                raise ConfigError(f"{setting_name('data', 'image_shape')} = {self.image_shape!r}: {why}") from None
+        # bounded above: num_classes = 2**63 - 1 built a list of that many class names until the OOM killer came
+        _check_range("data", "num_classes", self.num_classes, MAX_CLASSES)
         _check_positive("data", "synthetic_samples", self.synthetic_samples)
-        _check_positive("data", "image_size", self.image_size, allow_zero=True)
+        _check_range("data", "image_size", self.image_size, MAX_IMAGE_SIZE)
         _check_positive("data", "prefetch_factor", self.prefetch_factor)
         if not 0.0 <= self.cpu_share <= 1.0:
             raise ConfigError(f"{setting_name('data', 'cpu_share')} = {self.cpu_share}: expected 0 <= value <= 1")
@@ -584,8 +600,27 @@ def command_line(cfg: Config, change: dict | None = None, command: str = "train"
 _TOML_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a quoted string"}
 
 
-def from_dict(raw: dict[str, Any], base: Config | None = None, origin: str = "config") -> Config:
-    """Build a Config from nested dicts, naming the unknown key or wrong type precisely."""
+# from_dict's origin for the flags typed: their range errors name the flag, no file (nor the default "config")
+COMMAND_LINE = "command line"
+
+
+def from_dict(
+    raw: dict[str, Any], base: Config | None = None, origin: str = "config", typed: frozenset[str] = frozenset()
+) -> Config:
+    """Build a Config from nested dicts, naming the unknown key or wrong type precisely, and `origin` (the file)
+    in a range error of a value it gave: `typed` names the settings ("data.val_fraction") that came from the
+    command line instead, whose errors name the flag alone."""
+    try:
+        return _from_dict(raw, base, origin)
+    except ConfigError as e:
+        # a type error names its origin already; a range error (a dataclass's __post_init__) does not
+        failed = re.match(r"(\w+\.\w+) ", str(e))
+        if origin in ("config", COMMAND_LINE) or str(e).startswith(f"{origin}: ") or (failed and failed[1] in typed):
+            raise
+        raise ConfigError(f"{origin}: {e}") from None
+
+
+def _from_dict(raw: dict[str, Any], base: Config | None, origin: str) -> Config:
     base = base or Config()
     sections = {}
     for sec_name in SECTIONS:
@@ -620,15 +655,45 @@ def from_dict(raw: dict[str, Any], base: Config | None = None, origin: str = "co
     return Config(**sections)
 
 
-def load_toml(path: str | Path, base: Config | None = None) -> Config:
+def read_config_text(path: str | Path) -> str:
+    """A config file's text; ConfigError naming the file where it is none (missing, a folder, not UTF-8)."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: a folder: expected a TOML config file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        # utf-8-sig: Windows Notepad starts a file with a BOM, which tomllib refuses as "Invalid statement"
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}): expected a TOML config file "
+            "saved as UTF-8 (a run's is runs/<run>/config.toml)"
+        ) from None
+
+
+def load_toml(path: str | Path, base: Config | None = None, typed: dict[str, dict] | None = None) -> Config:
+    """The config in the TOML file `path`, on `base`. `typed`: the flags typed beside it ({section: {name:
+    value}}), which replace the file's values before they are checked, so that `--val-fraction 0.1` rescues a
+    file's 1.5; where the file's values pass, they are read as they stand (the flags apply later, on top)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(read_config_text(path))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
-    return from_dict(raw, base, origin=str(path))
+    try:
+        return from_dict(raw, base, origin=str(path))
+    except ConfigError:
+        # a section that is no table ([data] given as a string) is the file's error whatever is typed
+        if not typed or any(not isinstance(raw.get(sec, {}), dict) for sec in typed):
+            raise
+    merged = {**raw, **{sec: {**raw.get(sec, {}), **values} for sec, values in typed.items()}}
+    names = frozenset(f"{sec}.{name}" for sec, values in typed.items() for name in values)
+    return from_dict(merged, base, origin=str(path), typed=names)
 
 
 def dumps_toml(cfg: Config | dict) -> str:

@@ -208,18 +208,26 @@ def _own_validation_split(cfg: Config) -> str:
 
 
 def _npz_test_split(source: str) -> str:
-    """data/sources.load_npz: y_test beside x_test (or test_jpeg/_png with test_offsets) validates."""
+    """data/sources.load_npz: y_test beside x_test (or test_jpeg/_png with test_offsets) validates, or x_val and
+    the other held-out names (`npz_held_splits`: the first there)."""
     import numpy as np
 
     from cnnpar.data.encoded_arrays import encoded_keys
+    from cnnpar.data.sources import npz_held_splits
 
     try:
         with np.load(source, allow_pickle=False) as archive:  # the zip's listing: no array is read
             keys = dict.fromkeys(archive.files)
     except (OSError, ValueError, zipfile.BadZipFile):
         return ""
-    has_test = "y_test" in keys and ("x_test" in keys or encoded_keys(keys, "test") is not None)
-    return "its own test split (x_test, y_test)" if has_test else ""
+    held = npz_held_splits(keys)
+    if not held:
+        return ""
+    split = held[0]
+    if f"y_{split}" not in keys or (f"x_{split}" not in keys and encoded_keys(keys, split) is None):
+        return ""
+    word = "test" if split in ("test", "testing") else "validation"
+    return f"its own {word} split (x_{split}, y_{split})"
 
 
 def _holds_nothing_out(cfg: Config) -> str:

@@ -97,3 +97,35 @@ def write_first_batch_failures(root: Path) -> dict[str, tuple[Path, str]]:
         "one_image": (root / "one.npz", f"{root / 'one.npz'}: every training label is 0"),
         "corrupt_images": (folder, f"{folder}/class"),  # the file's name, then "cannot decode as an image"
     }
+
+
+def damaged_jpeg(side: int = 64, seed: int = 0) -> bytes:
+    """A JPEG of noise with 60 zero bytes written into its scan data: libjpeg decodes it with a warning ("Corrupt
+    JPEG data: ... extraneous bytes before marker 0xd9"), which strict simplejpeg raises."""
+    import io
+
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
+    data = bytearray(buf.getvalue())
+    scan = data.find(b"\xff\xda")
+    middle = scan + (len(data) - scan) // 2
+    data[middle : middle + 60] = bytes(60)
+    return bytes(data)
+
+
+def photo_crops(n: int, side: int, seed: int = 0) -> np.ndarray:
+    """(n, side, side, 3) uint8 crops of scikit-learn's two bundled photos (a temple, a flower): natural images,
+    where neighbouring pixels and the three channels agree as they do in photos."""
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images().images
+    rng = np.random.default_rng(seed)
+    crops = []
+    for k in range(n):
+        photo = photos[k % len(photos)]
+        top, left = rng.integers(0, photo.shape[0] - side), rng.integers(0, photo.shape[1] - side)
+        crops.append(photo[top : top + side, left : left + side])
+    return np.stack(crops)

@@ -8,16 +8,24 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cnnpar.config import MAX_CLASSES
 from cnnpar.errors import DataError
 
 FEW_ABOVE_ONE = 1e-3  # float pixels: at most this share above 1, the rest in [0, 1], reads as 0..1 data gone astray
 # float pixels whose largest value is above 1 but under this round to 0, 1 or 2 when read as 0..255: no picture
 AMBIGUOUS_BELOW = 2.5
-MAX_CLASSES = 1_000_000  # a label from which the class count (largest label + 1) is beyond any classifier's
+# float pixels that are not whole numbers, largest under this: read as 0..255 they round to at most 32 grey levels
+# (3.0 to 4, 10.0 to 11), so a smooth image is posterised without a word; whole numbers (0..16 digits) are kept.
+# 32: floats scaled to [0, 32) or less are no 0..255 pixels; a whole data set of 0..255 pixels under 32 is black
+FEW_LEVELS_BELOW = 32
+RESIZE_CHUNK_BYTES = 1 << 28  # the float work of one chunk of an in-memory resize (256 MiB)
 
 
-def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
-    """Accept (N,H,W), (N,H,W,C) or (N,C,H,W) with C in {1,3}; uint8, or floats in [0,1] or [0,255]."""
+def to_nchw_uint8(x: np.ndarray, where: str, notes: list[str] | None = None) -> torch.Tensor:
+    """Accept (N,H,W), (N,H,W,C) or (N,C,H,W) with C in {1,3}; uint8, or floats in [0,1] or [0,255].
+
+    A line on how the values were read goes to `notes` (where given) when that is not plain 0..255 pixels:
+    floats in [0, 1] scaled by 255, or pixels that span only a few levels (0..16) read as dark 0..255 ones."""
     if np.issubdtype(x.dtype, np.complexfloating):  # numpy's cast to a real type drops the imaginary part
         raise DataError(f"{where}: dtype {x.dtype}: expected uint8 or real numbers (not complex)")
     if np.issubdtype(x.dtype, np.inexact) and not np.isfinite(x).all():
@@ -42,6 +50,12 @@ def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
                 "0..255, every value rounds to 0, 1 or 2): expected every value in [0, 1] (x / x.max() or "
                 "np.clip(x, 0, 1)) or pixels in [0, 255]"
             )
+        if 1.0 < hi < FEW_LEVELS_BELOW and lo >= 0 and not np.array_equal(x, np.rint(x)):
+            raise DataError(
+                f"{where}: float values in [{lo:g}, {hi:g}], not whole numbers: neither pixels in [0, 1] nor in "
+                f"[0, 255] (read as 0..255 they round to {round(hi) + 1} grey levels): expected every value in "
+                "[0, 1] (x / x.max()) or pixels in [0, 255] (x * 255 / x.max())"
+            )
     if x.ndim == 3:
         x = x[:, None]
     elif x.ndim == 4:
@@ -60,9 +74,22 @@ def to_nchw_uint8(x: np.ndarray, where: str) -> torch.Tensor:
         if lo < 0 or hi > 255:
             raise DataError(f"{where}: values span [{lo}, {hi}]: expected pixels in [0, 255] (or [0, 1])")
         if np.issubdtype(x.dtype, np.floating) and hi <= 1.0:
-            x = x * 255.0
+            _note(notes, f"note: {where}: float pixels in [{lo:g}, {hi:g}], read as [0, 1]: scaled by 255")
+            return torch.from_numpy(np.ascontiguousarray(np.rint(x * 255.0).astype(np.uint8)))
         x = np.rint(x).astype(np.uint8)
+    top = int(x.max()) if notes is not None else 255
+    if top < FEW_LEVELS_BELOW:
+        _note(
+            notes,
+            f"note: {where}: pixel values 0..{top} only, read as they are on the 0..255 scale (dark: training "
+            "normalises each channel, so it learns alike; x * 255 / x.max() fills the range)",
+        )
     return torch.from_numpy(np.ascontiguousarray(x))
+
+
+def _note(notes: list[str] | None, line: str) -> None:
+    if notes is not None:
+        notes.append(line)
 
 
 def to_labels(y: np.ndarray, n: int, where: str, num_classes: int = 0) -> torch.Tensor:
@@ -103,10 +130,32 @@ def check_label_range(
 
 
 def resize_square(x: torch.Tensor, size: int) -> torch.Tensor:
-    """Resize a uint8 batch (N,C,H,W) to size x size (bilinear, antialiased when shrinking)."""
+    """Resize a uint8 batch (N,C,H,W) to size x size (bilinear, antialiased when shrinking).
+
+    In chunks of about RESIZE_CHUNK_BYTES of floats: the whole batch as floats, in and out, took nine times the
+    result's bytes. Each image is resized alone either way, so the pixels do not depend on the chunking."""
     if size <= 0 or x.shape[-2:] == (size, size):
         return x
-    out = F.interpolate(
-        x.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=size < x.shape[-1]
-    )
-    return out.round_().clamp_(0, 255).to(torch.uint8)
+    n, c, h, w = x.shape
+    _check_fits(n * c * size * size, f"--image-size {size}: {n:,} images of {c}x{size}x{size}")
+    out = torch.empty((n, c, size, size), dtype=torch.uint8)
+    step = max(1, RESIZE_CHUNK_BYTES // (4 * c * (h * w + size * size)))
+    for i in range(0, n, step):
+        chunk = F.interpolate(
+            x[i : i + step].float(), size=(size, size), mode="bilinear", align_corners=False, antialias=size < w
+        )
+        out[i : i + step] = chunk.round_().clamp_(0, 255)
+    return out
+
+
+def _check_fits(nbytes: int, what: str) -> None:
+    """Refuse an array that cannot fit in the memory available now, in one line, before allocating it (torch's
+    allocator stopped in a traceback, after minutes of swapping where it could not tell)."""
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if nbytes > available:
+        raise DataError(
+            f"{what} take {nbytes / 1e9:,.1f} GB, more than the {available / 1e9:,.1f} GB of memory available: "
+            "expected a smaller --image-size"
+        )

@@ -48,6 +48,8 @@ from __future__ import annotations
 import functools
 import io
 import math
+import sys
+import zlib
 from pathlib import Path
 
 import torch
@@ -55,7 +57,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from cnnpar.data.crop_resize import RRC_SCALE, check_min_scale, draw_crop_boxes
-from cnnpar.data.folder import decode_error, decode_rgb, read_encoded
+from cnnpar.data.folder import check_pixel_count, decode_error, decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import JpegHeader, read_jpeg_header
 from cnnpar.data.transforms import keyed_generator
 from cnnpar.errors import DataError
@@ -72,8 +74,12 @@ _DRAFT_SOF = frozenset({0xC0, 0xC1, 0xC2})  # Huffman-coded baseline, extended a
 
 
 def png_size(data) -> tuple[int, int] | None:
-    """(height, width) from a PNG's IHDR chunk, or None when `data` does not start like a PNG."""
+    """(height, width) from a PNG's IHDR chunk, or None when `data` does not start like a PNG, or its IHDR fails
+    its checksum (where `data` holds it): a damaged size is left for the decoder to refuse as damage, not taken
+    for a size (2 x 117,901,063 pixels, refused as too many)."""
     if len(data) < 24 or bytes(data[:8]) != PNG_SIGNATURE or bytes(data[12:16]) != b"IHDR":
+        return None
+    if len(data) >= 33 and zlib.crc32(bytes(data[12:29])) != int.from_bytes(data[29:33], "big"):
         return None
     w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     return (h, w) if h > 0 and w > 0 else None
@@ -167,11 +173,14 @@ class TurboDecoder:
     def __init__(self) -> None:
         self.sj = simplejpeg_module()
         self.buffer = torch.empty(0, dtype=torch.uint8)
+        self.refused = ""  # libjpeg's message where the last call was refused (strict), else ""
 
     def __call__(self, data: torch.Tensor, k: int, h: int, w: int, box: tuple[int, int, int, int]):
         """Crop `box` (original pixels) of the (h, w) JPEG in `data`, decoded at 1/k, as a (3, h', w')
-        uint8 view of interleaved pixels in the reused buffer; None where simplejpeg declines."""
+        uint8 view of interleaved pixels in the reused buffer; None where simplejpeg declines (`refused` then
+        holds libjpeg's reason where it raised)."""
         raw = memoryview(data.numpy())
+        self.refused = ""
         try:
             full_h, full_w, _, _ = self.sj.decode_jpeg_header(raw)
             if (full_h, full_w) != (h, w):
@@ -181,7 +190,8 @@ class TurboDecoder:
             if self.buffer.numel() < oh * ow * 3:
                 self.buffer = torch.empty(oh * ow * 3, dtype=torch.uint8)
             self.sj.decode_jpeg(raw, colorspace="RGB", min_height=oh, min_width=ow, buffer=self.buffer.numpy())
-        except ValueError:  # libjpeg's errors and (strict) warnings
+        except ValueError as e:  # libjpeg's errors and (strict) warnings
+            self.refused = str(e) or type(e).__name__
             return None
         # libjpeg scales by M/8: output pixel i covers original pixels 8i/M .. 8(i+1)/M, so the box
         # maps with 8/M exactly (w / ow would be off by the last, partly covered, pixel)
@@ -193,6 +203,19 @@ class TurboDecoder:
         if self.buffer.numel() > KEEP_BUFFER_BYTES:  # the crop view holds it until it is resized
             self.buffer = torch.empty(0, dtype=torch.uint8)
         return img[top : top + ch, left : left + cw].permute(2, 0, 1)
+
+
+_SAID_DAMAGED: set[str] = set()  # the files say_damaged named in this process
+
+
+def say_damaged(path: Path | str, why: str) -> None:
+    """A warning naming a JPEG that libjpeg warned about (strict simplejpeg refused it) and that decoded anyway,
+    once per file in each process that decodes it (each DataLoader worker keeps its own count): libjpeg's line
+    ("Corrupt JPEG data: 219 extraneous bytes before marker 0xd9") named none of 100,000 photos."""
+    if str(path) in _SAID_DAMAGED:
+        return
+    _SAID_DAMAGED.add(str(path))
+    print(f"warning: {path}: damaged JPEG data (libjpeg: {why}), decoded anyway", file=sys.stderr, flush=True)
 
 
 def decode_as_header_says(data: torch.Tensor, path: Path | str, h: int, w: int) -> torch.Tensor:
@@ -304,6 +327,8 @@ class CpuDecodedFolder(Dataset):
             view = memoryview(data.numpy())
             jpeg = read_jpeg_header(view)
             hw = (jpeg.height, jpeg.width) if jpeg is not None and jpeg.height and jpeg.width else png_size(view)
+            if hw is not None:  # before any decoder sees it: simplejpeg and Pillow have no limit of their own here
+                check_pixel_count(path, *hw)
             img = decode_rgb(data, path) if hw is None else None
             datas.append(data)
             images.append(img)
@@ -318,12 +343,15 @@ class CpuDecodedFolder(Dataset):
         # of memory), at the largest reduction its crop allows, then crop+resize into x.
         for k, (i, box) in enumerate(zip(indices, boxes.tolist())):
             r = reduction(box[2], box[3], size) if reducible[k] else 1
-            crop = None
+            crop, refused = None, ""
             if turbo[k]:
                 self._turbo = self._turbo or TurboDecoder()
                 crop = self._turbo(datas[k], r, *sizes[k], box)  # None: the Pillow / torchvision way decides
+                refused = self._turbo.refused
             if crop is None:
                 crop = self._crop_checked(datas[k], images[k], self.files[i], r, sizes[k], box)
+                if refused:  # decoded all the same: libjpeg's own line (torchvision's) names no file
+                    say_damaged(self.files[i], refused)
             resize_into(x[k], crop)
             datas[k] = images[k] = None  # free each photo as soon as it is used
         return x, self.labels[index], index

@@ -9,6 +9,7 @@ the first bad line and what was expected there; good files never pay for it.
 from __future__ import annotations
 
 import csv
+import gzip
 import math
 import re
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import torch
 
 from cnnpar.config import parse_shape
 from cnnpar.data.arrays import check_label_range
+from cnnpar.data.store import MAGIC as STORE_MAGIC
 from cnnpar.errors import DataError
 
 LABEL = "label"
@@ -28,6 +30,11 @@ ID_NAMES = ("id", "imageid")
 # How pixel columns are named: Kaggle's pixel0, Fashion-MNIST's pixel1, 1x1..28x28, bare numbers. Not a file
 # name, pandas' unnamed index ("" or "Unnamed: 0") or a misspelt label: those are named when they break a read.
 PIXEL_NAME = re.compile(r"[A-Za-z_]*[0-9][0-9A-Za-z_]*")
+GZIP_MAGIC = b"\x1f\x8b"
+SNIFF_BYTES = 4096
+# the csv module's default field limit (131,072 characters) stopped a wide semicolon-separated header, or a binary
+# file read as CSV, in a traceback; raised for the process (it guards nothing cnnpar reads), never lowered
+FIELD_LIMIT = 2**31 - 1
 
 
 class PixelCountError(DataError):
@@ -47,16 +54,68 @@ def _layout(require_label: bool) -> str:
     return f"{label}, an optional id or ImageId column and pixel columns pixel0, pixel1, ..."
 
 
-def _header(path: Path) -> list[str]:
+def _sniff_gzip(path: Path) -> bool:
+    """Whether `path` is gzip-compressed (read through gzip, as pyarrow reads a .csv.gz); DataError where its first
+    bytes say it is no CSV text at all (a zip, an .npz, a store, UTF-16, binary), which the messages further on
+    printed as column names, NUL bytes and all."""
     try:
-        # utf-8-sig: Excel's "CSV UTF-8" starts with a BOM, which would stick to the first name
-        with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
+        with path.open("rb") as f:
+            head = f.read(SNIFF_BYTES)
+        compressed = head.startswith(GZIP_MAGIC)
+        if compressed:
+            with gzip.open(path, "rb") as f:
+                head = f.read(SNIFF_BYTES)
+    except OSError as e:  # gzip.BadGzipFile (an OSError): cut short or damaged
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    gz = " (inside its gzip compression)" if compressed else ""
+    if head.startswith(b"PK\x03\x04"):
+        raise DataError(
+            f"{path}: a zip archive{gz} (an .npz, or a zipped CSV), not CSV text: expected a CSV file (an .npz is "
+            "read when named .npz or with --format npz; unzip a zipped CSV)"
+        )
+    if head.startswith(STORE_MAGIC):
+        raise DataError(f"{path}: a .cnnpar store{gz}, not CSV text: expected a CSV file (name a store .cnnpar)")
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise DataError(
+            f'{path}: UTF-16 text{gz} (Excel\'s "Unicode Text"): expected a UTF-8 CSV (save as "CSV UTF-8", or '
+            "iconv -f UTF-16 -t UTF-8)"
+        )
+    # control bytes (NUL and the like; not tab, CR or LF) in the header line: no text editor's, nor a spreadsheet's
+    if re.search(rb"[\x00-\x08\x0e-\x1f]", head.split(b"\n", 1)[0]):
+        raise DataError(
+            f"{path}: control bytes in its first line{gz}: a binary file, not CSV text: expected a header line "
+            "label,pixel0,pixel1,..."
+        )
+    return compressed
+
+
+def _open_text(path: Path, compressed: bool):
+    # utf-8-sig: Excel's "CSV UTF-8" starts with a BOM, which would stick to the first name
+    if compressed:
+        return gzip.open(path, "rt", newline="", encoding="utf-8-sig", errors="replace")
+    return path.open(newline="", encoding="utf-8-sig", errors="replace")
+
+
+def _header(path: Path, compressed: bool = False) -> list[str]:
+    try:
+        with _open_text(path, compressed) as f:
             first = f.readline()
+            more = not first.strip() and any(line.strip() for line in f)
     except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    if more:  # pyarrow skips blank lines, but the header must come first: "empty" misled about a full file
+        raise DataError(
+            f"{path}: line 1 is blank: expected the header line of column names (delete the blank line(s) before it)"
+        )
     if not first.strip():
         raise DataError(f"{path}: the file is empty: expected a header line of column names")
-    return [c.strip() for c in next(csv.reader([first]))]
+    csv.field_size_limit(max(csv.field_size_limit(), FIELD_LIMIT))
+    try:
+        return [c.strip() for c in next(csv.reader([first]))]
+    except csv.Error as e:
+        raise DataError(
+            f"{path}: the header line cannot be read as CSV ({e}): expected label,pixel0,pixel1,..."
+        ) from None
 
 
 def _shown(columns: list[str], first: int = 5) -> str:
@@ -143,7 +202,10 @@ def _data_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(line number in the file, values) of each data row; read only to name a bad row.
 
     Blank lines are skipped, as pyarrow skips them, so the k-th row here is pyarrow's row k."""
-    with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
+    with path.open("rb") as f:
+        compressed = f.read(2) == GZIP_MAGIC
+    csv.field_size_limit(max(csv.field_size_limit(), FIELD_LIMIT))
+    with _open_text(path, compressed) as f:
         reader = csv.reader(f)
         next(reader, None)
         for row in reader:
@@ -169,9 +231,8 @@ def _pixel(column: str, require_label: bool) -> str:
 
 
 def _label_index(columns: list[str], path: Path) -> int | None:
-    """The label column: `label`, or one name that is `label` in another case (Label, LABEL), which no pixel is."""
-    if LABEL in columns:
-        return columns.index(LABEL)
+    """The label column: `label`, or one name that is `label` in another case (Label, LABEL), which no pixel is.
+    Two of them (label and Label) are refused whichever comes first: the other was read as a pixel."""
     found = [i for i, c in enumerate(columns) if c.lower() == LABEL]
     if len(found) > 1:
         names = ", ".join(repr(columns[i]) for i in found)
@@ -203,6 +264,15 @@ def _diagnose(
     path: Path, columns: list[str], label_idx: int | None, id_idx: int | None, require_label: bool, cause: Exception
 ) -> DataError:
     """Find the first line that breaks the format; called only after the fast parse failed."""
+    try:
+        return _first_bad_row(path, columns, label_idx, id_idx, require_label, cause)
+    except csv.Error as e:
+        return DataError(f"{path}: could not be parsed as CSV ({e}): expected comma-separated numbers")
+
+
+def _first_bad_row(
+    path: Path, columns: list[str], label_idx: int | None, id_idx: int | None, require_label: bool, cause: Exception
+) -> DataError:
     n = len(columns)
     for k, (line_no, row) in enumerate(_data_rows(path)):
         where = f"{path}, {_where(line_no, k)}"
@@ -215,15 +285,52 @@ def _diagnose(
             # as the fast parse reads integers: ASCII digits with an optional minus (not "+5", not "５")
             if not re.fullmatch(r"-?[0-9]+", v):
                 return DataError(
-                    f"{where}, column {columns[j]!r}: {value!r} is not an integer: expected "
+                    f"{where}, column {columns[j]!r}: {_cut(value)!r} is not an integer: expected "
                     + ("a class label" if j == label_idx else _pixel(columns[j], require_label))
                 )
-            num = int(v)
+            # past 20 digits a value is out of any range here (and int() refuses 4,300 digits and more)
+            num = int(v) if len(v.lstrip("-0")) <= 20 else 2**64
             if j != label_idx and not 0 <= num <= 255:
-                return DataError(f"{where}, column {columns[j]!r}: {num}: expected {_pixel(columns[j], require_label)}")
+                return DataError(
+                    f"{where}, column {columns[j]!r}: {_cut(v)}: expected {_pixel(columns[j], require_label)}"
+                )
             if j == label_idx and not -(2**63) <= num < 2**63:
-                return DataError(f"{where}, column {columns[j]!r}: {num}: expected a class label")
+                return DataError(f"{where}, column {columns[j]!r}: {_cut(v)}: expected a class label")
     return DataError(f"{path}: could not be parsed as CSV ({cause})")
+
+
+HWC_ROWS = 1000  # rows the layout check reads: a few ms
+# the share of the channel-by-channel reading's vertical steps below which a pixel-by-pixel reading is called the
+# file's layout: photos (sklearn's sample images, 4x4 to 64x64 crops) gave 0.19-0.25 stored pixel by pixel and
+# 1.7-2.8 stored channel by channel; noise gives 1.0
+HWC_RATIO = 0.5
+
+
+def _looks_hwc(x: np.ndarray, shape: tuple[int, int, int]) -> bool:
+    """Whether colour rows look flattened pixel by pixel (HWC: r,g,b of each pixel together, what x.reshape(N, -1)
+    of numpy's, PIL's and Keras' (N, H, W, 3) arrays writes) rather than channel by channel (CHW), as read: their
+    vertical neighbours differ far less read as HWC. Read as CHW such rows are every image scrambled, untold."""
+    c, h, w = shape
+    if c != 3 or h * w < 16:
+        return False
+    rows = x[:HWC_ROWS].astype(np.float32)
+    as_chw = float(np.abs(np.diff(rows.reshape(-1, 3, h, w), axis=2)).mean())
+    as_hwc = float(np.abs(np.diff(rows.reshape(-1, h, w, 3), axis=1)).mean())
+    return as_hwc < HWC_RATIO * as_chw
+
+
+def _hwc_note(path: Path, shape: tuple[int, int, int]) -> str:
+    _, h, w = shape
+    return (
+        f"warning: {path}: the rows look stored pixel by pixel (r,g,b of each pixel together: x.reshape(N, -1) of "
+        f"(N, H, W, 3) images), and are read channel by channel (CHW), which scrambles every image: "
+        f"np.transpose(x.reshape(N, {h}, {w}, 3), (0, 3, 1, 2)).reshape(N, -1) writes CHW rows"
+    )
+
+
+def _cut(value: str, most: int = 40) -> str:
+    """A value as an error line shows it: a 200,000-character field would be the whole line."""
+    return value if len(value) <= most else f"{value[: most - 3]}..."
 
 
 def read_pixel_csv(
@@ -242,7 +349,8 @@ def read_pixel_csv(
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    columns = _header(path)
+    compressed = _sniff_gzip(path)
+    columns = _header(path, compressed)
     _refuse_other_separator(path, columns)
     if _holds_numbers(columns):
         raise DataError(
@@ -284,7 +392,7 @@ def read_pixel_csv(
         convert = pacsv.ConvertOptions(
             column_types=types, include_columns=[c for i, c in enumerate(columns) if i != id_idx]
         )
-        table = pacsv.read_csv(path, read_options=read, convert_options=convert)
+        table = pacsv.read_csv(_arrow_source(path, compressed), read_options=read, convert_options=convert)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise _diagnose(path, columns, label_idx, id_idx, require_label, e) from None
     if table.num_rows == 0:
@@ -302,6 +410,8 @@ def read_pixel_csv(
     x = np.empty((table.num_rows, len(pixel_cols)), dtype=np.uint8)
     for j, c in enumerate(ordered):
         x[:, j] = table.column(c).to_numpy()
+    if notes is not None and _looks_hwc(x, shape):
+        notes.append(_hwc_note(path, shape))
     y = None
     if label_idx is not None:
         y = table.column(label).to_numpy()
@@ -310,6 +420,14 @@ def read_pixel_csv(
         y = torch.from_numpy(y.astype(np.int64))
     del table
     return torch.from_numpy(x).view(-1, *shape), y
+
+
+def _arrow_source(path: Path, compressed: bool):
+    """What pyarrow reads: the path, or a gzip stream where the file is compressed (pyarrow tells compression from
+    a name's .gz alone, and read a gzip file named .csv as text)."""
+    import pyarrow as pa
+
+    return pa.input_stream(str(path), compression="gzip") if compressed else path
 
 
 def read_ids(path: str | Path, notes: list[str] | None = None) -> tuple[str, list[str]] | None:
@@ -322,14 +440,16 @@ def read_ids(path: str | Path, notes: list[str] | None = None) -> tuple[str, lis
     import pyarrow.csv as pacsv
 
     path = Path(path)
-    columns = _header(path)
+    compressed = _sniff_gzip(path)
+    columns = _header(path, compressed)
     id_idx = _id_index(columns, path)
     if id_idx is None:
         return None
     name = columns[id_idx]
     read = pacsv.ReadOptions(column_names=columns, skip_rows=1)
     convert = pacsv.ConvertOptions(column_types={name: pa.string()}, include_columns=[name])
-    ids = pacsv.read_csv(path, read_options=read, convert_options=convert).column(name).to_pylist()
+    table = pacsv.read_csv(_arrow_source(path, compressed), read_options=read, convert_options=convert)
+    ids = table.column(name).to_pylist()
     blank = next((i for i, v in enumerate(ids) if v is None or not v.strip()), None)
     if blank is not None:  # a row without its id would go into the submission under none
         raise DataError(f"{path}, {_line(path, blank)}, column {name!r}: empty: expected the row's id")

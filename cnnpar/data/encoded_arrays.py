@@ -7,6 +7,8 @@ would hold. Small images only make sense here: every image must have the same si
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 
@@ -26,11 +28,34 @@ def encoded_keys(arrays: dict, split: str) -> tuple[str, str] | None:
     return None
 
 
-def decode_encoded(buf: np.ndarray, offsets: np.ndarray, where: str) -> np.ndarray:
+@dataclass
+class DecodeTally:
+    """What decoded the JPEGs of one or more encoded arrays, for the load line: simplejpeg, or torchvision for the
+    files simplejpeg declines; and the files libjpeg warned about that decoded anyway (`damaged`: where, image
+    index, libjpeg's message), which libjpeg itself reported in a bare line naming none."""
+
+    jpegs: int = 0
+    by_torchvision: int = 0
+    damaged: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def damaged_note(self) -> str:
+        """One warning line for the damaged images, or ""."""
+        if not self.damaged:
+            return ""
+        where, i, why = self.damaged[0]
+        more = len(self.damaged) - 1
+        shown = ", ".join(f"{w} image {k}" for w, k, _ in self.damaged[1:4])
+        others = f"; {more:,} more such image(s), the first {shown}"
+        return f"warning: {where} image {i}: damaged JPEG data (libjpeg: {why}), decoded anyway by torchvision" + (
+            others if more else ""
+        )
+
+
+def decode_encoded(buf: np.ndarray, offsets: np.ndarray, where: str, tally: DecodeTally | None = None) -> np.ndarray:
     """(N, H, W, C) uint8 from the files in `buf` at `offsets`; C is 1 where every file is grey (`_grey_file`),
     else 3 (grey files among colour ones decode to three equal channels). `where` ("data.npz[train_jpeg]") names
-    the array in errors."""
-    from cnnpar.data.folder import decode_rgb
+    the array in errors. What decoded the JPEGs is counted into `tally` where it is given."""
+    from cnnpar.data.folder import check_pixel_count, decode_rgb
 
     buf, offsets = np.asarray(buf), np.asarray(offsets)
     if buf.ndim != 1 or buf.dtype != np.uint8:
@@ -52,10 +77,18 @@ def decode_encoded(buf: np.ndarray, offsets: np.ndarray, where: str) -> np.ndarr
     for i in range(len(offsets) - 1):
         raw = buf[int(offsets[i]) : int(offsets[i + 1])]
         header = read_jpeg_header(raw.tobytes())
-        img = _turbo_decode(raw, header)  # HWC; None where simplejpeg is absent or declines the file
-        if img is None:
+        if header is not None:  # before simplejpeg decodes it (decode_rgb checks every other file itself)
+            check_pixel_count(f"{where} image {i}", header.height, header.width)
+        img, declined = _turbo_decode(raw, header)  # HWC; None where simplejpeg is absent or declines the file
+        fallback = img is None
+        if fallback:
             img = decode_rgb(data[int(offsets[i]) : int(offsets[i + 1])], f"{where} image {i}").permute(1, 2, 0)
             img = img.numpy()
+        if tally is not None and header is not None:  # a JPEG (PNGs go to torchvision, as the load line says)
+            tally.jpegs += 1
+            tally.by_torchvision += fallback
+            if declined:
+                tally.damaged.append((where, i, declined))
         if images and img.shape != images[0].shape:
             raise DataError(
                 f"{where} image {i}: {img.shape[1]}x{img.shape[0]} pixels, image 0 {images[0].shape[1]}x"
@@ -68,17 +101,18 @@ def decode_encoded(buf: np.ndarray, offsets: np.ndarray, where: str) -> np.ndarr
     return x[..., :1] if grey else x
 
 
-def _turbo_decode(raw: np.ndarray, header) -> np.ndarray | None:
+def _turbo_decode(raw: np.ndarray, header) -> tuple[np.ndarray | None, str | None]:
     """A JPEG through simplejpeg (libjpeg-turbo, the same pixels as torchvision's decode: docs/decoding.md), ten
-    times faster than torchvision's call on CIFAR-sized files (its per-call overhead dominates there); None where
-    simplejpeg is not installed, the file is not one it decodes as the other paths do, or it refuses it (strict)."""
+    times faster than torchvision's call on CIFAR-sized files (its per-call overhead dominates there), and None;
+    or None and why not: None where simplejpeg is not installed or the file is not one it decodes as the other
+    paths do, libjpeg's message where it refuses the file (strict: its warnings, such as corrupt data, refuse)."""
     sj = simplejpeg_module()
     if sj is None or not turbo_ready(header):
-        return None
+        return None, None
     try:
-        return sj.decode_jpeg(raw.tobytes(), colorspace="RGB", strict=True)
-    except ValueError:
-        return None
+        return sj.decode_jpeg(raw.tobytes(), colorspace="RGB", strict=True), None
+    except ValueError as e:
+        return None, str(e) or type(e).__name__
 
 
 def _grey_file(data: np.ndarray, header) -> bool:

@@ -21,6 +21,10 @@ from cnnpar.data.tv_codecs import tv_codecs
 from cnnpar.errors import DataError, first_line
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
+# the most pixels an image may have, from its header, before it is decoded: Pillow's decompression-bomb error
+# (twice its warning's 89,478,485). An 875 KB PNG of 30000x30000 took 4.5 GB at each decode, every epoch; 3x this
+# limit in RGB is 537 MB per image a worker holds
+MAX_PIXELS = 2 * 89_478_485
 
 
 # images in formats cnnpar does not read: skipped, but counted and named (a WebP among JPEGs was dropped unsaid)
@@ -194,16 +198,43 @@ VAL_NAMES = ("val", "valid", "validation", "test", "testing")
 def split_dirs(root: Path) -> tuple[Path | None, list[Path]]:
     """`root`'s train folder (None where it has none) and its held-out folders, in `VAL_NAMES` order: the first
     validates. Names match in any case; folders are looked for only where a train folder is there, so a class
-    folder named `test` among classes stays a class."""
+    folder named `test` among classes stays a class, and so does one named `train` (`_train_is_a_class`)."""
     try:
         folders = sorted(p.name for p in root.iterdir() if p.is_dir())
     except OSError:
         return None, []
     train = next((n for n in folders if n.lower() in TRAIN_NAMES), None)
-    if train is None:
+    if train is None or _train_is_a_class(root, train, folders):
         return None, []
     held = sorted((n for n in folders if n.lower() in VAL_NAMES), key=lambda n: (VAL_NAMES.index(n.lower()), n))
     return root / train, [root / n for n in held]
+
+
+def _train_is_a_class(root: Path, train: str, folders: list[str]) -> bool:
+    """Whether `train/` is a class folder among others rather than a split: it holds images itself and no
+    subfolder, beside 2 or more folders that are not split names (CIFAR-100 exported as <class>/*.png has a class
+    `train`, and the whole folder was refused). A split's train/ holds class folders."""
+    others = [n for n in folders if n.lower() not in (*TRAIN_NAMES, *VAL_NAMES) and not n.startswith((".", "__"))]
+    if len(others) < 2:
+        return False
+    has_image, subfolders = _direct_contents(root / train)
+    return has_image and not subfolders
+
+
+def train_class_note(root: str | Path) -> str:
+    """A note where a folder named train/ is read as a class (`_train_is_a_class`), or ""."""
+    root = Path(root)
+    try:
+        folders = sorted(p.name for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return ""
+    train = next((n for n in folders if n.lower() in TRAIN_NAMES), None)
+    if train is None or not _train_is_a_class(root, train, folders):
+        return ""
+    return (
+        f"note: {root}: {train}/ holds images itself, beside other class folders: read as the class {train!r}, not "
+        "as a training split (a split's train/ holds class folders)"
+    )
 
 
 def _split_names() -> str:
@@ -232,9 +263,12 @@ def scan_splits(
         p.name for p in root.iterdir() if p.is_dir() and p.name not in known and not p.name.startswith((".", "__"))
     )
     if others:
+        shown = ", ".join(f"{n}/" for n in others[:5]) + (f", ... ({len(others):,} in all)" if len(others) > 5 else "")
         raise DataError(
-            f"{root}: holds {train_dir.name}/ beside {others}: expected train/ with at most one of "
-            f"{_split_names()}/ (class folders in each), or class folders alone"
+            f"{root}: holds {train_dir.name}/ beside {shown}: expected train/ with at most one of "
+            f"{_split_names()}/ (class folders in each), or class folders alone (a class folder named "
+            f"{train_dir.name}/ is read as one where it holds its images itself beside 2 or more other classes; "
+            "else rename it)"
         )
     files, labels, classes = scan_folder(train_dir, skipped)
     _check_classes(train_dir, classes, labels)
@@ -337,6 +371,28 @@ def read_encoded(path: Path) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+def check_pixel_count(path: Path | str, h: int, w: int) -> None:
+    """Refuse an image whose header gives more than MAX_PIXELS, before anything decodes it."""
+    if h * w > MAX_PIXELS:
+        raise DataError(
+            f"{path}: {w}x{h} pixels ({h * w / 1e6:,.0f} megapixels): expected at most {MAX_PIXELS / 1e6:.0f} "
+            "megapixels (Pillow's decompression-bomb limit; decoding it takes gigabytes at every epoch): shrink it or "
+            "leave it out"
+        )
+
+
+def _check_header_pixels(data: torch.Tensor, path: Path | str) -> None:
+    """check_pixel_count on the size a JPEG's frame header or a PNG's IHDR gives (other formats: none is read)."""
+    from cnnpar.data.cpu_decode import png_size  # (cpu_decode imports this module)
+    from cnnpar.data.jpeg_header import read_jpeg_header
+
+    view = memoryview(data.numpy())
+    jpeg = read_jpeg_header(view)
+    hw = (jpeg.height, jpeg.width) if jpeg is not None else png_size(view[:64])
+    if hw is not None:
+        check_pixel_count(path, *hw)
+
+
 def decode_rgb(data: torch.Tensor, path: Path | str) -> torch.Tensor:
     """Encoded bytes (1-D uint8) to a (3, H, W) uint8 RGB image with libjpeg-turbo / libpng.
 
@@ -348,6 +404,7 @@ def decode_rgb(data: torch.Tensor, path: Path | str) -> torch.Tensor:
 
     if data.numel() == 0:
         raise empty_file_error(path)
+    _check_header_pixels(data, path)
     try:
         with tv_codecs():  # torchvision 0.29's deprecation notice: known, see docs/decoding.md
             img = decode_image(data, mode=ImageReadMode.RGB)

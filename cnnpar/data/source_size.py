@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from cnnpar.data.cpu_decode import png_size
+from cnnpar.data.folder import check_pixel_count
 from cnnpar.data.jpeg_header import read_jpeg_header
 
 MIXED_SIDE = 224
@@ -60,9 +61,15 @@ def pick_side(sizes: np.ndarray, sampled: bool) -> tuple[int, str]:
 
 
 def folder_sizes(files: list[Path], sample: int = SAMPLE) -> tuple[np.ndarray, bool]:
-    """(height, width) of at most `sample` files spread over the folder, and whether that is a sample."""
+    """(height, width) of at most `sample` files spread over the folder, and whether that is a sample. An image
+    of more than MAX_PIXELS among them is refused here, before a run starts (the decoders refuse the others)."""
     step = max(1, -(-len(files) // sample))
-    sizes = [s for s in (header_size(f) for f in files[::step]) if s is not None]
+    sizes = []
+    for f in files[::step]:
+        size = header_size(f)
+        if size is not None:
+            check_pixel_count(f, *size)
+            sizes.append(size)
     return np.array(sizes, dtype=np.int64).reshape(-1, 2), step > 1
 
 

@@ -25,8 +25,9 @@ from cnnpar.data.bundle import (
 )
 from cnnpar.data.cpu_decode import CpuDecodedFolder, simplejpeg_module
 from cnnpar.data.csv_source import read_pixel_csv
-from cnnpar.data.encoded_arrays import decode_encoded, encoded_keys
+from cnnpar.data.encoded_arrays import DecodeTally, decode_encoded, encoded_keys
 from cnnpar.data.folder import (
+    VAL_NAMES,
     ImageFolderDataset,
     image_files,
     listing_checksum,
@@ -34,6 +35,7 @@ from cnnpar.data.folder import (
     scan_splits,
     skipped_note,
     split_like_subfolders_note,
+    train_class_note,
     unread_splits_note,
 )
 from cnnpar.data.overlap import folder_overlap, store_overlap
@@ -51,9 +53,9 @@ FOLDER_OWN_VAL = "the folder's own validation split (its val/, valid/, validatio
 
 
 BUILT_IN = ("digits", "synthetic")  # made in memory: they read no file
-TRAIN_READS = "a .csv, an .npz, a .cnnpar store or a folder (or give --format)"
+TRAIN_READS = "a .csv (or .csv.gz), an .npz, a .cnnpar store or a folder (or give --format)"
 # predict refuses a store (its images are the training ones) and has no synthetic data to predict
-PREDICT_READS = "a .csv, an .npz, an image folder or 'digits' (or give --format csv, npz or folder)"
+PREDICT_READS = "a .csv (or .csv.gz), an .npz, an image folder or 'digits' (or give --format csv, npz or folder)"
 
 
 def detect_format(source: str, fmt: str, reads: str = TRAIN_READS) -> str:
@@ -73,7 +75,7 @@ def detect_format(source: str, fmt: str, reads: str = TRAIN_READS) -> str:
     p = Path(source)
     if p.is_dir():
         return "folder"
-    if p.suffix.lower() == ".csv":
+    if p.suffix.lower() == ".csv" or p.name.lower().endswith(".csv.gz"):  # read through gzip, as pyarrow reads it
         return "csv"
     if p.suffix.lower() == ".npz":
         return "npz"
@@ -122,13 +124,22 @@ def _num_classes(y: torch.Tensor, given: int) -> int:
 
 
 def _bundle_from_arrays(
-    x, y, x_val, y_val, cfg: DataConfig, seed: int, origin: str, classes_from: str = "", names: list[str] | None = None
+    x,
+    y,
+    x_val,
+    y_val,
+    cfg: DataConfig,
+    seed: int,
+    origin: str,
+    classes_from: str = "",
+    names: list[str] | None = None,
+    own_val: str = ARRAYS_OWN_VAL,
 ) -> DataBundle:
     if cfg.image_size:
         x = resize_square(x, cfg.image_size)
         x_val = resize_square(x_val, cfg.image_size) if x_val is not None else None
-    own_val = ArrayDataset(x_val, y_val) if x_val is not None else None
-    train, val, val_from = _split(ArrayDataset(x, y), own_val, cfg.val_fraction, seed, origin, ARRAYS_OWN_VAL)
+    own = ArrayDataset(x_val, y_val) if x_val is not None else None
+    train, val, val_from = _split(ArrayDataset(x, y), own, cfg.val_fraction, seed, origin, own_val)
     y_all = torch.cat([y, y_val]) if y_val is not None else y
     n_classes = _num_classes(y_all, cfg.num_classes)
     classes_from = classes_from or ("--num-classes" if cfg.num_classes > 0 else "labels' max + 1")
@@ -169,17 +180,36 @@ def load_digits(cfg: DataConfig, seed: int) -> DataBundle:
     return _bundle_from_arrays(x, y, None, None, cfg, seed, "scikit-learn digits (built in)")
 
 
+SYNTHETIC_LEVELS = 96  # what a class adds to synthetic noise of 0..159: at most 95, so a pixel stays under 256
+SYNTHETIC_GRID = 4  # side of the coarse per-class pattern that tells classes apart past SYNTHETIC_LEVELS of them
+
+
 def load_synthetic(cfg: DataConfig, seed: int) -> DataBundle:
-    """Random uint8 images with a class-dependent brightness offset, so a model can learn it."""
+    """Random uint8 images with a class-dependent brightness offset, so a model can learn it; past
+    SYNTHETIC_LEVELS classes (one brightness step each no longer fits), a seeded coarse pattern per class."""
     c, h, w = parse_shape(cfg.image_shape or "3x32x32")
     n_classes = cfg.num_classes or 10
     g = torch.Generator().manual_seed(seed)
     n = cfg.synthetic_samples
     y = torch.randint(0, n_classes, (n,), generator=g)
     x = torch.randint(0, 160, (n, c, h, w), generator=g, dtype=torch.uint8)
-    x += (y * (95 // max(1, n_classes - 1))).to(torch.uint8)[:, None, None, None]
+    if n_classes <= SYNTHETIC_LEVELS:  # the data every earlier run, test and benchmark trained on
+        x += (y * (95 // max(1, n_classes - 1))).to(torch.uint8)[:, None, None, None]
+    else:  # 95 // (n - 1) is 0 here: the classes were pure noise, alike
+        x += _class_offsets(y, n_classes, c, h, w, seed)
     given = "--num-classes" if cfg.num_classes else "synthetic's default"
     return _bundle_from_arrays(x, y, None, None, cfg, seed, f"synthetic {c}x{h}x{w}", given)
+
+
+def _class_offsets(y: torch.Tensor, n_classes: int, c: int, h: int, w: int, seed: int) -> torch.Tensor:
+    """(n, c, h, w) uint8 offsets in 0..95 for labels `y`: per class, a seeded random grid of at most
+    SYNTHETIC_GRID x SYNTHETIC_GRID cells, each spread over its block of pixels (a million classes' full-size
+    patterns would take 150 GB at 3x224x224; their grids take 48 MB)."""
+    gh, gw = min(h, SYNTHETIC_GRID), min(w, SYNTHETIC_GRID)
+    g = torch.Generator().manual_seed(seed + 1)  # draws of its own: the noise and labels are as with fewer classes
+    grid = torch.randint(0, SYNTHETIC_LEVELS, (n_classes, c, gh, gw), generator=g, dtype=torch.uint8)
+    rows, cols = torch.arange(h) * gh // h, torch.arange(w) * gw // w
+    return grid[y][:, :, rows][:, :, :, cols]
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -210,63 +240,113 @@ def _npz_array(z, key: str, path: Path) -> np.ndarray:
     )
 
 
-def npz_images(arrays: dict, split: str, path: Path) -> tuple[np.ndarray, str] | None:
+def npz_images(arrays: dict, split: str, path: Path, tally: DecodeTally | None = None) -> tuple[np.ndarray, str] | None:
     """`x_{split}` of an .npz, or its images decoded from `{split}_jpeg`/`_png` + `{split}_offsets`
-    (encoded_arrays.py), with the key it came from; None where the archive holds neither."""
+    (encoded_arrays.py), with the key it came from; None where the archive holds neither. What decoded the
+    JPEGs is counted into `tally` where it is given."""
     if f"x_{split}" in arrays:
         return arrays[f"x_{split}"], f"x_{split}"
     keys = encoded_keys(arrays, split)
     if keys is None:
         return None
     images, offsets = keys
-    decoded = decode_encoded(arrays[images], arrays[offsets], f"{path}[{images}]")  # N, H, W, C
+    decoded = decode_encoded(arrays[images], arrays[offsets], f"{path}[{images}]", tally)  # N, H, W, C
     # handed on as N, C, H, W (a view): to_nchw_uint8 keeps that layout for C 1 or 3 whatever H and W are, where it
     # guessed N, H, W, C images 3 pixels tall to be N, C, H, W already, and transposed them
     return decoded.transpose(0, 3, 1, 2), images
+
+
+def npz_held_splits(keys) -> list[str]:
+    """The held-out splits an .npz's `keys` hold (images or labels), in the order an image folder's validate
+    (`VAL_NAMES`: val, valid, validation, test, testing): the first validates, the others are not read. An x_val
+    beside x_train was left unread without a word, and a hold-out of the training images validated instead."""
+    return [s for s in VAL_NAMES if f"x_{s}" in keys or encoded_keys(keys, s) is not None or f"y_{s}" in keys]
+
+
+def _npz_keys_of(arrays: dict, split: str) -> list[str]:
+    """The keys that hold `split`'s images and labels, as `npz_images` reads them."""
+    found = [f"x_{split}"] if f"x_{split}" in arrays else list(encoded_keys(arrays, split) or ())
+    return found + ([f"y_{split}"] if f"y_{split}" in arrays else [])
+
+
+def _unread_keys_note(path: Path, arrays: dict, held: list[str]) -> str:
+    """A warning naming the keys of the archive that are not read, or "": they were dropped without a word."""
+    read = {*_npz_keys_of(arrays, "train"), *(_npz_keys_of(arrays, held[0]) if held else ()), "class_names"}
+    unread = [k for k in arrays if k not in read]
+    if not unread:
+        return ""
+    why = []
+    if "x_train" in arrays and encoded_keys(arrays, "train") is not None:
+        why.append(f"x_train is read, not {encoded_keys(arrays, 'train')[0]}")
+    if len(held) > 1:
+        why.append(f"{held[0]} validates, the first of {'|'.join(VAL_NAMES)}")
+    reason = f" ({'; '.join(why)})" if why else ""
+    return (
+        f"warning: {path}: key(s) {', '.join(unread)} not read{reason}: cnnpar reads x_train, y_train, one held-out "
+        "split (x_val, y_val; or valid, validation, test, testing), class_names, and train_jpeg|png + train_offsets "
+        "in place of x_train"
+    )
 
 
 def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
     path = Path(cfg.source)
     arrays = _read_npz(path)
     started = time.perf_counter()
-    train = npz_images(arrays, "train", path)
+    tally = DecodeTally()
+    train = npz_images(arrays, "train", path, tally)
     missing = [k for k, absent in (("x_train", train is None), ("y_train", "y_train" not in arrays)) if absent]
     if missing:
         raise DataError(
             f"{path}: missing key(s) {', '.join(missing)} (found {', '.join(arrays) or 'none'}): "
-            f"expected x_train, y_train[, x_test, y_test] (or train_jpeg + train_offsets for x_train, JPEG files' "
+            f"expected x_train, y_train[, x_val, y_val] (or train_jpeg + train_offsets for x_train, JPEG files' "
             "bytes one after another)"
         )
-    test = npz_images(arrays, "test", path)
-    if (test is not None) != ("y_test" in arrays):
-        raise DataError(f"{path}: has only one of x_test / y_test: expected both or neither")
-    x = to_nchw_uint8(train[0], f"{path}[{train[1]}]")
+    held = npz_held_splits(arrays)
+    split = held[0] if held else None
+    held_images = npz_images(arrays, split, path, tally) if split else None
+    if split and (held_images is None) != (f"y_{split}" not in arrays):
+        raise DataError(f"{path}: has only one of x_{split} / y_{split}: expected both or neither")
+    notes: list[str] = []
+    x = to_nchw_uint8(train[0], f"{path}[{train[1]}]", notes)
     y = to_labels(arrays["y_train"], len(x), f"{path}[y_train]", cfg.num_classes)
     x_val = y_val = None
-    if test is not None:
-        x_val = to_nchw_uint8(test[0], f"{path}[{test[1]}]")
-        y_val = to_labels(arrays["y_test"], len(x_val), f"{path}[y_test]", cfg.num_classes)
+    if held_images is not None:
+        x_val = to_nchw_uint8(held_images[0], f"{path}[{held_images[1]}]")
+        y_val = to_labels(arrays[f"y_{split}"], len(x_val), f"{path}[y_{split}]", cfg.num_classes)
         if x_val.shape[1:] != x.shape[1:]:
             raise DataError(
-                f"{path}[{test[1]}]: image shape {tuple(x_val.shape[1:])}: expected "
+                f"{path}[{held_images[1]}]: image shape {tuple(x_val.shape[1:])}: expected "
                 f"{tuple(x.shape[1:])}, the shape of {train[1]}"
             )
     names = _npz_class_names(arrays, path)
-    bundle = _bundle_from_arrays(x, y, x_val, y_val, cfg, seed, str(path), names=names)
+    own_val = ARRAYS_OWN_VAL if split in (None, "test", "testing") else f"the data's own validation split (x_{split})"
+    bundle = _bundle_from_arrays(x, y, x_val, y_val, cfg, seed, str(path), names=names, own_val=own_val)
     bundle.fingerprint, bundle.fingerprint_of = content_checksum(arrays), ARRAYS_CHECKSUM
-    read = [(train[1], len(x))] + ([(test[1], len(x_val))] if test is not None else [])
+    read = [(train[1], len(x))] + ([(held_images[1], len(x_val))] if held_images is not None else [])
     decoded = [(key, n) for key, n in read if not key.startswith("x_")]  # train_jpeg, not x_train
     if decoded:
         took = time.perf_counter() - started
         keys, count = " and ".join(k for k, _ in decoded), sum(n for _, n in decoded)
-        # an H200 host without simplejpeg took 11.4 s for CIFAR-10's 60,000 (call ZZZZF): say which decoder ran
-        faster = "simplejpeg, a dependency of cnnpar, is faster: pip install simplejpeg"
-        by = "JPEGs by simplejpeg" if simplejpeg_module() else f"by torchvision; {faster}"
-        bundle.load_note = (
-            f"data: {count:,} encoded images decoded from {keys} in {took:.1f} s ({by}), at every start (np.savez "
-            "of the decoded arrays as x_train, y_train, x_test, y_test skips it)"
+        notes.insert(
+            0,
+            f"data: {count:,} encoded images decoded from {keys} in {took:.1f} s ({_decoded_by(tally)}), at every "
+            f"start (np.savez of the decoded arrays as x_train, y_train, x_{split or 'test'}, y_{split or 'test'} "
+            "skips it)",
         )
+    notes += [n for n in (tally.damaged_note(), _unread_keys_note(path, arrays, held)) if n]
+    bundle.load_note = "\n".join(notes)
     return bundle
+
+
+def _decoded_by(tally: DecodeTally) -> str:
+    """What decoded an archive's JPEGs: simplejpeg, save the files it declines (damaged ones, CMYK), which
+    torchvision decodes and which the line counts; it credited simplejpeg for all of them."""
+    # an H200 host without simplejpeg took 11.4 s for CIFAR-10's 60,000 (call ZZZZF): say which decoder ran
+    if not simplejpeg_module():
+        return "by torchvision; simplejpeg, a dependency of cnnpar, is faster: pip install simplejpeg"
+    if not tally.by_torchvision:
+        return "JPEGs by simplejpeg"
+    return f"JPEGs by simplejpeg, {tally.by_torchvision:,} of {tally.jpegs:,} by torchvision: files simplejpeg declines"
 
 
 def npz_class_names(source: str) -> list[str] | None:
@@ -329,7 +409,14 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         val_overlap=overlap,
         skipped_note=skipped_note(skipped),
         load_note="\n".join(
-            n for n in (unread_splits_note(root), loose_images_note(root), split_like_subfolders_note(root)) if n
+            n
+            for n in (
+                train_class_note(root),
+                unread_splits_note(root),
+                loose_images_note(root),
+                split_like_subfolders_note(root),
+            )
+            if n
         ),
         fingerprint=listing_checksum(root, files, labels, splits),
         fingerprint_of=FOLDER_CHECKSUM,
@@ -538,10 +625,12 @@ def load_predict_data(
     if fmt == "npz":
         path = Path(source)
         arrays = _read_npz(path)
-        found = npz_images(arrays, "test", path) or npz_images(arrays, "train", path)
+        # the split training validated on, else the training images
+        held = npz_held_splits(arrays)
+        found = (npz_images(arrays, held[0], path) if held else None) or npz_images(arrays, "train", path)
         if found is None:
             raise DataError(
-                f"{source}: no x_test or x_train key, nor test_jpeg/train_jpeg with offsets (found "
+                f"{source}: no x_test (x_val, ...) or x_train key, nor test_jpeg/train_jpeg with offsets (found "
                 f"{', '.join(arrays) or 'none'})"
             )
         images, key = found

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cnnpar.data.folder import decode_error, listing_checksum, scan_splits
+from cnnpar.data.folder import check_pixel_count, decode_error, listing_checksum, scan_splits
 from cnnpar.data.overlap import same_file_groups
 from cnnpar.data.source_size import folder_side
 from cnnpar.data.store import (
@@ -109,6 +109,7 @@ def decode_for_store(path: Path, sides: Sides) -> tuple[bytes, int, int]:
 
     try:
         with no_pixel_limit(), Image.open(path) as im:
+            check_pixel_count(path, im.height, im.width)  # training's limit: a store holds what training reads
             target = sides.target(*im.size)
             if 2 * target[0] <= im.size[0] and 2 * target[1] <= im.size[1]:
                 # JPEG only (a no-op elsewhere): libjpeg decodes at 1/2, 1/4 or 1/8 scale in the DCT,
@@ -125,7 +126,8 @@ def decode_for_store(path: Path, sides: Sides) -> tuple[bytes, int, int]:
 @contextmanager
 def no_pixel_limit():
     """Pillow's decompression-bomb limit (~179 Mpixel: refused; half that: a warning) lifted while prepare
-    opens a file: these are the user's own photos, which training from the folder decodes at any size, and the
+    opens a file: these are the user's own photos, which training from the folder decodes up to the same 179
+    Mpixel (folder.MAX_PIXELS, which decode_for_store checks itself), without a warning from half of it, and the
     folder run itself advises prepare. Restored after, so cnnpar's other uses of Pillow keep the limit."""
     from PIL import Image
 

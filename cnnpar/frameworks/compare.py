@@ -207,10 +207,13 @@ def summary_row(fw: Framework, status: str, note: str, out: Path) -> dict[str, s
     row.update(figures(rows))
     # epoch 1 carries tracing/compilation: with it alone there is no steady figure to give (it would rank a
     # framework's compile as its speed), and the note says why the columns are empty
-    one_epoch = "one epoch: no steady rate (epoch 1 may hold tracing, compilation and warm-up)" if len(rows) == 1 else ""
+    one_epoch = ONE_EPOCH_NOTE if len(rows) == 1 else ""
     chance = NOT_LEARNED if at_chance(rows, classes) else ""
     row["note"] = join_notes(chance, note, header.get("note", ""), pytensor_mode(header), one_epoch)
     return row
+
+
+ONE_EPOCH_NOTE = "one epoch: no steady rate (epoch 1 may hold tracing, compilation and warm-up)"
 
 
 def exploded(rows: list[dict[str, str]], classes: int) -> tuple[str, str, str, str] | None:

@@ -108,6 +108,13 @@ CSV_CASES = {
         ["column '' (number 1 in the header) is not a pixel column", "expected a label column, an optional id or"],
     ),
     "empty_file": (lambda ls: ls.clear(), ["the file is empty"]),
+    # a blank line before the header was called "the file is empty"
+    "blank_first_line": (lambda ls: ls.insert(0, ""), ["line 1 is blank: expected the header line of column names"]),
+    # `Label` beside `label` was read as a pixel column (the refusal of two ran only without an exact `label`)
+    "label_in_two_cases": (
+        lambda ls: ls.__setitem__(slice(None), [ls[0] + ",Label"] + [line + ",0" for line in ls[1:]]),
+        ["2 label columns ('label', 'Label'): expected one label column"],
+    ),
     "header_only": (lambda ls: ls.__delitem__(slice(1, None)), ["has a header but no data rows"]),
 }
 
@@ -210,9 +217,58 @@ def test_non_finite_config_values_are_refused_from_flags_and_toml(tmp_path, caps
     assert main(["train", "--config", "c.toml"]) == 2
     assert (
         capsys.readouterr().err
-        == "cnnpar: error: optim.momentum (--momentum) = nan: expected a finite number, not nan or inf\n"
+        == "cnnpar: error: c.toml: optim.momentum (--momentum) = nan: expected a finite number, not nan or inf\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]  # no run folder
+
+
+def _wide_semicolon_csv(path: Path) -> None:
+    # Excel in a comma-decimal locale: one header field of 190,000 characters, past the csv module's limit
+    names = ["label"] + [f"pixel{i}" for i in range(30_000)]
+    path.write_text(";".join(names) + "\n" + ";".join(["0"] * len(names)) + "\n")
+
+
+def _npz_named_csv(path: Path) -> None:
+    with path.open("wb") as f:
+        np.savez(f, x_train=np.zeros((2, 8, 8), np.uint8), y_train=np.arange(2))
+
+
+BINARY_AS_CSV = {  # each printed its bytes as column names, or stopped in a _csv.Error traceback
+    "npz_renamed": (_npz_named_csv, "a zip archive (an .npz, or a zipped CSV), not CSV text"),
+    "utf16": (lambda p: p.write_bytes("label,pixel0\n1,2\n".encode("utf-16")), "UTF-16 text"),
+    "store_renamed": (lambda p: p.write_bytes(b"CNNPSTOR" + bytes(64)), "a .cnnpar store, not CSV text"),
+    "wide_semicolon": (_wide_semicolon_csv, "looks semicolon-separated"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BINARY_AS_CSV))
+def test_a_file_that_is_not_comma_separated_text_is_refused_in_one_line(tmp_path, capsys, monkeypatch, case):
+    write, fragment = BINARY_AS_CSV[case]
+    data = tmp_path / f"{case}.csv"
+    write(data)
+    rc, err = _train_in_process(tmp_path, capsys, monkeypatch, data)
+    _assert_refused(rc, err, data, [fragment], tmp_path)
+
+
+@pytest.mark.parametrize(
+    "case,fragment",
+    [
+        ("latin1", "not UTF-8 text (byte 0xe9 at offset 22): expected a TOML config file"),
+        ("folder", "a folder: expected a TOML config file"),
+    ],
+)
+def test_a_config_file_that_cannot_be_read_is_refused_in_one_line(tmp_path, capsys, monkeypatch, case, fragment):
+    """Each stopped in a traceback (UnicodeDecodeError, IsADirectoryError). (num_classes = 2**63 - 1, which the
+    OOM killer stopped with no message, is test_config's: here a regression would take the host's memory.)"""
+    config = tmp_path / f"{case}.toml"
+    if case == "folder":
+        config.mkdir()
+    else:
+        config.write_bytes(b"[run]\nepochs = 1\n# caf\xe9\n")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--epochs", "1", "--no-progress"]) == 2
+    _assert_refused(2, capsys.readouterr().err, config, [f"{config}: {fragment}"], tmp_path)
 
 
 # ---- real subprocesses: the exit code and stderr a shell user sees -------------------------------

@@ -27,7 +27,7 @@ from cnnpar.errors import ConfigError
     [
         (lambda: DataConfig(val_fraction=1.0), "data.val_fraction"),
         (lambda: DataConfig(workers=-2), "data.workers"),
-        (lambda: DataConfig(image_shape="3x32x32x1"), "image shape '3x32x32x1'"),
+        (lambda: DataConfig(image_shape="3x32x32x1"), "data.image_shape (--image-shape) = '3x32x32x1'"),
         (lambda: OptimConfig(lr=0.0), "optim.lr"),
         (lambda: OptimConfig(optimizer="lbfgs"), "optim.optimizer"),
         (lambda: OptimConfig(label_smoothing=1.5), "optim.label_smoothing"),
@@ -209,3 +209,76 @@ def test_speed_choices_left_at_auto_are_given_their_reasons_and_typed_ones_none(
     assert "compile default: measured faster for resnet50 on an H200" in speed_reasons(resnet, gpu, "cuda")
     typed = with_overrides(auto, speed={"precision": "fp32", "channels_last": "off", "compile": "off"})
     assert speed_reasons(typed, resolve_for_device(typed, "cpu", False, cpu_bf16=True), "cpu") == ""
+
+
+@pytest.mark.parametrize(
+    "field,value,top",
+    [("num_classes", 2**63 - 1, "1,000,000"), ("num_classes", -1, "1,000,000"), ("image_size", 20000, "8,192")],
+)
+def test_class_count_and_image_size_are_bounded(field, value, top):
+    """num_classes = 2**63 - 1 built a list of that many class names until the OOM killer came (no message);
+    --image-size 20000 asked the digits' resize for 2.9 TB and stopped in a traceback."""
+    with pytest.raises(ConfigError) as e:
+        DataConfig(**{field: value})
+    flag = "--" + field.replace("_", "-")
+    assert str(e.value) == f"data.{field} ({flag}) = {value}: expected 0 (auto) or 1..{top}"
+    assert DataConfig(num_classes=1_000_000, image_size=8192).image_size == 8192
+
+
+def test_load_toml_refuses_a_folder_or_a_file_that_is_not_utf8_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"^\S+dir\.toml: a folder: expected a TOML config file$"):
+        load_toml((tmp_path / "dir.toml").mkdir() or tmp_path / "dir.toml")
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(b"[run]\nepochs = 1\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin1\.toml: not UTF-8 text \(byte 0xe9 at offset 22\): expected a TOML"):
+        load_toml(latin1)
+    binary = tmp_path / "last.pt"
+    binary.write_bytes(b"PK\x03\x04\x14\x00\x00\x08\x08\x00\x88\x9f")
+    with pytest.raises(ConfigError, match=r"last\.pt: not UTF-8 text \(byte 0x88 at offset 10\)"):
+        load_toml(binary)
+
+
+def test_load_toml_reads_a_file_that_starts_with_a_bom(tmp_path):
+    """Windows Notepad writes one; it was refused as "Invalid statement (at line 1, column 1)"."""
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf[run]\nepochs = 3\n")
+    assert load_toml(path).run.epochs == 3
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("[data]\nval_fraction = 1.5\n", "data.val_fraction (--val-fraction) = 1.5: expected 0 <= value < 1"),
+        ('[optim]\noptimizer = "adam"\n', "optim.optimizer (--optimizer) = 'adam': expected one of sgd, adamw, muon"),
+        ('[data]\nimage_shape = "32x32x3"\n', "data.image_shape (--image-shape) = '32x32x3': channels come first"),
+    ],
+)
+def test_a_range_error_in_a_config_file_names_the_file(tmp_path, text, message):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_toml(path)
+    assert str(e.value).startswith(f"{path}: {message}")
+
+
+def _parsed(*words: str) -> Config:
+    from cnnpar.cli import build_parser
+    from cnnpar.cliargs import config_from_args
+
+    return config_from_args(build_parser().parse_args(["train", *words]))
+
+
+def test_a_typed_flag_replaces_a_bad_file_value_before_it_is_checked(tmp_path):
+    """`--config c.toml --val-fraction 0.1` over the file's 1.5 said `(--val-fraction) = 1.5`, naming no file."""
+    path = tmp_path / "c.toml"
+    path.write_text("[data]\nval_fraction = 1.5\n[run]\nepochs = -1\n")
+    assert _parsed("--config", str(path), "--val-fraction", "0.1", "--epochs", "2").data.val_fraction == 0.1
+    with pytest.raises(ConfigError) as e:  # the file's epochs stays bad where no flag replaces it
+        _parsed("--config", str(path), "--val-fraction", "0.1")
+    assert str(e.value) == f"{path}: run.epochs (--epochs) = -1: expected a number > 0"
+    with pytest.raises(ConfigError) as e:  # a bad typed value is the command line's, whatever the file holds
+        _parsed("--config", str(path), "--val-fraction", "1.2", "--epochs", "2")
+    assert str(e.value) == "data.val_fraction (--val-fraction) = 1.2: expected 0 <= value < 1"
+    path.write_text('data = "digits"\n')  # no table: no typed flag mends it
+    with pytest.raises(ConfigError, match=r"c\.toml: \[data\] must be a table of settings$"):
+        _parsed("--config", str(path), "--val-fraction", "0.1")

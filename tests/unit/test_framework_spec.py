@@ -199,7 +199,7 @@ def test_a_one_epoch_run_keeps_the_runners_own_note(tmp_path):
     header = {"framework": fw.framework, "note": "Keras's BN running variance is the biased one"}
     write_result_csv(tmp_path / csv_name(fw), header, [epoch_row(1, 0.5, 0.8, 0.6, 0.75, 20.0, 1000)])
     assert compare.summary_row(fw, "ok", "", tmp_path)["note"] == (
-        "Keras's BN running variance is the biased one; one epoch: no steady rate (epoch 1 may hold tracing, compilation and warm-up)"
+        "Keras's BN running variance is the biased one; " + compare.ONE_EPOCH_NOTE
     )
 
 

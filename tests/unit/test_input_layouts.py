@@ -42,7 +42,7 @@ def test_a_second_held_out_folder_in_another_case_is_named_and_a_second_train_fo
     assert sum(splits) == 2  # Validation/ comes before Testing/ in the preference order
     assert unread_splits_note(root).startswith(f"warning: {root}: validates on Validation/; Testing/ beside it")
     shutil.copytree(root / "Training", root / "train")
-    with pytest.raises(DataError, match=r"holds Training/ beside \['train'\]: expected train/ with at most one"):
+    with pytest.raises(DataError, match=r"holds Training/ beside train/: expected train/ with at most one"):
         scan_splits(root)
 
 
@@ -121,7 +121,7 @@ def test_an_image_shape_typed_height_width_channels_is_refused_naming_the_order(
     argv = ["train", "--data", source, "--image-shape", "16x16x3", "--out-dir", str(runs), "--no-progress"]
     assert main([*argv, "--no-tensorboard"]) == 2 and not runs.exists()
     assert capsys.readouterr().err.strip() == (
-        "cnnpar: error: --image-shape 16x16x3: channels come first: expected 3x16x16"
+        "cnnpar: error: data.image_shape (--image-shape) = '16x16x3': channels come first: expected 3x16x16"
     )
 
 

@@ -177,6 +177,55 @@ def test_synthetic_has_the_asked_shape_and_classes():
     assert len(labels) == 100 and 0 <= int(labels.min()) and int(labels.max()) < 5
 
 
+def test_synthetic_data_of_up_to_96_classes_is_what_it_was(tmp_path):
+    """The brightness offset runs, tests and benchmarks trained on: bit for bit the same."""
+    bundle = load_data(DataConfig(source="synthetic", image_shape="3x8x8", synthetic_samples=64, val_fraction=0), 3)
+    g = torch.Generator().manual_seed(3)
+    y = torch.randint(0, 10, (64,), generator=g)
+    x = (
+        torch.randint(0, 160, (64, 3, 8, 8), generator=g, dtype=torch.uint8)
+        + (y * 10).to(torch.uint8)[:, None, None, None]
+    )
+    assert torch.equal(bundle.train.x, x) and torch.equal(bundle.train.y, y)
+
+
+def test_synthetic_classes_past_96_differ_from_each_other():
+    """The offset step 95 // (classes - 1) is 0 past 96 classes: 200 classes were one distribution of noise."""
+    cfg = DataConfig(source="synthetic", image_shape="3x8x8", num_classes=200, synthetic_samples=6000)
+    bundle = load_data(cfg, 0)
+    x, y = bundle.train.x.float().flatten(1), bundle.train.y
+    means = torch.stack([x[y == k].mean(0) for k in range(200)])
+    val_x = bundle.val.x.float().flatten(1)
+    nearest = torch.cdist(val_x, means).argmin(1)  # the class whose mean image is nearest
+    accuracy = float((nearest == bundle.val.y).float().mean())
+    assert accuracy > 0.5, accuracy  # chance is 0.5 %
+
+
+def test_an_in_memory_resize_that_cannot_fit_is_refused_and_one_that_fits_is_chunked(monkeypatch):
+    """--image-size 20000 on the digits asked torch's allocator for 2.9 TB and stopped in a traceback."""
+    import psutil
+    import torch.nn.functional as F
+
+    from cnnpar.data import arrays
+
+    class Little:
+        available = 10**8
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Little)
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source="digits", image_size=300), 0)
+    assert str(e.value) == (
+        "--image-size 300: 1,797 images of 1x300x300 take 0.2 GB, more than the 0.1 GB of memory available: "
+        "expected a smaller --image-size"
+    )
+    monkeypatch.undo()
+    x = torch.randint(0, 256, (20, 3, 12, 12), dtype=torch.uint8)
+    monkeypatch.setattr(arrays, "RESIZE_CHUNK_BYTES", 4 * 3 * (12 * 12 + 30 * 30) * 3)  # 3 images a chunk
+    for size in (30, 5):
+        whole = F.interpolate(x.float(), size=(size, size), mode="bilinear", antialias=size < 12)
+        assert torch.equal(arrays.resize_square(x, size), whole.round_().clamp_(0, 255).to(torch.uint8))
+
+
 def test_digits_are_built_in_and_upscaled():
     bundle = load_data(DataConfig(source="digits"))
     assert bundle.shape == (1, 16, 16) and bundle.num_classes == 10
@@ -257,7 +306,7 @@ def test_train_beside_another_folder_is_refused_and_an_empty_class_folder_does_n
     write_image_folder(tmp_path / "a" / "train", per_class=3, classes=3)
     (tmp_path / "a" / "extra").mkdir()
     (tmp_path / "a" / "__MACOSX").mkdir()
-    with pytest.raises(DataError, match=r"holds train/ beside \['extra'\]: expected train/ with at most one of"):
+    with pytest.raises(DataError, match=r"holds train/ beside extra/: expected train/ with at most one of"):
         load_data(DataConfig(source=str(tmp_path / "a"), image_size=8), seed=0)
     (tmp_path / "a" / "extra").rmdir()  # __MACOSX alone beside train/ is ignored
     assert load_data(DataConfig(source=str(tmp_path / "a"), image_size=8), seed=0).class_names == [
@@ -427,7 +476,10 @@ def test_float_pixels_brightened_past_1_are_refused_not_read_as_0_255_and_rounde
     refused = r"f\[x_train\]: float values in \[[0-9.e-]+, 1\.09\d*\]: neither pixels in \[0, 1\] nor in \[0, 255\] "
     with pytest.raises(DataError, match=refused + r".*expected every value in \[0, 1\]"):
         to_nchw_uint8(x, "f[x_train]")
-    assert to_nchw_uint8(x * 3, "x").max() == 3  # dark 0..255 pixels, four levels or more: read as they are
+    # read as 0..255 these round to four levels: refused too, where whole numbers (dark pixels) are read as they are
+    with pytest.raises(DataError, match=r"x: float values in \[[0-9.e-]+, 3\.29\d*\], not whole numbers: .* to 4 grey"):
+        to_nchw_uint8(x * 3, "x")
+    assert to_nchw_uint8(np.rint(x * 3), "x").max() == 3
     np.savez(tmp_path / "b.npz", x_train=x, y_train=np.arange(40) % 2)
     with pytest.raises(DataError, match=r"b\.npz\[x_train\]: float values in"):
         load_data(DataConfig(source=str(tmp_path / "b.npz")), 0)

@@ -1,0 +1,142 @@
+"""An .npz's keys and values as cnnpar reads them: a validation split under the names an image folder's takes,
+every key it does not read named, and a line wherever the pixels' reading is not plain 0..255."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cnnpar.config import DataConfig
+from cnnpar.data import load_data, load_predict_data
+from cnnpar.data.arrays import to_nchw_uint8
+from cnnpar.errors import DataError
+from tests.datafiles import bar_images, damaged_jpeg
+
+UNREAD = (
+    "cnnpar reads x_train, y_train, one held-out split (x_val, y_val; or valid, validation, test, testing), "
+    "class_names, and train_jpeg|png + train_offsets in place of x_train"
+)
+
+
+def _load(path, **cfg):
+    return load_data(DataConfig(source=str(path), **cfg), 0)
+
+
+@pytest.mark.parametrize("split", ["val", "valid", "validation", "test"])
+def test_a_held_out_split_under_any_folder_name_validates(tmp_path, split):
+    """x_val/y_val were left unread without a word, and 20 % of x_train was held out instead."""
+    x, y = bar_images(40)
+    path = tmp_path / "d.npz"
+    np.savez(path, x_train=x[:30], y_train=y[:30], **{f"x_{split}": x[30:], f"y_{split}": y[30:]})
+    bundle = _load(path)
+    assert len(bundle.train) == 30 and torch.equal(bundle.val.x[:, 0], torch.from_numpy(x[30:]))
+    word = "test" if split == "test" else f"validation split (x_{split})"
+    assert bundle.val_from.startswith(f"the data's own {word}") and bundle.load_note == ""
+    dataset, _, labels_from = load_predict_data(str(path))  # predict reads the split training validated on
+    assert len(dataset) == 10 and labels_from == f"y_{split}"
+    from cnnpar.config import Config
+    from cnnpar.flag_effects import unused_flags
+
+    (line,) = unused_flags(Config(data=DataConfig(source=str(path), val_fraction=0.1)), {"data.val_fraction"})
+    word = "test" if split == "test" else "validation"
+    assert f"validates on its own {word} split (x_{split}, y_{split})" in line
+
+
+def test_a_second_held_out_split_is_named_not_read_and_an_incomplete_first_is_refused(tmp_path):
+    x, y = bar_images(40)
+    path = tmp_path / "two.npz"
+    np.savez(path, x_train=x[:20], y_train=y[:20], x_test=x[20:30], y_test=y[20:30], x_val=x[30:], y_val=y[30:])
+    bundle = _load(path)
+    assert torch.equal(bundle.val.x[:, 0], torch.from_numpy(x[30:]))  # val first, as a folder's val/ before test/
+    assert bundle.load_note == (
+        f"warning: {path}: key(s) x_test, y_test not read (val validates, the first of "
+        f"val|valid|validation|test|testing): {UNREAD}"
+    )
+    np.savez(path, x_train=x[:20], y_train=y[:20], x_val=x[30:], x_test=x[20:30], y_test=y[20:30])
+    with pytest.raises(DataError, match=r"two\.npz: has only one of x_val / y_val: expected both or neither"):
+        _load(path)
+
+
+def test_keys_that_are_not_read_are_named(tmp_path):
+    x, y = bar_images(20)
+    path = tmp_path / "extra.npz"
+    np.savez(path, x_train=x, y_train=y, mean=x.mean(0), foo=np.arange(3))
+    assert _load(path).load_note == f"warning: {path}: key(s) mean, foo not read: {UNREAD}"
+    from PIL import Image  # x_train beside train_jpeg: x_train is read, and train_jpeg was dropped unsaid
+
+    jpeg = tmp_path / "a.jpg"
+    Image.fromarray(x[0]).save(jpeg)
+    data = np.frombuffer(jpeg.read_bytes(), np.uint8)
+    np.savez(path, x_train=x, y_train=y, train_jpeg=data, train_offsets=np.array([0, len(data)]))
+    assert _load(path).load_note == (
+        f"warning: {path}: key(s) train_jpeg, train_offsets not read (x_train is read, not train_jpeg): {UNREAD}"
+    )
+
+
+@pytest.mark.parametrize("top", [3.0, 10.0, 31.0])
+def test_float_pixels_of_a_few_levels_that_are_not_whole_numbers_are_refused(top):
+    """Floats over [0, 3] read as 0..255 rounded to 4 grey levels ([0, 10] to 11) and trained without a note."""
+    x = np.random.default_rng(0).random((20, 8, 8)) * top
+    x.flat[0] = top
+    with pytest.raises(DataError) as e:
+        to_nchw_uint8(x, "d.npz[x_train]")
+    assert str(e.value) == (
+        f"d.npz[x_train]: float values in [{x.min():g}, {top:g}], not whole numbers: neither pixels in [0, 1] nor "
+        f"in [0, 255] (read as 0..255 they round to {int(top) + 1} grey levels): expected every value in [0, 1] "
+        "(x / x.max()) or pixels in [0, 255] (x * 255 / x.max())"
+    )
+
+
+def test_whole_or_wide_floats_are_read_and_the_reading_is_said_where_it_is_not_plain():
+    rng = np.random.default_rng(0)
+    notes: list[str] = []
+    assert to_nchw_uint8(rng.random((20, 8, 8)) * 40, "w", notes).max() == 40 and notes == []  # 32 and above
+    digits = np.rint(rng.random((20, 8, 8)) * 16)  # scikit-learn's digits: floats of whole numbers 0..16
+    assert torch.equal(to_nchw_uint8(digits, "d", notes)[:, 0], torch.from_numpy(digits.astype(np.uint8)))
+    to_nchw_uint8(np.rint(rng.random((20, 8, 8)) * 16).astype(np.int64), "i", notes)
+    to_nchw_uint8(rng.random((20, 8, 8)).astype(np.float32), "f", notes)
+    to_nchw_uint8(rng.integers(0, 256, (20, 8, 8), dtype=np.uint8), "u", notes)  # plain pixels: nothing to say
+    dark = "only, read as they are on the 0..255 scale (dark: training normalises each channel, so it learns alike"
+    assert [n.split(": ", 2)[1:] for n in notes] == [
+        ["d", f"pixel values 0..16 {dark}; x * 255 / x.max() fills the range)"],
+        ["i", f"pixel values 0..16 {dark}; x * 255 / x.max() fills the range)"],
+        ["f", "float pixels in [" + notes[2].split("[", 1)[1]],
+    ]
+    assert notes[2].endswith("], read as [0, 1]: scaled by 255")
+
+
+def test_an_npz_run_says_how_its_pixels_were_read_once(tmp_path):
+    x, y = bar_images(20)
+    path = tmp_path / "f.npz"
+    np.savez(path, x_train=x / 255.0, y_train=y, x_test=x / 255.0, y_test=y)
+    assert (
+        _load(path).load_note == f"note: {path}[x_train]: float pixels in [0, 0.901961], read as [0, 1]: scaled by 255"
+    )
+
+
+def test_a_damaged_jpeg_in_an_encoded_archive_is_named_and_counted_as_torchvision_s(tmp_path):
+    """simplejpeg (strict) declined it and torchvision decoded it: libjpeg's own line named no image, and the load
+    line said every JPEG was simplejpeg's."""
+    from cnnpar.data.cpu_decode import simplejpeg_module
+
+    if simplejpeg_module() is None:
+        pytest.skip("simplejpeg is not installed: every JPEG is torchvision's")
+    files = [damaged_jpeg(seed=k) if k == 2 else _good_jpeg(k) for k in range(6)]
+    offsets = np.cumsum([0] + [len(f) for f in files])
+    path = tmp_path / "enc.npz"
+    np.savez(path, train_jpeg=np.frombuffer(b"".join(files), np.uint8), train_offsets=offsets, y_train=np.arange(6) % 2)
+    lines = _load(path, val_fraction=0).load_note.splitlines()
+    assert "(JPEGs by simplejpeg, 1 of 6 by torchvision: files simplejpeg declines)" in lines[0]
+    assert lines[1].startswith(f"warning: {path}[train_jpeg] image 2: damaged JPEG data (libjpeg: Corrupt JPEG data")
+    assert lines[1].endswith("), decoded anyway by torchvision") and len(lines) == 2
+
+
+def _good_jpeg(seed: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(buf, "JPEG")
+    return buf.getvalue()
