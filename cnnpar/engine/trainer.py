@@ -1189,7 +1189,7 @@ class Trainer:
             self.log(
                 f"warning: epoch {epoch}: {said} (fp16 overflows; the GradScaler skipped "
                 f"{self.precision.skipped_steps} steps so far; the weights and buffers are finite); if it stays so, "
-                f"try --precision bf16 or --lr {self.cfg.optim.lr / 2:g}"
+                f"try --precision bf16 or {self._half_the_lr()}"
             )
 
     def _state_finite(self, probe: bool) -> tuple[bool, float, float, float]:
@@ -1216,12 +1216,17 @@ class Trainer:
         every_largest, outputs, own_largest = torch.cat([sums, largest[None]]).tolist()
         return math.isfinite(every_largest), outputs, every_largest, own_largest
 
+    def _half_the_lr(self) -> str:
+        """Half the --lr the user gave, in the flag's own terms: the lr that trained may be that one scaled to a
+        searched batch or the world size (call ZZZZR: --lr 5 trained at 10 and was told to try --lr 5)."""
+        return f"--lr {self.requested_cfg.optim.lr / 2:g}"
+
     def _diverged(self, epoch: int, what: str, value: float, text: str = "") -> None:
         """Raise the one-line error; `what` and `value` are Diverged's fields, `text` what the line says of them."""
         text = text or f"{what} {value} is not finite"
         kept = f" (epochs 1-{self.history[-1]['epoch']} are kept in {self.run_dir})" if self.history else ""
         # only what would change something: a run in fp32 and not compiled is told only of its lr
-        advice = [f"a lower lr (--lr {self.cfg.optim.lr / 2:g})"]
+        advice = [f"a lower lr ({self._half_the_lr()})"]
         if self.cfg.speed.precision != "fp32":
             advice.append("--precision fp32")
         if self.cfg.speed.compile != "off":

@@ -80,11 +80,15 @@ def test_a_diverged_epoch_stops_the_run_and_keeps_the_finished_ones(tmp_path, mo
 def test_the_divergence_advice_names_only_what_would_change(precision, compile_mode, advice):
     from types import SimpleNamespace
 
+    # the lr that trained is the typed 0.2 scaled (x2: a searched batch of twice --lr-batch under SGD); the advice
+    # halves what the user typed, or it would name the typed value itself
     cfg = SimpleNamespace(
-        optim=SimpleNamespace(lr=0.2), speed=SimpleNamespace(precision=precision, compile=compile_mode)
+        optim=SimpleNamespace(lr=0.4), speed=SimpleNamespace(precision=precision, compile=compile_mode)
     )
+    trainer = SimpleNamespace(cfg=cfg, history=[], requested_cfg=SimpleNamespace(optim=SimpleNamespace(lr=0.2)))
+    trainer._half_the_lr = lambda: trainer_mod.Trainer._half_the_lr(trainer)
     with pytest.raises(Diverged) as e:
-        trainer_mod.Trainer._diverged(SimpleNamespace(cfg=cfg, history=[]), 3, "val loss", float("nan"))
+        trainer_mod.Trainer._diverged(trainer, 3, "val loss", float("nan"))
     assert str(e.value) == f"epoch 3: val loss nan is not finite, training diverged: try {advice}"
 
 
