@@ -271,14 +271,6 @@ def _one_process(cfg: Config) -> str:
     return "one process runs, with no other to join: --nproc 2 or more (or torchrun) uses it"
 
 
-def _nproc_dropped(cfg: Config) -> str:
-    from cnnpar.dist import debug_single_requested
-
-    if debug_single_requested(cfg.dist.debug_single):
-        return "the debug switch (--debug-single, CNNPAR_DEBUG_SINGLE) runs one process: drop it to start more"
-    return ""
-
-
 MUON = ("optim.muon_lr", "optim.muon_momentum", "optim.muon_ns_steps", "optim.muon_normalize")
 AVERAGE = ("optim.ema_every", "optim.ema_start", "optim.ema_warmup")
 
@@ -300,7 +292,7 @@ RULES = (
     Rule(("dist.timeout_s",), _one_process),
     # DDP's switches beside --strategy horovod are refused (config.DistConfig)
     Rule(("dist.ddp_bucket_mb", "dist.ddp_static_graph", "dist.ddp_broadcast_buffers"), _one_process),
-    Rule(("dist.nproc",), _nproc_dropped, lambda value: value > 1),
+    # --nproc N under the debug switch: said once, by its start-up line with the batch (dist.debug_switch_cut)
 )
 
 

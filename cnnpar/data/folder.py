@@ -267,7 +267,8 @@ def scan_splits(
         raise DataError(
             f"{root}: holds {train_dir.name}/ beside {shown}: expected train/ with at most one of "
             f"{_split_names()}/ (class folders in each), or class folders alone (a class folder named "
-            f"{train_dir.name}/ is read as one where it holds its images itself beside 2 or more other classes; "
+            f"{train_dir.name}/ is read as one where it holds its images itself beside 2 or more other class "
+            "folders not named like a split (val, test, ...); "
             "else rename it)"
         )
     files, labels, classes = scan_folder(train_dir, skipped)

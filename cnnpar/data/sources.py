@@ -625,9 +625,17 @@ def load_predict_data(
     if fmt == "npz":
         path = Path(source)
         arrays = _read_npz(path)
-        # the split training validated on, else the training images
+        # the test images where the archive has them (predict's job, labelled or not; an x_val beside them is the
+        # split training validated on, not what a submission is for), else the split that validated, else training's
         held = npz_held_splits(arrays)
-        found = (npz_images(arrays, held[0], path) if held else None) or npz_images(arrays, "train", path)
+        order = [s for s in ("test", "testing") if s in held] + [s for s in held if s not in ("test", "testing")]
+        found = next((f for s in order if (f := npz_images(arrays, s, path)) is not None), None)
+        found = found or npz_images(arrays, "train", path)
+        if found is not None and notes is not None and len(held) > 1:
+            notes.append(
+                f"images: {found[1]} of {source} ({len(found[0]):,}); the archive also holds "
+                f"{', '.join('x_' + s for s in held if 'x_' + s != found[1])}, not predicted"
+            )
         if found is None:
             raise DataError(
                 f"{source}: no x_test (x_val, ...) or x_train key, nor test_jpeg/train_jpeg with offsets (found "

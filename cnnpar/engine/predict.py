@@ -179,6 +179,17 @@ def _refuse_checkpoint_paths(target: Path, found: Path) -> None:
             raise UserError(f"--out {target}: is the run's {where.name}: expected another path for the predictions")
 
 
+def digits_resize_note(trained_on: str | None, h: int, w: int) -> str:
+    """A note where the built-in 8x8 digits are resized for a model of other data; "" for a digits run (train
+    resizes them the same way) and for a model of 8x8 images (nothing is resized)."""
+    if trained_on == "digits" or (h, w) == (8, 8):
+        return ""
+    return (
+        f"cnnpar: note: the built-in digits are 8x8 images, resized to the model's {h}x{w} "
+        f"(it was trained on {trained_on or 'other data'})"
+    )
+
+
 def unused_flag_notes(fmt: str, data: str, image_shape: str, resize: bool, side: tuple[int, int]) -> list[str]:
     """A note for --image-shape and --resize typed where they do nothing (as `cnnpar train` names such flags):
     --image-shape shapes CSV rows, --resize resizes CSV and .npz arrays; folders and the built-in digits are
@@ -287,15 +298,8 @@ def predict(
             f"{data}: {e.n_pixels} pixel columns: expected {c * h * w}, one per value of the {c}x{h}x{w} images "
             "the model was trained on"
         ) from None
-    trained_on = run_cfg.get("data", {}).get("source")
-    if fmt == "digits" and trained_on != "digits":
-        # train resizes the 8x8 digits the same way, so a digits run needs no word; a run of other data does
-        print(
-            f"cnnpar: note: the built-in digits are 8x8 images, resized to the model's {h}x{w} "
-            f"(it was trained on {trained_on or 'other data'})",
-            file=sys.stderr,
-            flush=True,
-        )
+    if fmt == "digits" and (note := digits_resize_note(run_cfg.get("data", {}).get("source"), h, w)):
+        print(note, file=sys.stderr, flush=True)
     if skipped:  # a folder's images in other formats get no row: said where the other warnings go
         print(skipped_note(skipped), file=sys.stderr, flush=True)
     id_name = "ImageId"

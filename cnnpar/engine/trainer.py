@@ -664,8 +664,10 @@ class Trainer:
             details = [f"global batch {was_global} -> {now_global} per step"]
         scaling = f"--lr-scaling {self.cfg.optim.lr_scaling}"
         if math.isclose(was_lr, self.lr, rel_tol=1e-9):
-            if was_global != now_global:
+            if was_global != now_global and old_world != world:
                 details.append(f"lr not rescaled: {scaling}")
+            elif was_global != now_global:  # --lr-scaling follows the process count, which did not change
+                details.append("lr not rescaled: the per-process batch or accumulation changed, not the processes")
         else:
             details.append(f"peak lr {was_lr:g} -> {self.lr:g}: {scaling}")
         if old_world == world:

@@ -167,7 +167,8 @@ def check_square(shape: tuple[int, int, int], what: str) -> None:
 
 
 SPEC_HELP = {
-    "data": "digits (built in), an .npz (x_train, y_train[, x_test, y_test]), a train.csv or synthetic (random "
+    "data": "digits (built in), an .npz (x_train, y_train[, x_val|x_test, y_val|y_test]), a train.csv or "
+    "synthetic (random "
     "images of --image-shape, default 3x32x32)",
     "format": f"how to read --data (auto, {', '.join(ARRAY_FORMATS)})",
     "image_shape": "CxHxW of CSV rows when not square grey, or of synthetic images; square (H = W)",

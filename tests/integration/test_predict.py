@@ -685,3 +685,11 @@ def test_predict_notes_image_shape_and_resize_where_they_do_nothing(tmp_path, ca
         "cnnpar: note: --resize not used: it resizes CSV and .npz images, and digits is the built-in digits, resized "
         "to the model's 16x16"
     )
+
+
+def test_the_digits_note_is_said_only_where_they_are_resized():
+    """A model of 8x8 images was told the digits were "resized to the model's 8x8" (session 33 review)."""
+    from cnnpar.engine.predict import digits_resize_note
+
+    assert digits_resize_note("kag.csv", 8, 8) == "" and digits_resize_note("digits", 16, 16) == ""
+    assert digits_resize_note("kag.csv", 28, 28).endswith("resized to the model's 28x28 (it was trained on kag.csv)")

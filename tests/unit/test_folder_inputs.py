@@ -43,7 +43,7 @@ def test_a_train_split_beside_many_other_folders_is_refused_in_a_short_line(tmp_
         f"{root}: holds train/ beside extra0/, extra1/, extra2/, extra3/, extra4/, ... (8 in all): expected train/ "
         "with at most one of val|valid|validation|test|testing/ (class folders in each), or class folders alone "
         "(a class folder named train/ is read as one where it holds its images itself beside 2 or more other "
-        "classes; else rename it)"
+        "class folders not named like a split (val, test, ...); else rename it)"
     )
 
 

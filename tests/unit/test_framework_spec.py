@@ -500,3 +500,12 @@ def test_the_torch_runner_reads_the_data_with_the_format_and_shape_it_was_given(
     header, rows = torch_runner.train(FRAMEWORKS["torch"], spec)
     assert header["image_shape"] == "3x8x8" and header["train_samples"] == "77"
     assert len(rows) == 1
+
+
+def test_chance_for_few_classes_is_one_over_classes_plus_a_margin():
+    """1.5 / classes is 75 % for two classes: a binary run at 64.9 % that learned was failed as "did not learn"
+    (the session 33 review)."""
+    assert not compare.at_chance([{"val_acc": "0.649"}], 2)
+    assert compare.at_chance([{"val_acc": "0.54"}], 2)
+    assert not compare.at_chance([{"val_acc": "0.49"}], 3)
+    assert compare.at_chance([{"val_acc": "0.15"}], 10) and not compare.at_chance([{"val_acc": "0.16"}], 10)

@@ -140,3 +140,15 @@ def _good_jpeg(seed: int) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(seed).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(buf, "JPEG")
     return buf.getvalue()
+
+
+def test_predict_reads_the_test_images_beside_a_validation_split(tmp_path):
+    """x_val validates in training, but predict is for the test images: with x_val first in the folder order it
+    predicted the 10 validation images and never the test ones, without a word (the session 33 review)."""
+    x, y = bar_images(45)
+    path = tmp_path / "d.npz"
+    np.savez(path, x_train=x[:25], y_train=y[:25], x_val=x[25:35], y_val=y[25:35], x_test=x[35:])  # test unlabelled
+    notes: list[str] = []
+    dataset, _, labels_from = load_predict_data(str(path), notes=notes)
+    assert torch.equal(dataset.x[:, 0], torch.from_numpy(x[35:])) and labels_from == ""
+    assert notes == [f"images: x_test of {path} (10); the archive also holds x_val, not predicted"]
