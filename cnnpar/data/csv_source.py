@@ -202,8 +202,7 @@ def _data_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
     """(line number in the file, values) of each data row; read only to name a bad row.
 
     Blank lines are skipped, as pyarrow skips them, so the k-th row here is pyarrow's row k."""
-    with path.open("rb") as f:
-        compressed = f.read(2) == GZIP_MAGIC
+    compressed = _sniff_gzip(path)
     csv.field_size_limit(max(csv.field_size_limit(), FIELD_LIMIT))
     with _open_text(path, compressed) as f:
         reader = csv.reader(f)

@@ -199,15 +199,22 @@ def split_dirs(root: Path) -> tuple[Path | None, list[Path]]:
     """`root`'s train folder (None where it has none) and its held-out folders, in `VAL_NAMES` order: the first
     validates. Names match in any case; folders are looked for only where a train folder is there, so a class
     folder named `test` among classes stays a class, and so does one named `train` (`_train_is_a_class`)."""
-    try:
-        folders = sorted(p.name for p in root.iterdir() if p.is_dir())
-    except OSError:
-        return None, []
-    train = next((n for n in folders if n.lower() in TRAIN_NAMES), None)
-    if train is None or _train_is_a_class(root, train, folders):
+    folders, train, is_class = _train_folder(root)
+    if train is None or is_class:
         return None, []
     held = sorted((n for n in folders if n.lower() in VAL_NAMES), key=lambda n: (VAL_NAMES.index(n.lower()), n))
     return root / train, [root / n for n in held]
+
+
+def _train_folder(root: Path) -> tuple[list[str], str | None, bool]:
+    """`root`'s folder names, its train folder's name (None where it has none) and whether that folder is a class
+    (`_train_is_a_class`): what split_dirs and train_class_note both decide from."""
+    try:
+        folders = sorted(p.name for p in root.iterdir() if p.is_dir())
+    except OSError:
+        return [], None, False
+    train = next((n for n in folders if n.lower() in TRAIN_NAMES), None)
+    return folders, train, train is not None and _train_is_a_class(root, train, folders)
 
 
 def _train_is_a_class(root: Path, train: str, folders: list[str]) -> bool:
@@ -224,12 +231,8 @@ def _train_is_a_class(root: Path, train: str, folders: list[str]) -> bool:
 def train_class_note(root: str | Path) -> str:
     """A note where a folder named train/ is read as a class (`_train_is_a_class`), or ""."""
     root = Path(root)
-    try:
-        folders = sorted(p.name for p in root.iterdir() if p.is_dir())
-    except OSError:
-        return ""
-    train = next((n for n in folders if n.lower() in TRAIN_NAMES), None)
-    if train is None or not _train_is_a_class(root, train, folders):
+    _, train, is_class = _train_folder(root)
+    if not is_class:
         return ""
     return (
         f"note: {root}: {train}/ holds images itself, beside other class folders: read as the class {train!r}, not "
