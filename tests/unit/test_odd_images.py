@@ -179,6 +179,55 @@ def test_odd_file_decodes_to_its_picture_or_is_named_in_one_line(tmp_path, name,
     assert diff.mean() <= case.tolerance[0] and diff.max() <= case.tolerance[1], (diff.mean(), diff.max())
 
 
+def cuda_decoder(backend: str) -> Callable[[list[Path]], torch.Tensor]:
+    """`GpuDecoder` on a real GPU with `backend`, on batches the workers' `EncodedFolderDataset` reads;
+    skips where this machine lacks the backend."""
+
+    def run(files: list[Path]) -> torch.Tensor:
+        if backend == "hardware":
+            from cnnpar.data.nvjpeg_hw import hardware_decoder_available
+
+            why = hardware_decoder_available(0)
+            if why:
+                pytest.skip(why)
+        if backend == "nvimgcodec":
+            pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
+        ds = EncodedFolderDataset(files, [0, 1], SIZE)
+        batch, _ = collate_encoded([ds[i] for i in range(len(ds))])
+        out = GpuDecoder(files, SIZE, torch.device("cuda"), train=False, backend=backend)(batch)
+        return out.cpu()
+
+    return run
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["nvjpeg", "hardware", "nvimgcodec"])
+@pytest.mark.parametrize("name", CASES)
+def test_cuda_decoders_decode_each_odd_file_to_its_picture_or_name_it_in_one_line(tmp_path, name, backend):
+    """Issue 11 item 7 on the GPU decoders themselves (the test above runs the GPU path with the CPU
+    standing in for them): each odd file reaches its picture or the same one-line error."""
+    case = CASES[name]
+    files = write(tmp_path, name, case.data)
+    decode = cuda_decoder(backend)
+    if case.expected is None:
+        with pytest.raises(DataError) as e:
+            decode(files)
+        message = str(e.value)
+        assert "\n" not in message and ".cpp" not in message, message
+        assert message.startswith(f"{files[1]}: ") and message.endswith(EXPECTED_TAIL), message
+        assert re.search(case.error, message), message
+        return
+    out = decode(files)
+    assert out.shape == (2, 3, SIZE, SIZE) and out.dtype == torch.uint8
+    diff = (out[1].int() - reference(case.expected).int()).abs().float()
+    print(f"{backend} {name}: mean {float(diff.mean()):.3f} max {int(diff.max())}")
+    # nvJPEG's and the engines' IDCT, chroma upsampling and colour conversion differ from libjpeg-turbo's
+    # (item 8's cause, docs/decoding.md): the bound of the CUDA decoders' other comparisons
+    mean, most = (1.0, 20) if case.tolerance != LOSSLESS else LOSSLESS
+    assert diff.mean() <= mean and diff.max() <= most, (diff.mean(), diff.max())
+
+
 @pytest.mark.parametrize("backend", ["pillow", "simplejpeg"])
 def test_a_truncated_photo_decoded_reduced_is_named_too(tmp_path, backend):
     """Pillow or simplejpeg decodes the reduced JPEGs (DCT scaling): a cut file must fail there as
