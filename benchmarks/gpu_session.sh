@@ -1107,6 +1107,15 @@ s27b)
       --epochs 3 --no-progress --out-dir /tmp/runs_c10
   cp /tmp/runs_c10/*/summary.json "$R/cifar_encoded_summary.json" 2>/dev/null
   ;;
+s34a)
+  # session 34, call A (one H200, ~7 min with a cold start; carry .whl alone, nvImageCodec's wheel in it): every
+  # GPU-marked test at the session's last code (odd files through the three CUDA decoders among them), then the
+  # divergence advice on CUDA (session 33 changed it after its calls)
+  TAIL=30 logged gpu_tests 420 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=10 -rs
+  TAIL=12 logged fp16_lr5 150 python3 -m cnnpar train --device cuda --data synthetic --image-shape 3x32x32 \
+      --synthetic-samples 4096 --model resnet18 --precision fp16 --optimizer sgd --lr 5 --epochs 3 --no-progress \
+      --out-dir /tmp/runs_f16 --name f16
+  ;;
 s33a)
   # session 33, call A (one H200, ~5 min with a cold start; carry .whl alone): every GPU-marked test at the session's
   # last code
