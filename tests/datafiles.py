@@ -116,6 +116,22 @@ def damaged_jpeg(side: int = 64, seed: int = 0) -> bytes:
     return bytes(data)
 
 
+def short_png(width: int, height: int, raw_bytes: int) -> bytes:
+    """An 8-bit RGB PNG whose whole zlib stream inflates to `raw_bytes` zero bytes, where its `width` x `height`
+    header needs height * (1 + 3 * width): libpng stops with "Not enough image data", on which torchvision 0.29
+    crashes the process (SIGSEGV) and Pillow raises "image file is truncated". Never decode one with torchvision
+    in the test process: a refusal that failed would end pytest."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    idat = zlib.compress(bytes(raw_bytes))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
 def photo_crops(n: int, side: int, seed: int = 0) -> np.ndarray:
     """(n, side, side, 3) uint8 crops of scikit-learn's two bundled photos (a temple, a flower): natural images,
     where neighbouring pixels and the three channels agree as they do in photos."""

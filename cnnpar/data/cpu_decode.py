@@ -49,7 +49,6 @@ import functools
 import io
 import math
 import sys
-import zlib
 from pathlib import Path
 
 import torch
@@ -59,6 +58,7 @@ from torch.utils.data import Dataset
 from cnnpar.data.crop_resize import RRC_SCALE, check_min_scale, draw_crop_boxes
 from cnnpar.data.folder import check_pixel_count, decode_error, decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import JpegHeader, read_jpeg_header
+from cnnpar.data.png_header import png_size
 from cnnpar.data.transforms import keyed_generator
 from cnnpar.errors import DataError
 
@@ -66,23 +66,10 @@ DCT_SCALES = (8, 4, 2)  # the reductions libjpeg-turbo's scaled IDCT offers thro
 # libjpeg-turbo also scales by M/8 (3/8, 5/8, 3/4, 7/8), but only 1/2, 1/4 and 1/8 have SIMD code:
 # on the ImageNet photos 5/8, 6/8 and 7/8 took 1.29, 1.46 and 1.86 ms against 1.10 at full size
 # (benchmarks/results/jpeg_decode_cpu_simplejpeg.csv, cpu_profile rows).
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # A worker keeps its decode buffer between photos up to this size (a 12-megapixel photo's 36 MB
 # fits); the rare larger decode gets a buffer of its own, freed with it.
 KEEP_BUFFER_BYTES = 64 << 20
 _DRAFT_SOF = frozenset({0xC0, 0xC1, 0xC2})  # Huffman-coded baseline, extended and progressive frames
-
-
-def png_size(data) -> tuple[int, int] | None:
-    """(height, width) from a PNG's IHDR chunk, or None when `data` does not start like a PNG, or its IHDR fails
-    its checksum (where `data` holds it): a damaged size is left for the decoder to refuse as damage, not taken
-    for a size (2 x 117,901,063 pixels, refused as too many)."""
-    if len(data) < 24 or bytes(data[:8]) != PNG_SIGNATURE or bytes(data[12:16]) != b"IHDR":
-        return None
-    if len(data) >= 33 and zlib.crc32(bytes(data[12:29])) != int.from_bytes(data[29:33], "big"):
-        return None
-    w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    return (h, w) if h > 0 and w > 0 else None
 
 
 def reduction(crop_h: int, crop_w: int, size: int) -> int:

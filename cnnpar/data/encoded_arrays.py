@@ -14,10 +14,10 @@ import torch
 
 from cnnpar.data.cpu_decode import simplejpeg_module, turbo_ready
 from cnnpar.data.jpeg_header import read_jpeg_header
+from cnnpar.data.png_header import PNG_SIGNATURE
 from cnnpar.errors import DataError
 
 KINDS = ("jpeg", "png")
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def encoded_keys(arrays: dict, split: str) -> tuple[str, str] | None:

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from cnnpar.data.jpeg_header import read_jpeg_header
+from cnnpar.data.png_header import PngHeader, data_shortfall, read_png_header
 from cnnpar.data.tv_codecs import tv_codecs
 from cnnpar.errors import DataError, first_line
 
@@ -385,16 +387,32 @@ def check_pixel_count(path: Path | str, h: int, w: int) -> None:
         )
 
 
-def _check_header_pixels(data: torch.Tensor, path: Path | str) -> None:
-    """check_pixel_count on the size a JPEG's frame header or a PNG's IHDR gives (other formats: none is read)."""
-    from cnnpar.data.cpu_decode import png_size  # (cpu_decode imports this module)
-    from cnnpar.data.jpeg_header import read_jpeg_header
+def check_png_data(path: Path | str, data, header: PngHeader) -> None:
+    """Refuse a PNG whose image data is too short for the pixels its header gives (png_header.data_shortfall):
+    torchvision's decoder crashes the process on it (SIGSEGV) instead of raising."""
+    short = data_shortfall(data, header)
+    if short is None:
+        return
+    held, fewest = short
+    raise DataError(
+        f"{path}: cannot decode as an image (PNG image data of {held:,} bytes, where its {header.width}x"
+        f"{header.height} pixels need at least {fewest:,} however compressed: cut short or damaged): expected a "
+        "readable JPEG or PNG file"
+    )
 
+
+def _check_header_pixels(data: torch.Tensor, path: Path | str) -> None:
+    """check_pixel_count on the size a JPEG's frame header or a PNG's IHDR gives (other formats: none is read), and
+    check_png_data on a PNG, before torchvision decodes it."""
     view = memoryview(data.numpy())
     jpeg = read_jpeg_header(view)
-    hw = (jpeg.height, jpeg.width) if jpeg is not None else png_size(view[:64])
-    if hw is not None:
-        check_pixel_count(path, *hw)
+    if jpeg is not None:
+        check_pixel_count(path, jpeg.height, jpeg.width)
+        return
+    png = read_png_header(view)
+    if png is not None:
+        check_pixel_count(path, png.height, png.width)
+        check_png_data(path, view, png)
 
 
 def decode_rgb(data: torch.Tensor, path: Path | str) -> torch.Tensor:

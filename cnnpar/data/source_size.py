@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cnnpar.data.cpu_decode import png_size
 from cnnpar.data.folder import check_pixel_count
 from cnnpar.data.jpeg_header import read_jpeg_header
+from cnnpar.data.png_header import png_size
 
 MIXED_SIDE = 224
 SAMPLE = 2000

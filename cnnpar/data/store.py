@@ -74,8 +74,14 @@ def prepare_command(source: str, input_size: int = 0, model: str = "", train: li
     if train is None:
         train = ["cnnpar", "train", "--data", out] + (["--model", model] if model else [])
         train += ["--image-size", str(input_size)] if input_size else []
-    prepare = ["cnnpar", "prepare", source, "--out", out, "--short-side", str(prepare_side(input_size or 224))]
-    return f"{shlex.join(prepare)} && {shlex.join(train)}"
+    return f"{shlex.join(prepare_args(source, input_size))} && {shlex.join(train)}"
+
+
+def prepare_args(source: str, input_size: int = 0) -> list[str]:
+    """`cnnpar prepare` of a photo folder into `default_store_path(source)`, for a model input of `input_size`
+    (0: 224), as a list of arguments."""
+    out = str(default_store_path(source))
+    return ["cnnpar", "prepare", source, "--out", out, "--short-side", str(prepare_side(input_size or 224))]
 
 
 def prepare_then_train(cfg, input_size: int) -> str:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import math
 import os
-import signal
 import sys
 import time
 import warnings
@@ -29,10 +28,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from cnnpar.config import Config, batch_lr_factor, dumps_toml, speed_reasons, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, first_five, holdout_label, split_line
+from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.data.sources import STORE_CHECKSUM
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
+from cnnpar.data.worker_crash import STOP_SIGNALS, killed_by, worker_crash_line, worker_signal
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
 from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
 from cnnpar.engine.batch_size import lr_line, search_on_device
@@ -70,7 +71,7 @@ from cnnpar.engine.rundir import (
 )
 from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_blocked_by
-from cnnpar.errors import ConfigError, Diverged, UserError
+from cnnpar.errors import ConfigError, DataError, Diverged, UserError
 from cnnpar.models import build_model
 from cnnpar.models.registry import smallest_batchnorm_map
 from cnnpar.parallel import parallelize, resolve_for
@@ -173,10 +174,7 @@ def _worker_stopped_with_the_run(e: Exception) -> bool:
     """A DataLoader worker that died of the SIGTERM or SIGINT that stopped the run: `timeout` and a Ctrl-C signal
     the whole process group, workers included, and closing the loader then raised torch's "is killed by signal:
     Terminated" above the stop line, as if something had failed. A worker killed otherwise is still said."""
-    said = str(e)
-    return isinstance(e, RuntimeError) and any(
-        f"is killed by signal: {signal.strsignal(s)}" in said for s in (signal.SIGTERM, signal.SIGINT)
-    )
+    return killed_by(e) in STOP_SIGNALS
 
 
 # (section, field, why): what a resumed run must keep from the run it continues (Trainer._refuse_changed_fields)
@@ -975,15 +973,26 @@ class Trainer:
                 self.log(self._stopped_line())
                 self.stop_said = True
                 raise
-            except RuntimeError as e:  # a worker's death by that stop, raised over it (the_stop)
+            except RuntimeError as e:  # a worker's death by that stop, raised over it (the_stop), or by a crash
                 stop = the_stop(e)
                 if stop is None:
+                    self._raise_worker_crash(e)
                     raise
                 self.log(self._stopped_line())
                 self.stop_said = True
                 raise stop from None
             finally:
                 self.stream.exit()  # the caller's stream again, after the training's work
+
+    def _raise_worker_crash(self, e: RuntimeError) -> None:
+        """A DataLoader worker killed by a signal other than a stop's, said in one line as bad data (a damaged
+        photo crashes torchvision's decoders): torch's traceback named no file. A DataError, so that the run's
+        folder goes where no epoch was saved, as for any file a decoder refuses."""
+        sig = worker_signal(e)
+        if sig is None or sig in STOP_SIGNALS:
+            return
+        photos = isinstance(self.bundle.train, ImageFolderDataset)
+        raise DataError(worker_crash_line(sig, self.cfg.data.source, photos, self.bundle.shape[1])) from None
 
     def _stopped_line(self) -> str:
         again = f"cnnpar train --resume {self.run_dir}"

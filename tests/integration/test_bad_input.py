@@ -7,13 +7,17 @@ image that only a DataLoader worker discovers, run as real subprocesses.
 
 from __future__ import annotations
 
+import re
+import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cnnpar.cli import main
-from tests.datafiles import bar_images, write_image_folder, write_pixel_csv
+from tests.conftest import run_cmd
+from tests.datafiles import bar_images, short_png, write_image_folder, write_pixel_csv
 
 
 def _csv_lines(tmp_path: Path) -> list[str]:
@@ -305,3 +309,43 @@ def test_cli_refuses_corrupt_image_found_by_a_worker(cli):
     assert last.startswith("cnnpar: error: photos/class") and "cannot decode as an image" in last, last
     assert f"{jpg.parent.name}/{jpg.name}" in last or f"{png.parent.name}/{png.name}" in last, last
     assert not (cli.cwd / "runs").exists()
+
+
+# Decoding `short.png` kills the DataLoader worker with SIGSEGV, as torchvision 0.29's PNG decoder does on a PNG whose
+# data stops short by less than png_header's bound sees (sent here, so that the test does not rest on that bug)
+CRASHES_ON_SHORT_PNG = """
+import os, signal, sys
+from cnnpar import cli
+from cnnpar.data import cpu_decode
+decode_rgb = cpu_decode.decode_rgb
+def crashing(data, path):
+    if os.path.basename(str(path)) == "short.png":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return decode_rgb(data, path)
+cpu_decode.decode_rgb = crashing
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_worker_that_crashes_decoding_ends_the_run_in_one_line_whose_advice_names_the_file(tmp_path):
+    """torch's "RuntimeError: DataLoader worker (pid N) is killed by signal: Segmentation fault" traceback named no
+    file (exit 1, the run folder left); the line names the signal and a command that finds the file."""
+    root = write_image_folder(tmp_path / "photos", per_class=6, classes=2, side=16)
+    short = root / "class1" / "short.png"
+    short.write_bytes(short_png(100, 100, 20_000))  # past the bound: only the crash tells it
+    args = ["train", "--data", "photos", "--image-size", "16", "--epochs", "1", "--workers", "1", "--no-progress"]
+    p = run_cmd([sys.executable, "-c", CRASHES_ON_SHORT_PNG, *args], tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    last = p.stderr.strip().splitlines()[-1].lstrip("\0")  # torch's worker writes a NUL after its own line
+    assert last.startswith(
+        "cnnpar: error: a data loader worker crashed (SIGSEGV: Segmentation fault) while reading photos: a damaged "
+        "image file can crash torchvision's decoders"
+    ), last
+    assert not (tmp_path / "runs").exists()  # no epoch was saved: nothing left behind
+    prepare = re.search(r"to find it: (cnnpar prepare .*?) decodes every photo", last).group(1)
+    q = run_cmd([sys.executable, "-m", *shlex.split(prepare)], tmp_path)  # the advice, as a user pastes it
+    assert q.returncode == 2 and q.stderr.strip().startswith(
+        "cnnpar: error: photos/class1/short.png: cannot decode as an image (image file is truncated"
+    ), q.stderr
+    assert [f.name for f in tmp_path.iterdir()] == ["photos"]  # no store, nor a part of one

@@ -13,9 +13,10 @@ import torch
 import cnnpar.data.cpu_decode as cpu_decode
 from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
 from cnnpar.data import load_data
-from cnnpar.data.cpu_decode import CpuDecodedFolder, png_size, reduction, scaled_box
+from cnnpar.data.cpu_decode import CpuDecodedFolder, reduction, scaled_box
 from cnnpar.data.crop_resize import draw_crop_boxes, resized_crops_loop
 from cnnpar.data.loader import build_loader
+from cnnpar.data.png_header import png_size
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.dist import DistInfo
 from cnnpar.engine.rng import epoch_seed, init_epoch_rng

@@ -28,6 +28,7 @@ from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.errors import DataError
+from tests.datafiles import short_png
 
 # the tests' own torchvision.io calls (references, encoders): only its codec notice is known
 pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
@@ -177,6 +178,55 @@ def test_odd_file_decodes_to_its_picture_or_is_named_in_one_line(tmp_path, name,
     # Measured (torch 2.14, torchvision 0.29, Pillow 13): JPEGs (quality 95) 0.1-0.6 mean, 4 max;
     # lossless files 0.14 mean, 1 max through CpuDecodedFolder (uint8 kernel), 0 elsewhere.
     assert diff.mean() <= case.tolerance[0] and diff.max() <= case.tolerance[1], (diff.mean(), diff.max())
+
+
+# Not among CASES: torchvision 0.29's PNG decoder crashes the process on these (SIGSEGV after libpng's "Not enough
+# image data"), so a refusal that failed would end pytest; below, torchvision is kept from them instead
+SHORT_PNGS = {
+    # its image data (12 bytes) cannot hold its pixels however compressed: refused from its chunk lengths
+    "png_short_of_its_pixels": short_png(100, 100, 100),
+    # 20,000 of the 30,100 bytes its rows need, in 42 bytes of zlib (the bound asks for 30): the run names the crash
+    "png_short_but_plausible": short_png(100, 100, 20_000),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_png_too_short_for_its_pixels_is_named_on_every_path_before_torchvision_sees_it(tmp_path, monkeypatch, path):
+    import torchvision.io
+
+    short = SHORT_PNGS["png_short_of_its_pixels"]
+    files = write(tmp_path, "short", short)
+    decode_image = torchvision.io.decode_image
+
+    def guarded(data, *args, **kwargs):  # the other file still decodes
+        assert bytes(data.numpy()) != short, "torchvision was handed a PNG it crashes on"
+        return decode_image(data, *args, **kwargs)
+
+    monkeypatch.setattr(torchvision.io, "decode_image", guarded)
+    with pytest.raises(DataError) as e:
+        PATHS[path](files)
+    assert str(e.value) == (
+        f"{files[1]}: cannot decode as an image (PNG image data of 12 bytes, where its 100x100 pixels need at least 30 "
+        f"however compressed: cut short or damaged): {EXPECTED_TAIL}"
+    )
+
+
+@pytest.mark.parametrize("name", SHORT_PNGS)
+def test_cnnpar_prepare_names_a_png_short_of_its_pixels_even_where_the_bound_passes_it(tmp_path, name):
+    """What a run whose decoding worker crashed advises (data/worker_crash.py): `cnnpar prepare` decodes with Pillow,
+    which names the file, where the bound refuses it and where it does not."""
+    from cnnpar.data.png_header import data_shortfall, read_png_header
+    from cnnpar.data.store_write import Sides, decode_for_store
+
+    data = SHORT_PNGS[name]
+    assert (data_shortfall(data, read_png_header(data)) is None) == (name == "png_short_but_plausible")
+    odd = write(tmp_path, name, data)[1]
+    with pytest.raises(DataError) as e:
+        decode_for_store(odd, Sides(256))
+    assert (
+        str(e.value)
+        == f"{odd}: cannot decode as an image (image file is truncated (0 bytes not processed)): {EXPECTED_TAIL}"
+    )
 
 
 def cuda_decoder(backend: str) -> Callable[[list[Path]], torch.Tensor]:

@@ -1,0 +1,62 @@
+"""What a DataLoader worker killed by a signal means, in one line.
+
+torch reports a worker that died by a signal as "RuntimeError: DataLoader worker (pid N) is killed by
+signal: Segmentation fault.", often under "DataLoader worker (pid(s) N) exited unexpectedly", with
+its traceback: it names no file and says nothing of why. A worker that decodes photos crashes when a
+decoder does: torchvision 0.29's PNG decoder dies (SIGSEGV) on a PNG whose image data stops short
+(libpng: "Not enough image data") or is damaged inside ("bad adaptive filter value"), where Pillow
+raises an error naming it. `png_header` refuses such a file beforehand where its data is far too
+short to hold its pixels; any other gets through, and this says what it was and how to find it.
+A worker killed by SIGTERM or SIGINT died of the run's own stop (engine/trainer.the_stop).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+
+from cnnpar.data.store import default_store_path, prepare_args
+
+_KILLED = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: ([^.]+)\.")
+# strsignal's words (what torch writes) to the signal: "Segmentation fault" -> SIGSEGV
+_BY_WORDS = {signal.strsignal(s): s for s in signal.Signals if signal.strsignal(s)}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def killed_by(e: BaseException) -> signal.Signals | None:
+    """The signal that torch's error `e` says killed a DataLoader worker, or None."""
+    found = _KILLED.search(str(e)) if isinstance(e, RuntimeError) else None
+    return _BY_WORDS.get(found.group(1)) if found else None
+
+
+def worker_signal(e: BaseException) -> signal.Signals | None:
+    """The signal that killed a DataLoader worker, from torch's error `e` or the errors it was raised from or over
+    ("exited unexpectedly" is raised from "is killed by signal"); None where none says so."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if (sig := killed_by(e)) is not None:
+            return sig
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def worker_crash_line(sig: signal.Signals, source: str, photos: bool, input_size: int) -> str:
+    """The one line for a run whose DataLoader worker `sig` killed, reading `source` (`photos`: an image folder,
+    whose workers decode; `input_size`: the model's input side, for the store the advice writes)."""
+    said = f"a data loader worker crashed ({sig.name}: {signal.strsignal(sig)}) while reading {source}"
+    if sig == signal.SIGKILL:  # no decoder sends itself SIGKILL: the kernel's out-of-memory killer does
+        return (
+            f"{said}: SIGKILL is most often the kernel's out-of-memory killer (dmesg names it): fewer --workers or "
+            "a smaller --batch-size need less memory"
+        )
+    if not photos:
+        return said
+    prepare, out = shlex.join(prepare_args(source, input_size)), str(default_store_path(source))
+    return (
+        f"{said}: a damaged image file can crash torchvision's decoders (libpng's or libjpeg's own line above may "
+        f"say how); to find it: {prepare} decodes every photo with Pillow and stops at one it cannot read, naming "
+        f"it (where it names none, it has written a store that trains without those decoders: cnnpar train --data "
+        f"{shlex.quote(out)})"
+    )

@@ -1,0 +1,48 @@
+"""What a DataLoader worker killed by a signal means (`data/worker_crash.py`): torch's error read back to the signal,
+and the one line a run ends with (tests/integration/test_bad_input.py runs a real crash)."""
+
+from __future__ import annotations
+
+import signal
+
+from cnnpar.data.worker_crash import worker_crash_line, worker_signal
+
+
+def torch_errors(words: str) -> RuntimeError:
+    """What torch raises for a worker killed by the signal `words` names: "exited unexpectedly" from the SIGCHLD
+    handler's "is killed by signal" (as in a run whose worker met a damaged PNG)."""
+    try:
+        try:
+            raise RuntimeError(f"DataLoader worker (pid 4242) is killed by signal: {words}. ")
+        except RuntimeError as e:
+            raise RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly") from e
+    except RuntimeError as e:
+        return e
+
+
+def test_the_signal_is_read_from_torchs_error_or_the_one_it_was_raised_from():
+    assert worker_signal(torch_errors("Segmentation fault")) == signal.SIGSEGV
+    assert worker_signal(torch_errors("Killed")) == signal.SIGKILL
+    assert worker_signal(RuntimeError("DataLoader worker (pid 7) is killed by signal: Bus error. ")) == signal.SIGBUS
+    assert worker_signal(RuntimeError("DataLoader worker (pid(s) 7) exited unexpectedly")) is None
+    assert worker_signal(RuntimeError("CUDA error: an illegal memory access was encountered")) is None
+    assert worker_signal(ValueError("DataLoader worker (pid 7) is killed by signal: Segmentation fault. ")) is None
+
+
+def test_a_crash_reading_photos_says_what_can_cause_it_and_the_command_that_finds_the_file():
+    assert worker_crash_line(signal.SIGSEGV, "my photos", True, 224) == (
+        "a data loader worker crashed (SIGSEGV: Segmentation fault) while reading my photos: a damaged image file "
+        "can crash torchvision's decoders (libpng's or libjpeg's own line above may say how); to find it: cnnpar "
+        "prepare 'my photos' --out 'my photos.cnnpar' --short-side 256 decodes every photo with Pillow and stops at "
+        "one it cannot read, naming it (where it names none, it has written a store that trains without those "
+        "decoders: cnnpar train --data 'my photos.cnnpar')"
+    )
+
+
+def test_a_worker_killed_outright_or_one_that_decodes_nothing_gets_no_advice_about_photos():
+    oom = worker_crash_line(signal.SIGKILL, "photos", True, 224)
+    assert oom.startswith("a data loader worker crashed (SIGKILL: Killed) while reading photos: SIGKILL is most ")
+    assert "out-of-memory killer" in oom and "prepare" not in oom
+    assert worker_crash_line(signal.SIGBUS, "d.cnnpar", False, 224) == (
+        "a data loader worker crashed (SIGBUS: Bus error) while reading d.cnnpar"
+    )
