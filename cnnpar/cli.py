@@ -662,7 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="predict with a checkpoint; CSV input gives a Kaggle submission.csv",
         description="Predict a class for every image of --data with a run's checkpoint (a run folder reads "
         "ckpt/last.pt), with the test-time views and precision the run evaluated with. Writes submission.csv "
-        "(ImageId,Label) for CSV input, else predictions.csv, and prints the accuracy where the data has labels.",
+        "(ImageId,Label: the class index) for CSV input, else predictions.csv (id,label,class_name,confidence), and "
+        "prints the accuracy where the data has labels.",
         formatter_class=DefaultsHelpFormatter,
     )
     pred.add_argument("--checkpoint", required=True, help="a run folder, its ckpt/ folder, or a .pt file")

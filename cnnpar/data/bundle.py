@@ -55,6 +55,11 @@ class DataBundle:
     # the loader itself draws random-resized crops (photo folders, prepared stores): the device
     # transform then only flips, rather than pad-and-crop a second time
     loader_crops: bool = False
+    # every image is grey though it has 3 channels: a folder (or a store prepared from one) of grey files, which
+    # decode to RGB; --augment auto does not mirror them, as it does not mirror 1-channel arrays
+    grey: bool = False
+    # whose mean and std normalise the images, in words ("ImageNet's", "the training images'"), for the data line
+    stats_from: str = ""
     # where num_classes came from ("labels' max + 1", "--num-classes", "the class folders", ...)
     classes_from: str = ""
     empty_classes: list[int] = field(default_factory=list)  # classes with no example in train or val
@@ -87,18 +92,38 @@ def class_lines(bundle: DataBundle) -> list[str]:
             names = first_five(bundle.class_names[k] for k in empty)
             remedy = f"empty class folders: {names}; expected images in each class folder: add some or remove it"
         else:
+            shown = first_five(_index_and_name(k, bundle.class_names) for k in empty)
             remedy = "expected labels 0..K-1 with every class present; pass --num-classes K or relabel"
+            if bundle.classes_from == CLASS_NAMES_COUNT:
+                remedy = (
+                    "the archive's class_names name them, and no label is theirs: give them examples or drop their "
+                    "names"
+                )
         lines.append(f"warning: {len(empty)} of {bundle.num_classes} classes have no examples: {shown} ({remedy})")
     # a data set's own validation split is refused for this (sources._split); a seeded hold-out can still do it
     untrained = untrained_labels(bundle.train.labels, bundle.val.labels) if bundle.val is not None else []
     if untrained:
         lines.append(
             f"warning: {len(untrained)} of {bundle.num_classes} classes have validation examples but no training "
-            f"example: {first_five(bundle.class_names[k] if bundle.loader_crops else str(k) for k in untrained)}: "
+            f"example: {first_five(_class_label(bundle, k) for k in untrained)}: "
             f"{bundle.val_from} took all of theirs, and the model cannot get "
             "them right (give those classes more examples, or lower --val-fraction)"
         )
     return lines
+
+
+CLASS_NAMES_COUNT = "the archive's class_names"  # classes_from where an .npz's class_names set the count
+
+
+def _index_and_name(k: int, names: list[str]) -> str:
+    """Class k as "5 (dog)" where the data names it, "5" where its name is its index (arrays without names)."""
+    name = names[k] if k < len(names) else str(k)
+    return str(k) if name == str(k) else f"{k} ({name})"
+
+
+def _class_label(bundle: DataBundle, k: int) -> str:
+    """Class k as a line names it: a folder's or store's by its class folder, an array's by its index (and name)."""
+    return bundle.class_names[k] if bundle.loader_crops else _index_and_name(k, bundle.class_names)
 
 
 def first_five(items) -> str:
@@ -111,8 +136,11 @@ def split_line(bundle: DataBundle) -> str:
     """Input shape, train and validation sizes, and which split validates: the start of every run."""
     n_val = len(bundle.val) if bundle.val is not None else 0
     shape = "x".join(map(str, bundle.shape))
+    if bundle.grey and bundle.shape[0] == 3:  # 1x28x28 from the same digits as an .npz: the input says why not
+        shape += " (grey files, decoded to RGB: 3 equal channels)"
     source = bundle.val_from or ("as given" if n_val else "none")
-    return f"data: input {shape}, train {len(bundle.train):,}, validation {n_val:,}: {source}"
+    stats = f"; normalised with {bundle.stats_from} mean/std" if bundle.stats_from else ""
+    return f"data: input {shape}, train {len(bundle.train):,}, validation {n_val:,}: {source}{stats}"
 
 
 def holdout_label(fraction: float) -> str:

@@ -52,7 +52,7 @@ class DecodeTally:
 
 
 def decode_encoded(buf: np.ndarray, offsets: np.ndarray, where: str, tally: DecodeTally | None = None) -> np.ndarray:
-    """(N, H, W, C) uint8 from the files in `buf` at `offsets`; C is 1 where every file is grey (`_grey_file`),
+    """(N, H, W, C) uint8 from the files in `buf` at `offsets`; C is 1 where every file is grey (`grey_file`),
     else 3 (grey files among colour ones decode to three equal channels). `where` ("data.npz[train_jpeg]") names
     the array in errors. What decoded the JPEGs is counted into `tally` where it is given."""
     from cnnpar.data.folder import check_pixel_count, decode_rgb
@@ -96,7 +96,7 @@ def decode_encoded(buf: np.ndarray, offsets: np.ndarray, where: str, tally: Deco
                 "takes any sizes)"
             )
         images.append(img)
-        grey = grey and _grey_file(raw, header)
+        grey = grey and grey_file(raw, header)
     x = np.stack(images)  # N, H, W, 3
     return x[..., :1] if grey else x
 
@@ -115,10 +115,13 @@ def _turbo_decode(raw: np.ndarray, header) -> tuple[np.ndarray | None, str | Non
         return None, str(e) or type(e).__name__
 
 
-def _grey_file(data: np.ndarray, header) -> bool:
+def grey_file(data, header) -> bool:
     """Whether the file says it is grey: a JPEG of one component (`header`, its frame header or None), a PNG of
-    colour type 0 or 4 (grey, grey + alpha). Colour images stay three channels even where every pixel is grey."""
-    head = data[:64].tobytes()
+    colour type 0 or 4 (grey, grey + alpha). Colour images stay three channels even where every pixel is grey.
+    `data`: the file's bytes, or its first 64 at least (bytes or a uint8 array). The one rule for grey files: an
+    archive's encoded arrays (one channel where every file is grey) and an image folder's header sample
+    (source_size.folder_sample: no flip under --augment auto) both ask it."""
+    head = bytes(data[:64])
     if head.startswith(PNG_SIGNATURE) and len(head) > 25:
         return head[25] in (0, 4)
     return header is not None and header.components == 1

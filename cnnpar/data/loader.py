@@ -675,7 +675,7 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
     the world) or the eval loader (exact shards)."""
     ds = bundle.train if train else bundle.val
     batch_size = cfg.run.batch_size
-    augment = resolve_augment(cfg.data.augment, bundle.shape, bundle.loader_crops) if train else "none"
+    augment = resolve_augment(cfg.data.augment, bundle.shape, bundle.loader_crops, bundle.grey) if train else "none"
     textbook = cfg.data.loader == "textbook"
     min_scale = cfg.data.crop_min_scale  # of every random-resized crop drawn below (training only)
     if train:

@@ -5,14 +5,18 @@ one size, that size is kept (the shorter side, as crops are square); when sizes 
 side is MIXED_SIDE, the usual ImageNet input, and the log says so. Sizes come from file
 headers (a JPEG's frame header, a PNG's IHDR, else Pillow, which also reads only the header),
 for at most SAMPLE files spread evenly over the folder, so a million-photo folder costs seconds.
+The same headers say whether the files are grey (`FolderSample.grey`): they decode to three equal
+RGB channels, and --augment auto must not mirror them as it mirrors colour photos.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from cnnpar.data.encoded_arrays import grey_file
 from cnnpar.data.folder import check_pixel_count
 from cnnpar.data.jpeg_header import read_jpeg_header
 from cnnpar.data.png_header import png_size
@@ -22,28 +26,36 @@ SAMPLE = 2000
 HEAD_BYTES = 1 << 16  # EXIF blocks (thumbnails) before a JPEG's frame header stay under 64 KiB
 
 
-def header_size(path: Path) -> tuple[int, int] | None:
-    """(height, width) from the file's header, None when no reader understands it."""
+def header_facts(path: Path) -> tuple[tuple[int, int] | None, bool]:
+    """((height, width), or None where no reader understands the header; whether the file says it is grey, by
+    `grey_file`'s rule on the same bytes). A file only Pillow reads counts as colour, as every file did before."""
     with open(path, "rb") as f:
         head = f.read(HEAD_BYTES)
     jpeg = read_jpeg_header(head)
     if jpeg is not None:
-        return jpeg.height, jpeg.width
+        return (jpeg.height, jpeg.width), grey_file(head, jpeg)
     png = png_size(head)
     if png is not None:
-        return png
+        return png, grey_file(head, None)
     try:
         from PIL import Image
 
         with Image.open(path) as im:  # opening reads the header, not the pixels
             w, h = im.size
-        return h, w
+        return (h, w), False
     except Exception:  # an unreadable file is reported by the decoder, with its name, when it is read
-        return None
+        return None, False
+
+
+def width_by_height(hw) -> str:
+    """A (height, width) as cnnpar prints image sizes elsewhere: width x height ("40x30": 40 wide, 30 high)."""
+    return f"{int(hw[1])}x{int(hw[0])}"
 
 
 def pick_side(sizes: np.ndarray, sampled: bool) -> tuple[int, str]:
-    """(side, why) for an (n, 2) array of (height, width)."""
+    """(side, why) for an (n, 2) array of (height, width). Sizes are said width x height, as the rest of cnnpar
+    and a file browser say them (height x width read as portrait photos of landscape ones); where they differ,
+    the smallest and the largest image by area (per-axis minima and maxima made sizes no image had)."""
     if len(sizes) == 0:
         return MIXED_SIDE, f"no image sizes readable: {MIXED_SIDE}"
     lo, hi = sizes.min(axis=0), sizes.max(axis=0)
@@ -52,29 +64,41 @@ def pick_side(sizes: np.ndarray, sampled: bool) -> tuple[int, str]:
         h, w = int(lo[0]), int(lo[1])
         side = min(h, w)
         crop = "" if h == w else ", square crops of the shorter side"
-        return side, f"the source size: {which} are {h}x{w}{crop}"
+        shape = f"{w}x{h}" if h == w else f"{w} wide x {h} high"
+        return side, f"the source size: {which} are {shape}{crop}"
     which = f"the {len(sizes)} sampled images" if sampled else f"the {len(sizes)} images"
+    area = sizes[:, 0] * sizes[:, 1]
+    smallest, largest = sizes[int(np.argmin(area))], sizes[int(np.argmax(area))]
     return MIXED_SIDE, (
-        f"{which} differ in size ({int(lo[0])}x{int(lo[1])} to {int(hi[0])}x{int(hi[1])}): {MIXED_SIDE}, "
-        "the usual ImageNet input; --image-size N chooses another"
+        f"{which} differ in size (by area, the smallest {width_by_height(smallest)} and the largest "
+        f"{width_by_height(largest)}, width x height): {MIXED_SIDE}, the usual ImageNet input; --image-size N "
+        "chooses another"
     )
 
 
-def folder_sizes(files: list[Path], sample: int = SAMPLE) -> tuple[np.ndarray, bool]:
-    """(height, width) of at most `sample` files spread over the folder, and whether that is a sample. An image
-    of more than MAX_PIXELS among them is refused here, before a run starts (the decoders refuse the others)."""
+@dataclass(frozen=True)
+class FolderSample:
+    """What the headers of a folder's sampled files say: their (height, width)s, whether they are a sample of the
+    folder, and whether every one of them is grey (grey digit PNGs: they decode to three equal channels, which
+    --augment auto must not mirror; one colour file among them makes the folder colour)."""
+
+    sizes: np.ndarray
+    sampled: bool
+    grey: bool
+
+
+def folder_sample(files: list[Path], sample: int = SAMPLE) -> FolderSample:
+    """The headers of at most `sample` files spread over the folder. An image of more than MAX_PIXELS among them
+    is refused here, before a run starts (the decoders refuse the others)."""
     step = max(1, -(-len(files) // sample))
-    sizes = []
+    sizes, grey = [], True
     for f in files[::step]:
-        size = header_size(f)
+        size, grey_one = header_facts(f)
+        grey = grey and grey_one  # an unreadable header counts as colour, as every file did before
         if size is not None:
             check_pixel_count(f, *size)
             sizes.append(size)
-    return np.array(sizes, dtype=np.int64).reshape(-1, 2), step > 1
-
-
-def folder_side(files: list[Path]) -> tuple[int, str]:
-    return pick_side(*folder_sizes(files))
+    return FolderSample(np.array(sizes, dtype=np.int64).reshape(-1, 2), step > 1, grey and bool(sizes))
 
 
 def store_side(hw: np.ndarray) -> tuple[int, str]:

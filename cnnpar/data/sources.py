@@ -13,6 +13,7 @@ import torch
 from cnnpar.config import DataConfig, parse_shape
 from cnnpar.data.arrays import check_label_range, resize_square, to_labels, to_nchw_uint8
 from cnnpar.data.bundle import (
+    CLASS_NAMES_COUNT,
     ArrayDataset,
     DataBundle,
     channel_stats,
@@ -39,13 +40,17 @@ from cnnpar.data.folder import (
     unread_splits_note,
 )
 from cnnpar.data.overlap import folder_overlap, store_overlap
-from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sizes, pick_side, store_side
+from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sample, pick_side, store_side
 from cnnpar.data.store import StoreFile, prepare_side
 from cnnpar.data.store_feed import PreparedFolder, StoreDataset
 from cnnpar.errors import DataError
 
+# folders and stores are normalised with ImageNet's statistics whatever they hold (arrays with their own, computed
+# from their training images): the data line says which (README's "Training on your data")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET_STATS = "ImageNet's"
+ARRAYS_STATS = "the training images'"
 DIGITS_SIZE = 16
 FOLDER_SIZE = 224
 ARRAYS_OWN_VAL = "the data's own test split"
@@ -143,6 +148,9 @@ def _bundle_from_arrays(
     y_all = torch.cat([y, y_val]) if y_val is not None else y
     n_classes = _num_classes(y_all, cfg.num_classes)
     classes_from = classes_from or ("--num-classes" if cfg.num_classes > 0 else "labels' max + 1")
+    if names is not None and not cfg.num_classes and len(names) > n_classes:
+        # the archive lists its classes: labels that use only the first 5 of CIFAR-10's 10 names were refused
+        n_classes, classes_from = len(names), CLASS_NAMES_COUNT
     if names is not None and len(names) != n_classes:
         raise DataError(
             f"{origin}[class_names]: {len(names)} names for {n_classes} classes ({classes_from}): expected one "
@@ -161,6 +169,7 @@ def _bundle_from_arrays(
         classes_from=classes_from,
         empty_classes=empty_classes(y_all, n_classes),
         val_from=val_from,
+        stats_from=ARRAYS_STATS,
     )
 
 
@@ -383,9 +392,9 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     skipped: list[Path] = []
     files, labels, splits, classes = scan_splits(root, skipped)
     # a typed size needs the sizes only for the enlargement warning: a smaller sample (every rank reads them)
-    sizes, sampled = folder_sizes(files, 200 if cfg.image_size else SAMPLE)
-    size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else pick_side(sizes, sampled)
-    size_note = enlarging_note(size, sizes)
+    photos = folder_sample(files, 200 if cfg.image_size else SAMPLE)
+    size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else pick_side(photos.sizes, photos.sampled)
+    size_note = enlarging_note(size, photos.sizes)
     train, val = _own_split(ImageFolderDataset(files, labels, size), torch.as_tensor(splits))
     train, val, val_from = _split(train, val, cfg.val_fraction, seed, str(root), FOLDER_OWN_VAL, classes)
     n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
@@ -401,6 +410,8 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         str(root),
         classes,
         loader_crops=True,
+        grey=photos.grey,
+        stats_from=IMAGENET_STATS,
         classes_from="the class folders",
         size_from=size_from,
         size_note=size_note,
@@ -447,6 +458,8 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         str(store.path),
         store.class_names,
         loader_crops=True,
+        grey=bool(store.header.get("grey", False)),  # stores before session 34 lack it: colour, as they trained
+        stats_from=IMAGENET_STATS,
         classes_from="the store's header",
         size_from=size_from,
         size_note=size_note,

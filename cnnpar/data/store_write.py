@@ -35,7 +35,7 @@ import numpy as np
 
 from cnnpar.data.folder import check_pixel_count, decode_error, listing_checksum, scan_splits
 from cnnpar.data.overlap import same_file_groups
-from cnnpar.data.source_size import folder_side
+from cnnpar.data.source_size import folder_sample, pick_side
 from cnnpar.data.store import (
     INDEX_BYTES_PER_IMAGE,
     MAGIC,
@@ -290,6 +290,7 @@ def prepare_store(
     check_store_out(out, src)
     files, labels, splits, classes = scan_splits(src, skipped)
     n = len(files)
+    photos = folder_sample(files)  # the headers `cnnpar train --data SRC` reads, read the same way
     header = {
         "format": "cnnpar image store",
         "version": VERSION,
@@ -302,7 +303,10 @@ def prepare_store(
         "source": str(src.resolve()),
         # the input size `cnnpar train --data SRC` picks from the photos themselves, and why: a store's own sizes
         # (all 256x341 after --short-side 256, say) made it pick 256 where the folder's run picked 224
-        "source_side": list(folder_side(files)),
+        "source_side": list(pick_side(photos.sizes, photos.sampled)),
+        # every sampled photo grey (grey PNGs stored as 3 equal channels): --augment auto does not mirror them, as
+        # from the folder (stores before session 34 lack the key: colour, as they trained then)
+        "grey": photos.grey,
         # what the folder held (names, classes, splits): a run from the store says where the folder changed since
         "source_listing": listing_checksum(src, files, labels, splits),
         # files under two names (hard or symbolic links): a hold-out drawn at train time is checked against them

@@ -38,11 +38,15 @@ def augment_pad(tokens: frozenset[str]) -> int:
     return CROP_PAD if "crop" in tokens else TRANSLATE_PAD if "translate" in tokens else 0
 
 
-def resolve_augment(augment: str, shape: tuple[int, int, int], loader_crops: bool = False) -> str:
-    """auto: pad-and-crop plus flip for colour images, nothing for grey ones (digits read mirrored
-    are other digits); only the flip where the loader already drew random-resized crops (photos)."""
+def resolve_augment(augment: str, shape: tuple[int, int, int], loader_crops: bool = False, grey: bool = False) -> str:
+    """auto: pad-and-crop plus flip for colour images, nothing for grey ones (digits read mirrored are other
+    digits); only the flip where the loader already drew random-resized crops (photos). `grey`: the images are grey
+    though they have 3 channels (a folder or store of grey files, decoded to RGB): grey, whatever `shape` says;
+    the loader's random-resized crops stay (they are the folder's reading, not --augment's)."""
     if augment != "auto":
         return augment
+    if grey:
+        return "none"
     if loader_crops:
         return "flip"
     return "crop+flip" if shape[0] == 3 else "none"
@@ -51,32 +55,41 @@ def resolve_augment(augment: str, shape: tuple[int, int, int], loader_crops: boo
 MIRRORS = frozenset({"flip", "altflip"})
 
 
-def _auto_mirrors(shape: tuple[int, int, int], loader_crops: bool) -> bool:
+def _auto_mirrors(shape: tuple[int, int, int], loader_crops: bool, grey: bool) -> bool:
     """Whether --augment auto mirrors these images: where it does, a mirror keeps their labels."""
-    return bool(augment_tokens(resolve_augment("auto", shape, loader_crops)) & MIRRORS)
+    return bool(augment_tokens(resolve_augment("auto", shape, loader_crops, grey)) & MIRRORS)
 
 
-def mirror_warning(augment: str, shape: tuple[int, int, int], loader_crops: bool, origin: str) -> str:
+def _images(shape: tuple[int, int, int], grey: bool) -> str:
+    return "grey (3-channel) images" if grey and shape[0] != 1 else f"{shape[0]}-channel images"
+
+
+def mirror_warning(
+    augment: str, shape: tuple[int, int, int], loader_crops: bool, origin: str, grey: bool = False
+) -> str:
     """A warning line where `augment` (resolved) mirrors images that `resolve_augment`'s auto would not mirror
-    (grey arrays such as the built-in digits: a digit read mirrored is another digit, or none), "" otherwise. A
-    preset for colour photos (cifar10-*) run on the digits mirrored them silently: cnn3 on the digits, 4 epochs
-    on a 2-core CPU, scored 98.89 % validation accuracy without augmentation and 82.17 % with crop+flip."""
-    if not augment_tokens(augment) & MIRRORS or _auto_mirrors(shape, loader_crops):
+    (grey arrays such as the built-in digits, or a folder of grey files: a digit read mirrored is another digit,
+    or none), "" otherwise. A preset for colour photos (cifar10-*) run on the digits mirrored them silently: cnn3
+    on the digits, 4 epochs on a 2-core CPU, scored 98.89 % validation accuracy without augmentation and 82.17 %
+    with crop+flip."""
+    if not augment_tokens(augment) & MIRRORS or _auto_mirrors(shape, loader_crops, grey):
         return ""
     return (
-        f"warning: augment {augment} mirrors the {shape[0]}-channel images of {origin}, which --augment auto "
+        f"warning: augment {augment} mirrors the {_images(shape, grey)} of {origin}, which --augment auto "
         "leaves unmirrored (a mirrored digit reads as another): pass --augment none, crop or translate unless "
         "mirrored images keep their labels"
     )
 
 
-def tta_mirror_warning(views: str, shape: tuple[int, int, int], loader_crops: bool, origin: str) -> str:
+def tta_mirror_warning(
+    views: str, shape: tuple[int, int, int], loader_crops: bool, origin: str, grey: bool = False
+) -> str:
     """The same warning for test-time views (`--tta-level flip`): the accuracy then averages in mirrored views of
     images whose mirror is another class (cnn3 on the digits scored far lower with them, and nothing said so)."""
-    if "flip" not in views.split("+") or _auto_mirrors(shape, loader_crops):
+    if "flip" not in views.split("+") or _auto_mirrors(shape, loader_crops, grey):
         return ""
     return (
-        f"warning: test-time views {views} mirror the {shape[0]}-channel images of {origin}, which --augment auto "
+        f"warning: test-time views {views} mirror the {_images(shape, grey)} of {origin}, which --augment auto "
         "leaves unmirrored (a mirrored digit reads as another): the validation accuracy averages in those views; "
         "pass --tta-level none unless mirrored images keep their labels"
     )

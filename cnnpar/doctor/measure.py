@@ -236,7 +236,9 @@ def textbook_cost_ratio(trainer: Trainer, samples: int = 8) -> float | None:
         return None
     base = trainer.bundle.train
     n = min(samples, len(base))
-    augment = resolve_augment(trainer.cfg.data.augment, trainer.bundle.shape, trainer.bundle.loader_crops)
+    augment = resolve_augment(
+        trainer.cfg.data.augment, trainer.bundle.shape, trainer.bundle.loader_crops, trainer.bundle.grey
+    )
     min_scale = trainer.cfg.data.crop_min_scale
     textbook = TextbookDataset(base, trainer.bundle.mean, trainer.bundle.std, augment, True, min_scale)
     for i in range(n):  # warm the page cache so neither timing below pays for the disk

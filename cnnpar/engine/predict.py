@@ -1,5 +1,6 @@
 """Predictions from a checkpoint: Kaggle's `ImageId,Label` for CSV input (`id,label` and its ids where it has an
-id column), a CSV for the rest."""
+id column), the label a class index, as the CSV's own labels and Kaggle's submissions hold them; for the rest a
+CSV of id, label (the index), class_name and confidence."""
 
 from __future__ import annotations
 
@@ -355,7 +356,9 @@ def predict(
         log(line)
     if fmt == "csv":
         label = "Label" if id_name[:1].isupper() else "label"  # ImageId,Label (Digit Recognizer); id,label (Kannada)
-        rows = [{id_name: i, label: names[p] if names else p} for i, p in zip(ids, preds)]
+        # the class index, not its name: the file's own 'label' column, which the accuracy line scores, and a
+        # Kaggle submission (Digit Recognizer, Fashion-MNIST) hold numbers; a model with class names wrote those
+        rows = [{id_name: i, label: p} for i, p in zip(ids, preds)]
         _write(target, rows, [id_name, label])
     else:
         rows = [

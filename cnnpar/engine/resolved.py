@@ -37,7 +37,7 @@ def data_resolved(cfg: Config, bundle: DataBundle, train_loader: DeviceFeeder, g
             workers=int(getattr(train_loader.loader, "num_workers", 0)),
             resident="on" if resident else "off",
             gpu_resize=getattr(decoder, "resize", None) or ("batched" if cfg.speed.device == "cuda" else "loop"),
-            augment=resolve_augment(d.augment, bundle.shape, bundle.loader_crops),
+            augment=resolve_augment(d.augment, bundle.shape, bundle.loader_crops, bundle.grey),
         ),
     )
 

@@ -1047,20 +1047,24 @@ class Trainer:
             buffers = "sent from rank 0 every forward" if d.broadcast_buffers else "per rank until each evaluation"
             mib = d.bucket_bytes_cap / 2**20
             self.log(f"ddp: gradient buckets {mib:g} MiB, static graph {graph}, buffers {buffers}")
-        augment = resolve_augment(cfg.data.augment, self.bundle.shape, self.bundle.loader_crops)
+        augment = resolve_augment(cfg.data.augment, self.bundle.shape, self.bundle.loader_crops, self.bundle.grey)
+        said = augment
         if self.bundle.loader_crops:  # photos: every reader draws random-resized crops (decoders, store, textbook)
             crop = f"random-resized crop ({100 * cfg.data.crop_min_scale:g}-100 % of the area, --crop-min-scale)"
-            augment = crop + ("" if augment == "none" else f" + {augment}")
-        self.log(f"{split_line(self.bundle)}; augment {augment}")
+            said = crop + ("" if augment == "none" else f" + {augment}")
+        self.log(f"{split_line(self.bundle)}; augment {said}")
         if self.bundle.load_note:
             self.log(self.bundle.load_note)
         if self.bundle.skipped_note:
             self.log(self.bundle.skipped_note)
-        mirrored = mirror_warning(augment, self.bundle.shape, self.bundle.loader_crops, self.bundle.origin)
+        # the augmentation itself, not the line that says it: its " + flip" after the crop's words is no flip token,
+        # and an explicit flip of grey photos went unwarned
+        b = self.bundle
+        mirrored = mirror_warning(augment, b.shape, b.loader_crops, b.origin, b.grey)
         if mirrored:
             self.log(mirrored)
         views = self.cfg.run.tta_in_effect
-        mirrored_views = tta_mirror_warning(views, self.bundle.shape, self.bundle.loader_crops, self.bundle.origin)
+        mirrored_views = tta_mirror_warning(views, b.shape, b.loader_crops, b.origin, b.grey)
         if mirrored_views:
             self.log(mirrored_views)
         if self.bundle.val_overlap:

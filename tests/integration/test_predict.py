@@ -50,6 +50,24 @@ def test_predict_csv_writes_a_kaggle_submission(cli, trained):
     assert sum(int(a == b) for a, b in zip(labels, truth)) / len(truth) >= 0.9
 
 
+def test_predict_csv_writes_class_indices_where_the_model_has_class_names(tmp_path, monkeypatch, trained):
+    """A model with class names wrote them into Kaggle's Label column, where a submission (and the file's own
+    'label' column, which the accuracy line scores) holds the class index; other formats keep both."""
+    _, run_dir, test, truth = trained
+    state = torch.load(run_dir / "ckpt" / "last.pt", weights_only=True)
+    named = ["north", "east", "south", "west"]
+    torch.save({**state, "meta": {**state["meta"], "class_names": named}}, tmp_path / "named.pt")
+    monkeypatch.chdir(tmp_path)
+    assert main(["predict", "--checkpoint", "named.pt", "--data", str(test), "--out", "sub.csv"]) == 0
+    rows = _rows(tmp_path / "sub.csv")
+    assert rows[0] == ["ImageId", "Label"] and all(r[1] in {"0", "1", "2", "3"} for r in rows[1:])
+    assert sum(int(int(r[1]) == t) for r, t in zip(rows[1:], truth)) / len(truth) >= 0.9
+    data = write_npz(tmp_path / "d.npz", n_train=8, n_test=None)
+    assert main(["predict", "--checkpoint", "named.pt", "--data", str(data), "--out", "p.csv"]) == 0
+    by_row = list(csv.DictReader((tmp_path / "p.csv").open()))
+    assert all(r["class_name"] == named[int(r["label"])] for r in by_row)
+
+
 def test_predict_npz_writes_predictions_with_confidence(tmp_path, trained):
     _, run_dir, _, _ = trained
     data = write_npz(tmp_path / "d.npz", n_train=40, n_test=None)  # no x_test: x_train is predicted

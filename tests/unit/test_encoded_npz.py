@@ -68,7 +68,7 @@ def test_grey_images_stay_one_channel(tmp_path):
         ("size", r"enc.npz\[train_png\] image 3: 20x16 pixels, image 0 16x16: expected one size for every image"),
         ("corrupt", r"enc.npz\[train_png\] image 2: cannot decode as an image .*expected a readable JPEG or PNG"),
         ("offsets", r"enc.npz\[train_png\]: offsets 0..\d+ for \d+ bytes \(offset 5 is below offset 4\)"),
-        ("names", r"enc.npz\[class_names\]: 3 names for 2 classes \(labels' max \+ 1\): expected one name a class"),
+        ("names", r"enc.npz\[class_names\]: 2 names for 3 classes \(labels' max \+ 1\): expected one name a class"),
         ("no images", r"missing key\(s\) x_train .*or train_jpeg \+ train_offsets"),
     ],
 )
@@ -83,8 +83,8 @@ def test_a_malformed_encoded_archive_is_one_line_naming_the_array_and_image(tmp_
         data[offsets[2] + 20 : offsets[3]] = 7
     if break_it == "offsets":
         offsets[5] = offsets[4] - 1
-    if break_it == "names":
-        arrays["class_names"] = np.array(["a", "b", "c"])
+    if break_it == "names":  # fewer names than labels (more are the class count: test_sources)
+        arrays.update(class_names=np.array(["a", "b"]), y_train=np.arange(len(y)) % 3)
     if break_it == "no images":
         del arrays["train_png"]
     path = _write(tmp_path / "enc.npz", **arrays)

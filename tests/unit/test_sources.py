@@ -378,6 +378,37 @@ def test_class_count_names_its_origin_and_warns_about_empty_classes(tmp_path):
     given = load_data(DataConfig(source=str(tmp_path / "stray.npz"), num_classes=20))
     assert class_lines(given)[0] == "classes: 20 (--num-classes)"
     assert "9 of 20 classes have no examples: 10, 11, 13, 14, 15, ..." in class_lines(given)[1]
+
+
+def test_an_npz_s_class_names_set_the_class_count_where_they_cover_the_labels(tmp_path):
+    """CIFAR-10's first 5 classes with its 10 class_names were refused ("10 names for 5 classes"), with no remedy;
+    --num-classes 10 then named the empty classes by index with the names at hand."""
+    x, y = bar_images(24)  # labels 0..3
+    names = np.array(["plane", "car", "bird", "cat", "deer", "dog"])
+    np.savez(tmp_path / "first4.npz", x_train=x, y_train=y, class_names=names)
+    bundle = load_data(DataConfig(source=str(tmp_path / "first4.npz")))
+    assert bundle.num_classes == 6 and bundle.class_names == names.tolist()
+    assert class_lines(bundle) == [
+        "classes: 6 (the archive's class_names)",
+        "warning: 2 of 6 classes have no examples: 4 (deer), 5 (dog) (the archive's class_names name them, and no "
+        "label is theirs: give them examples or drop their names)",
+    ]
+    given = load_data(DataConfig(source=str(tmp_path / "first4.npz"), num_classes=6))  # the flag that worked
+    assert class_lines(given)[0] == "classes: 6 (--num-classes)" and "4 (deer), 5 (dog)" in class_lines(given)[1]
+    np.savez(tmp_path / "few.npz", x_train=x, y_train=y, class_names=names[:3])  # fewer names than labels: refused
+    with pytest.raises(DataError, match=r"few\.npz\[class_names\]: 3 names for 4 classes \(labels' max \+ 1\)"):
+        load_data(DataConfig(source=str(tmp_path / "few.npz")))
+
+
+def test_the_data_line_names_the_statistics_that_normalise(tmp_path):
+    """Folders and stores are normalised with ImageNet's mean/std whatever they hold, arrays with their own: the
+    run said neither."""
+    from cnnpar.data.bundle import split_line
+
+    folder = load_data(DataConfig(source=str(write_image_folder(tmp_path / "photos"))))
+    assert folder.mean == (0.485, 0.456, 0.406) and "; normalised with ImageNet's mean/std" in split_line(folder)
+    arrays = load_data(DataConfig(source=str(write_npz(tmp_path / "d.npz", n_train=40, n_test=8))))
+    assert split_line(arrays).endswith("the data's own test split; normalised with the training images' mean/std")
     folder = load_data(DataConfig(source=str(write_image_folder(tmp_path / "photos"))))
     assert class_lines(folder) == ["classes: 2 (the class folders)"]
 
@@ -402,8 +433,27 @@ def test_image_size_0_keeps_a_folders_and_a_stores_shared_source_size(tmp_path):
         f.rename(f.parent.parent.parent / "mixed" / f.parent.name / f"big{f.name}")
     bundle = load_data(DataConfig(source=str(mixed)))
     assert bundle.shape == (3, 224, 224)
-    assert "differ in size (20x20 to 40x40): 224" in bundle.size_from
+    assert "differ in size (by area, the smallest 20x20 and the largest 40x40, width x height): 224" in bundle.size_from
     assert load_data(DataConfig(source=str(mixed), image_size=48)).shape == (3, 48, 48)
+
+
+def test_image_sizes_are_said_width_by_height_and_a_range_by_real_images(tmp_path):
+    """Photos 40 wide and 30 high were said to be "30x40"; 75x56 and 2400x1600 photos were "56x75 to 1600x2400", and
+    the range's ends were per-axis minima and maxima, sizes that no image need have."""
+    from PIL import Image
+
+    for i, (w, h) in enumerate([(40, 30)] * 4):
+        (tmp_path / "land" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (w, h), (i * 40, 0, 0)).save(tmp_path / "land" / f"c{i % 2}" / f"{i}.png")
+    bundle = load_data(DataConfig(source=str(tmp_path / "land")))
+    assert bundle.shape == (3, 30, 30)
+    assert bundle.size_from == "the source size: all 4 images are 40 wide x 30 high, square crops of the shorter side"
+    # a tall narrow image and a wide short one: per axis, 10x10 to 60x60, neither of them
+    for i, (w, h) in enumerate([(60, 10), (10, 60), (20, 25), (30, 30)]):
+        (tmp_path / "odd" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (w, h), (i * 40, 0, 0)).save(tmp_path / "odd" / f"c{i % 2}" / f"{i}.png")
+    why = load_data(DataConfig(source=str(tmp_path / "odd"))).size_from
+    assert why.startswith("the 4 images differ in size (by area, the smallest 20x25 and the largest 30x30, width x ")
 
 
 def test_channel_stats_read_a_bounded_number_of_pixels(monkeypatch):

@@ -510,8 +510,10 @@ def test_a_store_trains_at_the_size_its_photos_folder_trains_at_where_it_holds_i
     assert size == 224 and why.startswith(f"as --data {(tmp_path / 'mixed').resolve()} trains: the 6 images differ")
     assert side(tmp_path / "same")[0] == 600  # the folder trains at its photos' size, which the store cannot hold
     size, why = side(tmp_path / "same.cnnpar")
-    assert size == 256 and why.startswith("the store's size: all 6 images are 256x341")
-    assert why.endswith("trains at 600: the source size: all 6 images are 600x800, square crops of the shorter side)")
+    assert size == 256 and why.startswith("the store's size: all 6 images are 341 wide x 256 high")
+    assert why.endswith(
+        "trains at 600: the source size: all 6 images are 800 wide x 600 high, square crops of the shorter side)"
+    )
 
 
 def test_a_store_whose_folder_changed_since_prepare_says_so(tmp_path):
