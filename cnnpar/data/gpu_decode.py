@@ -50,7 +50,7 @@ from cnnpar.data.crop_resize import (
     resized_crops_loop,
     tail_room,
 )
-from cnnpar.data.folder import decode_rgb, read_encoded
+from cnnpar.data.folder import check_pixel_count, decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import decode_route, read_jpeg_header
 from cnnpar.data.private_stream import private_stream
 from cnnpar.data.tv_codecs import tv_codecs
@@ -111,6 +111,8 @@ class EncodedFolderDataset(Dataset):
         # its size lets the crop be drawn before decoding (and only the crop be decoded).
         view = memoryview(data.numpy())
         header = read_jpeg_header(view)
+        if header is not None:  # before any decoder sees it: nvJPEG, the engines and nvImageCodec have no limit here
+            check_pixel_count(self.files[i], header.height, header.width)
         hw = (header.height, header.width) if header is not None else (0, 0)
         return data, self.labels[i], i, decode_route(header, view), hw
 
@@ -417,6 +419,9 @@ class GpuDecoder:
         if ok is None or batch.hw is None:  # batches made without workers: read the headers here
             views = [memoryview(b.numpy()) for b in batch.data]
             headers = [read_jpeg_header(v) for v in views]
+            for h, index in zip(headers, np.asarray(batch.index).tolist()):
+                if h is not None:  # as the workers check (EncodedFolderDataset)
+                    check_pixel_count(self.files[index], h.height, h.width)
             routes = [decode_route(h, v) for h, v in zip(headers, views)]
             ok, hard = [r >= 1 for r in routes], [r == 2 for r in routes]
             hw = np.array([(h.height, h.width) if h else (0, 0) for h in headers], dtype=np.int64).reshape(n, 2)
