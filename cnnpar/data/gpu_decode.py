@@ -207,7 +207,7 @@ class DecodedBatch:
     interleaved memory), its crop box, whether nvImageCodec owns its memory (kept alive by the
     decoder until the resize's copy is done; allocator memory otherwise, held with record_stream),
     images the workers already decoded (a HybridBatch's share), and the CUDA stream it was decoded
-    on (the resize, on another stream, must hold the allocator's images for its own)."""
+    on (the resize, on another stream, must hold the allocator's images and that share for its own)."""
 
     images: list[torch.Tensor]
     boxes: torch.Tensor
@@ -411,6 +411,8 @@ class GpuDecoder:
         if hasattr(batch, "decoded"):  # a HybridBatch: the workers decoded its first images
             d = self._decode_stage(batch.encoded)
             d.done = batch.decoded.to(self.device, non_blocking=True)
+            if self.device.type == "cuda":  # allocated on this stream, read on the resize's: held there too
+                d.stream = torch.cuda.current_stream(self.device)  # (an empty encoded part set none)
             return d
         n = len(batch)
         if n == 0:
@@ -495,6 +497,8 @@ class GpuDecoder:
                         img.record_stream(stream)
                 if d.flat is not None:
                     d.flat.record_stream(stream)
+                if d.done is not None:  # the workers' share: freed when the batch is, while the cat may be queued
+                    d.done.record_stream(stream)
         n = len(d.images)
         if self.resize == "loop":  # the reference path, image by image: views of the flat buffer
             _flat_to_views(d)
