@@ -352,37 +352,47 @@ class GpuDecoder:
         self._count("cpu_decoded")
         return img.to(self.device, non_blocking=True)
 
-    def _decode_batched(self, data: list[torch.Tensor], ids: list[int], images: list) -> None:
-        """Decode `ids` in one batched call; if it fails, bisect, so only the files that fail alone
-        are left undecoded (for the CPU). k culprits in n files cost about 2 k log2(n / k) calls."""
+    def _bisected(self, ids: list[int], decode_part: Callable[[list[int]], None]) -> None:
+        """`decode_part(ids)` in one call; where a call raises, each half again, so that only the files that
+        fail alone are left undecoded (for the CPU, which decodes them or names them). k culprits in n files
+        cost about 2 k log2(n / k) calls."""
         pending = [ids] if ids else []
         while pending:
             part = pending.pop()
             self._count("batched_calls")
             try:
-                decoded = self.batch_decode([data[i] for i in part], self.device)
+                decode_part(part)
             except (RuntimeError, ValueError):
                 if len(part) > 1:
                     mid = len(part) // 2
                     pending += [part[mid:], part[:mid]]
-                continue
-            for i, img in zip(part, decoded):
+
+    def _decode_batched(self, data: list[torch.Tensor], ids: list[int], images: list) -> None:
+        """Decode `ids` in one batched call (nvJPEG fails the whole call for one file it refuses: bisected)."""
+
+        def decode_part(part: list[int]) -> None:
+            for i, img in zip(part, self.batch_decode([data[i] for i in part], self.device)):
                 images[i] = img
 
+        self._bisected(ids, decode_part)
+
     def _decode_nvimgcodec(self, data, ids, boxes, images: list, owned: list, hwc: list, holds: list, stream) -> None:
-        if not ids:
-            return
+        """Decode `ids` with nvImageCodec: a file it cannot parse or decode comes back None (for the CPU); a call
+        that raises (a library or CUDA error, a region it refuses) is bisected as nvJPEG's is."""
         region = self.nvimgcodec.regions
-        decoded = self.nvimgcodec([data[i] for i in ids], boxes[ids], stream=stream)
-        if self.device.type == "cuda":
-            holds.append(self.nvimgcodec.last_hold)
-        self._count("batched_calls")
-        for i, img in zip(ids, decoded):
-            if img is not None:
-                images[i] = img.permute(2, 0, 1)  # (3, H, W) view of interleaved memory
-                owned[i], hwc[i] = self.device.type == "cuda", True
-                if region:  # the image is the crop
-                    boxes[i] = torch.tensor([0, 0, boxes[i, 2], boxes[i, 3]])
+
+        def decode_part(part: list[int]) -> None:
+            decoded = self.nvimgcodec([data[i] for i in part], boxes[part], stream=stream)
+            if self.nvimgcodec.last_hold is not None:  # this call's buffers on the device (None: it decoded none)
+                holds.append(self.nvimgcodec.last_hold)
+            for i, img in zip(part, decoded):
+                if img is not None:
+                    images[i] = img.permute(2, 0, 1)  # (3, H, W) view of interleaved memory
+                    owned[i], hwc[i] = self.device.type == "cuda", True
+                    if region:  # the image is the crop
+                        boxes[i] = torch.tensor([0, 0, boxes[i, 2], boxes[i, 3]])
+
+        self._bisected(ids, decode_part)
 
     def decode(self, batch: EncodedBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The batch's images, each (3, H, W), and the crop boxes (N, 4) in each image's own
