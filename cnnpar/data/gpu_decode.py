@@ -9,7 +9,8 @@ call, then cropped and resized on the device in a few batched kernels (`crop_res
 Files nvJPEG cannot take (PNGs, CMYK JPEGs: see `jpeg_header`) are decoded on the CPU, one by one;
 so is any file that makes the batched call fail, found by bisecting the batch, so that one odd
 file costs a few extra batched calls instead of a whole batch decoded on the CPU. A file the CPU
-cannot decode either is named in a DataError.
+cannot decode either is named in a DataError; one it decodes despite damage, in a warning (as the CPU
+workers name it: nvJPEG and nvImageCodec report no damage in the files they decode themselves).
 
 What torchvision's batched CUDA decode does to the host and to streams (read in
 torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, torchvision 0.19 to 0.29):
@@ -41,6 +42,7 @@ import torch
 from torch.utils.data import Dataset
 
 from cnnpar.data.byte_slots import ByteSlots
+from cnnpar.data.cpu_decode import decode_rgb_naming_damage
 from cnnpar.data.crop_resize import (
     RRC_SCALE,
     check_min_scale,
@@ -50,7 +52,7 @@ from cnnpar.data.crop_resize import (
     resized_crops_loop,
     tail_room,
 )
-from cnnpar.data.folder import check_pixel_count, decode_rgb, read_encoded
+from cnnpar.data.folder import check_pixel_count, read_encoded
 from cnnpar.data.jpeg_header import decode_route, read_jpeg_header
 from cnnpar.data.private_stream import private_stream
 from cnnpar.data.tv_codecs import tv_codecs
@@ -348,7 +350,7 @@ class GpuDecoder:
             return engines
 
     def _decode_cpu(self, buf: torch.Tensor, index: int) -> torch.Tensor:
-        img = decode_rgb(buf, self.files[index])
+        img = decode_rgb_naming_damage(buf, self.files[index])  # a damaged JPEG named, as the CPU workers name it
         self._count("cpu_decoded")
         return img.to(self.device, non_blocking=True)
 

@@ -108,6 +108,8 @@ def cases() -> dict[str, Case]:
             tolerance=LOSSLESS,
         ),
         "12bit_jpeg": Case(twelve_bit(jpeg), error=r"cannot decode as an image \(Unsupported JPEG data precision 12\)"),
+        # damaged but whole (libjpeg: "Corrupt JPEG data: 219 extraneous bytes before marker 0xd9"): its picture
+        "jpeg_with_extraneous_bytes": Case(jpeg[:-2] + bytes(219) + b"\xff\xd9", rgb),
         "truncated_jpeg": Case(jpeg[: len(jpeg) // 2], error=r"cannot decode as an image \(.*truncated"),
         "jpeg_without_end_marker": Case(jpeg[:-2], error=r"cannot decode as an image \(.*truncated"),
         "jpeg_header_only": Case(jpeg[:400], error=r"cannot decode as an image \("),
@@ -308,6 +310,31 @@ def test_a_cut_file_in_a_batch_made_without_workers_is_named_too():
     with pytest.raises(DataError, match=r"^a/cut\.jpg: cannot decode as an image \(.*truncated"):
         GpuDecoder(files, SIZE, torch.device("cpu"), train=False, batch_decode=lenient)(batch)
     assert len(jpeg) // 2 not in seen
+
+
+def test_a_damaged_jpeg_the_gpu_decoders_leave_to_the_cpu_is_named_as_the_cpu_workers_name_it(tmp_path, capfd):
+    """libjpeg's own line ("Corrupt JPEG data: ...") names no file. The CPU workers add a warning naming it; the
+    GPU path's CPU fall-back (here for a file the batched decoder refuses, as nvJPEG may) printed only libjpeg's."""
+    pytest.importorskip("simplejpeg")
+    jpeg = saved(picture(), "JPEG", quality=95)
+    damaged = jpeg[:-2] + bytes(219) + b"\xff\xd9"
+    cpu_files = write(tmp_path / "cpu", "damaged", damaged)
+    cpu_batch_simplejpeg(cpu_files)
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert len(said) == 1 and "damaged JPEG data (libjpeg: Corrupt JPEG data: " in said[0], said
+
+    def refusing(buffers, device):  # nvJPEG refusing the damaged file: the batch is bisected, the file left
+        if any(b.numpy().tobytes() == damaged for b in buffers):
+            raise RuntimeError("Error while decoding JPEG images: Failed to decode batch: 6")
+        return [torch.zeros(3, H, W, dtype=torch.uint8) for _ in buffers]
+
+    files = write(tmp_path / "gpu", "damaged", damaged)
+    ds = EncodedFolderDataset(files, [0, 1], SIZE)
+    decoder = GpuDecoder(files, SIZE, torch.device("cpu"), train=False, batch_decode=refusing)
+    out = decoder(collate_encoded([ds[i] for i in range(len(ds))])[0])
+    assert decoder.cpu_decoded == 1
+    assert said[0].replace(str(cpu_files[1]), str(files[1])) in capfd.readouterr().err.splitlines()
+    assert (out[1].int() - reference(picture()).int()).abs().max() <= 8  # its picture
 
 
 @pytest.mark.parametrize("workers", [True, False])
