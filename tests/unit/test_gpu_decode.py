@@ -561,6 +561,7 @@ def test_cuda_nvimgcodec_batches_it_cannot_take_go_to_the_cpu(monkeypatch):
     for parses in (False, True, False):
         monkeypatch.setattr(nvimgcodec_decode, "_module", (lambda: real) if parses else (lambda: RefusingParser(real)))
         outs.append(gpu(encoded(blobs)).cpu())
+    monkeypatch.setattr(nvimgcodec_decode, "_module", lambda: real)  # every file parses; one call raises
     gpu.nvimgcodec = FlakyNvImageCodec(gpu.nvimgcodec, {blobs[2]})
     outs.append(gpu(encoded(blobs)).cpu())
     torch.cuda.synchronize()
