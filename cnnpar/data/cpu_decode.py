@@ -222,7 +222,7 @@ def decode_rgb_naming_damage(data: torch.Tensor, path: Path | str) -> torch.Tens
     """`decode_rgb`'s (3, H, W) image, decoded as `CpuDecodedFolder` decodes a whole JPEG: through strict
     simplejpeg where it takes the file, else `decode_rgb`, with `say_damaged`'s warning where simplejpeg refused
     it with libjpeg's message and it decoded all the same. For the GPU decoders' CPU fall-back, where libjpeg's
-    own line named no file. The same pixels either way (libjpeg-turbo; identical on 359 test JPEGs)."""
+    own line named no file. The same pixels either way (the same libjpeg-turbo: see the module's docstring)."""
     header = read_jpeg_header(memoryview(data.numpy()))
     if simplejpeg_module() is None or not turbo_ready(header):
         return decode_rgb(data, path)
