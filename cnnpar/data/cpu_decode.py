@@ -205,6 +205,25 @@ def say_damaged(path: Path | str, why: str) -> None:
     print(f"warning: {path}: damaged JPEG data (libjpeg: {why}), decoded anyway", file=sys.stderr, flush=True)
 
 
+def decode_rgb_naming_damage(data: torch.Tensor, path: Path | str) -> torch.Tensor:
+    """`decode_rgb`'s (3, H, W) image, decoded as `CpuDecodedFolder` decodes a whole JPEG: through strict
+    simplejpeg where it takes the file, else `decode_rgb`, with `say_damaged`'s warning where simplejpeg refused
+    it with libjpeg's message and it decoded all the same. For the GPU decoders' CPU fall-back, where libjpeg's
+    own line named no file. The same pixels either way (the same libjpeg-turbo: see the module's docstring)."""
+    header = read_jpeg_header(memoryview(data.numpy()))
+    if simplejpeg_module() is None or not turbo_ready(header):
+        return decode_rgb(data, path)
+    check_pixel_count(path, header.height, header.width)  # decode_rgb's check, before simplejpeg sees it
+    turbo = TurboDecoder()  # a buffer of its own: decode threads may call at once, and the image leaves here
+    img = turbo(data, 1, header.height, header.width, (0, 0, header.height, header.width))
+    if img is not None:
+        return img.contiguous()  # planes, as decode_rgb's
+    img = decode_rgb(data, path)
+    if turbo.refused:
+        say_damaged(path, turbo.refused)
+    return img
+
+
 def decode_as_header_says(data: torch.Tensor, path: Path | str, h: int, w: int) -> torch.Tensor:
     """Full-size decode of an image whose crop box was drawn from its header's size: a decode of
     another size (a header that lies) would put the box outside the image, so it is refused."""

@@ -9,7 +9,8 @@ call, then cropped and resized on the device in a few batched kernels (`crop_res
 Files nvJPEG cannot take (PNGs, CMYK JPEGs: see `jpeg_header`) are decoded on the CPU, one by one;
 so is any file that makes the batched call fail, found by bisecting the batch, so that one odd
 file costs a few extra batched calls instead of a whole batch decoded on the CPU. A file the CPU
-cannot decode either is named in a DataError.
+cannot decode either is named in a DataError; one it decodes despite damage, in a warning (as the CPU
+workers name it: nvJPEG and nvImageCodec report no damage in the files they decode themselves).
 
 What torchvision's batched CUDA decode does to the host and to streams (read in
 torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp, torchvision 0.19 to 0.29):
@@ -41,6 +42,7 @@ import torch
 from torch.utils.data import Dataset
 
 from cnnpar.data.byte_slots import ByteSlots
+from cnnpar.data.cpu_decode import decode_rgb_naming_damage
 from cnnpar.data.crop_resize import (
     RRC_SCALE,
     check_min_scale,
@@ -50,7 +52,7 @@ from cnnpar.data.crop_resize import (
     resized_crops_loop,
     tail_room,
 )
-from cnnpar.data.folder import decode_rgb, read_encoded
+from cnnpar.data.folder import check_pixel_count, read_encoded
 from cnnpar.data.jpeg_header import decode_route, read_jpeg_header
 from cnnpar.data.private_stream import private_stream
 from cnnpar.data.tv_codecs import tv_codecs
@@ -111,6 +113,8 @@ class EncodedFolderDataset(Dataset):
         # its size lets the crop be drawn before decoding (and only the crop be decoded).
         view = memoryview(data.numpy())
         header = read_jpeg_header(view)
+        if header is not None:  # before any decoder sees it: nvJPEG, the engines and nvImageCodec have no limit here
+            check_pixel_count(self.files[i], header.height, header.width)
         hw = (header.height, header.width) if header is not None else (0, 0)
         return data, self.labels[i], i, decode_route(header, view), hw
 
@@ -205,7 +209,7 @@ class DecodedBatch:
     interleaved memory), its crop box, whether nvImageCodec owns its memory (kept alive by the
     decoder until the resize's copy is done; allocator memory otherwise, held with record_stream),
     images the workers already decoded (a HybridBatch's share), and the CUDA stream it was decoded
-    on (the resize, on another stream, must hold the allocator's images for its own)."""
+    on (the resize, on another stream, must hold the allocator's images and that share for its own)."""
 
     images: list[torch.Tensor]
     boxes: torch.Tensor
@@ -346,41 +350,51 @@ class GpuDecoder:
             return engines
 
     def _decode_cpu(self, buf: torch.Tensor, index: int) -> torch.Tensor:
-        img = decode_rgb(buf, self.files[index])
+        img = decode_rgb_naming_damage(buf, self.files[index])  # a damaged JPEG named, as the CPU workers name it
         self._count("cpu_decoded")
         return img.to(self.device, non_blocking=True)
 
-    def _decode_batched(self, data: list[torch.Tensor], ids: list[int], images: list) -> None:
-        """Decode `ids` in one batched call; if it fails, bisect, so only the files that fail alone
-        are left undecoded (for the CPU). k culprits in n files cost about 2 k log2(n / k) calls."""
+    def _bisected(self, ids: list[int], decode_part: Callable[[list[int]], None]) -> None:
+        """`decode_part(ids)` in one call; where a call raises, each half again, so that only the files that
+        fail alone are left undecoded (for the CPU, which decodes them or names them). k culprits in n files
+        cost about 2 k log2(n / k) calls."""
         pending = [ids] if ids else []
         while pending:
             part = pending.pop()
             self._count("batched_calls")
             try:
-                decoded = self.batch_decode([data[i] for i in part], self.device)
+                decode_part(part)
             except (RuntimeError, ValueError):
                 if len(part) > 1:
                     mid = len(part) // 2
                     pending += [part[mid:], part[:mid]]
-                continue
-            for i, img in zip(part, decoded):
+
+    def _decode_batched(self, data: list[torch.Tensor], ids: list[int], images: list) -> None:
+        """Decode `ids` in one batched call (nvJPEG fails the whole call for one file it refuses: bisected)."""
+
+        def decode_part(part: list[int]) -> None:
+            for i, img in zip(part, self.batch_decode([data[i] for i in part], self.device)):
                 images[i] = img
 
+        self._bisected(ids, decode_part)
+
     def _decode_nvimgcodec(self, data, ids, boxes, images: list, owned: list, hwc: list, holds: list, stream) -> None:
-        if not ids:
-            return
+        """Decode `ids` with nvImageCodec: a file it cannot parse or decode comes back None (for the CPU); a call
+        that raises (a library or CUDA error, a region it refuses) is bisected as nvJPEG's is."""
         region = self.nvimgcodec.regions
-        decoded = self.nvimgcodec([data[i] for i in ids], boxes[ids], stream=stream)
-        if self.device.type == "cuda":
-            holds.append(self.nvimgcodec.last_hold)
-        self._count("batched_calls")
-        for i, img in zip(ids, decoded):
-            if img is not None:
-                images[i] = img.permute(2, 0, 1)  # (3, H, W) view of interleaved memory
-                owned[i], hwc[i] = self.device.type == "cuda", True
-                if region:  # the image is the crop
-                    boxes[i] = torch.tensor([0, 0, boxes[i, 2], boxes[i, 3]])
+
+        def decode_part(part: list[int]) -> None:
+            decoded = self.nvimgcodec([data[i] for i in part], boxes[part], stream=stream)
+            if self.nvimgcodec.last_hold is not None:  # this call's buffers on the device (None: it decoded none)
+                holds.append(self.nvimgcodec.last_hold)
+            for i, img in zip(part, decoded):
+                if img is not None:
+                    images[i] = img.permute(2, 0, 1)  # (3, H, W) view of interleaved memory
+                    owned[i], hwc[i] = self.device.type == "cuda", True
+                    if region:  # the image is the crop
+                        boxes[i] = torch.tensor([0, 0, boxes[i, 2], boxes[i, 3]])
+
+        self._bisected(ids, decode_part)
 
     def decode(self, batch: EncodedBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The batch's images, each (3, H, W), and the crop boxes (N, 4) in each image's own
@@ -409,6 +423,8 @@ class GpuDecoder:
         if hasattr(batch, "decoded"):  # a HybridBatch: the workers decoded its first images
             d = self._decode_stage(batch.encoded)
             d.done = batch.decoded.to(self.device, non_blocking=True)
+            if self.device.type == "cuda":  # allocated on this stream, read on the resize's: held there too
+                d.stream = torch.cuda.current_stream(self.device)  # (an empty encoded part set none)
             return d
         n = len(batch)
         if n == 0:
@@ -417,6 +433,9 @@ class GpuDecoder:
         if ok is None or batch.hw is None:  # batches made without workers: read the headers here
             views = [memoryview(b.numpy()) for b in batch.data]
             headers = [read_jpeg_header(v) for v in views]
+            for h, index in zip(headers, np.asarray(batch.index).tolist()):
+                if h is not None:  # as the workers check (EncodedFolderDataset)
+                    check_pixel_count(self.files[index], h.height, h.width)
             routes = [decode_route(h, v) for h, v in zip(headers, views)]
             ok, hard = [r >= 1 for r in routes], [r == 2 for r in routes]
             hw = np.array([(h.height, h.width) if h else (0, 0) for h in headers], dtype=np.int64).reshape(n, 2)
@@ -490,6 +509,8 @@ class GpuDecoder:
                         img.record_stream(stream)
                 if d.flat is not None:
                     d.flat.record_stream(stream)
+                if d.done is not None:  # the workers' share: freed when the batch is, while the cat may be queued
+                    d.done.record_stream(stream)
         n = len(d.images)
         if self.resize == "loop":  # the reference path, image by image: views of the flat buffer
             _flat_to_views(d)

@@ -91,7 +91,9 @@ class NvImageCodecDecode:
         self, buffers: list[torch.Tensor], boxes: torch.Tensor | None, stream: torch.cuda.Stream | None = None
     ) -> list[torch.Tensor | None]:
         """`stream`: the CUDA stream whose later work reads the images (default: the current one;
-        a caller decoding in a second thread passes its own)."""
+        a caller decoding in a second thread passes its own). `last_hold` is then this call's buffers, or
+        None where it decoded nothing on the device (no file parsed, or the call raised)."""
+        self.last_hold = None  # never an earlier call's: the caller hands it to `copied` with this batch's event
         n = _module()
         streams = []
         for k, buf in enumerate(buffers):

@@ -933,16 +933,23 @@ class Trainer:
         # DATA_WAIT range, which a profile reads as the train step's
         waited = DataWait(self.info.device, range_name=None)
         batches = iter(self.val_loader)
-        while True:
-            with waited.waiting():
-                batch = next(batches, None)
-            if batch is None:
-                break
-            x, y = batch
-            loss, right = eval_batch(model, x, y, self.precision, "flip" in tta, "translate" in tta)
-            sums[0] += loss
-            sums[1] += right
-            sums[2] += y.shape[0]
+        try:
+            while True:
+                with waited.waiting():
+                    batch = next(batches, None)
+                if batch is None:
+                    break
+                x, y = batch
+                loss, right = eval_batch(model, x, y, self.precision, "flip" in tta, "translate" in tta)
+                sums[0] += loss
+                sums[1] += right
+                sums[2] += y.shape[0]
+        finally:
+            # as train_epoch's: an error here must not leave the feeder's threads decoding ahead
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+            del batches
         all_reduce_sum(sums, self.info)
         n = float(sums[2])  # note: a CPU-GPU sync point
         self.eval_wait_s = waited.seconds()  # a timing, not a metric: kept apart so that equal models evaluate equal

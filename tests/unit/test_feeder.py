@@ -365,6 +365,47 @@ def test_an_epoch_that_fails_stops_its_feeder_before_the_run_closes_the_decoders
     assert any(entry.name == "train_epoch" for entry in failure.traceback)
 
 
+def test_an_evaluation_that_fails_stops_its_feeder_too(tmp_path, monkeypatch):
+    """The evaluation's batch iterator is closed on an error (out of memory at evaluation, Ctrl-C) as the
+    epoch's is: its decode thread could otherwise still wait in the val loader's `next()` while the run's end
+    shuts the workers down (loader.shutdown_workers: it would wait for ever)."""
+    from cnnpar.config import Config, DataConfig, ModelConfig, RunConfig
+    from cnnpar.dist import DistInfo
+    from cnnpar.engine import trainer
+    from cnnpar.engine.trainer import Trainer
+
+    cfg = Config(
+        data=DataConfig(source="synthetic", synthetic_samples=96, val_fraction=0.5, workers=0),
+        model=ModelConfig(name="cnn3"),
+        run=RunConfig(epochs=1, batch_size=16, progress=False, out_dir=str(tmp_path)),
+    )
+    tr = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None)
+    assert isinstance(tr.val_loader, DeviceFeeder)
+    events, plain_iter = [], DeviceFeeder.__iter__
+
+    def batches(feeder):
+        try:
+            yield from plain_iter(feeder)
+        finally:
+            events.append("iterator closed")
+
+    monkeypatch.setattr(DeviceFeeder, "__iter__", batches)
+    steps = []
+
+    def failing_eval_batch(*args):
+        steps.append(1)
+        if len(steps) == 2:
+            raise RuntimeError("CUDA out of memory (stand-in)")
+        return torch.zeros(()), torch.zeros((), dtype=torch.int64)
+
+    monkeypatch.setattr(trainer, "eval_batch", failing_eval_batch)
+    with pytest.raises(RuntimeError, match="stand-in") as failure:
+        tr.evaluate()
+    # closed although the traceback kept here holds the evaluation's frame, which references the iterator
+    assert steps == [1, 1] and events == ["iterator closed"]
+    assert any(entry.name == "evaluate" for entry in failure.traceback)
+
+
 def test_a_feeder_that_fails_to_close_is_reported_and_the_other_still_closes():
     from cnnpar.engine.trainer import closing_feeders
 

@@ -457,6 +457,62 @@ def test_nvimgcodec_backend_names_a_corrupt_file():
         GpuDecoder(files, 16, torch.device("cpu"), train=True, backend="nvimgcodec")(encoded(blobs))
 
 
+class FlakyNvImageCodec:
+    """nvImageCodec's decode (`NvImageCodecDecode`) raising for the whole call, as a library or CUDA error
+    does, when any buffer is in `bad` (every call where `bad` is None); the real one otherwise."""
+
+    def __init__(self, real, bad: set[bytes] | None) -> None:
+        self.real, self.bad, self.calls = real, bad, []
+
+    def __getattr__(self, name):  # regions, last_hold, copied: the real decoder's
+        return getattr(self.real, name)
+
+    def __call__(self, buffers, boxes, stream=None):
+        self.calls.append(len(buffers))
+        self.real.last_hold = None  # as the real call leaves it when it raises
+        if self.bad is None or any(b.numpy().tobytes() in self.bad for b in buffers):
+            raise RuntimeError("nvImageCodec: CUDA error 700 (stand-in)")
+        return self.real(buffers, boxes, stream=stream)
+
+
+def test_an_nvimgcodec_call_that_raises_is_bisected_and_its_files_left_to_the_cpu():
+    """The nvJPEG way bisects a batch whose call raises and the engines' falls back; nvImageCodec's call had no
+    handling and its error ended the run without naming a file. Now only the culprit goes to the CPU, and
+    where every call raises (a library error), the CPU decodes the batch or names the file it cannot."""
+    pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
+    blobs = [jpeg_bytes(smooth_image(40 + i, 50, phase=i)) for i in range(16)]
+    files = [Path(f"photos/{i}.jpg") for i in range(16)]
+    cpu = torch.device("cpu")
+    clean = GpuDecoder(files, 24, cpu, train=False, backend="nvimgcodec")(encoded(blobs))
+    dec = GpuDecoder(files, 24, cpu, train=False, backend="nvimgcodec")
+    dec.nvimgcodec = flaky = FlakyNvImageCodec(dec.nvimgcodec, {blobs[5]})
+    assert torch.equal(dec(encoded(blobs)), clean)
+    assert dec.cpu_decoded == 1 and flaky.calls[0] == 16 and len(flaky.calls) <= 2 * math.log2(16) + 1
+    dec = GpuDecoder(files, 24, cpu, train=False, backend="nvimgcodec")
+    dec.nvimgcodec = FlakyNvImageCodec(dec.nvimgcodec, None)
+    reference = GpuDecoder(files, 24, cpu, train=False)(encoded(blobs))  # libjpeg-turbo, as the CPU's fallback
+    assert torch.equal(dec(encoded(blobs)), reference) and dec.cpu_decoded == 16
+    blobs[3] = b"\xff\xd8\xff\xe0 not a jpeg at all"
+    with pytest.raises(DataError, match=r"^photos/3\.jpg: cannot decode as an image"):
+        dec(encoded(blobs))
+
+
+@pytest.mark.parametrize("before", ["first batch", "after a batch"])
+def test_an_nvimgcodec_batch_that_parses_no_file_hands_on_no_hold(before):
+    """A batch of which nvImageCodec parses no file comes back all None (for the CPU) and keeps no buffer of
+    the library's: it handed on the previous batch's hold, or None on the first batch, which the resize's
+    `copied(hold, event)` failed on (TypeError) instead of the CPU decoding the batch."""
+    pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
+    unparsable = torch.frombuffer(bytearray(b"\xff\xd8\xff\xe0 not a jpeg at all"), dtype=torch.uint8)
+    dec = GpuDecoder([Path("photos/0.jpg")], 16, torch.device("cpu"), train=False, backend="nvimgcodec")
+    dec.device = torch.device("cuda")  # the CUDA branch (nothing here reaches a GPU: no file parses)
+    if before == "after a batch":
+        dec.nvimgcodec.last_hold = ["the previous batch's buffers", None]
+    images, owned, hwc, holds = [None], [False], [False], []
+    dec._decode_nvimgcodec([unparsable], [0], torch.tensor([[0, 0, 8, 8]]), images, owned, hwc, holds, None)
+    assert holds == [] and images == [None] and dec.nvimgcodec.last_hold is None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_nvimgcodec_decoder_matches_the_cpu_path():
@@ -470,6 +526,48 @@ def test_cuda_nvimgcodec_decoder_matches_the_cpu_path():
         cpu = GpuDecoder(files, 64, torch.device("cpu"), train=train, seed=1, resize="loop")
         diff = (gpu(encoded(blobs)).cpu().int() - cpu(encoded(blobs)).int()).abs()
         print(f"nvimgcodec train={train}: max {int(diff.max())} mean {float(diff.float().mean()):.3f}")
+        assert diff.float().mean() < 1.0 and diff.max() <= 20
+
+
+class RefusingParser:
+    """nvImageCodec's module with a CodeStream that refuses every buffer, as its parser refuses a file that our
+    header reader sends it (none such is known: this stands in for one)."""
+
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def CodeStream(self, *args, **kwargs):
+        raise RuntimeError("Failed to get image info (stand-in)")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_nvimgcodec_batches_it_cannot_take_go_to_the_cpu(monkeypatch):
+    """On the GPU, where nvImageCodec's buffers are held until the resize's copy: a batch of which it parses no
+    file (first, and after a batch it decoded) and a call that raises end on the CPU, not in a TypeError or the
+    library's error."""
+    pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
+    from cnnpar.data import nvimgcodec_decode
+
+    blobs = [jpeg_bytes(smooth_image(h, w, phase=i)) for i, (h, w) in enumerate(SIZES)]
+    files = [Path(f"{i}.jpg") for i in range(len(blobs))]
+    ref = GpuDecoder(files, 32, torch.device("cpu"), train=False, resize="loop")(encoded(blobs))
+    gpu = GpuDecoder(files, 32, torch.device("cuda"), train=False, backend="nvimgcodec")
+    real = nvimgcodec_decode._module()
+    outs = []
+    for parses in (False, True, False):
+        monkeypatch.setattr(nvimgcodec_decode, "_module", (lambda: real) if parses else (lambda: RefusingParser(real)))
+        outs.append(gpu(encoded(blobs)).cpu())
+    monkeypatch.setattr(nvimgcodec_decode, "_module", lambda: real)  # every file parses; one call raises
+    gpu.nvimgcodec = FlakyNvImageCodec(gpu.nvimgcodec, {blobs[2]})
+    outs.append(gpu(encoded(blobs)).cpu())
+    torch.cuda.synchronize()
+    assert gpu.cpu_decoded == 2 * len(blobs) + 1
+    for out in outs:
+        diff = (out.int() - ref.int()).abs()
         assert diff.float().mean() < 1.0 and diff.max() <= 20
 
 

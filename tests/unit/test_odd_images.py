@@ -61,12 +61,26 @@ def twelve_bit(jpeg: bytes) -> bytes:
     return bytes(patched)
 
 
+def huge_header(jpeg: bytes, side: int = 15000) -> bytes:
+    """A baseline JPEG whose frame header says side x side (15000: 225 megapixels, over the 179 of
+    folder.MAX_PIXELS) over the scan data of the small picture: a decoder that trusts the header
+    allocates 3 * side**2 bytes and fills them with made-up pixels."""
+    sof = jpeg.index(b"\xff\xc0")
+    patched = bytearray(jpeg)
+    patched[sof + 5 : sof + 9] = side.to_bytes(2, "big") * 2  # FF C0, length, precision, then height and width
+    return bytes(patched)
+
+
+EXPECTED_TAIL = "expected a readable JPEG or PNG file"
+
+
 @dataclass
 class Case:
     data: bytes
     expected: np.ndarray | None = None  # the RGB picture the file holds, or None: an error
     error: str = ""  # regex the error must match after "<path>: "
     tolerance: tuple[float, int] = (1.0, 8)  # mean and max absolute difference allowed (JPEG loss)
+    tail: str = EXPECTED_TAIL  # how the error ends
 
 
 LOSSLESS = (0.25, 1)  # the same filter in uint8 integers (torch's kernel) or floats: a level at most
@@ -95,16 +109,23 @@ def cases() -> dict[str, Case]:
             tolerance=LOSSLESS,
         ),
         "12bit_jpeg": Case(twelve_bit(jpeg), error=r"cannot decode as an image \(Unsupported JPEG data precision 12\)"),
+        # damaged but whole (libjpeg: "Corrupt JPEG data: 219 extraneous bytes before marker 0xd9"): its picture
+        "jpeg_with_extraneous_bytes": Case(jpeg[:-2] + bytes(219) + b"\xff\xd9", rgb),
         "truncated_jpeg": Case(jpeg[: len(jpeg) // 2], error=r"cannot decode as an image \(.*truncated"),
         "jpeg_without_end_marker": Case(jpeg[:-2], error=r"cannot decode as an image \(.*truncated"),
         "jpeg_header_only": Case(jpeg[:400], error=r"cannot decode as an image \("),
         "empty_file": Case(b"", error=r"empty file \(0 bytes\)"),
         "text_named_jpg": Case(b"class,label\ncat,1\n", error=r"cannot decode as an image \(Unsupported image file"),
+        # refused from its header on every path, the GPU decoders' included, before anything decodes it
+        "jpeg_over_179_megapixels": Case(
+            huge_header(jpeg),
+            error=r"15000x15000 pixels \(225 megapixels\): expected at most 179 megapixels",
+            tail="shrink it or leave it out",
+        ),
     }
 
 
 CASES = cases()
-EXPECTED_TAIL = "expected a readable JPEG or PNG file"
 
 
 def reference(expected: np.ndarray, centre_square: bool = True) -> torch.Tensor:
@@ -169,7 +190,7 @@ def test_odd_file_decodes_to_its_picture_or_is_named_in_one_line(tmp_path, name,
             PATHS[path](files)
         message = str(e.value)
         assert "\n" not in message and ".cpp" not in message, message
-        assert message.startswith(f"{files[1]}: ") and message.endswith(EXPECTED_TAIL), message
+        assert message.startswith(f"{files[1]}: ") and message.endswith(case.tail), message
         assert re.search(case.error, message), message
         return
     out = PATHS[path](files)
@@ -265,7 +286,7 @@ def test_cuda_decoders_decode_each_odd_file_to_its_picture_or_name_it_in_one_lin
             decode(files)
         message = str(e.value)
         assert "\n" not in message and ".cpp" not in message, message
-        assert message.startswith(f"{files[1]}: ") and message.endswith(EXPECTED_TAIL), message
+        assert message.startswith(f"{files[1]}: ") and message.endswith(case.tail), message
         assert re.search(case.error, message), message
         return
     out = decode(files)
@@ -339,6 +360,57 @@ def test_a_cut_file_in_a_batch_made_without_workers_is_named_too():
     with pytest.raises(DataError, match=r"^a/cut\.jpg: cannot decode as an image \(.*truncated"):
         GpuDecoder(files, SIZE, torch.device("cpu"), train=False, batch_decode=lenient)(batch)
     assert len(jpeg) // 2 not in seen
+
+
+def test_a_damaged_jpeg_the_gpu_decoders_leave_to_the_cpu_is_named_as_the_cpu_workers_name_it(tmp_path, capfd):
+    """libjpeg's own line ("Corrupt JPEG data: ...") names no file. The CPU workers add a warning naming it; the
+    GPU path's CPU fall-back (here for a file the batched decoder refuses, as nvJPEG may) printed only libjpeg's."""
+    pytest.importorskip("simplejpeg")
+    jpeg = saved(picture(), "JPEG", quality=95)
+    damaged = jpeg[:-2] + bytes(219) + b"\xff\xd9"
+    cpu_files = write(tmp_path / "cpu", "damaged", damaged)
+    cpu_batch_simplejpeg(cpu_files)
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert len(said) == 1 and "damaged JPEG data (libjpeg: Corrupt JPEG data: " in said[0], said
+
+    def refusing(buffers, device):  # nvJPEG refusing the damaged file: the batch is bisected, the file left
+        if any(b.numpy().tobytes() == damaged for b in buffers):
+            raise RuntimeError("Error while decoding JPEG images: Failed to decode batch: 6")
+        return [torch.zeros(3, H, W, dtype=torch.uint8) for _ in buffers]
+
+    files = write(tmp_path / "gpu", "damaged", damaged)
+    ds = EncodedFolderDataset(files, [0, 1], SIZE)
+    decoder = GpuDecoder(files, SIZE, torch.device("cpu"), train=False, batch_decode=refusing)
+    out = decoder(collate_encoded([ds[i] for i in range(len(ds))])[0])
+    assert decoder.cpu_decoded == 1
+    assert said[0].replace(str(cpu_files[1]), str(files[1])) in capfd.readouterr().err.splitlines()
+    assert (out[1].int() - reference(picture()).int()).abs().max() <= 8  # its picture
+
+
+@pytest.mark.parametrize("workers", [True, False])
+def test_a_jpeg_over_the_pixel_limit_never_reaches_a_gpu_decoder(tmp_path, workers):
+    """nvJPEG, the JPEG engines and nvImageCodec size their output from the header and have no limit of their
+    own: a 225-megapixel header over a small file's scan data was decoded into 675 MB of made-up pixels (a
+    batched decoder that never fails stands in for them here). Refused as `--decode cpu` refuses it, whether the
+    workers read the headers or the decoder does (batches made without workers)."""
+    files = write(tmp_path, "huge", huge_header(saved(picture(), "JPEG", quality=95)))
+    seen: list[int] = []
+
+    def lenient(buffers, device):
+        seen.extend(len(b) for b in buffers)
+        return [torch.zeros(3, 8, 8, dtype=torch.uint8) for _ in buffers]
+
+    decoder = GpuDecoder(files, SIZE, torch.device("cpu"), train=False, batch_decode=lenient)
+    expected = rf"^{re.escape(str(files[1]))}: 15000x15000 pixels \(225 megapixels\): expected at most 179 "
+    with pytest.raises(DataError, match=expected):
+        if workers:
+            ds = EncodedFolderDataset(files, [0, 1], SIZE)
+            decoder(collate_encoded([ds[i] for i in range(len(ds))])[0])
+        else:
+            data = [torch.frombuffer(bytearray(f.read_bytes()), dtype=torch.uint8) for f in files]
+            offsets = torch.tensor([0, len(data[0]), len(data[0]) + len(data[1])])
+            decoder(EncodedBatch(torch.cat(data), offsets, torch.arange(2)))
+    assert seen == []
 
 
 @pytest.mark.parametrize("name", CASES)
