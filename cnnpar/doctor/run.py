@@ -7,7 +7,6 @@ nothing on disk), and the report goes to its own folder.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -52,7 +51,7 @@ from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import Terminated
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
-from cnnpar.report.files import check_out_folder, removed_on_failure
+from cnnpar.report.files import check_out_folder, removed_on_failure, stamped_folder
 from cnnpar.report.host import usable_cores
 from cnnpar.report.meters import free_device_memory
 from cnnpar.report.telemetry import TelemetrySampler, plot_telemetry
@@ -86,7 +85,7 @@ class DoctorReport:
 
 def default_report_dir(cfg: Config) -> Path:
     # Under run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder.
-    return Path(cfg.run.out_dir) / "doctor" / f"{cfg.model.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    return stamped_folder(Path(cfg.run.out_dir) / "doctor", cfg.model.name)
 
 
 def _merge(changes: list[dict]) -> dict:

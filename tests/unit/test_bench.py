@@ -615,3 +615,37 @@ def test_bench_probes_time_the_step_that_trains():
     assert (step.grad_clip, step.label_smoothing) == (2.0, 0.1) and step.average is not None
     step([(torch.randn(2, 3, 64, 64).contiguous(memory_format=torch.channels_last), torch.tensor([0, 1]))])
     assert step.average.started
+
+
+def test_a_second_bench_on_the_same_day_keeps_the_first_ones_results(tmp_path, capsys):
+    """The default folder was <date>-<device>-<model>: a second bench the same day wrote over the first's ladder
+    (and left an earlier run's ddp.csv beside the new one), saying nothing."""
+    root = tmp_path / "runs"
+    for rung in ("baseline", "channels_last"):
+        assert main([*BENCH, "--only", rung, "--out-dir", str(root)]) == 0
+    capsys.readouterr()
+    folders = sorted((root / "bench").iterdir())
+    assert len(folders) == 2, folders
+    names = sorted(r["name"] for f in folders for r in _ladder_rows(f / "ladder.csv"))
+    assert names == ["baseline", "channels_last"]  # each bench's own rows, in a folder of its own
+
+
+@pytest.mark.parametrize("earlier", ["ladder.csv", "ddp.csv", "claims.csv", "time_to_accuracy.csv"])
+def test_an_out_folder_holding_an_earlier_benchs_results_is_refused_before_measuring(
+    earlier, tmp_path, capsys, monkeypatch
+):
+    """`--out` naming a folder with results in it mixed the new run's files with the earlier one's (a new
+    ladder.csv beside a stale ddp.csv), saying nothing."""
+    import cnnpar.bench.run as bench_run
+
+    monkeypatch.setattr(bench_run, "_measurement_setup", lambda *a: pytest.fail("the bench measured"))
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / earlier).write_text("an earlier bench's rows\n")
+    assert main([*BENCH, "--only", "baseline", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: bench --out {out}: already holds an earlier bench's results ({earlier}): expected a new "
+        "or empty folder, or no --out (a new folder under --out-dir for each bench)\n"
+    )
+    assert sorted(p.name for p in out.iterdir()) == [earlier]
+    assert (out / earlier).read_text() == "an earlier bench's rows\n"
