@@ -649,3 +649,13 @@ def test_an_out_folder_holding_an_earlier_benchs_results_is_refused_before_measu
     )
     assert sorted(p.name for p in out.iterdir()) == [earlier]
     assert (out / earlier).read_text() == "an earlier bench's rows\n"
+
+
+def test_workers_0_is_the_workers_rungs_count_not_replaced_by_the_cores():
+    """`--workers 0` was read as "not given" (-1): the workers rung and every rung after it ran 1 or more."""
+    cfg = with_overrides(Config(), data={"image_size": 8, "workers": 0}, speed={"device": "cpu"})
+    plan = {p.rung.name: p for p in plan_ladder(cfg, torch.device("cpu"), load_data(cfg.data, cfg.run.seed))}
+    assert plan["workers"].cfg.data.workers == 0 and plan["compile"].cfg.data.workers == 0
+    auto = with_overrides(cfg, data={"workers": -1})  # not given: the cores left after the main process
+    [workers] = [p for p in plan_ladder(auto, torch.device("cpu"), load_data(auto.data)) if p.rung.name == "workers"]
+    assert workers.cfg.data.workers >= 1
