@@ -339,8 +339,8 @@ def test_claims_where_one_claim_failed_exit_zero_and_its_row_says_it_failed(tmp_
 
     monkeypatch.setattr(ClaimContext, "bundle", _bundle_out_of_memory)
     monkeypatch.setattr(probes, "warm_compiler", lambda device: None)  # a measured claim without a CPU compile
-    monkeypatch.setattr(probes, "preprocess_ms", lambda b, compiled, d, t: Spread(1, 0.9, 1.1) if compiled
-                        else Spread(3, 2.9, 3.1))  # fmt: skip
+    monkeypatch.setattr(probes, "preprocess_ms", lambda b, compiled, d, t: (Spread(1, 0.9, 1.1), 3) if compiled
+                        else (Spread(3, 2.9, 3.1), 3))  # fmt: skip
     out = tmp_path / "c"
     assert main([*CLAIMS, "--only", "collate_speed,compiled_preprocess", "--out", str(out)]) == 0
     captured = capsys.readouterr()
@@ -348,6 +348,7 @@ def test_claims_where_one_claim_failed_exit_zero_and_its_row_says_it_failed(tmp_
     by = {r["claim"]: r for r in _ladder_rows(out / "claims.csv")}
     measured = by["compiled_preprocess"]
     assert measured["verdict"] == "confirmed" and float(measured["measured_ratio"]) == 3
+    assert measured["steps_per_repeat"] == "3/3"
     assert by["collate_speed"]["verdict"] == "failed" and "out of memory (injected)" in by["collate_speed"]["note"]
     assert "| failed |  | measurement failed: RuntimeError: out of memory (injected) |" in captured.out  # claims.md
 
