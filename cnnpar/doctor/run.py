@@ -49,6 +49,7 @@ from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import Terminated
+from cnnpar.parallel.precision import bf16_on
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
 from cnnpar.report.files import check_out_folder, removed_on_failure, stamped_folder
@@ -283,7 +284,7 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         fixed_step_s=fixed,
         gpu_idle_share=idle,
         textbook_ratio=textbook_cost_ratio(trainer),
-        bf16_supported=info.device.type == "cuda" and torch.cuda.is_bf16_supported(),
+        bf16_supported=bf16_on(info.device),  # as train's --precision auto decides it: native bf16 on a CPU too
         peak_mem_share=peak_share,
         data_source=rcfg.data.source,
         data_format=detect_format(rcfg.data.source, rcfg.data.format),
