@@ -498,7 +498,12 @@ def add_bench_parser(sub) -> None:
         formatter_class=DefaultsHelpFormatter,
     )
     g = bench.add_argument_group("bench")  # before the config flags: --help lists them first
-    g.add_argument("--out", default="", help="results folder (default: <--out-dir>/bench/<date>-<device>-<model>/)")
+    g.add_argument(
+        "--out",
+        default="",
+        help="results folder, refused where it holds a bench's results already (default: a new "
+        "<--out-dir>/bench/<model>-<device>-YYYYMMDD-HHMMSS/)",
+    )
     g.add_argument(
         "--warmup-steps",
         type=int,

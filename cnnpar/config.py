@@ -820,6 +820,12 @@ def resolve_batch_size(batch_size: int, device_type: str) -> int:
     return batch_size or (0 if device_type == "cuda" else CPU_BATCH)
 
 
+def bf16_by_default(device_type: str, bf16_ok: bool, cpu_bf16: bool) -> bool:
+    """Whether --precision auto is bf16 on this device: on a GPU where it supports bf16 (`bf16_ok`), on a CPU only
+    where it computes bf16 natively (`cpu_bf16`; see `resolve_for_device`)."""
+    return bf16_ok if device_type == "cuda" else cpu_bf16
+
+
 def resolve_for_device(
     cfg: Config, device_type: str, bf16_ok: bool, cpu_bf16: bool = False, jpeg_engines: str | None = None
 ) -> Config:
@@ -839,7 +845,7 @@ def resolve_for_device(
     speed = cfg.speed
     precision = speed.precision
     if precision == "auto":
-        precision = "bf16" if (bf16_ok if cuda else cpu_bf16) else "fp32"
+        precision = "bf16" if bf16_by_default(device_type, bf16_ok, cpu_bf16) else "fp32"
     channels_last = speed.channels_last
     if channels_last == "auto":
         channels_last = "on"

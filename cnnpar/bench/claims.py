@@ -161,7 +161,12 @@ def _speed(ctx: ClaimContext, w: Workload, a: Config, b: Config, method: str, no
 
 
 def _steps(ra: dict, rb: dict) -> str:
-    return f"{ra['steps_per_repeat']}/{rb['steps_per_repeat']}"
+    return per_repeat(ra["steps_per_repeat"], rb["steps_per_repeat"])
+
+
+def per_repeat(baseline: int, variant: int) -> str:
+    """The `steps_per_repeat` cell: the steps (batches, calls) each side timed per repeat, baseline/variant."""
+    return f"{baseline}/{variant}"
 
 
 # What a pipeline without cnnpar's fast paths does: no resident data, no side stream, eager.
@@ -193,9 +198,9 @@ def collate_speed(ctx: ClaimContext, w: Workload) -> Measured:
 
     textbook, fast = _textbook_and_fast(ctx, w)
     cuda = ctx.device.type == "cuda"
-    a = probes.host_loader_rate(textbook, ctx.bundle(w), ctx.timing)
+    a, a_steps = probes.host_loader_rate(textbook, ctx.bundle(w), ctx.timing)
     # with a GPU, the uint8 side's normalise, crop and flip run on the GPU: not host work
-    b = probes.host_loader_rate(fast, ctx.bundle(w), ctx.timing, host_only=cuda)
+    b, b_steps = probes.host_loader_rate(fast, ctx.bundle(w), ctx.timing, host_only=cuda)
     how = "then batched normalise, crop, flip"
     if cuda:
         how = "the uint8 batch alone (normalise, crop, flip run on the GPU)"
@@ -206,6 +211,7 @@ def collate_speed(ctx: ClaimContext, w: Workload) -> Measured:
         f"host loader alone (no model), 0 workers: per-sample float normalise, crop, flip + default collate -> "
         f"one uint8 index per batch, {how}",
         note="" if cuda else "on a CPU the batched transform is host work too, so it is counted",
+        steps=per_repeat(a_steps, b_steps),  # batches the loader gave per repeat
     )
 
 
@@ -232,14 +238,15 @@ def compiled_preprocess(ctx: ClaimContext, w: Workload) -> Measured:
     c, h, wd = (int(v) for v in w.shape.split("x"))
     batch = torch.randint(0, 256, (w.batch, c, h, wd), dtype=torch.uint8)
     probes.warm_compiler(ctx.device)
-    eager = probes.preprocess_ms(batch, False, ctx.device, ctx.timing)
-    compiled = probes.preprocess_ms(batch, True, ctx.device, ctx.timing)
+    eager, eager_steps = probes.preprocess_ms(batch, False, ctx.device, ctx.timing)
+    compiled, compiled_steps = probes.preprocess_ms(batch, True, ctx.device, ctx.timing)
     return Measured(
         eager,
         compiled,
         "ms/batch",
         f"uint8 -> normalise, pad-4 crop, flip on a batch of {w.batch}: eager -> torch.compile",
         higher_is_better=False,
+        steps=per_repeat(eager_steps, compiled_steps),  # batches preprocessed per repeat
     )
 
 

@@ -60,8 +60,9 @@ GRAPHS = (
 
 
 def ladder_workers(base: Config) -> int:
-    """The user's --workers when given, else the cores left after the main process (at most 8)."""
-    if base.data.workers > 0:
+    """The user's --workers when given (0 too: the rung then runs the baseline's 0 workers, as asked), else the
+    cores left after the main process (at most 8). -1, the default, is "not given"."""
+    if base.data.workers >= 0:
         return base.data.workers
     cores = usable_cores()
     return max(1, min(8, cores - 1))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import re
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.report.environment import device_name, environment
+from cnnpar.report.files import stamped_folder
 
 META_COLUMNS = [
     "date",
@@ -84,8 +84,8 @@ def slug(text: str, limit: int = 40) -> str:
 
 
 def default_out_dir(out_root: str | Path, device: torch.device, model: str) -> Path:
-    """OUT_ROOT/bench/<date>-<device>-<model>: under run.out_dir (runs/ by default, git-ignored),
-    not `benchmarks/results/` of whatever folder the command runs in. Results worth keeping are
-    copied into the repository's benchmarks/results/ by hand, with their README."""
-    date = _dt.date.today().isoformat()
-    return Path(out_root) / "bench" / f"{date}-{slug(device_name(device))}-{slug(model)}"
+    """OUT_ROOT/bench/<model>-<device>-YYYYMMDD-HHMMSS, a new folder for each bench, named as doctor and train name
+    theirs (`stamped_folder`): under run.out_dir (runs/ by default, git-ignored), not `benchmarks/results/` of
+    whatever folder the command runs in. Results worth keeping are copied into the repository's benchmarks/results/
+    by hand, with their README."""
+    return stamped_folder(Path(out_root) / "bench", f"{slug(model)}-{slug(device_name(device))}")

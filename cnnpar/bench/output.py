@@ -12,6 +12,21 @@ from cnnpar.report.files import atomic_write, write_csv_atomic, write_text_atomi
 
 from .meta import META_COLUMNS
 
+# The files each measuring mode writes into its results folder (compare's Markdown may go anywhere).
+LADDER_FILES = ("ladder.csv", "ladder.md", "throughput.png", "step_time.png")
+DDP_PREFIX = "ddp"  # the DDP rows beside a ladder: bench/ddp_scaling.py writes <prefix>.csv and <prefix>.json
+DDP_FILES = (f"{DDP_PREFIX}.csv", f"{DDP_PREFIX}.json")
+CLAIMS_FILES = ("claims.csv", "claims.md")
+TTA_FILES = ("time_to_accuracy.csv", "time_to_accuracy.md")
+RESULT_FILES = (*LADDER_FILES, *DDP_FILES, *CLAIMS_FILES, *TTA_FILES)
+
+
+def earlier_results(folder: str | Path) -> list[str]:
+    """The names of a bench's result files already in `folder`: a new bench's files there would be mixed with them
+    (a new ladder beside an older run's DDP rows), or write over them."""
+    return [name for name in RESULT_FILES if (Path(folder) / name).exists()]
+
+
 RUNG_COLUMNS = [
     "rung",
     "name",
@@ -318,7 +333,7 @@ def plot_step_time(rows: list[dict], path: Path) -> None:
 
 def write_ladder(out_dir: Path, rows: list[dict]) -> list[Path]:
     out_dir = Path(out_dir)
-    files = [out_dir / n for n in ("ladder.csv", "ladder.md", "throughput.png", "step_time.png")]
+    files = [out_dir / n for n in LADDER_FILES]
     write_csv_atomic(files[0], _round_floats(rows), LADDER_COLUMNS)
     write_text_atomic(files[1], ladder_markdown(rows))
     plot_throughput(rows, files[2])
@@ -373,7 +388,7 @@ def claims_markdown(rows: list[dict]) -> str:
 
 def write_claims(out_dir: Path, rows: list[dict]) -> list[Path]:
     out_dir = Path(out_dir)
-    files = [out_dir / "claims.csv", out_dir / "claims.md"]
+    files = [out_dir / n for n in CLAIMS_FILES]
     write_csv_atomic(files[0], _round_floats(rows), CLAIM_COLUMNS)
     write_text_atomic(files[1], claims_markdown(rows))
     return files
@@ -399,7 +414,7 @@ def tta_markdown(rows: list[dict]) -> str:
 
 def write_tta(out_dir: Path, rows: list[dict]) -> list[Path]:
     out_dir = Path(out_dir)
-    files = [out_dir / "time_to_accuracy.csv", out_dir / "time_to_accuracy.md"]
+    files = [out_dir / n for n in TTA_FILES]
     write_csv_atomic(files[0], _round_floats(rows), TTA_COLUMNS)
     write_text_atomic(files[1], tta_markdown(rows))
     return files

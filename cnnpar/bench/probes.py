@@ -43,10 +43,10 @@ class HostSide:
             yield x, y
 
 
-def host_loader_rate(cfg: Config, bundle: DataBundle, timing: Timing, host_only: bool = False) -> Spread:
+def host_loader_rate(cfg: Config, bundle: DataBundle, timing: Timing, host_only: bool = False) -> tuple[Spread, int]:
     """Images/s of the train loader alone on the CPU (no device copy, no model): median and range of
-    repeats. `host_only`: stop before the device-side transform (normalise, crop, flip), which a GPU
-    run does on the GPU, so the figure is the host's work alone."""
+    repeats, and the batches each repeat timed. `host_only`: stop before the device-side transform (normalise,
+    crop, flip), which a GPU run does on the GPU, so the figure is the host's work alone."""
     cpu = DistInfo(0, 0, 1, torch.device("cpu"))
     feeder = build_loader(bundle, resolve_for(cfg, cpu.device), cpu, train=True)
     batches = cycle_batches(HostSide(feeder) if host_only else feeder, first_epoch=0)
@@ -64,7 +64,7 @@ def host_loader_rate(cfg: Config, bundle: DataBundle, timing: Timing, host_only:
             rates.append(images / (time.perf_counter() - start))
     finally:
         batches.close()
-    return Spread.of(rates)
+    return Spread.of(rates), steps
 
 
 def preprocess(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -75,8 +75,9 @@ def preprocess(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> tor
     return random_flip(x, None)
 
 
-def time_calls(fn: Callable[[], object], device: torch.device, timing: Timing) -> Spread:
-    """Milliseconds per call (median and range over repeats), after warm-up calls."""
+def time_calls(fn: Callable[[], object], device: torch.device, timing: Timing) -> tuple[Spread, int]:
+    """Milliseconds per call (median and range over repeats), after warm-up calls, and the calls each repeat
+    timed."""
     for _ in range(max(3, timing.warmup)):
         fn()
     sync(device)
@@ -92,10 +93,11 @@ def time_calls(fn: Callable[[], object], device: torch.device, timing: Timing) -
             fn()
         sync(device)
         per_call.append(1000.0 * (time.perf_counter() - start) / steps)
-    return Spread.of(per_call)
+    return Spread.of(per_call), steps
 
 
-def preprocess_ms(batch: torch.Tensor, compiled: bool, device: torch.device, timing: Timing) -> Spread:
+def preprocess_ms(batch: torch.Tensor, compiled: bool, device: torch.device, timing: Timing) -> tuple[Spread, int]:
+    """Milliseconds per batch of the device-side transform, eager or compiled, and the batches each repeat timed."""
     reset_compiler()
     c = batch.shape[1]
     scale = torch.full((1, c, 1, 1), 1 / (255 * 0.25), device=device)

@@ -22,7 +22,7 @@ MODE_FLAGS = {"claims": "--claims", "time_to_accuracy": "--time-to-accuracy", "c
 @dataclass(frozen=True)
 class BenchOptions:
     mode: str  # "ladder", "claims", "time_to_accuracy" or "compare"
-    out: str = ""  # results folder ("" -> <run.out_dir>/bench/<date>-<device>-<model>/)
+    out: str = ""  # results folder ("" -> a new <run.out_dir>/bench/<model>-<device>-YYYYMMDD-HHMMSS/)
     timing: Timing = Timing()
     only: str = ""  # comma-separated rung or claim names
     target: float = 0.0  # time to accuracy: validation accuracy to reach
@@ -61,6 +61,24 @@ class BenchOptions:
             raise UserError(f"bench --budget-s {self.budget_s}: expected seconds >= 0 (0: the mode's default)")
         if self.out:
             check_out_folder(self.out, "bench --out")
+            if self.mode != "compare":
+                refuse_earlier_results(self.out)
+
+
+def refuse_earlier_results(out: str) -> None:
+    """An --out that holds an earlier bench's results is refused before measuring, as train refuses a --name that
+    holds a run: the new files went in beside the old (a new ladder.csv beside an older run's ddp.csv) or over
+    them, without a word."""
+    if not Path(out).is_dir():
+        return
+    from .output import earlier_results
+
+    found = earlier_results(out)
+    if found:
+        raise UserError(
+            f"bench --out {out}: already holds an earlier bench's results ({', '.join(found)}): expected a new or "
+            "empty folder, or no --out (a new folder under --out-dir for each bench)"
+        )
 
 
 def check_ddp_devices(ddp: str, device) -> None:
@@ -81,6 +99,7 @@ def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, bund
     channels_last and per-process batch at each world size, through cnnpar's Trainer and host input pipeline,
     on synthetic images of that shape (see bench/ddp_scaling.py). False, saying so, when they failed."""
     from .ddp_scaling import main as ddp_main
+    from .output import DDP_PREFIX
 
     argv = [
         "--world-sizes",
@@ -108,7 +127,7 @@ def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, bund
         "--repeats",
         str(opts.timing.repeats),
         "--out",
-        str(out / "ddp"),
+        str(out / DDP_PREFIX),
     ]
     try:
         ddp_main(argv)

@@ -54,7 +54,7 @@ class Facts:
     fixed_step_s: float | None = None
     gpu_idle_share: float | None = None
     textbook_ratio: float | None = None
-    bf16_supported: bool = False
+    bf16_supported: bool = False  # --precision auto trains in bf16 here (parallel.precision.bf16_on)
     peak_mem_share: float | None = None  # peak allocated / device memory
     data_source: str = ""  # --data as given
     data_format: str = ""  # what it was read as: folder, store, npz, ...

@@ -6,7 +6,6 @@ Runs under torchrun too: every rank profiles its own steps and writes trace_rank
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 from pathlib import Path
 
 from cnnpar.config import Config, dumps_toml
@@ -14,15 +13,14 @@ from cnnpar.dist import DistInfo, barrier, broadcast_object
 from cnnpar.doctor.options import ProfileOptions
 from cnnpar.engine.harness import build_trainer, next_group, run_step, training_batches
 from cnnpar.report.environment import comment_lines, environment
-from cnnpar.report.files import check_out_folder, removed_on_failure, write_text_atomic
+from cnnpar.report.files import check_out_folder, removed_on_failure, stamped_folder, write_text_atomic
 from cnnpar.report.profiler import ProfileFiles, profile_steps
 from cnnpar.report.ranges import DATA_WAIT, span
 
 
 def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFiles:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     # Under run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder.
-    default = Path(cfg.run.out_dir) / "profile" / f"{cfg.model.name}-{stamp}"
+    default = stamped_folder(Path(cfg.run.out_dir) / "profile", cfg.model.name)
     decided = Path(opts.report_dir) if opts.report_dir else default
     check_out_folder(decided, "--report-dir" if opts.report_dir else "--out-dir")  # before the trainer is built
     trainer = build_trainer(cfg, info)

@@ -7,7 +7,6 @@ nothing on disk), and the report goes to its own folder.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -50,9 +49,10 @@ from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import Terminated
+from cnnpar.parallel.precision import bf16_on
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
-from cnnpar.report.files import check_out_folder, removed_on_failure
+from cnnpar.report.files import check_out_folder, removed_on_failure, stamped_folder
 from cnnpar.report.host import usable_cores
 from cnnpar.report.meters import free_device_memory
 from cnnpar.report.telemetry import TelemetrySampler, plot_telemetry
@@ -86,7 +86,7 @@ class DoctorReport:
 
 def default_report_dir(cfg: Config) -> Path:
     # Under run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder.
-    return Path(cfg.run.out_dir) / "doctor" / f"{cfg.model.name}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    return stamped_folder(Path(cfg.run.out_dir) / "doctor", cfg.model.name)
 
 
 def _merge(changes: list[dict]) -> dict:
@@ -284,7 +284,7 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         fixed_step_s=fixed,
         gpu_idle_share=idle,
         textbook_ratio=textbook_cost_ratio(trainer),
-        bf16_supported=info.device.type == "cuda" and torch.cuda.is_bf16_supported(),
+        bf16_supported=bf16_on(info.device),  # as train's --precision auto decides it: native bf16 on a CPU too
         peak_mem_share=peak_share,
         data_source=rcfg.data.source,
         data_format=detect_format(rcfg.data.source, rcfg.data.format),

@@ -12,7 +12,6 @@ run under the same name, or a resume of a run still training, is refused instead
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import errno
 import os
 import uuid
@@ -23,7 +22,7 @@ from cnnpar.config import Config, load_toml
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
 from cnnpar.errors import UserError
-from cnnpar.report.files import removed_on_failure
+from cnnpar.report.files import removed_on_failure, stamped_folder
 
 try:
     import fcntl
@@ -78,14 +77,8 @@ def default_name(cfg: Config) -> str:
     run_id = torchrun_job_id()
     if run_id:
         return f"{cfg.model.name}-{run_id[:12]}"
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = f"{cfg.model.name}-{stamp}"
     # Two runs started within the same second must not collide (the second would refuse to start).
-    n = 1
-    while (Path(cfg.run.out_dir) / name).exists():
-        n += 1
-        name = f"{cfg.model.name}-{stamp}-{n}"
-    return name
+    return stamped_folder(cfg.run.out_dir, cfg.model.name).name
 
 
 def same_source(a: str, b: str) -> bool:

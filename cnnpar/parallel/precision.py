@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from cnnpar.config import Config, resolve_for_device
+from cnnpar.config import Config, bf16_by_default, resolve_for_device
 from cnnpar.data.nvjpeg_hw import jpeg_engines
 
 
@@ -25,13 +25,24 @@ def cpu_has_native_bf16() -> bool:
         return False
 
 
+def _bf16_abilities(device: torch.device) -> tuple[bool, bool]:
+    """(bf16 runs on the device at all, the CPU computes bf16 natively), as `resolve_for_device` takes them."""
+    return device.type != "cuda" or torch.cuda.is_bf16_supported(), cpu_has_native_bf16()
+
+
+def bf16_on(device: torch.device) -> bool:
+    """Whether --precision auto trains in bf16 on `device`, asked as `resolve_for` asks it: what the doctor reports
+    as the device's bf16 support, so the fact agrees with the precision a run on it resolves."""
+    return bf16_by_default(device.type, *_bf16_abilities(device))
+
+
 def resolve_for(cfg: Config, device: torch.device) -> Config:
     """`resolve_for_device` with what this machine supports (bf16 on this GPU, native bf16 on this
     CPU, JPEG engines on this GPU): the one resolution `cnnpar train`, the bench, the doctor and tune
     all use."""
-    bf16_ok = device.type != "cuda" or torch.cuda.is_bf16_supported()
+    bf16_ok, cpu_bf16 = _bf16_abilities(device)
     engines = jpeg_engines(cfg.data.decode, cfg.data.source, device)
-    return resolve_for_device(cfg, device.type, bf16_ok, cpu_bf16=cpu_has_native_bf16(), jpeg_engines=engines)
+    return resolve_for_device(cfg, device.type, bf16_ok, cpu_bf16=cpu_bf16, jpeg_engines=engines)
 
 
 class Precision:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import datetime as _dt
 import glob
 import json
 import os
@@ -32,6 +33,19 @@ def check_out_folder(path: str | Path, flag: str) -> None:
                 where = "is a file" if place == given else f"lies under {place}, a file"
                 raise UserError(f"{flag} {path}: {where}: expected a folder (or a path where one can be made)")
             return
+
+
+def stamped_folder(parent: str | Path, prefix: str) -> Path:
+    """parent/<prefix>-YYYYMMDD-HHMMSS (local time now), the default folder of every command that writes one
+    (train's run folders, doctor's and profile's reports, bench's tables), so each run keeps its own results: bench
+    named its folder by the date alone, and a second bench that day wrote over the first's. A folder already there
+    (a run started within the same second) gets -2, -3, ... after the time."""
+    stamp = f"{prefix}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    folder, n = Path(parent) / stamp, 1
+    while folder.exists():
+        n += 1
+        folder = Path(parent) / f"{stamp}-{n}"
+    return folder
 
 
 def check_out_file(path: str | Path, flag: str) -> None:

@@ -34,6 +34,10 @@ COLUMNS = [
     "host_mem_pct",
 ]
 DEFAULT_INTERVAL_S = 1.0
+# The least time a host CPU figure covers. psutil's share since the last reading counts the kernel's 10 ms ticks:
+# over a few ms (the first sample, right after the counter was primed; the last, right after the one before) it
+# reads 0 or 100 at random. Such a sample's host_cpu_pct is left empty, and the next one covers the time since.
+MIN_CPU_WINDOW_S = 0.1
 
 
 def _visible_nvml_indices(count: int) -> list[int | str]:
@@ -119,6 +123,7 @@ class TelemetrySampler:
         self._file = None
         self._writer = None
         self.t0 = 0.0
+        self._cpu_read_at = 0.0  # when psutil's CPU counter was last read: the start of the next figure
 
     # ---- life cycle --------------------------------------------------------------------------
     def start(self) -> TelemetrySampler:
@@ -130,7 +135,8 @@ class TelemetrySampler:
             self.log(f"telemetry: no GPU counters (NVML: {first_line(e)}); sampling host CPU and memory only")
             self._handles = []
         self.gpus = [label for label, _ in self._handles]
-        psutil.cpu_percent(interval=None)  # primes the counter: the first real reading covers one interval
+        psutil.cpu_percent(interval=None)  # primes the counter: the first figure covers the time since
+        self._cpu_read_at = time.monotonic()
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
         earlier_end = _earlier_samples_end(self.csv_path) if self.append else None
         self._file = self.csv_path.open("w" if earlier_end is None else "a", newline="")
@@ -183,7 +189,7 @@ class TelemetrySampler:
         vm = psutil.virtual_memory()
         host = {
             "time_s": round(self.elapsed(), 3),
-            "host_cpu_pct": psutil.cpu_percent(interval=None),
+            "host_cpu_pct": self._host_cpu_pct(),
             "host_mem_used_mb": round(vm.used / 2**20, 1),
             "host_mem_pct": vm.percent,
         }
@@ -193,6 +199,17 @@ class TelemetrySampler:
         self.rows += len(rows)
         if self.on_sample is not None:
             self.on_sample(rows)
+
+    def _host_cpu_pct(self) -> float | str:
+        """The host's CPU share since the last reading; empty where that was less than MIN_CPU_WINDOW_S ago (or
+        half the interval, where sampling is faster), and the counter is then left to run on."""
+        import psutil
+
+        if time.monotonic() - self._cpu_read_at < min(MIN_CPU_WINDOW_S, self.interval_s / 2):
+            return ""
+        share = psutil.cpu_percent(interval=None)
+        self._cpu_read_at = time.monotonic()  # after the read: the next figure's window starts no earlier
+        return share
 
     def _run(self) -> None:
         try:

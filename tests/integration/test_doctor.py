@@ -206,3 +206,29 @@ def test_a_stopped_try_keeps_the_report_of_the_phases_measured_before_it(tmp_pat
     report = (rep / "report.md").read_text()
     assert "Stopped (SIGTERM during the try of larger batch): the phases measured before it" in report
     assert "Stopped (SIGTERM during the try of larger batch)" in out and (rep / "doctor.png").is_file()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "emulated-bf16"])
+def test_the_doctors_bf16_fact_is_what_train_resolves_for_the_device(tmp_path, monkeypatch, native):
+    """doctor.json said `bf16_supported: false` on a CPU that computes bf16 natively, where `--precision auto`
+    trains in bf16 and the doctor's own header said bf16: the fact asked CUDA alone."""
+    from cnnpar.doctor.render import write_report
+    from cnnpar.doctor.run import DoctorOptions, run_doctor
+    from cnnpar.parallel import resolve_for
+
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, probe, lambda: native, raising=False)
+    cfg = with_overrides(
+        Config(),
+        data={"source": "synthetic", "image_shape": "1x8x8", "synthetic_samples": 30, "workers": 0},
+        model={"name": "cnn3"},
+        speed={"device": "cpu"},  # --precision auto
+        run={"batch_size": 16},
+    )
+    trains = resolve_for(cfg, torch.device("cpu")).speed.precision
+    assert trains == ("bf16" if native else "fp32")
+    report = run_doctor(cfg, DoctorOptions(warmup=1, steps=2, report_dir=str(tmp_path / "rep")), log=lambda *a: None)
+    assert report.facts.precision == trains
+    assert report.facts.bf16_supported is native
+    written = json.loads(write_report(report).with_name("doctor.json").read_text())
+    assert written["facts"]["bf16_supported"] is native

@@ -339,8 +339,8 @@ def test_claims_where_one_claim_failed_exit_zero_and_its_row_says_it_failed(tmp_
 
     monkeypatch.setattr(ClaimContext, "bundle", _bundle_out_of_memory)
     monkeypatch.setattr(probes, "warm_compiler", lambda device: None)  # a measured claim without a CPU compile
-    monkeypatch.setattr(probes, "preprocess_ms", lambda b, compiled, d, t: Spread(1, 0.9, 1.1) if compiled
-                        else Spread(3, 2.9, 3.1))  # fmt: skip
+    monkeypatch.setattr(probes, "preprocess_ms", lambda b, compiled, d, t: (Spread(1, 0.9, 1.1), 3) if compiled
+                        else (Spread(3, 2.9, 3.1), 3))  # fmt: skip
     out = tmp_path / "c"
     assert main([*CLAIMS, "--only", "collate_speed,compiled_preprocess", "--out", str(out)]) == 0
     captured = capsys.readouterr()
@@ -348,6 +348,7 @@ def test_claims_where_one_claim_failed_exit_zero_and_its_row_says_it_failed(tmp_
     by = {r["claim"]: r for r in _ladder_rows(out / "claims.csv")}
     measured = by["compiled_preprocess"]
     assert measured["verdict"] == "confirmed" and float(measured["measured_ratio"]) == 3
+    assert measured["steps_per_repeat"] == "3/3"
     assert by["collate_speed"]["verdict"] == "failed" and "out of memory (injected)" in by["collate_speed"]["note"]
     assert "| failed |  | measurement failed: RuntimeError: out of memory (injected) |" in captured.out  # claims.md
 
@@ -615,3 +616,47 @@ def test_bench_probes_time_the_step_that_trains():
     assert (step.grad_clip, step.label_smoothing) == (2.0, 0.1) and step.average is not None
     step([(torch.randn(2, 3, 64, 64).contiguous(memory_format=torch.channels_last), torch.tensor([0, 1]))])
     assert step.average.started
+
+
+def test_a_second_bench_on_the_same_day_keeps_the_first_ones_results(tmp_path, capsys):
+    """The default folder was <date>-<device>-<model>: a second bench the same day wrote over the first's ladder
+    (and left an earlier run's ddp.csv beside the new one), saying nothing."""
+    root = tmp_path / "runs"
+    for rung in ("baseline", "channels_last"):
+        assert main([*BENCH, "--only", rung, "--out-dir", str(root)]) == 0
+    capsys.readouterr()
+    folders = sorted((root / "bench").iterdir())
+    assert len(folders) == 2, folders
+    names = sorted(r["name"] for f in folders for r in _ladder_rows(f / "ladder.csv"))
+    assert names == ["baseline", "channels_last"]  # each bench's own rows, in a folder of its own
+
+
+@pytest.mark.parametrize("earlier", ["ladder.csv", "ddp.csv", "claims.csv", "time_to_accuracy.csv"])
+def test_an_out_folder_holding_an_earlier_benchs_results_is_refused_before_measuring(
+    earlier, tmp_path, capsys, monkeypatch
+):
+    """`--out` naming a folder with results in it mixed the new run's files with the earlier one's (a new
+    ladder.csv beside a stale ddp.csv), saying nothing."""
+    import cnnpar.bench.run as bench_run
+
+    monkeypatch.setattr(bench_run, "_measurement_setup", lambda *a: pytest.fail("the bench measured"))
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / earlier).write_text("an earlier bench's rows\n")
+    assert main([*BENCH, "--only", "baseline", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: bench --out {out}: already holds an earlier bench's results ({earlier}): expected a new "
+        "or empty folder, or no --out (a new folder under --out-dir for each bench)\n"
+    )
+    assert sorted(p.name for p in out.iterdir()) == [earlier]
+    assert (out / earlier).read_text() == "an earlier bench's rows\n"
+
+
+def test_workers_0_is_the_workers_rungs_count_not_replaced_by_the_cores():
+    """`--workers 0` was read as "not given" (-1): the workers rung and every rung after it ran 1 or more."""
+    cfg = with_overrides(Config(), data={"image_size": 8, "workers": 0}, speed={"device": "cpu"})
+    plan = {p.rung.name: p for p in plan_ladder(cfg, torch.device("cpu"), load_data(cfg.data, cfg.run.seed))}
+    assert plan["workers"].cfg.data.workers == 0 and plan["compile"].cfg.data.workers == 0
+    auto = with_overrides(cfg, data={"workers": -1})  # not given: the cores left after the main process
+    [workers] = [p for p in plan_ladder(auto, torch.device("cpu"), load_data(auto.data)) if p.rung.name == "workers"]
+    assert workers.cfg.data.workers >= 1

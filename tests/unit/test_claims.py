@@ -80,10 +80,12 @@ def recorded(monkeypatch):
     ctx.rate = lambda cfg, w: (note(cfg), rate)[1]
     ctx.bundle = lambda w: None
     monkeypatch.setattr(
-        probes, "host_loader_rate", lambda cfg, bundle, timing, host_only=False: (note(cfg), Spread(1, 1, 1))[1]
+        probes, "host_loader_rate", lambda cfg, bundle, timing, host_only=False: (note(cfg), (Spread(1, 1, 1), 3))[1]
     )
     monkeypatch.setattr(probes, "warm_compiler", lambda device: None)
-    monkeypatch.setattr(probes, "preprocess_ms", lambda batch, c, d, t: (note(tuple(batch.shape)), Spread(1, 1, 1))[1])
+    monkeypatch.setattr(
+        probes, "preprocess_ms", lambda batch, c, d, t: (note(tuple(batch.shape)), (Spread(1, 1, 1), 3))[1]
+    )
     memory = {"per_image": 2.0**20, "fixed": 0.0, "free": 2.0**30, "largest": 1024}
     monkeypatch.setattr(probes, "step_memory", lambda cfg, shape, n, device, batches: (note((cfg, shape)), memory)[1])
     monkeypatch.setattr(probes, "compile_seconds", lambda cfg, shape, n, d, dynamic: (note((cfg, shape)), 1.0)[1])
@@ -254,3 +256,23 @@ def test_an_isolated_claims_measurement_survives_the_trip_through_the_child(monk
     row = claims_mod._measure_in_child(claim, ctx, 60.0)
     assert row["verdict"] == "confirmed" and row["measured_ratio"] == pytest.approx(1.5)
     assert (row["ratio_low"], row["ratio_high"]) == pytest.approx((149 / 101, 151 / 99))
+
+
+def test_the_host_loader_and_preprocessing_claims_record_their_timed_steps_per_repeat(monkeypatch):
+    """collate_speed and compiled_preprocess left `steps_per_repeat` empty, though claims.csv documents it
+    (baseline/variant); their probes did not say how many batches or calls each repeat timed."""
+    monkeypatch.setattr(probes, "warm_compiler", lambda device: None)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # the count, not the compile, is tested here
+    ctx = ClaimContext(Config(), CPU, Timing(warmup=1, steps=4, repeats=2, seconds=0), log=lambda s: None)
+    tiny = Workload("cnn3", "1x8x8", 8, 32, "cnn3, 1x8x8, batch 8")
+    loader = claims_mod.collate_speed(ctx, tiny)
+    preprocess = claims_mod.compiled_preprocess(ctx, tiny)
+    assert loader.steps == preprocess.steps == "4/4"
+    assert claims_mod.measured_fields(BY_ID["collate_speed"], loader)["steps_per_repeat"] == "4/4"
+
+
+def test_the_probes_count_the_steps_each_repeat_timed():
+    calls = []
+    spread, steps = probes.time_calls(lambda: calls.append(1), torch.device("cpu"), Timing(1, 5, 3, seconds=0))
+    assert steps == 5 and len(calls) == 3 + 1 + 3 * 5  # warm-up (at least 3), the sizing call, the repeats
+    assert spread.low <= spread.median <= spread.high

@@ -33,7 +33,9 @@ def test_sampler_without_nvml_writes_host_rows_and_stops(tmp_path, monkeypatch):
     assert all(r["gpu"] == "" and r["gpu_util_pct"] == "" for r in rows)
     times = [float(r["time_s"]) for r in rows]
     assert times == sorted(times) and times[-1] >= 0.3
-    assert all(0.0 <= float(r["host_cpu_pct"]) <= 100.0 and float(r["host_mem_used_mb"]) > 0 for r in rows)
+    assert rows[0]["host_cpu_pct"] == ""  # read a few ms after the prime: too short a while to mean anything
+    assert all(0.0 <= float(r["host_cpu_pct"]) <= 100.0 for r in rows[1:-1])
+    assert all(float(r["host_mem_used_mb"]) > 0 for r in rows)
     png = telemetry.plot_telemetry(path, tmp_path / "telemetry.png", [("phase", 0.1, 0.2)])
     assert png.stat().st_size > 1000
 
@@ -78,3 +80,34 @@ def test_a_resumed_runs_monitor_keeps_the_earlier_attempts_samples_and_continues
     assert times == sorted(times) and times[len(first)] >= times[len(first) - 1] + telemetry.DEFAULT_INTERVAL_S
     assert path.read_text().count("time_s,") == 1
     assert lines[-1].startswith(f"telemetry: continuing {path} after an earlier attempt's samples (up to ")
+
+
+def test_no_host_cpu_reading_covers_only_the_moments_since_the_one_before(tmp_path, monkeypatch):
+    """The first sample came a few ms after the counter was primed: psutil's share over so short a while is 0 or
+    100 at random, and telemetry.csv and TensorBoard showed a false 0.0 at the start of every attempt. A reading
+    over too short a while is left empty; every figure written covers at least MIN_CPU_WINDOW_S."""
+    import psutil
+
+    from cnnpar.report.tensorboard import telemetry_scalars
+
+    monkeypatch.setattr(telemetry, "_nvml_handles", _no_nvml)
+    read_at: list[float] = []
+    real = psutil.cpu_percent
+
+    def recorded(*args, **kwargs):
+        read_at.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(psutil, "cpu_percent", recorded)
+    seen: list[list[dict]] = []
+    path = tmp_path / "telemetry.csv"
+    with telemetry.TelemetrySampler(path, interval_s=0.2, log=lambda s: None, on_sample=seen.append):
+        time.sleep(0.5)
+    rows = read_csv(path)
+    assert len(rows) >= 3 and rows[0]["host_cpu_pct"] == "" and float(rows[0]["host_mem_used_mb"]) > 0
+    assert "host/cpu_pct" not in telemetry_scalars(seen[0]) and "host/mem_used_mb" in telemetry_scalars(seen[0])
+    figures = [float(r["host_cpu_pct"]) for r in rows if r["host_cpu_pct"] != ""]
+    assert figures and all(0.0 <= f <= 100.0 for f in figures)
+    # the prime, then one read per figure written, each over at least the window since the read before
+    assert len(read_at) == 1 + len(figures)
+    assert min(b - a for a, b in zip(read_at, read_at[1:])) >= telemetry.MIN_CPU_WINDOW_S
