@@ -630,13 +630,24 @@ class Trainer:
         changes = [change] if (change := self._global_batch_change(state)) else []
         for section, name in fields:
             was, is_now = stored.get(section, {}).get(name), now[section][name]
-            # "auto" on either side: the record keeps it as typed, this run as resolved (augment auto -> none)
-            if (section, name) in said_elsewhere or was is None or was == is_now or "auto" in (was, is_now):
+            if (section, name) in said_elsewhere or was is None or was == is_now:
                 continue
+            if (section, name) == ("data", "augment"):  # kept as asked: auto is compared as what it resolves to
+                if self._resolved_augment(was) == self._resolved_augment(is_now):
+                    continue
+                was, is_now = self._augment_shown(was), self._augment_shown(is_now)
             flag = "--" + name.replace("_", "-")
             reason = why.get((section, name), "")
             changes.append(f"{flag} {was} -> {is_now}" + (f" ({reason})" if reason else ""))
         return ", ".join(changes)
+
+    def _resolved_augment(self, augment: str) -> str:
+        """--augment as it trains on this run's data: a resume's data and image size are the checkpoint's (another
+        is refused), so the checkpoint's auto resolves on them as it did for its run."""
+        return resolve_augment(augment, self.bundle.shape, self.bundle.loader_crops)
+
+    def _augment_shown(self, augment: str) -> str:
+        return f"auto ({self._resolved_augment(augment)})" if augment == "auto" else augment
 
     def _global_batch_change(self, state: dict) -> str:
         """Another process count or global batch than the checkpoint's run, and whether the peak lr followed
