@@ -187,6 +187,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                     f"best val acc {100 * best:.2f}%{caveat} at epoch {best_epoch}, {kept}; ckpt/last.pt holds the "
                     f"last epoch's weights, val acc {100 * last:.2f}% | "
                 )
+            if result.summary.get("average_started") is False:  # the start-up note said why
+                best_text += "the weight average never started: the results are the trained weights' | "
             overall = result.summary.get("images_per_s_with_eval")
             if overall:  # the epochs' lines leave out the evaluations and checkpoints between them
                 s = result.summary

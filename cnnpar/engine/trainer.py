@@ -1035,6 +1035,8 @@ class Trainer:
             self.log(self.batch_note)
         if self.accum_line:
             self.log(self.accum_line)
+        if idle := self._idle_average_line():
+            self.log(idle)
         if cfg.optim.label_smoothing > 0:
             self.log(smoothed_loss_line(cfg.optim.label_smoothing, self.bundle.num_classes))
         if cfg.speed.precision == "fp16" and info.device.type == "cpu":
@@ -1124,6 +1126,27 @@ class Trainer:
             write_json_atomic(self.run_dir / "summary.json", summary)
         barrier(info)
         return TrainResult(self.run_dir, self.history, summary)
+
+    def _idle_average_line(self) -> str:
+        """A note where the weight average makes no update in this run's steps (--ema-every past them, or a late
+        --ema-start with no later multiple of it; a preset's in a short run): it never starts, and validation, the
+        best checkpoint and predict then use the trained weights (WeightAverage.eval_model); "" otherwise. An
+        average a resumed checkpoint started is evaluated all the same."""
+        average = self.average
+        if average is None or average.started:
+            return ""
+        total, done = average.total_steps, self.scheduler.last_epoch
+        first = average.first_update(done)
+        if first <= total:
+            return ""
+        o = self.cfg.optim
+        steps = f"steps {done + 1}-{total} of this run" if done else f"this run's {total} optimizer steps"
+        lookahead = ", nor does --lookahead copy it back" if o.lookahead else ""
+        return (
+            f"note: weight average (--ema {o.ema:g}): no update in {steps} (the first would be step {first}: "
+            f"--ema-every {o.ema_every}, --ema-start {o.ema_start:g}){lookahead}: validation, ckpt/best.pt and "
+            "predict use the trained weights"
+        )
 
     def _finished_already(self) -> TrainResult:
         """A resume whose checkpoint holds every epoch --epochs asks for: its config.toml, summary, metrics
@@ -1352,6 +1375,9 @@ class Trainer:
             "peak_mem_mb": max((r["peak_mem_mb"] for r in rows), default=None),
             "peak_mem_kind": rows[-1].get("peak_mem_kind") if rows else None,  # rows from an older checkpoint lack it
             "skipped_steps": self.precision.skipped_steps,
+            # false: --ema asked for an average that made no update (its first step lay past the run's), so the
+            # accuracies and checkpoints are the trained weights'; null without --ema
+            "average_started": self.average.started if self.average is not None else None,
             "global_batch": self.cfg.run.batch_size * self.info.world_size * self.cfg.optim.grad_accum,
             "precision": self.cfg.speed.precision,
             "channels_last": self.cfg.speed.channels_last,
