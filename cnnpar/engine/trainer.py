@@ -1106,6 +1106,7 @@ class Trainer:
             )
         self.warm_up_compile()
         t_start = self._t_start = time.perf_counter()
+        self.ended_overflowing: tuple | None = None  # check_diverged's fp16 end, raised once the records are written
         for epoch in range(self.start_epoch, cfg.run.epochs + 1):
             if info.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(info.device)
@@ -1115,7 +1116,8 @@ class Trainer:
                 evaluated = self.evaluate()  # ends on a device read, so the time holds the device's work
                 if evaluated:  # {} without a validation set: no evaluation, no time for one
                     row.update(evaluated, eval_s=time.perf_counter() - t_eval, eval_wait_s=self.eval_wait_s)
-            self.check_diverged(epoch, row)  # before the epoch's checkpoint can replace the last good one
+            # before the epoch's checkpoint can replace the last good one
+            self.check_diverged(epoch, row, finish_first=True)
             row["lr"] = last_step_lr(self.scheduler)  # the lr the epoch ended at, not the next epoch's first
             row["peak_mem_mb"], row["peak_mem_kind"] = peak_memory(info.device)
             row["skipped_steps"] = self.precision.skipped_steps
@@ -1125,6 +1127,8 @@ class Trainer:
         if info.is_main:
             write_json_atomic(self.run_dir / "summary.json", summary)
         barrier(info)
+        if self.ended_overflowing is not None:  # every epoch kept, the last one's weights finite: now the error
+            self._diverged(*self.ended_overflowing)
         return TrainResult(self.run_dir, self.history, summary)
 
     def _idle_average_line(self) -> str:
@@ -1190,7 +1194,7 @@ class Trainer:
         held = [str(r["epoch"]) for r in self.history]
         return not metrics.is_file() or [r["epoch"] for r in read_csv(metrics)] != held
 
-    def check_diverged(self, epoch: int, row: dict) -> None:
+    def check_diverged(self, epoch: int, row: dict, finish_first: bool = False) -> None:
         """Stop a run whose training diverged, before its checkpoint overwrites the last good one (the epochs
         already finished stay in the run folder): every command that trains epochs (train, bench's time to
         accuracy) asks here. A step's loss is read before its update, so the state the epoch ends on is checked
@@ -1198,7 +1202,10 @@ class Trainer:
         evaluated on the weight average), the outputs on its last batch (weights of 1e28 are finite, their logits
         are not). fp16 is the exception while the weights and buffers stay finite: its GradScaler skips
         overflowing steps on purpose (their losses are inf/nan), and logits past fp16's 65,504 overflow in
-        evaluation too, where an fp32 run of the same weights trains on; there a non-finite loss only warns."""
+        evaluation too, where an fp32 run of the same weights trains on; there a non-finite loss only warns, but
+        for the run's last epoch where the weights it ends on score no finite loss either (`_overflowed_to_the_end`).
+        `finish_first`: that last case is kept in `ended_overflowing` for the caller to raise once the epoch's
+        checkpoint and the run's records are written (train: its weights are finite, as fp16 keeps them)."""
         scored_live = "val_loss" in row and (self.average is None or not self.average.started)
         state_ok, outputs, every_largest, own_largest = self._state_finite(probe=not scored_live)
         fp16 = self.precision.scaler is not None
@@ -1220,6 +1227,16 @@ class Trainer:
                 )
                 self._diverged(epoch, "outputs", outputs, text)
             bad.append(("loss on its last batch", outputs))
+        if bad and self._overflowed_to_the_end(epoch, row, outputs):
+            said = ", ".join(f"{what} {value}" for what, value in bad)
+            text = (
+                f"{said} at the run's end (fp16 overflows: the GradScaler skipped {self.precision.skipped_steps} "
+                "steps; the weights and buffers are finite)"
+            )
+            self.ended_overflowing = (epoch, bad[0][0], bad[0][1], text)
+            if not finish_first:
+                self._diverged(*self.ended_overflowing)
+            return
         if bad:
             said = ", ".join(f"{what} {value}" for what, value in bad)
             self.log(
@@ -1227,6 +1244,14 @@ class Trainer:
                 f"{self.precision.skipped_steps} steps so far; the weights and buffers are finite); if it stays so, "
                 f"try --precision bf16 or {self._half_the_lr()}"
             )
+
+    def _overflowed_to_the_end(self, epoch: int, row: dict, outputs: float) -> bool:
+        """Under fp16, with finite weights: the run's last epoch overflowed in training (its train loss is not finite)
+        and the weights it ends on score no finite loss (validation, or the last batch without one). "If it stays so"
+        no longer applies: the run's result would be that chance-level model, and it ends as a bf16 divergence does.
+        A single overflowing step also makes the epoch's mean train loss inf: a finite score keeps that a warning."""
+        score = row["val_loss"] if "val_loss" in row else outputs
+        return epoch == self.cfg.run.epochs and not math.isfinite(row["train_loss"]) and not math.isfinite(score)
 
     def _state_finite(self, probe: bool) -> tuple[bool, float, float, float]:
         """(whether every rank's weights and floating buffers are finite, the loss on the epoch's last batch in eval
