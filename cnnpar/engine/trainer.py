@@ -257,23 +257,18 @@ class Trainer:
                 "max_side": int(store.header.get("max_side", 0)),
                 "short_side": int(store.header.get("short_side", 0)),
             }
-        self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h, w)
-        if hasattr(self.raw_model, "init_from_data"):
-            self.raw_model.init_from_data(self._normalised_sample())
-        apply_frozen_whitening(self.raw_model, cfg.optim)
-        # before the batch-size search: it times this module, and the stem changes the step's speed and memory
-        apply_stem_space_to_depth(self.raw_model, cfg.speed.stem_space_to_depth == "on")
-        if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
-            self.cfg = cfg = self._choose_batch_size(cfg)
-        self.cfg = cfg = self._cap_batch_size(cfg)
-        self._refuse_batchnorm_of_one(cfg)  # before the run folder: a start-up refusal leaves none
-        cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), info.world_size)
-        self.cfg = cfg
+        refusal = None  # this model refused for these images or this batch: under DDP, said by the ranks together
+        try:
+            self.cfg = cfg = self._build_model(cfg)
+        except UserError as e:
+            refusal = e
         # before DDP wraps the model: a rank given another --model gets this line, not DDP's shape traceback
+        same = {}
         if info.distributed:  # one process has no other rank to agree with
             val = len(self.bundle.val) if self.bundle.val is not None else 0
             same = {**shared_settings(cfg), **data_identity(self.meta, len(self.bundle.train), val)}
-            refuse_disagreeing_ranks(same, info, "settings and data")
+        # every rank refused alike (one command line): the job's one refusal, said once (EveryRankRefused)
+        refuse_disagreeing_ranks(same, info, "settings and data", refusal)
         self.model = parallelize(
             self.raw_model,
             info,
@@ -356,6 +351,24 @@ class Trainer:
         # fails to build leaves the thread's stream as it was; what was queued before is waited for.
         self.stream = TrainingStream(info.device, decodes_on_gpu(cfg, self.bundle))
         self.stream.enter()
+
+    def _build_model(self, cfg: Config) -> Config:
+        """The model for this data (`raw_model`) and the config resolved with it (a batch searched or capped, the long
+        compiles). Refused here, before the run folder (a start-up refusal leaves none): a model these images are
+        too small for, a frozen whitening the data cannot set, BatchNorm on a batch of 1."""
+        c, h, w = self.bundle.shape
+        self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h, w)
+        if hasattr(self.raw_model, "init_from_data"):
+            self.raw_model.init_from_data(self._normalised_sample())
+        apply_frozen_whitening(self.raw_model, cfg.optim)
+        # before the batch-size search: it times this module, and the stem changes the step's speed and memory
+        apply_stem_space_to_depth(self.raw_model, cfg.speed.stem_space_to_depth == "on")
+        if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
+            self.cfg = cfg = self._choose_batch_size(cfg)
+        self.cfg = cfg = self._cap_batch_size(cfg)
+        self._refuse_batchnorm_of_one(cfg)
+        cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), self.info.world_size)
+        return cfg
 
     @staticmethod
     def _load_data_with_the_other_ranks(cfg: Config, info: DistInfo) -> DataBundle:
