@@ -7,7 +7,9 @@ printed by that rank above, and the launcher's line after it on what the checkpo
 quietly with 128 + the signal, and a failure in one line naming the rank that failed first (exit status 1): a rank
 that stopped because of another (errors.EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT), or that torchrun ended
 itself, is not named as the first failure; a rank that stopped answering fails nothing itself, and is named where
-torchrun had to kill it (it did not answer the SIGTERM).
+torchrun had to kill it (it did not answer the SIGTERM). Where every rank refused alike at start-up (the model too
+small for the images, say), the launcher prints that refusal once and the job ends 2, as one process does: here
+neither torchrun's lines on the workers' exits nor an end line.
 """
 
 from __future__ import annotations
