@@ -9,7 +9,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from cnnpar.errors import ConfigError, Terminated, UserError, stop_on_sigterm, user_error_text
+from cnnpar.errors import ConfigError, EveryRankRefused, Terminated, UserError, stop_on_sigterm, user_error_text
+from cnnpar.torchrun import RUN_DIR_NOTE_ENV, refusal_note  # (imports no torch)
 
 
 def _rank() -> int:
@@ -23,11 +24,6 @@ def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
     `--monitor-interval`."""
     head = [sys.executable, "-m", "cnnpar.torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m", "--"]
     return [*head, "cnnpar", "train", *train_args]
-
-
-# Where rank 0 of a `--nproc` launch writes its run folder once it holds it: the launcher, which cannot know a
-# default name (torchrun's job id) or whether rank 0 was refused, reads it for its last line
-RUN_DIR_NOTE_ENV = "CNNPAR_RUN_DIR_NOTE"
 
 
 def stop_said_marker(note: Path) -> Path:
@@ -137,6 +133,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                 if line := launch_end_line(note, cfg.dist.nproc):
                     print(line, flush=True)
                 raise
+            if rc != 0 and refusal_note(note).is_file():  # every rank refused alike: said once, as one process does
+                print(f"cnnpar: error: {refusal_note(note).read_text()}", file=sys.stderr, flush=True)
+                return 2
             if rc != 0 and note.is_file() and (line := launch_end_line(note, cfg.dist.nproc)):
                 print(line, flush=True)  # a rank that failed before it chose a folder said why itself
             return rc
@@ -187,6 +186,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                     f"best val acc {100 * best:.2f}%{caveat} at epoch {best_epoch}, {kept}; ckpt/last.pt holds the "
                     f"last epoch's weights, val acc {100 * last:.2f}% | "
                 )
+            if result.summary.get("average_started") is False:  # the start-up note said why
+                best_text += "the weight average never started: the results are the trained weights' | "
             overall = result.summary.get("images_per_s_with_eval")
             if overall:  # the epochs' lines leave out the evaluations and checkpoints between them
                 s = result.summary
@@ -791,8 +792,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args, argv[1:])
     except UserError as e:
+        text = f"{user_error_text(e)}{_preset_data_note(args, e)}"
+        note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
+        if isinstance(e, EveryRankRefused) and note:
+            # each rank writes it before it exits (the first to exit is the first torchrun notices); the launcher
+            # prints it once
+            from cnnpar.report.files import write_text_atomic
+
+            write_text_atomic(refusal_note(note), text)
+            return 2
         prefix = f"[rank {_rank()}] " if "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1" else ""
-        print(f"cnnpar: error: {prefix}{user_error_text(e)}{_preset_data_note(args, e)}", file=sys.stderr)
+        # one write: two ranks' lines written in two parts each ran together on one line
+        sys.stderr.write(f"cnnpar: error: {prefix}{text}\n")
+        sys.stderr.flush()
         return 2
     except KeyboardInterrupt as e:
         terminated = isinstance(e, Terminated)

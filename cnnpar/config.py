@@ -277,9 +277,11 @@ class OptimConfig:
         "weight decay: decoupled for adamw (lr x this per step); coupled L2 for sgd and muon's SGD groups (added "
         "to the gradient, so it goes through the momentum)",
     )
-    momentum: float = _f(0.9, "SGD's momentum (--optimizer sgd, and Muon's SGD groups; AdamW has none)")
+    momentum: float = _f(
+        0.9, "SGD's Nesterov momentum (--optimizer sgd, and Muon's SGD groups; AdamW has none); 0: plain SGD"
+    )
     schedule: str = _f("onecycle", "learning-rate schedule", choices=SCHEDULES)
-    warmup: float = _f(0.15, "fraction of all steps spent warming up")
+    warmup: float = _f(0.15, "fraction of all steps spent warming up (above 0: the first step at half the lr at most)")
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy loss")
     grad_clip: float = _f(0.0, "clip the global gradient norm to this (0: off)")
     grad_accum: int = _f(1, "micro-batches per optimizer step")

@@ -34,6 +34,12 @@ class Diverged(UserError):
         return type(self), (str(self), self.epoch, self.what, self.loss)
 
 
+class EveryRankRefused(UserError):
+    """A refusal that every rank of a job raised alike (engine/agreement.refuse_disagreeing_ranks): one command
+    line on one node, a model too small for its images, say. Under `--nproc` the launcher says it once, as one
+    process would (cli), where each rank printed its own copy and the launcher ended 1, not 2."""
+
+
 def user_error_text(e: UserError) -> str:
     """A UserError's message for the one line the user sees. A DataLoader worker re-raises our error with its
     own traceback folded into the message ("Caught DataError in DataLoader worker process 0. Original

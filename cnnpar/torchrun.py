@@ -7,7 +7,9 @@ printed by that rank above, and the launcher's line after it on what the checkpo
 quietly with 128 + the signal, and a failure in one line naming the rank that failed first (exit status 1): a rank
 that stopped because of another (errors.EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT), or that torchrun ended
 itself, is not named as the first failure; a rank that stopped answering fails nothing itself, and is named where
-torchrun had to kill it (it did not answer the SIGTERM).
+torchrun had to kill it (it did not answer the SIGTERM). Where every rank refused alike at start-up (the model too
+small for the images, say), the launcher prints that refusal once and the job ends 2, as one process does: here
+neither torchrun's lines on the workers' exits nor an end line.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from pathlib import Path
 
 from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT  # imports no torch
 
@@ -23,6 +26,30 @@ from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT  # 
 TORCHRUN_PROCESS_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 SENT_SIGTERM = "Sending process"
 UNANSWERED_SIGTERM = "Unable to shutdown process"
+
+# Where rank 0 of a `--nproc` launch writes its run folder once it holds it: the launcher, which cannot know a
+# default name (torchrun's job id) or whether rank 0 was refused, reads it for its last line
+RUN_DIR_NOTE_ENV = "CNNPAR_RUN_DIR_NOTE"
+
+
+def refusal_note(run_dir_note: str | Path) -> Path:
+    """Beside the launcher's run-folder note: the refusal every rank raised alike at start-up
+    (errors.EveryRankRefused), written by each rank in place of its own line. The launcher says it once and exits 2,
+    as one process does; torchrun's lines on the workers' ends and this module's end line, which would blame rank 0
+    for it, are left out."""
+    return Path(str(run_dir_note) + ".refused")
+
+
+class QuietAfterARefusal(logging.Filter):
+    """Drops torchrun's records once the workers refused alike (`refusal_note` exists): their exit codes and the
+    SIGTERMs sent to the others would read as a failure beside the one line the launcher prints."""
+
+    def __init__(self, note: Path | None) -> None:
+        super().__init__()
+        self.note = note
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.note is None or not self.note.is_file()
 
 
 def stop_with_parent() -> None:
@@ -107,6 +134,7 @@ def end_line(failures: dict, ended: EndedByTorchrun) -> str:
 
 def main() -> int:
     """torchrun on this process's arguments."""
+    import os
     import runpy
 
     stop_with_parent()
@@ -115,13 +143,18 @@ def main() -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     ended = EndedByTorchrun()
+    note = os.environ.get(RUN_DIR_NOTE_ENV)
+    refused = refusal_note(note) if note else None
     logging.getLogger(TORCHRUN_PROCESS_LOGGER).addFilter(ended)
+    logging.getLogger(TORCHRUN_PROCESS_LOGGER).addFilter(QuietAfterARefusal(refused))
     try:
         # as `python -m torch.distributed.run` runs it: its log lines then look as they always did
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
     except SignalException as e:  # torchrun has stopped its workers by now (the agent's shutdown comes first)
         return 128 + int(e.sigval)
     except ChildFailedError as e:
+        if refused is not None and refused.is_file():  # the launcher says it, once
+            return 2
         print(end_line(e.failures, ended), file=sys.stderr, flush=True)
         return 1
     return 0

@@ -16,7 +16,7 @@ import torch
 
 from cnnpar.config import Config, setting_name, to_dict
 from cnnpar.dist import DistInfo, all_reduce_max, broadcast_object
-from cnnpar.errors import UserError
+from cnnpar.errors import EveryRankRefused, UserError
 
 # Settings that may differ from node to node: where this node's copy of the data lies (its content is compared
 # instead), how this node's host feeds and runs its device, and what rank 0 alone decides for all (the run folder
@@ -114,8 +114,9 @@ def first_difference(reference: dict, mine: dict, rank: int) -> str:
 def refuse_disagreeing_ranks(fields: dict, info: DistInfo, what: str, refusal: UserError | None = None) -> None:
     """Raise on every rank where a rank refused (`refusal`: its own error) or its `fields` differ from rank 0's:
     each refused rank its own error, every other rank the lowest such rank's refusal or first difference, in one
-    line. Every rank runs the same three collectives, so all stop together (none waits in another collective for
-    a rank that left). `what`: what must be the same, for the line."""
+    line; where every rank refused alike, EveryRankRefused with that line, the job's one refusal. Every rank runs
+    the same collectives, so all stop together (none waits in another collective for a rank that left). `what`:
+    what must be the same, for the line."""
     if not info.distributed:
         if refusal is not None:
             raise refusal
@@ -134,7 +135,12 @@ def refuse_disagreeing_ranks(fields: dict, info: DistInfo, what: str, refusal: U
     if not lowest:
         return
     rank = info.world_size - lowest
-    message = broadcast_object(problem if info.rank == rank else None, info, src=rank)
+    own = str(refusal) if refusal is not None else None
+    message, theirs = broadcast_object((problem, own) if info.rank == rank else None, info, src=rank)
+    differs = torch.tensor([int(own is None or own != theirs)], device=info.device)
+    alike = not int(all_reduce_max(differs, info).item())  # every rank: a collective all of them run
+    if alike:
+        raise EveryRankRefused(own) from refusal
     if refusal is not None:
         raise refusal
     raise UserError(message)

@@ -61,6 +61,14 @@ class WeightAverage:
     def started(self) -> bool:
         return int(self.averaged.n_averaged) > 0  # a CPU tensor: no device sync
 
+    def first_update(self, done: int = 0) -> int:
+        """The step of the next update after step `done` (`after_step`'s rule): the first multiple of `ema_every`
+        past the start, or past `done` once the average has started. Beyond `total_steps`, this run never makes
+        it: where the average has not started, what is evaluated, saved and predicted with is the trained weights
+        (`eval_model`), and lookahead copies nothing back."""
+        after = done if self.started else max(done, self.start_step)
+        return (after // self.cfg.ema_every + 1) * self.cfg.ema_every
+
     @torch.no_grad()
     def after_step(self, step: int) -> None:
         """Called after optimizer step number `step` (1-based, counted over the whole run).

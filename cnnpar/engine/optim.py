@@ -84,6 +84,8 @@ def describe_lr(cfg: OptimConfig, world_size: int) -> str:
     """The start-of-run lr line: the configured lr, the rule, and what it was multiplied by, e.g.
     `lr 0.1 x 2 processes = 0.2 (--lr-scaling linear)`; with Muon, the filters' lr after it."""
     line = _describe_lr(cfg, world_size)
+    if cfg.optimizer == "sgd" and cfg.momentum == 0:  # build_optimizer: Nesterov needs a momentum
+        line += "; plain SGD: --momentum 0 has no Nesterov step (sgd's otherwise)"
     return line + (f"; conv filters: Muon, lr {cfg.muon_lr:g}" if cfg.optimizer == "muon" else "")
 
 
@@ -101,8 +103,8 @@ def _describe_lr(cfg: OptimConfig, world_size: int) -> str:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """SGD with Nesterov momentum, AdamW, or Muon for the conv filters beside SGD for the rest; no
-    weight decay on biases and norm parameters unless `bias_decay`, and their lr `bias_lr_scale`
+    """SGD with Nesterov momentum (plain SGD at momentum 0), AdamW, or Muon for the conv filters beside SGD
+    for the rest; no weight decay on biases and norm parameters unless `bias_decay`, and their lr `bias_lr_scale`
     times the rest's (airbench: 64, BatchNorm biases learn fastest that way).
 
     A whitened stem's bias gets a group of its own when `whiten_bias_epochs` will hold it still.
@@ -125,7 +127,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, lr: float, device: torch
         groups.append({"params": [held], "weight_decay": bias_wd, "lr": bias_lr, "name": WHITEN_BIAS})
     impl = {"fused": True} if device.type == "cuda" else {"foreach": True}
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=True, **impl)
+        # torch refuses Nesterov without momentum (a ValueError traceback at the run's start); at momentum 0 its
+        # update is plain SGD's anyway, which `describe_lr` names
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0, **impl)
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=lr, **impl)
     if not filters:
@@ -158,9 +162,15 @@ def muon_split(model: nn.Module, held: nn.Parameter | None = None) -> tuple[list
 
 
 def schedule_factor(step: int, total: int, warmup: float, schedule: str) -> float:
+    """The lr of optimizer step `step` (0-based) of `total`, as a share of the peak: a linear warm-up over `warmup`
+    of the steps, (step + 1) / its steps, then the schedule from the peak down.
+
+    A positive warm-up takes the first step at least, at half the peak: in a run of fewer than 2 / warmup steps (14
+    at 0.15) int(total * warmup) is 0, no warm-up, or 1, a single warm-up step at (0 + 1) / 1, the peak, and the
+    run's first step took the full lr. The steps after it stay where the schedule had them."""
     warm = int(total * warmup)
-    if step < warm:
-        return (step + 1) / warm
+    if step < warm or (step == 0 and warmup > 0):
+        return (step + 1) / max(2, warm)
     if schedule == "constant":
         return 1.0
     progress = (step - warm) / max(1, total - warm)

@@ -255,23 +255,18 @@ class Trainer:
                 "max_side": int(store.header.get("max_side", 0)),
                 "short_side": int(store.header.get("short_side", 0)),
             }
-        self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h, w)
-        if hasattr(self.raw_model, "init_from_data"):
-            self.raw_model.init_from_data(self._normalised_sample())
-        apply_frozen_whitening(self.raw_model, cfg.optim)
-        # before the batch-size search: it times this module, and the stem changes the step's speed and memory
-        apply_stem_space_to_depth(self.raw_model, cfg.speed.stem_space_to_depth == "on")
-        if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
-            self.cfg = cfg = self._choose_batch_size(cfg)
-        self.cfg = cfg = self._cap_batch_size(cfg)
-        self._refuse_batchnorm_of_one(cfg)  # before the run folder: a start-up refusal leaves none
-        cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), info.world_size)
-        self.cfg = cfg
+        refusal = None  # this model refused for these images or this batch: under DDP, said by the ranks together
+        try:
+            self.cfg = cfg = self._build_model(cfg)
+        except UserError as e:
+            refusal = e
         # before DDP wraps the model: a rank given another --model gets this line, not DDP's shape traceback
+        same = {}
         if info.distributed:  # one process has no other rank to agree with
             val = len(self.bundle.val) if self.bundle.val is not None else 0
             same = {**shared_settings(cfg), **data_identity(self.meta, len(self.bundle.train), val)}
-            refuse_disagreeing_ranks(same, info, "settings and data")
+        # every rank refused alike (one command line): the job's one refusal, said once (EveryRankRefused)
+        refuse_disagreeing_ranks(same, info, "settings and data", refusal)
         self.model = parallelize(
             self.raw_model,
             info,
@@ -354,6 +349,24 @@ class Trainer:
         # fails to build leaves the thread's stream as it was; what was queued before is waited for.
         self.stream = TrainingStream(info.device, decodes_on_gpu(cfg, self.bundle))
         self.stream.enter()
+
+    def _build_model(self, cfg: Config) -> Config:
+        """The model for this data (`raw_model`) and the config resolved with it (a batch searched or capped, the long
+        compiles). Refused here, before the run folder (a start-up refusal leaves none): a model these images are
+        too small for, a frozen whitening the data cannot set, BatchNorm on a batch of 1."""
+        c, h, w = self.bundle.shape
+        self.raw_model = build_model(cfg.model.name, c, self.bundle.num_classes, h, w)
+        if hasattr(self.raw_model, "init_from_data"):
+            self.raw_model.init_from_data(self._normalised_sample())
+        apply_frozen_whitening(self.raw_model, cfg.optim)
+        # before the batch-size search: it times this module, and the stem changes the step's speed and memory
+        apply_stem_space_to_depth(self.raw_model, cfg.speed.stem_space_to_depth == "on")
+        if cfg.run.batch_size == 0:  # --batch-size auto on a GPU: measured now, before the loaders need it
+            self.cfg = cfg = self._choose_batch_size(cfg)
+        self.cfg = cfg = self._cap_batch_size(cfg)
+        self._refuse_batchnorm_of_one(cfg)
+        cfg, self.long_compiles_line = long_compiles_resolved(cfg, len(self.bundle.train), self.info.world_size)
+        return cfg
 
     @staticmethod
     def _load_data_with_the_other_ranks(cfg: Config, info: DistInfo) -> DataBundle:
@@ -628,13 +641,24 @@ class Trainer:
         changes = [change] if (change := self._global_batch_change(state)) else []
         for section, name in fields:
             was, is_now = stored.get(section, {}).get(name), now[section][name]
-            # "auto" on either side: the record keeps it as typed, this run as resolved (augment auto -> none)
-            if (section, name) in said_elsewhere or was is None or was == is_now or "auto" in (was, is_now):
+            if (section, name) in said_elsewhere or was is None or was == is_now:
                 continue
+            if (section, name) == ("data", "augment"):  # kept as asked: auto is compared as what it resolves to
+                if self._resolved_augment(was) == self._resolved_augment(is_now):
+                    continue
+                was, is_now = self._augment_shown(was), self._augment_shown(is_now)
             flag = "--" + name.replace("_", "-")
             reason = why.get((section, name), "")
             changes.append(f"{flag} {was} -> {is_now}" + (f" ({reason})" if reason else ""))
         return ", ".join(changes)
+
+    def _resolved_augment(self, augment: str) -> str:
+        """--augment as it trains on this run's data: a resume's data and image size are the checkpoint's (another
+        is refused), so the checkpoint's auto resolves on them as it did for its run."""
+        return resolve_augment(augment, self.bundle.shape, self.bundle.loader_crops)
+
+    def _augment_shown(self, augment: str) -> str:
+        return f"auto ({self._resolved_augment(augment)})" if augment == "auto" else augment
 
     def _global_batch_change(self, state: dict) -> str:
         """Another process count or global batch than the checkpoint's run, and whether the peak lr followed
@@ -1040,6 +1064,8 @@ class Trainer:
             self.log(self.batch_note)
         if self.accum_line:
             self.log(self.accum_line)
+        if idle := self._idle_average_line():
+            self.log(idle)
         if cfg.optim.label_smoothing > 0:
             self.log(smoothed_loss_line(cfg.optim.label_smoothing, self.bundle.num_classes))
         if cfg.speed.precision == "fp16" and info.device.type == "cpu":
@@ -1113,6 +1139,7 @@ class Trainer:
             )
         self.warm_up_compile()
         t_start = self._t_start = time.perf_counter()
+        self.ended_overflowing: tuple | None = None  # check_diverged's fp16 end, raised once the records are written
         for epoch in range(self.start_epoch, cfg.run.epochs + 1):
             if info.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(info.device)
@@ -1122,7 +1149,8 @@ class Trainer:
                 evaluated = self.evaluate()  # ends on a device read, so the time holds the device's work
                 if evaluated:  # {} without a validation set: no evaluation, no time for one
                     row.update(evaluated, eval_s=time.perf_counter() - t_eval, eval_wait_s=self.eval_wait_s)
-            self.check_diverged(epoch, row)  # before the epoch's checkpoint can replace the last good one
+            # before the epoch's checkpoint can replace the last good one
+            self.check_diverged(epoch, row, finish_first=True)
             row["lr"] = last_step_lr(self.scheduler)  # the lr the epoch ended at, not the next epoch's first
             row["peak_mem_mb"], row["peak_mem_kind"] = peak_memory(info.device)
             row["skipped_steps"] = self.precision.skipped_steps
@@ -1132,7 +1160,30 @@ class Trainer:
         if info.is_main:
             write_json_atomic(self.run_dir / "summary.json", summary)
         barrier(info)
+        if self.ended_overflowing is not None:  # every epoch kept, the last one's weights finite: now the error
+            self._diverged(*self.ended_overflowing)
         return TrainResult(self.run_dir, self.history, summary)
+
+    def _idle_average_line(self) -> str:
+        """A note where the weight average makes no update in this run's steps (--ema-every past them, or a late
+        --ema-start with no later multiple of it; a preset's in a short run): it never starts, and validation, the
+        best checkpoint and predict then use the trained weights (WeightAverage.eval_model); "" otherwise. An
+        average a resumed checkpoint started is evaluated all the same."""
+        average = self.average
+        if average is None or average.started:
+            return ""
+        total, done = average.total_steps, self.scheduler.last_epoch
+        first = average.first_update(done)
+        if first <= total:
+            return ""
+        o = self.cfg.optim
+        steps = f"steps {done + 1}-{total} of this run" if done else f"this run's {total} optimizer steps"
+        lookahead = ", nor does --lookahead copy it back" if o.lookahead else ""
+        return (
+            f"note: weight average (--ema {o.ema:g}): no update in {steps} (the first would be step {first}: "
+            f"--ema-every {o.ema_every}, --ema-start {o.ema_start:g}){lookahead}: validation, ckpt/best.pt and "
+            "predict use the trained weights"
+        )
 
     def _finished_already(self) -> TrainResult:
         """A resume whose checkpoint holds every epoch --epochs asks for: its config.toml, summary, metrics
@@ -1176,7 +1227,7 @@ class Trainer:
         held = [str(r["epoch"]) for r in self.history]
         return not metrics.is_file() or [r["epoch"] for r in read_csv(metrics)] != held
 
-    def check_diverged(self, epoch: int, row: dict) -> None:
+    def check_diverged(self, epoch: int, row: dict, finish_first: bool = False) -> None:
         """Stop a run whose training diverged, before its checkpoint overwrites the last good one (the epochs
         already finished stay in the run folder): every command that trains epochs (train, bench's time to
         accuracy) asks here. A step's loss is read before its update, so the state the epoch ends on is checked
@@ -1184,7 +1235,10 @@ class Trainer:
         evaluated on the weight average), the outputs on its last batch (weights of 1e28 are finite, their logits
         are not). fp16 is the exception while the weights and buffers stay finite: its GradScaler skips
         overflowing steps on purpose (their losses are inf/nan), and logits past fp16's 65,504 overflow in
-        evaluation too, where an fp32 run of the same weights trains on; there a non-finite loss only warns."""
+        evaluation too, where an fp32 run of the same weights trains on; there a non-finite loss only warns, but
+        for the run's last epoch where the weights it ends on score no finite loss either (`_overflowed_to_the_end`).
+        `finish_first`: that last case is kept in `ended_overflowing` for the caller to raise once the epoch's
+        checkpoint and the run's records are written (train: its weights are finite, as fp16 keeps them)."""
         scored_live = "val_loss" in row and (self.average is None or not self.average.started)
         state_ok, outputs, every_largest, own_largest = self._state_finite(probe=not scored_live)
         fp16 = self.precision.scaler is not None
@@ -1206,6 +1260,16 @@ class Trainer:
                 )
                 self._diverged(epoch, "outputs", outputs, text)
             bad.append(("loss on its last batch", outputs))
+        if bad and self._overflowed_to_the_end(epoch, row, outputs):
+            said = ", ".join(f"{what} {value}" for what, value in bad)
+            text = (
+                f"{said} at the run's end (fp16 overflows: the GradScaler skipped {self.precision.skipped_steps} "
+                "steps; the weights and buffers are finite)"
+            )
+            self.ended_overflowing = (epoch, bad[0][0], bad[0][1], text)
+            if not finish_first:
+                self._diverged(*self.ended_overflowing)
+            return
         if bad:
             said = ", ".join(f"{what} {value}" for what, value in bad)
             self.log(
@@ -1213,6 +1277,14 @@ class Trainer:
                 f"{self.precision.skipped_steps} steps so far; the weights and buffers are finite); if it stays so, "
                 f"try --precision bf16 or {self._half_the_lr()}"
             )
+
+    def _overflowed_to_the_end(self, epoch: int, row: dict, outputs: float) -> bool:
+        """Under fp16, with finite weights: the run's last epoch overflowed in training (its train loss is not finite)
+        and the weights it ends on score no finite loss (validation, or the last batch without one). "If it stays so"
+        no longer applies: the run's result would be that chance-level model, and it ends as a bf16 divergence does.
+        A single overflowing step also makes the epoch's mean train loss inf: a finite score keeps that a warning."""
+        score = row["val_loss"] if "val_loss" in row else outputs
+        return epoch == self.cfg.run.epochs and not math.isfinite(row["train_loss"]) and not math.isfinite(score)
 
     def _state_finite(self, probe: bool) -> tuple[bool, float, float, float]:
         """(whether every rank's weights and floating buffers are finite, the loss on the epoch's last batch in eval
@@ -1361,6 +1433,9 @@ class Trainer:
             "peak_mem_mb": max((r["peak_mem_mb"] for r in rows), default=None),
             "peak_mem_kind": rows[-1].get("peak_mem_kind") if rows else None,  # rows from an older checkpoint lack it
             "skipped_steps": self.precision.skipped_steps,
+            # false: --ema asked for an average that made no update (its first step lay past the run's), so the
+            # accuracies and checkpoints are the trained weights'; null without --ema
+            "average_started": self.average.started if self.average is not None else None,
             "global_batch": self.cfg.run.batch_size * self.info.world_size * self.cfg.optim.grad_accum,
             "precision": self.cfg.speed.precision,
             "channels_last": self.cfg.speed.channels_last,

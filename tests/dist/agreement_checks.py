@@ -69,6 +69,7 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     os.chdir(work / f"n{rank}")
     results = {"lr": train("--epochs", "1", *(["--lr", "0.01"] if rank == 1 else []))}
+    results["too_small"] = train("--epochs", "1", "--image-size", "4")  # every rank refuses it alike
     results["first"] = train("--epochs", "1")  # agreed: rank 0 writes n0/runs/w
     done = work / "first-done"
     if rank == 0:

@@ -83,6 +83,16 @@ def test_a_rank_given_another_lr_stops_every_rank_before_training(ranks):
         assert "Traceback" not in check["stderr"]
 
 
+def test_a_refusal_every_rank_raises_alike_stays_in_each_ranks_log_under_a_plain_torchrun(ranks):
+    """The ranks stop together at the settings agreement, each with the one line (EveryRankRefused): a torchrun
+    started by hand has no launcher to say it once for them, and each node's log keeps its own copy."""
+    line = "model cnn3: input images 4x4: expected at least 8x8 (its three 2x2 max-pools); give --image-size 8 or more"
+    for rank, result in enumerate(ranks):
+        check = result["too_small"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        assert check["stderr"] == f"cnnpar: error: [rank {rank}] {line}\n", check["stderr"]
+
+
 def test_a_node_resuming_its_own_copy_with_other_weights_stops_every_rank(ranks):
     """DDP broadcasts the weights when it wraps the model, before the checkpoint is loaded: two models trained."""
     assert [r["first"]["rc"] for r in ranks] == [0, 0]

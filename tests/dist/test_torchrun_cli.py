@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cnnpar.engine.checkpoint import checkpoint_epoch, load_checkpoint
 from cnnpar.report.files import read_csv
 from tests.conftest import cli_env, run_cmd, torchrun_cmd
@@ -153,6 +155,33 @@ def test_nproc_starts_torchrun_for_this_machine(cli):
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
     # the record holds the launch, so that `--config` of it starts two processes again
     assert "\nnproc = 2\n" in (run_dir / "config.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ["--image-size", "4"],
+            "model cnn3: input images 4x4: expected at least 8x8 (its three 2x2 max-pools); give --image-size 8 or "
+            "more",
+        ),
+        (
+            ["--model", "resnet18", "--image-shape", "3x8x8", "--batch-size", "1"],
+            "model resnet18 at 8x8 px reduces to 1x1 maps before a BatchNorm layer (layer4.0.bn1), which cannot train "
+            "on a batch of 1 per process (one value per channel): give --batch-size 2 or more, or a larger "
+            "--image-size",
+        ),
+    ],
+    ids=["model too small", "batchnorm of one"],
+)
+def test_a_refusal_every_rank_raises_at_start_up_is_said_once_with_one_process_exit_status(cli, flags, line):
+    """Each rank printed `cnnpar: error: [rank R] ...` (two ranks' lines at times run together on one line),
+    torchrun added its own failure lines, and the launcher ended 1 where one process ends 2."""
+    args = ["--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--batch-size", "16"]
+    proc = cli("train", "--nproc", "2", *args, *flags, "--epochs", "1", "--no-progress", "--no-tensorboard")
+    assert proc.returncode == 2, explain(proc)
+    assert proc.stderr == f"cnnpar: error: {line}\n", explain(proc)
+    assert not (cli.cwd / "runs").exists() or not any((cli.cwd / "runs").iterdir())
 
 
 def test_the_launcher_hands_every_train_flag_to_cnnpar_not_to_torchrun():

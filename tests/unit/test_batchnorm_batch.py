@@ -54,9 +54,17 @@ def test_batchnorm_with_two_values_per_channel_trains(tmp_path, model, batch, si
     assert main([*args, "--name", "r", *QUICK]) == 0
 
 
-def test_a_batch_capped_to_1_by_the_processes_share_says_what_would_help(tmp_path):
-    """3 images over 2 processes: each trains a share of 1, whatever --batch-size says. Refused before any
-    collective, so one process can stand for the two."""
+def test_a_batch_capped_to_1_by_the_processes_share_says_what_would_help(tmp_path, monkeypatch):
+    """3 images over 2 processes: each trains a share of 1, whatever --batch-size says. Refused at the ranks'
+    settings agreement, which every rank reaches with it (tests/dist/test_torchrun_cli.py runs two): with a
+    stand-in for it that raises the refusal, one process can stand for the two."""
+    from cnnpar.engine import trainer as trainer_mod
+
+    def agreement(fields, info, what, refusal=None):
+        if refusal is not None:
+            raise refusal
+
+    monkeypatch.setattr(trainer_mod, "refuse_disagreeing_ranks", agreement)
     cfg = with_overrides(
         Config(),
         data={"source": npz(tmp_path / "d.npz", 3), "val_fraction": 0.0},

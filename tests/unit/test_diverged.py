@@ -108,6 +108,55 @@ def test_fp16_warns_and_trains_on_while_the_weights_stay_finite(tmp_path, monkey
     assert kept_epochs(tmp_path / "fp16") == ["1", "2", "3"]
 
 
+def test_fp16_whose_last_epoch_ends_overflowing_stops_as_diverged_and_keeps_its_finite_epochs(
+    tmp_path, monkeypatch, capsys
+):
+    """The GradScaler skipped the last epoch's overflowing steps, its train and validation losses were NaN, and the
+    run ended "done" with exit 0 and a chance-level best accuracy after a warning whose "if it stays so" could not
+    apply any more (bf16 stops with exit 2). The weights are finite: the last epoch's checkpoint is kept."""
+    train_epoch, evaluate = trainer_mod.Trainer.train_epoch, trainer_mod.Trainer.evaluate
+
+    def last_epoch_overflows(self, e):
+        row = train_epoch(self, e)
+        return {**row, "train_loss": float("nan")} if e == 3 else row
+
+    def evaluation_overflows(self):
+        row = evaluate(self)
+        return {**row, "val_loss": float("nan")} if self.scheduler.last_epoch == 6 else row  # epoch 3's
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_epoch", last_epoch_overflows)
+    monkeypatch.setattr(trainer_mod.Trainer, "evaluate", evaluation_overflows)
+    assert main([*ARGS, *FP16, "--out-dir", str(tmp_path), "--name", "fp16"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(
+        "cnnpar: error: epoch 3: train loss nan, val loss nan at the run's end (fp16 overflows: the GradScaler skipped "
+    ), err
+    assert err[0].endswith(
+        f"the weights and buffers are finite), training diverged (epochs 1-3 are kept in {tmp_path / 'fp16'}): try "
+        "a lower lr (--lr 0.01) or --precision fp32"
+    ), err
+    assert "warning: epoch 3" not in captured.out and "done: " not in captured.out
+    assert kept_epochs(tmp_path / "fp16") == ["1", "2", "3"]
+    with open(tmp_path / "fp16" / "summary.json") as f:
+        assert '"epochs": 3' in f.read()
+
+
+def test_fp16_whose_last_epoch_skipped_a_step_but_scores_finite_ends_as_done(tmp_path, monkeypatch, capsys):
+    """One overflowing step makes the epoch's mean train loss inf; a finite validation loss of the weights it ends
+    on is the run's result all the same: a warning, as in earlier epochs."""
+    train_epoch = trainer_mod.Trainer.train_epoch
+
+    def one_overflowing_step(self, e):
+        row = train_epoch(self, e)
+        return {**row, "train_loss": float("inf")} if e == 3 else row
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_epoch", one_overflowing_step)
+    assert main([*ARGS, *FP16, "--out-dir", str(tmp_path), "--name", "fp16"]) == 0
+    assert "warning: epoch 3: train loss inf (fp16 overflows" in capsys.readouterr().out
+
+
 def test_fp16_stops_once_the_weights_are_not_finite(tmp_path, monkeypatch, capsys):
     """No skipped step undoes weights (or BatchNorm statistics a NaN forward wrote) that are NaN already: the run
     finished "done" with a NaN model in last.pt and best.pt."""

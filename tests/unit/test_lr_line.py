@@ -3,7 +3,7 @@
 import pytest
 
 from cnnpar.config import OptimConfig
-from cnnpar.engine.optim import describe_lr, scaled_lr
+from cnnpar.engine.optim import build_optimizer, describe_lr, scaled_lr, schedule_factor
 
 
 @pytest.mark.parametrize(
@@ -21,3 +21,47 @@ def test_describe_lr(scaling, world, accum, line):
     cfg = OptimConfig(lr=0.1, lr_scaling=scaling, grad_accum=accum)
     assert describe_lr(cfg, world) == line
     assert f"{scaled_lr(cfg, world):g}" in line
+
+
+def test_sgd_with_momentum_0_is_plain_sgd_and_the_lr_line_says_so():
+    """torch refuses Nesterov at momentum 0: `--optimizer sgd --momentum 0` passed the config check and ended in
+    torch's ValueError traceback (train, doctor) or failed every bench rung and tune trial."""
+    import torch
+
+    cfg = OptimConfig(optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=0.0)
+    model = torch.nn.Linear(3, 2)
+    opt = build_optimizer(model, cfg, cfg.lr, torch.device("cpu"))
+    assert all(g["momentum"] == 0.0 and not g["nesterov"] for g in opt.param_groups)
+    before = model.weight.detach().clone()
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    assert torch.allclose(model.weight, before - 0.1 * model.weight.grad)  # w - lr * grad: no momentum
+    assert describe_lr(cfg, 1).endswith("; plain SGD: --momentum 0 has no Nesterov step (sgd's otherwise)")
+    nesterov = OptimConfig(optimizer="sgd", lr=0.1)
+    assert all(g["nesterov"] for g in build_optimizer(model, nesterov, 0.1, torch.device("cpu")).param_groups)
+    assert "Nesterov" not in describe_lr(nesterov, 1)
+
+
+@pytest.mark.parametrize(
+    "total, factors",
+    [
+        (1, [0.5]),
+        (2, [0.5, 0.5]),
+        (6, [0.5, 5 / 6, 4 / 6, 3 / 6, 2 / 6, 1 / 6]),  # int(6 * 0.15) = 0: no warm-up step had been taken
+        (13, [0.5, 1.0, 11 / 12, 10 / 12]),  # int(13 * 0.15) = 1: one warm-up step, at (0 + 1) / 1, the peak
+    ],
+)
+def test_a_positive_warmup_starts_below_the_peak_in_a_short_run(total, factors):
+    """int(total * warmup) below 2 left no warm-up, or one step at the peak: a run of fewer than 2 / warmup steps
+    (14 at the default 0.15) took its first step at the full lr. The steps after it stay where they were."""
+    assert [schedule_factor(s, total, 0.15, "onecycle") for s in range(len(factors))] == pytest.approx(factors)
+    assert schedule_factor(0, total, 0.0, "onecycle") == 1.0  # no warm-up asked for: none
+
+
+@pytest.mark.parametrize("schedule", ["onecycle", "cosine", "constant"])
+def test_a_long_runs_warmup_climbs_to_the_peak_over_its_share_of_the_steps(schedule):
+    """The shape README describes, unchanged for runs of 2 / warmup steps or more: (step + 1) / warm-up steps."""
+    total, warm = 100, 15
+    assert [schedule_factor(s, total, 0.15, schedule) for s in range(warm)] == [(s + 1) / warm for s in range(warm)]
+    assert schedule_factor(warm, total, 0.15, schedule) == 1.0
+    assert schedule_factor(total - 1, total, 0.15, schedule) < 1.0 or schedule == "constant"

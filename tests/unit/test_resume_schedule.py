@@ -439,3 +439,38 @@ def test_a_resume_under_another_process_count_or_global_batch_names_it_and_the_l
         changed(64)
         == "processes 2 -> 1 (global batch 64 per step as before; peak lr 0.004 -> 0.002: --lr-scaling linear)"
     )
+
+
+def test_an_augment_change_to_or_from_auto_on_resuming_is_named_by_what_auto_resolved_to(tmp_path):
+    """The checkpoint keeps --augment as asked (auto): a resume that changed it, where either side was auto, was left
+    out of the line (crop over auto, or auto, which is none on grey images, over crop), and epoch 2 trained otherwise
+    without a word. auto that resolves to the same augmentation as before is no change."""
+    cfg = _cfg(tmp_path, 1)  # augment auto: none on these grey images
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+
+    def said(augment: str) -> list[str]:
+        more = replace(
+            cfg, data=replace(cfg.data, augment=augment), run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc"))
+        )
+        lines: list[str] = []
+        Trainer(more, CPU_INFO, log=lambda s, **k: lines.append(s))
+        return [s for s in lines if s.startswith("resume:")]
+
+    assert said("translate") == [
+        "resume: changed since the checkpoint, from epoch 2 on: --augment auto (none) -> translate"
+    ]
+    assert said("none") == []  # what auto resolved to: the same augmentation
+    assert said("auto") == []
+    crop = _cfg(tmp_path / "crop", 1)
+    crop = replace(crop, data=replace(crop.data, augment="crop"))
+    Trainer(crop, CPU_INFO, log=lambda *a, **k: None).fit()
+    back = replace(
+        crop,
+        data=replace(crop.data, augment="auto"),
+        run=replace(crop.run, epochs=2, resume=str(tmp_path / "crop" / "oc")),
+    )
+    lines: list[str] = []
+    Trainer(back, CPU_INFO, log=lambda s, **k: lines.append(s))
+    assert [s for s in lines if s.startswith("resume:")] == [
+        "resume: changed since the checkpoint, from epoch 2 on: --augment crop -> auto (none)"
+    ]

@@ -143,6 +143,54 @@ def test_resume_restores_the_average_exactly(tmp_path, monkeypatch):
     assert any(not torch.equal(weights[k], final["model"][k]) for k in weights)
 
 
+@pytest.mark.parametrize(
+    ("every", "start", "total", "done", "first"),
+    [(1, 0.0, 22, 0, 1), (5, 0.3, 22, 0, 10), (100, 0.0, 22, 0, 100), (5, 0.99, 22, 0, 25), (5, 0.0, 22, 12, 15)],
+)
+def test_the_first_update_is_the_first_multiple_of_ema_every_past_the_start(every, start, total, done, first):
+    avg = WeightAverage(_bn_net(), OptimConfig(ema=0.9, ema_every=every, ema_start=start), total)
+    assert avg.first_update(done) == first
+    for step in range(done + 1, first + 1):
+        avg.after_step(step)
+        assert avg.started == (step == first)
+
+
+TINY_RUN = ["train", "--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--batch-size"]
+TINY_RUN += ["16", "--epochs", "1", "--max-steps", "3", "--device", "cpu", "--precision", "fp32", "--no-progress"]
+TINY_RUN += ["--no-tensorboard"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        (["--ema-every", "100"], "the first would be step 100: --ema-every 100, --ema-start 0"),
+        (
+            ["--ema-every", "2", "--ema-start", "0.9", "--lookahead"],
+            "the first would be step 4: --ema-every 2, --ema-start 0.9",
+        ),
+    ],
+)
+def test_a_weight_average_that_never_updates_is_said_at_the_start_and_the_end(tmp_path, capsys, one_thread, flags, why):
+    """--ema-every past the run's steps, or a late --ema-start with no later multiple of it, never started the
+    average: validation, best.pt and predict scored the trained weights, and nothing said so."""
+    import json
+
+    from cnnpar.cli import main
+
+    assert main([*TINY_RUN, "--ema", "0.9", *flags, "--out-dir", str(tmp_path), "--name", "never"]) == 0
+    out = capsys.readouterr().out
+    lookahead = ", nor does --lookahead copy it back" if "--lookahead" in flags else ""
+    note = f"note: weight average (--ema 0.9): no update in this run's 3 optimizer steps ({why}){lookahead}: "
+    assert f"{note}validation, ckpt/best.pt and predict use the trained weights" in out.splitlines(), out
+    done = [line for line in out.splitlines() if line.startswith("done: ")]
+    assert done and "the weight average never started: the results are the trained weights' | " in done[0], out
+    assert json.loads((tmp_path / "never" / "summary.json").read_text())["average_started"] is False
+    assert main([*TINY_RUN, "--ema", "0.9", "--out-dir", str(tmp_path), "--name", "ran"]) == 0
+    out = capsys.readouterr().out
+    assert "weight average" not in out, out
+    assert json.loads((tmp_path / "ran" / "summary.json").read_text())["average_started"] is True
+
+
 # ---- alternating flip and translate ----------------------------------------------------------
 N = 400
 
