@@ -78,6 +78,7 @@ from cnnpar.parallel import parallelize, resolve_for
 from cnnpar.parallel.apply import apply_stem_space_to_depth, unwrap
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
+from cnnpar.report.chance import at_chance_level
 from cnnpar.report.environment import comment_lines, environment
 from cnnpar.report.files import read_csv, remove_orphan_temps, write_csv_atomic, write_json_atomic, write_text_atomic
 from cnnpar.report.meters import DataWait, EpochClock, peak_memory, sync
@@ -655,7 +656,7 @@ class Trainer:
     def _resolved_augment(self, augment: str) -> str:
         """--augment as it trains on this run's data: a resume's data and image size are the checkpoint's (another
         is refused), so the checkpoint's auto resolves on them as it did for its run."""
-        return resolve_augment(augment, self.bundle.shape, self.bundle.loader_crops)
+        return resolve_augment(augment, self.bundle.shape, self.bundle.loader_crops, self.bundle.grey)
 
     def _augment_shown(self, augment: str) -> str:
         return f"auto ({self._resolved_augment(augment)})" if augment == "auto" else augment
@@ -1282,9 +1283,13 @@ class Trainer:
         """Under fp16, with finite weights: the run's last epoch overflowed in training (its train loss is not finite)
         and the weights it ends on score no finite loss (validation, or the last batch without one). "If it stays so"
         no longer applies: the run's result would be that chance-level model, and it ends as a bf16 divergence does.
-        A single overflowing step also makes the epoch's mean train loss inf: a finite score keeps that a warning."""
+        A single overflowing step also makes the epoch's mean train loss inf: a finite score keeps that a warning. So
+        does one validation sample whose outputs pass fp16's range (an inf val loss) beside an accuracy above chance
+        (report.chance): the model learned, and only its loss could not be summed."""
         score = row["val_loss"] if "val_loss" in row else outputs
-        return epoch == self.cfg.run.epochs and not math.isfinite(row["train_loss"]) and not math.isfinite(score)
+        overflowed = epoch == self.cfg.run.epochs and not math.isfinite(row["train_loss"]) and not math.isfinite(score)
+        learned = "val_acc" in row and not at_chance_level(row["val_acc"], self.bundle.num_classes)
+        return overflowed and not learned
 
     def _state_finite(self, probe: bool) -> tuple[bool, float, float, float]:
         """(whether every rank's weights and floating buffers are finite, the loss on the epoch's last batch in eval

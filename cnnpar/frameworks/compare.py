@@ -40,6 +40,7 @@ from cnnpar.frameworks.spec import (
     spec_from_args,
 )
 from cnnpar.process_tree import stop_process_tree
+from cnnpar.report.chance import at_chance_level
 
 SUMMARY_COLUMNS = [
     "framework",
@@ -71,10 +72,6 @@ VERSION_KEYS = ("torch", "keras", "tensorflow", "jax", "pytensor")
 # or a train loss this many times its first epoch's and worse than a uniform guess, has exploded. A 1-epoch digits
 # run at the default lr ends near 1.2 train / 0.4 val, against 23 for 10 classes.
 EXPLODED_FACTOR = 10.0
-# at or below this many times 1 / classes the final val acc is chance (a 1-epoch digits run: 87 %, against 15 %),
-# but never more than CHANCE_MARGIN above 1 / classes: 1.5 / 2 classes is 75 %, and a binary run at 65 % learned
-CHANCE_FACTOR = 1.5
-CHANCE_MARGIN = 0.05
 NOT_LEARNED = "did not learn (val acc at chance)"
 EXTRAS = ("keras", "tensorflow", "jax", "pytensor")  # pyproject extras named after the package they install
 
@@ -239,11 +236,8 @@ def exploded(rows: list[dict[str, str]], classes: int) -> tuple[str, str, str, s
 
 
 def at_chance(rows: list[dict[str, str]], classes: int) -> bool:
-    """The last epoch's val acc at or below the smaller of CHANCE_FACTOR / classes and 1 / classes +
-    CHANCE_MARGIN: the run learned nothing it shows."""
-    if classes < 2:
-        return False
-    return float(rows[-1]["val_acc"]) <= min(CHANCE_FACTOR / classes, 1 / classes + CHANCE_MARGIN)
+    """The last epoch's val acc at chance level (report.chance): the run learned nothing it shows."""
+    return at_chance_level(float(rows[-1]["val_acc"]), classes)
 
 
 def learned(row: dict[str, str]) -> bool:

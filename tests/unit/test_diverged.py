@@ -122,7 +122,8 @@ def test_fp16_whose_last_epoch_ends_overflowing_stops_as_diverged_and_keeps_its_
 
     def evaluation_overflows(self):
         row = evaluate(self)
-        return {**row, "val_loss": float("nan")} if self.scheduler.last_epoch == 6 else row  # epoch 3's
+        # epoch 3's: an overflowed model scores at chance (10 classes)
+        return {**row, "val_loss": float("nan"), "val_acc": 0.1} if self.scheduler.last_epoch == 6 else row
 
     monkeypatch.setattr(trainer_mod.Trainer, "train_epoch", last_epoch_overflows)
     monkeypatch.setattr(trainer_mod.Trainer, "evaluate", evaluation_overflows)
@@ -155,6 +156,29 @@ def test_fp16_whose_last_epoch_skipped_a_step_but_scores_finite_ends_as_done(tmp
     monkeypatch.setattr(trainer_mod.Trainer, "train_epoch", one_overflowing_step)
     assert main([*ARGS, *FP16, "--out-dir", str(tmp_path), "--name", "fp16"]) == 0
     assert "warning: epoch 3: train loss inf (fp16 overflows" in capsys.readouterr().out
+
+
+def test_fp16_whose_last_epoch_overflows_but_whose_model_scores_above_chance_ends_as_done(
+    tmp_path, monkeypatch, capsys
+):
+    """One validation sample whose logits pass fp16's range makes the val loss inf, and one skipped step the mean
+    train loss: a model that still classifies above chance learned (report.chance), so the last epoch only warns."""
+    train_epoch, evaluate = trainer_mod.Trainer.train_epoch, trainer_mod.Trainer.evaluate
+
+    def last_epoch_overflows(self, e):
+        row = train_epoch(self, e)
+        return {**row, "train_loss": float("inf")} if e == 3 else row
+
+    def one_sample_overflows(self):
+        row = evaluate(self)
+        return {**row, "val_loss": float("inf"), "val_acc": 0.9} if self.scheduler.last_epoch == 6 else row
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_epoch", last_epoch_overflows)
+    monkeypatch.setattr(trainer_mod.Trainer, "evaluate", one_sample_overflows)
+    assert main([*ARGS, *FP16, "--out-dir", str(tmp_path), "--name", "fp16"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: epoch 3: train loss inf, val loss inf (fp16 overflows" in out and "done: " in out
+    assert kept_epochs(tmp_path / "fp16") == ["1", "2", "3"]
 
 
 def test_fp16_stops_once_the_weights_are_not_finite(tmp_path, monkeypatch, capsys):

@@ -96,3 +96,15 @@ def test_grey_arrays_stay_as_they_were():
     assert mirror_warning("flip", (1, 28, 28), False, "mnist.npz").startswith(
         "warning: augment flip mirrors the 1-channel images of mnist.npz"
     )
+
+
+def test_a_resume_compares_augment_by_what_auto_resolves_to_on_grey_data():
+    """A resumed grey-folder run's auto trained with no flip: `--augment none` changes nothing and `--augment flip`
+    does (the resume line compared them as a colour folder's auto, flip, and said the opposite)."""
+    from types import SimpleNamespace
+
+    from cnnpar.engine.trainer import Trainer
+
+    trainer = SimpleNamespace(bundle=SimpleNamespace(shape=(3, 28, 28), loader_crops=True, grey=True))
+    assert Trainer._resolved_augment(trainer, "auto") == "none" == Trainer._resolved_augment(trainer, "none")
+    assert Trainer._resolved_augment(trainer, "flip") == "flip"
