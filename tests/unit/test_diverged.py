@@ -108,25 +108,30 @@ def test_fp16_warns_and_trains_on_while_the_weights_stay_finite(tmp_path, monkey
     assert kept_epochs(tmp_path / "fp16") == ["1", "2", "3"]
 
 
+def last_epoch_scores(monkeypatch, train_loss: float, val_loss: float, val_acc: float) -> None:
+    """The 3-epoch run's last epoch reports `train_loss`, and its evaluation `val_loss` and `val_acc`."""
+    train_epoch, evaluate = trainer_mod.Trainer.train_epoch, trainer_mod.Trainer.evaluate
+
+    def last_epoch(self, e):
+        row = train_epoch(self, e)
+        return {**row, "train_loss": train_loss} if e == 3 else row
+
+    def last_evaluation(self):
+        row = evaluate(self)
+        return {**row, "val_loss": val_loss, "val_acc": val_acc} if self.scheduler.last_epoch == 6 else row  # epoch 3's
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_epoch", last_epoch)
+    monkeypatch.setattr(trainer_mod.Trainer, "evaluate", last_evaluation)
+
+
 def test_fp16_whose_last_epoch_ends_overflowing_stops_as_diverged_and_keeps_its_finite_epochs(
     tmp_path, monkeypatch, capsys
 ):
     """The GradScaler skipped the last epoch's overflowing steps, its train and validation losses were NaN, and the
     run ended "done" with exit 0 and a chance-level best accuracy after a warning whose "if it stays so" could not
     apply any more (bf16 stops with exit 2). The weights are finite: the last epoch's checkpoint is kept."""
-    train_epoch, evaluate = trainer_mod.Trainer.train_epoch, trainer_mod.Trainer.evaluate
-
-    def last_epoch_overflows(self, e):
-        row = train_epoch(self, e)
-        return {**row, "train_loss": float("nan")} if e == 3 else row
-
-    def evaluation_overflows(self):
-        row = evaluate(self)
-        # epoch 3's: an overflowed model scores at chance (10 classes)
-        return {**row, "val_loss": float("nan"), "val_acc": 0.1} if self.scheduler.last_epoch == 6 else row
-
-    monkeypatch.setattr(trainer_mod.Trainer, "train_epoch", last_epoch_overflows)
-    monkeypatch.setattr(trainer_mod.Trainer, "evaluate", evaluation_overflows)
+    # an overflowed model scores at chance (10 classes)
+    last_epoch_scores(monkeypatch, train_loss=float("nan"), val_loss=float("nan"), val_acc=0.1)
     assert main([*ARGS, *FP16, "--out-dir", str(tmp_path), "--name", "fp16"]) == 2
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
@@ -163,18 +168,7 @@ def test_fp16_whose_last_epoch_overflows_but_whose_model_scores_above_chance_end
 ):
     """One validation sample whose logits pass fp16's range makes the val loss inf, and one skipped step the mean
     train loss: a model that still classifies above chance learned (report.chance), so the last epoch only warns."""
-    train_epoch, evaluate = trainer_mod.Trainer.train_epoch, trainer_mod.Trainer.evaluate
-
-    def last_epoch_overflows(self, e):
-        row = train_epoch(self, e)
-        return {**row, "train_loss": float("inf")} if e == 3 else row
-
-    def one_sample_overflows(self):
-        row = evaluate(self)
-        return {**row, "val_loss": float("inf"), "val_acc": 0.9} if self.scheduler.last_epoch == 6 else row
-
-    monkeypatch.setattr(trainer_mod.Trainer, "train_epoch", last_epoch_overflows)
-    monkeypatch.setattr(trainer_mod.Trainer, "evaluate", one_sample_overflows)
+    last_epoch_scores(monkeypatch, train_loss=float("inf"), val_loss=float("inf"), val_acc=0.9)
     assert main([*ARGS, *FP16, "--out-dir", str(tmp_path), "--name", "fp16"]) == 0
     out = capsys.readouterr().out
     assert "warning: epoch 3: train loss inf, val loss inf (fp16 overflows" in out and "done: " in out

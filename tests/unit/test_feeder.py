@@ -326,6 +326,20 @@ def test_only_the_nvjpeg_decoder_runs_its_stages_in_two_threads():
         assert fed.pipelined is two, backend
 
 
+def iterator_closes(monkeypatch) -> list[str]:
+    """Events that record each DeviceFeeder batch iterator's close."""
+    events, plain_iter = [], DeviceFeeder.__iter__
+
+    def batches(feeder):
+        try:
+            yield from plain_iter(feeder)
+        finally:
+            events.append("iterator closed")
+
+    monkeypatch.setattr(DeviceFeeder, "__iter__", batches)
+    return events
+
+
 def test_an_epoch_that_fails_stops_its_feeder_before_the_run_closes_the_decoders(tmp_path, monkeypatch):
     """An error mid-epoch (out of memory, Ctrl-C) must not leave the feeder decoding ahead while the
     run's end closes its decoders: the epoch closes its batch iterator on the way out."""
@@ -339,15 +353,7 @@ def test_an_epoch_that_fails_stops_its_feeder_before_the_run_closes_the_decoders
         run=RunConfig(epochs=1, batch_size=16, progress=False, out_dir=str(tmp_path)),
     )
     tr = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None)
-    events, plain_iter = [], DeviceFeeder.__iter__
-
-    def batches(feeder):
-        try:
-            yield from plain_iter(feeder)
-        finally:
-            events.append("iterator closed")
-
-    monkeypatch.setattr(DeviceFeeder, "__iter__", batches)
+    events = iterator_closes(monkeypatch)
     steps = []
 
     def failing_step(group):
@@ -381,15 +387,7 @@ def test_an_evaluation_that_fails_stops_its_feeder_too(tmp_path, monkeypatch):
     )
     tr = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None)
     assert isinstance(tr.val_loader, DeviceFeeder)
-    events, plain_iter = [], DeviceFeeder.__iter__
-
-    def batches(feeder):
-        try:
-            yield from plain_iter(feeder)
-        finally:
-            events.append("iterator closed")
-
-    monkeypatch.setattr(DeviceFeeder, "__iter__", batches)
+    events = iterator_closes(monkeypatch)
     steps = []
 
     def failing_eval_batch(*args):
