@@ -171,6 +171,15 @@ def the_stop(e: BaseException) -> KeyboardInterrupt | None:
     return None
 
 
+def close_batches(batches) -> None:
+    """Close an epoch's or an evaluation's batch iterator, also when it ends in an error (out of memory, Ctrl-C): a
+    DeviceFeeder's threads must not go on decoding ahead while the run's end closes the decoders under them, or wait
+    in a loader's `next()` while its workers shut down. A DataLoader's own iterator has nothing to close."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+
+
 def _worker_stopped_with_the_run(e: Exception) -> bool:
     """A DataLoader worker that died of the SIGTERM or SIGINT that stopped the run: `timeout` and a Ctrl-C signal
     the whole process group, workers included, and closing the loader then raised torch's "is killed by signal:
@@ -882,11 +891,7 @@ class Trainer:
         try:
             self._train_steps(it, epoch, clock, loss_sum, correct, bar)
         finally:
-            # an error mid-epoch must not leave the feeder's threads decoding ahead (the run's end
-            # then closes the decoders under them): the iterator stops them as it closes
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+            close_batches(it)
             del it
         bar.close()
         sync(info.device)  # note: a CPU-GPU sync point, so the epoch time covers the device's work
@@ -970,10 +975,7 @@ class Trainer:
                 sums[1] += right
                 sums[2] += y.shape[0]
         finally:
-            # as train_epoch's: an error here must not leave the feeder's threads decoding ahead
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
+            close_batches(batches)
             del batches
         all_reduce_sum(sums, self.info)
         n = float(sums[2])  # note: a CPU-GPU sync point
