@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1106,6 +1106,19 @@ s27b)
   TAIL=10 logged cifar_encoded 240 python3 -m cnnpar train --data .devdata/cifar10_jpeg.npz --model resnet18 \
       --epochs 3 --no-progress --out-dir /tmp/runs_c10
   cp /tmp/runs_c10/*/summary.json "$R/cifar_encoded_summary.json" 2>/dev/null
+  ;;
+s35a)
+  # session 35, call A (one H200, ~5 min with a cold start; carry .whl and .devdata/imagenet_sample): session 34's
+  # not-run single-GPU commands (plain SGD at --momentum 0, fused on CUDA; the fp16 divergence stop), then issue 11
+  # item 1 at the current code (the no-flags ResNet-50 run from 24,000 photo links; last measured at c96b035)
+  TAIL=8 logged sgd_m0 120 python3 -m cnnpar train --device cuda --data synthetic --image-shape 3x32x32 \
+      --synthetic-samples 2048 --model resnet18 --optimizer sgd --momentum 0 --epochs 1 --no-progress \
+      --out-dir /tmp/runs_m0
+  TAIL=8 logged fp16_lr5 150 python3 -m cnnpar train --device cuda --data synthetic --image-shape 3x32x32 \
+      --synthetic-samples 4096 --model resnet18 --precision fp16 --optimizer sgd --lr 5 --epochs 3 --no-progress \
+      --out-dir /tmp/runs_f16 --name f16
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 200
   ;;
 s34a)
   # session 34, call A (one H200, ~7 min with a cold start; carry .whl alone, nvImageCodec's wheel in it): every
