@@ -310,32 +310,34 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     # the budget counts from the process's start (interpreter and imports included): the whole run
     # ends within it plus 10 %
     started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
-    from cnnpar.bench.tune import CHANGED, format_table, retry_budget_s, tune, typed_settings
+    from cnnpar.bench.tune import CHANGED, format_table, retry_budget_s, tune, tuned_file, typed_settings
     from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
     check_model(cfg)
     if one_process_only("tune", cfg):
         return 0
-    out = Path(args.out)
-    if args.repeats == 1:  # the keep rule's "slowest repeat above the best's fastest" then compares single figures
-        print(
-            "cnnpar: note: --repeats 1: each trial is one measurement, with no noise measured: a trial more than 3 % "
-            "faster on that one figure is kept (--repeats 3, the default, keeps only gains outside the repeats' range)",
-            file=sys.stderr,
-        )
     held = typed_settings(vars(args))  # a typed --precision fp32 or --batch-size 32 is the user's, not a trial's
-    best, trials = tune(
-        cfg,
-        args.budget_s,
-        out,
-        args.trial_s,
-        args.steps,
-        args.repeats,
-        started=started,
-        config_read=args.config,
-        held=held,
-    )
+    # --out is checked (refused where it holds an earlier tune's results) before the note and any trial
+    with tuned_file(args.out, cfg.run.out_dir, cfg.model.name, args.config) as out:
+        if args.repeats == 1:  # the keep rule's "slowest repeat above the best's fastest" compares single figures
+            print(
+                "cnnpar: note: --repeats 1: each trial is one measurement, with no noise measured: a trial more than "
+                "3 % faster on that one figure is kept (--repeats 3, the default, keeps only gains outside the "
+                "repeats' range)",
+                file=sys.stderr,
+            )
+        best, trials = tune(
+            cfg,
+            args.budget_s,
+            out,
+            args.trial_s,
+            args.steps,
+            args.repeats,
+            started=started,
+            config_read=args.config,
+            held=held,
+        )
     print(format_table(trials))
     if best is None:
         start = trials[0]
@@ -603,7 +605,12 @@ def build_parser() -> argparse.ArgumentParser:
     extra.add_argument(
         "--row-limit", type=at_least(1), default=ProfileOptions.row_limit, help="operators in the tables"
     )
-    extra.add_argument("--report-dir", default="", help="output folder (default: <--out-dir>/profile/<model>-<date>)")
+    extra.add_argument(
+        "--report-dir",
+        default="",
+        help="output folder, refused where it holds an earlier profile's files already (default: a new "
+        "<--out-dir>/profile/<model>-YYYYMMDD-HHMMSS/)",
+    )
     extra.add_argument(
         "--all-threads",
         action="store_true",
@@ -659,7 +666,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="re-measure the top N recommendations (N defaults to 3 when omitted; 0: none) with the config changed",
     )
-    extra.add_argument("--report-dir", default="", help="output folder (default: <--out-dir>/doctor/<model>-<date>)")
+    extra.add_argument(
+        "--report-dir",
+        default="",
+        help="output folder, refused where it holds an earlier doctor's report already (default: a new "
+        "<--out-dir>/doctor/<model>-YYYYMMDD-HHMMSS/)",
+    )
     add_config_flags(doc)
     doc.set_defaults(func=cmd_doctor)
 
@@ -715,9 +727,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Try the speed switches one at a time on your model, data and device (batch size, compile and "
         "CUDA graphs, data path, layout, precision; the long compiles last), each trial in a child process killed "
         "at its limit, and end within --budget-s. Keeps a switch only where it is faster beyond the noise, and "
-        "rewrites --out (tuned.toml, for cnnpar train --config tuned.toml) after each trial that beats the best; "
-        "every trial is a row of tuned.csv beside it. The tuner's own options come first, then the train flags "
-        "that set the config it starts from.",
+        "rewrites --out (tuned.toml, in a new folder under --out-dir for each tune; for cnnpar train --config with "
+        "its path) after each trial that beats the best; every trial is a row of tuned.csv beside it. The tuner's "
+        "own options come first, then the train flags that set the config it starts from.",
         formatter_class=DefaultsHelpFormatter,
     )
     tune_p.add_argument(
@@ -735,7 +747,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune_p.add_argument("--steps", type=at_least(1), default=20, help="timed steps per epoch of a trial")
     tune_p.add_argument("--repeats", type=at_least(1), default=3, help="timed epochs per trial (median counts)")
-    tune_p.add_argument("--out", default="tuned.toml", help="where the winning config goes")
+    tune_p.add_argument(
+        "--out",
+        default="",
+        help="where the winning config goes (its trials: the same name with .csv), refused where either is there "
+        "already, unless it is the config file tune starts from (re-tuned in place) (default: tuned.toml in a new "
+        "<--out-dir>/tune/<model>-YYYYMMDD-HHMMSS/)",
+    )
     add_config_flags(tune_p)
     tune_p.set_defaults(func=cmd_tune)
 

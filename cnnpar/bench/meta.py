@@ -10,7 +10,6 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.report.environment import device_name, environment
-from cnnpar.report.files import stamped_folder
 
 META_COLUMNS = [
     "date",
@@ -83,9 +82,9 @@ def slug(text: str, limit: int = 40) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-")[:limit].strip("-") or "device"
 
 
-def default_out_dir(out_root: str | Path, device: torch.device, model: str) -> Path:
-    """OUT_ROOT/bench/<model>-<device>-YYYYMMDD-HHMMSS, a new folder for each bench, named as doctor and train name
-    theirs (`stamped_folder`): under run.out_dir (runs/ by default, git-ignored), not `benchmarks/results/` of
-    whatever folder the command runs in. Results worth keeping are copied into the repository's benchmarks/results/
-    by hand, with their README."""
-    return stamped_folder(Path(out_root) / "bench", f"{slug(model)}-{slug(device_name(device))}")
+def default_out_place(out_root: str | Path, device: torch.device, model: str) -> tuple[Path, str]:
+    """(OUT_ROOT/bench, <model>-<device>): each bench's new folder is <model>-<device>-YYYYMMDD-HHMMSS in there, made
+    when it starts measuring (run.results_folder, by `stamped_folder`, as doctor, profile and tune make theirs): under
+    run.out_dir (runs/ by default, git-ignored), not `benchmarks/results/` of whatever folder the command runs in.
+    Results worth keeping are copied into the repository's benchmarks/results/ by hand, with their README."""
+    return Path(out_root) / "bench", f"{slug(model)}-{slug(device_name(device))}"

@@ -18,13 +18,9 @@ DDP_PREFIX = "ddp"  # the DDP rows beside a ladder: bench/ddp_scaling.py writes 
 DDP_FILES = (f"{DDP_PREFIX}.csv", f"{DDP_PREFIX}.json")
 CLAIMS_FILES = ("claims.csv", "claims.md")
 TTA_FILES = ("time_to_accuracy.csv", "time_to_accuracy.md")
+# a bench's results (report.files.results_in): in an --out, an earlier bench's (refused); in a stopped bench's folder,
+# its rows so far (kept)
 RESULT_FILES = (*LADDER_FILES, *DDP_FILES, *CLAIMS_FILES, *TTA_FILES)
-
-
-def earlier_results(folder: str | Path) -> list[str]:
-    """The names of a bench's result files already in `folder`: a new bench's files there would be mixed with them
-    (a new ladder beside an older run's DDP rows), or write over them."""
-    return [name for name in RESULT_FILES if (Path(folder) / name).exists()]
 
 
 RUNG_COLUMNS = [

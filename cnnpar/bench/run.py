@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cnnpar.config import Config, resolve_batch_size
 from cnnpar.errors import UserError
-from cnnpar.report.files import check_out_folder, write_text_atomic
+from cnnpar.report.files import check_out_folder, output_folder, refuse_earlier_results, results_in, write_text_atomic
 
 from .timing import Timing
 
@@ -61,24 +61,22 @@ class BenchOptions:
             raise UserError(f"bench --budget-s {self.budget_s}: expected seconds >= 0 (0: the mode's default)")
         if self.out:
             check_out_folder(self.out, "bench --out")
-            if self.mode != "compare":
-                refuse_earlier_results(self.out)
+            if self.mode != "compare":  # (compare's --out is a Markdown file)
+                from .output import RESULT_FILES
+
+                refuse_earlier_results("bench", "--out", self.out, results_in(self.out, RESULT_FILES))
 
 
-def refuse_earlier_results(out: str) -> None:
-    """An --out that holds an earlier bench's results is refused before measuring, as train refuses a --name that
-    holds a run: the new files went in beside the old (a new ladder.csv beside an older run's ddp.csv) or over
-    them, without a word."""
-    if not Path(out).is_dir():
-        return
-    from .output import earlier_results
+def results_folder(opts: BenchOptions, out_root: str, device, name: str) -> contextlib.AbstractContextManager[Path]:
+    """The bench's results folder, for the block: --out, or a new OUT_ROOT/bench/<name>-<device>-YYYYMMDD-HHMMSS,
+    made now (`stamped_folder`: two benches started within the same second each picked the same name, and made it
+    only at their writes). A bench stopped or failed before it wrote a result leaves no folder it made; one that
+    wrote its rows so far (a stop: `kept_if_stopped`) keeps them."""
+    from .meta import default_out_place
+    from .output import RESULT_FILES
 
-    found = earlier_results(out)
-    if found:
-        raise UserError(
-            f"bench --out {out}: already holds an earlier bench's results ({', '.join(found)}): expected a new or "
-            "empty folder, or no --out (a new folder under --out-dir for each bench)"
-        )
+    parent, prefix = default_out_place(out_root, device, name)
+    return output_folder(opts.out, parent, prefix, keep=lambda folder: bool(results_in(folder, RESULT_FILES)))
 
 
 def check_ddp_devices(ddp: str, device) -> None:
@@ -169,12 +167,6 @@ def _measurement_setup(cfg: Config, timing: Timing):
     return info, bundle, run_metadata(cfg, bundle, info.device, timing, peak, fpi)
 
 
-def _out_dir(opts: BenchOptions, info, cfg: Config) -> Path:
-    from .meta import default_out_dir
-
-    return Path(opts.out) if opts.out else default_out_dir(cfg.run.out_dir, info.device, cfg.model.name)
-
-
 def stopped_row(rows: list[dict]) -> list[dict]:
     """A ladder's rows so far and a last one saying the bench stopped there: the table of a stopped run read as
     a whole one, its remaining rungs missing without a word."""
@@ -213,11 +205,10 @@ def _claims(cfg: Config, opts: BenchOptions) -> int:
 
     from . import output
     from .claims import run_claims
-    from .meta import default_out_dir, device_metadata
+    from .meta import device_metadata
 
     info = init_distributed(cfg.speed.device, debug_single=True)
     meta = device_metadata(info.device, opts.timing)
-    out = Path(opts.out) if opts.out else default_out_dir(cfg.run.out_dir, info.device, "claims")
     print(
         f"bench: claims on {meta['device']} ({info.device.type}), torch {meta['torch']}; each on the "
         "workload it names (synthetic images of its shape; --model and --data are not used)",
@@ -225,9 +216,10 @@ def _claims(cfg: Config, opts: BenchOptions) -> int:
     )
     log = lambda text: print(text, flush=True)  # noqa: E731
     only = _only(opts)
-    with kept_if_stopped(lambda rows: output.write_claims(out, rows)) as so_far:
-        rows = run_claims(cfg, info, opts.timing, meta, only, log, opts.budget_s, opts.started, on_row=so_far)
-    files = output.write_claims(out, rows)
+    with results_folder(opts, cfg.run.out_dir, info.device, "claims") as out:
+        with kept_if_stopped(lambda rows: output.write_claims(out, rows)) as so_far:
+            rows = run_claims(cfg, info, opts.timing, meta, only, log, opts.budget_s, opts.started, on_row=so_far)
+        files = output.write_claims(out, rows)
     _finish(files)
     return _claims_exit(rows, files[0])
 
@@ -305,12 +297,10 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
     import torch
 
     from . import output
-    from .ladder import run_ladder
     from .tta import run_tta
 
     info, bundle, meta = _measurement_setup(cfg, opts.timing)
     check_ddp_devices(opts.ddp, info.device)
-    out = _out_dir(opts, info, cfg)
     # the start-up (imports, data, peak and FLOP count) is part of a budgeted run's time: say how much
     took = f"  [{time.monotonic() - opts.started:.0f} s]" if opts.started is not None else ""
     batch = meta["batch_size"] or "auto (searched on the device)"
@@ -321,12 +311,21 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
         flush=True,
     )
     log = lambda text: print(text, flush=True)  # noqa: E731
-    if opts.mode == "time_to_accuracy":
-        with kept_if_stopped(lambda rows: output.write_tta(out, rows)) as so_far:
-            rows = run_tta(cfg, bundle, info, opts.target, opts.timing.repeats, meta, log, on_row=so_far)
-        files = output.write_tta(out, rows)
-        _finish(files)
-        return _tta_exit(rows, files[0])
+    with results_folder(opts, cfg.run.out_dir, info.device, cfg.model.name) as out:
+        if opts.mode == "time_to_accuracy":
+            with kept_if_stopped(lambda rows: output.write_tta(out, rows)) as so_far:
+                rows = run_tta(cfg, bundle, info, opts.target, opts.timing.repeats, meta, log, on_row=so_far)
+            files = output.write_tta(out, rows)
+            _finish(files)
+            return _tta_exit(rows, files[0])
+        return _ladder(cfg, opts, info, bundle, meta, only, log, out)
+
+
+def _ladder(cfg: Config, opts: BenchOptions, info, bundle, meta: dict, only, log, out: Path) -> int:
+    """The ladder's rows into `out`, then the DDP rows beside them where asked for; the exit status."""
+    from . import output
+    from .ladder import run_ladder
+
     with kept_if_stopped(lambda rows: output.write_ladder(out, rows), stopped_row) as so_far:
         rows = run_ladder(cfg, bundle, info, opts.timing, meta, only, log, opts.budget_s, opts.started, on_row=so_far)
     files = output.write_ladder(out, rows)

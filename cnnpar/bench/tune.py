@@ -28,17 +28,24 @@ This module imports no torch in the parent: the children measure, the parent pla
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from cnnpar.config import LONG_COMPILES, MACHINE_FIELDS, Config, cli_option, dumps_toml, from_dict, to_dict
 from cnnpar.errors import UserError
 from cnnpar.parallel.stem import has_stem_to_rewrite
-from cnnpar.report.files import removed_on_failure, write_csv_atomic, write_text_atomic
+from cnnpar.report.files import (
+    check_out_folder,
+    output_folder,
+    refuse_earlier_results,
+    write_csv_atomic,
+    write_text_atomic,
+)
 
 from .trial import CUT_OFF, FAILED, OK, ChildResult, run_child, say
 
@@ -512,8 +519,9 @@ def tune(
     Raises UserError, writing no file, when the start fails on bad input (data that does not load or decode).
     `config_read`: the --config the start came from; never removed, even where it is `out`. `held`: the settings
     ("speed.precision") the user typed: their trials are skipped, saying so (a typed --precision fp32 was tuned to
-    bf16, and --batch-size 32 to 512, without a word)."""
-    check_out(Path(out))
+    bf16, and --batch-size 32 to 512, without a word). `out` is made by the caller (`tuned_file`), and left to it:
+    a start that fails or is stopped writes nothing, and the caller removes the folder it made for it."""
+    check_out(Path(out), config_read)
     run_trial = run_trial or child_trial(steps, repeats, log)
     tuner = Tuner(budget_s, Path(out), trial_s, run_trial, clock, clock() if started is None else started, log)
     limit = (
@@ -525,21 +533,18 @@ def tune(
         f"tune: budget {budget_s:.0f} s, {limit}; in this order: {', '.join(GROUPS)}. "
         f"{tuner.out} is rewritten after every trial that beats the best so far."
     )
-    # a start that stops on bad input (or is interrupted) leaves no folder this command made; once it is
-    # measured, tuned.toml stays whatever happens after (a stopped run keeps the best config it measured)
-    with removed_on_failure(tuner.out.parent):
-        facts = tuner.start(cfg)
+    # once the start is measured, tuned.toml stays whatever happens after (a stopped run keeps the best config it
+    # measured)
+    facts = tuner.start(cfg)
     if facts is None:  # the start did not measure this machine: its columns from here (not the child's)
         from cnnpar.dist import pick_device
         from cnnpar.report.environment import environment
 
         env = environment(pick_device(cfg.speed.device, 0))
         write_csv_atomic(tuner.out.with_suffix(".csv"), trial_rows(tuner.trials, env), CSV_COLUMNS)
+        # (an --out holding any other file was refused before the start: check_out)
         if tuner.out.is_file() and _same_file(tuner.out, config_read):
             log(f"tune: kept {tuner.out}: it is the --config this run started from, not a result of it")
-        elif tuner.out.is_file():  # beside this run's trials it would pass for their winner
-            tuner.out.unlink()
-            log(f"tune: removed {tuner.out}, an earlier run's config: this run measured none to replace it")
         return None, tuner.trials
     if "run.batch_size" in held:
         tuner.trials.append(Trial(GROUPS[0], "batch_size", "doubled", SKIPPED, note=held_note("run", "batch_size")))
@@ -566,15 +571,43 @@ def _same_file(a: Path, b: str | Path | None) -> bool:
     return b is not None and Path(b).exists() and a.resolve() == Path(b).resolve()
 
 
-def check_out(out: Path) -> None:
+TUNED_NAME = "tuned.toml"  # the config's name in the default folder
+
+
+def tune_results(out: Path) -> list[Path]:
+    """What a tune writes for --out `out`: the config, and its trials beside it with the suffix .csv."""
+    return [out, out.with_suffix(".csv")]
+
+
+@contextlib.contextmanager
+def tuned_file(given: str, out_root: str | Path, model: str, config_read: str | Path | None = None) -> Iterator[Path]:
+    """The --out a tune writes, checked (`check_out`) before the folder for it is made: `given`, or else tuned.toml in
+    a new OUT_ROOT/tune/<model>-YYYYMMDD-HHMMSS/ (`stamped_folder`), as bench, doctor and profile name theirs: the
+    default was tuned.toml in the current folder, and a second tune there wrote over the first's without a word. A
+    tune that fails or is stopped before it wrote its trials (bad data at the start) leaves no folder it made;
+    once they are written the folder stays (a stopped tune keeps the best config it measured)."""
+    if given:
+        check_out(Path(given), config_read)
+    else:
+        check_out_folder(out_root, "--out-dir")
+    name = Path(given).name if given else TUNED_NAME
+    written = lambda folder: any(path.exists() for path in tune_results(folder / name))  # noqa: E731
+    with output_folder(str(Path(given).parent) if given else "", Path(out_root) / "tune", model, written) as folder:
+        yield folder / name
+
+
+def check_out(out: Path, config_read: str | Path | None = None) -> None:
     """--out is the config file, and its trials go beside it with the suffix .csv: checked before any trial (a
-    folder failed at the first write, after the start trial, and `x.csv` made the two files one)."""
+    folder failed at the first write, after the start trial, and `x.csv` made the two files one). Either already
+    there is an earlier tune's result (or another file), refused as bench refuses an --out holding results, unless
+    --out is the --config this run starts from (`config_read`): re-tuning a tuned config in place rewrites both, as
+    asked."""
     trials = out.with_suffix(".csv")
     blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocked is not None:  # else a FileExistsError from making the folder
         raise UserError(f"tune --out {out}: {blocked} is a file: expected a folder there, or another --out")
     if out.is_dir():
-        raise UserError(f"tune --out {out}: is a folder: expected a file name, such as {out / 'tuned.toml'}")
+        raise UserError(f"tune --out {out}: is a folder: expected a file name, such as {out / TUNED_NAME}")
     if trials == out:
         raise UserError(
             f"tune --out {out}: the trials go to the same name with .csv: expected a config file name not ending "
@@ -584,6 +617,9 @@ def check_out(out: Path) -> None:
         raise UserError(
             f"tune --out {out}: its trials would go to {trials}, a folder: expected a name whose .csv is free"
         )
+    if not _same_file(out, config_read):
+        again = f" or --config {out} (to re-tune that config in place)" if out.is_file() else ""
+        refuse_earlier_results("tune", "--out", out, tune_results(out), instead=f"another --out{again}")
 
 
 def retry_budget_s(start: Trial, budget_s: float) -> float | None:

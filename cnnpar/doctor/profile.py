@@ -13,21 +13,25 @@ from cnnpar.dist import DistInfo, barrier, broadcast_object
 from cnnpar.doctor.options import ProfileOptions
 from cnnpar.engine.harness import build_trainer, next_group, run_step, training_batches
 from cnnpar.report.environment import comment_lines, environment
-from cnnpar.report.files import check_out_folder, removed_on_failure, stamped_folder, write_text_atomic
-from cnnpar.report.profiler import ProfileFiles, profile_steps
+from cnnpar.report.files import check_output_folder, output_folder, write_text_atomic
+from cnnpar.report.profiler import RANK_FILES, ProfileFiles, profile_steps
 from cnnpar.report.ranges import DATA_WAIT, span
+
+# every rank's files, and rank 0's config.toml: an earlier profile's results in a --report-dir
+PROFILE_FILES = (*(name.format(rank="*") for name in RANK_FILES), "config.toml")
 
 
 def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFiles:
-    # Under run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder.
-    default = stamped_folder(Path(cfg.run.out_dir) / "profile", cfg.model.name)
-    decided = Path(opts.report_dir) if opts.report_dir else default
-    check_out_folder(decided, "--report-dir" if opts.report_dir else "--out-dir")  # before the trainer is built
+    # before the trainer is built
+    check_output_folder("profile", "--report-dir", opts.report_dir, cfg.run.out_dir, PROFILE_FILES)
     trainer = build_trainer(cfg, info)
-    # rank 0 makes the folder before the broadcast lets any rank write there, and removes it if the
-    # steps fail (data that fails at its first batch): no empty report folder is left behind
-    with removed_on_failure(decided) if info.is_main else contextlib.nullcontext():
-        out = Path(broadcast_object(str(decided), info))
+    # Rank 0 makes the folder (without --report-dir a new one under run.out_dir, runs/ by default and git-ignored,
+    # not the current folder) before the broadcast lets any rank write there, and removes it if the steps fail (data
+    # that fails at its first batch): no empty report folder is left behind
+    parent = Path(cfg.run.out_dir) / "profile"
+    held = output_folder(opts.report_dir, parent, cfg.model.name) if info.is_main else contextlib.nullcontext("")
+    with held as made:
+        out = Path(broadcast_object(str(made), info))
         return _profile(trainer, info, opts, out)
 
 

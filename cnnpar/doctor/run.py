@@ -52,7 +52,7 @@ from cnnpar.errors import Terminated
 from cnnpar.parallel.precision import bf16_on
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
-from cnnpar.report.files import check_out_folder, removed_on_failure, stamped_folder
+from cnnpar.report.files import check_output_folder, output_folder
 from cnnpar.report.host import usable_cores
 from cnnpar.report.meters import free_device_memory
 from cnnpar.report.telemetry import TelemetrySampler, plot_telemetry
@@ -84,9 +84,16 @@ class DoctorReport:
         return next(p for p in self.phases if p.name == "end to end")
 
 
-def default_report_dir(cfg: Config) -> Path:
-    # Under run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder.
-    return stamped_folder(Path(cfg.run.out_dir) / "doctor", cfg.model.name)
+# The files of a report (render.write_report's, and the telemetry's): an earlier doctor's results in a --report-dir
+REPORT_FILES = (
+    "report.md", "doctor.json", "phases.csv", "recommendations.csv", "doctor.png", "telemetry.csv", "telemetry.png",
+)  # fmt: skip
+
+
+def report_parent(cfg: Config) -> Path:
+    """Where each doctor's new report folder goes without --report-dir: <model>-YYYYMMDD-HHMMSS in here, under
+    run.out_dir (runs/ by default, git-ignored) like every other output, not the current folder."""
+    return Path(cfg.run.out_dir) / "doctor"
 
 
 def _merge(changes: list[dict]) -> dict:
@@ -100,11 +107,11 @@ def _merge(changes: list[dict]) -> dict:
 
 
 def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = print) -> DoctorReport:
-    report_dir = Path(opts.report_dir) if opts.report_dir else default_report_dir(cfg)
-    check_out_folder(report_dir, "--report-dir" if opts.report_dir else "--out-dir")  # before it measures
+    check_output_folder("doctor", "--report-dir", opts.report_dir, cfg.run.out_dir, REPORT_FILES)  # before it measures
     info = init_distributed(cfg.speed.device, debug_single=True)  # the doctor measures one process
     bundle = load_data(cfg.data, cfg.run.seed)
-    with removed_on_failure(report_dir):  # data that fails at its first batch leaves no empty folder
+    # data that fails at its first batch leaves no empty folder
+    with output_folder(opts.report_dir, report_parent(cfg), cfg.model.name) as report_dir:
         return _examine(cfg, opts, log, info, bundle, report_dir)
 
 

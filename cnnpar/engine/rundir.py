@@ -22,7 +22,7 @@ from cnnpar.config import Config, load_toml
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
 from cnnpar.errors import UserError
-from cnnpar.report.files import removed_on_failure, stamped_folder
+from cnnpar.report.files import removed_on_failure, stamped_name
 
 try:
     import fcntl
@@ -77,8 +77,10 @@ def default_name(cfg: Config) -> str:
     run_id = torchrun_job_id()
     if run_id:
         return f"{cfg.model.name}-{run_id[:12]}"
-    # Two runs started within the same second must not collide (the second would refuse to start).
-    return stamped_folder(cfg.run.out_dir, cfg.model.name).name
+    # Named, not made: every Trainer decides its run folder (the doctor's, the bench's too), and only `fit` makes it,
+    # at its claim (run_folder_held). A folder already there gets a suffix; a second run that picked the same name
+    # within the same second is refused at the claim, which the first holds.
+    return stamped_name(cfg.run.out_dir, cfg.model.name).name
 
 
 def same_source(a: str, b: str) -> bool:

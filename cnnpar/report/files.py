@@ -6,12 +6,13 @@ import contextlib
 import csv
 import datetime as _dt
 import glob
+import itertools
 import json
 import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +36,69 @@ def check_out_folder(path: str | Path, flag: str) -> None:
             return
 
 
-def stamped_folder(parent: str | Path, prefix: str) -> Path:
-    """parent/<prefix>-YYYYMMDD-HHMMSS (local time now), the default folder of every command that writes one
-    (train's run folders, doctor's and profile's reports, bench's tables), so each run keeps its own results: bench
-    named its folder by the date alone, and a second bench that day wrote over the first's. A folder already there
-    (a run started within the same second) gets -2, -3, ... after the time."""
+def _stamped_names(parent: str | Path, prefix: str) -> Iterator[Path]:
+    """parent/<prefix>-YYYYMMDD-HHMMSS (local time now), then the same with -2, -3, ... after the time."""
     stamp = f"{prefix}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    folder, n = Path(parent) / stamp, 1
-    while folder.exists():
-        n += 1
-        folder = Path(parent) / f"{stamp}-{n}"
-    return folder
+    yield Path(parent) / stamp
+    for n in itertools.count(2):
+        yield Path(parent) / f"{stamp}-{n}"
+
+
+def stamped_name(parent: str | Path, prefix: str) -> Path:
+    """The first of `_stamped_names` not there; makes nothing. For train's run folder alone, which its claim makes
+    (engine/rundir.py: a second run that picked the same name within the same second is refused there, by the flock
+    the first holds)."""
+    return next(folder for folder in _stamped_names(parent, prefix) if not folder.exists())
+
+
+def stamped_folder(parent: str | Path, prefix: str) -> Path:
+    """A new folder parent/<prefix>-YYYYMMDD-HHMMSS, made here (with its missing parents): the default folder of
+    every command that writes one (doctor's and profile's reports, bench's tables, tune's config), so each run keeps
+    its own results. One already there gets -2, -3, ... after the time. Made by a mkdir that fails where the folder
+    is there, so the name is this command's alone: two benches started within the same second each picked the first
+    free name, made it only when they wrote their results, and wrote into one folder."""
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    for folder in _stamped_names(parent, prefix):
+        with contextlib.suppress(FileExistsError):  # taken, by a command started within the same second: the next
+            folder.mkdir()
+            return folder
+    raise AssertionError("unreachable: _stamped_names never ends")
+
+
+def results_in(folder: str | Path, patterns: Iterable[str]) -> list[Path]:
+    """The files in `folder` that match `patterns` (names, or glob patterns such as trace_rank*.json): the results
+    of a command's earlier run there."""
+    return [path for pattern in patterns for path in sorted(Path(folder).glob(pattern))]
+
+
+def refuse_earlier_results(
+    command: str, flag: str, given: str | Path, results: Iterable[Path], instead: str = "a new or empty folder"
+) -> None:
+    """Refuse, before any measuring, an output place the user named (`flag` `given`) that already holds `results`
+    of an earlier run (those of them that are there): the new files went in over the old, or beside them (a new
+    ladder.csv beside an older bench's ddp.csv), without a word. One rule for bench, doctor, profile and tune, as
+    train refuses a --name that holds a run; their default folders are new each time (`stamped_folder`)."""
+    from cnnpar.errors import UserError
+
+    found = [path.name for path in results if path.exists()]
+    if found:
+        raise UserError(
+            f"{command} {flag} {given}: already holds an earlier {command}'s results ({', '.join(found)}): expected "
+            f"{instead}, or no {flag} (a new folder under --out-dir for each run)"
+        )
+
+
+def check_output_folder(
+    command: str, flag: str, given: str | Path, out_dir: str | Path, results: Iterable[str]
+) -> None:
+    """Before any measuring, where a command's results will go: the folder its `flag` names (`given`: one that is a
+    file, or lies under one, or holds an earlier run's `results`, names or glob patterns, is refused), or else its
+    default, a new folder under --out-dir (`out_dir`: refused where it is a file, or lies under one)."""
+    if given:
+        check_out_folder(given, f"{command} {flag}")
+        refuse_earlier_results(command, flag, given, results_in(given, results))
+    else:
+        check_out_folder(out_dir, "--out-dir")
 
 
 def check_out_file(path: str | Path, flag: str) -> None:
@@ -216,10 +269,41 @@ def removed_on_failure(folder: str | Path, when: Callable[[BaseException], bool]
     left as they were, and a parent this made is removed only while empty: another command may have
     made its own folder there meanwhile (two runs started at once under a new runs/)."""
     folder = Path(folder)
-    made = [d for d in (*reversed(folder.parents), folder) if not d.exists()]  # outermost first
+    made = _missing(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    try:
+    with _made_removed_on_failure(folder, made, when):
         yield folder
+
+
+@contextlib.contextmanager
+def output_folder(
+    given: str | Path, parent: str | Path, prefix: str, keep: Callable[[Path], bool] = lambda folder: False
+) -> Iterator[Path]:
+    """The folder a command writes its results into, for the block: `given` (its flag's, checked beforehand with
+    `refuse_earlier_results`), or else a new `stamped_folder(parent, prefix)`. If the block raises, the folders made
+    for it are removed as `removed_on_failure` removes them, unless `keep(folder)` (it holds results worth keeping:
+    a stopped bench's rows so far)."""
+    when = lambda e: not keep(folder)  # noqa: E731  (folder: bound below, before the block runs)
+    if given:
+        with removed_on_failure(given, when) as folder:
+            yield folder
+        return
+    made = _missing(Path(parent))
+    folder = stamped_folder(parent, prefix)
+    with _made_removed_on_failure(folder, [*made, folder], when):
+        yield folder
+
+
+def _missing(folder: Path) -> list[Path]:
+    """`folder` and its parents that are not there, outermost first: what making it makes."""
+    return [d for d in (*reversed(folder.parents), folder) if not d.exists()]
+
+
+@contextlib.contextmanager
+def _made_removed_on_failure(folder: Path, made: list[Path], when: Callable[[BaseException], bool]) -> Iterator[None]:
+    """`removed_on_failure`'s clean-up, of `made` (outermost first, ending with `folder` where it was made)."""
+    try:
+        yield
     except BaseException as e:
         if made and when(e):
             shutil.rmtree(folder, ignore_errors=True)  # the report folder, with what the command wrote into it

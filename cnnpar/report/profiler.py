@@ -20,6 +20,14 @@ from cnnpar.report.files import write_text_atomic
 from cnnpar.report.ranges import ABSENT_BECAUSE, STEP_RANGES, span
 from cnnpar.report.trace_reading import load_events, report, summarize
 
+# Each rank's files, in ProfileFiles' order
+RANK_FILES = (
+    "trace_rank{rank}.json",
+    "top_ops_rank{rank}.txt",
+    "top_ops_rank{rank}.md",
+    "where_time_went_rank{rank}.txt",
+)
+
 
 @dataclass
 class ProfileFiles:
@@ -132,12 +140,7 @@ def profile_steps(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    files = ProfileFiles(
-        out / f"trace_rank{rank}.json",
-        out / f"top_ops_rank{rank}.txt",
-        out / f"top_ops_rank{rank}.md",
-        out / f"where_time_went_rank{rank}.txt",
-    )
+    files = ProfileFiles(*(out / name.format(rank=rank) for name in RANK_FILES))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     sort_key = "self_device_time_total" if on_cuda else "self_cpu_time_total"
 

@@ -646,7 +646,7 @@ def test_an_out_folder_holding_an_earlier_benchs_results_is_refused_before_measu
     assert main([*BENCH, "--only", "baseline", "--out", str(out)]) == 2
     assert capsys.readouterr().err == (
         f"cnnpar: error: bench --out {out}: already holds an earlier bench's results ({earlier}): expected a new "
-        "or empty folder, or no --out (a new folder under --out-dir for each bench)\n"
+        "or empty folder, or no --out (a new folder under --out-dir for each run)\n"
     )
     assert sorted(p.name for p in out.iterdir()) == [earlier]
     assert (out / earlier).read_text() == "an earlier bench's rows\n"

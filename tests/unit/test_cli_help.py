@@ -23,7 +23,7 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
         ("bench", "--timed-steps", "(default: 30)"),
         ("bench", "--warmup-steps", "(default: 3)"),
         ("tune", "--budget-s", "(default: 600)"),
-        ("tune", "--out", "(default: tuned.toml)"),
+        ("tune", "--out", "(default: tuned.toml in a new <--out-dir>/tune/<model>-YYYYMMDD-HHMMSS/)"),
         ("prepare", "--short-side", "(default: 256, or none when a max side is given)"),
         ("prepare", "--workers", "(default: 0)"),
         ("predict", "--batch-size", "(default: 256)"),

@@ -1,11 +1,13 @@
 """An output folder that is a file, or lies under one, is refused before any measuring: bench, doctor and profile
-measured and then ended in a FileExistsError or NotADirectoryError traceback."""
+measured and then ended in a FileExistsError or NotADirectoryError traceback. So is one that holds an earlier run's
+results: they were written over without a word."""
 
 from __future__ import annotations
 
 import pytest
 
 from cnnpar.cli import main
+from cnnpar.config import Config
 
 TINY = ["--device", "cpu", "--timed-steps", "2", "--repeats", "1"]
 
@@ -52,3 +54,69 @@ def test_a_bench_flag_its_mode_does_not_read_is_refused(tmp_path, monkeypatch, c
     assert main(["bench", "--device", "cpu", *words]) == 2
     assert capsys.readouterr().err.strip() == f"cnnpar: error: {said}"
     assert not list(tmp_path.iterdir())
+
+
+def _nothing_measured(monkeypatch) -> None:
+    """Every command's first step past its output checks fails the test: a refusal must come before it."""
+    import cnnpar.bench.tune as tune
+    import cnnpar.doctor.profile as profile
+    import cnnpar.doctor.run as doctor
+
+    for module, first in ((doctor, "init_distributed"), (doctor, "load_data"), (profile, "build_trainer")):
+        monkeypatch.setattr(module, first, lambda *a, **k: pytest.fail("measured before refusing"))
+    monkeypatch.setattr(tune.Tuner, "start", lambda *a: pytest.fail("a trial started before refusing"))
+
+
+EXPECTED_FOLDER = "expected a new or empty folder, or no --report-dir (a new folder under --out-dir for each run)"
+
+
+@pytest.mark.parametrize(
+    "words, earlier, said",
+    [
+        (["doctor", "--report-dir", "rep"], ["report.md", "doctor.json"], "doctor --report-dir rep: already holds an "
+         f"earlier doctor's results (report.md, doctor.json): {EXPECTED_FOLDER}"),
+        # a train run folder: the doctor's --monitor would write over the run's own telemetry
+        (["doctor", "--report-dir", "rep"], ["metrics.csv", "telemetry.csv"], "doctor --report-dir rep: already "
+         f"holds an earlier doctor's results (telemetry.csv): {EXPECTED_FOLDER}"),
+        (["profile", "--report-dir", "rep"], ["trace_rank1.json", "notes.txt"], "profile --report-dir rep: already "
+         f"holds an earlier profile's results (trace_rank1.json): {EXPECTED_FOLDER}"),
+        (["tune", "--out", "rep/tuned.toml"], ["tuned.toml", "tuned.csv"], "tune --out rep/tuned.toml: already holds "
+         "an earlier tune's results (tuned.toml, tuned.csv): expected another --out or --config rep/tuned.toml (to "
+         "re-tune that config in place), or no --out (a new folder under --out-dir for each run)"),
+        (["tune", "--out", "rep/tuned.toml"], ["tuned.csv"], "tune --out rep/tuned.toml: already holds an earlier "
+         "tune's results (tuned.csv): expected another --out, or no --out (a new folder under --out-dir for each run)"),
+    ],
+    ids=["doctor", "doctor-over-a-run", "profile", "tune", "tune-trials-only"],
+)  # fmt: skip
+def test_an_output_place_holding_an_earlier_runs_results_is_refused_before_measuring(
+    tmp_path, monkeypatch, capsys, words, earlier, said
+):
+    """doctor --report-dir, profile --report-dir and tune --out (tuned.toml in the current folder by default) wrote
+    over an earlier run's report, traces or tuned config without a word, after measuring for minutes; bench --out
+    was refused so already."""
+    monkeypatch.chdir(tmp_path)
+    _nothing_measured(monkeypatch)
+    (tmp_path / "rep").mkdir()
+    for name in earlier:
+        (tmp_path / "rep" / name).write_text(f"an earlier {name}\n")
+    assert main([*words, "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == f"cnnpar: error: {said}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # nothing else made (no runs/ either)
+    assert {p.name: p.read_text() for p in (tmp_path / "rep").iterdir()} == {n: f"an earlier {n}\n" for n in earlier}
+
+
+def test_tune_re_tunes_its_config_in_place_where_out_is_that_config(tmp_path, monkeypatch, capsys):
+    """`cnnpar tune --config T --out T` (with T's trials beside it) refines a tuned config and rewrites both, as
+    asked: not refused as an earlier tune's results. (A budget of 0: the start is not started, T is kept.)"""
+    from cnnpar.config import dumps_toml
+
+    monkeypatch.chdir(tmp_path)
+    tuned = tmp_path / "t.toml"
+    tuned.write_text(dumps_toml(Config()))
+    (tmp_path / "t.csv").write_text("the trials that made t.toml\n")
+    assert main(["tune", "--config", str(tuned), "--out", str(tuned), "--budget-s", "0"]) == 1
+    out, err = capsys.readouterr()
+    assert f"tune: kept {tuned}: it is the --config this run started from, not a result of it" in out
+    assert err.startswith(f"tune: no {tuned} written (the start was not started: "), err
+    assert tuned.read_text() == dumps_toml(Config())
+    assert (tmp_path / "t.csv").read_text().startswith("group,switch,value,status")  # this run's trials

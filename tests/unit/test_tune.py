@@ -328,7 +328,7 @@ def test_a_tuned_batch_carries_the_lr_a_searched_batch_would():
 def test_the_stem_is_tried_the_other_way_on_a_gpu_only_where_the_model_has_one_it_rewrites(tmp_path):
     def tried(facts):
         m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 1.0, facts=facts)
-        _, trials = m.tune(resnet50(), 600, tmp_path / "tuned.toml")
+        _, trials = m.tune(resnet50(), 600, tmp_path / f"tuned{len(list(tmp_path.iterdir()))}.toml")  # a new --out
         return [(t.group, t.value) for t in trials if t.switch == "stem_space_to_depth"]
 
     assert tried({**CUDA_FACTS, "stem_fits": True}) == [("layout and precision", "off")]  # auto resolved on
@@ -534,16 +534,21 @@ def test_an_out_that_is_a_folder_or_the_trials_csv_is_refused_before_any_trial(t
     assert m.calls == []
 
 
-def test_a_start_that_measured_nothing_removes_an_earlier_runs_tuned_toml_saying_so(tmp_path):
-    """Beside this run's tuned.csv an earlier run's tuned.toml would pass for this run's winner."""
+@pytest.mark.parametrize("earlier", [["tuned.toml"], ["tuned.csv"], ["tuned.toml", "tuned.csv"]])
+def test_an_out_holding_an_earlier_runs_results_is_refused_before_any_trial(tmp_path, earlier):
+    """An earlier run's tuned.toml and tuned.csv were rewritten by the next tune (tuned.toml in the current folder by
+    default), and a start that measured nothing removed the earlier tuned.toml: refused now, as bench refuses an
+    --out holding results."""
+    from cnnpar.errors import UserError
+
     out = tmp_path / "tuned.toml"
-    out.write_text("# an earlier run's config\n")
-    lines = []
-    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 500.0)
-    best, trials = tune_mod.tune(resnet50(), 100, out, run_trial=m.run_trial, clock=m.clock, log=lines.append)
-    assert best is None and [t.status for t in trials] == [CUT_OFF]
-    assert not out.exists() and (tmp_path / "tuned.csv").is_file()
-    assert f"tune: removed {out}, an earlier run's config: this run measured none to replace it" in lines
+    for name in earlier:
+        (tmp_path / name).write_text(f"an earlier run's {name}\n")
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 10.0)
+    with pytest.raises(UserError, match=rf"^tune --out {out}: already holds an earlier tune's results \("):
+        m.tune(resnet50(), 600, out)
+    assert m.calls == []
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {n: f"an earlier run's {n}\n" for n in earlier}
 
 
 def test_a_start_that_measured_nothing_keeps_the_config_it_started_from_where_that_is_out(tmp_path):
