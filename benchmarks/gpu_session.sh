@@ -1107,6 +1107,11 @@ s27b)
       --epochs 3 --no-progress --out-dir /tmp/runs_c10
   cp /tmp/runs_c10/*/summary.json "$R/cifar_encoded_summary.json" 2>/dev/null
   ;;
+s35b)
+  # session 35, call B (one H200, ~6 min with a cold start; carry .whl alone): every GPU-marked test at the session's
+  # last code (the stop, leftover, multi-node and decode fixes merged after call A among what they cover)
+  TAIL=30 logged gpu_tests 420 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=10 -rs
+  ;;
 s35a)
   # session 35, call A (one H200, ~5 min with a cold start; carry .whl and .devdata/imagenet_sample): session 34's
   # not-run single-GPU commands (plain SGD at --momentum 0, fused on CUDA; the fp16 divergence stop), then issue 11
