@@ -7,6 +7,7 @@ RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT); cnnpar never starts its own tra
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import re
@@ -449,6 +450,7 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     store = attempt_store(world_size, timeout)
     if store is not None:
         kwargs.update(store=store, rank=rank, world_size=world_size)
+    _RETIRED_GLOO.clear()  # groups left before: their threads joined without the GIL (see _RETIRED_GLOO)
     dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
     return DistInfo(rank, local_rank, world_size, device, attempt=job_attempt())
 
@@ -541,9 +543,33 @@ def destroy_distributed() -> None:
     """
     if dist.is_available() and dist.is_initialized():
         try:
+            _keep_gloo_threads_past_the_group()
             dist.destroy_process_group()
         except Exception:  # see the docstring
             pass
+
+
+# The gloo backends of groups this process has left, on a torch whose destroy_process_group does not stop their
+# worker threads (torch 2.5; later ones call ProcessGroup.shutdown there). Those threads are joined when the group's
+# last reference dies, and where that is DDP's Reducer (the Trainer in a refusal's traceback, freed as `cli.main`
+# returns) or the group's Python object, the join runs holding the GIL; a worker that has just finished a
+# collective whose tensor Python already let go of needs the GIL to free it, and both wait for ever (a rank that
+# refused right after the agreement's collectives, tests/dist/test_rank_agreement.py, hung about 1 run in 2 on 2
+# loaded cores). The backend's own Python object releases the GIL while it is destroyed: held here, it is the last
+# reference, let go of at the next init_distributed or at exit, and the join runs without the GIL.
+_RETIRED_GLOO: list = []
+atexit.register(_RETIRED_GLOO.clear)
+
+
+def _keep_gloo_threads_past_the_group() -> None:
+    if hasattr(dist.ProcessGroup, "shutdown") or not dist.is_gloo_available():
+        return
+    try:
+        backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    except RuntimeError:  # no CPU backend (NCCL alone): torch 2.5 shuts NCCL down itself
+        return
+    if isinstance(backend, dist.ProcessGroupGloo):
+        _RETIRED_GLOO.append(backend)
 
 
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:

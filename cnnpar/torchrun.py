@@ -69,24 +69,39 @@ def stop_with_parent() -> None:
         end_with_parent(int(parent), signal.SIGTERM)
 
 
+def worker_rank(pid: int) -> int | None:
+    """The global rank torchrun gave the worker process `pid` (RANK in the environment it started it with), read
+    from Linux's /proc while the process lives; None where it cannot be read."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    rank = next((entry[5:] for entry in environ if entry.startswith(b"RANK=")), b"")
+    return int(rank) if rank.isdigit() else None
+
+
 class EndedByTorchrun(logging.Filter):
     """The process ids of the workers torchrun ended itself (`signalled`) and of those among them that did not
     answer its SIGTERM and had to be killed (`killed`: stuck or stopped; a rank that answers dies of the SIGTERM,
-    or stops on it). torchrun lists them among the failures, killed by SIGTERM or SIGKILL, beside the rank that
-    failed. Keeps every record."""
+    or stops on it), and each one's rank (`ranks`, pid: rank), read as torchrun names it: a recent torch lists these
+    workers among the failures, killed by SIGTERM or SIGKILL, beside the rank that failed, but torch 2.5 lists only
+    the workers that had failed before it ended the others, so their pids are all it tells of them. Keeps every
+    record."""
 
     def __init__(self) -> None:
         super().__init__()
         self.signalled: set[int] = set()
         self.killed: set[int] = set()
+        self.ranks: dict[int, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         said = str(record.msg)
         pid = record.args[0] if isinstance(record.args, tuple) and record.args else None
-        if isinstance(pid, int) and said.startswith(SENT_SIGTERM):
-            self.signalled.add(pid)
-        if isinstance(pid, int) and said.startswith(UNANSWERED_SIGTERM):
-            self.killed.add(pid)
+        if isinstance(pid, int) and said.startswith((SENT_SIGTERM, UNANSWERED_SIGTERM)):
+            # torchrun logs before it signals: the worker still lives, and its environment says its rank
+            (self.signalled if said.startswith(SENT_SIGTERM) else self.killed).add(pid)
+            if pid not in self.ranks and (rank := worker_rank(pid)) is not None:
+                self.ranks[pid] = rank
         return True
 
 
@@ -113,13 +128,14 @@ def end_line(failures: dict, ended: EndedByTorchrun) -> str:
     timed_out = [rank for rank, failure in failures.items() if failure.exitcode == EXIT_COLLECTIVE_TIMED_OUT]
     if timed_out:
         waiting = f"cnnpar: {_ranks(timed_out)} timed out waiting for another rank (--timeout-s)"
-        killed = [rank for rank, failure in failures.items() if failure.pid in ended.killed]
+        rank_of = ended.ranks | {failure.pid: rank for rank, failure in failures.items()}
+        killed = sorted({rank_of[pid] for pid in ended.killed if pid in rank_of})
         if killed:
             return (
                 f"{waiting}; {_ranks(killed)} did not answer torchrun's SIGTERM and had to be killed (SIGKILL): stuck "
                 "or stopped; torchrun ended the job"
             )
-        termed = [rank for rank, failure in failures.items() if failure.pid in ended.signalled]
+        termed = sorted({rank_of[pid] for pid in ended.signalled if pid in rank_of})
         where = f"{_ranks(termed)}, which torchrun's SIGTERM ended, or " if termed else ""
         return (
             f"{waiting}; the launcher cannot tell which rank stopped responding ({where}a rank on another node); "

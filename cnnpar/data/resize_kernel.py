@@ -15,9 +15,12 @@ Triton ships with torch's CUDA wheels; `fused_available` says whether this proce
 `TRITON_INTERPRET=1` runs the kernels on the CPU (NumPy), which is how the tests check them.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: it turns the kernels' `tl.constexpr` annotations into the
+# string "tl.constexpr", and Triton 3.1's interpreter (torch 2.5's Triton) takes a parameter as constexpr
+# only when its annotation's name is exactly "constexpr", so BLOCK reached `tl.arange` as a tensor and
+# the kernels failed there. Compiled kernels were not affected (3.1's JIT tests `"constexpr" in ...`).
 import os
+from functools import cache
 
 import numpy as np
 import torch
@@ -30,8 +33,34 @@ P = 12  # int64 parameters per image in the metadata buffer (see `_metadata`)
 
 
 def fused_available(device: torch.device) -> bool:
-    """The kernels can run on `device`: a CUDA device, or any device under Triton's interpreter."""
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    """The kernels can run on `device`: a CUDA device, or any device under a Triton interpreter that
+    moves data correctly (`interpreter_fault`)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return not interpreter_fault()
+    return device.type == "cuda"
+
+
+@triton.jit
+def _copy_kernel(src, dst):
+    tl.store(dst, tl.load(src))
+
+
+@cache
+def interpreter_fault() -> str:
+    """Why Triton's interpreter cannot run the kernels here, or "" when it can. Triton 3.1's interpreter
+    (torch 2.5's) was built with a pybind11 older than NumPy 2 (it imports `numpy.core.multiarray`), so
+    under NumPy 2 its loads return garbage and its stores write nothing: the kernels would return noise,
+    not fail. Compiled kernels never use the interpreter. One copied int32 tells; asked only under
+    TRITON_INTERPRET=1 (the probe kernel is then interpreted too)."""
+    src, dst = torch.tensor([123456789], dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    _copy_kernel[(1,)](src, dst)
+    if dst.item() == src.item():
+        return ""
+    return (
+        f"Triton {triton.__version__}'s interpreter does not move data with NumPy {np.__version__} "
+        f"(a copy of {src.item()} gave {dst.item()}): its pybind11 predates NumPy 2; compiled GPU kernels "
+        "do not use the interpreter"
+    )
 
 
 @triton.jit(do_not_specialize=["row_meta", "size"])

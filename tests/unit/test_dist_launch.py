@@ -725,6 +725,53 @@ def test_the_launcher_names_the_rank_that_failed_by_itself_not_one_stopped_by_it
     )
 
 
+def test_a_stuck_rank_is_named_whether_torchrun_lists_the_workers_it_ended_or_not():
+    """torch 2.5 lists among the failures only the workers that failed before torchrun ended the others, so the
+    stuck rank it killed was missing, known by its pid alone, and the launcher said it "cannot tell which rank
+    stopped responding"; a recent torch lists it, killed by SIGKILL. Both accounts name rank 1."""
+    from cnnpar.errors import EXIT_COLLECTIVE_TIMED_OUT
+    from cnnpar.torchrun import EndedByTorchrun, end_line
+
+    named = (
+        "cnnpar: rank 0 timed out waiting for another rank (--timeout-s); rank 1 did not answer torchrun's SIGTERM "
+        "and had to be killed (SIGKILL): stuck or stopped; torchrun ended the job"
+    )
+    ended = EndedByTorchrun()
+    ended.signalled, ended.killed, ended.ranks = {12}, {12}, {12: 1}  # rank 1 read from its environment
+    recent = {0: _failure(EXIT_COLLECTIVE_TIMED_OUT, 10), 1: _failure(-signal.SIGKILL, 12, timestamp=130)}
+    torch_2_5 = {0: _failure(EXIT_COLLECTIVE_TIMED_OUT, 10)}
+    assert end_line(recent, ended) == named
+    assert end_line(torch_2_5, ended) == named
+    # rank 1 died of torchrun's SIGTERM: under torch 2.5 too, the launcher says which rank it ended
+    ended.killed = set()
+    assert end_line(torch_2_5, ended) == (
+        "cnnpar: rank 0 timed out waiting for another rank (--timeout-s); the launcher cannot tell which rank stopped "
+        "responding (rank 1, which torchrun's SIGTERM ended, or a rank on another node); torchrun ended the job"
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="reads a worker's rank from Linux's /proc")
+def test_the_launcher_reads_the_rank_of_a_worker_torchrun_names_from_that_workers_environment():
+    import logging
+    import os
+    import subprocess
+    import sys
+
+    from cnnpar.torchrun import TORCHRUN_PROCESS_LOGGER, EndedByTorchrun
+
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RANK": "7", "LOCAL_RANK": "1"}
+    )
+    try:
+        ended = EndedByTorchrun()
+        msg, args = "Unable to shutdown process %s via %s, forcefully exiting via %s", (worker.pid, 15, 9)
+        assert ended.filter(logging.LogRecord(TORCHRUN_PROCESS_LOGGER, logging.WARNING, "api.py", 1, msg, args, None))
+        assert (ended.killed, ended.ranks) == ({worker.pid}, {worker.pid: 7})
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_the_launcher_reads_torchruns_own_words_for_the_workers_it_ends():
     """torchrun's log lines are how the launcher learns which workers it signalled and killed: held to this torch's
     words, and read from a record as torchrun makes it."""
