@@ -28,7 +28,7 @@ from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.errors import DataError
-from tests.datafiles import short_png
+from tests.datafiles import damaged_png, short_png
 
 # the tests' own torchvision.io calls (references, encoders): only its codec notice is known
 pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
@@ -202,7 +202,7 @@ def test_odd_file_decodes_to_its_picture_or_is_named_in_one_line(tmp_path, name,
 
 
 # Not among CASES: torchvision 0.29's PNG decoder crashes the process on these (SIGSEGV after libpng's "Not enough
-# image data"), so a refusal that failed would end pytest; below, torchvision is kept from them instead
+# image data"), so a path that handed one to it would end pytest; below, torchvision is kept from them instead
 SHORT_PNGS = {
     # its image data (12 bytes) cannot hold its pixels however compressed: refused from its chunk lengths
     "png_short_of_its_pixels": short_png(100, 100, 100),
@@ -230,6 +230,38 @@ def test_a_png_too_short_for_its_pixels_is_named_on_every_path_before_torchvisio
         f"{files[1]}: cannot decode as an image (PNG image data of 12 bytes, where its 100x100 pixels need at least 30 "
         f"however compressed: cut short or damaged): {EXPECTED_TAIL}"
     )
+
+
+# PNGs whose image data passes the bound but is damaged or cut inside, and Pillow's reason, which names no file
+DAMAGED_PNGS = {
+    "png_with_a_damaged_zlib_stream": (damaged_png(), "broken data stream when reading image file"),
+    "png_short_but_plausible": (
+        SHORT_PNGS["png_short_but_plausible"],
+        "image file is truncated (0 bytes not processed)",
+    ),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", DAMAGED_PNGS)
+def test_a_png_damaged_inside_is_named_on_every_path_and_never_reaches_torchvision(tmp_path, monkeypatch, name, path):
+    """torchvision 0.29's PNG decoder kills the process on these (SIGSEGV after libpng's "IDAT: invalid distance too
+    far back" or "Not enough image data"), naming no file: with no DataLoader worker between (--workers 0, predict,
+    the GPU decoders' CPU fall-back) it ended the whole run. PNGs go to Pillow (folder.decode_png), which raises."""
+    import torchvision.io
+
+    data, reason = DAMAGED_PNGS[name]
+    files = write(tmp_path, name, data)
+    decode_image = torchvision.io.decode_image
+
+    def guarded(encoded, *args, **kwargs):  # the other file, a JPEG, still decodes
+        assert bytes(encoded.numpy()) != data, "torchvision was handed a PNG it crashes on"
+        return decode_image(encoded, *args, **kwargs)
+
+    monkeypatch.setattr(torchvision.io, "decode_image", guarded)
+    with pytest.raises(DataError) as e:
+        PATHS[path](files)
+    assert str(e.value) == f"{files[1]}: cannot decode as an image ({reason}): {EXPECTED_TAIL}"
 
 
 @pytest.mark.parametrize("name", SHORT_PNGS)
