@@ -71,6 +71,12 @@ def huge_header(jpeg: bytes, side: int = 15000) -> bytes:
     return bytes(patched)
 
 
+def stray_bytes(jpeg: bytes) -> bytes:
+    """A JPEG with 7 zero bytes between two of its header's segments (before the first quantisation table)."""
+    dqt = jpeg.index(b"\xff\xdb")
+    return jpeg[:dqt] + bytes(7) + jpeg[dqt:]
+
+
 EXPECTED_TAIL = "expected a readable JPEG or PNG file"
 
 
@@ -111,6 +117,8 @@ def cases() -> dict[str, Case]:
         "12bit_jpeg": Case(twelve_bit(jpeg), error=r"cannot decode as an image \(Unsupported JPEG data precision 12\)"),
         # damaged but whole (libjpeg: "Corrupt JPEG data: 219 extraneous bytes before marker 0xd9"): its picture
         "jpeg_with_extraneous_bytes": Case(jpeg[:-2] + bytes(219) + b"\xff\xd9", rgb),
+        # libjpeg: "Corrupt JPEG data: 7 extraneous bytes before marker 0xdb", and the picture the bytes did not touch
+        "jpeg_with_stray_bytes_between_segments": Case(stray_bytes(jpeg), rgb),
         "truncated_jpeg": Case(jpeg[: len(jpeg) // 2], error=r"cannot decode as an image \(.*truncated"),
         "jpeg_without_end_marker": Case(jpeg[:-2], error=r"cannot decode as an image \(.*truncated"),
         "jpeg_header_only": Case(jpeg[:400], error=r"cannot decode as an image \("),
@@ -262,6 +270,23 @@ def test_a_png_damaged_inside_is_named_on_every_path_and_never_reaches_torchvisi
     with pytest.raises(DataError) as e:
         PATHS[path](files)
     assert str(e.value) == f"{files[1]}: cannot decode as an image ({reason}): {EXPECTED_TAIL}"
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "per_image"])
+def test_a_jpeg_with_stray_bytes_between_its_segments_is_named_once_where_damaged_jpegs_are(tmp_path, capfd, path):
+    """Stray bytes stop jpeg_header's walk before the frame header, so the file is decoded whole by torchvision,
+    whose libjpeg says only "Corrupt JPEG data: 7 extraneous bytes before marker 0xdb" and decodes the picture
+    (CASES above: on every path). Where cpu_decode names damaged JPEGs (the CPU workers, the GPU decoders' CPU
+    fall-back; not the textbook loader's per-image path, which names none), it names this one too, once."""
+    pytest.importorskip("simplejpeg")
+    files = write(tmp_path, "stray", stray_bytes(saved(picture(), "JPEG", quality=95)))
+    PATHS[path](files)
+    PATHS[path](files)
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert said == [
+        f"warning: {files[1]}: damaged JPEG data (libjpeg: Corrupt JPEG data: 7 extraneous bytes before marker 0xdb), "
+        "decoded anyway"
+    ]
 
 
 @pytest.mark.parametrize("name", SHORT_PNGS)
