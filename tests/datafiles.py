@@ -132,6 +132,31 @@ def short_png(width: int, height: int, raw_bytes: int) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
+def damaged_png(width: int = 64, height: int = 48) -> bytes:
+    """A smooth RGB PNG (Pillow's) whose header and chunk lengths are whole, with 8 bytes in the middle of its image
+    data flipped and the chunk's CRC written again to match: only zlib finds the damage ("invalid distance too far
+    back"), and the data passes png_header's length bound. torchvision 0.29's PNG decoder dies of it (SIGSEGV);
+    Pillow raises "broken data stream when reading image file". Never decode one with torchvision in the test
+    process: that would end pytest."""
+    import io
+    import struct
+    import zlib
+
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([x * 255 // width, y * 255 // height, (x + y) * 127 // (width + height)], -1).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    data = bytearray(buf.getvalue())
+    start = data.index(b"IDAT") - 4  # the chunk's length field
+    (length,) = struct.unpack_from(">I", data, start)
+    middle = start + 8 + length // 2
+    data[middle : middle + 8] = bytes(b ^ 0xFF for b in data[middle : middle + 8])
+    struct.pack_into(">I", data, start + 8 + length, zlib.crc32(data[start + 4 : start + 8 + length]))
+    return bytes(data)
+
+
 def photo_crops(n: int, side: int, seed: int = 0) -> np.ndarray:
     """(n, side, side, 3) uint8 crops of scikit-learn's two bundled photos (a temple, a flower): natural images,
     where neighbouring pixels and the three channels agree as they do in photos."""

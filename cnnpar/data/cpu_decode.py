@@ -205,6 +205,22 @@ def say_damaged(path: Path | str, why: str) -> None:
     print(f"warning: {path}: damaged JPEG data (libjpeg: {why}), decoded anyway", file=sys.stderr, flush=True)
 
 
+def say_stray_bytes(data: torch.Tensor, path: Path | str) -> None:
+    """`say_damaged` for a JPEG that decoded whole although jpeg_header found no frame header in it: stray bytes
+    between two of its header's segments stop that walk, and libjpeg skips them with a warning that names no file
+    ("Corrupt JPEG data: 7 extraneous bytes before marker 0xdb") and decodes the picture the bytes did not touch.
+    simplejpeg's header reader raises that warning: said here, naming the file. Call it only after the decode
+    succeeded; a file that is not a JPEG (no SOI marker) is left alone."""
+    sj = simplejpeg_module()
+    raw = memoryview(data.numpy())
+    if sj is None or bytes(raw[:3]) != b"\xff\xd8\xff":
+        return
+    try:
+        sj.decode_jpeg_header(raw)
+    except ValueError as e:  # libjpeg's warnings, as errors
+        say_damaged(path, str(e) or type(e).__name__)
+
+
 def decode_rgb_naming_damage(data: torch.Tensor, path: Path | str) -> torch.Tensor:
     """`decode_rgb`'s (3, H, W) image, decoded as `CpuDecodedFolder` decodes a whole JPEG: through strict
     simplejpeg where it takes the file, else `decode_rgb`, with `say_damaged`'s warning where simplejpeg refused
@@ -212,7 +228,10 @@ def decode_rgb_naming_damage(data: torch.Tensor, path: Path | str) -> torch.Tens
     own line named no file. The same pixels either way (the same libjpeg-turbo: see the module's docstring)."""
     header = read_jpeg_header(memoryview(data.numpy()))
     if simplejpeg_module() is None or not turbo_ready(header):
-        return decode_rgb(data, path)
+        img = decode_rgb(data, path)
+        if header is None:
+            say_stray_bytes(data, path)
+        return img
     check_pixel_count(path, header.height, header.width)  # decode_rgb's check, before simplejpeg sees it
     turbo = TurboDecoder()  # a buffer of its own: decode threads may call at once, and the image leaves here
     img = turbo(data, 1, header.height, header.width, (0, 0, header.height, header.width))
@@ -335,7 +354,10 @@ class CpuDecodedFolder(Dataset):
             hw = (jpeg.height, jpeg.width) if jpeg is not None and jpeg.height and jpeg.width else png_size(view)
             if hw is not None:  # before any decoder sees it: simplejpeg and Pillow have no limit of their own here
                 check_pixel_count(path, *hw)
-            img = decode_rgb(data, path) if hw is None else None
+            img = None
+            if hw is None:  # no size from a header: found by decoding
+                img = decode_rgb(data, path)
+                say_stray_bytes(data, path)
             datas.append(data)
             images.append(img)
             sizes.append(hw or tuple(img.shape[1:]))

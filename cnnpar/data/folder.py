@@ -2,14 +2,15 @@
 
 Training and evaluation decode on the CPU a batch at a time (`cpu_decode`) or on the GPU
 (`gpu_decode`); `ImageFolderDataset` (one file per item: shorter side resized, centre crop) is what
-`cnnpar predict` reads and what sources hand to the loader. `decode_rgb` is the one torchvision
-decode that every CPU decode of a file goes through, so odd files (grey, CMYK, palette, 16-bit)
-behave alike on all paths.
+`cnnpar predict` reads and what sources hand to the loader. `decode_rgb` is the one decode that
+every CPU decode of a whole file goes through (torchvision for JPEGs, Pillow for PNGs: `decode_png`),
+so odd files (grey, CMYK, palette, 16-bit) and damaged ones behave alike on all paths.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from cnnpar.data.jpeg_header import read_jpeg_header
-from cnnpar.data.png_header import PngHeader, data_shortfall, read_png_header
+from cnnpar.data.png_header import PNG_SIGNATURE, PngHeader, data_shortfall, read_png_header
 from cnnpar.data.tv_codecs import tv_codecs
 from cnnpar.errors import DataError, first_line
 
@@ -388,8 +389,8 @@ def check_pixel_count(path: Path | str, h: int, w: int) -> None:
 
 
 def check_png_data(path: Path | str, data, header: PngHeader) -> None:
-    """Refuse a PNG whose image data is too short for the pixels its header gives (png_header.data_shortfall):
-    torchvision's decoder crashes the process on it (SIGSEGV) instead of raising."""
+    """Refuse a PNG whose image data is too short for the pixels its header gives (png_header.data_shortfall),
+    from its chunk lengths: before a decoder allocates every pixel its header claims, only to find the data cut."""
     short = data_shortfall(data, header)
     if short is None:
         return
@@ -416,17 +417,20 @@ def _check_header_pixels(data: torch.Tensor, path: Path | str) -> None:
 
 
 def decode_rgb(data: torch.Tensor, path: Path | str) -> torch.Tensor:
-    """Encoded bytes (1-D uint8) to a (3, H, W) uint8 RGB image with libjpeg-turbo / libpng.
+    """Encoded bytes (1-D uint8) to a (3, H, W) uint8 RGB image: JPEGs (and GIFs) with torchvision's
+    libjpeg-turbo, PNGs with Pillow (`decode_png`).
 
-    Grey, palette, alpha and CMYK files come out as RGB (alpha dropped). 16-bit PNGs decode to
-    uint16 (int32 in older torchvision): their top 8 bits are kept, as a uint8 cast would instead
-    clip almost every pixel to white. Anything that does not decode is a DataError naming `path`.
+    Grey, palette, alpha and CMYK files come out as RGB (alpha dropped). 16-bit PNGs keep their top 8
+    bits, as a uint8 cast would instead clip almost every pixel to white. Anything that does not decode
+    is a DataError naming `path`.
     """
     from torchvision.io import ImageReadMode, decode_image
 
     if data.numel() == 0:
         raise empty_file_error(path)
     _check_header_pixels(data, path)
+    if bytes(data[:8].numpy()) == PNG_SIGNATURE:
+        return decode_png(data, path)
     try:
         with tv_codecs():  # torchvision 0.29's deprecation notice: known, see docs/decoding.md
             img = decode_image(data, mode=ImageReadMode.RGB)
@@ -434,9 +438,52 @@ def decode_rgb(data: torch.Tensor, path: Path | str) -> torch.Tensor:
         raise decode_error(path, e) from None
     if img.ndim == 4:  # an animated GIF (torchvision reads those too): its first frame
         img = img[0]
-    if img.dtype != torch.uint8:
+    if img.dtype != torch.uint8:  # 16 bits a sample (uint16, int32 in older torchvision): the top 8
         img = (img.to(torch.int32) >> 8).to(torch.uint8)
     return img
+
+
+def decode_png(data: torch.Tensor, path: Path | str) -> torch.Tensor:
+    """A PNG's (3, H, W) uint8 RGB pixels decoded by Pillow, laid out as torchvision's (interleaved: a permuted
+    view), or a DataError naming `path`.
+
+    Not torchvision: its 0.29 PNG decoder kills the process (SIGSEGV, after libpng's "IDAT: incorrect data check",
+    "bad adaptive filter value", "Not enough image data" or "IDAT: CRC error") on any error libpng meets in the image
+    data, naming no file; where no DataLoader worker stands between (`--workers 0`, the GPU decoders' CPU fall-back,
+    `cnnpar predict`) that ended the whole run. Pillow raises instead, and decodes valid files to the same pixels
+    (every colour type, bit depth, interlacing, tRNS: tests/unit/test_png_header.py) in about 1.2x torchvision's
+    time (benchmarks/png_decode.py). Unlike libpng, Pillow refuses a file whose ancillary chunk (tEXt, iCCP) fails
+    its checksum, or whose compressed text or colour profile inflates past 1 MB (PngImagePlugin.MAX_TEXT_CHUNK), as
+    `cnnpar prepare` (Pillow too) always has: refused naming the file, where torchvision ignored them."""
+    from PIL import PngImagePlugin
+
+    try:
+        # the PNG class itself, not Image.open: a file Image.open cannot identify gets "cannot identify image file
+        # <_io.BytesIO object at 0x...>", where the class says why ("bad header checksum in b'IHDR'"). Pillow's
+        # decompression-bomb check (Image.open's) is check_pixel_count's, made before this call.
+        with PngImagePlugin.PngImageFile(io.BytesIO(memoryview(data.numpy()))) as im:
+            im.load()
+            rgb = im if im.mode == "RGB" else pillow_rgb(im)
+            pixels = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
+    except (OSError, SyntaxError, ValueError, EOFError) as e:  # zlib's and Pillow's own errors
+        raise decode_error(path, e) from None
+    return pixels.view(rgb.height, rgb.width, 3).permute(2, 0, 1)
+
+
+def pillow_rgb(im):
+    """A Pillow image as a new RGB image with `decode_rgb`'s pixels: grey, CMYK, palette and RGBA as RGB; 16-bit
+    grey (Pillow's "I;16" and "I" modes) keeps its top 8 bits, where Pillow's own conversion clips every value
+    above 255 (a pure white picture). Pillow reads the other 16-bit PNGs to their top 8 bits itself. A palette
+    image's transparency is dropped from `im.info` (alpha is dropped anyway; Pillow warns converting it to RGB)."""
+    import numpy as np
+    from PIL import Image
+
+    if im.mode == "P":
+        im.info.pop("transparency", None)
+    if im.mode.startswith("I;16") or im.mode == "I":
+        top = (np.asarray(im).astype(np.int64) >> 8).clip(0, 255).astype(np.uint8)
+        return Image.fromarray(top, "L").convert("RGB")
+    return im.convert("RGB")
 
 
 def decode_resized(path: Path, size: int) -> torch.Tensor:

@@ -2,14 +2,13 @@
 
 Two checks run on a PNG before any decoder sees it (folder.decode_rgb): the size its IHDR gives
 (folder.check_pixel_count), and whether its image data could hold that many pixels at all
-(`data_shortfall`). torchvision 0.29's PNG decoder crashes the whole process (SIGSEGV, after
-libpng's "Not enough image data") on a PNG whose zlib stream ends before its pixels do, where
-Pillow raises "image file is truncated"; in a DataLoader worker that ended a run in torch's
-"worker ... is killed by signal: Segmentation fault", naming no file. Deflate packs at most 1032
-bytes into one (a 258-byte match coded in two bits), so IDAT chunks holding fewer than 1/1032 of
-the filtered rows' bytes cannot hold the picture: found from the chunk lengths alone, nothing
-inflated. A stream short by less than that gets through (the trainer says what a worker's crash
-means: engine/trainer.py).
+(`data_shortfall`), refused before a decoder allocates every pixel the header claims. Deflate packs
+at most 1032 bytes into one (a 258-byte match coded in two bits), so IDAT chunks holding fewer than
+1/1032 of the filtered rows' bytes cannot hold the picture: found from the chunk lengths alone,
+nothing inflated. A stream short by less, or damaged inside, goes to the decoder, Pillow
+(folder.decode_png), which raises "image file is truncated" or "broken data stream", naming the
+file: torchvision 0.29's PNG decoder, which cnnpar used before, killed the process (SIGSEGV) on
+any such file instead.
 """
 
 from __future__ import annotations

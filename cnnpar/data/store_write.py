@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cnnpar.data.folder import check_pixel_count, decode_error, listing_checksum, scan_splits
+from cnnpar.data.folder import check_pixel_count, decode_error, listing_checksum, pillow_rgb, scan_splits
 from cnnpar.data.overlap import same_file_groups
 from cnnpar.data.source_size import folder_sample, pick_side
 from cnnpar.data.store import (
@@ -115,7 +115,7 @@ def decode_for_store(path: Path, sides: Sides) -> tuple[bytes, int, int]:
                 # JPEG only (a no-op elsewhere): libjpeg decodes at 1/2, 1/4 or 1/8 scale in the DCT,
                 # never below `target`; far cheaper than decoding every pixel to throw most away.
                 im.draft("RGB", target)
-            rgb = _as_rgb(im)
+            rgb = pillow_rgb(im)  # the pixels a folder decodes to (folder.decode_rgb), 16-bit grey included
         if rgb.size != target:
             rgb = rgb.resize(target, Image.Resampling.BILINEAR)  # Pillow widens the filter: antialiased
     except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as e:
@@ -136,18 +136,6 @@ def no_pixel_limit():
         yield
     finally:
         Image.MAX_IMAGE_PIXELS = saved
-
-
-def _as_rgb(im):
-    """Grey, CMYK, palette and RGBA files as RGB. 16-bit grey (Pillow's "I;16" and "I" modes) keeps its top 8
-    bits, as a folder's decode does (folder.decode_rgb): Pillow's own conversion clips every value above 255,
-    which made such a photo pure white in the store while the folder trained on its pixels."""
-    from PIL import Image
-
-    if im.mode.startswith("I;16") or im.mode == "I":
-        top = (np.asarray(im).astype(np.int64) >> 8).clip(0, 255).astype(np.uint8)
-        return Image.fromarray(top, "L").convert("RGB")
-    return im.convert("RGB")
 
 
 def chunk_path(partial: Path, k: int) -> Path:

@@ -3,10 +3,10 @@
 torch reports a worker that died by a signal as "RuntimeError: DataLoader worker (pid N) is killed by
 signal: Segmentation fault.", often under "DataLoader worker (pid(s) N) exited unexpectedly", with
 its traceback: it names no file and says nothing of why. A worker that decodes photos crashes when a
-decoder does: torchvision 0.29's PNG decoder dies (SIGSEGV) on a PNG whose image data stops short
-(libpng: "Not enough image data") or is damaged inside ("bad adaptive filter value"), where Pillow
-raises an error naming it. `png_header` refuses such a file beforehand where its data is far too
-short to hold its pixels; any other gets through, and this says what it was and how to find it.
+decoder does: torchvision 0.29's PNG decoder died (SIGSEGV) on a PNG whose image data stops short or
+is damaged inside, which is why PNGs go to Pillow (folder.decode_png), which raises an error naming
+the file, on every path. Should another decoder still crash a worker, this says what it was and how
+to find the file.
 A worker killed by SIGTERM or SIGINT died of the run's own stop (engine/trainer.the_stop).
 """
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from cnnpar.cli import main
-from tests.conftest import run_cmd
-from tests.datafiles import bar_images, short_png, write_image_folder, write_pixel_csv
+from tests.conftest import run_cli, run_cmd
+from tests.datafiles import bar_images, damaged_png, short_png, write_image_folder, write_pixel_csv
 
 
 def _csv_lines(tmp_path: Path) -> list[str]:
@@ -311,8 +311,8 @@ def test_cli_refuses_corrupt_image_found_by_a_worker(cli):
     assert not (cli.cwd / "runs").exists()
 
 
-# Decoding `short.png` kills the DataLoader worker with SIGSEGV, as torchvision 0.29's PNG decoder does on a PNG whose
-# data stops short by less than png_header's bound sees (sent here, so that the test does not rest on that bug)
+# Decoding `short.png` kills the DataLoader worker with SIGSEGV, as torchvision 0.29's PNG decoder did on a PNG whose
+# data stops short by less than png_header's bound sees (Pillow decodes PNGs now: sent here, as any decoder's crash)
 CRASHES_ON_SHORT_PNG = """
 import os, signal, sys
 from cnnpar import cli
@@ -349,3 +349,74 @@ def test_a_worker_that_crashes_decoding_ends_the_run_in_one_line_whose_advice_na
         "cnnpar: error: photos/class1/short.png: cannot decode as an image (image file is truncated"
     ), q.stderr
     assert [f.name for f in tmp_path.iterdir()] == ["photos"]  # no store, nor a part of one
+
+
+@pytest.fixture(scope="module")
+def damaged_png_photos(tmp_path_factory, one_thread):
+    """photos/ (2 classes, 16x16) with class1/bad.png, whose zlib stream alone is damaged (datafiles.damaged_png), and
+    the run folder of a cnn3 trained on the photos before the damage, for predict."""
+    import torch
+
+    from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig
+    from cnnpar.dist import DistInfo
+    from cnnpar.engine.trainer import Trainer
+
+    cwd = tmp_path_factory.mktemp("damaged_png")
+    root = write_image_folder(cwd / "photos", per_class=6, classes=2, side=16)
+    cfg = Config(
+        data=DataConfig(source=str(root), image_size=16, workers=0),
+        speed=SpeedConfig(device="cpu"),
+        run=RunConfig(epochs=1, batch_size=4, out_dir=str(cwd / "trained"), name="clean", progress=False),
+    )
+    run_dir = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None).fit().run_dir
+    (root / "class1" / "bad.png").write_bytes(damaged_png())
+    return cwd, run_dir
+
+
+DAMAGED_PNG_LINE = (
+    "photos/class1/bad.png: cannot decode as an image (broken data stream when reading image file): expected a "
+    "readable JPEG or PNG file"
+)
+ON_THE_FOLDER = ["--data", "photos", "--image-size", "16", "--device", "cpu"]
+# every command that decodes a folder, with and without workers: torchvision's PNG decoder killed the process (exit
+# -11) wherever no worker stood between, and left a worker's crash unnamed in doctor (a traceback) where one did
+DAMAGED_PNG_COMMANDS = {
+    "train_workers_0": ["train", *ON_THE_FOLDER, "--epochs", "1", "--workers", "0", "--no-progress"],
+    "train_workers_1": ["train", *ON_THE_FOLDER, "--epochs", "1", "--workers", "1", "--no-progress"],
+    "predict": ["predict", "--checkpoint", "RUN", "--data", "photos", "--device", "cpu"],
+    "doctor_workers_1": ["doctor", *ON_THE_FOLDER, "--workers", "1", "--warmup-steps", "1", "--measure-steps", "2"],
+    "bench_workers_0": [
+        "bench",
+        *ON_THE_FOLDER,
+        "--workers",
+        "0",
+        "--only",
+        "baseline",
+        "--warmup-steps",
+        "1",
+        "--timed-steps",
+        "2",
+        "--repeats",
+        "1",
+        "--out",
+        "bench_out",
+    ],
+}
+
+
+@pytest.mark.parametrize("command", DAMAGED_PNG_COMMANDS)
+def test_a_png_with_a_damaged_zlib_stream_ends_every_command_in_one_line_naming_it(damaged_png_photos, command):
+    cwd, run_dir = damaged_png_photos
+    args = [str(run_dir) if a == "RUN" else a for a in DAMAGED_PNG_COMMANDS[command]]
+    p = run_cli(args, cwd)
+    last = p.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in p.stderr, p.stderr
+    if command.startswith("bench"):  # a rung that fails is a row of its own: the bench ends 1, naming the first
+        assert p.returncode == 1, p.stderr
+        assert last.startswith(
+            f"bench: every rung run failed (1 of 1, the rest skipped); first, baseline: DataError: "
+            f"{DAMAGED_PNG_LINE}; rows in bench_out/ladder.csv"
+        ), last
+        return
+    assert (p.returncode, last) == (2, f"cnnpar: error: {DAMAGED_PNG_LINE}"), p.stderr
+    assert not (cwd / "runs").exists() and not (cwd / "predictions.csv").exists()

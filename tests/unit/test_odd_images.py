@@ -28,7 +28,7 @@ from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.errors import DataError
-from tests.datafiles import short_png
+from tests.datafiles import damaged_png, short_png
 
 # the tests' own torchvision.io calls (references, encoders): only its codec notice is known
 pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
@@ -71,6 +71,12 @@ def huge_header(jpeg: bytes, side: int = 15000) -> bytes:
     return bytes(patched)
 
 
+def stray_bytes(jpeg: bytes) -> bytes:
+    """A JPEG with 7 zero bytes between two of its header's segments (before the first quantisation table)."""
+    dqt = jpeg.index(b"\xff\xdb")
+    return jpeg[:dqt] + bytes(7) + jpeg[dqt:]
+
+
 EXPECTED_TAIL = "expected a readable JPEG or PNG file"
 
 
@@ -111,6 +117,8 @@ def cases() -> dict[str, Case]:
         "12bit_jpeg": Case(twelve_bit(jpeg), error=r"cannot decode as an image \(Unsupported JPEG data precision 12\)"),
         # damaged but whole (libjpeg: "Corrupt JPEG data: 219 extraneous bytes before marker 0xd9"): its picture
         "jpeg_with_extraneous_bytes": Case(jpeg[:-2] + bytes(219) + b"\xff\xd9", rgb),
+        # libjpeg: "Corrupt JPEG data: 7 extraneous bytes before marker 0xdb", and the picture the bytes did not touch
+        "jpeg_with_stray_bytes_between_segments": Case(stray_bytes(jpeg), rgb),
         "truncated_jpeg": Case(jpeg[: len(jpeg) // 2], error=r"cannot decode as an image \(.*truncated"),
         "jpeg_without_end_marker": Case(jpeg[:-2], error=r"cannot decode as an image \(.*truncated"),
         "jpeg_header_only": Case(jpeg[:400], error=r"cannot decode as an image \("),
@@ -202,7 +210,7 @@ def test_odd_file_decodes_to_its_picture_or_is_named_in_one_line(tmp_path, name,
 
 
 # Not among CASES: torchvision 0.29's PNG decoder crashes the process on these (SIGSEGV after libpng's "Not enough
-# image data"), so a refusal that failed would end pytest; below, torchvision is kept from them instead
+# image data"), so a path that handed one to it would end pytest; below, torchvision is kept from them instead
 SHORT_PNGS = {
     # its image data (12 bytes) cannot hold its pixels however compressed: refused from its chunk lengths
     "png_short_of_its_pixels": short_png(100, 100, 100),
@@ -230,6 +238,55 @@ def test_a_png_too_short_for_its_pixels_is_named_on_every_path_before_torchvisio
         f"{files[1]}: cannot decode as an image (PNG image data of 12 bytes, where its 100x100 pixels need at least 30 "
         f"however compressed: cut short or damaged): {EXPECTED_TAIL}"
     )
+
+
+# PNGs whose image data passes the bound but is damaged or cut inside, and Pillow's reason, which names no file
+DAMAGED_PNGS = {
+    "png_with_a_damaged_zlib_stream": (damaged_png(), "broken data stream when reading image file"),
+    "png_short_but_plausible": (
+        SHORT_PNGS["png_short_but_plausible"],
+        "image file is truncated (0 bytes not processed)",
+    ),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", DAMAGED_PNGS)
+def test_a_png_damaged_inside_is_named_on_every_path_and_never_reaches_torchvision(tmp_path, monkeypatch, name, path):
+    """torchvision 0.29's PNG decoder kills the process on these (SIGSEGV after libpng's "IDAT: invalid distance too
+    far back" or "Not enough image data"), naming no file: with no DataLoader worker between (--workers 0, predict,
+    the GPU decoders' CPU fall-back) it ended the whole run. PNGs go to Pillow (folder.decode_png), which raises."""
+    import torchvision.io
+
+    data, reason = DAMAGED_PNGS[name]
+    files = write(tmp_path, name, data)
+    decode_image = torchvision.io.decode_image
+
+    def guarded(encoded, *args, **kwargs):  # the other file, a JPEG, still decodes
+        assert bytes(encoded.numpy()) != data, "torchvision was handed a PNG it crashes on"
+        return decode_image(encoded, *args, **kwargs)
+
+    monkeypatch.setattr(torchvision.io, "decode_image", guarded)
+    with pytest.raises(DataError) as e:
+        PATHS[path](files)
+    assert str(e.value) == f"{files[1]}: cannot decode as an image ({reason}): {EXPECTED_TAIL}"
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "per_image"])
+def test_a_jpeg_with_stray_bytes_between_its_segments_is_named_once_where_damaged_jpegs_are(tmp_path, capfd, path):
+    """Stray bytes stop jpeg_header's walk before the frame header, so the file is decoded whole by torchvision,
+    whose libjpeg says only "Corrupt JPEG data: 7 extraneous bytes before marker 0xdb" and decodes the picture
+    (CASES above: on every path). Where cpu_decode names damaged JPEGs (the CPU workers, the GPU decoders' CPU
+    fall-back; not the textbook loader's per-image path, which names none), it names this one too, once."""
+    pytest.importorskip("simplejpeg")
+    files = write(tmp_path, "stray", stray_bytes(saved(picture(), "JPEG", quality=95)))
+    PATHS[path](files)
+    PATHS[path](files)
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: ")]
+    assert said == [
+        f"warning: {files[1]}: damaged JPEG data (libjpeg: Corrupt JPEG data: 7 extraneous bytes before marker 0xdb), "
+        "decoded anyway"
+    ]
 
 
 @pytest.mark.parametrize("name", SHORT_PNGS)

@@ -1,8 +1,8 @@
-"""The PNG image-data bound (`png_header.data_shortfall`, checked by `folder.decode_rgb` before torchvision sees a
-PNG): torchvision 0.29's PNG decoder crashes the process (SIGSEGV) on a PNG whose image data stops short of its
-pixels, so such a file is refused by its chunk lengths, and every ordinary PNG (palette, 16-bit, 1-bit, interlaced,
-compressed as far as deflate goes) passes unchanged. No file that crashes torchvision is handed to it here: a
-refusal that failed would end pytest itself."""
+"""PNGs through `folder.decode_rgb`: the image-data bound (`png_header.data_shortfall`), which refuses a PNG whose
+image data cannot hold its pixels from its chunk lengths while every ordinary PNG (palette, 16-bit, 1-bit,
+interlaced, compressed as far as deflate goes) passes; and Pillow's decode (`folder.decode_png`, there because
+torchvision 0.29's PNG decoder crashes the process on damaged image data), which gives torchvision's pixels for
+every valid PNG. No file that crashes torchvision is handed to it here: that would end pytest itself."""
 
 from __future__ import annotations
 
@@ -123,6 +123,73 @@ def test_an_ordinary_png_passes_and_decodes_as_pillow_reads_it(tmp_path, name):
         if expected is None:  # 16-bit grey: decode_rgb keeps the top 8 bits
             expected = np.repeat((np.asarray(im).astype(np.int64) >> 8).astype(np.uint8)[..., None], 3, -1)
     assert torch.equal(decode_rgb(read_encoded(path), path).permute(1, 2, 0), torch.from_numpy(expected.copy()))
+
+
+SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # per pixel, by colour type: grey, RGB, palette, grey + alpha, RGBA
+DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}  # every depth PNG allows
+
+
+def packed_rows(samples: np.ndarray, depth: int) -> list[bytes]:
+    """The rows of an (h, w, samples) array of `depth`-bit values as PNG packs them: big-endian 16-bit samples,
+    sub-byte ones from the high bits down, each row padded to a whole byte."""
+    flat = samples.reshape(len(samples), -1)
+    if depth >= 8:
+        return [row.astype(">u2" if depth == 16 else np.uint8).tobytes() for row in flat]
+    bits = ((flat[..., None] >> np.arange(depth - 1, -1, -1)) & 1).reshape(len(flat), -1).astype(np.uint8)
+    return [row.tobytes() for row in np.packbits(bits, axis=1)]
+
+
+def any_png(samples: np.ndarray, depth: int, colour: int, interlaced: bool, chunks: bytes = b"") -> bytes:
+    """A PNG of `samples` in any colour type and bit depth, Adam7 or not (filter 0), `chunks` before its data."""
+    h, w = samples.shape[:2]
+    passes = ADAM7 if interlaced else ((0, 0, 1, 1),)
+    subs = [samples[y0::dy, x0::dx] for x0, y0, dx, dy in passes]
+    raw = b"".join(b"\x00" + row for sub in subs if sub.size for row in packed_rows(sub, depth))
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, colour, 0, 0, int(interlaced))
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunks + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    )
+
+
+def every_kind_of_png() -> dict[str, bytes]:
+    """Noise in every colour type and bit depth, plain and interlaced, plain and with a tRNS or gAMA chunk (which
+    neither decoder applies: libpng as torchvision drives it, Pillow's convert to RGB)."""
+    rng = np.random.default_rng(0)
+    files = {}
+    for colour, depths in DEPTHS.items():
+        for depth in depths:
+            top = (1 << depth) - 1
+            palette = chunk(b"PLTE", rng.integers(0, 256, 3 << depth, dtype=np.uint8).tobytes()) if colour == 3 else b""
+            extras = {"": palette, "_gama": palette + chunk(b"gAMA", struct.pack(">I", 45455))}
+            if colour == 3:
+                extras["_trns"] = palette + chunk(b"tRNS", bytes(range(0, 256, 64))[: 1 << depth])
+            elif colour in (0, 2):
+                extras["_trns"] = chunk(
+                    b"tRNS", struct.pack(">" + "H" * SAMPLES[colour], *[top // 2] * SAMPLES[colour])
+                )
+            for interlaced in (False, True):
+                for extra, chunks in extras.items():
+                    samples = rng.integers(0, top + 1, (19, 23, SAMPLES[colour]), dtype=np.uint32)
+                    name = f"colour{colour}_{depth}bit{'_adam7' * interlaced}{extra}"
+                    files[name] = any_png(samples, depth, colour, interlaced, chunks)
+    return files
+
+
+EVERY_KIND = every_kind_of_png()
+
+
+@pytest.mark.parametrize("name", EVERY_KIND)
+def test_every_kind_of_png_decodes_to_torchvisions_pixels(name):
+    """decode_rgb decoded PNGs with torchvision until its crashes on damaged files moved them to Pillow: the pixels
+    (16-bit: the top 8 bits) and their layout (a permuted view of interleaved pixels) are what they were."""
+    from torchvision.io import ImageReadMode, decode_image
+
+    data = torch.frombuffer(bytearray(EVERY_KIND[name]), dtype=torch.uint8)
+    before = decode_image(data, mode=ImageReadMode.RGB)
+    if before.dtype != torch.uint8:
+        before = (before.to(torch.int32) >> 8).to(torch.uint8)
+    now = decode_rgb(data, name)
+    assert torch.equal(now, before) and now.stride() == before.stride()
 
 
 def test_an_interlaced_png_compressed_as_far_as_deflate_goes_passes_and_decodes(tmp_path):
