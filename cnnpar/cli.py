@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -124,7 +123,10 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         out_root.mkdir(parents=True, exist_ok=True)
         print("cnnpar: launching", " ".join(cmd), flush=True)
         env = launcher_env(dict(os.environ), str(out_root / "nccl_trace_rank_"))
-        with tempfile.TemporaryDirectory(prefix="cnnpar-launch-") as notes:
+        from cnnpar.process_tree import owned_temp_folder
+
+        # the next launch removes this folder where this process is killed outright (SIGKILL: no clean-up runs)
+        with owned_temp_folder("cnnpar-launch-") as notes:
             note = Path(notes) / "run_dir"
             env.update({LAUNCHED_NPROC_ENV: str(cfg.dist.nproc), RUN_DIR_NOTE_ENV: str(note)})
             try:

@@ -6,17 +6,26 @@ or writing results beside a run reported as stopped. Here the tree is read from 
 before any signal, since a worker whose launcher has died is no longer anyone's descendant, and read again while
 it is stopped, since a worker may start processes of its own (DataLoader workers, compile workers) meanwhile.
 
+A child that cnnpar launches ends with its launcher however the launcher ends (`end_with_parent_named_in`, given
+the launcher's id in the environment by `parent_env`), and a launcher's temporary folder carries the launcher's
+id (`owned_temp_folder`), so that the next launch removes the folder of one killed outright (SIGKILL, the OOM killer),
+whose clean-up never ran.
+
 The bottom layer: only the standard library and psutil, so that the launchers above (dist, bench, frameworks)
 share this one way of stopping.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 
@@ -38,6 +47,44 @@ def end_with_parent(parent: int, sig: int) -> None:
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent:  # it died before the prctl took effect: reparented already
         os.kill(os.getpid(), sig)
+
+
+def parent_env(name: str) -> dict[str, str]:
+    """The environment entry `name` that makes a child this process launches end with it
+    (`end_with_parent_named_in`)."""
+    return {name: str(os.getpid())}
+
+
+def end_with_parent_named_in(name: str, sig: int) -> None:
+    """`end_with_parent` for the parent whose id the environment variable `name` holds (`parent_env`), first thing
+    in the child. Popped: what this process starts has another parent. Nothing where the variable is not set (a
+    process started by hand)."""
+    parent = os.environ.pop(name, "")
+    if parent.isdigit():
+        end_with_parent(int(parent), sig)
+
+
+def owned_temp_folder(prefix: str) -> tempfile.TemporaryDirectory:
+    """A TemporaryDirectory named `<prefix><this process's id>-...`, made after removing those of `prefix` whose
+    process is gone (`remove_dead_folders`): a process killed outright runs no clean-up, and its folder stayed in
+    /tmp for good."""
+    remove_dead_folders(prefix)
+    return tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-")
+
+
+def remove_dead_folders(prefix: str, root: str | None = None) -> None:
+    """Remove the folders `<prefix><pid>-...` in `root` (default: the temporary folder) of processes that are gone
+    (`owned_temp_folder`). A folder without a process id after `prefix` is left: whose it is cannot be told."""
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{glob.escape(prefix)}*-*"):
+        pid = folder.name.removeprefix(prefix).split("-")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
 
 
 def stop_process_tree(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:

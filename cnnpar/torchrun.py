@@ -1,5 +1,5 @@
-"""`python -m cnnpar.torchrun ARGS`: torchrun (torch.distributed.run) for `cnnpar train --nproc N`, its end in
-one line.
+"""`python -m cnnpar.torchrun ARGS`: torchrun (torch.distributed.run) for `cnnpar train --nproc N` (and for
+compare's torch runner and the bench's DDP rows), stopped with the process that started it, its end in one line.
 
 torchrun ends a stopped job (SIGTERM, Ctrl-C) with its SignalException's traceback, and a failed one with a
 ChildFailedError traceback and a block per rank, which bury what the user needs: the failing rank's own error,
@@ -9,7 +9,9 @@ that stopped because of another (errors.EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE
 itself, is not named as the first failure; a rank that stopped answering fails nothing itself, and is named where
 torchrun had to kill it (it did not answer the SIGTERM). Where every rank refused alike at start-up (the model too
 small for the images, say), the launcher prints that refusal once and the job ends 2, as one process does: here
-neither torchrun's lines on the workers' exits nor an end line.
+neither torchrun's lines on the workers' exits nor an end line. torch elastic's own files (each worker's error file)
+go in a folder of this process's own, removed as it ends: left to itself torchrun made a /tmp/torchelastic_* folder for
+each job and never removed it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT  # 
 TORCHRUN_PROCESS_LOGGER = "torch.distributed.elastic.multiprocessing.api"
 SENT_SIGTERM = "Sending process"
 UNANSWERED_SIGTERM = "Unable to shutdown process"
+
+# The folder of torch elastic's per-worker log folders (error files), one per launch, named after this process: left
+# to itself torch elastic makes a /tmp/torchelastic_* folder for each job and never removes it
+LOG_DIR_PREFIX = "cnnpar-torchrun-"
 
 # Where rank 0 of a `--nproc` launch writes its run folder once it holds it: the launcher, which cannot know a
 # default name (torchrun's job id) or whether rank 0 was refused, reads it for its last line
@@ -57,16 +63,11 @@ def stop_with_parent() -> None:
     torchrun takes as any stop: its workers stop and keep their finished epochs. A SIGKILL of `cnnpar train
     --nproc N` (or the OOM killer) left torchrun, in a session of its own, training to the end and holding the
     run folder. Nothing where the parent's id was not passed, or off Linux."""
-    import os
-
-    from cnnpar.process_tree import end_with_parent  # imports no torch
+    from cnnpar.process_tree import end_with_parent_named_in  # imports no torch
 
     # dist.PARENT_ENV, spelled out: importing cnnpar.dist would import torch before the signal is asked for,
-    # seconds in which the parent's death goes unnoticed (tests/unit/test_dist_launch.py holds the two equal).
-    # Popped: the workers have no use for it.
-    parent = os.environ.pop("CNNPAR_LAUNCHER_PARENT", "")
-    if parent.isdigit():
-        end_with_parent(int(parent), signal.SIGTERM)
+    # seconds in which the parent's death goes unnoticed (tests/unit/test_dist_launch.py holds the two equal)
+    end_with_parent_named_in("CNNPAR_LAUNCHER_PARENT", signal.SIGTERM)
 
 
 def worker_rank(pid: int) -> int | None:
@@ -158,21 +159,27 @@ def main() -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from cnnpar.process_tree import owned_temp_folder
+
     ended = EndedByTorchrun()
     note = os.environ.get(RUN_DIR_NOTE_ENV)
     refused = refusal_note(note) if note else None
     logging.getLogger(TORCHRUN_PROCESS_LOGGER).addFilter(ended)
     logging.getLogger(TORCHRUN_PROCESS_LOGGER).addFilter(QuietAfterARefusal(refused))
-    try:
-        # as `python -m torch.distributed.run` runs it: its log lines then look as they always did
-        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
-    except SignalException as e:  # torchrun has stopped its workers by now (the agent's shutdown comes first)
-        return 128 + int(e.sigval)
-    except ChildFailedError as e:
-        if refused is not None and refused.is_file():  # the launcher says it, once
-            return 2
-        print(end_line(e.failures, ended), file=sys.stderr, flush=True)
-        return 1
+    # removed as this process ends, or by the next launch where it was killed outright; the workers' output still
+    # goes to the console alone (--log-dir moves only what torch elastic writes to files: no --redirects or --tee)
+    with owned_temp_folder(LOG_DIR_PREFIX) as logs:
+        sys.argv[1:1] = [f"--log-dir={logs}"]
+        try:
+            # as `python -m torch.distributed.run` runs it: its log lines then look as they always did
+            runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+        except SignalException as e:  # torchrun has stopped its workers by now (the agent's shutdown comes first)
+            return 128 + int(e.sigval)
+        except ChildFailedError as e:
+            if refused is not None and refused.is_file():  # the launcher says it, once
+                return 2
+            print(end_line(e.failures, ended), file=sys.stderr, flush=True)
+            return 1
     return 0
 
 

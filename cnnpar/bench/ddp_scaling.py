@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from cnnpar.checkout import env_importing_this_checkout
-from cnnpar.process_tree import stop_process_tree
+from cnnpar.process_tree import owned_temp_folder, parent_env, stop_process_tree
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -236,11 +236,13 @@ WORKER_FLAGS = (
 
 
 def launch(args: argparse.Namespace, world_size: int, threads: int, result: Path) -> dict:
+    from cnnpar.dist import PARENT_ENV
+
     flags = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in WORKER_FLAGS]
-    cmd = [
+    cmd = [  # torchrun as `cnnpar train --nproc N` launches it: stopped with this process however it ends
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "cnnpar.torchrun",
         "--standalone",
         f"--nproc_per_node={world_size}",
         "-m",
@@ -255,6 +257,9 @@ def launch(args: argparse.Namespace, world_size: int, threads: int, result: Path
         OMP_NUM_THREADS=str(threads),  # the same per process at every size, so only N changes
         PYTHONUNBUFFERED="1",
     )
+    # torchrun, in a session of its own, ends with this process however it ends: a SIGKILLed `cnnpar bench --ddp`
+    # left it and its workers measuring on, reparented to init (cnnpar.torchrun.stop_with_parent)
+    env.update(parent_env(PARENT_ENV))
     print(f"== world size {world_size}: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
     # torchrun stopped with every process it started on any exit from here (a timeout, Ctrl-C, SIGTERM): killing
@@ -322,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     config["threads_per_process"] = threads
 
     results = []
-    with tempfile.TemporaryDirectory(prefix="ddp_scaling_") as tmp:
+    with owned_temp_folder("cnnpar-ddp-scaling-") as tmp:  # swept by the next run where this one was killed outright
         for n in sizes:
             r = launch(args, n, threads, Path(tmp) / f"world{n}.json")
             results.append(r)

@@ -17,8 +17,10 @@ Dynamo caches or cuDNN and TF32 flags carried over from the trial before. The co
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cnnpar.process_tree import kill_process_tree
+from cnnpar.process_tree import kill_process_tree, owned_temp_folder, parent_env
 
 OK, FAILED, CUT_OFF = "ok", "failed", "cut off"
 # the parent's process id, for the child to end with it (main): in a session of its own, a child of a parent killed
@@ -76,23 +78,35 @@ def _last_line(log: Path) -> str:
 
 
 TRIAL_PREFIX = "cnnpar-trial-"  # then the parent's process id: a folder whose parent is gone is an orphan
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def remove_dead_trial_folders(root: str | None = None) -> None:
-    """Remove the trial folders of parents that are gone: a SIGKILLed tune or bench (its child ends with it,
-    `end_with_parent`) never ran its TemporaryDirectory's clean-up, and its folder stayed in /tmp for good."""
-    import shutil
+def inductor_cache_dir() -> str:
+    """Where torch.compile keeps its cache in a process started with this one's environment: TORCHINDUCTOR_CACHE_DIR,
+    else torch's default, `<temporary folder>/torchinductor_<user>` (torch._inductor's `default_cache_dir`, spelled
+    out: importing it takes seconds; tests/unit/test_tune.py holds the two equal)."""
+    if INDUCTOR_CACHE_ENV in os.environ:
+        return os.environ[INDUCTOR_CACHE_ENV]
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this user id (a container without a passwd entry)
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
-    for folder in Path(root or tempfile.gettempdir()).glob(f"{TRIAL_PREFIX}*-*"):
-        pid = folder.name.removeprefix(TRIAL_PREFIX).split("-")[0]
-        if not pid.isdigit():
-            continue  # an older folder without its parent's id: whose it is cannot be told
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except PermissionError:  # alive, another user's
-            pass
+
+def child_env(temp: Path) -> dict[str, str]:
+    """The child's environment: the parent's id (PARENT_ENV), and `temp`, inside the trial's folder, as its
+    temporary folder. A child cut off at the limit is killed with everything it started, and none of them cleans up:
+    gcc's `cc*.s` files from an Inductor compile and the DataLoader workers' `pymp-*` folders stayed in /tmp; now
+    they go with the trial's folder. torch.compile's cache stays where it would have been (INDUCTOR_CACHE_ENV), shared
+    by every trial and run, or each trial would compile from nothing."""
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        **parent_env(PARENT_ENV),
+        INDUCTOR_CACHE_ENV: inductor_cache_dir(),
+        "TMPDIR": str(temp),
+    }
 
 
 def run_child(
@@ -103,11 +117,13 @@ def run_child(
     command: Callable[[Path, Path], list[str]] = child_command,
 ) -> ChildResult:
     """Run `spec` in a child process; kill it (and its children) when `limit_s` seconds have passed."""
-    remove_dead_trial_folders()
-    with tempfile.TemporaryDirectory(prefix=f"{TRIAL_PREFIX}{os.getpid()}-") as tmp:
+    # a SIGKILLed tune or bench (its child ends with it, `end_with_parent`) never ran the folder's clean-up
+    with owned_temp_folder(TRIAL_PREFIX) as tmp:
         spec_path, result_path, log_path = Path(tmp, "spec.json"), Path(tmp, "result.json"), Path(tmp, "child.log")
         spec_path.write_text(json.dumps(spec))
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
+        temp = Path(tmp, "tmp")
+        temp.mkdir()
+        env = child_env(temp)
         start = time.monotonic()
         with open(log_path, "wb") as out:
             proc = subprocess.Popen(
@@ -158,12 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     import signal
 
     from cnnpar.errors import UserError, first_line, user_error_text
-    from cnnpar.process_tree import end_with_parent
+    from cnnpar.process_tree import end_with_parent_named_in
     from cnnpar.report.files import write_json_atomic
 
-    parent = os.environ.pop(PARENT_ENV, "")  # popped: what this child starts has another parent
-    if parent.isdigit():
-        end_with_parent(int(parent), signal.SIGKILL)  # as the parent's own limit would: nothing here is worth keeping
+    # as the parent's own limit would: nothing here is worth keeping
+    end_with_parent_named_in(PARENT_ENV, signal.SIGKILL)
     spec_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
     spec = json.loads(Path(spec_path).read_text())
     try:

@@ -11,8 +11,8 @@ their sizes: a worker killed while sending a large result left the pool's reader
 for ever, where one killed now is a broken pool, said in one line. Workers end with prepare (`start_worker`).
 
 A writer holds an flock on its partial file while it writes (`hold_partial`), which the system drops when it ends,
-killed or not: a prepare that finishes removes the partial files no writer holds, which prepares to the same OUT
-killed with SIGKILL (no clean-up runs) left behind (`remove_dead_partials`).
+killed or not: a prepare that finishes removes the partial files no writer holds, which prepares killed with SIGKILL
+(no clean-up runs) left behind, to its OUT or to another store of the same folder (`remove_dead_partials_beside`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import contextlib
 import glob
 import multiprocessing
 import os
+import re
 import signal
 import sys
 from collections import deque
@@ -342,7 +343,7 @@ def prepare_store(
                 os.fsync(f.fileno())
         os.replace(partial, out)
         written = True
-        remove_dead_partials(out)
+        remove_dead_partials_beside(out)
     except BrokenProcessPool:
         raise UserError(
             f"{out}: not written: a decoding worker was {images.how_a_worker_ended()} before it finished (the "
@@ -389,6 +390,19 @@ def remove_dead_partials(out: Path) -> None:
             continue
         with contextlib.suppress(OSError):  # one that cannot be removed is no reason to fail a written store
             remove_partial(path)
+
+
+# a writer's partial file (`new_partial_path`): the store it was writing, then its own token
+PARTIAL_OF = re.compile(r"(?P<out>.+(?i:\.cnnpar))\.[0-9a-f]{8}" + re.escape(PARTIAL_SUFFIX))
+
+
+def remove_dead_partials_beside(out: Path) -> None:
+    """`remove_dead_partials` for `out` and for every other store of its folder that a partial file there was
+    writing: with no later prepare to the same OUT, a killed prepare's partial, as large as the pixels it had
+    written, stayed for good. Files not named as a prepare names its partials are left alone."""
+    named = (PARTIAL_OF.fullmatch(path.name) for path in out.parent.glob("*" + PARTIAL_SUFFIX))
+    for name in sorted({out.name} | {m["out"] for m in named if m}):
+        remove_dead_partials(out.parent / name)
 
 
 def remove_partial(partial: Path) -> None:

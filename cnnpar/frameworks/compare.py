@@ -29,6 +29,7 @@ from cnnpar.errors import ConfigError
 from cnnpar.frameworks.spec import (
     CSV_PREFIX,
     FRAMEWORKS,
+    PARENT_ENV,
     Framework,
     RunSpec,
     add_spec_args,
@@ -39,7 +40,7 @@ from cnnpar.frameworks.spec import (
     read_result_csv,
     spec_from_args,
 )
-from cnnpar.process_tree import stop_process_tree
+from cnnpar.process_tree import parent_env, stop_process_tree
 from cnnpar.report.chance import at_chance_level
 
 SUMMARY_COLUMNS = [
@@ -95,6 +96,7 @@ def missing_package(fw: Framework) -> str | None:
 
 def runner_env(fw: Framework) -> dict[str, str]:
     env = env_importing_this_checkout()  # the checkout that runs `compare` is the one its runners import
+    env.update(parent_env(PARENT_ENV))  # the runner ends with this process however it ends (spec.runner_main)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter; errors still show
     if fw.keras_backend:
         env["KERAS_BACKEND"] = fw.keras_backend

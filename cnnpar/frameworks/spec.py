@@ -61,6 +61,9 @@ BN_MOMENTUM_TORCH = 0.1  # new = (1 - m) * old + m * batch; Keras's momentum is 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPSILON = 1e-8
 ARRAY_FORMATS = ("digits", "npz", "csv", "synthetic")  # what load_arrays reads as in-memory arrays
+# compare's process id, for its runner to end with it (runner_main): in a session of its own, the runner of a
+# `compare` killed outright (SIGKILL, the OOM killer) trained on to its end, reparented to init
+PARENT_ENV = "CNNPAR_RUNNER_PARENT"
 
 
 @dataclass(frozen=True)
@@ -430,11 +433,17 @@ def log_epoch(fw: Framework, spec: RunSpec, row: dict) -> None:
 
 
 def runner_main(prog: str, train) -> int:
-    """Parse the shared flags, train, write the CSV (when `train` returns rows: rank 0 only)."""
+    """Parse the shared flags, train, write the CSV (when `train` returns rows: rank 0 only). The runner ends with
+    the `compare` that started it, and a SIGTERM (compare's stop, or its death) stops it with its clean-up run (the
+    torch runner's temporary folder)."""
+    import signal
     import sys
 
-    from cnnpar.errors import UserError
+    from cnnpar.errors import Terminated, UserError, stop_on_sigterm
+    from cnnpar.process_tree import end_with_parent_named_in
 
+    end_with_parent_named_in(PARENT_ENV, signal.SIGTERM)
+    stop_on_sigterm()
     args = runner_parser(prog).parse_args()
     fw = FRAMEWORKS[args.framework]
     # before this run's own load (the header's other reading includes it); its 1-minute figure still holds
@@ -446,6 +455,9 @@ def runner_main(prog: str, train) -> int:
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    except Terminated:
+        print(f"{prog}: stopped (SIGTERM)", file=sys.stderr)
+        return 128 + signal.SIGTERM
     if result is not None:
         header, rows = result
         header["load_avg_before_1_5_15"] = load_before

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
-import tempfile
 
 from cnnpar.errors import Diverged, UserError
 from cnnpar.frameworks.spec import (
@@ -27,6 +25,7 @@ from cnnpar.frameworks.spec import (
     runner_main,
     torch_threads,
 )
+from cnnpar.process_tree import owned_temp_folder
 
 
 def load_initial_weights(model, weights: dict) -> None:
@@ -49,10 +48,15 @@ def load_initial_weights(model, weights: dict) -> None:
 
 
 def relaunch_under_torchrun(spec: RunSpec) -> int:
+    """This runner's command in `spec.devices` processes, through torchrun as `cnnpar train --nproc N` launches it
+    (`dist.run_launcher`, cnnpar.torchrun): torchrun, in a session of its own, stops with this runner however it
+    ends, and a stop of this runner is handed on to it."""
+    from cnnpar.dist import run_launcher
+
     cmd = [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "cnnpar.torchrun",
         "--standalone",
         f"--nproc_per_node={spec.devices}",
         "-m",
@@ -60,7 +64,7 @@ def relaunch_under_torchrun(spec: RunSpec) -> int:
         *sys.argv[1:],
     ]
     print("torch: DDP, launching", shlex.join(cmd[2:]), flush=True)
-    return subprocess.call(cmd)
+    return run_launcher(cmd, dict(os.environ))
 
 
 def train(fw: Framework, spec: RunSpec):
@@ -79,7 +83,8 @@ def train(fw: Framework, spec: RunSpec):
     try:
         bundle = load_bundle(spec)
         per_process = spec.batch_size // info.world_size
-        with tempfile.TemporaryDirectory(prefix="cnnpar-torch-runner-") as tmp:
+        # removed on a stop (runner_main's SIGTERM), and by the next runner where this one was killed outright
+        with owned_temp_folder("cnnpar-torch-runner-") as tmp:
             cfg = Config(
                 # the format and shape the bundle was read with: the engine detects the format again from them
                 data=DataConfig(

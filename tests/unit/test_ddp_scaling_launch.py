@@ -39,3 +39,43 @@ def test_the_two_process_target_is_judged_on_gpus_only():
         "2 processes: 1.900x of 1, misses the 1.97x target (NVIDIA H200)"
     )
     assert "meets the 1.97x target" in ddp_scaling.two_process_line(1.98, "cuda", "NVIDIA H200")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: prctl's parent-death signal")
+def test_torchrun_and_its_worker_end_with_a_bench_killed_outright(tmp_path):
+    """A SIGKILLed `cnnpar bench --ddp` left torchrun and its worker, each in a session of its own, measuring on,
+    reparented to init. Here ddp_scaling's own launch runs its own torchrun command, the worker swapped for one that
+    waits."""
+    import time
+
+    from tests.conftest import cli_env
+
+    marker = f"ddp-scaling-orphan-{tmp_path.name}"
+    worker = tmp_path / f"{marker}.py"
+    worker.write_text("import time\ntime.sleep(120)\n")
+    bench = (
+        "import subprocess, sys\n"
+        "from pathlib import Path\n"
+        "from cnnpar.bench import ddp_scaling\n"
+        "real = subprocess.Popen\n"
+        "def popen(cmd, **kw):  # torchrun's own flags, then the worker (ldconfig runs through Popen too)\n"
+        "    if 'cnnpar.bench.ddp_scaling' in cmd:\n"
+        f"        cmd = cmd[: cmd.index('cnnpar.bench.ddp_scaling') - 1] + [{str(worker)!r}]\n"
+        "    return real(cmd, **kw)\n"
+        "ddp_scaling.subprocess.Popen = popen\n"
+        "args = ddp_scaling.parse_args(['--device', 'cpu', '--launch-timeout', '120'])\n"
+        f"ddp_scaling.launch(args, 1, 1, Path({str(tmp_path / 'world1.json')!r}))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", bench], env=cli_env(), stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(running_with(marker)) < 2:  # torchrun (the worker's path is among its arguments) and the worker
+            assert time.monotonic() < deadline and proc.poll() is None, "torchrun's worker never started"
+            time.sleep(0.1)
+        proc.kill()
+        proc.wait()
+        assert gone_soon(marker, within_s=20), "torchrun or its worker outlived the bench that started them"
+    finally:
+        proc.kill()
+        for p in running_with(marker):
+            p.kill()

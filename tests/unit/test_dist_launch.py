@@ -795,3 +795,58 @@ def test_the_launcher_reads_torchruns_own_words_for_the_workers_it_ends():
         record = logging.LogRecord(TORCHRUN_PROCESS_LOGGER, logging.WARNING, "api.py", 1, msg, args, None)
         assert ended.filter(record)  # every record kept: torchrun's lines print as they did
     assert (ended.signalled, ended.killed) == ({41, 42}, {41})
+
+
+def test_torchrun_leaves_no_log_folder_and_its_workers_output_stays_on_the_console(tmp_path):
+    """Every `cnnpar train --nproc N` left a torchelastic_* folder in /tmp, its end normal or not (torch elastic's
+    default log folder, made per job and never removed: 1,551 of them on the audit's machine). Its --log-dir must
+    not take the workers' output off the console, nor change the failure's one line."""
+    import sys
+
+    from tests.conftest import run_cmd
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    worker = tmp_path / "worker.py"
+    worker.write_text(
+        "import os, sys\n"
+        "print('out of the worker', flush=True)\n"
+        "print('err of the worker', file=sys.stderr, flush=True)\n"
+        "sys.exit(int(os.environ.get('FAIL', '0')))\n"
+    )
+    torchrun = [sys.executable, "-m", "cnnpar.torchrun", "--standalone", "--nproc_per_node=1", str(worker)]
+    ok = run_cmd(torchrun, tmp_path, TMPDIR=str(temp))
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert ok.stdout.splitlines() == ["out of the worker"]
+    assert "err of the worker" in ok.stderr.splitlines()
+    failed = run_cmd(torchrun, tmp_path, TMPDIR=str(temp), FAIL="5")
+    assert failed.returncode == 1
+    assert failed.stdout.splitlines() == ["out of the worker"]
+    assert failed.stderr.splitlines()[-1] == "cnnpar: rank 0 failed first (exit code 5); torchrun ended the job"
+    assert "err of the worker" in failed.stderr.splitlines()
+    assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []
+
+
+def test_a_launch_removes_the_folder_of_a_launch_killed_outright(tmp_path, monkeypatch):
+    """A SIGKILLed `cnnpar train --nproc N` left its cnnpar-launch-* folder (the run-folder note) in /tmp for good:
+    its TemporaryDirectory's clean-up never ran."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from cnnpar import cli
+    from cnnpar.torchrun import RUN_DIR_NOTE_ENV
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"cnnpar-launch-{gone.pid}-abc"
+    dead.mkdir()
+    (dead / "run_dir").write_text("runs/killed")
+    notes: list[Path] = []
+    monkeypatch.setattr(dist, "run_launcher", lambda cmd, env: notes.append(Path(env[RUN_DIR_NOTE_ENV]).parent) or 0)
+    assert cli.main(["train", "--nproc", "1", "--device", "cpu", "--out-dir", str(tmp_path / "runs")]) == 0
+    assert not dead.exists()
+    assert notes[0].name.startswith(f"cnnpar-launch-{os.getpid()}-") and not notes[0].exists()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -509,3 +512,55 @@ def test_chance_for_few_classes_is_one_over_classes_plus_a_margin():
     assert compare.at_chance([{"val_acc": "0.54"}], 2)
     assert not compare.at_chance([{"val_acc": "0.49"}], 3)
     assert compare.at_chance([{"val_acc": "0.15"}], 10) and not compare.at_chance([{"val_acc": "0.16"}], 10)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: prctl's parent-death signal")
+def test_a_runner_ends_with_a_compare_killed_outright_and_removes_its_temporary_folder(tmp_path):
+    """A SIGKILLed `cnnpar compare` left its runner, in a session of its own, training to its end (reparented to
+    init), and a runner stopped by a SIGTERM ran no clean-up: the torch runner's temporary folder stayed. Here
+    compare's own run_framework starts a runner whose training waits inside a temporary folder."""
+    import subprocess
+    import time
+
+    import psutil
+
+    from tests.conftest import cli_env
+
+    pid_file, folder_file = tmp_path / "runner.pid", tmp_path / "folder"
+    runner = (
+        "import os, sys, tempfile, time\n"
+        "from cnnpar.frameworks.spec import runner_main\n"
+        "def train(fw, spec):\n"
+        f"    with tempfile.TemporaryDirectory(dir={str(tmp_path)!r}) as folder:\n"
+        f"        open({str(folder_file)!r}, 'w').write(folder)\n"
+        f"        open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "        time.sleep(120)\n"
+        f"sys.argv[1:] = ['--framework', 'torch', '--out', {str(tmp_path)!r}]\n"
+        "sys.exit(runner_main('fake_runner', train))\n"
+    )
+    compare_run = (
+        "import subprocess, sys\n"
+        "from cnnpar.frameworks import compare\n"
+        "from cnnpar.frameworks.spec import FRAMEWORKS, RunSpec\n"
+        "real = subprocess.Popen\n"
+        "def popen(cmd, **kw):  # the runner's command only (ctypes.util runs ldconfig through Popen too)\n"
+        f"    fake = [sys.executable, '-c', {runner!r}]\n"
+        "    return real(fake if 'cnnpar.frameworks.torch_runner' in cmd else cmd, **kw)\n"
+        "compare.subprocess.Popen = popen\n"
+        f"compare.run_framework(FRAMEWORKS['torch'], RunSpec(out={str(tmp_path)!r}), 120.0)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", compare_run], env=cli_env(), stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "the runner never started"
+        time.sleep(0.05)
+    pid = int(pid_file.read_text())  # written after runner_main asked for its parent-death signal
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if time.monotonic() > deadline:
+            psutil.Process(pid).kill()
+            pytest.fail("the runner outlived the compare that started it")
+        time.sleep(0.05)
+    assert not Path(folder_file.read_text()).exists(), "the runner left its temporary folder"

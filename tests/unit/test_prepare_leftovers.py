@@ -38,3 +38,23 @@ def test_a_prepare_that_finishes_removes_what_a_killed_prepare_to_its_out_left_b
     prepare_store(src, out, workers=2, progress=False, short_side=16)
     assert left_partials(out) == []
     assert StoreFile(out).count == 8
+
+
+def test_a_prepare_that_finishes_removes_what_a_killed_prepare_to_another_store_of_its_folder_left(tmp_path):
+    """A prepare SIGKILLed with no prepare to its own OUT after it left its partial store (246 MB in the audit)
+    for good. A partial another prepare still holds, and a file a prepare does not name so, stay."""
+    src = write_image_folder(tmp_path / "p", per_class=4, classes=2, side=24)
+    dead = [tmp_path / "q.cnnpar.0badf00d.partial", tmp_path / "q.cnnpar.0badf00d.chunk3.partial"]
+    upper = tmp_path / "R.CNNPAR.0badf00d.partial"  # --out takes the suffix in any case
+    live = tmp_path / "s.cnnpar.1ee71ee7.partial"
+    strangers = [tmp_path / "notes.0badf00d.partial", tmp_path / "movie.mkv.0badf00d.partial"]
+    for path in [*dead, upper, live, *strangers]:
+        path.write_bytes(bytes(4096))
+    fd = os.open(live, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another prepare, still writing
+        prepare_store(src, tmp_path / "p.cnnpar", workers=1, progress=False, short_side=16)
+    finally:
+        os.close(fd)
+    left = sorted(path.name for path in tmp_path.glob("*.partial"))
+    assert left == sorted(path.name for path in [live, *strangers])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -85,3 +86,30 @@ def test_torchruns_worker_is_stopped_with_torchrun(tmp_path):
     finally:
         for p in running_with(marker):
             p.kill()
+
+
+def test_a_temporary_folder_of_a_process_gone_is_removed_when_the_next_is_made(tmp_path, monkeypatch):
+    """A process killed outright (SIGKILL, the OOM killer) runs no clean-up: its TemporaryDirectory stayed in /tmp
+    for good. Those of live processes, of another prefix, or without a process id are left."""
+    import os
+    import tempfile
+
+    from cnnpar.process_tree import owned_temp_folder
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"cnnpar-x-{gone.pid}-abc"
+    kept = [
+        tmp_path / f"cnnpar-x-{os.getpid()}-def",  # alive
+        tmp_path / f"cnnpar-y-{gone.pid}-abc",  # another launcher's prefix
+        tmp_path / "cnnpar-x-abc",  # no process id: whose it is cannot be told
+    ]
+    for folder in (dead, *kept):
+        folder.mkdir()
+        (folder / "note").write_text("x")
+    with owned_temp_folder("cnnpar-x-") as made:
+        assert Path(made).name.startswith(f"cnnpar-x-{os.getpid()}-")
+        assert not dead.exists() and all(folder.exists() for folder in kept)
+    assert not Path(made).exists()

@@ -613,21 +613,69 @@ def test_a_trial_ends_with_a_tuner_killed_outright(tmp_path):
         time.sleep(0.05)
 
 
-def test_a_trial_folder_whose_parent_is_gone_is_removed_by_the_next_trial(tmp_path):
+def test_a_trial_folder_whose_parent_is_gone_is_removed_by_the_next_trial(tmp_path, monkeypatch):
     """A SIGKILLed tune's child now ends with it, but its /tmp/cnnpar-trial-* folder stayed for good."""
-    import os
     import subprocess
-    import sys
+    import tempfile
 
     from cnnpar.bench import trial
 
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     dead = tmp_path / f"{trial.TRIAL_PREFIX}{gone.pid}-abc"
-    live = tmp_path / f"{trial.TRIAL_PREFIX}{os.getpid()}-def"
-    older = tmp_path / f"{trial.TRIAL_PREFIX}xyz-ghi"  # a folder without its parent's id: left alone
-    for folder in (dead, live, older):
-        folder.mkdir()
-        (folder / "spec.json").write_text("{}")
-    trial.remove_dead_trial_folders(str(tmp_path))
-    assert not dead.exists() and live.exists() and older.exists()
+    dead.mkdir()
+    (dead / "spec.json").write_text("{}")
+    r = run_child({}, 30.0, log=lambda s: None, command=lambda spec, res: [sys.executable, "-c", "pass"])
+    assert r.status == FAILED  # (no result file: it measured nothing)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cut_off_childs_temporary_files_go_with_its_trial_folder(tmp_path, monkeypatch):
+    """A trial cut off at its limit is killed with everything it started, and none of them cleans up: gcc's `cc*.s`
+    from an Inductor compile and the DataLoader workers' `pymp-*` folders stayed in /tmp after every cut-off trial.
+    torch.compile's cache stays where it would have been, shared by the trials."""
+    import tempfile
+
+    from cnnpar.bench.trial import INDUCTOR_CACHE_ENV, inductor_cache_dir
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    said = tmp_path / "said.txt"
+    script = textwrap.dedent(
+        f"""
+        import os, tempfile, time
+        os.close(tempfile.mkstemp(prefix="cc", suffix=".s")[0])  # as gcc leaves its assembly
+        tempfile.mkdtemp(prefix="pymp-")  # as a DataLoader worker's multiprocessing leaves its listener folder
+        open({str(said)!r}, "w").write(os.environ.get({INDUCTOR_CACHE_ENV!r}, "unset"))
+        print("compiling forever", flush=True)
+        time.sleep(120)
+        """
+    )
+    r = run_child({}, 2.0, log=lambda s: None, command=lambda spec, res: [sys.executable, "-c", script])
+    assert r.status == CUT_OFF and "compiling forever" in r.error
+    assert list(temp.iterdir()) == []
+    assert said.read_text() == inductor_cache_dir() == str(temp / f"torchinductor_{__import__('getpass').getuser()}")
+
+
+def test_the_inductor_cache_a_trial_is_given_is_torchs_default(tmp_path, monkeypatch):
+    """trial.inductor_cache_dir spells torch's default out (importing it takes seconds): a change in torch's would
+    give the trials a cache of their own, compiled from nothing, beside the one every other run uses."""
+    import tempfile
+
+    from cnnpar.bench.trial import INDUCTOR_CACHE_ENV, inductor_cache_dir
+
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # torch 2.5
+        from torch._inductor.runtime.runtime_utils import default_cache_dir
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    assert inductor_cache_dir() == default_cache_dir()
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path / "mine"))
+    assert inductor_cache_dir() == str(tmp_path / "mine")
