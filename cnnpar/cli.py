@@ -13,7 +13,24 @@ from cnnpar.torchrun import RUN_DIR_NOTE_ENV, refusal_note  # (imports no torch)
 
 
 def _rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+    value = os.environ.get("RANK", "0")
+    return int(value) if value.strip().isdigit() else 0  # a RANK that is no number is refused (dist.check_launch_env)
+
+
+def _of_a_job() -> bool:
+    """A rank of a job of several processes, by the launcher's variables (whole numbers: others are refused)."""
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "1")
+    return rank.strip().isdigit() and world.strip().isdigit() and world.strip() != "1"
+
+
+def tell_the_job_this_rank_ended() -> None:
+    """Under torchrun, a rank that ends before its start is exchanged (argparse's refusal, a bad config) writes so
+    where the other ranks wait for it (dist.say_this_rank_ended_before_joining); a no-op, importing nothing, in any
+    other process."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        from cnnpar.dist import say_this_rank_ended_before_joining
+
+        say_this_rank_ended_before_joining()
 
 
 def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
@@ -61,6 +78,23 @@ def horovod_train_args(argv: list[str], nproc: int) -> list[str]:
     return args + ["--nproc", "0"] if nproc > 0 and not typed else args
 
 
+def nproc_not_launched(nproc: int) -> str:
+    """The note of rank 0 of a torchrun started by hand whose --nproc (typed, or from a config file) asks for
+    another count of processes on this node than torchrun started: --nproc launches torchrun itself, so under one
+    it does nothing, and only the record's `# requested:` line said so. "" for another rank, the workers of
+    `--nproc`'s own launcher, or where the counts agree."""
+    from cnnpar.dist import LAUNCHED_NPROC_ENV, launcher_rank, launcher_world_size
+
+    here = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    here = int(here) if here.isdigit() else launcher_world_size()
+    if launcher_rank() != 0 or LAUNCHED_NPROC_ENV in os.environ or nproc == here:
+        return ""
+    return (
+        f"cnnpar: note: --nproc {nproc} not launched: torchrun started the processes ({here} on this node, "
+        f"{launcher_world_size()} in the job); --nproc starts torchrun itself, on one machine"
+    )
+
+
 def check_model(cfg) -> None:
     """A misspelt --model refused at once: before the data loads, and before --nproc starts torchrun's workers
     (each of which would load the data and then fail alike)."""
@@ -74,19 +108,28 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.dist import (
         LAUNCHED_NPROC_ENV,
         check_horovod_launch,
+        check_launch_env,
         debug_single_requested,
         destroy_distributed,
+        exchange_starts,
         init_distributed,
+        launched_by_torchrun,
         launcher_env,
         pick_device,
-        refuse_a_debug_switch_on_some_ranks,
         run_launcher,
         surplus_debug_worker,
     )
 
     cfg = config_from_args(args)
     check_model(cfg)
-    refuse_a_debug_switch_on_some_ranks(cfg.dist.debug_single, cfg.dist.timeout_s)
+    check_launch_env(cfg.dist.debug_single)  # before anything waits for another rank
+    if cfg.dist.nproc > 0 and launched_by_torchrun() and not debug_single_requested(cfg.dist.debug_single):
+        if line := nproc_not_launched(cfg.dist.nproc):
+            print(line, file=sys.stderr, flush=True)
+    # every rank's start, exchanged before anything else waits for another rank: one refused on its own node
+    # (a mistyped flag, a bad config) ended before it, and has said so (main: tell_the_job_this_rank_ended); the
+    # debug switch on some ranks only is refused here
+    exchange_starts(cfg.dist.debug_single, cfg.dist.timeout_s)
     if surplus_debug_worker(cfg.dist.debug_single):
         return 0  # the debug switch runs one process: global rank 0 alone
     if cfg.dist.strategy == "horovod" and debug_single_requested(cfg.dist.debug_single):
@@ -94,7 +137,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         raise ConfigError("--debug-single runs one process on DDP's path: expected it without --strategy horovod")
     if cfg.dist.strategy == "horovod":
         check_horovod_launch(cfg.dist.nproc, horovod_train_args(argv, cfg.dist.nproc))
-    if cfg.dist.nproc > 0 and "RANK" not in os.environ and not debug_single_requested(cfg.dist.debug_single):
+    if cfg.dist.nproc > 0 and not launched_by_torchrun() and not debug_single_requested(cfg.dist.debug_single):
         # The convenience launcher: hand the same command to torchrun for this one machine.
         # Refuse too many processes, or --sync-bn off GPUs, here, once, rather than in each of the N workers.
         try:
@@ -114,8 +157,8 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             from cnnpar.engine.rundir import NO_NAME_TO_RESUME
 
             raise UserError(NO_NAME_TO_RESUME)
-        # --nproc stays in the workers' arguments (RANK is set there: none launches again); the run's record holds
-        # the launch (LAUNCHED_NPROC_ENV), so `--config` of that record starts as many processes again
+        # --nproc stays in the workers' arguments (torchrun sets RANK and WORLD_SIZE there: none launches again); the
+        # run's record holds the launch (LAUNCHED_NPROC_ENV), so `--config` of that record starts as many again
         cmd = torchrun_command(cfg.dist.nproc, argv)
         # NCCL's flight-recorder dumps land beside the runs, not in /tmp where nobody looks. A file
         # prefix, not a folder: files appear only on a timeout, and run-folder scans see no new folder.
@@ -797,7 +840,12 @@ def _preset_data_note(args: argparse.Namespace, e: UserError) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        if e.code:  # argparse refused this node's command line, and said why
+            tell_the_job_this_rank_ended()
+        raise
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -812,6 +860,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args, argv[1:])
     except UserError as e:
+        tell_the_job_this_rank_ended()
         text = f"{user_error_text(e)}{_preset_data_note(args, e)}"
         note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
         if isinstance(e, EveryRankRefused) and note:
@@ -821,7 +870,7 @@ def main(argv: list[str] | None = None) -> int:
 
             write_text_atomic(refusal_note(note), text)
             return 2
-        prefix = f"[rank {_rank()}] " if "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1" else ""
+        prefix = f"[rank {_rank()}] " if _of_a_job() else ""
         # one write: two ranks' lines written in two parts each ran together on one line
         sys.stderr.write(f"cnnpar: error: {prefix}{text}\n")
         sys.stderr.flush()
@@ -831,6 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         print("cnnpar: stopped (SIGTERM)" if terminated else "cnnpar: interrupted", file=sys.stderr)
         return 128 + 15 if terminated else 130
     except BaseException as e:
+        tell_the_job_this_rank_ended()
         if "RANK" not in os.environ:
             raise
         line, code = another_rank_line(e, _rank())
@@ -845,9 +895,11 @@ def another_rank_line(e: BaseException, rank: int) -> tuple[str, int]:
     """The one line, and the exit status, of a rank stopped by another rank (dist.another_ranks_failure); ("", 0)
     for its own failure. Its ~50-line gloo traceback ("Connection closed by peer") buried the other rank's one-line
     error above it, or stood alone in its node's log; a timeout read as this rank's failure."""
-    from cnnpar.dist import another_ranks_failure
+    from cnnpar.dist import JoinFailed, another_ranks_failure
     from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT
 
+    if isinstance(e, JoinFailed):  # at the start: another rank ended before joining, or never came
+        return f"cnnpar: rank {rank} stopped: {e}", e.exit_status
     why, waited = another_ranks_failure(e)
     if why == "ended":
         line = (

@@ -12,6 +12,7 @@ import itertools
 import os
 import re
 import shlex
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -201,6 +202,63 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def local_rank_of_launch() -> int:
+    """This process's index on its node as its launcher set it (LOCAL_RANK), 0 where none did."""
+    value = os.environ.get("LOCAL_RANK", "")
+    return int(value) if value.strip().isdigit() else 0
+
+
+# The variables torchrun sets in each worker: each a whole number at least this
+_LAUNCH_NUMBERS = {"WORLD_SIZE": 1, "RANK": 0, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": 1}
+_BY_HAND = "torchrun sets them; by hand, set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in each process"
+
+
+def launch_env_problem(debug_single: bool = False, rendezvous: bool = True) -> str:
+    """What is wrong with the variables a launcher sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and for a
+    process group of several MASTER_ADDR and MASTER_PORT), in one line naming the variable; "" where nothing is.
+    Set by hand, one missing or out of range ended in torch's traceback, at times only after --timeout-s (rank 0
+    waited for a rank that torch had refused), and a stale RANK without WORLD_SIZE trained one process, at half the
+    batch `--nproc 2` asked for, without a word. The debug switch ignores the launch, so only the numbers count;
+    `rendezvous` False leaves out MASTER_ADDR and MASTER_PORT (checked where the process group forms)."""
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None and world is None:
+        return ""
+    switched = debug_single_requested(debug_single)
+    if world is None and not switched:
+        return f"RANK={rank} is set but WORLD_SIZE is not: {_BY_HAND}; for one process, unset RANK"
+    if rank is None and world.strip() != "1" and not switched:
+        return f"WORLD_SIZE={world} is set but RANK is not: {_BY_HAND}; for one process, unset WORLD_SIZE"
+    for name, low in _LAUNCH_NUMBERS.items():
+        value = os.environ.get(name)
+        if value is not None and not (value.strip().isdigit() and int(value) >= low):
+            return f"{name}={value!r}: expected a whole number >= {low} ({_BY_HAND})"
+    if rank is None or world is None:
+        return ""
+    if int(rank) >= int(world):
+        return f"RANK={rank.strip()} but WORLD_SIZE={world.strip()}: expected 0 <= RANK < WORLD_SIZE"
+    if int(world) == 1 or switched or not rendezvous:
+        return ""
+    if not os.environ.get("MASTER_ADDR", "").strip():
+        return (
+            "RANK and WORLD_SIZE are set but MASTER_ADDR is not: torchrun sets it; by hand, set MASTER_ADDR (rank 0's "
+            "host) and MASTER_PORT (a free port there) in each process"
+        )
+    port = os.environ.get("MASTER_PORT", "")
+    if not (port.strip().isdigit() and 0 < int(port) < 65536):
+        said = f"MASTER_PORT={port!r}" if "MASTER_PORT" in os.environ else "MASTER_PORT is not set"
+        return f"{said}: expected a port 1..65535 free on rank 0's host (MASTER_ADDR), the same in each process"
+    return ""
+
+
+def check_launch_env(debug_single: bool = False, rendezvous: bool = True) -> None:
+    """ConfigError with `launch_env_problem`'s line, before anything waits for another rank."""
+    from cnnpar.errors import ConfigError
+
+    problem = launch_env_problem(debug_single, rendezvous)
+    if problem:
+        raise ConfigError(problem)
+
+
 def launched_as_worker() -> bool:
     """A process a launcher started as one rank (torchrun, horovodrun, mpirun): its launcher owns its stop."""
     return "RANK" in os.environ or any(k in os.environ for k in HOROVOD_LAUNCH_ENV)
@@ -338,18 +396,35 @@ def check_horovod_launch(nproc: int, train_args: Sequence[str] = ()) -> None:
         )
 
 
-def refuse_a_debug_switch_on_some_ranks(debug_single: bool, timeout_s: int) -> None:
-    """ConfigError on every rank where the debug switch is on for some ranks of a torchrun job and off for others
-    (one node's command or environment had it): the switched ranks left or trained alone, and the others waited
-    for them the whole --timeout-s, then failed with a traceback. Each rank writes its switch to torchrun's shared
-    store and reads every rank's: torchrun started them all, so none waits long."""
-    if not launched_by_torchrun() or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return
-    from cnnpar.errors import ConfigError
+class JoinFailed(RuntimeError):
+    """This rank stopped at the job's start because of another rank: that rank ended before it joined (its own
+    error is in its node's log) or did not join within --timeout-s. `exit_status`: errors.EXIT_ANOTHER_RANK_ENDED
+    or EXIT_COLLECTIVE_TIMED_OUT, so that a launcher names the rank that failed by itself, not this one."""
 
-    world_size, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    if world_size == 1:
-        return
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+# What a rank writes as its start in torchrun's store when it ended before it got there (a mistyped flag, a bad
+# config): the ranks waiting for it stop at once instead of after --timeout-s
+ENDED_BEFORE_JOINING = "ended"
+# How long a rank waits for the others' start before it says, once, what it waits for
+JOIN_NOTE_AFTER_S = 10.0
+_start_said = False  # this process wrote its start (or its end) to torchrun's store
+
+
+def _in_a_torchrun_job() -> bool:
+    """A worker of a torchrun job of several processes, with torchrun's shared store to meet in."""
+    return (
+        launched_by_torchrun()
+        and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        and launcher_world_size() > 1
+        and not launch_env_problem()
+    )
+
+
+def _start_keys(world_size: int, rank: int, timeout_s: float) -> tuple[dist.Store, str]:
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
@@ -357,13 +432,91 @@ def refuse_a_debug_switch_on_some_ranks(debug_single: bool, timeout_s: int) -> N
         is_master=False,
         timeout=timedelta(seconds=timeout_s),
     )
-    keys = f"cnnpar/ws{world_size}/attempt_{_join(store, world_size, rank)}/debug_single/rank"
+    return store, f"cnnpar/ws{world_size}/attempt_{_join(store, world_size, rank)}/start/rank"
+
+
+def say_this_rank_ended_before_joining() -> None:
+    """Under torchrun, before this rank wrote its start (`exchange_starts`): write that it ended,
+    so the other ranks stop at once, naming it, where they waited --timeout-s (600 s by default) and then failed
+    with a traceback about a store key. Never raises: the error that ended this rank is the one to say."""
+    global _start_said
+    if _start_said or not _in_a_torchrun_job():
+        return
+    _start_said = True
+    try:
+        store, keys = _start_keys(launcher_world_size(), launcher_rank(), 10)
+        store.set(f"{keys}{launcher_rank()}", ENDED_BEFORE_JOINING)
+    except Exception:  # see the docstring
+        pass
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+
+
+def _wait_for_every_start(store: dist.Store, keys: str, world_size: int, timeout_s: int) -> dict[int, str]:
+    """Every rank's start as it wrote it, once all have. In waits of a second for all of them (a stop signal is
+    handled between them, where one blocking wait held it off until torchrun's SIGKILL); after JOIN_NOTE_AFTER_S one
+    line says which ranks this one waits for; JoinFailed naming them after --timeout-s."""
+    from cnnpar.errors import EXIT_COLLECTIVE_TIMED_OUT
+
+    every = [f"{keys}{r}" for r in range(world_size)]
+    began, noted = time.monotonic(), False
+    while True:
+        waited = time.monotonic() - began
+        try:
+            store.wait(every, timedelta(seconds=max(0.01, min(1.0, timeout_s - waited))))
+            return {r: store.get(key).decode() for r, key in enumerate(every)}
+        except dist.DistStoreError:
+            pass  # not yet
+        waited = time.monotonic() - began
+        if waited < timeout_s and (noted or waited < JOIN_NOTE_AFTER_S):
+            continue  # which ranks are missing is asked rank by rank: only for the two lines below
+        missing = _ranks([r for r, key in enumerate(every) if not store.check([key])])
+        if waited >= timeout_s:
+            raise JoinFailed(
+                f"rank(s) {missing} of {world_size} did not join the job within --timeout-s {timeout_s}: another "
+                "node's launch did not start its worker, or it failed before joining (its error is in its node's log)",
+                EXIT_COLLECTIVE_TIMED_OUT,
+            )
+        if not noted and local_rank_of_launch() == 0:  # one line a node
+            print(
+                f"cnnpar: rank {launcher_rank()} waiting for rank(s) {missing} of {world_size} to join the job "
+                f"(started by each node's torchrun); giving up after --timeout-s {timeout_s}",
+                file=sys.stderr,
+                flush=True,
+            )
+        noted = True
+
+
+def exchange_starts(debug_single: bool, timeout_s: int) -> None:
+    """Every rank of a torchrun job writes its start to torchrun's shared store and reads every rank's, before
+    anything waits in a collective: a rank that ended before it got here (its command line refused, on its node
+    alone) has written that instead (`say_this_rank_ended_before_joining`), and every other rank stops at once with
+    JoinFailed naming it. ConfigError on every rank where the debug switch is on for some ranks and off for others
+    (one node's command or environment had it): the switched ranks left or trained alone, and the others waited
+    for them the whole --timeout-s, then failed with a traceback. Once a process: a second start in it (a test
+    calling `cli.main` again) is the same rank of the same job."""
+    global _start_said
+    if _start_said or not _in_a_torchrun_job():
+        return
+    from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, ConfigError
+
+    world_size, rank = launcher_world_size(), launcher_rank()
+    store, keys = _start_keys(world_size, rank, timeout_s)
     store.set(f"{keys}{rank}", "1" if debug_single_requested(debug_single) else "0")
-    on = [r for r in range(world_size) if store.get(f"{keys}{r}") == b"1"]  # waits for each rank's
+    _start_said = True
+    started = _wait_for_every_start(store, keys, world_size, timeout_s)
+    ended = [r for r, said in started.items() if said == ENDED_BEFORE_JOINING]
+    if ended:
+        raise JoinFailed(
+            f"rank(s) {_ranks(ended)} of {world_size} ended before joining the job; the error is in that node's log",
+            EXIT_ANOTHER_RANK_ENDED,
+        )
+    on = [r for r, said in started.items() if said == "1"]
     if on and len(on) < world_size:
-        shown = ", ".join(map(str, on[:8])) + (", ..." if len(on) > 8 else "")
         raise ConfigError(
-            f"the debug switch (--debug-single, {DEBUG_ENV}) is on for rank(s) {shown} of {world_size} only: "
+            f"the debug switch (--debug-single, {DEBUG_ENV}) is on for rank(s) {_ranks(on)} of {world_size} only: "
             "expected it on every node's command (one process trains) or on none"
         )
 
@@ -424,6 +577,7 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     The debug switch ignores the torchrun environment entirely: one process, rank 0, on the
     first device. That is the "just run it locally" escape hatch, with no code change.
     """
+    check_launch_env(debug_single, rendezvous=False)  # MASTER_ADDR/PORT below, after this node's device count
     if debug_single_requested(debug_single) or not launched_by_torchrun():
         device = pick_device(device_request, 0)
         if device.type == "cuda":
@@ -447,11 +601,21 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=timeout_s)
     kwargs: dict = {"device_id": device} if device.type == "cuda" else {}
+    check_launch_env(debug_single)
     store = attempt_store(world_size, timeout)
     if store is not None:
         kwargs.update(store=store, rank=rank, world_size=world_size)
     _RETIRED_GLOO.clear()  # groups left before: their threads joined without the GIL (see _RETIRED_GLOO)
-    dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+    try:
+        dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+    except dist.DistStoreError as e:  # a store key waited for in vain: a rank that never came
+        from cnnpar.errors import EXIT_COLLECTIVE_TIMED_OUT, first_line
+
+        raise JoinFailed(
+            f"the other ranks did not join the job within --timeout-s {timeout_s}: another node's process did not "
+            f"start, or failed before joining (its error is in its own log); torch: {first_line(e)}",
+            EXIT_COLLECTIVE_TIMED_OUT,
+        ) from e
     return DistInfo(rank, local_rank, world_size, device, attempt=job_attempt())
 
 

@@ -13,6 +13,7 @@ import hashlib
 import io
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -534,4 +535,28 @@ def listing_checksum(root: Path, files: list[Path], labels: list[int], splits: l
         # surrogateescape: a name that is not UTF-8 (Latin-1 caf\xe9.png) hashes as its bytes on disk; a UTF-8 name
         # holds no lone surrogate and encodes to the same bytes as before, so existing checksums hold
         digest.update(f"{rel}\0{label}\0{split}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+# What the ranks of a job compare of an image folder's content beside its listing (`content_sample_checksum`): the
+# first CONTENT_SAMPLE_BYTES of CONTENT_SAMPLE_FILES files spread evenly over it
+CONTENT_SAMPLE_FILES = 32
+CONTENT_SAMPLE_BYTES = 1 << 16
+
+
+def content_sample_checksum(files: Sequence[Path]) -> str:
+    """sha256 of every file's size, in order, and of the first CONTENT_SAMPLE_BYTES of CONTENT_SAMPLE_FILES of them
+    spread evenly over the list: what the ranks of a job compare of their copies of an image folder beside its
+    listing (engine/agreement.data_identity), which names alone pass. A node whose copy holds other pictures under
+    the same names trained on them silently. A re-encoded, replaced or swapped photo almost always changes a size;
+    a same-size change in a file outside the sample passes. One stat per file and 32 short reads: 30 ms for 5,000
+    files here, warm (docs/distributed.md)."""
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(os.stat(f).st_size.to_bytes(8, "little"))
+    count = len(files)
+    step = max(1, count // CONTENT_SAMPLE_FILES)
+    for i in range(0, count, step)[:CONTENT_SAMPLE_FILES]:
+        with open(files[i], "rb") as fh:
+            digest.update(fh.read(CONTENT_SAMPLE_BYTES))
     return digest.hexdigest()

@@ -30,6 +30,7 @@ from cnnpar.data.encoded_arrays import DecodeTally, decode_encoded, encoded_keys
 from cnnpar.data.folder import (
     VAL_NAMES,
     ImageFolderDataset,
+    content_sample_checksum,
     image_files,
     listing_checksum,
     loose_images_note,
@@ -109,6 +110,20 @@ def _check_given_format(source: str, fmt: str) -> None:
 STORE_CHECKSUM = "pixel checksum"
 ARRAYS_CHECKSUM = "checksum of its images and labels"
 FOLDER_CHECKSUM = "checksum of its image files' names and classes"
+
+
+def folder_content_sample(bundle: DataBundle) -> str:
+    """For an image folder, whose `fingerprint` covers its files' names and classes only, a checksum of their sizes
+    and of a sample of their bytes (folder.content_sample_checksum), training files then validation files; "" for
+    any other data, whose fingerprint covers its content. For the ranks of a job to compare (Trainer): read at
+    each start, not stored in checkpoints, whose data checksum stays as it was."""
+    if bundle.fingerprint_of != FOLDER_CHECKSUM:
+        return ""
+    files = [*getattr(bundle.train, "files", ()), *getattr(bundle.val, "files", ())]
+    try:
+        return content_sample_checksum(files)
+    except OSError as e:  # gone since the listing: said as this rank's difference, not as a traceback on it alone
+        return f"unreadable: {e.filename}"
 
 
 def content_checksum(arrays: dict[str, np.ndarray]) -> str:

@@ -49,24 +49,39 @@ PER_NODE_SETTINGS = {
 }
 
 
+# Settings that others are resolved from, compared first: the one named is then the one typed. A --batch-size of
+# one node's own also changed its resolved optim.lr_batch (config.lr_reference), met first in section order, so the
+# ranks were told of a --lr-batch nobody typed; a --lr-batch of its own changes the lr an automatic batch scales.
+COMPARED_FIRST = ("run.batch_size", "optim.lr_batch")
+# What 0 stands for in a setting where it means "auto", said beside it: "rank 0's 0" read as a value given
+ZERO_MEANS = {"data.image_size": "auto: the source's size", "data.num_classes": "auto: from the labels"}
+
+
 def shared_settings(cfg: Config) -> dict[str, Any]:
-    """The resolved settings every rank must share, by "section.name"."""
-    return {
+    """The resolved settings every rank must share, by "section.name", COMPARED_FIRST first."""
+    every = {
         f"{section}.{name}": value
         for section, values in to_dict(cfg).items()
         for name, value in values.items()
         if name not in PER_NODE_SETTINGS.get(section, ())
     }
+    return {**{key: every[key] for key in COMPARED_FIRST if key in every}, **every}
 
 
-def data_identity(meta: dict, train: int, val: int) -> dict[str, Any]:
+# The field of `data_identity` for an image folder's content (data/sources.folder_content_sample)
+CONTENT_SAMPLE = "data's checksum of file sizes and sampled bytes"
+
+
+def data_identity(meta: dict, train: int, val: int, content_sample: str = "") -> dict[str, Any]:
     """What says two ranks hold the same data, wherever its copy lies: the checkpoint's data fields (the path
-    left out) and the split's sizes."""
+    left out), the split's sizes and, for an image folder (whose checksum covers names and classes only), its
+    `content_sample`: its files' sizes and some of their bytes."""
     # the checksum first: the difference named is then the one that says most (not the mean pixel it moved)
     first = [key for key in ("data_checksum", "examples", "num_classes", "class_names", "image_shape") if key in meta]
     keys = first + [key for key in meta if key not in first and key != "data_path"]
     same = {f"data's {key.removeprefix('data_').replace('_', ' ')}": meta[key] for key in keys}
-    return {**same, "data's training samples": train, "data's validation samples": val}
+    sampled = {CONTENT_SAMPLE: content_sample} if content_sample else {}
+    return {**same, "data's training samples": train, "data's validation samples": val, **sampled}
 
 
 def weights_checksum(model: torch.nn.Module) -> str:
@@ -102,12 +117,17 @@ def _short(value: Any, most: int = 28) -> str:
     return text[: most - 3] + "..."
 
 
+def _value(key: str, value: Any) -> str:
+    meaning = ZERO_MEANS.get(key) if value == 0 and not isinstance(value, bool) else None
+    return f"0 ({meaning})" if meaning else _short(value)
+
+
 def first_difference(reference: dict, mine: dict, rank: int) -> str:
     """The first field where `mine` (rank `rank`'s) differs from rank 0's `reference`, in words ("" where none)."""
     for key in [*reference, *(k for k in mine if k not in reference)]:
         theirs, ours = reference.get(key, "(none)"), mine.get(key, "(none)")
         if theirs != ours:
-            return f"rank {rank}'s {_shown(key)} is {_short(ours)}, rank 0's {_short(theirs)}"
+            return f"rank {rank}'s {_shown(key)} is {_value(key, ours)}, rank 0's {_value(key, theirs)}"
     return ""
 
 

@@ -305,7 +305,11 @@ def resume_auto_record(cfg: Config) -> dict[str, str]:
 
 
 def resolve_run(cfg: Config, info: DistInfo) -> tuple[Path, Path | None]:
-    """Return (run folder, checkpoint to resume from or None), the same on every rank."""
+    """Return (run folder, checkpoint to resume from or None): rank 0's decision, each rank's view of it.
+
+    Rank 0 names the folder and the checkpoint in it; every other rank finds them under its own --out-dir (or its
+    own --resume PATH), not at rank 0's path: a shared file system mounted at another path on another node held
+    the run, and rank 0's path named nothing there (or, on a node-local disk, another folder)."""
     decision: tuple[str, str | None] | str
     if info.is_main:
         try:
@@ -318,9 +322,26 @@ def resolve_run(cfg: Config, info: DistInfo) -> tuple[Path, Path | None]:
     if isinstance(decision, str):
         raise UserError(decision)
     run_dir, ckpt = decision
-    if ckpt is not None and not Path(ckpt).is_file():
+    if info.is_main:
+        return Path(run_dir), Path(ckpt) if ckpt is not None else None
+    mine = this_nodes_run_dir(cfg, Path(run_dir))
+    if ckpt is None:
+        return mine, None
+    in_mine = mine / Path(ckpt).relative_to(run_dir)
+    if not in_mine.is_file():
+        theirs = f" (rank 0's is {ckpt})" if str(in_mine) != ckpt else ""
         raise UserError(
-            f"{ckpt}: rank 0 resumes from this checkpoint but rank {info.rank} cannot read it: every node "
-            f"must see --out-dir (a shared file system)"
+            f"{in_mine}: rank 0 resumes from this checkpoint but rank {info.rank} cannot read it{theirs}: "
+            f"{UNSHARED_RUN_FOLDER}, mounted at any path"
         )
-    return Path(run_dir), Path(ckpt) if ckpt is not None else None
+    return mine, in_mine
+
+
+def this_nodes_run_dir(cfg: Config, decided: Path) -> Path:
+    """The run folder rank 0 `decided`, as this node sees it: the folder of this node's own `--resume PATH`, else
+    the folder of that name under this node's own --out-dir."""
+    resume = cfg.run.resume
+    if resume and resume != "auto":
+        ckpt = resumed_checkpoint(Path(resume))
+        return run_dir_of(ckpt) if ckpt is not None else decided
+    return Path(cfg.run.out_dir) / decided.name

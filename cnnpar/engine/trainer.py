@@ -31,7 +31,7 @@ from cnnpar.data.bundle import class_lines, first_five, holdout_label, split_lin
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
-from cnnpar.data.sources import STORE_CHECKSUM
+from cnnpar.data.sources import STORE_CHECKSUM, folder_content_sample
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
 from cnnpar.data.worker_crash import STOP_SIGNALS, killed_by, worker_crash_line, worker_signal
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
@@ -274,7 +274,8 @@ class Trainer:
         same = {}
         if info.distributed:  # one process has no other rank to agree with
             val = len(self.bundle.val) if self.bundle.val is not None else 0
-            same = {**shared_settings(cfg), **data_identity(self.meta, len(self.bundle.train), val)}
+            sample = folder_content_sample(self.bundle)  # a folder's names pass for other photos under them
+            same = {**shared_settings(cfg), **data_identity(self.meta, len(self.bundle.train), val, sample)}
         # every rank refused alike (one command line): the job's one refusal, said once (EveryRankRefused)
         refuse_disagreeing_ranks(same, info, "settings and data", refusal)
         self.model = parallelize(
@@ -328,6 +329,10 @@ class Trainer:
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
         self.stop_said = False  # fit printed the stop line (what is kept, how to go on): --nproc's launcher need not
         refusal = None  # this rank's own (its copy of the checkpoint unreadable, or of other data): said together
+        # what the resume says ("resumed from ..."), held until the ranks agree on the checkpoint: said before a
+        # refusal, it read as a resume that happened
+        log, held = self.log, []
+        self.log = lambda *a, **k: held.append((a, k))
         try:
             self.run_dir, resume_from = resolve_run(cfg, info)
             self.resumed_from = Path(resume_from) if resume_from is not None else None
@@ -337,6 +342,8 @@ class Trainer:
                 self._restore(resume_from)
         except UserError as e:
             refusal = e
+        finally:
+            self.log = log
         # each node reads the checkpoint from its own disk, after DDP's broadcast of the weights: nothing else
         # would notice a node holding another copy of the run folder. A rank refused alone stops every rank
         # here, where the others waited in their first collective for it (--timeout-s).
@@ -347,6 +354,8 @@ class Trainer:
             else {}
         )
         refuse_disagreeing_ranks(same, info, "checkpoint", refusal)  # one process: raises its own refusal alone
+        for args, kwargs in held:
+            self.log(*args, **kwargs)
         self.compile_s = 0.0
         self.eval_wait_s = 0.0  # the last evaluation's wait for its batches (evaluate)
         self.use_graphs = self._graphs_allowed()

@@ -21,22 +21,49 @@ import torch.distributed as dist
 
 from cnnpar.cli import main as cli_main
 from cnnpar.report.files import write_json_atomic
-from tests.datafiles import bar_images, write_pixel_csv
+from tests.datafiles import bar_images, write_image_folder, write_pixel_csv
 
 # AGREEMENT_DEVICE=cuda runs the same checks on GPUs through NCCL (tests/dist/test_gpu_ddp.py)
 RUN = ["train", "--device", os.environ.get("AGREEMENT_DEVICE", "cpu")]
-RUN += ["--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "64"]
 RUN += ["--batch-size", "16", "--no-progress", "--no-tensorboard", "--timeout-s", "60", "--name", "w"]
+SYNTHETIC = ("--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "64")
 
 
-def train(*args: str) -> dict:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
+def train(*args: str, data: tuple[str, ...] = SYNTHETIC) -> dict:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
-            rc = cli_main([*RUN, *args])
+            rc = cli_main([*RUN, *data, *args])
         except Exception as e:  # a rank left alone in a collective (before the ranks agreed on a data error)
             rc = f"raised {type(e).__name__}"
-    return {"rc": rc, "stderr": err.getvalue(), "initialized_after": dist.is_initialized()}
+    return {"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue(), "initialized_after": dist.is_initialized()}
+
+
+def this_nodes_photos(rank: int) -> str:
+    """photos/ in this rank's folder: node 1's copy has two pictures of two classes swapped, under the same names (two
+    wrong labels), which the listing's checksum of names and classes passes."""
+    root = write_image_folder(Path("photos"), per_class=6, side=16)
+    if rank == 1:
+        a, b = next(
+            (a, b)
+            for a in sorted((root / "class0").glob("*.jpg"))
+            for b in sorted((root / "class1").glob("*.jpg"))
+            if a.stat().st_size != b.stat().st_size
+        )
+        pictures = a.read_bytes(), b.read_bytes()
+        a.write_bytes(pictures[1])
+        b.write_bytes(pictures[0])
+    return str(root)
+
+
+def a_shared_folder_seen_elsewhere(rank: int) -> str:
+    """The --out-dir of this node: node 0's `shared`, which node 1 sees as `view` (a link to it; a shared file
+    system mounted at another path), where node 0's relative path `shared` names nothing."""
+    if rank == 1:
+        Path("view").symlink_to(Path("..", "n0", "shared"))
+        return "view"
+    Path("shared").mkdir()
+    return "shared"
 
 
 def this_nodes_csv(rank: int) -> str:
@@ -69,6 +96,13 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     os.chdir(work / f"n{rank}")
     results = {"lr": train("--epochs", "1", *(["--lr", "0.01"] if rank == 1 else []))}
+    results["batch"] = train("--epochs", "1", *(["--batch-size", "8"] if rank == 1 else []))
+    photos = ("--data", this_nodes_photos(rank), "--image-size", "8", "--workers", "0")
+    results["photos"] = train("--epochs", "1", "--name", "photos", data=photos)
+    out_dir = ["--out-dir", a_shared_folder_seen_elsewhere(rank), "--name", "sh"]
+    results["elsewhere"] = train("--epochs", "1", *out_dir)
+    results["elsewhere_auto"] = train("--epochs", "2", *out_dir, "--resume", "auto")
+    results["elsewhere_path"] = train("--epochs", "3", *out_dir, "--resume", f"{out_dir[1]}/sh")
     results["too_small"] = train("--epochs", "1", "--image-size", "4")  # every rank refuses it alike
     results["first"] = train("--epochs", "1")  # agreed: rank 0 writes n0/runs/w
     done = work / "first-done"

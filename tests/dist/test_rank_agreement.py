@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cnnpar.config import Config, DataConfig, OptimConfig, RunConfig, SpeedConfig
+from cnnpar.config import Config, DataConfig, OptimConfig, RunConfig, SpeedConfig, resolve_for_device
 from cnnpar.engine.agreement import data_identity, first_difference, shared_settings
 from tests.conftest import run_cmd, torchrun_cmd
 
@@ -50,6 +50,28 @@ def test_data_is_compared_by_its_content_not_its_path_checksum_first():
     assert first_difference(here, data_identity({**meta, "data_path": "/data/train.csv"}, 240, 60), 1) == ""
     other = data_identity({**meta, "mean": [0.36], "data_checksum": "b" * 64}, 240, 60)
     assert first_difference(here, other, 1) == f"rank 1's data's checksum is '{'b' * 23}...', rank 0's '{'a' * 23}...'"
+
+
+def test_a_typed_batch_size_is_named_not_the_lr_batch_resolved_from_it():
+    """A --batch-size of one node's own was reported as a --lr-batch nobody typed (optim.lr_batch, resolved from the
+    batch, came first in section order); an automatic 0 is said as what it means."""
+    here, there = (resolve_for_device(Config(run=RunConfig(batch_size=b)), "cpu", False) for b in (8, 4))
+    assert first_difference(shared_settings(here), shared_settings(there), 1) == (
+        "rank 1's run.batch_size (--batch-size) is 4, rank 0's 8"
+    )
+    sized = Config(data=DataConfig(image_size=16))
+    assert first_difference(shared_settings(Config()), shared_settings(sized), 1) == (
+        "rank 1's data.image_size (--image-size) is 16, rank 0's 0 (auto: the source's size)"
+    )
+
+
+def test_a_folders_content_sample_is_compared_only_where_there_is_one():
+    meta = {"data_checksum": "a" * 64, "class_names": ["cat", "dog"]}
+    assert first_difference(data_identity(meta, 40, 10), data_identity(meta, 40, 10, ""), 1) == ""
+    assert first_difference(data_identity(meta, 40, 10, "1" * 64), data_identity(meta, 40, 10, "2" * 64), 1) == (
+        "rank 1's data's checksum of file sizes and sampled bytes is '22222222222222222222222...', rank 0's "
+        "'11111111111111111111111...'"
+    )
 
 
 def test_a_long_value_is_cut_inside_its_quotes_and_brackets():
@@ -100,6 +122,40 @@ def test_a_node_resuming_its_own_copy_with_other_weights_stops_every_rank(ranks)
         check = result["checkpoint"]
         assert check["rc"] == 2 and not check["initialized_after"], check
         assert "rank 1's weights checksum is '" in check["stderr"] and "same checkpoint" in check["stderr"]
+    # rank 0 had said "resumed from runs/w/ckpt/last.pt after epoch 1" (and the schedule's rebuild) first
+    assert (
+        "resumed from" not in ranks[0]["checkpoint"]["stdout"] and "schedule:" not in ranks[0]["checkpoint"]["stdout"]
+    )
+    assert "resumed from shared/sh/ckpt/last.pt after epoch 1" in ranks[0]["elsewhere_auto"]["stdout"]
+
+
+def test_a_batch_size_of_one_nodes_own_is_named_as_typed(ranks):
+    for rank, result in enumerate(ranks):
+        check = result["batch"]
+        assert check["rc"] == 2, check
+        assert check["stderr"].startswith(
+            f"cnnpar: error: [rank {rank}] rank 1's run.batch_size (--batch-size) is 8, rank 0's 16: every process"
+        ), check["stderr"]
+
+
+def test_a_nodes_copy_of_an_image_folder_with_other_pictures_under_the_same_names_stops_every_rank(ranks):
+    """Node 1's copy had two photos of two classes swapped (two wrong labels; names, classes and splits the same):
+    the listing's checksum passed it, and the job trained on."""
+    for rank, result in enumerate(ranks):
+        check = result["photos"]
+        assert check["rc"] == 2 and not check["initialized_after"], check
+        line = f"cnnpar: error: [rank {rank}] rank 1's data's checksum of file sizes and sampled bytes is '"
+        assert check["stderr"].splitlines()[-1].startswith(line), check["stderr"]
+
+
+def test_each_node_finds_the_run_under_its_own_out_dir_a_shared_folder_mounted_elsewhere(ranks):
+    """Node 1 sees node 0's `shared` as `view`: each rank took rank 0's path (`shared/sh`, nothing on node 1) and
+    refused the resume: "rank 0 resumes from this checkpoint but rank 1 cannot read it: every node must see
+    --out-dir", though node 1 saw it, under its own --out-dir."""
+    for name, epochs in (("elsewhere", 1), ("elsewhere_auto", 2), ("elsewhere_path", 3)):
+        for result in ranks:
+            assert result[name]["rc"] == 0, (name, result[name])
+        assert f"epoch {epochs}/{epochs}" in ranks[0][name]["stdout"], ranks[0][name]["stdout"]
 
 
 def test_a_rank_that_cannot_read_the_checkpoint_stops_every_rank(ranks):

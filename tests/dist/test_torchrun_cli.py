@@ -36,12 +36,12 @@ TRAIN = [
 ]
 
 
-def run_two_nodes(cmd: list[str], cwd, env: dict, timeout: float) -> list[tuple[int, str, str]]:
-    """Two launches of the same torchrun command, as two nodes would start it: (exit code, stdout, stderr) each;
-    any still running at the end is killed."""
+def run_two_nodes(cmd: list[str], cwd, env: dict, timeout: float, cmds=None) -> list[tuple[int, str, str]]:
+    """Two launches of the same torchrun command (or of each of `cmds`), as two nodes would start it: (exit code,
+    stdout, stderr) each; any still running at the end is killed."""
     nodes = [
-        subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
+        subprocess.Popen(each, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for each in cmds or (cmd, cmd)
     ]
     outs = []
     try:
@@ -113,7 +113,8 @@ def test_two_node_rendezvous_on_localhost_trains(tmp_path):
     launch = torchrun_cmd(
         1, "--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=cnnpar-2node"
     )
-    cmd = [*launch, *TRAIN, "--epochs", "2"]
+    # `-m --`: torchrun would read --nproc as its own --nproc-per-node
+    cmd = [*launch, "-m", "--", *TRAIN[1:], "--epochs", "2", "--nproc", "3"]
     outs = run_two_nodes(cmd, tmp_path, cli_env(), timeout=180)
     for rc, out, err in outs:
         assert rc == 0, f"exit {rc}\n{out[-2000:]}\n{err[-2000:]}"
@@ -122,6 +123,26 @@ def test_two_node_rendezvous_on_localhost_trains(tmp_path):
     assert [row["epoch"] for row in read_csv(run_dir / "metrics.csv")] == ["1", "2"]
     assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
     assert sum("2 process(es)" in out for _, out, _ in outs) == 1  # one node holds rank 0 and speaks
+    # --nproc asked for 3 processes and torchrun started 1 a node: dropped without a word
+    note = "cnnpar: note: --nproc 3 not launched: torchrun started the processes (1 on this node, 2 in the job)"
+    assert sorted(note in err for _, _, err in outs) == [False, True], outs
+
+
+def test_a_node_whose_command_line_is_refused_stops_the_other_node_at_once(tmp_path):
+    """Node 1's `--epochs abc`: argparse said so there; node 0 said nothing for --timeout-s (600 s), then failed
+    with a traceback about a "debug_single" store key, and did not answer torchrun's SIGTERM meanwhile."""
+    port = free_port()
+    node = ["--nnodes=2", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    cmds = [[*torchrun_cmd(1, *node, f"--node-rank={k}"), *TRAIN, "--epochs", e] for k, e in ((0, "1"), (1, "abc"))]
+    start = time.monotonic()
+    (rc0, _, err0), (rc1, _, err1) = run_two_nodes([], tmp_path, cli_env(), timeout=120, cmds=cmds)
+    assert rc0 != 0 and rc1 != 0 and time.monotonic() - start < 90, err0[-2000:]
+    assert "cnnpar train: error: argument --epochs: invalid int value: 'abc'" in err1
+    said = [line for line in err0.splitlines() if line.startswith("cnnpar:")]
+    assert said == [
+        "cnnpar: rank 0 stopped: rank(s) 1 of 2 ended before joining the job; the error is in that node's log"
+    ], err0[-3000:]
+    assert "DistStoreError" not in err0 and not (tmp_path / "runs").exists()
 
 
 def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
