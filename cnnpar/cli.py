@@ -8,7 +8,15 @@ import sys
 import warnings
 from pathlib import Path
 
-from cnnpar.errors import ConfigError, EveryRankRefused, Terminated, UserError, stop_on_sigterm, user_error_text
+from cnnpar.errors import (
+    ConfigError,
+    EveryRankRefused,
+    Terminated,
+    UserError,
+    raise_pending_stop,
+    stop_on_sigterm,
+    user_error_text,
+)
 from cnnpar.torchrun import RUN_DIR_NOTE_ENV, refusal_note  # (imports no torch)
 
 
@@ -44,7 +52,7 @@ def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
 
 def stop_said_marker(note: Path) -> Path:
     """Beside the run-folder note: rank 0 has printed the stop line itself (a Ctrl-C reaches every process of the
-    group), and the launcher's own would say it a second time."""
+    group), or a worker crash's line that says what was kept, and the launcher's own would say it a second time."""
     return note.with_name(note.name + ".said")
 
 
@@ -203,7 +211,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             Path(note).write_text(str(trainer.run_dir))
         try:
             result = trainer.fit()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, UserError):  # a stop, or a worker crash after a saved epoch: what is kept was said
             if note and trainer.stop_said:
                 stop_said_marker(Path(note)).touch()
             raise
@@ -858,7 +866,9 @@ def main(argv: list[str] | None = None) -> int:
     if not launched_as_worker() or stops_for_a_plain_torchrun():
         stop_on_sigterm()
     try:
-        return args.func(args, argv[1:])
+        code = args.func(args, argv[1:])
+        raise_pending_stop()  # one whose raise Python dropped after the command's last check: it ends as a stop
+        return code
     except UserError as e:
         tell_the_job_this_rank_ended()
         text = f"{user_error_text(e)}{_preset_data_note(args, e)}"
@@ -876,11 +886,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         return 2
     except KeyboardInterrupt as e:
-        terminated = isinstance(e, Terminated)
-        print("cnnpar: stopped (SIGTERM)" if terminated else "cnnpar: interrupted", file=sys.stderr)
-        return 128 + 15 if terminated else 130
+        return stopped(e)
     except BaseException as e:
         tell_the_job_this_rank_ended()
+        if (stop := _stop_behind(e)) is not None:  # a worker the stop killed, torch broken under it
+            return stopped(stop)
         if "RANK" not in os.environ:
             raise
         line, code = another_rank_line(e, _rank())
@@ -889,6 +899,25 @@ def main(argv: list[str] | None = None) -> int:
             return code
         print(f"cnnpar: rank {_rank()} failed:", file=sys.stderr, flush=True)
         raise
+
+
+def stopped(stop: KeyboardInterrupt) -> int:
+    """The last line of a command stopped by a Ctrl-C or a SIGTERM (errors.Terminated), and its exit status: 130 or
+    143. A rank of `--nproc` leaves the line to its launcher, which says it once (each rank's came on top of it)."""
+    from cnnpar.dist import LAUNCHED_NPROC_ENV
+
+    terminated = isinstance(stop, Terminated)
+    if LAUNCHED_NPROC_ENV not in os.environ:
+        sys.stdout.flush()  # what the command printed (its own stop line) comes first where both go to one file
+        print("cnnpar: stopped (SIGTERM)" if terminated else "cnnpar: interrupted", file=sys.stderr, flush=True)
+    return 128 + 15 if terminated else 130
+
+
+def _stop_behind(e: BaseException) -> KeyboardInterrupt | None:
+    """The stop that `e` is the doing of (engine/trainer.the_stop), for an error no command turned into one."""
+    from cnnpar.engine.trainer import the_stop
+
+    return the_stop(e)
 
 
 def another_rank_line(e: BaseException, rank: int) -> tuple[str, int]:

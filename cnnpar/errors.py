@@ -67,15 +67,69 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is: the clean-up a Ctrl-C runs then runs for it too."""
 
 
+# The stop the handlers of `stop_on_sigterm` saw (SIGTERM or SIGINT), kept beside the exception they raise: raised
+# while torch runs a finaliser (a DataLoader iterator's __del__ joining its workers) or a fork hook (logging's
+# _releaseLock, as a loader forks its workers), that exception is printed as "Exception ignored in ..." and dropped,
+# and a run stopped by `timeout` trained on to its last epoch and ended `done:`. The loops ask at their safe points
+# (`raise_pending_stop`: each step, each batch, an epoch's end), and `engine/trainer.the_stop` reads any error raised
+# after it as its consequence.
+_stop_seen: int | None = None
+
+
+def stop_for(signum: int) -> KeyboardInterrupt:
+    """The exception a stop by `signum` raises: Terminated for SIGTERM (exit 143), else KeyboardInterrupt (130)."""
+    import signal
+
+    return Terminated() if signum == getattr(signal, "SIGTERM", None) else KeyboardInterrupt()
+
+
+def pending_stop() -> KeyboardInterrupt | None:
+    """The stop a handler saw in this process, as a new exception to raise; None where none came."""
+    return None if _stop_seen is None else stop_for(_stop_seen)
+
+
+def raise_pending_stop() -> None:
+    """At a safe point of a loop: raise the stop a handler saw, whose own raise Python may have dropped."""
+    if _stop_seen is not None:
+        raise stop_for(_stop_seen)
+
+
+def forget_stop() -> None:
+    """No stop seen: for a new command in the same process (cli.main), and for tests."""
+    global _stop_seen
+    _stop_seen = None
+
+
 def stop_on_sigterm() -> None:
     """`timeout`, `kill` and job schedulers send SIGTERM, which ends Python without running `finally` or
     `except` blocks: raise `Terminated` instead, so a command's clean-up runs as for Ctrl-C (train keeps its
     finished epochs and removes a half-written checkpoint; tune kills its running child, which lives in its own
-    session and would outlive the parent; prepare removes its half-written store). The CLI exits 143 for it."""
+    session and would outlive the parent; prepare removes its half-written store). The CLI exits 143 for it.
+    Both that SIGTERM and a Ctrl-C (where Python's own handler has it) are remembered as well as raised
+    (`pending_stop`), and while one is pending the errors Python drops in finalisers, the stop's own raise and what
+    it broke under torch (its DataLoader iterators half made or half shut), are not printed above the stop line."""
     import signal
+    import sys
+
+    forget_stop()
 
     def handler(signum, frame):
-        raise Terminated
+        global _stop_seen
+        _stop_seen = signum
+        raise stop_for(signum)
 
     if hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, handler)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not one ignored (nohup) or another's own
+        signal.signal(signal.SIGINT, handler)
+    if not getattr(sys.unraisablehook, "quiet_while_stopping", False):
+        sys.unraisablehook = _quiet_while_stopping(sys.unraisablehook)
+
+
+def _quiet_while_stopping(hook):
+    def unraisable(arg) -> None:
+        if _stop_seen is None:
+            hook(arg)
+
+    unraisable.quiet_while_stopping = True
+    return unraisable

@@ -506,6 +506,7 @@ def workload_fields(w: Workload) -> dict:
 
 def _measure_here(claim: Claim, ctx: ClaimContext, w: Workload) -> dict:
     """Measure in this process; any failure becomes a row, and the other claims go on."""
+    from cnnpar.engine.trainer import raise_if_the_stop
     from cnnpar.report.meters import free_device_memory
 
     from .measure import error_text
@@ -515,6 +516,7 @@ def _measure_here(claim: Claim, ctx: ClaimContext, w: Workload) -> dict:
     except NotMeasurable as e:
         return {"verdict": "not measurable here", "note": str(e)}
     except Exception as e:
+        raise_if_the_stop(e)  # a stop's doing is the stop, not a failed claim
         return {"verdict": FAILED, "note": f"measurement failed: {error_text(e)}"}
     finally:
         free_device_memory(ctx.device)  # after the traceback (and the tensors it holds) is gone

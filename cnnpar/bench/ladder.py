@@ -26,6 +26,7 @@ from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import continue_as
 from cnnpar.engine.resolved import as_measured
 from cnnpar.engine.train_step import graphs_blocked_by
+from cnnpar.engine.trainer import raise_if_the_stop
 from cnnpar.errors import UserError
 from cnnpar.models import build_model
 from cnnpar.parallel import resolve_for
@@ -263,6 +264,7 @@ def run_ladder(
             try:
                 kept = (p.rung.name, _measure(p, carried, row, bundle, info, timing))
             except Exception as e:  # any failure (out of memory included) is a result, not the end
+                raise_if_the_stop(e)  # but a stop's doing (the workers it killed) is the stop: the bench ends
                 row.update(status="failed", error=error_text(e))
             carried = None
             if kept is None:

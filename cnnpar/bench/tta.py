@@ -16,6 +16,7 @@ from cnnpar.config import Config
 from cnnpar.data import DataBundle, load_data
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import build_trainer, reset_compiler
+from cnnpar.engine.trainer import raise_if_the_stop
 from cnnpar.errors import Diverged, UserError
 from cnnpar.presets import with_overrides
 from cnnpar.report.meters import free_device_memory
@@ -111,6 +112,7 @@ def run_tta(
             seeded = bundle if seed == cfg.run.seed else load_data(cfg.data, seed)
             row = {**meta, **time_to_accuracy(cfg, seeded, info, target, seed), "status": "ok"}
         except Exception as e:  # noqa: BLE001
+            raise_if_the_stop(e)  # a stop's doing is the stop, not a failed seed
             if isinstance(e, UserError) and not isinstance(e, Diverged):
                 raise  # bad input: the one-line error, as for every command
             # out of memory, say, or this seed's training diverged: a failed row, and the other seeds still run

@@ -37,7 +37,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from cnnpar.config import LONG_COMPILES, MACHINE_FIELDS, Config, cli_option, dumps_toml, from_dict, to_dict
-from cnnpar.errors import UserError
+from cnnpar.errors import UserError, raise_pending_stop
 from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.report.files import (
     check_out_folder,
@@ -329,6 +329,7 @@ class Tuner:
 
     def attempt(self, group: str, label: str, value, cfg: Config, note: str = "") -> Trial:
         """Measure `cfg` in a child within the time left; record the trial, keep it if it wins."""
+        raise_pending_stop()  # a stop whose raise was dropped (in a finaliser of the last trial's): no trial after it
         name = f"{label}={value}" if label != START else "start (your config, resolved here)"
         limit, why = self.limit(start=label == START)
         if why:
@@ -546,6 +547,20 @@ def tune(
         if tuner.out.is_file() and _same_file(tuner.out, config_read):
             log(f"tune: kept {tuner.out}: it is the --config this run started from, not a result of it")
         return None, tuner.trials
+    try:
+        _search(tuner, facts, held)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the best config measured stays, and the last line says where
+        tuner.write()  # the trials since the last improvement too
+        csv = tuner.out.with_suffix(".csv")
+        measured = sum(t.images_per_s is not None for t in tuner.trials)
+        trials = f"{len(tuner.trials)} trial(s), {measured} measured"
+        log(f"tune: stopped; the best config so far ({trials}) is in {tuner.out} (the trials in {csv})")
+        raise
+    return tuner.best_cfg, tuner.trials
+
+
+def _search(tuner: Tuner, facts: dict, held: frozenset[str]) -> None:
+    """Every trial after the start, then the check."""
     if "run.batch_size" in held:
         tuner.trials.append(Trial(GROUPS[0], "batch_size", "doubled", SKIPPED, note=held_note("run", "batch_size")))
     else:
@@ -564,7 +579,6 @@ def tune(
                 tuner.write()  # on disk now: the next trial (max-autotune, the longest) may be interrupted
     tuner.check()
     tuner.write()  # the trials after the last improvement (skipped, cut off) go into the CSV too
-    return tuner.best_cfg, tuner.trials
 
 
 def _same_file(a: Path, b: str | Path | None) -> bool:

@@ -587,6 +587,19 @@ def encoded_slots(ds, batch_size: int, workers: int, cfg: Config) -> ByteSlots |
         return None
 
 
+def leave_stops_to_the_main_process(worker_id: int) -> None:
+    """Every DataLoader worker's `worker_init_fn`: SIGTERM and SIGINT ignored. `timeout`, a scheduler and a Ctrl-C
+    signal the whole process group; torch's worker handler then kills a worker by SIGTERM's default action (it exits
+    quietly only for its parent's), its `pymp-*` folder left in /tmp, and the main process got "DataLoader worker ...
+    is killed by signal: Terminated" in place of its stop or over it: a bench rung recorded as failed, the doctor
+    ended in a traceback. The main process stops its workers itself, as on any end (its clean-up, which the stop
+    runs); killed outright, its workers leave within torch's 5 s watchdog (they check their parent between batches)."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _host_loader(
     ds: Dataset,
     sampler: Sampler,
@@ -598,6 +611,8 @@ def _host_loader(
 ):
     workers = cfg.data.workers if cfg.data.workers >= 0 else auto_workers(ds, info)
     common = dict(num_workers=workers, pin_memory=cfg.data.pin_memory == "on")
+    if workers > 0:
+        common["worker_init_fn"] = leave_stops_to_the_main_process
     if workers > 0 and getattr(ds, "start_method", None):  # e.g. workers that use CUDA themselves
         common["multiprocessing_context"] = ds.start_method
     if workers > 0:

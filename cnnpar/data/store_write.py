@@ -52,7 +52,7 @@ from cnnpar.data.store import (
     new_partial_path,
     pack_index,
 )
-from cnnpar.errors import DataError, UserError
+from cnnpar.errors import DataError, UserError, raise_pending_stop
 from cnnpar.process_tree import end_with_parent
 from cnnpar.report.files import fsync_path, unheld
 from cnnpar.report.host import usable_cores
@@ -217,6 +217,7 @@ class OrderedDecode:
             yield from (decode_for_store(f, self.sides) for f in self.files)
             return
         while self.pending:
+            raise_pending_stop()  # a stop whose raise was dropped (errors.pending_stop): no chunk after it
             dest, future = self.pending.popleft()
             sizes = future.result()  # re-raises a worker's DataError here
             pixels = memoryview(dest.read_bytes())
@@ -345,6 +346,7 @@ def prepare_store(
         written = True
         remove_dead_partials_beside(out)
     except BrokenProcessPool:
+        raise_pending_stop()  # the group's SIGTERM killed the workers, and its raise here was dropped: the stop
         raise UserError(
             f"{out}: not written: a decoding worker was {images.how_a_worker_ended()} before it finished (the "
             "system's out-of-memory killer does this): expected every worker to finish; run again, with fewer "

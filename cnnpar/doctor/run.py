@@ -47,7 +47,7 @@ from cnnpar.doctor.options import DoctorOptions
 from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget, search_start
 from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
-from cnnpar.engine.trainer import Trainer
+from cnnpar.engine.trainer import Trainer, raise_if_the_stop, the_stop
 from cnnpar.errors import Terminated
 from cnnpar.parallel.precision import bf16_on
 from cnnpar.presets import with_overrides
@@ -112,7 +112,11 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
     bundle = load_data(cfg.data, cfg.run.seed)
     # data that fails at its first batch leaves no empty folder
     with output_folder(opts.report_dir, report_parent(cfg), cfg.model.name) as report_dir:
-        return _examine(cfg, opts, log, info, bundle, report_dir)
+        try:
+            return _examine(cfg, opts, log, info, bundle, report_dir)
+        except Exception as e:
+            raise_if_the_stop(e)  # a stop before the tries (the workers it killed): no report, the stop's exit
+            raise
 
 
 def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Path) -> DoctorReport:
@@ -172,7 +176,10 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
                 trying = f"combined try of {' + '.join(r.title for r in winners)}"
                 tried = phase(label, lambda: _try(rcfg, change, info, bundle, opts, label))
                 report.tries.append((label, change, tried))
-        except KeyboardInterrupt as stop:
+        except BaseException as e:  # Ctrl-C, SIGTERM, or what they broke under the try (engine/trainer.the_stop)
+            stop = the_stop(e)
+            if stop is None:
+                raise
             report.recommendations, report.not_faster = rank_after_tries(recos)
             report.stop = stop
             report.stopped = f"{'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'} during the {trying}"

@@ -22,7 +22,7 @@ from cnnpar.dist import DistInfo
 from cnnpar.engine.resolved import as_measured
 from cnnpar.engine.train_step import Batch
 from cnnpar.engine.trainer import Trainer
-from cnnpar.errors import DataError
+from cnnpar.errors import DataError, raise_pending_stop
 from cnnpar.parallel import resolve_for
 from cnnpar.parallel.streams import TrainingStream
 
@@ -91,6 +91,7 @@ def cycle_batches(loader, first_epoch: int = 1, begin_epoch=None) -> Iterator[Ba
         (begin_epoch or loader.set_epoch)(epoch)
         n = 0
         for batch in loader:
+            raise_pending_stop()  # a stop whose raise was dropped (errors.pending_stop): each pass starts a loader
             n += 1
             yield batch
         if n == 0:

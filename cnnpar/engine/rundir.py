@@ -163,7 +163,13 @@ def stopped_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:
     """What a stopped run keeps and the command `again` that continues it."""
     if not saved_epoch:
         return f"stopped before an epoch was saved: nothing to resume in {run_dir}"
-    return f"stopped: the checkpoint in {run_dir} holds epochs 1-{saved_epoch}; continue with: {again}"
+    return f"stopped: {kept_line(run_dir, saved_epoch, again)}"
+
+
+def kept_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:
+    """The epochs a run's checkpoint holds (`saved_epoch` > 0) and the command `again` that continues it: the end of
+    a stop's line, and of a failure's after a saved epoch."""
+    return f"the checkpoint in {run_dir} holds epochs 1-{saved_epoch}; continue with: {again}"
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.data.sources import STORE_CHECKSUM, folder_content_sample
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
-from cnnpar.data.worker_crash import STOP_SIGNALS, killed_by, worker_crash_line, worker_signal
+from cnnpar.data.worker_crash import STOP_SIGNALS, worker_crash_line, worker_signal
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
 from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
 from cnnpar.engine.batch_size import lr_line, search_on_device
@@ -61,6 +61,7 @@ from cnnpar.engine.optim import (
 from cnnpar.engine.resolved import data_resolved, kept_requested_lines, long_compiles_resolved, requested_lines
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import (
+    kept_line,
     resolve_run,
     restarts_cannot_find_run,
     resume_auto_record,
@@ -71,7 +72,7 @@ from cnnpar.engine.rundir import (
 )
 from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_blocked_by
-from cnnpar.errors import ConfigError, DataError, Diverged, UserError
+from cnnpar.errors import ConfigError, DataError, Diverged, UserError, pending_stop, raise_pending_stop, stop_for
 from cnnpar.models import build_model
 from cnnpar.models.registry import smallest_batchnorm_map
 from cnnpar.parallel import parallelize, resolve_for
@@ -139,7 +140,7 @@ def closing_feeders(*feeders):
     one that fails to close is reported without hiding the run's own error or the other feeder. Entered from the
     clean-up of a stop (`Trainer.close` in a `finally` that a Ctrl-C or SIGTERM unwinds: the doctor's tries, the
     bench), the stop in flight counts as the block's own."""
-    stopping = the_stop(sys.exc_info()[1]) is not None
+    stopping = the_stop(sys.exc_info()[1]) is not None or pending_stop() is not None
     try:
         yield
     except BaseException as e:
@@ -156,18 +157,45 @@ def closing_feeders(*feeders):
                     warnings.warn(f"closing a data feeder failed: {e!r}", stacklevel=2)
 
 
-def the_stop(e: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C or SIGTERM (errors.Terminated) that `e` is, or that `e` replaced: torch's SIGCHLD handler raises
-    "DataLoader worker ... is killed by signal: Terminated" wherever the main thread is when a worker dies, the
-    unwinding of the run's own stop included, and the run then ended in that traceback, with no stop line."""
+def the_stop(e: BaseException | None) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (errors.Terminated) that ended the way `e` took, or None where `e` is no stop's:
+    - `e` itself;
+    - any error raised while a stop a handler saw is pending (errors.pending_stop): its own raise was dropped in a
+      finaliser, or torch's internals broke under it ("exited unexpectedly", an iterator half made), and the run
+      ended in that traceback, with no stop line;
+    - a DataLoader worker killed by SIGTERM or SIGINT (worker_signal, through the errors it was raised from or over:
+      "exited unexpectedly" from "is killed by signal: Terminated"): `timeout` and a Ctrl-C signal the whole
+      process group, and torch's SIGCHLD handler raises the worker's death wherever the main thread is, in place of
+      the stop or over it; the stop it replaced where the chain holds one, else the one its signal means."""
+    if isinstance(e, KeyboardInterrupt):
+        return e
+    if not isinstance(e, Exception):
+        return None
+    pending = pending_stop()
+    if pending is not None:
+        return pending
+    sig = worker_signal(e)
+    if sig not in STOP_SIGNALS:
+        return None
+    return _stop_in_chain(e) or stop_for(sig)
+
+
+def raise_if_the_stop(e: BaseException) -> None:
+    """Raise the stop that `e` is the doing of (`the_stop`), for a caller that turns every other error into a
+    result (a bench rung or seed "failed", a doctor's try): `timeout` then went on as if a rung had failed."""
+    stop = the_stop(e)
+    if stop is not None:
+        raise stop from None
+
+
+def _stop_in_chain(e: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt that `e` was raised from or over, if any."""
     seen = set()
-    while isinstance(e, BaseException) and id(e) not in seen:
+    while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, KeyboardInterrupt):
             return e
-        if not (isinstance(e, Exception) and _worker_stopped_with_the_run(e)):
-            return None
-        e = e.__context__
+        e = e.__cause__ or e.__context__
     return None
 
 
@@ -184,7 +212,7 @@ def _worker_stopped_with_the_run(e: Exception) -> bool:
     """A DataLoader worker that died of the SIGTERM or SIGINT that stopped the run: `timeout` and a Ctrl-C signal
     the whole process group, workers included, and closing the loader then raised torch's "is killed by signal:
     Terminated" above the stop line, as if something had failed. A worker killed otherwise is still said."""
-    return killed_by(e) in STOP_SIGNALS
+    return worker_signal(e) in STOP_SIGNALS
 
 
 # (section, field, why): what a resumed run must keep from the run it continues (Trainer._refuse_changed_fields)
@@ -902,6 +930,7 @@ class Trainer:
         finally:
             close_batches(it)
             del it
+        raise_pending_stop()  # one raised while the iterator's __del__ joined its workers was dropped there
         bar.close()
         sync(info.device)  # note: a CPU-GPU sync point, so the epoch time covers the device's work
         timing = clock.summary()
@@ -929,6 +958,7 @@ class Trainer:
         info, accum = self.info, self.cfg.optim.grad_accum
         done = 0  # micro-batches taken this epoch
         for step in range(self.steps_per_epoch):
+            raise_pending_stop()  # a stop whose raise was dropped (errors.pending_stop): in the loader's start, say
             # One accumulation group: `accum` micro-batches, fewer in an epoch's last group
             # (TrainStep weights each by its real size).
             group = []
@@ -974,6 +1004,7 @@ class Trainer:
         batches = iter(self.val_loader)
         try:
             while True:
+                raise_pending_stop()
                 with waited.waiting():
                     batch = next(batches, None)
                 if batch is None:
@@ -986,6 +1017,7 @@ class Trainer:
         finally:
             close_batches(batches)
             del batches
+        raise_pending_stop()
         all_reduce_sum(sums, self.info)
         n = float(sums[2])  # note: a CPU-GPU sync point
         self.eval_wait_s = waited.seconds()  # a timing, not a metric: kept apart so that equal models evaluate equal
@@ -1016,7 +1048,7 @@ class Trainer:
                 self.log(self._stopped_line())
                 self.stop_said = True
                 raise
-            except RuntimeError as e:  # a worker's death by that stop, raised over it (the_stop), or by a crash
+            except Exception as e:  # the stop's doing (a worker it killed, torch broken under it: the_stop), or a crash
                 stop = the_stop(e)
                 if stop is None:
                     self._raise_worker_crash(e)
@@ -1027,27 +1059,39 @@ class Trainer:
             finally:
                 self.stream.exit()  # the caller's stream again, after the training's work
 
-    def _raise_worker_crash(self, e: RuntimeError) -> None:
+    def _raise_worker_crash(self, e: Exception) -> None:
         """A DataLoader worker killed by a signal other than a stop's, said in one line as bad data (a damaged
         photo crashes torchvision's decoders): torch's traceback named no file. A DataError, so that the run's
-        folder goes where no epoch was saved, as for any file a decoder refuses."""
+        folder goes where no epoch was saved, as for any file a decoder refuses; where one was, the line says what
+        the checkpoint holds and the command that continues, as a stop's does (`stop_said`: the launcher of
+        `--nproc` then does not say it again)."""
         sig = worker_signal(e)
         if sig is None or sig in STOP_SIGNALS:
             return
         photos = isinstance(self.bundle.train, ImageFolderDataset)
-        raise DataError(worker_crash_line(sig, self.cfg.data.source, photos, self.bundle.shape[1])) from None
+        line = worker_crash_line(sig, self.cfg.data.source, photos, self.bundle.shape[1])
+        saved = self._saved_epoch_now()
+        if saved:
+            line += f"; {kept_line(self.run_dir, saved, self._continue_command())}"
+            self.stop_said = True
+        raise DataError(line) from None
 
     def _stopped_line(self) -> str:
+        return stopped_line(self.run_dir, self._saved_epoch_now(), self._continue_command())
+
+    def _continue_command(self) -> str:
         again = f"cnnpar train --resume {self.run_dir}"
         if self.cfg.dist.strategy == "horovod":
             again = f"your horovodrun command with --resume {self.run_dir}"
         elif self.info.world_size > 1:  # on one machine --nproc starts as many again; on several, each node's launch
             one_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) == self.info.world_size
             again += f" --nproc {self.info.world_size}" if one_node else " in each node's launch command"
+        return again
+
+    def _saved_epoch_now(self) -> int:
         # rank 0 reads its checkpoint: a stop landing in save_checkpoint after the rename (in the folder's fsync), or
         # just after it returned, left saved_epoch one short of what ckpt/last.pt holds
-        saved = max(self.saved_epoch, checkpoint_epoch(self.run_dir)) if self.info.is_main else self.saved_epoch
-        return stopped_line(self.run_dir, saved, again)
+        return max(self.saved_epoch, checkpoint_epoch(self.run_dir)) if self.info.is_main else self.saved_epoch
 
     def _train_all_epochs(self) -> TrainResult:
         cfg, info = self.cfg, self.info
@@ -1168,6 +1212,7 @@ class Trainer:
             row["skipped_steps"] = self.precision.skipped_steps
             self.history.append(row)
             self._end_epoch(epoch, row)
+            raise_pending_stop()  # before the next epoch begins: the one just saved is kept
         summary = self._summary(time.perf_counter() - t_start)
         if info.is_main:
             write_json_atomic(self.run_dir / "summary.json", summary)

@@ -275,6 +275,7 @@ def test_ctrl_c_under_nproc_prints_the_epochs_kept_once(tmp_path):
     said = [line for line in out.splitlines() if line.startswith("stopped: the checkpoint in ")]
     assert len(said) == 1, out[-2000:] + err[-2000:]
     assert said[0].endswith(f"continue with: cnnpar train --resume runs/{name} --nproc 2"), said
+    assert err.count("cnnpar: interrupted") == 1, err[-2000:]  # the launcher's; each rank said it too, unprefixed
 
 
 def test_a_killed_worker_under_nproc_ends_with_the_epochs_kept_and_the_command_that_continues(cli):

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +57,120 @@ def test_sigterm_keeps_the_finished_epochs_says_how_to_go_on_and_the_resume_fini
     )
     assert again.returncode == 0, again.stderr
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2", "3"]
+
+
+# SIGTERM delivered while a finaliser runs, as it came while torch's DataLoader iterator's __del__ joined its workers
+# (or in logging's at-fork hook as a loader forked them): Python prints "Exception ignored in ..." and drops the raise
+SIGTERM_IN_A_FINALISER = """
+import os, signal, sys, time
+from cnnpar import cli
+from cnnpar.engine import trainer
+class Finaliser:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs here: its Terminated goes nowhere
+def stop(epoch, step, steps, info):
+    if epoch == 2 and step == 1:
+        Finaliser()
+trainer.maybe_inject_fault = stop
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_sigterm_whose_raise_a_finaliser_dropped_still_stops_the_run(tmp_path):
+    """`timeout 6.1 cnnpar train --workers 2 --no-persistent-workers --epochs 30`: the SIGTERM's Terminated was
+    raised inside torch's finaliser and dropped, and the run trained all 30 epochs and ended `done:`, exit 0."""
+    args = [*SMALL, "--epochs", "4", "--name", "f"]
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGTERM_IN_A_FINALISER, *args],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 143, proc.stdout + proc.stderr
+    assert "stopped: the checkpoint in runs/f holds epochs 1-1; continue with: cnnpar train --resume runs/f" in (
+        proc.stdout
+    )
+    assert proc.stderr.splitlines() == ["cnnpar: stopped (SIGTERM)"]  # no "Exception ignored" traceback above it
+    assert [r["epoch"] for r in read_csv(tmp_path / "runs" / "f" / "metrics.csv")] == ["1"]
+
+
+@pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils' timeout")
+def test_timeouts_sigterm_to_the_group_stops_the_run_and_its_loader_workers_leave_nothing(tmp_path):
+    """`timeout -s TERM` signals the whole process group: the DataLoader workers died of it (torch's handler), each
+    left its pymp-* folder in /tmp, and their death could come up in place of the stop or over it. Signalled here once
+    epoch 1's line is out (timeout hands a signal it gets on to the group, as at its limit), so the stop lands in epoch
+    2 every time."""
+    # a TMPDIR of its own, short: the workers' sockets go in it, and a path past 107 bytes (tmp_path under xdist)
+    # cannot be bound, which stalled the workers' first batch
+    tmp = Path(tempfile.mkdtemp(prefix="cnnpar-"))
+    train = ["train", "--device", "cpu", "--no-progress", "--no-tensorboard", "--data", "digits", "--resident", "off"]
+    train += ["--workers", "2", "--batch-size", "64", "--epochs", "50", "--name", "g"]
+    timeout = ["timeout", "-s", "TERM", "--preserve-status", "120", sys.executable, "-m", "cnnpar", *train]
+    env = cli_env(TMPDIR=str(tmp), PYTHONUNBUFFERED="1")  # each line as it is printed
+    try:
+        proc = subprocess.Popen(
+            timeout, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        out = ""
+        for line in proc.stdout:
+            out += line
+            if line.startswith("epoch 1/"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        out += proc.stdout.read()  # (communicate() would miss what this file object has read ahead)
+        err = proc.stderr.read()
+        assert proc.wait(timeout=120) == 143, out + err
+        assert "stopped: the checkpoint in runs/g holds epochs 1-" in out.splitlines()[-1], out
+        assert err.splitlines() == ["cnnpar: stopped (SIGTERM)"]  # no worker's death, no "Exception ignored"
+        assert not list(tmp.glob("pymp-*"))  # the workers left by themselves, their clean-up run
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _a_fault_in_epoch_2(monkeypatch, fault) -> None:
+    from cnnpar.engine import trainer
+
+    def inject(epoch, step, steps, info):
+        if epoch == 2 and step == 1:
+            fault()
+
+    monkeypatch.setattr(trainer, "maybe_inject_fault", inject)
+
+
+def test_a_worker_death_by_the_stop_under_exited_unexpectedly_ends_as_the_stop(tmp_path, monkeypatch, capsys):
+    """`timeout 9.5 cnnpar train --workers 2`: torch raised "exited unexpectedly" from the workers' "is killed by
+    signal: Terminated" (its __cause__), and the run ended in that traceback, with no stop line."""
+
+    def workers_gone():
+        try:
+            raise RuntimeError("DataLoader worker (pid 25610) is killed by signal: Terminated. ")
+        except RuntimeError as e:
+            raise RuntimeError("DataLoader worker (pid(s) 25659) exited unexpectedly") from e
+
+    _a_fault_in_epoch_2(monkeypatch, workers_gone)
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--epochs", "3", "--name", "u"]) == 128 + 15
+    out, err = capsys.readouterr()
+    assert "stopped: the checkpoint in runs/u holds epochs 1-1; continue with: cnnpar train --resume runs/u" in out
+    assert err.splitlines() == ["cnnpar: stopped (SIGTERM)"]
+
+
+def test_a_worker_crash_after_a_saved_epoch_says_the_epoch_is_kept_and_how_to_continue(tmp_path, monkeypatch, capsys):
+    """A worker killed by the out-of-memory killer in epoch 2: the one line said what killed it, not that epoch 1 was
+    kept, nor the command that continues (a stop's line says both)."""
+
+    def killed():
+        raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")
+
+    _a_fault_in_epoch_2(monkeypatch, killed)
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--epochs", "3", "--name", "k"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cnnpar: error: a data loader worker crashed (SIGKILL: Killed) while reading ")
+    assert err.endswith("; the checkpoint in runs/k holds epochs 1-1; continue with: cnnpar train --resume runs/k\n")
+    assert [r["epoch"] for r in read_csv(tmp_path / "runs" / "k" / "metrics.csv")] == ["1"]
 
 
 @pytest.fixture

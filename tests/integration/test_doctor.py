@@ -208,6 +208,46 @@ def test_a_stopped_try_keeps_the_report_of_the_phases_measured_before_it(tmp_pat
     assert "Stopped (SIGTERM during the try of larger batch)" in out and (rep / "doctor.png").is_file()
 
 
+def _a_worker_killed_by_the_stop(*args, **kwargs):
+    """As `timeout` ended the doctor: the group's SIGTERM killed the loader's workers, and torch raised their death
+    where the main process was, under dynamo's own error in a try that compiles."""
+    try:
+        raise RuntimeError("DataLoader worker (pid 9277) is killed by signal: Terminated. ")
+    except RuntimeError as e:
+        raise RuntimeError("RuntimeError when making fake tensor call") from e
+
+
+DOCTOR_SMALL = ["doctor", "--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "30", "--workers",
+                "0", "--model", "cnn3", "--device", "cpu", "--batch-size", "16", "--warmup-steps", "1",
+                "--measure-steps", "3"]  # fmt: skip
+
+
+def test_a_try_whose_workers_the_stop_killed_keeps_the_report_and_ends_as_the_stop(tmp_path, monkeypatch, capsys):
+    """`timeout 8 cnnpar doctor --try 2` ended in a 246-line traceback, exit 1, and no report, where its line had
+    promised "a stop keeps the report of what was measured"."""
+    from cnnpar.doctor import run as doctor_run
+
+    monkeypatch.setattr(doctor_run, "fixed_cost", lambda full, half: 0.9 * full.s_per_batch)  # a batch to try
+    monkeypatch.setattr(doctor_run, "_try", _a_worker_killed_by_the_stop)
+    rep = tmp_path / "rep"
+    assert main([*DOCTOR_SMALL, "--report-dir", str(rep), "--try", "1"]) == 128 + 15
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "cnnpar: stopped (SIGTERM)" and "Traceback" not in err
+    assert json.loads((rep / "doctor.json").read_text())["stopped"] == "SIGTERM during the try of larger batch"
+
+
+def test_a_baseline_whose_workers_the_stop_killed_ends_as_the_stop_without_a_report(tmp_path, monkeypatch, capsys):
+    """The same SIGTERM during the baseline's end to end: a traceback through doctor/measure.py, exit 1."""
+    from cnnpar.doctor import run as doctor_run
+
+    monkeypatch.setattr(doctor_run, "measure_end_to_end", _a_worker_killed_by_the_stop)
+    rep = tmp_path / "rep"
+    assert main([*DOCTOR_SMALL, "--report-dir", str(rep)]) == 128 + 15
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "cnnpar: stopped (SIGTERM)" and "Traceback" not in err
+    assert not rep.exists()  # nothing measured to the end: no report, as for any stop before the tries
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "emulated-bf16"])
 def test_the_doctors_bf16_fact_is_what_train_resolves_for_the_device(tmp_path, monkeypatch, native):
     """doctor.json said `bf16_supported: false` on a CPU that computes bf16 natively, where `--precision auto`

@@ -460,6 +460,48 @@ def test_a_bench_stopped_mid_ladder_writes_the_rungs_it_measured(tmp_path, capsy
     assert (stopped["name"], stopped["status"]) == ("(stopped)", "stopped")  # the table says it is not whole
 
 
+def _a_worker_killed_by(signal_words: str, n: int, real):
+    """`real`, whose `n`th call dies as torch reports a DataLoader worker killed by a signal ("Terminated": the
+    group's SIGTERM, which `timeout` sends to the workers too), under the "exited unexpectedly" torch raises from it."""
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            try:
+                raise RuntimeError(f"DataLoader worker (pid 4242) is killed by signal: {signal_words}. ")
+            except RuntimeError as e:
+                raise RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly") from e
+        return real(*args, **kwargs)
+
+    return wrapped
+
+
+def test_a_ladder_whose_workers_the_groups_sigterm_killed_stops_as_the_bench_stops(tmp_path, capsys, monkeypatch):
+    """`timeout 8 cnnpar bench`: the SIGTERM killed the rung's loader workers too, torch raised their death in place
+    of the stop, and the ladder recorded a "workers" rung failure that never happened, went on past the limit and
+    exited 0."""
+    import cnnpar.bench.ladder as ladder
+
+    monkeypatch.setattr(ladder, "measure_steps", _a_worker_killed_by("Terminated", 2, ladder.measure_steps))
+    out = tmp_path / "b"
+    assert main([*BENCH, "--only", "baseline,channels_last", "--out", str(out)]) == 128 + 15
+    err = capsys.readouterr().err
+    assert f"bench: stopped; the 1 row(s) so far are in {out / 'ladder.csv'}" in err
+    assert err.strip().splitlines()[-1] == "cnnpar: stopped (SIGTERM)"
+    assert [(r["name"], r["status"]) for r in _ladder_rows(out / "ladder.csv")] == [
+        ("baseline", "ok"),
+        ("(stopped)", "stopped"),
+    ]
+    # a worker killed otherwise (the out-of-memory killer) is still a failed rung, and the ladder goes on
+    monkeypatch.undo()
+    monkeypatch.setattr(ladder, "measure_steps", _a_worker_killed_by("Killed", 1, ladder.measure_steps))
+    out2 = tmp_path / "b2"
+    assert main([*BENCH, "--only", "baseline,channels_last", "--out", str(out2)]) == 0
+    rows = _ladder_rows(out2 / "ladder.csv")
+    assert [(r["name"], r["status"]) for r in rows] == [("baseline", "failed"), ("channels_last", "ok")]
+
+
 def test_a_claims_bench_stopped_mid_way_writes_what_it_measured_and_marks_the_rest(tmp_path, capsys, monkeypatch):
     import cnnpar.bench.claims as claims
 

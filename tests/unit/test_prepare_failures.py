@@ -142,6 +142,36 @@ def test_sigterm_stops_prepare_at_once_while_its_workers_are_busy(tmp_path):
 
 
 @linux_only
+def test_a_group_sigterm_whose_raise_prepare_dropped_still_stops_it_not_a_killed_worker(tmp_path):
+    """`timeout` signals prepare's whole group: its workers die of it (SIG_DFL), and where prepare's own raise landed
+    in a finaliser and was dropped, the broken pool read as "a decoding worker was killed by SIGTERM ... (the
+    system's out-of-memory killer does this)", exit 2."""
+    write_image_folder(tmp_path / "p", per_class=8, classes=2, side=64)
+    out = tmp_path / "p.cnnpar"
+    script = (
+        "import os, signal, sys, time\n"
+        "import tqdm.auto\n"
+        "from cnnpar.cli import main\n"
+        "class Finaliser:\n"
+        "    def __del__(self):\n"
+        "        os.killpg(0, signal.SIGTERM)\n"
+        "        time.sleep(5)\n"  # prepare's handler runs here: its Terminated goes nowhere
+        "class Bar:\n"
+        "    def __init__(self, *a, **k): self.n = 0\n"
+        "    def update(self, n):\n"
+        "        self.n += n\n"
+        "        if self.n == 1: Finaliser()\n"
+        "    def close(self): pass\n"
+        "tqdm.auto.tqdm = Bar\n"  # prepare's progress bar: its first image is written
+        "sys.exit(main(['prepare', sys.argv[1], '--out', sys.argv[2], '--workers', '2', '--no-progress']))\n"
+    )
+    proc = start([sys.executable, "-c", script, str(tmp_path / "p"), str(out)], tmp_path)
+    err = finish(proc, timeout=60)
+    assert proc.returncode == 128 + 15 and err.strip() == "cnnpar: stopped (SIGTERM)", err
+    assert_nothing_left(out)
+
+
+@linux_only
 def test_the_workers_end_with_a_killed_prepare_and_keep_no_cnnpar_signal_handler(tmp_path):
     """kill -9 on prepare left its workers running for ever, children of init, and each ran cnnpar's SIGTERM
     handler (a traceback when stopped) and took the terminal's Ctrl-C as its own."""

@@ -218,6 +218,33 @@ def test_tuned_toml_holds_the_best_so_far_before_the_next_trial_starts(tmp_path)
     assert "# best so far: batch_size=128, 150 img/s (1.50x" in out.read_text()
 
 
+def test_a_stopped_tune_says_where_the_best_config_so_far_and_its_trials_are(tmp_path):
+    """A Ctrl-C or SIGTERM ended `cnnpar tune` with "cnnpar: stopped (SIGTERM)" alone: tuned.toml and its CSV were
+    kept, but nothing said so, and the CSV lacked the trials after the last kept one."""
+    from cnnpar.errors import Terminated
+
+    out, lines = tmp_path / "tuned.toml", []
+    m = FakeMachine(rate=lambda c: {64: 100.0, 128: 150.0, 256: 151.0}[c.run.batch_size], cost=lambda c: 1.0)
+    real = m.run_trial
+
+    def stopped_at_the_fourth(cfg, limit):
+        if len(m.calls) == 3:
+            raise Terminated  # as run_child lets it through, once it has killed its child
+        return real(cfg, limit)
+
+    m.run_trial = stopped_at_the_fourth
+    with pytest.raises(Terminated):
+        tune_mod.tune(resnet50(), 600, out, run_trial=m.run_trial, clock=m.clock, log=lines.append)
+    csv_path = out.with_suffix(".csv")
+    assert (
+        lines[-1]
+        == f"tune: stopped; the best config so far (3 trial(s), 3 measured) is in {out} (the trials in {csv_path})"
+    )
+    assert from_dict(tomllib.loads(out.read_text())).run.batch_size == 128
+    with csv_path.open() as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["start", "kept", "ok"]  # 256's row too, not kept
+
+
 def test_batch_doubling_scales_lr_by_the_configs_rule_and_stops_at_out_of_memory(tmp_path):
     cfg = with_overrides(resnet50(), optim={"lr": 0.1, "lr_scaling": "linear"})
     m = FakeMachine(

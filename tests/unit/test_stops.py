@@ -1,0 +1,143 @@
+"""A stop (SIGTERM from `timeout` or a scheduler, a Ctrl-C) is a stop wherever it lands: remembered where Python
+drops its raise, read through the errors torch raises over it, never the death of a DataLoader worker, and said once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from cnnpar import errors
+from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
+from cnnpar.data import load_data
+from cnnpar.data.loader import build_loader, shutdown_workers
+from cnnpar.dist import DistInfo
+from cnnpar.engine.trainer import the_stop
+from cnnpar.errors import Terminated
+
+
+@pytest.fixture
+def stop_handlers():
+    """cnnpar's handlers for the test, then the process's own again, and no stop left pending."""
+    term, intr, hook = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys.unraisablehook
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, term)
+        signal.signal(signal.SIGINT, intr)
+        sys.unraisablehook = hook
+        errors.forget_stop()
+
+
+class _Finaliser:
+    """A SIGTERM that comes while a finaliser runs, as it came in torch's DataLoader iterator's __del__."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs here; its raise goes nowhere
+
+
+def test_a_stop_whose_raise_a_finaliser_dropped_is_raised_at_the_next_safe_point(stop_handlers):
+    dropped = []
+    sys.unraisablehook = dropped.append  # what prints "Exception ignored in ..."
+    errors.stop_on_sigterm()
+    _Finaliser()
+    assert isinstance(errors.pending_stop(), Terminated)  # remembered, though its raise was dropped
+    with pytest.raises(Terminated):
+        errors.raise_pending_stop()
+    assert dropped == []  # nothing printed above the stop line
+    errors.stop_on_sigterm()  # a new command in the same process starts with no stop
+    errors.raise_pending_stop()
+
+
+def _raised(error: BaseException, over: BaseException | None = None, cause: BaseException | None = None):
+    """`error` as raised: over `over` (its __context__) or from `cause`."""
+    try:
+        try:
+            if over is not None:
+                raise over
+        finally:
+            if cause is not None:
+                raise error from cause
+            raise error
+    except BaseException as e:  # noqa: BLE001 - handed back to the test
+        return e
+
+
+def test_the_stop_follows_what_torch_raised_from_a_workers_death_by_it():
+    killed = "DataLoader worker (pid 7) is killed by signal: {}. "
+    gone = RuntimeError("DataLoader worker (pid(s) 7) exited unexpectedly")
+    stop = Terminated()
+    # "exited unexpectedly" from the worker's death by the group's SIGTERM, itself raised over the run's stop
+    e = _raised(gone, cause=_raised(RuntimeError(killed.format("Terminated")), over=stop))
+    assert the_stop(e) is stop
+    # the run's own raise dropped: the stop the signal means, SIGTERM's or Ctrl-C's
+    e = _raised(
+        RuntimeError("DataLoader worker (pid(s) 7) exited unexpectedly"),
+        cause=RuntimeError(killed.format("Terminated")),
+    )
+    assert type(the_stop(e)) is Terminated
+    e = _raised(
+        RuntimeError("DataLoader worker (pid(s) 7) exited unexpectedly"), cause=RuntimeError(killed.format("Interrupt"))
+    )
+    assert type(the_stop(e)) is KeyboardInterrupt
+    # a worker the kernel's out-of-memory killer ended is no stop; nor is another error
+    e = _raised(
+        RuntimeError("DataLoader worker (pid(s) 7) exited unexpectedly"), cause=RuntimeError(killed.format("Killed"))
+    )
+    assert the_stop(e) is None
+    assert the_stop(ValueError("x")) is None and the_stop(None) is None
+
+
+def test_any_error_while_a_stop_is_pending_is_that_stop(stop_handlers, monkeypatch):
+    """torch broken under a stop whose raise was dropped: "'_MultiProcessingDataLoaderIter' object has no attribute
+    '_workers_status'" (its iterator half made) ended the run's log instead of the stop line."""
+    error = AttributeError("'_MultiProcessingDataLoaderIter' object has no attribute '_workers_status'")
+    assert the_stop(error) is None
+    monkeypatch.setattr(errors, "_stop_seen", signal.SIGINT)
+    assert type(the_stop(error)) is KeyboardInterrupt
+
+
+def test_loader_workers_outlive_the_groups_sigterm_and_leave_when_the_loader_stops_them():
+    """`timeout` signals the whole process group: torch's worker handler killed each worker (SIGTERM's default action
+    for any sender but its parent), which left its pymp-* folder in /tmp and raised "DataLoader worker ... is killed
+    by signal: Terminated" in the main process, over its stop or in its place."""
+    cfg = Config(data=DataConfig(source="digits", resident="off", workers=2), run=RunConfig(batch_size=64))
+    bundle = load_data(cfg.data, cfg.run.seed)
+    feeder = build_loader(bundle, resolve_for_device(cfg, "cpu", True), DistInfo(0, 0, 1, torch.device("cpu")), True)
+    loader = feeder.loader
+    it = iter(loader)
+    next(it), next(it)  # a batch from each worker: both have started (their worker_init_fn run)
+    workers = list(it._workers)
+    subprocess.run(["kill", "-TERM", *(str(w.pid) for w in workers)], check=True)  # from another process, as timeout
+    time.sleep(0.5)
+    assert all(w.is_alive() for w in workers)
+    next(it)  # still serving batches: the main process ends them, on its stop as on any end
+    shutdown_workers(loader)
+    assert [w.exitcode for w in workers] == [0, 0]  # left by themselves, their clean-up run
+
+
+def test_ranks_of_nproc_leave_the_interrupted_line_to_the_launcher(monkeypatch, capsys):
+    """Ctrl-C under `cnnpar train --nproc 2` printed "cnnpar: interrupted" three times: the launcher's and each
+    rank's, unprefixed."""
+    from cnnpar import cli
+    from cnnpar.dist import LAUNCHED_NPROC_ENV
+
+    def interrupted(args, argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_models", interrupted)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(LAUNCHED_NPROC_ENV, "2")
+    assert cli.main(["models"]) == 130
+    assert capsys.readouterr().err == ""
+    monkeypatch.delenv(LAUNCHED_NPROC_ENV)  # a torchrun started by hand has no launcher to say it
+    assert cli.main(["models"]) == 130
+    assert capsys.readouterr().err == "cnnpar: interrupted\n"
