@@ -486,6 +486,9 @@ class DistConfig:
             )
 
 
+SEED_LIMIT = 2**63
+
+
 @dataclass(frozen=True)
 class RunConfig:
     epochs: int = _f(6, "training epochs")
@@ -496,7 +499,11 @@ class RunConfig:
         "from --lr-batch (engine/batch_size.py)",
         auto_zero=True,
     )
-    seed: int = _f(0, "seed; each rank and epoch draws from seed + rank + a stride per epoch (resumes repeat exactly)")
+    seed: int = _f(
+        0,
+        "seed, 0 <= seed < 2**63; each rank and epoch draws from seed + rank + a stride per epoch (resumes repeat "
+        "exactly); on --data synthetic it also draws the images and labels: another seed is another data set",
+    )
     out_dir: str = _f("runs", "folder that holds run folders")
     name: str = _f(
         "", "run folder name", shown="MODEL-YYYYMMDD-HHMMSS, or MODEL-JOBID under a torchrun job id: a new folder"
@@ -521,6 +528,9 @@ class RunConfig:
         _check_positive("run", "max_steps", self.max_steps, allow_zero=True)
         _check_positive("run", "eval_every", self.eval_every)
         _check_choice("run", "tta_level", self.tta_level, TTA_LEVELS)
+        # torch's generators take a seed below 2**64; below 2**63 leaves room for the + rank and + repeat offsets
+        if not 0 <= self.seed < SEED_LIMIT:
+            raise ConfigError(f"{setting_name('run', 'seed')} = {self.seed}: expected 0 <= value < 2**63")
 
     @property
     def tta_in_effect(self) -> str:

@@ -143,6 +143,9 @@ def split_line(bundle: DataBundle) -> str:
     return f"data: input {shape}, train {len(bundle.train):,}, validation {n_val:,}: {source}{stats}"
 
 
+NO_HOLDOUT = "none: --val-fraction 0"  # val_from where nothing validates: no split of its own, nothing held out
+
+
 def holdout_label(fraction: float) -> str:
     return f"a seeded {100 * fraction:g}% hold-out of the training data (--val-fraction {fraction:g})"
 

@@ -14,6 +14,7 @@ from cnnpar.config import DataConfig, parse_shape
 from cnnpar.data.arrays import check_label_range, resize_square, to_labels, to_nchw_uint8
 from cnnpar.data.bundle import (
     CLASS_NAMES_COUNT,
+    NO_HOLDOUT,
     ArrayDataset,
     DataBundle,
     channel_stats,
@@ -577,7 +578,7 @@ def _split(train, val, fraction: float, seed: int, origin: str, own_val: str, na
         remedy = ": lower --val-fraction or give each class more images"
         require_two_classes(train.labels, origin + after, names, remedy)
         return train, val, holdout_label(fraction)
-    return train, None, "none: --val-fraction 0"
+    return train, None, NO_HOLDOUT
 
 
 def _require_trained_labels(train, val, origin: str, own_val: str, names=None) -> None:

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.config import Config, batch_lr_factor, dumps_toml, speed_reasons, to_dict
 from cnnpar.data import DataBundle, load_data
-from cnnpar.data.bundle import class_lines, first_five, holdout_label, split_line
+from cnnpar.data.bundle import NO_HOLDOUT, class_lines, first_five, holdout_label, split_line
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
@@ -217,7 +217,12 @@ def _worker_stopped_with_the_run(e: Exception) -> bool:
 
 # (section, field, why): what a resumed run must keep from the run it continues (Trainer._refuse_changed_fields)
 RESUME_FIXED = (
-    ("run", "seed", "the seed chose the validation hold-out, which would then hold images the run trained on"),
+    (
+        "run",
+        "seed",
+        "the seed draws the run's shuffle, augmentation, dropout and any seeded validation hold-out (and synthetic "
+        "data's images): the resumed epochs would not continue the run",
+    ),
     ("data", "val_fraction", "it chose the validation hold-out, which would then hold images the run trained on"),
     ("optim", "optimizer", "the checkpoint holds that optimizer's state"),
 )
@@ -815,13 +820,15 @@ class Trainer:
 
     def _refuse_changed_fields(self, path: Path, stored: dict) -> None:
         """A resumed run keeps the fields its checkpoint depends on: another --seed or --val-fraction would hold
-        out other images, so validation would score images the finished epochs trained on; another --optimizer
-        cannot take the checkpoint's optimizer state. Refused before anything in the run folder changes."""
+        out other images, so validation would score images the finished epochs trained on; another --seed also
+        draws other shuffles, crops and dropout (on synthetic data, other images), on data with its own split
+        too; another --optimizer cannot take the checkpoint's optimizer state. Refused before anything in the run
+        folder changes."""
         now = to_dict(self.cfg)
-        # data with its own validation split (an npz's x_test, a folder's val/) holds nothing out: no leak to refuse
-        holds_out = self.bundle.val_from == holdout_label(self.cfg.data.val_fraction)
+        # data with its own validation split (an npz's x_test, a folder's val/) ignores --val-fraction
+        own_split = self.bundle.val_from not in (holdout_label(self.cfg.data.val_fraction), NO_HOLDOUT)
         for section, name, why in RESUME_FIXED:
-            if name in ("seed", "val_fraction") and not holds_out:
+            if name == "val_fraction" and own_split:
                 continue
             was = stored.get(section, {}).get(name)
             if was is not None and was != now[section][name]:

@@ -225,6 +225,16 @@ def test_class_count_and_image_size_are_bounded(field, value, top):
     assert DataConfig(num_classes=1_000_000, image_size=8192).image_size == 8192
 
 
+@pytest.mark.parametrize("seed", [2**64, 2**63, -1])
+def test_a_seed_outside_0_to_2_63_is_refused_in_one_line(seed):
+    """--seed 2**64 ended in torch's "Overflow when unpacking long long" traceback at the hold-out; -1 and 2**63
+    trained (2**63 on seed 0's augmentation draws, which are taken mod 2**63)."""
+    with pytest.raises(ConfigError) as e:
+        RunConfig(seed=seed)
+    assert str(e.value) == f"run.seed (--seed) = {seed}: expected 0 <= value < 2**63"
+    assert RunConfig(seed=2**63 - 1).seed == 2**63 - 1
+
+
 def test_load_toml_refuses_a_folder_or_a_file_that_is_not_utf8_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"^\S+dir\.toml: a folder: expected a TOML config file$"):
         load_toml((tmp_path / "dir.toml").mkdir() or tmp_path / "dir.toml")

@@ -74,8 +74,9 @@ def test_resuming_with_fewer_steps_an_epoch_puts_the_schedule_at_the_finished_ep
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"run": {"seed": 7}}, "started with --seed 0, this resume asks for 7: the seed chose the validation hold-out"),
+        ({"run": {"seed": 7}}, "started with --seed 0, this resume asks for 7: the seed draws the run's shuffle"),
         ({"data": {"val_fraction": 0.5}}, "started with --val-fraction 0.2, this resume asks for 0.5"),
+        ({"data": {"val_fraction": 0.0}}, "started with --val-fraction 0.2, this resume asks for 0.0"),
         ({"optim": {"optimizer": "sgd"}}, "started with --optimizer adamw, this resume asks for sgd"),
     ],
 )
@@ -89,6 +90,31 @@ def test_resuming_with_another_hold_out_or_optimizer_is_refused_before_the_run_f
     with pytest.raises(UserError, match=message.replace("(", r"\(")):
         Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
     assert (tmp_path / "oc" / "config.toml").read_text() == stored
+
+
+@pytest.mark.parametrize("data", ["own split", "synthetic, --val-fraction 0"])
+def test_resuming_with_another_seed_is_refused_where_nothing_is_held_out_too(tmp_path, data):
+    """The seed also draws the shuffles, crops and dropout, and synthetic data's images and labels: another one on
+    an npz with its own x_test, or on synthetic data with no hold-out, continued the run on other draws (synthetic:
+    another data set) and rewrote config.toml with the new seed, without a word."""
+    from tests.datafiles import write_npz
+
+    cfg = _cfg(tmp_path, 1)
+    if data == "own split":
+        cfg = replace(cfg, data=DataConfig(source=str(write_npz(tmp_path / "d.npz", n_train=96, n_test=32)), workers=0))
+    else:
+        cfg = replace(cfg, data=replace(cfg.data, val_fraction=0.0))
+    cfg = replace(cfg, run=replace(cfg.run, seed=5))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    stored = (tmp_path / "oc" / "config.toml").read_text()
+    more = replace(cfg, run=replace(cfg.run, epochs=2, seed=9, resume=str(tmp_path / "oc")))
+    with pytest.raises(
+        UserError, match=r"started with --seed 5, this resume asks for 9: .*expected --seed 5 \(or none\)"
+    ):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None).fit()
+    assert (tmp_path / "oc" / "config.toml").read_text() == stored  # still seed = 5
+    same = replace(more, run=replace(more.run, seed=5))
+    assert Trainer(same, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2
 
 
 def test_a_resume_trains_with_this_runs_weight_decay_not_the_checkpoints(tmp_path):
