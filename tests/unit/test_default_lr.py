@@ -1,5 +1,5 @@
 """`--lr auto` (the default): each optimizer's own peak lr, said at the start of the run. One default for all three
-trained `--optimizer sgd` at AdamW's 0.002 (72 % on the digits in 3 epochs, against 98 % at 0.025) without a word.
+trained `--optimizer sgd` at AdamW's 0.002 (75 % on the digits in 3 epochs, 98.5 % at 0.025) without a word.
 A typed --lr, a preset's and a file's stand as they were, and a run recorded before keeps the lr it trained at."""
 
 from __future__ import annotations
