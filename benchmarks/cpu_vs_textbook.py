@@ -38,7 +38,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig  # noqa: E402
+from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig, asked_lr  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.models import build_model  # noqa: E402
@@ -91,7 +91,7 @@ class TextbookLoop:
         torch.manual_seed(cfg.run.seed)
         self.model = build_model("cnn3", 1, 10, 28)
         opt = cfg.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opt.lr, weight_decay=opt.weight_decay)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=asked_lr(opt), weight_decay=opt.weight_decay)
         self.loader = DataLoader(TextbookMNIST(x, y, mean, std), batch_size=batch_size, shuffle=True)
 
     def epoch(self) -> dict:

@@ -54,6 +54,20 @@ def int_or_auto(text: str) -> int:
     return value
 
 
+def float_or_auto(text: str) -> float:
+    """A number, or `auto` (stored as 0: resolved when the run starts, as `--lr auto` to the optimizer's own). A
+    typed 0 is refused as int_or_auto refuses it: it would read as auto, not as the 0 typed."""
+    if text.strip().lower() == "auto":
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number or auto") from None
+    if value <= 0:  # (nan and inf pass, for the config's own message: optim.lr (--lr) = nan: expected a finite ...)
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0 or auto")
+    return value
+
+
 def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, ...] = ()) -> None:
     """One flag per config field; `extra_presets` are names a subcommand handles itself (bench's claims)."""
     # a group of its own, after the subcommand's own options (added before this): argparse lists its plain
@@ -81,6 +95,8 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
             )
             if isinstance(default, bool):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+            elif f.metadata.get("auto_zero") and isinstance(default, float):
+                group.add_argument(flag, type=float_or_auto, metavar=f"{cli_flag(f).upper()}|auto", **kw)
             elif f.metadata.get("auto_zero"):
                 group.add_argument(flag, type=int_or_auto, metavar="N|auto", **kw)
             else:
@@ -326,12 +342,17 @@ def _config_file(args: argparse.Namespace, given: dict, search_again: bool) -> C
     # caps alike), and an automatic batch size searched for that data's images, are chosen again
     refit = (_other_data(given, raw, text) or _batch_capped(raw, text)) and not fixed_batch
     searched = search_again and not fixed_batch
+    # a record's lr that was its optimizer's default (--lr auto) is that optimizer's: another --optimizer typed
+    # beside the file takes its own, as it would without the file (sgd's 0.025 trained AdamW 12x too fast)
+    other_optimizer = given.get("optim.optimizer", raw["optim"]["optimizer"]) != raw["optim"]["optimizer"]
 
     def found_again(sec: str, name: str) -> bool:
         # What the run found in its data (its image size and augment as well as format and class count) is found
         # again from the data it names now: the same data gives the same values, and a file changed behind the same
         # path, or other data typed, what a fresh run would get. So is a --grad-accum capped to an epoch's batches.
         if _found_again(sec, name) or sec == "data" or (sec, name) == ("optim", "grad_accum"):
+            return True
+        if other_optimizer and (sec, name) == ("optim", "lr"):
             return True
         return (refit and (sec, name) in FITTED_BATCH) or (searched and (sec, name) in SEARCHED)
 

@@ -47,6 +47,12 @@ MAX_CLASSES = 1_000_000  # a class count (or a label from which it is inferred) 
 # (--image-size 20000 asked the digits' resize for 2.9 TB and stopped in a traceback)
 MAX_IMAGE_SIZE = 8192
 LR_BATCH = 64  # the batch --lr is the lr for when neither --lr-batch nor a fixed --batch-size says (optim.lr_batch)
+# --lr auto: each optimizer's own peak lr at --lr-batch (`asked_lr`). One lr for all three trained Nesterov SGD at
+# AdamW's 0.002: 75 % on the built-in digits in 3 epochs where 0.025 reached 98.5 % (5 seeds). sgd's is the linear
+# rule's 0.1 at batch 256 (Goyal et al. 2017) at 64; muon's drives its SGD groups (the linear layers, biases and
+# norms: its conv filters train at --muon-lr), which at 0.002 cost 4.4 points on 5,000 CIFAR-10 images. Measured:
+# benchmarks/results/default_lr_cpu/ (cnn3, 3 epochs, the digits and those CIFAR-10 images)
+DEFAULT_LRS = {"adamw": 2e-3, "sgd": 0.025, "muon": 0.025}
 
 # Which models torch.compile helps, by device, from benchmarks/results/h200-2026-11-29 (one H200,
 # torch 2.11, bf16, channels_last, cnnpar's Trainer with resident data): ResNet-50 at 224, batch
@@ -68,7 +74,7 @@ def _f(
     auto_zero: bool = False,
     shown: str = "",
 ) -> Any:
-    # auto_zero: an int field where 0 means "auto" (the CLI takes the word too, e.g. --batch-size auto)
+    # auto_zero: a number field where 0 means "auto" (the CLI takes the word too, e.g. --batch-size auto)
     # shown: the default as --help says it: "auto", not the 0 that stands for it; given, what an empty default
     # stands for (--name's '' is a name made at the start). No "%" in it: argparse formats help text with it
     shown = shown or ("auto" if auto_zero and default == 0 else repr(default))
@@ -260,9 +266,12 @@ class OptimConfig:
         choices=OPTIMIZERS,
     )
     lr: float = _f(
-        2e-3,
+        0.0,
         "peak learning rate for the per-process batch (see lr_scaling); with --batch-size auto, the lr at "
-        "--lr-batch, scaled to the batch chosen (linear for sgd and muon, square root for adamw)",
+        "--lr-batch, scaled to the batch chosen (linear for sgd and muon, square root for adamw). auto (0): the "
+        "optimizer's own, at --lr-batch as a typed --lr: adamw 0.002, sgd 0.025 (0.1 at batch 256, linear), muon "
+        "0.025 (its SGD groups; the filters take --muon-lr)",
+        auto_zero=True,
     )
     lr_batch: int = _f(
         0,
@@ -323,7 +332,7 @@ class OptimConfig:
         _check_choice("optim", "optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("optim", "schedule", self.schedule, SCHEDULES)
         _check_choice("optim", "lr_scaling", self.lr_scaling, LR_SCALINGS)
-        _check_positive("optim", "lr", self.lr)
+        _check_positive("optim", "lr", self.lr, allow_zero=True)
         _check_positive("optim", "lr_batch", self.lr_batch, allow_zero=True)
         # torch's optimizers refuse negative ones with a ValueError traceback at the run's start
         _check_positive("optim", "weight_decay", self.weight_decay, allow_zero=True)
@@ -653,8 +662,9 @@ def _from_dict(raw: dict[str, Any], base: Config | None, origin: str) -> Config:
             if want is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+                number = "a whole number" if want is int else "a number"
                 expected = (
-                    'a whole number or "auto" (0 means auto)'
+                    f'{number} or "auto" (0 means auto)'
                     if auto_zero
                     else _TOML_WORDS.get(want, f"a value of type {want.__name__}")
                 )
@@ -805,6 +815,22 @@ def speed_reasons(asked: Config, resolved: Config, device_type: str) -> str:
     return "auto: " + "; ".join(reasons) if reasons else ""
 
 
+def asked_lr(optim: OptimConfig) -> float:
+    """--lr as asked, the lr at the batch `lr_reference` names: the number given (typed, a preset's, a file's, a
+    run's record's), or for auto (0) the optimizer's own (`DEFAULT_LRS`)."""
+    return optim.lr or DEFAULT_LRS[optim.optimizer]
+
+
+def default_lr_note(asked: OptimConfig, resolved: OptimConfig) -> str:
+    """What the run's lr line adds where --lr was auto: that the lr is the optimizer's default, and for which batch
+    (`resolved.lr_batch`); "" where an lr was given. One lr for every optimizer left users of `--optimizer sgd`
+    training at AdamW's without a word."""
+    if asked.lr:
+        return ""
+    optimizer = resolved.optimizer
+    return f"--lr auto: {optimizer}'s default, {DEFAULT_LRS[optimizer]:g} at batch {resolved.lr_batch}"
+
+
 def lr_reference(cfg: Config) -> int:
     """The batch `cfg`'s --lr is the lr for (optim.lr_batch): as set, else a fixed --batch-size (the lr trains at
     it), else LR_BATCH. Read from the config as asked, before --batch-size auto is resolved."""
@@ -850,8 +876,9 @@ def resolve_for_device(
     channels) and bf16 is chosen only where `cpu_bf16` says the CPU computes it natively (AVX512-BF16
     or AMX): emulated bf16 is slower than fp32. benchmarks/results/cpu_vs_textbook.csv holds the
     measurements (cnn3, MNIST, 2-core EPYC: NHWC 1.4x NCHW in fp32; bf16 on top of NHWC 1.3x more).
-    `optim.lr_batch` is stored as `lr_reference` (the batch the lr asked for is for); where --batch-size auto is
-    the CPU's 64, the lr is scaled to it from there by `batch_lr_factor`, as the trainer scales it to a searched batch.
+    `optim.lr` auto (0) becomes the optimizer's own (`asked_lr`), and `optim.lr_batch` is stored as `lr_reference`
+    (the batch the lr asked for is for); where --batch-size auto is the CPU's 64, the lr is scaled to it from there by
+    `batch_lr_factor`, as the trainer scales it to a searched batch.
     """
     cuda = device_type == "cuda"
     speed = cfg.speed
@@ -898,7 +925,7 @@ def resolve_for_device(
     stream = data.prefetch_stream if data.prefetch_stream != "auto" else ("on" if cuda else "off")
     batch = resolve_batch_size(cfg.run.batch_size, device_type)
     reference = lr_reference(cfg)
-    lr = cfg.optim.lr
+    lr = asked_lr(cfg.optim)
     if batch and not cfg.run.batch_size:  # auto, the CPU's fixed batch: the lr follows it as it follows a search's
         lr *= batch_lr_factor(cfg.optim.optimizer, batch, reference)
     return replace(

@@ -207,11 +207,12 @@ def batch_lr(cfg: Config, factor: int) -> tuple[float, str]:
     """The lr for a batch `factor` times larger: by the config's --lr-scaling rule where it names one
     (engine/optim.py's `scaled_lr`: the batch grows the samples per step as accumulation does), else
     by the rule `--batch-size auto` uses (config.batch_lr_factor: linear for SGD and Muon's SGD groups, square root
-    for AdamW), so a tuned batch carries the lr a searched one would have."""
-    from cnnpar.config import batch_lr_factor, lr_rule
+    for AdamW), so a tuned batch carries the lr a searched one would have. A config whose --lr is still auto (no trial
+    resolved it) starts from the optimizer's own (config.asked_lr)."""
+    from cnnpar.config import asked_lr, batch_lr_factor, lr_rule
     from cnnpar.engine.optim import scaled_lr
 
-    o = cfg.optim
+    o = replace(cfg.optim, lr=asked_lr(cfg.optim))
     if o.lr_scaling == "none":
         lr = o.lr * batch_lr_factor(o.optimizer, factor, reference=1)
         return lr, f"lr {o.lr:g} -> {lr:.3g} ({lr_rule(o.optimizer)} of the batch ratio, as --batch-size auto)"

@@ -80,10 +80,11 @@ def scaled_lr(cfg: OptimConfig, world_size: int) -> float:
     return cfg.lr
 
 
-def describe_lr(cfg: OptimConfig, world_size: int) -> str:
+def describe_lr(cfg: OptimConfig, world_size: int, default_note: str = "") -> str:
     """The start-of-run lr line: the configured lr, the rule, and what it was multiplied by, e.g.
-    `lr 0.1 x 2 processes = 0.2 (--lr-scaling linear)`; with Muon, the filters' lr after it."""
-    line = _describe_lr(cfg, world_size)
+    `lr 0.1 x 2 processes = 0.2 (--lr-scaling linear)`; `default_note` (config.default_lr_note: the optimizer's
+    default, where --lr was auto) after it; with Muon, the filters' lr last."""
+    line = _describe_lr(cfg, world_size) + (f"; {default_note}" if default_note else "")
     if cfg.optimizer == "sgd" and cfg.momentum == 0:  # build_optimizer: Nesterov needs a momentum
         line += "; plain SGD: --momentum 0 has no Nesterov step (sgd's otherwise)"
     return line + (f"; conv filters: Muon, lr {cfg.muon_lr:g}" if cfg.optimizer == "muon" else "")

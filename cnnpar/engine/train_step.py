@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from cnnpar.config import Config
+from cnnpar.config import Config, asked_lr
 from cnnpar.dist import DEVICE_QUEUES, DEVICE_QUEUES_ENV, device_queues
 from cnnpar.engine.averaging import WeightAverage, build_weight_average
 from cnnpar.engine.optim import build_optimizer, build_scheduler
@@ -245,7 +245,8 @@ def build_standalone_step(
 ) -> TrainStep:
     """`build_train_step` for a tool that times a step outside a Trainer, on `model` as the run would train it
     (on `device`, its stem rewritten where the run's is): its own optimizer at --lr (no --lr-scaling: one
-    process) and a schedule and weight average over `total_steps`."""
-    optimizer = build_optimizer(unwrap(model), cfg.optim, cfg.optim.lr, device)
+    process; the optimizer's own for --lr auto, where `cfg` is not resolved yet: a claim's probe) and a schedule and
+    weight average over `total_steps`."""
+    optimizer = build_optimizer(unwrap(model), cfg.optim, asked_lr(cfg.optim), device)
     parts = build_step_parts(model, optimizer, cfg, device, total_steps)
     return build_train_step(model, optimizer, parts, cfg, cuda_graphs=cuda_graphs)

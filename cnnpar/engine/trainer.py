@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cnnpar.config import Config, batch_lr_factor, dumps_toml, speed_reasons, to_dict
+from cnnpar.config import Config, asked_lr, batch_lr_factor, default_lr_note, dumps_toml, speed_reasons, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import NO_HOLDOUT, class_lines, first_five, holdout_label, split_line
 from cnnpar.data.folder import ImageFolderDataset
@@ -481,7 +481,7 @@ class Trainer:
         cpus = self.cpu_auto_batch
         if batch <= share:
             if cpus and optim.lr_batch != batch:  # the lr scaled to it from another batch (a preset's)
-                line = lr_line(optim.optimizer, asked.optim.lr, optim.lr_batch, batch)
+                line = lr_line(optim.optimizer, asked_lr(asked.optim), optim.lr_batch, batch)
                 self.batch_line = f"batch size auto: {batch} (the CPU's); {line}"
             elif cpus:  # the choice said, as a GPU's search says its own (config.resolve_batch_size)
                 self.batch_line = f"batch size auto: {batch} (the CPU's fixed size: a GPU's is searched, a CPU's not)"
@@ -492,8 +492,8 @@ class Trainer:
         whose = "this process's share of the" if self.info.world_size > 1 else "all"
         capped = f"capped to {share}: {whose} {len(self.bundle.train):,} training samples, one step per epoch"
         if asked.run.batch_size == 0:  # auto (the CPU's 64, a search's): the lr follows the batch that runs
-            lr = asked.optim.lr * batch_lr_factor(optim.optimizer, share, optim.lr_batch)
-            line = lr_line(optim.optimizer, asked.optim.lr, optim.lr_batch, share)
+            lr = asked_lr(asked.optim) * batch_lr_factor(optim.optimizer, share, optim.lr_batch)
+            line = lr_line(optim.optimizer, asked_lr(asked.optim), optim.lr_batch, share)
             whence = " (the CPU's)" if cpus else ""
             self.batch_line = f"batch size auto: {batch}{whence}, {capped}; {line}"
             optim = replace(optim, lr=lr)
@@ -1112,7 +1112,8 @@ class Trainer:
             self.log(f"speed: {reasons}")
         self.log(
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
-            f"accumulation = {global_batch} per step; {describe_lr(cfg.optim, info.world_size)}"
+            f"accumulation = {global_batch} per step; "
+            f"{describe_lr(cfg.optim, info.world_size, default_lr_note(self.requested_cfg.optim, cfg.optim))}"
         )
         cut, asked = debug_switch_cut(self.requested_cfg.dist.debug_single, self.requested_cfg.dist.nproc)
         if cut:  # what the launch asked for against what trains
@@ -1379,9 +1380,10 @@ class Trainer:
         return math.isfinite(every_largest), outputs, every_largest, own_largest
 
     def _half_the_lr(self) -> str:
-        """Half the --lr the user gave, in the flag's own terms: the lr that trained may be that one scaled to a
-        searched batch or the world size (call ZZZZR: --lr 5 trained at 10 and was told to try --lr 5)."""
-        return f"--lr {self.requested_cfg.optim.lr / 2:g}"
+        """Half the --lr the user gave (or the optimizer's default, for --lr auto), in the flag's own terms: the lr
+        that trained may be that one scaled to a searched batch or the world size (call ZZZZR: --lr 5 trained at 10
+        and was told to try --lr 5)."""
+        return f"--lr {asked_lr(self.requested_cfg.optim) / 2:g}"
 
     def _diverged(self, epoch: int, what: str, value: float, text: str = "") -> None:
         """Raise the one-line error; `what` and `value` are Diverged's fields, `text` what the line says of them."""

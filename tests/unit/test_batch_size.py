@@ -122,7 +122,8 @@ def test_the_trainer_trains_the_searched_batch_with_the_lr_scaled(monkeypatch, t
     assert any("lr 0.002 at batch 64 x square root (AdamW) of 256/64 = 0.004" in ln for ln in lines)
     stored = (tmp_path / "auto" / "config.toml").read_text()
     assert "batch_size = 256" in stored and "# requested: run.batch_size = auto" in stored
-    assert "# requested: optim.lr = 0.002" in stored
+    # --lr auto (AdamW's 0.002 at batch 64), stored as asked: a search again scales the optimizer's own lr once more
+    assert "# requested: optim.lr = auto" in stored and "# resolved: optim.lr = 0.004" in stored
 
 
 def test_the_search_times_the_trainers_own_step_on_the_rewritten_stem(monkeypatch, tmp_path):

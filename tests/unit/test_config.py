@@ -28,7 +28,7 @@ from cnnpar.errors import ConfigError
         (lambda: DataConfig(val_fraction=1.0), "data.val_fraction"),
         (lambda: DataConfig(workers=-2), "data.workers"),
         (lambda: DataConfig(image_shape="3x32x32x1"), "data.image_shape (--image-shape) = '3x32x32x1'"),
-        (lambda: OptimConfig(lr=0.0), "optim.lr"),
+        (lambda: OptimConfig(lr=-0.1), "optim.lr"),  # 0 is auto: the optimizer's own lr
         (lambda: OptimConfig(optimizer="lbfgs"), "optim.optimizer"),
         (lambda: OptimConfig(label_smoothing=1.5), "optim.label_smoothing"),
         (lambda: SpeedConfig(precision="fp8"), "speed.precision"),
