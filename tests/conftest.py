@@ -71,3 +71,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def dead_process_folder(tmp_path: Path, monkeypatch, prefix: str) -> Path:
+    """A folder named as `process_tree.owned_temp_folder` names them, `<prefix><pid>-abc`, of a process that has
+    ended, in a TMPDIR of the test's own (tempfile made to read TMPDIR again): what a launcher killed outright left."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    folder = tmp_path / f"{prefix}{gone.pid}-abc"
+    folder.mkdir()
+    return folder

@@ -831,19 +831,12 @@ def test_a_launch_removes_the_folder_of_a_launch_killed_outright(tmp_path, monke
     """A SIGKILLed `cnnpar train --nproc N` left its cnnpar-launch-* folder (the run-folder note) in /tmp for good:
     its TemporaryDirectory's clean-up never ran."""
     import os
-    import subprocess
-    import sys
-    import tempfile
 
     from cnnpar import cli
     from cnnpar.torchrun import RUN_DIR_NOTE_ENV
+    from tests.conftest import dead_process_folder
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    dead = tmp_path / f"cnnpar-launch-{gone.pid}-abc"
-    dead.mkdir()
+    dead = dead_process_folder(tmp_path, monkeypatch, "cnnpar-launch-")
     (dead / "run_dir").write_text("runs/killed")
     notes: list[Path] = []
     monkeypatch.setattr(dist, "run_launcher", lambda cmd, env: notes.append(Path(env[RUN_DIR_NOTE_ENV]).parent) or 0)

@@ -92,21 +92,19 @@ def test_a_temporary_folder_of_a_process_gone_is_removed_when_the_next_is_made(t
     """A process killed outright (SIGKILL, the OOM killer) runs no clean-up: its TemporaryDirectory stayed in /tmp
     for good. Those of live processes, of another prefix, or without a process id are left."""
     import os
-    import tempfile
 
     from cnnpar.process_tree import owned_temp_folder
+    from tests.conftest import dead_process_folder
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    dead = tmp_path / f"cnnpar-x-{gone.pid}-abc"
+    dead = dead_process_folder(tmp_path, monkeypatch, "cnnpar-x-")
+    gone_pid = dead.name.split("-")[2]
     kept = [
         tmp_path / f"cnnpar-x-{os.getpid()}-def",  # alive
-        tmp_path / f"cnnpar-y-{gone.pid}-abc",  # another launcher's prefix
+        tmp_path / f"cnnpar-y-{gone_pid}-abc",  # another launcher's prefix
         tmp_path / "cnnpar-x-abc",  # no process id: whose it is cannot be told
     ]
-    for folder in (dead, *kept):
+    (dead / "note").write_text("x")
+    for folder in kept:
         folder.mkdir()
         (folder / "note").write_text("x")
     with owned_temp_folder("cnnpar-x-") as made:

@@ -642,17 +642,11 @@ def test_a_trial_ends_with_a_tuner_killed_outright(tmp_path):
 
 def test_a_trial_folder_whose_parent_is_gone_is_removed_by_the_next_trial(tmp_path, monkeypatch):
     """A SIGKILLed tune's child now ends with it, but its /tmp/cnnpar-trial-* folder stayed for good."""
-    import subprocess
-    import tempfile
 
     from cnnpar.bench import trial
+    from tests.conftest import dead_process_folder
 
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    dead = tmp_path / f"{trial.TRIAL_PREFIX}{gone.pid}-abc"
-    dead.mkdir()
+    dead = dead_process_folder(tmp_path, monkeypatch, trial.TRIAL_PREFIX)
     (dead / "spec.json").write_text("{}")
     r = run_child({}, 30.0, log=lambda s: None, command=lambda spec, res: [sys.executable, "-c", "pass"])
     assert r.status == FAILED  # (no result file: it measured nothing)
