@@ -40,32 +40,28 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
 
 
-def int_or_auto(text: str) -> int:
-    """A count, or `auto` (stored as 0: resolved when the run starts). A typed 0 is refused: it read as auto, a
-    search the user had not asked for (a config file's 0 still means auto, as its comments say)."""
+def _positive_or_auto(text: str, kind: type, noun: str) -> int | float:
+    """A `kind` > 0, or `auto` (stored as 0: resolved when the run starts). A typed 0 is refused: it would read as
+    auto, not as the 0 typed (a config file's 0 still means auto, as its comments say)."""
     if text.strip().lower() == "auto":
-        return 0
+        return kind(0)
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number or auto") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number > 0 or auto")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {noun} or auto") from None
+    if value <= 0:  # (nan and inf pass, for the config's own message: optim.lr (--lr) = nan: expected a finite ...)
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {noun} > 0 or auto")
     return value
+
+
+def int_or_auto(text: str) -> int:
+    """A count, or `auto`: a search or rule resolves it when the run starts."""
+    return _positive_or_auto(text, int, "a whole number")
 
 
 def float_or_auto(text: str) -> float:
-    """A number, or `auto` (stored as 0: resolved when the run starts, as `--lr auto` to the optimizer's own). A
-    typed 0 is refused as int_or_auto refuses it: it would read as auto, not as the 0 typed."""
-    if text.strip().lower() == "auto":
-        return 0.0
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number or auto") from None
-    if value <= 0:  # (nan and inf pass, for the config's own message: optim.lr (--lr) = nan: expected a finite ...)
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0 or auto")
-    return value
+    """A number, or `auto`, as `--lr auto`: the optimizer's own, resolved when the run starts."""
+    return _positive_or_auto(text, float, "a number")
 
 
 def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, ...] = ()) -> None:
