@@ -341,7 +341,7 @@ def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
     write_report(report)
     print_report(report)
     if report.stop is not None:
-        raise report.stop  # a try was stopped: its report is written, and the command ends as the stop asked
+        raise report.stop  # a try was stopped (or its worker crashed): its report is written, then the stop or the line
     return 0
 
 

@@ -116,6 +116,14 @@ def damaged_jpeg(side: int = 64, seed: int = 0) -> bytes:
     return bytes(data)
 
 
+def stray_bytes(jpeg: bytes) -> bytes:
+    """A JPEG with 7 zero bytes between two of its header's segments (before the first quantisation table): libjpeg
+    skips them with a warning ("Corrupt JPEG data: 7 extraneous bytes before marker 0xdb"), and cnnpar's own header
+    reader (data/jpeg_header.py) finds no frame header in it."""
+    dqt = jpeg.index(b"\xff\xdb")
+    return jpeg[:dqt] + bytes(7) + jpeg[dqt:]
+
+
 def short_png(width: int, height: int, raw_bytes: int) -> bytes:
     """An 8-bit RGB PNG whose whole zlib stream inflates to `raw_bytes` zero bytes, where its `width` x `height`
     header needs height * (1 + 3 * width): libpng stops with "Not enough image data", on which torchvision 0.29

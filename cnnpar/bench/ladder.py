@@ -22,6 +22,7 @@ import torch
 
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
+from cnnpar.data.worker_crash import worker_crash
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import continue_as
 from cnnpar.engine.resolved import as_measured
@@ -265,7 +266,9 @@ def run_ladder(
                 kept = (p.rung.name, _measure(p, carried, row, bundle, info, timing))
             except Exception as e:  # any failure (out of memory included) is a result, not the end
                 raise_if_the_stop(e)  # but a stop's doing (the workers it killed) is the stop: the bench ends
-                row.update(status="failed", error=error_text(e))
+                # a worker killed otherwise (the out-of-memory killer, a decoder's crash): train's one line, not
+                # torch's "exited unexpectedly", which said neither the signal nor what to do
+                row.update(status="failed", error=error_text(worker_crash(e, p.cfg.data.source, bundle) or e))
             carried = None
             if kept is None:
                 free_device_memory(info.device)  # after the traceback (and the tensors it holds) is gone

@@ -19,6 +19,7 @@ from cnnpar.data import DataBundle
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import build_trainer, next_group, reset_compiler, run_step, training_batches
 from cnnpar.engine.trainer import Trainer
+from cnnpar.errors import UserError
 from cnnpar.report.meters import CPU_RSS, CUDA_PEAK, DataWait, sync
 
 from .timing import Timing
@@ -27,8 +28,12 @@ ERROR_CHARS = 300
 
 
 def error_text(e: BaseException) -> str:
+    """A failed row's reason: the error's first line, cut to ERROR_CHARS (torch's own can run to pages), save
+    cnnpar's own one line (a UserError), which ends in what to do (a worker crash's: the command that finds the
+    file) and is kept whole."""
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {first}"[:ERROR_CHARS]
+    text = f"{type(e).__name__}: {first}"
+    return text if isinstance(e, UserError) else text[:ERROR_CHARS]
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:

@@ -205,20 +205,28 @@ def say_damaged(path: Path | str, why: str) -> None:
     print(f"warning: {path}: damaged JPEG data (libjpeg: {why}), decoded anyway", file=sys.stderr, flush=True)
 
 
-def say_stray_bytes(data: torch.Tensor, path: Path | str) -> None:
-    """`say_damaged` for a JPEG that decoded whole although jpeg_header found no frame header in it: stray bytes
-    between two of its header's segments stop that walk, and libjpeg skips them with a warning that names no file
-    ("Corrupt JPEG data: 7 extraneous bytes before marker 0xdb") and decodes the picture the bytes did not touch.
-    simplejpeg's header reader raises that warning: said here, naming the file. Call it only after the decode
-    succeeded; a file that is not a JPEG (no SOI marker) is left alone."""
+def stray_bytes_warning(raw) -> str:
+    """libjpeg's warning about a JPEG (bytes or a uint8 array) that decoded whole although jpeg_header found no frame
+    header in it, else "": stray bytes between two of its header's segments stop that walk, and libjpeg skips them
+    with a warning that names no file ("Corrupt JPEG data: 7 extraneous bytes before marker 0xdb") and decodes the
+    picture the bytes did not touch. simplejpeg's header reader raises that warning; "" where simplejpeg is not
+    installed or the bytes are not a JPEG (no SOI marker). Ask it only after the decode succeeded."""
     sj = simplejpeg_module()
-    raw = memoryview(data.numpy())
     if sj is None or bytes(raw[:3]) != b"\xff\xd8\xff":
-        return
+        return ""
     try:
         sj.decode_jpeg_header(raw)
     except ValueError as e:  # libjpeg's warnings, as errors
-        say_damaged(path, str(e) or type(e).__name__)
+        return str(e) or type(e).__name__
+    return ""
+
+
+def say_stray_bytes(data: torch.Tensor, path: Path | str) -> None:
+    """`say_damaged` for a JPEG of `stray_bytes_warning`'s, naming the file. Call it only after the decode
+    succeeded; a file that is not a JPEG (no SOI marker) is left alone."""
+    why = stray_bytes_warning(memoryview(data.numpy()))
+    if why:
+        say_damaged(path, why)
 
 
 def decode_rgb_naming_damage(data: torch.Tensor, path: Path | str) -> torch.Tensor:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from cnnpar.data.cpu_decode import simplejpeg_module, turbo_ready
+from cnnpar.data.cpu_decode import simplejpeg_module, stray_bytes_warning, turbo_ready
 from cnnpar.data.jpeg_header import read_jpeg_header
 from cnnpar.data.png_header import PNG_SIGNATURE
 from cnnpar.errors import DataError
@@ -84,7 +84,9 @@ def decode_encoded(buf: np.ndarray, offsets: np.ndarray, where: str, tally: Deco
         if fallback:
             img = decode_rgb(data[int(offsets[i]) : int(offsets[i + 1])], f"{where} image {i}").permute(1, 2, 0)
             img = img.numpy()
-        if tally is not None and header is not None:  # a JPEG (PNGs go to torchvision, as the load line says)
+        if header is None:  # stray bytes between a JPEG's header segments hide its frame header from read_jpeg_header
+            declined = stray_bytes_warning(raw)  # libjpeg's bare warning (torchvision's decode) named no image
+        if tally is not None and (header is not None or declined):  # a JPEG (PNGs go to torchvision, as said)
             tally.jpegs += 1
             tally.by_torchvision += fallback
             if declined:

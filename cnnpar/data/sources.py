@@ -658,8 +658,11 @@ def load_predict_data(
         # split training validated on, not what a submission is for), else the split that validated, else training's
         held = npz_held_splits(arrays)
         order = [s for s in ("test", "testing") if s in held] + [s for s in held if s not in ("test", "testing")]
-        found = next((f for s in order if (f := npz_images(arrays, s, path)) is not None), None)
-        found = found or npz_images(arrays, "train", path)
+        tally = DecodeTally()  # its damaged JPEGs named, as training's load line names them
+        found = next((f for s in order if (f := npz_images(arrays, s, path, tally)) is not None), None)
+        found = found or npz_images(arrays, "train", path, tally)
+        if notes is not None and tally.damaged_note():
+            notes.append(tally.damaged_note())
         if found is not None and notes is not None and len(held) > 1:
             notes.append(
                 f"images: {found[1]} of {source} ({len(found[0]):,}); the archive also holds "

@@ -8,6 +8,9 @@ is damaged inside, which is why PNGs go to Pillow (folder.decode_png), which rai
 the file, on every path. Should another decoder still crash a worker, this says what it was and how
 to find the file.
 A worker killed by SIGTERM or SIGINT died of the run's own stop (engine/trainer.the_stop).
+`worker_crash` is the one owner of that line for every command that reads through workers: train ends with it,
+a bench rung fails with it, the doctor ends with it (after writing the report of what it measured, where a try
+crashed).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import re
 import shlex
 import signal
 
+from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.store import default_store_path, prepare_args
+from cnnpar.errors import DataError
 
 _KILLED = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: ([^.]+)\.")
 # strsignal's words (what torch writes) to the signal: "Segmentation fault" -> SIGSEGV
@@ -60,3 +65,15 @@ def worker_crash_line(sig: signal.Signals, source: str, photos: bool, input_size
         f"it (where it names none, it has written a store that trains without those decoders: cnnpar train --data "
         f"{shlex.quote(out)})"
     )
+
+
+def worker_crash(e: BaseException, source: str, bundle) -> DataError | None:
+    """`worker_crash_line` as the DataError a command ends with (or a bench rung fails with), where `e` says a
+    DataLoader worker reading `bundle` (loaded from `source`) was killed by a signal other than a stop's; else
+    None. torch's own error ("DataLoader worker (pid(s) N) exited unexpectedly", under a traceback) said neither
+    the signal nor what to do."""
+    sig = worker_signal(e)
+    if sig is None or sig in STOP_SIGNALS:
+        return None
+    photos = isinstance(bundle.train, ImageFolderDataset)  # the workers decode photos
+    return DataError(worker_crash_line(sig, source, photos, bundle.shape[1]))

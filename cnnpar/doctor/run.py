@@ -19,6 +19,7 @@ from cnnpar.data import load_data
 from cnnpar.data.loader import decodes_on_gpu
 from cnnpar.data.sources import detect_format
 from cnnpar.data.store import prepare_then_train
+from cnnpar.data.worker_crash import worker_crash, worker_signal
 from cnnpar.dist import init_distributed
 from cnnpar.doctor.advise import (
     MIN_GAIN,
@@ -48,7 +49,7 @@ from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe,
 from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
 from cnnpar.engine.trainer import Trainer, raise_if_the_stop, the_stop
-from cnnpar.errors import Terminated
+from cnnpar.errors import DataError, Terminated
 from cnnpar.parallel.precision import bf16_on
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
@@ -77,7 +78,8 @@ class DoctorReport:
     # a Ctrl-C or SIGTERM during the tries: the report holds what was measured before it, and says what it cut
     # short; the command ends with the stop after writing it (cli.cmd_doctor)
     stopped: str = ""  # "SIGTERM during the try of torch.compile"; "" where the doctor ran to its end
-    stop: KeyboardInterrupt | None = None
+    # what the command ends with once the report is written: the stop, or a worker crash's one line
+    stop: KeyboardInterrupt | DataError | None = None
 
     @property
     def end_to_end(self) -> Phase:
@@ -116,6 +118,9 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
             return _examine(cfg, opts, log, info, bundle, report_dir)
         except Exception as e:
             raise_if_the_stop(e)  # a stop before the tries (the workers it killed): no report, the stop's exit
+            crash = worker_crash(e, cfg.data.source, bundle)  # a worker killed otherwise: train's one line
+            if crash is not None:
+                raise crash from None
             raise
 
 
@@ -178,11 +183,17 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
                 report.tries.append((label, change, tried))
         except BaseException as e:  # Ctrl-C, SIGTERM, or what they broke under the try (engine/trainer.the_stop)
             stop = the_stop(e)
-            if stop is None:
+            # or a worker killed otherwise (the out-of-memory killer, a decoder's crash): ends the doctor as a stop
+            # does, with train's one line in place of the stop's
+            crash = worker_crash(e, cfg.data.source, bundle) if stop is None else None
+            if stop is None and crash is None:
                 raise
             report.recommendations, report.not_faster = rank_after_tries(recos)
-            report.stop = stop
-            report.stopped = f"{'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'} during the {trying}"
+            report.stop = stop or crash
+            if crash is not None:
+                report.stopped = f"{worker_signal(e).name} killed a data loader worker during the {trying}"
+            else:
+                report.stopped = f"{'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'} during the {trying}"
             log(f"doctor: stopped during the {trying}: writing the report of what was measured before it")
     report.marks = marks
     if sampler:

@@ -28,12 +28,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from cnnpar.config import Config, asked_lr, batch_lr_factor, default_lr_note, dumps_toml, speed_reasons, to_dict
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import NO_HOLDOUT, class_lines, first_five, holdout_label, split_line
-from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
 from cnnpar.data.sources import STORE_CHECKSUM, folder_content_sample
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
-from cnnpar.data.worker_crash import STOP_SIGNALS, worker_crash_line, worker_signal
+from cnnpar.data.worker_crash import STOP_SIGNALS, worker_crash, worker_signal
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
 from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
 from cnnpar.engine.batch_size import lr_line, search_on_device
@@ -1072,11 +1071,10 @@ class Trainer:
         folder goes where no epoch was saved, as for any file a decoder refuses; where one was, the line says what
         the checkpoint holds and the command that continues, as a stop's does (`stop_said`: the launcher of
         `--nproc` then does not say it again)."""
-        sig = worker_signal(e)
-        if sig is None or sig in STOP_SIGNALS:
+        crash = worker_crash(e, self.cfg.data.source, self.bundle)
+        if crash is None:
             return
-        photos = isinstance(self.bundle.train, ImageFolderDataset)
-        line = worker_crash_line(sig, self.cfg.data.source, photos, self.bundle.shape[1])
+        line = str(crash)
         saved = self._saved_epoch_now()
         if saved:
             line += f"; {kept_line(self.run_dir, saved, self._continue_command())}"

@@ -420,3 +420,51 @@ def test_a_png_with_a_damaged_zlib_stream_ends_every_command_in_one_line_naming_
         return
     assert (p.returncode, last) == (2, f"cnnpar: error: {DAMAGED_PNG_LINE}"), p.stderr
     assert not (cwd / "runs").exists() and not (cwd / "predictions.csv").exists()
+
+
+# The worker that decodes `killed.png` is killed by SIGKILL, as the kernel's out-of-memory killer ends one: whichever
+# reader decodes it (the textbook loader's per-image path, or the CPU workers' batches)
+KILLED_ON_A_PHOTO = """
+import os, signal, sys
+from cnnpar import cli
+from cnnpar.data import cpu_decode, folder
+decode_rgb = folder.decode_rgb
+def killed(data, path):
+    if os.path.basename(str(path)) == "killed.png":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return decode_rgb(data, path)
+cpu_decode.decode_rgb = folder.decode_rgb = killed
+sys.exit(cli.main(sys.argv[1:]))
+"""
+OOM_LINE = (
+    "a data loader worker crashed (SIGKILL: Killed) while reading photos: SIGKILL is most often the kernel's "
+    "out-of-memory killer (dmesg names it): fewer --workers or a smaller --batch-size need less memory"
+)
+KILLED_WORKER_COMMANDS = {
+    "doctor": ["doctor", *ON_THE_FOLDER, "--workers", "1", "--warmup-steps", "1", "--measure-steps", "2"],
+    # the workers rung: the baseline reads without workers, where the kill would end the bench itself
+    "bench": ["bench", *ON_THE_FOLDER, *"--workers 1 --only workers --warmup-steps 1 --timed-steps 2".split()]
+    + ["--repeats", "1", "--out", "bench_out"],
+}
+
+
+@pytest.mark.parametrize("command", KILLED_WORKER_COMMANDS)
+def test_a_worker_killed_in_doctor_or_bench_is_trains_one_line(tmp_path, command):
+    """train said a killed worker in one line (data/worker_crash.py); doctor ended in torch's traceback ("DataLoader
+    worker (pid(s) N) exited unexpectedly", exit 1) and bench's row failed with that line, naming neither the
+    signal nor what to do."""
+    root = write_image_folder(tmp_path / "photos", per_class=6, classes=2, side=16)
+    (root / "class1" / "killed.png").write_bytes(next((root / "class1").glob("*.png")).read_bytes())
+    p = run_cmd([sys.executable, "-c", KILLED_ON_A_PHOTO, *KILLED_WORKER_COMMANDS[command]], tmp_path)
+    assert "Traceback" not in p.stderr, p.stderr
+    last = p.stderr.strip().splitlines()[-1].lstrip("\0")
+    if command == "bench":  # the rung's row fails with the line, and the summary names it, as for a bad file
+        assert p.returncode == 1, p.stderr
+        assert f"bench: rung 1 workers: failed (DataError: {OOM_LINE})" in p.stdout
+        assert last == (
+            f"bench: every rung run failed (1 of 1, the rest skipped); first, workers: DataError: {OOM_LINE}; rows in "
+            "bench_out/ladder.csv"
+        )
+        return
+    assert (p.returncode, last) == (2, f"cnnpar: error: {OOM_LINE}"), p.stderr
+    assert [f.name for f in tmp_path.iterdir()] == ["photos"]  # nothing measured: no report folder

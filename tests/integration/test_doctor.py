@@ -248,6 +248,38 @@ def test_a_baseline_whose_workers_the_stop_killed_ends_as_the_stop_without_a_rep
     assert not rep.exists()  # nothing measured to the end: no report, as for any stop before the tries
 
 
+def _a_worker_killed_by_the_oom_killer(*args, **kwargs):
+    """torch's errors for a worker the out-of-memory killer ended (SIGKILL): "exited unexpectedly" from "is killed by
+    signal: Killed"."""
+    try:
+        raise RuntimeError("DataLoader worker (pid 9277) is killed by signal: Killed. ")
+    except RuntimeError as e:
+        raise RuntimeError("DataLoader worker (pid(s) 9277) exited unexpectedly") from e
+
+
+OOM_LINE = (
+    "a data loader worker crashed (SIGKILL: Killed) while reading synthetic: SIGKILL is most often the kernel's "
+    "out-of-memory killer (dmesg names it): fewer --workers or a smaller --batch-size need less memory"
+)
+
+
+def test_a_try_whose_worker_was_killed_keeps_the_report_and_ends_in_trains_one_line(tmp_path, monkeypatch, capsys):
+    """A try with more workers than memory allows: the out-of-memory killer's SIGKILL ended the doctor in torch's
+    traceback, exit 1, without the report of the phases it had measured (tests/integration/test_bad_input.py kills
+    a real worker in the baseline)."""
+    from cnnpar.doctor import run as doctor_run
+
+    monkeypatch.setattr(doctor_run, "fixed_cost", lambda full, half: 0.9 * full.s_per_batch)  # a batch to try
+    monkeypatch.setattr(doctor_run, "_try", _a_worker_killed_by_the_oom_killer)
+    rep = tmp_path / "rep"
+    assert main([*DOCTOR_SMALL, "--report-dir", str(rep), "--try", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"cnnpar: error: {OOM_LINE}" and "Traceback" not in err
+    said = "SIGKILL killed a data loader worker during the try of larger batch"
+    assert json.loads((rep / "doctor.json").read_text())["stopped"] == said
+    assert f"Stopped ({said}): the phases measured before it are in this report" in (rep / "report.md").read_text()
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "emulated-bf16"])
 def test_the_doctors_bf16_fact_is_what_train_resolves_for_the_device(tmp_path, monkeypatch, native):
     """doctor.json said `bf16_supported: false` on a CPU that computes bf16 natively, where `--precision auto`

@@ -11,7 +11,7 @@ from cnnpar.config import DataConfig
 from cnnpar.data import load_data, load_predict_data
 from cnnpar.data.arrays import to_nchw_uint8
 from cnnpar.errors import DataError
-from tests.datafiles import bar_images, damaged_jpeg
+from tests.datafiles import bar_images, damaged_jpeg, stray_bytes
 
 UNREAD = (
     "cnnpar reads x_train, y_train, one held-out split (x_val, y_val; or valid, validation, test, testing), "
@@ -130,6 +130,31 @@ def test_a_damaged_jpeg_in_an_encoded_archive_is_named_and_counted_as_torchvisio
     assert "(JPEGs by simplejpeg, 1 of 6 by torchvision: files simplejpeg declines)" in lines[0]
     assert lines[1].startswith(f"warning: {path}[train_jpeg] image 2: damaged JPEG data (libjpeg: Corrupt JPEG data")
     assert lines[1].endswith("), decoded anyway by torchvision") and len(lines) == 2
+
+
+def test_a_jpeg_with_stray_bytes_between_its_segments_in_an_encoded_archive_is_named_in_training_and_predict(tmp_path):
+    """Stray bytes hide its frame header from jpeg_header, so simplejpeg never saw it and torchvision decoded it with
+    libjpeg's bare "Corrupt JPEG data: 7 extraneous bytes before marker 0xdb", naming no archive, array or image (an
+    image folder's file was named: test_odd_images), and the load line said every JPEG was simplejpeg's."""
+    from cnnpar.data.cpu_decode import simplejpeg_module
+
+    if simplejpeg_module() is None:
+        pytest.skip("simplejpeg is not installed: every JPEG is torchvision's, and its header reader finds the damage")
+    files = [stray_bytes(_good_jpeg(k)) if k in (1, 4) else _good_jpeg(k) for k in range(6)]
+    offsets = np.cumsum([0] + [len(f) for f in files])
+    path = tmp_path / "enc.npz"
+    np.savez(path, train_jpeg=np.frombuffer(b"".join(files), np.uint8), train_offsets=offsets, y_train=np.arange(6) % 2)
+    said = (
+        f"warning: {path}[train_jpeg] image 1: damaged JPEG data (libjpeg: Corrupt JPEG data: 7 extraneous bytes "
+        f"before marker 0xdb), decoded anyway by torchvision; 1 more such image(s), the first {path}[train_jpeg] "
+        "image 4"
+    )
+    lines = _load(path, val_fraction=0).load_note.splitlines()
+    assert "(JPEGs by simplejpeg, 2 of 6 by torchvision: files simplejpeg declines)" in lines[0]
+    assert lines[1:] == [said]
+    notes: list[str] = []
+    load_predict_data(str(path), notes=notes)
+    assert notes == [said]
 
 
 def _good_jpeg(seed: int) -> bytes:

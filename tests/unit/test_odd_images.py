@@ -28,7 +28,7 @@ from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import EncodedBatch, EncodedFolderDataset, GpuDecoder, collate_encoded
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION
 from cnnpar.errors import DataError
-from tests.datafiles import damaged_png, short_png
+from tests.datafiles import damaged_png, short_png, stray_bytes
 
 # the tests' own torchvision.io calls (references, encoders): only its codec notice is known
 pytestmark = pytest.mark.filterwarnings(f"ignore:{TV_CODEC_DEPRECATION}:DeprecationWarning")
@@ -69,12 +69,6 @@ def huge_header(jpeg: bytes, side: int = 15000) -> bytes:
     patched = bytearray(jpeg)
     patched[sof + 5 : sof + 9] = side.to_bytes(2, "big") * 2  # FF C0, length, precision, then height and width
     return bytes(patched)
-
-
-def stray_bytes(jpeg: bytes) -> bytes:
-    """A JPEG with 7 zero bytes between two of its header's segments (before the first quantisation table)."""
-    dqt = jpeg.index(b"\xff\xdb")
-    return jpeg[:dqt] + bytes(7) + jpeg[dqt:]
 
 
 EXPECTED_TAIL = "expected a readable JPEG or PNG file"

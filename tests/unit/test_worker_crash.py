@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 
-from cnnpar.data.worker_crash import worker_crash_line, worker_signal
+from cnnpar.data.worker_crash import worker_crash, worker_crash_line, worker_signal
 
 
 def torch_errors(words: str) -> RuntimeError:
@@ -46,3 +46,20 @@ def test_a_worker_killed_outright_or_one_that_decodes_nothing_gets_no_advice_abo
     assert worker_crash_line(signal.SIGBUS, "d.cnnpar", False, 224) == (
         "a data loader worker crashed (SIGBUS: Bus error) while reading d.cnnpar"
     )
+
+
+def test_a_bench_row_keeps_the_whole_line_with_the_command_that_finds_the_file():
+    """A failed bench row's reason was cut at 300 characters: a crash reading photos lost the end of its advice,
+    the command that finds the file (doctor and bench say the crash through `worker_crash`, as train does)."""
+    from types import SimpleNamespace
+
+    from cnnpar.bench.measure import error_text
+    from cnnpar.data.folder import ImageFolderDataset
+
+    photos = SimpleNamespace(train=ImageFolderDataset([], [], 224), shape=(3, 224, 224))
+    crash = worker_crash(torch_errors("Segmentation fault"), "my photos", photos)
+    assert str(crash) == worker_crash_line(signal.SIGSEGV, "my photos", True, 224) and len(str(crash)) > 300
+    assert error_text(crash) == f"DataError: {crash}"
+    assert worker_crash(torch_errors("Terminated"), "my photos", photos) is None  # the stop's doing: said as a stop
+    assert worker_crash(RuntimeError("CUDA error: out of memory"), "my photos", photos) is None
+    assert error_text(RuntimeError("x" * 400)) == "RuntimeError: " + "x" * 286  # torch's own: cut
