@@ -85,7 +85,19 @@ from cnnpar.report.meters import DataWait, EpochClock, peak_memory, sync
 from cnnpar.report.telemetry import monitor_run
 from cnnpar.report.tensorboard import Board, open_board
 
-RUN_RECORDS = ("config.toml", "metrics.csv", "summary.json")  # written atomically into the run folder
+# what the run folder holds beside its checkpoints, each written atomically by rank 0
+RUN_RECORDS = ("config.toml", "metrics.csv", "summary.json", "resumes.csv")
+# resumes.csv: one row a setting a resume changed, from the first epoch trained with its new value (config.toml
+# holds the newest values only: the epochs before were trained with `before`)
+RESUME_COLUMNS = ["from_epoch", "setting", "before", "after"]
+# what names the run or how it reports, not what its epochs trained with: left out of resumes.csv
+NOT_TRAINING_SETTINGS = {
+    "run": ("out_dir", "name", "resume", "progress", "monitor", "tensorboard"),
+    "dist": ("nproc", "debug_single"),  # the processes that ran are compared instead (the checkpoint's world size)
+    # what the data decides: a resume on other data, shape or classes is refused (_refuse_changed_data), while the
+    # record it resumes from holds these as found (the image size an auto found), the checkpoint as asked
+    "data": ("source", "format", "image_size", "image_shape", "num_classes", "synthetic_samples"),
+}
 METRIC_COLUMNS = [
     "epoch",
     "train_loss",
@@ -359,6 +371,7 @@ class Trainer:
         self.best_saved_epoch = 0  # the epoch ckpt/best.pt holds (rank 0's; 0: none)
         self._t_start: float | None = None  # when this attempt's epochs began (each epoch's summary times them)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
+        self.resume_changes: list[dict] = []  # this resume's rows of resumes.csv (_recorded_changes)
         self.stop_said = False  # fit printed the stop line (what is kept, how to go on): --nproc's launcher need not
         refusal = None  # this rank's own (its copy of the checkpoint unreadable, or of other data): said together
         # what the resume says ("resumed from ..."), held until the ranks agree on the checkpoint: said before a
@@ -656,6 +669,7 @@ class Trainer:
         changed = self._changed_settings(state)
         if changed:
             self.log(f"resume: changed since the checkpoint, from epoch {finished + 1} on: {changed}")
+        self.resume_changes = self._recorded_changes(state, finished + 1)
         if "rng" not in state:
             self.log(
                 "note: this checkpoint stores no RNG state (written before per-epoch seeds): the resumed "
@@ -676,14 +690,16 @@ class Trainer:
     def _changed_settings(self, state: dict) -> str:
         """The training settings a resume was given otherwise than its checkpoint's run (they apply from the first
         resumed step), in words, or "": a --schedule, --ema or --label-smoothing changed on resuming changed the lr,
-        the scored weights or the loss column part way through the run without a word. Another process count or
-        global batch is named first (_global_batch_change); --epochs has a line of its own (schedule:), --seed,
-        --val-fraction and --optimizer are refused."""
+        the scored weights or the loss column part way through the run without a word. So did --loader, which draws
+        the crops and flips its own way (the hold-out and the sample order stay the run's: named, not refused).
+        Another process count or global batch is named first (_global_batch_change); --epochs has a line of its own
+        (schedule:), --seed, --val-fraction and --optimizer are refused."""
         stored, now = state.get("config", {}), to_dict(self.cfg)
         said_elsewhere = {("optim", "optimizer"), ("optim", "grad_accum")}
         fields = [("optim", name) for name in now["optim"]] + [("data", "augment"), ("data", "crop_min_scale")]
-        fields += [("run", "tta_level")]
+        fields += [("data", "loader"), ("run", "tta_level")]
         why = {
+            ("data", "loader"): "the resumed epochs draw their crops and flips as the other loader does",
             ("optim", "ema"): "the checkpoint's weight average is dropped: validation scores the trained weights"
             if "average" in state and self.average is None
             else "",
@@ -702,6 +718,50 @@ class Trainer:
             reason = why.get((section, name), "")
             changes.append(f"{flag} {was} -> {is_now}" + (f" ({reason})" if reason else ""))
         return ", ".join(changes)
+
+    def _recorded_changes(self, state: dict, from_epoch: int) -> list[dict]:
+        """resumes.csv's rows for this resume: every training setting (NOT_TRAINING_SETTINGS left out) whose value
+        differs from the checkpoint's run's, and the process count, from `from_epoch` on. --augment auto that
+        resolves to the augmentation it replaces is no change, as in the `resume:` line."""
+        stored, now = state.get("config", {}), to_dict(self.cfg)
+        rows = []
+        was_world = state.get("world_size")
+        if isinstance(was_world, int) and was_world != self.info.world_size:
+            rows.append({"setting": "processes", "before": was_world, "after": self.info.world_size})
+        for section, values in now.items():
+            for name, is_now in values.items():
+                was = stored.get(section, {}).get(name)
+                if name in NOT_TRAINING_SETTINGS.get(section, ()) or was is None or was == is_now:
+                    continue
+                augment = (section, name) == ("data", "augment")
+                if augment and self._resolved_augment(was) == self._resolved_augment(is_now):
+                    continue
+                rows.append({"setting": f"{section}.{name}", "before": was, "after": is_now})
+        return [{"from_epoch": from_epoch, **row} for row in rows]
+
+    def _record_resumes(self) -> str:
+        """Write resumes.csv (rank 0): the rows of earlier resumes whose epochs this run keeps (a row from an epoch
+        past its checkpoint's was for epochs trained again now), then this resume's. Returns the config.toml
+        header line that points to it ("" where no resume changed a setting: a stale file is removed)."""
+        path = self.run_dir / "resumes.csv"
+        kept = []
+        if path.is_file():
+            for row in read_csv(path):
+                epoch = row.get("from_epoch") or ""
+                if epoch.isdigit() and int(epoch) <= self.saved_epoch:
+                    kept.append(row)
+        rows = kept + self.resume_changes
+        if not rows:
+            path.unlink(missing_ok=True)
+            return ""
+        write_csv_atomic(path, rows, RESUME_COLUMNS)
+        if self.resume_changes:
+            said = ", ".join(f"{r['setting']} {r['before']} -> {r['after']}" for r in self.resume_changes)
+            first = self.saved_epoch + 1
+            self.log(
+                f"record: changed from epoch {first} on, kept in {path} (config.toml holds the new values): {said}"
+            )
+        return "# resumed with other settings: resumes.csv names each one changed, and from which epoch\n"
 
     def _resolved_augment(self, augment: str) -> str:
         """--augment as it trains on this run's data: a resume's data and image size are the checkpoint's (another
@@ -845,7 +905,7 @@ class Trainer:
             ckpts = (self.run_dir / "ckpt" / LAST, self.run_dir / "ckpt" / BEST)
             for written in (*ckpts, *(self.run_dir / n for n in RUN_RECORDS)):
                 remove_orphan_temps(written)
-            header = comment_lines(self._environment())
+            header = comment_lines(self._environment()) + self._record_resumes()
             resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
             # the processes that ran, not the --nproc asked for (the debug switch runs one; torchrun by hand, any);
             # the debug switch itself is how this one launch ran, not a setting of the run: kept, it made a later

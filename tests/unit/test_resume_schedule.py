@@ -500,3 +500,70 @@ def test_an_augment_change_to_or_from_auto_on_resuming_is_named_by_what_auto_res
     assert [s for s in lines if s.startswith("resume:")] == [
         "resume: changed since the checkpoint, from epoch 2 on: --augment crop -> auto (none)"
     ]
+
+
+def test_a_resume_that_changes_settings_records_what_the_finished_epochs_trained_with(tmp_path, capsys):
+    """config.toml holds a resumed run's new values only: a run resumed with --epochs 2 --lr 0.01 read as if its
+    first epoch had trained for 2 epochs at 0.01. resumes.csv keeps each change and its first epoch, config.toml
+    points to it (and still loads), and a later resume of that run keeps the earlier rows."""
+    import csv
+
+    from cnnpar.cli import main
+    from cnnpar.config import load_toml
+
+    run = tmp_path / "r"
+    common = ["--device", "cpu", "--workers", "0", "--no-progress", "--no-tensorboard", "--max-steps", "1"]
+    data = ["--data", "synthetic", "--synthetic-samples", "128", "--image-shape", "1x16x16", "--batch-size", "32"]
+    assert main(["train", *data, *common, "--epochs", "1", "--out-dir", str(tmp_path), "--name", "r"]) == 0
+    assert not (run / "resumes.csv").exists()  # nothing resumed: nothing to record
+    capsys.readouterr()
+    assert main(["train", *common, "--resume", str(run), "--epochs", "2", "--lr", "0.01"]) == 0
+    said = [s for s in capsys.readouterr().out.splitlines() if s.startswith("record:")]
+    assert said == [
+        f"record: changed from epoch 2 on, kept in {run / 'resumes.csv'} (config.toml holds the new values): "
+        "optim.lr 0.002 -> 0.01, run.epochs 1 -> 2"
+    ]
+    assert main(["train", *common, "--resume", str(run), "--epochs", "3"]) == 0  # the lr stays 0.01: no change
+    with (run / "resumes.csv").open(newline="") as f:
+        rows = [tuple(row.values()) for row in csv.DictReader(f)]
+    assert rows == [
+        ("2", "optim.lr", "0.002", "0.01"),
+        ("2", "run.epochs", "1", "2"),
+        ("3", "run.epochs", "2", "3"),
+    ]
+    record = (run / "config.toml").read_text()
+    assert "# resumed with other settings: resumes.csv names each one changed, and from which epoch\n" in record
+    stored = load_toml(run / "config.toml")
+    assert (stored.run.epochs, stored.optim.lr) == (3, 0.01)  # the run's config: the newest values, as before
+
+
+def test_resume_rows_for_epochs_the_checkpoint_does_not_hold_are_dropped(tmp_path):
+    """A row from an attempt that stopped before saving an epoch (or from epochs past the checkpoint resumed
+    from) named a change for epochs that are trained again now: only the rows of kept epochs stay."""
+    Trainer(_cfg(tmp_path, 1), CPU_INFO, log=lambda *a, **k: None).fit()
+    record = tmp_path / "oc" / "resumes.csv"
+    record.write_text("from_epoch,setting,before,after\n1,optim.lr,0.1,0.002\n2,optim.lr,0.002,0.5\n")
+    Trainer(_cfg(tmp_path, 2, resume=str(tmp_path / "oc")), CPU_INFO, log=lambda *a, **k: None).fit()
+    assert record.read_text().splitlines() == [
+        "from_epoch,setting,before,after",
+        "1,optim.lr,0.1,0.002",
+        "2,run.epochs,1,2",
+    ]
+
+
+def test_another_loader_on_resuming_is_named_and_recorded(tmp_path):
+    """--loader textbook on resuming a fast-loader run drew the resumed epochs' crops and flips another way
+    (altflip is a plain flip there) without a word: named as the other allowed changes are."""
+    cfg = _cfg(tmp_path, 1)
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    more = replace(
+        cfg, data=replace(cfg.data, loader="textbook"), run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc"))
+    )
+    lines: list[str] = []
+    trainer = Trainer(more, CPU_INFO, log=lambda s, **k: lines.append(s))
+    assert [s for s in lines if s.startswith("resume:")] == [
+        "resume: changed since the checkpoint, from epoch 2 on: --loader fast -> textbook (the resumed epochs draw "
+        "their crops and flips as the other loader does)"
+    ]
+    trainer.fit()
+    assert "2,data.loader,fast,textbook" in (tmp_path / "oc" / "resumes.csv").read_text().splitlines()
