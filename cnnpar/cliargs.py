@@ -314,13 +314,19 @@ def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
     return cfg, set_aside
 
 
+# optimizers whose --lr means the same thing, an SGD step's: muon's drives its SGD groups (config.DEFAULT_LRS gives
+# both 0.025), and cifar10-speed's sgd 1.5 and cifar10-record's muon 1.656 train the same fastnet
+SGD_LR_FAMILY = {"sgd", "muon"}
+
+
 def preset_lr_set_aside(args: argparse.Namespace) -> str:
     """Where the optimizer asked for (--optimizer, or a --config file's `optimizer`) is not the one a --preset's lr
     was tuned for, and no lr is asked for (no --lr, none in the file), that lr is set aside for the asked optimizer's
     own default (--lr auto): the words that say so for the run's lr line, else "". A preset's lr is tuned for its
     optimizer: kept for another, --optimizer adamw under cifar10-resnet18 trained at SGD's 0.2, 100x AdamW's own,
     as one lr for all optimizers had trained sgd at AdamW's (config.DEFAULT_LRS). A preset whose lr is auto sets
-    nothing aside: the optimizer asked for takes its own default already."""
+    nothing aside: the optimizer asked for takes its own default already; nor does sgd for muon or muon for sgd
+    (SGD_LR_FAMILY)."""
     preset = getattr(args, "preset", None)
     given = vars(args)
     if not preset or "optim.lr" in given:
@@ -332,7 +338,9 @@ def preset_lr_set_aside(args: argparse.Namespace) -> str:
     if "lr" in in_file:
         return ""
     asked = given.get("optim.optimizer", in_file.get("optimizer", tuned.optimizer))
-    return f"--preset {preset}'s lr {tuned.lr:g} is {tuned.optimizer}'s" if asked != tuned.optimizer else ""
+    if asked == tuned.optimizer or {asked, tuned.optimizer} <= SGD_LR_FAMILY:
+        return ""
+    return f"--preset {preset}'s lr {tuned.lr:g} is {tuned.optimizer}'s"
 
 
 def _file_optim(file: str) -> dict:

@@ -127,8 +127,8 @@ def test_the_divergence_hint_halves_the_optimizers_default_and_tune_scales_it():
 
 
 # A preset's lr is tuned for its optimizer; another --optimizer beside it takes its own default (--lr auto)
-OTHER_OPTIMIZER = [("cifar10-resnet18", "adamw", "sgd", 0.2), ("cifar10-record", "sgd", "muon", 1.656)]
-OTHER_OPTIMIZER += [("cifar10-speed", "muon", "sgd", 1.5)]
+OTHER_OPTIMIZER = [("cifar10-resnet18", "adamw", "sgd", 0.2), ("cifar10-record", "adamw", "muon", 1.656)]
+OTHER_OPTIMIZER += [("cifar10-speed", "adamw", "sgd", 1.5)]
 
 
 @pytest.mark.parametrize("preset,optimizer,tuned_for,preset_lr", OTHER_OPTIMIZER)
@@ -198,3 +198,11 @@ def test_the_lr_line_says_why_and_a_resume_keeps_the_stored_lr(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "lr 0.002 (not scaled" in out and "is sgd's" not in out
     assert tomllib.loads(record.read_text())["optim"]["lr"] == 0.002
+
+
+@pytest.mark.parametrize("preset,optimizer", [("cifar10-speed", "muon"), ("cifar10-record", "sgd")])
+def test_sgd_and_muon_keep_each_others_preset_lr(preset, optimizer):
+    # muon's --lr drives its SGD groups: the same kind of lr as sgd's (the two presets train one model at 1.5, 1.656)
+    cfg, set_aside = config_and_set_aside_lr(build_parser().parse_args(["train", "--preset", preset,
+                                                                        "--optimizer", optimizer]))  # fmt: skip
+    assert (cfg.optim.optimizer, cfg.optim.lr, set_aside) == (optimizer, get_preset(preset).optim.lr, "")
