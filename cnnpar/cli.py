@@ -112,7 +112,7 @@ def check_model(cfg) -> None:
 
 
 def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
-    from cnnpar.cliargs import config_from_args
+    from cnnpar.cliargs import config_and_set_aside_lr
     from cnnpar.dist import (
         LAUNCHED_NPROC_ENV,
         check_horovod_launch,
@@ -128,7 +128,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         surplus_debug_worker,
     )
 
-    cfg = config_from_args(args)
+    cfg, set_aside_lr = config_and_set_aside_lr(args)
     check_model(cfg)
     check_launch_env(cfg.dist.debug_single)  # before anything waits for another rank
     if cfg.dist.nproc > 0 and launched_by_torchrun() and not debug_single_requested(cfg.dist.debug_single):
@@ -205,7 +205,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         from cnnpar.engine.trainer import Trainer
 
         settings_from = Path(args.config).read_text() if getattr(args, "config", None) else ""
-        trainer = Trainer(cfg, info, settings_from=settings_from)
+        trainer = Trainer(cfg, info, settings_from=settings_from, set_aside_lr=set_aside_lr)
         note = os.environ.get(RUN_DIR_NOTE_ENV) if info.is_main else None
         if note:  # for the launcher's last line (launch_end_line)
             Path(note).write_text(str(trainer.run_dir))

@@ -269,6 +269,12 @@ def _prints_notes() -> bool:
 def config_from_args(args: argparse.Namespace) -> Config:
     """Preset or file first (or, for `--resume RUN` and `--resume auto --name RUN`, that run's
     stored config), then every flag the user actually typed on top."""
+    return config_and_set_aside_lr(args)[0]
+
+
+def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
+    """`config_from_args`, and where a --preset's lr was set aside for the optimizer asked for (`preset_lr_set_aside`)
+    the words for the run's lr line that say so ("--preset cifar10-resnet18's lr 0.2 is sgd's"), else ""."""
     given = vars(args)
     resume = given.get("run.resume", "")
     search_again = given.get("run.batch_size") == 0  # --batch-size auto typed over a record's searched batch
@@ -281,6 +287,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
         cfg = _config_file(args, given, search_again)
     else:
         cfg = get_preset(args.preset) if getattr(args, "preset", None) else Config()
+    set_aside = preset_lr_set_aside(args)
+    if set_aside:  # auto: the optimizer asked for trains at its own default (resolve_for_device), at the preset's batch
+        cfg = replace(cfg, optim=replace(cfg.optim, lr=0.0))
     if resume:
         # `auto` names its folder by --out-dir/--name, typed or from the preset or file
         out_dir = given.get("run.out_dir", cfg.run.out_dir)
@@ -289,16 +298,53 @@ def config_from_args(args: argparse.Namespace) -> Config:
             record, stored = found
             if _prints_notes():
                 _say_not_applied(args, given, cfg, stored, record.read_text())
-            cfg, origin = stored, str(record)
+            cfg, origin, set_aside = stored, str(record), ""  # the run's own lr, as it resumes
     overrides = _typed_settings(given)
     if not overrides:
-        return cfg
+        return cfg, set_aside
     merged = to_dict(cfg)
     for sec, values in overrides.items():
         merged[sec].update(values)
     cfg = from_dict(merged, origin=COMMAND_LINE)
     _check_typed(cfg, {key for key in given if "." in key}, origin)
-    return cfg
+    return cfg, set_aside
+
+
+# optimizers whose --lr means the same thing, an SGD step's: muon's drives its SGD groups (config.DEFAULT_LRS gives
+# both 0.025), and cifar10-speed's sgd 1.5 and cifar10-record's muon 1.656 train the same fastnet
+SGD_LR_FAMILY = {"sgd", "muon"}
+
+
+def preset_lr_set_aside(args: argparse.Namespace) -> str:
+    """Where the optimizer asked for (--optimizer, or a --config file's `optimizer`) is not the one a --preset's lr
+    was tuned for, and no lr is asked for (no --lr, none in the file), that lr is set aside for the asked optimizer's
+    own default (--lr auto): the words that say so for the run's lr line, else "". A preset's lr is tuned for its
+    optimizer: kept for another, --optimizer adamw under cifar10-resnet18 trained at SGD's 0.2, 100x AdamW's own,
+    as one lr for all optimizers had trained sgd at AdamW's (config.DEFAULT_LRS). A preset whose lr is auto sets
+    nothing aside: the optimizer asked for takes its own default already; nor does sgd for muon or muon for sgd
+    (SGD_LR_FAMILY)."""
+    preset = getattr(args, "preset", None)
+    given = vars(args)
+    if not preset or "optim.lr" in given:
+        return ""
+    tuned = get_preset(preset).optim
+    if not tuned.lr:
+        return ""
+    in_file = _file_optim(args.config) if getattr(args, "config", None) else {}
+    if "lr" in in_file:
+        return ""
+    asked = given.get("optim.optimizer", in_file.get("optimizer", tuned.optimizer))
+    if asked == tuned.optimizer or {asked, tuned.optimizer} <= SGD_LR_FAMILY:
+        return ""
+    return f"--preset {preset}'s lr {tuned.lr:g} is {tuned.optimizer}'s"
+
+
+def _file_optim(file: str) -> dict:
+    """The [optim] table of the config file `file` as written (read and checked already by `_config_file`)."""
+    import tomllib
+
+    optim = tomllib.loads(read_config_text(file)).get("optim", {})
+    return optim if isinstance(optim, dict) else {}
 
 
 def _typed_settings(given: dict) -> dict[str, dict]:

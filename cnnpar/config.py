@@ -270,7 +270,8 @@ class OptimConfig:
         "peak learning rate for the per-process batch (see lr_scaling); with --batch-size auto, the lr at "
         "--lr-batch, scaled to the batch chosen (linear for sgd and muon, square root for adamw). auto (0): the "
         "optimizer's own, at --lr-batch as a typed --lr: adamw 0.002, sgd 0.025 (0.1 at batch 256, linear), muon "
-        "0.025 (its SGD groups; the filters take --muon-lr)",
+        "0.025 (its SGD groups; the filters take --muon-lr). A preset's lr is for its own optimizer: another "
+        "--optimizer beside it with no --lr takes its own (auto)",
         auto_zero=True,
     )
     lr_batch: int = _f(
@@ -821,14 +822,16 @@ def asked_lr(optim: OptimConfig) -> float:
     return optim.lr or DEFAULT_LRS[optim.optimizer]
 
 
-def default_lr_note(asked: OptimConfig, resolved: OptimConfig) -> str:
+def default_lr_note(asked: OptimConfig, resolved: OptimConfig, set_aside: str = "") -> str:
     """What the run's lr line adds where --lr was auto: that the lr is the optimizer's default, and for which batch
-    (`resolved.lr_batch`); "" where an lr was given. One lr for every optimizer left users of `--optimizer sgd`
-    training at AdamW's without a word."""
+    (`resolved.lr_batch`), and `set_aside`, the lr the optimizer's default replaced (a preset's, tuned for another
+    optimizer: cliargs.preset_lr_set_aside); "" where an lr was given. One lr for every optimizer left users of
+    `--optimizer sgd` training at AdamW's without a word."""
     if asked.lr:
         return ""
     optimizer = resolved.optimizer
-    return f"--lr auto: {optimizer}'s default, {DEFAULT_LRS[optimizer]:g} at batch {resolved.lr_batch}"
+    why = f" ({set_aside})" if set_aside else ""
+    return f"--lr auto: {optimizer}'s default, {DEFAULT_LRS[optimizer]:g} at batch {resolved.lr_batch}{why}"
 
 
 def lr_reference(cfg: Config) -> int:

@@ -1,7 +1,9 @@
 """Named presets (functions returning a Config) and defaults that come from measurements.
 
 A preset is a starting point; flags given on the command line still override it. A preset's lr is the lr at
-its own batch (`optim.lr_batch`), so `--batch-size auto` scales it from that batch, not from 64.
+its own batch (`optim.lr_batch`), so `--batch-size auto` scales it from that batch, not from 64. It is tuned for the
+preset's optimizer: another `--optimizer` (typed or a --config file's) with no lr asked for trains at its own default
+(--lr auto) at that batch instead (cliargs.preset_lr_set_aside).
 """
 
 from __future__ import annotations

@@ -266,11 +266,19 @@ def left_out_note(samples: int, world_size: int, batch: int) -> str:
 
 class Trainer:
     def __init__(
-        self, cfg: Config, info: DistInfo, bundle: DataBundle | None = None, log=print, settings_from: str = ""
+        self,
+        cfg: Config,
+        info: DistInfo,
+        bundle: DataBundle | None = None,
+        log=print,
+        settings_from: str = "",
+        set_aside_lr: str = "",
     ) -> None:
         """`settings_from`: the text of the config.toml `cfg` was read from (`--config`), whose `# requested:`
-        lines this run's record keeps where it kept the value, as a resume keeps its own record's."""
+        lines this run's record keeps where it kept the value, as a resume keeps its own record's. `set_aside_lr`:
+        the preset's lr that --lr auto replaced, for the lr line (cliargs.preset_lr_set_aside)."""
         self.settings_from = settings_from
+        self.set_aside_lr = set_aside_lr
         self.info = info
         self.log = log if info.is_main else (lambda *a, **k: None)
         self.bundle = bundle if bundle is not None else self._load_data_with_the_other_ranks(cfg, info)
@@ -1168,10 +1176,11 @@ class Trainer:
         )
         if reasons := speed_reasons(self.requested_cfg, cfg, info.device.type):
             self.log(f"speed: {reasons}")
+        lr_note = default_lr_note(self.requested_cfg.optim, cfg.optim, self.set_aside_lr)
         self.log(
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "
             f"accumulation = {global_batch} per step; "
-            f"{describe_lr(cfg.optim, info.world_size, default_lr_note(self.requested_cfg.optim, cfg.optim))}"
+            f"{describe_lr(cfg.optim, info.world_size, lr_note)}"
         )
         cut, asked = debug_switch_cut(self.requested_cfg.dist.debug_single, self.requested_cfg.dist.nproc)
         if cut:  # what the launch asked for against what trains

@@ -1,6 +1,8 @@
 """`--lr auto` (the default): each optimizer's own peak lr, said at the start of the run. One default for all three
 trained `--optimizer sgd` at AdamW's 0.002 (75 % on the digits in 3 epochs, 98.5 % at 0.025) without a word.
-A typed --lr, a preset's and a file's stand as they were, and a run recorded before keeps the lr it trained at."""
+A typed --lr, a preset's and a file's stand as they were, and a run recorded before keeps the lr it trained at; a
+preset's lr beside another --optimizer (typed or a file's), where no lr is asked for, gives way to that optimizer's
+own: it was tuned for the preset's optimizer."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from cnnpar.cli import build_parser, main
-from cnnpar.cliargs import config_from_args, float_or_auto
-from cnnpar.config import DEFAULT_LRS, Config, from_dict, resolve_for_device
+from cnnpar.cliargs import config_and_set_aside_lr, config_from_args, float_or_auto
+from cnnpar.config import DEFAULT_LRS, Config, default_lr_note, from_dict, resolve_for_device
 from cnnpar.errors import ConfigError
+from cnnpar.presets import get_preset
 
 QUICK = ["--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "128", "--device", "cpu"]
 QUICK += ["--epochs", "1", "--max-steps", "1", "--no-progress", "--no-tensorboard"]
@@ -121,3 +124,85 @@ def test_the_divergence_hint_halves_the_optimizers_default_and_tune_scales_it():
     assert hint() == "--lr 0.0125"
     lr, note = batch_lr(_parsed("--optimizer", "sgd"), 4)  # a batch 4x larger: linear for SGD
     assert lr == pytest.approx(0.1) and note.startswith("lr 0.025 -> 0.1")
+
+
+# A preset's lr is tuned for its optimizer; another --optimizer beside it takes its own default (--lr auto)
+OTHER_OPTIMIZER = [("cifar10-resnet18", "adamw", "sgd", 0.2), ("cifar10-record", "adamw", "muon", 1.656)]
+OTHER_OPTIMIZER += [("cifar10-speed", "adamw", "sgd", 1.5)]
+
+
+@pytest.mark.parametrize("preset,optimizer,tuned_for,preset_lr", OTHER_OPTIMIZER)
+def test_a_presets_lr_is_set_aside_for_another_optimizers_default(preset, optimizer, tuned_for, preset_lr):
+    cfg, set_aside = config_and_set_aside_lr(build_parser().parse_args(["train", "--preset", preset,
+                                                                        "--optimizer", optimizer]))  # fmt: skip
+    assert cfg.optim.lr == 0  # auto: resolved to the optimizer's own, not the preset's lr for another optimizer
+    assert set_aside == f"--preset {preset}'s lr {preset_lr:g} is {tuned_for}'s"
+    resolved = resolve_for_device(cfg, "cpu", bf16_ok=True).optim
+    # at the preset's own batch, the batch its lr is for (a fixed batch: the default as it is)
+    assert resolved.lr == DEFAULT_LRS[optimizer] and resolved.lr_batch == get_preset(preset).optim.lr_batch
+    note = default_lr_note(cfg.optim, resolved, set_aside)
+    assert note == f"--lr auto: {optimizer}'s default, {DEFAULT_LRS[optimizer]:g} at batch {resolved.lr_batch} " \
+                   f"(--preset {preset}'s lr {preset_lr:g} is {tuned_for}'s)"  # fmt: skip
+    # the preset's own optimizer, or an lr typed beside it, keeps what is asked
+    assert config_and_set_aside_lr(build_parser().parse_args(["train", "--preset", preset, "--optimizer",
+                                                              tuned_for])) == (get_preset(preset), "")  # fmt: skip
+    typed = _parsed("--preset", preset, "--optimizer", optimizer, "--lr", "0.01")
+    assert typed.optim.lr == 0.01
+
+
+def test_a_preset_whose_lr_is_auto_sets_nothing_aside():
+    cfg, set_aside = config_and_set_aside_lr(build_parser().parse_args(["train", "--preset", "mnist",
+                                                                        "--optimizer", "sgd"]))  # fmt: skip
+    assert (cfg.optim.lr, set_aside) == (0, "")
+    assert resolve_for_device(cfg, "cpu", bf16_ok=True).optim.lr == pytest.approx(0.025)
+
+
+def test_a_config_file_on_a_preset_follows_the_same_rule(tmp_path):
+    file = tmp_path / "c.toml"
+
+    def parsed(text: str, *words: str) -> tuple[Config, str]:
+        file.write_text(text)
+        args = ["train", "--preset", "cifar10-resnet18", "--config", str(file), *words]
+        return config_and_set_aside_lr(build_parser().parse_args(args))
+
+    cfg, set_aside = parsed('[optim]\noptimizer = "adamw"\n')  # another optimizer, no lr: adamw's own
+    assert (cfg.optim.optimizer, cfg.optim.lr) == ("adamw", 0)
+    assert set_aside == "--preset cifar10-resnet18's lr 0.2 is sgd's"
+    assert resolve_for_device(cfg, "cpu", bf16_ok=True).optim.lr == pytest.approx(0.002)
+    assert parsed("[optim]\nweight_decay = 0.01\n", "--optimizer", "adamw")[0].optim.lr == 0  # typed beside it
+    for text, typed in (
+        ('[optim]\noptimizer = "adamw"\nlr = 0.01\n', ()),
+        ("[optim]\nlr = 0.01\n", ("--optimizer", "adamw")),
+    ):
+        assert parsed(text, *typed)[0].optim.lr == 0.01  # the file's lr stands, with its optimizer or a typed one
+        assert parsed(text, *typed)[1] == ""
+    assert parsed('[optim]\noptimizer = "sgd"\n')[0].optim.lr == 0.2  # the preset's own optimizer: its lr
+    assert parsed('[optim]\noptimizer = "adamw"\n', "--optimizer", "sgd")[0].optim.lr == 0.2
+
+
+def test_the_lr_line_says_why_and_a_resume_keeps_the_stored_lr(tmp_path, capsys):
+    words = ["train", "--preset", "cifar10-resnet18", "--optimizer", "adamw", "--data", "synthetic"]
+    words += ["--image-shape", "3x8x8", "--synthetic-samples", "128", "--batch-size", "32", "--device", "cpu"]
+    words += ["--max-steps", "1", "--no-progress", "--no-tensorboard", "--workers", "0"]
+    words += ["--out-dir", str(tmp_path), "--name", "r"]
+    assert main([*words, "--epochs", "1"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("batch "))
+    # a fixed --batch-size trains at the default as it is, as at a typed lr
+    assert line.endswith("lr 0.002 (not scaled with the world size: --lr-scaling none); --lr auto: adamw's "
+                         "default, 0.002 at batch 512 (--preset cifar10-resnet18's lr 0.2 is sgd's)")  # fmt: skip
+    record = tmp_path / "r" / "config.toml"
+    assert "# requested: optim.lr = auto\n" in record.read_text()
+    assert tomllib.loads(record.read_text())["optim"]["lr"] == 0.002
+    # the same command resumed: the run's own record, its lr; the preset is not used, so nothing set aside
+    assert main([*words, "--epochs", "2", "--resume", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "lr 0.002 (not scaled" in out and "is sgd's" not in out
+    assert tomllib.loads(record.read_text())["optim"]["lr"] == 0.002
+
+
+@pytest.mark.parametrize("preset,optimizer", [("cifar10-speed", "muon"), ("cifar10-record", "sgd")])
+def test_sgd_and_muon_keep_each_others_preset_lr(preset, optimizer):
+    # muon's --lr drives its SGD groups: the same kind of lr as sgd's (the two presets train one model at 1.5, 1.656)
+    cfg, set_aside = config_and_set_aside_lr(build_parser().parse_args(["train", "--preset", preset,
+                                                                        "--optimizer", optimizer]))  # fmt: skip
+    assert (cfg.optim.optimizer, cfg.optim.lr, set_aside) == (optimizer, get_preset(preset).optim.lr, "")
