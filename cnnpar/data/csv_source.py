@@ -80,11 +80,12 @@ def _sniff_gzip(path: Path) -> bool:
             f'{path}: UTF-16 text{gz} (Excel\'s "Unicode Text"): expected a UTF-8 CSV (save as "CSV UTF-8", or '
             "iconv -f UTF-16 -t UTF-8)"
         )
-    # control bytes (NUL and the like; not tab, CR or LF) in the header line: no text editor's, nor a spreadsheet's
-    if re.search(rb"[\x00-\x08\x0e-\x1f]", head.split(b"\n", 1)[0]):
+    # control bytes (NUL and the like; not tab, CR or LF) in the header line: no text editor's, nor a spreadsheet's;
+    # nor a NUL anywhere in what was read (a PNG's first "line", "\x89PNG\r", holds none: its NULs come after)
+    if re.search(rb"[\x00-\x08\x0e-\x1f]", head.split(b"\n", 1)[0]) or b"\x00" in head:
         raise DataError(
-            f"{path}: control bytes in its first line{gz}: a binary file, not CSV text: expected a header line "
-            "label,pixel0,pixel1,..."
+            f"{path}: control bytes in its first {len(head):,} bytes{gz}: a binary file (an image?), not CSV text: "
+            "expected a header line label,pixel0,pixel1,..."
         )
     return compressed
 

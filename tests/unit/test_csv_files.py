@@ -34,6 +34,12 @@ def test_a_gzip_compressed_csv_is_read_as_the_csv_it_holds(tmp_path, name):
     assert read_ids(path) == ("id", [f"{i:03d}" for i in range(12)])
 
 
+# a PNG's signature and IHDR chunk (a 1x1 RGB image), as a PNG saved under a .csv name begins
+PNG_HEAD = (
+    b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00" + b"\x90wS\xde"
+)
+
+
 @pytest.mark.parametrize(
     "head,gzipped,message",
     [
@@ -41,9 +47,11 @@ def test_a_gzip_compressed_csv_is_read_as_the_csv_it_holds(tmp_path, name):
         (STORE_MAGIC + b"\x00\x01\x02", False, r"a \.cnnpar store, not CSV text"),
         ("label,pixel0\n1,2\n".encode("utf-16"), False, r"UTF-16 text \(Excel's \"Unicode Text\"\): expected a UTF-8"),
         ("label,pixel0\n1,2\n".encode("utf-16"), True, r"UTF-16 text \(inside its gzip compression\)"),
-        (bytes(range(256)) * 4, False, r"control bytes in its first line: a binary file, not CSV text"),
+        (bytes(range(256)) * 4, False, r"control bytes in its first 1,024 bytes: a binary file \(an image\?\)"),
+        # a PNG's first line, b"\x89PNG\r", holds no control byte: it was read as a header naming "\ufffdPNG"
+        (PNG_HEAD, False, r"control bytes in its first 33 bytes: a binary file \(an image\?\), not CSV text"),
     ],
-    ids=["zip", "store", "utf16", "utf16_gzipped", "binary"],
+    ids=["zip", "store", "utf16", "utf16_gzipped", "binary", "png"],
 )
 def test_a_file_that_is_no_csv_text_is_named_for_what_it_is(tmp_path, head, gzipped, message):
     """These printed their bytes (NUL bytes and all) as the header's "column names"; a store named .csv stopped
