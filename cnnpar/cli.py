@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -857,7 +858,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from cnnpar.dist import launched_as_worker, stops_for_a_plain_torchrun, widen_device_queues  # (imports torch)
+    from cnnpar.dist import (  # (imports torch)
+        LAUNCHED_NPROC_ENV,
+        launched_as_worker,
+        launcher_rank,
+        stops_for_a_plain_torchrun,
+        widen_device_queues,
+    )
+    from cnnpar.socket_folder import init_socket_folder, too_long_text
 
     widen_device_queues()  # before anything starts CUDA; torchrun's workers inherit it
     # A launcher's ranks: it stops them (a rank stuck in a collective could not run a handler), and its own stop is
@@ -866,6 +874,9 @@ def main(argv: list[str] | None = None) -> int:
     if not launched_as_worker() or stops_for_a_plain_torchrun():
         stop_on_sigterm()
     try:
+        # before any DataLoader worker or launched rank: forked workers inherit the folder
+        if (sockets := init_socket_folder()) and launcher_rank() == 0 and LAUNCHED_NPROC_ENV not in os.environ:
+            print(f"cnnpar: {too_long_text(tempfile.gettempdir())}: the sockets go in {sockets}", flush=True)
         code = args.func(args, argv[1:])
         raise_pending_stop()  # one whose raise Python dropped after the command's last check: it ends as a stop
         return code

@@ -176,12 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     from cnnpar.errors import UserError, first_line, user_error_text
     from cnnpar.process_tree import end_with_parent_named_in
     from cnnpar.report.files import write_json_atomic
+    from cnnpar.socket_folder import init_socket_folder
 
     # as the parent's own limit would: nothing here is worth keeping
     end_with_parent_named_in(PARENT_ENV, signal.SIGKILL)
     spec_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
     spec = json.loads(Path(spec_path).read_text())
     try:
+        # the trial's folder, this child's TMPDIR (child_env), adds some 34 characters: a TMPDIR that trains could
+        # hold no socket of the DataLoader workers' under it. Made here, the fallback is one folder this child removes.
+        init_socket_folder()
         value = {"status": OK, **_run(spec)}
         code = 0
     except UserError as e:  # bad input (data that does not load or decode): the parent may stop on it

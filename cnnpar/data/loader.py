@@ -38,6 +38,7 @@ from cnnpar.dist import DistInfo
 from cnnpar.errors import ConfigError
 from cnnpar.report.host import usable_cores
 from cnnpar.report.ranges import H2D_COPY, span
+from cnnpar.socket_folder import init_socket_folder
 
 RESIDENT_MEMORY_SHARE = 0.25  # use at most this share of free device memory for a resident data set
 
@@ -587,8 +588,16 @@ def encoded_slots(ds, batch_size: int, workers: int, cfg: Config) -> ByteSlots |
         return None
 
 
-def leave_stops_to_the_main_process(worker_id: int) -> None:
-    """Every DataLoader worker's `worker_init_fn`: SIGTERM and SIGINT ignored. `timeout`, a scheduler and a Ctrl-C
+def init_loader_worker(worker_id: int) -> None:
+    """Every DataLoader worker's `worker_init_fn`."""
+    leave_stops_to_the_main_process()
+    # a spawned worker (CUDA decoding) makes its socket folder itself, under the TMPDIR it inherits; a forked one
+    # has its parent's (cli.main made it short)
+    init_socket_folder()
+
+
+def leave_stops_to_the_main_process() -> None:
+    """SIGTERM and SIGINT ignored in a DataLoader worker. `timeout`, a scheduler and a Ctrl-C
     signal the whole process group; torch's worker handler then kills a worker by SIGTERM's default action (it exits
     quietly only for its parent's), its `pymp-*` folder left in /tmp, and the main process got "DataLoader worker ...
     is killed by signal: Terminated" in place of its stop or over it: a bench rung recorded as failed, the doctor
@@ -612,7 +621,7 @@ def _host_loader(
     workers = cfg.data.workers if cfg.data.workers >= 0 else auto_workers(ds, info)
     common = dict(num_workers=workers, pin_memory=cfg.data.pin_memory == "on")
     if workers > 0:
-        common["worker_init_fn"] = leave_stops_to_the_main_process
+        common["worker_init_fn"] = init_loader_worker
     if workers > 0 and getattr(ds, "start_method", None):  # e.g. workers that use CUDA themselves
         common["multiprocessing_context"] = ds.start_method
     if workers > 0:

@@ -22,7 +22,7 @@ from cnnpar.config import Config, load_toml
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
 from cnnpar.errors import UserError
-from cnnpar.report.files import removed_on_failure, stamped_name
+from cnnpar.report.files import removed_on_failure, stamped_folder_removed_on_failure, stamped_name
 
 try:
     import fcntl
@@ -78,9 +78,15 @@ def default_name(cfg: Config) -> str:
     if run_id:
         return f"{cfg.model.name}-{run_id[:12]}"
     # Named, not made: every Trainer decides its run folder (the doctor's, the bench's too), and only `fit` makes it,
-    # at its claim (run_folder_held). A folder already there gets a suffix; a second run that picked the same name
-    # within the same second is refused at the claim, which the first holds.
+    # at its claim (run_folder_held), by a mkdir that fails where the folder is there: a second run that named the
+    # same folder within the same second takes the next free name (-2) there.
     return stamped_name(cfg.run.out_dir, cfg.model.name).name
+
+
+def named_by_its_stamp(cfg: Config, resumed: bool, world_size: int) -> bool:
+    """Whether the run's folder is a new default one, `<model>-<time>` (default_name), whose name its claim may
+    change (run_folder_held's `stamped_prefix`). Not under several ranks, which each hold the name rank 0 decided."""
+    return not cfg.run.name and not resumed and not torchrun_job_id() and world_size == 1
 
 
 def same_source(a: str, b: str) -> bool:
@@ -179,22 +185,32 @@ def run_folder_held(
     saved_epoch: int,
     info: DistInfo,
     before_any_epoch: Callable[[BaseException], bool],
-) -> Iterator[None]:
-    """Hold `run_dir` for the block: rank 0 claims it (making it where it is new), every rank raises
-    RunFolderInUse where another run holds it, or saved into it since this run read its checkpoint (`resumed`,
-    which held `saved_epoch`; None and 0 for a new run). Made here, the folder is removed when the block fails as
-    `before_any_epoch` accepts (Trainer.fit: bad input before any epoch was saved), while the claim is still held:
-    a run under the same name waiting for it cannot have its folder removed under it."""
+    stamped_prefix: str = "",
+) -> Iterator[Path]:
+    """Hold `run_dir` for the block, which gets the folder held: rank 0 claims it (making it where it is new), every
+    rank raises RunFolderInUse where another run holds it, or saved into it since this run read its checkpoint
+    (`resumed`, which held `saved_epoch`; None and 0 for a new run). Made here, the folder is removed when the block
+    fails as `before_any_epoch` accepts (Trainer.fit: bad input before any epoch was saved), while the claim is still
+    held: a run under the same name waiting for it cannot have its folder removed under it.
+
+    `stamped_prefix`: `run_dir` is a default name (named_by_its_stamp), `<stamped_prefix>-<time>`: the folder held is
+    a new `stamped_folder` beside it, made by a mkdir that fails where the folder is there. Two `cnnpar train`
+    started within the same second named the same folder, and the second was refused by the first's claim."""
     if not info.is_main:
         refusal = broadcast_object("", info)
         if refusal:
             raise RunFolderInUse(refusal)
-        yield
+        yield run_dir
         return
     fd = None
+    # never removed on a refusal: the folder may be the other run's, made an instant before
+    removed_when = lambda e: not isinstance(e, RunFolderInUse) and before_any_epoch(e)  # noqa: E731
     try:
-        # never removed on a refusal: the folder may be the other run's, made an instant before
-        with removed_on_failure(run_dir, lambda e: not isinstance(e, RunFolderInUse) and before_any_epoch(e)):
+        if stamped_prefix:
+            made = stamped_folder_removed_on_failure(run_dir.parent, stamped_prefix, removed_when)
+        else:
+            made = removed_on_failure(run_dir, removed_when)
+        with made as run_dir:
             try:
                 fd = _lock(run_dir, create=True)
                 now = checkpoint_epoch(run_dir, resumed)
@@ -210,7 +226,7 @@ def run_folder_held(
             broadcast_object("", info)
             if fd is not None:
                 _held_claims.append(fd)
-            yield
+            yield run_dir
     finally:
         if fd is not None:
             if fd in _held_claims:

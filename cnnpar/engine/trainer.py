@@ -61,6 +61,7 @@ from cnnpar.engine.resolved import data_resolved, kept_requested_lines, long_com
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import (
     kept_line,
+    named_by_its_stamp,
     resolve_run,
     restarts_cannot_find_run,
     resume_auto_record,
@@ -1108,7 +1109,16 @@ class Trainer:
         # refused meanwhile). Bad input found only once training runs (a corrupt image that a worker fails to
         # decode) removes the folders this call made while they hold no finished epoch; a kill, a crash or an
         # error after a finished epoch keeps them for --resume. Rank 0 alone makes them, so it alone removes them.
-        with run_folder_held(self.run_dir, self.resumed_from, self.saved_epoch, self.info, before_any_epoch):
+        # a default folder is made here under a name no other run took (-2 for a second run started within its
+        # second): the "run folder" line comes after
+        stamped = (
+            self.cfg.model.name
+            if named_by_its_stamp(self.cfg, self.resumed_from is not None, self.info.world_size)
+            else ""
+        )
+        with run_folder_held(
+            self.run_dir, self.resumed_from, self.saved_epoch, self.info, before_any_epoch, stamped
+        ) as self.run_dir:
             self._prepare_run_dir()
             try:
                 board = open_board(self.cfg.run.tensorboard, self.info, self.run_dir, self.board_step, self.log)

@@ -45,9 +45,8 @@ def _stamped_names(parent: str | Path, prefix: str) -> Iterator[Path]:
 
 
 def stamped_name(parent: str | Path, prefix: str) -> Path:
-    """The first of `_stamped_names` not there; makes nothing. For train's run folder alone, which its claim makes
-    (engine/rundir.py: a second run that picked the same name within the same second is refused there, by the flock
-    the first holds)."""
+    """The first of `_stamped_names` not there; makes nothing. For train's run folder alone, named when a Trainer is
+    built (the doctor's and the bench's are never made) and made by `stamped_folder` at its claim (engine/rundir.py)."""
     return next(folder for folder in _stamped_names(parent, prefix) if not folder.exists())
 
 
@@ -288,6 +287,18 @@ def output_folder(
         with removed_on_failure(given, when) as folder:
             yield folder
         return
+    made = _missing(Path(parent))
+    folder = stamped_folder(parent, prefix)
+    with _made_removed_on_failure(folder, [*made, folder], when):
+        yield folder
+
+
+@contextlib.contextmanager
+def stamped_folder_removed_on_failure(
+    parent: str | Path, prefix: str, when: Callable[[BaseException], bool]
+) -> Iterator[Path]:
+    """A new `stamped_folder(parent, prefix)` for the block, removed with the parents it made where the block raises
+    an error that `when` accepts, as `removed_on_failure` removes its folder."""
     made = _missing(Path(parent))
     folder = stamped_folder(parent, prefix)
     with _made_removed_on_failure(folder, [*made, folder], when):

@@ -328,3 +328,48 @@ def test_a_rank_of_a_job_refuses_a_resume_its_disk_cannot_see_and_keeps_the_hint
     assert said.endswith(f"--resume auto --name r --out-dir {tmp_path} starts it again from its config.toml"), said
     assert resume_unseen_here(Config(run=RunConfig(resume="auto", name="r", out_dir=str(tmp_path)))) is None
     assert resume_unseen_here(Config()) is None
+
+
+class _OneSecond:
+    """The clock of two runs started within the same second."""
+
+    @staticmethod
+    def now():
+        import datetime
+
+        return datetime.datetime(2026, 1, 2, 3, 4, 5)
+
+
+def _default_named_trainer(tmp_path, data: Dataset) -> Trainer:
+    bundle = DataBundle(data, None, (1, 8, 8), 2, (0.5,), (0.5,), "test")
+    cfg = Config(
+        data=DataConfig(workers=0),
+        model=ModelConfig(name="cnn3"),
+        speed=SpeedConfig(device="cpu", precision="fp32"),
+        run=RunConfig(epochs=1, batch_size=8, out_dir=str(tmp_path / "runs"), progress=False),
+    )
+    return Trainer(cfg, CPU_INFO, bundle=bundle, log=lambda *a, **k: None)
+
+
+def test_two_runs_started_within_one_second_each_get_a_default_folder_of_their_own(tmp_path, monkeypatch):
+    """Both name runs/cnn3-<time> when built; the first makes it at its claim. The second took the first's folder at
+    its own claim, refused ("another run changed its checkpoint" or "a run is using this folder"); it makes -2."""
+    import types
+
+    from cnnpar.report import files
+
+    monkeypatch.setattr(files, "_dt", types.SimpleNamespace(datetime=_OneSecond))
+    first = _default_named_trainer(tmp_path, BreaksAfter(32, 10**9))
+    second = _default_named_trainer(tmp_path, BreaksAfter(32, 10**9))
+    assert first.run_dir == second.run_dir == tmp_path / "runs" / "cnn3-20260102-030405"  # named, not made
+    assert not first.run_dir.exists()
+    first.fit()
+    assert second.fit().run_dir == tmp_path / "runs" / "cnn3-20260102-030405-2"
+    assert checkpoint_epoch(first.run_dir) == checkpoint_epoch(second.run_dir) == 1
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["cnn3-20260102-030405", "cnn3-20260102-030405-2"]
+
+
+def test_input_error_in_the_first_epoch_removes_the_new_default_folder(tmp_path):
+    with pytest.raises(DataError, match="bad"):
+        _default_named_trainer(tmp_path, BreaksAfter(32, 10)).fit()
+    assert not (tmp_path / "runs").exists()
