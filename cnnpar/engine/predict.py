@@ -31,6 +31,7 @@ from cnnpar.engine.checkpoint import (
     stored_epoch,
 )
 from cnnpar.engine.step import tta_logits
+from cnnpar.engine.trainer import RUN_RECORDS
 from cnnpar.errors import ConfigError, DataError, UserError
 from cnnpar.models import build_model
 from cnnpar.parallel.precision import Precision
@@ -165,7 +166,8 @@ def out_target(out: str, fmt: str, data: str, found: Path) -> Path:
 
 
 def _refuse_checkpoint_paths(target: Path, found: Path) -> None:
-    """--out on the checkpoint read, on its neighbour last.pt or best.pt, or anywhere in a run's ckpt/ folder; through
+    """--out on the checkpoint read, on its neighbour last.pt or best.pt, anywhere in a run's ckpt/ folder, or on
+    one of the run's records (config.toml, metrics.csv, ...: a config.toml of predictions stopped its resume); through
     links too (a checkpoint linked from elsewhere is its run's file)."""
     where = target.resolve()
     if where == found.resolve() or (target.exists() and target.samefile(found)):
@@ -179,6 +181,11 @@ def _refuse_checkpoint_paths(target: Path, found: Path) -> None:
             )
         if where in (folder / LAST, folder / BEST):
             raise UserError(f"--out {target}: is the run's {where.name}: expected another path for the predictions")
+        if folder.name == "ckpt" and where in [folder.parent / n for n in RUN_RECORDS]:  # resume reads them
+            raise UserError(
+                f"--out {target}: is the run's own {where.name}: expected another path for the predictions (the run "
+                "could no longer be resumed or reported)"
+            )
 
 
 def digits_resize_note(trained_on: str | None, h: int, w: int) -> str:

@@ -530,6 +530,22 @@ def test_predict_never_writes_into_the_checkpoint_folder_it_reads(tmp_path, caps
     )
 
 
+def test_predict_never_writes_over_the_runs_own_records(tmp_path, capsys, monkeypatch, trained):
+    """`--out RUN/config.toml` wrote predictions over it (exit 0), and the run could no longer be resumed."""
+    _, run_dir, test, _ = trained
+    run = _copy_run(run_dir, tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    for name in ("config.toml", "metrics.csv", "summary.json", "resumes.csv"):
+        kept = (run / name).read_bytes() if (run / name).exists() else None
+        assert main(["predict", "--checkpoint", "run", "--data", str(test), "--out", f"run/{name}"]) == 2
+        assert capsys.readouterr().err == (
+            f"cnnpar: error: --out run/{name}: is the run's own {name}: expected another path for the predictions "
+            "(the run could no longer be resumed or reported)\n"
+        )
+        assert ((run / name).read_bytes() if (run / name).exists() else None) == kept
+    assert main(["predict", "--checkpoint", "run", "--data", str(test), "--out", "run/submission.csv"]) == 0
+
+
 def test_predict_refuses_an_unwritable_out_before_predicting_and_a_failed_write_in_one_line(
     tmp_path, capsys, monkeypatch, trained
 ):
