@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from cnnpar.data.bundle import first_five
 from cnnpar.data.jpeg_header import read_jpeg_header
 from cnnpar.data.png_header import PNG_SIGNATURE, PngHeader, data_shortfall, read_png_header
 from cnnpar.data.tv_codecs import tv_codecs
@@ -301,6 +302,30 @@ def unread_splits_note(root: str | Path) -> str:
     return (
         f"warning: {root}: validates on {held[0].name}/; {unread} beside it not read (one held-out split is used, "
         f"the first of {_split_names()}/): move it out, or predict on it with cnnpar predict"
+    )
+
+
+def skipped_class_folders_note(root: str | Path) -> str:
+    """A warning naming the `__`-prefixed folders that hold images, which the scan skips as it skips `__MACOSX/`
+    (macOS's zip leaves it, with `._x.jpg` forks that are no images): a `__background__/` class was dropped without a
+    word. Still skipped, not read, so that a run's classes and their order stay those its checkpoints hold. ""
+    where none holds an image (`__MACOSX/` itself, as a rule)."""
+    root = Path(root)
+    train_dir, held = split_dirs(root)
+    folders = [root] + ([train_dir, *held[:1]] if train_dir is not None else [])
+    found = []
+    for folder in folders:
+        try:
+            under = sorted(p for p in folder.iterdir() if p.name.startswith("__") and p.is_dir())
+        except OSError:
+            continue
+        found += [(p, n) for p in under if (n := len(image_files(p)))]
+    if not found:
+        return ""
+    shown = first_five(f"{p}/ ({n:,} image(s))" for p, n in found)
+    return (
+        f"warning: {len(found):,} folder(s) named __*, skipped as __MACOSX/ is: {shown}: their images are not read; "
+        "rename them without the leading __ to train on them as classes"
     )
 
 

@@ -204,6 +204,36 @@ def test_a_root_macosx_folder_is_no_class_and_loose_images_beside_class_folders_
     )
 
 
+def test_a_class_folder_named_with_a_leading_double_underscore_is_skipped_and_said_once(tmp_path, capsys):
+    """`__background__/` (24 images) was dropped as `__MACOSX/` is, without a word; it is still skipped (the run's
+    classes stay those its checkpoints hold), and named with its image count once."""
+    from cnnpar.cli import main
+
+    root = write_image_folder(tmp_path / "bg", per_class=3, classes=2)
+    shutil.copytree(root / "class0", root / "__background__")
+    (root / "__MACOSX").mkdir()
+    (root / "__MACOSX" / "._0.jpg").write_bytes(b"\0\5\26\7")  # a fork, no image: not named
+    bundle = load_data(DataConfig(source=str(root), image_size=8))
+    assert bundle.class_names == ["class0", "class1"]
+    note = (
+        f"warning: 1 folder(s) named __*, skipped as __MACOSX/ is: {root / '__background__'}/ (3 image(s)): their "
+        "images are not read; rename them without the leading __ to train on them as classes"
+    )
+    assert bundle.load_note == note
+    args = ["--epochs", "1", "--workers", "0", "--max-steps", "1", "--out-dir", str(tmp_path / "runs")]
+    assert main(["train", "--data", str(root), "--image-size", "8", *args]) == 0
+    out, err = capsys.readouterr()
+    assert (out + err).count(note) == 1
+    split = tmp_path / "split"  # inside train/ too
+    write_image_folder(split / "train", per_class=2, classes=2)
+    write_image_folder(split / "val", per_class=1, classes=2)
+    shutil.copytree(split / "train" / "class0", split / "train" / "__extra")
+    assert load_data(DataConfig(source=str(split), image_size=8)).load_note == (
+        f"warning: 1 folder(s) named __*, skipped as __MACOSX/ is: {split / 'train' / '__extra'}/ (2 image(s)): their "
+        "images are not read; rename them without the leading __ to train on them as classes"
+    )
+
+
 def test_an_object_array_in_an_npz_is_named_by_its_key_with_how_to_save_it(tmp_path):
     """`class_names=df.col.unique()` (an object array) was refused as 'not a readable .npz archive (Object arrays
     cannot be loaded...)'."""
