@@ -234,6 +234,32 @@ def test_a_class_folder_named_with_a_leading_double_underscore_is_skipped_and_sa
     )
 
 
+def test_val_class_folders_spelled_in_another_unicode_form_are_matched_by_name(tmp_path):
+    """val/café copied from macOS (NFD) beside train/café (NFC) was refused with two lists that print the same.
+    The names match in NFC; the classes keep train/'s spelling and order, and val's labels follow the names (NFD
+    sorts before cafz, NFC after it)."""
+    import unicodedata
+
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    root = tmp_path / "d"
+    for split, name in (("train", nfc), ("val", nfd)):
+        write_image_folder(root / split, per_class=2, classes=2)
+        (root / split / "class0").rename(root / split / name)
+        (root / split / "class1").rename(root / split / "cafz")
+    files, labels, splits, classes = scan_splits(root)
+    assert classes == ["cafz", nfc]
+    val = [(f, k) for f, k, s in zip(files, labels, splits) if s == 1]
+    assert len(val) == 4 and all(unicodedata.normalize("NFC", f.parent.name) == classes[k] for f, k in val)
+    (root / "val" / "cafz").rename(root / "val" / "other")  # differs otherwise: refused, naming the twin pair
+    with pytest.raises(DataError) as e:
+        scan_splits(root)
+    assert str(e.value) == (
+        f"{root / 'val'}: class folders ['{nfd}', 'other'] differ from {root / 'train'}'s ['cafz', '{nfc}'] "
+        "('cafe\\u0301' and 'caf\\xe9' differ only in Unicode normalisation, NFD against NFC: rename one so that "
+        "both are spelled alike)"
+    )
+
+
 def test_an_object_array_in_an_npz_is_named_by_its_key_with_how_to_save_it(tmp_path):
     """`class_names=df.col.unique()` (an object array) was refused as 'not a readable .npz archive (Object arrays
     cannot be loaded...)'."""
