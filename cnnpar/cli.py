@@ -426,7 +426,13 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
         header = verify_store(args.src, progress=not args.no_progress)
         print(f"{args.src}: ok ({header['count']} images, {header['pixel_bytes']:,} pixel bytes, checksums match)")
         return 0
-    from cnnpar.data.folder import loose_images_note, skipped_note, split_like_subfolders_note, unread_splits_note
+    from cnnpar.data.folder import (
+        loose_images_note,
+        skipped_class_folders_note,
+        skipped_note,
+        split_like_subfolders_note,
+        unread_splits_note,
+    )
     from cnnpar.data.store import default_store_path
     from cnnpar.data.store_write import Sides, prepare_store
 
@@ -452,7 +458,12 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
         )
     if skipped:
         print(skipped_note(skipped))
-    for note in (unread_splits_note(args.src), loose_images_note(args.src), split_like_subfolders_note(args.src)):
+    for note in (
+        unread_splits_note(args.src),
+        loose_images_note(args.src),
+        split_like_subfolders_note(args.src),
+        skipped_class_folders_note(args.src),
+    ):
         if note:
             print(note)
     return 0

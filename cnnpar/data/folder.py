@@ -13,12 +13,14 @@ import hashlib
 import io
 import os
 import re
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
+from cnnpar.data.bundle import first_five
 from cnnpar.data.jpeg_header import read_jpeg_header
 from cnnpar.data.png_header import PNG_SIGNATURE, PngHeader, data_shortfall, read_png_header
 from cnnpar.data.tv_codecs import tv_codecs
@@ -285,7 +287,7 @@ def scan_splits(
     val_dir = held[0]
     vfiles, vlabels, vclasses = scan_folder(val_dir, skipped)
     if vclasses != classes:
-        raise DataError(f"{val_dir}: class folders {vclasses} differ from {train_dir}'s {classes}")
+        vlabels = _val_labels_by_normal_form(train_dir, val_dir, classes, vclasses, vlabels)
     _check_val_classes_train(train_dir, val_dir, classes, labels, vlabels)
     return files + vfiles, labels + vlabels, [0] * len(files) + [1] * len(vfiles), classes
 
@@ -301,6 +303,30 @@ def unread_splits_note(root: str | Path) -> str:
     return (
         f"warning: {root}: validates on {held[0].name}/; {unread} beside it not read (one held-out split is used, "
         f"the first of {_split_names()}/): move it out, or predict on it with cnnpar predict"
+    )
+
+
+def skipped_class_folders_note(root: str | Path) -> str:
+    """A warning naming the `__`-prefixed folders that hold images, which the scan skips as it skips `__MACOSX/`
+    (macOS's zip leaves it, with `._x.jpg` forks that are no images): a `__background__/` class was dropped without a
+    word. Still skipped, not read, so that a run's classes and their order stay those its checkpoints hold. ""
+    where none holds an image (`__MACOSX/` itself, as a rule)."""
+    root = Path(root)
+    train_dir, held = split_dirs(root)
+    folders = [root] + ([train_dir, *held[:1]] if train_dir is not None else [])
+    found = []
+    for folder in folders:
+        try:
+            under = sorted(p for p in folder.iterdir() if p.name.startswith("__") and p.is_dir())
+        except OSError:
+            continue
+        found += [(p, n) for p in under if (n := len(image_files(p)))]
+    if not found:
+        return ""
+    shown = first_five(f"{p}/ ({n:,} image(s))" for p, n in found)
+    return (
+        f"warning: {len(found):,} folder(s) named __*, skipped as __MACOSX/ is: {shown}: their images are not read; "
+        "rename them without the leading __ to train on them as classes"
     )
 
 
@@ -342,6 +368,30 @@ def _check_classes(folder: Path, classes: list[str], labels: list[int]) -> None:
             f"{folder}: images in one class folder ({holding[0]!r}): expected at least 2 class folders with "
             f"images, <class>/<image>.jpg|png (or train/<class>/... beside {_split_names()}/<class>/...)"
         )
+
+
+def _val_labels_by_normal_form(
+    train_dir: Path, val_dir: Path, classes: list[str], vclasses: list[str], vlabels: list[int]
+) -> list[int]:
+    """val/'s labels as indices into train/'s classes where the two sets of names are the same once both are in
+    Unicode's NFC form: a val/café copied from macOS (NFD, e + U+0301) beside train/café (NFC, U+00E9) was refused
+    with two lists that print the same. The classes keep train/'s names and order (its checkpoints hold them); the
+    sort of NFD names can differ, so each val label is mapped by name. Refused as before where the names differ
+    otherwise, or where NFC makes two names of one side the same, naming a pair that differs only in form."""
+    t_nfc = [unicodedata.normalize("NFC", n) for n in classes]
+    v_nfc = [unicodedata.normalize("NFC", n) for n in vclasses]
+    if sorted(t_nfc) == sorted(v_nfc) and len(set(t_nfc)) == len(t_nfc):
+        to_train = [t_nfc.index(n) for n in v_nfc]
+        return [to_train[k] for k in vlabels]
+    message = f"{val_dir}: class folders {vclasses} differ from {train_dir}'s {classes}"
+    pairs = ((v, t) for v, vn in zip(vclasses, v_nfc) for t, tn in zip(classes, t_nfc) if v != t and vn == tn)
+    twin = next(pairs, None)
+    if twin is not None:
+        message += (
+            f" ({ascii(twin[0])} and {ascii(twin[1])} differ only in Unicode normalisation, NFD against NFC: "
+            "rename one so that both are spelled alike)"
+        )
+    raise DataError(message)
 
 
 def _check_val_classes_train(

@@ -36,6 +36,7 @@ from cnnpar.data.folder import (
     listing_checksum,
     loose_images_note,
     scan_splits,
+    skipped_class_folders_note,
     skipped_note,
     split_like_subfolders_note,
     train_class_note,
@@ -442,6 +443,7 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
                 unread_splits_note(root),
                 loose_images_note(root),
                 split_like_subfolders_note(root),
+                skipped_class_folders_note(root),
             )
             if n
         ),

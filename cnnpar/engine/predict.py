@@ -1,6 +1,7 @@
 """Predictions from a checkpoint: Kaggle's `ImageId,Label` for CSV input (`id,label` and its ids where it has an
 id column), the label a class index, as the CSV's own labels and Kaggle's submissions hold them; for the rest a
-CSV of id, label (the index), class_name and confidence."""
+CSV of id, label (the index), class_name and confidence. Classes named by numbers that are not their indices
+(folders 0..11, sorted as text) write and score their numbers instead (`class_numbers`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from cnnpar.data.arrays import resize_square
 from cnnpar.data.bundle import ArrayDataset, first_five
 from cnnpar.data.csv_source import PixelCountError, read_ids
 from cnnpar.data.folder import skipped_note
-from cnnpar.data.sources import PREDICT_READS, detect_format, load_predict_data, npz_class_names
+from cnnpar.data.sources import PREDICT_READS, detect_format, load_predict_data, npz_class_names, readable_name
 from cnnpar.data.store_write import Sides
 from cnnpar.data.transforms import DeviceTransform
 from cnnpar.engine.averaging import averaged_weights
@@ -30,6 +31,7 @@ from cnnpar.engine.checkpoint import (
     stored_epoch,
 )
 from cnnpar.engine.step import tta_logits
+from cnnpar.engine.trainer import RUN_RECORDS
 from cnnpar.errors import ConfigError, DataError, UserError
 from cnnpar.models import build_model
 from cnnpar.parallel.precision import Precision
@@ -164,7 +166,8 @@ def out_target(out: str, fmt: str, data: str, found: Path) -> Path:
 
 
 def _refuse_checkpoint_paths(target: Path, found: Path) -> None:
-    """--out on the checkpoint read, on its neighbour last.pt or best.pt, or anywhere in a run's ckpt/ folder; through
+    """--out on the checkpoint read, on its neighbour last.pt or best.pt, anywhere in a run's ckpt/ folder, or on
+    one of the run's records (config.toml, metrics.csv, ...: a config.toml of predictions stopped its resume); through
     links too (a checkpoint linked from elsewhere is its run's file)."""
     where = target.resolve()
     if where == found.resolve() or (target.exists() and target.samefile(found)):
@@ -178,6 +181,11 @@ def _refuse_checkpoint_paths(target: Path, found: Path) -> None:
             )
         if where in (folder / LAST, folder / BEST):
             raise UserError(f"--out {target}: is the run's {where.name}: expected another path for the predictions")
+        if folder.name == "ckpt" and where in [folder.parent / n for n in RUN_RECORDS]:  # resume reads them
+            raise UserError(
+                f"--out {target}: is the run's own {where.name}: expected another path for the predictions (the run "
+                "could no longer be resumed or reported)"
+            )
 
 
 def digits_resize_note(trained_on: str | None, h: int, w: int) -> str:
@@ -341,6 +349,9 @@ def predict(
             preds += label.tolist()
             confs += conf.tolist()
     names = meta["class_names"]
+    numbers = class_numbers(names)
+    if numbers is not None:
+        print(numbered_classes_note(names), file=sys.stderr, flush=True)
     if label_origin and fmt == "npz" and (own := npz_class_names(data)) is not None:
         labels, note = _labels_by_name(ds.y, own, names, f"{data}[{label_origin}]")
         if note:
@@ -349,24 +360,76 @@ def predict(
             label_origin = ""
         else:
             ds.y = labels
+            numbers = None if numbers is None else list(range(len(names)))  # mapped by name: already indices
     if label_origin:
-        line = _accuracy_line(ds.y, preds, meta["num_classes"], data, label_origin)
+        y = ds.y if numbers is None else _indices_of_numbers(ds.y, numbers)
+        if y is None:
+            strays = sorted(set(ds.y.tolist()) - set(numbers))
+            line = (
+                f"{data}: ignoring {label_origin} as labels: values {first_five(map(str, strays))} are not among the "
+                f"class numbers {first_five(map(str, sorted(numbers)))} (the model's class names)"
+            )
+        else:
+            line = _accuracy_line(y, preds, meta["num_classes"], data, label_origin)
         if fmt == "digits" and state.get("config", {}).get("data", {}).get("source") == "digits":
             line += ": every built-in digit, the run's training images among them, so not a held-out score"
         log(line)
     if fmt == "csv":
         label = "Label" if id_name[:1].isupper() else "label"  # ImageId,Label (Digit Recognizer); id,label (Kannada)
         # the class index, not its name: the file's own 'label' column, which the accuracy line scores, and a
-        # Kaggle submission (Digit Recognizer, Fashion-MNIST) hold numbers; a model with class names wrote those
-        rows = [{id_name: i, label: p} for i, p in zip(ids, preds)]
+        # Kaggle submission (Digit Recognizer, Fashion-MNIST) hold numbers; a model with class names wrote those.
+        # Classes named by numbers (folders 0..11, sorted as text) write their number: folder 10 is class 2
+        rows = [{id_name: i, label: _shown_label(p, names)} for i, p in zip(ids, preds)]
         _write(target, rows, [id_name, label])
     else:
+        # a class folder's name that is not UTF-8 escaped as the ids are: its lone surrogates stopped the write
         rows = [
-            {"id": i, "label": p, "class_name": names[p] if names else p, "confidence": f"{q:.5f}"}
+            {
+                "id": i,
+                "label": _shown_label(p, names),
+                "class_name": readable_name(names[p]) if names else p,
+                "confidence": f"{q:.5f}",
+            }
             for i, p, q in zip(ids, preds, confs)
         ]
         _write(target, rows, ["id", "label", "class_name", "confidence"])
     return target
+
+
+def class_numbers(names: list[str] | None) -> list[int] | None:
+    """The classes' numbers where every class name is a whole number (ASCII digits) and some number is not its
+    index: class folders 0..11 sort as text (0, 1, 10, 11, 2, ...), so folder 10 is class 2, and a submission or a
+    labels file that holds the folders' numbers was written and scored as indices, wrong without a word. None
+    where the names are not all numbers, two names are the same number (07 and 7), or every number is its index
+    (0..9): the index is the number there."""
+    if not names or not all(n.isascii() and n.isdigit() for n in names):
+        return None
+    numbers = [int(n) for n in names]
+    if len(set(numbers)) != len(numbers) or numbers == list(range(len(numbers))):
+        return None
+    return numbers
+
+
+def numbered_classes_note(names: list[str]) -> str:
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    return (
+        f"cnnpar: note: the model's classes are named by numbers ({shown}, sorted as text in training): labels "
+        "are written as those numbers (the class folder's name), not the class index, and labels read are scored "
+        "as those numbers"
+    )
+
+
+def _shown_label(index: int, names: list[str] | None) -> int:
+    """The label a row holds: the class index, or the class's number where `class_numbers` has them."""
+    numbers = class_numbers(names)
+    return index if numbers is None else numbers[index]
+
+
+def _indices_of_numbers(y: torch.Tensor, numbers: list[int]) -> torch.Tensor | None:
+    """Labels that hold class numbers as the model's class indices; None where one is not a class's number."""
+    index = {n: i for i, n in enumerate(numbers)}
+    found = [index.get(v) for v in y.tolist()]
+    return None if any(i is None for i in found) else torch.tensor(found, dtype=torch.int64)
 
 
 def _labels_by_name(y: torch.Tensor, own: list[str], model: list[str], where: str) -> tuple[torch.Tensor | None, str]:

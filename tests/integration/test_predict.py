@@ -530,6 +530,22 @@ def test_predict_never_writes_into_the_checkpoint_folder_it_reads(tmp_path, caps
     )
 
 
+def test_predict_never_writes_over_the_runs_own_records(tmp_path, capsys, monkeypatch, trained):
+    """`--out RUN/config.toml` wrote predictions over it (exit 0), and the run could no longer be resumed."""
+    _, run_dir, test, _ = trained
+    run = _copy_run(run_dir, tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    for name in ("config.toml", "metrics.csv", "summary.json", "resumes.csv"):
+        kept = (run / name).read_bytes() if (run / name).exists() else None
+        assert main(["predict", "--checkpoint", "run", "--data", str(test), "--out", f"run/{name}"]) == 2
+        assert capsys.readouterr().err == (
+            f"cnnpar: error: --out run/{name}: is the run's own {name}: expected another path for the predictions "
+            "(the run could no longer be resumed or reported)\n"
+        )
+        assert ((run / name).read_bytes() if (run / name).exists() else None) == kept
+    assert main(["predict", "--checkpoint", "run", "--data", str(test), "--out", "run/submission.csv"]) == 0
+
+
 def test_predict_refuses_an_unwritable_out_before_predicting_and_a_failed_write_in_one_line(
     tmp_path, capsys, monkeypatch, trained
 ):
@@ -711,3 +727,60 @@ def test_the_digits_note_is_said_only_where_they_are_resized():
 
     assert digits_resize_note("kag.csv", 8, 8) == "" and digits_resize_note("digits", 16, 16) == ""
     assert digits_resize_note("kag.csv", 28, 28).endswith("resized to the model's 28x28 (it was trained on kag.csv)")
+
+
+def _renamed(run_dir, to: Path, names: list[str]) -> Path:
+    """The trained run's last.pt under other class names (what numbered or odd class folders would give)."""
+    state = torch.load(run_dir / "ckpt" / "last.pt", weights_only=True)
+    torch.save({**state, "meta": {**state["meta"], "class_names": names}}, to)
+    return to
+
+
+def test_predict_writes_and_scores_the_numbers_of_classes_named_by_numbers(tmp_path, capsys, monkeypatch, trained):
+    """Folders 0, 1, 10, 11 sort as text, so folder 10 is class 2: Label 2 was written for it, and a labels file
+    holding the folders' numbers scored ~50 % with no word. The number is written and scored, and said."""
+    _, run_dir, _, _ = trained
+    monkeypatch.chdir(tmp_path)
+    names = ["0", "1", "10", "11"]
+    ckpt = _renamed(run_dir, tmp_path / "numbered.pt", names)
+    x, y = bar_images(64, seed=3)
+    numbers = np.array([int(names[t]) for t in y])
+    data = write_pixel_csv(tmp_path / "labelled.csv", x, numbers)
+    assert main(["predict", "--checkpoint", str(ckpt), "--data", str(data), "--out", "sub.csv"]) == 0
+    out, err = capsys.readouterr()
+    assert "note: the model's classes are named by numbers (0, 1, 10, 11" in err
+    assert float(out.split("accuracy ")[1].split("%")[0]) >= 90
+    labels = [int(r[1]) for r in _rows(tmp_path / "sub.csv")[1:]]
+    assert set(labels) <= {0, 1, 10, 11}
+    assert sum(int(a == b) for a, b in zip(labels, numbers)) / len(labels) >= 0.9
+
+    np.savez(tmp_path / "t.npz", x_test=x, y_test=numbers)  # no class_names: its labels are the numbers too
+    assert main(["predict", "--checkpoint", str(ckpt), "--data", str(tmp_path / "t.npz"), "--out", "p.csv"]) == 0
+    assert float(capsys.readouterr().out.split("accuracy ")[1].split("%")[0]) >= 90
+    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
+    assert all(r["label"] == r["class_name"] for r in rows)
+
+    write_pixel_csv(tmp_path / "indices.csv", x, y)  # 2 and 3 are no class's number: not scored as anything
+    assert main(["predict", "--checkpoint", str(ckpt), "--data", "indices.csv", "--out", "s2.csv"]) == 0
+    assert "values 2, 3 are not among the class numbers 0, 1, 10, 11" in capsys.readouterr().out
+
+
+def test_predict_keeps_indices_where_numbered_classes_are_their_indices(tmp_path, capsys, monkeypatch, trained):
+    _, run_dir, _, truth = trained
+    monkeypatch.chdir(tmp_path)
+    ckpt = _renamed(run_dir, tmp_path / "digits.pt", ["0", "1", "2", "3"])
+    x, y = bar_images(64, seed=3)
+    data = write_pixel_csv(tmp_path / "labelled.csv", x, y)
+    assert main(["predict", "--checkpoint", str(ckpt), "--data", str(data), "--out", "sub.csv"]) == 0
+    out, err = capsys.readouterr()
+    assert "named by numbers" not in err and float(out.split("accuracy ")[1].split("%")[0]) >= 90
+
+
+def test_predict_escapes_a_class_name_that_is_not_utf8(tmp_path, trained):
+    """A Latin-1 class folder (caf\\xe9, a lone surrogate once read) stopped the write with a traceback."""
+    _, run_dir, _, _ = trained
+    ckpt = _renamed(run_dir, tmp_path / "latin.pt", ["caf\udce9", "b", "c", "d"])
+    data = write_npz(tmp_path / "d.npz", n_train=16, n_test=None)
+    out = predict(str(ckpt), str(data), out=str(tmp_path / "p.csv"), log=lambda *a: None)
+    names = {r["class_name"] for r in csv.DictReader(out.open(encoding="utf-8"))}
+    assert "caf\\xe9" in names and names <= {"caf\\xe9", "b", "c", "d"}

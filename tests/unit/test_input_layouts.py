@@ -204,6 +204,62 @@ def test_a_root_macosx_folder_is_no_class_and_loose_images_beside_class_folders_
     )
 
 
+def test_a_class_folder_named_with_a_leading_double_underscore_is_skipped_and_said_once(tmp_path, capsys):
+    """`__background__/` (24 images) was dropped as `__MACOSX/` is, without a word; it is still skipped (the run's
+    classes stay those its checkpoints hold), and named with its image count once."""
+    from cnnpar.cli import main
+
+    root = write_image_folder(tmp_path / "bg", per_class=3, classes=2)
+    shutil.copytree(root / "class0", root / "__background__")
+    (root / "__MACOSX").mkdir()
+    (root / "__MACOSX" / "._0.jpg").write_bytes(b"\0\5\26\7")  # a fork, no image: not named
+    bundle = load_data(DataConfig(source=str(root), image_size=8))
+    assert bundle.class_names == ["class0", "class1"]
+    note = (
+        f"warning: 1 folder(s) named __*, skipped as __MACOSX/ is: {root / '__background__'}/ (3 image(s)): their "
+        "images are not read; rename them without the leading __ to train on them as classes"
+    )
+    assert bundle.load_note == note
+    args = ["--epochs", "1", "--workers", "0", "--max-steps", "1", "--out-dir", str(tmp_path / "runs")]
+    assert main(["train", "--data", str(root), "--image-size", "8", *args]) == 0
+    out, err = capsys.readouterr()
+    assert (out + err).count(note) == 1
+    split = tmp_path / "split"  # inside train/ too
+    write_image_folder(split / "train", per_class=2, classes=2)
+    write_image_folder(split / "val", per_class=1, classes=2)
+    shutil.copytree(split / "train" / "class0", split / "train" / "__extra")
+    assert load_data(DataConfig(source=str(split), image_size=8)).load_note == (
+        f"warning: 1 folder(s) named __*, skipped as __MACOSX/ is: {split / 'train' / '__extra'}/ (2 image(s)): their "
+        "images are not read; rename them without the leading __ to train on them as classes"
+    )
+
+
+def test_val_class_folders_spelled_in_another_unicode_form_are_matched_by_name(tmp_path):
+    """val/café copied from macOS (NFD) beside train/café (NFC) was refused with two lists that print the same.
+    The names match in NFC; the classes keep train/'s spelling and order, and val's labels follow the names (NFD
+    sorts before cafz, NFC after it)."""
+    import unicodedata
+
+    nfc, nfd = "caf\u00e9", "cafe\u0301"
+    root = tmp_path / "d"
+    for split, name in (("train", nfc), ("val", nfd)):
+        write_image_folder(root / split, per_class=2, classes=2)
+        (root / split / "class0").rename(root / split / name)
+        (root / split / "class1").rename(root / split / "cafz")
+    files, labels, splits, classes = scan_splits(root)
+    assert classes == ["cafz", nfc]
+    val = [(f, k) for f, k, s in zip(files, labels, splits) if s == 1]
+    assert len(val) == 4 and all(unicodedata.normalize("NFC", f.parent.name) == classes[k] for f, k in val)
+    (root / "val" / "cafz").rename(root / "val" / "other")  # differs otherwise: refused, naming the twin pair
+    with pytest.raises(DataError) as e:
+        scan_splits(root)
+    assert str(e.value) == (
+        f"{root / 'val'}: class folders ['{nfd}', 'other'] differ from {root / 'train'}'s ['cafz', '{nfc}'] "
+        "('cafe\\u0301' and 'caf\\xe9' differ only in Unicode normalisation, NFD against NFC: rename one so that "
+        "both are spelled alike)"
+    )
+
+
 def test_an_object_array_in_an_npz_is_named_by_its_key_with_how_to_save_it(tmp_path):
     """`class_names=df.col.unique()` (an object array) was refused as 'not a readable .npz archive (Object arrays
     cannot be loaded...)'."""
