@@ -379,18 +379,18 @@ def predict(
         # the class index, not its name: the file's own 'label' column, which the accuracy line scores, and a
         # Kaggle submission (Digit Recognizer, Fashion-MNIST) hold numbers; a model with class names wrote those.
         # Classes named by numbers (folders 0..11, sorted as text) write their number: folder 10 is class 2
-        rows = [{id_name: i, label: _shown_label(p, names)} for i, p in zip(ids, preds)]
+        rows = [{id_name: i, label: shown} for i, shown in zip(ids, _shown_labels(preds, names))]
         _write(target, rows, [id_name, label])
     else:
         # a class folder's name that is not UTF-8 escaped as the ids are: its lone surrogates stopped the write
         rows = [
             {
                 "id": i,
-                "label": _shown_label(p, names),
+                "label": shown,
                 "class_name": readable_name(names[p]) if names else p,
                 "confidence": f"{q:.5f}",
             }
-            for i, p, q in zip(ids, preds, confs)
+            for i, p, shown, q in zip(ids, preds, _shown_labels(preds, names), confs)
         ]
         _write(target, rows, ["id", "label", "class_name", "confidence"])
     return target
@@ -419,10 +419,10 @@ def numbered_classes_note(names: list[str]) -> str:
     )
 
 
-def _shown_label(index: int, names: list[str] | None) -> int:
-    """The label a row holds: the class index, or the class's number where `class_numbers` has them."""
+def _shown_labels(preds: list[int], names: list[str] | None) -> list[int]:
+    """The labels the rows hold: the class indices, or the classes' numbers where `class_numbers` has them."""
     numbers = class_numbers(names)
-    return index if numbers is None else numbers[index]
+    return preds if numbers is None else [numbers[p] for p in preds]
 
 
 def _indices_of_numbers(y: torch.Tensor, numbers: list[int]) -> torch.Tensor | None:
