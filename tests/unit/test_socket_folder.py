@@ -4,6 +4,7 @@ the same, or the run stops with one line before training; never a hang."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,8 +21,21 @@ from tests.conftest import cli_env
 TIMEOUT_S = 120  # a few seconds' work: a run past it waits for a batch that never comes
 
 
-def long_folder(tmp_path: Path, length: int) -> Path:
-    folder = tmp_path / ("d" * (length - len(str(tmp_path)) - 1))
+@pytest.fixture
+def short(tmp_path: Path):
+    """A folder of a few characters under /tmp for the long ones below: pytest's own tmp_path runs to 70-80
+    characters under xdist (pytest-of-root/pytest-N/popen-gwK/<test name>), longer than some of them."""
+    if not os.path.isdir("/tmp"):
+        pytest.skip("no /tmp for a short folder")
+    folder = Path(tempfile.mkdtemp(prefix="sf", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def long_folder(base: Path, length: int) -> Path:
+    """A new folder under `base` whose path is `length` characters long."""
+    assert length > len(str(base)) + 1, (base, length)
+    folder = base / ("d" * (length - len(str(base)) - 1))
     folder.mkdir()
     assert len(str(folder)) == length
     return folder
@@ -42,8 +56,8 @@ def run_or_fail_on_hang(cmd: list[str], cwd: Path, **env: str) -> subprocess.Com
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def test_train_with_workers_under_a_long_tmpdir_finishes_and_says_where_the_sockets_go(tmp_path):
-    temp = long_folder(tmp_path, 100)
+def test_train_with_workers_under_a_long_tmpdir_finishes_and_says_where_the_sockets_go(tmp_path, short):
+    temp = long_folder(short, 100)
     done = run_or_fail_on_hang(
         [sys.executable, "-m", "cnnpar", "train", "--workers", "1", "--epochs", "1", "--no-progress",
          "--out-dir", str(tmp_path / "runs")],
@@ -56,7 +70,7 @@ def test_train_with_workers_under_a_long_tmpdir_finishes_and_says_where_the_sock
     assert "done: best val acc" in done.stdout
 
 
-def test_a_worker_whose_parent_made_no_socket_folder_makes_a_short_one_itself(tmp_path):
+def test_a_worker_whose_parent_made_no_socket_folder_makes_a_short_one_itself(tmp_path, short):
     """The path other commands and spawned workers take: no cli.main before the DataLoader."""
     script = textwrap.dedent(
         """
@@ -69,13 +83,15 @@ def test_a_worker_whose_parent_made_no_socket_folder_makes_a_short_one_itself(tm
         print("batches", sum(1 for _ in loader))
         """
     )
-    done = run_or_fail_on_hang([sys.executable, "-c", script], tmp_path, TMPDIR=str(long_folder(tmp_path, 100)))
+    done = run_or_fail_on_hang([sys.executable, "-c", script], tmp_path, TMPDIR=str(long_folder(short, 100)))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "batches 4" in done.stdout
 
 
-def test_no_short_root_to_write_stops_with_one_line_naming_tmpdir_its_length_and_the_limit(tmp_path, monkeypatch):
-    temp = long_folder(tmp_path, 90)
+def test_no_short_root_to_write_stops_with_one_line_naming_tmpdir_its_length_and_the_limit(
+    tmp_path, short, monkeypatch
+):
+    temp = long_folder(short, 90)
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     monkeypatch.setattr(socket_folder, "SHORT_ROOTS", (str(tmp_path / "absent"),))
     with pytest.raises(UserError) as e:
@@ -86,15 +102,17 @@ def test_no_short_root_to_write_stops_with_one_line_naming_tmpdir_its_length_and
     assert "set TMPDIR to a folder of at most 75 characters" in text
 
 
-def test_a_tmpdir_that_holds_sockets_is_left_alone(tmp_path, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(long_folder(tmp_path, 75)))
+def test_a_tmpdir_that_holds_sockets_is_left_alone(short, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(long_folder(short, 75)))
     assert socket_folder.init_socket_folder() is None
 
 
-def test_a_trial_child_under_a_tmpdir_its_trial_folder_pushes_past_the_limit_gets_its_batches(tmp_path, monkeypatch):
+def test_a_trial_child_under_a_tmpdir_its_trial_folder_pushes_past_the_limit_gets_its_batches(
+    tmp_path, short, monkeypatch
+):
     """The trial's folder (cnnpar-trial-<pid>-XXXXXXXX/tmp), the child's TMPDIR, adds some 34 characters to a TMPDIR
     that trains: its DataLoader workers' sockets go in a short root all the same."""
-    temp = long_folder(tmp_path, 70)
+    temp = long_folder(short, 70)
     assert socket_folder.holds_sockets(str(temp))
     monkeypatch.setenv("TMPDIR", str(temp))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
@@ -118,7 +136,7 @@ def test_a_trial_child_under_a_tmpdir_its_trial_folder_pushes_past_the_limit_get
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's sun_path")
-def test_the_longest_temp_folder_is_the_longest_under_which_a_listener_binds(tmp_path):
+def test_the_longest_temp_folder_is_the_longest_under_which_a_listener_binds(tmp_path, short):
     script = textwrap.dedent(
         """
         from multiprocessing.connection import Listener
@@ -131,7 +149,7 @@ def test_the_longest_temp_folder_is_the_longest_under_which_a_listener_binds(tmp
     )
     longest = socket_folder.LONGEST_TEMP_FOLDER
     for length, said in ((longest, "bound"), (longest + 1, "AF_UNIX path too long")):
-        folder = tmp_path / str(length)
+        folder = short / str(length)
         folder.mkdir()
         done = run_or_fail_on_hang([sys.executable, "-c", script], tmp_path, TMPDIR=str(long_folder(folder, length)))
         assert done.stdout.strip() == said, (length, done.stdout, done.stderr)
