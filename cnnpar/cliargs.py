@@ -13,6 +13,7 @@ from cnnpar.config import (
     MACHINE_FIELDS,
     SECTIONS,
     Config,
+    OptimConfig,
     cli_flag,
     cli_option,
     from_dict,
@@ -290,6 +291,12 @@ def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
     set_aside = preset_lr_set_aside(args)
     if set_aside:  # auto: the optimizer asked for trains at its own default (resolve_for_device), at the preset's batch
         cfg = replace(cfg, optim=replace(cfg.optim, lr=0.0))
+        in_file = _file_optim(args.config) if getattr(args, "config", None) else {}
+        plain = OptimConfig().bias_lr_scale
+        if cfg.optim.bias_lr_scale != plain and "optim.bias_lr_scale" not in given and "bias_lr_scale" not in in_file:
+            # airbench's x64 for biases and norms goes with the preset's SGD lr: AdamW's biases trained at 0.128
+            set_aside = f"{set_aside}, as is its bias lr x{cfg.optim.bias_lr_scale:g} (x{plain:g} now)"
+            cfg = replace(cfg, optim=replace(cfg.optim, bias_lr_scale=plain))
     if resume:
         # `auto` names its folder by --out-dir/--name, typed or from the preset or file
         out_dir = given.get("run.out_dir", cfg.run.out_dir)

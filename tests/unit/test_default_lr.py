@@ -136,13 +136,16 @@ def test_a_presets_lr_is_set_aside_for_another_optimizers_default(preset, optimi
     cfg, set_aside = config_and_set_aside_lr(build_parser().parse_args(["train", "--preset", preset,
                                                                         "--optimizer", optimizer]))  # fmt: skip
     assert cfg.optim.lr == 0  # auto: resolved to the optimizer's own, not the preset's lr for another optimizer
-    assert set_aside == f"--preset {preset}'s lr {preset_lr:g} is {tuned_for}'s"
+    # airbench's bias lr x64 goes with the preset's SGD-style lr: AdamW's biases and norms trained at 64x its lr
+    bias = ", as is its bias lr x64 (x1 now)" if get_preset(preset).optim.bias_lr_scale == 64 else ""
+    assert set_aside == f"--preset {preset}'s lr {preset_lr:g} is {tuned_for}'s{bias}"
+    assert cfg.optim.bias_lr_scale == 1.0
     resolved = resolve_for_device(cfg, "cpu", bf16_ok=True).optim
     # at the preset's own batch, the batch its lr is for (a fixed batch: the default as it is)
     assert resolved.lr == DEFAULT_LRS[optimizer] and resolved.lr_batch == get_preset(preset).optim.lr_batch
     note = default_lr_note(cfg.optim, resolved, set_aside)
     assert note == f"--lr auto: {optimizer}'s default, {DEFAULT_LRS[optimizer]:g} at batch {resolved.lr_batch} " \
-                   f"(--preset {preset}'s lr {preset_lr:g} is {tuned_for}'s)"  # fmt: skip
+                   f"(--preset {preset}'s lr {preset_lr:g} is {tuned_for}'s{bias})"  # fmt: skip
     # the preset's own optimizer, or an lr typed beside it, keeps what is asked
     assert config_and_set_aside_lr(build_parser().parse_args(["train", "--preset", preset, "--optimizer",
                                                               tuned_for])) == (get_preset(preset), "")  # fmt: skip
@@ -206,3 +209,15 @@ def test_sgd_and_muon_keep_each_others_preset_lr(preset, optimizer):
     cfg, set_aside = config_and_set_aside_lr(build_parser().parse_args(["train", "--preset", preset,
                                                                         "--optimizer", optimizer]))  # fmt: skip
     assert (cfg.optim.optimizer, cfg.optim.lr, set_aside) == (optimizer, get_preset(preset).optim.lr, "")
+
+
+def test_a_bias_lr_scale_typed_beside_a_set_aside_preset_lr_stands():
+    cfg, set_aside = config_and_set_aside_lr(build_parser().parse_args(["train", "--preset", "cifar10-speed",
+                                                                        "--optimizer", "adamw", "--bias-lr-scale",
+                                                                        "8"]))  # fmt: skip
+    assert (cfg.optim.lr, cfg.optim.bias_lr_scale) == (
+        0,
+        8.0,
+    ) and set_aside == "--preset cifar10-speed's lr 1.5 is sgd's"
+    # the preset's own optimizer keeps its bias lr, as its lr
+    assert config_from_args(build_parser().parse_args(["train", "--preset", "cifar10-speed"])).optim.bias_lr_scale == 64
