@@ -27,15 +27,22 @@ LONGEST_TEMP_FOLDER = SUN_PATH_MAX - 1 - SOCKET_TAIL  # 75 on Linux
 SHORT_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")  # CPython 3.14's fallbacks, /dev/shm for a container without them
 
 
+def path_bytes(folder: str) -> int:
+    """A path's length as the kernel counts it: bytes, not characters (é is two in UTF-8)."""
+    return len(os.fsencode(folder))
+
+
 def holds_sockets(folder: str) -> bool:
     """Whether multiprocessing's socket paths under `folder` fit in a Unix socket address."""
-    return len(folder) + SOCKET_TAIL <= SUN_PATH_MAX - 1
+    return path_bytes(folder) + SOCKET_TAIL <= SUN_PATH_MAX - 1
 
 
 def too_long_text(folder: str) -> str:
+    size = path_bytes(folder)
+    length = f"{size} characters" if size == len(folder) else f"{size} bytes ({len(folder)} characters)"
     return (
-        f"the temporary folder (TMPDIR) {folder} is {len(folder)} characters, too long for the DataLoader workers' "
-        f"sockets under it (at most {LONGEST_TEMP_FOLDER}: a Unix socket path holds {SUN_PATH_MAX - 1})"
+        f"the temporary folder (TMPDIR) {folder} is {length}, too long for the DataLoader workers' "
+        f"sockets under it (at most {LONGEST_TEMP_FOLDER} bytes: a Unix socket path holds {SUN_PATH_MAX - 1})"
     )
 
 
@@ -55,7 +62,7 @@ def init_socket_folder() -> str | None:
     if root is None:
         raise UserError(
             f"{too_long_text(chosen)}, and none of {', '.join(SHORT_ROOTS)} can be written to hold them: set TMPDIR "
-            f"to a folder of at most {LONGEST_TEMP_FOLDER} characters"
+            f"to a folder of at most {LONGEST_TEMP_FOLDER} bytes"
         )
     saved = tempfile.tempdir
     tempfile.tempdir = root  # get_temp_dir makes its folder with mkdtemp's default root
@@ -64,5 +71,5 @@ def init_socket_folder() -> str | None:
     finally:
         tempfile.tempdir = saved
     if not holds_sockets(os.path.dirname(folder)):
-        raise UserError(f"{too_long_text(chosen)}: set TMPDIR to a folder of at most {LONGEST_TEMP_FOLDER} characters")
+        raise UserError(f"{too_long_text(chosen)}: set TMPDIR to a folder of at most {LONGEST_TEMP_FOLDER} bytes")
     return folder

@@ -99,7 +99,7 @@ def test_no_short_root_to_write_stops_with_one_line_naming_tmpdir_its_length_and
     text = str(e.value)
     assert "\n" not in text
     assert f"(TMPDIR) {temp} is 90 characters" in text
-    assert "set TMPDIR to a folder of at most 75 characters" in text
+    assert "set TMPDIR to a folder of at most 75 bytes" in text
 
 
 def test_a_tmpdir_that_holds_sockets_is_left_alone(short, monkeypatch):
@@ -153,3 +153,18 @@ def test_the_longest_temp_folder_is_the_longest_under_which_a_listener_binds(tmp
         folder.mkdir()
         done = run_or_fail_on_hang([sys.executable, "-c", script], tmp_path, TMPDIR=str(long_folder(folder, length)))
         assert done.stdout.strip() == said, (length, done.stdout, done.stderr)
+
+
+def test_a_tmpdir_is_measured_in_bytes_as_the_kernel_measures_a_socket_path(short, monkeypatch):
+    """A review's 48 characters, 30 of them é: 78 bytes in UTF-8, too long for a socket under it; counted in
+    characters it passed, and the workers hung as under any TMPDIR too long."""
+    temp = short / ("é" * 35)
+    temp.mkdir()
+    assert len(str(temp)) < socket_folder.LONGEST_TEMP_FOLDER < len(os.fsencode(str(temp)))
+    assert not socket_folder.holds_sockets(str(temp))
+    assert f"is {len(os.fsencode(str(temp)))} bytes ({len(str(temp))} characters)" in socket_folder.too_long_text(
+        str(temp)
+    )
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    folder = socket_folder.init_socket_folder()
+    assert folder is not None and socket_folder.holds_sockets(os.path.dirname(folder))
