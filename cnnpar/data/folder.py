@@ -388,10 +388,16 @@ def _val_labels_by_normal_form(
     twin = next(pairs, None)
     if twin is not None:
         message += (
-            f" ({ascii(twin[0])} and {ascii(twin[1])} differ only in Unicode normalisation, NFD against NFC: "
-            "rename one so that both are spelled alike)"
+            f" ({val_dir.name}/{ascii(twin[0])}, {_normal_form(twin[0])}, and {train_dir.name}/{ascii(twin[1])}, "
+            f"{_normal_form(twin[1])}, differ only in Unicode normalisation: rename one so that both are spelled "
+            "alike)"
         )
     raise DataError(message)
+
+
+def _normal_form(name: str) -> str:
+    """Which Unicode form `name` is spelled in: NFC (as Linux and Windows keep é), NFD (as macOS writes it)."""
+    return next((form for form in ("NFC", "NFD") if unicodedata.is_normalized(form, name)), "neither NFC nor NFD")
 
 
 def _check_val_classes_train(

@@ -255,9 +255,17 @@ def test_val_class_folders_spelled_in_another_unicode_form_are_matched_by_name(t
         scan_splits(root)
     assert str(e.value) == (
         f"{root / 'val'}: class folders ['{nfd}', 'other'] differ from {root / 'train'}'s ['cafz', '{nfc}'] "
-        "('cafe\\u0301' and 'caf\\xe9' differ only in Unicode normalisation, NFD against NFC: rename one so that "
-        "both are spelled alike)"
+        "(val/'cafe\\u0301', NFD, and train/'caf\\xe9', NFC, differ only in Unicode normalisation: rename one so "
+        "that both are spelled alike)"
     )
+    # the other way round (train/ copied from macOS): each side's form named as it is, not "NFD against NFC" always
+    for split, name in (("train", "cafz"), ("val", nfd)):
+        (root / split / name).rename(root / split / "swap")
+    (root / "train" / nfc).rename(root / "train" / nfd)
+    (root / "val" / "swap").rename(root / "val" / nfc)
+    (root / "train" / "swap").rename(root / "train" / "cafz")
+    with pytest.raises(DataError, match=r"\(val/'caf\\xe9', NFC, and train/'cafe\\u0301', NFD, differ only in"):
+        scan_splits(root)
 
 
 def test_an_object_array_in_an_npz_is_named_by_its_key_with_how_to_save_it(tmp_path):
