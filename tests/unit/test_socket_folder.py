@@ -111,7 +111,8 @@ def test_a_trial_child_under_a_tmpdir_its_trial_folder_pushes_past_the_limit_get
     tmp_path, short, monkeypatch
 ):
     """The trial's folder (cnnpar-trial-<pid>-XXXXXXXX/tmp), the child's TMPDIR, adds some 34 characters to a TMPDIR
-    that trains: its DataLoader workers' sockets go in a short root all the same."""
+    that trains: its DataLoader workers' sockets go in a short root all the same, each worker's init making it
+    (bench/trial.main's own call, which makes one folder for all the child's workers, is not what this runs)."""
     temp = long_folder(short, 70)
     assert socket_folder.holds_sockets(str(temp))
     monkeypatch.setenv("TMPDIR", str(temp))
