@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -259,8 +260,8 @@ def run_folder_held(
                 if now != saved_epoch:  # another run held it between this run's decision and now, and saved
                     raise RunFolderInUse(
                         f"{run_dir}: another run changed its checkpoint while this one was starting (epoch {now} "
-                        f"now, {saved_epoch} before): expected --resume {run_dir} to continue from it, or another "
-                        "--name"
+                        f"now, {saved_epoch} before): expected --resume {shlex.quote(str(run_dir))} to continue from "
+                        "it, or another --name"
                     )
             except RunFolderInUse as e:
                 broadcast_object(str(e), info)
@@ -337,8 +338,8 @@ def no_checkpoint_there(resume: str, of_a_job: bool = False) -> UserError:
     target = Path(resume)
     if (target / "config.toml").is_file():  # a run stopped before its first checkpoint
         folder = target.resolve()  # `--resume .` names no folder of its own
-        again = f"; this run stopped before its first epoch was saved: --resume auto --name {folder.name}"
-        again += f" --out-dir {folder.parent} starts it again from its config.toml"
+        again = f"; this run stopped before its first epoch was saved: --resume auto --name {shlex.quote(folder.name)}"
+        again += f" --out-dir {shlex.quote(str(folder.parent))} starts it again from its config.toml"
     elif of_a_job:
         return UserError(f"--resume {resume}: no checkpoint there; {UNSHARED_RUN_FOLDER}")
     else:

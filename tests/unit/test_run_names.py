@@ -3,6 +3,7 @@ the run's config.toml cannot hold is refused before anything is made."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -114,3 +115,45 @@ def test_a_run_named_a_slash_b_before_names_were_checked_still_resumes(tmp_path)
     assert r.returncode == 0, r.stderr
     assert "epochs 2-2, resumed" in r.stdout + r.stderr
     assert Path(tmp_path / "runs" / "a" / "b" / "ckpt" / "last.pt").is_file()
+
+
+def test_commands_printed_for_pasting_quote_a_path_with_spaces_and_quotes(tmp_path):
+    """`cnnpar train --resume runs sp/my run` pasted resumed `runs` with `sp/my` and `run` left over."""
+    import shlex
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from cnnpar.cli import launch_end_line
+    from cnnpar.engine.checkpoint import _kept, require_checkpoint
+    from cnnpar.engine.rundir import no_checkpoint_there
+    from cnnpar.engine.trainer import Trainer
+
+    r = run_cli(["train", *TINY, "--out-dir", "runs dir", "--name", "my 'run'"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    run_dir = tmp_path / "runs dir" / "my 'run'"
+    assert "--logdir 'runs dir')" in r.stdout + r.stderr  # installed or not, the line names the command
+    quoted = shlex.quote(str(run_dir))
+    note = tmp_path / "note"
+    note.write_text(str(run_dir))
+    assert launch_end_line(note, 2).endswith(f"continue with: cnnpar train --resume {quoted} --nproc 2")
+    assert _kept(run_dir / "ckpt" / "last.pt").endswith(f"which --resume {quoted} continues")
+    stopping = SimpleNamespace(run_dir=run_dir, cfg=Config(), info=CPU_INFO)
+    assert Trainer._continue_command(stopping) == f"cnnpar train --resume {quoted}"
+
+    (run_dir / "ckpt" / "last.pt").unlink()  # only best.pt left: predict names the file to read instead
+    with pytest.raises(
+        UserError, match=f"expected --checkpoint {re.escape(shlex.quote(str(run_dir / 'ckpt' / 'best.pt')))} to"
+    ):
+        require_checkpoint(run_dir)
+    (run_dir / "ckpt" / "best.pt").unlink()  # a run stopped before its first checkpoint: its config.toml stays
+    again = f"--resume auto --name {shlex.quote(run_dir.name)} --out-dir {shlex.quote(str(run_dir.parent))} starts"
+    assert again in str(no_checkpoint_there(str(run_dir)))
+
+    for c in "ab":
+        (tmp_path / "im" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(tmp_path / "im" / c / f"{i}.png")
+    r = run_cli(["prepare", "im", "--out", 'st ore, "q".cnnpar', "--no-progress"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "train with: cnnpar train --data 'st ore, \"q\".cnnpar'" in r.stdout
