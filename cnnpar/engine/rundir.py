@@ -280,6 +280,7 @@ def run_folder_held(
 def _decide(cfg: Config, restart: bool) -> tuple[str, str | None]:
     """Rank 0's decision: (run folder, checkpoint or None); `restart`: torchrun restarted the job (elastic_restart).
     Raises UserError; creates nothing."""
+    refuse_unwritable_settings(cfg)  # a resume rewrites config.toml too, naming its folder as found now
     resume = cfg.run.resume
     if resume and resume != "auto":
         target = Path(resume)
@@ -312,7 +313,6 @@ def _decide(cfg: Config, restart: bool) -> tuple[str, str | None]:
     if resume == "auto" and not cfg.run.name and not (restart or launch_stable_job_id()):
         # the folder would be a new default name: a run that resumes nothing, where one was asked for
         raise UserError(NO_NAME_TO_RESUME)
-    refuse_unwritable_settings(cfg)
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
     refuse_a_live_run(run_dir)
     refuse_foreign_folder(run_dir, cfg)

@@ -157,3 +157,16 @@ def test_commands_printed_for_pasting_quote_a_path_with_spaces_and_quotes(tmp_pa
     r = run_cli(["prepare", "im", "--out", 'st ore, "q".cnnpar', "--no-progress"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "train with: cnnpar train --data 'st ore, \"q\".cnnpar'" in r.stdout
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a file name that is not UTF-8: Linux takes any bytes")
+def test_a_resume_of_a_run_moved_to_a_folder_that_is_not_utf8_is_refused_and_leaves_its_record(tmp_path):
+    r = run_cli(["train", *TINY, "--out-dir", "runs", "--name", "r"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    moved = tmp_path / "runs" / "caf\udce9"
+    (tmp_path / "runs" / "r").rename(moved)
+    record = (moved / "config.toml").read_bytes()
+    r = run_cli(["train", "--resume", str(moved), "--epochs", "2", "--workers", "0", "--no-progress"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "run.out_dir (--out-dir) = '" not in r.stderr and "caf\\xe9': not UTF-8" in r.stderr
+    assert (moved / "config.toml").read_bytes() == record
