@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 import warnings
@@ -72,7 +73,9 @@ def launch_end_line(note: Path, nproc: int) -> str:
         refuse_a_live_run(Path(run_dir))  # this launch's workers are gone: a claim still held is another run's
     except RunFolderInUse:
         return f"stopped before training began: {run_dir} belongs to a run still in progress"
-    return stopped_line(run_dir, checkpoint_epoch(run_dir), f"cnnpar train --resume {run_dir} --nproc {nproc}")
+    return stopped_line(
+        run_dir, checkpoint_epoch(run_dir), shlex.join(["cnnpar", "train", "--resume", run_dir, "--nproc", str(nproc)])
+    )
 
 
 def horovod_train_args(argv: list[str], nproc: int) -> list[str]:
@@ -447,7 +450,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     print(
         f"wrote {out}: {header['count']} images ({splits['train']} train, {splits['val']} val), "
         f"{len(header['class_names'])} classes, {Sides(args.max_side, short).describe()}, "
-        f"{header['pixel_bytes']:,} pixel bytes; train with: cnnpar train --data {out}"
+        f"{header['pixel_bytes']:,} pixel bytes; train with: {shlex.join(['cnnpar', 'train', '--data', str(out)])}"
     )
     linked = header["same_file_groups"]
     if linked:  # said now; a run warns again if its validation side gets one of them

@@ -13,6 +13,7 @@ from cnnpar.config import (
     MACHINE_FIELDS,
     SECTIONS,
     Config,
+    ConfigError,
     OptimConfig,
     cli_flag,
     cli_option,
@@ -158,7 +159,13 @@ def _read_stored(stored: Path, search_again: bool) -> Config:
     from cnnpar.engine.resolved import REQUESTED
 
     run_dir = stored.parent
-    raw = to_dict(load_toml(stored))
+    try:
+        raw = to_dict(load_toml(stored))
+    except ConfigError:
+        # a run named `a/b` before --name had to be one folder name: runs/a/b resumes as b in runs/a (any other
+        # error in the file is raised again by this second reading)
+        own = {"out_dir": str(run_dir.resolve().parent), "name": run_dir.resolve().name}
+        raw = to_dict(load_toml(stored, typed={"run": own}))
     if not _names_folder(raw["run"], run_dir):
         # a folder renamed or moved since (or a default-named run, stored as name = ""): the run is the folder
         # it resumes in, which the record written on this resume must name, not a run that may be another one

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -499,6 +500,21 @@ class DistConfig:
 SEED_LIMIT = 2**63
 
 
+NAME_MAX_BYTES = 255  # the longest file name Linux, macOS and Windows file systems take (NAME_MAX)
+
+
+def run_name_problem(name: str) -> str:
+    """Why `name` cannot name a run folder inside --out-dir ('' where it can): `..` or `a/../../b` wrote a run
+    outside --out-dir (into the working folder), and a name too long for the file system ended in a traceback."""
+    expected = "expected one folder name inside --out-dir (no '/', not '.' or '..')"
+    seps = {"/", os.sep, os.altsep or "/"}
+    if name in (".", "..") or any(sep in name for sep in seps) or "\0" in name:
+        return expected
+    if len(os.fsencode(name)) > NAME_MAX_BYTES:
+        return f"{len(os.fsencode(name))} bytes long: expected a folder name of at most {NAME_MAX_BYTES} bytes"
+    return ""
+
+
 @dataclass(frozen=True)
 class RunConfig:
     epochs: int = _f(6, "training epochs")
@@ -541,6 +557,10 @@ class RunConfig:
         # torch's generators take a seed below 2**64; below 2**63 leaves room for the + rank and + repeat offsets
         if not 0 <= self.seed < SEED_LIMIT:
             raise ConfigError(f"{setting_name('run', 'seed')} = {self.seed}: expected 0 <= value < 2**63")
+        if self.name:  # '' is a default name, made at the start
+            why = run_name_problem(self.name)
+            if why:
+                raise ConfigError(f"{setting_name('run', 'name')} = {self.name!r}: {why}")
 
     @property
     def tta_in_effect(self) -> str:

@@ -89,7 +89,7 @@ def class_lines(bundle: DataBundle) -> list[str]:
     if empty:
         shown = first_five(map(str, empty))
         if bundle.loader_crops:  # a folder or a store: its classes are its class folders
-            names = first_five(bundle.class_names[k] for k in empty)
+            names = first_five(listed_name(bundle.class_names[k]) for k in empty)
             remedy = f"empty class folders: {names}; expected images in each class folder: add some or remove it"
         else:
             shown = first_five(_index_and_name(k, bundle.class_names) for k in empty)
@@ -124,6 +124,13 @@ def _index_and_name(k: int, names: list[str]) -> str:
 def _class_label(bundle: DataBundle, k: int) -> str:
     """Class k as a line names it: a folder's or store's by its class folder, an array's by its index (and name)."""
     return bundle.class_names[k] if bundle.loader_crops else _index_and_name(k, bundle.class_names)
+
+
+def listed_name(name: str) -> str:
+    """A name for a comma-separated list: quoted (repr) where it holds a comma, a space, a quote or what does not
+    print (a Latin-1 byte), so `com,ma, x, y` reads back as the two folders 'com,ma' and 'x, y'."""
+    plain = name and name.isprintable() and not any(c in name for c in ", '\"")
+    return name if plain else repr(name)
 
 
 def first_five(items) -> str:

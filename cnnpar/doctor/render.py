@@ -131,6 +131,12 @@ def _gain(g: float | None) -> str:
     return "" if g is None else f"{g:.2f}x"
 
 
+def _cell(text: str) -> str:
+    """`text` for a Markdown table cell: GitHub's tables split a row at every `|`, inside a code span too (a data
+    path `d/my da|ta` shifted the columns), unless it is escaped."""
+    return text.replace("|", "\\|")
+
+
 def plot_phases(csv_path: Path, png_path: Path, verdict: str) -> Path:
     import matplotlib
 
@@ -204,9 +210,8 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         ]
         for i, r in enumerate(report.recommendations, 1):
             tried = f"{_gain(r.tried_gain)} ({r.tried_images_per_s:,.0f}/s)" if r.tried_gain is not None else ""
-            lines.append(
-                f"| {i} | {r.title}: {r.why} | `{r.command or r.action}` | {_gain(r.est_gain)} | {tried} | {r.basis} |"
-            )
+            do, what = _cell(r.command or r.action), _cell(f"{r.title}: {r.why}")
+            lines.append(f"| {i} | {what} | `{do}` | {_gain(r.est_gain)} | {tried} | {_cell(r.basis)} |")
     if report.not_faster:
         lines += ["", f"Tried and not faster (measured here under {MIN_GAIN:g}x, so not advised):", ""]
         lines += [f"- {not_faster_line(r)}" for r in report.not_faster]

@@ -6,6 +6,7 @@ read them back without unpickling arbitrary objects.
 
 from __future__ import annotations
 
+import shlex
 import zipfile
 from pathlib import Path
 
@@ -83,7 +84,8 @@ def _kept(path: Path) -> str:
     expected = "expected room for the checkpoint (free disk space, a higher file size limit)"
     if not epoch:
         return f"{expected}; no epoch is saved in {run_dir}"
-    return f"{expected}; the checkpoint in {run_dir} holds epochs 1-{epoch}, which --resume {run_dir} continues"
+    again = shlex.quote(str(run_dir))
+    return f"{expected}; the checkpoint in {run_dir} holds epochs 1-{epoch}, which --resume {again} continues"
 
 
 def find_checkpoint(path: str | Path) -> Path | None:
@@ -123,7 +125,7 @@ def require_checkpoint(path: str | Path) -> Path:
     if best is not None:
         raise UserError(
             f"{path}: no checkpoint of its last epoch ({best.with_name(LAST)}), but {best} holds the best epoch's "
-            f"weights: expected --checkpoint {best} to predict with them"
+            f"weights: expected --checkpoint {shlex.quote(str(best))} to predict with them"
         )
     raise UserError(f"{path}: no checkpoint found (expected a .pt file or a run folder with ckpt/{LAST})")
 

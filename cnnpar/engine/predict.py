@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -64,7 +65,9 @@ def checkpoint_line(path: Path, state: dict) -> str:
     if held is None:  # cut short or damaged: no epoch to recommend it for
         return line + f"; {best}, meant to hold the best validation epoch, cannot be read (cut short or damaged?)"
     if held != epoch:
-        line += f"; {best} holds the best validation epoch, {held}: --checkpoint {best} predicts with it"
+        line += (
+            f"; {best} holds the best validation epoch, {held}: --checkpoint {shlex.quote(str(best))} predicts with it"
+        )
     return line
 
 

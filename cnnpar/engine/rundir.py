@@ -14,13 +14,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shlex
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cnnpar.config import Config, load_toml
+from cnnpar.config import SECTIONS, Config, load_toml, setting_name
+from cnnpar.data.sources import readable_name
 from cnnpar.dist import DistInfo, broadcast_object
-from cnnpar.engine.checkpoint import checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
+from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
 from cnnpar.errors import UserError
 from cnnpar.report.files import removed_on_failure, stamped_folder_removed_on_failure, stamped_name
 
@@ -108,6 +110,47 @@ def refuse_other_data(run_dir: Path, cfg: Config) -> None:
         raise UserError(
             f"{run_dir}: holds a run on --data {source} (its config.toml), not {cfg.data.source}: "
             f"expected --data {source}, or another --name"
+        )
+
+
+def refuse_unwritable_settings(cfg: Config) -> None:
+    """A path that is not UTF-8 (a Latin-1 caf\\xe9, read by the OS as a lone surrogate) cannot be written into the
+    run's config.toml, which TOML makes UTF-8: the run failed with a traceback after making its folder. Refused
+    here, before anything is made; escaping it there would record a path that names no folder when read back."""
+    for section in SECTIONS:
+        for key, value in vars(getattr(cfg, section)).items():
+            if isinstance(value, str) and not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise UserError(
+                        f"{setting_name(section, key)} = '{readable_name(value)}': not UTF-8, which the run's "
+                        "config.toml cannot hold: expected a UTF-8 path (rename it, or link to it by a UTF-8 name)"
+                    ) from None
+
+
+# what every run folder holds from its start (fit); a loose last.pt is a checkpoint the refusal below names
+RUN_FOLDER_MARKS = ("config.toml", "ckpt", CLAIM_FILE, LAST)
+
+
+def refuse_foreign_folder(run_dir: Path, cfg: Config) -> None:
+    """A new run's folder that is there already must be a run's (or empty): `--out-dir . --name mydata` wrote the
+    run into an image folder, whose next scan read ckpt/ as one more, empty class."""
+    data = Path(cfg.data.source)
+    if data.exists():
+        here, there = run_dir.resolve(), data.resolve()
+        if here == there or there in here.parents or here in there.parents:
+            where = "is" if here == there else ("is inside" if there in here.parents else "holds")
+            raise UserError(
+                f"{run_dir}: the run folder {where} the --data {cfg.data.source}: a run's files would be read as "
+                "data: expected another --name or --out-dir"
+            )
+    if not run_dir.is_dir() or any((run_dir / mark).exists() for mark in RUN_FOLDER_MARKS):
+        return
+    if any(run_dir.iterdir()):
+        raise UserError(
+            f"{run_dir}: a folder that holds files but no run (no config.toml, ckpt/ or {CLAIM_FILE}): "
+            "expected a new --name (or an empty folder)"
         )
 
 
@@ -217,8 +260,8 @@ def run_folder_held(
                 if now != saved_epoch:  # another run held it between this run's decision and now, and saved
                     raise RunFolderInUse(
                         f"{run_dir}: another run changed its checkpoint while this one was starting (epoch {now} "
-                        f"now, {saved_epoch} before): expected --resume {run_dir} to continue from it, or another "
-                        "--name"
+                        f"now, {saved_epoch} before): expected --resume {shlex.quote(str(run_dir))} to continue from "
+                        "it, or another --name"
                     )
             except RunFolderInUse as e:
                 broadcast_object(str(e), info)
@@ -237,6 +280,7 @@ def run_folder_held(
 def _decide(cfg: Config, restart: bool) -> tuple[str, str | None]:
     """Rank 0's decision: (run folder, checkpoint or None); `restart`: torchrun restarted the job (elastic_restart).
     Raises UserError; creates nothing."""
+    refuse_unwritable_settings(cfg)  # a resume rewrites config.toml too, naming its folder as found now
     resume = cfg.run.resume
     if resume and resume != "auto":
         target = Path(resume)
@@ -271,6 +315,7 @@ def _decide(cfg: Config, restart: bool) -> tuple[str, str | None]:
         raise UserError(NO_NAME_TO_RESUME)
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
     refuse_a_live_run(run_dir)
+    refuse_foreign_folder(run_dir, cfg)
     existing = find_checkpoint(run_dir) if run_dir.is_dir() else None
     refuse_other_data(run_dir, cfg)
     if resume == "auto" or restart:
@@ -293,8 +338,8 @@ def no_checkpoint_there(resume: str, of_a_job: bool = False) -> UserError:
     target = Path(resume)
     if (target / "config.toml").is_file():  # a run stopped before its first checkpoint
         folder = target.resolve()  # `--resume .` names no folder of its own
-        again = f"; this run stopped before its first epoch was saved: --resume auto --name {folder.name}"
-        again += f" --out-dir {folder.parent} starts it again from its config.toml"
+        again = f"; this run stopped before its first epoch was saved: --resume auto --name {shlex.quote(folder.name)}"
+        again += f" --out-dir {shlex.quote(str(folder.parent))} starts it again from its config.toml"
     elif of_a_job:
         return UserError(f"--resume {resume}: no checkpoint there; {UNSHARED_RUN_FOLDER}")
     else:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -1163,9 +1164,10 @@ class Trainer:
         return stopped_line(self.run_dir, self._saved_epoch_now(), self._continue_command())
 
     def _continue_command(self) -> str:
-        again = f"cnnpar train --resume {self.run_dir}"
+        run_dir = shlex.quote(str(self.run_dir))  # pasted as it stands: a folder may hold spaces or quotes
+        again = f"cnnpar train --resume {run_dir}"
         if self.cfg.dist.strategy == "horovod":
-            again = f"your horovodrun command with --resume {self.run_dir}"
+            again = f"your horovodrun command with --resume {run_dir}"
         elif self.info.world_size > 1:  # on one machine --nproc starts as many again; on several, each node's launch
             one_node = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) == self.info.world_size
             again += f" --nproc {self.info.world_size}" if one_node else " in each node's launch command"

@@ -35,6 +35,7 @@ import functools
 import itertools
 import math
 import os
+import shlex
 import socket
 import struct
 import threading
@@ -323,11 +324,11 @@ def open_board(
     if _protos() is None:
         return Board(
             line=f"tensorboard: not installed, so no event files in {run_dir} ({INSTALL}, then tensorboard "
-            f"--logdir {run_dir.parent})"
+            f"--logdir {shlex.quote(str(run_dir.parent))})"
         )
     start = step_now()
     removed = sum(cut_after_step(p, start) for p in earlier)
-    line = f"tensorboard: event files in {run_dir} (tensorboard --logdir {run_dir.parent})"
+    line = f"tensorboard: event files in {run_dir} (tensorboard --logdir {shlex.quote(str(run_dir.parent))})"
     if removed:
         line += f"; {removed} event(s) an earlier attempt wrote past step {start} removed"
     # an earlier attempt's telemetry already averaged the samples of the step this one starts at

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from cnnpar.doctor.advise import COMPUTE_BOUND, DATA_BOUND, HOST_BOUND, Facts, diagnose, recommend
@@ -547,3 +549,15 @@ def test_each_measurement_row_says_the_batch_it_measured(capsys):
     out = capsys.readouterr().out
     rows = [[cell.strip() for cell in line.split("│")] for line in out.splitlines() if line.count("│") > 4]
     assert [row[1:3] for row in rows] == [["end to end", "64"], ["tried: larger batch", "90"]]
+
+
+def test_a_pipe_in_a_data_path_stays_inside_its_table_cell():
+    """`d/my da|ta`: GitHub's tables split a row at every `|`, inside a code span too, and the columns shifted."""
+    from cnnpar.doctor.advise import Recommendation
+    from cnnpar.doctor.render import markdown
+
+    command = "cnnpar train --data 'd/my da|ta' --workers 1"
+    reco = Recommendation("workers", "more workers", "--workers 1", "a | b", 1.5, "measured", command=command)
+    row = next(line for line in markdown(doctor_report([reco], []), []).splitlines() if line.startswith("| 1 |"))
+    assert "`cnnpar train --data 'd/my da\\|ta' --workers 1`" in row and "a \\| b" in row
+    assert len(re.split(r"(?<!\\)\|", row)) == 8  # six cells between the row's outer bars

@@ -613,6 +613,15 @@ def test_a_folders_classes_are_its_class_folders_another_num_classes_is_refused_
     )
 
 
+def test_empty_class_folders_whose_names_hold_commas_or_spaces_are_listed_quoted(tmp_path):
+    """`com,ma, x, y` could not be split back into the folders 'com,ma' and 'x, y'."""
+    write_image_folder(tmp_path / "f", per_class=3, classes=2)
+    for name in ("com,ma", "x, y", "plain"):
+        (tmp_path / "f" / name).mkdir()
+    bundle = load_data(DataConfig(source=str(tmp_path / "f"), image_size=8), seed=0)
+    assert "(empty class folders: 'com,ma', plain, 'x, y'; expected" in class_lines(bundle)[1]
+
+
 def test_hidden_files_and_folders_inside_class_folders_are_not_images(tmp_path):
     """macOS leaves `._x.jpg` resource forks (no image: the whole run stopped on one) and tools leave `.thumbs/`."""
     write_image_folder(tmp_path / "f", per_class=2, classes=2)
