@@ -295,15 +295,7 @@ def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
         cfg = _config_file(args, given, search_again)
     else:
         cfg = get_preset(args.preset) if getattr(args, "preset", None) else Config()
-    set_aside = preset_lr_set_aside(args)
-    if set_aside:  # auto: the optimizer asked for trains at its own default (resolve_for_device), at the preset's batch
-        cfg = replace(cfg, optim=replace(cfg.optim, lr=0.0))
-        in_file = _file_optim(args.config) if getattr(args, "config", None) else {}
-        plain = OptimConfig().bias_lr_scale
-        if cfg.optim.bias_lr_scale != plain and "optim.bias_lr_scale" not in given and "bias_lr_scale" not in in_file:
-            # airbench's x64 for biases and norms goes with the preset's SGD lr: AdamW's biases trained at 0.128
-            set_aside = f"{set_aside}, as is its bias lr x{cfg.optim.bias_lr_scale:g} (x{plain:g} now)"
-            cfg = replace(cfg, optim=replace(cfg.optim, bias_lr_scale=plain))
+    cfg, set_aside = _preset_lr_set_aside(cfg, args)
     if resume:
         # `auto` names its folder by --out-dir/--name, typed or from the preset or file
         out_dir = given.get("run.out_dir", cfg.run.out_dir)
@@ -329,7 +321,23 @@ def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
 SGD_LR_FAMILY = {"sgd", "muon"}
 
 
-def preset_lr_set_aside(args: argparse.Namespace) -> str:
+def _preset_lr_set_aside(cfg: Config, args: argparse.Namespace) -> tuple[Config, str]:
+    """`cfg` with a --preset's lr set aside where `preset_lr_set_aside` says so (auto: the optimizer asked for trains
+    at its own default, resolve_for_device, at the preset's batch), and with it the preset's bias lr multiplier
+    unless one is asked for; and the words for the lr line, else ""."""
+    in_file = _file_optim(args.config) if getattr(args, "config", None) else {}
+    words = preset_lr_set_aside(args, in_file)
+    if not words:
+        return cfg, ""
+    optim, plain = replace(cfg.optim, lr=0.0), OptimConfig().bias_lr_scale
+    if optim.bias_lr_scale != plain and "optim.bias_lr_scale" not in vars(args) and "bias_lr_scale" not in in_file:
+        # airbench's x64 for biases and norms goes with the preset's SGD lr: AdamW's biases trained at 0.128
+        words += f", as is its bias lr x{optim.bias_lr_scale:g} (x{plain:g} now)"
+        optim = replace(optim, bias_lr_scale=plain)
+    return replace(cfg, optim=optim), words
+
+
+def preset_lr_set_aside(args: argparse.Namespace, in_file: dict) -> str:
     """Where the optimizer asked for (--optimizer, or a --config file's `optimizer`) is not the one a --preset's lr
     was tuned for, and no lr is asked for (no --lr, none in the file), that lr is set aside for the asked optimizer's
     own default (--lr auto): the words that say so for the run's lr line, else "". A preset's lr is tuned for its
@@ -344,8 +352,7 @@ def preset_lr_set_aside(args: argparse.Namespace) -> str:
     tuned = get_preset(preset).optim
     if not tuned.lr:
         return ""
-    in_file = _file_optim(args.config) if getattr(args, "config", None) else {}
-    if "lr" in in_file:
+    if "lr" in in_file:  # the --config file's [optim] table
         return ""
     asked = given.get("optim.optimizer", in_file.get("optimizer", tuned.optimizer))
     if asked == tuned.optimizer or {asked, tuned.optimizer} <= SGD_LR_FAMILY:
