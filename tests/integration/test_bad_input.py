@@ -311,20 +311,26 @@ def test_cli_refuses_corrupt_image_found_by_a_worker(cli):
     assert not (cli.cwd / "runs").exists()
 
 
-# Decoding `short.png` kills the DataLoader worker with SIGSEGV, as torchvision 0.29's PNG decoder did on a PNG whose
-# data stops short by less than png_header's bound sees (Pillow decodes PNGs now: sent here, as any decoder's crash)
-CRASHES_ON_SHORT_PNG = """
+def dies_decoding(name: str, sig: str) -> str:
+    """A script that runs `cnnpar ARGS` with the process that decodes the file `name` killed by `sig`, whichever
+    reader decodes it (the textbook loader's per-image path, or the CPU workers' batches)."""
+    return f"""
 import os, signal, sys
 from cnnpar import cli
-from cnnpar.data import cpu_decode
-decode_rgb = cpu_decode.decode_rgb
-def crashing(data, path):
-    if os.path.basename(str(path)) == "short.png":
-        os.kill(os.getpid(), signal.SIGSEGV)
+from cnnpar.data import cpu_decode, folder
+decode_rgb = folder.decode_rgb
+def dies(data, path):
+    if os.path.basename(str(path)) == {name!r}:
+        os.kill(os.getpid(), signal.{sig})
     return decode_rgb(data, path)
-cpu_decode.decode_rgb = crashing
+cpu_decode.decode_rgb = folder.decode_rgb = dies
 sys.exit(cli.main(sys.argv[1:]))
 """
+
+
+# Decoding `short.png` kills the DataLoader worker with SIGSEGV, as torchvision 0.29's PNG decoder did on a PNG whose
+# data stops short by less than png_header's bound sees (Pillow decodes PNGs now: sent here, as any decoder's crash)
+CRASHES_ON_SHORT_PNG = dies_decoding("short.png", "SIGSEGV")
 
 
 def test_a_worker_that_crashes_decoding_ends_the_run_in_one_line_whose_advice_names_the_file(tmp_path):
@@ -422,20 +428,8 @@ def test_a_png_with_a_damaged_zlib_stream_ends_every_command_in_one_line_naming_
     assert not (cwd / "runs").exists() and not (cwd / "predictions.csv").exists()
 
 
-# The worker that decodes `killed.png` is killed by SIGKILL, as the kernel's out-of-memory killer ends one: whichever
-# reader decodes it (the textbook loader's per-image path, or the CPU workers' batches)
-KILLED_ON_A_PHOTO = """
-import os, signal, sys
-from cnnpar import cli
-from cnnpar.data import cpu_decode, folder
-decode_rgb = folder.decode_rgb
-def killed(data, path):
-    if os.path.basename(str(path)) == "killed.png":
-        os.kill(os.getpid(), signal.SIGKILL)
-    return decode_rgb(data, path)
-cpu_decode.decode_rgb = folder.decode_rgb = killed
-sys.exit(cli.main(sys.argv[1:]))
-"""
+# The worker that decodes `killed.png` is killed by SIGKILL, as the kernel's out-of-memory killer ends one
+KILLED_ON_A_PHOTO = dies_decoding("killed.png", "SIGKILL")
 OOM_LINE = (
     "a data loader worker crashed (SIGKILL: Killed) while reading photos: SIGKILL is most often the kernel's "
     "out-of-memory killer (dmesg names it): fewer --workers or a smaller --batch-size need less memory"

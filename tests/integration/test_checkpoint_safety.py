@@ -20,7 +20,7 @@ import torch
 
 from cnnpar.cli import main
 from cnnpar.report.files import read_csv
-from tests.conftest import cli_env
+from tests.conftest import cli_env, run_cmd
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -81,13 +81,7 @@ def test_a_sigterm_whose_raise_a_finaliser_dropped_still_stops_the_run(tmp_path)
     """`timeout 6.1 cnnpar train --workers 2 --no-persistent-workers --epochs 30`: the SIGTERM's Terminated was
     raised inside torch's finaliser and dropped, and the run trained all 30 epochs and ended `done:`, exit 0."""
     args = [*SMALL, "--epochs", "4", "--name", "f"]
-    proc = subprocess.run(
-        [sys.executable, "-c", SIGTERM_IN_A_FINALISER, *args],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-    )
+    proc = run_cmd([sys.executable, "-c", SIGTERM_IN_A_FINALISER, *args], tmp_path, timeout=600)
     assert proc.returncode == 143, proc.stdout + proc.stderr
     assert "stopped: the checkpoint in runs/f holds epochs 1-1; continue with: cnnpar train --resume runs/f" in (
         proc.stdout
@@ -402,13 +396,7 @@ def test_a_loader_workers_death_by_the_stop_raised_over_it_still_ends_as_a_stop(
     """`timeout` with loader workers: the run ended in a "RuntimeError: DataLoader worker ... is killed by signal:
     Terminated" traceback, without its stop line."""
     args = [*SMALL, "--epochs", "3", "--name", "w"]
-    proc = subprocess.run(
-        [sys.executable, "-c", STOP_THEN_A_WORKERS_DEATH, *args],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-    )
+    proc = run_cmd([sys.executable, "-c", STOP_THEN_A_WORKERS_DEATH, *args], tmp_path, timeout=600)
     assert proc.returncode == 143, proc.stderr
     assert "stopped: the checkpoint in runs/w holds epochs 1-1" in proc.stdout
     assert "Traceback" not in proc.stderr and "killed by signal" not in proc.stderr
