@@ -33,14 +33,14 @@ def _of_a_job() -> bool:
     return rank.strip().isdigit() and world.strip().isdigit() and world.strip() != "1"
 
 
-def tell_the_job_this_rank_ended() -> None:
+def tell_the_job_this_rank_ended(error: BaseException | None = None) -> None:
     """Under torchrun, a rank that ends before its start is exchanged (argparse's refusal, a bad config) writes so
-    where the other ranks wait for it (dist.say_this_rank_ended_before_joining); a no-op, importing nothing, in any
-    other process."""
+    where the other ranks wait for it (dist.say_this_rank_ended_before_joining), and one that ends after it, before
+    the process group formed, its `error`; a no-op, importing nothing, in any other process."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         from cnnpar.dist import say_this_rank_ended_before_joining
 
-        say_this_rank_ended_before_joining()
+        say_this_rank_ended_before_joining(error)
 
 
 def torchrun_command(nproc: int, train_args: list[str]) -> list[str]:
@@ -895,7 +895,7 @@ def main(argv: list[str] | None = None) -> int:
         raise_pending_stop()  # one whose raise Python dropped after the command's last check: it ends as a stop
         return code
     except UserError as e:
-        tell_the_job_this_rank_ended()
+        tell_the_job_this_rank_ended(e)
         text = f"{user_error_text(e)}{_preset_data_note(args, e)}"
         note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
         if isinstance(e, EveryRankRefused) and note:
@@ -913,7 +913,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         return stopped(e)
     except BaseException as e:
-        tell_the_job_this_rank_ended()
+        tell_the_job_this_rank_ended(e)
         if (stop := _stop_behind(e)) is not None:  # a worker the stop killed, torch broken under it
             return stopped(stop)
         if "RANK" not in os.environ:

@@ -13,8 +13,10 @@ import os
 import re
 import shlex
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -435,12 +437,19 @@ def _start_keys(world_size: int, rank: int, timeout_s: float) -> tuple[dist.Stor
     return store, f"cnnpar/ws{world_size}/attempt_{_join(store, world_size, rank)}/start/rank"
 
 
-def say_this_rank_ended_before_joining() -> None:
+def say_this_rank_ended_before_joining(error: BaseException | None = None) -> None:
     """Under torchrun, before this rank wrote its start (`exchange_starts`): write that it ended,
     so the other ranks stop at once, naming it, where they waited --timeout-s (600 s by default) and then failed
-    with a traceback about a store key. Never raises: the error that ended this rank is the one to say."""
+    with a traceback about a store key. After its start, until the process group forms, write `error` where the
+    others watch for it as they wait in init_process_group (`_stop_if_a_rank_fails_before_the_group`). Never raises:
+    the error that ended this rank is the one to say."""
     global _start_said
-    if _start_said or not _in_a_torchrun_job():
+    if not _in_a_torchrun_job():
+        return
+    if _start_said:
+        # JoinFailed: stopped because of another rank, which is the one to name
+        if error is not None and not _group_formed and not isinstance(error, JoinFailed):
+            _say_this_rank_failed_before_the_group(error)
         return
     _start_said = True
     try:
@@ -448,6 +457,76 @@ def say_this_rank_ended_before_joining() -> None:
         store.set(f"{keys}{launcher_rank()}", ENDED_BEFORE_JOINING)
     except Exception:  # see the docstring
         pass
+
+
+# Set once this process's group formed: a rank failing after it is seen by the others' collectives
+_group_formed = False
+# How often a rank waiting in init_process_group looks for another rank's failure (`failed_before_the_group_key`)
+FAILED_POLL_S = 1.0
+
+
+def failed_before_the_group_key(store: dist.Store, world_size: int, rank: int) -> str:
+    """The key in torchrun's store where a rank that failed after its start, before the process group formed, writes
+    "<its rank>\n<its error>" (the last such rank's). One key, however many ranks: each waiting rank reads just it."""
+    return f"cnnpar/ws{world_size}/attempt_{_join(store, world_size, rank)}/failed_before_the_group"
+
+
+def _say_this_rank_failed_before_the_group(error: BaseException) -> None:
+    from cnnpar.errors import UserError, first_line, user_error_text
+
+    said = user_error_text(error) if isinstance(error, UserError) else f"{type(error).__name__}: {first_line(error)}"
+    world_size, rank = launcher_world_size(), launcher_rank()
+    try:
+        store, _ = _start_keys(world_size, rank, 10)
+        store.set(failed_before_the_group_key(store, world_size, rank), f"{rank}\n{said}")
+    except Exception:  # see say_this_rank_ended_before_joining
+        pass
+
+
+@contextmanager
+def _stop_if_a_rank_fails_before_the_group(world_size: int, rank: int) -> Iterator[None]:
+    """Around init_process_group, which waits in torch's store for every rank with nothing to interrupt it: a rank
+    that failed after the start exchange and before joining (its device unusable, its network interface refused)
+    left the others there for --timeout-s (600 s by default) under a torchrun of several nodes, then a line saying
+    only that it "did not join" (one node's torchrun ends its other workers itself). A thread looks for that
+    rank's error in torchrun's store (`failed_before_the_group_key`) and ends this process with one line naming it
+    (exit status 3, errors.EXIT_ANOTHER_RANK_ENDED): nothing is held yet (no data, no run folder) to clean up, and
+    the main thread cannot be interrupted while torch waits."""
+    if not _start_said or not _in_a_torchrun_job():  # no start exchanged: no rank writes its failure either
+        yield
+        return
+    from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED
+
+    store, _ = _start_keys(world_size, rank, 10)  # a connection of the thread's own
+    key = failed_before_the_group_key(store, world_size, rank)
+    formed = threading.Event()
+
+    def watch() -> None:
+        while not formed.wait(FAILED_POLL_S):
+            try:
+                if not store.check([key]):
+                    continue
+                failed, _, said = store.get(key).decode().partition("\n")
+            except Exception:  # torchrun's store gone: its agent ends this process
+                return
+            if formed.is_set():
+                return
+            sys.stdout.flush()
+            print(
+                f"cnnpar: rank {rank} stopped: rank {failed} of {world_size} failed before the job's process group "
+                f"formed: {said}",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(EXIT_ANOTHER_RANK_ENDED)
+
+    thread = threading.Thread(target=watch, name="cnnpar-watch-start", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        formed.set()
+        thread.join()
 
 
 def _ranks(ranks: Sequence[int]) -> str:
@@ -606,8 +685,11 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     if store is not None:
         kwargs.update(store=store, rank=rank, world_size=world_size)
     _RETIRED_GLOO.clear()  # groups left before: their threads joined without the GIL (see _RETIRED_GLOO)
+    global _group_formed
     try:
-        dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+        with _stop_if_a_rank_fails_before_the_group(world_size, rank):
+            dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+        _group_formed = True
     except dist.DistStoreError as e:  # a store key waited for in vain: a rank that never came
         from cnnpar.errors import EXIT_COLLECTIVE_TIMED_OUT, first_line
 

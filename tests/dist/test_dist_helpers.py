@@ -123,6 +123,25 @@ def test_a_rank_whose_command_line_is_refused_stops_the_others_at_once(agent_sto
     )
 
 
+def test_a_rank_failing_after_its_start_before_the_group_writes_its_error_but_not_one_caused_by_another(
+    agent_store, torchrun_env
+):
+    """After the start exchange the others wait in init_process_group: the failing rank's own error is written where
+    they look (dist.failed_before_the_group_key); a JoinFailed, which another rank caused, names nobody."""
+    from cnnpar import dist
+    from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED, ConfigError
+
+    torchrun_env.setattr(dist, "_start_said", True)
+    torchrun_env.setattr(dist, "_group_formed", False)
+    key = dist.failed_before_the_group_key(agent_store, 2, 1)
+    dist.say_this_rank_ended_before_joining(dist.JoinFailed("rank(s) 0 of 2 did not join", EXIT_ANOTHER_RANK_ENDED))
+    assert not agent_store.check([key])
+    dist.say_this_rank_ended_before_joining(ConfigError("2 processes on this node but 1 CUDA device(s) visible"))
+    assert agent_store.get(key).decode() == "1\n2 processes on this node but 1 CUDA device(s) visible"
+    dist.say_this_rank_ended_before_joining(RuntimeError("CUDA error: busy\nmore"))
+    assert agent_store.get(key).decode() == "1\nRuntimeError: CUDA error: busy"
+
+
 def test_a_rank_that_never_joins_is_waited_for_aloud_then_named_with_the_timeout(agent_store, torchrun_env, capsys):
     from cnnpar import cli, dist
     from cnnpar.errors import EXIT_COLLECTIVE_TIMED_OUT

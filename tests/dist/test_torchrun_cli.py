@@ -145,6 +145,43 @@ def test_a_node_whose_command_line_is_refused_stops_the_other_node_at_once(tmp_p
     assert "DistStoreError" not in err0 and not (tmp_path / "runs").exists()
 
 
+# Rank 1 fails after the start exchange, in init_process_group (gloo refusing its network interface, say)
+FAILS_AS_THE_GROUP_FORMS = """
+import os, sys
+import torch.distributed as dist
+if os.environ["RANK"] == "1":
+    def refused(*args, **kwargs):
+        raise RuntimeError("[enforce fail at gloo] no device for interface eth9")
+    dist.init_process_group = refused
+from cnnpar.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_node_failing_before_the_process_group_forms_stops_the_other_node_with_its_error(tmp_path):
+    """Node 1 failed after the start exchange, before the process group formed: node 0 waited in
+    init_process_group for --timeout-s (300 s here), then said only that the other ranks "did not join"."""
+    script = tmp_path / "fails_as_the_group_forms.py"
+    script.write_text(FAILS_AS_THE_GROUP_FORMS)
+    port = free_port()
+    node = ["--nnodes=2", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    cmds = [
+        [*torchrun_cmd(1, *node, f"--node-rank={k}"), str(script), *TRAIN[2:], "--epochs", "1", "--timeout-s", "300"]
+        for k in (0, 1)
+    ]
+    # well under --timeout-s: run_two_nodes raises TimeoutExpired where node 0 waits it out
+    (rc0, _, err0), (rc1, _, err1) = run_two_nodes([], tmp_path, cli_env(), timeout=150, cmds=cmds)
+    assert rc0 != 0 and rc1 != 0, err0[-2000:]
+    assert "RuntimeError: [enforce fail at gloo] no device for interface eth9" in err1
+    said = [line for line in err0.splitlines() if line.startswith("cnnpar:")]
+    assert said == [
+        "cnnpar: rank 0 stopped: rank 1 of 2 failed before the job's process group formed: RuntimeError: "
+        "[enforce fail at gloo] no device for interface eth9"
+    ], err0[-3000:]
+    assert "exitcode: 3" in err0  # errors.EXIT_ANOTHER_RANK_ENDED: node 0 did not fail by itself
+    assert not (tmp_path / "runs").exists()
+
+
 def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
     logs = tmp_path / "logs"
     proc = run_cmd(
