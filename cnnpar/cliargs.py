@@ -20,6 +20,7 @@ from cnnpar.config import (
     from_dict,
     load_toml,
     read_config_text,
+    setting_name,
     to_dict,
 )
 from cnnpar.presets import PRESET_LINES, PRESETS, get_preset
@@ -140,11 +141,13 @@ def stored_run_config(
 def _stored_record(resume: str, out_dir: str = "", name: str = "") -> Path | None:
     """The config.toml `stored_run_config` reads, None where there is none."""
     from cnnpar.engine.checkpoint import find_checkpoint, resumed_checkpoint, run_dir_of
+    from cnnpar.engine.rundir import refuse_too_long_path
 
     if resume == "auto":
         if not name:
             return None  # a fresh default name: no earlier run to read
         folder = Path(out_dir) / name
+        refuse_too_long_path(folder)  # its is_dir() raised on a path the system cannot take
         ckpt = find_checkpoint(folder) if folder.is_dir() else None
     else:
         ckpt = resumed_checkpoint(resume)
@@ -284,6 +287,12 @@ def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
     """`config_from_args`, and where a --preset's lr was set aside for the optimizer asked for (`preset_lr_set_aside`)
     the words for the run's lr line that say so ("--preset cifar10-resnet18's lr 0.2 is sgd's"), else ""."""
     given = vars(args)
+    if given.get("run.name") == "":
+        # '' stands for the default name in a config file (a default-named run's record); typed, it is a mistake
+        raise ConfigError(
+            f"{setting_name('run', 'name')} = '': expected one folder name inside --out-dir (leave --name out for "
+            "a new default name)"
+        )
     resume = given.get("run.resume", "")
     search_again = given.get("run.batch_size") == 0  # --batch-size auto typed over a record's searched batch
     origin = " / ".join(

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cnnpar.config import SECTIONS, Config, load_toml, setting_name
+from cnnpar.config import NAME_MAX_BYTES, SECTIONS, Config, load_toml, setting_name
 from cnnpar.data.sources import readable_name
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
@@ -117,16 +117,61 @@ def refuse_unwritable_settings(cfg: Config) -> None:
     """A path that is not UTF-8 (a Latin-1 caf\\xe9, read by the OS as a lone surrogate) cannot be written into the
     run's config.toml, which TOML makes UTF-8: the run failed with a traceback after making its folder. Refused
     here, before anything is made; escaping it there would record a path that names no folder when read back."""
+    resume = cfg.run.resume
+    if resume and resume != "auto" and resumed_checkpoint(Path(resume)) is not None:
+        # --out-dir and --name were read from the folder --resume names (cliargs._read_stored), typed or not
+        run_dir = Path(cfg.run.out_dir) / cfg.run.name
+        if not _utf8(str(run_dir)):
+            raise UserError(
+                f"--resume {readable_name(resume)}: its run folder {readable_name(str(run_dir))} is not UTF-8, which "
+                "the run's config.toml cannot hold: expected a run folder with a UTF-8 path (rename it)"
+            )
     for section in SECTIONS:
         for key, value in vars(getattr(cfg, section)).items():
-            if isinstance(value, str) and not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise UserError(
-                        f"{setting_name(section, key)} = '{readable_name(value)}': not UTF-8, which the run's "
-                        "config.toml cannot hold: expected a UTF-8 path (rename it, or link to it by a UTF-8 name)"
-                    ) from None
+            if isinstance(value, str) and not _utf8(value):
+                raise UserError(
+                    f"{setting_name(section, key)} = '{readable_name(value)}': not UTF-8, which the run's "
+                    "config.toml cannot hold: expected a UTF-8 path (rename it, or link to it by a UTF-8 name)"
+                )
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+PATH_MAX_BYTES = 4096  # the longest path Linux takes (PATH_MAX, its final NUL included)
+RUN_FILES_ROOM = (
+    1 + NAME_MAX_BYTES
+)  # a file inside the run folder: "/" and one name (a TensorBoard event file's is long)
+
+
+def _shortened(path: str, keep: int = 40) -> str:
+    return path if len(path) <= 2 * keep + 3 else f"{path[:keep]}...{path[-keep:]}"
+
+
+def refuse_too_long_path(run_dir: Path) -> None:
+    """A run folder whose path the system cannot take (a folder name over NAME_MAX, or a path near PATH_MAX with the
+    run's files in it) ended in an OSError traceback at its mkdir: refused here, before anything is made. --name is
+    checked as it is read (config.run_name_problem); this is --out-dir's part."""
+    for part in run_dir.parent.parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX_BYTES:
+            raise UserError(
+                f"{setting_name('run', 'out_dir')} = '{readable_name(_shortened(str(run_dir.parent)))}': a folder name "
+                f"in it is {size} bytes long: expected folder names of at most {NAME_MAX_BYTES} bytes (the system's "
+                "limit)"
+            )
+    size = len(os.fsencode(os.path.abspath(run_dir)))
+    if size + RUN_FILES_ROOM >= PATH_MAX_BYTES:
+        raise UserError(
+            f"{setting_name('run', 'out_dir')} = '{readable_name(_shortened(str(run_dir.parent)))}': the run folder's "
+            f"path is {size} bytes long: expected at most {PATH_MAX_BYTES - RUN_FILES_ROOM - 1} bytes (the system's "
+            f"path limit is {PATH_MAX_BYTES}, with room left for the run's files)"
+        )
 
 
 # what every run folder holds from its start (fit); a loose last.pt is a checkpoint the refusal below names
@@ -136,15 +181,7 @@ RUN_FOLDER_MARKS = ("config.toml", "ckpt", CLAIM_FILE, LAST)
 def refuse_foreign_folder(run_dir: Path, cfg: Config) -> None:
     """A new run's folder that is there already must be a run's (or empty): `--out-dir . --name mydata` wrote the
     run into an image folder, whose next scan read ckpt/ as one more, empty class."""
-    data = Path(cfg.data.source)
-    if data.exists():
-        here, there = run_dir.resolve(), data.resolve()
-        if here == there or there in here.parents or here in there.parents:
-            where = "is" if here == there else ("is inside" if there in here.parents else "holds")
-            raise UserError(
-                f"{run_dir}: the run folder {where} the --data {cfg.data.source}: a run's files would be read as "
-                "data: expected another --name or --out-dir"
-            )
+    refuse_data_overlap(run_dir, cfg, "another --name or --out-dir")
     if not run_dir.is_dir() or any((run_dir / mark).exists() for mark in RUN_FOLDER_MARKS):
         return
     if any(run_dir.iterdir()):
@@ -152,6 +189,20 @@ def refuse_foreign_folder(run_dir: Path, cfg: Config) -> None:
             f"{run_dir}: a folder that holds files but no run (no config.toml, ckpt/ or {CLAIM_FILE}): "
             "expected a new --name (or an empty folder)"
         )
+
+
+def refuse_data_overlap(run_dir: Path, cfg: Config, expected: str) -> None:
+    """A run folder that is, lies in or holds the --data: a run's files would be read as data by its next scan. Also
+    for `--resume PATH`: a run folder moved into its image folder was resumed there, writing into the data."""
+    data = Path(cfg.data.source)
+    if data.exists():
+        here, there = run_dir.resolve(), data.resolve()
+        if here == there or there in here.parents or here in there.parents:
+            where = "is" if here == there else ("is inside" if there in here.parents else "holds")
+            raise UserError(
+                f"{run_dir}: the run folder {where} the --data {cfg.data.source}: a run's files would be read as "
+                f"data: expected {expected}"
+            )
 
 
 class RunFolderInUse(UserError):
@@ -209,10 +260,24 @@ def refuse_a_live_run(run_dir: Path) -> None:
 
 
 def stopped_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:
-    """What a stopped run keeps and the command `again` that continues it."""
+    """What a stopped run keeps and the command `again` that continues it (`cnnpar train --resume RUN ...`). A run
+    stopped in its first epoch has no checkpoint for `--resume RUN` to read, but `--resume auto` starts it again from
+    its config.toml: said so, where "nothing to resume" had read as a run lost."""
     if not saved_epoch:
-        return f"stopped before an epoch was saved: nothing to resume in {run_dir}"
+        if not (Path(run_dir) / "config.toml").is_file():
+            return f"stopped before an epoch was saved: nothing to resume in {run_dir}"
+        restart = again.replace(f"--resume {shlex.quote(str(run_dir))}", start_again_flags(run_dir))
+        return f"stopped: {run_dir} has no finished epoch; start it again from epoch 1 with: {restart}"
     return f"stopped: {kept_line(run_dir, saved_epoch, again)}"
+
+
+def start_again_flags(run_dir: str | Path) -> str:
+    """The flags that start a run folder without a checkpoint again from its config.toml: `--resume auto` finds a
+    run by --out-dir and --name, where `--resume RUN` needs a checkpoint."""
+    folder = Path(run_dir)
+    if folder.name in ("", ".", ".."):  # `--resume .` names no folder of its own
+        folder = folder.resolve()
+    return f"--resume auto --name {shlex.quote(folder.name)} --out-dir {shlex.quote(str(folder.parent))}"
 
 
 def kept_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:
@@ -309,10 +374,13 @@ def _decide(cfg: Config, restart: bool) -> tuple[str, str | None]:
                 f"--resume for a new run"
             )
         refuse_other_data(run_dir, cfg)
+        refuse_data_overlap(run_dir, cfg, "the run folder moved out of the data (then --resume its new path)")
         return str(run_dir), str(ckpt)
     if resume == "auto" and not cfg.run.name and not (restart or launch_stable_job_id()):
         # the folder would be a new default name: a run that resumes nothing, where one was asked for
         raise UserError(NO_NAME_TO_RESUME)
+    # checked before default_name looks for a free name: its exists() raised on a path the system cannot take
+    refuse_too_long_path(Path(cfg.run.out_dir) / (cfg.run.name or f"{cfg.model.name}-YYYYMMDD-HHMMSS-NN"))
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
     refuse_a_live_run(run_dir)
     refuse_foreign_folder(run_dir, cfg)
@@ -337,16 +405,15 @@ def no_checkpoint_there(resume: str, of_a_job: bool = False) -> UserError:
     node may lack a run folder that other nodes have."""
     target = Path(resume)
     if (target / "config.toml").is_file():  # a run stopped before its first checkpoint
-        folder = target.resolve()  # `--resume .` names no folder of its own
-        again = f"; this run stopped before its first epoch was saved: --resume auto --name {shlex.quote(folder.name)}"
-        again += f" --out-dir {shlex.quote(str(folder.parent))} starts it again from its config.toml"
-    elif of_a_job:
+        return UserError(
+            f"--resume {resume}: {target} has no finished epoch (stopped before its first checkpoint), so nothing to "
+            f"continue: expected {start_again_flags(target)}, which starts it again from epoch 1 with its config.toml"
+        )
+    if of_a_job:
         return UserError(f"--resume {resume}: no checkpoint there; {UNSHARED_RUN_FOLDER}")
-    else:
-        again = ""
     return UserError(
         f"--resume {resume}: no checkpoint there (expected a run folder with ckpt/last.pt, or that folder's "
-        "ckpt/last.pt)" + again
+        "ckpt/last.pt)"
     )
 
 

@@ -392,7 +392,10 @@ class Trainer:
             self.run_dir, resume_from = resolve_run(cfg, info)
             self.resumed_from = Path(resume_from) if resume_from is not None else None
             if cfg.run.resume == "auto" and resume_from is None:  # a mistyped --name would otherwise start afresh
-                self.log(f"resume auto: no checkpoint in {self.run_dir}: a new run starts there")
+                if (self.run_dir / "config.toml").is_file():  # a run stopped in its first epoch: its settings stand
+                    self.log(f"resume auto: {self.run_dir} has no finished epoch: starting it from epoch 1")
+                else:
+                    self.log(f"resume auto: no checkpoint in {self.run_dir}: a new run starts there")
             if resume_from is not None:
                 self._restore(resume_from)
         except UserError as e:

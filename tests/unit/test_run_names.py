@@ -147,7 +147,7 @@ def test_commands_printed_for_pasting_quote_a_path_with_spaces_and_quotes(tmp_pa
     ):
         require_checkpoint(run_dir)
     (run_dir / "ckpt" / "best.pt").unlink()  # a run stopped before its first checkpoint: its config.toml stays
-    again = f"--resume auto --name {shlex.quote(run_dir.name)} --out-dir {shlex.quote(str(run_dir.parent))} starts"
+    again = f"--resume auto --name {shlex.quote(run_dir.name)} --out-dir {shlex.quote(str(run_dir.parent))}, which"
     assert again in str(no_checkpoint_there(str(run_dir)))
 
     for c in "ab":
@@ -168,5 +168,67 @@ def test_a_resume_of_a_run_moved_to_a_folder_that_is_not_utf8_is_refused_and_lea
     record = (moved / "config.toml").read_bytes()
     r = run_cli(["train", "--resume", str(moved), "--epochs", "2", "--workers", "0", "--no-progress"], tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "run.out_dir (--out-dir) = '" not in r.stderr and "caf\\xe9': not UTF-8" in r.stderr
+    assert "run.out_dir (--out-dir) = '" not in r.stderr and "(--name)" not in r.stderr  # neither was typed
+    assert f"--resume {tmp_path}/runs/caf\\xe9: its run folder" in r.stderr and "caf\\xe9 is not UTF-8" in r.stderr
     assert (moved / "config.toml").read_bytes() == record
+
+
+def test_an_empty_name_typed_is_refused_in_one_line(tmp_path):
+    """`--name ""` trained under a new default name without a word ('' is the default name only in a file)."""
+    r = run_cli(["train", *TINY, "--out-dir", "runs", "--name", ""], tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        "cnnpar: error: run.name (--name) = '': expected one folder name inside --out-dir (leave --name out for a "
+        "new default name)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_resumed_run_folder_moved_into_its_data_folder_is_refused(tmp_path, monkeypatch):
+    """--resume RUN wrote its checkpoint, config.toml and metrics into the image folder it had been moved into."""
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "imgs" / "r"
+    (run_dir / "ckpt").mkdir(parents=True)
+    (run_dir / "config.toml").write_text('[data]\nsource = "imgs"\n')
+    torch.save({"epoch": 1}, run_dir / "ckpt" / "last.pt")
+    cfg = Config(data=DataConfig(source="imgs"), run=RunConfig(resume="imgs/r"))
+    with pytest.raises(UserError, match=r"imgs/r: the run folder is inside the --data imgs: .* moved out of the data"):
+        resolve_run(cfg, CPU_INFO)
+
+
+def test_a_run_stopped_before_its_first_checkpoint_says_how_it_starts_again(tmp_path):
+    from cnnpar.engine.rundir import no_checkpoint_there, stopped_line
+
+    run_dir = tmp_path / "runs" / "x"
+    (run_dir / "ckpt").mkdir(parents=True)
+    (run_dir / "config.toml").write_text("")
+    again = f"--resume auto --name x --out-dir {tmp_path / 'runs'}"
+    assert stopped_line(run_dir, 0, f"cnnpar train --resume {run_dir} --nproc 2") == (
+        f"stopped: {run_dir} has no finished epoch; start it again from epoch 1 with: cnnpar train {again} --nproc 2"
+    )
+    assert str(no_checkpoint_there(str(run_dir))) == (
+        f"--resume {run_dir}: {run_dir} has no finished epoch (stopped before its first checkpoint), so nothing to "
+        f"continue: expected {again}, which starts it again from epoch 1 with its config.toml"
+    )
+
+
+def test_resume_auto_of_a_run_stopped_before_its_first_checkpoint_says_it_starts_from_epoch_1(tmp_path):
+    r = run_cli(["train", *TINY, "--out-dir", "runs", "--name", "x"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    for kept in ("last.pt", "best.pt"):  # as a run stopped in its first epoch leaves it: config.toml, no checkpoint
+        (tmp_path / "runs" / "x" / "ckpt" / kept).unlink()
+    r = run_cli(["train", "--resume", "auto", "--name", "x", "--out-dir", "runs", "--workers", "0"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "resume auto: runs/x has no finished epoch: starting it from epoch 1" in r.stdout + r.stderr
+    assert "epoch 1/1" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("out_dir", ["x" * 300, "/".join(["y" * 200] * 20)])
+def test_an_out_dir_longer_than_the_system_takes_is_refused_before_anything_is_made(tmp_path, out_dir):
+    for resume in ("", "auto"):
+        args = ["train", *TINY, "--out-dir", out_dir, "--name", "r"] + (["--resume", resume] if resume else [])
+        r = run_cli(args, tmp_path)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("cnnpar: error: run.out_dir (--out-dir) = '")
+        assert ("255 bytes" if len(out_dir) == 300 else "path limit is 4096") in r.stderr
+    assert list(tmp_path.iterdir()) == []

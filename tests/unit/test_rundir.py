@@ -183,7 +183,9 @@ def test_the_nproc_launcher_refuses_resume_auto_without_a_name_before_starting_t
 def test_a_run_stopped_before_its_first_checkpoint_is_named_with_the_command_that_starts_it_again(tmp_path):
     (tmp_path / "runs" / "t1").mkdir(parents=True)
     (tmp_path / "runs" / "t1" / "config.toml").write_text("[run]\n")
-    with pytest.raises(UserError, match=r"no checkpoint there .*: --resume auto --name t1 --out-dir .*runs starts it"):
+    with pytest.raises(
+        UserError, match=r"has no finished epoch .*: expected --resume auto --name t1 --out-dir .*runs, which"
+    ):
         resolve_run(Config(run=RunConfig(resume=str(tmp_path / "runs" / "t1"))), CPU_INFO)
 
 
@@ -324,8 +326,9 @@ def test_a_rank_of_a_job_refuses_a_resume_its_disk_cannot_see_and_keeps_the_hint
     run.mkdir()
     (run / "config.toml").write_text("")
     said = str(resume_unseen_here(Config(run=RunConfig(resume=str(run)))))
-    assert said.startswith(f"--resume {run}: no checkpoint there (expected a run folder with ckpt/last.pt"), said
-    assert said.endswith(f"--resume auto --name r --out-dir {tmp_path} starts it again from its config.toml"), said
+    assert said.startswith(f"--resume {run}: {run} has no finished epoch (stopped before its first checkpoint)"), said
+    assert said.endswith(f"--resume auto --name r --out-dir {tmp_path}, which starts it again from epoch 1 with its "
+                         "config.toml"), said  # fmt: skip
     assert resume_unseen_here(Config(run=RunConfig(resume="auto", name="r", out_dir=str(tmp_path)))) is None
     assert resume_unseen_here(Config()) is None
 
