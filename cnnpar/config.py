@@ -662,6 +662,22 @@ def from_dict(
         raise ConfigError(f"{origin}: {e}") from None
 
 
+# Defaults an earlier cnnpar stored in a run's config that a later one changed: a resume holding one, where the
+# user asked for no other value, meets the new default, not the user's change (Trainer._recorded_changes).
+EARLIER_DEFAULTS = {("data", "gpu_resize"): ("loop", "batched")}  # "loop" until 2026-11-30, "batched" until 12-01
+
+
+def as_stored_now(section: str, name: str, value: Any) -> Any:
+    """A setting's value as a stored config of an earlier cnnpar wrote it, in today's encoding: a switch that was
+    a bool before it became on/off/auto (speed.compile_tuning, compile_tiling, stem_space_to_depth) reads as
+    "on"/"off", so that False and "off" compare as the same setting. Other values come back as they are."""
+    known = {f.name: f for f in fields(getattr(Config(), section))} if section in SECTIONS else {}
+    f = known.get(name)
+    if f is not None and isinstance(value, bool) and f.metadata.get("choices") == TRISTATE:
+        return "on" if value else "off"
+    return value
+
+
 def _from_dict(raw: dict[str, Any], base: Config | None, origin: str) -> Config:
     base = base or Config()
     sections = {}
@@ -675,8 +691,7 @@ def _from_dict(raw: dict[str, Any], base: Config | None, origin: str) -> Config:
             if key not in known:
                 raise ConfigError(f"{origin}: unknown setting {sec_name}.{key}; known: {', '.join(known)}")
             want = type(getattr(sec, key))
-            if want is str and isinstance(value, bool) and known[key].metadata.get("choices") == TRISTATE:
-                value = "on" if value else "off"  # a switch that was a bool before it became on/off/auto
+            value = as_stored_now(sec_name, key, value)
             auto_zero = known[key].metadata.get("auto_zero")
             if auto_zero and isinstance(value, str) and value.strip().lower() == "auto":
                 value = 0  # as the flag takes it (--batch-size auto) and a run's record writes it (# requested:)

@@ -356,7 +356,7 @@ def predict(
     if numbers is not None:
         print(numbered_classes_note(names), file=sys.stderr, flush=True)
     if label_origin and fmt == "npz" and (own := npz_class_names(data)) is not None:
-        labels, note = _labels_by_name(ds.y, own, names, f"{data}[{label_origin}]")
+        labels, note = _labels_by_name(ds.y, own, names, f"{data}[{label_origin}]", _npz_run_before_names(state))
         if note:
             log(note)
         if labels is None:
@@ -435,13 +435,31 @@ def _indices_of_numbers(y: torch.Tensor, numbers: list[int]) -> torch.Tensor | N
     return None if any(i is None for i in found) else torch.tensor(found, dtype=torch.int64)
 
 
-def _labels_by_name(y: torch.Tensor, own: list[str], model: list[str], where: str) -> tuple[torch.Tensor | None, str]:
+def _npz_run_before_names(state: dict) -> bool:
+    """Whether the checkpoint's run trained on an .npz before cnnpar read an archive's class_names (2026-12-03,
+    dbe7474): it named the classes by index whatever the archive said. Its meta lacks data_path (stored since
+    an hour before)."""
+    data = state.get("config", {}).get("data", {})
+    npz = data.get("format") == "npz" or str(data.get("source", "")).lower().endswith(".npz")
+    return npz and "data_path" not in state.get("meta", {})
+
+
+def _labels_by_name(
+    y: torch.Tensor, own: list[str], model: list[str], where: str, before_names: bool = False
+) -> tuple[torch.Tensor | None, str]:
     """An archive's labels are indices into its own class_names; the model's outputs index its own. The same
     names in another order are mapped (scored as they were, its accuracy was 0 % against reversed names); names
-    the model does not know leave the labels unscored. Returns (the labels in the model's indices or None, a line
-    to say, or "")."""
+    the model does not know leave the labels unscored, but for a model named by index ('0'..'N-1') by a run on an
+    .npz from before cnnpar read class_names (`before_names`) beside as many names: scored by index, the order
+    that run trained in. Returns (the labels in the model's indices or None, a line to say, or "")."""
     if int(y.max()) >= len(own):
         return None, f"{where}: ignored as labels: label {int(y.max())} has no name among its {len(own)} class_names"
+    if before_names and model == [str(i) for i in range(len(model))] and len(own) == len(model) and own != model:
+        return y, (
+            f"{where}: scored by index: the checkpoint predates the archive's class_names "
+            f"({first_five(repr(n) for n in own)}); the cnnpar that wrote it named the classes by index "
+            f"({first_five(model)}), in the archive's order"
+        )
     unknown = [n for n in own if n not in model]
     if unknown:
         return None, (

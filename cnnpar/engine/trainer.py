@@ -26,12 +26,22 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cnnpar.config import Config, asked_lr, batch_lr_factor, default_lr_note, dumps_toml, speed_reasons, to_dict
+from cnnpar.config import (
+    EARLIER_DEFAULTS,
+    Config,
+    as_stored_now,
+    asked_lr,
+    batch_lr_factor,
+    default_lr_note,
+    dumps_toml,
+    speed_reasons,
+    to_dict,
+)
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import NO_HOLDOUT, class_lines, first_five, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
-from cnnpar.data.sources import STORE_CHECKSUM, folder_content_sample
+from cnnpar.data.sources import ARRAYS_CHECKSUM, STORE_CHECKSUM, folder_content_sample
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
 from cnnpar.data.worker_crash import STOP_SIGNALS, worker_crash, worker_signal
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
@@ -90,8 +100,11 @@ from cnnpar.report.tensorboard import Board, open_board
 # what the run folder holds beside its checkpoints, each written atomically by rank 0
 RUN_RECORDS = ("config.toml", "metrics.csv", "summary.json", "resumes.csv")
 # resumes.csv: one row a setting a resume changed, from the first epoch trained with its new value (config.toml
-# holds the newest values only: the epochs before were trained with `before`)
-RESUME_COLUMNS = ["from_epoch", "setting", "before", "after"]
+# holds the newest values only: the epochs before were trained with `before`); `note` says where the change came from
+# when the user did not ask for it: a default changed since the checkpoint, or an older cnnpar's reading of "auto"
+RESUME_COLUMNS = ["from_epoch", "setting", "before", "after", "note"]
+DEFAULT_CHANGED = "default changed in this cnnpar"
+OLDER_AUGMENT = "before: as the older cnnpar that wrote the checkpoint drew it"
 # what names the run or how it reports, not what its epochs trained with: left out of resumes.csv
 NOT_TRAINING_SETTINGS = {
     "run": ("out_dir", "name", "resume", "progress", "monitor", "tensorboard"),
@@ -720,15 +733,16 @@ class Trainer:
         }
         changes = [change] if (change := self._global_batch_change(state)) else []
         for section, name in fields:
-            was, is_now = stored.get(section, {}).get(name), now[section][name]
-            if (section, name) in said_elsewhere or was is None or was == is_now:
-                continue
-            if (section, name) == ("data", "augment"):  # kept as asked: auto is compared as what it resolves to
-                if self._resolved_augment(was) == self._resolved_augment(is_now):
-                    continue
-                was, is_now = self._augment_shown(was), self._augment_shown(is_now)
-            flag = "--" + name.replace("_", "-")
+            was, is_now = as_stored_now(section, name, stored.get(section, {}).get(name)), now[section][name]
             reason = why.get((section, name), "")
+            if (section, name) == ("data", "augment"):  # kept as asked: auto is compared as what it draws
+                if (augment := self._augment_change(stored.get("data", {}))) is None:
+                    continue
+                was, is_now, older = augment
+                reason = reason or older
+            elif (section, name) in said_elsewhere or was is None or was == is_now:
+                continue
+            flag = "--" + name.replace("_", "-")
             changes.append(f"{flag} {was} -> {is_now}" + (f" ({reason})" if reason else ""))
         return ", ".join(changes)
 
@@ -743,14 +757,28 @@ class Trainer:
             rows.append({"setting": "processes", "before": was_world, "after": self.info.world_size})
         for section, values in now.items():
             for name, is_now in values.items():
-                was = stored.get(section, {}).get(name)
-                if name in NOT_TRAINING_SETTINGS.get(section, ()) or was is None or was == is_now:
+                was, note = as_stored_now(section, name, stored.get(section, {}).get(name)), ""
+                if (section, name) == ("data", "augment"):
+                    if (augment := self._augment_change(stored.get("data", {}))) is None:
+                        continue
+                    was, is_now, note = augment
+                    if not note:  # asked for: the values as typed, as every other row holds them
+                        was, is_now = stored["data"]["augment"], self.cfg.data.augment
+                elif name in NOT_TRAINING_SETTINGS.get(section, ()) or was is None or was == is_now:
                     continue
-                augment = (section, name) == ("data", "augment")
-                if augment and self._resolved_augment(was) == self._resolved_augment(is_now):
-                    continue
-                rows.append({"setting": f"{section}.{name}", "before": was, "after": is_now})
+                elif self._changed_default(section, name, was):
+                    if (section, name) == ("data", "gpu_resize") and not decodes_on_gpu(self.cfg, self.bundle):
+                        continue  # it resizes a GPU decoder's crops: neither value acts on this run
+                    note = DEFAULT_CHANGED
+                rows.append({"setting": f"{section}.{name}", "before": was, "after": is_now, "note": note})
         return [{"from_epoch": from_epoch, **row} for row in rows]
+
+    def _changed_default(self, section: str, name: str, was) -> bool:
+        """Whether a stored value that differs from this run's is the default of the cnnpar that wrote the
+        checkpoint (config.EARLIER_DEFAULTS), met by today's default where the user asked for no other value: the
+        default changed, not the user's setting."""
+        asked = getattr(getattr(self.requested_cfg, section), name)
+        return was in EARLIER_DEFAULTS.get((section, name), ()) and asked == getattr(getattr(Config(), section), name)
 
     def _record_resumes(self) -> str:
         """Write resumes.csv (rank 0): the rows of earlier resumes whose epochs this run keeps (a row from an epoch
@@ -769,7 +797,10 @@ class Trainer:
             return ""
         write_csv_atomic(path, rows, RESUME_COLUMNS)
         if self.resume_changes:
-            said = ", ".join(f"{r['setting']} {r['before']} -> {r['after']}" for r in self.resume_changes)
+            said = ", ".join(
+                f"{r['setting']} {r['before']} -> {r['after']}" + (f" ({r['note']})" if r.get("note") else "")
+                for r in self.resume_changes
+            )
             first = self.saved_epoch + 1
             self.log(
                 f"record: changed from epoch {first} on, kept in {path} (config.toml holds the new values): {said}"
@@ -777,9 +808,54 @@ class Trainer:
         return "# resumed with other settings: resumes.csv names each one changed, and from which epoch\n"
 
     def _resolved_augment(self, augment: str) -> str:
-        """--augment as it trains on this run's data: a resume's data and image size are the checkpoint's (another
-        is refused), so the checkpoint's auto resolves on them as it did for its run."""
+        """--augment as this cnnpar trains with it on this run's data: a resume's data and image size are the
+        checkpoint's (another is refused), so the checkpoint's auto resolves on them as it did for its run where
+        the checkpoint was written by a cnnpar with today's rule; _older_augment tells the checkpoints that were
+        not."""
         return resolve_augment(augment, self.bundle.shape, self.bundle.loader_crops, self.bundle.grey)
+
+    def _older_augment(self, stored_data: dict) -> tuple[str, str] | None:
+        """How a checkpoint written by an older cnnpar drew its photos' training crops and what its --augment
+        resolved to there, as (crops, augment), where that cnnpar's rule was not today's; None where it was (or
+        the data are arrays, whose rule did not change).
+
+        Before 2026-11-30 (2e778d5) cnnpar read a photo folder's training images as their centre crops (the GPU
+        decoder alone drew random-resized crops), and auto added pad-4 crops + flips on top. Its configs hold
+        neither data.cpu_share (added an hour later) nor a gpu_resize other than its default then, "loop" (the
+        default became "batched" with that change). Until 2026-12-04 (425af3f) the textbook loader read photos
+        as centre crops too; its configs lack data.crop_min_scale (added then)."""
+        if not self.bundle.loader_crops or "augment" not in stored_data:
+            return None
+        augment, textbook = stored_data["augment"], stored_data.get("loader") == "textbook"
+        if "cpu_share" not in stored_data and stored_data.get("gpu_resize", "loop") == "loop":
+            gpu = not textbook and stored_data.get("decode") in ("gpu", "nvimgcodec")
+            return ("random-resized crops" if gpu else "centre crops"), resolve_augment(augment, self.bundle.shape)
+        if textbook and "crop_min_scale" not in stored_data:
+            return "centre crops", resolve_augment(augment, self.bundle.shape, loader_crops=True)
+        return None
+
+    def _augment_change(self, stored_data: dict) -> tuple[str, str, str] | None:
+        """(before, after, why) where the resumed epochs draw their augmentation otherwise than the checkpoint's
+        did, else None: another --augment (auto compared as what it resolves to), or the same one read otherwise
+        by the older cnnpar that wrote the checkpoint (why: OLDER_AUGMENT)."""
+        was, is_now = stored_data.get("augment"), self.cfg.data.augment
+        if was is None:
+            return None
+        resolved = self._resolved_augment(is_now)
+        older = self._older_augment(stored_data)
+        if older is None:
+            if was == is_now or self._resolved_augment(was) == resolved:
+                return None
+            return self._augment_shown(was), self._augment_shown(is_now), ""
+        crops, was_resolved = older
+        now_crops = f"random-resized crops of {100 * self.cfg.data.crop_min_scale:g}-100 % of the area"
+        if crops == "random-resized crops" and was_resolved == resolved:
+            return None
+
+        def drawn(augment: str, resolved: str, crops: str) -> str:
+            return f"{augment} ({'' if resolved == 'none' else resolved + ' of '}{crops})"
+
+        return drawn(was, was_resolved, crops), drawn(is_now, resolved, now_crops), OLDER_AUGMENT
 
     def _augment_shown(self, augment: str) -> str:
         return f"auto ({self._resolved_augment(augment)})" if augment == "auto" else augment
@@ -841,8 +917,9 @@ class Trainer:
         # another class count is the weights' refusal (it names the counts and --num-classes, which sets an
         # array's names); the same count under other names is a class folder renamed (or one swapped for another)
         if names_was is not None and len(names_was) == len(names_now) and names_was != names_now:
-            moved = (f"{i}: {a!r} -> {b!r}" for i, (a, b) in enumerate(zip(names_was, names_now)) if a != b)
-            changes.append(f"class names (index: then -> now) {first_five(moved)}")
+            if not self._named_by_index_before(path, was, names_was):
+                moved = (f"{i}: {a!r} -> {b!r}" for i, (a, b) in enumerate(zip(names_was, names_now)) if a != b)
+                changes.append(f"class names (index: then -> now) {first_five(moved)}")
         if not changes and was.get("data_checksum") and was["data_checksum"] != self.meta["data_checksum"]:
             # rows reordered or files renamed under the same count: the seeded hold-out would draw other examples
             again = " was prepared again" if self.bundle.fingerprint_of == STORE_CHECKSUM else "'s content changed"
@@ -863,6 +940,30 @@ class Trainer:
                 f"{'x'.join(map(str, now_shape))}: a checkpoint continues at the image size it trained at: "
                 f"expected {fix}, or a new run"
             )
+
+    def _named_by_index_before(self, path: Path, was: dict, names_was: list[str]) -> bool:
+        """Whether the checkpoint's class names are only the indices its older cnnpar gave them: before 2026-12-03
+        (dbe7474) cnnpar ignored an .npz's class_names and named the classes '0'..'N-1', so the archive's names in
+        their order are the same classes. True (said in a note) where the data's checksum, stored since 12-04,
+        confirms the arrays are the checkpoint's; a checksum that differs is the data's change, named by the
+        caller; without one the resume is refused naming that cause, not a change of the data."""
+        if self.bundle.fingerprint_of != ARRAYS_CHECKSUM or names_was != [str(i) for i in range(len(names_was))]:
+            return False
+        source, shown = self.cfg.data.source, first_five(repr(n) for n in self.meta["class_names"])
+        if not was.get("data_checksum"):
+            raise UserError(
+                f"{path}: written by an older cnnpar that named the classes by index ({first_five(names_was)}) where "
+                f"{source}'s class_names now name them ({shown}); it stores no checksum of its data to confirm "
+                f"{source} is what it trained on: expected a new run (another --name, no --resume)"
+            )
+        if was["data_checksum"] != self.meta["data_checksum"]:
+            return True  # the checksum's difference is the refusal's cause
+        self.log(
+            f"classes: the checkpoint predates {source}'s class_names: its cnnpar named the classes by "
+            f"index ({first_five(names_was)}); its {self.bundle.fingerprint_of} matches, so they are {shown}, in "
+            "the archive's order"
+        )
+        return True
 
     def _refuse_other_copy(self, path: Path, was: dict) -> None:
         """The typed --data may name other data than the checkpoint's (the same relative path typed in another
