@@ -426,6 +426,8 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
             )
         if args.out:
             raise UserError(f"--out {args.out} with --verify: --verify writes nothing: expected one or the other")
+        if args.labels:
+            raise UserError(f"--labels {args.labels} with --verify: a store holds its labels: expected no --labels")
         header = verify_store(args.src, progress=not args.no_progress)
         print(f"{args.src}: ok ({header['count']} images, {header['pixel_bytes']:,} pixel bytes, checksums match)")
         return 0
@@ -443,8 +445,17 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     # --max-side alone bounds the longer side as it always did, not also the shorter at 256
     short = args.short_side if args.short_side is not None else (0 if args.max_side else 256)
     skipped: list[Path] = []
+    labelled: list[str] = []  # the labels CSV's warning on images it does not name
     header = prepare_store(
-        args.src, out, args.max_side, args.workers, progress=not args.no_progress, short_side=short, skipped=skipped
+        args.src,
+        out,
+        args.max_side,
+        args.workers,
+        progress=not args.no_progress,
+        short_side=short,
+        skipped=skipped,
+        labels=args.labels,
+        notes=labelled,
     )
     splits = header["splits"]
     print(
@@ -461,12 +472,13 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
         )
     if skipped:
         print(skipped_note(skipped))
-    for note in (
+    class_folder_notes = (
         unread_splits_note(args.src),
         loose_images_note(args.src),
         split_like_subfolders_note(args.src),
         skipped_class_folders_note(args.src),
-    ):
+    )
+    for note in labelled if args.labels else class_folder_notes:
         if note:
             print(note)
     return 0
@@ -487,6 +499,14 @@ def add_prepare_parser(sub) -> None:
         "src",
         help="image folder (FOLDER/<class>/*.jpg|png, or FOLDER/train|training + "
         "FOLDER/val|valid|validation|test|testing, any case); with --verify, the store to check",
+    )
+    prep.add_argument(
+        "--labels",
+        default="",
+        metavar="CSV",
+        help="a CSV that labels SRC, a flat folder of images, as cnnpar train --labels reads it (a header; the "
+        "image's name, with or without its extension, first; the label in the column named 'label', else the "
+        "second of exactly two); the store holds its labels, so train from it without --labels",
     )
     prep.add_argument("--out", default="", help="the store to write (default: SRC.cnnpar)")
     prep.add_argument(

@@ -465,6 +465,7 @@ def _tuned_elsewhere_note(file: str, text: str, device: str) -> str:
 # the record's (as resolved, or as its run asked for it), the record's run trained on other data
 DECIDES_DATA = (
     ("data", "format"),
+    ("data", "labels"),
     ("data", "image_shape"),
     ("data", "image_size"),
     ("data", "num_classes"),

@@ -148,6 +148,14 @@ class DataConfig:
         "(cnnpar prepare)",
         flag="data",
     )
+    labels: str = _f(
+        "",
+        "a CSV that labels a flat --data folder of images (Kaggle's train/<id>.jpg + labels.csv): a header; the "
+        "first column names the image (its path under the folder, with or without its extension); the label is "
+        "the column named 'label', else the second of exactly two columns; whole-number labels are classes in "
+        "numeric order, other labels classes in sorted order; images it does not name are not read; --val-fraction "
+        "holds out; '' reads class folders",
+    )
     format: str = _f(
         "auto",
         "how to read --data: auto, digits, synthetic, csv, npz, folder, store",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shlex
 import time
 import zipfile
 from pathlib import Path
@@ -35,13 +36,13 @@ from cnnpar.data.folder import (
     image_files,
     listing_checksum,
     loose_images_note,
-    scan_splits,
     skipped_class_folders_note,
     skipped_note,
     split_like_subfolders_note,
     train_class_note,
     unread_splits_note,
 )
+from cnnpar.data.labels_csv import scan_images
 from cnnpar.data.overlap import folder_overlap, store_overlap
 from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sample, pick_side, store_side
 from cnnpar.data.store import StoreFile, prepare_side
@@ -407,15 +408,17 @@ def load_csv(cfg: DataConfig, seed: int) -> DataBundle:
 def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
     root = Path(cfg.source)
     skipped: list[Path] = []
-    files, labels, splits, classes = scan_splits(root, skipped)
+    labelled: list[str] = []  # the CSV's warning on images it does not name
+    files, labels, splits, classes = scan_images(root, cfg.labels, skipped, labelled)
     # a typed size needs the sizes only for the enlargement warning: a smaller sample (every rank reads them)
     photos = folder_sample(files, 200 if cfg.image_size else SAMPLE)
     size, size_from = (cfg.image_size, "--image-size") if cfg.image_size else pick_side(photos.sizes, photos.sampled)
     size_note = enlarging_note(size, photos.sizes)
     train, val = _own_split(ImageFolderDataset(files, labels, size), torch.as_tensor(splits))
     train, val, val_from = _split(train, val, cfg.val_fraction, seed, str(root), FOLDER_OWN_VAL, classes)
-    n_classes = len(classes)  # labels are class-folder indices, so the folders decide the count
-    _class_count_given(cfg.num_classes, n_classes, f"{root} has {n_classes} class folders")
+    n_classes = len(classes)  # labels are class-folder (or CSV class) indices, so the folders or CSV decide the count
+    held = f"{cfg.labels} holds {n_classes} labels" if cfg.labels else f"{root} has {n_classes} class folders"
+    _class_count_given(cfg.num_classes, n_classes, held)
     overlap = folder_overlap(train.files, val.files if val is not None else [])
     return DataBundle(
         train,
@@ -429,27 +432,28 @@ def load_folder(cfg: DataConfig, seed: int) -> DataBundle:
         loader_crops=True,
         grey=photos.grey,
         stats_from=IMAGENET_STATS,
-        classes_from="the class folders",
+        classes_from=f"the labels of {cfg.labels}" if cfg.labels else "the class folders",
         size_from=size_from,
         size_note=size_note,
         empty_classes=empty_classes(torch.as_tensor(labels), n_classes),
         val_from=val_from,
         val_overlap=overlap,
         skipped_note=skipped_note(skipped),
-        load_note="\n".join(
-            n
-            for n in (
-                train_class_note(root),
-                unread_splits_note(root),
-                loose_images_note(root),
-                split_like_subfolders_note(root),
-                skipped_class_folders_note(root),
-            )
-            if n
-        ),
+        load_note="\n".join(n for n in (labelled if cfg.labels else _class_folder_notes(root)) if n),
         fingerprint=listing_checksum(root, files, labels, splits),
         fingerprint_of=FOLDER_CHECKSUM,
     )
+
+
+def _class_folder_notes(root: Path) -> list[str]:
+    """What a folder of class folders holds that is read otherwise than its layout suggests, or not at all."""
+    return [
+        train_class_note(root),
+        unread_splits_note(root),
+        loose_images_note(root),
+        split_like_subfolders_note(root),
+        skipped_class_folders_note(root),
+    ]
 
 
 def load_store(cfg: DataConfig, seed: int) -> DataBundle:
@@ -495,20 +499,24 @@ def _source_changed_note(store: StoreFile) -> str:
     changed since: a class added or photos removed trained from the old store without a word. "" where it is
     unchanged, gone (a store travels without its photos), or the store predates the listing (session 30)."""
     listed, source = store.header.get("source_listing"), store.header.get("source", "")
+    labelled = store.header.get("source_labels", "")  # stores before the key: class folders
+    again = ["--labels", labelled] if labelled else []
     if not listed or not source or not Path(source).is_dir():
         return ""
     try:
-        files, labels, splits, _ = scan_splits(Path(source))
+        files, labels, splits, _ = scan_images(Path(source), labelled)
     except DataError:
         now = ""
     else:
         now = listing_checksum(Path(source), files, labels, splits)
     if now == listed:
         return ""
+    relabelled = f", or its labels in {labelled} changed" if labelled else ""
     return (
         f"warning: {source} changed since {store.path} was prepared from it (image files added, removed or renamed, "
-        f"or classes changed): this run trains on the store as prepared; cnnpar prepare {source} --out {store.path} "
-        "again trains on the folder as it is"
+        f"or classes changed{relabelled}): this run trains on the store as prepared; "
+        f"{shlex.join(['cnnpar', 'prepare', source, *again, '--out', str(store.path)])} again trains on the folder "
+        "as it is"
     )
 
 
@@ -608,6 +616,7 @@ READERS = {
 
 def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
     fmt = detect_format(cfg.source, cfg.format)
+    check_labels_with(cfg.labels, cfg.source, fmt)
     bundle = READERS[fmt](cfg, seed)
     # --image-shape gives the shape of CSV rows and synthetic images; elsewhere the data's own shape wins, so a
     # typed shape that differs would be recorded as the run's input while another one trained
@@ -618,6 +627,17 @@ def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
             "synthetic data only: expected it left out (--image-size N resizes)"
         )
     return bundle
+
+
+def check_labels_with(labels: str, source: str, fmt: str) -> None:
+    """Refuse `--labels` beside data that holds its own labels: it would be ignored without a word."""
+    if not labels or fmt == "folder":
+        return
+    own = "a store holds the labels it was prepared with" if fmt == "store" else f"{fmt} data holds its own labels"
+    raise DataError(
+        f"--labels {labels}: --data {source} is not an image folder ({own}): --labels names the labels of a flat "
+        "folder of images: expected --data FOLDER, or no --labels"
+    )
 
 
 def readable_name(name: str) -> str:

@@ -66,7 +66,9 @@ def prepare_side(input_size: int) -> int:
     return 8 * -(-input_size // 7)
 
 
-def prepare_command(source: str, input_size: int = 0, model: str = "", train: list[str] | None = None) -> str:
+def prepare_command(
+    source: str, input_size: int = 0, model: str = "", train: list[str] | None = None, labels: str = ""
+) -> str:
     """`cnnpar prepare` for a photo folder, then `cnnpar train` from the store it writes: the advice
     the doctor and a run from a folder print, pasteable as it stands. `train` replaces the default
     train command (the doctor passes the user's own flags); its --data must be `store_path(source)`."""
@@ -76,14 +78,15 @@ def prepare_command(source: str, input_size: int = 0, model: str = "", train: li
     if train is None:
         train = ["cnnpar", "train", "--data", out] + (["--model", model] if model else [])
         train += ["--image-size", str(input_size)] if input_size else []
-    return f"{shlex.join(prepare_args(source, input_size))} && {shlex.join(train)}"
+    return f"{shlex.join(prepare_args(source, input_size, labels))} && {shlex.join(train)}"
 
 
-def prepare_args(source: str, input_size: int = 0) -> list[str]:
-    """`cnnpar prepare` of a photo folder into `default_store_path(source)`, for a model input of `input_size`
-    (0: 224), as a list of arguments."""
+def prepare_args(source: str, input_size: int = 0, labels: str = "") -> list[str]:
+    """`cnnpar prepare` of a photo folder (labelled by the CSV `labels` where given) into
+    `default_store_path(source)`, for a model input of `input_size` (0: 224), as a list of arguments."""
     out = str(default_store_path(source))
-    return ["cnnpar", "prepare", source, "--out", out, "--short-side", str(prepare_side(input_size or 224))]
+    labelled = ["--labels", labels] if labels else []
+    return ["cnnpar", "prepare", source, *labelled, "--out", out, "--short-side", str(prepare_side(input_size or 224))]
 
 
 def prepare_then_train(cfg, input_size: int) -> str:
@@ -96,9 +99,10 @@ def prepare_then_train(cfg, input_size: int) -> str:
 
     source = cfg.data.source
     size = {} if cfg.data.image_size else {"image_size": input_size}
-    change = {"data": {"source": str(default_store_path(source)), "format": "auto", **size}}
+    # the store holds the CSV's labels: the run from it names none (load_data refuses --labels beside a store)
+    change = {"data": {"source": str(default_store_path(source)), "format": "auto", "labels": "", **size}}
     change["run"] = {"name": "", "resume": ""}
-    return prepare_command(source, input_size, train=shlex.split(command_line(cfg, change)))
+    return prepare_command(source, input_size, train=shlex.split(command_line(cfg, change)), labels=cfg.data.labels)
 
 
 def new_partial_path(out: Path) -> Path:

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cnnpar.data.folder import check_pixel_count, decode_error, listing_checksum, pillow_rgb, scan_splits
+from cnnpar.data.folder import check_pixel_count, decode_error, listing_checksum, pillow_rgb
+from cnnpar.data.labels_csv import scan_images
 from cnnpar.data.overlap import same_file_groups
 from cnnpar.data.source_size import folder_sample, pick_side
 from cnnpar.data.store import (
@@ -269,16 +270,20 @@ def prepare_store(
     progress: bool = True,
     short_side: int = 0,
     skipped: list[Path] | None = None,
+    labels: str | Path = "",
+    notes: list[str] | None = None,
 ) -> dict:
     """Decode the image folder `src` into the store `out`, each image within `max_side` (its longer side) and
-    `short_side` (its shorter; `Sides`); returns the store's header. Images in formats not read go to `skipped`
+    `short_side` (its shorter; `Sides`); returns the store's header. `labels`: a CSV labelling a flat `src`
+    (labels_csv.scan_labelled), whose warnings go to `notes`. Images in formats not read go to `skipped`
     where it is given (folder.skipped_note)."""
     from tqdm.auto import tqdm
 
     src, out = Path(src), Path(out)
     sides = Sides(max_side, short_side)
     check_store_out(out, src)
-    files, labels, splits, classes = scan_splits(src, skipped)
+    labels_csv = labels
+    files, labels, splits, classes = scan_images(src, labels_csv, skipped, notes)
     n = len(files)
     photos = folder_sample(files)  # the headers `cnnpar train --data SRC` reads, read the same way
     header = {
@@ -299,6 +304,8 @@ def prepare_store(
         "grey": photos.grey,
         # what the folder held (names, classes, splits): a run from the store says where the folder changed since
         "source_listing": listing_checksum(src, files, labels, splits),
+        # the CSV that labelled a flat folder ("" for class folders): the listing is checked against it again
+        "source_labels": str(Path(labels_csv).resolve()) if labels_csv else "",
         # files under two names (hard or symbolic links): a hold-out drawn at train time is checked against them
         "same_file_groups": same_file_groups(files),
         "index_bytes": n * INDEX_BYTES_PER_IMAGE,

@@ -1,0 +1,180 @@
+"""A flat folder of images labelled by a CSV (`--data train/ --labels labels.csv`), as Kaggle ships many image sets:
+Dog Breed Identification's train/<id>.jpg + labels.csv `id,breed`, CIFAR-10's train/<n>.png + trainLabels.csv
+`id,label`, Aerial Cactus's train/<id>.jpg + train.csv `id,has_cactus`.
+
+`scan_labelled` turns the two into what `folder.scan_splits` gives for class folders (files, labels, split ids,
+class names), so that everything after the scan (hold-out, decoders, loaders, stores, checksums) is the class
+folders' own path. The rules (README's "Training on your data", `--labels`'s help):
+
+- the CSV has a header; its first column names the image: its path under the folder, or that path without its
+  extension (Kaggle's ids have none: `000bec18...` is `000bec18....jpg`);
+- the label column is the one named `label` (any case), else the second where the CSV has exactly two columns;
+- labels that are all whole numbers are classes in numeric order, named by their numbers; other labels are
+  classes named by the distinct labels in sorted order, as class folders are.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+from cnnpar.data.folder import image_files
+from cnnpar.errors import DataError
+
+LABELS_RULE = (
+    "a header, the image's name (its path under the folder, with or without its extension) in the first column, and "
+    "the label in a column named 'label' or in the second of exactly two columns"
+)
+SHOWN = 3  # names a message or warning lists before "..."
+
+
+def scan_labelled(
+    root: str | Path, labels_csv: str | Path, skipped: list[Path] | None = None, notes: list[str] | None = None
+) -> tuple[list[Path], list[int], list[int], list[str]]:
+    """Files, labels, split ids (all 0: train; `--val-fraction` holds out) and class names of the images under
+    `root` that `labels_csv` names, in the CSV's row order. Images in formats not read go to `skipped` where it is
+    given; a warning on images the CSV does not name goes to `notes`."""
+    root, labels_csv = Path(root), Path(labels_csv)
+    if not root.is_dir():
+        raise DataError(f"{root}: not a folder: --labels {labels_csv} labels the images of a folder")
+    rows = _read_rows(labels_csv)
+    by_path, by_stem = _index(root, image_files(root, skipped))
+    files, texts, missing, seen = [], [], [], {}
+    for line, name, label, id_column, label_column in rows:
+        where = f"{labels_csv}: line {line}"
+        if not name:
+            raise DataError(f"{where}: column {id_column!r} is empty: expected the name of an image under {root}")
+        if not label:
+            raise DataError(f"{where}: column {label_column!r} is empty for {name!r}: expected its label")
+        found = _match(name, by_path, by_stem)
+        if found is None:
+            missing.append((line, name))
+            continue
+        if len(found) > 1:
+            shown = ", ".join(str(f.relative_to(root)) for f in found)
+            raise DataError(
+                f"{where}: column {id_column!r} {name!r} matches {len(found)} images under {root} ({shown}): "
+                "expected one; give the name with its extension"
+            )
+        key = found[0]
+        if key in seen:
+            raise DataError(
+                f"{where}: column {id_column!r} {name!r} names {key.relative_to(root)}, as line {seen[key]} does: "
+                "expected each image once"
+            )
+        seen[key] = line
+        files.append(key)
+        texts.append(label)
+    if missing:
+        line, name = missing[0]
+        shown = ", ".join(n for _, n in missing[:SHOWN]) + (", ..." if len(missing) > SHOWN else "")
+        raise DataError(
+            f"{labels_csv}: line {line}: column {rows[0][3]!r} {name!r}: no image of that name under {root} "
+            f"({len(missing):,} row(s) have none: {shown}): expected a .jpg, .jpeg or .png file named by each row"
+        )
+    if not files:
+        raise DataError(f"{labels_csv}: no rows below its header: expected {LABELS_RULE}")
+    classes, labels = _classes(texts)
+    if len(classes) < 2:
+        raise DataError(
+            f"{labels_csv}: every row has the label {classes[0]!r}: expected at least 2 labels to tell apart"
+        )
+    unnamed = sorted(set(by_path.values()) - seen.keys())
+    if unnamed and notes is not None:
+        shown = ", ".join(str(f.relative_to(root)) for f in unnamed[:SHOWN]) + (", ..." if len(unnamed) > SHOWN else "")
+        notes.append(
+            f"warning: {root}: {len(unnamed):,} image(s) that {labels_csv} does not name are not read ({shown})"
+        )
+    return files, labels, [0] * len(files), classes
+
+
+def _read_rows(labels_csv: Path) -> list[tuple[int, str, str, str, str]]:
+    """(line number, image name, label, name column, label column) of each row of `labels_csv` under its header."""
+    try:
+        # utf-8-sig: a CSV saved by Excel starts with a byte-order mark, which would stick to the first column's name
+        with open(labels_csv, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{labels_csv}: empty: expected {LABELS_RULE}")
+            label_at = _label_column(labels_csv, [h.strip() for h in header])
+            id_column, label_column = header[0].strip(), header[label_at].strip()
+            rows = []
+            for fields in reader:
+                if not any(f.strip() for f in fields):
+                    continue  # a blank line (a trailing one, most often)
+                name = fields[0].strip()
+                label = fields[label_at].strip() if label_at < len(fields) else ""
+                rows.append((reader.line_num, name, label, id_column, label_column))
+    except FileNotFoundError:
+        raise DataError(f"--labels {labels_csv}: no such file: expected a CSV of {LABELS_RULE}") from None
+    except IsADirectoryError:
+        raise DataError(f"--labels {labels_csv}: a folder: expected a CSV file of {LABELS_RULE}") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{labels_csv}: not UTF-8 text ({e.reason} at byte {e.start}): expected a CSV file") from None
+    except csv.Error as e:
+        raise DataError(f"{labels_csv}: not a readable CSV ({e}): expected {LABELS_RULE}") from None
+    return rows
+
+
+def _label_column(labels_csv: Path, header: list[str]) -> int:
+    named = [i for i, h in enumerate(header) if i > 0 and h.lower() == "label"]
+    if named:
+        return named[0]
+    if len(header) == 2:
+        return 1
+    raise DataError(
+        f"{labels_csv}: line 1: columns {', '.join(map(repr, header))}: no column named 'label' and not exactly two "
+        f"columns (a one-hot CSV, one column a class, is not read): expected {LABELS_RULE}"
+    )
+
+
+def _index(root: Path, files: list[Path]) -> tuple[dict[str, Path], dict[str, list[Path]]]:
+    """The images under `root` by their relative path (with '/') and by that path without its extension."""
+    by_path, by_stem = {}, {}
+    prefix = os.path.join(str(root), "")
+    for f in files:
+        name = str(f)
+        rel = (name[len(prefix) :] if name.startswith(prefix) else str(f.relative_to(root))).replace(os.sep, "/")
+        by_path[rel] = f
+        by_stem.setdefault(os.path.splitext(rel)[0], []).append(f)
+    return by_path, by_stem
+
+
+def _match(name: str, by_path: dict[str, Path], by_stem: dict[str, list[Path]]) -> list[Path] | None:
+    """The images a CSV's name matches: its path, else the paths it is without an extension; None where none."""
+    name = name.replace("\\", "/").removeprefix("./")
+    if name in by_path:
+        return [by_path[name]]
+    return by_stem.get(name)
+
+
+def _is_whole_number(text: str) -> bool:
+    digits = text[1:] if text[:1] in "+-" else text
+    return digits.isascii() and digits.isdigit()
+
+
+def _classes(texts: list[str]) -> tuple[list[str], list[int]]:
+    """Class names and each row's class index: whole numbers in numeric order, named by their numbers (a 0/1 column
+    is classes '0' and '1', index = number); other labels in sorted order, as class folders are."""
+    if all(_is_whole_number(t) for t in texts):
+        numbers = [int(t) for t in texts]
+        order = sorted(set(numbers))
+        index = {n: i for i, n in enumerate(order)}
+        return [str(n) for n in order], [index[n] for n in numbers]
+    classes = sorted(set(texts))
+    index = {c: i for i, c in enumerate(classes)}
+    return classes, [index[t] for t in texts]
+
+
+def scan_images(
+    root: str | Path, labels_csv: str | Path = "", skipped: list[Path] | None = None, notes: list[str] | None = None
+) -> tuple[list[Path], list[int], list[int], list[str]]:
+    """An image folder's files, labels, split ids and class names: from `labels_csv` where it is given (a flat
+    folder), else from the class folders (`scan_splits`). The one scan that training, stores and their checks use."""
+    from cnnpar.data.folder import scan_splits
+
+    if labels_csv:
+        return scan_labelled(root, labels_csv, skipped, notes)
+    return scan_splits(root, skipped)
