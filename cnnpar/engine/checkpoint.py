@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from cnnpar.errors import UserError, first_line
-from cnnpar.report.files import atomic_write
+from cnnpar.report.files import atomic_write, write_failure
 
 LAST = "last.pt"
 # the weights of the epoch with the best validation accuracy so far, for predict: ckpt/last.pt alone left a run
@@ -46,7 +46,7 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
             raise first from None
         if not isinstance(first, OSError) and not any(mark in str(first) for mark in WRITE_ERRORS):
             raise  # not the file's: a CUDA error met in the copy to the host keeps its own traceback
-        raise UserError(f"{path}: cannot be written ({_write_failure(first, path.parent)}): {_kept(path)}") from None
+        raise UserError(f"{path}: cannot be written ({write_failure(first, path.parent)}): {_kept(path)}") from None
 
 
 def _first_error(e: BaseException) -> BaseException:
@@ -54,27 +54,6 @@ def _first_error(e: BaseException) -> BaseException:
     while e.__context__ is not None and e.__cause__ is None and not e.__suppress_context__:
         e = e.__context__
     return e
-
-
-def _write_failure(e: BaseException, folder: Path) -> str:
-    """The error, with what the disk and the process's file size limit allow: torch's stream error alone does not
-    say which of them ran out."""
-    import shutil
-
-    facts = [first_line(e)]
-    try:
-        facts.append(f"{shutil.disk_usage(folder).free / 2**20:,.0f} MB free on its disk")
-    except OSError:
-        pass
-    try:
-        import resource
-
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        if limit != resource.RLIM_INFINITY:
-            facts.append(f"a file size limit (ulimit -f) of {limit / 2**20:,.1f} MB")
-    except (ImportError, OSError, ValueError):  # no resource module off Unix
-        pass
-    return "; ".join(facts)
 
 
 def _kept(path: Path) -> str:

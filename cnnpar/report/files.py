@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from cnnpar.errors import first_line
+
 try:
     import fcntl
 except ImportError:  # Windows has no flock: a killed writer's temp file stays there (remove_orphan_temps aside)
@@ -34,6 +36,38 @@ def check_out_folder(path: str | Path, flag: str) -> None:
                 where = "is a file" if place == given else f"lies under {place}, a file"
                 raise UserError(f"{flag} {path}: {where}: expected a folder (or a path where one can be made)")
             return
+
+
+def write_failure(e: BaseException, folder: str | Path) -> str:
+    """Why a write failed, with what the disk and the process's file size limit allow: "No space left on device"
+    (or torch's stream error, which names neither) alone does not say which of them ran out, nor how far."""
+    facts = [e.strerror if isinstance(e, OSError) and e.strerror else first_line(e)]
+    try:
+        facts.append(f"{shutil.disk_usage(folder).free / 2**20:,.0f} MB free on its disk")
+    except OSError:
+        pass
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            facts.append(f"a file size limit (ulimit -f) of {limit / 2**20:,.1f} MB")
+    except (ImportError, OSError, ValueError):  # no resource module off Unix
+        pass
+    return "; ".join(facts)
+
+
+@contextlib.contextmanager
+def write_errors_explained(path: str | Path, expected: str) -> Iterator[None]:
+    """An OSError in the block (a full disk, a read-only folder, a file size limit) as one line naming `path`, why
+    and what the user can do (`expected`), a UserError: the commands' result files (run records, reports, tables)
+    are written after minutes of work, and a bare traceback there hid what had been saved."""
+    from cnnpar.errors import UserError
+
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"{path}: cannot be written ({write_failure(e, Path(path).parent)}): {expected}") from None
 
 
 def _stamped_names(parent: str | Path, prefix: str) -> Iterator[Path]:

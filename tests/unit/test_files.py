@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from cnnpar.engine.checkpoint import save_checkpoint
+from cnnpar.errors import UserError
 from cnnpar.report import files
-from cnnpar.report.files import write_csv_atomic, write_text_atomic
+from cnnpar.report.files import atomic_write, write_csv_atomic, write_errors_explained, write_text_atomic
 
 
 @pytest.fixture
@@ -186,3 +188,24 @@ def test_check_out_file_refuses_a_path_under_a_file_or_where_none_can_be_made_an
     if os.path.isdir("/proc/self"):
         with pytest.raises(UserError, match=r"^--out /proc/p\.csv: cannot be written \("):
             files.check_out_file("/proc/p.csv", "--out")
+
+
+def test_a_write_that_fails_for_lack_of_room_names_the_file_and_the_free_space(tmp_path):
+    target = tmp_path / "metrics.csv"
+
+    def full_disk(p):
+        raise OSError(errno.ENOSPC, "No space left on device", str(p))
+
+    with pytest.raises(UserError) as caught:
+        with write_errors_explained(target, "expected room for it"):
+            atomic_write(target, full_disk)
+    message = str(caught.value)
+    assert message.startswith(f"{target}: cannot be written (No space left on device; ")
+    assert "MB free on its disk" in message and message.endswith("): expected room for it")
+    assert list(tmp_path.iterdir()) == []  # the temp went with the failed write
+
+
+def test_errors_other_than_the_files_pass_through_the_explanation(tmp_path):
+    with pytest.raises(ValueError, match="not a write"):
+        with write_errors_explained(tmp_path / "x", "expected room for it"):
+            raise ValueError("not a write")
