@@ -333,7 +333,7 @@ def one_process_only(command: str, cfg) -> bool:
 
 def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.cliargs import config_from_args
-    from cnnpar.doctor.render import print_report, write_report
+    from cnnpar.doctor.render import print_report
     from cnnpar.doctor.run import run_doctor
 
     cfg = config_from_args(args)
@@ -341,8 +341,7 @@ def cmd_doctor(args: argparse.Namespace, argv: list[str]) -> int:
     if one_process_only("doctor", cfg):
         return 0
     opts = doctor_options(args)
-    report = run_doctor(cfg, opts)
-    write_report(report)
+    report = run_doctor(cfg, opts)  # the report written
     print_report(report)
     if report.stop is not None:
         raise report.stop  # a try was stopped (or its worker crashed): its report is written, then the stop or the line

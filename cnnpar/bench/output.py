@@ -6,9 +6,10 @@ object API with the Agg canvas, so nothing here switches a global backend or nee
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from cnnpar.report.files import atomic_write, write_csv_atomic, write_text_atomic
+from cnnpar.report.files import atomic_write, write_csv_atomic, write_errors_explained, write_text_atomic
 
 from .meta import META_COLUMNS
 
@@ -327,14 +328,29 @@ def plot_step_time(rows: list[dict], path: Path) -> None:
     _save_figure(fig, path)
 
 
-def write_ladder(out_dir: Path, rows: list[dict]) -> list[Path]:
-    out_dir = Path(out_dir)
-    files = [out_dir / n for n in LADDER_FILES]
-    write_csv_atomic(files[0], _round_floats(rows), LADDER_COLUMNS)
-    write_text_atomic(files[1], ladder_markdown(rows))
-    plot_throughput(rows, files[2])
-    plot_step_time(rows, files[3])
+ROOM = "expected room for the bench's results (free disk space, a higher file size limit)"
+
+
+def _write_results(files: list[Path], writes: list[Callable[[Path], None]]) -> list[Path]:
+    """Each of `files` by its write, in order, the CSV rows first. One that cannot be written (a full disk) ends the
+    bench in one line naming it and saying whether the rows measured are kept: it ended in a traceback after all the
+    measuring, with ladder.csv written and whole and nothing saying so."""
+    for i, (path, write) in enumerate(zip(files, writes)):
+        kept = f"the rows measured are kept, whole, in {files[0]}" if i else "the rows measured are not saved"
+        with write_errors_explained(path, f"{ROOM}; {kept}"):
+            write(path)
     return files
+
+
+def write_ladder(out_dir: Path, rows: list[dict]) -> list[Path]:
+    files = [Path(out_dir) / n for n in LADDER_FILES]
+    writes = [
+        lambda p: write_csv_atomic(p, _round_floats(rows), LADDER_COLUMNS),
+        lambda p: write_text_atomic(p, ladder_markdown(rows)),
+        lambda p: plot_throughput(rows, p),
+        lambda p: plot_step_time(rows, p),
+    ]
+    return _write_results(files, writes)
 
 
 def claims_markdown(rows: list[dict]) -> str:
@@ -383,11 +399,12 @@ def claims_markdown(rows: list[dict]) -> str:
 
 
 def write_claims(out_dir: Path, rows: list[dict]) -> list[Path]:
-    out_dir = Path(out_dir)
-    files = [out_dir / n for n in CLAIMS_FILES]
-    write_csv_atomic(files[0], _round_floats(rows), CLAIM_COLUMNS)
-    write_text_atomic(files[1], claims_markdown(rows))
-    return files
+    files = [Path(out_dir) / n for n in CLAIMS_FILES]
+    writes = [
+        lambda p: write_csv_atomic(p, _round_floats(rows), CLAIM_COLUMNS),
+        lambda p: write_text_atomic(p, claims_markdown(rows)),
+    ]
+    return _write_results(files, writes)
 
 
 def tta_markdown(rows: list[dict]) -> str:
@@ -409,8 +426,9 @@ def tta_markdown(rows: list[dict]) -> str:
 
 
 def write_tta(out_dir: Path, rows: list[dict]) -> list[Path]:
-    out_dir = Path(out_dir)
-    files = [out_dir / n for n in TTA_FILES]
-    write_csv_atomic(files[0], _round_floats(rows), TTA_COLUMNS)
-    write_text_atomic(files[1], tta_markdown(rows))
-    return files
+    files = [Path(out_dir) / n for n in TTA_FILES]
+    writes = [
+        lambda p: write_csv_atomic(p, _round_floats(rows), TTA_COLUMNS),
+        lambda p: write_text_atomic(p, tta_markdown(rows)),
+    ]
+    return _write_results(files, writes)

@@ -44,6 +44,7 @@ from cnnpar.report.files import (
     output_folder,
     refuse_earlier_results,
     write_csv_atomic,
+    write_errors_explained,
     write_text_atomic,
 )
 
@@ -552,7 +553,9 @@ def tune(
         from cnnpar.report.environment import environment
 
         env = environment(pick_device(cfg.speed.device, 0))
-        write_csv_atomic(tuner.out.with_suffix(".csv"), trial_rows(tuner.trials, env), CSV_COLUMNS)
+        csv = tuner.out.with_suffix(".csv")
+        with write_errors_explained(csv, f"{ROOM}; {as_before([csv])}"):
+            write_csv_atomic(csv, trial_rows(tuner.trials, env), CSV_COLUMNS)
         # (an --out holding any other file was refused before the start: check_out)
         if tuner.out.is_file() and _same_file(tuner.out, config_read):
             log(f"tune: kept {tuner.out}: it is the --config this run started from, not a result of it")
@@ -689,8 +692,25 @@ def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict, warning:
     header += "".join(f"# {line}\n" for line in unmeasured_lines(trials))
     # quoted: a folder name with a space made the command break where it was pasted
     header += f"{TUNED_MARK}; train with: {shlex.join(['cnnpar', 'train', '--config', str(out)])}\n"
-    write_text_atomic(out, header + dumps_toml(cfg))
-    write_csv_atomic(out.with_suffix(".csv"), trial_rows(trials, env), CSV_COLUMNS)
+    csv = out.with_suffix(".csv")
+    # a write that fails (a full disk) replaces nothing: each file is replaced whole or not at all (atomic_write)
+    with write_errors_explained(out, f"{ROOM}; {as_before([out, csv])}"):
+        write_text_atomic(out, header + dumps_toml(cfg))
+    with write_errors_explained(csv, f"{ROOM}; {out} holds the best config so far, whole; {as_before([csv])}"):
+        write_csv_atomic(csv, trial_rows(trials, env), CSV_COLUMNS)
+
+
+# the end of a line for a result of tune's that cannot be written (`write_errors_explained`): it ended in a traceback
+# mid-search, and nothing said that the files written before it were whole
+ROOM = "expected room for tune's results (free disk space, a higher file size limit)"
+
+
+def as_before(paths: list[Path]) -> str:
+    """What a failed write left of `paths`: those there before, whole, or that none was written."""
+    there = [str(p) for p in paths if p.is_file()]
+    if not there:
+        return f"{' and '.join(str(p) for p in paths)}: not written"
+    return f"{' and '.join(there)} {'stays' if len(there) == 1 else 'stay'} as before, whole"
 
 
 def back_to_back(trials: list[Trial]) -> str:

@@ -13,8 +13,8 @@ from cnnpar.dist import DistInfo, barrier, broadcast_object
 from cnnpar.doctor.options import ProfileOptions
 from cnnpar.engine.harness import build_trainer, next_group, run_step, training_batches
 from cnnpar.report.environment import comment_lines, environment
-from cnnpar.report.files import check_output_folder, output_folder, write_text_atomic
-from cnnpar.report.profiler import RANK_FILES, ProfileFiles, profile_steps
+from cnnpar.report.files import check_output_folder, output_folder, write_errors_explained, write_text_atomic
+from cnnpar.report.profiler import NOT_WRITTEN, RANK_FILES, ProfileFiles, profile_steps
 from cnnpar.report.ranges import DATA_WAIT, span
 
 # every rank's files, and rank 0's config.toml: an earlier profile's results in a --report-dir
@@ -27,9 +27,14 @@ def run_profile(cfg: Config, info: DistInfo, opts: ProfileOptions) -> ProfileFil
     trainer = build_trainer(cfg, info)
     # Rank 0 makes the folder (without --report-dir a new one under run.out_dir, runs/ by default and git-ignored,
     # not the current folder) before the broadcast lets any rank write there, and removes it if the steps fail (data
-    # that fails at its first batch): no empty report folder is left behind
+    # that fails at its first batch, a file that cannot be written): no empty or partial report folder is left behind
+    # (in a --report-dir that was there, the files it wrote are removed: a re-run into it is not refused)
     parent = Path(cfg.run.out_dir) / "profile"
-    held = output_folder(opts.report_dir, parent, cfg.model.name) if info.is_main else contextlib.nullcontext("")
+    held = (
+        output_folder(opts.report_dir, parent, cfg.model.name, results=PROFILE_FILES)
+        if info.is_main
+        else contextlib.nullcontext("")
+    )
     with held as made:
         out = Path(broadcast_object(str(made), info))
         return _profile(trainer, info, opts, out)
@@ -62,6 +67,9 @@ def _profile(trainer, info: DistInfo, opts: ProfileOptions, out: Path) -> Profil
     if info.is_main:  # what was profiled, on what: the tables and traces beside it carry no such record
         env = environment(info.device, info.world_size)
         header = comment_lines(env)
-        write_text_atomic(out / "config.toml", header + "# profiled by `cnnpar profile`\n" + dumps_toml(trainer.cfg))
+        with write_errors_explained(out / "config.toml", NOT_WRITTEN):
+            write_text_atomic(
+                out / "config.toml", header + "# profiled by `cnnpar profile`\n" + dumps_toml(trainer.cfg)
+            )
     barrier(info)
     return files

@@ -10,7 +10,13 @@ from pathlib import Path
 from cnnpar.config import dumps_toml, to_dict
 from cnnpar.doctor.advise import MIN_GAIN
 from cnnpar.doctor.run import DoctorReport
-from cnnpar.report.files import read_csv, write_csv_atomic, write_json_atomic, write_text_atomic
+from cnnpar.report.files import (
+    read_csv,
+    write_csv_atomic,
+    write_errors_explained,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 PHASE_COLUMNS = [
     "name", "batches", "seconds", "images", "images_per_batch", "ms_per_batch", "images_per_s", "data_wait_share",
@@ -223,31 +229,44 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
     return "\n".join(lines)
 
 
+# a write of the report that fails (a full disk): run_doctor, which calls write_report in its folder's block, removes
+# the report's files, so a re-run into the same --report-dir is not refused
+NOT_WRITTEN = (
+    "expected room for the doctor's report (free disk space, a higher file size limit); none of its files are kept, "
+    "so the same command can run again"
+)
+
+
 def write_report(report: DoctorReport) -> Path:
+    """The report's files in its `report_dir`: the CSV rows first, then the picture drawn from them, the JSON record
+    and report.md. One that cannot be written ends the doctor with one line naming it (`write_errors_explained`)."""
     out = report.report_dir
-    write_csv_atomic(out / "phases.csv", phase_rows(report), PHASE_COLUMNS + ["data_wait_s"])
-    write_csv_atomic(out / "recommendations.csv", reco_rows(report) + reco_rows(report, False), RECO_COLUMNS)
-    pictures = [plot_phases(out / "phases.csv", out / "doctor.png", verdict_title(report)).name]
+    with write_errors_explained(out / "phases.csv", NOT_WRITTEN):
+        write_csv_atomic(out / "phases.csv", phase_rows(report), PHASE_COLUMNS + ["data_wait_s"])
+    with write_errors_explained(out / "recommendations.csv", NOT_WRITTEN):
+        write_csv_atomic(out / "recommendations.csv", reco_rows(report) + reco_rows(report, False), RECO_COLUMNS)
+    with write_errors_explained(out / "doctor.png", NOT_WRITTEN):
+        pictures = [plot_phases(out / "phases.csv", out / "doctor.png", verdict_title(report)).name]
     if report.telemetry_png is not None:  # this run's: a file left in the folder by an earlier run is not
         pictures.append(report.telemetry_png.name)
-    write_json_atomic(
-        out / "doctor.json",
-        {
-            "verdict": report.diagnosis.verdict,
-            "reasons": report.diagnosis.reasons,
-            "verdict_reliable": report.diagnosis.reliable,
-            "stopped": report.stopped,  # "" where the doctor ran to its end
-            "warmup_steps": report.warmup_steps,
-            "facts": report.facts.__dict__,
-            "phases": phase_rows(report),
-            "recommendations": reco_rows(report),
-            "tried_not_faster": reco_rows(report, advised=False),
-            "tries": [{"label": label, "change": change, **p.row()} for label, change, p in report.tries],
-            "environment": report.env,
-            "config": to_dict(report.cfg),
-        },
-    )
-    write_text_atomic(out / "report.md", markdown(report, pictures))
+    record = {
+        "verdict": report.diagnosis.verdict,
+        "reasons": report.diagnosis.reasons,
+        "verdict_reliable": report.diagnosis.reliable,
+        "stopped": report.stopped,  # "" where the doctor ran to its end
+        "warmup_steps": report.warmup_steps,
+        "facts": report.facts.__dict__,
+        "phases": phase_rows(report),
+        "recommendations": reco_rows(report),
+        "tried_not_faster": reco_rows(report, advised=False),
+        "tries": [{"label": label, "change": change, **p.row()} for label, change, p in report.tries],
+        "environment": report.env,
+        "config": to_dict(report.cfg),
+    }
+    with write_errors_explained(out / "doctor.json", NOT_WRITTEN):
+        write_json_atomic(out / "doctor.json", record)
+    with write_errors_explained(out / "report.md", NOT_WRITTEN):
+        write_text_atomic(out / "report.md", markdown(report, pictures))
     return out / "report.md"
 
 

@@ -109,19 +109,27 @@ def _merge(changes: list[dict]) -> dict:
 
 
 def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = print) -> DoctorReport:
+    """Measure, advise and write the report into its folder (the report's `report_dir`); the one owner of that
+    folder, which a failure before the report is whole removes (or, a --report-dir that was there before, the report
+    files this doctor wrote in it)."""
     check_output_folder("doctor", "--report-dir", opts.report_dir, cfg.run.out_dir, REPORT_FILES)  # before it measures
     info = init_distributed(cfg.speed.device, debug_single=True)  # the doctor measures one process
     bundle = load_data(cfg.data, cfg.run.seed)
-    # data that fails at its first batch leaves no empty folder
-    with output_folder(opts.report_dir, report_parent(cfg), cfg.model.name) as report_dir:
+    # data that fails at its first batch leaves no empty folder, and a report cut short (a full disk) no partial one
+    # that a re-run into the same --report-dir would refuse as an earlier doctor's
+    with output_folder(opts.report_dir, report_parent(cfg), cfg.model.name, results=REPORT_FILES) as report_dir:
         try:
-            return _examine(cfg, opts, log, info, bundle, report_dir)
+            report = _examine(cfg, opts, log, info, bundle, report_dir)
         except Exception as e:
             raise_if_the_stop(e)  # a stop before the tries (the workers it killed): no report, the stop's exit
             crash = worker_crash(e, cfg.data.source, bundle)  # a worker killed otherwise: train's one line
             if crash is not None:
                 raise crash from None
             raise
+        from cnnpar.doctor.render import write_report  # (render reads this module's DoctorReport)
+
+        write_report(report)
+        return report
 
 
 def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Path) -> DoctorReport:

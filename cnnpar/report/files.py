@@ -310,16 +310,30 @@ def removed_on_failure(folder: str | Path, when: Callable[[BaseException], bool]
 
 @contextlib.contextmanager
 def output_folder(
-    given: str | Path, parent: str | Path, prefix: str, keep: Callable[[Path], bool] = lambda folder: False
+    given: str | Path,
+    parent: str | Path,
+    prefix: str,
+    keep: Callable[[Path], bool] = lambda folder: False,
+    results: Iterable[str] = (),
 ) -> Iterator[Path]:
     """The folder a command writes its results into, for the block: `given` (its flag's, checked beforehand with
     `refuse_earlier_results`), or else a new `stamped_folder(parent, prefix)`. If the block raises, the folders made
     for it are removed as `removed_on_failure` removes them, unless `keep(folder)` (it holds results worth keeping:
-    a stopped bench's rows so far)."""
+    a stopped bench's rows so far). A `given` folder that was there before stays; the `results` (names or glob
+    patterns) the block wrote in it are removed instead: refuse_earlier_results found none there before, and a
+    report cut short (a full disk) made a re-run into the same folder refused as an earlier run's."""
     when = lambda e: not keep(folder)  # noqa: E731  (folder: bound below, before the block runs)
     if given:
-        with removed_on_failure(given, when) as folder:
-            yield folder
+        folder = Path(given)
+        try:
+            with removed_on_failure(folder, when):
+                yield folder
+        except BaseException as e:
+            if when(e):
+                for path in results_in(folder, results):  # none where the folder itself was made and removed
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+            raise
         return
     made = _missing(Path(parent))
     folder = stamped_folder(parent, prefix)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from cnnpar.report.files import write_text_atomic
+from cnnpar.report.files import write_errors_explained, write_text_atomic
 from cnnpar.report.ranges import ABSENT_BECAUSE, STEP_RANGES, span
 from cnnpar.report.trace_reading import load_events, report, summarize
 
@@ -26,6 +26,14 @@ RANK_FILES = (
     "top_ops_rank{rank}.txt",
     "top_ops_rank{rank}.md",
     "where_time_went_rank{rank}.txt",
+)
+
+
+# a profile's file that cannot be written (a full disk): `cnnpar profile` removes what it wrote (doctor/profile.py's
+# output_folder), so the same command can run again into the same --report-dir
+NOT_WRITTEN = (
+    "expected room for the profile's files (free disk space, a higher file size limit); none of them are kept, so "
+    "the same command can run again"
 )
 
 
@@ -145,17 +153,21 @@ def profile_steps(
     sort_key = "self_device_time_total" if on_cuda else "self_cpu_time_total"
 
     def on_ready(prof) -> None:
-        prof.export_chrome_trace(str(files.trace))
+        with write_errors_explained(files.trace, NOT_WRITTEN):
+            prof.export_chrome_trace(str(files.trace))
         averages = prof.key_averages()
         try:
             text = averages.table(sort_by=sort_key, row_limit=row_limit)
         except (AttributeError, KeyError):  # older torch names the column self_cuda_time_total
             text = averages.table(sort_by="self_cuda_time_total", row_limit=row_limit)
-        write_text_atomic(files.table_txt, text + "\n")
-        write_text_atomic(files.table_md, top_ops_markdown(averages, on_cuda, active, row_limit))
+        with write_errors_explained(files.table_txt, NOT_WRITTEN):
+            write_text_atomic(files.table_txt, text + "\n")
+        with write_errors_explained(files.table_md, NOT_WRITTEN):
+            write_text_atomic(files.table_md, top_ops_markdown(averages, on_cuda, active, row_limit))
         names = {t.native_id: t.name for t in threading.enumerate()}
         reading = report(summarize(load_events(files.trace), names))
-        write_text_atomic(files.reading, f"{active} recorded steps; times are totals over them\n{reading}\n")
+        with write_errors_explained(files.reading, NOT_WRITTEN):
+            write_text_atomic(files.reading, f"{active} recorded steps; times are totals over them\n{reading}\n")
 
     with every_thread(all_threads) as extra:
         with profile(

@@ -89,11 +89,13 @@ def _wrote(folder, name: str, text: str):
 def test_two_doctors_started_within_one_second_get_a_folder_each(tmp_path, monkeypatch, one_second):
     """The first named its folder, loaded its data, then made the folder: a second doctor started meanwhile took the
     same name, and their reports went into one folder."""
+    import cnnpar.doctor.render as render
     import cnnpar.doctor.run as doctor_run
 
     cfg = with_overrides(Config(), run={"out_dir": str(tmp_path)}, speed={"device": "cpu"})
     runs = iter(("second", "first"))
     monkeypatch.setattr(doctor_run, "load_data", lambda *a: None)
+    monkeypatch.setattr(render, "write_report", lambda report: None)  # _examine's stand-in wrote the report
     monkeypatch.setattr(doctor_run, "_examine", lambda *a: _wrote(a[-1], "report.md", next(runs)))
     _started_inside(monkeypatch, doctor_run, "load_data", lambda: doctor_run.run_doctor(cfg, DoctorOptions()))
     first = doctor_run.run_doctor(cfg, DoctorOptions())

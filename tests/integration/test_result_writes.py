@@ -1,0 +1,124 @@
+"""doctor, bench, tune and profile on a disk that fills while they write their results: a traceback (exit 1) after
+all the measuring, and a partial doctor report that a re-run into the same --report-dir refused as an earlier
+doctor's. Now one line naming the file, why and what is kept, exit 2 (report/files.write_errors_explained)."""
+
+from __future__ import annotations
+
+import errno
+import tomllib
+
+import pytest
+
+from cnnpar.cli import main
+from cnnpar.report.files import read_csv
+
+SMALL_DATA = ["--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "30", "--workers", "0",
+              "--model", "cnn3", "--device", "cpu", "--batch-size", "16"]  # fmt: skip
+DOCTOR = ["doctor", *SMALL_DATA, "--warmup-steps", "1", "--measure-steps", "2", "--try", "0"]
+BENCH = ["bench", *SMALL_DATA, "--only", "baseline", "--warmup-steps", "1", "--timed-steps", "2", "--repeats", "1"]
+PROFILE = ["profile", *SMALL_DATA, "--epochs", "1", "--no-progress", "--prof-wait", "0", "--prof-warmup", "1",
+           "--prof-active", "1"]  # fmt: skip
+
+
+def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def the_error(capsys) -> str:
+    """stderr's one error line, checked to be the only one and to come with no traceback."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.strip().splitlines() if line.startswith("cnnpar: error: ")]
+    assert len(lines) == 1 and err.strip().splitlines()[-1] == lines[0], err
+    return lines[0].removeprefix("cnnpar: error: ")
+
+
+def test_a_doctor_whose_picture_finds_the_disk_full_keeps_nothing_a_rerun_refuses(tmp_path, monkeypatch, capsys):
+    """phases.csv and recommendations.csv were written, then a traceback at the picture; the run again (room made)
+    was refused: --report-dir "already holds an earlier doctor's results (phases.csv, recommendations.csv)"."""
+    from cnnpar.doctor import render
+
+    rep = tmp_path / "full" / "doc"
+    with monkeypatch.context() as patch:
+        patch.setattr(render, "plot_phases", full_disk)
+        assert main([*DOCTOR, "--report-dir", str(rep)]) == 2
+    line = the_error(capsys)
+    assert line.startswith(f"{rep / 'doctor.png'}: cannot be written (No space left on device; ") and (
+        "MB free on its disk" in line
+    )
+    assert line.endswith(f"): {render.NOT_WRITTEN}")
+    assert not (tmp_path / "full").exists()  # the folders it made, with the CSVs written before the picture
+    assert main([*DOCTOR, "--report-dir", str(rep)]) == 0  # the same command, once there is room
+    assert (rep / "report.md").is_file() and (rep / "doctor.png").is_file()
+
+
+def test_a_doctor_report_cut_short_in_a_folder_that_was_there_leaves_it_empty(tmp_path, monkeypatch, capsys):
+    from cnnpar.doctor import render
+
+    rep = tmp_path / "doc"
+    rep.mkdir()
+    (rep / "notes.txt").write_text("the user's\n")
+    monkeypatch.setattr(render, "write_text_atomic", full_disk)  # report.md, the last file
+    assert main([*DOCTOR, "--report-dir", str(rep), "--monitor"]) == 2
+    assert the_error(capsys).startswith(f"{rep / 'report.md'}: cannot be written (No space left on device; ")
+    assert sorted(p.name for p in rep.iterdir()) == ["notes.txt"]  # no CSV, JSON, PNG nor telemetry of its own
+
+
+@pytest.mark.parametrize("fails", ["throughput.png", "ladder.csv"])
+def test_a_bench_whose_results_find_the_disk_full_says_whether_its_rows_are_kept(tmp_path, monkeypatch, capsys, fails):
+    from cnnpar.bench import output
+
+    out = tmp_path / "full" / "b"
+    monkeypatch.setattr(output, "_save_figure" if fails.endswith(".png") else "write_csv_atomic", full_disk)
+    assert main([*BENCH, "--out", str(out)]) == 2
+    line = the_error(capsys)
+    assert line.startswith(f"{out / fails}: cannot be written (No space left on device; ")
+    if fails == "ladder.csv":
+        assert line.endswith(f"): {output.ROOM}; the rows measured are not saved")
+        assert not (tmp_path / "full").exists()  # nothing of it worth keeping: the folders it made are removed
+        return
+    assert line.endswith(f"): {output.ROOM}; the rows measured are kept, whole, in {out / 'ladder.csv'}")
+    assert [r["name"] for r in read_csv(out / "ladder.csv")] == ["baseline"]
+    assert sorted(p.name for p in out.iterdir()) == ["ladder.csv", "ladder.md"]
+
+
+def test_a_tune_that_finds_the_disk_full_mid_search_says_its_files_are_whole(tmp_path, monkeypatch, capsys):
+    """tuned.toml and tuned.csv of the start were written, then a traceback at the next improvement's write."""
+    import cnnpar.bench.tune as tune_mod
+    from tests.unit.test_tune import FakeMachine
+
+    # each trial faster than the one before (the batch is typed: no batch trials), so the first after the start is kept
+    machine = FakeMachine(rate=lambda cfg: 100.0 * len(machine.calls), cost=lambda cfg: 0.0)
+    monkeypatch.setattr(tune_mod, "child_trial", lambda steps, repeats, log: machine.run_trial)
+    writes = []
+    real_write = tune_mod.write_text_atomic
+
+    def second_write_fails(path, text):
+        writes.append(path)
+        if len(writes) == 2:  # the first kept trial's: the start's files are on disk
+            full_disk()
+        real_write(path, text)
+
+    monkeypatch.setattr(tune_mod, "write_text_atomic", second_write_fails)
+    out = tmp_path / "t" / "tuned.toml"
+    words = ["tune", *SMALL_DATA, "--budget-s", "100000", "--repeats", "2", "--out", str(out)]
+    assert main(words) == 2
+    line = the_error(capsys)
+    assert line.startswith(f"{out}: cannot be written (No space left on device; ")
+    csv = out.with_suffix(".csv")
+    assert line.endswith(f"): {tune_mod.ROOM}; {out} and {csv} stay as before, whole")
+    assert tomllib.loads(out.read_text())["run"]["batch_size"] == 16  # the start's, whole
+    assert [r["status"] for r in read_csv(csv)] == ["start"]
+
+
+def test_a_profile_whose_tables_find_the_disk_full_leaves_its_folder_as_it_was(tmp_path, monkeypatch, capsys):
+    from cnnpar.report import profiler
+
+    rep = tmp_path / "prof"
+    rep.mkdir()  # there before: the trace written before the tables goes, so a re-run into it is not refused
+    monkeypatch.setattr(profiler, "write_text_atomic", full_disk)
+    assert main([*PROFILE, "--report-dir", str(rep)]) == 2
+    line = the_error(capsys)
+    assert line.startswith(f"{rep / 'top_ops_rank0.txt'}: cannot be written (No space left on device; ")
+    assert line.endswith(f"): {profiler.NOT_WRITTEN}")
+    assert list(rep.iterdir()) == []
