@@ -6,6 +6,7 @@ read them back without unpickling arbitrary objects.
 
 from __future__ import annotations
 
+import errno
 import shlex
 import zipfile
 from pathlib import Path
@@ -46,7 +47,8 @@ def save_checkpoint(path: str | Path, state: dict) -> None:
             raise first from None
         if not isinstance(first, OSError) and not any(mark in str(first) for mark in WRITE_ERRORS):
             raise  # not the file's: a CUDA error met in the copy to the host keeps its own traceback
-        raise UserError(f"{path}: cannot be written ({write_failure(first, path.parent)}): {_kept(path)}") from None
+        why = write_failure(first, path.parent)
+        raise UserError(f"{path}: cannot be written ({why}): {kept_after_failed_write(path, first)}") from None
 
 
 def _first_error(e: BaseException) -> BaseException:
@@ -56,11 +58,21 @@ def _first_error(e: BaseException) -> BaseException:
     return e
 
 
-def _kept(path: Path) -> str:
-    """What the run folder still holds after a failed write of one of its checkpoints (the earlier file stays)."""
+# a folder that refuses files, whatever room its disk has (a read-only mount, another user's folder)
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def kept_after_failed_write(path: Path, error: BaseException | None = None) -> str:
+    """What was expected of a run folder's file that cannot be written (`path`: a checkpoint, or a record such as
+    metrics.csv; `error`, the write's), and what the run folder still holds (the earlier file stays): the end of the
+    one line of every failed write of train, read where it fails."""
     run_dir = run_dir_of(path)
     epoch = checkpoint_epoch(run_dir)
-    expected = "expected room for the checkpoint (free disk space, a higher file size limit)"
+    if isinstance(error, OSError) and error.errno in NOT_WRITABLE:
+        expected = f"expected a run folder where files can be written ({run_dir} is not)"
+    else:
+        what = "the checkpoint" if path.suffix == ".pt" else "the run's records"
+        expected = f"expected room for {what} (free disk space, a higher file size limit)"
     if not epoch:
         return f"{expected}; no epoch is saved in {run_dir}"
     again = shlex.quote(str(run_dir))

@@ -52,6 +52,7 @@ from cnnpar.engine.checkpoint import (
     LAST,
     best_state,
     checkpoint_epoch,
+    kept_after_failed_write,
     load_checkpoint,
     require_training_state,
     save_checkpoint,
@@ -92,7 +93,14 @@ from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.chance import at_chance_level
 from cnnpar.report.environment import comment_lines, environment
-from cnnpar.report.files import read_csv, remove_orphan_temps, write_csv_atomic, write_json_atomic, write_text_atomic
+from cnnpar.report.files import (
+    read_csv,
+    remove_orphan_temps,
+    write_csv_atomic,
+    write_errors_explained,
+    write_json_atomic,
+    write_text_atomic,
+)
 from cnnpar.report.meters import DataWait, EpochClock, peak_memory, sync
 from cnnpar.report.telemetry import monitor_run
 from cnnpar.report.tensorboard import Board, open_board
@@ -792,10 +800,11 @@ class Trainer:
                 if epoch.isdigit() and int(epoch) <= self.saved_epoch:
                     kept.append(row)
         rows = kept + self.resume_changes
-        if not rows:
-            path.unlink(missing_ok=True)
-            return ""
-        write_csv_atomic(path, rows, RESUME_COLUMNS)
+        with self._record_written(path):
+            if not rows:
+                path.unlink(missing_ok=True)
+                return ""
+            write_csv_atomic(path, rows, RESUME_COLUMNS)
         if self.resume_changes:
             said = ", ".join(
                 f"{r['setting']} {r['before']} -> {r['after']}" + (f" ({r['note']})" if r.get("note") else "")
@@ -1033,16 +1042,34 @@ class Trainer:
             if earlier:
                 lines += kept_requested_lines(earlier, self.requested_cfg, lines)
             header += "".join(line + "\n" for line in lines)
-            write_text_atomic(record, header + dumps_toml(resolved))
+            with self._record_written(record):
+                write_text_atomic(record, header + dumps_toml(resolved))
             # the summary of what the checkpoint holds, unfinished: an earlier attempt's ("finished": true at its
             # --epochs) stayed beside the newer metrics and checkpoints of an attempt stopped before its end
             if self.history:
-                write_json_atomic(self.run_dir / "summary.json", self._summary(0.0, finished=False))
+                self._write_summary(self._summary(0.0, finished=False))
                 # likewise a metrics.csv that an earlier attempt stopped in its checkpoint's writes: it held the
                 # epochs the checkpoint held then, until this attempt finished one
                 if self._metrics_stale():
-                    write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
+                    self._write_metrics()
         barrier(self.info)
+
+    def _record_written(self, path: Path) -> contextlib.AbstractContextManager:
+        """A run record's write (rank 0): an OSError in it (a full disk, a read-only folder) as one line naming the
+        file, why, and what the run folder keeps, as a checkpoint's (save_checkpoint); a UserError, so that a run
+        failing so before any epoch is saved leaves no folder it made (`fit`), and the other ranks of a job end as
+        they do on rank 0's checkpoint error. Its traceback had hidden that the epochs saved were safe."""
+        return write_errors_explained(path, lambda e: kept_after_failed_write(path, e))
+
+    def _write_summary(self, summary: dict) -> None:
+        path = self.run_dir / "summary.json"
+        with self._record_written(path):
+            write_json_atomic(path, summary)
+
+    def _write_metrics(self) -> None:
+        path = self.run_dir / "metrics.csv"
+        with self._record_written(path):
+            write_csv_atomic(path, self.history, METRIC_COLUMNS)
 
     # ---- the loop ----------------------------------------------------------------------------
     def close(self) -> None:
@@ -1208,12 +1235,15 @@ class Trainer:
             return self._finished_already()
 
         def before_any_epoch(e: BaseException) -> bool:
-            return isinstance(e, UserError) and not self.history
+            # the epoch saved, not the history: epoch 1's row is in it while its checkpoint is written, and a
+            # checkpoint that could not be written left a folder with no epoch in it
+            return isinstance(e, UserError) and not self.saved_epoch
 
         # The run holds its folder for its life (another run under the name, or a resume of this one, is
         # refused meanwhile). Bad input found only once training runs (a corrupt image that a worker fails to
-        # decode) removes the folders this call made while they hold no finished epoch; a kill, a crash or an
-        # error after a finished epoch keeps them for --resume. Rank 0 alone makes them, so it alone removes them.
+        # decode), or a file of the run that cannot be written (a full disk), removes the folders this call made
+        # while they hold no saved epoch; a kill, a crash (kept to look into) or an error after a saved epoch keeps
+        # them for --resume. Rank 0 alone makes them, so it alone removes them.
         # a default folder is made here under a name no other run took (-2 for a second run started within its
         # second): the "run folder" line comes after
         stamped = (
@@ -1406,7 +1436,7 @@ class Trainer:
             raise_pending_stop()  # before the next epoch begins: the one just saved is kept
         summary = self._summary(time.perf_counter() - t_start)
         if info.is_main:
-            write_json_atomic(self.run_dir / "summary.json", summary)
+            self._write_summary(summary)
         barrier(info)
         if self.ended_overflowing is not None:  # every epoch kept, the last one's weights finite: now the error
             self._diverged(*self.ended_overflowing)
@@ -1450,7 +1480,7 @@ class Trainer:
             self.stream.exit()  # entered in __init__, as fit's own run exits it
 
     def _rewrite_stale_records(self, summary: dict) -> None:
-        path, metrics = self.run_dir / "summary.json", self.run_dir / "metrics.csv"
+        path = self.run_dir / "summary.json"
         try:
             written = json.loads(path.read_text())
             summary_epochs, finished = written.get("epochs"), written.get("finished", True)
@@ -1458,10 +1488,10 @@ class Trainer:
             summary_epochs, finished = None, True  # missing or half-written: written again
         stale = []
         if summary_epochs != len(self.history) or not finished:  # stopped after its last epoch's checkpoint
-            write_json_atomic(path, summary)
+            self._write_summary(summary)
             stale.append("summary.json")
         if self._metrics_stale():
-            write_csv_atomic(metrics, self.history, METRIC_COLUMNS)
+            self._write_metrics()
             stale.append("metrics.csv")
         if stale and summary_epochs is not None:
             self.log(
@@ -1598,15 +1628,8 @@ class Trainer:
                 self.best_saved_epoch = epoch
             # on the epoch's line and summed in the summary (not a metrics.csv column: see METRIC_COLUMNS)
             row["checkpoint_s"] = time.perf_counter() - t_save
-            # after the checkpoint, as the summary: written before it, a stop in its write (or a full disk) left a
-            # row for an epoch that no checkpoint holds
-            write_csv_atomic(self.run_dir / "metrics.csv", self.history, METRIC_COLUMNS)
-            if epoch < self.cfg.run.epochs:  # the last epoch's is written whole, finished, once the loop ends
-                # the epochs the checkpoint holds, whatever ends the run next: a SIGTERM that torchrun's workers
-                # die of unheard, or a SIGKILL, left no summary, or an earlier attempt's of fewer epochs (after
-                # checkpoint_s is taken: the summary's own write is not the checkpoint's time)
-                wall = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
-                write_json_atomic(self.run_dir / "summary.json", self._summary(wall, finished=False))
+            # said once the checkpoint holds the epoch, before the records: a record that could not be written then
+            # ended the run before the user saw that the epoch had finished and was saved
             val = f"  val loss {row['val_loss']:.4f} acc {100 * row['val_acc']:.2f}%" if "val_acc" in row else ""
             between = (
                 f"eval {row['eval_s']:.2f} s incl. {row['eval_wait_s']:.2f} s data wait, " if "eval_s" in row else ""
@@ -1618,6 +1641,15 @@ class Trainer:
                 f"data wait {100 * row['data_wait_share']:.0f}%  {row['epoch_s']:.1f} s{skipped}  "
                 f"({between}checkpoint {row['checkpoint_s']:.2f} s)"
             )
+            # after the checkpoint, as the summary: written before it, a stop in its write (or a full disk) left a
+            # row for an epoch that no checkpoint holds
+            self._write_metrics()
+            if epoch < self.cfg.run.epochs:  # the last epoch's is written whole, finished, once the loop ends
+                # the epochs the checkpoint holds, whatever ends the run next: a SIGTERM that torchrun's workers
+                # die of unheard, or a SIGKILL, left no summary, or an earlier attempt's of fewer epochs (after
+                # checkpoint_s is taken: the summary's own write is not the checkpoint's time)
+                wall = time.perf_counter() - self._t_start if self._t_start is not None else 0.0
+                self._write_summary(self._summary(wall, finished=False))
         barrier(self.info)  # no rank races ahead of the checkpoint it may have to resume from
 
     def _best_so_far(self, row: dict) -> bool:

@@ -58,16 +58,18 @@ def write_failure(e: BaseException, folder: str | Path) -> str:
 
 
 @contextlib.contextmanager
-def write_errors_explained(path: str | Path, expected: str) -> Iterator[None]:
+def write_errors_explained(path: str | Path, expected: str | Callable[[OSError], str]) -> Iterator[None]:
     """An OSError in the block (a full disk, a read-only folder, a file size limit) as one line naming `path`, why
-    and what the user can do (`expected`), a UserError: the commands' result files (run records, reports, tables)
-    are written after minutes of work, and a bare traceback there hid what had been saved."""
+    and what the user can do (`expected`, or what `expected(the error)` says: read only where the write fails), a
+    UserError: the commands' result files (run records, reports, tables) are written after minutes of work, and a
+    bare traceback there hid what had been saved."""
     from cnnpar.errors import UserError
 
     try:
         yield
     except OSError as e:
-        raise UserError(f"{path}: cannot be written ({write_failure(e, Path(path).parent)}): {expected}") from None
+        said = expected(e) if callable(expected) else expected
+        raise UserError(f"{path}: cannot be written ({write_failure(e, Path(path).parent)}): {said}") from None
 
 
 def _stamped_names(parent: str | Path, prefix: str) -> Iterator[Path]:

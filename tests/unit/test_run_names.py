@@ -125,7 +125,7 @@ def test_commands_printed_for_pasting_quote_a_path_with_spaces_and_quotes(tmp_pa
     from PIL import Image
 
     from cnnpar.cli import launch_end_line
-    from cnnpar.engine.checkpoint import _kept, require_checkpoint
+    from cnnpar.engine.checkpoint import kept_after_failed_write, require_checkpoint
     from cnnpar.engine.rundir import no_checkpoint_there
     from cnnpar.engine.trainer import Trainer
 
@@ -137,7 +137,7 @@ def test_commands_printed_for_pasting_quote_a_path_with_spaces_and_quotes(tmp_pa
     note = tmp_path / "note"
     note.write_text(str(run_dir))
     assert launch_end_line(note, 2).endswith(f"continue with: cnnpar train --resume {quoted} --nproc 2")
-    assert _kept(run_dir / "ckpt" / "last.pt").endswith(f"which --resume {quoted} continues")
+    assert kept_after_failed_write(run_dir / "ckpt" / "last.pt").endswith(f"which --resume {quoted} continues")
     stopping = SimpleNamespace(run_dir=run_dir, cfg=Config(), info=CPU_INFO)
     assert Trainer._continue_command(stopping) == f"cnnpar train --resume {quoted}"
 
