@@ -1254,7 +1254,7 @@ class Trainer:
         folder goes where no epoch was saved, as for any file a decoder refuses; where one was, the line says what
         the checkpoint holds and the command that continues, as a stop's does (`stop_said`: the launcher of
         `--nproc` then does not say it again)."""
-        crash = worker_crash(e, self.cfg.data.source, self.bundle)
+        crash = worker_crash(e, self.cfg.data.source, self.bundle, self.cfg.data.labels)
         if crash is None:
             return
         line = str(crash)
