@@ -141,3 +141,17 @@ def test_resume_notices_a_changed_labels_csv(tmp_path, capsys):
     labels.write_text(labels.read_text().replace("r0,a", "r0,b"))
     assert _train(tmp_path, root, labels, "--name", "r", "--resume", "auto", "--epochs", "2") == 2
     assert "the data changed since the checkpoint" in capsys.readouterr().err
+
+
+def test_a_flat_folder_without_labels_is_told_of_labels(tmp_path, capsys):
+    root = _flat(tmp_path, ["a", "b", "c"])
+    args = ["--epochs", "1", "--workers", "0", "--out-dir", str(tmp_path / "runs"), "--no-tensorboard"]
+    assert main(["train", "--data", str(root), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{root}: no class folders: expected root/<class>/<image>.jpg|png, or, as {root} holds 3 image(s) " in err
+    assert "itself, --labels CSV: a CSV naming each image and its label" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match=r"no class folders: expected root/<class>/<image>\.jpg\|png$"):
+        load_data(DataConfig(source=str(empty)))  # no images there either: no word of --labels
