@@ -81,7 +81,10 @@ def _read_labelled(
     if not root.is_dir():
         raise DataError(f"{root}: not a folder: --labels {labels_csv} labels the images of a folder")
     rows = _read_rows(labels_csv)
-    by_path, by_stem = _index(root, image_files(root, skipped))
+    unread: list[Path] = []  # images in formats not read: a row naming one is told so, not "no image"
+    by_path, by_stem = _index(root, image_files(root, unread))
+    if skipped is not None:
+        skipped += unread
     files, texts, lines, missing, seen = [], [], [], [], {}
     for line, name, label, id_column, label_column in rows:
         where = f"{labels_csv}: line {line}"
@@ -110,6 +113,7 @@ def _read_labelled(
         texts.append(label)
         lines.append(line)
     if missing:
+        _refuse_unread(labels_csv, root, missing, unread, rows[0][3])
         line, name = missing[0]
         shown = ", ".join(n for _, n in missing[:SHOWN]) + (", ..." if len(missing) > SHOWN else "")
         raise DataError(
@@ -125,6 +129,24 @@ def _read_labelled(
             f"warning: {root}: {len(unnamed):,} image(s) that {labels_csv} does not name are not read ({shown})"
         )
     return files, texts, lines, rows[0][4]
+
+
+def _refuse_unread(
+    labels_csv: Path, root: Path, missing: list[tuple[int, str]], unread: list[Path], id_column: str
+) -> None:
+    """Refuse the rows that name an image in a format cnnpar does not read (a .webp): it is there, and "no image of
+    that name" sent the user looking for a file they could see."""
+    paths, stems = _index(root, unread)
+    named = [(line, name, found[0]) for line, name in missing if (found := _match(name, paths, stems))]
+    if not named:
+        return
+    line, name, first = named[0]
+    kinds = ", ".join(sorted({f.suffix.lower() for _, _, f in named}))
+    raise DataError(
+        f"{labels_csv}: line {line}: column {id_column!r} {name!r} names {first.relative_to(root)}, an image of a "
+        f"kind cnnpar does not read ({len(named):,} row(s) name {kinds} files): expected a .jpg, .jpeg or .png file "
+        "(convert them, e.g. Pillow's Image.open(f).save(f.with_suffix('.png')))"
+    )
 
 
 def _read_rows(labels_csv: Path) -> list[tuple[int, str, str, str, str]]:

@@ -155,3 +155,16 @@ def test_a_flat_folder_without_labels_is_told_of_labels(tmp_path, capsys):
     empty.mkdir()
     with pytest.raises(DataError, match=r"no class folders: expected root/<class>/<image>\.jpg\|png$"):
         load_data(DataConfig(source=str(empty)))  # no images there either: no word of --labels
+
+
+def test_a_row_naming_an_image_of_a_kind_not_read_says_so(tmp_path):
+    root = _flat(tmp_path, ["a", "b", "c"])
+    Image.fromarray(np.zeros((12, 12, 3), np.uint8)).save(root / "w.webp")
+    labels = _csv(tmp_path, "id,breed\na,pug\nb,husky\nc,pug\nw,husky\n")
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(root), labels=str(labels), image_size=8))
+    assert str(e.value) == (
+        f"{labels}: line 5: column 'id' 'w' names w.webp, an image of a kind cnnpar does not read (1 row(s) name "
+        ".webp files): expected a .jpg, .jpeg or .png file (convert them, e.g. Pillow's "
+        "Image.open(f).save(f.with_suffix('.png')))"
+    )
