@@ -168,3 +168,15 @@ def test_a_row_naming_an_image_of_a_kind_not_read_says_so(tmp_path):
         ".webp files): expected a .jpg, .jpeg or .png file (convert them, e.g. Pillow's "
         "Image.open(f).save(f.with_suffix('.png')))"
     )
+
+
+def test_resume_naming_the_same_csv_by_another_path_records_no_change(tmp_path, monkeypatch):
+    names = [f"r{i}" for i in range(8)]
+    root = _flat(tmp_path, names)
+    _csv(tmp_path, "id,label\n" + "".join(f"{n},{'ab'[i % 2]}\n" for i, n in enumerate(names)))
+    monkeypatch.chdir(tmp_path)
+    assert _train(tmp_path, root, "labels.csv", "--name", "r") == 0
+    assert _train(tmp_path, root, tmp_path / "labels.csv", "--name", "r", "--resume", "auto", "--epochs", "2") == 0
+    # where the CSV is, as --data's path, is no training setting: resumes.csv keeps what the epochs trained with
+    rows = (tmp_path / "runs" / "r" / "resumes.csv").read_text().splitlines()
+    assert rows == ["from_epoch,setting,before,after,note", "2,run.epochs,1,2,"]
