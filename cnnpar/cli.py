@@ -352,7 +352,18 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
     from cnnpar.engine.predict import predict
 
     a = args
-    out = predict(a.checkpoint, a.data, a.out, a.batch_size, a.image_shape, a.device, a.resize, a.tta_level, a.format)
+    out = predict(
+        a.checkpoint,
+        a.data,
+        a.out,
+        a.batch_size,
+        a.image_shape,
+        a.device,
+        a.resize,
+        a.tta_level,
+        a.format,
+        labels=a.labels,
+    )
     print(f"wrote {out}")
     return 0
 
@@ -777,6 +788,13 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="test.csv (pixel columns, an optional id or ImageId: the submission's ids), an .npz, an image folder, "
         "or digits (built in)",
+    )
+    pred.add_argument(
+        "--labels",
+        default="",
+        metavar="CSV",
+        help="a CSV labelling a flat --data folder, read as `cnnpar train --labels` reads it: only the images it "
+        "names are predicted, and the accuracy against its labels (classes matched to the run's by name) is printed",
     )
     pred.add_argument(
         "--out",

@@ -268,7 +268,10 @@ def run_ladder(
                 raise_if_the_stop(e)  # but a stop's doing (the workers it killed) is the stop: the bench ends
                 # a worker killed otherwise (the out-of-memory killer, a decoder's crash): train's one line, not
                 # torch's "exited unexpectedly", which said neither the signal nor what to do
-                row.update(status="failed", error=error_text(worker_crash(e, p.cfg.data.source, bundle) or e))
+                row.update(
+                    status="failed",
+                    error=error_text(worker_crash(e, p.cfg.data.source, bundle, p.cfg.data.labels) or e),
+                )
             carried = None
             if kept is None:
                 free_device_memory(info.device)  # after the traceback (and the tensors it holds) is gone

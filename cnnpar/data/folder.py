@@ -136,7 +136,7 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
     # `__MACOSX/` (what macOS's zip leaves) holds no class: skipped as hidden folders are, here as in scan_splits
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     if not classes:
-        raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png")
+        raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png{_flat_hint(root)}")
     files, labels = [], []
     for label, name in enumerate(classes):
         for f in image_files(root / name, skipped):
@@ -146,6 +146,18 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
         others = f" (only {skipped_kinds(skipped)} files, which cnnpar does not read)" if skipped else ""
         raise DataError(f"{root}: no .jpg, .jpeg or .png files under its class folders{others}")
     return files, labels, classes
+
+
+def _flat_hint(root: Path) -> str:
+    """Where `root` holds images itself (Kaggle's flat train/<id>.jpg), how such a folder is labelled: by a CSV
+    through --labels, which "no class folders" alone did not say; "" otherwise."""
+    held = sum(1 for p in root.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+    if not held:
+        return ""
+    return (
+        f", or, as {root} holds {held:,} image(s) itself, --labels CSV: a CSV naming each image and its label "
+        "(a header; the image's name first, the label in a column named 'label' or the second of two)"
+    )
 
 
 def split_like_subfolders_note(root: str | Path) -> str:

@@ -35,12 +35,57 @@ def scan_labelled(
     """Files, labels, split ids (all 0: train; `--val-fraction` holds out) and class names of the images under
     `root` that `labels_csv` names, in the CSV's row order. Images in formats not read go to `skipped` where it is
     given; a warning on images the CSV does not name goes to `notes`."""
+    files, texts, _, _ = _read_labelled(root, labels_csv, skipped, notes)
+    classes, labels = _classes(texts)
+    if len(classes) < 2:
+        raise DataError(
+            f"{labels_csv}: every row has the label {classes[0]!r}: expected at least 2 labels to tell apart"
+        )
+    return files, labels, [0] * len(files), classes
+
+
+def scan_for_classes(
+    root: str | Path,
+    labels_csv: str | Path,
+    classes: list[str],
+    skipped: list[Path] | None = None,
+    notes: list[str] | None = None,
+) -> tuple[list[Path], list[int]]:
+    """Files and labels of the images under `root` that `labels_csv` names, read by `scan_labelled`'s rules, each
+    label an index of a trained run's `classes` (`cnnpar predict --labels`: a hold-out folder of the training
+    layout). A hold-out may hold fewer classes than training did, even one; a label the run never had is refused
+    in one line naming the CSV, its line and the label."""
+    files, texts, lines, label_column = _read_labelled(root, labels_csv, skipped, notes)
+    numeric = all(_is_whole_number(t) for t in texts)
+    index = {c: i for i, c in enumerate(classes)}
+    labels = []
+    for text, line in zip(texts, lines):
+        # named as training names them: whole numbers by their number (07 is class '7'), else the text itself
+        name = str(int(text)) if numeric and text not in index else text
+        if name not in index:
+            shown = ", ".join(map(repr, classes[:5])) + (", ..." if len(classes) > 5 else "")
+            raise DataError(
+                f"{labels_csv}: line {line}: column {label_column!r} {text!r}: not a class of the model (it was "
+                f"trained on {len(classes)}: {shown}): expected the labels the run trained on"
+            )
+        labels.append(index[name])
+    return files, labels
+
+
+def _read_labelled(
+    root: str | Path, labels_csv: str | Path, skipped: list[Path] | None, notes: list[str] | None
+) -> tuple[list[Path], list[str], list[int], str]:
+    """The images `labels_csv` names under `root`, each row's label text and CSV line, and the label column's name;
+    every row's image checked (one image, named once, there)."""
     root, labels_csv = Path(root), Path(labels_csv)
     if not root.is_dir():
         raise DataError(f"{root}: not a folder: --labels {labels_csv} labels the images of a folder")
     rows = _read_rows(labels_csv)
-    by_path, by_stem = _index(root, image_files(root, skipped))
-    files, texts, missing, seen = [], [], [], {}
+    unread: list[Path] = []  # images in formats not read: a row naming one is told so, not "no image"
+    by_path, by_stem = _index(root, image_files(root, unread))
+    if skipped is not None:
+        skipped += unread
+    files, texts, lines, missing, seen = [], [], [], [], {}
     for line, name, label, id_column, label_column in rows:
         where = f"{labels_csv}: line {line}"
         if not name:
@@ -66,7 +111,9 @@ def scan_labelled(
         seen[key] = line
         files.append(key)
         texts.append(label)
+        lines.append(line)
     if missing:
+        _refuse_unread(labels_csv, root, missing, unread, rows[0][3])
         line, name = missing[0]
         shown = ", ".join(n for _, n in missing[:SHOWN]) + (", ..." if len(missing) > SHOWN else "")
         raise DataError(
@@ -75,18 +122,31 @@ def scan_labelled(
         )
     if not files:
         raise DataError(f"{labels_csv}: no rows below its header: expected {LABELS_RULE}")
-    classes, labels = _classes(texts)
-    if len(classes) < 2:
-        raise DataError(
-            f"{labels_csv}: every row has the label {classes[0]!r}: expected at least 2 labels to tell apart"
-        )
     unnamed = sorted(set(by_path.values()) - seen.keys())
     if unnamed and notes is not None:
         shown = ", ".join(str(f.relative_to(root)) for f in unnamed[:SHOWN]) + (", ..." if len(unnamed) > SHOWN else "")
         notes.append(
             f"warning: {root}: {len(unnamed):,} image(s) that {labels_csv} does not name are not read ({shown})"
         )
-    return files, labels, [0] * len(files), classes
+    return files, texts, lines, rows[0][4]
+
+
+def _refuse_unread(
+    labels_csv: Path, root: Path, missing: list[tuple[int, str]], unread: list[Path], id_column: str
+) -> None:
+    """Refuse the rows that name an image in a format cnnpar does not read (a .webp): it is there, and "no image of
+    that name" sent the user looking for a file they could see."""
+    paths, stems = _index(root, unread)
+    named = [(line, name, found[0]) for line, name in missing if (found := _match(name, paths, stems))]
+    if not named:
+        return
+    line, name, first = named[0]
+    kinds = ", ".join(sorted({f.suffix.lower() for _, _, f in named}))
+    raise DataError(
+        f"{labels_csv}: line {line}: column {id_column!r} {name!r} names {first.relative_to(root)}, an image of a "
+        f"kind cnnpar does not read ({len(named):,} row(s) name {kinds} files): expected a .jpg, .jpeg or .png file "
+        "(convert them, e.g. Pillow's Image.open(f).save(f.with_suffix('.png')))"
+    )
 
 
 def _read_rows(labels_csv: Path) -> list[tuple[int, str, str, str, str]]:

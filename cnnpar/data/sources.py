@@ -42,7 +42,7 @@ from cnnpar.data.folder import (
     train_class_note,
     unread_splits_note,
 )
-from cnnpar.data.labels_csv import scan_images
+from cnnpar.data.labels_csv import scan_for_classes, scan_images
 from cnnpar.data.overlap import folder_overlap, store_overlap
 from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sample, pick_side, store_side
 from cnnpar.data.store import StoreFile, prepare_side
@@ -655,6 +655,8 @@ def load_predict_data(
     per_image: bool = False,
     notes: list[str] | None = None,
     prepared: dict | None = None,
+    labels_csv: str = "",
+    class_names: list[str] | None = None,
 ):
     """Inputs for `cnnpar predict`: returns (dataset, row ids, where its labels came from or "").
 
@@ -667,8 +669,11 @@ def load_predict_data(
     the two filters see other extents). With `prepared` (a run trained from a store: its checkpoint's
     `prepared_sides`, {"max_side", "short_side"}) each photo is first resized as `cnnpar prepare` stored it,
     then cropped as the store's validation crops (`PreparedFolder`), whichever loader the run used.
-    Lines on how the data was read (a CSV's columns reordered) go to `notes` where it is given."""
+    Lines on how the data was read (a CSV's columns reordered) go to `notes` where it is given. `labels_csv` (a
+    flat folder labelled as `cnnpar train --labels` reads it) gives the images it names, and the dataset's `y` their
+    labels as indices of the model's `class_names`."""
     fmt = detect_format(source, fmt)
+    check_labels_with(labels_csv, source, fmt)
     if fmt == "csv":
         x, y = read_pixel_csv(source, image_shape, require_label=False, notes=notes)
         ids = [str(i + 1) for i in range(len(x))]
@@ -705,7 +710,16 @@ def load_predict_data(
         return bundle.train, [str(i) for i in range(len(bundle.train))], "scikit-learn's digit labels"
     if fmt == "folder":
         root = Path(source)
-        files = image_files(root, skipped)
+        labels = None
+        if labels_csv:
+            if not class_names:
+                raise DataError(
+                    f"--labels {labels_csv}: the checkpoint holds no class names to match its labels to: expected a "
+                    "checkpoint of a run that trained on named classes, or no --labels"
+                )
+            files, labels = scan_for_classes(root, labels_csv, class_names, skipped, notes)
+        else:
+            files = image_files(root, skipped)
         if not files:
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
         ids = [readable_name(str(f.relative_to(root))) for f in files]
@@ -717,10 +731,15 @@ def load_predict_data(
             )
         size = image_size or FOLDER_SIZE
         if prepared is not None:
-            return PreparedFolder(files, size, prepared["max_side"], prepared["short_side"]), ids, ""
-        if per_image:
-            return ImageFolderDataset(files, [-1] * len(files), size), ids, ""
-        return CpuDecodedFolder(files, [-1] * len(files), size, train=False), ids, ""
+            ds = PreparedFolder(files, size, prepared["max_side"], prepared["short_side"])
+        elif per_image:
+            ds = ImageFolderDataset(files, [-1] * len(files), size)
+        else:
+            ds = CpuDecodedFolder(files, [-1] * len(files), size, train=False)
+        if labels is None:
+            return ds, ids, ""
+        ds.y = torch.tensor(labels, dtype=torch.int64)  # what predict scores, as an ArrayDataset's y
+        return ds, ids, f"the labels of {labels_csv}"
     why = {
         "store": " (a .cnnpar store is prepare's copy of training images: give predict the image folder itself)",
         "synthetic": " (synthetic data has nothing to predict)",

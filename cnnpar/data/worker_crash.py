@@ -47,9 +47,10 @@ def worker_signal(e: BaseException) -> signal.Signals | None:
     return None
 
 
-def worker_crash_line(sig: signal.Signals, source: str, photos: bool, input_size: int) -> str:
+def worker_crash_line(sig: signal.Signals, source: str, photos: bool, input_size: int, labels: str = "") -> str:
     """The one line for a run whose DataLoader worker `sig` killed, reading `source` (`photos`: an image folder,
-    whose workers decode; `input_size`: the model's input side, for the store the advice writes)."""
+    whose workers decode; `input_size`: the model's input side, for the store the advice writes; `labels`: the
+    run's --labels CSV, without which the advised prepare of a flat folder is refused)."""
     said = f"a data loader worker crashed ({sig.name}: {signal.strsignal(sig)}) while reading {source}"
     if sig == signal.SIGKILL:  # no decoder sends itself SIGKILL: the kernel's out-of-memory killer does
         return (
@@ -58,7 +59,7 @@ def worker_crash_line(sig: signal.Signals, source: str, photos: bool, input_size
         )
     if not photos:
         return said
-    prepare, out = shlex.join(prepare_args(source, input_size)), str(default_store_path(source))
+    prepare, out = shlex.join(prepare_args(source, input_size, labels)), str(default_store_path(source))
     return (
         f"{said}: a damaged image file can crash torchvision's decoders (libpng's or libjpeg's own line above may "
         f"say how); to find it: {prepare} decodes every photo with Pillow and stops at one it cannot read, naming "
@@ -67,7 +68,7 @@ def worker_crash_line(sig: signal.Signals, source: str, photos: bool, input_size
     )
 
 
-def worker_crash(e: BaseException, source: str, bundle) -> DataError | None:
+def worker_crash(e: BaseException, source: str, bundle, labels: str = "") -> DataError | None:
     """`worker_crash_line` as the DataError a command ends with (or a bench rung fails with), where `e` says a
     DataLoader worker reading `bundle` (loaded from `source`) was killed by a signal other than a stop's; else
     None. torch's own error ("DataLoader worker (pid(s) N) exited unexpectedly", under a traceback) said neither
@@ -76,4 +77,4 @@ def worker_crash(e: BaseException, source: str, bundle) -> DataError | None:
     if sig is None or sig in STOP_SIGNALS:
         return None
     photos = isinstance(bundle.train, ImageFolderDataset)  # the workers decode photos
-    return DataError(worker_crash_line(sig, source, photos, bundle.shape[1]))
+    return DataError(worker_crash_line(sig, source, photos, bundle.shape[1], labels))

@@ -57,6 +57,7 @@ class Facts:
     bf16_supported: bool = False  # --precision auto trains in bf16 here (parallel.precision.bf16_on)
     peak_mem_share: float | None = None  # peak allocated / device memory
     data_source: str = ""  # --data as given
+    data_labels: str = ""  # --labels as given: the CSV labelling a flat folder, which its prepare needs too
     data_format: str = ""  # what it was read as: folder, store, npz, ...
     input_size: int = 0  # the model's input side
     model: str = ""
@@ -244,7 +245,7 @@ def _compute_part(f: Facts, factor: float) -> float:
 
 def prepare_command(f: Facts) -> str:
     """`cnnpar prepare` for the folder measured, then `cnnpar train` from the store it writes."""
-    return store_prepare_command(f.data_source, f.input_size, f.model)
+    return store_prepare_command(f.data_source, f.input_size, f.model, labels=f.data_labels)
 
 
 # The compile's own cost on a CPU, said beside its advice: the reason `cnnpar train` leaves compile off there

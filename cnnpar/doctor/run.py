@@ -122,7 +122,9 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
             report = _examine(cfg, opts, log, info, bundle, report_dir)
         except Exception as e:
             raise_if_the_stop(e)  # a stop before the tries (the workers it killed): no report, the stop's exit
-            crash = worker_crash(e, cfg.data.source, bundle)  # a worker killed otherwise: train's one line
+            crash = worker_crash(
+                e, cfg.data.source, bundle, cfg.data.labels
+            )  # a worker killed otherwise: train's one line
             if crash is not None:
                 raise crash from None
             raise
@@ -193,7 +195,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
             stop = the_stop(e)
             # or a worker killed otherwise (the out-of-memory killer, a decoder's crash): ends the doctor as a stop
             # does, with train's one line in place of the stop's
-            crash = worker_crash(e, cfg.data.source, bundle) if stop is None else None
+            crash = worker_crash(e, cfg.data.source, bundle, cfg.data.labels) if stop is None else None
             if stop is None and crash is None:
                 raise
             report.recommendations, report.not_faster = rank_after_tries(recos)
@@ -320,6 +322,7 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         bf16_supported=bf16_on(info.device),  # as train's --precision auto decides it: native bf16 on a CPU too
         peak_mem_share=peak_share,
         data_source=rcfg.data.source,
+        data_labels=rcfg.data.labels,
         data_format=detect_format(rcfg.data.source, rcfg.data.format),
         input_size=bundle.shape[-1],
         model=rcfg.model.name,

@@ -260,13 +260,15 @@ def predict(
     tta_level: str = "auto",
     data_format: str = "auto",
     log=print,
+    labels: str = "",
 ) -> Path:
     """Write predictions; log the accuracy where the data has labels, and warn on stderr about
     pixels that would make the predictions quietly wrong.
 
     `tta_level` auto: the test-time views the run evaluated with (its --tta-level / --tta-flip), so the
     predictions are those of the model its val_acc scored; none, flip or flip+translate to choose.
-    `data_format` auto: told from --data's name (csv, npz or folder to say)."""
+    `data_format` auto: told from --data's name (csv, npz or folder to say). `labels`: the CSV labelling a flat
+    folder, as `cnnpar train --labels` reads it (its labels matched to the run's classes by name), to score it."""
     dev = _device(device)
     if batch_size < 1:  # a negative step makes an empty range: a header-only submission, "wrote", exit 0
         raise ConfigError(f"--batch-size {batch_size}: expected a whole number > 0")
@@ -297,7 +299,16 @@ def predict(
         if prepared is None and fmt == "folder" and _trained_from_store(run_cfg):
             print(_unprepared_store_warning(found, run_cfg, data), file=sys.stderr, flush=True)
         ds, ids, label_origin = load_predict_data(
-            data, fmt, image_shape, image_size=h, skipped=skipped, per_image=per_image, notes=notes, prepared=prepared
+            data,
+            fmt,
+            image_shape,
+            image_size=h,
+            skipped=skipped,
+            per_image=per_image,
+            notes=notes,
+            prepared=prepared,
+            labels_csv=labels,
+            class_names=meta.get("class_names"),
         )
         if prepared is not None and fmt == "folder":
             sides = Sides(prepared["max_side"], prepared["short_side"]).describe()
@@ -355,6 +366,8 @@ def predict(
     numbers = class_numbers(names)
     if numbers is not None:
         print(numbered_classes_note(names), file=sys.stderr, flush=True)
+    if labels:
+        numbers = None  # matched to the model's classes by name: already indices
     if label_origin and fmt == "npz" and (own := npz_class_names(data)) is not None:
         labels, note = _labels_by_name(ds.y, own, names, f"{data}[{label_origin}]", _npz_run_before_names(state))
         if note:

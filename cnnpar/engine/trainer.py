@@ -119,7 +119,8 @@ NOT_TRAINING_SETTINGS = {
     "dist": ("nproc", "debug_single"),  # the processes that ran are compared instead (the checkpoint's world size)
     # what the data decides: a resume on other data, shape or classes is refused (_refuse_changed_data), while the
     # record it resumes from holds these as found (the image size an auto found), the checkpoint as asked
-    "data": ("source", "format", "image_size", "image_shape", "num_classes", "synthetic_samples"),
+    # (--labels too: where the CSV is, not what it holds, which the data checksum compares)
+    "data": ("source", "labels", "format", "image_size", "image_shape", "num_classes", "synthetic_samples"),
 }
 METRIC_COLUMNS = [
     "epoch",
@@ -1284,7 +1285,7 @@ class Trainer:
         folder goes where no epoch was saved, as for any file a decoder refuses; where one was, the line says what
         the checkpoint holds and the command that continues, as a stop's does (`stop_said`: the launcher of
         `--nproc` then does not say it again)."""
-        crash = worker_crash(e, self.cfg.data.source, self.bundle)
+        crash = worker_crash(e, self.cfg.data.source, self.bundle, self.cfg.data.labels)
         if crash is None:
             return
         line = str(crash)

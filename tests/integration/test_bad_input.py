@@ -357,6 +357,31 @@ def test_a_worker_that_crashes_decoding_ends_the_run_in_one_line_whose_advice_na
     assert [f.name for f in tmp_path.iterdir()] == ["photos"]  # no store, nor a part of one
 
 
+def test_a_worker_crash_reading_a_labelled_flat_folder_advises_a_prepare_with_its_labels(tmp_path):
+    """A flat folder labelled by --labels: the advice's prepare without --labels stopped at "no class folders",
+    never reaching the damaged file."""
+    from PIL import Image
+
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    x, _ = bar_images(12, classes=2, side=16, channels=3)
+    for i, img in enumerate(x):
+        Image.fromarray(img).save(flat / f"p{i}.png")
+    (flat / "short.png").write_bytes(short_png(100, 100, 20_000))
+    labels = tmp_path / "labels.csv"
+    labels.write_text("id,label\n" + "".join(f"p{i},{'ab'[i % 2]}\n" for i in range(12)) + "short,a\n")
+    args = ["train", "--data", "flat", "--labels", "labels.csv", "--image-size", "16", "--epochs", "1"]
+    p = run_cmd([sys.executable, "-c", CRASHES_ON_SHORT_PNG, *args, "--workers", "1", "--no-progress"], tmp_path)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1].lstrip("\0")
+    prepare = re.search(r"to find it: (cnnpar prepare .*?) decodes every photo", last).group(1)
+    assert prepare == "cnnpar prepare flat --labels labels.csv --out flat.cnnpar --short-side 24", last
+    q = run_cmd([sys.executable, "-m", *shlex.split(prepare)], tmp_path)  # the advice, as a user pastes it
+    assert q.returncode == 2 and q.stderr.strip().startswith(
+        "cnnpar: error: flat/short.png: cannot decode as an image"
+    ), q.stderr
+
+
 @pytest.fixture(scope="module")
 def damaged_png_photos(tmp_path_factory, one_thread):
     """photos/ (2 classes, 16x16) with class1/bad.png, whose zlib stream alone is damaged (datafiles.damaged_png), and

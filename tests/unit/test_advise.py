@@ -71,6 +71,15 @@ def test_pre_decode_names_the_prepare_and_train_commands():
     )
 
 
+def test_pre_decode_of_a_labelled_flat_folder_keeps_its_labels():
+    # without --labels the pasted prepare of a flat folder stopped at "no class folders"
+    (pre,) = [r for r in recommend(slow_folder(data_labels="labels.csv")) if r.key == "pre-decode"]
+    assert pre.action == (
+        "cnnpar prepare photos --labels labels.csv --out photos.cnnpar --short-side 256 && "
+        "cnnpar train --data photos.cnnpar --image-size 224"
+    )
+
+
 def test_a_slow_store_gets_workers_not_pre_decode():
     keys = [r.key for r in recommend(slow_folder(data_source="photos.cnnpar", data_format="store"))]
     assert "workers" in keys and "pre-decode" not in keys

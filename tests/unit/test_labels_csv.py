@@ -141,3 +141,42 @@ def test_resume_notices_a_changed_labels_csv(tmp_path, capsys):
     labels.write_text(labels.read_text().replace("r0,a", "r0,b"))
     assert _train(tmp_path, root, labels, "--name", "r", "--resume", "auto", "--epochs", "2") == 2
     assert "the data changed since the checkpoint" in capsys.readouterr().err
+
+
+def test_a_flat_folder_without_labels_is_told_of_labels(tmp_path, capsys):
+    root = _flat(tmp_path, ["a", "b", "c"])
+    args = ["--epochs", "1", "--workers", "0", "--out-dir", str(tmp_path / "runs"), "--no-tensorboard"]
+    assert main(["train", "--data", str(root), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{root}: no class folders: expected root/<class>/<image>.jpg|png, or, as {root} holds 3 image(s) " in err
+    assert "itself, --labels CSV: a CSV naming each image and its label" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match=r"no class folders: expected root/<class>/<image>\.jpg\|png$"):
+        load_data(DataConfig(source=str(empty)))  # no images there either: no word of --labels
+
+
+def test_a_row_naming_an_image_of_a_kind_not_read_says_so(tmp_path):
+    root = _flat(tmp_path, ["a", "b", "c"])
+    Image.fromarray(np.zeros((12, 12, 3), np.uint8)).save(root / "w.webp")
+    labels = _csv(tmp_path, "id,breed\na,pug\nb,husky\nc,pug\nw,husky\n")
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(root), labels=str(labels), image_size=8))
+    assert str(e.value) == (
+        f"{labels}: line 5: column 'id' 'w' names w.webp, an image of a kind cnnpar does not read (1 row(s) name "
+        ".webp files): expected a .jpg, .jpeg or .png file (convert them, e.g. Pillow's "
+        "Image.open(f).save(f.with_suffix('.png')))"
+    )
+
+
+def test_resume_naming_the_same_csv_by_another_path_records_no_change(tmp_path, monkeypatch):
+    names = [f"r{i}" for i in range(8)]
+    root = _flat(tmp_path, names)
+    _csv(tmp_path, "id,label\n" + "".join(f"{n},{'ab'[i % 2]}\n" for i, n in enumerate(names)))
+    monkeypatch.chdir(tmp_path)
+    assert _train(tmp_path, root, "labels.csv", "--name", "r") == 0
+    assert _train(tmp_path, root, tmp_path / "labels.csv", "--name", "r", "--resume", "auto", "--epochs", "2") == 0
+    # where the CSV is, as --data's path, is no training setting: resumes.csv keeps what the epochs trained with
+    rows = (tmp_path / "runs" / "r" / "resumes.csv").read_text().splitlines()
+    assert rows == ["from_epoch,setting,before,after,note", "2,run.epochs,1,2,"]
