@@ -134,6 +134,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 
     cfg, set_aside_lr = config_and_set_aside_lr(args)
     check_model(cfg)
+    from cnnpar.engine.rundir import refuse_unwritable_run_place
+
+    refuse_unwritable_run_place(cfg)  # before the data loads (each rank its own, before the ranks meet)
     check_launch_env(cfg.dist.debug_single)  # before anything waits for another rank
     if cfg.dist.nproc > 0 and launched_by_torchrun() and not debug_single_requested(cfg.dist.debug_single):
         if line := nproc_not_launched(cfg.dist.nproc):

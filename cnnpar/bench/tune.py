@@ -40,6 +40,7 @@ from cnnpar.config import LONG_COMPILES, MACHINE_FIELDS, Config, cli_option, dum
 from cnnpar.errors import UserError, raise_pending_stop
 from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.report.files import (
+    check_out_file,
     check_out_folder,
     output_folder,
     refuse_earlier_results,
@@ -625,10 +626,10 @@ def tuned_file(given: str, out_root: str | Path, model: str, config_read: str | 
 
 def check_out(out: Path, config_read: str | Path | None = None) -> None:
     """--out is the config file, and its trials go beside it with the suffix .csv: checked before any trial (a
-    folder failed at the first write, after the start trial, and `x.csv` made the two files one). Either already
-    there is an earlier tune's result (or another file), refused as bench refuses an --out holding results, unless
-    --out is the --config this run starts from (`config_read`): re-tuning a tuned config in place rewrites both, as
-    asked."""
+    folder, or one where no file can be made, failed at the first write, after the start trial, and `x.csv` made the
+    two files one). Either already there is an earlier tune's result (or another file), refused as bench refuses an
+    --out holding results, unless --out is the --config this run starts from (`config_read`): re-tuning a tuned
+    config in place rewrites both, as asked."""
     trials = out.with_suffix(".csv")
     blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocked is not None:  # else a FileExistsError from making the folder
@@ -647,6 +648,8 @@ def check_out(out: Path, config_read: str | Path | None = None) -> None:
     if not _same_file(out, config_read):
         again = f" or --config {out} (to re-tune that config in place)" if out.is_file() else ""
         refuse_earlier_results("tune", "--out", out, tune_results(out), instead=f"another --out{again}")
+    # a folder where no file can be made (read-only): the start trial ran, then a traceback at the first write
+    check_out_file(out, "tune --out")
 
 
 def retry_budget_s(start: Trial, budget_s: float) -> float | None:

@@ -418,4 +418,7 @@ def remove_partial(partial: Path) -> None:
     """Remove the store's partial file and the chunk files its workers left (`chunk_path`)."""
     pattern = glob.escape(partial.name.removesuffix(PARTIAL_SUFFIX)) + ".chunk*" + PARTIAL_SUFFIX
     for path in [partial, *partial.parent.glob(pattern)]:
-        path.unlink(missing_ok=True)
+        # a clean-up after an error must not hide it: on a read-only file system, unlinking even a file that was
+        # never made raises EROFS, not the ENOENT missing_ok covers
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)

@@ -24,7 +24,13 @@ from cnnpar.data.sources import readable_name
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
 from cnnpar.errors import UserError
-from cnnpar.report.files import removed_on_failure, stamped_folder_removed_on_failure, stamped_name
+from cnnpar.report.files import (
+    check_out_folder,
+    removed_on_failure,
+    stamped_folder_removed_on_failure,
+    stamped_name,
+    unwritable,
+)
 
 try:
     import fcntl
@@ -171,6 +177,32 @@ def refuse_too_long_path(run_dir: Path) -> None:
             f"{setting_name('run', 'out_dir')} = '{readable_name(_shortened(str(run_dir.parent)))}': the run folder's "
             f"path is {size} bytes long: expected at most {PATH_MAX_BYTES - RUN_FILES_ROOM - 1} bytes (the system's "
             f"path limit is {PATH_MAX_BYTES}, with room left for the run's files)"
+        )
+
+
+def refuse_unwritable_run_place(cfg: Config) -> None:
+    """The run folder a train writes (the one a resume continues, or one a --name names that is there), or the
+    --out-dir a new one goes under, where no file can be made (a read-only file system, no permission): refused
+    before the data is loaded. A new run ended in a traceback at its mkdir, and a resume at its first record."""
+    resume = cfg.run.resume
+    if resume and resume != "auto":
+        ckpt = resumed_checkpoint(Path(resume))
+        if ckpt is None:
+            return  # nothing to resume, refused as such later (_decide)
+        run_dir, said = run_dir_of(ckpt), f"--resume {resume}"
+    else:
+        # first: exists() raises on a path the system cannot take
+        refuse_too_long_path(Path(cfg.run.out_dir) / (cfg.run.name or f"{cfg.model.name}-YYYYMMDD-HHMMSS-NN"))
+        run_dir = Path(cfg.run.out_dir) / cfg.run.name
+        said = "--resume auto" if resume else f"--name {cfg.run.name}"
+        if not cfg.run.name or not run_dir.is_dir():
+            check_out_folder(cfg.run.out_dir, "--out-dir")
+            return
+    why = unwritable(run_dir)
+    if why:
+        raise UserError(
+            f"{said}: the run folder {run_dir} cannot be written ({why}): expected a run folder where files can be "
+            "made (a run writes its checkpoints and records there)"
         )
 
 

@@ -25,17 +25,34 @@ except ImportError:  # Windows has no flock: a killed writer's temp file stays t
 
 
 def check_out_folder(path: str | Path, flag: str) -> None:
-    """Refuse, before any measuring, an output folder that is a file or would lie under one: bench, doctor and
-    profile measured for minutes and then ended in a FileExistsError or NotADirectoryError traceback."""
+    """Refuse, before any measuring, an output folder that is a file or would lie under one, or one where no file
+    can be made (itself, or the nearest folder above it that is there: permissions, a read-only file system): bench,
+    doctor and profile measured for minutes and then ended in a FileExistsError, NotADirectoryError or read-only
+    traceback; tune ran its whole start trial first."""
     from cnnpar.errors import UserError
 
     given = Path(path)
-    for place in (given, *given.parents):
-        if place.exists():
-            if not place.is_dir():
-                where = "is a file" if place == given else f"lies under {place}, a file"
-                raise UserError(f"{flag} {path}: {where}: expected a folder (or a path where one can be made)")
-            return
+    place = next((place for place in (given, *given.parents) if place.exists()), Path("."))
+    if not place.is_dir():
+        where = "is a file" if place == given else f"lies under {place}, a file"
+        raise UserError(f"{flag} {path}: {where}: expected a folder (or a path where one can be made)")
+    why = unwritable(place)
+    if why:
+        raise UserError(f"{flag} {path}: cannot be written ({why}): expected a folder where files can be made")
+
+
+def unwritable(folder: Path, name: str = "cnnpar-probe") -> str:
+    """Why no file can be created in `folder` (the system's reason: permissions, a read-only or virtual file system),
+    or "" where one can. Tried by creating and removing a temporary file `name` there, as the writes themselves will:
+    permission bits alone do not say (root, a read-only mount)."""
+    try:
+        tmp, fd = _create_temp(folder, name)
+    except OSError as e:
+        return e.strerror or str(e)
+    tmp.unlink(missing_ok=True)
+    if fd >= 0:
+        os.close(fd)
+    return ""
 
 
 def write_failure(e: BaseException, folder: str | Path) -> str:
@@ -139,24 +156,18 @@ def check_output_folder(
 def check_out_file(path: str | Path, flag: str) -> None:
     """Refuse, before the work, an output file that cannot be made: one under a file, or in a folder (or under the
     nearest one there is, for folders still to be made) where no file can be created (permissions, a read-only or
-    virtual file system). predict ran over every image, then ended in a traceback at its write. Tried by creating
-    and removing a temporary file there, as the write itself will: permission bits alone do not say (root, a
-    read-only mount)."""
+    virtual file system: `unwritable`). predict ran over every image, then ended in a traceback at its write."""
     from cnnpar.errors import UserError
 
     given = Path(path)
     folder = next((place for place in given.parents if place.exists()), Path("."))
     if not folder.is_dir():
         raise UserError(f"{flag} {path}: lies under {folder}, a file: expected a path in a folder")
-    try:
-        tmp, fd = _create_temp(folder, given.name)
-    except OSError as e:
+    why = unwritable(folder, given.name)
+    if why:
         raise UserError(
-            f"{flag} {path}: cannot be written ({e.strerror or e}): expected a path in a folder where files can be made"
-        ) from None
-    tmp.unlink(missing_ok=True)
-    if fd >= 0:
-        os.close(fd)
+            f"{flag} {path}: cannot be written ({why}): expected a path in a folder where files can be made"
+        )
 
 
 def _create_temp(folder: Path, name: str) -> tuple[Path, int]:

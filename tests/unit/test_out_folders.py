@@ -120,3 +120,105 @@ def test_tune_re_tunes_its_config_in_place_where_out_is_that_config(tmp_path, mo
     assert err.startswith(f"tune: no {tuned} written (the start was not started: "), err
     assert tuned.read_text() == dumps_toml(Config())
     assert (tmp_path / "t.csv").read_text().startswith("group,switch,value,status")  # this run's trials
+
+
+@pytest.fixture
+def read_only_ro(tmp_path, monkeypatch):
+    """tmp_path/ro as a read-only file system would have it: a file made in it (or in a folder under it) raises
+    EROFS. Simulated where the write checks make their trial file (`_create_temp`): tests may not mount."""
+    import errno
+
+    from cnnpar.report import files
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    made = files._create_temp
+
+    def create_temp(folder, name):
+        if ro in (folder.resolve(), *folder.resolve().parents):
+            raise OSError(errno.EROFS, "Read-only file system", str(folder / name))
+        return made(folder, name)
+
+    monkeypatch.setattr(files, "_create_temp", create_temp)
+    return ro
+
+
+def _nothing_trained_or_benched(monkeypatch) -> None:
+    """train's and bench's first steps past their output checks fail the test too."""
+    import cnnpar.bench.run as bench
+    import cnnpar.engine.trainer as trainer
+
+    _nothing_measured(monkeypatch)
+    monkeypatch.setattr(trainer, "Trainer", lambda *a, **k: pytest.fail("a Trainer was built before refusing"))
+    monkeypatch.setattr(bench, "_measurement_setup", lambda *a, **k: pytest.fail("measured before refusing"))
+
+
+FOLDER_CANNOT = "cannot be written (Read-only file system): expected a folder where files can be made"
+FILE_CANNOT = "cannot be written (Read-only file system): expected a path in a folder where files can be made"
+
+
+@pytest.mark.parametrize(
+    "words, said",
+    [
+        (["train", "--out-dir", "ro"], f"--out-dir ro: {FOLDER_CANNOT}"),
+        (["train", "--out-dir", "ro/sub/deeper"], f"--out-dir ro/sub/deeper: {FOLDER_CANNOT}"),
+        (["doctor", "--report-dir", "ro/doc"], f"doctor --report-dir ro/doc: {FOLDER_CANNOT}"),
+        (["doctor", "--out-dir", "ro"], f"--out-dir ro: {FOLDER_CANNOT}"),
+        (["bench", "--out", "ro/b", "--only", "baseline", *TINY], f"bench --out ro/b: {FOLDER_CANNOT}"),
+        (["bench", "--out-dir", "ro", "--only", "baseline", *TINY], f"--out-dir ro: {FOLDER_CANNOT}"),
+        (["tune", "--out", "ro/t/tuned.toml"], f"tune --out ro/t/tuned.toml: {FILE_CANNOT}"),
+        # the folder is there: the whole start trial ran, then a traceback at the first write
+        (["tune", "--out", "ro/tuned.toml"], f"tune --out ro/tuned.toml: {FILE_CANNOT}"),
+        (["tune", "--out-dir", "ro"], f"--out-dir ro: {FOLDER_CANNOT}"),
+        (["profile", "--report-dir", "ro/p"], f"profile --report-dir ro/p: {FOLDER_CANNOT}"),
+        (["profile", "--out-dir", "ro"], f"--out-dir ro: {FOLDER_CANNOT}"),
+    ],
+    ids=[
+        "train", "train-deeper", "doctor-report-dir", "doctor-out-dir", "bench-out", "bench-out-dir", "tune-new-folder",
+        "tune-folder-there", "tune-out-dir", "profile-report-dir", "profile-out-dir",
+    ],
+)  # fmt: skip
+def test_a_read_only_output_folder_is_one_line_before_any_work(
+    tmp_path, monkeypatch, capsys, read_only_ro, words, said
+):
+    """A read-only output folder (or one under a read-only folder) ended in an OSError traceback at its mkdir or first
+    write, after the bench's peak measurement or the tune's start trial; now refused first, as predict's --out is."""
+    monkeypatch.chdir(tmp_path)
+    _nothing_trained_or_benched(monkeypatch)
+    assert main([*words, "--device", "cpu", "--data", "synthetic", "--image-shape", "1x8x8"]) == 2
+    assert capsys.readouterr().err == f"cnnpar: error: {said}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ro"]  # nothing made (no runs/ either)
+    assert not list(read_only_ro.iterdir())
+
+
+def _a_saved_run(folder) -> None:
+    """A run folder a resume takes: its config.toml and a checkpoint (never read: the refusal comes first)."""
+    from cnnpar.config import dumps_toml
+
+    (folder / "ckpt").mkdir(parents=True)
+    (folder / "ckpt" / "last.pt").write_bytes(b"")
+    (folder / "config.toml").write_text(dumps_toml(Config()))
+
+
+@pytest.mark.parametrize(
+    "words, said",
+    [
+        (["--resume", "ro/s"], "--resume ro/s: the run folder ro/s"),
+        (["--resume", "auto", "--out-dir", "ro", "--name", "s"], "--resume auto: the run folder ro/s"),
+    ],
+    ids=["resume-path", "resume-auto"],
+)
+def test_a_resume_into_a_read_only_run_folder_is_one_line_before_any_work(
+    tmp_path, monkeypatch, capsys, read_only_ro, words, said
+):
+    """A resume writes its records and checkpoints into its run folder: a read-only one ended in a traceback at
+    resumes.csv, after the data was loaded and the checkpoint read."""
+    monkeypatch.chdir(tmp_path)
+    _a_saved_run(read_only_ro / "s")
+    _nothing_trained_or_benched(monkeypatch)
+    assert main(["train", *words]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: {said} cannot be written (Read-only file system): expected a run folder where files can be "
+        "made (a run writes its checkpoints and records there)\n"
+    )
+    assert sorted(p.name for p in (read_only_ro / "s").iterdir()) == ["ckpt", "config.toml"]

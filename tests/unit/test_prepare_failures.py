@@ -212,6 +212,41 @@ def test_a_write_that_fails_is_one_line_and_leaves_nothing(tmp_path, workers):
     assert_nothing_left(out)
 
 
+def test_a_read_only_out_folder_is_the_one_line_alone_not_a_clean_up_traceback(tmp_path, monkeypatch, capsys):
+    """On a read-only file system, unlinking a partial file that was never made raises EROFS, not the ENOENT that
+    missing_ok covers: the clean-up's traceback followed the good one-line error. Simulated (tests may not mount):
+    the partial's open and every unlink of a .partial raise EROFS."""
+    import errno
+
+    from cnnpar.cli import main
+
+    write_image_folder(tmp_path / "p", per_class=2, classes=2)
+    out = tmp_path / "p.cnnpar"
+    opened, unlinked = Path.open, Path.unlink
+
+    def read_only(path: Path) -> bool:
+        return path.name.endswith(".partial")
+
+    def open_(self, *a, **k):
+        if read_only(self):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return opened(self, *a, **k)
+
+    def unlink(self, missing_ok=False):
+        if read_only(self):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return unlinked(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "open", open_)
+    monkeypatch.setattr(Path, "unlink", unlink)
+    assert main(["prepare", str(tmp_path / "p"), "--out", str(out), "--workers", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cnnpar: error: {out}: cannot write the store (Read-only file system at {out}."), err
+    assert err.endswith(f".partial): expected room for it and permission to write in {tmp_path}\n"), err
+    assert err.count("\n") == 1
+    assert_nothing_left(out)
+
+
 def test_two_prepares_to_one_out_each_leave_a_whole_store(tmp_path, monkeypatch):
     """Both wrote OUT.partial: the second truncated the first's file and renamed it to OUT, then the first went
     on writing into it (a store that opened and trained on a mix of both folders) and failed its own rename.
