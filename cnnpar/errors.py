@@ -20,6 +20,10 @@ class DataError(UserError):
     """A data file cannot be read as the format it claims to be."""
 
 
+class SharedMemoryFull(UserError):
+    """/dev/shm has no room for the batches DataLoader workers hand over (data/workers.py)."""
+
+
 class Diverged(UserError):
     """Training that stopped being finite. `epoch`, `what` ("train loss", "val loss", "weights": the weights or
     buffers, "outputs": the loss on the epoch's last batch after its last update) and `loss` (that value; for

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import queue
 import random
@@ -34,6 +35,7 @@ from cnnpar.data.store import prepare_then_train
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
 from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
+from cnnpar.data.workers import end_workers_at_exit, kill_stuck, report_unsent_batches
 from cnnpar.dist import DistInfo
 from cnnpar.errors import ConfigError
 from cnnpar.report.host import usable_cores
@@ -568,6 +570,8 @@ def shutdown_workers(loader) -> None:
     iterator = getattr(loader, "_iterator", None)
     if iterator is not None and hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
+        # torch ends a worker that did not leave by SIGTERM, which ours ignore (leave_stops_to_the_main_process)
+        kill_stuck(getattr(iterator, "_workers", []), grace_s=1.0)
     if hasattr(loader, "_iterator"):
         loader._iterator = None
 
@@ -588,9 +592,11 @@ def encoded_slots(ds, batch_size: int, workers: int, cfg: Config) -> ByteSlots |
         return None
 
 
-def init_loader_worker(worker_id: int) -> None:
-    """Every DataLoader worker's `worker_init_fn`."""
+def init_loader_worker(worker_id: int, prefetch: int = 2) -> None:
+    """Every DataLoader worker's `worker_init_fn` (`prefetch`: the loader's prefetch_factor, for the line that says
+    how much /dev/shm its batches need)."""
     leave_stops_to_the_main_process()
+    report_unsent_batches(prefetch)  # a batch /dev/shm has no room for: an error, not a wait for ever
     # a spawned worker (CUDA decoding) makes its socket folder itself, under the TMPDIR it inherits; a forked one
     # has its parent's (cli.main made it short)
     init_socket_folder()
@@ -602,7 +608,8 @@ def leave_stops_to_the_main_process() -> None:
     quietly only for its parent's), its `pymp-*` folder left in /tmp, and the main process got "DataLoader worker ...
     is killed by signal: Terminated" in place of its stop or over it: a bench rung recorded as failed, the doctor
     ended in a traceback. The main process stops its workers itself, as on any end (its clean-up, which the stop
-    runs); killed outright, its workers leave within torch's 5 s watchdog (they check their parent between batches)."""
+    runs); killed outright, its workers leave within torch's 5 s watchdog (they check their parent between batches).
+    Workers that outlive their shutdown or the main process's exit are killed (data/workers.py): SIGTERM cannot."""
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -621,7 +628,8 @@ def _host_loader(
     workers = cfg.data.workers if cfg.data.workers >= 0 else auto_workers(ds, info)
     common = dict(num_workers=workers, pin_memory=cfg.data.pin_memory == "on")
     if workers > 0:
-        common["worker_init_fn"] = init_loader_worker
+        common["worker_init_fn"] = functools.partial(init_loader_worker, prefetch=cfg.data.prefetch_factor)
+        end_workers_at_exit()
     if workers > 0 and getattr(ds, "start_method", None):  # e.g. workers that use CUDA themselves
         common["multiprocessing_context"] = ds.start_method
     if workers > 0:
