@@ -122,9 +122,8 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
             report = _examine(cfg, opts, log, info, bundle, report_dir)
         except Exception as e:
             raise_if_the_stop(e)  # a stop before the tries (the workers it killed): no report, the stop's exit
-            crash = worker_crash(
-                e, cfg.data.source, bundle, cfg.data.labels
-            )  # a worker killed otherwise: train's one line
+            # a worker killed otherwise: train's one line
+            crash = worker_crash(e, cfg.data.source, bundle, cfg.data.labels)
             if crash is not None:
                 raise crash from None
             raise
