@@ -23,6 +23,7 @@ from cnnpar.config import (
     setting_name,
     to_dict,
 )
+from cnnpar.errors import UserError
 from cnnpar.presets import PRESET_LINES, PRESETS, get_preset
 
 
@@ -136,6 +137,31 @@ def stored_run_config(
     """
     record = _stored_record(resume, out_dir, name)
     return None if record is None else (record, _read_stored(record, search_again))
+
+
+def rooted_data_paths(stored: Config, record: Path, given: dict) -> Config:
+    """`stored` (a resumed run's config) with its relative data paths made absolute against the folder the run was
+    started in (its `# started in:` line), so a resume from another folder reads the same data. A record written
+    before that line keeps them relative to this folder, as it did: one not found here is refused in one line, where
+    it read as data that is missing. A path typed now (--data, --labels) is the user's and stays as typed."""
+    from cnnpar.data.sources import BUILT_IN
+    from cnnpar.engine.resolved import DATA_PATH_FIELDS, read_started_in
+
+    folder = read_started_in(record.read_text())
+    changed = {}
+    for name in DATA_PATH_FIELDS:
+        value = getattr(stored.data, name)
+        if f"data.{name}" in given or not value or value in BUILT_IN or Path(value).is_absolute():
+            continue
+        if folder is not None:
+            changed[name] = str(Path(folder) / value)
+        elif not Path(value).exists():
+            flag = "--data" if name == "source" else f"--{name}"
+            raise UserError(
+                f"{record}: {flag} {value} is relative and not found from {Path.cwd()} (the record does not say which "
+                f"folder the run was started in): expected {flag} PATH naming it, or resume from that folder"
+            )
+    return replace(stored, data=replace(stored.data, **changed)) if changed else stored
 
 
 def _stored_record(resume: str, out_dir: str = "", name: str = "") -> Path | None:
@@ -311,6 +337,7 @@ def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
         found = stored_run_config(resume, out_dir, given.get("run.name", cfg.run.name), search_again)
         if found is not None:
             record, stored = found
+            stored = rooted_data_paths(stored, record, given)
             if _prints_notes():
                 _say_not_applied(args, given, cfg, stored, record.read_text())
             cfg, origin, set_aside = stored, str(record), ""  # the run's own lr, as it resumes

@@ -9,6 +9,7 @@ asked for stand beside the resolved ones as TOML comments: the file stays loadab
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields, replace
 
 import torch
@@ -86,6 +87,26 @@ REQUESTED = "# requested: "
 # Beside each requested line, the value the run resolved it to: a value in the file that differs from it was
 # edited by hand since, and is the user's own choice (cliargs reads both)
 RESOLVED = "# resolved: "
+
+
+# The folder the run was started in: a resume from another folder reads the run's relative data paths from there
+STARTED_IN = "# started in: "
+# the config fields that name files, relative to the folder the run was started in
+DATA_PATH_FIELDS = ("source", "labels")
+
+
+def started_in_line() -> str:
+    """`# started in: FOLDER`, this process's working folder: the one the record's relative paths are relative to
+    (a resume read them made absolute where an earlier start wrote the line, cliargs.rooted_data_paths)."""
+    return f"{STARTED_IN}{os.getcwd()}"
+
+
+def read_started_in(text: str) -> str | None:
+    """The folder of a record's `# started in:` line, None in a record written before it."""
+    for line in text.splitlines():
+        if line.startswith(STARTED_IN):
+            return line[len(STARTED_IN) :]
+    return None
 
 
 def requested_lines(requested: Config, resolved: Config) -> list[str]:

@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cnnpar.config import NAME_MAX_BYTES, SECTIONS, Config, load_toml, setting_name
-from cnnpar.data.sources import readable_name
+from cnnpar.data.sources import BUILT_IN, readable_name
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
+from cnnpar.engine.resolved import read_started_in
 from cnnpar.errors import UserError
 from cnnpar.report.files import (
     check_out_folder,
@@ -110,8 +111,11 @@ def refuse_other_data(run_dir: Path, cfg: Config) -> None:
         return
     try:
         source = load_toml(stored).data.source
+        started_in = read_started_in(stored.read_text())
     except UserError:
         return  # an unreadable config.toml is not a run's record worth protecting
+    if started_in is not None and source not in BUILT_IN and not Path(source).is_absolute():
+        source = str(Path(started_in) / source)  # relative to the folder the run started in, not this one
     if not same_source(source, cfg.data.source):
         raise UserError(
             f"{run_dir}: holds a run on --data {source} (its config.toml), not {cfg.data.source}: "

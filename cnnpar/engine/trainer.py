@@ -41,7 +41,7 @@ from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import NO_HOLDOUT, class_lines, first_five, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
-from cnnpar.data.sources import ARRAYS_CHECKSUM, STORE_CHECKSUM, folder_content_sample
+from cnnpar.data.sources import ARRAYS_CHECKSUM, BUILT_IN, STORE_CHECKSUM, folder_content_sample
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
 from cnnpar.data.worker_crash import STOP_SIGNALS, worker_crash, worker_signal
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
@@ -69,7 +69,13 @@ from cnnpar.engine.optim import (
     scaled_lr,
     set_bias_trains,
 )
-from cnnpar.engine.resolved import data_resolved, kept_requested_lines, long_compiles_resolved, requested_lines
+from cnnpar.engine.resolved import (
+    data_resolved,
+    kept_requested_lines,
+    long_compiles_resolved,
+    requested_lines,
+    started_in_line,
+)
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import (
     kept_line,
@@ -639,12 +645,13 @@ class Trainer:
             "world_size": self.info.world_size,  # a resume under another count says so (_global_batch_change)
             "meta": self.meta,
             "config": to_dict(self.cfg),
+            "started_in": os.getcwd(),  # what the config's relative data paths are relative to (a resume elsewhere)
         }
 
     def _restore(self, path: Path) -> None:
         state = require_training_state(load_checkpoint(path, map_location=self.info.device), path)
         # before the weights: a changed image size or class order can still fit them, and would train on silently
-        self._refuse_changed_data(path, state.get("config", {}), state.get("meta", {}))
+        self._refuse_changed_data(path, state.get("config", {}), state.get("meta", {}), state.get("started_in"))
         try:
             self.raw_model.load_state_dict(state["model"])
         except RuntimeError:  # torch lists every mismatching tensor: the user needs what differs in the data
@@ -906,7 +913,7 @@ class Trainer:
             return f"{details[0]}" + (f" ({details[1]})" if len(details) > 1 else "")
         return f"processes {old_world} -> {world} ({'; '.join(details)})"
 
-    def _refuse_changed_data(self, path: Path, stored: dict, was: dict) -> None:
+    def _refuse_changed_data(self, path: Path, stored: dict, was: dict, started_in: str | None = None) -> None:
         """A resumed run reads the data its checkpoint trained on, as it was. Rows added under the same path
         re-draw the seeded hold-out (validation would score images the finished epochs trained on); a renamed
         class folder moves classes to other indices (the outputs would mean other classes); another image size
@@ -914,6 +921,8 @@ class Trainer:
         it: that field goes unchecked. Refused before anything in the run folder changes."""
         source = self.cfg.data.source
         was_data = stored.get("data", {}).get("source")
+        if started_in and was_data and was_data not in BUILT_IN and not Path(was_data).is_absolute():
+            was_data = str(Path(started_in) / was_data)  # as the run read it, in the folder it was started in
         if was_data is not None and not same_source(was_data, source):
             raise UserError(
                 f"{path}: the run trained on --data {was_data}, this resume asks for {source}: a "
@@ -1042,7 +1051,7 @@ class Trainer:
             earlier = record.read_text() if record.is_file() else self.settings_from
             if earlier:
                 lines += kept_requested_lines(earlier, self.requested_cfg, lines)
-            header += "".join(line + "\n" for line in lines)
+            header += "".join(line + "\n" for line in lines) + started_in_line() + "\n"
             with self._record_written(record):
                 write_text_atomic(record, header + dumps_toml(resolved))
             # the summary of what the checkpoint holds, unfinished: an earlier attempt's ("finished": true at its
