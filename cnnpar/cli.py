@@ -136,7 +136,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     check_model(cfg)
     from cnnpar.engine.rundir import refuse_unwritable_run_place
 
-    refuse_unwritable_run_place(cfg)  # before the data loads (each rank its own, before the ranks meet)
+    # before the data loads (each rank its own, before the ranks meet). Every rank, not rank 0 alone: under --monitor
+    # the first process of each other machine writes telemetry_rank<N>.csv into the run folder too, and under
+    # horovodrun no start exchange (exchange_starts) tells the other ranks that rank 0 refused, so they would go on
+    # without it; the probe is one file made and removed
+    refuse_unwritable_run_place(cfg)
     check_launch_env(cfg.dist.debug_single)  # before anything waits for another rank
     if cfg.dist.nproc > 0 and launched_by_torchrun() and not debug_single_requested(cfg.dist.debug_single):
         if line := nproc_not_launched(cfg.dist.nproc):

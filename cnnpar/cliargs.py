@@ -319,6 +319,12 @@ def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
             f"{setting_name('run', 'name')} = '': expected one folder name inside --out-dir (leave --name out for "
             "a new default name)"
         )
+    if given.get("run.resume") == "":
+        # '' is no resume (the default): typed, `--resume ""` (an unset shell variable) started a new run unsaid
+        raise ConfigError(
+            f"{setting_name('run', 'resume')} = '': expected a run folder, a checkpoint file or 'auto' (leave "
+            "--resume out for a new run)"
+        )
     resume = given.get("run.resume", "")
     search_again = given.get("run.batch_size") == 0  # --batch-size auto typed over a record's searched batch
     origin = " / ".join(

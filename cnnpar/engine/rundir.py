@@ -208,6 +208,15 @@ def refuse_unwritable_run_place(cfg: Config) -> None:
             f"{said}: the run folder {run_dir} cannot be written ({why}): expected a run folder where files can be "
             "made (a run writes its checkpoints and records there)"
         )
+    # its checkpoints go into ckpt/: a read-only one there (the run folder itself writable) trained a whole epoch
+    # and then failed at the first checkpoint
+    ckpt_dir = run_dir / "ckpt"
+    why = unwritable(ckpt_dir) if ckpt_dir.is_dir() else ""
+    if why:
+        raise UserError(
+            f"{said}: the checkpoint folder {ckpt_dir} cannot be written ({why}): expected a folder where files can "
+            "be made (a run writes its checkpoints there)"
+        )
 
 
 # what every run folder holds from its start (fit); a loose last.pt is a checkpoint the refusal below names

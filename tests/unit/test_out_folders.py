@@ -222,3 +222,41 @@ def test_a_resume_into_a_read_only_run_folder_is_one_line_before_any_work(
         "made (a run writes its checkpoints and records there)\n"
     )
     assert sorted(p.name for p in (read_only_ro / "s").iterdir()) == ["ckpt", "config.toml"]
+
+
+@pytest.mark.parametrize(
+    "words, said",
+    [
+        (["--resume", "s"], "--resume s"),
+        (["--resume", "auto", "--name", "s", "--out-dir", "."], "--resume auto"),
+        (["--name", "s", "--out-dir", "."], "--name s"),
+    ],
+    ids=["resume-path", "resume-auto", "name-there"],
+)
+def test_a_read_only_checkpoint_folder_in_a_writable_run_folder_is_one_line_before_any_work(
+    tmp_path, monkeypatch, capsys, words, said
+):
+    """Only the run folder was tried: with its ckpt/ read-only, a resume trained a whole epoch and then failed at the
+    first checkpoint. Read-only simulated as in `read_only_ro` (tests may run as root, where chmod blocks nothing)."""
+    import errno
+
+    from cnnpar.report import files
+
+    monkeypatch.chdir(tmp_path)
+    _a_saved_run(tmp_path / "s")
+    ckpt = (tmp_path / "s" / "ckpt").resolve()
+    made = files._create_temp
+
+    def create_temp(folder, name):
+        if folder.resolve() == ckpt:
+            raise OSError(errno.EROFS, "Read-only file system", str(folder / name))
+        return made(folder, name)
+
+    monkeypatch.setattr(files, "_create_temp", create_temp)
+    _nothing_trained_or_benched(monkeypatch)
+    assert main(["train", *words, "--device", "cpu", "--data", "synthetic", "--image-shape", "1x8x8"]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: {said}: the checkpoint folder s/ckpt cannot be written (Read-only file system): expected a "
+        "folder where files can be made (a run writes its checkpoints there)\n"
+    )
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["ckpt", "config.toml"]

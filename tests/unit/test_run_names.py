@@ -184,6 +184,17 @@ def test_an_empty_name_typed_is_refused_in_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_empty_resume_typed_is_refused_in_one_line(tmp_path):
+    """`--resume ""` (an unset shell variable) trained a new run under a new default name without a word."""
+    r = run_cli(["train", *TINY, "--out-dir", "runs", "--resume", ""], tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == (
+        "cnnpar: error: run.resume (--resume) = '': expected a run folder, a checkpoint file or 'auto' (leave "
+        "--resume out for a new run)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_resumed_run_folder_moved_into_its_data_folder_is_refused(tmp_path, monkeypatch):
     """--resume RUN wrote its checkpoint, config.toml and metrics into the image folder it had been moved into."""
     monkeypatch.chdir(tmp_path)
