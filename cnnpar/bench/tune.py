@@ -564,11 +564,17 @@ def tune(
     try:
         _search(tuner, facts, held)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the best config measured stays, and the last line says where
-        tuner.write()  # the trials since the last improvement too
         csv = tuner.out.with_suffix(".csv")
         measured = sum(t.images_per_s is not None for t in tuner.trials)
         trials = f"{len(tuner.trials)} trial(s), {measured} measured"
-        log(f"tune: stopped; the best config so far ({trials}) is in {tuner.out} (the trials in {csv})")
+        try:
+            tuner.write()  # the trials since the last improvement too
+        except UserError as failed:
+            # said, and the stop raised on: the write's error alone (exit 2) hid that the signal had ended the tune,
+            # and the stop's exit status (130 or 143) is what a script or scheduler checks
+            log(f"tune: stopped; its last results could not be written: {failed}")
+        else:
+            log(f"tune: stopped; the best config so far ({trials}) is in {tuner.out} (the trials in {csv})")
         raise
     return tuner.best_cfg, tuner.trials
 

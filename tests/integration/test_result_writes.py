@@ -122,3 +122,31 @@ def test_a_profile_whose_tables_find_the_disk_full_leaves_its_folder_as_it_was(t
     assert line.startswith(f"{rep / 'top_ops_rank0.txt'}: cannot be written (No space left on device; ")
     assert line.endswith(f"): {profiler.NOT_WRITTEN}")
     assert list(rep.iterdir()) == []
+
+
+def test_a_tune_stopped_on_a_full_disk_says_both_the_stop_and_what_is_kept(tmp_path, monkeypatch, capsys):
+    """A SIGTERM whose last write found the disk full ended with the write's error alone (exit 2): nothing said that
+    the signal had stopped the tune, and a scheduler read a failure, not the stop (143)."""
+    import cnnpar.bench.tune as tune_mod
+    from cnnpar.errors import Terminated
+    from tests.unit.test_tune import FakeMachine
+
+    machine = FakeMachine(rate=lambda cfg: 100.0 * len(machine.calls), cost=lambda cfg: 0.0)
+
+    def stopped_at_the_third(cfg, limit):
+        if len(machine.calls) == 2:  # the start's and one kept trial's files are on disk
+            monkeypatch.setattr(tune_mod, "write_text_atomic", full_disk)  # the disk fills by the stop's write
+            raise Terminated
+        return machine.run_trial(cfg, limit)
+
+    monkeypatch.setattr(tune_mod, "child_trial", lambda steps, repeats, log: stopped_at_the_third)
+    out = tmp_path / "t" / "tuned.toml"
+    csv = out.with_suffix(".csv")
+    assert main(["tune", *SMALL_DATA, "--budget-s", "100000", "--repeats", "2", "--out", str(out)]) == 143
+    said = capsys.readouterr()
+    assert "Traceback" not in said.err and "cnnpar: error" not in said.err
+    assert said.err.strip().splitlines()[-1] == "cnnpar: stopped (SIGTERM)"
+    line = said.out.strip().splitlines()[-1]
+    assert line.startswith(f"tune: stopped; its last results could not be written: {out}: cannot be written (No ")
+    assert line.endswith(f"): {tune_mod.ROOM}; {out} and {csv} stay as before, whole")
+    assert [r["status"] for r in read_csv(csv)] == ["start", "skipped", "kept"]  # the last whole pair (batch: typed)
