@@ -310,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(0)
     import torch
 
+    from cnnpar.bench.output import ROOM
     from cnnpar.report.environment import git_revision
-    from cnnpar.report.files import write_csv_atomic, write_json_atomic
+    from cnnpar.report.files import write_csv_atomic, write_errors_explained, write_json_atomic
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     args.device = device
@@ -382,11 +383,16 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     prefix = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"ddp_scaling_{device}"
-    write_csv_atomic(prefix.with_suffix(".csv"), rows)
-    write_json_atomic(
-        prefix.with_suffix(".json"),
-        {"config": config, "git_rev": rev, "rows": rows, "workers": results, "target_speedup_2": TARGET_SPEEDUP_2},
-    )
+    csv, js = prefix.with_suffix(".csv"), prefix.with_suffix(".json")
+    # a full disk or a read-only folder: one line naming the file and what is kept (a UserError), not a traceback
+    # after every world size was measured
+    with write_errors_explained(csv, f"{ROOM}; the DDP rows measured are not saved"):
+        write_csv_atomic(csv, rows)
+    with write_errors_explained(js, f"{ROOM}; the DDP rows measured are kept, whole, in {csv}"):
+        write_json_atomic(
+            js,
+            {"config": config, "git_rev": rev, "rows": rows, "workers": results, "target_speedup_2": TARGET_SPEEDUP_2},
+        )
     print(f"\n{'N':>3} {'img/s':>10} {'per proc':>10} {'step ms':>8} {'speedup':>8} {'eff':>6}")
     for row in rows:
         print(

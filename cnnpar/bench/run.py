@@ -129,6 +129,8 @@ def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, bund
     ]
     try:
         ddp_main(argv)
+    except UserError as e:  # ddp.csv or ddp.json not written (a full disk): the ladder's files are whole
+        raise UserError(f"{e}; the ladder's results are kept, whole, in {out}") from None
     except SystemExit as e:  # a failed launch: the ladder's files are already written
         if e.code not in (0, None):
             print(f"bench: DDP rows failed: {e.code}", file=sys.stderr, flush=True)

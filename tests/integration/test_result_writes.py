@@ -150,3 +150,33 @@ def test_a_tune_stopped_on_a_full_disk_says_both_the_stop_and_what_is_kept(tmp_p
     assert line.startswith(f"tune: stopped; its last results could not be written: {out}: cannot be written (No ")
     assert line.endswith(f"): {tune_mod.ROOM}; {out} and {csv} stay as before, whole")
     assert [r["status"] for r in read_csv(csv)] == ["start", "skipped", "kept"]  # the last whole pair (batch: typed)
+
+
+def fake_world(args, world_size, threads, result) -> dict:
+    """ddp_scaling.launch's result for one world size, without launching torchrun."""
+    resolved = {k: "" for k in ("precision", "channels_last", "compile", "pin_memory", "prefetch_stream")}
+    return {
+        "world_size": world_size, "images_per_s": 100.0 * world_size, "images_per_s_per_device": 100.0,
+        "step_ms": 10.0, "data_wait_share": 0.1, "peak_mem_mb": 1.0, "peak_mem_kind": "rss", "step": "plain",
+        "environment": {"device": "cpu", "torch": "x", "cuda": "", "date": "today"},
+        "resolved": {**resolved, "resident": False, "ddp": None},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("fails", ["ddp.csv", "ddp.json"])
+def test_a_bench_whose_ddp_rows_find_the_disk_full_says_what_is_kept(tmp_path, monkeypatch, capsys, fails):
+    """ddp.csv or ddp.json on a full disk ended `cnnpar bench --ddp` in a traceback after every world size ran."""
+    from cnnpar.bench import ddp_scaling, output
+    from cnnpar.report import files
+
+    monkeypatch.setattr(ddp_scaling, "launch", fake_world)
+    monkeypatch.setattr(files, "write_csv_atomic" if fails == "ddp.csv" else "write_json_atomic", full_disk)
+    out = tmp_path / "b"
+    assert main([*BENCH, "--ddp", "1,2", "--out", str(out)]) == 2
+    line = the_error(capsys)
+    assert line.startswith(f"{out / fails}: cannot be written (No space left on device; ")
+    ddp_kept = f"kept, whole, in {out / 'ddp.csv'}" if fails == "ddp.json" else "not saved"
+    assert line.endswith(f"): {output.ROOM}; the DDP rows measured are {ddp_kept}; the ladder's results are kept, "
+                         f"whole, in {out}")  # fmt: skip
+    assert [r["name"] for r in read_csv(out / "ladder.csv")] == ["baseline"]
+    assert (out / "ddp.csv").is_file() == (fails == "ddp.json")
