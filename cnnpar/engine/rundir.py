@@ -103,6 +103,16 @@ def same_source(a: str, b: str) -> bool:
     return a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve())
 
 
+def same_recorded_source(recorded: str, started_in: str | None, now: str) -> bool:
+    """`now` names the data a record's `recorded` --data named: as typed (the same relative path typed in another
+    folder passes here; the trainer's content check compares the two folders' files), or read from the folder the run
+    was started in (a resume from elsewhere, whose relative path cliargs made absolute)."""
+    if same_source(recorded, now):
+        return True
+    rooted = started_in is not None and recorded not in BUILT_IN and not Path(recorded).is_absolute()
+    return rooted and same_source(str(Path(started_in) / recorded), now)
+
+
 def refuse_other_data(run_dir: Path, cfg: Config) -> None:
     """A run folder holds one data set's run: another data set's epochs, checkpoint and config.toml
     must not land on top of it (a `--resume auto` that lost its --data would do just that)."""
@@ -114,9 +124,9 @@ def refuse_other_data(run_dir: Path, cfg: Config) -> None:
         started_in = read_started_in(stored.read_text())
     except UserError:
         return  # an unreadable config.toml is not a run's record worth protecting
-    if started_in is not None and source not in BUILT_IN and not Path(source).is_absolute():
-        source = str(Path(started_in) / source)  # relative to the folder the run started in, not this one
-    if not same_source(source, cfg.data.source):
+    if not same_recorded_source(source, started_in, cfg.data.source):
+        if started_in is not None and source not in BUILT_IN and not Path(source).is_absolute():
+            source = str(Path(started_in) / source)  # named as the run read it, in the folder it started in
         raise UserError(
             f"{run_dir}: holds a run on --data {source} (its config.toml), not {cfg.data.source}: "
             f"expected --data {source}, or another --name"

@@ -85,7 +85,7 @@ from cnnpar.engine.rundir import (
     resume_auto_record,
     resume_unseen_here,
     run_folder_held,
-    same_source,
+    same_recorded_source,
     stopped_line,
 )
 from cnnpar.engine.step import eval_batch
@@ -921,9 +921,9 @@ class Trainer:
         it: that field goes unchecked. Refused before anything in the run folder changes."""
         source = self.cfg.data.source
         was_data = stored.get("data", {}).get("source")
-        if started_in and was_data and was_data not in BUILT_IN and not Path(was_data).is_absolute():
-            was_data = str(Path(started_in) / was_data)  # as the run read it, in the folder it was started in
-        if was_data is not None and not same_source(was_data, source):
+        if was_data is not None and not same_recorded_source(was_data, started_in, source):
+            if started_in and was_data not in BUILT_IN and not Path(was_data).is_absolute():
+                was_data = str(Path(started_in) / was_data)  # named as the run read it, in the folder it started in
             raise UserError(
                 f"{path}: the run trained on --data {was_data}, this resume asks for {source}: a "
                 f"checkpoint continues on its own data: expected --data {was_data}, or a new run"
