@@ -144,17 +144,16 @@ def rooted_data_paths(stored: Config, record: Path, given: dict) -> Config:
     started in (its `# started in:` line), so a resume from another folder reads the same data. A record written
     before that line keeps them relative to this folder, as it did: one not found here is refused in one line, where
     it read as data that is missing. A path typed now (--data, --labels) is the user's and stays as typed."""
-    from cnnpar.data.sources import BUILT_IN
-    from cnnpar.engine.resolved import DATA_PATH_FIELDS, read_started_in
+    from cnnpar.engine.resolved import DATA_PATH_FIELDS, read_started_in, relative_file, rooted
 
     folder = read_started_in(record.read_text())
     changed = {}
     for name in DATA_PATH_FIELDS:
         value = getattr(stored.data, name)
-        if f"data.{name}" in given or not value or value in BUILT_IN or Path(value).is_absolute():
+        if f"data.{name}" in given or not relative_file(value):  # typed now (the user's), or nothing to root
             continue
         if folder is not None:
-            changed[name] = str(Path(folder) / value)
+            changed[name] = rooted(value, folder)
         elif not Path(value).exists():
             flag = "--data" if name == "source" else f"--{name}"
             raise UserError(

@@ -17,7 +17,7 @@ import torch
 from cnnpar.config import LONG_COMPILES, SECTIONS, Config, to_dict
 from cnnpar.data import DataBundle
 from cnnpar.data.loader import DeviceFeeder, ResidentLoader
-from cnnpar.data.sources import detect_format
+from cnnpar.data.sources import BUILT_IN, detect_format
 from cnnpar.data.transforms import resolve_augment
 
 
@@ -99,6 +99,17 @@ def started_in_line() -> str:
     """`# started in: FOLDER`, this process's working folder: the one the record's relative paths are relative to
     (a resume read them made absolute where an earlier start wrote the line, cliargs.rooted_data_paths)."""
     return f"{STARTED_IN}{os.getcwd()}"
+
+
+def relative_file(path: str) -> bool:
+    """A data path read from the working folder: neither empty, a built-in data set, nor absolute."""
+    return bool(path) and path not in BUILT_IN and not os.path.isabs(path)
+
+
+def rooted(path: str, started_in: str | None) -> str:
+    """`path` as a run started in `started_in` read it: a relative file path joined to that folder; anything else,
+    or a record without the folder (None), unchanged."""
+    return os.path.join(started_in, path) if started_in is not None and relative_file(path) else path
 
 
 def read_started_in(text: str) -> str | None:

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cnnpar.config import NAME_MAX_BYTES, SECTIONS, Config, load_toml, setting_name
-from cnnpar.data.sources import BUILT_IN, readable_name
+from cnnpar.data.sources import readable_name
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
-from cnnpar.engine.resolved import read_started_in
+from cnnpar.engine.resolved import read_started_in, rooted
 from cnnpar.errors import UserError
 from cnnpar.report.files import (
     check_out_folder,
@@ -107,10 +107,7 @@ def same_recorded_source(recorded: str, started_in: str | None, now: str) -> boo
     """`now` names the data a record's `recorded` --data named: as typed (the same relative path typed in another
     folder passes here; the trainer's content check compares the two folders' files), or read from the folder the run
     was started in (a resume from elsewhere, whose relative path cliargs made absolute)."""
-    if same_source(recorded, now):
-        return True
-    rooted = started_in is not None and recorded not in BUILT_IN and not Path(recorded).is_absolute()
-    return rooted and same_source(str(Path(started_in) / recorded), now)
+    return same_source(recorded, now) or same_source(rooted(recorded, started_in), now)
 
 
 def refuse_other_data(run_dir: Path, cfg: Config) -> None:
@@ -125,8 +122,7 @@ def refuse_other_data(run_dir: Path, cfg: Config) -> None:
     except UserError:
         return  # an unreadable config.toml is not a run's record worth protecting
     if not same_recorded_source(source, started_in, cfg.data.source):
-        if started_in is not None and source not in BUILT_IN and not Path(source).is_absolute():
-            source = str(Path(started_in) / source)  # named as the run read it, in the folder it started in
+        source = rooted(source, started_in)  # named as the run read it, in the folder it started in
         raise UserError(
             f"{run_dir}: holds a run on --data {source} (its config.toml), not {cfg.data.source}: "
             f"expected --data {source}, or another --name"

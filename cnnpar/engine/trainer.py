@@ -41,7 +41,7 @@ from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import NO_HOLDOUT, class_lines, first_five, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
-from cnnpar.data.sources import ARRAYS_CHECKSUM, BUILT_IN, STORE_CHECKSUM, folder_content_sample
+from cnnpar.data.sources import ARRAYS_CHECKSUM, STORE_CHECKSUM, folder_content_sample
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
 from cnnpar.data.worker_crash import STOP_SIGNALS, worker_crash, worker_signal
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
@@ -74,6 +74,7 @@ from cnnpar.engine.resolved import (
     kept_requested_lines,
     long_compiles_resolved,
     requested_lines,
+    rooted,
     started_in_line,
 )
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
@@ -922,8 +923,7 @@ class Trainer:
         source = self.cfg.data.source
         was_data = stored.get("data", {}).get("source")
         if was_data is not None and not same_recorded_source(was_data, started_in, source):
-            if started_in and was_data not in BUILT_IN and not Path(was_data).is_absolute():
-                was_data = str(Path(started_in) / was_data)  # named as the run read it, in the folder it started in
+            was_data = rooted(was_data, started_in)  # named as the run read it, in the folder it started in
             raise UserError(
                 f"{path}: the run trained on --data {was_data}, this resume asks for {source}: a "
                 f"checkpoint continues on its own data: expected --data {was_data}, or a new run"
