@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from cnnpar.dist import DistInfo
 from cnnpar.errors import first_line
+from cnnpar.report.files import write_failure
 
 COLUMNS = [
     "time_s",
@@ -109,8 +111,12 @@ class TelemetrySampler:
         log: Callable[[str], None] = print,
         on_sample: Callable[[list[dict]], None] | None = None,
         append: bool = False,
+        say_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.csv_path = Path(csv_path)
+        self.say_failure = say_failure or log  # where a failed write of the CSV is said (`_write_failed`)
+        self.failed = ""  # that line, once said: sampling stopped there
+        self._kept_s: float | None = None  # time_s of the last sample flushed to the CSV
         self.append = append  # keep an earlier attempt's samples in csv_path and continue its time_s
         self.on_sample = on_sample  # also given each sample's rows (the run's TensorBoard scalars)
         self.interval_s = interval_s
@@ -139,7 +145,12 @@ class TelemetrySampler:
         self._cpu_read_at = time.monotonic()
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
         earlier_end = _earlier_samples_end(self.csv_path) if self.append else None
-        self._file = self.csv_path.open("w" if earlier_end is None else "a", newline="")
+        self._kept_s = earlier_end
+        try:
+            self._file = self.csv_path.open("w" if earlier_end is None else "a", newline="")
+        except OSError as e:  # no sampling, as for one that fails later; the run goes on
+            self._write_failed(e)
+            return self
         self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
         if earlier_end is None:
             self._writer.writeheader()
@@ -159,7 +170,10 @@ class TelemetrySampler:
             self._thread.join()
             self._thread = None
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as e:
+                self._write_failed(e)
             self._file = None
         if self._handles:
             with contextlib.suppress(Exception):
@@ -186,6 +200,8 @@ class TelemetrySampler:
     def sample(self) -> None:
         import psutil
 
+        if self.failed:  # the CSV refused a write: nothing more is sampled
+            return
         vm = psutil.virtual_memory()
         host = {
             "time_s": round(self.elapsed(), 3),
@@ -194,11 +210,36 @@ class TelemetrySampler:
             "host_mem_pct": vm.percent,
         }
         rows = [{**host, "gpu": label, **_gpu_fields(h)} for label, h in self._handles] or [{**host, "gpu": ""}]
-        self._writer.writerows(rows)
-        self._file.flush()
+        try:
+            self._writer.writerows(rows)
+            self._file.flush()
+        except OSError as e:
+            self._write_failed(e)
+            return
         self.rows += len(rows)
+        self._kept_s = host["time_s"]
         if self.on_sample is not None:
             self.on_sample(rows)
+
+    def _write_failed(self, e: OSError) -> None:
+        """The CSV's open, write, flush or close failed (a full disk, a file size limit, a folder gone read-only):
+        said once (`say_failure`), naming the file and what it keeps, and sampling stops; the run goes on. Not the
+        stop in one line of a run record's failed write (train's metrics.csv, a checkpoint): the samples describe the
+        machine while it trained, not the training, and nothing a --resume needs is in them; on a disk that is full,
+        the epoch's own records stop the run in their one line at the epoch's end."""
+        if self.failed:
+            return
+        kept = f"the samples up to {self._kept_s} s stay in it" if self._kept_s is not None else "it keeps no sample"
+        self.failed = (
+            f"telemetry: {self.csv_path}: cannot be written ({write_failure(e, self.csv_path.parent)}): sampling "
+            f"stopped ({kept}), and training goes on"
+        )
+        self.say_failure(self.failed)
+        self._stop.set()
+        if self._file is not None:
+            with contextlib.suppress(OSError):  # close flushes the buffer's rest again: that write failed already
+                self._file.close()
+            self._file = None
 
     def _host_cpu_pct(self) -> float | str:
         """The host's CPU share since the last reading; empty where that was less than MIN_CPU_WINDOW_S ago (or
@@ -298,6 +339,15 @@ def plot_telemetry(
     return Path(png_path)
 
 
+def _said_by(info: DistInfo, log: Callable[[str], None]) -> Callable[[str], None]:
+    """Where this process says that its telemetry CSV cannot be written: the run's log on rank 0; on another
+    machine's first process, whose run log says nothing, its standard error, named by its rank, so that a
+    telemetry_rank{R}.csv cut short is not left unsaid."""
+    if info.rank == 0:
+        return log
+    return lambda line: print(f"rank {info.rank}: {line}", file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
 def monitor_run(
     enabled: bool,
@@ -316,13 +366,23 @@ def monitor_run(
         yield
         return
     stem = "telemetry" if info.rank == 0 else f"telemetry_rank{info.rank}"
-    sampler = TelemetrySampler(Path(run_dir) / f"{stem}.csv", log=log, on_sample=on_sample, append=True)
+    sampler = TelemetrySampler(
+        Path(run_dir) / f"{stem}.csv", log=log, on_sample=on_sample, append=True, say_failure=_said_by(info, log)
+    )
     sampler.start()
     try:
         yield
     finally:
         sampler.stop()
-        try:
-            plot_telemetry(sampler.csv_path, sampler.csv_path.with_suffix(".png"))
-        except Exception as e:  # a plot is a convenience; the CSV is the record
-            log(f"telemetry: no timeline PNG ({type(e).__name__}: {e})")
+        _plot_unless_failed(sampler, log)
+
+
+def _plot_unless_failed(sampler: TelemetrySampler, log: Callable[[str], None]) -> None:
+    """The timeline PNG of the run's samples; none where the CSV could not be written (said already, once): its
+    timeline would be cut short, on a disk that had just refused the CSV."""
+    if sampler.failed:
+        return
+    try:
+        plot_telemetry(sampler.csv_path, sampler.csv_path.with_suffix(".png"))
+    except Exception as e:  # a plot is a convenience; the CSV is the record
+        log(f"telemetry: no timeline PNG ({type(e).__name__}: {e})")

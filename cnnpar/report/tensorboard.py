@@ -31,6 +31,7 @@ folder starts after S_k, since the attempt that wrote S_k's point already averag
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -46,6 +47,7 @@ from pathlib import Path
 import torch
 
 from cnnpar.dist import DistInfo
+from cnnpar.report.files import write_failure
 
 INSTALL = 'pip install "cnnpar[tensorboard]"'
 FLUSH_S = 10.0  # TensorBoard re-reads a log folder every 5 s; flushing more often shows nothing sooner
@@ -171,6 +173,8 @@ class Board:
         self._lock = threading.Lock()
         self._file = None
         self._writer = None
+        self._path: Path | None = None  # the event file, once made
+        self._kept_step = -1  # the last step whose points were flushed to the file: what a failed write leaves
         self._flushed = time.monotonic()
         self._pending: list[tuple[torch.Tensor, torch.cuda.Event | None, int, int]] = []
         self._window = (0.0, 0)  # running loss sum and images at the previous readout of this epoch
@@ -195,7 +199,8 @@ class Board:
                 # zero-padded, as TensorBoard reads a folder's files in name order: ".10" came before ".9"
                 stamp = f"{int(time.time()):010d}.{socket.gethostname()}.{os.getpid():07d}.{next(_FILE_SEQ):06d}"
                 name = f"events.out.tfevents.{stamp}.cnnpar"
-                self._file = (self.folder / name).open("ab")
+                self._path = self.folder / name
+                self._file = self._path.open("ab")
                 self._writer = RecordWriter(self._file)
                 head = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
                 self._writer.write(head.SerializeToString())
@@ -207,10 +212,25 @@ class Board:
                 if flush:  # the epoch's points reach the disk before its checkpoint does
                     os.fsync(self._file.fileno())
                 self._flushed = time.monotonic()
-        except OSError as e:  # a view of the run, not its record (metrics.csv is): training goes on
-            self.log(f"tensorboard: stopped writing ({type(e).__name__}: {e}); metrics.csv keeps every epoch")
+                self._kept_step = max(self._kept_step, step)
+        except OSError as e:
+            self._stop_writing(e)
+
+    def _stop_writing(self, e: OSError) -> None:
+        """The event file's write, flush or close failed (a full disk, a file size limit, a folder gone read-only):
+        said once, naming the file and what it keeps; no more points this run, and training goes on. Not the stop
+        in one line of a run record's failed write (Trainer._record_written): the event file is a view of the run,
+        its epoch points are metrics.csv's, which keeps them for --resume, so stopping would throw away training to
+        save a copy; on a disk that is full, the epoch's own records (metrics.csv, the checkpoint) stop the run in
+        their one line right after this. Call with the lock held."""
+        kept = f"the points up to step {self._kept_step} stay in it" if self._kept_step >= 0 else "it keeps no point"
+        self.log(
+            f"tensorboard: {self._path or self.folder}: cannot be written ({write_failure(e, self.folder)}): no more "
+            f"TensorBoard points this run ({kept}); metrics.csv keeps every epoch, and training goes on"
+        )
+        with contextlib.suppress(OSError):  # close flushes the buffer's rest again: that write failed already
             self._close_file()
-            self.folder = None
+        self.folder = None
 
     def note_loss(self, loss_sum: torch.Tensor, images: int, step: int) -> None:
         """A readout of the epoch's running loss sum after `images` images, for `step`.
@@ -291,7 +311,10 @@ class Board:
             self._pending.clear()
         with self._lock:
             self._write_telemetry()
-            self._close_file()
+            try:
+                self._close_file()  # its flush is the last write: the points since the previous flush
+            except OSError as e:
+                self._stop_writing(e)
             self.folder = None
 
     def __enter__(self) -> Board:

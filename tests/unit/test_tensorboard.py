@@ -160,3 +160,22 @@ def test_cuda_readouts_wait_for_nothing_and_land_in_order(tmp_path):
     assert [s for s, _ in got] == list(range(1, 41))
     want = [float(np.float32((totals[i] - totals[i - 1]) / 32)) for i in range(1, 41)]
     assert [v for _, v in got] == pytest.approx(want, rel=1e-6)
+
+
+def test_a_last_flush_refused_at_close_is_said_once_naming_the_file_and_what_it_keeps(tmp_path, monkeypatch):
+    """The points written since the last flush reach the disk only at close: a full disk there is said in the
+    board's one line, not raised out of the run's end (it had been a traceback after the last epoch)."""
+    from tests.integration.test_run_view_writes import disk_full_for
+
+    disk_full_for(monkeypatch, "tfevents", 1)  # epoch 1's flush fits; the close's does not
+    said: list[str] = []
+    board = open_board(True, MAIN, tmp_path, lambda: 0, said.append)
+    board.end_epoch(_row(1, 2.5), step=3)
+    board.note_loss(torch.tensor(4.0, dtype=torch.float64), 2, step=4)  # buffered, not flushed
+    board.close()
+    board.close()  # closed: nothing more to say
+    (events,) = event_files(tmp_path)
+    (line,) = [line for line in said if "cannot be written" in line]
+    assert line.startswith(f"tensorboard: {events}: cannot be written (No space left on device; ")
+    assert line.endswith("(the points up to step 3 stay in it); metrics.csv keeps every epoch, and training goes on")
+    assert read_scalars(tmp_path)["train/epoch"] == [(3, 1.0)] and "train/loss_recent" not in read_scalars(tmp_path)

@@ -1,0 +1,113 @@
+"""A TensorBoard event file or a --monitor telemetry CSV that cannot be written during `cnnpar train` (a full disk, a
+file size limit) is said once, in one line naming the file, why, and what it keeps, and training goes on: both are
+views of the run (metrics.csv keeps every epoch's figures, the checkpoint what --resume needs), where a run record's
+failed write stops the run (test_run_record_writes.py). Their failures had ended the run in a traceback: the event
+file's in epoch 1's end, before its checkpoint; the telemetry CSV's at the run's end, after its last epoch."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import pathlib
+import re
+
+import pytest
+import torch
+
+from cnnpar.cli import main
+from cnnpar.dist import DistInfo
+from cnnpar.engine.checkpoint import checkpoint_epoch
+from cnnpar.report.files import read_csv
+from cnnpar.report.telemetry import monitor_run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = ["train", "--device", "cpu", "--max-steps", "2", "--no-progress", "--workers", "0", "--epochs", "3"]
+SMALL += ["--data", "synthetic", "--synthetic-samples", "64", "--image-shape", "1x8x8", "--batch-size", "16"]
+
+
+def disk_full_for(monkeypatch, name_part: str, writes_that_fit: int) -> None:
+    """Files whose name holds `name_part`, opened to write, get a disk that takes `writes_that_fit` writes of the
+    operating system and refuses every later one with ENOSPC: the lowest write, under Python's own buffer, so that a
+    flush, and the close that flushes the buffer's rest again, fail as on a disk that has filled up."""
+    real_open = pathlib.Path.open
+
+    class FullDisk(io.FileIO):
+        fit = writes_that_fit
+
+        def write(self, data) -> int:
+            if FullDisk.fit <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            FullDisk.fit -= 1
+            return super().write(data)
+
+    def open_(self, mode="r", buffering=-1, encoding=None, errors=None, newline=None):
+        if name_part not in self.name or not set(mode) & set("wa"):
+            return real_open(self, mode, buffering, encoding, errors, newline)
+        buffered = io.BufferedWriter(FullDisk(str(self), mode.replace("b", "")))
+        return buffered if "b" in mode else io.TextIOWrapper(buffered, encoding, errors, newline)
+
+    monkeypatch.setattr(pathlib.Path, "open", open_)
+
+
+def lines_of(out: str, start: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(start)]
+
+
+def assert_trained_on(tmp_path, out: str, err: str) -> None:
+    """Every epoch trained, saved and in metrics.csv; no traceback."""
+    assert "Traceback" not in out + err and err == ""
+    assert [line.split("  ")[0] for line in lines_of(out, "epoch ")] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
+    run = tmp_path / "runs" / "w"
+    assert checkpoint_epoch(run) == 3
+    assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2", "3"]
+
+
+@pytest.mark.parametrize(("fit", "kept"), [(0, "it keeps no point"), (1, "the points up to step 2 stay in it")])
+def test_an_event_file_that_cannot_be_written_is_said_once_and_training_goes_on(
+    tmp_path, monkeypatch, capsys, fit, kept
+):
+    """One write fits: epoch 1's flush (its points, at step 2); epoch 2's is refused."""
+    monkeypatch.chdir(tmp_path)
+    disk_full_for(monkeypatch, "tfevents", fit)
+    assert main([*SMALL, "--name", "w"]) == 0
+    out, err = capsys.readouterr()
+    assert_trained_on(tmp_path, out, err)
+    (line,) = lines_of(out, "tensorboard: runs/w/")
+    (events,) = (tmp_path / "runs" / "w").glob("events.out.tfevents.*")
+    assert line.startswith(f"tensorboard: runs/w/{events.name}: cannot be written (No space left on device; ")
+    assert line.endswith(
+        f"): no more TensorBoard points this run ({kept}); metrics.csv keeps every epoch, and training goes on"
+    )
+    assert (events.stat().st_size > 0) == (fit > 0)
+
+
+@pytest.mark.parametrize("fit", [0, 1])
+def test_a_telemetry_csv_that_cannot_be_written_is_said_once_and_training_goes_on(tmp_path, monkeypatch, capsys, fit):
+    """One write fits: the first sample's (with the header); the next is refused, the run's last at the latest."""
+    monkeypatch.chdir(tmp_path)
+    disk_full_for(monkeypatch, "telemetry", fit)
+    assert main([*SMALL, "--monitor", "--no-tensorboard", "--name", "w"]) == 0
+    out, err = capsys.readouterr()
+    assert_trained_on(tmp_path, out, err)
+    (line,) = lines_of(out, "telemetry: runs/w/")
+    kept = r"the samples up to [0-9.]+ s stay in it" if fit else "it keeps no sample"
+    pattern = r"telemetry: runs/w/telemetry\.csv: cannot be written \(No space left on device; .*\): sampling "
+    assert re.fullmatch(pattern + rf"stopped \({kept}\), and training goes on", line)
+    assert len(read_csv(tmp_path / "runs" / "w" / "telemetry.csv")) == fit  # the one sample that fitted, or none
+    assert not (tmp_path / "runs" / "w" / "telemetry.png").exists()  # no timeline of a CSV cut short
+
+
+def test_another_machines_telemetry_csv_that_cannot_be_written_is_said_on_its_stderr(tmp_path, monkeypatch, capsys):
+    """The run log of a rank other than 0 says nothing: its own failed CSV is said on its standard error."""
+    disk_full_for(monkeypatch, "telemetry", 0)
+    said: list[str] = []
+    info = DistInfo(rank=1, local_rank=0, world_size=2, device=torch.device("cpu"))
+    with monitor_run(True, info, tmp_path, said.append):
+        pass
+    err = capsys.readouterr().err
+    assert not [line for line in said if "cannot be written" in line]
+    (line,) = err.splitlines()
+    assert line.startswith(f"rank 1: telemetry: {tmp_path / 'telemetry_rank1.csv'}: cannot be written (No space left")
+    assert line.endswith("sampling stopped (it keeps no sample), and training goes on")
