@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from cnnpar.engine.checkpoint import load_checkpoint
 from cnnpar.report.files import read_csv
 from tests.conftest import run_cli
-from tests.datafiles import write_image_folder, write_npz
+from tests.datafiles import write_image_folder, write_npz, write_train_test_csv
 
 ARGS = ["--image-size", "16", "--batch-size", "8", "--workers", "0", "--no-progress", "--name", "r"]
 
 
 def _start_then_resume_elsewhere(tmp_path, data_args: list[str]):
     start, other = tmp_path / "start", tmp_path / "other"
-    other.mkdir()
+    other.mkdir(exist_ok=True)
     first = run_cli(["train", *data_args, "--epochs", "1", *ARGS], start)
     assert first.returncode == 0, first.stderr
     run = start / "runs" / "r"
@@ -51,3 +54,56 @@ def test_an_old_record_without_its_start_folder_names_the_path_and_the_flag(tmp_
     assert "--data d.npz is relative and not found from" in again.stderr and "Traceback" not in again.stderr
     # from its own folder it resumes as it always did
     assert run_cli(["train", "--resume", "runs/r", "--epochs", "2", "--no-progress"], start).returncode == 0
+
+
+def _resumes_on_the_start_folders_data(tmp_path, data_args: list[str], data: str):
+    """Started in start/ on relative paths, resumed by absolute path from other/, which holds other data under the
+    same names (a resume that read its paths from the working folder would train on, or refuse, those)."""
+    run, again = _start_then_resume_elsewhere(tmp_path, data_args)
+    assert again.returncode == 0, again.stderr
+    assert [int(r["epoch"]) for r in read_csv(run / "metrics.csv")] == [1, 2]
+    meta = load_checkpoint(run / "ckpt" / "last.pt")["meta"]
+    assert meta["data_path"] == str((tmp_path / "start" / data).resolve())
+
+
+def _flat_labelled(folder, names: list[str], bright: int) -> None:
+    """folder/train/<name>.png and folder/labels.csv (Kaggle's layout), classes by brightness"""
+    from PIL import Image
+
+    (folder / "train").mkdir(parents=True)
+    for i, name in enumerate(names):
+        Image.fromarray(np.full((8, 8, 3), bright * (i % 2), np.uint8)).save(folder / "train" / f"{name}.png")
+    (folder / "labels.csv").write_text("id,label\n" + "".join(f"{n},{i % 2}\n" for i, n in enumerate(names)))
+
+
+def test_resume_from_another_folder_reads_the_relative_labels_csv(tmp_path):
+    _flat_labelled(tmp_path / "start", [f"a{i}" for i in range(16)], 200)
+    _flat_labelled(tmp_path / "other", [f"b{i}" for i in range(6)], 100)  # other ids: the start's images unlabelled
+    _resumes_on_the_start_folders_data(tmp_path, ["--data", "train", "--labels", "labels.csv"], "train")
+
+
+def test_resume_from_another_folder_reads_the_kaggle_csv(tmp_path):
+    (tmp_path / "start").mkdir()
+    (tmp_path / "other").mkdir()
+    write_train_test_csv(tmp_path / "start", n_train=64, n_test=8)
+    write_train_test_csv(tmp_path / "other", n_train=24, n_test=8)
+    _resumes_on_the_start_folders_data(tmp_path, ["--data", "train.csv"], "train.csv")
+
+
+def _png_classes(root, per_class: int) -> None:
+    """root/<class>/<i>.png: two classes of tiny photos, one brightness each"""
+    from PIL import Image
+
+    for k in range(2):
+        (root / f"c{k}").mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(np.full((12, 12, 3), 40 + 150 * k + i, np.uint8)).save(root / f"c{k}" / f"{i}.png")
+
+
+def test_resume_from_another_folder_reads_the_prepared_store(tmp_path):
+    _png_classes(tmp_path / "start" / "photos", per_class=8)
+    _png_classes(tmp_path / "other" / "photos", per_class=3)
+    for folder in ("start", "other"):
+        made = run_cli(["prepare", "photos", "--out", "d.cnnpar", "--no-progress"], tmp_path / folder)
+        assert made.returncode == 0, made.stderr
+    _resumes_on_the_start_folders_data(tmp_path, ["--data", "d.cnnpar"], "d.cnnpar")
