@@ -198,6 +198,9 @@ def refuse_unwritable_run_place(cfg: Config) -> None:
     if resume and resume != "auto":
         ckpt = resumed_checkpoint(Path(resume))
         if ckpt is None:
+            # a ckpt file hides the checkpoint: "no finished epoch" there sent the user to --resume auto, which
+            # failed after loading the data
+            refuse_a_ckpt_not_a_folder(Path(resume), f"--resume {resume}")
             return  # nothing to resume, refused as such later (_decide)
         run_dir, said = run_dir_of(ckpt), f"--resume {resume}"
     else:
@@ -214,6 +217,7 @@ def refuse_unwritable_run_place(cfg: Config) -> None:
             f"{said}: the run folder {run_dir} cannot be written ({why}): expected a run folder where files can be "
             "made (a run writes its checkpoints and records there)"
         )
+    refuse_a_ckpt_not_a_folder(run_dir, said)
     # its checkpoints go into ckpt/: a read-only one there (the run folder itself writable) trained a whole epoch
     # and then failed at the first checkpoint
     ckpt_dir = run_dir / "ckpt"
@@ -223,6 +227,19 @@ def refuse_unwritable_run_place(cfg: Config) -> None:
             f"{said}: the checkpoint folder {ckpt_dir} cannot be written ({why}): expected a folder where files can "
             "be made (a run writes its checkpoints there)"
         )
+
+
+def refuse_a_ckpt_not_a_folder(run_dir: Path, said: str) -> None:
+    """A run folder whose `ckpt` is a file (or a link to nothing), where its checkpoints go: a train loaded the data
+    and then ended in a FileExistsError traceback at its mkdir."""
+    ckpt_dir = run_dir / "ckpt"
+    if ckpt_dir.is_dir() or not (ckpt_dir.exists() or ckpt_dir.is_symlink()):
+        return
+    what = "a file" if ckpt_dir.exists() else "a link to nothing"
+    raise UserError(
+        f"{said}: {ckpt_dir} is {what}: expected a folder there (a run writes its checkpoints in ckpt/); move it "
+        "away, or choose another --name"
+    )
 
 
 # what every run folder holds from its start (fit); a loose last.pt is a checkpoint the refusal below names
