@@ -327,13 +327,19 @@ def refuse_a_live_run(run_dir: Path) -> None:
         os.close(fd)
 
 
+# what starts again a run stopped before its config.toml was written: `--resume RUN` has nothing there to read, and
+# the same command as a new run, or with --resume auto, uses its folder (no checkpoint in it is refused)
+NOTHING_WRITTEN_AGAIN = "start it again with the command that started it, without --resume (no config.toml there)"
+
+
 def stopped_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:
     """What a stopped run keeps and the command `again` that continues it (`cnnpar train --resume RUN ...`). A run
     stopped in its first epoch has no checkpoint for `--resume RUN` to read, but `--resume auto` starts it again from
-    its config.toml: said so, where "nothing to resume" had read as a run lost."""
+    its config.toml: said so, where "nothing to resume" had read as a run lost. One stopped before its config.toml was
+    written has nothing `--resume` could read: the command that started it (a new run) starts it again."""
     if not saved_epoch:
         if not (Path(run_dir) / "config.toml").is_file():
-            return f"stopped before an epoch was saved: nothing to resume in {run_dir}"
+            return f"stopped before an epoch was saved: nothing to resume in {run_dir}; {NOTHING_WRITTEN_AGAIN}"
         restart = again.replace(f"--resume {shlex.quote(str(run_dir))}", start_again_flags(run_dir))
         return f"stopped: {run_dir} has no finished epoch; start it again from epoch 1 with: {restart}"
     return f"stopped: {kept_line(run_dir, saved_epoch, again)}"
