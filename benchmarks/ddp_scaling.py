@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed cnnpar
 
-from cnnpar.bench.ddp_scaling import main  # noqa: E402
+from cnnpar.bench.ddp_scaling import entry  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -16,6 +16,7 @@ from cnnpar.errors import (
     Terminated,
     UserError,
     raise_pending_stop,
+    say_user_error,
     stop_on_sigterm,
     user_error_text,
 )
@@ -950,10 +951,7 @@ def main(argv: list[str] | None = None) -> int:
             write_text_atomic(refusal_note(note), text)
             return 2
         prefix = f"[rank {_rank()}] " if _of_a_job() else ""
-        # one write: two ranks' lines written in two parts each ran together on one line
-        sys.stderr.write(f"cnnpar: error: {prefix}{text}\n")
-        sys.stderr.flush()
-        return 2
+        return say_user_error(f"{prefix}{text}")
     except KeyboardInterrupt as e:
         return stopped(e)
     except BaseException as e:

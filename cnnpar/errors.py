@@ -7,6 +7,9 @@ other exception is a bug in cnnpar and keeps its traceback.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 
 class UserError(Exception):
     """Bad input: the message names the file, row or field and what was expected."""
@@ -52,6 +55,24 @@ def user_error_text(e: UserError) -> str:
     if "Original Traceback" in text:
         text = [ln for ln in text.splitlines() if ln.strip()][-1].split(": ", 1)[-1]
     return text
+
+
+def say_user_error(text: str, prog: str = "cnnpar") -> int:
+    """Write a UserError's line, `<prog>: error: <text>`, to stderr and return a user error's exit status, 2 (as
+    argparse's refusals): every entry point ends on bad input so, with no traceback."""
+    # one write: two ranks' lines written in two parts each ran together on one line
+    sys.stderr.write(f"{prog}: error: {text}\n")
+    sys.stderr.flush()
+    return 2
+
+
+def main_saying_user_errors(main: Callable[[], int], prog: str) -> int:
+    """`main()` for a module's own `__main__` (`python -m cnnpar.bench.ddp_scaling`): a UserError ends as it does
+    under the `cnnpar` command, in one line and exit 2; it ended in a traceback (a full disk at the results)."""
+    try:
+        return main()
+    except UserError as e:
+        return say_user_error(user_error_text(e), prog)
 
 
 def first_line(e: BaseException) -> str:

@@ -411,5 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> int:
+    """`python -m cnnpar.bench.ddp_scaling` and benchmarks/ddp_scaling.py: a UserError (ddp.csv on a full disk) ends
+    in one line and exit 2, as under `cnnpar bench --ddp`, not in a traceback."""
+    from cnnpar.errors import main_saying_user_errors
+
+    return main_saying_user_errors(main, "ddp_scaling")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

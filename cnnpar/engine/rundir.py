@@ -198,6 +198,9 @@ def refuse_unwritable_run_place(cfg: Config) -> None:
     if resume and resume != "auto":
         ckpt = resumed_checkpoint(Path(resume))
         if ckpt is None:
+            # a ckpt file hides the checkpoint: "no finished epoch" there sent the user to --resume auto, which
+            # failed after loading the data
+            refuse_a_ckpt_not_a_folder(Path(resume), f"--resume {resume}")
             return  # nothing to resume, refused as such later (_decide)
         run_dir, said = run_dir_of(ckpt), f"--resume {resume}"
     else:
@@ -214,6 +217,7 @@ def refuse_unwritable_run_place(cfg: Config) -> None:
             f"{said}: the run folder {run_dir} cannot be written ({why}): expected a run folder where files can be "
             "made (a run writes its checkpoints and records there)"
         )
+    refuse_a_ckpt_not_a_folder(run_dir, said)
     # its checkpoints go into ckpt/: a read-only one there (the run folder itself writable) trained a whole epoch
     # and then failed at the first checkpoint
     ckpt_dir = run_dir / "ckpt"
@@ -223,6 +227,19 @@ def refuse_unwritable_run_place(cfg: Config) -> None:
             f"{said}: the checkpoint folder {ckpt_dir} cannot be written ({why}): expected a folder where files can "
             "be made (a run writes its checkpoints there)"
         )
+
+
+def refuse_a_ckpt_not_a_folder(run_dir: Path, said: str) -> None:
+    """A run folder whose `ckpt` is a file (or a link to nothing), where its checkpoints go: a train loaded the data
+    and then ended in a FileExistsError traceback at its mkdir."""
+    ckpt_dir = run_dir / "ckpt"
+    if ckpt_dir.is_dir() or not (ckpt_dir.exists() or ckpt_dir.is_symlink()):
+        return
+    what = "a file" if ckpt_dir.exists() else "a link to nothing"
+    raise UserError(
+        f"{said}: {ckpt_dir} is {what}: expected a folder there (a run writes its checkpoints in ckpt/); move it "
+        "away, or choose another --name"
+    )
 
 
 # what every run folder holds from its start (fit); a loose last.pt is a checkpoint the refusal below names
@@ -310,13 +327,19 @@ def refuse_a_live_run(run_dir: Path) -> None:
         os.close(fd)
 
 
+# what starts again a run stopped before its config.toml was written: `--resume RUN` has nothing there to read, and
+# the same command as a new run, or with --resume auto, uses its folder (no checkpoint in it is refused)
+NOTHING_WRITTEN_AGAIN = "start it again with the command that started it, without --resume (no config.toml there)"
+
+
 def stopped_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:
     """What a stopped run keeps and the command `again` that continues it (`cnnpar train --resume RUN ...`). A run
     stopped in its first epoch has no checkpoint for `--resume RUN` to read, but `--resume auto` starts it again from
-    its config.toml: said so, where "nothing to resume" had read as a run lost."""
+    its config.toml: said so, where "nothing to resume" had read as a run lost. One stopped before its config.toml was
+    written has nothing `--resume` could read: the command that started it (a new run) starts it again."""
     if not saved_epoch:
         if not (Path(run_dir) / "config.toml").is_file():
-            return f"stopped before an epoch was saved: nothing to resume in {run_dir}"
+            return f"stopped before an epoch was saved: nothing to resume in {run_dir}; {NOTHING_WRITTEN_AGAIN}"
         restart = again.replace(f"--resume {shlex.quote(str(run_dir))}", start_again_flags(run_dir))
         return f"stopped: {run_dir} has no finished epoch; start it again from epoch 1 with: {restart}"
     return f"stopped: {kept_line(run_dir, saved_epoch, again)}"

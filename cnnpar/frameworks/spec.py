@@ -439,7 +439,7 @@ def runner_main(prog: str, train) -> int:
     import signal
     import sys
 
-    from cnnpar.errors import Terminated, UserError, stop_on_sigterm
+    from cnnpar.errors import Terminated, UserError, say_user_error, stop_on_sigterm, user_error_text
     from cnnpar.process_tree import end_with_parent_named_in
 
     end_with_parent_named_in(PARENT_ENV, signal.SIGTERM)
@@ -453,8 +453,7 @@ def runner_main(prog: str, train) -> int:
         spec = spec_from_args(args)
         result = train(fw, spec)
     except UserError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
+        return say_user_error(user_error_text(e), prog)
     except Terminated:
         print(f"{prog}: stopped (SIGTERM)", file=sys.stderr)
         return 128 + signal.SIGTERM

@@ -180,3 +180,20 @@ def test_a_bench_whose_ddp_rows_find_the_disk_full_says_what_is_kept(tmp_path, m
                          f"whole, in {out}")  # fmt: skip
     assert [r["name"] for r in read_csv(out / "ladder.csv")] == ["baseline"]
     assert (out / "ddp.csv").is_file() == (fails == "ddp.json")
+
+
+def test_ddp_scaling_run_on_its_own_on_a_full_disk_says_it_in_one_line(tmp_path, monkeypatch, capsys):
+    """`python -m cnnpar.bench.ddp_scaling` (its `__main__` calls `entry`) ended in a UserError traceback where
+    `cnnpar bench --ddp` says the same in one line and exits 2."""
+    from cnnpar.bench import ddp_scaling
+    from cnnpar.report import files
+
+    monkeypatch.setattr(ddp_scaling, "launch", fake_world)
+    monkeypatch.setattr(files, "write_csv_atomic", full_disk)
+    prefix = tmp_path / "ddp"
+    monkeypatch.setattr("sys.argv", ["ddp_scaling", "--device", "cpu", "--out", str(prefix)])
+    assert ddp_scaling.entry() == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith(f"ddp_scaling: error: {prefix}.csv: cannot be written (No space left on device; ")

@@ -79,3 +79,19 @@ def test_torchrun_and_its_worker_end_with_a_bench_killed_outright(tmp_path):
         proc.kill()
         for p in running_with(marker):
             p.kill()
+
+
+def test_the_module_run_on_its_own_says_a_user_error_in_one_line(tmp_path):
+    """Its `__main__` let a UserError through as a traceback (exit 1); `cnnpar bench --ddp` prints one line and exits
+    2. A worker's --precision the config refuses is the cheapest UserError that reaches it."""
+    from cnnpar.checkout import env_importing_this_checkout
+
+    cmd = [sys.executable, "-m", "cnnpar.bench.ddp_scaling", "--worker", "--device", "cpu", "--precision", "nope"]
+    done = subprocess.run(
+        [*cmd, "--result", str(tmp_path / "r.json")], capture_output=True, text=True, env=env_importing_this_checkout()
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddp_scaling: error: "), done.stderr
+    assert "precision" in lines[0]

@@ -133,7 +133,10 @@ def test_the_launcher_says_what_the_checkpoint_keeps_when_its_workers_fail_or_ar
         assert capsys.readouterr().out.splitlines()[-1] == kept
     ckpt.unlink()
     assert cli.main(launch) == 143
-    assert capsys.readouterr().out.splitlines()[-1] == "stopped before an epoch was saved: nothing to resume in runs/r"
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "stopped before an epoch was saved: nothing to resume in runs/r; start it again with the command that "
+        "started it, without --resume (no config.toml there)"
+    )
     monkeypatch.setattr(dist, "run_launcher", lambda cmd, env: 1)  # rank 0 refused before it held a folder
     assert cli.main(launch) == 1
     assert capsys.readouterr().out.splitlines()[-1].startswith("cnnpar: launching")  # its own error said why
@@ -498,7 +501,10 @@ def test_the_launchers_last_line_does_not_offer_a_folder_another_live_run_holds(
         )
     finally:
         os.close(held)
-    assert cli.launch_end_line(note, 2) == f"stopped before an epoch was saved: nothing to resume in {folder}"
+    assert cli.launch_end_line(note, 2) == (
+        f"stopped before an epoch was saved: nothing to resume in {folder}; start it again with the command that "
+        "started it, without --resume (no config.toml there)"
+    )
 
 
 def _alive(pid: int) -> bool:

@@ -260,3 +260,30 @@ def test_a_read_only_checkpoint_folder_in_a_writable_run_folder_is_one_line_befo
         "folder where files can be made (a run writes its checkpoints there)\n"
     )
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["ckpt", "config.toml"]
+
+
+@pytest.mark.parametrize(
+    "words, said",
+    [
+        (["--resume", "s"], "--resume s"),
+        (["--resume", "auto", "--name", "s", "--out-dir", "."], "--resume auto"),
+        (["--name", "s", "--out-dir", "."], "--name s"),
+    ],
+    ids=["resume-path", "resume-auto", "name-there"],
+)
+def test_a_checkpoint_place_that_is_a_file_is_one_line_before_any_work(tmp_path, monkeypatch, capsys, words, said):
+    """A run folder's `ckpt` that is a file was never probed: `--resume s` said "no finished epoch" and sent the user
+    to --resume auto, which (as `--name s`) loaded the data and ended in a FileExistsError traceback at its mkdir."""
+    from cnnpar.config import dumps_toml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "config.toml").write_text(dumps_toml(Config()))
+    (tmp_path / "s" / "ckpt").write_text("not a folder")
+    _nothing_trained_or_benched(monkeypatch)
+    assert main(["train", *words, "--device", "cpu", "--data", "synthetic", "--image-shape", "1x8x8"]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: {said}: s/ckpt is a file: expected a folder there (a run writes its checkpoints in ckpt/); "
+        "move it away, or choose another --name\n"
+    )
+    assert (tmp_path / "s" / "ckpt").read_text() == "not a folder"
