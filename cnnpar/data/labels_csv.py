@@ -56,7 +56,7 @@ def scan_for_classes(
     layout). A hold-out may hold fewer classes than training did, even one; a label the run never had is refused
     in one line naming the CSV, its line and the label."""
     files, texts, lines, label_column = _read_labelled(root, labels_csv, skipped, notes)
-    numeric = all(_is_whole_number(t) for t in texts)
+    numeric = all(is_whole_number(t) for t in texts)
     index = {c: i for i, c in enumerate(classes)}
     labels = []
     for text, line in zip(texts, lines):
@@ -210,7 +210,10 @@ def _match(name: str, by_path: dict[str, Path], by_stem: dict[str, list[Path]]) 
     return by_stem.get(name)
 
 
-def _is_whole_number(text: str) -> bool:
+def is_whole_number(text: str) -> bool:
+    """A label or class name read as a number: ASCII digits with an optional sign (-1, 07, +3). The one rule for
+    training's labels and predict's numbered classes (`predict.class_numbers`): a run trained on -1/0/3 wrote
+    its indices 0/1/2 while predict took only digits."""
     digits = text[1:] if text[:1] in "+-" else text
     return digits.isascii() and digits.isdigit()
 
@@ -218,7 +221,7 @@ def _is_whole_number(text: str) -> bool:
 def _classes(texts: list[str]) -> tuple[list[str], list[int]]:
     """Class names and each row's class index: whole numbers in numeric order, named by their numbers (a 0/1 column
     is classes '0' and '1', index = number); other labels in sorted order, as class folders are."""
-    if all(_is_whole_number(t) for t in texts):
+    if all(is_whole_number(t) for t in texts):
         numbers = [int(t) for t in texts]
         order = sorted(set(numbers))
         index = {n: i for i, n in enumerate(order)}

@@ -18,6 +18,7 @@ from cnnpar.data.arrays import resize_square
 from cnnpar.data.bundle import ArrayDataset, first_five
 from cnnpar.data.csv_source import PixelCountError, read_ids
 from cnnpar.data.folder import skipped_note
+from cnnpar.data.labels_csv import is_whole_number
 from cnnpar.data.sources import PREDICT_READS, detect_format, load_predict_data, npz_class_names, readable_name
 from cnnpar.data.store_write import Sides
 from cnnpar.data.transforms import DeviceTransform
@@ -413,12 +414,13 @@ def predict(
 
 
 def class_numbers(names: list[str] | None) -> list[int] | None:
-    """The classes' numbers where every class name is a whole number (ASCII digits) and some number is not its
-    index: class folders 0..11 sort as text (0, 1, 10, 11, 2, ...), so folder 10 is class 2, and a submission or a
-    labels file that holds the folders' numbers was written and scored as indices, wrong without a word. None
+    """The classes' numbers where every class name is a whole number (`is_whole_number`, as training reads
+    labels: -1 is one) and some number is not its index: class folders 0..11 sort as text (0, 1, 10, 11, 2, ...),
+    so folder 10 is class 2, and a labels CSV's -1/0/3 are classes 0/1/2; a submission or a labels file that holds
+    those numbers was written and scored as indices, wrong without a word. None
     where the names are not all numbers, two names are the same number (07 and 7), or every number is its index
     (0..9): the index is the number there."""
-    if not names or not all(n.isascii() and n.isdigit() for n in names):
+    if not names or not all(is_whole_number(n) for n in names):
         return None
     numbers = [int(n) for n in names]
     if len(set(numbers)) != len(numbers) or numbers == list(range(len(numbers))):
@@ -429,8 +431,8 @@ def class_numbers(names: list[str] | None) -> list[int] | None:
 def numbered_classes_note(names: list[str]) -> str:
     shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
     return (
-        f"cnnpar: note: the model's classes are named by numbers ({shown}, sorted as text in training): labels "
-        "are written as those numbers (the class folder's name), not the class index, and labels read are scored "
+        f"cnnpar: note: the model's classes are named by numbers ({shown}): labels are written as those numbers "
+        "(the class's name), not the class index, and labels read are scored "
         "as those numbers"
     )
 

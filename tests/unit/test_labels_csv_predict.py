@@ -99,3 +99,27 @@ def test_predict_labels_beside_data_that_is_not_a_folder_is_refused(tmp_path, ca
     capsys.readouterr()
     assert main(["predict", "--checkpoint", str(run), "--data", "digits", "--labels", str(labels)]) == 2
     assert "--data digits is not an image folder" in capsys.readouterr().err
+
+
+def test_predict_writes_the_signed_numbers_a_labels_csv_trained_on(tmp_path, capsys):
+    """Labels -1, 0, 3 train as classes named '-1', '0', '3' (indices 0, 1, 2); predict took only unsigned digits
+    as numbers, so its `label` column held the index 0 beside the class_name -1, where labels 1, 2, 10 wrote 10."""
+    run, labels = _run(tmp_path, lambda i: [-1, 0, 3][i % 3], suffix=".png")
+    capsys.readouterr()
+    out = tmp_path / "p.csv"
+    assert _predict(tmp_path, run, "--out", str(out)) == 0
+    assert "note: the model's classes are named by numbers (-1, 0, 3)" in capsys.readouterr().err
+    rows = _rows(out)
+    assert len(rows) == 6 and all(r["label"] == r["class_name"] for r in rows)
+    assert {r["label"] for r in rows} <= {"-1", "0", "3"}
+
+
+def test_class_numbers_read_class_names_as_training_reads_labels():
+    from cnnpar.engine.predict import class_numbers
+
+    assert class_numbers(["-1", "0", "3"]) == [-1, 0, 3]  # a labels CSV's classes, in numeric order
+    assert class_numbers(["0", "1", "10", "2"]) == [0, 1, 10, 2]  # class folders, sorted as text
+    assert class_numbers(["-1", "0", "1"]) == [-1, 0, 1]
+    assert class_numbers(["0", "1", "2"]) is None  # every number its index: the index is written
+    assert class_numbers(["07", "7"]) is None  # two folders of one number: written as indices
+    assert class_numbers(["-1", "cat"]) is None
