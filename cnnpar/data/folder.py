@@ -137,6 +137,7 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     if not classes:
         raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png{_flat_hint(root)}")
+    _refuse_one_folder_under_two_classes(root, classes)
     files, labels = [], []
     for label, name in enumerate(classes):
         for f in image_files(root / name, skipped):
@@ -146,6 +147,23 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
         others = f" (only {skipped_kinds(skipped)} files, which cnnpar does not read)" if skipped else ""
         raise DataError(f"{root}: no .jpg, .jpeg or .png files under its class folders{others}")
     return files, labels, classes
+
+
+def _refuse_one_folder_under_two_classes(root: Path, classes: list[str]) -> None:
+    """Two class folders that are one folder (`dog -> cat`, a link to a sibling class): each image would be read
+    twice with two labels, a contradiction training learns silently. A link to a folder outside the data set is a
+    way to assemble one: it is read as given. Single files linked into two classes are not looked for here."""
+    seen: dict[str, str] = {}
+    for name in classes:
+        real = os.path.realpath(root / name)
+        if real in seen:
+            # name the link, not the folder it leads to (both may be links, to a folder outside)
+            linked, other = (seen[real], name) if (root / seen[real]).is_symlink() else (name, seen[real])
+            raise DataError(
+                f"{root / linked}: the same folder as {root / other} (a link): its images would carry two labels "
+                f"({other} and {linked}); expected each class in a folder of its own"
+            )
+        seen[real] = name
 
 
 def _flat_hint(root: Path) -> str:

@@ -78,9 +78,16 @@ def test_the_listing_checksum_is_unchanged_for_relative_and_absolute_roots(tmp_p
     import hashlib
 
     root = tricky_tree(tmp_path / "photos")
+    # a class linked to a sibling class is refused (test_linked_class_folders.py); one linked to a folder outside
+    # the data set is a class of its own
+    (root / "b_link").unlink()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "o.jpg").write_bytes(b"x")
+    os.symlink("../outside", root / "o_link")
     monkeypatch.chdir(tmp_path)
     for given in (root, Path("photos"), Path("./photos/")):
         files, labels, splits, _ = scan_splits(given)
+        assert tmp_path / "photos" / "o_link" / "o.jpg" in [Path(os.path.abspath(f)) for f in files]
         digest = hashlib.sha256()  # the checksum as written before: Path.relative_to for every file
         for f, label, split in zip(files, labels, splits):
             digest.update(f"{f.relative_to(given)}\0{label}\0{split}\n".encode())

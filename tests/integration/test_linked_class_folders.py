@@ -1,0 +1,57 @@
+"""A class folder that is a link to another class folder of the same split is the same images under two labels:
+refused in one line naming the link, by the one scan that train, prepare and their checks use (folder.scan_folder).
+A class folder linked to a folder outside the data set is a class of its own."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cnnpar.data.folder import scan_splits
+from cnnpar.errors import DataError
+from tests.conftest import run_cli
+from tests.datafiles import write_image_folder
+
+
+def test_a_class_linked_to_a_sibling_class_is_refused_naming_the_link(tmp_path):
+    root = write_image_folder(tmp_path / "photos", per_class=2, classes=2)
+    os.symlink("class0", root / "dog")
+    with pytest.raises(DataError) as e:
+        scan_splits(root)
+    assert str(e.value).startswith(f"{root / 'dog'}: the same folder as {root / 'class0'} (a link)")
+    assert "two labels (class0 and dog)" in str(e.value)
+
+
+def test_a_linked_class_inside_train_is_refused_too(tmp_path):
+    root = tmp_path / "photos"
+    write_image_folder(root / "train", per_class=2, classes=2)
+    write_image_folder(root / "val", per_class=1, classes=2)
+    os.symlink("class1", root / "train" / "zebra")  # sorts after the folder it leads to
+    with pytest.raises(DataError, match="train/zebra: the same folder as .*train/class1"):
+        scan_splits(root)
+
+
+def test_a_class_linked_to_a_folder_outside_the_data_set_is_a_class(tmp_path):
+    root = write_image_folder(tmp_path / "photos", per_class=2, classes=2)
+    outside = write_image_folder(tmp_path / "more", per_class=3, classes=1) / "class0"
+    os.symlink(outside, root / "extra")
+    files, labels, _, classes = scan_splits(root)
+    assert classes == ["class0", "class1", "extra"]
+    assert labels.count(2) == 3 and all(
+        os.path.realpath(f).startswith(str(outside)) for f, k in zip(files, labels) if k == 2
+    )
+
+
+@pytest.mark.parametrize("command", [["train", "--epochs", "1", "--workers", "0"], ["prepare", "--out", "p.cnnpar"]])
+def test_train_and_prepare_stop_in_one_line_before_any_work(tmp_path, command):
+    write_image_folder(tmp_path / "photos", per_class=2, classes=2)
+    os.symlink("class1", tmp_path / "photos" / "cat")
+    data = ["--data", "photos"] if command[0] == "train" else ["photos"]
+    done = run_cli([command[0], *data, *command[1:]], tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert (
+        "photos/cat: the same folder as" in done.stderr and "expected each class in a folder of its own" in done.stderr
+    )
+    assert not (tmp_path / "p.cnnpar").exists() and not list((tmp_path / "runs").glob("*/ckpt/*.pt"))
