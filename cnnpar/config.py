@@ -509,6 +509,28 @@ SEED_LIMIT = 2**63
 
 
 NAME_MAX_BYTES = 255  # the longest file name Linux, macOS and Windows file systems take (NAME_MAX)
+PATH_MAX_BYTES = 4096  # the longest path Linux takes (PATH_MAX, its final NUL included)
+
+
+def path_length_problem(path: str | Path, room: int = 0) -> str:
+    """Why the system cannot take `path` ('' where it can): a name in it over NAME_MAX, or the whole path, with
+    `room` bytes left for the files to be made inside it, at PATH_MAX or over. Checked before an output is made:
+    bench, doctor, tune, profile and prepare ended in an OSError traceback ("File name too long") at their first
+    look at the path."""
+    for part in Path(path).parts:
+        size = len(os.fsencode(part))
+        if size > NAME_MAX_BYTES:
+            return (
+                f"a name in it is {size} bytes long: expected names of at most {NAME_MAX_BYTES} bytes (the system's "
+                "limit)"
+            )
+    size = len(os.fsencode(os.path.abspath(path)))
+    if size + room >= PATH_MAX_BYTES:
+        return (
+            f"the path is {size} bytes long: expected at most {PATH_MAX_BYTES - room - 1} bytes (the system's path "
+            f"limit is {PATH_MAX_BYTES}, with room left for the files made in it)"
+        )
+    return ""
 
 
 def run_name_problem(name: str) -> str:

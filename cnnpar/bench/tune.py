@@ -44,6 +44,7 @@ from cnnpar.report.files import (
     check_out_folder,
     output_folder,
     refuse_earlier_results,
+    refuse_unnameable_out_file,
     write_csv_atomic,
     write_errors_explained,
     write_text_atomic,
@@ -636,6 +637,7 @@ def check_out(out: Path, config_read: str | Path | None = None) -> None:
     two files one). Either already there is an earlier tune's result (or another file), refused as bench refuses an
     --out holding results, unless --out is the --config this run starts from (`config_read`): re-tuning a tuned
     config in place rewrites both, as asked."""
+    refuse_unnameable_out_file(out, "tune --out")
     trials = out.with_suffix(".csv")
     blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocked is not None:  # else a FileExistsError from making the folder

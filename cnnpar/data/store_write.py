@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cnnpar.config import path_length_problem
 from cnnpar.data.folder import check_pixel_count, decode_error, listing_checksum, pillow_rgb
 from cnnpar.data.labels_csv import scan_images
 from cnnpar.data.overlap import same_file_groups
@@ -244,7 +245,14 @@ class OrderedDecode:
 def check_store_out(out: Path, src: Path) -> None:
     """Refuse, before any decoding, an --out that is not a store path: a folder, a name `--data` would not read
     as a store, or an existing file that is not a store (the rename at the end would replace a user's CSV or
-    one of the photos without a word)."""
+    one of the photos without a word), or one the system cannot name (config.path_length_problem)."""
+    longest = out.with_name(chunk_path(new_partial_path(out), 99_999).name)  # the longest name made beside it
+    too_long = path_length_problem(longest)
+    if too_long:
+        raise DataError(
+            f"--out {out}: too long with the suffix of the files prepare writes first "
+            f"({longest.name[len(out.name) :]}): {too_long}"
+        )
     if out.is_dir():
         raise DataError(f"--out {out}: is a folder: expected the store file to write, such as {out / src.name}.cnnpar")
     if not out.name.lower().endswith(".cnnpar"):

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cnnpar.config import NAME_MAX_BYTES, SECTIONS, Config, load_toml, setting_name
+from cnnpar.config import NAME_MAX_BYTES, PATH_MAX_BYTES, SECTIONS, Config, load_toml, setting_name
 from cnnpar.data.sources import readable_name
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
@@ -159,7 +159,6 @@ def _utf8(text: str) -> bool:
     return True
 
 
-PATH_MAX_BYTES = 4096  # the longest path Linux takes (PATH_MAX, its final NUL included)
 RUN_FILES_ROOM = (
     1 + NAME_MAX_BYTES
 )  # a file inside the run folder: "/" and one name (a TensorBoard event file's is long)

@@ -29,8 +29,12 @@ def check_out_folder(path: str | Path, flag: str) -> None:
     can be made (itself, or the nearest folder above it that is there: permissions, a read-only file system): bench,
     doctor and profile measured for minutes and then ended in a FileExistsError, NotADirectoryError or read-only
     traceback; tune ran its whole start trial first."""
+    from cnnpar.config import NAME_MAX_BYTES, path_length_problem
     from cnnpar.errors import UserError
 
+    too_long = path_length_problem(path, room=1 + NAME_MAX_BYTES)  # "/" and a file's name inside it
+    if too_long:
+        raise UserError(f"{flag} {path}: {too_long}")
     given = Path(path)
     place = next((place for place in (given, *given.parents) if place.exists()), Path("."))
     if not place.is_dir():
@@ -159,6 +163,7 @@ def check_out_file(path: str | Path, flag: str) -> None:
     virtual file system: `unwritable`). predict ran over every image, then ended in a traceback at its write."""
     from cnnpar.errors import UserError
 
+    refuse_unnameable_out_file(path, flag)
     given = Path(path)
     folder = next((place for place in given.parents if place.exists()), Path("."))
     if not folder.is_dir():
@@ -168,6 +173,18 @@ def check_out_file(path: str | Path, flag: str) -> None:
         raise UserError(
             f"{flag} {path}: cannot be written ({why}): expected a path in a folder where files can be made"
         )
+
+
+def refuse_unnameable_out_file(path: str | Path, flag: str) -> None:
+    """Refuse an output file the system cannot name (config.path_length_problem), counted with the temporary name
+    it is written under first (`_create_temp`): the first look at it ended in an OSError traceback."""
+    from cnnpar.config import path_length_problem
+    from cnnpar.errors import UserError
+
+    temp = Path(path).with_name(f".{Path(path).name}.00000000.tmp")
+    too_long = path_length_problem(temp)
+    if too_long:
+        raise UserError(f"{flag} {path}: too long with the temporary name it is written under first: {too_long}")
 
 
 def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
