@@ -224,7 +224,8 @@ def test_a_resume_into_a_read_only_run_folder_is_one_line_before_any_work(
     assert sorted(p.name for p in (read_only_ro / "s").iterdir()) == ["ckpt", "config.toml"]
 
 
-@pytest.mark.parametrize(
+# the three commands that train into an existing run folder s: its checks run before any work in each
+EVERY_WAY_INTO_RUN_S = pytest.mark.parametrize(
     "words, said",
     [
         (["--resume", "s"], "--resume s"),
@@ -233,6 +234,9 @@ def test_a_resume_into_a_read_only_run_folder_is_one_line_before_any_work(
     ],
     ids=["resume-path", "resume-auto", "name-there"],
 )
+
+
+@EVERY_WAY_INTO_RUN_S
 def test_a_read_only_checkpoint_folder_in_a_writable_run_folder_is_one_line_before_any_work(
     tmp_path, monkeypatch, capsys, words, said
 ):
@@ -262,15 +266,7 @@ def test_a_read_only_checkpoint_folder_in_a_writable_run_folder_is_one_line_befo
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["ckpt", "config.toml"]
 
 
-@pytest.mark.parametrize(
-    "words, said",
-    [
-        (["--resume", "s"], "--resume s"),
-        (["--resume", "auto", "--name", "s", "--out-dir", "."], "--resume auto"),
-        (["--name", "s", "--out-dir", "."], "--name s"),
-    ],
-    ids=["resume-path", "resume-auto", "name-there"],
-)
+@EVERY_WAY_INTO_RUN_S
 def test_a_checkpoint_place_that_is_a_file_is_one_line_before_any_work(tmp_path, monkeypatch, capsys, words, said):
     """A run folder's `ckpt` that is a file was never probed: `--resume s` said "no finished epoch" and sent the user
     to --resume auto, which (as `--name s`) loaded the data and ended in a FileExistsError traceback at its mkdir."""
