@@ -115,3 +115,18 @@ def test_without_pathconf_the_limits_are_linux_s(tmp_path, monkeypatch, capsys):
     _nothing_trained_or_benched(monkeypatch)
     assert main(["tune", "--out-dir", LONG, "--device", "cpu", "--data", "synthetic", "--image-shape", "1x8x8"]) == 2
     assert capsys.readouterr().err == f"cnnpar: error: --out-dir {LONG}: {NAME_SAID}\n"
+
+
+@pytest.mark.parametrize("out", [LONG, DEEP], ids=["name", "path"])
+def test_a_compare_out_the_system_cannot_take_is_one_line_before_any_framework_runs(tmp_path, monkeypatch, capsys, out):
+    """compare --out ended in an OSError traceback ("File name too long") at its mkdir."""
+    import cnnpar.frameworks.compare as compare
+
+    monkeypatch.setattr(compare, "run_framework", lambda *a, **k: pytest.fail("a framework ran before refusing"))
+    monkeypatch.chdir(tmp_path)
+    words = ["--frameworks", "torch", "--data", "synthetic", "--image-shape", "1x8x8", "--batch-size", "16"]
+    assert main(["compare", *words, "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"cnnpar: error: compare --out {out}: ") and err.count("\n") == 1
+    assert ("expected names of at most 255 bytes" if out == LONG else "the system's path limit is 4096") in err
+    assert not list(tmp_path.iterdir())
