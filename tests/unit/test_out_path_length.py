@@ -130,3 +130,15 @@ def test_a_compare_out_the_system_cannot_take_is_one_line_before_any_framework_r
     assert err.startswith(f"cnnpar: error: compare --out {out}: ") and err.count("\n") == 1
     assert ("expected names of at most 255 bytes" if out == LONG else "the system's path limit is 4096") in err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("out", [f"{LONG}.csv", f"{LONG}/", f"{DEEP}/p.csv"], ids=["name", "folder", "path"])
+def test_a_predict_out_the_system_cannot_take_is_one_line_before_the_checkpoint_is_read(tmp_path, monkeypatch, out):
+    """predict --out ended in an OSError traceback ("File name too long") at its first look at the path."""
+    from cnnpar.engine.predict import out_target
+    from cnnpar.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"^--out .*: too long with the temporary name .*(255 bytes|limit is 4096)"):
+        out_target(out, "csv", "test.csv", tmp_path / "last.pt")
+    assert not list(tmp_path.iterdir())
