@@ -1,6 +1,7 @@
-"""An output path the system cannot name (a name over 255 bytes, or a path over PATH_MAX) is refused in one line
-before any work: bench, doctor, tune, profile and prepare ended in an OSError traceback ("File name too long") at
-their first look at it. train's --out-dir had its own check (rundir.refuse_too_long_path)."""
+"""An output path the system cannot name (a name over NAME_MAX, or a path over PATH_MAX: the limits of the file
+system it is on, Linux's 255 and 4096 where the system cannot say) is refused in one line before any work: bench,
+doctor, tune, profile, prepare, compare and predict ended in an OSError traceback ("File name too long") at their
+first look at it. train's --out-dir check is the same rule (config.path_length_problem)."""
 
 from __future__ import annotations
 
