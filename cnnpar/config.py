@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -512,23 +513,41 @@ NAME_MAX_BYTES = 255  # the longest file name Linux, macOS and Windows file syst
 PATH_MAX_BYTES = 4096  # the longest path Linux takes (PATH_MAX, its final NUL included)
 
 
+def system_path_limits(path: str | Path) -> tuple[int, int]:
+    """The longest name and path (NAME_MAX, PATH_MAX, in bytes) the file system holding `path` takes, asked of the
+    nearest folder above it that is there: a FAT or network mount takes shorter names than Linux's 255, and macOS's
+    paths end at 1024. NAME_MAX_BYTES and PATH_MAX_BYTES where the system cannot say (Windows has no pathconf)."""
+    given = Path(os.path.abspath(path))
+    place = next((place for place in (given, *given.parents) if os.path.isdir(place)), given.anchor)
+    return _pathconf(place, "PC_NAME_MAX", NAME_MAX_BYTES), _pathconf(place, "PC_PATH_MAX", PATH_MAX_BYTES)
+
+
+def _pathconf(place: str | Path, key: str, fallback: int) -> int:
+    pathconf = getattr(os, "pathconf", None)
+    if pathconf is None or key not in getattr(os, "pathconf_names", {}):
+        return fallback
+    try:
+        limit = pathconf(place, key)
+    except (OSError, ValueError):
+        return fallback
+    return limit if limit > 0 else sys.maxsize  # -1: the system sets no limit
+
+
 def path_length_problem(path: str | Path, room: int = 0) -> str:
     """Why the system cannot take `path` ('' where it can): a name in it over NAME_MAX, or the whole path, with
-    `room` bytes left for the files to be made inside it, at PATH_MAX or over. Checked before an output is made:
-    bench, doctor, tune, profile and prepare ended in an OSError traceback ("File name too long") at their first
-    look at the path."""
+    `room` bytes left for the files to be made inside it, at PATH_MAX or over (the limits of the system it is on,
+    `system_path_limits`). Checked before an output is made: train, bench, doctor, tune, profile and prepare ended
+    in an OSError traceback ("File name too long") at their first look at the path."""
+    name_max, path_max = system_path_limits(path)
     for part in Path(path).parts:
         size = len(os.fsencode(part))
-        if size > NAME_MAX_BYTES:
-            return (
-                f"a name in it is {size} bytes long: expected names of at most {NAME_MAX_BYTES} bytes (the system's "
-                "limit)"
-            )
+        if size > name_max:
+            return f"a name in it is {size} bytes long: expected names of at most {name_max} bytes (the system's limit)"
     size = len(os.fsencode(os.path.abspath(path)))
-    if size + room >= PATH_MAX_BYTES:
+    if size + room >= path_max:
         return (
-            f"the path is {size} bytes long: expected at most {PATH_MAX_BYTES - room - 1} bytes (the system's path "
-            f"limit is {PATH_MAX_BYTES}, with room left for the files made in it)"
+            f"the path is {size} bytes long: expected at most {path_max - room - 1} bytes (the system's path "
+            f"limit is {path_max}, with room left for the files made in it)"
         )
     return ""
 

@@ -37,7 +37,7 @@ from cnnpar.engine.trainer import RUN_RECORDS
 from cnnpar.errors import ConfigError, DataError, UserError
 from cnnpar.models import build_model
 from cnnpar.parallel.precision import Precision
-from cnnpar.report.files import check_out_file, write_csv_atomic
+from cnnpar.report.files import check_out_file, refuse_unnameable_out_file, write_csv_atomic
 
 
 def _batches(ds, batch_size: int):
@@ -155,6 +155,7 @@ def out_target(out: str, fmt: str, data: str, found: Path) -> Path:
     target = Path(out or default)
     if out.endswith(("/", os.sep)):  # Path() drops the slash: `--out results/` wrote a file named results
         target = target / default
+    refuse_unnameable_out_file(target, "--out")  # the is_dir() below raised ENAMETOOLONG: a traceback
     if target.is_dir():
         raise UserError(
             f"--out {target}: is a folder: expected the path of the CSV file to write ({target}/ writes {default} "

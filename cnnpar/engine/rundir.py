@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cnnpar.config import NAME_MAX_BYTES, PATH_MAX_BYTES, SECTIONS, Config, load_toml, setting_name
+from cnnpar.config import NAME_MAX_BYTES, SECTIONS, Config, load_toml, path_length_problem, setting_name
 from cnnpar.data.sources import readable_name
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
@@ -170,22 +170,13 @@ def _shortened(path: str, keep: int = 40) -> str:
 
 def refuse_too_long_path(run_dir: Path) -> None:
     """A run folder whose path the system cannot take (a folder name over NAME_MAX, or a path near PATH_MAX with the
-    run's files in it) ended in an OSError traceback at its mkdir: refused here, before anything is made. --name is
-    checked as it is read (config.run_name_problem); this is --out-dir's part."""
-    for part in run_dir.parent.parts:
-        size = len(os.fsencode(part))
-        if size > NAME_MAX_BYTES:
-            raise UserError(
-                f"{setting_name('run', 'out_dir')} = '{readable_name(_shortened(str(run_dir.parent)))}': a folder name "
-                f"in it is {size} bytes long: expected folder names of at most {NAME_MAX_BYTES} bytes (the system's "
-                "limit)"
-            )
-    size = len(os.fsencode(os.path.abspath(run_dir)))
-    if size + RUN_FILES_ROOM >= PATH_MAX_BYTES:
+    run's files in it) ended in an OSError traceback at its mkdir: refused here, before anything is made, with the
+    rule and limits the other commands' output paths have (config.path_length_problem). --name is checked as it is
+    read (config.run_name_problem); this is --out-dir's part."""
+    too_long = path_length_problem(run_dir, room=RUN_FILES_ROOM)
+    if too_long:
         raise UserError(
-            f"{setting_name('run', 'out_dir')} = '{readable_name(_shortened(str(run_dir.parent)))}': the run folder's "
-            f"path is {size} bytes long: expected at most {PATH_MAX_BYTES - RUN_FILES_ROOM - 1} bytes (the system's "
-            f"path limit is {PATH_MAX_BYTES}, with room left for the run's files)"
+            f"{setting_name('run', 'out_dir')} = '{readable_name(_shortened(str(run_dir.parent)))}': {too_long}"
         )
 
 

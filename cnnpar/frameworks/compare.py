@@ -421,9 +421,11 @@ def write_chart(path: Path, rows: list[dict[str, str]], out: Path, title: str) -
 
 
 def run_compare(frameworks: list[Framework], spec: RunSpec, timeout: float = 3600.0) -> list[dict[str, str]]:
-    from cnnpar.report.files import write_csv_atomic
+    from cnnpar.report.files import check_out_folder, write_csv_atomic
 
     out = Path(spec.out)
+    # before any data is loaded or framework run: a name over NAME_MAX ended in an OSError traceback at the mkdir
+    check_out_folder(out, "compare --out")
     missing = {fw.name: missing_package(fw) for fw in frameworks}
     if any(pkg is None for pkg in missing.values()):
         # what only the data can tell (a batch larger than the training set, no validation split, non-square
