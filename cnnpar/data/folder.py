@@ -150,9 +150,10 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
 
 
 def _refuse_one_folder_under_two_classes(root: Path, classes: list[str]) -> None:
-    """Two class folders that are one folder (`dog -> cat`, a link to a sibling class): each image would be read
-    twice with two labels, a contradiction training learns silently. A link to a folder outside the data set is a
-    way to assemble one: it is read as given. Single files linked into two classes are not looked for here."""
+    """Two class folders that are one folder (`dog -> cat`, a link to a sibling class), or one inside the other
+    (`dog -> .`, `dog -> cat/siamese`): each image under both would be read twice with two labels, a contradiction
+    training learns silently. A link to a folder outside the data set is a way to assemble one: it is read as
+    given. Single files linked into two classes are not looked for here."""
     seen: dict[str, str] = {}
     for name in classes:
         real = os.path.realpath(root / name)
@@ -164,6 +165,26 @@ def _refuse_one_folder_under_two_classes(root: Path, classes: list[str]) -> None
                 f"({other} and {linked}); expected each class in a folder of its own"
             )
         seen[real] = name
+    _refuse_nested_class_folders(root, seen)
+
+
+def _refuse_nested_class_folders(root: Path, by_real: dict[str, str]) -> None:
+    """A class folder whose real path holds another's: image_files reads the inner class's images under the
+    outer class too. Sorted as "path/" strings, a folder and one inside it have only folders inside the first
+    between them, so comparing neighbours finds every such pair. A link to a folder above `root` is left out:
+    the walk does not go back down into the folders it is inside (image_files), so it never reaches the classes."""
+    above = {p + os.sep for p in map(str, Path(os.path.realpath(root)).parents)}
+    ordered = sorted((real.rstrip(os.sep) + os.sep, name) for real, name in by_real.items())
+    for (outer_real, outer), (inner_real, inner) in zip(ordered, ordered[1:]):
+        if not inner_real.startswith(outer_real) or outer_real in above:
+            continue
+        link = outer if (root / outer).is_symlink() else inner
+        where = "holds" if link == outer else "is inside"
+        raise DataError(
+            f"{root / link}: a link to {(outer_real if link == outer else inner_real).rstrip(os.sep)}, which {where} "
+            f"{root / (inner if link == outer else outer)}: its images would carry two labels ({outer} and {inner}); "
+            "expected each class in a folder of its own"
+        )
 
 
 def _flat_hint(root: Path) -> str:
