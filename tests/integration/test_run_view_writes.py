@@ -17,6 +17,7 @@ import torch
 
 from cnnpar.cli import main
 from cnnpar.dist import DistInfo
+from cnnpar.engine import fault
 from cnnpar.engine.checkpoint import checkpoint_epoch
 from cnnpar.report.files import read_csv
 from cnnpar.report.telemetry import monitor_run
@@ -111,3 +112,40 @@ def test_another_machines_telemetry_csv_that_cannot_be_written_is_said_on_its_st
     (line,) = err.splitlines()
     assert line.startswith(f"rank 1: telemetry: {tmp_path / 'telemetry_rank1.csv'}: cannot be written (No space left")
     assert line.endswith("sampling stopped (it keeps no sample), and training goes on")
+
+
+def test_a_resume_whose_earlier_event_file_cannot_be_cut_says_it_in_its_line_and_goes_on(tmp_path, monkeypatch, capsys):
+    """The resume cuts an earlier attempt's event file back to the checkpoint's step; a file it may not rewrite
+    (read-only) ended the resume in a PermissionError traceback before its first epoch."""
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as failing:  # epoch 2 fails after its first step's points: past the checkpoint's step 2
+        failing.setenv(fault.RAISE_ENV, "2")
+        fault._plan.cache_clear()
+        with pytest.raises(RuntimeError, match="injected fault"):
+            main([*SMALL, "--name", "w"])
+    fault._plan.cache_clear()
+    (events,) = (tmp_path / "runs" / "w").glob("events.out.tfevents.*")
+    before = events.read_bytes()
+    if os.geteuid() == 0:  # root writes a file whatever its mode: its refusal, as the kernel gives it
+        real_truncate = os.truncate
+
+        def refused(path, length):
+            if "tfevents" in str(path):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return real_truncate(path, length)
+
+        monkeypatch.setattr(os, "truncate", refused)
+    else:
+        events.chmod(0o444)
+    capsys.readouterr()
+    assert main([*SMALL, "--resume", "runs/w"]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and err == ""
+    (line,) = lines_of(out, "tensorboard:")
+    assert line.startswith("tensorboard: event files in runs/w (tensorboard --logdir runs); ")
+    assert f"; runs/w/{events.name}: cannot be cut back to step 2 (Permission denied; " in line
+    assert line.endswith("): the points an earlier attempt wrote past step 2 stay in it, beside this run's at the "
+                         "same steps")  # fmt: skip
+    assert events.read_bytes() == before
+    assert checkpoint_epoch(tmp_path / "runs" / "w") == 3
+    assert [r["epoch"] for r in read_csv(tmp_path / "runs" / "w" / "metrics.csv")] == ["1", "2", "3"]
