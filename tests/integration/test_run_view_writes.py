@@ -21,6 +21,7 @@ from cnnpar.engine import fault
 from cnnpar.engine.checkpoint import checkpoint_epoch
 from cnnpar.report.files import read_csv
 from cnnpar.report.telemetry import monitor_run
+from tests.integration.test_result_writes import DOCTOR
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -112,6 +113,26 @@ def test_another_machines_telemetry_csv_that_cannot_be_written_is_said_on_its_st
     (line,) = err.splitlines()
     assert line.startswith(f"rank 1: telemetry: {tmp_path / 'telemetry_rank1.csv'}: cannot be written (No space left")
     assert line.endswith("sampling stopped (it keeps no sample), and training goes on")
+
+
+@pytest.mark.parametrize("fit", [0, 1])
+def test_a_doctors_telemetry_csv_that_cannot_be_written_is_said_once_and_the_report_is_written(
+    tmp_path, monkeypatch, capsys, fit
+):
+    """`cnnpar doctor --monitor` samples with the same sampler: its line said "training goes on" in a command that
+    trains nothing, and the report's timeline was drawn from the CSV cut short."""
+    disk_full_for(monkeypatch, "telemetry", fit)
+    rep = tmp_path / "rep"
+    assert main([*DOCTOR, "--report-dir", str(rep), "--monitor"]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and err == ""
+    (line,) = [ln for ln in out.splitlines() if "cannot be written" in ln]
+    kept = r"the samples up to [0-9.]+ s stay in it" if fit else "it keeps no sample"
+    pattern = rf"telemetry: {re.escape(str(rep / 'telemetry.csv'))}: cannot be written \(No space left on device; "
+    assert re.fullmatch(pattern + rf".*\): sampling stopped \({kept}\), and the doctor goes on", line), line
+    assert {"report.md", "doctor.json", "phases.csv", "doctor.png"} <= {p.name for p in rep.iterdir()}
+    assert len(read_csv(rep / "telemetry.csv")) == fit  # the one sample that fitted, or none
+    assert not (rep / "telemetry.png").exists()  # no timeline of a CSV cut short
 
 
 def test_a_resume_whose_earlier_event_file_cannot_be_cut_says_it_in_its_line_and_goes_on(tmp_path, monkeypatch, capsys):
