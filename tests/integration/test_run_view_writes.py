@@ -2,7 +2,9 @@
 file size limit) is said once, in one line naming the file, why, and what it keeps, and training goes on: both are
 views of the run (metrics.csv keeps every epoch's figures, the checkpoint what --resume needs), where a run record's
 failed write stops the run (test_run_record_writes.py). Their failures had ended the run in a traceback: the event
-file's in epoch 1's end, before its checkpoint; the telemetry CSV's at the run's end, after its last epoch."""
+file's in epoch 1's end, before its checkpoint; the telemetry CSV's at the run's end, after its last epoch. Also:
+the doctor's telemetry CSV, the event file and the checkpoint failing on one full disk, and a resume that cannot cut
+an earlier attempt's event file back."""
 
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ import torch
 
 from cnnpar.cli import main
 from cnnpar.dist import DistInfo
-from cnnpar.engine import fault
+from cnnpar.engine import checkpoint, fault
 from cnnpar.engine.checkpoint import checkpoint_epoch
 from cnnpar.report.files import read_csv
 from cnnpar.report.telemetry import monitor_run
 from tests.integration.test_result_writes import DOCTOR
+from tests.integration.test_tensorboard import read_scalars
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -113,6 +116,43 @@ def test_another_machines_telemetry_csv_that_cannot_be_written_is_said_on_its_st
     (line,) = err.splitlines()
     assert line.startswith(f"rank 1: telemetry: {tmp_path / 'telemetry_rank1.csv'}: cannot be written (No space left")
     assert line.endswith("sampling stopped (it keeps no sample), and training goes on")
+
+
+def test_a_disk_that_fills_under_the_event_file_and_the_checkpoint_stops_in_the_checkpoints_line(
+    tmp_path, monkeypatch, capsys
+):
+    """Epoch 1's points and checkpoint fit; then the disk is full for both: the event file's failure is said once
+    (it is a view), and the run stops in the checkpoint's one line, epoch 1 kept for --resume, which loses none."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "w"
+    with monkeypatch.context() as full:
+        disk_full_for(full, "tfevents", 1)
+        real_write, saved = checkpoint.atomic_write, []
+
+        def after_epoch_1(path, *args, **kwargs):  # epoch 1 writes last.pt, then best.pt; epoch 2's last.pt fails
+            saved.append(os.path.basename(path))
+            if saved.count("last.pt") > 1:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            real_write(path, *args, **kwargs)
+
+        full.setattr(checkpoint, "atomic_write", after_epoch_1)
+        assert main([*SMALL, "--name", "w"]) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert [line.split("  ")[0] for line in lines_of(out, "epoch ")] == ["epoch 1/3"]
+    (events,) = run.glob("events.out.tfevents.*")
+    (said,) = [line for line in out.splitlines() if "cannot be written" in line]
+    assert said.startswith(f"tensorboard: runs/w/{events.name}: cannot be written (No space left on device; ")
+    (line,) = err.splitlines()
+    assert line.startswith("cnnpar: error: runs/w/ckpt/last.pt: cannot be written (No space left on device; ")
+    assert line.endswith("the checkpoint in runs/w holds epochs 1-1, which --resume runs/w continues")
+    assert checkpoint_epoch(run) == 1 and not list(run.rglob("*.tmp"))
+
+    assert main([*SMALL, "--resume", "runs/w"]) == 0
+    assert "Traceback" not in "".join(capsys.readouterr())
+    assert checkpoint_epoch(run) == 3
+    assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2", "3"]
+    assert read_scalars(run)["train/epoch"] == [(2, 1.0), (4, 2.0), (6, 3.0)]  # one point per epoch, none lost
 
 
 @pytest.mark.parametrize("fit", [0, 1])
