@@ -175,9 +175,18 @@ def test_a_doctors_telemetry_csv_that_cannot_be_written_is_said_once_and_the_rep
     assert not (rep / "telemetry.png").exists()  # no timeline of a CSV cut short
 
 
-def test_a_resume_whose_earlier_event_file_cannot_be_cut_says_it_in_its_line_and_goes_on(tmp_path, monkeypatch, capsys):
-    """The resume cuts an earlier attempt's event file back to the checkpoint's step; a file it may not rewrite
-    (read-only) ended the resume in a PermissionError traceback before its first epoch."""
+@pytest.mark.parametrize(
+    ("flags", "board"),
+    [
+        ([], "tensorboard: event files in runs/w (tensorboard --logdir runs); "),
+        (["--no-tensorboard"], "tensorboard: off; "),
+    ],
+)
+def test_a_resume_whose_earlier_event_file_cannot_be_cut_says_it_in_its_line_and_goes_on(
+    tmp_path, monkeypatch, capsys, flags, board
+):
+    """The resume cuts an earlier attempt's event file back to the checkpoint's step, with the board off too; a file
+    it may not rewrite (read-only) ended the resume in a PermissionError traceback before its first epoch."""
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as failing:  # epoch 2 fails after its first step's points: past the checkpoint's step 2
         failing.setenv(fault.RAISE_ENV, "2")
@@ -199,11 +208,11 @@ def test_a_resume_whose_earlier_event_file_cannot_be_cut_says_it_in_its_line_and
     else:
         events.chmod(0o444)
     capsys.readouterr()
-    assert main([*SMALL, "--resume", "runs/w"]) == 0
+    assert main([*SMALL, "--resume", "runs/w", *flags]) == 0
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err and err == ""
     (line,) = lines_of(out, "tensorboard:")
-    assert line.startswith("tensorboard: event files in runs/w (tensorboard --logdir runs); ")
+    assert line.startswith(board)
     assert f"; runs/w/{events.name}: cannot be cut back to step 2 (Permission denied; " in line
     assert line.endswith("): the points an earlier attempt wrote past step 2 stay in it, beside this run's at the "
                          "same steps")  # fmt: skip
