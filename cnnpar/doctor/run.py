@@ -56,7 +56,7 @@ from cnnpar.report.environment import environment
 from cnnpar.report.files import check_output_folder, output_folder
 from cnnpar.report.host import usable_cores
 from cnnpar.report.meters import free_device_memory
-from cnnpar.report.telemetry import TelemetrySampler, plot_telemetry
+from cnnpar.report.telemetry import TelemetrySampler, plot_unless_failed
 
 
 @dataclass
@@ -134,8 +134,11 @@ def run_doctor(cfg: Config, opts: DoctorOptions, log: Callable[[str], None] = pr
 
 
 def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Path) -> DoctorReport:
+    # a telemetry CSV the disk refuses is said in one line, and the measuring and the report go on without it
     sampler = (
-        TelemetrySampler(report_dir / "telemetry.csv", opts.telemetry_interval_s, log=log) if cfg.run.monitor else None
+        TelemetrySampler(report_dir / "telemetry.csv", opts.telemetry_interval_s, log=log, goes_on="the doctor goes on")
+        if cfg.run.monitor
+        else None
     )
     marks: list[tuple[str, float, float]] = []
 
@@ -207,10 +210,8 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
     report.marks = marks
     if sampler:
         report.telemetry = report_dir / "telemetry.csv"
-        try:
-            report.telemetry_png = plot_telemetry(report.telemetry, report_dir / "telemetry.png", marks)
-        except Exception as e:  # the CSV is the record; a missing picture is not a failure
-            log(f"telemetry: no timeline PNG ({type(e).__name__}: {e})")
+        # no timeline of a CSV cut short (the disk refused it); a picture that fails is said, not a failure
+        report.telemetry_png = plot_unless_failed(sampler, log, marks)
     return report
 
 

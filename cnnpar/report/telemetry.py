@@ -112,9 +112,11 @@ class TelemetrySampler:
         on_sample: Callable[[list[dict]], None] | None = None,
         append: bool = False,
         say_failure: Callable[[str], None] | None = None,
+        goes_on: str = "training goes on",
     ) -> None:
         self.csv_path = Path(csv_path)
         self.say_failure = say_failure or log  # where a failed write of the CSV is said (`_write_failed`)
+        self.goes_on = goes_on  # what that line says continues: the sampled command's work (the doctor's measuring)
         self.failed = ""  # that line, once said: sampling stopped there
         self._kept_s: float | None = None  # time_s of the last sample flushed to the CSV
         self.append = append  # keep an earlier attempt's samples in csv_path and continue its time_s
@@ -232,7 +234,7 @@ class TelemetrySampler:
         kept = f"the samples up to {self._kept_s} s stay in it" if self._kept_s is not None else "it keeps no sample"
         self.failed = (
             f"telemetry: {self.csv_path}: cannot be written ({write_failure(e, self.csv_path.parent)}): sampling "
-            f"stopped ({kept}), and training goes on"
+            f"stopped ({kept}), and {self.goes_on}"
         )
         self.say_failure(self.failed)
         self._stop.set()
@@ -374,15 +376,18 @@ def monitor_run(
         yield
     finally:
         sampler.stop()
-        _plot_unless_failed(sampler, log)
+        plot_unless_failed(sampler, log)
 
 
-def _plot_unless_failed(sampler: TelemetrySampler, log: Callable[[str], None]) -> None:
-    """The timeline PNG of the run's samples; none where the CSV could not be written (said already, once): its
-    timeline would be cut short, on a disk that had just refused the CSV."""
+def plot_unless_failed(
+    sampler: TelemetrySampler, log: Callable[[str], None], phases: list[tuple[str, float, float]] | None = None
+) -> Path | None:
+    """The timeline PNG of the samples beside their CSV (None where none was drawn); none where the CSV could not be
+    written (said already, once): its timeline would be cut short, on a disk that had just refused the CSV."""
     if sampler.failed:
-        return
+        return None
     try:
-        plot_telemetry(sampler.csv_path, sampler.csv_path.with_suffix(".png"))
+        return plot_telemetry(sampler.csv_path, sampler.csv_path.with_suffix(".png"), phases)
     except Exception as e:  # a plot is a convenience; the CSV is the record
         log(f"telemetry: no timeline PNG ({type(e).__name__}: {e})")
+        return None

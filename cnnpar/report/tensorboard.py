@@ -24,7 +24,8 @@ the checkpoint) and at most FLUSH_S seconds apart.
 Resuming after epoch k keeps one value per step per tag in any reader: before writing, every
 event file already in the folder is cut at its first record past step S_k (the steps the
 checkpoint holds), so values a killed attempt wrote after its last checkpoint are gone from the
-disk, not merely hidden. (A SessionLog START, SummaryWriter's purge_step, is honoured by the
+disk, not merely hidden (a file that cannot be cut, read-only, is said in the board's line and
+kept as it is: the resume goes on). (A SessionLog START, SummaryWriter's purge_step, is honoured by the
 Python EventAccumulator but ignored by TensorBoard's own data server.) Telemetry of a continued
 folder starts after S_k, since the attempt that wrote S_k's point already averaged it.
 """
@@ -152,6 +153,27 @@ def cut_after_step(path: Path, step: int) -> int:
     if removed:
         os.truncate(path, keep)
     return removed
+
+
+def cut_earlier(paths: list[Path], step: int) -> tuple[int, str]:
+    """Cut each earlier attempt's event file back to `step` (cut_after_step): how many events went, and, where a
+    file could not be read or cut (read-only, its folder's disk gone read-only), a clause for the board's line naming
+    it, why, and what stays ("" where every file was cut). The resume goes on: the file is a view of the run, and
+    metrics.csv and the checkpoint, which the resume needs, are whole; its points past `step` stay beside this run's."""
+    removed, refused = 0, []
+    for path in paths:
+        try:
+            removed += cut_after_step(path, step)
+        except OSError as e:
+            refused.append((path, e))
+    if not refused:
+        return removed, ""
+    (path, e), more = refused[0], len(refused) - 1
+    others = f" (and {more} other event file(s))" if more else ""
+    return removed, (
+        f"; {path}{others}: cannot be cut back to step {step} ({write_failure(e, path.parent)}): the points an "
+        f"earlier attempt wrote past step {step} stay in it, beside this run's at the same steps"
+    )
 
 
 class Board:
@@ -338,11 +360,10 @@ def open_board(
         # the board off, or TensorBoard would show it as this run's
         if earlier and _protos() is not None:
             start = step_now()
-            removed = sum(cut_after_step(p, start) for p in earlier)
-            if removed:
-                return Board(
-                    line=f"tensorboard: off; {removed} event(s) an earlier attempt wrote past step {start} removed"
-                )
+            removed, refused = cut_earlier(earlier, start)
+            said = f"; {removed} event(s) an earlier attempt wrote past step {start} removed" if removed else ""
+            if said or refused:
+                return Board(line=f"tensorboard: off{said}{refused}")
         return Board()
     if _protos() is None:
         return Board(
@@ -350,9 +371,10 @@ def open_board(
             f"--logdir {shlex.quote(str(run_dir.parent))})"
         )
     start = step_now()
-    removed = sum(cut_after_step(p, start) for p in earlier)
+    removed, refused = cut_earlier(earlier, start)
     line = f"tensorboard: event files in {run_dir} (tensorboard --logdir {shlex.quote(str(run_dir.parent))})"
     if removed:
         line += f"; {removed} event(s) an earlier attempt wrote past step {start} removed"
+    line += refused
     # an earlier attempt's telemetry already averaged the samples of the step this one starts at
     return Board(run_dir, step_now, log, line, telemetry_after=start if earlier else -1)
