@@ -37,7 +37,7 @@ MAX_PIXELS = 2 * 89_478_485
 OTHER_IMAGE_SUFFIXES = {".webp", ".bmp", ".gif", ".tif", ".tiff", ".jfif", ".jpe", ".heic", ".heif", ".avif", ".jp2"}
 
 
-def image_files(folder: Path, skipped: list[Path] | None = None) -> list[Path]:
+def image_files(folder: Path, skipped: list[Path] | None = None, links: list | None = None) -> list[Path]:
     """The images under `folder`, in order, without hidden files or folders: `.thumbs/`, and the `._x.jpg`
     resource forks macOS leaves on other file systems, which hold no image and stopped a whole run. Images in
     other formats go to `skipped` where it is given.
@@ -48,11 +48,12 @@ def image_files(folder: Path, skipped: list[Path] | None = None) -> list[Path]:
     difference: symbolic links to folders are followed (rglob's were not, so `class/sub -> elsewhere/` dropped its
     images unsaid while a linked class folder was read), except one to a folder the walk is already inside or to
     one of `folder`'s parents (a loop; `class/up -> ..` would read the other classes as this one). A folder
-    without such links lists as before, so its checksums hold."""
+    without such links lists as before, so its checksums hold. Where `links` is given, each link to a folder that
+    the walk follows goes to it as (its path, its real path), for scan_folder to judge."""
     found: list[tuple[tuple[str, ...], bool]] = []
     if not os.path.isdir(folder):  # as rglob: a folder that is not there yields nothing
         return []
-    _walk(str(folder), (), found, skipped is not None, _folder_and_parents(folder))
+    _walk(str(folder), (), found, skipped is not None, _folder_and_parents(folder), links)
     found.sort()
     files = []
     for parts, readable in found:
@@ -73,7 +74,9 @@ def _folder_and_parents(folder: Path) -> frozenset:
     return frozenset(inside)
 
 
-def _walk(path: str, parts: tuple[str, ...], found: list, keep_skipped: bool, inside: frozenset) -> None:
+def _walk(
+    path: str, parts: tuple[str, ...], found: list, keep_skipped: bool, inside: frozenset, links: list | None = None
+) -> None:
     """Add (relative parts, read by cnnpar) for each image file under `path`, skipping hidden names. `inside`:
     the (device, inode) of the folders the walk is in, so that a link back to one of them is not followed."""
     try:
@@ -89,7 +92,7 @@ def _walk(path: str, parts: tuple[str, ...], found: list, keep_skipped: bool, in
         except OSError:
             continue
         if is_dir:
-            _walk_folder(entry, (*parts, entry.name), found, keep_skipped, inside)
+            _walk_folder(entry, (*parts, entry.name), found, keep_skipped, inside, links)
             continue
         suffix = os.path.splitext(entry.name)[1].lower()
         readable = suffix in IMAGE_SUFFIXES
@@ -102,7 +105,9 @@ def _walk(path: str, parts: tuple[str, ...], found: list, keep_skipped: bool, in
             continue
 
 
-def _walk_folder(entry: os.DirEntry, parts: tuple[str, ...], found: list, keep_skipped: bool, inside: frozenset):
+def _walk_folder(
+    entry: os.DirEntry, parts: tuple[str, ...], found: list, keep_skipped: bool, inside: frozenset, links: list | None
+):
     # one stat a folder (not a file): its identity, to tell a link that loops back
     try:
         st = entry.stat()
@@ -111,7 +116,9 @@ def _walk_folder(entry: os.DirEntry, parts: tuple[str, ...], found: list, keep_s
     key = (st.st_dev, st.st_ino)
     if key in inside:
         return
-    _walk(entry.path, parts, found, keep_skipped, inside | {key})
+    if links is not None and entry.is_symlink():  # one realpath a followed link to a folder, none a file
+        links.append((Path(entry.path), os.path.realpath(entry.path)))
+    _walk(entry.path, parts, found, keep_skipped, inside | {key}, links)
 
 
 def skipped_note(skipped: list[Path]) -> str:
@@ -129,7 +136,10 @@ def skipped_kinds(skipped: list[Path]) -> str:
     return ", ".join(sorted({f.suffix.lower() for f in skipped}))
 
 
-def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[list[Path], list[int], list[str]]:
+def scan_folder(
+    root: str | Path, skipped: list[Path] | None = None, other: Path | None = None
+) -> tuple[list[Path], list[int], list[str]]:
+    """`other`: the split beside `root` (val/ for train/, train/ for val/), whose images a link must not read here."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"{root}: not a folder: expected root/<class>/<image>.jpg|png")
@@ -137,23 +147,30 @@ def scan_folder(root: str | Path, skipped: list[Path] | None = None) -> tuple[li
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     if not classes:
         raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png{_flat_hint(root)}")
-    _refuse_one_folder_under_two_classes(root, classes)
+    by_real = _refuse_one_folder_under_two_classes(root, classes)
+    real_of = {name: real for real, name in by_real.items()}
+    blocked = _real_chain(root)
+    if other is not None:
+        _refuse_classes_linked_into_split(root, by_real, other, blocked)
     files, labels = [], []
     for label, name in enumerate(classes):
-        for f in image_files(root / name, skipped):
+        links: list = []
+        for f in image_files(root / name, skipped, links):
             files.append(f)
             labels.append(label)
+        _refuse_links_out_of_class(root, name, links, by_real, real_of[name], other, blocked)
     if not files:
         others = f" (only {skipped_kinds(skipped)} files, which cnnpar does not read)" if skipped else ""
         raise DataError(f"{root}: no .jpg, .jpeg or .png files under its class folders{others}")
     return files, labels, classes
 
 
-def _refuse_one_folder_under_two_classes(root: Path, classes: list[str]) -> None:
+def _refuse_one_folder_under_two_classes(root: Path, classes: list[str]) -> dict[str, str]:
     """Two class folders that are one folder (`dog -> cat`, a link to a sibling class), or one inside the other
     (`dog -> .`, `dog -> cat/siamese`): each image under both would be read twice with two labels, a contradiction
     training learns silently. A link to a folder outside the data set is a way to assemble one: it is read as
-    given. Single files linked into two classes are not looked for here."""
+    given. Single files linked into two classes are not looked for here. Returns each class's real path, to its
+    name."""
     seen: dict[str, str] = {}
     for name in classes:
         real = os.path.realpath(root / name)
@@ -166,24 +183,107 @@ def _refuse_one_folder_under_two_classes(root: Path, classes: list[str]) -> None
             )
         seen[real] = name
     _refuse_nested_class_folders(root, seen)
+    return seen
 
 
 def _refuse_nested_class_folders(root: Path, by_real: dict[str, str]) -> None:
     """A class folder whose real path holds another's: image_files reads the inner class's images under the
-    outer class too. Sorted as "path/" strings, a folder and one inside it have only folders inside the first
-    between them, so comparing neighbours finds every such pair. A link to a folder above `root` is left out:
-    the walk does not go back down into the folders it is inside (image_files), so it never reaches the classes."""
-    above = {p + os.sep for p in map(str, Path(os.path.realpath(root)).parents)}
+    outer class too, unless its walk does not get there (`_reaches`: a hidden folder on the way, or `root` or a
+    folder above it, which the walk does not go back down into). Sorted as "path/" strings, the folders holding
+    one are those still open on a stack when it comes."""
+    blocked = _real_chain(root)
     ordered = sorted((real.rstrip(os.sep) + os.sep, name) for real, name in by_real.items())
-    for (outer_real, outer), (inner_real, inner) in zip(ordered, ordered[1:]):
-        if not inner_real.startswith(outer_real) or outer_real in above:
+    holding: list[tuple[str, str]] = []
+    for inner_real, inner in ordered:
+        while holding and not inner_real.startswith(holding[-1][0]):
+            holding.pop()
+        for outer_real, outer in holding:
+            if _reaches(outer_real, inner_real, blocked):
+                _raise_nested(root, outer_real, outer, inner_real, inner)
+        holding.append((inner_real, inner))
+
+
+def _raise_nested(root: Path, outer_real: str, outer: str, inner_real: str, inner: str) -> None:
+    link = outer if (root / outer).is_symlink() else inner
+    where = "holds" if link == outer else "is inside"
+    raise DataError(
+        f"{root / link}: a link to {(outer_real if link == outer else inner_real).rstrip(os.sep)}, which {where} "
+        f"{root / (inner if link == outer else outer)}: its images would carry two labels ({outer} and {inner}); "
+        "expected each class in a folder of its own"
+    )
+
+
+def _real_chain(folder: Path) -> frozenset[str]:
+    """The real paths of `folder` and of each folder above it as given: image_files' walk from a class folder in
+    it does not go back down into them (`_folder_and_parents`)."""
+    start = Path(os.path.abspath(folder))
+    return frozenset(os.path.realpath(p) for p in (start, *start.parents))
+
+
+def _within(path: str, folder: str) -> bool:
+    """Whether the real path `path` is `folder` or inside it."""
+    folder = folder.rstrip(os.sep)
+    return path.rstrip(os.sep) == folder or path.startswith(folder + os.sep)
+
+
+def _reaches(outer: str, inner: str, blocked: frozenset[str]) -> bool:
+    """Whether image_files' walk from the real folder `outer` goes down to the real folder `inner` inside it: not
+    where a folder on the way is hidden (skipped) or in `blocked` (not followed back into)."""
+    here = outer.rstrip(os.sep) or os.sep
+    for part in os.path.relpath(inner, here).split(os.sep):
+        here = os.path.join(here, part)
+        if part.startswith(".") or here in blocked:
+            return False
+    return True
+
+
+def _reads_into(real: str, zone: str, blocked: frozenset[str]) -> bool:
+    """Whether a walk from the real folder `real` reads images of the real folder `zone`: inside it, or holding it
+    on a way the walk takes."""
+    return _within(real, zone) or (_within(zone, real) and _reaches(real, zone, blocked))
+
+
+def _refuse_classes_linked_into_split(root: Path, by_real: dict[str, str], other: Path, blocked: frozenset) -> None:
+    """A class folder that is a link into the other split (`train/dog -> ../val/dog`), or to a folder holding it
+    (`train/dog -> ..`): that split's images would be read in this one too, which the overlap check then only
+    reported as validation files that are training files."""
+    other_real = os.path.realpath(other)
+    for real, name in by_real.items():
+        if (root / name).is_symlink() and _reads_into(real, other_real, blocked):
+            where = ("is" if real == other_real else "is inside") if _within(real, other_real) else "holds"
+            raise DataError(
+                f"{root / name}: a link to {real}, which {where} {other}: the {other.name}/ split's images would be "
+                f"read as {root.name}/ ones too; expected each split's class folders inside it, or a link to a "
+                "folder outside the data set"
+            )
+
+
+def _refuse_links_out_of_class(
+    root: Path,
+    name: str,
+    links: list[tuple[Path, str]],
+    by_real: dict[str, str],
+    own: str,
+    other: Path | None,
+    blocked: frozenset,
+) -> None:
+    """A link to a folder inside the class folder `name` (image_files follows it) that leads into another class
+    folder of this split, the split folder itself or the other split: those images would be read as class `name`
+    too, without a word. Links within the class, or to a folder outside the data set, are read as given."""
+    root_real = os.path.realpath(root)
+    for link, real in links:
+        if _within(real, own):
             continue
-        link = outer if (root / outer).is_symlink() else inner
-        where = "holds" if link == outer else "is inside"
+        if _within(real, root_real):
+            cls = next((n for r, n in by_real.items() if _within(real, r)), None)
+            where, which = (root / cls if cls else root), "inside"
+        elif other is not None and _reads_into(real, os.path.realpath(other), blocked | {own}):
+            where, which = other, ("inside" if _within(real, os.path.realpath(other)) else "which holds")
+        else:
+            continue
         raise DataError(
-            f"{root / link}: a link to {(outer_real if link == outer else inner_real).rstrip(os.sep)}, which {where} "
-            f"{root / (inner if link == outer else outer)}: its images would carry two labels ({outer} and {inner}); "
-            "expected each class in a folder of its own"
+            f"{link}: a link to {real}, {which} {where}: its images would be read as class {name} too; expected a "
+            "link in a class folder to lead only to a folder outside the data set"
         )
 
 
@@ -331,12 +431,12 @@ def scan_splits(
             "folders not named like a split (val, test, ...); "
             "else rename it)"
         )
-    files, labels, classes = scan_folder(train_dir, skipped)
+    val_dir = held[0] if held else None
+    files, labels, classes = scan_folder(train_dir, skipped, val_dir)
     _check_classes(train_dir, classes, labels)
-    if not held:
+    if val_dir is None:
         return files, labels, [0] * len(files), classes
-    val_dir = held[0]
-    vfiles, vlabels, vclasses = scan_folder(val_dir, skipped)
+    vfiles, vlabels, vclasses = scan_folder(val_dir, skipped, train_dir)
     if vclasses != classes:
         vlabels = _val_labels_by_normal_form(train_dir, val_dir, classes, vclasses, vlabels)
     _check_val_classes_train(train_dir, val_dir, classes, labels, vlabels)

@@ -78,9 +78,10 @@ def test_the_listing_checksum_is_unchanged_for_relative_and_absolute_roots(tmp_p
     import hashlib
 
     root = tricky_tree(tmp_path / "photos")
-    # a class linked to a sibling class is refused (test_linked_class_folders.py); one linked to a folder outside
-    # the data set is a class of its own
+    # a class linked to a sibling class is refused (test_linked_class_folders.py), and so is a link inside a class
+    # to a sibling class (test_split_links.py); a class linked to a folder outside the data set is one of its own
     (root / "b_link").unlink()
+    (root / "Z" / "dirlink.jpg").unlink()
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "o.jpg").write_bytes(b"x")
     os.symlink("../outside", root / "o_link")
