@@ -174,6 +174,7 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
         f"{setup_line(report)}. torch {env['torch']}, git {env['git_rev']}, {env['date']}{load_text(f)}.",
         "",
         *([f"**{stopped_line(report)}**", ""] if report.stopped else []),
+        *([f"**{report.telemetry_failed}**", ""] if report.telemetry_failed else []),
         "## Verdict",
         "",
         *[f"- {r}" for r in report.diagnosis.reasons],
@@ -254,6 +255,7 @@ def write_report(report: DoctorReport) -> Path:
         "reasons": report.diagnosis.reasons,
         "verdict_reliable": report.diagnosis.reliable,
         "stopped": report.stopped,  # "" where the doctor ran to its end
+        "telemetry_failed": report.telemetry_failed,  # "" where telemetry.csv is whole (or --monitor was off)
         "warmup_steps": report.warmup_steps,
         "facts": report.facts.__dict__,
         "phases": phase_rows(report),

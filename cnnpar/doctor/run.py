@@ -74,6 +74,9 @@ class DoctorReport:
     report_dir: Path = Path(".")
     telemetry: Path | None = None
     telemetry_png: Path | None = None  # this run's timeline, None when it drew none
+    # the one line said where the disk refused telemetry.csv ("" where it was whole): the files say it too, since a
+    # reader of report.md or doctor.json later would take the CSV cut short for the whole run's
+    telemetry_failed: str = ""
     warmup_steps: int = 3  # untimed batches before each measured phase (--warmup-steps)
     # a Ctrl-C or SIGTERM during the tries: the report holds what was measured before it, and says what it cut
     # short; the command ends with the stop after writing it (cli.cmd_doctor)
@@ -212,6 +215,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
         report.telemetry = report_dir / "telemetry.csv"
         # no timeline of a CSV cut short (the disk refused it); a picture that fails is said, not a failure
         report.telemetry_png = plot_unless_failed(sampler, log, marks)
+        report.telemetry_failed = sampler.failed
     return report
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import pathlib
 import re
@@ -173,6 +174,9 @@ def test_a_doctors_telemetry_csv_that_cannot_be_written_is_said_once_and_the_rep
     assert {"report.md", "doctor.json", "phases.csv", "doctor.png"} <= {p.name for p in rep.iterdir()}
     assert len(read_csv(rep / "telemetry.csv")) == fit  # the one sample that fitted, or none
     assert not (rep / "telemetry.png").exists()  # no timeline of a CSV cut short
+    # the report's files say the CSV is cut short, not only the log
+    assert json.loads((rep / "doctor.json").read_text())["telemetry_failed"] == line
+    assert f"**{line}**" in (rep / "report.md").read_text()
 
 
 @pytest.mark.parametrize(
