@@ -19,7 +19,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from cnnpar.config import NAME_MAX_BYTES, SECTIONS, Config, load_toml, path_length_problem, setting_name
+from cnnpar.config import (
+    NAME_MAX_BYTES,
+    SECTIONS,
+    Config,
+    load_toml,
+    path_length_problem,
+    setting_name,
+    system_path_limits,
+)
 from cnnpar.data.sources import readable_name
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
@@ -168,11 +176,19 @@ def _shortened(path: str, keep: int = 40) -> str:
     return path if len(path) <= 2 * keep + 3 else f"{path[:keep]}...{path[-keep:]}"
 
 
-def refuse_too_long_path(run_dir: Path) -> None:
+def refuse_too_long_path(run_dir: Path, named: bool = False) -> None:
     """A run folder whose path the system cannot take (a folder name over NAME_MAX, or a path near PATH_MAX with the
     run's files in it) ended in an OSError traceback at its mkdir: refused here, before anything is made, with the
-    rule and limits the other commands' output paths have (config.path_length_problem). --name is checked as it is
-    read (config.run_name_problem); this is --out-dir's part."""
+    rule and limits the other commands' output paths have (config.path_length_problem). --name is held to 255 bytes
+    as it is read (config.run_name_problem); `named`: the folder's name is --name's, held here to the limit of the
+    file system under --out-dir (eCryptfs takes 143), and said as --name's, not --out-dir's."""
+    name_max = system_path_limits(run_dir.parent)[0]
+    if named and len(os.fsencode(run_dir.name)) > name_max:
+        raise UserError(
+            f"{setting_name('run', 'name')} = '{readable_name(_shortened(run_dir.name))}': "
+            f"{len(os.fsencode(run_dir.name))} bytes long: expected a folder name of at most {name_max} bytes (the "
+            f"limit of the file system under {readable_name(_shortened(str(run_dir.parent)))})"
+        )
     too_long = path_length_problem(run_dir, room=RUN_FILES_ROOM)
     if too_long:
         raise UserError(
@@ -195,7 +211,9 @@ def refuse_unwritable_run_place(cfg: Config) -> None:
         run_dir, said = run_dir_of(ckpt), f"--resume {resume}"
     else:
         # first: exists() raises on a path the system cannot take
-        refuse_too_long_path(Path(cfg.run.out_dir) / (cfg.run.name or f"{cfg.model.name}-YYYYMMDD-HHMMSS-NN"))
+        refuse_too_long_path(
+            Path(cfg.run.out_dir) / (cfg.run.name or f"{cfg.model.name}-YYYYMMDD-HHMMSS-NN"), named=bool(cfg.run.name)
+        )
         run_dir = Path(cfg.run.out_dir) / cfg.run.name
         said = "--resume auto" if resume else f"--name {cfg.run.name}"
         if not cfg.run.name or not run_dir.is_dir():
@@ -444,7 +462,9 @@ def _decide(cfg: Config, restart: bool) -> tuple[str, str | None]:
         # the folder would be a new default name: a run that resumes nothing, where one was asked for
         raise UserError(NO_NAME_TO_RESUME)
     # checked before default_name looks for a free name: its exists() raised on a path the system cannot take
-    refuse_too_long_path(Path(cfg.run.out_dir) / (cfg.run.name or f"{cfg.model.name}-YYYYMMDD-HHMMSS-NN"))
+    refuse_too_long_path(
+        Path(cfg.run.out_dir) / (cfg.run.name or f"{cfg.model.name}-YYYYMMDD-HHMMSS-NN"), named=bool(cfg.run.name)
+    )
     run_dir = Path(cfg.run.out_dir) / (cfg.run.name or default_name(cfg))
     refuse_a_live_run(run_dir)
     refuse_foreign_folder(run_dir, cfg)

@@ -94,6 +94,22 @@ def test_train_out_dir_is_held_to_the_limit_of_the_system_it_is_on(tmp_path, mon
     assert not list(tmp_path.iterdir())
 
 
+def test_train_name_is_held_to_the_limit_of_the_file_system_under_out_dir(tmp_path, monkeypatch, capsys):
+    """A 120-byte --name on a file system taking names of 100 bytes at most (eCryptfs takes 143): the line named
+    --out-dir, which was short, for the name the user gave."""
+    _system_limits(monkeypatch, PC_NAME_MAX=100)
+    monkeypatch.chdir(tmp_path)
+    _nothing_trained_or_benched(monkeypatch)
+    words = ["--device", "cpu", "--data", "synthetic", "--image-shape", "1x8x8", "--workers", "0", "--no-progress"]
+    assert main(["train", "--name", "n" * 120, *words]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"cnnpar: error: run.name (--name) = '{'n' * 40}...{'n' * 40}': 120 bytes long: expected a folder "
+        "name of at most 100 bytes (the limit of the file system under runs)\n"
+    )
+    assert not list(tmp_path.iterdir())
+
+
 def test_bench_out_dir_is_held_to_the_path_limit_of_the_system_it_is_on(tmp_path, monkeypatch, capsys):
     """A path of over 1,024 bytes on a system whose paths end there (macOS): the hard-coded 4,096 let it through."""
     _system_limits(monkeypatch, PC_PATH_MAX=1024)
