@@ -54,6 +54,7 @@ from cnnpar.config import Config, from_dict, to_dict  # noqa: E402
 from cnnpar.data import load_data  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
+from cnnpar.errors import main_saying_user_errors  # noqa: E402
 from cnnpar.presets import cifar10_record  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic, write_text_atomic  # noqa: E402
@@ -510,4 +511,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "cifar10_record"))  # a missing --data: one line, exit 2

@@ -37,6 +37,7 @@ from cnnpar.data import load_data  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.doctor.measure import first_batch, measure_step  # noqa: E402
 from cnnpar.engine.harness import build_trainer, reset_compiler  # noqa: E402
+from cnnpar.errors import main_saying_user_errors  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import free_device_memory  # noqa: E402
@@ -151,4 +152,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_saying_user_errors(main, "one_step"))  # a missing --data: one line, exit 2

@@ -17,10 +17,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed cnnpar
+
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 
 DEFAULT_SRC = "/work/shared/data/cifar10_jpeg.npz"
 # sha256 of the decoded arrays with Pillow's default (libjpeg-turbo) decoder, from the data README
@@ -41,11 +46,13 @@ def decode(buf: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     )
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--src", default=DEFAULT_SRC, help="the JPEG npz (train_jpeg/offsets, test_jpeg/offsets, labels)")
     ap.add_argument("--out", default=".devdata", help="output folder (git-ignored)")
     args = ap.parse_args()
+    if not Path(args.src).is_file():  # before --out is made; np.load ended in a FileNotFoundError traceback
+        raise UserError(f"--src {args.src}: file not found (expected the JPEG npz of CIFAR-10)")
     import torch
 
     out = Path(args.out)
@@ -70,7 +77,8 @@ def main() -> None:
         obj = {"images": torch.from_numpy(x), "labels": torch.from_numpy(y), "classes": classes}
         torch.save(obj, out / "cifar10" / f"{split}.pt")
     print(f"wrote {out / 'cifar10.npz'}, {out / 'cifar10' / 'train.pt'}, {out / 'cifar10' / 'test.pt'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "prepare_cifar10"))

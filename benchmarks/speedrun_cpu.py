@@ -20,6 +20,7 @@ Learning rates are scaled linearly from the preset's batch of 1024 to --batch-si
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import torch
 from cnnpar.config import to_dict
 from cnnpar.dist import DistInfo
 from cnnpar.engine.trainer import Trainer
+from cnnpar.errors import UserError, main_saying_user_errors
 from cnnpar.presets import get_preset, with_overrides
 from cnnpar.report.environment import environment
 from cnnpar.report.files import write_csv_atomic, write_json_atomic
@@ -59,7 +61,7 @@ def variants() -> dict[str, dict]:
     }
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=".devdata/cifar10.npz")
     ap.add_argument("--train", type=int, default=3000)
@@ -69,6 +71,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated variant names")
     ap.add_argument("--out", default="benchmarks/results/speedrun_cpu")
     args = ap.parse_args()
+    if not Path(args.data).is_file():  # before --out is made; np.load ended in a FileNotFoundError traceback
+        raise UserError(f"--data {args.data}: file not found (expected a CIFAR-10 npz: benchmarks/prepare_cifar10.py)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     src = np.load(args.data)
@@ -129,7 +133,8 @@ def main() -> None:
     suffix = "" if not args.only else "_" + args.only.replace(",", "_")
     write_csv_atomic(out / f"speedrun_cpu{suffix}.csv", rows, list(rows[0]))
     subset.unlink()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "speedrun_cpu"))

@@ -38,6 +38,7 @@ from cnnpar.bench.flops import flops_per_image, peak_flops  # noqa: E402
 from cnnpar.config import Config, ConfigError, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.models import build_model  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
@@ -250,6 +251,19 @@ def _with_mfu(row: dict, flops: float, peak: float) -> dict:
     return row
 
 
+def parse_cases(text: str) -> list[tuple[str, int, int]]:
+    """--cases as (model, image size, batch), all read before the first is measured: a malformed one ended in a
+    ValueError traceback once the cases before it had run."""
+    cases = []
+    for case in text.split(","):
+        try:
+            name, size, batch = case.split(":")
+            cases.append((name, int(size), int(batch)))
+        except ValueError:
+            raise UserError(f"--cases {text}: {case!r}: expected model:size:batch, e.g. resnet18:32:512") from None
+    return cases
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -284,6 +298,7 @@ def main():
         "comes from another process or call)",
     )
     args = ap.parse_args()
+    cases = parse_cases(args.cases)
     device = torch.device(args.device)
     torch.backends.cudnn.benchmark = True
     if args.cudnn_benchmark_limit is not None:
@@ -313,9 +328,7 @@ def main():
         print(rows[-1], flush=True)
         write_csv_atomic(args.out, rows)
 
-    for case in args.cases.split(","):
-        name, size, batch = case.split(":")
-        size, batch = int(size), int(batch)
+    for name, size, batch in cases:
         chans = 1 if name == "cnn3" else 3
         flops = flops_per_image(name, (chans, size, size), 10, device)
         print(f"{name} at {size}: {flops / 1e9:.2f} GFLOP an image, forward and backward", flush=True)
@@ -356,4 +369,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "step_vs_plain"))

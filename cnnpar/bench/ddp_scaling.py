@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from cnnpar.checkout import env_importing_this_checkout
+from cnnpar.errors import UserError
 from cnnpar.process_tree import owned_temp_folder, parent_env, stop_process_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +66,8 @@ def parse_world_sizes(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # prog as in its error lines: run as `python -m` argparse named it after the file (ddp_scaling.py)
+    p = argparse.ArgumentParser(prog="ddp_scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--world-sizes", default="1,2", help="comma-separated process counts, 1 first")
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     p.add_argument("--model", default="resnet50")
@@ -277,13 +279,35 @@ def launch(args: argparse.Namespace, world_size: int, threads: int, result: Path
         except BaseException:
             stop_process_tree(launched)
             raise
-    proc = subprocess.CompletedProcess(cmd, launched.returncode, stdout, stderr)
-    if proc.returncode != 0 or not result.is_file():
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-6000:])
-        raise SystemExit(f"ddp_scaling: world size {world_size} failed (exit {proc.returncode})")
+    if launched.returncode != 0 or not result.is_file():
+        # the workers' own lines first (the failing rank's error, cnnpar.torchrun's line naming it), each tail ending
+        # its line, so that this module's line on the launch is the last, on a line of its own
+        for tail in (stdout[-4000:], stderr[-6000:]):
+            sys.stderr.write(tail if not tail or tail.endswith("\n") else tail + "\n")
+        # exit 1, not a user error's 2; a launch that exited 0 without its result said "failed (exit 0)"
+        why = (
+            f"torchrun exited {launched.returncode}" if launched.returncode else "torchrun exited 0 without its result"
+        )
+        raise SystemExit(f"ddp_scaling: world size {world_size} failed: {why}")
     out = json.loads(result.read_text())
     out["launch_s"] = time.perf_counter() - t0
     return out
+
+
+def world_sizes_here(text: str, device: str) -> list[int]:
+    """--world-sizes, each size one this machine can run: a UserError (one line, exit 2, as `cnnpar bench --ddp`'s
+    own check) where not; both ended in a SystemExit of exit 1, as a failed launch does."""
+    import torch
+
+    try:
+        sizes = parse_world_sizes(text)
+    except ValueError as e:
+        raise UserError(f"--world-sizes {text}: {e}") from None
+    if device == "cuda" and max(sizes) > (visible := torch.cuda.device_count()):
+        raise UserError(
+            f"--world-sizes {text}: {max(sizes)} processes need as many GPUs: expected at most {visible} here"
+        )
+    return sizes
 
 
 def two_process_line(speedup: float, device_type: str, device_name: str) -> str:
@@ -316,12 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     args.device = device
-    try:
-        sizes = parse_world_sizes(args.world_sizes)
-    except ValueError as e:
-        raise SystemExit(f"ddp_scaling: --world-sizes {args.world_sizes}: {e}") from None
-    if device == "cuda" and max(sizes) > torch.cuda.device_count():
-        raise SystemExit(f"ddp_scaling: {max(sizes)} processes need as many GPUs; {torch.cuda.device_count()} visible")
+    sizes = world_sizes_here(args.world_sizes, device)
     threads = args.threads or max(1, min(8, (os.cpu_count() or 1) // max(sizes)))
     rev = args.git_rev or git_revision(REPO)
     config = {k: v for k, v in vars(args).items() if k not in ("worker", "result", "out", "git_rev", "launch_timeout")}

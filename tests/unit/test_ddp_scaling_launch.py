@@ -95,3 +95,45 @@ def test_the_module_run_on_its_own_says_a_user_error_in_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ddp_scaling: error: "), done.stderr
     assert "precision" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--world-sizes", "2,1"], "ddp_scaling: error: --world-sizes 2,1: expected process counts of 1 or more"),
+        (["--world-sizes", "1,x"], "ddp_scaling: error: --world-sizes 1,x: expected process counts of 1 or more"),
+        # more GPUs than any machine holds, so the refusal is the same with or without CUDA here
+        (["--device", "cuda", "--world-sizes", "1,4096"], "ddp_scaling: error: --world-sizes 1,4096: 4096 processes"),
+    ],
+)
+def test_world_sizes_it_cannot_run_are_one_line_and_exit_2(flags, said, tmp_path):
+    """A bad --world-sizes and more processes than GPUs ended in a SystemExit line and exit 1, as a failed launch
+    does; `cnnpar bench --ddp` refuses both as user errors (exit 2). Refused before any torchrun starts."""
+    from cnnpar.checkout import env_importing_this_checkout
+
+    cmd = [sys.executable, "-m", "cnnpar.bench.ddp_scaling", *flags, "--out", str(tmp_path / "ddp")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env_importing_this_checkout(), timeout=120)
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said), done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_launch_ends_on_one_line_naming_the_world_size_and_the_exit_code(tmp_path, monkeypatch, capsys):
+    """The workers' own lines, then one line naming the world size and torchrun's exit status, exit 1 (not the
+    user's input). A worker's output without a last newline ran into the parent's line, and a launch that exited 0
+    without its result was said as "failed (exit 0)"."""
+    real = subprocess.Popen
+    for code, why in ((3, "torchrun exited 3"), (0, "torchrun exited 0 without its result")):
+        script = f"import sys; sys.stderr.write('rank 0: its own error'); sys.exit({code})"
+        monkeypatch.setattr(
+            ddp_scaling.subprocess, "Popen", lambda cmd, s=script, **kw: real([sys.executable, "-c", s], **kw)
+        )
+        monkeypatch.setattr(
+            "sys.argv", ["ddp_scaling", "--device", "cpu", "--world-sizes", "1,2", "--out", str(tmp_path / "ddp")]
+        )
+        with pytest.raises(SystemExit) as stopped:
+            ddp_scaling.entry()
+        assert stopped.value.code == f"ddp_scaling: world size 1 failed: {why}"
+        assert capsys.readouterr().err == "rank 0: its own error\n"
+    assert not list(tmp_path.iterdir())
