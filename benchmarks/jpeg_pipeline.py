@@ -42,6 +42,7 @@ from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode  # noqa: E402
 from cnnpar.data.nvjpeg_hw import EngineSettings  # noqa: E402
 from cnnpar.dist import DEVICE_QUEUES_ENV, DistInfo, widen_device_queues  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.parallel import streams  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
@@ -161,7 +162,7 @@ def step_alone(tr: Trainer, steps: int = 20) -> float:
     return steps * y.shape[0] / (time.perf_counter() - t0)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", default=".devdata/imagenet_rep")
     ap.add_argument(
@@ -197,6 +198,8 @@ def main() -> None:
         "--watchdog-s", type=float, default=0, help="print every thread's stack and exit after this many seconds"
     )
     args = ap.parse_args()
+    if not Path(args.folder).exists():  # each variant failed on it in turn, a row of "failed" each, and exit 0
+        raise UserError(f"--folder {args.folder}: no such folder (expected a folder of JPEGs)")
     if args.watchdog_s:
         import faulthandler
 
@@ -266,9 +269,10 @@ def main() -> None:
         }
         if extra:
             row["variant"] += f" (bench: {' '.join(extra)})"
+        # outside the try: data that cannot be read (an empty folder) is every variant's failure, so one line, exit 2
+        bundle = bundle or load_data(cfg.data, 0)
         tr = None
         try:
-            bundle = bundle or load_data(cfg.data, 0)
             row["train_images"] = len(bundle.train)
             tr = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
             tr.warm_up_compile()
@@ -308,7 +312,8 @@ def main() -> None:
             torch.cuda.empty_cache()
         write_csv_atomic(args.out, rows)  # after every variant: a cut-off run keeps what it measured
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "jpeg_pipeline"))
