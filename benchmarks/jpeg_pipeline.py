@@ -74,25 +74,25 @@ def parse_variant(spec: str) -> tuple[list[str], dict[str, str]]:
     """`decode:workers:cpu_share[:key=value...]` -> ([decode, workers, cpu_share], {key: value})."""
     head, extra = spec.split(":")[:3], spec.split(":")[3:]
     if len(head) < 3:
-        raise SystemExit(f"--variants {spec}: expected decode:workers:cpu_share[:key=value...]")
+        raise UserError(f"--variants {spec}: expected decode:workers:cpu_share[:key=value...]")
     opts = {}
     for kv in extra:
         key, eq, value = kv.partition("=")
         if not eq or key not in VARIANT_KEYS:
-            raise SystemExit(f"--variants {spec}: {kv!r} is not one of {', '.join(k + '=' for k in VARIANT_KEYS)}")
+            raise UserError(f"--variants {spec}: {kv!r} is not one of {', '.join(k + '=' for k in VARIANT_KEYS)}")
         allowed = VARIANT_KEYS[key]
         if callable(allowed):
             try:
                 allowed(value)
             except ValueError as e:
-                raise SystemExit(f"--variants {spec}: {key}={value}: {e}") from None
+                raise UserError(f"--variants {spec}: {key}={value}: {e}") from None
         elif allowed is not None and value not in allowed:
-            raise SystemExit(f"--variants {spec}: {key}={value}, expected one of {', '.join(sorted(allowed))}")
+            raise UserError(f"--variants {spec}: {key}={value}, expected one of {', '.join(sorted(allowed))}")
         if allowed is None:
             try:
                 float(value)
             except ValueError:
-                raise SystemExit(f"--variants {spec}: {key}={value}, expected a number") from None
+                raise UserError(f"--variants {spec}: {key}={value}, expected a number") from None
         opts[key] = value
     return head, opts
 
@@ -200,6 +200,9 @@ def main() -> int:
     args = ap.parse_args()
     if not Path(args.folder).exists():  # each variant failed on it in turn, a row of "failed" each, and exit 0
         raise UserError(f"--folder {args.folder}: no such folder (expected a folder of JPEGs)")
+    specs = args.variants.split(",")
+    for spec in specs:  # all checked before the first one spends device time (before CUDA starts, too)
+        parse_variant(spec)
     if args.watchdog_s:
         import faulthandler
 
@@ -215,9 +218,6 @@ def main() -> int:
     rows = []
     bundle = None
     started = time.perf_counter()
-    specs = args.variants.split(",")
-    for spec in specs:  # all checked before the first one spends device time
-        parse_variant(spec)
     for spec in specs:
         if args.budget_s and time.perf_counter() - started > args.budget_s:
             print(f"skipped (--budget-s {args.budget_s:g} spent): {spec}", flush=True)

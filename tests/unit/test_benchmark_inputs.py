@@ -69,11 +69,63 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
             ["--data", "{missing}", "--frameworks", "torch", "--out", "{out}"],
             "frameworks_mnist: error: --data {missing}: no such file",
         ),
+        # below: one line already, but exit 1 (SystemExit), not a user error's 2
+        (
+            "png_decode.py",
+            ["--pngs", "{missing}", "--out", "{out}/r.csv"],
+            "png_decode: error: --pngs {missing}: no .png",
+        ),
+        (
+            "jpeg_decode.py",
+            ["--folder", "{missing}", "--device", "cpu", "--stages", "cpu", "--out", "{out}/r.csv"],
+            "jpeg_decode: error: {missing}: no .jpg/.jpeg/.png files found",
+        ),
+        (
+            "jpeg_decode.py",
+            ["--folder", "{tmp}", "--stages", "gpu,disk", "--out", "{out}/r.csv"],
+            "jpeg_decode: error: --stages gpu,disk: expected a comma list of gpu, engines",
+        ),
+        (
+            "summarize_h200.py",
+            ["--shared", "{missing}"],
+            "summarize_h200: error: {missing}/jpeg_folder_end_to_end.csv is missing: ",
+        ),
+        # its first child failed on the missing --data, and it said "batch-64: exit 2", exit 1
+        (
+            "batch_auto.py",
+            ["--data", "{missing}", "--out", "{out}/r.csv"],
+            "batch_auto: error: --data {missing}: no such file or folder",
+        ),
+        (
+            "batch_auto.py",
+            ["--data", "digits", "--cases", "64,big", "--out", "{out}/r.csv"],
+            "batch_auto: error: --cases 64,big: 'big': expected a batch size of 1 or more, or auto",
+        ),
+        (
+            "step_vs_plain.py",
+            ["--device", "cpu", "--plain", "fp32,fp8", "--out", "{out}/r.csv"],
+            "step_vs_plain: error: --plain: ['fp8'] are not among",
+        ),
+        (
+            "step_vs_plain.py",
+            ["--device", "cpu", "--cudnn-benchmark-limit", "-1", "--out", "{out}/r.csv"],
+            "step_vs_plain: error: --cudnn-benchmark-limit: -1, expected 0 or more",
+        ),
+        (
+            "step_vs_plain.py",
+            ["--device", "cpu", "--variants", "compile", "--out", "{out}/r.csv"],
+            "step_vs_plain: error: --variants: 'compile' in 'compile' is not key=value",
+        ),
+        (
+            "jpeg_pipeline.py",
+            ["--folder", "{tmp}", "--device", "cpu", "--variants", "cpu:0", "--out", "{out}/r.csv"],
+            "jpeg_pipeline: error: --variants cpu:0: expected decode:workers:cpu_share",
+        ),
     ],
 )
 def test_a_bad_input_is_one_line_and_exit_2(script, flags, said, tmp_path):
     missing, out = tmp_path / "absent.npz", tmp_path / "out"
-    argv = [f.format(missing=missing, out=out) for f in flags]
+    argv = [f.format(missing=missing, out=out, tmp=tmp_path) for f in flags]
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *argv],
         capture_output=True,
