@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cnnpar.checkout import env_importing_this_checkout
+from cnnpar.errors import main_saying_user_errors
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -121,11 +122,78 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
             ["--folder", "{tmp}", "--device", "cpu", "--variants", "cpu:0", "--out", "{out}/r.csv"],
             "jpeg_pipeline: error: --variants cpu:0: expected decode:workers:cpu_share",
         ),
+        # below: each a traceback, or a bad input taken without a word (speed_records' parts caught every failure)
+        (
+            "png_decode.py",
+            ["--pngs", "{pngs}", "--rounds", "0", "--out", "{out}/r.csv"],
+            "png_decode: error: --rounds 0: expected a whole number of 1 or more",
+        ),
+        (
+            "png_decode.py",
+            ["--from-jpegs", "{missing}", "--pngs", "{out}/pngs", "--out", "{out}/r.csv"],
+            "png_decode: error: --from-jpegs {missing}: no such folder",
+        ),
+        (
+            "jpeg_decode.py",
+            ["--make-photos", "{out}/photos", "--photo-size", "big", "--device", "cpu", "--out", "{out}/r.csv"],
+            "jpeg_decode: error: --photo-size big: expected WIDTHxHEIGHT",
+        ),
+        (
+            "csv_load.py",
+            ["--rows", "100", "--repeats", "0", "--out", "{out}/csv_load"],
+            "csv_load: error: --repeats 0: expected a whole number of 1 or more",
+        ),
+        (
+            "csv_load.py",
+            ["--rows", "0", "--repeats", "1", "--out", "{out}/csv_load"],
+            "csv_load: error: --rows 0: expected a whole number of 1 or more",
+        ),
+        # its rows go to the stored results (it has no --out): each refused before any epoch
+        (
+            "cpu_vs_textbook.py",
+            ["--samples", "64", "--rounds", "0"],
+            "cpu_vs_textbook: error: --rounds 0: expected a whole number of 1 or more",
+        ),
+        (
+            "cpu_vs_textbook.py",
+            ["--samples", "64", "--variant", "fp32"],
+            "cpu_vs_textbook: error: --variant fp32: expected PRECISION:CHANNELS_LAST",
+        ),
+        (
+            "cpu_vs_textbook.py",
+            ["--samples", "64", "--variant", "fp99:off"],
+            "cpu_vs_textbook: error: --variant fp99:off: speed.precision (--precision) = 'fp99': expected one of",
+        ),
+        (
+            "speed_records.py",
+            ["--parts", "jpeg", "--folder", "{missing}", "--out", "{out}/r.csv"],
+            "speed_records: error: --folder {missing}: no such file or folder",
+        ),
+        (
+            "speed_records.py",
+            ["--parts", "jpeg", "--folder", "{tmp}", "--store", "{missing}", "--out", "{out}/r.csv"],
+            "speed_records: error: --store {missing}: no such file or folder",
+        ),
+        (
+            "speed_records.py",
+            ["--parts", "cifar,imagenet", "--cifar", "{missing}", "--out", "{out}/r.csv"],
+            "speed_records: error: --parts cifar,imagenet: 'imagenet' is not one of jpeg, cifar, speedrun",
+        ),
+        (
+            "speed_records.py",
+            ["--parts", "cifar", "--cifar", "{missing}", "--out", "{out}/r.csv"],
+            "speed_records: error: --cifar {missing}: no such file or folder",
+        ),
     ],
 )
 def test_a_bad_input_is_one_line_and_exit_2(script, flags, said, tmp_path):
-    missing, out = tmp_path / "absent.npz", tmp_path / "out"
-    argv = [f.format(missing=missing, out=out, tmp=tmp_path) for f in flags]
+    missing, out, pngs = tmp_path / "absent.npz", tmp_path / "out", tmp_path / "pngs"
+    if "{pngs}" in flags:  # a folder holding one PNG, for a check that comes after the files are found
+        from PIL import Image
+
+        pngs.mkdir()
+        Image.new("RGB", (8, 8)).save(pngs / "a.png")
+    argv = [f.format(missing=missing, out=out, tmp=tmp_path, pngs=pngs) for f in flags]
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), *argv],
         capture_output=True,
@@ -138,3 +206,21 @@ def test_a_bad_input_is_one_line_and_exit_2(script, flags, said, tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(said.format(missing=missing)), done.stderr
     assert not out.exists()  # refused before the output folder (or any results file in it) was made
+
+
+def test_ladder_time_model_takes_no_flags_and_needs_its_stored_files(tmp_path, monkeypatch, capsys):
+    """A flag given (it has none) was ignored without a word; a checkout without the stored run's files ended in a
+    FileNotFoundError traceback."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import ladder_time_model
+
+    with pytest.raises(SystemExit) as e:
+        ladder_time_model.main(["--out", str(tmp_path / "x")])
+    assert e.value.code == 2 and "unrecognized arguments: --out" in capsys.readouterr().err
+    monkeypatch.setattr(ladder_time_model, "CALL", tmp_path)
+    assert main_saying_user_errors(lambda: ladder_time_model.main([]), "ladder_time_model") == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [
+        f"ladder_time_model: error: {tmp_path}/ladder_resnet50_synthetic/ladder.csv: file not found"
+        " (the 2026-12-01 run's stored results, read from the checkout)"
+    ]
