@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cnnpar.checkout import env_importing_this_checkout  # noqa: E402
 from cnnpar.config import load_toml  # noqa: E402
+from cnnpar.data.sources import BUILT_IN  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import read_csv, write_csv_atomic  # noqa: E402
 
@@ -48,6 +50,9 @@ def run_case(case: str, args, work: Path) -> dict:
     p = subprocess.run(cmd, capture_output=True, text=True, env=env_importing_this_checkout())
     process_s = time.perf_counter() - t0
     print(p.stdout[-3000:], p.stderr[-2000:] if p.returncode else "", flush=True)
+    if p.returncode == 2:  # cnnpar train refused its input (printed above): the user's to fix, as ours would be
+        said = (p.stderr.strip().splitlines() or [""])[-1]
+        raise UserError(f"{name}: cnnpar train exited 2: {said}")
     if p.returncode:
         raise SystemExit(f"{name}: exit {p.returncode}")
     rows = read_csv(work / name / "metrics.csv")
@@ -79,7 +84,19 @@ def run_case(case: str, args, work: Path) -> dict:
     }
 
 
-def main() -> None:
+def check_inputs(data: str, cases: str) -> list[str]:
+    """The cases, each a batch size or auto; --data there. Refused before the first case trains: a missing
+    --data ended only in the first child's failure, a bad case after the cases before it had trained."""
+    if data not in BUILT_IN and not Path(data).exists():
+        raise UserError(f"--data {data}: no such file or folder (or use 'digits' or 'synthetic')")
+    out = [c.strip() for c in cases.split(",")]
+    for case in out:
+        if case != "auto" and not (case.isdigit() and int(case) > 0):
+            raise UserError(f"--cases {cases}: {case!r}: expected a batch size of 1 or more, or auto")
+    return out
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True)
     ap.add_argument("--model", default="resnet18")
@@ -88,12 +105,13 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=0.80, help="validation accuracy to time")
     ap.add_argument("--out", default="benchmarks/results/batch_auto.csv")
     args = ap.parse_args()
+    cases = check_inputs(args.data, args.cases)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment(device, world_size=1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for case in args.cases.split(","):
-            row = {**run_case(case.strip(), args, Path(tmp)), **{k: env[k] for k in ("device", "torch", "git_rev")}}
+        for case in cases:
+            row = {**run_case(case, args, Path(tmp)), **{k: env[k] for k in ("device", "torch", "git_rev")}}
             row.update(date=env["date"], world_size=1)
             rows.append(row)
             print(
@@ -105,7 +123,8 @@ def main() -> None:
             )
             write_csv_atomic(Path(args.out), rows, COLUMNS)  # after each case: a cut-off run keeps what finished
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "batch_auto"))  # a missing --data: one line, exit 2

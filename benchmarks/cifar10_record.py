@@ -456,6 +456,8 @@ def main() -> None:
 
     def write() -> None:  # after every part, and on the way out: a killed call keeps what it measured
         done = rows + air_rows
+        if not done:  # a refusal before the first run (a missing --data) left an empty CSV and .md behind
+            return
         meta = {k: env[k] for k in ("device", "driver", "torch", "cuda", "world_size", "git_rev", "date")}
         for r in done:
             r.update(meta, command=command)
@@ -506,6 +508,9 @@ def main() -> None:
     finally:
         stop_children()
         write()
+    if not rows + air_rows:
+        log(f"no runs made: {out} not written")
+        return
     log(summary_md(rows + air_rows, command))
     log(f"wrote {out} and {out.with_suffix('.md')} in {time.perf_counter() - t0:.0f} s")
 

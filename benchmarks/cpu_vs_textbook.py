@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig, asked_lr  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.models import build_model  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import read_csv, write_csv_atomic  # noqa: E402
@@ -131,7 +132,23 @@ class CnnparEpochs:
         return self.trainer.train_epoch(self.n)
 
 
-def main() -> None:
+def parse_variants(texts: list[str]) -> list[tuple[str, SpeedConfig]]:
+    """Each --variant PRECISION:CHANNELS_LAST as (its runner's name, its speed settings), all checked before the
+    first epoch: a malformed one ended in a ValueError traceback, an unknown precision in a ConfigError's."""
+    out = []
+    for text in texts:
+        precision, sep, channels_last = text.partition(":")
+        if not sep or ":" in channels_last:
+            raise UserError(f"--variant {text}: expected PRECISION:CHANNELS_LAST, e.g. fp32:off")
+        try:
+            speed = SpeedConfig(precision=precision, channels_last=channels_last, compile="off")
+        except UserError as e:
+            raise UserError(f"--variant {text}: {e}") from None
+        out.append((f"cnnpar-{precision}-{'nhwc' if channels_last == 'on' else 'nchw'}", speed))
+    return out
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=3200)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -145,6 +162,11 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads for both (0: torch's default)")
     args = ap.parse_args()
+    # each 0 or less ended in a traceback (--rounds 0: no median to take, after the warm-up round had run)
+    for flag, n in (("--samples", args.samples), ("--batch-size", args.batch_size), ("--rounds", args.rounds)):
+        if n < 1:
+            raise UserError(f"{flag} {n}: expected a whole number of 1 or more")
+    variants = parse_variants(args.variant)
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -157,10 +179,7 @@ def main() -> None:
         runners = {"textbook": TextbookLoop(x, y, mean, std, args.batch_size, Config())}
         cnnpar = build_cnnpar(npz, args.batch_size, Path(tmp) / "runs", "defaults", SpeedConfig())
         runners["cnnpar"] = CnnparEpochs(cnnpar)
-        for variant in args.variant:
-            precision, channels_last = variant.split(":")
-            speed = SpeedConfig(precision=precision, channels_last=channels_last, compile="off")
-            name = f"cnnpar-{precision}-{'nhwc' if channels_last == 'on' else 'nchw'}"
+        for name, speed in variants:
             runners[name] = CnnparEpochs(build_cnnpar(npz, args.batch_size, Path(tmp) / "runs", name, speed))
         results: dict[str, list[dict]] = {k: [] for k in runners}
         for r in range(args.rounds + 1):
@@ -217,7 +236,8 @@ def main() -> None:
     ratio = rows[1]["ratio_vs_textbook"]
     verdict = "meets" if ratio >= TARGET else "MISSES"
     print(f"cnnpar / textbook = {ratio:.2f} ({verdict} the {TARGET}x target) -> {RESULTS.relative_to(REPO)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "cpu_vs_textbook"))

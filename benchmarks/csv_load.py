@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))  # this checkout, not whichever cnnpar is installe
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic, write_json_atomic  # noqa: E402
 from cnnpar.report.host import cpu_name  # noqa: E402
@@ -74,7 +75,7 @@ def write_kaggle_like_csv(path: Path, rows: int, seed: int = 0) -> None:
     np.savetxt(path, data, fmt="%d", delimiter=",", header=header, comments="")
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=42000)
     ap.add_argument("--repeats", type=int, default=3)
@@ -85,6 +86,10 @@ def main() -> None:
         help="output prefix: PREFIX.json and PREFIX.csv (default: the stored results, benchmarks/results/csv_load)",
     )
     args = ap.parse_args()
+    # --rows 0 ended in the child's CalledProcessError traceback, --repeats 0 in having no median to take
+    for flag, n in (("--rows", args.rows), ("--repeats", args.repeats)):
+        if n < 1:
+            raise UserError(f"{flag} {n}: expected a whole number of 1 or more")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "train.csv"
         t = time.perf_counter()
@@ -129,6 +134,7 @@ def main() -> None:
         f"median load {load_s:.2f} s (target {LOAD_TARGET_S:.0f} s), peak RSS {peak:.0f} MB "
         f"(limit {PEAK_LIMIT_MB} MB): {summary['target_note']} -> {json_path}, {csv_path.name}"
     )
+    return 0
 
 
 def verdict(rows: int, load_s: float, peak_mb: float) -> dict:
@@ -141,4 +147,4 @@ def verdict(rows: int, load_s: float, peak_mb: float) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "csv_load"))

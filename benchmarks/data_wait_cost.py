@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import DataWait, sync  # noqa: E402
@@ -94,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="CSV to write (with the environment's columns)")
     args = parser.parse_args(argv)
+    # --calls -5 timed no call and printed a cost per call of 0; --repeats 0 had no median to take
+    for flag, n in (("--calls", args.calls), ("--repeats", args.repeats)):
+        if n < 1:
+            raise UserError(f"{flag} {n}: expected a whole number of 1 or more")
     device = torch.device(args.device)
     cases = variants(device)
     for make in cases.values():  # warm-up: CUDA context, allocator, NVTX
@@ -117,4 +122,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main_saying_user_errors(main, "data_wait_cost"))

@@ -69,6 +69,7 @@ from cnnpar.data.jpeg_header import read_jpeg_header  # noqa: E402
 from cnnpar.data.nvimgcodec_decode import nvimgcodec_available  # noqa: E402
 from cnnpar.data.nvjpeg_hw import EngineSettings, hardware_decoder_available  # noqa: E402
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import read_csv, write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
@@ -159,7 +160,24 @@ def folder_facts(files: list[Path]) -> dict:
     }
 
 
-def main() -> None:
+def image_files(folder: Path) -> list[Path]:
+    """The images under `folder`, sorted; a UserError where there are none (or no such folder)."""
+    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in SUFFIXES)
+    if not files:
+        raise UserError(f"{folder}: no .jpg/.jpeg/.png files found")
+    return files
+
+
+def photo_size(text: str) -> tuple[int, int]:
+    """--photo-size WIDTHxHEIGHT as two whole numbers (a ValueError traceback otherwise)."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise UserError(f"--photo-size {text}: expected WIDTHxHEIGHT, e.g. 1600x1200") from None
+    return width, height
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", type=Path, nargs="*", default=[], help="image folder(s) (searched recursively)")
     ap.add_argument(
@@ -203,18 +221,23 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=TV_CODEC_DEPRECATION, category=DeprecationWarning)
     stages = set(args.stages.split(","))
     if not stages <= {"gpu", "engines", "cpu", "cpu-profile", "cpu-quality"}:
-        sys.exit(f"--stages {args.stages}: expected a comma list of gpu, engines, cpu, cpu-profile and cpu-quality")
+        raise UserError(
+            f"--stages {args.stages}: expected a comma list of gpu, engines, cpu, cpu-profile and cpu-quality"
+        )
     try:
         [EngineSettings.parse(v) for v in args.hw_variants.split(";") if v]
     except ValueError as e:
-        sys.exit(f"--hw-variants: {e}")
+        raise UserError(f"--hw-variants: {e}") from None
+    # each folder given is checked before any is measured: a second one missing stopped the run half done
+    for folder in args.folder:
+        image_files(folder)
     device = torch.device(args.device)
     folders = list(args.folder)
     if args.make_photos is not None:
-        width, height = (int(v) for v in args.photo_size.lower().split("x"))
+        width, height = photo_size(args.photo_size)
         folders.append(write_photos(args.make_photos, args.photos, width, height, args.photo_noise))
     if not folders:
-        sys.exit("give --folder and/or --make-photos")
+        raise UserError("give --folder and/or --make-photos")
     rows = []
     env = environment(device, 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -225,9 +248,7 @@ def main() -> None:
         write_csv_atomic(out, earlier + [{**r, **env} for r in rows])
 
     for folder in folders:
-        files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in SUFFIXES)
-        if not files:
-            sys.exit(f"{folder}: no .jpg/.jpeg/.png files found")
+        files = image_files(folder)
         print(f"{len(files)} files under {folder}, device {device}, batch {args.batch_size}, size {args.size}")
         facts = {"folder": folder.name, **folder_facts(files)}
         print(f"  {facts['mean_megapixels']} megapixels, {facts['mean_file_kb']} kB a file on average")
@@ -248,6 +269,7 @@ def main() -> None:
 
     save()
     print(f"-> {out}")
+    return 0
 
 
 class Recorder:
@@ -833,4 +855,4 @@ def pillow_whole(raw) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "jpeg_decode"))  # a folder without images: one line, exit 2

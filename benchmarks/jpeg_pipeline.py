@@ -42,6 +42,7 @@ from cnnpar.data.nvimgcodec_decode import NvImageCodecDecode  # noqa: E402
 from cnnpar.data.nvjpeg_hw import EngineSettings  # noqa: E402
 from cnnpar.dist import DEVICE_QUEUES_ENV, DistInfo, widen_device_queues  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.parallel import streams  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
@@ -73,25 +74,25 @@ def parse_variant(spec: str) -> tuple[list[str], dict[str, str]]:
     """`decode:workers:cpu_share[:key=value...]` -> ([decode, workers, cpu_share], {key: value})."""
     head, extra = spec.split(":")[:3], spec.split(":")[3:]
     if len(head) < 3:
-        raise SystemExit(f"--variants {spec}: expected decode:workers:cpu_share[:key=value...]")
+        raise UserError(f"--variants {spec}: expected decode:workers:cpu_share[:key=value...]")
     opts = {}
     for kv in extra:
         key, eq, value = kv.partition("=")
         if not eq or key not in VARIANT_KEYS:
-            raise SystemExit(f"--variants {spec}: {kv!r} is not one of {', '.join(k + '=' for k in VARIANT_KEYS)}")
+            raise UserError(f"--variants {spec}: {kv!r} is not one of {', '.join(k + '=' for k in VARIANT_KEYS)}")
         allowed = VARIANT_KEYS[key]
         if callable(allowed):
             try:
                 allowed(value)
             except ValueError as e:
-                raise SystemExit(f"--variants {spec}: {key}={value}: {e}") from None
+                raise UserError(f"--variants {spec}: {key}={value}: {e}") from None
         elif allowed is not None and value not in allowed:
-            raise SystemExit(f"--variants {spec}: {key}={value}, expected one of {', '.join(sorted(allowed))}")
+            raise UserError(f"--variants {spec}: {key}={value}, expected one of {', '.join(sorted(allowed))}")
         if allowed is None:
             try:
                 float(value)
             except ValueError:
-                raise SystemExit(f"--variants {spec}: {key}={value}, expected a number") from None
+                raise UserError(f"--variants {spec}: {key}={value}, expected a number") from None
         opts[key] = value
     return head, opts
 
@@ -161,7 +162,7 @@ def step_alone(tr: Trainer, steps: int = 20) -> float:
     return steps * y.shape[0] / (time.perf_counter() - t0)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", default=".devdata/imagenet_rep")
     ap.add_argument(
@@ -197,6 +198,11 @@ def main() -> None:
         "--watchdog-s", type=float, default=0, help="print every thread's stack and exit after this many seconds"
     )
     args = ap.parse_args()
+    if not Path(args.folder).exists():  # each variant failed on it in turn, a row of "failed" each, and exit 0
+        raise UserError(f"--folder {args.folder}: no such folder (expected a folder of JPEGs)")
+    specs = args.variants.split(",")
+    for spec in specs:  # all checked before the first one spends device time (before CUDA starts, too)
+        parse_variant(spec)
     if args.watchdog_s:
         import faulthandler
 
@@ -212,9 +218,6 @@ def main() -> None:
     rows = []
     bundle = None
     started = time.perf_counter()
-    specs = args.variants.split(",")
-    for spec in specs:  # all checked before the first one spends device time
-        parse_variant(spec)
     for spec in specs:
         if args.budget_s and time.perf_counter() - started > args.budget_s:
             print(f"skipped (--budget-s {args.budget_s:g} spent): {spec}", flush=True)
@@ -266,9 +269,10 @@ def main() -> None:
         }
         if extra:
             row["variant"] += f" (bench: {' '.join(extra)})"
+        # outside the try: data that cannot be read (an empty folder) is every variant's failure, so one line, exit 2
+        bundle = bundle or load_data(cfg.data, 0)
         tr = None
         try:
-            bundle = bundle or load_data(cfg.data, 0)
             row["train_images"] = len(bundle.train)
             tr = Trainer(cfg, info, bundle=bundle, log=lambda *a, **k: None)
             tr.warm_up_compile()
@@ -308,7 +312,8 @@ def main() -> None:
             torch.cuda.empty_cache()
         write_csv_atomic(args.out, rows)  # after every variant: a cut-off run keeps what it measured
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "jpeg_pipeline"))

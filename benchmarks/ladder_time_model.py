@@ -23,6 +23,7 @@ compile rung's Trainer (the capture's 3 warm-up iterations + 1 captured step, th
 
 from __future__ import annotations
 
+import argparse
 import csv
 import re
 import statistics
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cnnpar.bench.timing import Timing  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 
 CALL = ROOT / "benchmarks" / "results" / "2026-12-01-h200" / "call-b"
 BUDGET_S = 170.0  # the command's --budget-s: nothing starts after it
@@ -67,7 +69,20 @@ def repeat_walls(r: dict) -> tuple[float, float, float]:
     return tuple(images / float(r[k]) for k in ("images_per_s_max", "images_per_s", "images_per_s_min"))
 
 
-def main() -> int:
+def check_stored_files() -> None:
+    """The run's three files, there before any is read: a checkout without them ended in a FileNotFoundError
+    traceback."""
+    for name in ("ladder_resnet50_synthetic/ladder.csv", "ladder50.log", "tuned_resnet50.csv"):
+        if not (CALL / name).is_file():
+            raise UserError(
+                f"{CALL / name}: file not found (the 2026-12-01 run's stored results, read from the checkout)"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    # it takes no flags: one given (a --out, say) was ignored without a word; argparse refuses it, exit 2
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    check_stored_files()
     rows, ends = ladder_rows(), rung_ends()
     old_timing = Timing(warmup=int(rows[0]["warmup_steps"]), repeats=int(rows[0]["repeats"]), seconds=1.5)
     new_timing = Timing(seconds=1.5)
@@ -137,4 +152,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main_saying_user_errors(main, "ladder_time_model"))

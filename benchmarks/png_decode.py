@@ -37,6 +37,7 @@ import torch  # noqa: E402
 from cnnpar.data.folder import _check_header_pixels, decode_rgb, read_encoded  # noqa: E402
 from cnnpar.data.png_header import read_png_header  # noqa: E402
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 
@@ -76,20 +77,24 @@ def write_pngs(jpegs: Path, out: Path) -> None:
             im.convert("RGB").save(out / f"{k:05d}.png")
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pngs", type=Path, required=True, help="a folder of PNGs (written first with --from-jpegs)")
     ap.add_argument("--from-jpegs", type=Path, default=None, metavar="DIR", help="write DIR's JPEGs as PNGs first")
     ap.add_argument("--rounds", type=int, default=3, help="timed passes over every file (default: 3)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "png_decode_cpu.csv")
     args = ap.parse_args()
+    if args.rounds < 1:  # no timed pass had no median to take (a StatisticsError traceback)
+        raise UserError(f"--rounds {args.rounds}: expected a whole number of 1 or more")
+    if args.from_jpegs is not None and not args.from_jpegs.is_dir():  # it wrote no PNG, then said --pngs had none
+        raise UserError(f"--from-jpegs {args.from_jpegs}: no such folder (expected a folder of JPEGs)")
     warnings.filterwarnings("ignore", message=TV_CODEC_DEPRECATION, category=DeprecationWarning)
     torch.set_num_threads(1)
     if args.from_jpegs is not None:
         write_pngs(args.from_jpegs, args.pngs)
     files = sorted(args.pngs.rglob("*.png"))
     if not files:
-        sys.exit(f"{args.pngs}: no .png files")
+        raise UserError(f"--pngs {args.pngs}: no .png files")
     datas = [read_encoded(p) for p in files]
     headers = [read_png_header(memoryview(d.numpy())) for d in datas]
     ways = {"torchvision": torchvision_rgb, "pillow": lambda d: decode_rgb(d, "x"), "zlib_check": zlib_check}
@@ -126,7 +131,8 @@ def main() -> None:
     print(f"pillow: {differ} of {len(files)} files decode to pixels other than torchvision's")
     write_csv_atomic(args.out, rows)
     print(f"-> {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "png_decode"))  # a folder without PNGs: one line, exit 2

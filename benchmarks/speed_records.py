@@ -34,6 +34,7 @@ from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfi
 from cnnpar.data import load_data  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.presets import cifar10_speed  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
@@ -177,7 +178,26 @@ def part_speedrun(args, info) -> list[dict]:
     return rows
 
 
-def main():
+def check_inputs(args, parts: dict) -> list[str]:
+    """The parts to run, each known and its input there, before CUDA starts. Each part catches its own
+    failure so that the others' figures stay: an unknown part or a missing folder was a "failed" row, exit 0, and
+    a --store that was not there was left out of the jpeg part without a word."""
+    names = args.parts.split(",")
+    for name in names:
+        if name not in parts:
+            raise UserError(f"--parts {args.parts}: {name!r} is not one of {', '.join(parts)}")
+    wanted = {"--folder": args.folder, "--store": args.store} if "jpeg" in names else {}
+    if {"cifar", "speedrun"} & set(names):
+        wanted["--cifar"] = args.cifar
+    for flag, path in wanted.items():
+        if path and not Path(path).exists():
+            raise UserError(f"{flag} {path}: no such file or folder")
+    if args.seeds < 1:
+        raise UserError(f"--seeds {args.seeds}: expected a whole number of 1 or more")
+    return names
+
+
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--parts", default="jpeg,cifar,speedrun")
     ap.add_argument("--folder", default=".devdata/imagenet_rep")
@@ -192,12 +212,13 @@ def main():
     ap.add_argument("--graphs", default="on")
     ap.add_argument("--out", default="benchmarks/results/speed_records.csv")
     args = ap.parse_args()
+    parts = {"jpeg": part_jpeg, "cifar": part_cifar, "speedrun": part_speedrun}
+    names = check_inputs(args, parts)
     info = DistInfo(0, 0, 1, torch.device("cuda", 0))
     torch.cuda.set_device(info.device)
     env = environment(info.device)
     rows = []
-    parts = {"jpeg": part_jpeg, "cifar": part_cifar, "speedrun": part_speedrun}
-    for name in args.parts.split(","):
+    for name in names:
         try:
             rows += parts[name](args, info)
         except Exception as e:  # one part failing leaves the others' figures
@@ -207,7 +228,8 @@ def main():
         r.update({k: env[k] for k in ("device", "driver", "torch", "world_size", "git_rev", "date")})
     write_csv_atomic(args.out, rows)
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main_saying_user_errors(main, "speed_records"))  # a missing input: one line, exit 2

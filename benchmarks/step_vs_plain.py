@@ -59,13 +59,13 @@ def _typed(value: str, like, what: str):
     """`value` as the type of `like` (an option's default): a bool only from 1/0/true/false/on/off."""
     if isinstance(like, bool):
         if value.lower() not in BOOLEAN_WORDS:
-            raise SystemExit(f"--variants: {what}={value}, expected one of {', '.join(BOOLEAN_WORDS)}")
+            raise UserError(f"--variants: {what}={value}, expected one of {', '.join(BOOLEAN_WORDS)}")
         return BOOLEAN_WORDS[value.lower()]
     if isinstance(like, (int, float)):
         try:
             return type(like)(value)
         except ValueError:
-            raise SystemExit(f"--variants: {what}={value}, expected a {type(like).__name__}") from None
+            raise UserError(f"--variants: {what}={value}, expected a {type(like).__name__}") from None
     return value
 
 
@@ -78,30 +78,30 @@ def parse_variant(spec: str) -> dict:
     for item in filter(None, spec.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--variants: {item!r} in {spec!r} is not key=value")
+            raise UserError(f"--variants: {item!r} in {spec!r} is not key=value")
         if key.startswith("inductor."):
             name = key.removeprefix("inductor.")
             import torch._inductor.config as inductor_config
 
             options = inductor_config.get_config_copy()  # dotted names too: triton.cudagraphs
             if name not in options:
-                raise SystemExit(f"--variants: torch {torch.__version__} has no inductor option {name!r}")
+                raise UserError(f"--variants: torch {torch.__version__} has no inductor option {name!r}")
             inductor[name] = _typed(value, options[name], key)
         elif key.startswith("fallback."):
             name = key.removeprefix("fallback.")
             if not hasattr(torch.ops.aten, name) or not _typed(value, True, key):
-                raise SystemExit(f"--variants: {key}={value}: expected fallback.<an aten op>=1")
+                raise UserError(f"--variants: {key}={value}: expected fallback.<an aten op>=1")
             fallback.append(name)
         elif key in defaults:
             speed[key] = _typed(value, defaults[key], key)  # compile_tuning=on, cuda_graphs=on: words
         else:
-            raise SystemExit(
+            raise UserError(
                 f"--variants: {key!r} in {spec!r} is not a SpeedConfig field, inductor.<option> or fallback.<op>"
             )
     try:  # a value out of a field's choices (stem_space_to_depth=1) stops the run before any device time
         SpeedConfig(**speed)
     except ConfigError as e:
-        raise SystemExit(f"--variants {spec!r}: {e}") from None
+        raise UserError(f"--variants {spec!r}: {e}") from None
     return {"speed": speed, "inductor": inductor, "fallback": fallback}
 
 
@@ -303,14 +303,14 @@ def main():
     torch.backends.cudnn.benchmark = True
     if args.cudnn_benchmark_limit is not None:
         if args.cudnn_benchmark_limit < 0:
-            raise SystemExit(f"--cudnn-benchmark-limit: {args.cudnn_benchmark_limit}, expected 0 or more")
+            raise UserError(f"--cudnn-benchmark-limit: {args.cudnn_benchmark_limit}, expected 0 or more")
         torch.backends.cudnn.benchmark_limit = args.cudnn_benchmark_limit
     env = environment(device)
     cuda = device.type == "cuda"
     wanted = [p for p in args.plain.split(",") if p and p != "none"]
     unknown = sorted(set(wanted) - set(PLAIN_LOOPS))
     if unknown:
-        raise SystemExit(f"--plain: {unknown} are not among {sorted(PLAIN_LOOPS)} or none")
+        raise UserError(f"--plain: {unknown} are not among {sorted(PLAIN_LOOPS)} or none")
     cnnpar_variants = [] if args.skip_defaults else [("cnnpar defaults", {})]
     specs = args.variants if args.variants is not None else (CUDA_VARIANTS if cuda else "")
     for spec in filter(None, specs.split(";")):

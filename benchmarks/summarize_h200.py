@@ -20,6 +20,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout, not an installed cnnpar
+
+from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results" / "2026-12-01-h200"
 MARK = "<!-- h200-2026-12-01 -->"
 
@@ -530,14 +534,14 @@ def reference_file(argv: list[str] | None) -> Path:
     ap.add_argument("--shared", type=Path, default=SHARED, help=f"folder holding {REFERENCE} (default: {SHARED})")
     ref = ap.parse_args(argv).shared / REFERENCE
     if not ref.is_file():
-        raise SystemExit(
-            f"summarize_h200: {ref} is missing: it holds the reference rows of docs/decoding.md; "
+        raise UserError(
+            f"{ref} is missing: it holds the reference rows of docs/decoding.md; "
             "nothing written (run from a checkout beside shared/, or pass --shared DIR)"
         )
     return ref
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     ref = reference_file(argv)
     table = [
         "| what | figure | outcome | file |",
@@ -578,6 +582,7 @@ def main(argv: list[str] | None = None) -> None:
     replace_block(ROOT / "docs" / "decoding.md", jpeg, JPEG_MARK)
     print(block)
     print(jpeg)
+    return 0
 
 
 def replace_block(path: Path, block: str, mark: str = MARK) -> None:
@@ -590,4 +595,4 @@ def replace_block(path: Path, block: str, mark: str = MARK) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_saying_user_errors(main, "summarize_h200"))  # no reference rows: one line, exit 2

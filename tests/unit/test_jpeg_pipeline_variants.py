@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from cnnpar.errors import UserError  # a refusal says one line and exits 2 (it exited 1)
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from jpeg_pipeline import parse_variant  # noqa: E402
@@ -33,7 +35,7 @@ def test_a_known_variant_parses_into_its_parts():
     ],
 )
 def test_a_variant_that_would_run_mislabelled_is_refused(spec, says):
-    with pytest.raises(SystemExit) as e:
+    with pytest.raises(UserError) as e:
         parse_variant(spec)
     assert says in str(e.value)
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from cnnpar.errors import UserError  # a refusal says one line and exits 2 (it exited 1)
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from step_vs_plain import aten_fallbacks, parse_variant  # noqa: E402
@@ -45,7 +47,7 @@ def test_fields_and_inductor_options_take_their_defaults_types():
     ],
 )
 def test_a_variant_that_would_not_run_as_labelled_is_refused(spec, says):
-    with pytest.raises(SystemExit, match=says):
+    with pytest.raises(UserError, match=says):
         parse_variant(spec)
 
 
