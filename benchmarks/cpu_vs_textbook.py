@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from cnnpar.config import Config, DataConfig, RunConfig, SpeedConfig, asked_lr  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
-from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors, refuse_counts_under_one  # noqa: E402
 from cnnpar.models import build_model  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import read_csv, write_csv_atomic  # noqa: E402
@@ -163,9 +163,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads for both (0: torch's default)")
     args = ap.parse_args()
     # each 0 or less ended in a traceback (--rounds 0: no median to take, after the warm-up round had run)
-    for flag, n in (("--samples", args.samples), ("--batch-size", args.batch_size), ("--rounds", args.rounds)):
-        if n < 1:
-            raise UserError(f"{flag} {n}: expected a whole number of 1 or more")
+    refuse_counts_under_one(("--samples", args.samples), ("--batch-size", args.batch_size), ("--rounds", args.rounds))
     variants = parse_variants(args.variant)
     if args.threads:
         torch.set_num_threads(args.threads)

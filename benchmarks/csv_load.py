@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))  # this checkout, not whichever cnnpar is installe
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
+from cnnpar.errors import main_saying_user_errors, refuse_counts_under_one  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic, write_json_atomic  # noqa: E402
 from cnnpar.report.host import cpu_name  # noqa: E402
@@ -87,9 +87,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     # --rows 0 ended in the child's CalledProcessError traceback, --repeats 0 in having no median to take
-    for flag, n in (("--rows", args.rows), ("--repeats", args.repeats)):
-        if n < 1:
-            raise UserError(f"{flag} {n}: expected a whole number of 1 or more")
+    refuse_counts_under_one(("--rows", args.rows), ("--repeats", args.repeats))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "train.csv"
         t = time.perf_counter()

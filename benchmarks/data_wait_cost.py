@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
+from cnnpar.errors import main_saying_user_errors, refuse_counts_under_one  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import DataWait, sync  # noqa: E402
@@ -96,9 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="CSV to write (with the environment's columns)")
     args = parser.parse_args(argv)
     # --calls -5 timed no call and printed a cost per call of 0; --repeats 0 had no median to take
-    for flag, n in (("--calls", args.calls), ("--repeats", args.repeats)):
-        if n < 1:
-            raise UserError(f"{flag} {n}: expected a whole number of 1 or more")
+    refuse_counts_under_one(("--calls", args.calls), ("--repeats", args.repeats))
     device = torch.device(args.device)
     cases = variants(device)
     for make in cases.values():  # warm-up: CUDA context, allocator, NVTX

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from cnnpar.data.folder import _check_header_pixels, decode_rgb, read_encoded  # noqa: E402
 from cnnpar.data.png_header import read_png_header  # noqa: E402
 from cnnpar.data.tv_codecs import TV_CODEC_DEPRECATION  # noqa: E402
-from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors, refuse_counts_under_one  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 
@@ -84,8 +84,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="timed passes over every file (default: 3)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "png_decode_cpu.csv")
     args = ap.parse_args()
-    if args.rounds < 1:  # no timed pass had no median to take (a StatisticsError traceback)
-        raise UserError(f"--rounds {args.rounds}: expected a whole number of 1 or more")
+    refuse_counts_under_one(("--rounds", args.rounds))  # no timed pass had no median (a StatisticsError traceback)
     if args.from_jpegs is not None and not args.from_jpegs.is_dir():  # it wrote no PNG, then said --pngs had none
         raise UserError(f"--from-jpegs {args.from_jpegs}: no such folder (expected a folder of JPEGs)")
     warnings.filterwarnings("ignore", message=TV_CODEC_DEPRECATION, category=DeprecationWarning)

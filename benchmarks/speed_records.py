@@ -34,7 +34,7 @@ from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfi
 from cnnpar.data import load_data  # noqa: E402
 from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
-from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
+from cnnpar.errors import UserError, main_saying_user_errors, refuse_counts_under_one  # noqa: E402
 from cnnpar.presets import cifar10_speed  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
@@ -192,8 +192,7 @@ def check_inputs(args, parts: dict) -> list[str]:
     for flag, path in wanted.items():
         if path and not Path(path).exists():
             raise UserError(f"{flag} {path}: no such file or folder")
-    if args.seeds < 1:
-        raise UserError(f"--seeds {args.seeds}: expected a whole number of 1 or more")
+    refuse_counts_under_one(("--seeds", args.seeds))
     return names
 
 

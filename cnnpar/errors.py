@@ -75,6 +75,14 @@ def main_saying_user_errors(main: Callable[[], int], prog: str) -> int:
         return say_user_error(user_error_text(e), prog)
 
 
+def refuse_counts_under_one(*counts: tuple[str, int]) -> None:
+    """(flag, value) pairs of counts a command line asks for (rounds, repeats, samples): a UserError naming the first
+    under 1, which timed nothing (a median of no rounds) or ended in a traceback after work had started."""
+    for flag, n in counts:
+        if n < 1:
+            raise UserError(f"{flag} {n}: expected a whole number of 1 or more")
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message, for a one-line report; its type when it has none."""
     text = str(e).strip()
