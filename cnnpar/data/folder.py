@@ -147,9 +147,9 @@ def scan_folder(
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     if not classes:
         raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png{_flat_hint(root)}")
-    by_real = _refuse_one_folder_under_two_classes(root, classes)
-    real_of = {name: real for real, name in by_real.items()}
     blocked = _real_chain(root)
+    by_real = _refuse_one_folder_under_two_classes(root, classes, blocked)
+    real_of = {name: real for real, name in by_real.items()}
     if other is not None:
         _refuse_classes_linked_into_split(root, by_real, other, blocked)
     files, labels = [], []
@@ -165,7 +165,7 @@ def scan_folder(
     return files, labels, classes
 
 
-def _refuse_one_folder_under_two_classes(root: Path, classes: list[str]) -> dict[str, str]:
+def _refuse_one_folder_under_two_classes(root: Path, classes: list[str], blocked: frozenset[str]) -> dict[str, str]:
     """Two class folders that are one folder (`dog -> cat`, a link to a sibling class), or one inside the other
     (`dog -> .`, `dog -> cat/siamese`): each image under both would be read twice with two labels, a contradiction
     training learns silently. A link to a folder outside the data set is a way to assemble one: it is read as
@@ -182,16 +182,15 @@ def _refuse_one_folder_under_two_classes(root: Path, classes: list[str]) -> dict
                 f"({other} and {linked}); expected each class in a folder of its own"
             )
         seen[real] = name
-    _refuse_nested_class_folders(root, seen)
+    _refuse_nested_class_folders(root, seen, blocked)
     return seen
 
 
-def _refuse_nested_class_folders(root: Path, by_real: dict[str, str]) -> None:
+def _refuse_nested_class_folders(root: Path, by_real: dict[str, str], blocked: frozenset[str]) -> None:
     """A class folder whose real path holds another's: image_files reads the inner class's images under the
     outer class too, unless its walk does not get there (`_reaches`: a hidden folder on the way, or `root` or a
     folder above it, which the walk does not go back down into). Sorted as "path/" strings, the folders holding
-    one are those still open on a stack when it comes."""
-    blocked = _real_chain(root)
+    one are those still open on a stack when it comes. `blocked`: `_real_chain(root)`."""
     ordered = sorted((real.rstrip(os.sep) + os.sep, name) for real, name in by_real.items())
     holding: list[tuple[str, str]] = []
     for inner_real, inner in ordered:
@@ -270,6 +269,8 @@ def _refuse_links_out_of_class(
     """A link to a folder inside the class folder `name` (image_files follows it) that leads into another class
     folder of this split, the split folder itself or the other split: those images would be read as class `name`
     too, without a word. Links within the class, or to a folder outside the data set, are read as given."""
+    if not links:  # most classes: no realpath of the split folder for them
+        return
     root_real = os.path.realpath(root)
     for link, real in links:
         if _within(real, own):
