@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b | s37a | s37b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b | s37a | s37b | s41c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1111,6 +1111,17 @@ s37a)
   # session 37, call A (one H200, ~6 min with a cold start; carry .whl alone): every GPU-marked test at sessions
   # 35-36's last code (s35b's command, unrun in sessions 35 and 36: no machine was lent)
   TAIL=30 logged gpu_tests 420 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=10 -rs
+  ;;
+s41c)
+  # session 41, call D (one H100 or H200, ~5 min with a cold start; carry .whl without nvImageCodec's wheel and
+  # .devdata/imagenet_sample): the GPU benchmark scripts whose input checks changed this session, measuring as a
+  # user runs them: the engines' decode stage, then one ResNet-50 variant end to end (its data now loaded outside
+  # the per-variant try)
+  TAIL=10 logged engines 120 python3 benchmarks/jpeg_decode.py --folder .devdata/imagenet_sample \
+      --stages engines --hw-variants "" --batch-size 256 --batches 2 --repeats 5 --out "$R/engines.csv"
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=12 logged jpeg_pipeline80 260 python3 benchmarks/jpeg_pipeline.py --folder .devdata/imagenet_rep80 \
+      --variants hardware:14:0 --budget-s 150 --watchdog-s 250 --out "$R/jpeg_pipeline80.csv"
   ;;
 s37b)
   # session 37, call B (one H200, ~4 min warm; carry .whl without nvImageCodec's wheel and .devdata/imagenet_sample):
