@@ -2,8 +2,9 @@
 
 Parts (choose with --parts):
   jpeg      ResNet-50 224x224, bf16, end to end from a JPEG image folder (random-resized crop +
-            flip): nvImageCodec (where installed), torchvision's nvJPEG and CPU decoding in worker
-            processes, and the same photos from a `cnnpar prepare` store (--store).
+            flip): the decoder `--decode auto` chooses (the JPEG engines on an H100/H200), then
+            nvImageCodec (where installed), torchvision's nvJPEG and CPU decoding in worker processes,
+            and the same photos from a `cnnpar prepare` store (--store).
   cifar     ResNet-18 32x32 on CIFAR-10, whole-epoch throughput including data (resident uint8 set,
             crop+flip on the device): CUDA graphs off and on.
   speedrun  cnnpar's cifar10-speed preset over several seeds (time to train, accuracy with flip
@@ -62,10 +63,13 @@ def throughput(cfg: Config, info: DistInfo, epochs: int, bundle=None) -> dict:
 
 def jpeg_variants(args) -> list[tuple[str, str, str, int]]:
     """(label, --data, --decode, --workers) of each way cnnpar reads the photos that this machine
-    has. The store's workers are cnnpar's own choice: none when its pixels sit on the GPU."""
+    has: first the decoder a user gets without --decode (`auto`: the JPEG engines where the GPU has
+    them; the row's `resolved` names it), then each one asked for by name. The store's workers are
+    cnnpar's own choice: none when its pixels sit on the GPU."""
     from cnnpar.data.nvimgcodec_decode import nvimgcodec_available
 
-    variants = [("nvimgcodec", args.folder, "nvimgcodec", args.workers)] if nvimgcodec_available() else []
+    variants = [("default", args.folder, "auto", args.workers)]
+    variants += [("nvimgcodec", args.folder, "nvimgcodec", args.workers)] if nvimgcodec_available() else []
     variants += [("nvjpeg", args.folder, "gpu", args.workers), ("cpu", args.folder, "cpu", args.workers)]
     if args.store and Path(args.store).exists():
         variants.append(("store", args.store, "auto", -1))
