@@ -32,6 +32,7 @@ import psutil
 PR_SET_PDEATHSIG = 1  # Linux prctl(2): a signal the kernel sends the caller when its parent ends
 GRACE_S = 5.0  # time for torchrun to stop its workers itself after a SIGTERM (they keep no state worth more)
 POLL_S = 0.1
+STOP_WAIT_S = 1.0  # for a SIGSTOPped process to show stopped before its children are read
 
 
 def end_with_parent(parent: int, sig: int) -> None:
@@ -92,9 +93,13 @@ def stop_process_tree(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
     leave, then SIGKILL to whatever of the tree is left; the launcher is reaped on return.
 
     SIGTERM first because torchrun answers it by stopping its workers in order; the SIGKILL after it covers a
-    launcher that dies on SIGTERM without passing it on (a plain Python runner above torchrun) or one stuck."""
-    tree = _with_descendants(_processes([proc.pid]))  # now: once the launcher dies its workers go to init
-    _signal_group(proc, signal.SIGTERM)
+    launcher that dies on SIGTERM without passing it on (a plain Python runner above torchrun) or one stuck.
+    The tree is read while it is stopped (SIGSTOP, SIGTERM held, SIGCONT): a worker the launcher started between a
+    read of a running tree and the launcher's death would be reparented to init, out of reach, and ran on."""
+    tree = _frozen(_processes([proc.pid]))  # now: once the launcher dies its workers go to init
+    _signal_group(proc, signal.SIGTERM)  # pending until the SIGCONT below
+    for p in tree:
+        _send(p, signal.SIGCONT)
     deadline = time.monotonic() + grace_s
     while _living(tree) and time.monotonic() < deadline:
         time.sleep(POLL_S)
@@ -112,17 +117,40 @@ def kill_process_tree(proc: subprocess.Popen) -> None:
 
 
 def _kill(tree: set[psutil.Process]) -> None:
-    """SIGSTOP the tree until reading it again finds nothing new (a stopped process cannot start another),
-    then SIGKILL all of it."""
+    """SIGKILL to all of the tree, read while it is stopped (`_frozen`)."""
+    for p in _frozen(tree):
+        _send(p, signal.SIGKILL)
+
+
+def _frozen(tree: set[psutil.Process]) -> set[psutil.Process]:
+    """The tree with every process it has started, SIGSTOPped until reading it again finds nothing new (a stopped
+    process cannot start another). Each is waited for until it shows stopped (up to STOP_WAIT_S): SIGSTOP takes
+    effect when the process next runs, and a fork it is inside of ends first."""
     while True:
         for p in _living(tree):
             _send(p, signal.SIGSTOP)
+        _wait_stopped(tree)
         grown = _with_descendants(tree)
         if grown == tree:
-            break
+            return tree
         tree = grown
-    for p in tree:
-        _send(p, signal.SIGKILL)
+
+
+def _wait_stopped(tree: set[psutil.Process]) -> None:
+    """Until every living process of the tree shows stopped, or STOP_WAIT_S has passed (one in an uninterruptible
+    wait, on a disk or a driver, stops only when that wait ends)."""
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline:
+        running = []
+        for p in _living(tree):
+            try:
+                if p.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                    running.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not running:
+            return
+        time.sleep(0.005)
 
 
 def _processes(pids: list[int]) -> set[psutil.Process]:

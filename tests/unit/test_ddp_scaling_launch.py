@@ -18,7 +18,11 @@ def test_a_launch_past_its_timeout_ends_in_one_line_with_its_workers_stopped(tmp
     script = launcher_of_a_new_session_child(marker)
     args = ddp_scaling.parse_args(["--device", "cpu", "--launch-timeout", "2"])
     real = subprocess.Popen
-    monkeypatch.setattr(ddp_scaling.subprocess, "Popen", lambda cmd, **kw: real([sys.executable, "-c", script], **kw))
+
+    def popen(cmd, **kw):  # torchrun's command alone: `import torch` runs ldconfig through Popen on some installs
+        return real([sys.executable, "-c", script] if "cnnpar.torchrun" in cmd else cmd, **kw)
+
+    monkeypatch.setattr(ddp_scaling.subprocess, "Popen", popen)
     try:
         with pytest.raises(SystemExit) as stopped:
             ddp_scaling.launch(args, 2, 1, tmp_path / "world2.json")

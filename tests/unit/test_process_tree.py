@@ -72,6 +72,46 @@ def test_a_launcher_that_dies_on_sigterm_has_its_child_in_another_session_killed
             p.kill()
 
 
+def test_a_worker_started_between_the_trees_read_and_the_sigterm_is_stopped_too(tmp_path, monkeypatch):
+    """The tree was read while the launcher ran: a worker it started after the read, just before SIGTERM ended it,
+    was reparented to init, out of the tree, and ran on (seen once as a flake of a ddp_scaling launch's timeout under
+    load). Here the launcher starts its worker on SIGUSR1, sent between the read and the SIGTERM; the tree is now read
+    while the launcher is stopped, so no worker can start unseen."""
+    import signal
+
+    from cnnpar import process_tree
+
+    marker = f"process-tree-late-{tmp_path.name}"  # in two pieces in the launcher's code: the worker's alone
+    launcher = (
+        "import signal, subprocess, sys, time\n"
+        "def start_worker(*_):\n"
+        f"    name = {marker[:8]!r} + {marker[8:]!r}\n"
+        "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', name], start_new_session=True)\n"
+        "signal.signal(signal.SIGUSR1, start_worker)\n"
+        "print('up', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = start([sys.executable, "-c", launcher])
+    real = process_tree._signal_group
+
+    def worker_started_first(launched, sig):
+        if sig == signal.SIGTERM:
+            launched.send_signal(signal.SIGUSR1)
+            deadline = time.monotonic() + 2.0  # a launcher running starts it at once; a stopped one cannot
+            while not running_with(marker) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        real(launched, sig)
+
+    monkeypatch.setattr(process_tree, "_signal_group", worker_started_first)
+    try:
+        stop_process_tree(proc, grace_s=1.0)
+        assert proc.returncode is not None
+        assert gone_soon(marker), "a worker started just before the SIGTERM outlived the stop"
+    finally:
+        for p in running_with(marker):
+            p.kill()
+
+
 def test_torchruns_worker_is_stopped_with_torchrun(tmp_path):
     """The real case: `torch.distributed.run` (about 3 s to start a worker on 2 cores)."""
     marker = f"process-tree-torchrun-{tmp_path.name}"
