@@ -347,9 +347,14 @@ def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
             )
     names = _npz_class_names(arrays, path)
     own_val = ARRAYS_OWN_VAL if split in (None, "test", "testing") else f"the data's own validation split (x_{split})"
-    bundle = _bundle_from_arrays(x, y, x_val, y_val, cfg, seed, str(path), names=names, own_val=own_val)
-    bundle.fingerprint, bundle.fingerprint_of = content_checksum(arrays), ARRAYS_CHECKSUM
+    fingerprint = content_checksum(arrays)
     read = [(train[1], len(x))] + ([(held_images[1], len(x_val))] if held_images is not None else [])
+    unread_note = _unread_keys_note(path, arrays, held)
+    # the archive's arrays, let go before the hold-out copies the images: where x_train was N, H, W, C (or encoded),
+    # x is a copy, and the original kept alive to the end held a third copy at the peak (10 GB for a 3 GB array)
+    del arrays, train, held_images
+    bundle = _bundle_from_arrays(x, y, x_val, y_val, cfg, seed, str(path), names=names, own_val=own_val)
+    bundle.fingerprint, bundle.fingerprint_of = fingerprint, ARRAYS_CHECKSUM
     decoded = [(key, n) for key, n in read if not key.startswith("x_")]  # train_jpeg, not x_train
     if decoded:
         took = time.perf_counter() - started
@@ -360,7 +365,7 @@ def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
             f"start (np.savez of the decoded arrays as x_train, y_train, x_{split or 'test'}, y_{split or 'test'} "
             "skips it)",
         )
-    notes += [n for n in (tally.damaged_note(), _unread_keys_note(path, arrays, held)) if n]
+    notes += [n for n in (tally.damaged_note(), unread_note) if n]
     bundle.load_note = "\n".join(notes)
     return bundle
 
