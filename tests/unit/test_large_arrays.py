@@ -12,6 +12,7 @@ import torch
 from cnnpar.config import DataConfig
 from cnnpar.data import arrays, load_data, sources
 from cnnpar.data.bundle import ArrayDataset
+from cnnpar.errors import DataError
 
 
 def test_an_npz_of_nhwc_images_is_let_go_before_the_hold_out_copies_them(tmp_path, monkeypatch):
@@ -62,3 +63,26 @@ def test_float_or_wide_pixels_are_rounded_to_uint8_a_chunk_at_a_time(monkeypatch
     whole = np.rint(x * 255.0 if scale == 1.0 else x).astype(np.uint8).transpose(0, 3, 1, 2)
     assert out.is_contiguous() and torch.equal(out, torch.from_numpy(np.ascontiguousarray(whole)))
     assert max(rounded) == 4 * x[0].size and sum(rounded) >= x.size
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_an_npz_label_error_comes_before_its_images_are_converted(tmp_path, monkeypatch, held):
+    """A label out of --num-classes (or a count that differs) is refused before the images' conversion: it came
+    after it, 14.8 s and 6.5 GB of RSS into a 3 GB CIFAR-shaped x_train."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (20, 8, 8, 3), dtype=np.uint8)
+    y = np.arange(20) % 4
+    extra = {"x_val": x[:5], "y_val": np.full(5, 7)} if held else {}
+    path = tmp_path / "d.npz"
+    np.savez(path, x_train=x, y_train=y if held else np.full(20, 7), **extra)
+    converted: list[tuple] = []
+    convert = sources.to_nchw_uint8
+
+    def counted(images, where, notes=None):
+        converted.append(images.shape)
+        return convert(images, where, notes)
+
+    monkeypatch.setattr(sources, "to_nchw_uint8", counted)
+    with pytest.raises(DataError, match=r"\[y_(val|train)\], index 0: label 7: expected a label in 0\.\.4"):
+        load_data(DataConfig(source=str(path), num_classes=5), 0)
+    assert converted == ([(20, 8, 8, 3)] if held else [])
