@@ -75,6 +75,7 @@ def metrics(run_dir: Path) -> list[tuple[float, float]]:
         return [(float(r["train_loss"]), float(r["val_loss"])) for r in csv.DictReader(f)]
 
 
+@pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
 @pytest.mark.skipif(
     HVD_PY is None and not REQUIRED,
     reason="horovod.torch is not importable: build it with scripts/install_horovod.sh (3-6 minutes), "

@@ -3,6 +3,8 @@ data of the folder the run was started in (the one-process cases: tests/integrat
 
 from __future__ import annotations
 
+import pytest
+
 from cnnpar.engine.checkpoint import load_checkpoint
 from cnnpar.report.files import read_csv
 from tests.conftest import run_cli
@@ -11,6 +13,7 @@ from tests.datafiles import write_npz
 ARGS = ["--nproc", "2", "--device", "cpu", "--batch-size", "8", "--workers", "0", "--no-progress", "--no-tensorboard"]
 
 
+@pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
 def test_nproc_resume_from_another_folder_reads_the_start_folders_npz(tmp_path):
     start, other = tmp_path / "start", tmp_path / "other"
     start.mkdir()

@@ -315,6 +315,7 @@ def test_ctrl_c_under_nproc_prints_the_epochs_kept_once(tmp_path):
     assert err.count("cnnpar: interrupted") == 1, err[-2000:]  # the launcher's; each rank said it too, unprefixed
 
 
+@pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
 def test_a_killed_worker_under_nproc_ends_with_the_epochs_kept_and_the_command_that_continues(cli):
     """It ended with rank 0's traceback and torchrun's ChildFailedError traceback and FAILED block, and said
     nothing of the checkpoint; the line it now ends with continues the run."""
@@ -351,6 +352,7 @@ sys.exit(main())
 """
 
 
+@pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
 def test_two_nodes_restart_after_one_nodes_worker_dies_and_resume_together(tmp_path):
     """Rank 1 (node 1) SIGKILLs itself in epoch 2; node 1's agent restarts with its restart count 1, node 0's
     because the membership changed, with its count still 0. Each rank took its attempt from its own agent's

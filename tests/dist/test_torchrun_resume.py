@@ -3,10 +3,13 @@ case and its helpers: tests/integration/test_resume_rng.py)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import run_cmd, torchrun_cmd
 from tests.integration.test_resume_rng import TRAIN, assert_identical, explain
 
 
+@pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
 def test_two_gloo_ranks_restarted_after_a_kill_are_bit_identical(tmp_path):
     """torchrun restarts the group after rank 1 SIGKILLs itself in epoch 3 (engine/fault.py)."""
     launch = [*torchrun_cmd(2, "--standalone", "--max-restarts=1"), "-m", "cnnpar"]

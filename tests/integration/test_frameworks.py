@@ -24,6 +24,7 @@ def installed(name: str) -> bool:
     return all(importlib.util.find_spec(p) is not None for p in FRAMEWORKS[name].needs)
 
 
+@pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
 def test_compare_every_framework_one_epoch(cli):
     names = list(FRAMEWORKS)
     args = ["compare", "--frameworks", ",".join(names), *TINY, "--out", "res"]
@@ -63,6 +64,7 @@ def test_compare_every_framework_one_epoch(cli):
         assert "use_cloop=False" in read_result_csv(out / csv_name(FRAMEWORKS["pytensor"]))[0]["pytensor_linker"]
 
 
+@pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
 @pytest.mark.skipif(
     not installed("keras-jax"), reason="keras and jax are not installed (pip install 'cnnpar[keras,jax]')"
 )

@@ -15,6 +15,7 @@ pytest.importorskip("triton")  # shipped with torch's CUDA wheels, which CI inst
 CASES = Path(__file__).with_name("resize_kernel_cases.py")
 
 
+@pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
 def test_the_fused_kernels_match_the_reference_and_the_switch_routes_to_them():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run(
