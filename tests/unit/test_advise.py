@@ -570,3 +570,16 @@ def test_a_pipe_in_a_data_path_stays_inside_its_table_cell():
     row = next(line for line in markdown(doctor_report([reco], []), []).splitlines() if line.startswith("| 1 |"))
     assert "`cnnpar train --data 'd/my da\\|ta' --workers 1`" in row and "a \\| b" in row
     assert len(re.split(r"(?<!\\)\|", row)) == 8  # six cells between the row's outer bars
+
+
+def test_one_usable_core_gets_no_worker_advice_and_its_worker_does_not_overlap():
+    # on one core (taskset -c 0) the doctor advised --workers 1 at 1.41x over 0; train ran it at 0.91x: the worker
+    # takes turns with the step on that core
+    one = slow_folder(workers=0, cores=1, data_s=3.3e-3, step_s=1.4e-3)
+    assert "workers" not in [r.key for r in recommend(one)]
+    assert "pre-decode" in [r.key for r in recommend(one)]  # decoding once still removes the pipeline's cost
+    assert "workers" in [r.key for r in recommend(slow_folder(workers=0, cores=2, data_s=3.3e-3, step_s=1.4e-3))]
+    # a worker already there on one core: loading and the step add up, as without workers
+    shared = slow_folder(workers=1, cores=1, data_s=1e-3, step_s=1e-3)
+    assert shared.modelled() == pytest.approx(2e-3)
+    assert diagnose(shared).verdict == DATA_BOUND  # half of each step reads data, though the pipeline is not slower
