@@ -167,8 +167,9 @@ class DataConfig:
         0,
         "resize images to NxN, whatever the source: image folders and stores (decoded to this side), CSV rows, "
         ".npz arrays, synthetic data and the built-in digits (resized once loaded; non-square arrays become "
-        "square); 0 keeps the source size (folders and stores: the size their images share, else 224 for mixed "
-        "sizes; digits: 16; CSV, .npz and synthetic: their own shape, --image-shape for CSV and synthetic)",
+        "square); 0 keeps the source size (folders and stores: the size their images share, up to 256; else 224, "
+        "for mixed or larger sizes; digits: 16; CSV, .npz and synthetic: their own shape, --image-shape for CSV and "
+        "synthetic)",
     )
     num_classes: int = _f(
         0, "classes: labels must lie in 0..N-1; 0 infers N from the labels (folders: one per subfolder; synthetic: 10)"

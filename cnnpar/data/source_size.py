@@ -1,8 +1,9 @@
 """The side `--image-size 0` ("keep the source size") means for image folders and stores.
 
 Folders and stores hold images of any size, and the model needs one: when every image shares
-one size, that size is kept (the shorter side, as crops are square); when sizes are mixed the
-side is MIXED_SIDE, the usual ImageNet input, and the log says so. Sizes come from file
+one size up to KEPT_UP_TO, that size is kept (the shorter side, as crops are square); when sizes
+are mixed, or the shared one is larger, the side is MIXED_SIDE, the usual ImageNet input, and the
+log says so. Sizes come from file
 headers (a JPEG's frame header, a PNG's IHDR, else Pillow, which also reads only the header),
 for at most SAMPLE files spread evenly over the folder, so a million-photo folder costs seconds.
 The same headers say whether the files are grey (`FolderSample.grey`): they decode to three equal
@@ -22,6 +23,10 @@ from cnnpar.data.jpeg_header import read_jpeg_header
 from cnnpar.data.png_header import png_size
 
 MIXED_SIDE = 224
+# A shared size is kept up to ImageNet's resize side: small images (digits, CIFAR, 64-256 px sets) are not enlarged,
+# and photos of one camera's size (1600x1200, 4032x3024) are not trained whole: at their shorter side a model's
+# activations take 29-180x those at 224 (a doctor run on 1600x1200 photos grew to 24 GB and was killed unheard)
+KEPT_UP_TO = 256
 SAMPLE = 2000
 HEAD_BYTES = 1 << 16  # EXIF blocks (thumbnails) before a JPEG's frame header stay under 64 KiB
 
@@ -65,6 +70,11 @@ def pick_side(sizes: np.ndarray, sampled: bool) -> tuple[int, str]:
         side = min(h, w)
         crop = "" if h == w else ", square crops of the shorter side"
         shape = f"{w}x{h}" if h == w else f"{w} wide x {h} high"
+        if side > KEPT_UP_TO:
+            return MIXED_SIDE, (
+                f"{which} are {shape}, larger than the {KEPT_UP_TO} a source size is kept up to: {MIXED_SIDE}, the "
+                f"usual ImageNet input; --image-size N chooses another (--image-size {side} their own)"
+            )
         return side, f"the source size: {which} are {shape}{crop}"
     which = f"the {len(sizes)} sampled images" if sampled else f"the {len(sizes)} images"
     area = sizes[:, 0] * sizes[:, 1]

@@ -437,6 +437,27 @@ def test_image_size_0_keeps_a_folders_and_a_stores_shared_source_size(tmp_path):
     assert load_data(DataConfig(source=str(mixed), image_size=48)).shape == (3, 48, 48)
 
 
+def test_photos_sharing_a_size_above_256_train_at_224_and_256_is_kept(tmp_path):
+    """A folder of one camera's photos, all 1600x1200, trained at its whole 1200-px shorter side (29x the activations
+    of 224): a doctor run of cnn3 on such photos grew to 24 GB and was killed without a word. Up to 256 the shared
+    size is still kept; --image-size still chooses any size."""
+    from PIL import Image
+
+    for name, (w, h) in {"camera": (400, 300), "kept": (256, 256)}.items():
+        for i in range(4):
+            (tmp_path / name / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (w, h), (i * 40, 0, 0)).save(tmp_path / name / f"c{i % 2}" / f"{i}.jpg")
+    bundle = load_data(DataConfig(source=str(tmp_path / "camera")))
+    assert bundle.shape == (3, 224, 224)
+    assert bundle.size_from == (
+        "all 4 images are 400 wide x 300 high, larger than the 256 a source size is kept up to: 224, the usual "
+        "ImageNet input; --image-size N chooses another (--image-size 300 their own)"
+    )
+    assert load_data(DataConfig(source=str(tmp_path / "camera"), image_size=300)).shape == (3, 300, 300)
+    kept = load_data(DataConfig(source=str(tmp_path / "kept")))
+    assert kept.shape == (3, 256, 256) and kept.size_from == "the source size: all 4 images are 256x256"
+
+
 def test_image_sizes_are_said_width_by_height_and_a_range_by_real_images(tmp_path):
     """Photos 40 wide and 30 high were said to be "30x40"; 75x56 and 2400x1600 photos were "56x75 to 1600x2400", and
     the range's ends were per-axis minima and maxima, sizes that no image need have."""

@@ -494,12 +494,15 @@ def test_a_store_replaced_under_a_run_is_refused_not_read_through_the_old_index(
 def test_a_store_trains_at_the_size_its_photos_folder_trains_at_where_it_holds_it(tmp_path):
     """Photos of 300x400 and 600x800 train at 224 from their folder (they differ in size); stored at a shorter side
     of 256 they are all 256x341, which read as one source size: the store's run trained at 256."""
-    sizes = {"mixed": [(400, 300), (800, 600)] * 3, "same": [(800, 600)] * 6}
+    sizes = {"mixed": [(400, 300), (800, 600)] * 3, "same": [(320, 240)] * 6}
+    short = {"mixed": 256, "same": 128}  # "same": a store bounded below the folder's own 240
     for name, dims in sizes.items():
         for i, (w, h) in enumerate(dims):
             (tmp_path / name / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
             smooth(w, h).save(tmp_path / name / f"c{i % 2}" / f"{i}.jpg", quality=80)
-        prepare_store(tmp_path / name, tmp_path / f"{name}.cnnpar", 0, workers=1, progress=False, short_side=256)
+        prepare_store(
+            tmp_path / name, tmp_path / f"{name}.cnnpar", 0, workers=1, progress=False, short_side=short[name]
+        )
 
     def side(source: Path):
         bundle = load_data(DataConfig(source=str(source), val_fraction=0.5), 0)
@@ -508,11 +511,11 @@ def test_a_store_trains_at_the_size_its_photos_folder_trains_at_where_it_holds_i
     assert side(tmp_path / "mixed")[0] == 224
     size, why = side(tmp_path / "mixed.cnnpar")
     assert size == 224 and why.startswith(f"as --data {(tmp_path / 'mixed').resolve()} trains: the 6 images differ")
-    assert side(tmp_path / "same")[0] == 600  # the folder trains at its photos' size, which the store cannot hold
+    assert side(tmp_path / "same")[0] == 240  # the folder trains at its photos' size, which the store cannot hold
     size, why = side(tmp_path / "same.cnnpar")
-    assert size == 256 and why.startswith("the store's size: all 6 images are 341 wide x 256 high")
+    assert size == 128 and why.startswith("the store's size: all 6 images are 171 wide x 128 high")
     assert why.endswith(
-        "trains at 600: the source size: all 6 images are 800 wide x 600 high, square crops of the shorter side)"
+        "trains at 240: the source size: all 6 images are 320 wide x 240 high, square crops of the shorter side)"
     )
 
 
