@@ -544,7 +544,11 @@ def add_prepare_parser(sub) -> None:
     )
     prep.add_argument("--workers", type=int, default=0, help="decoding processes (0: one per usable core)")
     prep.add_argument("--verify", action="store_true", help="check SRC, a store, against its pixel checksum")
-    prep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    prep.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (nor the line every 30 s in its place in a log file)",
+    )
     prep.set_defaults(func=cmd_prepare)
 
 

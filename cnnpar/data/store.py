@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from cnnpar.errors import DataError
+from cnnpar.report.heartbeat import Heartbeat, bar_left_out
 
 MAGIC = b"CNNPSTOR"
 VERSION = 1
@@ -279,11 +280,14 @@ def verify_store(path: str | Path, progress: bool = True) -> dict:
     pixels = store.pixels
     # disable=None: a bar only on a terminal, never \r fragments in a log file
     bar = tqdm(total=store.pixel_bytes, unit="B", unit_scale=True, desc="verify", disable=None if progress else True)
+    # in the bar's place a line now and then: a store of tens of GB is read for minutes
+    beat = Heartbeat(f"verify {store.path.name}", store.pixel_bytes >> 20, "MiB", print, bar_left_out(bar, progress))
     with bar:
         for a in range(0, store.pixel_bytes, CHUNK_BYTES):
             chunk = pixels[a : a + CHUNK_BYTES]
             h.update(memoryview(chunk))
             bar.update(len(chunk))
+            beat.update((a + len(chunk)) >> 20)
     if h.hexdigest() != store.header["data_checksum"]:
         raise _refuse(store.path, "pixel data checksum mismatch (the file is damaged)")
     return store.header

@@ -57,6 +57,7 @@ from cnnpar.data.store import (
 from cnnpar.errors import DataError, UserError, raise_pending_stop
 from cnnpar.process_tree import end_with_parent
 from cnnpar.report.files import fsync_path, unheld
+from cnnpar.report.heartbeat import Heartbeat, bar_left_out
 from cnnpar.report.host import usable_cores
 
 try:
@@ -342,6 +343,8 @@ def prepare_store(
                 bar = tqdm(
                     total=n, unit="img", desc=f"prepare {src.name}", file=sys.stderr, disable=None if progress else True
                 )
+                # in the bar's place a line now and then: a photo folder's tens of minutes said nothing in a log
+                beat = Heartbeat(f"prepare {src.name}", n, "images", print, bar_left_out(bar, progress))
                 f.seek(header["data_start"])  # the pixels first; the prefix, header and index last
                 for k, (pixels, h, w) in enumerate(images):
                     f.write(pixels)
@@ -349,6 +352,7 @@ def prepare_store(
                     offsets[k], hw[k] = pos, (h, w)
                     pos += len(pixels)
                     bar.update(1)
+                    beat.update(k + 1)
                 bar.close()
                 header.update(pixel_bytes=pos, data_checksum=digest.hexdigest())
                 index = pack_index(offsets, hw[:, 0], hw[:, 1], labels, splits)

@@ -38,6 +38,7 @@ from cnnpar.errors import ConfigError, DataError, UserError
 from cnnpar.models import build_model
 from cnnpar.parallel.precision import Precision
 from cnnpar.report.files import check_out_file, refuse_unnameable_out_file, write_csv_atomic
+from cnnpar.report.heartbeat import Heartbeat
 
 
 def _batches(ds, batch_size: int):
@@ -348,6 +349,8 @@ def predict(
     precision = _precision(run_cfg, dev, log)
     transform = DeviceTransform(meta["mean"], meta["std"], "none", False, dev)
     preds, confs = [], []
+    # no bar and no switch: a line only once a folder takes over EVERY_S, where 200,000 images said nothing
+    beat = Heartbeat("predicting", len(ds), "images", log, on=True)
     with torch.no_grad():
         for x in _batches(ds, batch_size):
             with precision.autocast():
@@ -364,6 +367,7 @@ def predict(
             conf, label = probs.max(dim=1)
             preds += label.tolist()
             confs += conf.tolist()
+            beat.update(len(preds))
     names = meta["class_names"]
     numbers = class_numbers(names)
     if numbers is not None:

@@ -41,7 +41,7 @@ from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import NO_HOLDOUT, class_lines, first_five, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
-from cnnpar.data.sources import ARRAYS_CHECKSUM, STORE_CHECKSUM, folder_content_sample
+from cnnpar.data.sources import ARRAYS_CHECKSUM, STORE_CHECKSUM, folder_content_sample, long_read_line
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
 from cnnpar.data.worker_crash import STOP_SIGNALS, worker_crash, worker_signal
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
@@ -108,6 +108,7 @@ from cnnpar.report.files import (
     write_json_atomic,
     write_text_atomic,
 )
+from cnnpar.report.heartbeat import Heartbeat, bar_left_out
 from cnnpar.report.meters import DataWait, EpochClock, peak_memory, sync
 from cnnpar.report.telemetry import monitor_run
 from cnnpar.report.tensorboard import Board, open_board
@@ -312,6 +313,9 @@ class Trainer:
         self.set_aside_lr = set_aside_lr
         self.info = info
         self.log = log if info.is_main else (lambda *a, **k: None)
+        if bundle is None and (reading := long_read_line(cfg.data)):
+            self.log(reading)  # before a read of seconds to minutes, which said nothing
+            sys.stdout.flush()  # into a log file now, not after the read
         self.bundle = bundle if bundle is not None else self._load_data_with_the_other_ranks(cfg, info)
         self.decode_line = decode_line(cfg, self.bundle, info)
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
@@ -1141,9 +1145,17 @@ class Trainer:
             disable=None if info.is_main and cfg.run.progress else True,
             dynamic_ncols=True,
         )
+        # a log file gets a line now and then in place of the bar: a long epoch said nothing until its end
+        beat = Heartbeat(
+            f"epoch {epoch}/{cfg.run.epochs}",
+            self.micro_steps,
+            "batches",
+            self.log,
+            bar_left_out(bar, info.is_main and cfg.run.progress),
+        )
         it = iter(self.train_loader)
         try:
-            self._train_steps(it, epoch, clock, loss_sum, correct, bar)
+            self._train_steps(it, epoch, clock, loss_sum, correct, bar, beat)
         finally:
             close_batches(it)
             del it
@@ -1169,7 +1181,7 @@ class Trainer:
         }
 
     def _train_steps(
-        self, it, epoch: int, clock: EpochClock, loss_sum: torch.Tensor, correct: torch.Tensor, bar
+        self, it, epoch: int, clock: EpochClock, loss_sum: torch.Tensor, correct: torch.Tensor, bar, beat: Heartbeat
     ) -> None:
         """One epoch's steps from the batch iterator `it`; sums accumulate in place."""
         info, accum = self.info, self.cfg.optim.grad_accum
@@ -1190,6 +1202,7 @@ class Trainer:
             loss_sum += loss  # at once: a graph replay's outputs are overwritten by the next one
             correct += right
             bar.update(len(group))
+            beat.update(done)
             if step % max(1, PROGRESS_EVERY // accum) == 0:
                 self.board.note_loss(loss_sum, clock.images, self.board_step())
             if not bar.disable and step % max(1, PROGRESS_EVERY // accum) == 0:
@@ -1218,6 +1231,11 @@ class Trainer:
         # the evaluation's own data wait (its loader's start included), measured as the training's is; not a
         # DATA_WAIT range, which a profile reads as the train step's
         waited = DataWait(self.info.device, range_name=None)
+        # evaluation has no bar, on a terminal either: 200,000 images said nothing for 186 s before the epoch line
+        beat = Heartbeat(
+            "evaluating", len(self.val_loader), "batches", self.log, self.info.is_main and self.cfg.run.progress
+        )
+        done = 0
         batches = iter(self.val_loader)
         try:
             while True:
@@ -1231,6 +1249,8 @@ class Trainer:
                 sums[0] += loss
                 sums[1] += right
                 sums[2] += y.shape[0]
+                done += 1
+                beat.update(done)
         finally:
             close_batches(batches)
             del batches
