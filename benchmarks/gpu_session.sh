@@ -9,7 +9,9 @@ set -uo pipefail
 PHASE=$1; OUTDIR=$2
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-mkdir -p /tmp/site "$OUTDIR"
+# /tmp/site afresh each call: on a machine still warm from a call that carried fewer wheels, `pip --target` skipped
+# a wheel whose top folder was there already (nvImageCodec's `nvidia/`, made by nvJPEG's: call ZZZZZI)
+rm -rf /tmp/site; mkdir -p /tmp/site "$OUTDIR"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 for t in .whl/*.tar.gz; do [ -f "$t" ] || continue; tar xzf "$t" -C /tmp && cp -r /tmp/"$(basename "$t" .tar.gz)"/airbench /tmp/site/; done
 export PYTHONPATH="$PWD:/tmp/site" PATH="/tmp/site/bin:$PATH"  # bin: py-spy's binary, where its wheel travelled
