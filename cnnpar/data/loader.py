@@ -41,6 +41,7 @@ from cnnpar.errors import ConfigError
 from cnnpar.report.host import usable_cores
 from cnnpar.report.ranges import H2D_COPY, span
 from cnnpar.socket_folder import init_socket_folder
+from cnnpar.worker_start import worker_context
 
 RESIDENT_MEMORY_SHARE = 0.25  # use at most this share of free device memory for a resident data set
 
@@ -630,8 +631,10 @@ def _host_loader(
     if workers > 0:
         common["worker_init_fn"] = functools.partial(init_loader_worker, prefetch=cfg.data.prefetch_factor)
         end_workers_at_exit()
-    if workers > 0 and getattr(ds, "start_method", None):  # e.g. workers that use CUDA themselves
-        common["multiprocessing_context"] = ds.start_method
+    if workers > 0:
+        # the data set's own start method (workers that use CUDA themselves), else the default; a spawned or
+        # forkserver worker ignores the stop signals from its start (worker_start.py)
+        common["multiprocessing_context"] = worker_context(getattr(ds, "start_method", None))
     if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
     reseed = workers > 0 and draws_in_workers(ds)

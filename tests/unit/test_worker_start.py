@@ -1,0 +1,83 @@
+"""Spawned and forkserver DataLoader workers ignore the stop signals from their start (worker_start.py)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+
+import pytest
+import torch
+
+from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
+from cnnpar.data import load_data
+from cnnpar.data.loader import build_loader
+from cnnpar.dist import DistInfo
+from cnnpar.worker_start import QuietSpawnContext, worker_context
+from tests.datafiles import write_noise_jpegs
+
+CPU = DistInfo(0, 0, 1, torch.device("cpu"))
+
+
+def sigint_now() -> str:
+    return repr(signal.getsignal(signal.SIGINT))
+
+
+class SeesSigint:
+    """Records, as it is unpickled in the child, how SIGINT is handled there: a DataLoader worker's data set is
+    unpickled as this is, after its target (torch's worker loop, whose import takes seconds)."""
+
+    def __init__(self, seen: str = "") -> None:
+        self.seen = seen
+
+    def __reduce__(self):
+        return SeesSigint.unpickled, ()
+
+    @staticmethod
+    def unpickled() -> SeesSigint:
+        return SeesSigint(sigint_now())
+
+
+def report(probe: SeesSigint, results) -> None:
+    results.put((probe.seen, sigint_now()))
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_worker_ignores_ctrl_c_before_its_state_is_read(method):
+    context = worker_context(method)
+    results = context.SimpleQueue()
+    child = context.Process(target=report, args=(SeesSigint(), results))
+    child.start()
+    seen, later = results.get()
+    child.join(30)
+    # the plain context's child had Python's KeyboardInterrupt handler there: a Ctrl-C while it imported torch
+    # printed a traceback from every worker
+    assert seen == later == repr(signal.SIG_IGN)
+    assert child.exitcode == 0
+
+
+def test_fork_keeps_the_default_context():
+    assert worker_context("fork") is None
+
+
+def one_epoch(feeder) -> list[torch.Tensor]:
+    feeder.set_epoch(1, 1001)
+    try:
+        return [x.clone() for x, _ in feeder]
+    finally:
+        feeder.close()
+
+
+def test_where_spawn_is_the_default_a_photo_run_gets_quiet_workers_and_the_same_crops(tmp_path, monkeypatch):
+    root = write_noise_jpegs(tmp_path / "photos", 12, first_height=40, width=56)
+    data = DataConfig(source=str(root), image_size=24, workers=2, val_fraction=0.25)
+    cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=3)), "cpu", False)
+    bundle = load_data(cfg.data)
+    forked = one_epoch(build_loader(bundle, cfg, CPU, train=True))
+
+    # macOS's default (and Python 3.14's forkserver on Linux): the workers start a new interpreter
+    monkeypatch.setattr(multiprocessing, "get_start_method", lambda allow_none=False: "spawn")
+    feeder = build_loader(bundle, cfg, CPU, train=True)
+    assert isinstance(feeder.loader.multiprocessing_context, QuietSpawnContext)
+    spawned = one_epoch(feeder)
+    # the epoch's seed reaches spawned workers as it does forked ones (loader.ReseedingWorkers)
+    assert len(spawned) == len(forked) and all(torch.equal(a, b) for a, b in zip(spawned, forked))
