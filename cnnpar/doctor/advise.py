@@ -71,6 +71,7 @@ class Facts:
     # `--cuda-graphs on` would turn them on) or "n/a" (they cannot apply, e.g. compile's own graphs)
     cuda_graphs: str = "n/a"
     load_avg_1m: float | None = None  # the host's 1-minute load average after the end-to-end measurement
+    omp_wait_policy: str = ""  # OMP_WAIT_POLICY as the process had it ("": not set, libgomp's threads spin)
     # the training split holds fewer images than the batch asked for: the Trainer capped it to the whole split
     # (`batch_size` is the capped batch, the one measured), and no larger batch can exist
     data_under_one_batch: bool = False
@@ -168,6 +169,13 @@ def diagnose(f: Facts) -> Diagnosis:
             f"alone model {ms * modelled:.1f} ms ({how}), {f.e2e_s / modelled:.1f}x less; the host's load may "
             f"have changed during the measurement"
         )
+        if f.device_type == "cpu" and not f.omp_wait_policy:
+            # torch's OpenMP threads spin waiting for one another: beside a busy process on 2 cores, the README's
+            # run fell to 80 img/s a median epoch, against 1,087 with OMP_WAIT_POLICY=PASSIVE (session 42)
+            why += (
+                "; on a CPU that other busy processes share, torch's threads wait for one another by spinning: "
+                "OMP_WAIT_POLICY=PASSIVE set before the command steadies them"
+            )
     elif slowest > 0 and f.e2e_s * E2E_DISAGREES < slowest:
         why = (
             f"the measurements disagree: end to end took {ms * f.e2e_s:.3g} ms per batch, less than half of its "

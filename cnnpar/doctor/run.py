@@ -338,6 +338,7 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         batch_limit=trainer.batch_limit,
         cuda_graphs=graphs_fact(trainer),
         load_avg_1m=_load_avg(),
+        omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", ""),
     )
     if wants_batch_search(facts) and not trainer.batch_line:  # (a searched batch needs no second search)
         facts.searched_batch, facts.searched_gain = phase("batch sizes", lambda: _search_batch(trainer, bundle))

@@ -278,6 +278,16 @@ def test_an_end_to_end_far_slower_than_its_parts_gives_no_confident_verdict():
     assert diagnose(agreeing).verdict == COMPUTE_BOUND and diagnose(agreeing).reliable
 
 
+def test_a_cpu_run_slowed_by_a_busy_host_names_the_spinning_threads_and_their_switch():
+    """On 2 cores beside a busy process, the README's run fell to 80 img/s a median epoch (1,087 with
+    OMP_WAIT_POLICY=PASSIVE): the doctor said only that the host's load may have changed."""
+    per_image = dict(data_s=16.1e-3 / 64, step_s=23.9e-3 / 64, data_wait_share=0.05, e2e_s=245.9e-3 / 64)
+    switch = "OMP_WAIT_POLICY=PASSIVE set before the command steadies them"
+    assert switch in diagnose(facts(**per_image)).reasons[2]
+    assert switch not in diagnose(facts(**per_image, omp_wait_policy="PASSIVE")).reasons[2]  # set already
+    assert switch not in diagnose(facts(**per_image, device_type="cuda")).reasons[2]  # the step is the GPU's
+
+
 def test_an_end_to_end_faster_than_its_slowest_part_alone_gives_no_confident_verdict():
     """The audit's `--measure-steps 0`: end to end 0.002 ms an image against a step of 0.554 ms alone was read as
     host-bound with a batch-size advice; it runs the step too, so it cannot be faster than the step alone."""
