@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b | s37a | s37b | s41c | s42a | s42b)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b | s37a | s37b | s41c | s42a | s42b | s42c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1132,6 +1132,15 @@ s42b)
       --epochs 4 --cases 64,auto --target 0.6 --out "$R/batch_auto.csv"
   TAIL=8 logged speed_records 330 python3 benchmarks/speed_records.py --parts jpeg --folder .devdata/imagenet_rep \
       --out "$R/speed_records_jpeg.csv"
+  ;;
+s42c)
+  # session 42, call G (one GPU, ~3 min with a cold start; carry .whl without nvImageCodec's wheel and
+  # .devdata/imagenet_sample): the no-flags photo run with its bar asked for (no --no-progress) and stdout a file, so
+  # the progress line every 30 s stands in for the bar: its epochs against call ZZZZZH's with --no-progress
+  make_rep 80 .devdata/imagenet_rep80
+  TAIL=8 logged progress_in_log 240 python3 -m cnnpar train --data .devdata/imagenet_rep80 --model resnet50 --epochs 3 \
+      --out-dir /tmp/runs_progress
+  grep -c -E "^epoch [0-9]+/[0-9]+: |^evaluating: " "$R/progress_in_log.log"
   ;;
 s41c)
   # session 41, call D (one H100 or H200, ~5 min with a cold start; carry .whl without nvImageCodec's wheel and
