@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import zipfile
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -160,7 +163,38 @@ def resize_square(x: torch.Tensor, size: int) -> torch.Tensor:
     return out
 
 
-def _check_fits(nbytes: int, what: str) -> None:
+def check_npz_members(path: Path) -> None:
+    """Each array of the archive at `path` as large as its member holds, and all of them within the memory available,
+    checked from the .npy headers before any is read. numpy allocates the shape a header claims: a header claiming
+    10**12 elements over a few bytes stopped in a MemoryError traceback, and an honest archive whose arrays cannot
+    fit in memory (a few MB of zeros expand to GBs) was read until the system ran out."""
+    total = 0
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if not info.filename.endswith(".npy"):
+                continue  # np.load's NpzFile reads only .npy members
+            where = f"{path}[{info.filename.removesuffix('.npy')}]"
+            with z.open(info) as f:
+                try:
+                    fmt = np.lib.format
+                    v1 = fmt.read_magic(f) == (1, 0)
+                    shape, _, dtype = (fmt.read_array_header_1_0 if v1 else fmt.read_array_header_2_0)(f)
+                except ValueError as e:
+                    raise DataError(f"{where}: not a readable .npy array ({e}): expected numpy.savez output") from None
+                start = f.tell()
+            if dtype.hasobject:
+                continue  # pickled: refused by its key when it is read (sources._npz_array)
+            nbytes = math.prod(shape) * dtype.itemsize
+            if start + nbytes != info.file_size:
+                raise DataError(
+                    f"{where}: its header claims shape {shape} of {dtype} ({nbytes:,} bytes) where the archive holds "
+                    f"{info.file_size - start:,} bytes of it: expected numpy.savez output"
+                )
+            total += nbytes
+    _check_fits(total, f"{path}: its arrays", "expected an archive whose arrays fit in memory")
+
+
+def _check_fits(nbytes: int, what: str, expected: str = "expected a smaller --image-size") -> None:
     """Refuse an array that cannot fit in the memory available now, in one line, before allocating it (torch's
     allocator stopped in a traceback, after minutes of swapping where it could not tell)."""
     import psutil
@@ -169,5 +203,5 @@ def _check_fits(nbytes: int, what: str) -> None:
     if nbytes > available:
         raise DataError(
             f"{what} take {nbytes / 1e9:,.1f} GB, more than the {available / 1e9:,.1f} GB of memory available: "
-            "expected a smaller --image-size"
+            f"{expected}"
         )

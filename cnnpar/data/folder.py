@@ -623,6 +623,35 @@ def _check_header_pixels(data: torch.Tensor, path: Path | str) -> None:
     if png is not None:
         check_pixel_count(path, png.height, png.width)
         check_png_data(path, view, png)
+        return
+    _check_other_format_pixels(view, path)
+
+
+def _check_other_format_pixels(view: memoryview, path: Path | str) -> None:
+    """check_pixel_count for a file named .jpg or .png that holds a GIF or a WebP (torchvision decodes those too),
+    from the size and frame count Pillow's reader of that format gives without decoding: torchvision decodes every
+    frame of a GIF, and a 296 KB GIF named .jpg decoded to 20000x20000 (1.2 GB) past the limit."""
+    from PIL import GifImagePlugin, WebPImagePlugin
+
+    head = bytes(view[:12])
+    if head[:4] == b"GIF8":
+        reader = GifImagePlugin.GifImageFile
+    elif head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        reader = WebPImagePlugin.WebPImageFile
+    else:
+        return  # anything else torchvision names undecodable
+    try:
+        # the format's class, not Image.open: its decompression-bomb error names no size
+        with reader(io.BytesIO(view)) as im:
+            (w, h), frames = im.size, getattr(im, "n_frames", 1)
+    except (OSError, ValueError, SyntaxError, EOFError):
+        return  # damaged: torchvision's error names it
+    if frames > 1 and h * w * frames > MAX_PIXELS:
+        raise DataError(
+            f"{path}: {frames:,} frames of {w}x{h} pixels ({h * w * frames / 1e6:,.0f} megapixels, every frame "
+            f"decoded): expected at most {MAX_PIXELS / 1e6:.0f} megapixels: save its first frame as a JPEG or PNG"
+        )
+    check_pixel_count(path, h, w)
 
 
 def decode_rgb(data: torch.Tensor, path: Path | str) -> torch.Tensor:

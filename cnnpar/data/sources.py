@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from cnnpar.config import DataConfig, parse_shape
-from cnnpar.data.arrays import check_label_range, resize_square, to_labels, to_nchw_uint8
+from cnnpar.data.arrays import check_label_range, check_npz_members, resize_square, to_labels, to_nchw_uint8
 from cnnpar.data.bundle import (
     CLASS_NAMES_COUNT,
     NO_HOLDOUT,
@@ -245,6 +245,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     if not zipfile.is_zipfile(path):
         raise DataError(f"{path}: not an .npz archive (not a zip file): expected numpy.savez output")
     try:
+        check_npz_members(path)
         with np.load(path, allow_pickle=False) as z:
             return {k: _npz_array(z, k, path) for k in z.files}
     except (zipfile.BadZipFile, OSError, ValueError) as e:

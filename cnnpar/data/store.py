@@ -171,6 +171,7 @@ class StoreFile:
         self.header, index = read_checked(self.path)
         self.count = self.header["count"]
         arrays = unpack_index(index, self.count)
+        check_index(self.path, self.header, arrays)
         self.offsets, self.labels, self.splits = arrays["offsets"], arrays["labels"], arrays["splits"]
         self.hw = np.stack([arrays["heights"], arrays["widths"]], 1).astype(np.int64)  # 3*h*w overflows int32
         self.class_names: list[str] = self.header["class_names"]
@@ -258,17 +259,70 @@ def read_checked(path: Path) -> tuple[dict, bytes]:
             )
         if version != VERSION:
             raise _refuse(path, f"store format version {version}, this cnnpar reads version {VERSION}")
+        if header_len > size - PREFIX.size:  # read no more than the file holds: a damaged length names gigabytes
+            raise _refuse(path, f"header length {header_len:,} bytes, past the end of its {size:,}-byte file")
         try:
             header = json.loads(f.read(header_len))
-            index = f.read(header["index_bytes"])
-            declared = header["data_start"] + header["pixel_bytes"]
-        except (ValueError, KeyError, TypeError) as e:
+        except ValueError as e:
             raise _refuse(path, f"unreadable header ({type(e).__name__}: {e})") from None
-    if size != declared:
-        raise _refuse(path, f"truncated or damaged: {size:,} bytes, its header declares {declared:,}")
+        check_sizes(path, header, header_len)
+        declared = header["data_start"] + header["pixel_bytes"]
+        if size != declared:
+            raise _refuse(path, f"truncated or damaged: {size:,} bytes, its header declares {declared:,}")
+        index = f.read(header["index_bytes"])
     if len(index) != header["index_bytes"] or index_checksum(header, index) != header.get("index_checksum"):
         raise _refuse(path, "header/index checksum mismatch (the file is damaged)")
     return header, index
+
+
+def check_sizes(path: Path, header, header_len: int) -> None:
+    """The header's counts and sizes, checked against each other and the file's size before any is used to read or
+    allocate: the header and index checksum proves only that they were written together, and a file handed on by
+    someone else can hold any numbers (a negative index length read the whole store into memory)."""
+    if not isinstance(header, dict):
+        raise _refuse(path, f"unreadable header (a JSON {type(header).__name__}, expected an object)")
+    for key in ("count", "index_bytes", "data_start", "pixel_bytes"):
+        value = header.get(key)
+        if type(value) is not int or value < 0:  # bool is an int to isinstance
+            raise _refuse(path, f"header field {key} is {_shown(value)}: expected a whole number >= 0")
+    count, index_bytes, data_start = header["count"], header["index_bytes"], header["data_start"]
+    if index_bytes != count * INDEX_BYTES_PER_IMAGE:
+        expected = f"{count * INDEX_BYTES_PER_IMAGE:,} for count {count:,}"
+        raise _refuse(path, f"header field index_bytes is {index_bytes:,}: expected {expected}")
+    if data_start < PREFIX.size + header_len + index_bytes:
+        raise _refuse(path, f"header field data_start is {data_start:,}: expected the index's end or past it")
+    names = header.get("class_names")
+    if not isinstance(names, list) or not names or not all(isinstance(c, str) for c in names):
+        raise _refuse(path, f"header field class_names is {_shown(names)}: expected a list of names (strings)")
+    if not isinstance(header.get("data_checksum"), str):
+        raise _refuse(path, f"header field data_checksum is {_shown(header.get('data_checksum'))}: expected a string")
+
+
+def check_index(path: Path, header: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Every image of the index within the pixel area, its label a class of the header and its split train or val:
+    an image past the end was read as a short slice (a traceback), one of 2**31 rows allocated terabytes, and on the
+    device an offset past the pixel area reads another tensor's memory."""
+    n_bytes, n_classes = header["pixel_bytes"], len(header["class_names"])
+    off, h, w = arrays["offsets"], arrays["heights"].astype(np.int64), arrays["widths"].astype(np.int64)
+    inside = (h >= 1) & (w >= 1) & (off >= 0) & (off <= n_bytes)
+    # compared by division: 3 * h * w of two damaged int32 sides overflows int64
+    inside[inside] &= w[inside] <= (n_bytes - off[inside]) // (3 * h[inside])
+    labels, splits = arrays["labels"], arrays["splits"]
+    checks = (
+        (inside, lambda k: f"{h[k]}x{w[k]} pixels at offset {off[k]:,}", f"within pixel_bytes {n_bytes:,}"),
+        ((labels >= 0) & (labels < n_classes), lambda k: f"label {labels[k]}", f"0 to {n_classes - 1} (its classes)"),
+        (splits <= 1, lambda k: f"split {splits[k]}", "0 (train) or 1 (val)"),
+    )
+    for ok, shown, expected in checks:
+        if not ok.all():
+            k = int(np.argmin(ok))
+            many = f" ({np.count_nonzero(~ok):,} images alike)" if np.count_nonzero(~ok) > 1 else ""
+            raise _refuse(path, f"index: image {k} has {shown(k)}{many}: expected {expected}")
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def verify_store(path: str | Path, progress: bool = True) -> dict:

@@ -7,12 +7,14 @@ read them back without unpickling arbitrary objects.
 from __future__ import annotations
 
 import errno
+import math
 import shlex
 import zipfile
 from pathlib import Path
 
 import torch
 
+from cnnpar.config import MAX_CLASSES, MAX_IMAGE_SIZE
 from cnnpar.errors import UserError, first_line
 from cnnpar.report.files import atomic_write, write_failure
 
@@ -241,7 +243,8 @@ def require_training_state(state, path: Path) -> dict:
             f"{path}: holds the best epoch's weights, for `cnnpar predict`, not a training state: expected the run's "
             f"ckpt/{LAST} (or the run folder) to resume"
         )
-    if missing or not isinstance(state.get("epoch"), int):
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    if missing or not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
         what = f"no {', '.join(repr(k) for k in missing)}" if missing else f"epoch {state.get('epoch')!r}"
         raise UserError(
             f"{path}: not a cnnpar training checkpoint ({what}): expected the ckpt/{LAST} of a run of cnnpar train"
@@ -249,6 +252,7 @@ def require_training_state(state, path: Path) -> dict:
     return state
 
 
+MAX_INPUT_VALUES = 3 * MAX_IMAGE_SIZE**2  # one input as large as the largest --image-size makes, in any shape
 MODEL_DESCRIPTION = ("model", "image_shape", "num_classes", "mean", "std", "class_names")  # the 'meta' predict reads
 
 
@@ -262,6 +266,9 @@ def require_model_description(state, path: Path) -> dict:
     problem = _description_problem(meta)
     if not problem and "model" not in state:
         problem = "no 'model' weights"
+    config = state.get("config") or {}  # predict reads the trained run's settings from its sections
+    if not problem and not (isinstance(config, dict) and all(isinstance(v, dict) for v in config.values())):
+        problem = f"its config is {_shown(config)}: expected a dict of sections"
     if problem:
         raise UserError(f"{path}: not a checkpoint predict can read ({problem}): expected a checkpoint of cnnpar train")
     return meta
@@ -273,16 +280,35 @@ def _description_problem(meta: dict) -> str:
     if missing:
         return f"its meta has no {', '.join(repr(k) for k in missing)}"
     shape, classes, names = meta["image_shape"], meta["num_classes"], meta["class_names"]
-    if not (isinstance(shape, list | tuple) and len(shape) == 3 and all(isinstance(v, int) and v > 0 for v in shape)):
-        return f"its meta's image_shape is {shape!r}: expected [channels, height, width]"
-    if not (isinstance(classes, int) and classes > 0):
-        return f"its meta's num_classes is {classes!r}: expected a whole number > 0"
+    # bounded as the flags that set them are: a model for 10**12 classes or inputs of 10**6 x 10**6 (an edited or
+    # foreign file) was allocated before its weights were read
+    sides = isinstance(shape, list | tuple) and len(shape) == 3 and all(_whole(v) for v in shape)
+    if not (sides and math.prod(shape) <= MAX_INPUT_VALUES):
+        largest = f"3x{MAX_IMAGE_SIZE}x{MAX_IMAGE_SIZE}"
+        return f"its meta's image_shape is {_shown(shape)}: expected [channels, height, width], at most {largest}"
+    if not (_whole(classes) and classes <= MAX_CLASSES):
+        return f"its meta's num_classes is {classes!r}: expected a whole number from 1 to {MAX_CLASSES:,}"
     for key in ("mean", "std"):
-        if not (isinstance(meta[key], list | tuple) and len(meta[key]) == shape[0]):
-            return f"its meta's {key} is {meta[key]!r}: expected one number per channel ({shape[0]})"
+        values = meta[key]
+        numbers = isinstance(values, list | tuple) and all(_real(v) and (v or key == "mean") for v in values)
+        if not (numbers and len(values) == shape[0]):  # a std of 0 made every input inf
+            return f"its meta's {key} is {values!r}: expected one number per channel ({shape[0]})"
     if not (isinstance(names, list | tuple) and (not names or len(names) >= classes)):
         return f"its meta's class_names is {names!r}: expected a list of {classes} names"
     return ""
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _real(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def load_model_weights(model: torch.nn.Module, weights, path: Path, described: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 
 import numpy as np
 import pytest
@@ -77,3 +78,49 @@ def test_real_pickles_keep_their_messages_and_torchs_legacy_format_still_loads(t
     cut.write_bytes(cut.read_bytes()[:2000])  # a zip cut short: torch's own reason
     with pytest.raises(UserError, match="not a readable cnnpar checkpoint"):
         load_checkpoint(cut)
+
+
+def _described(**meta) -> dict:
+    base = {"model": "resnet18", "image_shape": [3, 32, 32], "num_classes": 10, "mean": [0.5] * 3, "std": [0.25] * 3}
+    return {"model": {}, "meta": {**base, "class_names": [], **meta}, "config": {"data": {}}}
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"num_classes": 10**12}, "num_classes is 1000000000000: expected a whole number from 1 to 1,000,000"),
+        ({"num_classes": True}, "num_classes is True"),
+        (
+            {"image_shape": [3, 10**6, 10**6]},
+            "image_shape is [3, 1000000, 1000000]: expected [channels, height, width]",
+        ),
+        ({"std": [0.25, 0.0, 0.25]}, "std is [0.25, 0.0, 0.25]: expected one number per channel"),
+        ({"mean": ["a", 0.5, 0.5]}, "mean is ['a', 0.5, 0.5]"),
+        ({"config": ["data"]}, "config is ['data']: expected a dict of sections"),
+    ],
+)
+def test_a_checkpoint_whose_description_lies_is_refused_before_its_model_is_built(tmp_path, change, named):
+    """predict builds the model and reads inputs from the checkpoint's meta before its weights: an edited or foreign
+    file asked for a classifier of 10**12 classes or inputs of 10**6 x 10**6 (terabytes), or a std of 0 made every
+    input inf; a config that is no dict of sections ended in an AttributeError traceback."""
+    from cnnpar.engine.checkpoint import require_model_description
+
+    state = _described(**{k: v for k, v in change.items() if k != "config"})
+    state["config"] = change.get("config", state["config"])
+    path = tmp_path / "lie.pt"
+    torch.save(state, path)
+    with pytest.raises(
+        UserError, match=r"lie.pt: not a checkpoint predict can read \(its (meta's )?" + re.escape(named)
+    ):
+        require_model_description(load_checkpoint(path), path)
+
+
+def test_a_training_checkpoint_of_a_negative_epoch_is_refused(tmp_path):
+    """A resume from epoch -3 started the schedule before its start and trained epochs -2, -1 and 0."""
+    from cnnpar.engine.checkpoint import TRAINING_STATE, require_training_state
+
+    path = tmp_path / "last.pt"
+    state = {k: {} for k in TRAINING_STATE} | {"epoch": -3, "history": []}
+    with pytest.raises(UserError, match=r"last.pt: not a cnnpar training checkpoint \(epoch -3\)"):
+        require_training_state(state, path)
+    require_training_state(state | {"epoch": 0}, path)

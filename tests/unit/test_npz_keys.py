@@ -177,3 +177,53 @@ def test_predict_reads_the_test_images_beside_a_validation_split(tmp_path):
     dataset, _, labels_from = load_predict_data(str(path), notes=notes)
     assert torch.equal(dataset.x[:, 0], torch.from_numpy(x[35:])) and labels_from == ""
     assert notes == [f"images: x_test of {path} (10); the archive also holds x_val, not predicted"]
+
+
+def _npz_of(path, members: dict[str, bytes], compression=None):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", compression or zipfile.ZIP_STORED) as z:
+        for key, data in members.items():
+            z.writestr(key + ".npy", data)
+    return path
+
+
+def _npy(shape, dtype="|u1", data=b"") -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": dtype, "fortran_order": False, "shape": shape})
+    return buf.getvalue() + data
+
+
+def test_an_array_whose_header_claims_more_than_its_member_holds_is_refused_before_it_is_allocated(tmp_path):
+    """numpy allocates the shape an .npy header claims: 10**12 elements over 100 bytes stopped in a MemoryError
+    traceback (a claim that fits in memory allocated it, then failed reading)."""
+    y = _npy((4,), "<i8", np.arange(4).tobytes())
+    path = _npz_of(tmp_path / "lie.npz", {"x_train": _npy((10**12,), data=bytes(100)), "y_train": y})
+    for read in (lambda: _load(path), lambda: load_predict_data(str(path))):
+        with pytest.raises(DataError, match=r"lie.npz\[x_train\]: its header claims shape \(1000000000000,\) of uint8"):
+            read()
+
+
+def test_an_archive_whose_arrays_expand_past_the_memory_available_is_refused_before_decompressing(
+    tmp_path, monkeypatch
+):
+    """A few MB of deflated zeros expand to GBs: the arrays' sizes, read from their headers, are held against the
+    memory available before any is decompressed (here 100 KB of zeros against 50 KB available)."""
+    import zipfile
+
+    import psutil
+
+    x = _npy((100, 32, 32, 1), data=bytes(100 * 32 * 32))
+    y = _npy((100,), "<i8", bytes(800))
+    path = _npz_of(tmp_path / "bomb.npz", {"x_train": x, "y_train": y}, zipfile.ZIP_DEFLATED)
+    assert path.stat().st_size < 2000
+    real = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=50_000))
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", lambda *a: pytest.fail("an array was decompressed"))
+    with pytest.raises(
+        DataError,
+        match=r"bomb.npz: its arrays take .* GB, more than the .* GB of memory available: expected an archive whose",
+    ):
+        _load(path)

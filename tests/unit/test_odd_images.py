@@ -483,3 +483,26 @@ def test_cnnpar_prepare_stores_each_odd_files_picture_or_names_it_in_one_line(tm
     # at full size a JPEG's loss is not averaged away by a resize: measured up to 10 levels (progressive, q95)
     mean, most = case.tolerance if case.tolerance == LOSSLESS else (case.tolerance[0], 16)
     assert (h, w) == (H, W) and diff.mean() <= mean and diff.max() <= most, (diff.mean(), diff.max())
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    ("frames", "side", "error"),
+    [(1, 40, r"40x40 pixels \(0 megapixels\)"), (3, 10, r"3 frames of 10x10 pixels \(0 megapixels, every frame")],
+)
+def test_a_gif_named_jpg_is_held_to_the_pixel_limit_before_torchvision_decodes_it(
+    tmp_path, monkeypatch, path, frames, side, error
+):
+    """torchvision decodes a GIF named .jpg (and every frame of it): neither a JPEG's nor a PNG's header was read,
+    so a 296 KB GIF of 20000x20000 decoded to 1.2 GB past the 179-megapixel limit. Here the limit is 200 pixels:
+    a 40x40 GIF, or 3 frames of 10x10 (each under it), are over it."""
+    from PIL import Image
+
+    monkeypatch.setattr("cnnpar.data.folder.MAX_PIXELS", 200)
+    gif = io.BytesIO()
+    shown = [Image.new("L", (side, side), 60 * k) for k in range(frames)]
+    shown[0].save(gif, "GIF", save_all=True, append_images=shown[1:])
+    files = write(tmp_path, "gif", gif.getvalue())
+    files[0].write_bytes(saved(picture(8, 8), "JPEG"))  # the plain photo within the limit too
+    with pytest.raises(DataError, match=rf"gif.jpg: {error}"):
+        PATHS[path](files)

@@ -189,6 +189,61 @@ def test_damaged_stores_are_refused_in_one_line(photos, tmp_path):
         assert "re-run cnnpar prepare" in text or "make one with cnnpar prepare" in text
 
 
+def rewritten(store: Path, out: Path, header_len: int | None = None, index=None, **fields) -> Path:
+    """`store` copied to `out` with header `fields` and index arrays `index` ({name: {image: value}}) changed and the
+    checksum taken again: a file that lies about itself consistently, as one crafted by hand would."""
+    from cnnpar.data.store import encode_header, index_checksum, pack_index, unpack_index
+
+    data = store.read_bytes()
+    length = struct.unpack_from("<I", data, 12)[0]
+    header = json.loads(data[PREFIX.size : PREFIX.size + length])
+    n, start = header["count"], PREFIX.size + length
+    arrays = unpack_index(data[start : start + header["index_bytes"]], n)
+    for name, values in (index or {}).items():
+        for k, v in values.items():
+            arrays[name][k] = v
+    raw = pack_index(*(arrays[k] for k in ("offsets", "heights", "widths", "labels", "splits")))
+    header.update(fields)
+    header["index_checksum"] = index_checksum(header, raw)
+    text = encode_header(header, length)
+    assert len(text) == length, "the changed header must fit the old one's length"
+    head = PREFIX.pack(MAGIC, 1, length if header_len is None else header_len) + text + raw
+    out.write_bytes(head + data[len(head) :])
+    return out
+
+
+def test_a_store_whose_checksummed_header_and_index_lie_is_refused_naming_the_field(photos, tmp_path):
+    """A store handed on by someone else: its checksum proves only that header and index were written together.
+    Counts, offsets and sizes that do not fit the file read it all into memory (a negative index length),
+    allocated terabytes (an image of 2**31 rows), read past the pixel area or trained on labels past the classes."""
+    _, out = photos
+    big = 2**31 - 1
+    cases = [
+        ({"index_bytes": -1}, "header field index_bytes is -1: expected a whole number >= 0"),
+        ({"count": "6"}, "header field count is '6'"),
+        ({"count": 7}, "header field index_bytes is 150: expected 175 for count 7"),
+        ({"data_start": 0}, "header field data_start is 0"),
+        ({"class_names": 5}, "header field class_names is 5"),
+        ({"index": {"heights": {0: big, 1: big}, "widths": {0: big, 1: big}}}, f"image 0 has {big}x{big} pixels"),
+        ({"index": {"offsets": {2: -3}}}, "image 2 has"),
+        ({"index": {"offsets": {1: 10**12}}}, "at offset 1,000,000,000,000: expected within pixel_bytes"),
+        ({"index": {"labels": {3: 2}}}, "image 3 has label 2: expected 0 to 1 (its classes)"),
+        ({"index": {"splits": {0: 7}}}, "image 0 has split 7: expected 0 (train) or 1 (val)"),
+        ({"header_len": 2**32 - 1}, "header length 4,294,967,295 bytes, past the end"),
+    ]
+    for k, (change, reason) in enumerate(cases):
+        path = rewritten(out, tmp_path / f"lie{k}.cnnpar", **change)
+        text = one_line_error(lambda p=path: load_data(data_cfg(p), 0), str(path), reason)
+        assert text.endswith("re-run cnnpar prepare"), text
+
+
+def test_a_lying_store_is_refused_by_the_cli_with_exit_2(photos, tmp_path, capsys):
+    _, out = photos
+    path = rewritten(out, tmp_path / "lie.cnnpar", index={"labels": {0: -1}})
+    assert cli_main(["prepare", str(path), "--verify"]) == 2
+    assert "image 0 has label -1" in capsys.readouterr().err
+
+
 def test_verify_finds_a_flipped_pixel(photos, tmp_path, capsys):
     _, out = photos
     assert verify_store(out, progress=False)["count"] == 6
