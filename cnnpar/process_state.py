@@ -10,6 +10,7 @@ import gc
 import random
 import signal
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -22,7 +23,12 @@ _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM") if
 @contextlib.contextmanager
 def stops_for_one_command():
     """`errors.stop_on_sigterm` while the block runs; then the handlers and unraisable hook it replaced, and no stop
-    pending, so the next Ctrl-C in the caller is Python's own KeyboardInterrupt again."""
+    pending, so the next Ctrl-C in the caller is Python's own KeyboardInterrupt again. Nothing in a thread but the
+    main one (a notebook's background run), where Python sets no handler (ValueError) and a Ctrl-C never lands: a
+    SIGTERM ends the process there, as it would without cnnpar."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     handlers = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
     hook = sys.unraisablehook
     errors.stop_on_sigterm()

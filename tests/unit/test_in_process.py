@@ -68,3 +68,15 @@ def test_a_stop_inside_a_call_leaves_the_process_as_it_was_and_the_next_call_tra
         signal.raise_signal(signal.SIGINT)
     assert errors.pending_stop() is None
     assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "after"]) == 0
+
+
+def test_a_train_in_a_thread_of_its_own_runs(tmp_path):
+    """A notebook's background run: Python sets signal handlers only in the main thread (ValueError elsewhere)."""
+    import threading
+
+    ended = []
+    thread = threading.Thread(target=lambda: ended.append(main([*TRAIN, "--out-dir", str(tmp_path), "--name", "t"])))
+    thread.start()
+    thread.join()
+    assert ended == [0]
+    assert (tmp_path / "t" / "summary.json").is_file()
