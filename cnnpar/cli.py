@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -17,7 +18,6 @@ from cnnpar.errors import (
     UserError,
     raise_pending_stop,
     say_user_error,
-    stop_on_sigterm,
     user_error_text,
 )
 from cnnpar.torchrun import RUN_DIR_NOTE_ENV, refusal_note  # (imports no torch)
@@ -921,21 +921,28 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from cnnpar.dist import (  # (imports torch)
-        LAUNCHED_NPROC_ENV,
-        launched_as_worker,
-        launcher_rank,
-        stops_for_a_plain_torchrun,
-        widen_device_queues,
-    )
+    from cnnpar.dist import launched_as_worker, stops_for_a_plain_torchrun, widen_device_queues  # (imports torch)
+    from cnnpar.process_state import stops_for_one_command, torch_settings_kept
+
+    # kept for the process (not put back): CUDA reads it when its context starts, and torchrun's workers inherit it
+    widen_device_queues()  # before anything starts CUDA
+    # the signal handlers, torch's settings and the random streams the command sets are put back when it returns:
+    # main is called from notebooks and scripts too, where they would outlive it
+    with contextlib.ExitStack() as kept:
+        # A launcher's ranks: it stops them (a rank stuck in a collective could not run a handler), and its own stop
+        # is handed on once; every other command cleans up. Under a torchrun started by hand nobody else would say
+        # what was kept: its rank 0 does, as on Ctrl-C.
+        if not launched_as_worker() or stops_for_a_plain_torchrun():
+            kept.enter_context(stops_for_one_command())
+        kept.enter_context(torch_settings_kept())
+        return run_command(args, argv)
+
+
+def run_command(args: argparse.Namespace, argv: list[str]) -> int:
+    """The parsed command run, its errors and stops turned into their lines and exit statuses."""
+    from cnnpar.dist import LAUNCHED_NPROC_ENV, launcher_rank
     from cnnpar.socket_folder import init_socket_folder, too_long_text
 
-    widen_device_queues()  # before anything starts CUDA; torchrun's workers inherit it
-    # A launcher's ranks: it stops them (a rank stuck in a collective could not run a handler), and its own stop is
-    # handed on once; every other command cleans up. Under a torchrun started by hand nobody else would say what
-    # was kept: its rank 0 does, as on Ctrl-C.
-    if not launched_as_worker() or stops_for_a_plain_torchrun():
-        stop_on_sigterm()
     try:
         # before any DataLoader worker or launched rank: forked workers inherit the folder
         if (sockets := init_socket_folder()) and launcher_rank() == 0 and LAUNCHED_NPROC_ENV not in os.environ:

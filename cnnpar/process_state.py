@@ -1,0 +1,85 @@
+"""The process as a command found it: `cli.main` is called from Python too (a notebook, a script, the tests), and
+what a command set for itself must not outlive it there. The signal handlers that turn a SIGTERM into a stop made
+a notebook's own SIGTERM an exception and kept its dropped errors quiet after a stop; a run's seeds replaced the
+caller's random streams; its cuDNN and TF32 choices changed the caller's later matmuls and convolutions."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import random
+import signal
+import sys
+import threading
+
+import numpy as np
+import torch
+
+from cnnpar import errors
+
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def stops_for_one_command():
+    """`errors.stop_on_sigterm` while the block runs; then the handlers and unraisable hook it replaced, and no stop
+    pending, so the next Ctrl-C in the caller is Python's own KeyboardInterrupt again. Nothing in a thread but the
+    main one (a notebook's background run), where Python sets no handler (ValueError) and a Ctrl-C never lands: a
+    SIGTERM ends the process there, as it would without cnnpar."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+    hook = sys.unraisablehook
+    errors.stop_on_sigterm()
+    try:
+        yield
+    finally:
+        if errors.pending_stop() is not None:
+            # the stopped command's half-shut DataLoader iterators are finalised here, while their errors are still
+            # kept quiet (stop_on_sigterm), not later above the caller's own output
+            gc.collect()
+        for s, handler in handlers.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(s, handler)
+        sys.unraisablehook = hook
+        errors.forget_stop()
+
+
+def _cuda_started() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+@contextlib.contextmanager
+def torch_settings_kept():
+    """The global settings and random streams a command sets (the trainer's seeds and cudnn.benchmark, Precision's
+    TF32 flags, Horovod's threads) as they were before it. A CUDA generator is put back only where CUDA had started
+    before the command: one started during it keeps the run's seed."""
+    saved = {
+        "benchmark": torch.backends.cudnn.benchmark,
+        "deterministic": torch.backends.cudnn.deterministic,
+        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "threads": torch.get_num_threads(),
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": np.random.get_state(),
+        "python_rng": random.getstate(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if _cuda_started() else None,
+    }
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved["benchmark"]
+        torch.backends.cudnn.deterministic = saved["deterministic"]
+        torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]
+        # before the precision string: setting that one sets allow_tf32 too
+        torch.set_float32_matmul_precision(saved["matmul_precision"])
+        torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
+        if torch.get_num_threads() != saved["threads"]:
+            torch.set_num_threads(saved["threads"])
+        torch.set_rng_state(saved["torch_rng"])
+        np.random.set_state(saved["numpy_rng"])
+        random.setstate(saved["python_rng"])
+        if saved["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(saved["cuda_rng"])

@@ -1,0 +1,82 @@
+"""`cli.main` called from Python (a notebook, a script): what a command sets for itself is put back when it returns,
+so the caller's Ctrl-C, random streams and torch settings are its own again, and a second call trains as the first."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from cnnpar import errors
+from cnnpar.cli import main
+from cnnpar.engine.trainer import Trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TRAIN = ["train", "--epochs", "1", "--max-steps", "4", "--no-progress", "--no-tensorboard", "--device", "cpu"]
+
+
+def _process_state() -> dict:
+    return {
+        "sigint": signal.getsignal(signal.SIGINT),
+        "sigterm": signal.getsignal(signal.SIGTERM),
+        "unraisablehook": sys.unraisablehook,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+    }
+
+
+def _first_loss(run: str) -> str:
+    return open(os.path.join(run, "metrics.csv")).read().splitlines()[1].split(",")[1]
+
+
+def test_two_trains_in_one_process_leave_its_handlers_settings_and_random_streams_as_they_were(tmp_path):
+    before = _process_state()
+    torch.manual_seed(1234), np.random.seed(1234), random.seed(1234)
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(1234), np.random.seed(1234), random.seed(1234)
+    for name in ("a", "b"):
+        assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", name]) == 0
+        assert _process_state() == before
+        assert errors.pending_stop() is None
+    # the caller's streams go on as if no run had drawn from them or seeded them
+    drawn = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(drawn[0], expected[0]) and np.array_equal(drawn[1], expected[1]) and drawn[2] == expected[2]
+    assert _first_loss(tmp_path / "a") == _first_loss(tmp_path / "b")
+
+
+def test_a_stop_inside_a_call_leaves_the_process_as_it_was_and_the_next_call_trains(tmp_path, monkeypatch):
+    before = _process_state()
+    fit = Trainer.fit
+
+    def stopped_fit(self):
+        os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C (a notebook's interrupt) as the run starts: cnnpar's handler
+        return fit(self)
+
+    monkeypatch.setattr(Trainer, "fit", stopped_fit)
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "stopped"]) == 130
+    monkeypatch.setattr(Trainer, "fit", fit)
+    assert _process_state() == before  # the caller's next Ctrl-C is Python's KeyboardInterrupt again
+    assert errors.pending_stop() is None  # nor are the caller's own dropped errors kept quiet as a stop's
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+    assert errors.pending_stop() is None
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "after"]) == 0
+
+
+def test_a_train_in_a_thread_of_its_own_runs(tmp_path):
+    """A notebook's background run: Python sets signal handlers only in the main thread (ValueError elsewhere)."""
+    import threading
+
+    ended = []
+    thread = threading.Thread(target=lambda: ended.append(main([*TRAIN, "--out-dir", str(tmp_path), "--name", "t"])))
+    thread.start()
+    thread.join()
+    assert ended == [0]
+    assert (tmp_path / "t" / "summary.json").is_file()
