@@ -344,9 +344,14 @@ class OutputInUse(UserError):
 
 
 def holder_pid(fd: int) -> str:
-    """The pid a holder wrote into its claim file (`output_held`, rundir's run claim), or "" where none is there."""
+    """The pid a holder wrote into its claim file (`output_held`, rundir's run claim), or "" where none is there or
+    it names no live process: the flock says that the claim is held, the pid only who holds it, and a file a killed
+    holder wrote may be held for an instant by a check that writes nothing (rundir.refuse_a_live_run)."""
     with contextlib.suppress(OSError, ValueError):
-        return str(int(os.pread(fd, 32, 0).decode().strip()))
+        pid = int(os.pread(fd, 32, 0).decode().strip())
+        with contextlib.suppress(PermissionError):  # another user's live process
+            os.kill(pid, 0)
+        return str(pid)
     return ""
 
 
