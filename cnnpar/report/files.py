@@ -369,15 +369,27 @@ def output_held(claim: Path, said: str) -> Iterator[None]:
     both wrote into it, one's files over the other's (or one's failure removed the other's results): refused now,
     with OutputInUse naming the holder's pid. The flock goes with the process however it ends; the file goes with
     the block, unless a kill ends it first, when the next command takes it over (an unheld flock is no claim)."""
-    if fcntl is None:  # no flock (Windows): outputs go unclaimed, as they always did
+    fd = _claimed(claim, said)
+    try:
         yield
-        return
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                claim.unlink()  # while still held: no command can hold the file that goes
+            os.close(fd)
+
+
+def _claimed(claim: Path, said: str) -> int | None:
+    """`output_held`'s descriptor holding the flock on `claim`, with this process's pid in it; None where nothing can
+    be held (no flock on this system or file system, a place where nothing can be made: refused by the command's
+    output checks, or failing where it writes)."""
+    if fcntl is None:  # no flock (Windows): outputs go unclaimed, as they always did
+        return None
     while True:
         try:
             fd = os.open(claim, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError:  # a place where nothing can be made is refused (check_out_file) or fails where written
-            yield
-            return
+        except OSError:
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -388,22 +400,17 @@ def output_held(claim: Path, said: str) -> Iterator[None]:
                 f"{said}: another cnnpar command ({holder}) is writing there now: expected it to end first, or "
                 "another output"
             ) from None
-        except OSError:  # a file system without locks: unclaimed
+        except OSError:  # a file system without locks: unclaimed, and no file left there for nothing
             os.close(fd)
-            yield
-            return
-        # the claim file of a holder that ended removes it (below) after this open and before this flock: the flock
-        # is then on a file no later command finds, so it is taken again on the file there now
+            with contextlib.suppress(OSError):
+                claim.unlink()
+            return None
+        # a holder that ended removes its file (output_held) after this open and before this flock: the flock is
+        # then on a file no later command finds, so it is taken again on the file there now
         with contextlib.suppress(OSError):
             if os.stat(claim).st_ino == os.fstat(fd).st_ino:
-                break
-        os.close(fd)
-    note_holder(fd)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            claim.unlink()  # while still held: no command can hold the file that goes
+                note_holder(fd)
+                return fd
         os.close(fd)
 
 

@@ -365,3 +365,31 @@ def test_an_output_of_a_command_that_ended_is_free_again(tmp_path, held_by_anoth
     with output_folder(str(rep), "", "") as folder:
         (folder / "ladder.csv").write_text("rows\n")
     assert [p.name for p in rep.iterdir()] == ["ladder.csv"]
+
+
+def test_a_claim_taken_as_its_ended_holder_removes_the_file_is_taken_again_on_the_file_there(tmp_path, monkeypatch):
+    """A holder that ended removes its claim file between another command's open of it and that command's flock:
+    the flock then held a file no later command could find, and a third command given the output took it too. The
+    race is forced: the file goes just before the first flock."""
+    import fcntl
+    import types
+
+    from cnnpar.report import files
+
+    claim = tmp_path / ".cnnpar-output.lock"
+    gone = []
+
+    def flock(fd, op):
+        if not gone:
+            gone.append(claim.unlink())  # the ended holder's clean-up, at the worst moment
+        fcntl.flock(fd, op)
+
+    monkeypatch.setattr(
+        files, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB)
+    )
+    claim.write_text("")  # the ended holder's
+    with files.output_held(claim, "rep"):
+        with pytest.raises(files.OutputInUse, match=r"^rep: another cnnpar command \(pid \d+\) is writing there now"):
+            with files.output_held(claim, "rep"):
+                pass
+    assert not claim.exists()
