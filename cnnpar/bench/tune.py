@@ -627,7 +627,16 @@ def tuned_file(given: str, out_root: str | Path, model: str, config_read: str | 
         check_out_folder(out_root, "--out-dir")
     name = Path(given).name if given else TUNED_NAME
     written = lambda folder: any(path.exists() for path in tune_results(folder / name))  # noqa: E731
-    with output_folder(str(Path(given).parent) if given else "", Path(out_root) / "tune", model, written) as folder:
+    # a claim of --out's own: two tunes may write two configs into one folder, not one config
+    claim = f".{name}.lock"
+    with output_folder(
+        str(Path(given).parent) if given else "",
+        Path(out_root) / "tune",
+        model,
+        written,
+        claim=claim,
+        said=f"tune --out {given}",
+    ) as folder:
         yield folder / name
 
 

@@ -168,15 +168,14 @@ class StoreFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.header, index = read_checked(self.path)
+        # the file the header and index were read from: each process maps the pixels itself, later, by path
+        self.header, index, self.identity = read_checked(self.path)
         self.count = self.header["count"]
         arrays = unpack_index(index, self.count)
         check_index(self.path, self.header, arrays)
         self.offsets, self.labels, self.splits = arrays["offsets"], arrays["labels"], arrays["splits"]
         self.hw = np.stack([arrays["heights"], arrays["widths"]], 1).astype(np.int64)  # 3*h*w overflows int32
         self.class_names: list[str] = self.header["class_names"]
-        # the file the header and index were read from: each process maps the pixels itself, later, by path
-        self.identity = _file_identity(os.stat(self.path))
         self._pixels: np.ndarray | None = None
         self._on_device: dict[str, torch.Tensor] = {}
 
@@ -235,8 +234,10 @@ def _refuse(path: Path, what: str) -> DataError:
     return DataError(f"{path}: {what}: {RERUN}")
 
 
-def read_checked(path: Path) -> tuple[dict, bytes]:
-    """The header and the raw index of the store at `path`, or a one-line DataError saying why not."""
+def read_checked(path: Path) -> tuple[dict, bytes, tuple[int, int, int, int]]:
+    """The header, the raw index and the `_file_identity` of the store at `path`, or a one-line DataError saying why
+    not. All three from one open file: a prepare renaming a new store over the path in between made a stat by path
+    name the new file, whose pixels the old index then read without a word."""
     if path.name.endswith(PARTIAL_SUFFIX):
         raise _refuse(path, "half-written by a cnnpar prepare that did not finish (a .partial file is never read)")
     if not path.is_file():
@@ -245,8 +246,9 @@ def read_checked(path: Path) -> tuple[dict, bytes]:
             why = f"no such file; {left[0].name} beside it was left by a cnnpar prepare that did not finish"
             raise _refuse(path, why)
         raise DataError(f"{path}: no such file: make it with cnnpar prepare FOLDER --out {path}")
-    size = path.stat().st_size
     with path.open("rb") as f:
+        st = os.fstat(f.fileno())
+        size = st.st_size
         prefix = f.read(PREFIX.size)
         if len(prefix) < PREFIX.size:
             raise _refuse(path, f"{size} bytes, too short to be a cnnpar store")
@@ -272,7 +274,7 @@ def read_checked(path: Path) -> tuple[dict, bytes]:
         index = f.read(header["index_bytes"])
     if len(index) != header["index_bytes"] or index_checksum(header, index) != header.get("index_checksum"):
         raise _refuse(path, "header/index checksum mismatch (the file is damaged)")
-    return header, index
+    return header, index, _file_identity(st)
 
 
 def check_sizes(path: Path, header, header_len: int) -> None:

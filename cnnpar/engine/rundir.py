@@ -35,6 +35,8 @@ from cnnpar.engine.resolved import read_started_in, rooted
 from cnnpar.errors import UserError
 from cnnpar.report.files import (
     check_out_folder,
+    holder_pid,
+    note_holder,
     removed_on_failure,
     stamped_folder_removed_on_failure,
     stamped_name,
@@ -315,10 +317,12 @@ def _lock(run_dir: Path, create: bool) -> int | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        pid = holder_pid(fd)
         os.close(fd)
+        holder = f": pid {pid}" if pid else ""  # to stop, or to find among several runs started by one loop
         raise RunFolderInUse(
-            f"{run_dir}: a run is using this folder (a cnnpar train still running holds it): expected that run "
-            "to end or be stopped first, or another --name"
+            f"{run_dir}: a run is using this folder (a cnnpar train still running holds it{holder}): expected that "
+            "run to end or be stopped first, or another --name"
         ) from None
     except OSError as e:
         os.close(fd)
@@ -403,6 +407,8 @@ def run_folder_held(
         with made as run_dir:
             try:
                 fd = _lock(run_dir, create=True)
+                if fd is not None:
+                    note_holder(fd)  # who holds it, for a refused run to name
                 now = checkpoint_epoch(run_dir, resumed)
                 if now != saved_epoch:  # another run held it between this run's decision and now, and saved
                     raise RunFolderInUse(

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cnnpar.errors import first_line
+from cnnpar.errors import UserError, first_line
 
 try:
     import fcntl
@@ -30,7 +30,6 @@ def check_out_folder(path: str | Path, flag: str) -> None:
     doctor and profile measured for minutes and then ended in a FileExistsError, NotADirectoryError or read-only
     traceback; tune ran its whole start trial first."""
     from cnnpar.config import NAME_MAX_BYTES, path_length_problem
-    from cnnpar.errors import UserError
 
     too_long = path_length_problem(path, room=1 + NAME_MAX_BYTES)  # "/" and a file's name inside it
     if too_long:
@@ -84,7 +83,6 @@ def write_errors_explained(path: str | Path, expected: str | Callable[[OSError],
     and what the user can do (`expected`, or what `expected(the error)` says: read only where the write fails), a
     UserError: the commands' result files (run records, reports, tables) are written after minutes of work, and a
     bare traceback there hid what had been saved."""
-    from cnnpar.errors import UserError
 
     try:
         yield
@@ -134,7 +132,6 @@ def refuse_earlier_results(
     of an earlier run (those of them that are there): the new files went in over the old, or beside them (a new
     ladder.csv beside an older bench's ddp.csv), without a word. One rule for bench, doctor, profile and tune, as
     train refuses a --name that holds a run; their default folders are new each time (`stamped_folder`)."""
-    from cnnpar.errors import UserError
 
     found = [path.name for path in results if path.exists()]
     if found:
@@ -161,7 +158,6 @@ def check_out_file(path: str | Path, flag: str) -> None:
     """Refuse, before the work, an output file that cannot be made: one under a file, or in a folder (or under the
     nearest one there is, for folders still to be made) where no file can be created (permissions, a read-only or
     virtual file system: `unwritable`). predict ran over every image, then ended in a traceback at its write."""
-    from cnnpar.errors import UserError
 
     refuse_unnameable_out_file(path, flag)
     given = Path(path)
@@ -179,7 +175,6 @@ def refuse_unnameable_out_file(path: str | Path, flag: str) -> None:
     """Refuse an output file the system cannot name (config.path_length_problem), counted with the temporary name
     it is written under first (`_create_temp`): the first look at it ended in an OSError traceback."""
     from cnnpar.config import path_length_problem
-    from cnnpar.errors import UserError
 
     temp = Path(path).with_name(f".{Path(path).name}.00000000.tmp")
     too_long = path_length_problem(temp)
@@ -338,6 +333,87 @@ def removed_on_failure(folder: str | Path, when: Callable[[BaseException], bool]
         yield folder
 
 
+# hidden: the mark of the command writing a given output folder; not a run folder's .cnnpar.lock, which an output
+# folder given inside a run folder would otherwise take (and remove) from its run
+CLAIM_NAME = ".cnnpar-output.lock"
+
+
+class OutputInUse(UserError):
+    """Another live command holds the output a command was given (`output_held`): the clean-ups that remove what a
+    failed command wrote leave it alone on this refusal, as the files there are the other command's."""
+
+
+def holder_pid(fd: int) -> str:
+    """The pid a holder wrote into its claim file (`output_held`, rundir's run claim), or "" where none is there or
+    it names no live process: the flock says that the claim is held, the pid only who holds it, and a file a killed
+    holder wrote may be held for an instant by a check that writes nothing (rundir.refuse_a_live_run)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(os.pread(fd, 32, 0).decode().strip())
+        with contextlib.suppress(PermissionError):  # another user's live process
+            os.kill(pid, 0)
+        return str(pid)
+    return ""
+
+
+def note_holder(fd: int) -> None:
+    """Write this process's pid into the claim file it holds, for a refused command to name (`holder_pid`)."""
+    with contextlib.suppress(OSError):  # a name in a message, no reason to fail the command
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+@contextlib.contextmanager
+def output_held(claim: Path, said: str) -> Iterator[None]:
+    """Hold an flock on the file `claim` for the block: the mark that a live command writes the output `said` names.
+    Another command given the same output at the same time checked it before either wrote (nothing there), then
+    both wrote into it, one's files over the other's (or one's failure removed the other's results): refused now,
+    with OutputInUse naming the holder's pid. The flock goes with the process however it ends; the file goes with
+    the block, unless a kill ends it first, when the next command takes it over (an unheld flock is no claim)."""
+    fd = _claimed(claim, said)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                claim.unlink()  # while still held: no command can hold the file that goes
+            os.close(fd)
+
+
+def _claimed(claim: Path, said: str) -> int | None:
+    """`output_held`'s descriptor holding the flock on `claim`, with this process's pid in it; None where nothing can
+    be held (no flock on this system or file system, a place where nothing can be made: refused by the command's
+    output checks, or failing where it writes)."""
+    if fcntl is None:  # no flock (Windows): outputs go unclaimed, as they always did
+        return None
+    while True:
+        try:
+            fd = os.open(claim, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = holder_pid(fd)
+            os.close(fd)
+            holder = f"pid {pid}" if pid else "another process"
+            raise OutputInUse(
+                f"{said}: another cnnpar command ({holder}) is writing there now: expected it to end first, or "
+                "another output"
+            ) from None
+        except OSError:  # a file system without locks: unclaimed, and no file left there for nothing
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                claim.unlink()
+            return None
+        # a holder that ended removes its file (output_held) after this open and before this flock: the flock is
+        # then on a file no later command finds, so it is taken again on the file there now
+        with contextlib.suppress(OSError):
+            if os.stat(claim).st_ino == os.fstat(fd).st_ino:
+                note_holder(fd)
+                return fd
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def output_folder(
     given: str | Path,
@@ -345,18 +421,23 @@ def output_folder(
     prefix: str,
     keep: Callable[[Path], bool] = lambda folder: False,
     results: Iterable[str] = (),
+    claim: str = CLAIM_NAME,
+    said: str = "",
 ) -> Iterator[Path]:
     """The folder a command writes its results into, for the block: `given` (its flag's, checked beforehand with
-    `refuse_earlier_results`), or else a new `stamped_folder(parent, prefix)`. If the block raises, the folders made
-    for it are removed as `removed_on_failure` removes them, unless `keep(folder)` (it holds results worth keeping:
-    a stopped bench's rows so far). A `given` folder that was there before stays; the `results` (names or glob
-    patterns) the block wrote in it are removed instead: refuse_earlier_results found none there before, and a
-    report cut short (a full disk) made a re-run into the same folder refused as an earlier run's."""
-    when = lambda e: not keep(folder)  # noqa: E731  (folder: bound below, before the block runs)
+    `refuse_earlier_results`, and held for the block by the file `claim` in it: `output_held`, whose refusal names
+    it as `said`, the folder itself by default), or else a new
+    `stamped_folder(parent, prefix)`. If the block raises, the folders made for it are removed as `removed_on_failure`
+    removes them, unless `keep(folder)` (it holds results worth keeping: a stopped bench's rows so far). A `given`
+    folder that was there before stays; the `results` (names or glob patterns) the block wrote in it are removed
+    instead: refuse_earlier_results found none there before, and a report cut short (a full disk) made a re-run into
+    the same folder refused as an earlier run's."""
+    # (folder: bound below, before the block runs) a refusal leaves what is there, the holder's
+    when = lambda e: not isinstance(e, OutputInUse) and not keep(folder)  # noqa: E731
     if given:
         folder = Path(given)
         try:
-            with removed_on_failure(folder, when):
+            with removed_on_failure(folder, when), output_held(folder / claim, said or str(folder)):
                 yield folder
         except BaseException as e:
             if when(e):

@@ -283,3 +283,113 @@ def test_a_checkpoint_place_that_is_a_file_is_one_line_before_any_work(tmp_path,
         "move it away, or choose another --name\n"
     )
     assert (tmp_path / "s" / "ckpt").read_text() == "not a folder"
+
+
+HOLD = """
+import sys
+from cnnpar.bench.tune import tuned_file
+from cnnpar.report.files import output_folder
+what, given = sys.argv[1:]
+with (tuned_file(given, "runs", "cnn3") if what == "tune" else output_folder(given, "", "")):
+    print("held", flush=True)
+    sys.stdin.read()  # until the test is done with it
+"""
+
+
+@pytest.fixture
+def held_by_another(tmp_path):
+    """Another cnnpar command started at the same time, past its output checks (nothing written yet) and not yet
+    writing: the race of two commands given one output is forced, not waited for."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    started = []
+
+    def hold(what: str, given: str) -> subprocess.Popen:
+        child = subprocess.Popen(
+            [sys.executable, "-c", HOLD, what, given], cwd=tmp_path, env=env, stdin=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        started.append(child)
+        assert child.stdout.readline() == "held\n"
+        return child
+
+    yield hold
+    for child in started:
+        if child.poll() is None:
+            child.communicate("")
+
+
+@pytest.mark.parametrize(
+    "words, what, given",
+    [
+        (["bench", "--out", "rep", "--only", "baseline", *TINY], "bench", "rep"),
+        (["tune", "--out", "rep/tuned.toml", "--budget-s", "0"], "tune", "rep/tuned.toml"),
+    ],
+    ids=["bench", "tune"],
+)
+def test_an_output_another_command_is_writing_now_is_refused_naming_it(
+    tmp_path, monkeypatch, capsys, held_by_another, words, what, given
+):
+    """Two benches (or tunes) given one --out at the same time each found it free of results, then both wrote into
+    it: one's rows over the other's, tuned.toml from one tune and tuned.csv from the other, and a bench that failed
+    removed the other's results as its own. The second is refused in one line naming the first's pid, before any
+    trial (bench: after its set-up, before any timed step), and leaves the first's folder as it was."""
+    monkeypatch.chdir(tmp_path)
+    _nothing_measured(monkeypatch)
+    pid = held_by_another(what, given).pid
+    there = sorted(p.name for p in (tmp_path / "rep").iterdir())
+    assert main(words) == 2
+    said = f"tune --out {given}" if what == "tune" else given
+    expected = f"cnnpar: error: {said}: another cnnpar command (pid {pid}) is writing there now: expected it to end "
+    assert capsys.readouterr().err == expected + "first, or another output\n"
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == there  # its claim only: nothing written, kept
+
+
+def test_an_output_of_a_command_that_ended_is_free_again(tmp_path, held_by_another):
+    """The claim goes with its command: one that ended leaves no file behind, and one killed outright (SIGKILL: no
+    clean-up ran) leaves a file whose flock went with it, which blocks nobody."""
+    import signal
+
+    from cnnpar.report.files import output_folder
+
+    rep = tmp_path / "rep"
+    held_by_another("bench", str(rep)).communicate("")
+    assert list(rep.iterdir()) == []
+    killed = held_by_another("bench", str(rep))
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert [p.name for p in rep.iterdir()] == [".cnnpar-output.lock"]
+    with output_folder(str(rep), "", "") as folder:
+        (folder / "ladder.csv").write_text("rows\n")
+    assert [p.name for p in rep.iterdir()] == ["ladder.csv"]
+
+
+def test_a_claim_taken_as_its_ended_holder_removes_the_file_is_taken_again_on_the_file_there(tmp_path, monkeypatch):
+    """A holder that ended removes its claim file between another command's open of it and that command's flock:
+    the flock then held a file no later command could find, and a third command given the output took it too. The
+    race is forced: the file goes just before the first flock."""
+    import fcntl
+    import types
+
+    from cnnpar.report import files
+
+    claim = tmp_path / ".cnnpar-output.lock"
+    gone = []
+
+    def flock(fd, op):
+        if not gone:
+            gone.append(claim.unlink())  # the ended holder's clean-up, at the worst moment
+        fcntl.flock(fd, op)
+
+    monkeypatch.setattr(
+        files, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX, LOCK_NB=fcntl.LOCK_NB)
+    )
+    claim.write_text("")  # the ended holder's
+    with files.output_held(claim, "rep"):
+        with pytest.raises(files.OutputInUse, match=r"^rep: another cnnpar command \(pid \d+\) is writing there now"):
+            with files.output_held(claim, "rep"):
+                pass
+    assert not claim.exists()

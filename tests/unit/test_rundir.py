@@ -189,14 +189,15 @@ def test_a_run_stopped_before_its_first_checkpoint_is_named_with_the_command_tha
         resolve_run(Config(run=RunConfig(resume=str(tmp_path / "runs" / "t1"))), CPU_INFO)
 
 
-IN_USE = "a run is using this folder (a cnnpar train still running holds it)"
+IN_USE = "a run is using this folder (a cnnpar train still running holds it"  # then ": pid N)"
 
 
 def test_a_second_train_or_a_resume_is_refused_while_the_run_lives_and_a_killed_run_leaves_no_claim(
     tmp_path, monkeypatch, capsys
 ):
     """Two runs under one name both "succeeded": config.toml the second's, the checkpoint and metrics the first's,
-    and a later --resume failed. A folder was taken as free until its first checkpoint existed."""
+    and a later --resume failed. A folder was taken as free until its first checkpoint existed. The refusal names
+    the live run's pid: among runs a loop or a scheduler started, the one to wait for or stop."""
     from cnnpar.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -213,11 +214,11 @@ def test_a_second_train_or_a_resume_is_refused_while_the_run_lives_and_a_killed_
             time.sleep(0.05)
         record = (run / "config.toml").read_text()
         assert main([*small, "--epochs", "1", "--name", "r", "--seed", "2"]) == 2
-        assert capsys.readouterr().err.strip() == f"cnnpar: error: runs/r: {IN_USE}: expected that run to end or " + (
-            "be stopped first, or another --name"
+        assert capsys.readouterr().err.strip() == f"cnnpar: error: runs/r: {IN_USE}: pid {first.pid}): expected " + (
+            "that run to end or be stopped first, or another --name"
         )
         assert main([*small, "--epochs", "1", "--resume", "runs/r"]) == 2
-        assert IN_USE in capsys.readouterr().err
+        assert f"{IN_USE}: pid {first.pid})" in capsys.readouterr().err
         assert (run / "config.toml").read_text() == record  # the first run's, as it wrote it
     finally:
         first.send_signal(signal.SIGKILL)
@@ -238,7 +239,7 @@ def test_a_run_folder_is_held_by_its_run_alone_not_by_the_processes_it_forks(tmp
     run = tmp_path / "r"
     named = Config(run=RunConfig(out_dir=str(tmp_path), name="r"))
     with run_folder_held(run, None, 0, CPU_INFO, lambda e: False):
-        with pytest.raises(UserError, match=re.escape(f"{run}: {IN_USE}")):
+        with pytest.raises(UserError, match=re.escape(f"{run}: {IN_USE}: pid {os.getpid()})")):
             resolve_run(named, CPU_INFO)
         started = multiprocessing.get_context("fork").Event()
         worker = multiprocessing.get_context("fork").Process(target=idle_worker, args=(started,), daemon=True)

@@ -546,6 +546,30 @@ def test_a_store_replaced_under_a_run_is_refused_not_read_through_the_old_index(
     assert StoreFile(live).pixels.size > 0  # a run started now opens the new store as usual
 
 
+def test_a_store_replaced_while_a_run_opens_it_is_refused_not_read_through_the_old_index(photos, tmp_path, monkeypatch):
+    """A prepare renamed a new store over the path between a run's reading of the header and index and its note of
+    which file they came from (a stat by path): the note named the new file, so the check above passed and the run
+    read the new pixels through the old index. The race is forced: the rename happens as the header's file closes."""
+    import shutil
+
+    import cnnpar.data.store as store_module
+
+    folder, out = photos
+    live, other = tmp_path / "live.cnnpar", tmp_path / "other.cnnpar"
+    shutil.copy(out, live)
+    prepare_store(folder, other, 32, workers=1, progress=False)
+    read = store_module.read_checked
+
+    def read_then_replaced(path):
+        found = read(path)
+        other.replace(live)  # a second prepare to the same --out finishes now
+        return found
+
+    monkeypatch.setattr(store_module, "read_checked", read_then_replaced)
+    opened = StoreFile(live)
+    one_line_error(lambda: opened.pixels, str(live), "replaced since this run opened it")
+
+
 def test_a_store_trains_at_the_size_its_photos_folder_trains_at_where_it_holds_it(tmp_path):
     """Photos of 300x400 and 600x800 train at 224 from their folder (they differ in size); stored at a shorter side
     of 256 they are all 256x341, which read as one source size: the store's run trained at 256."""
