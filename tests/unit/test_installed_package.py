@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from cnnpar.bench import ddp_scaling
 from cnnpar.report.environment import git_revision
 
@@ -48,3 +50,24 @@ def test_ddp_scaling_writes_into_the_working_folder_when_installed(tmp_path, mon
     assert ddp_scaling.default_prefix("cpu") == Path("runs") / "ddp_scaling_cpu"  # was site-packages/benchmarks/...
     (site / "pyproject.toml").write_text("")  # a checkout keeps its results beside the others
     assert ddp_scaling.default_prefix("cpu") == site / "benchmarks" / "results" / "ddp_scaling_cpu"
+
+
+def test_the_horovod_refusal_of_an_installed_cnnpar_names_no_path_into_site_packages(tmp_path, monkeypatch):
+    from cnnpar import dist
+    from cnnpar.errors import ConfigError
+
+    site = tmp_path / "site-packages"
+    (site / "cnnpar").mkdir(parents=True)
+    monkeypatch.setattr(dist, "CHECKOUT", site)
+    monkeypatch.setattr(dist, "HOROVOD_VENV", site / ".venv-horovod")
+    for key in dist.HOROVOD_LAUNCH_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        dist.check_horovod_launch(0, ["--epochs", "1"])
+    said = str(refused.value)
+    assert "site-packages" not in said  # was site-packages/scripts/install_horovod.sh, a script the wheel does not hold
+    assert (
+        "run `scripts/install_horovod.sh && .venv-horovod/bin/horovodrun -np 2 -H localhost:2 .venv-horovod/bin/python "
+        "-m cnnpar train --epochs 1 --strategy horovod` from the root of a cnnpar source checkout"
+    ) in said
