@@ -71,3 +71,12 @@ def test_the_horovod_refusal_of_an_installed_cnnpar_names_no_path_into_site_pack
         "run `scripts/install_horovod.sh && .venv-horovod/bin/horovodrun -np 2 -H localhost:2 .venv-horovod/bin/python "
         "-m cnnpar train --epochs 1 --strategy horovod` from the root of a cnnpar source checkout"
     ) in said
+
+
+def test_a_missing_cifar10_npz_is_described_by_its_arrays_not_only_by_a_checkouts_script(tmp_path, monkeypatch):
+    from cnnpar.presets import get_preset, preset_data_note
+
+    monkeypatch.chdir(tmp_path)  # a pip user's folder: no .devdata/, no benchmarks/
+    source = get_preset("cifar10-speed").data.source
+    note = preset_data_note("cifar10-speed", f"{source}: file not found")
+    assert "x_train uint8 (50000, 32, 32, 3), y_train, x_test uint8 (10000, 32, 32, 3), y_test" in note
