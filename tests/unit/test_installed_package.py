@@ -80,3 +80,13 @@ def test_a_missing_cifar10_npz_is_described_by_its_arrays_not_only_by_a_checkout
     source = get_preset("cifar10-speed").data.source
     note = preset_data_note("cifar10-speed", f"{source}: file not found")
     assert "x_train uint8 (50000, 32, 32, 3), y_train, x_test uint8 (10000, 32, 32, 3), y_test" in note
+
+
+def test_an_installed_cnnpars_children_get_no_site_packages_on_their_pythonpath(tmp_path, monkeypatch):
+    from cnnpar import checkout
+
+    monkeypatch.setattr(checkout, "ROOT", tmp_path / "site-packages")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert "PYTHONPATH" not in checkout.env_importing_this_checkout()  # it came before the standard library
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    assert checkout.env_importing_this_checkout()["PYTHONPATH"] == "/elsewhere"
