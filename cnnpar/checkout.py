@@ -15,10 +15,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def is_checkout(root: Path) -> bool:
+    """Whether cnnpar runs from its source tree rather than from an installed wheel. A wheel's cnnpar/ sits in a
+    site-packages folder, with no pyproject.toml beside it and none of the repository's benchmarks/ or scripts/;
+    that folder may lie inside the user's own git repository (a project's .venv), whose revision is not cnnpar's."""
+    return (root / "pyproject.toml").is_file()
+
+
 def env_importing_this_checkout(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of `env` (default: this process's) whose PYTHONPATH starts with this checkout's root. No empty entry
-    is left when there was no PYTHONPATH: an empty entry puts the child's working folder on its path."""
+    is left when there was no PYTHONPATH: an empty entry puts the child's working folder on its path. An installed
+    cnnpar's root is a site-packages, which the child's interpreter finds by itself: put on PYTHONPATH it would come
+    before the standard library, for the child and for every interpreter the child starts."""
     out = dict(os.environ if env is None else env)
+    if not is_checkout(ROOT):
+        return out
     rest = out.get("PYTHONPATH", "")
     out["PYTHONPATH"] = str(ROOT) + (os.pathsep + rest if rest else "")
     return out

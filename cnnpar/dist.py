@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cnnpar.checkout import is_checkout
+
 DEBUG_ENV = "CNNPAR_DEBUG_SINGLE"
 # set by `cnnpar train --nproc N`'s launcher for torchrun's workers: what a run's record stores as its nproc
 LAUNCHED_NPROC_ENV = "CNNPAR_LAUNCHED_NPROC"
@@ -333,9 +335,11 @@ def horovod_command(train_args: Sequence[str] = (), n: int = 2, venv: Path | Non
     """The horovodrun line of README.md and docs/frameworks.md running `cnnpar train TRAIN_ARGS --strategy
     horovod` in n processes on this machine, to paste where it is printed: paths relative to the working
     folder where it holds them (from the checkout's root, as the docs write them), else absolute; led by
-    the install script while `venv` (the checkout's .venv-horovod) has no horovodrun."""
+    the install script while `venv` (the checkout's .venv-horovod) has no horovodrun. An installed cnnpar has
+    neither the script nor a checkout's root: its line is the one to run from the root of a source checkout
+    (`horovod_install_note` says so), not paths into site-packages that do not exist."""
     venv = venv or HOROVOD_VENV
-    here = Path.cwd()
+    here = Path.cwd() if is_checkout(CHECKOUT) else CHECKOUT
 
     def shown(path: Path) -> str:
         return str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
@@ -349,6 +353,19 @@ def horovod_command(train_args: Sequence[str] = (), n: int = 2, venv: Path | Non
         return line
     install = [shown(CHECKOUT / "scripts" / "install_horovod.sh")] + ([] if venv == HOROVOD_VENV else [shown(venv)])
     return f"{shlex.join(install)} && {line}"
+
+
+def horovod_install_note() -> str:
+    """What follows `horovod_command`'s line in a refusal: how long the build takes where Horovod is not built
+    yet, and for an installed cnnpar (no scripts/) where the line runs."""
+    if (HOROVOD_VENV / "bin" / "horovodrun").is_file():
+        return ""
+    if not is_checkout(CHECKOUT):
+        return (
+            " from the root of a cnnpar source checkout (install_horovod.sh is in its scripts/, not in an installed "
+            "cnnpar; it builds Horovod into .venv-horovod there: 3-6 minutes the first time)"
+        )
+    return " (install_horovod.sh builds Horovod into .venv-horovod: 3-6 minutes the first time)"
 
 
 def launched_by_horovodrun() -> bool:
@@ -382,8 +399,7 @@ def check_horovod_launch(nproc: int, train_args: Sequence[str] = ()) -> None:
     from cnnpar.config import setting_name
     from cnnpar.errors import ConfigError
 
-    built = (HOROVOD_VENV / "bin" / "horovodrun").is_file()
-    venv = "" if built else " (install_horovod.sh builds Horovod into .venv-horovod: 3-6 minutes the first time)"
+    venv = horovod_install_note()
     if nproc > 0:
         raise ConfigError(
             f"{setting_name('dist', 'nproc')} = {nproc} launches torchrun, but {setting_name('dist', 'strategy')} = "

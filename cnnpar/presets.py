@@ -50,7 +50,11 @@ def long_compiles_default(model_name: str, device_type: str, compile_mode: str, 
     )
 
 
-CIFAR10_NPZ = "a decoded CIFAR-10 .npz as benchmarks/prepare_cifar10.py writes it"
+# The arrays, not only the script: an installed cnnpar (pip install of the wheel) has no benchmarks/ folder
+CIFAR10_NPZ = (
+    "a decoded CIFAR-10 .npz: x_train uint8 (50000, 32, 32, 3), y_train, x_test uint8 (10000, 32, 32, 3), y_test, "
+    "as a cnnpar source checkout's benchmarks/prepare_cifar10.py writes it"
+)
 # what each preset's default --data path is expected to hold, for the error where that path is missing
 PRESET_DATA = {
     "mnist": "an MNIST .npz with x_train and y_train",

@@ -42,11 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from cnnpar.checkout import env_importing_this_checkout
+from cnnpar.checkout import ROOT, env_importing_this_checkout, is_checkout
 from cnnpar.errors import UserError
 from cnnpar.process_tree import owned_temp_folder, parent_env, stop_process_tree
-
-REPO = Path(__file__).resolve().parents[2]
 
 TARGET_SPEEDUP_2 = 1.97  # issue 3: 2 GPUs must give at least this many times the images/s of 1
 
@@ -96,12 +94,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-calls", type=int, default=1, help="untimed calls of --steps steps first")
     p.add_argument("--real-samples", type=int, default=1024, help="distinct images held in memory per process")
     p.add_argument("--threads", type=int, default=0, help="OMP threads per process (0: cores / largest size)")
-    p.add_argument("--out", default="", help="output prefix (default benchmarks/results/ddp_scaling_<device>)")
+    p.add_argument(
+        "--out",
+        default="",
+        help="output prefix (default: a checkout's benchmarks/results/ddp_scaling_<device>, else "
+        "runs/ddp_scaling_<device> in the working folder)",
+    )
     p.add_argument("--git-rev", default="", help="record this revision (default: this checkout's)")
     p.add_argument("--launch-timeout", type=int, default=1200, help="seconds per torchrun launch")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def default_prefix(device: str) -> Path:
+    """Where the rows go without --out: beside the repository's other results in a checkout; an installed cnnpar has
+    no benchmarks/ folder, and its package folder (site-packages) is no place for results, so runs/ (git-ignored,
+    as every cnnpar command's output) of the working folder."""
+    name = f"ddp_scaling_{device}"
+    return ROOT / "benchmarks" / "results" / name if is_checkout(ROOT) else Path("runs") / name
 
 
 def image_shape(args: argparse.Namespace) -> str:
@@ -342,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     args.device = device
     sizes = world_sizes_here(args.world_sizes, device)
     threads = args.threads or max(1, min(8, (os.cpu_count() or 1) // max(sizes)))
-    rev = args.git_rev or git_revision(REPO)
+    rev = args.git_rev or git_revision()
     config = {k: v for k, v in vars(args).items() if k not in ("worker", "result", "out", "git_rev", "launch_timeout")}
     config["threads_per_process"] = threads
 
@@ -401,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
 
-    prefix = Path(args.out) if args.out else REPO / "benchmarks" / "results" / f"ddp_scaling_{device}"
+    prefix = Path(args.out) if args.out else default_prefix(device)
     csv, js = prefix.with_suffix(".csv"), prefix.with_suffix(".json")
     # a full disk or a read-only folder: one line naming the file and what is kept (a UserError), not a traceback
     # after every world size was measured

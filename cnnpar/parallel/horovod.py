@@ -33,7 +33,8 @@ def _hvd():
     except ImportError as e:
         raise ConfigError(
             f"{setting_name('dist', 'strategy')} = 'horovod' but horovod.torch cannot be imported ({e}); build it with "
-            "scripts/install_horovod.sh and run that virtualenv's python under horovodrun"
+            "scripts/install_horovod.sh (in a cnnpar source checkout: an installed cnnpar has no scripts/) and run "
+            "that virtualenv's python under horovodrun"
         ) from None
     return hvd
 

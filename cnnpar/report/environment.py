@@ -9,17 +9,22 @@ from pathlib import Path
 
 import torch
 
+from cnnpar.checkout import ROOT, is_checkout
 from cnnpar.report.host import cpu_name
 
 
-def git_revision(cwd: str | Path | None = None) -> str:
-    """The checkout's revision (with -dirty when tracked files changed); CNNPAR_GIT_REV overrides it
-    for copies of a checkout that travel without their .git folder (a lent GPU machine)."""
+def git_revision(root: str | Path | None = None) -> str:
+    """The revision of cnnpar's checkout `root` (default: the one this cnnpar runs from), with -dirty when tracked
+    files changed; "unknown" outside a checkout: an installed cnnpar's folder may lie in another repository (a
+    project's .venv), and that repository's revision says nothing about the code that ran. CNNPAR_GIT_REV overrides
+    it for copies of a checkout that travel without their .git folder (a lent GPU machine)."""
     import os
 
     if os.environ.get("CNNPAR_GIT_REV"):
         return os.environ["CNNPAR_GIT_REV"]
-    here = Path(cwd) if cwd else Path(__file__).resolve().parent
+    here = Path(root) if root else ROOT
+    if not is_checkout(here):  # before git: it would answer for whichever repository holds `here`
+        return "unknown"
     try:
         rev = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
