@@ -22,6 +22,19 @@ def is_checkout(root: Path) -> bool:
     return (root / "pyproject.toml").is_file()
 
 
+def cnnpar_version() -> str:
+    """The installed distribution's version (what pip installed), else the package's own (a checkout on PYTHONPATH,
+    never installed). Records carry it beside the git revision, which an installed cnnpar has not."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cnnpar")
+    except PackageNotFoundError:
+        from cnnpar import __version__
+
+        return __version__
+
+
 def env_importing_this_checkout(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """A copy of `env` (default: this process's) whose PYTHONPATH starts with this checkout's root. No empty entry
     is left when there was no PYTHONPATH: an empty entry puts the child's working folder on its path. An installed

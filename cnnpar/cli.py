@@ -671,11 +671,13 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from cnnpar.checkout import cnnpar_version
     from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags, at_least
     from cnnpar.config import TTA_LEVELS
     from cnnpar.doctor.options import DoctorOptions, ProfileOptions
 
     p = argparse.ArgumentParser(prog="cnnpar", description="Fast CNN training, measured.")
+    p.add_argument("--version", action="version", version=f"cnnpar {cnnpar_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     train = sub.add_parser(
         "train",

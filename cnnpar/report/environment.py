@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from cnnpar.checkout import ROOT, is_checkout
+from cnnpar.checkout import ROOT, cnnpar_version, is_checkout
 from cnnpar.report.host import cpu_name
 
 
@@ -76,6 +76,8 @@ def environment(device: torch.device, world_size: int = 1) -> dict[str, str | in
         "host_cpus": os.cpu_count() or 0,
         "world_size": world_size,
         "git_rev": git_revision(),
+        # an installed cnnpar has no revision ("unknown"): its version says which code ran
+        "cnnpar": cnnpar_version(),
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
 

@@ -90,3 +90,26 @@ def test_an_installed_cnnpars_children_get_no_site_packages_on_their_pythonpath(
     assert "PYTHONPATH" not in checkout.env_importing_this_checkout()  # it came before the standard library
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     assert checkout.env_importing_this_checkout()["PYTHONPATH"] == "/elsewhere"
+
+
+def test_records_and_the_cli_name_the_installed_version_where_no_revision_is_known(tmp_path, monkeypatch, capsys):
+    # an installed cnnpar records git_rev "unknown": the version pip installed is what says which code ran
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    import cnnpar
+    from cnnpar.cli import main
+    from cnnpar.report import environment
+
+    try:
+        expected = version("cnnpar")
+    except PackageNotFoundError:  # this checkout on PYTHONPATH, never installed
+        expected = cnnpar.__version__
+    monkeypatch.setattr(environment, "ROOT", tmp_path)  # no pyproject.toml: not a checkout
+    env = environment.environment(torch.device("cpu"))
+    assert env["git_rev"] == "unknown" and env["cnnpar"] == expected
+    assert f"# cnnpar = {expected}\n" in environment.comment_lines(env)  # config.toml's header
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0 and capsys.readouterr().out == f"cnnpar {expected}\n"
