@@ -78,6 +78,42 @@ def auto_workers(dataset: Dataset, info: DistInfo) -> int:
     return max(1, min(16, cores // max(1, local_procs) - 1))
 
 
+# An explicit --workers above this many per usable core (per local process) is capped to it: torch only warns above
+# one per core, and each start forks the main process anew, slower as it has more children (multiprocessing polls
+# them all at each start): --workers 2000 on 2 cores was still forking after a minute, 18 GB taken, and a SIGTERM
+# then came to nothing; --workers 100000 ran past 10 minutes. Decoding that waits on slow storage may use more
+# workers than cores, hence 4.
+WORKERS_PER_CORE = 4
+
+
+def worker_limit(info: DistInfo) -> int:
+    """The most worker processes a loader of this process starts: WORKERS_PER_CORE per usable core, shared among
+    the local processes as auto_workers shares them."""
+    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    return max(1, WORKERS_PER_CORE * usable_cores() // max(1, local_procs))
+
+
+def loader_workers(cfg: Config, ds: Dataset, info: DistInfo) -> int:
+    """The worker processes a loader starts: --workers, capped to worker_limit, or auto_workers for -1."""
+    if cfg.data.workers < 0:
+        return auto_workers(ds, info)
+    return min(cfg.data.workers, worker_limit(info))
+
+
+def workers_cap_line(cfg: Config, info: DistInfo) -> str:
+    """The run's line for a --workers that loader_workers caps ("" otherwise). The config keeps the count asked for:
+    the cap is this machine's, and a resume on a larger one gets what was asked."""
+    limit = worker_limit(info)
+    if cfg.data.workers <= limit:
+        return ""
+    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    share = f" shared by {local_procs} local processes" if local_procs > 1 else ""
+    return (
+        f"--workers {cfg.data.workers} capped to {limit}: {WORKERS_PER_CORE} per usable core ({usable_cores()} "
+        f"cores{share}); more only wait for the cores, and take minutes to start"
+    )
+
+
 def wants_resident(cfg: Config, bundle: DataBundle, device: torch.device) -> bool:
     mode = cfg.data.resident
     if mode == "on":  # asked for by name: refused where it cannot hold, rather than recorded "on" and not done
@@ -626,7 +662,7 @@ def _host_loader(
     info: DistInfo,
     textbook: bool,
 ):
-    workers = cfg.data.workers if cfg.data.workers >= 0 else auto_workers(ds, info)
+    workers = loader_workers(cfg, ds, info)
     common = dict(num_workers=workers, pin_memory=cfg.data.pin_memory == "on")
     if workers > 0:
         common["worker_init_fn"] = functools.partial(init_loader_worker, prefetch=cfg.data.prefetch_factor)
@@ -661,7 +697,8 @@ def cpu_decode_where(cfg: Config, bundle: DataBundle, info: DistInfo) -> str:
     if cfg.data.workers == 0:
         return "in the main process (--workers 0)"
     if cfg.data.workers > 0:
-        return f"in {cfg.data.workers} worker process(es) (--workers {cfg.data.workers})"
+        n = loader_workers(cfg, bundle.train, info)
+        return f"in {n} worker process(es) (--workers {cfg.data.workers})"
     n = auto_workers(bundle.train, info)
     return f"in {n} worker process(es) (auto: the usable cores less one per process on this machine, at most 16)"
 
