@@ -37,7 +37,7 @@ from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_aug
 from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
 from cnnpar.data.workers import end_workers_at_exit, kill_stuck, report_unsent_batches
 from cnnpar.dist import DistInfo
-from cnnpar.errors import ConfigError
+from cnnpar.errors import ConfigError, stops_held
 from cnnpar.report.host import usable_cores
 from cnnpar.report.ranges import H2D_COPY, span
 from cnnpar.socket_folder import init_socket_folder
@@ -653,6 +653,15 @@ def leave_stops_to_the_main_process() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class _WholeIterators(DataLoader):
+    """A DataLoader whose iterator is made whole before a stop (SIGTERM, Ctrl-C) is raised: one raised between two
+    worker starts left torch unable to tell the started workers to leave (errors.stops_held)."""
+
+    def _get_iterator(self):
+        with stops_held():
+            return super()._get_iterator()
+
+
 def _host_loader(
     ds: Dataset,
     sampler: Sampler,
@@ -684,11 +693,11 @@ def _host_loader(
                 batches = SlottedBatches(batches, ds.slots)
         if reseed:
             ds, batches = ReseedingWorkers(ds), EpochSeeded(batches)
-        return DataLoader(ds, batch_size=None, sampler=batches, **common)
+        return _WholeIterators(ds, batch_size=None, sampler=batches, **common)
     if reseed:
         ds, sampler = ReseedingWorkers(ds), EpochSeeded(sampler)
     # The sampler owns shuffling: passing shuffle=True beside a sampler raises in DataLoader.
-    return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
+    return _WholeIterators(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
 
 
 def cpu_decode_where(cfg: Config, bundle: DataBundle, info: DistInfo) -> str:

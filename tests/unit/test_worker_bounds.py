@@ -1,0 +1,36 @@
+"""An explicit --workers is capped to what the machine's cores can run: --workers 2000 on 2 cores forked for minutes,
+each start slower than the last, and a SIGTERM then came to nothing."""
+
+from __future__ import annotations
+
+import torch
+
+from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
+from cnnpar.data import load_data, loader
+from cnnpar.data.loader import build_loader, workers_cap_line
+from cnnpar.dist import DistInfo
+
+CPU = DistInfo(0, 0, 1, torch.device("cpu"))
+
+
+def _cfg(workers: int) -> Config:
+    cfg = Config(data=DataConfig(source="digits", resident="off", workers=workers), run=RunConfig(batch_size=64))
+    return resolve_for_device(cfg, "cpu", True)
+
+
+def test_workers_beyond_four_per_core_are_capped_to_them_and_the_cap_is_said(monkeypatch):
+    monkeypatch.setattr(loader, "usable_cores", lambda: 2)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    cfg = _cfg(100_000)
+    feeder = build_loader(load_data(cfg.data, cfg.run.seed), cfg, CPU, True)  # no worker starts before iter()
+    assert feeder.loader.num_workers == 8
+    assert workers_cap_line(cfg, CPU).startswith("--workers 100000 capped to 8: 4 per usable core (2 cores)")
+
+
+def test_the_cap_is_shared_by_the_local_processes_and_a_count_within_it_is_kept(monkeypatch):
+    monkeypatch.setattr(loader, "usable_cores", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    line = workers_cap_line(_cfg(5), CPU)
+    assert line.startswith("--workers 5 capped to 4:") and "shared by 2 local processes" in line
+    assert loader.loader_workers(_cfg(4), None, CPU) == 4
+    assert workers_cap_line(_cfg(4), CPU) == ""
