@@ -629,6 +629,12 @@ def encoded_slots(ds, batch_size: int, workers: int, cfg: Config) -> ByteSlots |
         return None
 
 
+def loader_prefetch(asked: int, batches: int, workers: int) -> int:
+    """--prefetch-factor, within the batches an epoch has: no more can be in flight, and torch primes its queue with
+    prefetch x workers tries, one Python call each (--prefetch-factor 10**9 spun there for minutes, a stop held)."""
+    return max(1, min(asked, -(-batches // max(1, workers))))
+
+
 def init_loader_worker(worker_id: int, prefetch: int = 2) -> None:
     """Every DataLoader worker's `worker_init_fn` (`prefetch`: the loader's prefetch_factor, for the line that says
     how much /dev/shm its batches need)."""
@@ -672,16 +678,17 @@ def _host_loader(
     textbook: bool,
 ):
     workers = loader_workers(cfg, ds, info)
+    prefetch = loader_prefetch(cfg.data.prefetch_factor, len(BatchSampler(sampler, batch_size, drop_last)), workers)
     common = dict(num_workers=workers, pin_memory=cfg.data.pin_memory == "on")
     if workers > 0:
-        common["worker_init_fn"] = functools.partial(init_loader_worker, prefetch=cfg.data.prefetch_factor)
+        common["worker_init_fn"] = functools.partial(init_loader_worker, prefetch=prefetch)
         end_workers_at_exit()
     if workers > 0:
         # the data set's own start method (workers that use CUDA themselves), else the default; a spawned or
         # forkserver worker ignores the stop signals from its start (worker_start.py)
         common["multiprocessing_context"] = worker_context(getattr(ds, "start_method", None))
     if workers > 0:
-        common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
+        common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=prefetch)
     reseed = workers > 0 and draws_in_workers(ds)
     if (_array_backed(ds) or getattr(ds, "answers_batches", False)) and not textbook:
         # batch_size=None: the sampler yields whole index lists and the data set answers each

@@ -34,3 +34,15 @@ def test_the_cap_is_shared_by_the_local_processes_and_a_count_within_it_is_kept(
     assert line.startswith("--workers 5 capped to 4:") and "shared by 2 local processes" in line
     assert loader.loader_workers(_cfg(4), None, CPU) == 4
     assert workers_cap_line(_cfg(4), CPU) == ""
+
+
+def test_a_prefetch_factor_beyond_the_epochs_batches_is_cut_to_them():
+    """audit bounds: --prefetch-factor 10**9 spun in torch's priming loop (prefetch x workers tries) for minutes."""
+    cfg = Config(
+        data=DataConfig(source="digits", resident="off", workers=2, prefetch_factor=10**9), run=RunConfig(batch_size=64)
+    )
+    cfg = resolve_for_device(cfg, "cpu", True)
+    feeder = build_loader(load_data(cfg.data, cfg.run.seed), cfg, CPU, True)
+    batches = len(feeder.loader.batch_sampler or feeder.loader.sampler)
+    assert feeder.loader.prefetch_factor == -(-batches // 2)  # both workers' shares of the epoch in flight, no more
+    assert loader.loader_prefetch(4, batches, 2) == 4  # a factor within them is kept
