@@ -1,14 +1,17 @@
-"""An explicit --workers is capped to what the machine's cores can run: --workers 2000 on 2 cores forked for minutes,
-each start slower than the last, and a SIGTERM then came to nothing."""
+"""Absurdly large numbers end in a cap or one line, not a wait or a traceback: an explicit --workers is capped to what
+the machine's cores can run (--workers 2000 on 2 cores forked for minutes, each start slower than the last, and a
+SIGTERM then came to nothing), a prefetch factor to the epoch's batches, synthetic samples to the memory."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
 from cnnpar.data import load_data, loader
 from cnnpar.data.loader import build_loader, workers_cap_line
 from cnnpar.dist import DistInfo
+from cnnpar.errors import DataError
 
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 
@@ -46,3 +49,9 @@ def test_a_prefetch_factor_beyond_the_epochs_batches_is_cut_to_them():
     batches = len(feeder.loader.batch_sampler or feeder.loader.sampler)
     assert feeder.loader.prefetch_factor == -(-batches // 2)  # both workers' shares of the epoch in flight, no more
     assert loader.loader_prefetch(4, batches, 2) == 4  # a factor within them is kept
+
+
+def test_synthetic_samples_beyond_the_memory_are_refused_in_one_line_before_any_allocation():
+    """audit bounds: --synthetic-samples 10**12 stopped in torch's allocator traceback (8 TB asked for)."""
+    with pytest.raises(DataError, match=r"--synthetic-samples 1,000,000,000,000 of 3x32x32 take 6,152,000\.0 GB"):
+        load_data(DataConfig(source="synthetic", synthetic_samples=10**12), 0)
