@@ -55,3 +55,17 @@ def test_synthetic_samples_beyond_the_memory_are_refused_in_one_line_before_any_
     """audit bounds: --synthetic-samples 10**12 stopped in torch's allocator traceback (8 TB asked for)."""
     with pytest.raises(DataError, match=r"--synthetic-samples 1,000,000,000,000 of 3x32x32 take 6,152,000\.0 GB"):
         load_data(DataConfig(source="synthetic", synthetic_samples=10**12), 0)
+
+
+def test_cpu_processes_beyond_four_per_core_are_refused_in_one_line(monkeypatch):
+    """audit bounds: --nproc 1000 without a GPU was handed to torchrun, a thousand ranks on 2 cores."""
+    from cnnpar.dist import pick_device
+    from cnnpar.errors import ConfigError
+    from cnnpar.report import host
+
+    monkeypatch.setattr(host, "usable_cores", lambda: 2)
+    with pytest.raises(
+        ConfigError, match=r"1000 processes on this node's CPU but 2 usable core\(s\): expected --nproc"
+    ):
+        pick_device("cpu", 0, 1000)
+    assert pick_device("cpu", 7, 8) == torch.device("cpu")  # within 4 per core: a gloo test of 8 ranks still runs
