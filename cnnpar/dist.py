@@ -663,7 +663,25 @@ def pick_device(requested: str, local_rank: int, local_world_size: int = 1) -> t
                 f"(torchrun --nproc_per_node) <= {count}, one GPU per process"
             )
         return torch.device("cuda", local_rank)
+    _refuse_cpu_processes_beyond_the_cores(max(local_world_size, local_rank + 1))
     return torch.device("cpu")
+
+
+# CPU processes per usable core a node may run: --nproc 1000 on the CPU started a thousand ranks, each importing torch
+# and joining a gloo group, on 2 cores (a GPU run is held to one process per GPU above)
+CPU_PROCS_PER_CORE = 4
+
+
+def _refuse_cpu_processes_beyond_the_cores(wanted: int) -> None:
+    from cnnpar.errors import ConfigError
+    from cnnpar.report.host import usable_cores
+
+    cores = usable_cores()
+    if wanted > CPU_PROCS_PER_CORE * cores:
+        raise ConfigError(
+            f"{wanted} processes on this node's CPU but {cores} usable core(s): expected --nproc (torchrun "
+            f"--nproc_per_node) <= {CPU_PROCS_PER_CORE * cores}, {CPU_PROCS_PER_CORE} per core"
+        )
 
 
 def init_distributed(device_request: str = "auto", debug_single: bool = False, timeout_s: int = 600) -> DistInfo:

@@ -7,6 +7,7 @@ other exception is a bug in cnnpar and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 
@@ -151,12 +152,42 @@ def stop_on_sigterm() -> None:
         _stop_seen = signum
         raise stop_for(signum)
 
+    handler.raises_stop = True  # stops_held knows it by this
+
     if hasattr(signal, "SIGTERM"):
         signal.signal(signal.SIGTERM, handler)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not one ignored (nohup) or another's own
         signal.signal(signal.SIGINT, handler)
     if not getattr(sys.unraisablehook, "quiet_while_stopping", False):
         sys.unraisablehook = _quiet_while_stopping(sys.unraisablehook)
+
+
+def _note_stop(signum, frame) -> None:
+    global _stop_seen
+    _stop_seen = signum
+
+
+@contextlib.contextmanager
+def stops_held():
+    """A stop that comes in the block is noted, then raised as it ends: for a DataLoader starting its workers. Raised
+    between two starts, it left torch's iterator half made (no `_workers_status`), whose clean-up then failed to
+    tell the started workers to leave and waited 5 s for each (they ignore SIGTERM): a SIGTERM during the start of 5
+    workers took 28 s to end the run. Only `stop_on_sigterm`'s handlers are held, and only in the main thread (the
+    one Python runs handlers in)."""
+    import signal
+    import threading
+
+    held = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+            if sig is not None and getattr(signal.getsignal(sig), "raises_stop", False):
+                held[sig] = signal.signal(sig, _note_stop)
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+    raise_pending_stop()
 
 
 def _quiet_while_stopping(hook):

@@ -152,7 +152,7 @@ def resize_square(x: torch.Tensor, size: int) -> torch.Tensor:
     if size <= 0 or x.shape[-2:] == (size, size):
         return x
     n, c, h, w = x.shape
-    _check_fits(n * c * size * size, f"--image-size {size}: {n:,} images of {c}x{size}x{size}")
+    check_fits(n * c * size * size, f"--image-size {size}: {n:,} images of {c}x{size}x{size}")
     out = torch.empty((n, c, size, size), dtype=torch.uint8)
     step = max(1, RESIZE_CHUNK_BYTES // (4 * c * (h * w + size * size)))
     for i in range(0, n, step):
@@ -191,10 +191,10 @@ def check_npz_members(path: Path) -> None:
                     f"{info.file_size - start:,} bytes of it: expected numpy.savez output"
                 )
             total += nbytes
-    _check_fits(total, f"{path}: its arrays", "expected an archive whose arrays fit in memory")
+    check_fits(total, f"{path}: its arrays", "expected an archive whose arrays fit in memory")
 
 
-def _check_fits(nbytes: int, what: str, expected: str = "expected a smaller --image-size") -> None:
+def check_fits(nbytes: int, what: str, expected: str = "expected a smaller --image-size") -> None:
     """Refuse an array that cannot fit in the memory available now, in one line, before allocating it (torch's
     allocator stopped in a traceback, after minutes of swapping where it could not tell)."""
     import psutil

@@ -37,7 +37,7 @@ from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_aug
 from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
 from cnnpar.data.workers import end_workers_at_exit, kill_stuck, report_unsent_batches
 from cnnpar.dist import DistInfo
-from cnnpar.errors import ConfigError
+from cnnpar.errors import ConfigError, stops_held
 from cnnpar.report.host import usable_cores
 from cnnpar.report.ranges import H2D_COPY, span
 from cnnpar.socket_folder import init_socket_folder
@@ -76,6 +76,42 @@ def auto_workers(dataset: Dataset, info: DistInfo) -> int:
     local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
     cores = usable_cores()
     return max(1, min(16, cores // max(1, local_procs) - 1))
+
+
+# An explicit --workers above this many per usable core (per local process) is capped to it: torch only warns above
+# one per core, and each start forks the main process anew, slower as it has more children (multiprocessing polls
+# them all at each start): --workers 2000 on 2 cores was still forking after a minute, 18 GB taken, and a SIGTERM
+# then came to nothing; --workers 100000 ran past 10 minutes. Decoding that waits on slow storage may use more
+# workers than cores, hence 4.
+WORKERS_PER_CORE = 4
+
+
+def worker_limit(info: DistInfo) -> int:
+    """The most worker processes a loader of this process starts: WORKERS_PER_CORE per usable core, shared among
+    the local processes as auto_workers shares them."""
+    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    return max(1, WORKERS_PER_CORE * usable_cores() // max(1, local_procs))
+
+
+def loader_workers(cfg: Config, ds: Dataset, info: DistInfo) -> int:
+    """The worker processes a loader starts: --workers, capped to worker_limit, or auto_workers for -1."""
+    if cfg.data.workers < 0:
+        return auto_workers(ds, info)
+    return min(cfg.data.workers, worker_limit(info))
+
+
+def workers_cap_line(cfg: Config, info: DistInfo) -> str:
+    """The run's line for a --workers that loader_workers caps ("" otherwise). The config keeps the count asked for:
+    the cap is this machine's, and a resume on a larger one gets what was asked."""
+    limit = worker_limit(info)
+    if cfg.data.workers <= limit:
+        return ""
+    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    share = f" shared by {local_procs} local processes" if local_procs > 1 else ""
+    return (
+        f"--workers {cfg.data.workers} capped to {limit}: {WORKERS_PER_CORE} per usable core ({usable_cores()} "
+        f"cores{share}); more only wait for the cores, and take minutes to start"
+    )
 
 
 def wants_resident(cfg: Config, bundle: DataBundle, device: torch.device) -> bool:
@@ -593,6 +629,12 @@ def encoded_slots(ds, batch_size: int, workers: int, cfg: Config) -> ByteSlots |
         return None
 
 
+def loader_prefetch(asked: int, batches: int, workers: int) -> int:
+    """--prefetch-factor, within the batches an epoch has: no more can be in flight, and torch primes its queue with
+    prefetch x workers tries, one Python call each (--prefetch-factor 10**9 spun there for minutes, a stop held)."""
+    return max(1, min(asked, -(-batches // max(1, workers))))
+
+
 def init_loader_worker(worker_id: int, prefetch: int = 2) -> None:
     """Every DataLoader worker's `worker_init_fn` (`prefetch`: the loader's prefetch_factor, for the line that says
     how much /dev/shm its batches need)."""
@@ -617,6 +659,15 @@ def leave_stops_to_the_main_process() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class _WholeIterators(DataLoader):
+    """A DataLoader whose iterator is made whole before a stop (SIGTERM, Ctrl-C) is raised: one raised between two
+    worker starts left torch unable to tell the started workers to leave (errors.stops_held)."""
+
+    def _get_iterator(self):
+        with stops_held():
+            return super()._get_iterator()
+
+
 def _host_loader(
     ds: Dataset,
     sampler: Sampler,
@@ -626,17 +677,18 @@ def _host_loader(
     info: DistInfo,
     textbook: bool,
 ):
-    workers = cfg.data.workers if cfg.data.workers >= 0 else auto_workers(ds, info)
+    workers = loader_workers(cfg, ds, info)
+    prefetch = loader_prefetch(cfg.data.prefetch_factor, len(BatchSampler(sampler, batch_size, drop_last)), workers)
     common = dict(num_workers=workers, pin_memory=cfg.data.pin_memory == "on")
     if workers > 0:
-        common["worker_init_fn"] = functools.partial(init_loader_worker, prefetch=cfg.data.prefetch_factor)
+        common["worker_init_fn"] = functools.partial(init_loader_worker, prefetch=prefetch)
         end_workers_at_exit()
     if workers > 0:
         # the data set's own start method (workers that use CUDA themselves), else the default; a spawned or
         # forkserver worker ignores the stop signals from its start (worker_start.py)
         common["multiprocessing_context"] = worker_context(getattr(ds, "start_method", None))
     if workers > 0:
-        common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=cfg.data.prefetch_factor)
+        common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=prefetch)
     reseed = workers > 0 and draws_in_workers(ds)
     if (_array_backed(ds) or getattr(ds, "answers_batches", False)) and not textbook:
         # batch_size=None: the sampler yields whole index lists and the data set answers each
@@ -648,11 +700,11 @@ def _host_loader(
                 batches = SlottedBatches(batches, ds.slots)
         if reseed:
             ds, batches = ReseedingWorkers(ds), EpochSeeded(batches)
-        return DataLoader(ds, batch_size=None, sampler=batches, **common)
+        return _WholeIterators(ds, batch_size=None, sampler=batches, **common)
     if reseed:
         ds, sampler = ReseedingWorkers(ds), EpochSeeded(sampler)
     # The sampler owns shuffling: passing shuffle=True beside a sampler raises in DataLoader.
-    return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
+    return _WholeIterators(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **common)
 
 
 def cpu_decode_where(cfg: Config, bundle: DataBundle, info: DistInfo) -> str:
@@ -661,7 +713,8 @@ def cpu_decode_where(cfg: Config, bundle: DataBundle, info: DistInfo) -> str:
     if cfg.data.workers == 0:
         return "in the main process (--workers 0)"
     if cfg.data.workers > 0:
-        return f"in {cfg.data.workers} worker process(es) (--workers {cfg.data.workers})"
+        n = loader_workers(cfg, bundle.train, info)
+        return f"in {n} worker process(es) (--workers {cfg.data.workers})"
     n = auto_workers(bundle.train, info)
     return f"in {n} worker process(es) (auto: the usable cores less one per process on this machine, at most 16)"
 

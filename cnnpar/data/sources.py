@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from cnnpar.config import DataConfig, parse_shape
-from cnnpar.data.arrays import check_label_range, check_npz_members, resize_square, to_labels, to_nchw_uint8
+from cnnpar.data.arrays import check_fits, check_label_range, check_npz_members, resize_square, to_labels, to_nchw_uint8
 from cnnpar.data.bundle import (
     CLASS_NAMES_COUNT,
     NO_HOLDOUT,
@@ -218,6 +218,8 @@ def load_synthetic(cfg: DataConfig, seed: int) -> DataBundle:
     n_classes = cfg.num_classes or 10
     g = torch.Generator().manual_seed(seed)
     n = cfg.synthetic_samples
+    # images, labels (int64) and the class offsets: --synthetic-samples 10**12 asked torch for 8 TB, in a traceback
+    check_fits(n * (2 * c * h * w + 8), f"--synthetic-samples {n:,} of {c}x{h}x{w}", "expected fewer samples")
     y = torch.randint(0, n_classes, (n,), generator=g)
     x = torch.randint(0, 160, (n, c, h, w), generator=g, dtype=torch.uint8)
     if n_classes <= SYNTHETIC_LEVELS:  # the data every earlier run, test and benchmark trained on

@@ -40,7 +40,7 @@ from cnnpar.config import (
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import NO_HOLDOUT, class_lines, first_five, holdout_label, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
-from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu
+from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu, workers_cap_line
 from cnnpar.data.sources import ARRAYS_CHECKSUM, STORE_CHECKSUM, folder_content_sample, long_read_line
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
 from cnnpar.data.worker_crash import STOP_SIGNALS, worker_crash, worker_signal
@@ -1371,6 +1371,8 @@ class Trainer:
             self.log(self.batch_note)
         if self.accum_line:
             self.log(self.accum_line)
+        if getattr(self.train_loader.loader, "num_workers", 0) and (line := workers_cap_line(cfg, info)):
+            self.log(line)  # only where workers start: resident or in-memory data has none to cap
         if idle := self._idle_average_line():
             self.log(idle)
         if cfg.optim.label_smoothing > 0:

@@ -141,3 +141,44 @@ def test_ranks_of_nproc_leave_the_interrupted_line_to_the_launcher(monkeypatch, 
     monkeypatch.delenv(LAUNCHED_NPROC_ENV)  # a torchrun started by hand has no launcher to say it
     assert cli.main(["models"]) == 130
     assert capsys.readouterr().err == "cnnpar: interrupted\n"
+
+
+def test_a_stop_while_loader_workers_start_comes_after_the_last_start_and_they_all_leave_at_once(stop_handlers):
+    """audit bounds: a SIGTERM between two worker starts left torch's iterator half made (no `_workers_status`): its
+    clean-up could not tell the started workers to leave and waited 5 s for each (SIGTERM they ignore), 28 s for a
+    run of 8 workers stopped by `timeout`."""
+    import gc
+    import multiprocessing
+
+    from cnnpar.data.workers import kill_stuck
+
+    errors.stop_on_sigterm()
+    started = []
+    fork = multiprocessing.get_context("fork")
+
+    class StopAfterTheFirst(fork.Process):
+        def start(self):
+            super().start()
+            started.append(self)
+            if len(started) == 1:
+                os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` sends it, while the others are still to start
+
+    class StoppingContext(type(fork)):
+        Process = StopAfterTheFirst
+
+    cfg = Config(data=DataConfig(source="digits", resident="off", workers=3), run=RunConfig(batch_size=64))
+    bundle = load_data(cfg.data, cfg.run.seed)
+    loader = build_loader(bundle, resolve_for_device(cfg, "cpu", True), DistInfo(0, 0, 1, torch.device("cpu")), True)
+    loader.loader.multiprocessing_context = StoppingContext()
+    try:
+        with pytest.raises(Terminated):
+            iter(loader.loader)
+        assert len(started) == 3  # the stop waited for the iterator to be whole
+        gc.collect()  # the iterator's clean-up (its __del__), as when the stop's traceback is dropped
+        begin = time.monotonic()
+        for w in started:
+            w.join(3)
+        assert [w.exitcode for w in started] == [0, 0, 0]  # told to leave, they left by themselves
+        assert time.monotonic() - begin < 3
+    finally:
+        kill_stuck(started, grace_s=0.0)
