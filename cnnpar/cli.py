@@ -503,7 +503,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def add_prepare_parser(sub) -> None:
-    from cnnpar.cliargs import DefaultsHelpFormatter
+    from cnnpar.cliargs import DefaultsHelpFormatter, at_least
 
     prep = sub.add_parser(
         "prepare",
@@ -542,7 +542,12 @@ def add_prepare_parser(sub) -> None:
         help="longer side in pixels at most as well (0: no bound), to bound the store's size; a 4:3 photo at "
         "--max-side 256 keeps a shorter side of 192, which crops of 224 enlarge",
     )
-    prep.add_argument("--workers", type=int, default=0, help="decoding processes (0: one per usable core)")
+    prep.add_argument(
+        "--workers",
+        type=at_least(0),
+        default=0,
+        help="decoding processes (0: one per usable core; at most 4 per usable core, as train's)",
+    )
     prep.add_argument("--verify", action="store_true", help="check SRC, a store, against its pixel checksum")
     prep.add_argument(
         "--no-progress",

@@ -38,7 +38,7 @@ from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
 from cnnpar.data.workers import end_workers_at_exit, kill_stuck, report_unsent_batches
 from cnnpar.dist import DistInfo
 from cnnpar.errors import ConfigError, stops_held
-from cnnpar.report.host import usable_cores
+from cnnpar.report.host import WORKERS_PER_CORE, usable_cores, worker_cap_line
 from cnnpar.report.ranges import H2D_COPY, span
 from cnnpar.socket_folder import init_socket_folder
 from cnnpar.worker_start import worker_context
@@ -78,14 +78,6 @@ def auto_workers(dataset: Dataset, info: DistInfo) -> int:
     return max(1, min(16, cores // max(1, local_procs) - 1))
 
 
-# An explicit --workers above this many per usable core (per local process) is capped to it: torch only warns above
-# one per core, and each start forks the main process anew, slower as it has more children (multiprocessing polls
-# them all at each start): --workers 2000 on 2 cores was still forking after a minute, 18 GB taken, and a SIGTERM
-# then came to nothing; --workers 100000 ran past 10 minutes. Decoding that waits on slow storage may use more
-# workers than cores, hence 4.
-WORKERS_PER_CORE = 4
-
-
 def worker_limit(info: DistInfo) -> int:
     """The most worker processes a loader of this process starts: WORKERS_PER_CORE per usable core, shared among
     the local processes as auto_workers shares them."""
@@ -103,15 +95,9 @@ def loader_workers(cfg: Config, ds: Dataset, info: DistInfo) -> int:
 def workers_cap_line(cfg: Config, info: DistInfo) -> str:
     """The run's line for a --workers that loader_workers caps ("" otherwise). The config keeps the count asked for:
     the cap is this machine's, and a resume on a larger one gets what was asked."""
-    limit = worker_limit(info)
-    if cfg.data.workers <= limit:
-        return ""
     local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
     share = f" shared by {local_procs} local processes" if local_procs > 1 else ""
-    return (
-        f"--workers {cfg.data.workers} capped to {limit}: {WORKERS_PER_CORE} per usable core ({usable_cores()} "
-        f"cores{share}); more only wait for the cores, and take minutes to start"
-    )
+    return worker_cap_line(cfg.data.workers, worker_limit(info), usable_cores(), share)
 
 
 def wants_resident(cfg: Config, bundle: DataBundle, device: torch.device) -> bool:

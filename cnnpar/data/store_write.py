@@ -58,7 +58,7 @@ from cnnpar.errors import DataError, UserError, raise_pending_stop
 from cnnpar.process_tree import end_with_parent
 from cnnpar.report.files import fsync_path, unheld
 from cnnpar.report.heartbeat import Heartbeat, bar_left_out
-from cnnpar.report.host import usable_cores
+from cnnpar.report.host import WORKERS_PER_CORE, usable_cores, worker_cap_line
 
 try:
     import fcntl
@@ -271,6 +271,17 @@ def check_store_out(out: Path, src: Path) -> None:
             )
 
 
+def decode_workers(asked: int, files: int) -> int:
+    """The decoding processes prepare starts for --workers `asked` (0: one per usable core): at most
+    WORKERS_PER_CORE per usable core, said in a line (the pool forks them all at once: --workers 100000 was a fork
+    storm), and no more than there are files."""
+    cores = usable_cores()
+    limit = WORKERS_PER_CORE * cores
+    if line := worker_cap_line(asked, limit, cores):
+        print(line, flush=True)
+    return max(1, min(asked or cores, limit, files))
+
+
 def prepare_store(
     src: str | Path,
     out: str | Path,
@@ -329,7 +340,7 @@ def prepare_store(
     offsets, hw = np.zeros(n, np.int64), np.zeros((n, 2), np.int64)
     digest, pos = new_hash(), 0
     partial = new_partial_path(out)
-    workers = workers or usable_cores()
+    workers = decode_workers(workers, n)
     images, written, starting_workers = OrderedDecode(files, sides, workers, partial), False, False
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -69,3 +69,37 @@ def test_cpu_processes_beyond_four_per_core_are_refused_in_one_line(monkeypatch)
     ):
         pick_device("cpu", 0, 1000)
     assert pick_device("cpu", 7, 8) == torch.device("cpu")  # within 4 per core: a gloo test of 8 ranks still runs
+
+
+def test_prepare_caps_its_decoding_processes_to_four_per_core_and_says_so(tmp_path, monkeypatch, capsys):
+    """--workers 100000 made prepare's process pool fork 100,000 decoders at once (a fork storm on 2 cores)."""
+    import numpy as np
+    from PIL import Image
+
+    from cnnpar.data import store_write
+
+    for c in ("a", "b"):
+        (tmp_path / "photos" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(np.full((12, 16, 3), 40 * i, np.uint8)).save(tmp_path / "photos" / c / f"{i}.png")
+    monkeypatch.setattr(store_write, "usable_cores", lambda: 1)
+    started = []
+    real_pool = store_write.ProcessPoolExecutor
+
+    def pool(n, **kw):  # none forked past 2, whatever was asked
+        started.append(n)
+        return real_pool(min(n, 2), **kw)
+
+    monkeypatch.setattr(store_write, "ProcessPoolExecutor", pool)
+    header = store_write.prepare_store(tmp_path / "photos", tmp_path / "p.cnnpar", workers=100_000, progress=False)
+    assert header["count"] == 6 and started == [4]
+    assert "--workers 100000 capped to 4: 4 per usable core (1 core)" in capsys.readouterr().out
+    assert store_write.decode_workers(0, 6) == 1 and store_write.decode_workers(3, 2) == 2  # the default; the files
+
+
+def test_prepare_refuses_a_negative_workers_count(capsys):
+    from cnnpar.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["prepare", "photos", "--workers", "-2"])
+    assert ended.value.code == 2 and "--workers" in capsys.readouterr().err
