@@ -987,15 +987,17 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def stopped(stop: KeyboardInterrupt) -> int:
-    """The last line of a command stopped by a Ctrl-C or a SIGTERM (errors.Terminated), and its exit status: 130 or
-    143. A rank of `--nproc` leaves the line to its launcher, which says it once (each rank's came on top of it)."""
+    """The last line of a command stopped by a Ctrl-C, a SIGTERM or a SIGHUP (errors.Terminated), and its exit
+    status: 130, or 128 + the signal (143, 129). A rank of `--nproc` leaves the line to its launcher, which says it
+    once (each rank's came on top of it)."""
     from cnnpar.dist import LAUNCHED_NPROC_ENV
 
     terminated = isinstance(stop, Terminated)
     if LAUNCHED_NPROC_ENV not in os.environ:
         sys.stdout.flush()  # what the command printed (its own stop line) comes first where both go to one file
-        print("cnnpar: stopped (SIGTERM)" if terminated else "cnnpar: interrupted", file=sys.stderr, flush=True)
-    return 128 + 15 if terminated else 130
+        said = f"cnnpar: stopped ({stop.signal_name})" if terminated else "cnnpar: interrupted"
+        print(said, file=sys.stderr, flush=True)
+    return 128 + stop.signum if terminated else 130
 
 
 def _stop_behind(e: BaseException) -> KeyboardInterrupt | None:

@@ -8,6 +8,7 @@ other exception is a bug in cnnpar and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 from collections.abc import Callable
 
@@ -98,11 +99,27 @@ EXIT_COLLECTIVE_TIMED_OUT = 4
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is: the clean-up a Ctrl-C runs then runs for it too."""
+    """SIGTERM, or SIGHUP (the terminal closed), raised where the process is: the clean-up a Ctrl-C runs then runs
+    for it too. `signum` is the signal: the stop line names it, and the exit status is 128 + it (143, 129)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = signum
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
 
 
-# The stop the handlers of `stop_on_sigterm` saw (SIGTERM or SIGINT), kept beside the exception they raise: raised
-# while torch runs a finaliser (a DataLoader iterator's __del__ joining its workers) or a fork hook (logging's
+# The signals that stop a command as a Ctrl-C does, with its clean-up run: SIGINT (a Ctrl-C), SIGTERM (`timeout`,
+# `kill`, a scheduler) and SIGHUP (its terminal went away: an SSH connection dropped, a terminal window closed; the
+# kernel sends it to the terminal's foreground group). Python's default for SIGHUP ended the run at once, as a
+# SIGKILL would: no stop line, its DataLoader workers left to torch's watchdog. `nohup` leaves it ignored.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+# The stop the handlers of `stop_on_sigterm` saw (SIGTERM, SIGHUP or SIGINT), kept beside the exception they raise:
+# raised while torch runs a finaliser (a DataLoader iterator's __del__ joining its workers) or a fork hook (logging's
 # _releaseLock, as a loader forks its workers), that exception is printed as "Exception ignored in ..." and dropped,
 # and a run stopped by `timeout` trained on to its last epoch and ended `done:`. The loops ask at their safe points
 # (`raise_pending_stop`: each step, each batch, an epoch's end), and `engine/trainer.the_stop` reads any error raised
@@ -111,10 +128,9 @@ _stop_seen: int | None = None
 
 
 def stop_for(signum: int) -> KeyboardInterrupt:
-    """The exception a stop by `signum` raises: Terminated for SIGTERM (exit 143), else KeyboardInterrupt (130)."""
-    import signal
-
-    return Terminated() if signum == getattr(signal, "SIGTERM", None) else KeyboardInterrupt()
+    """The exception a stop by `signum` raises: KeyboardInterrupt for SIGINT (exit 130), else Terminated (143 for
+    SIGTERM, 129 for SIGHUP)."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
 
 def pending_stop() -> KeyboardInterrupt | None:
@@ -141,10 +157,8 @@ def stop_on_sigterm() -> None:
     session and would outlive the parent; prepare removes its half-written store). The CLI exits 143 for it.
     Both that SIGTERM and a Ctrl-C (where Python's own handler has it) are remembered as well as raised
     (`pending_stop`), and while one is pending the errors Python drops in finalisers, the stop's own raise and what
-    it broke under torch (its DataLoader iterators half made or half shut), are not printed above the stop line."""
-    import signal
-    import sys
-
+    it broke under torch (its DataLoader iterators half made or half shut), are not printed above the stop line.
+    A SIGHUP (the terminal closed) stops it as a SIGTERM does, exit 129, where it would have ended the process."""
     forget_stop()
 
     def handler(signum, frame):
@@ -158,6 +172,8 @@ def stop_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, handler)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not one ignored (nohup) or another's own
         signal.signal(signal.SIGINT, handler)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # not nohup's SIG_IGN
+        signal.signal(signal.SIGHUP, handler)
     if not getattr(sys.unraisablehook, "quiet_while_stopping", False):
         sys.unraisablehook = _quiet_while_stopping(sys.unraisablehook)
 
@@ -172,15 +188,14 @@ def stops_held():
     """A stop that comes in the block is noted, then raised as it ends: for a DataLoader starting its workers. Raised
     between two starts, it left torch's iterator half made (no `_workers_status`), whose clean-up then failed to
     tell the started workers to leave and waited 5 s for each (they ignore SIGTERM): a SIGTERM during the start of 5
-    workers took 28 s to end the run. Only `stop_on_sigterm`'s handlers are held, and only in the main thread (the
-    one Python runs handlers in)."""
-    import signal
+    workers took 28 s to end the run. Only `stop_on_sigterm`'s handlers (SIGINT, SIGTERM, SIGHUP) are held, and
+    only in the main thread (the one Python runs handlers in)."""
     import threading
 
     held = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
-            if sig is not None and getattr(signal.getsignal(sig), "raises_stop", False):
+        for sig in STOP_SIGNALS:
+            if getattr(signal.getsignal(sig), "raises_stop", False):
                 held[sig] = signal.signal(sig, _note_stop)
     try:
         yield

@@ -17,8 +17,6 @@ import torch
 
 from cnnpar import errors
 
-_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM") if hasattr(signal, name))
-
 
 @contextlib.contextmanager
 def stops_for_one_command():
@@ -29,7 +27,7 @@ def stops_for_one_command():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    handlers = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
+    handlers = {s: signal.getsignal(s) for s in errors.STOP_SIGNALS}
     hook = sys.unraisablehook
     errors.stop_on_sigterm()
     try:

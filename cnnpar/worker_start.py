@@ -1,4 +1,5 @@
-"""DataLoader workers started by spawn or a forkserver that ignore SIGINT and SIGTERM from their first moment.
+"""DataLoader workers started by spawn or a forkserver that ignore the stop signals (errors.STOP_SIGNALS: SIGINT,
+SIGTERM, SIGHUP) from their first moment.
 
 A forked worker is running cnnpar's code at once, and its `worker_init_fn` (loader.leave_stops_to_the_main_process)
 ignores the run's stop signals within milliseconds. A spawned worker (macOS and Windows by default, Python 3.14's
@@ -7,7 +8,8 @@ seconds; a Ctrl-C then reached it with SIGINT's default handler: each worker pri
 over the run's own "stopped" line, and a SIGTERM killed it by signal. Here the worker's process object, as it is
 unpickled in the child, ignores both before anything else is read (its state, which imports torch, comes after).
 
-The bottom layer: only the standard library, so that importing it in the child imports nothing heavy first.
+The bottom layer: only the standard library (and cnnpar.errors, which imports no more), so that importing it in the
+child imports nothing heavy first.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import multiprocessing
 import multiprocessing.context
 import signal
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from cnnpar.errors import STOP_SIGNALS
 
 
 def _ignore_stops_then_make(cls: type):

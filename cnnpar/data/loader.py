@@ -37,7 +37,7 @@ from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_aug
 from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
 from cnnpar.data.workers import end_workers_at_exit, kill_stuck, report_unsent_batches
 from cnnpar.dist import DistInfo
-from cnnpar.errors import ConfigError, stops_held
+from cnnpar.errors import STOP_SIGNALS, ConfigError, stops_held
 from cnnpar.report.host import WORKERS_PER_CORE, usable_cores, worker_cap_line
 from cnnpar.report.ranges import H2D_COPY, span
 from cnnpar.socket_folder import init_socket_folder
@@ -632,22 +632,23 @@ def init_loader_worker(worker_id: int, prefetch: int = 2) -> None:
 
 
 def leave_stops_to_the_main_process() -> None:
-    """SIGTERM and SIGINT ignored in a DataLoader worker. `timeout`, a scheduler and a Ctrl-C
-    signal the whole process group; torch's worker handler then kills a worker by SIGTERM's default action (it exits
-    quietly only for its parent's), its `pymp-*` folder left in /tmp, and the main process got "DataLoader worker ...
-    is killed by signal: Terminated" in place of its stop or over it: a bench rung recorded as failed, the doctor
-    ended in a traceback. The main process stops its workers itself, as on any end (its clean-up, which the stop
-    runs); killed outright, its workers leave within torch's 5 s watchdog (they check their parent between batches).
-    Workers that outlive their shutdown or the main process's exit are killed (data/workers.py): SIGTERM cannot."""
+    """The stop signals (errors.STOP_SIGNALS: SIGTERM, SIGINT, SIGHUP) ignored in a DataLoader worker. `timeout`, a
+    scheduler, a Ctrl-C and a closing terminal signal the whole process group; torch's worker handler then killed a
+    worker by SIGTERM's default action (it exits quietly only for its parent's), and SIGHUP's killed it too: its
+    `pymp-*` folder left in /tmp, and the main process got "DataLoader worker ... is killed by signal: Terminated" in
+    place of its stop or over it: a bench rung recorded as failed, the doctor ended in a traceback. The main process
+    stops its workers itself, as on any end (its clean-up, which the stop runs); killed outright, its workers leave
+    within torch's 5 s watchdog (they check their parent between batches). Workers that outlive their shutdown or
+    the main process's exit are killed (data/workers.py): SIGTERM cannot."""
     import signal
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class _WholeIterators(DataLoader):
-    """A DataLoader whose iterator is made whole before a stop (SIGTERM, Ctrl-C) is raised: one raised between two
-    worker starts left torch unable to tell the started workers to leave (errors.stops_held)."""
+    """A DataLoader whose iterator is made whole before a stop (SIGTERM, Ctrl-C, SIGHUP) is raised: one raised between
+    two worker starts left torch unable to tell the started workers to leave (errors.stops_held)."""
 
     def _get_iterator(self):
         with stops_held():

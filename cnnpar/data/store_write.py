@@ -164,6 +164,8 @@ def start_worker(parent: int) -> None:
     """Runs first in each decoding worker, so that it ends with prepare however prepare ends."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the fork copied cnnpar's handler: stopping a worker ends it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches every process of the terminal; prepare stops us
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # so does the SIGHUP of a terminal that closed
     # killed with prepare even when prepare is killed outright (kill -9, the OOM killer): no orphans
     end_with_parent(parent, signal.SIGKILL)
 

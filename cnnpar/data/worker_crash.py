@@ -7,7 +7,7 @@ decoder does: torchvision 0.29's PNG decoder died (SIGSEGV) on a PNG whose image
 is damaged inside, which is why PNGs go to Pillow (folder.decode_png), which raises an error naming
 the file, on every path. Should another decoder still crash a worker, this says what it was and how
 to find the file.
-A worker killed by SIGTERM or SIGINT died of the run's own stop (engine/trainer.the_stop).
+A worker killed by a stop signal (SIGTERM, SIGINT, SIGHUP) died of the run's own stop (engine/trainer.the_stop).
 `worker_crash` is the one owner of that line for every command that reads through workers: train ends with it,
 a bench rung fails with it, the doctor ends with it (after writing the report of what it measured, where a try
 crashed).
@@ -21,12 +21,11 @@ import signal
 
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.store import default_store_path, prepare_args
-from cnnpar.errors import DataError
+from cnnpar.errors import STOP_SIGNALS, DataError
 
 _KILLED = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: ([^.]+)\.")
 # strsignal's words (what torch writes) to the signal: "Segmentation fault" -> SIGSEGV
 _BY_WORDS = {signal.strsignal(s): s for s in signal.Signals if signal.strsignal(s)}
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def killed_by(e: BaseException) -> signal.Signals | None:

@@ -208,7 +208,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
             if crash is not None:
                 report.stopped = f"{worker_signal(e).name} killed a data loader worker during the {trying}"
             else:
-                report.stopped = f"{'SIGTERM' if isinstance(stop, Terminated) else 'Ctrl-C'} during the {trying}"
+                report.stopped = f"{stop.signal_name if isinstance(stop, Terminated) else 'Ctrl-C'} during the {trying}"
             log(f"doctor: stopped during the {trying}: writing the report of what was measured before it")
     report.marks = marks
     if sampler:

@@ -277,18 +277,26 @@ def _stopped_after_a_checkpoint(cmd: list[str], tmp_path, name: str, stop, wait_
     return proc, out, err
 
 
-def test_sigterm_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tmp_path):
+# the launcher alone, as `timeout` does; the launcher's group (torchrun and its ranks run in sessions of their own),
+# as a closing terminal does
+STOPS = {"SIGTERM": lambda p: p.send_signal(signal.SIGTERM), "SIGHUP": lambda p: os.killpg(p.pid, signal.SIGHUP)}
+
+
+@pytest.mark.parametrize("sig", STOPS)
+def test_a_stop_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tmp_path, sig):
     """`timeout` or a scheduler signals the process it started: the launcher hands SIGTERM on to torchrun, which
-    stops its workers; before, the launcher died alone and torchrun's workers trained on without it."""
+    stops its workers; before, the launcher died alone and torchrun's workers trained on without it. A closing
+    terminal's SIGHUP killed the launcher at once (torchrun then stopped by its parent's death), with no line said."""
     import psutil
 
-    name = f"sigterm-{tmp_path.name}"
+    if signal.getsignal(getattr(signal, sig)) is signal.SIG_IGN:
+        pytest.skip(f"{sig} is ignored here (a suite under nohup): the run inherits it ignored, as it should")
+    name = f"{sig.lower()}-{tmp_path.name}"
     args = ["--nproc", "2", "--epochs", "50", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--name", name]
     cmd = [sys.executable, "-m", "cnnpar", "train", *args]
-    # the launcher alone, as `timeout` does
-    proc, out, err = _stopped_after_a_checkpoint(cmd, tmp_path, name, lambda p: p.send_signal(signal.SIGTERM))
-    assert proc.returncode == 143, err[-2000:]
-    assert err.count("cnnpar: stopped (SIGTERM)") == 1  # the launcher's; its ranks are stopped by torchrun
+    proc, out, err = _stopped_after_a_checkpoint(cmd, tmp_path, name, STOPS[sig])
+    assert proc.returncode == 128 + getattr(signal, sig), err[-2000:]
+    assert err.count(f"cnnpar: stopped ({sig})") == 1  # the launcher's; its ranks are stopped by torchrun
     # torchrun's SignalException traceback gave way to the epochs kept: its ranks die at its SIGTERM, unheard
     epochs = checkpoint_epoch(tmp_path / "runs" / name)
     kept = f"stopped: the checkpoint in runs/{name} holds epochs 1-{epochs}; continue with: cnnpar train --resume "

@@ -39,18 +39,25 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def test_sigterm_keeps_the_finished_epochs_says_how_to_go_on_and_the_resume_finishes(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_stop_keeps_the_finished_epochs_says_how_to_go_on_and_the_resume_finishes(tmp_path, sig):
+    """SIGHUP (an SSH connection dropped, a terminal closed) ended the run at once, as a SIGKILL would: no line said
+    what was kept or how to go on, and the exit status was a death by signal."""
     args = [*SMALL, "--epochs", "3", "--name", "t"]
+    # as a terminal's own process would, whatever this one's SIGHUP is (a suite run under nohup ignores it)
+    script = f"import signal; signal.signal(signal.{sig}, signal.SIG_DFL)\n" + STOPPED_IN_EPOCH_2
+    script = script.replace("signal.SIGTERM)", f"signal.{sig})")
     proc = subprocess.run(
-        [sys.executable, "-c", STOPPED_IN_EPOCH_2, *args], cwd=tmp_path, env=cli_env(), capture_output=True, text=True
+        [sys.executable, "-c", script, *args], cwd=tmp_path, env=cli_env(), capture_output=True, text=True
     )
     run = tmp_path / "runs" / "t"
-    assert proc.returncode == 143, proc.stderr
+    assert proc.returncode == 128 + getattr(signal, sig), proc.stderr
     assert f"stopped: the checkpoint in {run.relative_to(tmp_path)} holds epochs 1-1; continue with: cnnpar train " in (
         proc.stdout
     )
-    assert "cnnpar: stopped (SIGTERM)" in proc.stderr
+    assert f"cnnpar: stopped ({sig})" in proc.stderr
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1"]
+    assert json.loads((run / "summary.json").read_text())["finished"] is False
     assert not list((run / "ckpt").glob(".*.tmp"))
     again = subprocess.run(
         [sys.executable, "-m", "cnnpar", *SMALL, "--resume", "runs/t"], cwd=tmp_path, env=cli_env(), capture_output=True
@@ -91,11 +98,15 @@ def test_a_sigterm_whose_raise_a_finaliser_dropped_still_stops_the_run(tmp_path)
 
 
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils' timeout")
-def test_timeouts_sigterm_to_the_group_stops_the_run_and_its_loader_workers_leave_nothing(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_stop_to_the_group_stops_the_run_and_its_loader_workers_leave_nothing(tmp_path, sig):
     """`timeout -s TERM` signals the whole process group: the DataLoader workers died of it (torch's handler), each
     left its pymp-* folder in /tmp, and their death could come up in place of the stop or over it. Signalled here once
     epoch 1's line is out (timeout hands a signal it gets on to the group, as at its limit), so the stop lands in epoch
-    2 every time."""
+    2 every time. A closing terminal sends its foreground group SIGHUP: it killed the run and its workers at once,
+    with no line said."""
+    if signal.getsignal(getattr(signal, sig)) is signal.SIG_IGN:
+        pytest.skip(f"{sig} is ignored here (a suite under nohup): the run inherits it ignored, as it should")
     # a TMPDIR of its own, short: the workers' sockets go in it, and a path past 107 bytes (tmp_path under xdist)
     # cannot be bound, which stalled the workers' first batch
     tmp = Path(tempfile.mkdtemp(prefix="cnnpar-"))
@@ -111,13 +122,13 @@ def test_timeouts_sigterm_to_the_group_stops_the_run_and_its_loader_workers_leav
         for line in proc.stdout:
             out += line
             if line.startswith("epoch 1/"):
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(getattr(signal, sig))
                 break
         out += proc.stdout.read()  # (communicate() would miss what this file object has read ahead)
         err = proc.stderr.read()
-        assert proc.wait(timeout=120) == 143, out + err
+        assert proc.wait(timeout=120) == 128 + getattr(signal, sig), out + err
         assert "stopped: the checkpoint in runs/g holds epochs 1-" in out.splitlines()[-1], out
-        assert err.splitlines() == ["cnnpar: stopped (SIGTERM)"]  # no worker's death, no "Exception ignored"
+        assert err.splitlines() == [f"cnnpar: stopped ({sig})"]  # no worker's death, no "Exception ignored"
         assert not list(tmp.glob("pymp-*"))  # the workers left by themselves, their clean-up run
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

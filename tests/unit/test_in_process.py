@@ -25,6 +25,7 @@ def _process_state() -> dict:
     return {
         "sigint": signal.getsignal(signal.SIGINT),
         "sigterm": signal.getsignal(signal.SIGTERM),
+        "sighup": signal.getsignal(signal.SIGHUP),
         "unraisablehook": sys.unraisablehook,
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,

@@ -24,7 +24,7 @@ from tests.datafiles import write_image_folder
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG")
 
 # prepare through the CLI with its workers held busy in their first file: each says who it is (its pid and its
-# SIGTERM and SIGINT handlers) in a file of the folder argv[3], then sleeps, as on a huge photo
+# SIGTERM, SIGINT and SIGHUP handlers) in a file of the folder argv[3], then sleeps, as on a huge photo
 BUSY_WORKERS = (
     "import os, signal, sys, time\n"
     "from pathlib import Path\n"
@@ -33,7 +33,7 @@ BUSY_WORKERS = (
     "prepare = os.getpid()\n"
     "def busy(path, sides):\n"
     "    if os.getpid() != prepare:\n"
-    "        said = repr((signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)))\n"
+    "        said = repr(tuple(signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)))\n"
     "        own = Path(sys.argv[3], f'said-{os.getpid()}')\n"  # one temporary name each: a shared one raced
     "        own.write_text(said)\n"
     "        own.rename(Path(sys.argv[3], str(os.getpid())))\n"
@@ -128,13 +128,20 @@ def test_a_worker_killed_while_handing_over_its_pixels_is_one_line_not_a_hang(tm
 
 
 @linux_only
-def test_sigterm_stops_prepare_at_once_while_its_workers_are_busy(tmp_path):
-    """The clean-up waited for the workers to finish their chunks (for ever when the pool was stuck)."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_a_stop_ends_prepare_at_once_while_its_workers_are_busy(tmp_path, sig):
+    """The clean-up waited for the workers to finish their chunks (for ever when the pool was stuck). A closing
+    terminal sends SIGHUP to prepare's whole group: it ended prepare at once, as a SIGKILL would, no line said."""
+    if signal.getsignal(getattr(signal, sig)) is signal.SIG_IGN:
+        pytest.skip(f"{sig} is ignored here (a suite under nohup): prepare inherits it ignored, as it should")
     proc, out, workers = start_busy_prepare(tmp_path)
     try:
-        proc.send_signal(signal.SIGTERM)
+        if sig == "SIGHUP":
+            os.killpg(proc.pid, signal.SIGHUP)  # the terminal's foreground group: prepare and its workers
+        else:
+            proc.send_signal(signal.SIGTERM)
         err = finish(proc, timeout=30)
-        assert proc.returncode == 128 + 15 and err.strip() == "cnnpar: stopped (SIGTERM)", err
+        assert proc.returncode == 128 + getattr(signal, sig) and err.strip() == f"cnnpar: stopped ({sig})", err
         assert not any(alive(pid) for pid in workers)
         assert_nothing_left(out)
     finally:
@@ -183,7 +190,8 @@ def test_the_workers_end_with_a_killed_prepare_and_keep_no_cnnpar_signal_handler
         while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not any(alive(pid) for pid in workers)
-        assert set(workers.values()) == {"(<Handlers.SIG_DFL: 0>, <Handlers.SIG_IGN: 1>)"}
+        # SIGINT and SIGHUP reach the terminal's whole group: prepare stops its workers itself
+        assert set(workers.values()) == {"(<Handlers.SIG_DFL: 0>, <Handlers.SIG_IGN: 1>, <Handlers.SIG_IGN: 1>)"}
     finally:
         end_all(proc)
 

@@ -25,12 +25,12 @@ from cnnpar.errors import Terminated
 @pytest.fixture
 def stop_handlers():
     """cnnpar's handlers for the test, then the process's own again, and no stop left pending."""
-    term, intr, hook = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT), sys.unraisablehook
+    handlers, hook = {s: signal.getsignal(s) for s in errors.STOP_SIGNALS}, sys.unraisablehook
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, term)
-        signal.signal(signal.SIGINT, intr)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
         sys.unraisablehook = hook
         errors.forget_stop()
 
@@ -104,10 +104,12 @@ def test_any_error_while_a_stop_is_pending_is_that_stop(stop_handlers, monkeypat
     assert type(the_stop(error)) is KeyboardInterrupt
 
 
-def test_loader_workers_outlive_the_groups_sigterm_and_leave_when_the_loader_stops_them():
+@pytest.mark.parametrize("sig", ["TERM", "HUP"])
+def test_loader_workers_outlive_the_groups_stop_and_leave_when_the_loader_stops_them(sig):
     """`timeout` signals the whole process group: torch's worker handler killed each worker (SIGTERM's default action
     for any sender but its parent), which left its pymp-* folder in /tmp and raised "DataLoader worker ... is killed
-    by signal: Terminated" in the main process, over its stop or in its place."""
+    by signal: Terminated" in the main process, over its stop or in its place. A closing terminal's SIGHUP reaches
+    the group too, and killed each worker by its default action."""
     cfg = Config(data=DataConfig(source="digits", resident="off", workers=2), run=RunConfig(batch_size=64))
     bundle = load_data(cfg.data, cfg.run.seed)
     feeder = build_loader(bundle, resolve_for_device(cfg, "cpu", True), DistInfo(0, 0, 1, torch.device("cpu")), True)
@@ -115,7 +117,7 @@ def test_loader_workers_outlive_the_groups_sigterm_and_leave_when_the_loader_sto
     it = iter(loader)
     next(it), next(it)  # a batch from each worker: both have started (their worker_init_fn run)
     workers = list(it._workers)
-    subprocess.run(["kill", "-TERM", *(str(w.pid) for w in workers)], check=True)  # from another process, as timeout
+    subprocess.run(["kill", f"-{sig}", *(str(w.pid) for w in workers)], check=True)  # from another process, as timeout
     time.sleep(0.5)
     assert all(w.is_alive() for w in workers)
     next(it)  # still serving batches: the main process ends them, on its stop as on any end
@@ -182,3 +184,20 @@ def test_a_stop_while_loader_workers_start_comes_after_the_last_start_and_they_a
         assert time.monotonic() - begin < 3
     finally:
         kill_stuck(started, grace_s=0.0)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP off POSIX")
+def test_a_closing_terminals_sighup_stops_as_a_sigterm_does_and_one_nohup_ignores_stays_ignored(stop_handlers):
+    """A dropped SSH connection or a closed terminal window sends SIGHUP, whose default action ended the run at
+    once, as a SIGKILL would: no stop line, nothing said of what was kept, its DataLoader workers orphaned."""
+    from cnnpar.cli import stopped
+
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    errors.stop_on_sigterm()
+    with pytest.raises(Terminated) as raised:
+        signal.raise_signal(signal.SIGHUP)
+    assert raised.value.signum == signal.SIGHUP and type(errors.pending_stop()) is Terminated
+    assert stopped(raised.value) == 129
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # `nohup cnnpar train`: the user asked for the run to outlive it
+    errors.stop_on_sigterm()
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN

@@ -18,15 +18,19 @@ from tests.datafiles import write_noise_jpegs
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 
 
-def sigint_now() -> str:
-    return repr(signal.getsignal(signal.SIGINT))
+# a Ctrl-C, `timeout` or a scheduler, a closing terminal: each reaches the whole process group
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stops_now() -> list[str]:
+    return [repr(signal.getsignal(s)) for s in STOPS]
 
 
 class SeesSigint:
-    """Records, as it is unpickled in the child, how SIGINT is handled there: a DataLoader worker's data set is
-    unpickled as this is, after its target (torch's worker loop, whose import takes seconds)."""
+    """Records, as it is unpickled in the child, how the stop signals are handled there: a DataLoader worker's data
+    set is unpickled as this is, after its target (torch's worker loop, whose import takes seconds)."""
 
-    def __init__(self, seen: str = "") -> None:
+    def __init__(self, seen: list[str] | None = None) -> None:
         self.seen = seen
 
     def __reduce__(self):
@@ -34,15 +38,15 @@ class SeesSigint:
 
     @staticmethod
     def unpickled() -> SeesSigint:
-        return SeesSigint(sigint_now())
+        return SeesSigint(stops_now())
 
 
 def report(probe: SeesSigint, results) -> None:
-    results.put((probe.seen, sigint_now()))
+    results.put((probe.seen, stops_now()))
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_a_worker_ignores_ctrl_c_before_its_state_is_read(method):
+def test_a_worker_ignores_the_stop_signals_before_its_state_is_read(method):
     context = worker_context(method)
     results = context.SimpleQueue()
     child = context.Process(target=report, args=(SeesSigint(), results))
@@ -50,8 +54,8 @@ def test_a_worker_ignores_ctrl_c_before_its_state_is_read(method):
     seen, later = results.get()
     child.join(30)
     # the plain context's child had Python's KeyboardInterrupt handler there: a Ctrl-C while it imported torch
-    # printed a traceback from every worker
-    assert seen == later == repr(signal.SIG_IGN)
+    # printed a traceback from every worker, and a closing terminal's SIGHUP killed each
+    assert seen == later == [repr(signal.SIG_IGN)] * len(STOPS)
     assert child.exitcode == 0
 
 
