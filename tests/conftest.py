@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,23 @@ def _no_device_queue_setting(monkeypatch):
     for name in ("CUDA_DEVICE_MAX_CONNECTIONS", "CNNPAR_SET_DEVICE_QUEUES"):
         monkeypatch.setenv(name, "x")  # recorded, so that the test's own value is undone after it too
         monkeypatch.delenv(name)
+
+
+@pytest.fixture(autouse=True)
+def _stop_handlers_put_back():
+    """The stop handlers, unraisable hook and pending stop as each test found them: a test that installs cnnpar's
+    handlers in this process and leaves them (errors.stop_on_sigterm, a framework runner's main called in-process)
+    handed them to the next test in the same xdist worker, whose own Ctrl-C then counted as a pending stop, and a
+    train later in that worker stopped at its first step."""
+    from cnnpar import errors
+
+    handlers, hook = {s: signal.getsignal(s) for s in errors.STOP_SIGNALS}, sys.unraisablehook
+    yield
+    for s, handler in handlers.items():
+        if handler is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(s, handler)
+    sys.unraisablehook = hook
+    errors.forget_stop()
 
 
 def cli_env(**extra: str) -> dict[str, str]:
