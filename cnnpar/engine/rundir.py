@@ -35,7 +35,7 @@ from cnnpar.engine.resolved import read_started_in, rooted
 from cnnpar.errors import UserError
 from cnnpar.report.files import (
     check_out_folder,
-    holder_pid,
+    held_by,
     note_holder,
     removed_on_failure,
     stamped_folder_removed_on_failure,
@@ -315,20 +315,18 @@ def _lock(run_dir: Path, create: bool) -> int | None:
     except OSError:  # no claim file (a run from before claims, or none yet), or a folder this user cannot write
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = holder_pid(fd)
-        os.close(fd)
-        holder = f": pid {pid}" if pid else ""  # to stop, or to find among several runs started by one loop
-        raise RunFolderInUse(
-            f"{run_dir}: a run is using this folder (a cnnpar train still running holds it{holder}): expected that "
-            "run to end or be stopped first, or another --name"
-        ) from None
+        pid = held_by(fd)
     except OSError as e:
         os.close(fd)
         if e.errno in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system without locks: unclaimed
             return None
         raise
+    if pid is not None:
+        holder = f": pid {pid}" if pid else ""  # to stop, or to find among several runs started by one loop
+        raise RunFolderInUse(
+            f"{run_dir}: a run is using this folder (a cnnpar train still running holds it{holder}): expected that "
+            "run to end or be stopped first, or another --name"
+        )
     return fd
 
 

@@ -355,6 +355,19 @@ def holder_pid(fd: int) -> str:
     return ""
 
 
+def held_by(fd: int) -> str | None:
+    """Take the exclusive flock on the claim file `fd` without waiting: None where this process holds it now, else
+    the holder's pid (`holder_pid`, "" where unknown), `fd` closed. Any other OSError (a file system without locks)
+    is the caller's to judge, `fd` still open."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = holder_pid(fd)
+        os.close(fd)
+        return pid
+    return None
+
+
 def note_holder(fd: int) -> None:
     """Write this process's pid into the claim file it holds, for a refused command to name (`holder_pid`)."""
     with contextlib.suppress(OSError):  # a name in a message, no reason to fail the command
@@ -391,20 +404,18 @@ def _claimed(claim: Path, said: str) -> int | None:
         except OSError:
             return None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = holder_pid(fd)
-            os.close(fd)
-            holder = f"pid {pid}" if pid else "another process"
-            raise OutputInUse(
-                f"{said}: another cnnpar command ({holder}) is writing there now: expected it to end first, or "
-                "another output"
-            ) from None
+            pid = held_by(fd)
         except OSError:  # a file system without locks: unclaimed, and no file left there for nothing
             os.close(fd)
             with contextlib.suppress(OSError):
                 claim.unlink()
             return None
+        if pid is not None:
+            holder = f"pid {pid}" if pid else "another process"
+            raise OutputInUse(
+                f"{said}: another cnnpar command ({holder}) is writing there now: expected it to end first, or "
+                "another output"
+            )
         # a holder that ended removes its file (output_held) after this open and before this flock: the flock is
         # then on a file no later command finds, so it is taken again on the file there now
         with contextlib.suppress(OSError):
