@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import tokenize
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from cnnpar.config import MAX_CLASSES
-from cnnpar.errors import DataError
+from cnnpar.errors import DataError, first_line
 
 FEW_ABOVE_ONE = 1e-3  # float pixels: at most this share above 1, the rest in [0, 1], reads as 0..1 data gone astray
 # float pixels whose largest value is above 1 but under this round to 0, 1 or 2 when read as 0..255: no picture
@@ -172,15 +173,20 @@ def check_npz_members(path: Path) -> None:
     with zipfile.ZipFile(path) as z:
         for info in z.infolist():
             if not info.filename.endswith(".npy"):
-                continue  # np.load's NpzFile reads only .npy members
+                # np.load's NpzFile hands such a member over as its bytes, whole (and _read_npz reads every member)
+                total += info.file_size
+                continue
             where = f"{path}[{info.filename.removesuffix('.npy')}]"
             with z.open(info) as f:
                 try:
                     fmt = np.lib.format
                     v1 = fmt.read_magic(f) == (1, 0)
                     shape, _, dtype = (fmt.read_array_header_1_0 if v1 else fmt.read_array_header_2_0)(f)
-                except ValueError as e:
-                    raise DataError(f"{where}: not a readable .npy array ({e}): expected numpy.savez output") from None
+                except (ValueError, tokenize.TokenError) as e:  # numpy tokenizes a 1.0 header: unbalanced, it raises
+                    why = first_line(e)  # numpy's refusal of a long header runs over three lines
+                    raise DataError(
+                        f"{where}: not a readable .npy array ({why}): expected numpy.savez output"
+                    ) from None
                 start = f.tell()
             if dtype.hasobject:
                 continue  # pickled: refused by its key when it is read (sources._npz_array)

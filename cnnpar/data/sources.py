@@ -6,6 +6,7 @@ import hashlib
 import shlex
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -250,7 +251,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
         check_npz_members(path)
         with np.load(path, allow_pickle=False) as z:
             return {k: _npz_array(z, k, path) for k in z.files}
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
+    except (zipfile.BadZipFile, OSError, ValueError, zlib.error) as e:  # zlib: a damaged compressed member
         raise DataError(f"{path}: not a readable .npz archive ({e}): expected numpy.savez output") from None
 
 

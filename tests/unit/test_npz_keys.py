@@ -227,3 +227,55 @@ def test_an_archive_whose_arrays_expand_past_the_memory_available_is_refused_bef
         match=r"bomb.npz: its arrays take .* GB, more than the .* GB of memory available: expected an archive whose",
     ):
         _load(path)
+
+
+def test_a_member_that_is_no_array_counts_against_the_memory_available_as_it_is_read_whole(tmp_path, monkeypatch):
+    """np.load hands a member not named .npy over as its bytes, whole, and every member is read: 100 KB of deflated
+    zeros in notes.txt beside two small arrays, against 50 KB available, is refused before anything is decompressed."""
+    import zipfile
+
+    import psutil
+
+    path = _npz_of(
+        tmp_path / "notes.npz",
+        {"x_train": _npy((4, 2, 2, 1), data=bytes(16)), "y_train": _npy((4,), "<i8", bytes(32))},
+        zipfile.ZIP_DEFLATED,
+    )
+    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("notes.txt", bytes(100_000))
+    real = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=50_000))
+    monkeypatch.setattr(np.lib.npyio.NpzFile, "__getitem__", lambda *a: pytest.fail("a member was decompressed"))
+    with pytest.raises(DataError, match=r"notes.npz: its arrays take .* GB, more than the .* GB of memory available"):
+        _load(path)
+
+
+def test_a_damaged_header_or_compressed_member_is_refused_in_one_line(tmp_path):
+    """An .npy 1.0 header with an unclosed bracket (numpy's tokenizer raised TokenError), one longer than numpy reads
+    (its refusal spans three lines), and a deflated member whose stream is damaged (zlib.error): each a traceback, or
+    a message of several lines, where a DataError of one line names the archive."""
+    import io
+    import struct
+    import zipfile
+
+    y = _npy((4,), "<i8", bytes(32))
+    text = b"{'descr': '|u1', 'fortran_order': False, 'shape': (4,"
+    unclosed = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text) + 1) + text + b"\n" + bytes(4)
+    long_header = io.BytesIO()
+    np.save(long_header, np.zeros(2, np.dtype([(f"f{i}", np.int8) for i in range(2000)])))
+    cases = {"unclosed": _npz_of(tmp_path / "unclosed.npz", {"x_train": unclosed, "y_train": y})}
+    cases["long"] = _npz_of(tmp_path / "long.npz", {"x_train": long_header.getvalue(), "y_train": y})
+    good = tmp_path / "good.npz"
+    np.savez_compressed(good, x_train=np.arange(4000, dtype=np.uint8).reshape(10, 20, 20, 1), y_train=np.arange(10))
+    raw = bytearray(good.read_bytes())
+    with zipfile.ZipFile(good) as z:
+        at = z.getinfo("x_train.npy").header_offset
+    name_len, extra_len = struct.unpack("<HH", raw[at + 26 : at + 30])
+    data = at + 30 + name_len + extra_len
+    raw[data : data + 3] = bytes(b ^ 0xA5 for b in raw[data : data + 3])  # the deflate stream's first block header
+    (tmp_path / "deflate.npz").write_bytes(bytes(raw))
+    cases["deflate"] = tmp_path / "deflate.npz"
+    for name, path in cases.items():
+        with pytest.raises(DataError, match=rf"{name}.npz.*expected numpy.savez output") as e:
+            _load(path)
+        assert "\n" not in str(e.value), name
