@@ -599,14 +599,15 @@ def shutdown_workers(loader) -> None:
         loader._iterator = None
 
 
-def encoded_slots(ds, batch_size: int, workers: int, cfg: Config) -> ByteSlots | None:
-    """Slots for a GPU decoder's encoded batches (data/byte_slots.py), or None where batches keep their
-    own shared segments: no workers (nothing crosses processes), workers started anew each pass (an old
-    pass's workers could still write into a slot the new pass handed out), nvImageCodec (whether it is done
-    with its inputs when its call returns is not stated), or no room for a slot."""
+def encoded_slots(ds, batch_size: int, workers: int, prefetch: int, cfg: Config) -> ByteSlots | None:
+    """Slots for a GPU decoder's encoded batches (data/byte_slots.py), as many as the loader keeps in flight
+    (`prefetch`: loader_prefetch's factor, not --prefetch-factor's, whose 10**9 took the whole slot budget of
+    /dev/shm), or None where batches keep their own shared segments: no workers (nothing crosses processes),
+    workers started anew each pass (an old pass's workers could still write into a slot the new pass handed out),
+    nvImageCodec (whether it is done with its inputs when its call returns is not stated), or no room for a slot."""
     if not byte_slots.ENABLED or workers == 0 or not cfg.data.persistent_workers or cfg.data.decode == "nvimgcodec":
         return None
-    count, slot_bytes, _ = byte_slots.plan_slots(ds.files, batch_size, workers * cfg.data.prefetch_factor + 2)
+    count, slot_bytes, _ = byte_slots.plan_slots(ds.files, batch_size, workers * prefetch + 2)
     if count == 0:
         return None
     try:
@@ -682,7 +683,7 @@ def _host_loader(
         # with one vectorised index_select (or one decoded batch); no per-sample collate.
         batches = BatchSampler(sampler, batch_size, drop_last)
         if isinstance(ds, SlottedEncodedFolder):
-            ds.slots = encoded_slots(ds, batch_size, workers, cfg)
+            ds.slots = encoded_slots(ds, batch_size, workers, prefetch, cfg)
             if ds.slots is not None:
                 batches = SlottedBatches(batches, ds.slots)
         if reseed:

@@ -71,7 +71,7 @@ def test_batches_from_slots_equal_those_from_segments_of_their_own_and_every_slo
     monkeypatch.setattr(byte_slots, "ENABLED", True)
     feeder = build_loader(bundle, cfg, CPU, train=train)
     slots = feeder.decoder.slots
-    assert slots is not None and slots.count == 2 * cfg.data.prefetch_factor + 2
+    assert slots is not None and slots.count == 2 * feeder.loader.prefetch_factor + 2  # the batches in flight, and 2
     assert slots.describe().startswith(f"{slots.count} shared slots of ") and slots.describe().endswith("made once")
     got = [epoch_batches(feeder, e) for e in (1, 2)]
     assert len(released) == sum(len(b) for b in got)  # every batch came in a slot and gave it back
@@ -258,4 +258,18 @@ def test_the_slot_budget_is_split_between_a_nodes_processes_and_a_full_shm_falls
     assert feeder.decoder.slots is None  # the old way, not a failed run
     feeder.set_epoch(1)
     assert sum(len(y) for _, y in feeder) > 0
+    feeder.close()
+
+
+def test_slots_are_planned_for_the_prefetch_the_loader_runs_not_the_one_asked_for(tmp_path, monkeypatch):
+    """--prefetch-factor 10**9 is cut to the epoch's batches (loader_prefetch); the slots were planned for 10**9 x
+    workers batches in flight, and took the whole memory budget of /dev/shm for batches that never came."""
+    root = photo_folder(tmp_path / "photos")
+    data = DataConfig(source=str(root), image_size=24, decode="gpu", workers=2, prefetch_factor=10**9)
+    cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=3)), "cpu", False)
+    monkeypatch.setattr(byte_slots, "ENABLED", True)
+    feeder = build_loader(load_data(cfg.data), cfg, CPU, train=True)
+    slots = feeder.decoder.slots
+    assert feeder.loader.prefetch_factor < 10**9
+    assert slots is not None and slots.count == 2 * feeder.loader.prefetch_factor + 2
     feeder.close()
