@@ -631,7 +631,9 @@ def _check_other_format_pixels(view: memoryview, path: Path | str) -> None:
     """check_pixel_count for a file named .jpg or .png that holds a GIF or a WebP (torchvision decodes those too),
     from the size and frame count Pillow's reader of that format gives without decoding: torchvision decodes every
     frame of a GIF, and a 296 KB GIF named .jpg decoded to 20000x20000 (1.2 GB) past the limit."""
-    from PIL import GifImagePlugin, WebPImagePlugin
+    import struct
+
+    from PIL import GifImagePlugin, Image, WebPImagePlugin
 
     head = bytes(view[:12])
     if head[:4] == b"GIF8":
@@ -644,8 +646,14 @@ def _check_other_format_pixels(view: memoryview, path: Path | str) -> None:
         # the format's class, not Image.open: its decompression-bomb error names no size
         with reader(io.BytesIO(view)) as im:
             (w, h), frames = im.size, getattr(im, "n_frames", 1)
-    except (OSError, ValueError, SyntaxError, EOFError):
-        return  # damaged: torchvision's error names it
+    except Image.DecompressionBombError as e:
+        # the class checks too (a WebP's canvas, a GIF frame reaching past its screen): past the limit all the same
+        raise DataError(
+            f"{path}: {first_line(e)}: expected at most {MAX_PIXELS / 1e6:.0f} megapixels (Pillow's "
+            "decompression-bomb limit): shrink it or leave it out"
+        ) from None
+    except (OSError, ValueError, SyntaxError, EOFError, IndexError, struct.error):
+        return  # damaged (the GIF reader indexes and unpacks a truncated file unchecked): torchvision's error names it
     if frames > 1 and h * w * frames > MAX_PIXELS:
         raise DataError(
             f"{path}: {frames:,} frames of {w}x{h} pixels ({h * w * frames / 1e6:,.0f} megapixels, every frame "

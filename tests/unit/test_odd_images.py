@@ -506,3 +506,26 @@ def test_a_gif_named_jpg_is_held_to_the_pixel_limit_before_torchvision_decodes_i
     files[0].write_bytes(saved(picture(8, 8), "JPEG"))  # the plain photo within the limit too
     with pytest.raises(DataError, match=rf"gif.jpg: {error}"):
         PATHS[path](files)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_webp_past_pillow_s_own_limit_or_a_truncated_gif_named_jpg_ends_in_one_line(tmp_path, monkeypatch, path):
+    """Pillow's WebP reader refuses a canvas past its decompression-bomb limit itself (DecompressionBombError), and
+    its GIF reader counting frames indexes a truncated file unchecked (IndexError): both were tracebacks from the
+    pixel check, where a WebP past the limit is refused in one line and a damaged GIF left to the decoder, whose
+    error names it. Pillow's limit is 2 x 50 pixels here: the 20x20 WebP is past it."""
+    from PIL import Image
+
+    gif = io.BytesIO()
+    shown = [Image.new("L", (10, 10), 60 * k) for k in range(3)]
+    shown[0].save(gif, "GIF", save_all=True, append_images=shown[1:])
+    files = write(tmp_path, "gif", gif.getvalue()[:137])  # cut inside the second frame
+    files[0].write_bytes(saved(Image.new("RGB", (20, 20), (200, 10, 10)), "WEBP"))
+    files[0] = files[0].rename(files[0].with_name("webp.jpg"))
+    try:
+        PATHS[path](files[1:])
+    except DataError as e:
+        assert "gif.jpg" in str(e) and "\n" not in str(e)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 50)
+    with pytest.raises(DataError, match=r"webp.jpg: Image size \(400 pixels\) exceeds limit .*: expected at most"):
+        PATHS[path](files[:1])
