@@ -265,7 +265,7 @@ def read_checked(path: Path) -> tuple[dict, bytes, tuple[int, int, int, int]]:
             raise _refuse(path, f"header length {header_len:,} bytes, past the end of its {size:,}-byte file")
         try:
             header = json.loads(f.read(header_len))
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: brackets nested deeper than json parses
             raise _refuse(path, f"unreadable header ({type(e).__name__}: {e})") from None
         check_sizes(path, header, header_len)
         declared = header["data_start"] + header["pixel_bytes"]

@@ -660,3 +660,15 @@ def test_predict_on_the_folder_of_a_store_run_sees_the_store_validations_pixels(
     # the read without the store's resize differs, so the test tells the two apart
     plain, _, _ = load_predict_data(str(root), "folder", image_size=16)
     assert not torch.equal(plain[order][0], validated)
+
+
+def test_a_store_whose_header_nests_brackets_past_json_s_depth_is_refused_in_one_line(photos, tmp_path):
+    """json.loads of a header of nested brackets raised RecursionError, which the header's check did not take: a
+    traceback where a damaged header is refused in one line."""
+    _, out = photos
+    data = out.read_bytes()
+    length = struct.unpack_from("<I", data, 12)[0]
+    path = tmp_path / "nested.cnnpar"
+    path.write_bytes(PREFIX.pack(MAGIC, 1, 100_000) + b"[" * 100_000 + data[PREFIX.size + length :])
+    text = one_line_error(lambda: load_data(data_cfg(path), 0), str(path), "unreadable header (RecursionError")
+    assert text.endswith("re-run cnnpar prepare"), text
