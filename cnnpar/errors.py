@@ -85,6 +85,13 @@ def refuse_counts_under_one(*counts: tuple[str, int]) -> None:
             raise UserError(f"{flag} {n}: expected a whole number of 1 or more")
 
 
+def brief_repr(value) -> str:
+    """A value as an error line names it, its repr cut to 40 characters: a field of a file handed on by someone else
+    (a store's header, a checkpoint's meta) can hold a list of a million items."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message, for a one-line report; its type when it has none."""
     text = str(e).strip()

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cnnpar.errors import DataError
+from cnnpar.errors import DataError, brief_repr
 from cnnpar.report.heartbeat import Heartbeat, bar_left_out
 
 MAGIC = b"CNNPSTOR"
@@ -286,7 +286,7 @@ def check_sizes(path: Path, header, header_len: int) -> None:
     for key in ("count", "index_bytes", "data_start", "pixel_bytes"):
         value = header.get(key)
         if type(value) is not int or value < 0:  # bool is an int to isinstance
-            raise _refuse(path, f"header field {key} is {_shown(value)}: expected a whole number >= 0")
+            raise _refuse(path, f"header field {key} is {brief_repr(value)}: expected a whole number >= 0")
     count, index_bytes, data_start = header["count"], header["index_bytes"], header["data_start"]
     if index_bytes != count * INDEX_BYTES_PER_IMAGE:
         expected = f"{count * INDEX_BYTES_PER_IMAGE:,} for count {count:,}"
@@ -295,9 +295,11 @@ def check_sizes(path: Path, header, header_len: int) -> None:
         raise _refuse(path, f"header field data_start is {data_start:,}: expected the index's end or past it")
     names = header.get("class_names")
     if not isinstance(names, list) or not names or not all(isinstance(c, str) for c in names):
-        raise _refuse(path, f"header field class_names is {_shown(names)}: expected a list of names (strings)")
+        raise _refuse(path, f"header field class_names is {brief_repr(names)}: expected a list of names (strings)")
     if not isinstance(header.get("data_checksum"), str):
-        raise _refuse(path, f"header field data_checksum is {_shown(header.get('data_checksum'))}: expected a string")
+        raise _refuse(
+            path, f"header field data_checksum is {brief_repr(header.get('data_checksum'))}: expected a string"
+        )
 
 
 def check_index(path: Path, header: dict, arrays: dict[str, np.ndarray]) -> None:
@@ -320,11 +322,6 @@ def check_index(path: Path, header: dict, arrays: dict[str, np.ndarray]) -> None
             k = int(np.argmin(ok))
             many = f" ({np.count_nonzero(~ok):,} images alike)" if np.count_nonzero(~ok) > 1 else ""
             raise _refuse(path, f"index: image {k} has {shown(k)}{many}: expected {expected}")
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def verify_store(path: str | Path, progress: bool = True) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from cnnpar.config import MAX_CLASSES, MAX_IMAGE_SIZE
-from cnnpar.errors import UserError, first_line
+from cnnpar.errors import UserError, brief_repr, first_line
 from cnnpar.report.files import atomic_write, write_failure
 
 LAST = "last.pt"
@@ -268,7 +268,7 @@ def require_model_description(state, path: Path) -> dict:
         problem = "no 'model' weights"
     config = state.get("config") or {}  # predict reads the trained run's settings from its sections
     if not problem and not (isinstance(config, dict) and all(isinstance(v, dict) for v in config.values())):
-        problem = f"its config is {_shown(config)}: expected a dict of sections"
+        problem = f"its config is {brief_repr(config)}: expected a dict of sections"
     if problem:
         raise UserError(f"{path}: not a checkpoint predict can read ({problem}): expected a checkpoint of cnnpar train")
     return meta
@@ -285,7 +285,7 @@ def _description_problem(meta: dict) -> str:
     sides = isinstance(shape, list | tuple) and len(shape) == 3 and all(_whole(v) for v in shape)
     if not (sides and math.prod(shape) <= MAX_INPUT_VALUES):
         largest = f"3x{MAX_IMAGE_SIZE}x{MAX_IMAGE_SIZE}"
-        return f"its meta's image_shape is {_shown(shape)}: expected [channels, height, width], at most {largest}"
+        return f"its meta's image_shape is {brief_repr(shape)}: expected [channels, height, width], at most {largest}"
     if not (_whole(classes) and classes <= MAX_CLASSES):
         return f"its meta's num_classes is {classes!r}: expected a whole number from 1 to {MAX_CLASSES:,}"
     for key in ("mean", "std"):
@@ -296,11 +296,6 @@ def _description_problem(meta: dict) -> str:
     if not (isinstance(names, list | tuple) and (not names or len(names) >= classes)):
         return f"its meta's class_names is {names!r}: expected a list of {classes} names"
     return ""
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _whole(v) -> bool:
