@@ -201,15 +201,16 @@ def closing_feeders(*feeders):
 
 
 def the_stop(e: BaseException | None) -> KeyboardInterrupt | None:
-    """The Ctrl-C or SIGTERM (errors.Terminated) that ended the way `e` took, or None where `e` is no stop's:
+    """The Ctrl-C, SIGTERM or SIGHUP (errors.Terminated) that ended the way `e` took, or None where `e` is no stop's:
     - `e` itself;
     - any error raised while a stop a handler saw is pending (errors.pending_stop): its own raise was dropped in a
       finaliser, or torch's internals broke under it ("exited unexpectedly", an iterator half made), and the run
       ended in that traceback, with no stop line;
-    - a DataLoader worker killed by SIGTERM or SIGINT (worker_signal, through the errors it was raised from or over:
-      "exited unexpectedly" from "is killed by signal: Terminated"): `timeout` and a Ctrl-C signal the whole
-      process group, and torch's SIGCHLD handler raises the worker's death wherever the main thread is, in place of
-      the stop or over it; the stop it replaced where the chain holds one, else the one its signal means."""
+    - a DataLoader worker killed by a stop signal (errors.STOP_SIGNALS; worker_signal, through the errors it was
+      raised from or over: "exited unexpectedly" from "is killed by signal: Terminated"): `timeout`, a Ctrl-C and a
+      closing terminal signal the whole process group, and torch's SIGCHLD handler raises the worker's death
+      wherever the main thread is, in place of the stop or over it; the stop it replaced where the chain holds one,
+      else the one its signal means."""
     if isinstance(e, KeyboardInterrupt):
         return e
     if not isinstance(e, Exception):
