@@ -674,7 +674,7 @@ CPU_PROCS_PER_CORE = 4
 
 def _refuse_cpu_processes_beyond_the_cores(wanted: int) -> None:
     from cnnpar.errors import ConfigError
-    from cnnpar.report.host import usable_cores
+    from cnnpar.process_tree import usable_cores  # not report.host's: report lies above dist
 
     cores = usable_cores()
     if wanted > CPU_PROCS_PER_CORE * cores:

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, as taskset or a container sets it)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
+from cnnpar.process_tree import usable_cores  # noqa: F401  (the bottom layer's, for dist: here for every other user)
 
 # Worker processes per usable core a command starts at most (train's DataLoader workers, prepare's decoders): more
 # only wait for the cores, and each fork is slower than the last (multiprocessing polls every child at each start):
