@@ -71,7 +71,7 @@ def torch_settings_kept():
         torch.backends.cudnn.benchmark = saved["benchmark"]
         torch.backends.cudnn.deterministic = saved["deterministic"]
         torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]
-        # before the precision string: setting that one sets allow_tf32 too
+        # the precision string first: setting it sets matmul.allow_tf32 too, which is put back after it
         torch.set_float32_matmul_precision(saved["matmul_precision"])
         torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
         if torch.get_num_threads() != saved["threads"]:
