@@ -251,7 +251,9 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
         check_npz_members(path)
         with np.load(path, allow_pickle=False) as z:
             return {k: _npz_array(z, k, path) for k in z.files}
-    except (zipfile.BadZipFile, OSError, ValueError, zlib.error) as e:  # zlib: a damaged compressed member
+    # zipfile's own: a damaged deflate stream (zlib.error), an encrypted member (RuntimeError), a compression it
+    # does not read (NotImplementedError)
+    except (zipfile.BadZipFile, OSError, ValueError, zlib.error, RuntimeError, NotImplementedError) as e:
         raise DataError(f"{path}: not a readable .npz archive ({e}): expected numpy.savez output") from None
 
 

@@ -279,3 +279,20 @@ def test_a_damaged_header_or_compressed_member_is_refused_in_one_line(tmp_path):
         with pytest.raises(DataError, match=rf"{name}.npz.*expected numpy.savez output") as e:
             _load(path)
         assert "\n" not in str(e.value), name
+
+
+def test_an_encrypted_member_or_a_compression_zipfile_does_not_read_is_refused_in_one_line(tmp_path):
+    """zipfile raised RuntimeError (password required) and NotImplementedError (compression method 95): tracebacks."""
+    import zipfile
+
+    plain = tmp_path / "plain.npz"
+    np.savez(plain, x_train=np.zeros((4, 2, 2, 1), np.uint8), y_train=np.arange(4))
+    for name, (local, central, value) in {"encrypted": (6, 8, 1), "method": (8, 10, 95)}.items():
+        raw = bytearray(plain.read_bytes())
+        at, entry = raw.index(b"PK\x03\x04"), raw.index(b"PK\x01\x02")  # the first member's two headers
+        raw[at + local] |= value
+        raw[entry + central] |= value
+        (tmp_path / f"{name}.npz").write_bytes(bytes(raw))
+        with pytest.raises(DataError, match=rf"{name}.npz: not a readable .npz archive \(.*\): expected numpy.savez"):
+            _load(tmp_path / f"{name}.npz")
+    assert zipfile.is_zipfile(tmp_path / "method.npz")
