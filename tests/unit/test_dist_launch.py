@@ -852,3 +852,32 @@ def test_a_launch_removes_the_folder_of_a_launch_killed_outright(tmp_path, monke
     assert cli.main(["train", "--nproc", "1", "--device", "cpu", "--out-dir", str(tmp_path / "runs")]) == 0
     assert not dead.exists()
     assert notes[0].name.startswith(f"cnnpar-launch-{os.getpid()}-") and not notes[0].exists()
+
+
+def test_torchruns_own_timer_join_error_is_quiet_and_every_other_dropped_error_is_not():
+    """CI at f9b8979: a stopped --nproc run printed torch elastic's "Exception ignored ... cannot join current thread"
+    traceback (its rendezvous timer's finalizer run on the timer's own thread) above the launcher's stop line."""
+    import sys
+    from types import SimpleNamespace
+
+    from cnnpar.torchrun import quiet_rendezvous_timer_join
+
+    def dropped(filename: str, message: str):
+        code = compile(f"def _stop_thread():\n    raise RuntimeError({message!r})\n", filename, "exec")
+        space: dict = {}
+        exec(code, space)
+        try:
+            space["_stop_thread"]()
+        except RuntimeError:
+            kind, value, tb = sys.exc_info()
+        return SimpleNamespace(exc_type=kind, exc_value=value, exc_traceback=tb, err_msg=None, object=None)
+
+    seen = []
+    hook = quiet_rendezvous_timer_join(seen.append)
+    torch_timer = "/site-packages/torch/distributed/elastic/rendezvous/utils.py"
+    hook(dropped(torch_timer, "cannot join current thread"))
+    assert seen == []
+    other_file, other_error = dropped("/x/mine.py", "cannot join current thread"), dropped(torch_timer, "other")
+    hook(other_file)
+    hook(other_error)
+    assert seen == [other_file, other_error]
