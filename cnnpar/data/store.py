@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from cnnpar.config import NAME_MAX_BYTES
 from cnnpar.errors import DataError, brief_repr
 from cnnpar.report.heartbeat import Heartbeat, bar_left_out
 
@@ -296,6 +297,13 @@ def check_sizes(path: Path, header, header_len: int) -> None:
     names = header.get("class_names")
     if not isinstance(names, list) or not names or not all(isinstance(c, str) for c in names):
         raise _refuse(path, f"header field class_names is {brief_repr(names)}: expected a list of names (strings)")
+    # prepare writes a store only from a folder, whose class names are its folders' names: never empty, '/' or NUL,
+    # at most NAME_MAX bytes (so characters). One past that was not prepared by cnnpar: a 10 MB name went whole into
+    # every line naming classes. A newline is kept: a folder's name can hold one, and predict's CSV quotes it.
+    for k, name in enumerate(names):
+        if not name or "/" in name or "\0" in name or len(name) > NAME_MAX_BYTES:
+            shown = brief_repr(name) + (f" ({len(name):,} characters)" if len(name) > 40 else "")
+            raise _refuse(path, f"header field class_names[{k}] is {shown}: expected a class folder's name")
     if not isinstance(header.get("data_checksum"), str):
         raise _refuse(
             path, f"header field data_checksum is {brief_repr(header.get('data_checksum'))}: expected a string"

@@ -224,6 +224,9 @@ def test_a_store_whose_checksummed_header_and_index_lie_is_refused_naming_the_fi
         ({"count": 7}, "header field index_bytes is 150: expected 175 for count 7"),
         ({"data_start": 0}, "header field data_start is 0"),
         ({"class_names": 5}, "header field class_names is 5"),
+        ({"class_names": ["cats", "do/gs"]}, "header field class_names[1] is 'do/gs': expected a class folder's"),
+        ({"class_names": ["cl\0ss0", "class1"]}, "header field class_names[0] is 'cl\\x00ss0'"),
+        ({"class_names": ["", "dogs"]}, "header field class_names[0] is '': expected a class folder's name"),
         ({"index": {"heights": {0: big, 1: big}, "widths": {0: big, 1: big}}}, f"image 0 has {big}x{big} pixels"),
         ({"index": {"offsets": {2: -3}}}, "image 2 has"),
         ({"index": {"offsets": {1: 10**12}}}, "at offset 1,000,000,000,000: expected within pixel_bytes"),
@@ -235,6 +238,20 @@ def test_a_store_whose_checksummed_header_and_index_lie_is_refused_naming_the_fi
         path = rewritten(out, tmp_path / f"lie{k}.cnnpar", **change)
         text = one_line_error(lambda p=path: load_data(data_cfg(p), 0), str(path), reason)
         assert text.endswith("re-run cnnpar prepare"), text
+
+
+def test_a_store_class_name_no_folder_can_have_is_refused_naming_its_index(photos):
+    """A store's class names are its folder's class folders' names (at most 255 bytes): a 10 MB name, in a store
+    crafted by hand, went whole into every line naming classes. Checked as the header is (no room to rewrite it)."""
+    from cnnpar.data.store import check_sizes
+
+    _, out = photos
+    header, header_len = dict(StoreFile(out).header), struct.unpack_from("<I", out.read_bytes(), 12)[0]
+    header["class_names"] = ["class0", "x" * 10_000_000]
+    text = one_line_error(lambda: check_sizes(out, header, header_len), str(out), "class_names[1] is 'xxx")
+    assert "(10,000,000 characters): expected a class folder's name" in text and len(text) < 300, text
+    header["class_names"] = ["class0", "line\nbreak"]  # a folder's name can hold a newline: kept
+    check_sizes(out, header, header_len)
 
 
 def test_a_lying_store_is_refused_by_the_cli_with_exit_2(photos, tmp_path, capsys):
