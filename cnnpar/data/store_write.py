@@ -279,9 +279,12 @@ def decode_workers(asked: int, files: int) -> int:
     storm), and no more than there are files."""
     cores = usable_cores()
     limit = WORKERS_PER_CORE * cores
+    started = max(1, min(asked or cores, limit, files))
     if line := worker_cap_line(asked, limit, cores):
+        if started < limit:  # fewer images than the cores' cap: the line names the number started, not the cap
+            line = f"--workers {asked} capped to {started}: one per image ({files:,} image{'s' * (files != 1)})"
         print(line, flush=True)
-    return max(1, min(asked or cores, limit, files))
+    return started
 
 
 def prepare_store(
