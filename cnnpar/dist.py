@@ -270,7 +270,7 @@ def launched_as_worker() -> bool:
 
 def stops_for_a_plain_torchrun() -> bool:
     """Rank 0 of a torchrun started by hand (not by `--nproc`, whose launcher says what was kept itself): it alone
-    turns torchrun's SIGTERM into a stop that says what was kept and how to continue (errors.stop_on_sigterm).
+    turns torchrun's SIGTERM into a stop that says what was kept and how to continue (errors.stop_on_signals).
     torchrun hands a SIGTERM on to every worker and kills them 30 s later; the other ranks end at once, unheard,
     and rank 0, in a collective with them, sees them gone at once too."""
     return launched_by_torchrun() and LAUNCHED_NPROC_ENV not in os.environ and launcher_rank() == 0

@@ -125,7 +125,7 @@ class Terminated(KeyboardInterrupt):
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
-# The stop the handlers of `stop_on_sigterm` saw (SIGTERM, SIGHUP or SIGINT), kept beside the exception they raise:
+# The stop the handlers of `stop_on_signals` saw (SIGTERM, SIGHUP or SIGINT), kept beside the exception they raise:
 # raised while torch runs a finaliser (a DataLoader iterator's __del__ joining its workers) or a fork hook (logging's
 # _releaseLock, as a loader forks its workers), that exception is printed as "Exception ignored in ..." and dropped,
 # and a run stopped by `timeout` trained on to its last epoch and ended `done:`. The loops ask at their safe points
@@ -157,7 +157,7 @@ def forget_stop() -> None:
     _stop_seen = None
 
 
-def stop_on_sigterm() -> None:
+def stop_on_signals() -> None:
     """`timeout`, `kill` and job schedulers send SIGTERM, which ends Python without running `finally` or
     `except` blocks: raise `Terminated` instead, so a command's clean-up runs as for Ctrl-C (train keeps its
     finished epochs and removes a half-written checkpoint; tune kills its running child, which lives in its own
@@ -195,7 +195,7 @@ def stops_held():
     """A stop that comes in the block is noted, then raised as it ends: for a DataLoader starting its workers. Raised
     between two starts, it left torch's iterator half made (no `_workers_status`), whose clean-up then failed to
     tell the started workers to leave and waited 5 s for each (they ignore SIGTERM): a SIGTERM during the start of 5
-    workers took 28 s to end the run. Only `stop_on_sigterm`'s handlers (SIGINT, SIGTERM, SIGHUP) are held, and
+    workers took 28 s to end the run. Only `stop_on_signals`'s handlers (SIGINT, SIGTERM, SIGHUP) are held, and
     only in the main thread (the one Python runs handlers in)."""
     import threading
 

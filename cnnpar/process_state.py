@@ -20,7 +20,7 @@ from cnnpar import errors
 
 @contextlib.contextmanager
 def stops_for_one_command():
-    """`errors.stop_on_sigterm` while the block runs; then the handlers and unraisable hook it replaced, and no stop
+    """`errors.stop_on_signals` while the block runs; then the handlers and unraisable hook it replaced, and no stop
     pending, so the next Ctrl-C in the caller is Python's own KeyboardInterrupt again. Nothing in a thread but the
     main one (a notebook's background run), where Python sets no handler (ValueError) and a Ctrl-C never lands: a
     SIGTERM ends the process there, as it would without cnnpar."""
@@ -29,13 +29,13 @@ def stops_for_one_command():
         return
     handlers = {s: signal.getsignal(s) for s in errors.STOP_SIGNALS}
     hook = sys.unraisablehook
-    errors.stop_on_sigterm()
+    errors.stop_on_signals()
     try:
         yield
     finally:
         if errors.pending_stop() is not None:
             # the stopped command's half-shut DataLoader iterators are finalised here, while their errors are still
-            # kept quiet (stop_on_sigterm), not later above the caller's own output
+            # kept quiet (stop_on_signals), not later above the caller's own output
             gc.collect()
         for s, handler in handlers.items():
             if handler is not None:  # None: a handler not set from Python, which cannot be put back

@@ -25,7 +25,7 @@ def _no_device_queue_setting(monkeypatch):
 @pytest.fixture(autouse=True)
 def _stop_handlers_put_back():
     """The stop handlers, unraisable hook and pending stop as each test found them: a test that installs cnnpar's
-    handlers in this process and leaves them (errors.stop_on_sigterm, a framework runner's main called in-process)
+    handlers in this process and leaves them (errors.stop_on_signals, a framework runner's main called in-process)
     handed them to the next test in the same xdist worker, whose own Ctrl-C then counted as a pending stop, and a
     train later in that worker stopped at its first step."""
     from cnnpar import errors

@@ -439,11 +439,11 @@ def runner_main(prog: str, train) -> int:
     import signal
     import sys
 
-    from cnnpar.errors import Terminated, UserError, say_user_error, stop_on_sigterm, user_error_text
+    from cnnpar.errors import Terminated, UserError, say_user_error, stop_on_signals, user_error_text
     from cnnpar.process_tree import end_with_parent_named_in
 
     end_with_parent_named_in(PARENT_ENV, signal.SIGTERM)
-    stop_on_sigterm()
+    stop_on_signals()
     args = runner_parser(prog).parse_args()
     fw = FRAMEWORKS[args.framework]
     # before this run's own load (the header's other reading includes it); its 1-minute figure still holds

@@ -46,13 +46,13 @@ class _Finaliser:
 def test_a_stop_whose_raise_a_finaliser_dropped_is_raised_at_the_next_safe_point(stop_handlers):
     dropped = []
     sys.unraisablehook = dropped.append  # what prints "Exception ignored in ..."
-    errors.stop_on_sigterm()
+    errors.stop_on_signals()
     _Finaliser()
     assert isinstance(errors.pending_stop(), Terminated)  # remembered, though its raise was dropped
     with pytest.raises(Terminated):
         errors.raise_pending_stop()
     assert dropped == []  # nothing printed above the stop line
-    errors.stop_on_sigterm()  # a new command in the same process starts with no stop
+    errors.stop_on_signals()  # a new command in the same process starts with no stop
     errors.raise_pending_stop()
 
 
@@ -154,7 +154,7 @@ def test_a_stop_while_loader_workers_start_comes_after_the_last_start_and_they_a
 
     from cnnpar.data.workers import kill_stuck
 
-    errors.stop_on_sigterm()
+    errors.stop_on_signals()
     started = []
     fork = multiprocessing.get_context("fork")
 
@@ -193,11 +193,11 @@ def test_a_closing_terminals_sighup_stops_as_a_sigterm_does_and_one_nohup_ignore
     from cnnpar.cli import stopped
 
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    errors.stop_on_sigterm()
+    errors.stop_on_signals()
     with pytest.raises(Terminated) as raised:
         signal.raise_signal(signal.SIGHUP)
     assert raised.value.signum == signal.SIGHUP and type(errors.pending_stop()) is Terminated
     assert stopped(raised.value) == 129
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # `nohup cnnpar train`: the user asked for the run to outlive it
-    errors.stop_on_sigterm()
+    errors.stop_on_signals()
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
