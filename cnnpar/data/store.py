@@ -246,9 +246,11 @@ class StoreFile:
             n = self.pixel_bytes
             buf = torch.empty(n + self.tail_padding(), dtype=torch.uint8, device=device)
             buf[n:].zero_()
+            pixels = self.pixels
             for a in range(0, n, CHUNK_BYTES):  # bounded host staging for stores larger than RAM
                 b = min(n, a + CHUNK_BYTES)
-                buf[a:b].copy_(torch.from_numpy(np.asarray(self.pixels[a:b])))
+                self.check_unchanged()  # a store of tens of GB copies for a minute: truncated meanwhile, SIGBUS
+                buf[a:b].copy_(torch.from_numpy(np.asarray(pixels[a:b])))
             self._on_device[key] = buf
         return self._on_device[key]
 
