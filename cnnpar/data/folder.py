@@ -580,6 +580,8 @@ def read_encoded(path: Path) -> torch.Tensor:
     """A file's bytes as a 1-D uint8 tensor in ordinary (shareable) memory; DataError if unreadable or empty."""
     try:
         data = path.read_bytes()
+    except FileNotFoundError:  # every path read was listed first: only a file deleted or moved since is missing
+        raise DataError(f"{path}: gone since its folder was listed (deleted or moved while this ran)") from None
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
     if not data:

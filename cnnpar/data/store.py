@@ -178,10 +178,11 @@ class StoreFile:
         self.hw = np.stack([arrays["heights"], arrays["widths"]], 1).astype(np.int64)  # 3*h*w overflows int32
         self.class_names: list[str] = self.header["class_names"]
         self._pixels: np.ndarray | None = None
+        self._held = None  # the file the pixels are mapped from, kept open to fstat (`check_unchanged`)
         self._on_device: dict[str, torch.Tensor] = {}
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_pixels": None, "_on_device": {}}
+        return {**self.__dict__, "_pixels": None, "_held": None, "_on_device": {}}
 
     @property
     def pixel_bytes(self) -> int:
@@ -191,18 +192,45 @@ class StoreFile:
     def pixels(self) -> np.ndarray:
         """The pixel area as a flat uint8 array mapped from the file (copy-on-write: never written)."""
         if self._pixels is None:
-            with self.path.open("rb") as f:
-                # A prepare to the same path renames a new store over it (atomically): a worker mapping the path
-                # afterwards read the new file's pixels through the old index, and trained on them without a word
-                if _file_identity(os.fstat(f.fileno())) != self.identity:
-                    raise DataError(
-                        f"{self.path}: replaced since this run opened it (a cnnpar prepare wrote it again): its index "
-                        "no longer matches its pixels; expected the store the run started with: start the run again"
-                    )
-                self._pixels = np.memmap(
-                    f, dtype=np.uint8, mode="c", offset=self.header["data_start"], shape=(self.pixel_bytes,)
+            f = self.path.open("rb")
+            # A prepare to the same path renames a new store over it (atomically): a worker mapping the path
+            # afterwards read the new file's pixels through the old index, and trained on them without a word
+            if _file_identity(os.fstat(f.fileno())) != self.identity:
+                f.close()
+                raise DataError(
+                    f"{self.path}: replaced since this run opened it (a cnnpar prepare wrote it again): its index "
+                    "no longer matches its pixels; expected the store the run started with: start the run again"
                 )
+            self._pixels = np.memmap(
+                f, dtype=np.uint8, mode="c", offset=self.header["data_start"], shape=(self.pixel_bytes,)
+            )
+            self._held = f
         return self._pixels
+
+    def check_unchanged(self) -> None:
+        """Refuse, in one line, a mapped store written in place since this run opened it (truncated, emptied, copied
+        over): reading a page of the mapping past a truncated file's end raises SIGBUS, which killed the process with
+        no word, and pixels written over in place were read through the old index. One fstat of the open file: cheap
+        beside a batch's copy."""
+        if self._held is not None and (line := self.changed_line()):
+            raise DataError(line)
+
+    def changed_line(self) -> str | None:
+        """The line for this store's file written in place since the run opened it, or None: the mapped file where
+        this process holds it, else the file at the path where it is the same file. A store renamed over the path is
+        another file; the run's own stays whole and is read on (`pixels` refuses to map the new one)."""
+        try:
+            st = os.fstat(self._held.fileno()) if self._held is not None else os.stat(self.path)
+        except OSError:  # gone from the path: renamed or deleted, the run's open file is whole
+            return None
+        if (st.st_dev, st.st_ino) != self.identity[:2] or _file_identity(st) == self.identity:
+            return None
+        declared = self.header["data_start"] + self.pixel_bytes
+        how = "truncated" if st.st_size < declared else "written over in place"
+        return (
+            f"{self.path}: changed while this run read it ({how}: {st.st_size:,} bytes, {declared:,} when the run "
+            "opened it): expected the store unchanged until the run ends"
+        )
 
     def tail_padding(self) -> int:
         """Bytes after the last image that let `resized_crops_flat` read whole row windows in place."""
@@ -219,9 +247,11 @@ class StoreFile:
             n = self.pixel_bytes
             buf = torch.empty(n + self.tail_padding(), dtype=torch.uint8, device=device)
             buf[n:].zero_()
+            pixels = self.pixels
             for a in range(0, n, CHUNK_BYTES):  # bounded host staging for stores larger than RAM
                 b = min(n, a + CHUNK_BYTES)
-                buf[a:b].copy_(torch.from_numpy(np.asarray(self.pixels[a:b])))
+                self.check_unchanged()  # a store of tens of GB copies for a minute: truncated meanwhile, SIGBUS
+                buf[a:b].copy_(torch.from_numpy(np.asarray(pixels[a:b])))
             self._on_device[key] = buf
         return self._on_device[key]
 

@@ -104,6 +104,7 @@ class StoreDataset(Dataset):
             meta[0] = torch.from_numpy(offsets)
             return RawBatch(None, meta), meta[4]
         src = self.store.pixels
+        self.store.check_unchanged()  # before reading: a page past a truncated file's end kills the process (SIGBUS)
         flat, starts = pack_hwc(hw, (src[o : o + 3 * h * w] for o, (h, w) in zip(offsets.tolist(), hw.tolist())))
         meta[0] = torch.from_numpy(starts)
         return RawBatch(flat, meta), meta[4]

@@ -20,7 +20,7 @@ import shlex
 import signal
 
 from cnnpar.data.folder import ImageFolderDataset
-from cnnpar.data.store import default_store_path, prepare_args
+from cnnpar.data.store import StoreFile, default_store_path, prepare_args
 from cnnpar.errors import STOP_SIGNALS, DataError
 
 _KILLED = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: ([^.]+)\.")
@@ -75,5 +75,9 @@ def worker_crash(e: BaseException, source: str, bundle, labels: str = "") -> Dat
     sig = worker_signal(e)
     if sig is None or sig in STOP_SIGNALS:
         return None
+    store = getattr(bundle.train, "store", None)
+    if sig == signal.SIGBUS and isinstance(store, StoreFile) and (changed := store.changed_line()):
+        # a page past a truncated store's end: torch's own lines blamed /dev/shm, ours said only "crashed"
+        return DataError(f"{changed} (a data loader worker reading it died of SIGBUS)")
     photos = isinstance(bundle.train, ImageFolderDataset)  # the workers decode photos
     return DataError(worker_crash_line(sig, source, photos, bundle.shape[1], labels))

@@ -91,7 +91,16 @@ from cnnpar.engine.rundir import (
 )
 from cnnpar.engine.step import eval_batch
 from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_blocked_by
-from cnnpar.errors import ConfigError, DataError, Diverged, UserError, pending_stop, raise_pending_stop, stop_for
+from cnnpar.errors import (
+    ConfigError,
+    DataError,
+    Diverged,
+    UserError,
+    pending_stop,
+    raise_pending_stop,
+    stop_for,
+    user_error_text,
+)
 from cnnpar.models import build_model
 from cnnpar.models.registry import smallest_batchnorm_map
 from cnnpar.parallel import parallelize, resolve_for
@@ -1302,6 +1311,7 @@ class Trainer:
                 stop = the_stop(e)
                 if stop is None:
                     self._raise_worker_crash(e)
+                    self._raise_data_error_kept(e)
                     raise
                 self.log(self._stopped_line())
                 self.stop_said = True
@@ -1324,6 +1334,17 @@ class Trainer:
             line += f"; {kept_line(self.run_dir, saved, self._continue_command())}"
             self.stop_said = True
         raise DataError(line) from None
+
+    def _raise_data_error_kept(self, e: Exception) -> None:
+        """A file refused after an epoch was saved (every file was read in the first: the input changed under the
+        run, a photo deleted or a store truncated) said with what the checkpoint holds and the command that
+        continues, as a worker's crash is: the line named the file and left the user to guess the epochs lost."""
+        saved = self._saved_epoch_now() if isinstance(e, DataError) else 0
+        if saved:
+            self.stop_said = True
+            raise DataError(
+                f"{user_error_text(e)}; {kept_line(self.run_dir, saved, self._continue_command())}"
+            ) from None
 
     def _stopped_line(self) -> str:
         return stopped_line(self.run_dir, self._saved_epoch_now(), self._continue_command())

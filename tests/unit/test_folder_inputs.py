@@ -98,3 +98,32 @@ def test_a_damaged_jpeg_that_decodes_is_named_once(tmp_path, capsys):
     )
     assert said[0].endswith("), decoded anyway")
     assert torch.equal(x, CpuDecodedFolder([path], [0], 32, train=False, backend="pillow")[[0]][0])
+
+
+def test_a_photo_deleted_under_a_run_is_named_as_gone_since_the_listing_with_the_epochs_kept(
+    tmp_path, monkeypatch, capsys
+):
+    """Photos deleted from the folder in epoch 2 (a sync re-run, a colleague's clean-up): the run ended
+    "PHOTO: cannot read (No such file or directory)", which neither said the file was there when the run listed
+    the folder nor that epoch 1's checkpoint was kept and how to go on."""
+    from cnnpar.cli import main as cli_main
+    from cnnpar.engine import trainer
+
+    folder = write_image_folder(tmp_path / "photos", per_class=12, side=16)
+
+    def delete_in_epoch_2(epoch, step, steps, info):
+        if epoch == 2 and step == 0:
+            for f in folder.rglob("*.*"):
+                f.unlink()
+
+    monkeypatch.setattr(trainer, "maybe_inject_fault", delete_in_epoch_2)
+    runs = tmp_path / "runs"
+    args = ["train", "--data", str(folder), "--model", "cnn3", "--image-size", "16", "--epochs", "3"]
+    args += ["--batch-size", "4", "--device", "cpu", "--workers", "0", "--out-dir", str(runs), "--name", "r"]
+    assert cli_main([*args, "--no-progress"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"cnnpar: error: {folder}/class"), line
+    assert "gone since its folder was listed (deleted or moved while this ran)" in line
+    assert line.endswith(
+        f"the checkpoint in {runs / 'r'} holds epochs 1-1; continue with: cnnpar train --resume {runs / 'r'}"
+    )

@@ -587,6 +587,55 @@ def test_a_store_replaced_while_a_run_opens_it_is_refused_not_read_through_the_o
     one_line_error(lambda: opened.pixels, str(live), "replaced since this run opened it")
 
 
+def test_a_store_written_over_in_place_under_a_run_is_refused_naming_it(photos, tmp_path):
+    """Bytes written into the store a run has mapped (a copy over it in place, a sync) were read through the old
+    index without a word: a batch read after the change is refused in one line naming the store."""
+    import os
+    import shutil
+
+    from cnnpar.data.store_feed import StoreDataset
+
+    live = tmp_path / "live.cnnpar"
+    shutil.copy(photos[1], live)
+    opened = StoreFile(live)
+    ds = StoreDataset(opened, torch.arange(opened.count), 16)
+    ds[[0, 1]]  # mapped, read: the run's first batch
+    with live.open("r+b") as f:
+        f.seek(opened.header["data_start"])
+        f.write(bytes(64))
+    st = live.stat()
+    os.utime(live, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a write within the clock's tick keeps the mtime
+    one_line_error(lambda: ds[[0, 1]], str(live), "changed while this run read it", "written over in place")
+
+
+def test_a_store_truncated_under_a_run_is_refused_in_one_line_not_a_silent_bus_error(photos, tmp_path):
+    """A store truncated while a run had it mapped: reading a page past the new end raised SIGBUS, which killed the
+    run with no message (exit -7). Run apart: without the check it kills the process that reads."""
+    import shutil
+
+    live = tmp_path / "live.cnnpar"
+    shutil.copy(photos[1], live)
+    script = (
+        "import os, sys, torch\n"
+        "from cnnpar.data.store import StoreFile\n"
+        "from cnnpar.data.store_feed import StoreDataset\n"
+        "from cnnpar.errors import DataError\n"
+        "store = StoreFile(sys.argv[1])\n"
+        "ds = StoreDataset(store, torch.arange(store.count), 16)\n"
+        "ds[list(range(store.count))]\n"
+        "os.truncate(sys.argv[1], store.header['data_start'])\n"
+        "for read in (lambda: ds[list(range(store.count))], lambda: store.on_device(torch.device('cpu'))):\n"
+        "    try:\n"
+        "        read()\n"
+        "    except DataError as e:\n"
+        "        print(e)\n"
+    )
+    done = run_cmd([sys.executable, "-c", script, str(live)], tmp_path, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    lines = done.stdout.splitlines()  # a batch read, and the copy of the pixel area to the device (--resident)
+    assert len(lines) == 2 and all(f"{live}: changed while this run read it (truncated" in ln for ln in lines), lines
+
+
 def test_a_store_trains_at_the_size_its_photos_folder_trains_at_where_it_holds_it(tmp_path):
     """Photos of 300x400 and 600x800 train at 224 from their folder (they differ in size); stored at a shorter side
     of 256 they are all 256x341, which read as one source size: the store's run trained at 256."""

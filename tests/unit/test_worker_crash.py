@@ -63,3 +63,28 @@ def test_a_bench_row_keeps_the_whole_line_with_the_command_that_finds_the_file()
     assert worker_crash(torch_errors("Terminated"), "my photos", photos) is None  # the stop's doing: said as a stop
     assert worker_crash(RuntimeError("CUDA error: out of memory"), "my photos", photos) is None
     assert error_text(RuntimeError("x" * 400)) == "RuntimeError: " + "x" * 286  # torch's own: cut
+
+
+def test_a_worker_killed_by_sigbus_reading_a_store_truncated_under_the_run_names_the_store_and_the_change(tmp_path):
+    """A store truncated in place while workers had it mapped: a worker reading past the new end died of SIGBUS, and
+    the run ended "a data loader worker crashed (SIGBUS: Bus error)" under torch's guess of a full /dev/shm."""
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    from cnnpar.data.store import StoreFile
+    from cnnpar.data.store_feed import StoreDataset
+    from cnnpar.data.store_write import prepare_store
+    from tests.datafiles import write_image_folder
+
+    out = tmp_path / "d.cnnpar"
+    prepare_store(write_image_folder(tmp_path / "d", per_class=2), out, 32, workers=1, progress=False)
+    store = StoreFile(out)  # as the main process holds it: the workers map the pixels, it does not
+    bundle = SimpleNamespace(train=StoreDataset(store, torch.arange(store.count), 16), shape=(3, 16, 16))
+    untouched = worker_crash(torch_errors("Bus error"), str(out), bundle)
+    assert str(untouched) == f"a data loader worker crashed (SIGBUS: Bus error) while reading {out}"
+    os.truncate(out, store.header["data_start"])
+    crash = str(worker_crash(torch_errors("Bus error"), str(out), bundle))
+    assert crash.startswith(f"{out}: changed while this run read it (truncated: "), crash
+    assert "SIGBUS" in crash and "\n" not in crash
