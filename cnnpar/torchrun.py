@@ -154,7 +154,7 @@ def quiet_rendezvous_timer_join(hook):
     """`sys.unraisablehook` without one error of torch elastic's own: its rendezvous keep-alive timer is stopped by a
     weakref finalizer, and where the collector runs that finalizer on the timer's own thread (torchrun shutting down
     after a stop), `thread.join()` raises "cannot join current thread", printed as "Exception ignored" with a
-    traceback above the launcher's stop line (seen once in CI at f9b8979). The timer ends with the process anyway;
+    traceback above the launcher's stop line (seen once in CI at 7b212ed). The timer ends with the process anyway;
     every other dropped error still goes to `hook`."""
 
     def unraisable(arg) -> None:

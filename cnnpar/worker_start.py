@@ -6,7 +6,7 @@ ignores the run's stop signals within milliseconds. A spawned worker (macOS and 
 forkserver on Linux, and the workers that decode on the GPU) first starts a new interpreter and imports torch, for
 seconds; a Ctrl-C then reached it with SIGINT's default handler: each worker printed a KeyboardInterrupt traceback
 over the run's own "stopped" line, and a SIGTERM killed it by signal. Here the worker's process object, as it is
-unpickled in the child, ignores both before anything else is read (its state, which imports torch, comes after).
+unpickled in the child, ignores them before anything else is read (its state, which imports torch, comes after).
 
 The bottom layer: only the standard library (and cnnpar.errors, which imports no more), so that importing it in the
 child imports nothing heavy first.

@@ -671,11 +671,9 @@ def _host_loader(
     if workers > 0:
         common["worker_init_fn"] = functools.partial(init_loader_worker, prefetch=prefetch)
         end_workers_at_exit()
-    if workers > 0:
         # the data set's own start method (workers that use CUDA themselves), else the default; a spawned or
         # forkserver worker ignores the stop signals from its start (worker_start.py)
         common["multiprocessing_context"] = worker_context(getattr(ds, "start_method", None))
-    if workers > 0:
         common.update(persistent_workers=cfg.data.persistent_workers, prefetch_factor=prefetch)
     reseed = workers > 0 and draws_in_workers(ds)
     if (_array_backed(ds) or getattr(ds, "answers_batches", False)) and not textbook:

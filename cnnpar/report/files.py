@@ -436,13 +436,12 @@ def output_folder(
     said: str = "",
 ) -> Iterator[Path]:
     """The folder a command writes its results into, for the block: `given` (its flag's, checked beforehand with
-    `refuse_earlier_results`, and held for the block by the file `claim` in it: `output_held`, whose refusal names
-    it as `said`, the folder itself by default), or else a new
-    `stamped_folder(parent, prefix)`. If the block raises, the folders made for it are removed as `removed_on_failure`
-    removes them, unless `keep(folder)` (it holds results worth keeping: a stopped bench's rows so far). A `given`
-    folder that was there before stays; the `results` (names or glob patterns) the block wrote in it are removed
-    instead: refuse_earlier_results found none there before, and a report cut short (a full disk) made a re-run into
-    the same folder refused as an earlier run's."""
+    `refuse_earlier_results`, and held for the block by the file `claim` in it: `output_held`, whose refusal names it as
+    `said`, the folder itself by default), or else a new `stamped_folder(parent, prefix)`. If the block raises, the
+    folders made for it are removed as `removed_on_failure` removes them, unless `keep(folder)` (it holds results worth
+    keeping: a stopped bench's rows so far). A `given` folder that was there before stays; the `results` (names or glob
+    patterns) the block wrote in it are removed instead: refuse_earlier_results found none there before, and a report
+    cut short (a full disk) made a re-run into the same folder refused as an earlier run's."""
     # (folder: bound below, before the block runs) a refusal leaves what is there, the holder's
     when = lambda e: not isinstance(e, OutputInUse) and not keep(folder)  # noqa: E731
     if given:

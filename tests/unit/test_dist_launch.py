@@ -855,7 +855,7 @@ def test_a_launch_removes_the_folder_of_a_launch_killed_outright(tmp_path, monke
 
 
 def test_torchruns_own_timer_join_error_is_quiet_and_every_other_dropped_error_is_not():
-    """CI at f9b8979: a stopped --nproc run printed torch elastic's "Exception ignored ... cannot join current thread"
+    """CI at 7b212ed: a stopped --nproc run printed torch elastic's "Exception ignored ... cannot join current thread"
     traceback (its rendezvous timer's finalizer run on the timer's own thread) above the launcher's stop line."""
     import sys
     from types import SimpleNamespace
