@@ -16,7 +16,11 @@ import pytest
 
 from tests.conftest import REPO
 
-pytest.importorskip("setuptools")  # the build backend, without build isolation
+# the build backend, without build isolation: PEP 621 metadata from setuptools 61, and bdist_wheel built in from 70.1
+# (before it, the wheel package's); a fresh Python 3.11 venv holds setuptools 65.5 and no wheel
+_setuptools = pytest.importorskip("setuptools", minversion="61")
+if tuple(int(p) for p in _setuptools.__version__.split(".")[:2]) < (70, 1):
+    pytest.importorskip("wheel")
 
 
 def _run(cmd: list, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
