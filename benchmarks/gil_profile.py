@@ -82,6 +82,7 @@ class GilProfile:
         for where a thread holds the GIL below its last Python frame, not for its rate."""
         self.path, self.native = Path(path), native
         self.text = ""
+        self.cpu: dict[int, float] = {}  # after the block: each thread's CPU seconds in it, by native id
         self._names: dict[int, str] = {}
         self._done = threading.Event()
 
@@ -113,7 +114,7 @@ class GilProfile:
         self._cpu_last.update(thread_cpu_seconds())
         self._done.set()
         self._watch.join()
-        cpu = {tid: last - self._cpu0.get(tid, 0.0) for tid, last in self._cpu_last.items()}
+        self.cpu = cpu = {tid: last - self._cpu0.get(tid, 0.0) for tid, last in self._cpu_last.items()}
         for tid in cpu:  # native threads (CUDA's, nvJPEG's) by their kernel name
             if tid not in self._names:
                 try:

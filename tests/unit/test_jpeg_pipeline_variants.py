@@ -88,7 +88,11 @@ def test_the_gil_profile_counts_the_cpu_of_a_thread_that_ends_inside_the_block(t
         worker.start()
         worker.join()
         time.sleep(0.1)
-    line = next(line for line in prof.summary().splitlines() if "short-lived" in line)
-    # ~0.4 s of a ~0.5 s block on an idle host; a loaded one (tests run two at a time) stretches the block
-    assert int(line.split("CPU ")[1].rstrip("%")) >= 10
+    # The thread's CPU seconds, not its share of the block: the share is what the summary prints, and a loaded
+    # host (CI runs tests two at a time beside DDP ranks) stretched the block until the thread fell under the
+    # summary's 5 % listing line (CI at 637d693). The last reading comes at most one 0.05 s poll before the end.
+    assert prof.cpu[worker.native_id] >= 0.2
+    if prof.cpu[worker.native_id] >= 0.05 * float(prof.summary().split(" s sampled")[0]):
+        line = next(line for line in prof.summary().splitlines() if "short-lived" in line)
+        assert f"thread {worker.native_id} short-lived:" in line
     assert "py-spy is not on PATH" in prof.summary()
