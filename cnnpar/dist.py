@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from cnnpar.checkout import is_checkout
+from cnnpar.host_facts import usable_cores
 
 DEBUG_ENV = "CNNPAR_DEBUG_SINGLE"
 # set by `cnnpar train --nproc N`'s launcher for torchrun's workers: what a run's record stores as its nproc
@@ -674,7 +675,6 @@ CPU_PROCS_PER_CORE = 4
 
 def _refuse_cpu_processes_beyond_the_cores(wanted: int) -> None:
     from cnnpar.errors import ConfigError
-    from cnnpar.process_tree import usable_cores  # not report.host's: report lies above dist
 
     cores = usable_cores()
     if wanted > CPU_PROCS_PER_CORE * cores:

@@ -35,13 +35,6 @@ POLL_S = 0.1
 STOP_WAIT_S = 1.0  # for a SIGSTOPped process to show stopped before its children are read
 
 
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, as taskset or a container sets it): what the processes
-    a launcher starts are counted against (dist's CPU ranks here; report.host, which hands it to every other user,
-    lies a layer above dist)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def end_with_parent(parent: int, sig: int) -> None:
     """`sig` for this process when its parent, process `parent`, ends however it ends (Linux's PR_SET_PDEATHSIG):
     a launcher killed outright (SIGKILL, the OOM killer) runs no clean-up, and a child in a session of its own ran

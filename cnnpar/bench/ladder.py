@@ -29,11 +29,11 @@ from cnnpar.engine.resolved import as_measured
 from cnnpar.engine.train_step import graphs_blocked_by
 from cnnpar.engine.trainer import raise_if_the_stop
 from cnnpar.errors import UserError
+from cnnpar.host_facts import usable_cores
 from cnnpar.models import build_model
 from cnnpar.parallel import resolve_for
 from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.presets import with_overrides
-from cnnpar.report.host import usable_cores
 from cnnpar.report.meters import free_device_memory
 
 from .measure import error_text, fresh_trainer, measure_steps

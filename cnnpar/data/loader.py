@@ -38,7 +38,8 @@ from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
 from cnnpar.data.workers import end_workers_at_exit, kill_stuck, report_unsent_batches
 from cnnpar.dist import DistInfo
 from cnnpar.errors import STOP_SIGNALS, ConfigError, stops_held
-from cnnpar.report.host import WORKERS_PER_CORE, usable_cores, worker_cap_line
+from cnnpar.host_facts import usable_cores
+from cnnpar.report.host import WORKERS_PER_CORE, worker_cap_line
 from cnnpar.report.ranges import H2D_COPY, span
 from cnnpar.socket_folder import init_socket_folder
 from cnnpar.worker_start import worker_context

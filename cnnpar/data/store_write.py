@@ -55,10 +55,11 @@ from cnnpar.data.store import (
     pack_index,
 )
 from cnnpar.errors import DataError, UserError, raise_pending_stop
+from cnnpar.host_facts import usable_cores
 from cnnpar.process_tree import end_with_parent
 from cnnpar.report.files import fsync_path, unheld
 from cnnpar.report.heartbeat import Heartbeat, bar_left_out
-from cnnpar.report.host import WORKERS_PER_CORE, usable_cores, worker_cap_line
+from cnnpar.report.host import WORKERS_PER_CORE, worker_cap_line
 
 try:
     import fcntl

@@ -50,11 +50,11 @@ from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
 from cnnpar.engine.trainer import Trainer, raise_if_the_stop, the_stop
 from cnnpar.errors import DataError, Terminated
+from cnnpar.host_facts import usable_cores
 from cnnpar.parallel.precision import bf16_on
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
 from cnnpar.report.files import check_output_folder, output_folder
-from cnnpar.report.host import usable_cores
 from cnnpar.report.meters import free_device_memory
 from cnnpar.report.telemetry import TelemetrySampler, plot_unless_failed
 

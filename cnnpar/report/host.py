@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cnnpar.process_tree import usable_cores  # noqa: F401  (the bottom layer's, for dist: here for every other user)
-
 # Worker processes per usable core a command starts at most (train's DataLoader workers, prepare's decoders): more
 # only wait for the cores, and each fork is slower than the last (multiprocessing polls every child at each start):
 # --workers 2000 on 2 cores was still forking after a minute, 18 GB taken, a SIGTERM coming to nothing. Decoding

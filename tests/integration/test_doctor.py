@@ -11,8 +11,8 @@ import torch
 
 from cnnpar.cli import main
 from cnnpar.config import Config
+from cnnpar.host_facts import usable_cores
 from cnnpar.presets import with_overrides
-from cnnpar.report.host import usable_cores
 from tests.datafiles import write_first_batch_failures
 
 

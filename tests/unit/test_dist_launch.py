@@ -28,9 +28,7 @@ def test_more_processes_than_gpus_is_refused(two_gpus):
 
 
 def test_one_gpu_per_process(two_gpus, monkeypatch):
-    from cnnpar import process_tree
-
-    monkeypatch.setattr(process_tree, "usable_cores", lambda: 2)  # 4 CPU processes a core (dist.CPU_PROCS_PER_CORE)
+    monkeypatch.setattr(dist, "usable_cores", lambda: 2)  # 4 CPU processes a core (dist.CPU_PROCS_PER_CORE)
     assert dist.pick_device("auto", 1, local_world_size=2) == torch.device("cuda", 1)
     assert dist.pick_device("cpu", 5, local_world_size=8) == torch.device("cpu")
 

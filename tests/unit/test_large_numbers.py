@@ -59,11 +59,10 @@ def test_synthetic_samples_beyond_the_memory_are_refused_in_one_line_before_any_
 
 def test_cpu_processes_beyond_four_per_core_are_refused_in_one_line(monkeypatch):
     """audit bounds: --nproc 1000 without a GPU was handed to torchrun, a thousand ranks on 2 cores."""
-    from cnnpar import process_tree
     from cnnpar.dist import pick_device
     from cnnpar.errors import ConfigError
 
-    monkeypatch.setattr(process_tree, "usable_cores", lambda: 2)
+    monkeypatch.setattr("cnnpar.dist.usable_cores", lambda: 2)
     with pytest.raises(
         ConfigError, match=r"1000 processes on this node's CPU but 2 usable core\(s\): expected --nproc"
     ):
