@@ -667,6 +667,31 @@ def pick_device(requested: str, local_rank: int, local_world_size: int = 1) -> t
     return torch.device("cpu")
 
 
+# set by `cnnpar tune` and `bench --claims` for each trial's child (bench.trial.PARENT_ENV): its parent speaks
+TRIAL_PARENT_ENV = "CNNPAR_TRIAL_PARENT"
+
+
+def apple_gpu_note(requested: str) -> str:
+    """The line for `--device auto` on a Mac with an Apple GPU, which it leaves unused ("" elsewhere): the run goes
+    to the CPU, and a user who knows PyTorch's MPS backend would expect the GPU. cnnpar has no MPS path (its
+    autocast, torch.compile, pinned memory and CUDA graphs are not run on one here)."""
+    if requested != "auto" or torch.cuda.is_available():
+        return ""
+    mps = getattr(torch.backends, "mps", None)
+    if mps is None or not mps.is_available():
+        return ""
+    return (
+        "cnnpar: note: this machine has an Apple GPU (MPS), which cnnpar does not train on (a CUDA GPU or the CPU "
+        "only): --device auto runs on the CPU"
+    )
+
+
+def _say_apple_gpu_unused(requested: str, rank: int) -> None:
+    # once per job: rank 0 alone, and not a trial's child (its parent said it)
+    if rank == 0 and not os.environ.get(TRIAL_PARENT_ENV) and (note := apple_gpu_note(requested)):
+        print(note, file=sys.stderr, flush=True)
+
+
 # CPU processes per usable core a node may run: --nproc 1000 on the CPU started a thousand ranks, each importing torch
 # and joining a gloo group, on 2 cores (a GPU run is held to one process per GPU above)
 CPU_PROCS_PER_CORE = 4
@@ -695,6 +720,7 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
         device = pick_device(device_request, 0)
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        _say_apple_gpu_unused(device_request, 0)
         return DistInfo(0, 0, 1, device)
 
     rank = int(os.environ["RANK"])
@@ -703,6 +729,7 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     # LOCAL_WORLD_SIZE (set by torchrun): every rank of the node refuses, not only the surplus ones.
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device = pick_device(device_request, local_rank, local_world_size)
+    _say_apple_gpu_unused(device_request, rank)
     if world_size == 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
