@@ -653,18 +653,28 @@ def pick_device(requested: str, local_rank: int, local_world_size: int = 1) -> t
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise ConfigError(
-                "--device cuda (speed.device) but no CUDA device is visible: expected --device cpu or auto here"
+                f"--device cuda (speed.device) but no CUDA device is visible{visible_devices_set()}: expected "
+                "--device cpu or auto here"
             )
         count = torch.cuda.device_count()
         wanted = max(local_world_size, local_rank + 1)
         if wanted > count:
             raise ConfigError(
-                f"{wanted} processes on this node but {count} CUDA device(s) visible: expected --nproc "
-                f"(torchrun --nproc_per_node) <= {count}, one GPU per process"
+                f"{wanted} processes on this node but {count} CUDA device(s) visible{visible_devices_set()}: "
+                f"expected --nproc (torchrun --nproc_per_node) <= {count}, one GPU per process"
             )
         return torch.device("cuda", local_rank)
     _refuse_cpu_processes_beyond_the_cores(max(local_world_size, local_rank + 1))
     return torch.device("cpu")
+
+
+def visible_devices_set(environ=None) -> str:
+    """The clause for a line counting the visible GPUs where CUDA_VISIBLE_DEVICES is set: the variable, not the
+    machine, may be why there are too few (an empty one, or GPU 1 named on a machine with one); "" where unset."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" not in environ:
+        return ""
+    return f" (CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r} chooses which are)"
 
 
 # set by `cnnpar tune` and `bench --claims` for each trial's child (bench.trial.PARENT_ENV): its parent speaks
@@ -681,7 +691,7 @@ def apple_gpu_note(requested: str) -> str:
     if mps is None or not mps.is_available():
         return ""
     return (
-        "cnnpar: note: this machine has an Apple GPU (MPS), which cnnpar does not train on (a CUDA GPU or the CPU "
+        "cnnpar: note: this machine has an Apple GPU (MPS), which cnnpar does not use (a CUDA GPU or the CPU "
         "only): --device auto runs on the CPU"
     )
 

@@ -479,6 +479,7 @@ def test_cuda_asked_for_without_cuda_names_the_flag(monkeypatch):
     from cnnpar.errors import ConfigError
 
     monkeypatch.setattr(dist.torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # named where set (test_device_choice)
     wanted = r"^--device cuda \(speed\.device\) but no CUDA device is visible: expected --device cpu or auto here$"
     with pytest.raises(ConfigError, match=wanted):
         dist.pick_device("cuda", 0, 1)
