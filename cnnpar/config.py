@@ -75,12 +75,14 @@ def _f(
     choices: tuple | None = None,
     auto_zero: bool = False,
     shown: str = "",
+    advice: Any = None,
 ) -> Any:
     # auto_zero: a number field where 0 means "auto" (the CLI takes the word too, e.g. --batch-size auto)
     # shown: the default as --help says it: "auto", not the 0 that stands for it; given, what an empty default
     # stands for (--name's '' is a name made at the start). No "%" in it: argparse formats help text with it
+    # advice: value -> what to do instead, for a value outside `choices` that a habit explains ("" where none does)
     shown = shown or ("auto" if auto_zero and default == 0 else repr(default))
-    meta = {"help": help, "flag": flag, "choices": choices, "auto_zero": auto_zero, "shown": shown}
+    meta = {"help": help, "flag": flag, "choices": choices, "auto_zero": auto_zero, "shown": shown, "advice": advice}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: default, metadata=meta)
     return field(default=default, metadata=meta)
@@ -94,9 +96,28 @@ def setting_name(section: str, name: str) -> str:
     return f"{section}.{name}" if f is None else f"{section}.{name} ({cli_option(f)})"
 
 
-def _check_choice(section: str, name: str, value: Any, choices: tuple) -> None:
+def _check_choice(section: str, name: str, value: Any, choices: tuple, advice: str = "") -> None:
     if value not in choices:
-        raise ConfigError(f"{setting_name(section, name)} = {value!r}: expected one of {', '.join(map(str, choices))}")
+        also = f" ({advice})" if advice else ""
+        raise ConfigError(
+            f"{setting_name(section, name)} = {value!r}: expected one of {', '.join(map(str, choices))}{also}"
+        )
+
+
+def device_advice(value: Any) -> str:
+    """What to do instead of a device cnnpar does not take, where a habit explains the value ("" otherwise): PyTorch's
+    `cuda:N` (cnnpar gives each process the GPU of its local rank among those visible, so the GPU is chosen by
+    CUDA_VISIBLE_DEVICES) or Apple's `mps` (no MPS path: its autocast, compile and pinned memory are untested here)."""
+    text = str(value).strip().lower()
+    if m := re.fullmatch(r"cuda:(\d+)", text):
+        n = m.group(1)
+        which = (
+            "--device cuda is GPU 0" if n == "0" else f"CUDA_VISIBLE_DEVICES={n} with --device cuda trains on GPU {n}"
+        )
+        return f"a process trains on the GPU of its local rank among those visible: {which}; --nproc N uses N GPUs"
+    if text == "mps":
+        return "cnnpar trains on a CUDA GPU or the CPU, not on an Apple GPU through MPS: auto picks the CPU there"
+    return ""
 
 
 def _check_positive(section: str, name: str, value: Any, allow_zero: bool = False) -> None:
@@ -385,7 +406,13 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class SpeedConfig:
-    device: str = _f("auto", "cpu, cuda or auto", choices=DEVICES)
+    device: str = _f(
+        "auto",
+        "cpu, cuda or auto (CUDA where visible, else the CPU); a process trains on the GPU of its local rank among "
+        "those visible: CUDA_VISIBLE_DEVICES=1 picks GPU 1, --nproc N uses N GPUs",
+        choices=DEVICES,
+        advice=device_advice,
+    )
     precision: str = _f(
         "auto",
         "fp32, tf32 (CUDA only), bf16, fp16 (with a GradScaler) or auto: bf16 on a GPU that computes it and on a CPU "
@@ -451,8 +478,8 @@ class SpeedConfig:
     )
 
     def __post_init__(self) -> None:
+        _check_choice("speed", "device", self.device, DEVICES, device_advice(self.device))  # a file's cuda:1
         for name, choices in (
-            ("device", DEVICES),
             ("precision", PRECISIONS),
             ("channels_last", TRISTATE),
             ("compile", COMPILE_MODES),

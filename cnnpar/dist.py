@@ -654,18 +654,53 @@ def pick_device(requested: str, local_rank: int, local_world_size: int = 1) -> t
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise ConfigError(
-                "--device cuda (speed.device) but no CUDA device is visible: expected --device cpu or auto here"
+                f"--device cuda (speed.device) but no CUDA device is visible{visible_devices_set()}: expected "
+                "--device cpu or auto here"
             )
         count = torch.cuda.device_count()
         wanted = max(local_world_size, local_rank + 1)
         if wanted > count:
             raise ConfigError(
-                f"{wanted} processes on this node but {count} CUDA device(s) visible: expected --nproc "
-                f"(torchrun --nproc_per_node) <= {count}, one GPU per process"
+                f"{wanted} processes on this node but {count} CUDA device(s) visible{visible_devices_set()}: "
+                f"expected --nproc (torchrun --nproc_per_node) <= {count}, one GPU per process"
             )
         return torch.device("cuda", local_rank)
     _refuse_cpu_processes_beyond_the_cores(max(local_world_size, local_rank + 1))
     return torch.device("cpu")
+
+
+def visible_devices_set(environ=None) -> str:
+    """The clause for a line counting the visible GPUs where CUDA_VISIBLE_DEVICES is set: the variable, not the
+    machine, may be why there are too few (an empty one, or GPU 1 named on a machine with one); "" where unset."""
+    environ = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" not in environ:
+        return ""
+    return f" (CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r} chooses which are)"
+
+
+# set by `cnnpar tune` and `bench --claims` for each trial's child (bench.trial.PARENT_ENV): its parent speaks
+TRIAL_PARENT_ENV = "CNNPAR_TRIAL_PARENT"
+
+
+def apple_gpu_note(requested: str) -> str:
+    """The line for `--device auto` on a Mac with an Apple GPU, which it leaves unused ("" elsewhere): the run goes
+    to the CPU, and a user who knows PyTorch's MPS backend would expect the GPU. cnnpar has no MPS path (its
+    autocast, torch.compile, pinned memory and CUDA graphs are not run on one here)."""
+    if requested != "auto" or torch.cuda.is_available():
+        return ""
+    mps = getattr(torch.backends, "mps", None)
+    if mps is None or not mps.is_available():
+        return ""
+    return (
+        "cnnpar: note: this machine has an Apple GPU (MPS), which cnnpar does not use (a CUDA GPU or the CPU "
+        "only): --device auto runs on the CPU"
+    )
+
+
+def _say_apple_gpu_unused(requested: str, rank: int) -> None:
+    # once per job: rank 0 alone, and not a trial's child (its parent said it)
+    if rank == 0 and not os.environ.get(TRIAL_PARENT_ENV) and (note := apple_gpu_note(requested)):
+        print(note, file=sys.stderr, flush=True)
 
 
 # CPU processes per usable core a node may run: --nproc 1000 on the CPU started a thousand ranks, each importing torch
@@ -695,6 +730,7 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
         device = pick_device(device_request, 0)
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        _say_apple_gpu_unused(device_request, 0)
         return DistInfo(0, 0, 1, device)
 
     rank = int(os.environ["RANK"])
@@ -703,6 +739,7 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     # LOCAL_WORLD_SIZE (set by torchrun): every rank of the node refuses, not only the surplus ones.
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device = pick_device(device_request, local_rank, local_world_size)
+    _say_apple_gpu_unused(device_request, rank)
     if world_size == 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)

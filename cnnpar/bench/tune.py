@@ -547,6 +547,10 @@ def tune(
         f"tune: budget {budget_s:.0f} s, {limit}; in this order: {', '.join(GROUPS)}. "
         f"{tuner.out} is rewritten after every trial that beats the best so far."
     )
+    from cnnpar.dist import apple_gpu_note
+
+    if note := apple_gpu_note(cfg.speed.device):  # said here: the trials' children, which pick the device, do not
+        log(note)
     # once the start is measured, tuned.toml stays whatever happens after (a stopped run keeps the best config it
     # measured)
     facts = tuner.start(cfg)

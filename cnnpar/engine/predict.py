@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from cnnpar.config import TTA_LEVELS, RunConfig
+from cnnpar.config import TTA_LEVELS, RunConfig, device_advice
 from cnnpar.data.arrays import resize_square
 from cnnpar.data.bundle import ArrayDataset, first_five
 from cnnpar.data.csv_source import PixelCountError, read_ids
@@ -22,6 +22,7 @@ from cnnpar.data.labels_csv import is_whole_number
 from cnnpar.data.sources import PREDICT_READS, detect_format, load_predict_data, npz_class_names, readable_name
 from cnnpar.data.store_write import Sides
 from cnnpar.data.transforms import DeviceTransform
+from cnnpar.dist import apple_gpu_note, visible_devices_set
 from cnnpar.engine.averaging import averaged_weights
 from cnnpar.engine.checkpoint import (
     BEST,
@@ -84,12 +85,18 @@ def _device(text: str) -> torch.device:
     except RuntimeError:  # a name torch does not know at all
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {text!r}: expected auto, cpu, cuda or cuda:N")
+        why = f" ({advice})" if (advice := device_advice(text)) else ""  # mps: no Apple GPU
+        raise ConfigError(f"--device {text!r}: expected auto, cpu, cuda or cuda:N{why}")
     count = torch.cuda.device_count() if dev.type == "cuda" else 0  # 0, not an error, without a driver
     if dev.type == "cuda" and not count:
-        raise ConfigError(f"--device {text!r} but no CUDA device is visible: expected --device cpu here")
+        raise ConfigError(
+            f"--device {text!r} but no CUDA device is visible{visible_devices_set()}: expected --device cpu here"
+        )
     if dev.type == "cuda" and (dev.index or 0) >= count:
-        raise ConfigError(f"--device {text!r}: {count} CUDA device(s) visible: expected cuda:0..cuda:{count - 1}")
+        raise ConfigError(
+            f"--device {text!r}: {count} CUDA device(s) visible{visible_devices_set()}: expected "
+            f"cuda:0..cuda:{count - 1}"
+        )
     return dev
 
 
@@ -273,6 +280,8 @@ def predict(
     `data_format` auto: told from --data's name (csv, npz or folder to say). `labels`: the CSV labelling a flat
     folder, as `cnnpar train --labels` reads it (its labels matched to the run's classes by name), to score it."""
     dev = _device(device)
+    if note := apple_gpu_note(device):
+        print(note, file=sys.stderr, flush=True)
     if batch_size < 1:  # a negative step makes an empty range: a header-only submission, "wrote", exit 0
         raise ConfigError(f"--batch-size {batch_size}: expected a whole number > 0")
     fmt = detect_format(data, data_format, PREDICT_READS)

@@ -79,6 +79,24 @@ def test_values_that_would_run_a_different_measurement_are_refused_while_parsing
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["train", "doctor", "bench", "tune", "profile"])
+@pytest.mark.parametrize(
+    "device, advice",
+    [
+        ("cuda:1", "CUDA_VISIBLE_DEVICES=1 with --device cuda trains on GPU 1; --nproc N uses N GPUs)"),
+        ("mps", "not on an Apple GPU through MPS: auto picks the CPU there)"),
+    ],
+)
+def test_a_torch_device_name_is_refused_with_what_to_do(command, device, advice, capsys):
+    """`--device cuda:1` (PyTorch's habit) got argparse's bare "invalid choice", which does not say that cnnpar
+    picks the GPU by local rank, so by CUDA_VISIBLE_DEVICES; `mps` did not say that Apple's GPU is not used."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([command, "--device", device])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert f"error: argument --device: '{device}': expected one of auto, cpu, cuda (" in err and advice in err
+
+
 @pytest.mark.parametrize(
     "command, measures", [("doctor", "cnnpar.doctor.run.run_doctor"), ("tune", "cnnpar.bench.tune.tune")]
 )

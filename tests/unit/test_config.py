@@ -292,3 +292,23 @@ def test_a_typed_flag_replaces_a_bad_file_value_before_it_is_checked(tmp_path):
     path.write_text('data = "digits"\n')  # no table: no typed flag mends it
     with pytest.raises(ConfigError, match=r"c\.toml: \[data\] must be a table of settings$"):
         _parsed("--config", str(path), "--val-fraction", "0.1")
+
+
+@pytest.mark.parametrize(
+    "device, advice",
+    [
+        ("cuda:1", "CUDA_VISIBLE_DEVICES=1 with --device cuda trains on GPU 1; --nproc N uses N GPUs"),
+        ("cuda:0", "--device cuda is GPU 0"),
+        ("mps", "not on an Apple GPU through MPS: auto picks the CPU there"),
+    ],
+)
+def test_a_torch_device_name_in_a_config_file_is_refused_with_what_to_do(tmp_path, device, advice):
+    """PyTorch's `cuda:1` habit (cnnpar picks the GPU by local rank, so by CUDA_VISIBLE_DEVICES) and Apple's `mps`
+    were refused with the allowed values only."""
+    path = tmp_path / "gpu.toml"
+    path.write_text(f'[speed]\ndevice = "{device}"\n')
+    with pytest.raises(ConfigError) as e:
+        load_toml(path)
+    line = str(e.value)
+    assert line.startswith(f"{path}: speed.device (--device) = '{device}': expected one of auto, cpu, cuda (")
+    assert advice in line and "\n" not in line

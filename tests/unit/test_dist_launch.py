@@ -477,6 +477,7 @@ def test_cuda_asked_for_without_cuda_names_the_flag(monkeypatch):
     from cnnpar.errors import ConfigError
 
     monkeypatch.setattr(dist.torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # named where set (test_device_choice)
     wanted = r"^--device cuda \(speed\.device\) but no CUDA device is visible: expected --device cpu or auto here$"
     with pytest.raises(ConfigError, match=wanted):
         dist.pick_device("cuda", 0, 1)
@@ -879,3 +880,45 @@ def test_torchruns_own_timer_join_error_is_quiet_and_every_other_dropped_error_i
     hook(other_file)
     hook(other_error)
     assert seen == [other_file, other_error]
+
+
+@pytest.fixture
+def apple_gpu(monkeypatch):
+    """A Mac with an Apple GPU: MPS there, no CUDA."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    from cnnpar.bench.trial import PARENT_ENV
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", dist.DEBUG_ENV, PARENT_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_auto_on_a_mac_says_once_that_the_apple_gpu_is_not_used(apple_gpu, capsys):
+    """--device auto trained on the CPU of a Mac without a word about the Apple GPU beside it."""
+    assert dist.init_distributed("auto").device == torch.device("cpu")
+    err = capsys.readouterr().err
+    assert err.count("Apple GPU (MPS)") == 1 and "--device auto runs on the CPU" in err
+    assert dist.init_distributed("cpu").device == torch.device("cpu")  # asked for: nothing to say
+    assert capsys.readouterr().err == ""
+
+
+def test_the_apple_gpu_note_is_left_to_rank_0_and_to_a_trials_parent(apple_gpu, monkeypatch, capsys):
+    from cnnpar.bench.trial import PARENT_ENV
+
+    assert dist.TRIAL_PARENT_ENV == PARENT_ENV
+    monkeypatch.setenv(PARENT_ENV, "1")  # a tune trial's child: its parent said it
+    dist.init_distributed("auto")
+    monkeypatch.delenv(PARENT_ENV)
+    dist._say_apple_gpu_unused("auto", 1)  # what init_distributed does on torchrun's rank 1
+    assert capsys.readouterr().err == ""
+    dist._say_apple_gpu_unused("auto", 0)
+    assert "Apple GPU (MPS)" in capsys.readouterr().err
+
+
+def test_no_apple_gpu_note_without_one_or_with_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert dist.apple_gpu_note("auto") == ""
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert dist.apple_gpu_note("auto") == ""

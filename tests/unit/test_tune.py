@@ -700,3 +700,15 @@ def test_the_inductor_cache_a_trial_is_given_is_torchs_default(tmp_path, monkeyp
     assert inductor_cache_dir() == default_cache_dir()
     monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path / "mine"))
     assert inductor_cache_dir() == str(tmp_path / "mine")
+
+
+def test_tune_on_a_mac_says_that_the_apple_gpu_is_not_used(tmp_path, monkeypatch):
+    """The trials' children pick the device and say nothing (trial.PARENT_ENV): the tuner's own lines say it."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 10.0)
+    said: list[str] = []
+    tune_mod.tune(resnet50(), 60, tmp_path / "tuned.toml", run_trial=m.run_trial, clock=m.clock, log=said.append)
+    assert sum("Apple GPU (MPS)" in line for line in said) == 1
