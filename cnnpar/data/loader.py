@@ -33,7 +33,7 @@ from cnnpar.data.nvjpeg_hw import jpeg_engines
 from cnnpar.data.private_stream import private_stream
 from cnnpar.data.store import prepare_then_train
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
-from cnnpar.data.transforms import DeviceTransform, TextbookDataset, resolve_augment
+from cnnpar.data.transforms import DeviceTransform, TextbookDataset, mix_seed, resolve_augment
 from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
 from cnnpar.data.workers import end_workers_at_exit, kill_stuck, report_unsent_batches
 from cnnpar.dist import DistInfo
@@ -745,6 +745,17 @@ def decodes_on_gpu(cfg: Config, bundle: DataBundle) -> bool:
     )
 
 
+SHUFFLE_KEY = -1  # no sample's index: the crops keyed by (seed, index) never share a generator's seed with the order
+
+
+def shuffle_seed(seed: int) -> int:
+    """The train sampler's seed for the run's `seed`. DistributedSampler permutes by seed + epoch: given the run's
+    seed itself, seed s + 1 trained in seed s's order shifted by one epoch (epoch e of s + 1 was epoch e + 1 of s),
+    so the seeds s, s + 1, ... that `bench --time-to-accuracy` repeats over shared all their orders but one.
+    Hashed (below 2**63, so + epoch stays below torch's 2**64), two seeds' orders are as unrelated as two seeds'."""
+    return mix_seed(seed, SHUFFLE_KEY)
+
+
 def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -> DeviceFeeder:
     """The train loader (shuffled; the ranks' shares cut to equal length, not padded, but for a set smaller than
     the world) or the eval loader (exact shards)."""
@@ -758,7 +769,12 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         # each epoch) rather than padded with repeats, which were trained twice and counted in the epoch's loss,
         # accuracy and images; a set smaller than the world is padded, as it must be to give each rank one
         sampler = DistributedSampler(
-            ds, info.world_size, info.rank, shuffle=True, seed=cfg.run.seed, drop_last=len(ds) >= info.world_size
+            ds,
+            info.world_size,
+            info.rank,
+            shuffle=True,
+            seed=shuffle_seed(cfg.run.seed),
+            drop_last=len(ds) >= info.world_size,
         )
         drop_last = len(sampler) >= batch_size
     else:

@@ -25,8 +25,9 @@ import torch
 
 EPOCH_STRIDE = 1 << 20  # seeds of one epoch's ranks never meet the next epoch's below 2**20 ranks
 # Stored in checkpoints; older ones lack it (their epochs drew on). "per-epoch seeds" was the scheme before the
-# per-sample keys were hashed (data/transforms.mix_seed) and random-resized crops fell back as torchvision's.
-RNG_SCHEME = "per-epoch seeds, hashed sample keys"
+# per-sample keys were hashed (data/transforms.mix_seed) and random-resized crops fell back as torchvision's; "per-epoch
+# seeds, hashed sample keys" the one before the samplers' seed was hashed (data/loader.shuffle_seed): other orders.
+RNG_SCHEME = "per-epoch seeds, hashed sample keys, hashed shuffle seed"
 
 
 def epoch_seed(seed: int, rank: int, epoch: int) -> int:

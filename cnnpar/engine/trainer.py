@@ -735,7 +735,8 @@ class Trainer:
         elif state["rng"] != RNG_SCHEME:
             self.log(
                 f"note: this checkpoint's epochs drew their augmentation by an earlier scheme ({state['rng']}; now "
-                f"{RNG_SCHEME}): the resumed epochs draw other crops and flips than an uninterrupted run would have"
+                f"{RNG_SCHEME}): the resumed epochs draw other crops, flips or sample orders than an uninterrupted "
+                "run would have"
             )
         planned = int(state.get("config", {}).get("run", {}).get("epochs", self.cfg.run.epochs))
         if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
