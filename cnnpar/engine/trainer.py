@@ -18,7 +18,6 @@ import os
 import shlex
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu, workers_cap_line
 from cnnpar.data.sources import ARRAYS_CHECKSUM, STORE_CHECKSUM, folder_content_sample, long_read_line
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
-from cnnpar.data.worker_crash import STOP_SIGNALS, worker_crash, worker_signal
+from cnnpar.data.worker_crash import worker_crash
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
 from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
 from cnnpar.engine.batch_size import lr_line, search_on_device
@@ -90,15 +89,14 @@ from cnnpar.engine.rundir import (
     stopped_line,
 )
 from cnnpar.engine.step import eval_batch
+from cnnpar.engine.stops import close_batches, closing_feeders, the_stop
 from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_blocked_by
 from cnnpar.errors import (
     ConfigError,
     DataError,
     Diverged,
     UserError,
-    pending_stop,
     raise_pending_stop,
-    stop_for,
     user_error_text,
 )
 from cnnpar.models import build_model
@@ -184,88 +182,6 @@ def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
     elif info.distributed:
         for b in model.buffers():
             dist.broadcast(b, src=0)
-
-
-@contextlib.contextmanager
-def closing_feeders(*feeders):
-    """Close the feeders (their decoders' outside resources) when the run ends, however it ends;
-    one that fails to close is reported without hiding the run's own error or the other feeder. Entered from the
-    clean-up of a stop (`Trainer.close` in a `finally` that a Ctrl-C or SIGTERM unwinds: the doctor's tries, the
-    bench), the stop in flight counts as the block's own."""
-    stopping = the_stop(sys.exc_info()[1]) is not None or pending_stop() is not None
-    try:
-        yield
-    except BaseException as e:
-        stopping = stopping or the_stop(e) is not None
-        raise
-    finally:
-        for feeder in feeders:
-            if feeder is None:
-                continue
-            try:
-                feeder.close()
-            except Exception as e:  # noqa: BLE001 - a warning, then the next feeder
-                if not (stopping and _worker_stopped_with_the_run(e)):
-                    warnings.warn(f"closing a data feeder failed: {e!r}", stacklevel=2)
-
-
-def the_stop(e: BaseException | None) -> KeyboardInterrupt | None:
-    """The Ctrl-C, SIGTERM or SIGHUP (errors.Terminated) that ended the way `e` took, or None where `e` is no stop's:
-    - `e` itself;
-    - any error raised while a stop a handler saw is pending (errors.pending_stop): its own raise was dropped in a
-      finaliser, or torch's internals broke under it ("exited unexpectedly", an iterator half made), and the run
-      ended in that traceback, with no stop line;
-    - a DataLoader worker killed by a stop signal (errors.STOP_SIGNALS; worker_signal, through the errors it was
-      raised from or over: "exited unexpectedly" from "is killed by signal: Terminated"): `timeout`, a Ctrl-C and a
-      closing terminal signal the whole process group, and torch's SIGCHLD handler raises the worker's death
-      wherever the main thread is, in place of the stop or over it; the stop it replaced where the chain holds one,
-      else the one its signal means."""
-    if isinstance(e, KeyboardInterrupt):
-        return e
-    if not isinstance(e, Exception):
-        return None
-    pending = pending_stop()
-    if pending is not None:
-        return pending
-    sig = worker_signal(e)
-    if sig not in STOP_SIGNALS:
-        return None
-    return _stop_in_chain(e) or stop_for(sig)
-
-
-def raise_if_the_stop(e: BaseException) -> None:
-    """Raise the stop that `e` is the doing of (`the_stop`), for a caller that turns every other error into a
-    result (a bench rung or seed "failed", a doctor's try): `timeout` then went on as if a rung had failed."""
-    stop = the_stop(e)
-    if stop is not None:
-        raise stop from None
-
-
-def _stop_in_chain(e: BaseException) -> KeyboardInterrupt | None:
-    """The KeyboardInterrupt that `e` was raised from or over, if any."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, KeyboardInterrupt):
-            return e
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def close_batches(batches) -> None:
-    """Close an epoch's or an evaluation's batch iterator, also when it ends in an error (out of memory, Ctrl-C): a
-    DeviceFeeder's threads must not go on decoding ahead while the run's end closes the decoders under them, or wait
-    in a loader's `next()` while its workers shut down. A DataLoader's own iterator has nothing to close."""
-    close = getattr(batches, "close", None)
-    if close is not None:
-        close()
-
-
-def _worker_stopped_with_the_run(e: Exception) -> bool:
-    """A DataLoader worker that died of the SIGTERM or SIGINT that stopped the run: `timeout` and a Ctrl-C signal
-    the whole process group, workers included, and closing the loader then raised torch's "is killed by signal:
-    Terminated" above the stop line, as if something had failed. A worker killed otherwise is still said."""
-    return worker_signal(e) in STOP_SIGNALS
 
 
 # (section, field, why): what a resumed run must keep from the run it continues (Trainer._refuse_changed_fields)
