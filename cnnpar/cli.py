@@ -1001,8 +1001,8 @@ def stopped(stop: KeyboardInterrupt) -> int:
 
 
 def _stop_behind(e: BaseException) -> KeyboardInterrupt | None:
-    """The stop that `e` is the doing of (engine/trainer.the_stop), for an error no command turned into one."""
-    from cnnpar.engine.trainer import the_stop
+    """The stop that `e` is the doing of (engine/stops.the_stop), for an error no command turned into one."""
+    from cnnpar.engine.stops import the_stop
 
     return the_stop(e)
 

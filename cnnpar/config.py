@@ -740,7 +740,7 @@ def from_dict(
 
 
 # Defaults an earlier cnnpar stored in a run's config that a later one changed: a resume holding one, where the
-# user asked for no other value, meets the new default, not the user's change (Trainer._recorded_changes).
+# user asked for no other value, meets the new default, not the user's change (resume_checks.recorded_changes).
 EARLIER_DEFAULTS = {("data", "gpu_resize"): ("loop", "batched")}  # "loop" until 2026-11-30, "batched" until 12-01
 
 

@@ -129,7 +129,7 @@ STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SI
 # raised while torch runs a finaliser (a DataLoader iterator's __del__ joining its workers) or a fork hook (logging's
 # _releaseLock, as a loader forks its workers), that exception is printed as "Exception ignored in ..." and dropped,
 # and a run stopped by `timeout` trained on to its last epoch and ended `done:`. The loops ask at their safe points
-# (`raise_pending_stop`: each step, each batch, an epoch's end), and `engine/trainer.the_stop` reads any error raised
+# (`raise_pending_stop`: each step, each batch, an epoch's end), and `engine/stops.the_stop` reads any error raised
 # after it as its consequence.
 _stop_seen: int | None = None
 

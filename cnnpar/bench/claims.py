@@ -506,7 +506,7 @@ def workload_fields(w: Workload) -> dict:
 
 def _measure_here(claim: Claim, ctx: ClaimContext, w: Workload) -> dict:
     """Measure in this process; any failure becomes a row, and the other claims go on."""
-    from cnnpar.engine.trainer import raise_if_the_stop
+    from cnnpar.engine.stops import raise_if_the_stop
     from cnnpar.report.meters import free_device_memory
 
     from .measure import error_text

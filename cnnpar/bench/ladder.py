@@ -26,8 +26,8 @@ from cnnpar.data.worker_crash import worker_crash
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import continue_as
 from cnnpar.engine.resolved import as_measured
+from cnnpar.engine.stops import raise_if_the_stop
 from cnnpar.engine.train_step import graphs_blocked_by
-from cnnpar.engine.trainer import raise_if_the_stop
 from cnnpar.errors import UserError
 from cnnpar.host_facts import usable_cores
 from cnnpar.models import build_model

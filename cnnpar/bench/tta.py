@@ -16,7 +16,7 @@ from cnnpar.config import Config
 from cnnpar.data import DataBundle, load_data
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import build_trainer, reset_compiler
-from cnnpar.engine.trainer import raise_if_the_stop
+from cnnpar.engine.stops import raise_if_the_stop
 from cnnpar.errors import Diverged, UserError
 from cnnpar.presets import with_overrides
 from cnnpar.report.meters import free_device_memory

@@ -7,7 +7,7 @@ decoder does: torchvision 0.29's PNG decoder died (SIGSEGV) on a PNG whose image
 is damaged inside, which is why PNGs go to Pillow (folder.decode_png), which raises an error naming
 the file, on every path. Should another decoder still crash a worker, this says what it was and how
 to find the file.
-A worker killed by a stop signal (SIGTERM, SIGINT, SIGHUP) died of the run's own stop (engine/trainer.the_stop).
+A worker killed by a stop signal (SIGTERM, SIGINT, SIGHUP) died of the run's own stop (engine/stops.the_stop).
 `worker_crash` is the one owner of that line for every command that reads through workers: train ends with it,
 a bench rung fails with it, the doctor ends with it (after writing the report of what it measured, where a try
 crashed).

@@ -48,7 +48,8 @@ from cnnpar.doctor.options import DoctorOptions
 from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget, search_start
 from cnnpar.engine.harness import build_trainer
 from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
-from cnnpar.engine.trainer import Trainer, raise_if_the_stop, the_stop
+from cnnpar.engine.stops import raise_if_the_stop, the_stop
+from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError, Terminated
 from cnnpar.host_facts import usable_cores
 from cnnpar.parallel.precision import bf16_on
@@ -196,7 +197,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
                 trying = f"combined try of {' + '.join(r.title for r in winners)}"
                 tried = phase(label, lambda: _try(rcfg, change, info, bundle, opts, label))
                 report.tries.append((label, change, tried))
-        except BaseException as e:  # Ctrl-C, SIGTERM, or what they broke under the try (engine/trainer.the_stop)
+        except BaseException as e:  # Ctrl-C, SIGTERM, or what they broke under the try (engine/stops.the_stop)
             stop = the_stop(e)
             # or a worker killed otherwise (the out-of-memory killer, a decoder's crash): ends the doctor as a stop
             # does, with train's one line in place of the stop's

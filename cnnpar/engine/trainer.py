@@ -18,7 +18,6 @@ import os
 import shlex
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -27,9 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from cnnpar.config import (
-    EARLIER_DEFAULTS,
     Config,
-    as_stored_now,
     asked_lr,
     batch_lr_factor,
     default_lr_note,
@@ -38,12 +35,12 @@ from cnnpar.config import (
     to_dict,
 )
 from cnnpar.data import DataBundle, load_data
-from cnnpar.data.bundle import NO_HOLDOUT, class_lines, first_five, holdout_label, split_line
+from cnnpar.data.bundle import class_lines, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
 from cnnpar.data.loader import build_loader, decode_line, decodes_on_gpu, workers_cap_line
-from cnnpar.data.sources import ARRAYS_CHECKSUM, STORE_CHECKSUM, folder_content_sample, long_read_line
+from cnnpar.data.sources import folder_content_sample, long_read_line
 from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_warning
-from cnnpar.data.worker_crash import STOP_SIGNALS, worker_crash, worker_signal
+from cnnpar.data.worker_crash import worker_crash
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
 from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
 from cnnpar.engine.batch_size import lr_line, search_on_device
@@ -57,7 +54,8 @@ from cnnpar.engine.checkpoint import (
     require_training_state,
     save_checkpoint,
 )
-from cnnpar.engine.data_identity import content_difference, data_location
+from cnnpar.engine.data_identity import data_location
+from cnnpar.engine.divergence import DivergenceCheck
 from cnnpar.engine.fault import maybe_inject_fault
 from cnnpar.engine.optim import (
     apply_frozen_whitening,
@@ -74,9 +72,9 @@ from cnnpar.engine.resolved import (
     kept_requested_lines,
     long_compiles_resolved,
     requested_lines,
-    rooted,
     started_in_line,
 )
+from cnnpar.engine.resume_checks import ResumeChecks, record_resumes
 from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import (
     kept_line,
@@ -86,19 +84,16 @@ from cnnpar.engine.rundir import (
     resume_auto_record,
     resume_unseen_here,
     run_folder_held,
-    same_recorded_source,
     stopped_line,
 )
 from cnnpar.engine.step import eval_batch
+from cnnpar.engine.stops import close_batches, closing_feeders, the_stop
 from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_blocked_by
 from cnnpar.errors import (
     ConfigError,
     DataError,
-    Diverged,
     UserError,
-    pending_stop,
     raise_pending_stop,
-    stop_for,
     user_error_text,
 )
 from cnnpar.models import build_model
@@ -107,7 +102,6 @@ from cnnpar.parallel import parallelize, resolve_for
 from cnnpar.parallel.apply import apply_stem_space_to_depth, unwrap
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
-from cnnpar.report.chance import at_chance_level
 from cnnpar.report.environment import comment_lines, environment
 from cnnpar.report.files import (
     read_csv,
@@ -124,21 +118,6 @@ from cnnpar.report.tensorboard import Board, open_board
 
 # what the run folder holds beside its checkpoints, each written atomically by rank 0
 RUN_RECORDS = ("config.toml", "metrics.csv", "summary.json", "resumes.csv")
-# resumes.csv: one row a setting a resume changed, from the first epoch trained with its new value (config.toml
-# holds the newest values only: the epochs before were trained with `before`); `note` says where the change came from
-# when the user did not ask for it: a default changed since the checkpoint, or an older cnnpar's reading of "auto"
-RESUME_COLUMNS = ["from_epoch", "setting", "before", "after", "note"]
-DEFAULT_CHANGED = "default changed in this cnnpar"
-OLDER_AUGMENT = "before: as the older cnnpar that wrote the checkpoint drew it"
-# what names the run or how it reports, not what its epochs trained with: left out of resumes.csv
-NOT_TRAINING_SETTINGS = {
-    "run": ("out_dir", "name", "resume", "progress", "monitor", "tensorboard"),
-    "dist": ("nproc", "debug_single"),  # the processes that ran are compared instead (the checkpoint's world size)
-    # what the data decides: a resume on other data, shape or classes is refused (_refuse_changed_data), while the
-    # record it resumes from holds these as found (the image size an auto found), the checkpoint as asked
-    # (--labels too: where the CSV is, not what it holds, which the data checksum compares)
-    "data": ("source", "labels", "format", "image_size", "image_shape", "num_classes", "synthetic_samples"),
-}
 METRIC_COLUMNS = [
     "epoch",
     "train_loss",
@@ -186,101 +165,6 @@ def broadcast_buffers(model: torch.nn.Module, info: DistInfo) -> None:
             dist.broadcast(b, src=0)
 
 
-@contextlib.contextmanager
-def closing_feeders(*feeders):
-    """Close the feeders (their decoders' outside resources) when the run ends, however it ends;
-    one that fails to close is reported without hiding the run's own error or the other feeder. Entered from the
-    clean-up of a stop (`Trainer.close` in a `finally` that a Ctrl-C or SIGTERM unwinds: the doctor's tries, the
-    bench), the stop in flight counts as the block's own."""
-    stopping = the_stop(sys.exc_info()[1]) is not None or pending_stop() is not None
-    try:
-        yield
-    except BaseException as e:
-        stopping = stopping or the_stop(e) is not None
-        raise
-    finally:
-        for feeder in feeders:
-            if feeder is None:
-                continue
-            try:
-                feeder.close()
-            except Exception as e:  # noqa: BLE001 - a warning, then the next feeder
-                if not (stopping and _worker_stopped_with_the_run(e)):
-                    warnings.warn(f"closing a data feeder failed: {e!r}", stacklevel=2)
-
-
-def the_stop(e: BaseException | None) -> KeyboardInterrupt | None:
-    """The Ctrl-C, SIGTERM or SIGHUP (errors.Terminated) that ended the way `e` took, or None where `e` is no stop's:
-    - `e` itself;
-    - any error raised while a stop a handler saw is pending (errors.pending_stop): its own raise was dropped in a
-      finaliser, or torch's internals broke under it ("exited unexpectedly", an iterator half made), and the run
-      ended in that traceback, with no stop line;
-    - a DataLoader worker killed by a stop signal (errors.STOP_SIGNALS; worker_signal, through the errors it was
-      raised from or over: "exited unexpectedly" from "is killed by signal: Terminated"): `timeout`, a Ctrl-C and a
-      closing terminal signal the whole process group, and torch's SIGCHLD handler raises the worker's death
-      wherever the main thread is, in place of the stop or over it; the stop it replaced where the chain holds one,
-      else the one its signal means."""
-    if isinstance(e, KeyboardInterrupt):
-        return e
-    if not isinstance(e, Exception):
-        return None
-    pending = pending_stop()
-    if pending is not None:
-        return pending
-    sig = worker_signal(e)
-    if sig not in STOP_SIGNALS:
-        return None
-    return _stop_in_chain(e) or stop_for(sig)
-
-
-def raise_if_the_stop(e: BaseException) -> None:
-    """Raise the stop that `e` is the doing of (`the_stop`), for a caller that turns every other error into a
-    result (a bench rung or seed "failed", a doctor's try): `timeout` then went on as if a rung had failed."""
-    stop = the_stop(e)
-    if stop is not None:
-        raise stop from None
-
-
-def _stop_in_chain(e: BaseException) -> KeyboardInterrupt | None:
-    """The KeyboardInterrupt that `e` was raised from or over, if any."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, KeyboardInterrupt):
-            return e
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def close_batches(batches) -> None:
-    """Close an epoch's or an evaluation's batch iterator, also when it ends in an error (out of memory, Ctrl-C): a
-    DeviceFeeder's threads must not go on decoding ahead while the run's end closes the decoders under them, or wait
-    in a loader's `next()` while its workers shut down. A DataLoader's own iterator has nothing to close."""
-    close = getattr(batches, "close", None)
-    if close is not None:
-        close()
-
-
-def _worker_stopped_with_the_run(e: Exception) -> bool:
-    """A DataLoader worker that died of the SIGTERM or SIGINT that stopped the run: `timeout` and a Ctrl-C signal
-    the whole process group, workers included, and closing the loader then raised torch's "is killed by signal:
-    Terminated" above the stop line, as if something had failed. A worker killed otherwise is still said."""
-    return worker_signal(e) in STOP_SIGNALS
-
-
-# (section, field, why): what a resumed run must keep from the run it continues (Trainer._refuse_changed_fields)
-RESUME_FIXED = (
-    (
-        "run",
-        "seed",
-        "the seed draws the run's shuffle, augmentation, dropout and any seeded validation hold-out (and synthetic "
-        "data's images): the resumed epochs would not continue the run",
-    ),
-    ("data", "val_fraction", "it chose the validation hold-out, which would then hold images the run trained on"),
-    ("optim", "optimizer", "the checkpoint holds that optimizer's state"),
-)
-
-
 def train_share(samples: int, world_size: int) -> int:
     """The training samples one process draws per epoch: the train loader's DistributedSampler cuts the ranks'
     shares to equal length, or pads a set smaller than the world to one each (data/loader.build_loader)."""
@@ -306,7 +190,7 @@ def left_out_note(samples: int, world_size: int, batch: int) -> str:
     )
 
 
-class Trainer:
+class Trainer(DivergenceCheck):
     def __init__(
         self,
         cfg: Config,
@@ -347,7 +231,7 @@ class Trainer:
             "class_names": list(self.bundle.class_names),
             "image_shape": list(self.bundle.shape),
             # the labelled examples the split was drawn from: with the class names, what tells a resume that the
-            # data under the same path changed (_refuse_changed_data)
+            # data under the same path changed (ResumeChecks.refuse_changed_data)
             "examples": len(self.bundle.train) + (len(self.bundle.val) if self.bundle.val is not None else 0),
             # where it was, and a store's pixel checksum: the same typed --data in another folder, or a store
             # prepared again with the same count, is other data (engine/data_identity.py)
@@ -424,7 +308,7 @@ class Trainer:
         self.best_saved_epoch = 0  # the epoch ckpt/best.pt holds (rank 0's; 0: none)
         self._t_start: float | None = None  # when this attempt's epochs began (each epoch's summary times them)
         self.nothing_to_do = ""  # set by _restore when the checkpoint already holds every epoch asked for
-        self.resume_changes: list[dict] = []  # this resume's rows of resumes.csv (_recorded_changes)
+        self.resume_changes: list[dict] = []  # this resume's rows of resumes.csv (ResumeChecks.recorded_changes)
         self.stop_said = False  # fit printed the stop line (what is kept, how to go on): --nproc's launcher need not
         refusal = None  # this rank's own (its copy of the checkpoint unreadable, or of other data): said together
         # what the resume says ("resumed from ..."), held until the ranks agree on the checkpoint: said before a
@@ -657,7 +541,7 @@ class Trainer:
             "rng": RNG_SCHEME,
             "history": self.history,
             "board_step": self.board_step(),
-            "world_size": self.info.world_size,  # a resume under another count says so (_global_batch_change)
+            "world_size": self.info.world_size,  # a resume under another count says so (resume_checks)
             "meta": self.meta,
             "config": to_dict(self.cfg),
             "started_in": os.getcwd(),  # what the config's relative data paths are relative to (a resume elsewhere)
@@ -665,8 +549,9 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         state = require_training_state(load_checkpoint(path, map_location=self.info.device), path)
+        checks = ResumeChecks(self.cfg, self.requested_cfg, self.bundle, self.meta, self.info.world_size, self.log)
         # before the weights: a changed image size or class order can still fit them, and would train on silently
-        self._refuse_changed_data(path, state.get("config", {}), state.get("meta", {}), state.get("started_in"))
+        checks.refuse_changed_data(path, state.get("config", {}), state.get("meta", {}), state.get("started_in"))
         try:
             self.raw_model.load_state_dict(state["model"])
         except RuntimeError:  # torch lists every mismatching tensor: the user needs what differs in the data
@@ -681,7 +566,7 @@ class Trainer:
                     else "the run's own --data, --image-size and --num-classes (or none of them)"
                 )
             ) from None
-        self._refuse_changed_fields(path, state.get("config", {}))
+        checks.refuse_changed_fields(path, state.get("config", {}))
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         try:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -723,10 +608,10 @@ class Trainer:
                 f"{self.steps_per_epoch * self.cfg.run.epochs}, lr {lrs[0]:.3g} (peak {self.lr:g})"
             )
         self.log(f"resumed from {path} after epoch {state['epoch']}")
-        changed = self._changed_settings(state)
+        changed = checks.changed_settings(state, self.scheduler.base_lrs, self.lr, self.average is not None)
         if changed:
             self.log(f"resume: changed since the checkpoint, from epoch {finished + 1} on: {changed}")
-        self.resume_changes = self._recorded_changes(state, finished + 1)
+        self.resume_changes = checks.recorded_changes(state, finished + 1)
         if "rng" not in state:
             self.log(
                 "note: this checkpoint stores no RNG state (written before per-epoch seeds): the resumed "
@@ -745,306 +630,6 @@ class Trainer:
                 f"{planned}): epoch {finished + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
             )
 
-    def _changed_settings(self, state: dict) -> str:
-        """The training settings a resume was given otherwise than its checkpoint's run (they apply from the first
-        resumed step), in words, or "": a --schedule, --ema or --label-smoothing changed on resuming changed the lr,
-        the scored weights or the loss column part way through the run without a word. So did --loader, which draws
-        the crops and flips its own way (the hold-out and the sample order stay the run's: named, not refused).
-        Another process count or global batch is named first (_global_batch_change); --epochs has a line of its own
-        (schedule:), --seed, --val-fraction and --optimizer are refused."""
-        stored, now = state.get("config", {}), to_dict(self.cfg)
-        said_elsewhere = {("optim", "optimizer"), ("optim", "grad_accum")}
-        fields = [("optim", name) for name in now["optim"]] + [("data", "augment"), ("data", "crop_min_scale")]
-        fields += [("data", "loader"), ("run", "tta_level")]
-        why = {
-            ("data", "loader"): "the resumed epochs draw their crops and flips as the other loader does",
-            ("optim", "ema"): "the checkpoint's weight average is dropped: validation scores the trained weights"
-            if "average" in state and self.average is None
-            else "",
-            ("optim", "label_smoothing"): "the train loss column measures another loss from here",
-        }
-        changes = [change] if (change := self._global_batch_change(state)) else []
-        for section, name in fields:
-            was, is_now = as_stored_now(section, name, stored.get(section, {}).get(name)), now[section][name]
-            reason = why.get((section, name), "")
-            if (section, name) == ("data", "augment"):  # kept as asked: auto is compared as what it draws
-                if (augment := self._augment_change(stored.get("data", {}))) is None:
-                    continue
-                was, is_now, older = augment
-                reason = reason or older
-            elif (section, name) in said_elsewhere or was is None or was == is_now:
-                continue
-            flag = "--" + name.replace("_", "-")
-            changes.append(f"{flag} {was} -> {is_now}" + (f" ({reason})" if reason else ""))
-        return ", ".join(changes)
-
-    def _recorded_changes(self, state: dict, from_epoch: int) -> list[dict]:
-        """resumes.csv's rows for this resume: every training setting (NOT_TRAINING_SETTINGS left out) whose value
-        differs from the checkpoint's run's, and the process count, from `from_epoch` on. --augment auto that
-        resolves to the augmentation it replaces is no change, as in the `resume:` line."""
-        stored, now = state.get("config", {}), to_dict(self.cfg)
-        rows = []
-        was_world = state.get("world_size")
-        if isinstance(was_world, int) and was_world != self.info.world_size:
-            rows.append({"setting": "processes", "before": was_world, "after": self.info.world_size})
-        for section, values in now.items():
-            for name, is_now in values.items():
-                was, note = as_stored_now(section, name, stored.get(section, {}).get(name)), ""
-                if (section, name) == ("data", "augment"):
-                    if (augment := self._augment_change(stored.get("data", {}))) is None:
-                        continue
-                    was, is_now, note = augment
-                    if not note:  # asked for: the values as typed, as every other row holds them
-                        was, is_now = stored["data"]["augment"], self.cfg.data.augment
-                elif name in NOT_TRAINING_SETTINGS.get(section, ()) or was is None or was == is_now:
-                    continue
-                elif self._changed_default(section, name, was):
-                    if (section, name) == ("data", "gpu_resize") and not decodes_on_gpu(self.cfg, self.bundle):
-                        continue  # it resizes a GPU decoder's crops: neither value acts on this run
-                    note = DEFAULT_CHANGED
-                rows.append({"setting": f"{section}.{name}", "before": was, "after": is_now, "note": note})
-        return [{"from_epoch": from_epoch, **row} for row in rows]
-
-    def _changed_default(self, section: str, name: str, was) -> bool:
-        """Whether a stored value that differs from this run's is the default of the cnnpar that wrote the
-        checkpoint (config.EARLIER_DEFAULTS), met by today's default where the user asked for no other value: the
-        default changed, not the user's setting."""
-        asked = getattr(getattr(self.requested_cfg, section), name)
-        return was in EARLIER_DEFAULTS.get((section, name), ()) and asked == getattr(getattr(Config(), section), name)
-
-    def _record_resumes(self) -> str:
-        """Write resumes.csv (rank 0): the rows of earlier resumes whose epochs this run keeps (a row from an epoch
-        past its checkpoint's was for epochs trained again now), then this resume's. Returns the config.toml
-        header line that points to it ("" where no resume changed a setting: a stale file is removed)."""
-        path = self.run_dir / "resumes.csv"
-        kept = []
-        if path.is_file():
-            for row in read_csv(path):
-                epoch = row.get("from_epoch") or ""
-                if epoch.isdigit() and int(epoch) <= self.saved_epoch:
-                    kept.append(row)
-        rows = kept + self.resume_changes
-        with self._record_written(path):
-            if not rows:
-                path.unlink(missing_ok=True)
-                return ""
-            write_csv_atomic(path, rows, RESUME_COLUMNS)
-        if self.resume_changes:
-            said = ", ".join(
-                f"{r['setting']} {r['before']} -> {r['after']}" + (f" ({r['note']})" if r.get("note") else "")
-                for r in self.resume_changes
-            )
-            first = self.saved_epoch + 1
-            self.log(
-                f"record: changed from epoch {first} on, kept in {path} (config.toml holds the new values): {said}"
-            )
-        return "# resumed with other settings: resumes.csv names each one changed, and from which epoch\n"
-
-    def _resolved_augment(self, augment: str) -> str:
-        """--augment as this cnnpar trains with it on this run's data: a resume's data and image size are the
-        checkpoint's (another is refused), so the checkpoint's auto resolves on them as it did for its run where
-        the checkpoint was written by a cnnpar with today's rule; _older_augment tells the checkpoints that were
-        not."""
-        return resolve_augment(augment, self.bundle.shape, self.bundle.loader_crops, self.bundle.grey)
-
-    def _older_augment(self, stored_data: dict) -> tuple[str, str] | None:
-        """How a checkpoint written by an older cnnpar drew its photos' training crops and what its --augment
-        resolved to there, as (crops, augment), where that cnnpar's rule was not today's; None where it was (or
-        the data are arrays, whose rule did not change).
-
-        Before 2026-11-30 (2e778d5) cnnpar read a photo folder's training images as their centre crops (the GPU
-        decoder alone drew random-resized crops), and auto added pad-4 crops + flips on top. Its configs hold
-        neither data.cpu_share (added an hour later) nor a gpu_resize other than its default then, "loop" (the
-        default became "batched" with that change). Until 2026-12-04 (425af3f) the textbook loader read photos
-        as centre crops too; its configs lack data.crop_min_scale (added then)."""
-        if not self.bundle.loader_crops or "augment" not in stored_data:
-            return None
-        augment, textbook = stored_data["augment"], stored_data.get("loader") == "textbook"
-        if "cpu_share" not in stored_data and stored_data.get("gpu_resize", "loop") == "loop":
-            gpu = not textbook and stored_data.get("decode") in ("gpu", "nvimgcodec")
-            return ("random-resized crops" if gpu else "centre crops"), resolve_augment(augment, self.bundle.shape)
-        if textbook and "crop_min_scale" not in stored_data:
-            return "centre crops", resolve_augment(augment, self.bundle.shape, loader_crops=True)
-        return None
-
-    def _augment_change(self, stored_data: dict) -> tuple[str, str, str] | None:
-        """(before, after, why) where the resumed epochs draw their augmentation otherwise than the checkpoint's
-        did, else None: another --augment (auto compared as what it resolves to), or the same one read otherwise
-        by the older cnnpar that wrote the checkpoint (why: OLDER_AUGMENT)."""
-        was, is_now = stored_data.get("augment"), self.cfg.data.augment
-        if was is None:
-            return None
-        resolved = self._resolved_augment(is_now)
-        older = self._older_augment(stored_data)
-        if older is None:
-            if was == is_now or self._resolved_augment(was) == resolved:
-                return None
-            return self._augment_shown(was), self._augment_shown(is_now), ""
-        crops, was_resolved = older
-        now_crops = f"random-resized crops of {100 * self.cfg.data.crop_min_scale:g}-100 % of the area"
-        if crops == "random-resized crops" and was_resolved == resolved:
-            return None
-
-        def drawn(augment: str, resolved: str, crops: str) -> str:
-            return f"{augment} ({'' if resolved == 'none' else resolved + ' of '}{crops})"
-
-        return drawn(was, was_resolved, crops), drawn(is_now, resolved, now_crops), OLDER_AUGMENT
-
-    def _augment_shown(self, augment: str) -> str:
-        return f"auto ({self._resolved_augment(augment)})" if augment == "auto" else augment
-
-    def _global_batch_change(self, state: dict) -> str:
-        """Another process count or global batch than the checkpoint's run, and whether the peak lr followed
-        (--lr-scaling), in words, or "": `--resume --nproc 1` of a 2-process run halved the batch each step averages
-        over, said only as "processes, batch, --grad-accum or --max-steps differ" in the schedule's line. Checkpoints
-        written before they stored their world size name a change of the per-process batch or accumulation only."""
-        was_world = state.get("world_size")
-        stored = state.get("config", {})
-        was_batch = stored.get("run", {}).get("batch_size")
-        was_accum = stored.get("optim", {}).get("grad_accum")
-        if not (isinstance(was_batch, int) and isinstance(was_accum, int) and was_batch > 0):
-            return ""
-        world = self.info.world_size
-        old_world = was_world if isinstance(was_world, int) else world
-        was_global = was_batch * was_accum * old_world
-        now_global = self.cfg.run.batch_size * self.cfg.optim.grad_accum * world
-        # this run's peak against the checkpoint's run's, group 0 of each (the same group: the grouping is the same)
-        was_peaks, peaks = state.get("scheduler", {}).get("base_lrs") or [], self.scheduler.base_lrs
-        was_lr = self.lr * was_peaks[0] / peaks[0] if was_peaks and peaks and peaks[0] else self.lr
-        if old_world == world and was_global == now_global:
-            return ""
-        if was_global == now_global:
-            details = [f"global batch {now_global} per step as before"]
-        else:
-            details = [f"global batch {was_global} -> {now_global} per step"]
-        scaling = f"--lr-scaling {self.cfg.optim.lr_scaling}"
-        if math.isclose(was_lr, self.lr, rel_tol=1e-9):
-            if was_global != now_global and old_world != world:
-                details.append(f"lr not rescaled: {scaling}")
-            elif was_global != now_global:  # --lr-scaling follows the process count, which did not change
-                details.append("lr not rescaled: the per-process batch or accumulation changed, not the processes")
-        else:
-            details.append(f"peak lr {was_lr:g} -> {self.lr:g}: {scaling}")
-        if old_world == world:
-            return f"{details[0]}" + (f" ({details[1]})" if len(details) > 1 else "")
-        return f"processes {old_world} -> {world} ({'; '.join(details)})"
-
-    def _refuse_changed_data(self, path: Path, stored: dict, was: dict, started_in: str | None = None) -> None:
-        """A resumed run reads the data its checkpoint trained on, as it was. Rows added under the same path
-        re-draw the seeded hold-out (validation would score images the finished epochs trained on); a renamed
-        class folder moves classes to other indices (the outputs would mean other classes); another image size
-        fits a globally pooled model's weights all the same. Checkpoints written before a field was stored lack
-        it: that field goes unchecked. Refused before anything in the run folder changes."""
-        source = self.cfg.data.source
-        was_data = stored.get("data", {}).get("source")
-        if was_data is not None and not same_recorded_source(was_data, started_in, source):
-            was_data = rooted(was_data, started_in)  # named as the run read it, in the folder it started in
-            raise UserError(
-                f"{path}: the run trained on --data {was_data}, this resume asks for {source}: a "
-                f"checkpoint continues on its own data: expected --data {was_data}, or a new run"
-            )
-        self._refuse_other_copy(path, was)
-        changes = []
-        if "examples" in was and was["examples"] != self.meta["examples"]:
-            changes.append(f"{was['examples']} -> {self.meta['examples']} examples in {source}")
-        names_was, names_now = was.get("class_names"), self.meta["class_names"]
-        # another class count is the weights' refusal (it names the counts and --num-classes, which sets an
-        # array's names); the same count under other names is a class folder renamed (or one swapped for another)
-        if names_was is not None and len(names_was) == len(names_now) and names_was != names_now:
-            if not self._named_by_index_before(path, was, names_was):
-                moved = (f"{i}: {a!r} -> {b!r}" for i, (a, b) in enumerate(zip(names_was, names_now)) if a != b)
-                changes.append(f"class names (index: then -> now) {first_five(moved)}")
-        if not changes and was.get("data_checksum") and was["data_checksum"] != self.meta["data_checksum"]:
-            # rows reordered or files renamed under the same count: the seeded hold-out would draw other examples
-            again = " was prepared again" if self.bundle.fingerprint_of == STORE_CHECKSUM else "'s content changed"
-            changes.append(f"{source}{again} (its {self.bundle.fingerprint_of} differs)")
-        if changes:
-            raise UserError(
-                f"{path}: the data changed since the checkpoint: {'; '.join(changes)}: a checkpoint continues on "
-                "the data it trained on: expected that data as it was, or a new run (another --name, no --resume)"
-            )
-        was_shape, now_shape = was.get("image_shape"), self.meta["image_shape"]
-        if was_shape is not None and list(was_shape) != now_shape:
-            c, h, w = was_shape
-            shown = "x".join(map(str, was_shape))
-            same_channels_square = c == now_shape[0] and h == w
-            fix = f"--image-size {h} (or none)" if same_channels_square else f"the run's own {shown} images"
-            raise UserError(
-                f"{path}: the run trained on {shown} images, this resume makes "
-                f"{'x'.join(map(str, now_shape))}: a checkpoint continues at the image size it trained at: "
-                f"expected {fix}, or a new run"
-            )
-
-    def _named_by_index_before(self, path: Path, was: dict, names_was: list[str]) -> bool:
-        """Whether the checkpoint's class names are only the indices its older cnnpar gave them: before 2026-12-03
-        (dbe7474) cnnpar ignored an .npz's class_names and named the classes '0'..'N-1', so the archive's names in
-        their order are the same classes. True (said in a note) where the data's checksum, stored since 12-04,
-        confirms the arrays are the checkpoint's; a checksum that differs is the data's change, named by the
-        caller; without one the resume is refused naming that cause, not a change of the data."""
-        if self.bundle.fingerprint_of != ARRAYS_CHECKSUM or names_was != [str(i) for i in range(len(names_was))]:
-            return False
-        source, shown = self.cfg.data.source, first_five(repr(n) for n in self.meta["class_names"])
-        if not was.get("data_checksum"):
-            raise UserError(
-                f"{path}: written by an older cnnpar that named the classes by index ({first_five(names_was)}) where "
-                f"{source}'s class_names now name them ({shown}); it stores no checksum of its data to confirm "
-                f"{source} is what it trained on: expected a new run (another --name, no --resume)"
-            )
-        if was["data_checksum"] != self.meta["data_checksum"]:
-            return True  # the checksum's difference is the refusal's cause
-        self.log(
-            f"classes: the checkpoint predates {source}'s class_names: its cnnpar named the classes by "
-            f"index ({first_five(names_was)}); its {self.bundle.fingerprint_of} matches, so they are {shown}, in "
-            "the archive's order"
-        )
-        return True
-
-    def _refuse_other_copy(self, path: Path, was: dict) -> None:
-        """The typed --data may name other data than the checkpoint's (the same relative path typed in another
-        folder): where the checkpoint's data is still where it was, this run's must hold the same files; where it
-        is gone (moved), the count and class names checked next are all there is, and the run says so."""
-        before, now = was.get("data_path"), self.meta["data_path"]
-        if not before or not now or before == now:
-            return
-        checked = was.get("data_checksum") and was["data_checksum"] == self.meta["data_checksum"]
-        if checked and self.bundle.fingerprint_of == STORE_CHECKSUM:
-            self.log(f"data: the checkpoint's run read {before}; this resume reads {now}, the same store's pixels")
-            return
-        if not Path(before).exists():
-            by = f"its {self.bundle.fingerprint_of}, " if was.get("data_checksum") else ""
-            self.log(
-                f"data: the checkpoint's run read {before}, which is gone; this resume reads {now}: compared by "
-                f"{by}example count and class names only"
-            )
-            return
-        differs = content_difference(Path(before), Path(now))
-        if differs:
-            raise UserError(
-                f"{path}: the run trained on {before}; --data {self.cfg.data.source} here is {now}, other data "
-                f"({differs}): a checkpoint continues on its own data: expected --data {before}, or a new run"
-            )
-        self.log(f"data: the checkpoint's run read {before}; this resume reads {now}, a copy with the same files")
-
-    def _refuse_changed_fields(self, path: Path, stored: dict) -> None:
-        """A resumed run keeps the fields its checkpoint depends on: another --seed or --val-fraction would hold
-        out other images, so validation would score images the finished epochs trained on; another --seed also
-        draws other shuffles, crops and dropout (on synthetic data, other images), on data with its own split
-        too; another --optimizer cannot take the checkpoint's optimizer state. Refused before anything in the run
-        folder changes."""
-        now = to_dict(self.cfg)
-        # data with its own validation split (an npz's x_test, a folder's val/) ignores --val-fraction
-        own_split = self.bundle.val_from not in (holdout_label(self.cfg.data.val_fraction), NO_HOLDOUT)
-        for section, name, why in RESUME_FIXED:
-            if name == "val_fraction" and own_split:
-                continue
-            was = stored.get(section, {}).get(name)
-            if was is not None and was != now[section][name]:
-                flag = "--" + name.replace("_", "-")
-                raise UserError(
-                    f"{path}: the run was started with {flag} {was}, this resume asks for {now[section][name]}: "
-                    f"{why}: expected {flag} {was} (or none), or a new run"
-                )
-
     def _prepare_run_dir(self) -> None:
         if self.info.is_main:
             (self.run_dir / "ckpt").mkdir(parents=True, exist_ok=True)
@@ -1053,7 +638,9 @@ class Trainer:
             ckpts = (self.run_dir / "ckpt" / LAST, self.run_dir / "ckpt" / BEST)
             for written in (*ckpts, *(self.run_dir / n for n in RUN_RECORDS)):
                 remove_orphan_temps(written)
-            header = comment_lines(self._environment()) + self._record_resumes()
+            header = comment_lines(self._environment()) + record_resumes(
+                self.run_dir / "resumes.csv", self.saved_epoch, self.resume_changes, self._record_written, self.log
+            )
             resolved = data_resolved(self.cfg, self.bundle, self.train_loader, self.use_graphs)
             # the processes that ran, not the --nproc asked for (the debug switch runs one; torchrun by hand, any);
             # the debug switch itself is how this one launch ran, not a setting of the run: kept, it made a later
@@ -1559,117 +1146,6 @@ class Trainer:
         metrics = self.run_dir / "metrics.csv"
         held = [str(r["epoch"]) for r in self.history]
         return not metrics.is_file() or [r["epoch"] for r in read_csv(metrics)] != held
-
-    def check_diverged(self, epoch: int, row: dict, finish_first: bool = False) -> None:
-        """Stop a run whose training diverged, before its checkpoint overwrites the last good one (the epochs
-        already finished stay in the run folder): every command that trains epochs (train, bench's time to
-        accuracy) asks here. A step's loss is read before its update, so the state the epoch ends on is checked
-        too: its weights and buffers and, where no evaluation scored the live weights (an epoch not evaluated, or
-        evaluated on the weight average), the outputs on its last batch (weights of 1e28 are finite, their logits
-        are not). fp16 is the exception while the weights and buffers stay finite: its GradScaler skips
-        overflowing steps on purpose (their losses are inf/nan), and logits past fp16's 65,504 overflow in
-        evaluation too, where an fp32 run of the same weights trains on; there a non-finite loss only warns, but
-        for the run's last epoch where the weights it ends on score no finite loss either (`_overflowed_to_the_end`).
-        `finish_first`: that last case is kept in `ended_overflowing` for the caller to raise once the epoch's
-        checkpoint and the run's records are written (train: its weights are finite, as fp16 keeps them)."""
-        scored_live = "val_loss" in row and (self.average is None or not self.average.started)
-        state_ok, outputs, every_largest, own_largest = self._state_finite(probe=not scored_live)
-        fp16 = self.precision.scaler is not None
-        losses = [("train loss", row["train_loss"]), ("val loss", row.get("val_loss", 0.0))]
-        bad = [(what, value) for what, value in losses if not math.isfinite(value)]
-        if bad and (not fp16 or not state_ok):
-            what, value = bad[0]
-            # under fp16 the loss alone would have warned: a forward that overflowed wrote inf/nan into BatchNorm's
-            # statistics, which no skipped step undoes
-            text = f"{what} {value} is not finite and neither are the weights or buffers" if fp16 else ""
-            self._diverged(epoch, what, value, text)
-        if not state_ok:
-            self._diverged(epoch, "weights", every_largest, "the weights or buffers are not finite")  # some rank's
-        if not math.isfinite(outputs):
-            if not fp16:
-                text = (
-                    f"after its last update the loss on its last batch is {outputs} (the largest weight is "
-                    f"{own_largest:.3g})"
-                )
-                self._diverged(epoch, "outputs", outputs, text)
-            bad.append(("loss on its last batch", outputs))
-        if bad and self._overflowed_to_the_end(epoch, row, outputs):
-            said = ", ".join(f"{what} {value}" for what, value in bad)
-            text = (
-                f"{said} at the run's end (fp16 overflows: the GradScaler skipped {self.precision.skipped_steps} "
-                "steps; the weights and buffers are finite)"
-            )
-            self.ended_overflowing = (epoch, bad[0][0], bad[0][1], text)
-            if not finish_first:
-                self._diverged(*self.ended_overflowing)
-            return
-        if bad:
-            said = ", ".join(f"{what} {value}" for what, value in bad)
-            self.log(
-                f"warning: epoch {epoch}: {said} (fp16 overflows; the GradScaler skipped "
-                f"{self.precision.skipped_steps} steps so far; the weights and buffers are finite); if it stays so, "
-                f"try --precision bf16 or {self._half_the_lr()}"
-            )
-
-    def _overflowed_to_the_end(self, epoch: int, row: dict, outputs: float) -> bool:
-        """Under fp16, with finite weights: the run's last epoch overflowed in training (its train loss is not finite)
-        and the weights it ends on score no finite loss (validation, or the last batch without one). "If it stays so"
-        no longer applies: the run's result would be that chance-level model, and it ends as a bf16 divergence does.
-        A single overflowing step also makes the epoch's mean train loss inf: a finite score keeps that a warning. So
-        does one validation sample whose outputs pass fp16's range (an inf val loss) beside an accuracy above chance
-        (report.chance): the model learned, and only its loss could not be summed."""
-        score = row["val_loss"] if "val_loss" in row else outputs
-        overflowed = epoch == self.cfg.run.epochs and not math.isfinite(row["train_loss"]) and not math.isfinite(score)
-        learned = "val_acc" in row and not at_chance_level(row["val_acc"], self.bundle.num_classes)
-        return overflowed and not learned
-
-    def _state_finite(self, probe: bool) -> tuple[bool, float, float, float]:
-        """(whether every rank's weights and floating buffers are finite, the loss on the epoch's last batch in eval
-        mode where `probe` (else 0) summed over the ranks, the ranks' largest magnitudes summed (inf or nan where
-        any is), this rank's largest magnitude): every rank stops alike (BatchNorm buffers differ by rank). The
-        largest magnitude, not a norm: a norm of finite weights of 1e20 overflows. Note: a CPU-GPU sync point, once
-        an epoch."""
-        models = [self.raw_model]
-        if self.average is not None and self.average.started:  # before it starts, eval_model() is raw_model again
-            models.append(self.average.eval_model())
-        tensors = [
-            t.detach() for m in models for t in (*m.parameters(), *m.buffers()) if t.is_floating_point() and t.numel()
-        ]  # _foreach_norm's inf-norm refuses an empty tensor
-        largest = torch.stack([n.double() for n in torch._foreach_norm(tensors, float("inf"))]).max()
-        loss = torch.zeros((), dtype=torch.float64, device=self.info.device)
-        if probe and self.last_batch is not None:
-            self.raw_model.eval()  # BatchNorm's running statistics, as predict and evaluation use them
-            with torch.no_grad():
-                loss = eval_batch(self.raw_model, *self.last_batch, self.precision)[0]
-            self.raw_model.train()
-        largest = largest.to(loss.device)
-        sums = all_reduce_sum(torch.stack([largest, loss]), self.info)  # inf and nan survive a sum
-        every_largest, outputs, own_largest = torch.cat([sums, largest[None]]).tolist()
-        return math.isfinite(every_largest), outputs, every_largest, own_largest
-
-    def _half_the_lr(self) -> str:
-        """Half the --lr the user gave (or the optimizer's default, for --lr auto), in the flag's own terms: the lr
-        that trained may be that one scaled to a searched batch or the world size (call ZZZZR: --lr 5 trained at 10
-        and was told to try --lr 5)."""
-        return f"--lr {asked_lr(self.requested_cfg.optim) / 2:g}"
-
-    def _diverged(self, epoch: int, what: str, value: float, text: str = "") -> None:
-        """Raise the one-line error; `what` and `value` are Diverged's fields, `text` what the line says of them."""
-        text = text or f"{what} {value} is not finite"
-        kept = f" (epochs 1-{self.history[-1]['epoch']} are kept in {self.run_dir})" if self.history else ""
-        # only what would change something: a run in fp32 and not compiled is told only of its lr
-        advice = [f"a lower lr ({self._half_the_lr()})"]
-        if self.cfg.speed.precision != "fp32":
-            advice.append("--precision fp32")
-        if self.cfg.speed.compile != "off":
-            advice.append("--compile off")
-        advice = ", ".join(advice[:-1]) + " or " + advice[-1] if len(advice) > 1 else advice[0]
-        raise Diverged(
-            f"epoch {epoch}: {text}, training diverged{kept}: try {advice}",
-            epoch,
-            what,
-            value,
-        )
 
     def _end_epoch(self, epoch: int, row: dict) -> None:
         if self.info.is_main:

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from cnnpar.cli import main
-from cnnpar.engine import checkpoint, trainer
+from cnnpar.engine import checkpoint, resume_checks, trainer
 from cnnpar.engine.checkpoint import checkpoint_epoch
 from cnnpar.report.files import read_csv
 
@@ -100,7 +100,7 @@ def test_a_resume_whose_resumes_csv_cannot_be_written_keeps_the_run_as_it_was(tm
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     capsys.readouterr()
     with monkeypatch.context() as read_only:
-        fail_writes_of(read_only, trainer, "write_csv_atomic", "resumes.csv", errno.EROFS)
+        fail_writes_of(read_only, resume_checks, "write_csv_atomic", "resumes.csv", errno.EROFS)
         assert main([*SMALL, "--resume", "runs/r", "--epochs", "2"]) == 2
     line = error_line(capsys.readouterr().err)
     assert line.startswith("cnnpar: error: runs/r/resumes.csv: cannot be written (Read-only file system; ")

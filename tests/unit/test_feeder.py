@@ -405,7 +405,7 @@ def test_an_evaluation_that_fails_stops_its_feeder_too(tmp_path, monkeypatch):
 
 
 def test_a_feeder_that_fails_to_close_is_reported_and_the_other_still_closes():
-    from cnnpar.engine.trainer import closing_feeders
+    from cnnpar.engine.stops import closing_feeders
 
     class Feeder:
         def __init__(self, fails: bool) -> None:
@@ -564,7 +564,7 @@ def test_a_worker_that_died_of_the_runs_own_stop_is_not_reported_as_a_failure():
     warned "closing a data feeder failed: ... is killed by signal: Terminated" above the stop line."""
     import warnings
 
-    from cnnpar.engine.trainer import closing_feeders
+    from cnnpar.engine.stops import closing_feeders
     from cnnpar.errors import Terminated
 
     class Feeder:

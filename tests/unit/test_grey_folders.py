@@ -103,8 +103,8 @@ def test_a_resume_compares_augment_by_what_auto_resolves_to_on_grey_data():
     does (the resume line compared them as a colour folder's auto, flip, and said the opposite)."""
     from types import SimpleNamespace
 
-    from cnnpar.engine.trainer import Trainer
+    from cnnpar.engine.resume_checks import resolved_augment
 
-    trainer = SimpleNamespace(bundle=SimpleNamespace(shape=(3, 28, 28), loader_crops=True, grey=True))
-    assert Trainer._resolved_augment(trainer, "auto") == "none" == Trainer._resolved_augment(trainer, "none")
-    assert Trainer._resolved_augment(trainer, "flip") == "flip"
+    bundle = SimpleNamespace(shape=(3, 28, 28), loader_crops=True, grey=True)
+    assert resolved_augment("auto", bundle) == "none" == resolved_augment("none", bundle)
+    assert resolved_augment("flip", bundle) == "flip"

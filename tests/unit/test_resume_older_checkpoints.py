@@ -122,15 +122,15 @@ def test_a_bool_a_switch_was_stored_as_and_a_default_that_changed_are_not_record
 
 def test_a_gpu_decoders_resize_default_that_changed_is_recorded_as_such(tmp_path, monkeypatch):
     """Where the run has a GPU decoder, the new default resizes its crops otherwise: recorded, as a changed
-    default (the decoder itself needs CUDA: the trainer is told it has one)."""
-    import cnnpar.engine.trainer as trainer_module
+    default (the decoder itself needs CUDA: the resume's record is told it has one)."""
+    import cnnpar.engine.resume_checks as resume_checks
 
     source = tmp_path / "d.npz"
     x, y = bar_images(64)
     np.savez(source, x_train=x, y_train=y)
     Trainer(_cfg(tmp_path, source, 1), CPU_INFO, log=lambda *a, **k: None).fit()
     _made_older(tmp_path / "old", lambda state: state["config"]["data"].update(gpu_resize="batched"))
-    monkeypatch.setattr(trainer_module, "decodes_on_gpu", lambda cfg, bundle: True)
+    monkeypatch.setattr(resume_checks, "decodes_on_gpu", lambda cfg, bundle: True)
     said, rows = _resumed(_cfg(tmp_path, source, 2, str(tmp_path / "old")))
     assert ("2", "data.gpu_resize", "batched", "auto", "default changed in this cnnpar") in rows
     assert "data.gpu_resize batched -> auto (default changed in this cnnpar)" in said[-1]

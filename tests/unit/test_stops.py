@@ -18,7 +18,7 @@ from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
 from cnnpar.data import load_data
 from cnnpar.data.loader import build_loader, shutdown_workers
 from cnnpar.dist import DistInfo
-from cnnpar.engine.trainer import the_stop
+from cnnpar.engine.stops import the_stop
 from cnnpar.errors import Terminated
 
 
