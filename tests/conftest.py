@@ -39,6 +39,22 @@ def _stop_handlers_put_back():
     errors.forget_stop()
 
 
+@pytest.fixture
+def stops_reach_children():
+    """Processes the test starts begin with SIGTERM and SIGHUP at their defaults, as a terminal's own processes do.
+    A suite run under nohup ignores SIGHUP, and an ignored signal stays ignored across exec, so the tests of a closing
+    terminal's SIGHUP skipped there. A handler set here is reset to the default in every child that execs, and keeps
+    this process as deaf to a stray signal as the ignored one did."""
+    ignored = [
+        s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s and signal.getsignal(s) is signal.SIG_IGN
+    ]
+    for s in ignored:
+        signal.signal(s, lambda signum, frame: None)
+    yield
+    for s in ignored:
+        signal.signal(s, signal.SIG_IGN)
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """Environment for subprocesses: this checkout first on PYTHONPATH, small thread counts."""
     env = {

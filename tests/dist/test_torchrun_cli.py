@@ -283,14 +283,12 @@ STOPS = {"SIGTERM": lambda p: p.send_signal(signal.SIGTERM), "SIGHUP": lambda p:
 
 
 @pytest.mark.parametrize("sig", STOPS)
-def test_a_stop_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tmp_path, sig):
+def test_a_stop_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tmp_path, sig, stops_reach_children):
     """`timeout` or a scheduler signals the process it started: the launcher hands SIGTERM on to torchrun, which
     stops its workers; before, the launcher died alone and torchrun's workers trained on without it. A closing
     terminal's SIGHUP killed the launcher at once (torchrun then stopped by its parent's death), with no line said."""
     import psutil
 
-    if signal.getsignal(getattr(signal, sig)) is signal.SIG_IGN:
-        pytest.skip(f"{sig} is ignored here (a suite under nohup): the run inherits it ignored, as it should")
     name = f"{sig.lower()}-{tmp_path.name}"
     args = ["--nproc", "2", "--epochs", "50", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--name", name]
     cmd = [sys.executable, "-m", "cnnpar", "train", *args]

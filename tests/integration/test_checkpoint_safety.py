@@ -99,14 +99,12 @@ def test_a_sigterm_whose_raise_a_finaliser_dropped_still_stops_the_run(tmp_path)
 
 @pytest.mark.skipif(shutil.which("timeout") is None, reason="needs coreutils' timeout")
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
-def test_a_stop_to_the_group_stops_the_run_and_its_loader_workers_leave_nothing(tmp_path, sig):
+def test_a_stop_to_the_group_stops_the_run_and_its_loader_workers_leave_nothing(tmp_path, sig, stops_reach_children):
     """`timeout -s TERM` signals the whole process group: the DataLoader workers died of it (torch's handler), each
     left its pymp-* folder in /tmp, and their death could come up in place of the stop or over it. Signalled here once
     epoch 1's line is out (timeout hands a signal it gets on to the group, as at its limit), so the stop lands in epoch
     2 every time. A closing terminal sends its foreground group SIGHUP: it killed the run and its workers at once,
     with no line said."""
-    if signal.getsignal(getattr(signal, sig)) is signal.SIG_IGN:
-        pytest.skip(f"{sig} is ignored here (a suite under nohup): the run inherits it ignored, as it should")
     # a TMPDIR of its own, short: the workers' sockets go in it, and a path past 107 bytes (tmp_path under xdist)
     # cannot be bound, which stalled the workers' first batch
     tmp = Path(tempfile.mkdtemp(prefix="cnnpar-"))

@@ -185,7 +185,7 @@ def test_workers_hand_over_whole_batches_reproducibly(tmp_path):
     assert [len(batch) for batch in a] == [3, 3, 3]  # (x, labels, index) per batch
     assert [batch[2].tolist() for batch in a] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert all(x.shape == (4, 3, 24, 24) and x.dtype == torch.uint8 for x, _, _ in a)
-    assert all(torch.equal(p[0], q[0]) for p, q in zip(a, again))  # same seed, same crops
+    assert all(torch.equal(p[0], q[0]) for p, q in zip(a, again, strict=True))  # same seed, same crops
     assert not all(torch.equal(p[0], q[0]) for p, q in zip(a, b))  # the next epoch draws anew
 
 

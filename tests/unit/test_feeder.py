@@ -471,7 +471,9 @@ def test_a_prepared_epoch_that_is_not_trained_is_stopped_and_replaced():
     assert not feeder_threads()
     fresh = flipping_feeder(SeededDecoder())
     fresh.set_epoch(3, seed=7)
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(fresh, fed))
+    expected, got = list(fresh), list(fed)
+    assert len(got) == len(expected) == 6  # the whole epoch: a stopped pipeline handed on would yield none
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(expected, got))
     fed.prepare(4, seed=9)
     fed.close()  # the run ends (or fails) with an epoch prepared: its threads stop
     assert not feeder_threads()

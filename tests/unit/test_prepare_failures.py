@@ -129,11 +129,9 @@ def test_a_worker_killed_while_handing_over_its_pixels_is_one_line_not_a_hang(tm
 
 @linux_only
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
-def test_a_stop_ends_prepare_at_once_while_its_workers_are_busy(tmp_path, sig):
+def test_a_stop_ends_prepare_at_once_while_its_workers_are_busy(tmp_path, sig, stops_reach_children):
     """The clean-up waited for the workers to finish their chunks (for ever when the pool was stuck). A closing
     terminal sends SIGHUP to prepare's whole group: it ended prepare at once, as a SIGKILL would, no line said."""
-    if signal.getsignal(getattr(signal, sig)) is signal.SIG_IGN:
-        pytest.skip(f"{sig} is ignored here (a suite under nohup): prepare inherits it ignored, as it should")
     proc, out, workers = start_busy_prepare(tmp_path)
     try:
         if sig == "SIGHUP":

@@ -227,9 +227,10 @@ def test_alternating_flip_flips_each_image_in_exactly_one_of_two_consecutive_epo
 def test_alternating_flip_is_the_same_whichever_rank_draws_the_sample():
     alone = _flips("off", epochs=(2,))[2]
     for rank in (0, 1):
-        for i, flipped in _flips("off", rank, 2, epochs=(2,))[2].items():
-            if i in alone:
-                assert alone[i] == flipped
+        drawn = _flips("off", rank, 2, epochs=(2,))[2]
+        both = drawn.keys() & alone.keys()  # each loader drops its own partial last batch
+        assert len(both) > len(drawn) // 2 > 0, (len(both), len(drawn))  # else nothing below would be compared
+        assert {i: drawn[i] for i in both} == {i: alone[i] for i in both}
 
 
 def test_translate_shifts_by_at_most_two_pixels_and_crop_by_four():
