@@ -24,7 +24,7 @@ Fairness rules, held in one place so no runner can drift:
   when the spec is made; non-square images, which cnn3 cannot take unresized, by `load_bundle`, which `compare`
   calls once before any runner); normalisation is (x / 255 - mean) / std with the train split's
   per-channel mean and std. The first `max_train` / `max_val` samples are used when given.
-  Each runner shuffles with numpy's generator seeded by seed + epoch (cnnpar's engine uses its own
+  Each runner shuffles with numpy's generator seeded by (seed, epoch) (cnnpar's engine uses its own
   seeded DistributedSampler), so batch order differs across engines but not across runs.
 - Timing: `epoch_s` covers the training pass of one epoch only (validation is timed out), and the
   first epoch includes each framework's tracing / compilation where it has one (each CSV's `timed` line says
@@ -276,7 +276,9 @@ def load_arrays(spec: RunSpec) -> Arrays:
 
 
 def epoch_order(n: int, epoch: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed + epoch).permutation(n)
+    # (seed, epoch) as a pair, not seed + epoch: that gave seed s + 1's epoch e seed s's epoch e + 1, so runs repeated
+    # over consecutive seeds shared all their orders but one (the engine's sampler had the same flaw: shuffle_seed)
+    return np.random.default_rng((seed, epoch)).permutation(n)
 
 
 def steps_per_epoch(n: int, batch_size: int) -> int:

@@ -564,3 +564,13 @@ def test_a_runner_ends_with_a_compare_killed_outright_and_removes_its_temporary_
             pytest.fail("the runner outlived the compare that started it")
         time.sleep(0.05)
     assert not Path(folder_file.read_text()).exists(), "the runner left its temporary folder"
+
+
+def test_consecutive_seeds_shuffle_the_frameworks_in_orders_of_their_own():
+    """The runners' order was seeded by seed + epoch: seed 1's epoch e was seed 0's epoch e + 1."""
+    from cnnpar.frameworks.spec import epoch_order
+
+    assert (epoch_order(100, 0, 7) == epoch_order(100, 0, 7)).all()  # one seed and epoch: one order, every run
+    for epoch in range(3):
+        assert not (epoch_order(100, epoch, 1) == epoch_order(100, epoch + 1, 0)).all()
+        assert sorted(epoch_order(100, epoch, 1).tolist()) == list(range(100))
