@@ -28,6 +28,26 @@ EPOCH_STRIDE = 1 << 20  # seeds of one epoch's ranks never meet the next epoch's
 # per-sample keys were hashed (data/transforms.mix_seed) and random-resized crops fell back as torchvision's; "per-epoch
 # seeds, hashed sample keys" the one before the samplers' seed was hashed (data/loader.shuffle_seed): other orders.
 RNG_SCHEME = "per-epoch seeds, hashed sample keys, hashed shuffle seed"
+# what the resumed epochs of a checkpoint of an earlier scheme draw otherwise than its run would have, as (what drew
+# otherwise, what the resumed epochs draw); a scheme not named here drew its augmentation and its orders otherwise
+EARLIER_SCHEMES = {
+    "per-epoch seeds, hashed sample keys": (
+        "their sample order",
+        "other sample orders than an uninterrupted run would have (their crops and flips as it would)",
+    )
+}
+
+
+def earlier_scheme_note(scheme: str) -> str:
+    """The note for resuming a checkpoint whose epochs drew by `scheme`, an earlier one than RNG_SCHEME: what the
+    resumed epochs draw otherwise than an uninterrupted run would have. The last scheme's checkpoints differ in
+    their sample orders alone, which the note called their augmentation."""
+    default = ("their augmentation", "other crops, flips and sample orders than an uninterrupted run would have")
+    drew, draw = EARLIER_SCHEMES.get(scheme, default)
+    return (
+        f"note: this checkpoint's epochs drew {drew} by an earlier scheme ({scheme}; now {RNG_SCHEME}): the resumed "
+        f"epochs draw {draw}"
+    )
 
 
 def epoch_seed(seed: int, rank: int, epoch: int) -> int:

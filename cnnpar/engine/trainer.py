@@ -75,7 +75,7 @@ from cnnpar.engine.resolved import (
     started_in_line,
 )
 from cnnpar.engine.resume_checks import ResumeChecks, record_resumes
-from cnnpar.engine.rng import RNG_SCHEME, epoch_seed, init_epoch_rng
+from cnnpar.engine.rng import RNG_SCHEME, earlier_scheme_note, epoch_seed, init_epoch_rng
 from cnnpar.engine.rundir import (
     kept_line,
     named_by_its_stamp,
@@ -618,11 +618,7 @@ class Trainer(DivergenceCheck):
                 "epochs draw other crops, flips and worker seeds than an uninterrupted run would have"
             )
         elif state["rng"] != RNG_SCHEME:
-            self.log(
-                f"note: this checkpoint's epochs drew their augmentation by an earlier scheme ({state['rng']}; now "
-                f"{RNG_SCHEME}): the resumed epochs draw other crops, flips or sample orders than an uninterrupted "
-                "run would have"
-            )
+            self.log(earlier_scheme_note(state["rng"]))
         planned = int(state.get("config", {}).get("run", {}).get("epochs", self.cfg.run.epochs))
         if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
             self.log(

@@ -198,3 +198,25 @@ def test_predict_scores_an_archives_labels_by_index_for_a_model_from_before_clas
         "'two', 'three'); the cnnpar that wrote it named the classes by index (0, 1, 2, 3), in the archive's " \
         "order" in lines  # fmt: skip
     assert any(s.startswith("accuracy ") and s.endswith(f"against y_test of {source}") for s in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("scheme", "drew", "draw"),
+    [
+        ("per-epoch seeds, hashed sample keys", "their sample order", "other sample orders than an uninterrupted"),
+        ("per-epoch seeds", "their augmentation", "other crops, flips and sample orders than an uninterrupted"),
+    ],
+)
+def test_an_earlier_rng_schemes_note_names_what_the_resumed_epochs_draw_otherwise(tmp_path, scheme, drew, draw):
+    """The scheme before the sampler's seed was hashed (data/loader.shuffle_seed) drew the same crops and flips as
+    today's: only the sample orders differ, where the note said its epochs drew their augmentation otherwise."""
+    source = tmp_path / "d.npz"
+    x, y = bar_images(64)
+    np.savez(source, x_train=x, y_train=y)
+    Trainer(_cfg(tmp_path, source, 1), CPU_INFO, log=lambda *a, **k: None).fit()
+    _made_older(tmp_path / "old", lambda state: state.update(rng=scheme))
+    lines: list[str] = []
+    Trainer(_cfg(tmp_path, source, 2, str(tmp_path / "old")), CPU_INFO, log=lambda s, **k: lines.append(s)).fit()
+    (note,) = [s for s in lines if "earlier scheme" in s]
+    assert note.startswith(f"note: this checkpoint's epochs drew {drew} by an earlier scheme ({scheme}; now ")
+    assert f"the resumed epochs draw {draw}" in note
