@@ -114,7 +114,11 @@ def device_advice(value: Any) -> str:
         which = (
             "--device cuda is GPU 0" if n == "0" else f"CUDA_VISIBLE_DEVICES={n} with --device cuda trains on GPU {n}"
         )
-        return f"a process trains on the GPU of its local rank among those visible: {which}; --nproc N uses N GPUs"
+        # --nproc starts several processes for train alone (doctor, bench, tune and profile run one)
+        return (
+            f"a process trains on the GPU of its local rank among those visible: {which}; cnnpar train --nproc N "
+            "trains on N GPUs"
+        )
     if text == "mps":
         return "cnnpar trains on a CUDA GPU or the CPU, not on an Apple GPU through MPS: auto picks the CPU there"
     return ""
@@ -409,7 +413,7 @@ class SpeedConfig:
     device: str = _f(
         "auto",
         "cpu, cuda or auto (CUDA where visible, else the CPU); a process trains on the GPU of its local rank among "
-        "those visible: CUDA_VISIBLE_DEVICES=1 picks GPU 1, --nproc N uses N GPUs",
+        "those visible: CUDA_VISIBLE_DEVICES=1 picks GPU 1, cnnpar train --nproc N trains on N GPUs",
         choices=DEVICES,
         advice=device_advice,
     )

@@ -83,7 +83,10 @@ def test_values_that_would_run_a_different_measurement_are_refused_while_parsing
 @pytest.mark.parametrize(
     "device, advice",
     [
-        ("cuda:1", "CUDA_VISIBLE_DEVICES=1 with --device cuda trains on GPU 1; --nproc N uses N GPUs)"),
+        (
+            "cuda:1",
+            "CUDA_VISIBLE_DEVICES=1 with --device cuda trains on GPU 1; cnnpar train --nproc N trains on N GPUs)",
+        ),
         ("mps", "not on an Apple GPU through MPS: auto picks the CPU there)"),
     ],
 )

@@ -297,7 +297,10 @@ def test_a_typed_flag_replaces_a_bad_file_value_before_it_is_checked(tmp_path):
 @pytest.mark.parametrize(
     "device, advice",
     [
-        ("cuda:1", "CUDA_VISIBLE_DEVICES=1 with --device cuda trains on GPU 1; --nproc N uses N GPUs"),
+        (
+            "cuda:1",
+            "CUDA_VISIBLE_DEVICES=1 with --device cuda trains on GPU 1; cnnpar train --nproc N trains on N GPUs",
+        ),
         ("cuda:0", "--device cuda is GPU 0"),
         ("mps", "not on an Apple GPU through MPS: auto picks the CPU there"),
     ],
