@@ -34,6 +34,7 @@ from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, re
 from cnnpar.engine.resolved import read_started_in, rooted
 from cnnpar.errors import UserError
 from cnnpar.report.files import (
+    TEXT,
     check_out_folder,
     held_by,
     note_holder,
@@ -128,7 +129,7 @@ def refuse_other_data(run_dir: Path, cfg: Config) -> None:
         return
     try:
         source = load_toml(stored).data.source
-        started_in = read_started_in(stored.read_text())
+        started_in = read_started_in(stored.read_text(**TEXT))
     except UserError:
         return  # an unreadable config.toml is not a run's record worth protecting
     if not same_recorded_source(source, started_in, cfg.data.source):
