@@ -20,6 +20,7 @@ from cnnpar.errors import (
     say_user_error,
     user_error_text,
 )
+from cnnpar.report.files import TEXT
 from cnnpar.torchrun import RUN_DIR_NOTE_ENV, refusal_note  # (imports no torch)
 
 
@@ -69,7 +70,7 @@ def launch_end_line(note: Path, nproc: int) -> str:
         return ""
     if not note.is_file():
         return "stopped before training began: this launch saved no epoch (the same command starts it again)"
-    run_dir = note.read_text()
+    run_dir = note.read_text(**TEXT)
     try:
         refuse_a_live_run(Path(run_dir))  # this launch's workers are gone: a claim still held is another run's
     except RunFolderInUse:
@@ -199,7 +200,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                     print(line, flush=True)
                 raise
             if rc != 0 and refusal_note(note).is_file():  # every rank refused alike: said once, as one process does
-                print(f"cnnpar: error: {refusal_note(note).read_text()}", file=sys.stderr, flush=True)
+                print(f"cnnpar: error: {refusal_note(note).read_text(**TEXT)}", file=sys.stderr, flush=True)
                 return 2
             if rc != 0 and note.is_file() and (line := launch_end_line(note, cfg.dist.nproc)):
                 print(line, flush=True)  # a rank that failed before it chose a folder said why itself
@@ -216,11 +217,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             warnings.filterwarnings("ignore")  # rank 0 speaks for the job; others speak only on failure
         from cnnpar.engine.trainer import Trainer
 
-        settings_from = Path(args.config).read_text() if getattr(args, "config", None) else ""
+        settings_from = Path(args.config).read_text(**TEXT) if getattr(args, "config", None) else ""
         trainer = Trainer(cfg, info, settings_from=settings_from, set_aside_lr=set_aside_lr)
         note = os.environ.get(RUN_DIR_NOTE_ENV) if info.is_main else None
         if note:  # for the launcher's last line (launch_end_line)
-            Path(note).write_text(str(trainer.run_dir))
+            Path(note).write_text(str(trainer.run_dir), **TEXT)
         try:
             result = trainer.fit()
         except (KeyboardInterrupt, UserError):  # a stop, or a worker crash after a saved epoch: what is kept was said
@@ -288,8 +289,8 @@ def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         files = run_profile(cfg, info, opts)
         if info.is_main:
-            print(files.table_md.read_text())
-            print("Where the recorded steps' time went:\n" + files.reading.read_text())
+            print(files.table_md.read_text(**TEXT))
+            print("Where the recorded steps' time went:\n" + files.reading.read_text(**TEXT))
             print(
                 f"trace: {files.trace} (open in https://ui.perfetto.dev); tables: {files.table_txt}, {files.table_md}; "
                 f"reading: {files.reading}"
@@ -929,13 +930,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     from cnnpar.dist import launched_as_worker, stops_for_a_plain_torchrun, widen_device_queues  # (imports torch)
-    from cnnpar.process_state import stops_for_one_command, torch_settings_kept
+    from cnnpar.process_state import printable_stdio, stops_for_one_command, torch_settings_kept
 
     # kept for the process (not put back): CUDA reads it when its context starts, and torchrun's workers inherit it
     widen_device_queues()  # before anything starts CUDA
     # the signal handlers, torch's settings and the random streams the command sets are put back when it returns:
     # main is called from notebooks and scripts too, where they would outlive it
     with contextlib.ExitStack() as kept:
+        kept.enter_context(printable_stdio())
         # A launcher's ranks: it stops them (a rank stuck in a collective could not run a handler), and its own stop
         # is handed on once; every other command cleans up. Under a torchrun started by hand nobody else would say
         # what was kept: its rank 0 does, as on Ctrl-C.

@@ -25,6 +25,7 @@ from cnnpar.config import (
 )
 from cnnpar.errors import UserError
 from cnnpar.presets import PRESET_LINES, PRESETS, get_preset
+from cnnpar.report.files import TEXT
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -162,7 +163,7 @@ def rooted_data_paths(stored: Config, record: Path, given: dict) -> Config:
     it read as data that is missing. A path typed now (--data, --labels) is the user's and stays as typed."""
     from cnnpar.engine.resolved import DATA_PATH_FIELDS, read_started_in, relative_file, rooted
 
-    folder = read_started_in(record.read_text())
+    folder = read_started_in(record.read_text(**TEXT))
     changed = {}
     for name in DATA_PATH_FIELDS:
         value = getattr(stored.data, name)
@@ -214,7 +215,7 @@ def _read_stored(stored: Path, search_again: bool) -> Config:
         # a folder renamed or moved since (or a default-named run, stored as name = ""): the run is the folder
         # it resumes in, which the record written on this resume must name, not a run that may be another one
         raw["run"]["out_dir"], raw["run"]["name"] = str(run_dir.resolve().parent), run_dir.resolve().name
-    text = stored.read_text()
+    text = stored.read_text(**TEXT)
     if REQUESTED not in text:  # written before the requested lines: choices unknown, so auto
         defaults = to_dict(Config())
         for sec, names in MACHINE_FIELDS.items():
@@ -360,7 +361,7 @@ def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
             record, stored = found
             stored = rooted_data_paths(stored, record, given)
             if _prints_notes():
-                _say_not_applied(args, given, cfg, stored, record.read_text())
+                _say_not_applied(args, given, cfg, stored, record.read_text(**TEXT))
             cfg, origin, set_aside = stored, str(record), ""  # the run's own lr, as it resumes
     overrides = _typed_settings(given)
     if not overrides:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from cnnpar.errors import UserError
+from cnnpar.report.files import TEXT
 
 from .output import _num, has_range, inside_noise
 
@@ -40,7 +41,7 @@ def read_ladder_csv(path: str | Path) -> list[dict[str, str]]:
     if not path.is_file():
         raise UserError(f"{path}: file not found (expected a ladder.csv written by `cnnpar bench`)")
     try:
-        with path.open(newline="") as f:
+        with path.open(newline="", **TEXT) as f:
             reader = csv.DictReader(f)
             rows, lines = [], []  # each row's last line in the file, as an editor counts (the header is line 1)
             for row in reader:

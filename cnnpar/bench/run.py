@@ -11,7 +11,14 @@ from pathlib import Path
 
 from cnnpar.config import Config, resolve_batch_size
 from cnnpar.errors import UserError
-from cnnpar.report.files import check_out_folder, output_folder, refuse_earlier_results, results_in, write_text_atomic
+from cnnpar.report.files import (
+    TEXT,
+    check_out_folder,
+    output_folder,
+    refuse_earlier_results,
+    results_in,
+    write_text_atomic,
+)
 
 from .timing import Timing
 
@@ -255,7 +262,7 @@ def _only(opts: BenchOptions) -> set[str] | None:
 
 
 def _finish(files: list[Path]) -> int:
-    print(files[1].read_text(), end="")
+    print(files[1].read_text(**TEXT), end="")
     print("wrote " + ", ".join(str(f) for f in files))
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import sys
 import time
 import zipfile
 import zlib
@@ -679,6 +680,24 @@ def check_labels_with(labels: str, source: str, fmt: str) -> None:
     )
 
 
+def utf8_on_disk(name: str) -> bool:
+    """Whether a name's bytes are UTF-8. Not whether Python decoded it cleanly: under a locale that is not UTF-8
+    (LC_ALL=C with PYTHONUTF8=0) it reads file names as ASCII, and even café's two UTF-8 bytes as lone surrogates."""
+    try:
+        name.encode("utf-8", "surrogateescape").decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def read_as_ascii_note() -> str:
+    """Why a UTF-8 name reads as one that is not, where Python reads file names in another encoding than UTF-8."""
+    return (
+        f"Python reads file names as {sys.getfilesystemencoding()} here, the locale's (LC_ALL=C with PYTHONUTF8=0): "
+        "run with PYTHONUTF8=1 (or a UTF-8 locale, LC_ALL=C.UTF-8)"
+    )
+
+
 def readable_name(name: str) -> str:
     """`name` as UTF-8 text, bytes that are not UTF-8 shown as \\xNN: a Latin-1 caf\\xe9.png (read by the OS as a
     lone surrogate) stopped predict as it wrote its CSV. A UTF-8 name comes back unchanged."""
@@ -762,7 +781,7 @@ def load_predict_data(
         if not files:
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
         ids = [readable_name(str(f.relative_to(root))) for f in files]
-        escaped = [i for i, f in zip(ids, files) if i != str(f.relative_to(root))]
+        escaped = [i for i, f in zip(ids, files) if not utf8_on_disk(str(f.relative_to(root)))]
         if escaped and notes is not None:
             notes.append(
                 f"note: {len(escaped):,} file name(s) under {root} are not UTF-8 (first: {escaped[0]}): their ids "

@@ -28,12 +28,13 @@ from cnnpar.config import (
     setting_name,
     system_path_limits,
 )
-from cnnpar.data.sources import readable_name
+from cnnpar.data.sources import read_as_ascii_note, readable_name, utf8_on_disk
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
 from cnnpar.engine.resolved import read_started_in, rooted
 from cnnpar.errors import UserError
 from cnnpar.report.files import (
+    TEXT,
     check_out_folder,
     held_by,
     note_holder,
@@ -128,7 +129,7 @@ def refuse_other_data(run_dir: Path, cfg: Config) -> None:
         return
     try:
         source = load_toml(stored).data.source
-        started_in = read_started_in(stored.read_text())
+        started_in = read_started_in(stored.read_text(**TEXT))
     except UserError:
         return  # an unreadable config.toml is not a run's record worth protecting
     if not same_recorded_source(source, started_in, cfg.data.source):
@@ -148,6 +149,11 @@ def refuse_unwritable_settings(cfg: Config) -> None:
         # --out-dir and --name were read from the folder --resume names (cliargs._read_stored), typed or not
         run_dir = Path(cfg.run.out_dir) / cfg.run.name
         if not _utf8(str(run_dir)):
+            if utf8_on_disk(str(run_dir)):
+                raise UserError(
+                    f"--resume {readable_name(resume)}: its run folder {readable_name(str(run_dir))} cannot be "
+                    f"written into the run's config.toml: {read_as_ascii_note()}"
+                )
             raise UserError(
                 f"--resume {readable_name(resume)}: its run folder {readable_name(str(run_dir))} is not UTF-8, which "
                 "the run's config.toml cannot hold: expected a run folder with a UTF-8 path (rename it)"
@@ -155,9 +161,12 @@ def refuse_unwritable_settings(cfg: Config) -> None:
     for section in SECTIONS:
         for key, value in vars(getattr(cfg, section)).items():
             if isinstance(value, str) and not _utf8(value):
+                named = f"{setting_name(section, key)} = '{readable_name(value)}'"
+                if utf8_on_disk(value):  # UTF-8 on disk, read as lone surrogates: "not UTF-8" sent users renaming it
+                    raise UserError(f"{named}: cannot be written into the run's config.toml: {read_as_ascii_note()}")
                 raise UserError(
-                    f"{setting_name(section, key)} = '{readable_name(value)}': not UTF-8, which the run's "
-                    "config.toml cannot hold: expected a UTF-8 path (rename it, or link to it by a UTF-8 name)"
+                    f"{named}: not UTF-8, which the run's config.toml cannot hold: expected a UTF-8 path (rename it, "
+                    "or link to it by a UTF-8 name)"
                 )
 
 

@@ -104,6 +104,7 @@ from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import comment_lines, environment
 from cnnpar.report.files import (
+    TEXT,
     read_csv,
     remove_orphan_temps,
     write_csv_atomic,
@@ -646,7 +647,7 @@ class Trainer(DivergenceCheck):
             record = self.run_dir / "config.toml"
             # a resume, or a record re-run with --config: what its first run asked for stays on record, or the
             # next --config of this record with other data would take those values as the user's own
-            earlier = record.read_text() if record.is_file() else self.settings_from
+            earlier = record.read_text(**TEXT) if record.is_file() else self.settings_from
             if earlier:
                 lines += kept_requested_lines(earlier, self.requested_cfg, lines)
             header += "".join(line + "\n" for line in lines) + started_in_line() + "\n"
@@ -1120,7 +1121,7 @@ class Trainer(DivergenceCheck):
     def _rewrite_stale_records(self, summary: dict) -> None:
         path = self.run_dir / "summary.json"
         try:
-            written = json.loads(path.read_text())
+            written = json.loads(path.read_text(**TEXT))
             summary_epochs, finished = written.get("epochs"), written.get("finished", True)
         except (OSError, ValueError):
             summary_epochs, finished = None, True  # missing or half-written: written again

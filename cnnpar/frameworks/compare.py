@@ -118,13 +118,16 @@ def run_framework(fw: Framework, spec: RunSpec, timeout: float) -> tuple[str, st
     cmd = [sys.executable, "-m", f"cnnpar.frameworks.{fw.module}", "--framework", fw.name, *spec.to_argv()]
     print(f"compare: {fw.name}: {shlex.join(cmd[1:])}", flush=True)  # quoted: an empty value pastes as ''
     lines: list[str] = []
-    with log_path.open("w") as log:
+    with log_path.open("w", encoding="utf-8") as log:
         proc = subprocess.Popen(
             cmd,
             env=runner_env(fw),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
+            # not the locale's: under one that is not UTF-8 (LC_ALL=C with PYTHONUTF8=0) a runner's line that is not
+            # ASCII ended the copying thread with a UnicodeDecodeError, and nothing read the pipe after it
+            encoding="utf-8",
+            errors="replace",
             bufsize=1,
             start_new_session=True,
         )

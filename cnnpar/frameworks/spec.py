@@ -384,7 +384,9 @@ def write_result_csv(path: str | Path, header: dict[str, str], rows: list[dict])
 
 
 def read_result_csv(path: str | Path) -> tuple[dict[str, str], list[dict[str, str]]]:
-    lines = Path(path).read_text().splitlines()
+    from cnnpar.report.files import TEXT
+
+    lines = Path(path).read_text(**TEXT).splitlines()
     header = {}
     for ln in lines:
         if not ln.startswith("# "):

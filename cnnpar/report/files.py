@@ -294,8 +294,14 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
         remove_dead_temps(path)
 
 
+# cnnpar's files are UTF-8 whatever the locale: under LC_ALL=C (PYTHONUTF8=0) open() defaulted to ASCII, and a class
+# named café stopped predict's CSV with a traceback. surrogateescape writes a name that is not UTF-8 (a Latin-1
+# folder caf\xe9, read with its byte kept as a lone surrogate) as the bytes it has on disk, and reads them back so.
+TEXT = {"encoding": "utf-8", "errors": "surrogateescape"}
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
-    atomic_write(path, lambda p: p.write_text(text))
+    atomic_write(path, lambda p: p.write_text(text, **TEXT))
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
@@ -306,7 +312,7 @@ def write_csv_atomic(path: str | Path, rows: list[dict], columns: list[str] | No
     columns = columns or list(dict.fromkeys(k for r in rows for k in r))
 
     def write(p: Path) -> None:
-        with p.open("w", newline="") as f:
+        with p.open("w", newline="", **TEXT) as f:
             w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
             w.writeheader()
             w.writerows(rows)
@@ -315,7 +321,7 @@ def write_csv_atomic(path: str | Path, rows: list[dict], columns: list[str] | No
 
 
 def read_csv(path: str | Path) -> list[dict[str, str]]:
-    with Path(path).open(newline="") as f:
+    with Path(path).open(newline="", **TEXT) as f:
         return list(csv.DictReader(f))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cnnpar.dist import DistInfo
 from cnnpar.errors import first_line
-from cnnpar.report.files import write_failure
+from cnnpar.report.files import TEXT, write_failure
 
 COLUMNS = [
     "time_s",
@@ -149,7 +149,7 @@ class TelemetrySampler:
         earlier_end = _earlier_samples_end(self.csv_path) if self.append else None
         self._kept_s = earlier_end
         try:
-            self._file = self.csv_path.open("w" if earlier_end is None else "a", newline="")
+            self._file = self.csv_path.open("w" if earlier_end is None else "a", newline="", **TEXT)
         except OSError as e:  # no sampling, as for one that fails later; the run goes on
             self._write_failed(e)
             return self
