@@ -22,7 +22,8 @@ import threading
 
 import torch
 
-from cnnpar.errors import SharedMemoryFull
+from cnnpar.errors import SharedMemoryFull, TooManyOpenFiles
+from cnnpar.host_facts import open_files_line, too_many_open_files
 
 SHM_FOLDER = "/dev/shm"  # where shm_open makes its files on Linux
 EXIT_GRACE_S = 2.0  # at the exit, a worker told to stop leaves within this; one still there is killed
@@ -95,6 +96,8 @@ def report_unsent_batches(prefetch: int) -> None:
         try:
             if _shm_full(e):
                 raise SharedMemoryFull(shm_full_line(_tensor_bytes(obj[1]), workers, prefetch)) from e
+            if too_many_open_files(e):  # each tensor crosses as a file descriptor the worker holds until it is taken
+                raise TooManyOpenFiles(open_files_line()) from e
             raise RuntimeError(f"a DataLoader worker's batch could not be sent to the main process: {e}") from e
         except Exception:  # noqa: BLE001 - wrapped, with its traceback, for the main process to raise
             wrapped = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
