@@ -18,6 +18,7 @@ import multiprocessing
 import multiprocessing.queues
 import os
 import signal
+import sys
 import threading
 
 import torch
@@ -104,6 +105,20 @@ def report_unsent_batches(prefetch: int) -> None:
         queue.put((obj[0], wrapped))  # small: pickled without shared memory
 
     multiprocessing.queues.Queue._on_queue_feeder_error = on_feeder_error
+    quiet_open_files_tracebacks()
+
+
+def quiet_open_files_tracebacks() -> None:
+    """In a worker: multiprocessing's resource sharer, whose thread hands the batches' file descriptors over, prints
+    a traceback through sys.excepthook each time it cannot accept the main process's call for lack of open files,
+    and tries again; the main process says the limit in one line (host_facts.open_files_line), under tracebacks."""
+    default = sys.excepthook
+
+    def hook(kind, value, tb) -> None:
+        if not too_many_open_files(value):
+            default(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def kill_stuck(workers, grace_s: float, at_exit: bool = False) -> None:
