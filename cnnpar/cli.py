@@ -950,8 +950,11 @@ def main(argv: list[str] | None = None) -> int:
 def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     """The parsed command run, its errors and stops turned into their lines and exit statuses."""
     from cnnpar.dist import LAUNCHED_NPROC_ENV, launcher_rank
+    from cnnpar.host_facts import open_files_line, raise_open_files_limit, too_many_open_files
     from cnnpar.socket_folder import init_socket_folder, too_long_text
 
+    # before any DataLoader worker, decoder pool or launched rank: they inherit it
+    raise_open_files_limit()
     try:
         # before any DataLoader worker or launched rank: forked workers inherit the folder
         if (sockets := init_socket_folder()) and launcher_rank() == 0 and LAUNCHED_NPROC_ENV not in os.environ:
@@ -978,6 +981,9 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
         tell_the_job_this_rank_ended(e)
         if (stop := _stop_behind(e)) is not None:  # a worker the stop killed, torch broken under it
             return stopped(stop)
+        if too_many_open_files(e):  # the host's limit, not a bug: torch's own error came in a traceback
+            prefix = f"[rank {_rank()}] " if _of_a_job() else ""
+            return say_user_error(f"{prefix}{open_files_line()}")
         if "RANK" not in os.environ:
             raise
         line, code = another_rank_line(e, _rank())

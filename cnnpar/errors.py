@@ -29,6 +29,10 @@ class SharedMemoryFull(UserError):
     """/dev/shm has no room for the batches DataLoader workers hand over (data/workers.py)."""
 
 
+class TooManyOpenFiles(UserError):
+    """The open-files limit (ulimit -n) ran out where DataLoader workers hand batches over (host_facts)."""
+
+
 class Diverged(UserError):
     """Training that stopped being finite. `epoch`, `what` ("train loss", "val loss", "weights": the weights or
     buffers, "outputs": the loss on the epoch's last batch after its last update) and `loss` (that value; for

@@ -18,11 +18,13 @@ import multiprocessing
 import multiprocessing.queues
 import os
 import signal
+import sys
 import threading
 
 import torch
 
-from cnnpar.errors import SharedMemoryFull
+from cnnpar.errors import SharedMemoryFull, TooManyOpenFiles
+from cnnpar.host_facts import open_files_line, too_many_open_files
 
 SHM_FOLDER = "/dev/shm"  # where shm_open makes its files on Linux
 EXIT_GRACE_S = 2.0  # at the exit, a worker told to stop leaves within this; one still there is killed
@@ -95,12 +97,28 @@ def report_unsent_batches(prefetch: int) -> None:
         try:
             if _shm_full(e):
                 raise SharedMemoryFull(shm_full_line(_tensor_bytes(obj[1]), workers, prefetch)) from e
+            if too_many_open_files(e):  # each tensor crosses as a file descriptor the worker holds until it is taken
+                raise TooManyOpenFiles(open_files_line()) from e
             raise RuntimeError(f"a DataLoader worker's batch could not be sent to the main process: {e}") from e
         except Exception:  # noqa: BLE001 - wrapped, with its traceback, for the main process to raise
             wrapped = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
         queue.put((obj[0], wrapped))  # small: pickled without shared memory
 
     multiprocessing.queues.Queue._on_queue_feeder_error = on_feeder_error
+    quiet_open_files_tracebacks()
+
+
+def quiet_open_files_tracebacks() -> None:
+    """In a worker: multiprocessing's resource sharer, whose thread hands the batches' file descriptors over, prints
+    a traceback through sys.excepthook each time it cannot accept the main process's call for lack of open files,
+    and tries again; the main process says the limit in one line (host_facts.open_files_line), under tracebacks."""
+    default = sys.excepthook
+
+    def hook(kind, value, tb) -> None:
+        if not too_many_open_files(value):
+            default(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def kill_stuck(workers, grace_s: float, at_exit: bool = False) -> None:

@@ -60,13 +60,13 @@ def test_a_full_dev_shm_stops_the_loader_with_one_line_naming_it_its_space_and_t
 
 def test_other_batches_than_a_full_dev_shm_ones_that_cannot_be_sent_are_an_error_too(monkeypatch):
     def no_fds(self, *args, **kwargs):
-        raise RuntimeError("Too many open files")
+        raise RuntimeError("Bad file descriptor")
 
     monkeypatch.setattr(torch.UntypedStorage, "_share_fd_cpu_", no_fds)
     feeder = _digits_loader(workers=1)
     feeder.loader.timeout = 60
     try:
-        with pytest.raises(RuntimeError, match="could not be sent to the main process: Too many open files"):
+        with pytest.raises(RuntimeError, match="could not be sent to the main process: Bad file descriptor"):
             next(iter(feeder.loader))
     finally:
         shutdown_workers(feeder.loader)

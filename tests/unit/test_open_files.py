@@ -1,0 +1,58 @@
+"""A low open-files limit (ulimit -n): DataLoader workers hand each batch over as file descriptors."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(0)
+    for c in range(4):
+        (root / f"c{c}").mkdir()
+        for i in range(60):
+            pixels = rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"c{c}" / f"{i}.jpg", quality=85)
+    return root
+
+
+def train_under(photos: Path, out: Path, soft: int, hard: int) -> subprocess.CompletedProcess:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    args = ["train", "--data", str(photos), "--workers", "2", "--epochs", "1", "--batch-size", "8"]
+    args += ["--image-size", "32", "--device", "cpu", "--out-dir", str(out), "--no-tensorboard"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "cnnpar", *args], env=env, preexec_fn=limit, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_low_soft_limit_is_raised_to_the_hard_one(photos, tmp_path):
+    # 32 open files stopped two workers' batches ("Too many open files") where the hard limit allowed thousands
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 256:
+        pytest.skip(f"this host's hard open-files limit is {hard}")
+    done = train_under(photos, tmp_path, 32, hard)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Too many open files" not in done.stderr
+
+
+def test_a_low_hard_limit_ends_in_one_line(photos, tmp_path):
+    done = train_under(photos, tmp_path, 32, 32)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("cnnpar: error: too many open files: this process may have 32 files open at once")
+    assert "ulimit -n" in line and "--workers" in line
