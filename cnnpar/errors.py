@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class UserError(Exception):
@@ -94,6 +94,16 @@ def brief_repr(value) -> str:
     (a store's header, a checkpoint's meta) can hold a list of a million items."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def chain(e: BaseException | None) -> Iterator[BaseException]:
+    """`e`, then each error it was raised from or over (`__cause__`, else `__context__`), each once: where a
+    stop, a worker's death or a host limit lies behind the error a library raised last."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
 
 
 def first_line(e: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""Facts about the host that every layer may need, from the standard library alone.
+"""Facts about the host that every layer may need, from the standard library (and errors.chain) alone.
 
 The bottom layer, so that dist counts its CPU ranks against the same cores as the loaders and prepare's decoders
 above it (report.host, which holds the lines they print about them, lies a layer above dist).
@@ -6,7 +6,10 @@ above it (report.host, which holds the lines they print about them, lies a layer
 
 from __future__ import annotations
 
+import errno
 import os
+
+from cnnpar.errors import chain
 
 
 def usable_cores() -> int:
@@ -42,15 +45,9 @@ def raise_open_files_limit(wanted: int = OPEN_FILES_WANTED) -> None:
 def too_many_open_files(e: BaseException) -> bool:
     """Whether `e`, or an error behind it, is the open-files limit running out (EMFILE), as OSError or as torch's
     DataLoader says it ("Too many open files. Communication with the workers is no longer possible")."""
-    import errno
-
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if (isinstance(e, OSError) and e.errno == errno.EMFILE) or "Too many open files" in str(e):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+    return any(
+        (isinstance(x, OSError) and x.errno == errno.EMFILE) or "Too many open files" in str(x) for x in chain(e)
+    )
 
 
 def open_files_line() -> str:

@@ -21,7 +21,7 @@ import signal
 
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.store import StoreFile, default_store_path, prepare_args
-from cnnpar.errors import STOP_SIGNALS, DataError
+from cnnpar.errors import STOP_SIGNALS, DataError, chain
 
 _KILLED = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: ([^.]+)\.")
 # strsignal's words (what torch writes) to the signal: "Segmentation fault" -> SIGSEGV
@@ -37,13 +37,7 @@ def killed_by(e: BaseException) -> signal.Signals | None:
 def worker_signal(e: BaseException) -> signal.Signals | None:
     """The signal that killed a DataLoader worker, from torch's error `e` or the errors it was raised from or over
     ("exited unexpectedly" is raised from "is killed by signal"); None where none says so."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if (sig := killed_by(e)) is not None:
-            return sig
-        e = e.__cause__ or e.__context__
-    return None
+    return next((sig for x in chain(e) if (sig := killed_by(x)) is not None), None)
 
 
 def worker_crash_line(sig: signal.Signals, source: str, photos: bool, input_size: int, labels: str = "") -> str:

@@ -12,7 +12,7 @@ import sys
 import warnings
 
 from cnnpar.data.worker_crash import worker_signal
-from cnnpar.errors import STOP_SIGNALS, pending_stop, stop_for
+from cnnpar.errors import STOP_SIGNALS, chain, pending_stop, stop_for
 
 
 @contextlib.contextmanager
@@ -72,13 +72,7 @@ def raise_if_the_stop(e: BaseException) -> None:
 
 def _stop_in_chain(e: BaseException) -> KeyboardInterrupt | None:
     """The KeyboardInterrupt that `e` was raised from or over, if any."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, KeyboardInterrupt):
-            return e
-        e = e.__cause__ or e.__context__
-    return None
+    return next((x for x in chain(e) if isinstance(x, KeyboardInterrupt)), None)
 
 
 def close_batches(batches) -> None:
