@@ -678,10 +678,6 @@ def visible_devices_set(environ=None) -> str:
     return f" (CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r} chooses which are)"
 
 
-# set by `cnnpar tune` and `bench --claims` for each trial's child (bench.trial.PARENT_ENV): its parent speaks
-TRIAL_PARENT_ENV = "CNNPAR_TRIAL_PARENT"
-
-
 def apple_gpu_note(requested: str) -> str:
     """The line for `--device auto` on a Mac with an Apple GPU, which it leaves unused ("" elsewhere): the run goes
     to the CPU, and a user who knows PyTorch's MPS backend would expect the GPU. cnnpar has no MPS path (its
@@ -698,8 +694,8 @@ def apple_gpu_note(requested: str) -> str:
 
 
 def _say_apple_gpu_unused(requested: str, rank: int) -> None:
-    # once per job: rank 0 alone, and not a trial's child (its parent said it)
-    if rank == 0 and not os.environ.get(TRIAL_PARENT_ENV) and (note := apple_gpu_note(requested)):
+    # once per job: rank 0 alone (a tune or claims trial's child says it into its log, which tune's own line stands for)
+    if rank == 0 and (note := apple_gpu_note(requested)):
         print(note, file=sys.stderr, flush=True)
 
 

@@ -549,7 +549,7 @@ def tune(
     )
     from cnnpar.dist import apple_gpu_note
 
-    if note := apple_gpu_note(cfg.speed.device):  # said here: the trials' children, which pick the device, do not
+    if note := apple_gpu_note(cfg.speed.device):  # said here: the trials' children say it into logs nobody is shown
         log(note)
     # once the start is measured, tuned.toml stays whatever happens after (a stopped run keeps the best config it
     # measured)

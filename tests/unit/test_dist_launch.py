@@ -902,13 +902,7 @@ def test_auto_on_a_mac_says_once_that_the_apple_gpu_is_not_used(apple_gpu, capsy
     assert capsys.readouterr().err == ""
 
 
-def test_the_apple_gpu_note_is_left_to_rank_0_and_to_a_trials_parent(apple_gpu, monkeypatch, capsys):
-    from cnnpar.bench.trial import PARENT_ENV
-
-    assert dist.TRIAL_PARENT_ENV == PARENT_ENV
-    monkeypatch.setenv(PARENT_ENV, "1")  # a tune trial's child: its parent said it
-    dist.init_distributed("auto")
-    monkeypatch.delenv(PARENT_ENV)
+def test_the_apple_gpu_note_is_left_to_rank_0(apple_gpu, capsys):
     dist._say_apple_gpu_unused("auto", 1)  # what init_distributed does on torchrun's rank 1
     assert capsys.readouterr().err == ""
     dist._say_apple_gpu_unused("auto", 0)
