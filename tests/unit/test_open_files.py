@@ -52,7 +52,11 @@ def test_a_low_soft_limit_is_raised_to_the_hard_one(photos, tmp_path):
 def test_a_low_hard_limit_ends_in_one_line(photos, tmp_path):
     done = train_under(photos, tmp_path, 32, 32)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "Traceback" not in done.stderr
+    # Not checked: a DataLoader worker's exit may print multiprocessing's own traceback for its temporary folder
+    # (util._remove_temp_dir: "Too many open files" in its rmtree), 1 run in 4 at 4f5a316 and in CI at a7460a5; the
+    # limit is still out as the worker leaves. Every traceback but that one is cnnpar's to keep off the output.
+    tracebacks = done.stderr.count("Traceback (most recent call last)")
+    assert tracebacks == done.stderr.count("in _remove_temp_dir"), done.stderr[-2000:]
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("cnnpar: error: too many open files: this process may have 32 files open at once")
     assert "ulimit -n" in line and "--workers" in line
