@@ -194,8 +194,14 @@ class OrderedDecode:
             self.pool = ProcessPoolExecutor(
                 self.workers, mp_context=context, initializer=start_worker, initargs=(os.getpid(),)
             )
-            for _ in range(IN_FLIGHT * self.workers):
-                self._submit()
+            try:
+                for _ in range(IN_FLIGHT * self.workers):
+                    self._submit()
+            except BaseException:
+                # a fork or pipe the system refused (ulimit -n 16) after other workers were forked: `with` calls no
+                # __exit__ for a failed __enter__, and the exit waited for ever on the workers never stopped
+                self._kill_started()
+                raise
             self.processes = list(self.pool._processes.values())  # no public way to stop them; Python 3.14 adds one
         return self
 
@@ -211,6 +217,16 @@ class OrderedDecode:
             p.terminate()
         for p in self.processes:
             p.join(5)  # gone before the caller removes the chunk files they write
+
+    def _kill_started(self) -> None:
+        """Stop the workers of a start that failed part way. SIGKILL: one just forked may not have run start_worker
+        yet, and the SIGTERM handler it copied from cnnpar kept it alive past a join (seen under ulimit -n 15)."""
+        self.processes = list(self.pool._processes.values())  # shutdown drops them
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for p in self.processes:
+            p.kill()
+        for p in self.processes:
+            p.join()
 
     def _submit(self) -> None:
         k, chunk = next(self.chunks, (0, None))
