@@ -82,3 +82,18 @@ def test_prepare_that_cannot_start_its_workers_ends_in_one_line(tmp_path, limit)
         "to allow them, or fewer --workers (--workers 1 decodes in this process)"
     ]
     assert not list(out.iterdir())  # no store, no partial file, no chunk file
+
+
+def test_prepare_whose_worker_runs_out_of_open_files_says_so(tmp_path):
+    # at 16 here the workers started and one ran out importing its decoder: prepare said "cannot write the store (Too
+    # many open files at .../PIL/__init__.py): expected room for it and permission to write", a disk's reason
+    images = write_image_folder(tmp_path / "images", per_class=10)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = cnnpar_under(["prepare", str(images), "--out", str(out / "x.cnnpar"), "--workers", "2"], 16, 16, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert lines[0].startswith(f"cnnpar: error: {out / 'x.cnnpar'}: not written: the open-files limit ran out")
+    assert "ulimit -n 65536" in lines[0] and "--workers 1" in lines[0]
+    assert not list(out.iterdir())
