@@ -18,6 +18,7 @@ killed or not: a prepare that finishes removes the partial files no writer holds
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import multiprocessing
 import os
@@ -55,7 +56,7 @@ from cnnpar.data.store import (
     pack_index,
 )
 from cnnpar.errors import DataError, UserError, raise_pending_stop
-from cnnpar.host_facts import usable_cores
+from cnnpar.host_facts import OPEN_FILES_WANTED, usable_cores
 from cnnpar.process_tree import end_with_parent
 from cnnpar.report.files import fsync_path, unheld
 from cnnpar.report.heartbeat import Heartbeat, bar_left_out
@@ -194,8 +195,14 @@ class OrderedDecode:
             self.pool = ProcessPoolExecutor(
                 self.workers, mp_context=context, initializer=start_worker, initargs=(os.getpid(),)
             )
-            for _ in range(IN_FLIGHT * self.workers):
-                self._submit()
+            try:
+                for _ in range(IN_FLIGHT * self.workers):
+                    self._submit()
+            except BaseException:
+                # a fork or pipe the system refused (ulimit -n 16) after other workers were forked: `with` calls no
+                # __exit__ for a failed __enter__, and the exit waited for ever on the workers never stopped
+                self._kill_started()
+                raise
             self.processes = list(self.pool._processes.values())  # no public way to stop them; Python 3.14 adds one
         return self
 
@@ -211,6 +218,16 @@ class OrderedDecode:
             p.terminate()
         for p in self.processes:
             p.join(5)  # gone before the caller removes the chunk files they write
+
+    def _kill_started(self) -> None:
+        """Stop the workers of a start that failed part way. SIGKILL: one just forked may not have run start_worker
+        yet, and the SIGTERM handler it copied from cnnpar kept it alive past a join (seen under ulimit -n 15)."""
+        self.processes = list(self.pool._processes.values())  # shutdown drops them
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for p in self.processes:
+            p.kill()
+        for p in self.processes:
+            p.join()
 
     def _submit(self) -> None:
         k, chunk = next(self.chunks, (0, None))
@@ -394,8 +411,15 @@ def prepare_store(
                 f"{src}: could not start {workers} decoding processes ({e.strerror or e}): expected the system to "
                 "allow them, or fewer --workers (--workers 1 decodes in this process)"
             ) from None
-        # a full disk, a quota, a read-only or vanished folder: the OS's reason, in one line
         where = f" at {e.filename}" if e.filename else ""
+        # mostly a worker's, re-raised here (its import of a decoder under ulimit -n 16): no fault of the disk
+        if e.errno == errno.EMFILE:
+            raise UserError(
+                f"{out}: not written: the open-files limit ran out ({e.strerror}{where}): expected a "
+                f"higher limit (ulimit -n {OPEN_FILES_WANTED} in the shell that starts cnnpar), or fewer --workers "
+                "(--workers 1 decodes in this process)"
+            ) from None
+        # a full disk, a quota, a read-only or vanished folder: the OS's reason, in one line
         raise UserError(
             f"{out}: cannot write the store ({e.strerror or e}{where}): expected room for it and permission to "
             f"write in {out.parent}"

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.datafiles import write_image_folder
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -27,16 +29,19 @@ def photos(tmp_path_factory) -> Path:
     return root
 
 
-def train_under(photos: Path, out: Path, soft: int, hard: int) -> subprocess.CompletedProcess:
+def cnnpar_under(args: list[str], soft: int, hard: int, timeout: int = 120) -> subprocess.CompletedProcess:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "cnnpar", *args]
+    return subprocess.run(command, env=env, preexec_fn=limit, capture_output=True, text=True, timeout=timeout)
+
+
+def train_under(photos: Path, out: Path, soft: int, hard: int) -> subprocess.CompletedProcess:
     args = ["train", "--data", str(photos), "--workers", "2", "--epochs", "1", "--batch-size", "8"]
     args += ["--image-size", "32", "--device", "cpu", "--out-dir", str(out), "--no-tensorboard"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "cnnpar", *args], env=env, preexec_fn=limit, capture_output=True, text=True, timeout=120
-    )
+    return cnnpar_under(args, soft, hard)
 
 
 def test_a_low_soft_limit_is_raised_to_the_hard_one(photos, tmp_path):
@@ -60,3 +65,35 @@ def test_a_low_hard_limit_ends_in_one_line(photos, tmp_path):
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("cnnpar: error: too many open files: this process may have 32 files open at once")
     assert "ulimit -n" in line and "--workers" in line
+
+
+@pytest.mark.parametrize("limit", [14, 15])
+def test_prepare_that_cannot_start_its_workers_ends_in_one_line(tmp_path, limit):
+    # here the second worker's fork found no file left at these limits (at 16, ulimit -n 16 in a shell): prepare
+    # printed its line, then waited for ever at exit on the first worker, which the failed start never stopped
+    images = write_image_folder(tmp_path / "images", per_class=10)
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["prepare", str(images), "--out", str(out / "x.cnnpar"), "--workers", "2"]
+    done = cnnpar_under(args, limit, limit, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        f"cnnpar: error: {images}: could not start 2 decoding processes (Too many open files): expected the system "
+        "to allow them, or fewer --workers (--workers 1 decodes in this process)"
+    ]
+    assert not list(out.iterdir())  # no store, no partial file, no chunk file
+
+
+def test_prepare_whose_worker_runs_out_of_open_files_says_so(tmp_path):
+    # at 16 here the workers started and one ran out importing its decoder: prepare said "cannot write the store (Too
+    # many open files at .../PIL/__init__.py): expected room for it and permission to write", a disk's reason
+    images = write_image_folder(tmp_path / "images", per_class=10)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = cnnpar_under(["prepare", str(images), "--out", str(out / "x.cnnpar"), "--workers", "2"], 16, 16, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert lines[0].startswith(f"cnnpar: error: {out / 'x.cnnpar'}: not written: the open-files limit ran out")
+    assert "ulimit -n 65536" in lines[0] and "--workers 1" in lines[0]
+    assert not list(out.iterdir())
