@@ -317,3 +317,25 @@ def test_workers_the_system_will_not_start_are_said_as_such_not_as_a_write_failu
         "system to allow them, or fewer --workers (--workers 1 decodes in this process)"
     )
     assert_nothing_left(out)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_decoder_out_of_open_files_is_said_as_the_limit_not_as_a_bad_photo(tmp_path, monkeypatch, workers):
+    """Under ulimit -n 17 a worker's Pillow could not open what it needed, and prepare said the photo "cannot decode as
+    an image ([Errno 24] ...)": the user was sent to a photo that was fine. Forked workers inherit the patch."""
+    import errno
+
+    from cnnpar.errors import TooManyOpenFiles
+
+    write_image_folder(tmp_path / "p", per_class=4, classes=2, side=32)
+    out = tmp_path / "p.cnnpar"
+
+    def no_files_left(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(Image, "open", no_files_left)
+    with pytest.raises(TooManyOpenFiles) as e:
+        prepare_store(tmp_path / "p", out, 0, workers=workers, progress=False)
+    assert "not decoded: the open-files limit ran out" in str(e.value) and "ulimit -n 65536" in str(e.value)
+    assert "cannot decode as an image" not in str(e.value)
+    assert_nothing_left(out)
