@@ -237,6 +237,29 @@ def _holds_nothing_out(cfg: Config) -> str:
     return f"--data {cfg.data.source} validates on {split}, so nothing is held out: it applies to data without one"
 
 
+def _no_workers(cfg: Config) -> str:
+    """data/loader._host_loader: --prefetch-factor and --persistent-workers are settings of the DataLoader's worker
+    processes, and a loader with none (--workers 0, or auto on arrays: loader.auto_workers) makes its batches in the
+    main process. Told from --data's format: digits, synthetic data, an .npz and a CSV are held as arrays."""
+    workers = cfg.data.workers
+    if workers == 0:
+        return "--workers 0 makes the batches in the main process, with no worker: --workers 1 or more uses it"
+    fmt = _source_format(cfg)
+    if workers > 0 or fmt not in ("digits", "synthetic", "npz", "csv"):
+        return ""
+    return (
+        f"{_in_memory(cfg, fmt)}, whose batches the main process indexes (--workers auto starts no worker for it): "
+        "--workers 1 or more uses it"
+    )
+
+
+def _no_weight_decay(cfg: Config) -> str:
+    # engine/optim.build_optimizer: the biases' decay is weight_decay / bias_lr_scale
+    if cfg.optim.weight_decay > 0:
+        return ""
+    return "--weight-decay is 0, so there is no decay to share with the biases: give --weight-decay a value"
+
+
 def _fixed_batch(cfg: Config) -> str:
     """config.resolve_for_device (the CPU's automatic 64) and the trainer's batch search scale --lr from --lr-batch
     to a batch --batch-size auto chose; a fixed batch trains at --lr as it is."""
@@ -286,6 +309,8 @@ RULES = (
     Rule(("data.crop_min_scale",), _no_random_resized_crops),
     Rule(("data.synthetic_samples",), _not_synthetic),
     Rule(("data.val_fraction",), _holds_nothing_out, _positive),
+    Rule(("data.prefetch_factor", "data.persistent_workers"), _no_workers),
+    Rule(("optim.bias_decay",), _no_weight_decay, _switched_on),
     Rule(("optim.lr_batch",), _fixed_batch, _positive),
     Rule(("run.tta_flip",), _tta_level_decides, lambda value: not value),  # --tta-flip is in every level
     Rule(("dist.sync_bn",), _one_process, _switched_on),
