@@ -253,6 +253,13 @@ def _no_workers(cfg: Config) -> str:
     )
 
 
+def _no_cuda(cfg: Config) -> str:
+    # the trainer sets torch.backends.cudnn.benchmark, which only cuDNN's convolutions read
+    if _device_type(cfg) == "cuda":
+        return ""
+    return "the run is on the CPU, and only cuDNN (CUDA) times its algorithms: it applies with --device cuda"
+
+
 def _no_weight_decay(cfg: Config) -> str:
     # engine/optim.build_optimizer: the biases' decay is weight_decay / bias_lr_scale
     if cfg.optim.weight_decay > 0:
@@ -303,6 +310,7 @@ RULES = (
     Rule(("optim.momentum",), _no_momentum),
     Rule(AVERAGE, _no_average),
     Rule(("speed.compile_eval",), _not_compiled, _switched_on),
+    Rule(("speed.cudnn_benchmark",), _no_cuda),
     Rule(("data.decode",), _no_jpeg_decoding, _not_auto),
     Rule(("data.cpu_share",), _no_gpu_decoder, _positive),
     Rule(("data.gpu_resize",), _no_gpu_decoder, _not_auto),

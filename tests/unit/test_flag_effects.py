@@ -388,3 +388,16 @@ def test_bias_decay_typed_without_weight_decay_is_named_and_not_with_it(capsys):
     ]
     assert _notes(capsys, "--bias-decay") == []
     assert _notes(capsys, "--no-bias-decay", "--weight-decay", "0") == []  # asks for nothing
+
+
+def test_cudnn_benchmark_typed_on_the_cpu_is_named_and_not_on_cuda(capsys, monkeypatch):
+    """The trainer sets torch.backends.cudnn.benchmark, read by cuDNN alone: on the CPU either switch did nothing."""
+    import torch
+
+    why = "not used: the run is on the CPU, and only cuDNN (CUDA) times its algorithms: it applies with --device cuda"
+    assert _notes(capsys, "--device", "cpu", "--no-cudnn-benchmark") == [f"--no-cudnn-benchmark {why}"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _notes(capsys, "--cudnn-benchmark") == [f"--cudnn-benchmark {why}"]  # auto picks the CPU here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _notes(capsys, "--no-cudnn-benchmark") == []
+    assert _notes(capsys, "--device", "cpu") == []
