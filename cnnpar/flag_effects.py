@@ -329,6 +329,36 @@ RULES = (
 )
 
 
+# the settings `cnnpar profile` (doctor/profile.py) does not read, and whether a typed value asks for anything: it
+# records a few steps of a measuring Trainer (engine/harness.build_trainer: no progress bar, no run name) and writes
+# its files to --report-dir, with no evaluation, telemetry or run folder
+PROFILE_UNREAD: dict[str, Callable[[object], bool]] = {
+    "run.name": lambda value: True,
+    "run.eval_every": lambda value: True,
+    "run.tta_level": lambda value: value != "none",
+    "run.tta_flip": _switched_on,
+    "run.tensorboard": _switched_on,
+    "run.monitor": _switched_on,
+    "run.progress": _switched_on,
+}
+
+
+def unread_by_command(command: str, cfg: Config, typed: set[str]) -> list[str]:
+    """One line per flag in `typed` that `command` does not read at all, whatever the config: for `cnnpar profile`,
+    the settings of a run's evaluation, progress bar and folder."""
+    if command != "profile":
+        return []
+    why = (
+        "cnnpar profile records a few train steps, with no progress bar, evaluation, telemetry or run folder (its "
+        "files go to --report-dir): it applies to cnnpar train"
+    )
+    lines = []
+    for key, asks in PROFILE_UNREAD.items():
+        if key in typed and asks(_value(cfg, key)):
+            lines.append(f"{typed_form(key, _value(cfg, key))} not used: {why}")
+    return lines
+
+
 def _flags() -> dict[str, str]:
     """Each setting's flag, as config's fields name them: `optim.muon_lr` -> `--muon-lr`."""
     base = Config()

@@ -401,3 +401,25 @@ def test_cudnn_benchmark_typed_on_the_cpu_is_named_and_not_on_cuda(capsys, monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert _notes(capsys, "--no-cudnn-benchmark") == []
     assert _notes(capsys, "--device", "cpu") == []
+
+
+def test_run_settings_typed_for_profile_are_named_and_not_for_train(capsys):
+    """`cnnpar profile` records a few steps of a measuring Trainer into --report-dir: --eval-every, --tta-level,
+    --name, --tensorboard or --monitor typed there profiled what it would have without them, unsaid."""
+    why = (
+        "not used: cnnpar profile records a few train steps, with no progress bar, evaluation, telemetry or run "
+        "folder (its files go to --report-dir): it applies to cnnpar train"
+    )
+    typed = ["--eval-every", "2", "--tta-level", "flip", "--name", "x", "--tensorboard", "--monitor", "--progress"]
+    assert _notes(capsys, *typed, command="profile") == [
+        f"--name x {why}",
+        f"--eval-every 2 {why}",
+        f"--tta-level flip {why}",
+        f"--tensorboard {why}",
+        f"--monitor {why}",
+        f"--progress {why}",
+    ]
+    asks_nothing = ["--tta-level", "none", "--no-tta-flip", "--no-tensorboard", "--no-monitor", "--no-progress"]
+    assert _notes(capsys, *asks_nothing, command="profile") == []
+    assert _notes(capsys, *typed, command="train") == []
+    assert _notes(capsys, "--epochs", "3", "--max-steps", "5", command="profile") == []  # the schedule's length
