@@ -370,7 +370,7 @@ def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
     for sec, values in overrides.items():
         merged[sec].update(values)
     cfg = from_dict(merged, origin=COMMAND_LINE)
-    _check_typed(cfg, {key for key in given if "." in key}, origin)
+    _check_typed(cfg, {key for key in given if "." in key}, origin, getattr(args, "command", "train"))
     return cfg, set_aside
 
 
@@ -436,14 +436,15 @@ def _typed_settings(given: dict) -> dict[str, dict]:
     return overrides
 
 
-def _check_typed(cfg: Config, typed: set[str], origin: str) -> None:
+def _check_typed(cfg: Config, typed: set[str], origin: str, command: str) -> None:
     """Once per command, on the config it runs: a typed flag that another setting turns into its opposite is
-    refused, and one that does nothing here is named in a note (flag_effects.py), not silently ignored."""
-    from cnnpar.flag_effects import refuse_overridden, unused_flags
+    refused, and one that does nothing here, or that `command` does not read, is named in a note (flag_effects.py),
+    not silently ignored."""
+    from cnnpar.flag_effects import refuse_overridden, unread_by_command, unused_flags
 
     refuse_overridden(cfg, typed, origin)
     if _prints_notes():
-        for line in unused_flags(cfg, typed):
+        for line in [*unused_flags(cfg, typed), *unread_by_command(command, cfg, typed)]:
             print(f"cnnpar: note: {line}", file=sys.stderr)
 
 

@@ -237,6 +237,36 @@ def _holds_nothing_out(cfg: Config) -> str:
     return f"--data {cfg.data.source} validates on {split}, so nothing is held out: it applies to data without one"
 
 
+def _no_workers(cfg: Config) -> str:
+    """data/loader._host_loader: --prefetch-factor and --persistent-workers are settings of the DataLoader's worker
+    processes, and a loader with none (--workers 0, or auto on arrays: loader.auto_workers) makes its batches in the
+    main process. Told from --data's format: digits, synthetic data, an .npz and a CSV are held as arrays."""
+    workers = cfg.data.workers
+    if workers == 0:
+        return "--workers 0 makes the batches in the main process, with no worker: --workers 1 or more uses it"
+    fmt = _source_format(cfg)
+    if workers > 0 or fmt not in ("digits", "synthetic", "npz", "csv"):
+        return ""
+    return (
+        f"{_in_memory(cfg, fmt)}, whose batches the main process indexes (--workers auto starts no worker for it): "
+        "--workers 1 or more uses it"
+    )
+
+
+def _no_cuda(cfg: Config) -> str:
+    # the trainer sets torch.backends.cudnn.benchmark, which only cuDNN's convolutions read
+    if _device_type(cfg) == "cuda":
+        return ""
+    return "the run is on the CPU, and only cuDNN (CUDA) times its algorithms: it applies with --device cuda"
+
+
+def _no_weight_decay(cfg: Config) -> str:
+    # engine/optim.build_optimizer: the biases' decay is weight_decay / bias_lr_scale
+    if cfg.optim.weight_decay > 0:
+        return ""
+    return "--weight-decay is 0, so there is no decay to share with the biases: give --weight-decay a value"
+
+
 def _fixed_batch(cfg: Config) -> str:
     """config.resolve_for_device (the CPU's automatic 64) and the trainer's batch search scale --lr from --lr-batch
     to a batch --batch-size auto chose; a fixed batch trains at --lr as it is."""
@@ -280,12 +310,15 @@ RULES = (
     Rule(("optim.momentum",), _no_momentum),
     Rule(AVERAGE, _no_average),
     Rule(("speed.compile_eval",), _not_compiled, _switched_on),
+    Rule(("speed.cudnn_benchmark",), _no_cuda),
     Rule(("data.decode",), _no_jpeg_decoding, _not_auto),
     Rule(("data.cpu_share",), _no_gpu_decoder, _positive),
     Rule(("data.gpu_resize",), _no_gpu_decoder, _not_auto),
     Rule(("data.crop_min_scale",), _no_random_resized_crops),
     Rule(("data.synthetic_samples",), _not_synthetic),
     Rule(("data.val_fraction",), _holds_nothing_out, _positive),
+    Rule(("data.prefetch_factor", "data.persistent_workers"), _no_workers),
+    Rule(("optim.bias_decay",), _no_weight_decay, _switched_on),
     Rule(("optim.lr_batch",), _fixed_batch, _positive),
     Rule(("run.tta_flip",), _tta_level_decides, lambda value: not value),  # --tta-flip is in every level
     Rule(("dist.sync_bn",), _one_process, _switched_on),
@@ -294,6 +327,36 @@ RULES = (
     Rule(("dist.ddp_bucket_mb", "dist.ddp_static_graph", "dist.ddp_broadcast_buffers"), _one_process),
     # --nproc N under the debug switch: said once, by its start-up line with the batch (dist.debug_switch_cut)
 )
+
+
+# the settings `cnnpar profile` (doctor/profile.py) does not read, and whether a typed value asks for anything: it
+# records a few steps of a measuring Trainer (engine/harness.build_trainer: no progress bar, no run name) and writes
+# its files to --report-dir, with no evaluation, telemetry or run folder
+PROFILE_UNREAD: dict[str, Callable[[object], bool]] = {
+    "run.name": lambda value: True,
+    "run.eval_every": lambda value: True,
+    "run.tta_level": lambda value: value != "none",
+    "run.tta_flip": _switched_on,
+    "run.tensorboard": _switched_on,
+    "run.monitor": _switched_on,
+    "run.progress": _switched_on,
+}
+
+
+def unread_by_command(command: str, cfg: Config, typed: set[str]) -> list[str]:
+    """One line per flag in `typed` that `command` does not read at all, whatever the config: for `cnnpar profile`,
+    the settings of a run's evaluation, progress bar and folder."""
+    if command != "profile":
+        return []
+    why = (
+        "cnnpar profile records a few train steps, with no progress bar, evaluation, telemetry or run folder (its "
+        "files go to --report-dir): it applies to cnnpar train"
+    )
+    lines = []
+    for key, asks in PROFILE_UNREAD.items():
+        if key in typed and asks(_value(cfg, key)):
+            lines.append(f"{typed_form(key, _value(cfg, key))} not used: {why}")
+    return lines
 
 
 def _flags() -> dict[str, str]:

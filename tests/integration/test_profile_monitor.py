@@ -44,12 +44,15 @@ def test_profile_trace_has_the_step_ranges(tmp_path):
     assert 'name = "cnn3"' in record
 
 
-def test_profile_with_every_thread_still_reads_its_trace(tmp_path):
+def test_profile_with_every_thread_still_reads_its_trace_and_its_row_limit(tmp_path):
     out = tmp_path / "prof"
     args = ["--prof-wait", "1", "--prof-warmup", "1", "--prof-active", "1", "--report-dir", str(out)]
-    assert main(["profile", *SMALL, *args, "--all-threads"]) == 0
+    assert main(["profile", *SMALL, *args, "--all-threads", "--row-limit", "3"]) == 0
     reading = (out / "where_time_went_rank0.txt").read_text()
     assert reading.startswith("1 recorded steps") and "range forward:" in reading
+    md = (out / "top_ops_rank0.md").read_text()
+    operators = md.split("| --- |", 1)[1].split("\n\n", 1)[0]  # the first table's rows
+    assert md.startswith("Top 3 operators") and operators.count("\n| `aten::") == 3
 
 
 def test_train_monitor_writes_telemetry_beside_metrics(tmp_path):

@@ -198,3 +198,15 @@ def test_fp16_on_the_cpu_warns_that_it_is_slow_and_bf16_or_fp32_do_not(tmp_path,
         assert main([*args, "--precision", precision, "--name", precision]) == 0
         out = capsys.readouterr().out
         assert ("warning: --precision fp16 on the CPU runs many times slower than fp32" in out) is warned, out
+
+
+def test_eval_every_validates_every_nth_epoch_and_the_last(tmp_path):
+    """--eval-every 2 over 3 epochs: epoch 1 trains unvalidated (empty val columns in metrics.csv), epochs 2 and 3
+    (the last, whatever N says) are validated, and the best checkpoint comes from those."""
+    args = ["train", "--data", "synthetic", "--synthetic-samples", "40", "--batch-size", "8", "--epochs", "3"]
+    args += ["--max-steps", "1", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path), "--name", "e"]
+    assert main([*args, "--eval-every", "2"]) == 0
+    rows = read_csv(tmp_path / "e" / "metrics.csv")
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"]
+    assert [r["val_acc"] != "" for r in rows] == [False, True, True]
+    assert load_toml(tmp_path / "e" / "config.toml").run.eval_every == 2

@@ -343,3 +343,83 @@ def test_crop_min_scale_typed_on_arrays_is_named_and_not_on_photos(capsys, tmp_p
     (tmp_path / "photos").mkdir()
     assert _notes(capsys, "--data", str(tmp_path / "photos"), "--crop-min-scale", "0.08") == []
     assert _notes(capsys, "--data", "x.cnnpar", "--crop-min-scale", "0.08") == []
+
+
+def test_worker_settings_typed_where_no_worker_starts_are_named_and_not_where_workers_start(capsys, tmp_path):
+    """data/loader._host_loader hands --prefetch-factor and --persistent-workers to its worker processes only: with
+    --workers 0, or auto on arrays (loader.auto_workers starts none for them), both trained as if not typed."""
+    import numpy as np
+    import torch
+
+    from cnnpar.config import DataConfig
+    from cnnpar.data import load_data
+    from cnnpar.data.loader import auto_workers
+    from cnnpar.dist import DistInfo
+
+    zero = "not used: --workers 0 makes the batches in the main process, with no worker: --workers 1 or more uses it"
+    assert _notes(capsys, "--workers", "0", "--prefetch-factor", "8", "--no-persistent-workers") == [
+        f"--prefetch-factor 8 {zero}",
+        f"--no-persistent-workers {zero}",
+    ]
+    npz = tmp_path / "x.npz"
+    np.savez(npz, x_train=np.zeros((10, 8, 8), np.uint8), y_train=np.arange(10) % 2)
+    arrays = "whose batches the main process indexes (--workers auto starts no worker for it): --workers 1 or more"
+    assert _notes(capsys, "--data", str(npz), "--prefetch-factor", "8") == [
+        f"--prefetch-factor 8 not used: --data {npz} is an .npz read into memory as pixels, {arrays} uses it"
+    ]
+    assert _notes(capsys, "--data", "synthetic", "--persistent-workers") == [
+        f"--persistent-workers not used: --data synthetic is built-in data made in memory, {arrays} uses it"
+    ]
+    # as the loader decides it: no worker for arrays under auto
+    cpu = DistInfo(0, 0, 1, torch.device("cpu"))
+    for source in ("digits", "synthetic", str(npz)):
+        assert auto_workers(load_data(DataConfig(source=source, synthetic_samples=20)).train, cpu) == 0, source
+    assert _notes(capsys, "--workers", "2", "--prefetch-factor", "8", "--no-persistent-workers") == []
+    (tmp_path / "photos").mkdir()
+    assert _notes(capsys, "--data", str(tmp_path / "photos"), "--prefetch-factor", "8") == []
+    assert _notes(capsys, "--workers", "0") == []  # the settings themselves untyped
+
+
+def test_bias_decay_typed_without_weight_decay_is_named_and_not_with_it(capsys):
+    """engine/optim.build_optimizer decays the biases by weight_decay / bias_lr_scale: at 0 there is none to share."""
+    assert _notes(capsys, "--bias-decay", "--weight-decay", "0") == [
+        "--bias-decay not used: --weight-decay is 0, so there is no decay to share with the biases: give "
+        "--weight-decay a value"
+    ]
+    assert _notes(capsys, "--bias-decay") == []
+    assert _notes(capsys, "--no-bias-decay", "--weight-decay", "0") == []  # asks for nothing
+
+
+def test_cudnn_benchmark_typed_on_the_cpu_is_named_and_not_on_cuda(capsys, monkeypatch):
+    """The trainer sets torch.backends.cudnn.benchmark, read by cuDNN alone: on the CPU either switch did nothing."""
+    import torch
+
+    why = "not used: the run is on the CPU, and only cuDNN (CUDA) times its algorithms: it applies with --device cuda"
+    assert _notes(capsys, "--device", "cpu", "--no-cudnn-benchmark") == [f"--no-cudnn-benchmark {why}"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _notes(capsys, "--cudnn-benchmark") == [f"--cudnn-benchmark {why}"]  # auto picks the CPU here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _notes(capsys, "--no-cudnn-benchmark") == []
+    assert _notes(capsys, "--device", "cpu") == []
+
+
+def test_run_settings_typed_for_profile_are_named_and_not_for_train(capsys):
+    """`cnnpar profile` records a few steps of a measuring Trainer into --report-dir: --eval-every, --tta-level,
+    --name, --tensorboard or --monitor typed there profiled what it would have without them, unsaid."""
+    why = (
+        "not used: cnnpar profile records a few train steps, with no progress bar, evaluation, telemetry or run "
+        "folder (its files go to --report-dir): it applies to cnnpar train"
+    )
+    typed = ["--eval-every", "2", "--tta-level", "flip", "--name", "x", "--tensorboard", "--monitor", "--progress"]
+    assert _notes(capsys, *typed, command="profile") == [
+        f"--name x {why}",
+        f"--eval-every 2 {why}",
+        f"--tta-level flip {why}",
+        f"--tensorboard {why}",
+        f"--monitor {why}",
+        f"--progress {why}",
+    ]
+    asks_nothing = ["--tta-level", "none", "--no-tta-flip", "--no-tensorboard", "--no-monitor", "--no-progress"]
+    assert _notes(capsys, *asks_nothing, command="profile") == []
+    assert _notes(capsys, *typed, command="train") == []
+    assert _notes(capsys, "--epochs", "3", "--max-steps", "5", command="profile") == []  # the schedule's length

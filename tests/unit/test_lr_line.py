@@ -65,3 +65,29 @@ def test_a_long_runs_warmup_climbs_to_the_peak_over_its_share_of_the_steps(sched
     assert [schedule_factor(s, total, 0.15, schedule) for s in range(warm)] == [(s + 1) / warm for s in range(warm)]
     assert schedule_factor(warm, total, 0.15, schedule) == 1.0
     assert schedule_factor(total - 1, total, 0.15, schedule) < 1.0 or schedule == "constant"
+
+
+def test_the_optimizer_flags_typed_reach_the_optimizer_the_run_trains_and_saves(tmp_path):
+    """--weight-decay, --bias-decay, --bias-lr-scale, --momentum, --lr and --schedule as the run's optimizer holds
+    them (its checkpoint's param groups), not only as config.toml records them: a flag lost between the two trained
+    the defaults under a record that named the flag."""
+    import tomllib
+
+    import torch
+
+    from cnnpar import cli
+
+    flags = ["--optimizer", "sgd", "--lr", "0.05", "--weight-decay", "0.3", "--bias-decay", "--bias-lr-scale", "4"]
+    flags += ["--momentum", "0.5", "--schedule", "constant", "--warmup", "0"]
+    quick = ["--data", "synthetic", "--synthetic-samples", "20", "--batch-size", "8", "--epochs", "1"]
+    quick += ["--max-steps", "1", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path), "--name", "r"]
+    assert cli.main(["train", *flags, *quick]) == 0
+    groups = torch.load(tmp_path / "r" / "ckpt" / "last.pt", weights_only=False)["optimizer"]["param_groups"]
+    weights, biases = groups[0], groups[1]
+    assert weights["params"] and biases["params"]
+    assert weights["weight_decay"] == 0.3 and biases["weight_decay"] == pytest.approx(0.3 / 4)  # --bias-decay
+    assert weights["initial_lr"] == 0.05 and biases["initial_lr"] == pytest.approx(0.05 * 4)  # --bias-lr-scale
+    assert [g["lr"] for g in groups] == [g["initial_lr"] for g in groups]  # constant, no warm-up: still the peak
+    assert all(g["momentum"] == 0.5 and g["nesterov"] for g in groups)
+    optim = tomllib.loads((tmp_path / "r" / "config.toml").read_text())["optim"]
+    assert (optim["weight_decay"], optim["bias_decay"], optim["bias_lr_scale"]) == (0.3, True, 4.0)
