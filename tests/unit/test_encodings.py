@@ -102,3 +102,20 @@ def test_predict_says_only_names_that_are_not_utf8_are_escaped(tmp_path):
     ids, notes = p.stdout.splitlines()
     assert ids == ascii(["caf\\xe9/0.png", "données/0.png"])
     assert "1 file name(s)" in notes and "(first: caf\\\\xe9/0.png)" in notes, notes
+
+
+def test_a_tune_trial_prints_a_folder_cafe_on_an_ascii_console(tmp_path, monkeypatch):
+    """tune's child (bench.trial) printed without the CLI's printable stdio: its start trial failed on a --data
+    données with a UnicodeEncodeError, and tune wrote no tuned.toml."""
+    import json
+
+    from cnnpar.bench import trial
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="ascii", errors="strict", write_through=True))
+    monkeypatch.setattr(trial, "_run", lambda spec: (trial.say(f"data {spec['data']}"), {"images_per_s": 1.0})[1])
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"kind": "train", "data": "données"}))
+    assert trial.main([str(spec), str(tmp_path / "result.json")]) == 0
+    assert json.loads((tmp_path / "result.json").read_text()) == {"status": trial.OK, "images_per_s": 1.0}
+    assert raw.getvalue() == b"trial: data donn\\xe9es\n"
