@@ -119,3 +119,18 @@ def test_a_tune_trial_prints_a_folder_cafe_on_an_ascii_console(tmp_path, monkeyp
     assert trial.main([str(spec), str(tmp_path / "result.json")]) == 0
     assert json.loads((tmp_path / "result.json").read_text()) == {"status": trial.OK, "images_per_s": 1.0}
     assert raw.getvalue() == b"trial: data donn\\xe9es\n"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names as bytes: Linux takes any")
+@pytest.mark.parametrize("mode", ["ladder", "claims", "time_to_accuracy"])
+def test_bench_refuses_a_utf8_data_path_read_under_an_ascii_locale_once_before_measuring(tmp_path, mode):
+    """Every rung's Trainer refused it: the bench measured the peak, failed each rung on the same line and ended
+    with exit 1, where train and doctor refuse it at once (exit 2)."""
+    from cnnpar.bench.run import BenchOptions, run_bench
+
+    (tmp_path / READ_AS_ASCII).mkdir()
+    cfg = Config(data=DataConfig(source=str(tmp_path / READ_AS_ASCII)), run=RunConfig(out_dir=str(tmp_path / "runs")))
+    opts = BenchOptions(mode, out=str(tmp_path / "out"), target=0.5 if mode == "time_to_accuracy" else 0.0)
+    with pytest.raises(UserError, match=r"^data.source \(--data\) = '.*données': cannot be written .*PYTHONUTF8=1"):
+        run_bench(cfg, opts)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
