@@ -134,3 +134,29 @@ def test_bench_refuses_a_utf8_data_path_read_under_an_ascii_locale_once_before_m
     with pytest.raises(UserError, match=r"^data.source \(--data\) = '.*données': cannot be written .*PYTHONUTF8=1"):
         run_bench(cfg, opts)
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+ASCII_NOTE = (
+    "Python reads file names as ascii here, the locale's (LC_ALL=C with PYTHONUTF8=0): run with PYTHONUTF8=1 "
+    "(or a UTF-8 locale, LC_ALL=C.UTF-8)"
+)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        # it ended in a UnicodeEncodeError traceback (os.fsencode), as a resume of a run named café did
+        ('[run]\nname = "caf\\u00e9"', "run.name (--name) = 'caf\\xe9'"),
+        # "données: no such file or folder": it is there
+        ('[data]\nsource = "donn\\u00e9es"', "data.source (--data) = 'donn\\xe9es'"),
+    ],
+)
+def test_a_config_files_non_ascii_path_under_an_ascii_locale_names_the_locale(tmp_path, setting, named):
+    """A config file's text is UTF-8 whatever the locale; where Python reads file names as ASCII its café can name no
+    file: said in one line naming the file, the setting and PYTHONUTF8=1."""
+    (tmp_path / "données").mkdir()
+    (tmp_path / "c.toml").write_text(setting + "\n", encoding="utf-8")
+    p = run_cli(["train", "--config", "c.toml", "--epochs", "1", "--no-tensorboard"], tmp_path, **ASCII_LOCALE)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.splitlines() == [f"cnnpar: error: c.toml: {named}: cannot name a file here: {ASCII_NOTE}"]
+    assert not (tmp_path / "runs").exists()
