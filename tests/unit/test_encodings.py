@@ -160,3 +160,21 @@ def test_a_config_files_non_ascii_path_under_an_ascii_locale_names_the_locale(tm
     assert p.returncode == 2, p.stderr[-2000:]
     assert p.stderr.splitlines() == [f"cnnpar: error: c.toml: {named}: cannot name a file here: {ASCII_NOTE}"]
     assert not (tmp_path / "runs").exists()
+
+
+STORED_EPOCH = """
+import sys
+from cnnpar.engine.checkpoint import stored_epoch
+print(stored_epoch(sys.argv[1]))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names as bytes: Linux takes any")
+def test_a_checkpoint_in_a_utf8_folder_is_read_under_an_ascii_locale(tmp_path):
+    """torch's mmap encodes the name as strict UTF-8: under LC_ALL=C (PYTHONUTF8=0) the epoch of runs/café's
+    checkpoint read as None, and predict called its intact best.pt "cut short or damaged"."""
+    (tmp_path / "café").mkdir()
+    torch.save({"epoch": 3, "model": {"w": torch.zeros(2)}}, tmp_path / "café" / "best.pt")
+    p = run_cmd([sys.executable, "-c", STORED_EPOCH, str(tmp_path / "café" / "best.pt")], tmp_path, **ASCII_LOCALE)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["3"]
