@@ -109,6 +109,8 @@ def device_advice(value: Any) -> str:
     `cuda:N` (cnnpar gives each process the GPU of its local rank among those visible, so the GPU is chosen by
     CUDA_VISIBLE_DEVICES) or Apple's `mps` (no MPS path: its autocast, compile and pinned memory are untested here)."""
     text = str(value).strip().lower()
+    if text in DEVICES:  # CUDA, Cpu: the choices, as torch's device names, are lower case
+        return f"written in lower case: {text}"
     if m := re.fullmatch(r"cuda:(\d+)", text):
         n = m.group(1)
         which = (
