@@ -109,6 +109,8 @@ def device_advice(value: Any) -> str:
     `cuda:N` (cnnpar gives each process the GPU of its local rank among those visible, so the GPU is chosen by
     CUDA_VISIBLE_DEVICES) or Apple's `mps` (no MPS path: its autocast, compile and pinned memory are untested here)."""
     text = str(value).strip().lower()
+    if text in DEVICES:  # CUDA, Cpu: the choices, as torch's device names, are lower case
+        return f"written in lower case: {text}"
     if m := re.fullmatch(r"cuda:(\d+)", text):
         n = m.group(1)
         which = (
@@ -565,6 +567,24 @@ def _pathconf(place: str | Path, key: str, fallback: int) -> int:
     return limit if limit > 0 else sys.maxsize  # -1: the system sets no limit
 
 
+def read_as_ascii_note() -> str:
+    """Why a UTF-8 name reads as one that is not, where Python reads file names in another encoding than UTF-8."""
+    return (
+        f"Python reads file names as {sys.getfilesystemencoding()} here, the locale's (LC_ALL=C with PYTHONUTF8=0): "
+        "run with PYTHONUTF8=1 (or a UTF-8 locale, LC_ALL=C.UTF-8)"
+    )
+
+
+def _nameable(text: str) -> bool:
+    """Whether `text` can name a file here: a config file's café (UTF-8 text) cannot where Python reads file names as
+    ASCII. The command line's can always (Python read it with the same encoding)."""
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def path_length_problem(path: str | Path, room: int = 0) -> str:
     """Why the system cannot take `path` ('' where it can): a name in it over NAME_MAX, or the whole path, with
     `room` bytes left for the files to be made inside it, at PATH_MAX or over (the limits of the system it is on,
@@ -786,6 +806,12 @@ def _from_dict(raw: dict[str, Any], base: Config | None, origin: str) -> Config:
                     else _TOML_WORDS.get(want, f"a value of type {want.__name__}")
                 )
                 raise ConfigError(f"{origin}: {setting_name(sec_name, key)} = {value!r}: expected {expected}")
+            if isinstance(value, str) and not _nameable(value):
+                # a resume's own config.toml too: os.fsencode's traceback at the first look at the path
+                raise ConfigError(
+                    f"{origin}: {setting_name(sec_name, key)} = {value!r}: cannot name a file here: "
+                    f"{read_as_ascii_note()}"
+                )
             values = {**values, key: value}
         sections[sec_name] = replace(sec, **values)
     unknown = set(raw) - set(SECTIONS)

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 
 from cnnpar.checkout import ROOT, env_importing_this_checkout, is_checkout
+from cnnpar.cliargs import choice_with_advice
+from cnnpar.config import DEVICES, device_advice
 from cnnpar.errors import UserError
 from cnnpar.process_tree import owned_temp_folder, parent_env, stop_process_tree
 
@@ -67,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # prog as in its error lines: run as `python -m` argparse named it after the file (ddp_scaling.py)
     p = argparse.ArgumentParser(prog="ddp_scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--world-sizes", default="1,2", help="comma-separated process counts, 1 first")
-    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    # as train's --device: cuda:1 and CUDA are refused saying what to do, not with argparse's bare invalid choice
+    p.add_argument("--device", default="auto", type=choice_with_advice(DEVICES, device_advice), choices=DEVICES)
     p.add_argument("--model", default="resnet50")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument(

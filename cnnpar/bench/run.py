@@ -293,9 +293,13 @@ def _tta_exit(rows: list[dict], csv_path: Path) -> int:
 def run_bench(cfg: Config, opts: BenchOptions) -> int:
     if opts.mode == "compare":
         return _compare(cfg, opts)
+    from cnnpar.engine.rundir import refuse_unwritable_settings
+
     from .tta import check_target
 
     # Bad flags fail before any data is loaded or anything is measured.
+    # every rung's Trainer refuses these settings (a --data read under an ASCII locale): said once, not per rung
+    refuse_unwritable_settings(cfg)
     if opts.mode == "time_to_accuracy":
         check_target(opts.target)
     if not opts.out:  # the default folder goes under --out-dir

@@ -171,6 +171,14 @@ def _run(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cnnpar.process_state import printable_stdio
+
+    # the child prints as the CLI does: a folder café on an ASCII console failed every trial, the start one first
+    with printable_stdio():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     import signal
 
     from cnnpar.errors import UserError, first_line, user_error_text

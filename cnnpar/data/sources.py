@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-import sys
 import time
 import zipfile
 import zlib
@@ -688,14 +687,6 @@ def utf8_on_disk(name: str) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def read_as_ascii_note() -> str:
-    """Why a UTF-8 name reads as one that is not, where Python reads file names in another encoding than UTF-8."""
-    return (
-        f"Python reads file names as {sys.getfilesystemencoding()} here, the locale's (LC_ALL=C with PYTHONUTF8=0): "
-        "run with PYTHONUTF8=1 (or a UTF-8 locale, LC_ALL=C.UTF-8)"
-    )
 
 
 def readable_name(name: str) -> str:

@@ -200,11 +200,21 @@ def _looks_like(head: bytes) -> str:
     return f"binary data, its first bytes {head[:8].hex(' ')}"
 
 
+def _mappable_name(path: str | Path) -> bool:
+    """Whether torch can map `path`: its mmap (UntypedStorage.from_file) encodes the name as strict UTF-8, and a UTF-8
+    folder read under LC_ALL=C with PYTHONUTF8=0 (its é as lone surrogates) failed, read as a damaged checkpoint."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def stored_epoch(ckpt: str | Path) -> int | None:
     """The epoch a checkpoint file holds (0 where it names none); None where it cannot be read (cut short,
     damaged, not a checkpoint)."""
     try:  # mmap: the epoch without reading the tensors
-        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=_mappable_name(ckpt))
     except Exception:  # torch raises several types for truncated or foreign files
         return None
     epoch = state.get("epoch") if isinstance(state, dict) else None

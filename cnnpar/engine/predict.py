@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -85,7 +86,10 @@ def _device(text: str) -> torch.device:
     except RuntimeError:  # a name torch does not know at all
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
-        why = f" ({advice})" if (advice := device_advice(text)) else ""  # mps: no Apple GPU
+        # CUDA:1: predict takes cuda:N, so not train's advice (CUDA_VISIBLE_DEVICES) but the case; mps: no Apple GPU
+        lower = text.strip().lower()
+        advice = f"written in lower case: {lower}" if re.fullmatch(r"cpu|cuda(:\d+)?", lower) else device_advice(text)
+        why = f" ({advice})" if advice else ""
         raise ConfigError(f"--device {text!r}: expected auto, cpu, cuda or cuda:N{why}")
     count = torch.cuda.device_count() if dev.type == "cuda" else 0  # 0, not an error, without a driver
     if dev.type == "cuda" and not count:

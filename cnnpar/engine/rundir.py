@@ -25,10 +25,11 @@ from cnnpar.config import (
     Config,
     load_toml,
     path_length_problem,
+    read_as_ascii_note,
     setting_name,
     system_path_limits,
 )
-from cnnpar.data.sources import read_as_ascii_note, readable_name, utf8_on_disk
+from cnnpar.data.sources import readable_name, utf8_on_disk
 from cnnpar.dist import DistInfo, broadcast_object
 from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
 from cnnpar.engine.resolved import read_started_in, rooted

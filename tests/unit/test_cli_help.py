@@ -88,6 +88,8 @@ def test_values_that_would_run_a_different_measurement_are_refused_while_parsing
             "CUDA_VISIBLE_DEVICES=1 with --device cuda trains on GPU 1; cnnpar train --nproc N trains on N GPUs)",
         ),
         ("mps", "not on an Apple GPU through MPS: auto picks the CPU there)"),
+        ("CUDA", "(written in lower case: cuda)"),  # a bare "invalid choice" too
+        ("Cpu", "(written in lower case: cpu)"),
     ],
 )
 def test_a_torch_device_name_is_refused_with_what_to_do(command, device, advice, capsys):

@@ -141,3 +141,17 @@ def test_a_failed_launch_ends_on_one_line_naming_the_world_size_and_the_exit_cod
         assert stopped.value.code == f"ddp_scaling: world size 1 failed: {why}"
         assert capsys.readouterr().err == "rank 0: its own error\n"
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("device", "advice"),
+    [("cuda:1", "CUDA_VISIBLE_DEVICES=1 with --device cuda trains on GPU 1"), ("CUDA", "written in lower case: cuda")],
+)
+def test_the_runners_device_is_refused_with_what_to_do_as_trains(device, advice, capsys):
+    """The runner's --device took argparse's bare "invalid choice" where train's says what to do."""
+    with pytest.raises(SystemExit) as e:
+        ddp_scaling.parse_args(["--device", device])
+    assert e.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()[-1:]
+    assert line.startswith(f"ddp_scaling: error: argument --device: '{device}': expected one of auto, cpu, cuda (")
+    assert advice in line

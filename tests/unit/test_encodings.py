@@ -102,3 +102,79 @@ def test_predict_says_only_names_that_are_not_utf8_are_escaped(tmp_path):
     ids, notes = p.stdout.splitlines()
     assert ids == ascii(["caf\\xe9/0.png", "données/0.png"])
     assert "1 file name(s)" in notes and "(first: caf\\\\xe9/0.png)" in notes, notes
+
+
+def test_a_tune_trial_prints_a_folder_cafe_on_an_ascii_console(tmp_path, monkeypatch):
+    """tune's child (bench.trial) printed without the CLI's printable stdio: its start trial failed on a --data
+    données with a UnicodeEncodeError, and tune wrote no tuned.toml."""
+    import json
+
+    from cnnpar.bench import trial
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="ascii", errors="strict", write_through=True))
+    monkeypatch.setattr(trial, "_run", lambda spec: (trial.say(f"data {spec['data']}"), {"images_per_s": 1.0})[1])
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"kind": "train", "data": "données"}))
+    assert trial.main([str(spec), str(tmp_path / "result.json")]) == 0
+    assert json.loads((tmp_path / "result.json").read_text()) == {"status": trial.OK, "images_per_s": 1.0}
+    assert raw.getvalue() == b"trial: data donn\\xe9es\n"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names as bytes: Linux takes any")
+@pytest.mark.parametrize("mode", ["ladder", "claims", "time_to_accuracy"])
+def test_bench_refuses_a_utf8_data_path_read_under_an_ascii_locale_once_before_measuring(tmp_path, mode):
+    """Every rung's Trainer refused it: the bench measured the peak, failed each rung on the same line and ended
+    with exit 1, where train and doctor refuse it at once (exit 2)."""
+    from cnnpar.bench.run import BenchOptions, run_bench
+
+    (tmp_path / READ_AS_ASCII).mkdir()
+    cfg = Config(data=DataConfig(source=str(tmp_path / READ_AS_ASCII)), run=RunConfig(out_dir=str(tmp_path / "runs")))
+    opts = BenchOptions(mode, out=str(tmp_path / "out"), target=0.5 if mode == "time_to_accuracy" else 0.0)
+    with pytest.raises(UserError, match=r"^data.source \(--data\) = '.*données': cannot be written .*PYTHONUTF8=1"):
+        run_bench(cfg, opts)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+ASCII_NOTE = (
+    "Python reads file names as ascii here, the locale's (LC_ALL=C with PYTHONUTF8=0): run with PYTHONUTF8=1 "
+    "(or a UTF-8 locale, LC_ALL=C.UTF-8)"
+)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        # it ended in a UnicodeEncodeError traceback (os.fsencode), as a resume of a run named café did
+        ('[run]\nname = "caf\\u00e9"', "run.name (--name) = 'caf\\xe9'"),
+        # "données: no such file or folder": it is there
+        ('[data]\nsource = "donn\\u00e9es"', "data.source (--data) = 'donn\\xe9es'"),
+    ],
+)
+def test_a_config_files_non_ascii_path_under_an_ascii_locale_names_the_locale(tmp_path, setting, named):
+    """A config file's text is UTF-8 whatever the locale; where Python reads file names as ASCII its café can name no
+    file: said in one line naming the file, the setting and PYTHONUTF8=1."""
+    (tmp_path / "données").mkdir()
+    (tmp_path / "c.toml").write_text(setting + "\n", encoding="utf-8")
+    p = run_cli(["train", "--config", "c.toml", "--epochs", "1", "--no-tensorboard"], tmp_path, **ASCII_LOCALE)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.splitlines() == [f"cnnpar: error: c.toml: {named}: cannot name a file here: {ASCII_NOTE}"]
+    assert not (tmp_path / "runs").exists()
+
+
+STORED_EPOCH = """
+import sys
+from cnnpar.engine.checkpoint import stored_epoch
+print(stored_epoch(sys.argv[1]))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names as bytes: Linux takes any")
+def test_a_checkpoint_in_a_utf8_folder_is_read_under_an_ascii_locale(tmp_path):
+    """torch's mmap encodes the name as strict UTF-8: under LC_ALL=C (PYTHONUTF8=0) the epoch of runs/café's
+    checkpoint read as None, and predict called its intact best.pt "cut short or damaged"."""
+    (tmp_path / "café").mkdir()
+    torch.save({"epoch": 3, "model": {"w": torch.zeros(2)}}, tmp_path / "café" / "best.pt")
+    p = run_cmd([sys.executable, "-c", STORED_EPOCH, str(tmp_path / "café" / "best.pt")], tmp_path, **ASCII_LOCALE)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["3"]
