@@ -929,8 +929,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from cnnpar.console import printable_stdio
     from cnnpar.dist import launched_as_worker, stops_for_a_plain_torchrun, widen_device_queues  # (imports torch)
-    from cnnpar.process_state import printable_stdio, stops_for_one_command, torch_settings_kept
+    from cnnpar.process_state import stops_for_one_command, torch_settings_kept
 
     # kept for the process (not put back): CUDA reads it when its context starts, and torchrun's workers inherit it
     widen_device_queues()  # before anything starts CUDA

@@ -15,6 +15,7 @@ from cnnpar.config import (
     Config,
     ConfigError,
     OptimConfig,
+    choice_with_advice,
     cli_flag,
     cli_option,
     from_dict,
@@ -107,20 +108,6 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, 
                 advice = f.metadata.get("advice")
                 kind = choice_with_advice(choices, advice) if advice else type(default)
                 group.add_argument(flag, type=kind, choices=choices, metavar=metavar, **kw)
-
-
-def choice_with_advice(choices: tuple, advice):
-    """An argparse type for a flag whose wrong values a habit explains (`--device cuda:1`, `mps`): argparse's own
-    "invalid choice" lists what is allowed but not how to get what was meant. Other values pass on to argparse's
-    check of the choices."""
-
-    def parse(text: str) -> str:
-        if text not in choices and (why := advice(text)):
-            raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(choices)} ({why})")
-        return text
-
-    parse.__name__ = "choice"  # argparse names the type in some messages
-    return parse
 
 
 def at_least(low: float, kind: type = int):

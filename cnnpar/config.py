@@ -8,6 +8,7 @@ that depend on the machine ("auto") stay "auto" here and are resolved against th
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
@@ -102,6 +103,20 @@ def _check_choice(section: str, name: str, value: Any, choices: tuple, advice: s
         raise ConfigError(
             f"{setting_name(section, name)} = {value!r}: expected one of {', '.join(map(str, choices))}{also}"
         )
+
+
+def choice_with_advice(choices: tuple, advice):
+    """An argparse type for a flag whose wrong values a habit explains (`--device cuda:1`, `mps`): argparse's own
+    "invalid choice" lists what is allowed but not how to get what was meant. Other values pass on to argparse's
+    check of the choices."""
+
+    def parse(text: str) -> str:
+        if text not in choices and (why := advice(text)):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(choices)} ({why})")
+        return text
+
+    parse.__name__ = "choice"  # argparse names the type in some messages
+    return parse
 
 
 def device_advice(value: Any) -> str:

@@ -43,8 +43,7 @@ import time
 from pathlib import Path
 
 from cnnpar.checkout import ROOT, env_importing_this_checkout, is_checkout
-from cnnpar.cliargs import choice_with_advice
-from cnnpar.config import DEVICES, device_advice
+from cnnpar.config import DEVICES, choice_with_advice, device_advice
 from cnnpar.errors import UserError
 from cnnpar.process_tree import owned_temp_folder, parent_env, stop_process_tree
 

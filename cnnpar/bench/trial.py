@@ -171,7 +171,7 @@ def _run(spec: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cnnpar.process_state import printable_stdio
+    from cnnpar.console import printable_stdio
 
     # the child prints as the CLI does: a folder café on an ASCII console failed every trial, the start one first
     with printable_stdio():

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from cnnpar.config import Config, DataConfig, RunConfig
+from cnnpar.console import printable_stdio
 from cnnpar.dist import DistInfo
 from cnnpar.engine.rundir import resolve_run
 from cnnpar.errors import UserError
-from cnnpar.process_state import printable_stdio
 from tests.conftest import run_cli, run_cmd
 
 # Python's stdio and open() follow a locale that is not UTF-8 only with its UTF-8 mode and locale coercion off

@@ -18,7 +18,10 @@ ARCHITECTURE = REPO / "docs" / "architecture.md"
 # __init__.py); docs/architecture.md's "Layers" list states the same (test_the_docs_list_these_layers).
 LAYERS: list[tuple[str, list[str]]] = [
     # standard library only, light: a DataLoader worker, torchrun's launcher and every child import them first
-    ("base", ["cnnpar", "errors", "checkout", "host_facts", "process_tree", "socket_folder", "worker_start"]),
+    (
+        "base",
+        ["cnnpar", "errors", "checkout", "console", "host_facts", "process_tree", "socket_folder", "worker_start"],
+    ),
     ("config", ["config"]),
     ("presets", ["presets"]),
     ("dist", ["dist", "torchrun"]),
