@@ -656,6 +656,11 @@ class _WholeIterators(DataLoader):
         with stops_held():
             return super()._get_iterator()
 
+    def check_worker_number_rationality(self) -> None:
+        """Torch warns (three lines, at the loader's start and at each pass's) wherever workers outnumber the usable
+        cores; --workers is capped by this package's own rule (worker_limit: WORKERS_PER_CORE a core, said in one
+        line), so a --workers 2 on one core (taskset, a container's cpuset) only printed torch's contrary advice."""
+
 
 def _host_loader(
     ds: Dataset,

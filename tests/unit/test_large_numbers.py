@@ -4,6 +4,8 @@ SIGTERM then came to nothing), a prefetch factor to the epoch's batches, synthet
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from cnnpar.data import load_data, loader
 from cnnpar.data.loader import build_loader, workers_cap_line
 from cnnpar.dist import DistInfo
 from cnnpar.errors import DataError
+from cnnpar.host_facts import usable_cores
 
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 
@@ -37,6 +40,17 @@ def test_the_cap_is_shared_by_the_local_processes_and_a_count_within_it_is_kept(
     assert line.startswith("--workers 5 capped to 4:") and "shared by 2 local processes" in line
     assert loader.loader_workers(_cfg(4), None, CPU) == 4
     assert workers_cap_line(_cfg(4), CPU) == ""
+
+
+def test_workers_within_the_cap_but_beyond_the_cores_start_without_torchs_warning():
+    """--workers 2 on one usable core (taskset, a cpuset) is within the cap, yet torch printed its three-line advice
+    to use fewer at the loader's start and again at each pass's."""
+    cfg = _cfg(usable_cores() + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        feeder = build_loader(load_data(cfg.data, cfg.run.seed), cfg, CPU, True)
+        assert feeder.loader.num_workers == usable_cores() + 1
+        iter(feeder.loader)._shutdown_workers()
 
 
 def test_a_prefetch_factor_beyond_the_epochs_batches_is_cut_to_them():
