@@ -465,6 +465,8 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     short = args.short_side if args.short_side is not None else (0 if args.max_side else 256)
     skipped: list[Path] = []
     labelled: list[str] = []  # the labels CSV's warning on images it does not name
+    # a re-run (new photos, another --max-side) replaces the store whole: said, as hours of decoding may be behind it
+    replacing = " (it replaces the store that was there)" if os.path.lexists(out) else ""
     header = prepare_store(
         args.src,
         out,
@@ -478,7 +480,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     )
     splits = header["splits"]
     print(
-        f"wrote {out}: {header['count']} images ({splits['train']} train, {splits['val']} val), "
+        f"wrote {out}{replacing}: {header['count']} images ({splits['train']} train, {splits['val']} val), "
         f"{len(header['class_names'])} classes, {Sides(args.max_side, short).describe()}, "
         f"{header['pixel_bytes']:,} pixel bytes; train with: {shlex.join(['cnnpar', 'train', '--data', str(out)])}"
     )

@@ -738,3 +738,17 @@ def test_a_store_whose_header_nests_brackets_past_json_s_depth_is_refused_in_one
     path.write_bytes(PREFIX.pack(MAGIC, 1, 100_000) + b"[" * 100_000 + data[PREFIX.size + length :])
     text = one_line_error(lambda: load_data(data_cfg(path), 0), str(path), "unreadable header (RecursionError")
     assert text.endswith("re-run cnnpar prepare"), text
+
+
+def test_a_second_prepare_to_the_same_out_says_it_replaces_the_store(tmp_path, capsys):
+    """A re-run (new photos, another --max-side) replaced hours of decoding without a word."""
+    write_image_folder(tmp_path / "p", per_class=3, classes=2, side=24)
+    out = tmp_path / "p.cnnpar"
+    args = ["prepare", str(tmp_path / "p"), "--out", str(out), "--workers", "1", "--no-progress"]
+    assert cli_main(args) == 0
+    first = capsys.readouterr().out
+    assert cli_main([*args, "--max-side", "16"]) == 0
+    second = capsys.readouterr().out
+    assert f"wrote {out}: 6 images" in first and "replaces" not in first
+    assert f"wrote {out} (it replaces the store that was there): 6 images" in second
+    assert StoreFile(out).header["max_side"] == 16
