@@ -367,6 +367,26 @@ def test_a_timeout_that_is_not_positive_is_refused(tmp_path, monkeypatch, capsys
     assert started == []
 
 
+@pytest.mark.parametrize(
+    ("typed", "why"),
+    [
+        (["--lr", "nan"], "--lr = nan: expected a finite number > 0"),
+        (["--lr", "inf"], "--lr = inf: expected a finite number > 0"),
+        (["--lr", "0"], "--lr = 0.0: expected a finite number > 0"),
+        (["--seed", "-1"], "--seed = -1: expected 0 <= value < 2**63"),
+    ],
+)
+def test_a_bad_lr_or_seed_is_refused_in_one_line_before_any_runner_starts(tmp_path, monkeypatch, capsys, typed, why):
+    """--lr nan or inf and --seed -1 started every runner, each failing on its own (torch: "optim.lr (--lr) = nan",
+    exit 1, a failed row per framework)."""
+    from cnnpar.cli import main
+
+    started = no_runner(monkeypatch)
+    assert main(["compare", "--frameworks", "torch", *typed, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"cnnpar: error: {why}\n"
+    assert started == []
+
+
 # ---- what a failed runner's note says (F8, F12) ----------------------------------------------------------------
 def test_a_runner_killed_by_a_signal_says_so_not_its_last_progress_line(tmp_path):
     log = tmp_path / "torch.log"
