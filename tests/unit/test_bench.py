@@ -585,6 +585,16 @@ def test_nan_seconds_and_a_negative_budget_are_refused_by_the_options_too():
         BenchOptions("ladder", budget_s=-1)
 
 
+def test_infinite_timed_seconds_are_refused_in_one_line_before_measuring(tmp_path, capsys):
+    """--timed-s inf passed the check and failed every rung ("OverflowError: cannot convert float infinity to
+    integer"), exit 1 with a table of failures."""
+    assert main([*BENCH, "--only", "baseline", "--timed-s", "inf", "--out", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err == (
+        "cnnpar: error: bench --timed-s = inf: expected seconds >= 0, finite (0: a fixed step count)\n"
+    )
+    assert not (tmp_path / "b").exists()
+
+
 def test_time_to_accuracy_records_the_batch_the_search_chose_not_autos_zero(monkeypatch):
     """With --batch-size auto on a GPU the bench's metadata holds 0 (each Trainer searches its own batch), and
     time_to_accuracy.csv recorded that 0. The search is faked here: auto stays 0 on the CPU as on a GPU."""
