@@ -357,7 +357,7 @@ def config_and_set_aside_lr(args: argparse.Namespace) -> tuple[Config, str]:
     for sec, values in overrides.items():
         merged[sec].update(values)
     cfg = from_dict(merged, origin=COMMAND_LINE)
-    _check_typed(cfg, {key for key in given if "." in key}, origin, getattr(args, "command", "train"))
+    _check_typed(cfg, {key for key in given if "." in key}, origin, _command(args))
     return cfg, set_aside
 
 
@@ -421,6 +421,14 @@ def _typed_settings(given: dict) -> dict[str, dict]:
             sec, name = key.split(".", 1)
             overrides.setdefault(sec, {})[name] = value
     return overrides
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command whose flags `args` holds, with bench's mode that reads a run's evaluation settings."""
+    command = getattr(args, "command", "train")
+    if command == "bench" and getattr(args, "bench_mode", "") == "time_to_accuracy":  # set by cli.cmd_bench
+        return "bench --time-to-accuracy"
+    return command
 
 
 def _check_typed(cfg: Config, typed: set[str], origin: str, command: str) -> None:

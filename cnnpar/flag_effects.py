@@ -329,10 +329,8 @@ RULES = (
 )
 
 
-# the settings `cnnpar profile` (doctor/profile.py) does not read, and whether a typed value asks for anything: it
-# records a few steps of a measuring Trainer (engine/harness.build_trainer: no progress bar, no run name) and writes
-# its files to --report-dir, with no evaluation, telemetry or run folder
-PROFILE_UNREAD: dict[str, Callable[[object], bool]] = {
+# whether a typed value of a run setting that a measuring command does not read asks for anything
+RUN_ASKS: dict[str, Callable[[object], bool]] = {
     "run.name": lambda value: True,
     "run.eval_every": lambda value: True,
     "run.tta_level": lambda value: value != "none",
@@ -341,20 +339,48 @@ PROFILE_UNREAD: dict[str, Callable[[object], bool]] = {
     "run.monitor": _switched_on,
     "run.progress": _switched_on,
 }
+_NO_RUN = ("run.name", "run.tensorboard", "run.monitor", "run.progress")  # engine/harness.build_trainer: never fit()
+
+# the run settings each command does not read, and why. `cnnpar profile` (doctor/profile.py) and `cnnpar bench`
+# train through engine/harness.build_trainer's Trainer (no progress bar, run name or folder: fit(), which writes
+# telemetry and TensorBoard, is never called) and write their own files; bench --time-to-accuracy evaluates after
+# every epoch (bench/tta.py), with the test-time augmentation asked for. `cnnpar doctor` measures the same way, but
+# the `cnnpar train` lines it advises carry every setting (config.command_line) but --name (doctor/run.advice_command:
+# a folder that holds a run is refused), and --monitor samples its telemetry. `cnnpar tune` writes every setting
+# into tuned.toml, for the train it is meant for: none is unread there.
+UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
+    "profile": (
+        tuple(RUN_ASKS),
+        "cnnpar profile records a few train steps, with no progress bar, evaluation, telemetry or run folder (its "
+        "files go to --report-dir): it applies to cnnpar train",
+    ),
+    "bench": (
+        tuple(RUN_ASKS),
+        "cnnpar bench times train steps, with no progress bar, evaluation, telemetry or run folder (its tables go to "
+        "--out): it applies to cnnpar train",
+    ),
+    "bench --time-to-accuracy": (
+        (*_NO_RUN, "run.eval_every"),
+        "cnnpar bench --time-to-accuracy evaluates after every epoch, to time the first that reaches --target, with "
+        "no progress bar, telemetry or run folder (its tables go to --out): it applies to cnnpar train",
+    ),
+    "doctor": (
+        ("run.name",),
+        "cnnpar doctor writes its report to --report-dir, and the train commands it advises leave --name out (a "
+        "folder that holds a run is refused): it applies to cnnpar train",
+    ),
+}
 
 
 def unread_by_command(command: str, cfg: Config, typed: set[str]) -> list[str]:
-    """One line per flag in `typed` that `command` does not read at all, whatever the config: for `cnnpar profile`,
-    the settings of a run's evaluation, progress bar and folder."""
-    if command != "profile":
+    """One line per flag in `typed` that `command` ("bench --time-to-accuracy" for that mode) does not read at all,
+    whatever the config: the settings of a run's evaluation, progress bar and folder (UNREAD)."""
+    if command not in UNREAD:
         return []
-    why = (
-        "cnnpar profile records a few train steps, with no progress bar, evaluation, telemetry or run folder (its "
-        "files go to --report-dir): it applies to cnnpar train"
-    )
+    keys, why = UNREAD[command]
     lines = []
-    for key, asks in PROFILE_UNREAD.items():
-        if key in typed and asks(_value(cfg, key)):
+    for key, asks in RUN_ASKS.items():
+        if key in keys and key in typed and asks(_value(cfg, key)):
             lines.append(f"{typed_form(key, _value(cfg, key))} not used: {why}")
     return lines
 

@@ -3,6 +3,7 @@ so `cnnpar bench --compare` starts fast."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from cnnpar.errors import UserError
@@ -33,8 +34,8 @@ class Timing:
         for flag, value, least in limits:
             if value < least:
                 raise UserError(f"bench --{flag} = {value}: expected a count >= {least}")
-        if not self.seconds >= 0:  # NaN too
-            raise UserError(f"bench --timed-s = {self.seconds}: expected seconds >= 0 (0: a fixed step count)")
+        if not 0 <= self.seconds < math.inf:  # NaN too; inf failed every rung in steps_for (OverflowError)
+            raise UserError(f"bench --timed-s = {self.seconds}: expected seconds >= 0, finite (0: a fixed step count)")
 
     def steps_for(self, step_s: float) -> int:
         """Timed steps per repeat when one step takes `step_s` seconds."""

@@ -43,6 +43,7 @@ import argparse
 import csv
 import datetime as _dt
 import io
+import math
 import os
 import platform
 from dataclasses import asdict, dataclass, fields
@@ -126,8 +127,10 @@ class RunSpec:
         for name in ("epochs", "batch_size", "devices"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} = {getattr(self, name)}: expected an integer >= 1")
-        if self.lr <= 0:
-            raise ConfigError(f"--lr = {self.lr}: expected a number > 0")
+        if not self.lr > 0 or math.isinf(self.lr):  # nan and inf reached each runner, which failed on its own
+            raise ConfigError(f"--lr = {self.lr}: expected a finite number > 0")
+        if not 0 <= self.seed < 2**63:  # as train's run.seed: a runner refused -1 after its process had started
+            raise ConfigError(f"--seed = {self.seed}: expected 0 <= value < 2**63")
         if self.max_train < 0 or self.max_val < 0:
             raise ConfigError("--max-train / --max-val: expected 0 (all) or a count > 0")
         if self.batch_size % self.devices:

@@ -307,3 +307,25 @@ def test_the_doctors_bf16_fact_is_what_train_resolves_for_the_device(tmp_path, m
     assert report.facts.bf16_supported is native
     written = json.loads(write_report(report).with_name("doctor.json").read_text())
     assert written["facts"]["bf16_supported"] is native
+
+
+def _phase_batches(report_dir) -> dict[str, int]:
+    import csv
+
+    with open(report_dir / "phases.csv", newline="") as f:
+        return {row["name"]: int(row["batches"]) for row in csv.DictReader(f)}
+
+
+def test_measure_steps_and_max_seconds_end_each_phase_and_warmup_steps_is_recorded(tmp_path):
+    """--measure-steps batches a phase, or fewer where --max-seconds runs out first; the report records
+    --warmup-steps. --try 0 re-measures nothing."""
+    rep = tmp_path / "rep"
+    assert main([*DOCTOR_SMALL, "--report-dir", str(rep), "--try", "0"]) == 0
+    batches = _phase_batches(rep)
+    assert batches["input pipeline alone"] == batches["end to end"] == 3
+    result = json.loads((rep / "doctor.json").read_text())
+    assert result["warmup_steps"] == 1 and result["tries"] == []
+    cut = tmp_path / "cut"
+    # a train step of this cnn3 takes milliseconds: 0.1 s (the least --max-seconds takes) ends the phase first
+    assert main([*DOCTOR_SMALL, "--measure-steps", "100000", "--max-seconds", "0.1", "--report-dir", str(cut)]) == 0
+    assert all(2 <= n < 100000 for n in _phase_batches(cut).values())

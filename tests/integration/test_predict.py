@@ -784,3 +784,29 @@ def test_predict_escapes_a_class_name_that_is_not_utf8(tmp_path, trained):
     out = predict(str(ckpt), str(data), out=str(tmp_path / "p.csv"), log=lambda *a: None)
     names = {r["class_name"] for r in csv.DictReader(out.open(encoding="utf-8"))}
     assert "caf\\xe9" in names and names <= {"caf\\xe9", "b", "c", "d"}
+
+
+def test_predict_batch_size_is_the_images_of_each_forward_pass_and_changes_no_prediction(
+    tmp_path, monkeypatch, trained
+):
+    """--batch-size 24 on 64 rows: forward passes of 24, 24 and 16 images, the predictions those of one pass."""
+    from cnnpar.engine import predict as predict_mod
+
+    _, run_dir, test, _ = trained
+    monkeypatch.chdir(tmp_path)
+    sizes: list[int] = []
+
+    def counted(ds, batch_size):
+        for x in batches(ds, batch_size):
+            sizes.append(len(x))
+            yield x
+
+    batches = predict_mod._batches
+    monkeypatch.setattr(predict_mod, "_batches", counted)
+    assert main(["predict", "--checkpoint", str(run_dir), "--data", str(test), "--out", "one.csv"]) == 0
+    assert sizes == [64]  # the default 256: one pass
+    sizes.clear()
+    words = ["predict", "--checkpoint", str(run_dir), "--data", str(test), "--batch-size", "24", "--out", "three.csv"]
+    assert main(words) == 0
+    assert sizes == [24, 24, 16]
+    assert _rows(tmp_path / "three.csv") == _rows(tmp_path / "one.csv")

@@ -27,6 +27,8 @@ def test_tune_command_ends_within_its_budget_and_writes_a_config_train_accepts(c
     assert wall <= 25 * 1.1 + 1  # + 1: the test's own clock starts before the interpreter does
     rows = list(csv.DictReader((cli.cwd / "tuned.csv").open()))
     assert rows[0]["status"] == "start" and float(rows[0]["images_per_s"]) > 0
+    # --repeats 1 reached the trial: its one timed epoch is its median, slowest and fastest alike
+    assert rows[0]["images_per_s"] == rows[0]["images_per_s_min"] == rows[0]["images_per_s_max"]
     # "agrees" / "unsteady": the check, the best config measured again, where time was left for it
     assert {r["status"] for r in rows[1:]} <= {"kept", "ok", "failed", "cut off", "skipped", "agrees", "unsteady"}
     cfg = from_dict(tomllib.loads(out.read_text()))  # a valid config tree, every field checked

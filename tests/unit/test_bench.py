@@ -210,6 +210,23 @@ def test_bench_reports_the_batch_it_ran_not_auto_s_zero(tmp_path, capsys):
     assert row["status"] == "ok" and row["batch_size"] == "64"
 
 
+def test_the_ladders_timing_flags_are_the_steps_and_repeats_each_rung_ran(tmp_path, capsys):
+    """--only picks the rungs (a row each), --warmup-steps, --timed-steps and --repeats are what each ran, and
+    --timed-s sizes the timed steps down from --timed-steps to fit it (never under MIN_STEPS)."""
+    from cnnpar.bench.timing import MIN_STEPS
+
+    timing = ["--warmup-steps", "2", "--timed-steps", "5", "--repeats", "2"]
+    assert main([*BENCH, *timing, "--only", "baseline,workers", "--out", str(tmp_path / "a")]) == 0
+    rows = _ladder_rows(tmp_path / "a" / "ladder.csv")
+    assert [r["name"] for r in rows] == ["baseline", "workers"]
+    ran = [(r["warmup_steps_run"], r["steps_per_repeat"], r["repeats_run"]) for r in rows]
+    assert ran == [("2", "5", "2")] * 2
+    timing = ["--timed-steps", "500", "--timed-s", "0.001"]  # far less than 500 steps of any rung take
+    assert main([*BENCH, *timing, "--only", "baseline", "--out", str(tmp_path / "b")]) == 0
+    [row] = _ladder_rows(tmp_path / "b" / "ladder.csv")
+    assert row["timed_s"] == "0.001" and int(row["steps_per_repeat"]) == MIN_STEPS
+
+
 def test_a_ladder_row_records_its_grad_accum_and_compare_marks_one_that_differs(tmp_path, capsys):
     """step_ms is per optimizer step: with --grad-accum 2 it covers two batches, and the CSV did not say so."""
     for accum in ("1", "2"):
@@ -566,6 +583,16 @@ def test_nan_seconds_and_a_negative_budget_are_refused_by_the_options_too():
         Timing(seconds=float("nan"))
     with pytest.raises(UserError, match=r"^bench --budget-s -1: expected seconds >= 0"):
         BenchOptions("ladder", budget_s=-1)
+
+
+def test_infinite_timed_seconds_are_refused_in_one_line_before_measuring(tmp_path, capsys):
+    """--timed-s inf passed the check and failed every rung ("OverflowError: cannot convert float infinity to
+    integer"), exit 1 with a table of failures."""
+    assert main([*BENCH, "--only", "baseline", "--timed-s", "inf", "--out", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err == (
+        "cnnpar: error: bench --timed-s = inf: expected seconds >= 0, finite (0: a fixed step count)\n"
+    )
+    assert not (tmp_path / "b").exists()
 
 
 def test_time_to_accuracy_records_the_batch_the_search_chose_not_autos_zero(monkeypatch):

@@ -423,3 +423,54 @@ def test_run_settings_typed_for_profile_are_named_and_not_for_train(capsys):
     assert _notes(capsys, *asks_nothing, command="profile") == []
     assert _notes(capsys, *typed, command="train") == []
     assert _notes(capsys, "--epochs", "3", "--max-steps", "5", command="profile") == []  # the schedule's length
+
+
+RUN_TYPED = ["--eval-every", "2", "--tta-level", "flip", "--name", "x", "--tensorboard", "--monitor", "--progress"]
+
+
+def _bench_notes(capsys, *words: str) -> list[str]:
+    """The notes of a `cnnpar bench` that stops on a bad bench flag (`words`) after its config is read: the mode
+    is cli.cmd_bench's, and nothing is loaded or measured."""
+    from cnnpar.cli import main
+
+    assert main(["bench", "--device", "cpu", *RUN_TYPED, *words]) == 2
+    return [line[len(NOTE) :] for line in capsys.readouterr().err.splitlines() if line.startswith(NOTE)]
+
+
+def test_run_settings_typed_for_bench_are_named_and_its_evaluation_settings_not_for_time_to_accuracy(capsys):
+    """`cnnpar bench` times a measuring Trainer's steps (never fit(): no run folder, telemetry or TensorBoard) and
+    writes its own tables; --time-to-accuracy evaluates after every epoch, with the --tta-level asked for."""
+    why = (
+        "not used: cnnpar bench times train steps, with no progress bar, evaluation, telemetry or run folder (its "
+        "tables go to --out): it applies to cnnpar train"
+    )
+    assert _bench_notes(capsys, "--only", "warp_drive") == [
+        f"--name x {why}",
+        f"--eval-every 2 {why}",
+        f"--tta-level flip {why}",
+        f"--tensorboard {why}",
+        f"--monitor {why}",
+        f"--progress {why}",
+    ]
+    why = (
+        "not used: cnnpar bench --time-to-accuracy evaluates after every epoch, to time the first that reaches "
+        "--target, with no progress bar, telemetry or run folder (its tables go to --out): it applies to cnnpar train"
+    )
+    assert _bench_notes(capsys, "--time-to-accuracy", "--target", "99") == [
+        f"--name x {why}",
+        f"--eval-every 2 {why}",
+        f"--tensorboard {why}",
+        f"--monitor {why}",
+        f"--progress {why}",
+    ]
+
+
+def test_only_the_name_typed_for_doctor_is_named_and_none_for_tune(capsys):
+    """`cnnpar doctor` advises `cnnpar train` lines that carry every setting but --name (doctor/run.advice_command),
+    and samples telemetry with --monitor; `cnnpar tune` writes every setting into tuned.toml."""
+    why = (
+        "not used: cnnpar doctor writes its report to --report-dir, and the train commands it advises leave --name "
+        "out (a folder that holds a run is refused): it applies to cnnpar train"
+    )
+    assert _notes(capsys, *RUN_TYPED, command="doctor") == [f"--name x {why}"]
+    assert _notes(capsys, *RUN_TYPED, command="tune") == []

@@ -367,6 +367,26 @@ def test_a_timeout_that_is_not_positive_is_refused(tmp_path, monkeypatch, capsys
     assert started == []
 
 
+@pytest.mark.parametrize(
+    ("typed", "why"),
+    [
+        (["--lr", "nan"], "--lr = nan: expected a finite number > 0"),
+        (["--lr", "inf"], "--lr = inf: expected a finite number > 0"),
+        (["--lr", "0"], "--lr = 0.0: expected a finite number > 0"),
+        (["--seed", "-1"], "--seed = -1: expected 0 <= value < 2**63"),
+    ],
+)
+def test_a_bad_lr_or_seed_is_refused_in_one_line_before_any_runner_starts(tmp_path, monkeypatch, capsys, typed, why):
+    """--lr nan or inf and --seed -1 started every runner, each failing on its own (torch: "optim.lr (--lr) = nan",
+    exit 1, a failed row per framework)."""
+    from cnnpar.cli import main
+
+    started = no_runner(monkeypatch)
+    assert main(["compare", "--frameworks", "torch", *typed, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"cnnpar: error: {why}\n"
+    assert started == []
+
+
 # ---- what a failed runner's note says (F8, F12) ----------------------------------------------------------------
 def test_a_runner_killed_by_a_signal_says_so_not_its_last_progress_line(tmp_path):
     log = tmp_path / "torch.log"
@@ -574,3 +594,32 @@ def test_consecutive_seeds_shuffle_the_frameworks_in_orders_of_their_own():
     for epoch in range(3):
         assert not (epoch_order(100, epoch, 1) == epoch_order(100, epoch + 1, 0)).all()
         assert sorted(epoch_order(100, epoch, 1).tolist()) == list(range(100))
+
+
+def _torch_compare_run(out, *words: str) -> tuple[dict, list[dict]]:
+    """`cnnpar compare --frameworks torch` on 48 + 24 digits, its runner in this process: the header and rows of
+    its CSV."""
+    from cnnpar.cli import build_parser
+    from cnnpar.frameworks import torch_runner
+    from cnnpar.frameworks.spec import spec_from_args
+
+    tiny = ["--max-train", "48", "--max-val", "24", "--batch-size", "16", "--epochs", "1", "--out", str(out)]
+    args = build_parser().parse_args(["compare", "--frameworks", "torch", *tiny, *words])
+    return torch_runner.train(FRAMEWORKS["torch"], spec_from_args(args))
+
+
+def test_compares_data_epoch_lr_and_seed_flags_are_what_the_torch_run_trained(tmp_path):
+    """--max-train and --max-val cut the split, --val-fraction draws it, --epochs is the CSV's rows, and --lr and
+    --seed change what it trains (the same flags twice train alike)."""
+    header, rows = _torch_compare_run(tmp_path, "--epochs", "2")
+    assert (header["train_samples"], header["val_samples"], len(rows)) == ("48", "24", 2)
+    assert (header["spec_epochs"], header["spec_lr"], header["spec_seed"]) == ("2", "0.001", "0")
+
+    def loss(*words: str) -> str:
+        return _torch_compare_run(tmp_path, *words)[1][-1]["train_loss"]
+
+    plain = loss()
+    assert loss() == plain
+    assert loss("--lr", "0.02") != plain and loss("--seed", "1") != plain
+    header, _ = _torch_compare_run(tmp_path, "--max-train", "0", "--val-fraction", "0.9")
+    assert abs(int(header["train_samples"]) - 0.1 * 1797) <= 1  # the digits' 1797 images, 90 % held out

@@ -752,3 +752,23 @@ def test_a_second_prepare_to_the_same_out_says_it_replaces_the_store(tmp_path, c
     assert f"wrote {out}: 6 images" in first and "replaces" not in first
     assert f"wrote {out} (it replaces the store that was there): 6 images" in second
     assert StoreFile(out).header["max_side"] == 16
+
+
+def test_prepare_labels_a_flat_folder_from_its_csv_and_caps_workers_to_its_images(tmp_path, capsys):
+    """--labels: the store holds each image's label from the CSV (its class names sorted), so train reads it without
+    --labels; --workers over the images is capped to one per image, said in a line; --short-side bounds the
+    shorter side."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    rows = ["name,label"]
+    for i in range(3):  # fewer than the 4 workers a usable core may have
+        Image.new("RGB", (24, 20), (60 * i, 0, 0)).save(flat / f"im{i}.png")
+        rows.append(f"im{i},{'cat' if i % 2 else 'dog'}")
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "flat.cnnpar"
+    words = ["prepare", str(flat), "--labels", str(tmp_path / "labels.csv"), "--out", str(out)]
+    assert cli_main([*words, "--workers", "50", "--short-side", "10", "--no-progress"]) == 0
+    assert "--workers 50 capped to 3: one per image (3 images)" in capsys.readouterr().out
+    store = StoreFile(out)
+    assert store.class_names == ["cat", "dog"] and store.labels.tolist() == [1, 0, 1]  # im0..im2
+    assert store.hw.tolist() == [[10, 12]] * 3  # 20 x 24 with its shorter side at 10
