@@ -1124,7 +1124,7 @@ class Trainer(DivergenceCheck):
         try:
             written = json.loads(path.read_text(**TEXT))
             summary_epochs, finished = written.get("epochs"), written.get("finished", True)
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):  # AttributeError: JSON other than an object (edited by hand)
             summary_epochs, finished = None, True  # missing or half-written: written again
         stale = []
         if summary_epochs != len(self.history) or not finished:  # stopped after its last epoch's checkpoint

@@ -248,6 +248,14 @@ def test_a_damaged_metrics_csv_is_written_again_from_the_checkpoint(trained, cap
         assert [r["epoch"] for r in read_csv(metrics)] == [str(e) for e in range(1, int(epochs) + 1)]
 
 
+def test_a_summary_json_that_is_not_an_object_is_written_again_from_the_checkpoint(trained, capsys):
+    """A summary.json holding a JSON list ended a resume with nothing to do in an AttributeError traceback."""
+    (trained / "summary.json").write_text("[1, 2]")
+    code = main([*SMALL, "--epochs", "2", "--resume", str(trained)])
+    assert code == 0 and "Traceback" not in capsys.readouterr().err
+    assert json.loads((trained / "summary.json").read_text())["epochs"] == 2
+
+
 def test_a_checkpoint_of_another_data_set_is_refused_naming_both(trained, capsys):
     """The record says digits; a checkpoint trained on synthetic data of the same shape and class count, put in its
     place, is not continued on digits (the weights fit, so nothing else refused it)."""
