@@ -170,11 +170,11 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     try:
         dims = [int(p) for p in parts]
     except ValueError:
-        raise ConfigError(f"image shape {text!r}: expected CxHxW such as 3x32x32 (or HxW for grey)") from None
+        raise ConfigError(f"--image-shape {text}: expected CxHxW such as 3x32x32 (or HxW for grey)") from None
     if len(dims) == 2:
         dims = [1, *dims]
     if len(dims) != 3 or min(dims) <= 0:
-        raise ConfigError(f"image shape {text!r}: expected CxHxW such as 3x32x32 (or HxW for grey)")
+        raise ConfigError(f"--image-shape {text}: expected CxHxW such as 3x32x32 (or HxW for grey)")
     c, h, w = dims
     if c not in (1, 3) and w in (1, 3):
         # HxWxC typed as numpy shapes it (16x16x3): read as CxHxW it made 16 channels of 16x3 and trained on that;

@@ -23,6 +23,10 @@ from cnnpar.report.meters import free_device_memory
 
 
 def check_target(target: float) -> None:
+    if target == 0.0:  # --target's default, which stands for none given: the line named a 0.0 nobody typed
+        raise UserError(
+            "bench --time-to-accuracy needs --target: expected a validation accuracy in (0, 1], such as 0.99"
+        )
     if not 0.0 < target <= 1.0:
         raise UserError(f"bench --target {target}: expected a validation accuracy in (0, 1], such as 0.99")
 

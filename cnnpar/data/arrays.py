@@ -141,7 +141,12 @@ def check_label_range(
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         pos = position(i)
-        want = f"a label in 0..{num_classes - 1}" if num_classes > 0 else f"a class index from 0 to {top - 1:,}"
+        # the bound a label broke names its setting: "expected a label in 0..9" left where the 9 came from unsaid
+        want = (
+            f"a label in 0..{num_classes - 1} (--num-classes {num_classes})"
+            if num_classes > 0
+            else f"a class index from 0 to {top - 1:,}"
+        )
         raise DataError(f"{where}, {pos}: label {y[i]}: expected {want}")
 
 

@@ -143,7 +143,9 @@ def scan_folder(
     """`other`: the split beside `root` (val/ for train/, train/ for val/), whose images a link must not read here."""
     root = Path(root)
     if not root.is_dir():
-        raise DataError(f"{root}: not a folder: expected root/<class>/<image>.jpg|png")
+        # a mistyped path (cnnpar prepare photoz) was called "not a folder", which reads as a file being in the way
+        what = "not a folder" if root.exists() else "no such folder"
+        raise DataError(f"{root}: {what}: expected root/<class>/<image>.jpg|png")
     # `__MACOSX/` (what macOS's zip leaves) holds no class: skipped as hidden folders are, here as in scan_splits
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     if not classes:

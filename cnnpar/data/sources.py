@@ -199,9 +199,7 @@ def load_digits(cfg: DataConfig, seed: int) -> DataBundle:
     d = sk_digits()
     x = torch.from_numpy(np.rint(d.images * (255.0 / 16.0)).astype(np.uint8))[:, None]
     # labels 0..9: a smaller --num-classes would fail mid-epoch in the loss (and leave a run folder)
-    check_label_range(
-        d.target, f"scikit-learn digits (labels 0..9) with --num-classes {cfg.num_classes}", cfg.num_classes
-    )
+    check_label_range(d.target, "scikit-learn digits (labels 0..9)", cfg.num_classes)
     y = torch.from_numpy(d.target.astype(np.int64))
     size = cfg.image_size or DIGITS_SIZE
     x = resize_square(x, size)

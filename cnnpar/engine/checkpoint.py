@@ -138,6 +138,11 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
                 f"{found}: holds objects other than tensors, numbers, strings, lists and dicts, which cnnpar never "
                 f"unpickles: not a cnnpar checkpoint (expected one written by cnnpar train)"
             ) from None
+        if "central directory" in str(e):  # torch's zip reader, where the archive's index (written last) is missing
+            raise UserError(
+                f"{found}: cut short: its zip index, written last, is missing (a copy or a save that did not "
+                f"finish?): {EXPECTED_FILE}"
+            ) from None
         raise UserError(f"{found}: not a readable cnnpar checkpoint ({first_line(e)})") from None
 
 

@@ -12,6 +12,7 @@ to the places that read numbers: the progress display, the end of an epoch and e
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 import os
@@ -1123,7 +1124,7 @@ class Trainer(DivergenceCheck):
         try:
             written = json.loads(path.read_text(**TEXT))
             summary_epochs, finished = written.get("epochs"), written.get("finished", True)
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):  # AttributeError: JSON other than an object (edited by hand)
             summary_epochs, finished = None, True  # missing or half-written: written again
         stale = []
         if summary_epochs != len(self.history) or not finished:  # stopped after its last epoch's checkpoint
@@ -1139,10 +1140,15 @@ class Trainer(DivergenceCheck):
             )
 
     def _metrics_stale(self) -> bool:
-        """metrics.csv missing, or holding other epochs than the checkpoint (self.history)."""
+        """metrics.csv missing, holding other epochs than the checkpoint (self.history), or unreadable as the
+        table it writes (no epoch column, not UTF-8 text: damaged or edited by hand, which ended the resume in a
+        KeyError traceback): the checkpoint holds every row, so each is written again from it."""
         metrics = self.run_dir / "metrics.csv"
         held = [str(r["epoch"]) for r in self.history]
-        return not metrics.is_file() or [r["epoch"] for r in read_csv(metrics)] != held
+        try:
+            return [r["epoch"] for r in read_csv(metrics)] != held
+        except (OSError, ValueError, KeyError, csv.Error):  # ValueError: a UnicodeDecodeError
+            return True
 
     def _end_epoch(self, epoch: int, row: dict) -> None:
         if self.info.is_main:

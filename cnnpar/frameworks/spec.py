@@ -131,11 +131,13 @@ class RunSpec:
             raise ConfigError(f"--lr = {self.lr}: expected a finite number > 0")
         if not 0 <= self.seed < 2**63:  # as train's run.seed: a runner refused -1 after its process had started
             raise ConfigError(f"--seed = {self.seed}: expected 0 <= value < 2**63")
-        if self.max_train < 0 or self.max_val < 0:
-            raise ConfigError("--max-train / --max-val: expected 0 (all) or a count > 0")
+        for name in ("max_train", "max_val"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)}: expected 0 (all) or a count > 0")
         if self.batch_size % self.devices:
             raise ConfigError(
-                f"--batch-size {self.batch_size} with --devices {self.devices}: the global batch must split evenly"
+                f"--batch-size {self.batch_size} with --devices {self.devices}: the global batch must split evenly: "
+                f"expected a multiple of {self.devices}"
             )
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"--val-fraction {self.val_fraction}: expected 0 <= value < 1")
@@ -249,7 +251,8 @@ def load_bundle(spec: RunSpec):
         bundle.val = bundle.val.subset(torch.arange(min(spec.max_val, len(bundle.val))))
     if len(bundle.train) < spec.batch_size:
         raise ConfigError(
-            f"--batch-size {spec.batch_size} exceeds the {len(bundle.train)} training samples of {bundle.origin}"
+            f"--batch-size {spec.batch_size} exceeds the {len(bundle.train)} training samples of {bundle.origin}: "
+            f"expected at most {len(bundle.train)}"
         )
     check_square(tuple(bundle.shape), f"--data {spec.data}")  # an .npz's images, which --image-shape does not set
     return bundle

@@ -67,7 +67,7 @@ CSV_CASES = {
     ),
     "label_out_of_range": (
         lambda ls: _set(ls, 9, "12" + ls[9][1:]),
-        ["line 10 (data row 9)", "label 12: expected a label in 0..9"],
+        ["line 10 (data row 9)", "label 12: expected a label in 0..9 (--num-classes 10)"],
     ),
     "non_numeric_label": (
         lambda ls: _set(ls, 2, "x" + ls[2][1:]),
@@ -76,7 +76,7 @@ CSV_CASES = {
     # blank lines (skipped, as pyarrow skips them) after the header and after data row 2: the real lines are named
     "blank_lines_then_bad_label": (
         lambda ls: (ls.insert(1, ""), ls.insert(4, ""), _set(ls, 11, "12" + ls[11][1:])),
-        ["line 12 (data row 9)", "label 12: expected a label in 0..9"],
+        ["line 12 (data row 9)", "label 12: expected a label in 0..9 (--num-classes 10)"],
     ),
     "blank_lines_then_bad_pixel": (
         lambda ls: (ls.insert(1, ""), ls.insert(4, ""), _set(ls, 7, _replace_first_bright(ls[7], "300"))),
@@ -147,7 +147,7 @@ def _npz_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
         ),
         "label_out_of_range": (
             _npz(tmp_path, "range.npz", x_train=x, y_train=np.where(np.arange(20) == 6, 10, y)),
-            ["[y_train], index 6", "label 10: expected a label in 0..9"],
+            ["[y_train], index 6", "label 10: expected a label in 0..9 (--num-classes 10)"],
         ),
         "test_shape": (
             _npz(tmp_path, "tshape.npz", x_train=x, y_train=y, x_test=x[:, :8, :8], y_test=y),

@@ -236,6 +236,26 @@ def test_a_killed_saves_leftover_goes_and_records_that_miss_the_checkpoints_epoc
     assert not leftover.exists() and not any(half.exists() for half in records) and mine.exists()
 
 
+def test_a_damaged_metrics_csv_is_written_again_from_the_checkpoint(trained, capsys):
+    """A metrics.csv edited by hand (no epoch column) or damaged (not UTF-8) ended the resume in a KeyError or
+    UnicodeDecodeError traceback; the checkpoint holds its rows, so it is written again, as a stale one is."""
+    metrics = trained / "metrics.csv"
+    for damaged, epochs in ((b"my notes\n1,2,3\n", "2"), (b"\xff\xfe\x00garbage", "3")):
+        metrics.write_bytes(damaged)
+        code = main([*SMALL, "--epochs", epochs, "--resume", str(trained)])  # 2: nothing to do; 3: trains on
+        captured = capsys.readouterr()
+        assert code == 0 and "Traceback" not in captured.err, captured.err
+        assert [r["epoch"] for r in read_csv(metrics)] == [str(e) for e in range(1, int(epochs) + 1)]
+
+
+def test_a_summary_json_that_is_not_an_object_is_written_again_from_the_checkpoint(trained, capsys):
+    """A summary.json holding a JSON list ended a resume with nothing to do in an AttributeError traceback."""
+    (trained / "summary.json").write_text("[1, 2]")
+    code = main([*SMALL, "--epochs", "2", "--resume", str(trained)])
+    assert code == 0 and "Traceback" not in capsys.readouterr().err
+    assert json.loads((trained / "summary.json").read_text())["epochs"] == 2
+
+
 def test_a_checkpoint_of_another_data_set_is_refused_naming_both(trained, capsys):
     """The record says digits; a checkpoint trained on synthetic data of the same shape and class count, put in its
     place, is not continued on digits (the weights fit, so nothing else refused it)."""

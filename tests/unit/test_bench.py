@@ -119,6 +119,11 @@ def test_bad_target_is_one_line_user_error(capsys):
     assert main(["bench", "--time-to-accuracy", "--target", "99"]) == 2
     err = capsys.readouterr().err
     assert "bench --target 99.0: expected a validation accuracy in (0, 1]" in err
+    assert main(["bench", "--time-to-accuracy", "--device", "cpu"]) == 2  # no --target: it named a 0.0 never typed
+    assert capsys.readouterr().err == (
+        "cnnpar: error: bench --time-to-accuracy needs --target: expected a validation accuracy in (0, 1], such as "
+        "0.99\n"
+    )
     assert main(["bench", "--only", "warp_drive", "--device", "cpu"]) == 2
     assert "unknown rung(s) warp_drive" in capsys.readouterr().err
 

@@ -325,6 +325,23 @@ def test_non_square_images_are_refused_naming_compares_own_flags(tmp_path):
         load_bundle(spec)
 
 
+def test_compares_flag_refusals_name_the_flag_its_value_and_what_is_expected():
+    """The shape's line named no flag ("image shape '3x32x'"), --max-train -5 did not say which of two flags, and an
+    uneven --batch-size did not say what would split."""
+    cases = {
+        "--image-shape 3x32x: expected CxHxW such as 3x32x32 (or HxW for grey)": dict(image_shape="3x32x"),
+        "--max-train -5: expected 0 (all) or a count > 0": dict(max_train=-5),
+        "--max-val -1: expected 0 (all) or a count > 0": dict(max_val=-1),
+        "--batch-size 65 with --devices 2: the global batch must split evenly: expected a multiple of 2": dict(
+            batch_size=65, devices=2
+        ),
+    }
+    for line, flags in cases.items():
+        with pytest.raises(ConfigError) as e:
+            RunSpec(**flags)
+        assert str(e.value) == line
+
+
 def no_runner(monkeypatch):
     started = []
     monkeypatch.setattr(compare, "run_framework", lambda fw, spec, timeout: (started.append(fw.name), "failed", "")[1:])
@@ -335,8 +352,11 @@ def test_data_dependent_errors_come_once_before_any_runner(tmp_path, monkeypatch
     """`--batch-size 5000` took 47 s and printed its error six times, once per runner after its imports."""
     started = no_runner(monkeypatch)
     asked = parse_frameworks("torch,tensorflow")
-    with pytest.raises(ConfigError, match=r"--batch-size 5000 exceeds the 1438 training samples"):
+    with pytest.raises(ConfigError) as e:
         compare.run_compare(asked, RunSpec(batch_size=5000, out=str(tmp_path)))
+    assert str(e.value) == (
+        "--batch-size 5000 exceeds the 1438 training samples of scikit-learn digits (built in): expected at most 1438"
+    )
     from tests.datafiles import bar_images
 
     x, y = bar_images(64)

@@ -241,8 +241,7 @@ def test_digits_with_too_few_classes_is_refused_in_one_line_before_a_run_folder(
     code = main(["train", "--num-classes", "5", "--out-dir", str(runs), "--no-progress", "--no-tensorboard"])
     assert code == 2 and not runs.exists()
     assert capsys.readouterr().err.strip() == (
-        "cnnpar: error: scikit-learn digits (labels 0..9) with --num-classes 5, index 5: label 5: "
-        "expected a label in 0..4"
+        "cnnpar: error: scikit-learn digits (labels 0..9), index 5: label 5: expected a label in 0..4 (--num-classes 5)"
     )
     assert load_data(DataConfig(source="digits", num_classes=12)).num_classes == 12  # more classes: allowed
 

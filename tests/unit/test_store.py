@@ -295,6 +295,18 @@ def test_a_file_that_does_not_decode_leaves_nothing(tmp_path, workers):
     assert not out.exists() and not left_partials(out)
 
 
+def test_a_mistyped_folder_is_called_no_such_folder_and_a_file_not_a_folder(tmp_path, capsys):
+    """A path that does not exist was called "not a folder", as if a file stood there."""
+    (tmp_path / "afile").write_text("x")
+    for name, what in (("photoz", "no such folder"), ("afile", "not a folder")):
+        out = tmp_path / f"{name}.cnnpar"
+        assert cli_main(["prepare", str(tmp_path / name), "--out", str(out), "--no-progress"]) == 2
+        assert capsys.readouterr().err == (
+            f"cnnpar: error: {tmp_path / name}: {what}: expected root/<class>/<image>.jpg|png\n"
+        )
+        assert not out.exists()
+
+
 def test_an_out_that_is_a_folder_is_refused_before_decoding(tmp_path, capsys, monkeypatch):
     """It decoded every image, then failed on the rename with IsADirectoryError."""
     write_image_folder(tmp_path / "p", per_class=2, classes=2)
