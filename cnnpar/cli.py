@@ -466,7 +466,8 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     skipped: list[Path] = []
     labelled: list[str] = []  # the labels CSV's warning on images it does not name
     # a re-run (new photos, another --max-side) replaces the store whole: said, as hours of decoding may be behind it
-    replacing = " (it replaces the store that was there)" if os.path.lexists(out) else ""
+    # (a link to nothing: no store was there, and the store takes the link's name)
+    replacing = " (it replaces the store that was there)" if os.path.isfile(out) else ""
     header = prepare_store(
         args.src,
         out,
