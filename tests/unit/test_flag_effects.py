@@ -378,6 +378,12 @@ def test_worker_settings_typed_where_no_worker_starts_are_named_and_not_where_wo
     (tmp_path / "photos").mkdir()
     assert _notes(capsys, "--data", str(tmp_path / "photos"), "--prefetch-factor", "8") == []
     assert _notes(capsys, "--workers", "0") == []  # the settings themselves untyped
+    # the textbook loader reads arrays sample by sample (transforms.TextbookDataset): auto starts workers for it
+    assert _notes(capsys, "--loader", "textbook", "--prefetch-factor", "8", "--no-persistent-workers") == []
+    from cnnpar.data.transforms import TextbookDataset
+
+    bundle = load_data(DataConfig(source="digits"))
+    assert auto_workers(TextbookDataset(bundle.train, bundle.mean, bundle.std, "none", True), cpu) >= 1
 
 
 def test_bias_decay_typed_without_weight_decay_is_named_and_not_with_it(capsys):
