@@ -361,6 +361,11 @@ UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
         "cnnpar bench times train steps, with no progress bar, evaluation, telemetry or run folder (its tables go to "
         "--out): it applies to cnnpar train",
     ),
+    "bench --compare": (
+        tuple(RUN_ASKS),
+        "cnnpar bench --compare sets two bench tables already written side by side, training nothing: it applies to "
+        "cnnpar train",
+    ),
     "bench --time-to-accuracy": (
         (*_NO_RUN, "run.eval_every"),
         "cnnpar bench --time-to-accuracy evaluates after every epoch, to time the first that reaches --target, with "
@@ -375,7 +380,8 @@ UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def unread_by_command(command: str, cfg: Config, typed: set[str]) -> list[str]:
-    """One line per flag in `typed` that `command` ("bench --time-to-accuracy" for that mode) does not read at all,
+    """One line per flag in `typed` that `command` ("bench --time-to-accuracy", "bench --compare" for those modes)
+    does not read at all,
     whatever the config: the settings of a run's evaluation, progress bar and folder (UNREAD)."""
     if command not in UNREAD:
         return []

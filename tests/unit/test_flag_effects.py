@@ -471,6 +471,16 @@ def test_run_settings_typed_for_bench_are_named_and_its_evaluation_settings_not_
     ]
 
 
+def test_run_settings_typed_for_bench_compare_are_named_as_unused_by_a_comparison(capsys, tmp_path):
+    """`cnnpar bench --compare A B` reads two tables: its note said "cnnpar bench times train steps": it times none."""
+    why = (
+        "not used: cnnpar bench --compare sets two bench tables already written side by side, training nothing: it "
+        "applies to cnnpar train"
+    )
+    gone = [str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]
+    assert _bench_notes(capsys, "--compare", *gone)[:2] == [f"--name x {why}", f"--eval-every 2 {why}"]
+
+
 def test_only_the_name_typed_for_doctor_is_named_and_none_for_tune(capsys):
     """`cnnpar doctor` advises `cnnpar train` lines that carry every setting but --name (doctor/run.advice_command),
     and samples telemetry with --monitor; `cnnpar tune` writes every setting into tuned.toml."""
