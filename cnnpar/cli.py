@@ -466,7 +466,8 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     skipped: list[Path] = []
     labelled: list[str] = []  # the labels CSV's warning on images it does not name
     # a re-run (new photos, another --max-side) replaces the store whole: said, as hours of decoding may be behind it
-    replacing = " (it replaces the store that was there)" if os.path.lexists(out) else ""
+    # (a link to nothing: no store was there, and the store takes the link's name)
+    replacing = " (it replaces the store that was there)" if os.path.isfile(out) else ""
     header = prepare_store(
         args.src,
         out,
@@ -598,7 +599,9 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     timing = Timing(args.warmup_steps, args.timed_steps, repeats, args.timed_s)
     compare = tuple(args.compare or ("", ""))
     opts = BenchOptions(mode, args.out, timing, args.only, args.target, compare, args.ddp, args.budget_s, started)
-    args.bench_mode = mode  # the settings it reads (flag_effects.UNREAD): time to accuracy evaluates
+    args.bench_mode = (
+        mode  # the settings it reads (flag_effects.UNREAD): time to accuracy evaluates, compare trains none
+    )
     cfg = config_from_args(args)
     check_model(cfg)  # before the data loads and before --ddp's rows start processes
     return run_bench(cfg, opts)

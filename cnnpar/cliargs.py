@@ -424,10 +424,12 @@ def _typed_settings(given: dict) -> dict[str, dict]:
 
 
 def _command(args: argparse.Namespace) -> str:
-    """The command whose flags `args` holds, with bench's mode that reads a run's evaluation settings."""
+    """The command whose flags `args` holds, with bench's modes that read other settings than its ladder: one
+    evaluates, one trains nothing (flag_effects.UNREAD)."""
     command = getattr(args, "command", "train")
-    if command == "bench" and getattr(args, "bench_mode", "") == "time_to_accuracy":  # set by cli.cmd_bench
-        return "bench --time-to-accuracy"
+    mode = getattr(args, "bench_mode", "")  # set by cli.cmd_bench
+    if command == "bench" and mode in ("time_to_accuracy", "compare"):
+        return "bench --time-to-accuracy" if mode == "time_to_accuracy" else "bench --compare"
     return command
 
 

@@ -119,13 +119,24 @@ def choice_with_advice(choices: tuple, advice):
     return parse
 
 
+def spelling_advice(text: str, meant: str) -> str:
+    """How `text` misspells the choice `meant` (`CUDA`, `" cuda"`, for cuda): its case, spaces around it, or both; a
+    "cuda " said to be "written in lower case" sent the user after a case that was right."""
+    how = [
+        words
+        for words, wrong in (("in lower case", text.strip() != meant), ("without spaces", text != text.strip()))
+        if wrong
+    ]
+    return f"written {' and '.join(how)}: {meant}"
+
+
 def device_advice(value: Any) -> str:
     """What to do instead of a device cnnpar does not take, where a habit explains the value ("" otherwise): PyTorch's
     `cuda:N` (cnnpar gives each process the GPU of its local rank among those visible, so the GPU is chosen by
     CUDA_VISIBLE_DEVICES) or Apple's `mps` (no MPS path: its autocast, compile and pinned memory are untested here)."""
     text = str(value).strip().lower()
-    if text in DEVICES:  # CUDA, Cpu: the choices, as torch's device names, are lower case
-        return f"written in lower case: {text}"
+    if text in DEVICES:  # CUDA, Cpu, "cuda " (a config file's): the choices, as torch's device names, are lower case
+        return spelling_advice(str(value), text)
     if m := re.fullmatch(r"cuda:(\d+)", text):
         n = m.group(1)
         which = (

@@ -1,6 +1,7 @@
 """The console cnnpar prints to: names it cannot encode (a folder café on an ASCII console, a file name that is not
-UTF-8) are escaped, not a UnicodeEncodeError traceback. The standard library only: the CLI and the children cnnpar
-starts (bench's and tune's trials) print through it."""
+UTF-8) are escaped, not a UnicodeEncodeError traceback. The standard library only: the CLI, the children cnnpar
+starts (bench's and tune's trials, compare's runners) and each module's own main (errors.main_saying_user_errors)
+print through it."""
 
 from __future__ import annotations
 

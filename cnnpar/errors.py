@@ -74,11 +74,16 @@ def say_user_error(text: str, prog: str = "cnnpar") -> int:
 
 def main_saying_user_errors(main: Callable[[], int], prog: str) -> int:
     """`main()` for a module's own `__main__` (`python -m cnnpar.bench.ddp_scaling`): a UserError ends as it does
-    under the `cnnpar` command, in one line and exit 2; it ended in a traceback (a full disk at the results)."""
-    try:
-        return main()
-    except UserError as e:
-        return say_user_error(user_error_text(e), prog)
+    under the `cnnpar` command, in one line and exit 2; it ended in a traceback (a full disk at the results). It
+    prints as the CLI does (console.printable_stdio): its `wrote runs/café/ddp.csv` on an ASCII console was a
+    UnicodeEncodeError traceback after the whole measurement."""
+    from cnnpar.console import printable_stdio
+
+    with printable_stdio():
+        try:
+            return main()
+        except UserError as e:
+            return say_user_error(user_error_text(e), prog)
 
 
 def refuse_counts_under_one(*counts: tuple[str, int]) -> None:

@@ -239,13 +239,15 @@ def _holds_nothing_out(cfg: Config) -> str:
 
 def _no_workers(cfg: Config) -> str:
     """data/loader._host_loader: --prefetch-factor and --persistent-workers are settings of the DataLoader's worker
-    processes, and a loader with none (--workers 0, or auto on arrays: loader.auto_workers) makes its batches in the
-    main process. Told from --data's format: digits, synthetic data, an .npz and a CSV are held as arrays."""
+    processes, and a loader with none (--workers 0, or auto on arrays under the fast loader: loader.auto_workers)
+    makes its batches in the main process. Told from --data's format: digits, synthetic data, an .npz and a CSV are
+    held as arrays."""
     workers = cfg.data.workers
     if workers == 0:
         return "--workers 0 makes the batches in the main process, with no worker: --workers 1 or more uses it"
     fmt = _source_format(cfg)
-    if workers > 0 or fmt not in ("digits", "synthetic", "npz", "csv"):
+    # the textbook loader reads even arrays sample by sample (transforms.TextbookDataset): auto starts workers there
+    if workers > 0 or cfg.data.loader == "textbook" or fmt not in ("digits", "synthetic", "npz", "csv"):
         return ""
     return (
         f"{_in_memory(cfg, fmt)}, whose batches the main process indexes (--workers auto starts no worker for it): "
@@ -359,6 +361,11 @@ UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
         "cnnpar bench times train steps, with no progress bar, evaluation, telemetry or run folder (its tables go to "
         "--out): it applies to cnnpar train",
     ),
+    "bench --compare": (
+        tuple(RUN_ASKS),
+        "cnnpar bench --compare sets two bench tables already written side by side, training nothing: it applies to "
+        "cnnpar train",
+    ),
     "bench --time-to-accuracy": (
         (*_NO_RUN, "run.eval_every"),
         "cnnpar bench --time-to-accuracy evaluates after every epoch, to time the first that reaches --target, with "
@@ -373,7 +380,8 @@ UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
 
 
 def unread_by_command(command: str, cfg: Config, typed: set[str]) -> list[str]:
-    """One line per flag in `typed` that `command` ("bench --time-to-accuracy" for that mode) does not read at all,
+    """One line per flag in `typed` that `command` ("bench --time-to-accuracy", "bench --compare" for those modes)
+    does not read at all,
     whatever the config: the settings of a run's evaluation, progress bar and folder (UNREAD)."""
     if command not in UNREAD:
         return []

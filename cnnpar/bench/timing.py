@@ -34,7 +34,7 @@ class Timing:
         for flag, value, least in limits:
             if value < least:
                 raise UserError(f"bench --{flag} = {value}: expected a count >= {least}")
-        if not 0 <= self.seconds < math.inf:  # NaN too; inf failed every rung in steps_for (OverflowError)
+        if not 0 <= self.seconds < math.inf:  # NaN too; inf is no time to size the steps by
             raise UserError(f"bench --timed-s = {self.seconds}: expected seconds >= 0, finite (0: a fixed step count)")
 
     def steps_for(self, step_s: float) -> int:
@@ -43,8 +43,9 @@ class Timing:
             return self.steps
         if step_s >= SLOW_STEP_S:
             return 1
-        fit = int(self.seconds / (self.repeats * step_s))
-        return max(min(MIN_STEPS, self.steps), min(self.steps, fit))
+        # capped before int(): --timed-s 1e308 over a 1 ms step is inf steps (an OverflowError that failed every rung)
+        fit = int(min(self.steps, self.seconds / (self.repeats * step_s)))
+        return max(min(MIN_STEPS, self.steps), fit)
 
     def plan(self, step_s: float) -> tuple[int, int]:
         """(timed steps per repeat, repeats) when one step takes `step_s` seconds.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from cnnpar.config import TTA_LEVELS, RunConfig, device_advice
+from cnnpar.config import TTA_LEVELS, RunConfig, device_advice, spelling_advice
 from cnnpar.data.arrays import resize_square
 from cnnpar.data.bundle import ArrayDataset, first_five
 from cnnpar.data.csv_source import PixelCountError, read_ids
@@ -88,7 +88,7 @@ def _device(text: str) -> torch.device:
     if dev is None or dev.type not in ("cpu", "cuda"):
         # CUDA:1: predict takes cuda:N, so not train's advice (CUDA_VISIBLE_DEVICES) but the case; mps: no Apple GPU
         lower = text.strip().lower()
-        advice = f"written in lower case: {lower}" if re.fullmatch(r"cpu|cuda(:\d+)?", lower) else device_advice(text)
+        advice = spelling_advice(text, lower) if re.fullmatch(r"cpu|cuda(:\d+)?", lower) else device_advice(text)
         why = f" ({advice})" if advice else ""
         raise ConfigError(f"--device {text!r}: expected auto, cpu, cuda or cuda:N{why}")
     count = torch.cuda.device_count() if dev.type == "cuda" else 0  # 0, not an error, without a driver

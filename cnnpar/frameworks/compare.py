@@ -487,11 +487,28 @@ def exit_status(rows: list[dict[str, str]]) -> tuple[int, str]:
     return 0, ""
 
 
+# keras.utils.set_random_seed seeds numpy's legacy generator too, which takes a seed below 2**32 (RunSpec's is 2**63)
+KERAS_SEED_LIMIT = 2**32
+
+
+def check_keras_seed(frameworks: list[Framework], seed: int) -> None:
+    """A --seed the Keras runners cannot take, refused before any runner starts: each Keras one that would run
+    (not skipped as not installed) failed on its own with numpy's "Seed must be between 0 and 2**32 - 1", exit 1."""
+    keras = [fw.name for fw in frameworks if fw.framework == "keras" and missing_package(fw) is None]
+    if keras and seed >= KERAS_SEED_LIMIT:
+        raise ConfigError(
+            f"--seed = {seed}: {', '.join(keras)} seed numpy's generator, which takes 0 <= value < 2**32: expected a "
+            "smaller --seed, or --frameworks without Keras"
+        )
+
+
 def main_from_args(args: argparse.Namespace) -> int:
     if not args.timeout > 0 or not math.isfinite(args.timeout):  # NaN too
         raise ConfigError(f"--timeout {args.timeout:g}: expected a number of seconds > 0")
     frameworks = parse_frameworks(args.frameworks)
-    rows = run_compare(frameworks, spec_from_args(args), args.timeout)
+    spec = spec_from_args(args)
+    check_keras_seed(frameworks, spec.seed)
+    rows = run_compare(frameworks, spec, args.timeout)
     status, line = exit_status(rows)
     if line:
         print(line, flush=True)

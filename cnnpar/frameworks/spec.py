@@ -447,13 +447,25 @@ def runner_main(prog: str, train) -> int:
     the `compare` that started it, and a SIGTERM (compare's stop, or its death) stops it with its clean-up run (the
     torch runner's temporary folder)."""
     import signal
-    import sys
 
-    from cnnpar.errors import Terminated, UserError, say_user_error, stop_on_signals, user_error_text
+    from cnnpar.console import printable_stdio
+    from cnnpar.errors import stop_on_signals
     from cnnpar.process_tree import end_with_parent_named_in
 
     end_with_parent_named_in(PARENT_ENV, signal.SIGTERM)
     stop_on_signals()
+    # it prints as the CLI does: its `wrote runs/café/...csv` on an ASCII log (PYTHONIOENCODING=ascii, a Windows
+    # cp1252 one) failed the run after its CSV was written
+    with printable_stdio():
+        return _runner_main(prog, train)
+
+
+def _runner_main(prog: str, train) -> int:
+    import signal
+    import sys
+
+    from cnnpar.errors import Terminated, UserError, say_user_error, user_error_text
+
     args = runner_parser(prog).parse_args()
     fw = FRAMEWORKS[args.framework]
     # before this run's own load (the header's other reading includes it); its 1-minute figure still holds

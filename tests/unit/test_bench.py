@@ -170,6 +170,8 @@ def test_timed_steps_are_sized_from_one_steps_time():
     assert t.steps_for(3.9) == 1  # the ladder's fp32 textbook baseline: one step per repeat, 5 repeats
     assert t.steps_for(0.006) == 30  # a 6 ms step: capped by --timed-steps
     assert Timing(steps=30, seconds=0).steps_for(0.240) == 30  # --timed-s 0: a fixed count
+    # more seconds than a float's quotient holds: --timed-steps, as any long --timed-s (was an OverflowError per rung)
+    assert Timing(steps=30, repeats=5, seconds=1e308).plan(0.001) == (30, 5)
 
 
 def test_a_rung_started_after_the_budget_is_skipped_and_says_why(digits8):

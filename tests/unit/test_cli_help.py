@@ -90,6 +90,7 @@ def test_values_that_would_run_a_different_measurement_are_refused_while_parsing
         ("mps", "not on an Apple GPU through MPS: auto picks the CPU there)"),
         ("CUDA", "(written in lower case: cuda)"),  # a bare "invalid choice" too
         ("Cpu", "(written in lower case: cpu)"),
+        ("cuda ", "(written without spaces: cuda)"),  # was "written in lower case", which it was
     ],
 )
 def test_a_torch_device_name_is_refused_with_what_to_do(command, device, advice, capsys):

@@ -304,6 +304,8 @@ def test_a_typed_flag_replaces_a_bad_file_value_before_it_is_checked(tmp_path):
         ("cuda:0", "--device cuda is GPU 0"),
         ("mps", "not on an Apple GPU through MPS: auto picks the CPU there"),
         ("CUDA", "(written in lower case: cuda)"),
+        ("cuda ", "(written without spaces: cuda)"),  # was "written in lower case", which it was
+        (" Cpu", "(written in lower case and without spaces: cpu)"),
     ],
 )
 def test_a_torch_device_name_in_a_config_file_is_refused_with_what_to_do(tmp_path, device, advice):

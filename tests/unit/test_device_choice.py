@@ -35,12 +35,22 @@ def test_predict_refuses_mps_saying_that_no_apple_gpu_is_used():
     assert line.startswith("--device 'mps': expected auto, cpu, cuda or cuda:N (") and "Apple GPU through MPS" in line
 
 
-@pytest.mark.parametrize(("device", "lower"), [("CUDA:1", "cuda:1"), ("Cpu", "cpu"), ("AUTO", "auto")])
-def test_predict_says_that_a_device_is_written_in_lower_case(device, lower):
+@pytest.mark.parametrize(
+    ("device", "how"),
+    [
+        ("CUDA:1", "in lower case: cuda:1"),
+        ("Cpu", "in lower case: cpu"),
+        ("AUTO", "in lower case: auto"),
+        ("cuda:1 ", "without spaces: cuda:1"),  # a lower-case name said to be "written in lower case"
+        (" cpu", "without spaces: cpu"),
+        ("CUDA ", "in lower case and without spaces: cuda"),
+    ],
+)
+def test_predict_says_that_a_device_is_written_in_lower_case(device, how):
     """CUDA:1 got train's advice (CUDA_VISIBLE_DEVICES), which predict, taking cuda:N, does not need."""
     with pytest.raises(ConfigError) as e:
         predict._device(device)
-    assert str(e.value) == f"--device '{device}': expected auto, cpu, cuda or cuda:N (written in lower case: {lower})"
+    assert str(e.value) == f"--device {device!r}: expected auto, cpu, cuda or cuda:N (written {how})"
 
 
 def test_predict_on_a_mac_says_that_the_apple_gpu_is_not_used(monkeypatch, capsys, tmp_path):

@@ -121,6 +121,22 @@ def test_a_tune_trial_prints_a_folder_cafe_on_an_ascii_console(tmp_path, monkeyp
     assert raw.getvalue() == b"trial: data donn\\xe9es\n"
 
 
+def test_a_modules_own_main_and_a_compare_runner_print_a_folder_cafe_on_an_ascii_console(tmp_path, monkeypatch):
+    """`python -m cnnpar.bench.ddp_scaling --out runs/café` and compare's runners printed without the CLI's printable
+    stdio: their `wrote` line ended in a UnicodeEncodeError traceback (exit 1) after the whole measurement."""
+    from cnnpar import errors
+    from cnnpar.frameworks.spec import runner_main
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="ascii", errors="strict", write_through=True))
+    assert errors.main_saying_user_errors(lambda: print("wrote runs/café/ddp.csv") or 0, "ddp_scaling") == 0
+    monkeypatch.setattr(errors, "stop_on_signals", lambda: None)  # the test process keeps its own handlers
+    monkeypatch.setattr(sys, "argv", ["torch_runner", "--framework", "torch", "--out", "runs/café"])
+    assert runner_main("torch_runner", lambda fw, spec: print(f"{fw.name}: out {spec.out}")) == 0
+    assert raw.getvalue() == b"wrote runs/caf\\xe9/ddp.csv\ntorch: out runs/caf\\xe9\n"
+    assert sys.stdout.errors == "strict"
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="file names as bytes: Linux takes any")
 @pytest.mark.parametrize("mode", ["ladder", "claims", "time_to_accuracy"])
 def test_bench_refuses_a_utf8_data_path_read_under_an_ascii_locale_once_before_measuring(tmp_path, mode):

@@ -378,6 +378,12 @@ def test_worker_settings_typed_where_no_worker_starts_are_named_and_not_where_wo
     (tmp_path / "photos").mkdir()
     assert _notes(capsys, "--data", str(tmp_path / "photos"), "--prefetch-factor", "8") == []
     assert _notes(capsys, "--workers", "0") == []  # the settings themselves untyped
+    # the textbook loader reads arrays sample by sample (transforms.TextbookDataset): auto starts workers for it
+    assert _notes(capsys, "--loader", "textbook", "--prefetch-factor", "8", "--no-persistent-workers") == []
+    from cnnpar.data.transforms import TextbookDataset
+
+    bundle = load_data(DataConfig(source="digits"))
+    assert auto_workers(TextbookDataset(bundle.train, bundle.mean, bundle.std, "none", True), cpu) >= 1
 
 
 def test_bias_decay_typed_without_weight_decay_is_named_and_not_with_it(capsys):
@@ -463,6 +469,16 @@ def test_run_settings_typed_for_bench_are_named_and_its_evaluation_settings_not_
         f"--monitor {why}",
         f"--progress {why}",
     ]
+
+
+def test_run_settings_typed_for_bench_compare_are_named_as_unused_by_a_comparison(capsys, tmp_path):
+    """`cnnpar bench --compare A B` reads two tables: its note said "cnnpar bench times train steps": it times none."""
+    why = (
+        "not used: cnnpar bench --compare sets two bench tables already written side by side, training nothing: it "
+        "applies to cnnpar train"
+    )
+    gone = [str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]
+    assert _bench_notes(capsys, "--compare", *gone)[:2] == [f"--name x {why}", f"--eval-every 2 {why}"]
 
 
 def test_only_the_name_typed_for_doctor_is_named_and_none_for_tune(capsys):

@@ -407,6 +407,25 @@ def test_a_bad_lr_or_seed_is_refused_in_one_line_before_any_runner_starts(tmp_pa
     assert started == []
 
 
+def test_a_seed_keras_cannot_take_is_refused_before_any_runner_only_where_keras_runs(tmp_path, monkeypatch, capsys):
+    """--seed 2**32 passed RunSpec's check (< 2**63), then each Keras runner failed on its own in
+    keras.utils.set_random_seed (numpy's "Seed must be between 0 and 2**32 - 1"), exit 1; the other runners take it."""
+    from cnnpar.cli import main
+
+    monkeypatch.setattr(compare, "missing_package", lambda fw: None)  # as where Keras is installed
+    started = no_runner(monkeypatch)
+    out = ["--out", str(tmp_path)]
+    assert main(["compare", "--frameworks", "torch,keras-jax", "--seed", str(2**32), *out]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: --seed = {2**32}: keras-jax seed numpy's generator, which takes 0 <= value < 2**32: "
+        "expected a smaller --seed, or --frameworks without Keras\n"
+    )
+    assert started == []
+    main(["compare", "--frameworks", "torch,keras-jax", "--seed", str(2**32 - 1), *out])
+    main(["compare", "--frameworks", "torch", "--seed", str(2**62), *out])
+    assert started == ["torch", "keras-jax", "torch"]
+
+
 # ---- what a failed runner's note says (F8, F12) ----------------------------------------------------------------
 def test_a_runner_killed_by_a_signal_says_so_not_its_last_progress_line(tmp_path):
     log = tmp_path / "torch.log"

@@ -764,6 +764,10 @@ def test_a_second_prepare_to_the_same_out_says_it_replaces_the_store(tmp_path, c
     assert f"wrote {out}: 6 images" in first and "replaces" not in first
     assert f"wrote {out} (it replaces the store that was there): 6 images" in second
     assert StoreFile(out).header["max_side"] == 16
+    # a link to no file: nothing was replaced
+    (tmp_path / "link.cnnpar").symlink_to(tmp_path / "gone.cnnpar")
+    assert cli_main([*args[:3], str(tmp_path / "link.cnnpar"), *args[4:]]) == 0
+    assert f"wrote {tmp_path / 'link.cnnpar'}: 6 images" in capsys.readouterr().out
 
 
 def test_prepare_labels_a_flat_folder_from_its_csv_and_caps_workers_to_its_images(tmp_path, capsys):
