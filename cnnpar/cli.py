@@ -599,9 +599,8 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     timing = Timing(args.warmup_steps, args.timed_steps, repeats, args.timed_s)
     compare = tuple(args.compare or ("", ""))
     opts = BenchOptions(mode, args.out, timing, args.only, args.target, compare, args.ddp, args.budget_s, started)
-    args.bench_mode = (
-        mode  # the settings it reads (flag_effects.UNREAD): time to accuracy evaluates, compare trains none
-    )
+    # the settings it reads (flag_effects.UNREAD): time to accuracy evaluates, compare trains none
+    args.bench_mode = mode
     cfg = config_from_args(args)
     check_model(cfg)  # before the data loads and before --ddp's rows start processes
     return run_bench(cfg, opts)
