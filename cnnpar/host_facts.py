@@ -50,6 +50,15 @@ def too_many_open_files(e: BaseException) -> bool:
     )
 
 
+def higher_limit() -> str:
+    """The open-files limit to ask for, as every line that says the limit ran out ends: train's, prepare's, a
+    decoder's."""
+    return (
+        f"a higher limit (ulimit -n {OPEN_FILES_WANTED} in the shell that starts cnnpar, or docker run --ulimit "
+        f"nofile={OPEN_FILES_WANTED})"
+    )
+
+
 def open_files_line() -> str:
     """The one line for a command that ran out of open files."""
     try:
@@ -63,7 +72,6 @@ def open_files_line() -> str:
     except ImportError:
         limit = "the open-files limit is reached"
     return (
-        f"too many open files: {limit}, and DataLoader workers hand each batch over as open files: expected a higher "
-        f"limit (ulimit -n {OPEN_FILES_WANTED} in the shell that starts cnnpar, or docker run --ulimit "
-        f"nofile={OPEN_FILES_WANTED}), or fewer --workers or a smaller --prefetch-factor"
+        f"too many open files: {limit}, and DataLoader workers hand each batch over as open files: expected "
+        f"{higher_limit()}, or fewer --workers or a smaller --prefetch-factor"
     )

@@ -25,7 +25,7 @@ from cnnpar.data.jpeg_header import read_jpeg_header
 from cnnpar.data.png_header import PNG_SIGNATURE, PngHeader, data_shortfall, read_png_header
 from cnnpar.data.tv_codecs import tv_codecs
 from cnnpar.errors import DataError, TooManyOpenFiles, UserError, first_line
-from cnnpar.host_facts import OPEN_FILES_WANTED, too_many_open_files
+from cnnpar.host_facts import higher_limit, too_many_open_files
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png"}
 # the most pixels an image may have, from its header, before it is decoded: Pillow's decompression-bomb error
@@ -572,8 +572,8 @@ def decode_error(path: Path | str, e: BaseException) -> UserError:
     """The error for a file that does not decode, on the CPU or on the device."""
     if too_many_open_files(e):  # the decoder could not open its own files (Pillow imports a plugin): not this file's
         return TooManyOpenFiles(
-            f"{path}: not decoded: the open-files limit ran out ({first_line(e)}): expected a higher limit (ulimit -n "
-            f"{OPEN_FILES_WANTED} in the shell that starts cnnpar), or fewer --workers"
+            f"{path}: not decoded: the open-files limit ran out ({first_line(e)}): expected {higher_limit()}, or "
+            "fewer --workers"
         )
     # torchvision prefixes its messages with "function, /build/path/file.cpp:LINE, ": drop that.
     reason = re.sub(r"^[^,]*, \S+:\d+, ", "", first_line(e))

@@ -56,7 +56,7 @@ from cnnpar.data.store import (
     pack_index,
 )
 from cnnpar.errors import DataError, UserError, raise_pending_stop
-from cnnpar.host_facts import OPEN_FILES_WANTED, usable_cores
+from cnnpar.host_facts import higher_limit, usable_cores
 from cnnpar.process_tree import end_with_parent
 from cnnpar.report.files import fsync_path, unheld
 from cnnpar.report.heartbeat import Heartbeat, bar_left_out
@@ -412,12 +412,12 @@ def prepare_store(
                 "allow them, or fewer --workers (--workers 1 decodes in this process)"
             ) from None
         where = f" at {e.filename}" if e.filename else ""
-        # mostly a worker's, re-raised here (its import of a decoder under ulimit -n 16): no fault of the disk
+        # a worker's, re-raised here, met outside its decode (decode_error says that one), as its imports under
+        # ulimit -n 16: no fault of the disk
         if e.errno == errno.EMFILE:
             raise UserError(
-                f"{out}: not written: the open-files limit ran out ({e.strerror}{where}): expected a "
-                f"higher limit (ulimit -n {OPEN_FILES_WANTED} in the shell that starts cnnpar), or fewer --workers "
-                "(--workers 1 decodes in this process)"
+                f"{out}: not written: the open-files limit ran out ({e.strerror}{where}): expected {higher_limit()}, "
+                "or fewer --workers (--workers 1 decodes in this process)"
             ) from None
         # a full disk, a quota, a read-only or vanished folder: the OS's reason, in one line
         raise UserError(
