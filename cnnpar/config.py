@@ -596,8 +596,9 @@ def _pathconf(place: str | Path, key: str, fallback: int) -> int:
 def read_as_ascii_note() -> str:
     """Why a UTF-8 name reads as one that is not, where Python reads file names in another encoding than UTF-8."""
     return (
-        f"Python reads file names as {sys.getfilesystemencoding()} here, the locale's (LC_ALL=C with PYTHONUTF8=0): "
-        "run with PYTHONUTF8=1 (or a UTF-8 locale, LC_ALL=C.UTF-8)"
+        f"Python reads file names as {sys.getfilesystemencoding()} here, the encoding of a locale that is not UTF-8 "
+        "(such as LC_ALL=C with PYTHONUTF8=0, or a Latin-1 one): run with PYTHONUTF8=1 (or a UTF-8 locale, "
+        "LC_ALL=C.UTF-8)"
     )
 
 

@@ -153,8 +153,8 @@ def test_bench_refuses_a_utf8_data_path_read_under_an_ascii_locale_once_before_m
 
 
 ASCII_NOTE = (
-    "Python reads file names as ascii here, the locale's (LC_ALL=C with PYTHONUTF8=0): run with PYTHONUTF8=1 "
-    "(or a UTF-8 locale, LC_ALL=C.UTF-8)"
+    "Python reads file names as ascii here, the encoding of a locale that is not UTF-8 (such as LC_ALL=C with "
+    "PYTHONUTF8=0, or a Latin-1 one): run with PYTHONUTF8=1 (or a UTF-8 locale, LC_ALL=C.UTF-8)"
 )
 
 
