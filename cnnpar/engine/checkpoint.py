@@ -16,7 +16,7 @@ import torch
 
 from cnnpar.config import MAX_CLASSES, MAX_IMAGE_SIZE
 from cnnpar.errors import UserError, brief_repr, first_line
-from cnnpar.report.files import atomic_write, write_failure
+from cnnpar.report.files import atomic_write, utf8_text, write_failure
 
 LAST = "last.pt"
 # the weights of the epoch with the best validation accuracy so far, for predict: ckpt/last.pt alone left a run
@@ -205,21 +205,13 @@ def _looks_like(head: bytes) -> str:
     return f"binary data, its first bytes {head[:8].hex(' ')}"
 
 
-def _mappable_name(path: str | Path) -> bool:
-    """Whether torch can map `path`: its mmap (UntypedStorage.from_file) encodes the name as strict UTF-8, and a UTF-8
-    folder read under LC_ALL=C with PYTHONUTF8=0 (its é as lone surrogates) failed, read as a damaged checkpoint."""
-    try:
-        str(path).encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def stored_epoch(ckpt: str | Path) -> int | None:
     """The epoch a checkpoint file holds (0 where it names none); None where it cannot be read (cut short,
     damaged, not a checkpoint)."""
     try:  # mmap: the epoch without reading the tensors
-        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=_mappable_name(ckpt))
+        # not mapped where the name is not strict UTF-8, as torch's mmap (UntypedStorage.from_file) encodes it: a
+        # UTF-8 folder read under LC_ALL=C with PYTHONUTF8=0 (its é as lone surrogates) read as a damaged checkpoint
+        state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=utf8_text(str(ckpt)))
     except Exception:  # torch raises several types for truncated or foreign files
         return None
     epoch = state.get("epoch") if isinstance(state, dict) else None

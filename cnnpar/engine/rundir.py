@@ -43,6 +43,7 @@ from cnnpar.report.files import (
     stamped_folder_removed_on_failure,
     stamped_name,
     unwritable,
+    utf8_text,
 )
 
 try:
@@ -149,7 +150,7 @@ def refuse_unwritable_settings(cfg: Config) -> None:
     if resume and resume != "auto" and resumed_checkpoint(Path(resume)) is not None:
         # --out-dir and --name were read from the folder --resume names (cliargs._read_stored), typed or not
         run_dir = Path(cfg.run.out_dir) / cfg.run.name
-        if not _utf8(str(run_dir)):
+        if not utf8_text(str(run_dir)):
             if utf8_on_disk(str(run_dir)):
                 raise UserError(
                     f"--resume {readable_name(resume)}: its run folder {readable_name(str(run_dir))} cannot be "
@@ -161,7 +162,7 @@ def refuse_unwritable_settings(cfg: Config) -> None:
             )
     for section in SECTIONS:
         for key, value in vars(getattr(cfg, section)).items():
-            if isinstance(value, str) and not _utf8(value):
+            if isinstance(value, str) and not utf8_text(value):
                 named = f"{setting_name(section, key)} = '{readable_name(value)}'"
                 if utf8_on_disk(value):  # UTF-8 on disk, read as lone surrogates: "not UTF-8" sent users renaming it
                     raise UserError(f"{named}: cannot be written into the run's config.toml: {read_as_ascii_note()}")
@@ -169,14 +170,6 @@ def refuse_unwritable_settings(cfg: Config) -> None:
                     f"{named}: not UTF-8, which the run's config.toml cannot hold: expected a UTF-8 path (rename it, "
                     "or link to it by a UTF-8 name)"
                 )
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 RUN_FILES_ROOM = (

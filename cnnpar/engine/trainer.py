@@ -1123,9 +1123,11 @@ class Trainer(DivergenceCheck):
         path = self.run_dir / "summary.json"
         try:
             written = json.loads(path.read_text(**TEXT))
-            summary_epochs, finished = written.get("epochs"), written.get("finished", True)
-        except (OSError, ValueError, AttributeError):  # AttributeError: JSON other than an object (edited by hand)
-            summary_epochs, finished = None, True  # missing or half-written: written again
+        except (OSError, ValueError):
+            written = None  # missing or half-written: written again
+        if not isinstance(written, dict):  # and JSON other than an object (a list, edited by hand)
+            written = {"epochs": None}
+        summary_epochs, finished = written.get("epochs"), written.get("finished", True)
         stale = []
         if summary_epochs != len(self.history) or not finished:  # stopped after its last epoch's checkpoint
             self._write_summary(summary)
@@ -1141,13 +1143,13 @@ class Trainer(DivergenceCheck):
 
     def _metrics_stale(self) -> bool:
         """metrics.csv missing, holding other epochs than the checkpoint (self.history), or unreadable as the
-        table it writes (no epoch column, not UTF-8 text: damaged or edited by hand, which ended the resume in a
-        KeyError traceback): the checkpoint holds every row, so each is written again from it."""
+        table it writes (no epoch column: edited by hand, or bytes that are not text where its header was, which ended
+        the resume in a KeyError traceback): the checkpoint holds every row, so each is written again from it."""
         metrics = self.run_dir / "metrics.csv"
         held = [str(r["epoch"]) for r in self.history]
         try:
             return [r["epoch"] for r in read_csv(metrics)] != held
-        except (OSError, ValueError, KeyError, csv.Error):  # ValueError: a UnicodeDecodeError
+        except (OSError, ValueError, KeyError, csv.Error):  # read_csv keeps undecodable bytes (surrogateescape)
             return True
 
     def _end_epoch(self, epoch: int, row: dict) -> None:

@@ -300,6 +300,16 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> None:
 TEXT = {"encoding": "utf-8", "errors": "surrogateescape"}
 
 
+def utf8_text(text: str) -> bool:
+    """Whether `text` encodes as strict UTF-8: not where it holds lone surrogates (a name that is not UTF-8 on disk, or
+    any non-ASCII name read under a locale that is not UTF-8), which a TOML file or torch's mmap cannot take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
     atomic_write(path, lambda p: p.write_text(text, **TEXT))
 
