@@ -437,11 +437,11 @@ def _check_typed(cfg: Config, typed: set[str], origin: str, command: str) -> Non
     """Once per command, on the config it runs: a typed flag that another setting turns into its opposite is
     refused, and one that does nothing here, or that `command` does not read, is named in a note (flag_effects.py),
     not silently ignored."""
-    from cnnpar.flag_effects import refuse_overridden, unread_by_command, unused_flags
+    from cnnpar.flag_effects import refuse_overridden, typed_notes
 
     refuse_overridden(cfg, typed, origin)
     if _prints_notes():
-        for line in [*unused_flags(cfg, typed), *unread_by_command(command, cfg, typed)]:
+        for line in typed_notes(command, cfg, typed):
             print(f"cnnpar: note: {line}", file=sys.stderr)
 
 

@@ -331,6 +331,12 @@ RULES = (
 )
 
 
+def _flags() -> dict[str, str]:
+    """Each setting's flag, as config's fields name them: `optim.muon_lr` -> `--muon-lr`."""
+    base = Config()
+    return {f"{sec}.{f.name}": cli_option(f) for sec in SECTIONS for f in fields(getattr(base, sec))}
+
+
 # whether a typed value of a run setting that a measuring command does not read asks for anything
 RUN_ASKS: dict[str, Callable[[object], bool]] = {
     "run.name": lambda value: True,
@@ -343,13 +349,15 @@ RUN_ASKS: dict[str, Callable[[object], bool]] = {
 }
 _NO_RUN = ("run.name", "run.tensorboard", "run.monitor", "run.progress")  # engine/harness.build_trainer: never fit()
 
-# the run settings each command does not read, and why. `cnnpar profile` (doctor/profile.py) and `cnnpar bench`
+# the settings each command does not read, and why. `cnnpar profile` (doctor/profile.py) and `cnnpar bench`
 # train through engine/harness.build_trainer's Trainer (no progress bar, run name or folder: fit(), which writes
 # telemetry and TensorBoard, is never called) and write their own files; bench --time-to-accuracy evaluates after
 # every epoch (bench/tta.py), with the test-time augmentation asked for. `cnnpar doctor` measures the same way, but
 # the `cnnpar train` lines it advises carry every setting (config.command_line) but --name (doctor/run.advice_command:
 # a folder that holds a run is refused), and --monitor samples its telemetry. `cnnpar tune` writes every setting
-# into tuned.toml, for the train it is meant for: none is unread there.
+# into tuned.toml, for the train it is meant for: none is unread there. `cnnpar bench --compare` reads two CSVs
+# already written and trains nothing: of the config it reads only --out-dir, where its compare.md goes without --out
+# (bench/run._compare), so every other setting typed there (--lr 0.1, --model) is named.
 UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
     "profile": (
         tuple(RUN_ASKS),
@@ -362,7 +370,7 @@ UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
         "--out): it applies to cnnpar train",
     ),
     "bench --compare": (
-        tuple(RUN_ASKS),
+        tuple(key for key in _flags() if key != "run.out_dir"),
         "cnnpar bench --compare sets two bench tables already written side by side, training nothing: it applies to "
         "cnnpar train",
     ),
@@ -381,22 +389,32 @@ UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
 
 def unread_by_command(command: str, cfg: Config, typed: set[str]) -> list[str]:
     """One line per flag in `typed` that `command` ("bench --time-to-accuracy", "bench --compare" for those modes)
-    does not read at all,
-    whatever the config: the settings of a run's evaluation, progress bar and folder (UNREAD)."""
-    if command not in UNREAD:
-        return []
-    keys, why = UNREAD[command]
-    lines = []
-    for key, asks in RUN_ASKS.items():
-        if key in keys and key in typed and asks(_value(cfg, key)):
-            lines.append(f"{typed_form(key, _value(cfg, key))} not used: {why}")
+    does not read at all, whatever the config (UNREAD): the settings of a run's evaluation, progress bar and
+    folder, and for bench --compare all but --out-dir. A run setting's typed value that asks for nothing
+    (`--no-progress`: RUN_ASKS) gets no line."""
+    return list(_unread(command, cfg, typed).values())
+
+
+def _unread(command: str, cfg: Config, typed: set[str]) -> dict[str, str]:
+    """`unread_by_command`'s lines by the setting each names."""
+    keys, why = UNREAD.get(command, ((), ""))
+    lines = {}
+    for key in [*(k for k in RUN_ASKS if k in keys), *(k for k in keys if k not in RUN_ASKS)]:  # run's first
+        if key in typed and RUN_ASKS.get(key, _anything)(_value(cfg, key)):
+            lines[key] = f"{typed_form(key, _value(cfg, key))} not used: {why}"
     return lines
 
 
-def _flags() -> dict[str, str]:
-    """Each setting's flag, as config's fields name them: `optim.muon_lr` -> `--muon-lr`."""
-    base = Config()
-    return {f"{sec}.{f.name}": cli_option(f) for sec in SECTIONS for f in fields(getattr(base, sec))}
+def typed_notes(command: str, cfg: Config, typed: set[str]) -> list[str]:
+    """The note lines for the flags `typed` for `command` (cliargs._command's name): one per flag that does
+    nothing in `cfg` (`unused_flags`) or that `command` does not read (`unread_by_command`). A flag named for the
+    second is not named for the first too: `--decode gpu` on digits under bench --compare is not read at all."""
+    unread = _unread(command, cfg, typed)
+    return [*unused_flags(cfg, typed - set(unread)), *unread.values()]
+
+
+def _anything(value: object) -> bool:
+    return True
 
 
 def typed_form(key: str, value: object) -> str:

@@ -481,6 +481,30 @@ def test_run_settings_typed_for_bench_compare_are_named_as_unused_by_a_compariso
     assert _bench_notes(capsys, "--compare", *gone)[:2] == [f"--name x {why}", f"--eval-every 2 {why}"]
 
 
+def test_config_flags_typed_for_bench_compare_are_named_but_its_out_dir(capsys, tmp_path):
+    """`cnnpar bench --compare A B --lr 0.1 --model resnet18` printed the two tables as if neither was typed: of the
+    config only --out-dir is read (where compare.md goes without --out). A flag it does not read is named once,
+    for that, not also for the data (--decode gpu on digits)."""
+    from cnnpar.cli import main
+
+    why = (
+        "not used: cnnpar bench --compare sets two bench tables already written side by side, training nothing: it "
+        "applies to cnnpar train"
+    )
+    gone = [str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]
+    typed = ["--lr", "0.1", "--model", "resnet18", "--decode", "gpu", "--out-dir", str(tmp_path), "--no-progress"]
+    assert main(["bench", "--compare", *gone, "--device", "cpu", *typed]) == 2
+    err = capsys.readouterr().err.splitlines()
+    notes = [line[len(NOTE) :] for line in err if line.startswith(NOTE)]
+    assert notes == [
+        f"--decode gpu {why}",
+        f"--model resnet18 {why}",
+        f"--lr 0.1 {why}",
+        f"--device cpu {why}",
+    ]
+    assert err[-1] == f"cnnpar: error: {gone[0]}: file not found (expected a ladder.csv written by `cnnpar bench`)"
+
+
 def test_only_the_name_typed_for_doctor_is_named_and_none_for_tune(capsys):
     """`cnnpar doctor` advises `cnnpar train` lines that carry every setting but --name (doctor/run.advice_command),
     and samples telemetry with --monitor; `cnnpar tune` writes every setting into tuned.toml."""
