@@ -651,14 +651,14 @@ def add_bench_parser(sub) -> None:
         default=0,
         help=f"repeats (medians are reported); 0: {Timing.repeats}, or for --time-to-accuracy (seeds) 1",
     )
-    g.add_argument("--only", default="", help="comma-separated rung (or, with --claims, claim) names to measure")
+    g.add_argument("--only", default=None, help="comma-separated rung (or, with --claims, claim) names to measure")
     g.add_argument("--claims", action="store_true", help="measure the founding document's claims (= --preset claims)")
     g.add_argument(
         "--time-to-accuracy", action="store_true", help="train until --target validation accuracy; report the time"
     )
     g.add_argument("--tta", action="store_true", help=argparse.SUPPRESS)  # renamed: says so and stops
     g.add_argument(
-        "--target", type=float, default=0.0, help="--time-to-accuracy: validation accuracy to reach, e.g. 0.99"
+        "--target", type=float, default=None, help="--time-to-accuracy: validation accuracy to reach, e.g. 0.99"
     )
     g.add_argument(
         "--budget-s",

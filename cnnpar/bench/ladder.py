@@ -136,10 +136,16 @@ class PlannedRung:
     skip_reason: str  # "" when the rung is to be measured
 
 
-def parse_only(only: str, known: tuple[str, ...], what: str) -> set[str] | None:
-    names = [n.strip() for n in only.split(",") if n.strip()]
-    if not names:
+def parse_only(only: str | None, known: tuple[str, ...], what: str) -> set[str] | None:
+    """The names --only picks, each one of `known`; None (every one) where --only was not given."""
+    if only is None:
         return None
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    if not names:  # `--only ""` (an unset shell variable) measured every one, as if --only was left out
+        raise UserError(
+            f"bench --only {only!r}: names no {what}: expected one or more of {', '.join(known)}, comma-separated "
+            f"(leave --only out for every {what})"
+        )
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UserError(

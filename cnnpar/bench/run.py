@@ -31,8 +31,8 @@ class BenchOptions:
     mode: str  # "ladder", "claims", "time_to_accuracy" or "compare"
     out: str = ""  # results folder ("" -> a new <run.out_dir>/bench/<model>-<device>-YYYYMMDD-HHMMSS/)
     timing: Timing = Timing()
-    only: str = ""  # comma-separated rung or claim names
-    target: float = 0.0  # time to accuracy: validation accuracy to reach
+    only: str | None = None  # comma-separated rung or claim names (None: all; "" typed is refused)
+    target: float | None = None  # time to accuracy: validation accuracy to reach (None: not given)
     compare: tuple[str, str] = ("", "")
     ddp: str = ""  # ladder: also measure DDP at these world sizes ("1,2"), one torchrun launch each
     budget_s: float = 0.0  # claims and ladder: nothing new starts after this (0: claims' default, ladder: none)
@@ -52,7 +52,12 @@ class BenchOptions:
             "--budget-s": ("claims", "ladder"),
             "--only": ("claims", "ladder"),
         }
-        given = {"--target": self.target, "--budget-s": self.budget_s, "--only": self.only}
+        # typed: a --target 0 or --only "" too, which ask for something the mode would not do either
+        given = {
+            "--target": self.target is not None,
+            "--budget-s": bool(self.budget_s),
+            "--only": self.only is not None,
+        }
         for flag, modes in read_by.items():
             if given[flag] and self.mode not in modes:
                 where = " or ".join(named[m] for m in modes)

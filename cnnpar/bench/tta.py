@@ -22,8 +22,8 @@ from cnnpar.presets import with_overrides
 from cnnpar.report.meters import free_device_memory
 
 
-def check_target(target: float) -> None:
-    if target == 0.0:  # --target's default, which stands for none given: the line named a 0.0 nobody typed
+def check_target(target: float | None) -> None:
+    if target is None:  # not given (a typed 0 is told what is expected, as any value outside (0, 1] is)
         raise UserError(
             "bench --time-to-accuracy needs --target: expected a validation accuracy in (0, 1], such as 0.99"
         )

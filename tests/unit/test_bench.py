@@ -128,6 +128,46 @@ def test_bad_target_is_one_line_user_error(capsys):
     assert "unknown rung(s) warp_drive" in capsys.readouterr().err
 
 
+def _measuring_fails(monkeypatch) -> None:
+    """A bench that goes on to measure (the ladder, time to accuracy or the claims) stops at once, in a test
+    of a flag that should have stopped it before."""
+    import cnnpar.bench.run as bench_run
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured: the flag was not refused")
+
+    monkeypatch.setattr(bench_run, "_measurement_setup", measured)
+    monkeypatch.setattr(bench_run, "_claims", measured)
+
+
+def test_a_typed_target_of_0_is_told_what_is_expected_and_is_no_ladder_flag(capsys, monkeypatch):
+    """`--target 0` was read as no --target at all: told it "needs --target", and on a ladder dropped unsaid."""
+    _measuring_fails(monkeypatch)
+    assert main(["bench", "--time-to-accuracy", "--target", "0", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == (
+        "cnnpar: error: bench --target 0.0: expected a validation accuracy in (0, 1], such as 0.99\n"
+    )
+    assert main(["bench", "--target", "0", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == (
+        "cnnpar: error: bench --target: read only with --time-to-accuracy: expected no --target with a ladder\n"
+    )
+
+
+@pytest.mark.parametrize(("mode", "what"), [([], "rung"), (["--claims"], "claim")])
+def test_an_empty_only_is_refused_naming_the_names_expected(capsys, monkeypatch, mode, what):
+    """`--only ""` (an unset shell variable) measured every rung, as if --only was not typed."""
+    from cnnpar.bench.claims import CLAIM_IDS
+
+    _measuring_fails(monkeypatch)
+    known = ", ".join(RUNG_NAMES if what == "rung" else CLAIM_IDS)
+    for only in ("", " , "):
+        assert main(["bench", *mode, "--only", only, "--device", "cpu"]) == 2
+        assert capsys.readouterr().err == (
+            f"cnnpar: error: bench --only {only!r}: names no {what}: expected one or more of {known}, "
+            f"comma-separated (leave --only out for every {what})\n"
+        )
+
+
 def test_each_time_to_accuracy_seed_validates_on_the_split_its_seed_draws(digits8, monkeypatch):
     """Seeds after the first trained and validated on the first seed's hold-out: the row "seed 1" did not read
     what `cnnpar train --seed 1` reads."""

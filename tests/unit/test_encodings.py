@@ -146,7 +146,7 @@ def test_bench_refuses_a_utf8_data_path_read_under_an_ascii_locale_once_before_m
 
     (tmp_path / READ_AS_ASCII).mkdir()
     cfg = Config(data=DataConfig(source=str(tmp_path / READ_AS_ASCII)), run=RunConfig(out_dir=str(tmp_path / "runs")))
-    opts = BenchOptions(mode, out=str(tmp_path / "out"), target=0.5 if mode == "time_to_accuracy" else 0.0)
+    opts = BenchOptions(mode, out=str(tmp_path / "out"), target=0.5 if mode == "time_to_accuracy" else None)
     with pytest.raises(UserError, match=r"^data.source \(--data\) = '.*données': cannot be written .*PYTHONUTF8=1"):
         run_bench(cfg, opts)
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
