@@ -12,6 +12,7 @@ from cnnpar.report.files import TEXT
 from .output import _num, has_range, inside_noise
 
 REQUIRED = ("name", "status", "images_per_s", "step_ms")
+LADDER_CSV = "a ladder.csv written by `cnnpar bench`"  # what --compare expects, as its errors say
 SETUP_KEYS = (
     "device",
     "driver",
@@ -39,7 +40,7 @@ SETUP_KEYS = (
 def read_ladder_csv(path: str | Path) -> list[dict[str, str]]:
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"{path}: file not found (expected a ladder.csv written by `cnnpar bench`)")
+        raise UserError(f"{path}: file not found (expected {LADDER_CSV})")
     try:
         with path.open(newline="", **TEXT) as f:
             reader = csv.DictReader(f)
@@ -49,12 +50,13 @@ def read_ladder_csv(path: str | Path) -> list[dict[str, str]]:
                 lines.append(reader.line_num)
             header = reader.fieldnames or []
     except (UnicodeDecodeError, csv.Error) as e:
-        raise UserError(f"{path}: not a readable CSV ({e})") from None
+        # a field past csv's size limit (an image or archive given as A.csv): the error alone named no remedy
+        raise UserError(
+            f"{path}: not a readable CSV ({e}): expected {LADDER_CSV}, with the columns {', '.join(REQUIRED)}"
+        ) from None
     missing = [c for c in REQUIRED if c not in header]
     if missing:
-        raise UserError(
-            f"{path}: missing column(s) {', '.join(missing)}: expected a ladder.csv written by `cnnpar bench`"
-        )
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)}: expected {LADDER_CSV}")
     if not rows:
         raise UserError(f"{path}: holds no rows: expected one row per ladder rung")
     for k, (line, row) in enumerate(zip(lines, rows), 1):

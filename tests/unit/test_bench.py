@@ -673,6 +673,20 @@ def test_compare_names_the_file_row_and_column_of_a_rate_that_is_not_a_number(tm
     )
 
 
+def test_compare_says_what_it_expected_of_a_file_that_is_no_readable_csv(tmp_path):
+    """A field past csv's size limit (a binary file given as A.csv) stopped on "not a readable CSV" alone."""
+    from cnnpar.errors import UserError
+
+    a = tmp_path / "a.csv"
+    a.write_bytes(b"name,status,images_per_s,step_ms\n" + b"x" * 200_000 + b"\n")
+    with pytest.raises(UserError) as e:
+        compare_markdown(a, a)
+    assert str(e.value) == (
+        f"{a}: not a readable CSV (field larger than field limit (131072)): expected a ladder.csv written by "
+        "`cnnpar bench`, with the columns name, status, images_per_s, step_ms"
+    )
+
+
 def test_a_ladder_of_one_repeat_says_its_noise_is_unknown_not_zero(tmp_path):
     """--repeats 1 showed "396-396 (±0.0%)" and plain ratios, as if measured without noise."""
     from cnnpar.bench.output import ladder_markdown
