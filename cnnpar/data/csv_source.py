@@ -213,6 +213,11 @@ def _data_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
                 yield reader.line_num, row
 
 
+def row_length(found: int, expected: int) -> str:
+    """What a data row of the wrong length is told, the pixel CSV's and the labels CSV's alike."""
+    return f"{found} value{'s' * (found != 1)}: expected {expected}, one per column of the header"
+
+
 def _where(line: int, row: int) -> str:
     """Data row `row` (0-based) at `line` as the user's editor shows it: the header is line 1."""
     return f"line {line} (data row {row + 1})"
@@ -277,7 +282,7 @@ def _first_bad_row(
     for k, (line_no, row) in enumerate(_data_rows(path)):
         where = f"{path}, {_where(line_no, k)}"
         if len(row) != n:
-            return DataError(f"{where}: {len(row)} values: expected {n}, one per column of the header")
+            return DataError(f"{where}: {row_length(len(row), n)}")
         for j, value in enumerate(row):
             if j == id_idx:  # any text names a row
                 continue
