@@ -401,7 +401,7 @@ def read_pixel_csv(
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise _diagnose(path, columns, label_idx, id_idx, require_label, e) from None
     if table.num_rows == 0:
-        raise DataError(f"{path}: has a header but no data rows")
+        raise DataError(f"{path}: has a header but no data rows: expected one row of values per image below it")
     for c in pixel_cols + ([label] if label_idx is not None else []):
         if table.column(c).null_count:
             row = int(np.flatnonzero(table.column(c).is_null().to_numpy(zero_copy_only=False))[0])
