@@ -419,12 +419,13 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
         start = trials[0]
         budget = retry_budget_s(start, args.budget_s)
         more = shlex.join(["cnnpar", "tune", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{budget or 0:g}"])
+        first = "the first trial ('start', the defaults)"  # the trials' CSV names it 'start'
         if start.status == "cut off":
-            why = f"the start needs more than {args.budget_s:.0f} s here; give it more: {more}"
+            why = f"{first} needs more than {args.budget_s:.0f} s here; give it more: {more}"
         elif budget:
-            why = f"the start was not started: {start.note}, too little for a trial; raise --budget-s: {more}"
+            why = f"{first} could not run: {start.note}, too little for a trial; raise --budget-s: {more}"
         else:
-            why = f"the start {start.status}: {start.note}"
+            why = f"{first} {start.status}: {start.note}"
         print(f"tune: no {out} written ({why}); trials in {out.with_suffix('.csv')}", file=sys.stderr)
         return 1
     again = shlex.join(["cnnpar", "train", "--config", str(out)])  # quoted: pasted as it stands

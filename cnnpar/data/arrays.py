@@ -71,7 +71,7 @@ def to_nchw_uint8(x: np.ndarray, where: str, notes: list[str] | None = None) -> 
     else:
         raise DataError(f"{where}: shape {x.shape}: expected (N,H,W), (N,H,W,C) or (N,C,H,W)")
     if len(x) == 0:
-        raise DataError(f"{where}: holds no images")
+        raise DataError(f"{where}: holds no images (its first axis, N, is 0): expected at least one image")
     if x.dtype != np.uint8:
         if not np.issubdtype(x.dtype, np.number):
             raise DataError(f"{where}: dtype {x.dtype}: expected uint8 or a numeric type")

@@ -213,6 +213,11 @@ def _data_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
                 yield reader.line_num, row
 
 
+def row_length(found: int, expected: int) -> str:
+    """What a data row of the wrong length is told, the pixel CSV's and the labels CSV's alike."""
+    return f"{found} value{'s' * (found != 1)}: expected {expected}, one per column of the header"
+
+
 def _where(line: int, row: int) -> str:
     """Data row `row` (0-based) at `line` as the user's editor shows it: the header is line 1."""
     return f"line {line} (data row {row + 1})"
@@ -277,7 +282,7 @@ def _first_bad_row(
     for k, (line_no, row) in enumerate(_data_rows(path)):
         where = f"{path}, {_where(line_no, k)}"
         if len(row) != n:
-            return DataError(f"{where}: {len(row)} values: expected {n}, one per column of the header")
+            return DataError(f"{where}: {row_length(len(row), n)}")
         for j, value in enumerate(row):
             if j == id_idx:  # any text names a row
                 continue
@@ -396,7 +401,7 @@ def read_pixel_csv(
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise _diagnose(path, columns, label_idx, id_idx, require_label, e) from None
     if table.num_rows == 0:
-        raise DataError(f"{path}: has a header but no data rows")
+        raise DataError(f"{path}: has a header but no data rows: expected one row of values per image below it")
     for c in pixel_cols + ([label] if label_idx is not None else []):
         if table.column(c).null_count:
             row = int(np.flatnonzero(table.column(c).is_null().to_numpy(zero_copy_only=False))[0])

@@ -19,6 +19,7 @@ import csv
 import os
 from pathlib import Path
 
+from cnnpar.data.csv_source import row_length
 from cnnpar.data.folder import image_files
 from cnnpar.errors import DataError
 
@@ -164,6 +165,8 @@ def _read_rows(labels_csv: Path) -> list[tuple[int, str, str, str, str]]:
             for fields in reader:
                 if not any(f.strip() for f in fields):
                     continue  # a blank line (a trailing one, most often)
+                if len(fields) > len(header):  # a value past the header's columns was dropped unread
+                    raise DataError(f"{labels_csv}: line {reader.line_num}: {row_length(len(fields), len(header))}")
                 name = fields[0].strip()
                 label = fields[label_at].strip() if label_at < len(fields) else ""
                 rows.append((reader.line_num, name, label, id_column, label_column))

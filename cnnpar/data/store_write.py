@@ -99,6 +99,16 @@ class Sides:
             if side < 0:
                 raise DataError(f"{flag} {side}: expected a side in pixels >= 1 (or 0 for no bound), such as 256")
 
+    def check_for_writing(self) -> None:
+        """Refuse a shorter side bounded above the longer: the longer bound caps both, so the shorter one is never
+        met, and the store is smaller than the --short-side asked. Checked where a store is written, not where one
+        is read (a store from before this check keeps opening)."""
+        if self.longer and self.short > self.longer:
+            raise DataError(
+                f"--short-side {self.short} with --max-side {self.longer}: a shorter side above the longer side's "
+                "bound is never reached: expected --short-side at most --max-side (or only one of the two)"
+            )
+
     def target(self, width: int, height: int) -> tuple[int, int]:
         return fit_within(width, height, self.longer, self.short)
 
@@ -324,6 +334,7 @@ def prepare_store(
 
     src, out = Path(src), Path(out)
     sides = Sides(max_side, short_side)
+    sides.check_for_writing()
     check_store_out(out, src)
     labels_csv = labels
     files, labels, splits, classes = scan_images(src, labels_csv, skipped, notes)

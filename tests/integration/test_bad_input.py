@@ -119,7 +119,10 @@ CSV_CASES = {
         lambda ls: ls.__setitem__(slice(None), [ls[0] + ",Label"] + [line + ",0" for line in ls[1:]]),
         ["2 label columns ('label', 'Label'): expected one label column"],
     ),
-    "header_only": (lambda ls: ls.__delitem__(slice(1, None)), ["has a header but no data rows"]),
+    "header_only": (
+        lambda ls: ls.__delitem__(slice(1, None)),
+        ["has a header but no data rows: expected one row of values per image below it"],
+    ),
 }
 
 
@@ -157,6 +160,10 @@ def _npz_cases(tmp_path: Path) -> dict[str, tuple[Path, list[str]]]:
             _npz(tmp_path, "half.npz", x_train=x, y_train=y, x_test=x),
             ["only one of x_test / y_test"],
         ),
+        "no_images": (
+            _npz(tmp_path, "empty.npz", x_train=x[:0], y_train=y[:0]),
+            ["[x_train]: holds no images (its first axis, N, is 0): expected at least one image"],
+        ),
         "not_a_zip": (not_zip, ["not an .npz archive"]),
     }
 
@@ -191,7 +198,7 @@ def test_bad_csv_is_refused(tmp_path, capsys, monkeypatch, case):
 NPZ_CASES = ["wrong_keys", "flat_images", "label_count", "label_out_of_range", "test_shape", "x_test_without_y_test"]
 
 
-@pytest.mark.parametrize("case", [*NPZ_CASES, "not_a_zip"])
+@pytest.mark.parametrize("case", [*NPZ_CASES, "no_images", "not_a_zip"])
 def test_bad_npz_is_refused(tmp_path, capsys, monkeypatch, case):
     data, fragments = _npz_cases(tmp_path)[case]
     rc, err = _train_in_process(tmp_path, capsys, monkeypatch, data)

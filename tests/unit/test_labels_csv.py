@@ -77,6 +77,8 @@ def test_cactus_style_zero_one_labels_with_file_names_train(tmp_path):
         ("id,breed\na,pug\nb,husky\nzz,pug\nyy,pug\n", "labels.csv: line 4: column 'id' 'zz': no image of that name"),
         ("id,breed\na,pug\nb,husky\na,pug\n", "labels.csv: line 4: column 'id' 'a' names a.jpg, as line 2 does"),
         ("id,breed\na,pug\nb,\n", "labels.csv: line 3: column 'breed' is empty for 'b': expected its label"),
+        # an unquoted comma in a label ("Yorkshire, terrier") was read as its first half, the rest dropped unsaid
+        ("id,breed\na,pug\nb,Yorkshire, terrier\n", "labels.csv: line 3: 3 values: expected 2, one per column of"),
         ("id,breed\na,pug\nb,husky\nc,pug\n", "labels.csv: line 4: column 'id' 'c' matches 2 images"),
         ("id,cat,dog,pug\na,1,0,0\n", "labels.csv: line 1: columns 'id', 'cat', 'dog', 'pug': no column named 'label'"),
     ],

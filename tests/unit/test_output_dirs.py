@@ -151,7 +151,10 @@ def test_each_tune_writes_into_a_new_folder_of_its_own(tmp_path, monkeypatch, ca
     folders = sorted((tmp_path / "runs" / "tune").iterdir())
     assert [f.name for f in folders] == ["cnn3-20261204-120000", "cnn3-20261204-120000-2"]
     assert all((f / "tuned.csv").is_file() for f in folders) and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
-    assert f"tune: no {folders[1].relative_to(tmp_path) / 'tuned.toml'} written (the start was not started" in err
+    assert (
+        f"tune: no {folders[1].relative_to(tmp_path) / 'tuned.toml'} written "
+        "(the first trial ('start', the defaults) could not run" in err
+    )
 
 
 @pytest.mark.usefixtures("one_thread")

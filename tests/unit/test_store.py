@@ -453,6 +453,18 @@ def test_resident_on_is_refused_where_nothing_can_be_held_whole(photos):
         build_loader(bundle, resolve_for_device(textbook, "cpu", True), CPU, train=True)
 
 
+def test_prepare_refuses_a_short_side_above_the_max_side_before_writing(photos, tmp_path, capsys):
+    """--max-side 8 caps both sides at 8: a --short-side 16 beside it was accepted and never met."""
+    folder, _ = photos
+    out = tmp_path / "x.cnnpar"
+    assert cli_main(["prepare", str(folder), "--out", str(out), "--short-side", "16", "--max-side", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--short-side 16 with --max-side 8: " in err
+    assert "expected --short-side at most --max-side" in err
+    assert not list(tmp_path.iterdir())  # nothing written, not even a partial store
+    assert cli_main(["prepare", str(folder), "--out", str(out), "--short-side", "8", "--max-side", "8"]) == 0
+
+
 def test_prepare_then_train_through_the_cli(photos, cli):
     folder, _ = photos
     assert cli_main(["prepare", str(folder), "--out", str(cli.cwd / "x.cnnpar"), "--max-side", "40"]) == 0

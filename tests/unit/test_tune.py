@@ -599,7 +599,9 @@ def test_a_start_the_budget_left_no_time_for_says_to_raise_the_budget(tmp_path, 
     out = tmp_path / "tuned.toml"
     assert main(["tune", "--device", "cpu", "--budget-s", "0", "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"tune: no {out} written (the start was not started: time budget spent (0 s left), ")
+    assert err.startswith(
+        f"tune: no {out} written (the first trial ('start', the defaults) could not run: time budget spent (0 s left), "
+    )
     assert f"raise --budget-s: cnnpar tune --device cpu --out {out} --budget-s 60); trials in " in err
 
 
