@@ -107,7 +107,8 @@ def test_an_output_place_holding_an_earlier_runs_results_is_refused_before_measu
 
 def test_tune_re_tunes_its_config_in_place_where_out_is_that_config(tmp_path, monkeypatch, capsys):
     """`cnnpar tune --config T --out T` (with T's trials beside it) refines a tuned config and rewrites both, as
-    asked: not refused as an earlier tune's results. (A budget of 0: the start is not started, T is kept.)"""
+    asked: not refused as an earlier tune's results. (A budget of 0: the first trial ('start') cannot run, T is
+    kept.)"""
     from cnnpar.config import dumps_toml
 
     monkeypatch.chdir(tmp_path)

@@ -143,7 +143,8 @@ def test_two_benches_started_within_one_second_get_a_folder_each(tmp_path, monke
 
 def test_each_tune_writes_into_a_new_folder_of_its_own(tmp_path, monkeypatch, capsys, one_second):
     """tune's default --out was tuned.toml in the current folder: a second tune there wrote over the first's
-    tuned.toml and tuned.csv without a word. (A budget of 0: the start is not started, and tuned.csv says so.)"""
+    tuned.toml and tuned.csv without a word. (A budget of 0: the first trial ('start') cannot run, and tuned.csv
+    says so.)"""
     monkeypatch.chdir(tmp_path)
     for _ in range(2):
         assert main(["tune", "--device", "cpu", "--budget-s", "0", "--out-dir", "runs"]) == 1
