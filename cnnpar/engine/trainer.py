@@ -67,6 +67,7 @@ from cnnpar.engine.optim import (
     rebuild_after_resume,
     scaled_lr,
     set_bias_trains,
+    warmup_steps,
 )
 from cnnpar.engine.resolved import (
     data_resolved,
@@ -622,10 +623,21 @@ class Trainer(DivergenceCheck):
         elif state["rng"] != RNG_SCHEME:
             self.log(earlier_scheme_note(state["rng"]))
         planned = int(state.get("config", {}).get("run", {}).get("epochs", self.cfg.run.epochs))
-        if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
+        total = self.steps_per_epoch * self.cfg.run.epochs
+        warm = warmup_steps(total, self.cfg.optim.warmup)
+        # the warm-up is a share of the rebuilt run's steps: more epochs can stretch it past the finished ones, and
+        # the lr then drops below the peak they trained at, which a constant schedule otherwise never does (its last
+        # warm-up step is at the peak already)
+        in_warmup = self.scheduler.last_epoch < warm and lrs[0] < self.lr
+        if planned != self.cfg.run.epochs and (self.cfg.optim.schedule != "constant" or in_warmup):
             self.log(
                 f"schedule: {self.cfg.optim.schedule} rebuilt for {self.cfg.run.epochs} epochs (the run planned "
                 f"{planned}): epoch {finished + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
+                + (
+                    f", inside the warm-up (--warmup {self.cfg.optim.warmup:g} of {total} steps: the first {warm})"
+                    if in_warmup
+                    else ""
+                )
             )
 
     def _prepare_run_dir(self) -> None:
