@@ -287,6 +287,7 @@ class Trainer(DivergenceCheck):
         if cfg.optim.grad_accum > self.micro_steps:
             self.cfg = cfg = self._cap_accumulation(cfg)
         accum = cfg.optim.grad_accum
+        self.max_steps_line = self._max_steps_line(cfg)
         if cfg.run.max_steps:
             self.micro_steps = min(self.micro_steps, cfg.run.max_steps * accum)
         self.steps_per_epoch = -(-self.micro_steps // accum)
@@ -495,6 +496,17 @@ class Trainer(DivergenceCheck):
             f"{cfg.run.batch_size} per process, and a step does not carry gradients into the next epoch"
         )
         return replace(cfg, optim=replace(cfg.optim, grad_accum=n))
+
+    def _max_steps_line(self, cfg: Config) -> str:
+        """A --max-steps past an epoch's optimizer steps stops nothing: said, as it counts each epoch's steps, where
+        other trainers' max_steps counts the run's (a --max-steps 300 of 6 epochs of 22 steps trains 132)."""
+        steps = -(-self.micro_steps // cfg.optim.grad_accum)
+        if cfg.run.max_steps <= steps:
+            return ""
+        return (
+            f"--max-steps {cfg.run.max_steps} stops nothing: an epoch has {steps} optimizer step(s), all of them run "
+            f"({cfg.run.epochs} epoch(s): {steps * cfg.run.epochs} steps); it limits each epoch, not the run"
+        )
 
     def graphs_blocked_reason(self) -> str:
         """Why cnnpar's CUDA graphs cannot replay this run's step, whatever the switch says ("" when they
@@ -991,6 +1003,8 @@ class Trainer(DivergenceCheck):
             self.log(self.batch_note)
         if self.accum_line:
             self.log(self.accum_line)
+        if self.max_steps_line:
+            self.log(self.max_steps_line)
         if getattr(self.train_loader.loader, "num_workers", 0) and (line := workers_cap_line(cfg, info)):
             self.log(line)  # only where workers start: resident or in-memory data has none to cap
         if idle := self._idle_average_line():
