@@ -180,6 +180,12 @@ def schedule_factor(step: int, total: int, warmup: float, schedule: str) -> floa
     return max(0.0, 1.0 - progress)  # onecycle: linear up, linear down to zero
 
 
+def warmup_steps(total: int, warmup: float) -> int:
+    """The optimizer steps `schedule_factor` warms up over: its share of `total`, the first step at least where
+    `warmup` is above 0."""
+    return max(int(total * warmup), 1 if warmup > 0 else 0)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int, steps_per_epoch: int = 0):
     """One schedule for every group; the whitened stem's bias group drops to lr 0 after
     `whiten_bias_epochs` (the lr is what holds it: where the trainer also turns its gradient off,

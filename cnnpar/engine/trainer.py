@@ -67,6 +67,7 @@ from cnnpar.engine.optim import (
     rebuild_after_resume,
     scaled_lr,
     set_bias_trains,
+    warmup_steps,
 )
 from cnnpar.engine.resolved import (
     data_resolved,
@@ -286,6 +287,7 @@ class Trainer(DivergenceCheck):
         if cfg.optim.grad_accum > self.micro_steps:
             self.cfg = cfg = self._cap_accumulation(cfg)
         accum = cfg.optim.grad_accum
+        self.max_steps_line = self._max_steps_line(cfg)
         if cfg.run.max_steps:
             self.micro_steps = min(self.micro_steps, cfg.run.max_steps * accum)
         self.steps_per_epoch = -(-self.micro_steps // accum)
@@ -495,6 +497,17 @@ class Trainer(DivergenceCheck):
         )
         return replace(cfg, optim=replace(cfg.optim, grad_accum=n))
 
+    def _max_steps_line(self, cfg: Config) -> str:
+        """A --max-steps past an epoch's optimizer steps stops nothing: said, as it counts each epoch's steps, where
+        other trainers' max_steps counts the run's (a --max-steps 300 of 6 epochs of 22 steps trains 132)."""
+        steps = -(-self.micro_steps // cfg.optim.grad_accum)
+        if cfg.run.max_steps <= steps:
+            return ""
+        return (
+            f"--max-steps {cfg.run.max_steps} stops nothing: an epoch has {steps} optimizer step(s), all of them run "
+            f"({cfg.run.epochs} epoch(s): {steps * cfg.run.epochs} steps); it limits each epoch, not the run"
+        )
+
     def graphs_blocked_reason(self) -> str:
         """Why cnnpar's CUDA graphs cannot replay this run's step, whatever the switch says ("" when they
         can): the one place that asks, for this run and for the doctor's advice."""
@@ -622,10 +635,21 @@ class Trainer(DivergenceCheck):
         elif state["rng"] != RNG_SCHEME:
             self.log(earlier_scheme_note(state["rng"]))
         planned = int(state.get("config", {}).get("run", {}).get("epochs", self.cfg.run.epochs))
-        if planned != self.cfg.run.epochs and self.cfg.optim.schedule != "constant":
+        total = self.steps_per_epoch * self.cfg.run.epochs
+        warm = warmup_steps(total, self.cfg.optim.warmup)
+        # the warm-up is a share of the rebuilt run's steps: more epochs can stretch it past the finished ones, and
+        # the lr then drops below the peak they trained at, which a constant schedule otherwise never does (its last
+        # warm-up step is at the peak already)
+        in_warmup = self.scheduler.last_epoch < warm and lrs[0] < self.lr
+        if planned != self.cfg.run.epochs and (self.cfg.optim.schedule != "constant" or in_warmup):
             self.log(
                 f"schedule: {self.cfg.optim.schedule} rebuilt for {self.cfg.run.epochs} epochs (the run planned "
                 f"{planned}): epoch {finished + 1} starts at lr {lrs[0]:.3g} (peak {self.lr:g})"
+                + (
+                    f", inside the warm-up (--warmup {self.cfg.optim.warmup:g} of {total} steps: the first {warm})"
+                    if in_warmup
+                    else ""
+                )
             )
 
     def _prepare_run_dir(self) -> None:
@@ -979,6 +1003,8 @@ class Trainer(DivergenceCheck):
             self.log(self.batch_note)
         if self.accum_line:
             self.log(self.accum_line)
+        if self.max_steps_line:
+            self.log(self.max_steps_line)
         if getattr(self.train_loader.loader, "num_workers", 0) and (line := workers_cap_line(cfg, info)):
             self.log(line)  # only where workers start: resident or in-memory data has none to cap
         if idle := self._idle_average_line():

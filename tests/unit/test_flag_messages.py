@@ -208,6 +208,24 @@ def test_an_accumulation_longer_than_an_epoch_is_capped_and_said_and_stored(tmp_
     assert summary["global_batch"] == 32
 
 
+@pytest.mark.parametrize("max_steps, said", [(3, True), (2, False), (1, False)])
+def test_a_max_steps_past_an_epochs_steps_says_it_stops_nothing(tmp_path, capsys, max_steps, said):
+    """--max-steps limits each epoch (other trainers' max_steps limits the run): one past an epoch's steps ran
+    every step without a word, so a --max-steps meant as the run's total trained another number of steps."""
+    # 40 samples: 32 train in 4 micro-batches of 8, 2 optimizer steps an epoch with --grad-accum 2
+    args = ["train", "--data", "synthetic", "--synthetic-samples", "40", "--batch-size", "8", "--grad-accum", "2"]
+    args += ["--epochs", "2", "--max-steps", str(max_steps), "--no-progress", "--no-tensorboard"]
+    assert cli.main([*args, "--name", "r", "--out-dir", str(tmp_path)]) == 0
+    line = (
+        "--max-steps 3 stops nothing: an epoch has 2 optimizer step(s), all of them run (2 epoch(s): 4 steps); "
+        "it limits each epoch, not the run"
+    )
+    out = capsys.readouterr().out
+    assert (line in out) if said else ("stops nothing" not in out)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["images_trained"] == 2 * 2 * 8 * min(max_steps, 2)  # epochs x micro-batches x 8 x steps
+
+
 def test_an_accumulation_that_fits_an_epoch_is_kept(tmp_path, capsys):
     args = ["train", "--data", "synthetic", "--synthetic-samples", "40", "--batch-size", "8", "--grad-accum", "4"]
     assert cli.main([*args, "--name", "r", "--out-dir", str(tmp_path), *QUICK]) == 0

@@ -42,6 +42,31 @@ def test_one_more_epoch_after_a_finished_onecycle_trains_at_a_nonzero_lr(tmp_pat
     assert same.optimizer.param_groups[0]["lr"] == 0.0  # nothing extended: the finished run stays finished
 
 
+def test_a_constant_schedule_extended_back_into_its_rebuilt_warmup_says_so(tmp_path):
+    """A constant schedule rebuilt for more epochs moves only where its warm-up, a share of the new total, reaches
+    past the finished steps: the lr dropped below the peak the run had trained at, without a word."""
+    first = _cfg(tmp_path, 1)
+    first = replace(first, optim=replace(first.optim, schedule="constant"))
+    Trainer(first, CPU_INFO, log=lambda *a, **k: None).fit()  # 2 steps, the second at the peak
+    lines: list[str] = []
+    more = replace(first, run=replace(first.run, epochs=10, resume=str(tmp_path / "oc")))
+    trainer = Trainer(more, CPU_INFO, log=lambda s, **k: lines.append(s))
+    # step 2 of 20, whose warm-up is int(20 * 0.15) = 3 steps: (2 + 1) / 3 of the peak -- the peak again here
+    expected = trainer.lr * schedule_factor(2, 20, 0.15, "constant")
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+    assert not [s for s in lines if s.startswith("schedule:")], lines  # at the peak: nothing changed to say
+    lines.clear()
+    longer = replace(first, run=replace(first.run, epochs=20, resume=str(tmp_path / "oc")))
+    trainer = Trainer(longer, CPU_INFO, log=lambda s, **k: lines.append(s))
+    # step 2 of 40, whose warm-up is 6 steps: (2 + 1) / 6, half the peak the finished step trained at
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(trainer.lr / 2)
+    said = [s for s in lines if s.startswith("schedule:")]
+    assert said == [
+        f"schedule: constant rebuilt for 20 epochs (the run planned 1): epoch 2 starts at lr {trainer.lr / 2:.3g} "
+        f"(peak {trainer.lr:g}), inside the warm-up (--warmup 0.15 of 40 steps: the first 6)"
+    ], lines
+
+
 def test_resuming_with_another_class_count_is_one_line_not_a_state_dict_traceback(tmp_path):
     Trainer(_cfg(tmp_path, 1), CPU_INFO, log=lambda *a, **k: None).fit()
     cfg = _cfg(tmp_path, 2, resume=str(tmp_path / "oc"))
