@@ -462,7 +462,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
 
     out = args.out or str(default_store_path(args.src))
     # --max-side alone bounds the longer side as it always did, not also the shorter at 256
-    short = args.short_side if args.short_side is not None else (0 if args.max_side else 256)
+    short = args.short_side if args.short_side is not None else (0 if args.max_side else PREPARE_SHORT_SIDE)
     skipped: list[Path] = []
     labelled: list[str] = []  # the labels CSV's warning on images it does not name
     # a re-run (new photos, another --max-side) replaces the store whole: said, as hours of decoding may be behind it
@@ -506,6 +506,9 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+PREPARE_SHORT_SIDE = 256  # prepare's --short-side when neither it nor --max-side is given
+
+
 def add_prepare_parser(sub) -> None:
     from cnnpar.cliargs import DefaultsHelpFormatter, at_least
 
@@ -536,8 +539,8 @@ def add_prepare_parser(sub) -> None:
         type=int,
         default=None,
         help="shorter side in pixels at most (never enlarged; 0: no bound): ~1.15x the model's input size, as "
-        "ImageNet's 256 for 224, so every square crop comes from the photo's own pixels (default: 256, or none "
-        "when a max side is given)",
+        "ImageNet's 256 for 224, so every square crop comes from the photo's own pixels (default: "
+        f"{PREPARE_SHORT_SIDE}, or none when a max side is given)",
     )
     prep.add_argument(
         "--max-side",
@@ -607,7 +610,8 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def add_bench_parser(sub) -> None:
-    from cnnpar.bench.timing import Timing
+    from cnnpar.bench.claims import CPU_BUDGET_S, CUDA_BUDGET_S  # (imports no torch)
+    from cnnpar.bench.timing import MIN_REPEATS, MIN_STEPS, SLOW_STEP_S, Timing
     from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags, at_least
 
     bench = sub.add_parser(
@@ -632,7 +636,8 @@ def add_bench_parser(sub) -> None:
         "--warmup-steps",
         type=int,
         default=Timing.warmup,
-        help="untimed steps first (compile happens here); when sized by time, 2 where the second takes 1 s or more",
+        help=f"untimed steps first (compile happens here); when sized by time, 2 where the second takes "
+        f"{SLOW_STEP_S:g} s or more",
     )
     g.add_argument(
         "--timed-steps", type=int, default=Timing.steps, help="timed steps per repeat (the most, when sized by time)"
@@ -642,8 +647,8 @@ def add_bench_parser(sub) -> None:
         type=at_least(0, float),
         default=Timing.seconds,
         help="timed seconds per measurement (all repeats): the steps per repeat are sized from the last warm-up "
-        "step's time, at least 3 (1 for a step of a second or more), then, where that still takes longer, the "
-        "repeats (at least 3); 0: fixed counts (the timed steps and repeats given)",
+        f"step's time, at least {MIN_STEPS} (1 for a step of {SLOW_STEP_S:g} s or more), then, where that still "
+        f"takes longer, the repeats (at least {MIN_REPEATS}); 0: fixed counts (the timed steps and repeats given)",
     )
     g.add_argument(
         "--repeats",
@@ -658,14 +663,18 @@ def add_bench_parser(sub) -> None:
     )
     g.add_argument("--tta", action="store_true", help=argparse.SUPPRESS)  # renamed: says so and stops
     g.add_argument(
-        "--target", type=float, default=0.0, help="--time-to-accuracy: validation accuracy to reach, e.g. 0.99"
+        "--target",
+        type=float,
+        default=0.0,
+        # 0 stands for none given: no "(default: 0.0)", which read as a target of 0
+        help="--time-to-accuracy: validation accuracy to reach, e.g. 0.99 (no default: --time-to-accuracy needs it)",
     )
     g.add_argument(
         "--budget-s",
         type=at_least(0, float),
         default=0,
-        help="claims and ladder: start nothing after this many seconds (0: claims 170 with CUDA, so the "
-        "table ends within 3 minutes, 300 on a CPU; the ladder has no limit)",
+        help=f"claims and ladder: start nothing after this many seconds (0: claims {CUDA_BUDGET_S:g} with CUDA, so "
+        f"the table ends within 3 minutes, {CPU_BUDGET_S:g} on a CPU; the ladder has no limit)",
     )
     g.add_argument(
         "--ddp", default="", help="ladder: also DDP rows at these world sizes, e.g. 1,2 (ddp.csv and ddp.json in --out)"
@@ -771,7 +780,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--measure-steps",
         type=at_least(2),
         default=DoctorOptions.steps,
-        help="measured batches per phase (optimizer steps where it trains, each of grad_accum batches)",
+        help="measured batches per phase (optimizer steps where it trains, each of --grad-accum batches)",
     )
     extra.add_argument(
         "--max-seconds",
@@ -787,7 +796,7 @@ def build_parser() -> argparse.ArgumentParser:
         const=3,
         default=DoctorOptions.try_top,
         metavar="N",
-        help="re-measure the top N recommendations (N defaults to 3 when omitted; 0: none) with the config changed",
+        help="re-measure the top N recommendations with the config changed (--try alone: 3; without --try: none)",
     )
     extra.add_argument(
         "--report-dir",

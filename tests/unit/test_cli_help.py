@@ -32,9 +32,8 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
     ],
 )
 def test_help_shows_default(command, flag, shown):
-    help_text = " ".join(_subparsers()[command].format_help().split())  # undo argparse's line wrapping
-    after = help_text.rsplit(flag + " ", 1)[1]  # the last mention is the option list, not the usage line
-    assert shown in after.split(" --", 1)[0], f"{command} {flag}: {after[:160]}"
+    text = _option_help(command, flag)  # its own text may name other flags (--grad-accum)
+    assert shown in text, f"{command} {flag}: {text}"
 
 
 def test_help_does_not_repeat_a_stated_default():
@@ -244,3 +243,59 @@ def test_the_preset_help_names_every_preset_in_one_line_each():
     for name, line in PRESET_LINES.items():
         assert f"'{name}' = {' '.join(line.split())}" in text
     assert "presets.py" not in text
+
+
+def _every_option_help():
+    """(command, flag, help text) of every option of every subcommand, argparse's wrapping undone."""
+    for command, parser in _subparsers().items():
+        for action in parser._actions:
+            if action.option_strings and action.help and action.help != argparse.SUPPRESS:
+                yield command, action.option_strings[-1], " ".join(action.help.split())
+
+
+def test_no_option_help_names_a_setting_by_its_config_key_or_points_at_source():
+    """A learner reads --help for flags: `lr_scaling`, `weight_decay / bias_lr_scale`, `grad_accum` named settings
+    by their config keys, and `(engine/batch_size.py)`, `(presets.long_compiles_default)` pointed at source."""
+    import re
+    from dataclasses import fields
+
+    from cnnpar.config import SECTIONS, Config, cli_option
+
+    keys = {f.name: cli_option(f) for section in SECTIONS for f in fields(getattr(Config(), section))}
+    wrong = []
+    for command, flag, text in _every_option_help():
+        for word in re.findall(r"(?<![\w.-])[a-z]+(?:_[a-z0-9]+)+\b|\bema \*\*", text):
+            if word in keys or word == "ema **":
+                wrong.append(f"{command} {flag}: {word!r} (the flag: {keys.get(word, '--ema')})")
+        wrong += [f"{command} {flag}: {path!r}" for path in re.findall(r"\b[\w/]+\.py\b", text)]
+        wrong += [f"{command} {flag}: {name!r}" for name in re.findall(r"\b(?:presets|config)\.(?!toml\b)\w+", text)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_numbers_the_train_help_states_for_auto_are_the_ones_the_run_uses():
+    """Every number the help gives for an auto or a 0 is read from the code that applies it, for each optimizer and
+    source the help names: a changed default shows in --help without a second edit."""
+    import re
+
+    import numpy as np
+
+    from cnnpar.config import OPTIMIZERS, Config, DataConfig, OptimConfig, asked_lr, lr_reference, resolve_batch_size
+    from cnnpar.data.source_size import pick_side
+    from cnnpar.data.sources import load_digits, load_synthetic
+
+    lr_help = _option_help("train", "--lr")
+    for optimizer in OPTIMIZERS:
+        assert f"{optimizer} {asked_lr(OptimConfig(optimizer=optimizer)):g}" in lr_help, optimizer
+    cpu_batch = resolve_batch_size(0, "cpu")
+    assert f"{cpu_batch} on the CPU" in _option_help("train", "--batch-size")
+    assert f"else {lr_reference(Config())};" in _option_help("train", "--lr-batch")
+    size_help = _option_help("train", "--image-size")
+    kept, mixed = map(int, re.search(r"up to (\d+); else (\d+), for mixed or larger sizes", size_help).groups())
+    assert pick_side(np.array([[kept, kept]]), False)[0] == kept
+    assert pick_side(np.array([[kept + 1, kept + 1]]), False)[0] == mixed
+    assert pick_side(np.array([[32, 32], [64, 64]]), False)[0] == mixed
+    assert f"digits: {load_digits(DataConfig(), 0).shape[-1]};" in size_help
+    synthetic = load_synthetic(DataConfig(source="synthetic", synthetic_samples=64), 0)
+    c, h, w = synthetic.shape
+    assert f"({c}x{h}x{w} unless given)" in _option_help("train", "--image-shape")
+    assert f"synthetic: {synthetic.num_classes})" in _option_help("train", "--num-classes")
