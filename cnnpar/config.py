@@ -227,7 +227,8 @@ class DataConfig:
     )
     format: str = _f(
         "auto",
-        "how to read --data: auto, digits, synthetic, csv, npz, folder, store",
+        "how to read --data: digits, synthetic, csv, npz, folder, store, or auto (from --data: its word, a folder, "
+        "or its name's .csv, .csv.gz, .npz or .cnnpar)",
         choices=("auto", "digits", "synthetic", "csv", "npz", "folder", "store"),
     )
     image_shape: str = _f(

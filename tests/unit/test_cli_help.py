@@ -299,3 +299,20 @@ def test_the_numbers_the_train_help_states_for_auto_are_the_ones_the_run_uses():
     c, h, w = synthetic.shape
     assert f"({c}x{h}x{w} unless given)" in _option_help("train", "--image-shape")
     assert f"synthetic: {synthetic.num_classes})" in _option_help("train", "--num-classes")
+
+
+def test_the_train_help_names_what_train_runs_with_no_flags():
+    from cnnpar.config import Config
+    from cnnpar.data.sources import BUILT_IN, detect_format
+
+    base = Config()
+    assert base.data.source in BUILT_IN  # "the built-in ..." below
+    for text in (_subparsers()["train"].description, _option_help("train", "--preset")):
+        said = " ".join(text.split()).split(f"{base.model.name} on the built-in ", 1)[1]
+        assert said.split(")")[0].split(",")[0].endswith(base.data.source), said[:80]
+    assert f"(defaults: {base.model.name} on the built-in {base.data.source})" in " ".join(
+        build_parser().format_help().split()
+    )
+    format_help = _option_help("train", "--format")
+    for name in ("x.csv", "x.csv.gz", "x.npz", "x.cnnpar"):
+        assert name[1:] in format_help and detect_format(name, "auto") in format_help, name
