@@ -680,7 +680,7 @@ def add_bench_parser(sub) -> None:
         "--ddp", default="", help="ladder: also DDP rows at these world sizes, e.g. 1,2 (ddp.csv and ddp.json in --out)"
     )
     g.add_argument("--compare", nargs=2, metavar=("A.csv", "B.csv"), help="print two ladder CSVs side by side")
-    add_config_flags(bench, extra_presets=("claims",))
+    add_config_flags(bench, extra_presets={"claims": "not a config: the claims mode, as --claims"})
     bench.set_defaults(func=cmd_bench)
 
 
@@ -856,7 +856,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tta-level",
         default="auto",
         choices=["auto", *TTA_LEVELS],
-        help="test-time views averaged per image; auto: those the run evaluated with (its --tta-level)",
+        help="test-time views averaged per image: none, flip or flip+translate, as cnnpar train --tta-level takes "
+        "them; auto: those the run evaluated with (its --tta-level)",
     )
     pred.set_defaults(func=cmd_predict)
 

@@ -376,8 +376,17 @@ class OptimConfig:
     momentum: float = _f(
         0.9, "SGD's Nesterov momentum (--optimizer sgd, and Muon's SGD groups; AdamW has none); 0: plain SGD"
     )
-    schedule: str = _f("onecycle", "learning-rate schedule", choices=SCHEDULES)
-    warmup: float = _f(0.15, "fraction of all steps spent warming up (above 0: the first step at half the lr at most)")
+    schedule: str = _f(
+        "onecycle",
+        "the lr after the --warmup: onecycle falls from the peak in a straight line to 0 at the end, cosine along "
+        "half a cosine to 0, constant stays at the peak",
+        choices=SCHEDULES,
+    )
+    warmup: float = _f(
+        0.15,
+        "fraction of all steps spent warming up, in a straight line to the peak lr (above 0: the first step at half "
+        "the lr at most)",
+    )
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy loss")
     grad_clip: float = _f(0.0, "clip the global gradient norm to this (0: off)")
     grad_accum: int = _f(1, "micro-batches per optimizer step")

@@ -316,3 +316,38 @@ def test_the_train_help_names_what_train_runs_with_no_flags():
     format_help = _option_help("train", "--format")
     for name in ("x.csv", "x.csv.gz", "x.npz", "x.cnnpar"):
         assert name[1:] in format_help and detect_format(name, "auto") in format_help, name
+
+
+# choices whose word says what they do (a switch's off) or that are torch's own names (torch.compile's modes), and
+# --augment's pairs, made of the parts its help explains
+SAYS_ITSELF = {"off", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
+
+
+def test_every_choice_of_every_option_is_named_in_its_help():
+    """--schedule's help was "learning-rate schedule" (onecycle falls in a straight line, not as torch's OneCycleLR),
+    bench's --preset took `claims` and did not name it, predict's --tta-level named none of its views."""
+    import re
+
+    unsaid = []
+    for command, parser in _subparsers().items():
+        for action in parser._actions:
+            if not (action.choices and action.option_strings):
+                continue
+            text = re.sub(r" \(default: [^)]*\)$", "", " ".join((action.help or "").split()))  # not the default
+            for choice in map(str, action.choices):
+                parts = choice.split("+") if action.dest == "data.augment" else [choice]
+                named = all(re.search(rf"(?<![\w+-]){re.escape(part)}(?![\w-])", text) for part in parts)
+                if choice not in SAYS_ITSELF and not named:
+                    unsaid.append(f"{command} {action.option_strings[-1]} {choice}")
+    assert not unsaid, unsaid
+
+
+def test_the_schedule_help_says_where_each_schedule_takes_the_lr():
+    from cnnpar.config import SCHEDULES
+    from cnnpar.engine.optim import schedule_factor
+
+    text = _option_help("train", "--schedule")
+    for schedule in SCHEDULES:
+        end = schedule_factor(999, 1000, 0.15, schedule)
+        said = text.split(f"{schedule} ", 1)[1].split(",")[0]
+        assert ("to 0" in said) == (end < 0.01) and ("at the peak" in said) == (end == 1.0), (schedule, said)
