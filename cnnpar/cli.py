@@ -691,6 +691,7 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from cnnpar.bench.timing import START_FACTOR, TRIAL_SHARE_WORDS
     from cnnpar.checkout import cnnpar_version
     from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags, at_least
     from cnnpar.config import TTA_LEVELS
@@ -882,8 +883,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--trial-s",
         type=at_least(0, float),
         default=0,
-        help="a trial running longer is killed and reported as cut off (0: the larger of a third of the "
-        "budget and 1.5x the start trial's time)",
+        help="a trial running longer is killed and reported as cut off (0: the larger of "
+        f"{TRIAL_SHARE_WORDS} of the budget and {START_FACTOR:g}x the start trial's time)",
     )
     tune_p.add_argument("--steps", type=at_least(1), default=20, help="timed steps per epoch of a trial")
     tune_p.add_argument("--repeats", type=at_least(1), default=3, help="timed epochs per trial (median counts)")

@@ -351,3 +351,33 @@ def test_the_schedule_help_says_where_each_schedule_takes_the_lr():
         end = schedule_factor(999, 1000, 0.15, schedule)
         said = text.split(f"{schedule} ", 1)[1].split(",")[0]
         assert ("to 0" in said) == (end < 0.01) and ("at the peak" in said) == (end == 1.0), (schedule, said)
+
+
+def test_the_bench_and_tune_help_numbers_are_the_ones_they_measure_with():
+    """The least steps and repeats bench --timed-s sizes to, the slow step that warms sooner, the claims' budgets
+    and tune's default trial limit, read from the help and checked against the code that applies them."""
+    import re
+
+    from cnnpar.bench.claims import CPU_BUDGET_S, CUDA_BUDGET_S
+    from cnnpar.bench.timing import Timing
+
+    text = _option_help("bench", "--timed-s")
+    least, slow, repeats = re.search(
+        r"at least (\d+) \(1 for a step of ([\d.]+) s or more\).*\(at least (\d+)\)", text
+    ).groups()
+    timing = Timing(3, 30, 5, 1e-9)  # no time at all: every count at its least
+    assert timing.plan(float(slow) * 0.99) == (int(least), int(repeats))
+    assert timing.plan(float(slow)) == (1, int(repeats))
+    assert timing.warm(2, float(slow)) and not timing.warm(2, float(slow) * 0.99)
+    assert f"2 where the second takes {slow} s or more" in _option_help("bench", "--warmup-steps")
+    budget = _option_help("bench", "--budget-s")
+    assert f"claims {CUDA_BUDGET_S:g} with CUDA" in budget and f"{CPU_BUDGET_S:g} on a CPU" in budget
+    from fractions import Fraction
+
+    from cnnpar.bench import tune
+
+    share, factor = re.search(
+        r"the larger of (.+?) of the budget and ([\d.]+)x", _option_help("tune", "--trial-s")
+    ).groups()
+    words = {"half": Fraction(1, 2), "a third": Fraction(1, 3), "a quarter": Fraction(1, 4)}
+    assert words[share] == Fraction(tune.TRIAL_SHARE).limit_denominator(100) and float(factor) == tune.START_FACTOR
