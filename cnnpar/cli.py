@@ -463,7 +463,7 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
 
     out = args.out or str(default_store_path(args.src))
     # --max-side alone bounds the longer side as it always did, not also the shorter at 256
-    short = args.short_side if args.short_side is not None else (0 if args.max_side else 256)
+    short = args.short_side if args.short_side is not None else (0 if args.max_side else PREPARE_SHORT_SIDE)
     skipped: list[Path] = []
     labelled: list[str] = []  # the labels CSV's warning on images it does not name
     # a re-run (new photos, another --max-side) replaces the store whole: said, as hours of decoding may be behind it
@@ -507,6 +507,9 @@ def cmd_prepare(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+PREPARE_SHORT_SIDE = 256  # prepare's --short-side when neither it nor --max-side is given
+
+
 def add_prepare_parser(sub) -> None:
     from cnnpar.cliargs import DefaultsHelpFormatter, at_least
 
@@ -537,8 +540,8 @@ def add_prepare_parser(sub) -> None:
         type=int,
         default=None,
         help="shorter side in pixels at most (never enlarged; 0: no bound): ~1.15x the model's input size, as "
-        "ImageNet's 256 for 224, so every square crop comes from the photo's own pixels (default: 256, or none "
-        "when a max side is given)",
+        "ImageNet's 256 for 224, so every square crop comes from the photo's own pixels (default: "
+        f"{PREPARE_SHORT_SIDE}, or none when a max side is given)",
     )
     prep.add_argument(
         "--max-side",
@@ -608,7 +611,8 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def add_bench_parser(sub) -> None:
-    from cnnpar.bench.timing import Timing
+    from cnnpar.bench.claims import CPU_BUDGET_S, CUDA_BUDGET_S  # (imports no torch)
+    from cnnpar.bench.timing import MIN_REPEATS, MIN_STEPS, SLOW_STEP_S, Timing
     from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags, at_least
 
     bench = sub.add_parser(
@@ -633,7 +637,8 @@ def add_bench_parser(sub) -> None:
         "--warmup-steps",
         type=int,
         default=Timing.warmup,
-        help="untimed steps first (compile happens here); when sized by time, 2 where the second takes 1 s or more",
+        help=f"untimed steps first (compile happens here); when sized by time, 2 where the second takes "
+        f"{SLOW_STEP_S:g} s or more",
     )
     g.add_argument(
         "--timed-steps", type=int, default=Timing.steps, help="timed steps per repeat (the most, when sized by time)"
@@ -643,8 +648,8 @@ def add_bench_parser(sub) -> None:
         type=at_least(0, float),
         default=Timing.seconds,
         help="timed seconds per measurement (all repeats): the steps per repeat are sized from the last warm-up "
-        "step's time, at least 3 (1 for a step of a second or more), then, where that still takes longer, the "
-        "repeats (at least 3); 0: fixed counts (the timed steps and repeats given)",
+        f"step's time, at least {MIN_STEPS} (1 for a step of {SLOW_STEP_S:g} s or more), then, where that still "
+        f"takes longer, the repeats (at least {MIN_REPEATS}); 0: fixed counts (the timed steps and repeats given)",
     )
     g.add_argument(
         "--repeats",
@@ -659,20 +664,23 @@ def add_bench_parser(sub) -> None:
     )
     g.add_argument("--tta", action="store_true", help=argparse.SUPPRESS)  # renamed: says so and stops
     g.add_argument(
-        "--target", type=float, default=None, help="--time-to-accuracy: validation accuracy to reach, e.g. 0.99"
+        "--target",
+        type=float,
+        default=None,
+        help="--time-to-accuracy: validation accuracy to reach, e.g. 0.99 (no default: --time-to-accuracy needs it)",
     )
     g.add_argument(
         "--budget-s",
         type=at_least(0, float),
         default=0,
-        help="claims and ladder: start nothing after this many seconds (0: claims 170 with CUDA, so the "
-        "table ends within 3 minutes, 300 on a CPU; the ladder has no limit)",
+        help=f"claims and ladder: start nothing after this many seconds (0: claims {CUDA_BUDGET_S:g} with CUDA, so "
+        f"the table ends within 3 minutes, {CPU_BUDGET_S:g} on a CPU; the ladder has no limit)",
     )
     g.add_argument(
         "--ddp", default="", help="ladder: also DDP rows at these world sizes, e.g. 1,2 (ddp.csv and ddp.json in --out)"
     )
     g.add_argument("--compare", nargs=2, metavar=("A.csv", "B.csv"), help="print two ladder CSVs side by side")
-    add_config_flags(bench, extra_presets=("claims",))
+    add_config_flags(bench, extra_presets={"claims": "not a config: the claims mode, as --claims"})
     bench.set_defaults(func=cmd_bench)
 
 
@@ -683,6 +691,7 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from cnnpar.bench.timing import START_FACTOR, TRIAL_SHARE_WORDS
     from cnnpar.checkout import cnnpar_version
     from cnnpar.cliargs import DefaultsHelpFormatter, add_config_flags, at_least
     from cnnpar.config import TTA_LEVELS
@@ -772,7 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--measure-steps",
         type=at_least(2),
         default=DoctorOptions.steps,
-        help="measured batches per phase (optimizer steps where it trains, each of grad_accum batches)",
+        help="measured batches per phase (optimizer steps where it trains, each of --grad-accum batches)",
     )
     extra.add_argument(
         "--max-seconds",
@@ -788,7 +797,7 @@ def build_parser() -> argparse.ArgumentParser:
         const=3,
         default=DoctorOptions.try_top,
         metavar="N",
-        help="re-measure the top N recommendations (N defaults to 3 when omitted; 0: none) with the config changed",
+        help="re-measure the top N recommendations with the config changed (--try alone: 3; without --try: none)",
     )
     extra.add_argument(
         "--report-dir",
@@ -848,7 +857,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tta-level",
         default="auto",
         choices=["auto", *TTA_LEVELS],
-        help="test-time views averaged per image; auto: those the run evaluated with (its --tta-level)",
+        help="test-time views averaged per image: none, flip or flip+translate, as cnnpar train --tta-level takes "
+        "them; auto: those the run evaluated with (its --tta-level)",
     )
     pred.set_defaults(func=cmd_predict)
 
@@ -873,8 +883,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--trial-s",
         type=at_least(0, float),
         default=0,
-        help="a trial running longer is killed and reported as cut off (0: the larger of a third of the "
-        "budget and 1.5x the start trial's time)",
+        help="a trial running longer is killed and reported as cut off (0: the larger of "
+        f"{TRIAL_SHARE_WORDS} of the budget and {START_FACTOR:g}x the start trial's time)",
     )
     tune_p.add_argument("--steps", type=at_least(1), default=20, help="timed steps per epoch of a trial")
     tune_p.add_argument("--repeats", type=at_least(1), default=3, help="timed epochs per trial (median counts)")

@@ -70,13 +70,15 @@ def float_or_auto(text: str) -> float:
     return _positive_or_auto(text, float, "a number")
 
 
-def add_config_flags(parser: argparse.ArgumentParser, extra_presets: tuple[str, ...] = ()) -> None:
-    """One flag per config field; `extra_presets` are names a subcommand handles itself (bench's claims)."""
+def add_config_flags(parser: argparse.ArgumentParser, extra_presets: dict[str, str] | None = None) -> None:
+    """One flag per config field; `extra_presets` are names a subcommand handles itself (bench's claims), each with
+    its line for the --preset help."""
     # a group of its own, after the subcommand's own options (added before this): argparse lists its plain
     # "options" group first, which held these two above the doctor's or the bench's own flags
     start = parser.add_argument_group("config", "where the settings start from; the flags below change single ones")
-    named = "; ".join(f"'{name}' = {line}" for name, line in PRESET_LINES.items())
-    start.add_argument("--preset", choices=sorted(PRESETS) + list(extra_presets), help=f"a named preset: {named}")
+    lines = {**PRESET_LINES, **(extra_presets or {})}  # bench's `claims` was a choice its help did not name
+    named = "; ".join(f"'{name}' = {line}" for name, line in lines.items())
+    start.add_argument("--preset", choices=sorted(PRESETS) + list(extra_presets or ()), help=f"a named preset: {named}")
     start.add_argument(
         "--config",
         metavar="FILE",

@@ -57,6 +57,21 @@ LR_BATCH = 64  # the batch --lr is the lr for when neither --lr-batch nor a fixe
 # benchmarks/results/default_lr_cpu/ (cnn3, 3 epochs, the digits and those CIFAR-10 images)
 DEFAULT_LRS = {"adamw": 2e-3, "sgd": 0.025, "muon": 0.025}
 
+# What the data settings left at 0 or auto come to, kept here (the lowest layer that --help reads) so that the help
+# states the values the loaders use rather than a copy of them (data/ and presets.py import them from here)
+DIGITS_SIZE = 16  # --image-size 0 on the built-in 8x8 digits: enlarged once loaded
+MIXED_SIDE = 224  # --image-size 0 on image folders of mixed or large sizes: the usual ImageNet input
+# A shared size is kept up to ImageNet's resize side: small images (digits, CIFAR, 64-256 px sets) are not enlarged,
+# and photos of one camera's size (1600x1200, 4032x3024) are not trained whole: at their shorter side a model's
+# activations take 29-180x those at 224 (a doctor run on 1600x1200 photos grew to 24 GB and was killed unheard)
+KEPT_UP_TO = 256
+SYNTHETIC_SHAPE = "3x32x32"  # --data synthetic without --image-shape
+SYNTHETIC_CLASSES = 10  # --data synthetic without --num-classes
+RESIDENT_MEMORY_SHARE = 0.25  # --resident auto: at most this share of free device memory for a resident data set
+# --compile-tiling/--compile-tuning auto: on from this many images a process trains (the measurement behind it:
+# presets.py, beside long_compiles_default)
+LONG_RUN_IMAGES = 40_000_000
+
 # Which models torch.compile helps, by device, from benchmarks/results/h200-2026-11-29 (one H200,
 # torch 2.11, bf16, channels_last, cnnpar's Trainer with resident data): ResNet-50 at 224, batch
 # 256: 4,660 img/s eager, 6,753 compiled, 6,854 compiled with CUDA graphs; ResNet-18 at 32, batch
@@ -212,20 +227,25 @@ class DataConfig:
     )
     format: str = _f(
         "auto",
-        "how to read --data: auto, digits, synthetic, csv, npz, folder, store",
+        "how to read --data: digits, synthetic, csv, npz, folder, store, or auto (from --data: its word, a folder, "
+        "or its name's .csv, .csv.gz, .npz or .cnnpar)",
         choices=("auto", "digits", "synthetic", "csv", "npz", "folder", "store"),
     )
-    image_shape: str = _f("", "CxHxW of CSV rows (inferred for square grey images) or of synthetic data")
+    image_shape: str = _f(
+        "", f"CxHxW of CSV rows (inferred for square grey images) or of synthetic data ({SYNTHETIC_SHAPE} unless given)"
+    )
     image_size: int = _f(
         0,
         "resize images to NxN, whatever the source: image folders and stores (decoded to this side), CSV rows, "
         ".npz arrays, synthetic data and the built-in digits (resized once loaded; non-square arrays become "
-        "square); 0 keeps the source size (folders and stores: the size their images share, up to 256; else 224, "
-        "for mixed or larger sizes; digits: 16; CSV, .npz and synthetic: their own shape, --image-shape for CSV and "
-        "synthetic)",
+        f"square); 0 keeps the source size (folders and stores: the size their images share, up to {KEPT_UP_TO}; else "
+        f"{MIXED_SIDE}, for mixed or larger sizes; digits: {DIGITS_SIZE}; CSV, .npz and synthetic: their own shape, "
+        "--image-shape for CSV and synthetic)",
     )
     num_classes: int = _f(
-        0, "classes: labels must lie in 0..N-1; 0 infers N from the labels (folders: one per subfolder; synthetic: 10)"
+        0,
+        "classes: labels must lie in 0..N-1; 0 infers N from the labels (folders: one per subfolder; synthetic: "
+        f"{SYNTHETIC_CLASSES})",
     )
     synthetic_samples: int = _f(4096, "samples of synthetic data (the --val-fraction hold-out comes out of them)")
     val_fraction: float = _f(0.2, "held-out fraction (seeded) when the data has no labelled test split")
@@ -246,7 +266,8 @@ class DataConfig:
     )
     resident: str = _f(
         "auto",
-        "keep the whole uint8 data set in device memory (auto: on CUDA when it fits; off on the CPU)",
+        "keep the whole uint8 data set in device memory (auto: on CUDA when it fits in "
+        f"{RESIDENT_MEMORY_SHARE * 100:g} percent of the free device memory; off on the CPU)",
         choices=TRISTATE,
     )
     decode: str = _f(
@@ -331,11 +352,12 @@ class OptimConfig:
     )
     lr: float = _f(
         0.0,
-        "peak learning rate for the per-process batch (see lr_scaling); with --batch-size auto, the lr at "
+        "peak learning rate for the per-process batch (see --lr-scaling); with --batch-size auto, the lr at "
         "--lr-batch, scaled to the batch chosen (linear for sgd and muon, square root for adamw). auto (0): the "
-        "optimizer's own, at --lr-batch as a typed --lr: adamw 0.002, sgd 0.025 (0.1 at batch 256, linear), muon "
-        "0.025 (its SGD groups; the filters take --muon-lr). A preset's lr is for its own optimizer: another "
-        "--optimizer beside it with no --lr takes its own (auto)",
+        f"optimizer's own, at --lr-batch as a typed --lr: adamw {DEFAULT_LRS['adamw']:g}, sgd {DEFAULT_LRS['sgd']:g} "
+        f"({DEFAULT_LRS['sgd'] * 256 / LR_BATCH:g} at batch 256, linear), muon {DEFAULT_LRS['muon']:g} (its SGD "
+        "groups; the filters take --muon-lr). A preset's lr is for its own optimizer: another --optimizer beside "
+        "it with no --lr takes its own (auto)",
         auto_zero=True,
     )
     lr_batch: int = _f(
@@ -343,7 +365,7 @@ class OptimConfig:
         "the per-process batch --lr is the lr for: --batch-size auto scales the lr from it to the batch chosen "
         "(linear for sgd and for muon's SGD groups, square root for adamw; --muon-lr is not scaled); a fixed "
         "--batch-size trains at --lr as it is. auto (0): --batch-size where it is a number (a run's record: the "
-        "batch its lr trained at), else 64; the presets set the batch they were tuned at",
+        f"batch its lr trained at), else {LR_BATCH}; the presets set the batch they were tuned at",
         auto_zero=True,
     )
     weight_decay: float = _f(
@@ -354,8 +376,17 @@ class OptimConfig:
     momentum: float = _f(
         0.9, "SGD's Nesterov momentum (--optimizer sgd, and Muon's SGD groups; AdamW has none); 0: plain SGD"
     )
-    schedule: str = _f("onecycle", "learning-rate schedule", choices=SCHEDULES)
-    warmup: float = _f(0.15, "fraction of all steps spent warming up (above 0: the first step at half the lr at most)")
+    schedule: str = _f(
+        "onecycle",
+        "the lr after the --warmup: onecycle falls from the peak in a straight line to 0 at the end, cosine along "
+        "half a cosine to 0, constant stays at the peak",
+        choices=SCHEDULES,
+    )
+    warmup: float = _f(
+        0.15,
+        "fraction of all steps spent warming up, in a straight line to the peak lr (above 0: the first step at half "
+        "the lr at most)",
+    )
     label_smoothing: float = _f(0.0, "label smoothing of the cross-entropy loss")
     grad_clip: float = _f(0.0, "clip the global gradient norm to this (0: off)")
     grad_accum: int = _f(1, "micro-batches per optimizer step")
@@ -366,7 +397,9 @@ class OptimConfig:
     ema: float = _f(
         0.0, "average the weights: per-step decay of an exponential moving average, evaluated and saved (0: off)"
     )
-    ema_every: int = _f(1, "optimizer steps between updates of the average (each update decays by ema ** this)")
+    ema_every: int = _f(
+        1, "optimizer steps between updates of the average (each update decays by --ema to the power of this)"
+    )
     ema_start: float = _f(0.0, "fraction of all steps trained before the average starts")
     ema_warmup: float = _f(
         0.0, "decay grows as (step / total steps) ** this: little averaging early, strong at the end (0: constant)"
@@ -376,7 +409,7 @@ class OptimConfig:
     whiten_frozen: bool = _f(False, "keep a whitened stem's filters as the data set them (only its bias trains)")
     bias_decay: bool = _f(
         False,
-        "decay biases and norm parameters too, by weight_decay / bias_lr_scale: the same share per step as "
+        "decay biases and norm parameters too, by --weight-decay / --bias-lr-scale: the same share per step as "
         "the weights at their larger lr (airbench94_muon)",
     )
     muon_lr: float = _f(
@@ -472,7 +505,7 @@ class SpeedConfig:
         "ResNet-18 at 32 px ran 1.022x (b512), 1.027x (b2048) and 1.044x (b4096) as fast on an H200 for a compile "
         "85-120 s longer; ResNet-50 224 b512 with --compile-tiling on too: 1.088x and 1.085x the defaults in two "
         "calls, for a compile of ~6 minutes (benchmarks/results/2026-12-01-h200/call-zn, call-zp, call-zzp, "
-        "call-zzq). auto: on with --compile-tiling's rule (presets.long_compiles_default)",
+        "call-zzq). auto: on where --compile-tiling's auto turns on (the same rule, below)",
         choices=TRISTATE,
     )
     compile_tiling: str = _f(
@@ -482,15 +515,15 @@ class SpeedConfig:
         "1.057x as fast at b256 (7,545 against 7,139 img/s) and 1.062x at b512, for a compile 2-2.5 min "
         "longer; ResNet-18 32 px b512, tiling alone: 1.004x (benchmarks/results/2026-12-01-h200/call-zzi to "
         "call-zzo). auto: on, with --compile-tuning, for ResNet-50 compiled on CUDA when a process trains at "
-        "least 40 million images (epochs x its share of the training set), the run length at which the faster "
-        "step repays the longer compile; off otherwise. `cnnpar tune` tries it",
+        f"least {LONG_RUN_IMAGES:,} images (epochs x its share of the training set), the run length at which the "
+        "faster step repays the longer compile; off otherwise. `cnnpar tune` tries it",
         choices=TRISTATE,
     )
     stem_space_to_depth: str = _f(
         "auto",
         "compute a stride-2 stem convolution on at most 4 channels (ResNet's 7x7 at 64 px and up) as the same "
         "function on 2x2 blocks of the input: a 4x4 stride-1 convolution on 12 channels, zero-padded to 16, "
-        "for tensor-core kernels that 3 channels do not get (parallel/stem.py); weights and checkpoints "
+        "for tensor-core kernels that 3 channels do not get; weights and checkpoints "
         "unchanged, equal to the plain convolution to rounding. auto: on with CUDA (ResNet-50 224 b256 on an "
         "H200: 1.048x and 1.044x the plain stem's img/s, benchmarks/results/2026-12-01-h200/call-zq, call-zr), "
         "off on the CPU (not measured there). Other GPUs, models and precisions are not measured: `cnnpar tune` "
@@ -649,8 +682,8 @@ class RunConfig:
     batch_size: int = _f(
         0,
         "samples per process per micro-step; auto (0): on a GPU the largest batch that fits with a margin and "
-        "still raises measured throughput, found in a few seconds at start; 64 on the CPU; the lr scaled to it "
-        "from --lr-batch (engine/batch_size.py)",
+        f"still raises measured throughput, found in a few seconds at start; {CPU_BATCH} on the CPU; the lr scaled "
+        "to it from --lr-batch",
         auto_zero=True,
     )
     seed: int = _f(

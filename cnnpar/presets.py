@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from cnnpar.config import Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
+from cnnpar.config import LONG_RUN_IMAGES, Config, DataConfig, ModelConfig, OptimConfig, RunConfig, SpeedConfig
 from cnnpar.errors import ConfigError
 
 # The long compiles (--compile-tiling and --compile-tuning together) by the length of the run. Measured for
@@ -24,8 +24,7 @@ from cnnpar.errors import ConfigError
 # The faster step saves 1/7,219 - 1/7,857 s an image, so 423 s are repaid after ~38 million images a process:
 # on from 40 million. ResNet-18 is left out: its tiling gained 0.4 % and its tuning 2-4 % (a step already near
 # 100,000 img/s, where 40 million images take minutes); other models were not measured.
-_LONG_COMPILES_PAY_ON_CUDA = {"resnet50"}
-LONG_RUN_IMAGES = 40_000_000
+_LONG_COMPILES_PAY_ON_CUDA = {"resnet50"}  # (LONG_RUN_IMAGES, the 40 million: config.py, for --help)
 
 
 def long_compiles_default(model_name: str, device_type: str, compile_mode: str, images: int) -> tuple[bool, str]:

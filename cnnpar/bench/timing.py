@@ -17,6 +17,11 @@ SLOW_STEP_S = 1.0
 # Repeats at least, where even the fewest steps per repeat would run past `seconds`: three give a
 # median with a repeat on either side of it, so a range (the noise) is still reported.
 MIN_REPEATS = 3
+# `cnnpar tune`'s default limit on a trial (--trial-s 0), here beside the other durations because its --help states
+# them and the parser imports no torch (bench/tune.py does)
+TRIAL_SHARE = 1 / 3  # this share of the budget ...
+START_FACTOR = 1.5  # ... or this many times the start trial's wall time, whichever is larger
+TRIAL_SHARE_WORDS = {1 / 2: "half", 1 / 3: "a third", 1 / 4: "a quarter"}.get(TRIAL_SHARE, f"{TRIAL_SHARE:g}")
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from cnnpar.report.files import (
     write_text_atomic,
 )
 
+from .timing import START_FACTOR, TRIAL_SHARE, TRIAL_SHARE_WORDS
 from .trial import CUT_OFF, FAILED, OK, ChildResult, run_child, say
 
 KEEP_MARGIN = 1.03  # a change must be 3 % faster to be kept: smaller gains are within run-to-run noise
@@ -57,8 +58,6 @@ KEEP_MARGIN = 1.03  # a change must be 3 % faster to be kept: smaller gains are 
 # more than 3 % (a median 3.30x "faster" overlapped the start's range on a loaded 2-core CPU, and measured 0.18x
 # when run again), and a gain inside that spread is no measurement of the change
 MIN_TRIAL_S = 5.0  # less than a child needs to import torch and build a model: no trial starts with less
-TRIAL_SHARE = 1 / 3  # the default per-trial limit: this share of the budget ...
-START_FACTOR = 1.5  # ... or this many times the start trial's wall time, whichever is larger
 END_RESERVE = 0.03  # share of the budget held back for the last kill and the files
 # the budget suggested at least when the start trial could not even start: the default config's start trial took
 # 26 s on a 2-core CPU host, begun 4 s after the command was; a minute lets a start of that size finish
@@ -541,7 +540,8 @@ def tune(
     limit = (
         f"each trial at most {trial_s:.0f} s"
         if trial_s
-        else f"each trial at most a third of it or {START_FACTOR:g}x the start trial's time, whichever is longer"
+        else f"each trial at most {TRIAL_SHARE_WORDS} of it or {START_FACTOR:g}x the start trial's time, whichever is "
+        "longer"
     )
     log(
         f"tune: budget {budget_s:.0f} s, {limit}; in this order: {', '.join(GROUPS)}. "

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, Subset, get_worker_info
 
-from cnnpar.config import Config, resolve_decode
+from cnnpar.config import RESIDENT_MEMORY_SHARE, Config, resolve_decode
 from cnnpar.data import byte_slots
 from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.byte_slots import ByteSlots, SlottedBatches
@@ -43,8 +43,6 @@ from cnnpar.report.host import WORKERS_PER_CORE, worker_cap_line
 from cnnpar.report.ranges import H2D_COPY, span
 from cnnpar.socket_folder import init_socket_folder
 from cnnpar.worker_start import worker_context
-
-RESIDENT_MEMORY_SHARE = 0.25  # use at most this share of free device memory for a resident data set
 
 
 class ShardSampler(Sampler[int]):

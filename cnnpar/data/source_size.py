@@ -17,16 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from cnnpar.config import KEPT_UP_TO, MIXED_SIDE  # (why those sizes: there)
 from cnnpar.data.encoded_arrays import grey_file
 from cnnpar.data.folder import check_pixel_count
 from cnnpar.data.jpeg_header import read_jpeg_header
 from cnnpar.data.png_header import png_size
 
-MIXED_SIDE = 224
-# A shared size is kept up to ImageNet's resize side: small images (digits, CIFAR, 64-256 px sets) are not enlarged,
-# and photos of one camera's size (1600x1200, 4032x3024) are not trained whole: at their shorter side a model's
-# activations take 29-180x those at 224 (a doctor run on 1600x1200 photos grew to 24 GB and was killed unheard)
-KEPT_UP_TO = 256
 SAMPLE = 2000
 HEAD_BYTES = 1 << 16  # EXIF blocks (thumbnails) before a JPEG's frame header stay under 64 KiB
 

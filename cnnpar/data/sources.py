@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cnnpar.config import DataConfig, parse_shape
+from cnnpar.config import DIGITS_SIZE, SYNTHETIC_CLASSES, SYNTHETIC_SHAPE, DataConfig, parse_shape
 from cnnpar.data.arrays import check_fits, check_label_range, check_npz_members, resize_square, to_labels, to_nchw_uint8
 from cnnpar.data.bundle import (
     CLASS_NAMES_COUNT,
@@ -56,7 +56,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGENET_STATS = "ImageNet's"
 ARRAYS_STATS = "the training images'"
-DIGITS_SIZE = 16
 FOLDER_SIZE = 224
 ARRAYS_OWN_VAL = "the data's own test split"
 FOLDER_OWN_VAL = "the folder's own validation split (its val/, valid/, validation/ or test/)"
@@ -213,8 +212,8 @@ SYNTHETIC_GRID = 4  # side of the coarse per-class pattern that tells classes ap
 def load_synthetic(cfg: DataConfig, seed: int) -> DataBundle:
     """Random uint8 images with a class-dependent brightness offset, so a model can learn it; past
     SYNTHETIC_LEVELS classes (one brightness step each no longer fits), a seeded coarse pattern per class."""
-    c, h, w = parse_shape(cfg.image_shape or "3x32x32")
-    n_classes = cfg.num_classes or 10
+    c, h, w = parse_shape(cfg.image_shape or SYNTHETIC_SHAPE)
+    n_classes = cfg.num_classes or SYNTHETIC_CLASSES
     g = torch.Generator().manual_seed(seed)
     n = cfg.synthetic_samples
     # images, labels (int64) and the class offsets: --synthetic-samples 10**12 asked torch for 8 TB, in a traceback

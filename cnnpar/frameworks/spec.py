@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cnnpar.config import parse_shape
+from cnnpar.config import SYNTHETIC_SHAPE, parse_shape
 from cnnpar.errors import ConfigError
 from cnnpar.report.host import cpu_name as host_cpu_name
 
@@ -176,8 +176,7 @@ def check_square(shape: tuple[int, int, int], what: str) -> None:
 
 SPEC_HELP = {
     "data": "digits (built in), an .npz (x_train, y_train[, x_val|x_test, y_val|y_test]), a train.csv or "
-    "synthetic (random "
-    "images of --image-shape, default 3x32x32)",
+    f"synthetic (random images of --image-shape, default {SYNTHETIC_SHAPE})",
     "format": f"how to read --data (auto, {', '.join(ARRAY_FORMATS)})",
     "image_shape": "CxHxW of CSV rows when not square grey, or of synthetic images; square (H = W)",
     "val_fraction": "seeded hold-out when the data has no test split",

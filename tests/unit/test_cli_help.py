@@ -32,9 +32,8 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
     ],
 )
 def test_help_shows_default(command, flag, shown):
-    help_text = " ".join(_subparsers()[command].format_help().split())  # undo argparse's line wrapping
-    after = help_text.rsplit(flag + " ", 1)[1]  # the last mention is the option list, not the usage line
-    assert shown in after.split(" --", 1)[0], f"{command} {flag}: {after[:160]}"
+    text = _option_help(command, flag)  # its own text may name other flags (--grad-accum)
+    assert shown in text, f"{command} {flag}: {text}"
 
 
 def test_help_does_not_repeat_a_stated_default():
@@ -244,3 +243,141 @@ def test_the_preset_help_names_every_preset_in_one_line_each():
     for name, line in PRESET_LINES.items():
         assert f"'{name}' = {' '.join(line.split())}" in text
     assert "presets.py" not in text
+
+
+def _every_option_help():
+    """(command, flag, help text) of every option of every subcommand, argparse's wrapping undone."""
+    for command, parser in _subparsers().items():
+        for action in parser._actions:
+            if action.option_strings and action.help and action.help != argparse.SUPPRESS:
+                yield command, action.option_strings[-1], " ".join(action.help.split())
+
+
+def test_no_option_help_names_a_setting_by_its_config_key_or_points_at_source():
+    """A learner reads --help for flags: `lr_scaling`, `weight_decay / bias_lr_scale`, `grad_accum` named settings
+    by their config keys, and `(engine/batch_size.py)`, `(presets.long_compiles_default)` pointed at source."""
+    import re
+    from dataclasses import fields
+
+    from cnnpar.config import SECTIONS, Config, cli_option
+
+    keys = {f.name: cli_option(f) for section in SECTIONS for f in fields(getattr(Config(), section))}
+    wrong = []
+    for command, flag, text in _every_option_help():
+        for word in re.findall(r"(?<![\w.-])[a-z]+(?:_[a-z0-9]+)+\b|\bema \*\*", text):
+            if word in keys or word == "ema **":
+                wrong.append(f"{command} {flag}: {word!r} (the flag: {keys.get(word, '--ema')})")
+        wrong += [f"{command} {flag}: {path!r}" for path in re.findall(r"\b[\w/]+\.py\b", text)]
+        wrong += [f"{command} {flag}: {name!r}" for name in re.findall(r"\b(?:presets|config)\.(?!toml\b)\w+", text)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_numbers_the_train_help_states_for_auto_are_the_ones_the_run_uses():
+    """Every number the help gives for an auto or a 0 is read from the code that applies it, for each optimizer and
+    source the help names: a changed default shows in --help without a second edit."""
+    import re
+
+    import numpy as np
+
+    from cnnpar.config import OPTIMIZERS, Config, DataConfig, OptimConfig, asked_lr, lr_reference, resolve_batch_size
+    from cnnpar.data.source_size import pick_side
+    from cnnpar.data.sources import load_digits, load_synthetic
+
+    lr_help = _option_help("train", "--lr")
+    for optimizer in OPTIMIZERS:
+        assert f"{optimizer} {asked_lr(OptimConfig(optimizer=optimizer)):g}" in lr_help, optimizer
+    cpu_batch = resolve_batch_size(0, "cpu")
+    assert f"{cpu_batch} on the CPU" in _option_help("train", "--batch-size")
+    assert f"else {lr_reference(Config())};" in _option_help("train", "--lr-batch")
+    size_help = _option_help("train", "--image-size")
+    kept, mixed = map(int, re.search(r"up to (\d+); else (\d+), for mixed or larger sizes", size_help).groups())
+    assert pick_side(np.array([[kept, kept]]), False)[0] == kept
+    assert pick_side(np.array([[kept + 1, kept + 1]]), False)[0] == mixed
+    assert pick_side(np.array([[32, 32], [64, 64]]), False)[0] == mixed
+    assert f"digits: {load_digits(DataConfig(), 0).shape[-1]};" in size_help
+    synthetic = load_synthetic(DataConfig(source="synthetic", synthetic_samples=64), 0)
+    c, h, w = synthetic.shape
+    assert f"({c}x{h}x{w} unless given)" in _option_help("train", "--image-shape")
+    assert f"synthetic: {synthetic.num_classes})" in _option_help("train", "--num-classes")
+
+
+def test_the_train_help_names_what_train_runs_with_no_flags():
+    from cnnpar.config import Config
+    from cnnpar.data.sources import BUILT_IN, detect_format
+
+    base = Config()
+    assert base.data.source in BUILT_IN  # "the built-in ..." below
+    for text in (_subparsers()["train"].description, _option_help("train", "--preset")):
+        said = " ".join(text.split()).split(f"{base.model.name} on the built-in ", 1)[1]
+        assert said.split(")")[0].split(",")[0].endswith(base.data.source), said[:80]
+    assert f"(defaults: {base.model.name} on the built-in {base.data.source})" in " ".join(
+        build_parser().format_help().split()
+    )
+    format_help = _option_help("train", "--format")
+    for name in ("x.csv", "x.csv.gz", "x.npz", "x.cnnpar"):
+        assert name[1:] in format_help and detect_format(name, "auto") in format_help, name
+
+
+# choices whose word says what they do (a switch's off) or that are torch's own names (torch.compile's modes), and
+# --augment's pairs, made of the parts its help explains
+SAYS_ITSELF = {"off", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"}
+
+
+def test_every_choice_of_every_option_is_named_in_its_help():
+    """--schedule's help was "learning-rate schedule" (onecycle falls in a straight line, not as torch's OneCycleLR),
+    bench's --preset took `claims` and did not name it, predict's --tta-level named none of its views."""
+    import re
+
+    unsaid = []
+    for command, parser in _subparsers().items():
+        for action in parser._actions:
+            if not (action.choices and action.option_strings):
+                continue
+            text = re.sub(r" \(default: [^)]*\)$", "", " ".join((action.help or "").split()))  # not the default
+            for choice in map(str, action.choices):
+                parts = choice.split("+") if action.dest == "data.augment" else [choice]
+                named = all(re.search(rf"(?<![\w+-]){re.escape(part)}(?![\w-])", text) for part in parts)
+                if choice not in SAYS_ITSELF and not named:
+                    unsaid.append(f"{command} {action.option_strings[-1]} {choice}")
+    assert not unsaid, unsaid
+
+
+def test_the_schedule_help_says_where_each_schedule_takes_the_lr():
+    from cnnpar.config import SCHEDULES
+    from cnnpar.engine.optim import schedule_factor
+
+    text = _option_help("train", "--schedule")
+    for schedule in SCHEDULES:
+        end = schedule_factor(999, 1000, 0.15, schedule)
+        said = text.split(f"{schedule} ", 1)[1].split(",")[0]
+        assert ("to 0" in said) == (end < 0.01) and ("at the peak" in said) == (end == 1.0), (schedule, said)
+
+
+def test_the_bench_and_tune_help_numbers_are_the_ones_they_measure_with():
+    """The least steps and repeats bench --timed-s sizes to, the slow step that warms sooner, the claims' budgets
+    and tune's default trial limit, read from the help and checked against the code that applies them."""
+    import re
+
+    from cnnpar.bench.claims import CPU_BUDGET_S, CUDA_BUDGET_S
+    from cnnpar.bench.timing import Timing
+
+    text = _option_help("bench", "--timed-s")
+    least, slow, repeats = re.search(
+        r"at least (\d+) \(1 for a step of ([\d.]+) s or more\).*\(at least (\d+)\)", text
+    ).groups()
+    timing = Timing(3, 30, 5, 1e-9)  # no time at all: every count at its least
+    assert timing.plan(float(slow) * 0.99) == (int(least), int(repeats))
+    assert timing.plan(float(slow)) == (1, int(repeats))
+    assert timing.warm(2, float(slow)) and not timing.warm(2, float(slow) * 0.99)
+    assert f"2 where the second takes {slow} s or more" in _option_help("bench", "--warmup-steps")
+    budget = _option_help("bench", "--budget-s")
+    assert f"claims {CUDA_BUDGET_S:g} with CUDA" in budget and f"{CPU_BUDGET_S:g} on a CPU" in budget
+    from fractions import Fraction
+
+    from cnnpar.bench import tune
+
+    share, factor = re.search(
+        r"the larger of (.+?) of the budget and ([\d.]+)x", _option_help("tune", "--trial-s")
+    ).groups()
+    words = {"half": Fraction(1, 2), "a third": Fraction(1, 3), "a quarter": Fraction(1, 4)}
+    assert words[share] == Fraction(tune.TRIAL_SHARE).limit_denominator(100) and float(factor) == tune.START_FACTOR
