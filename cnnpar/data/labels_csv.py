@@ -165,7 +165,8 @@ def _read_rows(labels_csv: Path) -> list[tuple[int, str, str, str, str]]:
             for fields in reader:
                 if not any(f.strip() for f in fields):
                     continue  # a blank line (a trailing one, most often)
-                if len(fields) > len(header):  # a value past the header's columns was dropped unread
+                # a value past the header's columns was dropped unread; empty ones (a trailing comma) drop nothing
+                if any(f.strip() for f in fields[len(header) :]):
                     raise DataError(f"{labels_csv}: line {reader.line_num}: {row_length(len(fields), len(header))}")
                 name = fields[0].strip()
                 label = fields[label_at].strip() if label_at < len(fields) else ""

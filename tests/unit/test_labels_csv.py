@@ -95,6 +95,15 @@ def test_bad_labels_csv_is_refused_in_one_line_naming_file_line_and_column(tmp_p
         assert "2 row(s) have none: zz, yy" in message
 
 
+def test_empty_values_past_the_header_are_no_dropped_values(tmp_path):
+    """A trailing comma on each row (`a,pug,`, as some exports write them) drops no value: the rows are read, while
+    a value there is refused (the cases above)."""
+    root = _flat(tmp_path, ["a", "b"])
+    labels = _csv(tmp_path, "id,breed\na,pug,\nb,husky, ,\n")
+    bundle = load_data(DataConfig(source=str(root), labels=str(labels), image_size=8, val_fraction=0))
+    assert dict(zip(bundle.train.files, bundle.train.labels.tolist())) == {root / "a.jpg": 1, root / "b.jpg": 0}
+
+
 def test_bad_labels_csv_stops_train_with_its_line(tmp_path, capsys):
     root = _flat(tmp_path, ["a", "b"])
     labels = _csv(tmp_path, "id,breed\na,pug\nb,\n")
