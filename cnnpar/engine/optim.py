@@ -162,6 +162,12 @@ def muon_split(model: nn.Module, held: nn.Parameter | None = None) -> tuple[list
     return filters, decay, no_decay
 
 
+def warmup_steps(total: int, warmup: float) -> int:
+    """The optimizer steps `schedule_factor` warms up over: its share of `total`, the first step at least where
+    `warmup` is above 0."""
+    return max(int(total * warmup), 1 if warmup > 0 else 0)
+
+
 def schedule_factor(step: int, total: int, warmup: float, schedule: str) -> float:
     """The lr of optimizer step `step` (0-based) of `total`, as a share of the peak: a linear warm-up over `warmup`
     of the steps, (step + 1) / its steps, then the schedule from the peak down.
@@ -170,7 +176,7 @@ def schedule_factor(step: int, total: int, warmup: float, schedule: str) -> floa
     at 0.15) int(total * warmup) is 0, no warm-up, or 1, a single warm-up step at (0 + 1) / 1, the peak, and the
     run's first step took the full lr. The steps after it stay where the schedule had them."""
     warm = int(total * warmup)
-    if step < warm or (step == 0 and warmup > 0):
+    if step < warmup_steps(total, warmup):  # (one rule, read by the resume's warm-up line too)
         return (step + 1) / max(2, warm)
     if schedule == "constant":
         return 1.0
@@ -178,12 +184,6 @@ def schedule_factor(step: int, total: int, warmup: float, schedule: str) -> floa
     if schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return max(0.0, 1.0 - progress)  # onecycle: linear up, linear down to zero
-
-
-def warmup_steps(total: int, warmup: float) -> int:
-    """The optimizer steps `schedule_factor` warms up over: its share of `total`, the first step at least where
-    `warmup` is above 0."""
-    return max(int(total * warmup), 1 if warmup > 0 else 0)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int, steps_per_epoch: int = 0):
