@@ -419,7 +419,8 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
         start = trials[0]
         budget = retry_budget_s(start, args.budget_s)
         more = shlex.join(["cnnpar", "tune", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{budget or 0:g}"])
-        first = "the first trial ('start', the defaults)"  # the trials' CSV names it 'start'
+        # the trials' CSV names it 'start'; it runs the config typed (a --config, a preset), not only the defaults
+        first = "the first trial ('start', the config as given)"
         if start.status == "cut off":
             why = f"{first} needs more than {args.budget_s:.0f} s here; give it more: {more}"
         elif budget:

@@ -118,7 +118,9 @@ def test_tune_re_tunes_its_config_in_place_where_out_is_that_config(tmp_path, mo
     assert main(["tune", "--config", str(tuned), "--out", str(tuned), "--budget-s", "0"]) == 1
     out, err = capsys.readouterr()
     assert f"tune: kept {tuned}: it is the --config this run started from, not a result of it" in out
-    assert err.startswith(f"tune: no {tuned} written (the first trial ('start', the defaults) could not run: "), err
+    assert err.startswith(
+        f"tune: no {tuned} written (the first trial ('start', the config as given) could not run: "
+    ), err
     assert tuned.read_text() == dumps_toml(Config())
     assert (tmp_path / "t.csv").read_text().startswith("group,switch,value,status")  # this run's trials
 

@@ -154,7 +154,7 @@ def test_each_tune_writes_into_a_new_folder_of_its_own(tmp_path, monkeypatch, ca
     assert all((f / "tuned.csv").is_file() for f in folders) and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
     assert (
         f"tune: no {folders[1].relative_to(tmp_path) / 'tuned.toml'} written "
-        "(the first trial ('start', the defaults) could not run" in err
+        "(the first trial ('start', the config as given) could not run" in err
     )
 
 

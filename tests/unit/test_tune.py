@@ -600,7 +600,8 @@ def test_a_start_the_budget_left_no_time_for_says_to_raise_the_budget(tmp_path, 
     assert main(["tune", "--device", "cpu", "--budget-s", "0", "--out", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(
-        f"tune: no {out} written (the first trial ('start', the defaults) could not run: time budget spent (0 s left), "
+        f"tune: no {out} written (the first trial ('start', the config as given) could not run: time budget spent "
+        "(0 s left), "
     )
     assert f"raise --budget-s: cnnpar tune --device cpu --out {out} --budget-s 60); trials in " in err
 
