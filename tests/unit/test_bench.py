@@ -681,9 +681,9 @@ def test_compare_says_what_it_expected_of_a_file_that_is_no_readable_csv(tmp_pat
     a.write_bytes(b"name,status,images_per_s,step_ms\n" + b"x" * 200_000 + b"\n")
     with pytest.raises(UserError) as e:
         compare_markdown(a, a)
-    assert str(e.value) == (
-        f"{a}: not a readable CSV (field larger than field limit (131072)): expected a ladder.csv written by "
-        "`cnnpar bench`, with the columns name, status, images_per_s, step_ms"
+    message = str(e.value)  # csv's own words in the brackets are Python's, not pinned here
+    assert message.startswith(f"{a}: not a readable CSV (") and message.endswith(
+        "): expected a ladder.csv written by `cnnpar bench`, with the columns name, status, images_per_s, step_ms"
     )
 
 
