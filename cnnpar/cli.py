@@ -798,7 +798,7 @@ def build_parser() -> argparse.ArgumentParser:
         const=3,
         default=DoctorOptions.try_top,
         metavar="N",
-        help="re-measure the top N recommendations with the config changed (--try alone: 3; without --try: none)",
+        help="re-measure the top N recommendations with the config changed (default: none; --try alone: 3)",
     )
     extra.add_argument(
         "--report-dir",

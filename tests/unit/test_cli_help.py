@@ -43,6 +43,13 @@ def test_help_does_not_repeat_a_stated_default():
     assert "--verify check SRC, a store, against its pixel checksum --" in help_text  # switches: no "(default: False)"
 
 
+def test_the_doctor_try_help_states_its_default_once():
+    """--try's help ended "without --try: none) (default: 0)": two defaults, the second a number of tries."""
+    text = _option_help("doctor", "--try")
+    assert text.endswith("(default: none; --try alone: 3)"), text
+    assert text.count("default") == 1, text
+
+
 @pytest.mark.parametrize(
     "words, message",
     [
