@@ -427,11 +427,13 @@ def _typed_settings(given: dict) -> dict[str, dict]:
 
 def _command(args: argparse.Namespace) -> str:
     """The command whose flags `args` holds, with bench's modes that read other settings than its ladder: one
-    evaluates, one trains nothing (flag_effects.UNREAD)."""
+    evaluates, one trains nothing, and reads not even --out-dir beside --out (flag_effects.UNREAD)."""
     command = getattr(args, "command", "train")
     mode = getattr(args, "bench_mode", "")  # set by cli.cmd_bench
-    if command == "bench" and mode in ("time_to_accuracy", "compare"):
-        return "bench --time-to-accuracy" if mode == "time_to_accuracy" else "bench --compare"
+    if command == "bench" and mode == "compare":
+        return "bench --compare --out" if getattr(args, "out", "") else "bench --compare"
+    if command == "bench" and mode == "time_to_accuracy":
+        return "bench --time-to-accuracy"
     return command
 
 

@@ -357,7 +357,8 @@ _NO_RUN = ("run.name", "run.tensorboard", "run.monitor", "run.progress")  # engi
 # a folder that holds a run is refused), and --monitor samples its telemetry. `cnnpar tune` writes every setting
 # into tuned.toml, for the train it is meant for: none is unread there. `cnnpar bench --compare` reads two CSVs
 # already written and trains nothing: of the config it reads only --out-dir, where its compare.md goes without --out
-# (bench/run._compare), so every other setting typed there (--lr 0.1, --model) is named.
+# (bench/run._compare), so every other setting typed there (--lr 0.1, --model) is named; with --out, --out-dir too
+# (UNREAD_TOO: both lines' reasons).
 UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
     "profile": (
         tuple(RUN_ASKS),
@@ -374,6 +375,10 @@ UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
         "cnnpar bench --compare sets two bench tables already written side by side, training nothing: it applies to "
         "cnnpar train",
     ),
+    "bench --compare --out": (
+        ("run.out_dir",),
+        "cnnpar bench --compare writes compare.md into --out; --out-dir places it only without --out",
+    ),
     "bench --time-to-accuracy": (
         (*_NO_RUN, "run.eval_every"),
         "cnnpar bench --time-to-accuracy evaluates after every epoch, to time the first that reaches --target, with "
@@ -385,23 +390,26 @@ UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
         "folder that holds a run is refused): it applies to cnnpar train",
     ),
 }
+# a command that also leaves unread what another one does, first: bench --compare --out, all bench --compare does
+UNREAD_TOO = {"bench --compare --out": ("bench --compare",)}
 
 
 def unread_by_command(command: str, cfg: Config, typed: set[str]) -> list[str]:
     """One line per flag in `typed` that `command` ("bench --time-to-accuracy", "bench --compare" for those modes)
     does not read at all, whatever the config (UNREAD): the settings of a run's evaluation, progress bar and
-    folder, and for bench --compare all but --out-dir. A run setting's typed value that asks for nothing
-    (`--no-progress`: RUN_ASKS) gets no line."""
+    folder, and for bench --compare all but --out-dir (that too beside --out). A run setting's typed value that
+    asks for nothing (`--no-progress`: RUN_ASKS) gets no line."""
     return list(_unread(command, cfg, typed).values())
 
 
 def _unread(command: str, cfg: Config, typed: set[str]) -> dict[str, str]:
     """`unread_by_command`'s lines by the setting each names."""
-    keys, why = UNREAD.get(command, ((), ""))
     lines = {}
-    for key in [*(k for k in RUN_ASKS if k in keys), *(k for k in keys if k not in RUN_ASKS)]:  # run's first
-        if key in typed and RUN_ASKS.get(key, _anything)(_value(cfg, key)):
-            lines[key] = f"{typed_form(key, _value(cfg, key))} not used: {why}"
+    for name in (*UNREAD_TOO.get(command, ()), command):
+        keys, why = UNREAD.get(name, ((), ""))
+        for key in [*(k for k in RUN_ASKS if k in keys), *(k for k in keys if k not in RUN_ASKS)]:  # run's first
+            if key in typed and RUN_ASKS.get(key, _anything)(_value(cfg, key)):
+                lines[key] = f"{typed_form(key, _value(cfg, key))} not used: {why}"
     return lines
 
 

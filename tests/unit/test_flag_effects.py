@@ -505,6 +505,23 @@ def test_config_flags_typed_for_bench_compare_are_named_but_its_out_dir(capsys, 
     assert err[-1] == f"cnnpar: error: {gone[0]}: file not found (expected a ladder.csv written by `cnnpar bench`)"
 
 
+def test_out_dir_typed_for_bench_compare_beside_out_is_named(capsys, tmp_path):
+    """`cnnpar bench --compare A B --out X --out-dir D` wrote compare.md into X and said nothing of D: --out-dir
+    places it only without --out. The other flags keep their own reason."""
+    from cnnpar.cli import main
+
+    gone = [str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]
+    typed = ["--out", str(tmp_path / "x"), "--out-dir", str(tmp_path / "d"), "--lr", "0.1"]
+    assert main(["bench", "--compare", *gone, *typed]) == 2
+    notes = [line[len(NOTE) :] for line in capsys.readouterr().err.splitlines() if line.startswith(NOTE)]
+    assert notes == [
+        "--lr 0.1 not used: cnnpar bench --compare sets two bench tables already written side by side, training "
+        "nothing: it applies to cnnpar train",
+        f"--out-dir {tmp_path / 'd'} not used: cnnpar bench --compare writes compare.md into --out; --out-dir places "
+        "it only without --out",
+    ]
+
+
 def test_only_the_name_typed_for_doctor_is_named_and_none_for_tune(capsys):
     """`cnnpar doctor` advises `cnnpar train` lines that carry every setting but --name (doctor/run.advice_command),
     and samples telemetry with --monitor; `cnnpar tune` writes every setting into tuned.toml."""
