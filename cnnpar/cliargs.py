@@ -112,6 +112,11 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: dict[str, s
                 group.add_argument(flag, type=kind, choices=choices, metavar=metavar, **kw)
 
 
+# what --budget-s inf does, in bench's and tune's help: at_least(0, float) takes inf, a deadline that never comes
+# (bench's ladder and claims, tune's trials: every check is `left < ...` or `elapsed > budget`, never a division)
+INF_NO_LIMIT = "inf: no limit"
+
+
 def at_least(low: float, kind: type = int):
     """An argparse type: a number of `kind` no smaller than `low`, refused in argparse's one line otherwise (a
     doctor measuring 0 steps gave a verdict from nothing; tune with 0 repeats failed on an empty median)."""

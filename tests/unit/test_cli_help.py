@@ -388,3 +388,11 @@ def test_the_bench_and_tune_help_numbers_are_the_ones_they_measure_with():
     ).groups()
     words = {"half": Fraction(1, 2), "a third": Fraction(1, 3), "a quarter": Fraction(1, 4)}
     assert words[share] == Fraction(tune.TRIAL_SHARE).limit_denominator(100) and float(factor) == tune.START_FACTOR
+
+
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_a_budget_of_inf_parses_and_the_help_says_it_is_no_limit(command):
+    """--budget-s inf was taken, and ran with no limit, while the help promised an end within the budget."""
+    args = build_parser().parse_args([command, "--budget-s", "inf"])
+    assert args.budget_s == float("inf")
+    assert "inf: no limit" in _option_help(command, "--budget-s")

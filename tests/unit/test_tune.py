@@ -117,6 +117,18 @@ def test_every_trial_is_limited_to_what_the_budget_leaves_and_the_run_ends_withi
     assert f"after {len(trials)} trial(s), 5 of them measured\n" in text
 
 
+def test_a_budget_of_inf_cuts_no_trial_off_as_tunes_help_says(tmp_path):
+    """`--budget-s inf` (the help: no limit, each trial runs to its end unless --trial-s cuts it off): every trial
+    runs, max-autotune's 10,000 s compile too, and none is cut off or skipped; with --trial-s, that is the limit."""
+    m = FakeMachine(rate=lambda c: 1000.0, cost=compiled_cost)
+    best, trials = m.tune(resnet50(), float("inf"), tmp_path / "a.toml")
+    assert best is not None and {limit for _, limit, _ in m.calls} == {float("inf")}
+    assert not [t for t in trials if t.status in (CUT_OFF, tune_mod.SKIPPED)]
+    m = FakeMachine(rate=lambda c: 1000.0, cost=compiled_cost)
+    _, trials = m.tune(resnet50(), float("inf"), tmp_path / "b.toml", trial_s=100.0)
+    assert [t.value for t in trials if t.status == CUT_OFF] == ["max-autotune-no-cudagraphs"]
+
+
 def test_the_first_line_states_the_trial_limit_that_applies(tmp_path):
     """It said "each trial at most a third of it" (40 s of 120) where a trial was given 1.5x the start's 31 s."""
     m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 31.0)
