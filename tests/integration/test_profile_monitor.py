@@ -52,7 +52,8 @@ def test_profile_with_every_thread_still_reads_its_trace_and_its_row_limit(tmp_p
     assert reading.startswith("1 recorded steps") and "range forward:" in reading
     md = (out / "top_ops_rank0.md").read_text()
     operators = md.split("| --- |", 1)[1].split("\n\n", 1)[0]  # the first table's rows
-    assert md.startswith("Top 3 operators") and operators.count("\n| `aten::") == 3
+    # torch's own ranges rank beside the aten ops (Optimizer.step#AdamW.step was third on a loaded core)
+    assert md.startswith("Top 3 operators") and operators.count("\n| `") == 3
 
 
 def test_train_monitor_writes_telemetry_beside_metrics(tmp_path):
