@@ -6,6 +6,7 @@ caller's random streams; its cuDNN and TF32 choices changed the caller's later m
 from __future__ import annotations
 
 import contextlib
+import csv
 import gc
 import random
 import signal
@@ -51,7 +52,8 @@ def _cuda_started() -> bool:
 @contextlib.contextmanager
 def torch_settings_kept():
     """The global settings and random streams a command sets (the trainer's seeds and cudnn.benchmark, Precision's
-    TF32 flags, Horovod's threads) as they were before it. A CUDA generator is put back only where CUDA had started
+    TF32 flags, Horovod's threads, the csv module's field limit that data/csv_source.py raises for a pixel CSV's long
+    rows) as they were before it. A CUDA generator is put back only where CUDA had started
     before the command: one started during it keeps the run's seed."""
     saved = {
         "benchmark": torch.backends.cudnn.benchmark,
@@ -60,6 +62,7 @@ def torch_settings_kept():
         "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
         "matmul_precision": torch.get_float32_matmul_precision(),
         "threads": torch.get_num_threads(),
+        "csv_field_limit": csv.field_size_limit(),
         "torch_rng": torch.get_rng_state(),
         "numpy_rng": np.random.get_state(),
         "python_rng": random.getstate(),
@@ -74,6 +77,7 @@ def torch_settings_kept():
         # the precision string first: setting it sets matmul.allow_tf32 too, which is put back after it
         torch.set_float32_matmul_precision(saved["matmul_precision"])
         torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
+        csv.field_size_limit(saved["csv_field_limit"])
         if torch.get_num_threads() != saved["threads"]:
             torch.set_num_threads(saved["threads"])
         torch.set_rng_state(saved["torch_rng"])

@@ -3,6 +3,7 @@ so the caller's Ctrl-C, random streams and torch settings are its own again, and
 
 from __future__ import annotations
 
+import csv
 import os
 import random
 import signal
@@ -30,6 +31,7 @@ def _process_state() -> dict:
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
         "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+        "csv_field_limit": csv.field_size_limit(),
     }
 
 
@@ -50,6 +52,18 @@ def test_two_trains_in_one_process_leave_its_handlers_settings_and_random_stream
     drawn = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(drawn[0], expected[0]) and np.array_equal(drawn[1], expected[1]) and drawn[2] == expected[2]
     assert _first_loss(tmp_path / "a") == _first_loss(tmp_path / "b")
+
+
+def test_a_train_on_a_pixel_csv_leaves_the_csv_modules_field_limit_as_it_was(tmp_path):
+    """data/csv_source.py raises csv's field limit for a pixel CSV's long rows: that limit stayed raised in the
+    caller's process, where its own csv reading then took fields it had refused before."""
+    data = tmp_path / "d.csv"
+    pixels = np.random.default_rng(0).integers(0, 256, (40, 64))
+    header = "label," + ",".join(f"pixel{i}" for i in range(64))
+    data.write_text("\n".join([header, *(f"{i % 2}," + ",".join(map(str, p)) for i, p in enumerate(pixels))]) + "\n")
+    before = _process_state()
+    assert main([*TRAIN, "--data", str(data), "--out-dir", str(tmp_path), "--name", "csv"]) == 0
+    assert _process_state() == before
 
 
 def test_a_stop_inside_a_call_leaves_the_process_as_it_was_and_the_next_call_trains(tmp_path, monkeypatch):
