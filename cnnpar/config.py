@@ -696,7 +696,11 @@ class RunConfig:
         "", "run folder name", shown="MODEL-YYYYMMDD-HHMMSS, or MODEL-JOBID under a torchrun job id: a new folder"
     )
     resume: str = _f("", "resume a run: its folder, a checkpoint file, or 'auto' (this run's folder)")
-    max_steps: int = _f(0, "stop each epoch after this many optimizer steps (0: whole epoch)")
+    max_steps: int = _f(
+        0,
+        "stop each epoch after this many optimizer steps (0: whole epoch); training only: each evaluation still "
+        "scores the whole validation split (--val-fraction 0 skips one held out of the training data)",
+    )
     tta_flip: bool = _f(False, "evaluate on each image and its mirror, averaging the logits")
     tta_level: str = _f(
         "none",

@@ -102,6 +102,7 @@ from cnnpar.models import build_model
 from cnnpar.models.registry import smallest_batchnorm_map
 from cnnpar.parallel import parallelize, resolve_for
 from cnnpar.parallel.apply import apply_stem_space_to_depth, unwrap
+from cnnpar.parallel.precision import emulated_bf16_note
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
 from cnnpar.report.environment import comment_lines, environment
@@ -984,6 +985,8 @@ class Trainer(DivergenceCheck):
         )
         if reasons := speed_reasons(self.requested_cfg, cfg, info.device.type):
             self.log(f"speed: {reasons}")
+        if note := emulated_bf16_note(cfg.speed.precision, info.device):
+            self.log(note)
         lr_note = default_lr_note(self.requested_cfg.optim, cfg.optim, self.set_aside_lr)
         self.log(
             f"batch {cfg.run.batch_size}/process x {info.world_size} process(es) x {cfg.optim.grad_accum} "

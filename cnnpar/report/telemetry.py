@@ -135,16 +135,12 @@ class TelemetrySampler:
 
     # ---- life cycle --------------------------------------------------------------------------
     def start(self) -> TelemetrySampler:
-        import psutil
-
         try:
             self._handles = _nvml_handles()
         except Exception as e:  # no driver, no GPU, no library: host counters still work
             self.log(f"telemetry: no GPU counters (NVML: {first_line(e)}); sampling host CPU and memory only")
             self._handles = []
         self.gpus = [label for label, _ in self._handles]
-        psutil.cpu_percent(interval=None)  # primes the counter: the first figure covers the time since
-        self._cpu_read_at = time.monotonic()
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
         earlier_end = _earlier_samples_end(self.csv_path) if self.append else None
         self._kept_s = earlier_end
@@ -254,8 +250,19 @@ class TelemetrySampler:
         self._cpu_read_at = time.monotonic()  # after the read: the next figure's window starts no earlier
         return share
 
+    def _prime_cpu_counter(self) -> None:
+        """Starts the window of the first host CPU figure. On the sampler's own thread: psutil keeps the last
+        reading of cpu_percent(interval=None) per thread, so a prime on the thread that started sampling left the
+        sampler's first figure without one, and psutil gave 0.0 for it (telemetry.csv's first figure read 0.0 on a
+        busy host)."""
+        import psutil
+
+        psutil.cpu_percent(interval=None)
+        self._cpu_read_at = time.monotonic()
+
     def _run(self) -> None:
         try:
+            self._prime_cpu_counter()
             self.sample()
             while not self._stop.wait(self.interval_s):
                 self.sample()

@@ -111,3 +111,30 @@ def test_no_host_cpu_reading_covers_only_the_moments_since_the_one_before(tmp_pa
     # the prime, then one read per figure written, each over at least the window since the read before
     assert len(read_at) == 1 + len(figures)
     assert min(b - a for a, b in zip(read_at, read_at[1:])) >= telemetry.MIN_CPU_WINDOW_S
+
+
+def test_the_first_host_cpu_figure_covers_the_time_since_sampling_began(tmp_path, monkeypatch):
+    """psutil keeps cpu_percent's last reading per thread: the counter primed on the thread that started sampling
+    left the sampler thread's first figure without one, and psutil gave 0.0 for it, on a host kept busy meanwhile."""
+    import psutil
+
+    monkeypatch.setattr(telemetry, "_nvml_handles", _no_nvml)
+    # psutil's per-thread readings, keyed by thread id: an earlier test's sampler thread, whose id a new thread
+    # may reuse, must not leave this one a reading
+    monkeypatch.setattr(psutil, "_last_cpu_times", {})
+    real = psutil.cpu_percent
+    threads: set[int] = set()
+
+    def recorded(*args, **kwargs):
+        threads.add(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(psutil, "cpu_percent", recorded)
+    path = tmp_path / "telemetry.csv"
+    with telemetry.TelemetrySampler(path, interval_s=0.3, log=lambda s: None):
+        end = time.monotonic() + 0.45
+        while time.monotonic() < end:  # one core busy: the host's share is well above 0 over the first figure
+            pass
+    assert threading.get_ident() not in threads and len(threads) == 1  # every reading on the sampler's thread
+    figures = [r["host_cpu_pct"] for r in read_csv(path) if r["host_cpu_pct"] != ""]
+    assert figures and float(figures[0]) > 0.0
