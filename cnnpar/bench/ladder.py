@@ -2,8 +2,9 @@
 
 Each rung is the user's base config with the baseline's switches, plus every earlier rung's
 change, plus its own. A rung marked `branch` (fp16 + GradScaler) is measured but later rungs do
-not build on it. Rungs that need CUDA are recorded as skipped (with the reason) on the CPU and
-contribute nothing to later rungs, so a CPU ladder has fewer measured rows but the same columns.
+not build on it; so is bf16 where --precision auto would not train in it (a CPU that emulates bf16).
+Rungs that need CUDA are recorded as skipped (with the reason) on the CPU and contribute nothing to
+later rungs, so a CPU ladder has fewer measured rows but the same columns.
 
 A rung marked `in_place` (CUDA graphs, resident data) is measured on the Trainer of the rung just
 measured before it, when that is the rung it builds on, with its one switch applied in place
@@ -32,6 +33,7 @@ from cnnpar.errors import UserError
 from cnnpar.host_facts import usable_cores
 from cnnpar.models import build_model
 from cnnpar.parallel import resolve_for
+from cnnpar.parallel.precision import bf16_on
 from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.presets import with_overrides
 from cnnpar.report.meters import free_device_memory
@@ -134,6 +136,7 @@ class PlannedRung:
     cfg: Config  # resolved for the device
     builds_on: str  # the rung whose config this one extends ("" for the baseline)
     skip_reason: str  # "" when the rung is to be measured
+    branch_note: str = ""  # why a rung that later rungs build on elsewhere is a branch here ("" where it is not)
 
 
 def parse_only(only: str | None, known: tuple[str, ...], what: str) -> set[str] | None:
@@ -170,6 +173,15 @@ def _skip_reason(rung: Rung, cfg: Config, device: torch.device, bundle: DataBund
     return ""
 
 
+def _branch_note(rung: Rung, device: torch.device) -> str:
+    """Where --precision auto trains in fp32 (a CPU that emulates bf16, many times slower), the bf16 rung is measured
+    but later rungs do not build on it: built on it, every later rung read as a loss (channels_last and compile at
+    0.14x the baseline on a 2-core EPYC) that `cnnpar train` never pays there."""
+    if rung.name == "bf16" and not bf16_on(device):
+        return "a branch here: --precision auto trains fp32 on this device, so later rungs build on fp32"
+    return ""
+
+
 def plan_ladder(base: Config, device: torch.device, bundle: DataBundle) -> list[PlannedRung]:
     current, parent, plan = base, "", []
     for i, rung in enumerate(RUNGS):
@@ -179,8 +191,9 @@ def plan_ladder(base: Config, device: torch.device, bundle: DataBundle) -> list[
             cfg = current
         # as_measured: the long compiles' "auto" as the rung's Trainer (build_trainer) settles it, so that the row
         # says what ran
-        plan.append(PlannedRung(i, rung, as_measured(resolve_for(cfg, device)), parent, reason))
-        if not reason and not rung.branch:
+        note = "" if reason else _branch_note(rung, device)
+        plan.append(PlannedRung(i, rung, as_measured(resolve_for(cfg, device)), parent, reason, note))
+        if not reason and not rung.branch and not note:
             current, parent = cfg, rung.name
     return plan
 
@@ -248,7 +261,7 @@ def run_ladder(
             **meta,
             "rung": p.index,
             "name": p.rung.name,
-            "technique": p.rung.technique,
+            "technique": p.rung.technique + (f" ({p.branch_note})" if p.branch_note else ""),
             "builds_on": p.builds_on,
             "needs": "cuda" if p.rung.needs_cuda else "",
             **switches(p.cfg),

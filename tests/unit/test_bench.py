@@ -34,8 +34,11 @@ def digits8():
 
 
 def test_a_failing_rung_is_recorded_and_the_ladder_goes_on(digits8, monkeypatch):
+    from cnnpar.parallel import precision
+
     cfg, bundle = digits8
     real = train_step.forward_backward
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)  # later rungs build on bf16 (and not fp16)
 
     def oom_under_fp16(model, x, y, precision, *args):
         if precision.kind == "fp16":
@@ -64,6 +67,24 @@ def test_cpu_plan_skips_cuda_rungs_without_carrying_them_forward(digits8):
     assert last.data.pin_memory == "off" and last.data.prefetch_stream == "off" and last.data.resident == "off"
     assert last.speed.compile == "default" and last.data.persistent_workers and last.data.loader == "fast"
     assert plan["persistent_workers"].builds_on == "workers"  # pin_memory was skipped, so not its parent
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_later_rungs_build_on_bf16_only_where_auto_would_train_in_it(digits8, monkeypatch, native):
+    """On a CPU that emulates bf16 every rung after bf16 was measured in emulated bf16: channels_last and compile
+    read 0.14x the baseline on a 2-core EPYC, a loss `cnnpar train` (fp32 there by --precision auto) never pays."""
+    from cnnpar.parallel import precision
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+    cfg, bundle = digits8
+    plan = {p.rung.name: p for p in plan_ladder(cfg, torch.device("cpu"), bundle)}
+    assert plan["bf16"].cfg.speed.precision == "bf16" and not plan["bf16"].skip_reason  # bf16 itself is measured
+    later = plan["channels_last"]
+    assert later.builds_on == ("bf16" if native else "uint8_device")
+    assert later.cfg.speed.precision == plan["compile"].cfg.speed.precision == ("bf16" if native else "fp32")
+    assert bool(plan["bf16"].branch_note) is not native
+    rows = run_ladder(cfg, bundle, CPU, Timing(1, 2, 1), {}, only={"bf16"}, log=lambda s: None)
+    assert ("later rungs build on fp32" in rows[0]["technique"]) is not native  # the row says why
 
 
 def test_tta_stops_at_the_first_epoch_that_reaches_the_target():
