@@ -176,7 +176,8 @@ def _skip_reason(rung: Rung, cfg: Config, device: torch.device, bundle: DataBund
 def _branch_note(rung: Rung, device: torch.device) -> str:
     """Where --precision auto trains in fp32 (a CPU that emulates bf16, many times slower), the bf16 rung is measured
     but later rungs do not build on it: built on it, every later rung read as a loss (channels_last and compile at
-    0.14x the baseline on a 2-core EPYC) that `cnnpar train` never pays there."""
+    0.17x and 0.14x the baseline on a 2-core EPYC: benchmarks/results/ladder_cpu_emulated_bf16/) that `cnnpar train`
+    never pays there."""
     if rung.name == "bf16" and not bf16_on(device):
         return "a branch here: --precision auto trains fp32 on this device, so later rungs build on fp32"
     return ""

@@ -38,8 +38,8 @@ def bf16_on(device: torch.device) -> bool:
 
 def emulated_bf16_note(precision: str, device: torch.device) -> str:
     """A line where a run trains in bf16 on a CPU that emulates it ("" elsewhere): --precision auto picks fp32 there,
-    so only a typed bf16 (or a preset's) gets here, and it trained many times slower than fp32 without a word (cnn3
-    on the digits, one core of a 2-core EPYC: 287 img/s against 2,385)."""
+    so only a typed bf16 (or a preset's) gets here, and it trained many times slower than fp32 without a word (the
+    bf16 rung of benchmarks/results/ladder_cpu_emulated_bf16/: about a tenth of fp32's images/s)."""
     if precision != "bf16" or device.type != "cpu" or cpu_has_native_bf16():
         return ""
     return (

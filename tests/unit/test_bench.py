@@ -72,7 +72,8 @@ def test_cpu_plan_skips_cuda_rungs_without_carrying_them_forward(digits8):
 @pytest.mark.parametrize("native", [False, True])
 def test_later_rungs_build_on_bf16_only_where_auto_would_train_in_it(digits8, monkeypatch, native):
     """On a CPU that emulates bf16 every rung after bf16 was measured in emulated bf16: channels_last and compile
-    read 0.14x the baseline on a 2-core EPYC, a loss `cnnpar train` (fp32 there by --precision auto) never pays."""
+    read 0.17x and 0.14x the baseline on a 2-core EPYC (benchmarks/results/ladder_cpu_emulated_bf16/), a loss
+    `cnnpar train` (fp32 there by --precision auto) never pays."""
     from cnnpar.parallel import precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)

@@ -106,7 +106,7 @@ def test_fp16_under_horovod_reads_the_gradients_after_its_all_reduce():
 @pytest.mark.parametrize("native", [False, True])
 def test_a_typed_bf16_on_a_cpu_that_emulates_it_is_said_at_the_start(tmp_path, monkeypatch, capsys, native):
     """--precision auto picks fp32 on a CPU without native bf16, but a typed bf16 trained there many times slower
-    than fp32 (cnn3 on the digits: 287 img/s against 2,385) with no word about it."""
+    than fp32 (benchmarks/results/ladder_cpu_emulated_bf16/: about a tenth of its images/s) with no word about it."""
     from cnnpar.cli import main
     from cnnpar.parallel import precision
 
