@@ -11,6 +11,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from cnnpar.console import rate_text
 from cnnpar.errors import (
     ConfigError,
     EveryRankRefused,
@@ -263,7 +264,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                 scope = f" (epochs {first}-{last}, resumed)" if first > 1 else ""
                 best_text += (
                     f"{s['images_trained']:,} images trained{scope} in {s['train_s']:.1f} s with the evaluations and "
-                    f"checkpoints: {overall:,.0f} img/s (epochs {s['epochs_s']:.1f} s, evaluations "
+                    f"checkpoints: {rate_text(overall)} img/s (epochs {s['epochs_s']:.1f} s, evaluations "
                     f"{s['eval_s']:.1f} s, checkpoints {s['checkpoint_s']:.1f} s, the rest {max(rest, 0.0):.1f} s) | "
                 )
             print(f"done: {best_text}run folder {result.run_dir}")

@@ -174,6 +174,9 @@ def _bundle_from_arrays(
             f"{origin}[class_names]: {len(names)} names for {n_classes} classes ({classes_from}): expected one "
             "name a class"
         )
+    if names is not None and classes_from != CLASS_NAMES_COUNT:
+        # the count still came from the labels (or --num-classes); the line says where the names came from too
+        classes_from += "; names from the archive's class_names"
     mean, std = channel_stats(train.x)
     return DataBundle(
         train,

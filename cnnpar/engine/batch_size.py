@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from cnnpar.config import Config, batch_lr_factor, lr_rule
+from cnnpar.console import rate_text
 from cnnpar.dist import DistInfo, all_reduce_max
 from cnnpar.engine.train_step import TrainStep, build_standalone_step
 from cnnpar.parallel.apply import apply_channels_last
@@ -80,9 +81,7 @@ class BatchChoice:
     started: str = ""  # why the search did not start at START, if it did not
 
     def line(self) -> str:
-        tried = ", ".join(
-            f"{p.batch}: {p.failed}" if p.failed else f"{p.batch}: {p.images_per_s:,.0f} img/s" for p in self.probes
-        )
+        tried = ", ".join(f"{p.batch}: {p.failed or f'{rate_text(p.images_per_s)} img/s'}" for p in self.probes)
         started = f"; started at {self.started}" if self.started else ""
         measured = f"measured {tried}" if tried else "none measured"  # a split too small for any trial
         return f"batch size auto: {self.batch} ({measured}{started}; stopped: {self.stopped})"

@@ -35,6 +35,7 @@ from cnnpar.config import (
     speed_reasons,
     to_dict,
 )
+from cnnpar.console import rate_text
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
@@ -1202,7 +1203,7 @@ class Trainer(DivergenceCheck):
             skipped = f"  skipped {row['skipped_steps']}" if self.precision.scaler is not None else ""
             self.log(
                 f"epoch {epoch}/{self.cfg.run.epochs}  train loss {row['train_loss']:.4f} "
-                f"acc {100 * row['train_acc']:.2f}%{val}  {row['images_per_s']:,.0f} img/s  "
+                f"acc {100 * row['train_acc']:.2f}%{val}  {rate_text(row['images_per_s'])} img/s  "
                 f"data wait {100 * row['data_wait_share']:.0f}%  {row['epoch_s']:.1f} s{skipped}  "
                 f"({between}checkpoint {row['checkpoint_s']:.2f} s)"
             )

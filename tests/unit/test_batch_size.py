@@ -272,3 +272,21 @@ def test_a_search_that_measured_nothing_says_so():
 
     line = BatchChoice(64, "the data set allows no larger batch").line()
     assert line == "batch size auto: 64 (none measured; stopped: the data set allows no larger batch)"
+
+
+def test_slow_rates_keep_three_figures_where_whole_numbers_read_zero():
+    """ResNet-50 at 224 px on a laptop CPU trains under 1 img/s: the search's line, the epoch line and `done:` printed
+    "0 img/s" (`,.0f`). They print through console.rate_text."""
+    from cnnpar.console import rate_text
+    from cnnpar.engine.batch_size import BatchChoice
+
+    assert [rate_text(x) for x in (0.0, 0.4213, 7.5, 99.4, 100.0, 85215.4)] == [
+        "0",
+        "0.421",
+        "7.5",
+        "99.4",
+        "100",
+        "85,215",
+    ]
+    line = BatchChoice(64, "the CPU's fixed size", [Probe(64, 0.4213), Probe(128, failed="out of memory")]).line()
+    assert "measured 64: 0.421 img/s, 128: out of memory" in line

@@ -393,7 +393,13 @@ def test_an_npz_s_class_names_set_the_class_count_where_they_cover_the_labels(tm
         "label is theirs: give them examples or drop their names)",
     ]
     given = load_data(DataConfig(source=str(tmp_path / "first4.npz"), num_classes=6))  # the flag that worked
-    assert class_lines(given)[0] == "classes: 6 (--num-classes)" and "4 (deer), 5 (dog)" in class_lines(given)[1]
+    named = "classes: 6 (--num-classes; names from the archive's class_names)"
+    assert class_lines(given)[0] == named and "4 (deer), 5 (dog)" in class_lines(given)[1]
+    # names for exactly the labels' classes: the count is the labels', the names the archive's, and the line says both
+    np.savez(tmp_path / "four.npz", x_train=x, y_train=y, class_names=names[:4])
+    assert class_lines(load_data(DataConfig(source=str(tmp_path / "four.npz")))) == [
+        "classes: 4 (labels' max + 1; names from the archive's class_names)"
+    ]
     np.savez(tmp_path / "few.npz", x_train=x, y_train=y, class_names=names[:3])  # fewer names than labels: refused
     with pytest.raises(DataError, match=r"few\.npz\[class_names\]: 3 names for 4 classes \(labels' max \+ 1\)"):
         load_data(DataConfig(source=str(tmp_path / "few.npz")))
