@@ -44,4 +44,3 @@ def rate_text(per_s: float) -> str:
     """A rate as a person reads it: whole numbers with thousands separators from 100 up, three significant figures
     below (ResNet-50 at 224 px on a laptop CPU trains under 1 img/s, which `,.0f` printed as "0 img/s")."""
     return f"{per_s:,.0f}" if abs(per_s) >= 100 or per_s == 0 else f"{per_s:.3g}"
-
