@@ -537,14 +537,18 @@ def tune(
     check_out(Path(out), config_read)
     run_trial = run_trial or child_trial(steps, repeats, log)
     tuner = Tuner(budget_s, Path(out), trial_s, run_trial, clock, clock() if started is None else started, log)
+    unlimited = budget_s == float("inf")  # --budget-s inf: "budget inf s" read like a figure
     limit = (
         f"each trial at most {trial_s:.0f} s"
         if trial_s
+        else "each trial without a time limit"
+        if unlimited
         else f"each trial at most {TRIAL_SHARE_WORDS} of it or {START_FACTOR:g}x the start trial's time, whichever is "
         "longer"
     )
+    budget = "no time limit (--budget-s inf)" if unlimited else f"{budget_s:.0f} s"
     log(
-        f"tune: budget {budget_s:.0f} s, {limit}; in this order: {', '.join(GROUPS)}. "
+        f"tune: budget {budget}, {limit}; in this order: {', '.join(GROUPS)}. "
         f"{tuner.out} is rewritten after every trial that beats the best so far."
     )
     from cnnpar.dist import apple_gpu_note

@@ -136,6 +136,11 @@ def test_the_first_line_states_the_trial_limit_that_applies(tmp_path):
     tune_mod.tune(resnet50(), 120, tmp_path / "tuned.toml", run_trial=m.run_trial, clock=m.clock, log=said.append)
     assert "each trial at most a third of it or 1.5x the start trial's time, whichever is longer" in said[0]
     assert m.calls[1][1] == pytest.approx(46.5)  # the second trial's limit: 1.5 x 31 s, above 120 / 3
+    said.clear()  # --budget-s inf: the line read "budget inf s, each trial at most a third of it or ..."
+    tune_mod.tune(
+        resnet50(), float("inf"), tmp_path / "inf.toml", run_trial=m.run_trial, clock=m.clock, log=said.append
+    )
+    assert said[0].startswith("tune: budget no time limit (--budget-s inf), each trial without a time limit; ")
 
 
 @pytest.mark.parametrize("budget", [180.0, 200.0])
