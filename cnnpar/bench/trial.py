@@ -207,7 +207,7 @@ def _main(argv: list[str] | None) -> int:
         oom = isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
         value = {"status": FAILED, "error": f"{type(e).__name__}: {first_line(e)}"[:300], "oom": oom}
         code = 1
-    write_json_atomic(result_path, value)
+    write_json_atomic(result_path, value, strict=False)  # read back by the parent alone (run_child), nan and all
     return code
 
 

@@ -8,6 +8,7 @@ import datetime as _dt
 import glob
 import itertools
 import json
+import math
 import os
 import secrets
 import shutil
@@ -314,8 +315,27 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     atomic_write(path, lambda p: p.write_text(text, **TEXT))
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+def finite_json(obj: Any) -> Any:
+    """`obj` with every float that is not finite (a loss that overflowed, an infinite budget, a rate of nothing over
+    no time) as None, in the dicts, lists and tuples it holds: json.dumps writes those as NaN and Infinity, which no
+    JSON reader but Python's takes (jq, JavaScript's JSON.parse, a CI script's). null is what JavaScript's own
+    JSON.stringify writes for them."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {key: finite_json(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(value) for value in obj]
+    return obj
+
+
+def write_json_atomic(path: str | Path, obj: Any, strict: bool = True) -> None:
+    """`obj` as indented JSON with sorted keys; `strict`: every value that is not a finite number as null
+    (`finite_json`), so that any JSON reader takes the file. `strict=False` only for a file between cnnpar's own
+    processes (json.loads reads NaN back), where null would turn a measured nan into a missing value."""
+    if strict:
+        obj = finite_json(obj)
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=not strict) + "\n")
 
 
 def write_csv_atomic(path: str | Path, rows: list[dict], columns: list[str] | None = None) -> None:

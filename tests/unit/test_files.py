@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import json
+import math
 import os
 import stat
 
@@ -12,7 +14,13 @@ import torch
 from cnnpar.engine.checkpoint import save_checkpoint
 from cnnpar.errors import UserError
 from cnnpar.report import files
-from cnnpar.report.files import atomic_write, write_csv_atomic, write_errors_explained, write_text_atomic
+from cnnpar.report.files import (
+    atomic_write,
+    write_csv_atomic,
+    write_errors_explained,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 
 @pytest.fixture
@@ -209,3 +217,29 @@ def test_errors_other_than_the_files_pass_through_the_explanation(tmp_path):
     with pytest.raises(ValueError, match="not a write"):
         with write_errors_explained(tmp_path / "x", "expected room for it"):
             raise ValueError("not a write")
+
+
+def strict_json(text: str):
+    """json.loads as jq and JavaScript's JSON.parse read: NaN, Infinity and -Infinity are no JSON."""
+
+    def refuse(token):
+        raise ValueError(f"not JSON: {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_records_hold_no_nan_or_infinity_a_strict_reader_refuses(tmp_path):
+    record = {
+        "val_loss": math.nan,
+        "budget_s": math.inf,
+        "rows": [{"gain": -math.inf, "acc": 0.5}],
+        "pair": (1.0, math.nan),
+    }
+    write_json_atomic(tmp_path / "summary.json", record)
+    read = strict_json((tmp_path / "summary.json").read_text())
+    assert read == {"val_loss": None, "budget_s": None, "rows": [{"gain": None, "acc": 0.5}], "pair": [1.0, None]}
+
+
+def test_json_between_cnnpars_own_processes_keeps_a_measured_nan(tmp_path):
+    write_json_atomic(tmp_path / "result.json", {"images_per_s": math.nan}, strict=False)
+    assert math.isnan(json.loads((tmp_path / "result.json").read_text())["images_per_s"])
