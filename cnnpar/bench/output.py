@@ -89,6 +89,7 @@ CLAIM_COLUMNS = META_COLUMNS + [
     "variant_max",
     "steps_per_repeat",
     "seconds",
+    "config",
 ]
 
 TTA_COLUMNS = META_COLUMNS + [

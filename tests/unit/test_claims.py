@@ -15,6 +15,7 @@ from cnnpar.bench.claims import (
     BY_ID,
     CLAIMS,
     CNN3_16,
+    RESNET18_32,
     ClaimContext,
     Measured,
     Workload,
@@ -269,6 +270,27 @@ def test_the_host_loader_and_preprocessing_claims_record_their_timed_steps_per_r
     preprocess = claims_mod.compiled_preprocess(ctx, tiny)
     assert loader.steps == preprocess.steps == "4/4"
     assert claims_mod.measured_fields(BY_ID["collate_speed"], loader)["steps_per_repeat"] == "4/4"
+
+
+def test_a_claims_row_records_the_config_of_each_side_it_measured():
+    """claims.csv named each claim's settings only in the method's words: pin_memory's worker count, the user's
+    --seed and the two sides' precision, compile and loader were nowhere in its rows. Each row's `config` now holds
+    both sides as the `cnnpar train` line that runs them."""
+    from cnnpar.bench.output import CLAIM_COLUMNS
+
+    rate = {"images_per_s": 100.0, "images_per_s_min": 99.0, "images_per_s_max": 101.0, "steps_per_repeat": 3}
+    base = with_overrides(Config(), data={"workers": 2}, run={"seed": 7})
+    ctx = ClaimContext(base, CUDA, Timing(), log=lambda s: None)
+    ctx.rate = lambda cfg, w: rate
+    claim = BY_ID["pin_memory"]
+    row = claims_mod.measured_fields(claim, claim.measure(ctx, claim.workload))
+    baseline, variant = row["config"].split("; variant: ")
+    for side, pin in ((baseline, "off"), (variant, "on")):
+        assert f"--pin-memory {pin}" in side and "--workers 2" in side and "--seed 7" in side
+        assert "--model resnet50" in side and "--image-shape 3x224x224" in side and "--precision bf16" in side
+    assert baseline.startswith("baseline: cnnpar train ") and "config" in CLAIM_COLUMNS
+    tuned = BY_ID["max_autotune"].measure(ctx, RESNET18_32)
+    assert "--compile max-autotune" in tuned.config.split("; variant: ")[1]
 
 
 def test_the_probes_count_the_steps_each_repeat_timed():
