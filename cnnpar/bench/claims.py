@@ -256,7 +256,8 @@ def compiled_preprocess(ctx: ClaimContext, w: Workload) -> Measured:
         eager,
         compiled,
         "ms/batch",
-        f"uint8 -> normalise, pad-4 crop, flip on a batch of {w.batch}: eager -> torch.compile",
+        f"cnnpar's device-side transform (pad-4 crop, flip on uint8, then normalise) on a batch of {w.batch}: "
+        "eager -> torch.compile",
         higher_is_better=False,
         steps=per_repeat(eager_steps, compiled_steps),  # batches preprocessed per repeat
     )

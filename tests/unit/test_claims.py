@@ -298,3 +298,31 @@ def test_the_probes_count_the_steps_each_repeat_timed():
     spread, steps = probes.time_calls(lambda: calls.append(1), torch.device("cpu"), Timing(1, 5, 3, seconds=0))
     assert steps == 5 and len(calls) == 3 + 1 + 3 * 5  # warm-up (at least 3), the sizing call, the repeats
     assert spread.low <= spread.median <= spread.high
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_preprocessing_claim_times_the_transform_training_runs(monkeypatch, compiled):
+    """compiled_preprocess timed a copy of the device-side transform that normalised first and cropped and flipped
+    floats (four times the bytes of each pass), where a train step's batch goes through data/transforms.py's
+    DeviceTransform (crop and flip on uint8, then one multiply-add): both sides now call that one owner."""
+    from cnnpar.data.transforms import DeviceTransform
+
+    owner, seen = DeviceTransform.__call__, []
+
+    def recorded(self, x, train, index=None):
+        seen.append((x.dtype, train))
+        return owner(self, x, train, index)
+
+    monkeypatch.setattr(DeviceTransform, "__call__", recorded)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # which code runs is tested here, not the compile
+    batch = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    outputs = []
+    monkeypatch.setattr(
+        probes, "time_calls", lambda fn, device, timing: (outputs.append(fn()), (Spread.single(1), 1))[1]
+    )
+    probes.preprocess_ms(batch, compiled, torch.device("cpu"), Timing())
+    assert seen == [(torch.uint8, True)]  # the uint8 batch, augmented as in training
+    out = outputs[0]
+    assert out.dtype == torch.float32 and out.shape == (4, 3, 8, 8)
+    pixels = (out * 0.25 + 0.5) * 255  # the normalisation (x / 255 - 0.5) / 0.25 undone: the uint8 values again
+    assert torch.allclose(pixels, pixels.round(), atol=1e-3) and 0 <= pixels.round().min() <= pixels.max() < 255.5
