@@ -397,6 +397,24 @@ def test_compare_with_a_ladder_from_before_the_ranges_says_its_noise_is_unknown(
 CLAIMS = [*(a for a in BENCH if a not in ("--image-size", "8")), "--claims", "--timed-s", "1", "--budget-s", "100000"]
 
 
+@pytest.mark.parametrize(
+    "modes, typed",
+    [
+        (["--claims", "--compare", "a.csv", "b.csv"], "--claims and --compare"),
+        (["--preset", "claims", "--time-to-accuracy"], "--claims and --time-to-accuracy"),
+        (["--time-to-accuracy", "--target", "0.9", "--compare", "a.csv", "b.csv"], "--time-to-accuracy and --compare"),
+    ],
+)
+def test_two_bench_modes_at_once_are_refused_before_anything_runs(tmp_path, capsys, modes, typed):
+    """`--claims --compare A B` ran the comparison and `--claims --time-to-accuracy` the claims: the other mode's
+    flag was dropped without a word."""
+    assert main(["bench", "--device", "cpu", "--out-dir", str(tmp_path), *modes]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"cnnpar: error: bench {typed}: one mode at a time: expected one of --claims, --time-to-accuracy, --compare"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def _bundle_out_of_memory(self, w):
     raise RuntimeError("out of memory (injected)")
 
