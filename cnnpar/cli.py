@@ -585,7 +585,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 
     # the budget counts from the process's start, so `--budget-s 170` ends the command within 3 minutes
     started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
-    from cnnpar.bench.run import BenchOptions, run_bench
+    from cnnpar.bench.run import BenchOptions, pick_mode, run_bench
     from cnnpar.bench.timing import Timing
     from cnnpar.cliargs import config_from_args
 
@@ -598,9 +598,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     claims = args.claims or args.preset == "claims"
     if args.preset == "claims":
         args.preset = None  # a bench mode, not a config preset
-    mode = (
-        "compare" if args.compare else "claims" if claims else "time_to_accuracy" if args.time_to_accuracy else "ladder"
-    )
+    mode = pick_mode(claims, args.time_to_accuracy, bool(args.compare))
     repeats = args.repeats or (1 if mode == "time_to_accuracy" else Timing.repeats)
     timing = Timing(args.warmup_steps, args.timed_steps, repeats, args.timed_s)
     compare = tuple(args.compare or ("", ""))

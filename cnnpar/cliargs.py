@@ -432,11 +432,14 @@ def _typed_settings(given: dict) -> dict[str, dict]:
 
 def _command(args: argparse.Namespace) -> str:
     """The command whose flags `args` holds, with bench's modes that read other settings than its ladder: one
-    evaluates, one trains nothing, and reads not even --out-dir beside --out (flag_effects.UNREAD)."""
+    evaluates, one trains nothing, and reads not even --out-dir beside --out, one builds each claim's own config
+    (flag_effects.UNREAD)."""
     command = getattr(args, "command", "train")
     mode = getattr(args, "bench_mode", "")  # set by cli.cmd_bench
     if command == "bench" and mode == "compare":
         return "bench --compare --out" if getattr(args, "out", "") else "bench --compare"
+    if command == "bench" and mode == "claims":
+        return "bench --claims"
     if command == "bench" and mode == "time_to_accuracy":
         return "bench --time-to-accuracy"
     return command

@@ -349,6 +349,11 @@ RUN_ASKS: dict[str, Callable[[object], bool]] = {
 }
 _NO_RUN = ("run.name", "run.tensorboard", "run.monitor", "run.progress")  # engine/harness.build_trainer: never fit()
 
+# the settings bench --claims reads (bench/claims.ClaimContext.config: every claim starts from the defaults, with the
+# workload it names): the device, the seed of its synthetic images, the workers of pin_memory's DataLoader and the
+# default results folder's root; a --lr or --precision typed beside --claims was dropped without a word
+CLAIMS_READ = ("speed.device", "run.seed", "data.workers", "run.out_dir")
+
 # the settings each command does not read, and why. `cnnpar profile` (doctor/profile.py) and `cnnpar bench`
 # train through engine/harness.build_trainer's Trainer (no progress bar, run name or folder: fit(), which writes
 # telemetry and TensorBoard, is never called) and write their own files; bench --time-to-accuracy evaluates after
@@ -378,6 +383,12 @@ UNREAD: dict[str, tuple[tuple[str, ...], str]] = {
     "bench --compare --out": (
         ("run.out_dir",),
         "cnnpar bench --compare writes compare.md into --out; --out-dir places it only without --out",
+    ),
+    "bench --claims": (
+        tuple(key for key in _flags() if key not in CLAIMS_READ),
+        "cnnpar bench --claims measures each claim on the workload and settings the claim names (its own model, "
+        "synthetic images, batch, precision and compile), reading of the config only --device, --seed, --workers "
+        "and --out-dir: it applies to a ladder (cnnpar bench) and cnnpar train",
     ),
     "bench --time-to-accuracy": (
         (*_NO_RUN, "run.eval_every"),

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from cnnpar.config import Config, to_dict
+from cnnpar.config import Config, command_line, to_dict
 from cnnpar.presets import with_overrides
 
 from .timing import Spread, Timing
@@ -85,6 +85,7 @@ class Measured:
     higher_is_better: bool = True  # images/s: yes; ms, seconds, CPU %: no (the claim's ratio inverts)
     note: str = ""
     steps: str = ""  # timed steps per repeat, baseline/variant
+    config: str = ""  # the two sides' configs (`config_cell`); "" where no train config is built (preprocessing)
 
     @property
     def ratio(self) -> float:
@@ -149,6 +150,14 @@ class ClaimContext:
             free_device_memory(self.device)  # before the second measurement of a pair
 
 
+def config_cell(baseline: Config, variant: Config | None = None) -> str:
+    """The `config` cell: each side as the `cnnpar train` line that runs its config (every setting that differs from
+    the defaults: the workload's, the user's --seed and --workers), so a row read alone says what was measured, not
+    only the method's words of it."""
+    cell = f"baseline: {command_line(baseline)}"
+    return cell if variant is None else f"{cell}; variant: {command_line(variant)}"
+
+
 def _spread(row: dict, key: str = "images_per_s") -> Spread:
     return Spread(row[key], row[f"{key}_min"], row[f"{key}_max"])
 
@@ -157,7 +166,8 @@ def _speed(ctx: ClaimContext, w: Workload, a: Config, b: Config, method: str, no
     ra = ctx.rate(a, w)
     ctx.log(f"  baseline {ra['images_per_s']:,.0f} img/s; now the variant ...")
     rb = ctx.rate(b, w)
-    return Measured(_spread(ra), _spread(rb), "images/s", method, note=note, steps=_steps(ra, rb))
+    steps, config = _steps(ra, rb), config_cell(a, b)
+    return Measured(_spread(ra), _spread(rb), "images/s", method, note=note, steps=steps, config=config)
 
 
 def _steps(ra: dict, rb: dict) -> str:
@@ -212,6 +222,7 @@ def collate_speed(ctx: ClaimContext, w: Workload) -> Measured:
         f"one uint8 index per batch, {how}",
         note="" if cuda else "on a CPU the batched transform is host work too, so it is counted",
         steps=per_repeat(a_steps, b_steps),  # batches the loader gave per repeat
+        config=config_cell(textbook, fast),
     )
 
 
@@ -227,6 +238,7 @@ def collate_cpu(ctx: ClaimContext, w: Workload) -> Measured:
         higher_is_better=False,
         note="top-style percentages (100% = one core busy)",
         steps=_steps(ra, rb),
+        config=config_cell(textbook, fast),
     )
 
 
@@ -244,7 +256,8 @@ def compiled_preprocess(ctx: ClaimContext, w: Workload) -> Measured:
         eager,
         compiled,
         "ms/batch",
-        f"uint8 -> normalise, pad-4 crop, flip on a batch of {w.batch}: eager -> torch.compile",
+        f"cnnpar's device-side transform (pad-4 crop, flip on uint8, then normalise) on a batch of {w.batch}: "
+        "eager -> torch.compile",
         higher_is_better=False,
         steps=per_repeat(eager_steps, compiled_steps),  # batches preprocessed per repeat
     )
@@ -282,10 +295,10 @@ def amp_batch(ctx: ClaimContext, w: Workload) -> Measured:
 
     from . import probes
 
-    shape, found = tuple(int(v) for v in w.shape.split("x")), {}
+    shape, found, cfgs = tuple(int(v) for v in w.shape.split("x")), {}, []
     for kind in ("fp32", "bf16"):
-        cfg = resolve_for(ctx.config(w, speed={**FAST_EAGER, "precision": kind}), ctx.device)
-        found[kind] = probes.step_memory(cfg, shape, 10, ctx.device, (32, 64))
+        cfgs.append(resolve_for(ctx.config(w, speed={**FAST_EAGER, "precision": kind}), ctx.device))
+        found[kind] = probes.step_memory(cfgs[-1], shape, 10, ctx.device, (32, 64))
     a, b = found["fp32"], found["bf16"]
     return Measured(
         Spread.single(a["largest"]),
@@ -295,6 +308,7 @@ def amp_batch(ctx: ClaimContext, w: Workload) -> Measured:
         "at batches 32 and 64: (free - fixed) / per image",
         note=f"per image {a['per_image'] / 2**20:.1f} MiB fp32, {b['per_image'] / 2**20:.1f} MiB bf16; "
         f"free {a['free'] / 2**30:.0f} GiB; deterministic, no repeats",
+        config=config_cell(*cfgs),
     )
 
 
@@ -331,6 +345,7 @@ def dynamic_compile(ctx: ClaimContext, w: Workload) -> Measured:
         "wall time of the first compiled forward + backward, caches off: static -> dynamic=True",
         higher_is_better=True,  # the claim is a slow-down: dynamic / static, > 1 in the claimed direction
         note="ratio is dynamic / static compile time (the claimed slow-down); one compile each, no spread",
+        config=config_cell(cfg),  # both sides: the variant adds dynamic=True to its torch.compile
     )
 
 
@@ -490,6 +505,7 @@ def measured_fields(claim: Claim, m: Measured, stand_in: bool = False) -> dict:
         "method": m.method,
         "note": m.note,
         "steps_per_repeat": m.steps,
+        "config": m.config,
     }
 
 

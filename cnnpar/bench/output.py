@@ -89,6 +89,7 @@ CLAIM_COLUMNS = META_COLUMNS + [
     "variant_max",
     "steps_per_repeat",
     "seconds",
+    "config",
 ]
 
 TTA_COLUMNS = META_COLUMNS + [
@@ -152,18 +153,28 @@ def metadata_lines(row: dict, timed_steps: bool = True) -> list[str]:
 
 
 def timing_line(row: dict) -> str:
+    """How the figures were measured, in the counts this run ran with: a run of `--repeats 1` said "figures are
+    medians, ranges the slowest and fastest repeat" and "fewer repeats (at least 3)" of its one sample each."""
+    from .timing import MIN_REPEATS, MIN_STEPS, SLOW_STEP_S
+
+    warmup, steps, repeats = (row.get(k, "") for k in ("warmup_steps", "timed_steps", "repeats"))
+    if _num(row, "repeats") == 1:
+        figures = "figures are single samples: no range, noise unknown"
+    else:
+        figures = "figures are medians, ranges the slowest and fastest repeat"
     seconds = _num(row, "timed_s")
     if not seconds:
-        return (
-            f"- {row.get('warmup_steps', '')} warm-up steps, then {row.get('repeats', '')} repeats, "
-            f"{row.get('timed_steps', '')} timed steps each; figures are medians, ranges the slowest and fastest repeat"
-        )
+        return f"- {warmup} warm-up steps, then {repeats} repeats, {steps} timed steps each; {figures}"
+    # Timing.warm cuts the warm-up at 2 steps, Timing.plan the repeats to MIN_REPEATS: only above those
+    cut = f" (2 where the second still takes {SLOW_STEP_S:g} s or more)" if (_num(row, "warmup_steps") or 0) > 2 else ""
+    fewer = ""
+    if (_num(row, "repeats") or 0) > MIN_REPEATS:
+        fewer = f", and where even that takes longer, fewer repeats (at least {MIN_REPEATS})"
+    least = min(MIN_STEPS, int(_num(row, "timed_steps") or MIN_STEPS))
     return (
-        f"- {row.get('warmup_steps', '')} warm-up steps (2 where the second still takes 1 s or more), then "
-        f"{row.get('repeats', '')} repeats of timed steps sized from the last warm-up step so the repeats take about "
-        f"{seconds:g} s: at least 3 steps per repeat (1 for steps of 1 s or more), at most "
-        f"{row.get('timed_steps', '')}, and where even that takes longer, fewer repeats (at least 3); figures are "
-        "medians, ranges the slowest and fastest repeat (each row's counts are its repeats x steps)"
+        f"- {warmup} warm-up steps{cut}, then {repeats} repeats of timed steps sized from the last warm-up step so "
+        f"the repeats take about {seconds:g} s: at least {least} steps per repeat (1 for steps of {SLOW_STEP_S:g} s "
+        f"or more), at most {steps}{fewer}; {figures} (each row's counts are its repeats x steps)"
     )
 
 

@@ -12,7 +12,7 @@ import torch
 from cnnpar.config import Config
 from cnnpar.data import DataBundle
 from cnnpar.data.loader import build_loader
-from cnnpar.data.transforms import CROP_PAD, random_crop, random_flip
+from cnnpar.data.transforms import DeviceTransform
 from cnnpar.dist import DistInfo
 from cnnpar.engine.harness import cycle_batches, reset_compiler
 from cnnpar.engine.train_step import TrainStep, build_standalone_step
@@ -67,14 +67,6 @@ def host_loader_rate(cfg: Config, bundle: DataBundle, timing: Timing, host_only:
     return Spread.of(rates), steps
 
 
-def preprocess(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """The device-side transform as one function (uint8 -> normalised, pad-crop, flip), so it can be
-    compiled whole; the global RNG stands in for the loader's generator, which Dynamo cannot trace."""
-    x = torch.addcmul(shift, x.to(torch.float32), scale)
-    x = random_crop(x, CROP_PAD, None)
-    return random_flip(x, None)
-
-
 def time_calls(fn: Callable[[], object], device: torch.device, timing: Timing) -> tuple[Spread, int]:
     """Milliseconds per call (median and range over repeats), after warm-up calls, and the calls each repeat
     timed."""
@@ -97,14 +89,18 @@ def time_calls(fn: Callable[[], object], device: torch.device, timing: Timing) -
 
 
 def preprocess_ms(batch: torch.Tensor, compiled: bool, device: torch.device, timing: Timing) -> tuple[Spread, int]:
-    """Milliseconds per batch of the device-side transform, eager or compiled, and the batches each repeat timed."""
+    """Milliseconds per batch of the device-side transform a train step's batch goes through (data/transforms.py
+    `DeviceTransform`: pad-4 crop and flip on the uint8 batch, then one multiply-add to normalised floats), eager or
+    torch.compile'd whole, and the batches each repeat timed. It timed a copy that normalised first and cropped and
+    flipped floats, four times the bytes of each pass cnnpar runs, so its eager side was not the one training pays."""
     reset_compiler()
     c = batch.shape[1]
-    scale = torch.full((1, c, 1, 1), 1 / (255 * 0.25), device=device)
-    shift = torch.full((1, c, 1, 1), -2.0, device=device)
+    transform = DeviceTransform([0.5] * c, [0.25] * c, "crop+flip", False, device)
+    # the global RNG stands in for the transform's generator, which Dynamo cannot trace: on both sides alike
+    transform.generator = None
     x = batch.to(device)
-    fn = torch.compile(preprocess) if compiled else preprocess
-    return time_calls(lambda: fn(x, scale, shift), device, timing)
+    fn = torch.compile(transform.__call__) if compiled else transform
+    return time_calls(lambda: fn(x, True), device, timing)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,17 @@ from .timing import Timing
 MODE_FLAGS = {"claims": "--claims", "time_to_accuracy": "--time-to-accuracy", "compare": "--compare"}
 
 
+def pick_mode(claims: bool, time_to_accuracy: bool, compare: bool) -> str:
+    """The mode the flags typed pick, the ladder where none does; two at once are refused: `--claims --compare A B`
+    ran the comparison and `--claims --time-to-accuracy` the claims, the other flag dropped without a word."""
+    asked = {"claims": claims, "time_to_accuracy": time_to_accuracy, "compare": compare}
+    picked = [mode for mode, on in asked.items() if on]
+    if len(picked) > 1:
+        typed = " and ".join(MODE_FLAGS[m] for m in picked)
+        raise UserError(f"bench {typed}: one mode at a time: expected one of {', '.join(MODE_FLAGS.values())}")
+    return picked[0] if picked else "ladder"
+
+
 @dataclass(frozen=True)
 class BenchOptions:
     mode: str  # "ladder", "claims", "time_to_accuracy" or "compare"

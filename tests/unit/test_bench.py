@@ -393,7 +393,26 @@ def test_compare_with_a_ladder_from_before_the_ranges_says_its_noise_is_unknown(
 
 
 # the budget counts from the process's start (cli.py): in a pytest process minutes old, the default would be spent
-CLAIMS = [*BENCH, "--claims", "--timed-s", "1", "--budget-s", "100000"]
+# (without BENCH's --image-size: each claim has its own workload, and a typed --image-size is named as not used)
+CLAIMS = [*(a for a in BENCH if a not in ("--image-size", "8")), "--claims", "--timed-s", "1", "--budget-s", "100000"]
+
+
+@pytest.mark.parametrize(
+    "modes, typed",
+    [
+        (["--claims", "--compare", "a.csv", "b.csv"], "--claims and --compare"),
+        (["--preset", "claims", "--time-to-accuracy"], "--claims and --time-to-accuracy"),
+        (["--time-to-accuracy", "--target", "0.9", "--compare", "a.csv", "b.csv"], "--time-to-accuracy and --compare"),
+    ],
+)
+def test_two_bench_modes_at_once_are_refused_before_anything_runs(tmp_path, capsys, modes, typed):
+    """`--claims --compare A B` ran the comparison and `--claims --time-to-accuracy` the claims: the other mode's
+    flag was dropped without a word."""
+    assert main(["bench", "--device", "cpu", "--out-dir", str(tmp_path), *modes]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"cnnpar: error: bench {typed}: one mode at a time: expected one of --claims, --time-to-accuracy, --compare"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def _bundle_out_of_memory(self, w):
@@ -736,6 +755,26 @@ def test_a_ladder_of_one_repeat_says_its_noise_is_unknown_not_zero(tmp_path):
     assert "| baseline | 396 (396-396) | 6,077 (6,000-6,100) | 15.35x, noise unknown (no range) |" in (
         compare_markdown(a, b).splitlines()
     )
+
+
+def test_a_claims_table_of_one_repeat_says_its_figures_are_single_samples():
+    """`bench --claims --repeats 1 --warmup-steps 1` headed claims.md with "1 warm-up steps (2 where the second still
+    takes 1 s or more)", "fewer repeats (at least 3)" and "figures are medians, ranges the slowest and fastest
+    repeat": of one sample per side, after one warm-up step. The default counts keep their line."""
+    from cnnpar.bench.output import claims_markdown
+
+    meta = {"warmup_steps": 1, "timed_steps": 3, "repeats": 1, "timed_s": 0.5, "git_rev": "abc"}
+    row = {**meta, "claim_text": "c", "claimed_ratio": 2.0, "verdict": "not measured"}
+    head = claims_markdown([row]).splitlines()[3]
+    assert "figures are single samples: no range, noise unknown" in head
+    assert "2 where the second" not in head and "at least 3)" not in head and "medians" not in head
+    default = claims_markdown([{**row, "warmup_steps": 3, "timed_steps": 30, "repeats": 5, "timed_s": 1.5}])
+    assert (
+        "- 3 warm-up steps (2 where the second still takes 1 s or more), then 5 repeats of timed steps sized from the "
+        "last warm-up step so the repeats take about 1.5 s: at least 3 steps per repeat (1 for steps of 1 s or more), "
+        "at most 30, and where even that takes longer, fewer repeats (at least 3); figures are medians, ranges the "
+        "slowest and fastest repeat (each row's counts are its repeats x steps)"
+    ) in default.splitlines()
 
 
 def test_a_stopped_ladder_writes_its_rows_so_far_and_a_row_saying_it_stopped(tmp_path, capsys):

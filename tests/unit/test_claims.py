@@ -15,6 +15,7 @@ from cnnpar.bench.claims import (
     BY_ID,
     CLAIMS,
     CNN3_16,
+    RESNET18_32,
     ClaimContext,
     Measured,
     Workload,
@@ -271,8 +272,57 @@ def test_the_host_loader_and_preprocessing_claims_record_their_timed_steps_per_r
     assert claims_mod.measured_fields(BY_ID["collate_speed"], loader)["steps_per_repeat"] == "4/4"
 
 
+def test_a_claims_row_records_the_config_of_each_side_it_measured():
+    """claims.csv named each claim's settings only in the method's words: pin_memory's worker count, the user's
+    --seed and the two sides' precision, compile and loader were nowhere in its rows. Each row's `config` now holds
+    both sides as the `cnnpar train` line that runs them."""
+    from cnnpar.bench.output import CLAIM_COLUMNS
+
+    rate = {"images_per_s": 100.0, "images_per_s_min": 99.0, "images_per_s_max": 101.0, "steps_per_repeat": 3}
+    base = with_overrides(Config(), data={"workers": 2}, run={"seed": 7})
+    ctx = ClaimContext(base, CUDA, Timing(), log=lambda s: None)
+    ctx.rate = lambda cfg, w: rate
+    claim = BY_ID["pin_memory"]
+    row = claims_mod.measured_fields(claim, claim.measure(ctx, claim.workload))
+    baseline, variant = row["config"].split("; variant: ")
+    for side, pin in ((baseline, "off"), (variant, "on")):
+        assert f"--pin-memory {pin}" in side and "--workers 2" in side and "--seed 7" in side
+        assert "--model resnet50" in side and "--image-shape 3x224x224" in side and "--precision bf16" in side
+    assert baseline.startswith("baseline: cnnpar train ") and "config" in CLAIM_COLUMNS
+    tuned = BY_ID["max_autotune"].measure(ctx, RESNET18_32)
+    assert "--compile max-autotune" in tuned.config.split("; variant: ")[1]
+
+
 def test_the_probes_count_the_steps_each_repeat_timed():
     calls = []
     spread, steps = probes.time_calls(lambda: calls.append(1), torch.device("cpu"), Timing(1, 5, 3, seconds=0))
     assert steps == 5 and len(calls) == 3 + 1 + 3 * 5  # warm-up (at least 3), the sizing call, the repeats
     assert spread.low <= spread.median <= spread.high
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_preprocessing_claim_times_the_transform_training_runs(monkeypatch, compiled):
+    """compiled_preprocess timed a copy of the device-side transform that normalised first and cropped and flipped
+    floats (four times the bytes of each pass), where a train step's batch goes through data/transforms.py's
+    DeviceTransform (crop and flip on uint8, then one multiply-add): both sides now call that one owner."""
+    from cnnpar.data.transforms import DeviceTransform
+
+    owner, seen = DeviceTransform.__call__, []
+
+    def recorded(self, x, train, index=None):
+        seen.append((x.dtype, train))
+        return owner(self, x, train, index)
+
+    monkeypatch.setattr(DeviceTransform, "__call__", recorded)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # which code runs is tested here, not the compile
+    batch = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    outputs = []
+    monkeypatch.setattr(
+        probes, "time_calls", lambda fn, device, timing: (outputs.append(fn()), (Spread.single(1), 1))[1]
+    )
+    probes.preprocess_ms(batch, compiled, torch.device("cpu"), Timing())
+    assert seen == [(torch.uint8, True)]  # the uint8 batch, augmented as in training
+    out = outputs[0]
+    assert out.dtype == torch.float32 and out.shape == (4, 3, 8, 8)
+    pixels = (out * 0.25 + 0.5) * 255  # the normalisation (x / 255 - 0.5) / 0.25 undone: the uint8 values again
+    assert torch.allclose(pixels, pixels.round(), atol=1e-3) and 0 <= pixels.round().min() <= pixels.max() < 255.5

@@ -522,6 +522,26 @@ def test_out_dir_typed_for_bench_compare_beside_out_is_named(capsys, tmp_path):
     ]
 
 
+def test_config_flags_typed_for_bench_claims_are_named_but_those_it_reads(capsys):
+    """`cnnpar bench --claims --lr 0.5 --precision fp16 --batch-size 64` measured every claim on its own workload
+    and defaults and said nothing of the three: each claim builds its own config (bench/claims.ClaimContext.config).
+    The settings it does read (--device, --seed, --workers, --out-dir) get no note; --preset claims is the same."""
+    from cnnpar.cli import main
+
+    why = (
+        "not used: cnnpar bench --claims measures each claim on the workload and settings the claim names (its own "
+        "model, synthetic images, batch, precision and compile), reading of the config only --device, --seed, "
+        "--workers and --out-dir: it applies to a ladder (cnnpar bench) and cnnpar train"
+    )
+    typed = ["--lr", "0.5", "--precision", "fp16", "--batch-size", "64", "--seed", "3", "--workers", "2"]
+    for mode in (["--claims"], ["--preset", "claims"]):
+        assert main(["bench", *mode, "--only", "warp_drive", "--device", "cpu", *typed]) == 2
+        err = capsys.readouterr().err.splitlines()
+        notes = [line[len(NOTE) :] for line in err if line.startswith(NOTE)]
+        assert notes == [f"--lr 0.5 {why}", f"--precision fp16 {why}", f"--batch-size 64 {why}"]
+        assert "warp_drive" in err[-1]  # the bad --only still stops it, after the notes
+
+
 def test_only_the_name_typed_for_doctor_is_named_and_none_for_tune(capsys):
     """`cnnpar doctor` advises `cnnpar train` lines that carry every setting but --name (doctor/run.advice_command),
     and samples telemetry with --monitor; `cnnpar tune` writes every setting into tuned.toml."""
