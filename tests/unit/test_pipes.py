@@ -1,0 +1,104 @@
+"""Where a command's output goes: a reader that went away (`cnnpar train | head -2`) stops the command as SIGPIPE stops
+other Unix tools (exit 141, no traceback, train's finished epochs kept), and a stdout that cannot be written
+(/dev/full) ends in one line naming it (console.StopWhenGone)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from cnnpar import errors
+from cnnpar.cli import main
+from cnnpar.console import StopWhenGone
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TRAIN = ["train", "--epochs", "2", "--max-steps", "4", "--no-progress", "--no-tensorboard", "--device", "cpu"]
+
+
+def _reader_gone() -> io.TextIOWrapper:
+    """A line-buffered text stream (as on a terminal: each line written at once) into a pipe whose reader closed."""
+    r, w = os.pipe()
+    os.close(r)
+    return io.TextIOWrapper(os.fdopen(w, "wb"), line_buffering=True)
+
+
+def _on_devnull(fd: int) -> bool:
+    st, null = os.fstat(fd), os.stat(os.devnull)
+    return (st.st_dev, st.st_ino) == (null.st_dev, null.st_ino)
+
+
+def test_a_train_whose_stdout_reader_went_away_stops_with_141_and_says_what_is_kept_on_stderr(
+    tmp_path, monkeypatch, capsys
+):
+    gone = _reader_gone()
+    monkeypatch.setattr(sys, "stdout", gone)
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "a"]) == 128 + signal.SIGPIPE
+    err = capsys.readouterr().err
+    # its stop line (the folder, and how to go on) on stderr, the one stream left; no second generic line
+    assert "stopped: " in err and "cnnpar train --resume" in err and "cnnpar: stopped" not in err
+    assert _on_devnull(gone.fileno())  # later writes and the exit flush go nowhere, raising nothing
+    gone.write("more\n")
+    gone.flush()
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    assert errors.pending_stop() is None  # the next command in this process is not stopped by it
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--resume", "auto", "--name", "a"]) == 0
+    assert (tmp_path / "a" / "summary.json").is_file()
+
+
+def test_a_read_only_command_whose_reader_went_away_ends_quietly_with_141(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdout", _reader_gone())
+    assert main(["models"]) == 128 + signal.SIGPIPE
+    assert capsys.readouterr().err == ""
+
+
+def test_a_stdout_that_cannot_be_written_ends_in_one_line_naming_it(monkeypatch, capsys):
+    full = io.TextIOWrapper(open("/dev/full", "wb"), line_buffering=True)  # noqa: SIM115 - closed with the test
+    monkeypatch.setattr(sys, "stdout", full)
+    try:
+        assert main(["models"]) == 2
+        assert capsys.readouterr().err == "cnnpar: error: stdout: cannot be written (No space left on device)\n"
+    finally:
+        full.close()
+
+
+def test_a_threads_write_to_a_gone_reader_notes_the_stop_and_the_main_thread_raises_it():
+    stream = StopWhenGone(_reader_gone(), "stdout")
+    raised = []
+
+    def write():
+        try:
+            print("from a feeder thread", file=stream, flush=True)
+        except BaseException as e:  # noqa: BLE001 - what the thread saw is the assertion
+            raised.append(e)
+
+    errors.forget_stop()
+    try:
+        thread = threading.Thread(target=write)
+        thread.start()
+        thread.join()
+        assert raised == []
+        with pytest.raises(errors.Terminated) as stop:
+            errors.raise_pending_stop()
+        assert stop.value.signum == signal.SIGPIPE and stop.value.signal_name == "SIGPIPE"
+    finally:
+        errors.forget_stop()
+
+
+def test_cnnpar_train_piped_into_a_reader_that_closes_early_ends_141_without_a_traceback(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "cnnpar", *TRAIN, "--out-dir", str(tmp_path), "--name", "a"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
+        proc.stdout.readline()
+        proc.stdout.close()  # as `head -1` does
+        err = proc.stderr.read().decode()
+    assert proc.returncode == 128 + signal.SIGPIPE, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert "cnnpar train --resume" in err
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--resume", "auto", "--name", "a"]) == 0
