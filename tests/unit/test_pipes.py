@@ -102,3 +102,30 @@ def test_cnnpar_train_piped_into_a_reader_that_closes_early_ends_141_without_a_t
     assert "Traceback" not in err and "Exception ignored" not in err
     assert "cnnpar train --resume" in err
     assert main([*TRAIN, "--out-dir", str(tmp_path), "--resume", "auto", "--name", "a"]) == 0
+
+
+def test_a_tune_whose_stdout_reader_went_away_says_where_its_best_config_is_on_stderr(tmp_path, monkeypatch, capsys):
+    import cnnpar.bench.tune as tune_mod
+    from tests.unit.test_tune import FakeMachine, resnet50
+
+    r, w = os.pipe()
+    monkeypatch.setattr(
+        sys, "stdout", StopWhenGone(io.TextIOWrapper(os.fdopen(w, "wb"), line_buffering=True), "stdout")
+    )
+    out = tmp_path / "tuned.toml"
+    m = FakeMachine(rate=lambda c: {64: 100.0, 128: 150.0, 256: 151.0}[c.run.batch_size], cost=lambda c: 1.0)
+    real = m.run_trial
+
+    def reader_gone_at_the_fourth(cfg, limit):
+        if len(m.calls) == 3:
+            os.close(r)  # `| head` has read its lines
+            print("tune [  40 s] the fourth trial ...")
+        return real(cfg, limit)
+
+    errors.forget_stop()
+    try:
+        with pytest.raises(errors.Terminated):
+            tune_mod.tune(resnet50(), 600, out, run_trial=reader_gone_at_the_fourth, clock=m.clock)
+    finally:
+        errors.forget_stop()
+    assert f"tune: stopped; the best config so far (3 trial(s), 3 measured) is in {out}" in capsys.readouterr().err
