@@ -129,3 +129,18 @@ def test_a_tune_whose_stdout_reader_went_away_says_where_its_best_config_is_on_s
     finally:
         errors.forget_stop()
     assert f"tune: stopped; the best config so far (3 trial(s), 3 measured) is in {out}" in capsys.readouterr().err
+
+
+def test_a_launch_whose_rank_0_found_its_reader_gone_ends_as_a_stop_not_as_a_rank_that_failed():
+    """`cnnpar train --nproc 2 | head -2`: rank 0 stopped (141), rank 1 then lost its peer; the launcher said "rank 0
+    failed first (exit code 141)" and ended 1."""
+    from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED
+    from cnnpar.torchrun import EndedByTorchrun, stopped_by_its_reader
+    from tests.unit.test_dist_launch import _failure
+
+    ended = EndedByTorchrun()
+    reader_gone = {0: _failure(128 + signal.SIGPIPE, 10), 1: _failure(EXIT_ANOTHER_RANK_ENDED, 11, timestamp=99)}
+    assert stopped_by_its_reader(reader_gone, ended)
+    # a rank that failed by itself first is still that failure, though another then found the reader gone
+    failed_first = {0: _failure(128 + signal.SIGPIPE, 10, timestamp=101), 1: _failure(2, 11)}
+    assert not stopped_by_its_reader(failed_first, ended)
