@@ -965,7 +965,10 @@ def main(argv: list[str] | None = None) -> int:
         if not launched_as_worker() or stops_for_a_plain_torchrun():
             kept.enter_context(stops_for_one_command())
         kept.enter_context(torch_settings_kept())
-        return run_command(args, argv)
+        try:
+            return run_command(args, argv)
+        except KeyboardInterrupt as e:  # raised as it said its end: stderr's reader went away (console.StopWhenGone)
+            return stopped(e)
 
 
 def run_command(args: argparse.Namespace, argv: list[str]) -> int:

@@ -144,3 +144,13 @@ def test_a_launch_whose_rank_0_found_its_reader_gone_ends_as_a_stop_not_as_a_ran
     # a rank that failed by itself first is still that failure, though another then found the reader gone
     failed_first = {0: _failure(128 + signal.SIGPIPE, 10, timestamp=101), 1: _failure(2, 11)}
     assert not stopped_by_its_reader(failed_first, ended)
+
+
+def test_a_refusal_whose_stderr_reader_went_away_ends_141_not_in_an_uncaught_stop(monkeypatch):
+    """The refusal's line raised the stop inside run_command's own error handling, which let it out of main."""
+    monkeypatch.setattr(sys, "stderr", _reader_gone())
+    try:
+        rc = main(["train", "--model", "nope"])
+    except KeyboardInterrupt as e:  # (left to itself it would end pytest's session)
+        pytest.fail(f"the stop left main: {e!r}")
+    assert rc == 128 + signal.SIGPIPE
