@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import warnings
@@ -963,7 +964,10 @@ def main(argv: list[str] | None = None) -> int:
         if not launched_as_worker() or stops_for_a_plain_torchrun():
             kept.enter_context(stops_for_one_command())
         kept.enter_context(torch_settings_kept())
-        return run_command(args, argv)
+        try:
+            return run_command(args, argv)
+        except KeyboardInterrupt as e:  # raised as it said its end: stderr's reader went away (console.StopWhenGone)
+            return stopped(e)
 
 
 def run_command(args: argparse.Namespace, argv: list[str]) -> int:
@@ -1020,7 +1024,9 @@ def stopped(stop: KeyboardInterrupt) -> int:
     from cnnpar.dist import LAUNCHED_NPROC_ENV
 
     terminated = isinstance(stop, Terminated)
-    if LAUNCHED_NPROC_ENV not in os.environ:
+    # SIGPIPE (a reader gone, console.StopWhenGone) ends quietly, as `yes | head` does; a command that keeps
+    # something (train) has said what on stderr
+    if LAUNCHED_NPROC_ENV not in os.environ and not (terminated and stop.signum == signal.SIGPIPE):
         sys.stdout.flush()  # what the command printed (its own stop line) comes first where both go to one file
         said = f"cnnpar: stopped ({stop.signal_name})" if terminated else "cnnpar: interrupted"
         print(said, file=sys.stderr, flush=True)

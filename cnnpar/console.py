@@ -7,8 +7,14 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import io
+import os
+import signal
 import sys
+import threading
+
+from cnnpar.errors import UserError, note_stop, stop_for
 
 
 def _printable(error: UnicodeError) -> tuple[str | bytes, int]:
@@ -32,12 +38,84 @@ def printable_stdio():
     kept = [(s, s.errors) for s in (sys.stdout, sys.stderr) if isinstance(s, io.TextIOWrapper) and not s.closed]
     for stream, _ in kept:
         stream.reconfigure(errors="cnnpar.printable")
+    plain = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (None if s is None else StopWhenGone(s, name) for s, name in zip(plain, _NAMES))
     try:
         yield
     finally:
+        if isinstance(sys.stdout, StopWhenGone):  # not one the command's caller set meanwhile
+            sys.stdout = sys.stdout.stream
+        if isinstance(sys.stderr, StopWhenGone):
+            sys.stderr = sys.stderr.stream
         for stream, errors_kept in kept:
             with contextlib.suppress(ValueError):  # closed meanwhile
                 stream.reconfigure(errors=errors_kept)
+
+
+_NAMES = ("stdout", "stderr")
+
+
+def say_stop_line(line: str, log=print) -> None:
+    """A stop's line of what is kept and how to go on (train's run folder, tune's best config), as the command's other
+    lines, and on stderr too where stdout's reader went away (`| head`, StopWhenGone): there it went nowhere."""
+    log(line)
+    if getattr(sys.stdout, "gone", False):
+        print(line, file=sys.stderr, flush=True)
+
+
+class StopWhenGone:
+    """stdout or stderr, whose reader going away (`cnnpar train | head -2`) stops the command as SIGPIPE stops other
+    Unix tools: Python ignores SIGPIPE, and the write raised BrokenPipeError, a 28-line traceback that ended training as
+    a crash. No SIGPIPE handler: gloo's sockets and DataLoader's pipes rely on their EPIPE errors. The stream is
+    pointed at os.devnull (later prints, the stop's own lines and the interpreter's exit flush raise nothing), the stop
+    is noted (errors.note_stop: the loops' safe points and engine/stops.the_stop see it), and raised in the main thread
+    (exit 141); another thread's write only notes it. A stream that cannot be written otherwise (stdout on /dev/full)
+    ends the command in one line naming it, exit 2, where it was a traceback after the work."""
+
+    def __init__(self, stream, name: str) -> None:
+        self.stream, self.name, self.gone = stream, name, False
+
+    def write(self, text: str) -> int:
+        with self._said():
+            return self.stream.write(text)
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        with self._said():
+            self.stream.writelines(lines)
+
+    def flush(self) -> None:
+        with self._said():
+            self.stream.flush()
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, buffer...: the stream's own
+        return getattr(self.stream, name)
+
+    @contextlib.contextmanager
+    def _said(self):
+        try:
+            yield
+        except OSError as e:
+            if self.gone or e.errno == errno.EPIPE:
+                self._to_devnull()
+                if not self.gone:
+                    self.gone = True
+                    note_stop(signal.SIGPIPE)
+                    if threading.current_thread() is threading.main_thread():
+                        raise stop_for(signal.SIGPIPE) from None
+                return
+            self._to_devnull()
+            self.gone = True
+            raise UserError(f"{self.name}: cannot be written ({e.strerror or e})") from None
+
+    def _to_devnull(self) -> None:
+        """The stream's file descriptor on os.devnull, so that what is still in its buffer, and the interpreter's
+        flush at exit, go nowhere instead of raising again ("Exception ignored ... BrokenPipeError")."""
+        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            fd = self.stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
 
 
 def rate_text(per_s: float) -> str:

@@ -204,7 +204,10 @@ def stop_on_signals() -> None:
         sys.unraisablehook = _quiet_while_stopping(sys.unraisablehook)
 
 
-def _note_stop(signum, frame) -> None:
+def note_stop(signum: int, frame=None) -> None:
+    """Remember a stop without raising it: a held handler's (stops_held), or a write to a stream whose reader went
+    away (console.StopWhenGone: SIGPIPE, in a thread that is not the main one). The main thread raises it at its
+    next safe point (raise_pending_stop)."""
     global _stop_seen
     _stop_seen = signum
 
@@ -222,7 +225,7 @@ def stops_held():
     if threading.current_thread() is threading.main_thread():
         for sig in STOP_SIGNALS:
             if getattr(signal.getsignal(sig), "raises_stop", False):
-                held[sig] = signal.signal(sig, _note_stop)
+                held[sig] = signal.signal(sig, note_stop)
     try:
         yield
     finally:

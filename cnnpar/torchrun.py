@@ -111,20 +111,36 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
 
 
-def end_line(failures: dict, ended: EndedByTorchrun) -> str:
-    """The launcher's one line on a failed job, from torchrun's failures (rank: its ProcessFailure) and the workers
-    it ended itself: the rank that failed by itself first, where one did; else what the launcher can tell of the
-    rank that stopped responding (a timeout) or ended on another node."""
+def _first_own_failure(failures: dict, ended: EndedByTorchrun) -> tuple | None:
+    """(rank, its ProcessFailure) of the rank that failed by itself first, not because of another rank or by
+    torchrun's own SIGTERM; None where none did."""
     by_another = (EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE_TIMED_OUT)
     own = {
         rank: failure
         for rank, failure in failures.items()
         if failure.exitcode not in by_another and failure.pid not in ended.signalled
     }
-    if own:
-        # the first to fail; of those in the same second, not one killed by a SIGTERM (torchrun's, where it went
-        # unrecorded)
-        rank, failure = min(own.items(), key=lambda f: (f[1].timestamp, f[1].exitcode == -signal.SIGTERM))
+    if not own:
+        return None
+    # the first to fail; of those in the same second, not one killed by a SIGTERM (torchrun's, where it went
+    # unrecorded)
+    return min(own.items(), key=lambda f: (f[1].timestamp, f[1].exitcode == -signal.SIGTERM))
+
+
+def stopped_by_its_reader(failures: dict, ended: EndedByTorchrun) -> bool:
+    """The job ended because the first rank to end found the reader of its output gone (`cnnpar train --nproc 2 |
+    head`: it stops as by SIGPIPE, exit 141, console.StopWhenGone): a stop, not a rank that failed."""
+    first = _first_own_failure(failures, ended)
+    return first is not None and first[1].exitcode == 128 + signal.SIGPIPE
+
+
+def end_line(failures: dict, ended: EndedByTorchrun) -> str:
+    """The launcher's one line on a failed job, from torchrun's failures (rank: its ProcessFailure) and the workers
+    it ended itself: the rank that failed by itself first, where one did; else what the launcher can tell of the
+    rank that stopped responding (a timeout) or ended on another node."""
+    first = _first_own_failure(failures, ended)
+    if first:
+        rank, failure = first
         how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
         return f"cnnpar: rank {rank} failed first ({how}); torchrun ended the job"
     timed_out = [rank for rank, failure in failures.items() if failure.exitcode == EXIT_COLLECTIVE_TIMED_OUT]
@@ -200,6 +216,8 @@ def main() -> int:
         except ChildFailedError as e:
             if refused is not None and refused.is_file():  # the launcher says it, once
                 return 2
+            if stopped_by_its_reader(e.failures, ended):  # rank 0 said what is kept where it still could
+                return 128 + signal.SIGPIPE
             print(end_line(e.failures, ended), file=sys.stderr, flush=True)
             return 1
     return 0

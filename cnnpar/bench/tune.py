@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from cnnpar.config import LONG_COMPILES, MACHINE_FIELDS, Config, cli_option, dumps_toml, from_dict, to_dict
+from cnnpar.console import say_stop_line
 from cnnpar.errors import UserError, raise_pending_stop
 from cnnpar.parallel.stem import has_stem_to_rewrite
 from cnnpar.report.files import (
@@ -581,9 +582,11 @@ def tune(
         except UserError as failed:
             # said, and the stop raised on: the write's error alone (exit 2) hid that the signal had ended the tune,
             # and the stop's exit status (130 or 143) is what a script or scheduler checks
-            log(f"tune: stopped; its last results could not be written: {failed}")
+            say_stop_line(f"tune: stopped; its last results could not be written: {failed}", log)
         else:
-            log(f"tune: stopped; the best config so far ({trials}) is in {tuner.out} (the trials in {csv})")
+            say_stop_line(
+                f"tune: stopped; the best config so far ({trials}) is in {tuner.out} (the trials in {csv})", log
+            )
         raise
     return tuner.best_cfg, tuner.trials
 

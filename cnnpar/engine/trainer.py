@@ -35,7 +35,7 @@ from cnnpar.config import (
     speed_reasons,
     to_dict,
 )
-from cnnpar.console import rate_text
+from cnnpar.console import rate_text, say_stop_line
 from cnnpar.data import DataBundle, load_data
 from cnnpar.data.bundle import class_lines, split_line
 from cnnpar.data.gpu_decode import GpuDecoder
@@ -916,8 +916,7 @@ class Trainer(DivergenceCheck):
                 ):
                     return self._train_all_epochs()
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (errors.Terminated): what is kept, and how to go on
-                self.log(self._stopped_line())
-                self.stop_said = True
+                self._say_stopped()
                 raise
             except Exception as e:  # the stop's doing (a worker it killed, torch broken under it: the_stop), or a crash
                 stop = the_stop(e)
@@ -925,8 +924,7 @@ class Trainer(DivergenceCheck):
                     self._raise_worker_crash(e)
                     self._raise_data_error_kept(e)
                     raise
-                self.log(self._stopped_line())
-                self.stop_said = True
+                self._say_stopped()
                 raise stop from None
             finally:
                 self.stream.exit()  # the caller's stream again, after the training's work
@@ -957,6 +955,13 @@ class Trainer(DivergenceCheck):
             raise DataError(
                 f"{user_error_text(e)}; {kept_line(self.run_dir, saved, self._continue_command())}"
             ) from None
+
+    def _say_stopped(self) -> None:
+        """The stop line, what is kept and how to go on; on stderr too where stdout's reader went away (`| head`,
+        console.StopWhenGone), whose line went nowhere and left the run's folder unsaid."""
+        if self.info.is_main:  # (another rank's log says nothing)
+            say_stop_line(self._stopped_line(), self.log)
+        self.stop_said = True
 
     def _stopped_line(self) -> str:
         return stopped_line(self.run_dir, self._saved_epoch_now(), self._continue_command())

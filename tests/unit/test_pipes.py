@@ -1,0 +1,156 @@
+"""Where a command's output goes: a reader that went away (`cnnpar train | head -2`) stops the command as SIGPIPE stops
+other Unix tools (exit 141, no traceback, train's finished epochs kept), and a stdout that cannot be written
+(/dev/full) ends in one line naming it (console.StopWhenGone)."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from cnnpar import errors
+from cnnpar.cli import main
+from cnnpar.console import StopWhenGone
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TRAIN = ["train", "--epochs", "2", "--max-steps", "4", "--no-progress", "--no-tensorboard", "--device", "cpu"]
+
+
+def _reader_gone() -> io.TextIOWrapper:
+    """A line-buffered text stream (as on a terminal: each line written at once) into a pipe whose reader closed."""
+    r, w = os.pipe()
+    os.close(r)
+    return io.TextIOWrapper(os.fdopen(w, "wb"), line_buffering=True)
+
+
+def _on_devnull(fd: int) -> bool:
+    st, null = os.fstat(fd), os.stat(os.devnull)
+    return (st.st_dev, st.st_ino) == (null.st_dev, null.st_ino)
+
+
+def test_a_train_whose_stdout_reader_went_away_stops_with_141_and_says_what_is_kept_on_stderr(
+    tmp_path, monkeypatch, capsys
+):
+    gone = _reader_gone()
+    monkeypatch.setattr(sys, "stdout", gone)
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "a"]) == 128 + signal.SIGPIPE
+    err = capsys.readouterr().err
+    # its stop line (the folder, and how to go on) on stderr, the one stream left; no second generic line
+    assert "stopped: " in err and "cnnpar train --resume" in err and "cnnpar: stopped" not in err
+    assert _on_devnull(gone.fileno())  # later writes and the exit flush go nowhere, raising nothing
+    gone.write("more\n")
+    gone.flush()
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    assert errors.pending_stop() is None  # the next command in this process is not stopped by it
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--resume", "auto", "--name", "a"]) == 0
+    assert (tmp_path / "a" / "summary.json").is_file()
+
+
+def test_a_read_only_command_whose_reader_went_away_ends_quietly_with_141(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdout", _reader_gone())
+    assert main(["models"]) == 128 + signal.SIGPIPE
+    assert capsys.readouterr().err == ""
+
+
+def test_a_stdout_that_cannot_be_written_ends_in_one_line_naming_it(monkeypatch, capsys):
+    full = io.TextIOWrapper(open("/dev/full", "wb"), line_buffering=True)  # noqa: SIM115 - closed with the test
+    monkeypatch.setattr(sys, "stdout", full)
+    try:
+        assert main(["models"]) == 2
+        assert capsys.readouterr().err == "cnnpar: error: stdout: cannot be written (No space left on device)\n"
+    finally:
+        full.close()
+
+
+def test_a_threads_write_to_a_gone_reader_notes_the_stop_and_the_main_thread_raises_it():
+    stream = StopWhenGone(_reader_gone(), "stdout")
+    raised = []
+
+    def write():
+        try:
+            print("from a feeder thread", file=stream, flush=True)
+        except BaseException as e:  # noqa: BLE001 - what the thread saw is the assertion
+            raised.append(e)
+
+    errors.forget_stop()
+    try:
+        thread = threading.Thread(target=write)
+        thread.start()
+        thread.join()
+        assert raised == []
+        with pytest.raises(errors.Terminated) as stop:
+            errors.raise_pending_stop()
+        assert stop.value.signum == signal.SIGPIPE and stop.value.signal_name == "SIGPIPE"
+    finally:
+        errors.forget_stop()
+
+
+def test_cnnpar_train_piped_into_a_reader_that_closes_early_ends_141_without_a_traceback(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "cnnpar", *TRAIN, "--out-dir", str(tmp_path), "--name", "a"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as proc:
+        proc.stdout.readline()
+        proc.stdout.close()  # as `head -1` does
+        err = proc.stderr.read().decode()
+    assert proc.returncode == 128 + signal.SIGPIPE, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert "cnnpar train --resume" in err
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--resume", "auto", "--name", "a"]) == 0
+
+
+def test_a_tune_whose_stdout_reader_went_away_says_where_its_best_config_is_on_stderr(tmp_path, monkeypatch, capsys):
+    import cnnpar.bench.tune as tune_mod
+    from tests.unit.test_tune import FakeMachine, resnet50
+
+    r, w = os.pipe()
+    monkeypatch.setattr(
+        sys, "stdout", StopWhenGone(io.TextIOWrapper(os.fdopen(w, "wb"), line_buffering=True), "stdout")
+    )
+    out = tmp_path / "tuned.toml"
+    m = FakeMachine(rate=lambda c: {64: 100.0, 128: 150.0, 256: 151.0}[c.run.batch_size], cost=lambda c: 1.0)
+    real = m.run_trial
+
+    def reader_gone_at_the_fourth(cfg, limit):
+        if len(m.calls) == 3:
+            os.close(r)  # `| head` has read its lines
+            print("tune [  40 s] the fourth trial ...")
+        return real(cfg, limit)
+
+    errors.forget_stop()
+    try:
+        with pytest.raises(errors.Terminated):
+            tune_mod.tune(resnet50(), 600, out, run_trial=reader_gone_at_the_fourth, clock=m.clock)
+    finally:
+        errors.forget_stop()
+    assert f"tune: stopped; the best config so far (3 trial(s), 3 measured) is in {out}" in capsys.readouterr().err
+
+
+def test_a_launch_whose_rank_0_found_its_reader_gone_ends_as_a_stop_not_as_a_rank_that_failed():
+    """`cnnpar train --nproc 2 | head -2`: rank 0 stopped (141), rank 1 then lost its peer; the launcher said "rank 0
+    failed first (exit code 141)" and ended 1."""
+    from cnnpar.errors import EXIT_ANOTHER_RANK_ENDED
+    from cnnpar.torchrun import EndedByTorchrun, stopped_by_its_reader
+    from tests.unit.test_dist_launch import _failure
+
+    ended = EndedByTorchrun()
+    reader_gone = {0: _failure(128 + signal.SIGPIPE, 10), 1: _failure(EXIT_ANOTHER_RANK_ENDED, 11, timestamp=99)}
+    assert stopped_by_its_reader(reader_gone, ended)
+    # a rank that failed by itself first is still that failure, though another then found the reader gone
+    failed_first = {0: _failure(128 + signal.SIGPIPE, 10, timestamp=101), 1: _failure(2, 11)}
+    assert not stopped_by_its_reader(failed_first, ended)
+
+
+def test_a_refusal_whose_stderr_reader_went_away_ends_141_not_in_an_uncaught_stop(monkeypatch):
+    """The refusal's line raised the stop inside run_command's own error handling, which let it out of main."""
+    monkeypatch.setattr(sys, "stderr", _reader_gone())
+    try:
+        rc = main(["train", "--model", "nope"])
+    except KeyboardInterrupt as e:  # (left to itself it would end pytest's session)
+        pytest.fail(f"the stop left main: {e!r}")
+    assert rc == 128 + signal.SIGPIPE
