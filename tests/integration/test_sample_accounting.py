@@ -42,6 +42,19 @@ def write_folder(root: Path) -> Path:
     return root
 
 
+def write_jpegs(root: Path) -> Path:
+    """The folder's layout as JPEGs (quality 100: a solid grey comes back within a level), for the GPU decoders."""
+    from PIL import Image
+
+    for split, count in (("train", N), ("val", VAL)):
+        for i in range(count):
+            folder = root / split / ("a" if i < count // 2 else "b")
+            folder.mkdir(parents=True, exist_ok=True)
+            img = Image.fromarray(np.full((SIDE * 2, SIDE * 2, 3), level(i), np.uint8))
+            img.save(folder / f"{i:03d}.jpg", quality=100)
+    return root
+
+
 def write_flat(root: Path) -> Path:
     """N + VAL images flat in root/images/ and root/labels.csv naming them (the --labels layout): no validation split
     of its own, --val-fraction holds one out."""
@@ -71,19 +84,25 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     folder = write_folder(root / "photos")
     store = root / "photos.cnnpar"
     assert main(["prepare", str(folder), "--out", str(store), "--workers", "0", "--no-progress"]) == 0
-    return {"npz": write_npz(root / "d.npz"), "folder": folder, "store": store, "flat": write_flat(root / "flat")}
+    return {
+        "npz": write_npz(root / "d.npz"),
+        "folder": folder,
+        "store": store,
+        "flat": write_flat(root / "flat"),
+        "jpegs": write_jpegs(root / "jpegs"),
+    }
 
 
 def image_means(x: torch.Tensor) -> torch.Tensor:
     """(N, C): each image's mean per channel, of the normalised floats a step receives."""
-    return x.detach().float().mean(dim=(2, 3)).clone()
+    return x.detach().float().mean(dim=(2, 3)).cpu()
 
 
 def ids_of(means: torch.Tensor, mean, std) -> list[int]:
     """The image ids: each image's grey level, normalisation undone with the run's mean/std."""
     grey = (means * torch.tensor(std) + torch.tensor(mean)) * 255
     ids = (grey.mean(dim=1) - FIRST) / SPACING  # the channels hold one level
-    assert (ids - ids.round()).abs().max() < 0.2, ids  # a level the data holds, not a blend of two
+    assert (ids - ids.round()).abs().max() < 0.3, ids  # a level the data holds, not a blend of two
     return ids.round().int().tolist()
 
 
@@ -161,14 +180,40 @@ LOADERS = {
 }
 
 
-@pytest.mark.parametrize("loader", list(LOADERS))
+CUDA = ["--device", "cuda", "--precision", "fp32", "--compile", "off", "--cuda-graphs", "off"]
+CUDA_LOADERS = {
+    "cuda-npz-resident": ("npz", [*CUDA, "--workers", "0", "--resident", "on"]),
+    "cuda-npz-workers2": ("npz", [*CUDA, "--workers", "2", "--resident", "off"]),
+    "cuda-store-workers2": ("store", [*CUDA, "--workers", "2", "--resident", "off"]),
+    "cuda-store-resident": ("store", [*CUDA, "--workers", "0", "--resident", "on"]),
+    "cuda-jpegs-gpu": ("jpegs", [*CUDA, "--workers", "2", "--decode", "gpu"]),
+    "cuda-jpegs-hardware": ("jpegs", [*CUDA, "--workers", "2", "--decode", "hardware"]),
+    "cuda-jpegs-nvimgcodec": ("jpegs", [*CUDA, "--workers", "2", "--decode", "nvimgcodec"]),
+    "cuda-jpegs-workers": ("jpegs", [*CUDA, "--workers", "2", "--decode", "nvimgcodec-workers"]),
+    "cuda-jpegs-hybrid": ("jpegs", [*CUDA, "--workers", "2", "--decode", "gpu", "--cpu-share", "0.5"]),
+}
+CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def loaders(*names: str) -> list:
+    """`names` as parameters, the CUDA ones skipped without a GPU."""
+    return [pytest.param(n, marks=CUDA_ONLY) if n in CUDA_LOADERS else n for n in names]
+
+
+def spec(loader: str) -> tuple[str, list[str]]:
+    return {**LOADERS, **CUDA_LOADERS}[loader]
+
+
+@pytest.mark.parametrize("loader", loaders(*LOADERS, *CUDA_LOADERS))
 def test_every_loader_trains_each_image_at_most_once_an_epoch_and_evaluates_each_once(
     sources, tmp_path, monkeypatch, loader
 ):
     """30 images at batch 8: 3 full batches an epoch in the sampler's order, the last partial batch (6 images)
     dropped, as docs/distributed.md says; summary.json's images_trained and each epoch's images/s count the 24
     trained, not the 30. Every evaluation scores each of the 10 validation images once."""
-    kind, flags = LOADERS[loader]
+    kind, flags = spec(loader)
+    if any(f.startswith("nvimgcodec") for f in flags):
+        pytest.importorskip("nvidia.nvimgcodec", reason="the nvimgcodec extra is part of the test extra")
     recorder = Recorder(monkeypatch)
     run = train(tmp_path, sources[kind], "r", "--epochs", "2", "--batch-size", "8", *flags)
     batches = recorder.ids(run)
@@ -196,10 +241,14 @@ def test_an_accumulation_of_3_trains_the_short_last_group_over_its_own_micro_bat
     assert json.loads((run / "summary.json").read_text())["images_trained"] == 28
 
 
-def test_max_steps_trains_the_first_steps_of_each_epochs_order_and_counts_only_them(sources, tmp_path, monkeypatch):
+@pytest.mark.parametrize("loader", loaders("npz-workers2", "cuda-jpegs-gpu", "cuda-store-workers2"))
+def test_max_steps_trains_the_first_steps_of_each_epochs_order_and_counts_only_them(
+    sources, tmp_path, monkeypatch, loader
+):
+    kind, flags = spec(loader)
     recorder = Recorder(monkeypatch)
-    more = ["--epochs", "2", "--batch-size", "4", "--grad-accum", "3", "--max-steps", "1", "--workers", "2"]
-    run = train(tmp_path, sources["npz"], "r", *more)
+    more = ["--epochs", "2", "--batch-size", "4", "--grad-accum", "3", "--max-steps", "1", *flags]
+    run = train(tmp_path, sources[kind], "r", *more)
     assert [len(g) for g in recorder.groups] == [3, 3]  # one step of 3 micro-batches an epoch
     batches = recorder.ids(run)
     for e in (1, 2):
@@ -208,9 +257,11 @@ def test_max_steps_trains_the_first_steps_of_each_epochs_order_and_counts_only_t
     assert [float(r["images_per_s"]) * float(r["epoch_s"]) for r in metrics(run)] == pytest.approx([12, 12], rel=1e-3)
 
 
-@pytest.mark.parametrize("loader", ["npz-workers2", "npz-resident", "store-workers2"])
+@pytest.mark.parametrize(
+    "loader", loaders("npz-workers2", "npz-resident", "store-workers2", "cuda-jpegs-gpu", "cuda-store-resident")
+)
 def test_a_resumed_run_trains_the_next_epochs_in_the_uninterrupted_runs_order(sources, tmp_path, monkeypatch, loader):
-    kind, flags = LOADERS[loader]
+    kind, flags = spec(loader)
     source, more = sources[kind], ["--batch-size", "8", *flags]
     whole = Recorder(monkeypatch)
     run = train(tmp_path, source, "whole", "--epochs", "3", *more)
