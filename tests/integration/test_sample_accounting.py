@@ -250,6 +250,7 @@ def test_max_steps_trains_the_first_steps_of_each_epochs_order_and_counts_only_t
     more = ["--epochs", "2", "--batch-size", "4", "--grad-accum", "3", "--max-steps", "1", *flags]
     run = train(tmp_path, sources[kind], "r", *more)
     assert [len(g) for g in recorder.groups] == [3, 3]  # one step of 3 micro-batches an epoch
+    assert sorted(sum(recorder.evaluated_ids(run), [])) == sorted(list(range(VAL)) * 2)  # evaluations score all 10
     batches = recorder.ids(run)
     for e in (1, 2):
         assert sum(batches[3 * (e - 1) : 3 * e], []) == sampler_order(e, 4, steps=3), e
