@@ -279,30 +279,31 @@ def test_a_resumed_run_trains_the_next_epochs_in_the_uninterrupted_runs_order(so
     assert again.ids(run) == uninterrupted  # the same --seed, the same orders, with or without workers
 
 
+@pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("kind", ["npz", "folder", "store"])
-def test_two_ranks_train_disjoint_shares_and_evaluate_each_validation_image_once(sources, kind):
-    """The loaders two ranks build (build_loader with ranks 0 and 1 of 2, workers 2): training shares of 15 that do
-    not meet, cut to 3 batches of 4 each; evaluation shards that hold each of the 10 validation images once (the
-    sampler's padding would count one twice)."""
+def test_ranks_train_disjoint_shares_and_evaluate_each_validation_image_once(sources, kind, world):
+    """The loaders the ranks build (build_loader with each rank of `world`): training shares of 30 // world
+    that do not meet, cut to whole batches of 4; evaluation shards that hold each of the 10 validation images once
+    (over 3 ranks DistributedSampler's padding would count two twice)."""
     from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
     from cnnpar.data import load_data
     from cnnpar.data.loader import build_loader
     from cnnpar.dist import DistInfo
 
-    data = DataConfig(source=str(sources[kind]), augment="none", workers=2, resident="off", decode="cpu")
+    data = DataConfig(source=str(sources[kind]), augment="none", workers=0, resident="off", decode="cpu")
     cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=SEED)), "cpu", False)
     bundle = load_data(cfg.data, SEED)
     trained, evaluated = [], []
-    for rank in (0, 1):
-        info = DistInfo(rank, rank, 2, torch.device("cpu"))
+    for rank in range(world):
+        info = DistInfo(rank, rank, world, torch.device("cpu"))
         for train, out in ((True, trained), (False, evaluated)):
             feeder = build_loader(bundle, cfg, info, train)
             feeder.set_epoch(1)
             out.append([i for x, _ in feeder for i in ids_of(image_means(x), bundle.mean, bundle.std)])
             feeder.close()
-    assert [len(t) for t in trained] == [12, 12]
-    assert not set(trained[0]) & set(trained[1])
-    assert sorted(evaluated[0] + evaluated[1]) == list(range(VAL))
+    assert [len(t) for t in trained] == [N // world // 4 * 4] * world
+    assert len(set(sum(trained, []))) == sum(len(t) for t in trained)  # no image on two ranks
+    assert sorted(sum(evaluated, [])) == list(range(VAL))
 
 
 def test_a_flat_folder_with_labels_trains_and_evaluates_each_image_once_on_either_side_of_its_hold_out(
