@@ -210,7 +210,10 @@ def test_nproc_starts_torchrun_for_this_machine(cli):
     # what DDP runs with, read off the module: torch's own bucket size and switches by default
     assert "ddp: gradient buckets 25 MiB, static graph off, buffers sent from rank 0 every forward" in proc.stdout
     run_dir = only_run_folder(cli.cwd)
-    assert json.loads((run_dir / "summary.json").read_text())["world_size"] == 2
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    # the images both ranks trained, each counted once: 2 processes x 2 steps x the CPU's batch of 64
+    assert summary["images_trained"] == 2 * 2 * 64 and summary["global_batch"] == 2 * 64
     # the record holds the launch, so that `--config` of it starts two processes again
     assert "\nnproc = 2\n" in (run_dir / "config.toml").read_text()
 
