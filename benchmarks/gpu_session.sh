@@ -1112,7 +1112,7 @@ s27b)
 s37a)
   # session 37, call A (one H200, ~6 min with a cold start; carry .whl alone): every GPU-marked test at sessions
   # 35-36's last code (s35b's command, unrun in sessions 35 and 36: no machine was lent)
-  TAIL=30 logged gpu_tests 420 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=10 -rs
+  TAIL=30 logged gpu_tests 500 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=10 -rs
   ;;
 s42a)
   # session 42, call A (one H100 or H200, ~6 min with a cold start; carry .whl without nvImageCodec's wheel and

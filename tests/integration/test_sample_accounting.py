@@ -192,7 +192,8 @@ CUDA_LOADERS = {
     "cuda-jpegs-workers": ("jpegs", [*CUDA, "--workers", "2", "--decode", "nvimgcodec-workers"]),
     "cuda-jpegs-hybrid": ("jpegs", [*CUDA, "--workers", "2", "--decode", "gpu", "--cpu-share", "0.5"]),
 }
-CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+# marked gpu too: benchmarks/gpu_session.sh runs `pytest -m gpu tests` on the device
+CUDA_ONLY = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def loaders(*names: str) -> list:
