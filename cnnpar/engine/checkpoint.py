@@ -78,7 +78,7 @@ def kept_after_failed_write(path: Path, error: BaseException | None = None) -> s
     if not epoch:
         return f"{expected}; no epoch is saved in {run_dir}"
     again = shlex.quote(str(run_dir))
-    return f"{expected}; the checkpoint in {run_dir} holds epochs 1-{epoch}, which --resume {again} continues"
+    return f"{expected}; the checkpoint in {run_dir} holds {epochs_held(epoch)}, which --resume {again} continues"
 
 
 def find_checkpoint(path: str | Path) -> Path | None:
@@ -216,6 +216,11 @@ def stored_epoch(ckpt: str | Path) -> int | None:
         return None
     epoch = state.get("epoch") if isinstance(state, dict) else None
     return epoch if isinstance(epoch, int) else 0
+
+
+def epochs_held(saved_epoch: int) -> str:
+    """'epoch 1' or 'epochs 1-N': what a checkpoint holds, in the lines that say what a stopped run kept."""
+    return "epoch 1" if saved_epoch == 1 else f"epochs 1-{saved_epoch}"
 
 
 def checkpoint_epoch(run_dir: str | Path, ckpt: str | Path | None = None) -> int:

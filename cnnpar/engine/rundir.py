@@ -31,7 +31,14 @@ from cnnpar.config import (
 )
 from cnnpar.data.sources import readable_name, utf8_on_disk
 from cnnpar.dist import DistInfo, broadcast_object
-from cnnpar.engine.checkpoint import LAST, checkpoint_epoch, find_checkpoint, resumed_checkpoint, run_dir_of
+from cnnpar.engine.checkpoint import (
+    LAST,
+    checkpoint_epoch,
+    epochs_held,
+    find_checkpoint,
+    resumed_checkpoint,
+    run_dir_of,
+)
 from cnnpar.engine.resolved import read_started_in, rooted
 from cnnpar.errors import UserError
 from cnnpar.report.files import (
@@ -370,7 +377,7 @@ def start_again_flags(run_dir: str | Path) -> str:
 def kept_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:
     """The epochs a run's checkpoint holds (`saved_epoch` > 0) and the command `again` that continues it: the end of
     a stop's line, and of a failure's after a saved epoch."""
-    return f"the checkpoint in {run_dir} holds epochs 1-{saved_epoch}; continue with: {again}"
+    return f"the checkpoint in {run_dir} holds {epochs_held(saved_epoch)}; continue with: {again}"
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cnnpar.engine.checkpoint import checkpoint_epoch, load_checkpoint
+from cnnpar.engine.checkpoint import checkpoint_epoch, epochs_held, load_checkpoint
 from cnnpar.report.files import read_csv
 from tests.conftest import cli_env, run_cmd, torchrun_cmd
 
@@ -300,7 +300,7 @@ def test_a_stop_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tmp
     assert err.count(f"cnnpar: stopped ({sig})") == 1  # the launcher's; its ranks are stopped by torchrun
     # torchrun's SignalException traceback gave way to the epochs kept: its ranks die at its SIGTERM, unheard
     epochs = checkpoint_epoch(tmp_path / "runs" / name)
-    kept = f"stopped: the checkpoint in runs/{name} holds epochs 1-{epochs}; continue with: cnnpar train --resume "
+    kept = f"stopped: the checkpoint in runs/{name} holds {epochs_held(epochs)}; continue with: cnnpar train --resume "
     assert out.splitlines()[-1] == f"{kept}runs/{name} --nproc 2" and "Traceback" not in err, err[-2000:]
     # the summary of the epochs kept, unfinished (written at each epoch's end: its ranks had none to write it with);
     # written just after the checkpoint, so a SIGTERM between the two leaves it one epoch behind (seen in CI)
@@ -333,7 +333,7 @@ def test_a_killed_worker_under_nproc_ends_with_the_epochs_kept_and_the_command_t
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "cnnpar: rank 1 failed first (killed by SIGKILL)" in proc.stderr
     assert "ChildFailedError" not in proc.stderr and "FAILED" not in proc.stderr
-    end = "stopped: the checkpoint in runs/k holds epochs 1-1; continue with: cnnpar train --resume runs/k --nproc 2"
+    end = "stopped: the checkpoint in runs/k holds epoch 1; continue with: cnnpar train --resume runs/k --nproc 2"
     assert proc.stdout.splitlines()[-1] == end
     again = cli(*end.split("continue with: cnnpar ")[1].split(), "--no-progress")
     assert again.returncode == 0, again.stderr[-3000:]
@@ -400,7 +400,7 @@ def test_sigterm_to_a_plain_torchrun_says_what_was_kept_and_how_to_continue(tmp_
     ckpt = tmp_path / "runs" / name / "ckpt" / "last.pt"
     epochs = load_checkpoint(ckpt, map_location="cpu")["epoch"]  # whole: its records' checksums checked
     assert epochs >= 1
-    kept = f"stopped: the checkpoint in runs/{name} holds epochs 1-{epochs}; continue with: cnnpar train --resume "
+    kept = f"stopped: the checkpoint in runs/{name} holds {epochs_held(epochs)}; continue with: cnnpar train --resume "
     assert f"{kept}runs/{name} --nproc 2" in out.splitlines(), out[-2000:] + err[-2000:]
     assert "cnnpar: stopped (SIGTERM)" in err and "cnnpar: rank 0 failed" not in err, err[-3000:]
 

@@ -52,7 +52,7 @@ def test_a_stop_keeps_the_finished_epochs_says_how_to_go_on_and_the_resume_finis
     )
     run = tmp_path / "runs" / "t"
     assert proc.returncode == 128 + getattr(signal, sig), proc.stderr
-    assert f"stopped: the checkpoint in {run.relative_to(tmp_path)} holds epochs 1-1; continue with: cnnpar train " in (
+    assert f"stopped: the checkpoint in {run.relative_to(tmp_path)} holds epoch 1; continue with: cnnpar train " in (
         proc.stdout
     )
     assert f"cnnpar: stopped ({sig})" in proc.stderr
@@ -90,7 +90,7 @@ def test_a_sigterm_whose_raise_a_finaliser_dropped_still_stops_the_run(tmp_path)
     args = [*SMALL, "--epochs", "4", "--name", "f"]
     proc = run_cmd([sys.executable, "-c", SIGTERM_IN_A_FINALISER, *args], tmp_path, timeout=600)
     assert proc.returncode == 143, proc.stdout + proc.stderr
-    assert "stopped: the checkpoint in runs/f holds epochs 1-1; continue with: cnnpar train --resume runs/f" in (
+    assert "stopped: the checkpoint in runs/f holds epoch 1; continue with: cnnpar train --resume runs/f" in (
         proc.stdout
     )
     assert proc.stderr.splitlines() == ["cnnpar: stopped (SIGTERM)"]  # no "Exception ignored" traceback above it
@@ -127,7 +127,7 @@ def test_a_stop_to_the_group_stops_the_run_and_its_loader_workers_leave_nothing(
         out += proc.stdout.read()  # (communicate() would miss what this file object has read ahead)
         err = proc.stderr.read()
         assert proc.wait(timeout=120) == 128 + getattr(signal, sig), out + err
-        assert "stopped: the checkpoint in runs/g holds epochs 1-" in out.splitlines()[-1], out
+        assert "stopped: the checkpoint in runs/g holds epoch" in out.splitlines()[-1], out
         assert err.splitlines() == [f"cnnpar: stopped ({sig})"]  # no worker's death, no "Exception ignored"
         assert not list(tmp.glob("pymp-*"))  # the workers left by themselves, their clean-up run
     finally:
@@ -158,7 +158,7 @@ def test_a_worker_death_by_the_stop_under_exited_unexpectedly_ends_as_the_stop(t
     monkeypatch.chdir(tmp_path)
     assert main([*SMALL, "--epochs", "3", "--name", "u"]) == 128 + 15
     out, err = capsys.readouterr()
-    assert "stopped: the checkpoint in runs/u holds epochs 1-1; continue with: cnnpar train --resume runs/u" in out
+    assert "stopped: the checkpoint in runs/u holds epoch 1; continue with: cnnpar train --resume runs/u" in out
     assert err.splitlines() == ["cnnpar: stopped (SIGTERM)"]
 
 
@@ -174,7 +174,7 @@ def test_a_worker_crash_after_a_saved_epoch_says_the_epoch_is_kept_and_how_to_co
     assert main([*SMALL, "--epochs", "3", "--name", "k"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("cnnpar: error: a data loader worker crashed (SIGKILL: Killed) while reading ")
-    assert err.endswith("; the checkpoint in runs/k holds epochs 1-1; continue with: cnnpar train --resume runs/k\n")
+    assert err.endswith("; the checkpoint in runs/k holds epoch 1; continue with: cnnpar train --resume runs/k\n")
     assert [r["epoch"] for r in read_csv(tmp_path / "runs" / "k" / "metrics.csv")] == ["1"]
 
 
@@ -337,7 +337,7 @@ def test_a_checkpoint_that_cannot_be_written_stops_in_one_line_naming_the_file_t
     (line,) = [ln for ln in proc.stderr.splitlines() if "error" in ln]
     assert line.startswith("cnnpar: error: runs/f/ckpt/last.pt: cannot be written (")
     assert f"a file size limit (ulimit -f) of {size // 2 / 2**20:,.1f} MB" in line
-    assert "the checkpoint in runs/f holds epochs 1-1, which --resume runs/f continues" in line
+    assert "the checkpoint in runs/f holds epoch 1, which --resume runs/f continues" in line
     assert not list((run / "ckpt").glob(".*.tmp"))
 
 
@@ -391,7 +391,7 @@ def test_metrics_csv_never_holds_an_epoch_the_checkpoint_does_not_and_a_resume_c
 
 def test_a_stop_just_after_the_checkpoints_rename_names_the_epochs_it_holds(tmp_path):
     """A SIGTERM in atomic_write's fsync of the folder, after last.pt of epoch 2 was renamed into place, printed
-    "holds epochs 1-1": saved_epoch was set only once save_checkpoint returned."""
+    "holds epoch 1": saved_epoch was set only once save_checkpoint returned."""
     args = [*SMALL, "--epochs", "3", "--name", "s"]
     proc = subprocess.run(
         [sys.executable, "-c", SIGNALLED_IN_SAVE, "SIGTERM", "after", *args],
@@ -430,5 +430,5 @@ def test_a_loader_workers_death_by_the_stop_raised_over_it_still_ends_as_a_stop(
     args = [*SMALL, "--epochs", "3", "--name", "w"]
     proc = run_cmd([sys.executable, "-c", STOP_THEN_A_WORKERS_DEATH, *args], tmp_path, timeout=600)
     assert proc.returncode == 143, proc.stderr
-    assert "stopped: the checkpoint in runs/w holds epochs 1-1" in proc.stdout
+    assert "stopped: the checkpoint in runs/w holds epoch 1" in proc.stdout
     assert "Traceback" not in proc.stderr and "killed by signal" not in proc.stderr

@@ -56,7 +56,7 @@ def test_a_record_that_cannot_be_written_after_an_epoch_says_the_epoch_and_what_
     assert line.startswith(f"cnnpar: error: runs/w/{name}: cannot be written (No space left on device; ")
     assert line.endswith(
         "expected room for the run's records (free disk space, a higher file size limit); "
-        "the checkpoint in runs/w holds epochs 1-1, which --resume runs/w continues"
+        "the checkpoint in runs/w holds epoch 1, which --resume runs/w continues"
     )
     run = tmp_path / "runs" / "w"
     assert checkpoint_epoch(run) == 1 and (run / "config.toml").is_file()
@@ -106,7 +106,7 @@ def test_a_resume_whose_resumes_csv_cannot_be_written_keeps_the_run_as_it_was(tm
     assert line.startswith("cnnpar: error: runs/r/resumes.csv: cannot be written (Read-only file system; ")
     assert line.endswith(
         "expected a run folder where files can be written (runs/r is not); "
-        "the checkpoint in runs/r holds epochs 1-1, which --resume runs/r continues"
+        "the checkpoint in runs/r holds epoch 1, which --resume runs/r continues"
     )
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     assert main([*SMALL, "--resume", "runs/r", "--epochs", "2"]) == 0

@@ -146,7 +146,7 @@ def test_a_disk_that_fills_under_the_event_file_and_the_checkpoint_stops_in_the_
     assert said.startswith(f"tensorboard: runs/w/{events.name}: cannot be written (No space left on device; ")
     (line,) = err.splitlines()
     assert line.startswith("cnnpar: error: runs/w/ckpt/last.pt: cannot be written (No space left on device; ")
-    assert line.endswith("the checkpoint in runs/w holds epochs 1-1, which --resume runs/w continues")
+    assert line.endswith("the checkpoint in runs/w holds epoch 1, which --resume runs/w continues")
     assert checkpoint_epoch(run) == 1 and not list(run.rglob("*.tmp"))
 
     assert main([*SMALL, "--resume", "runs/w"]) == 0

@@ -125,5 +125,5 @@ def test_a_photo_deleted_under_a_run_is_named_as_gone_since_the_listing_with_the
     assert line.startswith(f"cnnpar: error: {folder}/class"), line
     assert "gone since its folder was listed (deleted or moved while this ran)" in line
     assert line.endswith(
-        f"the checkpoint in {runs / 'r'} holds epochs 1-1; continue with: cnnpar train --resume {runs / 'r'}"
+        f"the checkpoint in {runs / 'r'} holds epoch 1; continue with: cnnpar train --resume {runs / 'r'}"
     )
