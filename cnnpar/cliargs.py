@@ -215,8 +215,31 @@ def _read_stored(stored: Path, search_again: bool) -> Config:
         for sec, names in MACHINE_FIELDS.items():
             for name_ in names:
                 raw[sec][name_] = defaults[sec][name_]
+        if not raw["data"].get("image_size"):
+            raw["data"]["image_size"] = _trained_side(run_dir)
     _as_requested(raw, text, lambda sec, name_: _found_again(sec, name_) or (search_again and (sec, name_) in SEARCHED))
     return from_dict(raw, origin=str(stored))
+
+
+def _trained_side(run_dir: Path) -> int:
+    """The side of the square images the run's checkpoint trained on, 0 (auto) where it tells none. A record written
+    before the `# requested:` lines stores an automatic image size as 0, which this cnnpar's rule would resolve again
+    otherwise: a folder of 40x48 photos that an older cnnpar trained at 224 (its rule then) resolved at 40 here, and
+    the resume was refused, its line saying to give the --image-size it had not given. A non-square input (an
+    array's own shape, never resized by auto) is left to auto."""
+    import torch
+
+    from cnnpar.engine.checkpoint import find_checkpoint
+
+    ckpt = find_checkpoint(run_dir)
+    if ckpt is None:
+        return 0
+    try:  # mmap: the meta alone is read; a file that does not load is refused by the resume's own load
+        meta = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("meta", {})
+        c, h, w = meta["image_shape"]
+    except Exception:
+        return 0
+    return h if isinstance(h, int) and h == w and h > 0 else 0
 
 
 # What the data itself decides, found again from it wherever a run's record is reused: the same data gives the

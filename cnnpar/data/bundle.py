@@ -58,6 +58,9 @@ class DataBundle:
     # every image is grey though it has 3 channels: a folder (or a store prepared from one) of grey files, which
     # decode to RGB; --augment auto does not mirror them, as it does not mirror 1-channel arrays
     grey: bool = False
+    # grey read from the pixels of a store prepared before its header recorded it (session 34): a checkpoint of a
+    # run on it by a cnnpar that read it as colour (meta without grey_from_pixels) resolved --augment auto so
+    grey_from_pixels: bool = False
     # whose mean and std normalise the images, in words ("ImageNet's", "the training images'"), for the data line
     stats_from: str = ""
     # where num_classes came from ("labels' max + 1", "--num-classes", "the class folders", ...)

@@ -491,6 +491,7 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
     train, val, val_from = _split(train, val, cfg.val_fraction, seed, str(store.path), FOLDER_OWN_VAL, names, remake)
     _class_count_given(cfg.num_classes, len(names), f"{store.path} holds {len(names)} classes")
     changed = _source_changed_note(store)
+    grey, grey_note = _store_grey(store)
     groups = store.header.get("same_file_groups", [])  # stores from before session 13 lack it: nothing known
     overlap = store_overlap(groups, train.ids.tolist(), val.ids.tolist()) if groups and val is not None else ""
     return DataBundle(
@@ -503,7 +504,8 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         str(store.path),
         store.class_names,
         loader_crops=True,
-        grey=bool(store.header.get("grey", False)),  # stores before session 34 lack it: colour, as they trained
+        grey=grey,
+        grey_from_pixels=bool(grey_note),
         stats_from=IMAGENET_STATS,
         classes_from="the store's header",
         size_from=size_from,
@@ -513,7 +515,27 @@ def load_store(cfg: DataConfig, seed: int) -> DataBundle:
         val_overlap=overlap,
         fingerprint=store.header["data_checksum"],
         fingerprint_of=STORE_CHECKSUM,
-        load_note=changed,
+        load_note="\n".join(n for n in (changed, grey_note) if n),
+    )
+
+
+def _store_grey(store: StoreFile, sample: int = 200) -> tuple[bool, str]:
+    """Whether the store's photos are grey files (--augment auto leaves them unmirrored), and a note where that was
+    read from its pixels. Stores prepared before session 34 lack the header's `grey`: read as colour, a new run
+    mirrored the digit PNGs that the same folder, or a store prepared of it now, leaves unmirrored, without a
+    word. A grey file is stored as 3 equal channels, so equal channels in every sampled image tell it."""
+    if "grey" in store.header:
+        return bool(store.header["grey"]), ""
+    pixels = store.pixels
+    for k in np.linspace(0, store.count - 1, min(store.count, sample)).astype(np.int64):
+        (h, w), start = store.hw[k], int(store.offsets[k])
+        image = pixels[start : start + 3 * h * w].reshape(h * w, 3)
+        if not ((image[:, 0] == image[:, 1]).all() and (image[:, 1] == image[:, 2]).all()):
+            return False, ""
+    return True, (
+        f"note: {store.path} was prepared by a cnnpar before 2026-12-04, which did not record grey photos: its "
+        "sampled images all have 3 equal channels, so they are read as grey (--augment auto does not mirror them, "
+        "as for a store prepared now; --augment flip mirrors them)"
     )
 
 

@@ -14,7 +14,7 @@ Layout of one file, little-endian:
                  under several names, hard links, so that a hold-out drawn from the store is checked
                  for them; absent in stores written before it, where nothing is known; `grey`: every
                  sampled photo of the folder was a grey file, so --augment auto leaves them unmirrored; absent
-                 before session 34: colour)
+                 before session 34 (2026-12-04): read from the pixels, `sources._store_grey`)
     index        offsets int64[n] (byte offset into the pixel area), heights int32[n],
                  widths int32[n], labels int64[n], splits uint8[n] (0 train, 1 val)
     zeros        up to `data_start`, a multiple of 4096 (page-aligned pixels map cleanly)

@@ -354,7 +354,7 @@ def prepare_store(
         # (all 256x341 after --short-side 256, say) made it pick 256 where the folder's run picked 224
         "source_side": list(pick_side(photos.sizes, photos.sampled)),
         # every sampled photo grey (grey PNGs stored as 3 equal channels): --augment auto does not mirror them, as
-        # from the folder (stores before session 34 lack the key: colour, as they trained then)
+        # from the folder (stores before session 34 lack the key: sources._store_grey reads it from their pixels)
         "grey": photos.grey,
         # what the folder held (names, classes, splits): a run from the store says where the folder changed since
         "source_listing": listing_checksum(src, files, labels, splits),

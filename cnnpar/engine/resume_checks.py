@@ -54,12 +54,12 @@ RESUME_FIXED = (
 )
 
 
-def resolved_augment(augment: str, bundle: DataBundle) -> str:
+def resolved_augment(augment: str, bundle: DataBundle, grey: bool | None = None) -> str:
     """--augment as this cnnpar trains with it on this run's data: a resume's data and image size are the
     checkpoint's (another is refused), so the checkpoint's auto resolves on them as it did for its run where
     the checkpoint was written by a cnnpar with today's rule; _older_augment tells the checkpoints that were
-    not."""
-    return resolve_augment(augment, bundle.shape, bundle.loader_crops, bundle.grey)
+    not, and `grey` (ResumeChecks._grey_then) an older reading of a store's grey photos as colour."""
+    return resolve_augment(augment, bundle.shape, bundle.loader_crops, bundle.grey if grey is None else grey)
 
 
 def record_resumes(path: Path, saved_epoch: int, changes: list[dict], written: Callable, log: Callable) -> str:
@@ -124,7 +124,7 @@ class ResumeChecks:
             was, is_now = as_stored_now(section, name, stored.get(section, {}).get(name)), now[section][name]
             reason = why.get((section, name), "")
             if (section, name) == ("data", "augment"):  # kept as asked: auto is compared as what it draws
-                if (augment := self._augment_change(stored.get("data", {}))) is None:
+                if (augment := self._augment_change(stored.get("data", {}), self._grey_then(state))) is None:
                     continue
                 was, is_now, older = augment
                 reason = reason or older
@@ -147,7 +147,7 @@ class ResumeChecks:
             for name, is_now in values.items():
                 was, note = as_stored_now(section, name, stored.get(section, {}).get(name)), ""
                 if (section, name) == ("data", "augment"):
-                    if (augment := self._augment_change(stored.get("data", {}))) is None:
+                    if (augment := self._augment_change(stored.get("data", {}), self._grey_then(state))) is None:
                         continue
                     was, is_now, note = augment
                     if not note:  # asked for: the values as typed, as every other row holds them
@@ -188,7 +188,15 @@ class ResumeChecks:
             return "centre crops", resolve_augment(augment, self.bundle.shape, loader_crops=True)
         return None
 
-    def _augment_change(self, stored_data: dict) -> tuple[str, str, str] | None:
+    def _grey_then(self, state: dict) -> bool:
+        """Whether the checkpoint's run read its images as grey: a store prepared before session 34, read as grey
+        from its pixels now, was colour to a cnnpar that did not (its checkpoint's meta lacks grey_from_pixels), and
+        its --augment auto mirrored them."""
+        if self.bundle.grey_from_pixels and not state.get("meta", {}).get("grey_from_pixels"):
+            return False
+        return self.bundle.grey
+
+    def _augment_change(self, stored_data: dict, grey_then: bool) -> tuple[str, str, str] | None:
         """(before, after, why) where the resumed epochs draw their augmentation otherwise than the checkpoint's
         did, else None: another --augment (auto compared as what it resolves to), or the same one read otherwise
         by the older cnnpar that wrote the checkpoint (why: OLDER_AUGMENT)."""
@@ -198,9 +206,9 @@ class ResumeChecks:
         resolved = resolved_augment(is_now, self.bundle)
         older = self._older_augment(stored_data)
         if older is None:
-            if was == is_now or resolved_augment(was, self.bundle) == resolved:
+            if was == is_now or resolved_augment(was, self.bundle, grey_then) == resolved:
                 return None
-            return self._augment_shown(was), self._augment_shown(is_now), ""
+            return self._augment_shown(was, grey_then), self._augment_shown(is_now), ""
         crops, was_resolved = older
         now_crops = f"random-resized crops of {100 * self.cfg.data.crop_min_scale:g}-100 % of the area"
         if crops == "random-resized crops" and was_resolved == resolved:
@@ -211,8 +219,8 @@ class ResumeChecks:
 
         return drawn(was, was_resolved, crops), drawn(is_now, resolved, now_crops), OLDER_AUGMENT
 
-    def _augment_shown(self, augment: str) -> str:
-        return f"auto ({resolved_augment(augment, self.bundle)})" if augment == "auto" else augment
+    def _augment_shown(self, augment: str, grey: bool | None = None) -> str:
+        return f"auto ({resolved_augment(augment, self.bundle, grey)})" if augment == "auto" else augment
 
     def _global_batch_change(self, state: dict, peaks: list[float], lr: float) -> str:
         """Another process count or global batch than the checkpoint's run, and whether the peak lr followed

@@ -243,6 +243,8 @@ class Trainer(DivergenceCheck):
             "data_path": data_location(cfg.data.source),
             "data_checksum": self.bundle.fingerprint,
         }
+        if self.bundle.grey_from_pixels:  # what a resume resolves the checkpoint's --augment auto with
+            self.meta["grey_from_pixels"] = True
         store = getattr(self.bundle.train, "store", None)
         if store is not None:
             # how `cnnpar prepare` resized the photos: predict on their folder resizes them so too, and scores the

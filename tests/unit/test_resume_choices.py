@@ -60,6 +60,21 @@ def test_a_requested_value_the_run_could_not_keep_is_asked_for_again_and_an_old_
     }
 
 
+def test_a_record_older_than_the_requested_lines_resumes_at_its_checkpoints_image_size(tmp_path):
+    """An older cnnpar (5bfa0df) trained a folder of 40x48 photos at 224, its automatic size then, and wrote
+    image_size = 0 without requested lines: resolved again by today's rule (the photos' own 40), the resume was
+    refused with a line asking for the --image-size it had not given. The checkpoint's size is the run's."""
+    run = tmp_path / "r"
+    (run / "ckpt").mkdir(parents=True)
+    (run / "config.toml").write_text('[data]\nsource = "photos"\nimage_size = 0\n')
+    _, resumed = stored_run_config("auto", str(tmp_path), "r")
+    assert resumed.data.image_size == 0  # no checkpoint yet (killed before its first): auto, as it started
+    for shape, side in (([3, 224, 224], 224), ([1, 28, 32], 0)):  # a non-square array's own shape stays auto
+        torch.save({"meta": {"image_shape": shape}}, run / "ckpt" / "last.pt")
+        _, resumed = stored_run_config("auto", str(tmp_path), "r")
+        assert resumed.data.image_size == side
+
+
 def _parsed(*words: str) -> Config:
     from cnnpar.cli import build_parser
     from cnnpar.cliargs import config_from_args

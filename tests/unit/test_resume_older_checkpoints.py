@@ -220,3 +220,34 @@ def test_an_earlier_rng_schemes_note_names_what_the_resumed_epochs_draw_otherwis
     (note,) = [s for s in lines if "earlier scheme" in s]
     assert note.startswith(f"note: this checkpoint's epochs drew {drew} by an earlier scheme ({scheme}; now ")
     assert f"the resumed epochs draw {draw}" in note
+
+
+def test_a_run_on_a_store_older_than_its_grey_field_resumes_with_the_flips_it_trained_with_unnamed(tmp_path):
+    """A store of grey photos prepared before session 34 lacks the header's grey and is read as grey from its
+    pixels now (auto: no flip); its older cnnpar read it as colour, so the checkpoint's auto was flip, which its
+    record's resolved --augment keeps. That was named as a change (auto (none) -> flip) and put in resumes.csv,
+    though the resumed epochs draw what the first did. A checkpoint of this cnnpar's reading (auto: none) still is."""
+    from PIL import Image
+
+    from cnnpar.data.store_write import prepare_store
+    from tests.unit.test_store import rewritten
+
+    rng = np.random.default_rng(0)
+    for k in range(16):
+        (tmp_path / "grey" / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        pixels = (60 + 120 * (k % 2) + rng.integers(0, 40, (20, 20))).astype(np.uint8)
+        Image.fromarray(pixels, "L").save(tmp_path / "grey" / f"c{k % 2}" / f"{k}.png")
+    prepare_store(tmp_path / "grey", tmp_path / "now.cnnpar", 32, workers=1, progress=False)
+    store = rewritten(tmp_path / "now.cnnpar", tmp_path / "old.cnnpar", drop=("grey",))
+    Trainer(_cfg(tmp_path, store, 1, val_fraction=0.25), CPU_INFO, log=lambda *a, **k: None).fit()
+    _made_older(tmp_path / "old", lambda state: state["meta"].pop("grey_from_pixels"))
+    said, rows = _resumed(_cfg(tmp_path, store, 2, str(tmp_path / "old"), val_fraction=0.25, augment="flip"))
+    assert not [s for s in said if s.startswith("resume:")], said
+    assert rows == [("2", "run.epochs", "1", "2", "")]
+
+    def of_this_cnnpar(state: dict) -> None:  # auto resolved on the store read as grey: no flip
+        state["meta"]["grey_from_pixels"], state["config"]["data"]["augment"] = True, "auto"
+
+    _made_older(tmp_path / "old", of_this_cnnpar)
+    said, rows = _resumed(_cfg(tmp_path, store, 3, str(tmp_path / "old"), val_fraction=0.25, augment="flip"))
+    assert said[0] == "resume: changed since the checkpoint, from epoch 3 on: --augment auto (none) -> flip", said

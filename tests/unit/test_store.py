@@ -189,9 +189,10 @@ def test_damaged_stores_are_refused_in_one_line(photos, tmp_path):
         assert "re-run cnnpar prepare" in text or "make one with cnnpar prepare" in text
 
 
-def rewritten(store: Path, out: Path, header_len: int | None = None, index=None, **fields) -> Path:
-    """`store` copied to `out` with header `fields` and index arrays `index` ({name: {image: value}}) changed and the
-    checksum taken again: a file that lies about itself consistently, as one crafted by hand would."""
+def rewritten(store: Path, out: Path, header_len: int | None = None, index=None, drop=(), **fields) -> Path:
+    """`store` copied to `out` with header `fields` and index arrays `index` ({name: {image: value}}) changed, the
+    header fields `drop` left out (a store of an older cnnpar), and the checksum taken again: a file that lies about
+    itself consistently, as one crafted by hand would."""
     from cnnpar.data.store import encode_header, index_checksum, pack_index, unpack_index
 
     data = store.read_bytes()
@@ -204,6 +205,8 @@ def rewritten(store: Path, out: Path, header_len: int | None = None, index=None,
             arrays[name][k] = v
     raw = pack_index(*(arrays[k] for k in ("offsets", "heights", "widths", "labels", "splits")))
     header.update(fields)
+    for name in drop:
+        del header[name]
     header["index_checksum"] = index_checksum(header, raw)
     text = encode_header(header, length)
     assert len(text) == length, "the changed header must fit the old one's length"
@@ -705,6 +708,29 @@ def test_a_store_whose_folder_changed_since_prepare_says_so(tmp_path):
     assert bundle.class_names == ["cats", "dogs"] and len(bundle.train) + len(bundle.val or []) == 6  # as prepared
     folder.rename(tmp_path / "moved")  # a store travels without its photos: nothing to compare, nothing said
     assert load_data(data_cfg(out), 0).load_note == ""
+
+
+def test_a_store_prepared_before_grey_was_recorded_is_read_as_grey_from_its_pixels(tmp_path):
+    """A store of grey PNGs prepared before session 34 has no header field `grey`: read as colour, a new run's
+    --augment auto mirrored the digits that the folder, or a store prepared now, leaves unmirrored, without a word."""
+    from cnnpar.data.transforms import resolve_augment
+
+    folder = tmp_path / "grey"
+    for k in range(4):
+        (folder / f"c{k % 2}").mkdir(parents=True, exist_ok=True)
+        smooth(20, 16, "L", phase=k).save(folder / f"c{k % 2}" / f"{k}.png")
+    prepare_store(folder, tmp_path / "grey.cnnpar", MAX_SIDE, workers=1, progress=False)
+    smooth(20, 16, phase=5).save(folder / "c1" / "colour.png")  # one colour photo makes a folder colour
+    prepare_store(folder, tmp_path / "colour.cnnpar", MAX_SIDE, workers=1, progress=False)
+    for name, is_grey in (("grey", True), ("colour", False)):
+        assert StoreFile(tmp_path / f"{name}.cnnpar").header["grey"] is is_grey
+        older = rewritten(tmp_path / f"{name}.cnnpar", tmp_path / f"old-{name}.cnnpar", drop=("grey",))
+        bundle = load_data(data_cfg(older), 0)
+        assert bundle.grey is is_grey
+        assert resolve_augment("auto", bundle.shape, bundle.loader_crops, bundle.grey) == (
+            "none" if is_grey else "flip"
+        )
+        assert ("before 2026-12-04" in bundle.load_note) is is_grey, bundle.load_note
 
 
 def test_a_second_held_out_folder_beside_train_is_named_not_dropped(tmp_path, capsys):
