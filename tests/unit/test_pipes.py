@@ -154,3 +154,24 @@ def test_a_refusal_whose_stderr_reader_went_away_ends_141_not_in_an_uncaught_sto
     except KeyboardInterrupt as e:  # (left to itself it would end pytest's session)
         pytest.fail(f"the stop left main: {e!r}")
     assert rc == 128 + signal.SIGPIPE
+
+
+def test_a_command_in_a_thread_whose_reader_went_away_leaves_no_stop_for_the_next_one(monkeypatch):
+    """A notebook's background run (cli.main in a thread, where no handlers are set) whose stdout reader went away
+    ended 141, and left its stop pending: the thread's next command, its output fine, ended 141 too."""
+    codes = []
+
+    def command():
+        codes.append(main(["models"]))
+
+    errors.forget_stop()
+    try:
+        for stdout in (_reader_gone(), io.StringIO()):
+            monkeypatch.setattr(sys, "stdout", stdout)
+            thread = threading.Thread(target=command)
+            thread.start()
+            thread.join()
+        assert codes == [128 + signal.SIGPIPE, 0]
+        assert errors.pending_stop() is None
+    finally:
+        errors.forget_stop()
