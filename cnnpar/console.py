@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from cnnpar.errors import UserError, note_stop, stop_for
+from cnnpar.errors import UserError, note_stop, pending_stop, stop_for
 
 
 def _printable(error: UnicodeError) -> tuple[str | bytes, int]:
@@ -100,9 +100,13 @@ class StopWhenGone:
                 self._to_devnull()
                 if not self.gone:
                     self.gone = True
-                    note_stop(signal.SIGPIPE)
-                    if threading.current_thread() is threading.main_thread():
-                        raise stop_for(signal.SIGPIPE) from None
+                    # a stop under way (a SIGTERM, a Ctrl-C, the other stream's reader gone) whose own lines found
+                    # this reader gone stays that stop: raised again, its clean-up after the line was cut short
+                    # and its exit status (143, 130) read 141
+                    if pending_stop() is None:
+                        note_stop(signal.SIGPIPE)
+                        if threading.current_thread() is threading.main_thread():
+                            raise stop_for(signal.SIGPIPE) from None
                 return
             self._to_devnull()
             self.gone = True

@@ -175,3 +175,36 @@ def test_a_command_in_a_thread_whose_reader_went_away_leaves_no_stop_for_the_nex
         assert errors.pending_stop() is None
     finally:
         errors.forget_stop()
+
+
+def test_a_tune_stopped_by_sigterm_whose_reader_went_away_ends_as_that_sigterm(tmp_path, monkeypatch, capsys):
+    """`cnnpar tune ... 2>&1 | tee log`, tee killed with the job: tune's stop line found the reader gone and raised a
+    second stop (SIGPIPE, 141) in place of the SIGTERM (143) that a scheduler checks."""
+    import cnnpar.bench.tune as tune_mod
+    from tests.unit.test_tune import FakeMachine, resnet50
+
+    readers = []
+    for name in ("stdout", "stderr"):
+        r, w = os.pipe()
+        readers.append(r)
+        monkeypatch.setattr(sys, name, StopWhenGone(io.TextIOWrapper(os.fdopen(w, "wb"), line_buffering=True), name))
+    m = FakeMachine(rate=lambda c: {64: 100.0, 128: 150.0, 256: 151.0}[c.run.batch_size], cost=lambda c: 1.0)
+    real = m.run_trial
+
+    def sigterm_at_the_fourth(cfg, limit):
+        if len(m.calls) == 3:
+            for r in readers:  # tee, killed with the job
+                os.close(r)
+            errors.note_stop(signal.SIGTERM)  # as errors.stop_on_signals' handler does before it raises
+            raise errors.Terminated(signal.SIGTERM)
+        return real(cfg, limit)
+
+    errors.forget_stop()
+    try:
+        with pytest.raises(errors.Terminated) as stop:
+            tune_mod.tune(resnet50(), 600, tmp_path / "tuned.toml", run_trial=sigterm_at_the_fourth, clock=m.clock)
+        assert stop.value.signum == signal.SIGTERM
+        assert errors.pending_stop().signum == signal.SIGTERM
+    finally:
+        errors.forget_stop()
+    assert (tmp_path / "tuned.toml").is_file()  # the best config so far, written as the stop's clean-up
