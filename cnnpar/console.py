@@ -74,6 +74,7 @@ class StopWhenGone:
 
     def __init__(self, stream, name: str) -> None:
         self.stream, self.name, self.gone = stream, name, False
+        self.pid = os.getpid()  # the command's process: a forked child (a DataLoader worker) inherits the stream
 
     def write(self, text: str) -> int:
         with self._said():
@@ -98,6 +99,11 @@ class StopWhenGone:
         except OSError as e:
             if self.gone or e.errno == errno.EPIPE:
                 self._to_devnull()
+                if os.getpid() != self.pid:
+                    # a forked worker's line goes nowhere, and the worker goes on: raised there, the stop ended its
+                    # loop as a Ctrl-C would, and the command failed on "DataLoader worker exited unexpectedly"; the
+                    # command's own process stops at its next write
+                    return
                 if not self.gone:
                     self.gone = True
                     # a stop under way (a SIGTERM, a Ctrl-C, the other stream's reader gone) whose own lines found

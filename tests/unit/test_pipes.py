@@ -12,6 +12,7 @@ import sys
 import threading
 
 import pytest
+import torch
 
 from cnnpar import errors
 from cnnpar.cli import main
@@ -208,3 +209,33 @@ def test_a_tune_stopped_by_sigterm_whose_reader_went_away_ends_as_that_sigterm(t
     finally:
         errors.forget_stop()
     assert (tmp_path / "tuned.toml").is_file()  # the best config so far, written as the stop's clean-up
+
+
+class _SaysInItsWorker(torch.utils.data.Dataset):
+    """A data set whose worker prints on stderr (a decoder library's message on a damaged file)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, k: int) -> int:
+        print(f"image {k}: corrupt EXIF data", file=sys.stderr, flush=True)
+        return k
+
+
+def test_a_dataloader_workers_write_to_a_gone_reader_goes_nowhere_and_the_main_process_stops_at_its_own():
+    """A forked worker inherits the command's stderr (StopWhenGone): its write to a reader gone raised the stop in
+    the worker, whose loop took it for a Ctrl-C and left, and the main process failed with "DataLoader worker exited
+    unexpectedly" and a traceback (exit 1). The worker's write goes nowhere; the main process stops at its own next
+    write, as by SIGPIPE (141)."""
+    stderr = sys.stderr
+    sys.stderr = StopWhenGone(_reader_gone(), "stderr")
+    loader = torch.utils.data.DataLoader(_SaysInItsWorker(), num_workers=1, multiprocessing_context="fork")
+    errors.forget_stop()
+    try:
+        assert [int(x) for x in loader] == [0, 1, 2, 3]
+        assert errors.pending_stop() is None  # the worker's note is its own process's
+        with pytest.raises(errors.Terminated):
+            print("epoch 1/1 ...", file=sys.stderr, flush=True)
+    finally:
+        sys.stderr = stderr
+        errors.forget_stop()
