@@ -227,17 +227,14 @@ def _trained_side(run_dir: Path) -> int:
     otherwise: a folder of 40x48 photos that an older cnnpar trained at 224 (its rule then) resolved at 40 here, and
     the resume was refused, its line saying to give the --image-size it had not given. A non-square input (an
     array's own shape, never resized by auto) is left to auto."""
-    import torch
-
-    from cnnpar.engine.checkpoint import find_checkpoint
+    from cnnpar.engine.checkpoint import find_checkpoint, stored_state
 
     ckpt = find_checkpoint(run_dir)
-    if ckpt is None:
-        return 0
-    try:  # mmap: the meta alone is read; a file that does not load is refused by the resume's own load
-        meta = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True).get("meta", {})
-        c, h, w = meta["image_shape"]
-    except Exception:
+    # a file that does not load is refused by the resume's own load
+    state = stored_state(ckpt) if ckpt is not None else None
+    try:
+        c, h, w = state["meta"]["image_shape"]
+    except (TypeError, KeyError, ValueError):  # no state, no meta or shape, not 3 values
         return 0
     return h if isinstance(h, int) and h == w and h > 0 else 0
 

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from cnnpar.errors import UserError, note_stop, stop_for
+from cnnpar.errors import UserError, note_stop, pending_stop, stop_for
 
 
 def _printable(error: UnicodeError) -> tuple[str | bytes, int]:
@@ -74,6 +74,7 @@ class StopWhenGone:
 
     def __init__(self, stream, name: str) -> None:
         self.stream, self.name, self.gone = stream, name, False
+        self.pid = os.getpid()  # the command's process: a forked child (a DataLoader worker) inherits the stream
 
     def write(self, text: str) -> int:
         with self._said():
@@ -98,11 +99,20 @@ class StopWhenGone:
         except OSError as e:
             if self.gone or e.errno == errno.EPIPE:
                 self._to_devnull()
+                if os.getpid() != self.pid:
+                    # a forked worker's line goes nowhere, and the worker goes on: raised there, the stop ended its
+                    # loop as a Ctrl-C would, and the command failed on "DataLoader worker exited unexpectedly"; the
+                    # command's own process stops at its next write
+                    return
                 if not self.gone:
                     self.gone = True
-                    note_stop(signal.SIGPIPE)
-                    if threading.current_thread() is threading.main_thread():
-                        raise stop_for(signal.SIGPIPE) from None
+                    # a stop under way (a SIGTERM, a Ctrl-C, the other stream's reader gone) whose own lines found
+                    # this reader gone stays that stop: raised again, its clean-up after the line was cut short
+                    # and its exit status (143, 130) read 141
+                    if pending_stop() is None:
+                        note_stop(signal.SIGPIPE)
+                        if threading.current_thread() is threading.main_thread():
+                            raise stop_for(signal.SIGPIPE) from None
                 return
             self._to_devnull()
             self.gone = True

@@ -26,7 +26,12 @@ def stops_for_one_command():
     main one (a notebook's background run), where Python sets no handler (ValueError) and a Ctrl-C never lands: a
     SIGTERM ends the process there, as it would without cnnpar."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        try:
+            yield
+        finally:
+            # a stop its output's reader going away noted (console.StopWhenGone) is this command's: left pending, it
+            # ended the thread's next command at its first safe point (exit 141)
+            errors.forget_stop()
         return
     handlers = {s: signal.getsignal(s) for s in errors.STOP_SIGNALS}
     hook = sys.unraisablehook

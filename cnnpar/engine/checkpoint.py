@@ -205,16 +205,24 @@ def _looks_like(head: bytes) -> str:
     return f"binary data, its first bytes {head[:8].hex(' ')}"
 
 
-def stored_epoch(ckpt: str | Path) -> int | None:
-    """The epoch a checkpoint file holds (0 where it names none); None where it cannot be read (cut short,
-    damaged, not a checkpoint)."""
-    try:  # mmap: the epoch without reading the tensors
+def stored_state(ckpt: str | Path) -> dict | None:
+    """A checkpoint file's state, its tensors mapped rather than read (for its epoch or meta alone); None where it
+    cannot be read (cut short, damaged, not a checkpoint)."""
+    try:
         # not mapped where the name is not strict UTF-8, as torch's mmap (UntypedStorage.from_file) encodes it: a
         # UTF-8 folder read under LC_ALL=C with PYTHONUTF8=0 (its é as lone surrogates) read as a damaged checkpoint
         state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=utf8_text(str(ckpt)))
     except Exception:  # torch raises several types for truncated or foreign files
         return None
-    epoch = state.get("epoch") if isinstance(state, dict) else None
+    return state if isinstance(state, dict) else None
+
+
+def stored_epoch(ckpt: str | Path) -> int | None:
+    """The epoch a checkpoint file holds (0 where it names none); None where it cannot be read (cut short,
+    damaged, not a checkpoint)."""
+    if (state := stored_state(ckpt)) is None:
+        return None
+    epoch = state.get("epoch")
     return epoch if isinstance(epoch, int) else 0
 
 

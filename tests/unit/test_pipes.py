@@ -12,6 +12,7 @@ import sys
 import threading
 
 import pytest
+import torch
 
 from cnnpar import errors
 from cnnpar.cli import main
@@ -154,3 +155,87 @@ def test_a_refusal_whose_stderr_reader_went_away_ends_141_not_in_an_uncaught_sto
     except KeyboardInterrupt as e:  # (left to itself it would end pytest's session)
         pytest.fail(f"the stop left main: {e!r}")
     assert rc == 128 + signal.SIGPIPE
+
+
+def test_a_command_in_a_thread_whose_reader_went_away_leaves_no_stop_for_the_next_one(monkeypatch):
+    """A notebook's background run (cli.main in a thread, where no handlers are set) whose stdout reader went away
+    ended 141, and left its stop pending: the thread's next command, its output fine, ended 141 too."""
+    codes = []
+
+    def command():
+        codes.append(main(["models"]))
+
+    errors.forget_stop()
+    try:
+        for stdout in (_reader_gone(), io.StringIO()):
+            monkeypatch.setattr(sys, "stdout", stdout)
+            thread = threading.Thread(target=command)
+            thread.start()
+            thread.join()
+        assert codes == [128 + signal.SIGPIPE, 0]
+        assert errors.pending_stop() is None
+    finally:
+        errors.forget_stop()
+
+
+def test_a_tune_stopped_by_sigterm_whose_reader_went_away_ends_as_that_sigterm(tmp_path, monkeypatch, capsys):
+    """`cnnpar tune ... 2>&1 | tee log`, tee killed with the job: tune's stop line found the reader gone and raised a
+    second stop (SIGPIPE, 141) in place of the SIGTERM (143) that a scheduler checks."""
+    import cnnpar.bench.tune as tune_mod
+    from tests.unit.test_tune import FakeMachine, resnet50
+
+    readers = []
+    for name in ("stdout", "stderr"):
+        r, w = os.pipe()
+        readers.append(r)
+        monkeypatch.setattr(sys, name, StopWhenGone(io.TextIOWrapper(os.fdopen(w, "wb"), line_buffering=True), name))
+    m = FakeMachine(rate=lambda c: {64: 100.0, 128: 150.0, 256: 151.0}[c.run.batch_size], cost=lambda c: 1.0)
+    real = m.run_trial
+
+    def sigterm_at_the_fourth(cfg, limit):
+        if len(m.calls) == 3:
+            for r in readers:  # tee, killed with the job
+                os.close(r)
+            errors.note_stop(signal.SIGTERM)  # as errors.stop_on_signals' handler does before it raises
+            raise errors.Terminated(signal.SIGTERM)
+        return real(cfg, limit)
+
+    errors.forget_stop()
+    try:
+        with pytest.raises(errors.Terminated) as stop:
+            tune_mod.tune(resnet50(), 600, tmp_path / "tuned.toml", run_trial=sigterm_at_the_fourth, clock=m.clock)
+        assert stop.value.signum == signal.SIGTERM
+        assert errors.pending_stop().signum == signal.SIGTERM
+    finally:
+        errors.forget_stop()
+    assert (tmp_path / "tuned.toml").is_file()  # the best config so far, written as the stop's clean-up
+
+
+class _SaysInItsWorker(torch.utils.data.Dataset):
+    """A data set whose worker prints on stderr (a decoder library's message on a damaged file)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, k: int) -> int:
+        print(f"image {k}: corrupt EXIF data", file=sys.stderr, flush=True)
+        return k
+
+
+def test_a_dataloader_workers_write_to_a_gone_reader_goes_nowhere_and_the_main_process_stops_at_its_own():
+    """A forked worker inherits the command's stderr (StopWhenGone): its write to a reader gone raised the stop in
+    the worker, whose loop took it for a Ctrl-C and left, and the main process failed with "DataLoader worker exited
+    unexpectedly" and a traceback (exit 1). The worker's write goes nowhere; the main process stops at its own next
+    write, as by SIGPIPE (141)."""
+    stderr = sys.stderr
+    sys.stderr = StopWhenGone(_reader_gone(), "stderr")
+    loader = torch.utils.data.DataLoader(_SaysInItsWorker(), num_workers=1, multiprocessing_context="fork")
+    errors.forget_stop()
+    try:
+        assert [int(x) for x in loader] == [0, 1, 2, 3]
+        assert errors.pending_stop() is None  # the worker's note is its own process's
+        with pytest.raises(errors.Terminated):
+            print("epoch 1/1 ...", file=sys.stderr, flush=True)
+    finally:
+        sys.stderr = stderr
+        errors.forget_stop()

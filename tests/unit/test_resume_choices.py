@@ -75,6 +75,17 @@ def test_a_record_older_than_the_requested_lines_resumes_at_its_checkpoints_imag
         assert resumed.data.image_size == side
 
 
+def test_an_older_record_in_a_folder_not_named_in_utf8_resumes_at_its_checkpoints_image_size(tmp_path):
+    """The same record in a folder whose name is not UTF-8 (latin-1's café, or a UTF-8 name read under LC_ALL=C):
+    torch's mmap refuses the name, the checkpoint read as telling no size, and the resume was refused as before."""
+    run = tmp_path / "caf\udce9"
+    (run / "ckpt").mkdir(parents=True)
+    (run / "config.toml").write_text('[data]\nsource = "photos"\nimage_size = 0\n')
+    torch.save({"meta": {"image_shape": [3, 224, 224]}}, run / "ckpt" / "last.pt")
+    _, resumed = stored_run_config("auto", str(tmp_path), run.name)
+    assert resumed.data.image_size == 224
+
+
 def _parsed(*words: str) -> Config:
     from cnnpar.cli import build_parser
     from cnnpar.cliargs import config_from_args
