@@ -388,7 +388,15 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     # the budget counts from the process's start (interpreter and imports included): the whole run
     # ends within it plus 10 %
     started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
-    from cnnpar.bench.tune import CHANGED, format_table, retry_budget_s, tune, tuned_file, typed_settings
+    from cnnpar.bench.tune import (
+        CHANGED,
+        accuracy_line,
+        format_table,
+        retry_budget_s,
+        tune,
+        tuned_file,
+        typed_settings,
+    )
     from cnnpar.cliargs import config_from_args, passthrough_args
 
     cfg = config_from_args(args)
@@ -434,6 +442,7 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     again = shlex.join(["cnnpar", "train", "--config", str(out)])  # quoted: pasted as it stands
     for changed in (t for t in trials if t.status == CHANGED):  # also at the head of tuned.toml
         print(f"tune: warning: {changed.note}", file=sys.stderr)
+    print(f"tune: {accuracy_line(trials)}")  # also in tuned.toml's header
     print(f"wrote {out} (and {out.with_suffix('.csv')}); train with: {again}")
     return 0
 
@@ -869,7 +878,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure speed switches on your model/data/device; write the fastest config",
         description="Try the speed switches one at a time on your model, data and device (batch size, compile and "
         "CUDA graphs, data path, layout, precision; the long compiles last), each trial in a child process killed "
-        "at its limit, and end within --budget-s. Keeps a switch only where it is faster beyond the noise, and "
+        "at its limit, and end within --budget-s. It measures speed only, not accuracy: a kept batch size or "
+        "precision changes training too, which tuned.toml's header names. Keeps a switch only where it is faster "
+        "beyond the noise, and "
         "rewrites --out (tuned.toml, in a new folder under --out-dir for each tune; for cnnpar train --config with "
         "its path) after each trial that beats the best; every trial is a row of tuned.csv beside it. The tuner's "
         "own options come first, then the train flags that set the config it starts from.",

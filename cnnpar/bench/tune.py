@@ -223,6 +223,36 @@ def batch_lr(cfg: Config, factor: int) -> tuple[float, str]:
     return lr, f"lr {o.lr:g} -> {lr:g} (--lr-scaling {o.lr_scaling})"
 
 
+def batch_steps_note(batch: int, factor: int) -> str:
+    """What a batch trial changes in training, beside its speed: an epoch's optimizer steps."""
+    return f"batch {batch} -> {batch * factor}: 1/{factor} of the optimizer steps an epoch"
+
+
+def precision_note(before: str, after: str) -> str:
+    """What a precision trial changes in training, beside its speed: the arithmetic each step rounds to."""
+    scaler = "; fp16's GradScaler skips the steps whose gradients overflow" if after == "fp16" else ""
+    return f"{before} -> {after}: the step's arithmetic rounded differently{scaler}"
+
+
+# the switches whose kept trial changes what the model learns, not only how fast it trains (their trials' notes say
+# how): the others (compile, CUDA graphs, layout, the data path, the stem) run the same maths to rounding
+TRAINING_SWITCHES = ("batch_size", "precision")
+
+
+def accuracy_line(trials: list[Trial]) -> str:
+    """What tune did not measure, and the kept changes that need it: tune times images/s alone, so a kept batch size
+    (fewer optimizer steps an epoch, another lr) or precision went into tuned.toml as a speed-up, its accuracy never
+    looked at, without a word."""
+    kept = {t.switch: t for t in trials if t.status == KEPT and t.switch in TRAINING_SWITCHES}  # the last of each
+    if not kept:
+        return "speed only: tune measured images/s, not accuracy; the switches kept here train the same maths"
+    named = "; ".join(f"{t.switch}={t.value} ({t.note})" for t in kept.values())
+    return (
+        f"speed only: tune measured images/s, not accuracy, and kept changes of training: {named}; train with this "
+        "config and with the start's, and compare their validation accuracy before relying on it"
+    )
+
+
 def held_note(section: str, name: str) -> str:
     field = next(f for f in fields(getattr(Config(), section)) if f.name == name)
     return f"held: you typed {cli_option(field)} (leave it out to let tune try other values)"
@@ -486,6 +516,7 @@ class Tuner:
         b, factor = base.run.batch_size, 2
         while b * factor <= facts["train_samples"] // 2:
             lr, note = batch_lr(base, factor)
+            note = f"{batch_steps_note(b, factor)}, {note}"  # a change of training: tuned.toml's header names it
             cfg = replace(base, run=replace(base.run, batch_size=b * factor), optim=replace(base.optim, lr=lr))
             t = self.attempt(GROUPS[0], "batch_size", b * factor, cfg, note)
             if t.status != KEPT:
@@ -605,7 +636,8 @@ def _search(tuner: Tuner, facts: dict, held: frozenset[str]) -> None:
             if why:  # recorded, not measured
                 tuner.trials.append(Trial(group, label, str(value), SKIPPED, note=why))
                 continue
-            t = tuner.attempt(group, label, value, with_switch(tuner.best_cfg, section, name, value))
+            note = precision_note(tuner.best_cfg.speed.precision, value) if name == "precision" else ""
+            t = tuner.attempt(group, label, value, with_switch(tuner.best_cfg, section, name, value), note)
             if name in LONG_COMPILES and t.status == OK:  # measured, not faster enough to keep: off, not auto
                 tuner.best_cfg = with_switch(tuner.best_cfg, section, name, "off")
                 tuner.write()  # on disk now: the next trial (max-autotune, the longest) may be interrupted
@@ -720,6 +752,7 @@ def write_tuned(cfg: Config, trials: list[Trial], out: Path, env: dict, warning:
     again = back_to_back(trials)
     header += f"# measured again at the end, back to back: {again}\n" if again else ""
     header += f"# warning: {warning}\n" if warning else ""
+    header += f"# {accuracy_line(trials)}\n"
     header += "".join(f"# {line}\n" for line in unmeasured_lines(trials))
     # quoted: a folder name with a space made the command break where it was pasted
     header += f"{TUNED_MARK}; train with: {shlex.join(['cnnpar', 'train', '--config', str(out)])}\n"

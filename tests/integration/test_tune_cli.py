@@ -23,6 +23,8 @@ def test_tune_command_ends_within_its_budget_and_writes_a_config_train_accepts(c
               "--out", str(out))  # fmt: skip
     wall = time.monotonic() - start
     assert res.returncode == 0, res.stderr
+    # said before the config's path: tune measured no accuracy (its header says so too, naming a kept batch)
+    assert "tune: speed only: tune measured images/s, not accuracy" in res.stdout
     assert "cnnpar: note: --repeats 1: each trial is one measurement, with no noise measured" in res.stderr
     assert wall <= 25 * 1.1 + 1  # + 1: the test's own clock starts before the interpreter does
     rows = list(csv.DictReader((cli.cwd / "tuned.csv").open()))

@@ -732,3 +732,30 @@ def test_tune_on_a_mac_says_that_the_apple_gpu_is_not_used(tmp_path, monkeypatch
     said: list[str] = []
     tune_mod.tune(resnet50(), 60, tmp_path / "tuned.toml", run_trial=m.run_trial, clock=m.clock, log=said.append)
     assert sum("Apple GPU (MPS)" in line for line in said) == 1
+
+
+def test_tuned_toml_says_tune_measured_no_accuracy_and_names_a_kept_batch_and_precision(tmp_path):
+    # a bigger batch (fewer optimizer steps an epoch, another lr) and fp16 kept as speed-ups, their accuracy never
+    # measured: tuned.toml and the summary said only "best so far"
+    def rate(cfg):
+        return cfg.run.batch_size * (1.5 if cfg.speed.precision == "fp16" else 1.0) if cfg.run.batch_size < 256 else 1
+
+    m = FakeMachine(rate=rate, cost=lambda c: 1.0)
+    out = tmp_path / "tuned.toml"
+    best, trials = m.tune(with_overrides(resnet50(), optim={"optimizer": "sgd", "lr": 0.1}), 600, out)
+    assert best.run.batch_size == 128 and best.speed.precision == "fp16"
+    header = next(line for line in out.read_text().splitlines() if "speed only" in line)
+    assert "not accuracy" in header
+    assert "batch_size=128 (batch 64 -> 128: 1/2 of the optimizer steps an epoch, lr 0.1 -> 0.2" in header
+    assert "precision=fp16 (bf16 -> fp16: the step's arithmetic rounded differently; fp16's GradScaler skips" in header
+    assert tune_mod.accuracy_line(trials) == header.removeprefix("# ")
+    assert best.optim.lr == pytest.approx(0.2) and best.optim.lr_batch == 128  # the lr rule stays coherent
+
+
+def test_tuned_toml_of_pure_speed_switches_says_so(tmp_path):
+    m = FakeMachine(rate=lambda c: 2000.0 if c.speed.compile == "off" else 1000.0, cost=lambda c: 1.0)
+    out = tmp_path / "tuned.toml"
+    best, _ = m.tune(resnet50(), 600, out)
+    assert best.speed.compile == "off" and best.run.batch_size == 64
+    text = out.read_text()
+    assert "# speed only: tune measured images/s, not accuracy; the switches kept here train the same maths" in text
