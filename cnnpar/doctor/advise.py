@@ -264,7 +264,12 @@ CPU_COMPILE_COST = (
     "model and minutes for one like ResNet-50, rarely repaid in a short run (why cnnpar train leaves it off there)"
 )
 
-BATCH_LR_NOTE = "with --batch-size auto cnnpar scales it; with a fixed batch, scale --lr yourself"
+# a larger batch changes training, not only its speed: said with its advice, whose command carries the lr scaled by
+# --batch-size auto's rule (run.batch_advice_lr)
+BATCH_LR_NOTE = (
+    "a change of training, not only of speed: fewer optimizer steps an epoch; the command scales --lr to the batch "
+    "as --batch-size auto would (linear for sgd and muon, square root for adamw): compare the validation accuracy"
+)
 
 
 def _idle_and_memory(f: Facts) -> str:
@@ -365,7 +370,7 @@ def recommend(f: Facts) -> list[Recommendation]:
             "larger batch",
             f"--batch-size {f.searched_batch}",
             f"the GPU is underused at batch {f.batch_size} ({_idle_and_memory(f)}); batch {f.searched_batch} "
-            f"measured {f.searched_gain:.2f}x the step speed per image (the lr follows the batch: {BATCH_LR_NOTE})",
+            f"measured {f.searched_gain:.2f}x the step speed per image ({BATCH_LR_NOTE})",
             f.modelled(step_s=f.step_s / f.searched_gain),
             f"measured: the batch search (train step at doubling batches, {f.batch_size} to {f.searched_batch})",
             {"run": {"batch_size": f.searched_batch}},
@@ -383,7 +388,8 @@ def recommend(f: Facts) -> list[Recommendation]:
             "larger batch",
             f"--batch-size {b2} (retune --lr)",
             f"{100 * share:.0f}% of each step is fixed overhead; a larger batch spreads it over more images"
-            + whole_split_note(f, b2),
+            + whole_split_note(f, b2)
+            + f" ({BATCH_LR_NOTE})",
             f.modelled(step_s=new_step),
             f"measured: step time at batch {f.batch_size // 2} and {f.batch_size}, extrapolated linearly to {b2}",
             {"run": {"batch_size": b2}},

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from cnnpar.config import LONG_COMPILES, Config, command_line
+from cnnpar.config import LONG_COMPILES, Config, asked_lr, batch_lr_factor, command_line, lr_reference
 from cnnpar.data import load_data
 from cnnpar.data.loader import decodes_on_gpu
 from cnnpar.data.sources import detect_format
@@ -256,7 +256,22 @@ def advice_command(cfg: Config, f: Facts, r: Recommendation) -> str:
     # a new run with the change: the user's --name (a folder that holds a run: refused) and --resume (a finished
     # run: "nothing to do"; an unfinished one continued with the change) left out, as prepare_then_train does
     change = {**r.change, "run": {**r.change.get("run", {}), "name": "", "resume": ""}}
+    if r.key == "batch":
+        change["optim"] = batch_advice_lr(cfg, f, r.change["run"]["batch_size"])
     return command_line(cfg, change)
+
+
+def batch_advice_lr(cfg: Config, f: Facts, batch: int) -> dict:
+    """The lr (and the batch it is for) of an advised `batch`: the lr the measured batch trained at, scaled by the rule
+    --batch-size auto uses (config.batch_lr_factor). A fixed --batch-size trains at --lr as it is, so the command
+    with only the batch changed trained 4x the batch at the smaller batch's lr (an --lr auto at batch 64, 0.002 at
+    256 too: 1/4 of the optimizer steps at the same step size), though the advice called the change a speed-up."""
+    optim = cfg.optim
+    now = asked_lr(optim)
+    if not cfg.run.batch_size:  # auto: the lr was scaled from --lr-batch to the batch measured
+        now *= batch_lr_factor(optim.optimizer, f.batch_size, lr_reference(cfg))
+    # 4 significant digits: a line to paste; the rule's own rounding is no finer
+    return {"lr": float(f"{now * batch_lr_factor(optim.optimizer, batch, f.batch_size):.4g}"), "lr_batch": batch}
 
 
 def _measure_baseline(

@@ -593,3 +593,30 @@ def test_one_usable_core_gets_no_worker_advice_and_its_worker_does_not_overlap()
     shared = slow_folder(workers=1, cores=1, data_s=1e-3, step_s=1e-3)
     assert shared.modelled() == pytest.approx(2e-3)
     assert diagnose(shared).verdict == DATA_BOUND  # half of each step reads data, though the pipeline is not slower
+
+
+def test_the_larger_batch_advice_says_it_changes_training_and_its_command_scales_the_lr():
+    """The advised command changed only --batch-size: a fixed batch trains at --lr as it is, so batch 256 trained at
+    batch 64's lr (1/4 of the optimizer steps at the same step size), the advice calling it a speed-up."""
+    from cnnpar.config import Config
+    from cnnpar.doctor.run import advice_command
+    from cnnpar.presets import with_overrides
+
+    idle = facts(device_type="cuda", precision="bf16", channels_last="on", gpu_idle_share=0.67, peak_mem_share=0.02)
+    (batch,) = [
+        r
+        for r in recommend(facts(**{**idle.__dict__, "searched_batch": 256, "searched_gain": 2.5}))
+        if r.key == "batch"
+    ]
+    assert "a change of training, not only of speed: fewer optimizer steps an epoch" in batch.why
+    adamw = advice_command(with_overrides(Config(), run={"batch_size": 64}), idle, batch)  # --lr auto: 0.002
+    assert "--batch-size 256" in adamw and "--lr 0.004 --lr-batch 256" in adamw, adamw  # x sqrt(4)
+    sgd = with_overrides(Config(), optim={"optimizer": "sgd", "lr": 0.1}, run={"batch_size": 64})
+    assert "--lr 0.4 --lr-batch 256" in advice_command(sgd, idle, batch)  # x 4
+    # the CPU's automatic 64 trained at the lr scaled from a preset's batch 512 (0.2 x 64/512): 0.05 at 128
+    overhead = facts(fixed_step_s=0.7 * 64e-3)
+    (cpu,) = [r for r in recommend(overhead) if r.key == "batch"]
+    assert "fewer optimizer steps an epoch" in cpu.why
+    preset = with_overrides(Config(), optim={"optimizer": "sgd", "lr": 0.2, "lr_batch": 512})
+    command = advice_command(preset, overhead, cpu)
+    assert "--lr 0.05 --lr-batch 128 --batch-size 128" in command, command
