@@ -29,6 +29,7 @@ This module imports no torch in the parent: the children measure, the parent pla
 from __future__ import annotations
 
 import contextlib
+import math
 import shlex
 import statistics
 import time
@@ -81,6 +82,9 @@ AGREES, CHANGED = "agrees", "unsteady"
 # measured, but the trial ran without the change: the Trainer turns a switch off where it cannot apply (CUDA graphs
 # beside --grad-accum or DDP, resident data that does not fit), so its rate is the config's before it again
 NOT_APPLIED = "not applied"
+# a trial whose training loss was not finite in its timed epochs: tune times speed, but a config that does not train
+# (fp16 overflowing where bf16 trains) was kept as the faster one
+DIVERGED = "its training loss was not finite (diverged): not kept, whatever its speed"
 TUNED_MARK = "# written by `cnnpar tune`"  # heads tuned.toml's last comment line: how --config knows a tune result
 
 TRIAL_COLUMNS = [
@@ -141,9 +145,11 @@ def measure(cfg: Config, info, bundle, steps: int, repeats: int, log: Callable[[
         # the steps an epoch really takes: fewer than asked where the data holds fewer batches
         timed = trainer.steps_per_epoch
         log(f"warm-up done in {warm:.1f} s (compile {trainer.compile_s:.1f} s); timing {repeats} x {timed} steps")
-        rates = []
+        rates, losses = [], []
         for e in range(2, repeats + 2):
-            rates.append(trainer.train_epoch(e)["images_per_s"])
+            epoch = trainer.train_epoch(e)
+            rates.append(epoch["images_per_s"])
+            losses.append(epoch["train_loss"])
             log(f"repeat {e - 1}/{repeats}: {rates[-1]:,.0f} img/s")
     finally:
         trainer.close()
@@ -155,6 +161,8 @@ def measure(cfg: Config, info, bundle, steps: int, repeats: int, log: Callable[[
         "compile_s": trainer.compile_s,
         "resolved": resolved_switches(trainer),
         "stem_fits": has_stem_to_rewrite(trainer.raw_model),
+        # a fast config that does not train (fp16 overflowing) is no speed-up: the parent keeps no trial without it
+        "loss_finite": all(math.isfinite(loss) for loss in losses),
     }
 
 
@@ -396,6 +404,12 @@ class Tuner:
             self.trials.append(t)
             self.say(f"start: {t.images_per_s:,.0f} img/s ({spread}), warm-up {t.warmup_s:.1f} s")
             self.write()
+            return t
+        if not v.get("loss_finite", True):  # measured, but it diverged: never kept, whatever its speed
+            t.status = FAILED
+            t.note = "; ".join(x for x in (t.note, DIVERGED) if x)
+            self.trials.append(t)
+            self.say(f"{name}: {t.images_per_s:,.0f} img/s ({spread}), but {DIVERGED}")
             return t
         ran = next((str(vals[label]) for vals in v["resolved"].values() if label in vals), str(value))
         if ran != str(value):

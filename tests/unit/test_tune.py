@@ -759,3 +759,19 @@ def test_tuned_toml_of_pure_speed_switches_says_so(tmp_path):
     assert best.speed.compile == "off" and best.run.batch_size == 64
     text = out.read_text()
     assert "# speed only: tune measured images/s, not accuracy; the switches kept here train the same maths" in text
+
+
+def test_a_faster_trial_whose_training_loss_is_not_finite_is_never_kept(tmp_path):
+    m = FakeMachine(rate=lambda c: 2000.0 if c.speed.precision == "fp16" else 1000.0, cost=lambda c: 1.0)
+
+    def fp16_diverges(cfg, limit):
+        r = m.run_trial(cfg, limit)
+        if r.status == OK:
+            r.value["loss_finite"] = cfg.speed.precision != "fp16"
+        return r
+
+    out = tmp_path / "tuned.toml"
+    best, trials = tune_mod.tune(resnet50(), 600, out, run_trial=fp16_diverges, clock=m.clock, log=lambda s: None)
+    (fp16,) = [t for t in trials if t.switch == "precision"]
+    assert fp16.status == FAILED and "not finite (diverged): not kept" in fp16.note and fp16.images_per_s == 2000
+    assert best.speed.precision == "bf16" and load_toml(out).speed.precision == "bf16"
