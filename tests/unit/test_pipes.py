@@ -147,6 +147,43 @@ def test_a_launch_whose_rank_0_found_its_reader_gone_ends_as_a_stop_not_as_a_ran
     assert not stopped_by_its_reader(failed_first, ended)
 
 
+def test_a_rank_whose_reader_went_away_tells_the_job_and_the_others_end_as_that_stop_quietly(
+    tmp_path, monkeypatch, capsys
+):
+    """`cnnpar train --nproc 2 | head -2` ended 141, but after rank 1's "another rank of the job ended" line and
+    torchrun's "failed (exitcode: 141)" and "Sending process ... closing signal SIGTERM" lines, where a Ctrl-C's
+    stop is said once: the rank that found the reader gone notes it beside the launcher's run-folder note, before its
+    teardown closes the sockets the other ranks wait on."""
+    import logging
+
+    from cnnpar import cli, dist
+    from cnnpar.torchrun import QuietAfterANote, reader_gone_note
+
+    note = tmp_path / "notes" / "run_dir"
+    note.parent.mkdir()
+    monkeypatch.setenv(cli.RUN_DIR_NOTE_ENV, str(note))
+    quiet = QuietAfterANote(None, reader_gone_note(note))  # torchrun's filter on its workers' logger
+    assert quiet.filter(logging.makeLogRecord({}))  # a failure before it is said
+    monkeypatch.setattr(sys, "stdout", _reader_gone())  # rank 0's
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "a"]) == 128 + signal.SIGPIPE
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    assert reader_gone_note(note).is_file() and not quiet.filter(logging.makeLogRecord({}))
+    capsys.readouterr()
+
+    def rank_1_loses_its_peer(args, argv):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:27018")
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(dist.LAUNCHED_NPROC_ENV, "2")
+    monkeypatch.setattr(cli, "cmd_train", rank_1_loses_its_peer)
+    assert main(["train"]) == 128 + signal.SIGPIPE  # the job's stop; torchrun.stopped_by_its_reader reads it so
+    assert capsys.readouterr().err == ""
+    reader_gone_note(note).unlink()  # another launch: a lost peer is said, as before
+    assert main(["train"]) != 128 + signal.SIGPIPE
+    assert "another rank of the job ended" in capsys.readouterr().err
+
+
 def test_a_refusal_whose_stderr_reader_went_away_ends_141_not_in_an_uncaught_stop(monkeypatch):
     """The refusal's line raised the stop inside run_command's own error handling, which let it out of main."""
     monkeypatch.setattr(sys, "stderr", _reader_gone())
