@@ -276,3 +276,32 @@ def test_a_dataloader_workers_write_to_a_gone_reader_goes_nowhere_and_the_main_p
     finally:
         sys.stderr = stderr
         errors.forget_stop()
+
+
+def test_a_full_pipe_on_a_non_blocking_stdout_is_waited_for_and_every_line_arrives():
+    """Some CI runners leave O_NONBLOCK set on stdout: a write that found the pipe full (EAGAIN) ended the command
+    with "stdout: cannot be written", exit 2, and its descriptor on os.devnull for good."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    stream = io.TextIOWrapper(os.fdopen(w, "wb"), encoding="utf-8")
+    out = StopWhenGone(stream, "stdout")
+    lines = [f"line {i} {'x' * 200}\n" for i in range(2000)]  # ~420 KB: more than a pipe holds (64 KiB on Linux)
+    got = []
+
+    def drain_later():  # nobody reads until the writes have filled the pipe
+        import time
+
+        time.sleep(0.3)
+        with os.fdopen(r, "rb") as reader:
+            got.append(reader.read())
+
+    drainer = threading.Thread(target=drain_later)
+    drainer.start()
+    for line in lines[:1000]:
+        out.write(line)
+    out.writelines(lines[1000:])
+    out.flush()
+    assert not out.gone and not _on_devnull(w)
+    stream.close()
+    drainer.join(timeout=30)
+    assert got == ["".join(lines).encode()]
