@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from cnnpar.errors import UserError, note_stop, pending_stop, stop_for
+from cnnpar.errors import OutputNotWritable, note_stop, pending_stop, stop_for
 
 
 def _printable(error: UnicodeError) -> tuple[str | bytes, int]:
@@ -161,7 +161,7 @@ class StopWhenGone:
                 return
             self._to_devnull()
             self.gone = True
-            raise UserError(f"{self.name}: cannot be written ({e.strerror or e})") from None
+            raise OutputNotWritable(f"{self.name}: cannot be written ({e.strerror or e})") from None
 
     def _to_devnull(self) -> None:
         """The stream's file descriptor on os.devnull, so that what is still in its buffer, and the interpreter's

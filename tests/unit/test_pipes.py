@@ -4,6 +4,7 @@ other Unix tools (exit 141, no traceback, train's finished epochs kept), and a s
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import signal
@@ -67,6 +68,29 @@ def test_a_stdout_that_cannot_be_written_ends_in_one_line_naming_it(monkeypatch,
         assert capsys.readouterr().err == "cnnpar: error: stdout: cannot be written (No space left on device)\n"
     finally:
         full.close()
+
+
+class _FullAfterEpoch1(io.StringIO):
+    """A stdout whose disk fills once epoch 1's line (written after its checkpoint) is in it."""
+
+    def write(self, text: str) -> int:
+        if "epoch 1/" in self.getvalue():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(text)
+
+
+def test_a_train_whose_stdout_fills_after_a_saved_epoch_says_what_is_kept_and_how_to_continue(
+    tmp_path, monkeypatch, capsys
+):
+    """The one line named stdout and left the user to guess what the run folder keeps: a Ctrl-C's stop line says it,
+    but that line went to the stdout that cannot be written."""
+    monkeypatch.setattr(sys, "stdout", _FullAfterEpoch1())
+    assert main([*TRAIN, "--epochs", "3", "--out-dir", str(tmp_path), "--name", "f"]) == 2
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    run = tmp_path / "f"
+    kept = f"the checkpoint in {run} holds epoch 1; continue with: cnnpar train --resume {run}"
+    assert capsys.readouterr().err == f"cnnpar: error: stdout: cannot be written (No space left on device); {kept}\n"
+    assert (run / "ckpt" / "last.pt").is_file()
 
 
 def test_a_threads_write_to_a_gone_reader_notes_the_stop_and_the_main_thread_raises_it():
