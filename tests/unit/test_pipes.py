@@ -329,3 +329,40 @@ def test_a_full_pipe_on_a_non_blocking_stdout_is_waited_for_and_every_line_arriv
     stream.close()
     drainer.join(timeout=30)
     assert got == ["".join(lines).encode()]
+
+
+class _ReaderGoneAt(io.StringIO):
+    """A stdout whose reader goes away as the line holding `at` comes."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__()
+        self.at = at
+
+    def write(self, text: str) -> int:
+        if self.at in text:
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+        return super().write(text)
+
+
+def test_a_doctor_whose_reader_went_away_leaves_no_report_cut_short_as_on_a_ctrl_c(tmp_path, monkeypatch, capsys):
+    """`cnnpar doctor | head -1` ends 141 and quietly; its report folder is as a Ctrl-C at the same point leaves it:
+    none before the tries (nothing measured to the end), and during them the whole report of the phases before,
+    saying which try the stop cut short (doctor.run._examine: the_stop reads the SIGPIPE stop as any stop)."""
+    import json
+
+    from cnnpar.doctor import run as doctor_run
+
+    monkeypatch.setattr(doctor_run, "fixed_cost", lambda full, half: 0.9 * full.s_per_batch)  # a batch to try
+    small = ["doctor", "--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "30", "--workers", "0"]
+    small += ["--model", "cnn3", "--device", "cpu", "--batch-size", "16", "--warmup-steps", "1", "--measure-steps", "3"]
+    before = tmp_path / "before"
+    monkeypatch.setattr(sys, "stdout", _ReaderGoneAt("measuring end to end"))
+    assert main([*small, "--report-dir", str(before)]) == 128 + signal.SIGPIPE
+    assert capsys.readouterr().err == "" and not before.exists()
+    during = tmp_path / "during"
+    monkeypatch.setattr(sys, "stdout", _ReaderGoneAt("measuring try:"))
+    assert main([*small, "--report-dir", str(during), "--try", "1"]) == 128 + signal.SIGPIPE
+    assert capsys.readouterr().err == ""
+    result = json.loads((during / "doctor.json").read_text())
+    assert result["stopped"] == "SIGPIPE during the try of larger batch" and not result["tries"]
+    assert "Stopped (SIGPIPE during the try of larger batch)" in (during / "report.md").read_text()
