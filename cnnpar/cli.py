@@ -20,10 +20,11 @@ from cnnpar.errors import (
     UserError,
     raise_pending_stop,
     say_user_error,
+    stop_for,
     user_error_text,
 )
 from cnnpar.report.files import TEXT
-from cnnpar.torchrun import RUN_DIR_NOTE_ENV, refusal_note  # (imports no torch)
+from cnnpar.torchrun import RUN_DIR_NOTE_ENV, reader_gone_note, refusal_note  # (imports no torch)
 
 
 def _rank() -> int:
@@ -270,8 +271,27 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                 )
             print(f"done: {best_text}run folder {result.run_dir}")
         return 0
+    except KeyboardInterrupt as stop:
+        say_the_reader_gone_to_the_job(stop)  # before the teardown: the other ranks learn of it as the sockets close
+        raise
     finally:
         teardown()
+
+
+def say_the_reader_gone_to_the_job(stop: KeyboardInterrupt) -> None:
+    """A rank of `--nproc` stopped as its output's reader went away (console.StopWhenGone) notes it beside the
+    launcher's run-folder note (torchrun.reader_gone_note): that stop is the job's, as a Ctrl-C is, and the other
+    ranks and torchrun say nothing of its end. A no-op for any other stop, or outside `--nproc`'s launcher."""
+    note = os.environ.get(RUN_DIR_NOTE_ENV)
+    if note and isinstance(stop, Terminated) and stop.signum == signal.SIGPIPE:
+        with contextlib.suppress(OSError):  # the stop goes on without it, as before
+            reader_gone_note(note).touch()
+
+
+def reader_gone_in_the_job() -> bool:
+    """A rank of this `--nproc` launch stopped as the output's reader went away (say_the_reader_gone_to_the_job)."""
+    note = os.environ.get(RUN_DIR_NOTE_ENV)
+    return bool(note) and reader_gone_note(note).is_file()
 
 
 def cmd_profile(args: argparse.Namespace, argv: list[str]) -> int:
@@ -1021,6 +1041,8 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
         if "RANK" not in os.environ:
             raise
         line, code = another_rank_line(e, _rank())
+        if line and reader_gone_in_the_job():  # the job's stop, which that rank's end was: quiet, as a Ctrl-C's
+            return stopped(stop_for(signal.SIGPIPE))
         if line:  # the other rank's own error, where it had one, is that rank's to say: no traceback of ours
             print(line, file=sys.stderr, flush=True)
             return code

@@ -10,11 +10,12 @@ import contextlib
 import errno
 import io
 import os
+import select
 import signal
 import sys
 import threading
 
-from cnnpar.errors import UserError, note_stop, pending_stop, stop_for
+from cnnpar.errors import OutputNotWritable, note_stop, pending_stop, stop_for
 
 
 def _printable(error: UnicodeError) -> tuple[str | bytes, int]:
@@ -70,7 +71,8 @@ class StopWhenGone:
     pointed at os.devnull (later prints, the stop's own lines and the interpreter's exit flush raise nothing), the stop
     is noted (errors.note_stop: the loops' safe points and engine/stops.the_stop see it), and raised in the main thread
     (exit 141); another thread's write only notes it. A stream that cannot be written otherwise (stdout on /dev/full)
-    ends the command in one line naming it, exit 2, where it was a traceback after the work."""
+    ends the command in one line naming it, exit 2, where it was a traceback after the work. A full pipe on a
+    non-blocking descriptor is waited for (select), as a blocking write waits."""
 
     def __init__(self, stream, name: str) -> None:
         self.stream, self.name, self.gone = stream, name, False
@@ -78,16 +80,59 @@ class StopWhenGone:
 
     def write(self, text: str) -> int:
         with self._said():
+            if self._non_blocking():
+                return self._write_when_writable(text)
             return self.stream.write(text)
         return len(text)
 
     def writelines(self, lines) -> None:
         with self._said():
-            self.stream.writelines(lines)
+            if self._non_blocking():
+                self._write_when_writable("".join(lines))
+            else:
+                self.stream.writelines(lines)
 
     def flush(self) -> None:
         with self._said():
-            self.stream.flush()
+            if self._non_blocking():
+                self._flush_when_writable()
+            else:
+                self.stream.flush()
+
+    def _non_blocking(self) -> bool:
+        """The stream's file descriptor is O_NONBLOCK (some CI runners leave it so on stdout): a full pipe then raises
+        BlockingIOError (EAGAIN), which ended the command as a stream that cannot be written."""
+        try:
+            return isinstance(self.stream, io.TextIOWrapper) and not os.get_blocking(self.stream.fileno())
+        except (OSError, ValueError, io.UnsupportedOperation):
+            return False
+
+    def _write_when_writable(self, text: str) -> int:
+        """`text` written whole on a non-blocking descriptor, waiting where the pipe is full, as a blocking write
+        does. Through the binary buffer: a TextIOWrapper that meets EAGAIN has dropped the bytes its buffer did
+        not take, where BufferedWriter's BlockingIOError says how many it took (characters_written). Flushed at
+        once: what a buffer still held at exit would meet EAGAIN in the interpreter's own flush, and be lost."""
+        self._flush_when_writable()  # what the text layer holds goes first
+        data = text.encode(self.stream.encoding, self.stream.errors or "strict")
+        while data:
+            try:
+                data = data[self.stream.buffer.write(data) :]
+            except BlockingIOError as e:
+                data = data[e.characters_written :]
+                self._wait_writable()
+        self._flush_when_writable()
+        return len(text)
+
+    def _flush_when_writable(self) -> None:
+        while True:
+            try:
+                self.stream.flush()  # on EAGAIN a BufferedWriter keeps what it could not write
+                return
+            except BlockingIOError:
+                self._wait_writable()
+
+    def _wait_writable(self) -> None:
+        select.select([], [self.stream.fileno()], [])  # a full pipe is temporary: its reader empties it
 
     def __getattr__(self, name: str):  # fileno, isatty, encoding, buffer...: the stream's own
         return getattr(self.stream, name)
@@ -116,7 +161,7 @@ class StopWhenGone:
                 return
             self._to_devnull()
             self.gone = True
-            raise UserError(f"{self.name}: cannot be written ({e.strerror or e})") from None
+            raise OutputNotWritable(f"{self.name}: cannot be written ({e.strerror or e})") from None
 
     def _to_devnull(self) -> None:
         """The stream's file descriptor on os.devnull, so that what is still in its buffer, and the interpreter's

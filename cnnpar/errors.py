@@ -33,6 +33,10 @@ class TooManyOpenFiles(UserError):
     """The open-files limit (ulimit -n) ran out where DataLoader workers hand batches over (host_facts)."""
 
 
+class OutputNotWritable(UserError):
+    """stdout or stderr cannot be written (stdout on /dev/full: ENOSPC; console.StopWhenGone)."""
+
+
 class Diverged(UserError):
     """Training that stopped being finite. `epoch`, `what` ("train loss", "val loss", "weights": the weights or
     buffers, "outputs": the loss on the epoch's last batch after its last update) and `loss` (that value; for

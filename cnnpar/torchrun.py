@@ -47,16 +47,25 @@ def refusal_note(run_dir_note: str | Path) -> Path:
     return Path(str(run_dir_note) + ".refused")
 
 
-class QuietAfterARefusal(logging.Filter):
-    """Drops torchrun's records once the workers refused alike (`refusal_note` exists): their exit codes and the
-    SIGTERMs sent to the others would read as a failure beside the one line the launcher prints."""
+def reader_gone_note(run_dir_note: str | Path) -> Path:
+    """Beside the launcher's run-folder note: a rank found the reader of the job's output gone (`cnnpar train --nproc
+    2 | head -2`; console.StopWhenGone) and stops as by SIGPIPE. The job's stop, as a Ctrl-C is: the other ranks,
+    whose collectives then meet that rank gone, end as that stop, quietly (cli.main), and torchrun's lines on the
+    workers' exits are left out (QuietAfterANote), where they printed a failure after the stop."""
+    return Path(str(run_dir_note) + ".reader-gone")
 
-    def __init__(self, note: Path | None) -> None:
+
+class QuietAfterANote(logging.Filter):
+    """Drops torchrun's records once one of `notes` exists: the workers refused alike (`refusal_note`), or the job
+    stopped as its output's reader went away (`reader_gone_note`); their exit codes and the SIGTERMs sent to the
+    others would read as a failure beside the one line the launcher prints, or after the stop."""
+
+    def __init__(self, *notes: Path | None) -> None:
         super().__init__()
-        self.note = note
+        self.notes = [note for note in notes if note is not None]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.note is None or not self.note.is_file()
+        return not any(note.is_file() for note in self.notes)
 
 
 def stop_with_parent() -> None:
@@ -203,7 +212,9 @@ def main() -> int:
     note = os.environ.get(RUN_DIR_NOTE_ENV)
     refused = refusal_note(note) if note else None
     logging.getLogger(TORCHRUN_PROCESS_LOGGER).addFilter(ended)
-    logging.getLogger(TORCHRUN_PROCESS_LOGGER).addFilter(QuietAfterARefusal(refused))
+    logging.getLogger(TORCHRUN_PROCESS_LOGGER).addFilter(
+        QuietAfterANote(refused, reader_gone_note(note) if note else None)
+    )
     # removed as this process ends, or by the next launch where it was killed outright; the workers' output still
     # goes to the console alone (--log-dir moves only what torch elastic writes to files: no --redirects or --tee)
     with owned_temp_folder(LOG_DIR_PREFIX) as logs:

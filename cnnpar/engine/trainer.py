@@ -95,6 +95,7 @@ from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_
 from cnnpar.errors import (
     ConfigError,
     DataError,
+    OutputNotWritable,
     UserError,
     raise_pending_stop,
     user_error_text,
@@ -925,6 +926,7 @@ class Trainer(DivergenceCheck):
                 if stop is None:
                     self._raise_worker_crash(e)
                     self._raise_data_error_kept(e)
+                    self._raise_output_lost_kept(e)
                     raise
                 self._say_stopped()
                 raise stop from None
@@ -955,6 +957,17 @@ class Trainer(DivergenceCheck):
         if saved:
             self.stop_said = True
             raise DataError(
+                f"{user_error_text(e)}; {kept_line(self.run_dir, saved, self._continue_command())}"
+            ) from None
+
+    def _raise_output_lost_kept(self, e: Exception) -> None:
+        """stdout that cannot be written (/dev/full) after an epoch was saved, said with what the checkpoint holds and
+        the command that continues, as a stop's line says: the line named stdout alone, and the stop line that would
+        have said it went to that stdout. On stderr, with the error."""
+        saved = self._saved_epoch_now() if isinstance(e, OutputNotWritable) else 0
+        if saved:
+            self.stop_said = True
+            raise OutputNotWritable(
                 f"{user_error_text(e)}; {kept_line(self.run_dir, saved, self._continue_command())}"
             ) from None
 

@@ -448,20 +448,20 @@ def test_profile_with_nproc_and_horovod_with_the_debug_switch_are_refused_not_ru
 def test_the_launcher_says_a_refusal_every_rank_raised_once_and_exits_as_one_process(monkeypatch, tmp_path, capsys):
     """Each rank printed its own `cnnpar: error: [rank R]` copy, and the launcher ended 1; every rank now writes the
     line beside the run-folder note (cli.main) and prints nothing, torchrun's failure lines are left out
-    (cnnpar.torchrun.QuietAfterARefusal), and the launcher prints it once and exits 2."""
+    (cnnpar.torchrun.QuietAfterANote), and the launcher prints it once and exits 2."""
     import logging
 
     from cnnpar import cli
-    from cnnpar.torchrun import QuietAfterARefusal, refusal_note
+    from cnnpar.torchrun import QuietAfterANote, refusal_note
 
     line = "model cnn3: input images 4x4: expected at least 8x8 (its three 2x2 max-pools); give --image-size 8 or more"
     quiet = {}
 
     def refused_everywhere(cmd, env):
         note = refusal_note(env[cli.RUN_DIR_NOTE_ENV])
-        quiet["before"] = QuietAfterARefusal(note).filter(logging.makeLogRecord({}))
+        quiet["before"] = QuietAfterANote(note).filter(logging.makeLogRecord({}))
         note.write_text(line)  # as each rank does (cli.main's EveryRankRefused)
-        quiet["after"] = QuietAfterARefusal(note).filter(logging.makeLogRecord({}))
+        quiet["after"] = QuietAfterANote(note).filter(logging.makeLogRecord({}))
         return 2
 
     monkeypatch.delenv("RANK", raising=False)

@@ -4,6 +4,7 @@ other Unix tools (exit 141, no traceback, train's finished epochs kept), and a s
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import signal
@@ -67,6 +68,29 @@ def test_a_stdout_that_cannot_be_written_ends_in_one_line_naming_it(monkeypatch,
         assert capsys.readouterr().err == "cnnpar: error: stdout: cannot be written (No space left on device)\n"
     finally:
         full.close()
+
+
+class _FullAfterEpoch1(io.StringIO):
+    """A stdout whose disk fills once epoch 1's line (written after its checkpoint) is in it."""
+
+    def write(self, text: str) -> int:
+        if "epoch 1/" in self.getvalue():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return super().write(text)
+
+
+def test_a_train_whose_stdout_fills_after_a_saved_epoch_says_what_is_kept_and_how_to_continue(
+    tmp_path, monkeypatch, capsys
+):
+    """The one line named stdout and left the user to guess what the run folder keeps: a Ctrl-C's stop line says it,
+    but that line went to the stdout that cannot be written."""
+    monkeypatch.setattr(sys, "stdout", _FullAfterEpoch1())
+    assert main([*TRAIN, "--epochs", "3", "--out-dir", str(tmp_path), "--name", "f"]) == 2
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    run = tmp_path / "f"
+    kept = f"the checkpoint in {run} holds epoch 1; continue with: cnnpar train --resume {run}"
+    assert capsys.readouterr().err == f"cnnpar: error: stdout: cannot be written (No space left on device); {kept}\n"
+    assert (run / "ckpt" / "last.pt").is_file()
 
 
 def test_a_threads_write_to_a_gone_reader_notes_the_stop_and_the_main_thread_raises_it():
@@ -145,6 +169,43 @@ def test_a_launch_whose_rank_0_found_its_reader_gone_ends_as_a_stop_not_as_a_ran
     # a rank that failed by itself first is still that failure, though another then found the reader gone
     failed_first = {0: _failure(128 + signal.SIGPIPE, 10, timestamp=101), 1: _failure(2, 11)}
     assert not stopped_by_its_reader(failed_first, ended)
+
+
+def test_a_rank_whose_reader_went_away_tells_the_job_and_the_others_end_as_that_stop_quietly(
+    tmp_path, monkeypatch, capsys
+):
+    """`cnnpar train --nproc 2 | head -2` ended 141, but after rank 1's "another rank of the job ended" line and
+    torchrun's "failed (exitcode: 141)" and "Sending process ... closing signal SIGTERM" lines, where a Ctrl-C's
+    stop is said once: the rank that found the reader gone notes it beside the launcher's run-folder note, before its
+    teardown closes the sockets the other ranks wait on."""
+    import logging
+
+    from cnnpar import cli, dist
+    from cnnpar.torchrun import QuietAfterANote, reader_gone_note
+
+    note = tmp_path / "notes" / "run_dir"
+    note.parent.mkdir()
+    monkeypatch.setenv(cli.RUN_DIR_NOTE_ENV, str(note))
+    quiet = QuietAfterANote(None, reader_gone_note(note))  # torchrun's filter on its workers' logger
+    assert quiet.filter(logging.makeLogRecord({}))  # a failure before it is said
+    monkeypatch.setattr(sys, "stdout", _reader_gone())  # rank 0's
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "a"]) == 128 + signal.SIGPIPE
+    monkeypatch.setattr(sys, "stdout", sys.__stdout__)
+    assert reader_gone_note(note).is_file() and not quiet.filter(logging.makeLogRecord({}))
+    capsys.readouterr()
+
+    def rank_1_loses_its_peer(args, argv):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:27018")
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(dist.LAUNCHED_NPROC_ENV, "2")
+    monkeypatch.setattr(cli, "cmd_train", rank_1_loses_its_peer)
+    assert main(["train"]) == 128 + signal.SIGPIPE  # the job's stop; torchrun.stopped_by_its_reader reads it so
+    assert capsys.readouterr().err == ""
+    reader_gone_note(note).unlink()  # another launch: a lost peer is said, as before
+    assert main(["train"]) != 128 + signal.SIGPIPE
+    assert "another rank of the job ended" in capsys.readouterr().err
 
 
 def test_a_refusal_whose_stderr_reader_went_away_ends_141_not_in_an_uncaught_stop(monkeypatch):
@@ -239,3 +300,69 @@ def test_a_dataloader_workers_write_to_a_gone_reader_goes_nowhere_and_the_main_p
     finally:
         sys.stderr = stderr
         errors.forget_stop()
+
+
+def test_a_full_pipe_on_a_non_blocking_stdout_is_waited_for_and_every_line_arrives():
+    """Some CI runners leave O_NONBLOCK set on stdout: a write that found the pipe full (EAGAIN) ended the command
+    with "stdout: cannot be written", exit 2, and its descriptor on os.devnull for good."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    stream = io.TextIOWrapper(os.fdopen(w, "wb"), encoding="utf-8")
+    out = StopWhenGone(stream, "stdout")
+    lines = [f"line {i} {'x' * 200}\n" for i in range(2000)]  # ~420 KB: more than a pipe holds (64 KiB on Linux)
+    got = []
+
+    def drain_later():  # nobody reads until the writes have filled the pipe
+        import time
+
+        time.sleep(0.3)
+        with os.fdopen(r, "rb") as reader:
+            got.append(reader.read())
+
+    drainer = threading.Thread(target=drain_later)
+    drainer.start()
+    for line in lines[:1000]:
+        out.write(line)
+    out.writelines(lines[1000:])
+    out.flush()
+    assert not out.gone and not _on_devnull(w)
+    stream.close()
+    drainer.join(timeout=30)
+    assert got == ["".join(lines).encode()]
+
+
+class _ReaderGoneAt(io.StringIO):
+    """A stdout whose reader goes away as the line holding `at` comes."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__()
+        self.at = at
+
+    def write(self, text: str) -> int:
+        if self.at in text:
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+        return super().write(text)
+
+
+def test_a_doctor_whose_reader_went_away_leaves_no_report_cut_short_as_on_a_ctrl_c(tmp_path, monkeypatch, capsys):
+    """`cnnpar doctor | head -1` ends 141 and quietly; its report folder is as a Ctrl-C at the same point leaves it:
+    none before the tries (nothing measured to the end), and during them the whole report of the phases before,
+    saying which try the stop cut short (doctor.run._examine: the_stop reads the SIGPIPE stop as any stop)."""
+    import json
+
+    from cnnpar.doctor import run as doctor_run
+
+    monkeypatch.setattr(doctor_run, "fixed_cost", lambda full, half: 0.9 * full.s_per_batch)  # a batch to try
+    small = ["doctor", "--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "30", "--workers", "0"]
+    small += ["--model", "cnn3", "--device", "cpu", "--batch-size", "16", "--warmup-steps", "1", "--measure-steps", "3"]
+    before = tmp_path / "before"
+    monkeypatch.setattr(sys, "stdout", _ReaderGoneAt("measuring end to end"))
+    assert main([*small, "--report-dir", str(before)]) == 128 + signal.SIGPIPE
+    assert capsys.readouterr().err == "" and not before.exists()
+    during = tmp_path / "during"
+    monkeypatch.setattr(sys, "stdout", _ReaderGoneAt("measuring try:"))
+    assert main([*small, "--report-dir", str(during), "--try", "1"]) == 128 + signal.SIGPIPE
+    assert capsys.readouterr().err == ""
+    result = json.loads((during / "doctor.json").read_text())
+    assert result["stopped"] == "SIGPIPE during the try of larger batch" and not result["tries"]
+    assert "Stopped (SIGPIPE during the try of larger batch)" in (during / "report.md").read_text()
