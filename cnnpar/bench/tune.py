@@ -215,20 +215,20 @@ def child_trial(steps: int, repeats: int, log: Callable[[str], None]) -> Callabl
 
 
 def batch_lr(cfg: Config, factor: int) -> tuple[float, str]:
-    """The lr for a batch `factor` times larger: by the config's --lr-scaling rule where it names one
-    (engine/optim.py's `scaled_lr`: the batch grows the samples per step as accumulation does), else
-    by the rule `--batch-size auto` uses (config.batch_lr_factor: linear for SGD and Muon's SGD groups, square root
-    for AdamW), so a tuned batch carries the lr a searched one would have. A config whose --lr is still auto (no trial
-    resolved it) starts from the optimizer's own (config.asked_lr)."""
+    """The lr for a batch `factor` times larger: by the rule `--batch-size auto` uses (config.batch_lr_factor: linear
+    for SGD and Muon's SGD groups, square root for AdamW), so a tuned batch carries the lr a searched one would have.
+    --lr-scaling is not applied here: `cnnpar train` scales by it with the processes x accumulation only, never with
+    the per-process batch, and does so on top of this lr when it trains tuned.toml (a trial scaling the batch by it
+    had AdamW's kept batch at a linear lr where --batch-size auto gives the square root). A config whose --lr is still
+    auto (no trial resolved it) starts from the optimizer's own (config.asked_lr)."""
     from cnnpar.config import asked_lr, batch_lr_factor, lr_rule
-    from cnnpar.engine.optim import scaled_lr
 
-    o = replace(cfg.optim, lr=asked_lr(cfg.optim))
-    if o.lr_scaling == "none":
-        lr = o.lr * batch_lr_factor(o.optimizer, factor, reference=1)
-        return lr, f"lr {o.lr:g} -> {lr:.3g} ({lr_rule(o.optimizer)} of the batch ratio, as --batch-size auto)"
-    lr = o.lr * scaled_lr(replace(o, grad_accum=o.grad_accum * factor), 1) / scaled_lr(o, 1)
-    return lr, f"lr {o.lr:g} -> {lr:g} (--lr-scaling {o.lr_scaling})"
+    o = cfg.optim
+    lr = asked_lr(o) * batch_lr_factor(o.optimizer, factor, reference=1)
+    note = f"lr {asked_lr(o):g} -> {lr:.3g} ({lr_rule(o.optimizer)} of the batch ratio, as --batch-size auto)"
+    if o.lr_scaling != "none":  # a user who set it may expect it here: say where it acts instead
+        note += f"; --lr-scaling {o.lr_scaling} scales it with the processes x accumulation, as in cnnpar train"
+    return lr, note
 
 
 def batch_steps_note(batch: int, factor: int) -> str:

@@ -262,7 +262,7 @@ def test_a_stopped_tune_says_where_the_best_config_so_far_and_its_trials_are(tmp
         assert [r["status"] for r in csv.DictReader(f)] == ["start", "kept", "ok"]  # 256's row too, not kept
 
 
-def test_batch_doubling_scales_lr_by_the_configs_rule_and_stops_at_out_of_memory(tmp_path):
+def test_batch_doubling_scales_lr_by_the_batch_size_auto_rule_and_stops_at_out_of_memory(tmp_path):
     cfg = with_overrides(resnet50(), optim={"lr": 0.1, "lr_scaling": "linear"})
     m = FakeMachine(
         rate=lambda c: float(c.run.batch_size),
@@ -273,9 +273,9 @@ def test_batch_doubling_scales_lr_by_the_configs_rule_and_stops_at_out_of_memory
     batch = [t for t in trials if t.switch == "batch_size"]
     assert [(t.value, t.status) for t in batch] == [("128", "kept"), ("256", "kept"), ("512", "failed")]
     assert "out of memory" in batch[-1].note
-    lrs = {c.run.batch_size: c.optim.lr for _, _, c in m.calls}
-    assert lrs[128] == pytest.approx(0.2) and lrs[256] == pytest.approx(0.4)
-    assert best.run.batch_size == 256 and best.optim.lr == pytest.approx(0.4)
+    lrs = {c.run.batch_size: c.optim.lr for _, _, c in m.calls}  # AdamW: the square root, --lr-scaling linear aside
+    assert lrs[128] == pytest.approx(0.1 * 2**0.5) and lrs[256] == pytest.approx(0.2)
+    assert best.run.batch_size == 256 and best.optim.lr == pytest.approx(0.2)
 
 
 def test_no_tuned_toml_when_not_even_the_start_finishes(tmp_path):
@@ -365,8 +365,12 @@ def test_a_tuned_batch_carries_the_lr_a_searched_batch_would():
     assert math.isclose(adamw, 0.002 * 2) and "square root (AdamW)" in note
     sgd, _ = batch_lr(with_overrides(Config(), optim={"optimizer": "sgd", "lr": 0.1}), 4)
     assert math.isclose(sgd, 0.4)
-    linear, note = batch_lr(with_overrides(Config(), optim={"lr_scaling": "linear"}), 2)
-    assert math.isclose(linear, 0.004) and "--lr-scaling linear" in note
+    # --lr-scaling scales with the processes x accumulation in cnnpar train, never with the per-process batch: a kept
+    # batch carries --batch-size auto's lr whatever it says (AdamW had the linear 0.008 here, SGD under sqrt 0.2)
+    linear, note = batch_lr(with_overrides(Config(), optim={"lr_scaling": "linear"}), 4)
+    assert math.isclose(linear, 0.002 * 2) and "square root (AdamW)" in note and "--lr-scaling linear scales" in note
+    sqrt, _ = batch_lr(with_overrides(Config(), optim={"optimizer": "sgd", "lr": 0.1, "lr_scaling": "sqrt"}), 4)
+    assert math.isclose(sqrt, 0.4)
 
 
 def test_the_stem_is_tried_the_other_way_on_a_gpu_only_where_the_model_has_one_it_rewrites(tmp_path):
