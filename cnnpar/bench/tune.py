@@ -236,6 +236,12 @@ def batch_steps_note(batch: int, factor: int) -> str:
     return f"batch {batch} -> {batch * factor}: 1/{factor} of the optimizer steps an epoch"
 
 
+def ema_note(ema: float, factor: int) -> str:
+    """What a batch trial changes in an --ema average, or "" without one: its decay is per step, so the same
+    ~1/(1 - decay) steps it spans hold `factor` x the images."""
+    return f"; --ema {ema:g} averages over the same ~{1 / (1 - ema):.0f} steps, so {factor}x the images" if ema else ""
+
+
 def precision_note(before: str, after: str) -> str:
     """What a precision trial changes in training, beside its speed: the arithmetic each step rounds to."""
     scaler = "; fp16's GradScaler skips the steps whose gradients overflow" if after == "fp16" else ""
@@ -530,7 +536,8 @@ class Tuner:
         b, factor = base.run.batch_size, 2
         while b * factor <= facts["train_samples"] // 2:
             lr, note = batch_lr(base, factor)
-            note = f"{batch_steps_note(b, factor)}, {note}"  # a change of training: tuned.toml's header names it
+            # a change of training: tuned.toml's header names it
+            note = f"{batch_steps_note(b, factor)}, {note}{ema_note(base.optim.ema, factor)}"
             cfg = replace(base, run=replace(base.run, batch_size=b * factor), optim=replace(base.optim, lr=lr))
             t = self.attempt(GROUPS[0], "batch_size", b * factor, cfg, note)
             if t.status != KEPT:

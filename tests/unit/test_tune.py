@@ -756,6 +756,19 @@ def test_tuned_toml_says_tune_measured_no_accuracy_and_names_a_kept_batch_and_pr
     assert best.optim.lr == pytest.approx(0.2) and best.optim.lr_batch == 128  # the lr rule stays coherent
 
 
+def test_tuned_toml_names_what_a_kept_batch_does_to_an_ema_average_only_where_one_is_set(tmp_path):
+    # the average decays per step: a 2x batch spans 2x the images over the same steps, unsaid in the header
+    def header(cfg, out):
+        m = FakeMachine(rate=lambda c: c.run.batch_size if c.run.batch_size < 256 else 1, cost=lambda c: 1.0)
+        m.tune(cfg, 600, out)
+        return next(line for line in out.read_text().splitlines() if "speed only" in line)
+
+    ema = header(with_overrides(resnet50(), optim={"ema": 0.99}), tmp_path / "ema.toml")
+    assert "batch 64 -> 128: 1/2 of the optimizer steps an epoch" in ema
+    assert "--ema 0.99 averages over the same ~100 steps, so 2x the images" in ema
+    assert "--ema" not in header(resnet50(), tmp_path / "plain.toml")
+
+
 def test_tuned_toml_of_pure_speed_switches_says_so(tmp_path):
     m = FakeMachine(rate=lambda c: 2000.0 if c.speed.compile == "off" else 1000.0, cost=lambda c: 1.0)
     out = tmp_path / "tuned.toml"
