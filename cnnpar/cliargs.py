@@ -195,7 +195,7 @@ def _stored_record(resume: str, out_dir: str = "", name: str = "") -> Path | Non
 
 
 def _read_stored(stored: Path, search_again: bool) -> Config:
-    from cnnpar.engine.resolved import REQUESTED
+    from cnnpar.engine.resolved import REQUESTED, size_from_checkpoint
 
     run_dir = stored.parent
     try:
@@ -215,8 +215,8 @@ def _read_stored(stored: Path, search_again: bool) -> Config:
         for sec, names in MACHINE_FIELDS.items():
             for name_ in names:
                 raw[sec][name_] = defaults[sec][name_]
-        if not raw["data"].get("image_size"):
-            raw["data"]["image_size"] = _trained_side(run_dir)
+    if size_from_checkpoint(text):
+        raw["data"]["image_size"] = _trained_side(run_dir)
     _as_requested(raw, text, lambda sec, name_: _found_again(sec, name_) or (search_again and (sec, name_) in SEARCHED))
     return from_dict(raw, origin=str(stored))
 

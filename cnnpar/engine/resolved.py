@@ -10,6 +10,7 @@ asked for stand beside the resolved ones as TOML comments: the file stays loadab
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import fields, replace
 
 import torch
@@ -87,6 +88,19 @@ REQUESTED = "# requested: "
 # Beside each requested line, the value the run resolved it to: a value in the file that differs from it was
 # edited by hand since, and is the user's own choice (cliargs reads both)
 RESOLVED = "# resolved: "
+
+
+def size_from_checkpoint(text: str) -> bool:
+    """Whether a resume of the run whose config.toml reads `text` takes its image size from the checkpoint
+    (cliargs._trained_side): a record written before the `# requested:` lines stores an automatic size as 0, which
+    this cnnpar's rule could resolve otherwise than the older one that trained it."""
+    if REQUESTED in text:
+        return False
+    try:
+        data = tomllib.loads(text.removeprefix("\ufeff")).get("data", {})  # a BOM: as config.read_config_text
+    except tomllib.TOMLDecodeError:  # refused where the resume reads it
+        return False
+    return isinstance(data, dict) and not data.get("image_size")
 
 
 # The folder the run was started in: a resume from another folder reads the run's relative data paths from there

@@ -75,6 +75,7 @@ from cnnpar.engine.resolved import (
     kept_requested_lines,
     long_compiles_resolved,
     requested_lines,
+    size_from_checkpoint,
     started_in_line,
 )
 from cnnpar.engine.resume_checks import ResumeChecks, record_resumes
@@ -327,6 +328,11 @@ class Trainer(DivergenceCheck):
         try:
             self.run_dir, resume_from = resolve_run(cfg, info)
             self.resumed_from = Path(resume_from) if resume_from is not None else None
+            # read before this run rewrites the record: the image size line names where a resume's size came from
+            record = self.run_dir / "config.toml"
+            self.size_from_checkpoint = (
+                resume_from is not None and record.is_file() and size_from_checkpoint(record.read_text(**TEXT))
+            )
             if cfg.run.resume == "auto" and resume_from is None:  # a mistyped --name would otherwise start afresh
                 if (self.run_dir / "config.toml").is_file():  # a run stopped in its first epoch: its settings stand
                     self.log(f"resume auto: {self.run_dir} has no finished epoch: starting it from epoch 1")
@@ -1077,6 +1083,8 @@ class Trainer(DivergenceCheck):
                 # a resume reads the run's size from its config.toml, typed or not (a size other than the
                 # checkpoint's is refused above): "--image-size" alone said the user typed one
                 size_from = "the resumed run's, from its config.toml"
+                if self.size_from_checkpoint:  # an older record's automatic 0 (cliargs._trained_side)
+                    size_from = f"the resumed run's, from its checkpoint {self.resumed_from}"
             self.log(f"image size: {self.bundle.shape[1]} ({size_from})")
         if self.bundle.size_note:
             self.log(self.bundle.size_note)

@@ -414,6 +414,27 @@ def test_a_resumed_folder_run_does_not_say_its_image_size_was_typed(tmp_path, ca
     assert "image size: 24 (the resumed run's, from its config.toml)" in out and "(--image-size)" not in out
 
 
+def test_a_resume_of_an_older_record_says_its_image_size_came_from_its_checkpoint(tmp_path, capsys):
+    """A record written before the `# requested:` lines stores an automatic size as 0, and the resume takes the
+    checkpoint's (cliargs._trained_side): the line still said "from its config.toml", which holds 0."""
+    import re
+
+    from cnnpar.cli import main
+    from tests.datafiles import write_image_folder
+
+    data = write_image_folder(tmp_path / "imgs", per_class=6, classes=2, side=24)
+    common = ["--device", "cpu", "--workers", "0", "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path)]
+    assert main(["train", "--data", str(data), *common, "--epochs", "1", "--name", "r"]) == 0
+    record = tmp_path / "r" / "config.toml"
+    old = [line for line in record.read_text().splitlines() if not line.startswith("# requested: ")]
+    record.write_text(re.sub(r"(?m)^image_size = 24$", "image_size = 0", "\n".join(old) + "\n"))
+    capsys.readouterr()
+    assert main(["train", *common, "--epochs", "2", "--resume", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert f"image size: 24 (the resumed run's, from its checkpoint {tmp_path / 'r' / 'ckpt'}" in out, out
+    assert "from its config.toml" not in out
+
+
 def test_settings_changed_on_resuming_are_named_in_one_line_and_an_unchanged_resume_names_none(tmp_path):
     """--ema 0, --schedule constant and --label-smoothing given on resuming changed the scored weights, the lr and
     the loss column part way through the run, and the log said only "resumed from ..."."""
