@@ -319,6 +319,8 @@ def check_sizes(path: Path, header, header_len: int) -> None:
         if type(value) is not int or value < 0:  # bool is an int to isinstance
             raise _refuse(path, f"header field {key} is {brief_repr(value)}: expected a whole number >= 0")
     count, index_bytes, data_start = header["count"], header["index_bytes"], header["data_start"]
+    if count == 0:  # prepare refuses a folder without images: a run took the median side of none (a NaN traceback)
+        raise _refuse(path, "header field count is 0: expected 1 or more images")
     if index_bytes != count * INDEX_BYTES_PER_IMAGE:
         expected = f"{count * INDEX_BYTES_PER_IMAGE:,} for count {count:,}"
         raise _refuse(path, f"header field index_bytes is {index_bytes:,}: expected {expected}")

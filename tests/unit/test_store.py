@@ -189,10 +189,13 @@ def test_damaged_stores_are_refused_in_one_line(photos, tmp_path):
         assert "re-run cnnpar prepare" in text or "make one with cnnpar prepare" in text
 
 
-def rewritten(store: Path, out: Path, header_len: int | None = None, index=None, drop=(), **fields) -> Path:
+def rewritten(
+    store: Path, out: Path, header_len: int | None = None, index=None, drop=(), images: int | None = None, **fields
+) -> Path:
     """`store` copied to `out` with header `fields` and index arrays `index` ({name: {image: value}}) changed, the
-    header fields `drop` left out (a store of an older cnnpar), and the checksum taken again: a file that lies about
-    itself consistently, as one crafted by hand would."""
+    header fields `drop` left out (a store of an older cnnpar), the index cut to its first `images` rows where given
+    (with the count and index size to match), and the checksum taken again: a file that lies about itself
+    consistently, as one crafted by hand would."""
     from cnnpar.data.store import encode_header, index_checksum, pack_index, unpack_index
 
     data = store.read_bytes()
@@ -203,7 +206,9 @@ def rewritten(store: Path, out: Path, header_len: int | None = None, index=None,
     for name, values in (index or {}).items():
         for k, v in values.items():
             arrays[name][k] = v
-    raw = pack_index(*(arrays[k] for k in ("offsets", "heights", "widths", "labels", "splits")))
+    raw = pack_index(*(arrays[k][:images] for k in ("offsets", "heights", "widths", "labels", "splits")))
+    if images is not None:
+        header.update(count=images, index_bytes=len(raw))
     header.update(fields)
     for name in drop:
         del header[name]
@@ -240,6 +245,16 @@ def test_a_store_whose_checksummed_header_and_index_lie_is_refused_naming_the_fi
     for k, (change, reason) in enumerate(cases):
         path = rewritten(out, tmp_path / f"lie{k}.cnnpar", **change)
         text = one_line_error(lambda p=path: load_data(data_cfg(p), 0), str(path), reason)
+        assert text.endswith("re-run cnnpar prepare"), text
+
+
+def test_a_store_of_no_images_is_refused_in_one_line(photos, tmp_path):
+    """prepare writes no store of a folder without images, but a store handed on can say count 0 consistently: with
+    --image-size auto the run took the median side of no images, a NaN traceback (and its grey test sampled none)."""
+    _, out = photos
+    path = rewritten(out, tmp_path / "none.cnnpar", images=0)
+    for cfg in (DataConfig(source=str(path)), data_cfg(path)):  # --image-size auto, and a size given
+        text = one_line_error(lambda c=cfg: load_data(c, 0), str(path), "header field count is 0: expected 1 or more")
         assert text.endswith("re-run cnnpar prepare"), text
 
 
