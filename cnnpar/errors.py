@@ -71,8 +71,11 @@ def say_user_error(text: str, prog: str = "cnnpar") -> int:
     """Write a UserError's line, `<prog>: error: <text>`, to stderr and return a user error's exit status, 2 (as
     argparse's refusals): every entry point ends on bad input so, with no traceback."""
     # one write: two ranks' lines written in two parts each ran together on one line
-    sys.stderr.write(f"{prog}: error: {text}\n")
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(f"{prog}: error: {text}\n")
+        sys.stderr.flush()
+    except OutputNotWritable:  # stderr gone too (the terminal of both went away: EIO): nowhere to say it, still 2
+        pass
     return 2
 
 

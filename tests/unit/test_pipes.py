@@ -70,6 +70,22 @@ def test_a_stdout_that_cannot_be_written_ends_in_one_line_naming_it(monkeypatch,
         full.close()
 
 
+class _TerminalGone(io.StringIO):
+    """A terminal that went away under a command that outlived it (`cnnpar train & disown`, the window closed): the
+    tty's writes fail with EIO."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+def test_a_command_whose_stdout_and_stderr_terminal_went_away_ends_2_without_a_traceback(monkeypatch):
+    """stdout's EIO ends it as a stream that cannot be written (exit 2, as /dev/full: with stderr elsewhere, its line
+    names stdout); its line to the same gone terminal raised again, out of the error's own handler: a traceback, 1."""
+    monkeypatch.setattr(sys, "stdout", _TerminalGone())
+    monkeypatch.setattr(sys, "stderr", _TerminalGone())
+    assert main(["models"]) == 2
+
+
 class _FullAfterEpoch1(io.StringIO):
     """A stdout whose disk fills once epoch 1's line (written after its checkpoint) is in it."""
 
