@@ -1,0 +1,55 @@
+"""Data in a folder that cannot be written (Kaggle's read-only /kaggle/input, only the working folder writable):
+the store cnnpar prepare writes by default, and the advice naming it, go to the current folder, not beside the data."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from cnnpar.cli import main as cli_main
+from cnnpar.data.store import default_store_path, prepare_command
+
+
+def read_only_photos(tmp_path: Path) -> Path:
+    """input/photos/<a|b>/*.png under a read-only input/ (the photos' own folders stay readable)."""
+    photos = tmp_path / "input" / "photos"
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        (photos / "ab"[i % 2]).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(photos / "ab"[i % 2] / f"{i}.png")
+    for p in [*photos.rglob("*"), photos, photos.parent]:
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    if os.access(photos.parent, os.W_OK):  # root with CAP_DAC_OVERRIDE writes whatever the mode
+        pytest.skip("this user writes into a folder without write permission (root): chmod cannot make one read-only")
+    return photos
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    folder = tmp_path / "work"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def test_default_store_goes_to_the_current_folder_where_the_datas_cannot_be_written(tmp_path, work):
+    photos = read_only_photos(tmp_path)
+    assert default_store_path(photos) == Path("photos.cnnpar")
+    assert "--out photos.cnnpar " in prepare_command(str(photos), 32)
+    writable = tmp_path / "mine" / "photos"
+    writable.mkdir(parents=True)
+    assert default_store_path(writable) == tmp_path / "mine" / "photos.cnnpar"  # beside it, as before
+
+
+def test_prepare_without_out_writes_into_the_current_folder_and_nothing_beside_the_data(tmp_path, work, capsys):
+    photos = read_only_photos(tmp_path)
+    before = sorted(p.name for p in tmp_path.joinpath("input").rglob("*"))
+    assert cli_main(["prepare", str(photos)]) == 0, capsys.readouterr().err
+    assert (work / "photos.cnnpar").stat().st_size > 0
+    assert "train with: cnnpar train --data photos.cnnpar" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.joinpath("input").rglob("*")) == before
