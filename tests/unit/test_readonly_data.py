@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +55,21 @@ def test_prepare_without_out_writes_into_the_current_folder_and_nothing_beside_t
     assert (work / "photos.cnnpar").stat().st_size > 0
     assert "train with: cnnpar train --data photos.cnnpar" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.joinpath("input").rglob("*")) == before
+
+
+def test_a_picture_under_a_read_only_home_draws_without_matplotlibs_folder_warnings(tmp_path, work):
+    """A container's read-only HOME: matplotlib's own temporary folder serves, without its two WARNING lines in the
+    middle of the command's output (doctor's picture here; bench's and --monitor's import it alike)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o555)
+    if os.access(home, os.W_OK):
+        pytest.skip("this user writes into a folder without write permission (root): chmod cannot make one read-only")
+    (work / "phases.csv").write_text("name,images_per_s\nend to end,100\ndata alone,300\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MPL", "XDG_"))} | {"HOME": str(home)}
+    code = "from pathlib import Path; from cnnpar.doctor.render import plot_phases; "
+    code += "plot_phases(Path('phases.csv'), Path('phases.png'), 'data-bound')"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (work / "phases.png").stat().st_size > 0
+    assert "matplotlib" not in done.stderr.lower(), done.stderr
