@@ -3,6 +3,7 @@ the store cnnpar prepare writes by default, and the advice naming it, go to the 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import subprocess
@@ -73,3 +74,31 @@ def test_a_picture_under_a_read_only_home_draws_without_matplotlibs_folder_warni
     assert done.returncode == 0, done.stderr
     assert (work / "phases.png").stat().st_size > 0
     assert "matplotlib" not in done.stderr.lower(), done.stderr
+
+
+def test_workers_under_a_read_only_dev_shm_stop_in_one_line_naming_it(monkeypatch):
+    """A container's read-only /dev/shm: the workers' queue locks (POSIX semaphores, files there) are refused, and the
+    run ended in a traceback, then torch's "Exception ignored" one for its half-made iterator. The kernel's refusal
+    is given here as sem_open gives it: /dev/shm itself cannot be made read-only for a test."""
+    import _multiprocessing
+    import gc
+    import multiprocessing.synchronize  # noqa: F401 - imported whole before its SemLock is refused
+
+    import torch
+
+    from cnnpar.data.loader import _WholeIterators
+    from cnnpar.errors import SharedMemoryUnwritable
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    monkeypatch.setattr(_multiprocessing, "SemLock", refused)
+    loader = _WholeIterators(torch.utils.data.TensorDataset(torch.zeros(4, 1)), batch_size=2, num_workers=1)
+    with pytest.raises(SharedMemoryUnwritable) as refusal:
+        iter(loader)
+    assert str(refusal.value).startswith("/dev/shm: cannot be written (Read-only file system): ")
+    assert "--workers 0" in str(refusal.value) and "\n" not in str(refusal.value)
+    gc.collect()
+    assert unraisable == []
