@@ -566,7 +566,11 @@ def add_prepare_parser(sub) -> None:
         "image's name, with or without its extension, first; the label in the column named 'label', else the "
         "second of exactly two); the store holds its labels, so train from it without --labels",
     )
-    prep.add_argument("--out", default="", help="the store to write (default: SRC.cnnpar)")
+    prep.add_argument(
+        "--out",
+        default="",
+        help="the store to write (default: SRC.cnnpar beside SRC, in the current folder where SRC's cannot be written)",
+    )
     prep.add_argument(
         "--short-side",
         type=int,

@@ -29,6 +29,10 @@ class SharedMemoryFull(UserError):
     """/dev/shm has no room for the batches DataLoader workers hand over (data/workers.py)."""
 
 
+class SharedMemoryUnwritable(UserError):
+    """/dev/shm cannot be written (a read-only mount): DataLoader workers' queue locks live there (data/workers.py)."""
+
+
 class TooManyOpenFiles(UserError):
     """The open-files limit (ulimit -n) ran out where DataLoader workers hand batches over (host_facts)."""
 

@@ -301,6 +301,9 @@ def throughput_labels(rows: list[dict]) -> list[str]:
 
 def plot_throughput(rows: list[dict], path: Path) -> None:
     """Images/s per rung; failed and skipped rungs keep their place with a label instead of a bar."""
+    from cnnpar.report.mpl import import_matplotlib
+
+    import_matplotlib()
     from matplotlib.figure import Figure
 
     names = [r["name"] for r in rows]
@@ -321,6 +324,9 @@ def plot_throughput(rows: list[dict], path: Path) -> None:
 
 def plot_step_time(rows: list[dict], path: Path) -> None:
     """Step time split into waiting for data and the rest (compute, copies, optimizer)."""
+    from cnnpar.report.mpl import import_matplotlib
+
+    import_matplotlib()
     from matplotlib.figure import Figure
 
     names = [r["name"] for r in rows]

@@ -35,7 +35,7 @@ from cnnpar.data.store import prepare_then_train
 from cnnpar.data.store_feed import StoreCropper, StoreDataset, store_resident
 from cnnpar.data.transforms import DeviceTransform, TextbookDataset, mix_seed, resolve_augment
 from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
-from cnnpar.data.workers import end_workers_at_exit, kill_stuck, report_unsent_batches
+from cnnpar.data.workers import end_workers_at_exit, kill_stuck, refuse_unwritable_shm, report_unsent_batches
 from cnnpar.dist import DistInfo
 from cnnpar.errors import STOP_SIGNALS, ConfigError, stops_held
 from cnnpar.host_facts import usable_cores
@@ -651,6 +651,9 @@ class _WholeIterators(DataLoader):
     two worker starts left torch unable to tell the started workers to leave (errors.stops_held)."""
 
     def _get_iterator(self):
+        if self.num_workers > 0:
+            # before torch's iterator: one that fails half-made prints an "Exception ignored" traceback as it goes
+            refuse_unwritable_shm(self.multiprocessing_context)
         with stops_held():
             return super()._get_iterator()
 

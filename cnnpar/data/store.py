@@ -56,10 +56,16 @@ CHUNK_BYTES = 64 << 20
 
 
 def default_store_path(folder: str | Path) -> Path:
-    """FOLDER.cnnpar beside FOLDER: where `cnnpar prepare` writes unless told otherwise."""
+    """FOLDER.cnnpar beside FOLDER: where `cnnpar prepare` writes unless told otherwise; in the current folder where
+    FOLDER's own cannot be written (Kaggle's read-only /kaggle/input: the pasted advice failed there, Permission
+    denied). os.access, not a probe file: nothing is tried beside the user's data, and it sees a read-only mount."""
     p = Path(folder)
     p = p.resolve() if p.name in ("", ".", "..") else p
-    return p.with_name(p.name + ".cnnpar")
+    beside = p.with_name(p.name + ".cnnpar")
+    parent = beside.parent
+    if not parent.is_dir() or os.access(parent, os.W_OK | os.X_OK):
+        return beside
+    return Path(beside.name)
 
 
 def prepare_side(input_size: int) -> int:

@@ -14,6 +14,7 @@ for ever on a worker whose loader was never shut down (`end_leftover_workers`).
 from __future__ import annotations
 
 import atexit
+import errno
 import multiprocessing
 import multiprocessing.queues
 import os
@@ -23,7 +24,7 @@ import threading
 
 import torch
 
-from cnnpar.errors import SharedMemoryFull, TooManyOpenFiles
+from cnnpar.errors import SharedMemoryFull, SharedMemoryUnwritable, TooManyOpenFiles
 from cnnpar.host_facts import open_files_line, too_many_open_files
 
 SHM_FOLDER = "/dev/shm"  # where shm_open makes its files on Linux
@@ -60,6 +61,26 @@ def _tensor_bytes(obj) -> int:
 def _shm_full(e: BaseException) -> bool:
     text = str(e)
     return "shared memory" in text and ("No space left" in text or "(28)" in text)
+
+
+def shm_unwritable_line(e: OSError, folder: str = SHM_FOLDER) -> str:
+    """The one line for DataLoader workers whose locks could not be made: multiprocessing's queues hold POSIX
+    semaphores, files in /dev/shm, and a container's read-only /dev/shm refused them with a traceback."""
+    return (
+        f"{folder}: cannot be written ({e.strerror or e}): DataLoader workers make their queues' locks there "
+        f"(POSIX semaphores): expected a writable {folder}, or --workers 0 (batches made in the main process)"
+    )
+
+
+def refuse_unwritable_shm(context=None) -> None:
+    """Raise SharedMemoryUnwritable where the workers' queues cannot make their locks (`context`: the loader's
+    multiprocessing context, None for the default): found before the workers start, in one line."""
+    try:
+        (context or multiprocessing).Lock()
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES):
+            raise
+        raise SharedMemoryUnwritable(shm_unwritable_line(e)) from e
 
 
 def shm_full_line(batch_bytes: int, workers: int, prefetch: int, folder: str = SHM_FOLDER) -> str:

@@ -144,8 +144,9 @@ def _cell(text: str) -> str:
 
 
 def plot_phases(csv_path: Path, png_path: Path, verdict: str) -> Path:
-    import matplotlib
+    from cnnpar.report.mpl import import_matplotlib
 
+    matplotlib = import_matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -384,8 +384,9 @@ def bar_colour(row: dict[str, str]) -> str:
 
 
 def write_chart(path: Path, rows: list[dict[str, str]], out: Path, title: str) -> None:
-    import matplotlib
+    from cnnpar.report.mpl import import_matplotlib
 
+    matplotlib = import_matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -295,8 +295,9 @@ def plot_telemetry(
     csv_path: str | Path, png_path: str | Path, phases: list[tuple[str, float, float]] | None = None
 ) -> Path | None:
     """A timeline PNG from the CSV rows (never from numbers held elsewhere); phases are shaded."""
-    import matplotlib
+    from cnnpar.report.mpl import import_matplotlib
 
+    matplotlib = import_matplotlib()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
