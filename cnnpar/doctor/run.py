@@ -164,6 +164,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
         diagnosis = no_warm_up(few_batches(diagnose(facts), phases), opts.warmup)
         recos = recommend(facts)
         for r in recos:
+            r.change = advised_change(cfg, facts, r)  # the batch's lr too: the try and doctor.json's change
             r.command = advice_command(cfg, facts, r)
             if r.key == "pre-decode":  # the table's "do" shows the same command as the line to paste
                 r.action = r.command
@@ -255,10 +256,17 @@ def advice_command(cfg: Config, f: Facts, r: Recommendation) -> str:
         return r.action
     # a new run with the change: the user's --name (a folder that holds a run: refused) and --resume (a finished
     # run: "nothing to do"; an unfinished one continued with the change) left out, as prepare_then_train does
-    change = {**r.change, "run": {**r.change.get("run", {}), "name": "", "resume": ""}}
-    if r.key == "batch":
-        change["optim"] = batch_advice_lr(cfg, f, r.change["run"]["batch_size"])
+    change = advised_change(cfg, f, r)
+    change = {**change, "run": {**change.get("run", {}), "name": "", "resume": ""}}
     return command_line(cfg, change)
+
+
+def advised_change(cfg: Config, f: Facts, r: Recommendation) -> dict:
+    """The settings a recommendation changes, a larger batch's lr with it (batch_advice_lr): the command to paste,
+    its try and doctor.json's `change` must agree, or a tool applying the JSON's change trains at the old lr."""
+    if r.key != "batch":
+        return r.change
+    return {**r.change, "optim": batch_advice_lr(cfg, f, r.change["run"]["batch_size"])}
 
 
 def batch_advice_lr(cfg: Config, f: Facts, batch: int) -> dict:

@@ -179,7 +179,12 @@ def test_a_tried_larger_batch_is_the_one_the_trainer_runs_and_the_advice_says_it
     f = report.facts
     assert f.batch_size == 16 and f.batch_limit == 24 and not f.whole_split  # the 24 of 30 that train
     batch = next(r for r in report.recommendations + report.not_faster if r.key == "batch")
-    assert batch.change == {"run": {"batch_size": 24}} and "--batch-size 24" in batch.command
+    assert batch.change["run"] == {"batch_size": 24} and "--batch-size 24" in batch.command
+    # its lr goes with it, in the command and in the change a tool reads from doctor.json
+    assert (
+        batch.change["optim"]["lr_batch"] == 24
+        and f"--lr {batch.change['optim']['lr']:g} --lr-batch 24" in batch.command
+    )
     ((label, change, tried),) = report.tries
     assert label == "larger batch" and change == batch.change
     assert tried.images == 24 * tried.batches  # the batch advised is the batch that ran
