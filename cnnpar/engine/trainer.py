@@ -931,8 +931,7 @@ class Trainer(DivergenceCheck):
                 stop = the_stop(e)
                 if stop is None:
                     self._raise_worker_crash(e)
-                    self._raise_data_error_kept(e)
-                    self._raise_output_lost_kept(e)
+                    self._raise_kept(e)
                     raise
                 self._say_stopped()
                 raise stop from None
@@ -955,27 +954,17 @@ class Trainer(DivergenceCheck):
             self.stop_said = True
         raise DataError(line) from None
 
-    def _raise_data_error_kept(self, e: Exception) -> None:
+    def _raise_kept(self, e: Exception) -> None:
         """A file refused after an epoch was saved (every file was read in the first: the input changed under the
-        run, a photo deleted or a store truncated) said with what the checkpoint holds and the command that
-        continues, as a worker's crash is: the line named the file and left the user to guess the epochs lost."""
-        saved = self._saved_epoch_now() if isinstance(e, DataError) else 0
+        run, a photo deleted or a store truncated), or stdout that cannot be written then (/dev/full), said with what
+        the checkpoint holds and the command that continues, as a worker's crash and a stop's line are: the line
+        named the file, or stdout, alone and left the user to guess the epochs lost (a stop line would have gone to
+        that stdout). The same error kind, on stderr."""
+        kind = next((k for k in (DataError, OutputNotWritable) if isinstance(e, k)), None)
+        saved = self._saved_epoch_now() if kind else 0
         if saved:
             self.stop_said = True
-            raise DataError(
-                f"{user_error_text(e)}; {kept_line(self.run_dir, saved, self._continue_command())}"
-            ) from None
-
-    def _raise_output_lost_kept(self, e: Exception) -> None:
-        """stdout that cannot be written (/dev/full) after an epoch was saved, said with what the checkpoint holds and
-        the command that continues, as a stop's line says: the line named stdout alone, and the stop line that would
-        have said it went to that stdout. On stderr, with the error."""
-        saved = self._saved_epoch_now() if isinstance(e, OutputNotWritable) else 0
-        if saved:
-            self.stop_said = True
-            raise OutputNotWritable(
-                f"{user_error_text(e)}; {kept_line(self.run_dir, saved, self._continue_command())}"
-            ) from None
+            raise kind(f"{user_error_text(e)}; {kept_line(self.run_dir, saved, self._continue_command())}") from None
 
     def _say_stopped(self) -> None:
         """The stop line, what is kept and how to go on; on stderr too where stdout's reader went away (`| head`,
