@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b | s37a | s37b | s41c | s47b | s42a | s42b | s42c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b | s37a | s37b | s41c | s47b | s48a | s48b | s42a | s42b | s42c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1113,6 +1113,25 @@ s37a)
   # session 37, call A (one H200, ~6 min with a cold start; carry .whl alone): every GPU-marked test at sessions
   # 35-36's last code (s35b's command, unrun in sessions 35 and 36: no machine was lent)
   TAIL=30 logged gpu_tests 500 python3 -m pytest -q -m gpu tests -p no:cacheprovider --durations=10 -rs
+  ;;
+s48a)
+  # session 48, call A (one GPU, ~5 min with a cold start; carry the three small wheels): tune's refusal of a trial
+  # whose loss is not finite and its batch-lr rule, and the doctor's larger-batch advice carrying its lr into its try
+  # (session 47's changes, run on a device only by CPU tests with fake trials); outputs copied flat into $R (at most 8
+  # files come back, two folders down)
+  TAIL=25 logged tune 280 python3 -m cnnpar tune --model resnet18 --data synthetic --image-shape 3x32x32 \
+      --device cuda --budget-s 200 --out-dir /tmp/s48_tune
+  TAIL=30 logged doctor 200 python3 -m cnnpar doctor --model resnet18 --data synthetic --image-shape 3x32x32 \
+      --batch-size 64 --device cuda --try 1 --report-dir /tmp/s48_doctor
+  for f in /tmp/s48_tune/*/*/tuned.toml /tmp/s48_tune/*/*/tuned.csv /tmp/s48_doctor/doctor.json; do
+    [ -f "$f" ] && cp "$f" "$R/"; done
+  head -30 "$R/tuned.toml" 2>/dev/null
+  ;;
+s48b)
+  # session 48, call B (an H200 only, warm; carry the three small wheels and .devdata/imagenet_sample): issue 11 item
+  # 1 as a user runs it at this session's code (s37b's command; last on an H200 in session 42: 6,777 img/s)
+  make_rep 80 .devdata/imagenet_rep80
+  user_run .devdata/imagenet_rep80 200
   ;;
 s47b)
   # session 47, call B (one GPU, warm or cold; carry .whl): the founding document's claims table at the session's
