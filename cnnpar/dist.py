@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from cnnpar.checkout import is_checkout
-from cnnpar.host_facts import usable_cores
+from cnnpar.host_facts import quota_note, usable_cores
 
 DEBUG_ENV = "CNNPAR_DEBUG_SINGLE"
 # set by `cnnpar train --nproc N`'s launcher for torchrun's workers: what a run's record stores as its nproc
@@ -709,8 +709,9 @@ def _refuse_cpu_processes_beyond_the_cores(wanted: int) -> None:
 
     cores = usable_cores()
     if wanted > CPU_PROCS_PER_CORE * cores:
+        note = f" ({n})" if (n := quota_note(cores)) else ""
         raise ConfigError(
-            f"{wanted} processes on this node's CPU but {cores} usable core(s): expected --nproc (torchrun "
+            f"{wanted} processes on this node's CPU but {cores} usable core(s){note}: expected --nproc (torchrun "
             f"--nproc_per_node) <= {CPU_PROCS_PER_CORE * cores}, {CPU_PROCS_PER_CORE} per core"
         )
 
