@@ -170,3 +170,33 @@ def test_the_doctors_lines_name_the_quota(pod):
 
     f = facts(cores=2, cores_note=quota_note(2), load_avg_1m=1.5)
     assert load_text(f) == ", load average (1 min) 1.50 on 2 usable core(s) (2 of 64 cores: the container's CPU quota)"
+
+
+@pytest.fixture
+def threads():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(8)  # torch's default on a host of 8 cores in the mask
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_torchs_threads_are_held_to_the_quota_unless_omp_num_threads_is_set(pod, threads, monkeypatch):
+    from cnnpar.dist import init_cpu_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    init_cpu_threads()
+    assert torch.get_num_threads() == 8
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    init_cpu_threads()
+    assert torch.get_num_threads() == 2
+
+
+def test_torchs_threads_are_left_without_a_quota(tmp_path, threads, monkeypatch):
+    from cnnpar.dist import init_cpu_threads
+
+    at = tree(tmp_path, "0::/\n", {"cpu.max": "max 100000"})
+    monkeypatch.setattr(host_facts, "CGROUP_ROOT", at["root"])
+    monkeypatch.setattr(host_facts, "PROC_CGROUP", at["proc"])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    init_cpu_threads()
+    assert torch.get_num_threads() == 8
