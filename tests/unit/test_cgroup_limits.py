@@ -29,6 +29,7 @@ GB = 10**9
 def host(monkeypatch):
     """A 64-core host with 64 GB, 50 GB of it available, as the affinity mask and psutil report it."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(total=64 * GB, available=50 * GB))
 
 
@@ -200,3 +201,11 @@ def test_torchs_threads_are_left_without_a_quota(tmp_path, threads, monkeypatch)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     init_cpu_threads()
     assert torch.get_num_threads() == 8
+
+
+def test_the_ddp_scaling_benchmarks_threads_follow_the_quota(pod):
+    from cnnpar.bench.ddp_scaling import threads_per_process
+
+    assert threads_per_process(0, [1, 2]) == 1  # the quota's 2 cores for 2 processes, not the host's 64
+    assert threads_per_process(0, [1]) == 2
+    assert threads_per_process(3, [1, 2]) == 3  # --threads, as asked
