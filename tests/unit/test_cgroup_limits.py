@@ -209,3 +209,14 @@ def test_the_ddp_scaling_benchmarks_threads_follow_the_quota(pod):
     assert threads_per_process(0, [1, 2]) == 1  # the quota's 2 cores for 2 processes, not the host's 64
     assert threads_per_process(0, [1]) == 2
     assert threads_per_process(3, [1, 2]) == 3  # --threads, as asked
+
+
+def test_prepares_decoders_and_the_automatic_workers_follow_the_quota(pod, capsys):
+    from cnnpar.bench.ladder import ladder_workers
+    from cnnpar.data.store_write import decode_workers
+
+    assert decode_workers(0, 1000) == 2  # one per usable core: the quota's 2, not the host's 64
+    assert decode_workers(100, 1000) == 8
+    assert "(2 cores; 2 of 64 cores: the container's CPU quota)" in capsys.readouterr().out
+    assert loader.auto_workers(object(), CPU) == 1  # a decoded source: the cores less the main process's
+    assert ladder_workers(Config()) == 1
