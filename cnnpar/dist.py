@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from cnnpar.checkout import is_checkout
-from cnnpar.host_facts import usable_cores
+from cnnpar.host_facts import cpu_quota, quota_note, usable_cores
 
 DEBUG_ENV = "CNNPAR_DEBUG_SINGLE"
 # set by `cnnpar train --nproc N`'s launcher for torchrun's workers: what a run's record stores as its nproc
@@ -709,10 +709,22 @@ def _refuse_cpu_processes_beyond_the_cores(wanted: int) -> None:
 
     cores = usable_cores()
     if wanted > CPU_PROCS_PER_CORE * cores:
+        note = f" ({n})" if (n := quota_note(cores)) else ""
         raise ConfigError(
-            f"{wanted} processes on this node's CPU but {cores} usable core(s): expected --nproc (torchrun "
+            f"{wanted} processes on this node's CPU but {cores} usable core(s){note}: expected --nproc (torchrun "
             f"--nproc_per_node) <= {CPU_PROCS_PER_CORE * cores}, {CPU_PROCS_PER_CORE} per core"
         )
+
+
+def init_cpu_threads() -> None:
+    """Hold torch's intra-op threads to a container's CPU quota. Its default is one thread per core of the affinity
+    mask, which a quota leaves at the host's (64 threads on a node's 64 cores for 2 CPUs' worth of time, each period
+    throttled once the 2 are spent). OMP_NUM_THREADS, where set, is the user's or torchrun's (1 per rank): kept."""
+    if "OMP_NUM_THREADS" in os.environ or cpu_quota() is None:
+        return
+    cores = usable_cores()
+    if torch.get_num_threads() > cores:
+        torch.set_num_threads(cores)
 
 
 def init_distributed(device_request: str = "auto", debug_single: bool = False, timeout_s: int = 600) -> DistInfo:

@@ -45,12 +45,19 @@ from pathlib import Path
 from cnnpar.checkout import ROOT, env_importing_this_checkout, is_checkout
 from cnnpar.config import DEVICES, choice_with_advice, device_advice
 from cnnpar.errors import UserError
+from cnnpar.host_facts import usable_cores
 from cnnpar.process_tree import owned_temp_folder, parent_env, stop_process_tree
 
 TARGET_SPEEDUP_2 = 1.97  # issue 3: 2 GPUs must give at least this many times the images/s of 1
 
 
 WORLD_SIZES_EXPECTED = "expected process counts of 1 or more, comma-separated, 1 first (the baseline), e.g. 1,2"
+
+
+def threads_per_process(asked: int, sizes: list[int]) -> int:
+    """--threads, or the usable cores (a container's CPU quota counted: os.cpu_count gave the host's 64 on a 2-CPU
+    pod) shared by the largest world size's processes, at most 8, so that each size runs the same threads a process."""
+    return asked or max(1, min(8, usable_cores() // max(sizes)))
 
 
 def parse_world_sizes(text: str) -> list[int]:
@@ -371,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     args.device = device
     sizes = world_sizes_here(args.world_sizes, device)
-    threads = args.threads or max(1, min(8, (os.cpu_count() or 1) // max(sizes)))
+    threads = threads_per_process(args.threads, sizes)
     rev = args.git_rev or git_revision()
     config = {k: v for k, v in vars(args).items() if k not in ("worker", "result", "out", "git_rev", "launch_timeout")}
     config["threads_per_process"] = threads

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from cnnpar.config import MAX_CLASSES
 from cnnpar.errors import DataError, first_line
+from cnnpar.host_facts import memory_available
 
 FEW_ABOVE_ONE = 1e-3  # float pixels: at most this share above 1, the rest in [0, 1], reads as 0..1 data gone astray
 # float pixels whose largest value is above 1 but under this round to 0, 1 or 2 when read as 0..255: no picture
@@ -208,11 +209,10 @@ def check_npz_members(path: Path) -> None:
 def check_fits(nbytes: int, what: str, expected: str = "expected a smaller --image-size") -> None:
     """Refuse an array that cannot fit in the memory available now, in one line, before allocating it (torch's
     allocator stopped in a traceback, after minutes of swapping where it could not tell)."""
-    import psutil
-
-    available = psutil.virtual_memory().available
+    available, why = memory_available()
     if nbytes > available:
+        why = f" under {why}" if why else ""
         raise DataError(
-            f"{what} take {nbytes / 1e9:,.1f} GB, more than the {available / 1e9:,.1f} GB of memory available: "
+            f"{what} take {nbytes / 1e9:,.1f} GB, more than the {available / 1e9:,.1f} GB of memory available{why}: "
             f"{expected}"
         )

@@ -31,6 +31,8 @@ import numpy as np
 import psutil
 import torch
 
+from cnnpar.host_facts import memory_total
+
 ENABLED = True  # benchmarks/jpeg_pipeline.py's slots=0 measures the old way
 # Not page-locked by default: in one H200 call (call-zg) slots locked with cudaHostRegister ran 5,934 img/s end to
 # end against 5,877 left pageable, within the calls' noise, for up to 4 GiB of locked memory per loader and a
@@ -50,7 +52,9 @@ SAMPLE_FILES = 512  # files whose sizes estimate the average
 
 
 def host_memory_bytes() -> int:
-    return psutil.virtual_memory().total
+    """The host's memory, or a container's limit where that is smaller (the slots' share is of what this process
+    may hold)."""
+    return memory_total()
 
 
 def shm_free_bytes() -> int:

@@ -71,6 +71,7 @@ class Facts:
     # `--cuda-graphs on` would turn them on) or "n/a" (they cannot apply, e.g. compile's own graphs)
     cuda_graphs: str = "n/a"
     load_avg_1m: float | None = None  # the host's 1-minute load average after the end-to-end measurement
+    cores_note: str = ""  # host_facts.quota_note: "2 of 64 cores: the container's CPU quota" where that set `cores`
     omp_wait_policy: str = ""  # OMP_WAIT_POLICY as the process had it ("": not set, libgomp's threads spin)
     # the training split holds fewer images than the batch asked for: the Trainer capped it to the whole split
     # (`batch_size` is the capped batch, the one measured), and no larger batch can exist
@@ -327,7 +328,8 @@ def recommend(f: Facts) -> list[Recommendation]:
             "workers",
             "more loader workers",
             f"--workers {target}",
-            f"{f.workers} worker(s) on a {f.cores}-core host; decoding spreads over processes and overlaps the step",
+            f"{f.workers} worker(s) on a {f.cores}-core host{f' ({f.cores_note})' if f.cores_note else ''}; decoding "
+            "spreads over processes and overlaps the step",
             f.modelled(data_s=new_data, overlapped=True),
             "model: pipeline time divided by the worker count, loading overlapped with the step",
             {"data": {"workers": target}},

@@ -119,7 +119,10 @@ def warm_up_text(report: DoctorReport) -> str:
 
 
 def load_text(f) -> str:
-    return "" if f.load_avg_1m is None else f", load average (1 min) {f.load_avg_1m:.2f} on {f.cores} usable core(s)"
+    if f.load_avg_1m is None:
+        return ""
+    note = f" ({f.cores_note})" if f.cores_note else ""
+    return f", load average (1 min) {f.load_avg_1m:.2f} on {f.cores} usable core(s){note}"
 
 
 def batch_note(report: DoctorReport) -> str:

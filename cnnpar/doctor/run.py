@@ -51,7 +51,7 @@ from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
 from cnnpar.engine.stops import raise_if_the_stop, the_stop
 from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError, Terminated
-from cnnpar.host_facts import usable_cores
+from cnnpar.host_facts import quota_note, usable_cores
 from cnnpar.parallel.precision import bf16_on
 from cnnpar.presets import with_overrides
 from cnnpar.report.environment import environment
@@ -340,6 +340,7 @@ def _baseline_of(trainer, info, bundle, opts: DoctorOptions, phase) -> tuple[Con
         channels_last=rcfg.speed.channels_last,
         compile=rcfg.speed.compile,
         cores=cores,
+        cores_note=quota_note(cores),
         data_s=pipe.s_per_image,
         step_s=step.s_per_image,
         e2e_s=e2e.s_per_image,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cnnpar.host_facts import quota_note
+
 # Worker processes per usable core a command starts at most (train's DataLoader workers, prepare's decoders): more
 # only wait for the cores, and each fork is slower than the last (multiprocessing polls every child at each start):
 # --workers 2000 on 2 cores was still forking after a minute, 18 GB taken, a SIGTERM coming to nothing. Decoding
@@ -16,6 +18,8 @@ def worker_cap_line(asked: int, limit: int, cores: int, share: str = "") -> str:
     if asked <= limit:
         return ""
     count = f"{cores} core{'s' * (cores != 1)}{share}"
+    if note := quota_note(cores):
+        count = f"{count}; {note}"
     return (
         f"--workers {asked} capped to {limit}: {WORKERS_PER_CORE} per usable core ({count}); more only wait for the "
         "cores, and take minutes to start"
