@@ -15,6 +15,7 @@ import os
 import queue
 import random
 import threading
+import warnings
 from collections.abc import Iterator
 
 import numpy as np
@@ -646,6 +647,21 @@ def leave_stops_to_the_main_process() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+@contextlib.contextmanager
+def fork_warning_silenced():
+    """Python 3.12+ warns, a DeprecationWarning, at each fork of a process with threads, shown wherever the user's
+    filter shows them (-W default, PYTHONWARNINGS, pytest): `This process (pid=...) is multi-threaded, use of fork()
+    may lead to deadlocks in the child.` Once a step has run, torch's own intra-op pool is such a thread (the tqdm
+    bar's monitor another), so a photo run's first forked DataLoader start said it. Forking is torch's default on
+    Linux and the start leave_stops_to_the_main_process relies on; torch runs each worker on one thread, so the
+    child never uses the pool it inherits. Only that message is hidden, around the workers' start alone."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"This process \(pid=\d+\) is multi-threaded", category=DeprecationWarning
+        )
+        yield
+
+
 class _WholeIterators(DataLoader):
     """A DataLoader whose iterator is made whole before a stop (SIGTERM, Ctrl-C, SIGHUP) is raised: one raised between
     two worker starts left torch unable to tell the started workers to leave (errors.stops_held)."""
@@ -654,7 +670,7 @@ class _WholeIterators(DataLoader):
         if self.num_workers > 0:
             # before torch's iterator: one that fails half-made prints an "Exception ignored" traceback as it goes
             refuse_unwritable_shm(self.multiprocessing_context)
-        with stops_held():
+        with stops_held(), fork_warning_silenced():
             return super()._get_iterator()
 
     def check_worker_number_rationality(self) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import sys
+import threading
+import warnings
 
 import pytest
 import torch
@@ -85,3 +88,25 @@ def test_where_spawn_is_the_default_a_photo_run_gets_quiet_workers_and_the_same_
     spawned = one_epoch(feeder)
     # the epoch's seed reaches spawned workers as it does forked ones (loader.ReseedingWorkers)
     assert len(spawned) == len(forked) and all(torch.equal(a, b) for a, b in zip(spawned, forked))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="the fork warning is Python 3.12's")
+def test_forked_workers_started_beside_a_thread_say_no_fork_deprecation(tmp_path):
+    """Python 3.12's DeprecationWarning about fork() in a multi-threaded process came at every photo run's first
+    DataLoader start (torch's intra-op pool is a thread by then), shown with -W default and in pytest's summary."""
+    root = write_noise_jpegs(tmp_path / "photos", 8, first_height=40, width=56)
+    data = DataConfig(source=str(root), image_size=24, workers=2, val_fraction=0)
+    cfg = resolve_for_device(Config(data=data, run=RunConfig(batch_size=4, seed=3)), "cpu", False)
+    feeder = build_loader(load_data(cfg.data), cfg, CPU, train=True)
+    done = threading.Event()
+    beside = threading.Thread(target=done.wait)  # as tqdm's monitor, or torch's pool: a second thread at the fork
+    beside.start()
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            batches = one_epoch(feeder)
+    finally:
+        done.set()
+        beside.join()
+    assert len(batches) == 2
+    assert [str(w.message) for w in seen if "fork()" in str(w.message)] == []
