@@ -44,12 +44,17 @@ class WeightAverage:
         self.decay = cfg.ema
         self.averaged = AveragedModel(model, use_buffers=True)
         self.averaged.requires_grad_(False)
-
-    def _pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """(live, averaged) parameters then buffers, in the same order, detached."""
-        live = [t.detach() for t in (*self.model.parameters(), *self.model.buffers())]
-        avg = [t.detach() for t in (*self.averaged.module.parameters(), *self.averaged.module.buffers())]
-        return live, avg
+        # Listed once, not at every update: walking both models' modules for them took 0.2 ms (fastnet) to 1.5 ms
+        # (resnet50) of host time per update on a 2-core EPYC. The parameters are the objects the optimizer holds;
+        # the buffers stay the same objects once the model is built (the Trainer builds the average after every
+        # apply_*; loading a checkpoint or a graph capture's put-back copies into them in place).
+        self._live = [*model.parameters(), *model.buffers()]
+        self._avg = [*self.averaged.module.parameters(), *self.averaged.module.buffers()]
+        floats = [t.is_floating_point() for t in self._avg]
+        self._avg_floats = [t for t, f in zip(self._avg, floats) if f]
+        self._live_floats = [t for t, f in zip(self._live, floats) if f]
+        self._avg_ints = [t for t, f in zip(self._avg, floats) if not f]
+        self._live_ints = [t for t, f in zip(self._live, floats) if not f]
 
     def decay_at(self, step: int) -> float:
         cfg = self.cfg
@@ -79,15 +84,12 @@ class WeightAverage:
         if step % self.cfg.ema_every or (step <= self.start_step and not self.started):
             return
         self.decay = self.decay_at(step)
-        live, avg = self._pairs()
         if not self.started:
-            torch._foreach_copy_(avg, live)  # the first update copies the weights
+            torch._foreach_copy_(self._avg, self._live)  # the first update copies the weights
         else:
-            floats = [i for i, t in enumerate(avg) if t.is_floating_point()]
-            ints = [i for i, t in enumerate(avg) if not t.is_floating_point()]
-            torch._foreach_lerp_([avg[i] for i in floats], [live[i] for i in floats], 1.0 - self.decay)
-            if ints:
-                torch._foreach_copy_([avg[i] for i in ints], [live[i] for i in ints])
+            torch._foreach_lerp_(self._avg_floats, self._live_floats, 1.0 - self.decay)
+            if self._avg_ints:
+                torch._foreach_copy_(self._avg_ints, self._live_ints)
         self.averaged.n_averaged += 1  # stays on the CPU
         if self.cfg.lookahead:
             self.copy_back()
@@ -95,8 +97,7 @@ class WeightAverage:
     @torch.no_grad()
     def copy_back(self) -> None:
         """The live weights (and buffers) become the average, in place."""
-        live, avg = self._pairs()
-        torch._foreach_copy_(live, avg)
+        torch._foreach_copy_(self._live, self._avg)
 
     def eval_model(self) -> nn.Module:
         """The module to evaluate and predict with: the average once it has started."""

@@ -29,9 +29,15 @@ def forward_backward(
 
 
 def optimizer_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, precision: Precision, grad_clip: float, zero_grad: bool = True
+    params: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    grad_clip: float,
+    zero_grad: bool = True,
 ) -> torch.Tensor | None:
-    """Clip (after DDP's all-reduce, so the norm is global and equal on every rank) and step.
+    """Clip `params`' gradients (after DDP's all-reduce, so the norm is global and equal on every rank) and step.
+    `params`: the model's parameters, listed once by the caller (listing them walks the model's modules, a few
+    hundred microseconds of host time a step for a ResNet).
 
     DDP has already averaged the gradients when backward returns, so a plain clip_grad_norm_ on
     each rank sees the same gradients and computes the same norm: a separate "distributed clip"
@@ -42,7 +48,7 @@ def optimizer_step(
     with span(OPTIMIZER_STEP):
         if grad_clip > 0:
             precision.unscale(optimizer)
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
+            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip, foreach=True)
         precision.step(optimizer)
     if zero_grad:  # a CUDA-graphed backward overwrites its gradients in place: they must stay allocated
         optimizer.zero_grad(set_to_none=True)

@@ -146,7 +146,7 @@ class TrainStep:
 
     def _update(self) -> None:
         # Graphed backwards overwrite their gradient tensors in place: those must stay allocated.
-        optimizer_step(self.model, self.optimizer, self.precision, self.grad_clip, zero_grad=not self.graphs)
+        optimizer_step(self._params, self.optimizer, self.precision, self.grad_clip, zero_grad=not self.graphs)
         self.steps += 1
         if self.scheduler is not None:
             self.scheduler.step()

@@ -68,7 +68,19 @@ class Precision:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.backends.cudnn.allow_tf32 = tf32
         self.scaler = torch.amp.GradScaler(device.type) if kind == "fp16" else None
-        self.skipped_steps = 0
+        self._skipped_before = 0  # restored from a checkpoint, or set
+        self._skipped_here: torch.Tensor | None = None  # steps skipped since, counted on the device
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps the GradScaler skipped (inf/nan gradients). Read once an epoch, not at every step."""
+        if self._skipped_here is None:
+            return self._skipped_before
+        return self._skipped_before + int(self._skipped_here.item())  # note: a CPU-GPU sync point
+
+    @skipped_steps.setter
+    def skipped_steps(self, n: int) -> None:
+        self._skipped_before, self._skipped_here = int(n), None
 
     def autocast(self):
         if self.dtype is None:
@@ -87,7 +99,10 @@ class Precision:
         if self.scaler is None:
             optimizer.step()
             return
-        before = self.scaler.get_scale()  # note: a CPU-GPU sync point, paid only with fp16
+        # The scale as a device tensor, not get_scale(): a fused optimizer takes the scaler's inf check on the
+        # device, so two get_scale() reads were the fp16 step's only host syncs, two a step, draining the launch queue
+        scale = self.scaler._get_scale_async()  # None before any scaled backward: the scaler's own step says so
+        before = scale.clone() if scale is not None else None
         if hasattr(optimizer, "skip_synchronize"):
             # Horovod's DistributedOptimizer: its all-reduce must finish before the scaler reads the gradients
             # (unscale and its inf check, on averaged gradients: every rank then skips the same steps), and its
@@ -99,8 +114,13 @@ class Precision:
         else:
             self.scaler.step(optimizer)
         self.scaler.update()
-        if self.scaler.get_scale() < before:  # the scale drops exactly when the step was skipped
-            self.skipped_steps += 1
+        if before is not None:
+            self._count_skipped(self.scaler._get_scale_async() < before)  # the scale drops exactly when skipped
+
+    def _count_skipped(self, dropped: torch.Tensor) -> None:
+        if self._skipped_here is None:
+            self._skipped_here = torch.zeros((), dtype=torch.int64, device=dropped.device)
+        self._skipped_here += dropped
 
     def state_dict(self) -> dict:
         return {"scaler": self.scaler.state_dict() if self.scaler else {}, "skipped_steps": self.skipped_steps}

@@ -201,7 +201,7 @@ def check_accumulation(info: DistInfo, **ddp_switches) -> dict:
         if m == 0:  # inside no_sync: this rank's own gradients, not yet averaged
             out["grads_after_first_micro_step"] = digest(p.grad for p in model.parameters())
     out["grads_synced"] = digest(p.grad for p in model.parameters())
-    out["norm"] = float(optimizer_step(ddp, opt, precision, CLIP))
+    out["norm"] = float(optimizer_step(list(ddp.parameters()), opt, precision, CLIP))
     out["params"] = digest(model.parameters())
 
     ref_opt = torch.optim.SGD(ref.parameters(), lr=1.0)

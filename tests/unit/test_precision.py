@@ -68,6 +68,35 @@ def test_fp16_state_round_trips_scale_and_skipped_steps():
     assert b.skipped_steps == 3 and b.scaler.get_scale() == 1024.0
 
 
+def test_fp16_steps_read_nothing_from_the_device_and_still_count_the_skipped_ones(monkeypatch):
+    """A fused optimizer (cnnpar's on CUDA) takes the GradScaler's inf check on the device, so an fp16 step needs
+    no host sync; counting the skipped steps read the scale twice a step (get_scale: a sync each, which drains a
+    GPU's launch queue). They are counted on the device and read where an epoch's row or a check asks."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    precision = Precision("fp16", CPU)
+    reads = []
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+        read = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, read=read, name=name: reads.append(name) or read(t, *a))
+    trained = []
+    for factor in (1e6, 1e6, 0.1, 0.1):  # 1e6 x the scale overflows fp16's gradients: those steps are skipped
+        before = model.weight.detach().clone()
+        with precision.autocast():
+            loss = factor * model(torch.ones(4, 2)).float().mean()
+        precision.backward(loss)
+        precision.step(opt)
+        opt.zero_grad(set_to_none=True)
+        trained.append(not torch.equal(before, model.weight))
+    assert reads == []
+    monkeypatch.undo()
+    assert trained == [False, False, True, True]
+    assert precision.skipped_steps == 2
+    precision.skipped_steps = 5  # as a restored checkpoint sets it: the device count starts again from there
+    assert precision.skipped_steps == 5
+
+
 def test_fp16_under_horovod_reads_the_gradients_after_its_all_reduce():
     """Horovod's DistributedOptimizer all-reduces in the background: the scaler must wait for it (synchronize)
     before unscaling and checking for infs, then step without synchronising again (Horovod's GradScaler pattern).

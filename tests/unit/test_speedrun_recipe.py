@@ -97,6 +97,30 @@ def test_lookahead_copies_the_average_back_into_the_same_tensors():
     assert torch.equal(net.weight, avg.averaged.module.weight)
 
 
+def test_an_update_walks_neither_model_and_still_averages_what_trains(monkeypatch):
+    """The tensors an update reads are listed when the average is built: listing them at every update walked both
+    models' modules (0.2 ms of host time per update for fastnet, 1.5 ms for resnet50 on a 2-core EPYC). The lists
+    hold the parameters and buffers themselves, so what an update averages is what the step and forward changed."""
+    net = _bn_net()
+    avg = WeightAverage(net, OptimConfig(ema=0.5, ema_every=1, lookahead=True), 10)
+    walks = []
+    walk = nn.Module.named_modules
+    monkeypatch.setattr(
+        nn.Module, "named_modules", lambda m, *a, **k: walks.append(type(m).__name__) or walk(m, *a, **k)
+    )
+    avg.after_step(1)  # the first update copies the weights
+    with torch.no_grad():
+        before = net[0].weight.clone()
+        net[0].weight.add_(1.0)
+        net(torch.randn(4, 1, 5, 5))  # train mode: the BatchNorm statistics move in place
+    stats = net[1].running_mean.clone()
+    avg.after_step(2)  # decay 0.5 ** 1 * (2 / 10) ** 0
+    assert walks == []
+    monkeypatch.undo()
+    assert torch.allclose(net[0].weight, before + 0.5)  # half way, and copied back (lookahead)
+    assert torch.allclose(avg.averaged.module[1].running_mean, 0.5 * stats)  # half way from the copied zeros
+
+
 def test_lookahead_without_an_average_is_refused_with_the_field_name():
     with pytest.raises(ConfigError, match="optim.lookahead"):
         OptimConfig(lookahead=True)

@@ -79,6 +79,30 @@ def test_the_tools_harness_takes_exactly_the_steps_training_takes(accum):
     assert trained.scheduler.last_epoch == timed.scheduler.last_epoch == steps
 
 
+def test_a_step_with_clipping_and_an_average_walks_no_module_tree(monkeypatch):
+    """The clip's parameters and the average's tensors are listed once: listing them at every step walked the model's
+    modules (a few hundred microseconds of host time a step for a ResNet on a 2-core EPYC). The clip still sees every
+    parameter of the model."""
+    trainer = build_trainer(small(ema=0.8, ema_every=1, grad_clip=0.5), CPU)
+    batches = training_batches(trainer)
+    groups = [next_group(trainer, batches) for _ in range(3)]
+    walks, clipped = [], []
+    walk, clip = nn.Module.named_modules, torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(
+        nn.Module, "named_modules", lambda m, *a, **k: walks.append(type(m).__name__) or walk(m, *a, **k)
+    )
+    monkeypatch.setattr(
+        torch.nn.utils, "clip_grad_norm_", lambda params, *a, **k: clipped.append(params) or clip(params, *a, **k)
+    )
+    for group in groups:
+        trainer.train_step(group)
+    monkeypatch.undo()
+    assert walks == []
+    assert len(clipped) == 3
+    assert [id(p) for p in clipped[0]] == [id(p) for p in trainer.raw_model.parameters()]
+    trainer.close()
+
+
 def test_an_epochs_short_last_group_is_one_optimizer_step_over_its_own_micro_batches():
     cfg = small(accum=2, samples=50)  # 40 training samples: 5 micro-batches of 8
     trainer = build_trainer(cfg, CPU)
