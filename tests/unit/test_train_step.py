@@ -286,3 +286,37 @@ def test_on_cuda_compile_tiling_compiles_with_triton_and_trains_as_the_default_c
     assert all(math.isfinite(v) for v in losses.values())
     # the same seed and data: other kernels, the same arithmetic up to bf16 rounding
     assert abs(losses["on"] - losses["off"]) <= 0.05 * abs(losses["off"]), losses
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "precision, optim",
+    [("bf16", {}), ("fp16", {}), ("fp16", {"grad_clip": 1.0, "ema": 0.99})],
+    ids=["bf16", "fp16", "fp16-clip-ema"],
+)
+def test_on_cuda_a_train_step_never_waits_for_the_gpu(precision, optim):
+    # a host read in the step (a GradScaler's get_scale(), a count read back) drains the launch queue every step:
+    # fp16 read its scale twice a step to count skipped steps. Eager, no compile, no graphs: the step's own work
+    # alone; the batches are on the device already, so only the step can synchronise
+    cuda = DistInfo(0, 0, 1, torch.device("cuda"))
+    cfg = with_overrides(
+        small(samples=256, **optim),
+        data={"image_shape": "3x32x32", "augment": "none"},
+        speed={"device": "cuda", "precision": precision, "compile": "off", "cuda_graphs": "off"},
+        run={"batch_size": 32},
+    )
+    trainer = build_trainer(cfg, cuda)
+    try:
+        batches = training_batches(trainer)
+        groups = [[(x.cuda(), y.cuda()) for x, y in next_group(trainer, batches)] for _ in range(4)]
+        trainer.train_step(groups[0])  # the first step builds the optimizer's and the scaler's state
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for group in groups[1:]:
+                trainer.train_step(group)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    finally:
+        trainer.close()
