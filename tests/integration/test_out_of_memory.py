@@ -112,6 +112,52 @@ def test_a_prediction_out_of_memory_says_one_line_and_writes_nothing(tmp_path, m
     assert not out.exists()
 
 
+def raise_out_of_memory(*args, **kwargs):
+    raise torch.cuda.OutOfMemoryError(OOM)
+
+
+TOOL_ARGS = ["--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "30", "--workers", "0",
+             "--device", "cpu", "--batch-size", "16"]  # fmt: skip
+
+
+@pytest.mark.parametrize("tool", ["doctor", "profile"])
+def test_the_doctor_and_the_profiler_out_of_memory_say_one_line_and_leave_no_report_folder(
+    tmp_path, monkeypatch, capsys, tool
+):
+    from cnnpar.doctor import measure, profile
+
+    monkeypatch.setattr(measure if tool == "doctor" else profile, "run_step", raise_out_of_memory)
+    assert main([tool, *TOOL_ARGS, "--no-progress", "--out-dir", str(tmp_path / "out")]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("cnnpar: error: the training step ran out of memory: batch 16/process of 1x8x8 images on ")
+    assert (
+        "torch tried to allocate 2.00 GiB; expected settings that fit: a smaller --batch-size, --batch-size auto"
+        in line
+    )
+    assert not (tmp_path / "out").exists()  # the report folder it made, with nothing whole in it, is gone
+
+
+def test_a_doctor_try_out_of_memory_says_which_try_and_fewer_tries(tmp_path, monkeypatch, capsys):
+    from cnnpar.doctor import run as doctor_run
+
+    monkeypatch.setattr(doctor_run, "fixed_cost", lambda full, half: 0.9 * full.s_per_batch)  # a batch to try
+    real = doctor_run.measure_end_to_end
+
+    def end_to_end(trainer, *args, name: str = "end to end", **kwargs):
+        if name.startswith("tried:"):
+            raise torch.cuda.OutOfMemoryError(OOM)
+        return real(trainer, *args, name=name, **kwargs)
+
+    monkeypatch.setattr(doctor_run, "measure_end_to_end", end_to_end)
+    args = ["--warmup-steps", "1", "--measure-steps", "3", "--try", "1", "--out-dir", str(tmp_path / "out")]
+    assert main(["doctor", *TOOL_ARGS, "--model", "cnn3", *args]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("cnnpar: error: the try of larger batch ran out of memory: batch ")
+    assert line.endswith(
+        "expected settings that fit: --try 0 (fewer tries: the baseline fitted, this try's change is what did not)"
+    )
+
+
 @pytest.mark.parametrize(("spare", "hint"), [("1.20 GiB", False), ("3.50 GiB", True)])
 def test_torchs_fragmentation_hint_is_kept_only_where_the_unallocated_memory_would_hold_the_allocation(spare, hint):
     line = memory_full_line(
