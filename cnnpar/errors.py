@@ -41,6 +41,11 @@ class OutputNotWritable(UserError):
     """stdout or stderr cannot be written (stdout on /dev/full: ENOSPC; console.StopWhenGone)."""
 
 
+class DeviceMemoryFull(UserError):
+    """The device ran out of memory for the settings the user chose (a batch, an image size, a model): the phase,
+    the batch and the ways out in one line (engine/memory_full), where torch's error came in a traceback."""
+
+
 class Diverged(UserError):
     """Training that stopped being finite. `epoch`, `what` ("train loss", "val loss", "weights": the weights or
     buffers, "outputs": the loss on the epoch's last batch after its last update) and `loss` (that value; for

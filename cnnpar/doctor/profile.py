@@ -12,6 +12,7 @@ from cnnpar.config import Config, dumps_toml
 from cnnpar.dist import DistInfo, barrier, broadcast_object
 from cnnpar.doctor.options import ProfileOptions
 from cnnpar.engine.harness import build_trainer, next_group, run_step, training_batches
+from cnnpar.engine.memory_full import TRAINING_WAYS, memory_full_said
 from cnnpar.report.environment import comment_lines, environment
 from cnnpar.report.files import check_output_folder, output_folder, write_errors_explained, write_text_atomic
 from cnnpar.report.profiler import NOT_WRITTEN, RANK_FILES, ProfileFiles, profile_steps
@@ -49,18 +50,20 @@ def _profile(trainer, info: DistInfo, opts: ProfileOptions, out: Path) -> Profil
             group = next_group(trainer, batches)
         run_step(trainer, group)
 
+    batch, shape = trainer.cfg.run.batch_size, trainer.bundle.shape
     try:
-        files = profile_steps(
-            step,
-            out,
-            info.rank,
-            info.device.type == "cuda",
-            opts.wait,
-            opts.warmup,
-            opts.active,
-            opts.row_limit,
-            opts.all_threads,
-        )
+        with memory_full_said("the training step", batch, shape, info.device, TRAINING_WAYS):
+            files = profile_steps(
+                step,
+                out,
+                info.rank,
+                info.device.type == "cuda",
+                opts.wait,
+                opts.warmup,
+                opts.active,
+                opts.row_limit,
+                opts.all_threads,
+            )
     finally:
         batches.close()
         trainer.close()

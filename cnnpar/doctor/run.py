@@ -47,6 +47,7 @@ from cnnpar.doctor.measure import (
 from cnnpar.doctor.options import DoctorOptions
 from cnnpar.engine.batch_size import batch_cap, choose_batch_size, device_probe, memory_budget, search_start
 from cnnpar.engine.harness import build_trainer
+from cnnpar.engine.memory_full import TRAINING_WAYS, memory_full_said
 from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
 from cnnpar.engine.stops import raise_if_the_stop, the_stop
 from cnnpar.engine.trainer import Trainer
@@ -288,8 +289,10 @@ def _measure_baseline(
     """Pipeline alone, step alone (full and half batch), GPU idle share, end to end; then the facts, and the config
     as it ran (workers, format, augment and the other autos resolved, as a run's config.toml holds them)."""
     trainer = build_trainer(cfg, info, bundle)
+    batch = trainer.cfg.run.batch_size
     try:
-        return _baseline_of(trainer, info, bundle, opts, phase)
+        with memory_full_said("the training step", batch, bundle.shape, info.device, TRAINING_WAYS):
+            return _baseline_of(trainer, info, bundle, opts, phase)
     finally:
         trainer.close()  # its workers and decoders go now, not in the interpreter's exit hooks
 
@@ -407,8 +410,12 @@ def _search_batch(trainer: Trainer, bundle) -> tuple[int | None, float | None]:
 
 def _try(cfg: Config, change: dict, info, bundle, opts: DoctorOptions, label: str) -> Phase:
     trainer = build_trainer(with_overrides(cfg, **change), info, bundle)
+    # the baseline fitted: the try's change (a larger batch, a mode that holds more) is what did not
+    ways = f"--try {opts.try_top - 1} (fewer tries: the baseline fitted, this try's change is what did not)"
+    said = memory_full_said(f"the try of {label}", trainer.cfg.run.batch_size, bundle.shape, info.device, ways)
     try:
-        phase = measure_end_to_end(trainer, opts.warmup, opts.steps, opts.max_s, name=f"tried: {label}")
+        with said:
+            phase = measure_end_to_end(trainer, opts.warmup, opts.steps, opts.max_s, name=f"tried: {label}")
     finally:
         trainer.close()
     del trainer

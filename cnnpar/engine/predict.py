@@ -34,6 +34,7 @@ from cnnpar.engine.checkpoint import (
     require_model_description,
     stored_epoch,
 )
+from cnnpar.engine.memory_full import memory_full_said
 from cnnpar.engine.step import tta_logits
 from cnnpar.engine.trainer import RUN_RECORDS
 from cnnpar.errors import ConfigError, DataError, UserError
@@ -364,7 +365,7 @@ def predict(
     preds, confs = [], []
     # no bar and no switch: a line only once a folder takes over EVERY_S, where 200,000 images said nothing
     beat = Heartbeat("predicting", len(ds), "images", log, on=True)
-    with torch.no_grad():
+    with torch.no_grad(), memory_full_said("the prediction", batch_size, (c, h, w), dev, "a smaller --batch-size"):
         for x in _batches(ds, batch_size):
             with precision.autocast():
                 logits = tta_logits(model, transform(x.to(dev), train=False), "flip" in views, "translate" in views)

@@ -59,6 +59,7 @@ from cnnpar.engine.checkpoint import (
 from cnnpar.engine.data_identity import data_location
 from cnnpar.engine.divergence import DivergenceCheck
 from cnnpar.engine.fault import maybe_inject_fault
+from cnnpar.engine.memory_full import EVALUATION_WAYS, TRAINING_WAYS, memory_full_said
 from cnnpar.engine.optim import (
     apply_frozen_whitening,
     bias_to_freeze,
@@ -96,6 +97,7 @@ from cnnpar.engine.train_step import build_step_parts, build_train_step, graphs_
 from cnnpar.errors import (
     ConfigError,
     DataError,
+    DeviceMemoryFull,
     OutputNotWritable,
     UserError,
     raise_pending_stop,
@@ -959,12 +961,18 @@ class Trainer(DivergenceCheck):
         run, a photo deleted or a store truncated), or stdout that cannot be written then (/dev/full), said with what
         the checkpoint holds and the command that continues, as a worker's crash and a stop's line are: the line
         named the file, or stdout, alone and left the user to guess the epochs lost (a stop line would have gone to
-        that stdout). The same error kind, on stderr."""
-        kind = next((k for k in (DataError, OutputNotWritable) if isinstance(e, k)), None)
+        that stdout). The same error kind, on stderr. Out of memory (DeviceMemoryFull) too, whose command continues
+        with half the batch and twice the accumulation: the same batch per step, which a plain resume ran out of
+        memory on again."""
+        kind = next((k for k in (DataError, OutputNotWritable, DeviceMemoryFull) if isinstance(e, k)), None)
         saved = self._saved_epoch_now() if kind else 0
         if saved:
             self.stop_said = True
-            raise kind(f"{user_error_text(e)}; {kept_line(self.run_dir, saved, self._continue_command())}") from None
+            again = self._continue_command()
+            batch, accum = self.cfg.run.batch_size, self.cfg.optim.grad_accum
+            if kind is DeviceMemoryFull and batch % 2 == 0:
+                again += f" --batch-size {batch // 2} --grad-accum {2 * accum}"
+            raise kind(f"{user_error_text(e)}; {kept_line(self.run_dir, saved, again)}") from None
 
     def _say_stopped(self) -> None:
         """The stop line, what is kept and how to go on; on stderr too where stdout's reader went away (`| head`,
@@ -1101,16 +1109,19 @@ class Trainer(DivergenceCheck):
                 "warning: torchrun may restart this job (--max-restarts) but it has no stable name: pass "
                 "--name or --rdzv-id, or a restart starts over in a new folder instead of resuming"
             )
-        self.warm_up_compile()
+        with self._memory_said("the training step", TRAINING_WAYS):  # compile's rehearsal, the graph's capture
+            self.warm_up_compile()
         t_start = self._t_start = time.perf_counter()
         self.ended_overflowing: tuple | None = None  # check_diverged's fp16 end, raised once the records are written
         for epoch in range(self.start_epoch, cfg.run.epochs + 1):
             if info.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(info.device)
-            row = {"epoch": epoch, **self.train_epoch(epoch)}
+            with self._memory_said("the training step", TRAINING_WAYS):
+                row = {"epoch": epoch, **self.train_epoch(epoch)}
             if epoch % cfg.run.eval_every == 0 or epoch == cfg.run.epochs:
                 t_eval = time.perf_counter()
-                evaluated = self.evaluate()  # ends on a device read, so the time holds the device's work
+                with self._memory_said("the evaluation", EVALUATION_WAYS):
+                    evaluated = self.evaluate()  # ends on a device read, so the time holds the device's work
                 if evaluated:  # {} without a validation set: no evaluation, no time for one
                     row.update(evaluated, eval_s=time.perf_counter() - t_eval, eval_wait_s=self.eval_wait_s)
             # before the epoch's checkpoint can replace the last good one
@@ -1128,6 +1139,11 @@ class Trainer(DivergenceCheck):
         if self.ended_overflowing is not None:  # every epoch kept, the last one's weights finite: now the error
             self._diverged(*self.ended_overflowing)
         return TrainResult(self.run_dir, self.history, summary)
+
+    def _memory_said(self, phase: str, ways: str) -> contextlib.AbstractContextManager:
+        """Out of memory in `phase` said in one line (DeviceMemoryFull), not torch's traceback: `fit` only, as tune
+        and the bench call `train_epoch` themselves and take torch's error as a measurement's result."""
+        return memory_full_said(phase, self.cfg.run.batch_size, self.bundle.shape, self.info.device, ways)
 
     def _idle_average_line(self) -> str:
         """A note where the weight average makes no update in this run's steps (--ema-every past them, or a late

@@ -465,3 +465,21 @@ def test_a_rank_that_stops_responding_is_named_and_the_rank_that_timed_out_is_no
         "and had to be killed (SIGKILL): stuck or stopped; torchrun ended the job",
     ], explain(proc)
     assert "Traceback" not in proc.stderr, explain(proc)
+
+
+@pytest.mark.slow  # over 20 s on 2 CPU cores
+def test_a_rank_out_of_memory_under_nproc_says_one_line_and_the_other_rank_ends_quietly(cli):
+    """The rank that ran out of memory says so in one line with its rank, what is kept and the resume with half the
+    batch; the other rank, whose collective found its peer gone, ends as "another rank ended": each printed torch's
+    traceback."""
+    args = ["--nproc", "2", "--epochs", "3", "--batch-size", "32", "--no-progress", "--no-tensorboard", "--name", "m"]
+    proc = cli("train", *args, CNNPAR_FAULT_OOM_AT_EPOCH="2")  # rank 1 runs out of memory in epoch 2
+    assert "Traceback" not in proc.stderr and "OutOfMemoryError" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if "ran out of memory" in ln]
+    assert line.startswith("cnnpar: error: [rank 1] the training step ran out of memory: batch 32/process of ")
+    assert "torch tried to allocate 2.00 GiB; expected settings that fit: a smaller --batch-size" in line
+    assert "cnnpar: rank 0 stopped: another rank of the job ended; its own error is above" in proc.stderr
+    assert "cnnpar: rank 1 failed first (exit code 2); torchrun ended the job" in proc.stderr
+    assert proc.returncode == 1  # the launcher's status for a rank that failed, as for a killed one
+    end = "stopped: the checkpoint in runs/m holds epoch 1; continue with: cnnpar train --resume runs/m --nproc 2"
+    assert proc.stdout.splitlines()[-1] == end

@@ -1,0 +1,190 @@
+"""A device that runs out of memory in `cnnpar train`'s training step or evaluation, or in `cnnpar predict`, ends in
+one line, exit status 2: the phase, the batch per process and the image shape, the device and its memory, torch's
+allocation in one clause and the flags that make it fit; a run that saved epochs keeps them and says the command that
+continues with half the batch. torch's error came as a traceback of a dozen lines that named none of cnnpar's flags.
+On the CPU the error is raised by a patched step (torch.cuda.OutOfMemoryError is made on any build); the `gpu` test
+runs out of the device's real memory through the same path."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from cnnpar.cli import main
+from cnnpar.engine import predict, trainer
+from cnnpar.engine.checkpoint import checkpoint_epoch
+from cnnpar.engine.memory_full import memory_full_line
+from cnnpar.report.files import read_csv
+from tests.datafiles import write_npz
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# torch's own message, as c10's caching allocator words it (torch 2.14)
+TORCH_OOM = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is "
+    "free. Including non-PyTorch memory, this process has 78.11 GiB memory in use. Of the allocated memory 75.50 GiB "
+    "is allocated by PyTorch, and {spare} is reserved by PyTorch but unallocated. If reserved but unallocated memory "
+    "is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+    "documentation for Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html)"
+)
+OOM = TORCH_OOM.format(spare="1.20 GiB")
+
+SMALL = ["train", "--device", "cpu", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--workers", "0"]
+SMALL += ["--data", "synthetic", "--synthetic-samples", "64", "--image-shape", "1x8x8", "--batch-size", "16"]
+
+
+def error_line(err: str) -> str:
+    assert "Traceback" not in err and "OutOfMemoryError" not in err
+    (line,) = err.splitlines()
+    return line
+
+
+def out_of_memory_in_epoch(monkeypatch, epoch: int) -> None:
+    """The training step of `epoch` runs out of memory (its first micro-batch, inside the step loop)."""
+    real = trainer.maybe_inject_fault
+
+    def fault(e, done, micro_steps, info):
+        if e == epoch:
+            raise torch.cuda.OutOfMemoryError(OOM)
+        return real(e, done, micro_steps, info)
+
+    monkeypatch.setattr(trainer, "maybe_inject_fault", fault)
+
+
+def test_a_training_step_out_of_memory_says_one_line_keeps_the_epochs_and_continues_with_half_the_batch(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as full:
+        out_of_memory_in_epoch(full, 2)
+        assert main([*SMALL, "--epochs", "3", "--name", "o"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line == (
+        "cnnpar: error: the training step ran out of memory: batch 16/process of 1x8x8 images on GPU 0 (79.19 GiB "
+        "in all); torch tried to allocate 2.00 GiB; expected settings that fit: a smaller --batch-size, "
+        "--batch-size auto (measures what fits), --grad-accum N with a batch N times smaller (the same batch per "
+        "step), or a smaller --image-size; the checkpoint in runs/o holds epoch 1; continue with: "
+        "cnnpar train --resume runs/o --batch-size 8 --grad-accum 2"
+    )
+    run = tmp_path / "runs" / "o"
+    assert checkpoint_epoch(run) == 1
+    # the command the line gives, pasted, runs the epochs left
+    assert main([*SMALL[:-2], "--resume", "runs/o", "--batch-size", "8", "--grad-accum", "2"]) == 0
+    assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2", "3"]
+
+
+def test_an_evaluation_out_of_memory_before_any_epoch_is_saved_says_its_batch_and_leaves_no_folder(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+
+    def eval_batch(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError(OOM)
+
+    monkeypatch.setattr(trainer, "eval_batch", eval_batch)
+    assert main([*SMALL, "--epochs", "2", "--name", "e"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("cnnpar: error: the evaluation ran out of memory: batch 16/process of 1x8x8 images on ")
+    assert line.endswith(
+        "; torch tried to allocate 2.00 GiB; expected settings that fit: a smaller --batch-size (the evaluation's "
+        "batch is the training's), or a smaller --image-size"
+    )
+    assert not (tmp_path / "runs").exists()  # nothing saved: the folder this run made is gone, as for bad input
+
+
+def test_a_prediction_out_of_memory_says_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    data = write_npz(tmp_path / "d.npz", n_train=64, n_test=16)
+    args = ["--device", "cpu", "--no-progress", "--no-tensorboard", "--workers", "0", "--max-steps", "2"]
+    assert main(["train", "--data", str(data), "--epochs", "1", "--name", "p", *args]) == 0
+    capsys.readouterr()
+
+    def tta_logits(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError(OOM)
+
+    monkeypatch.setattr(predict, "tta_logits", tta_logits)
+    out = tmp_path / "preds.csv"
+    code = main(["predict", "--checkpoint", "runs/p", "--data", str(data), "--device", "cpu", "--out", str(out)])
+    assert code == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("cnnpar: error: the prediction ran out of memory: batch 256/process of 1x16x16 images on ")
+    assert line.endswith("torch tried to allocate 2.00 GiB; expected settings that fit: a smaller --batch-size")
+    assert not out.exists()
+
+
+def raise_out_of_memory(*args, **kwargs):
+    raise torch.cuda.OutOfMemoryError(OOM)
+
+
+TOOL_ARGS = ["--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "30", "--workers", "0",
+             "--device", "cpu", "--batch-size", "16"]  # fmt: skip
+
+
+@pytest.mark.parametrize("tool", ["doctor", "profile"])
+def test_the_doctor_and_the_profiler_out_of_memory_say_one_line_and_leave_no_report_folder(
+    tmp_path, monkeypatch, capsys, tool
+):
+    from cnnpar.doctor import measure, profile
+
+    monkeypatch.setattr(measure if tool == "doctor" else profile, "run_step", raise_out_of_memory)
+    assert main([tool, *TOOL_ARGS, "--no-progress", "--out-dir", str(tmp_path / "out")]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("cnnpar: error: the training step ran out of memory: batch 16/process of 1x8x8 images on ")
+    assert (
+        "torch tried to allocate 2.00 GiB; expected settings that fit: a smaller --batch-size, --batch-size auto"
+        in line
+    )
+    assert not (tmp_path / "out").exists()  # the report folder it made, with nothing whole in it, is gone
+
+
+def test_a_doctor_try_out_of_memory_says_which_try_and_fewer_tries(tmp_path, monkeypatch, capsys):
+    from cnnpar.doctor import run as doctor_run
+
+    monkeypatch.setattr(doctor_run, "fixed_cost", lambda full, half: 0.9 * full.s_per_batch)  # a batch to try
+    real = doctor_run.measure_end_to_end
+
+    def end_to_end(trainer, *args, name: str = "end to end", **kwargs):
+        if name.startswith("tried:"):
+            raise torch.cuda.OutOfMemoryError(OOM)
+        return real(trainer, *args, name=name, **kwargs)
+
+    monkeypatch.setattr(doctor_run, "measure_end_to_end", end_to_end)
+    args = ["--warmup-steps", "1", "--measure-steps", "3", "--try", "1", "--out-dir", str(tmp_path / "out")]
+    assert main(["doctor", *TOOL_ARGS, "--model", "cnn3", *args]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("cnnpar: error: the try of larger batch ran out of memory: batch ")
+    assert line.endswith(
+        "expected settings that fit: --try 0 (fewer tries: the baseline fitted, this try's change is what did not)"
+    )
+
+
+@pytest.mark.parametrize(("spare", "hint"), [("1.20 GiB", False), ("3.50 GiB", True)])
+def test_torchs_fragmentation_hint_is_kept_only_where_the_unallocated_memory_would_hold_the_allocation(spare, hint):
+    line = memory_full_line(
+        torch.cuda.OutOfMemoryError(TORCH_OOM.format(spare=spare)), "the training step", 64, (3, 32, 32), None, "x"
+    )
+    assert ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in line) is hint
+    assert "tried to allocate 2.00 GiB" in line and "GPU 0 (79.19 GiB in all)" in line
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_real_cuda_out_of_memory_in_train_says_one_line(tmp_path, monkeypatch, capsys):
+    """The step loop asks the device for far more than it holds (2**40 floats, 4 TiB): torch's real error, its
+    message as this torch words it, through `cnnpar train`'s path."""
+    monkeypatch.chdir(tmp_path)
+
+    def fault(e, done, micro_steps, info):
+        torch.empty(2**40, device=info.device)
+
+    monkeypatch.setattr(trainer, "maybe_inject_fault", fault)
+    args = [a for a in SMALL if a not in ("--device", "cpu")]
+    assert main([*args, "--device", "cuda", "--compile", "off", "--epochs", "1", "--name", "g"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("cnnpar: error: the training step ran out of memory: batch 16/process of 1x8x8 images on ")
+    assert f"cuda:0 ({torch.cuda.get_device_name(0)}, " in line
+    # c10's format_size says GiB past 1 GiB: 4096.00 GiB (a later torch may word it otherwise)
+    assert re.search(r" GiB in all\); torch tried to allocate [\d.]+ [KMGT]iB; expected settings that fit: ", line)
+    assert not (tmp_path / "runs").exists()
