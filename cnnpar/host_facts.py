@@ -112,7 +112,7 @@ def cgroup_folders(controller: str, root: Path | None = None, proc: Path | None 
     joint, v1_path = paths.get(controller, (controller, None))
     # v1 mounts controllers that share a line at their joint name ("cpu,cpuacct"): "cpu" is only a link to that
     # folder where the host or the container's runtime made one
-    v1 = root / controller if (root / controller).is_dir() else root / joint
+    v1 = root / controller if os.path.isdir(root / controller) else root / joint  # False, not raised, where locked
     folders = []
     for tree, path in ((root, paths.get("", ("", None))[1]), (v1, v1_path)):
         if path is not None:
