@@ -109,22 +109,26 @@ def cgroup_folders(controller: str, root: Path | None = None, proc: Path | None 
     above its containers', and a container that mounts only its own cgroup at the root still names its host path."""
     root = CGROUP_ROOT if root is None else root  # None: the module's, read at the call (tests point it elsewhere)
     paths = _cgroup_paths(PROC_CGROUP if proc is None else proc)
+    joint, v1_path = paths.get(controller, (controller, None))
+    # v1 mounts controllers that share a line at their joint name ("cpu,cpuacct"): "cpu" is only a link to that
+    # folder where the host or the container's runtime made one
+    v1 = root / controller if os.path.isdir(root / controller) else root / joint  # False, not raised, where locked
     folders = []
-    for tree, path in ((root, paths.get("")), (root / controller, paths.get(controller))):
+    for tree, path in ((root, paths.get("", ("", None))[1]), (v1, v1_path)):
         if path is not None:
             parts = PurePosixPath(path).parts[1:]
             folders += [tree.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
     return folders
 
 
-def _cgroup_paths(proc: Path) -> dict[str, str]:
-    """Controller -> this process's cgroup path, from /proc/self/cgroup's "id:controllers:path" lines; v2's single
-    line has no controllers (key "")."""
+def _cgroup_paths(proc: Path) -> dict[str, tuple[str, str]]:
+    """Controller -> (the controllers of its line, joined as the line names them, and this process's cgroup path),
+    from /proc/self/cgroup's "id:controllers:path" lines; v2's single line has no controllers (key "")."""
     paths = {}
     for line in (_read(proc) or "").splitlines():
         fields = line.split(":", 2)
         if len(fields) == 3:
-            paths.update((c, fields[2]) for c in fields[1].split(","))
+            paths.update((c, (fields[1], fields[2])) for c in fields[1].split(","))
     return paths
 
 

@@ -14,6 +14,7 @@ import functools
 import os
 import queue
 import random
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -648,13 +649,19 @@ def leave_stops_to_the_main_process() -> None:
 
 
 @contextlib.contextmanager
-def fork_warning_silenced():
+def fork_warning_silenced(forks: bool):
     """Python 3.12+ warns, a DeprecationWarning, at each fork of a process with threads, shown wherever the user's
     filter shows them (-W default, PYTHONWARNINGS, pytest): `This process (pid=...) is multi-threaded, use of fork()
     may lead to deadlocks in the child.` Once a step has run, torch's own intra-op pool is such a thread (the tqdm
     bar's monitor another), so a photo run's first forked DataLoader start said it. Forking is torch's default on
     Linux and the start leave_stops_to_the_main_process relies on; torch runs each worker on one thread, so the
-    child never uses the pool it inherits. Only that message is hidden, around the workers' start alone."""
+    child never uses the pool it inherits. Only that message is hidden, around the workers' start alone.
+    `forks`: whether this start forks workers at all. catch_warnings resets the memory of every warning already shown
+    once at its place (the filters' version moves), so a warning the step gives shows again after each start: done
+    only where a fork can warn (workers, Python 3.12+), not at every epoch's start of every loader."""
+    if not forks or sys.version_info < (3, 12):
+        yield
+        return
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message=r"This process \(pid=\d+\) is multi-threaded", category=DeprecationWarning
@@ -670,7 +677,7 @@ class _WholeIterators(DataLoader):
         if self.num_workers > 0:
             # before torch's iterator: one that fails half-made prints an "Exception ignored" traceback as it goes
             refuse_unwritable_shm(self.multiprocessing_context)
-        with stops_held(), fork_warning_silenced():
+        with stops_held(), fork_warning_silenced(self.num_workers > 0):
             return super()._get_iterator()
 
     def check_worker_number_rationality(self) -> None:

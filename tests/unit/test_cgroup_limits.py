@@ -19,7 +19,7 @@ from cnnpar.data import byte_slots, loader
 from cnnpar.data.arrays import check_fits
 from cnnpar.dist import DistInfo
 from cnnpar.errors import ConfigError, DataError
-from cnnpar.host_facts import cpu_quota, memory_available, memory_total, quota_note, usable_cores
+from cnnpar.host_facts import cgroup_folders, cpu_quota, memory_available, memory_total, quota_note, usable_cores
 
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 GB = 10**9
@@ -220,3 +220,15 @@ def test_prepares_decoders_and_the_automatic_workers_follow_the_quota(pod, capsy
     assert "(2 cores; 2 of 64 cores: the container's CPU quota)" in capsys.readouterr().out
     assert loader.auto_workers(object(), CPU) == 1  # a decoded source: the cores less the main process's
     assert ladder_workers(Config()) == 1
+
+
+def test_a_v1_quota_under_the_joint_mount_of_cpu_and_cpuacct_without_a_cpu_link(tmp_path):
+    # v1 mounts controllers that share a line at their joint name; "cpu" is a link to it only where the host or the
+    # container's runtime made one: without it the quota was not found and the host's 64 cores counted
+    files = {"cpu,cpuacct/job/cpu.cfs_quota_us": "300000", "cpu,cpuacct/job/cpu.cfs_period_us": "100000"}
+    at = tree(tmp_path, "4:memory:/job\n2:cpu,cpuacct:/job\n", files)
+    assert cpu_quota(**at) == 3.0
+    assert usable_cores(**at) == 3
+    (at["root"] / "cpu").symlink_to("cpu,cpuacct")  # where the link is made, it is read through it
+    assert cgroup_folders("cpu", **at)[0] == at["root"] / "cpu" / "job"
+    assert usable_cores(**at) == 3

@@ -19,8 +19,12 @@ DISTRIBUTION = {
     "pynvml": "nvidia-ml-py",
     "tomli_w": "tomli-w",
     "tensorflow": "tensorflow-cpu",
-    "nvidia": "nvidia-nvimgcodec-cu13",  # nvidia.nvimgcodec, the nvimgcodec extra
+    "nvidia.nvimgcodec": "nvidia-nvimgcodec-cu13",  # the nvimgcodec extra
 }
+
+# namespace packages: each of their subpackages is a distribution of its own (nvidia.nvimgcodec, nvidia.dali, ...),
+# so they are told apart by their first two names, not the first, which would let any nvidia.* pass as named
+NAMESPACES = {"nvidia"}
 
 # imported, named nowhere on purpose, each with its reason
 NOT_NAMED = {
@@ -31,21 +35,23 @@ NOT_NAMED = {
 }
 
 
-def imported_packages() -> dict[str, str]:
-    """Top-level third-party names imported anywhere in cnnpar/ (inside functions too) -> one file importing it."""
+def imported_packages(folder: Path = ROOT / "cnnpar") -> dict[str, str]:
+    """Third-party packages imported anywhere under `folder` (inside functions too), by their top-level name (a
+    namespace package's first two) -> one file importing it."""
     found: dict[str, str] = {}
-    for path in sorted((ROOT / "cnnpar").rglob("*.py")):
+    for path in sorted(folder.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
+                names = [f"{node.module}.{alias.name}" for alias in node.names]  # `from nvidia import nvimgcodec`
             else:
                 continue
             for name in names:
-                top = name.split(".")[0]
-                if top != "cnnpar" and top not in sys.stdlib_module_names:
-                    found.setdefault(top, str(path.relative_to(ROOT)))
+                parts = name.split(".")
+                top = ".".join(parts[:2]) if parts[0] in NAMESPACES else parts[0]
+                if parts[0] != "cnnpar" and parts[0] not in sys.stdlib_module_names:
+                    found.setdefault(top, str(path.relative_to(folder.parent)))
     return found
 
 
@@ -55,14 +61,30 @@ def named_in_pyproject() -> set[str]:
     return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
 
 
-def test_every_package_cnnpar_imports_is_named_in_pyproject():
+def not_named(imported: dict[str, str]) -> dict[str, str]:
+    """The packages of `imported` (name -> a file importing it) that pyproject names nowhere, without a reason."""
     named = named_in_pyproject()
-    missing = {
+    return {
         top: where
-        for top, where in imported_packages().items()
+        for top, where in imported.items()
         if top not in NOT_NAMED and DISTRIBUTION.get(top, top).lower().replace("_", "-") not in named
     }
-    assert missing == {}
+
+
+def test_every_package_cnnpar_imports_is_named_in_pyproject():
+    assert not_named(imported_packages()) == {}
+
+
+def test_a_namespace_packages_subpackage_is_a_package_of_its_own(tmp_path):
+    # nvidia.nvimgcodec is named (the nvimgcodec extra); another nvidia.* package is not, and must not pass for it
+    code = tmp_path / "pkg"
+    code.mkdir()
+    (code / "a.py").write_text(
+        "import nvidia.nvimgcodec\nfrom nvidia import dali\n\n\ndef f():\n    import PIL.Image\n"
+    )
+    found = imported_packages(code)
+    assert set(found) == {"nvidia.nvimgcodec", "nvidia.dali", "PIL"}
+    assert not_named(found) == {"nvidia.dali": "pkg/a.py"}
 
 
 def test_the_packages_named_nowhere_on_purpose_are_still_imported():

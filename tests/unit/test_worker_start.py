@@ -110,3 +110,19 @@ def test_forked_workers_started_beside_a_thread_say_no_fork_deprecation(tmp_path
         beside.join()
     assert len(batches) == 2
     assert [str(w.message) for w in seen if "fork()" in str(w.message)] == []
+
+
+def test_a_loader_start_that_forks_nothing_leaves_the_warnings_already_shown_alone():
+    # catch_warnings moves the filters' version, so that a warning shown once at its place (the default action)
+    # shows again: around every epoch's loader start, a warning the step gives came back each epoch
+    from torch.utils.data import TensorDataset
+
+    from cnnpar.data.loader import _WholeIterators
+
+    loader = _WholeIterators(TensorDataset(torch.arange(4.0)), batch_size=2, num_workers=0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            assert len(list(loader)) == 2
+            warnings.warn("a notice the step gives", UserWarning, stacklevel=1)  # one place, three epochs
+    assert [str(w.message) for w in seen] == ["a notice the step gives"]
