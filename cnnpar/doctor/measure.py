@@ -192,11 +192,13 @@ def gpu_idle_share(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, step_s: f
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
+    from cnnpar.report.profiler import one_cycle_options
+
     trainer.model.train()
     group = next_group(trainer, itertools.repeat((x, y)))
     run_step(trainer, group)  # outside the capture: a CUDA graph for this shape is captured on first use
     sync(trainer.info.device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], **one_cycle_options()) as prof:
         for _ in range(GPU_IDLE_PROBE_STEPS):
             run_step(trainer, group)
         sync(trainer.info.device)  # note: a CPU-GPU sync point: every kernel must land in the capture

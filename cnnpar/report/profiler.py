@@ -9,6 +9,7 @@ device (CUDA) or the host (CPU) and list the memory they allocated.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,16 @@ def all_threads_options() -> dict:
         return {"experimental_config": torch._C._profiler._ExperimentalConfig(profile_all_threads=True)}
     except (TypeError, AttributeError):
         return {}
+
+
+def one_cycle_options() -> dict:
+    """torch.profiler.profile keyword arguments for a capture of one cycle (cnnpar's are: no schedule, or one
+    `repeat=1`): `acc_events=True`, which keeps events across cycles and so changes nothing here, where this torch
+    has it. Without it torch 2.11 warned "Profiler clears events at the end of each cycle..." in the middle of
+    `cnnpar doctor`'s output on a GPU (the GPU idle share's capture)."""
+    from torch.profiler import profile
+
+    return {"acc_events": True} if "acc_events" in inspect.signature(profile).parameters else {}
 
 
 @contextlib.contextmanager
@@ -175,6 +186,7 @@ def profile_steps(
             schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
             on_trace_ready=on_ready,
             profile_memory=True,
+            **one_cycle_options(),
             **extra,
         ) as prof:
             for i in range(wait + warmup + active):
