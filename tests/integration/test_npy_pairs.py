@@ -128,3 +128,20 @@ def test_a_npy_without_its_labels_npy_is_refused_for_training_alone(tmp_path, ca
     assert line == "cnnpar: error: --labels nothing.npy: file not found"
     assert not (tmp_path / "runs").exists()
     assert CLASSES == 4  # bar_images' classes: the labels above are whole numbers 0..3
+
+
+def test_a_npy_s_images_are_read_into_memory_once_not_trained_from_the_file(tmp_path):
+    """The images are mapped from the file (no copy read whole before the conversion makes one), and the
+    conversion's copy is what trains: the tensor was the file's read-only pages (torch warned), so a file written
+    over during the run changed the images under it."""
+    from cnnpar.config import DataConfig
+    from cnnpar.data.sources import load_data
+
+    images, labels = _save_pair(tmp_path, 32)
+    bundle = load_data(DataConfig(source=str(images), labels=str(labels), val_fraction=0))
+    kept = bundle.train.x.clone()
+    assert bundle.train.x.numpy().flags.writeable
+    with images.open("r+b") as f:  # the pixels after the .npy header, written over in place
+        f.seek(-1000, 2)
+        f.write(b"\xff" * 1000)
+    assert np.array_equal(bundle.train.x.numpy(), kept.numpy())
