@@ -60,6 +60,14 @@ def test_a_npy_run_resumes_from_another_folder_with_both_files(trained, tmp_path
     assert f"cnn3 on {folder / 'x.npy'} |" in said and "resumed from" in said, said
     summary = json.loads((run / "summary.json").read_text())
     assert summary["epochs"] == 2 and summary["attempt_epochs"] == [2, 2]
+    # the labels file is part of the data's checksum: relabelled, the run is not continued on it
+    y = np.load(folder / "y.npy")
+    np.save(folder / "y.npy", (y + 1) % CLASSES)
+    try:
+        line = _refusal(["train", "--resume", str(run), "--epochs", "3", "--no-progress"], capsys)
+    finally:
+        np.save(folder / "y.npy", y)
+    assert "the data changed since the checkpoint" in line, line
 
 
 def test_predict_on_a_npy_writes_row_numbers_and_scores_a_labels_npy(trained, tmp_path, capsys):
@@ -127,7 +135,6 @@ def test_a_npy_without_its_labels_npy_is_refused_for_training_alone(tmp_path, ca
     line = _refusal(["train", "--data", "x.npy", "--labels", "nothing.npy", *FAST], capsys)
     assert line == "cnnpar: error: --labels nothing.npy: file not found"
     assert not (tmp_path / "runs").exists()
-    assert CLASSES == 4  # bar_images' classes: the labels above are whole numbers 0..3
 
 
 def test_a_npy_s_images_are_read_into_memory_once_not_trained_from_the_file(tmp_path):
