@@ -856,15 +856,16 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument(
         "--data",
         required=True,
-        help="test.csv (pixel columns, an optional id or ImageId: the submission's ids), an .npz, an image folder, "
-        "or digits (built in)",
+        help="test.csv (pixel columns, an optional id or ImageId: the submission's ids), an .npz, a .npy of images "
+        "(np.save), an image folder, or digits (built in)",
     )
     pred.add_argument(
         "--labels",
         default="",
-        metavar="CSV",
+        metavar="CSV|NPY",
         help="a CSV labelling a flat --data folder, read as `cnnpar train --labels` reads it: only the images it "
-        "names are predicted, and the accuracy against its labels (classes matched to the run's by name) is printed",
+        "names are predicted, and the accuracy against its labels (classes matched to the run's by name) is printed; "
+        "or, beside --data IMAGES.npy, a LABELS.npy of their class indices, whose accuracy is printed",
     )
     pred.add_argument(
         "--out",
@@ -875,8 +876,8 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument(
         "--format",
         default="auto",
-        choices=["auto", "csv", "npz", "folder"],
-        help="how to read --data: auto (from its name: .csv, .npz, a folder, digits), csv, npz or folder",
+        choices=["auto", "csv", "npz", "npy", "folder"],
+        help="how to read --data: auto (from its name: .csv, .npz, .npy, a folder, digits), csv, npz, npy or folder",
     )
     pred.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
     pred.add_argument("--image-shape", default="", help="CxHxW of CSV rows when not square grey")
@@ -886,7 +887,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="device to predict on: auto (the first CUDA device where one is visible, else cpu), cpu, cuda or cuda:N",
     )
     pred.add_argument(
-        "--resize", action="store_true", help="resize CSV/npz images to the model's size (else another size is refused)"
+        "--resize",
+        action="store_true",
+        help="resize CSV/npz/npy images to the model's size (else another size is refused)",
     )
     pred.add_argument(
         "--tta-level",

@@ -213,8 +213,8 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 class DataConfig:
     source: str = _f(
         "digits",
-        "data: 'digits' (built in), 'synthetic', a train.csv, an .npz, an image folder, or a .cnnpar store "
-        "(cnnpar prepare)",
+        "data: 'digits' (built in), 'synthetic', a train.csv, an .npz, a .npy of images (np.save; with --labels "
+        "LABELS.npy), an image folder, or a .cnnpar store (cnnpar prepare)",
         flag="data",
     )
     labels: str = _f(
@@ -223,13 +223,14 @@ class DataConfig:
         "first column names the image (its path under the folder, with or without its extension); the label is "
         "the column named 'label', else the second of exactly two columns; whole-number labels are classes in "
         "numeric order, other labels classes in sorted order; images it does not name are not read; --val-fraction "
-        "holds out; '' reads class folders",
+        "holds out; '' reads class folders. Beside --data IMAGES.npy: a LABELS.npy of their class indices, read "
+        "as an .npz's y_train",
     )
     format: str = _f(
         "auto",
-        "how to read --data: digits, synthetic, csv, npz, folder, store, or auto (from --data: its word, a folder, "
-        "or its name's .csv, .csv.gz, .npz or .cnnpar)",
-        choices=("auto", "digits", "synthetic", "csv", "npz", "folder", "store"),
+        "how to read --data: digits, synthetic, csv, npz, npy, folder, store, or auto (from --data: its word, a "
+        "folder, or its name's .csv, .csv.gz, .npz, .npy or .cnnpar)",
+        choices=("auto", "digits", "synthetic", "csv", "npz", "npy", "folder", "store"),
     )
     image_shape: str = _f(
         "", f"CxHxW of CSV rows (inferred for square grey images) or of synthetic data ({SYNTHETIC_SHAPE} unless given)"

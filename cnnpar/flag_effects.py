@@ -130,8 +130,9 @@ def _in_memory(cfg: Config, fmt: str | None) -> str:
     source = cfg.data.source
     if fmt in ("digits", "synthetic"):
         return f"--data {source} is built-in data made in memory"
-    if fmt in ("npz", "csv"):
-        return f"--data {source} is {'an .npz' if fmt == 'npz' else 'a CSV'} read into memory as pixels"
+    if fmt in ("npz", "npy", "csv"):
+        kind = {"npz": "an .npz", "npy": "a .npy"}.get(fmt, "a CSV")
+        return f"--data {source} is {kind} read into memory as pixels"
     if fmt == "store":
         return f"--data {source} is a prepared store, its photos decoded once by cnnpar prepare"
     return ""
@@ -204,7 +205,7 @@ def _own_validation_split(cfg: Config) -> str:
         except (UserError, OSError):
             return ""
         return "its own validation split (its folder's val/, valid/, validation/ or test/)" if has_val else ""
-    return ""  # a CSV, digits and synthetic data have none: the hold-out validates
+    return ""  # a CSV, a .npy, digits and synthetic data have none: the hold-out validates
 
 
 def _npz_test_split(source: str) -> str:
@@ -247,7 +248,7 @@ def _no_workers(cfg: Config) -> str:
         return "--workers 0 makes the batches in the main process, with no worker: --workers 1 or more uses it"
     fmt = _source_format(cfg)
     # the textbook loader reads even arrays sample by sample (transforms.TextbookDataset): auto starts workers there
-    if workers > 0 or cfg.data.loader == "textbook" or fmt not in ("digits", "synthetic", "npz", "csv"):
+    if workers > 0 or cfg.data.loader == "textbook" or fmt not in ("digits", "synthetic", "npz", "npy", "csv"):
         return ""
     return (
         f"{_in_memory(cfg, fmt)}, whose batches the main process indexes (--workers auto starts no worker for it): "

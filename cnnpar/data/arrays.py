@@ -90,7 +90,9 @@ def to_nchw_uint8(x: np.ndarray, where: str, notes: list[str] | None = None) -> 
             f"note: {where}: pixel values 0..{top} only, read as they are on the 0..255 scale (dark: training "
             "normalises each channel, so it learns alike; x * 255 / x.max() fills the range)",
         )
-    return torch.from_numpy(np.ascontiguousarray(x))
+    # a copy only where `x` is not already contiguous and writable: a .npy mapped read-only from its file
+    # (sources._read_npy) is read into memory here, once, rather than trained from the file's pages
+    return torch.from_numpy(np.require(x, requirements=("C", "W")))
 
 
 def _rounded_uint8(x: np.ndarray, scale: float) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 import time
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -48,7 +49,7 @@ from cnnpar.data.overlap import folder_overlap, store_overlap
 from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sample, pick_side, store_side
 from cnnpar.data.store import StoreFile, prepare_side
 from cnnpar.data.store_feed import PreparedFolder, StoreDataset
-from cnnpar.errors import DataError, UserError
+from cnnpar.errors import DataError, UserError, first_line
 
 # folders and stores are normalised with ImageNet's statistics whatever they hold (arrays with their own, computed
 # from their training images): the data line says which (README's "Training on your data")
@@ -62,9 +63,13 @@ FOLDER_OWN_VAL = "the folder's own validation split (its val/, valid/, validatio
 
 
 BUILT_IN = ("digits", "synthetic")  # made in memory: they read no file
-TRAIN_READS = "a .csv (or .csv.gz), an .npz, a .cnnpar store or a folder (or give --format)"
+TRAIN_READS = (
+    "a .csv (or .csv.gz), an .npz, a .npy (with --labels LABELS.npy), a .cnnpar store or a folder (or give --format)"
+)
 # predict refuses a store (its images are the training ones) and has no synthetic data to predict
-PREDICT_READS = "a .csv (or .csv.gz), an .npz, an image folder or 'digits' (or give --format csv, npz or folder)"
+PREDICT_READS = (
+    "a .csv (or .csv.gz), an .npz, a .npy, an image folder or 'digits' (or give --format csv, npz, npy or folder)"
+)
 
 
 def detect_format(source: str, fmt: str, reads: str = TRAIN_READS) -> str:
@@ -86,8 +91,8 @@ def detect_format(source: str, fmt: str, reads: str = TRAIN_READS) -> str:
         return "folder"
     if p.suffix.lower() == ".csv" or p.name.lower().endswith(".csv.gz"):  # read through gzip, as pyarrow reads it
         return "csv"
-    if p.suffix.lower() == ".npz":
-        return "npz"
+    if p.suffix.lower() in (".npz", ".npy"):
+        return p.suffix.lower()[1:]
     name = p.name.lower()
     if name.endswith(".cnnpar") or (name.endswith(".partial") and ".cnnpar." in name):
         return "store"  # a .partial (OUT.<random>.partial, OUT.partial) is refused by the store reader, saying why
@@ -102,9 +107,9 @@ def _check_given_format(source: str, fmt: str) -> None:
     p = Path(source)
     if fmt == "folder" and p.exists() and not p.is_dir():
         raise DataError(f"{source}: --format folder but this is a file: expected a folder of class folders")
-    if fmt in ("csv", "npz", "store") and p.is_dir():
+    if fmt in ("csv", "npz", "npy", "store") and p.is_dir():
         raise DataError(f"{source}: --format {fmt} but this is a folder: expected a file (or --format folder)")
-    if fmt in ("csv", "store") and p.is_file():
+    if fmt in ("csv", "npy", "store") and p.is_file():
         with p.open("rb") as f:
             if f.read(4) == b"PK\x03\x04":  # a zip archive: what numpy writes for .npz
                 raise DataError(f"{source}: --format {fmt} but this is a zip archive (an .npz?): expected --format npz")
@@ -267,10 +272,35 @@ def _npz_array(z, key: str, path: Path) -> np.ndarray:
             raise
     if key == "class_names":  # df.col.unique() is an object array of str
         raise DataError(f"{path}[class_names]: an object array: save it with np.array(names, dtype=str)")
-    raise DataError(
-        f"{path}[{key}]: an object array (saved pickled, which cnnpar does not load): expected numbers, "
+    raise _object_array_error(f"{path}[{key}]")
+
+
+def _object_array_error(where: str) -> DataError:
+    return DataError(
+        f"{where}: an object array (saved pickled, which cnnpar does not load): expected numbers, "
         "np.stack(images) or np.asarray(labels, dtype=np.int64)"
     )
+
+
+def _read_npy(path: Path, flag: str) -> np.ndarray:
+    """One array `np.save` wrote, mapped from the file rather than read: the conversion to (N, C, H, W) uint8
+    copies it anyway (to_nchw_uint8), and read first, an N, H, W, C or float array was held twice at the peak.
+    `flag` (--data, --labels) names where the path was given."""
+    if not path.is_file():
+        raise DataError(f"{flag} {path}: file not found")
+    if zipfile.is_zipfile(path):  # np.load hands back an NpzFile for these, whatever the name says
+        raise DataError(f"{flag} {path}: a zip archive (an .npz?), not a .npy array: expected numpy.save output")
+    try:
+        with path.open("rb") as f:
+            version = np.lib.format.read_magic(f)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            _, _, dtype = header(f)
+        if dtype.hasobject:
+            raise _object_array_error(str(path))
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    # a file that is no .npy (its magic or header), or shorter than its header says (mmap's "length is greater")
+    except (OSError, ValueError, tokenize.TokenError) as e:
+        raise DataError(f"{path}: not a readable .npy array ({first_line(e)}): expected numpy.save output") from None
 
 
 def npz_images(arrays: dict, split: str, path: Path, tally: DecodeTally | None = None) -> tuple[np.ndarray, str] | None:
@@ -323,7 +353,28 @@ def _unread_keys_note(path: Path, arrays: dict, held: list[str]) -> str:
 
 def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
     path = Path(cfg.source)
-    arrays = _read_npz(path)
+    return _load_arrays(_read_npz(path), path, cfg, seed, lambda key: f"{path}[{key}]")
+
+
+def load_npy(cfg: DataConfig, seed: int) -> DataBundle:
+    """A pair of `np.save` files, --data's images and --labels' labels, read as an .npz's x_train and y_train (so
+    with its checks, in its words, naming the file): --val-fraction holds out, as for an .npz without x_val."""
+    images, labels = Path(cfg.source), Path(cfg.labels)
+    if not cfg.labels:
+        raise DataError(
+            f"--data {images}: a .npy holds images only: expected --labels LABELS.npy, one class index an image "
+            "(or an .npz of x_train, y_train)"
+        )
+    arrays = {"x_train": _read_npy(images, "--data"), "y_train": _read_npy(labels, "--labels")}
+    # the uint8 (N, C, H, W) copy the conversion makes, and the labels as int64: mapped, the files take no memory
+    check_fits(arrays["x_train"].size + 8 * arrays["y_train"].size, f"{images} and {labels}: their images and labels")
+    files = {"x_train": str(images), "y_train": str(labels)}
+    return _load_arrays(arrays, images, cfg, seed, files.__getitem__)
+
+
+def _load_arrays(arrays: dict, path: Path, cfg: DataConfig, seed: int, where) -> DataBundle:
+    """The bundle of an .npz's `arrays` (or a .npy pair's, as x_train and y_train); `where(key)` names an array
+    in messages (the archive's key, or the file that holds it)."""
     started = time.perf_counter()
     tally = DecodeTally()
     train = npz_images(arrays, "train", path, tally)
@@ -340,15 +391,15 @@ def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
     if split and (held_images is None) != (f"y_{split}" not in arrays):
         raise DataError(f"{path}: has only one of x_{split} / y_{split}: expected both or neither")
     notes: list[str] = []
-    y = _labels_first(arrays, "train", train[0], path, cfg.num_classes)
-    x = to_nchw_uint8(train[0], f"{path}[{train[1]}]", notes)
-    y = y if y is not None else to_labels(arrays["y_train"], len(x), f"{path}[y_train]", cfg.num_classes)
+    y = _labels_first(arrays, "train", train[0], where, cfg.num_classes)
+    x = to_nchw_uint8(train[0], where(train[1]), notes)
+    y = y if y is not None else to_labels(arrays["y_train"], len(x), where("y_train"), cfg.num_classes)
     x_val = y_val = None
     if held_images is not None:
-        y_val = _labels_first(arrays, split, held_images[0], path, cfg.num_classes)
-        x_val = to_nchw_uint8(held_images[0], f"{path}[{held_images[1]}]")
+        y_val = _labels_first(arrays, split, held_images[0], where, cfg.num_classes)
+        x_val = to_nchw_uint8(held_images[0], where(held_images[1]))
         if y_val is None:
-            y_val = to_labels(arrays[f"y_{split}"], len(x_val), f"{path}[y_{split}]", cfg.num_classes)
+            y_val = to_labels(arrays[f"y_{split}"], len(x_val), where(f"y_{split}"), cfg.num_classes)
         if x_val.shape[1:] != x.shape[1:]:
             raise DataError(
                 f"{path}[{held_images[1]}]: image shape {tuple(x_val.shape[1:])}: expected "
@@ -379,13 +430,13 @@ def load_npz(cfg: DataConfig, seed: int) -> DataBundle:
     return bundle
 
 
-def _labels_first(arrays: dict, split: str, images: np.ndarray, path: Path, num_classes: int) -> torch.Tensor | None:
+def _labels_first(arrays: dict, split: str, images: np.ndarray, where, num_classes: int) -> torch.Tensor | None:
     """`y_{split}` checked before its images are converted, where their count is plain (3 or 4 dimensions, not
     empty; else None, and the images' own error comes first): a label error came after the conversion, 14.8 s and
     6.5 GB of RSS into a 3 GB N, H, W, C x_train."""
     if images.ndim not in (3, 4) or not len(images):
         return None
-    return to_labels(arrays[f"y_{split}"], len(images), f"{path}[y_{split}]", num_classes)
+    return to_labels(arrays[f"y_{split}"], len(images), where(f"y_{split}"), num_classes)
 
 
 def _decoded_by(tally: DecodeTally) -> str:
@@ -653,6 +704,7 @@ READERS = {
     "digits": load_digits,
     "synthetic": load_synthetic,
     "npz": load_npz,
+    "npy": load_npy,
     "csv": load_csv,
     "folder": load_folder,
     "store": load_store,
@@ -667,7 +719,7 @@ def long_read_line(cfg: DataConfig) -> str:
     smaller ones, stores, which are read as training goes, and folders, whose scan says its own)."""
     try:
         fmt = detect_format(cfg.source, cfg.format)
-        size = Path(cfg.source).stat().st_size if fmt in ("npz", "csv") else 0
+        size = Path(cfg.source).stat().st_size if fmt in ("npz", "npy", "csv") else 0
     except (UserError, OSError):
         return ""  # load_data says why, in its own words
     if size < READ_LINE_BYTES:
@@ -691,8 +743,16 @@ def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
 
 
 def check_labels_with(labels: str, source: str, fmt: str) -> None:
-    """Refuse `--labels` beside data that holds its own labels: it would be ignored without a word."""
+    """Refuse `--labels` beside data that holds its own labels: it would be ignored without a word; a .npy's
+    labels are a .npy too (a CSV of them names images, which a .npy has not)."""
     if not labels or fmt == "folder":
+        return
+    if fmt == "npy":
+        if Path(labels).suffix.lower() != ".npy":
+            raise DataError(
+                f"--labels {labels}: --data {source} is a .npy of images: expected --labels LABELS.npy, one class "
+                "index an image (np.save)"
+            )
         return
     own = "a store holds the labels it was prepared with" if fmt == "store" else f"{fmt} data holds its own labels"
     raise DataError(
@@ -776,6 +836,11 @@ def load_predict_data(
         y_key = "y_" + key.removeprefix("x_").split("_")[0]
         y = to_labels(arrays[y_key], len(x), f"{source}[{y_key}]", 0) if y_key in arrays else None
         return ArrayDataset(x, y), [str(i) for i in range(len(x))], y_key if y is not None else ""
+    if fmt == "npy":
+        # its images as an .npz's, ids their row numbers; labels where --labels gives them (a .npy), to score
+        x = to_nchw_uint8(_read_npy(Path(source), "--data"), source)
+        y = to_labels(_read_npy(Path(labels_csv), "--labels"), len(x), labels_csv, 0) if labels_csv else None
+        return ArrayDataset(x, y), [str(i) for i in range(len(x))], f"the labels of {labels_csv}" if labels_csv else ""
     if fmt == "digits":
         bundle = load_digits(DataConfig(image_size=image_size, val_fraction=0), 0)
         return bundle.train, [str(i) for i in range(len(bundle.train))], "scikit-learn's digit labels"
@@ -815,4 +880,4 @@ def load_predict_data(
         "store": " (a .cnnpar store is prepare's copy of training images: give predict the image folder itself)",
         "synthetic": " (synthetic data has nothing to predict)",
     }.get(fmt, "")
-    raise DataError(f"{source}: predict reads a .csv, an .npz, an image folder or 'digits', not {fmt!r}{why}")
+    raise DataError(f"{source}: predict reads a .csv, an .npz, a .npy, an image folder or 'digits', not {fmt!r}{why}")

@@ -224,6 +224,7 @@ def unused_flag_notes(fmt: str, data: str, image_shape: str, resize: bool, side:
     resized = f"resized to the model's {side[0]}x{side[1]}"
     kind = {
         "npz": "an .npz, whose arrays keep their own shape",
+        "npy": "a .npy, whose arrays keep their own shape",
         "folder": f"an image folder, whose photos are {resized} as the run's validation read them",
         "digits": f"the built-in digits, {resized}",
     }.get(fmt)
@@ -232,8 +233,8 @@ def unused_flag_notes(fmt: str, data: str, image_shape: str, resize: bool, side:
     notes = []
     if image_shape and fmt != "csv":
         notes.append(f"cnnpar: note: --image-shape {image_shape} not used: it shapes CSV rows, and {data} is {kind}")
-    if resize and fmt not in ("csv", "npz"):
-        notes.append(f"cnnpar: note: --resize not used: it resizes CSV and .npz images, and {data} is {kind}")
+    if resize and fmt not in ("csv", "npz", "npy"):
+        notes.append(f"cnnpar: note: --resize not used: it resizes CSV, .npz and .npy images, and {data} is {kind}")
     return notes
 
 
@@ -282,8 +283,9 @@ def predict(
 
     `tta_level` auto: the test-time views the run evaluated with (its --tta-level / --tta-flip), so the
     predictions are those of the model its val_acc scored; none, flip or flip+translate to choose.
-    `data_format` auto: told from --data's name (csv, npz or folder to say). `labels`: the CSV labelling a flat
-    folder, as `cnnpar train --labels` reads it (its labels matched to the run's classes by name), to score it."""
+    `data_format` auto: told from --data's name (csv, npz, npy or folder to say). `labels`: the CSV labelling a flat
+    folder, as `cnnpar train --labels` reads it (its labels matched to the run's classes by name), or the .npy of
+    a .npy's labels (class indices, as an .npz's y_test), to score it."""
     dev = _device(device)
     if note := apple_gpu_note(device):
         print(note, file=sys.stderr, flush=True)
@@ -386,8 +388,8 @@ def predict(
     numbers = class_numbers(names)
     if numbers is not None:
         print(numbered_classes_note(names), file=sys.stderr, flush=True)
-    if labels:
-        numbers = None  # matched to the model's classes by name: already indices
+    if labels and fmt == "folder":
+        numbers = None  # matched to the model's classes by name: already indices (a .npy's are read as an .npz's)
     if label_origin and fmt == "npz" and (own := npz_class_names(data)) is not None:
         labels, note = _labels_by_name(ds.y, own, names, f"{data}[{label_origin}]", _npz_run_before_names(state))
         if note:

@@ -156,7 +156,12 @@ class RunSpec:
         if found in ("npz", "csv") and not Path(self.data).is_file():  # else each runner says it, one after another
             raise ConfigError(f"--data {self.data}: no such file: expected an existing .{found} file")
         if found not in ARRAY_FORMATS:
-            what = {"folder": "an image folder", "store": "a .cnnpar store"}.get(found, f"{found} data")
+            what = {
+                "folder": "an image folder",
+                "store": "a .cnnpar store",
+                # compare has no --labels to pair it with: one archive carries both to every runner
+                "npy": "a .npy of images, with no --labels here (np.savez(F, x_train=x, y_train=y) makes an .npz)",
+            }.get(found, f"{found} data")
             raise ConfigError(
                 f"--data {self.data}: {what}: expected the built-in digits, an .npz or a .csv, which every framework "
                 "reads as the same in-memory arrays"

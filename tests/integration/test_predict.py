@@ -225,7 +225,7 @@ def test_predict_digits_runs_and_says_why_it_ignores_impossible_labels(capsys, m
     # the CSV-trained model reads 16x16: the digits' own 8x8 enlarged, which a model of other data is told
     assert "the built-in digits are 8x8 images, resized to the model's 16x16 (it was trained on" in captured.err
     assert main(["predict", "--checkpoint", str(run_dir), "--data", "synthetic"]) == 2
-    assert "predict reads a .csv, an .npz, an image folder or 'digits'" in capsys.readouterr().err
+    assert "predict reads a .csv, an .npz, a .npy, an image folder or 'digits'" in capsys.readouterr().err
 
 
 def test_predict_uses_the_runs_test_time_views_unless_told_and_says_a_digits_score_is_not_held_out(
@@ -440,7 +440,7 @@ def test_predict_reads_a_folder_as_validation_did(tmp_path, capsys):
     assert capsys.readouterr().err == (  # they were silently ignored
         f"cnnpar: note: --image-shape 3x16x16 not used: it shapes CSV rows, and {root} is an image folder, whose "
         "photos are resized to the model's 16x16 as the run's validation read them\n"
-        f"cnnpar: note: --resize not used: it resizes CSV and .npz images, and {root} is an image folder, whose "
+        f"cnnpar: note: --resize not used: it resizes CSV, .npz and .npy images, and {root} is an image folder, whose "
         "photos are resized to the model's 16x16 as the run's validation read them\n"
     )
     assert again.read_bytes() == out.read_bytes()
@@ -664,8 +664,8 @@ def test_predict_reads_a_csv_under_another_name_with_format(tmp_path, capsys, mo
     txt.write_bytes(test.read_bytes())
     assert main(["predict", "--checkpoint", str(run_dir), "--data", str(txt)]) == 2
     assert capsys.readouterr().err == (
-        f"cnnpar: error: {txt}: cannot tell its format from the name: expected a .csv (or .csv.gz), an .npz, an image "
-        "folder or 'digits' (or give --format csv, npz or folder)\n"
+        f"cnnpar: error: {txt}: cannot tell its format from the name: expected a .csv (or .csv.gz), an .npz, a .npy, "
+        "an image folder or 'digits' (or give --format csv, npz, npy or folder)\n"
     )
     assert main(["predict", "--checkpoint", str(run_dir), "--data", str(txt), "--format", "csv"]) == 0
     assert len(_rows(tmp_path / "submission.csv")) == 1 + len(truth)
@@ -716,8 +716,8 @@ def test_predict_notes_image_shape_and_resize_where_they_do_nothing(tmp_path, ca
     assert capsys.readouterr().err == ""  # --resize resizes an .npz's arrays
     assert main(["predict", "--checkpoint", str(run_dir), "--data", "digits", "--resize"]) == 0
     assert capsys.readouterr().err.splitlines()[0] == (
-        "cnnpar: note: --resize not used: it resizes CSV and .npz images, and digits is the built-in digits, resized "
-        "to the model's 16x16"
+        "cnnpar: note: --resize not used: it resizes CSV, .npz and .npy images, and digits is the built-in digits, "
+        "resized to the model's 16x16"
     )
 
 

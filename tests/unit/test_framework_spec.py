@@ -221,6 +221,13 @@ def test_compare_refuses_data_that_only_cnnpars_engine_reads_up_front(tmp_path):
         RunSpec(format="folder")
     with pytest.raises(ConfigError, match=r"--data .*gone\.npz: no such file: expected an existing \.npz file"):
         RunSpec(data=str(tmp_path / "gone.npz"))
+    np.save(tmp_path / "x.npy", np.zeros((4, 8, 8), np.uint8))
+    with pytest.raises(ConfigError) as e:  # it was "npy data": a .npy pair is read by cnnpar train --labels alone
+        RunSpec(data=str(tmp_path / "x.npy"))
+    assert str(e.value).startswith(
+        f"--data {tmp_path / 'x.npy'}: a .npy of images, with no --labels here (np.savez(F, x_train=x, y_train=y) "
+        "makes an .npz): expected the built-in digits, an .npz or a .csv"
+    )
     arrays = write_npz(tmp_path / "d.npz", n_train=8, n_test=None)
     assert RunSpec(data=str(arrays)).data == str(arrays)
 

@@ -330,8 +330,8 @@ def test_predict_refuses_a_store_with_a_store_s_reason(tmp_path):
     with pytest.raises(DataError) as e:
         load_predict_data(str(tmp_path / "split.cnnpar"))
     assert str(e.value) == (
-        f"{tmp_path / 'split.cnnpar'}: predict reads a .csv, an .npz, an image folder or 'digits', not 'store' "
-        "(a .cnnpar store is prepare's copy of training images: give predict the image folder itself)"
+        f"{tmp_path / 'split.cnnpar'}: predict reads a .csv, an .npz, a .npy, an image folder or 'digits', not "
+        "'store' (a .cnnpar store is prepare's copy of training images: give predict the image folder itself)"
     )
     with pytest.raises(DataError, match=r"not 'synthetic' \(synthetic data has nothing to predict\)$"):
         load_predict_data("synthetic")
