@@ -7,6 +7,7 @@ runs out of the device's real memory through the same path."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -139,7 +140,9 @@ def test_the_doctor_and_the_profiler_out_of_memory_say_one_line_and_leave_no_rep
     assert not (tmp_path / "out").exists()  # the report folder it made, with nothing whole in it, is gone
 
 
-def test_a_doctor_try_out_of_memory_says_which_try_and_fewer_tries(tmp_path, monkeypatch, capsys):
+def test_a_doctor_try_out_of_memory_is_that_tries_result_and_the_baselines_report_is_written(
+    tmp_path, monkeypatch, capsys
+):
     from cnnpar.doctor import run as doctor_run
 
     monkeypatch.setattr(doctor_run, "fixed_cost", lambda full, half: 0.9 * full.s_per_batch)  # a batch to try
@@ -151,13 +154,28 @@ def test_a_doctor_try_out_of_memory_says_which_try_and_fewer_tries(tmp_path, mon
         return real(trainer, *args, name=name, **kwargs)
 
     monkeypatch.setattr(doctor_run, "measure_end_to_end", end_to_end)
-    args = ["--warmup-steps", "1", "--measure-steps", "3", "--try", "1", "--out-dir", str(tmp_path / "out")]
-    assert main(["doctor", *TOOL_ARGS, "--model", "cnn3", *args]) == 2
-    line = error_line(capsys.readouterr().err)
-    assert line.startswith("cnnpar: error: the try of larger batch ran out of memory: batch ")
-    assert line.endswith(
-        "expected settings that fit: --try 0 (fewer tries: the baseline fitted, this try's change is what did not)"
+    rep = tmp_path / "rep"
+    args = ["--warmup-steps", "1", "--measure-steps", "3", "--try", "1", "--report-dir", str(rep)]
+    assert main(["doctor", *TOOL_ARGS, "--model", "cnn3", *args]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and "OutOfMemoryError" not in out + err
+    result = json.loads((rep / "doctor.json").read_text())
+    assert [p["name"] for p in result["phases"]][-1] == "end to end"  # the baseline's measurements are kept
+    (failed,) = result["did_not_fit"]
+    batch = failed["change"]["run"]["batch_size"]
+    assert failed["label"] == "larger batch" and batch > 16
+    said = (
+        f"the try of larger batch ran out of memory: batch {batch}/process of 1x8x8 images on GPU 0 (79.19 GiB in "
+        "all); torch tried to allocate 2.00 GiB; expected settings that fit: the measured baseline's (this change is "
+        "not advised)"
     )
+    assert failed["error"] == said
+    assert f"- {said}" in out  # the console's report says it, under its heading
+    assert result["tries"] == [] and result["stopped"] == ""
+    # the batch that did not fit is not advised, in the JSON, the CSV or the report
+    assert "batch" not in [r["key"] for r in result["recommendations"] + result["tried_not_faster"]]
+    assert "batch" not in [r["key"] for r in read_csv(rep / "recommendations.csv")]
+    assert f"- {said}" in (rep / "report.md").read_text()
 
 
 @pytest.mark.parametrize(("spare", "hint"), [("1.20 GiB", False), ("3.50 GiB", True)])
