@@ -15,6 +15,7 @@ from pathlib import Path
 from cnnpar.console import rate_text
 from cnnpar.errors import (
     ConfigError,
+    DeviceMemoryFull,
     EveryRankRefused,
     Terminated,
     UserError,
@@ -24,7 +25,12 @@ from cnnpar.errors import (
     user_error_text,
 )
 from cnnpar.report.files import TEXT
-from cnnpar.torchrun import RUN_DIR_NOTE_ENV, reader_gone_note, refusal_note  # (imports no torch)
+from cnnpar.torchrun import (  # (imports no torch)
+    RUN_DIR_NOTE_ENV,
+    memory_full_note,
+    reader_gone_note,
+    refusal_note,
+)
 
 
 def _rank() -> int:
@@ -78,8 +84,10 @@ def launch_end_line(note: Path, nproc: int) -> str:
         refuse_a_live_run(Path(run_dir))  # this launch's workers are gone: a claim still held is another run's
     except RunFolderInUse:
         return f"stopped before training began: {run_dir} belongs to a run still in progress"
+    again = shlex.join(["cnnpar", "train", "--resume", run_dir, "--nproc", str(nproc)])
+    fitting = memory_full_note(note)  # a rank ran out of memory: the resume's half batch (main)
     return stopped_line(
-        run_dir, checkpoint_epoch(run_dir), shlex.join(["cnnpar", "train", "--resume", run_dir, "--nproc", str(nproc)])
+        run_dir, checkpoint_epoch(run_dir), again + (fitting.read_text(**TEXT) if fitting.is_file() else "")
     )
 
 
@@ -1035,6 +1043,11 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
 
             write_text_atomic(refusal_note(note), text)
             return 2
+        if isinstance(e, DeviceMemoryFull) and e.resume_flags and note:  # for the launcher's last line
+            from cnnpar.report.files import write_text_atomic
+
+            with contextlib.suppress(OSError):  # the line below is said without it
+                write_text_atomic(memory_full_note(note), e.resume_flags)
         prefix = f"[rank {_rank()}] " if _of_a_job() else ""
         return say_user_error(f"{prefix}{text}")
     except KeyboardInterrupt as e:

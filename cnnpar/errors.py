@@ -45,6 +45,10 @@ class DeviceMemoryFull(UserError):
     """The device ran out of memory for the settings the user chose (a batch, an image size, a model): the phase,
     the batch and the ways out in one line (engine/memory_full), where torch's error came in a traceback."""
 
+    # in a run: what its resume adds to fit, half the batch and twice the accumulation (the same batch per step):
+    # " --batch-size 16 --grad-accum 2"; "" for an odd batch, or outside a run (Trainer._raise_kept sets it)
+    resume_flags: str = ""
+
 
 class Diverged(UserError):
     """Training that stopped being finite. `epoch`, `what` ("train loss", "val loss", "weights": the weights or

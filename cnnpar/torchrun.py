@@ -47,6 +47,13 @@ def refusal_note(run_dir_note: str | Path) -> Path:
     return Path(str(run_dir_note) + ".refused")
 
 
+def memory_full_note(run_dir_note: str | Path) -> Path:
+    """Beside the launcher's run-folder note: a rank ran out of device memory (errors.DeviceMemoryFull) and wrote
+    the flags its resume adds to fit (" --batch-size 16 --grad-accum 2"). The launcher's last line continues with
+    them, as one process's line does: a plain `--resume` runs out of memory again."""
+    return Path(str(run_dir_note) + ".memory-full")
+
+
 def reader_gone_note(run_dir_note: str | Path) -> Path:
     """Beside the launcher's run-folder note: a rank found the reader of the job's output gone (`cnnpar train --nproc
     2 | head -2`; console.StopWhenGone) and stops as by SIGPIPE. The job's stop, as a Ctrl-C is: the other ranks,

@@ -123,6 +123,9 @@ class Recommendation:
     tried_images_per_s: float | None = None
     tried_gain: float | None = None
     notes: list[str] = field(default_factory=list)
+    # where its try ran out of device memory, the line that says so ("the try of larger batch ran out of memory:
+    # batch 256/process ..."): a result, not a failure of the doctor; the recommendation is no longer advised
+    tried_failed: str = ""
 
     def row(self) -> dict:
         return asdict(self)
@@ -455,8 +458,9 @@ def rank_after_tries(recos: list[Recommendation]) -> tuple[list[Recommendation],
     """(advised, tried and not faster). Each recommendation ranks by its best figure: the gain measured on
     the user's own setup where it was tried (it replaces the estimate), else its estimate; so pre-decoding
     estimated at 5x, which `--try` cannot run, stays ahead of a tried 1.05x. Those tried below MIN_GAIN are
-    no longer advised: the measurement overrules the rule of thumb or model that put them in the list."""
-    advised = [r for r in recos if r.tried_gain is None or r.tried_gain >= MIN_GAIN]
+    no longer advised: the measurement overrules the rule of thumb or model that put them in the list; nor are those
+    whose try did not fit the device (`tried_failed`), which are in neither list (the report's `did_not_fit`)."""
+    advised = [r for r in recos if not r.tried_failed and (r.tried_gain is None or r.tried_gain >= MIN_GAIN)]
     advised.sort(key=lambda r: r.est_gain if r.tried_gain is None else r.tried_gain, reverse=True)
     slower = [r for r in recos if r.tried_gain is not None and r.tried_gain < MIN_GAIN]
     return advised, sorted(slower, key=lambda r: r.tried_gain, reverse=True)

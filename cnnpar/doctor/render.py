@@ -46,7 +46,12 @@ def no_advice_line(report: DoctorReport) -> str:
     """The summary when nothing is advised; it names the tries, so it never contradicts the list below it."""
     if report.not_faster:
         return "No change is advised: those tried were not measurably faster, and no other is estimated to gain more."
+    if report.did_not_fit:
+        return "No change is advised: those tried did not fit the device, and no other is estimated to gain more."
     return "No change is estimated to gain more than a few per cent."
+
+
+DID_NOT_FIT = "Tried and did not fit the device (the baseline did: these changes are not advised):"
 
 
 def not_faster_line(r) -> str:
@@ -226,6 +231,8 @@ def markdown(report: DoctorReport, pictures: list[str]) -> str:
     if report.not_faster:
         lines += ["", f"Tried and not faster (measured here under {MIN_GAIN:g}x, so not advised):", ""]
         lines += [f"- {not_faster_line(r)}" for r in report.not_faster]
+    if report.did_not_fit:
+        lines += ["", DID_NOT_FIT, ""] + [f"- {line}" for _, _, line in report.did_not_fit]
     combined = [t for t in report.tries if t[0].startswith("combined")]
     for label, _, p in combined:
         lines += ["", f"{label}: {p.images_per_s:,.1f} images/s ({p.images_per_s / e2e.images_per_s:.2f}x)."]
@@ -266,6 +273,9 @@ def write_report(report: DoctorReport) -> Path:
         "recommendations": reco_rows(report),
         "tried_not_faster": reco_rows(report, advised=False),
         "tries": [{"label": label, "change": change, **p.row()} for label, change, p in report.tries],
+        "did_not_fit": [
+            {"label": label, "change": change, "error": line} for label, change, line in report.did_not_fit
+        ],
         "environment": report.env,
         "config": to_dict(report.cfg),
     }
@@ -326,6 +336,10 @@ def print_report(report: DoctorReport) -> None:
         console.print("tried and not faster (not advised):", highlight=False)
         for r in report.not_faster:
             console.print(f"- {not_faster_line(r).replace('`', '')}", soft_wrap=True, highlight=False)
+    if report.did_not_fit:
+        console.print(DID_NOT_FIT.lower(), highlight=False)
+        for _, _, line in report.did_not_fit:
+            console.print(f"- {line}", soft_wrap=True, highlight=False)
     if report.stopped:
         console.print(stopped_line(report), soft_wrap=True, highlight=False)
     console.print(f"report: {report.report_dir / 'report.md'}")

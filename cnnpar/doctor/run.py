@@ -51,7 +51,7 @@ from cnnpar.engine.memory_full import TRAINING_WAYS, memory_full_said
 from cnnpar.engine.resolved import data_resolved, long_compiles_resolved
 from cnnpar.engine.stops import raise_if_the_stop, the_stop
 from cnnpar.engine.trainer import Trainer
-from cnnpar.errors import DataError, Terminated
+from cnnpar.errors import DataError, DeviceMemoryFull, Terminated
 from cnnpar.host_facts import quota_note, usable_cores
 from cnnpar.parallel.precision import bf16_on
 from cnnpar.presets import with_overrides
@@ -72,6 +72,9 @@ class DoctorReport:
     phases: list[Phase]
     tries: list[tuple[str, dict, Phase]] = field(default_factory=list)  # (label, change, measured end to end)
     not_faster: list[Recommendation] = field(default_factory=list)  # tried here below MIN_GAIN: not advised
+    # the tries that ran out of device memory: (label, change, the line that says so); their recommendations are not
+    # advised. The baseline fitted, so the change is what did not: a result, and the other tries still run
+    did_not_fit: list[tuple[str, dict, str]] = field(default_factory=list)
     marks: list[tuple[str, float, float]] = field(default_factory=list)
     report_dir: Path = Path(".")
     telemetry: Path | None = None
@@ -188,6 +191,9 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
                 if cost := compile_cost_note(r, info.device.type):
                     log(cost)
                 tried = phase(f"try: {r.title}", lambda r=r: _try(rcfg, r.change, info, bundle, opts, r.title))
+                if isinstance(tried, str):
+                    r.tried_failed = _did_not_fit(report, r.title, r.change, tried, log)
+                    continue
                 r.tried_images_per_s = tried.images_per_s
                 r.tried_gain = tried.images_per_s / e2e.images_per_s
                 report.tries.append((r.title, r.change, tried))
@@ -198,7 +204,10 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
                 label = "combined: " + " + ".join(r.title for r in winners)
                 trying = f"combined try of {' + '.join(r.title for r in winners)}"
                 tried = phase(label, lambda: _try(rcfg, change, info, bundle, opts, label))
-                report.tries.append((label, change, tried))
+                if isinstance(tried, str):
+                    _did_not_fit(report, label, change, tried, log)
+                else:
+                    report.tries.append((label, change, tried))
         except BaseException as e:  # Ctrl-C, SIGTERM, or what they broke under the try (engine/stops.the_stop)
             stop = the_stop(e)
             # or a worker killed otherwise (the out-of-memory killer, a decoder's crash): ends the doctor as a stop
@@ -408,16 +417,26 @@ def _search_batch(trainer: Trainer, bundle) -> tuple[int | None, float | None]:
     return choice.batch, best.images_per_s / current.images_per_s
 
 
-def _try(cfg: Config, change: dict, info, bundle, opts: DoctorOptions, label: str) -> Phase:
+# a try that runs out of memory: the baseline fitted and was measured, so the report is written without this change
+TRY_WAYS = "the measured baseline's (this change is not advised)"
+
+
+def _try(cfg: Config, change: dict, info, bundle, opts: DoctorOptions, label: str) -> Phase | str:
+    """The try of `change` measured end to end; or, where it runs out of device memory, the line that says so."""
     trainer = build_trainer(with_overrides(cfg, **change), info, bundle)
-    # the baseline fitted: the try's change (a larger batch, a mode that holds more) is what did not
-    ways = f"--try {opts.try_top - 1} (fewer tries: the baseline fitted, this try's change is what did not)"
-    said = memory_full_said(f"the try of {label}", trainer.cfg.run.batch_size, bundle.shape, info.device, ways)
+    said = memory_full_said(f"the try of {label}", trainer.cfg.run.batch_size, bundle.shape, info.device, TRY_WAYS)
     try:
         with said:
-            phase = measure_end_to_end(trainer, opts.warmup, opts.steps, opts.max_s, name=f"tried: {label}")
+            return measure_end_to_end(trainer, opts.warmup, opts.steps, opts.max_s, name=f"tried: {label}")
+    except DeviceMemoryFull as e:
+        return str(e)
     finally:
         trainer.close()
-    del trainer
-    free_device_memory(info.device)
-    return phase
+        del trainer
+        free_device_memory(info.device)  # (an out-of-memory error's tensors too, before the next try)
+
+
+def _did_not_fit(report: DoctorReport, label: str, change: dict, line: str, log) -> str:
+    report.did_not_fit.append((label, change, line))
+    log(f"doctor: {line}")
+    return line

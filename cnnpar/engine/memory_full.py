@@ -27,9 +27,28 @@ TRAINING_WAYS = (
 EVALUATION_WAYS = "a smaller --batch-size (the evaluation's batch is the training's), or a smaller --image-size"
 
 
-def out_of_memory(e: BaseException) -> torch.cuda.OutOfMemoryError | None:
-    """torch's out-of-memory error behind `e` (itself, or one it was raised from or over: a compiled step's)."""
-    return next((x for x in chain(e) if isinstance(x, torch.cuda.OutOfMemoryError)), None)
+# Device memory that ran out outside the caching allocator, which torch raises as a plain RuntimeError (its
+# AcceleratorError, CuDNNError): only texts that say nothing else. c10_cuda_check's "CUDA error: " + cudaGetErrorString
+# (cudaErrorMemoryAllocation: "out of memory"); TORCH_CUDABLAS_CHECK's cuBLAS status; cuDNN's status (8's ALLOC_FAILED,
+# 9's device allocation; 9's HOST_ALLOCATION_FAILED is the host's memory, not the device's); cuDNN SDPA's own line; the
+# MPS allocator's TORCH_CHECK. ("Not enough memory for workspace!" is raised as OutOfMemoryError itself.)
+_ALLOCATION_FAILED = re.compile(
+    r"CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
+    r"|CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED|CUDA ran out of memory outside PyTorch's allocator"
+    r"|MPS backend out of memory"
+)
+
+
+def out_of_memory(e: BaseException) -> RuntimeError | None:
+    """torch's out-of-memory error behind `e` (itself, or one it was raised from or over: a compiled step's): its
+    OutOfMemoryError, or a RuntimeError that says the device's memory ran out outside the caching allocator."""
+    return next((x for x in chain(e) if _memory_ran_out(x)), None)
+
+
+def _memory_ran_out(e: BaseException) -> bool:
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(e, RuntimeError) and _ALLOCATION_FAILED.search(str(e)) is not None
 
 
 def _bytes(size: str) -> float:

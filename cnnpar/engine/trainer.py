@@ -965,14 +965,21 @@ class Trainer(DivergenceCheck):
         with half the batch and twice the accumulation: the same batch per step, which a plain resume ran out of
         memory on again."""
         kind = next((k for k in (DataError, OutputNotWritable, DeviceMemoryFull) if isinstance(e, k)), None)
+        flags = self._fitting_flags() if kind is DeviceMemoryFull else ""
+        if flags:  # for the launcher of --nproc, whose line continues where this rank's did not (cli.main)
+            e.resume_flags = flags
         saved = self._saved_epoch_now() if kind else 0
         if saved:
             self.stop_said = True
-            again = self._continue_command()
-            batch, accum = self.cfg.run.batch_size, self.cfg.optim.grad_accum
-            if kind is DeviceMemoryFull and batch % 2 == 0:
-                again += f" --batch-size {batch // 2} --grad-accum {2 * accum}"
-            raise kind(f"{user_error_text(e)}; {kept_line(self.run_dir, saved, again)}") from None
+            kept = kind(f"{user_error_text(e)}; {kept_line(self.run_dir, saved, self._continue_command() + flags)}")
+            kept.resume_flags = flags
+            raise kept from None
+
+    def _fitting_flags(self) -> str:
+        """What a resume after running out of memory adds: half the batch and twice the accumulation, the same batch
+        per step ("" for an odd batch)."""
+        batch, accum = self.cfg.run.batch_size, self.cfg.optim.grad_accum
+        return f" --batch-size {batch // 2} --grad-accum {2 * accum}" if batch % 2 == 0 else ""
 
     def _say_stopped(self) -> None:
         """The stop line, what is kept and how to go on; on stderr too where stdout's reader went away (`| head`,

@@ -481,5 +481,7 @@ def test_a_rank_out_of_memory_under_nproc_says_one_line_and_the_other_rank_ends_
     assert "cnnpar: rank 0 stopped: another rank of the job ended; its own error is above" in proc.stderr
     assert "cnnpar: rank 1 failed first (exit code 2); torchrun ended the job" in proc.stderr
     assert proc.returncode == 1  # the launcher's status for a rank that failed, as for a killed one
+    # the launcher's line continues as one process's does: with half the batch and twice the accumulation (a plain
+    # --resume ran out of memory again)
     end = "stopped: the checkpoint in runs/m holds epoch 1; continue with: cnnpar train --resume runs/m --nproc 2"
-    assert proc.stdout.splitlines()[-1] == end
+    assert proc.stdout.splitlines()[-1] == end + " --batch-size 16 --grad-accum 2"

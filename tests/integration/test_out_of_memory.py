@@ -7,6 +7,7 @@ runs out of the device's real memory through the same path."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from cnnpar.cli import main
 from cnnpar.engine import predict, trainer
 from cnnpar.engine.checkpoint import checkpoint_epoch
-from cnnpar.engine.memory_full import memory_full_line
+from cnnpar.engine.memory_full import TRAINING_WAYS, memory_full_line, out_of_memory
 from cnnpar.report.files import read_csv
 from tests.datafiles import write_npz
 
@@ -139,7 +140,9 @@ def test_the_doctor_and_the_profiler_out_of_memory_say_one_line_and_leave_no_rep
     assert not (tmp_path / "out").exists()  # the report folder it made, with nothing whole in it, is gone
 
 
-def test_a_doctor_try_out_of_memory_says_which_try_and_fewer_tries(tmp_path, monkeypatch, capsys):
+def test_a_doctor_try_out_of_memory_is_that_tries_result_and_the_baselines_report_is_written(
+    tmp_path, monkeypatch, capsys
+):
     from cnnpar.doctor import run as doctor_run
 
     monkeypatch.setattr(doctor_run, "fixed_cost", lambda full, half: 0.9 * full.s_per_batch)  # a batch to try
@@ -151,13 +154,28 @@ def test_a_doctor_try_out_of_memory_says_which_try_and_fewer_tries(tmp_path, mon
         return real(trainer, *args, name=name, **kwargs)
 
     monkeypatch.setattr(doctor_run, "measure_end_to_end", end_to_end)
-    args = ["--warmup-steps", "1", "--measure-steps", "3", "--try", "1", "--out-dir", str(tmp_path / "out")]
-    assert main(["doctor", *TOOL_ARGS, "--model", "cnn3", *args]) == 2
-    line = error_line(capsys.readouterr().err)
-    assert line.startswith("cnnpar: error: the try of larger batch ran out of memory: batch ")
-    assert line.endswith(
-        "expected settings that fit: --try 0 (fewer tries: the baseline fitted, this try's change is what did not)"
+    rep = tmp_path / "rep"
+    args = ["--warmup-steps", "1", "--measure-steps", "3", "--try", "1", "--report-dir", str(rep)]
+    assert main(["doctor", *TOOL_ARGS, "--model", "cnn3", *args]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and "OutOfMemoryError" not in out + err
+    result = json.loads((rep / "doctor.json").read_text())
+    assert [p["name"] for p in result["phases"]][-1] == "end to end"  # the baseline's measurements are kept
+    (failed,) = result["did_not_fit"]
+    batch = failed["change"]["run"]["batch_size"]
+    assert failed["label"] == "larger batch" and batch > 16
+    said = (
+        f"the try of larger batch ran out of memory: batch {batch}/process of 1x8x8 images on GPU 0 (79.19 GiB in "
+        "all); torch tried to allocate 2.00 GiB; expected settings that fit: the measured baseline's (this change is "
+        "not advised)"
     )
+    assert failed["error"] == said
+    assert f"- {said}" in out  # the console's report says it, under its heading
+    assert result["tries"] == [] and result["stopped"] == ""
+    # the batch that did not fit is not advised, in the JSON, the CSV or the report
+    assert "batch" not in [r["key"] for r in result["recommendations"] + result["tried_not_faster"]]
+    assert "batch" not in [r["key"] for r in read_csv(rep / "recommendations.csv")]
+    assert f"- {said}" in (rep / "report.md").read_text()
 
 
 @pytest.mark.parametrize(("spare", "hint"), [("1.20 GiB", False), ("3.50 GiB", True)])
@@ -188,3 +206,51 @@ def test_a_real_cuda_out_of_memory_in_train_says_one_line(tmp_path, monkeypatch,
     # c10's format_size says GiB past 1 GiB: 4096.00 GiB (a later torch may word it otherwise)
     assert re.search(r" GiB in all\); torch tried to allocate [\d.]+ [KMGT]iB; expected settings that fit: ", line)
     assert not (tmp_path / "runs").exists()
+
+
+# device memory that ran out outside the caching allocator: torch raises a plain RuntimeError, worded as this torch
+# (2.14, cuDNN 9) and its libraries word them
+ALLOCATION_FAILED = {
+    "cuda": "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call, "
+    "so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    "cublas": "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "cudnn 8": "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "cudnn 9": "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+    "mps": "MPS backend out of memory (MPS allocated: 17.00 GiB, other allocations: 1.20 GiB, max allowed: 18.13 GiB). "
+    "Tried to allocate 256.00 MiB on private pool. Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit "
+    "for memory allocations (may cause system failure).",
+}
+
+
+@pytest.mark.parametrize("library", sorted(ALLOCATION_FAILED))
+def test_a_device_allocation_that_fails_outside_torchs_allocator_says_the_same_one_line(
+    tmp_path, monkeypatch, capsys, library
+):
+    monkeypatch.chdir(tmp_path)
+    real = trainer.maybe_inject_fault
+
+    def fault(e, done, micro_steps, info):
+        if e == 1:
+            raise RuntimeError(ALLOCATION_FAILED[library])
+        return real(e, done, micro_steps, info)
+
+    monkeypatch.setattr(trainer, "maybe_inject_fault", fault)
+    assert main([*SMALL, "--epochs", "1", "--name", "a"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith("cnnpar: error: the training step ran out of memory: batch 16/process of 1x8x8 images on ")
+    assert line.endswith("expected settings that fit: " + TRAINING_WAYS)
+    assert ("torch tried to allocate 256.00 MiB" in line) is (library == "mps")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "CUDA error: device-side assert triggered",  # a bug, not memory: torch's own error stays
+        "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",  # the host's memory, not the device's
+        "CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm( handle, opa, opb, m, n, k)`",
+    ],
+)
+def test_other_device_errors_are_not_called_out_of_memory(text):
+    assert out_of_memory(RuntimeError(text)) is None
+    assert out_of_memory(ValueError(ALLOCATION_FAILED["cuda"])) is None  # only torch's RuntimeErrors
