@@ -187,6 +187,35 @@ def test_torchs_fragmentation_hint_is_kept_only_where_the_unallocated_memory_wou
     assert "tried to allocate 2.00 GiB" in line and "GPU 0 (79.19 GiB in all)" in line
 
 
+# a GPU another job holds most of: torch's per-process lines (NVML) name it, and this process has little in use
+SHARED_OOM = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is "
+    "free. Process 4242 has 60.00 GiB memory in use. Process 777 has 18.11 GiB memory in use. Including non-PyTorch "
+    "memory, this process has 18.11 GiB memory in use. Of the allocated memory 15.50 GiB is allocated by PyTorch, "
+    "and 1.20 GiB is reserved by PyTorch but unallocated."
+)
+
+
+def test_memory_other_processes_hold_is_said_where_torchs_message_shows_it(tmp_path, monkeypatch, capsys):
+    """The line's ways out shrink this run; where another job holds the GPU (torch's message said so, naming each
+    process), the line says how much it holds: it had only "a smaller --batch-size"."""
+    monkeypatch.chdir(tmp_path)
+
+    def fault(e, done, micro_steps, info):
+        raise torch.cuda.OutOfMemoryError(SHARED_OOM)
+
+    monkeypatch.setattr(trainer, "maybe_inject_fault", fault)
+    assert main([*SMALL, "--epochs", "1", "--name", "s"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert (
+        "; torch tried to allocate 2.00 GiB; other processes held 60.02 GiB of the device (nvidia-smi names them); "
+        in line
+    )
+    assert line.endswith(TRAINING_WAYS), line
+    # this process's own use (OOM: 78.11 of 79.19 GiB, 1.06 free) names no other process
+    assert "other processes" not in memory_full_line(torch.cuda.OutOfMemoryError(OOM), "x", 1, (1,), None, "y")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_real_cuda_out_of_memory_in_train_says_one_line(tmp_path, monkeypatch, capsys):
