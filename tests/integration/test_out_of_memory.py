@@ -76,6 +76,24 @@ def test_a_training_step_out_of_memory_says_one_line_keeps_the_epochs_and_contin
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2", "3"]
 
 
+def test_an_odd_batch_that_runs_out_of_memory_continues_with_its_half_rounded_up(tmp_path, monkeypatch, capsys):
+    """Batch 15 has no half: the line's command was a plain `--resume`, which ran out of memory again. It continues
+    with 8 and twice the accumulation (16 per step, one more, which the resume names)."""
+    monkeypatch.chdir(tmp_path)
+    odd = [*SMALL[:-1], "15"]
+    with monkeypatch.context() as full:
+        out_of_memory_in_epoch(full, 2)
+        assert main([*odd, "--epochs", "2", "--name", "odd"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.endswith(
+        "the checkpoint in runs/odd holds epoch 1; continue with: cnnpar train --resume runs/odd --batch-size 8 "
+        "--grad-accum 2"
+    ), line
+    assert main([*SMALL[:-2], "--resume", "runs/odd", "--batch-size", "8", "--grad-accum", "2"]) == 0
+    assert "global batch 15 -> 16 per step" in capsys.readouterr().out
+    assert [r["epoch"] for r in read_csv(tmp_path / "runs" / "odd" / "metrics.csv")] == ["1", "2"]
+
+
 def test_an_evaluation_out_of_memory_before_any_epoch_is_saved_says_its_batch_and_leaves_no_folder(
     tmp_path, monkeypatch, capsys
 ):
