@@ -46,7 +46,7 @@ class DeviceMemoryFull(UserError):
     the batch and the ways out in one line (engine/memory_full), where torch's error came in a traceback."""
 
     # in a run: what its resume adds to fit, half the batch and twice the accumulation (the same batch per step):
-    # " --batch-size 16 --grad-accum 2"; "" for an odd batch, or outside a run (Trainer._raise_kept sets it)
+    # " --batch-size 16 --grad-accum 2"; "" for a batch of 1, or outside a run (Trainer._raise_kept sets it)
     resume_flags: str = ""
 
 

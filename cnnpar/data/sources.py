@@ -288,10 +288,16 @@ def _read_npy(path: Path, flag: str) -> np.ndarray:
     `flag` (--data, --labels) names where the path was given."""
     if not path.is_file():
         raise DataError(f"{flag} {path}: file not found")
-    if zipfile.is_zipfile(path):  # np.load hands back an NpzFile for these, whatever the name says
-        raise DataError(f"{flag} {path}: a zip archive (an .npz?), not a .npy array: expected numpy.save output")
     try:
         with path.open("rb") as f:
+            # np.load's own test (a zip's first record, or an empty zip's end record): it hands back an NpzFile for
+            # these, whatever the name says. zipfile.is_zipfile looks for an end record in a file's last 64 KiB,
+            # where a .npy's pixels can hold its 4 bytes: a valid x.npy was refused as a zip archive
+            if f.read(4) in (b"PK\x03\x04", b"PK\x05\x06"):
+                raise DataError(
+                    f"{flag} {path}: a zip archive (an .npz?), not a .npy array: expected numpy.save output"
+                )
+            f.seek(0)
             version = np.lib.format.read_magic(f)
             header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             _, _, dtype = header(f)

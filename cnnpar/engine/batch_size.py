@@ -29,6 +29,7 @@ import torch.nn as nn
 from cnnpar.config import Config, batch_lr_factor, lr_rule
 from cnnpar.console import rate_text
 from cnnpar.dist import DistInfo, all_reduce_max
+from cnnpar.engine.memory_full import out_of_memory
 from cnnpar.engine.train_step import TrainStep, build_standalone_step
 from cnnpar.parallel.apply import apply_channels_last
 from cnnpar.report.meters import free_device_memory
@@ -204,7 +205,12 @@ def device_probe(
             torch.cuda.synchronize(device)  # note: a CPU-GPU sync point, so the time covers the device's work
             seconds = time.perf_counter() - t0
             return Probe(batch, batch * TIMED_STEPS / seconds, torch.cuda.max_memory_allocated(device) - base)
-        except torch.cuda.OutOfMemoryError:
+        except Exception as e:
+            # memory_full's test, as the run's own line uses: cuBLAS's or cuDNN's allocation that fails outside the
+            # caching allocator (a plain RuntimeError) is out of memory too, a size that does not fit, where it
+            # ended the run's start in a traceback
+            if out_of_memory(e) is None:
+                raise
             return Probe(batch, failed="out of memory")
         finally:
             del step  # with its model, optimizer and weight average

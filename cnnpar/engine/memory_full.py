@@ -17,6 +17,8 @@ _SIZE = r"([\d.]+ (?:bytes|[KMGTP]iB))"  # c10's format_size: "2.00 GiB", "512 b
 _TRIED = re.compile(rf"Tried to allocate {_SIZE}")
 _CAPACITY = re.compile(rf"GPU (\d+) has a total capacity of {_SIZE}")
 _UNALLOCATED = re.compile(rf"{_SIZE} is reserved by PyTorch but unallocated")
+_FREE = re.compile(rf"has a total capacity of {_SIZE} of which {_SIZE} is free")
+_THIS_PROCESS = re.compile(rf"Including non-PyTorch memory, this process has {_SIZE} memory in use")
 _UNITS = {"bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "PiB": 2**50}
 
 # the ways out of a training step that does not fit; an evaluation's batch is the training's (--batch-size)
@@ -75,7 +77,8 @@ def device_words(device: torch.device | None, text: str) -> str:
 
 def torch_detail(text: str) -> str:
     """torch's own detail in one clause: the allocation it tried, and its hint about fragmentation only where it
-    applies (the memory reserved but unallocated would have held that allocation: expandable segments can use it)."""
+    applies (the memory reserved but unallocated would have held that allocation: expandable segments can use it);
+    then what other processes held (`_others_held`)."""
     tried = _TRIED.search(text)
     if not tried:
         return ""
@@ -86,7 +89,21 @@ def torch_detail(text: str) -> str:
             f" while {spare.group(1)} was reserved but unallocated: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
             "may let it fit"
         )
-    return detail
+    return detail + _others_held(text, _bytes(tried.group(1)))
+
+
+def _others_held(text: str, tried: float) -> str:
+    """Where other processes held the memory the allocation needed (the device's total less its free memory and
+    this process's use, from torch's message): said, as torch's own lines named each process; else "". The ways out
+    (a smaller batch) then ask the wrong run to shrink. A share under 1 % of the device is the sizes' rounding."""
+    total, this = _FREE.search(text), _THIS_PROCESS.search(text)
+    if not (total and this):
+        return ""
+    capacity = _bytes(total.group(1))
+    others = capacity - _bytes(total.group(2)) - _bytes(this.group(1))
+    if others < max(tried, capacity / 100):
+        return ""
+    return f"; other processes held {_gib(others)} of the device (nvidia-smi names them)"
 
 
 def memory_full_line(

@@ -977,9 +977,10 @@ class Trainer(DivergenceCheck):
 
     def _fitting_flags(self) -> str:
         """What a resume after running out of memory adds: half the batch and twice the accumulation, the same batch
-        per step ("" for an odd batch)."""
+        per step; an odd batch's half rounded up, one image more per step, which the resume names ("global batch
+        15 -> 16 per step"): a plain resume ran out of memory again ("" for a batch of 1, which has no half)."""
         batch, accum = self.cfg.run.batch_size, self.cfg.optim.grad_accum
-        return f" --batch-size {batch // 2} --grad-accum {2 * accum}" if batch % 2 == 0 else ""
+        return f" --batch-size {(batch + 1) // 2} --grad-accum {2 * accum}" if batch > 1 else ""
 
     def _say_stopped(self) -> None:
         """The stop line, what is kept and how to go on; on stderr too where stdout's reader went away (`| head`,

@@ -7,6 +7,7 @@ import contextlib
 import csv
 import io
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -152,3 +153,23 @@ def test_a_npy_s_images_are_read_into_memory_once_not_trained_from_the_file(tmp_
         f.seek(-1000, 2)
         f.write(b"\xff" * 1000)
     assert np.array_equal(bundle.train.x.numpy(), kept.numpy())
+
+
+def test_a_npy_is_told_from_an_npz_by_its_first_bytes_not_by_a_zip_record_in_its_pixels(tmp_path, capsys):
+    """np.load's own test: an .npz renamed x.npy is refused naming it, and a .npy whose last pixels happen to hold a
+    zip's end-record signature (zipfile.is_zipfile searches a file's last 64 KiB for it) trains as the .npy it is:
+    it was refused as "a zip archive (an .npz?)"."""
+    from cnnpar.config import DataConfig
+    from cnnpar.data.sources import load_data
+
+    x, y = bar_images(32)
+    x[-1, -3, :4] = np.frombuffer(b"PK\x05\x06", np.uint8)  # 48 bytes before the end: the rest reads as its record
+    np.save(tmp_path / "x.npy", x)
+    assert zipfile.is_zipfile(tmp_path / "x.npy")  # what the reader asked
+    np.save(tmp_path / "y.npy", y)
+    bundle = load_data(DataConfig(source=str(tmp_path / "x.npy"), labels=str(tmp_path / "y.npy"), val_fraction=0))
+    assert np.array_equal(bundle.train.x[:, 0].numpy(), x)
+    np.savez(tmp_path / "d.npz", x_train=x, y_train=y)
+    (tmp_path / "d.npz").rename(tmp_path / "z.npy")
+    line = _refusal(["train", "--data", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"), *FAST], capsys)
+    assert line.endswith("z.npy: a zip archive (an .npz?), not a .npy array: expected numpy.save output"), line

@@ -76,6 +76,24 @@ def test_a_training_step_out_of_memory_says_one_line_keeps_the_epochs_and_contin
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2", "3"]
 
 
+def test_an_odd_batch_that_runs_out_of_memory_continues_with_its_half_rounded_up(tmp_path, monkeypatch, capsys):
+    """Batch 15 has no half: the line's command was a plain `--resume`, which ran out of memory again. It continues
+    with 8 and twice the accumulation (16 per step, one more, which the resume names)."""
+    monkeypatch.chdir(tmp_path)
+    odd = [*SMALL[:-1], "15"]
+    with monkeypatch.context() as full:
+        out_of_memory_in_epoch(full, 2)
+        assert main([*odd, "--epochs", "2", "--name", "odd"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.endswith(
+        "the checkpoint in runs/odd holds epoch 1; continue with: cnnpar train --resume runs/odd --batch-size 8 "
+        "--grad-accum 2"
+    ), line
+    assert main([*SMALL[:-2], "--resume", "runs/odd", "--batch-size", "8", "--grad-accum", "2"]) == 0
+    assert "global batch 15 -> 16 per step" in capsys.readouterr().out
+    assert [r["epoch"] for r in read_csv(tmp_path / "runs" / "odd" / "metrics.csv")] == ["1", "2"]
+
+
 def test_an_evaluation_out_of_memory_before_any_epoch_is_saved_says_its_batch_and_leaves_no_folder(
     tmp_path, monkeypatch, capsys
 ):
@@ -185,6 +203,35 @@ def test_torchs_fragmentation_hint_is_kept_only_where_the_unallocated_memory_wou
     )
     assert ("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in line) is hint
     assert "tried to allocate 2.00 GiB" in line and "GPU 0 (79.19 GiB in all)" in line
+
+
+# a GPU another job holds most of: torch's per-process lines (NVML) name it, and this process has little in use
+SHARED_OOM = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is "
+    "free. Process 4242 has 60.00 GiB memory in use. Process 777 has 18.11 GiB memory in use. Including non-PyTorch "
+    "memory, this process has 18.11 GiB memory in use. Of the allocated memory 15.50 GiB is allocated by PyTorch, "
+    "and 1.20 GiB is reserved by PyTorch but unallocated."
+)
+
+
+def test_memory_other_processes_hold_is_said_where_torchs_message_shows_it(tmp_path, monkeypatch, capsys):
+    """The line's ways out shrink this run; where another job holds the GPU (torch's message said so, naming each
+    process), the line says how much it holds: it had only "a smaller --batch-size"."""
+    monkeypatch.chdir(tmp_path)
+
+    def fault(e, done, micro_steps, info):
+        raise torch.cuda.OutOfMemoryError(SHARED_OOM)
+
+    monkeypatch.setattr(trainer, "maybe_inject_fault", fault)
+    assert main([*SMALL, "--epochs", "1", "--name", "s"]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert (
+        "; torch tried to allocate 2.00 GiB; other processes held 60.02 GiB of the device (nvidia-smi names them); "
+        in line
+    )
+    assert line.endswith(TRAINING_WAYS), line
+    # this process's own use (OOM: 78.11 of 79.19 GiB, 1.06 free) names no other process
+    assert "other processes" not in memory_full_line(torch.cuda.OutOfMemoryError(OOM), "x", 1, (1,), None, "y")
 
 
 @pytest.mark.gpu

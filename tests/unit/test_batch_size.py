@@ -290,3 +290,35 @@ def test_slow_rates_keep_three_figures_where_whole_numbers_read_zero():
     ]
     line = BatchChoice(64, "the CPU's fixed size", [Probe(64, 0.4213), Probe(128, failed="out of memory")]).line()
     assert "measured 64: 0.421 img/s, 128: out of memory" in line
+
+
+@pytest.mark.parametrize(
+    ("error", "fits"),
+    [
+        (RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"), False),
+        (RuntimeError("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED"), False),
+        (RuntimeError("CUDA error: device-side assert triggered"), None),  # not memory: still raised
+    ],
+)
+def test_a_probe_whose_allocation_fails_outside_torchs_allocator_is_a_size_that_does_not_fit(monkeypatch, error, fits):
+    """The run's own line calls cuBLAS's and cuDNN's failed allocations out of memory (engine/memory_full); the
+    search took only torch.cuda.OutOfMemoryError as a size that does not fit, and such a failure in a probe ended
+    the run's start in a traceback. The device's calls are stubbed: the probe runs on the CPU."""
+    import torch
+
+    import cnnpar.engine.batch_size as bs
+    from cnnpar.dist import DistInfo
+
+    def step(batches):
+        raise error
+
+    monkeypatch.setattr(bs, "probe_step", lambda *a: step)
+    monkeypatch.setattr(bs, "free_device_memory", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    info = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    measure = bs.device_probe(torch.nn.Linear(1, 1), Config(), info, (1, 8, 8), 10, cuda_graphs=False)
+    if fits is None:
+        with pytest.raises(RuntimeError, match="device-side assert"):
+            measure(64)
+    else:
+        assert measure(64) == Probe(64, failed="out of memory")
