@@ -1,13 +1,15 @@
-"""Another operating system's Python, as far as cnnpar can tell, on this Linux machine (tests/unit/test_platforms.py).
+"""Another operating system's Python, as far as cnnpar can tell, on this Linux machine (test_platforms.py).
 
 Put this folder first on PYTHONPATH and set CNNPAR_SIMULATED_OS to `windows` or `macos`: every Python process that
-starts then (the command, its spawned DataLoader workers) imports this first. What it takes away is what cnnpar's
-own code could reach on those systems and Linux has: POSIX-only modules, functions and signals, and the /proc and
-/dev/shm folders. Multiprocessing starts by spawning there (macOS's default since Python 3.8, Windows' only way).
-Torch itself keeps its Linux build: what differs inside torch on those systems is not simulated.
+starts then (the command, its spawned workers) imports this first. What it takes away is what cnnpar's own code
+could reach on those systems and Linux has: POSIX-only modules, functions and signals, and the /proc, /sys and
+/dev/shm folders; on Windows, too, no folder opens as a file, fsync needs a file opened for writing, and a file this
+process holds open cannot be renamed, replaced or deleted. Multiprocessing spawns (macOS's default since Python 3.8,
+Windows' only way). Torch and psutil keep their Linux code: what differs inside them there is not simulated.
 """
 
 import builtins
+import fcntl  # this module's own, taken before the simulated Windows has none
 import io
 import multiprocessing
 import os
@@ -19,6 +21,7 @@ GONE_FOLDERS = ("/proc", "/sys", "/dev/shm")  # neither system has them (macOS h
 
 WINDOWS_GONE_MODULES = ("fcntl", "resource", "termios", "pty", "tty")
 WINDOWS_GONE_OS = (
+    "O_DIRECTORY",
     "fork",
     "sched_getaffinity",
     "get_blocking",
@@ -56,6 +59,55 @@ def _without_gone_folders(func):
     return checked
 
 
+def _no_folders_opened(func):
+    """Windows' os.open refuses a folder (EACCES): only files open as file descriptors there."""
+
+    def opened(path, flags, *args, **kwargs):
+        if kwargs.get("dir_fd") is None and os.path.isdir(path):
+            raise PermissionError(13, "Permission denied", os.fsdecode(path))
+        return func(path, flags, *args, **kwargs)
+
+    return opened
+
+
+def _no_read_only_fsync(func):
+    """Windows' fsync (FlushFileBuffers) needs a file opened for writing: EBADF on one opened read-only."""
+
+    def synced(fd):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(9, "Bad file descriptor")
+        return func(fd)
+
+    return synced
+
+
+_listdir, _readlink = os.listdir, os.readlink  # the simulation's own, which still see /proc
+
+
+def _open_here(*paths) -> str:
+    """The first of `paths` that this process holds open (a descriptor, a memory map's), or ''."""
+    held = set()
+    for fd in _listdir("/proc/self/fd"):
+        try:
+            held.add(_readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return next((p for p in paths if os.path.realpath(p) in held), "")
+
+
+def _not_while_open(func):
+    """Windows renames, replaces and deletes no file a process holds open (PermissionError, sharing violation);
+    checked for this process's own descriptors."""
+
+    def changed(*paths, **kwargs):
+        opened = _open_here(*(p for p in paths if isinstance(p, (str, bytes, os.PathLike))))
+        if opened:
+            raise PermissionError(13, "The process cannot access the file: it is being used", os.fsdecode(opened))
+        return func(*paths, **kwargs)
+
+    return changed
+
+
 def _simulate(which: str) -> None:
     if which == "windows":
         import psutil  # noqa: F401  its Linux backend needs fcntl and resource; Windows' has a backend of its own
@@ -69,6 +121,10 @@ def _simulate(which: str) -> None:
         for name in WINDOWS_GONE_SIGNALS:
             if hasattr(signal, name):
                 delattr(signal, name)
+        os.open = _no_folders_opened(os.open)
+        os.fsync = _no_read_only_fsync(os.fsync)
+        for name in ("replace", "rename", "unlink", "remove"):
+            setattr(os, name, _not_while_open(getattr(os, name)))
     elif which == "macos":
         del os.sched_getaffinity
     else:
