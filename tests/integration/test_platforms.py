@@ -45,7 +45,7 @@ def test_a_windows_like_python_trains_the_digits_and_predicts_on_its_run(tmp_pat
         assert len(list(csv.DictReader(f))) == 1797  # every built-in digit
 
 
-def test_a_windows_like_python_prepares_a_folder(tmp_path):
+def test_a_windows_like_python_prepares_a_folder_and_trains_from_it_with_a_worker(tmp_path):
     """prepare's decoding workers began with `signal.SIGKILL`, which Windows lacks: each worker failed in its
     initializer, and prepare blamed the out-of-memory killer."""
     env = simulated("windows")
@@ -54,6 +54,8 @@ def test_a_windows_like_python_prepares_a_folder(tmp_path):
     done = run_cli(prepare, tmp_path, timeout=120, **env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "wrote photos.cnnpar: 16 images" in done.stdout + done.stderr
+    train = ["train", "--data", "photos.cnnpar", "--epochs", "1", "--image-size", "16", "--workers", "1"]
+    _finished_run(tmp_path, run_cli([*train, "--val-fraction", "0"], tmp_path, timeout=120, **env))
 
 
 def test_a_macos_like_python_prepares_a_folder_and_trains_from_it_with_spawned_workers(tmp_path):

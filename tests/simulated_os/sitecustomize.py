@@ -122,6 +122,9 @@ def _simulate(which: str) -> None:
             if hasattr(signal, name):
                 delattr(signal, name)
         os.open = _no_folders_opened(os.open)
+        import shutil
+
+        shutil._use_fd_functions = False  # rmtree by names, as on Windows: its fd-based walk opens folders
         os.fsync = _no_read_only_fsync(os.fsync)
         for name in ("replace", "rename", "unlink", "remove"):
             setattr(os, name, _not_while_open(getattr(os, name)))
