@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import os
 import shlex
-import signal
 import sys
 import tempfile
 import warnings
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from cnnpar.console import rate_text
 from cnnpar.errors import (
+    SIGPIPE,
     ConfigError,
     DeviceMemoryFull,
     EveryRankRefused,
@@ -291,7 +291,7 @@ def say_the_reader_gone_to_the_job(stop: KeyboardInterrupt) -> None:
     launcher's run-folder note (torchrun.reader_gone_note): that stop is the job's, as a Ctrl-C is, and the other
     ranks and torchrun say nothing of its end. A no-op for any other stop, or outside `--nproc`'s launcher."""
     note = os.environ.get(RUN_DIR_NOTE_ENV)
-    if note and isinstance(stop, Terminated) and stop.signum == signal.SIGPIPE:
+    if note and isinstance(stop, Terminated) and stop.signum == SIGPIPE:
         with contextlib.suppress(OSError):  # the stop goes on without it, as before
             reader_gone_note(note).touch()
 
@@ -1063,7 +1063,7 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
             raise
         line, code = another_rank_line(e, _rank())
         if line and reader_gone_in_the_job():  # the job's stop, which that rank's end was: quiet, as a Ctrl-C's
-            return stopped(stop_for(signal.SIGPIPE))
+            return stopped(stop_for(SIGPIPE))
         if line:  # the other rank's own error, where it had one, is that rank's to say: no traceback of ours
             print(line, file=sys.stderr, flush=True)
             return code
@@ -1080,7 +1080,7 @@ def stopped(stop: KeyboardInterrupt) -> int:
     terminated = isinstance(stop, Terminated)
     # SIGPIPE (a reader gone, console.StopWhenGone) ends quietly, as `yes | head` does; a command that keeps
     # something (train) has said what on stderr
-    if LAUNCHED_NPROC_ENV not in os.environ and not (terminated and stop.signum == signal.SIGPIPE):
+    if LAUNCHED_NPROC_ENV not in os.environ and not (terminated and stop.signum == SIGPIPE):
         sys.stdout.flush()  # what the command printed (its own stop line) comes first where both go to one file
         said = f"cnnpar: stopped ({stop.signal_name})" if terminated else "cnnpar: interrupted"
         print(said, file=sys.stderr, flush=True)

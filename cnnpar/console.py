@@ -11,11 +11,10 @@ import errno
 import io
 import os
 import select
-import signal
 import sys
 import threading
 
-from cnnpar.errors import OutputNotWritable, note_stop, pending_stop, stop_for
+from cnnpar.errors import SIGPIPE, OutputNotWritable, note_stop, pending_stop, stop_for
 
 
 def _printable(error: UnicodeError) -> tuple[str | bytes, int]:
@@ -104,6 +103,8 @@ class StopWhenGone:
         BlockingIOError (EAGAIN), which ended the command as a stream that cannot be written."""
         try:
             return isinstance(self.stream, io.TextIOWrapper) and not os.get_blocking(self.stream.fileno())
+        except AttributeError:  # Windows' Python before 3.12 has no os.get_blocking: its pipes block
+            return False
         except (OSError, ValueError, io.UnsupportedOperation):
             return False
 
@@ -155,9 +156,9 @@ class StopWhenGone:
                     # this reader gone stays that stop: raised again, its clean-up after the line was cut short
                     # and its exit status (143, 130) read 141
                     if pending_stop() is None:
-                        note_stop(signal.SIGPIPE)
+                        note_stop(SIGPIPE)
                         if threading.current_thread() is threading.main_thread():
-                            raise stop_for(signal.SIGPIPE) from None
+                            raise stop_for(SIGPIPE) from None
                 return
             self._to_devnull()
             self.gone = True

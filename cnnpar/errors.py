@@ -154,6 +154,8 @@ class Terminated(KeyboardInterrupt):
 
     @property
     def signal_name(self) -> str:
+        if self.signum not in signal.valid_signals():
+            return "SIGPIPE"  # the one stop (a reader gone) whose signal Windows lacks: errors.SIGPIPE
         return signal.Signals(self.signum).name
 
 
@@ -162,6 +164,12 @@ class Terminated(KeyboardInterrupt):
 # kernel sends it to the terminal's foreground group). Python's default for SIGHUP ended the run at once, as a
 # SIGKILL would: no stop line, its DataLoader workers left to torch's watchdog. `nohup` leaves it ignored.
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+# Windows has neither SIGPIPE nor SIGKILL, and `signal.SIGPIPE` there stopped a command with an AttributeError:
+# Linux's numbers stand in, so a reader gone still stops as by SIGPIPE (exit 141), and a comparison with SIGKILL
+# is simply never true (nothing is killed by it there)
+SIGPIPE = getattr(signal, "SIGPIPE", 13)
+SIGKILL = getattr(signal, "SIGKILL", 9)
 
 
 # The stop the handlers of `stop_on_signals` saw (SIGTERM, SIGHUP or SIGINT), kept beside the exception they raise:

@@ -179,15 +179,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    import signal
-
-    from cnnpar.errors import UserError, first_line, user_error_text
+    from cnnpar.errors import SIGKILL, UserError, first_line, user_error_text
     from cnnpar.process_tree import end_with_parent_named_in
     from cnnpar.report.files import write_json_atomic
     from cnnpar.socket_folder import init_socket_folder
 
     # as the parent's own limit would: nothing here is worth keeping
-    end_with_parent_named_in(PARENT_ENV, signal.SIGKILL)
+    end_with_parent_named_in(PARENT_ENV, SIGKILL)
     spec_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
     spec = json.loads(Path(spec_path).read_text())
     try:

@@ -55,7 +55,7 @@ from cnnpar.data.store import (
     new_partial_path,
     pack_index,
 )
-from cnnpar.errors import DataError, UserError, raise_pending_stop
+from cnnpar.errors import SIGKILL, DataError, UserError, raise_pending_stop
 from cnnpar.host_facts import higher_limit, usable_cores
 from cnnpar.process_tree import end_with_parent
 from cnnpar.report.files import fsync_path, unheld
@@ -179,7 +179,7 @@ def start_worker(parent: int) -> None:
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # so does the SIGHUP of a terminal that closed
     # killed with prepare even when prepare is killed outright (kill -9, the OOM killer): no orphans
-    end_with_parent(parent, signal.SIGKILL)
+    end_with_parent(parent, SIGKILL)
 
 
 class OrderedDecode:

@@ -21,7 +21,7 @@ import signal
 
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.store import StoreFile, default_store_path, prepare_args
-from cnnpar.errors import STOP_SIGNALS, DataError, chain
+from cnnpar.errors import SIGKILL, STOP_SIGNALS, DataError, chain
 
 _KILLED = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: ([^.]+)\.")
 # strsignal's words (what torch writes) to the signal: "Segmentation fault" -> SIGSEGV
@@ -45,7 +45,7 @@ def worker_crash_line(sig: signal.Signals, source: str, photos: bool, input_size
     whose workers decode; `input_size`: the model's input side, for the store the advice writes; `labels`: the
     run's --labels CSV, without which the advised prepare of a flat folder is refused)."""
     said = f"a data loader worker crashed ({sig.name}: {signal.strsignal(sig)}) while reading {source}"
-    if sig == signal.SIGKILL:  # no decoder sends itself SIGKILL: the kernel's out-of-memory killer does
+    if sig == SIGKILL:  # no decoder sends itself SIGKILL: the kernel's out-of-memory killer does
         return (
             f"{said}: SIGKILL is most often the kernel's out-of-memory killer (dmesg names it): fewer --workers or "
             "a smaller --batch-size need less memory"

@@ -154,8 +154,8 @@ def kill_stuck(workers, grace_s: float, at_exit: bool = False) -> None:
         return
     # torch's SIGCHLD handler raises "DataLoader worker ... is killed by signal" for the workers of a loader that
     # was never shut down, wherever the main thread is: at the exit, in this clean-up (a shut-down loader's workers
-    # are no longer watched, and other loaders' must stay so)
-    if at_exit and threading.current_thread() is threading.main_thread():
+    # are no longer watched, and other loaders' must stay so). Windows has no SIGCHLD, and torch sets none there
+    if at_exit and threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGCHLD"):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for w in stuck:
         w.kill()

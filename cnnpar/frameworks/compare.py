@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 
 from cnnpar.checkout import env_importing_this_checkout
-from cnnpar.errors import ConfigError
+from cnnpar.errors import SIGKILL, ConfigError
 from cnnpar.frameworks.spec import (
     CSV_PREFIX,
     FRAMEWORKS,
@@ -174,7 +174,7 @@ def failure_note(rc: int, lines: list[str], log_path: Path) -> str:
     if rc < 0:
         sig = -rc
         name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
-        oom = "; out of memory?" if sig == signal.SIGKILL else ""
+        oom = "; out of memory?" if sig == SIGKILL else ""
         return f"killed by {name} (signal {sig}{oom}) (log: {log_path})"
     last = next((ln for ln in reversed(lines) if ln.strip()), "no output")
     diverged = RUNNER_DIVERGED.match(last)

@@ -262,9 +262,17 @@ def remove_dead_temps(path: str | Path) -> None:
             temp.unlink(missing_ok=True)
 
 
+# Whether os.open opens a folder (Linux, macOS: the systems with O_DIRECTORY). Windows opens none (EACCES), and its
+# fsync flushes only a file opened for writing (EBADF): every atomic write, so every run's config.toml, failed there.
+FOLDERS_OPEN = hasattr(os, "O_DIRECTORY")
+
+
 def fsync_path(path: Path) -> None:
-    """Flush a file's data, or a folder's entries (what makes a rename durable), to the disk."""
-    fd = os.open(path, os.O_RDONLY)
+    """Flush a file's data, or a folder's entries (what makes a rename durable), to the disk. On Windows a folder's
+    are left to the file system (NTFS journals its renames), and a file is opened for writing to be flushed."""
+    if not FOLDERS_OPEN and path.is_dir():
+        return
+    fd = os.open(path, os.O_RDONLY if FOLDERS_OPEN else os.O_RDWR)
     try:
         os.fsync(fd)
     finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
-import resource
+import sys
 import time
 from collections.abc import Iterator
 
@@ -26,7 +26,22 @@ def peak_memory(device: torch.device) -> tuple[float, str]:
     process's peak resident set size, which has no reset."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20, CUDA_PEAK
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, CPU_PEAK_RSS  # Linux reports KiB
+    return peak_rss_mb(), CPU_PEAK_RSS
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident set size in MB. ru_maxrss is in KiB on Linux and in bytes on macOS; Windows has
+    no `resource` module (importing it at the top stopped every command that trains there): psutil's peak working
+    set instead."""
+    try:
+        import resource
+    except ImportError:
+        import psutil
+
+        memory = psutil.Process().memory_info()
+        return getattr(memory, "peak_wset", memory.rss) / 2**20  # peak_wset: Windows' own; rss where psutil lacks it
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def sync(device: torch.device) -> None:
