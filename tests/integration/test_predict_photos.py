@@ -178,3 +178,37 @@ def test_predict_on_cuda_decodes_photos_on_the_gpu_as_the_cpu_path_predicts(tmp_
     assert [r[0] for r in a] == [r[0] for r in b]  # the same ids in the same order
     assert sum(x[1] != y[1] for x, y in zip(a, b)) <= 2
     assert max(abs(float(x[3]) - float(y[3])) for x, y in zip(a, b)) < 0.05
+
+
+def test_predict_reads_a_textbook_runs_photos_as_its_evaluation_with_the_same_predictions(tmp_path):
+    """A run of the textbook loader evaluated each photo's shorter side resized, then its centre (TextbookDataset
+    over ImageFolderDataset); predict reads them through that loader now, by workers, and predicts as before."""
+    from cnnpar.data.sources import load_predict_data
+    from cnnpar.data.transforms import DeviceTransform
+    from cnnpar.engine.checkpoint import load_checkpoint
+    from cnnpar.models import build_model
+
+    root = _write_photos(tmp_path / "photos")
+    cfg = Config(
+        data=DataConfig(source=str(root), image_size=16, workers=0, loader="textbook"),
+        speed=SpeedConfig(device="cpu", precision="fp32"),
+        run=RunConfig(epochs=1, batch_size=4, out_dir=str(tmp_path / "runs"), name="t", progress=False,
+                      tensorboard=False),
+    )  # fmt: skip
+    run_dir = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None).fit().run_dir
+    state = load_checkpoint(run_dir / "ckpt" / "last.pt", map_location="cpu")
+    meta = state["meta"]
+    model = build_model(meta["model"], 3, meta["num_classes"], 16, 16)
+    model.load_state_dict(state["model"])
+    model.eval()
+    ds, ids, _ = load_predict_data(str(root), "folder", image_size=16, per_image=True)
+    transform = DeviceTransform(meta["mean"], meta["std"], "none", False, torch.device("cpu"))
+    rows = [["id", "label", "class_name", "confidence"]]
+    with torch.no_grad():  # the old path: a DataLoader of the main process, normalised on the device
+        for x, _ in torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=False):
+            conf, label = model(transform(x, train=False)).float().softmax(1).max(1)
+            for p, q in zip(label.tolist(), conf.tolist()):
+                rows.append([ids[len(rows) - 1], str(p), meta["class_names"][p], f"{q:.5f}"])
+    for workers in (0, 2):
+        out = predict(str(run_dir), str(root), out=str(tmp_path / f"w{workers}.csv"), batch_size=BATCH, workers=workers)
+        assert _rows(out) == rows
