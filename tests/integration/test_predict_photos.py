@@ -174,10 +174,39 @@ def test_predict_on_cuda_decodes_photos_on_the_gpu_as_the_cpu_path_predicts(tmp_
         mp.setattr(predict_loader, "build_loader", seen)
         gpu = predict(str(run_dir), str(root), out=str(tmp_path / "gpu.csv"), device="cuda", batch_size=BATCH)
     assert picked[-1] in ("gpu", "hardware"), picked
-    a, b = _rows(cpu)[1:], _rows(gpu)[1:]
-    assert [r[0] for r in a] == [r[0] for r in b]  # the same ids in the same order
+    _agree(_rows(cpu)[1:], _rows(gpu)[1:])
+
+
+def _agree(a: list[list[str]], b: list[list[str]]) -> None:
+    """Two decoders' predictions: the same ids in the same order, labels equal but for at most a few borderline
+    images (IDCT and resize kernels a few levels apart), confidences close."""
+    assert [r[0] for r in a] == [r[0] for r in b]
     assert sum(x[1] != y[1] for x, y in zip(a, b)) <= 2
     assert max(abs(float(x[3]) - float(y[3])) for x, y in zip(a, b)) < 0.05
+
+
+def test_predict_decode_flag_reaches_the_evaluation_loader(tmp_path, capsys, monkeypatch, photo_run):
+    """--decode gpu on the CPU: the nvJPEG path's CPU stand-in (torchvision decodes, the crop resized by the
+    decoder's loop), as train takes it; its predictions agree with the CPU decoder's."""
+    from cnnpar.engine import predict_loader
+
+    root, run_dir = photo_run
+    picked: list[str] = []
+    build = predict_loader.build_loader
+
+    def seen(bundle, cfg, info, train):
+        picked.append(cfg.data.decode)
+        return build(bundle, cfg, info, train)
+
+    monkeypatch.setattr(predict_loader, "build_loader", seen)
+    words = ["predict", "--checkpoint", str(run_dir), "--data", str(root), "--device", "cpu", "--workers", "0"]
+    assert main([*words, "--out", str(tmp_path / "auto.csv")]) == 0
+    assert main([*words, "--decode", "gpu", "--out", str(tmp_path / "gpu.csv")]) == 0
+    assert picked == ["cpu", "gpu"]  # auto on the CPU: the CPU decoder, as the evaluation's
+    _agree(_rows(tmp_path / "auto.csv")[1:], _rows(tmp_path / "gpu.csv")[1:])
+    with pytest.raises(SystemExit) as e:
+        main([*words, "--decode", "gpus"])
+    assert e.value.code == 2 and "--decode: invalid choice: 'gpus'" in capsys.readouterr().err
 
 
 def test_predict_reads_a_textbook_runs_photos_as_its_evaluation_with_the_same_predictions(tmp_path):
