@@ -402,6 +402,8 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
         a.tta_level,
         a.format,
         labels=a.labels,
+        workers=a.workers,
+        decode=a.decode,
     )
     print(f"wrote {out}")
     return 0
@@ -736,8 +738,8 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from cnnpar.bench.timing import START_FACTOR, TRIAL_SHARE_WORDS
     from cnnpar.checkout import cnnpar_version
-    from cnnpar.cliargs import INF_NO_LIMIT, DefaultsHelpFormatter, add_config_flags, at_least
-    from cnnpar.config import TTA_LEVELS
+    from cnnpar.cliargs import INF_NO_LIMIT, DefaultsHelpFormatter, add_config_flags, at_least, workers_or_auto
+    from cnnpar.config import DECODERS, TTA_LEVELS
     from cnnpar.doctor.options import DoctorOptions, ProfileOptions
 
     p = argparse.ArgumentParser(prog="cnnpar", description="Fast CNN training, measured.")
@@ -905,6 +907,23 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", *TTA_LEVELS],
         help="test-time views averaged per image: none, flip or flip+translate, as cnnpar train --tta-level takes "
         "them; auto: those the run evaluated with (its --tta-level)",
+    )
+    pred.add_argument(
+        "--workers",
+        type=workers_or_auto,
+        default=-1,
+        metavar="N|auto",
+        help="DataLoader worker processes decoding a folder's photos while the model runs, as cnnpar train --workers "
+        "(0: in the main process; at most 4 per usable core); auto (or -1): sized to the machine, the usable cores "
+        "less one, at most 16 (default: auto)",
+    )
+    pred.add_argument(
+        "--decode",
+        default="auto",
+        choices=DECODERS,
+        help="where a folder's JPEGs are decoded, as cnnpar train --decode: cpu (worker processes), gpu, hardware, "
+        "nvimgcodec or nvimgcodec-workers; auto: as the run's evaluation picks it on this device (the GPU's JPEG "
+        "engines where it has them, else nvJPEG with CUDA, else cpu)",
     )
     pred.set_defaults(func=cmd_predict)
 

@@ -134,6 +134,20 @@ def at_least(low: float, kind: type = int):
     return parse
 
 
+def workers_or_auto(text: str) -> int:
+    """`--workers` of a command outside the config (predict): a count >= 0, or auto (-1, as the config's workers
+    takes it: sized to the machine)."""
+    if text.strip().lower() in ("auto", "-1"):
+        return -1
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0 or auto") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a whole number >= 0 or auto")
+    return value
+
+
 def stored_run_config(
     resume: str, out_dir: str = "", name: str = "", search_again: bool = False
 ) -> tuple[Path, Config] | None:

@@ -5,6 +5,7 @@ CSV of id, label (the index), class_name and confidence. Classes named by number
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -35,6 +36,7 @@ from cnnpar.engine.checkpoint import (
     stored_epoch,
 )
 from cnnpar.engine.memory_full import memory_full_said
+from cnnpar.engine.predict_loader import AUTO_WORKERS, photo_batches
 from cnnpar.engine.step import tta_logits
 from cnnpar.engine.trainer import RUN_RECORDS
 from cnnpar.errors import ConfigError, DataError, UserError
@@ -44,18 +46,15 @@ from cnnpar.report.files import check_out_file, refuse_unnameable_out_file, writ
 from cnnpar.report.heartbeat import Heartbeat
 
 
-def _batches(ds, batch_size: int):
-    """Image batches in order: slices of in-memory arrays, or decoded files from a DataLoader."""
-    if isinstance(ds, ArrayDataset):
-        for i in range(0, len(ds), batch_size):
-            yield ds.x[i : i + batch_size]
+def _inputs(ds, data: str, batch_size: int, workers: int, decode: str, dev: torch.device, meta: dict, log):
+    """Normalised input batches on `dev`, in order: in-memory arrays sliced in the main process (workers would only
+    add IPC, as train's auto_workers says), photos read by the run's evaluation loader (engine/predict_loader)."""
+    if not isinstance(ds, ArrayDataset):
+        yield from photo_batches(ds, data, batch_size, workers, decode, dev, meta["mean"], meta["std"], log)
         return
-    if getattr(ds, "answers_batches", False):  # CpuDecodedFolder: a whole batch per call, as validation reads it
-        for i in range(0, len(ds), batch_size):
-            yield ds[list(range(i, min(i + batch_size, len(ds))))][0]
-        return
-    for x, _ in torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=False):
-        yield x
+    transform = DeviceTransform(meta["mean"], meta["std"], "none", False, dev)
+    for i in range(0, len(ds), batch_size):
+        yield transform(ds.x[i : i + batch_size].to(dev), train=False)
 
 
 def checkpoint_line(path: Path, state: dict) -> str:
@@ -277,6 +276,8 @@ def predict(
     data_format: str = "auto",
     log=print,
     labels: str = "",
+    workers: int = AUTO_WORKERS,
+    decode: str = "auto",
 ) -> Path:
     """Write predictions; log the accuracy where the data has labels, and warn on stderr about
     pixels that would make the predictions quietly wrong.
@@ -285,7 +286,8 @@ def predict(
     predictions are those of the model its val_acc scored; none, flip or flip+translate to choose.
     `data_format` auto: told from --data's name (csv, npz, npy or folder to say). `labels`: the CSV labelling a flat
     folder, as `cnnpar train --labels` reads it (its labels matched to the run's classes by name), or the .npy of
-    a .npy's labels (class indices, as an .npz's y_test), to score it."""
+    a .npy's labels (class indices, as an .npz's y_test), to score it. `workers` and `decode`: train's --workers
+    (-1: auto) and --decode, for photos (a folder), which the evaluation's loader reads."""
     dev = _device(device)
     if note := apple_gpu_note(device):
         print(note, file=sys.stderr, flush=True)
@@ -363,14 +365,16 @@ def predict(
     model.to(dev).eval()
     views = _views(state, tta_level, log)
     precision = _precision(run_cfg, dev, log)
-    transform = DeviceTransform(meta["mean"], meta["std"], "none", False, dev)
     preds, confs = [], []
     # no bar and no switch: a line only once a folder takes over EVERY_S, where 200,000 images said nothing
     beat = Heartbeat("predicting", len(ds), "images", log, on=True)
-    with torch.no_grad(), memory_full_said("the prediction", batch_size, (c, h, w), dev, "a smaller --batch-size"):
-        for x in _batches(ds, batch_size):
+    # closed on an error too: a folder's worker processes end with it
+    batches = contextlib.closing(_inputs(ds, data, batch_size, workers, decode, dev, meta, log))
+    full = memory_full_said("the prediction", batch_size, (c, h, w), dev, "a smaller --batch-size")
+    with torch.no_grad(), full, batches as inputs:
+        for x in inputs:
             with precision.autocast():
-                logits = tta_logits(model, transform(x.to(dev), train=False), "flip" in views, "translate" in views)
+                logits = tta_logits(model, x, "flip" in views, "translate" in views)
             logits = logits.float()
             # Checked on the outputs, not the weights: a run that diverged can keep finite weights
             # (lr 1e30) whose outputs still overflow, and argmax over NaN says class 0 with no error.

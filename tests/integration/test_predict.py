@@ -796,13 +796,13 @@ def test_predict_batch_size_is_the_images_of_each_forward_pass_and_changes_no_pr
     monkeypatch.chdir(tmp_path)
     sizes: list[int] = []
 
-    def counted(ds, batch_size):
-        for x in batches(ds, batch_size):
+    def counted(ds, *args):
+        for x in batches(ds, *args):
             sizes.append(len(x))
             yield x
 
-    batches = predict_mod._batches
-    monkeypatch.setattr(predict_mod, "_batches", counted)
+    batches = predict_mod._inputs
+    monkeypatch.setattr(predict_mod, "_inputs", counted)
     assert main(["predict", "--checkpoint", str(run_dir), "--data", str(test), "--out", "one.csv"]) == 0
     assert sizes == [64]  # the default 256: one pass
     sizes.clear()
