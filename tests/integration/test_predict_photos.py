@@ -38,6 +38,21 @@ def _write_photos(root: Path) -> Path:
     return root
 
 
+def _record_loader_configs(mp: pytest.MonkeyPatch) -> list[Config]:
+    """The config of every loader predict builds (engine/predict_loader.build_loader), in order, built as before."""
+    from cnnpar.engine import predict_loader
+
+    seen: list[Config] = []
+    build = predict_loader.build_loader
+
+    def recorded(bundle, cfg, info, train):
+        seen.append(cfg)
+        return build(bundle, cfg, info, train)
+
+    mp.setattr(predict_loader, "build_loader", recorded)
+    return seen
+
+
 @pytest.fixture(scope="module")
 def photo_run(tmp_path_factory, one_thread):
     """A cnn3 trained on 12 photos at 16x16, decoded on the CPU (the evaluation's centre square resized)."""
@@ -126,22 +141,13 @@ def test_predict_names_a_damaged_photo_in_one_line_from_a_worker_too(tmp_path, c
 
 def test_predict_workers_flag_takes_train_s_default_and_caps(tmp_path, capsys, monkeypatch, photo_run):
     """auto (-1, the default) as train's; N capped to 4 a usable core, said in train's line; others refused."""
-    from cnnpar.engine import predict_loader
-
     root, run_dir = photo_run
-    asked: list[int] = []
-    build = predict_loader.build_loader
-
-    def seen(bundle, cfg, info, train):
-        asked.append(cfg.data.workers)
-        return build(bundle, cfg, info, train)
-
-    monkeypatch.setattr(predict_loader, "build_loader", seen)
+    built = _record_loader_configs(monkeypatch)
     monkeypatch.setattr("cnnpar.data.loader.usable_cores", lambda: 1)
     words = ["predict", "--checkpoint", str(run_dir), "--data", str(root), "--batch-size", str(BATCH)]
     assert main([*words, "--out", str(tmp_path / "a.csv")]) == 0
     assert main([*words, "--workers", "auto", "--out", str(tmp_path / "b.csv")]) == 0
-    assert asked == [-1, -1]
+    assert [c.data.workers for c in built] == [-1, -1]
     capsys.readouterr()
     assert main([*words, "--workers", "9", "--out", str(tmp_path / "c.csv")]) == 0
     assert "--workers 9 capped to 4: 4 per usable core (1 core" in capsys.readouterr().out
@@ -159,20 +165,12 @@ def test_predict_workers_flag_takes_train_s_default_and_caps(tmp_path, capsys, m
 def test_predict_on_cuda_decodes_photos_on_the_gpu_as_the_cpu_path_predicts(tmp_path, photo_run):
     """--decode auto on CUDA: the GPU decoder the evaluation picks (its centre-square boxes are the CPU path's; its
     IDCT and resize kernels differ by a few levels), so labels agree but for borderline images, confidences close."""
-    from cnnpar.engine import predict_loader
-
     root, run_dir = photo_run
-    picked: list[str] = []
-    build = predict_loader.build_loader
-
-    def seen(bundle, cfg, info, train):
-        picked.append(cfg.data.decode)
-        return build(bundle, cfg, info, train)
-
     cpu = predict(str(run_dir), str(root), out=str(tmp_path / "cpu.csv"), device="cpu", batch_size=BATCH)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(predict_loader, "build_loader", seen)
+        built = _record_loader_configs(mp)
         gpu = predict(str(run_dir), str(root), out=str(tmp_path / "gpu.csv"), device="cuda", batch_size=BATCH)
+    picked = [c.data.decode for c in built]
     assert picked[-1] in ("gpu", "hardware"), picked
     _agree(_rows(cpu)[1:], _rows(gpu)[1:])
 
@@ -188,21 +186,12 @@ def _agree(a: list[list[str]], b: list[list[str]]) -> None:
 def test_predict_decode_flag_reaches_the_evaluation_loader(tmp_path, capsys, monkeypatch, photo_run):
     """--decode gpu on the CPU: the nvJPEG path's CPU stand-in (torchvision decodes, the crop resized by the
     decoder's loop), as train takes it; its predictions agree with the CPU decoder's."""
-    from cnnpar.engine import predict_loader
-
     root, run_dir = photo_run
-    picked: list[str] = []
-    build = predict_loader.build_loader
-
-    def seen(bundle, cfg, info, train):
-        picked.append(cfg.data.decode)
-        return build(bundle, cfg, info, train)
-
-    monkeypatch.setattr(predict_loader, "build_loader", seen)
+    built = _record_loader_configs(monkeypatch)
     words = ["predict", "--checkpoint", str(run_dir), "--data", str(root), "--device", "cpu", "--workers", "0"]
     assert main([*words, "--out", str(tmp_path / "auto.csv")]) == 0
     assert main([*words, "--decode", "gpu", "--out", str(tmp_path / "gpu.csv")]) == 0
-    assert picked == ["cpu", "gpu"]  # auto on the CPU: the CPU decoder, as the evaluation's
+    assert [c.data.decode for c in built] == ["cpu", "gpu"]  # auto on the CPU: the CPU decoder, as the evaluation's
     _agree(_rows(tmp_path / "auto.csv")[1:], _rows(tmp_path / "gpu.csv")[1:])
     with pytest.raises(SystemExit) as e:
         main([*words, "--decode", "gpus"])
