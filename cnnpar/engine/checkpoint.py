@@ -272,6 +272,18 @@ def require_training_state(state, path: Path) -> dict:
     return state
 
 
+def refuse_nonfinite(state: dict, path: Path) -> None:
+    """A resume from weights or buffers that are not finite: cnnpar never saves them (a diverged epoch stops before
+    its checkpoint), so the file was changed under a valid checksum (edited, another tool's); the resume trained a
+    whole epoch on it, then blamed the learning rate."""
+    for name, t in state["model"].items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise UserError(
+                f"{path}: its model's {name} holds values that are not finite (NaN or inf), which cnnpar train never "
+                "saves: expected an intact checkpoint (an earlier copy of it, or train again)"
+            )
+
+
 MAX_INPUT_VALUES = 3 * MAX_IMAGE_SIZE**2  # one input as large as the largest --image-size makes, in any shape
 MODEL_DESCRIPTION = ("model", "image_shape", "num_classes", "mean", "std", "class_names")  # the 'meta' predict reads
 

@@ -53,6 +53,7 @@ from cnnpar.engine.checkpoint import (
     checkpoint_epoch,
     kept_after_failed_write,
     load_checkpoint,
+    refuse_nonfinite,
     require_training_state,
     save_checkpoint,
 )
@@ -595,6 +596,7 @@ class Trainer(DivergenceCheck):
                 )
             ) from None
         checks.refuse_changed_fields(path, state.get("config", {}))
+        refuse_nonfinite(state, path)
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         try:
             self.optimizer.load_state_dict(state["optimizer"])

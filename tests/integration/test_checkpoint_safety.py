@@ -432,3 +432,18 @@ def test_a_loader_workers_death_by_the_stop_raised_over_it_still_ends_as_a_stop(
     assert proc.returncode == 143, proc.stderr
     assert "stopped: the checkpoint in runs/w holds epoch 1" in proc.stdout
     assert "Traceback" not in proc.stderr and "killed by signal" not in proc.stderr
+
+
+def test_a_checkpoint_whose_weights_are_not_finite_is_refused_before_an_epoch_trains(trained, capsys):
+    """A last.pt changed under valid checksums (edited, another tool's) to hold a NaN weight: the resume trained a
+    whole epoch on it, then blamed the learning rate; cnnpar never saves such weights (a diverged epoch stops first)."""
+    ckpt = trained / "ckpt" / "last.pt"
+    state = torch.load(ckpt, weights_only=True)
+    name = next(k for k, t in state["model"].items() if t.is_floating_point())
+    state["model"][name].view(-1)[0] = float("nan")
+    torch.save(state, ckpt)
+    before = {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()}
+    assert main([*SMALL, "--epochs", "3", "--resume", str(trained)]) == 2
+    err = capsys.readouterr().err
+    assert f"last.pt: its model's {name} holds values that are not finite" in err and "lr" not in err
+    assert {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()} == before  # no epoch 3 recorded
