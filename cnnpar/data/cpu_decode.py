@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset
 
 from cnnpar.data.crop_resize import RRC_SCALE, check_min_scale, draw_crop_boxes
-from cnnpar.data.folder import check_pixel_count, decode_error, decode_rgb, read_encoded
+from cnnpar.data.folder import PathTable, check_pixel_count, decode_error, decode_rgb, read_encoded
 from cnnpar.data.jpeg_header import JpegHeader, read_jpeg_header
 from cnnpar.data.png_header import png_size
 from cnnpar.data.transforms import keyed_generator
@@ -314,7 +314,7 @@ class CpuDecodedFolder(Dataset):
             raise ValueError(f"backend {backend!r}: expected 'simplejpeg' or 'pillow'")
         if backend == "simplejpeg" and simplejpeg_module() is None:
             raise ValueError('backend "simplejpeg": not installed (pip install simplejpeg)')
-        self.files = list(files)
+        self.files = PathTable(files)  # not a list: the workers share it (folder.PathTable)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         self.size, self.train, self.draft, self.backend = size, train, draft, backend
         check_min_scale(min_scale)

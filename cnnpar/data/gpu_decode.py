@@ -52,7 +52,7 @@ from cnnpar.data.crop_resize import (
     resized_crops_loop,
     tail_room,
 )
-from cnnpar.data.folder import check_pixel_count, read_encoded
+from cnnpar.data.folder import PathTable, check_pixel_count, read_encoded
 from cnnpar.data.jpeg_header import decode_route, read_jpeg_header
 from cnnpar.data.private_stream import private_stream
 from cnnpar.data.tv_codecs import tv_codecs
@@ -98,7 +98,7 @@ class EncodedBatch:
 
 class EncodedFolderDataset(Dataset):
     def __init__(self, files: list[Path], labels, size: int) -> None:
-        self.files = list(files)
+        self.files = PathTable(files)  # not a list: the workers share it (folder.PathTable)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         self.size = size
 

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from cnnpar.data.crop_resize import RRC_SCALE, check_min_scale, draw_crop_boxes, resized_crops_flat, tail_room
+from cnnpar.data.folder import PathTable
 from cnnpar.data.store import StoreFile
 
 
@@ -185,7 +186,7 @@ class PreparedFolder(Dataset):
     def __init__(self, files: list, size: int, max_side: int, short_side: int) -> None:
         from cnnpar.data.store_write import Sides
 
-        self.files, self.size = list(files), size
+        self.files, self.size = PathTable(files), size  # not a list: the workers share it (folder.PathTable)
         self.sides = Sides(max_side, short_side)
 
     def __len__(self) -> int:

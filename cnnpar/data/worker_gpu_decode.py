@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 
 from cnnpar.data.cpu_decode import shared_uint8
 from cnnpar.data.crop_resize import RRC_SCALE
+from cnnpar.data.folder import PathTable
 from cnnpar.data.gpu_decode import EncodedFolderDataset, GpuDecoder, collate_encoded
 
 # nvImageCodec's own host threads per worker: the workers already run one per core between them
@@ -50,7 +51,7 @@ class WorkerGpuDecodedFolder(Dataset):
         backend: str = "nvimgcodec",
         min_scale: float = RRC_SCALE[0],
     ) -> None:
-        self.files, self.size, self.train, self.backend = list(files), size, train, backend
+        self.files, self.size, self.train, self.backend = PathTable(files), size, train, backend  # folder.PathTable
         self.min_scale = min_scale
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         self.device = torch.device(device)
