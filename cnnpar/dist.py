@@ -727,6 +727,32 @@ def init_cpu_threads() -> None:
         torch.set_num_threads(cores)
 
 
+def start_cuda(device: torch.device) -> None:
+    """Make `device` the current GPU, which starts this process's CUDA context on it; where that fails, one line
+    naming the device and torch's reason instead of torch's traceback from inside the start. Seen on an H100 whose
+    memory another process held (session 49): the context's own few hundred MiB did not fit, and `set_device`
+    raised "CUDA error: out of memory" before any of cnnpar's phases could say it; a GPU in exclusive-process mode
+    that another process holds fails here too ("busy or unavailable")."""
+    from cnnpar.errors import UserError, first_line
+
+    try:
+        torch.cuda.set_device(device)
+    except (
+        RuntimeError
+    ) as e:  # torch.AcceleratorError (a RuntimeError) in recent torch, a plain RuntimeError in older ones
+        reason = first_line(e)
+        held = (
+            "other processes hold its memory (nvidia-smi names them)"
+            if "out of memory" in reason
+            else "nvidia-smi shows what holds it and its compute mode"
+        )
+        named = device if device.index is not None else "cuda:0"  # "cuda": the current device, 0 at a start
+        raise UserError(
+            f"{named} could not be started: {reason}; {held}: expected a GPU this process can use, another one "
+            "(CUDA_VISIBLE_DEVICES), or --device cpu"
+        ) from None
+
+
 def init_distributed(device_request: str = "auto", debug_single: bool = False, timeout_s: int = 600) -> DistInfo:
     """Join the process group torchrun prepared, or describe a single process.
 
@@ -737,7 +763,7 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     if debug_single_requested(debug_single) or not launched_by_torchrun():
         device = pick_device(device_request, 0)
         if device.type == "cuda":
-            torch.cuda.set_device(device)
+            start_cuda(device)
         _say_apple_gpu_unused(device_request, 0)
         return DistInfo(0, 0, 1, device)
 
@@ -750,12 +776,12 @@ def init_distributed(device_request: str = "auto", debug_single: bool = False, t
     _say_apple_gpu_unused(device_request, rank)
     if world_size == 1:
         if device.type == "cuda":
-            torch.cuda.set_device(device)
+            start_cuda(device)
         return DistInfo(0, 0, 1, device, attempt=local_restart_count())  # one process: its agent's count is the job's
     # set_device before init_process_group: NCCL binds its communicator to the current device,
     # and a wrong one makes every rank's first collective land on GPU 0.
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        start_cuda(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=timeout_s)
     kwargs: dict = {"device_id": device} if device.type == "cuda" else {}

@@ -24,7 +24,7 @@ from cnnpar.data.labels_csv import is_whole_number
 from cnnpar.data.sources import PREDICT_READS, detect_format, load_predict_data, npz_class_names, readable_name
 from cnnpar.data.store_write import Sides
 from cnnpar.data.transforms import DeviceTransform
-from cnnpar.dist import apple_gpu_note, visible_devices_set
+from cnnpar.dist import apple_gpu_note, start_cuda, visible_devices_set
 from cnnpar.engine.averaging import averaged_weights
 from cnnpar.engine.checkpoint import (
     BEST,
@@ -289,6 +289,8 @@ def predict(
     a .npy's labels (class indices, as an .npz's y_test), to score it. `workers` and `decode`: train's --workers
     (-1: auto) and --decode, for photos (a folder), which the evaluation's loader reads."""
     dev = _device(device)
+    if dev.type == "cuda":
+        start_cuda(dev)  # a GPU whose context cannot start: one line (dist.start_cuda), not model.to's traceback
     if note := apple_gpu_note(device):
         print(note, file=sys.stderr, flush=True)
     if batch_size < 1:  # a negative step makes an empty range: a header-only submission, "wrote", exit 0

@@ -23,7 +23,7 @@ import sys
 import torch
 
 from cnnpar.config import setting_name
-from cnnpar.dist import DistInfo, pick_device
+from cnnpar.dist import DistInfo, pick_device, start_cuda
 from cnnpar.errors import ConfigError
 
 
@@ -128,7 +128,7 @@ def init_horovod(device_request: str = "auto") -> DistInfo:
             )
     device = pick_device(device_request, hvd.local_rank(), hvd.local_size())
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        start_cuda(device)
     return DistInfo(hvd.rank(), hvd.local_rank(), hvd.size(), device, collectives=HorovodCollectives(hvd))
 
 

@@ -301,3 +301,46 @@ def test_a_device_allocation_that_fails_outside_torchs_allocator_says_the_same_o
 def test_other_device_errors_are_not_called_out_of_memory(text):
     assert out_of_memory(RuntimeError(text)) is None
     assert out_of_memory(ValueError(ALLOCATION_FAILED["cuda"])) is None  # only torch's RuntimeErrors
+
+
+# CUDA's reason where the context of a new process does not fit on a GPU whose memory another process holds: raised by
+# torch.cuda.set_device, before any of cnnpar's phases (an H100 in session 49)
+CONTEXT_OOM = (
+    "CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation' in https://docs.nvidia.com/cuda/"
+    "cuda-runtime-api/group__CUDART__TYPES.html for more information.\nCUDA kernel errors might be asynchronously "
+    "reported at some other API call, so the stacktrace below might be incorrect."
+)
+
+
+@pytest.mark.parametrize(
+    ("reason", "held"),
+    [
+        (CONTEXT_OOM, "other processes hold its memory"),
+        ("CUDA error: CUDA-capable device(s) is/are busy or unavailable", "nvidia-smi shows what holds it"),
+    ],
+)
+@pytest.mark.parametrize("command", ["train", "predict"])
+def test_a_gpu_whose_context_cannot_start_says_one_line(tmp_path, monkeypatch, capsys, command, reason, held):
+    monkeypatch.chdir(tmp_path)
+    data = write_npz(tmp_path / "d.npz", n_train=64, n_test=16)
+    args = ["--no-progress", "--no-tensorboard", "--workers", "0", "--max-steps", "2", "--data", str(data)]
+    if command == "predict":  # a run to predict with, trained on the CPU before the GPU is faked
+        assert main(["train", "--device", "cpu", "--epochs", "1", "--name", "p", *args]) == 0
+        capsys.readouterr()
+
+    def set_device(device):
+        raise RuntimeError(reason)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    out = tmp_path / "preds.csv"
+    if command == "train":
+        argv = ["train", "--device", "cuda", "--epochs", "1", "--name", "t", *args]
+    else:
+        argv = ["predict", "--checkpoint", "runs/p", "--data", str(data), "--device", "cuda", "--out", str(out)]
+    assert main(argv) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith(f"cnnpar: error: cuda:0 could not be started: {reason.splitlines()[0]}; {held}")
+    assert line.endswith("expected a GPU this process can use, another one (CUDA_VISIBLE_DEVICES), or --device cpu")
+    assert not (tmp_path / "runs" / "t").exists() and not out.exists()
