@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b | s37a | s37b | s41c | s47b | s48a | s48b | s48d | s49a | s42a | s42b | s42c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b | s37a | s37b | s41c | s47b | s48a | s48b | s48d | s49a | s49b | s42a | s42b | s42c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1168,6 +1168,23 @@ time.sleep(300)" "$1" &
       --synthetic-samples 2048 --model resnet18 --batch-size 64 --compile off --epochs 1 --no-progress \
       --out-dir /tmp/s49_oom2
   grep -c "Traceback" "$R/oom_nearly_full.log"; kill $HOG; wait $HOG 2>/dev/null
+  ;;
+s49b)
+  # session 49, call B (one GPU; carry the three small wheels and .devdata/imagenet_sample): issue 11 item 1 as a user
+  # runs it (s48b), then call A's last case again after its fix: all but ~256 MiB of the device held by another
+  # process, cnnpar train must end in one line ("cuda:0 could not be started: CUDA error: out of memory; ..."), exit 2
+  bash "$0" s48b "$OUTDIR"
+  python3 -c "
+import time, torch
+free, _ = torch.cuda.mem_get_info()
+x = torch.empty(int(free - 0.25 * 2**30), dtype=torch.uint8, device='cuda')
+print(f'hog: holding {x.numel() / 2**30:.2f} GiB', flush=True)
+time.sleep(300)" &
+  HOG=$!; sleep 12
+  TAIL=4 logged context_oom 120 python3 -m cnnpar train --device cuda --data synthetic --image-shape 3x32x32 \
+      --synthetic-samples 2048 --model resnet18 --batch-size 64 --compile off --epochs 1 --no-progress \
+      --out-dir /tmp/s49_oom3
+  grep -c "Traceback" "$R/context_oom.log"; kill $HOG; wait $HOG 2>/dev/null
   ;;
 s47b)
   # session 47, call B (one GPU, warm or cold; carry .whl): the founding document's claims table at the session's
