@@ -85,6 +85,35 @@ def test_a_stop_inside_a_call_leaves_the_process_as_it_was_and_the_next_call_tra
     assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "after"]) == 0
 
 
+def test_a_second_ctrl_c_while_a_stopped_call_gives_the_handlers_back_gives_them_all_back(tmp_path, monkeypatch):
+    """Jupyter's interrupt pressed twice: the second one came while the stopped call put the caller's handlers back
+    (seen in a kernel 20 ms after the first), and cnnpar's handler still in place raised there, leaving its SIGTERM
+    and SIGHUP handlers and its unraisable hook in the kernel for good."""
+    from cnnpar import process_state
+
+    before = _process_state()
+    fit, collect = Trainer.fit, process_state.gc.collect
+
+    def stopped_fit(self):
+        os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, as the run starts
+        return fit(self)
+
+    def collect_then_ctrl_c():
+        collect()
+        if errors.pending_stop() is not None:  # the stopped run's iterators finalised, then the second Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(Trainer, "fit", stopped_fit)
+    monkeypatch.setattr(process_state.gc, "collect", collect_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):  # the second Ctrl-C is the caller's, as one a moment later would be
+        main([*TRAIN, "--out-dir", str(tmp_path), "--name", "twice"])
+    monkeypatch.setattr(Trainer, "fit", fit)
+    monkeypatch.setattr(process_state.gc, "collect", collect)
+    assert _process_state() == before
+    assert errors.pending_stop() is None
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "after"]) == 0
+
+
 def test_a_train_in_a_thread_of_its_own_runs(tmp_path):
     """A notebook's background run: Python sets signal handlers only in the main thread (ValueError elsewhere)."""
     import threading
