@@ -1009,6 +1009,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         if e.code:  # argparse refused this node's command line, and said why
             tell_the_job_this_rank_ended()
+        # without argparse's ArgumentError chained to it, which its message already said: IPython (8.x, in a
+        # notebook cell) failed to show a SystemExit with a context, and printed its own AttributeError traceback
+        # ("'tuple' object has no attribute 'tb_frame'", ipython/ipython#13796) below cnnpar's error line
+        e.__suppress_context__ = True
         raise
     if not getattr(args, "func", None):
         parser.print_help()

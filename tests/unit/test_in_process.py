@@ -124,3 +124,33 @@ def test_a_train_in_a_thread_of_its_own_runs(tmp_path):
     thread.join()
     assert ended == [0]
     assert (tmp_path / "t" / "summary.json").is_file()
+
+
+def test_a_refused_flag_raises_its_system_exit_without_argparses_error_chained_to_it(capsys):
+    """Its line already said why; the ArgumentError chained to the SystemExit added a second traceback above it
+    wherever a caller shows the exception."""
+    import traceback
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--epochs", "x"])
+    assert e.value.code == 2 and "argument --epochs: invalid int value: 'x'" in capsys.readouterr().err
+    assert "During handling of the above exception" not in "".join(traceback.format_exception(e.value))
+
+
+def test_a_refused_flag_in_an_ipython_cell_shows_the_system_exit_not_an_error_of_ipythons_own(tmp_path):
+    """IPython 8.x (a notebook's kernel) could not show a SystemExit with a context: its own AttributeError traceback
+    ("'tuple' object has no attribute 'tb_frame'") followed cnnpar's line, as if the kernel had broken."""
+    import subprocess
+
+    pytest.importorskip("IPython")
+    cell = 'from cnnpar.cli import main\\nmain(["train", "--epochs", "x"])'
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        f"InteractiveShell.instance().run_cell('{cell}')\n"
+        "print('after the cell')\n"
+    )
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    shown = done.stdout + done.stderr
+    assert "argument --epochs: invalid int value: 'x'" in shown and "SystemExit" in shown, shown
+    assert "AttributeError" not in shown and "after the cell" in shown, shown
