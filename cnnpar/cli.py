@@ -19,6 +19,7 @@ from cnnpar.errors import (
     EveryRankRefused,
     Terminated,
     UserError,
+    ctrl_c_noted,
     raise_pending_stop,
     say_user_error,
     stop_for,
@@ -1017,9 +1018,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from cnnpar.console import printable_stdio
-    from cnnpar.dist import launched_as_worker, stops_for_a_plain_torchrun, widen_device_queues  # (imports torch)
-    from cnnpar.process_state import stops_for_one_command, torch_settings_kept
+    with ctrl_c_noted() as came:  # torch's first import, which a Ctrl-C raised inside left broken for the process
+        from cnnpar.console import printable_stdio
+        from cnnpar.dist import launched_as_worker, stops_for_a_plain_torchrun, widen_device_queues  # (imports torch)
+        from cnnpar.process_state import stops_for_one_command, torch_settings_kept
+    if came:  # stopped before the command began: nothing to keep or clean up
+        return stopped(KeyboardInterrupt())
 
     # kept for the process (not put back): CUDA reads it when its context starts, and torchrun's workers inherit it
     widen_device_queues()  # before anything starts CUDA

@@ -262,6 +262,29 @@ def stops_held():
     raise_pending_stop()
 
 
+@contextlib.contextmanager
+def ctrl_c_noted() -> Iterator[list[int]]:
+    """A Ctrl-C that comes in the block, where Python's own handler has it, is noted in the list yielded, not raised:
+    for importing torch as a command starts (seconds, in a new process), before `stop_on_signals`. A KeyboardInterrupt
+    raised inside that import left torch half imported for the process's life: in a notebook's kernel every later
+    call, and `import torch` itself, then failed ("SystemError: ... bad call flags") until the kernel was restarted.
+    Only in the main thread, the one Python runs handlers in."""
+    import threading
+
+    came: list[int] = []
+    held = None
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        held = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield came
+    finally:
+        if held is not None:
+            signal.signal(signal.SIGINT, held)
+
+
 def _quiet_while_stopping(hook):
     def unraisable(arg) -> None:
         if _stop_seen is None:

@@ -154,3 +154,30 @@ def test_a_refused_flag_in_an_ipython_cell_shows_the_system_exit_not_an_error_of
     shown = done.stdout + done.stderr
     assert "argument --epochs: invalid int value: 'x'" in shown and "SystemExit" in shown, shown
     assert "AttributeError" not in shown and "after the cell" in shown, shown
+
+
+def test_a_ctrl_c_while_the_first_call_imports_torch_returns_130_and_leaves_torch_whole(tmp_path):
+    """A notebook's first call imports torch (seconds): its interrupt raised inside that import, which left torch
+    half imported in the kernel, and every later call (and `import torch`) failed with a SystemError until a
+    restart. A fresh process whose Ctrl-C comes half-way through torch's import, as a kernel's did."""
+    import subprocess
+
+    code = (
+        "import os, signal, sys\n"
+        "class CtrlC:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch.functional':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "from cnnpar.cli import main\n"
+        "assert 'torch' not in sys.modules\n"
+        "print('rc', main(['models']))\n"
+        "import torch\n"
+        "print('torch', int(torch.ones(2).sum()), 'next rc', main(['models']) )\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "rc 130" in done.stdout and "cnnpar: interrupted" in done.stderr, done.stdout + done.stderr
+    assert "torch 2 next rc 0" in done.stdout
