@@ -218,6 +218,11 @@ def stop_on_signals() -> None:
     def handler(signum, frame):
         global _stop_seen
         _stop_seen = signum
+        if _importing(frame):
+            # raised inside an import, it left that module half made for the process's life: a notebook kernel's
+            # later calls failed on it (sympy's "no attribute 'logic'", under torch) until a restart. The loops'
+            # next safe point raises it (raise_pending_stop), the command's end at the latest.
+            return
         raise stop_for(signum)
 
     handler.raises_stop = True  # stops_held knows it by this
@@ -230,6 +235,15 @@ def stop_on_signals() -> None:
         signal.signal(signal.SIGHUP, handler)
     if not getattr(sys.unraisablehook, "quiet_while_stopping", False):
         sys.unraisablehook = _quiet_while_stopping(sys.unraisablehook)
+
+
+def _importing(frame) -> bool:
+    """Whether `frame` runs inside an import (a module's body, or the import machinery)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def note_stop(signum: int, frame=None) -> None:

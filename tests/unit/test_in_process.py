@@ -181,3 +181,26 @@ def test_a_ctrl_c_while_the_first_call_imports_torch_returns_130_and_leaves_torc
     assert done.returncode == 0, done.stderr
     assert "rc 130" in done.stdout and "cnnpar: interrupted" in done.stderr, done.stdout + done.stderr
     assert "torch 2 next rc 0" in done.stdout
+
+
+def test_a_ctrl_c_during_an_import_inside_a_call_lets_the_module_finish_and_stops_the_call(tmp_path, monkeypatch):
+    """cnnpar's handler raised a kernel's interrupt inside whatever module the run was importing for the first time
+    (sympy, under torch): the module stayed half made, and every later call in the kernel failed on it."""
+    (tmp_path / "imported_during_the_run.py").write_text(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nafter_the_ctrl_c = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fit = Trainer.fit
+
+    def fit_importing(self):
+        import imported_during_the_run  # noqa: F401
+
+        return fit(self)
+
+    monkeypatch.setattr(Trainer, "fit", fit_importing)
+    try:
+        assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "stopped"]) == 130
+        assert sys.modules["imported_during_the_run"].after_the_ctrl_c
+    finally:
+        sys.modules.pop("imported_during_the_run", None)
+    assert errors.pending_stop() is None
