@@ -19,6 +19,7 @@ from cnnpar.errors import (
     EveryRankRefused,
     Terminated,
     UserError,
+    ctrl_c_noted,
     raise_pending_stop,
     say_user_error,
     stop_for,
@@ -1009,13 +1010,20 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         if e.code:  # argparse refused this node's command line, and said why
             tell_the_job_this_rank_ended()
+        # without argparse's ArgumentError chained to it, which its message already said: IPython (8.x, in a
+        # notebook cell) failed to show a SystemExit with a context, and printed its own AttributeError traceback
+        # ("'tuple' object has no attribute 'tb_frame'", ipython/ipython#13796) below cnnpar's error line
+        e.__suppress_context__ = True
         raise
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from cnnpar.console import printable_stdio
-    from cnnpar.dist import launched_as_worker, stops_for_a_plain_torchrun, widen_device_queues  # (imports torch)
-    from cnnpar.process_state import stops_for_one_command, torch_settings_kept
+    with ctrl_c_noted() as came:  # torch's first import, which a Ctrl-C raised inside left broken for the process
+        from cnnpar.console import printable_stdio
+        from cnnpar.dist import launched_as_worker, stops_for_a_plain_torchrun, widen_device_queues  # (imports torch)
+        from cnnpar.process_state import stops_for_one_command, torch_settings_kept
+    if came:  # stopped before the command began: nothing to keep or clean up
+        return stopped(KeyboardInterrupt())
 
     # kept for the process (not put back): CUDA reads it when its context starts, and torchrun's workers inherit it
     widen_device_queues()  # before anything starts CUDA

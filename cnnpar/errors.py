@@ -218,6 +218,11 @@ def stop_on_signals() -> None:
     def handler(signum, frame):
         global _stop_seen
         _stop_seen = signum
+        if _importing(frame):
+            # raised inside an import, it left that module half made for the process's life: a notebook kernel's
+            # later calls failed on it (sympy's "no attribute 'logic'", under torch) until a restart. The loops'
+            # next safe point raises it (raise_pending_stop), the command's end at the latest.
+            return
         raise stop_for(signum)
 
     handler.raises_stop = True  # stops_held knows it by this
@@ -230,6 +235,15 @@ def stop_on_signals() -> None:
         signal.signal(signal.SIGHUP, handler)
     if not getattr(sys.unraisablehook, "quiet_while_stopping", False):
         sys.unraisablehook = _quiet_while_stopping(sys.unraisablehook)
+
+
+def _importing(frame) -> bool:
+    """Whether `frame` runs inside an import (a module's body, or the import machinery)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def note_stop(signum: int, frame=None) -> None:
@@ -260,6 +274,29 @@ def stops_held():
         for sig, handler in held.items():
             signal.signal(sig, handler)
     raise_pending_stop()
+
+
+@contextlib.contextmanager
+def ctrl_c_noted() -> Iterator[list[int]]:
+    """A Ctrl-C that comes in the block, where Python's own handler has it, is noted in the list yielded, not raised:
+    for importing torch as a command starts (seconds, in a new process), before `stop_on_signals`. A KeyboardInterrupt
+    raised inside that import left torch half imported for the process's life: in a notebook's kernel every later
+    call, and `import torch` itself, then failed ("SystemError: ... bad call flags") until the kernel was restarted.
+    Only in the main thread, the one Python runs handlers in."""
+    import threading
+
+    came: list[int] = []
+    held = None
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        held = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield came
+    finally:
+        if held is not None:
+            signal.signal(signal.SIGINT, held)
 
 
 def _quiet_while_stopping(hook):

@@ -39,15 +39,33 @@ def stops_for_one_command():
     try:
         yield
     finally:
-        if errors.pending_stop() is not None:
-            # the stopped command's half-shut DataLoader iterators are finalised here, while their errors are still
-            # kept quiet (stop_on_signals), not later above the caller's own output
-            gc.collect()
-        for s, handler in handlers.items():
-            if handler is not None:  # None: a handler not set from Python, which cannot be put back
-                signal.signal(s, handler)
-        sys.unraisablehook = hook
-        errors.forget_stop()
+        came = None  # the signal of a stop that came meanwhile
+        while True:  # until all is put back: a stop raised here by a handler still in place left the rest in place
+            try:
+                if came is None and errors.pending_stop() is not None:
+                    # the stopped command's half-shut DataLoader iterators are finalised here, while their errors
+                    # are still kept quiet (stop_on_signals), not later above the caller's own output
+                    gc.collect()
+                _put_back(handlers, hook)
+                break
+            except KeyboardInterrupt as e:  # cnnpar's handlers raise Terminated (a KeyboardInterrupt) for the others
+                came = getattr(e, "signum", signal.SIGINT)
+        if came is not None:
+            # a stop that came as the command gave the process back (a second Ctrl-C: Jupyter's interrupt pressed
+            # twice) goes to the caller's own handler, as one a moment later would: Python's KeyboardInterrupt, say
+            signal.raise_signal(came)
+
+
+def _put_back(handlers: dict, hook) -> None:
+    """The caller's stop handlers and unraisable hook put back, and no stop pending. A second Ctrl-C that came while
+    a stopped call put them back (20 ms after the first, in a kernel) was raised by cnnpar's handler still in place,
+    and left the rest of them in the caller's process for good: a notebook kernel's SIGTERM then raised an exception
+    in whatever cell ran, and kept the kernel's dropped errors ("Exception ignored in ...") quiet from then on."""
+    for s, handler in handlers.items():
+        if handler is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(s, handler)
+    sys.unraisablehook = hook
+    errors.forget_stop()
 
 
 def _cuda_started() -> bool:

@@ -85,6 +85,35 @@ def test_a_stop_inside_a_call_leaves_the_process_as_it_was_and_the_next_call_tra
     assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "after"]) == 0
 
 
+def test_a_second_ctrl_c_while_a_stopped_call_gives_the_handlers_back_gives_them_all_back(tmp_path, monkeypatch):
+    """Jupyter's interrupt pressed twice: the second one came while the stopped call put the caller's handlers back
+    (seen in a kernel 20 ms after the first), and cnnpar's handler still in place raised there, leaving its SIGTERM
+    and SIGHUP handlers and its unraisable hook in the kernel for good."""
+    from cnnpar import process_state
+
+    before = _process_state()
+    fit, collect = Trainer.fit, process_state.gc.collect
+
+    def stopped_fit(self):
+        os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, as the run starts
+        return fit(self)
+
+    def collect_then_ctrl_c():
+        collect()
+        if errors.pending_stop() is not None:  # the stopped run's iterators finalised, then the second Ctrl-C
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(Trainer, "fit", stopped_fit)
+    monkeypatch.setattr(process_state.gc, "collect", collect_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):  # the second Ctrl-C is the caller's, as one a moment later would be
+        main([*TRAIN, "--out-dir", str(tmp_path), "--name", "twice"])
+    monkeypatch.setattr(Trainer, "fit", fit)
+    monkeypatch.setattr(process_state.gc, "collect", collect)
+    assert _process_state() == before
+    assert errors.pending_stop() is None
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "after"]) == 0
+
+
 def test_a_train_in_a_thread_of_its_own_runs(tmp_path):
     """A notebook's background run: Python sets signal handlers only in the main thread (ValueError elsewhere)."""
     import threading
@@ -95,3 +124,83 @@ def test_a_train_in_a_thread_of_its_own_runs(tmp_path):
     thread.join()
     assert ended == [0]
     assert (tmp_path / "t" / "summary.json").is_file()
+
+
+def test_a_refused_flag_raises_its_system_exit_without_argparses_error_chained_to_it(capsys):
+    """Its line already said why; the ArgumentError chained to the SystemExit added a second traceback above it
+    wherever a caller shows the exception."""
+    import traceback
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--epochs", "x"])
+    assert e.value.code == 2 and "argument --epochs: invalid int value: 'x'" in capsys.readouterr().err
+    assert "During handling of the above exception" not in "".join(traceback.format_exception(e.value))
+
+
+def test_a_refused_flag_in_an_ipython_cell_shows_the_system_exit_not_an_error_of_ipythons_own(tmp_path):
+    """IPython 8.x (a notebook's kernel) could not show a SystemExit with a context: its own AttributeError traceback
+    ("'tuple' object has no attribute 'tb_frame'") followed cnnpar's line, as if the kernel had broken."""
+    import subprocess
+
+    pytest.importorskip("IPython")
+    cell = 'from cnnpar.cli import main\\nmain(["train", "--epochs", "x"])'
+    code = (
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        f"InteractiveShell.instance().run_cell('{cell}')\n"
+        "print('after the cell')\n"
+    )
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    shown = done.stdout + done.stderr
+    assert "argument --epochs: invalid int value: 'x'" in shown and "SystemExit" in shown, shown
+    assert "AttributeError" not in shown and "after the cell" in shown, shown
+
+
+def test_a_ctrl_c_while_the_first_call_imports_torch_returns_130_and_leaves_torch_whole(tmp_path):
+    """A notebook's first call imports torch (seconds): its interrupt raised inside that import, which left torch
+    half imported in the kernel, and every later call (and `import torch`) failed with a SystemError until a
+    restart. A fresh process whose Ctrl-C comes half-way through torch's import, as a kernel's did."""
+    import subprocess
+
+    code = (
+        "import os, signal, sys\n"
+        "class CtrlC:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch.functional':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "sys.meta_path.insert(0, CtrlC())\n"
+        "from cnnpar.cli import main\n"
+        "assert 'torch' not in sys.modules\n"
+        "print('rc', main(['models']))\n"
+        "import torch\n"
+        "print('torch', int(torch.ones(2).sum()), 'next rc', main(['models']) )\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "rc 130" in done.stdout and "cnnpar: interrupted" in done.stderr, done.stdout + done.stderr
+    assert "torch 2 next rc 0" in done.stdout
+
+
+def test_a_ctrl_c_during_an_import_inside_a_call_lets_the_module_finish_and_stops_the_call(tmp_path, monkeypatch):
+    """cnnpar's handler raised a kernel's interrupt inside whatever module the run was importing for the first time
+    (sympy, under torch): the module stayed half made, and every later call in the kernel failed on it."""
+    (tmp_path / "imported_during_the_run.py").write_text(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nafter_the_ctrl_c = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fit = Trainer.fit
+
+    def fit_importing(self):
+        import imported_during_the_run  # noqa: F401
+
+        return fit(self)
+
+    monkeypatch.setattr(Trainer, "fit", fit_importing)
+    try:
+        assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "stopped"]) == 130
+        assert sys.modules["imported_during_the_run"].after_the_ctrl_c
+    finally:
+        sys.modules.pop("imported_during_the_run", None)
+    assert errors.pending_stop() is None
