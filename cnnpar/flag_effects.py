@@ -238,6 +238,20 @@ def _holds_nothing_out(cfg: Config) -> str:
     return f"--data {cfg.data.source} validates on {split}, so nothing is held out: it applies to data without one"
 
 
+def _nothing_validates(cfg: Config) -> str:
+    """The trainer's `evaluate` runs every --eval-every epochs on the validation split, and with --val-fraction 0 on
+    data without a split of its own there is none: no epoch is evaluated, whatever --eval-every says."""
+    fmt = _source_format(cfg)
+    # a file that is not there cannot be told: the run says so itself, in its own terms
+    told = fmt in ("digits", "synthetic") or (fmt is not None and Path(cfg.data.source).exists())
+    if cfg.data.val_fraction > 0 or not told or _own_validation_split(cfg):
+        return ""
+    return (
+        f"--val-fraction 0 holds nothing out of --data {cfg.data.source}, which has no validation split of its own, "
+        "so no epoch is evaluated: give --val-fraction a share, e.g. 0.2"
+    )
+
+
 def _no_workers(cfg: Config) -> str:
     """data/loader._host_loader: --prefetch-factor and --persistent-workers are settings of the DataLoader's worker
     processes, and a loader with none (--workers 0, or auto on arrays under the fast loader: loader.auto_workers)
@@ -320,6 +334,7 @@ RULES = (
     Rule(("data.crop_min_scale",), _no_random_resized_crops),
     Rule(("data.synthetic_samples",), _not_synthetic),
     Rule(("data.val_fraction",), _holds_nothing_out, _positive),
+    Rule(("run.eval_every",), _nothing_validates),
     Rule(("data.prefetch_factor", "data.persistent_workers"), _no_workers),
     Rule(("optim.bias_decay",), _no_weight_decay, _switched_on),
     Rule(("optim.lr_batch",), _fixed_batch, _positive),

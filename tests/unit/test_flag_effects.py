@@ -318,6 +318,33 @@ def test_val_fraction_typed_for_data_with_its_own_validation_split_is_named_and_
     assert _notes(capsys, "--data", str(with_test), "--val-fraction", "0") == []  # asks for no hold-out
 
 
+def test_eval_every_typed_where_nothing_validates_is_named_and_not_where_a_split_does(capsys, tmp_path):
+    """The trainer evaluates every --eval-every epochs on the validation split: --val-fraction 0 on data without one
+    of its own leaves none, and --eval-every 2 trained as if it had not been typed (found by a flag fuzzer)."""
+    import numpy as np
+
+    from cnnpar.config import DataConfig
+    from cnnpar.data import load_data
+
+    x, y = np.zeros((10, 8, 8), np.uint8), np.arange(10) % 2
+    with_test = tmp_path / "with_test.npz"
+    np.savez(with_test, x_train=x, y_train=y, x_test=x, y_test=y)
+    split = tmp_path / "split"
+    _image_folder(split, "train", "valid")
+    why = "which has no validation split of its own, so no epoch is evaluated: give --val-fraction a share, e.g. 0.2"
+    for source in ("synthetic", "digits"):
+        assert _notes(capsys, "--data", source, "--val-fraction", "0", "--eval-every", "2") == [
+            f"--eval-every 2 not used: --val-fraction 0 holds nothing out of --data {source}, {why}"
+        ]
+        assert load_data(DataConfig(source=source, val_fraction=0.0, synthetic_samples=64)).val is None
+        assert _notes(capsys, "--data", source, "--eval-every", "2") == []  # the default hold-out validates
+    for own in (with_test, split):
+        assert _notes(capsys, "--data", str(own), "--val-fraction", "0", "--eval-every", "2") == [], own
+        assert load_data(DataConfig(source=str(own), val_fraction=0.0)).val is not None, own
+    # a file that is not there: the run says so itself
+    assert _notes(capsys, "--data", str(tmp_path / "gone.npz"), "--val-fraction", "0", "--eval-every", "2") == []
+
+
 def test_lr_batch_typed_beside_a_fixed_batch_is_named_and_not_beside_an_automatic_one(capsys):
     """config.resolve_for_device and the trainer's batch search scale --lr from --lr-batch only to a batch that
     --batch-size auto chose: beside a fixed batch, typed or a preset's, the lr trained as it is."""
