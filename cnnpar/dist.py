@@ -735,8 +735,13 @@ def start_cuda(device: torch.device) -> None:
     that another process holds fails here too ("busy or unavailable")."""
     from cnnpar.errors import UserError, first_line
 
+    index = device.index
     try:
-        torch.cuda.set_device(device)
+        if index is None:
+            # a bare "cuda" (predict's --device cuda) is the current device, as tensors moved to it go there:
+            # set_device refuses a device without an index (ValueError), which ended predict in torch's traceback
+            index = torch.cuda.current_device()
+        torch.cuda.set_device(index)
     except (
         RuntimeError
     ) as e:  # torch.AcceleratorError (a RuntimeError) in recent torch, a plain RuntimeError in older ones
@@ -746,7 +751,7 @@ def start_cuda(device: torch.device) -> None:
             if "out of memory" in reason
             else "nvidia-smi shows what holds it and its compute mode"
         )
-        named = device if device.index is not None else "cuda:0"  # "cuda": the current device, 0 at a start
+        named = f"cuda:{index}" if index is not None else "cuda (the current device)"
         raise UserError(
             f"{named} could not be started: {reason}; {held}: expected a GPU this process can use, another one "
             "(CUDA_VISIBLE_DEVICES), or --device cpu"

@@ -333,6 +333,7 @@ def test_a_gpu_whose_context_cannot_start_says_one_line(tmp_path, monkeypatch, c
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # predict's bare "cuda" is the current device
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
     out = tmp_path / "preds.csv"
     if command == "train":
@@ -344,3 +345,30 @@ def test_a_gpu_whose_context_cannot_start_says_one_line(tmp_path, monkeypatch, c
     assert line.startswith(f"cnnpar: error: cuda:0 could not be started: {reason.splitlines()[0]}; {held}")
     assert line.endswith("expected a GPU this process can use, another one (CUDA_VISIBLE_DEVICES), or --device cpu")
     assert not (tmp_path / "runs" / "t").exists() and not out.exists()
+
+
+def test_predict_on_a_bare_cuda_starts_the_current_device_and_names_it(tmp_path, monkeypatch, capsys):
+    """`predict --device cuda` (no index): torch's own set_device, faked only below it, refuses a device without an
+    index (ValueError, a traceback); the current device is the one its tensors go to, cuda:1 where a notebook made
+    it current before the call."""
+    monkeypatch.chdir(tmp_path)
+    data = write_npz(tmp_path / "d.npz", n_train=64, n_test=16)
+    args = ["--no-progress", "--no-tensorboard", "--workers", "0", "--max-steps", "2", "--data", str(data)]
+    assert main(["train", "--device", "cpu", "--epochs", "1", "--name", "p", *args]) == 0
+    capsys.readouterr()
+    started = []
+
+    def cuda_set_device(index):  # below torch.cuda.set_device: what CUDA is asked to make current
+        started.append(index)
+        raise RuntimeError(CONTEXT_OOM)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch._C, "_cuda_setDevice", cuda_set_device)
+    out = tmp_path / "preds.csv"
+    argv = ["predict", "--checkpoint", "runs/p", "--data", str(data), "--device", "cuda", "--out", str(out)]
+    assert main(argv) == 2
+    assert started == [1]
+    assert error_line(capsys.readouterr().err).startswith("cnnpar: error: cuda:1 could not be started: CUDA error")
+    assert not out.exists()
