@@ -292,9 +292,12 @@ def run_launcher(cmd: Sequence[str], env: dict[str, str]) -> int:
     import signal
     import subprocess
 
-    from cnnpar.errors import Terminated
+    from cnnpar.errors import Terminated, raise_pending_stop
     from cnnpar.process_tree import kill_process_tree
 
+    # a stop that came while the command imported its modules was only noted (errors.stop_on_signals): raised once
+    # the launcher had started, it came after the whole run, which this process's wait below let train to its end
+    raise_pending_stop()
     proc = subprocess.Popen(list(cmd), env={**env, PARENT_ENV: str(os.getpid())}, start_new_session=True)
     try:
         return proc.wait()

@@ -39,7 +39,7 @@ from cnnpar.engine.memory_full import memory_full_said
 from cnnpar.engine.predict_loader import AUTO_WORKERS, photo_batches
 from cnnpar.engine.step import tta_logits
 from cnnpar.engine.trainer import RUN_RECORDS
-from cnnpar.errors import ConfigError, DataError, UserError
+from cnnpar.errors import ConfigError, DataError, UserError, raise_pending_stop
 from cnnpar.models import build_model
 from cnnpar.parallel.precision import Precision
 from cnnpar.report.files import check_out_file, refuse_unnameable_out_file, write_csv_atomic
@@ -375,6 +375,9 @@ def predict(
     full = memory_full_said("the prediction", batch_size, (c, h, w), dev, "a smaller --batch-size")
     with torch.no_grad(), full, batches as inputs:
         for x in inputs:
+            # a stop noted, not raised, inside an import (errors.stop_on_signals): without this the prediction ran
+            # through every image first, and wrote its file, then stopped
+            raise_pending_stop()
             with precision.autocast():
                 logits = tta_logits(model, x, "flip" in views, "translate" in views)
             logits = logits.float()

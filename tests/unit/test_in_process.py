@@ -204,3 +204,52 @@ def test_a_ctrl_c_during_an_import_inside_a_call_lets_the_module_finish_and_stop
     finally:
         sys.modules.pop("imported_during_the_run", None)
     assert errors.pending_stop() is None
+
+
+@pytest.fixture
+def ctrl_c_on_import(tmp_path, monkeypatch):
+    """A module whose first import gets a Ctrl-C half-way, as a command's first imports of a module can: cnnpar's
+    handler notes that stop and lets the import finish (errors.stop_on_signals)."""
+    (tmp_path / "ctrl_c_on_import.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield lambda: __import__("ctrl_c_on_import")
+    sys.modules.pop("ctrl_c_on_import", None)
+
+
+def test_a_ctrl_c_noted_in_an_import_before_nproc_launches_starts_no_launcher(tmp_path, monkeypatch, ctrl_c_on_import):
+    """`train --nproc N`: a Ctrl-C that came while the command imported its modules was only noted, and the
+    launcher started and trained the whole run while this process waited on it, stopping only after it."""
+    from cnnpar import cli
+
+    launched = tmp_path / "launched"
+    check_model = cli.check_model
+
+    def check_model_importing(cfg):
+        ctrl_c_on_import()
+        check_model(cfg)
+
+    monkeypatch.setattr(cli, "check_model", check_model_importing)
+    monkeypatch.setattr(cli, "torchrun_command", lambda n, a: [sys.executable, "-c", f"open({str(launched)!r}, 'w')"])
+    assert main([*TRAIN, "--nproc", "1", "--out-dir", str(tmp_path), "--name", "n"]) == 130
+    assert not launched.exists()
+    assert errors.pending_stop() is None
+
+
+def test_a_ctrl_c_noted_in_an_import_stops_predict_before_it_writes(tmp_path, monkeypatch, capsys, ctrl_c_on_import):
+    """predict's loop had no safe point: a Ctrl-C noted in an import as it started ran the prediction over every
+    image, wrote its file, and only then ended as stopped."""
+    from cnnpar.engine import predict
+
+    assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "p"]) == 0
+    precision = predict._precision
+
+    def precision_importing(*a):
+        ctrl_c_on_import()
+        return precision(*a)
+
+    monkeypatch.setattr(predict, "_precision", precision_importing)
+    out = tmp_path / "preds.csv"
+    argv = ["predict", "--checkpoint", str(tmp_path / "p"), "--data", "digits", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 130
+    assert not out.exists()
+    assert "cnnpar: interrupted" in capsys.readouterr().err
