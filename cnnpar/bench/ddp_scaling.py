@@ -44,7 +44,7 @@ from pathlib import Path
 
 from cnnpar.checkout import ROOT, env_importing_this_checkout, is_checkout
 from cnnpar.config import DEVICES, choice_with_advice, device_advice
-from cnnpar.errors import UserError
+from cnnpar.errors import UserError, raise_pending_stop
 from cnnpar.host_facts import usable_cores
 from cnnpar.process_tree import owned_temp_folder, parent_env, stop_process_tree
 
@@ -282,6 +282,9 @@ def launch(args: argparse.Namespace, world_size: int, threads: int, result: Path
     # torchrun, in a session of its own, ends with this process however it ends: a SIGKILLed `cnnpar bench --ddp`
     # left it and its workers measuring on, reparented to init (cnnpar.torchrun.stop_with_parent)
     env.update(parent_env(PARENT_ENV))
+    # a stop noted, not raised, inside an import (errors.stop_on_signals): each world size launched and measured in
+    # full before `cnnpar bench --ddp` stopped
+    raise_pending_stop()
     print(f"== world size {world_size}: {' '.join(cmd)}", flush=True)
     t0 = time.perf_counter()
     # torchrun stopped with every process it started on any exit from here (a timeout, Ctrl-C, SIGTERM): killing

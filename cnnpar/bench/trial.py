@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cnnpar.errors import raise_pending_stop
 from cnnpar.process_tree import kill_process_tree, owned_temp_folder, parent_env
 
 OK, FAILED, CUT_OFF = "ok", "failed", "cut off"
@@ -117,6 +118,8 @@ def run_child(
     command: Callable[[Path, Path], list[str]] = child_command,
 ) -> ChildResult:
     """Run `spec` in a child process; kill it (and its children) when `limit_s` seconds have passed."""
+    # a stop noted, not raised, inside an import (errors.stop_on_signals): the child started and measured in full
+    raise_pending_stop()
     # a SIGKILLed tune or bench (its child ends with it, `end_with_parent`) never ran the folder's clean-up
     with owned_temp_folder(TRIAL_PREFIX) as tmp:
         spec_path, result_path, log_path = Path(tmp, "spec.json"), Path(tmp, "result.json"), Path(tmp, "child.log")

@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 
 from cnnpar.checkout import env_importing_this_checkout
-from cnnpar.errors import SIGKILL, ConfigError
+from cnnpar.errors import SIGKILL, ConfigError, raise_pending_stop
 from cnnpar.frameworks.spec import (
     CSV_PREFIX,
     FRAMEWORKS,
@@ -112,6 +112,9 @@ def run_framework(fw: Framework, spec: RunSpec, timeout: float) -> tuple[str, st
     a runner silent in a compile or a stuck collective is stopped at the deadline, not when it next prints, and
     torchrun's workers under a `--devices` run, each in a session of its own, go with it (`stop_process_tree`).
     A run stopped so leaves no CSV."""
+    # a stop noted, not raised, inside an import (errors.stop_on_signals), `cnnpar compare`'s own as it began: the
+    # runners started one after another and each trained in full before the command stopped
+    raise_pending_stop()
     logs = Path(spec.out) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{fw.name}.log"

@@ -859,3 +859,26 @@ def test_workers_0_is_the_workers_rungs_count_not_replaced_by_the_cores():
     auto = with_overrides(cfg, data={"workers": -1})  # not given: the cores left after the main process
     [workers] = [p for p in plan_ladder(auto, torch.device("cpu"), load_data(auto.data)) if p.rung.name == "workers"]
     assert workers.cfg.data.workers >= 1
+
+
+def test_a_stop_noted_before_a_ddp_launch_starts_no_torchrun(tmp_path, monkeypatch):
+    """A Ctrl-C noted, not raised, inside an import (errors.stop_on_signals) as `cnnpar bench --ddp` began: every
+    world size launched and measured in full before the command stopped."""
+    import argparse
+    import signal
+    import subprocess
+    import sys
+
+    import cnnpar.bench.ddp_scaling as ddp_scaling
+    from cnnpar import errors
+
+    started = tmp_path / "started"
+    real = subprocess.Popen
+    script = f"open({str(started)!r}, 'w')"
+    monkeypatch.setattr(ddp_scaling.subprocess, "Popen", lambda cmd, **kw: real([sys.executable, "-c", script], **kw))
+    args = argparse.Namespace(**dict.fromkeys(ddp_scaling.WORKER_FLAGS, "1"))
+    args.launch_timeout = 60
+    errors.note_stop(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        ddp_scaling.launch(args, 1, 1, tmp_path / "result.json")
+    assert not started.exists()

@@ -669,3 +669,21 @@ def test_compares_data_epoch_lr_and_seed_flags_are_what_the_torch_run_trained(tm
     assert loss("--lr", "0.02") != plain and loss("--seed", "1") != plain
     header, _ = _torch_compare_run(tmp_path, "--max-train", "0", "--val-fraction", "0.9")
     assert abs(int(header["train_samples"]) - 0.1 * 1797) <= 1  # the digits' 1797 images, 90 % held out
+
+
+def test_a_stop_noted_before_a_runner_starts_no_runner(tmp_path, monkeypatch):
+    """A Ctrl-C noted, not raised, inside an import (errors.stop_on_signals) as `cnnpar compare` began: each runner
+    started and trained in full before the command stopped."""
+    import signal
+    import subprocess
+
+    from cnnpar import errors
+
+    started = tmp_path / "started"
+    real = subprocess.Popen
+    script = f"open({str(started)!r}, 'w')"
+    monkeypatch.setattr(compare.subprocess, "Popen", lambda cmd, **kw: real([sys.executable, "-c", script], **kw))
+    errors.note_stop(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        compare.run_framework(FRAMEWORKS["torch"], RunSpec(out=str(tmp_path)), 60.0)
+    assert not started.exists()

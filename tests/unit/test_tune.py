@@ -347,6 +347,25 @@ def test_the_progress_lines_show_only_the_childs_own_marked_lines():
     assert shown[0].endswith(": starting") and shown[-1].endswith(": static compile ..."), shown
 
 
+def test_a_stop_noted_before_a_trial_starts_no_child(tmp_path):
+    """A Ctrl-C noted, not raised, inside an import (errors.stop_on_signals) as `cnnpar tune` or `bench --claims`
+    began: the child started and measured in full before the command stopped."""
+    import signal
+
+    from cnnpar import errors
+
+    started = tmp_path / "started"
+    errors.note_stop(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        run_child(
+            {},
+            30.0,
+            log=lambda s: None,
+            command=lambda spec, res: [sys.executable, "-c", f"open({str(started)!r}, 'w')"],
+        )
+    assert not started.exists()
+
+
 def test_a_child_that_fails_reports_its_error_line(tmp_path):
     r = run_child(
         {}, 30.0, log=lambda s: None, command=lambda spec, res: [sys.executable, "-c", "raise SystemExit('boom')"]
