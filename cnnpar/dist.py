@@ -557,11 +557,14 @@ def _wait_for_every_start(store: dist.Store, keys: str, world_size: int, timeout
     """Every rank's start as it wrote it, once all have. In waits of a second for all of them (a stop signal is
     handled between them, where one blocking wait held it off until torchrun's SIGKILL); after JOIN_NOTE_AFTER_S one
     line says which ranks this one waits for; JoinFailed naming them after --timeout-s."""
-    from cnnpar.errors import EXIT_COLLECTIVE_TIMED_OUT
+    from cnnpar.errors import EXIT_COLLECTIVE_TIMED_OUT, raise_pending_stop
 
     every = [f"{keys}{r}" for r in range(world_size)]
     began, noted = time.monotonic(), False
     while True:
+        # a stop noted, not raised, inside an import as the rank started (errors.stop_on_signals): it waited here for
+        # ranks that torchrun's SIGTERM had ended, until torchrun's SIGKILL, saying nothing
+        raise_pending_stop()
         waited = time.monotonic() - began
         try:
             store.wait(every, timedelta(seconds=max(0.01, min(1.0, timeout_s - waited))))

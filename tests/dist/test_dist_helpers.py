@@ -161,6 +161,21 @@ def test_a_rank_that_never_joins_is_waited_for_aloud_then_named_with_the_timeout
     )
 
 
+def test_a_stop_noted_in_an_import_ends_the_wait_for_the_other_ranks(agent_store, torchrun_env):
+    """A plain torchrun's SIGTERM, noted, not raised, by rank 0 inside an import as it started (errors.stop_on_signals):
+    it waited here the whole --timeout-s for ranks the same SIGTERM had ended (torchrun's SIGKILL came first)."""
+    import time
+
+    from cnnpar import dist, errors
+
+    as_rank(torchrun_env, 0)
+    errors.note_stop(signal.SIGTERM)
+    began = time.monotonic()
+    with pytest.raises(errors.Terminated):
+        dist.exchange_starts(False, 30)
+    assert time.monotonic() - began < 20
+
+
 BY_HAND = "torchrun sets them; by hand, set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in each process"
 
 
