@@ -60,7 +60,9 @@ class HybridFolder(Dataset):
             raise ValueError(f"share: expected 0 <= share <= 1, got {share}")
         self.share = share
         self.cpu = CpuDecodedFolder(files, labels, size, train, min_scale=min_scale)
-        self.encoded = EncodedFolderDataset(files, labels, size)
+        # the CPU half's path table, not a second one made from the list: 2.5 s and 85 MiB more for ImageNet's
+        # 1.28 million files (folder.PathTable)
+        self.encoded = EncodedFolderDataset(self.cpu.files, labels, size)
 
     def __len__(self) -> int:
         return len(self.encoded)
