@@ -90,6 +90,10 @@ def torch_settings_kept():
         "numpy_rng": np.random.get_state(),
         "python_rng": random.getstate(),
         "cuda_rng": torch.cuda.get_rng_state_all() if _cuda_started() else None,
+        # the caller's current GPU, which the command's start_cuda (dist) changes: a notebook's later `.cuda()` went
+        # to the GPU the call ran on. Only where CUDA had started: set back on a fresh process, it would start a
+        # context on GPU 0 that nothing uses
+        "cuda_device": torch.cuda.current_device() if _cuda_started() else None,
     }
     try:
         yield
@@ -108,3 +112,6 @@ def torch_settings_kept():
         random.setstate(saved["python_rng"])
         if saved["cuda_rng"] is not None:
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        if saved["cuda_device"] is not None:
+            with contextlib.suppress(RuntimeError):  # a CUDA error that ended the command, not hidden by a second
+                torch.cuda.set_device(saved["cuda_device"])

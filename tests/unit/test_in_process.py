@@ -253,3 +253,21 @@ def test_a_ctrl_c_noted_in_an_import_stops_predict_before_it_writes(tmp_path, mo
     assert main(argv) == 130
     assert not out.exists()
     assert "cnnpar: interrupted" in capsys.readouterr().err
+
+
+def test_the_callers_current_gpu_is_put_back(monkeypatch):
+    """A notebook working on cuda:1 called `predict --device cuda:0` (or train, whose rank takes cuda:0): the
+    command made cuda:0 current (dist.start_cuda), and the notebook's later `.cuda()` tensors went there."""
+    from cnnpar import process_state
+
+    current = [1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: current.__setitem__(0, torch.device(device).index))
+    with process_state.torch_settings_kept():
+        torch.cuda.set_device("cuda:0")  # as the command's start does
+        assert current == [0]
+    assert current == [1]
