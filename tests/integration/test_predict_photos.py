@@ -58,14 +58,18 @@ def photo_run(tmp_path_factory, one_thread):
     """A cnn3 trained on 12 photos at 16x16, decoded on the CPU (the evaluation's centre square resized)."""
     folder = tmp_path_factory.mktemp("photos")
     root = _write_photos(folder / "photos")
+    return root, _fit_photo_run(root, folder / "runs", "p", decode="cpu")
+
+
+def _fit_photo_run(root, runs, name: str, **data) -> Path:
+    """The run folder of a cnn3 trained for one epoch on the photos under `root` at 16x16, on the CPU in fp32;
+    `data`: the DataConfig fields that choose the loader (decode=..., loader=...)."""
     cfg = Config(
-        data=DataConfig(source=str(root), image_size=16, workers=0, decode="cpu"),
+        data=DataConfig(source=str(root), image_size=16, workers=0, **data),
         speed=SpeedConfig(device="cpu", precision="fp32"),
-        run=RunConfig(epochs=1, batch_size=4, out_dir=str(folder / "runs"), name="p", progress=False,
-                      tensorboard=False),
-    )  # fmt: skip
-    run_dir = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None).fit().run_dir
-    return root, run_dir
+        run=RunConfig(epochs=1, batch_size=4, out_dir=str(runs), name=name, progress=False, tensorboard=False),
+    )
+    return Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None).fit().run_dir
 
 
 def _rows(path: Path) -> list[list[str]]:
@@ -207,13 +211,7 @@ def test_predict_reads_a_textbook_runs_photos_as_its_evaluation_with_the_same_pr
     from cnnpar.models import build_model
 
     root = _write_photos(tmp_path / "photos")
-    cfg = Config(
-        data=DataConfig(source=str(root), image_size=16, workers=0, loader="textbook"),
-        speed=SpeedConfig(device="cpu", precision="fp32"),
-        run=RunConfig(epochs=1, batch_size=4, out_dir=str(tmp_path / "runs"), name="t", progress=False,
-                      tensorboard=False),
-    )  # fmt: skip
-    run_dir = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), log=lambda *a, **k: None).fit().run_dir
+    run_dir = _fit_photo_run(root, tmp_path / "runs", "t", loader="textbook")
     state = load_checkpoint(run_dir / "ckpt" / "last.pt", map_location="cpu")
     meta = state["meta"]
     model = build_model(meta["model"], 3, meta["num_classes"], 16, 16)
