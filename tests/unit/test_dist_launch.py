@@ -767,10 +767,15 @@ def test_the_launcher_reads_the_rank_of_a_worker_torchrun_names_from_that_worker
 
     from cnnpar.torchrun import TORCHRUN_PROCESS_LOGGER, EndedByTorchrun
 
+    # the worker says it started: until its exec, /proc/PID/environ is the parent's, without RANK (a CI run read it so)
     worker = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RANK": "7", "LOCAL_RANK": "1"}
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+        env={**os.environ, "RANK": "7", "LOCAL_RANK": "1"},
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
+        assert worker.stdout.readline().strip() == "up"
         ended = EndedByTorchrun()
         msg, args = "Unable to shutdown process %s via %s, forcefully exiting via %s", (worker.pid, 15, 9)
         assert ended.filter(logging.LogRecord(TORCHRUN_PROCESS_LOGGER, logging.WARNING, "api.py", 1, msg, args, None))
@@ -778,6 +783,7 @@ def test_the_launcher_reads_the_rank_of_a_worker_torchrun_names_from_that_worker
     finally:
         worker.kill()
         worker.wait()
+        worker.stdout.close()
 
 
 def test_the_launcher_reads_torchruns_own_words_for_the_workers_it_ends():
