@@ -68,6 +68,61 @@ def _put_back(handlers: dict, hook) -> None:
     errors.forget_stop()
 
 
+# torch >= 2.9's per-backend float32 precisions (`torch.backends.<name>.fp32_precision`), each backend's whole value
+# before its operations' values: a backend's operations fall back to it where they say "none", as it to the generic one
+_FP32_BACKENDS = ("", "cudnn", "mkldnn")
+_FP32_OPERATIONS = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+def _fp32_module(name: str):
+    module = torch.backends
+    for part in filter(None, name.split(".")):
+        module = getattr(module, part, None)
+    return module if module is not None and hasattr(module, "fp32_precision") else None  # None: an older torch
+
+
+def _read_refused(read):
+    """A legacy TF32 setting as torch reads it, or None where torch refuses: a caller that set the newer
+    `fp32_precision` API (PyTorch's documented way since 2.9) and not the legacy one left a mix whose legacy reads
+    raise RuntimeError ("... you have used mix of the legacy and new APIs ..."); a command is not stopped by that."""
+    try:
+        return read()
+    except RuntimeError:
+        return None
+
+
+def _fp32_settings() -> dict:
+    return {
+        "matmul_precision": _read_refused(torch.get_float32_matmul_precision),
+        "cudnn_tf32": _read_refused(lambda: torch.backends.cudnn.allow_tf32),
+        # the values the getters resolve (torch has no getter of a raw "none"), which behave as the raw ones did
+        "fp32_precision": {
+            name: module.fp32_precision
+            for name in _FP32_BACKENDS + _FP32_OPERATIONS
+            if (module := _fp32_module(name)) is not None
+        },
+    }
+
+
+def _put_fp32_settings(saved: dict) -> None:
+    """The float32 precisions as `_fp32_settings` read them. The legacy ones through their setters, never
+    `cuda.matmul.allow_tf32`: it is `set_float32_matmul_precision`'s own value ("medium" read back as True would come
+    back "high"), and setting it alone after that call left oneDNN's matmuls at TF32 under "highest", a mix torch
+    refuses to read, which ended every later command from Python in torch's RuntimeError (the GPU tests, session
+    50). Then the newer API's values, which those setters move, exactly as they were."""
+    new = saved["fp32_precision"]
+    for name in _FP32_BACKENDS:
+        if name in new:
+            _fp32_module(name).fp32_precision = new[name]
+    if saved["matmul_precision"] is not None:
+        torch.set_float32_matmul_precision(saved["matmul_precision"])
+    if saved["cudnn_tf32"] is not None:
+        torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]
+    for name in _FP32_OPERATIONS:
+        if name in new:
+            _fp32_module(name).fp32_precision = new[name]
+
+
 def _cuda_started() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
@@ -81,9 +136,7 @@ def torch_settings_kept():
     saved = {
         "benchmark": torch.backends.cudnn.benchmark,
         "deterministic": torch.backends.cudnn.deterministic,
-        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "matmul_precision": torch.get_float32_matmul_precision(),
+        "fp32": _fp32_settings(),
         "threads": torch.get_num_threads(),
         "csv_field_limit": csv.field_size_limit(),
         "torch_rng": torch.get_rng_state(),
@@ -100,10 +153,7 @@ def torch_settings_kept():
     finally:
         torch.backends.cudnn.benchmark = saved["benchmark"]
         torch.backends.cudnn.deterministic = saved["deterministic"]
-        torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]
-        # the precision string first: setting it sets matmul.allow_tf32 too, which is put back after it
-        torch.set_float32_matmul_precision(saved["matmul_precision"])
-        torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
+        _put_fp32_settings(saved["fp32"])
         csv.field_size_limit(saved["csv_field_limit"])
         if torch.get_num_threads() != saved["threads"]:
             torch.set_num_threads(saved["threads"])

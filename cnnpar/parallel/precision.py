@@ -57,6 +57,17 @@ def resolve_for(cfg: Config, device: torch.device) -> Config:
     return resolve_for_device(cfg, device.type, bf16_ok, cpu_bf16=cpu_bf16, jpeg_engines=engines)
 
 
+def set_tf32(on: bool) -> None:
+    """TF32 for float32 matmuls and cuDNN's convolutions, on or off. Through `set_float32_matmul_precision`, which
+    sets torch's legacy precision and its newer per-backend `fp32_precision` values (CUDA's and oneDNN's matmuls)
+    together; never `cuda.matmul.allow_tf32`, which sets the legacy value and CUDA's alone: after a caller's
+    `set_float32_matmul_precision("high")` (Lightning's advice) it left oneDNN's matmuls at TF32 under "highest",
+    a mix newer torch (2.11, 2.14) refuses to read: `get_float32_matmul_precision()` raises
+    "PyTorch is checking the matmul precision without a specific backend name"."""
+    torch.set_float32_matmul_precision("high" if on else "highest")
+    torch.backends.cudnn.allow_tf32 = on  # cuDNN's legacy flag sets its conv and rnn values of the newer API too
+
+
 class Precision:
     def __init__(self, kind: str, device: torch.device) -> None:
         self.kind, self.device = kind, device
@@ -64,9 +75,7 @@ class Precision:
         # tf32 lets fp32 matmuls/convs use the tensor cores with a 10-bit mantissa; "fp32" keeps
         # full precision, so set the flag explicitly either way.
         if device.type == "cuda":
-            tf32 = kind in ("tf32", "bf16", "fp16")
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            torch.backends.cudnn.allow_tf32 = tf32
+            set_tf32(kind in ("tf32", "bf16", "fp16"))
         self.scaler = torch.amp.GradScaler(device.type) if kind == "fp16" else None
         self._skipped_before = 0  # restored from a checkpoint, or set
         self._skipped_here: torch.Tensor | None = None  # steps skipped since, counted on the device

@@ -271,3 +271,53 @@ def test_the_callers_current_gpu_is_put_back(monkeypatch):
         torch.cuda.set_device("cuda:0")  # as the command's start does
         assert current == [0]
     assert current == [1]
+
+
+def test_a_call_puts_back_a_matmul_precision_the_legacy_flag_cannot_say(tmp_path):
+    """ "medium" reads back as `cuda.matmul.allow_tf32 = True`, which sets "high": the caller's "medium" came back
+    "high" after a command that chose its own TF32 (every run on a GPU)."""
+    from cnnpar.parallel.precision import Precision
+    from cnnpar.process_state import torch_settings_kept
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        with torch_settings_kept():
+            Precision("bf16", torch.device("cuda"))  # sets TF32 for CUDA; no CUDA call is made
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+NEW_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+@pytest.mark.skipif(not NEW_API, reason="this torch has no fp32_precision API")
+def test_a_caller_that_set_torchs_newer_fp32_precision_api_can_call_a_command(tmp_path):
+    """PyTorch's documented way to ask for TF32 in newer releases (`torch.backends.cuda.matmul.fp32_precision`)
+    leaves the legacy reads refused (RuntimeError "... mix of the legacy and new APIs ..."): `cli.main` read them
+    first and ended in that error before doing anything. It runs, and the caller's settings come back."""
+    names = ("", "cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+    def module(name: str):
+        found = torch.backends
+        for part in filter(None, name.split(".")):
+            found = getattr(found, part)
+        return found
+
+    def new_api() -> dict:
+        return {name: module(name).fp32_precision for name in names}
+
+    start = (new_api(), torch.get_float32_matmul_precision())
+    try:
+        module("cuda.matmul").fp32_precision = "tf32"
+        module("mkldnn.matmul").fp32_precision = "ieee"
+        with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+            torch.get_float32_matmul_precision()  # what the command met
+        caller = new_api()
+        assert main([*TRAIN, "--out-dir", str(tmp_path), "--name", "a"]) == 0
+        assert new_api() == caller
+    finally:
+        torch.set_float32_matmul_precision(start[1])
+        for name in names:
+            module(name).fp32_precision = start[0][name]

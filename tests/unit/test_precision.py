@@ -149,3 +149,23 @@ def test_a_typed_bf16_on_a_cpu_that_emulates_it_is_said_at_the_start(tmp_path, m
         assert lines == []
     else:
         assert len(lines) == 1 and "--precision bf16" in lines[0] and "--precision auto picks" in lines[0]
+
+
+# Precision's TF32 choice on a CUDA device is global torch state; it is set here without a GPU (no CUDA call is made)
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("caller", ["high", "medium", "highest"])
+@pytest.mark.parametrize("kind,expected", [("fp32", "highest"), ("bf16", "high"), ("tf32", "high")])
+def test_the_tf32_choice_on_cuda_leaves_a_precision_torch_can_read(caller, kind, expected):
+    """`cuda.matmul.allow_tf32 = False` after a caller's `set_float32_matmul_precision("high")` left oneDNN's matmuls
+    at TF32 under "highest": torch >= 2.9 then refused every read of the precision (RuntimeError "... mix of the
+    legacy and new APIs ..."), and the next command from the same process ended in it (13 GPU tests, session 50)."""
+    from cnnpar.process_state import torch_settings_kept
+
+    with torch_settings_kept():
+        torch.set_float32_matmul_precision(caller)
+        Precision(kind, CUDA)
+        assert torch.get_float32_matmul_precision() == expected
+        assert torch.backends.cuda.matmul.allow_tf32 == (expected == "high")
+        assert torch.backends.cudnn.allow_tf32 == (kind != "fp32")
