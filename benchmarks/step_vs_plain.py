@@ -337,8 +337,13 @@ def main():
             print(f"--plain: on the CPU only the fp32 loop runs (asked: {','.join(wanted)})", flush=True)
         for label, prec, cl, comp in plain:
             # plain fp32 means fp32, not TF32; each plain loop sets the flags, so none inherits another's
-            tf32 = not (cuda and prec == "fp32")
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+            if cuda:
+                tf32 = prec != "fp32"
+                # the precision call, not `cuda.matmul.allow_tf32`: after cnnpar's step had set "high" (oneDNN's
+                # matmuls at TF32 too), that flag alone left a mix newer torch refuses to read, and inductor reads
+                # it to compile (the variant failed)
+                torch.set_float32_matmul_precision("high" if tf32 else "highest")
+                torch.backends.cudnn.allow_tf32 = tf32
             try:
                 ips, warm = time_plain(name, size, batch, device, prec, cl, comp, args.steps, args.repeats, args.warmup)
                 row = {"variant": label, "images_per_s": round(ips, 1), "warmup_s": round(warm, 1), "status": "ok"}
