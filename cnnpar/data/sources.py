@@ -300,13 +300,31 @@ def _read_npy(path: Path, flag: str) -> np.ndarray:
             f.seek(0)
             version = np.lib.format.read_magic(f)
             header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            _, _, dtype = header(f)
+            shape, _, dtype = header(f)
+            start = f.tell()
         if dtype.hasobject:
             raise _object_array_error(str(path))
+        _check_npy_length(path, shape, dtype, start)
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    # a file that is no .npy (its magic or header), or shorter than its header says (mmap's "length is greater")
+    # a file that is no .npy (its magic or header)
     except (OSError, ValueError, tokenize.TokenError) as e:
         raise DataError(f"{path}: not a readable .npy array ({first_line(e)}): expected numpy.save output") from None
+
+
+def _check_npy_length(path: Path, shape: tuple, dtype: np.dtype, start: int) -> None:
+    """Refuse a .npy whose size is not its header's plus the bytes of the array it declares: numpy reads the count
+    the header declares and ignores what follows, so a file cut from a bigger one, or two arrays written into one,
+    trained on part of its data without a word; one too short failed in mmap's words, naming no size. The pixels
+    follow the header at once in either order (C or Fortran), so the byte count is the same for both."""
+    declared = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    held = path.stat().st_size
+    if held != start + declared:
+        which = "more" if held > start + declared else "fewer"
+        raise DataError(
+            f"{path}: its header declares shape {tuple(shape)} {dtype}, {declared:,} bytes after its {start:,}-byte "
+            f"header ({start + declared:,} in all), and the file holds {held:,} ({which}): expected one array as "
+            "numpy.save writes it"
+        )
 
 
 def npz_images(arrays: dict, split: str, path: Path, tally: DecodeTally | None = None) -> tuple[np.ndarray, str] | None:
