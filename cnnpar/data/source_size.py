@@ -34,7 +34,11 @@ def header_facts(path: Path) -> tuple[tuple[int, int] | None, bool]:
         head = f.read(HEAD_BYTES)
     jpeg = read_jpeg_header(head)
     if jpeg is not None:
-        return (jpeg.height, jpeg.width), grey_file(head, jpeg)
+        # a frame header's height of 0 leaves it to a DNL marker later in the file, which no decoder cnnpar uses
+        # reads (the decoder refuses the file by name): no size, as png_size says of an IHDR without one; taken
+        # for one, it was the run's "smallest 32x0" image
+        size = (jpeg.height, jpeg.width) if jpeg.height and jpeg.width else None
+        return size, grey_file(head, jpeg)
     png = png_size(head)
     if png is not None:
         return png, grey_file(head, None)
@@ -43,7 +47,7 @@ def header_facts(path: Path) -> tuple[tuple[int, int] | None, bool]:
 
         with Image.open(path) as im:  # opening reads the header, not the pixels
             w, h = im.size
-        return (h, w), False
+        return ((h, w) if h and w else None), False
     except Exception:  # an unreadable file is reported by the decoder, with its name, when it is read
         return None, False
 
