@@ -140,9 +140,10 @@ def skipped_kinds(skipped: list[Path]) -> str:
 
 
 def scan_folder(
-    root: str | Path, skipped: list[Path] | None = None, other: Path | None = None
+    root: str | Path, skipped: list[Path] | None = None, other: Path | None = None, found=None
 ) -> tuple[list[Path], list[int], list[str]]:
-    """`other`: the split beside `root` (val/ for train/, train/ for val/), whose images a link must not read here."""
+    """`other`: the split beside `root` (val/ for train/, train/ for val/), whose images a link must not read here.
+    `found(n)`, where given, is told the images listed so far after each class folder (a Heartbeat's update)."""
     root = Path(root)
     if not root.is_dir():
         # a mistyped path (cnnpar prepare photoz) was called "not a folder", which reads as a file being in the way
@@ -164,6 +165,8 @@ def scan_folder(
             files.append(f)
             labels.append(label)
         _refuse_links_out_of_class(root, name, links, by_real, real_of[name], other, blocked)
+        if found is not None:
+            found(len(files))
     if not files:
         others = f" (only {skipped_kinds(skipped)} files, which cnnpar does not read)" if skipped else ""
         raise DataError(f"{root}: no .jpg, .jpeg or .png files under its class folders{others}")
@@ -408,7 +411,7 @@ def _split_names() -> str:
 
 
 def scan_splits(
-    root: str | Path, skipped: list[Path] | None = None
+    root: str | Path, skipped: list[Path] | None = None, found=None
 ) -> tuple[list[Path], list[int], list[int], list[str]]:
     """Files, labels, split ids (0 train, 1 val) and class names of an image folder.
 
@@ -416,12 +419,13 @@ def scan_splits(
     first found) are the two splits, with the same class folders; `root/train` alone is all train (a seeded
     hold-out comes later); a root without a train folder is one folder of class folders, all train. Split names
     never become classes: a train folder beside any other folder is refused (hidden ones and `__MACOSX`-like
-    `__` ones aside). Images in formats not read go to `skipped` where it is given (`skipped_note`).
+    `__` ones aside). Images in formats not read go to `skipped` where it is given (`skipped_note`). `found`: as
+    scan_folder's, counting both splits' images.
     """
     root = Path(root)
     train_dir, held = split_dirs(root)
     if train_dir is None:
-        files, labels, classes = scan_folder(root, skipped)
+        files, labels, classes = scan_folder(root, skipped, found=found)
         _check_classes(root, classes, labels)
         return files, labels, [0] * len(files), classes
     known = {train_dir.name, *(p.name for p in held)}
@@ -438,11 +442,12 @@ def scan_splits(
             "else rename it)"
         )
     val_dir = held[0] if held else None
-    files, labels, classes = scan_folder(train_dir, skipped, val_dir)
+    files, labels, classes = scan_folder(train_dir, skipped, val_dir, found)
     _check_classes(train_dir, classes, labels)
     if val_dir is None:
         return files, labels, [0] * len(files), classes
-    vfiles, vlabels, vclasses = scan_folder(val_dir, skipped, train_dir)
+    after_train = None if found is None else (lambda n: found(len(files) + n))
+    vfiles, vlabels, vclasses = scan_folder(val_dir, skipped, train_dir, after_train)
     if vclasses != classes:
         vlabels = _val_labels_by_normal_form(train_dir, val_dir, classes, vclasses, vlabels)
     _check_val_classes_train(train_dir, val_dir, classes, labels, vlabels)

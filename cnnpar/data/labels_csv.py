@@ -236,12 +236,17 @@ def _classes(texts: list[str]) -> tuple[list[str], list[int]]:
 
 
 def scan_images(
-    root: str | Path, labels_csv: str | Path = "", skipped: list[Path] | None = None, notes: list[str] | None = None
+    root: str | Path,
+    labels_csv: str | Path = "",
+    skipped: list[Path] | None = None,
+    notes: list[str] | None = None,
+    found=None,
 ) -> tuple[list[Path], list[int], list[int], list[str]]:
     """An image folder's files, labels, split ids and class names: from `labels_csv` where it is given (a flat
-    folder), else from the class folders (`scan_splits`). The one scan that training, stores and their checks use."""
+    folder), else from the class folders (`scan_splits`). The one scan that training, stores and their checks use.
+    `found(n)`: told the images listed so far after each class folder (a flat folder is one listing: not told)."""
     from cnnpar.data.folder import scan_splits
 
     if labels_csv:
         return scan_labelled(root, labels_csv, skipped, notes)
-    return scan_splits(root, skipped)
+    return scan_splits(root, skipped, found)

@@ -34,7 +34,11 @@ def header_facts(path: Path) -> tuple[tuple[int, int] | None, bool]:
         head = f.read(HEAD_BYTES)
     jpeg = read_jpeg_header(head)
     if jpeg is not None:
-        return (jpeg.height, jpeg.width), grey_file(head, jpeg)
+        # a frame header's height of 0 leaves it to a DNL marker later in the file, which no decoder cnnpar uses
+        # reads (the decoder refuses the file by name): no size, as png_size says of an IHDR without one; taken
+        # for one, it was the run's "smallest 32x0" image
+        size = (jpeg.height, jpeg.width) if jpeg.height and jpeg.width else None
+        return size, grey_file(head, jpeg)
     png = png_size(head)
     if png is not None:
         return png, grey_file(head, None)
@@ -43,7 +47,7 @@ def header_facts(path: Path) -> tuple[tuple[int, int] | None, bool]:
 
         with Image.open(path) as im:  # opening reads the header, not the pixels
             w, h = im.size
-        return (h, w), False
+        return ((h, w) if h and w else None), False
     except Exception:  # an unreadable file is reported by the decoder, with its name, when it is read
         return None, False
 
@@ -93,17 +97,29 @@ class FolderSample:
     grey: bool
 
 
-def folder_sample(files: list[Path], sample: int = SAMPLE) -> FolderSample:
+def _sample_step(files: list[Path], sample: int) -> int:
+    return max(1, -(-len(files) // sample))
+
+
+def sample_count(files: list[Path], sample: int = SAMPLE) -> int:
+    """How many of `files` folder_sample reads the header of."""
+    return len(files[:: _sample_step(files, sample)])
+
+
+def folder_sample(files: list[Path], sample: int = SAMPLE, read=None) -> FolderSample:
     """The headers of at most `sample` files spread over the folder. An image of more than MAX_PIXELS among them
-    is refused here, before a run starts (the decoders refuse the others)."""
-    step = max(1, -(-len(files) // sample))
+    is refused here, before a run starts (the decoders refuse the others). `read(n)`, where given, is told the
+    headers read so far (a Heartbeat's update: 2,000 files' first 64 KiB on a cold network disk take a while)."""
+    step = _sample_step(files, sample)
     sizes, grey = [], True
-    for f in files[::step]:
+    for k, f in enumerate(files[::step], 1):
         size, grey_one = header_facts(f)
         grey = grey and grey_one  # an unreadable header counts as colour, as every file did before
         if size is not None:
             check_pixel_count(f, *size)
             sizes.append(size)
+        if read is not None:
+            read(k)
     return FolderSample(np.array(sizes, dtype=np.int64).reshape(-1, 2), step > 1, grey and bool(sizes))
 
 

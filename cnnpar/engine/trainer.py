@@ -220,7 +220,9 @@ class Trainer(DivergenceCheck):
         if bundle is None and (reading := long_read_line(cfg.data)):
             self.log(reading)  # before a read of seconds to minutes, which said nothing
             sys.stdout.flush()  # into a log file now, not after the read
-        self.bundle = bundle if bundle is not None else self._load_data_with_the_other_ranks(cfg, info)
+        # rank 0's folder scan says how far it is where it takes long (--no-progress: no such lines, as for the epoch)
+        scan_say = self.log if info.is_main and cfg.run.progress else None
+        self.bundle = bundle if bundle is not None else self._load_data_with_the_other_ranks(cfg, info, scan_say)
         self.decode_line = decode_line(cfg, self.bundle, info)
         self.graphs_requested = cfg.speed.cuda_graphs  # "auto" may yield to a GPU JPEG decoder below
         self.requested_cfg = cfg  # what the user asked for, written beside the resolved values
@@ -391,18 +393,18 @@ class Trainer(DivergenceCheck):
         return cfg
 
     @staticmethod
-    def _load_data_with_the_other_ranks(cfg: Config, info: DistInfo) -> DataBundle:
+    def _load_data_with_the_other_ranks(cfg: Config, info: DistInfo, say=None) -> DataBundle:
         """The data, where every rank of a job stops together when one is refused before its settings can be
         compared: its own copy of the data unreadable (a bad row, an undecodable image), or its disk without the
         run folder a resume names (resume_unseen_here, resume_auto_record). A rank refused alone had left the
         others a gloo traceback (the peer's connection closed) in place of the cause, or, without the run's
         config.toml, a settings difference in a field nobody typed."""
         if not info.distributed:
-            return load_data(cfg.data, cfg.run.seed)
+            return load_data(cfg.data, cfg.run.seed, say)
         bundle, refusal = None, resume_unseen_here(cfg)
         if refusal is None:  # no data read for a run that cannot start
             try:
-                bundle = load_data(cfg.data, cfg.run.seed)
+                bundle = load_data(cfg.data, cfg.run.seed, say)
             except UserError as e:
                 refusal = e
         what = "run folder (--out-dir on a shared file system)"

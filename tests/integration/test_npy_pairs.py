@@ -173,3 +173,50 @@ def test_a_npy_is_told_from_an_npz_by_its_first_bytes_not_by_a_zip_record_in_its
     (tmp_path / "d.npz").rename(tmp_path / "z.npy")
     line = _refusal(["train", "--data", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"), *FAST], capsys)
     assert line.endswith("z.npy: a zip archive (an .npz?), not a .npy array: expected numpy.save output"), line
+
+
+def _npy_bytes(array: np.ndarray, version=None) -> bytes:
+    f = io.BytesIO()
+    np.lib.format.write_array(f, array, version=version)
+    return f.getvalue()
+
+
+@pytest.mark.parametrize(
+    "which, cut",
+    [("x", "tail"), ("x", "second_array"), ("x", "short"), ("y", "tail"), ("x_v2", "tail"), ("x_fortran", "tail")],
+)
+def test_a_npy_whose_size_is_not_its_declared_array_is_refused_naming_both(tmp_path, capsys, monkeypatch, which, cut):
+    """numpy reads the count a .npy's header declares and ignores the rest: a file cut from a bigger one, or two
+    np.save calls into one file, trained on part of the data without a word; one too short failed in mmap's words."""
+    x, y = bar_images(20)
+    arrays = {"x": (x, None), "y": (y, None), "x_v2": (x, (2, 0)), "x_fortran": (np.asfortranarray(x), None)}
+    array, version = arrays[which]
+    whole = _npy_bytes(array, version)
+    start = len(whole) - array.nbytes
+    body = {"tail": whole + whole[start : start + 40], "second_array": whole + whole, "short": whole[:-40]}[cut]
+    name = "x.npy" if which.startswith("x") else "y.npy"
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    (tmp_path / name).write_bytes(body)
+    monkeypatch.chdir(tmp_path)
+    line = _refusal(["train", "--data", "x.npy", "--labels", "y.npy", *FAST], capsys)
+    shape = f"shape {array.shape} {array.dtype}, {array.nbytes:,} bytes after its {start:,}-byte header"
+    expected = f"{name}: its header declares {shape} ({len(whole):,} in all), and the file holds {len(body):,}"
+    assert expected in line, line
+    assert not (tmp_path / "runs").exists()
+    # as it saved them, the same arrays train
+    (tmp_path / name).write_bytes(whole)
+    assert main(["train", "--data", "x.npy", "--labels", "y.npy", "--name", "whole", *FAST]) == 0
+
+
+def test_predict_refuses_a_npy_longer_than_its_declared_array(trained, tmp_path, capsys):
+    _, run, _ = trained
+    x, y = bar_images(40, seed=7)
+    np.save(tmp_path / "test.npy", x)
+    np.save(tmp_path / "truth.npy", y)
+    with (tmp_path / "truth.npy").open("ab") as f:  # a second np.save into the same file
+        np.save(f, y)
+    args = ["predict", "--checkpoint", str(run), "--data", str(tmp_path / "test.npy"), "--out", str(tmp_path / "p.csv")]
+    line = _refusal([*args, "--labels", str(tmp_path / "truth.npy")], capsys)
+    assert f"truth.npy: its header declares shape (40,) {y.dtype}" in line, line
+    assert not (tmp_path / "p.csv").exists()

@@ -66,6 +66,25 @@ def test_a_big_npz_is_named_before_it_is_read(tmp_path, monkeypatch):
     assert lines[0] == f"data: reading {data} ({data.stat().st_size / 2**30:.1f} GiB) into memory"
 
 
+def test_a_folder_s_scan_says_how_far_it_is_where_it_takes_long(tmp_path, monkeypatch):
+    """A folder's listing and its sampled headers said nothing however long they took (long_read_line names only
+    big .npz and CSV files before their read, and said a folder's scan spoke for itself)."""
+    root = write_image_folder(tmp_path / "photos", per_class=3, classes=2)
+
+    def scan_lines(name: str, progress: bool = True) -> list[str]:
+        said = _train(tmp_path, name, progress, str(root))
+        return [ln for ln in said if ln.startswith(("data: scanning ", "data: reading image headers "))]
+
+    assert scan_lines("short") == []  # the default interval: a short scan says nothing new
+    monkeypatch.setattr(heartbeat, "EVERY_S", 0.0)  # every class folder and header is "30 s later"
+    assert scan_lines("quiet", progress=False) == []  # --no-progress
+    lines = scan_lines("beat")
+    listed = [ln.rsplit(",", 1)[0] for ln in lines if ln.startswith(f"data: scanning {root}: ")]
+    assert listed == [f"data: scanning {root}: {k} images found" for k in (3, 6)], lines  # after each class folder
+    headers = [ln.rsplit(",", 1)[0] for ln in lines if ln.startswith(f"data: reading image headers in {root}: ")]
+    assert headers == [f"data: reading image headers in {root}: {k}/6 files" for k in range(1, 7)], lines
+
+
 def test_prepare_and_verify_say_how_far_they_are_where_their_bar_is_not_drawn(tmp_path, monkeypatch, capsys):
     from cnnpar.data import store
     from cnnpar.data.store import verify_store

@@ -729,3 +729,32 @@ def test_an_image_shape_the_data_does_not_have_is_refused_not_recorded(tmp_path)
         with pytest.raises(DataError, match=r"^--image-shape 3x32x32: .* gives 1x\d+x\d+ images; .*--image-size"):
             load_data(DataConfig(source=source, image_shape="3x32x32"), 0)
     assert load_data(DataConfig(source="synthetic", image_shape="3x8x8", synthetic_samples=32), 0).shape == (3, 8, 8)
+
+
+def test_a_jpeg_whose_frame_header_says_height_0_is_no_size_on_the_image_size_line(tmp_path, capsys):
+    """A frame header's height of 0 (the height left to a DNL marker, which no decoder cnnpar uses reads) was taken
+    for a size: the run said "the smallest 32x0" on its image-size line before refusing the file by name."""
+    from PIL import Image
+
+    from cnnpar.cli import main
+
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        (tmp_path / "data" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
+            tmp_path / "data" / f"c{i % 2}" / f"{i}.jpg"
+        )
+    bad = tmp_path / "data" / "c0" / "0.jpg"
+    jpeg = bytearray(bad.read_bytes())
+    sof = jpeg.index(b"\xff\xc0")
+    jpeg[sof + 5 : sof + 7] = b"\x00\x00"  # FF C0, 2 length bytes, the precision, then the height
+    bad.write_bytes(bytes(jpeg))
+    bundle = load_data(DataConfig(source=str(tmp_path / "data")))
+    assert bundle.shape == (3, 32, 32) and bundle.size_from == "the source size: all 39 images are 32x32"
+    args = ["train", "--data", str(tmp_path / "data"), "--epochs", "1", "--device", "cpu", "--workers", "0"]
+    assert main([*args, "--no-progress", "--no-tensorboard", "--out-dir", str(tmp_path / "runs")]) == 2
+    said = capsys.readouterr()
+    assert "image size: 32 (the source size: all 39 images are 32x32)" in said.out, said.out
+    assert "x0 " not in said.out
+    lines = said.err.strip().splitlines()  # the file refused by name, as before (libjpeg's words in brackets)
+    assert len(lines) == 1 and lines[0].startswith(f"cnnpar: error: {bad}: cannot decode as an image ("), said.err
