@@ -868,7 +868,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         required=True,
         help="test.csv (pixel columns, an optional id or ImageId: the submission's ids), an .npz, a .npy of images "
-        "(np.save), an image folder, or digits (built in)",
+        "(np.save), an image folder (one of class folders, a split's val/<class>/ say, is scored against their names "
+        "where they are the run's classes), or digits (built in)",
     )
     pred.add_argument(
         "--labels",

@@ -6,6 +6,7 @@ import hashlib
 import shlex
 import time
 import tokenize
+import unicodedata
 import zipfile
 import zlib
 from pathlib import Path
@@ -40,11 +41,12 @@ from cnnpar.data.folder import (
     loose_images_note,
     skipped_class_folders_note,
     skipped_note,
+    split_dirs,
     split_like_subfolders_note,
     train_class_note,
     unread_splits_note,
 )
-from cnnpar.data.labels_csv import scan_for_classes, scan_images
+from cnnpar.data.labels_csv import is_whole_number, scan_for_classes, scan_images
 from cnnpar.data.overlap import folder_overlap, store_overlap
 from cnnpar.data.source_size import SAMPLE, enlarging_note, folder_sample, pick_side, sample_count, store_side
 from cnnpar.data.store import StoreFile, prepare_side
@@ -813,6 +815,53 @@ def readable_name(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+def class_folder_labels(
+    root: Path, files: list[Path], classes: list[str] | None, unscored: list[str] | None = None
+) -> list[int] | None:
+    """The labels a hold-out of class folders (`split/val/<class>/*.jpg`, the layout `cnnpar train` reads) carries:
+    each image's top folder matched by name to the run's `classes` (in Unicode's NFC form, as val/ is matched to
+    train/; a whole-number name by its number, as `--labels` reads one), as indices; a hold-out may lack a class.
+    None, with a line to `unscored` saying why, where a folder holding images is not a class of the run (scored
+    against the wrong labels otherwise) or an image lies beside the class folders (it has no label). None, unsaid,
+    for a flat folder: no image in a subfolder, or loose images beside subfolders of no class name (`thumbs/`)."""
+    tops = [f.relative_to(root).parts for f in files]
+    folders = sorted({parts[0] for parts in tops if len(parts) > 1})
+    if not folders or not classes:
+        return None
+    index = {unicodedata.normalize("NFC", c): i for i, c in enumerate(classes)}
+
+    def class_of(name: str) -> int | None:
+        key = unicodedata.normalize("NFC", name)
+        if key not in index and is_whole_number(key):
+            key = str(int(key))
+        return index.get(key)
+
+    unknown = [n for n in folders if class_of(n) is None]
+    loose = [f for f, parts in zip(files, tops) if len(parts) == 1]
+    if loose and len(unknown) == len(folders):
+        return None
+    where = f"{root}: not scored"
+    if unknown:
+        line = (
+            f"{where}: its folder(s) {first_five(repr(readable_name(n)) for n in unknown)} are not among the model's "
+            f"classes ({first_five(repr(readable_name(c)) for c in classes)}): expected class folders named as the "
+            "run's classes"
+        )
+        _, held = split_dirs(root)
+        if held:  # photos/ itself, whose train/ and val/ are splits: its val/ holds the class folders
+            line += f" (--data {held[0]} scores its held-out split)"
+    elif loose:
+        line = (
+            f"{where}: {len(loose):,} image(s) lie beside its class folders, without a label (first: "
+            f"{readable_name(loose[0].name)}): expected every image inside a class folder"
+        )
+    else:
+        return [class_of(parts[0]) for parts in tops]
+    if unscored is not None:
+        unscored.append(line)
+    return None
+
+
 def load_predict_data(
     source: str,
     fmt: str = "auto",
@@ -824,6 +873,7 @@ def load_predict_data(
     prepared: dict | None = None,
     labels_csv: str = "",
     class_names: list[str] | None = None,
+    unscored: list[str] | None = None,
 ):
     """Inputs for `cnnpar predict`: returns (dataset, row ids, where its labels came from or "").
 
@@ -838,7 +888,8 @@ def load_predict_data(
     then cropped as the store's validation crops (`PreparedFolder`), whichever loader the run used.
     Lines on how the data was read (a CSV's columns reordered) go to `notes` where it is given. `labels_csv` (a
     flat folder labelled as `cnnpar train --labels` reads it) gives the images it names, and the dataset's `y` their
-    labels as indices of the model's `class_names`."""
+    labels as indices of the model's `class_names`. Without it a folder of class folders is labelled by their names
+    (`class_folder_labels`); why such a folder is not scored goes to `unscored` where it is given."""
     fmt = detect_format(source, fmt)
     check_labels_with(labels_csv, source, fmt)
     if fmt == "csv":
@@ -894,6 +945,9 @@ def load_predict_data(
             files = image_files(root, skipped)
         if not files:
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
+        origin = f"the labels of {labels_csv}" if labels is not None else ""
+        if labels is None and (labels := class_folder_labels(root, files, class_names, unscored)) is not None:
+            origin = "its class folders' names"
         ids = [readable_name(str(f.relative_to(root))) for f in files]
         escaped = [i for i, f in zip(ids, files) if not utf8_on_disk(str(f.relative_to(root)))]
         if escaped and notes is not None:
@@ -911,7 +965,7 @@ def load_predict_data(
         if labels is None:
             return ds, ids, ""
         ds.y = torch.tensor(labels, dtype=torch.int64)  # what predict scores, as an ArrayDataset's y
-        return ds, ids, f"the labels of {labels_csv}"
+        return ds, ids, origin
     why = {
         "store": " (a .cnnpar store is prepare's copy of training images: give predict the image folder itself)",
         "synthetic": " (synthetic data has nothing to predict)",

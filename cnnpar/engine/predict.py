@@ -19,7 +19,7 @@ from cnnpar.config import TTA_LEVELS, RunConfig, device_advice, spelling_advice
 from cnnpar.data.arrays import resize_square
 from cnnpar.data.bundle import ArrayDataset, first_five
 from cnnpar.data.csv_source import PixelCountError, read_ids
-from cnnpar.data.folder import skipped_note
+from cnnpar.data.folder import skipped_note, split_dirs
 from cnnpar.data.labels_csv import is_whole_number
 from cnnpar.data.sources import PREDICT_READS, detect_format, load_predict_data, npz_class_names, readable_name
 from cnnpar.data.store_write import Sides
@@ -316,6 +316,7 @@ def predict(
         )
     skipped: list[Path] = []
     notes: list[str] = []
+    unscored: list[str] = []  # why labels the data carries (a folder's class folders) are not scored
     try:
         per_image = run_cfg.get("data", {}).get("loader") == "textbook"  # validation's own way of reading a folder
         prepared = meta.get("prepared_sides")  # a run trained from a store (checkpoints since 2026-12)
@@ -332,6 +333,7 @@ def predict(
             prepared=prepared,
             labels_csv=labels,
             class_names=meta.get("class_names"),
+            unscored=unscored,
         )
         if prepared is not None and fmt == "folder":
             sides = Sides(prepared["max_side"], prepared["short_side"]).describe()
@@ -397,8 +399,12 @@ def predict(
     numbers = class_numbers(names)
     if numbers is not None:
         print(numbered_classes_note(names), file=sys.stderr, flush=True)
-    if labels and fmt == "folder":
-        numbers = None  # matched to the model's classes by name: already indices (a .npy's are read as an .npz's)
+    if fmt == "folder":
+        # a --labels CSV's labels and class folders are matched to the model's classes by name: already indices (a
+        # .npy's are read as an .npz's)
+        numbers = None
+    for line in unscored:  # where the accuracy line would be
+        log(line)
     if label_origin and fmt == "npz" and (own := npz_class_names(data)) is not None:
         labels, note = _labels_by_name(ds.y, own, names, f"{data}[{label_origin}]", _npz_run_before_names(state))
         if note:
@@ -420,6 +426,8 @@ def predict(
             line = _accuracy_line(y, preds, meta["num_classes"], data, label_origin)
         if fmt == "digits" and state.get("config", {}).get("data", {}).get("source") == "digits":
             line += ": every built-in digit, the run's training images among them, so not a held-out score"
+        if fmt == "folder" and not labels and _is_training_folder(data, run_cfg):
+            line += ": the folder the run trained on, its training images among them, so not a held-out score"
         log(line)
     if fmt == "csv":
         label = "Label" if id_name[:1].isupper() else "label"  # ImageId,Label (Digit Recognizer); id,label (Kannada)
@@ -441,6 +449,17 @@ def predict(
         ]
         _write(target, rows, ["id", "label", "class_name", "confidence"])
     return target
+
+
+def _is_training_folder(data: str, run_cfg: dict) -> bool:
+    """Whether the class folders scored are those the run trained on: its --data itself (a seeded hold-out of it
+    validated) or that folder's train/ split."""
+    source = run_cfg.get("data", {}).get("source")
+    if not source or not Path(source).is_dir():
+        return False
+    train_dir, _ = split_dirs(Path(source))
+    scored = Path(data).resolve()
+    return scored == Path(source).resolve() or (train_dir is not None and scored == train_dir.resolve())
 
 
 def class_numbers(names: list[str] | None) -> list[int] | None:
