@@ -266,7 +266,9 @@ def test_the_callers_current_gpu_is_put_back(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [])
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: current.__setitem__(0, torch.device(device).index))
+    # an int as it is: torch 2.5's torch.device(1) asks for an accelerator (RuntimeError without one)
+    index = lambda device: device if isinstance(device, int) else torch.device(device).index  # noqa: E731
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: current.__setitem__(0, index(device)))
     with process_state.torch_settings_kept():
         torch.cuda.set_device("cuda:0")  # as the command's start does
         assert current == [0]
