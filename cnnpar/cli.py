@@ -554,7 +554,7 @@ PREPARE_SHORT_SIDE = 256  # prepare's --short-side when neither it nor --max-sid
 
 
 def add_prepare_parser(sub) -> None:
-    from cnnpar.cliargs import DefaultsHelpFormatter, at_least
+    from cnnpar.cliargs import DefaultsHelpFormatter, prepare_workers
 
     prep = sub.add_parser(
         "prepare",
@@ -599,9 +599,11 @@ def add_prepare_parser(sub) -> None:
     )
     prep.add_argument(
         "--workers",
-        type=at_least(0),
+        type=prepare_workers,
         default=0,
-        help="decoding processes (0: one per usable core; at most 4 per usable core, as train's)",
+        metavar="N|auto",
+        help="decoding processes (at most 4 per usable core, as train's); auto (or 0, or -1): one per usable core "
+        "(default: auto)",
     )
     prep.add_argument("--verify", action="store_true", help="check SRC, a store, against its pixel checksum")
     prep.add_argument(
