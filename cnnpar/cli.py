@@ -421,9 +421,9 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
     from cnnpar.bench.tune import (
         CHANGED,
+        BudgetTooSmall,
         accuracy_line,
         format_table,
-        retry_budget_s,
         tune,
         tuned_file,
         typed_settings,
@@ -444,30 +444,28 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
                 "repeats' range)",
                 file=sys.stderr,
             )
-        best, trials = tune(
-            cfg,
-            args.budget_s,
-            out,
-            args.trial_s,
-            args.steps,
-            args.repeats,
-            started=started,
-            config_read=args.config,
-            held=held,
-        )
+        try:
+            best, trials = tune(
+                cfg,
+                args.budget_s,
+                out,
+                args.trial_s,
+                args.steps,
+                args.repeats,
+                started=started,
+                config_read=args.config,
+                held=held,
+            )
+        except BudgetTooSmall as e:  # raised in the block: the folder made for the results goes, none being there
+            more = shlex.join(
+                ["cnnpar", "tune", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{e.budget_s:g}"]
+            )
+            raise UserError(f"{e}: expected a larger --budget-s, such as: {more}") from None
     print(format_table(trials))
-    if best is None:
+    if best is None:  # the start failed, with time to run: a failure of the tool or the device, not of the budget
         start = trials[0]
-        budget = retry_budget_s(start, args.budget_s)
-        more = shlex.join(["cnnpar", "tune", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{budget or 0:g}"])
         # the trials' CSV names it 'start'; it runs the config typed (a --config, a preset), not only the defaults
-        first = "the first trial ('start', the config as given)"
-        if start.status == "cut off":
-            why = f"{first} needs more than {args.budget_s:.0f} s here; give it more: {more}"
-        elif budget:
-            why = f"{first} could not run: {start.note}, too little for a trial; raise --budget-s: {more}"
-        else:
-            why = f"{first} {start.status}: {start.note}"
+        why = f"the first trial ('start', the config as given) {start.status}: {start.note}"
         print(f"tune: no {out} written ({why}); trials in {out.with_suffix('.csv')}", file=sys.stderr)
         return 1
     again = shlex.join(["cnnpar", "train", "--config", str(out)])  # quoted: pasted as it stands
