@@ -421,9 +421,9 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
     from cnnpar.bench.tune import (
         CHANGED,
+        BudgetTooSmall,
         accuracy_line,
         format_table,
-        retry_budget_s,
         tune,
         tuned_file,
         typed_settings,
@@ -444,30 +444,28 @@ def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
                 "repeats' range)",
                 file=sys.stderr,
             )
-        best, trials = tune(
-            cfg,
-            args.budget_s,
-            out,
-            args.trial_s,
-            args.steps,
-            args.repeats,
-            started=started,
-            config_read=args.config,
-            held=held,
-        )
+        try:
+            best, trials = tune(
+                cfg,
+                args.budget_s,
+                out,
+                args.trial_s,
+                args.steps,
+                args.repeats,
+                started=started,
+                config_read=args.config,
+                held=held,
+            )
+        except BudgetTooSmall as e:  # raised in the block: the folder made for the results goes, none being there
+            more = shlex.join(
+                ["cnnpar", "tune", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{e.budget_s:g}"]
+            )
+            raise UserError(f"{e}: expected a larger --budget-s, such as: {more}") from None
     print(format_table(trials))
-    if best is None:
+    if best is None:  # the start failed, with time to run: a failure of the tool or the device, not of the budget
         start = trials[0]
-        budget = retry_budget_s(start, args.budget_s)
-        more = shlex.join(["cnnpar", "tune", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{budget or 0:g}"])
         # the trials' CSV names it 'start'; it runs the config typed (a --config, a preset), not only the defaults
-        first = "the first trial ('start', the config as given)"
-        if start.status == "cut off":
-            why = f"{first} needs more than {args.budget_s:.0f} s here; give it more: {more}"
-        elif budget:
-            why = f"{first} could not run: {start.note}, too little for a trial; raise --budget-s: {more}"
-        else:
-            why = f"{first} {start.status}: {start.note}"
+        why = f"the first trial ('start', the config as given) {start.status}: {start.note}"
         print(f"tune: no {out} written ({why}); trials in {out.with_suffix('.csv')}", file=sys.stderr)
         return 1
     again = shlex.join(["cnnpar", "train", "--config", str(out)])  # quoted: pasted as it stands
@@ -554,7 +552,7 @@ PREPARE_SHORT_SIDE = 256  # prepare's --short-side when neither it nor --max-sid
 
 
 def add_prepare_parser(sub) -> None:
-    from cnnpar.cliargs import DefaultsHelpFormatter, at_least
+    from cnnpar.cliargs import DefaultsHelpFormatter, prepare_workers
 
     prep = sub.add_parser(
         "prepare",
@@ -599,9 +597,11 @@ def add_prepare_parser(sub) -> None:
     )
     prep.add_argument(
         "--workers",
-        type=at_least(0),
+        type=prepare_workers,
         default=0,
-        help="decoding processes (0: one per usable core; at most 4 per usable core, as train's)",
+        metavar="N|auto",
+        help="decoding processes (at most 4 per usable core, as train's); auto (or 0, or -1): one per usable core "
+        "(default: auto)",
     )
     prep.add_argument("--verify", action="store_true", help="check SRC, a store, against its pixel checksum")
     prep.add_argument(

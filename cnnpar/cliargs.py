@@ -103,6 +103,8 @@ def add_config_flags(parser: argparse.ArgumentParser, extra_presets: dict[str, s
                 group.add_argument(flag, type=float_or_auto, metavar=f"{cli_flag(f).upper()}|auto", **kw)
             elif f.metadata.get("auto_zero"):
                 group.add_argument(flag, type=int_or_auto, metavar="N|auto", **kw)
+            elif f.metadata.get("auto_minus_one"):  # --workers: the word predict's --workers takes too
+                group.add_argument(flag, type=workers_or_auto, metavar="N|auto", **kw)
             else:
                 choices = f.metadata.get("choices")
                 # `--lr LR`, not the dest's `OPTIM.LR`; a flag with choices shows them
@@ -135,8 +137,8 @@ def at_least(low: float, kind: type = int):
 
 
 def workers_or_auto(text: str) -> int:
-    """`--workers` of a command outside the config (predict): a count >= 0, or auto (-1, as the config's workers
-    takes it: sized to the machine)."""
+    """`--workers` of every command that has one (the config's, predict's; prepare's reads auto as its own 0): a
+    count >= 0, or auto (-1, as the config's workers takes it: sized to the machine)."""
     if text.strip().lower() in ("auto", "-1"):
         return -1
     try:
@@ -146,6 +148,12 @@ def workers_or_auto(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text}: expected a whole number >= 0 or auto")
     return value
+
+
+def prepare_workers(text: str) -> int:
+    """prepare's `--workers`: as every command's (auto, -1 or a count >= 0, refused in the same words), auto stored
+    as prepare's own 0 (one decoding process per usable core; prepare has no main-process-only mode to give 0)."""
+    return max(workers_or_auto(text), 0)
 
 
 def stored_run_config(

@@ -91,14 +91,18 @@ def _f(
     choices: tuple | None = None,
     auto_zero: bool = False,
     shown: str = "",
+    auto_minus_one: bool = False,
     advice: Any = None,
 ) -> Any:
     # auto_zero: a number field where 0 means "auto" (the CLI takes the word too, e.g. --batch-size auto)
+    # auto_minus_one: a count where -1 means "auto", 0 being a count of its own (--workers 0: no worker process);
+    # the CLI and a config file take the word too, as predict's --workers does
     # shown: the default as --help says it: "auto", not the 0 that stands for it; given, what an empty default
     # stands for (--name's '' is a name made at the start). No "%" in it: argparse formats help text with it
     # advice: value -> what to do instead, for a value outside `choices` that a habit explains ("" where none does)
-    shown = shown or ("auto" if auto_zero and default == 0 else repr(default))
+    shown = shown or ("auto" if (auto_zero and default == 0) or (auto_minus_one and default == -1) else repr(default))
     meta = {"help": help, "flag": flag, "choices": choices, "auto_zero": auto_zero, "shown": shown, "advice": advice}
+    meta["auto_minus_one"] = auto_minus_one
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: default, metadata=meta)
     return field(default=default, metadata=meta)
@@ -256,7 +260,11 @@ class DataConfig:
         "transforms and default collate (the baseline the benchmarks compare against)",
         choices=LOADERS,
     )
-    workers: int = _f(-1, "DataLoader worker processes; -1 sizes them to the machine and the source")
+    workers: int = _f(
+        -1,
+        "DataLoader worker processes (0: in the main process); auto (or -1) sizes them to the machine and the source",
+        auto_minus_one=True,
+    )
     pin_memory: str = _f("auto", "page-locked host batches for faster copies (auto: on with CUDA)", choices=TRISTATE)
     persistent_workers: bool = _f(True, "keep worker processes alive between epochs")
     prefetch_factor: int = _f(4, "batches each worker prepares ahead")
@@ -797,7 +805,7 @@ def command_line(cfg: Config, change: dict | None = None, command: str = "train"
             flag = cli_option(f)
             if isinstance(value, bool):
                 args.append(flag if value else "--no-" + flag[2:])
-            elif f.metadata.get("auto_zero") and value == 0:
+            elif (f.metadata.get("auto_zero") and value == 0) or (f.metadata.get("auto_minus_one") and value == -1):
                 args += [flag, "auto"]
             else:
                 args += [flag, str(value)]
@@ -859,8 +867,11 @@ def _from_dict(raw: dict[str, Any], base: Config | None, origin: str) -> Config:
             want = type(getattr(sec, key))
             value = as_stored_now(sec_name, key, value)
             auto_zero = known[key].metadata.get("auto_zero")
+            auto_minus_one = known[key].metadata.get("auto_minus_one")
             if auto_zero and isinstance(value, str) and value.strip().lower() == "auto":
                 value = 0  # as the flag takes it (--batch-size auto) and a run's record writes it (# requested:)
+            elif auto_minus_one and isinstance(value, str) and value.strip().lower() == "auto":
+                value = -1  # as the flag takes it (--workers auto)
             if want is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if not isinstance(value, want) or (want is int and isinstance(value, bool)):
@@ -868,6 +879,8 @@ def _from_dict(raw: dict[str, Any], base: Config | None, origin: str) -> Config:
                 expected = (
                     f'{number} or "auto" (0 means auto)'
                     if auto_zero
+                    else f'{number} >= 0 or "auto" (-1 means auto)'
+                    if auto_minus_one
                     else _TOML_WORDS.get(want, f"a value of type {want.__name__}")
                 )
                 raise ConfigError(f"{origin}: {setting_name(sec_name, key)} = {value!r}: expected {expected}")

@@ -103,6 +103,16 @@ TRIAL_COLUMNS = [
 ]
 
 
+class BudgetTooSmall(UserError):
+    """The start trial got too little of --budget-s: not started (start-up left less than MIN_TRIAL_S), or cut off at
+    the budget's end. Nothing was measured and nothing is written, as for bad data at the start: the budget is the
+    user's input, and a larger one (`budget_s`, suggested) is the remedy; the CLI adds the command to rerun."""
+
+    def __init__(self, message: str, budget_s: float) -> None:
+        super().__init__(message)
+        self.budget_s = budget_s
+
+
 @dataclass
 class Trial:
     group: str
@@ -590,6 +600,10 @@ def tune(
     check_out(Path(out), config_read)
     run_trial = run_trial or child_trial(steps, repeats, log)
     tuner = Tuner(budget_s, Path(out), trial_s, run_trial, clock, clock() if started is None else started, log)
+    _, why = tuner.limit(start=True)
+    if why:  # known before any work: start-up left no time to start a trial in
+        skipped = Trial("start", START, "resolved defaults", SKIPPED, note=why)
+        raise BudgetTooSmall(too_small_line(skipped, budget_s), retry_budget_s(skipped, budget_s))
     unlimited = budget_s == float("inf")  # --budget-s inf: "budget inf s" read like a figure
     limit = (
         f"each trial at most {trial_s:.0f} s"
@@ -611,6 +625,10 @@ def tune(
     # once the start is measured, tuned.toml stays whatever happens after (a stopped run keeps the best config it
     # measured)
     facts = tuner.start(cfg)
+    if facts is None and (budget := retry_budget_s(tuner.trials[0], budget_s)):
+        # the budget, not the config, kept the start from measuring: refused in one line (exit 2) with no trials file,
+        # as bad data at the start is; it ended 1 after a CSV of one unmeasured row, as a failure of the tool
+        raise BudgetTooSmall(too_small_line(tuner.trials[0], budget_s), budget)
     if facts is None:  # the start did not measure this machine: its columns from here (not the child's)
         from cnnpar.dist import pick_device
         from cnnpar.report.environment import environment
@@ -741,6 +759,18 @@ def retry_budget_s(start: Trial, budget_s: float) -> float | None:
     if start.status == SKIPPED:
         return max(2 * budget_s, START_BUDGET_S)
     return None
+
+
+def too_small_line(start: Trial, budget_s: float) -> str:
+    """Why --budget-s `budget_s` measured nothing: the start trial (`retry_budget_s` says it had too little time)."""
+    first = "the first trial ('start', the config as given)"
+    if start.status == CUT_OFF:
+        return f"tune --budget-s {budget_s:g}: {first} needs more than that here ({start.note})"
+    # what start-up left is known before any trial: a budget can start one only with MIN_TRIAL_S left after it
+    return (
+        f"tune --budget-s {budget_s:g}: {first} could not start: {start.note}, under the {MIN_TRIAL_S:g} s a trial "
+        "needs at least"
+    )
 
 
 ENV_COLUMNS = ["device", "torch", "world_size", "git_rev", "date"]

@@ -25,7 +25,7 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
         ("tune", "--budget-s", "(default: 600)"),
         ("tune", "--out", "(default: tuned.toml in a new <--out-dir>/tune/<model>-YYYYMMDD-HHMMSS/)"),
         ("prepare", "--short-side", "(default: 256, or none when a max side is given)"),
-        ("prepare", "--workers", "(default: 0)"),
+        ("prepare", "--workers", "(default: auto)"),
         ("predict", "--batch-size", "(default: 256)"),
         ("compare", "--timeout", "(default: 3600.0)"),
         ("train", "--epochs", "(default: "),

@@ -107,22 +107,21 @@ def test_an_output_place_holding_an_earlier_runs_results_is_refused_before_measu
 
 def test_tune_re_tunes_its_config_in_place_where_out_is_that_config(tmp_path, monkeypatch, capsys):
     """`cnnpar tune --config T --out T` (with T's trials beside it) refines a tuned config and rewrites both, as
-    asked: not refused as an earlier tune's results. (A budget of 0: the first trial ('start') cannot run, T is
-    kept.)"""
+    asked: not refused as an earlier tune's results. (A budget of 0: past --out's checks, the first trial ('start')
+    cannot start, and T and its trials are kept.)"""
     from cnnpar.config import dumps_toml
 
     monkeypatch.chdir(tmp_path)
     tuned = tmp_path / "t.toml"
     tuned.write_text(dumps_toml(Config()))
     (tmp_path / "t.csv").write_text("the trials that made t.toml\n")
-    assert main(["tune", "--config", str(tuned), "--out", str(tuned), "--budget-s", "0"]) == 1
-    out, err = capsys.readouterr()
-    assert f"tune: kept {tuned}: it is the --config this run started from, not a result of it" in out
-    assert err.startswith(
-        f"tune: no {tuned} written (the first trial ('start', the config as given) could not run: "
-    ), err
+    assert main(["tune", "--config", str(tuned), "--out", str(tuned), "--budget-s", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cnnpar: error: tune --budget-s 0: the first trial ('start', the config as given) could "), (
+        err
+    )
     assert tuned.read_text() == dumps_toml(Config())
-    assert (tmp_path / "t.csv").read_text().startswith("group,switch,value,status")  # this run's trials
+    assert (tmp_path / "t.csv").read_text() == "the trials that made t.toml\n"
 
 
 @pytest.fixture

@@ -143,18 +143,22 @@ def test_two_benches_started_within_one_second_get_a_folder_each(tmp_path, monke
 
 def test_each_tune_writes_into_a_new_folder_of_its_own(tmp_path, monkeypatch, capsys, one_second):
     """tune's default --out was tuned.toml in the current folder: a second tune there wrote over the first's
-    tuned.toml and tuned.csv without a word. (A budget of 0: the first trial ('start') cannot run, and tuned.csv
-    says so.)"""
+    tuned.toml and tuned.csv without a word. (Each start trial fails at once, and tuned.csv says so.)"""
+    import cnnpar.bench.tune as tune_mod
+    from cnnpar.bench.trial import FAILED, ChildResult
+
+    failed = lambda cfg, limit: ChildResult(FAILED, error="no device here", wall_s=0.1)  # noqa: E731
+    monkeypatch.setattr(tune_mod, "child_trial", lambda steps, repeats, log: failed)
     monkeypatch.chdir(tmp_path)
     for _ in range(2):
-        assert main(["tune", "--device", "cpu", "--budget-s", "0", "--out-dir", "runs"]) == 1
+        assert main(["tune", "--device", "cpu", "--budget-s", "60", "--out-dir", "runs"]) == 1
     err = capsys.readouterr().err
     folders = sorted((tmp_path / "runs" / "tune").iterdir())
     assert [f.name for f in folders] == ["cnn3-20261204-120000", "cnn3-20261204-120000-2"]
     assert all((f / "tuned.csv").is_file() for f in folders) and sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
     assert (
         f"tune: no {folders[1].relative_to(tmp_path) / 'tuned.toml'} written "
-        "(the first trial ('start', the config as given) could not run" in err
+        "(the first trial ('start', the config as given) failed: no device here" in err
     )
 
 

@@ -278,13 +278,28 @@ def test_batch_doubling_scales_lr_by_the_batch_size_auto_rule_and_stops_at_out_o
     assert best.run.batch_size == 256 and best.optim.lr == pytest.approx(0.2)
 
 
-def test_no_tuned_toml_when_not_even_the_start_finishes(tmp_path):
+def test_a_start_the_budget_cut_off_is_refused_naming_a_budget_and_writes_nothing(tmp_path):
+    """A budget under the start trial's time ended in exit 1, a failure, after a CSV of one unmeasured row: the budget
+    is the user's input, refused as bad data at the start is (tune_cli), with a budget to try."""
     m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 500.0)
+    with pytest.raises(tune_mod.BudgetTooSmall) as e:
+        m.tune(resnet50(), 100, tmp_path / "tuned.toml")
+    assert str(e.value) == (
+        "tune --budget-s 100: the first trial ('start', the config as given) needs more than that here "
+        "(cut off at the 97 s limit)"
+    )
+    assert e.value.budget_s == 200 and len(m.calls) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_start_that_failed_with_time_to_run_still_writes_its_trial(tmp_path):
+    """A start that failed (not for the budget, nor for bad data) is the tool's failure: its row is kept."""
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 10.0, fail=lambda c: "CUDA error: launch failure")
     best, trials = m.tune(resnet50(), 100, tmp_path / "tuned.toml")
-    assert best is None and [t.status for t in trials] == [CUT_OFF]
+    assert best is None and [t.status for t in trials] == [FAILED]
     assert not (tmp_path / "tuned.toml").exists()
     [row] = list(csv.DictReader((tmp_path / "tuned.csv").open()))
-    assert row["status"] == CUT_OFF
+    assert row["status"] == FAILED
     assert row["device"] and row["torch"] and row["world_size"] == "1"  # this machine's, with no start measured
 
 
@@ -619,12 +634,12 @@ def test_an_out_holding_an_earlier_runs_results_is_refused_before_any_trial(tmp_
 
 
 def test_a_start_that_measured_nothing_keeps_the_config_it_started_from_where_that_is_out(tmp_path):
-    """`cnnpar tune --config tuned.toml` (the default --out) re-tunes a tuned config: a start cut off must not
+    """`cnnpar tune --config tuned.toml` (the default --out) re-tunes a tuned config: a start that failed must not
     delete the user's own file, which the printed retry command names."""
     out = tmp_path / "tuned.toml"
     out.write_text("# the user's config\n")
     lines = []
-    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 500.0)
+    m = FakeMachine(rate=lambda c: 1000.0, cost=lambda c: 10.0, fail=lambda c: "CUDA error: launch failure")
     best, _ = tune_mod.tune(
         resnet50(), 100, out, run_trial=m.run_trial, clock=m.clock, log=lines.append, config_read=out
     )
@@ -632,18 +647,41 @@ def test_a_start_that_measured_nothing_keeps_the_config_it_started_from_where_th
     assert f"tune: kept {out}: it is the --config this run started from, not a result of it" in lines
 
 
-def test_a_start_the_budget_left_no_time_for_says_to_raise_the_budget(tmp_path, capsys):
-    """The start not started (the budget spent on start-up) said only "the start skipped: time budget spent"."""
+def test_a_budget_start_up_leaves_no_trial_time_in_is_refused_before_any_work(tmp_path, capsys):
+    """The start not started (the budget spent on start-up) said only "the start skipped: time budget spent", and
+    then exited 1, a failure, after writing a trials file of that one row: refused now in one line, exit 2, nothing
+    written, no child started, with the command to rerun."""
     from cnnpar.cli import main
 
     out = tmp_path / "tuned.toml"
-    assert main(["tune", "--device", "cpu", "--budget-s", "0", "--out", str(out)]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith(
-        f"tune: no {out} written (the first trial ('start', the config as given) could not run: time budget spent "
-        "(0 s left), "
+    started = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tune_mod, "child_trial", lambda *a: lambda cfg, limit: started.append(cfg))
+        assert main(["tune", "--device", "cpu", "--budget-s", "0", "--out", str(out)]) == 2
+    out_text, err = capsys.readouterr()
+    assert err == (
+        "cnnpar: error: tune --budget-s 0: the first trial ('start', the config as given) could not start: time "
+        "budget spent (0 s left), under the 5 s a trial needs at least: expected a larger --budget-s, such as: "
+        f"cnnpar tune --device cpu --out {out} --budget-s 60\n"
     )
-    assert f"raise --budget-s: cnnpar tune --device cpu --out {out} --budget-s 60); trials in " in err
+    assert out_text == "" and started == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_start_the_budget_cut_off_exits_2_with_the_command_and_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    """The CLI side of a cut-off start: it exited 1 after the trial, with a CSV of the cut-off row."""
+    from cnnpar.cli import main
+
+    cut = lambda cfg, limit: ChildResult(CUT_OFF, error=f"cut off at the {limit:.0f} s limit", wall_s=limit)  # noqa: E731
+    monkeypatch.setattr(tune_mod, "child_trial", lambda steps, repeats, log: cut)
+    monkeypatch.chdir(tmp_path)
+    assert main(["tune", "--device", "cpu", "--budget-s", "30", "--out-dir", "runs"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(
+        "cnnpar: error: tune --budget-s 30: the first trial ('start', the config as given) needs more than that here "
+        "(cut off at the "
+    ), last
+    assert last.endswith("expected a larger --budget-s, such as: cnnpar tune --device cpu --out-dir runs --budget-s 60")
+    assert list(tmp_path.iterdir()) == []  # neither runs/tune/<stamp>/ nor its tuned.csv
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: prctl's parent-death signal")

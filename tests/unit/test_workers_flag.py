@@ -1,0 +1,71 @@
+"""`--workers auto`, as predict took it, in every command with a --workers (train, profile, doctor, tune and bench
+through the config's flag, prepare through its own): the automatic choice each command makes by default, shown as
+"auto" in --help, and a value that means nothing refused in one wording everywhere."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cnnpar import cli
+from cnnpar.cliargs import config_from_args
+from cnnpar.config import load_toml
+
+CONFIG_COMMANDS = ["train", "profile", "doctor", "tune", "bench"]
+ALL_COMMANDS = [*CONFIG_COMMANDS, "predict", "prepare"]
+PREDICT = ["--checkpoint", "run", "--data", "photos"]
+REFUSAL = "argument --workers: {}: expected a whole number >= 0 or auto"
+
+
+def _parse(words: list[str]) -> argparse.Namespace:
+    return cli.build_parser().parse_args(words)
+
+
+def _extra(command: str) -> list[str]:
+    """The positional arguments a command needs before its --workers parses."""
+    return {"predict": PREDICT, "prepare": ["photos"]}.get(command, [])
+
+
+@pytest.mark.parametrize("command", CONFIG_COMMANDS)
+@pytest.mark.parametrize("typed, held", [("auto", -1), ("AUTO", -1), ("-1", -1), ("0", 0), ("3", 3)])
+def test_config_commands_take_auto_as_their_default(command, typed, held):
+    cfg = config_from_args(_parse([command, "--workers", typed]))
+    assert cfg.data.workers == held
+    if typed.lower() == "auto":
+        assert cfg == config_from_args(_parse([command])), "auto is the default, nothing else"
+
+
+def test_predict_and_prepare_take_auto_as_their_own_default():
+    assert _parse(["predict", *PREDICT, "--workers", "auto"]).workers == _parse(["predict", *PREDICT]).workers == -1
+    assert _parse(["prepare", "photos", "--workers", "auto"]).workers == _parse(["prepare", "photos"]).workers == 0
+    assert _parse(["prepare", "photos", "--workers", "-1"]).workers == 0
+    assert _parse(["prepare", "photos", "--workers", "5"]).workers == 5
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS)
+@pytest.mark.parametrize("typed", ["many", "-2", "1.5"])
+def test_a_value_that_means_nothing_is_refused_in_one_wording(command, typed, capsys):
+    with pytest.raises(SystemExit) as e:
+        _parse([command, *_extra(command), "--workers", typed])
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    shown = repr(typed) if typed in ("many", "1.5") else typed
+    assert last == f"cnnpar {command}: error: {REFUSAL.format(shown)}", last
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS)
+def test_help_shows_auto_as_the_default(command):
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    action = next(a for a in sub.choices[command]._actions if "--workers" in a.option_strings)
+    text = " ".join(sub.choices[command].formatter_class("x")._expand_help(action).split())
+    assert text.endswith("(default: auto)") and text.count("default") == 1, text
+    assert action.metavar == "N|auto"
+
+
+def test_a_config_file_takes_auto_too(tmp_path):
+    (tmp_path / "c.toml").write_text('[data]\nworkers = "auto"\n')
+    assert load_toml(tmp_path / "c.toml").data.workers == -1
+    (tmp_path / "c.toml").write_text('[data]\nworkers = "many"\n')
+    with pytest.raises(Exception, match=r"data\.workers \(--workers\) = 'many': expected a whole number >= 0 or"):
+        load_toml(tmp_path / "c.toml")
