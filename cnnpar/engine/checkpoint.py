@@ -272,15 +272,16 @@ def require_training_state(state, path: Path) -> dict:
     return state
 
 
-def refuse_nonfinite(state: dict, path: Path) -> None:
-    """A resume from weights or buffers that are not finite: cnnpar never saves them (a diverged epoch stops before
-    its checkpoint), so the file was changed under a valid checksum (edited, another tool's); the resume trained a
-    whole epoch on it, then blamed the learning rate."""
-    for name, t in state["model"].items():
+def refuse_nonfinite(weights: dict, path: Path, whose: str = "model") -> None:
+    """Weights or buffers a command reads from a checkpoint (`whose`: the model's, or its weight average's) that are
+    not finite: cnnpar never saves them (a diverged epoch, its weights or its average, stops before its checkpoint),
+    so the file was changed under a valid checksum (edited, another tool's); a resume trained a whole epoch on it,
+    then blamed the learning rate, and predict blamed a diverged run, or (a -inf bias before a ReLU) predicted."""
+    for name, t in weights.items():
         if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise UserError(
-                f"{path}: its model's {name} holds values that are not finite (NaN or inf), which cnnpar train never "
-                "saves: expected an intact checkpoint (an earlier copy of it, or train again)"
+                f"{path}: its {whose}'s {name} holds values that are not finite (NaN or inf), which cnnpar train "
+                "never saves: expected an intact checkpoint (an earlier copy of it, or train again)"
             )
 
 
