@@ -55,6 +55,7 @@ from cnnpar.engine.checkpoint import (
     kept_after_failed_write,
     load_checkpoint,
     refuse_nonfinite,
+    require_average,
     require_training_state,
     save_checkpoint,
 )
@@ -598,8 +599,8 @@ class Trainer(DivergenceCheck):
             ) from None
         checks.refuse_changed_fields(path, state.get("config", {}))
         refuse_nonfinite(state["model"], path)
-        if self.average is not None and isinstance(state.get("average"), dict):  # what load_state_dict reads below
-            refuse_nonfinite(module_weights(state["average"]), path, "weight average")
+        if self.average is not None and "average" in state:  # what the average loads below
+            refuse_nonfinite(module_weights(require_average(state, path)), path, "weight average")
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         try:
             self.optimizer.load_state_dict(state["optimizer"])

@@ -503,3 +503,26 @@ def test_predict_refuses_model_weights_that_are_not_finite(trained, tmp_path, ca
     err = capsys.readouterr().err
     assert f"best.pt: its model's {name} holds values that are not finite" in err, err
     assert not out.exists()
+
+
+def test_a_weight_average_that_is_not_a_state_dict_is_refused_in_one_line(averaged, tmp_path, capsys):
+    """An edited file whose 'average' is a list, or whose count is text: an AttributeError traceback from predict and
+    from a resume that reads the average."""
+    ckpt = averaged / "ckpt" / "last.pt"
+    state = torch.load(ckpt, weights_only=True)
+    out = tmp_path / "p.csv"
+    for average, said in (
+        ([1, 2], "its 'average' is [1, 2]"),
+        ({"n_averaged": "x"}, "its average's n_averaged is 'x'"),
+    ):
+        torch.save({**state, "average": average}, ckpt)
+        assert (
+            main(["predict", "--checkpoint", str(ckpt), "--data", "digits", "--device", "cpu", "--out", str(out)]) == 2
+        )
+        err = capsys.readouterr().err
+        assert err.startswith(f"cnnpar: error: {ckpt}: not a checkpoint predict can read ({said}") and "\n" == err[-1:]
+        assert not out.exists()
+        assert main([*SMALL, "--epochs", "2", "--resume", str(averaged)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"cnnpar: error: {ckpt}: not a checkpoint a resume can read ({said}"), err
+        assert err.count("\n") == 1
