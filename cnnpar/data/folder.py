@@ -804,8 +804,10 @@ class PathTable(Sequence):
 
 
 class ImageFolderDataset(Dataset):
-    def __init__(self, files: list[Path], labels: list[int], size: int) -> None:
-        self.files = files
+    def __init__(self, files: Sequence[Path], labels: list[int], size: int) -> None:
+        # not a list: the textbook loader hands this data set itself to its workers, which copied a list of Paths
+        # page by page as they read it (PathTable); the fast readers made from it share the table's bytes
+        self.files = PathTable(files)
         self.labels = torch.as_tensor(labels, dtype=torch.int64)
         self.size = size
 
@@ -825,8 +827,7 @@ class ImageFolderDataset(Dataset):
         return resized_crops_loop([img], box, self.size)[0], self.labels[i]
 
     def subset(self, idx: torch.Tensor) -> ImageFolderDataset:
-        keep = idx.tolist()
-        return ImageFolderDataset([self.files[i] for i in keep], self.labels[idx].tolist(), self.size)
+        return ImageFolderDataset(self.files.take(idx.tolist()), self.labels[idx].tolist(), self.size)
 
 
 def listing_checksum(root: Path, files: list[Path], labels: list[int], splits: list[int]) -> str:

@@ -119,5 +119,10 @@ def averaged_weights(checkpoint: dict) -> dict | None:
     state = checkpoint.get("average")
     if not state or int(state.get("n_averaged", 0)) == 0:
         return None
+    return module_weights(state)
+
+
+def module_weights(average_state: dict) -> dict:
+    """An average's state dict's weights and buffers under the model's own names (its count left out)."""
     prefix = "module."
-    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in average_state.items() if k.startswith(prefix)}

@@ -272,16 +272,41 @@ def require_training_state(state, path: Path) -> dict:
     return state
 
 
-def refuse_nonfinite(state: dict, path: Path) -> None:
-    """A resume from weights or buffers that are not finite: cnnpar never saves them (a diverged epoch stops before
-    its checkpoint), so the file was changed under a valid checksum (edited, another tool's); the resume trained a
-    whole epoch on it, then blamed the learning rate."""
-    for name, t in state["model"].items():
+def refuse_nonfinite(weights: dict, path: Path, whose: str = "model") -> None:
+    """Weights or buffers a command reads from a checkpoint (`whose`: the model's, or its weight average's) that are
+    not finite: cnnpar never saves them (a diverged epoch, its weights or its average, stops before its checkpoint),
+    so the file was changed under a valid checksum (edited, another tool's); a resume trained a whole epoch on it,
+    then blamed the learning rate, and predict blamed a diverged run, or (a -inf bias before a ReLU) predicted."""
+    for name, t in weights.items():
         if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise UserError(
-                f"{path}: its model's {name} holds values that are not finite (NaN or inf), which cnnpar train never "
-                "saves: expected an intact checkpoint (an earlier copy of it, or train again)"
+                f"{path}: its {whose}'s {name} holds values that are not finite (NaN or inf), which cnnpar train "
+                "never saves: expected an intact checkpoint (an earlier copy of it, or train again)"
             )
+
+
+def average_problem(state: dict) -> str:
+    """What predict and a resume cannot read of a checkpoint's weight average ('average', --ema: AveragedModel's
+    state dict, its count and its weights), "" where it has none or nothing is wrong: an edited file's list or
+    text there ended in an AttributeError traceback."""
+    if "average" not in state:
+        return ""
+    average = state["average"]
+    if not isinstance(average, dict):
+        return f"its 'average' is {brief_repr(average)}: expected the weight average's dict of tensors"
+    count = average.get("n_averaged")
+    if not (isinstance(count, torch.Tensor) and count.numel() == 1 and not count.is_floating_point()):
+        return f"its average's n_averaged is {brief_repr(count)}: expected its count of updates"
+    return ""
+
+
+def require_average(state: dict, path: Path) -> dict:
+    """The checkpoint's weight average (`average_problem`), refused in one line where it cannot be read."""
+    if problem := average_problem(state):
+        raise UserError(
+            f"{path}: not a checkpoint a resume can read ({problem}): expected a checkpoint of cnnpar train"
+        )
+    return state["average"]
 
 
 MAX_INPUT_VALUES = 3 * MAX_IMAGE_SIZE**2  # one input as large as the largest --image-size makes, in any shape
@@ -298,6 +323,7 @@ def require_model_description(state, path: Path) -> dict:
     problem = _description_problem(meta)
     if not problem and "model" not in state:
         problem = "no 'model' weights"
+    problem = problem or average_problem(state)  # predict reads the average where it has started
     config = state.get("config") or {}  # predict reads the trained run's settings from its sections
     if not problem and not (isinstance(config, dict) and all(isinstance(v, dict) for v in config.values())):
         problem = f"its config is {brief_repr(config)}: expected a dict of sections"

@@ -31,6 +31,7 @@ from cnnpar.engine.checkpoint import (
     LAST,
     load_checkpoint,
     load_model_weights,
+    refuse_nonfinite,
     require_checkpoint,
     require_model_description,
     stored_epoch,
@@ -365,7 +366,11 @@ def predict(
             print(warning, file=sys.stderr, flush=True)
     model = build_model(meta["model"], c, meta["num_classes"], h, w)
     described = f"the {meta['model']} its meta describes, for {meta['num_classes']} classes of {c}x{h}x{w} images"
-    load_model_weights(model, averaged_weights(state) or state["model"], found, described)  # what the run evaluated
+    averaged = averaged_weights(state)
+    weights = averaged or state["model"]  # what the run evaluated
+    load_model_weights(model, weights, found, described)
+    # before any image: a weight of -inf before a ReLU gives finite outputs, and NaN ones were blamed on the lr
+    refuse_nonfinite(weights, found, "weight average" if averaged else "model")
     model.to(dev).eval()
     views = _views(state, tta_level, log)
     precision = _precision(run_cfg, dev, log)

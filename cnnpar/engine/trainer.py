@@ -45,6 +45,7 @@ from cnnpar.data.transforms import mirror_warning, resolve_augment, tta_mirror_w
 from cnnpar.data.worker_crash import worker_crash
 from cnnpar.dist import DistInfo, all_reduce_sum, barrier, debug_switch_cut, device_queues_line, launched_nproc
 from cnnpar.engine.agreement import data_identity, refuse_disagreeing_ranks, shared_settings, weights_checksum
+from cnnpar.engine.averaging import module_weights
 from cnnpar.engine.batch_size import lr_line, search_on_device
 from cnnpar.engine.checkpoint import (
     BEST,
@@ -54,6 +55,7 @@ from cnnpar.engine.checkpoint import (
     kept_after_failed_write,
     load_checkpoint,
     refuse_nonfinite,
+    require_average,
     require_training_state,
     save_checkpoint,
 )
@@ -598,7 +600,9 @@ class Trainer(DivergenceCheck):
                 )
             ) from None
         checks.refuse_changed_fields(path, state.get("config", {}))
-        refuse_nonfinite(state, path)
+        refuse_nonfinite(state["model"], path)
+        if self.average is not None and "average" in state:  # what the average loads below
+            refuse_nonfinite(module_weights(require_average(state, path)), path, "weight average")
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         try:
             self.optimizer.load_state_dict(state["optimizer"])

@@ -447,3 +447,82 @@ def test_a_checkpoint_whose_weights_are_not_finite_is_refused_before_an_epoch_tr
     err = capsys.readouterr().err
     assert f"last.pt: its model's {name} holds values that are not finite" in err and "lr" not in err
     assert {p.name: p.read_bytes() for p in trained.iterdir() if p.is_file()} == before  # no epoch 3 recorded
+
+
+def _poison(ckpt: Path, key: str, name: str, value: float) -> None:
+    """`ckpt`'s `key` ('model' or 'average') tensor `name` with `value` at its first place, saved under valid
+    checksums, as an edit or another tool's rewrite leaves it."""
+    state = torch.load(ckpt, weights_only=True)
+    state[key][name].view(-1)[0] = value
+    torch.save(state, ckpt)
+
+
+@pytest.fixture
+def averaged(tmp_path, monkeypatch):
+    """A one-epoch run with a weight average (--ema) that has started: what predict and a resume read from it."""
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--epochs", "1", "--ema", "0.9", "--name", "a"]) == 0
+    return tmp_path / "runs" / "a"
+
+
+def test_a_weight_average_that_is_not_finite_is_refused_by_predict_and_resume(averaged, tmp_path, capsys):
+    """Only the model's weights were checked: predict reads the average, and a -inf bias of it before a ReLU
+    predicted every image (exit 0) from broken weights, a NaN was blamed on a diverged run; a resume trained an epoch
+    on a NaN average, then blamed the learning rate."""
+    ckpt = averaged / "ckpt" / "last.pt"
+    state = torch.load(ckpt, weights_only=True)
+    assert int(state["average"]["n_averaged"]) > 0
+    bias = next(k for k in state["average"] if k.endswith(".bias"))
+    weight = next(k for k in state["average"] if k.endswith(".weight"))
+    name = bias.removeprefix("module.")
+    _poison(ckpt, "average", bias, float("-inf"))
+    out = tmp_path / "p.csv"
+    assert (
+        main(["predict", "--checkpoint", str(averaged), "--data", "digits", "--device", "cpu", "--out", str(out)]) == 2
+    )
+    err = capsys.readouterr().err
+    assert f"last.pt: its weight average's {name} holds values that are not finite" in err, err
+    assert not out.exists()
+
+    _poison(ckpt, "average", weight, float("nan"))
+    before = {p.name: p.read_bytes() for p in averaged.iterdir() if p.is_file()}
+    assert main([*SMALL, "--epochs", "2", "--resume", str(averaged)]) == 2
+    err = capsys.readouterr().err
+    assert f"last.pt: its weight average's {weight.removeprefix('module.')} holds values that are not finite" in err
+    assert "lr" not in err
+    assert {p.name: p.read_bytes() for p in averaged.iterdir() if p.is_file()} == before  # no epoch 2 recorded
+
+
+def test_predict_refuses_model_weights_that_are_not_finite(trained, tmp_path, capsys):
+    """A run without an average: predict read a -inf bias as it read any weight, and its predictions came out of it."""
+    ckpt = trained / "ckpt" / "best.pt"
+    name = next(k for k in torch.load(ckpt, weights_only=True)["model"] if k.endswith(".bias"))
+    _poison(ckpt, "model", name, float("-inf"))
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--checkpoint", str(ckpt), "--data", "digits", "--device", "cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"best.pt: its model's {name} holds values that are not finite" in err, err
+    assert not out.exists()
+
+
+def test_a_weight_average_that_is_not_a_state_dict_is_refused_in_one_line(averaged, tmp_path, capsys):
+    """An edited file whose 'average' is a list, or whose count is text: an AttributeError traceback from predict and
+    from a resume that reads the average."""
+    ckpt = averaged / "ckpt" / "last.pt"
+    state = torch.load(ckpt, weights_only=True)
+    out = tmp_path / "p.csv"
+    for average, said in (
+        ([1, 2], "its 'average' is [1, 2]"),
+        ({"n_averaged": "x"}, "its average's n_averaged is 'x'"),
+    ):
+        torch.save({**state, "average": average}, ckpt)
+        assert (
+            main(["predict", "--checkpoint", str(ckpt), "--data", "digits", "--device", "cpu", "--out", str(out)]) == 2
+        )
+        err = capsys.readouterr().err
+        assert err.startswith(f"cnnpar: error: {ckpt}: not a checkpoint predict can read ({said}") and "\n" == err[-1:]
+        assert not out.exists()
+        assert main([*SMALL, "--epochs", "2", "--resume", str(averaged)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"cnnpar: error: {ckpt}: not a checkpoint a resume can read ({said}"), err
+        assert err.count("\n") == 1

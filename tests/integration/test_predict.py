@@ -176,9 +176,14 @@ def test_predict_refuses_a_diverged_checkpoint_and_writes_nothing(tmp_path, caps
     for data in (test, labelled):
         assert main(["predict", "--checkpoint", str(bad), "--data", str(data)]) == 2
         out, err = capsys.readouterr()
+        # NaN weights, which cnnpar train never saves (its epoch stops first), are named before any image: they were
+        # blamed on a diverged run and its --lr
         assert err == (
-            f"cnnpar: error: {bad}: the model's outputs on {data} are not finite (NaN or inf): its weights come "
-            "from a run that diverged; expected a checkpoint of a run that trained (try a lower --lr)\n"
+            f"cnnpar: error: {bad}: its model's classifier.5.weight holds values that are not finite (NaN or inf), "
+            "which cnnpar train never saves: expected an intact checkpoint (an earlier copy of it, or train again)\n"
+            if poison == "nan"
+            else f"cnnpar: error: {bad}: the model's outputs on {data} are not finite (NaN or inf): its weights "
+            "come from a run that diverged; expected a checkpoint of a run that trained (try a lower --lr)\n"
         )
         assert out == f"checkpoint: {bad} (epoch 2)\n"  # which file it read, and no accuracy line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["diverged.pt", "labelled.csv"]

@@ -3,11 +3,14 @@ and as the fast loader's decoders draw them; the centre crop in evaluation. And 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from cnnpar.config import Config, DataConfig, RunConfig, resolve_for_device
 from cnnpar.data import load_data
+from cnnpar.data.folder import PathTable
 from cnnpar.data.store_write import prepare_store
 from cnnpar.data.transforms import TextbookDataset, keyed_generator, mix_seed
 from cnnpar.dist import DistInfo
@@ -72,6 +75,23 @@ def test_textbook_crops_follow_crop_min_scale_and_evaluation_stays_centre(source
     assert not eval_ds.train
     centre = torch.stack([_normalised(eval_ds, eval_ds.base[i][0]) for i in range(len(eval_ds))])
     assert torch.equal(evaluated, centre)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_the_textbook_loaders_folder_is_a_path_table_and_reads_as_its_list_did(sources, train):
+    """The textbook loader hands its workers the folder's data set as it is: its list of Paths was copied page by
+    page into every forked worker that read it (reference counts; ~275 MB a worker at 1.28 million files), where
+    the fast readers' workers share a PathTable. Its samples stay those of the same data set holding a list."""
+    ds, samples = _epoch(sources["folder"], 1, train=train)
+    files = ds.base.files
+    assert isinstance(files, PathTable)
+    assert len(set(files)) == len(files) > 0 and all(f.is_file() for f in files)
+    listed = copy.copy(ds.base)
+    listed.files = list(files)  # the data set as it was: a list of Paths
+    as_list = copy.copy(ds)
+    as_list.base = listed
+    assert torch.equal(torch.stack([as_list[i][0] for i in range(len(ds))]), samples)
+    assert [int(as_list[i][1]) for i in range(len(ds))] == [int(ds[i][1]) for i in range(len(ds))]
 
 
 def test_keyed_generators_of_neighbouring_ranks_do_not_repeat_each_other():

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cnnpar.data.cpu_decode import CpuDecodedFolder
-from cnnpar.data.folder import PathTable
+from cnnpar.data.folder import ImageFolderDataset, PathTable
 from cnnpar.data.gpu_decode import EncodedFolderDataset
 from cnnpar.data.store_feed import PreparedFolder
 from cnnpar.data.worker_gpu_decode import WorkerGpuDecodedFolder
@@ -48,8 +48,10 @@ def test_a_table_reads_as_the_list_it_was_made_of():
         lambda files: EncodedFolderDataset(files, [0] * len(files), 16),
         lambda files: PreparedFolder(files, 16, 0, 0),
         lambda files: WorkerGpuDecodedFolder(files, [0] * len(files), 16, True, torch.device("cpu")),
+        # the textbook loader hands it to its workers as it is (in a TextbookDataset): its list was copied by each
+        lambda files: ImageFolderDataset(files, [0] * len(files), 16),
     ],
-    ids=["cpu-decode", "encoded-bytes", "prepare", "worker-gpu-decode"],
+    ids=["cpu-decode", "encoded-bytes", "prepare", "worker-gpu-decode", "image-folder"],
 )
 def test_a_worker_data_set_holds_no_path_object_of_its_list(make):
     files = paths()
@@ -71,3 +73,15 @@ def test_the_hybrid_decoders_two_halves_share_one_table():
     hybrid = HybridFolder(files, [0] * len(files), 16, True, 0.5)
     assert list(hybrid.cpu.files) == list(hybrid.encoded.files) == files
     assert np.shares_memory(hybrid.cpu.files._bytes, hybrid.encoded.files._bytes)
+
+
+def test_an_image_folders_subsets_share_its_table():
+    """The train and validation subsets of a folder (and the readers made from them) read the folder's one table."""
+    import numpy as np
+
+    files = paths()
+    full = ImageFolderDataset(files, [0, 1, 0, 1], 16)
+    part = full.subset(torch.tensor([3, 1]))
+    assert list(part.files) == [files[3], files[1]] and part.labels.tolist() == [1, 1]
+    assert np.shares_memory(part.files._bytes, full.files._bytes)
+    assert len(full.subset(torch.tensor([], dtype=torch.int64))) == 0
