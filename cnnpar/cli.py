@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -412,13 +413,9 @@ def cmd_predict(args: argparse.Namespace, argv: list[str]) -> int:
 
 def cmd_tune(args: argparse.Namespace, argv: list[str]) -> int:
     import shlex
-    import time
 
-    import psutil
-
-    # the budget counts from the process's start (interpreter and imports included): the whole run
-    # ends within it plus 10 %
-    started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+    # the whole run ends within the budget plus 10 %
+    started = budget_start(args)
     from cnnpar.bench.tune import (
         CHANGED,
         BudgetTooSmall,
@@ -624,12 +621,8 @@ def cmd_models(args: argparse.Namespace, argv: list[str]) -> int:
 
 def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     import shlex
-    import time
 
-    import psutil
-
-    # the budget counts from the process's start, so `--budget-s 170` ends the command within 3 minutes
-    started = time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+    started = budget_start(args)  # so `--budget-s 170` ends the command within 3 minutes
     from cnnpar.bench.run import BenchOptions, pick_mode, run_bench
     from cnnpar.bench.timing import Timing
     from cnnpar.cliargs import config_from_args
@@ -1003,7 +996,21 @@ def _preset_data_note(args: argparse.Namespace, e: UserError) -> str:
     return f" {note}" if note else ""
 
 
+def budget_start(args: argparse.Namespace) -> float:
+    """The `time.monotonic()` a --budget-s (tune, bench --claims) counts from: the process's start where the process
+    was started for this command (`cnnpar ...`: interpreter and imports included), else the call's. Counted from the
+    process's start in a notebook kernel or script calling `main`, a budget ran out with the kernel's age: an hour
+    after the kernel started, every `tune` was refused at once ("time budget spent (0 s left)") and every claim of
+    `bench --claims` skipped."""
+    if (called := getattr(args, "called_at", None)) is not None:
+        return called
+    import psutil
+
+    return time.monotonic() - max(0.0, time.time() - psutil.Process().create_time())
+
+
 def main(argv: list[str] | None = None) -> int:
+    called_at = None if argv is None else time.monotonic()  # None: the process's own command line (budget_start)
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -1019,6 +1026,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    args.called_at = called_at
     with ctrl_c_noted() as came:  # torch's first import, which a Ctrl-C raised inside left broken for the process
         from cnnpar.console import printable_stdio
         from cnnpar.dist import launched_as_worker, stops_for_a_plain_torchrun, widen_device_queues  # (imports torch)

@@ -323,3 +323,48 @@ def test_a_caller_that_set_torchs_newer_fp32_precision_api_can_call_a_command(tm
         torch.set_float32_matmul_precision(start[1])
         for name in names:
             module(name).fp32_precision = start[0][name]
+
+
+@pytest.fixture
+def an_hour_old_process(monkeypatch):
+    """The process started an hour ago, as a notebook kernel that has been open that long."""
+    import time
+
+    import psutil
+
+    started = time.time() - 3600
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: started)
+
+
+def test_tune_in_a_process_older_than_its_budget_gives_the_start_trial_the_budget(
+    tmp_path, monkeypatch, an_hour_old_process
+):
+    """--budget-s counted from the process's start: in a kernel older than the budget, every `tune` was refused at
+    once ("could not start: time budget spent (0 s left)"). Called from Python, it counts from the call."""
+    import cnnpar.bench.tune as tune_mod
+    from cnnpar.bench.trial import FAILED, ChildResult
+
+    limits = []
+
+    def failed(cfg, limit):  # the start fails at once: nothing is measured, and tuned.csv says so
+        limits.append(limit)
+        return ChildResult(FAILED, error="no device here", wall_s=0.1)
+
+    monkeypatch.setattr(tune_mod, "child_trial", lambda steps, repeats, log: failed)
+    out = tmp_path / "t" / "tuned.toml"
+    assert main(["tune", "--device", "cpu", "--budget-s", "60", "--out", str(out)]) == 1
+    assert len(limits) == 1 and limits[0] > 50  # the budget less its end reserve and this call's own start
+
+
+def test_bench_claims_in_a_process_older_than_its_budget_count_it_from_the_call(
+    tmp_path, monkeypatch, an_hour_old_process
+):
+    """`bench --claims --budget-s N` skipped every claim as past the budget in a kernel open longer than N."""
+    import time
+
+    import cnnpar.bench.run as run_mod
+
+    seen = []
+    monkeypatch.setattr(run_mod, "run_bench", lambda cfg, opts: seen.append(time.monotonic() - opts.started) or 0)
+    assert main(["bench", "--claims", "--device", "cpu", "--budget-s", "60", "--out-dir", str(tmp_path)]) == 0
+    assert len(seen) == 1 and 0 <= seen[0] < 60
