@@ -40,6 +40,7 @@ from cnnpar.dist import DistInfo  # noqa: E402
 from cnnpar.engine.trainer import Trainer  # noqa: E402
 from cnnpar.errors import UserError, main_saying_user_errors  # noqa: E402
 from cnnpar.models import build_model  # noqa: E402
+from cnnpar.parallel.precision import set_tf32  # noqa: E402
 from cnnpar.report.environment import environment  # noqa: E402
 from cnnpar.report.files import write_csv_atomic  # noqa: E402
 from cnnpar.report.meters import sync  # noqa: E402
@@ -338,12 +339,10 @@ def main():
         for label, prec, cl, comp in plain:
             # plain fp32 means fp32, not TF32; each plain loop sets the flags, so none inherits another's
             if cuda:
-                tf32 = prec != "fp32"
-                # the precision call, not `cuda.matmul.allow_tf32`: after cnnpar's step had set "high" (oneDNN's
-                # matmuls at TF32 too), that flag alone left a mix newer torch refuses to read, and inductor reads
-                # it to compile (the variant failed)
-                torch.set_float32_matmul_precision("high" if tf32 else "highest")
-                torch.backends.cudnn.allow_tf32 = tf32
+                # as cnnpar's step sets them (set_tf32), not `cuda.matmul.allow_tf32`: after that step had set "high"
+                # (oneDNN's matmuls at TF32 too), that flag alone left a mix newer torch refuses to read, and
+                # inductor reads it to compile (the variant failed)
+                set_tf32(prec != "fp32")
             try:
                 ips, warm = time_plain(name, size, batch, device, prec, cl, comp, args.steps, args.repeats, args.warmup)
                 row = {"variant": label, "images_per_s": round(ips, 1), "warmup_s": round(warm, 1), "status": "ok"}

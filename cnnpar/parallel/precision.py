@@ -66,6 +66,12 @@ def set_tf32(on: bool) -> None:
     "PyTorch is checking the matmul precision without a specific backend name"."""
     torch.set_float32_matmul_precision("high" if on else "highest")
     torch.backends.cudnn.allow_tf32 = on  # cuDNN's legacy flag sets its conv and rnn values of the newer API too
+    if not on:
+        # off, that flag stores "none" for them, which falls back to cuDNN's whole value or the generic one: after a
+        # caller's `torch.backends.fp32_precision = "tf32"` (or cudnn's), --precision fp32 convolved in TF32
+        for op in ("conv", "rnn"):
+            if hasattr(module := getattr(torch.backends.cudnn, op, None), "fp32_precision"):  # torch >= 2.9
+                module.fp32_precision = "ieee"
 
 
 class Precision:

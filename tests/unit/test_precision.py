@@ -169,3 +169,28 @@ def test_the_tf32_choice_on_cuda_leaves_a_precision_torch_can_read(caller, kind,
         assert torch.get_float32_matmul_precision() == expected
         assert torch.backends.cuda.matmul.allow_tf32 == (expected == "high")
         assert torch.backends.cudnn.allow_tf32 == (kind != "fp32")
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cudnn, "conv"), reason="this torch has no fp32_precision API")
+@pytest.mark.parametrize("backend", ["", "cudnn"])
+def test_fp32_on_cuda_turns_tf32_off_for_convolutions_a_caller_set_tf32_for_through_the_newer_api(backend):
+    """`cudnn.allow_tf32 = False` stores "none" for cuDNN's convolutions, which falls back to the value a caller set
+    for cuDNN or for every backend (`torch.backends.fp32_precision = "tf32"`, the newer API): --precision fp32
+    convolved in TF32, and torch refused to read `cudnn.allow_tf32` meanwhile."""
+    from cnnpar.process_state import torch_settings_kept
+
+    module = torch.backends.cudnn if backend else torch.backends
+    start = module.fp32_precision, torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.rnn.fp32_precision
+    try:
+        with torch_settings_kept():
+            module.fp32_precision = "tf32"
+            Precision("fp32", CUDA)
+            assert torch.backends.cudnn.conv.fp32_precision != "tf32"
+            assert torch.backends.cudnn.rnn.fp32_precision != "tf32"
+            assert torch.backends.cudnn.allow_tf32 is False  # readable: no mix of the two APIs
+            Precision("tf32", CUDA)
+            assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+    finally:
+        module.fp32_precision = start[0]
+        torch.backends.cudnn.allow_tf32 = True  # torch's default, which the conv and rnn values below refine
+        torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.rnn.fp32_precision = start[1:]
