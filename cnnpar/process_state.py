@@ -94,6 +94,8 @@ def _read_refused(read):
 def _fp32_settings() -> dict:
     return {
         "matmul_precision": _read_refused(torch.get_float32_matmul_precision),
+        # where that read is refused (oneDNN's matmuls set alone through the newer API), "highest" or not still is
+        "matmul_tf32": _read_refused(lambda: torch.backends.cuda.matmul.allow_tf32),
         "cudnn_tf32": _read_refused(lambda: torch.backends.cudnn.allow_tf32),
         # the values the getters resolve (torch has no getter of a raw "none"), which behave as the raw ones did
         "fp32_precision": {
@@ -116,6 +118,10 @@ def _put_fp32_settings(saved: dict) -> None:
             _fp32_module(name).fp32_precision = new[name]
     if saved["matmul_precision"] is not None:
         torch.set_float32_matmul_precision(saved["matmul_precision"])
+    elif saved["matmul_tf32"] is not None:
+        # the legacy precision left at the command's "high" made the caller's `cuda.matmul.allow_tf32`, readable
+        # before, raise after a run with TF32 (torch.compile reads it); the values it moves are put back below
+        torch.backends.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
     if saved["cudnn_tf32"] is not None:
         torch.backends.cudnn.allow_tf32 = saved["cudnn_tf32"]
     for name in _FP32_OPERATIONS:

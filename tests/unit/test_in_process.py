@@ -368,3 +368,26 @@ def test_bench_claims_in_a_process_older_than_its_budget_count_it_from_the_call(
     monkeypatch.setattr(run_mod, "run_bench", lambda cfg, opts: seen.append(time.monotonic() - opts.started) or 0)
     assert main(["bench", "--claims", "--device", "cpu", "--budget-s", "60", "--out-dir", str(tmp_path)]) == 0
     assert len(seen) == 1 and 0 <= seen[0] < 60
+
+
+@pytest.mark.skipif(not NEW_API, reason="this torch has no fp32_precision API")
+@pytest.mark.parametrize("onednn", ["bf16", "tf32"])
+def test_a_callers_cuda_tf32_flag_stays_readable_after_a_command_that_set_tf32(onednn):
+    """A caller's oneDNN matmul precision set through the newer API (bf16 for a CPU's matmuls) leaves
+    `get_float32_matmul_precision()` unreadable and `cuda.matmul.allow_tf32` readable (False): the command's "high"
+    was not put back with the former, so the latter raised after the call ("... mix of the legacy and new APIs ...":
+    torch.compile reads it)."""
+    from cnnpar.parallel.precision import Precision
+    from cnnpar.process_state import torch_settings_kept
+
+    before = torch.get_float32_matmul_precision(), torch.backends.mkldnn.matmul.fp32_precision
+    try:
+        torch.backends.mkldnn.matmul.fp32_precision = onednn
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        with torch_settings_kept():
+            Precision("tf32", torch.device("cuda"))  # no CUDA call is made
+        assert torch.backends.cuda.matmul.allow_tf32 is False
+        assert torch.backends.mkldnn.matmul.fp32_precision == onednn
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.mkldnn.matmul.fp32_precision = before[1]
