@@ -38,6 +38,7 @@ from cnnpar.engine.checkpoint import (
 )
 from cnnpar.engine.memory_full import memory_full_said
 from cnnpar.engine.predict_loader import AUTO_WORKERS, photo_batches
+from cnnpar.engine.resolved import rooted
 from cnnpar.engine.step import tta_logits
 from cnnpar.engine.trainer import RUN_RECORDS
 from cnnpar.errors import ConfigError, DataError, UserError, raise_pending_stop
@@ -431,7 +432,7 @@ def predict(
             line = _accuracy_line(y, preds, meta["num_classes"], data, label_origin)
         if fmt == "digits" and state.get("config", {}).get("data", {}).get("source") == "digits":
             line += ": every built-in digit, the run's training images among them, so not a held-out score"
-        if fmt == "folder" and not labels and _is_training_folder(data, run_cfg):
+        if fmt == "folder" and not labels and _is_training_folder(data, state):
             line += ": the folder the run trained on, its training images among them, so not a held-out score"
         log(line)
     if fmt == "csv":
@@ -456,10 +457,18 @@ def predict(
     return target
 
 
-def _is_training_folder(data: str, run_cfg: dict) -> bool:
+def _is_training_folder(data: str, state: dict) -> bool:
     """Whether the class folders scored are those the run trained on: its --data itself (a seeded hold-out of it
     validated) or that folder's train/ split."""
-    source = run_cfg.get("data", {}).get("source")
+    source = (state.get("config") or {}).get("data", {}).get("source")
+    if source:
+        # where the run read it: a relative --data read from predict's working folder missed the run's own folder
+        # given from elsewhere, and took another folder of that name for it
+        recorded, started_in = state["meta"].get("data_path"), state.get("started_in")
+        if isinstance(recorded, str) and recorded:
+            source = recorded
+        elif isinstance(started_in, str):
+            source = rooted(source, started_in)
     if not source or not Path(source).is_dir():
         return False
     train_dir, _ = split_dirs(Path(source))

@@ -177,3 +177,24 @@ def test_class_folder_names_match_the_run_s_classes_as_val_matches_train():
     assert class_folder_labels(root, files, ["cat", "dog"], unscored) is None
     assert len(unscored) == 1 and f"its folder(s) '07', {nfd!r} are not among" in unscored[0]
     assert class_folder_labels(root, files, None) is None  # a checkpoint without class names: nothing to match
+
+
+def test_predict_knows_the_run_s_training_folder_whatever_folder_it_runs_in(tmp_path, capsys, monkeypatch):
+    """A run trained on `--data photos` (a relative path) records "photos": predict read it from its own working
+    folder, so the run's folder given from elsewhere was scored as a hold-out, and another folder named photos where
+    predict ran was called the run's training folder."""
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    _photos(home / "photos")
+    monkeypatch.chdir(home)
+    run_dir = _train(Path("photos"), tmp_path / "runs", "r")
+    note = ": the folder the run trained on, its training images among them, so not a held-out score"
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert _predict(run_dir, home / "photos" / "train", tmp_path / "p.csv") == 0
+    (line,) = _said(capsys.readouterr().out)
+    assert line.startswith("accuracy ") and line.endswith(note)
+    shutil.copytree(home / "photos" / "val", elsewhere / "photos" / "train")  # held out, named as the run's folder
+    monkeypatch.chdir(elsewhere)
+    assert _predict(run_dir, Path("photos") / "train", tmp_path / "q.csv") == 0
+    (line,) = _said(capsys.readouterr().out)
+    assert line.startswith("accuracy ") and not line.endswith(note)
