@@ -374,7 +374,8 @@ class Tuner:
         keep = 0.0 if start or check else checks * self.start_wall_s
         limit = left if start else min(self.cap, left - keep)
         if left < MIN_TRIAL_S:
-            return limit, f"time budget spent ({max(0.0, left):.0f} s left)"
+            # whole seconds down: 4.6 s rounded read "5 s left, under the 5 s a trial needs at least"
+            return limit, f"time budget spent ({math.floor(max(0.0, left))} s left)"
         if not start and limit < self.start_wall_s:
             kept = f", {keep:.0f} s kept for the check" if keep else ""
             return max(0.0, limit), (

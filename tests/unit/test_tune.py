@@ -4,6 +4,7 @@ goes, and the child process really killed at its limit."""
 from __future__ import annotations
 
 import csv
+import math
 import sys
 import textwrap
 import time
@@ -849,3 +850,14 @@ def test_a_faster_trial_whose_training_loss_is_not_finite_is_never_kept(tmp_path
     (fp16,) = [t for t in trials if t.switch == "precision"]
     assert fp16.status == FAILED and "not finite (diverged): not kept" in fp16.note and fp16.images_per_s == 2000
     assert best.speed.precision == "bf16" and load_toml(out).speed.precision == "bf16"
+
+
+def test_a_budget_refused_says_the_seconds_left_below_the_minimum_a_trial_needs(tmp_path):
+    """4.6 s left was said as "(5 s left), under the 5 s a trial needs at least": rounded up to the very minimum it
+    is refused for."""
+    left = tune_mod.MIN_TRIAL_S - 0.4
+    budget = 10.0
+    started = 100.0 - (budget * (1 - tune_mod.END_RESERVE) - left)  # the clock reads 100 with `left` seconds left
+    with pytest.raises(tune_mod.BudgetTooSmall) as refused:
+        tune_mod.tune(resnet50(), budget, tmp_path / "tuned.toml", clock=lambda: 100.0, started=started)
+    assert f"time budget spent ({math.floor(left)} s left), under the {tune_mod.MIN_TRIAL_S:g} s" in str(refused.value)
