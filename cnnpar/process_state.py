@@ -107,11 +107,12 @@ def _fp32_settings() -> dict:
 
 
 def _put_fp32_settings(saved: dict) -> None:
-    """The float32 precisions as `_fp32_settings` read them. The legacy ones through their setters, never
-    `cuda.matmul.allow_tf32`: it is `set_float32_matmul_precision`'s own value ("medium" read back as True would come
-    back "high"), and setting it alone after that call left oneDNN's matmuls at TF32 under "highest", a mix torch
-    refuses to read, which ended every later command from Python in torch's RuntimeError (the GPU tests, session
-    50). Then the newer API's values, which those setters move, exactly as they were."""
+    """The float32 precisions as `_fp32_settings` read them. The legacy ones through their setters, not
+    `cuda.matmul.allow_tf32` where the precision string could be read: it is `set_float32_matmul_precision`'s own
+    value ("medium" read back as True would come back "high"), and setting it alone after that call left oneDNN's
+    matmuls at TF32 under "highest", a mix torch refuses to read, which ended every later command from Python in
+    torch's RuntimeError (the GPU tests, session 50). Then the newer API's values, which those setters move, exactly
+    as they were."""
     new = saved["fp32_precision"]
     for name in _FP32_BACKENDS:
         if name in new:
