@@ -795,6 +795,18 @@ class PathTable(Sequence):
             raise IndexError(f"path index {i} out of range for {len(self)} paths")
         return Path(os.fsdecode(self._bytes[self._starts[i] : self._ends[i]].tobytes()))
 
+    def __add__(self, other) -> list[Path]:
+        """A list, as the lists these tables replace gave: `bundle.train.files + bundle.val.files` (a script's, the
+        tests') raised TypeError once an image folder's data set held a table."""
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return [*self, *other]
+
+    def __radd__(self, other) -> list[Path]:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return [*other, *self]
+
     def take(self, idx) -> PathTable:
         """The paths at the indices `idx` (a sequence or 1-D array), sharing this table's bytes."""
         table = PathTable.__new__(PathTable)

@@ -41,6 +41,17 @@ def test_a_table_reads_as_the_list_it_was_made_of():
     assert list(PathTable([])) == [] and len(PathTable([])) == 0
 
 
+def test_two_tables_add_up_to_a_list_as_the_lists_they_replace_did():
+    """`bundle.train.files + bundle.val.files` on an image folder's data (a notebook's, two tests') raised TypeError
+    once its data set held a table."""
+    a, b = PathTable([Path("x/1.jpg"), Path("x/2.jpg")]), PathTable([Path("y/3.png")])
+    assert a + b == [Path("x/1.jpg"), Path("x/2.jpg"), Path("y/3.png")]
+    assert [Path("z.jpg")] + b == [Path("z.jpg"), Path("y/3.png")]
+    assert a + [Path("z.jpg")] == [Path("x/1.jpg"), Path("x/2.jpg"), Path("z.jpg")]
+    with pytest.raises(TypeError):
+        a + "x/4.jpg"
+
+
 @pytest.mark.parametrize(
     "make",
     [
