@@ -39,6 +39,7 @@ CONFIRM_SHARE = 0.5  # share of the claimed effect a measurement must reach to c
 MIN_CLAIM_S = 5.0  # no claim starts with less time left than this
 CUDA_BUDGET_S = 170.0  # the table's default budget with CUDA: the command ends within 3 minutes
 CPU_BUDGET_S = 300.0  # and on a CPU: a few minutes on 2 cores
+BUDGET_SPENT = "budget was spent"  # a claim's note where --budget-s left it no time (bench/run reads it)
 
 
 class NotMeasurable(Exception):
@@ -618,7 +619,7 @@ def run_claims(
         row, left = rows[claim.id], t0 + budget_s - clock()
         if left < MIN_CLAIM_S:
             more = f"cnnpar bench --claims --only {claim.id} --device {info.device.type}"
-            row.update(verdict="not measured", note=f"the {budget_s:.0f} s budget was spent; alone: {more}")
+            row.update(verdict="not measured", note=f"the {budget_s:.0f} s {BUDGET_SPENT}; alone: {more}")
         else:
             log(f"bench: claim {claim.id} on {w.text} ...")
             start = clock()

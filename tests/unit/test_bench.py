@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import signal
 
 import pytest
@@ -325,6 +326,62 @@ def test_a_ladder_where_every_rung_failed_exits_non_zero_saying_so(tmp_path, cap
         ("skipped", "16"),
         ("failed", "16"),
     ]
+
+
+def test_a_ladder_whose_budget_was_spent_before_any_rung_is_refused_in_one_line_writing_nothing(tmp_path, capsys):
+    """Every rung "skipped (time budget spent)" ended 0 after writing a table of them: a script checking the exit
+    status took a bench that measured nothing for a result. Refused now as tune refuses a budget its first trial
+    cannot fit: exit 2, one line with the command that gives it more time, no results folder."""
+    out = tmp_path / "b"
+    assert main([*BENCH, "--only", "baseline,pin_memory", "--budget-s", "0.001", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert re.fullmatch(
+        r"cnnpar: error: bench --budget-s 0\.001: spent before the first rung could start \(1 of 2 rung\(s\) not "
+        r"started for it; start-up took \d+ s of it\): nothing was measured: expected a larger --budget-s, such as: "
+        rf"cnnpar bench .* --only baseline,pin_memory --out {re.escape(str(out))} --budget-s \d+",
+        err,
+    ), err
+    assert not out.exists()  # (pin_memory, needing CUDA, is no measurement either: one of 2 left out by the budget)
+
+
+def test_claims_whose_budget_was_spent_before_any_claim_are_refused_in_one_line_writing_nothing(tmp_path, capsys):
+    out = tmp_path / "c"
+    claims = [*CLAIMS[: CLAIMS.index("--budget-s")], "--only", "collate_speed,pin_memory"]
+    assert main([*claims, "--budget-s", "0.001", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(
+        "cnnpar: error: bench --budget-s 0.001: spent before the first claim could start (1 of 10 claim(s) not started "
+        "for it; start-up took "
+    ), err
+    assert " --only collate_speed,pin_memory --out " in err and re.search(r" --budget-s (\d+)$", err)
+    assert int(re.search(r" --budget-s (\d+)$", err).group(1)) >= 300  # at least the CPU table's default
+    assert not out.exists()
+
+
+def test_ddp_rows_beside_only_rungs_this_device_skips_are_refused_before_measuring(tmp_path, capsys):
+    """`--only pin_memory --ddp 1` on a CPU measured no rung (it needs CUDA), so no batch for the DDP rows: it said
+    "no DDP rows" and ended 0, the rows asked for missing."""
+    out = tmp_path / "b"
+    assert main([*BENCH, "--only", "pin_memory", "--ddp", "1", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "cnnpar: error: bench --ddp 1: its rows run at the batch of the last ladder rung measured, and no rung asked "
+        "for (--only pin_memory) runs on cpu (pin_memory: needs CUDA): expected --only naming a rung measured here, "
+        "or no --only"
+    )
+    assert not out.exists()
+
+
+def test_only_a_budget_that_left_every_row_unstarted_is_refused():
+    from cnnpar.bench.run import BudgetTooSmall, refuse_if_the_budget_measured_nothing
+
+    refuse_if_the_budget_measured_nothing(1, 5, 6, "rung", 10, 60, None)  # one measured: the rest say "skipped"
+    refuse_if_the_budget_measured_nothing(0, 0, 5, "rung", 10, 60, None)  # CUDA rungs on a CPU, --only: no budget's
+    with pytest.raises(BudgetTooSmall) as e:
+        refuse_if_the_budget_measured_nothing(0, 3, 5, "rung", 10, 60, None)
+    assert e.value.budget_s == 60 and str(e.value) == (
+        "bench --budget-s 10: spent before the first rung could start (3 of 5 rung(s) not started for it): nothing "
+        "was measured"
+    )
 
 
 def _rung(name, ips, low, high, base_ratio=None, prev="", prev_ratio=None):
