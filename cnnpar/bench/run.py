@@ -297,6 +297,12 @@ def _claims_exit(rows: list[dict], csv_path: Path) -> int:
 
     measured = [r for r in rows if r.get("measured_ratio", "") != ""]
     failed = [r for r in rows if r["verdict"] in (FAILED, "cut off")]
+    if not measured and not failed:  # (a budget that started none was refused before) documented: exit 0, said
+        print(
+            f"bench: note: nothing was measured: every claim asked for needs CUDA (not measurable here); rows in "
+            f"{csv_path}",
+            file=sys.stderr,
+        )
     if measured or not failed:
         return 0
     first = failed[0]
@@ -425,6 +431,12 @@ def _ladder(cfg: Config, opts: BenchOptions, info, bundle, meta: dict, only, log
     )
     files = output.write_ladder(out, rows)
     _finish(files)
+    if not measured and not failed:  # each rung asked for cannot run here (--only pin_memory on a CPU): documented, 0
+        why = "; ".join(f"{r['name']}: {r['error']}" for r in rows)
+        print(
+            f"bench: note: nothing was measured: no rung asked for runs here ({why}); rows in {files[0]}",
+            file=sys.stderr,
+        )
     if failed and not measured:  # a table of failures is no measurement: say so in the exit code too
         first = failed[0]
         print(

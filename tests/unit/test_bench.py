@@ -371,6 +371,23 @@ def test_ddp_rows_beside_only_rungs_this_device_skips_are_refused_before_measuri
     assert not out.exists()
 
 
+def test_a_bench_whose_rungs_or_claims_asked_for_all_need_cuda_exits_0_saying_nothing_was_measured(tmp_path, capsys):
+    """Skipping what this device cannot run is the documented outcome (exit 0), but a table of skipped rows alone,
+    ending as a measured one did, was taken for a result: the last line says nothing was measured, and why."""
+    ladder, claims = tmp_path / "l", tmp_path / "c"
+    assert main([*BENCH, "--only", "pin_memory,resident", "--out", str(ladder)]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "bench: note: nothing was measured: no rung asked for runs here (pin_memory: needs CUDA; resident: needs "
+        f"CUDA); rows in {ladder / 'ladder.csv'}"
+    )
+    assert [r["status"] for r in _ladder_rows(ladder / "ladder.csv")] == ["skipped", "skipped"]
+    assert main([*CLAIMS, "--only", "pin_memory", "--out", str(claims)]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "bench: note: nothing was measured: every claim asked for needs CUDA (not measurable here); rows in "
+        f"{claims / 'claims.csv'}"
+    )
+
+
 def test_only_a_budget_that_left_every_row_unstarted_is_refused():
     from cnnpar.bench.run import BudgetTooSmall, refuse_if_the_budget_measured_nothing
 
