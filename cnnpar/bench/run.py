@@ -276,12 +276,20 @@ def _claims(cfg: Config, opts: BenchOptions) -> int:
     with results_folder(opts, cfg.run.out_dir, info.device, "claims") as out:
         with kept_if_stopped(lambda rows: output.write_claims(out, rows)) as so_far:
             rows = run_claims(cfg, info, opts.timing, meta, only, log, opts.budget_s, opts.started, on_row=so_far)
-        from .claims import BUDGET_SPENT, CPU_BUDGET_S, CUDA_BUDGET_S, FAILED
+        from .claims import ALONE_MORE, BUDGET_SPENT, CPU_BUDGET_S, CUDA_BUDGET_S, CUT_OFF_VERDICT, FAILED
 
         default_s = CUDA_BUDGET_S if info.device.type == "cuda" else CPU_BUDGET_S  # sized to measure the table here
-        ran = [r for r in rows if r.get("measured_ratio", "") != "" or r["verdict"] in (FAILED, "cut off")]
+        ran = [r for r in rows if r.get("measured_ratio", "") != "" or r["verdict"] == FAILED]
         spent = [r for r in rows if r["verdict"] == "not measured" and BUDGET_SPENT in r["note"]]
+        cut = [r for r in rows if r["verdict"] == CUT_OFF_VERDICT]
         budget_s = opts.budget_s or default_s
+        if cut and not ran:  # each claim started passed the limit the budget gave it: tune's start trial cut off, 2
+            first = f"{cut[0]['claim']}: {cut[0]['note'].split(ALONE_MORE)[0]}"
+            raise BudgetTooSmall(
+                f"bench --budget-s {budget_s:g}: every claim started was cut off at the time the budget left it "
+                f"({len(cut)} of {len(rows)}; {first}): nothing was measured",
+                math.ceil(max(2 * budget_s, default_s)),
+            )
         refuse_if_the_budget_measured_nothing(
             len(ran), len(spent), len(rows), "claim", budget_s, default_s, opts.started
         )

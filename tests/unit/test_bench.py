@@ -388,6 +388,26 @@ def test_a_bench_whose_rungs_or_claims_asked_for_all_need_cuda_exits_0_saying_no
     )
 
 
+def test_claims_whose_every_started_claim_was_cut_off_at_the_budget_are_refused_writing_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    """A claim's child is given the time the budget leaves it: every claim started cut off is tune's start trial
+    cut off at the budget's end (exit 2, nothing written), where it ended 1, a failure of the tool, with a table."""
+    from cnnpar.bench import trial
+
+    cut = lambda spec, limit_s, log: trial.ChildResult(trial.CUT_OFF, error="cut off at the 9 s limit", wall_s=9)  # noqa: E731
+    monkeypatch.setattr(trial, "run_child", cut)
+    out = tmp_path / "c"
+    claims = [*CLAIMS[: CLAIMS.index("--budget-s")], "--only", "dynamic_compile"]
+    assert main([*claims, "--budget-s", "60", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "cnnpar: error: bench --budget-s 60: every claim started was cut off at the time the budget left it (1 of 10; "
+        "dynamic_compile: cut off at the 9 s limit): nothing was measured: expected a larger --budget-s, such as: "
+        f"cnnpar bench {' '.join(claims[1:])} --out {out} --budget-s 300"
+    )
+    assert not out.exists()
+
+
 def test_only_a_budget_that_left_every_row_unstarted_is_refused():
     from cnnpar.bench.run import BudgetTooSmall, refuse_if_the_budget_measured_nothing
 
