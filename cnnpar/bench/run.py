@@ -42,10 +42,11 @@ def pick_mode(claims: bool, time_to_accuracy: bool, compare: bool) -> str:
 
 
 class BudgetTooSmall(UserError):
-    """--budget-s was spent before any rung or claim asked for could start, so nothing was measured: refused in one
-    line (exit 2) with no results written, as `cnnpar tune` refuses a budget its first trial cannot fit. It ended 0
-    after a table of rows all saying "skipped", which a script checking the exit status took for a result. `budget_s`
-    is the one to suggest; the CLI adds the command to rerun."""
+    """--budget-s was spent before any rung or claim asked for could start, or cut off every claim started, so
+    nothing was measured: refused in one line (exit 2) with no results written, as `cnnpar tune` refuses a budget its
+    first trial cannot fit. It ended 0 after a table of rows all saying "skipped" (1 after one of cut-off claims),
+    which a script checking the exit status took for a result. `budget_s` is the one to suggest; the CLI adds the
+    command to rerun."""
 
     def __init__(self, message: str, budget_s: float) -> None:
         super().__init__(message)
