@@ -623,9 +623,9 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     import shlex
 
     started = budget_start(args)  # so `--budget-s 170` ends the command within 3 minutes
-    from cnnpar.bench.run import BenchOptions, pick_mode, run_bench
+    from cnnpar.bench.run import BenchOptions, BudgetTooSmall, pick_mode, run_bench
     from cnnpar.bench.timing import Timing
-    from cnnpar.cliargs import config_from_args
+    from cnnpar.cliargs import config_from_args, passthrough_args
 
     if args.tta:
         renamed = ["--time-to-accuracy" if a == "--tta" else a for a in argv]
@@ -645,7 +645,11 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     args.bench_mode = mode
     cfg = config_from_args(args)
     check_model(cfg)  # before the data loads and before --ddp's rows start processes
-    return run_bench(cfg, opts)
+    try:
+        return run_bench(cfg, opts)
+    except BudgetTooSmall as e:  # nothing measured and nothing written: the command that gives it more time
+        more = shlex.join(["cnnpar", "bench", *passthrough_args(argv, "--budget-s"), "--budget-s", f"{e.budget_s:g}"])
+        raise UserError(f"{e}: expected a larger --budget-s, such as: {more}") from None
 
 
 def add_bench_parser(sub) -> None:

@@ -39,6 +39,9 @@ CONFIRM_SHARE = 0.5  # share of the claimed effect a measurement must reach to c
 MIN_CLAIM_S = 5.0  # no claim starts with less time left than this
 CUDA_BUDGET_S = 170.0  # the table's default budget with CUDA: the command ends within 3 minutes
 CPU_BUDGET_S = 300.0  # and on a CPU: a few minutes on 2 cores
+BUDGET_SPENT = "budget was spent"  # a claim's note where --budget-s left it no time (bench/run reads it)
+CUT_OFF_VERDICT = "cut off"  # its child passed the time limit the budget gave it
+ALONE_MORE = "; measure it alone with more time: "  # a cut-off claim's note, before the command that does
 
 
 class NotMeasurable(Exception):
@@ -555,7 +558,7 @@ def _measure_in_child(claim: Claim, ctx: ClaimContext, limit_s: float) -> dict:
         return measured_fields(claim, m, bool(w and w.stand_in))
     if r.status == CUT_OFF:
         more = f"cnnpar bench --claims --only {claim.id} --device {ctx.device.type} --budget-s 900"
-        return {"verdict": "cut off", "note": f"{r.error}; measure it alone with more time: {more}"}
+        return {"verdict": CUT_OFF_VERDICT, "note": f"{r.error}{ALONE_MORE}{more}"}
     return {"verdict": FAILED, "note": f"measurement failed: {r.error}"}
 
 
@@ -618,7 +621,7 @@ def run_claims(
         row, left = rows[claim.id], t0 + budget_s - clock()
         if left < MIN_CLAIM_S:
             more = f"cnnpar bench --claims --only {claim.id} --device {info.device.type}"
-            row.update(verdict="not measured", note=f"the {budget_s:.0f} s budget was spent; alone: {more}")
+            row.update(verdict="not measured", note=f"the {budget_s:.0f} s {BUDGET_SPENT}; alone: {more}")
         else:
             log(f"bench: claim {claim.id} on {w.text} ...")
             start = clock()

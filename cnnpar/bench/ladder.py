@@ -139,6 +139,9 @@ class PlannedRung:
     branch_note: str = ""  # why a rung that later rungs build on elsewhere is a branch here ("" where it is not)
 
 
+BUDGET_SPENT = "time budget spent"  # a skipped rung's error where --budget-s left it no time (bench/run reads it)
+
+
 def parse_only(only: str | None, known: tuple[str, ...], what: str) -> set[str] | None:
     """The names --only picks, each one of `known`; None (every one) where --only was not given."""
     if only is None:
@@ -271,7 +274,7 @@ def run_ladder(
             "continues": "",
         }
         if not p.skip_reason and budget_s and clock() - t0 > budget_s:
-            row.update(status="skipped", error=f"time budget spent ({budget_s:.0f} s, --budget-s)")
+            row.update(status="skipped", error=f"{BUDGET_SPENT} ({budget_s:.0f} s, --budget-s)")
         carried = None
         if kept is not None and row["status"] == "ok" and p.rung.in_place and kept[0] == p.builds_on:
             carried = kept[1]

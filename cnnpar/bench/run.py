@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,9 @@ from cnnpar.report.files import (
 
 from .timing import Timing
 
+# the --budget-s suggested to a ladder whose budget measured no rung, at least: a few small rungs after start-up
+LADDER_RETRY_S = 60.0
+
 # the flag that picks each mode but the ladder (the default), as errors name it
 MODE_FLAGS = {"claims": "--claims", "time_to_accuracy": "--time-to-accuracy", "compare": "--compare"}
 
@@ -35,6 +39,35 @@ def pick_mode(claims: bool, time_to_accuracy: bool, compare: bool) -> str:
         typed = " and ".join(MODE_FLAGS[m] for m in picked)
         raise UserError(f"bench {typed}: one mode at a time: expected one of {', '.join(MODE_FLAGS.values())}")
     return picked[0] if picked else "ladder"
+
+
+class BudgetTooSmall(UserError):
+    """--budget-s was spent before any rung or claim asked for could start, or cut off every claim started, so
+    nothing was measured: refused in one line (exit 2) with no results written, as `cnnpar tune` refuses a budget its
+    first trial cannot fit. It ended 0 after a table of rows all saying "skipped" (1 after one of cut-off claims),
+    which a script checking the exit status took for a result. `budget_s` is the one to suggest; the CLI adds the
+    command to rerun."""
+
+    def __init__(self, message: str, budget_s: float) -> None:
+        super().__init__(message)
+        self.budget_s = budget_s
+
+
+def refuse_if_the_budget_measured_nothing(
+    ran: int, left_out: int, asked: int, what: str, budget_s: float, suggest_s: float, started: float | None
+) -> None:
+    """BudgetTooSmall where no row ran (measured or failed: `ran`) and at least one was left out because the budget
+    was spent (`left_out` of `asked`): the budget, not the config or the machine, kept the bench from measuring. Rows
+    that cannot run here alone (needing CUDA, left out with --only) are no refusal: those are the documented outcome."""
+    if ran or not left_out:
+        return
+    took_s = time.monotonic() - started if started is not None else 0.0
+    took = f"; start-up took {took_s:.0f} s of it" if started is not None else ""
+    raise BudgetTooSmall(
+        f"bench --budget-s {budget_s:g}: spent before the first {what} could start ({left_out} of {asked} {what}(s) "
+        f"not started for it{took}): nothing was measured",
+        math.ceil(max(2 * budget_s, suggest_s, 2 * took_s)),
+    )
 
 
 @dataclass(frozen=True)
@@ -244,6 +277,23 @@ def _claims(cfg: Config, opts: BenchOptions) -> int:
     with results_folder(opts, cfg.run.out_dir, info.device, "claims") as out:
         with kept_if_stopped(lambda rows: output.write_claims(out, rows)) as so_far:
             rows = run_claims(cfg, info, opts.timing, meta, only, log, opts.budget_s, opts.started, on_row=so_far)
+        from .claims import ALONE_MORE, BUDGET_SPENT, CPU_BUDGET_S, CUDA_BUDGET_S, CUT_OFF_VERDICT, FAILED
+
+        default_s = CUDA_BUDGET_S if info.device.type == "cuda" else CPU_BUDGET_S  # sized to measure the table here
+        ran = [r for r in rows if r.get("measured_ratio", "") != "" or r["verdict"] == FAILED]
+        spent = [r for r in rows if r["verdict"] == "not measured" and BUDGET_SPENT in r["note"]]
+        cut = [r for r in rows if r["verdict"] == CUT_OFF_VERDICT]
+        budget_s = opts.budget_s or default_s
+        if cut and not ran:  # each claim started passed the limit the budget gave it: tune's start trial cut off, 2
+            first = f"{cut[0]['claim']}: {cut[0]['note'].split(ALONE_MORE)[0]}"
+            raise BudgetTooSmall(
+                f"bench --budget-s {budget_s:g}: every claim started was cut off at the time the budget left it "
+                f"({len(cut)} of {len(rows)}; {first}): nothing was measured",
+                math.ceil(max(2 * budget_s, default_s)),
+            )
+        refuse_if_the_budget_measured_nothing(
+            len(ran), len(spent), len(rows), "claim", budget_s, default_s, opts.started
+        )
         files = output.write_claims(out, rows)
     _finish(files)
     return _claims_exit(rows, files[0])
@@ -256,6 +306,12 @@ def _claims_exit(rows: list[dict], csv_path: Path) -> int:
 
     measured = [r for r in rows if r.get("measured_ratio", "") != ""]
     failed = [r for r in rows if r["verdict"] in (FAILED, "cut off")]
+    if not measured and not failed:  # (a budget that started none was refused before) documented: exit 0, said
+        print(
+            f"bench: note: nothing was measured: every claim asked for needs CUDA (not measurable here); rows in "
+            f"{csv_path}",
+            file=sys.stderr,
+        )
     if measured or not failed:
         return 0
     first = failed[0]
@@ -350,17 +406,46 @@ def run_bench(cfg: Config, opts: BenchOptions) -> int:
         return _ladder(cfg, opts, info, bundle, meta, only, log, out)
 
 
+def refuse_ddp_without_a_rung(cfg: Config, opts: BenchOptions, device, bundle, only: set[str] | None) -> None:
+    """The DDP rows run at the batch of the last rung measured: where every rung asked for is skipped on this device
+    (`--only pin_memory` on a CPU: it needs CUDA) none can run, which the plan knows before anything is measured. It
+    measured nothing, said "no DDP rows" and ended 0, the rows asked for missing."""
+    from .ladder import plan_ladder
+
+    asked = [p for p in plan_ladder(cfg, device, bundle) if only is None or p.rung.name in only]
+    if any(not p.skip_reason for p in asked):
+        return
+    why = "; ".join(f"{p.rung.name}: {p.skip_reason}" for p in asked)
+    raise UserError(
+        f"bench --ddp {opts.ddp}: its rows run at the batch of the last ladder rung measured, and no rung asked for "
+        f"(--only {opts.only}) runs on {device.type} ({why}): expected --only naming a rung measured here, or no --only"
+    )
+
+
 def _ladder(cfg: Config, opts: BenchOptions, info, bundle, meta: dict, only, log, out: Path) -> int:
     """The ladder's rows into `out`, then the DDP rows beside them where asked for; the exit status."""
     from . import output
-    from .ladder import run_ladder
+    from .ladder import BUDGET_SPENT, run_ladder
 
+    if opts.ddp:
+        refuse_ddp_without_a_rung(cfg, opts, info.device, bundle, only)
     with kept_if_stopped(lambda rows: output.write_ladder(out, rows), stopped_row) as so_far:
         rows = run_ladder(cfg, bundle, info, opts.timing, meta, only, log, opts.budget_s, opts.started, on_row=so_far)
-    files = output.write_ladder(out, rows)
-    _finish(files)
     measured = [r for r in rows if r["status"] == "ok"]
     failed = [r for r in rows if r["status"] == "failed"]
+    spent = [r for r in rows if r["status"] == "skipped" and r["error"].startswith(BUDGET_SPENT)]
+    # before any file is written: a refused budget leaves no folder, as tune's (the DDP rows need a rung's batch too)
+    refuse_if_the_budget_measured_nothing(
+        len(measured) + len(failed), len(spent), len(rows), "rung", opts.budget_s, LADDER_RETRY_S, opts.started
+    )
+    files = output.write_ladder(out, rows)
+    _finish(files)
+    if not measured and not failed:  # each rung asked for cannot run here (--only pin_memory on a CPU): documented, 0
+        why = "; ".join(f"{r['name']}: {r['error']}" for r in rows)
+        print(
+            f"bench: note: nothing was measured: no rung asked for runs here ({why}); rows in {files[0]}",
+            file=sys.stderr,
+        )
     if failed and not measured:  # a table of failures is no measurement: say so in the exit code too
         first = failed[0]
         print(
@@ -369,9 +454,10 @@ def _ladder(cfg: Config, opts: BenchOptions, info, bundle, meta: dict, only, log
             file=sys.stderr,
         )
         return 1
-    if opts.ddp and not measured:  # no rung ran (the budget): no batch to run the DDP rows at (auto is 0 on a GPU)
+    if opts.ddp and not measured:  # (refused before: the budget's, --only's) no batch to run the DDP rows at
         print("bench: no DDP rows: no ladder rung was measured, so no batch to run them at", file=sys.stderr)
-    elif opts.ddp:  # at the ladder's batch; rows asked for and not measured fail the bench as a failed ladder does
+        return 1
+    if opts.ddp:  # at the ladder's batch; rows asked for and not measured fail the bench as a failed ladder does
         ran = _ddp_rows(cfg, opts, out, info.device.type, bundle, measured[-1]["batch_size"])
         return 0 if ran else 1
     return 0

@@ -156,10 +156,14 @@ def test_claims_preset_gives_every_claim_a_verdict(tmp_path):
     assert "CPU stand-in for ResNet-18 at 32 px" in md  # dynamic_compile's row names its stand-in
 
 
-def test_a_ladder_whose_budget_ran_no_rung_runs_no_ddp_rows_and_says_why(tmp_path):
-    """No rung measured means no batch the ladder ran (auto stays 0 on a GPU): the DDP rows are not started."""
-    r = run_cli(["bench", *TINY, "--only", "baseline", "--budget-s", "0.001", "--ddp", "1", "--out", str(tmp_path)],
+def test_a_ladder_whose_budget_ran_no_rung_runs_no_ddp_rows_and_is_refused(tmp_path):
+    """No rung measured means no batch the ladder ran (auto stays 0 on a GPU): the DDP rows are not started, and
+    the budget that measured nothing is refused in one line (exit 2) with nothing written; it ended 0."""
+    out = tmp_path / "b"
+    r = run_cli(["bench", *TINY, "--only", "baseline", "--budget-s", "0.001", "--ddp", "1", "--out", str(out)],
                 cwd=tmp_path, timeout=120)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "bench: no DDP rows: no ladder rung was measured" in r.stderr
-    assert not (tmp_path / "ddp").exists()
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert r.stderr.splitlines()[-1].startswith(
+        "cnnpar: error: bench --budget-s 0.001: spent before the first rung could start (1 of 1 rung(s) not started "
+    )
+    assert not out.exists()

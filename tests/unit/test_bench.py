@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import signal
 
 import pytest
@@ -325,6 +326,99 @@ def test_a_ladder_where_every_rung_failed_exits_non_zero_saying_so(tmp_path, cap
         ("skipped", "16"),
         ("failed", "16"),
     ]
+
+
+def test_a_ladder_whose_budget_was_spent_before_any_rung_is_refused_in_one_line_writing_nothing(tmp_path, capsys):
+    """Every rung "skipped (time budget spent)" ended 0 after writing a table of them: a script checking the exit
+    status took a bench that measured nothing for a result. Refused now as tune refuses a budget its first trial
+    cannot fit: exit 2, one line with the command that gives it more time, no results folder."""
+    out = tmp_path / "b"
+    assert main([*BENCH, "--only", "baseline,pin_memory", "--budget-s", "0.001", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert re.fullmatch(
+        r"cnnpar: error: bench --budget-s 0\.001: spent before the first rung could start \(1 of 2 rung\(s\) not "
+        r"started for it; start-up took \d+ s of it\): nothing was measured: expected a larger --budget-s, such as: "
+        rf"cnnpar bench .* --only baseline,pin_memory --out {re.escape(str(out))} --budget-s \d+",
+        err,
+    ), err
+    assert not out.exists()  # (pin_memory, needing CUDA, is no measurement either: one of 2 left out by the budget)
+
+
+def test_claims_whose_budget_was_spent_before_any_claim_are_refused_in_one_line_writing_nothing(tmp_path, capsys):
+    out = tmp_path / "c"
+    claims = [*CLAIMS[: CLAIMS.index("--budget-s")], "--only", "collate_speed,pin_memory"]
+    assert main([*claims, "--budget-s", "0.001", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(
+        "cnnpar: error: bench --budget-s 0.001: spent before the first claim could start (1 of 10 claim(s) not started "
+        "for it; start-up took "
+    ), err
+    assert " --only collate_speed,pin_memory --out " in err and re.search(r" --budget-s (\d+)$", err)
+    assert int(re.search(r" --budget-s (\d+)$", err).group(1)) >= 300  # at least the CPU table's default
+    assert not out.exists()
+
+
+def test_ddp_rows_beside_only_rungs_this_device_skips_are_refused_before_measuring(tmp_path, capsys):
+    """`--only pin_memory --ddp 1` on a CPU measured no rung (it needs CUDA), so no batch for the DDP rows: it said
+    "no DDP rows" and ended 0, the rows asked for missing."""
+    out = tmp_path / "b"
+    assert main([*BENCH, "--only", "pin_memory", "--ddp", "1", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "cnnpar: error: bench --ddp 1: its rows run at the batch of the last ladder rung measured, and no rung asked "
+        "for (--only pin_memory) runs on cpu (pin_memory: needs CUDA): expected --only naming a rung measured here, "
+        "or no --only"
+    )
+    assert not out.exists()
+
+
+def test_a_bench_whose_rungs_or_claims_asked_for_all_need_cuda_exits_0_saying_nothing_was_measured(tmp_path, capsys):
+    """Skipping what this device cannot run is the documented outcome (exit 0), but a table of skipped rows alone,
+    ending as a measured one did, was taken for a result: the last line says nothing was measured, and why."""
+    ladder, claims = tmp_path / "l", tmp_path / "c"
+    assert main([*BENCH, "--only", "pin_memory,resident", "--out", str(ladder)]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "bench: note: nothing was measured: no rung asked for runs here (pin_memory: needs CUDA; resident: needs "
+        f"CUDA); rows in {ladder / 'ladder.csv'}"
+    )
+    assert [r["status"] for r in _ladder_rows(ladder / "ladder.csv")] == ["skipped", "skipped"]
+    assert main([*CLAIMS, "--only", "pin_memory", "--out", str(claims)]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "bench: note: nothing was measured: every claim asked for needs CUDA (not measurable here); rows in "
+        f"{claims / 'claims.csv'}"
+    )
+
+
+def test_claims_whose_every_started_claim_was_cut_off_at_the_budget_are_refused_writing_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    """A claim's child is given the time the budget leaves it: every claim started cut off is tune's start trial
+    cut off at the budget's end (exit 2, nothing written), where it ended 1, a failure of the tool, with a table."""
+    from cnnpar.bench import trial
+
+    cut = lambda spec, limit_s, log: trial.ChildResult(trial.CUT_OFF, error="cut off at the 9 s limit", wall_s=9)  # noqa: E731
+    monkeypatch.setattr(trial, "run_child", cut)
+    out = tmp_path / "c"
+    claims = [*CLAIMS[: CLAIMS.index("--budget-s")], "--only", "dynamic_compile"]
+    assert main([*claims, "--budget-s", "60", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "cnnpar: error: bench --budget-s 60: every claim started was cut off at the time the budget left it (1 of 10; "
+        "dynamic_compile: cut off at the 9 s limit): nothing was measured: expected a larger --budget-s, such as: "
+        f"cnnpar bench {' '.join(claims[1:])} --out {out} --budget-s 300"
+    )
+    assert not out.exists()
+
+
+def test_only_a_budget_that_left_every_row_unstarted_is_refused():
+    from cnnpar.bench.run import BudgetTooSmall, refuse_if_the_budget_measured_nothing
+
+    refuse_if_the_budget_measured_nothing(1, 5, 6, "rung", 10, 60, None)  # one measured: the rest say "skipped"
+    refuse_if_the_budget_measured_nothing(0, 0, 5, "rung", 10, 60, None)  # CUDA rungs on a CPU, --only: no budget's
+    with pytest.raises(BudgetTooSmall) as e:
+        refuse_if_the_budget_measured_nothing(0, 3, 5, "rung", 10, 60, None)
+    assert e.value.budget_s == 60 and str(e.value) == (
+        "bench --budget-s 10: spent before the first rung could start (3 of 5 rung(s) not started for it): nothing "
+        "was measured"
+    )
 
 
 def _rung(name, ips, low, high, base_ratio=None, prev="", prev_ratio=None):
