@@ -346,11 +346,13 @@ def doctor_options(args: argparse.Namespace):
     return DoctorOptions(args.warmup_steps, args.measure_steps, args.max_seconds, args.try_top, args.report_dir)
 
 
-def one_process_only(command: str, cfg) -> bool:
-    """doctor and tune measure one process, with no launcher of their own: with --nproc N > 1, or under torchrun,
-    their figures would stand for N processes (in the doctor's advice, in tune's config) and nothing would say so.
-    Refused, except with the debug switch, which runs one process as it does for train; True for a surplus
-    worker of that switch (it exits at once, as train's do)."""
+def one_process_only(command: str, cfg, then: str = "then train with --nproc {n}", reads_nproc: bool = True) -> bool:
+    """doctor, tune and bench measure one process, with no launcher of their own: with --nproc N > 1, or under
+    torchrun, their figures would stand for N processes (in the doctor's advice, in tune's config) and nothing would
+    say so; each of torchrun's ranks ran a whole bench on the first device, the figures of N at once. Refused, except
+    with the debug switch, which runs one process as it does for train; True for a surplus worker of that switch (it
+    exits at once, as train's do). `then` (its {n}: the processes asked for) is what to run for them instead;
+    without `reads_nproc` a --nproc is left to the note naming it unread (flag_effects), and only a launch refused."""
     from cnnpar.dist import debug_single_requested, launched_by_torchrun, surplus_debug_worker
 
     if surplus_debug_worker(cfg.dist.debug_single):
@@ -358,16 +360,16 @@ def one_process_only(command: str, cfg) -> bool:
     if debug_single_requested(cfg.dist.debug_single):
         return False
     nproc = cfg.dist.nproc
-    if nproc > 1:
+    if nproc > 1 and reads_nproc:
         raise ConfigError(
             f"{command} measures one process: --nproc {nproc} (typed or from the config) is not measured here; "
-            f"expected --nproc 0 or 1 (then train with --nproc {nproc})"
+            f"expected --nproc 0 or 1 ({then.format(n=nproc)})"
         )
     world = os.environ.get("WORLD_SIZE", "1").strip()
     if launched_by_torchrun() and world != "1":  # each rank would run the whole command alone
         raise ConfigError(
             f"{command} measures one process: started by a launcher with WORLD_SIZE={world}; expected a plain "
-            f"`cnnpar {command} ...` (then train with --nproc {world}), or the debug switch (--debug-single)"
+            f"`cnnpar {command} ...` ({then.format(n=world)}), or the debug switch (--debug-single)"
         )
     return False
 
@@ -645,6 +647,11 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
     args.bench_mode = mode
     cfg = config_from_args(args)
     check_model(cfg)  # before the data loads and before --ddp's rows start processes
+    # --nproc was dropped without a word; under torchrun every rank ran the whole bench on the first device at once.
+    # (compare measures nothing: it reads two tables; the claims' note names --nproc unread.) DDP's figures: --ddp
+    then = "DDP rows beside the ladder: --ddp 1,{n}" if mode == "ladder" else "then train with --nproc {n}"
+    if mode != "compare" and one_process_only("bench", cfg, then, reads_nproc=mode != "claims"):
+        return 0
     try:
         return run_bench(cfg, opts)
     except BudgetTooSmall as e:  # nothing measured and nothing written: the command that gives it more time

@@ -358,6 +358,42 @@ def test_claims_whose_budget_was_spent_before_any_claim_are_refused_in_one_line_
     assert not out.exists()
 
 
+def test_bench_refuses_more_processes_than_the_one_it_measures(tmp_path, capsys, monkeypatch):
+    """`bench --nproc 2` measured one process without a word, and under `torchrun --nproc_per_node 2` each rank ran
+    the whole bench on the first device, two tables of halved figures saying "world size 1": refused as doctor's and
+    tune's are. The claims name --nproc unread in a note and go on, as before; a launch of several is refused."""
+
+    class Measured(Exception):
+        pass
+
+    def measured(*a, **k):
+        raise Measured
+
+    monkeypatch.setattr("cnnpar.bench.run.run_bench", measured)
+    assert main([*BENCH, "--nproc", "2", "--out", str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "cnnpar: error: bench measures one process: --nproc 2 (typed or from the config) is not measured here; "
+        "expected --nproc 0 or 1 (DDP rows beside the ladder: --ddp 1,2)"
+    )
+    with pytest.raises(Measured):  # the claims read no --nproc: its note says so, and they run
+        main([*CLAIMS, "--nproc", "2"])
+    assert "cnnpar: note: --nproc 2 not used: cnnpar bench --claims" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")  # started by torchrun: each rank would run the whole bench alone
+    monkeypatch.setenv("RANK", "1")
+    for args, then in [(BENCH, "DDP rows beside the ladder: --ddp 1,2"), (CLAIMS, "then train with --nproc 2")]:
+        assert main(args) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (  # (each rank's line says which)
+            "cnnpar: error: [rank 1] bench measures one process: started by a launcher with WORLD_SIZE=2; expected a "
+            "plain "
+            f"`cnnpar bench ...` ({then}), or the debug switch (--debug-single)"
+        )
+    assert main([*BENCH, "--debug-single"]) == 0  # the switch's surplus rank leaves at once; rank 0 measures
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(Measured):
+        main([*BENCH, "--debug-single"])
+    assert not (tmp_path / "b").exists()
+
+
 def test_ddp_rows_beside_only_rungs_this_device_skips_are_refused_before_measuring(tmp_path, capsys):
     """`--only pin_memory --ddp 1` on a CPU measured no rung (it needs CUDA), so no batch for the DDP rows: it said
     "no DDP rows" and ended 0, the rows asked for missing."""
