@@ -65,30 +65,27 @@ def _said(out: str) -> list[str]:
     return [line for line in out.splitlines() if not line.startswith(("checkpoint:", "wrote "))]
 
 
+def _assert_scored(run_dir: Path, folder: Path, out: Path, capsys, images: int) -> None:
+    """predict on `folder` exits 0, writes `images` rows and says only the accuracy line of those rows."""
+    capsys.readouterr()
+    assert _predict(run_dir, folder, out) == 0
+    right, n = _scored(_rows(out))
+    assert n == images
+    assert _said(capsys.readouterr().out) == [
+        f"accuracy {100 * right / n:.2f}% ({right}/{n}) against its class folders' names of {folder}"
+    ]
+
+
 def test_predict_scores_a_split_s_class_folders_against_their_names(tmp_path, capsys, run):
     root, run_dir = run
-    capsys.readouterr()
-    out = tmp_path / "p.csv"
-    assert _predict(run_dir, root / "val", out) == 0
-    right, n = _scored(_rows(out))
-    assert n == 9
-    assert _said(capsys.readouterr().out) == [
-        f"accuracy {100 * right / n:.2f}% ({right}/{n}) against its class folders' names of {root / 'val'}"
-    ]
+    _assert_scored(run_dir, root / "val", tmp_path / "p.csv", capsys, images=9)
 
 
 def test_predict_scores_a_hold_out_that_lacks_a_class(tmp_path, capsys, run):
     root, run_dir = run
     held = shutil.copytree(root / "val", tmp_path / "held")
     shutil.rmtree(held / "cat")  # owl stays index 2 though it is the folder's second class
-    capsys.readouterr()
-    out = tmp_path / "p.csv"
-    assert _predict(run_dir, held, out) == 0
-    right, n = _scored(_rows(out))
-    assert n == 6
-    assert _said(capsys.readouterr().out) == [
-        f"accuracy {100 * right / n:.2f}% ({right}/{n}) against its class folders' names of {held}"
-    ]
+    _assert_scored(run_dir, held, tmp_path / "p.csv", capsys, images=6)
 
 
 def test_predict_names_folders_that_are_no_class_of_the_run_and_scores_nothing(tmp_path, capsys, run):
