@@ -19,7 +19,9 @@ stream's prefetch restarts) while memory stays small.
 
 Results: per world size, images/s (all GPUs and per GPU), step time, speed-up and scaling
 efficiency over world size 1, written as CSV + JSON with the device name, torch version, world
-size, config and git revision.
+size, config and git revision. A world size whose launch fails after 1 was measured (a worker's error,
+out of memory, a timeout) ends the run (exit 1) with the sizes measured before it written, and the JSON's
+`failed` naming it.
 
     python benchmarks/ddp_scaling.py                                  # ResNet-50 224², bf16, 1 and 2 GPUs
     python benchmarks/ddp_scaling.py --world-sizes 1,2,4,8 --compile default
@@ -387,9 +389,18 @@ def main(argv: list[str] | None = None) -> int:
     config["threads_per_process"] = threads
 
     results = []
+    # A later world size's failed launch (a worker's error, out of memory, a timeout): the sizes measured before it,
+    # minutes of work, are still written, and the failure recorded beside them; the run still exits 1 as it would.
+    failed: dict | None = None
     with owned_temp_folder("cnnpar-ddp-scaling-") as tmp:  # swept by the next run where this one was killed outright
         for n in sizes:
-            r = launch(args, n, threads, Path(tmp) / f"world{n}.json")
+            try:
+                r = launch(args, n, threads, Path(tmp) / f"world{n}.json")
+            except SystemExit as e:
+                if not results:  # the baseline failed: nothing measured, nothing to keep
+                    raise
+                failed = {"world_size": n, "error": str(e.code).removeprefix("ddp_scaling: ")}
+                break
             results.append(r)
             print(
                 f"   {r['images_per_s']:,.0f} img/s ({r['images_per_s_per_device']:,.0f} per process), "
@@ -444,13 +455,23 @@ def main(argv: list[str] | None = None) -> int:
     prefix = Path(args.out) if args.out else default_prefix(device)
     csv, js = prefix.with_suffix(".csv"), prefix.with_suffix(".json")
     # a full disk or a read-only folder: one line naming the file and what is kept (a UserError), not a traceback
-    # after every world size was measured
-    with write_errors_explained(csv, f"{ROOM}; the DDP rows measured are not saved"):
+    # after every world size was measured; a launch that failed before is said in that line too, the only one
+    also = f"; before that, {failed['error']}" if failed else ""
+    with write_errors_explained(csv, f"{ROOM}; the DDP rows measured are not saved{also}"):
         write_csv_atomic(csv, rows)
-    with write_errors_explained(js, f"{ROOM}; the DDP rows measured are kept, whole, in {csv}"):
+    with write_errors_explained(js, f"{ROOM}; the DDP rows measured are kept, whole, in {csv}{also}"):
         write_json_atomic(
             js,
-            {"config": config, "git_rev": rev, "rows": rows, "workers": results, "target_speedup_2": TARGET_SPEEDUP_2},
+            {
+                "config": config,
+                "git_rev": rev,
+                "rows": rows,
+                "workers": results,
+                "target_speedup_2": TARGET_SPEEDUP_2,
+                # null where every world size asked for was measured; else the one whose launch failed, and why
+                # (the rows stop before it)
+                "failed": failed,
+            },
         )
     print(f"\n{'N':>3} {'img/s':>10} {'per proc':>10} {'step ms':>8} {'speedup':>8} {'eff':>6}")
     for row in rows:
@@ -467,7 +488,12 @@ def main(argv: list[str] | None = None) -> int:
     if two is not None:
         one_all, two_all = (r.get("images_per_s_all_repeats", []) for r in (results[0], results[sizes.index(2)]))
         print(two_process_line(two["speedup"], device, env["device"], speedup_range(one_all, two_all)))
-    print(f"wrote {prefix.with_suffix('.csv')} and {prefix.with_suffix('.json')}")
+    print(f"wrote {csv} and {js}")
+    if failed:  # exit 1, as any failed launch: the rows asked for were not all measured
+        kept = f"world size{'s' if len(rows) > 1 else ''} {','.join(str(row['world_size']) for row in rows)}"
+        raise SystemExit(
+            f"ddp_scaling: {failed['error']}; the rows of {kept}, measured before it, are kept in {csv} and {js}"
+        )
     return 0
 
 

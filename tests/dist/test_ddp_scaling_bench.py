@@ -41,6 +41,7 @@ def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["config"]["device"] == "cpu" and report["config"]["batch_size"] == 8
     assert [w["environment"]["world_size"] for w in report["workers"]] == [1, 2]
+    assert report["failed"] is None  # every world size asked for was measured
 
 
 def test_bench_ddp_flag_adds_rows_beside_the_ladder(tmp_path):
@@ -59,3 +60,40 @@ def test_bench_ddp_flag_adds_rows_beside_the_ladder(tmp_path):
     # the ladder's workload, not 3-channel images of 1,000 classes under SGD (the rows ran those, unsaid)
     [rung] = read_csv(out / "ladder.csv")
     assert {(r["image_shape"], r["num_classes"], r["optimizer"]) for r in rows} == {(rung["image_shape"], "4", "adamw")}
+
+
+def test_a_later_world_size_that_fails_keeps_the_rows_measured_before_it(tmp_path, monkeypatch, capsys):
+    """World size 1 measured (a real gloo launch), then world size 2's launch failed: the minutes of rows before it
+    were thrown away, no CSV or JSON written. Now world size 1's row is written, the failure named on stderr and in
+    the JSON, exit 1 as any failed launch."""
+    import subprocess
+
+    from cnnpar.bench import ddp_scaling
+
+    real = subprocess.Popen
+    failing = "import sys; sys.stderr.write('rank 1: out of memory\\n'); sys.exit(1)"
+
+    def second_size_fails(cmd, **kw):  # world size 2's torchrun swapped for one that fails as a worker's error ends
+        return real([sys.executable, "-c", failing] if "--nproc_per_node=2" in cmd else cmd, **kw)
+
+    monkeypatch.setattr(ddp_scaling.subprocess, "Popen", second_size_fails)
+    out = tmp_path / "scaling"
+    argv = ["ddp_scaling", "--device", "cpu", "--model", "cnn3", "--image-size", "16", "--num-classes", "10"]
+    argv += ["--batch-size", "8", "--steps", "2", "--repeats", "1", "--real-samples", "32", "--out", str(out)]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        ddp_scaling.entry()
+    csv, js = out.with_suffix(".csv"), out.with_suffix(".json")
+    assert stopped.value.code == (
+        f"ddp_scaling: world size 2 failed: torchrun exited 1; the rows of world size 1, measured before it, are kept "
+        f"in {csv} and {js}"
+    )
+    assert capsys.readouterr().err.endswith("rank 1: out of memory\n")  # the failing rank's own line, as before
+
+    [one] = read_csv(csv)
+    assert int(one["world_size"]) == 1 and float(one["images_per_s"]) > 0
+    assert float(one["speedup"]) == 1.0 and float(one["scaling_efficiency"]) == 1.0
+    report = json.loads(js.read_text())
+    assert [r["world_size"] for r in report["rows"]] == [1]
+    assert report["failed"] == {"world_size": 2, "error": "world size 2 failed: torchrun exited 1"}
+    assert set(report["rows"][0]) == set(one)  # the same columns in both files (the JSON's keys sorted)

@@ -5,6 +5,7 @@ doctor's. Now one line naming the file, why and what is kept, exit 2 (report/fil
 from __future__ import annotations
 
 import errno
+import json
 import tomllib
 
 import pytest
@@ -180,6 +181,57 @@ def test_a_bench_whose_ddp_rows_find_the_disk_full_says_what_is_kept(tmp_path, m
                          f"whole, in {out}")  # fmt: skip
     assert [r["name"] for r in read_csv(out / "ladder.csv")] == ["baseline"]
     assert (out / "ddp.csv").is_file() == (fails == "ddp.json")
+
+
+def test_a_bench_whose_later_ddp_world_size_fails_keeps_the_rows_before_it(tmp_path, monkeypatch, capsys):
+    """`cnnpar bench --ddp 1,2,4` whose world size 4 failed (out of memory, a timeout) threw away the rows of 1 and 2,
+    measured already: no ddp.csv or ddp.json. Now they are written, the JSON names the failure, the bench exits 1
+    and its line says which rows were kept."""
+    from cnnpar.bench import ddp_scaling
+
+    def four_fails(args, world_size, threads, result) -> dict:
+        if world_size == 4:
+            raise SystemExit("ddp_scaling: world size 4 timed out after 1200 s: stopped with its processes")
+        return fake_world(args, world_size, threads, result)
+
+    monkeypatch.setattr(ddp_scaling, "launch", four_fails)
+    out = tmp_path / "b"
+    assert main([*BENCH, "--ddp", "1,2,4", "--out", str(out)]) == 1
+    csv, js = out / "ddp.csv", out / "ddp.json"
+    assert capsys.readouterr().err.endswith(
+        "bench: DDP rows failed: ddp_scaling: world size 4 timed out after 1200 s: stopped with its processes; the "
+        f"rows of world sizes 1,2, measured before it, are kept in {csv} and {js}\n"
+    )
+    rows = read_csv(csv)
+    kept = [(r["world_size"], r["speedup"], r["scaling_efficiency"]) for r in rows]
+    assert kept == [("1", "1.0", "1.0"), ("2", "2.0", "1.0")]  # speed-ups over world size 1, as in a whole run
+    report = json.loads(js.read_text())
+    assert [r["world_size"] for r in report["rows"]] == [1, 2]
+    assert report["failed"] == {"world_size": 4, "error": "world size 4 timed out after 1200 s: stopped with its "
+                                                          "processes"}  # fmt: skip
+    assert [r["name"] for r in read_csv(out / "ladder.csv")] == ["baseline"]  # the ladder's files, as before
+
+
+def test_a_later_ddp_failure_on_a_full_disk_says_both_in_one_line(tmp_path, monkeypatch, capsys):
+    """World size 2 failed, then ddp.csv found the disk full: the one error line (exit 2) named the disk alone, and
+    the launch's failure went unsaid."""
+    from cnnpar.bench import ddp_scaling, output
+    from cnnpar.report import files
+
+    def two_fails(args, world_size, threads, result) -> dict:
+        if world_size == 2:
+            raise SystemExit("ddp_scaling: world size 2 failed: torchrun exited 1")
+        return fake_world(args, world_size, threads, result)
+
+    monkeypatch.setattr(ddp_scaling, "launch", two_fails)
+    monkeypatch.setattr(files, "write_csv_atomic", full_disk)
+    out = tmp_path / "b"
+    assert main([*BENCH, "--ddp", "1,2", "--out", str(out)]) == 2
+    assert the_error(capsys).endswith(
+        f"): {output.ROOM}; the DDP rows measured are not saved; before that, world size 2 failed: torchrun exited 1; "
+        f"the ladder's results are kept, whole, in {out}"
+    )
+    assert not (out / "ddp.json").exists()
 
 
 def test_ddp_scaling_run_on_its_own_on_a_full_disk_says_it_in_one_line(tmp_path, monkeypatch, capsys):
