@@ -19,9 +19,9 @@ stream's prefetch restarts) while memory stays small.
 
 Results: per world size, images/s (all GPUs and per GPU), step time, speed-up and scaling
 efficiency over world size 1, written as CSV + JSON with the device name, torch version, world
-size, config and git revision. A world size whose launch fails after 1 was measured (a worker's error,
-out of memory, a timeout) ends the run (exit 1) with the sizes measured before it written, and the JSON's
-`failed` naming it.
+size, config and git revision. A world size whose launch fails (a worker's error, out of memory, a timeout)
+or is stopped (Ctrl-C, SIGTERM) after 1 was measured ends the run (exit 1; a stop's own status) with the sizes
+measured before it written, and the JSON's `ended_at` naming it and why.
 
     python benchmarks/ddp_scaling.py                                  # ResNet-50 224², bf16, 1 and 2 GPUs
     python benchmarks/ddp_scaling.py --world-sizes 1,2,4,8 --compile default
@@ -362,6 +362,14 @@ def two_process_line(
     return f"2 processes: {speedup:.3f}x of 1, {verdict} the {TARGET_SPEEDUP_2}x target ({device_name}{noise})"
 
 
+def stop_words(world_size: int, stop: KeyboardInterrupt) -> str:
+    """A world size's launch stopped by a Ctrl-C or a SIGTERM (errors.Terminated), as its `ended_at` says it."""
+    from cnnpar.errors import Terminated
+
+    name = stop.signal_name if isinstance(stop, Terminated) else "SIGINT"
+    return f"world size {world_size} stopped ({name}) before its rows were measured"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -389,17 +397,21 @@ def main(argv: list[str] | None = None) -> int:
     config["threads_per_process"] = threads
 
     results = []
-    # A later world size's failed launch (a worker's error, out of memory, a timeout): the sizes measured before it,
-    # minutes of work, are still written, and the failure recorded beside them; the run still exits 1 as it would.
-    failed: dict | None = None
+    # A later world size's failed launch (a worker's error, out of memory, a timeout) or a stop (Ctrl-C, SIGTERM)
+    # while it ran: the sizes measured before it, minutes of work, are still written, with that size and why beside
+    # them; the run then ends as it would have (exit 1 for the failure, the stop's own status), saying what was kept.
+    ended_at: dict | None = None
+    ended: SystemExit | KeyboardInterrupt | None = None
     with owned_temp_folder("cnnpar-ddp-scaling-") as tmp:  # swept by the next run where this one was killed outright
         for n in sizes:
             try:
                 r = launch(args, n, threads, Path(tmp) / f"world{n}.json")
-            except SystemExit as e:
-                if not results:  # the baseline failed: nothing measured, nothing to keep
+            except (SystemExit, KeyboardInterrupt) as e:
+                if not results:  # the baseline failed or was stopped: nothing measured, nothing to keep
                     raise
-                failed = {"world_size": n, "error": str(e.code).removeprefix("ddp_scaling: ")}
+                ended = e
+                why = str(e.code).removeprefix("ddp_scaling: ") if isinstance(e, SystemExit) else stop_words(n, e)
+                ended_at = {"world_size": n, "why": why}
                 break
             results.append(r)
             print(
@@ -455,8 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     prefix = Path(args.out) if args.out else default_prefix(device)
     csv, js = prefix.with_suffix(".csv"), prefix.with_suffix(".json")
     # a full disk or a read-only folder: one line naming the file and what is kept (a UserError), not a traceback
-    # after every world size was measured; a launch that failed before is said in that line too, the only one
-    also = f"; before that, {failed['error']}" if failed else ""
+    # after every world size was measured; a launch that failed or was stopped before is said in that line too
+    also = f"; before that, {ended_at['why']}" if ended_at else ""
     with write_errors_explained(csv, f"{ROOM}; the DDP rows measured are not saved{also}"):
         write_csv_atomic(csv, rows)
     with write_errors_explained(js, f"{ROOM}; the DDP rows measured are kept, whole, in {csv}{also}"):
@@ -468,9 +480,9 @@ def main(argv: list[str] | None = None) -> int:
                 "rows": rows,
                 "workers": results,
                 "target_speedup_2": TARGET_SPEEDUP_2,
-                # null where every world size asked for was measured; else the one whose launch failed, and why
-                # (the rows stop before it)
-                "failed": failed,
+                # null where every world size asked for was measured; else the one whose launch failed or was
+                # stopped, and why (the rows stop before it)
+                "ended_at": ended_at,
             },
         )
     print(f"\n{'N':>3} {'img/s':>10} {'per proc':>10} {'step ms':>8} {'speedup':>8} {'eff':>6}")
@@ -489,11 +501,13 @@ def main(argv: list[str] | None = None) -> int:
         one_all, two_all = (r.get("images_per_s_all_repeats", []) for r in (results[0], results[sizes.index(2)]))
         print(two_process_line(two["speedup"], device, env["device"], speedup_range(one_all, two_all)))
     print(f"wrote {csv} and {js}")
-    if failed:  # exit 1, as any failed launch: the rows asked for were not all measured
+    if ended is not None:
         kept = f"world size{'s' if len(rows) > 1 else ''} {','.join(str(row['world_size']) for row in rows)}"
-        raise SystemExit(
-            f"ddp_scaling: {failed['error']}; the rows of {kept}, measured before it, are kept in {csv} and {js}"
-        )
+        kept = f"the rows of {kept}, measured before it, are kept in {csv} and {js}"
+        if isinstance(ended, SystemExit):  # exit 1, as any failed launch: the rows asked for were not all measured
+            raise SystemExit(f"ddp_scaling: {ended_at['why']}; {kept}")
+        print(f"ddp_scaling: {ended_at['why']}; {kept}", file=sys.stderr, flush=True)
+        raise ended  # the stop goes on: its line and exit status are the command's (130, 143)
     return 0
 
 

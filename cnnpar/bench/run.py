@@ -152,7 +152,7 @@ def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, bund
     """DDP rows beside the ladder: the ladder's model, image shape, classes, optimizer, precision and
     channels_last and per-process batch at each world size, through cnnpar's Trainer and host input pipeline,
     on synthetic images of that shape (see bench/ddp_scaling.py). False, saying so, when they failed (a world size
-    failing after others were measured: ddp_scaling writes their rows and its line names them)."""
+    failing, or stopped, after others were measured: ddp_scaling writes their rows and its line names them)."""
     from .ddp_scaling import main as ddp_main
     from .output import DDP_PREFIX
 

@@ -41,7 +41,7 @@ def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["config"]["device"] == "cpu" and report["config"]["batch_size"] == 8
     assert [w["environment"]["world_size"] for w in report["workers"]] == [1, 2]
-    assert report["failed"] is None  # every world size asked for was measured
+    assert report["ended_at"] is None  # every world size asked for was measured
 
 
 def test_bench_ddp_flag_adds_rows_beside_the_ladder(tmp_path):
@@ -95,5 +95,5 @@ def test_a_later_world_size_that_fails_keeps_the_rows_measured_before_it(tmp_pat
     assert float(one["speedup"]) == 1.0 and float(one["scaling_efficiency"]) == 1.0
     report = json.loads(js.read_text())
     assert [r["world_size"] for r in report["rows"]] == [1]
-    assert report["failed"] == {"world_size": 2, "error": "world size 2 failed: torchrun exited 1"}
+    assert report["ended_at"] == {"world_size": 2, "why": "world size 2 failed: torchrun exited 1"}
     assert set(report["rows"][0]) == set(one)  # the same columns in both files (the JSON's keys sorted)

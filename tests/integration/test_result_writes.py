@@ -207,8 +207,8 @@ def test_a_bench_whose_later_ddp_world_size_fails_keeps_the_rows_before_it(tmp_p
     assert kept == [("1", "1.0", "1.0"), ("2", "2.0", "1.0")]  # speed-ups over world size 1, as in a whole run
     report = json.loads(js.read_text())
     assert [r["world_size"] for r in report["rows"]] == [1, 2]
-    assert report["failed"] == {"world_size": 4, "error": "world size 4 timed out after 1200 s: stopped with its "
-                                                          "processes"}  # fmt: skip
+    why = "world size 4 timed out after 1200 s: stopped with its processes"
+    assert report["ended_at"] == {"world_size": 4, "why": why}
     assert [r["name"] for r in read_csv(out / "ladder.csv")] == ["baseline"]  # the ladder's files, as before
 
 
@@ -232,6 +232,30 @@ def test_a_later_ddp_failure_on_a_full_disk_says_both_in_one_line(tmp_path, monk
         f"the ladder's results are kept, whole, in {out}"
     )
     assert not (out / "ddp.json").exists()
+
+
+def test_a_bench_stopped_during_a_later_ddp_world_size_keeps_the_rows_before_it(tmp_path, monkeypatch, capsys):
+    """A SIGTERM while world size 2 ran threw away world size 1's row, measured already, as the ladder's rows so
+    far are not. Now it is written, the JSON names the stop, and the bench stops as before (143, its stop line)."""
+    from cnnpar.bench import ddp_scaling
+    from cnnpar.errors import Terminated
+
+    def two_stopped(args, world_size, threads, result) -> dict:
+        if world_size == 2:
+            raise Terminated()
+        return fake_world(args, world_size, threads, result)
+
+    monkeypatch.setattr(ddp_scaling, "launch", two_stopped)
+    out = tmp_path / "b"
+    assert main([*BENCH, "--ddp", "1,2", "--out", str(out)]) == 143
+    csv, js = out / "ddp.csv", out / "ddp.json"
+    assert capsys.readouterr().err.endswith(
+        "ddp_scaling: world size 2 stopped (SIGTERM) before its rows were measured; the rows of world size 1, "
+        f"measured before it, are kept in {csv} and {js}\ncnnpar: stopped (SIGTERM)\n"
+    )
+    assert [r["world_size"] for r in read_csv(csv)] == ["1"]
+    why = "world size 2 stopped (SIGTERM) before its rows were measured"
+    assert json.loads(js.read_text())["ended_at"] == {"world_size": 2, "why": why}
 
 
 def test_ddp_scaling_run_on_its_own_on_a_full_disk_says_it_in_one_line(tmp_path, monkeypatch, capsys):
