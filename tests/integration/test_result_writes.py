@@ -183,18 +183,25 @@ def test_a_bench_whose_ddp_rows_find_the_disk_full_says_what_is_kept(tmp_path, m
     assert (out / "ddp.csv").is_file() == (fails == "ddp.json")
 
 
+def launch_ending_at(world_size: int, ending: BaseException):
+    """ddp_scaling.launch as fake_world, but `ending` raised at `world_size` (a failed launch, a stop)."""
+
+    def launch(args, n, threads, result) -> dict:
+        if n == world_size:
+            raise ending
+        return fake_world(args, n, threads, result)
+
+    return launch
+
+
 def test_a_bench_whose_later_ddp_world_size_fails_keeps_the_rows_before_it(tmp_path, monkeypatch, capsys):
     """`cnnpar bench --ddp 1,2,4` whose world size 4 failed (out of memory, a timeout) threw away the rows of 1 and 2,
     measured already: no ddp.csv or ddp.json. Now they are written, the JSON names the failure, the bench exits 1
     and its line says which rows were kept."""
     from cnnpar.bench import ddp_scaling
 
-    def four_fails(args, world_size, threads, result) -> dict:
-        if world_size == 4:
-            raise SystemExit("ddp_scaling: world size 4 timed out after 1200 s: stopped with its processes")
-        return fake_world(args, world_size, threads, result)
-
-    monkeypatch.setattr(ddp_scaling, "launch", four_fails)
+    timed_out = SystemExit("ddp_scaling: world size 4 timed out after 1200 s: stopped with its processes")
+    monkeypatch.setattr(ddp_scaling, "launch", launch_ending_at(4, timed_out))
     out = tmp_path / "b"
     assert main([*BENCH, "--ddp", "1,2,4", "--out", str(out)]) == 1
     csv, js = out / "ddp.csv", out / "ddp.json"
@@ -218,12 +225,8 @@ def test_a_later_ddp_failure_on_a_full_disk_says_both_in_one_line(tmp_path, monk
     from cnnpar.bench import ddp_scaling, output
     from cnnpar.report import files
 
-    def two_fails(args, world_size, threads, result) -> dict:
-        if world_size == 2:
-            raise SystemExit("ddp_scaling: world size 2 failed: torchrun exited 1")
-        return fake_world(args, world_size, threads, result)
-
-    monkeypatch.setattr(ddp_scaling, "launch", two_fails)
+    failed = SystemExit("ddp_scaling: world size 2 failed: torchrun exited 1")
+    monkeypatch.setattr(ddp_scaling, "launch", launch_ending_at(2, failed))
     monkeypatch.setattr(files, "write_csv_atomic", full_disk)
     out = tmp_path / "b"
     assert main([*BENCH, "--ddp", "1,2", "--out", str(out)]) == 2
@@ -240,12 +243,7 @@ def test_a_bench_stopped_during_a_later_ddp_world_size_keeps_the_rows_before_it(
     from cnnpar.bench import ddp_scaling
     from cnnpar.errors import Terminated
 
-    def two_stopped(args, world_size, threads, result) -> dict:
-        if world_size == 2:
-            raise Terminated()
-        return fake_world(args, world_size, threads, result)
-
-    monkeypatch.setattr(ddp_scaling, "launch", two_stopped)
+    monkeypatch.setattr(ddp_scaling, "launch", launch_ending_at(2, Terminated()))
     out = tmp_path / "b"
     assert main([*BENCH, "--ddp", "1,2", "--out", str(out)]) == 143
     csv, js = out / "ddp.csv", out / "ddp.json"
