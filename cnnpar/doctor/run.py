@@ -28,6 +28,7 @@ from cnnpar.doctor.advise import (
     Recommendation,
     diagnose,
     few_batches,
+    measured_gain,
     no_warm_up,
     rank_after_tries,
     recommend,
@@ -195,7 +196,7 @@ def _examine(cfg: Config, opts: DoctorOptions, log, info, bundle, report_dir: Pa
                     r.tried_failed = _did_not_fit(report, r.title, r.change, tried, log)
                     continue
                 r.tried_images_per_s = tried.images_per_s
-                r.tried_gain = tried.images_per_s / e2e.images_per_s
+                r.tried_gain = measured_gain(tried.images_per_s, e2e.images_per_s)
                 report.tries.append((r.title, r.change, tried))
             report.recommendations, report.not_faster = rank_after_tries(recos)
             winners = sorted((r for r in tryable if (r.tried_gain or 0) >= MIN_GAIN), key=lambda r: -r.tried_gain)

@@ -620,3 +620,19 @@ def test_the_larger_batch_advice_says_it_changes_training_and_its_command_scales
     preset = with_overrides(Config(), optim={"optimizer": "sgd", "lr": 0.2, "lr_batch": 512})
     command = advice_command(preset, overhead, cpu)
     assert "--lr 0.05 --lr-batch 128 --batch-size 128" in command, command
+
+
+def test_a_tried_gain_is_ranked_at_the_precision_the_report_states_it():
+    """A try at 1.0296x the end-to-end rate was listed as "tried and not faster (measured here under 1.03x)" while
+    the report printed it as 1.03x (and doctor.json held 1.03): the flaky CI failure of test_doctor's data-bound case.
+    The gain is kept as stated, so what is ranked, written and printed agree."""
+    from cnnpar.doctor.advise import MIN_GAIN, measured_gain, rank_after_tries
+    from cnnpar.doctor.render import _gain
+
+    recos = recommend(textbook_serial())
+    for r, images_per_s in zip(recos, (1029.6, 1024.9, 1200.0)):
+        r.tried_images_per_s, r.tried_gain = images_per_s, measured_gain(images_per_s, 1000.0)
+    advised, not_faster = rank_after_tries(recos)
+    assert all(float(_gain(r.tried_gain)[:-1]) >= MIN_GAIN for r in advised)
+    assert all(float(_gain(r.tried_gain)[:-1]) < MIN_GAIN for r in not_faster)
+    assert [r.key for r in not_faster] == [recos[1].key]
