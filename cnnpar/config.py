@@ -138,6 +138,20 @@ def choice_with_advice(choices: tuple, advice):
     return parse
 
 
+def workers_or_auto(text: str) -> int:
+    """`--workers` of every command that has one (the config's, predict's, the DDP scaling benchmark's; prepare's
+    reads auto as its own 0): a count >= 0, or auto (-1, as the config's workers takes it: sized to the machine)."""
+    if text.strip().lower() in ("auto", "-1"):
+        return -1
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0 or auto") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a whole number >= 0 or auto")
+    return value
+
+
 def spelling_advice(text: str, meant: str) -> str:
     """How `text` misspells the choice `meant` (`CUDA`, `" cuda"`, for cuda): its case, spaces around it, or both; a
     "cuda " said to be "written in lower case" sent the user after a case that was right."""

@@ -69,3 +69,23 @@ def test_a_config_file_takes_auto_too(tmp_path):
     (tmp_path / "c.toml").write_text('[data]\nworkers = "many"\n')
     with pytest.raises(Exception, match=r"data\.workers \(--workers\) = 'many': expected a whole number >= 0 or"):
         load_toml(tmp_path / "c.toml")
+
+
+@pytest.mark.parametrize("typed, held", [("auto", -1), ("Auto", -1), ("-1", -1), ("0", 0), ("3", 3)])
+def test_the_ddp_scaling_benchmark_takes_auto_as_every_command_does(typed, held):
+    from cnnpar.bench.ddp_scaling import parse_args
+
+    assert parse_args(["--workers", typed]).workers == held
+    assert parse_args([]).workers == -1
+
+
+@pytest.mark.parametrize("typed", ["many", "-2"])
+def test_the_ddp_scaling_benchmark_refuses_a_count_that_means_nothing_in_the_same_words(typed, capsys):
+    from cnnpar.bench.ddp_scaling import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--workers", typed])
+    assert e.value.code == 2
+    shown = repr(typed) if typed == "many" else typed
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"ddp_scaling: error: {REFUSAL.format(shown)}", last
