@@ -137,12 +137,6 @@ def at_least(low: float, kind: type = int):
     return parse
 
 
-def prepare_workers(text: str) -> int:
-    """prepare's `--workers`: as every command's (auto, -1 or a count >= 0, refused in the same words), auto stored
-    as prepare's own 0 (one decoding process per usable core; prepare has no main-process-only mode to give 0)."""
-    return max(workers_or_auto(text), 0)
-
-
 def stored_run_config(
     resume: str, out_dir: str = "", name: str = "", search_again: bool = False
 ) -> tuple[Path, Config] | None:
