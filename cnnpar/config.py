@@ -787,6 +787,12 @@ SECTIONS = tuple(f.name for f in fields(Config))
 _SECTION_TYPES = {sec: type(getattr(Config(), sec)) for sec in SECTIONS}
 
 
+def auto_number(f: dataclasses.Field) -> int | None:
+    """The number a count field stores for "auto": 0, or -1 where 0 is a count of its own (--workers 0 is no worker
+    process); None for a field without one."""
+    return 0 if f.metadata.get("auto_zero") else -1 if f.metadata.get("auto_minus_one") else None
+
+
 def cli_flag(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or f.name
 

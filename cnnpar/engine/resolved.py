@@ -15,7 +15,7 @@ from dataclasses import fields, replace
 
 import torch
 
-from cnnpar.config import LONG_COMPILES, SECTIONS, Config, to_dict
+from cnnpar.config import LONG_COMPILES, SECTIONS, Config, auto_number, to_dict
 from cnnpar.data import DataBundle
 from cnnpar.data.loader import DeviceFeeder, ResidentLoader
 from cnnpar.data.sources import BUILT_IN, detect_format
@@ -144,7 +144,7 @@ def requested_lines(requested: Config, resolved: Config) -> list[str]:
         for f in fields(want):
             a, b = getattr(want, f.name), getattr(got, f.name)
             if a != b:
-                auto = _auto_value(f)
+                auto = auto_number(f)
                 shown = "auto" if auto is not None and a == auto else repr(a)
                 lines.append(f"{REQUESTED}{sec}.{f.name} = {shown}")
                 lines.append(f"{RESOLVED}{sec}.{f.name} = {b!r}")
@@ -190,12 +190,6 @@ def read_resolved(text: str) -> dict[tuple[str, str], object]:
     return _read_comment_lines(text, RESOLVED, auto_is_zero=False)
 
 
-def _auto_value(f) -> int | None:
-    """The number a count field stores for "auto" (0, or -1 where 0 is a count of its own: --workers 0 is no
-    worker process, and a record said `data.workers = -1` for the default); None for a field without one."""
-    return 0 if f.metadata.get("auto_zero") else -1 if f.metadata.get("auto_minus_one") else None
-
-
 def _read_comment_lines(text: str, prefix: str, auto_is_zero: bool) -> dict[tuple[str, str], object]:
     """{(section, field): value} from the lines `prefix section.field = repr(value)` of a config.toml. A value
     that does not read back (written by another version) is left out: the stored one stands. `auto` reads as the
@@ -212,7 +206,7 @@ def _read_comment_lines(text: str, prefix: str, auto_is_zero: bool) -> dict[tupl
         try:
             if auto_is_zero and shown == "auto":
                 f = known.get(sec, {}).get(name)
-                out[(sec, name)] = -1 if f is not None and f.metadata.get("auto_minus_one") else 0
+                out[(sec, name)] = (f is not None and auto_number(f)) or 0  # data.workers' -1; any other, 0
             else:
                 out[(sec, name)] = ast.literal_eval(shown)
         except (ValueError, SyntaxError):
