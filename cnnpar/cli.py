@@ -551,7 +551,7 @@ PREPARE_SHORT_SIDE = 256  # prepare's --short-side when neither it nor --max-sid
 
 
 def add_prepare_parser(sub) -> None:
-    from cnnpar.cliargs import DefaultsHelpFormatter, prepare_workers
+    from cnnpar.cliargs import DefaultsHelpFormatter, workers_or_auto
 
     prep = sub.add_parser(
         "prepare",
@@ -596,11 +596,11 @@ def add_prepare_parser(sub) -> None:
     )
     prep.add_argument(
         "--workers",
-        type=prepare_workers,
-        default=0,
+        type=workers_or_auto,
+        default=-1,
         metavar="N|auto",
-        help="decoding processes (at most 4 per usable core, as train's); auto (or 0, or -1): one per usable core "
-        "(default: auto)",
+        help="decoding processes (at most 4 per usable core, as train's); 0 (as train's) or 1: decode in this "
+        "process, no pool; auto (or -1): one per usable core (default: auto)",
     )
     prep.add_argument("--verify", action="store_true", help="check SRC, a store, against its pixel checksum")
     prep.add_argument(

@@ -23,6 +23,7 @@ from cnnpar.config import (
     read_config_text,
     setting_name,
     to_dict,
+    workers_or_auto,
 )
 from cnnpar.errors import UserError
 from cnnpar.presets import PRESET_LINES, PRESETS, get_preset
@@ -134,26 +135,6 @@ def at_least(low: float, kind: type = int):
 
     parse.__name__ = f"{kind.__name__} >= {low:g}"  # argparse names the type in some messages
     return parse
-
-
-def workers_or_auto(text: str) -> int:
-    """`--workers` of every command that has one (the config's, predict's; prepare's reads auto as its own 0): a
-    count >= 0, or auto (-1, as the config's workers takes it: sized to the machine)."""
-    if text.strip().lower() in ("auto", "-1"):
-        return -1
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0 or auto") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text}: expected a whole number >= 0 or auto")
-    return value
-
-
-def prepare_workers(text: str) -> int:
-    """prepare's `--workers`: as every command's (auto, -1 or a count >= 0, refused in the same words), auto stored
-    as prepare's own 0 (one decoding process per usable core; prepare has no main-process-only mode to give 0)."""
-    return max(workers_or_auto(text), 0)
 
 
 def stored_run_config(

@@ -138,6 +138,20 @@ def choice_with_advice(choices: tuple, advice):
     return parse
 
 
+def workers_or_auto(text: str) -> int:
+    """`--workers` of every command that has one (the config's, predict's, the DDP scaling benchmark's; prepare's
+    reads auto as its own 0): a count >= 0, or auto (-1, as the config's workers takes it: sized to the machine)."""
+    if text.strip().lower() in ("auto", "-1"):
+        return -1
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0 or auto") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a whole number >= 0 or auto")
+    return value
+
+
 def spelling_advice(text: str, meant: str) -> str:
     """How `text` misspells the choice `meant` (`CUDA`, `" cuda"`, for cuda): its case, spaces around it, or both; a
     "cuda " said to be "written in lower case" sent the user after a case that was right."""
@@ -771,6 +785,12 @@ class Config:
 
 SECTIONS = tuple(f.name for f in fields(Config))
 _SECTION_TYPES = {sec: type(getattr(Config(), sec)) for sec in SECTIONS}
+
+
+def auto_number(f: dataclasses.Field) -> int | None:
+    """The number a count field stores for "auto": 0, or -1 where 0 is a count of its own (--workers 0 is no worker
+    process); None for a field without one."""
+    return 0 if f.metadata.get("auto_zero") else -1 if f.metadata.get("auto_minus_one") else None
 
 
 def cli_flag(f: dataclasses.Field) -> str:

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 from cnnpar.checkout import ROOT, env_importing_this_checkout, is_checkout
-from cnnpar.config import DEVICES, choice_with_advice, device_advice
+from cnnpar.config import DEVICES, choice_with_advice, device_advice, workers_or_auto
 from cnnpar.errors import UserError, raise_pending_stop
 from cnnpar.host_facts import usable_cores
 from cnnpar.process_tree import owned_temp_folder, parent_env, stop_process_tree
@@ -94,7 +94,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--channels-last", default="auto", choices=("auto", "on", "off"))
     p.add_argument("--compile", default="off", help="torch.compile mode or off (compile adds minutes per size)")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw", "muon"))
-    p.add_argument("--workers", type=int, default=-1, help="DataLoader workers (-1: cnnpar's choice)")
+    p.add_argument(  # as every cnnpar command's --workers: `auto` was refused as not an int
+        "--workers",
+        type=workers_or_auto,
+        default=-1,
+        metavar="N|auto",
+        help="DataLoader workers (auto: cnnpar's choice)",
+    )
     p.add_argument("--ddp-bucket-mb", type=float, default=0.0, help="DDP gradient bucket MiB (0: torch's own, 25)")
     p.add_argument("--ddp-static-graph", choices=("on", "off"), default="off", help="DDP static_graph")
     p.add_argument(

@@ -37,7 +37,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from cnnpar.config import LONG_COMPILES, MACHINE_FIELDS, Config, cli_option, dumps_toml, from_dict, to_dict
+from cnnpar.config import (
+    LONG_COMPILES,
+    MACHINE_FIELDS,
+    SECTIONS,
+    Config,
+    auto_number,
+    cli_option,
+    dumps_toml,
+    from_dict,
+    to_dict,
+)
 from cnnpar.console import say_stop_line
 from cnnpar.errors import UserError, raise_pending_stop
 from cnnpar.parallel.stem import has_stem_to_rewrite
@@ -284,9 +294,15 @@ def held_note(section: str, name: str) -> str:
 
 def typed_settings(given: dict) -> frozenset[str]:
     """The settings typed on the command line ("speed.precision"), from argparse's namespace of dotted keys, that
-    name a value rather than auto: tune holds them."""
-    auto = ("auto", 0, -1)
-    return frozenset(k for k, v in given.items() if "." in k and not any(v == a and type(v) is type(a) for a in auto))
+    name a value rather than auto: tune holds them. A number is auto only in its own field's terms: --workers 0 (no
+    worker process, as a read-only /dev/shm needs) was taken for auto, and tune tried 1 and 2 workers."""
+    known = {f"{sec}.{f.name}": f for sec in SECTIONS for f in fields(getattr(Config(), sec))}
+
+    def auto(key: str, value: object) -> bool:
+        number = auto_number(known[key]) if key in known else None
+        return value == "auto" or (number is not None and not isinstance(value, bool) and value == number)
+
+    return frozenset(k for k, v in given.items() if "." in k and not auto(k, v))
 
 
 def not_applicable(best: Config, name: str) -> str:

@@ -177,17 +177,26 @@ def check_npz_members(path: Path) -> None:
     checked from the .npy headers before any is read. numpy allocates the shape a header claims: a header claiming
     10**12 elements over a few bytes stopped in a MemoryError traceback, and an honest archive whose arrays cannot
     fit in memory (a few MB of zeros expand to GBs) was read until the system ran out."""
-    total = 0
+    total, seen, fmt = 0, {}, np.lib.format
     with zipfile.ZipFile(path) as z:
         for info in z.infolist():
-            if not info.filename.endswith(".npy"):
-                # np.load's NpzFile hands such a member over as its bytes, whole (and _read_npz reads every member)
-                total += info.file_size
-                continue
-            where = f"{path}[{info.filename.removesuffix('.npy')}]"
+            key = info.filename.removesuffix(".npy")  # the key np.load's NpzFile reads the member by
+            where = f"{path}[{key}]"
+            if key in seen:  # a zip appended to (mode "a") keeps both: numpy read one of them, without a word
+                raise DataError(
+                    f"{where}: two members of the archive hold it ({seen[key]} and {info.filename}), of which numpy "
+                    "reads one: expected one member per array, as numpy.savez writes"
+                )
+            seen[key] = info.filename
             with z.open(info) as f:
+                # numpy reads a member as an array by its first bytes, whatever its name: one named x_train, not
+                # x_train.npy, went unchecked, its tail ignored. Others it hands over as their bytes, whole (and
+                # _read_npz reads every member); a .npy-named one that is no array is refused below
+                if not info.filename.endswith(".npy") and f.read(len(fmt.MAGIC_PREFIX)) != fmt.MAGIC_PREFIX:
+                    total += info.file_size
+                    continue
+                f.seek(0)
                 try:
-                    fmt = np.lib.format
                     v1 = fmt.read_magic(f) == (1, 0)
                     shape, _, dtype = (fmt.read_array_header_1_0 if v1 else fmt.read_array_header_2_0)(f)
                 except (ValueError, tokenize.TokenError) as e:  # numpy tokenizes a 1.0 header: unbalanced, it raises

@@ -302,12 +302,12 @@ def check_store_out(out: Path, src: Path) -> None:
 
 
 def decode_workers(asked: int, files: int) -> int:
-    """The decoding processes prepare starts for --workers `asked` (0: one per usable core): at most
-    WORKERS_PER_CORE per usable core, said in a line (the pool forks them all at once: --workers 100000 was a fork
-    storm), and no more than there are files."""
+    """The decoding processes prepare starts for --workers `asked` (-1, auto: one per usable core; 0, as train's
+    --workers 0, or 1: none, decoding in this process): at most WORKERS_PER_CORE per usable core, said in a line (the
+    pool forks them all at once: --workers 100000 was a fork storm), and no more than there are files."""
     cores = usable_cores()
     limit = WORKERS_PER_CORE * cores
-    started = max(1, min(asked or cores, limit, files))
+    started = max(1, min(cores if asked < 0 else asked, limit, files))
     if line := worker_cap_line(asked, limit, cores):
         if started < limit:  # fewer images than the cores' cap: the line names the number started, not the cap
             line = f"--workers {asked} capped to {started}: one per image ({files:,} image{'s' * (files != 1)})"
@@ -319,7 +319,7 @@ def prepare_store(
     src: str | Path,
     out: str | Path,
     max_side: int = 0,
-    workers: int = 0,
+    workers: int = -1,
     progress: bool = True,
     short_side: int = 0,
     skipped: list[Path] | None = None,

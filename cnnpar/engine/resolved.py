@@ -15,7 +15,7 @@ from dataclasses import fields, replace
 
 import torch
 
-from cnnpar.config import LONG_COMPILES, SECTIONS, Config, to_dict
+from cnnpar.config import LONG_COMPILES, SECTIONS, Config, auto_number, to_dict
 from cnnpar.data import DataBundle
 from cnnpar.data.loader import DeviceFeeder, ResidentLoader
 from cnnpar.data.sources import BUILT_IN, detect_format
@@ -144,7 +144,8 @@ def requested_lines(requested: Config, resolved: Config) -> list[str]:
         for f in fields(want):
             a, b = getattr(want, f.name), getattr(got, f.name)
             if a != b:
-                shown = "auto" if f.metadata.get("auto_zero") and a == 0 else repr(a)
+                auto = auto_number(f)
+                shown = "auto" if auto is not None and a == auto else repr(a)
                 lines.append(f"{REQUESTED}{sec}.{f.name} = {shown}")
                 lines.append(f"{RESOLVED}{sec}.{f.name} = {b!r}")
     return lines
@@ -178,8 +179,8 @@ def kept_requested_lines(old_record: str, requested: Config, lines: list[str]) -
 
 
 def read_requested(text: str) -> dict[tuple[str, str], object]:
-    """{(section, field): value} from a stored config.toml's `# requested:` lines (`auto` of a 0-means-auto
-    field reads as 0)."""
+    """{(section, field): value} from a stored config.toml's `# requested:` lines (`auto` reads as the number its
+    field stores for it: 0, or data.workers' -1)."""
     return _read_comment_lines(text, REQUESTED, auto_is_zero=True)
 
 
@@ -191,9 +192,11 @@ def read_resolved(text: str) -> dict[tuple[str, str], object]:
 
 def _read_comment_lines(text: str, prefix: str, auto_is_zero: bool) -> dict[tuple[str, str], object]:
     """{(section, field): value} from the lines `prefix section.field = repr(value)` of a config.toml. A value
-    that does not read back (written by another version) is left out: the stored one stands."""
+    that does not read back (written by another version) is left out: the stored one stands. `auto` reads as the
+    number the field stores for it (a record before data.workers was written `auto` says -1, read as written)."""
     import ast
 
+    known = {sec: {f.name: f for f in fields(getattr(Config(), sec))} for sec in SECTIONS}
     out = {}
     for line in text.splitlines():
         if not line.startswith(prefix):
@@ -201,7 +204,11 @@ def _read_comment_lines(text: str, prefix: str, auto_is_zero: bool) -> dict[tupl
         key, _, shown = line[len(prefix) :].partition(" = ")
         sec, _, name = key.partition(".")
         try:
-            out[(sec, name)] = 0 if auto_is_zero and shown == "auto" else ast.literal_eval(shown)
+            if auto_is_zero and shown == "auto":
+                f = known.get(sec, {}).get(name)
+                out[(sec, name)] = (f is not None and auto_number(f)) or 0  # data.workers' -1; any other, 0
+            else:
+                out[(sec, name)] = ast.literal_eval(shown)
         except (ValueError, SyntaxError):
             continue
     return out

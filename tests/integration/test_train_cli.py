@@ -68,7 +68,7 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
     assert first.speed.precision in ("fp32", "bf16") and first.speed.channels_last == "on"
     assert_nothing_left_auto(first)
     text = (run / "config.toml").read_text()
-    assert "# requested: run.batch_size = auto" in text and "# requested: data.workers = -1" in text
+    assert "# requested: run.batch_size = auto" in text and "# requested: data.workers = auto" in text
     assert first.run.batch_size == 64 and first.data.image_size == 16 and first.data.num_classes == 10
     # the start of the run says what it trains on
     assert "data: input 1x16x16, train 1,438, validation 359: a seeded 20% hold-out" in p.stdout

@@ -215,7 +215,7 @@ def test_prepares_decoders_and_the_automatic_workers_follow_the_quota(pod, capsy
     from cnnpar.bench.ladder import ladder_workers
     from cnnpar.data.store_write import decode_workers
 
-    assert decode_workers(0, 1000) == 2  # one per usable core: the quota's 2, not the host's 64
+    assert decode_workers(-1, 1000) == 2  # auto: one per usable core, the quota's 2, not the host's 64
     assert decode_workers(100, 1000) == 8
     assert "(2 cores; 2 of 64 cores: the container's CPU quota)" in capsys.readouterr().out
     assert loader.auto_workers(object(), CPU) == 1  # a decoded source: the cores less the main process's

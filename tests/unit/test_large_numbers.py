@@ -107,7 +107,7 @@ def test_prepare_caps_its_decoding_processes_to_four_per_core_and_says_so(tmp_pa
     header = store_write.prepare_store(tmp_path / "photos", tmp_path / "p.cnnpar", workers=100_000, progress=False)
     assert header["count"] == 6 and started == [4]
     assert "--workers 100000 capped to 4: 4 per usable core (1 core)" in capsys.readouterr().out
-    assert store_write.decode_workers(0, 6) == 1 and store_write.decode_workers(3, 2) == 2  # the default; the files
+    assert store_write.decode_workers(-1, 6) == 1 and store_write.decode_workers(3, 2) == 2  # the default; the files
     # fewer images than the cap: the line names the number started (it said "capped to 4" and started 2)
     monkeypatch.setattr(store_write, "usable_cores", lambda: 4)
     assert store_write.decode_workers(100_000, 2) == 2

@@ -3,6 +3,8 @@ every key it does not read named, and a line wherever the pixels' reading is not
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -296,3 +298,47 @@ def test_an_encrypted_member_or_a_compression_zipfile_does_not_read_is_refused_i
         with pytest.raises(DataError, match=rf"{name}.npz: not a readable .npz archive \(.*\): expected numpy.savez"):
             _load(tmp_path / f"{name}.npz")
     assert zipfile.is_zipfile(tmp_path / "method.npz")
+
+
+def test_an_array_member_with_a_tail_or_short_data_is_refused_whatever_its_name_ends_with(tmp_path):
+    """numpy reads a member as an array by its first bytes, not its name, and reads only the count its header
+    declares: an x_train member (no .npy) holding two arrays trained on the first's 20 images of 40 without a word,
+    and one cut short failed in numpy's words ("EOF: reading array data"), naming no shape."""
+    import zipfile
+
+    x = np.arange(40 * 8 * 8, dtype=np.uint8).reshape(40, 8, 8, 1)
+    half, y = x[:20], np.arange(40) % 4
+    save = {k: _npy(a.shape, a.dtype.str, a.tobytes()) for k, a in {"half": half, "x": x, "y": y}.items()}
+    cases = {
+        "tail": ("x_train.npy", save["half"] + save["half"], "(20, 8, 8, 1) of uint8 (1,280 bytes)", "2,688"),
+        "named": ("x_train", save["half"] + save["half"], "(20, 8, 8, 1) of uint8 (1,280 bytes)", "2,688"),
+        "short": ("x_train", save["x"][:-50], "(40, 8, 8, 1) of uint8 (2,560 bytes)", "2,510"),
+    }
+    for name, (member, data, claim, held) in cases.items():
+        path = tmp_path / f"{name}.npz"
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr(member, data)
+            z.writestr("y_train.npy", save["y"])
+        said = rf"{name}.npz\[x_train\]: its header claims shape {re.escape(claim)} where the archive holds {held} "
+        for read in (_load, lambda p: load_predict_data(str(p))):
+            with pytest.raises(DataError, match=said + "bytes of it: expected numpy.savez output"):
+                read(path)
+
+
+@pytest.mark.parametrize("names", [("x_train.npy", "x_train.npy"), ("x_train", "x_train.npy")])
+def test_two_members_that_numpy_reads_as_one_array_are_refused_not_one_of_them_trained_on(tmp_path, names):
+    """A zip appended to (zipfile mode "a") keeps the array it replaced: numpy read one of the two x_train members,
+    here the 20 images of the second, where the archive held 40 in the first."""
+    import warnings
+    import zipfile
+
+    x = np.zeros((40, 8, 8, 1), np.uint8)
+    path = tmp_path / "twice.npz"
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "w") as z:
+        warnings.simplefilter("ignore")  # zipfile's "Duplicate name"
+        z.writestr(names[0], _npy(x.shape, "|u1", x.tobytes()))
+        z.writestr("y_train.npy", _npy((40,), "<i8", bytes(320)))
+        z.writestr(names[1], _npy((20, 8, 8, 1), "|u1", bytes(1280)))
+    said = rf"twice.npz\[x_train\]: two members of the archive hold it \({names[0]} and {names[1]}\), of which numpy"
+    with pytest.raises(DataError, match=said + " reads one: expected one member per array, as numpy.savez writes"):
+        _load(path)

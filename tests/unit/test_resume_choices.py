@@ -4,6 +4,7 @@ config.toml says which: a `# requested:` line stands beside every field that was
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 from cnnpar.cliargs import stored_run_config
 from cnnpar.config import Config
 from cnnpar.dist import DistInfo
-from cnnpar.engine.resolved import read_requested
+from cnnpar.engine.resolved import read_requested, requested_lines
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 
@@ -58,6 +59,25 @@ def test_a_requested_value_the_run_could_not_keep_is_asked_for_again_and_an_old_
     assert read_requested("# requested: run.batch_size = auto\n# requested: x.y = <object>\n") == {
         ("run", "batch_size"): 0
     }
+
+
+def test_a_record_says_workers_auto_as_the_user_typed_it_and_resumes_at_auto_as_an_older_record_does(tmp_path):
+    """The default --workers auto was recorded as `# requested: data.workers = -1`, the number that stands for it;
+    the record says `auto` now, beside the count it became, and reads back as -1 (auto), not the 0 of the other
+    automatic counts (--workers 0 is no worker process). An older record's -1 still resumes at auto."""
+    requested = Config()
+    resolved = replace(requested, data=replace(requested.data, workers=3))
+    lines = requested_lines(requested, resolved)
+    assert lines == ["# requested: data.workers = auto", "# resolved: data.workers = 3"]
+    assert read_requested("\n".join(lines)) == {("data", "workers"): -1}
+    run = tmp_path / "r"
+    run.mkdir()
+    for said in ("auto", "-1"):  # this cnnpar's record, and one written before it
+        (run / "config.toml").write_text(f"# requested: data.workers = {said}\n[data]\nworkers = 3\n")
+        _, resumed = stored_run_config("auto", str(tmp_path), "r")
+        assert resumed.data.workers == -1, said
+    explicit = replace(requested, data=replace(requested.data, workers=2000))  # capped to the cores
+    assert requested_lines(explicit, resolved) == ["# requested: data.workers = 2000", "# resolved: data.workers = 3"]
 
 
 def test_a_record_older_than_the_requested_lines_resumes_at_its_checkpoints_image_size(tmp_path):

@@ -259,6 +259,10 @@ def test_typed_settings_are_held_not_tuned_away_and_said(tmp_path):
     )
     held = tune_mod.typed_settings({"run.batch_size": 64, "speed.precision": "fp32", "data.workers": -1, "x": 1})
     assert held == {"run.batch_size", "speed.precision"}  # -1 (auto workers) names no value: not held
+    # a number is auto in its own field's terms: --workers 0 (no worker process) is a count, held; --batch-size 0 auto
+    assert tune_mod.typed_settings({"data.workers": 0, "run.batch_size": 0, "speed.compile": "auto"}) == {
+        "data.workers"
+    }
     best, trials = tune_mod.tune(
         with_overrides(resnet50(), speed={"precision": "fp32"}),
         600,

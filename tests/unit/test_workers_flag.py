@@ -38,8 +38,9 @@ def test_config_commands_take_auto_as_their_default(command, typed, held):
 
 def test_predict_and_prepare_take_auto_as_their_own_default():
     assert _parse(["predict", *PREDICT, "--workers", "auto"]).workers == _parse(["predict", *PREDICT]).workers == -1
-    assert _parse(["prepare", "photos", "--workers", "auto"]).workers == _parse(["prepare", "photos"]).workers == 0
-    assert _parse(["prepare", "photos", "--workers", "-1"]).workers == 0
+    assert _parse(["prepare", "photos", "--workers", "auto"]).workers == _parse(["prepare", "photos"]).workers == -1
+    assert _parse(["prepare", "photos", "--workers", "-1"]).workers == -1
+    assert _parse(["prepare", "photos", "--workers", "0"]).workers == 0  # in this process, as train's 0
     assert _parse(["prepare", "photos", "--workers", "5"]).workers == 5
 
 
@@ -69,3 +70,53 @@ def test_a_config_file_takes_auto_too(tmp_path):
     (tmp_path / "c.toml").write_text('[data]\nworkers = "many"\n')
     with pytest.raises(Exception, match=r"data\.workers \(--workers\) = 'many': expected a whole number >= 0 or"):
         load_toml(tmp_path / "c.toml")
+
+
+@pytest.mark.parametrize("typed, held", [("auto", -1), ("Auto", -1), ("-1", -1), ("0", 0), ("3", 3)])
+def test_the_ddp_scaling_benchmark_takes_auto_as_every_command_does(typed, held):
+    from cnnpar.bench.ddp_scaling import parse_args
+
+    assert parse_args(["--workers", typed]).workers == held
+    assert parse_args([]).workers == -1
+
+
+@pytest.mark.parametrize("typed", ["many", "-2"])
+def test_the_ddp_scaling_benchmark_refuses_a_count_that_means_nothing_in_the_same_words(typed, capsys):
+    from cnnpar.bench.ddp_scaling import parse_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--workers", typed])
+    assert e.value.code == 2
+    shown = repr(typed) if typed == "many" else typed
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"ddp_scaling: error: {REFUSAL.format(shown)}", last
+
+
+@pytest.mark.parametrize("typed, pools", [("0", []), ("1", []), ("auto", [2]), (None, [2])])
+def test_prepare_workers_0_decodes_in_its_own_process_as_trains_0_and_auto_one_per_core(
+    typed, pools, tmp_path, monkeypatch
+):
+    """`cnnpar prepare --workers 0` started one decoding process per core, where `cnnpar train --workers 0` starts
+    none: 0 is no pool in both now, and auto (the default) the one per usable core."""
+    import numpy as np
+    from PIL import Image
+
+    from cnnpar.data import store_write
+
+    for c in ("a", "b"):
+        (tmp_path / "photos" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(np.full((12, 16, 3), 40 * i, np.uint8)).save(tmp_path / "photos" / c / f"{i}.png")
+    monkeypatch.setattr(store_write, "usable_cores", lambda: 2)
+    started = []
+    real_pool = store_write.ProcessPoolExecutor
+
+    def pool(n, **kw):
+        started.append(n)
+        return real_pool(n, **kw)
+
+    monkeypatch.setattr(store_write, "ProcessPoolExecutor", pool)
+    out = tmp_path / "p.cnnpar"
+    words = ["prepare", str(tmp_path / "photos"), "--out", str(out), "--no-progress"]
+    assert cli.main(words + (["--workers", typed] if typed else [])) == 0
+    assert started == pools and out.is_file()
