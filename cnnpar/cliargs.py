@@ -136,6 +136,18 @@ def at_least(low: float, kind: type = int):
     return parse
 
 
+def budget_seconds(text: str) -> float:
+    """bench's and tune's `--budget-s`: seconds > 0, or inf (no limit). A typed 0 is refused in both, in one line
+    naming the default and inf: bench took it as its mode's default (no limit for the ladder) while tune took it as
+    0 s and refused it after start-up, so one figure meant "none" to one command and "unlimited" to the other."""
+    value = at_least(0, float)(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(
+            f"{text}: expected seconds above 0, or inf for no limit (leave it out for the default)"
+        )
+    return value
+
+
 def workers_or_auto(text: str) -> int:
     """`--workers` of every command that has one (the config's, predict's; prepare's reads auto as its own 0): a
     count >= 0, or auto (-1, as the config's workers takes it: sized to the machine)."""

@@ -508,6 +508,21 @@ def test_compare_marks_threads_processes_and_timing_that_differ(tmp_path):
     assert "| timed_steps (differs) | 20 | 30 |" in md and "| repeats (differs) | 3 | 1 |" in md
 
 
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_a_typed_budget_of_0_is_refused_alike_by_bench_and_tune(command, capsys, monkeypatch):
+    """bench took `--budget-s 0` as its mode's default (the ladder: no limit) while tune took it as 0 s and refused
+    it after start-up: one figure, "none" to one command and "unlimited" to the other. Both refuse it as they parse,
+    naming inf and the default."""
+    _measuring_fails(monkeypatch)  # nothing may be measured: the refusal comes first
+    with pytest.raises(SystemExit) as e:
+        main([command, "--device", "cpu", "--budget-s", "0"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"cnnpar {command}: error: argument --budget-s: 0: expected seconds above 0, or inf for no limit (leave it "
+        "out for the default)"
+    )
+
+
 def test_compare_of_two_ladders_with_no_rung_in_common_is_refused_naming_each_ones(tmp_path, capsys):
     """`bench --compare A B` of ladders with no rung of the same name printed a table of no ratio and exited 0."""
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
