@@ -1072,6 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     """The parsed command run, its errors and stops turned into their lines and exit statuses."""
+    from cnnpar.data.cpu_decode import forget_said_damaged
     from cnnpar.dist import LAUNCHED_NPROC_ENV, init_cpu_threads, launcher_rank
     from cnnpar.host_facts import open_files_line, raise_open_files_limit, too_many_open_files
     from cnnpar.socket_folder import init_socket_folder, too_long_text
@@ -1079,6 +1080,9 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     # before any DataLoader worker, decoder pool or launched rank: they inherit it
     raise_open_files_limit()
     init_cpu_threads()  # before any step or decoder runs torch's thread pool
+    # a damaged photo is named once in each command, not once in the process: a second `main` in a notebook on the
+    # same photos named none, and its run looked clean (before any DataLoader worker: forked ones inherit the set)
+    forget_said_damaged()
     try:
         # before any DataLoader worker or launched rank: forked workers inherit the folder
         if (sockets := init_socket_folder()) and launcher_rank() == 0 and LAUNCHED_NPROC_ENV not in os.environ:

@@ -192,13 +192,18 @@ class TurboDecoder:
         return img[top : top + ch, left : left + cw].permute(2, 0, 1)
 
 
-_SAID_DAMAGED: set[str] = set()  # the files say_damaged named in this process
+_SAID_DAMAGED: set[str] = set()  # the files say_damaged named in this process, since the command began
+
+
+def forget_said_damaged() -> None:
+    """At each command's start (cli.run_command): its damaged files are named again, once each."""
+    _SAID_DAMAGED.clear()
 
 
 def say_damaged(path: Path | str, why: str) -> None:
     """A warning naming a JPEG that libjpeg warned about (strict simplejpeg refused it) and that decoded anyway,
-    once per file in each process that decodes it (each DataLoader worker keeps its own count): libjpeg's line
-    ("Corrupt JPEG data: 219 extraneous bytes before marker 0xd9") named none of 100,000 photos."""
+    once per file in each command and process that decodes it (each DataLoader worker keeps its own count):
+    libjpeg's line ("Corrupt JPEG data: 219 extraneous bytes before marker 0xd9") named none of 100,000 photos."""
     if str(path) in _SAID_DAMAGED:
         return
     _SAID_DAMAGED.add(str(path))
