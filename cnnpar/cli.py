@@ -662,7 +662,7 @@ def cmd_bench(args: argparse.Namespace, argv: list[str]) -> int:
 def add_bench_parser(sub) -> None:
     from cnnpar.bench.claims import CPU_BUDGET_S, CUDA_BUDGET_S  # (imports no torch)
     from cnnpar.bench.timing import MIN_REPEATS, MIN_STEPS, SLOW_STEP_S, Timing
-    from cnnpar.cliargs import INF_NO_LIMIT, DefaultsHelpFormatter, add_config_flags, at_least
+    from cnnpar.cliargs import INF_NO_LIMIT, DefaultsHelpFormatter, add_config_flags, at_least, budget_seconds
 
     bench = sub.add_parser(
         "bench",
@@ -720,11 +720,11 @@ def add_bench_parser(sub) -> None:
     )
     g.add_argument(
         "--budget-s",
-        type=at_least(0, float),
-        default=0,
-        help=f"claims and ladder: start nothing after this many seconds (0: claims {CUDA_BUDGET_S:g} with CUDA, so "
-        f"the table ends within 3 minutes, {CPU_BUDGET_S:g} on a CPU; the ladder has no limit; {INF_NO_LIMIT} for "
-        "claims too)",
+        type=budget_seconds,
+        default=0,  # not typeable (budget_seconds refuses 0): the mode's default
+        help=f"claims and ladder: start nothing after this many seconds, above 0 ({INF_NO_LIMIT}; default: claims "
+        f"{CUDA_BUDGET_S:g} with CUDA, so the table ends within 3 minutes, {CPU_BUDGET_S:g} on a CPU; the ladder "
+        "none)",
     )
     g.add_argument(
         "--ddp", default="", help="ladder: also DDP rows at these world sizes, e.g. 1,2 (ddp.csv and ddp.json in --out)"
@@ -743,7 +743,14 @@ def cmd_compare(args: argparse.Namespace, argv: list[str]) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from cnnpar.bench.timing import START_FACTOR, TRIAL_SHARE_WORDS
     from cnnpar.checkout import cnnpar_version
-    from cnnpar.cliargs import INF_NO_LIMIT, DefaultsHelpFormatter, add_config_flags, at_least, workers_or_auto
+    from cnnpar.cliargs import (
+        INF_NO_LIMIT,
+        DefaultsHelpFormatter,
+        add_config_flags,
+        at_least,
+        budget_seconds,
+        workers_or_auto,
+    )
     from cnnpar.config import DECODERS, TTA_LEVELS
     from cnnpar.doctor.options import DoctorOptions, ProfileOptions
 
@@ -948,10 +955,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune_p.add_argument(
         "--budget-s",
-        type=at_least(0, float),
+        type=budget_seconds,
         default=600,
-        help=f"the whole run ends within this (plus the last kill, a few s; {INF_NO_LIMIT}, each trial then runs to "
-        "its end unless --trial-s cuts it off)",
+        help=f"the whole run ends within this, above 0 (plus the last kill, a few s; {INF_NO_LIMIT}, each trial then "
+        "runs to its end unless --trial-s cuts it off)",
     )
     tune_p.add_argument(
         "--trial-s",
@@ -1065,6 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     """The parsed command run, its errors and stops turned into their lines and exit statuses."""
+    from cnnpar.data.cpu_decode import forget_said_damaged
     from cnnpar.dist import LAUNCHED_NPROC_ENV, init_cpu_threads, launcher_rank
     from cnnpar.host_facts import open_files_line, raise_open_files_limit, too_many_open_files
     from cnnpar.socket_folder import init_socket_folder, too_long_text
@@ -1072,6 +1080,9 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     # before any DataLoader worker, decoder pool or launched rank: they inherit it
     raise_open_files_limit()
     init_cpu_threads()  # before any step or decoder runs torch's thread pool
+    # a damaged photo is named once in each command, not once in the process: a second `main` in a notebook on the
+    # same photos named none, and its run looked clean (before any DataLoader worker: forked ones inherit the set)
+    forget_said_damaged()
     try:
         # before any DataLoader worker or launched rank: forked workers inherit the folder
         if (sockets := init_socket_folder()) and launcher_rank() == 0 and LAUNCHED_NPROC_ENV not in os.environ:

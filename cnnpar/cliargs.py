@@ -137,6 +137,21 @@ def at_least(low: float, kind: type = int):
     return parse
 
 
+def budget_seconds(text: str) -> float:
+    """bench's and tune's `--budget-s`: seconds > 0, or inf (no limit). A typed 0 is refused in both, in one line
+    naming the default and inf: bench took it as its mode's default (no limit for the ladder) while tune took it as
+    0 s and refused it after start-up, so one figure meant "none" to one command and "unlimited" to the other. A
+    negative or NaN is refused in the same words ("expected 0 or more" would invite the 0 refused here)."""
+    expected = "expected seconds above 0, or inf for no limit (leave it out for the default)"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {expected}") from None
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text}: {expected}")
+    return value
+
+
 def stored_run_config(
     resume: str, out_dir: str = "", name: str = "", search_again: bool = False
 ) -> tuple[Path, Config] | None:

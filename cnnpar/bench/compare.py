@@ -35,6 +35,8 @@ SETUP_KEYS = (
     "git_rev",
     "date",
 )
+# what is expected to differ between two runs and leaves their figures alone: the others, differing, are in each ratio
+NOT_IN_THE_FIGURES = ("git_rev", "date")
 
 
 def read_ladder_csv(path: str | Path) -> list[dict[str, str]]:
@@ -107,6 +109,11 @@ def _load(rows: list[dict]) -> str:
 def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
     a_rows, b_rows = read_ladder_csv(a_path), read_ladder_csv(b_path)
     a_by, b_by = {r["name"]: r for r in a_rows}, {r["name"]: r for r in b_rows}
+    if not a_by.keys() & b_by.keys():  # the table had no ratio at all, and the command ended 0 with it
+        raise UserError(
+            f"bench --compare {a_path} {b_path}: no rung in common, nothing to compare (A has {', '.join(a_by)}; "
+            f"B has {', '.join(b_by)}): expected two ladders that measured at least one rung of the same name"
+        )
     names = list(dict.fromkeys([r["name"] for r in a_rows] + [r["name"] for r in b_rows]))
     lines = ["# Ladder comparison", "", f"- A: `{a_path}`", f"- B: `{b_path}`", ""]
     lines += ["| setup | A | B |", "|---|---|---|"]
@@ -117,6 +124,9 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
     la, lb = _load(a_rows), _load(b_rows)
     differs = la != lb and "not recorded" not in (la, lb)  # a missing figure is unknown, not different
     lines.append(f"| host load (1 min, over the rungs){' (differs)' if differs else ''} | {la} | {lb} |")
+    differ = setups_differ(a_rows[0], b_rows[0])
+    if differ:  # each ratio read as the rung's alone under a table whose "(differs)" marks were easy to pass over
+        lines += ["", f"**{differ_line(differ)}**"]
     lines += ["", "| rung | A images/s (range) | B images/s (range) | B / A |", "|---|---|---|---|"]
     for n in names:
         ra, rb = _rate(a_by.get(n)), _rate(b_by.get(n))
@@ -133,6 +143,17 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
         "read after each rung.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def setups_differ(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The setup columns whose values differ between A's row and B's that change the figures (not the revision or
+    date): a different device, batch or thread count is in every ratio, beside the rung's technique. A value one
+    side did not record (a CSV from before the column) is unknown, not different."""
+    return [k for k in SETUP_KEYS if k not in NOT_IN_THE_FIGURES and a.get(k) and b.get(k) and a[k] != b[k]]
+
+
+def differ_line(keys: list[str]) -> str:
+    return f"A and B differ in {', '.join(keys)}: each B / A ratio measures that difference too, not the rung alone"
 
 
 def default_compare_path(out_root: str | Path, a_path: str | Path, b_path: str | Path) -> Path:

@@ -192,13 +192,18 @@ class TurboDecoder:
         return img[top : top + ch, left : left + cw].permute(2, 0, 1)
 
 
-_SAID_DAMAGED: set[str] = set()  # the files say_damaged named in this process
+_SAID_DAMAGED: set[str] = set()  # the files say_damaged named in this process, since the command began
+
+
+def forget_said_damaged() -> None:
+    """At each command's start (cli.run_command): its damaged files are named again, once each."""
+    _SAID_DAMAGED.clear()
 
 
 def say_damaged(path: Path | str, why: str) -> None:
     """A warning naming a JPEG that libjpeg warned about (strict simplejpeg refused it) and that decoded anyway,
-    once per file in each process that decodes it (each DataLoader worker keeps its own count): libjpeg's line
-    ("Corrupt JPEG data: 219 extraneous bytes before marker 0xd9") named none of 100,000 photos."""
+    once per file in each command and process that decodes it (each DataLoader worker keeps its own count):
+    libjpeg's line ("Corrupt JPEG data: 219 extraneous bytes before marker 0xd9") named none of 100,000 photos."""
     if str(path) in _SAID_DAMAGED:
         return
     _SAID_DAMAGED.add(str(path))
@@ -321,6 +326,10 @@ class CpuDecodedFolder(Dataset):
         self.min_scale = min_scale  # the training crops' smallest area share (data.crop_min_scale)
         self.epoch_seed: int | None = None  # set in each worker by loader.ReseedingWorkers
         self._turbo: TurboDecoder | None = None
+        # a flag a file, in shared memory (before any worker starts, so each maps the same one): a damaged file one
+        # DataLoader worker named is not named again by another, nor by each epoch's fresh workers without
+        # --persistent-workers (say_damaged's count is a process's: it was named once an epoch)
+        self.named_damaged = torch.zeros(len(self.files), dtype=torch.uint8).share_memory_()
 
     def __len__(self) -> int:
         return len(self.files)
@@ -386,7 +395,8 @@ class CpuDecodedFolder(Dataset):
                 refused = self._turbo.refused
             if crop is None:
                 crop = self._crop_checked(datas[k], images[k], self.files[i], r, sizes[k], box)
-                if refused:  # decoded all the same: libjpeg's own line (torchvision's) names no file
+                if refused and not self.named_damaged[i]:  # decoded all the same: libjpeg's line names no file
+                    self.named_damaged[i] = 1  # (two workers at once may both name it: rare, and said, not lost)
                     say_damaged(self.files[i], refused)
             resize_into(x[k], crop)
             datas[k] = images[k] = None  # free each photo as soon as it is used

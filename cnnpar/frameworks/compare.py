@@ -94,6 +94,10 @@ def missing_package(fw: Framework) -> str | None:
     return None
 
 
+def install_hint(pkg: str) -> str:
+    return f'pip install "cnnpar[{pkg}]"' if pkg in EXTRAS else f"pip install {pkg}"
+
+
 def runner_env(fw: Framework) -> dict[str, str]:
     env = env_importing_this_checkout()  # the checkout that runs `compare` is the one its runners import
     env.update(parent_env(PARENT_ENV))  # the runner ends with this process however it ends (spec.runner_main)
@@ -434,10 +438,17 @@ def run_compare(frameworks: list[Framework], spec: RunSpec, timeout: float = 360
     # before any data is loaded or framework run: a name over NAME_MAX ended in an OSError traceback at the mkdir
     check_out_folder(out, "compare --out")
     missing = {fw.name: missing_package(fw) for fw in frameworks}
-    if any(pkg is None for pkg in missing.values()):
-        # what only the data can tell (a batch larger than the training set, no validation split, non-square
-        # images), once and before any runner: each runner found it on its own after its imports
-        load_bundle(spec)
+    if all(pkg is not None for pkg in missing.values()):
+        # settings this machine cannot run, as a typo in --frameworks is: it wrote a summary of skipped rows, removed
+        # the frameworks' earlier CSVs from --out and exited 1, a tool's failure, with no tool run
+        each = "; ".join(f"{name} needs {pkg}: {install_hint(pkg)}" for name, pkg in missing.items())
+        raise ConfigError(
+            f"compare --frameworks {','.join(missing)}: none of them is installed here ({each}): expected a "
+            "framework that is installed (torch always is), or install one"
+        )
+    # what only the data can tell (a batch larger than the training set, no validation split, non-square images),
+    # once and before any runner: each runner found it on its own after its imports
+    load_bundle(spec)
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for fw in frameworks:
@@ -445,8 +456,7 @@ def run_compare(frameworks: list[Framework], spec: RunSpec, timeout: float = 360
         stale.unlink(missing_ok=True)  # a failed run must not leave an older CSV looking current
         pkg = missing[fw.name]
         if pkg is not None:
-            hint = f'pip install "cnnpar[{pkg}]"' if pkg in EXTRAS else f"pip install {pkg}"
-            note = f"{pkg} is not installed ({hint})"
+            note = f"{pkg} is not installed ({install_hint(pkg)})"
             print(f"compare: skipping {fw.name}: {note}", flush=True)
             results.append((fw, "skipped", note))
             continue
@@ -477,7 +487,7 @@ def console_line(r: dict[str, str]) -> str:
 
 def exit_status(rows: list[dict[str, str]]) -> tuple[int, str]:
     """(exit status, the line that says why where it is not 0): 1 where a framework failed (a divergence
-    included) or ended at chance, or where nothing ran at all (every framework asked for skipped)."""
+    included) or ended at chance. (Where none asked for is installed, run_compare refused the settings first.)"""
     failed = [r["framework"] for r in rows if r["status"] == "failed"]
     chance = [r["framework"] for r in rows if r["status"] == "ok" and not learned(r)]
     if failed or chance:
@@ -486,8 +496,6 @@ def exit_status(rows: list[dict[str, str]]) -> tuple[int, str]:
             f"{NOT_LEARNED}: {', '.join(chance)}" if chance else "",
         ]
         return 1, f"compare: {'; '.join(x for x in said if x)}"
-    if not any(r["status"] == "ok" for r in rows):
-        return 1, "compare: nothing ran: every framework asked for was skipped (not installed)"
     return 0, ""
 
 

@@ -508,6 +508,52 @@ def test_compare_marks_threads_processes_and_timing_that_differ(tmp_path):
     assert "| timed_steps (differs) | 20 | 30 |" in md and "| repeats (differs) | 3 | 1 |" in md
 
 
+@pytest.mark.parametrize("command", ["bench", "tune"])
+def test_a_typed_budget_of_0_is_refused_alike_by_bench_and_tune(command, capsys, monkeypatch):
+    """bench took `--budget-s 0` as its mode's default (the ladder: no limit) while tune took it as 0 s and refused
+    it after start-up: one figure, "none" to one command and "unlimited" to the other. Both refuse it as they parse,
+    naming inf and the default."""
+    _measuring_fails(monkeypatch)  # nothing may be measured: the refusal comes first
+    with pytest.raises(SystemExit) as e:
+        main([command, "--device", "cpu", "--budget-s", "0"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"cnnpar {command}: error: argument --budget-s: 0: expected seconds above 0, or inf for no limit (leave it "
+        "out for the default)"
+    )
+
+
+def test_compare_of_two_ladders_with_no_rung_in_common_is_refused_naming_each_ones(tmp_path, capsys):
+    """`bench --compare A B` of ladders with no rung of the same name printed a table of no ratio and exited 0."""
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("name,status,images_per_s,step_ms\nbaseline,ok,100,5\nworkers,ok,120,4\n")
+    b.write_text("name,status,images_per_s,step_ms\nbf16,ok,300,2\n")
+    out = tmp_path / "out"
+    assert main(["bench", "--compare", str(a), str(b), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"cnnpar: error: bench --compare {a} {b}: no rung in common, nothing to compare (A has baseline, workers; "
+        "B has bf16): expected two ladders that measured at least one rung of the same name\n"
+    )
+    assert not out.exists()  # nothing written
+
+
+def test_compare_of_two_setups_that_differ_says_so_beside_its_ratios(tmp_path, capsys):
+    """Another device or batch size is in every ratio: the table's "(differs)" marks alone let a 2.00x read as the
+    rung's. A value one side never recorded (an older CSV) is unknown, not different; the date always differs."""
+    columns = "name,status,images_per_s,step_ms,device,batch_size,world_size,torch,date"
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(f"{columns}\nbaseline,ok,100,5,cpu,64,1,,d1\n")
+    b.write_text(f"{columns}\nbaseline,ok,200,3,cuda,128,1,2.14.1,d2\n")
+    said = "A and B differ in device, batch_size: each B / A ratio measures that difference too, not the rung alone"
+    assert f"**{said}**" in compare_markdown(a, b).splitlines()
+    assert main(["bench", "--compare", str(a), str(b), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == f"cnnpar: note: bench --compare: {said}\n"
+    b.write_text(f"{columns}\nbaseline,ok,200,3,cpu,64,1,2.14.1,d2\n")
+    assert not any(ln.startswith("**A and B differ") for ln in compare_markdown(a, b).splitlines())
+    assert main(["bench", "--compare", str(a), str(b), "--out", str(tmp_path / "out2")]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_compare_with_a_ladder_from_before_the_ranges_says_its_noise_is_unknown(tmp_path):
     """An unmarked ratio reads as outside the noise: where one run kept no range (an older CSV) it says so."""
     old = tmp_path / "a.csv"

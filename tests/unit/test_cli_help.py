@@ -60,7 +60,7 @@ def test_the_doctor_try_help_states_its_default_once():
         (["tune", "--trial-s", "-5"], "argument --trial-s: -5: expected 0 or more"),
         (["profile", "--prof-active", "0"], "argument --prof-active: 0: expected 1 or more"),
         (["tune", "--steps", "two"], "argument --steps: 'two': expected a whole number"),
-        (["tune", "--budget-s", "nan"], "argument --budget-s: nan: expected 0 or more"),
+        (["tune", "--budget-s", "nan"], "argument --budget-s: nan: expected seconds above 0, or inf for no limit"),
     ],
 )
 def test_counts_that_cannot_measure_anything_are_refused_before_any_work(words, message, capsys):
@@ -77,7 +77,7 @@ def test_counts_that_cannot_measure_anything_are_refused_before_any_work(words, 
     [
         (["doctor", "--try", "-1"], "argument --try: -1: expected 0 or more"),  # tried all but the last advice
         (["bench", "--timed-s", "nan"], "argument --timed-s: nan: expected 0 or more"),
-        (["bench", "--budget-s", "-1"], "argument --budget-s: -1: expected 0 or more"),
+        (["bench", "--budget-s", "-1"], "argument --budget-s: -1: expected seconds above 0, or inf for no limit"),
     ],
 )
 def test_values_that_would_run_a_different_measurement_are_refused_while_parsing(words, message, capsys):

@@ -100,6 +100,23 @@ def test_a_damaged_jpeg_that_decodes_is_named_once(tmp_path, capsys):
     assert torch.equal(x, CpuDecodedFolder([path], [0], 32, train=False, backend="pillow")[[0]][0])
 
 
+def test_a_damaged_jpeg_is_named_once_in_a_run_whose_workers_are_new_each_epoch(tmp_path, capfd):
+    """Each DataLoader worker kept its own count of the files it named: with --no-persistent-workers each epoch's
+    fresh workers named the same damaged photo again, once an epoch (3 of 4 epochs' lines in one run)."""
+    from cnnpar.cli import main
+
+    if simplejpeg_module() is None:
+        pytest.skip("simplejpeg is not installed: nothing tells the damage before torchvision decodes")
+    data = write_image_folder(tmp_path / "photos", per_class=8, side=32)
+    damaged = data / "class0" / "damaged.jpg"
+    damaged.write_bytes(damaged_jpeg(side=32))
+    flags = ["--workers", "2", "--no-persistent-workers", "--epochs", "4", "--batch-size", "4", "--image-size", "32"]
+    run = ["train", "--data", str(data), *flags, "--device", "cpu", "--no-progress", "--no-tensorboard"]
+    assert main([*run, "--out-dir", str(tmp_path / "runs")]) == 0
+    said = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("warning:")]  # the workers' too
+    assert len(said) == 1 and said[0].startswith(f"warning: {damaged}: damaged JPEG data (libjpeg: "), said
+
+
 def test_a_photo_deleted_under_a_run_is_named_as_gone_since_the_listing_with_the_epochs_kept(
     tmp_path, monkeypatch, capsys
 ):

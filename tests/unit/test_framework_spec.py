@@ -65,11 +65,14 @@ def test_spec_rejects_a_batch_that_does_not_split_over_devices():
 
 
 def test_compare_marks_missing_frameworks_skipped(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(compare, "missing_package", lambda fw: fw.needs[-1])
-    asked = parse_frameworks("keras-jax,tensorflow,pytensor")
+    # one framework installed (its runner stubbed: not what this test is about), so the others are skipped, not
+    # refused together
+    monkeypatch.setattr(compare, "missing_package", lambda fw: None if fw.name == "torch" else fw.needs[-1])
+    monkeypatch.setattr(compare, "run_framework", lambda fw, spec, timeout: ("failed", "stubbed"))
+    asked = parse_frameworks("keras-jax,tensorflow,pytensor,torch")
     rows = compare.run_compare(asked, RunSpec(out=str(tmp_path)))
-    assert [r["framework"] for r in rows] == ["keras-jax", "tensorflow", "pytensor"]
-    assert all(r["status"] == "skipped" for r in rows)
+    assert [r["framework"] for r in rows] == ["keras-jax", "tensorflow", "pytensor", "torch"]
+    assert [r["status"] for r in rows] == ["skipped"] * 3 + ["failed"]
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("compare: skipping")]
     assert lines[0] == 'compare: skipping keras-jax: jax is not installed (pip install "cnnpar[jax]")'
     assert len(lines) == 3
@@ -302,16 +305,30 @@ def test_a_run_at_chance_with_sane_losses_did_not_learn_and_says_so_everywhere(t
     assert compare.learned(compare.summary_row(fw, "ok", "", tmp_path))
 
 
-def test_compare_exits_non_zero_and_says_so_when_nothing_ran(tmp_path, monkeypatch, capsys):
+def test_compare_of_frameworks_none_of_which_is_installed_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Every framework asked for not installed is settings this machine cannot run, as a mistyped --frameworks is:
+    it wrote a summary of skipped rows, removed the frameworks' earlier CSVs from --out and exited 1, a tool's
+    failure. Now one line naming each with its install command, exit 2, and --out as it was."""
     import argparse
 
+    from cnnpar.cli import main
+
     monkeypatch.setattr(compare, "missing_package", lambda fw: fw.needs[-1])
+    monkeypatch.setattr(compare, "load_bundle", lambda spec: pytest.fail("the data loaded: not refused first"))
+    earlier = tmp_path / compare.csv_name(compare.FRAMEWORKS["pytensor"])
+    earlier.write_text("an earlier run's rows\n")
     p = argparse.ArgumentParser()
     compare.add_compare_args(p)
     args = p.parse_args(["--frameworks", "keras-jax,pytensor", "--out", str(tmp_path)])
-    assert compare.main_from_args(args) == 1
-    out = capsys.readouterr().out
-    assert out.rstrip().endswith("compare: nothing ran: every framework asked for was skipped (not installed)")
+    with pytest.raises(ConfigError) as e:
+        compare.main_from_args(args)
+    assert str(e.value) == (
+        "compare --frameworks keras-jax,pytensor: none of them is installed here (keras-jax needs jax: pip install "
+        '"cnnpar[jax]"; pytensor needs pytensor: pip install "cnnpar[pytensor]"): expected a framework that is '
+        "installed (torch always is), or install one"
+    )
+    assert main(["compare", "--frameworks", "pytensor", "--out", str(tmp_path)]) == 2
+    assert [f.name for f in tmp_path.iterdir()] == [earlier.name] and earlier.read_text() == "an earlier run's rows\n"
     ok = {"framework": "torch", "status": "ok", "note": ""}
     assert compare.exit_status([ok, {"framework": "pytensor", "status": "skipped", "note": "x"}]) == (0, "")
 

@@ -66,6 +66,25 @@ def test_a_train_on_a_pixel_csv_leaves_the_csv_modules_field_limit_as_it_was(tmp
     assert _process_state() == before
 
 
+def test_a_damaged_photo_is_named_once_in_each_of_two_trains_in_one_process(tmp_path, capsys):
+    """The warning naming a damaged JPEG was said once per process: a second train from the same notebook on the
+    same photos said nothing, and its run looked clean. Once per file in each call; not per batch or epoch."""
+    from cnnpar.data.cpu_decode import simplejpeg_module
+    from tests.datafiles import damaged_jpeg, write_image_folder
+
+    if simplejpeg_module() is None:
+        pytest.skip("simplejpeg is not installed: nothing tells the damage before torchvision decodes")
+    data = write_image_folder(tmp_path / "photos", per_class=8, side=32)
+    damaged = data / "class0" / "damaged.jpg"
+    damaged.write_bytes(damaged_jpeg(side=32))
+    # no workers: every decode in this process; three epochs, each reading the photo again
+    flags = ["--data", str(data), "--epochs", "3", "--max-steps", "0", "--workers", "0", "--batch-size", "4"]
+    for name in ("a", "b"):
+        assert main([*TRAIN, *flags, "--image-size", "32", "--out-dir", str(tmp_path), "--name", name]) == 0
+        said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning:")]
+        assert len(said) == 1 and said[0].startswith(f"warning: {damaged}: damaged JPEG data (libjpeg: "), (name, said)
+
+
 def test_a_stop_inside_a_call_leaves_the_process_as_it_was_and_the_next_call_trains(tmp_path, monkeypatch):
     before = _process_state()
     fit = Trainer.fit

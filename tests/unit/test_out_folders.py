@@ -107,19 +107,19 @@ def test_an_output_place_holding_an_earlier_runs_results_is_refused_before_measu
 
 def test_tune_re_tunes_its_config_in_place_where_out_is_that_config(tmp_path, monkeypatch, capsys):
     """`cnnpar tune --config T --out T` (with T's trials beside it) refines a tuned config and rewrites both, as
-    asked: not refused as an earlier tune's results. (A budget of 0: past --out's checks, the first trial ('start')
-    cannot start, and T and its trials are kept.)"""
+    asked: not refused as an earlier tune's results. (A budget of 0.001 s: past --out's checks, the first trial
+    ('start') cannot start, and T and its trials are kept.)"""
     from cnnpar.config import dumps_toml
 
     monkeypatch.chdir(tmp_path)
     tuned = tmp_path / "t.toml"
     tuned.write_text(dumps_toml(Config()))
     (tmp_path / "t.csv").write_text("the trials that made t.toml\n")
-    assert main(["tune", "--config", str(tuned), "--out", str(tuned), "--budget-s", "0"]) == 2
+    assert main(["tune", "--config", str(tuned), "--out", str(tuned), "--budget-s", "0.001"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("cnnpar: error: tune --budget-s 0: the first trial ('start', the config as given) could "), (
-        err
-    )
+    assert err.startswith(
+        "cnnpar: error: tune --budget-s 0.001: the first trial ('start', the config as given) could "
+    ), err
     assert tuned.read_text() == dumps_toml(Config())
     assert (tmp_path / "t.csv").read_text() == "the trials that made t.toml\n"
 
@@ -328,7 +328,7 @@ def held_by_another(tmp_path):
     "words, what, given",
     [
         (["bench", "--out", "rep", "--only", "baseline", *TINY], "bench", "rep"),
-        (["tune", "--out", "rep/tuned.toml", "--budget-s", "0"], "tune", "rep/tuned.toml"),
+        (["tune", "--out", "rep/tuned.toml", "--budget-s", "0.001"], "tune", "rep/tuned.toml"),
     ],
     ids=["bench", "tune"],
 )

@@ -658,10 +658,10 @@ def test_a_budget_start_up_leaves_no_trial_time_in_is_refused_before_any_work(tm
     started = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tune_mod, "child_trial", lambda *a: lambda cfg, limit: started.append(cfg))
-        assert main(["tune", "--device", "cpu", "--budget-s", "0", "--out", str(out)]) == 2
+        assert main(["tune", "--device", "cpu", "--budget-s", "0.001", "--out", str(out)]) == 2
     out_text, err = capsys.readouterr()
     assert err == (
-        "cnnpar: error: tune --budget-s 0: the first trial ('start', the config as given) could not start: time "
+        "cnnpar: error: tune --budget-s 0.001: the first trial ('start', the config as given) could not start: time "
         "budget spent (0 s left), under the 5 s a trial needs at least: expected a larger --budget-s, such as: "
         f"cnnpar tune --device cpu --out {out} --budget-s 60\n"
     )
