@@ -283,6 +283,17 @@ def shared_uint8(shape: tuple[int, ...]) -> torch.Tensor:
     return elem.new(storage).view(shape)
 
 
+def _damage_flags(count: int) -> torch.Tensor:
+    """CpuDecodedFolder's flags of damaged files already named, in shared memory where the system gives it; else
+    private ones (each worker then names a file once, as before the flags): a read-only or missing /dev/shm, where
+    README's way out is --workers 0, must not stop a run that starts no worker before it loads."""
+    flags = torch.zeros(count, dtype=torch.uint8)
+    try:
+        return flags.share_memory_()
+    except (RuntimeError, OSError):
+        return flags
+
+
 class CpuDecodedFolder(Dataset):
     """Files and labels of an image folder; `dataset[list of indices]` is one decoded batch
     `(x (N, 3, size, size) uint8, labels (N,) int64, index (N,) int64)`.
@@ -329,7 +340,7 @@ class CpuDecodedFolder(Dataset):
         # a flag a file, in shared memory (before any worker starts, so each maps the same one): a damaged file one
         # DataLoader worker named is not named again by another, nor by each epoch's fresh workers without
         # --persistent-workers (say_damaged's count is a process's: it was named once an epoch)
-        self.named_damaged = torch.zeros(len(self.files), dtype=torch.uint8).share_memory_()
+        self.named_damaged = _damage_flags(len(self.files))
 
     def __len__(self) -> int:
         return len(self.files)

@@ -144,3 +144,19 @@ def test_a_photo_deleted_under_a_run_is_named_as_gone_since_the_listing_with_the
     assert line.endswith(
         f"the checkpoint in {runs / 'r'} holds epoch 1; continue with: cnnpar train --resume {runs / 'r'}"
     )
+
+
+def test_a_system_without_shared_memory_still_trains_photos_with_workers_0(tmp_path, monkeypatch):
+    """The damaged-file flags are shared memory (one flag a file for every worker of a run): where /dev/shm is
+    read-only (a locked-down container, whose way out README gives as --workers 0), making them raised before any
+    worker started, so a run with no workers at all could not load the photos."""
+    from cnnpar.cli import main
+
+    def no_shm(self):
+        raise RuntimeError("unable to open shared memory object </torch_1_2> in read-write mode: Read-only file system")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", no_shm)
+    data = write_image_folder(tmp_path / "photos", per_class=8, side=32)
+    flags = ["--workers", "0", "--epochs", "1", "--batch-size", "4", "--image-size", "32"]
+    run = ["train", "--data", str(data), *flags, "--device", "cpu", "--no-progress", "--no-tensorboard"]
+    assert main([*run, "--out-dir", str(tmp_path / "runs")]) == 0
