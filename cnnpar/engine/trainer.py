@@ -54,6 +54,8 @@ from cnnpar.engine.checkpoint import (
     checkpoint_epoch,
     kept_after_failed_write,
     load_checkpoint,
+    load_model_weights,
+    optimizer_state_problem,
     refuse_nonfinite,
     require_average,
     require_training_state,
@@ -585,10 +587,19 @@ class Trainer(DivergenceCheck):
         checks = ResumeChecks(self.cfg, self.requested_cfg, self.bundle, self.meta, self.info.world_size, self.log)
         # before the weights: a changed image size or class order can still fit them, and would train on silently
         checks.refuse_changed_data(path, state.get("config", {}), state.get("meta", {}), state.get("started_in"))
+        shape = "x".join(map(str, self.meta["image_shape"]))
+        described = f"this run's {self.cfg.model.name} for {self.meta['num_classes']} classes of {shape} images"
         try:
-            self.raw_model.load_state_dict(state["model"])
-        except RuntimeError:  # torch lists every mismatching tensor: the user needs what differs in the data
+            load_model_weights(self.raw_model, state["model"], path, described)
+        except UserError:
             was = state.get("meta", {})
+            if (was.get("model"), was.get("num_classes"), list(was.get("image_shape") or [])) == (
+                self.cfg.model.name,
+                self.meta["num_classes"],
+                list(self.meta["image_shape"]),
+            ):
+                raise  # the run's own settings (an edited file): the line names the tensor that does not fit
+            # the user needs what differs in the settings, not the first tensor it changed
             raise UserError(
                 f"{path}: holds a {was.get('model')} for {was.get('num_classes')} classes of "
                 f"{'x'.join(map(str, was.get('image_shape', [])))} images; this run has {self.cfg.model.name} for "
@@ -603,6 +614,12 @@ class Trainer(DivergenceCheck):
         refuse_nonfinite(state["model"], path)
         if self.average is not None and "average" in state:  # what the average loads below
             refuse_nonfinite(module_weights(require_average(state, path)), path, "weight average")
+        names = {p: name for name, p in self.raw_model.named_parameters()}
+        if problem := optimizer_state_problem(self.optimizer, state["optimizer"], names):
+            raise UserError(
+                f"{path}: its optimizer state does not fit this run's {self.cfg.model.name} ({problem}): expected "
+                "a checkpoint written by this cnnpar's train for that model"
+            )
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         try:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -627,7 +644,7 @@ class Trainer(DivergenceCheck):
         self._keep_best_of(finished)
         self.precision.load_state_dict(state["precision"])
         if self.average is not None and "average" in state:
-            self.average.load_state_dict(state["average"])
+            load_model_weights(self.average.averaged, state["average"], path, described, "weight average")
         if finished >= self.cfg.run.epochs:
             # no epoch to train: fit says so once and leaves the run folder as it is; a schedule "rebuilt" for
             # fewer epochs than are done, or a resume that trains nothing, would only mislead

@@ -526,3 +526,47 @@ def test_a_weight_average_that_is_not_a_state_dict_is_refused_in_one_line(averag
         err = capsys.readouterr().err
         assert err.startswith(f"cnnpar: error: {ckpt}: not a checkpoint a resume can read ({said}"), err
         assert err.count("\n") == 1
+
+
+def _resized(ckpt: Path, key: str, pick) -> str:
+    """`ckpt` with one tensor of its `key` part ('model', 'average', 'optimizer') one row longer, saved under valid
+    checksums as an edit leaves it; the tensor is the first that `pick(name, tensor)` accepts. Returns its name."""
+    state = torch.load(ckpt, weights_only=True)
+    part = next(iter(state["optimizer"]["state"].values())) if key == "optimizer" else state[key]
+    name = next(k for k, t in part.items() if isinstance(t, torch.Tensor) and pick(k, t))
+    part[name] = torch.zeros(part[name].shape[0] + 1, *part[name].shape[1:])
+    torch.save(state, ckpt)
+    return name
+
+
+def test_tensors_that_do_not_fit_the_model_are_refused_in_one_line_naming_the_tensor_and_shapes(
+    averaged, tmp_path, capsys
+):
+    """An edited checkpoint whose weight average or optimizer state holds a tensor of another shape than the model's
+    ended a resume in torch's size-mismatch traceback (the optimizer's only at the first step, after config.toml and
+    resumes.csv were rewritten); one in the model's weights, the run's own model and classes, was refused by a line
+    that named the same model on both sides and no tensor."""
+    ckpt = averaged / "ckpt" / "last.pt"
+    good = ckpt.read_bytes()
+    resume = [*SMALL, "--epochs", "2", "--resume", str(averaged)]
+    for key, pick, said in (
+        ("average", lambda k, t: k.startswith("module.") and t.dim() == 2, "its weight average's weights do not fit"),
+        ("model", lambda k, t: t.dim() == 2, "its weights do not fit"),
+        ("optimizer", lambda k, t: t.dim() > 0, "its optimizer state does not fit"),
+    ):
+        ckpt.write_bytes(good)
+        name = _resized(ckpt, key, pick)
+        before = {p.name: p.read_bytes() for p in averaged.iterdir() if p.is_file()}
+        assert main(resume) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"cnnpar: error: {ckpt}: {said} this run's cnn3") and err.count("\n") == 1, err
+        assert (f"{name} is [" if key != "optimizer" else f"'s {name} is [") in err, err
+        assert {p.name: p.read_bytes() for p in averaged.iterdir() if p.is_file()} == before  # nothing rewritten
+
+    ckpt.write_bytes(good)  # predict reads the average: it names the average, not the model's weights
+    name = _resized(ckpt, "average", lambda k, t: k.startswith("module.") and t.dim() == 2)
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--checkpoint", str(ckpt), "--data", "digits", "--device", "cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "last.pt: its weight average's weights do not fit" in err and name.removeprefix("module.") in err, err
+    assert not out.exists()
