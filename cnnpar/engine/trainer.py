@@ -641,10 +641,10 @@ class Trainer(DivergenceCheck):
         lrs = rebuild_after_resume(self.scheduler, self.optimizer)
         self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
         self.start_epoch = finished + 1
-        self._keep_best_of(finished)
         self.precision.load_state_dict(state["precision"])
         if self.average is not None and "average" in state:
             load_model_weights(self.average.averaged, state["average"], path, described, "weight average")
+        self._keep_best_of(state, path)  # once every part has loaded: it may write best.pt from the checkpoint
         if finished >= self.cfg.run.epochs:
             # no epoch to train: fit says so once and leaves the run folder as it is; a schedule "rebuilt" for
             # fewer epochs than are done, or a resume that trains nothing, would only mislead
@@ -1292,18 +1292,27 @@ class Trainer(DivergenceCheck):
         earlier = [r["val_acc"] for r in self.history if "val_acc" in r and r["epoch"] < row["epoch"]]
         return not earlier or row["val_acc"] > max(earlier)
 
-    def _keep_best_of(self, finished: int) -> None:
-        """On resuming: ckpt/best.pt from an epoch the checkpoint does not hold (an attempt stopped between the two
-        writes) is not this run's any more, and goes; otherwise the epoch it holds is the summary's."""
-        best = self.run_dir / "ckpt" / BEST
-        if not self.info.is_main or not best.is_file():
+    def _keep_best_of(self, state: dict, path: Path) -> None:
+        """On resuming from `state` (read from `path`): ckpt/best.pt from an epoch the checkpoint does not hold (an
+        attempt stopped between the two writes) is not this run's any more, and goes; otherwise the epoch it holds
+        is the summary's. Where the checkpoint's own epoch is the best and best.pt misses it (a kill between
+        last.pt's write and best.pt's), best.pt is written from the checkpoint: it stayed an earlier epoch's for
+        good, since no later epoch beat the best, while the summary named the best epoch's accuracy."""
+        if not self.info.is_main:
             return
-        held = checkpoint_epoch(self.run_dir, best)
-        if held > finished or not held:
+        finished = int(state["epoch"])
+        best = self.run_dir / "ckpt" / BEST
+        held = checkpoint_epoch(self.run_dir, best) if best.is_file() else 0
+        if best.is_file() and (held > finished or not held):
             best.unlink()
             why = f"it held epoch {held}, past the {finished} epochs the checkpoint keeps" if held else "unreadable"
             self.log(f"removed {best}: {why}; the next best epoch writes it again")
-            return
+            held = 0
+        row = next((r for r in self.history if r["epoch"] == finished), None)
+        if held < finished and row is not None and self._best_so_far(row):
+            save_checkpoint(best, best_state(state))
+            self.log(f"{best}: written from {path}, whose epoch {finished} is the best (an attempt stopped before it)")
+            held = finished
         self.best_saved_epoch = held
 
     def _summary(self, wall_s: float, finished: bool = True) -> dict:

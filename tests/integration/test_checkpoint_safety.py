@@ -406,6 +406,50 @@ def test_a_stop_just_after_the_checkpoints_rename_names_the_epochs_it_holds(tmp_
     )
 
 
+# SIGKILL just after the trainer's last.pt of the first epoch past the first that beats every earlier one is renamed
+# into place, before its best.pt is written
+KILLED_BEFORE_BEST = """
+import os, signal, sys
+from cnnpar import cli
+from cnnpar.engine import trainer
+real = trainer.save_checkpoint
+def save(path, state):
+    real(path, state)
+    accs = [r["val_acc"] for r in state["history"]]
+    if path.name == "last.pt" and len(accs) > 1 and accs[-1] > max(accs[:-1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+trainer.save_checkpoint = save
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_kill_between_last_and_best_of_the_best_epoch_leaves_best_pt_holding_it_after_the_resume(tmp_path):
+    """A SIGKILL after the best epoch's last.pt was renamed into place, before its best.pt was written: the resume
+    kept best.pt of an earlier epoch for good (where no later epoch beat the best), while summary.json gave the best
+    epoch's accuracy, and predict --checkpoint runs/b/ckpt/best.pt predicted with the earlier epoch's weights."""
+    run = tmp_path / "runs" / "b"
+    args = [*SMALL, "--epochs", "6", "--name", "b"]
+    proc = subprocess.run([sys.executable, "-c", KILLED_BEFORE_BEST, *args], cwd=tmp_path, env=cli_env())
+    assert proc.returncode == -9, "no epoch after the first beat the earlier ones: the kill proved nothing"
+    last = torch.load(run / "ckpt" / "last.pt", weights_only=True)
+    killed = last["epoch"]
+    assert torch.load(run / "ckpt" / "best.pt", weights_only=True)["epoch"] < killed
+    # the resume trains nothing more (--epochs at the checkpoint's): best.pt is what the resume itself leaves
+    proc = subprocess.run(
+        [sys.executable, "-m", "cnnpar", *args, "--epochs", str(killed), "--resume", "runs/b"],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    best = torch.load(run / "ckpt" / "best.pt", weights_only=True)
+    assert best["epoch"] == killed and "optimizer" not in best  # as that epoch's own write of it
+    assert all(torch.equal(best["model"][k], t) for k, t in last["model"].items())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_ckpt_epoch"] == killed and summary["best_val_acc"] == last["history"][-1]["val_acc"]
+
+
 # SIGTERM half-way through epoch 2, and a loader worker's death by it raised over it while it unwinds, as torch's
 # SIGCHLD handler raises it wherever the main thread is
 STOP_THEN_A_WORKERS_DEATH = """
