@@ -391,10 +391,10 @@ def optimizer_state_problem(optimizer: torch.optim.Optimizer, saved, names: dict
     groups = saved["param_groups"]
     if not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
         return "its optimizer's param_groups are not lists of parameters"
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
+        return ""  # another grouping: torch's own check (a ValueError the resume words) names it
     ids = [i for g in groups for i in g["params"]]
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    if len(ids) != len(params):
-        return ""  # another grouping: torch's own check names it
     for i, p in zip(ids, params):
         values = saved["state"].get(i, {})
         if not isinstance(values, dict):

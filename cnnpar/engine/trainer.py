@@ -148,6 +148,9 @@ METRIC_COLUMNS = [
     "eval_s",
     "eval_wait_s",
 ]  # the checkpoint's seconds are not a column: the summary sums them
+# the optim settings that decide the optimizer's parameter groups (engine/optim.py build_optimizer), by being on or
+# off: a resume that turns one over cannot load its checkpoint's optimizer state
+GROUPING_SETTINGS = ("whiten_bias_epochs", "whiten_frozen")
 PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
 PROBE_IMAGES = 8  # images of an unevaluated epoch's last batch whose outputs check its last update (check_diverged)
 
@@ -624,7 +627,10 @@ class Trainer(DivergenceCheck):
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except ValueError as e:  # another parameter grouping (whitening, Muon's split) than the checkpoint's run
-            raise UserError(f"{path}: its optimizer state does not fit this run's parameter groups ({e})") from None
+            raise UserError(
+                f"{path}: its optimizer state does not fit this run's parameter groups ({e}): "
+                + self._regrouped(state.get("config", {}).get("optim", {}))
+            ) from None
         for group, settings in zip(self.optimizer.param_groups, fresh):
             group.update(settings)  # this run's --weight-decay, --momentum, ... stand; the lr is set below
         peaks = list(self.scheduler.base_lrs)  # this run's peak lrs (--lr-scaling by this run's processes)
@@ -689,6 +695,26 @@ class Trainer(DivergenceCheck):
                     else ""
                 )
             )
+
+    def _regrouped(self, stored: dict) -> str:
+        """What a resume refused for its optimizer state's parameter groups expected: the flags that set the grouping
+        otherwise than the checkpoint's run (`stored`, its config's optim section), where one did; a resume with
+        --whiten-bias-epochs given to a run started without it was refused naming neither."""
+        flags = []
+        for name in GROUPING_SETTINGS:
+            was, now = stored.get(name), getattr(self.cfg.optim, name)
+            if isinstance(was, type(now)) and bool(was) != bool(now):  # 2 or 3 epochs group as 1 does: only on/off
+                dashed = name.replace("_", "-")
+                flags.append(
+                    [
+                        f"--{'' if v else 'no-'}{dashed}" if isinstance(v, bool) else f"--{dashed} {v}"
+                        for v in (was, now)
+                    ]
+                )
+        if not flags:
+            return "expected a checkpoint written by this cnnpar's train for this run's model"
+        was, now = (" ".join(f[i] for f in flags) for i in (0, 1))
+        return f"the run was started with {was}, this resume asks for {now}: expected {was} (or none), or a new run"
 
     def _prepare_run_dir(self) -> None:
         if self.info.is_main:

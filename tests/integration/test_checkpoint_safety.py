@@ -614,3 +614,20 @@ def test_tensors_that_do_not_fit_the_model_are_refused_in_one_line_naming_the_te
     err = capsys.readouterr().err
     assert "last.pt: its weight average's weights do not fit" in err and name.removeprefix("module.") in err, err
     assert not out.exists()
+
+
+def test_a_resume_that_regroups_the_optimizer_names_the_flag_that_did(tmp_path, monkeypatch, capsys):
+    """--whiten-bias-epochs on resuming a run started without it gives the whitened stem's bias a parameter group of
+    its own: the checkpoint's optimizer state no longer loads, and the refusal quoted torch's "different number of
+    parameter groups" without naming the flag that made them."""
+    monkeypatch.chdir(tmp_path)
+    small = [*SMALL, "--model", "fastnet", "--image-size", "16", "--max-steps", "1"]
+    assert main([*small, "--epochs", "1", "--name", "w"]) == 0
+    run = tmp_path / "runs" / "w"
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert main([*small, "--epochs", "2", "--resume", str(run), "--whiten-bias-epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its optimizer state does not fit this run's parameter groups" in err, err
+    assert "started with --whiten-bias-epochs 0, this resume asks for --whiten-bias-epochs 1" in err, err
+    assert "expected --whiten-bias-epochs 0 (or none), or a new run" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
