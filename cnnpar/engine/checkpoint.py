@@ -364,23 +364,54 @@ def _real(v) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def load_model_weights(model: torch.nn.Module, weights, path: Path, described: str) -> None:
+def load_model_weights(model: torch.nn.Module, weights, path: Path, described: str, whose: str = "model") -> None:
     """Load `weights` into `model`, refused in one line naming the first weight that does not fit: torch's own
     error is a traceback listing every mismatch, from a checkpoint whose meta disagrees with its weights (edited,
-    or from a version of cnnpar whose model layers were renamed or resized since)."""
+    or from a version of cnnpar whose model layers were renamed or resized since). `whose`: the model's weights, or
+    its weight average's (an AveragedModel's state dict, its names under module.)."""
     try:
         model.load_state_dict(weights)
     except (RuntimeError, TypeError, AttributeError) as e:  # a mismatch; a 'model' that is no dict of tensors
+        what = "its weights do not" if whose == "model" else f"its {whose}'s weights do not"
         raise UserError(
-            f"{path}: its weights do not fit {described} ({_first_mismatch(model.state_dict(), weights, e)}): "
+            f"{path}: {what} fit {described} ({_first_mismatch(model.state_dict(), weights, e, whose)}): "
             "expected a checkpoint written by this cnnpar's train for that model"
         ) from None
 
 
-def _first_mismatch(expected: dict, weights, error: BaseException) -> str:
+def optimizer_state_problem(optimizer: torch.optim.Optimizer, saved, names: dict) -> str:
+    """What of a checkpoint's optimizer state does not fit this run's parameters ("" where nothing is found; `names`:
+    each parameter's name in the model): torch's load_state_dict compares only the parameter counts, so a moment
+    or momentum buffer of another shape (an edited file) loaded, and the first step ended in a foreach kernel's
+    traceback after the run folder's records were rewritten."""
+    if not (
+        isinstance(saved, dict) and isinstance(saved.get("state"), dict) and isinstance(saved.get("param_groups"), list)
+    ):
+        return f"its 'optimizer' is {brief_repr(saved)}: expected an optimizer's state dict"
+    groups = saved["param_groups"]
+    if not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups):
+        return "its optimizer's param_groups are not lists of parameters"
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
+        return ""  # another grouping: torch's own check (a ValueError the resume words) names it
+    ids = [i for g in groups for i in g["params"]]
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for i, p in zip(ids, params):
+        values = saved["state"].get(i, {})
+        if not isinstance(values, dict):
+            return f"the state of {names.get(p, f'parameter {i}')} is {brief_repr(values)}: expected a dict of tensors"
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape != p.shape:  # a step count is 0-D
+                return (
+                    f"{names.get(p, f'parameter {i}')}'s {key} is {list(value.shape)}, the parameter's {list(p.shape)}"
+                )
+    return ""
+
+
+def _first_mismatch(expected: dict, weights, error: BaseException, whose: str = "model") -> str:
     """The first weight missing, extra or of another shape; torch's first line on it where none of those is it."""
     if not isinstance(weights, dict):
-        return f"its 'model' is a {type(weights).__name__}, not a dict of tensors"
+        key = "model" if whose == "model" else "average"
+        return f"its '{key}' is a {type(weights).__name__}, not a dict of tensors"
     for name, tensor in expected.items():
         got = weights.get(name)
         if got is None:

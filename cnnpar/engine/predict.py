@@ -369,7 +369,7 @@ def predict(
     described = f"the {meta['model']} its meta describes, for {meta['num_classes']} classes of {c}x{h}x{w} images"
     averaged = averaged_weights(state)
     weights = averaged or state["model"]  # what the run evaluated
-    load_model_weights(model, weights, found, described)
+    load_model_weights(model, weights, found, described, "weight average" if averaged else "model")
     # before any image: a weight of -inf before a ReLU gives finite outputs, and NaN ones were blamed on the lr
     refuse_nonfinite(weights, found, "weight average" if averaged else "model")
     model.to(dev).eval()

@@ -54,6 +54,8 @@ from cnnpar.engine.checkpoint import (
     checkpoint_epoch,
     kept_after_failed_write,
     load_checkpoint,
+    load_model_weights,
+    optimizer_state_problem,
     refuse_nonfinite,
     require_average,
     require_training_state,
@@ -146,6 +148,9 @@ METRIC_COLUMNS = [
     "eval_s",
     "eval_wait_s",
 ]  # the checkpoint's seconds are not a column: the summary sums them
+# the optim settings that decide the optimizer's parameter groups (engine/optim.py build_optimizer), by being on or
+# off: a resume that turns one over cannot load its checkpoint's optimizer state
+GROUPING_SETTINGS = ("whiten_bias_epochs", "whiten_frozen")
 PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
 PROBE_IMAGES = 8  # images of an unevaluated epoch's last batch whose outputs check its last update (check_diverged)
 
@@ -585,10 +590,19 @@ class Trainer(DivergenceCheck):
         checks = ResumeChecks(self.cfg, self.requested_cfg, self.bundle, self.meta, self.info.world_size, self.log)
         # before the weights: a changed image size or class order can still fit them, and would train on silently
         checks.refuse_changed_data(path, state.get("config", {}), state.get("meta", {}), state.get("started_in"))
+        shape = "x".join(map(str, self.meta["image_shape"]))
+        described = f"this run's {self.cfg.model.name} for {self.meta['num_classes']} classes of {shape} images"
         try:
-            self.raw_model.load_state_dict(state["model"])
-        except RuntimeError:  # torch lists every mismatching tensor: the user needs what differs in the data
+            load_model_weights(self.raw_model, state["model"], path, described)
+        except UserError:
             was = state.get("meta", {})
+            if (was.get("model"), was.get("num_classes"), list(was.get("image_shape") or [])) == (
+                self.cfg.model.name,
+                self.meta["num_classes"],
+                list(self.meta["image_shape"]),
+            ):
+                raise  # the run's own settings (an edited file): the line names the tensor that does not fit
+            # the user needs what differs in the settings, not the first tensor it changed
             raise UserError(
                 f"{path}: holds a {was.get('model')} for {was.get('num_classes')} classes of "
                 f"{'x'.join(map(str, was.get('image_shape', [])))} images; this run has {self.cfg.model.name} for "
@@ -603,11 +617,20 @@ class Trainer(DivergenceCheck):
         refuse_nonfinite(state["model"], path)
         if self.average is not None and "average" in state:  # what the average loads below
             refuse_nonfinite(module_weights(require_average(state, path)), path, "weight average")
+        names = {p: name for name, p in self.raw_model.named_parameters()}
+        if problem := optimizer_state_problem(self.optimizer, state["optimizer"], names):
+            raise UserError(
+                f"{path}: its optimizer state does not fit this run's {self.cfg.model.name} ({problem}): expected "
+                "a checkpoint written by this cnnpar's train for that model"
+            )
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except ValueError as e:  # another parameter grouping (whitening, Muon's split) than the checkpoint's run
-            raise UserError(f"{path}: its optimizer state does not fit this run's parameter groups ({e})") from None
+            raise UserError(
+                f"{path}: its optimizer state does not fit this run's parameter groups ({e}): "
+                + self._regrouped(state.get("config", {}).get("optim", {}))
+            ) from None
         for group, settings in zip(self.optimizer.param_groups, fresh):
             group.update(settings)  # this run's --weight-decay, --momentum, ... stand; the lr is set below
         peaks = list(self.scheduler.base_lrs)  # this run's peak lrs (--lr-scaling by this run's processes)
@@ -624,10 +647,10 @@ class Trainer(DivergenceCheck):
         lrs = rebuild_after_resume(self.scheduler, self.optimizer)
         self.history = [row for row in state["history"] if row["epoch"] <= state["epoch"]]
         self.start_epoch = finished + 1
-        self._keep_best_of(finished)
         self.precision.load_state_dict(state["precision"])
         if self.average is not None and "average" in state:
-            self.average.load_state_dict(state["average"])
+            load_model_weights(self.average.averaged, state["average"], path, described, "weight average")
+        self._keep_best_of(state, path)  # once every part has loaded: it may write best.pt from the checkpoint
         if finished >= self.cfg.run.epochs:
             # no epoch to train: fit says so once and leaves the run folder as it is; a schedule "rebuilt" for
             # fewer epochs than are done, or a resume that trains nothing, would only mislead
@@ -672,6 +695,26 @@ class Trainer(DivergenceCheck):
                     else ""
                 )
             )
+
+    def _regrouped(self, stored: dict) -> str:
+        """What a resume refused for its optimizer state's parameter groups expected: the flags that set the grouping
+        otherwise than the checkpoint's run (`stored`, its config's optim section), where one did; a resume with
+        --whiten-bias-epochs given to a run started without it was refused naming neither."""
+        flags = []
+        for name in GROUPING_SETTINGS:
+            was, now = stored.get(name), getattr(self.cfg.optim, name)
+            if isinstance(was, type(now)) and bool(was) != bool(now):  # 2 or 3 epochs group as 1 does: only on/off
+                dashed = name.replace("_", "-")
+                flags.append(
+                    [
+                        f"--{'' if v else 'no-'}{dashed}" if isinstance(v, bool) else f"--{dashed} {v}"
+                        for v in (was, now)
+                    ]
+                )
+        if not flags:
+            return "expected a checkpoint written by this cnnpar's train for this run's model"
+        was, now = (" ".join(f[i] for f in flags) for i in (0, 1))
+        return f"the run was started with {was}, this resume asks for {now}: expected {was} (or none), or a new run"
 
     def _prepare_run_dir(self) -> None:
         if self.info.is_main:
@@ -1275,18 +1318,27 @@ class Trainer(DivergenceCheck):
         earlier = [r["val_acc"] for r in self.history if "val_acc" in r and r["epoch"] < row["epoch"]]
         return not earlier or row["val_acc"] > max(earlier)
 
-    def _keep_best_of(self, finished: int) -> None:
-        """On resuming: ckpt/best.pt from an epoch the checkpoint does not hold (an attempt stopped between the two
-        writes) is not this run's any more, and goes; otherwise the epoch it holds is the summary's."""
-        best = self.run_dir / "ckpt" / BEST
-        if not self.info.is_main or not best.is_file():
+    def _keep_best_of(self, state: dict, path: Path) -> None:
+        """On resuming from `state` (read from `path`): ckpt/best.pt from an epoch the checkpoint does not hold (an
+        attempt stopped between the two writes) is not this run's any more, and goes; otherwise the epoch it holds
+        is the summary's. Where the checkpoint's own epoch is the best and best.pt misses it (a kill between
+        last.pt's write and best.pt's), best.pt is written from the checkpoint: it stayed an earlier epoch's for
+        good, since no later epoch beat the best, while the summary named the best epoch's accuracy."""
+        if not self.info.is_main:
             return
-        held = checkpoint_epoch(self.run_dir, best)
-        if held > finished or not held:
+        finished = int(state["epoch"])
+        best = self.run_dir / "ckpt" / BEST
+        held = checkpoint_epoch(self.run_dir, best) if best.is_file() else 0
+        if best.is_file() and (held > finished or not held):
             best.unlink()
             why = f"it held epoch {held}, past the {finished} epochs the checkpoint keeps" if held else "unreadable"
             self.log(f"removed {best}: {why}; the next best epoch writes it again")
-            return
+            held = 0
+        row = next((r for r in self.history if r["epoch"] == finished), None)
+        if held < finished and row is not None and self._best_so_far(row):
+            save_checkpoint(best, best_state(state))
+            self.log(f"{best}: written from {path}, whose epoch {finished} is the best (an attempt stopped before it)")
+            held = finished
         self.best_saved_epoch = held
 
     def _summary(self, wall_s: float, finished: bool = True) -> dict:

@@ -406,6 +406,50 @@ def test_a_stop_just_after_the_checkpoints_rename_names_the_epochs_it_holds(tmp_
     )
 
 
+# SIGKILL just after the trainer's last.pt of the first epoch past the first that beats every earlier one is renamed
+# into place, before its best.pt is written
+KILLED_BEFORE_BEST = """
+import os, signal, sys
+from cnnpar import cli
+from cnnpar.engine import trainer
+real = trainer.save_checkpoint
+def save(path, state):
+    real(path, state)
+    accs = [r["val_acc"] for r in state["history"]]
+    if path.name == "last.pt" and len(accs) > 1 and accs[-1] > max(accs[:-1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+trainer.save_checkpoint = save
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_kill_between_last_and_best_of_the_best_epoch_leaves_best_pt_holding_it_after_the_resume(tmp_path):
+    """A SIGKILL after the best epoch's last.pt was renamed into place, before its best.pt was written: the resume
+    kept best.pt of an earlier epoch for good (where no later epoch beat the best), while summary.json gave the best
+    epoch's accuracy, and predict --checkpoint runs/b/ckpt/best.pt predicted with the earlier epoch's weights."""
+    run = tmp_path / "runs" / "b"
+    args = [*SMALL, "--epochs", "6", "--name", "b"]
+    proc = subprocess.run([sys.executable, "-c", KILLED_BEFORE_BEST, *args], cwd=tmp_path, env=cli_env())
+    assert proc.returncode == -9, "no epoch after the first beat the earlier ones: the kill proved nothing"
+    last = torch.load(run / "ckpt" / "last.pt", weights_only=True)
+    killed = last["epoch"]
+    assert torch.load(run / "ckpt" / "best.pt", weights_only=True)["epoch"] < killed
+    # the resume trains nothing more (--epochs at the checkpoint's): best.pt is what the resume itself leaves
+    proc = subprocess.run(
+        [sys.executable, "-m", "cnnpar", *args, "--epochs", str(killed), "--resume", "runs/b"],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    best = torch.load(run / "ckpt" / "best.pt", weights_only=True)
+    assert best["epoch"] == killed and "optimizer" not in best  # as that epoch's own write of it
+    assert all(torch.equal(best["model"][k], t) for k, t in last["model"].items())
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_ckpt_epoch"] == killed and summary["best_val_acc"] == last["history"][-1]["val_acc"]
+
+
 # SIGTERM half-way through epoch 2, and a loader worker's death by it raised over it while it unwinds, as torch's
 # SIGCHLD handler raises it wherever the main thread is
 STOP_THEN_A_WORKERS_DEATH = """
@@ -526,3 +570,64 @@ def test_a_weight_average_that_is_not_a_state_dict_is_refused_in_one_line(averag
         err = capsys.readouterr().err
         assert err.startswith(f"cnnpar: error: {ckpt}: not a checkpoint a resume can read ({said}"), err
         assert err.count("\n") == 1
+
+
+def _resized(ckpt: Path, key: str, pick) -> str:
+    """`ckpt` with one tensor of its `key` part ('model', 'average', 'optimizer') one row longer, saved under valid
+    checksums as an edit leaves it; the tensor is the first that `pick(name, tensor)` accepts. Returns its name."""
+    state = torch.load(ckpt, weights_only=True)
+    part = next(iter(state["optimizer"]["state"].values())) if key == "optimizer" else state[key]
+    name = next(k for k, t in part.items() if isinstance(t, torch.Tensor) and pick(k, t))
+    part[name] = torch.zeros(part[name].shape[0] + 1, *part[name].shape[1:])
+    torch.save(state, ckpt)
+    return name
+
+
+def test_tensors_that_do_not_fit_the_model_are_refused_in_one_line_naming_the_tensor_and_shapes(
+    averaged, tmp_path, capsys
+):
+    """An edited checkpoint whose weight average or optimizer state holds a tensor of another shape than the model's
+    ended a resume in torch's size-mismatch traceback (the optimizer's only at the first step, after config.toml and
+    resumes.csv were rewritten); one in the model's weights, the run's own model and classes, was refused by a line
+    that named the same model on both sides and no tensor."""
+    ckpt = averaged / "ckpt" / "last.pt"
+    good = ckpt.read_bytes()
+    resume = [*SMALL, "--epochs", "2", "--resume", str(averaged)]
+    for key, pick, said in (
+        ("average", lambda k, t: k.startswith("module.") and t.dim() == 2, "its weight average's weights do not fit"),
+        ("model", lambda k, t: t.dim() == 2, "its weights do not fit"),
+        ("optimizer", lambda k, t: t.dim() > 0, "its optimizer state does not fit"),
+    ):
+        ckpt.write_bytes(good)
+        name = _resized(ckpt, key, pick)
+        before = {p.name: p.read_bytes() for p in averaged.iterdir() if p.is_file()}
+        assert main(resume) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"cnnpar: error: {ckpt}: {said} this run's cnn3") and err.count("\n") == 1, err
+        assert (f"{name} is [" if key != "optimizer" else f"'s {name} is [") in err, err
+        assert {p.name: p.read_bytes() for p in averaged.iterdir() if p.is_file()} == before  # nothing rewritten
+
+    ckpt.write_bytes(good)  # predict reads the average: it names the average, not the model's weights
+    name = _resized(ckpt, "average", lambda k, t: k.startswith("module.") and t.dim() == 2)
+    out = tmp_path / "p.csv"
+    assert main(["predict", "--checkpoint", str(ckpt), "--data", "digits", "--device", "cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "last.pt: its weight average's weights do not fit" in err and name.removeprefix("module.") in err, err
+    assert not out.exists()
+
+
+def test_a_resume_that_regroups_the_optimizer_names_the_flag_that_did(tmp_path, monkeypatch, capsys):
+    """--whiten-bias-epochs on resuming a run started without it gives the whitened stem's bias a parameter group of
+    its own: the checkpoint's optimizer state no longer loads, and the refusal quoted torch's "different number of
+    parameter groups" without naming the flag that made them."""
+    monkeypatch.chdir(tmp_path)
+    small = [*SMALL, "--model", "fastnet", "--image-size", "16", "--max-steps", "1"]
+    assert main([*small, "--epochs", "1", "--name", "w"]) == 0
+    run = tmp_path / "runs" / "w"
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert main([*small, "--epochs", "2", "--resume", str(run), "--whiten-bias-epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "its optimizer state does not fit this run's parameter groups" in err, err
+    assert "started with --whiten-bias-epochs 0, this resume asks for --whiten-bias-epochs 1" in err, err
+    assert "expected --whiten-bias-epochs 0 (or none), or a new run" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
