@@ -139,8 +139,9 @@ def choice_with_advice(choices: tuple, advice):
 
 
 def workers_or_auto(text: str) -> int:
-    """`--workers` of every command that has one (the config's, predict's, the DDP scaling benchmark's; prepare's
-    reads auto as its own 0): a count >= 0, or auto (-1, as the config's workers takes it: sized to the machine)."""
+    """`--workers` of every command that has one (the config's, predict's, prepare's, the DDP scaling benchmark's): a
+    count >= 0 (0: none, the work done in the command's own process), or auto (-1, as the config's workers takes it:
+    sized to the machine)."""
     if text.strip().lower() in ("auto", "-1"):
         return -1
     try:
