@@ -283,6 +283,10 @@ class ResumeChecks:
             if not self._named_by_index_before(path, was, names_was):
                 moved = (f"{i}: {a!r} -> {b!r}" for i, (a, b) in enumerate(zip(names_was, names_now)) if a != b)
                 changes.append(f"class names (index: then -> now) {first_five(moved)}")
+        elif names_was is not None and len(names_was) != len(names_now) and not self._num_classes_typed(stored):
+            # a class folder (or label) added or removed: said by name; the examples' count or the checksum alone
+            # left the user to find which of many folders changed
+            changes.append(self._classes_added_removed(names_was, names_now))
         if not changes and was.get("data_checksum") and was["data_checksum"] != self.meta["data_checksum"]:
             # rows reordered or files renamed under the same count: the seeded hold-out would draw other examples
             again = " was prepared again" if self.bundle.fingerprint_of == STORE_CHECKSUM else "'s content changed"
@@ -303,6 +307,19 @@ class ResumeChecks:
                 f"{'x'.join(map(str, now_shape))}: a checkpoint continues at the image size it trained at: "
                 f"expected {fix}, or a new run"
             )
+
+    def _num_classes_typed(self, stored: dict) -> bool:
+        """Whether --num-classes set the class count, now or in the checkpoint's run: another count is then the
+        weights' refusal, which names --num-classes, not classes added to the data."""
+        return bool(self.cfg.data.num_classes or stored.get("data", {}).get("num_classes"))
+
+    @staticmethod
+    def _classes_added_removed(names_was: list[str], names_now: list[str]) -> str:
+        added = [n for n in names_now if n not in names_was]
+        removed = [n for n in names_was if n not in names_now]
+        said = [f"added {first_five(repr(n) for n in added)}"] if added else []
+        said += [f"removed {first_five(repr(n) for n in removed)}"] if removed else []
+        return f"classes {len(names_was)} -> {len(names_now)} ({'; '.join(said)})"
 
     def _named_by_index_before(self, path: Path, was: dict, names_was: list[str]) -> bool:
         """Whether the checkpoint's class names are only the indices its older cnnpar gave them: before 2026-12-03

@@ -250,6 +250,31 @@ def test_resuming_after_a_class_folder_was_renamed_is_refused_naming_the_moved_c
     assert Trainer(more, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2
 
 
+def test_resuming_after_a_class_folder_was_added_or_removed_is_refused_naming_the_class(tmp_path):
+    """A class folder made from images moved out of others keeps the count: the refusal said only that the folder's
+    checksum differs (and with images added, only the counts), leaving the user to find which of many folders
+    changed."""
+    import shutil
+
+    from tests.datafiles import write_image_folder
+
+    data = write_image_folder(tmp_path / "imgs", per_class=6, classes=3, side=16)
+    cfg = _cfg(tmp_path, 1)
+    cfg = replace(cfg, data=DataConfig(source=str(data), image_size=16, workers=0))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
+    (data / "zebra").mkdir()
+    for image in sorted((data / "class0").iterdir())[:2]:
+        image.rename(data / "zebra" / image.name)
+    with pytest.raises(UserError, match=r"the data changed since the checkpoint: classes 3 -> 4 \(added 'zebra'\): "):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+    shutil.rmtree(data / "zebra")
+    shutil.rmtree(data / "class2")
+    removed = r"18 -> 10 examples in .*; classes 3 -> 2 \(removed 'class2'\): "
+    with pytest.raises(UserError, match=removed):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
+
+
 def test_resuming_after_rows_were_reordered_or_files_renamed_under_the_same_count_is_refused(tmp_path):
     """The same count and class names, other rows in other places: the seeded hold-out drew most of its validation
     rows from rows the finished epoch trained on, and the resume went on without a word."""
