@@ -411,7 +411,10 @@ def predict(
         numbers = None
     for line in unscored:  # where the accuracy line would be
         log(line)
-    if label_origin and fmt == "npz" and (own := npz_class_names(data)) is not None:
+    own = npz_class_names(data) if label_origin and fmt == "npz" else None
+    if label_origin and own is None and fmt in ("csv", "npz", "npy") and (note := _by_index_note(data, names, numbers)):
+        log(note)
+    if own is not None:
         labels, note = _labels_by_name(ds.y, own, names, f"{data}[{label_origin}]", _npz_run_before_names(state))
         if note:
             log(note)
@@ -511,6 +514,21 @@ def _indices_of_numbers(y: torch.Tensor, numbers: list[int]) -> torch.Tensor | N
     index = {n: i for i, n in enumerate(numbers)}
     found = [index.get(v) for v in y.tolist()]
     return None if any(i is None for i in found) else torch.tensor(found, dtype=torch.int64)
+
+
+def _by_index_note(data: str, names: list[str] | None, numbers: list[int] | None) -> str:
+    """Labels that are bare indices (a CSV's label column, an .npz without class_names, a .npy) scored against a
+    model whose classes have names (class folders, an archive's class_names): label k is taken for the model's class
+    k, which holds only where the data was labelled in the run's order; said, since a folder exported with its
+    classes in another order scored against the wrong names without a word. Classes named '0'..'N-1' (a run on
+    such labels) or by other numbers (`numbered_classes_note`) say nothing here."""
+    if not names or numbers is not None or names == [str(i) for i in range(len(names))]:
+        return ""
+    return (
+        f"{data}: its labels name no classes, so label k is scored as the model's class k ("
+        f"{first_five(f'{k}: {readable_name(n)!r}' for k, n in enumerate(names))}): labels in another order score "
+        "against the wrong classes (an .npz's class_names are matched by name)"
+    )
 
 
 def _npz_run_before_names(state: dict) -> bool:

@@ -112,6 +112,29 @@ def test_predict_scores_an_npz_s_labels_by_its_class_names(tmp_path, trained):
     assert len(_rows(tmp_path / "q.csv")) == 65  # the predictions are still written
 
 
+def test_predict_says_bare_index_labels_are_scored_against_a_named_model_s_classes_in_its_order(tmp_path, trained):
+    """A model whose classes have names (class folders: 'north', 'east', ...) scored an archive without class_names,
+    or a CSV's label column, by index without a word: labelled in another order (a folder exported with its classes
+    in another order), the accuracy was against the wrong classes, and nothing said the names were never compared."""
+    _, run_dir, _, _ = trained
+    state = torch.load(run_dir / "ckpt" / "last.pt", weights_only=True)
+    state["meta"]["class_names"] = ["north", "east", "south", "west"]
+    torch.save(state, tmp_path / "named.pt")
+    x, y = bar_images(64)
+    np.savez(tmp_path / "bare.npz", x_test=x, y_test=y)
+    labelled = write_pixel_csv(tmp_path / "labelled.csv", x, y)
+    said = "its labels name no classes, so label k is scored as the model's class k (0: 'north', 1: 'east', 2: "
+    for data in (tmp_path / "bare.npz", labelled):
+        lines: list[str] = []
+        predict(str(tmp_path / "named.pt"), str(data), out=str(tmp_path / "p.csv"), log=_data_lines(lines))
+        assert lines[0].startswith(f"{data}: {said}"), lines
+        assert lines[1].startswith("accuracy "), lines
+        (tmp_path / "p.csv").unlink()
+    lines.clear()  # the model's own classes '0'..'3': its labels were these indices, nothing to say
+    predict(str(run_dir), str(tmp_path / "bare.npz"), out=str(tmp_path / "p.csv"), log=_data_lines(lines))
+    assert [line for line in lines if not line.startswith("accuracy ")] == []
+
+
 def test_predict_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch, trained):
     _, run_dir, test, _ = trained
     lines = test.read_text().splitlines()
