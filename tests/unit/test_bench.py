@@ -554,6 +554,26 @@ def test_compare_of_two_setups_that_differ_says_so_beside_its_ratios(tmp_path, c
     assert capsys.readouterr().err == ""
 
 
+def test_compare_reads_the_setup_of_a_rung_both_measured_not_each_ones_first(tmp_path, capsys):
+    """Each rung records the batch it ran (--batch-size auto searches its own on a GPU, larger under bf16): a full
+    ladder against a `--only bf16` one was said to differ in batch_size, baseline's 256 against bf16's 512, though
+    the one ratio's two rows ran 512 both."""
+    columns = "name,status,images_per_s,step_ms,device,batch_size"
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(f"{columns}\nbaseline,ok,100,5,cuda,256\nbf16,ok,300,2,cuda,512\n")
+    b.write_text(f"{columns}\nbf16,ok,330,2,cuda,512\n")
+    md = compare_markdown(a, b).splitlines()
+    assert "| batch_size | 512 | 512 |" in md
+    assert not any(ln.startswith("**A and B differ") for ln in md)
+    assert main(["bench", "--compare", str(a), str(b), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == ""
+    b.write_text(f"{columns}\nbf16,ok,330,2,cuda,1024\n")  # the rung itself ran another batch: said
+    md = compare_markdown(a, b).splitlines()
+    assert "| batch_size (differs) | 512 | 1024 |" in md and any(
+        ln.startswith("**A and B differ in batch_size") for ln in md
+    )
+
+
 def test_compare_with_a_ladder_from_before_the_ranges_says_its_noise_is_unknown(tmp_path):
     """An unmarked ratio reads as outside the noise: where one run kept no range (an older CSV) it says so."""
     old = tmp_path / "a.csv"
