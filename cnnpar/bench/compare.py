@@ -120,7 +120,9 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
     sa, sb = setup_rows(a_rows, b_rows)
     for key in SETUP_KEYS:
         va, vb = sa.get(key, ""), sb.get(key, "")
-        mark = "" if va == vb else " (differs)"
+        # one side's blank (a CSV from before the column) is unknown, as setups_differ and the host load read it:
+        # marked "(differs)" here, the table named as different what the note below it did not
+        mark = " (differs)" if va and vb and va != vb else ""
         lines.append(f"| {key}{mark} | {va} | {vb} |")
     la, lb = _load(a_rows), _load(b_rows)
     differs = la != lb and "not recorded" not in (la, lb)  # a missing figure is unknown, not different

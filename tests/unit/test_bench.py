@@ -545,7 +545,10 @@ def test_compare_of_two_setups_that_differ_says_so_beside_its_ratios(tmp_path, c
     a.write_text(f"{columns}\nbaseline,ok,100,5,cpu,64,1,,d1\n")
     b.write_text(f"{columns}\nbaseline,ok,200,3,cuda,128,1,2.14.1,d2\n")
     said = "A and B differ in device, batch_size: each B / A ratio measures that difference too, not the rung alone"
-    assert f"**{said}**" in compare_markdown(a, b).splitlines()
+    md = compare_markdown(a, b).splitlines()
+    assert f"**{said}**" in md
+    # the table reads a blank as the note does: A's torch, not recorded, was marked "(differs)" there alone
+    assert "| torch |  | 2.14.1 |" in md and "| device (differs) | cpu | cuda |" in md
     assert main(["bench", "--compare", str(a), str(b), "--out", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().err == f"cnnpar: note: bench --compare: {said}\n"
     b.write_text(f"{columns}\nbaseline,ok,200,3,cpu,64,1,2.14.1,d2\n")
