@@ -117,14 +117,17 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
     names = list(dict.fromkeys([r["name"] for r in a_rows] + [r["name"] for r in b_rows]))
     lines = ["# Ladder comparison", "", f"- A: `{a_path}`", f"- B: `{b_path}`", ""]
     lines += ["| setup | A | B |", "|---|---|---|"]
+    sa, sb = setup_rows(a_rows, b_rows)
     for key in SETUP_KEYS:
-        va, vb = a_rows[0].get(key, ""), b_rows[0].get(key, "")
-        mark = "" if va == vb else " (differs)"
+        va, vb = sa.get(key, ""), sb.get(key, "")
+        # one side's blank (a CSV from before the column) is unknown, as setups_differ and the host load read it:
+        # marked "(differs)" here, the table named as different what the note below it did not
+        mark = " (differs)" if va and vb and va != vb else ""
         lines.append(f"| {key}{mark} | {va} | {vb} |")
     la, lb = _load(a_rows), _load(b_rows)
     differs = la != lb and "not recorded" not in (la, lb)  # a missing figure is unknown, not different
     lines.append(f"| host load (1 min, over the rungs){' (differs)' if differs else ''} | {la} | {lb} |")
-    differ = setups_differ(a_rows[0], b_rows[0])
+    differ = setups_differ(sa, sb)
     if differ:  # each ratio read as the rung's alone under a table whose "(differs)" marks were easy to pass over
         lines += ["", f"**{differ_line(differ)}**"]
     lines += ["", "| rung | A images/s (range) | B images/s (range) | B / A |", "|---|---|---|---|"]
@@ -143,6 +146,17 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
         "read after each rung.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def setup_rows(a_rows: list[dict[str, str]], b_rows: list[dict[str, str]]) -> tuple[dict[str, str], dict[str, str]]:
+    """A's and B's rows whose setups are compared: those of one rung both measured (else both ran; else their first
+    rows). Each rung records the batch it ran (--batch-size auto searches its own on a GPU: bf16's is larger than
+    baseline's), so each side's first row, baseline against a `--only bf16` ladder's bf16, differed in a batch that
+    no ratio's two rows did."""
+    b_by = {r["name"]: r for r in b_rows}
+    pairs = [(a, b_by[a["name"]]) for a in a_rows if a["name"] in b_by]
+    measured = [(a, b) for a, b in pairs if _rate(a) is not None and _rate(b) is not None]
+    return (measured or pairs or [(a_rows[0], b_rows[0])])[0]
 
 
 def setups_differ(a: dict[str, str], b: dict[str, str]) -> list[str]:

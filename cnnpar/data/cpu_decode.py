@@ -294,6 +294,16 @@ def _damage_flags(count: int) -> torch.Tensor:
         return flags
 
 
+def damage_flags_of(source) -> torch.Tensor:
+    """The damaged-file flags of `source` (the command's data set of an image folder, whose files every loader the
+    command builds from it reads), made once and kept on it: bench's rungs, tune's and doctor's trials each build
+    their own loaders, and each one's fresh flags named the same photo again, once a rung."""
+    flags = getattr(source, "named_damaged", None)
+    if flags is None:
+        flags = source.named_damaged = _damage_flags(len(source.files))
+    return flags
+
+
 class CpuDecodedFolder(Dataset):
     """Files and labels of an image folder; `dataset[list of indices]` is one decoded batch
     `(x (N, 3, size, size) uint8, labels (N,) int64, index (N,) int64)`.
@@ -324,6 +334,7 @@ class CpuDecodedFolder(Dataset):
         draft: bool = True,
         backend: str | None = None,
         min_scale: float = RRC_SCALE[0],
+        named_damaged: torch.Tensor | None = None,
     ) -> None:
         backend = backend or cpu_jpeg_backend()
         if backend not in ("simplejpeg", "pillow"):
@@ -339,8 +350,9 @@ class CpuDecodedFolder(Dataset):
         self._turbo: TurboDecoder | None = None
         # a flag a file, in shared memory (before any worker starts, so each maps the same one): a damaged file one
         # DataLoader worker named is not named again by another, nor by each epoch's fresh workers without
-        # --persistent-workers (say_damaged's count is a process's: it was named once an epoch)
-        self.named_damaged = _damage_flags(len(self.files))
+        # --persistent-workers (say_damaged's count is a process's: it was named once an epoch). `named_damaged`:
+        # the command's flags for these files (damage_flags_of), shared with its other loaders of them
+        self.named_damaged = _damage_flags(len(self.files)) if named_damaged is None else named_damaged
 
     def __len__(self) -> int:
         return len(self.files)

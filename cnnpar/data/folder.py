@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import multiprocessing
 import operator
 import os
 import re
@@ -578,13 +579,21 @@ def _check_val_classes_train(
 def decode_error(path: Path | str, e: BaseException) -> UserError:
     """The error for a file that does not decode, on the CPU or on the device."""
     if too_many_open_files(e):  # the decoder could not open its own files (Pillow imports a plugin): not this file's
+        # fewer workers only where worker processes ran: with none (train --workers 0, prepare --workers 0 or 1,
+        # predict's decoding in its own process) the advice named a flag that had nothing left to give
+        fewer = ", or fewer --workers" if worker_processes_run() else ""
         return TooManyOpenFiles(
-            f"{path}: not decoded: the open-files limit ran out ({first_line(e)}): expected {higher_limit()}, or "
-            "fewer --workers"
+            f"{path}: not decoded: the open-files limit ran out ({first_line(e)}): expected {higher_limit()}{fewer}"
         )
     # torchvision prefixes its messages with "function, /build/path/file.cpp:LINE, ": drop that.
     reason = re.sub(r"^[^,]*, \S+:\d+, ", "", first_line(e))
     return DataError(f"{path}: cannot decode as an image ({reason}): expected a readable JPEG or PNG file")
+
+
+def worker_processes_run() -> bool:
+    """Whether this process is a worker multiprocessing started (a DataLoader's, prepare's decoding pool's) or has
+    live ones beside it, whose pipes and hand-overs take open files too. (torchrun's ranks are plain subprocesses.)"""
+    return multiprocessing.parent_process() is not None or bool(multiprocessing.active_children())
 
 
 def empty_file_error(path: Path | str) -> DataError:

@@ -54,12 +54,19 @@ class HybridFolder(Dataset):
     answers_batches = True  # the loader hands it whole index lists (batch_size=None)
 
     def __init__(
-        self, files: list[Path], labels, size: int, train: bool, share: float, min_scale: float = RRC_SCALE[0]
+        self,
+        files: list[Path],
+        labels,
+        size: int,
+        train: bool,
+        share: float,
+        min_scale: float = RRC_SCALE[0],
+        named_damaged: torch.Tensor | None = None,
     ) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"share: expected 0 <= share <= 1, got {share}")
         self.share = share
-        self.cpu = CpuDecodedFolder(files, labels, size, train, min_scale=min_scale)
+        self.cpu = CpuDecodedFolder(files, labels, size, train, min_scale=min_scale, named_damaged=named_damaged)
         # the CPU half's path table, not a second one made from the list: 2.5 s and 85 MiB more for ImageNet's
         # 1.28 million files (folder.PathTable)
         self.encoded = EncodedFolderDataset(self.cpu.files, labels, size)

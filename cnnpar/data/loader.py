@@ -27,7 +27,7 @@ from cnnpar.config import RESIDENT_MEMORY_SHARE, Config, resolve_decode
 from cnnpar.data import byte_slots
 from cnnpar.data.bundle import ArrayDataset, DataBundle
 from cnnpar.data.byte_slots import ByteSlots, SlottedBatches
-from cnnpar.data.cpu_decode import CpuDecodedFolder, cpu_jpeg_line
+from cnnpar.data.cpu_decode import CpuDecodedFolder, cpu_jpeg_line, damage_flags_of
 from cnnpar.data.folder import ImageFolderDataset
 from cnnpar.data.gpu_decode import GpuDecoder, SlottedEncodedFolder
 from cnnpar.data.hybrid_decode import HybridFolder
@@ -835,7 +835,8 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
             min_scale=min_scale,
         )
         if cfg.data.cpu_share > 0:  # workers decode a share of every batch themselves
-            ds = HybridFolder(ds.files, ds.labels, ds.size, train, cfg.data.cpu_share, min_scale)
+            flags = damage_flags_of(ds)
+            ds = HybridFolder(ds.files, ds.labels, ds.size, train, cfg.data.cpu_share, min_scale, flags)
         else:
             ds = SlottedEncodedFolder(ds.files, ds.labels, ds.size)  # whole batches, in slots where given
     elif isinstance(ds, StoreDataset):
@@ -846,7 +847,10 @@ def build_loader(bundle: DataBundle, cfg: Config, info: DistInfo, train: bool) -
         )
         ds = ds.index_only() if resident else ds
     elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "cpu":
-        ds = CpuDecodedFolder(ds.files, ds.labels, ds.size, train, min_scale=min_scale)  # workers crop, resize, batch
+        # workers crop, resize, batch; a damaged photo is named once in the command, whatever loaders it builds
+        ds = CpuDecodedFolder(
+            ds.files, ds.labels, ds.size, train, min_scale=min_scale, named_damaged=damage_flags_of(ds)
+        )
     elif isinstance(ds, ImageFolderDataset) and cfg.data.decode == "nvimgcodec-workers":
         # workers use the GPU
         ds = WorkerGpuDecodedFolder(ds.files, ds.labels, ds.size, train, info.device, min_scale=min_scale)

@@ -545,13 +545,36 @@ def test_compare_of_two_setups_that_differ_says_so_beside_its_ratios(tmp_path, c
     a.write_text(f"{columns}\nbaseline,ok,100,5,cpu,64,1,,d1\n")
     b.write_text(f"{columns}\nbaseline,ok,200,3,cuda,128,1,2.14.1,d2\n")
     said = "A and B differ in device, batch_size: each B / A ratio measures that difference too, not the rung alone"
-    assert f"**{said}**" in compare_markdown(a, b).splitlines()
+    md = compare_markdown(a, b).splitlines()
+    assert f"**{said}**" in md
+    # the table reads a blank as the note does: A's torch, not recorded, was marked "(differs)" there alone
+    assert "| torch |  | 2.14.1 |" in md and "| device (differs) | cpu | cuda |" in md
     assert main(["bench", "--compare", str(a), str(b), "--out", str(tmp_path / "out")]) == 0
     assert capsys.readouterr().err == f"cnnpar: note: bench --compare: {said}\n"
     b.write_text(f"{columns}\nbaseline,ok,200,3,cpu,64,1,2.14.1,d2\n")
     assert not any(ln.startswith("**A and B differ") for ln in compare_markdown(a, b).splitlines())
     assert main(["bench", "--compare", str(a), str(b), "--out", str(tmp_path / "out2")]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_compare_reads_the_setup_of_a_rung_both_measured_not_each_ones_first(tmp_path, capsys):
+    """Each rung records the batch it ran (--batch-size auto searches its own on a GPU, larger under bf16): a full
+    ladder against a `--only bf16` one was said to differ in batch_size, baseline's 256 against bf16's 512, though
+    the one ratio's two rows ran 512 both."""
+    columns = "name,status,images_per_s,step_ms,device,batch_size"
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(f"{columns}\nbaseline,ok,100,5,cuda,256\nbf16,ok,300,2,cuda,512\n")
+    b.write_text(f"{columns}\nbf16,ok,330,2,cuda,512\n")
+    md = compare_markdown(a, b).splitlines()
+    assert "| batch_size | 512 | 512 |" in md
+    assert not any(ln.startswith("**A and B differ") for ln in md)
+    assert main(["bench", "--compare", str(a), str(b), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().err == ""
+    b.write_text(f"{columns}\nbf16,ok,330,2,cuda,1024\n")  # the rung itself ran another batch: said
+    md = compare_markdown(a, b).splitlines()
+    assert "| batch_size (differs) | 512 | 1024 |" in md and any(
+        ln.startswith("**A and B differ in batch_size") for ln in md
+    )
 
 
 def test_compare_with_a_ladder_from_before_the_ranges_says_its_noise_is_unknown(tmp_path):

@@ -117,6 +117,25 @@ def test_a_damaged_jpeg_is_named_once_in_a_run_whose_workers_are_new_each_epoch(
     assert len(said) == 1 and said[0].startswith(f"warning: {damaged}: damaged JPEG data (libjpeg: "), said
 
 
+def test_a_damaged_jpeg_is_named_once_in_a_bench_whose_rungs_each_build_their_loaders(tmp_path, capfd):
+    """Each loader made its own damaged-file flags: a bench ladder (a Trainer and loaders a rung), as tune's and
+    doctor's trials, named the same photo once a rung, where README says once a command."""
+    from cnnpar.cli import main
+
+    if simplejpeg_module() is None:
+        pytest.skip("simplejpeg is not installed: nothing tells the damage before torchvision decodes")
+    data = write_image_folder(tmp_path / "photos", per_class=8, side=32)
+    damaged = data / "class0" / "damaged.jpg"
+    damaged.write_bytes(damaged_jpeg(side=32))
+    timing = ["--warmup-steps", "1", "--timed-steps", "3", "--repeats", "1"]
+    flags = ["--data", str(data), "--device", "cpu", "--image-size", "32", "--batch-size", "4", "--workers", "2"]
+    assert main(["bench", *flags, *timing, "--only", "uint8_device,channels_last", "--out", str(tmp_path / "b")]) == 0
+    out, err = capfd.readouterr()
+    assert "rung 8 channels_last: " in out  # both rungs ran, each on loaders of its own
+    said = [ln for ln in err.splitlines() if ln.startswith("warning:")]  # the workers' too
+    assert len(said) == 1 and said[0].startswith(f"warning: {damaged}: damaged JPEG data (libjpeg: "), said
+
+
 def test_a_photo_deleted_under_a_run_is_named_as_gone_since_the_listing_with_the_epochs_kept(
     tmp_path, monkeypatch, capsys
 ):

@@ -322,7 +322,8 @@ def test_workers_the_system_will_not_start_are_said_as_such_not_as_a_write_failu
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_decoder_out_of_open_files_is_said_as_the_limit_not_as_a_bad_photo(tmp_path, monkeypatch, workers):
     """Under ulimit -n 17 a worker's Pillow could not open what it needed, and prepare said the photo "cannot decode as
-    an image ([Errno 24] ...)": the user was sent to a photo that was fine. Forked workers inherit the patch."""
+    an image ([Errno 24] ...)": the user was sent to a photo that was fine. Forked workers inherit the patch. Fewer
+    workers is advised only where there were some."""
     import errno
 
     from cnnpar.errors import TooManyOpenFiles
@@ -338,4 +339,6 @@ def test_a_decoder_out_of_open_files_is_said_as_the_limit_not_as_a_bad_photo(tmp
         prepare_store(tmp_path / "p", out, 0, workers=workers, progress=False)
     assert "not decoded: the open-files limit ran out" in str(e.value) and "ulimit -n 65536" in str(e.value)
     assert "cannot decode as an image" not in str(e.value)
+    # --workers 1 decodes in prepare's own process: "or fewer --workers" named a flag with nothing left to give
+    assert ("fewer --workers" in str(e.value)) == (workers > 1), str(e.value)
     assert_nothing_left(out)
