@@ -91,6 +91,22 @@ def test_pixel_columns_sorted_as_text_are_read_by_the_numbers_in_their_names(tmp
     assert torch.equal(got[:, 0], torch.from_numpy(x)) and notes == [bundle.load_note]
 
 
+def test_pixel_columns_in_another_order_are_not_said_to_be_sorted_as_text(tmp_path):
+    """Reversed pixel columns are read by their numbers too; the note said "look sorted as text" of them."""
+    x, y = bar_images(12)
+    flat = x.reshape(len(x), -1)
+    names = [f"pixel{i}" for i in range(flat.shape[1])]
+    order = list(reversed(range(len(names))))
+    path = _csv(tmp_path / "reversed.csv", ["label"] + [names[j] for j in order], np.c_[y, flat[:, order]])
+    bundle = load_data(DataConfig(source=path, val_fraction=0))
+    assert torch.equal(bundle.train.x[:, 0], torch.from_numpy(x))
+    last = len(names) - 1
+    assert bundle.load_note == (
+        f"note: {path}: pixel columns read in the order of their numbers (pixel0, pixel1, pixel2, ...), not the "
+        f"file's (pixel{last}, pixel{last - 1}, pixel{last - 2}, ...): the file's columns are in another order"
+    )
+
+
 def test_row_by_column_names_sorted_as_text_are_read_in_rows_and_other_orders_kept(tmp_path):
     x, y = bar_images(8)
     side = x.shape[1]
