@@ -193,9 +193,12 @@ def pixel_order(pixel_cols: list[str]) -> list[str]:
 
 def _reordered_note(path: Path, in_file: list[str], read: list[str]) -> str:
     first = next(j for j, (a, b) in enumerate(zip(in_file, read)) if a != b)
+    # A text sort is the usual cause, but a file written in any other order (shuffled, reversed) is reordered too:
+    # the note named a text sort for those as well, sending the user to look for one that was not there.
+    why = "look sorted as text" if in_file == sorted(in_file) else "are in another order"
     return (
         f"note: {path}: pixel columns read in the order of their numbers ({', '.join(read[first : first + 3])}, ...), "
-        f"not the file's ({', '.join(in_file[first : first + 3])}, ...): the file's columns look sorted as text"
+        f"not the file's ({', '.join(in_file[first : first + 3])}, ...): the file's columns {why}"
     )
 
 

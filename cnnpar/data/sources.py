@@ -862,6 +862,25 @@ def class_folder_labels(
     return None
 
 
+def _without_dunder_folders(root: Path, files: list[Path], notes: list[str] | None) -> list[Path]:
+    """`files` less those under a top `__`-named folder (`__MACOSX/`, `__background__/`), which train's scan skips:
+    predict read them as a class folder of no class of the run, so the folder the run trained on went unscored."""
+    kept, dropped = [], {}
+    for f in files:
+        parts = f.relative_to(root).parts
+        if len(parts) > 1 and parts[0].startswith("__"):
+            dropped[parts[0]] = dropped.get(parts[0], 0) + 1
+        else:
+            kept.append(f)
+    if dropped and notes is not None:
+        shown = first_five(f"{root / name}/ ({n:,} image(s))" for name, n in sorted(dropped.items()))
+        notes.append(
+            f"warning: {len(dropped):,} folder(s) named __*, skipped as cnnpar train skips __MACOSX/: {shown}: their "
+            "images are not predicted"
+        )
+    return kept
+
+
 def load_predict_data(
     source: str,
     fmt: str = "auto",
@@ -942,7 +961,7 @@ def load_predict_data(
                 )
             files, labels = scan_for_classes(root, labels_csv, class_names, skipped, notes)
         else:
-            files = image_files(root, skipped)
+            files = _without_dunder_folders(root, image_files(root, skipped), notes)
         if not files:
             raise DataError(f"{root}: no .jpg, .jpeg or .png files")
         origin = f"the labels of {labels_csv}" if labels is not None else ""

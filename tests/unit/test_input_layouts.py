@@ -91,6 +91,22 @@ def test_pixel_columns_sorted_as_text_are_read_by_the_numbers_in_their_names(tmp
     assert torch.equal(got[:, 0], torch.from_numpy(x)) and notes == [bundle.load_note]
 
 
+def test_pixel_columns_in_another_order_are_not_said_to_be_sorted_as_text(tmp_path):
+    """Reversed pixel columns are read by their numbers too; the note said "look sorted as text" of them."""
+    x, y = bar_images(12)
+    flat = x.reshape(len(x), -1)
+    names = [f"pixel{i}" for i in range(flat.shape[1])]
+    order = list(reversed(range(len(names))))
+    path = _csv(tmp_path / "reversed.csv", ["label"] + [names[j] for j in order], np.c_[y, flat[:, order]])
+    bundle = load_data(DataConfig(source=path, val_fraction=0))
+    assert torch.equal(bundle.train.x[:, 0], torch.from_numpy(x))
+    last = len(names) - 1
+    assert bundle.load_note == (
+        f"note: {path}: pixel columns read in the order of their numbers (pixel0, pixel1, pixel2, ...), not the "
+        f"file's (pixel{last}, pixel{last - 1}, pixel{last - 2}, ...): the file's columns are in another order"
+    )
+
+
 def test_row_by_column_names_sorted_as_text_are_read_in_rows_and_other_orders_kept(tmp_path):
     x, y = bar_images(8)
     side = x.shape[1]
@@ -345,3 +361,25 @@ def test_a_label_column_named_in_another_case_is_the_label_column(tmp_path, name
     assert torch.equal(got_x[:, 0], torch.from_numpy(x)) and torch.equal(got_y, torch.from_numpy(y))
     _, labels_from = load_predict_data(path)[1:]
     assert labels_from == "its 'label' column"
+
+
+def test_predict_skips_dunder_folders_as_train_does_and_scores_the_class_folders(tmp_path):
+    """`cnnpar predict --data photos/` read photos/__MACOSX/ as a class folder of no class of the run, predicted
+    its images and scored nothing, where train's scan skips it (the README: `__MACOSX/` is skipped)."""
+    from PIL import Image
+
+    root = write_image_folder(tmp_path / "photos", per_class=3)
+    (root / "__MACOSX" / "class0").mkdir(parents=True)
+    Image.new("RGB", (20, 20)).save(root / "__MACOSX" / "class0" / "x.png")
+    notes: list[str] = []
+    unscored: list[str] = []
+    ds, ids, origin = load_predict_data(
+        str(root), "folder", image_size=8, notes=notes, class_names=["class0", "class1"], unscored=unscored
+    )
+    assert unscored == [] and origin == "its class folders' names"
+    assert len(ids) == 6 and not any(i.startswith("__MACOSX") for i in ids)
+    assert sorted(ds.y.tolist()) == [0, 0, 0, 1, 1, 1]
+    assert notes == [
+        f"warning: 1 folder(s) named __*, skipped as cnnpar train skips __MACOSX/: {root / '__MACOSX'}/ (1 image(s)): "
+        "their images are not predicted"
+    ]
