@@ -113,3 +113,18 @@ def test_records_and_the_cli_name_the_installed_version_where_no_revision_is_kno
     with pytest.raises(SystemExit) as ended:
         main(["--version"])
     assert ended.value.code == 0 and capsys.readouterr().out == f"cnnpar {expected}\n"
+
+
+def test_the_cifar10_resnet18_preset_without_its_npz_is_refused_not_trained_on_the_digits(
+    tmp_path, monkeypatch, capsys
+):
+    """--preset cifar10-resnet18 had no --data of its own, so without --data it trained ResNet-18 on the built-in
+    digits for 20 epochs with no word: a user's CIFAR-10 run on other images. It reads cifar10-speed's .npz now."""
+    from cnnpar.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no .devdata/cifar10.npz here
+    assert main(["train", "--preset", "cifar10-resnet18", "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cifar10.npz" in err[0], err
+    assert "(the --data of --preset cifar10-resnet18: pass --data FILE, a decoded CIFAR-10 .npz" in err[0]
+    assert not (tmp_path / "runs").exists()
