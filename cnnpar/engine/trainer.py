@@ -115,7 +115,7 @@ from cnnpar.parallel.apply import apply_stem_space_to_depth, unwrap
 from cnnpar.parallel.precision import emulated_bf16_note
 from cnnpar.parallel.stem import SpaceToDepthConv2d, stem_line
 from cnnpar.parallel.streams import TrainingStream
-from cnnpar.report.environment import comment_lines, environment
+from cnnpar.report.environment import comment_lines, cpu_threads_note, environment
 from cnnpar.report.files import (
     TEXT,
     read_csv,
@@ -1063,7 +1063,8 @@ class Trainer(DivergenceCheck):
         global_batch = cfg.run.batch_size * info.world_size * cfg.optim.grad_accum
         self.log(
             f"cnnpar: {cfg.model.name} on {self.bundle.origin} | {info.world_size} process(es) on "
-            f"{info.device.type} | {cfg.speed.precision}, channels_last {cfg.speed.channels_last}, "
+            f"{info.device.type}{cpu_threads_note(info.device)} | {cfg.speed.precision}, channels_last "
+            f"{cfg.speed.channels_last}, "
             f"compile {cfg.speed.compile}{', SyncBatchNorm' if cfg.dist.sync_bn and info.distributed else ''}"
         )
         if reasons := speed_reasons(self.requested_cfg, cfg, info.device.type):

@@ -74,12 +74,24 @@ def environment(device: torch.device, world_size: int = 1) -> dict[str, str | in
         "cuda": torch.version.cuda or "",
         "python": platform.python_version(),
         "host_cpus": os.cpu_count() or 0,
+        # torch's intra-op threads in this process (OMP_NUM_THREADS, cnnpar's share under --nproc): CPU figures
+        # depend on it, and a run's record held no trace of it
+        "torch_threads": torch.get_num_threads(),
         "world_size": world_size,
         "git_rev": git_revision(),
         # an installed cnnpar has no revision ("unknown"): its version says which code ran
         "cnnpar": cnnpar_version(),
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
+
+
+def cpu_threads_note(device: torch.device) -> str:
+    """For a run's first line on the CPU, where the speed depends on it: " (N threads each)" (torch's intra-op
+    threads, as OMP_NUM_THREADS or cnnpar's share of the cores under --nproc left them); "" on an accelerator."""
+    if device.type != "cpu":
+        return ""
+    n = torch.get_num_threads()
+    return f" ({n} thread{'s' * (n != 1)} each)"
 
 
 def comment_lines(env: dict) -> str:

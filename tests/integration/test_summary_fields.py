@@ -138,3 +138,14 @@ def test_one_process_trains_every_sample_once_an_epoch_in_a_new_order_each_epoch
     assert first != second  # reshuffled: a new permutation each epoch
     assert first != list(range(n))  # shuffled at all
     assert orders == expected  # the epoch's own permutation, the first epoch's too
+
+
+def test_a_cpu_run_says_and_records_its_torch_threads(tmp_path, capsys):
+    """CPU figures hang on torch's intra-op threads (OMP_NUM_THREADS; 1 against 2 moved a run 25-45 % on 2 cores), and
+    neither the run's first line nor its config.toml or summary.json said how many there were."""
+    threads = torch.get_num_threads()  # 1 here (the module's one_thread fixture)
+    run = train(tmp_path, "threads", "--epochs", "1")
+    first = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("cnnpar: "))
+    assert f"| 1 process(es) on cpu ({threads} thread{'s' * (threads != 1)} each) |" in first, first
+    assert f"# torch_threads = {threads}\n" in (run / "config.toml").read_text()
+    assert json.loads((run / "summary.json").read_text())["torch_threads"] == threads
