@@ -412,8 +412,9 @@ def predict(
     for line in unscored:  # where the accuracy line would be
         log(line)
     own = npz_class_names(data) if label_origin and fmt == "npz" else None
-    if label_origin and own is None and fmt in ("csv", "npz", "npy") and (note := _by_index_note(data, names, numbers)):
-        log(note)
+    by_index = (
+        _by_index_note(data, names, numbers) if label_origin and own is None and fmt in ("csv", "npz", "npy") else ""
+    )
     if own is not None:
         labels, note = _labels_by_name(ds.y, own, names, f"{data}[{label_origin}]", _npz_run_before_names(state))
         if note:
@@ -433,6 +434,10 @@ def predict(
             )
         else:
             line = _accuracy_line(y, preds, meta["num_classes"], data, label_origin)
+            if by_index and 0 <= int(y.min()) and int(y.max()) < meta["num_classes"]:
+                # only beside a score: before labels the model has no class for ("ignoring ... as labels") it said
+                # they were scored as the model's classes
+                log(by_index)
         if fmt == "digits" and state.get("config", {}).get("data", {}).get("source") == "digits":
             line += ": every built-in digit, the run's training images among them, so not a held-out score"
         if fmt == "folder" and not labels and _is_training_folder(data, state):

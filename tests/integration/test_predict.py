@@ -135,6 +135,24 @@ def test_predict_says_bare_index_labels_are_scored_against_a_named_model_s_class
     assert [line for line in lines if not line.startswith("accuracy ")] == []
 
 
+def test_predict_says_nothing_of_bare_index_labels_it_does_not_score(tmp_path, trained):
+    """Labels the named model has no class for are ignored ("ignoring y_test as labels"): the note before that line
+    said they were scored as the model's classes, in its order, the line after it that they were not scored."""
+    _, run_dir, _, _ = trained
+    state = torch.load(run_dir / "ckpt" / "last.pt", weights_only=True)
+    state["meta"]["class_names"] = ["north", "east", "south", "west"]
+    torch.save(state, tmp_path / "named.pt")
+    x, y = bar_images(64)
+    np.savez(tmp_path / "beyond.npz", x_test=x, y_test=y + 4)
+    lines: list[str] = []
+    predict(
+        str(tmp_path / "named.pt"), str(tmp_path / "beyond.npz"), out=str(tmp_path / "p.csv"), log=_data_lines(lines)
+    )
+    assert lines == [
+        f"{tmp_path / 'beyond.npz'}: ignoring y_test as labels: values 4..7, but the model knows classes 0..3"
+    ]
+
+
 def test_predict_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch, trained):
     _, run_dir, test, _ = trained
     lines = test.read_text().splitlines()

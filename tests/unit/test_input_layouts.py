@@ -383,3 +383,23 @@ def test_predict_skips_dunder_folders_as_train_does_and_scores_the_class_folders
         f"warning: 1 folder(s) named __*, skipped as cnnpar train skips __MACOSX/: {root / '__MACOSX'}/ (1 image(s)): "
         "their images are not predicted"
     ]
+
+
+def test_predict_of_a_folder_whose_images_all_lie_under_a_dunder_folder_names_that_folder(tmp_path):
+    """`cnnpar predict --data photos/` where photos/__pending/ held every image said "photos: no .jpg, .jpeg or .png
+    files" (the warning naming __pending/ was never printed): false, and no way to learn where the images went."""
+    from PIL import Image
+
+    root = tmp_path / "photos"
+    (root / "__pending").mkdir(parents=True)
+    for i in range(2):
+        Image.new("RGB", (20, 20)).save(root / "__pending" / f"{i}.png")
+    with pytest.raises(DataError) as e:
+        load_predict_data(str(root), "folder", image_size=8, notes=[])
+    assert str(e.value) == (
+        f"{root}: no .jpg, .jpeg or .png files outside its folder(s) named __* ({root / '__pending'}/ (2 image(s))), "
+        f"which are skipped as cnnpar train skips __MACOSX/: expected --data {root / '__pending'} to predict that "
+        "folder's images"
+    )
+    _, ids, _ = load_predict_data(str(root / "__pending"), "folder", image_size=8)  # the command it names reads them
+    assert ids == ["0.png", "1.png"]
