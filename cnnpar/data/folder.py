@@ -153,6 +153,7 @@ def scan_folder(
     # `__MACOSX/` (what macOS's zip leaves) holds no class: skipped as hidden folders are, here as in scan_splits
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     if not classes:
+        _refuse_dunder_only(root)
         raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png{_flat_hint(root)}")
     blocked = _real_chain(root)
     by_real = _refuse_one_folder_under_two_classes(root, classes, blocked)
@@ -295,6 +296,35 @@ def _refuse_links_out_of_class(
             f"{link}: a link to {real}, {which} {where}: its images would be read as class {name} too; expected a "
             "link in a class folder to lead only to a folder outside the data set"
         )
+
+
+def dunder_folders_shown(root: Path, held: dict[str, int]) -> str:
+    """Up to 5 of `root`'s `__*` folders in `held` (name: image count), each with its count."""
+    return first_five(f"{root / name}/ ({n:,} image(s))" for name, n in sorted(held.items()))
+
+
+def dunder_only_error(root: Path, held: dict[str, int], what: str, expected: str) -> DataError:
+    """The one line, for train and predict alike, where every image of `root` lies under its top folders named
+    `__*` (`held`: each one's name and image count), which both skip as `__MACOSX/`: "no class folders" (or
+    "no .jpg ... files") alone was false of such a folder and did not say where its images were."""
+    return DataError(
+        f"{root}: {what} outside its folder(s) named __* ({dunder_folders_shown(root, held)}), which are skipped "
+        f"as cnnpar train skips __MACOSX/: expected {expected}"
+    )
+
+
+def _refuse_dunder_only(root: Path) -> None:
+    """Where `root` has no class folder but some `__*` folder of it holds images, the refusal naming them: the
+    folder to pass where one holds class folders of images (`only/__x/{cat,dog}`), else their renaming."""
+    held = {p.name: n for p in root.iterdir() if p.name.startswith("__") and p.is_dir() and (n := len(image_files(p)))}
+    if not held:
+        return
+    first = root / min(held)
+    if any(p.is_dir() and not p.name.startswith(".") and image_files(p) for p in first.iterdir()):
+        expected = f"--data {first} to train on its class folders"
+    else:
+        expected = "them renamed without the leading __ to read them as classes"
+    raise dunder_only_error(root, held, "no class folders", expected)
 
 
 def _flat_hint(root: Path) -> str:

@@ -36,6 +36,8 @@ from cnnpar.data.folder import (
     VAL_NAMES,
     ImageFolderDataset,
     content_sample_checksum,
+    dunder_folders_shown,
+    dunder_only_error,
     image_files,
     listing_checksum,
     loose_images_note,
@@ -872,17 +874,19 @@ def _without_dunder_folders(root: Path, files: list[Path], notes: list[str] | No
             dropped[parts[0]] = dropped.get(parts[0], 0) + 1
         else:
             kept.append(f)
-    shown = first_five(f"{root / name}/ ({n:,} image(s))" for name, n in sorted(dropped.items()))
     if dropped and not kept:
         # the warning goes out with the other notes, after the data is read: "no .jpg, .jpeg or .png files" alone
         # was false of a folder whose images all lie under one such folder (photos/__pending/)
-        raise DataError(
-            f"{root}: no .jpg, .jpeg or .png files outside its folder(s) named __* ({shown}), which are skipped as "
-            f"cnnpar train skips __MACOSX/: expected --data {root / min(dropped)} to predict that folder's images"
+        raise dunder_only_error(
+            root,
+            dropped,
+            "no .jpg, .jpeg or .png files",
+            f"--data {root / min(dropped)} to predict that folder's images",
         )
     if dropped and notes is not None:
         notes.append(
-            f"warning: {len(dropped):,} folder(s) named __*, skipped as cnnpar train skips __MACOSX/: {shown}: their "
+            f"warning: {len(dropped):,} folder(s) named __*, skipped as cnnpar train skips __MACOSX/: "
+            f"{dunder_folders_shown(root, dropped)}: their "
             "images are not predicted"
         )
     return kept

@@ -403,3 +403,52 @@ def test_predict_of_a_folder_whose_images_all_lie_under_a_dunder_folder_names_th
     )
     _, ids, _ = load_predict_data(str(root / "__pending"), "folder", image_size=8)  # the command it names reads them
     assert ids == ["0.png", "1.png"]
+
+
+def test_train_of_a_folder_whose_class_folders_all_lie_under_a_dunder_folder_names_the_folder_to_pass(tmp_path):
+    """`cnnpar train --data only/` where only/__x/ held every class folder said "only: no class folders": false of a
+    folder of 4 images, and silent on the __x/ it skipped; predict names such folders, train now does too."""
+    root = tmp_path / "only"
+    write_image_folder(root / "__x", per_class=2, classes=2)
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(root), image_size=8))
+    assert str(e.value) == (
+        f"{root}: no class folders outside its folder(s) named __* ({root / '__x'}/ (4 image(s))), which are skipped "
+        f"as cnnpar train skips __MACOSX/: expected --data {root / '__x'} to train on its class folders"
+    )
+    bundle = load_data(DataConfig(source=str(root / "__x"), image_size=8))  # the folder it names trains
+    assert bundle.class_names == ["class0", "class1"]
+
+
+def test_train_whose_images_or_val_classes_all_lie_under_dunder_folders_says_to_rename_them(tmp_path):
+    """only/__pending/ holding the images themselves, and a val/ whose class folders are all __-named, each said
+    "no class folders"; the line names the folders and that they are read once renamed."""
+    flat = tmp_path / "only"
+    write_image_folder(flat, per_class=3, classes=1)
+    (flat / "class0").rename(flat / "__pending")
+    split = tmp_path / "d"
+    write_image_folder(split / "train", per_class=2, classes=2)
+    write_image_folder(split / "val", per_class=1, classes=2)
+    for name in ("class0", "class1"):
+        (split / "val" / name).rename(split / "val" / f"__{name}")
+    rename = "expected them renamed without the leading __ to read them as classes"
+    for root, where, shown in [
+        (flat, flat, f"{flat / '__pending'}/ (3 image(s))"),
+        (
+            split,
+            split / "val",
+            f"{split / 'val' / '__class0'}/ (1 image(s)), {split / 'val' / '__class1'}/ (1 image(s))",
+        ),
+    ]:
+        with pytest.raises(DataError) as e:
+            load_data(DataConfig(source=str(root), image_size=8))
+        assert str(e.value) == (
+            f"{where}: no class folders outside its folder(s) named __* ({shown}), which are skipped as cnnpar train "
+            f"skips __MACOSX/: {rename}"
+        )
+    # __MACOSX/ holding only macOS's ._ forks (no images) is not named: the plain refusal stands
+    mac = tmp_path / "mac"
+    (mac / "__MACOSX").mkdir(parents=True)
+    (mac / "__MACOSX" / "._0.jpg").write_bytes(b"\x00\x05\x16\x07")
+    with pytest.raises(DataError, match=r"^\S+mac: no class folders: expected root/<class>/<image>\.jpg\|png$"):
+        load_data(DataConfig(source=str(mac), image_size=8))
