@@ -279,8 +279,13 @@ class ResumeChecks:
         names_was, names_now = was.get("class_names"), self.meta["class_names"]
         # another class count is the weights' refusal (it names the counts and --num-classes, which sets an
         # array's names); the same count under other names is a class folder renamed (or one swapped for another)
-        if names_was is not None and len(names_was) == len(names_now) and names_was != names_now:
-            if not self._named_by_index_before(path, was, names_was):
+        same_count = names_was is not None and len(names_was) == len(names_now)
+        if same_count and names_was != names_now and not self._named_by_index_before(path, was, names_was):
+            if set(names_was) != set(names_now):
+                # a folder renamed (class0 -> zebra) shifts the indices of the classes between as well: by index it
+                # read as every class moved, where one name came and one went
+                changes.append(f"class names ({self._names_added_removed(names_was, names_now)})")
+            else:  # the same names in another order
                 moved = (f"{i}: {a!r} -> {b!r}" for i, (a, b) in enumerate(zip(names_was, names_now)) if a != b)
                 changes.append(f"class names (index: then -> now) {first_five(moved)}")
         elif names_was is not None and len(names_was) != len(names_now) and not self._num_classes_typed(stored):
@@ -315,11 +320,17 @@ class ResumeChecks:
 
     @staticmethod
     def _classes_added_removed(names_was: list[str], names_now: list[str]) -> str:
+        return (
+            f"classes {len(names_was)} -> {len(names_now)} ({ResumeChecks._names_added_removed(names_was, names_now)})"
+        )
+
+    @staticmethod
+    def _names_added_removed(names_was: list[str], names_now: list[str]) -> str:
         added = [n for n in names_now if n not in names_was]
         removed = [n for n in names_was if n not in names_now]
         said = [f"added {first_five(repr(n) for n in added)}"] if added else []
         said += [f"removed {first_five(repr(n) for n in removed)}"] if removed else []
-        return f"classes {len(names_was)} -> {len(names_now)} ({'; '.join(said)})"
+        return "; ".join(said)
 
     def _named_by_index_before(self, path: Path, was: dict, names_was: list[str]) -> bool:
         """Whether the checkpoint's class names are only the indices its older cnnpar gave them: before 2026-12-03

@@ -234,7 +234,9 @@ def test_resuming_after_rows_were_added_to_the_data_is_refused_and_an_older_chec
 
 
 def test_resuming_after_a_class_folder_was_renamed_is_refused_naming_the_moved_classes(tmp_path):
-    """class2 renamed aaa sorts first: every index would mean another class, and the weights still fit."""
+    """class2 renamed aaa sorts first: every index would mean another class, and the weights still fit. Said as
+    the name that came and the one that went: by index ("0: 'class0' -> 'aaa', 1: 'class1' -> 'class0', ...") it
+    read as every class changed."""
     from tests.datafiles import write_image_folder
 
     data = write_image_folder(tmp_path / "imgs", per_class=6, classes=3, side=16)
@@ -243,11 +245,27 @@ def test_resuming_after_a_class_folder_was_renamed_is_refused_naming_the_moved_c
     Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
     (data / "class2").rename(data / "aaa")
     more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
-    moved = "0: 'class0' -> 'aaa', 1: 'class1' -> 'class0', 2: 'class2' -> 'class1'"
-    with pytest.raises(UserError, match=f"the data changed since the checkpoint: class names .*{moved}: "):
+    renamed = r"the data changed since the checkpoint: class names \(added 'aaa'; removed 'class2'\): a checkpoint "
+    with pytest.raises(UserError, match=renamed):
         Trainer(more, CPU_INFO, log=lambda *a, **k: None)
     _strip_meta(tmp_path / "oc" / "ckpt" / "last.pt", "class_names", "data_checksum")
     assert Trainer(more, CPU_INFO, log=lambda *a, **k: None).start_epoch == 2
+
+
+def test_resuming_after_the_same_class_names_were_reordered_names_the_indices_that_moved(tmp_path):
+    """An archive's class_names rewritten in another order: no name came or went, each index means another class."""
+    from tests.datafiles import bar_images
+
+    x, y = bar_images(96, classes=3)
+    npz = tmp_path / "a.npz"
+    np.savez(npz, x_train=x, y_train=y, class_names=np.array(["cat", "dog", "gnu"]))
+    cfg = replace(_cfg(tmp_path, 1), data=DataConfig(source=str(npz), workers=0))
+    Trainer(cfg, CPU_INFO, log=lambda *a, **k: None).fit()
+    np.savez(npz, x_train=x, y_train=y, class_names=np.array(["dog", "cat", "gnu"]))
+    more = replace(cfg, run=replace(cfg.run, epochs=2, resume=str(tmp_path / "oc")))
+    moved = r"class names \(index: then -> now\) 0: 'cat' -> 'dog', 1: 'dog' -> 'cat': a checkpoint "
+    with pytest.raises(UserError, match=f"the data changed since the checkpoint: {moved}"):
+        Trainer(more, CPU_INFO, log=lambda *a, **k: None)
 
 
 def test_resuming_after_a_class_folder_was_added_or_removed_is_refused_naming_the_class(tmp_path):
