@@ -321,7 +321,8 @@ def _refuse_dunder_only(root: Path) -> None:
         return
     first = root / min(held)
     if any(p.is_dir() and not p.name.startswith(".") and image_files(p) for p in first.iterdir()):
-        expected = f"--data {first} to train on its class folders"
+        # no flag named: cnnpar prepare takes the folder as its argument, train and eval as --data
+        expected = f"{first} (which holds the class folders) in its place"
     else:
         expected = "them renamed without the leading __ to read them as classes"
     raise dunder_only_error(root, held, "no class folders", expected)

@@ -414,7 +414,7 @@ def test_train_of_a_folder_whose_class_folders_all_lie_under_a_dunder_folder_nam
         load_data(DataConfig(source=str(root), image_size=8))
     assert str(e.value) == (
         f"{root}: no class folders outside its folder(s) named __* ({root / '__x'}/ (4 image(s))), which are skipped "
-        f"as cnnpar train skips __MACOSX/: expected --data {root / '__x'} to train on its class folders"
+        f"as cnnpar train skips __MACOSX/: expected {root / '__x'} (which holds the class folders) in its place"
     )
     bundle = load_data(DataConfig(source=str(root / "__x"), image_size=8))  # the folder it names trains
     assert bundle.class_names == ["class0", "class1"]
