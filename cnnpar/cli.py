@@ -1094,7 +1094,11 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
         tell_the_job_this_rank_ended(e)
         text = f"{user_error_text(e)}{_preset_data_note(args, e)}"
         note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
-        if isinstance(e, EveryRankRefused) and note:
+        # the one rank of `--nproc 1` refusing before its run folder's note is the job's refusal, as every rank's
+        # alike is under --nproc 2: said once by the launcher, exit 2 (it ended 1, after torchrun's line on its exit
+        # and one blaming rank 0); its memory-full advice keeps the launcher's own last line
+        alone = bool(note) and not _of_a_job() and not isinstance(e, DeviceMemoryFull) and not Path(note).is_file()
+        if (isinstance(e, EveryRankRefused) or alone) and note:
             # each rank writes it before it exits (the first to exit is the first torchrun notices); the launcher
             # prints it once
             from cnnpar.report.files import write_text_atomic

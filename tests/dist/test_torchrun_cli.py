@@ -245,6 +245,16 @@ def test_a_refusal_every_rank_raises_at_start_up_is_said_once_with_one_process_e
     assert not (cli.cwd / "runs").exists() or not any((cli.cwd / "runs").iterdir())
 
 
+def test_a_refusal_under_nproc_1_is_said_once_with_one_process_exit_status(cli):
+    """`--nproc 1` (a 2-process run resumed on one, say) refused as --nproc 2 does: its one rank's refusal was
+    followed by torchrun's line on that rank's exit and `cnnpar: rank 0 failed first (exit code 2)`, exit status 1."""
+    args = ["--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--batch-size", "16"]
+    proc = cli("train", "--nproc", "1", *args, "--image-size", "4", "--epochs", "1", "--no-progress")
+    assert proc.returncode == 2, explain(proc)
+    line = "model cnn3: input images 4x4: expected at least 8x8 (its three 2x2 max-pools); give --image-size 8 or more"
+    assert proc.stderr == f"cnnpar: error: {line}\n", explain(proc)
+
+
 def test_the_launcher_hands_every_train_flag_to_cnnpar_not_to_torchrun():
     """torchrun's parser reads each argument as a possible abbreviation of its own options (`--monitor` of
     `--monitor-interval`); after the launcher's `--` all of them reach `cnnpar train`."""
