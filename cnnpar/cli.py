@@ -273,7 +273,9 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                 # disjoint intervals inside train_s, so `rest` is >= 0 but for rounding
                 rest = s["train_s"] - s["epochs_s"] - s["eval_s"] - s["checkpoint_s"]
                 first, last = s["attempt_epochs"]
-                scope = f" (epochs {first}-{last}, resumed)" if first > 1 else ""
+                # one epoch resumed is "epoch 2", not "epochs 2-2"
+                span = f"epoch {first}" if first == last else f"epochs {first}-{last}"
+                scope = f" ({span}, resumed)" if first > 1 else ""
                 best_text += (
                     f"{s['images_trained']:,} images trained{scope} in {s['train_s']:.1f} s with the evaluations and "
                     f"checkpoints: {rate_text(overall)} img/s (epochs {s['epochs_s']:.1f} s, evaluations "

@@ -80,7 +80,7 @@ def test_resume_alone_continues_the_runs_own_model_and_data(cli):
     summary = json.loads((cli.cwd / "runs" / "r1" / "summary.json").read_text())
     assert summary["data"] == "synthetic 1x16x16" and summary["epochs"] == 2
     # the time, image counts and images/s are the resumed attempt's, and say so
-    assert summary["attempt_epochs"] == [2, 2] and "images trained (epochs 2-2, resumed) in" in again.stdout
+    assert summary["attempt_epochs"] == [2, 2] and "images trained (epoch 2, resumed) in" in again.stdout
     epoch_2 = read_csv(cli.cwd / "runs" / "r1" / "metrics.csv")[1]
     assert summary["images_per_s_epochs"] == [2, 2]
     assert summary["images_per_s"] == pytest.approx(float(epoch_2["images_per_s"]), rel=1e-4)
