@@ -319,13 +319,20 @@ def _refuse_dunder_only(root: Path) -> None:
     held = {p.name: n for p in root.iterdir() if p.name.startswith("__") and p.is_dir() and (n := len(image_files(p)))}
     if not held:
         return
-    first = root / min(held)
-    if any(p.is_dir() and not p.name.startswith(".") and image_files(p) for p in first.iterdir()):
+    # the first that holds class folders, not the first by name: `__a/` of loose images beside `__b/{cat,dog}` was
+    # told renamed as a class where `__b` was the folder to pass
+    first = next((root / n for n in sorted(held) if _holds_class_folders(root / n)), None)
+    if first is not None:
         # no flag named: cnnpar prepare takes the folder as its argument, train and eval as --data
         expected = f"{first} (which holds the class folders) in its place"
     else:
         expected = "them renamed without the leading __ to read them as classes"
-    raise dunder_only_error(root, held, "no class folders", expected)
+    # images beside them, a flat folder's (Kaggle's train/<id>.jpg), keep the plain refusal's --labels CSV hint
+    raise dunder_only_error(root, held, "no class folders", expected + _flat_hint(root))
+
+
+def _holds_class_folders(folder: Path) -> bool:
+    return any(p.is_dir() and not p.name.startswith(".") and image_files(p) for p in folder.iterdir())
 
 
 def _flat_hint(root: Path) -> str:

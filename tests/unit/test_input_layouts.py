@@ -420,6 +420,28 @@ def test_train_of_a_folder_whose_class_folders_all_lie_under_a_dunder_folder_nam
     assert bundle.class_names == ["class0", "class1"]
 
 
+def test_dunder_only_refusal_names_the_dunder_folder_of_classes_and_keeps_a_flat_folders_labels_hint(tmp_path):
+    """only/__a/ of loose images sorted before only/__b/{class0,class1}: the line said to rename them as classes,
+    where __b was the folder to pass; and a flat folder's own images beside a __pending/ lost the plain refusal's
+    --labels CSV hint."""
+    from PIL import Image
+
+    two = tmp_path / "only"
+    write_image_folder(two / "__b", per_class=2, classes=2)
+    (two / "__a").mkdir()
+    Image.new("RGB", (20, 20)).save(two / "__a" / "0.png")
+    with pytest.raises(DataError, match=r"expected \S+/__b \(which holds the class folders\) in its place$"):
+        load_data(DataConfig(source=str(two), image_size=8))
+    flat = tmp_path / "flat"
+    for name in ("0.png", "__pending/1.png"):
+        (flat / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (20, 20)).save(flat / name)
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(flat), image_size=8))
+    assert str(e.value).startswith(f"{flat}: no class folders outside its folder(s) named __* ({flat / '__pending'}/")
+    assert f"to read them as classes, or, as {flat} holds 1 image(s) itself, --labels CSV: " in str(e.value)
+
+
 def test_train_whose_images_or_val_classes_all_lie_under_dunder_folders_says_to_rename_them(tmp_path):
     """only/__pending/ holding the images themselves, and a val/ whose class folders are all __-named, each said
     "no class folders"; the line names the folders and that they are read once renamed."""
