@@ -46,6 +46,16 @@ def _of_a_job() -> bool:
     return rank.strip().isdigit() and world.strip().isdigit() and world.strip() != "1"
 
 
+def _run_folder_kept(note: str) -> bool:
+    """Whether the run folder this launch's rank 0 noted (RUN_DIR_NOTE_ENV) is there: none noted yet, or one removed
+    as a run that failed before its first epoch's is, keeps nothing for the launcher's line to tell."""
+    try:
+        run_dir = Path(note).read_text(**TEXT)
+    except OSError:  # not noted yet
+        return False
+    return bool(run_dir) and Path(run_dir).is_dir()  # ("" would be Path("."), a folder)
+
+
 def tell_the_job_this_rank_ended(error: BaseException | None = None) -> None:
     """Under torchrun, a rank that ends before its start is exchanged (argparse's refusal, a bad config) writes so
     where the other ranks wait for it (dist.say_this_rank_ended_before_joining), and one that ends after it, before
@@ -1099,7 +1109,10 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
         # the one rank of `--nproc 1` refusing before its run folder's note is the job's refusal, as every rank's
         # alike is under --nproc 2: said once by the launcher, exit 2 (it ended 1, after torchrun's line on its exit
         # and one blaming rank 0); its memory-full advice keeps the launcher's own last line
-        alone = bool(note) and not _of_a_job() and not isinstance(e, DeviceMemoryFull) and not Path(note).is_file()
+        # so is its refusal after the note where the run folder went with it (a divergence in epoch 1): the launcher's
+        # line on it ("nothing to resume ...; start it again with the command that started it") came after torchrun's
+        # and rank 0's, exit 1, where one process says the error alone, exit 2
+        alone = bool(note) and not _of_a_job() and not isinstance(e, DeviceMemoryFull) and not _run_folder_kept(note)
         if (isinstance(e, EveryRankRefused) or alone) and note:
             # each rank writes it before it exits (the first to exit is the first torchrun notices); the launcher
             # prints it once

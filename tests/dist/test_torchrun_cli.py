@@ -255,6 +255,18 @@ def test_a_refusal_under_nproc_1_is_said_once_with_one_process_exit_status(cli):
     assert proc.stderr == f"cnnpar: error: {line}\n", explain(proc)
 
 
+def test_a_divergence_in_the_first_epoch_under_nproc_1_is_said_once_with_one_process_exit_status(cli):
+    """After the run folder's note, a refusal whose run folder went with it (training diverged in epoch 1) was
+    followed by torchrun's line, `rank 0 failed first (exit code 2)` and "nothing to resume ...; start it again with
+    the command that started it", exit status 1: one process says the error alone, exit 2."""
+    args = ["--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--batch-size", "16"]
+    proc = cli("train", "--nproc", "1", *args, "--lr", "1e12", "--epochs", "2", "--no-progress")
+    assert proc.returncode == 2, explain(proc)
+    assert proc.stderr.startswith("cnnpar: error: epoch 1: train loss nan is not finite, training diverged: ")
+    assert proc.stderr.count("\n") == 1 and "nothing to resume" not in proc.stdout, explain(proc)
+    assert not any((cli.cwd / "runs").iterdir())
+
+
 def test_the_launcher_hands_every_train_flag_to_cnnpar_not_to_torchrun():
     """torchrun's parser reads each argument as a possible abbreviation of its own options (`--monitor` of
     `--monitor-interval`); after the launcher's `--` all of them reach `cnnpar train`."""
