@@ -655,8 +655,8 @@ class Trainer(DivergenceCheck):
             # no epoch to train: fit says so once and leaves the run folder as it is; a schedule "rebuilt" for
             # fewer epochs than are done, or a resume that trains nothing, would only mislead
             self.nothing_to_do = (
-                f"nothing to do: {path} holds {finished} epochs and --epochs {self.cfg.run.epochs} asks for no "
-                f"more (--epochs {finished + 1} or more trains on)"
+                f"nothing to do: {path} holds {finished} epoch{'s' * (finished != 1)} and --epochs "
+                f"{self.cfg.run.epochs} asks for no more (--epochs {finished + 1} or more trains on)"
             )
             return
         if finished and steps_before != self.scheduler.last_epoch:

@@ -163,6 +163,17 @@ def test_resuming_a_finished_run_leaves_its_summary_as_it_was(tmp_path):
     assert json.loads((tmp_path / "oc" / "summary.json").read_text())["epochs"] == 1
 
 
+def test_nothing_to_do_after_one_epoch_says_1_epoch(tmp_path):
+    """It said "holds 1 epochs"."""
+    Trainer(_cfg(tmp_path, 1), CPU_INFO, log=lambda *a, **k: None).fit()
+    lines: list[str] = []
+    Trainer(_cfg(tmp_path, 1, resume=str(tmp_path / "oc")), CPU_INFO, log=lambda s, **k: lines.append(s)).fit()
+    assert lines == [
+        f"nothing to do: {tmp_path / 'oc' / 'ckpt' / 'last.pt'} holds 1 epoch and --epochs 1 asks for no more "
+        "(--epochs 2 or more trains on)"
+    ]
+
+
 @pytest.mark.parametrize("epochs", [1, 2])
 def test_resuming_with_no_more_epochs_than_done_says_so_once_and_leaves_the_run_folder_as_it_was(tmp_path, epochs):
     Trainer(_cfg(tmp_path, 2), CPU_INFO, log=lambda *a, **k: None).fit()
