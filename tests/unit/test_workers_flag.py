@@ -98,15 +98,10 @@ def test_prepare_workers_0_decodes_in_its_own_process_as_trains_0_and_auto_one_p
 ):
     """`cnnpar prepare --workers 0` started one decoding process per core, where `cnnpar train --workers 0` starts
     none: 0 is no pool in both now, and auto (the default) the one per usable core."""
-    import numpy as np
-    from PIL import Image
-
     from cnnpar.data import store_write
+    from tests.datafiles import write_image_folder
 
-    for c in ("a", "b"):
-        (tmp_path / "photos" / c).mkdir(parents=True)
-        for i in range(3):
-            Image.fromarray(np.full((12, 16, 3), 40 * i, np.uint8)).save(tmp_path / "photos" / c / f"{i}.png")
+    write_image_folder(tmp_path / "photos", per_class=3, side=16)
     monkeypatch.setattr(store_write, "usable_cores", lambda: 2)
     started = []
     real_pool = store_write.ProcessPoolExecutor
