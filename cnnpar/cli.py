@@ -1106,12 +1106,10 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
         tell_the_job_this_rank_ended(e)
         text = f"{user_error_text(e)}{_preset_data_note(args, e)}"
         note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
-        # the one rank of `--nproc 1` refusing before its run folder's note is the job's refusal, as every rank's
-        # alike is under --nproc 2: said once by the launcher, exit 2 (it ended 1, after torchrun's line on its exit
-        # and one blaming rank 0); its memory-full advice keeps the launcher's own last line
-        # so is its refusal after the note where the run folder went with it (a divergence in epoch 1): the launcher's
-        # line on it ("nothing to resume ...; start it again with the command that started it") came after torchrun's
-        # and rank 0's, exit 1, where one process says the error alone, exit 2
+        # the one rank of `--nproc 1` refusing before its run folder's note, or after it where the folder went with
+        # it (a divergence in epoch 1), is the job's refusal, as every rank's alike is under --nproc 2: said once by
+        # the launcher, exit 2, as one process says it (it ended 1, after torchrun's line on its exit, one blaming
+        # rank 0 and, for the divergence, "nothing to resume"); a memory-full error keeps the launcher's last line
         alone = bool(note) and not _of_a_job() and not isinstance(e, DeviceMemoryFull) and not _run_folder_kept(note)
         if (isinstance(e, EveryRankRefused) or alone) and note:
             # each rank writes it before it exits (the first to exit is the first torchrun notices); the launcher

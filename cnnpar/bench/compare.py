@@ -107,6 +107,12 @@ def _load(rows: list[dict]) -> str:
 
 
 def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
+    return compare_ladders(a_path, b_path)[0]
+
+
+def compare_ladders(a_path: str | Path, b_path: str | Path) -> tuple[str, list[str]]:
+    """The comparison's Markdown, and the setup columns A and B differ in that change the figures (setups_differ),
+    from one reading of the two CSVs."""
     a_rows, b_rows = read_ladder_csv(a_path), read_ladder_csv(b_path)
     a_by, b_by = {r["name"]: r for r in a_rows}, {r["name"]: r for r in b_rows}
     if not a_by.keys() & b_by.keys():  # the table had no ratio at all, and the command ended 0 with it
@@ -145,7 +151,7 @@ def compare_markdown(a_path: str | Path, b_path: str | Path) -> str:
         "noise* when the two runs' ranges overlap, *noise unknown* where a run recorded none. The host load was "
         "read after each rung.",
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", differ
 
 
 def setup_rows(a_rows: list[dict[str, str]], b_rows: list[dict[str, str]]) -> tuple[dict[str, str], dict[str, str]]:

@@ -196,15 +196,15 @@ def _ddp_rows(cfg: Config, opts: BenchOptions, out: Path, device_type: str, bund
 
 
 def _compare(cfg: Config, opts: BenchOptions) -> int:
-    from .compare import compare_markdown, default_compare_path, differ_line, read_ladder_csv, setup_rows, setups_differ
+    from .compare import compare_ladders, default_compare_path, differ_line
 
-    text = compare_markdown(*opts.compare)
+    text, differ = compare_ladders(*opts.compare)
     path = Path(opts.out) / "compare.md" if opts.out else default_compare_path(cfg.run.out_dir, *opts.compare)
     write_text_atomic(path, text)
     print(text, end="")
     print(f"wrote {path}")
     # last, where a reader of the console looks, as the other commands' notes: the table's marks scroll away
-    if differ := setups_differ(*setup_rows(*(read_ladder_csv(p) for p in opts.compare))):
+    if differ:
         print(f"cnnpar: note: bench --compare: {differ_line(differ)}", file=sys.stderr)
     return 0
 
