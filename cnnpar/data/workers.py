@@ -123,7 +123,10 @@ def report_unsent_batches(prefetch: int) -> None:
             raise RuntimeError(f"a DataLoader worker's batch could not be sent to the main process: {e}") from e
         except Exception:  # noqa: BLE001 - wrapped, with its traceback, for the main process to raise
             wrapped = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
-        queue.put((obj[0], wrapped))  # small: pickled without shared memory
+        try:
+            queue.put((obj[0], wrapped))  # small: pickled without shared memory
+        except ValueError:  # the queue is closed: the worker is being shut down, no one waits for the batch
+            pass  # (its "Queue ... is closed" traceback was printed under the run's one line on the open files)
 
     multiprocessing.queues.Queue._on_queue_feeder_error = on_feeder_error
     quiet_open_files_tracebacks()
