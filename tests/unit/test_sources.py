@@ -233,6 +233,27 @@ def test_digits_are_built_in_and_upscaled():
     assert int(bundle.train.x.max()) > 200  # scaled from sklearn's 0..16 to 0..255
 
 
+def test_digits_are_scikit_learns_read_without_importing_it(monkeypatch, tmp_path):
+    """The built-in digits come from scikit-learn's own CSV without its ~1.3 s import (every digits run paid it), the
+    same arrays as its loader; where the file is not where the package keeps it, its loader reads them."""
+    import sys
+
+    from sklearn.datasets import load_digits as sk_digits
+
+    from cnnpar.data import sources
+    from tests.conftest import run_cmd
+
+    want = sk_digits()
+    images, labels = sources.digits_arrays()
+    assert np.array_equal(images, want.images) and np.array_equal(labels, want.target)
+    code = "import sys; from cnnpar.data.sources import digits_arrays; digits_arrays(); print('sklearn' in sys.modules)"
+    done = run_cmd([sys.executable, "-c", code], tmp_path)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+    monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)  # no file found: sklearn's loader
+    images, labels = sources.digits_arrays()
+    assert np.array_equal(images, want.images) and np.array_equal(labels, want.target)
+
+
 def test_digits_with_too_few_classes_is_refused_in_one_line_before_a_run_folder(tmp_path, capsys):
     """--num-classes 5 on labels 0..9 crashed mid-epoch (IndexError in the loss) and left a run folder."""
     from cnnpar.cli import main
