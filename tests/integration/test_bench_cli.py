@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
+import os
 import re
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from cnnpar.bench.claims import CLAIM_IDS
 from cnnpar.bench.output import CLAIM_COLUMNS, LADDER_COLUMNS
+from cnnpar.cli import main
 from cnnpar.parallel.precision import bf16_on
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = ["--device", "cpu", "--image-size", "8", "--batch-size", "32", "--warmup-steps", "1", "--timed-steps", "2",
         "--repeats", "2"]  # fmt: skip
@@ -25,6 +33,20 @@ def documented_ladder_columns() -> list[str]:
     return re.findall(r"^\| `([a-z0-9_]+)` \|", section, flags=re.M)
 
 
+def run_bench(args: list[str], cwd: Path) -> SimpleNamespace:
+    """`cnnpar ARGS` run in this process in folder `cwd` (a one-process CPU bench needs no process of its own; a
+    subprocess paid ~3-4 s of imports each): its exit code and what it printed, as a finished subprocess gives them.
+    Its own redirection, not capsys, so that the module-scoped ladder fixture can use it too."""
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(args)
+    finally:
+        os.chdir(here)
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
 def read_rows(path) -> tuple[list[str], list[dict]]:
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
@@ -34,7 +56,7 @@ def read_rows(path) -> tuple[list[str], list[dict]]:
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory):
     out = tmp_path_factory.mktemp("ladder")
-    r = run_cli(["bench", *TINY, "--only", ",".join(RUNGS), "--out", str(out)], cwd=out, timeout=240)
+    r = run_bench(["bench", *TINY, "--only", ",".join(RUNGS), "--out", str(out)], out)
     assert r.returncode == 0, r.stderr[-3000:]
     return out, r
 
@@ -104,7 +126,7 @@ def test_compare_shows_two_runs_side_by_side(ladder, tmp_path):
             w = csv.DictWriter(f, fieldnames=header)
             w.writeheader()
             w.writerows(rows)
-    r = run_cli(["bench", "--compare", str(a), str(b), "--out", str(tmp_path / "cmp")], tmp_path)
+    r = run_bench(["bench", "--compare", str(a), str(b), "--out", str(tmp_path / "cmp")], tmp_path)
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "cmp" / "compare.md").read_text()
     assert md in r.stdout
@@ -114,7 +136,7 @@ def test_compare_shows_two_runs_side_by_side(ladder, tmp_path):
     # without --out the Markdown goes under --out-dir's bench/, not the current folder
     here = tmp_path / "here"
     here.mkdir()
-    r = run_cli(["bench", "--compare", str(a), str(b), "--out-dir", str(tmp_path / "o")], here)
+    r = run_bench(["bench", "--compare", str(a), str(b), "--out-dir", str(tmp_path / "o")], here)
     assert r.returncode == 0, r.stderr
     assert list(here.iterdir()) == []
     assert (tmp_path / "o" / "bench" / "compare-a-vs-b.md").read_text() == md
@@ -123,7 +145,7 @@ def test_compare_shows_two_runs_side_by_side(ladder, tmp_path):
 def test_compare_names_a_csv_that_is_not_a_ladder(tmp_path):
     bad = tmp_path / "x.csv"
     bad.write_text("a,b\n1,2\n")
-    r = run_cli(["bench", "--compare", str(bad), str(bad)], tmp_path)
+    r = run_bench(["bench", "--compare", str(bad), str(bad)], tmp_path)
     assert r.returncode == 2
     assert "x.csv: missing column(s) name, status, images_per_s, step_ms" in r.stderr
     assert "Traceback" not in r.stderr
@@ -131,7 +153,7 @@ def test_compare_names_a_csv_that_is_not_a_ladder(tmp_path):
 
 def test_claims_preset_gives_every_claim_a_verdict(tmp_path):
     out = tmp_path / "claims"
-    r = run_cli(["bench", "--preset", "claims", *TINY, "--only", "collate_speed", "--out", str(out)], tmp_path)
+    r = run_bench(["bench", "--preset", "claims", *TINY, "--only", "collate_speed", "--out", str(out)], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     header, rows = read_rows(out / "claims.csv")
     assert header == CLAIM_COLUMNS
@@ -160,8 +182,8 @@ def test_a_ladder_whose_budget_ran_no_rung_runs_no_ddp_rows_and_is_refused(tmp_p
     """No rung measured means no batch the ladder ran (auto stays 0 on a GPU): the DDP rows are not started, and
     the budget that measured nothing is refused in one line (exit 2) with nothing written; it ended 0."""
     out = tmp_path / "b"
-    r = run_cli(["bench", *TINY, "--only", "baseline", "--budget-s", "0.001", "--ddp", "1", "--out", str(out)],
-                cwd=tmp_path, timeout=120)  # fmt: skip
+    r = run_bench(["bench", *TINY, "--only", "baseline", "--budget-s", "0.001", "--ddp", "1", "--out", str(out)],
+                  tmp_path)  # fmt: skip
     assert r.returncode == 2, r.stderr[-3000:]
     assert r.stderr.splitlines()[-1].startswith(
         "cnnpar: error: bench --budget-s 0.001: spent before the first rung could start (1 of 1 rung(s) not started "
