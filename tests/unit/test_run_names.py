@@ -6,20 +6,39 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from cnnpar.cli import main
 from cnnpar.config import Config, DataConfig, RunConfig
 from cnnpar.dist import DistInfo
 from cnnpar.engine.rundir import resolve_run
 from cnnpar.errors import ConfigError, UserError
-from tests.conftest import run_cli
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 CPU_INFO = DistInfo(0, 0, 1, torch.device("cpu"))
 TINY = (
     "--data synthetic --image-shape 1x8x8 --synthetic-samples 64 --epochs 1 --max-steps 1 --workers 0 --no-progress"
 ).split()
+
+
+@pytest.fixture
+def in_process(monkeypatch, capsys):
+    """`cnnpar ARGS` run in this process in folder `cwd` (each test's work is a refusal or a one-step train: none
+    needs a process of its own): the exit code and what it printed, as a finished subprocess gives them."""
+
+    def _run(args: list[str], cwd: Path) -> SimpleNamespace:
+        capsys.readouterr()
+        with monkeypatch.context() as m:
+            m.chdir(cwd)
+            code = main(args)
+        said = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=said.out, stderr=said.err)
+
+    return _run
 
 
 @pytest.mark.parametrize("name", ["..", ".", "../escape", "x/../../y", "a/b", "/abs", "nul\0byte", "a" * 256])
@@ -33,11 +52,11 @@ def test_odd_but_single_folder_names_stand(name):
     assert RunConfig(name=name).name == name
 
 
-def test_train_with_name_dotdot_writes_nothing_outside_out_dir(tmp_path):
+def test_train_with_name_dotdot_writes_nothing_outside_out_dir(tmp_path, in_process):
     (tmp_path / "work").mkdir()
     before = sorted(p.name for p in (tmp_path / "work").iterdir())
     for name in ("..", "../escape", "x/../../y", "é" * 130):
-        r = run_cli(["train", *TINY, "--out-dir", "runs", "--name", name], tmp_path / "work")
+        r = in_process(["train", *TINY, "--out-dir", "runs", "--name", name], tmp_path / "work")
         assert r.returncode == 2, r.stderr
         assert r.stderr.strip().count("\n") == 0 and "--name" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == before
@@ -74,26 +93,26 @@ def test_a_run_folder_that_is_inside_or_holds_the_data_is_refused(tmp_path, monk
             resolve_run(cfg, CPU_INFO)
 
 
-def test_the_data_folder_is_never_written_into_by_train(tmp_path):
+def test_the_data_folder_is_never_written_into_by_train(tmp_path, in_process):
     from PIL import Image
 
     for c in "ab":
         (tmp_path / "imgs" / c).mkdir(parents=True)
         for i in range(4):
             Image.new("L", (8, 8), 40 * i).save(tmp_path / "imgs" / c / f"{i}.png")
-    r = run_cli(["train", "--data", "imgs", "--epochs", "1", "--workers", "0", "--no-progress", "--out-dir", ".",
+    r = in_process(["train", "--data", "imgs", "--epochs", "1", "--workers", "0", "--no-progress", "--out-dir", ".",
                  "--name", "imgs"], tmp_path)  # fmt: skip
     assert r.returncode == 2 and "the run folder is the --data imgs" in r.stderr, r.stderr
     assert sorted(p.name for p in (tmp_path / "imgs").iterdir()) == ["a", "b"]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="a file name that is not UTF-8: Linux takes any bytes")
-def test_a_path_that_is_not_utf8_is_refused_before_the_run_folder_is_made(tmp_path):
+def test_a_path_that_is_not_utf8_is_refused_before_the_run_folder_is_made(tmp_path, in_process):
     latin = "caf\udce9"  # b"caf\xe9" as the OS hands it over
     for flag, value, field in (("--name", latin, "run.name"), ("--out-dir", latin, "run.out_dir")):
         args = ["train", *TINY, "--out-dir", "runs", "--name", "r"]
         args[args.index(flag) + 1] = value
-        r = run_cli(args, tmp_path)
+        r = in_process(args, tmp_path)
         assert r.returncode == 2, r.stderr
         assert f"{field} ({flag}) = 'caf\\xe9': not UTF-8" in r.stderr and "Traceback" not in r.stderr
     (tmp_path / latin).mkdir()
@@ -104,23 +123,22 @@ def test_a_path_that_is_not_utf8_is_refused_before_the_run_folder_is_made(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == [latin]  # no runs/ made
 
 
-def test_a_run_named_a_slash_b_before_names_were_checked_still_resumes(tmp_path):
-    r = run_cli(["train", *TINY, "--out-dir", "runs/a", "--name", "b"], tmp_path)
+def test_a_run_named_a_slash_b_before_names_were_checked_still_resumes(tmp_path, in_process):
+    r = in_process(["train", *TINY, "--out-dir", "runs/a", "--name", "b"], tmp_path)
     assert r.returncode == 0, r.stderr
     record = tmp_path / "runs" / "a" / "b" / "config.toml"
     text = record.read_text()
     assert 'out_dir = "runs/a"\nname = "b"' in text
     record.write_text(text.replace('out_dir = "runs/a"\nname = "b"', 'out_dir = "runs"\nname = "a/b"'))
-    r = run_cli(["train", "--resume", "runs/a/b", "--epochs", "2", "--workers", "0", "--no-progress"], tmp_path)
+    r = in_process(["train", "--resume", "runs/a/b", "--epochs", "2", "--workers", "0", "--no-progress"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "(epoch 2, resumed)" in r.stdout + r.stderr
     assert Path(tmp_path / "runs" / "a" / "b" / "ckpt" / "last.pt").is_file()
 
 
-def test_commands_printed_for_pasting_quote_a_path_with_spaces_and_quotes(tmp_path):
+def test_commands_printed_for_pasting_quote_a_path_with_spaces_and_quotes(tmp_path, in_process):
     """`cnnpar train --resume runs sp/my run` pasted resumed `runs` with `sp/my` and `run` left over."""
     import shlex
-    from types import SimpleNamespace
 
     from PIL import Image
 
@@ -129,7 +147,7 @@ def test_commands_printed_for_pasting_quote_a_path_with_spaces_and_quotes(tmp_pa
     from cnnpar.engine.rundir import no_checkpoint_there
     from cnnpar.engine.trainer import Trainer
 
-    r = run_cli(["train", *TINY, "--out-dir", "runs dir", "--name", "my 'run'"], tmp_path)
+    r = in_process(["train", *TINY, "--out-dir", "runs dir", "--name", "my 'run'"], tmp_path)
     assert r.returncode == 0, r.stderr
     run_dir = tmp_path / "runs dir" / "my 'run'"
     assert "--logdir 'runs dir')" in r.stdout + r.stderr  # installed or not, the line names the command
@@ -154,28 +172,28 @@ def test_commands_printed_for_pasting_quote_a_path_with_spaces_and_quotes(tmp_pa
         (tmp_path / "im" / c).mkdir(parents=True)
         for i in range(3):
             Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(tmp_path / "im" / c / f"{i}.png")
-    r = run_cli(["prepare", "im", "--out", 'st ore, "q".cnnpar', "--no-progress"], tmp_path)
+    r = in_process(["prepare", "im", "--out", 'st ore, "q".cnnpar', "--no-progress"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "train with: cnnpar train --data 'st ore, \"q\".cnnpar'" in r.stdout
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="a file name that is not UTF-8: Linux takes any bytes")
-def test_a_resume_of_a_run_moved_to_a_folder_that_is_not_utf8_is_refused_and_leaves_its_record(tmp_path):
-    r = run_cli(["train", *TINY, "--out-dir", "runs", "--name", "r"], tmp_path)
+def test_a_resume_of_a_run_moved_to_a_folder_that_is_not_utf8_is_refused_and_leaves_its_record(tmp_path, in_process):
+    r = in_process(["train", *TINY, "--out-dir", "runs", "--name", "r"], tmp_path)
     assert r.returncode == 0, r.stderr
     moved = tmp_path / "runs" / "caf\udce9"
     (tmp_path / "runs" / "r").rename(moved)
     record = (moved / "config.toml").read_bytes()
-    r = run_cli(["train", "--resume", str(moved), "--epochs", "2", "--workers", "0", "--no-progress"], tmp_path)
+    r = in_process(["train", "--resume", str(moved), "--epochs", "2", "--workers", "0", "--no-progress"], tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "run.out_dir (--out-dir) = '" not in r.stderr and "(--name)" not in r.stderr  # neither was typed
     assert f"--resume {tmp_path}/runs/caf\\xe9: its run folder" in r.stderr and "caf\\xe9 is not UTF-8" in r.stderr
     assert (moved / "config.toml").read_bytes() == record
 
 
-def test_an_empty_name_typed_is_refused_in_one_line(tmp_path):
+def test_an_empty_name_typed_is_refused_in_one_line(tmp_path, in_process):
     """`--name ""` trained under a new default name without a word ('' is the default name only in a file)."""
-    r = run_cli(["train", *TINY, "--out-dir", "runs", "--name", ""], tmp_path)
+    r = in_process(["train", *TINY, "--out-dir", "runs", "--name", ""], tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
         "cnnpar: error: run.name (--name) = '': expected one folder name inside --out-dir (leave --name out for a "
@@ -184,9 +202,9 @@ def test_an_empty_name_typed_is_refused_in_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_empty_resume_typed_is_refused_in_one_line(tmp_path):
+def test_an_empty_resume_typed_is_refused_in_one_line(tmp_path, in_process):
     """`--resume ""` (an unset shell variable) trained a new run under a new default name without a word."""
-    r = run_cli(["train", *TINY, "--out-dir", "runs", "--resume", ""], tmp_path)
+    r = in_process(["train", *TINY, "--out-dir", "runs", "--resume", ""], tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == (
         "cnnpar: error: run.resume (--resume) = '': expected a run folder, a checkpoint file or 'auto' (leave "
@@ -223,22 +241,22 @@ def test_a_run_stopped_before_its_first_checkpoint_says_how_it_starts_again(tmp_
     )
 
 
-def test_resume_auto_of_a_run_stopped_before_its_first_checkpoint_says_it_starts_from_epoch_1(tmp_path):
-    r = run_cli(["train", *TINY, "--out-dir", "runs", "--name", "x"], tmp_path)
+def test_resume_auto_of_a_run_stopped_before_its_first_checkpoint_says_it_starts_from_epoch_1(tmp_path, in_process):
+    r = in_process(["train", *TINY, "--out-dir", "runs", "--name", "x"], tmp_path)
     assert r.returncode == 0, r.stderr
     for kept in ("last.pt", "best.pt"):  # as a run stopped in its first epoch leaves it: config.toml, no checkpoint
         (tmp_path / "runs" / "x" / "ckpt" / kept).unlink()
-    r = run_cli(["train", "--resume", "auto", "--name", "x", "--out-dir", "runs", "--workers", "0"], tmp_path)
+    r = in_process(["train", "--resume", "auto", "--name", "x", "--out-dir", "runs", "--workers", "0"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "resume auto: runs/x has no finished epoch: starting it from epoch 1" in r.stdout + r.stderr
     assert "epoch 1/1" in r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("out_dir", ["x" * 300, "/".join(["y" * 200] * 20)])
-def test_an_out_dir_longer_than_the_system_takes_is_refused_before_anything_is_made(tmp_path, out_dir):
+def test_an_out_dir_longer_than_the_system_takes_is_refused_before_anything_is_made(tmp_path, out_dir, in_process):
     for resume in ("", "auto"):
         args = ["train", *TINY, "--out-dir", out_dir, "--name", "r"] + (["--resume", resume] if resume else [])
-        r = run_cli(args, tmp_path)
+        r = in_process(args, tmp_path)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("cnnpar: error: run.out_dir (--out-dir) = '")
         assert ("255 bytes" if len(out_dir) == 300 else "path limit is 4096") in r.stderr
