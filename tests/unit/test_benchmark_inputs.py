@@ -5,16 +5,40 @@ refused before any work, and nothing is written."""
 
 from __future__ import annotations
 
-import subprocess
+import runpy
 import sys
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from cnnpar.checkout import env_importing_this_checkout
 from cnnpar.errors import main_saying_user_errors
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _run_script(script: str, argv: list[str], monkeypatch, capsys) -> SimpleNamespace:
+    """`python benchmarks/SCRIPT ARGV` run in this process (its whole file, `__main__` block and all, as a fresh
+    interpreter runs it; each refusal comes before any work, so no process of its own is needed, and a subprocess
+    paid ~2 s of imports per case): its exit status and what it printed. An exception that escaped the script is
+    raised here, failing the test as its traceback on stderr did. What the script sets in the process on import
+    (sys.path) or on the way to its refusal (torch's threads, warning filters) is put back."""
+    capsys.readouterr()
+    threads = torch.get_num_threads()
+    with monkeypatch.context() as m, warnings.catch_warnings():
+        m.setattr(sys, "path", list(sys.path))
+        m.setattr(sys, "argv", [str(BENCHMARKS / script), *argv])
+        try:
+            runpy.run_path(str(BENCHMARKS / script), run_name="__main__")
+            code = 0  # it ran to its end without sys.exit
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            torch.set_num_threads(threads)
+    said = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=said.out, stderr=said.err)
 
 
 @pytest.mark.parametrize(
@@ -186,7 +210,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
         ),
     ],
 )
-def test_a_bad_input_is_one_line_and_exit_2(script, flags, said, tmp_path):
+def test_a_bad_input_is_one_line_and_exit_2(script, flags, said, tmp_path, monkeypatch, capsys):
     missing, out, pngs = tmp_path / "absent.npz", tmp_path / "out", tmp_path / "pngs"
     if "{pngs}" in flags:  # a folder holding one PNG, for a check that comes after the files are found
         from PIL import Image
@@ -194,13 +218,7 @@ def test_a_bad_input_is_one_line_and_exit_2(script, flags, said, tmp_path):
         pngs.mkdir()
         Image.new("RGB", (8, 8)).save(pngs / "a.png")
     argv = [f.format(missing=missing, out=out, tmp=tmp_path, pngs=pngs) for f in flags]
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *argv],
-        capture_output=True,
-        text=True,
-        env=env_importing_this_checkout(),
-        timeout=120,
-    )
+    done = _run_script(script, argv, monkeypatch, capsys)
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
