@@ -40,9 +40,10 @@ sys.exit(cli.main(sys.argv[1:]))
 
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
-def test_a_stop_keeps_the_finished_epochs_says_how_to_go_on_and_the_resume_finishes(tmp_path, sig):
+def test_a_stop_keeps_the_finished_epochs_says_how_to_go_on_and_the_resume_finishes(tmp_path, sig, monkeypatch):
     """SIGHUP (an SSH connection dropped, a terminal closed) ended the run at once, as a SIGKILL would: no line said
     what was kept or how to go on, and the exit status was a death by signal."""
+    # the stopped run is a process of its own (a real signal and its exit status); the resume runs in this one
     args = [*SMALL, "--epochs", "3", "--name", "t"]
     # as a terminal's own process would, whatever this one's SIGHUP is (a suite run under nohup ignores it)
     script = f"import signal; signal.signal(signal.{sig}, signal.SIG_DFL)\n" + STOPPED_IN_EPOCH_2
@@ -59,10 +60,8 @@ def test_a_stop_keeps_the_finished_epochs_says_how_to_go_on_and_the_resume_finis
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1"]
     assert json.loads((run / "summary.json").read_text())["finished"] is False
     assert not list((run / "ckpt").glob(".*.tmp"))
-    again = subprocess.run(
-        [sys.executable, "-m", "cnnpar", *SMALL, "--resume", "runs/t"], cwd=tmp_path, env=cli_env(), capture_output=True
-    )
-    assert again.returncode == 0, again.stderr
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--resume", "runs/t"]) == 0
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2", "3"]
 
 
@@ -267,14 +266,14 @@ def test_a_checkpoint_of_another_data_set_is_refused_naming_both(trained, capsys
 
 
 @pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
-def test_a_stopped_resume_leaves_a_summary_of_the_epochs_it_kept_marked_unfinished(tmp_path):
+def test_a_stopped_resume_leaves_a_summary_of_the_epochs_it_kept_marked_unfinished(tmp_path, monkeypatch):
     """A resume stopped in its second epoch left the first attempt's summary.json (2 epochs, its best) beside a
     metrics.csv and checkpoint of 3, and nothing in the folder said the run had stopped."""
+    # the first run and the last resume run in this process; the stopped resume in its own (a real SIGTERM)
     run = tmp_path / "runs" / "s"
-    first = subprocess.run(
-        [sys.executable, "-m", "cnnpar", *SMALL, "--epochs", "1", "--name", "s"], cwd=tmp_path, env=cli_env()
-    )
-    assert first.returncode == 0 and json.loads((run / "summary.json").read_text())["finished"] is True
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--epochs", "1", "--name", "s"]) == 0
+    assert json.loads((run / "summary.json").read_text())["finished"] is True
     stop_in_epoch_3 = STOPPED_IN_EPOCH_2.replace("epoch == 2", "epoch == 3")
     resumed = [*SMALL, "--resume", "runs/s", "--epochs", "4"]
     proc = subprocess.run(
@@ -285,19 +284,17 @@ def test_a_stopped_resume_leaves_a_summary_of_the_epochs_it_kept_marked_unfinish
     assert (summary["epochs"], summary["finished"]) == (2, False)
     assert [r["epoch"] for r in read_csv(run / "metrics.csv")] == ["1", "2"]
     assert summary["final_val_acc"] == pytest.approx(float(read_csv(run / "metrics.csv")[-1]["val_acc"]))
-    again = subprocess.run([sys.executable, "-m", "cnnpar", *SMALL, "--resume", "runs/s"], cwd=tmp_path, env=cli_env())
-    assert again.returncode == 0
+    assert main([*SMALL, "--resume", "runs/s"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["epochs"], summary["finished"]) == (4, True)
 
 
-def test_a_killed_resume_leaves_the_summary_of_its_checkpoint_not_the_earlier_attempts(tmp_path):
+def test_a_killed_resume_leaves_the_summary_of_its_checkpoint_not_the_earlier_attempts(tmp_path, monkeypatch):
     """SIGKILL runs no handler: the first attempt's summary.json (1 epoch) stayed beside a checkpoint of 2."""
+    # the first run in this process; the killed resume in its own (SIGKILL)
     run = tmp_path / "runs" / "k"
-    first = subprocess.run(
-        [sys.executable, "-m", "cnnpar", *SMALL, "--epochs", "1", "--name", "k"], cwd=tmp_path, env=cli_env()
-    )
-    assert first.returncode == 0 and (run / "summary.json").is_file()
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--epochs", "1", "--name", "k"]) == 0 and (run / "summary.json").is_file()
     killed_in_epoch_3 = STOPPED_IN_EPOCH_2.replace("epoch == 2", "epoch == 3").replace("SIGTERM", "SIGKILL")
     resumed = [*SMALL, "--resume", "runs/k", "--epochs", "4"]
     proc = subprocess.run([sys.executable, "-c", killed_in_epoch_3, *resumed], cwd=tmp_path, env=cli_env())
@@ -316,13 +313,15 @@ sys.exit(cli.main(sys.argv[2:]))
 """
 
 
-def test_a_checkpoint_that_cannot_be_written_stops_in_one_line_naming_the_file_the_cause_and_what_is_kept(tmp_path):
+def test_a_checkpoint_that_cannot_be_written_stops_in_one_line_naming_the_file_the_cause_and_what_is_kept(
+    tmp_path, monkeypatch
+):
     """A full disk or a file size limit ended the run in torch's two chained C++ stream errors, naming no file."""
+    # the first run in this process; the resume under the limit in its own: a file size limit holds for every file
+    # its process writes (pytest's among them), and is one a process cannot raise again past its hard limit
     run = tmp_path / "runs" / "f"
-    first = subprocess.run(
-        [sys.executable, "-m", "cnnpar", *SMALL, "--epochs", "1", "--name", "f"], cwd=tmp_path, env=cli_env()
-    )
-    assert first.returncode == 0
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--epochs", "1", "--name", "f"]) == 0
     size = (run / "ckpt" / "last.pt").stat().st_size
     resumed = [*SMALL, "--epochs", "2", "--resume", "runs/f"]
     proc = subprocess.run(
@@ -423,7 +422,9 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def test_a_kill_between_last_and_best_of_the_best_epoch_leaves_best_pt_holding_it_after_the_resume(tmp_path):
+def test_a_kill_between_last_and_best_of_the_best_epoch_leaves_best_pt_holding_it_after_the_resume(
+    tmp_path, monkeypatch
+):
     """A SIGKILL after the best epoch's last.pt was renamed into place, before its best.pt was written: the resume
     kept best.pt of an earlier epoch for good (where no later epoch beat the best), while summary.json gave the best
     epoch's accuracy, and predict --checkpoint runs/b/ckpt/best.pt predicted with the earlier epoch's weights."""
@@ -434,15 +435,10 @@ def test_a_kill_between_last_and_best_of_the_best_epoch_leaves_best_pt_holding_i
     last = torch.load(run / "ckpt" / "last.pt", weights_only=True)
     killed = last["epoch"]
     assert torch.load(run / "ckpt" / "best.pt", weights_only=True)["epoch"] < killed
-    # the resume trains nothing more (--epochs at the checkpoint's): best.pt is what the resume itself leaves
-    proc = subprocess.run(
-        [sys.executable, "-m", "cnnpar", *args, "--epochs", str(killed), "--resume", "runs/b"],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
+    # the resume trains nothing more (--epochs at the checkpoint's): best.pt is what the resume itself leaves (in
+    # this process: only the killed run needs one of its own)
+    monkeypatch.chdir(tmp_path)
+    assert main([*args, "--epochs", str(killed), "--resume", "runs/b"]) == 0
     best = torch.load(run / "ckpt" / "best.pt", weights_only=True)
     assert best["epoch"] == killed and "optimizer" not in best  # as that epoch's own write of it
     assert all(torch.equal(best["model"][k], t) for k, t in last["model"].items())
@@ -450,32 +446,26 @@ def test_a_kill_between_last_and_best_of_the_best_epoch_leaves_best_pt_holding_i
     assert summary["best_ckpt_epoch"] == killed and summary["best_val_acc"] == last["history"][-1]["val_acc"]
 
 
-# SIGTERM half-way through epoch 2, and a loader worker's death by it raised over it while it unwinds, as torch's
-# SIGCHLD handler raises it wherever the main thread is
-STOP_THEN_A_WORKERS_DEATH = """
-import sys
-from cnnpar import cli
-from cnnpar.engine import trainer
-from cnnpar.errors import Terminated
-def stop(epoch, step, steps, info):
-    if epoch == 2 and step == 1:
+def test_a_loader_workers_death_by_the_stop_raised_over_it_still_ends_as_a_stop(tmp_path, monkeypatch, capsys):
+    """`timeout` with loader workers: the run ended in a "RuntimeError: DataLoader worker ... is killed by signal:
+    Terminated" traceback, without its stop line."""
+    from cnnpar.errors import Terminated
+
+    # SIGTERM's Terminated half-way through epoch 2 (raised as its handler raises it: no signal is sent), and a loader
+    # worker's death by it raised over it while it unwinds, as torch's SIGCHLD handler raises it wherever the main
+    # thread is
+    def stop_then_a_workers_death():
         try:
             raise Terminated
         finally:
             raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Terminated. ")
-trainer.maybe_inject_fault = stop
-sys.exit(cli.main(sys.argv[1:]))
-"""
 
-
-def test_a_loader_workers_death_by_the_stop_raised_over_it_still_ends_as_a_stop(tmp_path):
-    """`timeout` with loader workers: the run ended in a "RuntimeError: DataLoader worker ... is killed by signal:
-    Terminated" traceback, without its stop line."""
-    args = [*SMALL, "--epochs", "3", "--name", "w"]
-    proc = run_cmd([sys.executable, "-c", STOP_THEN_A_WORKERS_DEATH, *args], tmp_path, timeout=600)
-    assert proc.returncode == 143, proc.stderr
-    assert "stopped: the checkpoint in runs/w holds epoch 1" in proc.stdout
-    assert "Traceback" not in proc.stderr and "killed by signal" not in proc.stderr
+    _a_fault_in_epoch_2(monkeypatch, stop_then_a_workers_death)
+    monkeypatch.chdir(tmp_path)
+    assert main([*SMALL, "--epochs", "3", "--name", "w"]) == 143
+    out, err = capsys.readouterr()
+    assert "stopped: the checkpoint in runs/w holds epoch 1" in out
+    assert "Traceback" not in err and "killed by signal" not in err
 
 
 def test_a_checkpoint_whose_weights_are_not_finite_is_refused_before_an_epoch_trains(trained, capsys):

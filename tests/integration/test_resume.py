@@ -6,12 +6,34 @@ import json
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from cnnpar.cli import main
 from cnnpar.engine.checkpoint import checkpoint_epoch
 from cnnpar.report.files import read_csv
 from tests.conftest import cli_env
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """`cnnpar ARGS` called in-process (cli.main, as a notebook calls it) in a fresh working folder: its exit code
+    and what it printed, as a completed subprocess gives them. (Named as conftest's subprocess `cli`, which it
+    replaces in this module: none of these runs needs a process of its own.)"""
+    monkeypatch.chdir(tmp_path)
+
+    def _run(*args: str) -> SimpleNamespace:
+        capsys.readouterr()  # only this call's output
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    _run.cwd = tmp_path
+    return _run
+
 
 EPOCHS = 4
 # Short epochs of 32 px digits still take far longer than the 10 ms polling below, so the kill
@@ -20,6 +42,7 @@ ARGS = ["train", "--epochs", str(EPOCHS), "--max-steps", "6", "--image-size", "3
 
 
 def test_sigkill_after_first_checkpoint_then_resume_finishes_every_epoch_once(cli):
+    # the killed run is a process of its own (SIGKILL); the resume runs in this one
     run = cli.cwd / "runs" / "killed"
     ckpt = run / "ckpt" / "last.pt"
     proc = subprocess.Popen(

@@ -2,17 +2,41 @@
 
 from __future__ import annotations
 
-import numpy as np
+import os
+from types import SimpleNamespace
 
+import numpy as np
+import pytest
+
+from cnnpar.cli import main
 from cnnpar.engine.checkpoint import load_checkpoint
 from cnnpar.report.files import read_csv
-from tests.conftest import run_cli
 from tests.datafiles import write_image_folder, write_npz, write_train_test_csv
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def run_cli(monkeypatch, capsys):
+    """`cnnpar ARGS` started in `cwd`, called in this process (cli.main, as a notebook calls it, which resolves a
+    relative --data against the working folder when it runs, as a process started there does): its exit code and
+    stderr, as a completed subprocess gives them."""
+    monkeypatch.chdir(os.getcwd())  # the working folder put back after the test
+
+    def _run(args: list[str], cwd) -> SimpleNamespace:
+        os.chdir(cwd)
+        capsys.readouterr()
+        code = main(args)
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return _run
+
 
 ARGS = ["--image-size", "16", "--batch-size", "8", "--workers", "0", "--no-progress", "--name", "r"]
 
 
-def _start_then_resume_elsewhere(tmp_path, data_args: list[str]):
+def _start_then_resume_elsewhere(run_cli, tmp_path, data_args: list[str]):
     start, other = tmp_path / "start", tmp_path / "other"
     other.mkdir(exist_ok=True)
     first = run_cli(["train", *data_args, "--epochs", "1", *ARGS], start)
@@ -22,15 +46,15 @@ def _start_then_resume_elsewhere(tmp_path, data_args: list[str]):
     return run, again
 
 
-def test_resume_from_another_folder_reads_the_npz_the_run_started_with(tmp_path):
+def test_resume_from_another_folder_reads_the_npz_the_run_started_with(run_cli, tmp_path):
     (tmp_path / "start").mkdir()
     write_npz(tmp_path / "start" / "d.npz", n_train=64, n_test=16)
-    run, again = _start_then_resume_elsewhere(tmp_path, ["--data", "d.npz"])
+    run, again = _start_then_resume_elsewhere(run_cli, tmp_path, ["--data", "d.npz"])
     assert again.returncode == 0, again.stderr
     assert [int(r["epoch"]) for r in read_csv(run / "metrics.csv")] == [1, 2]
 
 
-def test_resume_auto_from_another_folder_reads_the_image_folder(tmp_path):
+def test_resume_auto_from_another_folder_reads_the_image_folder(run_cli, tmp_path):
     write_image_folder(tmp_path / "start" / "photos", per_class=4)
     start, other = tmp_path / "start", tmp_path / "other"
     other.mkdir()
@@ -41,7 +65,7 @@ def test_resume_auto_from_another_folder_reads_the_image_folder(tmp_path):
     assert [int(r["epoch"]) for r in read_csv(start / "runs" / "r" / "metrics.csv")] == [1, 2]
 
 
-def test_an_old_record_without_its_start_folder_names_the_path_and_the_flag(tmp_path):
+def test_an_old_record_without_its_start_folder_names_the_path_and_the_flag(run_cli, tmp_path):
     (tmp_path / "start").mkdir()
     write_npz(tmp_path / "start" / "d.npz", n_train=64, n_test=16)
     start, other = tmp_path / "start", tmp_path / "other"
@@ -56,10 +80,10 @@ def test_an_old_record_without_its_start_folder_names_the_path_and_the_flag(tmp_
     assert run_cli(["train", "--resume", "runs/r", "--epochs", "2", "--no-progress"], start).returncode == 0
 
 
-def _resumes_on_the_start_folders_data(tmp_path, data_args: list[str], data: str):
+def _resumes_on_the_start_folders_data(run_cli, tmp_path, data_args: list[str], data: str):
     """Started in start/ on relative paths, resumed by absolute path from other/, which holds other data under the
     same names (a resume that read its paths from the working folder would train on, or refuse, those)."""
-    run, again = _start_then_resume_elsewhere(tmp_path, data_args)
+    run, again = _start_then_resume_elsewhere(run_cli, tmp_path, data_args)
     assert again.returncode == 0, again.stderr
     assert [int(r["epoch"]) for r in read_csv(run / "metrics.csv")] == [1, 2]
     meta = load_checkpoint(run / "ckpt" / "last.pt")["meta"]
@@ -76,18 +100,18 @@ def _flat_labelled(folder, names: list[str], bright: int) -> None:
     (folder / "labels.csv").write_text("id,label\n" + "".join(f"{n},{i % 2}\n" for i, n in enumerate(names)))
 
 
-def test_resume_from_another_folder_reads_the_relative_labels_csv(tmp_path):
+def test_resume_from_another_folder_reads_the_relative_labels_csv(run_cli, tmp_path):
     _flat_labelled(tmp_path / "start", [f"a{i}" for i in range(16)], 200)
     _flat_labelled(tmp_path / "other", [f"b{i}" for i in range(6)], 100)  # other ids: the start's images unlabelled
-    _resumes_on_the_start_folders_data(tmp_path, ["--data", "train", "--labels", "labels.csv"], "train")
+    _resumes_on_the_start_folders_data(run_cli, tmp_path, ["--data", "train", "--labels", "labels.csv"], "train")
 
 
-def test_resume_from_another_folder_reads_the_kaggle_csv(tmp_path):
+def test_resume_from_another_folder_reads_the_kaggle_csv(run_cli, tmp_path):
     (tmp_path / "start").mkdir()
     (tmp_path / "other").mkdir()
     write_train_test_csv(tmp_path / "start", n_train=64, n_test=8)
     write_train_test_csv(tmp_path / "other", n_train=24, n_test=8)
-    _resumes_on_the_start_folders_data(tmp_path, ["--data", "train.csv"], "train.csv")
+    _resumes_on_the_start_folders_data(run_cli, tmp_path, ["--data", "train.csv"], "train.csv")
 
 
 def _png_classes(root, per_class: int) -> None:
@@ -100,10 +124,10 @@ def _png_classes(root, per_class: int) -> None:
             Image.fromarray(np.full((12, 12, 3), 40 + 150 * k + i, np.uint8)).save(root / f"c{k}" / f"{i}.png")
 
 
-def test_resume_from_another_folder_reads_the_prepared_store(tmp_path):
+def test_resume_from_another_folder_reads_the_prepared_store(run_cli, tmp_path):
     _png_classes(tmp_path / "start" / "photos", per_class=8)
     _png_classes(tmp_path / "other" / "photos", per_class=3)
     for folder in ("start", "other"):
         made = run_cli(["prepare", "photos", "--out", "d.cnnpar", "--no-progress"], tmp_path / folder)
         assert made.returncode == 0, made.stderr
-    _resumes_on_the_start_folders_data(tmp_path, ["--data", "d.cnnpar"], "d.cnnpar")
+    _resumes_on_the_start_folders_data(run_cli, tmp_path, ["--data", "d.cnnpar"], "d.cnnpar")

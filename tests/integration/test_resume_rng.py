@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from cnnpar.cli import main
 from cnnpar.report.files import read_csv
 from tests.conftest import run_cmd
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TRAIN = [
     "train",
@@ -58,30 +61,41 @@ def explain(proc) -> str:
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
 
 
+def in_process(args: list[str], capsys) -> str:
+    """`cnnpar ARGS` called in this process (cli.main, as a notebook calls it), in the working folder; returns its
+    stdout, having checked its exit code. Only the run killed by CNNPAR_FAULT_KILL_AT_EPOCH needs a process of its own
+    (it sends itself SIGKILL)."""
+    capsys.readouterr()
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 0, f"exit {code}\n--- stdout\n{out[-3000:]}\n--- stderr\n{err[-3000:]}"
+    return out
+
+
 @pytest.mark.parametrize("loader", ["fast", "textbook"])
-def test_one_process_resumed_after_a_kill_is_bit_identical(tmp_path, loader):
-    """textbook: per-sample crops and flips drawn in DataLoader worker processes."""
+def test_one_process_resumed_after_a_kill_is_bit_identical(tmp_path, loader, monkeypatch, capsys):
+    """textbook: per-sample crops and flips drawn in DataLoader worker processes. The straight run and the resume run
+    in this process, the killed run in one of its own: the same numbers whichever process draws them."""
     py = [sys.executable, "-m", "cnnpar"]
-    straight = run_cmd([*py, *TRAIN, "--loader", loader, "--name", "straight"], tmp_path)
-    assert straight.returncode == 0, explain(straight)
+    monkeypatch.chdir(tmp_path)
+    in_process([*TRAIN, "--loader", loader, "--name", "straight"], capsys)
     killed = run_cmd([*py, *TRAIN, "--loader", loader, "--name", "k"], tmp_path, CNNPAR_FAULT_KILL_AT_EPOCH="3")
     assert killed.returncode == -9, explain(killed)  # SIGKILL half-way through epoch 3
     assert len(read_csv(tmp_path / "runs" / "k" / "metrics.csv")) == 2
-    resumed = run_cmd([*py, *TRAIN, "--loader", loader, "--name", "k", "--resume", "runs/k"], tmp_path)
-    assert resumed.returncode == 0, explain(resumed)
-    assert "resumed from" in resumed.stdout and "after epoch 2" in resumed.stdout
-    assert "RNG" not in resumed.stdout  # this checkpoint is of the per-epoch seeds: no note
+    resumed = in_process([*TRAIN, "--loader", loader, "--name", "k", "--resume", "runs/k"], capsys)
+    assert "resumed from" in resumed and "after epoch 2" in resumed
+    assert "RNG" not in resumed  # this checkpoint is of the per-epoch seeds: no note
     assert_identical(tmp_path / "runs" / "straight", tmp_path / "runs" / "k")
 
 
 SMALL = ["train", "--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--no-progress"]
 
 
-def _resumed_with_rng(tmp_path, rng: str | None, *flags: str):
-    """A 1-epoch run whose checkpoint's "rng" is set to `rng` (removed where None), resumed to 2 epochs."""
-    py = [sys.executable, "-m", "cnnpar"]
-    first = run_cmd([*py, *SMALL, "--epochs", "1", "--name", "old"], tmp_path)
-    assert first.returncode == 0, explain(first)
+def _resumed_with_rng(tmp_path, monkeypatch, capsys, rng: str | None, *flags: str) -> str:
+    """A 1-epoch run whose checkpoint's "rng" is set to `rng` (removed where None), resumed to 2 epochs: the
+    resume's stdout."""
+    monkeypatch.chdir(tmp_path)
+    in_process([*SMALL, "--epochs", "1", "--name", "old"], capsys)
     ckpt = tmp_path / "runs" / "old" / "ckpt" / "last.pt"
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
     if rng is None:
@@ -89,23 +103,23 @@ def _resumed_with_rng(tmp_path, rng: str | None, *flags: str):
     else:
         state["rng"] = rng
     torch.save(state, ckpt)
-    again = run_cmd([*py, *SMALL, "--epochs", "2", "--resume", "runs/old", *flags], tmp_path)
-    assert again.returncode == 0, explain(again)
-    return again
+    return in_process([*SMALL, "--epochs", "2", "--resume", "runs/old", *flags], capsys)
 
 
-def test_checkpoint_without_rng_scheme_still_resumes_with_a_note(tmp_path):
+def test_checkpoint_without_rng_scheme_still_resumes_with_a_note(tmp_path, monkeypatch, capsys):
     """A checkpoint written before per-epoch seeds (no "rng" key) resumes, and the log says its
     resumed epochs cannot repeat an uninterrupted run."""
-    again = _resumed_with_rng(tmp_path, None)
-    assert "after epoch 1" in again.stdout
-    assert "stores no RNG state" in again.stdout
+    again = _resumed_with_rng(tmp_path, monkeypatch, capsys, None)
+    assert "after epoch 1" in again
+    assert "stores no RNG state" in again
     assert len(read_csv(tmp_path / "runs" / "old" / "metrics.csv")) == 2
 
 
-def test_a_checkpoint_of_the_earlier_seed_scheme_and_a_changed_crop_scale_are_said_on_resume(tmp_path):
+def test_a_checkpoint_of_the_earlier_seed_scheme_and_a_changed_crop_scale_are_said_on_resume(
+    tmp_path, monkeypatch, capsys
+):
     """The per-sample keys became hashed (transforms.mix_seed): a checkpoint of the earlier scheme resumed without a
     word, and so did a --crop-min-scale other than the checkpoint's, though both change the crops drawn."""
-    again = _resumed_with_rng(tmp_path, "per-epoch seeds", "--crop-min-scale", "0.5")
-    assert "drew their augmentation by an earlier scheme (per-epoch seeds; now " in again.stdout
-    assert "--crop-min-scale 0.25 -> 0.5" in again.stdout
+    again = _resumed_with_rng(tmp_path, monkeypatch, capsys, "per-epoch seeds", "--crop-min-scale", "0.5")
+    assert "drew their augmentation by an earlier scheme (per-epoch seeds; now " in again
+    assert "--crop-min-scale 0.25 -> 0.5" in again
