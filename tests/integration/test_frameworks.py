@@ -4,6 +4,8 @@ Tiny data (the built-in digits, 256 training and 64 validation images, batch 32)
 file near a minute on 2 cores, most of it framework imports. Eight steps, not two: `compare` exits 1 for a run
 that ends at chance accuracy, and two steps left some frameworks at 17 %, near the 15 % line. PyTensor runs in
 FAST_COMPILE mode here, with no C compiler: FAST_RUN's first C compilation takes minutes on a fresh machine.
+`compare` itself runs by `main` in this process (it starts every runner as a subprocess of its own anyway), with
+the one-thread environment the CLI subprocesses get, which its runners inherit.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import importlib.util
 
 import pytest
 
+from cnnpar.cli import main
 from cnnpar.frameworks.spec import CSV_COLUMNS, FRAMEWORKS, csv_name, read_result_csv
 
 TINY = ["--max-train", "256", "--max-val", "64", "--batch-size", "32", "--epochs", "1"]
@@ -24,20 +27,39 @@ def installed(name: str) -> bool:
     return all(importlib.util.find_spec(p) is not None for p in FRAMEWORKS[name].needs)
 
 
+@pytest.fixture
+def compare(tmp_path, monkeypatch, capsys):
+    """`cnnpar compare ARGS` by `main` in this process, from tmp_path: (exit code, out, err). Its runners get the
+    environment a CLI subprocess of the tests has (conftest.cli_env: one OpenMP thread), with `env` added."""
+
+    def _run(*args: str, **env: str) -> tuple[int, str, str]:
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        capsys.readouterr()
+        rc = main(["compare", *args])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    _run.cwd = tmp_path
+    return _run
+
+
 @pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
-def test_compare_every_framework_one_epoch(cli):
+def test_compare_every_framework_one_epoch(compare):
     names = list(FRAMEWORKS)
-    args = ["compare", "--frameworks", ",".join(names), *TINY, "--out", "res"]
-    r = cli(*args, timeout=600, PYTENSOR_MODE="FAST_COMPILE", PYTENSOR_FLAGS="cxx=")  # no C compiler at all
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    out = cli.cwd / "res"
+    args = ["--frameworks", ",".join(names), *TINY, "--out", "res"]
+    rc, stdout, stderr = compare(*args, PYTENSOR_MODE="FAST_COMPILE", PYTENSOR_FLAGS="cxx=")  # no C compiler at all
+    assert rc == 0, stdout[-3000:] + stderr[-3000:]
+    out = compare.cwd / "res"
     table = (out / "cnn2d_3layer_fullconnected_3layer_summary.md").read_text()
     losses = {}
     for name in names:
         fw = FRAMEWORKS[name]
         if not installed(name):
             assert f"| {name} | skipped |" in table
-            assert f"compare: skipping {name}:" in r.stdout
+            assert f"compare: skipping {name}:" in stdout
             continue
         assert f"| {name} | ok |" in table
         header, rows = read_result_csv(out / csv_name(fw))
@@ -68,18 +90,18 @@ def test_compare_every_framework_one_epoch(cli):
 @pytest.mark.skipif(
     not installed("keras-jax"), reason="keras and jax are not installed (pip install 'cnnpar[keras,jax]')"
 )
-def test_keras_jax_data_parallel_on_two_virtual_devices(cli):
-    r = cli("compare", "--frameworks", "keras-jax", *TINY, "--devices", "2", "--out", "res", timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    header, rows = read_result_csv(cli.cwd / "res" / csv_name(FRAMEWORKS["keras-jax"]))
+def test_keras_jax_data_parallel_on_two_virtual_devices(compare):
+    rc, stdout, stderr = compare("--frameworks", "keras-jax", *TINY, "--devices", "2", "--out", "res")
+    assert rc == 0, stdout[-3000:] + stderr[-3000:]
+    header, rows = read_result_csv(compare.cwd / "res" / csv_name(FRAMEWORKS["keras-jax"]))
     assert header["devices_used"] == "2"
     assert header["parallelism"].startswith("keras.distribution.DataParallel over ")
-    assert f"{'keras-jax':<18} {'-':>16}   2 dev  val acc " in r.stdout  # the console says the devices it ran on
+    assert f"{'keras-jax':<18} {'-':>16}   2 dev  val acc " in stdout  # the console says the devices it ran on
     assert header["parallelism"].count("CpuDevice") == 2 or header["parallelism"].count(",") == 1
     assert len(rows) == 1 and float(rows[0]["images_per_s"]) > 0
 
 
-def test_compare_rejects_unknown_framework(cli):
-    r = cli("compare", "--frameworks", "torch,lasagne", "--out", "res")
-    assert r.returncode == 2
-    assert "unknown lasagne" in r.stderr and "Traceback" not in r.stderr
+def test_compare_rejects_unknown_framework(compare):
+    rc, _, stderr = compare("--frameworks", "torch,lasagne", "--out", "res")
+    assert rc == 2
+    assert "unknown lasagne" in stderr and "Traceback" not in stderr

@@ -13,6 +13,8 @@ import pytest
 from cnnpar.cli import main
 from cnnpar.report.files import read_csv
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SMALL_DATA = ["--data", "synthetic", "--image-shape", "1x8x8", "--synthetic-samples", "30", "--workers", "0",
               "--model", "cnn3", "--device", "cpu", "--batch-size", "16"]  # fmt: skip
 DOCTOR = ["doctor", *SMALL_DATA, "--warmup-steps", "1", "--measure-steps", "2", "--try", "0"]

@@ -9,11 +9,16 @@ import tomllib
 
 import pytest
 
+from cnnpar.cli import main
 from cnnpar.config import from_dict
 from tests.datafiles import write_first_batch_failures
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-def test_tune_command_ends_within_its_budget_and_writes_a_config_train_accepts(cli):
+
+def test_tune_command_ends_within_its_budget_and_writes_a_config_train_accepts(cli, monkeypatch):
+    """The tune is a subprocess: a command line's budget counts from its process's start, interpreter and imports
+    included (cli.budget_start), which `main` called in this process does not."""
     out = cli.cwd / "tuned.toml"
     start = time.monotonic()
     # the start may take the whole budget (a child imports torch: 5-15 s on a loaded 2-core machine);
@@ -35,19 +40,26 @@ def test_tune_command_ends_within_its_budget_and_writes_a_config_train_accepts(c
     assert {r["status"] for r in rows[1:]} <= {"kept", "ok", "failed", "cut off", "skipped", "agrees", "unsteady"}
     cfg = from_dict(tomllib.loads(out.read_text()))  # a valid config tree, every field checked
     assert cfg.model.name == "cnn3" and cfg.speed.precision != "auto"  # resolved, as the trial ran
-    train = cli("train", "--config", str(out), "--epochs", "1", "--max-steps", "2", "--no-progress")
-    assert train.returncode == 0, train.stderr
+    monkeypatch.chdir(cli.cwd)  # the train, by `main` here: whether it accepts the file needs no process of its own
+    assert main(["train", "--config", str(out), "--epochs", "1", "--max-steps", "2", "--no-progress"]) == 0
 
 
 @pytest.mark.parametrize("case", ["one_image", "corrupt_images"])
-def test_tune_on_data_that_fails_at_the_first_batch_stops_with_its_error_and_writes_nothing(cli, case):
+def test_tune_on_data_that_fails_at_the_first_batch_stops_with_its_error_and_writes_nothing(
+    tmp_path, monkeypatch, capsys, case
+):
     """It exited 1 with a tuned.csv holding the failed start alone and, for images a DataLoader worker failed to
-    decode, "DataError: Caught DataError in DataLoader worker process 0." in place of the file's name."""
-    data, error = write_first_batch_failures(cli.cwd / "in")[case]
-    out = cli.cwd / "out" / "tuned.toml"
-    res = cli("tune", "--budget-s", "60", "--steps", "2", "--repeats", "2", "--batch-size", "4", "--workers", "1",
-              "--data", str(data), "--device", "cpu", "--out", str(out))  # fmt: skip
-    assert res.returncode == 2, res.stderr
-    err = res.stderr.strip().splitlines()
+    decode, "DataError: Caught DataError in DataLoader worker process 0." in place of the file's name. (The tune runs
+    by `main` here; its start trial is still a child process of its own.)"""
+    data, error = write_first_batch_failures(tmp_path / "in")[case]
+    out = tmp_path / "out" / "tuned.toml"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # for its trial's child, as conftest.cli_env gives a CLI subprocess
+    capsys.readouterr()
+    rc = main(["tune", "--budget-s", "60", "--steps", "2", "--repeats", "2", "--batch-size", "4", "--workers", "1",
+               "--data", str(data), "--device", "cpu", "--out", str(out)])  # fmt: skip
+    stderr = capsys.readouterr().err
+    assert rc == 2, stderr
+    err = stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"cnnpar: error: {error}"), err
-    assert not (cli.cwd / "out").exists()  # no trials file, nor the folder made for it
+    assert not (tmp_path / "out").exists()  # no trials file, nor the folder made for it
