@@ -8,17 +8,32 @@ import sys
 import pytest
 
 from cnnpar.report.files import read_csv
-from tests.conftest import REPO, run_cmd
+from tests.conftest import REPO
+from tests.dist.test_torchrun_cli import environment_of_a_subprocess
+
+# the ladder of `cnnpar bench` trains in this process
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
+def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path, monkeypatch, capfd):
+    """The script runs in this process (runpy, as `python benchmarks/ddp_scaling.py` runs it): only its torchrun
+    launches, one per world size, need processes of their own."""
+    import runpy
+
     out = tmp_path / "scaling"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "ddp_scaling.py"), "--device", "cpu", "--model", "cnn3"]
-    cmd += ["--image-size", "16", "--num-classes", "10", "--batch-size", "8", "--steps", "2", "--repeats", "1"]
-    cmd += ["--real-samples", "32", "--out", str(out)]
-    cmd += ["--ddp-bucket-mb", "0.5", "--ddp-static-graph", "on", "--ddp-broadcast-buffers", "off"]  # issue 13's
-    proc = run_cmd(cmd, tmp_path, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    script = str(REPO / "benchmarks" / "ddp_scaling.py")
+    argv = [script, "--device", "cpu", "--model", "cnn3"]
+    argv += ["--image-size", "16", "--num-classes", "10", "--batch-size", "8", "--steps", "2", "--repeats", "1"]
+    argv += ["--real-samples", "32", "--out", str(out)]
+    argv += ["--ddp-bucket-mb", "0.5", "--ddp-static-graph", "on", "--ddp-broadcast-buffers", "off"]  # issue 13's
+    environment_of_a_subprocess(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", argv)
+    monkeypatch.setattr("sys.path", list(sys.path))  # the script puts its checkout first
+    with pytest.raises(SystemExit) as ended:
+        runpy.run_path(script, run_name="__main__")
+    said = capfd.readouterr()
+    assert ended.value.code == 0, said.out[-3000:] + said.err[-3000:]
 
     rows = read_csv(out.with_suffix(".csv"))
     assert [int(r["world_size"]) for r in rows] == [1, 2]
@@ -44,15 +59,19 @@ def test_cpu_path_runs_world_sizes_1_and_2_and_writes_csv_and_json(tmp_path):
     assert report["ended_at"] is None  # every world size asked for was measured
 
 
-def test_bench_ddp_flag_adds_rows_beside_the_ladder(tmp_path):
-    from tests.conftest import run_cli
+def test_bench_ddp_flag_adds_rows_beside_the_ladder(tmp_path, monkeypatch, capfd):
+    """`cnnpar bench` runs in this process; its --ddp rows come from torchrun launches of their own."""
+    from cnnpar.cli import main
 
     out = tmp_path / "bench"
     args = ["bench", "--device", "cpu", "--image-size", "8", "--batch-size", "8", "--warmup-steps", "1"]
     args += ["--data", "synthetic", "--image-shape", "1x8x8", "--num-classes", "4", "--optimizer", "adamw"]
     args += ["--timed-steps", "2", "--repeats", "1", "--only", "baseline", "--ddp", "1,2", "--out", str(out)]
-    proc = run_cli(args, tmp_path, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    environment_of_a_subprocess(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    code = main(args)
+    said = capfd.readouterr()
+    assert code == 0, said.out[-3000:] + said.err[-3000:]
     assert (out / "ladder.csv").is_file()
     rows = read_csv(out / "ddp.csv")
     assert [int(r["world_size"]) for r in rows] == [1, 2]

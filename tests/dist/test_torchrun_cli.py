@@ -1,5 +1,8 @@
 """`cnnpar train` under real torchrun launches (CPU, gloo): restarts, two "nodes", the debug
-switch and who prints. (A failing rank being named is checked inside tests/dist/checks.py.)"""
+switch and who prints. (A failing rank being named is checked inside tests/dist/checks.py.)
+
+torchrun and its ranks are processes of their own; where a test runs `cnnpar train --nproc N`, the launcher runs in
+this process (cli_here) unless the test signals it."""
 
 from __future__ import annotations
 
@@ -69,6 +72,37 @@ def worker_log(logs: Path, attempt: int, local_rank: int, stream: str) -> str:
     """torchrun --redirects 3 --log-dir LOGS keeps LOGS/<job>/attempt_<n>/<local rank>/std{out,err}.log."""
     (path,) = logs.glob(f"*/attempt_{attempt}/{local_rank}/{stream}.log")
     return path.read_text()
+
+
+def environment_of_a_subprocess(monkeypatch, **extra: str) -> None:
+    """This process's environment made the one `cli_env` gives a subprocess: this checkout on PYTHONPATH (for
+    torchrun's workers: cnnpar is installed from another checkout), one OpenMP thread, no CNNPAR_ or rank variables."""
+    wanted = cli_env(**extra)
+    for name in [k for k in os.environ if k not in wanted]:
+        monkeypatch.delenv(name)
+    for name, value in wanted.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture
+def cli_here(tmp_path, monkeypatch, capfd):
+    """As conftest's `cli`, with `cnnpar` itself run in this process (cli.main): its launcher starts torchrun's
+    workers as the command does, in `tmp_path` with a subprocess's environment; what it and its workers wrote to
+    stdout and stderr (fds 1 and 2) comes back in a CompletedProcess with main's exit status. Saves the launcher's
+    own interpreter and imports (3-4 s of CPU a test); a test whose launcher takes a signal keeps a process."""
+    from cnnpar.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
+        environment_of_a_subprocess(monkeypatch, **env)
+        capfd.readouterr()
+        code = main(list(args))
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(["cnnpar", *args], code, out, err)
+
+    _run.cwd = tmp_path
+    return _run
 
 
 def free_port() -> int:
@@ -200,16 +234,21 @@ def test_debug_switch_under_torchrun_runs_one_process(tmp_path):
     assert worker_log(logs, 0, 1, "stdout") == ""  # the surplus worker left at once
 
 
-def test_nproc_starts_torchrun_for_this_machine(cli):
-    proc = cli("train", "--nproc", "2", "--epochs", "1", "--max-steps", "2", "--no-progress")
+def test_nproc_starts_torchrun_for_this_machine(cli_here):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as warned:  # the launcher's own: a subprocess printed them on stderr
+        warnings.simplefilter("always")
+        proc = cli_here("train", "--nproc", "2", "--epochs", "1", "--max-steps", "2", "--no-progress")
     assert proc.returncode == 0, proc.stderr
+    assert not [w for w in warned if issubclass(w.category, FutureWarning) or "is deprecated" in str(w.message)]
     assert "-m cnnpar.torchrun --standalone --nproc_per_node=2 -m -- cnnpar train" in proc.stdout
     # torch 2.14 warns, once per rank, about TORCH_NCCL_TRACE_BUFFER_SIZE (cnnpar's launcher sets the flight
     # recorder's names by the torch in use) and about DDP's `broadcast_buffers` (apply_ddp spells it likewise)
     assert "is deprecated" not in proc.stderr and "FutureWarning" not in proc.stderr, proc.stderr
     # what DDP runs with, read off the module: torch's own bucket size and switches by default
     assert "ddp: gradient buckets 25 MiB, static graph off, buffers sent from rank 0 every forward" in proc.stdout
-    run_dir = only_run_folder(cli.cwd)
+    run_dir = only_run_folder(cli_here.cwd)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2
     # the images both ranks trained, each counted once: 2 processes x 2 steps x the CPU's batch of 64
@@ -235,36 +274,36 @@ def test_nproc_starts_torchrun_for_this_machine(cli):
     ],
     ids=["model too small", "batchnorm of one"],
 )
-def test_a_refusal_every_rank_raises_at_start_up_is_said_once_with_one_process_exit_status(cli, flags, line):
+def test_a_refusal_every_rank_raises_at_start_up_is_said_once_with_one_process_exit_status(cli_here, flags, line):
     """Each rank printed `cnnpar: error: [rank R] ...` (two ranks' lines at times run together on one line),
     torchrun added its own failure lines, and the launcher ended 1 where one process ends 2."""
     args = ["--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--batch-size", "16"]
-    proc = cli("train", "--nproc", "2", *args, *flags, "--epochs", "1", "--no-progress", "--no-tensorboard")
+    proc = cli_here("train", "--nproc", "2", *args, *flags, "--epochs", "1", "--no-progress", "--no-tensorboard")
     assert proc.returncode == 2, explain(proc)
     assert proc.stderr == f"cnnpar: error: {line}\n", explain(proc)
-    assert not (cli.cwd / "runs").exists() or not any((cli.cwd / "runs").iterdir())
+    assert not (cli_here.cwd / "runs").exists() or not any((cli_here.cwd / "runs").iterdir())
 
 
-def test_a_refusal_under_nproc_1_is_said_once_with_one_process_exit_status(cli):
+def test_a_refusal_under_nproc_1_is_said_once_with_one_process_exit_status(cli_here):
     """`--nproc 1` (a 2-process run resumed on one, say) refused as --nproc 2 does: its one rank's refusal was
     followed by torchrun's line on that rank's exit and `cnnpar: rank 0 failed first (exit code 2)`, exit status 1."""
     args = ["--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--batch-size", "16"]
-    proc = cli("train", "--nproc", "1", *args, "--image-size", "4", "--epochs", "1", "--no-progress")
+    proc = cli_here("train", "--nproc", "1", *args, "--image-size", "4", "--epochs", "1", "--no-progress")
     assert proc.returncode == 2, explain(proc)
     line = "model cnn3: input images 4x4: expected at least 8x8 (its three 2x2 max-pools); give --image-size 8 or more"
     assert proc.stderr == f"cnnpar: error: {line}\n", explain(proc)
 
 
-def test_a_divergence_in_the_first_epoch_under_nproc_1_is_said_once_with_one_process_exit_status(cli):
+def test_a_divergence_in_the_first_epoch_under_nproc_1_is_said_once_with_one_process_exit_status(cli_here):
     """After the run folder's note, a refusal whose run folder went with it (training diverged in epoch 1) was
     followed by torchrun's line, `rank 0 failed first (exit code 2)` and "nothing to resume ...; start it again with
     the command that started it", exit status 1: one process says the error alone, exit 2."""
     args = ["--data", "synthetic", "--image-shape", "1x16x16", "--synthetic-samples", "64", "--batch-size", "16"]
-    proc = cli("train", "--nproc", "1", *args, "--lr", "1e12", "--epochs", "2", "--no-progress")
+    proc = cli_here("train", "--nproc", "1", *args, "--lr", "1e12", "--epochs", "2", "--no-progress")
     assert proc.returncode == 2, explain(proc)
     assert proc.stderr.startswith("cnnpar: error: epoch 1: train loss nan is not finite, training diverged: ")
     assert proc.stderr.count("\n") == 1 and "nothing to resume" not in proc.stdout, explain(proc)
-    assert not any((cli.cwd / "runs").iterdir())
+    assert not any((cli_here.cwd / "runs").iterdir())
 
 
 def test_the_launcher_hands_every_train_flag_to_cnnpar_not_to_torchrun():
@@ -302,6 +341,8 @@ def _stopped_after_a_checkpoint(cmd: list[str], tmp_path, name: str, stop, wait_
     return proc, out, err
 
 
+# The stop tests below keep `cnnpar` a process of its own (not cli_here): the launcher itself takes the signal, and
+# its exit status for it (128 + the signal) is checked.
 # the launcher alone, as `timeout` does; the launcher's group (torchrun and its ranks run in sessions of their own),
 # as a closing terminal does
 STOPS = {"SIGTERM": lambda p: p.send_signal(signal.SIGTERM), "SIGHUP": lambda p: os.killpg(p.pid, signal.SIGHUP)}
@@ -347,17 +388,17 @@ def test_ctrl_c_under_nproc_prints_the_epochs_kept_once(tmp_path):
 
 
 @pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
-def test_a_killed_worker_under_nproc_ends_with_the_epochs_kept_and_the_command_that_continues(cli):
+def test_a_killed_worker_under_nproc_ends_with_the_epochs_kept_and_the_command_that_continues(cli_here):
     """It ended with rank 0's traceback and torchrun's ChildFailedError traceback and FAILED block, and said
     nothing of the checkpoint; the line it now ends with continues the run."""
     args = ["--nproc", "2", "--epochs", "3", "--no-progress", "--no-tensorboard", "--name", "k"]
-    proc = cli("train", *args, CNNPAR_FAULT_KILL_AT_EPOCH="2")  # rank 1 SIGKILLs itself in epoch 2
+    proc = cli_here("train", *args, CNNPAR_FAULT_KILL_AT_EPOCH="2")  # rank 1 SIGKILLs itself in epoch 2
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "cnnpar: rank 1 failed first (killed by SIGKILL)" in proc.stderr
     assert "ChildFailedError" not in proc.stderr and "FAILED" not in proc.stderr
     end = "stopped: the checkpoint in runs/k holds epoch 1; continue with: cnnpar train --resume runs/k --nproc 2"
     assert proc.stdout.splitlines()[-1] == end
-    again = cli(*end.split("continue with: cnnpar ")[1].split(), "--no-progress")
+    again = cli_here(*end.split("continue with: cnnpar ")[1].split(), "--no-progress")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from runs/k/ckpt/last.pt after epoch 1" in again.stdout and "epoch 3/3" in again.stdout
 
@@ -490,12 +531,12 @@ def test_a_rank_that_stops_responding_is_named_and_the_rank_that_timed_out_is_no
 
 
 @pytest.mark.slow  # over 20 s on 2 CPU cores
-def test_a_rank_out_of_memory_under_nproc_says_one_line_and_the_other_rank_ends_quietly(cli):
+def test_a_rank_out_of_memory_under_nproc_says_one_line_and_the_other_rank_ends_quietly(cli_here):
     """The rank that ran out of memory says so in one line with its rank, what is kept and the resume with half the
     batch; the other rank, whose collective found its peer gone, ends as "another rank ended": each printed torch's
     traceback."""
     args = ["--nproc", "2", "--epochs", "3", "--batch-size", "32", "--no-progress", "--no-tensorboard", "--name", "m"]
-    proc = cli("train", *args, CNNPAR_FAULT_OOM_AT_EPOCH="2")  # rank 1 runs out of memory in epoch 2
+    proc = cli_here("train", *args, CNNPAR_FAULT_OOM_AT_EPOCH="2")  # rank 1 runs out of memory in epoch 2
     assert "Traceback" not in proc.stderr and "OutOfMemoryError" not in proc.stderr, proc.stderr[-3000:]
     (line,) = [ln for ln in proc.stderr.splitlines() if "ran out of memory" in ln]
     assert line.startswith("cnnpar: error: [rank 1] the training step ran out of memory: batch 32/process of ")

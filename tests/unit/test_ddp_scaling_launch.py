@@ -116,6 +116,20 @@ def test_the_module_run_on_its_own_says_a_user_error_in_one_line(tmp_path):
     assert "precision" in lines[0]
 
 
+def exit_status_of_the_module(argv: list[str], monkeypatch) -> int:
+    """The exit status of `python -m cnnpar.bench.ddp_scaling ARGV`, run in this process: its `__main__` is
+    `sys.exit(entry())`, and the interpreter ends a SystemExit of a message with that message on stderr and exit 1."""
+    monkeypatch.setattr("sys.argv", ["ddp_scaling", *argv])
+    try:
+        code = ddp_scaling.entry()
+    except SystemExit as e:
+        code = e.code
+    if code is None or isinstance(code, int):
+        return code or 0
+    print(code, file=sys.stderr)
+    return 1
+
+
 @pytest.mark.parametrize(
     "flags, said",
     [
@@ -125,16 +139,22 @@ def test_the_module_run_on_its_own_says_a_user_error_in_one_line(tmp_path):
         (["--device", "cuda", "--world-sizes", "1,4096"], "ddp_scaling: error: --world-sizes 1,4096: 4096 processes"),
     ],
 )
-def test_world_sizes_it_cannot_run_are_one_line_and_exit_2(flags, said, tmp_path):
+def test_world_sizes_it_cannot_run_are_one_line_and_exit_2(flags, said, tmp_path, monkeypatch, capsys):
     """A bad --world-sizes and more processes than GPUs ended in a SystemExit line and exit 1, as a failed launch
     does; `cnnpar bench --ddp` refuses both as user errors (exit 2). Refused before any torchrun starts."""
-    from cnnpar.checkout import env_importing_this_checkout
 
-    cmd = [sys.executable, "-m", "cnnpar.bench.ddp_scaling", *flags, "--out", str(tmp_path / "ddp")]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env_importing_this_checkout(), timeout=120)
-    assert (done.returncode, done.stdout) == (2, ""), done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(said), done.stderr
+    real = subprocess.Popen
+
+    def no_launch(cmd, **kw):  # torchrun's command alone: `import torch` runs ldconfig through Popen on some installs
+        assert "cnnpar.torchrun" not in cmd, f"a launch started: {cmd}"
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(ddp_scaling.subprocess, "Popen", no_launch)
+    code = exit_status_of_the_module([*flags, "--out", str(tmp_path / "ddp")], monkeypatch)
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said), err
     assert not list(tmp_path.iterdir())
 
 
