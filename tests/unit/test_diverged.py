@@ -247,8 +247,9 @@ def test_weights_that_diverge_in_an_epochs_last_steps_stop_the_run_at_its_evalua
 
 
 def test_fp16_logits_past_its_range_warn_while_the_weights_stay_finite(tmp_path, monkeypatch, capsys):
-    """Validation logits above fp16's 65,504 give an inf loss with finite weights (--lr 0.2 here: fp32's val loss
-    is 1e5); the run had been stopped as diverged, where before (and in fp32) it trained on."""
+    """Validation logits above fp16's 65,504 give an inf loss with finite weights (at --lr 0.2 fp32's val loss is 1e5;
+    here the evaluation's loss is made inf); the run had been stopped as diverged, where before (and in fp32) it
+    trained on."""
     evaluate = trainer_mod.Trainer.evaluate
 
     def overflowing_evaluation(self):
