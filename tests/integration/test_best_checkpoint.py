@@ -8,9 +8,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from cnnpar.engine.checkpoint import BEST, LAST
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # the runs below train in this process
 
 ARGS = [
     "--device",

@@ -1,5 +1,5 @@
-"""`cnnpar train` end to end in a subprocess: accuracy on the built-in digits, the run folder, and
-re-running the stored config.toml."""
+"""`cnnpar train` end to end (in-process through `cli.main`, and through a pipe in a subprocess): accuracy on the
+built-in digits, the run folder, and re-running the stored config.toml."""
 
 from __future__ import annotations
 
@@ -9,17 +9,22 @@ import math
 import subprocess
 import sys
 
+import pytest
+
 from cnnpar.cli import main
 from cnnpar.config import load_toml
 from cnnpar.presets import with_overrides
 from cnnpar.report.files import read_csv
 from tests.conftest import cli_env
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
-    p = cli("train", "--epochs", "3", "--name", "digits")
-    assert p.returncode == 0, p.stderr
-    run = cli.cwd / "runs" / "digits"
+
+def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the default --out-dir, runs/, and the relative --config below
+    assert main(["train", "--epochs", "3", "--name", "digits"]) == 0
+    out, err = capsys.readouterr()
+    run = tmp_path / "runs" / "digits"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["best_val_acc"] >= 0.90, summary
     for key in ("images_per_s", "train_s", "peak_mem_mb", "device", "torch", "git_rev"):
@@ -29,21 +34,21 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
     # on the CPU the memory figure is the process's resident memory, and the files say so
     assert summary["peak_mem_kind"] == "process_peak_rss"
     assert {r["peak_mem_kind"] for r in rows} == {"process_peak_rss"}
-    assert "lr 0.002 (not scaled with the world size: --lr-scaling none)" in p.stdout
+    assert "lr 0.002 (not scaled with the world size: --lr-scaling none)" in out
     assert max(float(r["val_acc"]) for r in rows) == summary["best_val_acc"]
     assert all(math.isfinite(float(r["train_loss"])) and float(r["images_per_s"]) > 0 for r in rows)
     assert (run / "ckpt" / "last.pt").is_file() and (run / "config.toml").is_file()
     # per-epoch console lines: loss, accuracy, images/s and the data-wait share
-    epoch_lines = [ln for ln in p.stdout.splitlines() if ln.startswith("epoch ")]
+    epoch_lines = [ln for ln in out.splitlines() if ln.startswith("epoch ")]
     assert len(epoch_lines) == 3 and all("img/s" in ln and "data wait" in ln for ln in epoch_lines)
-    assert "it/s]" not in p.stderr  # through a pipe: no progress bar, only the epoch lines
+    assert "it/s]" not in err  # stderr no terminal: no progress bar, only the epoch lines
     # the whole loop's rate, evaluations and checkpoints included: 22 full batches of 64 an epoch (drop_last)
     assert summary["images_trained"] == 3 * 22 * 64
     overall = summary["images_per_s_with_eval"]
     assert overall == summary["images_trained"] / summary["train_s"] and overall < max(
         float(r["images_per_s"]) for r in rows
     )
-    done = [ln for ln in p.stdout.splitlines() if ln.startswith("done:")]
+    done = [ln for ln in out.splitlines() if ln.startswith("done:")]
     assert len(done) == 1 and f"4,224 images trained in {summary['train_s']:.1f} s" in done[0], done
     # where the loop's time beyond the epochs went: each epoch's evaluation and checkpoint, timed and summed
     assert all("(eval " in ln and " data wait, checkpoint " in ln for ln in epoch_lines), epoch_lines
@@ -58,12 +63,13 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
         assert f"(eval {float(r['eval_s']):.2f} s incl. {float(r['eval_wait_s']):.2f} s data wait, checkpoint" in ln, ln
     assert f"evaluations {summary['eval_s']:.1f} s, checkpoints {summary['checkpoint_s']:.1f} s" in done[0], done
 
-    # The stored config re-runs: same settings, only what the command line overrides differs.
-    again = cli("train", "--config", "runs/digits/config.toml", "--name", "again", "--epochs", "1", "--no-progress")
-    assert again.returncode == 0, again.stderr
+    # The stored config re-runs: same settings, only what the command line overrides differs (--max-steps 2: the
+    # config is what is checked, not a second epoch's training).
+    again = ["--name", "again", "--epochs", "1", "--max-steps", "2", "--no-progress"]
+    assert main(["train", "--config", "runs/digits/config.toml", *again]) == 0
     first = load_toml(run / "config.toml")
-    second = load_toml(cli.cwd / "runs" / "again" / "config.toml")
-    assert second == with_overrides(first, run={"name": "again", "epochs": 1, "progress": False})
+    second = load_toml(tmp_path / "runs" / "again" / "config.toml")
+    assert second == with_overrides(first, run={"name": "again", "epochs": 1, "max_steps": 2, "progress": False})
     assert first.speed.device == "cpu"  # resolved, not "auto"
     assert first.speed.precision in ("fp32", "bf16") and first.speed.channels_last == "on"
     assert_nothing_left_auto(first)
@@ -71,8 +77,8 @@ def test_train_on_builtin_digits_reaches_90_percent_and_keeps_its_results(cli):
     assert "# requested: run.batch_size = auto" in text and "# requested: data.workers = auto" in text
     assert first.run.batch_size == 64 and first.data.image_size == 16 and first.data.num_classes == 10
     # the start of the run says what it trains on
-    assert "data: input 1x16x16, train 1,438, validation 359: a seeded 20% hold-out" in p.stdout
-    assert "classes: 10 (labels' max + 1)" in p.stdout and "batch 64/process" in p.stdout
+    assert "data: input 1x16x16, train 1,438, validation 359: a seeded 20% hold-out" in out
+    assert "classes: 10 (labels' max + 1)" in out and "batch 64/process" in out
 
 
 def assert_nothing_left_auto(cfg) -> None:
@@ -90,8 +96,9 @@ def assert_nothing_left_auto(cfg) -> None:
 
 
 def test_a_piped_log_gets_plain_lines_and_a_terminal_gets_the_bar(monkeypatch, tmp_path):
-    # bytes, not text: text mode would turn tqdm's \r into \n and hide what a log file receives
-    cmd = [sys.executable, "-m", "cnnpar", "train", "--epochs", "1", "--name", "piped"]
+    # a subprocess: what a real pipe on its file descriptors receives. Bytes, not text: text mode would turn tqdm's
+    # \r into \n and hide what a log file receives. --max-steps 3: a bar would be drawn from the first step
+    cmd = [sys.executable, "-m", "cnnpar", "train", "--epochs", "1", "--max-steps", "3", "--name", "piped"]
     p = subprocess.run(cmd, cwd=tmp_path, env=cli_env(), capture_output=True, timeout=120)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert b"\r" not in p.stdout and b"\r" not in p.stderr and b"it/s]" not in p.stderr

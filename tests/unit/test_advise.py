@@ -9,6 +9,8 @@ import pytest
 
 from cnnpar.doctor.advise import COMPUTE_BOUND, DATA_BOUND, HOST_BOUND, Facts, diagnose, recommend
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # the doctor runs below train in this process
+
 
 def tiny_synthetic(samples: int, workers: int = -1, compile: str = "auto"):
     """cnn3 on the CPU over `samples` synthetic 1x8x8 images, batch 16: a doctor run of a few seconds."""

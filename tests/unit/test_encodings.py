@@ -53,8 +53,10 @@ def test_printable_stdio_escapes_what_the_console_cannot_encode_and_gives_its_ha
 
 def test_a_run_named_cafe_trains_on_an_ascii_console(tmp_path):
     """The run folder's line stopped the run with a UnicodeEncodeError traceback after its folder was made."""
+    # a subprocess: the console's encoding (PYTHONIOENCODING) is fixed when the interpreter starts; --max-steps 2:
+    # the run folder's line comes at the end of any run, however short
     p = run_cli(
-        ["train", "--epochs", "1", "--out-dir", "runs", "--name", "café", "--no-tensorboard"],
+        ["train", "--epochs", "1", "--max-steps", "2", "--out-dir", "runs", "--name", "café", "--no-tensorboard"],
         tmp_path,
         PYTHONIOENCODING="ascii",
     )

@@ -32,6 +32,8 @@ from cnnpar.engine.trainer import Trainer
 from cnnpar.errors import DataError, UserError
 from tests.conftest import cli_env
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # the runs below train in this process (one beside a subprocess)
+
 CPU_INFO = DistInfo(0, 0, 1, torch.device("cpu"))
 
 

@@ -27,6 +27,8 @@ from cnnpar.errors import ConfigError, DataError
 from tests.conftest import run_cmd
 from tests.datafiles import write_image_folder
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # runs below train and predict in this process
+
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 MAX_SIDE = 32
 
@@ -483,18 +485,19 @@ def test_prepare_refuses_a_short_side_above_the_max_side_before_writing(photos, 
     assert cli_main(["prepare", str(folder), "--out", str(out), "--short-side", "8", "--max-side", "8"]) == 0
 
 
-def test_prepare_then_train_through_the_cli(photos, cli):
+def test_prepare_then_train_through_the_cli(photos, tmp_path, monkeypatch, capsys):
     folder, _ = photos
-    assert cli_main(["prepare", str(folder), "--out", str(cli.cwd / "x.cnnpar"), "--max-side", "40"]) == 0
-    header = StoreFile(cli.cwd / "x.cnnpar").header
+    monkeypatch.chdir(tmp_path)  # --data x.cnnpar relative, runs/ the default --out-dir
+    assert cli_main(["prepare", str(folder), "--out", str(tmp_path / "x.cnnpar"), "--max-side", "40"]) == 0
+    header = StoreFile(tmp_path / "x.cnnpar").header
     assert header["max_side"] == 40 and header["source"] == str(folder.resolve())
-    p = cli("train", "--data", "x.cnnpar", "--epochs", "1", "--model", "cnn3", "--image-size", "32",
-            "--batch-size", "2", "--name", "store", "--no-progress")  # fmt: skip
-    assert p.returncode == 0, p.stderr
-    run = cli.cwd / "runs" / "store"
+    capsys.readouterr()
+    assert cli_main(["train", "--data", "x.cnnpar", "--epochs", "1", "--model", "cnn3", "--image-size", "32",
+                     "--batch-size", "2", "--name", "store", "--no-progress"]) == 0  # fmt: skip
+    run = tmp_path / "runs" / "store"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["images_per_s"] > 0 and (run / "metrics.csv").is_file() and (run / "ckpt" / "last.pt").is_file()
-    assert "x.cnnpar" in p.stdout
+    assert "x.cnnpar" in capsys.readouterr().out
 
 
 def test_a_prepare_stopped_with_sigterm_leaves_nothing(tmp_path):
