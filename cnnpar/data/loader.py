@@ -349,13 +349,30 @@ class DeviceFeeder:
         if self.threaded:
             return self._iter_threaded()
         if self.stream is None:
-            return (self._ready(*batch) for batch in self.loader)
+            return self._iter_plain()
         return self._iter_side_stream()
+
+    def _one_pass(self, batches):
+        """The loader's batches for one pass (`batches`: `iter(self.loader)`, made by the caller's thread, where
+        DataLoader workers must start). A pass that ends early (an error, a stop, a loop left) takes the pass's own
+        worker processes down at once: torch leaves them to the collection of its iterator, which the error's
+        traceback or a reference cycle can put off, and its clean-up then joined each worker with a timeout inside
+        whatever ran next (an in-process `predict --workers 2` on a damaged photo: ~20 s in the next call; the
+        workers lived on in a notebook till then). Persistent workers serve the next pass; `close` ends them."""
+        try:
+            yield from batches
+        finally:
+            if batches is not getattr(self.loader, "_iterator", None):
+                stop_iterator_workers(batches)
+
+    def _iter_plain(self):
+        for batch in self._one_pass(iter(self.loader)):
+            yield self._ready(*batch)
 
     def _iter_side_stream(self):
         main = torch.cuda.current_stream(self.device)
         nxt = None
-        for raw in self.loader:
+        for raw in self._one_pass(iter(self.loader)):
             with torch.cuda.stream(self.stream):
                 self.stream.wait_stream(main)  # the resident data set's index tensors were made on main
                 batch = self._ready(*raw)
@@ -384,7 +401,7 @@ class DeviceFeeder:
 
     def _start_threaded(self) -> _Pipe:
         """The epoch's pipeline, its threads started: batches come out of the returned `_Pipe`."""
-        source = iter(self.loader)  # made here: DataLoader workers start from the calling thread
+        source = self._one_pass(iter(self.loader))  # made here: DataLoader workers start from the calling thread
         if self.pipelined:
             # batch i+1 decodes in one thread while batch i is cropped and resized in another
             decoded = _in_thread(
@@ -591,13 +608,18 @@ def shutdown_workers(loader) -> None:
     Call it when nothing iterates the loader any more: a thread still waiting in `next()` on it would
     wait for ever (torch marks the workers stopped and no longer checks on them). Every epoch's
     iteration ends (and its feeder threads are joined) before a run closes its feeders."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+    stop_iterator_workers(getattr(loader, "_iterator", None))
+    if hasattr(loader, "_iterator"):
+        loader._iterator = None
+
+
+def stop_iterator_workers(iterator) -> None:
+    """Stop the worker processes of one DataLoader iterator (none for a single-process one); a second call, or one
+    after torch stopped them at the pass's end, does nothing."""
+    if hasattr(iterator, "_shutdown_workers"):
         iterator._shutdown_workers()
         # torch ends a worker that did not leave by SIGTERM, which ours ignore (leave_stops_to_the_main_process)
         kill_stuck(getattr(iterator, "_workers", []), grace_s=1.0)
-    if hasattr(loader, "_iterator"):
-        loader._iterator = None
 
 
 def encoded_slots(ds, batch_size: int, workers: int, prefetch: int, cfg: Config) -> ByteSlots | None:

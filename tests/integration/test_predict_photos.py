@@ -5,6 +5,7 @@ the same pixels, so the same predictions, row for row, as the main process's one
 from __future__ import annotations
 
 import csv
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -141,6 +142,9 @@ def test_predict_names_a_damaged_photo_in_one_line_from_a_worker_too(tmp_path, c
     assert err.startswith("cnnpar: error: ") and err.count("\n") == 1, err
     assert str(bad) in err
     assert not (tmp_path / "p.csv").exists()
+    # the error's loader workers are gone when predict returns: they stayed until the collector found the loader,
+    # whose torch clean-up then held up whatever the caller (a notebook's next cell) ran for ~20 s
+    assert multiprocessing.active_children() == []
 
 
 def test_predict_workers_flag_takes_train_s_default_and_caps(tmp_path, capsys, monkeypatch, photo_run):
