@@ -265,7 +265,6 @@ def test_a_checkpoint_of_another_data_set_is_refused_naming_both(trained, capsys
     assert "the run trained on --data synthetic, this resume asks for digits" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # over 20 s on 2 CPU cores (CI durations): `-m 'not slow'` leaves it out
 def test_a_stopped_resume_leaves_a_summary_of_the_epochs_it_kept_marked_unfinished(tmp_path, monkeypatch):
     """A resume stopped in its second epoch left the first attempt's summary.json (2 epochs, its best) beside a
     metrics.csv and checkpoint of 3, and nothing in the folder said the run had stopped."""
