@@ -349,7 +349,9 @@ class DeviceFeeder:
         if self.threaded:
             return self._iter_threaded()
         if self.stream is None:
-            return self._iter_plain()
+            # the pass is made here, by iter(feeder), not at the first batch: DataLoader workers start (or persistent
+            # ones are given the epoch) before the step loop times its first `next` as data wait
+            return (self._ready(*batch) for batch in self._one_pass(iter(self.loader)))
         return self._iter_side_stream()
 
     def _one_pass(self, batches):
@@ -364,10 +366,6 @@ class DeviceFeeder:
         finally:
             if batches is not getattr(self.loader, "_iterator", None):
                 stop_iterator_workers(batches)
-
-    def _iter_plain(self):
-        for batch in self._one_pass(iter(self.loader)):
-            yield self._ready(*batch)
 
     def _iter_side_stream(self):
         main = torch.cuda.current_stream(self.device)

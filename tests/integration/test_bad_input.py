@@ -299,7 +299,9 @@ def test_cli_refuses_bad_csv_row(cli):
 
 
 def main_in(cwd: Path, monkeypatch, capsys, args: list[str]) -> tuple[int, str, str]:
-    """`cnnpar ARGS` run by `main` in this process from the folder `cwd`, as a shell there: (exit code, out, err)."""
+    """`cnnpar ARGS` run by `main` in this process from the folder `cwd`, as a shell there: (exit code, out, err).
+    Where DataLoader workers run, give `capfd` for `capsys`: a forked worker's writes to stderr reach the shell's
+    terminal (the subprocess's pipe, before), and never the main process's `sys.stderr` that capsys reads."""
     monkeypatch.chdir(cwd)
     capsys.readouterr()
     rc = main(args)
@@ -316,7 +318,7 @@ def test_wrong_npz_key_is_refused_naming_the_keys_found(tmp_path, monkeypatch, c
     assert not (tmp_path / "runs").exists()
 
 
-def test_corrupt_image_found_by_a_worker_is_refused(tmp_path, monkeypatch, capsys):
+def test_corrupt_image_found_by_a_worker_is_refused(tmp_path, monkeypatch, capfd):
     """Decoding happens in DataLoader workers after the run folder exists; it must still vanish. (The worker is
     forked from this process: a decode error, not a crash, so nothing here ends the test's own process.)"""
     root = write_image_folder(tmp_path / "photos", per_class=6, classes=2, side=16)
@@ -325,7 +327,7 @@ def test_corrupt_image_found_by_a_worker_is_refused(tmp_path, monkeypatch, capsy
     png = sorted((root / "class1").glob("*.png"))[0]
     png.write_bytes(png.read_bytes()[:60])  # truncated: the header survives, the pixels do not
     args = ["train", "--data", "photos", "--image-size", "16", "--epochs", "1", "--workers", "1", "--no-progress"]
-    rc, _, err = main_in(tmp_path, monkeypatch, capsys, args)
+    rc, _, err = main_in(tmp_path, monkeypatch, capfd, args)  # the worker's stderr too
     assert rc == 2, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
@@ -470,12 +472,12 @@ DECODED_IN_A_WORKER = {"train_workers_1", "doctor_workers_1"}
 
 @pytest.mark.parametrize("command", DAMAGED_PNG_COMMANDS)
 def test_a_png_with_a_damaged_zlib_stream_ends_every_command_in_one_line_naming_it(
-    damaged_png_photos, monkeypatch, capsys, command
+    damaged_png_photos, monkeypatch, capfd, command
 ):
     cwd, run_dir = damaged_png_photos
     args = [str(run_dir) if a == "RUN" else a for a in DAMAGED_PNG_COMMANDS[command]]
     if command in DECODED_IN_A_WORKER:
-        rc, _, stderr = main_in(cwd, monkeypatch, capsys, args)
+        rc, _, stderr = main_in(cwd, monkeypatch, capfd, args)  # capfd: the worker's stderr too
     else:
         p = run_cli(args, cwd)
         rc, stderr = p.returncode, p.stderr

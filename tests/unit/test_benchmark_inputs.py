@@ -19,14 +19,19 @@ from cnnpar.errors import main_saying_user_errors
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+def cudnn_switches() -> tuple[bool, int]:
+    return torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit
+
+
 def _run_script(script: str, argv: list[str], monkeypatch, capsys) -> SimpleNamespace:
     """`python benchmarks/SCRIPT ARGV` run in this process (its whole file, `__main__` block and all, as a fresh
     interpreter runs it; each refusal comes before any work, so no process of its own is needed, and a subprocess
     paid ~2 s of imports per case): its exit status and what it printed. An exception that escaped the script is
     raised here, failing the test as its traceback on stderr did. What the script sets in the process on import
-    (sys.path) or on the way to its refusal (torch's threads, warning filters) is put back."""
+    (sys.path) or on the way to its refusal (torch's threads, cuDNN's benchmark switches, warning filters) is put
+    back."""
     capsys.readouterr()
-    threads = torch.get_num_threads()
+    threads, cudnn = torch.get_num_threads(), cudnn_switches()
     with monkeypatch.context() as m, warnings.catch_warnings():
         m.setattr(sys, "path", list(sys.path))
         m.setattr(sys, "argv", [str(BENCHMARKS / script), *argv])
@@ -37,6 +42,8 @@ def _run_script(script: str, argv: list[str], monkeypatch, capsys) -> SimpleName
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         finally:
             torch.set_num_threads(threads)
+            # step_vs_plain sets cudnn.benchmark before its flag checks: later tests in this worker (a GPU run's) had it
+            torch.backends.cudnn.benchmark, torch.backends.cudnn.benchmark_limit = cudnn
     said = capsys.readouterr()
     return SimpleNamespace(returncode=code, stdout=said.out, stderr=said.err)
 
@@ -218,7 +225,9 @@ def test_a_bad_input_is_one_line_and_exit_2(script, flags, said, tmp_path, monke
         pngs.mkdir()
         Image.new("RGB", (8, 8)).save(pngs / "a.png")
     argv = [f.format(missing=missing, out=out, tmp=tmp_path, pngs=pngs) for f in flags]
+    before = cudnn_switches()
     done = _run_script(script, argv, monkeypatch, capsys)
+    assert cudnn_switches() == before  # the process's settings as the script found them
     assert "Traceback" not in done.stderr, done.stderr
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()

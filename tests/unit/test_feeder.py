@@ -76,6 +76,28 @@ def test_an_abandoned_iterator_stops_its_thread():
     assert dec.calls < 6  # it stopped instead of decoding the whole epoch
 
 
+class PassesCounted(list):
+    """A loader's stand-in that counts the passes made of it (iter: where a DataLoader starts its workers)."""
+
+    passes = 0
+
+    def __iter__(self):
+        self.passes += 1
+        return super().__iter__()
+
+
+def test_an_inline_feeders_pass_is_made_when_it_is_iterated_not_at_its_first_batch():
+    """The step loop times each `next` as data wait: a DataLoader's workers that started (or, persistent, took the
+    epoch) at the first `next` instead of at iter(feeder) put their start into epoch 1's data wait, and, without
+    persistent workers, into every epoch's and evaluation's. (A threaded feeder's pipeline is started by `prepare`.)"""
+    loader = PassesCounted(batches())
+    transform = DeviceTransform((0.5,) * 3, (0.25,) * 3, "none", False, torch.device("cpu"))
+    fed = DeviceFeeder(loader, None, transform, torch.device("cpu"), True, False, Decoder(), False)
+    it = iter(fed)
+    assert loader.passes == 1
+    assert len([next(it)] + list(it)) == 6 and loader.passes == 1
+
+
 def test_decode_rule():
     # On an H200 the JPEG engines ("hardware") beat nvJPEG in every call that ran both, and nvJPEG beat
     # the CPU workers and nvImageCodec: the engines where the GPU has them, else nvJPEG, else the CPU
