@@ -13,6 +13,8 @@ from cnnpar.report.files import read_csv
 from cnnpar.report.ranges import GRAPH_REPLAY, STEP_RANGES
 from tests.datafiles import write_first_batch_failures
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 SMALL = ["--epochs", "1", "--batch-size", "32", "--device", "cpu", "--no-progress"]
 
 

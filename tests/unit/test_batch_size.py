@@ -8,6 +8,8 @@ from cnnpar.cliargs import int_or_auto
 from cnnpar.config import Config, RunConfig, batch_lr_factor, resolve_for_device
 from cnnpar.engine.batch_size import Probe, batch_cap, choose_batch_size
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 GIB = 2**30
 
 

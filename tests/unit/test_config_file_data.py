@@ -9,8 +9,11 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from cnnpar.config import Config
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
 
 COMMON = ["--device", "cpu", "--workers", "0", "--epochs", "1", "--max-steps", "1", "--no-progress", "--no-tensorboard"]
 

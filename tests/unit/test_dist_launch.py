@@ -13,6 +13,8 @@ import torch
 from cnnpar import dist
 from cnnpar.errors import ConfigError
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 
 @pytest.fixture
 def two_gpus(monkeypatch):

@@ -14,6 +14,8 @@ from cnnpar.data.loader import DeviceFeeder
 from cnnpar.data.transforms import DeviceTransform
 from cnnpar.errors import DataError
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 
 @dataclass
 class Raw:

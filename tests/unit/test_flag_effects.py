@@ -9,6 +9,8 @@ import pytest
 from cnnpar.config import Config
 from cnnpar.errors import ConfigError
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 NOTE = "cnnpar: note: "
 
 

@@ -17,6 +17,8 @@ from cnnpar.data.store_write import Sides, decode_for_store
 from cnnpar.errors import DataError
 from tests.datafiles import damaged_jpeg, write_image_folder
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 
 def test_a_class_folder_named_train_among_classes_is_a_class_and_said_so(tmp_path):
     """CIFAR-100 exported as <class>/*.png has a class `train`: the whole folder was refused, in a line that

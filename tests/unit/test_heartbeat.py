@@ -15,6 +15,8 @@ from cnnpar.dist import init_distributed
 from cnnpar.presets import with_overrides
 from tests.datafiles import write_image_folder, write_npz
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 
 def _train(tmp_path, name: str, progress: bool = True, source: str = "synthetic") -> list[str]:
     from cnnpar.engine.trainer import Trainer

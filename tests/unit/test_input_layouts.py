@@ -17,6 +17,8 @@ from cnnpar.data.store_write import prepare_store
 from cnnpar.errors import DataError
 from tests.datafiles import bar_images, write_image_folder
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 
 @pytest.mark.parametrize(("train", "held"), [("Training", "Testing"), ("Train", "Test"), ("TRAIN", "Val")])
 def test_split_folders_in_any_case_and_kaggles_training_testing_are_splits_not_classes(tmp_path, train, held):

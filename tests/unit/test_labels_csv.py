@@ -14,6 +14,8 @@ from cnnpar.data.store import StoreFile
 from cnnpar.data.store_write import prepare_store
 from cnnpar.errors import DataError
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 
 def _flat(tmp, names, suffix=".jpg"):
     """tiny images under tmp/train, one a name, brighter by their index so that classes differ"""

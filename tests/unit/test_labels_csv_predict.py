@@ -6,9 +6,12 @@ from __future__ import annotations
 import csv
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from cnnpar.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
 
 
 def _flat(root, names, suffix=".jpg"):

@@ -16,6 +16,8 @@ from cnnpar.dist import DistInfo
 from cnnpar.errors import DataError
 from cnnpar.host_facts import usable_cores
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 
 

@@ -13,6 +13,8 @@ from cnnpar.engine.resolved import long_compiles_resolved
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import LONG_RUN_IMAGES, long_compiles_default, with_overrides
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 
 

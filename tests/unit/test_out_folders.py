@@ -9,6 +9,8 @@ import pytest
 from cnnpar.cli import main
 from cnnpar.config import Config
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 TINY = ["--device", "cpu", "--timed-steps", "2", "--repeats", "1"]
 
 

@@ -10,6 +10,8 @@ import pytest
 from cnnpar.cli import main
 from tests.unit.test_out_folders import TINY, _nothing_trained_or_benched
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 LONG = "x" * 300  # one name over NAME_MAX (255 bytes)
 DEEP = "/".join(["d" * 200] * 21)  # 21 names of 200 bytes: a path over PATH_MAX (4,096 bytes)
 NAME_SAID = "a name in it is 300 bytes long: expected names of at most 255 bytes (the system's limit)"

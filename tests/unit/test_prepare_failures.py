@@ -21,6 +21,8 @@ from cnnpar.data.store_write import prepare_store
 from tests.conftest import cli_env
 from tests.datafiles import write_image_folder
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG")
 
 # prepare through the CLI with its workers held busy in their first file: each says who it is (its pid and its

@@ -17,6 +17,8 @@ from cnnpar.engine.resolved import read_requested, requested_lines
 from cnnpar.engine.trainer import Trainer
 from cnnpar.presets import with_overrides
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 
 

@@ -12,6 +12,8 @@ from cnnpar.engine.step import eval_batch
 from cnnpar.models import build_model
 from cnnpar.parallel import Precision
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 
 def test_cuda_graphs_on_a_cpu_is_refused_with_the_field_name():
     with pytest.raises(ConfigError, match=r"speed\.cuda_graphs \(--cuda-graphs\) = 'on' needs a CUDA device \(on cpu"):

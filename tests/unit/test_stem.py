@@ -14,6 +14,8 @@ from cnnpar.models import build_model
 from cnnpar.parallel.stem import SpaceToDepthConv2d, space_to_depth_stem, stem_line
 from cnnpar.presets import with_overrides
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 CPU = DistInfo(0, 0, 1, torch.device("cpu"))
 
 

@@ -9,6 +9,8 @@ import torch
 from cnnpar.parallel import streams
 from cnnpar.parallel.streams import TrainingStream, wants_own_stream
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 CUDA = torch.device("cuda", 0)
 
 

@@ -20,6 +20,8 @@ from cnnpar.models import build_model
 from cnnpar.parallel.stem import has_stem_to_rewrite, space_to_depth_stem
 from cnnpar.presets import with_overrides
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 CUDA_FACTS = {"device_type": "cuda", "bf16_ok": True, "in_memory": True, "folder": False, "train_samples": 50_000}
 
 

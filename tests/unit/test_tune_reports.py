@@ -16,6 +16,8 @@ from cnnpar.errors import UserError
 from cnnpar.presets import with_overrides
 from tests.unit.test_tune import CUDA_FACTS, FakeMachine, resnet50
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # one intra-op thread for the in-process runs (conftest)
+
 
 def test_an_out_under_a_file_is_refused_in_one_line_before_any_trial(tmp_path):
     # `cnnpar tune --out afile/x.toml` with afile a file: a FileExistsError traceback from the folder's mkdir
