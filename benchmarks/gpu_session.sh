@@ -2,7 +2,7 @@
 # Everything cnnpar measures on a lent GPU machine, in phases, writing under OUTDIR.
 # usage: benchmarks/gpu_session.sh PHASE OUTDIR
 #   (PHASE: smoke | main | extra | rest | verify | frameworks | jpeg | jpeg_e2e | final | jpeg_pipeline |
-#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b | s37a | s37b | s41c | s47b | s48a | s48b | s48d | s49a | s49b | s49c | s50c | s51a | s42a | s42b | s42c)
+#    claims_ladder | tune50 | record | s5cifar | s6a | s6b | s6c | s6d | s7a-s7d | s8a | s8c | s8d | s8e | s9a | s9b | s9c | s9d | s9e | s10a | s10b | s10c | s10d | s10e | s10f | s10g | s10h | s11a | s11b | s11c | s11d | s11e | s11f | s11g | s12a | s12b | s12c | s12d | s12e | s13a | s13b | s14a | s14b | s14c | s14d | s15a | s15b | s15c | s15d | s15e | s16a | s16b | s17a | s17b | s17c | s17d | s18a | s18b | s18c | s18d | s18e | s18f | s19a | s19b | s19c | s19d | s19e | s19f | s19g | s20b | s20c | s20d | s21b | s21c | s21d | s22a | s22b | s23a | s23b | s24a | s26a | s27b | s27c | s29b | s29c | s30a | s30b | s30c | s31a | s31b | s32a | s32b | s33a | s33b | s34a | s35a | s35b | s37a | s37b | s41c | s47b | s48a | s48b | s48d | s49a | s49b | s49c | s50c | s52b | s51a | s42a | s42b | s42c)
 # Needs, in the git-ignored .devdata/: cifar10_jpeg.npz and imagenet_sample_300.tar; in .whl/:
 # tomli_w (not in the GPU image) and the airbench sdist (the side-by-side speedrun).
 set -uo pipefail
@@ -1201,6 +1201,16 @@ s51a)
       --warmup 3 --plain fp32,bf16,compile --variants compile=off --skip-defaults --out "$R/svp_tf32.csv"
   TAIL=4 logged bench_claims_budget 120 python3 -m cnnpar bench --claims --device cuda --budget-s 1 --out "$R/claims1"
   TAIL=12 logged bench_ddp1 240 python3 -m cnnpar bench --device cuda --only baseline,bf16 --ddp 1 --out "$R/ddp1"
+  ;;
+s52b)
+  # session 52, call B (one GPU, ~4 min with a cold start; carry .whl): the loader's early-ended pass stopping its own
+  # workers (DeviceFeeder._one_pass, on the side-stream and threaded pipelines too) under s49c's GPU-marked files
+  # (every loader on CUDA, the decoders, predict on photos) and the feeder's, stream's and data wait's
+  TAIL=30 logged gpu_tests 330 python3 -m pytest -q -m gpu -p no:cacheprovider -rs --durations=5 \
+      tests/unit/test_gpu_decode.py tests/unit/test_hardware_decode.py tests/unit/test_hybrid_decode.py \
+      tests/unit/test_byte_slots.py tests/unit/test_odd_images.py tests/integration/test_sample_accounting.py \
+      tests/integration/test_predict_photos.py tests/unit/test_feeder.py tests/unit/test_training_stream.py \
+      tests/unit/test_data_wait.py tests/unit/test_worker_gpu_decode.py
   ;;
 s49c)
   # session 49, call C (one GPU, ~5 min with a cold start; carry .whl): the GPU-marked tests of the data sets whose
