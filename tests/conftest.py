@@ -78,6 +78,21 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 300, **env: str) -> sub
     return run_cmd([sys.executable, "-m", "cnnpar", *args], cwd, timeout, **env)
 
 
+def main_in(cwd: Path, monkeypatch, capture, args) -> subprocess.CompletedProcess:
+    """`cnnpar ARGS` run by `cli.main` in this process from the folder `cwd` (left there until the test ends, as a
+    shell's `cd`), for a test that needs no process of its own (no signal, kill, limit or start-up environment; a
+    subprocess paid ~3-4 s of imports): its exit code and what it printed, as a finished subprocess gives them. Pass
+    pytest's `capfd` as `capture` where DataLoader workers write: a forked worker's writes reach the file
+    descriptors, never this process's `sys.stderr` that `capsys` reads."""
+    from cnnpar.cli import main
+
+    monkeypatch.chdir(cwd)
+    capture.readouterr()  # only this call's output
+    code = main(list(args))
+    out, err = capture.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
 def torchrun_cmd(nproc: int = 2, *extra: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *extra]
 

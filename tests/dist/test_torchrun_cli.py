@@ -19,7 +19,7 @@ import pytest
 
 from cnnpar.engine.checkpoint import checkpoint_epoch, epochs_held, load_checkpoint
 from cnnpar.report.files import read_csv
-from tests.conftest import cli_env, run_cmd, torchrun_cmd
+from tests.conftest import cli_env, main_in, run_cmd, torchrun_cmd
 
 TRAIN = [
     "-m",
@@ -90,16 +90,10 @@ def cli_here(tmp_path, monkeypatch, capfd):
     workers as the command does, in `tmp_path` with a subprocess's environment; what it and its workers wrote to
     stdout and stderr (fds 1 and 2) comes back in a CompletedProcess with main's exit status. Saves the launcher's
     own interpreter and imports (3-4 s of CPU a test); a test whose launcher takes a signal keeps a process."""
-    from cnnpar.cli import main
-
-    monkeypatch.chdir(tmp_path)
 
     def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
         environment_of_a_subprocess(monkeypatch, **env)
-        capfd.readouterr()
-        code = main(list(args))
-        out, err = capfd.readouterr()
-        return subprocess.CompletedProcess(["cnnpar", *args], code, out, err)
+        return main_in(tmp_path, monkeypatch, capfd, args)
 
     _run.cwd = tmp_path
     return _run

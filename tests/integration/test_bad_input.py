@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cnnpar.cli import main
-from tests.conftest import run_cli, run_cmd
+from tests.conftest import main_in, run_cli, run_cmd
 from tests.datafiles import bar_images, damaged_png, short_png, write_image_folder, write_pixel_csv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -298,21 +298,11 @@ def test_cli_refuses_bad_csv_row(cli):
     assert not (cli.cwd / "runs").exists()
 
 
-def main_in(cwd: Path, monkeypatch, capsys, args: list[str]) -> tuple[int, str, str]:
-    """`cnnpar ARGS` run by `main` in this process from the folder `cwd`, as a shell there: (exit code, out, err).
-    Where DataLoader workers run, give `capfd` for `capsys`: a forked worker's writes to stderr reach the shell's
-    terminal (the subprocess's pipe, before), and never the main process's `sys.stderr` that capsys reads."""
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    rc = main(args)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def test_wrong_npz_key_is_refused_naming_the_keys_found(tmp_path, monkeypatch, capsys):
     x, y = bar_images(8)
     np.savez(tmp_path / "d.npz", X=x, y_train=y)
-    rc, _, err = main_in(tmp_path, monkeypatch, capsys, ["train", "--data", "d.npz", "--no-progress"])
+    done = main_in(tmp_path, monkeypatch, capsys, ["train", "--data", "d.npz", "--no-progress"])
+    rc, err = done.returncode, done.stderr
     assert rc == 2 and "Traceback" not in err
     assert "d.npz: missing key(s) x_train (found X, y_train)" in err
     assert not (tmp_path / "runs").exists()
@@ -327,7 +317,8 @@ def test_corrupt_image_found_by_a_worker_is_refused(tmp_path, monkeypatch, capfd
     png = sorted((root / "class1").glob("*.png"))[0]
     png.write_bytes(png.read_bytes()[:60])  # truncated: the header survives, the pixels do not
     args = ["train", "--data", "photos", "--image-size", "16", "--epochs", "1", "--workers", "1", "--no-progress"]
-    rc, _, err = main_in(tmp_path, monkeypatch, capfd, args)  # the worker's stderr too
+    done = main_in(tmp_path, monkeypatch, capfd, args)  # the worker's stderr too
+    rc, err = done.returncode, done.stderr
     assert rc == 2, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
@@ -380,7 +371,8 @@ def test_a_worker_that_crashes_decoding_ends_the_run_in_one_line_whose_advice_na
     # the advice, as a user pastes it, run by `main` here: prepare decodes the file and refuses it, crashing nothing
     words = shlex.split(prepare)
     assert words[0] == "cnnpar", prepare
-    rc, _, err = main_in(tmp_path, monkeypatch, capsys, words[1:])
+    done = main_in(tmp_path, monkeypatch, capsys, words[1:])
+    rc, err = done.returncode, done.stderr
     assert rc == 2 and err.strip().startswith(
         "cnnpar: error: photos/class1/short.png: cannot decode as an image (image file is truncated"
     ), err
@@ -407,7 +399,8 @@ def test_a_worker_crash_reading_a_labelled_flat_folder_advises_a_prepare_with_it
     prepare = re.search(r"to find it: (cnnpar prepare .*?) decodes every photo", last).group(1)
     assert prepare == "cnnpar prepare flat --labels labels.csv --out flat.cnnpar --short-side 24", last
     words = shlex.split(prepare)  # the advice, as a user pastes it, run by `main` here (it crashes nothing)
-    rc, _, err = main_in(tmp_path, monkeypatch, capsys, words[1:])
+    done = main_in(tmp_path, monkeypatch, capsys, words[1:])
+    rc, err = done.returncode, done.stderr
     assert rc == 2 and err.strip().startswith("cnnpar: error: flat/short.png: cannot decode as an image"), err
 
 
@@ -477,7 +470,8 @@ def test_a_png_with_a_damaged_zlib_stream_ends_every_command_in_one_line_naming_
     cwd, run_dir = damaged_png_photos
     args = [str(run_dir) if a == "RUN" else a for a in DAMAGED_PNG_COMMANDS[command]]
     if command in DECODED_IN_A_WORKER:
-        rc, _, stderr = main_in(cwd, monkeypatch, capfd, args)  # capfd: the worker's stderr too
+        done = main_in(cwd, monkeypatch, capfd, args)  # capfd: the worker's stderr too
+        rc, stderr = done.returncode, done.stderr
     else:
         p = run_cli(args, cwd)
         rc, stderr = p.returncode, p.stderr

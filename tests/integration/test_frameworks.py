@@ -15,8 +15,8 @@ import importlib.util
 
 import pytest
 
-from cnnpar.cli import main
 from cnnpar.frameworks.spec import CSV_COLUMNS, FRAMEWORKS, csv_name, read_result_csv
+from tests.conftest import main_in
 
 TINY = ["--max-train", "256", "--max-val", "64", "--batch-size", "32", "--epochs", "1"]
 HEADER_KEYS = {"framework", "backend", "device", "devices_used", "parallelism", "git_rev", "train_samples", "timed"}
@@ -33,14 +33,11 @@ def compare(tmp_path, monkeypatch, capsys):
     environment a CLI subprocess of the tests has (conftest.cli_env: one OpenMP thread), with `env` added."""
 
     def _run(*args: str, **env: str) -> tuple[int, str, str]:
-        monkeypatch.chdir(tmp_path)
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        capsys.readouterr()
-        rc = main(["compare", *args])
-        out, err = capsys.readouterr()
-        return rc, out, err
+        done = main_in(tmp_path, monkeypatch, capsys, ["compare", *args])
+        return done.returncode, done.stdout, done.stderr
 
     _run.cwd = tmp_path
     return _run

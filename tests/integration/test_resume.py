@@ -6,14 +6,12 @@ import json
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 
-from cnnpar.cli import main
 from cnnpar.engine.checkpoint import checkpoint_epoch
 from cnnpar.report.files import read_csv
-from tests.conftest import cli_env
+from tests.conftest import cli_env, main_in
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,13 +21,9 @@ def cli(tmp_path, monkeypatch, capsys):
     """`cnnpar ARGS` called in-process (cli.main, as a notebook calls it) in a fresh working folder: its exit code
     and what it printed, as a completed subprocess gives them. (Named as conftest's subprocess `cli`, which it
     replaces in this module: none of these runs needs a process of its own.)"""
-    monkeypatch.chdir(tmp_path)
 
-    def _run(*args: str) -> SimpleNamespace:
-        capsys.readouterr()  # only this call's output
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+    def _run(*args: str) -> subprocess.CompletedProcess:
+        return main_in(tmp_path, monkeypatch, capsys, args)
 
     _run.cwd = tmp_path
     return _run

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
-from types import SimpleNamespace
+import subprocess
 
 import numpy as np
 import pytest
 
-from cnnpar.cli import main
 from cnnpar.engine.checkpoint import load_checkpoint
 from cnnpar.report.files import read_csv
+from tests.conftest import main_in
 from tests.datafiles import write_image_folder, write_npz, write_train_test_csv
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,14 +20,9 @@ def run_cli(monkeypatch, capsys):
     """`cnnpar ARGS` started in `cwd`, called in this process (cli.main, as a notebook calls it, which resolves a
     relative --data against the working folder when it runs, as a process started there does): its exit code and
     stderr, as a completed subprocess gives them."""
-    monkeypatch.chdir(os.getcwd())  # the working folder put back after the test
 
-    def _run(args: list[str], cwd) -> SimpleNamespace:
-        os.chdir(cwd)
-        capsys.readouterr()
-        code = main(args)
-        out, err = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+    def _run(args: list[str], cwd) -> subprocess.CompletedProcess:
+        return main_in(cwd, monkeypatch, capsys, args)
 
     return _run
 

@@ -4,6 +4,7 @@ the run's config.toml cannot hold is refused before anything is made."""
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cnnpar.cli import main
 from cnnpar.config import Config, DataConfig, RunConfig
 from cnnpar.dist import DistInfo
 from cnnpar.engine.rundir import resolve_run
 from cnnpar.errors import ConfigError, UserError
+from tests.conftest import main_in
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,13 +31,8 @@ def in_process(monkeypatch, capsys):
     """`cnnpar ARGS` run in this process in folder `cwd` (each test's work is a refusal or a one-step train: none
     needs a process of its own): the exit code and what it printed, as a finished subprocess gives them."""
 
-    def _run(args: list[str], cwd: Path) -> SimpleNamespace:
-        capsys.readouterr()
-        with monkeypatch.context() as m:
-            m.chdir(cwd)
-            code = main(args)
-        said = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=said.out, stderr=said.err)
+    def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+        return main_in(cwd, monkeypatch, capsys, args)
 
     return _run
 
