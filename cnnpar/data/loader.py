@@ -356,11 +356,13 @@ class DeviceFeeder:
 
     def _one_pass(self, batches):
         """The loader's batches for one pass (`batches`: `iter(self.loader)`, made by the caller's thread, where
-        DataLoader workers must start). A pass that ends early (an error, a stop, a loop left) takes the pass's own
-        worker processes down at once: torch leaves them to the collection of its iterator, which the error's
-        traceback or a reference cycle can put off, and its clean-up then joined each worker with a timeout inside
-        whatever ran next (an in-process `predict --workers 2` on a damaged photo: ~20 s in the next call; the
-        workers lived on in a notebook till then). Persistent workers serve the next pass; `close` ends them."""
+        DataLoader workers must start). A pass that ends early (a worker's error raised here, a stop, a loop left and
+        its iterator closed) takes the pass's own worker processes down at once: torch leaves them to the collection
+        of its iterator, which the error's traceback or a reference cycle can put off, and its clean-up then joined
+        each worker with a timeout inside whatever ran next (an in-process `predict --workers 2` on a damaged photo:
+        ~20 s in the next call; the workers lived on in a notebook till then). An error of the inline path's own
+        `_ready`, raised after the batch left this generator, still leaves them to that collection. Persistent
+        workers serve the next pass; `close` ends them."""
         try:
             yield from batches
         finally:
