@@ -532,9 +532,19 @@ def skipped_class_folders_note(root: str | Path) -> str:
     if not found:
         return ""
     shown = first_five(f"{p}/ ({n:,} image(s))" for p, n in found)
+    # one that holds class folders (train/__old/{cat,dog}) renamed would train as one class of all their images
+    nested = sum(1 for p, _ in found if _holds_class_folders(p))
+    rename = "rename them without the leading __ to train on them as classes"
+    if nested == len(found):
+        rename = "move their class folders' images up into class folders of the same names beside them to train on them"
+    elif nested:
+        rename = (
+            "rename those of loose images without the leading __ to train on them as classes, and move the class "
+            "folders' images in the others up into class folders of the same names beside them"
+        )
     return (
         f"warning: {len(found):,} folder(s) named __*, skipped as __MACOSX/ is: {shown}: their images are not read; "
-        "rename them without the leading __ to train on them as classes"
+        f"{rename}"
     )
 
 

@@ -514,3 +514,31 @@ def test_a_dunder_folder_of_splits_is_said_to_hold_the_splits_not_the_class_fold
     )
     _, _, splits, classes = scan_splits(root / "__x")
     assert classes == ["class0", "class1"] and sorted(set(splits)) == [0, 1]
+
+
+def test_a_skipped_dunder_folder_of_class_folders_is_told_to_merge_them_not_to_be_renamed_as_a_class(tmp_path):
+    """photos/train/__old/{class0,class1} beside the class folders was told "rename them without the leading __ to
+    train on them as classes": renamed, old/ trains as one class of both classes' images. The note now says to move
+    their images into the class folders of the same names, which reads them under their own classes; a folder of
+    loose images beside it is still told to be renamed."""
+    root = tmp_path / "photos"
+    write_image_folder(root / "train", per_class=2, classes=2)
+    write_image_folder(root / "val", per_class=1, classes=2)
+    write_image_folder(root / "train" / "__old", per_class=1, classes=2)
+    old = root / "train" / "__old"
+    move = "move their class folders' images up into class folders of the same names beside them to train on them"
+    assert load_data(DataConfig(source=str(root), image_size=8)).load_note == (
+        f"warning: 1 folder(s) named __*, skipped as __MACOSX/ is: {old}/ (2 image(s)): their images are not read; "
+        f"{move}"
+    )
+    shutil.copytree(root / "train" / "class0", root / "train" / "__background__")
+    assert load_data(DataConfig(source=str(root), image_size=8)).load_note.endswith(
+        "their images are not read; rename those of loose images without the leading __ to train on them as classes, "
+        "and move the class folders' images in the others up into class folders of the same names beside them"
+    )
+    shutil.rmtree(root / "train" / "__background__")
+    for name in ("class0", "class1"):  # as the note says
+        for f in (old / name).iterdir():
+            f.rename(root / "train" / name / f"old-{f.name}")
+    _, labels, splits, classes = scan_splits(root)
+    assert classes == ["class0", "class1"] and sum(s == 0 for s in splits) == 6 and sorted(set(labels)) == [0, 1]
