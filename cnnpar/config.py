@@ -624,6 +624,9 @@ class DistConfig:
 
 
 SEED_LIMIT = 2**63
+# the most epochs: TOML's integers (the run's config.toml) are 64-bit; 10**400 reached the schedule's float
+# maths and ended in an OverflowError traceback
+MAX_EPOCHS = 2**63 - 1
 
 
 NAME_MAX_BYTES = 255  # the longest file name Linux, macOS and Windows file systems take (NAME_MAX)
@@ -739,6 +742,10 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_positive("run", "epochs", self.epochs)
+        if self.epochs > MAX_EPOCHS:
+            raise ConfigError(
+                f"{setting_name('run', 'epochs')} = {self.epochs}: expected 1..{MAX_EPOCHS:,} (2**63 - 1)"
+            )
         _check_positive("run", "batch_size", self.batch_size, allow_zero=True)
         _check_positive("run", "max_steps", self.max_steps, allow_zero=True)
         _check_positive("run", "eval_every", self.eval_every)

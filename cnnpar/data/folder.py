@@ -141,10 +141,11 @@ def skipped_kinds(skipped: list[Path]) -> str:
 
 
 def scan_folder(
-    root: str | Path, skipped: list[Path] | None = None, other: Path | None = None, found=None
+    root: str | Path, skipped: list[Path] | None = None, other: Path | None = None, found=None, split: bool = False
 ) -> tuple[list[Path], list[int], list[str]]:
     """`other`: the split beside `root` (val/ for train/, train/ for val/), whose images a link must not read here.
-    `found(n)`, where given, is told the images listed so far after each class folder (a Heartbeat's update)."""
+    `found(n)`, where given, is told the images listed so far after each class folder (a Heartbeat's update).
+    `split`: `root` is a split folder of the data set (train/, val/), not the folder --data names."""
     root = Path(root)
     if not root.is_dir():
         # a mistyped path (cnnpar prepare photoz) was called "not a folder", which reads as a file being in the way
@@ -153,7 +154,7 @@ def scan_folder(
     # `__MACOSX/` (what macOS's zip leaves) holds no class: skipped as hidden folders are, here as in scan_splits
     classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
     if not classes:
-        _refuse_dunder_only(root)
+        _refuse_dunder_only(root, split)
         raise DataError(f"{root}: no class folders: expected root/<class>/<image>.jpg|png{_flat_hint(root)}")
     blocked = _real_chain(root)
     by_real = _refuse_one_folder_under_two_classes(root, classes, blocked)
@@ -313,18 +314,24 @@ def dunder_only_error(root: Path, held: dict[str, int], what: str, expected: str
     )
 
 
-def _refuse_dunder_only(root: Path) -> None:
+def _refuse_dunder_only(root: Path, split: bool = False) -> None:
     """Where `root` has no class folder but some `__*` folder of it holds images, the refusal naming them: the
-    folder to pass where one holds class folders of images (`only/__x/{cat,dog}`), else their renaming."""
+    folder to pass where one holds class folders of images (`only/__x/{cat,dog}`) or splits (`only/__x/{train,val}`),
+    its class folders to move up where `root` is a split (`split`), else their renaming."""
     held = {p.name: n for p in root.iterdir() if p.name.startswith("__") and p.is_dir() and (n := len(image_files(p)))}
     if not held:
         return
     # the first that holds class folders, not the first by name: `__a/` of loose images beside `__b/{cat,dog}` was
     # told renamed as a class where `__b` was the folder to pass
     first = next((root / n for n in sorted(held) if _holds_class_folders(root / n)), None)
-    if first is not None:
+    if first is not None and split:
+        # photos/train/__x/{cat,dog}: passing photos/train/__x in photos' place would leave photos/val/ unread
+        expected = f"the class folders of {first} moved up into {root}"
+    elif first is not None:
         # no flag named: cnnpar prepare takes the folder as its argument, train and eval as --data
-        expected = f"{first} (which holds the class folders) in its place"
+        train, tests = split_dirs(first)
+        holds = f"the splits {', '.join(f'{p.name}/' for p in [train, *tests])}" if train else "the class folders"
+        expected = f"{first} (which holds {holds}) in its place"
     else:
         expected = "them renamed without the leading __ to read them as classes"
     # images beside them, a flat folder's (Kaggle's train/<id>.jpg), keep the plain refusal's --labels CSV hint
@@ -481,12 +488,12 @@ def scan_splits(
             "else rename it)"
         )
     val_dir = held[0] if held else None
-    files, labels, classes = scan_folder(train_dir, skipped, val_dir, found)
+    files, labels, classes = scan_folder(train_dir, skipped, val_dir, found, split=True)
     _check_classes(train_dir, classes, labels)
     if val_dir is None:
         return files, labels, [0] * len(files), classes
     after_train = None if found is None else (lambda n: found(len(files) + n))
-    vfiles, vlabels, vclasses = scan_folder(val_dir, skipped, train_dir, after_train)
+    vfiles, vlabels, vclasses = scan_folder(val_dir, skipped, train_dir, after_train, split=True)
     if vclasses != classes:
         vlabels = _val_labels_by_normal_form(train_dir, val_dir, classes, vclasses, vlabels)
     _check_val_classes_train(train_dir, val_dir, classes, labels, vlabels)
@@ -525,9 +532,19 @@ def skipped_class_folders_note(root: str | Path) -> str:
     if not found:
         return ""
     shown = first_five(f"{p}/ ({n:,} image(s))" for p, n in found)
+    # one that holds class folders (train/__old/{cat,dog}) renamed would train as one class of all their images
+    nested = sum(1 for p, _ in found if _holds_class_folders(p))
+    rename = "rename them without the leading __ to train on them as classes"
+    if nested == len(found):
+        rename = "move their class folders' images up into class folders of the same names beside them to train on them"
+    elif nested:
+        rename = (
+            "rename those of loose images without the leading __ to train on them as classes, and move the class "
+            "folders' images in the others up into class folders of the same names beside them"
+        )
     return (
         f"warning: {len(found):,} folder(s) named __*, skipped as __MACOSX/ is: {shown}: their images are not read; "
-        "rename them without the leading __ to train on them as classes"
+        f"{rename}"
     )
 
 

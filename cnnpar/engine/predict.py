@@ -412,8 +412,12 @@ def predict(
     for line in unscored:  # where the accuracy line would be
         log(line)
     own = npz_class_names(data) if label_origin and fmt == "npz" else None
+    # a .npy's labels come from --labels' file, not the images': the note names the file that holds them
+    labelled = f"--labels {labels}" if fmt == "npy" and labels else data
     by_index = (
-        _by_index_note(data, names, numbers) if label_origin and own is None and fmt in ("csv", "npz", "npy") else ""
+        _by_index_note(labelled, names, numbers)
+        if label_origin and own is None and fmt in ("csv", "npz", "npy")
+        else ""
     )
     if own is not None:
         labels, note = _labels_by_name(ds.y, own, names, f"{data}[{label_origin}]", _npz_run_before_names(state))

@@ -135,6 +135,29 @@ def test_predict_says_bare_index_labels_are_scored_against_a_named_model_s_class
     assert [line for line in lines if not line.startswith("accuracy ")] == []
 
 
+def test_predict_of_a_npy_names_the_labels_file_in_its_bare_index_note(tmp_path, trained):
+    """`cnnpar predict --data x.npy --labels y.npy` said "x.npy: its labels name no classes": x.npy holds images
+    only; the labels scored by index are the --labels file's, which the note now names."""
+    _, run_dir, _, _ = trained
+    state = torch.load(run_dir / "ckpt" / "last.pt", weights_only=True)
+    state["meta"]["class_names"] = ["north", "east", "south", "west"]
+    torch.save(state, tmp_path / "named.pt")
+    x, y = bar_images(64)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    lines: list[str] = []
+    predict(
+        str(tmp_path / "named.pt"),
+        str(tmp_path / "x.npy"),
+        out=str(tmp_path / "p.csv"),
+        log=_data_lines(lines),
+        labels=str(tmp_path / "y.npy"),
+    )
+    said = "its labels name no classes, so label k is scored as the model's class k (0: 'north', 1: 'east', 2: "
+    assert lines[0].startswith(f"--labels {tmp_path / 'y.npy'}: {said}"), lines
+    assert lines[1].startswith("accuracy "), lines
+
+
 def test_predict_says_nothing_of_bare_index_labels_it_does_not_score(tmp_path, trained):
     """Labels the named model has no class for are ignored ("ignoring y_test as labels"): the note before that line
     said they were scored as the model's classes, in its order, the line after it that they were not scored."""

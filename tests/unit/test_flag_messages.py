@@ -130,6 +130,25 @@ def test_range_errors_name_the_key_and_the_flag(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]  # no run folder
 
 
+def test_epochs_past_a_64_bit_integer_are_refused_naming_the_flag_and_the_largest(tmp_path, capsys, monkeypatch):
+    """`--epochs 10**400` ended in an OverflowError traceback from the lr schedule's float maths, once the data had
+    loaded; 2**63 trained, and its record held an integer TOML's 64 bits cannot: both are refused in one line that
+    names the largest value taken, from the command line and from a config file alike."""
+    from cnnpar.config import RunConfig
+
+    monkeypatch.chdir(tmp_path)
+    rest = ["--max-steps", "1", "--workers", "0", "--no-progress", "--no-tensorboard", "--out-dir", "runs"]
+    largest = "expected 1..9,223,372,036,854,775,807 (2**63 - 1)"
+    for epochs in (10**400, 2**63):
+        assert cli.main(["train", "--epochs", str(epochs), *rest]) == 2
+        assert capsys.readouterr().err == f"cnnpar: error: run.epochs (--epochs) = {epochs}: {largest}\n"
+    (tmp_path / "c.toml").write_text(f"[run]\nepochs = {2**63}\n")
+    assert cli.main(["train", "--config", "c.toml", *rest]) == 2
+    assert capsys.readouterr().err == f"cnnpar: error: c.toml: run.epochs (--epochs) = {2**63}: {largest}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.toml"]  # no run folder
+    assert RunConfig(epochs=2**63 - 1).epochs == 2**63 - 1  # the largest named is taken
+
+
 # 5. a misspelt model, before the data loads or torchrun starts
 
 

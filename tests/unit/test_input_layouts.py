@@ -476,3 +476,69 @@ def test_train_whose_images_or_val_classes_all_lie_under_dunder_folders_says_to_
     (mac / "__MACOSX" / "._0.jpg").write_bytes(b"\x00\x05\x16\x07")
     with pytest.raises(DataError, match=r"^\S+mac: no class folders: expected root/<class>/<image>\.jpg\|png$"):
         load_data(DataConfig(source=str(mac), image_size=8))
+
+
+def test_a_split_whose_class_folders_lie_under_a_dunder_folder_says_to_move_them_up_not_to_pass_it(tmp_path):
+    """photos/train/__x/{class0,class1} beside photos/val/ said "expected photos/train/__x (which holds the class
+    folders) in its place": passed as --data, that folder trains without photos/val/ (and val/__x in its place,
+    without train/). The line now says to move the class folders up into the split, and the layout it names loads
+    both splits."""
+    for split, other in (("train", "val"), ("val", "train")):
+        root = tmp_path / split / "photos"
+        write_image_folder(root / split / "__x", per_class=2, classes=2)
+        write_image_folder(root / other, per_class=2, classes=2)
+        with pytest.raises(DataError) as e:
+            load_data(DataConfig(source=str(root), image_size=8))
+        assert str(e.value) == (
+            f"{root / split}: no class folders outside its folder(s) named __* ({root / split / '__x'}/ (4 image(s))), "
+            f"which are skipped as cnnpar train skips __MACOSX/: expected the class folders of {root / split / '__x'} "
+            f"moved up into {root / split}"
+        )
+        for name in ("class0", "class1"):
+            (root / split / "__x" / name).rename(root / split / name)
+        _, _, splits, _ = scan_splits(root)  # as the line says: both splits read, val/ validating
+        assert sorted(set(splits)) == [0, 1]
+
+
+def test_a_dunder_folder_of_splits_is_said_to_hold_the_splits_not_the_class_folders(tmp_path):
+    """photos/__x/{train,val} was said to be "__x (which holds the class folders)": it holds the splits, and
+    passing it reads both."""
+    root = tmp_path / "photos"
+    write_image_folder(root / "__x" / "train", per_class=2, classes=2)
+    write_image_folder(root / "__x" / "val", per_class=1, classes=2)
+    with pytest.raises(DataError) as e:
+        load_data(DataConfig(source=str(root), image_size=8))
+    assert str(e.value) == (
+        f"{root}: no class folders outside its folder(s) named __* ({root / '__x'}/ (6 image(s))), which are skipped "
+        f"as cnnpar train skips __MACOSX/: expected {root / '__x'} (which holds the splits train/, val/) in its place"
+    )
+    _, _, splits, classes = scan_splits(root / "__x")
+    assert classes == ["class0", "class1"] and sorted(set(splits)) == [0, 1]
+
+
+def test_a_skipped_dunder_folder_of_class_folders_is_told_to_merge_them_not_to_be_renamed_as_a_class(tmp_path):
+    """photos/train/__old/{class0,class1} beside the class folders was told "rename them without the leading __ to
+    train on them as classes": renamed, old/ trains as one class of both classes' images. The note now says to move
+    their images into the class folders of the same names, which reads them under their own classes; a folder of
+    loose images beside it is still told to be renamed."""
+    root = tmp_path / "photos"
+    write_image_folder(root / "train", per_class=2, classes=2)
+    write_image_folder(root / "val", per_class=1, classes=2)
+    write_image_folder(root / "train" / "__old", per_class=1, classes=2)
+    old = root / "train" / "__old"
+    move = "move their class folders' images up into class folders of the same names beside them to train on them"
+    assert load_data(DataConfig(source=str(root), image_size=8)).load_note == (
+        f"warning: 1 folder(s) named __*, skipped as __MACOSX/ is: {old}/ (2 image(s)): their images are not read; "
+        f"{move}"
+    )
+    shutil.copytree(root / "train" / "class0", root / "train" / "__background__")
+    assert load_data(DataConfig(source=str(root), image_size=8)).load_note.endswith(
+        "their images are not read; rename those of loose images without the leading __ to train on them as classes, "
+        "and move the class folders' images in the others up into class folders of the same names beside them"
+    )
+    shutil.rmtree(root / "train" / "__background__")
+    for name in ("class0", "class1"):  # as the note says
+        for f in (old / name).iterdir():
+            f.rename(root / "train" / name / f"old-{f.name}")
+    _, labels, splits, classes = scan_splits(root)
+    assert classes == ["class0", "class1"] and sum(s == 0 for s in splits) == 6 and sorted(set(labels)) == [0, 1]
