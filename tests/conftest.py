@@ -41,15 +41,21 @@ def _stop_handlers_put_back():
 
 @pytest.fixture
 def stops_reach_children():
-    """Processes the test starts begin with SIGTERM and SIGHUP at their defaults, as a terminal's own processes do.
-    A suite run under nohup ignores SIGHUP, and an ignored signal stays ignored across exec, so the tests of a closing
-    terminal's SIGHUP skipped there. A handler set here is reset to the default in every child that execs, and keeps
-    this process as deaf to a stray signal as the ignored one did."""
+    """Processes the test starts begin with SIGTERM, SIGHUP and SIGINT at their defaults, as a terminal's own processes
+    do, and this process's own Ctrl-C is Python's KeyboardInterrupt. A suite run under nohup ignores SIGHUP, and one
+    started in the background by a script (`(pytest ... &)` with no job control) ignores SIGINT; an ignored signal
+    stays ignored across exec, so the tests of a closing terminal's SIGHUP skipped there, and a Ctrl-C test's launcher
+    trained on through its SIGINT. A handler set here is reset to the default in every child that execs. SIGTERM's
+    and SIGHUP's keep this process as deaf to a stray signal as the ignored one did; SIGINT gets Python's own, which
+    an interactive start gives it: cnnpar's commands called in this process put their Ctrl-C handler only in its place
+    (errors.stop_on_signals), and no Ctrl-C reaches a suite run in the background but a test's own."""
     ignored = [
-        s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s and signal.getsignal(s) is signal.SIG_IGN
+        s
+        for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None), signal.SIGINT)
+        if s and signal.getsignal(s) is signal.SIG_IGN
     ]
     for s in ignored:
-        signal.signal(s, lambda signum, frame: None)
+        signal.signal(s, signal.default_int_handler if s == signal.SIGINT else lambda signum, frame: None)
     yield
     for s in ignored:
         signal.signal(s, signal.SIG_IGN)

@@ -351,20 +351,26 @@ class DeviceFeeder:
         if self.stream is None:
             # the pass is made here, by iter(feeder), not at the first batch: DataLoader workers start (or persistent
             # ones are given the epoch) before the step loop times its first `next` as data wait
-            return (self._ready(*batch) for batch in self._one_pass(iter(self.loader)))
+            return self._one_pass(iter(self.loader), self._ready)
         return self._iter_side_stream()
 
-    def _one_pass(self, batches):
+    def _one_pass(self, batches, prepare=None):
         """The loader's batches for one pass (`batches`: `iter(self.loader)`, made by the caller's thread, where
-        DataLoader workers must start). A pass that ends early (a worker's error raised here, a stop, a loop left and
-        its iterator closed) takes the pass's own worker processes down at once: torch leaves them to the collection
-        of its iterator, which the error's traceback or a reference cycle can put off, and its clean-up then joined
-        each worker with a timeout inside whatever ran next (an in-process `predict --workers 2` on a damaged photo:
-        ~20 s in the next call; the workers lived on in a notebook till then). An error of the inline path's own
-        `_ready`, raised after the batch left this generator, still leaves them to that collection. Persistent
+        DataLoader workers must start), each given to `prepare` where one is given. A pass that ends early (a worker's
+        error raised here, an error of `prepare`, a stop, a loop left and its iterator closed) takes the pass's own
+        worker processes down at once: torch leaves them to the collection of its iterator, which the error's
+        traceback or a reference cycle can put off, and its clean-up then joined each worker with a timeout inside
+        whatever ran next (an in-process `predict --workers 2` on a damaged photo: ~20 s in the next call; the workers
+        lived on in a notebook till then). The inline path's `_ready` runs here, inside this `finally`'s reach: run
+        after the batch left this generator (`--decode gpu` off CUDA decodes in the main process), its error's
+        traceback held this generator, and the workers with it, for as long as the caller kept the error. Persistent
         workers serve the next pass; `close` ends them."""
         try:
-            yield from batches
+            if prepare is None:
+                yield from batches
+            else:
+                for batch in batches:
+                    yield prepare(*batch)
         finally:
             if batches is not getattr(self.loader, "_iterator", None):
                 stop_iterator_workers(batches)

@@ -368,7 +368,7 @@ def test_a_stop_to_nproc_stops_torchrun_and_its_workers_with_the_epochs_kept(tmp
     assert not left, [p.info["cmdline"] for p in left]
 
 
-def test_ctrl_c_under_nproc_prints_the_epochs_kept_once(tmp_path):
+def test_ctrl_c_under_nproc_prints_the_epochs_kept_once(tmp_path, stops_reach_children):
     """A Ctrl-C: rank 0 printed the stop line, then the launcher printed the same line again."""
     name = f"int-{tmp_path.name}"
     args = ["--nproc", "2", "--epochs", "50", "--max-steps", "2", "--no-progress", "--no-tensorboard", "--name", name]

@@ -5,18 +5,19 @@ file near a minute on 2 cores, most of it framework imports. Eight steps, not tw
 that ends at chance accuracy, and two steps left some frameworks at 17 %, near the 15 % line. PyTensor runs in
 FAST_COMPILE mode here, with no C compiler: FAST_RUN's first C compilation takes minutes on a fresh machine.
 `compare` itself runs by `main` in this process (it starts every runner as a subprocess of its own anyway), with
-the one-thread environment the CLI subprocesses get, which its runners inherit.
+the environment the CLI subprocesses get (conftest.cli_env), which its runners inherit.
 """
 
 from __future__ import annotations
 
 import csv
 import importlib.util
+import os
 
 import pytest
 
 from cnnpar.frameworks.spec import CSV_COLUMNS, FRAMEWORKS, csv_name, read_result_csv
-from tests.conftest import main_in
+from tests.conftest import cli_env, main_in
 
 TINY = ["--max-train", "256", "--max-val", "64", "--batch-size", "32", "--epochs", "1"]
 HEADER_KEYS = {"framework", "backend", "device", "devices_used", "parallelism", "git_rev", "train_samples", "timed"}
@@ -27,16 +28,25 @@ def installed(name: str) -> bool:
     return all(importlib.util.find_spec(p) is not None for p in FRAMEWORKS[name].needs)
 
 
+# seconds each runner may take before `compare` stops it and fails its row: a guard against a hang (no timeout
+# bounds a call of `main`, and compare's own default is an hour a runner), not a timing; the subprocess this
+# replaced had 600 s for every framework together
+RUNNER_TIMEOUT_S = "300"
+
+
 @pytest.fixture
 def compare(tmp_path, monkeypatch, capsys):
     """`cnnpar compare ARGS` by `main` in this process, from tmp_path: (exit code, out, err). Its runners get the
-    environment a CLI subprocess of the tests has (conftest.cli_env: one OpenMP thread), with `env` added."""
+    environment a CLI subprocess of the tests has (conftest.cli_env: one OpenMP thread, none of the suite's CNNPAR_*
+    or torchrun variables), with `env` added."""
 
     def _run(*args: str, **env: str) -> tuple[int, str, str]:
+        for name in set(os.environ) - set(cli_env()):  # what cli_env leaves out: a fault injection, a git_rev
+            monkeypatch.delenv(name)
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        done = main_in(tmp_path, monkeypatch, capsys, ["compare", *args])
+        done = main_in(tmp_path, monkeypatch, capsys, ["compare", "--timeout", RUNNER_TIMEOUT_S, *args])
         return done.returncode, done.stdout, done.stderr
 
     _run.cwd = tmp_path
@@ -96,6 +106,17 @@ def test_keras_jax_data_parallel_on_two_virtual_devices(compare):
     assert f"{'keras-jax':<18} {'-':>16}   2 dev  val acc " in stdout  # the console says the devices it ran on
     assert header["parallelism"].count("CpuDevice") == 2 or header["parallelism"].count(",") == 1
     assert len(rows) == 1 and float(rows[0]["images_per_s"]) > 0
+
+
+def test_the_runners_get_none_of_the_suite_s_own_cnnpar_variables(compare, monkeypatch):
+    """A suite run with a CNNPAR_* variable exported (here the git revision results record; a fault injection does
+    the same): `compare` run in this process handed it to its runners, which the CLI subprocesses that ran it before
+    (conftest.cli_env) never got."""
+    monkeypatch.setenv("CNNPAR_GIT_REV", "the-suite-s-own")
+    rc, stdout, stderr = compare("--frameworks", "torch", *TINY, "--out", "res")
+    assert rc == 0, stdout[-3000:] + stderr[-3000:]
+    header, _ = read_result_csv(compare.cwd / "res" / csv_name(FRAMEWORKS["torch"]))
+    assert header["git_rev"] and header["git_rev"] != "the-suite-s-own"
 
 
 def test_compare_rejects_unknown_framework(compare):

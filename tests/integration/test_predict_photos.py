@@ -147,6 +147,28 @@ def test_predict_names_a_damaged_photo_in_one_line_from_a_worker_too(tmp_path, c
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+def test_a_damaged_photo_s_error_held_by_the_caller_keeps_no_loader_worker(tmp_path, photo_run, decode):
+    """`predict` called from Python (a notebook cell) on a damaged photo, the error kept, as a notebook keeps its
+    last one: the pass's workers are gone all the same. With `--decode gpu` off CUDA the photo is decoded in the main
+    process by the feeder's own batch preparation, after the workers read its bytes; that error's traceback held the
+    pass, and its two workers lived on for as long as the error was kept."""
+    import shutil
+
+    from cnnpar.errors import DataError
+
+    root, run_dir = photo_run
+    copy = shutil.copytree(root, tmp_path / "photos")
+    bad = copy / "c1" / "3.jpg"
+    whole = bad.read_bytes()
+    bad.write_bytes(whole[: len(whole) // 2])  # its header whole, its pixels cut short
+    with pytest.raises(DataError, match="3.jpg") as caught:
+        predict(str(run_dir), str(copy), out=str(tmp_path / "p.csv"), batch_size=BATCH, workers=2, decode=decode)
+    assert caught.value.__traceback__ is not None  # still held here, frames and all
+    assert multiprocessing.active_children() == []
+    assert not (tmp_path / "p.csv").exists()
+
+
 def test_predict_workers_flag_takes_train_s_default_and_caps(tmp_path, capsys, monkeypatch, photo_run):
     """auto (-1, the default) as train's; N capped to 4 a usable core, said in train's line; others refused."""
     root, run_dir = photo_run

@@ -568,7 +568,7 @@ def test_the_launcher_reads_the_variable_cnnpar_sets(monkeypatch):
     assert dist.PARENT_ENV not in os.environ
 
 
-def test_a_second_stop_kills_the_launchers_workers_in_sessions_of_their_own(tmp_path):
+def test_a_second_stop_kills_the_launchers_workers_in_sessions_of_their_own(tmp_path, stops_reach_children):
     """A second Ctrl-C 2 s after the first ends the launcher at once: a `killpg` of its session left its workers,
     which torch elastic starts in sessions of their own, training on."""
     import signal

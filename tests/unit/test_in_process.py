@@ -17,7 +17,8 @@ from cnnpar import errors
 from cnnpar.cli import main
 from cnnpar.engine.trainer import Trainer
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+# every Ctrl-C here is Python's KeyboardInterrupt as in a terminal, in a suite started with SIGINT ignored too
+pytestmark = pytest.mark.usefixtures("one_thread", "stops_reach_children")
 
 TRAIN = ["train", "--epochs", "1", "--max-steps", "4", "--no-progress", "--no-tensorboard", "--device", "cpu"]
 
