@@ -29,6 +29,7 @@ from cnnpar.errors import (
 from cnnpar.report.files import TEXT
 from cnnpar.torchrun import (  # (imports no torch)
     RUN_DIR_NOTE_ENV,
+    failure_note,
     memory_full_note,
     reader_gone_note,
     refusal_note,
@@ -81,6 +82,14 @@ def stop_said_marker(note: Path) -> Path:
     return note.with_name(note.name + ".said")
 
 
+def launch_continue_command(note: Path, run_dir: str, nproc: int) -> str:
+    """The command that continues the launch's run folder `run_dir`: its --resume with as many processes, and the
+    half batch of a rank that ran out of memory (a plain --resume runs out of memory again)."""
+    again = shlex.join(["cnnpar", "train", "--resume", run_dir, "--nproc", str(nproc)])
+    fitting = memory_full_note(note)  # a rank ran out of memory: the resume's half batch (main)
+    return again + (fitting.read_text(**TEXT) if fitting.is_file() else "")
+
+
 def launch_end_line(note: Path, nproc: int) -> str:
     """The launcher's line when its workers failed or were stopped: what the run folder's checkpoint keeps and
     the command that continues it ("" where rank 0 has said it)."""
@@ -96,11 +105,29 @@ def launch_end_line(note: Path, nproc: int) -> str:
         refuse_a_live_run(Path(run_dir))  # this launch's workers are gone: a claim still held is another run's
     except RunFolderInUse:
         return f"stopped before training began: {run_dir} belongs to a run still in progress"
-    again = shlex.join(["cnnpar", "train", "--resume", run_dir, "--nproc", str(nproc)])
-    fitting = memory_full_note(note)  # a rank ran out of memory: the resume's half batch (main)
-    return stopped_line(
-        run_dir, checkpoint_epoch(run_dir), again + (fitting.read_text(**TEXT) if fitting.is_file() else "")
-    )
+    return stopped_line(run_dir, checkpoint_epoch(run_dir), launch_continue_command(note, run_dir, nproc))
+
+
+def launch_failure_lines(note: Path, nproc: int) -> tuple[str, str]:
+    """The launcher's lines when a rank ended on an error of its own (torchrun.failure_note): that error, said once
+    with its rank and, where the checkpoint holds an epoch, what it keeps and the command that continues, on the same
+    line, as one process says it (for stderr); and the end line on what is kept where no epoch is (for stdout, "" for
+    none)."""
+    import json
+
+    from cnnpar.engine.checkpoint import checkpoint_epoch
+    from cnnpar.engine.rundir import kept_line
+
+    said = json.loads(failure_note(note).read_text(**TEXT))
+    error = f"cnnpar: error: {said['line']}"
+    if not said["add_kept"]:  # the line says what is kept itself (rank 0's, a divergence's)
+        return error, ""
+    end = launch_end_line(note, nproc)
+    run_dir = note.read_text(**TEXT) if end and note.is_file() else ""
+    saved = checkpoint_epoch(run_dir) if run_dir else 0  # read now: every worker has ended
+    if saved:
+        return f"{error}; {kept_line(run_dir, saved, launch_continue_command(note, run_dir, nproc))}", ""
+    return error, end
 
 
 def horovod_train_args(argv: list[str], nproc: int) -> list[str]:
@@ -225,6 +252,12 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             if rc != 0 and refusal_note(note).is_file():  # every rank refused alike: said once, as one process does
                 print(f"cnnpar: error: {refusal_note(note).read_text(**TEXT)}", file=sys.stderr, flush=True)
                 return 2
+            if rc != 0 and failure_note(note).is_file():  # a rank's own error: said once, as one process does
+                error, end = launch_failure_lines(note, cfg.dist.nproc)
+                print(error, file=sys.stderr, flush=True)
+                if end:
+                    print(end, flush=True)
+                return 2
             if rc != 0 and note.is_file() and (line := launch_end_line(note, cfg.dist.nproc)):
                 print(line, flush=True)  # a rank that failed before it chose a folder said why itself
             return rc
@@ -247,9 +280,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             Path(note).write_text(str(trainer.run_dir), **TEXT)
         try:
             result = trainer.fit()
-        except (KeyboardInterrupt, UserError):  # a stop, or a worker crash after a saved epoch: what is kept was said
+        except (KeyboardInterrupt, UserError) as e:  # a stop, or an error after a saved epoch: what is kept was said
             if note and trainer.stop_said:
                 stop_said_marker(Path(note)).touch()
+            if isinstance(e, UserError):
+                say_the_failure_to_the_launcher(e, args, trainer.stop_said)
             raise
         if info.is_main:
             best = result.summary.get("best_val_acc")
@@ -298,6 +333,36 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
         raise
     finally:
         teardown()
+
+
+def say_the_failure_to_the_launcher(e: UserError, args: argparse.Namespace, kept_said: bool) -> None:
+    """A rank of `--nproc` whose training ended on an error of its own writes it for its launcher (torchrun.
+    failure_note), which says it once: before this rank leaves the process group, so that the other ranks, whose
+    collectives then find it gone, already see it (run_command) and end quietly. The first rank's error is said;
+    a refusal every rank raised alike has its own note. `kept_said`: the line names what the checkpoint keeps
+    (rank 0's, which reads it). A no-op outside `--nproc`'s launcher."""
+    import json
+
+    from cnnpar.engine.trainer import SAID_WITH_WHAT_IS_KEPT
+    from cnnpar.report.files import write_text_atomic
+
+    note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
+    if not note or isinstance(e, EveryRankRefused) or failure_note(note).is_file():
+        return
+    prefix = f"[rank {_rank()}] " if _of_a_job() else ""
+    said = {
+        "line": f"{prefix}{user_error_text(e)}{_preset_data_note(args, e)}",
+        "add_kept": isinstance(e, SAID_WITH_WHAT_IS_KEPT) and not kept_said,
+    }
+    with contextlib.suppress(OSError):  # the rank says it itself (run_command), as before
+        write_text_atomic(failure_note(note), json.dumps(said))
+
+
+def a_rank_failure_noted() -> bool:
+    """A rank of this `--nproc` launch ended on an error of its own, which its launcher says
+    (say_the_failure_to_the_launcher)."""
+    note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
+    return bool(note) and failure_note(note).is_file()
 
 
 def say_the_reader_gone_to_the_job(stop: KeyboardInterrupt) -> None:
@@ -1123,6 +1188,8 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
 
             with contextlib.suppress(OSError):  # the line below is said without it
                 write_text_atomic(memory_full_note(note), e.resume_flags)
+        if a_rank_failure_noted():  # this rank's error or another's, said once by the launcher
+            return 2
         prefix = f"[rank {_rank()}] " if _of_a_job() else ""
         return say_user_error(f"{prefix}{text}")
     except KeyboardInterrupt as e:
@@ -1139,6 +1206,8 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
         line, code = another_rank_line(e, _rank())
         if line and reader_gone_in_the_job():  # the job's stop, which that rank's end was: quiet, as a Ctrl-C's
             return stopped(stop_for(SIGPIPE))
+        if line and a_rank_failure_noted():  # the launcher says that rank's error, and what is kept
+            return code
         if line:  # the other rank's own error, where it had one, is that rank's to say: no traceback of ours
             print(line, file=sys.stderr, flush=True)
             return code

@@ -9,9 +9,10 @@ that stopped because of another (errors.EXIT_ANOTHER_RANK_ENDED, EXIT_COLLECTIVE
 itself, is not named as the first failure; a rank that stopped answering fails nothing itself, and is named where
 torchrun had to kill it (it did not answer the SIGTERM). Where every rank refused alike at start-up (the model too
 small for the images, say), the launcher prints that refusal once and the job ends 2, as one process does: here
-neither torchrun's lines on the workers' exits nor an end line. torch elastic's own files (each worker's error file)
-go in a folder of this process's own, removed as it ends: left to itself torchrun made a /tmp/torchelastic_* folder for
-each job and never removed it.
+neither torchrun's lines on the workers' exits nor an end line; so too for a rank's own error as training runs
+(failure_note: a photo damaged after the first epoch, a divergence), which the launcher says with what is kept.
+torch elastic's own files (each worker's error file) go in a folder of this process's own, removed as it ends: left to
+itself torchrun made a /tmp/torchelastic_* folder for each job and never removed it.
 """
 
 from __future__ import annotations
@@ -54,6 +55,16 @@ def memory_full_note(run_dir_note: str | Path) -> Path:
     return Path(str(run_dir_note) + ".memory-full")
 
 
+def failure_note(run_dir_note: str | Path) -> Path:
+    """Beside the launcher's run-folder note: a rank's own error as it ended training (a UserError: a photo damaged
+    after the first epoch, a divergence), as JSON {"line": its line with its rank, "add_kept": whether the launcher
+    adds what the checkpoint keeps and the command that continues, which rank 0 alone can say itself}. Written before
+    the rank leaves the process group, so the other ranks, whose collectives then find it gone, end quietly (cli);
+    the launcher says it once, exit 2, as one process does: it ended 1 after the other rank's line, torchrun's lines
+    on the workers' exits and the launcher's "rank 1 failed first", its kept epochs on another line."""
+    return Path(str(run_dir_note) + ".failed")
+
+
 def reader_gone_note(run_dir_note: str | Path) -> Path:
     """Beside the launcher's run-folder note: a rank found the reader of the job's output gone (`cnnpar train --nproc
     2 | head -2`; console.StopWhenGone) and stops as by SIGPIPE. The job's stop, as a Ctrl-C is: the other ranks,
@@ -63,9 +74,10 @@ def reader_gone_note(run_dir_note: str | Path) -> Path:
 
 
 class QuietAfterANote(logging.Filter):
-    """Drops torchrun's records once one of `notes` exists: the workers refused alike (`refusal_note`), or the job
-    stopped as its output's reader went away (`reader_gone_note`); their exit codes and the SIGTERMs sent to the
-    others would read as a failure beside the one line the launcher prints, or after the stop."""
+    """Drops torchrun's records once one of `notes` exists: the workers refused alike (`refusal_note`), a rank
+    ended on an error of its own that the launcher says (`failure_note`), or the job stopped as its output's reader
+    went away (`reader_gone_note`); their exit codes and the SIGTERMs sent to the others would read as a failure
+    beside the one line the launcher prints, or after the stop."""
 
     def __init__(self, *notes: Path | None) -> None:
         super().__init__()
@@ -218,9 +230,10 @@ def main() -> int:
     ended = EndedByTorchrun()
     note = os.environ.get(RUN_DIR_NOTE_ENV)
     refused = refusal_note(note) if note else None
+    failed = failure_note(note) if note else None
     logging.getLogger(TORCHRUN_PROCESS_LOGGER).addFilter(ended)
     logging.getLogger(TORCHRUN_PROCESS_LOGGER).addFilter(
-        QuietAfterANote(refused, reader_gone_note(note) if note else None)
+        QuietAfterANote(refused, failed, reader_gone_note(note) if note else None)
     )
     # removed as this process ends, or by the next launch where it was killed outright; the workers' output still
     # goes to the console alone (--log-dir moves only what torch elastic writes to files: no --redirects or --tee)
@@ -232,7 +245,7 @@ def main() -> int:
         except SignalException as e:  # torchrun has stopped its workers by now (the agent's shutdown comes first)
             return 128 + int(e.sigval)
         except ChildFailedError as e:
-            if refused is not None and refused.is_file():  # the launcher says it, once
+            if any(n is not None and n.is_file() for n in (refused, failed)):  # the launcher says it, once
                 return 2
             if stopped_by_its_reader(e.failures, ended):  # rank 0 said what is kept where it still could
                 return 128 + signal.SIGPIPE

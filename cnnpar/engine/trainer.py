@@ -153,6 +153,10 @@ METRIC_COLUMNS = [
 GROUPING_SETTINGS = ("whiten_bias_epochs", "whiten_frozen")
 PROGRESS_EVERY = 20  # steps between progress-bar loss readouts (each one is a host sync)
 PROBE_IMAGES = 8  # images of an unevaluated epoch's last batch whose outputs check its last update (check_diverged)
+# The errors that, after a saved epoch, end with what the checkpoint holds and the command that continues (a file
+# refused, stdout unwritable, out of memory: Trainer._raise_kept), where others (a divergence, a failed write) say
+# what is kept in their own words. Rank 0 alone reads the checkpoint: another rank's line leaves it to its launcher.
+SAID_WITH_WHAT_IS_KEPT = (DataError, OutputNotWritable, DeviceMemoryFull)
 
 
 @dataclass
@@ -1015,7 +1019,7 @@ class Trainer(DivergenceCheck):
         that stdout). The same error kind, on stderr. Out of memory (DeviceMemoryFull) too, whose command continues
         with half the batch and twice the accumulation: the same batch per step, which a plain resume ran out of
         memory on again."""
-        kind = next((k for k in (DataError, OutputNotWritable, DeviceMemoryFull) if isinstance(e, k)), None)
+        kind = next((k for k in SAID_WITH_WHAT_IS_KEPT if isinstance(e, k)), None)
         flags = self._fitting_flags() if kind is DeviceMemoryFull else ""
         if flags:  # for the launcher of --nproc, whose line continues where this rank's did not (cli.main)
             e.resume_flags = flags
