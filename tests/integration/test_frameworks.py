@@ -1,8 +1,10 @@
 """`cnnpar compare` end to end: every installed framework trains cnn3 for one short epoch.
 
-Tiny data (the built-in digits, 256 training and 64 validation images, batch 32) keeps the whole
-file near a minute on 2 cores, most of it framework imports. Eight steps, not two: `compare` exits 1 for a run
-that ends at chance accuracy, and two steps left some frameworks at 17 %, near the 15 % line. PyTensor runs in
+Tiny data (the built-in digits, 128 training and 32 validation images, batch 16) keeps the whole
+file near a minute on 2 cores, most of it framework imports and compilation. Eight steps, not two: `compare` exits 1
+for a run that ends at chance accuracy, and two steps left some frameworks at 17 %, near the 15 % line (eight of 16
+left keras-jax and PyTensor at 72 %). Batch 16, not 32: PyTensor's Python linker spends its time per image, and at
+256 and 64 images its epoch was a third of the file's CPU. PyTensor runs in
 FAST_COMPILE mode here, with no C compiler: FAST_RUN's first C compilation takes minutes on a fresh machine.
 `compare` itself runs by `main` in this process (it starts every runner as a subprocess of its own anyway), with
 the environment the CLI subprocesses get (conftest.cli_env), which its runners inherit.
@@ -19,7 +21,7 @@ import pytest
 from cnnpar.frameworks.spec import CSV_COLUMNS, FRAMEWORKS, csv_name, read_result_csv
 from tests.conftest import cli_env, main_in
 
-TINY = ["--max-train", "256", "--max-val", "64", "--batch-size", "32", "--epochs", "1"]
+TINY = ["--max-train", "128", "--max-val", "32", "--batch-size", "16", "--epochs", "1"]
 HEADER_KEYS = {"framework", "backend", "device", "devices_used", "parallelism", "git_rev", "train_samples", "timed"}
 HEADER_KEYS |= {"intra_op_threads", "load_avg_before_1_5_15", "load_avg_1_5_15"}
 
@@ -71,7 +73,7 @@ def test_compare_every_framework_one_epoch(compare):
         assert f"| {name} | ok |" in table
         header, rows = read_result_csv(out / csv_name(fw))
         assert HEADER_KEYS <= set(header), (name, header)
-        assert header["train_samples"] == "256" and header["val_samples"] == "64"
+        assert header["train_samples"] == "128" and header["val_samples"] == "32"
         assert header["device_type"] == "cpu", header  # no GPU here: whatever the strategy, the record says CPU
         assert len(rows) == 1 and list(rows[0]) == CSV_COLUMNS
         row = rows[0]
