@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -86,12 +87,54 @@ def test_a_long_value_is_cut_inside_its_quotes_and_brackets():
     )
 
 
+# Rank 0 lets go of an all_reduce's tensor while its gloo worker thread still runs the collective (rank 1 comes a
+# second late), leaves the group, then drops the group's last reference, as the Trainer in a refusal's traceback
+# drops DDP's Reducer when `cli.main` returns. faulthandler ends a deadlocked rank (exit 1) before the test's timeout.
+LAST_REFERENCE = """
+import faulthandler, time
+import torch, torch.distributed as dist
+from cnnpar.dist import destroy_distributed, init_distributed
+faulthandler.dump_traceback_later(30, exit=True)
+info = init_distributed("cpu")
+group = dist.group.WORLD
+flag = torch.ones(1)
+if info.rank == 1:
+    time.sleep(1)
+work = dist.all_reduce(flag, async_op=True)
+if info.rank == 0:
+    del flag, work
+else:
+    work.wait()
+destroy_distributed()
+del group
+print("ended", info.rank, flush=True)
+faulthandler.cancel_dump_traceback_later()
+"""
+
+# One torchrun launch for every test of the module that needs ranks (each launch costs three interpreters' start-up):
+# its ranks first leave LAST_REFERENCE's group, then run the agreement checks, as the next check ran after it before
+LAUNCH = f"""{LAST_REFERENCE}
+flag = work = None  # rank 1's collective and tensor, which a process of its own kept until it ended
+import runpy, sys
+sys.argv = [{str(CHECKS)!r}, *sys.argv[1:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
+def launch(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     work = tmp_path_factory.mktemp("agreement")
     for rank in range(2):
         (work / f"n{rank}").mkdir()
-    proc = run_cmd([*torchrun_cmd(2, "--standalone"), str(CHECKS), str(work)], work, timeout=240)
+    script = work / "last_reference_then_checks.py"
+    script.write_text(LAUNCH)
+    proc = run_cmd([*torchrun_cmd(2, "--standalone"), str(script), str(work)], work, timeout=240)
+    return proc, work
+
+
+@pytest.fixture(scope="module")
+def ranks(launch) -> list[dict]:
+    proc, work = launch
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((work / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -207,36 +250,10 @@ def test_a_rank_whose_copy_of_the_data_is_bad_stops_every_rank_with_its_error(ra
         assert "Traceback" not in check["stderr"]
 
 
-# Rank 0 lets go of an all_reduce's tensor while its gloo worker thread still runs the collective (rank 1 comes a
-# second late), leaves the group, then drops the group's last reference, as the Trainer in a refusal's traceback
-# drops DDP's Reducer when `cli.main` returns. faulthandler ends a deadlocked rank (exit 1) before the test's timeout.
-LAST_REFERENCE = """
-import faulthandler, time
-import torch, torch.distributed as dist
-from cnnpar.dist import destroy_distributed, init_distributed
-faulthandler.dump_traceback_later(30, exit=True)
-info = init_distributed("cpu")
-group = dist.group.WORLD
-flag = torch.ones(1)
-if info.rank == 1:
-    time.sleep(1)
-work = dist.all_reduce(flag, async_op=True)
-if info.rank == 0:
-    del flag, work
-else:
-    work.wait()
-destroy_distributed()
-del group
-print("ended", info.rank, flush=True)
-"""
-
-
-def test_a_group_left_while_its_gloo_thread_still_holds_a_tensor_ends(tmp_path):
+def test_a_group_left_while_its_gloo_thread_still_holds_a_tensor_ends(launch):
     """torch 2.5 joined a gloo group's worker threads when its last reference died, holding the GIL, while a worker
     waited for the GIL to free a collective's tensor: the rank hung for ever. Under a plain torchrun the next
     agreement check's rank waited for it in init_process_group until the job's timeout (about 1 run in 2)."""
-    script = tmp_path / "last_reference.py"
-    script.write_text(LAST_REFERENCE)
-    proc = run_cmd([*torchrun_cmd(2, "--standalone"), str(script)], tmp_path, timeout=120)
+    proc, _ = launch  # each rank left the group, then ran the agreement checks
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(proc.stdout.split("\n")[:2]) == ["ended 0", "ended 1"], proc.stdout

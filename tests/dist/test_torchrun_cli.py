@@ -1,5 +1,6 @@
 """`cnnpar train` under real torchrun launches (CPU, gloo): restarts, two "nodes", the debug
-switch and who prints. (A failing rank being named is checked inside tests/dist/checks.py.)
+switch and who prints. (A failing rank being named is checked inside tests/dist/checks.py; a killed worker's
+one-node restart, and who prints in it, in tests/dist/test_tensorboard_ddp.py, whose launch checks its curves too.)
 
 torchrun and its ranks are processes of their own; where a test runs `cnnpar train --nproc N`, the launcher runs in
 this process (cli_here) unless the test signals it."""
@@ -103,36 +104,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def test_killed_worker_restarts_resumes_and_only_rank0_speaks(tmp_path):
-    """Rank 1 SIGKILLs itself half-way through epoch 2 of the first attempt (engine/fault.py);
-    torchrun restarts the group, which finds its run folder by the job id and resumes after
-    epoch 1. Every epoch lands in metrics.csv exactly once."""
-    logs = tmp_path / "logs"
-    proc = run_cmd(
-        [*torchrun_cmd(2, "--standalone", "--max-restarts=1", "--redirects=3", f"--log-dir={logs}"), *TRAIN]
-        + ["--epochs", "3", "--lr-scaling", "linear"],
-        tmp_path,
-        CNNPAR_FAULT_KILL_AT_EPOCH="2",
-    )
-    assert proc.returncode == 0, explain(proc)
-    run_dir = only_run_folder(tmp_path)
-    assert [row["epoch"] for row in read_csv(run_dir / "metrics.csv")] == ["1", "2", "3"]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["epochs"] == 3 and summary["world_size"] == 2
-
-    first, second = worker_log(logs, 0, 0, "stdout"), worker_log(logs, 1, 0, "stdout")
-    assert "epoch 1/3" in first and "epoch 2/3" not in first  # killed during epoch 2
-    assert "resumed from" in second and "after epoch 1" in second
-    assert "epoch 2/3" in second and "epoch 3/3" in second and "epoch 1/3 " not in second
-    # the start-up banner: global batch and the lr scaling
-    assert "batch 16/process x 2 process(es) x 1 accumulation = 32 per step" in first
-    assert "lr 0.002 x 2 processes = 0.004 (--lr-scaling linear)" in first
-    # rank 1 writes nothing to the terminal, in either attempt, unless it fails
-    for attempt in (0, 1):
-        assert worker_log(logs, attempt, 1, "stdout") == ""
-    assert worker_log(logs, 1, 1, "stderr") == ""
 
 
 def test_two_node_rendezvous_on_localhost_trains(tmp_path):
