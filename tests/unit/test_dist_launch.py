@@ -511,6 +511,35 @@ def test_the_launchers_last_line_does_not_offer_a_folder_another_live_run_holds(
     )
 
 
+def test_a_ranks_noted_failure_is_said_with_what_is_kept_where_rank_0_left_its_own_kept_line_to_the_note(
+    tmp_path, monkeypatch
+):
+    """Every rank out of memory at one step: rank 0's line named what is kept (the "said" marker), but rank 1's
+    note came first and rank 0 said nothing (run_command); the launcher took the marker as rank 0 having said it,
+    and rank 1's line went out without the kept epochs or the resume with half the batch."""
+    import json
+
+    from cnnpar import cli
+    from cnnpar.engine import checkpoint
+    from cnnpar.torchrun import failure_note, memory_full_note
+
+    folder = tmp_path / "runs" / "m"
+    folder.mkdir(parents=True)
+    note = tmp_path / "run_dir"
+    note.write_text(str(folder))
+    cli.stop_said_marker(note).touch()
+    memory_full_note(note).write_text(" --batch-size 16 --grad-accum 2")
+    failure_note(note).write_text(
+        json.dumps({"line": "[rank 1] the training step ran out of memory", "add_kept": True})
+    )
+    monkeypatch.setattr(checkpoint, "checkpoint_epoch", lambda run_dir, ckpt=None: 1)
+    assert cli.launch_failure_lines(note, 2) == (
+        f"cnnpar: error: [rank 1] the training step ran out of memory; the checkpoint in {folder} holds epoch 1; "
+        f"continue with: cnnpar train --resume {folder} --nproc 2 --batch-size 16 --grad-accum 2",
+        "",
+    )
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie left for an init that does not reap counts as gone)."""
     try:
