@@ -249,6 +249,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             try:
                 rc = run_launcher(cmd, env)
             except KeyboardInterrupt:
+                if failure_note(note).is_file():  # a rank's error the stop overtook: its rank left it to this line
+                    import json
+
+                    said = json.loads(failure_note(note).read_text(**TEXT))["line"]
+                    print(f"cnnpar: error: {said}", file=sys.stderr, flush=True)
                 if line := launch_end_line(note, cfg.dist.nproc):
                     print(line, flush=True)
                 raise

@@ -475,6 +475,29 @@ def test_the_launcher_says_a_refusal_every_rank_raised_once_and_exits_as_one_pro
     assert quiet == {"before": True, "after": False}
 
 
+def test_a_ranks_noted_failure_that_a_stop_overtook_is_still_said(monkeypatch, tmp_path, capsys):
+    """A rank's error is left to the launcher (failure_note): a Ctrl-C that reached the launcher before torchrun
+    ended said only what is kept, and the error that ended the training was said by nobody."""
+    import json
+
+    from cnnpar import cli
+    from cnnpar.torchrun import failure_note
+
+    line = "[rank 1] photos/cat/113.jpg: cannot decode as an image"
+
+    def failed_then_stopped(cmd, env):
+        failure_note(env[cli.RUN_DIR_NOTE_ENV]).write_text(json.dumps({"line": line, "add_kept": True}))
+        raise KeyboardInterrupt
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dist, "run_launcher", failed_then_stopped)
+    assert cli.main(["train", "--nproc", "2", "--device", "cpu"]) == 130
+    out, err = capsys.readouterr()
+    assert f"cnnpar: error: {line}\n" in err, err
+    assert "stopped before training began" in out
+
+
 def test_cuda_asked_for_without_cuda_names_the_flag(monkeypatch):
     from cnnpar.errors import ConfigError
 
