@@ -122,6 +122,9 @@ def launch_failure_lines(note: Path, nproc: int) -> tuple[str, str]:
     error = f"cnnpar: error: {said['line']}"
     if not said["add_kept"]:  # the line says what is kept itself (rank 0's, a divergence's)
         return error, ""
+    # rank 0's marker that it said what is kept: where its own error's line did, that line was left to this note too
+    # (run_command), which another rank's came before (every rank out of memory at one step)
+    stop_said_marker(note).unlink(missing_ok=True)
     end = launch_end_line(note, nproc)
     run_dir = note.read_text(**TEXT) if end and note.is_file() else ""
     saved = checkpoint_epoch(run_dir) if run_dir else 0  # read now: every worker has ended
@@ -246,6 +249,11 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
             try:
                 rc = run_launcher(cmd, env)
             except KeyboardInterrupt:
+                if failure_note(note).is_file():  # a rank's error the stop overtook: its rank left it to this line
+                    import json
+
+                    said = json.loads(failure_note(note).read_text(**TEXT))["line"]
+                    print(f"cnnpar: error: {said}", file=sys.stderr, flush=True)
                 if line := launch_end_line(note, cfg.dist.nproc):
                     print(line, flush=True)
                 raise

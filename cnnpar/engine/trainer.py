@@ -1059,8 +1059,9 @@ class Trainer(DivergenceCheck):
 
     def _saved_epoch_now(self) -> int:
         # rank 0 reads its checkpoint: a stop landing in save_checkpoint after the rename (in the folder's fsync), or
-        # just after it returned, left saved_epoch one short of what ckpt/last.pt holds
-        return max(self.saved_epoch, checkpoint_epoch(self.run_dir)) if self.info.is_main else self.saved_epoch
+        # just after it returned, left saved_epoch one short of what ckpt/last.pt holds. Another rank's saved_epoch is
+        # the epoch it resumed from, stale once rank 0 saved another: 0, its line leaves what is kept to the launcher
+        return max(self.saved_epoch, checkpoint_epoch(self.run_dir)) if self.info.is_main else 0
 
     def _train_all_epochs(self) -> TrainResult:
         cfg, info = self.cfg, self.info

@@ -514,6 +514,22 @@ def test_a_rank_out_of_memory_under_nproc_says_one_line_and_the_other_rank_ends_
     assert proc.stdout.splitlines()[-1].startswith("epoch 1/3 "), explain(proc)
 
 
+@pytest.mark.slow  # two launches
+def test_a_resumed_rank_out_of_memory_under_nproc_names_the_epochs_the_checkpoint_holds_now(cli_here):
+    """Rank 1 of a resumed run knows only the epoch it resumed from: its line said "holds epoch 1" after epoch 2 was
+    saved, and the launcher, taking that line as saying what is kept, added nothing."""
+    args = ["--nproc", "2", "--batch-size", "32", "--no-progress", "--no-tensorboard"]
+    first = cli_here("train", *args, "--epochs", "1", "--name", "m")
+    assert first.returncode == 0, explain(first)
+    proc = cli_here("train", *args, "--resume", "runs/m", "--epochs", "3", CNNPAR_FAULT_OOM_AT_EPOCH="3")
+    assert proc.returncode == 2, explain(proc)
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("cnnpar: error: [rank 1] the training step ran out of memory: "), line
+    end = "; the checkpoint in runs/m holds epochs 1-2; continue with: cnnpar train --resume runs/m --nproc 2"
+    assert line.endswith(end + " --batch-size 16 --grad-accum 2"), line
+    assert line.count("the checkpoint in") == 1, line
+
+
 def test_a_divergence_after_a_saved_epoch_under_nproc_is_said_once_with_one_process_exit_status(cli_here):
     """Every rank diverges alike in epoch 2 (a warm-up to too high an lr): each said it, then torchrun's lines on the
     workers' exits, `rank 1 failed first (exit code 2)` and a `--resume` at the same lr that diverges again, exit

@@ -475,6 +475,29 @@ def test_the_launcher_says_a_refusal_every_rank_raised_once_and_exits_as_one_pro
     assert quiet == {"before": True, "after": False}
 
 
+def test_a_ranks_noted_failure_that_a_stop_overtook_is_still_said(monkeypatch, tmp_path, capsys):
+    """A rank's error is left to the launcher (failure_note): a Ctrl-C that reached the launcher before torchrun
+    ended said only what is kept, and the error that ended the training was said by nobody."""
+    import json
+
+    from cnnpar import cli
+    from cnnpar.torchrun import failure_note
+
+    line = "[rank 1] photos/cat/113.jpg: cannot decode as an image"
+
+    def failed_then_stopped(cmd, env):
+        failure_note(env[cli.RUN_DIR_NOTE_ENV]).write_text(json.dumps({"line": line, "add_kept": True}))
+        raise KeyboardInterrupt
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dist, "run_launcher", failed_then_stopped)
+    assert cli.main(["train", "--nproc", "2", "--device", "cpu"]) == 130
+    out, err = capsys.readouterr()
+    assert f"cnnpar: error: {line}\n" in err, err
+    assert "stopped before training began" in out
+
+
 def test_cuda_asked_for_without_cuda_names_the_flag(monkeypatch):
     from cnnpar.errors import ConfigError
 
@@ -508,6 +531,35 @@ def test_the_launchers_last_line_does_not_offer_a_folder_another_live_run_holds(
     assert cli.launch_end_line(note, 2) == (
         f"stopped before an epoch was saved: nothing to resume in {folder}; start it again with the command that "
         "started it, without --resume (no config.toml there)"
+    )
+
+
+def test_a_ranks_noted_failure_is_said_with_what_is_kept_where_rank_0_left_its_own_kept_line_to_the_note(
+    tmp_path, monkeypatch
+):
+    """Every rank out of memory at one step: rank 0's line named what is kept (the "said" marker), but rank 1's
+    note came first and rank 0 said nothing (run_command); the launcher took the marker as rank 0 having said it,
+    and rank 1's line went out without the kept epochs or the resume with half the batch."""
+    import json
+
+    from cnnpar import cli
+    from cnnpar.engine import checkpoint
+    from cnnpar.torchrun import failure_note, memory_full_note
+
+    folder = tmp_path / "runs" / "m"
+    folder.mkdir(parents=True)
+    note = tmp_path / "run_dir"
+    note.write_text(str(folder))
+    cli.stop_said_marker(note).touch()
+    memory_full_note(note).write_text(" --batch-size 16 --grad-accum 2")
+    failure_note(note).write_text(
+        json.dumps({"line": "[rank 1] the training step ran out of memory", "add_kept": True})
+    )
+    monkeypatch.setattr(checkpoint, "checkpoint_epoch", lambda run_dir, ckpt=None: 1)
+    assert cli.launch_failure_lines(note, 2) == (
+        f"cnnpar: error: [rank 1] the training step ran out of memory; the checkpoint in {folder} holds epoch 1; "
+        f"continue with: cnnpar train --resume {folder} --nproc 2 --batch-size 16 --grad-accum 2",
+        "",
     )
 
 
