@@ -352,7 +352,7 @@ def say_the_failure_to_the_launcher(e: UserError, args: argparse.Namespace, kept
     import json
 
     from cnnpar.engine.trainer import SAID_WITH_WHAT_IS_KEPT
-    from cnnpar.report.files import write_text_atomic
+    from cnnpar.report.files import write_text_first
 
     note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
     if not note or isinstance(e, EveryRankRefused) or failure_note(note).is_file():
@@ -363,7 +363,7 @@ def say_the_failure_to_the_launcher(e: UserError, args: argparse.Namespace, kept
         "add_kept": isinstance(e, SAID_WITH_WHAT_IS_KEPT) and not kept_said,
     }
     with contextlib.suppress(OSError):  # the rank says it itself (run_command), as before
-        write_text_atomic(failure_note(note), json.dumps(said))
+        write_text_first(failure_note(note), json.dumps(said))  # two ranks failing at once: the first one's stays
 
 
 def a_rank_failure_noted() -> bool:

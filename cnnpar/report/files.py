@@ -323,6 +323,32 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     atomic_write(path, lambda p: p.write_text(text, **TEXT))
 
 
+def write_text_first(path: str | Path, text: str) -> bool:
+    """`text` written whole to `path` (a reader never sees half of it, as with write_text_atomic) unless `path` is
+    there already: of several processes writing it at once the first one's stays, where a rename lets the last one's
+    replace it. False where `path` was there."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, fd = _create_temp(path.parent, path.name)
+    try:
+        tmp.write_text(text, **TEXT)
+        fsync_path(tmp)
+        try:
+            os.link(tmp, path)  # atomic, and refused where the name is taken
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: whole, and first unless another writer is just as quick
+            if path.exists():
+                return False
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # the link's second name, or a write cut short
+        if fd >= 0:
+            os.close(fd)
+    fsync_path(path.parent)
+    return True
+
+
 def finite_json(obj: Any) -> Any:
     """`obj` with every float that is not finite (a loss that overflowed, an infinite budget, a rate of nothing over
     no time) as None, in the dicts, lists and tuples it holds: json.dumps writes those as NaN and Infinity, which no

@@ -976,3 +976,35 @@ def test_no_apple_gpu_note_without_one_or_with_cuda(monkeypatch):
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert dist.apple_gpu_note("auto") == ""
+
+
+def test_of_two_ranks_failing_at_once_the_first_ranks_note_is_said(tmp_path, monkeypatch):
+    """Two ranks past the check that no note is there yet, each writing its own: the rename let the last one's
+    replace the first's, so the launcher said the second error where its docstring promises the first."""
+    import argparse
+    import json
+
+    from cnnpar import cli
+    from cnnpar.errors import UserError
+    from cnnpar.report import files
+    from cnnpar.torchrun import failure_note
+
+    note = tmp_path / "run_dir"
+    monkeypatch.setenv(cli.RUN_DIR_NOTE_ENV, str(note))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = argparse.Namespace()
+    create_temp = files._create_temp
+
+    def rank_1_writes_first(folder, name):  # rank 0 past its check, as rank 1 writes its whole note
+        monkeypatch.setattr(files, "_create_temp", create_temp)
+        monkeypatch.setenv("RANK", "1")
+        cli.say_the_failure_to_the_launcher(UserError("photos/cat/113.jpg: cannot decode as an image"), args, False)
+        monkeypatch.setenv("RANK", "0")
+        return create_temp(folder, name)
+
+    monkeypatch.setattr(files, "_create_temp", rank_1_writes_first)
+    monkeypatch.setenv("RANK", "0")
+    cli.say_the_failure_to_the_launcher(UserError("the loss is nan at epoch 2"), args, False)
+    said = json.loads(failure_note(note).read_text())
+    assert said["line"] == "[rank 1] photos/cat/113.jpg: cannot decode as an image"
+    assert [p.name for p in tmp_path.iterdir()] == [failure_note(note).name]  # no temp left behind
