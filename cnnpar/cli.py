@@ -105,7 +105,9 @@ def launch_end_line(note: Path, nproc: int) -> str:
         refuse_a_live_run(Path(run_dir))  # this launch's workers are gone: a claim still held is another run's
     except RunFolderInUse:
         return f"stopped before training began: {run_dir} belongs to a run still in progress"
-    return stopped_line(run_dir, checkpoint_epoch(run_dir), launch_continue_command(note, run_dir, nproc))
+    fitting = memory_full_note(note)  # a rank ran out of memory: starting it again as it was would, again
+    fitting = fitting.read_text(**TEXT) if fitting.is_file() else ""
+    return stopped_line(run_dir, checkpoint_epoch(run_dir), launch_continue_command(note, run_dir, nproc), fitting)
 
 
 def launch_failure_lines(note: Path, nproc: int) -> tuple[str, str]:

@@ -352,14 +352,22 @@ def refuse_a_live_run(run_dir: Path) -> None:
 NOTHING_WRITTEN_AGAIN = "start it again with the command that started it, without --resume (no config.toml there)"
 
 
-def stopped_line(run_dir: str | Path, saved_epoch: int, again: str) -> str:
+def stopped_line(run_dir: str | Path, saved_epoch: int, again: str, fitting: str = "") -> str:
     """What a stopped run keeps and the command `again` that continues it (`cnnpar train --resume RUN ...`). A run
     stopped in its first epoch has no checkpoint for `--resume RUN` to read, but `--resume auto` starts it again from
     its config.toml: said so, where "nothing to resume" had read as a run lost. One stopped before its config.toml was
-    written has nothing `--resume` could read: the command that started it (a new run) starts it again."""
+    written has nothing `--resume` could read: the command that started it (a new run) starts it again, with
+    `fitting` (" --batch-size 16 --grad-accum 2" after running out of memory, which `again` ends with too): as it
+    stood it runs out of memory again."""
     if not saved_epoch:
         if not (Path(run_dir) / "config.toml").is_file():
-            return f"stopped before an epoch was saved: nothing to resume in {run_dir}; {NOTHING_WRITTEN_AGAIN}"
+            again_line = NOTHING_WRITTEN_AGAIN
+            if fitting:
+                again_line = (
+                    f"start it again with the command that started it and{fitting} in place of its own, without "
+                    "--resume (no config.toml there)"
+                )
+            return f"stopped before an epoch was saved: nothing to resume in {run_dir}; {again_line}"
         restart = again.replace(f"--resume {shlex.quote(str(run_dir))}", start_again_flags(run_dir))
         return f"stopped: {run_dir} has no finished epoch; start it again from epoch 1 with: {restart}"
     return f"stopped: {kept_line(run_dir, saved_epoch, again)}"

@@ -1008,3 +1008,31 @@ def test_of_two_ranks_failing_at_once_the_first_ranks_note_is_said(tmp_path, mon
     said = json.loads(failure_note(note).read_text())
     assert said["line"] == "[rank 1] photos/cat/113.jpg: cannot decode as an image"
     assert [p.name for p in tmp_path.iterdir()] == [failure_note(note).name]  # no temp left behind
+
+
+def test_a_ranks_out_of_memory_before_any_epoch_starts_again_with_half_the_batch(tmp_path):
+    """Rank 0 out of memory in epoch 1 (`--nproc 1`, or every rank at one step) removes its folder: the launcher's
+    line said to start it again with the command that started it, which runs out of memory again, where a resume's
+    line adds half the batch and twice the accumulation."""
+    import json
+
+    from cnnpar import cli
+    from cnnpar.torchrun import failure_note, memory_full_note
+
+    folder = tmp_path / "runs" / "m"  # removed with the run, as one that failed before any epoch is
+    note = tmp_path / "run_dir"
+    note.write_text(str(folder))
+    memory_full_note(note).write_text(" --batch-size 16 --grad-accum 2")
+    line = "the training step ran out of memory: batch 32/process"
+    failure_note(note).write_text(json.dumps({"line": line, "add_kept": True}))
+    assert cli.launch_failure_lines(note, 1) == (
+        f"cnnpar: error: {line}",
+        f"stopped before an epoch was saved: nothing to resume in {folder}; start it again with the command that "
+        "started it and --batch-size 16 --grad-accum 2 in place of its own, without --resume (no config.toml there)",
+    )
+    folder.mkdir(parents=True)  # kept with its config.toml (another rank's error): --resume auto, as before
+    (folder / "config.toml").write_text("")
+    assert cli.launch_failure_lines(note, 2)[1] == (
+        f"stopped: {folder} has no finished epoch; start it again from epoch 1 with: cnnpar train --resume auto "
+        f"--name m --out-dir {tmp_path / 'runs'} --nproc 2 --batch-size 16 --grad-accum 2"
+    )
