@@ -14,6 +14,7 @@ import torch
 
 from cnnpar.config import asked_lr
 from cnnpar.dist import all_reduce_sum
+from cnnpar.engine.checkpoint import epochs_held
 from cnnpar.engine.step import eval_batch
 from cnnpar.errors import Diverged
 from cnnpar.report.chance import at_chance_level
@@ -116,7 +117,10 @@ class DivergenceCheck:
     def _diverged(self, epoch: int, what: str, value: float, text: str = "") -> None:
         """Raise the one-line error; `what` and `value` are Diverged's fields, `text` what the line says of them."""
         text = text or f"{what} {value} is not finite"
-        kept = f" (epochs 1-{self.history[-1]['epoch']} are kept in {self.run_dir})" if self.history else ""
+        kept = ""
+        if self.history:  # "epoch 1 is kept", as the other lines that say what is kept word it, not "epochs 1-1"
+            last = self.history[-1]["epoch"]
+            kept = f" ({epochs_held(last)} {'is' if last == 1 else 'are'} kept in {self.run_dir})"
         # only what would change something: a run in fp32 and not compiled is told only of its lr
         advice = [f"a lower lr ({self._half_the_lr()})"]
         if self.cfg.speed.precision != "fp32":

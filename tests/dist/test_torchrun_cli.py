@@ -541,7 +541,7 @@ def test_a_divergence_after_a_saved_epoch_under_nproc_is_said_once_with_one_proc
     assert proc.returncode == 2, explain(proc)
     (line,) = proc.stderr.splitlines()
     assert line.startswith(("cnnpar: error: [rank 0] epoch 2: ", "cnnpar: error: [rank 1] epoch 2: ")), line
-    kept = " is not finite, training diverged (epochs 1-1 are kept in runs/d): try a lower lr (--lr 12.5)"
+    kept = " is not finite, training diverged (epoch 1 is kept in runs/d): try a lower lr (--lr 12.5)"
     assert line.endswith(kept), line
     assert proc.stdout.splitlines()[-1].startswith("epoch 1/20 "), explain(proc)
     assert checkpoint_epoch(cli_here.cwd / "runs" / "d") == 1

@@ -68,7 +68,7 @@ def test_a_diverged_epoch_stops_the_run_and_keeps_the_finished_ones(tmp_path, mo
     assert len(err) == 1
     assert err[0].startswith("cnnpar: error: epoch 2: train loss nan is not finite")
     # fp32 and --compile off already: the lr is the one thing to change
-    assert err[0].endswith(f"(epochs 1-1 are kept in {tmp_path / 'nan'}): try a lower lr (--lr 0.1)")
+    assert err[0].endswith(f"(epoch 1 is kept in {tmp_path / 'nan'}): try a lower lr (--lr 0.1)")
     assert kept_epochs(tmp_path / "nan") == ["1"]
 
 
@@ -213,7 +213,7 @@ def test_an_unevaluated_epoch_whose_last_update_blew_up_the_outputs_is_not_kept(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith("cnnpar: error: epoch 2: after its last update the loss on its last batch is "), err
-    assert f"(epochs 1-1 are kept in {tmp_path / 'big'})" in err[0]
+    assert f"(epoch 1 is kept in {tmp_path / 'big'})" in err[0]
     assert kept_epochs(tmp_path / "big") == ["1"]
 
 
