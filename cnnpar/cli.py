@@ -85,9 +85,27 @@ def stop_said_marker(note: Path) -> Path:
 def launch_continue_command(note: Path, run_dir: str, nproc: int) -> str:
     """The command that continues the launch's run folder `run_dir`: its --resume with as many processes, and the
     half batch of a rank that ran out of memory (a plain --resume runs out of memory again)."""
-    again = shlex.join(["cnnpar", "train", "--resume", run_dir, "--nproc", str(nproc)])
-    fitting = memory_full_note(note)  # a rank ran out of memory: the resume's half batch (main)
-    return again + (fitting.read_text(**TEXT) if fitting.is_file() else "")
+    return shlex.join(["cnnpar", "train", "--resume", run_dir, "--nproc", str(nproc)]) + fitting_flags(note)
+
+
+def fitting_flags(note: Path) -> str:
+    """The half batch and doubled accumulation (" --batch-size 16 --grad-accum 2") a rank that ran out of memory noted
+    (memory_full_note, written in main); "" where none did."""
+    fitting = memory_full_note(note)
+    return fitting.read_text(**TEXT) if fitting.is_file() else ""
+
+
+def noted_failure(note: Path) -> dict:
+    """A rank's own error as it wrote it for this launcher (torchrun.failure_note): its line, and whether the
+    launcher adds what is kept."""
+    import json
+
+    return json.loads(failure_note(note).read_text(**TEXT))
+
+
+def launch_note() -> str | None:
+    """This rank's launcher's run-folder note (RUN_DIR_NOTE_ENV), None outside a rank of `--nproc`'s launch."""
+    return os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
 
 
 def launch_end_line(note: Path, nproc: int) -> str:
@@ -105,9 +123,10 @@ def launch_end_line(note: Path, nproc: int) -> str:
         refuse_a_live_run(Path(run_dir))  # this launch's workers are gone: a claim still held is another run's
     except RunFolderInUse:
         return f"stopped before training began: {run_dir} belongs to a run still in progress"
-    fitting = memory_full_note(note)  # a rank ran out of memory: starting it again as it was would, again
-    fitting = fitting.read_text(**TEXT) if fitting.is_file() else ""
-    return stopped_line(run_dir, checkpoint_epoch(run_dir), launch_continue_command(note, run_dir, nproc), fitting)
+    # a rank ran out of memory: starting it again as it was would, again
+    return stopped_line(
+        run_dir, checkpoint_epoch(run_dir), launch_continue_command(note, run_dir, nproc), fitting_flags(note)
+    )
 
 
 def launch_failure_lines(note: Path, nproc: int) -> tuple[str, str]:
@@ -115,12 +134,10 @@ def launch_failure_lines(note: Path, nproc: int) -> tuple[str, str]:
     with its rank and, where the checkpoint holds an epoch, what it keeps and the command that continues, on the same
     line, as one process says it (for stderr); and the end line on what is kept where no epoch is (for stdout, "" for
     none)."""
-    import json
-
     from cnnpar.engine.checkpoint import checkpoint_epoch
     from cnnpar.engine.rundir import kept_line
 
-    said = json.loads(failure_note(note).read_text(**TEXT))
+    said = noted_failure(note)
     error = f"cnnpar: error: {said['line']}"
     if not said["add_kept"]:  # the line says what is kept itself (rank 0's, a divergence's)
         return error, ""
@@ -252,10 +269,7 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
                 rc = run_launcher(cmd, env)
             except KeyboardInterrupt:
                 if failure_note(note).is_file():  # a rank's error the stop overtook: its rank left it to this line
-                    import json
-
-                    said = json.loads(failure_note(note).read_text(**TEXT))["line"]
-                    print(f"cnnpar: error: {said}", file=sys.stderr, flush=True)
+                    print(f"cnnpar: error: {noted_failure(note)['line']}", file=sys.stderr, flush=True)
                 if line := launch_end_line(note, cfg.dist.nproc):
                     print(line, flush=True)
                 raise
@@ -356,7 +370,7 @@ def say_the_failure_to_the_launcher(e: UserError, args: argparse.Namespace, kept
     from cnnpar.engine.trainer import SAID_WITH_WHAT_IS_KEPT
     from cnnpar.report.files import write_text_first
 
-    note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
+    note = launch_note()
     if not note or isinstance(e, EveryRankRefused) or failure_note(note).is_file():
         return
     prefix = f"[rank {_rank()}] " if _of_a_job() else ""
@@ -371,7 +385,7 @@ def say_the_failure_to_the_launcher(e: UserError, args: argparse.Namespace, kept
 def a_rank_failure_noted() -> bool:
     """A rank of this `--nproc` launch ended on an error of its own, which its launcher says
     (say_the_failure_to_the_launcher)."""
-    note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
+    note = launch_note()
     return bool(note) and failure_note(note).is_file()
 
 
@@ -1180,7 +1194,7 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     except UserError as e:
         tell_the_job_this_rank_ended(e)
         text = f"{user_error_text(e)}{_preset_data_note(args, e)}"
-        note = os.environ.get(RUN_DIR_NOTE_ENV) if "RANK" in os.environ else None
+        note = launch_note()
         # the one rank of `--nproc 1` refusing before its run folder's note, or after it where the folder went with
         # it (a divergence in epoch 1), is the job's refusal, as every rank's alike is under --nproc 2: said once by
         # the launcher, exit 2, as one process says it (it ended 1, after torchrun's line on its exit, one blaming
